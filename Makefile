@@ -1,0 +1,161 @@
+# pstrain build. `make` builds ./pstrain (with CUDA when nvcc is found),
+# `make test` is what CI runs, `make demo` trains the default cluster.ini.
+# Objects go under $(BUILD); a stamp of the flags rebuilds when they change.
+#
+#   make CUDA=0      CPU-only binary even where nvcc exists
+#   make V=1         show the commands
+#   make deps        install the Debian packages the build and tests need
+
+CUDA ?= auto
+V ?= 0
+BUILD ?= build
+BIN ?= pstrain
+SAN ?= 0
+VERSION := 0.1.0
+
+CC := gcc
+CFLAGS ?= -O2 -g
+CFLAGS += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow -Wno-sign-compare -MMD -MP \
+	-DPSTRAIN_VERSION='"$(VERSION)"'
+LDFLAGS ?=
+# Everything but glibc is linked statically: `ldd pstrain` must list only glibc.
+STATIC_LIBS := -Wl,-Bstatic -linih -lsodium -lopenblas -lz -Wl,-Bdynamic
+LDLIBS := $(STATIC_LIBS) -lm -lpthread -ldl -lrt
+
+ifeq ($(SAN),1)
+CFLAGS += -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+LDFLAGS += -fsanitize=address,undefined
+endif
+
+# CUDA: auto-detect nvcc on PATH or in /usr/local/cuda. `$(shell ...)` matters:
+# without it the probe silently never runs (llm.c's Makefile had that bug).
+ifeq ($(CUDA),auto)
+NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+else ifeq ($(CUDA),0)
+NVCC :=
+else
+NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+ifeq ($(NVCC),)
+$(error CUDA=$(CUDA) but no nvcc found on PATH or in /usr/local/cuda/bin)
+endif
+endif
+
+CORE_SRC := $(wildcard core/*.c)
+NET_SRC := $(wildcard net/*.c)
+ifneq ($(NVCC),)
+CUDA_HOME := $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_LIBDIR := $(firstword $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/targets/x86_64-linux/lib))
+GPU_CU := $(wildcard gpu/*.cu)
+GPU_C := $(filter-out gpu/stub.c,$(wildcard gpu/*.c))
+NVCCFLAGS := -std=c++17 -O2 -Xcompiler -Wall \
+	-gencode arch=compute_80,code=sm_80 \
+	-gencode arch=compute_90,code=sm_90 \
+	-gencode arch=compute_90,code=compute_90
+# cudart is static; the driver (libcuda.so.1) and, later, cuBLAS are loaded
+# at run time with dlopen, so the binary starts where CUDA is absent.
+CUDA_LIBS := -L$(CUDA_LIBDIR) -Wl,-Bstatic -lcudart_static -Wl,-Bdynamic -lstdc++ -lrt
+GPU_DESC := nvcc $(shell $(NVCC) --version | sed -n 's/.*release \([0-9.]*\).*/\1/p') (sm_80 sm_90 +PTX)
+else
+GPU_CU :=
+GPU_C := gpu/stub.c
+CUDA_LIBS :=
+GPU_DESC := no CUDA
+endif
+
+OBJ_CORE := $(CORE_SRC:%.c=$(BUILD)/%.o) $(NET_SRC:%.c=$(BUILD)/%.o) \
+	$(GPU_C:%.c=$(BUILD)/%.o) $(GPU_CU:%.cu=$(BUILD)/%.cu.o)
+OBJ_MAIN := $(BUILD)/main.o
+TEST_SRC := $(wildcard tests/test_*.c)
+OBJ_TEST := $(TEST_SRC:%.c=$(BUILD)/%.o)
+TEST_BIN := $(BUILD)/tests/run
+ifeq ($(NVCC),)
+LINK := $(CC)
+else
+# libstdc++ is needed by cudart_static; link it statically too.
+LINK := $(CC) -static-libstdc++ -static-libgcc
+CUDA_LIBS := -L$(CUDA_LIBDIR) -Wl,-Bstatic -lcudart_static -lstdc++ -Wl,-Bdynamic -lrt
+endif
+
+ifeq ($(V),0)
+Q := @
+say = @printf '  %-6s %s\n' $(1) $(2);
+else
+Q :=
+say :=
+endif
+
+.PHONY: all deps test unit test-cpu asan demo bench clean summary FORCE
+.DEFAULT_GOAL := all
+
+all: deps summary $(BIN)
+
+summary:
+	@echo "pstrain $(VERSION): $(GPU_DESC), OpenBLAS static, build dir $(BUILD)$(if $(filter 1,$(SAN)), with ASan+UBSan,)"
+
+# Rebuild everything when the compiler or flags change.
+FLAGS_NOW := $(CC) $(CFLAGS) $(LDFLAGS) $(LDLIBS) $(NVCC) $(NVCCFLAGS) $(CUDA_LIBS)
+$(BUILD)/flags.stamp: FORCE
+	@mkdir -p $(BUILD)
+	@echo '$(FLAGS_NOW)' | cmp -s - $@ || echo '$(FLAGS_NOW)' > $@
+
+$(BUILD)/%.o: %.c $(BUILD)/flags.stamp
+	@mkdir -p $(dir $@)
+	$(call say,CC,$<)$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/%.cu.o: %.cu $(BUILD)/flags.stamp
+	@mkdir -p $(dir $@)
+	$(call say,NVCC,$<)$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
+
+$(BIN): $(OBJ_MAIN) $(OBJ_CORE)
+	$(call say,LINK,$@)$(LINK) $(LDFLAGS) $^ -o $@ $(CUDA_LIBS) $(LDLIBS)
+
+$(TEST_BIN): $(OBJ_TEST) $(OBJ_CORE)
+	@mkdir -p $(dir $@)
+	$(call say,LINK,$@)$(LINK) $(LDFLAGS) $^ -o $@ $(CUDA_LIBS) -lcriterion $(LDLIBS)
+
+# The unit and integration suite against this build's objects and binary.
+unit: deps summary $(BIN) $(TEST_BIN)
+	$(Q)PSTRAIN_BIN=$(abspath $(BIN)) $(TEST_BIN) --jobs 2 $(TESTFLAGS)
+	$(Q)$(if $(filter 1,$(SAN)),echo "ldd check skipped: sanitizer runtimes are shared libraries",./tests/ldd_check.sh $(BIN))
+
+# What CI runs: the default build's suite, then the CPU-only build's, then
+# the suite under AddressSanitizer + UndefinedBehaviorSanitizer.
+test: unit
+	$(Q)$(MAKE) --no-print-directory test-cpu
+	$(Q)$(MAKE) --no-print-directory asan
+	@echo "make test: all suites passed (default build: $(GPU_DESC); CPU-only; ASan+UBSan)"
+
+test-cpu:
+	$(Q)$(MAKE) --no-print-directory CUDA=0 BUILD=build/cpu BIN=build/cpu/pstrain unit
+
+# CUDA=0 because the sanitizers' allocator and cudart's do not mix.
+asan:
+	$(Q)$(MAKE) --no-print-directory CUDA=0 SAN=1 BUILD=build/asan BIN=build/asan/pstrain \
+		unit TESTFLAGS="$(TESTFLAGS)"
+
+demo: all
+	./$(BIN) local --config cluster.ini
+
+bench: all
+	./bench/cpu_mlp
+
+# Installs only what is missing. Needs root (or sudo) the first time.
+DEB_PACKAGES := gcc make libc6-dev libinih-dev libsodium-dev libcriterion-dev \
+	libopenblas-dev zlib1g-dev dataset-fashion-mnist
+deps:
+	@missing=""; for p in $(DEB_PACKAGES); do \
+		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+		echo "deps: installing$$missing"; \
+		if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null; then SUDO=sudo; \
+		else echo "deps: need root to install$$missing (run make deps as root)" >&2; exit 1; fi; \
+		$$SUDO apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null \
+		|| { echo "deps: apt-get install$$missing failed" >&2; exit 1; }; \
+	fi
+
+clean:
+	rm -rf build $(BIN)
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,50 @@
+/* The device boundary: a table of the kernels a model replica needs.
+ *
+ * core/ never calls CUDA; it runs a replica through a struct backend. The
+ * CPU backend (backend_cpu.c) wraps the reference kernels of layers.c; the
+ * GPU backend (gpu/) fills the same table with CUDA kernels and cuBLAS, so a
+ * binary built with CUDA still trains on a machine without it. Pointers a
+ * backend hands out live in its own memory (host or device); only upload and
+ * download cross the boundary. Every entry returns 0 or a negative errno. */
+#ifndef PSTRAIN_BACKEND_H
+#define PSTRAIN_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+
+struct backend_ops {
+	const char *name;   /* "cpu", "cuda" */
+	int (*alloc)(void *ctx, void **p, size_t bytes);
+	void (*release)(void *ctx, void *p);
+	int (*upload)(void *ctx, void *dst, const void *src, size_t bytes);
+	int (*download)(void *ctx, void *dst, const void *src, size_t bytes);
+	int (*zero)(void *ctx, void *p, size_t bytes);
+
+	/* Same arguments and contract as the functions in layers.h. */
+	int (*dense_forward)(void *ctx, float *out, const float *inp, const float *weight,
+			     const float *bias, int B, int C, int OC);
+	int (*dense_backward)(void *ctx, float *dinp, float *dweight, float *dbias,
+			      const float *dout, const float *inp, const float *weight,
+			      int B, int C, int OC);
+	int (*act_forward)(void *ctx, enum layer_kind k, float *out, const float *inp, size_t N);
+	int (*act_backward)(void *ctx, enum layer_kind k, float *dinp, const float *dout,
+			    const float *out, size_t N);
+	/* *loss_sum and *correct are host values. */
+	int (*xent_forward)(void *ctx, float *probs, double *loss_sum, int *correct,
+			    const float *logits, const int32_t *labels, int B, int C);
+	int (*xent_backward)(void *ctx, float *dlogits, const float *probs,
+			     const int32_t *labels, int B, int C, float scale);
+};
+
+struct backend {
+	const struct backend_ops *ops;
+	void *ctx;
+	char where[64];     /* placement name, e.g. "cpu:0" or "gpu:1" */
+};
+
+/* The CPU backend; threads as for layers_set_threads. */
+void backend_cpu(struct backend *b, int threads);
+
+#endif

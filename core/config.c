@@ -1,0 +1,921 @@
+/* cluster.ini parsing: a table of keys with strict per-type parsers.
+ *
+ * inih does the INI syntax. Debian builds it without line numbers in the
+ * handler (INI_HANDLER_LINENO 0) and we must not redefine its macros, so we
+ * feed it lines through our own reader, which counts them. The reader also
+ * tells whether a line was indented: inih treats an indented line as the
+ * continuation of the previous key, which is how long host lists span lines,
+ * and must be an error for scalar keys rather than a silent overwrite. */
+#include "config.h"
+
+#include <errno.h>
+#include <ini.h>
+#include <limits.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+enum key_type {
+	K_INT,
+	K_LONG,
+	K_U64,
+	K_FLOAT,
+	K_DOUBLE,
+	K_BOOL,
+	K_ENUM,
+	K_PATH,
+	K_HOSTS,
+	K_DEVICES,
+	K_LABEL_COLUMN,
+	K_INPUT,
+	K_LAYER,
+};
+
+#define LO_OPEN 1u      /* the lower bound itself is not allowed */
+#define HI_OPEN 2u
+#define LIST 4u         /* may continue on indented lines */
+#define REPEAT 8u       /* may appear several times, each appends */
+
+struct key_def {
+	const char *section;
+	const char *key;
+	enum key_type type;
+	size_t off;               /* field in struct config */
+	size_t count_off;         /* K_HOSTS, K_DEVICES: its count field */
+	double lo, hi;            /* numeric range */
+	unsigned flags;
+	const char *const *names; /* K_ENUM: value i is names[i], NULL-terminated */
+	const char *def;          /* default, as config text */
+};
+
+static const char *const mode_names[] = { "sync", "async", NULL };
+static const char *const optim_names[] = { "sgd", "momentum", "adam", NULL };
+static const char *const sched_names[] = { "constant", "step", "cosine", NULL };
+static const char *const format_names[] = { "idx", "csv", NULL };
+static const char *const header_names[] = { "auto", "yes", "no", NULL };
+static const char *const loss_names[] = { "softmax_cross_entropy", NULL };
+
+#define FMNIST "/usr/share/datasets/fashion-mnist/"
+#define OFF(f) offsetof(struct config, f)
+
+/* The order here is the order of `pstrain check` and docs/CONFIG.md. */
+static const struct key_def keys[] = {
+	{ "cluster", "ps", K_HOSTS, OFF(cluster.ps), OFF(cluster.nps), 0, 0, LIST, NULL,
+	  "127.0.0.1:2222, 127.0.0.1:2223" },
+	{ "cluster", "workers", K_HOSTS, OFF(cluster.workers), OFF(cluster.nworkers), 0, 0, LIST, NULL,
+	  "127.0.0.1:2224, 127.0.0.1:2225" },
+	{ "cluster", "key_file", K_PATH, OFF(cluster.key_file), 0, 0, 0, 0, NULL, "cluster.key" },
+
+	{ "train", "mode", K_ENUM, OFF(train.mode), 0, 0, 0, 0, mode_names, "sync" },
+	{ "train", "replicas_to_aggregate", K_INT, OFF(train.replicas_to_aggregate), 0,
+	  0, CONFIG_MAX_HOSTS, 0, NULL, "0" },
+	{ "train", "max_staleness", K_INT, OFF(train.max_staleness), 0, 0, 1e9, 0, NULL, "0" },
+	{ "train", "steps", K_LONG, OFF(train.steps), 0, 0, 1e12, 0, NULL, "0" },
+	{ "train", "epochs", K_LONG, OFF(train.epochs), 0, 0, 1e6, 0, NULL, "0" },
+	{ "train", "batch_size", K_INT, OFF(train.batch_size), 0, 1, 1 << 20, 0, NULL, "256" },
+	{ "train", "optimizer", K_ENUM, OFF(train.optim.kind), 0, 0, 0, 0, optim_names, "momentum" },
+	{ "train", "learning_rate", K_FLOAT, OFF(train.optim.lr), 0, 0, 1e3, LO_OPEN, NULL, "0.05" },
+	{ "train", "momentum", K_FLOAT, OFF(train.optim.momentum), 0, 0, 1, HI_OPEN, NULL, "0.9" },
+	{ "train", "nesterov", K_BOOL, OFF(train.optim.nesterov), 0, 0, 0, 0, NULL, "false" },
+	{ "train", "weight_decay", K_FLOAT, OFF(train.optim.weight_decay), 0, 0, 1, HI_OPEN, NULL, "0" },
+	{ "train", "adam_beta1", K_FLOAT, OFF(train.optim.beta1), 0, 0, 1, HI_OPEN, NULL, "0.9" },
+	{ "train", "adam_beta2", K_FLOAT, OFF(train.optim.beta2), 0, 0, 1, HI_OPEN, NULL, "0.999" },
+	{ "train", "adam_epsilon", K_FLOAT, OFF(train.optim.eps), 0, 0, 1, LO_OPEN, NULL, "1e-8" },
+	{ "train", "lr_schedule", K_ENUM, OFF(train.optim.schedule), 0, 0, 0, 0, sched_names, "constant" },
+	{ "train", "lr_decay_steps", K_LONG, OFF(train.optim.decay_steps), 0, 1, 1e12, 0, NULL, "1000" },
+	{ "train", "lr_decay_rate", K_FLOAT, OFF(train.optim.decay_rate), 0, 0, 1, LO_OPEN, NULL, "0.1" },
+	{ "train", "warmup_steps", K_LONG, OFF(train.optim.warmup_steps), 0, 0, 1e12, 0, NULL, "0" },
+	{ "train", "seed", K_U64, OFF(train.seed), 0, 0, 0, 0, NULL, "1" },
+	{ "train", "checkpoint_dir", K_PATH, OFF(train.checkpoint_dir), 0, 0, 0, 0, NULL, "ckpt" },
+	{ "train", "checkpoint_every", K_LONG, OFF(train.checkpoint_every), 0, 0, 1e12, 0, NULL, "500" },
+	{ "train", "eval_every", K_LONG, OFF(train.eval_every), 0, 0, 1e12, 0, NULL, "0" },
+	{ "train", "threads", K_INT, OFF(train.threads), 0, 0, 1024, 0, NULL, "0" },
+
+	{ "gpu", "devices", K_DEVICES, OFF(gpu.devices), OFF(gpu.ndevices), 0, CONFIG_MAX_DEVICES - 1,
+	  LIST, NULL, "all" },
+	{ "gpu", "memory_fraction", K_DOUBLE, OFF(gpu.memory_fraction), 0, 0, 1, LO_OPEN, NULL, "0.9" },
+	{ "gpu", "allow_growth", K_BOOL, OFF(gpu.allow_growth), 0, 0, 0, 0, NULL, "false" },
+	{ "gpu", "soft_placement", K_BOOL, OFF(gpu.soft_placement), 0, 0, 0, 0, NULL, "true" },
+	{ "gpu", "log_placement", K_BOOL, OFF(gpu.log_placement), 0, 0, 0, 0, NULL, "false" },
+
+	{ "data", "format", K_ENUM, OFF(data.format), 0, 0, 0, 0, format_names, "idx" },
+	{ "data", "train_images", K_PATH, OFF(data.train_images), 0, 0, 0, 0, NULL,
+	  FMNIST "train-images-idx3-ubyte.gz" },
+	{ "data", "train_labels", K_PATH, OFF(data.train_labels), 0, 0, 0, 0, NULL,
+	  FMNIST "train-labels-idx1-ubyte.gz" },
+	{ "data", "test_images", K_PATH, OFF(data.test_images), 0, 0, 0, 0, NULL,
+	  FMNIST "t10k-images-idx3-ubyte.gz" },
+	{ "data", "test_labels", K_PATH, OFF(data.test_labels), 0, 0, 0, 0, NULL,
+	  FMNIST "t10k-labels-idx1-ubyte.gz" },
+	{ "data", "train_csv", K_PATH, OFF(data.train_csv), 0, 0, 0, 0, NULL, "" },
+	{ "data", "test_csv", K_PATH, OFF(data.test_csv), 0, 0, 0, 0, NULL, "" },
+	{ "data", "label_column", K_LABEL_COLUMN, OFF(data.label_column), 0, 0, 1e6, 0, NULL, "first" },
+	{ "data", "header", K_ENUM, OFF(data.header), 0, 0, 0, 0, header_names, "auto" },
+	{ "data", "test_fraction", K_DOUBLE, OFF(data.test_fraction), 0, 0, 1, LO_OPEN | HI_OPEN, NULL, "0.2" },
+
+	{ "model", "input", K_INPUT, OFF(model.in_h), 0, 1, 65536, 0, NULL, "28x28x1" },
+	{ "model", "layer", K_LAYER, OFF(model.layers), OFF(model.nlayers), 0, 0, REPEAT, NULL, NULL },
+	{ "model", "loss", K_ENUM, OFF(model.loss), 0, 0, 0, 0, loss_names, "softmax_cross_entropy" },
+};
+
+#define NKEYS (sizeof(keys) / sizeof(keys[0]))
+
+static const char *const sections[] = { "cluster", "train", "gpu", "data", "model" };
+
+static const char *const default_layers[] = { "dense 512", "relu", "dense 512", "relu", "dense 10" };
+
+struct parse {
+	struct config *c;
+	const char *name;           /* file name for messages */
+	char dir[DATA_PATH_MAX];    /* base of relative paths, "" = cwd */
+	const char *text;           /* reader input */
+	size_t pos;
+	int line;
+	int indented;               /* the line just read started with blanks */
+	int too_long;               /* first line over the reader's limit */
+	int key_line[NKEYS];        /* where each key was set, 0 = default */
+	int layers_from_input;      /* first `layer` line replaces the defaults */
+	int err_line;
+	char err[CONFIG_ERR_MAX];
+};
+
+static void *field(struct config *c, const struct key_def *k)
+{
+	return (char *)c + k->off;
+}
+
+static int *count_field(struct config *c, const struct key_def *k)
+{
+	return (int *)((char *)c + k->count_off);
+}
+
+static const char *skip_blank(const char *s)
+{
+	while (*s == ' ' || *s == '\t')
+		s++;
+	return s;
+}
+
+static int parse_long(const char *s, long *out)
+{
+	char *end;
+	errno = 0;
+	long v = strtol(s, &end, 10);
+	if (end == s || *skip_blank(end) || errno)
+		return -EINVAL;
+	*out = v;
+	return 0;
+}
+
+static const char *range_text(const struct key_def *k, char *buf, size_t len)
+{
+	if (k->type == K_FLOAT || k->type == K_DOUBLE)
+		snprintf(buf, len, "%s%g, %g%s", k->flags & LO_OPEN ? "(" : "[", k->lo, k->hi,
+			 k->flags & HI_OPEN ? ")" : "]");
+	else
+		snprintf(buf, len, "%.0f..%.0f", k->lo, k->hi);
+	return buf;
+}
+
+static int in_range(const struct key_def *k, double v)
+{
+	if (v < k->lo || (v == k->lo && (k->flags & LO_OPEN)))
+		return 0;
+	if (v > k->hi || (v == k->hi && (k->flags & HI_OPEN)))
+		return 0;
+	return 1;
+}
+
+/* "host:port" or "[v6]:port" into h. */
+static int parse_host(struct host *h, const char *s, size_t n, char *err, size_t errlen)
+{
+	char buf[CONFIG_HOST_MAX + 16];
+	if (n >= sizeof(buf)) {
+		snprintf(err, errlen, "a host:port entry is longer than %d characters", CONFIG_HOST_MAX);
+		return -EINVAL;
+	}
+	memcpy(buf, s, n);
+	buf[n] = '\0';
+
+	char *colon = strrchr(buf, ':');
+	const char *host = buf;
+	size_t hlen;
+	if (buf[0] == '[') {
+		char *close = strchr(buf, ']');
+		if (!close || close[1] != ':') {
+			snprintf(err, errlen, "\"%s\" is not [ipv6]:port", buf);
+			return -EINVAL;
+		}
+		host = buf + 1;
+		hlen = (size_t)(close - host);
+		colon = close + 1;
+	} else {
+		if (!colon || colon == buf) {
+			snprintf(err, errlen, "\"%s\" is not host:port", buf);
+			return -EINVAL;
+		}
+		hlen = (size_t)(colon - buf);
+	}
+	for (size_t i = 0; i < hlen; i++) {
+		char ch = host[i];
+		int ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+			 (ch >= '0' && ch <= '9') || ch == '.' || ch == '-' ||
+			 (buf[0] == '[' && ch == ':');
+		if (!ok || hlen == 0) {
+			snprintf(err, errlen, "\"%s\": \"%.*s\" is not a host name or address",
+				 buf, (int)hlen, host);
+			return -EINVAL;
+		}
+	}
+	long port;
+	if (parse_long(colon + 1, &port) || port < 1 || port > 65535) {
+		snprintf(err, errlen, "\"%s\": \"%s\" is not a port (1..65535)", buf, colon + 1);
+		return -EINVAL;
+	}
+	memcpy(h->name, host, hlen);
+	h->name[hlen] = '\0';
+	h->port = (uint16_t)port;
+	return 0;
+}
+
+/* Splits a comma list and calls fn on each trimmed, non-empty item. */
+static int parse_list(const char *val, int (*fn)(void *ctx, const char *s, size_t n, char *err, size_t errlen),
+		      void *ctx, char *err, size_t errlen)
+{
+	const char *p = val;
+	for (;;) {
+		p = skip_blank(p);
+		const char *e = strchr(p, ',');
+		size_t n = e ? (size_t)(e - p) : strlen(p);
+		while (n && (p[n - 1] == ' ' || p[n - 1] == '\t'))
+			n--;
+		if (n == 0) {
+			snprintf(err, errlen, "empty entry in list \"%s\"", val);
+			return -EINVAL;
+		}
+		int r = fn(ctx, p, n, err, errlen);
+		if (r)
+			return r;
+		if (!e)
+			return 0;
+		p = e + 1;
+	}
+}
+
+struct host_list {
+	struct host *hosts;
+	int *n;
+};
+
+static int host_item(void *ctx, const char *s, size_t n, char *err, size_t errlen)
+{
+	struct host_list *l = ctx;
+	if (*l->n >= CONFIG_MAX_HOSTS) {
+		snprintf(err, errlen, "more than %d hosts", CONFIG_MAX_HOSTS);
+		return -EINVAL;
+	}
+	int r = parse_host(&l->hosts[*l->n], s, n, err, errlen);
+	if (!r)
+		(*l->n)++;
+	return r;
+}
+
+struct device_list {
+	int *devs;
+	int *n;
+	const struct key_def *k;
+};
+
+static int device_item(void *ctx, const char *s, size_t n, char *err, size_t errlen)
+{
+	struct device_list *l = ctx;
+	char buf[32];
+	long v;
+	if (n >= sizeof(buf) || (memcpy(buf, s, n), buf[n] = '\0', parse_long(buf, &v)) ||
+	    v < 0 || v > l->k->hi) {
+		snprintf(err, errlen, "\"%.*s\" is not a GPU index (0..%.0f) or \"all\"", (int)n, s, l->k->hi);
+		return -EINVAL;
+	}
+	if (*l->n >= CONFIG_MAX_DEVICES) {
+		snprintf(err, errlen, "more than %d devices", CONFIG_MAX_DEVICES);
+		return -EINVAL;
+	}
+	l->devs[(*l->n)++] = (int)v;
+	return 0;
+}
+
+static int parse_input(struct config *c, const struct key_def *k, const char *val,
+		       char *err, size_t errlen)
+{
+	int dims[3] = { 1, 1, 1 }, nd = 0;
+	const char *p = val;
+	for (;;) {
+		char *end;
+		errno = 0;
+		long v = strtol(p, &end, 10);
+		if (end == p || errno || v < k->lo || v > k->hi || nd == 3)
+			goto bad;
+		dims[nd++] = (int)v;
+		if (*end == 'x') {
+			p = end + 1;
+			continue;
+		}
+		if (*skip_blank(end))
+			goto bad;
+		break;
+	}
+	/* "784" is 784x1x1; "28x28" is 28x28x1. */
+	c->model.in_h = dims[0];
+	c->model.in_w = dims[1];
+	c->model.in_c = dims[2];
+	return 0;
+bad:
+	snprintf(err, errlen, "\"%s\" is not a shape (expected N, HxW or HxWxC, each 1..%.0f)", val, k->hi);
+	return -EINVAL;
+}
+
+/* Parses val into the field of k. continuation: val came from an indented
+ * line that continues the key. */
+static int key_parse(struct config *c, const struct key_def *k, const char *val, int append,
+		     const char *dir, char *err, size_t errlen)
+{
+	char rbuf[64];
+	void *f = field(c, k);
+
+	switch (k->type) {
+	case K_INT:
+	case K_LONG: {
+		long v;
+		if (parse_long(val, &v)) {
+			snprintf(err, errlen, "\"%s\" is not an integer", val);
+			return -EINVAL;
+		}
+		if (!in_range(k, (double)v)) {
+			snprintf(err, errlen, "%s is out of range (expected %s)", val, range_text(k, rbuf, sizeof(rbuf)));
+			return -EINVAL;
+		}
+		if (k->type == K_INT)
+			*(int *)f = (int)v;
+		else
+			*(long *)f = v;
+		return 0;
+	}
+	case K_U64: {
+		char *end;
+		errno = 0;
+		unsigned long long v = strtoull(val, &end, 10);
+		if (end == val || *skip_blank(end) || errno || *skip_blank(val) == '-') {
+			snprintf(err, errlen, "\"%s\" is not an unsigned integer", val);
+			return -EINVAL;
+		}
+		*(uint64_t *)f = (uint64_t)v;
+		return 0;
+	}
+	case K_FLOAT:
+	case K_DOUBLE: {
+		char *end;
+		errno = 0;
+		double v = strtod(val, &end);
+		if (end == val || *skip_blank(end) || errno == ERANGE || !isfinite(v)) {
+			snprintf(err, errlen, "\"%s\" is not a number", val);
+			return -EINVAL;
+		}
+		if (!in_range(k, v)) {
+			snprintf(err, errlen, "%s is out of range (expected %s)", val, range_text(k, rbuf, sizeof(rbuf)));
+			return -EINVAL;
+		}
+		if (k->type == K_FLOAT)
+			*(float *)f = (float)v;
+		else
+			*(double *)f = v;
+		return 0;
+	}
+	case K_BOOL: {
+		static const char *const yes[] = { "true", "yes", "on", "1" };
+		static const char *const no[] = { "false", "no", "off", "0" };
+		for (int i = 0; i < 4; i++) {
+			if (strcmp(val, yes[i]) == 0) {
+				*(int *)f = 1;
+				return 0;
+			}
+			if (strcmp(val, no[i]) == 0) {
+				*(int *)f = 0;
+				return 0;
+			}
+		}
+		snprintf(err, errlen, "\"%s\" is not a boolean (expected true or false)", val);
+		return -EINVAL;
+	}
+	case K_ENUM: {
+		char list[256] = "";
+		for (int i = 0; k->names[i]; i++) {
+			if (strcmp(val, k->names[i]) == 0) {
+				*(int *)f = i;
+				return 0;
+			}
+			snprintf(list + strlen(list), sizeof(list) - strlen(list), "%s%s",
+				 i ? (k->names[i + 1] ? ", " : " or ") : "", k->names[i]);
+		}
+		snprintf(err, errlen, "\"%s\" is not one of %s", val, list);
+		return -EINVAL;
+	}
+	case K_PATH: {
+		int n;
+		if (val[0] == '\0' || val[0] == '/' || dir[0] == '\0')
+			n = snprintf(f, DATA_PATH_MAX, "%s", val);
+		else
+			n = snprintf(f, DATA_PATH_MAX, "%s/%s", dir, val);
+		if (n < 0 || n >= DATA_PATH_MAX) {
+			snprintf(err, errlen, "path is longer than %d characters", DATA_PATH_MAX - 1);
+			return -EINVAL;
+		}
+		return 0;
+	}
+	case K_HOSTS: {
+		struct host_list l = { f, count_field(c, k) };
+		if (!append)
+			*l.n = 0;
+		return parse_list(val, host_item, &l, err, errlen);
+	}
+	case K_DEVICES: {
+		struct device_list l = { f, count_field(c, k), k };
+		if (!append) {
+			*l.n = 0;
+			c->gpu.all = 0;
+		}
+		if (strcmp(val, "all") == 0 && !append) {
+			c->gpu.all = 1;
+			return 0;
+		}
+		if (c->gpu.all) {
+			snprintf(err, errlen, "\"all\" cannot be combined with indices");
+			return -EINVAL;
+		}
+		return parse_list(val, device_item, &l, err, errlen);
+	}
+	case K_LABEL_COLUMN: {
+		long v;
+		if (strcmp(val, "first") == 0)
+			v = 0;
+		else if (strcmp(val, "last") == 0)
+			v = -1;
+		else if (parse_long(val, &v) || v < 0 || v > k->hi) {
+			snprintf(err, errlen, "\"%s\" is not first, last or a 0-based column index", val);
+			return -EINVAL;
+		}
+		*(int *)f = (int)v;
+		return 0;
+	}
+	case K_INPUT:
+		return parse_input(c, k, val, err, errlen);
+	case K_LAYER: {
+		int *n = count_field(c, k);
+		if (*n >= MODEL_MAX_LAYERS) {
+			snprintf(err, errlen, "more than %d layers", MODEL_MAX_LAYERS);
+			return -EINVAL;
+		}
+		struct layer_spec *s = (struct layer_spec *)f + *n;
+		int r = layer_spec_parse(s, val, err, errlen);
+		if (!r)
+			(*n)++;
+		return r;
+	}
+	}
+	snprintf(err, errlen, "internal: key type %d has no parser", (int)k->type);
+	return -EINVAL;
+}
+
+static const struct key_def *key_find(const char *section, const char *name)
+{
+	for (size_t i = 0; i < NKEYS; i++)
+		if (strcmp(keys[i].section, section) == 0 && strcmp(keys[i].key, name) == 0)
+			return &keys[i];
+	return NULL;
+}
+
+static int section_known(const char *s)
+{
+	for (size_t i = 0; i < sizeof(sections) / sizeof(sections[0]); i++)
+		if (strcmp(sections[i], s) == 0)
+			return 1;
+	return 0;
+}
+
+static void config_defaults(struct config *c)
+{
+	char err[CONFIG_ERR_MAX];
+	memset(c, 0, sizeof(*c));
+	for (size_t i = 0; i < NKEYS; i++)
+		if (keys[i].def)
+			(void)key_parse(c, &keys[i], keys[i].def, 0, "", err, sizeof(err));
+	for (size_t i = 0; i < sizeof(default_layers) / sizeof(default_layers[0]); i++) {
+		layer_spec_parse(&c->model.layers[i], default_layers[i], err, sizeof(err));
+		c->model.nlayers++;
+	}
+}
+
+/* inih handler: returns 1 to go on, 0 on error (inih then reports this line). */
+static int handler(void *user, const char *section, const char *name, const char *value)
+{
+	struct parse *p = user;
+	char msg[CONFIG_ERR_MAX];
+
+	if (p->err_line)
+		return 1;   /* report the first error only */
+	if (!section[0]) {
+		snprintf(msg, sizeof(msg), "%s = %s: key outside any section (expected [cluster], [train], [gpu], [data] or [model] above it)",
+			 name, value);
+		goto fail;
+	}
+	if (!section_known(section)) {
+		snprintf(msg, sizeof(msg), "unknown section [%s] (expected cluster, train, gpu, data or model)", section);
+		goto fail;
+	}
+	const struct key_def *k = key_find(section, name);
+	if (!k) {
+		snprintf(msg, sizeof(msg), "[%s] unknown key \"%s\" (see docs/CONFIG.md)", section, name);
+		goto fail;
+	}
+	size_t ki = (size_t)(k - keys);
+	int append = 0;
+	if (p->indented) {
+		if (!(k->flags & (LIST | REPEAT)) || strchr(value, '=')) {
+			snprintf(msg, sizeof(msg), "[%s] %s: indented line \"%s\" is read as a continuation of %s; remove the leading blanks",
+				 section, name, value, name);
+			goto fail;
+		}
+		append = 1;
+	} else if (p->key_line[ki] && !(k->flags & REPEAT)) {
+		snprintf(msg, sizeof(msg), "[%s] %s: set twice (first on line %d)", section, name, p->key_line[ki]);
+		goto fail;
+	}
+	if (k->type == K_LAYER && !p->layers_from_input) {
+		p->c->model.nlayers = 0;
+		p->layers_from_input = 1;
+	}
+	char detail[CONFIG_ERR_MAX - 64];
+	if (key_parse(p->c, k, value, append, p->dir, detail, sizeof(detail)) < 0) {
+		snprintf(msg, sizeof(msg), "[%s] %s: %s", section, name, detail);
+		goto fail;
+	}
+	if (k->type == K_LAYER)
+		p->c->model.layers[p->c->model.nlayers - 1].line = p->line;
+	if (!p->indented)
+		p->key_line[ki] = p->line;
+	return 1;
+fail:
+	p->err_line = p->line;
+	snprintf(p->err, sizeof(p->err), "%s", msg);
+	return 0;
+}
+
+/* inih reader over p->text that counts lines. */
+static char *reader(char *str, int num, void *stream)
+{
+	struct parse *p = stream;
+	const char *s = p->text + p->pos;
+	if (!*s)
+		return NULL;
+	const char *nl = strchr(s, '\n');
+	size_t n = nl ? (size_t)(nl - s) + 1 : strlen(s);
+	p->line++;
+	p->pos += n;
+	p->indented = (s[0] == ' ' || s[0] == '\t');
+	if (n > (size_t)num - 2) {
+		/* inih would split it and read the tail as a line of its own. */
+		if (!p->too_long)
+			p->too_long = p->line;
+		str[0] = '\n';
+		str[1] = '\0';
+		return str;
+	}
+	memcpy(str, s, n);
+	str[n] = '\0';
+	return str;
+}
+
+static int parse_text(struct parse *p, char *err, size_t errlen)
+{
+	int r = ini_parse_stream(reader, p, handler, p);
+	if (r == -2) {
+		snprintf(err, errlen, "%s: out of memory while parsing", p->name);
+		return -ENOMEM;
+	}
+	int first = p->too_long;
+	if (r > 0 && (!first || r < first))
+		first = r;
+	if (p->err_line && (!first || p->err_line <= first)) {
+		snprintf(err, errlen, "%s:%d: %s", p->name, p->err_line, p->err);
+		return -EINVAL;
+	}
+	if (first == p->too_long && first) {
+		snprintf(err, errlen, "%s:%d: line longer than %d characters (split long host lists over indented lines)",
+			 p->name, first, INI_MAX_LINE - 2);
+		return -EINVAL;
+	}
+	if (first) {
+		snprintf(err, errlen, "%s:%d: syntax error (expected [section], key = value, or a ; comment)",
+			 p->name, first);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int hosts_equal(const struct host *a, const struct host *b)
+{
+	return a->port == b->port && strcmp(a->name, b->name) == 0;
+}
+
+static int key_line(const struct parse *p, const char *section, const char *name)
+{
+	const struct key_def *k = key_find(section, name);
+	return k ? p->key_line[k - keys] : 0;
+}
+
+static void where(char *buf, size_t len, const struct parse *p, const char *section, const char *name)
+{
+	int line = key_line(p, section, name);
+	if (line)
+		snprintf(buf, len, "%s:%d", p->name, line);
+	else
+		snprintf(buf, len, "%s", p->name);
+}
+
+/* Rules that involve more than one key. */
+static int config_finish(struct config *c, const struct parse *p, char *err, size_t errlen)
+{
+	char at[DATA_PATH_MAX + 16];
+
+	if (c->cluster.nps < 1 || c->cluster.nworkers < 1) {
+		where(at, sizeof(at), p, "cluster", c->cluster.nps < 1 ? "ps" : "workers");
+		snprintf(err, errlen, "%s: [cluster] %s: needs at least one host:port", at,
+			 c->cluster.nps < 1 ? "ps" : "workers");
+		return -EINVAL;
+	}
+	int total = c->cluster.nps + c->cluster.nworkers;
+	for (int i = 0; i < total; i++) {
+		const struct host *a = i < c->cluster.nps ? &c->cluster.ps[i] : &c->cluster.workers[i - c->cluster.nps];
+		for (int j = i + 1; j < total; j++) {
+			const struct host *b = j < c->cluster.nps ? &c->cluster.ps[j] : &c->cluster.workers[j - c->cluster.nps];
+			if (hosts_equal(a, b)) {
+				const char *key = j < c->cluster.nps ? "ps" : "workers";
+				where(at, sizeof(at), p, "cluster", key);
+				snprintf(err, errlen, "%s: [cluster] %s: %s:%u is listed twice (each task needs its own host:port)",
+					 at, key, a->name, a->port);
+				return -EINVAL;
+			}
+		}
+	}
+	if (c->train.replicas_to_aggregate == 0)
+		c->train.replicas_to_aggregate = c->cluster.nworkers;
+	if (c->train.replicas_to_aggregate > c->cluster.nworkers) {
+		where(at, sizeof(at), p, "train", "replicas_to_aggregate");
+		snprintf(err, errlen, "%s: [train] replicas_to_aggregate: %d is more than the %d workers in [cluster] workers",
+			 at, c->train.replicas_to_aggregate, c->cluster.nworkers);
+		return -EINVAL;
+	}
+	if (c->train.steps > 0 && c->train.epochs > 0) {
+		where(at, sizeof(at), p, "train", "epochs");
+		snprintf(err, errlen, "%s: [train] steps and epochs are both set; set only one", at);
+		return -EINVAL;
+	}
+	if (c->train.steps == 0 && c->train.epochs == 0)
+		c->train.epochs = 1;
+	if (c->data.format == DATA_CSV && !c->data.train_csv[0]) {
+		where(at, sizeof(at), p, "data", "format");
+		snprintf(err, errlen, "%s: [data] format = csv needs train_csv", at);
+		return -EINVAL;
+	}
+	char merr[CONFIG_ERR_MAX];
+	struct model m;
+	if (model_build(&m, &c->model, merr, sizeof(merr)) < 0) {
+		int line = 0;
+		for (int i = 0; i < c->model.nlayers; i++)
+			if (c->model.layers[i].line && strstr(merr, m.layers[i].name))
+				line = c->model.layers[i].line;
+		if (line)
+			snprintf(err, errlen, "%s:%d: %s", p->name, line, merr);
+		else
+			snprintf(err, errlen, "%s: %s", p->name, merr);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int check_file(const struct parse *p, const char *key, const char *path, char *err, size_t errlen)
+{
+	if (access(path, R_OK) == 0)
+		return 0;
+	int e = errno;
+	char at[DATA_PATH_MAX + 16];
+	where(at, sizeof(at), p, "data", key);
+	snprintf(err, errlen, "%s: [data] %s: cannot read %s: %s", at, key, path, strerror(e));
+	return -ENOENT;
+}
+
+static int config_check_files(const struct config *c, const struct parse *p, char *err, size_t errlen)
+{
+	const struct data_config *d = &c->data;
+	int r = 0;
+	if (d->format == DATA_IDX) {
+		if (!r) r = check_file(p, "train_images", d->train_images, err, errlen);
+		if (!r) r = check_file(p, "train_labels", d->train_labels, err, errlen);
+		if (!r) r = check_file(p, "test_images", d->test_images, err, errlen);
+		if (!r) r = check_file(p, "test_labels", d->test_labels, err, errlen);
+	} else {
+		if (!r) r = check_file(p, "train_csv", d->train_csv, err, errlen);
+		if (!r && d->test_csv[0]) r = check_file(p, "test_csv", d->test_csv, err, errlen);
+	}
+	return r;
+}
+
+/* Applies "section.key=value" from the command line. */
+static int config_set(struct config *c, struct parse *p, const char *set, char *err, size_t errlen)
+{
+	char sec[32];
+	const char *dot = strchr(set, '.');
+	const char *eq = strchr(set, '=');
+	if (!dot || !eq || dot > eq || (size_t)(dot - set) >= sizeof(sec)) {
+		snprintf(err, errlen, "--set %s: expected section.key=value", set);
+		return -EINVAL;
+	}
+	memcpy(sec, set, (size_t)(dot - set));
+	sec[dot - set] = '\0';
+	char name[64];
+	size_t nl = (size_t)(eq - dot - 1);
+	if (nl >= sizeof(name))
+		nl = sizeof(name) - 1;
+	memcpy(name, dot + 1, nl);
+	name[nl] = '\0';
+	const struct key_def *k = key_find(sec, name);
+	if (!k) {
+		snprintf(err, errlen, "--set %s: unknown key [%s] %s (see docs/CONFIG.md)", set, sec, name);
+		return -EINVAL;
+	}
+	if (k->flags & REPEAT) {
+		snprintf(err, errlen, "--set %s: [%s] %s is a repeated key; edit the config file instead", set, sec, name);
+		return -EINVAL;
+	}
+	char detail[CONFIG_ERR_MAX - 64];
+	if (key_parse(c, k, skip_blank(eq + 1), 0, "", detail, sizeof(detail)) < 0) {
+		snprintf(err, errlen, "--set %s: [%s] %s: %s", set, sec, name, detail);
+		return -EINVAL;
+	}
+	p->key_line[k - keys] = 0;
+	return 0;
+}
+
+static int read_text(const char *path, char **out, char *err, size_t errlen)
+{
+	enum { MAX_CONFIG = 1 << 20 };
+	FILE *f = fopen(path, "rb");
+	if (!f) {
+		snprintf(err, errlen, "%s: cannot open config: %s", path, strerror(errno));
+		return -ENOENT;
+	}
+	char *buf = malloc(MAX_CONFIG + 1);
+	if (!buf) {
+		fclose(f);
+		snprintf(err, errlen, "%s: out of memory", path);
+		return -ENOMEM;
+	}
+	size_t n = fread(buf, 1, MAX_CONFIG + 1, f);
+	int bad = ferror(f);
+	fclose(f);
+	if (bad || n > MAX_CONFIG || memchr(buf, '\0', n)) {
+		snprintf(err, errlen, "%s: %s", path, bad ? "read error" : n > MAX_CONFIG ?
+			 "larger than 1 MiB; is this a config file?" : "contains NUL bytes; is this a config file?");
+		free(buf);
+		return -EINVAL;
+	}
+	buf[n] = '\0';
+	*out = buf;
+	return 0;
+}
+
+int config_parse_string(struct config *c, const char *name, const char *text,
+			char *err, size_t errlen)
+{
+	struct parse *p = calloc(1, sizeof(*p));
+	if (!p) {
+		snprintf(err, errlen, "%s: out of memory", name);
+		return -ENOMEM;
+	}
+	config_defaults(c);
+	p->c = c;
+	p->name = name;
+	p->text = text;
+	int r = parse_text(p, err, errlen);
+	if (!r)
+		r = config_finish(c, p, err, errlen);
+	if (!r)
+		snprintf(c->path, sizeof(c->path), "%s", name);
+	free(p);
+	return r;
+}
+
+int config_load(struct config *c, const char *path, const char *const *sets, int nsets,
+		char *err, size_t errlen)
+{
+	char *text = NULL;
+	struct parse *p = calloc(1, sizeof(*p));
+	if (!p) {
+		snprintf(err, errlen, "%s: out of memory", path);
+		return -ENOMEM;
+	}
+	int r = read_text(path, &text, err, errlen);
+	if (r)
+		goto out;
+	config_defaults(c);
+	snprintf(c->path, sizeof(c->path), "%s", path);
+	p->c = c;
+	p->name = path;
+	p->text = text;
+	const char *slash = strrchr(path, '/');
+	if (slash) {
+		size_t n = (size_t)(slash - path);
+		if (n == 0)
+			n = 1;   /* "/cluster.ini" lives in "/" */
+		if (n >= sizeof(p->dir)) {
+			snprintf(err, errlen, "%s: path too long", path);
+			r = -EINVAL;
+			goto out;
+		}
+		memcpy(p->dir, path, n);
+		p->dir[n] = '\0';
+	}
+	r = parse_text(p, err, errlen);
+	for (int i = 0; !r && i < nsets; i++)
+		r = config_set(c, p, sets[i], err, errlen);
+	if (!r)
+		r = config_finish(c, p, err, errlen);
+	if (!r)
+		r = config_check_files(c, p, err, errlen);
+out:
+	free(text);
+	free(p);
+	return r;
+}
+
+static void hosts_print(FILE *f, const struct host *h, int n)
+{
+	for (int i = 0; i < n; i++)
+		fprintf(f, strchr(h[i].name, ':') ? "%s[%s]:%u" : "%s%s:%u", i ? ", " : "", h[i].name, h[i].port);
+}
+
+void config_print(const struct config *c, FILE *f)
+{
+	const char *section = "";
+	for (size_t i = 0; i < NKEYS; i++) {
+		const struct key_def *k = &keys[i];
+		const void *v = (const char *)c + k->off;
+		if (strcmp(section, k->section)) {
+			fprintf(f, "%s[%s]\n", i ? "\n" : "", k->section);
+			section = k->section;
+		}
+		if (k->type == K_LAYER) {
+			char buf[64];
+			for (int j = 0; j < c->model.nlayers; j++) {
+				layer_spec_format(&c->model.layers[j], buf, sizeof(buf));
+				fprintf(f, "layer = %s\n", buf);
+			}
+			continue;
+		}
+		fprintf(f, "%s = ", k->key);
+		switch (k->type) {
+		case K_INT: fprintf(f, "%d", *(const int *)v); break;
+		case K_LONG: fprintf(f, "%ld", *(const long *)v); break;
+		case K_U64: fprintf(f, "%llu", (unsigned long long)*(const uint64_t *)v); break;
+		case K_FLOAT: fprintf(f, "%g", (double)*(const float *)v); break;
+		case K_DOUBLE: fprintf(f, "%g", *(const double *)v); break;
+		case K_BOOL: fprintf(f, "%s", *(const int *)v ? "true" : "false"); break;
+		case K_ENUM: fprintf(f, "%s", k->names[*(const int *)v]); break;
+		case K_PATH: fprintf(f, "%s", (const char *)v); break;
+		case K_HOSTS:
+			hosts_print(f, v, *(const int *)((const char *)c + k->count_off));
+			break;
+		case K_DEVICES:
+			if (c->gpu.all)
+				fprintf(f, "all");
+			for (int j = 0; !c->gpu.all && j < c->gpu.ndevices; j++)
+				fprintf(f, "%s%d", j ? ", " : "", c->gpu.devices[j]);
+			break;
+		case K_LABEL_COLUMN:
+			if (c->data.label_column < 0)
+				fprintf(f, "last");
+			else if (c->data.label_column == 0)
+				fprintf(f, "first");
+			else
+				fprintf(f, "%d", c->data.label_column);
+			break;
+		case K_INPUT:
+			fprintf(f, "%dx%dx%d", c->model.in_h, c->model.in_w, c->model.in_c);
+			break;
+		case K_LAYER:
+			break;
+		}
+		fprintf(f, "\n");
+	}
+}

@@ -1,0 +1,90 @@
+/* cluster.ini: the resolved configuration of a run.
+ *
+ * Parsing follows wireguard-tools' config.c: one table row per key with a
+ * strict parser, defaults applied by parsing the default text through the
+ * same parsers, presence bits to reject duplicate keys, and a finish step for
+ * rules that span keys. Every failure is one line naming the file, the line,
+ * the key and what was expected. docs/CONFIG.md is the user's reference and
+ * must list the same keys as the table in config.c. */
+#ifndef PSTRAIN_CONFIG_H
+#define PSTRAIN_CONFIG_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "data.h"
+#include "model.h"
+#include "optim.h"
+
+#define CONFIG_MAX_HOSTS 256
+#define CONFIG_MAX_DEVICES 64
+#define CONFIG_HOST_MAX 256
+#define CONFIG_ERR_MAX 1024
+
+enum train_mode {
+	MODE_SYNC,
+	MODE_ASYNC,
+};
+
+struct host {
+	char name[CONFIG_HOST_MAX];   /* DNS name, IPv4, or IPv6 without brackets */
+	uint16_t port;
+};
+
+struct config {
+	char path[DATA_PATH_MAX];   /* the file it came from, for messages */
+
+	struct {
+		struct host ps[CONFIG_MAX_HOSTS];
+		int nps;
+		struct host workers[CONFIG_MAX_HOSTS];
+		int nworkers;
+		char key_file[DATA_PATH_MAX];
+	} cluster;
+
+	struct {
+		enum train_mode mode;
+		int replicas_to_aggregate;  /* resolved: 1..nworkers */
+		int max_staleness;
+		long steps;                 /* 0 = run `epochs` epochs instead */
+		long epochs;
+		int batch_size;
+		struct optim_config optim;
+		uint64_t seed;
+		char checkpoint_dir[DATA_PATH_MAX];
+		long checkpoint_every;
+		long eval_every;            /* 0 = once per epoch */
+		int threads;                /* CPU threads for OpenBLAS, 0 = one per CPU */
+	} train;
+
+	struct {
+		int all;                    /* devices = all */
+		int devices[CONFIG_MAX_DEVICES];
+		int ndevices;
+		double memory_fraction;
+		int allow_growth;
+		int soft_placement;
+		int log_placement;
+	} gpu;
+
+	struct data_config data;
+	struct model_spec model;
+};
+
+/* Loads defaults, then the file at path (relative file paths inside it are
+ * taken relative to the file's directory), then each "section.key=value"
+ * override (relative paths taken from the current directory), then checks
+ * cross-key rules and that the data files exist. Returns 0, or -EINVAL /
+ * -ENOENT / -EIO with one line in err. */
+int config_load(struct config *c, const char *path, const char *const *sets, int nsets,
+		char *err, size_t errlen);
+
+/* Same, from a string; name is used in messages and relative paths resolve
+ * against the current directory. Data files are not checked. */
+int config_parse_string(struct config *c, const char *name, const char *text,
+			char *err, size_t errlen);
+
+/* The resolved config as INI text that config_load accepts. */
+void config_print(const struct config *c, FILE *f);
+
+#endif

@@ -1,0 +1,181 @@
+/* CPU reference layers: dense through OpenBLAS sgemm, elementwise
+ * activations as plain loops, and the fused softmax + cross-entropy.
+ * Allocation, zeroing of gradients and the order of layers are left to
+ * the model code; nothing here allocates. */
+#include "layers.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <unistd.h>
+
+void dense_forward(float *out, const float *inp, const float *weight,
+		   const float *bias, int B, int C, int OC)
+{
+	// out (B, OC), inp (B, C), weight (OC, C), bias (OC)
+	if (B <= 0 || OC <= 0)
+		return;
+	float beta = 0.0f;
+	if (bias) {
+		/* Seeding out with the bias and letting sgemm add to it (beta = 1)
+		 * costs one pass over out instead of a second pass after the
+		 * product. */
+		for (int b = 0; b < B; b++) {
+			float *out_b = out + (size_t)b * OC;   // (OC)
+			for (int o = 0; o < OC; o++)
+				out_b[o] = bias[o];
+		}
+		beta = 1.0f;
+	}
+	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, OC, C,
+		    1.0f, inp, C, weight, C, beta, out, OC);
+}
+
+void dense_backward(float *dinp, float *dweight, float *dbias,
+		    const float *dout, const float *inp, const float *weight,
+		    int B, int C, int OC)
+{
+	// dinp (B, C), dweight (OC, C), dbias (OC), dout (B, OC),
+	// inp (B, C), weight (OC, C)
+	if (B <= 0 || C <= 0 || OC <= 0)
+		return;
+	/* beta = 0: BLAS writes the result without reading dinp, so stale
+	 * NaNs in it cannot leak through (the contract says "set"). */
+	if (dinp)
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, B, C, OC,
+			    1.0f, dout, OC, weight, C, 0.0f, dinp, C);
+	cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, B,
+		    1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+	if (dbias) {
+		/* Row by row, so both dout and dbias are walked contiguously;
+		 * the column-wise order would stride through dout by OC. */
+		for (int b = 0; b < B; b++) {
+			const float *dout_b = dout + (size_t)b * OC;   // (OC)
+			for (int o = 0; o < OC; o++)
+				dbias[o] += dout_b[o];
+		}
+	}
+}
+
+void relu_forward(float *out, const float *inp, size_t N)
+{
+	// out (N), inp (N)
+	/* Written so that a NaN input stays NaN (as in PyTorch): a diverging
+	 * run should show up in the loss, not be hidden by the activation. */
+	for (size_t i = 0; i < N; i++)
+		out[i] = inp[i] < 0.0f ? 0.0f : inp[i];
+}
+
+void relu_backward(float *dinp, const float *dout, const float *out, size_t N)
+{
+	// dinp (N), dout (N), out (N)
+	/* out > 0 exactly where inp > 0; the derivative at 0 is taken as 0. */
+	for (size_t i = 0; i < N; i++)
+		dinp[i] = out[i] > 0.0f ? dout[i] : 0.0f;
+}
+
+void tanh_forward(float *out, const float *inp, size_t N)
+{
+	// out (N), inp (N)
+	for (size_t i = 0; i < N; i++)
+		out[i] = tanhf(inp[i]);
+}
+
+void tanh_backward(float *dinp, const float *dout, const float *out, size_t N)
+{
+	// dinp (N), dout (N), out (N)
+	for (size_t i = 0; i < N; i++)
+		dinp[i] = dout[i] * (1.0f - out[i] * out[i]);
+}
+
+void sigmoid_forward(float *out, const float *inp, size_t N)
+{
+	// out (N), inp (N)
+	/* exp is only ever taken of -|x|, so it never overflows, and for
+	 * x < 0 the result keeps its relative precision down to denormals
+	 * instead of being 1 - (something close to 1). */
+	for (size_t i = 0; i < N; i++) {
+		float x = inp[i];
+		if (x >= 0.0f) {
+			out[i] = 1.0f / (1.0f + expf(-x));
+		} else {
+			float e = expf(x);
+			out[i] = e / (1.0f + e);
+		}
+	}
+}
+
+void sigmoid_backward(float *dinp, const float *dout, const float *out, size_t N)
+{
+	// dinp (N), dout (N), out (N)
+	for (size_t i = 0; i < N; i++)
+		dinp[i] = dout[i] * out[i] * (1.0f - out[i]);
+}
+
+double softmax_xent_forward(float *probs, int *correct, const float *logits,
+			    const int32_t *labels, int B, int C)
+{
+	// probs (B, C), logits (B, C), labels (B)
+	double loss = 0.0;
+	int ncorrect = 0;
+	for (int b = 0; b < B; b++) {
+		const float *x = logits + (size_t)b * C;   // (C)
+		float *p = probs + (size_t)b * C;          // (C)
+		int32_t label = labels[b];
+
+		/* First maximum wins ties, like torch.argmax. */
+		float maxv = x[0];
+		int argmax = 0;
+		for (int i = 1; i < C; i++) {
+			if (x[i] > maxv) {
+				maxv = x[i];
+				argmax = i;
+			}
+		}
+		if (argmax == label)
+			ncorrect++;
+		/* Read before probs is written, so probs may alias logits. */
+		double zlabel = (double)x[label] - (double)maxv;
+
+		/* Each exp(x - max) is in (0, 1] and one of them is 1, so the
+		 * sum is in [1, C]: no overflow, and log(sum) is safe. The sum
+		 * is kept in double so that log-sum-exp is accurate even for
+		 * many classes. */
+		double sum = 0.0;
+		for (int i = 0; i < C; i++) {
+			float e = expf(x[i] - maxv);
+			p[i] = e;
+			sum += e;
+		}
+		float inv = (float)(1.0 / sum);
+		for (int i = 0; i < C; i++)
+			p[i] *= inv;
+		loss += log(sum) - zlabel;
+	}
+	if (correct)
+		*correct = ncorrect;
+	return loss;
+}
+
+void softmax_xent_backward(float *dlogits, const float *probs,
+			   const int32_t *labels, int B, int C, float scale)
+{
+	// dlogits (B, C), probs (B, C), labels (B)
+	for (int b = 0; b < B; b++) {
+		const float *p = probs + (size_t)b * C;   // (C)
+		float *d = dlogits + (size_t)b * C;       // (C)
+		/* Read first, so dlogits may alias probs. */
+		float plabel = p[labels[b]];
+		for (int i = 0; i < C; i++)
+			d[i] = p[i] * scale;
+		d[labels[b]] = (plabel - 1.0f) * scale;
+	}
+}
+
+void layers_set_threads(int n)
+{
+	if (n <= 0) {
+		long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+		n = ncpu > 0 ? (int)ncpu : 1;
+	}
+	openblas_set_num_threads(n);
+}

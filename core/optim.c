@@ -1,0 +1,143 @@
+/* Optimizer updates and learning-rate schedules over one float32 range.
+ * Which range (whole model or a ps shard's slice) and when to step is the
+ * caller's business; the update of element i reads only element i. */
+#include "optim.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* M_PI is not in C11. */
+static const double PI = 3.14159265358979323846;
+
+int optim_init(struct optim *o, const struct optim_config *c, size_t n)
+{
+	memset(o, 0, sizeof(*o));
+	o->cfg = *c;
+	o->n = n;
+	if (c->kind != OPTIM_SGD && c->kind != OPTIM_MOMENTUM && c->kind != OPTIM_ADAM)
+		return -EINVAL;
+	/* calloc(0) may return NULL; an empty range needs no state. */
+	if (n == 0)
+		return 0;
+	if (c->kind == OPTIM_MOMENTUM || c->kind == OPTIM_ADAM) {
+		o->m = calloc(n, sizeof(float));
+		if (!o->m)
+			goto err;
+	}
+	if (c->kind == OPTIM_ADAM) {
+		o->v = calloc(n, sizeof(float));
+		if (!o->v)
+			goto err;
+	}
+	return 0;
+err:
+	optim_free(o);
+	return -ENOMEM;
+}
+
+void optim_free(struct optim *o)
+{
+	if (!o)
+		return;
+	free(o->m);
+	free(o->v);
+	o->m = NULL;
+	o->v = NULL;
+}
+
+float optim_lr(const struct optim_config *c, long step, long total)
+{
+	double lr = c->lr;
+	if (step < 0)
+		step = 0;
+	if (c->warmup_steps > 0 && step < c->warmup_steps)
+		return (float)(lr * (double)(step + 1) / (double)c->warmup_steps);
+
+	/* The schedule runs over the steps after warmup, like PyTorch's
+	 * SequentialLR(LinearLR, ...): it starts at its full lr the step
+	 * warmup ends, instead of jumping to wherever it would have been. */
+	long warmup = c->warmup_steps > 0 ? c->warmup_steps : 0;
+	long s = step - warmup;   // >= 0
+	long n = total - warmup;
+	switch (c->schedule) {
+	case LR_CONSTANT:
+		return (float)lr;
+	case LR_STEP:
+		if (c->decay_steps <= 0)
+			return (float)lr;
+		return (float)(lr * pow(c->decay_rate, (double)(s / c->decay_steps)));
+	case LR_COSINE:
+		if (n <= 0)
+			return (float)lr;
+		if (s > n)
+			s = n;
+		return (float)(lr * 0.5 * (1.0 + cos(PI * (double)s / (double)n)));
+	}
+	return (float)lr;
+}
+
+/* g = grad + weight_decay * p; p -= lr * g */
+static void sgd_step(float *params, const float *grads, size_t n, float lr, float wd)
+{
+	// params (n), grads (n)
+	for (size_t i = 0; i < n; i++) {
+		float g = grads[i] + wd * params[i];
+		params[i] -= lr * g;
+	}
+}
+
+/* v = mu v + g; p -= lr * (nesterov ? g + mu v : v)   (PyTorch, dampening 0) */
+static void momentum_step(float *params, float *m, const float *grads, size_t n,
+			  float lr, float wd, float mu, int nesterov)
+{
+	// params (n), m (n), grads (n)
+	for (size_t i = 0; i < n; i++) {
+		float g = grads[i] + wd * params[i];
+		float v = mu * m[i] + g;
+		m[i] = v;
+		params[i] -= lr * (nesterov ? g + mu * v : v);
+	}
+}
+
+static void adam_step(float *params, float *m, float *v, const float *grads,
+		      size_t n, long t, float lr, float wd, float b1, float b2,
+		      float eps)
+{
+	// params (n), m (n), v (n), grads (n)
+	/* Bias corrections are per step, so they are done once in double;
+	 * the split into step_size and 1/sqrt(bc2) is PyTorch's, which keeps
+	 * our numbers close to its. */
+	double bc1 = 1.0 - pow(b1, (double)t);
+	double bc2 = 1.0 - pow(b2, (double)t);
+	float step_size = (float)(lr / bc1);
+	float inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2));
+	for (size_t i = 0; i < n; i++) {
+		float g = grads[i] + wd * params[i];
+		float mi = b1 * m[i] + (1.0f - b1) * g;
+		float vi = b2 * v[i] + (1.0f - b2) * g * g;
+		m[i] = mi;
+		v[i] = vi;
+		params[i] -= step_size * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
+	}
+}
+
+void optim_step(struct optim *o, float *params, const float *grads, float lr)
+{
+	const struct optim_config *c = &o->cfg;
+	o->t++;
+	switch (c->kind) {
+	case OPTIM_SGD:
+		sgd_step(params, grads, o->n, lr, c->weight_decay);
+		break;
+	case OPTIM_MOMENTUM:
+		momentum_step(params, o->m, grads, o->n, lr, c->weight_decay,
+			      c->momentum, c->nesterov);
+		break;
+	case OPTIM_ADAM:
+		adam_step(params, o->m, o->v, grads, o->n, o->t, lr,
+			  c->weight_decay, c->beta1, c->beta2, c->eps);
+		break;
+	}
+}

@@ -1,0 +1,67 @@
+/* Optimizers (sgd, momentum, adam) and learning-rate schedules over one
+ * contiguous float32 range of parameters. A ps shard runs the same code over
+ * its slice, so the update of element i depends only on element i.
+ *
+ * Update rules follow PyTorch's SGD and Adam (weight decay coupled, added
+ * to the gradient):
+ *   g = grad + weight_decay * p
+ *   sgd:       p -= lr * g
+ *   momentum:  v = momentum * v + g
+ *              p -= lr * (nesterov ? g + momentum * v : v)
+ *   adam:      t += 1; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2
+ *              p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)
+ */
+#ifndef PSTRAIN_OPTIM_H
+#define PSTRAIN_OPTIM_H
+
+#include <stddef.h>
+
+enum optim_kind {
+	OPTIM_SGD,
+	OPTIM_MOMENTUM,
+	OPTIM_ADAM,
+};
+
+enum lr_schedule {
+	LR_CONSTANT,
+	LR_STEP,     /* lr * decay_rate^(floor(s / decay_steps)) */
+	LR_COSINE,   /* lr * 0.5 * (1 + cos(pi * min(s, n) / n)) */
+};
+/* s = step - warmup_steps and n = total - warmup_steps: schedules run over
+ * the steps after warmup (as PyTorch's SequentialLR does), so each starts
+ * at the full lr the step warmup ends. decay_steps <= 0 never decays;
+ * n <= 0 keeps lr. */
+
+struct optim_config {
+	enum optim_kind kind;
+	float lr;
+	float momentum;       /* momentum; also used by nothing else */
+	int nesterov;
+	float weight_decay;
+	float beta1, beta2, eps;   /* adam */
+	enum lr_schedule schedule;
+	long decay_steps;     /* LR_STEP */
+	float decay_rate;     /* LR_STEP */
+	long warmup_steps;    /* step s < warmup_steps gets lr * (s+1) / warmup_steps */
+};
+
+struct optim {
+	struct optim_config cfg;
+	size_t n;
+	float *m;     /* (n) momentum buffer or adam first moment; NULL for sgd */
+	float *v;     /* (n) adam second moment; NULL otherwise */
+	long t;       /* updates applied so far */
+};
+
+/* Returns 0, -ENOMEM, or -EINVAL for an unknown kind. State starts at zero.
+ * On failure *o is left freeable. */
+int optim_init(struct optim *o, const struct optim_config *c, size_t n);
+void optim_free(struct optim *o);   /* accepts NULL and zeroed structs */
+
+/* Learning rate for 0-based step `step` of `total` steps. */
+float optim_lr(const struct optim_config *c, long step, long total);
+
+/* params (n) -= update(grads (n)) with learning rate lr; increments t. */
+void optim_step(struct optim *o, float *params, const float *grads, float lr);
+
+#endif

@@ -1,0 +1,84 @@
+/* Progress lines for training loops. */
+#include "progress.h"
+
+#include <stdio.h>
+
+#include <time.h>
+
+double progress_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void hms(char *buf, size_t len, double s)
+{
+	long t = s < 0 ? 0 : (long)(s + 0.5);
+	if (t >= 3600)
+		snprintf(buf, len, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+	else
+		snprintf(buf, len, "%ld:%02ld", t / 60, t % 60);
+}
+
+void progress_init(struct progress *p, FILE *f, int tty, long total_steps, long steps_per_epoch)
+{
+	*p = (struct progress){ 0 };
+	p->f = f;
+	p->tty = tty;
+	p->total_steps = total_steps;
+	p->steps_per_epoch = steps_per_epoch;
+	p->t0 = progress_now();
+}
+
+static void draw(struct progress *p, long done, int final_eval)
+{
+	double elapsed = progress_now() - p->t0;
+	double rate = p->train_time > 0 ? (double)p->samples / p->train_time : 0;
+	double eta = done > 0 ? elapsed / (double)done * (double)(p->total_steps - done) : 0;
+	char el[32], et[32], test[48] = "";
+	hms(el, sizeof(el), elapsed);
+	hms(et, sizeof(et), eta);
+	if (p->have_test)
+		snprintf(test, sizeof(test), "  test %.4f/%.2f%%", p->test_loss, 100 * p->test_acc);
+	long epoch = done > 0 ? (done - 1) / p->steps_per_epoch + 1 : 1;
+	long epochs = (p->total_steps + p->steps_per_epoch - 1) / p->steps_per_epoch;
+	fprintf(p->f, "%sstep %ld/%ld  epoch %ld/%ld  loss %.4f  acc %.2f%%%s  %.0f samples/s  %s  ETA %s%s",
+		p->tty ? "\r\033[K" : "", done, p->total_steps, epoch, epochs, p->loss,
+		100 * p->acc, test, rate, el, et, p->tty && !final_eval ? "" : "\n");
+	fflush(p->f);
+	p->drawn = p->tty && !final_eval;
+}
+
+void progress_step(struct progress *p, long step, int B, double secs, double loss, double acc)
+{
+	p->samples += B;
+	p->train_time += secs;
+	/* A short exponential average: one batch is noisy, an epoch is stale. */
+	double a = step < 10 ? 1.0 / (double)(step + 1) : 0.1;
+	p->loss += a * (loss - p->loss);
+	p->acc += a * (acc - p->acc);
+	double now = progress_now();
+	if (p->tty && (now - p->last_draw > 0.125 || step + 1 == p->total_steps)) {
+		p->last_draw = now;
+		draw(p, step + 1, 0);
+	}
+}
+
+void progress_eval(struct progress *p, long step, double test_loss, double test_acc)
+{
+	p->test_loss = test_loss;
+	p->test_acc = test_acc;
+	p->have_test = 1;
+	/* On a tty the line just updates; elsewhere each evaluation is a line. */
+	draw(p, step, !p->tty);
+}
+
+void progress_clear(struct progress *p)
+{
+	if (p->drawn) {
+		fprintf(p->f, "\n");
+		fflush(p->f);
+		p->drawn = 0;
+	}
+}

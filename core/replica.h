@@ -1,0 +1,40 @@
+/* One copy of the model on one device: its activation and gradient buffers
+ * and the forward and backward passes over a batch. Parameters and
+ * gradients are passed in, so one flat vector can serve several replicas
+ * (multi-GPU) and a ps shard never needs a replica at all. */
+#ifndef PSTRAIN_REPLICA_H
+#define PSTRAIN_REPLICA_H
+
+#include <stdint.h>
+
+#include "backend.h"
+#include "model.h"
+
+struct replica {
+	const struct model *m;
+	struct backend be;
+	int max_batch;
+	float *x;                          /* (B, inputs) */
+	int32_t *y;                        /* (B) */
+	float *act[MODEL_MAX_LAYERS];      /* (B, out) per layer; activations after a
+					    * dense layer share its buffer (in place) */
+	float *probs;                      /* (B, outputs) */
+	float *grad[2];                    /* (B, max_width) ping-pong d(activation) */
+};
+
+int replica_init(struct replica *r, const struct model *m, const struct backend *be,
+		 int max_batch, char *err, size_t errlen);
+void replica_free(struct replica *r);   /* accepts NULL and zeroed structs */
+
+/* Copies a batch from host memory: x (B, inputs), y (B). */
+int replica_load(struct replica *r, const float *x, const int32_t *y, int B);
+
+/* Forward over the loaded batch with params (P); *loss_sum is the summed
+ * (not averaged) loss, *correct the number of right answers. */
+int replica_forward(struct replica *r, const float *params, int B, double *loss_sum, int *correct);
+
+/* Backward after replica_forward; ACCUMULATES into grads (P). scale is 1 over
+ * the whole batch the gradient is averaged over (all replicas together). */
+int replica_backward(struct replica *r, const float *params, float *grads, int B, float scale);
+
+#endif

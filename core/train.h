@@ -1,0 +1,32 @@
+/* Training in one process (`pstrain local`): data, model, replica and
+ * optimizer wired into the step loop, with evaluation and progress. */
+#ifndef PSTRAIN_TRAIN_H
+#define PSTRAIN_TRAIN_H
+
+#include <signal.h>
+#include <stdio.h>
+
+#include "config.h"
+
+struct train_result {
+	long steps;             /* steps completed */
+	long total_steps;
+	double test_loss;
+	double test_acc;        /* in [0,1] */
+	double wall;            /* seconds, start to end including evaluation */
+	double samples_per_s;   /* training steps only */
+};
+
+/* Trains as the config says. `stop` is polled between steps (set from a
+ * signal handler). Returns 0 when done, -EINTR when stopped early (the
+ * result still holds a final evaluation), -EINVAL for bad data or a model
+ * that does not fit it, other negative errnos for runtime failures; the
+ * message is in err. Progress goes to out; tty selects the redrawn line. */
+int train_local(const struct config *c, FILE *out, int tty, const volatile sig_atomic_t *stop,
+		struct train_result *res, char *err, size_t errlen);
+
+/* One line per placement decision: which device trains and why. Returns 0,
+ * or -ENODEV when soft_placement is off and the GPUs asked for are missing. */
+int train_placement(const struct config *c, FILE *out, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,58 @@
+/* gpu.h with the CUDA runtime (linked statically). The runtime loads the
+ * driver (libcuda.so.1) itself when first called, so on a machine without
+ * one these calls fail cleanly and the binary still runs on the CPU. */
+extern "C" {
+#include "gpu.h"
+}
+
+#include <cuda_runtime.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define STR2(x) #x
+#define STR(x) STR2(x)
+
+extern "C" const char *gpu_build_info(void)
+{
+	return "CUDA " STR(__CUDACC_VER_MAJOR__) "." STR(__CUDACC_VER_MINOR__) " (sm_80, sm_90, PTX)";
+}
+
+extern "C" int gpu_count(int *n, char *err, size_t errlen)
+{
+	int count = 0;
+	cudaError_t e = cudaGetDeviceCount(&count);
+	*n = 0;
+	if (e != cudaSuccess) {
+		/* cudaGetDeviceCount leaves a sticky-looking last error; clear it. */
+		cudaGetLastError();
+		snprintf(err, errlen, "no usable GPU: %s", cudaGetErrorString(e));
+		return -ENODEV;
+	}
+	if (count == 0) {
+		snprintf(err, errlen, "no GPU visible (CUDA_VISIBLE_DEVICES=%s)",
+			 getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES") : "unset");
+		return -ENODEV;
+	}
+	*n = count;
+	return 0;
+}
+
+extern "C" int gpu_query(int index, struct gpu_info *info, char *err, size_t errlen)
+{
+	cudaDeviceProp p;
+	cudaError_t e = cudaGetDeviceProperties(&p, index);
+	if (e != cudaSuccess) {
+		cudaGetLastError();
+		snprintf(err, errlen, "gpu:%d: cudaGetDeviceProperties: %s", index, cudaGetErrorString(e));
+		return -ENODEV;
+	}
+	memset(info, 0, sizeof(*info));
+	info->index = index;
+	snprintf(info->name, sizeof(info->name), "%s", p.name);
+	info->total_bytes = p.totalGlobalMem;
+	info->cc_major = p.major;
+	info->cc_minor = p.minor;
+	return 0;
+}

@@ -98,6 +98,9 @@ $(BUILD)/flags.stamp: FORCE
 	@mkdir -p $(BUILD)
 	@echo '$(FLAGS_NOW)' | cmp -s - $@ || echo '$(FLAGS_NOW)' > $@
 
+# Tests include core headers by name.
+$(BUILD)/tests/%.o: CFLAGS += -Icore
+
 $(BUILD)/%.o: %.c $(BUILD)/flags.stamp
 	@mkdir -p $(dir $@)
 	$(call say,CC,$<)$(CC) $(CFLAGS) -c $< -o $@
@@ -136,7 +139,13 @@ asan:
 demo: all
 	./$(BIN) local --config cluster.ini
 
-bench: all
+BENCH_BIN := $(BUILD)/bench/cpu_mlp
+$(BENCH_BIN): $(BUILD)/bench/cpu_mlp.o $(OBJ_CORE)
+	@mkdir -p $(dir $@)
+	$(call say,LINK,$@)$(LINK) $(LDFLAGS) $^ -o $@ $(CUDA_LIBS) $(LDLIBS)
+
+# Prints tables: pstrain's CPU step throughput against PyTorch's on this machine.
+bench: all $(BENCH_BIN)
 	./bench/cpu_mlp
 
 # Installs only what is missing. Needs root (or sudo) the first time.

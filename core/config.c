@@ -8,6 +8,7 @@
  * and must be an error for scalar keys rather than a silent overwrite. */
 #include "config.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <ini.h>
 #include <limits.h>
@@ -134,7 +135,10 @@ struct parse {
 	size_t pos;
 	int line;
 	int indented;               /* the line just read started with blanks */
-	int too_long;               /* first line over the reader's limit */
+	int in_key;                 /* a key was read since the last [section]; inih
+				     * continues it on indented lines */
+	int bad_line;               /* first line the reader rejected */
+	char bad[128];              /* why */
 	int key_line[NKEYS];        /* where each key was set, 0 = default */
 	int layers_from_input;      /* first `layer` line replaces the defaults */
 	int err_line;
@@ -211,6 +215,14 @@ static int parse_host(struct host *h, const char *s, size_t n, char *err, size_t
 		host = buf + 1;
 		hlen = (size_t)(close - host);
 		colon = close + 1;
+		struct in6_addr a6;
+		*close = '\0';
+		int v6 = inet_pton(AF_INET6, host, &a6) == 1;
+		*close = ']';
+		if (!v6) {
+			snprintf(err, errlen, "\"%s\": \"%.*s\" is not an IPv6 address", buf, (int)hlen, host);
+			return -EINVAL;
+		}
 	} else {
 		if (!colon || colon == buf) {
 			snprintf(err, errlen, "\"%s\" is not host:port", buf);
@@ -240,7 +252,8 @@ static int parse_host(struct host *h, const char *s, size_t n, char *err, size_t
 	return 0;
 }
 
-/* Splits a comma list and calls fn on each trimmed, non-empty item. */
+/* Splits a comma list and calls fn on each trimmed, non-empty item. A
+ * trailing comma is allowed: an indented line may continue the list. */
 static int parse_list(const char *val, int (*fn)(void *ctx, const char *s, size_t n, char *err, size_t errlen),
 		      void *ctx, char *err, size_t errlen)
 {
@@ -251,6 +264,8 @@ static int parse_list(const char *val, int (*fn)(void *ctx, const char *s, size_
 		size_t n = e ? (size_t)(e - p) : strlen(p);
 		while (n && (p[n - 1] == ' ' || p[n - 1] == '\t'))
 			n--;
+		if (n == 0 && p > val && !*p)
+			return 0;   /* "a:1," ends a line that an indented one continues */
 		if (n == 0) {
 			snprintf(err, errlen, "empty entry in list \"%s\"", val);
 			return -EINVAL;
@@ -382,6 +397,8 @@ static int key_parse(struct config *c, const struct key_def *k, const char *val,
 			snprintf(err, errlen, "\"%s\" is not a number", val);
 			return -EINVAL;
 		}
+		if (k->type == K_FLOAT)
+			v = (float)v;   /* check what is stored: 1e-50 is 0 as a float */
 		if (!in_range(k, v)) {
 			snprintf(err, errlen, "%s is out of range (expected %s)", val, range_text(k, rbuf, sizeof(rbuf)));
 			return -EINVAL;
@@ -540,12 +557,30 @@ static int handler(void *user, const char *section, const char *name, const char
 	}
 	size_t ki = (size_t)(k - keys);
 	int append = 0;
+	char cont[INI_MAX_LINE];
+	if (p->indented && !p->in_key) {
+		/* inih reads it as a key, but the next indented line would be a
+		 * continuation of it: reject the style rather than half-accept it. */
+		snprintf(msg, sizeof(msg), "[%s] %s: indented key; start keys in column 1 (indented lines continue the key above)",
+			 section, name);
+		goto fail;
+	}
 	if (p->indented) {
 		if (!(k->flags & (LIST | REPEAT)) || strchr(value, '=')) {
 			snprintf(msg, sizeof(msg), "[%s] %s: indented line \"%s\" is read as a continuation of %s; remove the leading blanks",
 				 section, name, value, name);
 			goto fail;
 		}
+		/* inih strips inline comments only from key = value lines. */
+		snprintf(cont, sizeof(cont), "%s", value);
+		for (char *q = cont; *q; q++)
+			if (*q == ';' && q > cont && (q[-1] == ' ' || q[-1] == '\t')) {
+				*q = '\0';
+				break;
+			}
+		for (size_t n = strlen(cont); n && (cont[n - 1] == ' ' || cont[n - 1] == '\t'); n--)
+			cont[n - 1] = '\0';
+		value = cont;
 		append = 1;
 	} else if (p->key_line[ki] && !(k->flags & REPEAT)) {
 		snprintf(msg, sizeof(msg), "[%s] %s: set twice (first on line %d)", section, name, p->key_line[ki]);
@@ -564,6 +599,7 @@ static int handler(void *user, const char *section, const char *name, const char
 		p->c->model.layers[p->c->model.nlayers - 1].line = p->line;
 	if (!p->indented)
 		p->key_line[ki] = p->line;
+	p->in_key = 1;
 	return 1;
 fail:
 	p->err_line = p->line;
@@ -583,13 +619,33 @@ static char *reader(char *str, int num, void *stream)
 	p->line++;
 	p->pos += n;
 	p->indented = (s[0] == ' ' || s[0] == '\t');
-	if (n > (size_t)num - 2) {
+	size_t len = n;   /* without the line end */
+	if (len && s[len - 1] == '\n')
+		len--;
+	if (len && s[len - 1] == '\r')
+		len--;
+	/* inih's buffer needs room for "\r\n\0" after the longest line. */
+	if (len > (size_t)num - 3) {
 		/* inih would split it and read the tail as a line of its own. */
-		if (!p->too_long)
-			p->too_long = p->line;
+		if (!p->bad_line) {
+			p->bad_line = p->line;
+			snprintf(p->bad, sizeof(p->bad), "line longer than %d characters (split long host lists over indented lines)",
+				 num - 3);
+		}
 		str[0] = '\n';
 		str[1] = '\0';
 		return str;
+	}
+	const char *t = skip_blank(s);
+	if (*t == '[') {
+		p->in_key = 0;
+		/* inih ignores whatever follows the "]". */
+		const char *close = memchr(t, ']', len - (size_t)(t - s));
+		const char *rest = close ? skip_blank(close + 1) : NULL;
+		if (rest && rest < s + len && *rest != ';' && *rest != '#' && !p->bad_line) {
+			p->bad_line = p->line;
+			snprintf(p->bad, sizeof(p->bad), "syntax error: text after [section] (expected a ; comment or nothing)");
+		}
 	}
 	memcpy(str, s, n);
 	str[n] = '\0';
@@ -603,16 +659,15 @@ static int parse_text(struct parse *p, char *err, size_t errlen)
 		snprintf(err, errlen, "%s: out of memory while parsing", p->name);
 		return -ENOMEM;
 	}
-	int first = p->too_long;
+	int first = p->bad_line;
 	if (r > 0 && (!first || r < first))
 		first = r;
 	if (p->err_line && (!first || p->err_line <= first)) {
 		snprintf(err, errlen, "%s:%d: %s", p->name, p->err_line, p->err);
 		return -EINVAL;
 	}
-	if (first == p->too_long && first) {
-		snprintf(err, errlen, "%s:%d: line longer than %d characters (split long host lists over indented lines)",
-			 p->name, first, INI_MAX_LINE - 2);
+	if (first == p->bad_line && first) {
+		snprintf(err, errlen, "%s:%d: %s", p->name, first, p->bad);
 		return -EINVAL;
 	}
 	if (first) {
@@ -691,9 +746,10 @@ static int config_finish(struct config *c, const struct parse *p, char *err, siz
 	char merr[CONFIG_ERR_MAX];
 	struct model m;
 	if (model_build(&m, &c->model, merr, sizeof(merr)) < 0) {
-		int line = 0;
+		/* A failure before the layers were named is about the input. */
+		int line = key_line(p, "model", "input");
 		for (int i = 0; i < c->model.nlayers; i++)
-			if (c->model.layers[i].line && strstr(merr, m.layers[i].name))
+			if (c->model.layers[i].line && m.layers[i].name[0] && strstr(merr, m.layers[i].name))
 				line = c->model.layers[i].line;
 		if (line)
 			snprintf(err, errlen, "%s:%d: %s", p->name, line, merr);
@@ -748,6 +804,8 @@ static int config_set(struct config *c, struct parse *p, const char *set, char *
 	if (nl >= sizeof(name))
 		nl = sizeof(name) - 1;
 	memcpy(name, dot + 1, nl);
+	while (nl && (name[nl - 1] == ' ' || name[nl - 1] == '\t'))
+		nl--;   /* "train.epochs = 3" */
 	name[nl] = '\0';
 	const struct key_def *k = key_find(sec, name);
 	if (!k) {
@@ -859,6 +917,20 @@ out:
 	return r;
 }
 
+/* The shortest %g text that parses back to the same value, so that
+ * config_print's output loads to the same config. */
+static void number_print(FILE *f, double v, int is_float)
+{
+	char buf[32];
+	for (int prec = 6; prec <= 17; prec++) {
+		snprintf(buf, sizeof(buf), "%.*g", prec, v);
+		double back = strtod(buf, NULL);
+		if (is_float ? (float)back == (float)v : back == v)
+			break;
+	}
+	fputs(buf, f);
+}
+
 static void hosts_print(FILE *f, const struct host *h, int n)
 {
 	for (int i = 0; i < n; i++)
@@ -888,8 +960,8 @@ void config_print(const struct config *c, FILE *f)
 		case K_INT: fprintf(f, "%d", *(const int *)v); break;
 		case K_LONG: fprintf(f, "%ld", *(const long *)v); break;
 		case K_U64: fprintf(f, "%llu", (unsigned long long)*(const uint64_t *)v); break;
-		case K_FLOAT: fprintf(f, "%g", (double)*(const float *)v); break;
-		case K_DOUBLE: fprintf(f, "%g", *(const double *)v); break;
+		case K_FLOAT: number_print(f, *(const float *)v, 1); break;
+		case K_DOUBLE: number_print(f, *(const double *)v, 0); break;
 		case K_BOOL: fprintf(f, "%s", *(const int *)v ? "true" : "false"); break;
 		case K_ENUM: fprintf(f, "%s", k->names[*(const int *)v]); break;
 		case K_PATH: fprintf(f, "%s", (const char *)v); break;

@@ -24,6 +24,7 @@ struct csv_reader {
 	size_t errlen;
 	size_t ncols;        /* fields per row, from the first row */
 	size_t label;        /* 0-based label column */
+	char **fields;       /* (ncols) the current row's fields */
 };
 
 __attribute__((format(printf, 3, 4)))
@@ -181,10 +182,11 @@ static void csv_bad_field(struct csv_reader *r, size_t line, size_t col,
 			 col + 1, f, more);
 }
 
-/* Parses one data row into x (D) and *y; fields[] holds ncols fields. */
-static int csv_parse_row(struct csv_reader *r, size_t line, char **fields,
-			 float *x, int32_t *y)
+/* Parses the split row in r->fields into x (D) and *y. */
+static int csv_parse_row(struct csv_reader *r, size_t line, float *x,
+			 int32_t *y)
 {
+	char **fields = r->fields;
 	size_t c, j = 0;
 	double v;
 	int ret;
@@ -213,15 +215,63 @@ static int csv_parse_row(struct csv_reader *r, size_t line, char **fields,
 	return 0;
 }
 
+/* The first non-blank line fixes the number of columns: check the label
+ * column against it and size the arrays. maxrows bounds the data rows. */
+static int csv_begin(struct csv_reader *r, struct dataset *d, const char *line,
+		     size_t lineno, int label_column, size_t maxrows, size_t len)
+{
+	r->ncols = csv_count(line);
+	if (r->ncols < 2) {
+		csv_fail(r, lineno, "%zu column; need a label and at least one feature",
+			 r->ncols);
+		return -EINVAL;
+	}
+	if (label_column < -1 ||
+	    (label_column >= 0 && (size_t)label_column >= r->ncols)) {
+		csv_fail(r, lineno, "label column %d is out of range for %zu columns (0..%zu, or -1 for the last)",
+			 label_column, r->ncols, r->ncols - 1);
+		return -EINVAL;
+	}
+	r->label = label_column < 0 ? r->ncols - 1 : (size_t)label_column;
+
+	/* A row of ncols fields takes at least ncols bytes (commas and
+	 * newline), so a long first row followed by many short lines cannot
+	 * inflate this. */
+	if (maxrows > len / r->ncols + 1)
+		maxrows = len / r->ncols + 1;
+	d->d = r->ncols - 1;
+	r->fields = calloc(r->ncols, sizeof(*r->fields));
+	d->x = malloc(maxrows * d->d * sizeof(*d->x));
+	d->y = malloc(maxrows * sizeof(*d->y));
+	if (!r->fields || !d->x || !d->y) {
+		csv_fail(r, 0, "out of memory for %zu rows of %zu columns",
+			 maxrows, r->ncols);
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+static int csv_is_header(struct csv_reader *r, enum csv_header header)
+{
+	size_t i;
+	double v;
+
+	if (header != CSV_HEADER_AUTO)
+		return header == CSV_HEADER_YES;
+	for (i = 0; i < r->ncols; i++)
+		if (csv_number(r->fields[i], &v) < 0)
+			return 1;
+	return 0;
+}
+
 int csv_load(struct dataset *ds, const char *path, int label_column,
 	     enum csv_header header, char *err, size_t errlen)
 {
 	struct csv_reader r = { .path = path, .err = err, .errlen = errlen };
 	struct dataset d = { 0 };
-	char **fields = NULL;
 	char *buf = NULL, *p, *end;
-	size_t len = 0, maxrows, line = 0, blank = 0, i;
-	int first = 1, max = -1, ret;
+	size_t len = 0, maxrows, line = 0, blank = 0, n;
+	int max = -1, ret;
 
 	memset(ds, 0, sizeof(*ds));
 	ret = csv_slurp(&r, &buf, &len);
@@ -239,8 +289,6 @@ int csv_load(struct dataset *ds, const char *path, int label_column,
 		maxrows++;
 
 	for (p = buf; p < buf + len; p = end + 1) {
-		size_t n;
-
 		end = memchr(p, '\n', buf + len - p);
 		if (!end)
 			end = buf + len;
@@ -261,46 +309,12 @@ int csv_load(struct dataset *ds, const char *path, int label_column,
 			goto out;
 		}
 
-		if (first) {
-			double v;
-			int numeric = 1;
-
-			first = 0;
-			r.ncols = csv_count(p);
-			if (r.ncols < 2) {
-				csv_fail(&r, line, "%zu column; need a label and at least one feature",
-					 r.ncols);
-				ret = -EINVAL;
+		if (!r.fields) {
+			ret = csv_begin(&r, &d, p, line, label_column, maxrows, len);
+			if (ret < 0)
 				goto out;
-			}
-			if (label_column < -1 ||
-			    (label_column >= 0 && (size_t)label_column >= r.ncols)) {
-				csv_fail(&r, line, "label column %d is out of range for %zu columns (0..%zu, or -1 for the last)",
-					 label_column, r.ncols, r.ncols - 1);
-				ret = -EINVAL;
-				goto out;
-			}
-			r.label = label_column < 0 ? r.ncols - 1 : (size_t)label_column;
-			fields = calloc(r.ncols, sizeof(*fields));
-			d.d = r.ncols - 1;
-			/* A row of ncols fields takes at least ncols bytes
-			 * (commas and newline), so a long first row followed
-			 * by many short lines cannot inflate this. */
-			if (maxrows > len / r.ncols + 1)
-				maxrows = len / r.ncols + 1;
-			d.x = malloc(maxrows * d.d * sizeof(*d.x));
-			d.y = malloc(maxrows * sizeof(*d.y));
-			if (!fields || !d.x || !d.y) {
-				csv_fail(&r, 0, "out of memory for %zu rows of %zu columns",
-					 maxrows, r.ncols);
-				ret = -ENOMEM;
-				goto out;
-			}
-			csv_split(p, fields);
-			for (i = 0; i < r.ncols && numeric; i++)
-				numeric = csv_number(fields[i], &v) == 0;
-			if (header == CSV_HEADER_YES ||
-			    (header == CSV_HEADER_AUTO && !numeric))
+			csv_split(p, r.fields);
+			if (csv_is_header(&r, header))
 				continue;
 		} else {
 			n = csv_count(p);
@@ -310,16 +324,16 @@ int csv_load(struct dataset *ds, const char *path, int label_column,
 				ret = -EINVAL;
 				goto out;
 			}
-			csv_split(p, fields);
+			csv_split(p, r.fields);
 		}
-		ret = csv_parse_row(&r, line, fields, d.x + d.n * d.d, d.y + d.n);
+		ret = csv_parse_row(&r, line, d.x + d.n * d.d, d.y + d.n);
 		if (ret < 0)
 			goto out;
 		if (d.y[d.n] > max)
 			max = d.y[d.n];
 		d.n++;
 	}
-	if (first) {
+	if (!r.fields) {
 		csv_fail(&r, 0, "empty file");
 		ret = -EINVAL;
 		goto out;
@@ -332,9 +346,8 @@ int csv_load(struct dataset *ds, const char *path, int label_column,
 	d.classes = max + 1;
 	*ds = d;
 	d = (struct dataset){ 0 };
-	ret = 0;
 out:
-	free(fields);
+	free(r.fields);
 	free(buf);
 	dataset_free(&d);
 	return ret;

@@ -49,7 +49,10 @@ struct dataset {
 /* Loads train and test sets as the config says. IDX pixels are scaled to
  * [0,1]; CSV features are standardized with the training set's per-column
  * mean and std (a constant column gets std 1), the test set with the same
- * statistics. seed picks the test rows when a single CSV is split.
+ * statistics. seed picks the test rows when a single CSV is split
+ * (round(test_fraction * N) rows, at least 1 in each part, file order kept).
+ * Both sets get the same classes: 1 + the largest label in either.
+ * train and test are overwritten, not freed; on failure both are zeroed.
  * Returns 0, or a negative errno with a one-line message in err. */
 int data_load(struct dataset *train, struct dataset *test,
 	      const struct data_config *dc, uint64_t seed,
@@ -57,11 +60,16 @@ int data_load(struct dataset *train, struct dataset *test,
 
 /* IDX pair: images (magic 0x00000803, u8, N x rows x cols) and labels
  * (magic 0x00000801, u8, N). Either may be gzip-compressed (detected from
- * the content, not the name). Counts must match. */
+ * the content, not the name). Counts must match; D = rows * cols; no bytes
+ * may follow the data. *ds is overwritten; on failure it is zeroed. */
 int idx_load(struct dataset *ds, const char *images, const char *labels,
 	     char *err, size_t errlen);
 
-/* One CSV file, numbers only, all rows the same number of fields. */
+/* One CSV file (optionally gzip-compressed), numbers only, all rows the
+ * same number of fields, comma-separated without quoting. label_column is
+ * 0-based or -1 for the last; labels are integers 0..DATA_MAX_CLASSES-1.
+ * Features are returned as read. Messages count lines and columns from 1.
+ * *ds is overwritten; on failure it is zeroed. */
 int csv_load(struct dataset *ds, const char *path, int label_column,
 	     enum csv_header header, char *err, size_t errlen);
 

@@ -105,9 +105,10 @@ static void idx_close(struct idx_reader *r)
 /* Reads up to len bytes into buf, looping over short reads. Stopping short
  * at a clean end of file is not an error here (the caller knows how much it
  * wanted); a cut-off or corrupt gzip stream and I/O errors are. *got is set
- * either way. */
+ * either way. what, already and want describe the section being read (its
+ * name, bytes of it read before this call, its full size) for messages. */
 static int idx_read(struct idx_reader *r, void *buf, size_t len, size_t *got,
-		    const char *what, size_t want)
+		    const char *what, size_t already, size_t want)
 {
 	unsigned char *p = buf;
 	size_t done = 0;
@@ -137,18 +138,28 @@ static int idx_read(struct idx_reader *r, void *buf, size_t len, size_t *got,
 	case Z_STREAM_END:
 		return 0;
 	case Z_BUF_ERROR:
-		idx_fail(r, "truncated gzip stream: expected %zu bytes of %s, got %zu",
-			 want, what, done);
+		if (already + done >= want)
+			idx_fail(r, "truncated gzip stream: its end is missing after the %zu bytes of %s",
+				 want, what);
+		else
+			idx_fail(r, "truncated gzip stream: expected %zu bytes of %s, got %zu",
+				 want, what, already + done);
 		return -EINVAL;
 	case Z_ERRNO:
 		errnum = errno ? errno : EIO;
-		idx_fail(r, "read error in %s: %s", what, strerror(errnum));
+		idx_fail(r, "read error: %s", strerror(errnum));
 		return -errnum;
 	case Z_MEM_ERROR:
 		idx_fail(r, "out of memory decompressing");
 		return -ENOMEM;
 	default:
-		idx_fail(r, "corrupt gzip data in %s: %s", what, msg);
+		/* zlib prefixes its message with the "<fd:N>" it was given
+		 * instead of a path; we name the file ourselves. Where in
+		 * the data zlib noticed depends on its buffering, so the
+		 * section is not named. */
+		if (msg[0] == '<' && strstr(msg, ">: "))
+			msg = strstr(msg, ">: ") + 3;
+		idx_fail(r, "corrupt gzip data: %s", msg);
 		return -EINVAL;
 	}
 }
@@ -161,7 +172,7 @@ static int idx_read_full(struct idx_reader *r, void *buf, size_t len,
 	size_t got;
 	int ret;
 
-	ret = idx_read(r, buf, len, &got, what, want);
+	ret = idx_read(r, buf, len, &got, what, already, want);
 	if (ret < 0)
 		return ret;
 	if (got < len) {
@@ -241,7 +252,7 @@ static int idx_expect_end(struct idx_reader *r, const char *what, size_t want)
 	size_t got;
 	int ret;
 
-	ret = idx_read(r, &b, 1, &got, what, want);
+	ret = idx_read(r, &b, 1, &got, what, want, want);
 	if (ret < 0)
 		return ret;
 	if (got) {

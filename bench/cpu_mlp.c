@@ -1,0 +1,115 @@
+/* Training-step throughput of the CPU backend on the Fashion-MNIST MLP
+ * (784-512-512-10, momentum SGD), the same work bench/torch_mlp.py times:
+ * gather a batch, forward, backward, optimizer step. Random data, so the
+ * figure does not depend on the dataset package.
+ *
+ *   build/bench/cpu_mlp [--threads N] [--batch B] [--seconds S] [--csv]
+ */
+#include "../core/backend.h"
+#include "../core/config.h"
+#include "../core/data.h"
+#include "../core/model.h"
+#include "../core/optim.h"
+#include "../core/progress.h"
+#include "../core/replica.h"
+#include "../core/rng.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int arg_int(int argc, char **argv, const char *name, int def)
+{
+	for (int i = 1; i + 1 < argc; i++)
+		if (strcmp(argv[i], name) == 0)
+			return atoi(argv[i + 1]);
+	return def;
+}
+
+static int arg_flag(int argc, char **argv, const char *name)
+{
+	for (int i = 1; i < argc; i++)
+		if (strcmp(argv[i], name) == 0)
+			return 1;
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	int threads = arg_int(argc, argv, "--threads", 1);
+	int B = arg_int(argc, argv, "--batch", 256);
+	double seconds = arg_int(argc, argv, "--seconds", 3);
+	int csv = arg_flag(argc, argv, "--csv");
+	const char *layers = getenv("BENCH_LAYERS");
+	char text[512], err[1024];
+	snprintf(text, sizeof(text), "[train]\nbatch_size = %d\nthreads = %d\n[model]\ninput = 784\n%s", B, threads,
+		 layers ? layers : "layer = dense 512\nlayer = relu\nlayer = dense 512\nlayer = relu\nlayer = dense 10\n");
+	struct config c;
+	struct model m;
+	if (config_parse_string(&c, "bench", text, err, sizeof(err)) || model_build(&m, &c.model, err, sizeof(err))) {
+		fprintf(stderr, "cpu_mlp: %s\n", err);
+		return 2;
+	}
+	/* 8192 random samples: larger than the caches, like a real dataset. */
+	struct dataset ds = { 0 };
+	ds.n = 8192;
+	ds.d = (size_t)m.inputs;
+	ds.classes = m.outputs;
+	ds.x = malloc(ds.n * ds.d * sizeof(float));
+	ds.y = malloc(ds.n * sizeof(int32_t));
+	uint32_t *perm = malloc(ds.n * sizeof(uint32_t));
+	float *xb = malloc((size_t)B * ds.d * sizeof(float));
+	int32_t *yb = malloc((size_t)B * sizeof(int32_t));
+	float *params = malloc(m.nparams * sizeof(float));
+	float *grads = malloc(m.nparams * sizeof(float));
+	for (size_t i = 0; i < ds.n * ds.d; i++)
+		ds.x[i] = (float)rng_uniform(1, RNG_DATA, i);
+	for (size_t i = 0; i < ds.n; i++)
+		ds.y[i] = (int32_t)(rng_hash(1, RNG_DATA + 1, i) % (uint64_t)m.outputs);
+	data_permute(perm, ds.n, 1, 0);
+	model_init_params(&m, params, 0, m.nparams, 1);
+
+	struct backend be;
+	struct replica r;
+	struct optim opt;
+	backend_cpu(&be, threads);
+	if (replica_init(&r, &m, &be, B, err, sizeof(err)) || optim_init(&opt, &c.train.optim, m.nparams)) {
+		fprintf(stderr, "cpu_mlp: %s\n", err);
+		return 1;
+	}
+	size_t per_epoch = ds.n / (size_t)B;
+	long steps = 0;
+	double t0 = 0, loss = 0;
+	for (long s = 0;; s++) {
+		if (s == 20)   /* warm-up: page faults, thread pool start, caches */
+			t0 = progress_now();
+		if (s > 20 && progress_now() - t0 >= seconds) {
+			steps = s - 20;
+			break;
+		}
+		int right;
+		dataset_gather(&ds, perm + (size_t)s % per_epoch * (size_t)B, (size_t)B, xb, yb);
+		replica_load(&r, xb, yb, B);
+		memset(grads, 0, m.nparams * sizeof(float));
+		replica_forward(&r, params, B, &loss, &right);
+		replica_backward(&r, params, grads, B, 1.0f / (float)B);
+		optim_step(&opt, params, grads, c.train.optim.lr);
+	}
+	double dt = progress_now() - t0;
+	double sps = (double)steps * B / dt;
+	if (csv)
+		printf("pstrain,cpu,mlp,%d,%d,%.0f\n", B, threads, sps);
+	else
+		printf("pstrain cpu mlp: batch %d, %d thread%s: %.0f samples/s (%.2f ms/step, %ld steps, last loss %.3f)\n",
+		       B, threads, threads == 1 ? "" : "s", sps, 1e3 * dt / (double)steps, steps, loss / B);
+	replica_free(&r);
+	optim_free(&opt);
+	free(ds.x);
+	free(ds.y);
+	free(perm);
+	free(xb);
+	free(yb);
+	free(params);
+	free(grads);
+	return 0;
+}

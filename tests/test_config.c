@@ -1,0 +1,918 @@
+/* Tests for core/config.h and `pstrain check`.
+ *
+ * The table of bad configs runs the real binary ($PSTRAIN_BIN, set by `make
+ * unit`): each row edits a valid base config written into a fresh temporary
+ * directory (with empty stand-ins for the data files, which only have to
+ * exist), and expects exit status 2, nothing on stdout, and exactly one line
+ * on stderr naming the file, the line where there is one, the key and what
+ * was expected. The positive tests call config_parse_string in-process, and
+ * run `check` for what only config_load does: data files, --set, paths
+ * relative to the config file. */
+#include "config.h"
+
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char tmpdir[512];
+
+static void tmp_setup(void)
+{
+	const char *base = getenv("TMPDIR");
+
+	if (!base || !base[0])
+		base = "/tmp";
+	snprintf(tmpdir, sizeof(tmpdir), "%s/pstrain-config-XXXXXX", base);
+	cr_assert(mkdtemp(tmpdir), "mkdtemp %s: %s", tmpdir, strerror(errno));
+}
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+	(void)st;
+	(void)flag;
+	(void)ftw;
+	remove(path);
+	return 0;
+}
+
+static void tmp_teardown(void)
+{
+	if (tmpdir[0])
+		nftw(tmpdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+TestSuite(config, .init = tmp_setup, .fini = tmp_teardown);
+
+/* ---- helpers ---------------------------------------------------------- */
+
+static void write_file(const char *dir, const char *name, const char *text)
+{
+	char path[1024];
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	FILE *f = fopen(path, "w");
+	cr_assert(f, "cannot write %s: %s", path, strerror(errno));
+	fputs(text, f);
+	cr_assert(fclose(f) == 0);
+}
+
+static char *read_all(const char *path)
+{
+	FILE *f = fopen(path, "rb");
+	cr_assert(f, "cannot read %s: %s", path, strerror(errno));
+	char *buf = NULL;
+	size_t n = 0, cap = 0;
+	for (;;) {
+		if (n + 4096 + 1 > cap) {
+			cap = 2 * cap + 8192;
+			buf = realloc(buf, cap);
+			cr_assert(buf);
+		}
+		size_t got = fread(buf + n, 1, cap - n - 1, f);
+		n += got;
+		if (got == 0)
+			break;
+	}
+	fclose(f);
+	buf[n] = '\0';
+	return buf;
+}
+
+struct run {
+	int status;     /* exit status, or -1 if it did not exit normally */
+	char *out;
+	char *err;
+};
+
+static void run_free(struct run *r)
+{
+	free(r->out);
+	free(r->err);
+}
+
+/* Runs $PSTRAIN_BIN with args (NULL-terminated) in cwd (NULL = ours),
+ * capturing stdout and stderr in files. No shell, so no quoting. */
+static void run_pstrain(struct run *r, const char *cwd, const char *const *args)
+{
+	const char *bin = getenv("PSTRAIN_BIN");
+	if (!bin || !bin[0])
+		cr_skip_test("PSTRAIN_BIN is not set (run through `make unit`)");
+
+	const char *argv[32];
+	int argc = 0;
+	argv[argc++] = bin;
+	for (int i = 0; args[i]; i++) {
+		cr_assert(argc < 31);
+		argv[argc++] = args[i];
+	}
+	argv[argc] = NULL;
+
+	char out_path[1024], err_path[1024];
+	snprintf(out_path, sizeof(out_path), "%s/.stdout", tmpdir);
+	snprintf(err_path, sizeof(err_path), "%s/.stderr", tmpdir);
+	fflush(NULL);
+	pid_t pid = fork();
+	cr_assert(pid >= 0, "fork: %s", strerror(errno));
+	if (pid == 0) {
+		int fo = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+		int fe = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+		if (fo < 0 || fe < 0 || dup2(fo, 1) < 0 || dup2(fe, 2) < 0)
+			_exit(126);
+		close(fo);
+		close(fe);
+		if (cwd && chdir(cwd) < 0)
+			_exit(126);
+		execv(bin, (char *const *)argv);
+		_exit(127);
+	}
+	int st;
+	while (waitpid(pid, &st, 0) < 0)
+		cr_assert(errno == EINTR, "waitpid: %s", strerror(errno));
+	r->status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+	r->out = read_all(out_path);
+	r->err = read_all(err_path);
+}
+
+/* The valid base config. The data paths are relative: they resolve against
+ * the directory of the config file. */
+static const char base_config[] =
+	"; pstrain test config\n"                       /* 1 */
+	"[cluster]\n"
+	"ps = 127.0.0.1:2222, 127.0.0.1:2223\n"
+	"workers = 127.0.0.1:2224, 127.0.0.1:2225\n"
+	"\n"                                            /* 5 */
+	"[train]\n"
+	"steps = 10\n"
+	"batch_size = 32\n"
+	"learning_rate = 0.05\n"
+	"\n"                                            /* 10 */
+	"[gpu]\n"
+	"devices = all\n"
+	"memory_fraction = 0.9\n"
+	"\n"
+	"[data]\n"                                      /* 15 */
+	"format = idx\n"
+	"train_images = train-images\n"
+	"train_labels = train-labels\n"
+	"test_images = test-images\n"
+	"test_labels = test-labels\n"                   /* 20 */
+	"\n"
+	"[model]\n"
+	"input = 28x28x1\n"
+	"layer = dense 16\n"
+	"layer = relu\n"                                /* 25 */
+	"layer = dense 10\n";
+
+static const char *const data_files[] = {
+	"train-images", "train-labels", "test-images", "test-labels", "train.csv", "other-labels",
+};
+
+static void make_data_files(const char *dir)
+{
+	for (size_t i = 0; i < sizeof(data_files) / sizeof(data_files[0]); i++)
+		write_file(dir, data_files[i], "");
+}
+
+/* base_config with the first occurrence of find replaced; caller frees. */
+static char *edit(const char *find, const char *replace)
+{
+	const char *at = strstr(base_config, find);
+	cr_assert(at, "\"%s\" is not in the base config", find);
+	size_t pre = (size_t)(at - base_config);
+	size_t len = strlen(base_config) - strlen(find) + strlen(replace) + 1;
+	char *s = malloc(len);
+	cr_assert(s);
+	snprintf(s, len, "%.*s%s%s", (int)pre, base_config, replace, at + strlen(find));
+	return s;
+}
+
+static int line_of(const char *text, const char *needle)
+{
+	const char *at = strstr(text, needle);
+	cr_assert(at, "\"%s\" is not in the edited config", needle);
+	int line = 1;
+	for (const char *s = text; s < at; s++)
+		line += *s == '\n';
+	return line;
+}
+
+static int count_lines(const char *s)
+{
+	int n = 0;
+	for (; *s; s++)
+		n += *s == '\n';
+	return n;
+}
+
+/* ---- bad configs ------------------------------------------------------ */
+
+#define NO_FILE 1u     /* the message names the --set argument, not the file */
+#define NO_CONFIG 2u   /* --config names a file that does not exist */
+
+struct bad_row {
+	const char *name;
+	const char *find, *replace;   /* edit of base_config; NULL = unchanged */
+	const char *at;               /* the error is on the line where this text
+				       * is in the edited config; NULL = no line */
+	const char *set;              /* a --set argument, or NULL */
+	unsigned flags;
+	const char *want[4];          /* substrings of the message */
+};
+
+#define X10 "xxxxxxxxxx"
+#define X50 X10 X10 X10 X10 X10
+#define X250 X50 X50 X50 X50 X50
+
+static const struct bad_row bad_rows[] = {
+	/* sections, keys, INI syntax */
+	{ "unknown section", "[gpu]", "[gpus]", "[gpus]", NULL, 0,
+	  { "unknown section", "[gpus]", "expected cluster" } },
+	{ "unknown key", "batch_size = 32", "batch_sise = 32", "batch_sise", NULL, 0,
+	  { "[train]", "unknown key", "\"batch_sise\"" } },
+	{ "key outside any section", "; pstrain test config", "seed = 5", "seed = 5", NULL, 0,
+	  { "seed", "outside any section", "[train]" } },
+	{ "key set twice", "batch_size = 32", "batch_size = 32\nbatch_size = 64", "batch_size = 64", NULL, 0,
+	  { "[train] batch_size", "set twice", "line 8" } },
+	{ "indented continuation of a scalar", "batch_size = 32", "batch_size = 32\n  64", "  64", NULL, 0,
+	  { "[train] batch_size", "\"64\"", "continuation", "leading blanks" } },
+	{ "indented key continues the key above", "learning_rate = 0.05",
+	  "learning_rate = 0.05\n  momentum = 0.5", "  momentum", NULL, 0,
+	  { "learning_rate", "\"momentum = 0.5\"", "continuation" } },
+	{ "indented key after [section]", "steps = 10", "  steps = 10", "  steps", NULL, 0,
+	  { "[train] steps", "indented key", "column 1" } },
+	{ "indented list key after [section]", "ps = 127.0.0.1:2222, 127.0.0.1:2223",
+	  "  ps = 127.0.0.1:2222, 127.0.0.1:2223", "  ps", NULL, 0,
+	  { "[cluster] ps", "indented key" } },
+	{ "line without =", "batch_size = 32", "batch_size 32", "batch_size 32", NULL, 0,
+	  { "syntax error", "key = value" } },
+	{ "unclosed [", "[train]", "[train", "[train", NULL, 0,
+	  { "syntax error", "[section]" } },
+	{ "text after ]", "[train]", "[train] steps = 5", "[train]", NULL, 0,
+	  { "syntax error", "after [section]" } },
+	{ "overlong line", "; pstrain test config", "; " X250, X10, NULL, 0,
+	  { "line longer than", "characters" } },
+
+	/* numbers and ranges */
+	{ "malformed int", "batch_size = 32", "batch_size = 12x", "batch_size", NULL, 0,
+	  { "[train] batch_size", "\"12x\"", "not an integer" } },
+	{ "int overflow", "batch_size = 32", "batch_size = 99999999999999999999", "batch_size", NULL, 0,
+	  { "batch_size", "not an integer" } },
+	{ "empty int", "batch_size = 32", "batch_size =", "batch_size", NULL, 0,
+	  { "batch_size", "\"\"", "not an integer" } },
+	{ "malformed float", "learning_rate = 0.05", "learning_rate = 0.05.1", "learning_rate", NULL, 0,
+	  { "[train] learning_rate", "\"0.05.1\"", "not a number" } },
+	{ "nan", "learning_rate = 0.05", "learning_rate = nan", "learning_rate", NULL, 0,
+	  { "learning_rate", "\"nan\"", "not a number" } },
+	{ "memory_fraction 0", "memory_fraction = 0.9", "memory_fraction = 0", "memory_fraction", NULL, 0,
+	  { "[gpu] memory_fraction", "out of range", "(0, 1]" } },
+	{ "memory_fraction 1.5", "memory_fraction = 0.9", "memory_fraction = 1.5", "memory_fraction", NULL, 0,
+	  { "[gpu] memory_fraction", "1.5", "out of range", "(0, 1]" } },
+	{ "batch_size 0", "batch_size = 32", "batch_size = 0", "batch_size", NULL, 0,
+	  { "[train] batch_size", "out of range", "1.." } },
+	{ "negative learning_rate", "learning_rate = 0.05", "learning_rate = -0.1", "learning_rate", NULL, 0,
+	  { "[train] learning_rate", "-0.1", "out of range", "(0, " } },
+	{ "zero learning_rate", "learning_rate = 0.05", "learning_rate = 0", "learning_rate", NULL, 0,
+	  { "[train] learning_rate", "out of range", "(0, " } },
+	{ "learning_rate that is 0 as a float", "learning_rate = 0.05", "learning_rate = 1e-50", "learning_rate", NULL, 0,
+	  { "[train] learning_rate", "1e-50", "out of range" } },
+	{ "momentum 1", "learning_rate = 0.05", "learning_rate = 0.05\nmomentum = 1", "momentum", NULL, 0,
+	  { "[train] momentum", "out of range", "[0, 1)" } },
+	{ "test_fraction 1", "format = idx", "format = idx\ntest_fraction = 1", "test_fraction", NULL, 0,
+	  { "[data] test_fraction", "out of range", "(0, 1)" } },
+	{ "negative seed", "steps = 10", "steps = 10\nseed = -1", "seed", NULL, 0,
+	  { "[train] seed", "\"-1\"", "unsigned integer" } },
+	{ "bad enum", "learning_rate = 0.05", "optimizer = rmsprop", "optimizer", NULL, 0,
+	  { "[train] optimizer", "\"rmsprop\"", "sgd, momentum or adam" } },
+	{ "bad bool", "learning_rate = 0.05", "nesterov = maybe", "nesterov", NULL, 0,
+	  { "[train] nesterov", "\"maybe\"", "boolean" } },
+	{ "bad GPU index", "devices = all", "devices = 64", "devices", NULL, 0,
+	  { "[gpu] devices", "\"64\"", "GPU index" } },
+	{ "all with indices", "devices = all", "devices = all\n\t1", "\t1", NULL, 0,
+	  { "[gpu] devices", "\"all\"", "combined" } },
+	{ "bad label_column", "format = idx", "format = idx\nlabel_column = -1", "label_column", NULL, 0,
+	  { "[data] label_column", "\"-1\"", "column" } },
+
+	/* hosts */
+	{ "port 0", "ps = 127.0.0.1:2222, 127.0.0.1:2223", "ps = 127.0.0.1:0", "ps =", NULL, 0,
+	  { "[cluster] ps", "\"127.0.0.1:0\"", "not a port (1..65535)" } },
+	{ "port 65536", "ps = 127.0.0.1:2222, 127.0.0.1:2223", "ps = 127.0.0.1:2222, 127.0.0.1:65536", "ps =", NULL, 0,
+	  { "[cluster] ps", "\"65536\"", "not a port (1..65535)" } },
+	{ "port 80a", "ps = 127.0.0.1:2222, 127.0.0.1:2223", "ps = 127.0.0.1:80a", "ps =", NULL, 0,
+	  { "[cluster] ps", "\"80a\"", "not a port (1..65535)" } },
+	{ "missing port", "ps = 127.0.0.1:2222, 127.0.0.1:2223", "ps = 127.0.0.1", "ps =", NULL, 0,
+	  { "[cluster] ps", "\"127.0.0.1\"", "host:port" } },
+	{ "empty port", "workers = 127.0.0.1:2224, 127.0.0.1:2225", "workers = 127.0.0.1:", "workers =", NULL, 0,
+	  { "[cluster] workers", "not a port" } },
+	{ "bad host chars", "ps = 127.0.0.1:2222, 127.0.0.1:2223", "ps = ho_st:80", "ps =", NULL, 0,
+	  { "[cluster] ps", "\"ho_st\"", "host name" } },
+	{ "empty host in []", "ps = 127.0.0.1:2222, 127.0.0.1:2223", "ps = []:80", "ps =", NULL, 0,
+	  { "[cluster] ps", "IPv6" } },
+	{ "not IPv6 in []", "ps = 127.0.0.1:2222, 127.0.0.1:2223", "ps = [a.b]:80", "ps =", NULL, 0,
+	  { "[cluster] ps", "\"a.b\"", "IPv6" } },
+	{ "empty list entry", "ps = 127.0.0.1:2222, 127.0.0.1:2223", "ps = 127.0.0.1:1,, 127.0.0.1:2", "ps =", NULL, 0,
+	  { "[cluster] ps", "empty entry" } },
+	{ "empty host list", "ps = 127.0.0.1:2222, 127.0.0.1:2223", "ps =", "ps =", NULL, 0,
+	  { "[cluster] ps", "empty entry" } },
+	{ "duplicate within ps", "ps = 127.0.0.1:2222, 127.0.0.1:2223", "ps = h:1, h:1", "ps =", NULL, 0,
+	  { "[cluster] ps", "h:1", "listed twice" } },
+	{ "duplicate on a continuation line", "ps = 127.0.0.1:2222, 127.0.0.1:2223",
+	  "ps = 127.0.0.1:2222,\n  127.0.0.1:2222", "ps =", NULL, 0,
+	  { "[cluster] ps", "127.0.0.1:2222", "listed twice" } },
+	{ "duplicate across ps and workers", "ps = 127.0.0.1:2222, 127.0.0.1:2223", "ps = 127.0.0.1:2224",
+	  "workers =", NULL, 0,
+	  { "[cluster] workers", "127.0.0.1:2224", "listed twice" } },
+	{ "replicas_to_aggregate > workers", "steps = 10", "steps = 10\nreplicas_to_aggregate = 3",
+	  "replicas_to_aggregate", NULL, 0,
+	  { "[train] replicas_to_aggregate", "3", "2 workers" } },
+	{ "steps and epochs", "steps = 10", "steps = 10\nepochs = 2", "epochs", NULL, 0,
+	  { "[train]", "steps", "epochs", "only one" } },
+
+	/* data */
+	{ "missing idx file", "train_labels = train-labels", "train_labels = nope-labels", "train_labels", NULL, 0,
+	  { "[data] train_labels", "nope-labels", "cannot read" } },
+	{ "missing idx test file", "test_images = test-images", "test_images = nope-images", "test_images", NULL, 0,
+	  { "[data] test_images", "nope-images", "cannot read" } },
+	{ "csv without train_csv", "format = idx", "format = csv", "format", NULL, 0,
+	  { "[data] format", "csv", "needs train_csv" } },
+	{ "missing train_csv", "format = idx", "format = csv\ntrain_csv = nope.csv", "train_csv", NULL, 0,
+	  { "[data] train_csv", "nope.csv", "cannot read" } },
+	{ "missing test_csv", "format = idx", "format = csv\ntrain_csv = train.csv\ntest_csv = nope.csv",
+	  "test_csv", NULL, 0,
+	  { "[data] test_csv", "nope.csv", "cannot read" } },
+
+	/* model */
+	{ "unknown layer type", "layer = relu", "layer = conv 3", "conv", NULL, 0,
+	  { "[model] layer", "\"conv\"", "unknown layer type", "dense N" } },
+	{ "dense 0", "layer = dense 16", "layer = dense 0", "dense 0", NULL, 0,
+	  { "[model] layer", "\"0\"", "unit count" } },
+	{ "dense without units", "layer = dense 16", "layer = dense", "layer = dense\n", NULL, 0,
+	  { "[model] layer", "unit count" } },
+	{ "relu 5", "layer = relu", "layer = relu 5", "relu 5", NULL, 0,
+	  { "[model] layer", "relu", "no arguments", "\"5\"" } },
+	{ "last layer not dense", "layer = dense 10", "layer = dense 10\nlayer = tanh", "tanh", NULL, 0,
+	  { "[model]", "tanh1", "last layer", "dense" } },
+	{ "input with 4 dims", "input = 28x28x1", "input = 28x28x1x1", "input", NULL, 0,
+	  { "[model] input", "\"28x28x1x1\"", "shape" } },
+	{ "input with a 0 dim", "input = 28x28x1", "input = 0x28", "input", NULL, 0,
+	  { "[model] input", "\"0x28\"", "shape" } },
+	{ "input too large", "input = 28x28x1", "input = 65536x65536x65536", "input", NULL, 0,
+	  { "[model] input", "features" } },
+
+	/* --set */
+	{ "--set unknown key", NULL, NULL, NULL, "train.bogus=1", NO_FILE,
+	  { "--set train.bogus=1", "unknown key", "bogus" } },
+	{ "--set unknown section", NULL, NULL, NULL, "bogus.x=1", NO_FILE,
+	  { "--set bogus.x=1", "unknown key", "[bogus]" } },
+	{ "--set out of range", NULL, NULL, NULL, "train.batch_size=0", NO_FILE,
+	  { "--set train.batch_size=0", "batch_size", "out of range" } },
+	{ "--set malformed", NULL, NULL, NULL, "gpu.memory_fraction=0.5x", NO_FILE,
+	  { "--set", "memory_fraction", "\"0.5x\"", "not a number" } },
+	{ "--set without =", NULL, NULL, NULL, "train.batch_size", NO_FILE,
+	  { "--set train.batch_size", "section.key=value" } },
+	{ "--set without a section", NULL, NULL, NULL, "batch_size=3", NO_FILE,
+	  { "--set batch_size=3", "section.key=value" } },
+	{ "--set on model.layer", NULL, NULL, NULL, "model.layer=relu", NO_FILE,
+	  { "--set model.layer=relu", "layer", "repeated key" } },
+	{ "--set breaks steps/epochs", NULL, NULL, NULL, "train.epochs=3", 0,
+	  { "steps", "epochs", "only one" } },
+	{ "--set duplicates a host", NULL, NULL, NULL, "cluster.workers=127.0.0.1:2222", 0,
+	  { "[cluster] workers", "127.0.0.1:2222", "listed twice" } },
+
+	/* the file itself */
+	{ "missing config file", NULL, NULL, NULL, NULL, NO_CONFIG,
+	  { "nope.ini", "cannot open config" } },
+};
+
+#define NBAD (sizeof(bad_rows) / sizeof(bad_rows[0]))
+
+/* Indices, not rows: Criterion may run each test in a fresh process, where
+ * pointers inside copied parameters would not be valid. */
+ParameterizedTestParameters(config, bad)
+{
+	static int idx[NBAD];
+	for (size_t i = 0; i < NBAD; i++)
+		idx[i] = (int)i;
+	return cr_make_param_array(int, idx, NBAD);
+}
+
+ParameterizedTest(int *i, config, bad)
+{
+	const struct bad_row *row = &bad_rows[*i];
+	char cfg[1024];
+	char *text = NULL;
+
+	make_data_files(tmpdir);
+	snprintf(cfg, sizeof(cfg), "%s/%s", tmpdir, row->flags & NO_CONFIG ? "nope.ini" : "cluster.ini");
+	if (!(row->flags & NO_CONFIG)) {
+		text = row->find ? edit(row->find, row->replace) : strdup(base_config);
+		write_file(tmpdir, "cluster.ini", text);
+	}
+	const char *args[] = { "check", "--config", cfg, row->set ? "--set" : NULL, row->set, NULL };
+	struct run r;
+	run_pstrain(&r, NULL, args);
+
+	cr_expect_eq(r.status, 2, "%s: exit status %d, expected 2; stderr: %s", row->name, r.status, r.err);
+	cr_expect_str_empty(r.out, "%s: stdout should be empty, got: %s", row->name, r.out);
+	cr_expect_eq(count_lines(r.err), 1, "%s: stderr should be one line, got: %s", row->name, r.err);
+	cr_expect(r.err[0] && r.err[strlen(r.err) - 1] == '\n', "%s: stderr should end in a newline: %s",
+		  row->name, r.err);
+	if (!(row->flags & NO_FILE))
+		cr_expect(strstr(r.err, cfg), "%s: message does not name %s: %s", row->name, cfg, r.err);
+	if (row->at) {
+		char where[1100];
+		snprintf(where, sizeof(where), "%s:%d: ", cfg, line_of(text, row->at));
+		cr_expect(strstr(r.err, where), "%s: message does not say %s: %s", row->name, where, r.err);
+	}
+	for (int j = 0; j < 4 && row->want[j]; j++)
+		cr_expect(strstr(r.err, row->want[j]), "%s: message lacks \"%s\": %s", row->name, row->want[j], r.err);
+	free(text);
+	run_free(&r);
+}
+
+/* ---- the command line ------------------------------------------------- */
+
+Test(config, usage_errors)
+{
+	static const struct {
+		const char *args[4];
+		const char *want;
+	} rows[] = {
+		{ { NULL }, "no command given" },
+		{ { "frob", NULL }, "unknown command \"frob\"" },
+		{ { "check", "--frob", NULL }, "unknown option \"--frob\"" },
+		{ { "check", "--config", NULL }, "--config needs a value" },
+		{ { "check", "--set", NULL }, "--set needs a value" },
+	};
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+		struct run r;
+		run_pstrain(&r, tmpdir, rows[i].args);
+		cr_expect_eq(r.status, 2, "%s: exit status %d, expected 2", rows[i].want, r.status);
+		cr_expect(strncmp(r.err, "pstrain: ", 9) == 0 && strstr(r.err, rows[i].want),
+			  "stderr lacks \"%s\": %s", rows[i].want, r.err);
+		cr_expect(strstr(r.err, "usage: pstrain"), "%s: no usage on stderr: %s", rows[i].want, r.err);
+		cr_expect_str_empty(r.out, "%s: stdout should be empty", rows[i].want);
+		run_free(&r);
+	}
+}
+
+/* ---- valid configs through `pstrain check` ---------------------------- */
+
+Test(config, check_valid_prints_resolved)
+{
+	char cfg[1024], want[1100];
+	make_data_files(tmpdir);
+	write_file(tmpdir, "cluster.ini", base_config);
+	snprintf(cfg, sizeof(cfg), "%s/cluster.ini", tmpdir);
+
+	struct run r;
+	const char *args[] = { "check", "--config", cfg, NULL };
+	run_pstrain(&r, NULL, args);
+	cr_assert_eq(r.status, 0, "exit status %d; stderr: %s", r.status, r.err);
+	cr_expect_str_empty(r.err);
+	cr_expect(strstr(r.out, "is valid"), "%s", r.out);
+	static const char *const lines[] = {
+		"\n[cluster]\nps = 127.0.0.1:2222, 127.0.0.1:2223\n",
+		"\nbatch_size = 32\n", "\nsteps = 10\n", "\nepochs = 0\n",
+		"\nreplicas_to_aggregate = 2\n",   /* resolved from the 2 workers */
+		"\noptimizer = momentum\n",        /* a default */
+		"\nlayer = dense 16\nlayer = relu\nlayer = dense 10\n",
+	};
+	for (size_t i = 0; i < sizeof(lines) / sizeof(lines[0]); i++)
+		cr_expect(strstr(r.out, lines[i]), "output lacks \"%s\":\n%s", lines[i], r.out);
+	snprintf(want, sizeof(want), "\ntrain_images = %s/train-images\n", tmpdir);
+	cr_expect(strstr(r.out, want), "data path not resolved against the config's directory:\n%s", r.out);
+	run_free(&r);
+}
+
+/* Relative data paths in a file resolve against the file's directory, not
+ * the current one. */
+Test(config, relative_paths_follow_the_config_file)
+{
+	char sub[1024], cfg[1024], want[1100];
+	snprintf(sub, sizeof(sub), "%s/sub", tmpdir);
+	cr_assert(mkdir(sub, 0700) == 0);
+	make_data_files(sub);
+	write_file(sub, "cluster.ini", base_config);
+
+	/* From "/" with an absolute path. */
+	snprintf(cfg, sizeof(cfg), "%s/cluster.ini", sub);
+	struct run r;
+	const char *abs_args[] = { "check", "--config", cfg, NULL };
+	run_pstrain(&r, "/", abs_args);
+	cr_expect_eq(r.status, 0, "from /: exit status %d; stderr: %s", r.status, r.err);
+	run_free(&r);
+
+	/* From tmpdir with "sub/cluster.ini": paths become "sub/...". */
+	const char *rel_args[] = { "check", "--config", "sub/cluster.ini", NULL };
+	run_pstrain(&r, tmpdir, rel_args);
+	cr_expect_eq(r.status, 0, "from tmpdir: exit status %d; stderr: %s", r.status, r.err);
+	cr_expect(strstr(r.out, "\ntest_labels = sub/test-labels\n"), "%s", r.out);
+	run_free(&r);
+
+	/* The files exist in the current directory but not next to the config:
+	 * an error naming the resolved path. */
+	char other[1024];
+	snprintf(other, sizeof(other), "%s/other", tmpdir);
+	cr_assert(mkdir(other, 0700) == 0);
+	write_file(other, "cluster.ini", base_config);
+	make_data_files(tmpdir);
+	const char *other_args[] = { "check", "--config", "other/cluster.ini", NULL };
+	run_pstrain(&r, tmpdir, other_args);
+	cr_expect_eq(r.status, 2);
+	snprintf(want, sizeof(want), "other/cluster.ini:%d: [data] train_images: cannot read other/train-images",
+		 line_of(base_config, "train_images"));
+	cr_expect(strstr(r.err, want), "expected \"%s\", got: %s", want, r.err);
+	run_free(&r);
+}
+
+/* --set overrides the file; its relative paths resolve against the
+ * current directory. */
+Test(config, set_overrides_the_file)
+{
+	char cfg[1024], sub[1024];
+	snprintf(sub, sizeof(sub), "%s/sub", tmpdir);
+	cr_assert(mkdir(sub, 0700) == 0);
+	make_data_files(sub);
+	write_file(tmpdir, "other-labels", "");
+	write_file(sub, "cluster.ini", base_config);
+	snprintf(cfg, sizeof(cfg), "%s/cluster.ini", sub);
+
+	struct run r;
+	const char *args[] = { "check", "--config", cfg, "--set", "train.batch_size=64",
+			       "--set=train.optimizer=adam", "--set", "train.learning_rate = 0.001",
+			       "--set", "data.test_labels=other-labels",
+			       "--set", "cluster.workers=[::1]:9000", "--set", "train.steps=0", "--set", "train.epochs=2",
+			       NULL };
+	run_pstrain(&r, tmpdir, args);
+	cr_assert_eq(r.status, 0, "exit status %d; stderr: %s", r.status, r.err);
+	static const char *const lines[] = {
+		"\nbatch_size = 64\n", "\noptimizer = adam\n", "\nlearning_rate = 0.001\n",
+		"\ntest_labels = other-labels\n", "\nworkers = [::1]:9000\n",
+		"\nreplicas_to_aggregate = 1\n", "\nsteps = 0\nepochs = 2\n",
+	};
+	for (size_t i = 0; i < sizeof(lines) / sizeof(lines[0]); i++)
+		cr_expect(strstr(r.out, lines[i]), "output lacks \"%s\":\n%s", lines[i], r.out);
+	run_free(&r);
+}
+
+/* ---- config_parse_string ---------------------------------------------- */
+
+static struct config *parse_ok(const char *text)
+{
+	struct config *c = malloc(sizeof(*c));
+	char err[CONFIG_ERR_MAX] = "";
+	cr_assert(c);
+	int r = config_parse_string(c, "test.ini", text, err, sizeof(err));
+	cr_assert_eq(r, 0, "config_parse_string: %d %s\n--- text:\n%s", r, err, text);
+	return c;
+}
+
+static void parse_bad(const char *text, const char *want)
+{
+	struct config *c = malloc(sizeof(*c));
+	char err[CONFIG_ERR_MAX] = "";
+	cr_assert(c);
+	int r = config_parse_string(c, "test.ini", text, err, sizeof(err));
+	cr_expect_eq(r, -EINVAL, "expected -EINVAL, got %d (%s)\n--- text:\n%s", r, err, text);
+	cr_expect(strstr(err, want), "message lacks \"%s\": %s", want, err);
+	cr_expect(!strchr(err, '\n'), "message has a newline: %s", err);
+	free(c);
+}
+
+Test(config, defaults)
+{
+	struct config *c = parse_ok("");
+	cr_expect_eq(c->cluster.nps, 2);
+	cr_expect_str_eq(c->cluster.ps[0].name, "127.0.0.1");
+	cr_expect_eq(c->cluster.ps[0].port, 2222);
+	cr_expect_eq(c->cluster.ps[1].port, 2223);
+	cr_expect_eq(c->cluster.nworkers, 2);
+	cr_expect_eq(c->cluster.workers[1].port, 2225);
+	cr_expect_str_eq(c->cluster.key_file, "cluster.key");
+	cr_expect_eq(c->train.mode, MODE_SYNC);
+	cr_expect_eq(c->train.replicas_to_aggregate, 2);   /* = workers */
+	cr_expect_eq(c->train.steps, 0);
+	cr_expect_eq(c->train.epochs, 1);                   /* neither set: one epoch */
+	cr_expect_eq(c->train.batch_size, 256);
+	cr_expect_eq(c->train.optim.kind, OPTIM_MOMENTUM);
+	cr_expect_eq(c->train.optim.lr, 0.05f);
+	cr_expect_eq(c->train.optim.momentum, 0.9f);
+	cr_expect_eq(c->train.optim.eps, 1e-8f);
+	cr_expect_eq(c->train.seed, 1);
+	cr_expect_str_eq(c->train.checkpoint_dir, "ckpt");
+	cr_expect_eq(c->train.checkpoint_every, 500);
+	cr_expect_eq(c->gpu.all, 1);
+	cr_expect_eq(c->gpu.memory_fraction, 0.9);
+	cr_expect_eq(c->gpu.allow_growth, 0);
+	cr_expect_eq(c->gpu.soft_placement, 1);
+	cr_expect_eq(c->data.format, DATA_IDX);
+	cr_expect(strstr(c->data.train_images, "fashion-mnist/train-images-idx3-ubyte.gz"));
+	cr_expect_str_empty(c->data.train_csv);
+	cr_expect_eq(c->data.label_column, 0);
+	cr_expect_eq(c->data.header, CSV_HEADER_AUTO);
+	cr_expect_eq(c->data.test_fraction, 0.2);
+	cr_expect_eq(c->model.in_h, 28);
+	cr_expect_eq(c->model.in_w, 28);
+	cr_expect_eq(c->model.in_c, 1);
+	cr_expect_eq(c->model.nlayers, 5);
+	cr_expect_eq(c->model.layers[0].kind, LAYER_DENSE);
+	cr_expect_eq(c->model.layers[0].units, 512);
+	cr_expect_eq(c->model.layers[4].units, 10);
+	cr_expect_str_eq(c->path, "test.ini");
+	free(c);
+}
+
+Test(config, values)
+{
+	struct config *c = parse_ok(
+		"[train]\n"
+		"mode = async   ; inline comment\n"
+		"max_staleness = 4\n"
+		"epochs = 3\n"
+		"batch_size = 100\n"
+		"optimizer = adam\n"
+		"learning_rate = 2.5e-3\n"
+		"nesterov = yes\n"
+		"seed = 18446744073709551615\n"
+		"checkpoint_dir = /var/ck\n"
+		"[gpu]\n"
+		"devices = 1, 3\n"
+		"memory_fraction = 1\n"
+		"log_placement = on\n"
+		"[data]\n"
+		"format = csv\n"
+		"train_csv = rel/t.csv\n"
+		"label_column = last\n"
+		"header = no\n"
+		"[model]\n"
+		"input = 784\n"
+		"layer = dense 8\n"
+		"layer = tanh\n"
+		"layer = dense 4\n");
+	cr_expect_eq(c->train.mode, MODE_ASYNC);
+	cr_expect_eq(c->train.max_staleness, 4);
+	cr_expect_eq(c->train.epochs, 3);
+	cr_expect_eq(c->train.steps, 0);
+	cr_expect_eq(c->train.batch_size, 100);
+	cr_expect_eq(c->train.optim.kind, OPTIM_ADAM);
+	cr_expect_eq(c->train.optim.lr, 2.5e-3f);
+	cr_expect_eq(c->train.optim.nesterov, 1);
+	cr_expect_eq(c->train.seed, UINT64_MAX);
+	cr_expect_str_eq(c->train.checkpoint_dir, "/var/ck");
+	cr_expect_eq(c->gpu.all, 0);
+	cr_expect_eq(c->gpu.ndevices, 2);
+	cr_expect_eq(c->gpu.devices[1], 3);
+	cr_expect_eq(c->gpu.memory_fraction, 1.0);
+	cr_expect_eq(c->gpu.log_placement, 1);
+	cr_expect_eq(c->data.format, DATA_CSV);
+	cr_expect_str_eq(c->data.train_csv, "rel/t.csv");   /* from a string: as written */
+	cr_expect_eq(c->data.label_column, -1);
+	cr_expect_eq(c->data.header, CSV_HEADER_NO);
+	cr_expect_eq(c->model.in_h, 784);
+	cr_expect_eq(c->model.in_w, 1);
+	cr_expect_eq(c->model.in_c, 1);
+	cr_expect_eq(c->model.nlayers, 3);   /* the file's layers replace the defaults */
+	cr_expect_eq(c->model.layers[1].kind, LAYER_TANH);
+	cr_expect_eq(c->model.layers[2].units, 4);
+	cr_expect_eq(c->model.layers[0].line, 22);
+	free(c);
+}
+
+Test(config, host_lists_ipv6_and_continuations)
+{
+	struct config *c = parse_ok(
+		"[cluster]\n"
+		"ps = [::1]:2222, host-a.example.com:1,   ; rack 1\n"
+		"     [fe80::1:2]:3,\n"
+		"\t10.0.0.1:65535   ; rack 2\n"
+		"     10.0.0.2:1\n"
+		"workers = [::1]:2223\n"
+		"key_file = k\n");
+	cr_assert_eq(c->cluster.nps, 5);
+	cr_expect_str_eq(c->cluster.ps[0].name, "::1");
+	cr_expect_eq(c->cluster.ps[0].port, 2222);
+	cr_expect_str_eq(c->cluster.ps[1].name, "host-a.example.com");
+	cr_expect_str_eq(c->cluster.ps[2].name, "fe80::1:2");
+	cr_expect_eq(c->cluster.ps[2].port, 3);
+	cr_expect_str_eq(c->cluster.ps[3].name, "10.0.0.1");
+	cr_expect_eq(c->cluster.ps[3].port, 65535);
+	cr_expect_str_eq(c->cluster.ps[4].name, "10.0.0.2");
+	cr_expect_eq(c->cluster.nworkers, 1);
+	cr_expect_str_eq(c->cluster.workers[0].name, "::1");
+	cr_expect_eq(c->cluster.workers[0].port, 2223);
+	cr_expect_eq(c->train.replicas_to_aggregate, 1);
+	free(c);
+
+	/* Continued layers: layer is a repeated key. */
+	c = parse_ok("[model]\nlayer = dense 8\n  relu\n  dense 3\n");
+	cr_expect_eq(c->model.nlayers, 3);
+	cr_expect_eq(c->model.layers[2].units, 3);
+	free(c);
+}
+
+Test(config, devices)
+{
+	struct config *c = parse_ok("[gpu]\ndevices = 0,0\n");
+	cr_expect_eq(c->gpu.all, 0);
+	cr_expect_eq(c->gpu.ndevices, 2);
+	cr_expect_eq(c->gpu.devices[0], 0);
+	cr_expect_eq(c->gpu.devices[1], 0);
+	free(c);
+
+	c = parse_ok("[gpu]\ndevices = 2,\n  63\n");
+	cr_expect_eq(c->gpu.ndevices, 2);
+	cr_expect_eq(c->gpu.devices[1], 63);
+	free(c);
+
+	parse_bad("[gpu]\ndevices = 0, all\n", "test.ini:2: [gpu] devices: \"all\"");
+	parse_bad("[gpu]\ndevices = all\n  1\n", "test.ini:3: [gpu] devices: \"all\" cannot be combined");
+}
+
+/* inih's buffer holds a line of 197 characters plus "\r\n"; one more is an
+ * error rather than a line silently split in two. */
+Test(config, line_length_limit)
+{
+	char text[512];
+	snprintf(text, sizeof(text), "[train]\n; %0195d\nsteps = 5\n", 0);
+	cr_expect_eq(strlen(strchr(text, ';')) - strlen(strstr(text, "\nsteps")), 197);
+	free(parse_ok(text));
+	snprintf(text, sizeof(text), "[train]\r\n; %0195d\r\nsteps = 5\r\n", 0);
+	free(parse_ok(text));
+	snprintf(text, sizeof(text), "[train]\n; %0196d\nsteps = 5\n", 0);
+	parse_bad(text, "test.ini:2: line longer than 197 characters");
+	snprintf(text, sizeof(text), "[train]\nsteps = 5\nbatch_size = %0300d\n", 1);
+	parse_bad(text, "test.ini:3: line longer than");
+}
+
+Test(config, parse_string_errors)
+{
+	parse_bad("[train]\nsteps = 5\n[train]\nsteps = 6\n", "test.ini:4: [train] steps: set twice (first on line 2)");
+	parse_bad("[model]\ninput = 65536x65536x65536\nlayer = dense 3\n", "test.ini:2: [model] input:");
+	parse_bad("[model]\nlayer = dense 3\nlayer = relu\n", "test.ini:3: [model] the last layer is relu1");
+	parse_bad("[cluster]\nps = a:1,\n  b:2,,\n", "test.ini:3: [cluster] ps: empty entry");
+	parse_bad("[cluster]\nps = a:1\n  workers = b:2\n", "test.ini:3: [cluster] ps: indented line \"workers = b:2\"");
+	parse_bad("[train]\nadam_epsilon = 1e-60\n", "test.ini:2: [train] adam_epsilon: 1e-60 is out of range");
+	parse_bad("[train]\nmomentum = 0.999999999\n", "test.ini:2: [train] momentum: 0.999999999 is out of range");
+}
+
+/* ---- config_print round trip ------------------------------------------ */
+
+static char *print_config(const struct config *c)
+{
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+	cr_assert(f);
+	config_print(c, f);
+	cr_assert(fclose(f) == 0);
+	return buf;
+}
+
+static void expect_same(const struct config *a, const struct config *b)
+{
+	cr_expect_eq(a->cluster.nps, b->cluster.nps);
+	cr_expect_eq(a->cluster.nworkers, b->cluster.nworkers);
+	for (int i = 0; i < a->cluster.nps && i < b->cluster.nps; i++) {
+		cr_expect_str_eq(a->cluster.ps[i].name, b->cluster.ps[i].name);
+		cr_expect_eq(a->cluster.ps[i].port, b->cluster.ps[i].port);
+	}
+	for (int i = 0; i < a->cluster.nworkers && i < b->cluster.nworkers; i++) {
+		cr_expect_str_eq(a->cluster.workers[i].name, b->cluster.workers[i].name);
+		cr_expect_eq(a->cluster.workers[i].port, b->cluster.workers[i].port);
+	}
+	cr_expect_str_eq(a->cluster.key_file, b->cluster.key_file);
+#define SAME(f) cr_expect(a->f == b->f, #f " differs")
+	SAME(train.mode);
+	SAME(train.replicas_to_aggregate);
+	SAME(train.max_staleness);
+	SAME(train.steps);
+	SAME(train.epochs);
+	SAME(train.batch_size);
+	SAME(train.optim.kind);
+	SAME(train.optim.lr);
+	SAME(train.optim.momentum);
+	SAME(train.optim.nesterov);
+	SAME(train.optim.weight_decay);
+	SAME(train.optim.beta1);
+	SAME(train.optim.beta2);
+	SAME(train.optim.eps);
+	SAME(train.optim.schedule);
+	SAME(train.optim.decay_steps);
+	SAME(train.optim.decay_rate);
+	SAME(train.optim.warmup_steps);
+	SAME(train.seed);
+	SAME(train.checkpoint_every);
+	SAME(train.eval_every);
+	SAME(train.threads);
+	SAME(gpu.all);
+	SAME(gpu.ndevices);
+	SAME(gpu.memory_fraction);
+	SAME(gpu.allow_growth);
+	SAME(gpu.soft_placement);
+	SAME(gpu.log_placement);
+	SAME(data.format);
+	SAME(data.label_column);
+	SAME(data.header);
+	SAME(data.test_fraction);
+	SAME(model.in_h);
+	SAME(model.in_w);
+	SAME(model.in_c);
+	SAME(model.nlayers);
+	SAME(model.loss);
+	for (int i = 0; i < a->gpu.ndevices && i < b->gpu.ndevices; i++)
+		SAME(gpu.devices[i]);
+	for (int i = 0; i < a->model.nlayers && i < b->model.nlayers; i++) {
+		SAME(model.layers[i].kind);
+		SAME(model.layers[i].units);
+	}
+#undef SAME
+	cr_expect_str_eq(a->train.checkpoint_dir, b->train.checkpoint_dir);
+	cr_expect_str_eq(a->data.train_images, b->data.train_images);
+	cr_expect_str_eq(a->data.train_labels, b->data.train_labels);
+	cr_expect_str_eq(a->data.test_images, b->data.test_images);
+	cr_expect_str_eq(a->data.test_labels, b->data.test_labels);
+	cr_expect_str_eq(a->data.train_csv, b->data.train_csv);
+	cr_expect_str_eq(a->data.test_csv, b->data.test_csv);
+}
+
+static void expect_round_trip(const char *text)
+{
+	struct config *a = parse_ok(text);
+	char *printed = print_config(a);
+	struct config *b = parse_ok(printed);
+	char *again = print_config(b);
+	expect_same(a, b);
+	cr_expect_str_eq(printed, again);
+	free(printed);
+	free(again);
+	free(a);
+	free(b);
+}
+
+Test(config, print_round_trip_default)
+{
+	expect_round_trip("");
+}
+
+Test(config, print_round_trip_custom)
+{
+	expect_round_trip(
+		"[cluster]\n"
+		"ps = [::1]:1, h.example:2,\n"
+		"  10.1.2.3:65535\n"
+		"workers = a:1, b:1, c:1\n"
+		"key_file = /etc/k\n"
+		"[train]\n"
+		"mode = async\n"
+		"replicas_to_aggregate = 2\n"
+		"max_staleness = 7\n"
+		"steps = 12345\n"
+		"batch_size = 3\n"
+		"optimizer = sgd\n"
+		"learning_rate = 0.0123456789\n"
+		"momentum = 0.3333333333\n"
+		"nesterov = true\n"
+		"weight_decay = 1e-4\n"
+		"adam_beta1 = 0.85\n"
+		"adam_beta2 = 0.98765\n"
+		"adam_epsilon = 1e-7\n"
+		"lr_schedule = step\n"
+		"lr_decay_steps = 77\n"
+		"lr_decay_rate = 0.7\n"
+		"warmup_steps = 9\n"
+		"seed = 18446744073709551615\n"
+		"checkpoint_dir = /tmp/ck\n"
+		"checkpoint_every = 0\n"
+		"eval_every = 11\n"
+		"threads = 4\n"
+		"[gpu]\n"
+		"devices = 1, 0, 1\n"
+		"memory_fraction = 0.333333333333333\n"
+		"allow_growth = yes\n"
+		"soft_placement = off\n"
+		"log_placement = 1\n"
+		"[data]\n"
+		"format = csv\n"
+		"train_csv = /d/train.csv\n"
+		"test_csv = /d/test.csv\n"
+		"label_column = 5\n"
+		"header = yes\n"
+		"test_fraction = 0.15\n"
+		"[model]\n"
+		"input = 7x3\n"
+		"layer = dense 100\n"
+		"layer = sigmoid\n"
+		"layer = dense 50\n"
+		"layer = tanh\n"
+		"layer = relu\n"
+		"layer = dense 3\n");
+}

@@ -14,7 +14,7 @@ SAN ?= 0
 VERSION := 0.1.0
 
 CC := gcc
-CFLAGS ?= -O2 -g
+CFLAGS ?= -O3 -g
 CFLAGS += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow -Wno-sign-compare -MMD -MP \
 	-DPSTRAIN_VERSION='"$(VERSION)"'
 LDFLAGS ?=

@@ -138,7 +138,7 @@ struct parse {
 	int in_key;                 /* a key was read since the last [section]; inih
 				     * continues it on indented lines */
 	int bad_line;               /* first line the reader rejected */
-	char bad[128];              /* why */
+	char bad[192];              /* why */
 	int key_line[NKEYS];        /* where each key was set, 0 = default */
 	int layers_from_input;      /* first `layer` line replaces the defaults */
 	int err_line;
@@ -242,7 +242,9 @@ static int parse_host(struct host *h, const char *s, size_t n, char *err, size_t
 		}
 	}
 	long port;
-	if (parse_long(colon + 1, &port) || port < 1 || port > 65535) {
+	/* Digits only: strtol would also take "+80", " 80" and "080". */
+	if (colon[1] < '1' || colon[1] > '9' || strspn(colon + 1, "0123456789") != strlen(colon + 1) ||
+	    parse_long(colon + 1, &port) || port < 1 || port > 65535) {
 		snprintf(err, errlen, "\"%s\": \"%s\" is not a port (1..65535)", buf, colon + 1);
 		return -EINVAL;
 	}
@@ -624,31 +626,43 @@ static char *reader(char *str, int num, void *stream)
 		len--;
 	if (len && s[len - 1] == '\r')
 		len--;
-	/* inih's buffer needs room for "\r\n\0" after the longest line. */
-	if (len > (size_t)num - 3) {
+	/* We pass the line on with "\n" for "\r\n": it needs len + 2 bytes. */
+	if (len > (size_t)num - 2) {
 		/* inih would split it and read the tail as a line of its own. */
 		if (!p->bad_line) {
 			p->bad_line = p->line;
 			snprintf(p->bad, sizeof(p->bad), "line longer than %d characters (split long host lists over indented lines)",
-				 num - 3);
+				 num - 2);
 		}
 		str[0] = '\n';
 		str[1] = '\0';
 		return str;
 	}
+	/* A [section] line, unless inih reads it as a continuation ("  [::1]:1").
+	 * Checked here because inih never calls the handler for a section
+	 * without keys, and ignores whatever follows the "]". */
 	const char *t = skip_blank(s);
-	if (*t == '[') {
+	if (*t == '[' && !(p->indented && p->in_key)) {
 		p->in_key = 0;
-		/* inih ignores whatever follows the "]". */
 		const char *close = memchr(t, ']', len - (size_t)(t - s));
-		const char *rest = close ? skip_blank(close + 1) : NULL;
-		if (rest && rest < s + len && *rest != ';' && *rest != '#' && !p->bad_line) {
-			p->bad_line = p->line;
-			snprintf(p->bad, sizeof(p->bad), "syntax error: text after [section] (expected a ; comment or nothing)");
+		if (close && !p->bad_line) {
+			int namelen = (int)(close - t - 1);
+			char name[32];
+			snprintf(name, sizeof(name), "%.*s", namelen, t + 1);
+			const char *rest = skip_blank(close + 1);
+			if (namelen >= (int)sizeof(name) || !section_known(name)) {
+				p->bad_line = p->line;
+				snprintf(p->bad, sizeof(p->bad), "unknown section [%.*s] (expected cluster, train, gpu, data or model)",
+					 namelen < 64 ? namelen : 64, t + 1);
+			} else if (rest < s + len && *rest != ';' && *rest != '#') {
+				p->bad_line = p->line;
+				snprintf(p->bad, sizeof(p->bad), "syntax error: text after [%s] (expected a ; comment or nothing)", name);
+			}
 		}
 	}
-	memcpy(str, s, n);
-	str[n] = '\0';
+	memcpy(str, s, len);
+	str[len] = '\n';
+	str[len + 1] = '\0';
 	return str;
 }
 

@@ -11,6 +11,8 @@
 #include "config.h"
 
 #include <criterion/criterion.h>
+
+#include "leak.h"
 #include <criterion/parameterized.h>
 
 #include <errno.h>
@@ -49,6 +51,7 @@ static void tmp_teardown(void)
 {
 	if (tmpdir[0])
 		nftw(tmpdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+	leak_check();
 }
 
 TestSuite(config, .init = tmp_setup, .fini = tmp_teardown);

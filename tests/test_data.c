@@ -17,9 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 #include <zlib.h>
-#ifdef __SANITIZE_ADDRESS__
-#include <sanitizer/lsan_interface.h>
-#endif
+#include "leak.h"
 
 static char tmpdir[512];
 
@@ -50,12 +48,7 @@ static void tmp_teardown(void)
 	}
 	closedir(d);
 	rmdir(tmpdir);
-#ifdef __SANITIZE_ADDRESS__
-	/* Criterion ignores LSan's exit-time report and assertions made in
-	 * .fini, so leaks have to crash the test here to be counted. */
-	if (__lsan_do_recoverable_leak_check())
-		abort();
-#endif
+	leak_check();
 }
 
 TestSuite(data, .init = tmp_setup, .fini = tmp_teardown);

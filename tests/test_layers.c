@@ -14,6 +14,8 @@
  * so the noise does not grow with the size of the layer.
  * Run with --verbose to see the measured errors. */
 #include <criterion/criterion.h>
+
+#include "leak.h"
 #include <criterion/logging.h>
 
 #include <cblas.h>
@@ -170,6 +172,8 @@ static void dense_gradcheck(int B, int C, int OC, int with_bias)
 	free(c.out); free(c.inp); free(c.weight); free(c.bias); free(c.R);
 	free(dinp); free(dweight); free(dbias);
 }
+
+TestSuite(layers, .fini = leak_check);
 
 Test(layers, dense_gradcheck)
 {

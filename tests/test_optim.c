@@ -4,6 +4,8 @@
  * around its boundaries. */
 #include <criterion/criterion.h>
 
+#include "leak.h"
+
 #include <errno.h>
 #include <math.h>
 #include <string.h>
@@ -27,6 +29,8 @@ static struct optim_config sgd_config(float lr, float wd)
 {
 	return (struct optim_config){.kind = OPTIM_SGD, .lr = lr, .weight_decay = wd};
 }
+
+TestSuite(optim, .fini = leak_check);
 
 Test(optim, sgd_by_hand)
 {

@@ -2,6 +2,8 @@
  * in process and through the pstrain binary (exit codes, Ctrl-C). */
 #include <criterion/criterion.h>
 
+#include "leak.h"
+
 #include "../core/config.h"
 #include "../core/model.h"
 #include "../core/rng.h"
@@ -61,6 +63,10 @@ static const char *blob_config =
 	"[data]\nformat = csv\ntrain_csv = %s/blobs.csv\nlabel_column = first\ntest_fraction = 0.25\n"
 	"[train]\nsteps = %d\nbatch_size = 32\noptimizer = %s\nlearning_rate = %s\nseed = 7\nthreads = 1\n"
 	"[model]\ninput = 6\nlayer = dense 16\nlayer = %s\nlayer = dense 3\n";
+
+TestSuite(model, .fini = leak_check);
+TestSuite(train, .fini = leak_check);
+TestSuite(cli, .fini = leak_check);
 
 Test(model, build_shapes_and_offsets)
 {

@@ -6,6 +6,7 @@ extern "C" {
 }
 
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,9 +26,16 @@ extern "C" int gpu_count(int *n, char *err, size_t errlen)
 	cudaError_t e = cudaGetDeviceCount(&count);
 	*n = 0;
 	if (e != cudaSuccess) {
-		/* cudaGetDeviceCount leaves a sticky-looking last error; clear it. */
-		cudaGetLastError();
-		snprintf(err, errlen, "no usable GPU: %s", cudaGetErrorString(e));
+		cudaGetLastError();   /* not sticky, but later checks must not see it */
+		/* The runtime says "insufficient driver" both for an old driver and
+		 * for none at all; tell the two apart for the user. */
+		void *h = e == cudaErrorInsufficientDriver ? dlopen("libcuda.so.1", RTLD_LAZY) : (void *)1;
+		if (!h)
+			snprintf(err, errlen, "no NVIDIA driver (libcuda.so.1 cannot be loaded)");
+		else
+			snprintf(err, errlen, "no usable GPU: %s", cudaGetErrorString(e));
+		if (h && h != (void *)1)
+			dlclose(h);
 		return -ENODEV;
 	}
 	if (count == 0) {

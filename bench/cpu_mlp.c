@@ -68,6 +68,7 @@ int main(int argc, char **argv)
 		ds.y[i] = (int32_t)(rng_hash(1, RNG_DATA + 1, i) % (uint64_t)m.outputs);
 	data_permute(perm, ds.n, 1, 0);
 	model_init_params(&m, params, 0, m.nparams, 1);
+	memset(grads, 0, m.nparams * sizeof(float));
 
 	struct backend be;
 	struct replica r;
@@ -90,10 +91,9 @@ int main(int argc, char **argv)
 		int right;
 		dataset_gather(&ds, perm + (size_t)s % per_epoch * (size_t)B, (size_t)B, xb, yb);
 		replica_load(&r, xb, yb, B);
-		memset(grads, 0, m.nparams * sizeof(float));
 		replica_forward(&r, params, B, &loss, &right);
 		replica_backward(&r, params, grads, B, 1.0f / (float)B);
-		optim_step(&opt, params, grads, c.train.optim.lr);
+		optim_step_zero(&opt, params, grads, c.train.optim.lr);
 	}
 	double dt = progress_now() - t0;
 	double sps = (double)steps * B / dt;

@@ -836,6 +836,12 @@ static int config_set(struct config *c, struct parse *p, const char *set, char *
 		return -EINVAL;
 	}
 	p->key_line[k - keys] = 0;
+	/* steps and epochs are two ways to say one thing: overriding one on the
+	 * command line replaces the other from the file instead of clashing. */
+	if (k->off == OFF(train.steps))
+		c->train.epochs = 0;
+	else if (k->off == OFF(train.epochs))
+		c->train.steps = 0;
 	return 0;
 }
 

@@ -79,18 +79,21 @@ float optim_lr(const struct optim_config *c, long step, long total)
 }
 
 /* g = grad + weight_decay * p; p -= lr * g */
-static void sgd_step(float *params, const float *grads, size_t n, float lr, float wd)
+static void sgd_step(float *restrict params, float *restrict grads, size_t n, float lr, float wd,
+		     int zero)
 {
 	// params (n), grads (n)
 	for (size_t i = 0; i < n; i++) {
 		float g = grads[i] + wd * params[i];
 		params[i] -= lr * g;
+		if (zero)
+			grads[i] = 0.0f;
 	}
 }
 
 /* v = mu v + g; p -= lr * (nesterov ? g + mu v : v)   (PyTorch, dampening 0) */
-static void momentum_step(float *params, float *m, const float *grads, size_t n,
-			  float lr, float wd, float mu, int nesterov)
+static void momentum_step(float *restrict params, float *restrict m, float *restrict grads, size_t n,
+			  float lr, float wd, float mu, int nesterov, int zero)
 {
 	// params (n), m (n), grads (n)
 	for (size_t i = 0; i < n; i++) {
@@ -98,12 +101,14 @@ static void momentum_step(float *params, float *m, const float *grads, size_t n,
 		float v = mu * m[i] + g;
 		m[i] = v;
 		params[i] -= lr * (nesterov ? g + mu * v : v);
+		if (zero)
+			grads[i] = 0.0f;
 	}
 }
 
-static void adam_step(float *params, float *m, float *v, const float *grads,
-		      size_t n, long t, float lr, float wd, float b1, float b2,
-		      float eps)
+static void adam_step(float *restrict params, float *restrict m, float *restrict v,
+		      float *restrict grads, size_t n, long t, float lr, float wd, float b1,
+		      float b2, float eps, int zero)
 {
 	// params (n), m (n), v (n), grads (n)
 	/* Bias corrections are per step, so they are done once in double;
@@ -120,24 +125,39 @@ static void adam_step(float *params, float *m, float *v, const float *grads,
 		m[i] = mi;
 		v[i] = vi;
 		params[i] -= step_size * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
+		if (zero)
+			grads[i] = 0.0f;
 	}
 }
 
-void optim_step(struct optim *o, float *params, const float *grads, float lr)
+/* zero: clear each gradient after use, saving the separate pass over the
+ * gradient vector that the next step's accumulation would need. The loops
+ * never write grads when zero is 0, so the cast in optim_step is safe. */
+static void step(struct optim *o, float *params, float *grads, float lr, int zero)
 {
 	const struct optim_config *c = &o->cfg;
 	o->t++;
 	switch (c->kind) {
 	case OPTIM_SGD:
-		sgd_step(params, grads, o->n, lr, c->weight_decay);
+		sgd_step(params, grads, o->n, lr, c->weight_decay, zero);
 		break;
 	case OPTIM_MOMENTUM:
 		momentum_step(params, o->m, grads, o->n, lr, c->weight_decay,
-			      c->momentum, c->nesterov);
+			      c->momentum, c->nesterov, zero);
 		break;
 	case OPTIM_ADAM:
 		adam_step(params, o->m, o->v, grads, o->n, o->t, lr,
-			  c->weight_decay, c->beta1, c->beta2, c->eps);
+			  c->weight_decay, c->beta1, c->beta2, c->eps, zero);
 		break;
 	}
+}
+
+void optim_step(struct optim *o, float *params, const float *grads, float lr)
+{
+	step(o, params, (float *)grads, lr, 0);
+}
+
+void optim_step_zero(struct optim *o, float *params, float *grads, float lr)
+{
+	step(o, params, grads, lr, 1);
 }

@@ -64,4 +64,9 @@ float optim_lr(const struct optim_config *c, long step, long total);
 /* params (n) -= update(grads (n)) with learning rate lr; increments t. */
 void optim_step(struct optim *o, float *params, const float *grads, float lr);
 
+/* optim_step, then grads[i] = 0 for every i in the same pass: the training
+ * loop's gradient zeroing for the next step, without a second sweep over
+ * the vector. params and grads must not overlap. */
+void optim_step_zero(struct optim *o, float *params, float *grads, float lr);
+
 #endif

@@ -3,7 +3,10 @@
 
 #include <stdio.h>
 
+#include <string.h>
+#include <sys/ioctl.h>
 #include <time.h>
+#include <unistd.h>
 
 double progress_now(void)
 {
@@ -29,6 +32,12 @@ void progress_init(struct progress *p, FILE *f, int tty, long total_steps, long 
 	p->total_steps = total_steps;
 	p->steps_per_epoch = steps_per_epoch;
 	p->t0 = progress_now();
+	/* A redrawn line that wraps leaves its first half on screen each time;
+	 * keep it to the terminal's width. */
+	struct winsize ws;
+	p->width = 0;
+	if (tty && ioctl(fileno(f), TIOCGWINSZ, &ws) == 0 && ws.ws_col > 20)
+		p->width = ws.ws_col - 1;
 }
 
 static void draw(struct progress *p, long done, int final_eval)
@@ -43,9 +52,20 @@ static void draw(struct progress *p, long done, int final_eval)
 		snprintf(test, sizeof(test), "  test %.4f/%.2f%%", p->test_loss, 100 * p->test_acc);
 	long epoch = done > 0 ? (done - 1) / p->steps_per_epoch + 1 : 1;
 	long epochs = (p->total_steps + p->steps_per_epoch - 1) / p->steps_per_epoch;
-	fprintf(p->f, "%sstep %ld/%ld  epoch %ld/%ld  loss %.4f  acc %.2f%%%s  %.0f samples/s  %s  ETA %s%s",
-		p->tty ? "\r\033[K" : "", done, p->total_steps, epoch, epochs, p->loss,
-		100 * p->acc, test, rate, el, et, p->tty && !final_eval ? "" : "\n");
+	char line[512];
+	if (p->tty) {
+		/* Compact, so the whole line fits an 80-column terminal. */
+		if (p->have_test)
+			snprintf(test, sizeof(test), " test %.1f%%", 100 * p->test_acc);
+		snprintf(line, sizeof(line), "step %ld/%ld ep %ld/%ld loss %.3f acc %.1f%%%s %.0f/s %s ETA %s",
+			 done, p->total_steps, epoch, epochs, p->loss, 100 * p->acc, test, rate, el, et);
+	} else {
+		snprintf(line, sizeof(line), "step %ld/%ld  epoch %ld/%ld  loss %.4f  acc %.2f%%%s  %.0f samples/s  %s  ETA %s",
+			 done, p->total_steps, epoch, epochs, p->loss, 100 * p->acc, test, rate, el, et);
+	}
+	if (p->tty && p->width > 0 && strlen(line) > (size_t)p->width)
+		line[p->width] = '\0';
+	fprintf(p->f, "%s%s%s", p->tty ? "\r\033[K" : "", line, p->tty && !final_eval ? "" : "\n");
 	fflush(p->f);
 	p->drawn = p->tty && !final_eval;
 }

@@ -10,6 +10,7 @@
 struct progress {
 	FILE *f;
 	int tty;
+	int width;            /* terminal columns to stay within, 0 = unknown */
 	long total_steps;
 	long steps_per_epoch;
 	double t0;            /* start, seconds on the monotonic clock */

@@ -142,6 +142,9 @@ int train_local(const struct config *c, FILE *out, int tty, const volatile sig_a
 		goto out;
 	}
 	model_init_params(&m, params, 0, m.nparams, c->train.seed);
+	/* Backward accumulates; optim_step_zero clears the gradients after each
+	 * update, so only the first step needs them zeroed here. */
+	memset(grads, 0, m.nparams * sizeof(float));
 	fprintf(out, "training: %zu train / %zu test samples, %zu parameters, batch %d, %ld steps (%ld per epoch), %s\n",
 		train.n, test.n, m.nparams, B, total, spe, be.where);
 
@@ -161,8 +164,6 @@ int train_local(const struct config *c, FILE *out, int tty, const volatile sig_a
 		dataset_gather(&train, perm + (size_t)(step % spe) * (size_t)B, (size_t)B, xb, yb);
 		e = replica_load(&rep, xb, yb, B);
 		if (!e)
-			e = be.ops->zero(be.ctx, grads, m.nparams * sizeof(float));
-		if (!e)
 			e = replica_forward(&rep, params, B, &loss, &right);
 		if (!e)
 			e = replica_backward(&rep, params, grads, B, 1.0f / (float)B);
@@ -171,7 +172,7 @@ int train_local(const struct config *c, FILE *out, int tty, const volatile sig_a
 			snprintf(err, errlen, "step %ld on %s: %s", step, be.where, strerror(-e));
 			goto out;
 		}
-		optim_step(&opt, params, grads, optim_lr(&c->train.optim, step, total));
+		optim_step_zero(&opt, params, grads, optim_lr(&c->train.optim, step, total));
 		progress_step(&pg, step, B, progress_now() - ts, loss / B, (double)right / B);
 
 		int last = step + 1 == total;

@@ -1,0 +1,78 @@
+/* Shared bits of the libFuzzer harnesses: a scratch file per process for the
+ * loaders that take a path, and the checks every parser's error obeys.
+ *
+ * Built only by `make fuzz` (clang -fsanitize=fuzzer,...); each harness is
+ * one translation unit that includes this header. A failed check aborts, so
+ * libFuzzer records the input as a crash like any sanitizer report. */
+#ifndef PSTRAIN_FUZZ_H
+#define PSTRAIN_FUZZ_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define FUZZ_CHECK(cond)                                                        \
+	do {                                                                    \
+		if (!(cond)) {                                                  \
+			fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__,  \
+				__LINE__, #cond);                               \
+			abort();                                                \
+		}                                                               \
+	} while (0)
+
+struct fuzz_file {
+	char path[64];
+	int fd;
+};
+
+/* Created once per process and removed at exit; libFuzzer's -fork and
+ * -jobs workers are separate processes, each with its own file. */
+static void fuzz_file_open(struct fuzz_file *f, const char *tag)
+{
+	snprintf(f->path, sizeof(f->path), "/tmp/pstrain-fuzz-%s-XXXXXX", tag);
+	f->fd = mkstemp(f->path);
+	if (f->fd < 0) {
+		perror("mkstemp");
+		abort();
+	}
+}
+
+static void fuzz_file_close(struct fuzz_file *f)
+{
+	if (f->fd >= 0) {
+		close(f->fd);
+		unlink(f->path);
+		f->fd = -1;
+	}
+}
+
+/* Replaces the file's contents with data[0..n). */
+static void fuzz_file_write(struct fuzz_file *f, const uint8_t *data, size_t n)
+{
+	size_t done = 0;
+
+	if (ftruncate(f->fd, 0) < 0) {
+		perror("ftruncate");
+		abort();
+	}
+	while (done < n) {
+		ssize_t w = pwrite(f->fd, data + done, n - done, (off_t)done);
+		if (w <= 0) {
+			perror("pwrite");
+			abort();
+		}
+		done += (size_t)w;
+	}
+}
+
+/* A failure returns a negative errno and one line of text. */
+static void fuzz_check_err(int ret, const char *err)
+{
+	FUZZ_CHECK(ret < 0);
+	FUZZ_CHECK(err[0] != '\0');
+	FUZZ_CHECK(strchr(err, '\n') == NULL);
+}
+
+#endif

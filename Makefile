@@ -84,7 +84,7 @@ Q :=
 say :=
 endif
 
-.PHONY: all deps test unit test-cpu asan demo bench clean summary FORCE
+.PHONY: all deps test unit test-cpu asan demo bench fuzz clean summary FORCE
 .DEFAULT_GOAL := all
 
 all: deps summary $(BIN)
@@ -163,6 +163,46 @@ deps:
 		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null \
 		|| { echo "deps: apt-get install$$missing failed" >&2; exit 1; }; \
 	fi
+
+# ---- fuzzing: `make fuzz` ------------------------------------------------
+# A libFuzzer harness per parser (tests/fuzz/fuzz_*.c), built with clang
+# straight from the core sources it needs, each run for FUZZ_SECONDS. New
+# inputs go to $(BUILD)/fuzz/corpus/NAME; the seeds in tests/fuzz/corpus/NAME
+# are only read. A finding is left as $(BUILD)/fuzz/NAME-crash-* (or leak-,
+# timeout-, oom-) and reproduces with `$(BUILD)/fuzz/fuzz_NAME FILE`.
+# -fno-sanitize-recover: UBSan only reports by default; libFuzzer needs the
+# abort to keep the input.
+FUZZ_SECONDS ?= 60
+FUZZ_CC ?= clang
+FUZZ_CFLAGS := -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+	-std=c11 -D_GNU_SOURCE -Icore
+FUZZ_NAMES := config layer idx csv
+FUZZ_BINS := $(FUZZ_NAMES:%=$(BUILD)/fuzz/fuzz_%)
+# data.c calls both loaders, so either loader's harness links both.
+$(BUILD)/fuzz/fuzz_config: core/config.c core/model.c core/rng.c
+$(BUILD)/fuzz/fuzz_layer: core/model.c core/rng.c
+$(BUILD)/fuzz/fuzz_idx $(BUILD)/fuzz/fuzz_csv: core/idx.c core/csv.c core/data.c core/rng.c
+FUZZ_LIBS_config := -linih
+FUZZ_LIBS_idx := -lz
+FUZZ_LIBS_csv := -lz
+
+$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(wildcard core/*.h)
+	@mkdir -p $(dir $@)
+	$(call say,CLANG,$@)$(FUZZ_CC) $(FUZZ_CFLAGS) $(filter %.c,$^) -o $@ $(FUZZ_LIBS_$*) -lm
+
+fuzz: $(FUZZ_BINS)
+	$(Q)for n in $(FUZZ_NAMES); do \
+		mkdir -p $(BUILD)/fuzz/corpus/$$n; \
+		$(BUILD)/fuzz/fuzz_$$n $(BUILD)/fuzz/corpus/$$n tests/fuzz/corpus/$$n \
+			-max_total_time=$(FUZZ_SECONDS) -detect_leaks=1 -timeout=10 \
+			-artifact_prefix=$(BUILD)/fuzz/$$n- -print_final_stats=1 \
+			> $(BUILD)/fuzz/$$n.log 2>&1 \
+		|| { tail -n 40 $(BUILD)/fuzz/$$n.log; echo "fuzz: $$n failed, see $(BUILD)/fuzz/$$n.log"; exit 1; }; \
+		printf 'fuzz: %-6s %s, %s exec/s, corpus %s\n' $$n \
+			"$$(grep -o 'Done [0-9]* runs in [0-9]* second(s)' $(BUILD)/fuzz/$$n.log)" \
+			"$$(sed -n 's/^stat::average_exec_per_sec: *//p' $(BUILD)/fuzz/$$n.log)" \
+			"$$(ls $(BUILD)/fuzz/corpus/$$n | wc -l)"; \
+	done
 
 clean:
 	rm -rf build $(BIN)

@@ -230,6 +230,10 @@ static int parse_host(struct host *h, const char *s, size_t n, char *err, size_t
 		}
 		hlen = (size_t)(colon - buf);
 	}
+	if (hlen >= CONFIG_HOST_MAX) {
+		snprintf(err, errlen, "\"%s\": the host is longer than %d characters", buf, CONFIG_HOST_MAX - 1);
+		return -EINVAL;
+	}
 	for (size_t i = 0; i < hlen; i++) {
 		char ch = host[i];
 		int ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
@@ -951,10 +955,35 @@ static void number_print(FILE *f, double v, int is_float)
 	fputs(buf, f);
 }
 
-static void hosts_print(FILE *f, const struct host *h, int n)
+/* Long lists go on indented continuation lines, as a user would write them:
+ * Debian's inih reads lines of at most INI_MAX_LINE (200) bytes, and one
+ * line of 30 hosts is longer, so the output would not load back. col is the
+ * column the list starts at. */
+#define PRINT_WIDTH 78
+
+static void list_print(FILE *f, int *col, int first, const char *item)
 {
-	for (int i = 0; i < n; i++)
-		fprintf(f, strchr(h[i].name, ':') ? "%s[%s]:%u" : "%s%s:%u", i ? ", " : "", h[i].name, h[i].port);
+	int n = (int)strlen(item);
+
+	if (first) {
+		fputs(item, f);
+	} else if (*col + 2 + n > PRINT_WIDTH) {
+		fprintf(f, ",\n  %s", item);
+		*col = 2;
+	} else {
+		fprintf(f, ", %s", item);
+		*col += 2;
+	}
+	*col += n;
+}
+
+static void hosts_print(FILE *f, const struct host *h, int n, int col)
+{
+	char item[CONFIG_HOST_MAX + 16];
+	for (int i = 0; i < n; i++) {
+		snprintf(item, sizeof(item), strchr(h[i].name, ':') ? "[%s]:%u" : "%s:%u", h[i].name, h[i].port);
+		list_print(f, &col, i == 0, item);
+	}
 }
 
 void config_print(const struct config *c, FILE *f)
@@ -975,7 +1004,7 @@ void config_print(const struct config *c, FILE *f)
 			}
 			continue;
 		}
-		fprintf(f, "%s = ", k->key);
+		int col = fprintf(f, "%s = ", k->key);
 		switch (k->type) {
 		case K_INT: fprintf(f, "%d", *(const int *)v); break;
 		case K_LONG: fprintf(f, "%ld", *(const long *)v); break;
@@ -986,13 +1015,16 @@ void config_print(const struct config *c, FILE *f)
 		case K_ENUM: fprintf(f, "%s", k->names[*(const int *)v]); break;
 		case K_PATH: fprintf(f, "%s", (const char *)v); break;
 		case K_HOSTS:
-			hosts_print(f, v, *(const int *)((const char *)c + k->count_off));
+			hosts_print(f, v, *(const int *)((const char *)c + k->count_off), col);
 			break;
 		case K_DEVICES:
 			if (c->gpu.all)
 				fprintf(f, "all");
-			for (int j = 0; !c->gpu.all && j < c->gpu.ndevices; j++)
-				fprintf(f, "%s%d", j ? ", " : "", c->gpu.devices[j]);
+			for (int j = 0; !c->gpu.all && j < c->gpu.ndevices; j++) {
+				char item[16];
+				snprintf(item, sizeof(item), "%d", c->gpu.devices[j]);
+				list_print(f, &col, j == 0, item);
+			}
 			break;
 		case K_LABEL_COLUMN:
 			if (c->data.label_column < 0)

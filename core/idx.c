@@ -262,13 +262,41 @@ static int idx_expect_end(struct idx_reader *r, const char *what, size_t want)
 	return 0;
 }
 
+/* Makes room for need of the count elements (of size el) a section has.
+ * A raw file's size was checked against its header, so it gets all count
+ * at once. A gzip stream's size is known only by decoding it: its array
+ * doubles as data arrives, so a 60-byte file whose header claims 2^30
+ * pixels fails as truncated without first allocating 4 GiB (libFuzzer
+ * found that). Returns the array, or NULL with *p untouched. */
+static void *idx_grow(struct idx_reader *r, void *p, size_t *cap, size_t need,
+		      size_t count, size_t el)
+{
+	size_t n;
+
+	if (need <= *cap)
+		return p;
+	if (gzdirect(r->gz) && r->size >= 0)
+		n = count;
+	else
+		n = *cap * 2 > need ? *cap * 2 : need;
+	if (n > count)
+		n = count;
+	p = realloc(p, n * el);
+	if (!p) {
+		idx_fail(r, "out of memory for %zu values", count);
+		return NULL;
+	}
+	*cap = n;
+	return p;
+}
+
 /* Pixels go through a small staging buffer so the bytes never need a
  * second full-size allocation next to the floats. */
-static int idx_read_pixels(struct idx_reader *r, float *x, size_t count)
+static int idx_read_pixels(struct idx_reader *r, float **x, size_t count)
 {
 	unsigned char buf[IDX_CHUNK];
-	float scale[256];
-	size_t done = 0, i;
+	float scale[256], *p;
+	size_t done = 0, cap = 0, i;
 	int ret;
 
 	for (i = 0; i < 256; i++)
@@ -279,18 +307,23 @@ static int idx_read_pixels(struct idx_reader *r, float *x, size_t count)
 		ret = idx_read_full(r, buf, len, "pixels", done, count);
 		if (ret < 0)
 			return ret;
+		p = idx_grow(r, *x, &cap, done + len, count, sizeof(**x));
+		if (!p)
+			return -ENOMEM;
+		*x = p;
 		for (i = 0; i < len; i++)
-			x[done + i] = scale[buf[i]];
+			p[done + i] = scale[buf[i]];
 		done += len;
 	}
 	return idx_expect_end(r, "pixels", count);
 }
 
-static int idx_read_labels(struct idx_reader *r, int32_t *y, size_t n,
+static int idx_read_labels(struct idx_reader *r, int32_t **y, size_t n,
 			   int *classes)
 {
 	unsigned char buf[IDX_CHUNK];
-	size_t done = 0, i;
+	size_t done = 0, cap = 0, i;
+	int32_t *p;
 	int max = 0, ret;
 
 	while (done < n) {
@@ -299,8 +332,12 @@ static int idx_read_labels(struct idx_reader *r, int32_t *y, size_t n,
 		ret = idx_read_full(r, buf, len, "labels", done, n);
 		if (ret < 0)
 			return ret;
+		p = idx_grow(r, *y, &cap, done + len, n, sizeof(**y));
+		if (!p)
+			return -ENOMEM;
+		*y = p;
 		for (i = 0; i < len; i++) {
-			y[done + i] = buf[i];
+			p[done + i] = buf[i];
 			if (buf[i] > max)
 				max = buf[i];
 		}
@@ -346,18 +383,10 @@ int idx_load(struct dataset *ds, const char *images, const char *labels,
 
 	d.n = idims[0];
 	d.d = (size_t)idims[1] * idims[2];
-	d.x = malloc(icount * sizeof(*d.x));
-	d.y = malloc(d.n * sizeof(*d.y));
-	if (!d.x || !d.y) {
-		snprintf(err, errlen, "%s: out of memory for %zu x %zu pixels",
-			 images, d.n, d.d);
-		ret = -ENOMEM;
-		goto out;
-	}
-	ret = idx_read_pixels(&ri, d.x, icount);
+	ret = idx_read_pixels(&ri, &d.x, icount);
 	if (ret < 0)
 		goto out;
-	ret = idx_read_labels(&rl, d.y, d.n, &d.classes);
+	ret = idx_read_labels(&rl, &d.y, d.n, &d.classes);
 	if (ret < 0)
 		goto out;
 	*ds = d;

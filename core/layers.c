@@ -9,6 +9,11 @@
 #include <string.h>
 #include <unistd.h>
 
+/* Elementwise loops get AVX2 and AVX-512 copies picked at load time, so
+ * the binary stays portable to any x86-64 while using the wide units. */
+#define VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+VECTOR_CLONES
 void dense_forward(float *out, const float *inp, const float *weight,
 		   const float *bias, int B, int C, int OC)
 {
@@ -31,6 +36,7 @@ void dense_forward(float *out, const float *inp, const float *weight,
 		    1.0f, inp, C, weight, C, beta, out, OC);
 }
 
+VECTOR_CLONES
 void dense_backward(float *dinp, float *dweight, float *dbias,
 		    const float *dout, const float *inp, const float *weight,
 		    int B, int C, int OC)
@@ -57,6 +63,7 @@ void dense_backward(float *dinp, float *dweight, float *dbias,
 	}
 }
 
+VECTOR_CLONES
 void relu_forward(float *out, const float *inp, size_t N)
 {
 	// out (N), inp (N)
@@ -75,6 +82,7 @@ void relu_forward(float *out, const float *inp, size_t N)
 	}
 }
 
+VECTOR_CLONES
 void relu_backward(float *dinp, const float *dout, const float *out, size_t N)
 {
 	// dinp (N), dout (N), out (N)

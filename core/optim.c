@@ -8,6 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Elementwise loops get AVX2 and AVX-512 copies picked at load time, so
+ * the binary stays portable to any x86-64 while using the wide units. */
+#define VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
 /* M_PI is not in C11. */
 static const double PI = 3.14159265358979323846;
 
@@ -79,6 +83,7 @@ float optim_lr(const struct optim_config *c, long step, long total)
 }
 
 /* g = grad + weight_decay * p; p -= lr * g */
+VECTOR_CLONES
 static void sgd_step(float *restrict params, float *restrict grads, size_t n, float lr, float wd,
 		     int zero)
 {
@@ -92,6 +97,7 @@ static void sgd_step(float *restrict params, float *restrict grads, size_t n, fl
 }
 
 /* v = mu v + g; p -= lr * (nesterov ? g + mu v : v)   (PyTorch, dampening 0) */
+VECTOR_CLONES
 static void momentum_step(float *restrict params, float *restrict m, float *restrict grads, size_t n,
 			  float lr, float wd, float mu, int nesterov, int zero)
 {
@@ -106,6 +112,7 @@ static void momentum_step(float *restrict params, float *restrict m, float *rest
 	}
 }
 
+VECTOR_CLONES
 static void adam_step(float *restrict params, float *restrict m, float *restrict v,
 		      float *restrict grads, size_t n, long t, float lr, float wd, float b1,
 		      float b2, float eps, int zero)

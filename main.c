@@ -153,13 +153,18 @@ static int cmd_local(const struct opts *o)
 	struct sigaction sa;
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_handler = on_signal;
+	/* SA_RESTART: a Ctrl-C during a read must not turn into a read error.
+	 * SA_RESETHAND: the first Ctrl-C stops after the current step (and a
+	 * final evaluation); a second one kills at once, e.g. during a long
+	 * data load. */
+	sa.sa_flags = SA_RESTART | SA_RESETHAND;
 	sigemptyset(&sa.sa_mask);
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
 
 	int tty = isatty(STDOUT_FILENO);
 	r = train_local(&c, stdout, tty, &stop_requested, &res, err, sizeof(err));
-	if (r == -EINTR) {
+	if (r == 0 && res.stopped) {
 		printf("stopped at step %ld/%ld: test loss %.4f accuracy %.2f%%, wall %.1f s, %.0f samples/s\n",
 		       res.steps, res.total_steps, res.test_loss, 100 * res.test_acc, res.wall, res.samples_per_s);
 		return EXIT_STOPPED;

@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 enum key_type {
@@ -780,9 +781,12 @@ static int config_finish(struct config *c, const struct parse *p, char *err, siz
 
 static int check_file(const struct parse *p, const char *key, const char *path, char *err, size_t errlen)
 {
-	if (access(path, R_OK) == 0)
+	struct stat st;
+	int e = access(path, R_OK) == 0 ? 0 : errno;
+	if (!e && stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+		e = EISDIR;
+	if (!e)
 		return 0;
-	int e = errno;
 	char at[DATA_PATH_MAX + 16];
 	where(at, sizeof(at), p, "data", key);
 	snprintf(err, errlen, "%s: [data] %s: cannot read %s: %s", at, key, path, strerror(e));
@@ -915,19 +919,33 @@ int config_load(struct config *c, const char *path, const char *const *sets, int
 	p->c = c;
 	p->name = path;
 	p->text = text;
+	/* Relative paths in the file, and the defaults (cluster.key, ckpt), are
+	 * taken from the file's directory, made absolute so that the output of
+	 * `pstrain check` loads back from anywhere. */
+	char dir[DATA_PATH_MAX];
 	const char *slash = strrchr(path, '/');
-	if (slash) {
-		size_t n = (size_t)(slash - path);
-		if (n == 0)
-			n = 1;   /* "/cluster.ini" lives in "/" */
-		if (n >= sizeof(p->dir)) {
-			snprintf(err, errlen, "%s: path too long", path);
-			r = -EINVAL;
-			goto out;
-		}
-		memcpy(p->dir, path, n);
-		p->dir[n] = '\0';
+	size_t n = slash ? (size_t)(slash - path) : 1;
+	if (slash && n == 0)
+		n = 1;   /* "/cluster.ini" lives in "/" */
+	if (n >= sizeof(dir)) {
+		snprintf(err, errlen, "%s: path too long", path);
+		r = -EINVAL;
+		goto out;
 	}
+	memcpy(dir, slash ? path : ".", n);
+	dir[n] = '\0';
+	char *abs = realpath(dir, NULL);
+	if (!abs || strlen(abs) >= sizeof(p->dir)) {
+		snprintf(err, errlen, "%s: cannot resolve its directory: %s", path, abs ? "path too long" : strerror(errno));
+		free(abs);
+		r = -EINVAL;
+		goto out;
+	}
+	snprintf(p->dir, sizeof(p->dir), "%s", abs);
+	free(abs);
+	for (size_t i = 0; i < NKEYS; i++)
+		if (keys[i].type == K_PATH && keys[i].def && keys[i].def[0] && keys[i].def[0] != '/')
+			(void)key_parse(c, &keys[i], keys[i].def, 0, p->dir, err, errlen);
 	r = parse_text(p, err, errlen);
 	for (int i = 0; !r && i < nsets; i++)
 		r = config_set(c, p, sets[i], err, errlen);

@@ -80,7 +80,9 @@ static int csv_slurp(struct csv_reader *r, char **out, size_t *outlen)
 			}
 			buf = p;
 		}
-		n = gzread(gz, buf + len, (unsigned)(cap - 1 - len));
+		/* gzread takes an unsigned but fails requests above INT_MAX. */
+		size_t want = cap - 1 - len < (1u << 30) ? cap - 1 - len : (1u << 30);
+		n = gzread(gz, buf + len, (unsigned)want);
 		if (n <= 0)
 			break;
 		len += (size_t)n;
@@ -91,8 +93,14 @@ static int csv_slurp(struct csv_reader *r, char **out, size_t *outlen)
 			csv_fail(r, 0, "truncated gzip stream");
 		else if (errnum == Z_ERRNO)
 			csv_fail(r, 0, "read error: %s", strerror(errno));
-		else
+		else {
+			/* zlib starts its message with the path we gave it; we name
+			 * the file ourselves. */
+			size_t pl = strlen(r->path);
+			if (strncmp(msg, r->path, pl) == 0 && strncmp(msg + pl, ": ", 2) == 0)
+				msg += pl + 2;
 			csv_fail(r, 0, "corrupt gzip data: %s", msg);
+		}
 		e = EINVAL;
 		if (errnum == Z_MEM_ERROR)
 			e = ENOMEM;
@@ -258,8 +266,10 @@ static int csv_is_header(struct csv_reader *r, enum csv_header header)
 
 	if (header != CSV_HEADER_AUTO)
 		return header == CSV_HEADER_YES;
+	/* A header has a non-numeric name; an empty field is a malformed data
+	 * row, which must be reported rather than skipped as a header. */
 	for (i = 0; i < r->ncols; i++)
-		if (csv_number(r->fields[i], &v) < 0)
+		if (r->fields[i][strspn(r->fields[i], " \t\r")] && csv_number(r->fields[i], &v) < 0)
 			return 1;
 	return 0;
 }

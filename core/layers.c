@@ -6,6 +6,7 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <sched.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -197,8 +198,14 @@ void softmax_xent_backward(float *dlogits, const float *probs,
 void layers_set_threads(int n)
 {
 	if (n <= 0) {
-		long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-		n = ncpu > 0 ? (int)ncpu : 1;
+		/* The CPUs this process may run on (taskset, cgroups cpusets), not
+		 * all the machine has: more threads than that only contend. */
+		cpu_set_t set;
+		n = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
+		if (n <= 0) {
+			long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+			n = ncpu > 0 ? (int)ncpu : 1;
+		}
 	}
 	openblas_set_num_threads(n);
 }

@@ -15,7 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Bound on evaluation chunks, so the test set never needs a buffer of its own size. */
+/* Evaluation runs in chunks of max(batch_size, EVAL_BATCH) samples, so the
+ * test set never needs buffers of its own size. */
 #define EVAL_BATCH 1024
 
 int train_placement(const struct config *c, FILE *out, char *err, size_t errlen)
@@ -100,7 +101,7 @@ int train_local(const struct config *c, FILE *out, int tty, const volatile sig_a
 	struct model m;
 	struct replica rep = { 0 };
 	struct optim opt = { 0 };
-	struct backend be;
+	struct backend be = { 0 };
 	float *params = NULL, *grads = NULL, *xb = NULL;
 	int32_t *yb = NULL;
 	uint32_t *perm = NULL;
@@ -115,8 +116,14 @@ int train_local(const struct config *c, FILE *out, int tty, const volatile sig_a
 	if (e)
 		return e;
 	e = data_load(&train, &test, &c->data, c->train.seed, err, errlen);
-	if (e)
+	if (e) {
+		/* A file that is missing, unreadable, a directory, malformed or
+		 * absurdly large is the user's input to fix (exit 2); only running
+		 * out of memory or a failing disk is a runtime failure. */
+		if (e != -ENOMEM && e != -EIO)
+			e = -EINVAL;
 		goto out;
+	}
 	e = check_fit(c, &m, &train, &test, err, errlen);
 	if (e)
 		goto out;
@@ -131,8 +138,14 @@ int train_local(const struct config *c, FILE *out, int tty, const volatile sig_a
 	e = replica_init(&rep, &m, &be, max_batch, err, errlen);
 	if (e)
 		goto out;
-	params = malloc(m.nparams * sizeof(float));
-	grads = malloc(m.nparams * sizeof(float));
+	/* Parameters and gradients live in the backend's memory, like the
+	 * replica's buffers. The optimizer below runs on host pointers, which
+	 * is right only for the CPU backend; the CUDA backend brings its own
+	 * optimizer op (see backend.h). */
+	if (be.ops->alloc(be.ctx, (void **)&params, m.nparams * sizeof(float)))
+		params = NULL;   /* reported with the others below */
+	if (be.ops->alloc(be.ctx, (void **)&grads, m.nparams * sizeof(float)))
+		grads = NULL;
 	xb = malloc((size_t)B * train.d * sizeof(float));
 	yb = malloc((size_t)B * sizeof(int32_t));
 	perm = malloc(train.n * sizeof(uint32_t));
@@ -144,7 +157,11 @@ int train_local(const struct config *c, FILE *out, int tty, const volatile sig_a
 	model_init_params(&m, params, 0, m.nparams, c->train.seed);
 	/* Backward accumulates; optim_step_zero clears the gradients after each
 	 * update, so only the first step needs them zeroed here. */
-	memset(grads, 0, m.nparams * sizeof(float));
+	e = be.ops->zero(be.ctx, grads, m.nparams * sizeof(float));
+	if (e) {
+		snprintf(err, errlen, "%s: cannot zero the gradients: %s", be.where, strerror(-e));
+		goto out;
+	}
 	fprintf(out, "training: %zu train / %zu test samples, %zu parameters, batch %d, %ld steps (%ld per epoch), %s\n",
 		train.n, test.n, m.nparams, B, total, spe, be.where);
 
@@ -197,7 +214,8 @@ int train_local(const struct config *c, FILE *out, int tty, const volatile sig_a
 	res->total_steps = total;
 	res->wall = progress_now() - t0;
 	res->samples_per_s = pg.train_time > 0 ? (double)pg.samples / pg.train_time : 0;
-	e = step < total ? -EINTR : 0;
+	res->stopped = step < total;
+	e = 0;
 	goto out;
 eval_fail:
 	progress_clear(&pg);
@@ -205,8 +223,10 @@ eval_fail:
 out:
 	optim_free(&opt);
 	replica_free(&rep);
-	free(params);
-	free(grads);
+	if (be.ops) {
+		be.ops->release(be.ctx, params);
+		be.ops->release(be.ctx, grads);
+	}
 	free(xb);
 	free(yb);
 	free(perm);

@@ -15,13 +15,15 @@ struct train_result {
 	double test_acc;        /* in [0,1] */
 	double wall;            /* seconds, start to end including evaluation */
 	double samples_per_s;   /* training steps only */
+	int stopped;            /* ended early because *stop was set */
 };
 
 /* Trains as the config says. `stop` is polled between steps (set from a
- * signal handler). Returns 0 when done, -EINTR when stopped early (the
- * result still holds a final evaluation), -EINVAL for bad data or a model
- * that does not fit it, other negative errnos for runtime failures; the
- * message is in err. Progress goes to out; tty selects the redrawn line. */
+ * signal handler). Returns 0 when done or stopped early (res->stopped; the
+ * result still holds a final evaluation), -EINVAL for bad input (a data
+ * file that cannot be used, a model that does not fit the data), other
+ * negative errnos for runtime failures; the message is in err. Progress
+ * goes to out; tty selects the redrawn line. */
 int train_local(const struct config *c, FILE *out, int tty, const volatile sig_atomic_t *stop,
 		struct train_result *res, char *err, size_t errlen);
 

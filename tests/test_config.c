@@ -520,11 +520,17 @@ Test(config, relative_paths_follow_the_config_file)
 	cr_expect_eq(r.status, 0, "from /: exit status %d; stderr: %s", r.status, r.err);
 	run_free(&r);
 
-	/* From tmpdir with "sub/cluster.ini": paths become "sub/...". */
+	/* From tmpdir with "sub/cluster.ini": paths become absolute paths in
+	 * sub/, so the printed config loads back from any directory. */
+	char *real = realpath(tmpdir, NULL);
+	cr_assert_not_null(real);
 	const char *rel_args[] = { "check", "--config", "sub/cluster.ini", NULL };
 	run_pstrain(&r, tmpdir, rel_args);
 	cr_expect_eq(r.status, 0, "from tmpdir: exit status %d; stderr: %s", r.status, r.err);
-	cr_expect(strstr(r.out, "\ntest_labels = sub/test-labels\n"), "%s", r.out);
+	snprintf(want, sizeof(want), "\ntest_labels = %s/sub/test-labels\n", real);
+	cr_expect(strstr(r.out, want), "want %s in:\n%s", want, r.out);
+	snprintf(want, sizeof(want), "\nkey_file = %s/sub/cluster.key\n", real);
+	cr_expect(strstr(r.out, want), "default key_file not next to the config; want %s in:\n%s", want, r.out);
 	run_free(&r);
 
 	/* The files exist in the current directory but not next to the config:
@@ -537,10 +543,11 @@ Test(config, relative_paths_follow_the_config_file)
 	const char *other_args[] = { "check", "--config", "other/cluster.ini", NULL };
 	run_pstrain(&r, tmpdir, other_args);
 	cr_expect_eq(r.status, 2);
-	snprintf(want, sizeof(want), "other/cluster.ini:%d: [data] train_images: cannot read other/train-images",
-		 line_of(base_config, "train_images"));
+	snprintf(want, sizeof(want), "other/cluster.ini:%d: [data] train_images: cannot read %s/other/train-images",
+		 line_of(base_config, "train_images"), real);
 	cr_expect(strstr(r.err, want), "expected \"%s\", got: %s", want, r.err);
 	run_free(&r);
+	free(real);
 }
 
 /* --set overrides the file; its relative paths resolve against the

@@ -412,6 +412,9 @@ struct csv_bad {
 };
 
 static const struct csv_bad csv_bad_cases[] = {
+	/* An empty field is a broken data row, not evidence of a header. */
+	{ "empty field in first row", "1,,0\n1,2,1\n", -1, CSV_HEADER_AUTO, "bad.csv:1:",
+	  "column 2" },
 	{ "word in data", "1,2,0\n1,x,1\n", -1, CSV_HEADER_AUTO, "bad.csv:2:",
 	  "column 2: \"x\" is not a number" },
 	{ "two dots", "a,b,c\n1,2,0\n1.2.3,2,0\n", -1, CSV_HEADER_AUTO, "bad.csv:3:",

@@ -335,3 +335,50 @@ Test(cli, bad_data_file_is_exit_2)
 	cr_assert_not_null(strstr(text, "blobs.csv"), "message does not name the file:\n%s", text);
 	remove_dir();
 }
+
+static void write_be32(FILE *f, uint32_t v)
+{
+	unsigned char b[4] = { (unsigned char)(v >> 24), (unsigned char)(v >> 16), (unsigned char)(v >> 8),
+			       (unsigned char)v };
+	fwrite(b, 1, 4, f);
+}
+
+/* Every data-file problem is the user's to fix: exit 2, not 1, whatever
+ * errno the loader saw (EFBIG for an absurd header, EISDIR for a directory). */
+Test(cli, data_file_problems_are_exit_2)
+{
+	char cfg[300], img[300], lab[300], out[300];
+	make_dir();
+	snprintf(img, sizeof(img), "%s/img", dir);
+	snprintf(lab, sizeof(lab), "%s/lab", dir);
+	snprintf(cfg, sizeof(cfg), "%s/idx.ini", dir);
+	snprintf(out, sizeof(out), "%s/out.txt", dir);
+	FILE *f = fopen(img, "wb");
+	write_be32(f, 0x803);
+	write_be32(f, 1000000);
+	write_be32(f, 1000);
+	write_be32(f, 1000);
+	fclose(f);
+	f = fopen(lab, "wb");
+	write_be32(f, 0x801);
+	write_be32(f, 1);
+	fputc(0, f);
+	fclose(f);
+	f = fopen(cfg, "w");
+	fprintf(f, "[data]\ntrain_images = img\ntrain_labels = lab\ntest_images = img\ntest_labels = lab\n"
+		   "[model]\ninput = 4\nlayer = dense 2\n");
+	fclose(f);
+	const char *args[] = { "local", "--config", cfg, NULL };
+	int st = run_pstrain(args, out, 0);
+	char *text = slurp(out);
+	cr_expect_eq(st, 2, "absurd IDX header: exit %d:\n%s", st, text);
+	cr_expect_not_null(strstr(text, "img"), "message does not name the file:\n%s", text);
+
+	const char *dir_args[] = { "check", "--config", cfg, "--set", "data.test_images=/tmp", NULL };
+	st = run_pstrain(dir_args, out, 0);
+	text = slurp(out);
+	cr_expect_eq(st, 2, "directory as data file: exit %d:\n%s", st, text);
+	cr_expect_not_null(strstr(text, "test_images") && strstr(text, "directory") ? text : NULL,
+			   "message lacks key or reason:\n%s", text);
+	remove_dir();
+}

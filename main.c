@@ -6,11 +6,14 @@
  * signal handler sets. */
 #include "core/config.h"
 #include "core/model.h"
+#include "core/shard.h"
 #include "core/train.h"
 #include "gpu/gpu.h"
+#include "net/key.h"
 
 #include <errno.h>
 #include <signal.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,25 +43,34 @@ static void on_signal(int sig)
 
 struct opts {
 	const char *config;
+	const char *file;      /* the positional FILE of commands that take one */
 	const char *sets[MAX_SETS];
 	int nsets;
 };
 
+/* What a command accepts besides --help: --config and --set, and/or one
+ * optional positional FILE. Anything else is a usage error. */
+enum { TAKES_CONFIG = 1, TAKES_FILE = 2 };
+
 struct command {
 	const char *name;
 	int (*run)(const struct opts *o);
+	int takes;
 	const char *args;
 	const char *help;
 };
 
 static int cmd_local(const struct opts *o);
 static int cmd_check(const struct opts *o);
+static int cmd_keygen(const struct opts *o);
 
 static const struct command commands[] = {
-	{ "local", cmd_local, "[--config FILE] [--set S.K=V]...",
+	{ "local", cmd_local, TAKES_CONFIG, "[--config FILE] [--set S.K=V]...",
 	  "train in this process on this machine, no network" },
-	{ "check", cmd_check, "[--config FILE] [--set S.K=V]...",
+	{ "check", cmd_check, TAKES_CONFIG, "[--config FILE] [--set S.K=V]...",
 	  "validate the config; print it resolved, and the model's layers" },
+	{ "keygen", cmd_keygen, TAKES_FILE, "[FILE]",
+	  "new random 32-byte cluster key in FILE (default ./cluster.key), mode 0600" },
 };
 
 #define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
@@ -125,6 +137,13 @@ static int cmd_check(const struct opts *o)
 		printf(";   %-10s %-8s %8d %12zu  %s\n", l->name, layer_kind_name(l->kind), l->out, l->nparams, line);
 	}
 	printf("; loss: softmax_cross_entropy\n");
+	if (shard_check(c.cluster.nps, m.nparams, err, sizeof(err)) < 0) {
+		fprintf(stderr, "pstrain: %s: %s\n", o->config, err);
+		return EXIT_USAGE;
+	}
+	struct shard shards[CONFIG_MAX_HOSTS];
+	shard_plan(shards, c.cluster.nps, m.nparams);
+	shard_print(stdout, &m, shards, c.cluster.nps, c.cluster.ps);
 	printf("; build: %s\n", gpu_build_info());
 	int n;
 	if (gpu_count(&n, err, sizeof(err)) == 0) {
@@ -179,6 +198,25 @@ static int cmd_local(const struct opts *o)
 	return EXIT_DONE;
 }
 
+/* The key goes to FILE as given, relative to the current directory, not to
+ * the config's key_file: keygen reads no config, so what it writes does not
+ * depend on which cluster.ini happens to be around. The default matches
+ * key_file's default when run in the directory of cluster.ini. */
+static int cmd_keygen(const struct opts *o)
+{
+	const char *path = o->file ? o->file : "cluster.key";
+	char err[KEY_ERR_MAX];
+	int r = key_generate(path, err, sizeof(err));
+	if (r < 0) {
+		fprintf(stderr, "pstrain: %s\n", err);
+		/* A full or failing disk is a runtime failure; an existing file,
+		 * a bad path or missing permission is the user's to fix. */
+		return r == -ENOSPC || r == -EDQUOT || r == -EIO ? EXIT_RUNTIME : EXIT_USAGE;
+	}
+	printf("wrote new cluster key to %s (mode 0600); copy it to every node with pstrain and cluster.ini\n", path);
+	return EXIT_DONE;
+}
+
 static int bad_usage(const char *fmt, const char *arg)
 {
 	fprintf(stderr, "pstrain: ");
@@ -192,6 +230,12 @@ int main(int argc, char **argv)
 {
 	if (argc < 2)
 		return bad_usage("%s", "no command given");
+	/* Once, before any thread: randombytes and the key and frame code
+	 * need it. */
+	if (sodium_init() < 0) {
+		fprintf(stderr, "pstrain: cannot initialize libsodium (no usable random source?)\n");
+		return EXIT_RUNTIME;
+	}
 	const char *cmd = argv[1];
 	if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
 		usage(stdout);
@@ -219,6 +263,14 @@ int main(int argc, char **argv)
 			usage(stdout);
 			return EXIT_DONE;
 		}
+		if ((command->takes & TAKES_FILE) && a[0] != '-') {
+			if (o.file)
+				return bad_usage("unexpected argument \"%s\" (only one FILE)", a);
+			o.file = a;
+			continue;
+		}
+		if (!(command->takes & TAKES_CONFIG) && (is_config || is_set))
+			return bad_usage("%s does not apply to this command", a);
 		if (!is_config && !is_set)
 			return bad_usage("unknown option \"%s\"", a);
 		if (a[n] == '=')

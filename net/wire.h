@@ -1,0 +1,148 @@
+/* The wire format's constants and byte order, in one place (docs/PROTOCOL.md
+ * describes the same bytes in prose).
+ *
+ * Everything multi-byte on the wire is little-endian and is written and read
+ * with the wire_put_* / wire_get_* helpers below, byte by byte: never by
+ * casting a buffer to a struct (padding, alignment and host byte order would
+ * all leak into the protocol). This header defines no I/O and no crypto:
+ * net/frame.c seals and opens frames, the handshake and the message codecs
+ * live elsewhere and use these names. */
+#ifndef PSTRAIN_NET_WIRE_H
+#define PSTRAIN_NET_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Protocol identity, sent in the handshake. WIRE_MAGIC is the bytes "PSTR"
+ * read as a little-endian u32. A peer with another version is refused. */
+#define WIRE_MAGIC 0x52545350u
+#define WIRE_VERSION 1u
+
+/* Message types (DESIGN §7): the first field of every decrypted frame.
+ * Zero is not a type, so a zeroed buffer never parses as a message. */
+enum wire_msg {
+	WIRE_HELLO = 1,      /* handshake */
+	WIRE_PULL = 2,       /* worker -> ps: (shard, version) */
+	WIRE_PARAMS = 3,     /* ps -> worker: a chunk of the shard's parameters */
+	WIRE_PUSH = 4,       /* worker -> ps: (shard, version, a chunk of grads) */
+	WIRE_ACK = 5,        /* ps -> worker: push accepted or dropped */
+	WIRE_CHECKPOINT = 6, /* chief -> ps: save at (step) */
+	WIRE_STATUS = 7,     /* progress and counters */
+	WIRE_DONE = 8,       /* goodbye: the sender has finished */
+	WIRE_ERROR = 9,      /* (code, text), then the sender closes */
+};
+#define WIRE_MSG_FIRST WIRE_HELLO
+#define WIRE_MSG_LAST WIRE_ERROR
+
+/* Size limits. A tensor bigger than WIRE_CHUNK_MAX bytes travels as a
+ * sequence of messages each carrying at most WIRE_CHUNK_MAX bytes of it, and
+ * each message's fixed fields fit in WIRE_MSG_HDR_MAX bytes, so no frame's
+ * plaintext exceeds FRAME_MAX. The bound keeps a receiver's allocation per
+ * connection small and fixed: it is checked before anything is allocated.
+ * 1 MiB chunks amortize the per-frame cost (16-byte tag, a syscall or two)
+ * to nothing while keeping 64 connections' buffers well under 1 GiB. */
+#define WIRE_CHUNK_MAX (1u << 20)
+#define WIRE_MSG_HDR_MAX 64u
+#define FRAME_MAX (WIRE_CHUNK_MAX + WIRE_MSG_HDR_MAX)
+
+/* Longest ERROR text, so an ERROR message is bounded like the rest. */
+#define WIRE_ERROR_TEXT_MAX 256u
+
+/* Name of a message type for logs; "?" for anything else. */
+static inline const char *wire_msg_name(uint32_t type)
+{
+	static const char *const names[] = {
+		[WIRE_HELLO] = "HELLO",	    [WIRE_PULL] = "PULL",
+		[WIRE_PARAMS] = "PARAMS",   [WIRE_PUSH] = "PUSH",
+		[WIRE_ACK] = "ACK",	    [WIRE_CHECKPOINT] = "CHECKPOINT",
+		[WIRE_STATUS] = "STATUS",   [WIRE_DONE] = "DONE",
+		[WIRE_ERROR] = "ERROR",
+	};
+	if (type < WIRE_MSG_FIRST || type > WIRE_MSG_LAST)
+		return "?";
+	return names[type];
+}
+
+/* ---- little-endian encode / decode ------------------------------------
+ * put: writes exactly sizeof(type) bytes at p. get: reads them. The caller
+ * has checked that the bytes are there (each message type's length is
+ * checked before any of its fields is read). */
+
+static inline void wire_put_u16(uint8_t *p, uint16_t v)
+{
+	p[0] = (uint8_t)v;
+	p[1] = (uint8_t)(v >> 8);
+}
+
+static inline uint16_t wire_get_u16(const uint8_t *p)
+{
+	return (uint16_t)(p[0] | (uint16_t)p[1] << 8);
+}
+
+static inline void wire_put_u32(uint8_t *p, uint32_t v)
+{
+	p[0] = (uint8_t)v;
+	p[1] = (uint8_t)(v >> 8);
+	p[2] = (uint8_t)(v >> 16);
+	p[3] = (uint8_t)(v >> 24);
+}
+
+static inline uint32_t wire_get_u32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+	       (uint32_t)p[3] << 24;
+}
+
+static inline void wire_put_u64(uint8_t *p, uint64_t v)
+{
+	wire_put_u32(p, (uint32_t)v);
+	wire_put_u32(p + 4, (uint32_t)(v >> 32));
+}
+
+static inline uint64_t wire_get_u64(const uint8_t *p)
+{
+	return (uint64_t)wire_get_u32(p) | (uint64_t)wire_get_u32(p + 4) << 32;
+}
+
+/* A float is sent as its IEEE-754 binary32 bit pattern, little-endian. */
+static inline void wire_put_f32(uint8_t *p, float v)
+{
+	uint32_t u;
+	memcpy(&u, &v, sizeof u);
+	wire_put_u32(p, u);
+}
+
+static inline float wire_get_f32(const uint8_t *p)
+{
+	uint32_t u = wire_get_u32(p);
+	float v;
+	memcpy(&v, &u, sizeof v);
+	return v;
+}
+
+/* N floats to / from 4*N bytes. On a little-endian host the wire layout is
+ * the memory layout, so this is a memcpy (tensors are the bulk of the
+ * traffic); elsewhere it is the per-element loop. src and dst must not
+ * overlap. */
+static inline void wire_put_f32s(uint8_t *p, const float *src /* (N) */, size_t N)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+	memcpy(p, src, N * sizeof(float));
+#else
+	for (size_t i = 0; i < N; i++)
+		wire_put_f32(p + 4 * i, src[i]);
+#endif
+}
+
+static inline void wire_get_f32s(float *dst /* (N) */, const uint8_t *p, size_t N)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+	memcpy(dst, p, N * sizeof(float));
+#else
+	for (size_t i = 0; i < N; i++)
+		dst[i] = wire_get_f32(p + 4 * i);
+#endif
+}
+
+#endif

@@ -182,7 +182,7 @@ FUZZ_BINS := $(FUZZ_NAMES:%=$(BUILD)/fuzz/fuzz_%)
 $(BUILD)/fuzz/fuzz_config: core/config.c core/model.c core/rng.c
 $(BUILD)/fuzz/fuzz_layer: core/model.c core/rng.c
 $(BUILD)/fuzz/fuzz_idx $(BUILD)/fuzz/fuzz_csv: core/idx.c core/csv.c core/data.c core/rng.c
-FUZZ_LIBS_config := -linih
+FUZZ_LIBS_config := -linih -lsodium
 FUZZ_LIBS_idx := -lz
 FUZZ_LIBS_csv := -lz
 

@@ -87,4 +87,12 @@ int config_parse_string(struct config *c, const char *name, const char *text,
 /* The resolved config as INI text that config_load accepts. */
 void config_print(const struct config *c, FILE *f);
 
+#define CONFIG_HASH_BYTES 32
+
+/* BLAKE2b of every training-relevant key (model, optimizer, data format,
+ * seed, topology...), defaults included; node-local keys (paths, [gpu],
+ * eval_every, threads) are left out. Nodes of one cluster must agree on it.
+ * Returns 0 or -ENOMEM. */
+int config_hash(const struct config *c, uint8_t out[CONFIG_HASH_BYTES]);
+
 #endif

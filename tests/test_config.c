@@ -949,3 +949,40 @@ Test(config, print_round_trip_custom)
 		"layer = relu\n"
 		"layer = dense 3\n");
 }
+
+/* ---- config_hash ------------------------------------------------------- */
+
+static void hash_of(const char *text, uint8_t out[CONFIG_HASH_BYTES])
+{
+	struct config *c = parse_ok(text);
+	cr_assert_eq(config_hash(c, out), 0);
+	free(c);
+}
+
+Test(config, hash_covers_training_keys_only)
+{
+	uint8_t base[CONFIG_HASH_BYTES], h[CONFIG_HASH_BYTES];
+	hash_of("[train]\nlearning_rate = 0.05\n", base);
+	/* Same meaning, other spelling: same hash. */
+	hash_of("[train]\nlearning_rate = 5e-2\n; comment\n", h);
+	cr_expect(memcmp(base, h, sizeof(h)) == 0, "spelling changed the hash");
+	/* Node-local keys do not matter. */
+	static const char *const same[] = {
+		"[train]\neval_every = 7\n", "[train]\nthreads = 1\n", "[gpu]\nmemory_fraction = 0.3\n",
+		"[data]\ntrain_images = /elsewhere/x.gz\n", "[cluster]\nkey_file = /k\n",
+	};
+	for (size_t i = 0; i < sizeof(same) / sizeof(same[0]); i++) {
+		hash_of(same[i], h);
+		cr_expect(memcmp(base, h, sizeof(h)) == 0, "node-local change altered the hash: %s", same[i]);
+	}
+	/* Anything that changes what is trained does. */
+	static const char *const differ[] = {
+		"[train]\nlearning_rate = 0.01\n", "[train]\nseed = 2\n", "[train]\nbatch_size = 64\n",
+		"[train]\nmode = async\n", "[model]\nlayer = dense 100\nlayer = relu\nlayer = dense 10\n",
+		"[cluster]\nworkers = 127.0.0.1:2224\n", "[data]\nformat = csv\ntrain_csv = /x.csv\n",
+	};
+	for (size_t i = 0; i < sizeof(differ) / sizeof(differ[0]); i++) {
+		hash_of(differ[i], h);
+		cr_expect(memcmp(base, h, sizeof(h)) != 0, "change did not alter the hash: %s", differ[i]);
+	}
+}

@@ -1,0 +1,119 @@
+/* The connection handshake: a worker (client) and a ps (server) prove to each
+ * other that both hold the cluster key, state who they are and what they
+ * train, and derive one fresh session key per direction for net/frame.c.
+ * Pure functions over byte buffers: no sockets, no allocation, no printing;
+ * reading and writing the bytes, the timeout and the logging are the
+ * caller's. docs/PROTOCOL.md ("Handshake") is the reference for the bytes.
+ *
+ * Pattern: a pre-shared key plus ephemeral X25519, in the spirit of Noise
+ * NNpsk0. Two messages of HS_HELLO_BYTES each, sent raw (not in frames)
+ * before the first frame:
+ *
+ *     worker -> ps   HELLO1 = fields, MAC(key, fields)
+ *     ps -> worker   HELLO2 = fields, MAC(key, HELLO1 || fields)
+ *
+ * then both sides hold send/recv frame keys with counters at 0.
+ *
+ * Use, client side:
+ *     hs_client_start(&h, hello1, psk, &me, ...)      send hello1
+ *     read HS_HELLO_BYTES                            hs_client_finish(&h, &res, ...)
+ * server side:
+ *     read HS_HELLO_BYTES                            hs_server_respond(&res, hello2, &n, ...)
+ *     send n bytes of hello2 (n may be 0), then close if it failed.
+ *
+ * Then check res.peer (role and index) against what the caller expected: the
+ * handshake only rejects what it can judge alone (authentication, format,
+ * protocol version, config hash).
+ *
+ * Errors: 0 or a negative errno, with one line in err (errlen bytes, may be
+ * NULL) on failure:
+ *   -EMSGSIZE         a message that is not exactly HS_HELLO_BYTES
+ *   -EACCES           the MAC failed: the peer lacks the cluster key, or the
+ *                     message was modified or replayed. The server drops such
+ *                     a peer without a reply (log it once, with its address)
+ *   -EPROTO           authenticated but malformed (magic, step, role, flags),
+ *                     or an invalid ephemeral key
+ *   -EPROTONOSUPPORT  the peer speaks another protocol version
+ *   -EBADE            the peer's training config hash differs from ours
+ *   -EINVAL, -ENOTSUP our own identity is invalid (unknown role, aes flag set
+ *                     on a CPU without AES-GCM)
+ *   -EIO              libsodium failed (not expected to happen)
+ * libsodium must be initialized (sodium_init) first. */
+#ifndef PSTRAIN_NET_HANDSHAKE_H
+#define PSTRAIN_NET_HANDSHAKE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "frame.h"
+#include "key.h"
+
+#define HS_MUST_CHECK __attribute__((warn_unused_result))
+
+#define HS_PSK_BYTES KEY_BYTES /* the cluster key */
+#define HS_HASH_BYTES 32u      /* the config hash */
+#define HS_HELLO_BYTES 144u    /* each handshake message, MAC included */
+
+enum hs_role {
+	HS_PS = 1,
+	HS_WORKER = 2,
+};
+
+/* Who one side is. aes: whether it offers AES-256-GCM; in production
+ * frame_aes_available(). The connection uses AES-256-GCM when both sides
+ * offer it, else ChaCha20-Poly1305 (what frame_cipher_choose computes). */
+struct hs_identity {
+	enum hs_role role;
+	uint32_t index;
+	uint8_t config_hash[HS_HASH_BYTES]; /* of the training-relevant config */
+	int aes;
+};
+
+/* What a successful handshake gives: this side's frame keys and the peer's
+ * identity (check role and index before trusting the connection). */
+struct hs_result {
+	struct frame_key send, recv;
+	struct hs_identity peer;
+};
+
+/* The client's state between its hello and the server's reply. Holds the
+ * ephemeral secret and a copy of the cluster key: hs_wipe it when the
+ * handshake is abandoned or has failed. */
+struct hs {
+	uint8_t psk[HS_PSK_BYTES];
+	uint8_t esk[32]; /* ephemeral X25519 secret */
+	uint8_t hello1[HS_HELLO_BYTES];
+	struct hs_identity me;
+};
+
+/* "ps", "worker", or "?" for anything else. */
+const char *hs_role_name(enum hs_role role);
+
+/* Client: a fresh ephemeral key and nonce, HELLO1 in out, the state in h.
+ * On failure h and out are unchanged. */
+HS_MUST_CHECK int hs_client_start(struct hs *h, uint8_t out[HS_HELLO_BYTES],
+				  const uint8_t psk[HS_PSK_BYTES],
+				  const struct hs_identity *me, char *err, size_t errlen);
+
+/* Server: checks HELLO1 (in, inlen bytes) and answers it. *outlen is the
+ * number of bytes of out to send before anything else: HS_HELLO_BYTES on
+ * success and on a version or config mismatch (so the client can report
+ * the mismatch too; then close), 0 otherwise (drop without a reply). Size
+ * and MAC are checked before any field is read, and nothing costlier than
+ * two hashes is spent on a peer without the key. res is written only on
+ * success. */
+HS_MUST_CHECK int hs_server_respond(struct hs_result *res, uint8_t out[HS_HELLO_BYTES],
+				    size_t *outlen, const uint8_t psk[HS_PSK_BYTES],
+				    const struct hs_identity *me, const uint8_t *in,
+				    size_t inlen, char *err, size_t errlen);
+
+/* Client: checks HELLO2 (in, inlen bytes) against h's HELLO1 and derives
+ * the keys. On success res is written and h wiped; on failure res and h are
+ * unchanged (close the connection and hs_wipe(h)). */
+HS_MUST_CHECK int hs_client_finish(struct hs *h, struct hs_result *res, const uint8_t *in,
+				   size_t inlen, char *err, size_t errlen);
+
+/* Zeroes all of h. Accepts NULL. */
+void hs_wipe(struct hs *h);
+
+#endif

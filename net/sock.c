@@ -1,0 +1,569 @@
+/* TCP plumbing with deadlines (the API and its conventions are in
+ * net/sock.h). What each connection means, the handshake and the messages
+ * are other modules' business; this one only moves bytes and bounds the
+ * time that takes.
+ *
+ * Why non-blocking sockets plus poll() rather than SO_RCVTIMEO/SO_SNDTIMEO:
+ * those timeouts are per call, so a peer that trickles one byte per period
+ * could hold a reader forever; one deadline per sock_read_full call bounds
+ * the whole transfer. Non-blocking fds are also what a ps event loop needs.
+ * Rejected too: alarm()/signals (process-global state) and a thread per
+ * connection doing blocking I/O (issue 3 item 7). */
+#include "sock.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- time --------------------------------------------------------------- */
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* The deadline for a timeout (INT64_MAX: none), and the poll() timeout left
+ * until it (-1: wait forever, 0: expired). */
+static int64_t deadline_of(int timeout_ms)
+{
+	return timeout_ms < 0 ? INT64_MAX : now_ms() + timeout_ms;
+}
+
+static int ms_left(int64_t deadline)
+{
+	if (deadline == INT64_MAX)
+		return -1;
+	int64_t left = deadline - now_ms();
+	if (left <= 0)
+		return 0;
+	return left > 1000000000 ? 1000000000 : (int)left;
+}
+
+/* "60 s", "0.5 s": the timeout as a person would say it. */
+static void fmt_secs(char *out, size_t outlen, int ms)
+{
+	snprintf(out, outlen, "%g s", ms / 1000.0);
+}
+
+/* ---- addresses ---------------------------------------------------------- */
+
+/* host:port, or [host]:port for an IPv6 literal (bracketed once, whether
+ * or not the caller wrote the brackets), for messages. */
+static void fmt_hostport(char *out, size_t outlen, const char *host, unsigned port)
+{
+	if (strchr(host, ':') && host[0] != '[')
+		snprintf(out, outlen, "[%s]:%u", host, port);
+	else
+		snprintf(out, outlen, "%s:%u", host, port);
+}
+
+static void fmt_sockaddr(char *out, size_t outlen, const struct sockaddr *sa)
+{
+	char ip[INET6_ADDRSTRLEN] = "?";
+	unsigned port = 0;
+	if (sa->sa_family == AF_INET) {
+		const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+		inet_ntop(AF_INET, &in->sin_addr, ip, sizeof ip);
+		port = ntohs(in->sin_port);
+	} else if (sa->sa_family == AF_INET6) {
+		const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)sa;
+		inet_ntop(AF_INET6, &in6->sin6_addr, ip, sizeof ip);
+		port = ntohs(in6->sin6_port);
+	}
+	fmt_hostport(out, outlen, ip, port);
+}
+
+/* Copies host into out without IPv6 brackets and checks its syntax, so a
+ * typo fails here with a clear message instead of as a resolver error (or a
+ * resolver timeout). Anything with ':' must be an IPv6 literal (checked by
+ * getaddrinfo with AI_NUMERICHOST); otherwise letters, digits, '-', '.',
+ * '_'. Sets *numeric for IPv6 literals. */
+static int host_parse(const char *host, char *out, size_t outlen, int *numeric, char *err,
+		      size_t errlen)
+{
+	size_t n = host ? strlen(host) : 0;
+	*numeric = 0;
+	if (n == 0) {
+		snprintf(err, errlen, "empty host name");
+		return -EINVAL;
+	}
+	if (host[0] == '[') {
+		if (n < 3 || host[n - 1] != ']') {
+			snprintf(err, errlen, "\"%s\": unbalanced [ ] around an IPv6 address", host);
+			return -EINVAL;
+		}
+		host++;
+		n -= 2;
+	}
+	if (n >= outlen || n > 253) {
+		snprintf(err, errlen, "\"%.40s...\": host name too long", host);
+		return -EINVAL;
+	}
+	memcpy(out, host, n);
+	out[n] = '\0';
+	if (strchr(out, ':')) {
+		*numeric = 1;
+		return 0;
+	}
+	for (size_t i = 0; i < n; i++) {
+		unsigned char c = (unsigned char)out[i];
+		int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+			 (c >= '0' && c <= '9') || c == '-' || c == '.' || c == '_';
+		if (!ok) {
+			snprintf(err, errlen, "\"%s\" is not a host name or IP address", out);
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
+
+/* getaddrinfo's EAI_* codes as errnos: -ENOENT for a name that does not
+ * exist (permanent), -EAGAIN for a temporary failure (retryable). */
+static int gai_errno(int rc)
+{
+	switch (rc) {
+	case EAI_AGAIN:
+		return -EAGAIN;
+	case EAI_MEMORY:
+		return -ENOMEM;
+	case EAI_SYSTEM:
+		return errno ? -errno : -EIO;
+	case EAI_NONAME:
+#ifdef EAI_NODATA
+	case EAI_NODATA:
+#endif
+	case EAI_FAIL:
+		return -ENOENT;
+	default:
+		return -EINVAL;
+	}
+}
+
+static int resolve(const char *host, uint16_t port, int passive, struct addrinfo **res,
+		   char *err, size_t errlen)
+{
+	char name[256], service[8];
+	int numeric = 0;
+	const char *node = NULL;
+	if (!(passive && (!host || !host[0] || strcmp(host, "*") == 0))) {
+		int r = host_parse(host, name, sizeof name, &numeric, err, errlen);
+		if (r < 0)
+			return r;
+		node = name;
+	}
+	snprintf(service, sizeof service, "%u", (unsigned)port);
+	struct addrinfo hints = {
+		.ai_family = AF_UNSPEC,
+		.ai_socktype = SOCK_STREAM,
+		.ai_protocol = IPPROTO_TCP,
+		.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0) |
+			    (numeric ? AI_NUMERICHOST : 0),
+	};
+	errno = 0;
+	int rc = getaddrinfo(node, service, &hints, res);
+	if (rc != 0) {
+		int r = gai_errno(rc);
+		snprintf(err, errlen, "cannot resolve \"%s\": %s", node ? node : "*",
+			 rc == EAI_SYSTEM ? strerror(-r) : gai_strerror(rc));
+		return r;
+	}
+	return 0;
+}
+
+/* ---- socket options ----------------------------------------------------- */
+
+static int set_nodelay(int fd)
+{
+	int one = 1;
+	return setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0 ? -errno : 0;
+}
+
+/* ---- listen / accept ---------------------------------------------------- */
+
+int sock_listen(const char *host, uint16_t port, int backlog, int *fd, char *err,
+		size_t errlen)
+{
+	struct addrinfo *res = NULL;
+	char where[300];
+	int r = resolve(host, port, 1, &res, err, errlen);
+	if (r < 0)
+		return r;
+	fmt_hostport(where, sizeof where, (host && host[0]) ? host : "*", port);
+	if (backlog <= 0)
+		backlog = SOMAXCONN;
+
+	r = -EADDRNOTAVAIL;
+	const char *step = "no address";
+	for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+		int s = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+			       ai->ai_protocol);
+		if (s < 0) {
+			r = -errno;
+			step = "socket";
+			continue;
+		}
+		int one = 1;
+		if (setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0) {
+			r = -errno;
+			step = "SO_REUSEADDR";
+		} else if (bind(s, ai->ai_addr, ai->ai_addrlen) < 0) {
+			r = -errno;
+			step = "bind";
+		} else if (listen(s, backlog) < 0) {
+			r = -errno;
+			step = "listen";
+		} else {
+			freeaddrinfo(res);
+			*fd = s;
+			return 0;
+		}
+		close(s);
+	}
+	freeaddrinfo(res);
+	snprintf(err, errlen, "cannot listen on %s: %s: %s", where, step, strerror(-r));
+	return r;
+}
+
+int sock_local_port(int fd)
+{
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof ss;
+	if (getsockname(fd, (struct sockaddr *)&ss, &sl) < 0)
+		return -errno;
+	if (ss.ss_family == AF_INET)
+		return ntohs(((struct sockaddr_in *)&ss)->sin_port);
+	if (ss.ss_family == AF_INET6)
+		return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+	return -EAFNOSUPPORT;
+}
+
+int sock_accept(int lfd, int timeout_ms, int *fd, char *peer, size_t peerlen, char *err,
+		size_t errlen)
+{
+	int64_t deadline = deadline_of(timeout_ms);
+	for (;;) {
+		struct sockaddr_storage ss;
+		socklen_t sl = sizeof ss;
+		int s = accept4(lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (s >= 0) {
+			int r = set_nodelay(s);
+			if (r < 0 && r != -EOPNOTSUPP && r != -ENOPROTOOPT) {
+				close(s);
+				snprintf(err, errlen, "accept: TCP_NODELAY: %s", strerror(-r));
+				return r;
+			}
+			if (peer && peerlen)
+				fmt_sockaddr(peer, peerlen, (struct sockaddr *)&ss);
+			*fd = s;
+			return 0;
+		}
+		int e = errno;
+		/* Linux reports a connection's pending network errors on accept;
+		 * they are that connection's, not the listener's: try again. */
+		if (e == EINTR || e == ECONNABORTED || e == EPROTO || e == ENETDOWN ||
+		    e == EHOSTUNREACH || e == ENETUNREACH)
+			continue;
+		if (e != EAGAIN && e != EWOULDBLOCK) {
+			snprintf(err, errlen, "accept: %s", strerror(e));
+			return -e;
+		}
+		int left = ms_left(deadline);
+		if (left == 0) {
+			if (timeout_ms == 0) {
+				snprintf(err, errlen, "accept: no connection pending");
+				return -EAGAIN;
+			}
+			snprintf(err, errlen, "accept: no connection within %d ms", timeout_ms);
+			return -ETIMEDOUT;
+		}
+		struct pollfd p = { .fd = lfd, .events = POLLIN };
+		if (poll(&p, 1, left) < 0 && errno != EINTR) {
+			e = errno;
+			snprintf(err, errlen, "accept: poll: %s", strerror(e));
+			return -e;
+		}
+	}
+}
+
+/* ---- connect ------------------------------------------------------------ */
+
+/* One non-blocking connect to one address, waiting until deadline. 0 with
+ * *fd set, or a negative errno. */
+static int connect_one(const struct addrinfo *ai, int64_t deadline, int *fd)
+{
+	int s = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+		       ai->ai_protocol);
+	if (s < 0)
+		return -errno;
+	int r = 0;
+	if (connect(s, ai->ai_addr, ai->ai_addrlen) < 0) {
+		if (errno != EINPROGRESS && errno != EINTR) {
+			r = -errno;
+			goto fail;
+		}
+		/* In progress: writable once established or failed; SO_ERROR
+		 * says which. */
+		for (;;) {
+			int left = ms_left(deadline);
+			if (left == 0) {
+				r = -ETIMEDOUT;
+				goto fail;
+			}
+			struct pollfd p = { .fd = s, .events = POLLOUT };
+			int n = poll(&p, 1, left);
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n < 0) {
+				r = -errno;
+				goto fail;
+			}
+			if (n > 0)
+				break;
+		}
+		int soerr = 0;
+		socklen_t sl = sizeof soerr;
+		if (getsockopt(s, SOL_SOCKET, SO_ERROR, &soerr, &sl) < 0) {
+			r = -errno;
+			goto fail;
+		}
+		if (soerr) {
+			r = -soerr;
+			goto fail;
+		}
+	}
+	r = set_nodelay(s);
+	if (r < 0)
+		goto fail;
+	*fd = s;
+	return 0;
+fail:
+	close(s);
+	return r;
+}
+
+/* splitmix64: jitter only, so a local state seeded from the clock and the
+ * pid is enough (and keeps this module free of global state). */
+static uint64_t jitter_next(uint64_t *s)
+{
+	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static int retryable(int r)
+{
+	return r == -ECONNREFUSED || r == -ETIMEDOUT || r == -EHOSTUNREACH ||
+	       r == -ENETUNREACH || r == -EHOSTDOWN || r == -ENETDOWN || r == -ECONNRESET ||
+	       r == -ECONNABORTED || r == -EAGAIN || r == -EINTR || r == -EADDRNOTAVAIL;
+}
+
+int sock_connect_retry(const char *host, uint16_t port, int timeout_ms, int *fd, char *err,
+		       size_t errlen)
+{
+	char where[300], secs[32];
+	fmt_hostport(where, sizeof where, host ? host : "", port);
+	if (port == 0) {
+		snprintf(err, errlen, "%s: port 0 cannot be connected to (1..65535)", where);
+		return -EINVAL;
+	}
+	if (timeout_ms < 0)
+		timeout_ms = 0;
+	fmt_secs(secs, sizeof secs, timeout_ms);
+
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	uint64_t seed = (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 32) ^ (uintptr_t)fd;
+	int64_t deadline = now_ms() + timeout_ms;
+	int pause = SOCK_BACKOFF_MIN_MS;
+	char last[400] = "no attempt made";
+	int r = -ETIMEDOUT;
+
+	for (;;) {
+		struct addrinfo *res = NULL;
+		r = resolve(host, port, 0, &res, last, sizeof last);
+		if (r == -EINVAL || r == -ENOENT || r == -ENOMEM) {
+			snprintf(err, errlen, "cannot reach %s: %s", where, last);
+			return r;
+		}
+		if (r == 0) {
+			for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+				r = connect_one(ai, deadline, fd);
+				if (r == 0)
+					break;
+				snprintf(last, sizeof last, "%s", strerror(-r));
+				if (!retryable(r))
+					break;
+			}
+			freeaddrinfo(res);
+			if (r == 0)
+				return 0;
+			if (!retryable(r)) {
+				snprintf(err, errlen, "cannot connect to %s: %s", where, last);
+				return r;
+			}
+		}
+		int left = ms_left(deadline);
+		if (left == 0)
+			break;
+		int wait = pause / 2 + (int)(jitter_next(&seed) % (uint64_t)(pause / 2 + 1));
+		if (wait > left)
+			wait = left;
+		/* Sleep to a point in time: EINTR just shortens one poll. */
+		int64_t wake = now_ms() + wait;
+		for (int w; (w = (int)(wake - now_ms())) > 0;)
+			poll(NULL, 0, w);
+		pause = pause * 2 > SOCK_BACKOFF_MAX_MS ? SOCK_BACKOFF_MAX_MS : pause * 2;
+		if (ms_left(deadline) == 0)
+			break;
+	}
+	snprintf(err, errlen, "cannot reach %s after %s: %s", where, secs, last);
+	return r;
+}
+
+/* ---- full reads and writes ---------------------------------------------- */
+
+/* Waits until fd is ready for events or the deadline passes: 0 ready (or
+ * interrupted: the caller just tries again), -ETIMEDOUT, or poll's errno. */
+static int wait_ready(int fd, short events, int64_t deadline)
+{
+	int left = ms_left(deadline);
+	if (left == 0)
+		return -ETIMEDOUT;
+	struct pollfd p = { .fd = fd, .events = events };
+	int n = poll(&p, 1, left);
+	if (n < 0)
+		return errno == EINTR ? 0 : -errno;
+	if (n == 0)
+		return -ETIMEDOUT;
+	return 0; /* POLLERR/POLLHUP: the next recv/send reports it */
+}
+
+int sock_read_full(int fd, void *buf, size_t len, int timeout_ms, char *err, size_t errlen)
+{
+	uint8_t *p = buf;
+	size_t done = 0;
+	int64_t deadline = deadline_of(timeout_ms);
+	while (done < len) {
+		ssize_t n = recv(fd, p + done, len - done, MSG_DONTWAIT);
+		if (n > 0) {
+			done += (size_t)n;
+			continue;
+		}
+		if (n == 0) {
+			snprintf(err, errlen, "peer closed the connection after %zu of %zu bytes",
+				 done, len);
+			return -EPIPE;
+		}
+		int e = errno;
+		if (e == EINTR)
+			continue;
+		if (e != EAGAIN && e != EWOULDBLOCK) {
+			snprintf(err, errlen, "read failed after %zu of %zu bytes: %s", done, len,
+				 strerror(e));
+			return -e;
+		}
+		int r = wait_ready(fd, POLLIN, deadline);
+		if (r == -ETIMEDOUT) {
+			snprintf(err, errlen, "read timed out after %d ms with %zu of %zu bytes",
+				 timeout_ms, done, len);
+			return r;
+		}
+		if (r < 0) {
+			snprintf(err, errlen, "read: poll: %s", strerror(-r));
+			return r;
+		}
+	}
+	return 0;
+}
+
+int sock_write_full(int fd, const void *buf, size_t len, int timeout_ms, char *err,
+		    size_t errlen)
+{
+	const uint8_t *p = buf;
+	size_t done = 0;
+	int64_t deadline = deadline_of(timeout_ms);
+	while (done < len) {
+		/* MSG_NOSIGNAL: a closed peer is -EPIPE here, not a SIGPIPE that
+		 * would kill the process (a library must not touch signal
+		 * dispositions). */
+		ssize_t n = send(fd, p + done, len - done, MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (n > 0) {
+			done += (size_t)n;
+			continue;
+		}
+		int e = n == 0 ? EIO : errno;
+		if (e == EINTR)
+			continue;
+		if (e == EPIPE) {
+			snprintf(err, errlen, "peer closed the connection after %zu of %zu bytes",
+				 done, len);
+			return -EPIPE;
+		}
+		if (e != EAGAIN && e != EWOULDBLOCK) {
+			snprintf(err, errlen, "write failed after %zu of %zu bytes: %s", done, len,
+				 strerror(e));
+			return -e;
+		}
+		int r = wait_ready(fd, POLLOUT, deadline);
+		if (r == -ETIMEDOUT) {
+			snprintf(err, errlen, "write timed out after %d ms with %zu of %zu bytes",
+				 timeout_ms, done, len);
+			return r;
+		}
+		if (r < 0) {
+			snprintf(err, errlen, "write: poll: %s", strerror(-r));
+			return r;
+		}
+	}
+	return 0;
+}
+
+/* ---- frames ------------------------------------------------------------- */
+
+int sock_write_frame(int fd, struct frame_key *tx, uint8_t *buf, size_t cap,
+		     const uint8_t *msg, size_t len, int timeout_ms, char *err, size_t errlen)
+{
+	size_t n = 0;
+	int r = frame_seal(tx, buf, cap, msg, len, &n, err, errlen);
+	if (r < 0)
+		return r;
+	return sock_write_full(fd, buf, n, timeout_ms, err, errlen);
+}
+
+int sock_read_frame(int fd, struct frame_key *rx, uint8_t *buf, size_t cap, size_t *msglen,
+		    int timeout_ms, char *err, size_t errlen)
+{
+	uint8_t hdr[FRAME_HDR_BYTES];
+	size_t ctlen = 0;
+	int64_t deadline = deadline_of(timeout_ms);
+	int r = sock_read_full(fd, hdr, sizeof hdr, timeout_ms, err, errlen);
+	if (r < 0)
+		return r;
+	r = frame_check_len(hdr, &ctlen, err, errlen);
+	if (r < 0)
+		return r;
+	if (ctlen > cap) {
+		snprintf(err, errlen, "frame of %zu bytes does not fit the %zu-byte buffer", ctlen,
+			 cap);
+		return -ENOBUFS;
+	}
+	/* The rest of the same deadline, not a fresh one: a whole frame is
+	 * bounded by timeout_ms. */
+	int left = ms_left(deadline);
+	r = sock_read_full(fd, buf, ctlen, left, err, errlen);
+	if (r < 0)
+		return r;
+	return frame_open(rx, hdr, buf, ctlen, buf, cap, msglen, err, errlen);
+}

@@ -1,0 +1,124 @@
+/* TCP plumbing with deadlines: listen, accept, connect with retry, and
+ * reads and writes that either transfer every byte or fail within one
+ * overall deadline. No crypto (net/frame.c seals what goes through here; the
+ * two optional sock_*_frame helpers only call frame.h's API), no printing,
+ * no exit, no global state.
+ *
+ * Conventions of every function here:
+ *   - Returns 0 (or a non-negative value where said) or a negative errno,
+ *     with a one-line reason in err (errlen bytes; err may be NULL when errlen
+ *     is 0).
+ *   - Every socket this module creates (listening, accepted, connected) is
+ *     close-on-exec, non-blocking, and TCP sockets have TCP_NODELAY (small
+ *     messages such as ACK must not wait for Nagle). Waiting is done with
+ *     poll() against a deadline on CLOCK_MONOTONIC, never by blocking in
+ *     read/write, so a stalled or vanished peer costs a bounded time and an
+ *     event loop can use the same fds.
+ *   - timeout_ms < 0 means no deadline; 0 means "only what is possible now".
+ *   - Writes never raise SIGPIPE: send() is called with MSG_NOSIGNAL (Linux),
+ *     so writing to a closed peer is the error -EPIPE, never a signal.
+ *   - A host is an IPv4 literal, an IPv6 literal (with or without [ ]), or a
+ *     host name (letters, digits, '-', '.', '_'). Anything else is refused
+ *     with -EINVAL before any resolver is asked. Names are resolved with
+ *     getaddrinfo(), which blocks and is not bounded by our deadlines.
+ *
+ * The read/write helpers work on any stream socket, including a socketpair
+ * and a blocking socket (they pass MSG_DONTWAIT per call), but not on pipes
+ * or files (send/recv need a socket). */
+#ifndef PSTRAIN_NET_SOCK_H
+#define PSTRAIN_NET_SOCK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "frame.h"
+
+#define SOCK_MUST_CHECK __attribute__((warn_unused_result))
+
+/* Longest "host:port" / "[v6]:port" text sock_accept writes (with the NUL). */
+#define SOCK_ADDR_STRLEN 64
+
+/* Backoff of sock_connect_retry: the pause after a failed attempt starts at
+ * SOCK_BACKOFF_MIN_MS and doubles up to SOCK_BACKOFF_MAX_MS; each pause is
+ * drawn uniformly from [pause/2, pause] so that many workers started at once
+ * do not knock in lockstep. */
+#define SOCK_BACKOFF_MIN_MS 50
+#define SOCK_BACKOFF_MAX_MS 2000
+
+/* Binds and listens on host:port. host NULL, "" or "*" means the wildcard
+ * address (the first one getaddrinfo's AI_PASSIVE offers). port 0 lets the kernel choose (read
+ * it back with sock_local_port). backlog <= 0 means SOMAXCONN. SO_REUSEADDR
+ * is set so a restarted ps can rebind while old connections sit in
+ * TIME_WAIT. Tries each resolved address in turn; the first that binds wins.
+ * Errors: -EINVAL (bad host), -ENOENT (unknown host name), -EAGAIN (name
+ * resolution failed temporarily), or bind/listen's errno (-EADDRINUSE,
+ * -EADDRNOTAVAIL, -EACCES...), with "cannot listen on HOST:PORT: reason". */
+SOCK_MUST_CHECK int sock_listen(const char *host, uint16_t port, int backlog, int *fd,
+				char *err, size_t errlen);
+
+/* The local port a socket is bound to (1..65535), or a negative errno. */
+int sock_local_port(int fd);
+
+/* Accepts one connection on a listening socket from sock_listen, waiting up
+ * to timeout_ms. Sets *fd to the new (non-blocking, close-on-exec,
+ * TCP_NODELAY) socket and, when peer is not NULL, writes the peer's
+ * "addr:port" into peer (peerlen bytes, SOCK_ADDR_STRLEN is enough) for
+ * logs. -EAGAIN when timeout_ms is 0 and nobody is waiting, -ETIMEDOUT when
+ * the deadline passed, or accept's errno. A connection the peer aborted
+ * before we accepted it (ECONNABORTED) is skipped, not reported. */
+SOCK_MUST_CHECK int sock_accept(int lfd, int timeout_ms, int *fd, char *peer, size_t peerlen,
+				char *err, size_t errlen);
+
+/* Connects to host:port, retrying with backoff (see SOCK_BACKOFF_*) until
+ * timeout_ms has passed, so processes may start in any order. One attempt
+ * tries every resolved address; an attempt waits at most the time left. A
+ * host that is not a valid name or literal (-EINVAL), a name the resolver
+ * says does not exist (-ENOENT) and port 0 (-EINVAL) fail at once; refused,
+ * unreachable or timed-out connections and temporary resolver failures are
+ * retried. On timeout returns the last attempt's error (-ECONNREFUSED,
+ * -ETIMEDOUT, -EHOSTUNREACH, ...) with the message
+ *     cannot reach 127.0.0.1:2222 after 60 s: Connection refused
+ * which the caller may prefix with the peer's role ("ps 1: "). */
+SOCK_MUST_CHECK int sock_connect_retry(const char *host, uint16_t port, int timeout_ms, int *fd,
+				       char *err, size_t errlen);
+
+/* Reads exactly len bytes into buf. recv() may return fewer bytes than
+ * asked (whatever has arrived) or fail with EINTR/EAGAIN; this loops, waiting
+ * in poll() for what is left of ONE deadline of timeout_ms for the whole
+ * call (not per chunk). Returns 0, or:
+ *   -EPIPE       the peer closed the connection (EOF) before len bytes
+ *                ("peer closed the connection after 10 of 100 bytes")
+ *   -ETIMEDOUT   the deadline passed; how many bytes arrived is in err
+ *   -ECONNRESET  the peer reset the connection; or recv's other errno
+ * On failure the contents of buf are unspecified and the stream position is
+ * lost: the caller must close the connection. */
+SOCK_MUST_CHECK int sock_read_full(int fd, void *buf, size_t len, int timeout_ms, char *err,
+				   size_t errlen);
+
+/* Writes exactly len bytes from buf, the mirror of sock_read_full: send()
+ * may accept fewer bytes than offered (the socket buffer is full), so this
+ * loops with poll() against one deadline. Returns 0, or -EPIPE (the peer has
+ * closed; no SIGPIPE is raised), -ECONNRESET, -ETIMEDOUT (the peer stopped
+ * reading), or send's other errno. On failure an unknown prefix of buf has
+ * been sent: the caller must close the connection. */
+SOCK_MUST_CHECK int sock_write_full(int fd, const void *buf, size_t len, int timeout_ms,
+				    char *err, size_t errlen);
+
+/* Seals msg (len <= FRAME_MAX bytes) with tx (frame_seal) into buf (cap
+ * bytes, at least FRAME_SEALED_BYTES(len); FRAME_BYTES_MAX always fits) and
+ * writes the frame. msg may be buf + FRAME_HDR_BYTES. frame_seal's or
+ * sock_write_full's error. */
+SOCK_MUST_CHECK int sock_write_frame(int fd, struct frame_key *tx, uint8_t *buf, size_t cap,
+				     const uint8_t *msg, size_t len, int timeout_ms, char *err,
+				     size_t errlen);
+
+/* Reads one frame within timeout_ms: its 4-byte header, which is bounded
+ * with frame_check_len before anything more is read, then the ciphertext
+ * into buf (cap bytes; FRAME_CT_MAX always fits, a larger frame than cap is
+ * -ENOBUFS), then opens it in place with rx. On success the message is the
+ * first *msglen bytes of buf. Errors are sock_read_full's, frame_check_len's
+ * or frame_open's: every one of them ends the connection. */
+SOCK_MUST_CHECK int sock_read_frame(int fd, struct frame_key *rx, uint8_t *buf, size_t cap,
+				    size_t *msglen, int timeout_ms, char *err, size_t errlen);
+
+#endif

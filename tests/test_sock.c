@@ -1,0 +1,571 @@
+/* Tests of net/sock.c: listen on a port the kernel picks and connect;
+ * full reads and writes of 8 MiB against a peer that moves random-sized
+ * pieces; EOF mid-read; one deadline per call against stalled and
+ * trickling peers (the elapsed time is measured); connect retry to a
+ * listener that appears late and to a closed port; bad hosts and ports; no
+ * SIGPIPE; frames over a socket. Everything runs on 127.0.0.1 (and ::1 where
+ * the host has it) and is bounded by a few seconds. */
+#include <criterion/criterion.h>
+
+#include "leak.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <sodium.h>
+
+#include "../net/frame.h"
+#include "../net/sock.h"
+
+TestSuite(sock, .fini = leak_check, .timeout = 20);
+
+/* ---- helpers ------------------------------------------------------------ */
+
+/* Slack allowed past a deadline: generous for a loaded machine and ASan. */
+#define SLACK_MS 700
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(int ms)
+{
+	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+	while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
+	}
+}
+
+/* A port that was free a moment ago: bind port 0, read it, close. */
+static uint16_t free_port(void)
+{
+	char err[256] = "";
+	int fd = -1;
+	cr_assert_eq(sock_listen("127.0.0.1", 0, 1, &fd, err, sizeof err), 0, "%s", err);
+	int port = sock_local_port(fd);
+	cr_assert_gt(port, 0);
+	close(fd);
+	return (uint16_t)port;
+}
+
+/* A connected loopback TCP pair: *c the client end, *s the server's. */
+static void tcp_pair(int *c, int *s)
+{
+	char err[256] = "";
+	int lfd = -1;
+	cr_assert_eq(sock_listen("127.0.0.1", 0, 4, &lfd, err, sizeof err), 0, "%s", err);
+	int port = sock_local_port(lfd);
+	cr_assert_eq(sock_connect_retry("127.0.0.1", (uint16_t)port, 2000, c, err, sizeof err), 0,
+		     "%s", err);
+	cr_assert_eq(sock_accept(lfd, 2000, s, NULL, 0, err, sizeof err), 0, "%s", err);
+	close(lfd);
+}
+
+static void unix_pair(int sv[2])
+{
+	cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+}
+
+static void fill(uint8_t *p, size_t n, uint32_t seed)
+{
+	uint32_t x = seed | 1;
+	for (size_t i = 0; i < n; i++) {
+		x ^= x << 13;
+		x ^= x >> 17;
+		x ^= x << 5;
+		p[i] = (uint8_t)x;
+	}
+}
+
+/* ---- listen, accept, connect -------------------------------------------- */
+
+Test(sock, listen_port0_connect_accept)
+{
+	char err[256] = "", peer[SOCK_ADDR_STRLEN] = "";
+	int lfd = -1, c = -1, s = -1;
+	cr_assert_eq(sock_listen("127.0.0.1", 0, 8, &lfd, err, sizeof err), 0, "%s", err);
+	int port = sock_local_port(lfd);
+	cr_assert(port > 0 && port <= 65535, "port %d", port);
+	cr_assert(fcntl(lfd, F_GETFD) & FD_CLOEXEC);
+	cr_assert(fcntl(lfd, F_GETFL) & O_NONBLOCK);
+
+	cr_assert_eq(sock_connect_retry("127.0.0.1", (uint16_t)port, 2000, &c, err, sizeof err), 0,
+		     "%s", err);
+	cr_assert_eq(sock_accept(lfd, 2000, &s, peer, sizeof peer, err, sizeof err), 0, "%s", err);
+	char want[SOCK_ADDR_STRLEN];
+	snprintf(want, sizeof want, "127.0.0.1:%d", sock_local_port(c));
+	cr_assert_str_eq(peer, want);
+
+	int fds[2] = { c, s };
+	for (int i = 0; i < 2; i++) {
+		int v = 0;
+		socklen_t sl = sizeof v;
+		cr_assert_eq(getsockopt(fds[i], IPPROTO_TCP, TCP_NODELAY, &v, &sl), 0);
+		cr_assert_neq(v, 0, "TCP_NODELAY not set on fd %d", i);
+		cr_assert(fcntl(fds[i], F_GETFD) & FD_CLOEXEC);
+		cr_assert(fcntl(fds[i], F_GETFL) & O_NONBLOCK);
+	}
+
+	uint8_t out[5] = "hello", in[5] = { 0 };
+	cr_assert_eq(sock_write_full(c, out, 5, 1000, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(sock_read_full(s, in, 5, 1000, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(memcmp(in, out, 5), 0);
+	cr_assert_eq(sock_write_full(s, "ok", 2, 1000, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(sock_read_full(c, in, 2, 1000, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(memcmp(in, "ok", 2), 0);
+	close(c);
+	close(s);
+	close(lfd);
+}
+
+Test(sock, ipv6_loopback)
+{
+	char err[256] = "", peer[SOCK_ADDR_STRLEN] = "";
+	int lfd = -1, c = -1, s = -1;
+	int r = sock_listen("::1", 0, 4, &lfd, err, sizeof err);
+	if (r == -EADDRNOTAVAIL || r == -EAFNOSUPPORT)
+		cr_skip("no IPv6 loopback here: %s", err);
+	cr_assert_eq(r, 0, "%s", err);
+	int port = sock_local_port(lfd);
+	cr_assert_gt(port, 0);
+	/* Bracketed and bare literals both work. */
+	cr_assert_eq(sock_connect_retry("[::1]", (uint16_t)port, 2000, &c, err, sizeof err), 0,
+		     "%s", err);
+	cr_assert_eq(sock_accept(lfd, 2000, &s, peer, sizeof peer, err, sizeof err), 0, "%s", err);
+	cr_assert(strncmp(peer, "[::1]:", 6) == 0, "peer %s", peer);
+	close(c);
+	close(s);
+	cr_assert_eq(sock_connect_retry("::1", (uint16_t)port, 2000, &c, err, sizeof err), 0, "%s",
+		     err);
+	close(c);
+	close(lfd);
+}
+
+Test(sock, accept_timeout)
+{
+	char err[256] = "";
+	int lfd = -1, s = -1;
+	cr_assert_eq(sock_listen("127.0.0.1", 0, 4, &lfd, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(sock_accept(lfd, 0, &s, NULL, 0, err, sizeof err), -EAGAIN);
+	int64_t t0 = now_ms();
+	cr_assert_eq(sock_accept(lfd, 200, &s, NULL, 0, err, sizeof err), -ETIMEDOUT);
+	int64_t dt = now_ms() - t0;
+	cr_assert(dt >= 190 && dt <= 200 + SLACK_MS, "accept waited %lld ms", (long long)dt);
+	cr_assert_eq(s, -1);
+	close(lfd);
+}
+
+Test(sock, listen_port_in_use)
+{
+	char err[256] = "", want[64];
+	int a = -1, b = -1;
+	cr_assert_eq(sock_listen("127.0.0.1", 0, 4, &a, err, sizeof err), 0, "%s", err);
+	int port = sock_local_port(a);
+	cr_assert_eq(sock_listen("127.0.0.1", (uint16_t)port, 4, &b, err, sizeof err), -EADDRINUSE,
+		     "%s", err);
+	snprintf(want, sizeof want, "cannot listen on 127.0.0.1:%d: bind: ", port);
+	cr_assert(strstr(err, want) && strstr(err, strerror(EADDRINUSE)), "%s", err);
+	cr_assert_eq(b, -1);
+	close(a);
+}
+
+/* A row per bad input: what is called, with what, the code and the text. */
+Test(sock, bad_hosts_and_ports)
+{
+	static const struct {
+		int listen; /* sock_listen, else sock_connect_retry */
+		const char *host;
+		uint16_t port;
+		int code;
+		const char *text;
+	} rows[] = {
+		{ 0, "bad host!", 2222, -EINVAL, "\"bad host!\" is not a host name or IP address" },
+		{ 0, "", 2222, -EINVAL, "empty host name" },
+		{ 0, NULL, 2222, -EINVAL, "empty host name" },
+		{ 0, "[::1", 2222, -EINVAL, "unbalanced [ ]" },
+		{ 0, "127.0.0.1", 0, -EINVAL, "127.0.0.1:0: port 0 cannot be connected to" },
+		{ 0, "::zz", 2222, -ENOENT, "cannot reach [::zz]:2222: cannot resolve \"::zz\"" },
+		{ 0, "[::zz]", 2222, -ENOENT, "cannot reach [::zz]:2222: cannot resolve \"::zz\"" },
+		{ 1, "bad/host", 2222, -EINVAL, "\"bad/host\" is not a host name or IP address" },
+		{ 1, "192.0.2.1", 0, -EADDRNOTAVAIL, "cannot listen on 192.0.2.1:0: bind: " },
+	};
+	for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+		char err[256] = "";
+		int fd = -1, r;
+		int64_t t0 = now_ms();
+		if (rows[i].listen)
+			r = sock_listen(rows[i].host, rows[i].port, 4, &fd, err, sizeof err);
+		else
+			r = sock_connect_retry(rows[i].host, rows[i].port, 5000, &fd, err,
+					       sizeof err);
+		int64_t dt = now_ms() - t0;
+		cr_expect_eq(r, rows[i].code, "row %zu: got %d (%s)", i, r, err);
+		cr_expect(strstr(err, rows[i].text), "row %zu: \"%s\" lacks \"%s\"", i, err,
+			  rows[i].text);
+		cr_expect_eq(fd, -1, "row %zu", i);
+		/* Permanent errors are not retried for the 5 s timeout. */
+		cr_expect_lt(dt, 1000, "row %zu took %lld ms", i, (long long)dt);
+		cr_expect_null(strchr(err, '\n'), "row %zu: message is not one line", i);
+	}
+}
+
+/* ---- connect retry ------------------------------------------------------ */
+
+struct late {
+	uint16_t port;
+	int delay_ms;
+	int rc;
+	int accepted;
+	char err[256];
+};
+
+static void *late_listener(void *arg)
+{
+	struct late *l = arg;
+	int lfd = -1, s = -1;
+	sleep_ms(l->delay_ms);
+	l->rc = sock_listen("127.0.0.1", l->port, 4, &lfd, l->err, sizeof l->err);
+	if (l->rc < 0)
+		return NULL;
+	l->rc = sock_accept(lfd, 5000, &s, NULL, 0, l->err, sizeof l->err);
+	if (l->rc == 0) {
+		l->rc = sock_write_full(s, "hi", 2, 2000, l->err, sizeof l->err);
+		l->accepted = 1;
+		close(s);
+	}
+	close(lfd);
+	return NULL;
+}
+
+Test(sock, connect_retry_waits_for_late_listener)
+{
+	struct late l = { .port = free_port(), .delay_ms = 300 };
+	pthread_t th;
+	char err[256] = "", in[2];
+	int fd = -1;
+	cr_assert_eq(pthread_create(&th, NULL, late_listener, &l), 0);
+	int64_t t0 = now_ms();
+	int r = sock_connect_retry("127.0.0.1", l.port, 4000, &fd, err, sizeof err);
+	int64_t dt = now_ms() - t0;
+	cr_assert_eq(r, 0, "%s", err);
+	cr_assert(dt >= 250 && dt < 4000, "connected after %lld ms", (long long)dt);
+	cr_assert_eq(sock_read_full(fd, in, 2, 3000, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(memcmp(in, "hi", 2), 0);
+	pthread_join(th, NULL);
+	cr_assert_eq(l.rc, 0, "listener: %s", l.err);
+	cr_assert_eq(l.accepted, 1);
+	close(fd);
+}
+
+Test(sock, connect_retry_closed_port_times_out)
+{
+	uint16_t port = free_port();
+	char err[256] = "", want[128];
+	int fd = -1;
+	int64_t t0 = now_ms();
+	int r = sock_connect_retry("127.0.0.1", port, 600, &fd, err, sizeof err);
+	int64_t dt = now_ms() - t0;
+	cr_assert_eq(r, -ECONNREFUSED, "%d: %s", r, err);
+	cr_assert(dt >= 590 && dt <= 600 + SLACK_MS, "gave up after %lld ms", (long long)dt);
+	snprintf(want, sizeof want, "cannot reach 127.0.0.1:%u after 0.6 s: %s", port,
+		 strerror(ECONNREFUSED));
+	cr_assert_str_eq(err, want);
+	cr_assert_eq(fd, -1);
+}
+
+/* ---- full reads and writes ---------------------------------------------- */
+
+#define BIG (8u << 20)
+
+struct piecewise {
+	int fd;
+	uint8_t *buf;
+	size_t len;
+	uint32_t seed;
+	int rc;
+	char err[256];
+};
+
+/* Writes buf in random pieces of 1..64 KiB, now and then pausing. */
+static void *write_pieces(void *arg)
+{
+	struct piecewise *p = arg;
+	uint32_t x = p->seed;
+	for (size_t off = 0; off < p->len;) {
+		x = x * 1664525u + 1013904223u;
+		size_t n = 1 + (x >> 8) % 65536;
+		if (n > p->len - off)
+			n = p->len - off;
+		p->rc = sock_write_full(p->fd, p->buf + off, n, 5000, p->err, sizeof p->err);
+		if (p->rc < 0)
+			return NULL;
+		off += n;
+		if ((x & 0xff) == 0)
+			sleep_ms(1);
+	}
+	return NULL;
+}
+
+/* Reads into buf in random pieces of 1..64 KiB, now and then pausing. */
+static void *read_pieces(void *arg)
+{
+	struct piecewise *p = arg;
+	uint32_t x = p->seed;
+	for (size_t off = 0; off < p->len;) {
+		x = x * 1664525u + 1013904223u;
+		size_t n = 1 + (x >> 8) % 65536;
+		if (n > p->len - off)
+			n = p->len - off;
+		p->rc = sock_read_full(p->fd, p->buf + off, n, 5000, p->err, sizeof p->err);
+		if (p->rc < 0)
+			return NULL;
+		off += n;
+		if ((x & 0xff) == 0)
+			sleep_ms(1);
+	}
+	return NULL;
+}
+
+Test(sock, read_full_8mib_from_piecewise_writer)
+{
+	int c = -1, s = -1;
+	tcp_pair(&c, &s);
+	uint8_t *src = malloc(BIG), *dst = calloc(1, BIG);
+	cr_assert(src && dst);
+	fill(src, BIG, 42);
+	struct piecewise p = { .fd = s, .buf = src, .len = BIG, .seed = 7 };
+	pthread_t th;
+	char err[256] = "";
+	cr_assert_eq(pthread_create(&th, NULL, write_pieces, &p), 0);
+	int r = sock_read_full(c, dst, BIG, 10000, err, sizeof err);
+	pthread_join(th, NULL);
+	cr_assert_eq(p.rc, 0, "writer: %s", p.err);
+	cr_assert_eq(r, 0, "%s", err);
+	cr_assert_eq(memcmp(src, dst, BIG), 0, "8 MiB arrived altered");
+	free(src);
+	free(dst);
+	close(c);
+	close(s);
+}
+
+Test(sock, write_full_8mib_to_piecewise_reader)
+{
+	int c = -1, s = -1;
+	tcp_pair(&c, &s);
+	uint8_t *src = malloc(BIG), *dst = calloc(1, BIG);
+	cr_assert(src && dst);
+	fill(src, BIG, 1234);
+	struct piecewise p = { .fd = s, .buf = dst, .len = BIG, .seed = 99 };
+	pthread_t th;
+	char err[256] = "";
+	cr_assert_eq(pthread_create(&th, NULL, read_pieces, &p), 0);
+	int r = sock_write_full(c, src, BIG, 10000, err, sizeof err);
+	pthread_join(th, NULL);
+	cr_assert_eq(r, 0, "%s", err);
+	cr_assert_eq(p.rc, 0, "reader: %s", p.err);
+	cr_assert_eq(memcmp(src, dst, BIG), 0, "8 MiB arrived altered");
+	free(src);
+	free(dst);
+	close(c);
+	close(s);
+}
+
+Test(sock, eof_mid_read)
+{
+	int sv[2];
+	unix_pair(sv);
+	char err[256] = "";
+	uint8_t buf[100];
+	cr_assert_eq(sock_write_full(sv[1], "0123456789", 10, 1000, err, sizeof err), 0, "%s", err);
+	close(sv[1]);
+	int r = sock_read_full(sv[0], buf, sizeof buf, 2000, err, sizeof err);
+	cr_assert_eq(r, -EPIPE, "%d: %s", r, err);
+	cr_assert_str_eq(err, "peer closed the connection after 10 of 100 bytes");
+	cr_assert_eq(memcmp(buf, "0123456789", 10), 0);
+	close(sv[0]);
+}
+
+Test(sock, stalled_reader_times_out)
+{
+	int sv[2];
+	unix_pair(sv);
+	char err[256] = "";
+	uint8_t buf[100];
+	cr_assert_eq(sock_write_full(sv[1], "abcde", 5, 1000, err, sizeof err), 0, "%s", err);
+	int64_t t0 = now_ms();
+	int r = sock_read_full(sv[0], buf, sizeof buf, 300, err, sizeof err);
+	int64_t dt = now_ms() - t0;
+	cr_assert_eq(r, -ETIMEDOUT, "%d: %s", r, err);
+	cr_assert(dt >= 290 && dt <= 300 + SLACK_MS, "timed out after %lld ms", (long long)dt);
+	cr_assert_str_eq(err, "read timed out after 300 ms with 5 of 100 bytes");
+	close(sv[0]);
+	close(sv[1]);
+}
+
+struct trickle {
+	int fd;
+	int sent;
+};
+
+/* One byte every 50 ms for up to 3 s, until the other end goes away. */
+static void *trickle_writer(void *arg)
+{
+	struct trickle *t = arg;
+	char err[128];
+	for (int i = 0; i < 60; i++) {
+		if (sock_write_full(t->fd, "x", 1, 1000, err, sizeof err) < 0)
+			break;
+		t->sent++;
+		sleep_ms(50);
+	}
+	return NULL;
+}
+
+/* A peer that sends a byte well within any per-chunk timeout still cannot
+ * hold the reader past the one deadline of the call. */
+Test(sock, trickling_peer_bounded_by_one_deadline)
+{
+	int sv[2];
+	unix_pair(sv);
+	struct trickle t = { .fd = sv[1] };
+	pthread_t th;
+	char err[256] = "";
+	uint8_t buf[100];
+	cr_assert_eq(pthread_create(&th, NULL, trickle_writer, &t), 0);
+	int64_t t0 = now_ms();
+	int r = sock_read_full(sv[0], buf, sizeof buf, 400, err, sizeof err);
+	int64_t dt = now_ms() - t0;
+	shutdown(sv[0], SHUT_RDWR);
+	pthread_join(th, NULL);
+	cr_assert_eq(r, -ETIMEDOUT, "%d: %s", r, err);
+	cr_assert(dt >= 390 && dt <= 400 + SLACK_MS, "timed out after %lld ms", (long long)dt);
+	cr_assert(strstr(err, "read timed out after 400 ms with "), "%s", err);
+	close(sv[0]);
+	close(sv[1]);
+}
+
+Test(sock, stalled_writer_times_out)
+{
+	int sv[2];
+	unix_pair(sv);
+	size_t len = 16u << 20; /* far more than a socket buffer holds */
+	uint8_t *buf = calloc(1, len);
+	cr_assert(buf);
+	char err[256] = "";
+	int64_t t0 = now_ms();
+	int r = sock_write_full(sv[0], buf, len, 300, err, sizeof err);
+	int64_t dt = now_ms() - t0;
+	cr_assert_eq(r, -ETIMEDOUT, "%d: %s", r, err);
+	cr_assert(dt >= 290 && dt <= 300 + SLACK_MS, "timed out after %lld ms", (long long)dt);
+	cr_assert(strstr(err, "write timed out after 300 ms with "), "%s", err);
+	free(buf);
+	close(sv[0]);
+	close(sv[1]);
+}
+
+/* The default SIGPIPE disposition kills the process; writing to a closed
+ * peer must be an error code instead. */
+Test(sock, no_sigpipe_on_closed_peer)
+{
+	cr_assert_neq(signal(SIGPIPE, SIG_DFL), SIG_ERR);
+	char err[256] = "";
+	int sv[2];
+	unix_pair(sv);
+	close(sv[1]);
+	int r = sock_write_full(sv[0], "data", 4, 1000, err, sizeof err);
+	cr_assert_eq(r, -EPIPE, "%d: %s", r, err);
+	cr_assert(strstr(err, "peer closed the connection"), "%s", err);
+	close(sv[0]);
+
+	/* TCP: the first write after the peer's close draws a RST, a later
+	 * one fails with EPIPE or ECONNRESET. */
+	int c = -1, s = -1;
+	tcp_pair(&c, &s);
+	close(s);
+	r = 0;
+	for (int i = 0; i < 100 && r == 0; i++) {
+		r = sock_write_full(c, "data", 4, 1000, err, sizeof err);
+		if (r == 0)
+			sleep_ms(10);
+	}
+	cr_assert(r == -EPIPE || r == -ECONNRESET, "%d: %s", r, err);
+	close(c);
+}
+
+/* ---- frames over a socket ----------------------------------------------- */
+
+Test(sock, frames_round_trip_and_rejections)
+{
+	cr_assert(sodium_init() >= 0);
+	static const uint8_t key[FRAME_KEY_BYTES] = { 1, 2, 3, 4, 5 };
+	struct frame_key tx, rx;
+	cr_assert_eq(frame_key_init(&tx, key, FRAME_CHACHA20POLY1305), 0);
+	cr_assert_eq(frame_key_init(&rx, key, FRAME_CHACHA20POLY1305), 0);
+	int sv[2];
+	unix_pair(sv);
+	char err[256] = "";
+	size_t cap = FRAME_BYTES_MAX, n = 0;
+	uint8_t *wbuf = malloc(cap), *rbuf = malloc(cap), msg[1000];
+	cr_assert(wbuf && rbuf);
+	fill(msg, sizeof msg, 5);
+
+	/* Round trip, twice (the counters advance together). */
+	for (int i = 0; i < 2; i++) {
+		cr_assert_eq(sock_write_frame(sv[0], &tx, wbuf, cap, msg, sizeof msg, 1000, err,
+					      sizeof err), 0, "%s", err);
+		cr_assert_eq(sock_read_frame(sv[1], &rx, rbuf, cap, &n, 1000, err, sizeof err), 0,
+			     "%s", err);
+		cr_assert_eq(n, sizeof msg);
+		cr_assert_eq(memcmp(rbuf, msg, n), 0);
+	}
+	cr_assert_eq(rx.counter, 2);
+
+	/* A flipped bit in the body: -EBADMSG, counter unchanged. */
+	size_t flen = 0;
+	cr_assert_eq(frame_seal(&tx, wbuf, cap, msg, sizeof msg, &flen, err, sizeof err), 0);
+	wbuf[FRAME_HDR_BYTES + 10] ^= 1;
+	cr_assert_eq(sock_write_full(sv[0], wbuf, flen, 1000, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(sock_read_frame(sv[1], &rx, rbuf, cap, &n, 1000, err, sizeof err), -EBADMSG);
+	cr_assert_eq(rx.counter, 2);
+
+	/* A frame larger than the caller's buffer: -ENOBUFS after the header. */
+	cr_assert_eq(frame_seal(&tx, wbuf, cap, msg, sizeof msg, &flen, err, sizeof err), 0);
+	cr_assert_eq(sock_write_full(sv[0], wbuf, flen, 1000, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(sock_read_frame(sv[1], &rx, rbuf, 100, &n, 1000, err, sizeof err), -ENOBUFS);
+	close(sv[0]);
+	close(sv[1]);
+
+	/* An oversized length is refused from the header alone: nothing more
+	 * is waited for (the deadline is 5 s, the answer immediate). */
+	unix_pair(sv);
+	uint8_t hdr[FRAME_HDR_BYTES];
+	wire_put_u32(hdr, 0xffffffffu);
+	cr_assert_eq(sock_write_full(sv[0], hdr, sizeof hdr, 1000, err, sizeof err), 0, "%s", err);
+	int64_t t0 = now_ms();
+	cr_assert_eq(sock_read_frame(sv[1], &rx, rbuf, cap, &n, 5000, err, sizeof err), -EMSGSIZE);
+	cr_assert_lt(now_ms() - t0, 1000);
+
+	/* A truncated frame: the peer closes half way, -EPIPE. */
+	cr_assert_eq(frame_seal(&tx, wbuf, cap, msg, sizeof msg, &flen, err, sizeof err), 0);
+	cr_assert_eq(sock_write_full(sv[0], wbuf, flen / 2, 1000, err, sizeof err), 0, "%s", err);
+	close(sv[0]);
+	cr_assert_eq(sock_read_frame(sv[1], &rx, rbuf, cap, &n, 1000, err, sizeof err), -EPIPE);
+	close(sv[1]);
+	frame_key_wipe(&tx);
+	frame_key_wipe(&rx);
+	free(wbuf);
+	free(rbuf);
+}

@@ -1,0 +1,188 @@
+/* Parameter-server shard state and its sync/async update rules; see
+ * psshard.h for the semantics. Locking, framing and chunk assembly are
+ * net/'s; this file only decides what a whole-range gradient does. */
+#include "psshard.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int pushed_get(const struct psshard *s, int w)
+{
+	return (int)((s->pushed[w / 64] >> (w % 64)) & 1u);
+}
+
+static void pushed_set(struct psshard *s, int w)
+{
+	s->pushed[w / 64] |= (uint64_t)1 << (w % 64);
+}
+
+int psshard_init(struct psshard *s, const struct model *m, const struct shard *sh,
+		 const struct config *c, long total, char *err, size_t errlen)
+{
+	memset(s, 0, sizeof(*s));
+	s->range = *sh;
+	s->mode = c->train.mode;
+	s->workers = c->cluster.nworkers;
+	s->replicas = c->train.replicas_to_aggregate;
+	s->max_staleness = c->train.max_staleness;
+	s->total = total;
+	if (sh->begin >= sh->end || sh->end > m->nparams) {
+		snprintf(err, errlen, "ps shard [%zu, %zu) is not a nonempty range of the model's %zu parameters",
+			 sh->begin, sh->end, m->nparams);
+		return -EINVAL;
+	}
+	if (s->workers < 1 || s->workers > PSSHARD_MAX_WORKERS) {
+		snprintf(err, errlen, "ps shard: %d workers (expected 1..%d)", s->workers, PSSHARD_MAX_WORKERS);
+		return -EINVAL;
+	}
+	if (s->replicas < 1 || s->replicas > s->workers) {
+		snprintf(err, errlen, "ps shard: replicas_to_aggregate %d (expected 1..%d workers)",
+			 s->replicas, s->workers);
+		return -EINVAL;
+	}
+	s->n = sh->end - sh->begin;
+	s->params = malloc(s->n * sizeof(float));
+	if (!s->params)
+		goto nomem;
+	/* Sync keeps R whole-range gradients: R = W = 64 workers over a
+	 * 1.3 MiB shard is 85 MiB, fixed for the run. Fewer is not possible
+	 * without giving up the worker-index summation order, since the R
+	 * gradients may arrive in any order. */
+	if (s->mode == MODE_SYNC) {
+		if ((size_t)s->replicas > SIZE_MAX / sizeof(float) / s->n)
+			goto nomem;
+		s->slots = malloc((size_t)s->replicas * s->n * sizeof(float));
+		if (!s->slots)
+			goto nomem;
+	}
+	int e = optim_init(&s->opt, &c->train.optim, s->n);
+	if (e == -EINVAL) {
+		snprintf(err, errlen, "ps shard: unknown optimizer %d", (int)c->train.optim.kind);
+		psshard_free(s);
+		return e;
+	}
+	if (e)
+		goto nomem;
+	model_init_params(m, s->params, sh->begin, sh->end, c->train.seed);
+	return 0;
+nomem:
+	snprintf(err, errlen, "ps shard [%zu, %zu): out of memory for %zu parameters%s",
+		 sh->begin, sh->end, s->n, s->mode == MODE_SYNC ? " and their gradient slots" : "");
+	psshard_free(s);
+	return -ENOMEM;
+}
+
+void psshard_free(struct psshard *s)
+{
+	if (!s)
+		return;
+	optim_free(&s->opt);
+	free(s->params);
+	free(s->slots);
+	s->params = NULL;
+	s->slots = NULL;
+}
+
+/* dst (n) += src (n) */
+static void add(float *restrict dst, const float *restrict src, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		dst[i] += src[i];
+}
+
+/* The R gradients for v are all in: sum them in worker-index order into the
+ * slot of the lowest-index worker, divide by R, step, and move to v+1. */
+static void sync_apply(struct psshard *s)
+{
+	size_t n = s->n;
+	float *acc = NULL;   // (n)
+	for (int w = 0; w < s->workers; w++) {
+		if (!pushed_get(s, w))
+			continue;
+		float *g = s->slots + (size_t)s->slot_of[w] * n;
+		if (!acc)
+			acc = g;
+		else
+			add(acc, g, n);
+	}
+	/* Division, not multiplication by 1/R: for R a power of two both are
+	 * exact, and otherwise this is the correctly rounded mean. */
+	float R = (float)s->replicas;
+	for (size_t i = 0; i < n; i++)
+		acc[i] /= R;
+	optim_step(&s->opt, s->params, acc, optim_lr(&s->opt.cfg, (long)s->version, s->total));
+	s->version++;
+	s->applied++;
+	s->nwaiting = 0;
+	memset(s->pushed, 0, sizeof(s->pushed));
+}
+
+int psshard_push(struct psshard *s, int worker, uint64_t version, const float *grads,
+		 enum psshard_outcome *outcome)
+{
+	if (worker < 0 || worker >= s->workers)
+		return -EINVAL;
+	if (version > s->version)
+		return -ERANGE;
+
+	if (s->mode == MODE_ASYNC) {
+		uint64_t age = s->version - version;
+		s->received++;
+		if (s->max_staleness > 0 && age > (uint64_t)s->max_staleness) {
+			s->dropped_stale++;
+			*outcome = PSSHARD_STALE;
+			return 0;
+		}
+		optim_step(&s->opt, s->params, grads, optim_lr(&s->opt.cfg, (long)s->version, s->total));
+		s->version++;
+		s->applied++;
+		*outcome = PSSHARD_APPLIED;
+		return 0;
+	}
+
+	if (version < s->version) {
+		s->received++;
+		s->dropped_stale++;
+		*outcome = PSSHARD_STALE;
+		return 0;
+	}
+	if (pushed_get(s, worker))
+		return -EALREADY;
+	s->received++;
+	int slot = s->nwaiting++;
+	memcpy(s->slots + (size_t)slot * s->n, grads, s->n * sizeof(float));
+	s->slot_of[worker] = (int16_t)slot;
+	pushed_set(s, worker);
+	if (s->nwaiting < s->replicas) {
+		*outcome = PSSHARD_WAITING;
+		return 0;
+	}
+	sync_apply(s);
+	*outcome = PSSHARD_APPLIED;
+	return 0;
+}
+
+const float *psshard_params(const struct psshard *s)
+{
+	return s->params;
+}
+
+uint64_t psshard_version(const struct psshard *s)
+{
+	return s->version;
+}
+
+const char *psshard_outcome_name(enum psshard_outcome o)
+{
+	switch (o) {
+	case PSSHARD_APPLIED:
+		return "applied";
+	case PSSHARD_WAITING:
+		return "waiting";
+	case PSSHARD_STALE:
+		return "stale";
+	}
+	return "?";
+}

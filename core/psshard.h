@@ -1,0 +1,106 @@
+/* A parameter-server shard as pure state: its range of the flat parameter
+ * vector, the optimizer state for that range, the version counter, and the
+ * update rules for sync and async training (DESIGN §5).
+ *
+ * No sockets, threads or locks here: net/ receives PUSH chunks, assembles
+ * one whole-range gradient, and calls psshard_push under its own lock; PULL
+ * reads psshard_params and psshard_version under the same lock. Everything
+ * a shard allocates is allocated in psshard_init, so a running ps does not
+ * grow with steps (issue 3 item 7): psshard_push never allocates.
+ *
+ * sync (SyncReplicasOptimizer): the shard is at version v. A gradient tagged
+ * v from a worker that has not pushed for v is copied into one of R slots
+ * (R = replicas_to_aggregate). When R distinct workers have pushed, the
+ * slots are summed in WORKER-INDEX order (not arrival order, so a run is
+ * reproducible whatever the network does), divided by R, and applied with
+ * lr = optim_lr(step v, total); v becomes v+1 and the slots are free again.
+ * A gradient tagged below v is dropped and counted as stale: with R < W the
+ * W - R slowest workers are backup workers, and their gradients for v
+ * arrive after v has moved on. Only R slots exist (not W): at most R
+ * gradients are ever waiting, since the R-th applies the step.
+ *
+ * async: each gradient is applied on arrival with lr = optim_lr(step v,
+ * total), and v becomes v+1. With max_staleness > 0 a gradient tagged with
+ * version t where v - t > max_staleness is dropped and counted instead.
+ *
+ * In both modes a gradient tagged above v is a protocol error (a worker
+ * cannot have pulled a version that does not exist yet). In sync mode a
+ * second gradient from the same worker for the current v is also an error,
+ * not a silent drop: a correct worker pushes once per version it pulled,
+ * and counting the same worker twice would break the R-distinct rule. The
+ * shard is unchanged by an error; whether the connection survives is
+ * net/'s decision. */
+#ifndef PSTRAIN_PSSHARD_H
+#define PSTRAIN_PSSHARD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "model.h"
+#include "optim.h"
+#include "shard.h"
+
+/* What happened to one push, for the ACK. */
+enum psshard_outcome {
+	PSSHARD_APPLIED,   /* the optimizer ran: async, or the R-th gradient for v */
+	PSSHARD_WAITING,   /* sync: stored, fewer than R gradients for v so far */
+	PSSHARD_STALE,     /* dropped: sync version < v, or async beyond max_staleness */
+};
+
+#define PSSHARD_MAX_WORKERS CONFIG_MAX_HOSTS
+
+struct psshard {
+	struct shard range;         /* global [begin, end) in P */
+	size_t n;                   /* end - begin */
+	float *params;              /* (n) the shard's parameters */
+	struct optim opt;           /* optimizer state over the same n */
+	uint64_t version;           /* v: updates applied so far */
+	long total;                 /* steps the lr schedule runs over */
+	enum train_mode mode;
+	int workers;                /* W */
+	int replicas;               /* R = replicas_to_aggregate, 1..W */
+	int max_staleness;          /* async: 0 = no bound */
+
+	/* sync accumulation for version v */
+	float *slots;               /* (R, n) gradients waiting for v; NULL in async */
+	int nwaiting;               /* gradients stored for v, 0..R-1 between pushes */
+	uint64_t pushed[PSSHARD_MAX_WORKERS / 64];   /* bit w: worker w pushed for v */
+	int16_t slot_of[PSSHARD_MAX_WORKERS];        /* worker -> slot, valid where pushed */
+
+	/* counters since init */
+	uint64_t received;          /* pushes that were not errors */
+	uint64_t applied;           /* optimizer steps (== version) */
+	uint64_t dropped_stale;     /* PSSHARD_STALE outcomes */
+};
+
+/* Sets up the shard for range sh of model m with config c: parameters from
+ * model_init_params(m, params, sh->begin, sh->end, c->train.seed), exactly
+ * what `local` starts from over that range; optimizer c->train.optim at
+ * zero; mode, W (c->cluster.nworkers), R (c->train.replicas_to_aggregate,
+ * resolved by config) and max_staleness from c. total is the number of
+ * versions the lr schedule runs over (local's step count; net/ computes it,
+ * since it depends on the data set size). Returns 0, -EINVAL (empty range or
+ * one beyond P, W or R out of range) or -ENOMEM with one line in err. On
+ * failure *s is left freeable. */
+int psshard_init(struct psshard *s, const struct model *m, const struct shard *sh,
+		 const struct config *c, long total, char *err, size_t errlen);
+void psshard_free(struct psshard *s);   /* accepts NULL and zeroed structs */
+
+/* One gradient for the whole range, grads (n), computed by worker (0..W-1)
+ * on parameters of version `version`. Sets *outcome and returns 0, or
+ * returns -EINVAL (worker out of range), -ERANGE (version above v) or
+ * -EALREADY (sync: worker already pushed for v), leaving the shard as it
+ * was. Never allocates. grads is only read during the call. */
+int psshard_push(struct psshard *s, int worker, uint64_t version, const float *grads,
+		 enum psshard_outcome *outcome);
+
+/* For PULL: the current parameters (n) and their version. Valid until the
+ * next psshard_push. */
+const float *psshard_params(const struct psshard *s);
+uint64_t psshard_version(const struct psshard *s);
+
+/* "applied", "waiting", "stale" */
+const char *psshard_outcome_name(enum psshard_outcome o);
+
+#endif

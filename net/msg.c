@@ -1,0 +1,494 @@
+/* Message bodies (see msg.h and docs/PROTOCOL.md, "Messages"). Each decoder
+ * follows the same steps, in order: the length the type implies (exact for
+ * fixed messages; for PARAMS/PUSH and ERROR first the fixed header, then the
+ * length field, then the exact total), the type byte, the reserved bytes,
+ * then each field's range. Nothing after the type byte is read before the
+ * length has been checked against the bytes that field needs. */
+#include "msg.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+__attribute__((format(printf, 4, 5))) static int fail(char *err, size_t errlen, int code,
+						       const char *fmt, ...)
+{
+	if (err && errlen) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(err, errlen, fmt, ap);
+		va_end(ap);
+	}
+	return code;
+}
+
+/* ---- shared checks ------------------------------------------------------- */
+
+static int check_fixed(const uint8_t *buf, size_t len, uint8_t type, size_t want, char *err,
+		       size_t errlen)
+{
+	const char *name = wire_msg_name(type);
+
+	if (len != want)
+		return fail(err, errlen, -EMSGSIZE, "%s: %zu bytes, expected %zu", name, len, want);
+	if (buf[0] != type)
+		return fail(err, errlen, -EPROTO, "%s: type byte is %u (%s), expected %u", name,
+			    buf[0], wire_msg_name(buf[0]), type);
+	return 0;
+}
+
+/* Bytes [from, to) must be zero. */
+static int check_zero(const uint8_t *buf, size_t from, size_t to, const char *name, char *err,
+		      size_t errlen)
+{
+	for (size_t i = from; i < to; i++)
+		if (buf[i])
+			return fail(err, errlen, -EPROTO,
+				    "%s: reserved byte %zu is 0x%02x, expected 0", name, i,
+				    buf[i]);
+	return 0;
+}
+
+static int check_cap(size_t cap, size_t need, uint8_t type, char *err, size_t errlen)
+{
+	if (cap < need)
+		return fail(err, errlen, -ENOBUFS, "%s: needs %zu bytes, buffer has %zu",
+			    wire_msg_name(type), need, cap);
+	return 0;
+}
+
+/* Type byte and zeroed reserved bytes of a header of n bytes. */
+static void put_head(uint8_t *buf, uint8_t type, size_t n)
+{
+	memset(buf, 0, n);
+	buf[0] = type;
+}
+
+int msg_type(const uint8_t *buf, size_t len, char *err, size_t errlen)
+{
+	if (len < 1)
+		return fail(err, errlen, -EMSGSIZE, "empty message");
+	if (buf[0] == WIRE_HELLO)
+		return fail(err, errlen, -EPROTO, "HELLO is not sent inside a frame");
+	if (buf[0] < WIRE_MSG_FIRST || buf[0] > WIRE_MSG_LAST)
+		return fail(err, errlen, -EPROTO, "unknown message type %u", buf[0]);
+	return buf[0];
+}
+
+/* ---- PULL: 16 bytes ------------------------------------------------------
+ * 0 type, 1..4 reserved, 4 shard u32, 8 version u64 */
+
+int msg_encode_pull(uint8_t *buf, size_t cap, const struct msg_pull *m, size_t *len, char *err,
+		    size_t errlen)
+{
+	int rc = check_cap(cap, MSG_PULL_BYTES, WIRE_PULL, err, errlen);
+	if (rc < 0)
+		return rc;
+	put_head(buf, WIRE_PULL, MSG_PULL_BYTES);
+	wire_put_u32(buf + 4, m->shard);
+	wire_put_u64(buf + 8, m->version);
+	*len = MSG_PULL_BYTES;
+	return 0;
+}
+
+int msg_decode_pull(const uint8_t *buf, size_t len, struct msg_pull *out, char *err,
+		    size_t errlen)
+{
+	int rc = check_fixed(buf, len, WIRE_PULL, MSG_PULL_BYTES, err, errlen);
+	if (rc == 0)
+		rc = check_zero(buf, 1, 4, "PULL", err, errlen);
+	if (rc < 0)
+		return rc;
+	out->shard = wire_get_u32(buf + 4);
+	out->version = wire_get_u64(buf + 8);
+	return 0;
+}
+
+/* ---- PARAMS / PUSH: 32 bytes + 4 * count ----------------------------------
+ * 0 type, 1..4 reserved, 4 shard u32, 8 version u64, 16 offset u64,
+ * 24 count u32, 28 worker u32 (PARAMS: 0), 32 count float32 */
+
+int msg_encode_chunk(uint8_t *buf, size_t cap, const struct msg_chunk *c, const float *src,
+		     size_t *len, char *err, size_t errlen)
+{
+	const char *name = wire_msg_name(c->type);
+	int rc;
+
+	if (c->type != WIRE_PARAMS && c->type != WIRE_PUSH)
+		return fail(err, errlen, -EINVAL, "chunk: type %u is neither PARAMS nor PUSH",
+			    c->type);
+	if (c->count == 0 || c->count > MSG_CHUNK_FLOATS)
+		return fail(err, errlen, -EINVAL, "%s: count %u is not in 1..%u", name, c->count,
+			    MSG_CHUNK_FLOATS);
+	if (c->type == WIRE_PARAMS && c->worker != 0)
+		return fail(err, errlen, -EINVAL, "PARAMS: worker must be 0, not %u", c->worker);
+	if (c->offset > UINT64_MAX - c->count)
+		return fail(err, errlen, -EINVAL, "%s: offset %llu + count %u overflows", name,
+			    (unsigned long long)c->offset, c->count);
+	rc = check_cap(cap, MSG_CHUNK_BYTES(c->count), c->type, err, errlen);
+	if (rc < 0)
+		return rc;
+	put_head(buf, c->type, MSG_CHUNK_HDR_BYTES);
+	wire_put_u32(buf + 4, c->shard);
+	wire_put_u64(buf + 8, c->version);
+	wire_put_u64(buf + 16, c->offset);
+	wire_put_u32(buf + 24, c->count);
+	wire_put_u32(buf + 28, c->worker);
+	wire_put_f32s(buf + MSG_CHUNK_HDR_BYTES, src, c->count);
+	*len = MSG_CHUNK_BYTES(c->count);
+	return 0;
+}
+
+int msg_decode_chunk(const uint8_t *buf, size_t len, struct msg_chunk *out, char *err,
+		     size_t errlen)
+{
+	const char *name;
+	uint32_t count;
+	int rc;
+
+	if (len < 1)
+		return fail(err, errlen, -EMSGSIZE, "PARAMS/PUSH: empty message");
+	if (buf[0] != WIRE_PARAMS && buf[0] != WIRE_PUSH)
+		return fail(err, errlen, -EPROTO,
+			    "PARAMS/PUSH: type byte is %u (%s), expected %u or %u", buf[0],
+			    wire_msg_name(buf[0]), WIRE_PARAMS, WIRE_PUSH);
+	name = wire_msg_name(buf[0]);
+	if (len < MSG_CHUNK_HDR_BYTES + 4u)
+		return fail(err, errlen, -EMSGSIZE, "%s: %zu bytes, expected at least %u", name,
+			    len, MSG_CHUNK_HDR_BYTES + 4u);
+	if (len > MSG_CHUNK_BYTES_MAX)
+		return fail(err, errlen, -EMSGSIZE, "%s: %zu bytes, expected at most %zu", name,
+			    len, MSG_CHUNK_BYTES_MAX);
+	rc = check_zero(buf, 1, 4, name, err, errlen);
+	if (rc < 0)
+		return rc;
+	count = wire_get_u32(buf + 24);
+	if (count == 0 || count > MSG_CHUNK_FLOATS)
+		return fail(err, errlen, -EPROTO, "%s: count %u is not in 1..%u", name, count,
+			    MSG_CHUNK_FLOATS);
+	if (len != MSG_CHUNK_BYTES(count))
+		return fail(err, errlen, -EMSGSIZE,
+			    "%s: %zu bytes, but count %u needs exactly %zu", name, len, count,
+			    MSG_CHUNK_BYTES(count));
+	out->type = buf[0];
+	out->shard = wire_get_u32(buf + 4);
+	out->version = wire_get_u64(buf + 8);
+	out->offset = wire_get_u64(buf + 16);
+	out->count = count;
+	out->worker = wire_get_u32(buf + 28);
+	out->data = buf + MSG_CHUNK_HDR_BYTES;
+	if (out->type == WIRE_PARAMS && out->worker != 0)
+		return fail(err, errlen, -EPROTO, "PARAMS: worker field is %u, expected 0",
+			    out->worker);
+	if (out->offset > UINT64_MAX - count)
+		return fail(err, errlen, -ERANGE, "%s: offset %llu + count %u overflows", name,
+			    (unsigned long long)out->offset, count);
+	return 0;
+}
+
+void msg_chunk_floats(float *dst, const struct msg_chunk *c)
+{
+	wire_get_f32s(dst, c->data, c->count);
+}
+
+/* ---- ACK: 24 bytes --------------------------------------------------------
+ * 0 type, 1..4 reserved, 4 shard u32, 8 version u64, 16 status u32,
+ * 20 reserved u32 */
+
+static int ack_status_ok(uint32_t s)
+{
+	return s >= MSG_ACK_FIRST && s <= MSG_ACK_LAST;
+}
+
+int msg_encode_ack(uint8_t *buf, size_t cap, const struct msg_ack *m, size_t *len, char *err,
+		   size_t errlen)
+{
+	int rc;
+
+	if (!ack_status_ok(m->status))
+		return fail(err, errlen, -EINVAL, "ACK: unknown status %u", m->status);
+	rc = check_cap(cap, MSG_ACK_BYTES, WIRE_ACK, err, errlen);
+	if (rc < 0)
+		return rc;
+	put_head(buf, WIRE_ACK, MSG_ACK_BYTES);
+	wire_put_u32(buf + 4, m->shard);
+	wire_put_u64(buf + 8, m->version);
+	wire_put_u32(buf + 16, m->status);
+	*len = MSG_ACK_BYTES;
+	return 0;
+}
+
+int msg_decode_ack(const uint8_t *buf, size_t len, struct msg_ack *out, char *err,
+		   size_t errlen)
+{
+	int rc = check_fixed(buf, len, WIRE_ACK, MSG_ACK_BYTES, err, errlen);
+	if (rc == 0)
+		rc = check_zero(buf, 1, 4, "ACK", err, errlen);
+	if (rc == 0)
+		rc = check_zero(buf, 20, 24, "ACK", err, errlen);
+	if (rc < 0)
+		return rc;
+	out->shard = wire_get_u32(buf + 4);
+	out->version = wire_get_u64(buf + 8);
+	out->status = wire_get_u32(buf + 16);
+	if (!ack_status_ok(out->status))
+		return fail(err, errlen, -EPROTO, "ACK: unknown status %u", out->status);
+	return 0;
+}
+
+/* ---- CHECKPOINT: 16 bytes -------------------------------------------------
+ * 0 type, 1..8 reserved, 8 step u64 */
+
+int msg_encode_checkpoint(uint8_t *buf, size_t cap, const struct msg_checkpoint *m,
+			  size_t *len, char *err, size_t errlen)
+{
+	int rc = check_cap(cap, MSG_CHECKPOINT_BYTES, WIRE_CHECKPOINT, err, errlen);
+	if (rc < 0)
+		return rc;
+	put_head(buf, WIRE_CHECKPOINT, MSG_CHECKPOINT_BYTES);
+	wire_put_u64(buf + 8, m->step);
+	*len = MSG_CHECKPOINT_BYTES;
+	return 0;
+}
+
+int msg_decode_checkpoint(const uint8_t *buf, size_t len, struct msg_checkpoint *out,
+			  char *err, size_t errlen)
+{
+	int rc = check_fixed(buf, len, WIRE_CHECKPOINT, MSG_CHECKPOINT_BYTES, err, errlen);
+	if (rc == 0)
+		rc = check_zero(buf, 1, 8, "CHECKPOINT", err, errlen);
+	if (rc < 0)
+		return rc;
+	out->step = wire_get_u64(buf + 8);
+	return 0;
+}
+
+/* ---- STATUS: 32 bytes -----------------------------------------------------
+ * 0 type, 1 reply u8 (0 request, 1 reply), 2..4 reserved, 4 shard u32,
+ * 8 version u64, 16 applied u64, 24 stale u64 (a request: all three 0) */
+
+int msg_encode_status(uint8_t *buf, size_t cap, const struct msg_status *m, size_t *len,
+		      char *err, size_t errlen)
+{
+	int rc;
+
+	if (m->reply > 1)
+		return fail(err, errlen, -EINVAL, "STATUS: reply flag %u is not 0 or 1", m->reply);
+	if (!m->reply && (m->version || m->applied || m->stale))
+		return fail(err, errlen, -EINVAL, "STATUS: a request carries no counters");
+	rc = check_cap(cap, MSG_STATUS_BYTES, WIRE_STATUS, err, errlen);
+	if (rc < 0)
+		return rc;
+	put_head(buf, WIRE_STATUS, MSG_STATUS_BYTES);
+	buf[1] = m->reply;
+	wire_put_u32(buf + 4, m->shard);
+	wire_put_u64(buf + 8, m->version);
+	wire_put_u64(buf + 16, m->applied);
+	wire_put_u64(buf + 24, m->stale);
+	*len = MSG_STATUS_BYTES;
+	return 0;
+}
+
+int msg_decode_status(const uint8_t *buf, size_t len, struct msg_status *out, char *err,
+		      size_t errlen)
+{
+	int rc = check_fixed(buf, len, WIRE_STATUS, MSG_STATUS_BYTES, err, errlen);
+	if (rc == 0)
+		rc = check_zero(buf, 2, 4, "STATUS", err, errlen);
+	if (rc < 0)
+		return rc;
+	if (buf[1] > 1)
+		return fail(err, errlen, -EPROTO, "STATUS: reply flag %u is not 0 or 1", buf[1]);
+	out->reply = buf[1];
+	out->shard = wire_get_u32(buf + 4);
+	out->version = wire_get_u64(buf + 8);
+	out->applied = wire_get_u64(buf + 16);
+	out->stale = wire_get_u64(buf + 24);
+	if (!out->reply && (out->version || out->applied || out->stale))
+		return fail(err, errlen, -EPROTO, "STATUS: a request carries nonzero counters");
+	return 0;
+}
+
+/* ---- DONE: 8 bytes --------------------------------------------------------
+ * 0 type, 1..4 reserved, 4 worker u32 */
+
+int msg_encode_done(uint8_t *buf, size_t cap, const struct msg_done *m, size_t *len, char *err,
+		    size_t errlen)
+{
+	int rc = check_cap(cap, MSG_DONE_BYTES, WIRE_DONE, err, errlen);
+	if (rc < 0)
+		return rc;
+	put_head(buf, WIRE_DONE, MSG_DONE_BYTES);
+	wire_put_u32(buf + 4, m->worker);
+	*len = MSG_DONE_BYTES;
+	return 0;
+}
+
+int msg_decode_done(const uint8_t *buf, size_t len, struct msg_done *out, char *err,
+		    size_t errlen)
+{
+	int rc = check_fixed(buf, len, WIRE_DONE, MSG_DONE_BYTES, err, errlen);
+	if (rc == 0)
+		rc = check_zero(buf, 1, 4, "DONE", err, errlen);
+	if (rc < 0)
+		return rc;
+	out->worker = wire_get_u32(buf + 4);
+	return 0;
+}
+
+/* ---- ERROR: 12 bytes + text -----------------------------------------------
+ * 0 type, 1..4 reserved, 4 code u32 (nonzero), 8 text length u32 (0..256),
+ * 12 text (no NUL, CR or LF; not NUL-terminated on the wire) */
+
+/* Index of the first byte not allowed in an ERROR text, or n. */
+static size_t bad_text_byte(const uint8_t *t, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (t[i] == '\0' || t[i] == '\n' || t[i] == '\r')
+			return i;
+	return n;
+}
+
+int msg_encode_error(uint8_t *buf, size_t cap, uint32_t code, const char *text, size_t *len,
+		     char *err, size_t errlen)
+{
+	size_t n = strnlen(text, WIRE_ERROR_TEXT_MAX + 1);
+	int rc;
+
+	if (code == 0)
+		return fail(err, errlen, -EINVAL, "ERROR: code 0 is not an error");
+	if (n > WIRE_ERROR_TEXT_MAX)
+		return fail(err, errlen, -EINVAL, "ERROR: text is longer than %u bytes",
+			    WIRE_ERROR_TEXT_MAX);
+	if (bad_text_byte((const uint8_t *)text, n) != n)
+		return fail(err, errlen, -EINVAL, "ERROR: text holds a line break");
+	rc = check_cap(cap, MSG_ERROR_HDR_BYTES + n, WIRE_ERROR, err, errlen);
+	if (rc < 0)
+		return rc;
+	put_head(buf, WIRE_ERROR, MSG_ERROR_HDR_BYTES);
+	wire_put_u32(buf + 4, code);
+	wire_put_u32(buf + 8, (uint32_t)n);
+	memcpy(buf + MSG_ERROR_HDR_BYTES, text, n);
+	*len = MSG_ERROR_HDR_BYTES + n;
+	return 0;
+}
+
+int msg_decode_error(const uint8_t *buf, size_t len, struct msg_error *out, char *err,
+		     size_t errlen)
+{
+	uint32_t n;
+	size_t bad;
+	int rc;
+
+	if (len < MSG_ERROR_HDR_BYTES)
+		return fail(err, errlen, -EMSGSIZE, "ERROR: %zu bytes, expected at least %u", len,
+			    MSG_ERROR_HDR_BYTES);
+	if (len > MSG_ERROR_BYTES_MAX)
+		return fail(err, errlen, -EMSGSIZE, "ERROR: %zu bytes, expected at most %u", len,
+			    MSG_ERROR_BYTES_MAX);
+	if (buf[0] != WIRE_ERROR)
+		return fail(err, errlen, -EPROTO, "ERROR: type byte is %u (%s), expected %u",
+			    buf[0], wire_msg_name(buf[0]), WIRE_ERROR);
+	rc = check_zero(buf, 1, 4, "ERROR", err, errlen);
+	if (rc < 0)
+		return rc;
+	n = wire_get_u32(buf + 8);
+	if (n > WIRE_ERROR_TEXT_MAX)
+		return fail(err, errlen, -EPROTO, "ERROR: text length %u is over %u", n,
+			    WIRE_ERROR_TEXT_MAX);
+	if (len != MSG_ERROR_HDR_BYTES + (size_t)n)
+		return fail(err, errlen, -EMSGSIZE,
+			    "ERROR: %zu bytes, but text length %u needs exactly %zu", len, n,
+			    MSG_ERROR_HDR_BYTES + (size_t)n);
+	out->code = wire_get_u32(buf + 4);
+	if (out->code == 0)
+		return fail(err, errlen, -EPROTO, "ERROR: code is 0");
+	bad = bad_text_byte(buf + MSG_ERROR_HDR_BYTES, n);
+	if (bad != n)
+		return fail(err, errlen, -EPROTO, "ERROR: text byte %zu is 0x%02x", bad,
+			    buf[MSG_ERROR_HDR_BYTES + bad]);
+	memcpy(out->text, buf + MSG_ERROR_HDR_BYTES, n);
+	out->text[n] = '\0';
+	return 0;
+}
+
+/* ---- chunking ------------------------------------------------------------ */
+
+uint64_t msg_chunks(uint64_t n)
+{
+	return n / MSG_CHUNK_FLOATS + (n % MSG_CHUNK_FLOATS != 0);
+}
+
+void msg_chunk_range(uint64_t n, uint64_t i, uint64_t *offset, uint32_t *count)
+{
+	uint64_t off = i * MSG_CHUNK_FLOATS;
+	uint64_t left = off < n ? n - off : 0;
+
+	*offset = off;
+	*count = (uint32_t)(left < MSG_CHUNK_FLOATS ? left : MSG_CHUNK_FLOATS);
+}
+
+int msg_assembly_init(struct msg_assembly *a, uint8_t type, uint32_t shard, uint64_t n,
+		      char *err, size_t errlen)
+{
+	if (type != WIRE_PARAMS && type != WIRE_PUSH)
+		return fail(err, errlen, -EINVAL, "assembly: type %u is neither PARAMS nor PUSH",
+			    type);
+	if (n == 0)
+		return fail(err, errlen, -EINVAL, "%s: assembly of an empty tensor",
+			    wire_msg_name(type));
+	*a = (struct msg_assembly){ .type = type, .shard = shard, .n = n };
+	return 0;
+}
+
+int msg_assembly_add(struct msg_assembly *a, const struct msg_chunk *c, float *dst, char *err,
+		     size_t errlen)
+{
+	const char *name = wire_msg_name(a->type);
+
+	if (c->type != a->type)
+		return fail(err, errlen, -EPROTO, "%s: got a %s chunk", name,
+			    wire_msg_name(c->type));
+	if (c->shard != a->shard)
+		return fail(err, errlen, -EPROTO, "%s: chunk for shard %u, expected shard %u",
+			    name, c->shard, a->shard);
+	if (a->received > 0 && c->version != a->version)
+		return fail(err, errlen, -EPROTO,
+			    "%s: chunk at version %llu in a tensor at version %llu", name,
+			    (unsigned long long)c->version, (unsigned long long)a->version);
+	if (a->received > 0 && c->worker != a->worker)
+		return fail(err, errlen, -EPROTO,
+			    "%s: chunk from worker %u in a tensor from worker %u", name,
+			    c->worker, a->worker);
+	if (c->count == 0 || c->offset > a->n || c->count > a->n - c->offset)
+		return fail(err, errlen, -ERANGE,
+			    "%s: chunk [%llu, %llu) is outside the shard's range [0, %llu)", name,
+			    (unsigned long long)c->offset,
+			    (unsigned long long)c->offset + c->count, (unsigned long long)a->n);
+	if (a->received == a->n)
+		return fail(err, errlen, -EPROTO,
+			    "%s: chunk at offset %llu after all %llu floats arrived", name,
+			    (unsigned long long)c->offset, (unsigned long long)a->n);
+	if (c->offset > a->received)
+		return fail(err, errlen, -EPROTO,
+			    "%s: chunk at offset %llu leaves a gap after %llu floats", name,
+			    (unsigned long long)c->offset, (unsigned long long)a->received);
+	if (c->offset < a->received)
+		return fail(err, errlen, -EPROTO,
+			    "%s: chunk at offset %llu overlaps the %llu floats received", name,
+			    (unsigned long long)c->offset, (unsigned long long)a->received);
+	if (dst)
+		msg_chunk_floats(dst + c->offset, c);
+	if (a->received == 0) {
+		a->version = c->version;
+		a->worker = c->worker;
+	}
+	a->received += c->count;
+	return a->received == a->n;
+}
+
+int msg_assembly_done(const struct msg_assembly *a)
+{
+	return a->received == a->n;
+}

@@ -1,0 +1,234 @@
+/* Message bodies: encoding and decoding of every message that travels inside
+ * a frame (docs/PROTOCOL.md, "Messages", is the reference for the bytes), and
+ * the chunking of tensors into bounded messages. Pure functions over
+ * buffers: no sockets, no crypto, no allocation, no printing. net/frame.c
+ * seals what these functions produce; the ps and worker loops decide what to
+ * do with what they decode.
+ *
+ * Every message starts with a fixed header: the type byte (enum wire_msg),
+ * three bytes that are reserved (zero) except in STATUS, then fields in
+ * little-endian at 4- and 8-byte aligned offsets. PARAMS and PUSH (the
+ * "chunk" messages) are followed by `count` float32 values; ERROR by its
+ * text. Decoders check the length that the type implies before reading any
+ * field after the type byte, then every field (reserved bytes zero, enum
+ * values known, counts within bounds); the body length must match exactly,
+ * so a message one byte short or one byte long is refused.
+ *
+ * Float payloads are not copied by the decoders: struct msg_chunk points at
+ * them inside the caller's buffer (c->data, 4*count bytes, little-endian and
+ * possibly unaligned). Read them with msg_chunk_floats() or wire_get_f32s(),
+ * never through a float pointer cast. The pointer is valid as long as the
+ * buffer is.
+ *
+ * Offsets in chunk messages count float32 elements from the start of the
+ * shard's parameter range (shard-relative, not global). A tensor of N floats
+ * travels as msg_chunks(N) messages with offsets 0, MSG_CHUNK_FLOATS, ...,
+ * in increasing order; the receiver checks each with struct msg_assembly.
+ *
+ * Errors: 0 (or a non-negative value where said) or a negative errno, with
+ * one line in err (errlen bytes; err may be NULL when errlen is 0) naming the
+ * message type and the problem:
+ *   -EMSGSIZE  the body length is wrong for the type (or, encoding, the
+ *              output buffer is too small: -ENOBUFS)
+ *   -EPROTO    wrong or unknown type byte, a reserved byte not zero, an
+ *              unknown enum value, a count of 0 or above MSG_CHUNK_FLOATS,
+ *              a bad ERROR text; a chunk out of order (gap, overlap, after
+ *              the end) or for another shard, version or worker
+ *   -ERANGE    a chunk outside the tensor's range
+ *   -EINVAL    (encoders) a field the sender may not send
+ * A malformed message from a peer ends that connection. */
+#ifndef PSTRAIN_NET_MSG_H
+#define PSTRAIN_NET_MSG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wire.h"
+
+#define MSG_MUST_CHECK __attribute__((warn_unused_result))
+
+/* Most float32 values in one PARAMS or PUSH message (1 MiB of them). */
+#define MSG_CHUNK_FLOATS (WIRE_CHUNK_MAX / 4u)
+
+/* Fixed lengths (bytes) of each message's header; see docs/PROTOCOL.md. */
+#define MSG_PULL_BYTES 16u
+#define MSG_CHUNK_HDR_BYTES 32u /* PARAMS and PUSH, before the floats */
+#define MSG_ACK_BYTES 24u
+#define MSG_CHECKPOINT_BYTES 16u
+#define MSG_STATUS_BYTES 32u
+#define MSG_DONE_BYTES 8u
+#define MSG_ERROR_HDR_BYTES 12u /* before the text */
+
+/* Largest encoded message of each variable-length kind; both fit FRAME_MAX. */
+#define MSG_CHUNK_BYTES(count) (MSG_CHUNK_HDR_BYTES + 4u * (size_t)(count))
+#define MSG_CHUNK_BYTES_MAX MSG_CHUNK_BYTES(MSG_CHUNK_FLOATS)
+#define MSG_ERROR_BYTES_MAX (MSG_ERROR_HDR_BYTES + WIRE_ERROR_TEXT_MAX)
+
+/* PULL's version meaning "whatever is newest" (async mode). */
+#define MSG_VERSION_LATEST UINT64_MAX
+
+/* PULL: worker -> ps, "send me shard's parameters at version" (or
+ * MSG_VERSION_LATEST). The ps answers with PARAMS chunks. */
+struct msg_pull {
+	uint32_t shard;
+	uint64_t version;
+};
+
+/* PARAMS (ps -> worker) and PUSH (worker -> ps): one chunk of a shard's
+ * parameters, or of a gradient for them, covering the shard-relative range
+ * [offset, offset + count). version: PARAMS, the version of these
+ * parameters; PUSH, the version the gradient was computed at. worker: PUSH,
+ * the sender's worker index; PARAMS, always 0. data: count floats, see the
+ * top of this file. */
+struct msg_chunk {
+	uint8_t type; /* WIRE_PARAMS or WIRE_PUSH */
+	uint32_t shard;
+	uint64_t version;
+	uint32_t worker;
+	uint64_t offset;
+	uint32_t count;       /* 1..MSG_CHUNK_FLOATS */
+	const uint8_t *data;  /* (count) little-endian float32, maybe unaligned */
+};
+
+/* What a ps did with a whole pushed gradient. Zero is not a status. */
+enum msg_ack_status {
+	MSG_ACK_APPLIED = 1,   /* applied; version is the new version */
+	MSG_ACK_ACCEPTED = 2,  /* sync: held until enough replicas arrive */
+	MSG_ACK_STALE = 3,     /* dropped: computed at too old a version */
+	MSG_ACK_DUPLICATE = 4, /* dropped: this worker already pushed for it */
+};
+#define MSG_ACK_FIRST MSG_ACK_APPLIED
+#define MSG_ACK_LAST MSG_ACK_DUPLICATE
+
+/* ACK: ps -> worker, after the last chunk of a PUSH. version: the shard's
+ * version now. */
+struct msg_ack {
+	uint32_t shard;
+	uint64_t version;
+	uint32_t status; /* enum msg_ack_status */
+};
+
+/* CHECKPOINT: chief -> ps, "save your shard as of step". */
+struct msg_checkpoint {
+	uint64_t step;
+};
+
+/* STATUS: a request (reply = 0, counters all zero) or a ps's reply
+ * (reply = 1) with its shard's counters. */
+struct msg_status {
+	uint8_t reply;
+	uint32_t shard;
+	uint64_t version;
+	uint64_t applied; /* gradients applied */
+	uint64_t stale;   /* gradients dropped as stale */
+};
+
+/* DONE: worker -> ps, goodbye from worker index `worker`. */
+struct msg_done {
+	uint32_t worker;
+};
+
+/* ERROR: (code, text), after which the sender closes. code is a positive
+ * errno-style number; text is at most WIRE_ERROR_TEXT_MAX bytes, one line
+ * without NUL, CR or LF. Decoded, text is NUL-terminated. */
+struct msg_error {
+	uint32_t code;
+	char text[WIRE_ERROR_TEXT_MAX + 1];
+};
+
+/* The type of a received message (WIRE_PULL..WIRE_ERROR): len >= 1 and a
+ * known type that travels in frames. HELLO never does (it is the unframed
+ * handshake), so it is refused like an unknown type: -EPROTO; an empty
+ * message is -EMSGSIZE. */
+MSG_MUST_CHECK int msg_type(const uint8_t *buf, size_t len, char *err, size_t errlen);
+
+/* ---- encoders -------------------------------------------------------------
+ * Write one message to buf (cap bytes) and set *len to its length. -ENOBUFS
+ * if cap is too small, -EINVAL for a field that may not be sent (count 0 or
+ * above MSG_CHUNK_FLOATS, PARAMS with a worker, unknown ACK status, a STATUS
+ * request with counters, a bad ERROR text), with nothing written to *len. */
+
+MSG_MUST_CHECK int msg_encode_pull(uint8_t *buf, size_t cap, const struct msg_pull *m,
+				   size_t *len, char *err, size_t errlen);
+/* c->type picks PARAMS or PUSH; c->data is ignored: the count floats are
+ * read from src (a host-order float array). */
+MSG_MUST_CHECK int msg_encode_chunk(uint8_t *buf, size_t cap, const struct msg_chunk *c,
+				    const float *src /* (count) */, size_t *len, char *err,
+				    size_t errlen);
+MSG_MUST_CHECK int msg_encode_ack(uint8_t *buf, size_t cap, const struct msg_ack *m,
+				  size_t *len, char *err, size_t errlen);
+MSG_MUST_CHECK int msg_encode_checkpoint(uint8_t *buf, size_t cap,
+					 const struct msg_checkpoint *m, size_t *len,
+					 char *err, size_t errlen);
+MSG_MUST_CHECK int msg_encode_status(uint8_t *buf, size_t cap, const struct msg_status *m,
+				     size_t *len, char *err, size_t errlen);
+MSG_MUST_CHECK int msg_encode_done(uint8_t *buf, size_t cap, const struct msg_done *m,
+				   size_t *len, char *err, size_t errlen);
+/* text is a C string (NUL-terminated); m->text is not used. */
+MSG_MUST_CHECK int msg_encode_error(uint8_t *buf, size_t cap, uint32_t code, const char *text,
+				    size_t *len, char *err, size_t errlen);
+
+/* ---- decoders -------------------------------------------------------------
+ * Decode one message of exactly len bytes into *out. On failure *out is
+ * unspecified. msg_decode_chunk accepts PARAMS or PUSH (check out->type);
+ * the others accept only their own type. */
+
+MSG_MUST_CHECK int msg_decode_pull(const uint8_t *buf, size_t len, struct msg_pull *out,
+				   char *err, size_t errlen);
+MSG_MUST_CHECK int msg_decode_chunk(const uint8_t *buf, size_t len, struct msg_chunk *out,
+				    char *err, size_t errlen);
+MSG_MUST_CHECK int msg_decode_ack(const uint8_t *buf, size_t len, struct msg_ack *out,
+				  char *err, size_t errlen);
+MSG_MUST_CHECK int msg_decode_checkpoint(const uint8_t *buf, size_t len,
+					 struct msg_checkpoint *out, char *err, size_t errlen);
+MSG_MUST_CHECK int msg_decode_status(const uint8_t *buf, size_t len, struct msg_status *out,
+				     char *err, size_t errlen);
+MSG_MUST_CHECK int msg_decode_done(const uint8_t *buf, size_t len, struct msg_done *out,
+				   char *err, size_t errlen);
+MSG_MUST_CHECK int msg_decode_error(const uint8_t *buf, size_t len, struct msg_error *out,
+				    char *err, size_t errlen);
+
+/* Copies a decoded chunk's count floats into dst (host order). */
+void msg_chunk_floats(float *dst /* (count) */, const struct msg_chunk *c);
+
+/* ---- chunking ------------------------------------------------------------ */
+
+/* Number of chunk messages for a tensor of n floats: ceil(n / MSG_CHUNK_FLOATS)
+ * (0 for n = 0). */
+uint64_t msg_chunks(uint64_t n);
+
+/* The i-th chunk (0 <= i < msg_chunks(n)) of a tensor of n floats: sets
+ * *offset and *count (every chunk is MSG_CHUNK_FLOATS long but the last). */
+void msg_chunk_range(uint64_t n, uint64_t i, uint64_t *offset, uint32_t *count);
+
+/* Receiving one tensor: the chunks of one PARAMS reply or one PUSH, checked
+ * as they arrive. Init with the message type, the shard and the tensor's
+ * length n (the shard's size; n >= 1). The first chunk fixes version (and,
+ * for PUSH, worker); every later chunk must carry the same ones. Chunks
+ * must arrive in order: offset == floats received so far, offset + count <=
+ * n. */
+struct msg_assembly {
+	uint8_t type;
+	uint32_t shard;
+	uint64_t n;        /* floats expected */
+	uint64_t received; /* floats received = the next expected offset */
+	uint64_t version;  /* from the first chunk */
+	uint32_t worker;   /* from the first chunk (PUSH) */
+};
+
+/* -EINVAL for a type other than PARAMS/PUSH or n = 0. */
+MSG_MUST_CHECK int msg_assembly_init(struct msg_assembly *a, uint8_t type, uint32_t shard,
+				     uint64_t n, char *err, size_t errlen);
+
+/* Checks decoded chunk c against a; if dst is not NULL, copies its floats to
+ * dst + c->offset (dst has n floats). Returns 1 when the tensor is now
+ * complete, 0 when more chunks are expected, or (a unchanged, nothing
+ * copied): -EPROTO (wrong type, shard, version or worker; a gap; an overlap;
+ * a chunk after the tensor was complete), -ERANGE (offset + count > n). */
+MSG_MUST_CHECK int msg_assembly_add(struct msg_assembly *a, const struct msg_chunk *c,
+				    float *dst /* (n) */, char *err, size_t errlen);
+
+/* Whether every float has arrived. */
+int msg_assembly_done(const struct msg_assembly *a);
+
+#endif

@@ -1,0 +1,549 @@
+/* Tests of core/psshard.c: shard init equals the slice of a whole-model
+ * init; sync mode with R = W reproduces `local` with batch W·B over several
+ * versions, for 2 and 3 ps shards and every optimizer; the average is
+ * summed in worker-index order whatever the arrival order; stale, duplicate
+ * and ahead-of-time pushes; backup workers (R < W); async apply-on-arrival
+ * and max_staleness; and pushes that never allocate. */
+#include <criterion/criterion.h>
+
+#include "leak.h"
+
+#include <errno.h>
+#include <malloc.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "config.h"
+#include "model.h"
+#include "optim.h"
+#include "psshard.h"
+#include "replica.h"
+#include "rng.h"
+#include "shard.h"
+
+TestSuite(psshard, .fini = leak_check);
+
+#define MLP "[model]\ninput = 6\nlayer = dense 16\nlayer = relu\nlayer = dense 8\nlayer = tanh\nlayer = dense 3\n"
+
+/* A config with W workers, R replicas_to_aggregate (0 = W), and extra
+ * [train] lines; the model is model_text. */
+static void make_config(struct config *c, struct model *m, int W, int R, const char *train,
+			const char *model_text)
+{
+	char text[8192], err[CONFIG_ERR_MAX];
+	int len = snprintf(text, sizeof(text), "[cluster]\nworkers = ");
+	for (int w = 0; w < W; w++)
+		len += snprintf(text + len, sizeof(text) - (size_t)len, "%s127.0.0.1:%d", w ? ", " : "", 3000 + w);
+	len += snprintf(text + len, sizeof(text) - (size_t)len,
+			"\n[train]\nreplicas_to_aggregate = %d\nseed = 11\nsteps = 100\n%s\n%s", R, train, model_text);
+	cr_assert_lt(len, (int)sizeof(text));
+	cr_assert_eq(config_parse_string(c, "t.ini", text, err, sizeof(err)), 0, "%s\n%s", err, text);
+	cr_assert_eq(model_build(m, &c->model, err, sizeof(err)), 0, "%s", err);
+}
+
+/* Index of the first bitwise difference, or n. */
+static size_t first_diff(const float *a, const float *b, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (memcmp(&a[i], &b[i], sizeof(float)))
+			return i;
+	return n;
+}
+
+Test(psshard, init_equals_slice_of_whole_init)
+{
+	struct config c;
+	struct model m;
+	char err[256];
+	make_config(&c, &m, 2, 0, "", MLP);
+	size_t P = m.nparams;
+	cr_assert_eq(P, 6 * 16 + 16 + 16 * 8 + 8 + 8 * 3 + 3);
+	float *whole = malloc(P * sizeof(float));
+	cr_assert_not_null(whole);
+	model_init_params(&m, whole, 0, P, c.train.seed);
+	size_t nonzero = 0;
+	for (size_t i = 0; i < P; i++)
+		nonzero += whole[i] != 0.0f;
+	cr_assert_gt(nonzero, P / 2);
+
+	const int counts[] = { 1, 2, 3, 7 };
+	for (size_t j = 0; j < sizeof(counts) / sizeof(counts[0]); j++) {
+		int nps = counts[j];
+		struct shard sh[7];
+		shard_plan(sh, nps, P);
+		for (int k = 0; k < nps; k++) {
+			struct psshard s;
+			cr_assert_eq(psshard_init(&s, &m, &sh[k], &c, 100, err, sizeof(err)), 0, "%s", err);
+			cr_assert_eq(s.n, sh[k].end - sh[k].begin);
+			cr_assert_eq(psshard_version(&s), 0);
+			cr_assert_eq(s.workers, 2);
+			cr_assert_eq(s.replicas, 2);
+			cr_assert_eq(s.mode, MODE_SYNC);
+			size_t bad = first_diff(psshard_params(&s), whole + sh[k].begin, s.n);
+			cr_assert_eq(bad, s.n, "%d ps, shard %d: element %zu differs", nps, k, bad);
+			psshard_free(&s);
+		}
+	}
+	free(whole);
+}
+
+Test(psshard, init_rejects_bad_ranges_and_counts)
+{
+	struct config c;
+	struct model m;
+	struct psshard s;
+	char err[256];
+	make_config(&c, &m, 2, 0, "", MLP);
+	size_t P = m.nparams;
+
+	struct shard empty = { 5, 5 }, beyond = { 10, P + 1 }, reversed = { 9, 3 };
+	cr_assert_eq(psshard_init(&s, &m, &empty, &c, 100, err, sizeof(err)), -EINVAL);
+	cr_assert_str_eq(err, "ps shard [5, 5) is not a nonempty range of the model's 275 parameters");
+	psshard_free(&s);
+	cr_assert_eq(psshard_init(&s, &m, &beyond, &c, 100, err, sizeof(err)), -EINVAL);
+	cr_assert(strstr(err, "[10, 276)") != NULL, "%s", err);
+	psshard_free(&s);
+	cr_assert_eq(psshard_init(&s, &m, &reversed, &c, 100, err, sizeof(err)), -EINVAL);
+	psshard_free(&s);
+
+	struct shard all = { 0, P };
+	c.train.replicas_to_aggregate = 3;   /* config resolves it to <= W; check anyway */
+	cr_assert_eq(psshard_init(&s, &m, &all, &c, 100, err, sizeof(err)), -EINVAL);
+	cr_assert_str_eq(err, "ps shard: replicas_to_aggregate 3 (expected 1..2 workers)");
+	psshard_free(&s);
+	c.train.replicas_to_aggregate = 2;
+	c.train.optim.kind = (enum optim_kind)7;
+	cr_assert_eq(psshard_init(&s, &m, &all, &c, 100, err, sizeof(err)), -EINVAL);
+	cr_assert_str_eq(err, "ps shard: unknown optimizer 7");
+	psshard_free(&s);
+	psshard_free(NULL);
+}
+
+/* Synthetic classification data: x (N, D), y (N). */
+static void make_data(float *x, int32_t *y, int N, int D, int K)
+{
+	for (int i = 0; i < N; i++) {
+		y[i] = i % K;
+		for (int j = 0; j < D; j++)
+			x[(size_t)i * D + j] = (float)(rng_normal(5, RNG_DATA, (uint64_t)i * D + j) +
+						       (j % K == y[i] ? 1.5 : 0.0));
+	}
+}
+
+/* grads (P) = backward over samples [first, first + B) at params, scaled. */
+static void gradient(struct replica *r, const float *params, float *grads, const float *x,
+		     const int32_t *y, int first, int B, float scale)
+{
+	const struct model *m = r->m;
+	double loss;
+	int right;
+	memset(grads, 0, m->nparams * sizeof(float));
+	cr_assert_eq(replica_load(r, x + (size_t)first * m->inputs, y + first, B), 0);
+	cr_assert_eq(replica_forward(r, params, B, &loss, &right), 0);
+	cr_assert_eq(replica_backward(r, params, grads, B, scale), 0);
+}
+
+/* Sync against local: the two runs differ only in the order the per-sample
+ * gradient terms are summed, ((s_0 + ... + s_B-1)/B + (s_B + ...)/B + ...)/W
+ * against (s_0 + ... + s_WB-1)/(WB) (with W a power of two the scales are
+ * the same float), so the gradients differ by a few roundings of their own
+ * size and the parameters by lr times that. Observed over the cases below
+ * (6 versions each): at most 2 ulps (1.4e-7 relative) where |p| >= 0.1, and
+ * at most 1.2e-7 absolute anywhere; parameters near zero (biases starting
+ * at 0) differ by at most 5.1e-9. Hence |sharded - local| <= RTOL |local| +
+ * ATOL: 1e-6 relative, with an absolute floor of 2e-8 for values near zero,
+ * where a relative bound means nothing. A real bug (a missing 1/W, the lr of
+ * the wrong step, a dropped worker) moves parameters by about lr |g|, 1e-3
+ * or more. */
+#define EQUIV_RTOL 1e-6
+#define EQUIV_ATOL 2e-8
+
+struct equiv_case {
+	const char *train;
+	int nps, W, B, steps;
+};
+
+/* worst: [0] largest relative difference where |p| >= 0.1, [1] largest
+ * absolute difference; both kept across calls. */
+static void run_equivalence(const struct equiv_case *q, double worst[2])
+{
+	struct config c;
+	struct model m;
+	struct replica rep;
+	struct backend be;
+	char err[256];
+	make_config(&c, &m, q->W, 0, q->train, MLP);
+	size_t P = m.nparams;
+	int W = q->W, B = q->B, N = W * B * q->steps;
+	long total = q->steps;
+
+	float *x = malloc((size_t)N * m.inputs * sizeof(float));
+	int32_t *y = malloc((size_t)N * sizeof(int32_t));
+	float *local = malloc(P * sizeof(float)), *lgrad = malloc(P * sizeof(float));
+	float *pulled = malloc(P * sizeof(float)), *ref = malloc(P * sizeof(float));
+	float *wgrad = malloc((size_t)W * P * sizeof(float)), *sum = malloc(P * sizeof(float));
+	cr_assert(x && y && local && lgrad && pulled && ref && wgrad && sum);
+	make_data(x, y, N, m.inputs, m.outputs);
+	backend_cpu(&be, 1);
+	cr_assert_eq(replica_init(&rep, &m, &be, W * B, err, sizeof(err)), 0, "%s", err);
+
+	struct shard sh[3];
+	struct psshard ps[3];
+	cr_assert_leq(q->nps, 3);
+	shard_plan(sh, q->nps, P);
+	for (int k = 0; k < q->nps; k++)
+		cr_assert_eq(psshard_init(&ps[k], &m, &sh[k], &c, total, err, sizeof(err)), 0, "%s", err);
+
+	/* local: the whole vector, one optimizer, batch W·B */
+	struct optim lopt, ropt;
+	cr_assert_eq(optim_init(&lopt, &c.train.optim, P), 0);
+	cr_assert_eq(optim_init(&ropt, &c.train.optim, P), 0);
+	model_init_params(&m, local, 0, P, c.train.seed);
+	memcpy(ref, local, P * sizeof(float));
+
+	for (int v = 0; v <= q->steps; v++) {
+		/* PULL from every shard */
+		for (int k = 0; k < q->nps; k++) {
+			cr_assert_eq(psshard_version(&ps[k]), (uint64_t)v);
+			memcpy(pulled + sh[k].begin, psshard_params(&ps[k]), ps[k].n * sizeof(float));
+		}
+		/* The shards do exactly "sum in worker-index order, divide by W,
+		 * step" (bitwise), and that is local up to summation order. */
+		size_t bad = first_diff(pulled, ref, P);
+		cr_assert_eq(bad, P, "%d ps, W %d, version %d: p[%zu] = %a, index-order reference %a",
+			     q->nps, W, v, bad, bad < P ? pulled[bad] : 0.0, bad < P ? ref[bad] : 0.0);
+		size_t moved = 0;
+		for (size_t i = 0; i < P; i++) {
+			double d = fabs((double)pulled[i] - local[i]);
+			cr_assert(d <= EQUIV_ATOL + EQUIV_RTOL * fabs(local[i]),
+				  "%d ps, W %d, version %d: p[%zu] = %.9g sharded, %.9g local",
+				  q->nps, W, v, i, (double)pulled[i], (double)local[i]);
+			if (fabs(local[i]) >= 0.1 && d / fabs(local[i]) > worst[0])
+				worst[0] = d / fabs(local[i]);
+			worst[1] = d > worst[1] ? d : worst[1];
+			if (v > 0) {
+				float init;
+				model_init_params(&m, &init, i, i + 1, c.train.seed);
+				moved += pulled[i] != init;
+			}
+		}
+		/* It trained: most parameters moved (the comparison could fail). */
+		if (v > 0)
+			cr_assert_gt(moved, P * 3 / 4, "version %d: only %zu of %zu moved", v, moved, P);
+		if (v == q->steps)
+			break;
+
+		/* W workers, each on its own B samples of this step's W·B */
+		for (int w = 0; w < W; w++)
+			gradient(&rep, pulled, wgrad + (size_t)w * P, x, y, (v * W + w) * B, B, 1.0f / (float)B);
+		/* PUSH in an order that is not the index order (reversed, or
+		 * rotated on odd versions), each worker's gradient to every shard. */
+		for (int a = 0; a < W; a++) {
+			int w = v % 2 ? (a + 1) % W : W - 1 - a;
+			for (int k = 0; k < q->nps; k++) {
+				enum psshard_outcome o;
+				cr_assert_eq(psshard_push(&ps[k], w, (uint64_t)v, wgrad + (size_t)w * P + sh[k].begin, &o), 0);
+				cr_assert_eq(o, a == W - 1 ? PSSHARD_APPLIED : PSSHARD_WAITING,
+					     "version %d, arrival %d: %s", v, a, psshard_outcome_name(o));
+			}
+		}
+		float lr = optim_lr(&c.train.optim, v, total);
+		/* the index-order reference */
+		memcpy(sum, wgrad, P * sizeof(float));
+		for (int w = 1; w < W; w++)
+			for (size_t i = 0; i < P; i++)
+				sum[i] += wgrad[(size_t)w * P + i];
+		for (size_t i = 0; i < P; i++)
+			sum[i] /= (float)W;
+		optim_step(&ropt, ref, sum, lr);
+		/* local: one batch of the same W·B samples */
+		gradient(&rep, local, lgrad, x, y, v * W * B, W * B, 1.0f / (float)(W * B));
+		optim_step(&lopt, local, lgrad, lr);
+	}
+	for (int k = 0; k < q->nps; k++) {
+		cr_assert_eq(ps[k].applied, (uint64_t)q->steps);
+		cr_assert_eq(ps[k].received, (uint64_t)(q->steps * W));
+		cr_assert_eq(ps[k].dropped_stale, 0);
+		psshard_free(&ps[k]);
+	}
+	optim_free(&lopt);
+	optim_free(&ropt);
+	replica_free(&rep);
+	free(x);
+	free(y);
+	free(local);
+	free(lgrad);
+	free(pulled);
+	free(ref);
+	free(wgrad);
+	free(sum);
+}
+
+Test(psshard, sync_equals_local_with_the_whole_batch)
+{
+	static const char *const optims[] = {
+		"optimizer = sgd\nlearning_rate = 0.1\n",
+		"optimizer = momentum\nlearning_rate = 0.05\nweight_decay = 0.01\nnesterov = true\n"
+		"lr_schedule = cosine\nwarmup_steps = 2\n",
+		"optimizer = adam\nlearning_rate = 0.01\nlr_schedule = step\nlr_decay_steps = 2\nlr_decay_rate = 0.5\n",
+	};
+	static const int shapes[][3] = { /* nps, W, B */
+		{ 2, 2, 8 }, { 3, 4, 5 }, { 2, 3, 7 }, { 3, 2, 16 },
+	};
+	double worst[2] = { 0, 0 };
+	for (size_t i = 0; i < sizeof(optims) / sizeof(optims[0]); i++)
+		for (size_t j = 0; j < sizeof(shapes) / sizeof(shapes[0]); j++) {
+			struct equiv_case q = { optims[i], shapes[j][0], shapes[j][1], shapes[j][2], 6 };
+			run_equivalence(&q, worst);
+		}
+	cr_log_info("sync vs local: largest difference %.3g relative (|p| >= 0.1), %.3g absolute; "
+		    "tolerance %g |p| + %g", worst[0], worst[1], EQUIV_RTOL, EQUIV_ATOL);
+}
+
+/* A shard over the whole tiny model "input = 3, dense 2" (P = 8: weights
+ * [0, 6), biases [6, 8) which start at 0), SGD with lr 1. */
+static void tiny(struct psshard *s, struct model *m, int W, int R, const char *extra)
+{
+	struct config c;
+	char err[256], train[512];
+	snprintf(train, sizeof(train), "optimizer = sgd\nlearning_rate = 1\n%s", extra);
+	make_config(&c, m, W, R, train, "[model]\ninput = 3\nlayer = dense 2\n");
+	cr_assert_eq(m->nparams, 8);
+	struct shard all = { 0, 8 };
+	cr_assert_eq(psshard_init(s, m, &all, &c, 100, err, sizeof(err)), 0, "%s", err);
+}
+
+static void fill(float *g, size_t n, float value)
+{
+	for (size_t i = 0; i < n; i++)
+		g[i] = value;
+}
+
+Test(psshard, sum_is_in_worker_index_order)
+{
+	/* g0 = 1, g1 = -1, g2 = 1e-8: (g0 + g1) + g2 = 1e-8, but arrival order
+	 * 2, 1, 0 would give (1e-8 + -1) + 1 = 0 in float. */
+	struct psshard s;
+	struct model m;
+	tiny(&s, &m, 3, 3, "");
+	float init[8], g[3][8];
+	memcpy(init, psshard_params(&s), sizeof(init));
+	fill(g[0], 8, 1.0f);
+	fill(g[1], 8, -1.0f);
+	fill(g[2], 8, 1e-8f);
+	volatile float a = 1e-8f, b = -1.0f, one = 1.0f;
+	cr_assert_eq((a + b) + one, 0.0f, "the arrival-order sum must differ for this test to mean anything");
+	enum psshard_outcome o;
+	for (int w = 2; w >= 0; w--) {
+		cr_assert_eq(psshard_push(&s, w, 0, g[w], &o), 0);
+		cr_assert_eq(o, w ? PSSHARD_WAITING : PSSHARD_APPLIED);
+		cr_assert_eq(s.nwaiting, w ? 3 - w : 0);
+	}
+	float want = 1e-8f / 3.0f;
+	for (int i = 0; i < 8; i++)
+		cr_assert_eq(psshard_params(&s)[i], init[i] - want, "p[%d] = %a, want %a", i,
+			     (double)psshard_params(&s)[i], (double)(init[i] - want));
+	cr_assert_eq(psshard_params(&s)[6], -want);   /* a bias: started at 0 */
+	cr_assert_neq(psshard_params(&s)[6], 0.0f);
+	cr_assert_eq(psshard_version(&s), 1);
+	psshard_free(&s);
+}
+
+Test(psshard, sync_stale_duplicate_and_ahead)
+{
+	struct psshard s;
+	struct model m;
+	tiny(&s, &m, 2, 2, "");
+	float g[8], before[8];
+	enum psshard_outcome o = PSSHARD_APPLIED;
+	fill(g, 8, 0.5f);
+
+	cr_assert_eq(psshard_push(&s, 1, 0, g, &o), 0);
+	cr_assert_eq(o, PSSHARD_WAITING);
+	memcpy(before, psshard_params(&s), sizeof(before));
+	/* the same worker again for v: an error, nothing changes */
+	cr_assert_eq(psshard_push(&s, 1, 0, g, &o), -EALREADY);
+	/* ahead of the shard: an error */
+	cr_assert_eq(psshard_push(&s, 0, 1, g, &o), -ERANGE);
+	/* no such worker */
+	cr_assert_eq(psshard_push(&s, 2, 0, g, &o), -EINVAL);
+	cr_assert_eq(psshard_push(&s, -1, 0, g, &o), -EINVAL);
+	cr_assert_eq(s.nwaiting, 1);
+	cr_assert_eq(s.received, 1);
+	cr_assert_eq(psshard_version(&s), 0);
+	cr_assert_eq(first_diff(psshard_params(&s), before, 8), 8);
+
+	cr_assert_eq(psshard_push(&s, 0, 0, g, &o), 0);
+	cr_assert_eq(o, PSSHARD_APPLIED);
+	cr_assert_eq(psshard_version(&s), 1);
+	for (int i = 0; i < 8; i++)
+		cr_assert_eq(psshard_params(&s)[i], before[i] - 0.5f);
+
+	/* version 0 again, from either worker: stale, counted, no change */
+	memcpy(before, psshard_params(&s), sizeof(before));
+	cr_assert_eq(psshard_push(&s, 0, 0, g, &o), 0);
+	cr_assert_eq(o, PSSHARD_STALE);
+	cr_assert_eq(psshard_push(&s, 1, 0, g, &o), 0);
+	cr_assert_eq(o, PSSHARD_STALE);
+	cr_assert_eq(s.dropped_stale, 2);
+	cr_assert_eq(s.nwaiting, 0);
+	cr_assert_eq(first_diff(psshard_params(&s), before, 8), 8);
+	/* and the workers can push for version 1: the bitmap was cleared */
+	cr_assert_eq(psshard_push(&s, 1, 1, g, &o), 0);
+	cr_assert_eq(o, PSSHARD_WAITING);
+	cr_assert_eq(psshard_push(&s, 0, 1, g, &o), 0);
+	cr_assert_eq(o, PSSHARD_APPLIED);
+	cr_assert_eq(psshard_version(&s), 2);
+	cr_assert_eq(s.applied, 2);
+	cr_assert_eq(s.received, 6);
+	psshard_free(&s);
+}
+
+Test(psshard, backup_workers_do_not_count_once_v_moved_on)
+{
+	/* W = 3, R = 2: the first two distinct workers make the step; the
+	 * third (the backup) is stale for v and changes nothing. */
+	struct psshard s;
+	struct model m;
+	tiny(&s, &m, 3, 2, "");
+	cr_assert_eq(s.replicas, 2);
+	float g[3][8], init[8], after[8];
+	for (int w = 0; w < 3; w++)
+		for (int i = 0; i < 8; i++)
+			g[w][i] = (float)(w + 1) * 0.25f + (float)i * 0.125f;
+	memcpy(init, psshard_params(&s), sizeof(init));
+	enum psshard_outcome o;
+	cr_assert_eq(psshard_push(&s, 2, 0, g[2], &o), 0);
+	cr_assert_eq(o, PSSHARD_WAITING);
+	cr_assert_eq(psshard_push(&s, 0, 0, g[0], &o), 0);
+	cr_assert_eq(o, PSSHARD_APPLIED);
+	cr_assert_eq(psshard_version(&s), 1);
+	for (int i = 0; i < 8; i++)
+		cr_assert_eq(psshard_params(&s)[i], init[i] - (g[0][i] + g[2][i]) / 2.0f, "p[%d]", i);
+	memcpy(after, psshard_params(&s), sizeof(after));
+
+	cr_assert_eq(psshard_push(&s, 1, 0, g[1], &o), 0);   /* the slow one */
+	cr_assert_eq(o, PSSHARD_STALE);
+	cr_assert_eq(s.dropped_stale, 1);
+	cr_assert_eq(first_diff(psshard_params(&s), after, 8), 8);
+	cr_assert_eq(psshard_version(&s), 1);
+
+	/* version 1: the backup is now among the first two */
+	cr_assert_eq(psshard_push(&s, 1, 1, g[1], &o), 0);
+	cr_assert_eq(o, PSSHARD_WAITING);
+	cr_assert_eq(psshard_push(&s, 2, 1, g[2], &o), 0);
+	cr_assert_eq(o, PSSHARD_APPLIED);
+	for (int i = 0; i < 8; i++)
+		cr_assert_eq(psshard_params(&s)[i], after[i] - (g[1][i] + g[2][i]) / 2.0f, "p[%d]", i);
+	cr_assert_eq(psshard_push(&s, 0, 1, g[0], &o), 0);
+	cr_assert_eq(o, PSSHARD_STALE);
+	cr_assert_eq(s.dropped_stale, 2);
+	cr_assert_eq(s.applied, 2);
+	psshard_free(&s);
+}
+
+Test(psshard, async_applies_on_arrival_with_lr_of_the_version)
+{
+	/* SGD, lr 1 with warmup 4: the k-th update uses lr (k+1)/4. */
+	struct psshard s;
+	struct model m;
+	tiny(&s, &m, 2, 0, "mode = async\nwarmup_steps = 4\n");
+	cr_assert_eq(s.mode, MODE_ASYNC);
+	cr_assert_null(s.slots);
+	float g[8], p[8];
+	memcpy(p, psshard_params(&s), sizeof(p));
+	enum psshard_outcome o;
+	/* both workers pulled version 0; each push applies at once */
+	for (int k = 0; k < 4; k++) {
+		fill(g, 8, (float)(k + 1));
+		int w = k % 2;
+		cr_assert_eq(psshard_push(&s, w, 0, g, &o), 0);
+		cr_assert_eq(o, PSSHARD_APPLIED);
+		cr_assert_eq(psshard_version(&s), (uint64_t)k + 1);
+		float lr = (float)(k + 1) / 4.0f;
+		for (int i = 0; i < 8; i++) {
+			p[i] -= lr * g[i];
+			cr_assert_eq(psshard_params(&s)[i], p[i], "update %d p[%d] = %a, want %a", k, i,
+				     (double)psshard_params(&s)[i], (double)p[i]);
+		}
+	}
+	/* duplicates are fine in async; ahead is still an error */
+	cr_assert_eq(psshard_push(&s, 0, 5, g, &o), -ERANGE);
+	cr_assert_eq(s.dropped_stale, 0);
+	cr_assert_eq(s.applied, 4);
+	psshard_free(&s);
+}
+
+Test(psshard, async_max_staleness_drops_old_gradients)
+{
+	struct psshard s;
+	struct model m;
+	tiny(&s, &m, 2, 0, "mode = async\nmax_staleness = 2\n");
+	float g[8], before[8];
+	fill(g, 8, 0.25f);
+	enum psshard_outcome o;
+	/* versions 0, 1, 2 applied from a gradient of version 0: ages 0, 1, 2 */
+	for (int k = 0; k < 3; k++) {
+		cr_assert_eq(psshard_push(&s, 0, 0, g, &o), 0);
+		cr_assert_eq(o, PSSHARD_APPLIED, "age %d", k);
+	}
+	memcpy(before, psshard_params(&s), sizeof(before));
+	/* v = 3: a version-0 gradient is 3 old, over the bound */
+	cr_assert_eq(psshard_push(&s, 1, 0, g, &o), 0);
+	cr_assert_eq(o, PSSHARD_STALE);
+	cr_assert_eq(s.dropped_stale, 1);
+	cr_assert_eq(psshard_version(&s), 3);
+	cr_assert_eq(first_diff(psshard_params(&s), before, 8), 8);
+	/* version 1 is 2 old: applied */
+	cr_assert_eq(psshard_push(&s, 1, 1, g, &o), 0);
+	cr_assert_eq(o, PSSHARD_APPLIED);
+	cr_assert_eq(s.received, 5);
+	psshard_free(&s);
+
+	/* max_staleness = 0: no bound, even 1000 versions old */
+	tiny(&s, &m, 2, 0, "mode = async\n");
+	for (int k = 0; k < 1000; k++)
+		cr_assert_eq(psshard_push(&s, 0, 0, g, &o), 0);
+	cr_assert_eq(o, PSSHARD_APPLIED);
+	cr_assert_eq(s.dropped_stale, 0);
+	cr_assert_eq(psshard_version(&s), 1000);
+	psshard_free(&s);
+}
+
+Test(psshard, pushes_never_allocate)
+{
+	/* The allocator's in-use byte count is the same after 3000 pushes (sync
+	 * with backups and stale drops, then async) as before. Under ASan,
+	 * mallinfo2 is not the allocator in use and reads 0 == 0; the normal
+	 * build is the one that checks. */
+	static const char *const modes[] = { "", "mode = async\nmax_staleness = 3\n" };
+	for (int k = 0; k < 2; k++) {
+		struct psshard s;
+		struct model m;
+		tiny(&s, &m, 4, 3, modes[k]);
+		float g[8];
+		fill(g, 8, 1e-3f);
+		float *slots = s.slots, *params = s.params;
+		enum psshard_outcome o;
+		int errors = 0;
+		size_t before = mallinfo2().uordblks;
+		for (int i = 0; i < 3000; i++) {
+			uint64_t v = psshard_version(&s);
+			uint64_t tag = i % 5 == 4 && v > 4 ? v - 4 : v;
+			errors += psshard_push(&s, i % 4, tag, g, &o) != 0;
+		}
+		size_t after = mallinfo2().uordblks;
+		cr_assert_eq(after, before, "%s: %zu bytes in use before 3000 pushes, %zu after",
+			     k ? "async" : "sync", before, after);
+		cr_assert_eq(errors, 0);
+		cr_assert_eq(s.slots, slots);
+		cr_assert_eq(s.params, params);
+		cr_assert_gt(s.applied, 500);
+		cr_assert_gt(s.dropped_stale, 0);
+		psshard_free(&s);
+	}
+}

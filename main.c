@@ -4,6 +4,7 @@
  *   130 stopped by Ctrl-C (SIGINT) or SIGTERM.
  * This is the only file with mutable global state: the stop flag that the
  * signal handler sets. */
+#include "core/cluster.h"
 #include "core/config.h"
 #include "core/model.h"
 #include "core/shard.h"
@@ -46,11 +47,13 @@ struct opts {
 	const char *file;      /* the positional FILE of commands that take one */
 	const char *sets[MAX_SETS];
 	int nsets;
+	const char *index;     /* --index / --task_index of ps and worker */
+	const char *dump;      /* hidden --dump-params FILE of worker (tests) */
 };
 
 /* What a command accepts besides --help: --config and --set, and/or one
  * optional positional FILE. Anything else is a usage error. */
-enum { TAKES_CONFIG = 1, TAKES_FILE = 2 };
+enum { TAKES_CONFIG = 1, TAKES_FILE = 2, TAKES_INDEX = 4 };
 
 struct command {
 	const char *name;
@@ -63,12 +66,18 @@ struct command {
 static int cmd_local(const struct opts *o);
 static int cmd_check(const struct opts *o);
 static int cmd_keygen(const struct opts *o);
+static int cmd_ps(const struct opts *o);
+static int cmd_worker(const struct opts *o);
 
 static const struct command commands[] = {
 	{ "local", cmd_local, TAKES_CONFIG, "[--config FILE] [--set S.K=V]...",
 	  "train in this process on this machine, no network" },
 	{ "check", cmd_check, TAKES_CONFIG, "[--config FILE] [--set S.K=V]...",
 	  "validate the config; print it resolved, and the model's layers" },
+	{ "ps", cmd_ps, TAKES_CONFIG | TAKES_INDEX, "--index N [--config FILE] [--set S.K=V]...",
+	  "serve shard N of the parameters to the workers of [cluster]" },
+	{ "worker", cmd_worker, TAKES_CONFIG | TAKES_INDEX, "--index N [--config FILE] [--set S.K=V]...",
+	  "train as worker N of [cluster] (worker 0 is the chief)" },
 	{ "keygen", cmd_keygen, TAKES_FILE, "[FILE]",
 	  "new random 32-byte cluster key in FILE (default ./cluster.key), mode 0600" },
 };
@@ -79,15 +88,20 @@ static void usage(FILE *f)
 {
 	fprintf(f, "usage: pstrain COMMAND [options]\n\ncommands:\n");
 	for (size_t i = 0; i < NCOMMANDS; i++)
-		fprintf(f, "  pstrain %-6s %-36s %s\n", commands[i].name, commands[i].args, commands[i].help);
+		fprintf(f, "  pstrain %-6s %-44s %s\n", commands[i].name, commands[i].args, commands[i].help);
 	fprintf(f, "\noptions:\n"
 		"  --config FILE      cluster config (default ./cluster.ini)\n"
 		"  --set S.K=V        override key K of section [S], e.g. --set train.epochs=3 (repeatable)\n"
+		"  --index N          ps/worker: which task of [cluster] this is (alias --task_index;\n"
+		"                     `pstrain --job_name ps|worker` names the command)\n"
 		"  --help, -h         this help\n"
 		"  --version          print the version and the build's GPU support\n"
-		"\nexit status: 0 done, 1 runtime failure, 2 usage/config/data error, 130 interrupted\n"
+		"\nexit status: 0 done, 1 runtime failure, 2 usage/config/data error, 3 peer or authentication\n"
+		"failure, 130 interrupted\n"
 		"keys and defaults: docs/CONFIG.md\n");
 }
+
+static int bad_usage(const char *fmt, const char *arg);
 
 static int load(const struct opts *o, struct config *c)
 {
@@ -198,6 +212,90 @@ static int cmd_local(const struct opts *o)
 	return EXIT_DONE;
 }
 
+static void install_stop_handler(void)
+{
+	struct sigaction sa;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_signal;
+	sa.sa_flags = SA_RESTART | SA_RESETHAND;
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+}
+
+/* --index N: required, 0 <= N < count of that role in [cluster]. */
+static int role_index(const struct opts *o, const struct config *c, const char *role, int count,
+		      int *index)
+{
+	char *end;
+	if (!o->index) {
+		fprintf(stderr, "pstrain: %s needs --index N (0..%d, from [cluster] %s)\n", role,
+			count - 1, strcmp(role, "ps") == 0 ? "ps" : "workers");
+		return EXIT_USAGE;
+	}
+	errno = 0;
+	long v = strtol(o->index, &end, 10);
+	if (errno || end == o->index || *end || v < 0 || v >= count) {
+		fprintf(stderr, "pstrain: --index %s: %s has %d %s task%s in [cluster], so 0..%d\n",
+			o->index, c->path, count, role, count == 1 ? "" : "s", count - 1);
+		return EXIT_USAGE;
+	}
+	*index = (int)v;
+	return 0;
+}
+
+static int role_exit(int r, const char *err)
+{
+	if (r == 0)
+		return EXIT_DONE;
+	fflush(stdout);
+	fprintf(stderr, "pstrain: %s\n", err);
+	if (r == -EINTR)
+		return EXIT_STOPPED;
+	if (r == -ECONNABORTED)
+		return EXIT_PEER;
+	return r == -EINVAL || r == -ENOENT ? EXIT_USAGE : EXIT_RUNTIME;
+}
+
+static int cmd_ps(const struct opts *o)
+{
+	struct config c;
+	char err[CONFIG_ERR_MAX];
+	int index, r = load(o, &c);
+	if (r)
+		return r;
+	r = role_index(o, &c, "ps", c.cluster.nps, &index);
+	if (r)
+		return r;
+	if (o->dump)
+		return bad_usage("%s does not apply to this command", "--dump-params");
+	install_stop_handler();
+	r = cluster_ps(&c, index, stdout, &stop_requested, err, sizeof(err));
+	return role_exit(r, err);
+}
+
+static int cmd_worker(const struct opts *o)
+{
+	struct config c;
+	struct train_result res;
+	char err[CONFIG_ERR_MAX];
+	int index, r = load(o, &c);
+	if (r)
+		return r;
+	r = role_index(o, &c, "worker", c.cluster.nworkers, &index);
+	if (r)
+		return r;
+	install_stop_handler();
+	r = cluster_worker(&c, index, stdout, isatty(STDOUT_FILENO), &stop_requested, o->dump, &res,
+			   err, sizeof(err));
+	if (r == 0 && index == 0)
+		printf("done: %ld steps, test loss %.4f accuracy %.2f%%, wall %.1f s, %.0f samples/s\n",
+		       res.steps, res.test_loss, 100 * res.test_acc, res.wall, res.samples_per_s);
+	else if (r == 0)
+		printf("worker %d done: %ld steps\n", index, res.steps);
+	return role_exit(r, err);
+}
+
 /* The key goes to FILE as given, relative to the current directory, not to
  * the config's key_file: keygen reads no config, so what it writes does not
  * depend on which cluster.ini happens to be around. The default matches
@@ -237,6 +335,18 @@ int main(int argc, char **argv)
 		return EXIT_RUNTIME;
 	}
 	const char *cmd = argv[1];
+	/* TensorFlow's spelling: pstrain --job_name ps|worker --task_index N. */
+	int first = 2;
+	if (strcmp(cmd, "--job_name") == 0 && argc > 2) {
+		cmd = argv[2];
+		first = 3;
+	} else if (strncmp(cmd, "--job_name=", 11) == 0) {
+		cmd = cmd + 11;
+	}
+	if (first == 3 || strncmp(argv[1], "--job_name=", 11) == 0) {
+		if (strcmp(cmd, "ps") != 0 && strcmp(cmd, "worker") != 0)
+			return bad_usage("--job_name must be ps or worker, not \"%s\"", cmd);
+	}
 	if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
 		usage(stdout);
 		return EXIT_DONE;
@@ -253,12 +363,15 @@ int main(int argc, char **argv)
 		return bad_usage("unknown command \"%s\"", cmd);
 
 	struct opts o = { .config = "cluster.ini" };
-	for (int i = 2; i < argc; i++) {
+	for (int i = first; i < argc; i++) {
 		const char *a = argv[i];
 		const char *val = NULL;
 		size_t n = strcspn(a, "=");
 		int is_config = strncmp(a, "--config", n) == 0 && n == 8;
 		int is_set = strncmp(a, "--set", n) == 0 && n == 5;
+		int is_index = (strncmp(a, "--index", n) == 0 && n == 7) ||
+			       (strncmp(a, "--task_index", n) == 0 && n == 12);
+		int is_dump = strncmp(a, "--dump-params", n) == 0 && n == 13;
 		if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
 			usage(stdout);
 			return EXIT_DONE;
@@ -271,7 +384,9 @@ int main(int argc, char **argv)
 		}
 		if (!(command->takes & TAKES_CONFIG) && (is_config || is_set))
 			return bad_usage("%s does not apply to this command", a);
-		if (!is_config && !is_set)
+		if (!(command->takes & TAKES_INDEX) && (is_index || is_dump))
+			return bad_usage("%s does not apply to this command", a);
+		if (!is_config && !is_set && !is_index && !is_dump)
 			return bad_usage("unknown option \"%s\"", a);
 		if (a[n] == '=')
 			val = a + n + 1;
@@ -279,7 +394,11 @@ int main(int argc, char **argv)
 			val = argv[++i];
 		else
 			return bad_usage("%s needs a value", a);
-		if (is_config) {
+		if (is_index) {
+			o.index = val;
+		} else if (is_dump) {
+			o.dump = val;
+		} else if (is_config) {
 			o.config = val;
 		} else {
 			if (o.nsets == MAX_SETS)

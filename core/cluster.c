@@ -1,0 +1,877 @@
+/* The ps and worker roles: see cluster.h. One thread per accepted
+ * connection on the ps (at most PS_MAX_CONN), sequential request/response on
+ * the worker (every PULL is sent before any reply is read, and every PUSH
+ * before any ACK, so the shards work in parallel). */
+#include "cluster.h"
+
+#include "../net/handshake.h"
+#include "../net/key.h"
+#include "../net/msg.h"
+#include "../net/sock.h"
+#include "backend.h"
+#include "data.h"
+#include "model.h"
+#include "progress.h"
+#include "psshard.h"
+#include "replica.h"
+#include "shard.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define EVAL_BATCH 1024
+#define PS_MAX_CONN 128
+#define HS_TIMEOUT_MS 5000
+#define WRITE_TIMEOUT_MS 60000
+/* A worker waits this long for a ps to answer a PULL or a PUSH (a sync PULL
+ * waits for the slowest worker's gradient, an evaluating chief included). */
+#define REPLY_TIMEOUT_MS 600000
+#define RBUF_BYTES FRAME_CT_MAX
+#define WBUF_BYTES FRAME_BYTES_MAX
+
+static int peer_fail(char *err, size_t errlen, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static int peer_fail(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+	return -ECONNABORTED;
+}
+
+/* Key, model, data and the step count, the same on every node. */
+struct setup {
+	uint8_t key[KEY_BYTES];
+	uint8_t hash[CONFIG_HASH_BYTES];
+	struct model m;
+	struct dataset train, test;
+	long spe, total;
+};
+
+static int setup_load(struct setup *s, const struct config *c, int want_data, char *err,
+		      size_t errlen)
+{
+	int e = key_load(s->key, c->cluster.key_file, err, errlen);
+	if (e)
+		return e == -ENOMEM || e == -EIO ? e : -EINVAL;
+	if (config_hash(c, s->hash))
+		return snprintf(err, errlen, "out of memory"), -ENOMEM;
+	e = model_build(&s->m, &c->model, err, errlen);
+	if (e)
+		return e;
+	if (!want_data && c->train.steps > 0) {
+		s->total = c->train.steps;
+		return 0;
+	}
+	e = data_load(&s->train, &s->test, &c->data, c->train.seed, err, errlen);
+	if (e)
+		return e != -ENOMEM && e != -EIO ? -EINVAL : e;
+	const char *src = c->data.format == DATA_IDX ? c->data.train_images : c->data.train_csv;
+	if (s->train.d != (size_t)s->m.inputs || s->test.d != (size_t)s->m.inputs) {
+		snprintf(err, errlen, "%s: samples have %zu features but the model's input has %d",
+			 src, s->train.d, s->m.inputs);
+		return -EINVAL;
+	}
+	int classes = s->train.classes > s->test.classes ? s->train.classes : s->test.classes;
+	if (classes > s->m.outputs) {
+		snprintf(err, errlen, "%s: labels go up to %d but the last layer has %d outputs",
+			 src, classes - 1, s->m.outputs);
+		return -EINVAL;
+	}
+	size_t per_step = (size_t)c->cluster.nworkers * (size_t)c->train.batch_size;
+	s->spe = (long)(s->train.n / per_step);
+	if (s->spe == 0) {
+		snprintf(err, errlen, "%s: %zu training samples are fewer than %d workers x batch_size %d",
+			 c->path, s->train.n, c->cluster.nworkers, c->train.batch_size);
+		return -EINVAL;
+	}
+	s->total = c->train.steps > 0 ? c->train.steps : c->train.epochs * s->spe;
+	return 0;
+}
+
+static void setup_free(struct setup *s)
+{
+	dataset_free(&s->train);
+	dataset_free(&s->test);
+	explicit_bzero(s->key, sizeof(s->key));
+}
+
+static void logf_(FILE *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void logf_(FILE *out, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	flockfile(out);
+	vfprintf(out, fmt, ap);
+	fputc('\n', out);
+	fflush(out);
+	funlockfile(out);
+	va_end(ap);
+}
+
+/* ---- ps ------------------------------------------------------------------ */
+
+struct ps {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	struct psshard sh;
+	const struct setup *s;
+	struct hs_identity me;
+	FILE *out;
+	int index, W;
+	int ndone;
+	unsigned char done[CONFIG_MAX_HOSTS];
+	int aborted;
+	char why[512];
+	int nconn;
+	int fds[PS_MAX_CONN];
+};
+
+struct conn {
+	struct ps *ps;
+	int slot;
+	int fd;
+	char peer[SOCK_ADDR_STRLEN];
+};
+
+static void ps_abort(struct ps *ps, const char *why)
+{
+	pthread_mutex_lock(&ps->mu);
+	if (!ps->aborted) {
+		ps->aborted = 1;
+		snprintf(ps->why, sizeof(ps->why), "%s", why);
+	}
+	pthread_cond_broadcast(&ps->cv);
+	pthread_mutex_unlock(&ps->mu);
+}
+
+static int send_msg(int fd, struct frame_key *tx, uint8_t *wbuf, size_t len, char *err,
+		    size_t errlen)
+{
+	return sock_write_frame(fd, tx, wbuf, WBUF_BYTES, wbuf + FRAME_HDR_BYTES, len,
+				WRITE_TIMEOUT_MS, err, errlen);
+}
+
+static void send_error(int fd, struct frame_key *tx, uint8_t *wbuf, uint32_t code,
+		       const char *text)
+{
+	char e[128];
+	size_t len;
+	if (msg_encode_error(wbuf + FRAME_HDR_BYTES, WBUF_BYTES - FRAME_HDR_BYTES - FRAME_TAG_BYTES,
+			     code, text, &len, e, sizeof(e)) == 0)
+		(void)!send_msg(fd, tx, wbuf, len, e, sizeof(e));
+}
+
+/* Serves one authenticated worker until it leaves. Returns 0 when it said
+ * DONE (or left after DONE), else -1 with the reason in err. */
+static int ps_serve(struct conn *cn, struct hs_result *hr, uint8_t *rbuf, uint8_t *wbuf,
+		    float *grad, float *snap, char *err, size_t errlen)
+{
+	struct ps *ps = cn->ps;
+	size_t n = ps->sh.n;
+	size_t cap = WBUF_BYTES - FRAME_HDR_BYTES - FRAME_TAG_BYTES;
+	uint8_t *mb = wbuf + FRAME_HDR_BYTES;
+	int w = (int)hr->peer.index;
+	struct msg_assembly a;
+	int assembling = 0;
+	int said_done = 0;
+	char e[320];
+
+	for (;;) {
+		size_t len;
+		int r = sock_read_frame(cn->fd, &hr->recv, rbuf, RBUF_BYTES, &len, -1, e, sizeof(e));
+		if (r) {
+			if (said_done)
+				return 0;
+			snprintf(err, errlen, "%s", e);
+			return -1;
+		}
+		r = msg_type(rbuf, len, e, sizeof(e));
+		if (r < 0) {
+			snprintf(err, errlen, "%s", e);
+			return -1;
+		}
+		if (r == WIRE_PULL) {
+			struct msg_pull p;
+			if (msg_decode_pull(rbuf, len, &p, e, sizeof(e)))
+				return snprintf(err, errlen, "%s", e), -1;
+			if (p.shard != (uint32_t)ps->index)
+				return snprintf(err, errlen, "PULL for shard %u, this is shard %d",
+						p.shard, ps->index), -1;
+			pthread_mutex_lock(&ps->mu);
+			while (p.version != MSG_VERSION_LATEST && psshard_version(&ps->sh) < p.version &&
+			       !ps->aborted && ps->ndone < ps->W - 1)
+				pthread_cond_wait(&ps->cv, &ps->mu);
+			int ab = ps->aborted;
+			uint64_t v = psshard_version(&ps->sh);
+			if (!ab)
+				memcpy(snap, psshard_params(&ps->sh), n * sizeof(float));
+			char why[WIRE_ERROR_TEXT_MAX + 1];
+			snprintf(why, sizeof(why), "ps %d stops: %.200s", ps->index, ps->why);
+			pthread_mutex_unlock(&ps->mu);
+			if (ab) {
+				send_error(cn->fd, &hr->send, wbuf, ECONNABORTED, why);
+				snprintf(err, errlen, "training aborted");
+				return 0;
+			}
+			for (uint64_t i = 0; i < msg_chunks(n); i++) {
+				struct msg_chunk ch = { .type = WIRE_PARAMS, .shard = (uint32_t)ps->index,
+							.version = v };
+				msg_chunk_range(n, i, &ch.offset, &ch.count);
+				if (msg_encode_chunk(mb, cap, &ch, snap + ch.offset, &len, e, sizeof(e)) ||
+				    send_msg(cn->fd, &hr->send, wbuf, len, e, sizeof(e)))
+					return snprintf(err, errlen, "%s", e), -1;
+			}
+		} else if (r == WIRE_PUSH || r == WIRE_PARAMS) {
+			struct msg_chunk ch;
+			if (msg_decode_chunk(rbuf, len, &ch, e, sizeof(e)))
+				return snprintf(err, errlen, "%s", e), -1;
+			if (ch.worker != (uint32_t)w)
+				return snprintf(err, errlen, "PUSH names worker %u on worker %d's connection",
+						ch.worker, w), -1;
+			if (!assembling) {
+				if (msg_assembly_init(&a, WIRE_PUSH, (uint32_t)ps->index, n, e, sizeof(e)))
+					return snprintf(err, errlen, "%s", e), -1;
+				assembling = 1;
+			}
+			r = msg_assembly_add(&a, &ch, grad, e, sizeof(e));
+			if (r < 0)
+				return snprintf(err, errlen, "%s", e), -1;
+			if (r == 0)
+				continue;
+			assembling = 0;
+			enum psshard_outcome oc = PSSHARD_STALE;
+			pthread_mutex_lock(&ps->mu);
+			r = psshard_push(&ps->sh, w, a.version, grad, &oc);
+			uint64_t v = psshard_version(&ps->sh);
+			pthread_cond_broadcast(&ps->cv);
+			pthread_mutex_unlock(&ps->mu);
+			struct msg_ack ack = { .shard = (uint32_t)ps->index, .version = v };
+			if (r == -EALREADY)
+				ack.status = MSG_ACK_DUPLICATE;
+			else if (r)
+				return snprintf(err, errlen, "PUSH for version %llu refused: %s",
+						(unsigned long long)a.version, strerror(-r)), -1;
+			else
+				ack.status = oc == PSSHARD_APPLIED	? MSG_ACK_APPLIED
+					     : oc == PSSHARD_WAITING ? MSG_ACK_ACCEPTED
+								     : MSG_ACK_STALE;
+			if (msg_encode_ack(mb, cap, &ack, &len, e, sizeof(e)) ||
+			    send_msg(cn->fd, &hr->send, wbuf, len, e, sizeof(e)))
+				return snprintf(err, errlen, "%s", e), -1;
+		} else if (r == WIRE_DONE) {
+			struct msg_done d;
+			if (msg_decode_done(rbuf, len, &d, e, sizeof(e)))
+				return snprintf(err, errlen, "%s", e), -1;
+			if (d.worker != (uint32_t)w)
+				return snprintf(err, errlen, "DONE names worker %u on worker %d's connection",
+						d.worker, w), -1;
+			pthread_mutex_lock(&ps->mu);
+			if (!ps->done[w]) {
+				ps->done[w] = 1;
+				ps->ndone++;
+			}
+			pthread_cond_broadcast(&ps->cv);
+			pthread_mutex_unlock(&ps->mu);
+			said_done = 1;
+		} else if (r == WIRE_ERROR) {
+			struct msg_error me;
+			if (msg_decode_error(rbuf, len, &me, e, sizeof(e)))
+				return snprintf(err, errlen, "%s", e), -1;
+			return snprintf(err, errlen, "it reported: %s", me.text), -1;
+		} else {
+			return snprintf(err, errlen, "unexpected %s message", wire_msg_name((uint8_t)r)), -1;
+		}
+	}
+}
+
+static void *ps_conn(void *arg)
+{
+	struct conn *cn = arg;
+	struct ps *ps = cn->ps;
+	uint8_t hello1[HS_HELLO_BYTES], hello2[HS_HELLO_BYTES];
+	struct hs_result hr;
+	size_t outlen = 0;
+	char e[320];
+	uint8_t *rbuf = malloc(RBUF_BYTES), *wbuf = malloc(WBUF_BYTES);
+	float *grad = malloc(ps->sh.n * sizeof(float)), *snap = malloc(ps->sh.n * sizeof(float));
+
+	if (!rbuf || !wbuf || !grad || !snap) {
+		logf_(ps->out, "ps %d: %s: out of memory for a connection", ps->index, cn->peer);
+		goto out;
+	}
+	int r = sock_read_full(cn->fd, hello1, sizeof(hello1), HS_TIMEOUT_MS, e, sizeof(e));
+	if (r) {
+		logf_(ps->out, "ps %d: %s: no handshake: %s", ps->index, cn->peer, e);
+		goto out;
+	}
+	r = hs_server_respond(&hr, hello2, &outlen, ps->s->key, &ps->me, hello1, sizeof(hello1), e,
+			      sizeof(e));
+	if (outlen)
+		(void)!sock_write_full(cn->fd, hello2, outlen, HS_TIMEOUT_MS, NULL, 0);
+	if (r) {
+		logf_(ps->out, "ps %d: %s: handshake refused: %s", ps->index, cn->peer, e);
+		goto out;
+	}
+	if (hr.peer.role != HS_WORKER || hr.peer.index >= (uint32_t)ps->W) {
+		logf_(ps->out, "ps %d: %s: refused %s %u (this cluster has %d workers)", ps->index,
+		      cn->peer, hs_role_name(hr.peer.role), hr.peer.index, ps->W);
+		goto out;
+	}
+	char why[512];
+	if (ps_serve(cn, &hr, rbuf, wbuf, grad, snap, e, sizeof(e))) {
+		pthread_mutex_lock(&ps->mu);
+		int done = ps->done[hr.peer.index], ab = ps->aborted;
+		pthread_mutex_unlock(&ps->mu);
+		if (!done && !ab) {
+			snprintf(why, sizeof(why), "lost worker %u (%s): %s", hr.peer.index, cn->peer, e);
+			logf_(ps->out, "ps %d: %s", ps->index, why);
+			ps_abort(ps, why);
+		}
+	}
+	frame_key_wipe(&hr.send);
+	frame_key_wipe(&hr.recv);
+out:
+	free(rbuf);
+	free(wbuf);
+	free(grad);
+	free(snap);
+	pthread_mutex_lock(&ps->mu);
+	close(cn->fd);
+	ps->fds[cn->slot] = -1;
+	ps->nconn--;
+	pthread_cond_broadcast(&ps->cv);
+	pthread_mutex_unlock(&ps->mu);
+	free(cn);
+	return NULL;
+}
+
+int cluster_ps(const struct config *c, int index, FILE *out, const volatile sig_atomic_t *stop,
+	       char *err, size_t errlen)
+{
+	struct setup s;
+	struct ps *ps = calloc(1, sizeof(*ps));
+	struct shard plan[CONFIG_MAX_HOSTS];
+	int lfd = -1, e;
+
+	memset(&s, 0, sizeof(s));
+	if (!ps)
+		return snprintf(err, errlen, "out of memory"), -ENOMEM;
+	e = setup_load(&s, c, 0, err, errlen);
+	if (e)
+		goto out0;
+	e = shard_check(c->cluster.nps, s.m.nparams, err, errlen);
+	if (e)
+		goto out0;
+	shard_plan(plan, c->cluster.nps, s.m.nparams);
+	long total = c->train.mode == MODE_ASYNC ? s.total * c->cluster.nworkers : s.total;
+	e = psshard_init(&ps->sh, &s.m, &plan[index], c, total, err, errlen);
+	if (e)
+		goto out1;
+	pthread_mutex_init(&ps->mu, NULL);
+	pthread_cond_init(&ps->cv, NULL);
+	ps->s = &s;
+	ps->out = out;
+	ps->index = index;
+	ps->W = c->cluster.nworkers;
+	ps->me = (struct hs_identity){ .role = HS_PS, .index = (uint32_t)index,
+				       .aes = frame_aes_available() };
+	memcpy(ps->me.config_hash, s.hash, HS_HASH_BYTES);
+	for (int i = 0; i < PS_MAX_CONN; i++)
+		ps->fds[i] = -1;
+
+	const struct host *h = &c->cluster.ps[index];
+	e = sock_listen(h->name, h->port, 0, &lfd, err, errlen);
+	if (e) {
+		e = e == -ENOMEM ? e : -EINVAL;
+		goto out2;
+	}
+	logf_(out, "ps %d: listening on %s:%u, shard [%zu, %zu) of %zu parameters, %s mode, %ld steps, waiting for %d worker%s",
+	      index, h->name, h->port, plan[index].begin, plan[index].end, s.m.nparams,
+	      c->train.mode == MODE_SYNC ? "sync" : "async", s.total, ps->W, ps->W == 1 ? "" : "s");
+
+	for (;;) {
+		pthread_mutex_lock(&ps->mu);
+		int finished = ps->ndone == ps->W, ab = ps->aborted;
+		pthread_mutex_unlock(&ps->mu);
+		if (finished || ab || *stop)
+			break;
+		int fd;
+		char peer[SOCK_ADDR_STRLEN] = "?", ae[256];
+		int r = sock_accept(lfd, 200, &fd, peer, sizeof(peer), ae, sizeof(ae));
+		if (r == -ETIMEDOUT || r == -EAGAIN || r == -EINTR)
+			continue;
+		if (r) {
+			logf_(out, "ps %d: accept: %s", index, ae);
+			continue;
+		}
+		pthread_mutex_lock(&ps->mu);
+		int slot = -1;
+		for (int i = 0; i < PS_MAX_CONN && slot < 0; i++)
+			if (ps->fds[i] < 0)
+				slot = i;
+		struct conn *cn = slot < 0 ? NULL : malloc(sizeof(*cn));
+		pthread_t t;
+		pthread_attr_t at;
+		int ok = 0;
+		if (cn) {
+			*cn = (struct conn){ .ps = ps, .slot = slot, .fd = fd };
+			snprintf(cn->peer, sizeof(cn->peer), "%s", peer);
+			pthread_attr_init(&at);
+			pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+			ok = pthread_create(&t, &at, ps_conn, cn) == 0;
+			pthread_attr_destroy(&at);
+			if (ok) {
+				ps->fds[slot] = fd;
+				ps->nconn++;
+			}
+		}
+		pthread_mutex_unlock(&ps->mu);
+		if (!ok) {
+			logf_(out, "ps %d: %s: refused: too many connections", index, peer);
+			close(fd);
+			free(cn);
+		}
+	}
+	close(lfd);
+
+	/* End every connection still open (workers close theirs after DONE),
+	 * then wait for their threads before freeing what they use. */
+	pthread_mutex_lock(&ps->mu);
+	ps->aborted |= *stop ? 1 : 0;
+	if (*stop && !ps->why[0])
+		snprintf(ps->why, sizeof(ps->why), "interrupted");
+	pthread_cond_broadcast(&ps->cv);
+	struct timespec dl;
+	clock_gettime(CLOCK_REALTIME, &dl);
+	dl.tv_sec += 2;
+	while (ps->nconn > 0 && pthread_cond_timedwait(&ps->cv, &ps->mu, &dl) == 0)
+		;
+	for (int i = 0; i < PS_MAX_CONN; i++)
+		if (ps->fds[i] >= 0)
+			shutdown(ps->fds[i], SHUT_RDWR);
+	while (ps->nconn > 0)
+		pthread_cond_wait(&ps->cv, &ps->mu);
+	pthread_mutex_unlock(&ps->mu);
+
+	if (*stop) {
+		snprintf(err, errlen, "ps %d: interrupted at version %llu", index,
+			 (unsigned long long)psshard_version(&ps->sh));
+		e = -EINTR;
+	} else if (ps->ndone < ps->W) {
+		snprintf(err, errlen, "ps %d: %s", index, ps->why);
+		e = -ECONNABORTED;
+	} else {
+		logf_(out, "ps %d: all %d workers done: version %llu, %llu gradients applied, %llu dropped as stale",
+		      index, ps->W, (unsigned long long)psshard_version(&ps->sh),
+		      (unsigned long long)ps->sh.received - ps->sh.dropped_stale,
+		      (unsigned long long)ps->sh.dropped_stale);
+		e = 0;
+	}
+out2:
+	pthread_mutex_destroy(&ps->mu);
+	pthread_cond_destroy(&ps->cv);
+out1:
+	psshard_free(&ps->sh);
+out0:
+	setup_free(&s);
+	free(ps);
+	return e;
+}
+
+/* ---- worker -------------------------------------------------------------- */
+
+struct link {
+	int fd;
+	struct hs_result hr;
+	struct shard range;
+	uint64_t got;   /* version of the parameters last pulled */
+};
+
+struct worker {
+	const struct config *c;
+	int index, nps;
+	struct link *ln;
+	uint8_t *rbuf, *wbuf;
+	uint64_t stale;   /* pushes the shards dropped */
+};
+
+static const char *ps_name(const struct config *c, int k, char *buf, size_t len)
+{
+	snprintf(buf, len, "ps %d (%s:%u)", k, c->cluster.ps[k].name, c->cluster.ps[k].port);
+	return buf;
+}
+
+static int worker_connect(struct worker *wk, const struct setup *s, char *err, size_t errlen)
+{
+	const struct config *c = wk->c;
+	struct hs_identity me = { .role = HS_WORKER, .index = (uint32_t)wk->index,
+				  .aes = frame_aes_available() };
+	memcpy(me.config_hash, s->hash, HS_HASH_BYTES);
+	for (int k = 0; k < wk->nps; k++) {
+		struct link *l = &wk->ln[k];
+		char e[512], nm[300];
+		uint8_t hello1[HS_HELLO_BYTES], hello2[HS_HELLO_BYTES];
+		struct hs h;
+		ps_name(c, k, nm, sizeof(nm));
+		int r = sock_connect_retry(c->cluster.ps[k].name, c->cluster.ps[k].port,
+					   CLUSTER_CONNECT_TIMEOUT_S * 1000, &l->fd, e, sizeof(e));
+		if (r) {
+			l->fd = -1;
+			return r == -EINVAL || r == -ENOENT ? (snprintf(err, errlen, "ps %d: %s", k, e), -EINVAL)
+							    : peer_fail(err, errlen, "ps %d: %s", k, e);
+		}
+		r = hs_client_start(&h, hello1, s->key, &me, e, sizeof(e));
+		if (r)
+			return snprintf(err, errlen, "handshake: %s", e), r;
+		r = sock_write_full(l->fd, hello1, sizeof(hello1), HS_TIMEOUT_MS, e, sizeof(e));
+		if (!r)
+			r = sock_read_full(l->fd, hello2, sizeof(hello2), HS_TIMEOUT_MS, e, sizeof(e));
+		if (r) {
+			hs_wipe(&h);
+			return peer_fail(err, errlen, "%s: handshake: %s%s", nm, e,
+					 r == -EPIPE ? " (wrong cluster key?)" : "");
+		}
+		r = hs_client_finish(&h, &l->hr, hello2, sizeof(hello2), e, sizeof(e));
+		if (r) {
+			hs_wipe(&h);
+			return peer_fail(err, errlen, "%s: %s", nm, e);
+		}
+		if (l->hr.peer.role != HS_PS || l->hr.peer.index != (uint32_t)k)
+			return peer_fail(err, errlen, "%s answered as %s %u", nm,
+					 hs_role_name(l->hr.peer.role), l->hr.peer.index);
+	}
+	return 0;
+}
+
+/* Reads one message from ps k into wk->rbuf; an ERROR is reported. */
+static int worker_recv(struct worker *wk, int k, size_t *len, char *err, size_t errlen)
+{
+	char e[512], nm[300];
+	struct link *l = &wk->ln[k];
+	int r = sock_read_frame(l->fd, &l->hr.recv, wk->rbuf, RBUF_BYTES, len, REPLY_TIMEOUT_MS, e,
+				sizeof(e));
+	if (r)
+		return peer_fail(err, errlen, "lost %s: %s", ps_name(wk->c, k, nm, sizeof(nm)), e);
+	r = msg_type(wk->rbuf, *len, e, sizeof(e));
+	if (r == WIRE_ERROR) {
+		struct msg_error me;
+		if (msg_decode_error(wk->rbuf, *len, &me, e, sizeof(e)) == 0)
+			snprintf(e, sizeof(e), "%s", me.text);
+		return peer_fail(err, errlen, "%s: %s", ps_name(wk->c, k, nm, sizeof(nm)), e);
+	}
+	if (r < 0)
+		return peer_fail(err, errlen, "%s: %s", ps_name(wk->c, k, nm, sizeof(nm)), e);
+	return r;
+}
+
+static int worker_send(struct worker *wk, int k, size_t len, char *err, size_t errlen)
+{
+	char e[512], nm[300];
+	int r = send_msg(wk->ln[k].fd, &wk->ln[k].hr.send, wk->wbuf, len, e, sizeof(e));
+	if (r)
+		return peer_fail(err, errlen, "lost %s: %s", ps_name(wk->c, k, nm, sizeof(nm)), e);
+	return 0;
+}
+
+/* Pulls every shard into params: sync asks each for the version after the
+ * one it last had (first: 0), async for the newest. */
+static int worker_pull(struct worker *wk, float *params, int first, char *err, size_t errlen)
+{
+	uint8_t *mb = wk->wbuf + FRAME_HDR_BYTES;
+	size_t cap = WBUF_BYTES - FRAME_HDR_BYTES - FRAME_TAG_BYTES, len;
+	char e[256];
+	for (int k = 0; k < wk->nps; k++) {
+		struct msg_pull p = { .shard = (uint32_t)k };
+		if (wk->c->train.mode == MODE_ASYNC)
+			p.version = MSG_VERSION_LATEST;
+		else
+			p.version = first ? 0 : wk->ln[k].got + 1;
+		if (msg_encode_pull(mb, cap, &p, &len, e, sizeof(e)))
+			return snprintf(err, errlen, "%s", e), -EPROTO;
+		int r = worker_send(wk, k, len, err, errlen);
+		if (r)
+			return r;
+	}
+	for (int k = 0; k < wk->nps; k++) {
+		struct link *l = &wk->ln[k];
+		struct msg_assembly a;
+		if (msg_assembly_init(&a, WIRE_PARAMS, (uint32_t)k, l->range.end - l->range.begin, e,
+				      sizeof(e)))
+			return snprintf(err, errlen, "%s", e), -EINVAL;
+		for (;;) {
+			int r = worker_recv(wk, k, &len, err, errlen);
+			if (r < 0)
+				return r;
+			struct msg_chunk ch;
+			if (r != WIRE_PARAMS || msg_decode_chunk(wk->rbuf, len, &ch, e, sizeof(e)) ||
+			    (r = msg_assembly_add(&a, &ch, params + l->range.begin, e, sizeof(e))) < 0) {
+				if (r != WIRE_PARAMS)
+					snprintf(e, sizeof(e), "unexpected %s message", wire_msg_name((uint8_t)r));
+				return peer_fail(err, errlen, "ps %d: %s", k, e);
+			}
+			if (r == 1)
+				break;
+		}
+		l->got = a.version;
+	}
+	return 0;
+}
+
+static int worker_push(struct worker *wk, const float *grads, char *err, size_t errlen)
+{
+	uint8_t *mb = wk->wbuf + FRAME_HDR_BYTES;
+	size_t cap = WBUF_BYTES - FRAME_HDR_BYTES - FRAME_TAG_BYTES, len;
+	char e[256];
+	for (int k = 0; k < wk->nps; k++) {
+		struct link *l = &wk->ln[k];
+		size_t n = l->range.end - l->range.begin;
+		for (uint64_t i = 0; i < msg_chunks(n); i++) {
+			struct msg_chunk ch = { .type = WIRE_PUSH, .shard = (uint32_t)k,
+						.version = l->got, .worker = (uint32_t)wk->index };
+			msg_chunk_range(n, i, &ch.offset, &ch.count);
+			if (msg_encode_chunk(mb, cap, &ch, grads + l->range.begin + ch.offset, &len, e,
+					     sizeof(e)))
+				return snprintf(err, errlen, "%s", e), -EPROTO;
+			int r = worker_send(wk, k, len, err, errlen);
+			if (r)
+				return r;
+		}
+	}
+	for (int k = 0; k < wk->nps; k++) {
+		struct msg_ack ack;
+		int r = worker_recv(wk, k, &len, err, errlen);
+		if (r < 0)
+			return r;
+		if (r != WIRE_ACK || msg_decode_ack(wk->rbuf, len, &ack, e, sizeof(e)))
+			return peer_fail(err, errlen, "ps %d: %s", k,
+					 r != WIRE_ACK ? "unexpected message instead of ACK" : e);
+		if (ack.status == MSG_ACK_STALE || ack.status == MSG_ACK_DUPLICATE)
+			wk->stale++;
+	}
+	return 0;
+}
+
+static int worker_done(struct worker *wk, char *err, size_t errlen)
+{
+	size_t cap = WBUF_BYTES - FRAME_HDR_BYTES - FRAME_TAG_BYTES, len;
+	char e[256];
+	struct msg_done d = { .worker = (uint32_t)wk->index };
+	for (int k = 0; k < wk->nps; k++) {
+		/* Sealing encrypts the message in place: encode it for each ps. */
+		if (msg_encode_done(wk->wbuf + FRAME_HDR_BYTES, cap, &d, &len, e, sizeof(e)))
+			return snprintf(err, errlen, "%s", e), -EPROTO;
+		int r = worker_send(wk, k, len, err, errlen);
+		if (r)
+			return r;
+	}
+	return 0;
+}
+
+static int evaluate(struct replica *r, const float *params, const struct dataset *ds,
+		    double *loss, double *acc)
+{
+	double loss_sum = 0;
+	long right = 0;
+	for (size_t off = 0; off < ds->n; off += (size_t)r->max_batch) {
+		int B = (int)(ds->n - off < (size_t)r->max_batch ? ds->n - off : (size_t)r->max_batch);
+		double l;
+		int c;
+		int e = replica_load(r, ds->x + off * ds->d, ds->y + off, B);
+		if (!e)
+			e = replica_forward(r, params, B, &l, &c);
+		if (e)
+			return e;
+		loss_sum += l;
+		right += c;
+	}
+	*loss = loss_sum / (double)ds->n;
+	*acc = (double)right / (double)ds->n;
+	return 0;
+}
+
+static int dump_params(const char *path, const float *p, size_t n, char *err, size_t errlen)
+{
+	FILE *f = fopen(path, "wb");
+	int ok = f && fwrite(p, sizeof(float), n, f) == n;
+	if (f && fclose(f))
+		ok = 0;
+	if (!ok)
+		return snprintf(err, errlen, "%s: cannot write parameters: %s", path, strerror(errno)), -EIO;
+	return 0;
+}
+
+int cluster_worker(const struct config *c, int index, FILE *out, int tty,
+		   const volatile sig_atomic_t *stop, const char *dump, struct train_result *res,
+		   char *err, size_t errlen)
+{
+	struct setup s;
+	struct worker wk = { .c = c, .index = index, .nps = c->cluster.nps };
+	struct replica rep = { 0 };
+	struct backend be = { 0 };
+	struct shard plan[CONFIG_MAX_HOSTS];
+	float *params = NULL, *grads = NULL, *xb = NULL;
+	int32_t *yb = NULL;
+	uint32_t *perm = NULL;
+	int chief = index == 0, e;
+	int W = c->cluster.nworkers, B = c->train.batch_size;
+
+	memset(&s, 0, sizeof(s));
+	memset(res, 0, sizeof(*res));
+	double t0 = progress_now();
+	e = setup_load(&s, c, 1, err, errlen);
+	if (e)
+		goto out;
+	e = shard_check(wk.nps, s.m.nparams, err, errlen);
+	if (e)
+		goto out;
+	shard_plan(plan, wk.nps, s.m.nparams);
+	backend_cpu(&be, c->train.threads);
+	e = replica_init(&rep, &s.m, &be, chief && B < EVAL_BATCH ? EVAL_BATCH : B, err, errlen);
+	if (e)
+		goto out;
+	wk.ln = calloc((size_t)wk.nps, sizeof(*wk.ln));
+	wk.rbuf = malloc(RBUF_BYTES);
+	wk.wbuf = malloc(WBUF_BYTES);
+	params = malloc(s.m.nparams * sizeof(float));
+	grads = malloc(s.m.nparams * sizeof(float));
+	xb = malloc((size_t)B * s.train.d * sizeof(float));
+	yb = malloc((size_t)B * sizeof(int32_t));
+	perm = malloc(s.train.n * sizeof(uint32_t));
+	if (!wk.ln || !wk.rbuf || !wk.wbuf || !params || !grads || !xb || !yb || !perm) {
+		snprintf(err, errlen, "out of memory for %zu parameters", s.m.nparams);
+		e = -ENOMEM;
+		goto out;
+	}
+	for (int k = 0; k < wk.nps; k++) {
+		wk.ln[k].fd = -1;
+		wk.ln[k].range = plan[k];
+	}
+	e = worker_connect(&wk, &s, err, errlen);
+	if (e)
+		goto out;
+	long total = s.total, spe = s.spe;
+	logf_(out, "worker %d%s: connected to %d ps; %zu train / %zu test samples, %zu parameters, batch %d x %d workers, %ld steps (%ld per epoch), %s mode",
+	      index, chief ? " (chief)" : "", wk.nps, s.train.n, s.test.n, s.m.nparams, B, W, total,
+	      spe, c->train.mode == MODE_SYNC ? "sync" : "async");
+
+	struct progress pg;
+	progress_init(&pg, out, chief && tty, total, spe);
+	long step, epoch_loaded = -1;
+	double run_loss = 0, run_acc = 0;
+	long run_n = 0;
+	for (step = 0; step < total && !*stop; step++) {
+		double ts = progress_now();
+		e = worker_pull(&wk, params, step == 0, err, errlen);
+		if (e)
+			goto fail;
+		int eval_now = step > 0 && (c->train.eval_every > 0 ? step % c->train.eval_every == 0
+								      : step % spe == 0);
+		if (eval_now && chief) {
+			double tl, ta;
+			e = evaluate(&rep, params, &s.test, &tl, &ta);
+			if (e)
+				goto eval_fail;
+			progress_eval(&pg, step, tl, ta);
+			ts = progress_now();
+		} else if (eval_now) {
+			logf_(out, "worker %d: step %ld/%ld, train loss %.4f accuracy %.2f%%, %llu stale", index,
+			      step, total, run_n ? run_loss / run_n : 0, run_n ? 100 * run_acc / run_n : 0,
+			      (unsigned long long)wk.stale);
+			run_loss = run_acc = 0;
+			run_n = 0;
+		}
+		long epoch = step / spe;
+		if (epoch != epoch_loaded) {
+			data_permute(perm, s.train.n, c->train.seed, (uint64_t)epoch);
+			epoch_loaded = epoch;
+		}
+		size_t first = (size_t)(step % spe) * (size_t)W * (size_t)B + (size_t)index * (size_t)B;
+		dataset_gather(&s.train, perm + first, (size_t)B, xb, yb);
+		double loss;
+		int right;
+		memset(grads, 0, s.m.nparams * sizeof(float));
+		e = replica_load(&rep, xb, yb, B);
+		if (!e)
+			e = replica_forward(&rep, params, B, &loss, &right);
+		if (!e)
+			e = replica_backward(&rep, params, grads, B, 1.0f / (float)B);
+		if (e) {
+			progress_clear(&pg);
+			snprintf(err, errlen, "step %ld on %s: %s", step, be.where, strerror(-e));
+			goto out;
+		}
+		e = worker_push(&wk, grads, err, errlen);
+		if (e)
+			goto fail;
+		run_loss += loss / B;
+		run_acc += (double)right / B;
+		run_n++;
+		if (chief)
+			progress_step(&pg, step, B, progress_now() - ts, loss / B, (double)right / B);
+	}
+	res->steps = step;
+	res->total_steps = total;
+	if (*stop) {
+		progress_clear(&pg);
+		snprintf(err, errlen, "worker %d: interrupted at step %ld/%ld", index, step, total);
+		e = -EINTR;
+		goto out;
+	}
+	if (chief) {
+		e = worker_pull(&wk, params, total == 0, err, errlen);
+		if (e)
+			goto fail;
+		e = evaluate(&rep, params, &s.test, &res->test_loss, &res->test_acc);
+		if (e)
+			goto eval_fail;
+		progress_eval(&pg, step, res->test_loss, res->test_acc);
+		if (dump) {
+			e = dump_params(dump, params, s.m.nparams, err, errlen);
+			if (e)
+				goto out;
+		}
+	} else {
+		logf_(out, "worker %d: step %ld/%ld, train loss %.4f accuracy %.2f%%, %llu stale", index,
+		      step, total, run_n ? run_loss / run_n : 0, run_n ? 100 * run_acc / run_n : 0,
+		      (unsigned long long)wk.stale);
+	}
+	progress_clear(&pg);
+	e = worker_done(&wk, err, errlen);
+	if (e)
+		goto out;
+	res->wall = progress_now() - t0;
+	res->samples_per_s = pg.train_time > 0 ? (double)pg.samples / pg.train_time : 0;
+	e = 0;
+	goto out;
+fail:
+	progress_clear(&pg);
+	goto out;
+eval_fail:
+	progress_clear(&pg);
+	snprintf(err, errlen, "evaluation on %s: %s", be.where, strerror(-e));
+out:
+	for (int k = 0; wk.ln && k < wk.nps; k++) {
+		if (wk.ln[k].fd >= 0)
+			close(wk.ln[k].fd);
+		frame_key_wipe(&wk.ln[k].hr.send);
+		frame_key_wipe(&wk.ln[k].hr.recv);
+	}
+	free(wk.ln);
+	free(wk.rbuf);
+	free(wk.wbuf);
+	replica_free(&rep);
+	free(params);
+	free(grads);
+	free(xb);
+	free(yb);
+	free(perm);
+	setup_free(&s);
+	return e;
+}

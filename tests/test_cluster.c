@@ -1,0 +1,373 @@
+/* The ps and worker roles end to end: 2 ps + 2 workers of the pstrain
+ * binary ($PSTRAIN_BIN) on 127.0.0.1 with ports the test picks, trained on
+ * generated blobs; plus sync equivalence with a local run of batch 2·B, and
+ * a worker holding the wrong key being refused. Every run is bounded in
+ * time: on timeout all processes are killed and the test fails. */
+#include <criterion/criterion.h>
+
+#include "leak.h"
+
+#include "../core/backend.h"
+#include "../core/config.h"
+#include "../core/data.h"
+#include "../core/model.h"
+#include "../core/optim.h"
+#include "../core/replica.h"
+#include "../core/rng.h"
+#include "../net/key.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define RUN_TIMEOUT_S 60
+
+static char dir[256];
+
+static void setup(void)
+{
+	cr_assert_geq(sodium_init(), 0);
+	const char *t = getenv("TMPDIR");
+	snprintf(dir, sizeof(dir), "%s/pstrain-cluster-XXXXXX", t ? t : "/tmp");
+	cr_assert_not_null(mkdtemp(dir));
+}
+
+static void teardown(void)
+{
+	char cmd[300];
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	if (system(cmd) != 0)
+		fprintf(stderr, "cannot remove %s\n", dir);
+	leak_check();
+}
+
+TestSuite(cluster, .init = setup, .fini = teardown, .timeout = 120);
+
+/* A free loopback port: bind port 0, read it back, close. */
+static int free_port(void)
+{
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	cr_assert_geq(fd, 0);
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	socklen_t len = sizeof(a);
+	cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+	close(fd);
+	return ntohs(a.sin_port);
+}
+
+/* K Gaussian blobs in D dimensions (as tests/test_train.c). */
+static void write_blobs(const char *path, int n, int K, int D, uint64_t seed)
+{
+	FILE *f = fopen(path, "w");
+	cr_assert_not_null(f);
+	fprintf(f, "label");
+	for (int j = 0; j < D; j++)
+		fprintf(f, ",x%d", j);
+	fprintf(f, "\n");
+	for (int i = 0; i < n; i++) {
+		int k = i % K;
+		fprintf(f, "%d", k);
+		for (int j = 0; j < D; j++) {
+			double center = 2.5 * rng_normal(seed, 100 + (uint64_t)k, (uint64_t)j);
+			double v = center + rng_normal(seed, RNG_DATA, (uint64_t)i * (uint64_t)D + (uint64_t)j);
+			fprintf(f, ",%.5f", v);
+		}
+		fprintf(f, "\n");
+	}
+	cr_assert_eq(fclose(f), 0);
+}
+
+/* blobs.csv, cluster.key and cluster.ini (2 ps + 2 workers) in dir. */
+static void write_cluster(const char *cfg, int steps, const char *extra)
+{
+	char path[300];
+	snprintf(path, sizeof(path), "%s/blobs.csv", dir);
+	write_blobs(path, 600, 3, 6, 3);
+	snprintf(path, sizeof(path), "%s/cluster.key", dir);
+	char err[KEY_ERR_MAX];
+	cr_assert_eq(key_generate(path, err, sizeof(err)), 0, "%s", err);
+	FILE *f = fopen(cfg, "w");
+	cr_assert_not_null(f);
+	fprintf(f, "[cluster]\nps = 127.0.0.1:%d, 127.0.0.1:%d\nworkers = 127.0.0.1:%d, 127.0.0.1:%d\n"
+		   "key_file = cluster.key\n"
+		   "[data]\nformat = csv\ntrain_csv = blobs.csv\nlabel_column = first\n"
+		   "[train]\nsteps = %d\nbatch_size = 16\nlearning_rate = 0.05\noptimizer = momentum\n"
+		   "momentum = 0.9\neval_every = 10\nthreads = 1\n%s"
+		   "[model]\ninput = 6\nlayer = dense 16\nlayer = relu\nlayer = dense 3\n",
+		free_port(), free_port(), free_port(), free_port(), steps, extra);
+	cr_assert_eq(fclose(f), 0);
+}
+
+static pid_t spawn(const char *const *args, const char *outpath)
+{
+	const char *bin = getenv("PSTRAIN_BIN");
+	cr_assert_not_null(bin, "PSTRAIN_BIN is not set (run through make unit)");
+	pid_t pid = fork();
+	cr_assert_neq(pid, -1);
+	if (pid == 0) {
+		int fd = open(outpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		dup2(fd, 1);
+		dup2(fd, 2);
+		char *argv[16];
+		int n = 0;
+		argv[n++] = (char *)bin;
+		for (int i = 0; args[i] && n < 15; i++)
+			argv[n++] = (char *)args[i];
+		argv[n] = NULL;
+		execv(bin, argv);
+		_exit(127);
+	}
+	return pid;
+}
+
+/* Waits for all n processes up to RUN_TIMEOUT_S; kills every one left on
+ * timeout. st[i]: exit status, 128+signal, or -1 if it had to be killed. */
+static void wait_all(const pid_t *pids, int n, int *st)
+{
+	int left = n;
+	for (int i = 0; i < n; i++)
+		st[i] = -2;
+	struct timespec t0, now, nap = { 0, 20 * 1000 * 1000 };
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	while (left > 0) {
+		for (int i = 0; i < n; i++) {
+			int s;
+			if (st[i] != -2 || waitpid(pids[i], &s, WNOHANG) != pids[i])
+				continue;
+			st[i] = WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s);
+			left--;
+		}
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		if (now.tv_sec - t0.tv_sec > RUN_TIMEOUT_S) {
+			for (int i = 0; i < n; i++)
+				if (st[i] == -2) {
+					kill(pids[i], SIGKILL);
+					waitpid(pids[i], NULL, 0);
+					st[i] = -1;
+				}
+			return;
+		}
+		nanosleep(&nap, NULL);
+	}
+}
+
+static char *slurp(const char *path)
+{
+	static char buf[4][1 << 15];
+	static int next;
+	char *b = buf[next++ % 4];
+	FILE *f = fopen(path, "r");
+	cr_assert_not_null(f);
+	size_t n = fread(b, 1, sizeof(buf[0]) - 1, f);
+	b[n] = '\0';
+	fclose(f);
+	return b;
+}
+
+/* Starts ps 0, ps 1, worker 1, worker 0 (chief, with --dump-params dump if
+ * not NULL) and waits; with workers_first, the workers start half a second
+ * before the ps tasks. out[i]: the logs in that order. */
+static void run_cluster_order(const char *cfg, const char *dump, int workers_first, int *st,
+			      char out[4][300])
+{
+	const char *roles[4][2] = { { "ps", "0" }, { "ps", "1" }, { "worker", "1" }, { "worker", "0" } };
+	pid_t pids[4];
+	for (int j = 0; j < 4; j++) {
+		int i = workers_first ? 3 - j : j;
+		if (workers_first && j == 2) {
+			struct timespec half = { 0, 500 * 1000 * 1000 };
+			nanosleep(&half, NULL);
+		}
+		snprintf(out[i], 300, "%s/%s%s.log", dir, roles[i][0], roles[i][1]);
+		const char *args[] = { roles[i][0], "--index", roles[i][1], "--config", cfg,
+				       i == 3 && dump ? "--dump-params" : NULL, dump, NULL };
+		pids[i] = spawn(args, out[i]);
+	}
+	wait_all(pids, 4, st);
+}
+
+static void run_cluster(const char *cfg, const char *dump, int *st, char out[4][300])
+{
+	run_cluster_order(cfg, dump, 0, st, out);
+}
+
+static double final_accuracy(const char *text)
+{
+	const char *done = strstr(text, "done: ");
+	cr_assert_not_null(done, "no final line in:\n%s", text);
+	const char *a = strstr(done, "accuracy ");
+	cr_assert_not_null(a);
+	double acc = 0;
+	cr_assert_eq(sscanf(a, "accuracy %lf%%", &acc), 1);
+	return acc;
+}
+
+Test(cluster, sync_two_ps_two_workers)
+{
+	char cfg[300], out[4][300];
+	int st[4];
+	snprintf(cfg, sizeof(cfg), "%s/cluster.ini", dir);
+	write_cluster(cfg, 150, "mode = sync\n");
+	run_cluster(cfg, NULL, st, out);
+	for (int i = 0; i < 4; i++)
+		cr_assert_eq(st[i], 0, "process %d exit %d, its output:\n%s", i, st[i], slurp(out[i]));
+	char *chief = slurp(out[3]);
+	cr_assert_not_null(strstr(chief, "done: 150 steps"), "chief:\n%s", chief);
+	double acc = final_accuracy(chief);
+	cr_assert_gt(acc, 95.0, "final accuracy %.2f%%:\n%s", acc, chief);
+	cr_assert_not_null(strstr(slurp(out[0]), "all 2 workers done: version 150"), "%s",
+			   slurp(out[0]));
+}
+
+Test(cluster, async_two_ps_two_workers)
+{
+	char cfg[300], out[4][300];
+	int st[4];
+	snprintf(cfg, sizeof(cfg), "%s/cluster.ini", dir);
+	write_cluster(cfg, 150, "mode = async\n");
+	run_cluster(cfg, NULL, st, out);
+	for (int i = 0; i < 4; i++)
+		cr_assert_eq(st[i], 0, "process %d exit %d, its output:\n%s", i, st[i], slurp(out[i]));
+	double acc = final_accuracy(slurp(out[3]));
+	cr_assert_gt(acc, 90.0, "final accuracy %.2f%%:\n%s", acc, slurp(out[3]));
+}
+
+/* Start order does not matter: workers retry until the ps tasks listen. */
+Test(cluster, workers_start_before_ps)
+{
+	char cfg[300], out[4][300];
+	int st[4];
+	snprintf(cfg, sizeof(cfg), "%s/cluster.ini", dir);
+	write_cluster(cfg, 60, "mode = sync\n");
+	run_cluster_order(cfg, NULL, 1, st, out);
+	for (int i = 0; i < 4; i++)
+		cr_assert_eq(st[i], 0, "process %d exit %d, its output:\n%s", i, st[i], slurp(out[i]));
+	cr_assert_not_null(strstr(slurp(out[3]), "done: 60 steps"), "%s", slurp(out[3]));
+}
+
+/* replicas_to_aggregate = 1 of 2 workers: a step never waits for the
+ * second gradient; training still ends, every process exits 0. */
+Test(cluster, sync_with_a_backup_worker)
+{
+	char cfg[300], out[4][300];
+	int st[4];
+	snprintf(cfg, sizeof(cfg), "%s/cluster.ini", dir);
+	write_cluster(cfg, 150, "mode = sync\nreplicas_to_aggregate = 1\n");
+	run_cluster(cfg, NULL, st, out);
+	for (int i = 0; i < 4; i++)
+		cr_assert_eq(st[i], 0, "process %d exit %d, its output:\n%s", i, st[i], slurp(out[i]));
+	double acc = final_accuracy(slurp(out[3]));
+	cr_assert_gt(acc, 90.0, "final accuracy %.2f%%:\n%s", acc, slurp(out[3]));
+}
+
+/* Issue 3 item 4: 2 workers with batch B in sync mode end with the
+ * parameters of one process training with batch 2B (computed here in
+ * process, the way `pstrain local` does), up to float summation order. */
+Test(cluster, sync_equals_local_with_double_batch)
+{
+	char cfg[300], dump[300], out[4][300], err[CONFIG_ERR_MAX];
+	int st[4];
+	const int steps = 25;
+	snprintf(cfg, sizeof(cfg), "%s/cluster.ini", dir);
+	snprintf(dump, sizeof(dump), "%s/params.bin", dir);
+	write_cluster(cfg, steps, "mode = sync\n");
+	run_cluster(cfg, dump, st, out);
+	for (int i = 0; i < 4; i++)
+		cr_assert_eq(st[i], 0, "process %d exit %d, its output:\n%s", i, st[i], slurp(out[i]));
+
+	struct config *c = malloc(sizeof(*c));
+	cr_assert_not_null(c);
+	cr_assert_eq(config_load(c, cfg, NULL, 0, err, sizeof(err)), 0, "%s", err);
+	struct model m;
+	cr_assert_eq(model_build(&m, &c->model, err, sizeof(err)), 0, "%s", err);
+	struct dataset train = { 0 }, test = { 0 };
+	cr_assert_eq(data_load(&train, &test, &c->data, c->train.seed, err, sizeof(err)), 0, "%s", err);
+	int B = 2 * c->train.batch_size;
+	long spe = (long)(train.n / (size_t)B);
+	struct backend be;
+	backend_cpu(&be, 1);
+	struct replica rep = { 0 };
+	cr_assert_eq(replica_init(&rep, &m, &be, B, err, sizeof(err)), 0, "%s", err);
+	struct optim opt = { 0 };
+	cr_assert_eq(optim_init(&opt, &c->train.optim, m.nparams), 0);
+	float *p = malloc(m.nparams * sizeof(float)), *g = calloc(m.nparams, sizeof(float));
+	float *got = malloc(m.nparams * sizeof(float)), *xb = malloc((size_t)B * train.d * sizeof(float));
+	int32_t *yb = malloc((size_t)B * sizeof(int32_t));
+	uint32_t *perm = malloc(train.n * sizeof(uint32_t));
+	cr_assert(p && g && got && xb && yb && perm);
+	model_init_params(&m, p, 0, m.nparams, c->train.seed);
+	for (long s = 0; s < steps; s++) {
+		if (s % spe == 0)
+			data_permute(perm, train.n, c->train.seed, (uint64_t)(s / spe));
+		dataset_gather(&train, perm + (size_t)(s % spe) * (size_t)B, (size_t)B, xb, yb);
+		double loss;
+		int right;
+		cr_assert_eq(replica_load(&rep, xb, yb, B), 0);
+		cr_assert_eq(replica_forward(&rep, p, B, &loss, &right), 0);
+		cr_assert_eq(replica_backward(&rep, p, g, B, 1.0f / (float)B), 0);
+		optim_step_zero(&opt, p, g, optim_lr(&c->train.optim, s, steps));
+	}
+	FILE *f = fopen(dump, "rb");
+	cr_assert_not_null(f, "no parameter dump; chief:\n%s", slurp(out[3]));
+	cr_assert_eq(fread(got, sizeof(float), m.nparams, f), m.nparams);
+	cr_assert_eq(fgetc(f), EOF);
+	fclose(f);
+	double worst = 0;
+	for (size_t i = 0; i < m.nparams; i++) {
+		double d = fabs((double)got[i] - (double)p[i]) / (1e-3 + fabs((double)p[i]));
+		if (d > worst)
+			worst = d;
+	}
+	cr_expect_lt(worst, 1e-3, "largest relative difference %g", worst);
+	free(p);
+	free(g);
+	free(got);
+	free(xb);
+	free(yb);
+	free(perm);
+	optim_free(&opt);
+	replica_free(&rep);
+	dataset_free(&train);
+	dataset_free(&test);
+	free(c);
+}
+
+/* A worker with another cluster key is refused (exit 3) and the ps logs it
+ * once with its address; the ps is then stopped by the test. */
+Test(cluster, wrong_key_is_refused)
+{
+	char cfg[300], bad[340], out[2][300], path[300], err[KEY_ERR_MAX];
+	snprintf(cfg, sizeof(cfg), "%s/cluster.ini", dir);
+	write_cluster(cfg, 10, "mode = sync\n");
+	snprintf(path, sizeof(path), "%s/other.key", dir);
+	cr_assert_eq(key_generate(path, err, sizeof(err)), 0, "%s", err);
+	snprintf(bad, sizeof(bad), "cluster.key_file=%s", path);
+	snprintf(out[0], 300, "%s/ps0.log", dir);
+	snprintf(out[1], 300, "%s/worker.log", dir);
+	const char *ps_args[] = { "ps", "--index", "0", "--config", cfg, NULL };
+	pid_t ps = spawn(ps_args, out[0]);
+	const char *w_args[] = { "worker", "--index", "0", "--config", cfg, "--set", bad, NULL };
+	pid_t w = spawn(w_args, out[1]);
+	int st[1];
+	wait_all(&w, 1, st);
+	kill(ps, SIGTERM);
+	int pst[1];
+	wait_all(&ps, 1, pst);
+	cr_assert_eq(st[0], 3, "worker exit %d:\n%s", st[0], slurp(out[1]));
+	char *log = slurp(out[0]);
+	cr_assert_not_null(strstr(log, "127.0.0.1:"), "ps log lacks the peer:\n%s", log);
+	cr_assert_not_null(strstr(log, "handshake refused"), "ps log:\n%s", log);
+	cr_assert_eq(pst[0], 130, "ps exit %d:\n%s", pst[0], log);
+}

@@ -118,7 +118,7 @@ $(TEST_BIN): $(OBJ_TEST) $(OBJ_CORE)
 
 # The unit and integration suite against this build's objects and binary.
 unit: deps summary $(BIN) $(TEST_BIN)
-	$(Q)PSTRAIN_BIN=$(abspath $(BIN)) $(TEST_BIN) --jobs 2 $(TESTFLAGS)
+	$(Q)LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp) PSTRAIN_BIN=$(abspath $(BIN)) $(TEST_BIN) --jobs 2 $(TESTFLAGS)
 	$(Q)$(if $(filter 1,$(SAN)),echo "ldd check skipped: sanitizer runtimes are shared libraries",./tests/ldd_check.sh $(BIN))
 
 # What CI runs: the default build's suite, then the CPU-only build's, then
@@ -136,11 +136,20 @@ asan:
 	$(Q)$(MAKE) --no-print-directory CUDA=0 SAN=1 BUILD=build/asan BIN=build/asan/pstrain \
 		unit TESTFLAGS="$(TESTFLAGS)"
 
+# The default cluster.ini (2 ps + 2 workers on 127.0.0.1) as four local
+# processes, showing the chief's progress. Makes cluster.key the first time
+# (keygen never overwrites one). Ctrl-C stops all four.
 demo: all
-	./$(BIN) local --config cluster.ini
+	$(Q)[ -e cluster.key ] || ./$(BIN) keygen cluster.key
+	$(Q)examples/local-cluster.sh cluster.ini ./$(BIN)
 
 BENCH_BIN := $(BUILD)/bench/cpu_mlp
 $(BENCH_BIN): $(BUILD)/bench/cpu_mlp.o $(OBJ_CORE)
+	@mkdir -p $(dir $@)
+	$(call say,LINK,$@)$(LINK) $(LDFLAGS) $^ -o $@ $(CUDA_LIBS) $(LDLIBS)
+
+# Push/pull GB/s over loopback, sealed frames against plain: bench/pushpull.
+$(BUILD)/bench/pushpull: $(BUILD)/bench/pushpull.o $(OBJ_CORE)
 	@mkdir -p $(dir $@)
 	$(call say,LINK,$@)$(LINK) $(LDFLAGS) $^ -o $@ $(CUDA_LIBS) $(LDLIBS)
 

@@ -22,11 +22,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #define EVAL_BATCH 1024
 #define PS_MAX_CONN 128
 #define HS_TIMEOUT_MS 5000
+/* A worker connection that ends before it pushed a gradient (a restarted
+ * worker, or a peer holding the key that sent a bad frame) does not abort
+ * training at once: the ps keeps serving and waits this long for that worker
+ * index to connect again before it gives up (see ps_conn). */
+#define PS_LOST_GRACE_MS 10000
 #define WRITE_TIMEOUT_MS 60000
 /* A worker waits this long for a ps to answer a PULL or a PUSH (a sync PULL
  * waits for the slowest worker's gradient, an evaluating chief included). */
@@ -131,12 +137,16 @@ struct ps {
 	char why[512];
 	int nconn;
 	int fds[PS_MAX_CONN];
+	int live[CONFIG_MAX_HOSTS];          /* authenticated connections per worker */
+	struct timespec lost[CONFIG_MAX_HOSTS]; /* grace deadline; tv_sec 0: none */
+	char lost_why[512];
 };
 
 struct conn {
 	struct ps *ps;
 	int slot;
 	int fd;
+	int pushed; /* a whole gradient arrived on this connection */
 	char peer[SOCK_ADDR_STRLEN];
 };
 
@@ -246,6 +256,7 @@ static int ps_serve(struct conn *cn, struct hs_result *hr, uint8_t *rbuf, uint8_
 			if (r == 0)
 				continue;
 			assembling = 0;
+			cn->pushed = 1;
 			enum psshard_outcome oc = PSSHARD_STALE;
 			pthread_mutex_lock(&ps->mu);
 			r = psshard_push(&ps->sh, w, a.version, grad, &oc);
@@ -325,14 +336,34 @@ static void *ps_conn(void *arg)
 		goto out;
 	}
 	char why[512];
-	if (ps_serve(cn, &hr, rbuf, wbuf, grad, snap, e, sizeof(e))) {
-		pthread_mutex_lock(&ps->mu);
-		int done = ps->done[hr.peer.index], ab = ps->aborted;
-		pthread_mutex_unlock(&ps->mu);
-		if (!done && !ab) {
-			snprintf(why, sizeof(why), "lost worker %u (%s): %s", hr.peer.index, cn->peer, e);
+	uint32_t w = hr.peer.index;
+	pthread_mutex_lock(&ps->mu);
+	ps->live[w]++;
+	ps->lost[w].tv_sec = 0;
+	pthread_mutex_unlock(&ps->mu);
+	r = ps_serve(cn, &hr, rbuf, wbuf, grad, snap, e, sizeof(e));
+	pthread_mutex_lock(&ps->mu);
+	ps->live[w]--;
+	int done = ps->done[w], ab = ps->aborted, others = ps->live[w];
+	pthread_mutex_unlock(&ps->mu);
+	if (r && !done && !ab) {
+		snprintf(why, sizeof(why), "lost worker %u (%s): %s", w, cn->peer, e);
+		if (cn->pushed) {
+			/* It took part in training: the others would wait for it. */
 			logf_(ps->out, "ps %d: %s", ps->index, why);
 			ps_abort(ps, why);
+		} else {
+			/* Nothing of it was applied: keep serving; give up only if
+			 * worker w does not connect again within the grace time. */
+			logf_(ps->out, "ps %d: %s: closed worker %u's connection: %s", ps->index,
+			      cn->peer, w, e);
+			pthread_mutex_lock(&ps->mu);
+			if (!others) {
+				clock_gettime(CLOCK_MONOTONIC, &ps->lost[w]);
+				ps->lost[w].tv_sec += PS_LOST_GRACE_MS / 1000;
+				snprintf(ps->lost_why, sizeof(ps->lost_why), "%s", why);
+			}
+			pthread_mutex_unlock(&ps->mu);
 		}
 	}
 	frame_key_wipe(&hr.send);
@@ -397,7 +428,18 @@ int cluster_ps(const struct config *c, int index, FILE *out, const volatile sig_
 	      c->train.mode == MODE_SYNC ? "sync" : "async", s.total, ps->W, ps->W == 1 ? "" : "s");
 
 	for (;;) {
+		struct timespec now;
+		clock_gettime(CLOCK_MONOTONIC, &now);
 		pthread_mutex_lock(&ps->mu);
+		for (int w = 0; w < ps->W && !ps->aborted; w++)
+			if (ps->lost[w].tv_sec && !ps->live[w] && !ps->done[w] &&
+			    now.tv_sec >= ps->lost[w].tv_sec) {
+				ps->aborted = 1;
+				snprintf(ps->why, sizeof(ps->why), "%s", ps->lost_why);
+				logf_(out, "ps %d: worker %d did not come back within %d s", index, w,
+				      PS_LOST_GRACE_MS / 1000);
+				pthread_cond_broadcast(&ps->cv);
+			}
 		int finished = ps->ndone == ps->W, ab = ps->aborted;
 		pthread_mutex_unlock(&ps->mu);
 		if (finished || ab || *stop)
@@ -521,7 +563,7 @@ static int worker_connect(struct worker *wk, const struct setup *s, char *err, s
 		struct hs h;
 		ps_name(c, k, nm, sizeof(nm));
 		int r = sock_connect_retry(c->cluster.ps[k].name, c->cluster.ps[k].port,
-					   CLUSTER_CONNECT_TIMEOUT_S * 1000, &l->fd, e, sizeof(e));
+					   (int)(c->cluster.connect_timeout * 1000), &l->fd, e, sizeof(e));
 		if (r) {
 			l->fd = -1;
 			return r == -EINVAL || r == -ENOENT ? (snprintf(err, errlen, "ps %d: %s", k, e), -EINVAL)
@@ -813,8 +855,10 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 		run_loss += loss / B;
 		run_acc += (double)right / B;
 		run_n++;
-		if (chief)
+		if (chief) {
+			pg.stale = wk.stale;
 			progress_step(&pg, step, B, progress_now() - ts, loss / B, (double)right / B);
+		}
 	}
 	res->steps = step;
 	res->total_steps = total;

@@ -26,9 +26,6 @@
 #include "config.h"
 #include "train.h"
 
-/* Seconds a worker keeps retrying to reach a ps (no config key yet). */
-#define CLUSTER_CONNECT_TIMEOUT_S 60
-
 int cluster_ps(const struct config *c, int index, FILE *out, const volatile sig_atomic_t *stop,
 	       char *err, size_t errlen);
 

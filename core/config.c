@@ -70,6 +70,7 @@ static const struct key_def keys[] = {
 	{ "cluster", "workers", K_HOSTS, OFF(cluster.workers), OFF(cluster.nworkers), 0, 0, LIST, NULL,
 	  "127.0.0.1:2224, 127.0.0.1:2225" },
 	{ "cluster", "key_file", K_PATH, OFF(cluster.key_file), 0, 0, 0, 0, NULL, "cluster.key" },
+	{ "cluster", "connect_timeout", K_DOUBLE, OFF(cluster.connect_timeout), 0, 1, 86400, 0, NULL, "60" },
 
 	{ "train", "mode", K_ENUM, OFF(train.mode), 0, 0, 0, 0, mode_names, "sync" },
 	{ "train", "replicas_to_aggregate", K_INT, OFF(train.replicas_to_aggregate), 0,
@@ -1070,11 +1071,13 @@ void config_print(const struct config *c, FILE *f)
 }
 
 /* Keys that may differ between the nodes of one cluster: where files are on
- * this node, how it uses its own GPUs and CPUs, how often it reports. */
+ * this node, how it uses its own GPUs and CPUs, how often it reports, how
+ * long it waits for its peers. */
 static int key_is_node_local(const struct key_def *k)
 {
 	return k->type == K_PATH || strcmp(k->section, "gpu") == 0 ||
-	       strcmp(k->key, "eval_every") == 0 || strcmp(k->key, "threads") == 0;
+	       strcmp(k->key, "eval_every") == 0 || strcmp(k->key, "threads") == 0 ||
+	       strcmp(k->key, "connect_timeout") == 0;
 }
 
 int config_hash(const struct config *c, uint8_t out[CONFIG_HASH_BYTES])

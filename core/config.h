@@ -40,6 +40,7 @@ struct config {
 		struct host workers[CONFIG_MAX_HOSTS];
 		int nworkers;
 		char key_file[DATA_PATH_MAX];
+		double connect_timeout;     /* seconds a worker retries a ps */
 	} cluster;
 
 	struct {
@@ -91,8 +92,8 @@ void config_print(const struct config *c, FILE *f);
 
 /* BLAKE2b of every training-relevant key (model, optimizer, data format,
  * seed, topology...), defaults included; node-local keys (paths, [gpu],
- * eval_every, threads) are left out. Nodes of one cluster must agree on it.
- * Returns 0 or -ENOMEM. */
+ * eval_every, threads, connect_timeout) are left out. Nodes of one cluster
+ * must agree on it. Returns 0 or -ENOMEM. */
 int config_hash(const struct config *c, uint8_t out[CONFIG_HASH_BYTES]);
 
 #endif

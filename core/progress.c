@@ -50,6 +50,9 @@ static void draw(struct progress *p, long done, int final_eval)
 	hms(et, sizeof(et), eta);
 	if (p->have_test)
 		snprintf(test, sizeof(test), "  test %.4f/%.2f%%", p->test_loss, 100 * p->test_acc);
+	char stale[48] = "";
+	if (p->stale)
+		snprintf(stale, sizeof(stale), "  %llu stale", p->stale);
 	long epoch = done > 0 ? (done - 1) / p->steps_per_epoch + 1 : 1;
 	long epochs = (p->total_steps + p->steps_per_epoch - 1) / p->steps_per_epoch;
 	char line[512];
@@ -57,11 +60,13 @@ static void draw(struct progress *p, long done, int final_eval)
 		/* Compact, so the whole line fits an 80-column terminal. */
 		if (p->have_test)
 			snprintf(test, sizeof(test), " test %.1f%%", 100 * p->test_acc);
-		snprintf(line, sizeof(line), "step %ld/%ld ep %ld/%ld loss %.3f acc %.1f%%%s %.0f/s %s ETA %s",
-			 done, p->total_steps, epoch, epochs, p->loss, 100 * p->acc, test, rate, el, et);
+		if (p->stale)
+			snprintf(stale, sizeof(stale), " %llu stale", p->stale);
+		snprintf(line, sizeof(line), "step %ld/%ld ep %ld/%ld loss %.3f acc %.1f%%%s%s %.0f/s %s ETA %s",
+			 done, p->total_steps, epoch, epochs, p->loss, 100 * p->acc, test, stale, rate, el, et);
 	} else {
-		snprintf(line, sizeof(line), "step %ld/%ld  epoch %ld/%ld  loss %.4f  acc %.2f%%%s  %.0f samples/s  %s  ETA %s",
-			 done, p->total_steps, epoch, epochs, p->loss, 100 * p->acc, test, rate, el, et);
+		snprintf(line, sizeof(line), "step %ld/%ld  epoch %ld/%ld  loss %.4f  acc %.2f%%%s%s  %.0f samples/s  %s  ETA %s",
+			 done, p->total_steps, epoch, epochs, p->loss, 100 * p->acc, test, stale, rate, el, et);
 	}
 	if (p->tty && p->width > 0 && strlen(line) > (size_t)p->width)
 		line[p->width] = '\0';

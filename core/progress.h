@@ -21,6 +21,8 @@ struct progress {
 	double acc;
 	double test_loss, test_acc;
 	int have_test;
+	unsigned long long stale;   /* cluster: this worker's pushes a shard dropped
+				     * as stale; shown when nonzero */
 	int drawn;            /* a tty line is on screen */
 };
 

@@ -7,7 +7,8 @@
 #   examples/local-cluster.sh [CONFIG [PSTRAIN]] [-- --set S.K=V ...]
 #
 # CONFIG defaults to ./cluster.ini, PSTRAIN to ./pstrain. The cluster key
-# (key_file) must exist: `pstrain keygen` makes one.
+# (key_file, relative to CONFIG's directory) must exist: `pstrain keygen`
+# makes one (`make demo` does that for ./cluster.ini).
 set -u
 
 config=cluster.ini
@@ -73,7 +74,9 @@ for p in $pids; do
 	s=$?
 	[ "$s" -ne 0 ] && [ "$status" -eq 0 ] && status=$s
 done
-if [ "$status" -ne 0 ]; then
+if [ "$status" -eq 130 ]; then
+	echo "local-cluster: interrupted; logs in $logs" >&2
+elif [ "$status" -ne 0 ]; then
 	echo "local-cluster: a task failed (exit $status); logs:" >&2
 	for f in "$logs"/*.log; do echo "== $f" >&2; tail -n 5 "$f" >&2; done
 else

@@ -281,6 +281,12 @@ static const struct bad_row bad_rows[] = {
 	  { "[gpu] memory_fraction", "out of range", "(0, 1]" } },
 	{ "memory_fraction 1.5", "memory_fraction = 0.9", "memory_fraction = 1.5", "memory_fraction", NULL, 0,
 	  { "[gpu] memory_fraction", "1.5", "out of range", "(0, 1]" } },
+	{ "connect_timeout 0", "workers = 127.0.0.1:2224, 127.0.0.1:2225",
+	  "workers = 127.0.0.1:2224, 127.0.0.1:2225\nconnect_timeout = 0", "connect_timeout", NULL, 0,
+	  { "[cluster] connect_timeout", "out of range", "[1, 86400]" } },
+	{ "connect_timeout a day and a second", "workers = 127.0.0.1:2224, 127.0.0.1:2225",
+	  "workers = 127.0.0.1:2224, 127.0.0.1:2225\nconnect_timeout = 86401",
+	  "connect_timeout", NULL, 0, { "[cluster] connect_timeout", "86401", "out of range", "[1, 86400]" } },
 	{ "batch_size 0", "batch_size = 32", "batch_size = 0", "batch_size", NULL, 0,
 	  { "[train] batch_size", "out of range", "1.." } },
 	{ "negative learning_rate", "learning_rate = 0.05", "learning_rate = -0.1", "learning_rate", NULL, 0,
@@ -810,6 +816,7 @@ static void expect_same(const struct config *a, const struct config *b)
 	}
 	cr_expect_str_eq(a->cluster.key_file, b->cluster.key_file);
 #define SAME(f) cr_expect(a->f == b->f, #f " differs")
+	SAME(cluster.connect_timeout);
 	SAME(train.mode);
 	SAME(train.replicas_to_aggregate);
 	SAME(train.max_staleness);
@@ -904,6 +911,7 @@ Test(config, print_round_trip_custom)
 		"  10.1.2.3:65535\n"
 		"workers = a:1, b:1, c:1\n"
 		"key_file = /etc/k\n"
+		"connect_timeout = 2.5\n"
 		"[train]\n"
 		"mode = async\n"
 		"replicas_to_aggregate = 2\n"
@@ -970,6 +978,7 @@ Test(config, hash_covers_training_keys_only)
 	static const char *const same[] = {
 		"[train]\neval_every = 7\n", "[train]\nthreads = 1\n", "[gpu]\nmemory_fraction = 0.3\n",
 		"[data]\ntrain_images = /elsewhere/x.gz\n", "[cluster]\nkey_file = /k\n",
+		"[cluster]\nconnect_timeout = 5\n",
 	};
 	for (size_t i = 0; i < sizeof(same) / sizeof(same[0]); i++) {
 		hash_of(same[i], h);

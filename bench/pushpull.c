@@ -1,0 +1,545 @@
+/* Push/pull throughput of one worker and one ps over loopback: a parameter
+ * vector of 1, 16 and 64 MiB moved with the real protocol (handshake, then
+ * PUSH / PULL / PARAMS / ACK messages from net/msg.c in frames sealed by
+ * net/frame.c, written and read by net/sock.c) and, for comparison, with the
+ * same messages in the same length-prefixed framing but not encrypted.
+ *
+ *   build/bench/pushpull [--seconds S] [--rounds R] [--sizes 1,16,64]
+ *                        [--modes sealed,plain[,aesnm][,chacha]] [--csv]
+ *
+ * Modes (the bench-only ones exist in this file only; nothing in the config
+ * or in the pstrain binary can reach them):
+ *   sealed  the production path: sock_write_frame / sock_read_frame with the
+ *           cipher the handshake negotiates (AES-256-GCM where the CPU has
+ *           it, else ChaCha20-Poly1305)
+ *   plain   bench only: same header, same messages, a fake all-zero 16-byte
+ *           tag, no encryption and no authentication
+ *   aesnm   bench only: the same AES-256-GCM frames (same bytes on the wire)
+ *           sealed with libsodium's precomputed state (beforenm/afternm)
+ *           instead of expanding the key for every frame
+ *   chacha  the production path with ChaCha20-Poly1305 forced (no AES
+ *           offered in the handshake)
+ *
+ * A server thread plays the ps: it decodes each PUSH chunk into a float
+ * buffer (msg_assembly_add), answers a whole push with ACK, and answers PULL
+ * with the vector as PARAMS chunks. The client (main thread) plays the
+ * worker. Per (round, size, mode) a fresh connection with a fresh handshake
+ * (cluster key from randombytes_buf, never a file). Each operation is
+ * repeated for about S seconds; the best of R rounds (interleaved across
+ * modes) is reported, in GB/s (1e9 bytes) of parameter bytes: push and
+ * pull move the vector once, push+pull moves it twice (once each way). */
+#include "../net/frame.h"
+#include "../net/handshake.h"
+#include "../net/msg.h"
+#include "../net/sock.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <sodium.h>
+
+#define TIMEOUT_MS 60000
+#define BUF_BYTES FRAME_BYTES_MAX
+
+enum mode { M_SEALED, M_PLAIN, M_AESNM, M_CHACHA, M_COUNT };
+static const char *const mode_names[M_COUNT] = { "sealed", "plain", "aesnm", "chacha" };
+
+/* One direction of a connection, for every mode. */
+struct chan {
+	enum mode mode;
+	struct frame_key fk; /* sealed, chacha; aesnm uses its counter */
+	crypto_aead_aes256gcm_state st; /* aesnm only */
+};
+
+static void die(const char *what, const char *e)
+{
+	fprintf(stderr, "pushpull: %s: %s\n", what, e);
+	exit(1);
+}
+
+static double now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void chan_init(struct chan *c, enum mode m, const struct frame_key *fk)
+{
+	c->mode = m;
+	c->fk = *fk;
+	if (m == M_AESNM)
+		crypto_aead_aes256gcm_beforenm(&c->st, fk->key);
+}
+
+/* The message is already at buf + FRAME_HDR_BYTES (len bytes). */
+static int chan_send(int fd, struct chan *c, uint8_t *buf, size_t len, char *e, size_t elen)
+{
+	if (c->mode == M_SEALED || c->mode == M_CHACHA)
+		return sock_write_frame(fd, &c->fk, buf, BUF_BYTES, buf + FRAME_HDR_BYTES, len,
+					TIMEOUT_MS, e, elen);
+	wire_put_u32(buf, (uint32_t)(len + FRAME_TAG_BYTES));
+	if (c->mode == M_PLAIN) {
+		memset(buf + FRAME_HDR_BYTES + len, 0, FRAME_TAG_BYTES);
+	} else {
+		uint8_t nonce[FRAME_NONCE_BYTES] = { 0 };
+		unsigned long long clen = 0;
+		wire_put_u64(nonce, c->fk.counter);
+		if (crypto_aead_aes256gcm_encrypt_afternm(buf + FRAME_HDR_BYTES, &clen,
+							  buf + FRAME_HDR_BYTES, len, buf,
+							  FRAME_HDR_BYTES, NULL, nonce, &c->st))
+			return snprintf(e, elen, "afternm encryption failed"), -EIO;
+		c->fk.counter++;
+	}
+	return sock_write_full(fd, buf, FRAME_SEALED_BYTES(len), TIMEOUT_MS, e, elen);
+}
+
+/* Reads one frame into buf; the message is its first *len bytes. */
+static int chan_recv(int fd, struct chan *c, uint8_t *buf, size_t *len, char *e, size_t elen)
+{
+	if (c->mode == M_SEALED || c->mode == M_CHACHA)
+		return sock_read_frame(fd, &c->fk, buf, BUF_BYTES, len, TIMEOUT_MS, e, elen);
+	uint8_t hdr[FRAME_HDR_BYTES];
+	size_t ctlen;
+	int r = sock_read_full(fd, hdr, sizeof hdr, TIMEOUT_MS, e, elen);
+	if (r || (r = frame_check_len(hdr, &ctlen, e, elen)) ||
+	    (r = sock_read_full(fd, buf, ctlen, TIMEOUT_MS, e, elen)))
+		return r;
+	*len = ctlen - FRAME_TAG_BYTES;
+	if (c->mode == M_PLAIN)
+		return 0;
+	uint8_t nonce[FRAME_NONCE_BYTES] = { 0 };
+	unsigned long long got = 0;
+	wire_put_u64(nonce, c->fk.counter);
+	if (crypto_aead_aes256gcm_decrypt_afternm(buf, &got, NULL, buf, ctlen, hdr, FRAME_HDR_BYTES,
+						  nonce, &c->st) ||
+	    got != *len)
+		return snprintf(e, elen, "afternm: frame failed authentication"), -EBADMSG;
+	c->fk.counter++;
+	return 0;
+}
+
+struct server {
+	int lfd;
+	enum mode mode;
+	size_t n; /* floats */
+	uint8_t psk[HS_PSK_BYTES];
+	char err[512];
+};
+
+static struct hs_identity ident(enum hs_role role, enum mode m)
+{
+	struct hs_identity id = { .role = role, .index = 0,
+				  .aes = m != M_CHACHA && frame_aes_available() };
+	memset(id.config_hash, 0x5a, sizeof id.config_hash);
+	return id;
+}
+
+/* The ps side: serves one connection until DONE. */
+static void *serve(void *arg)
+{
+	struct server *sv = arg;
+	char *e = sv->err;
+	size_t elen = sizeof sv->err;
+	int fd = -1;
+	uint8_t hello1[HS_HELLO_BYTES], hello2[HS_HELLO_BYTES];
+	size_t outlen = 0;
+	struct hs_result hr;
+	struct hs_identity me = ident(HS_PS, sv->mode);
+	uint8_t *rbuf = malloc(BUF_BYTES), *wbuf = malloc(BUF_BYTES);
+	float *params = malloc(sv->n * sizeof(float)), *grad = malloc(sv->n * sizeof(float));
+	if (!rbuf || !wbuf || !params || !grad)
+		die("server", "out of memory");
+	for (size_t i = 0; i < sv->n; i++)
+		params[i] = (float)i * 1e-6f;
+	if (sock_accept(sv->lfd, TIMEOUT_MS, &fd, NULL, 0, e, elen) ||
+	    sock_read_full(fd, hello1, sizeof hello1, TIMEOUT_MS, e, elen) ||
+	    hs_server_respond(&hr, hello2, &outlen, sv->psk, &me, hello1, sizeof hello1, e, elen) ||
+	    sock_write_full(fd, hello2, outlen, TIMEOUT_MS, e, elen))
+		die("server handshake", e);
+	struct chan tx, rx;
+	chan_init(&tx, sv->mode, &hr.send);
+	chan_init(&rx, sv->mode, &hr.recv);
+	uint8_t *mb = wbuf + FRAME_HDR_BYTES;
+	size_t cap = BUF_BYTES - FRAME_HDR_BYTES - FRAME_TAG_BYTES;
+	uint64_t version = 0;
+	struct msg_assembly a;
+	int assembling = 0;
+	for (;;) {
+		size_t len;
+		if (chan_recv(fd, &rx, rbuf, &len, e, elen))
+			die("server recv", e);
+		int t = msg_type(rbuf, len, e, elen);
+		if (t == WIRE_PULL) {
+			struct msg_pull p;
+			if (msg_decode_pull(rbuf, len, &p, e, elen))
+				die("server", e);
+			for (uint64_t i = 0; i < msg_chunks(sv->n); i++) {
+				struct msg_chunk ch = { .type = WIRE_PARAMS, .version = version };
+				msg_chunk_range(sv->n, i, &ch.offset, &ch.count);
+				if (msg_encode_chunk(mb, cap, &ch, params + ch.offset, &len, e, elen) ||
+				    chan_send(fd, &tx, wbuf, len, e, elen))
+					die("server PARAMS", e);
+			}
+		} else if (t == WIRE_PUSH) {
+			struct msg_chunk ch;
+			if (msg_decode_chunk(rbuf, len, &ch, e, elen))
+				die("server", e);
+			if (!assembling) {
+				if (msg_assembly_init(&a, WIRE_PUSH, 0, sv->n, e, elen))
+					die("server", e);
+				assembling = 1;
+			}
+			int r = msg_assembly_add(&a, &ch, grad, e, elen);
+			if (r < 0)
+				die("server PUSH", e);
+			if (r == 0)
+				continue;
+			assembling = 0;
+			version++;
+			struct msg_ack ack = { .shard = 0, .version = version,
+					       .status = MSG_ACK_APPLIED };
+			if (msg_encode_ack(mb, cap, &ack, &len, e, elen) ||
+			    chan_send(fd, &tx, wbuf, len, e, elen))
+				die("server ACK", e);
+		} else if (t == WIRE_DONE) {
+			/* What was pushed arrived intact (checked once, untimed). */
+			for (size_t i = 0; i < sv->n; i++)
+				if (grad[i] != (float)i * -1e-6f)
+					die("server", "pushed vector arrived corrupted");
+			break;
+		} else {
+			die("server", t < 0 ? e : "unexpected message");
+		}
+	}
+	close(fd);
+	free(rbuf);
+	free(wbuf);
+	free(params);
+	free(grad);
+	return NULL;
+}
+
+struct client {
+	int fd;
+	struct chan tx, rx;
+	size_t n;
+	uint8_t *rbuf, *wbuf;
+	float *params, *grads;
+	uint64_t got;
+};
+
+static void do_push(struct client *c)
+{
+	char e[512];
+	size_t len, cap = BUF_BYTES - FRAME_HDR_BYTES - FRAME_TAG_BYTES;
+	for (uint64_t i = 0; i < msg_chunks(c->n); i++) {
+		struct msg_chunk ch = { .type = WIRE_PUSH, .version = c->got };
+		msg_chunk_range(c->n, i, &ch.offset, &ch.count);
+		if (msg_encode_chunk(c->wbuf + FRAME_HDR_BYTES, cap, &ch, c->grads + ch.offset, &len,
+				     e, sizeof e) ||
+		    chan_send(c->fd, &c->tx, c->wbuf, len, e, sizeof e))
+			die("client PUSH", e);
+	}
+	struct msg_ack ack;
+	if (chan_recv(c->fd, &c->rx, c->rbuf, &len, e, sizeof e) ||
+	    msg_decode_ack(c->rbuf, len, &ack, e, sizeof e))
+		die("client ACK", e);
+	c->got = ack.version;
+}
+
+static void do_pull(struct client *c)
+{
+	char e[512];
+	size_t len, cap = BUF_BYTES - FRAME_HDR_BYTES - FRAME_TAG_BYTES;
+	struct msg_pull p = { .shard = 0, .version = MSG_VERSION_LATEST };
+	if (msg_encode_pull(c->wbuf + FRAME_HDR_BYTES, cap, &p, &len, e, sizeof e) ||
+	    chan_send(c->fd, &c->tx, c->wbuf, len, e, sizeof e))
+		die("client PULL", e);
+	struct msg_assembly a;
+	if (msg_assembly_init(&a, WIRE_PARAMS, 0, c->n, e, sizeof e))
+		die("client", e);
+	for (;;) {
+		struct msg_chunk ch;
+		int r;
+		if (chan_recv(c->fd, &c->rx, c->rbuf, &len, e, sizeof e) ||
+		    msg_decode_chunk(c->rbuf, len, &ch, e, sizeof e) ||
+		    (r = msg_assembly_add(&a, &ch, c->params, e, sizeof e)) < 0)
+			die("client PARAMS", e);
+		if (r == 1)
+			break;
+	}
+	c->got = a.version;
+}
+
+enum op { OP_PUSH, OP_PULL, OP_BOTH, OP_COUNT };
+
+static void do_op(struct client *c, enum op op)
+{
+	if (op != OP_PULL)
+		do_push(c);
+	if (op != OP_PUSH)
+		do_pull(c);
+}
+
+/* GB/s of parameter bytes for op, repeated for about `seconds`. */
+static double measure(struct client *c, enum op op, double seconds)
+{
+	double t0 = now();
+	do_op(c, op); /* warm-up, and the time of one */
+	double one = now() - t0;
+	long reps = one > 0 ? (long)(seconds / one) : 1;
+	if (reps < 1)
+		reps = 1;
+	t0 = now();
+	for (long i = 0; i < reps; i++)
+		do_op(c, op);
+	double dt = now() - t0;
+	double bytes = (double)reps * (double)c->n * 4.0 * (op == OP_BOTH ? 2 : 1);
+	return bytes / dt / 1e9;
+}
+
+/* One connection: handshake, the three operations, DONE. gbs[op]. */
+static void run_one(enum mode m, size_t n, const uint8_t *psk, double seconds,
+		    double gbs[OP_COUNT], const char **cipher)
+{
+	char e[512];
+	struct server sv = { .mode = m, .n = n };
+	memcpy(sv.psk, psk, HS_PSK_BYTES);
+	if (sock_listen("127.0.0.1", 0, 1, &sv.lfd, e, sizeof e))
+		die("listen", e);
+	int port = sock_local_port(sv.lfd);
+	pthread_t th;
+	if (pthread_create(&th, NULL, serve, &sv))
+		die("pthread_create", strerror(errno));
+
+	struct client c = { .n = n };
+	c.rbuf = malloc(BUF_BYTES);
+	c.wbuf = malloc(BUF_BYTES);
+	c.params = malloc(n * sizeof(float));
+	c.grads = malloc(n * sizeof(float));
+	if (!c.rbuf || !c.wbuf || !c.params || !c.grads)
+		die("client", "out of memory");
+	for (size_t i = 0; i < n; i++)
+		c.grads[i] = (float)i * -1e-6f;
+	struct hs h;
+	struct hs_result hr;
+	struct hs_identity me = ident(HS_WORKER, m);
+	uint8_t hello1[HS_HELLO_BYTES], hello2[HS_HELLO_BYTES];
+	if (sock_connect_retry("127.0.0.1", (uint16_t)port, TIMEOUT_MS, &c.fd, e, sizeof e) ||
+	    hs_client_start(&h, hello1, psk, &me, e, sizeof e) ||
+	    sock_write_full(c.fd, hello1, sizeof hello1, TIMEOUT_MS, e, sizeof e) ||
+	    sock_read_full(c.fd, hello2, sizeof hello2, TIMEOUT_MS, e, sizeof e) ||
+	    hs_client_finish(&h, &hr, hello2, sizeof hello2, e, sizeof e))
+		die("client handshake", e);
+	*cipher = m == M_PLAIN ? "none" : frame_cipher_name(hr.send.cipher);
+	if (m == M_AESNM && hr.send.cipher != FRAME_AES256GCM)
+		die("aesnm", "this CPU has no AES-256-GCM");
+	chan_init(&c.tx, m, &hr.send);
+	chan_init(&c.rx, m, &hr.recv);
+
+	for (int op = 0; op < OP_COUNT; op++)
+		gbs[op] = measure(&c, (enum op)op, seconds);
+	for (size_t i = 0; i < n; i++) /* what was pulled arrived intact */
+		if (c.params[i] != (float)i * 1e-6f)
+			die("client", "pulled vector arrived corrupted");
+
+	size_t len, cap = BUF_BYTES - FRAME_HDR_BYTES - FRAME_TAG_BYTES;
+	struct msg_done d = { .worker = 0 };
+	if (msg_encode_done(c.wbuf + FRAME_HDR_BYTES, cap, &d, &len, e, sizeof e) ||
+	    chan_send(c.fd, &c.tx, c.wbuf, len, e, sizeof e))
+		die("client DONE", e);
+	pthread_join(th, NULL);
+	close(c.fd);
+	close(sv.lfd);
+	sodium_memzero(&hr, sizeof hr);
+	sodium_memzero(&c.tx, sizeof c.tx);
+	sodium_memzero(&c.rx, sizeof c.rx);
+	free(c.rbuf);
+	free(c.wbuf);
+	free(c.params);
+	free(c.grads);
+}
+
+/* Seals (dir 0) or opens (dir 1) one 1 MiB frame in memory with chan c's
+ * crypto: in is a frame header + message (seal) or header + ciphertext
+ * (open); the result goes to out. Opening rewinds the counter so the same
+ * frame opens every time. */
+static void crypto_once(struct chan *c, int dir, uint8_t *in, uint8_t *out, size_t len)
+{
+	char e[256];
+	size_t got = 0;
+	int r = 0;
+	uint8_t nonce[FRAME_NONCE_BYTES] = { 0 };
+	unsigned long long cl = 0;
+	if (dir == 1)
+		c->fk.counter = 0;
+	wire_put_u64(nonce, c->fk.counter);
+	if (c->mode == M_PLAIN) {
+		wire_put_u32(out, (uint32_t)(len + FRAME_TAG_BYTES));
+		memcpy(out + FRAME_HDR_BYTES, in + FRAME_HDR_BYTES, len);
+		memset(out + FRAME_HDR_BYTES + len, 0, FRAME_TAG_BYTES);
+	} else if (c->mode == M_AESNM) {
+		wire_put_u32(in, (uint32_t)(len + FRAME_TAG_BYTES));
+		r = dir == 0 ? crypto_aead_aes256gcm_encrypt_afternm(out + FRAME_HDR_BYTES, &cl,
+								     in + FRAME_HDR_BYTES, len, in,
+								     FRAME_HDR_BYTES, NULL, nonce,
+								     &c->st)
+			     : crypto_aead_aes256gcm_decrypt_afternm(out, &cl, NULL,
+								     in + FRAME_HDR_BYTES,
+								     len + FRAME_TAG_BYTES, in,
+								     FRAME_HDR_BYTES, nonce, &c->st);
+		c->fk.counter++;
+	} else if (dir == 0) {
+		r = frame_seal(&c->fk, out, BUF_BYTES, in + FRAME_HDR_BYTES, len, &got, e, sizeof e);
+	} else {
+		r = frame_open(&c->fk, in, in + FRAME_HDR_BYTES, len + FRAME_TAG_BYTES, out,
+			       BUF_BYTES, &got, e, sizeof e);
+	}
+	if (r)
+		die("crypto", c->mode == M_AESNM ? "afternm failed" : e);
+}
+
+/* --crypto: seal and open of 1 MiB chunk frames in memory, one thread, no
+ * socket: the ceiling crypto alone puts on one connection. */
+static void crypto_only(double seconds)
+{
+	size_t len = MSG_CHUNK_BYTES_MAX;
+	uint8_t *a = calloc(1, BUF_BYTES), *b = calloc(1, BUF_BYTES), key[FRAME_KEY_BYTES];
+	if (!a || !b)
+		die("crypto", "out of memory");
+	randombytes_buf(key, sizeof key);
+	randombytes_buf(a, BUF_BYTES);
+	printf("%-24s %-18s %10s %10s\n", "1 MiB frames, memory", "cipher", "seal GB/s",
+	       "open GB/s");
+	for (int m = 0; m < M_COUNT; m++) {
+		int aes = m != M_CHACHA && frame_aes_available();
+		if (m == M_AESNM && !aes)
+			continue;
+		struct frame_key fk;
+		if (frame_key_init(&fk, key, aes ? FRAME_AES256GCM : FRAME_CHACHA20POLY1305))
+			die("crypto", "frame_key_init");
+		struct chan c;
+		chan_init(&c, (enum mode)m, &fk);
+		double g[2];
+		for (int dir = 0; dir < 2; dir++) {
+			if (dir == 1) { /* a valid frame with counter 0 in b, opened into a */
+				c.fk.counter = 0;
+				crypto_once(&c, 0, a, b, len);
+			}
+			long reps = 0;
+			double t0 = now(), dt;
+			do {
+				crypto_once(&c, dir, dir ? b : a, dir ? a : b, len);
+				reps++;
+				dt = now() - t0;
+			} while (dt < seconds / 2);
+			g[dir] = (double)reps * (double)len / dt / 1e9;
+		}
+		printf("%-24s %-18s %10.2f %10.2f\n", mode_names[m],
+		       m == M_PLAIN ? "none (memcpy)" : frame_cipher_name(fk.cipher), g[0], g[1]);
+		sodium_memzero(&c, sizeof c);
+	}
+	free(a);
+	free(b);
+}
+
+static const char *arg_str(int argc, char **argv, const char *name, const char *def)
+{
+	for (int i = 1; i + 1 < argc; i++)
+		if (strcmp(argv[i], name) == 0)
+			return argv[i + 1];
+	return def;
+}
+
+static int arg_flag(int argc, char **argv, const char *name)
+{
+	for (int i = 1; i < argc; i++)
+		if (strcmp(argv[i], name) == 0)
+			return 1;
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	double seconds = atof(arg_str(argc, argv, "--seconds", "1"));
+	int rounds = atoi(arg_str(argc, argv, "--rounds", "3"));
+	int csv = arg_flag(argc, argv, "--csv");
+	char sizes_s[128], modes_s[128];
+	snprintf(sizes_s, sizeof sizes_s, "%s", arg_str(argc, argv, "--sizes", "1,16,64"));
+	snprintf(modes_s, sizeof modes_s, "%s", arg_str(argc, argv, "--modes", "sealed,plain"));
+	if (sodium_init() < 0)
+		die("sodium_init", "failed");
+	if (rounds < 1 || seconds <= 0)
+		die("usage", "--rounds >= 1, --seconds > 0");
+	if (arg_flag(argc, argv, "--crypto")) {
+		crypto_only(seconds);
+		return 0;
+	}
+
+	int sizes[16], nsizes = 0;
+	for (char *s = strtok(sizes_s, ","); s && nsizes < 16; s = strtok(NULL, ","))
+		if ((sizes[nsizes] = atoi(s)) > 0)
+			nsizes++;
+	enum mode modes[M_COUNT];
+	int nmodes = 0;
+	for (char *s = strtok(modes_s, ","); s; s = strtok(NULL, ",")) {
+		int k = 0;
+		while (k < M_COUNT && strcmp(s, mode_names[k]) != 0)
+			k++;
+		if (k == M_COUNT)
+			die("unknown mode (sealed, plain, aesnm, chacha)", s);
+		if (nmodes < M_COUNT)
+			modes[nmodes++] = (enum mode)k;
+	}
+	if (nsizes == 0 || nmodes == 0)
+		die("usage", "no sizes or no modes");
+
+	uint8_t psk[HS_PSK_BYTES];
+	randombytes_buf(psk, sizeof psk);
+	static double best[16][M_COUNT][OP_COUNT];
+	const char *cipher[M_COUNT] = { 0 };
+	for (int r = 0; r < rounds; r++)
+		for (int si = 0; si < nsizes; si++)
+			for (int mi = 0; mi < nmodes; mi++) {
+				double g[OP_COUNT];
+				size_t n = (size_t)sizes[si] << 18; /* MiB of floats */
+				run_one(modes[mi], n, psk, seconds, g, &cipher[mi]);
+				for (int op = 0; op < OP_COUNT; op++)
+					if (g[op] > best[si][mi][op])
+						best[si][mi][op] = g[op];
+			}
+	sodium_memzero(psk, sizeof psk);
+
+	int plain = -1;
+	for (int mi = 0; mi < nmodes; mi++)
+		if (modes[mi] == M_PLAIN)
+			plain = mi;
+	if (!csv)
+		printf("%-7s %-7s %-18s %10s %10s %10s\n", "size", "mode", "cipher", "push GB/s",
+		       "pull GB/s", "push+pull");
+	for (int si = 0; si < nsizes; si++) {
+		char sz[32];
+		snprintf(sz, sizeof sz, "%d MiB", sizes[si]);
+		for (int mi = 0; mi < nmodes; mi++) {
+			const double *b = best[si][mi];
+			printf(csv ? "%s,%s,%s,%.3f,%.3f,%.3f\n" : "%-7s %-7s %-18s %10.2f %10.2f %10.2f\n",
+			       sz, mode_names[modes[mi]], cipher[mi], b[0], b[1], b[2]);
+		}
+		for (int mi = 0; mi < nmodes && plain >= 0; mi++) {
+			if (mi == plain)
+				continue;
+			const double *b = best[si][mi], *q = best[si][plain];
+			char nm[32];
+			snprintf(nm, sizeof nm, "%s/plain", mode_names[modes[mi]]);
+			printf(csv ? "%s,%s,ratio,%.3f,%.3f,%.3f\n" : "%-7s %-26s %9.2fx %9.2fx %9.2fx\n",
+			       sz, nm, b[0] / q[0], b[1] / q[1], b[2] / q[2]);
+		}
+	}
+	return 0;
+}

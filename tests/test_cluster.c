@@ -54,17 +54,30 @@ static void teardown(void)
 
 TestSuite(cluster, .init = setup, .fini = teardown, .timeout = 120);
 
-/* A free loopback port: bind port 0, read it back, close. */
+/* A free loopback port: bind port 0, read it back, close. The kernel may
+ * hand the same port out again once it is closed, so a test (one process)
+ * remembers what it got and never uses a port twice. */
 static int free_port(void)
 {
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	cr_assert_geq(fd, 0);
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-	socklen_t len = sizeof(a);
-	cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-	close(fd);
-	return ntohs(a.sin_port);
+	static int used[512];
+	static int nused;
+	for (;;) {
+		int fd = socket(AF_INET, SOCK_STREAM, 0);
+		cr_assert_geq(fd, 0);
+		struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+		cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+		socklen_t len = sizeof(a);
+		cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+		close(fd);
+		int port = ntohs(a.sin_port), seen = 0;
+		for (int i = 0; i < nused; i++)
+			seen |= used[i] == port;
+		if (seen)
+			continue;
+		cr_assert_lt(nused, 512);
+		used[nused++] = port;
+		return port;
+	}
 }
 
 /* K Gaussian blobs in D dimensions (as tests/test_train.c). */

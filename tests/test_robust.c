@@ -81,17 +81,30 @@ static void nap_ms(long ms)
 	nanosleep(&t, NULL);
 }
 
-/* A free loopback port: bind port 0, read it back, close. */
+/* A free loopback port: bind port 0, read it back, close. The kernel may
+ * hand the same port out again once it is closed, so a test (one process)
+ * remembers what it got and never uses a port twice. */
 static int free_port(void)
 {
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	cr_assert_geq(fd, 0);
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-	socklen_t len = sizeof(a);
-	cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-	close(fd);
-	return ntohs(a.sin_port);
+	static int used[512];
+	static int nused;
+	for (;;) {
+		int fd = socket(AF_INET, SOCK_STREAM, 0);
+		cr_assert_geq(fd, 0);
+		struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+		cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+		socklen_t len = sizeof(a);
+		cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+		close(fd);
+		int port = ntohs(a.sin_port), seen = 0;
+		for (int i = 0; i < nused; i++)
+			seen |= used[i] == port;
+		if (seen)
+			continue;
+		cr_assert_lt(nused, 512);
+		used[nused++] = port;
+		return port;
+	}
 }
 
 /* K Gaussian blobs in D dimensions (as tests/test_cluster.c). */
@@ -142,7 +155,10 @@ static void write_cluster(struct target *t, int W, int steps, int batch, const c
 	cr_assert_not_null(f);
 	fprintf(f, "[cluster]\nps = 127.0.0.1:%d\nworkers = ", t->port);
 	for (int i = 0; i < W; i++)
-		fprintf(f, "%s127.0.0.1:%d", !i ? "" : i % 8 ? ", " : ",\n  ", 41000 + i);
+		/* Workers are never listened on here: placeholder ports above
+		 * Linux's ephemeral range (32768-60999), so the ps's port, which
+		 * comes from that range, cannot collide with them. */
+		fprintf(f, "%s127.0.0.1:%d", !i ? "" : i % 8 ? ", " : ",\n  ", 61000 + i);
 	fprintf(f, "\nkey_file = cluster.key\n"
 		   "[data]\nformat = csv\ntrain_csv = blobs.csv\nlabel_column = first\n"
 		   "[train]\nsteps = %d\nbatch_size = %d\nlearning_rate = 0.05\noptimizer = momentum\n"

@@ -65,7 +65,7 @@ endif
 OBJ_CORE := $(CORE_SRC:%.c=$(BUILD)/%.o) $(NET_SRC:%.c=$(BUILD)/%.o) \
 	$(GPU_C:%.c=$(BUILD)/%.o) $(GPU_CU:%.cu=$(BUILD)/%.cu.o)
 OBJ_MAIN := $(BUILD)/main.o
-TEST_SRC := $(wildcard tests/test_*.c)
+TEST_SRC := $(wildcard tests/test_*.c) tests/util.c
 OBJ_TEST := $(TEST_SRC:%.c=$(BUILD)/%.o)
 TEST_BIN := $(BUILD)/tests/run
 ifeq ($(NVCC),)
@@ -194,9 +194,9 @@ $(BUILD)/fuzz/fuzz_idx $(BUILD)/fuzz/fuzz_csv: core/idx.c core/csv.c core/data.c
 FUZZ_LIBS_config := -linih -lsodium
 FUZZ_LIBS_idx := -lz
 FUZZ_LIBS_csv := -lz
-$(BUILD)/fuzz/fuzz_handshake: net/handshake.c net/frame.c
+$(BUILD)/fuzz/fuzz_handshake: net/handshake.c net/frame.c net/err.c
 FUZZ_LIBS_handshake := -lsodium
-$(BUILD)/fuzz/fuzz_msg: net/msg.c
+$(BUILD)/fuzz/fuzz_msg: net/msg.c net/err.c
 
 $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(wildcard core/*.h net/*.h)
 	@mkdir -p $(dir $@)

@@ -4,6 +4,7 @@
  *   130 stopped by Ctrl-C (SIGINT) or SIGTERM.
  * This is the only file with mutable global state: the stop flag that the
  * signal handler sets. */
+#include "core/progress.h"
 #include "core/cluster.h"
 #include "core/config.h"
 #include "core/model.h"
@@ -113,16 +114,6 @@ static int load(const struct opts *o, struct config *c)
 	return 0;
 }
 
-static void human_bytes(char *buf, size_t len, double b)
-{
-	const char *unit[] = { "B", "KiB", "MiB", "GiB", "TiB" };
-	int i = 0;
-	while (b >= 1024 && i < 4) {
-		b /= 1024;
-		i++;
-	}
-	snprintf(buf, len, i ? "%.1f %s" : "%.0f %s", b, unit[i]);
-}
 
 static int cmd_check(const struct opts *o)
 {
@@ -138,7 +129,7 @@ static int cmd_check(const struct opts *o)
 	}
 	printf("; %s is valid. Resolved configuration, defaults included:\n\n", o->config);
 	config_print(&c, stdout);
-	human_bytes(size, sizeof(size), (double)m.nparams * sizeof(float));
+	progress_bytes(size, sizeof(size), (double)m.nparams * sizeof(float));
 	printf("\n; model: %d inputs -> %d outputs, %zu parameters (%s as float32)\n",
 	       m.inputs, m.outputs, m.nparams, size);
 	printf(";   %-10s %-8s %8s %12s  %s\n", "layer", "type", "output", "parameters", "line");
@@ -164,7 +155,7 @@ static int cmd_check(const struct opts *o)
 		for (int i = 0; i < n; i++) {
 			struct gpu_info g;
 			if (gpu_query(i, &g, err, sizeof(err)) == 0) {
-				human_bytes(size, sizeof(size), (double)g.total_bytes);
+				progress_bytes(size, sizeof(size), (double)g.total_bytes);
 				printf("; gpu:%d %s, %s, sm_%d%d\n", i, g.name, size, g.cc_major, g.cc_minor);
 			}
 		}

@@ -3,6 +3,7 @@
  * the worker (every PULL is sent before any reply is read, and every PUSH
  * before any ACK, so the shards work in parallel). */
 #include "cluster.h"
+#include "../net/err.h"
 
 #include "../net/handshake.h"
 #include "../net/key.h"
@@ -40,16 +41,6 @@
 #define RBUF_BYTES FRAME_CT_MAX
 #define WBUF_BYTES FRAME_BYTES_MAX
 
-static int peer_fail(char *err, size_t errlen, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-static int peer_fail(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-	return -ECONNABORTED;
-}
 
 /* Key, model, data and the step count, the same on every node. */
 struct setup {
@@ -567,7 +558,7 @@ static int worker_connect(struct worker *wk, const struct setup *s, char *err, s
 		if (r) {
 			l->fd = -1;
 			return r == -EINVAL || r == -ENOENT ? (snprintf(err, errlen, "ps %d: %s", k, e), -EINVAL)
-							    : peer_fail(err, errlen, "ps %d: %s", k, e);
+							    : err_set(err, errlen, -ECONNABORTED, "ps %d: %s", k, e);
 		}
 		r = hs_client_start(&h, hello1, s->key, &me, e, sizeof(e));
 		if (r)
@@ -577,16 +568,16 @@ static int worker_connect(struct worker *wk, const struct setup *s, char *err, s
 			r = sock_read_full(l->fd, hello2, sizeof(hello2), HS_TIMEOUT_MS, e, sizeof(e));
 		if (r) {
 			hs_wipe(&h);
-			return peer_fail(err, errlen, "%s: handshake: %s%s", nm, e,
+			return err_set(err, errlen, -ECONNABORTED, "%s: handshake: %s%s", nm, e,
 					 r == -EPIPE ? " (wrong cluster key?)" : "");
 		}
 		r = hs_client_finish(&h, &l->hr, hello2, sizeof(hello2), e, sizeof(e));
 		if (r) {
 			hs_wipe(&h);
-			return peer_fail(err, errlen, "%s: %s", nm, e);
+			return err_set(err, errlen, -ECONNABORTED, "%s: %s", nm, e);
 		}
 		if (l->hr.peer.role != HS_PS || l->hr.peer.index != (uint32_t)k)
-			return peer_fail(err, errlen, "%s answered as %s %u", nm,
+			return err_set(err, errlen, -ECONNABORTED, "%s answered as %s %u", nm,
 					 hs_role_name(l->hr.peer.role), l->hr.peer.index);
 	}
 	return 0;
@@ -600,16 +591,16 @@ static int worker_recv(struct worker *wk, int k, size_t *len, char *err, size_t 
 	int r = sock_read_frame(l->fd, &l->hr.recv, wk->rbuf, RBUF_BYTES, len, REPLY_TIMEOUT_MS, e,
 				sizeof(e));
 	if (r)
-		return peer_fail(err, errlen, "lost %s: %s", ps_name(wk->c, k, nm, sizeof(nm)), e);
+		return err_set(err, errlen, -ECONNABORTED, "lost %s: %s", ps_name(wk->c, k, nm, sizeof(nm)), e);
 	r = msg_type(wk->rbuf, *len, e, sizeof(e));
 	if (r == WIRE_ERROR) {
 		struct msg_error me;
 		if (msg_decode_error(wk->rbuf, *len, &me, e, sizeof(e)) == 0)
 			snprintf(e, sizeof(e), "%s", me.text);
-		return peer_fail(err, errlen, "%s: %s", ps_name(wk->c, k, nm, sizeof(nm)), e);
+		return err_set(err, errlen, -ECONNABORTED, "%s: %s", ps_name(wk->c, k, nm, sizeof(nm)), e);
 	}
 	if (r < 0)
-		return peer_fail(err, errlen, "%s: %s", ps_name(wk->c, k, nm, sizeof(nm)), e);
+		return err_set(err, errlen, -ECONNABORTED, "%s: %s", ps_name(wk->c, k, nm, sizeof(nm)), e);
 	return r;
 }
 
@@ -618,7 +609,7 @@ static int worker_send(struct worker *wk, int k, size_t len, char *err, size_t e
 	char e[512], nm[300];
 	int r = send_msg(wk->ln[k].fd, &wk->ln[k].hr.send, wk->wbuf, len, e, sizeof(e));
 	if (r)
-		return peer_fail(err, errlen, "lost %s: %s", ps_name(wk->c, k, nm, sizeof(nm)), e);
+		return err_set(err, errlen, -ECONNABORTED, "lost %s: %s", ps_name(wk->c, k, nm, sizeof(nm)), e);
 	return 0;
 }
 
@@ -656,7 +647,7 @@ static int worker_pull(struct worker *wk, float *params, int first, char *err, s
 			    (r = msg_assembly_add(&a, &ch, params + l->range.begin, e, sizeof(e))) < 0) {
 				if (r != WIRE_PARAMS)
 					snprintf(e, sizeof(e), "unexpected %s message", wire_msg_name((uint8_t)r));
-				return peer_fail(err, errlen, "ps %d: %s", k, e);
+				return err_set(err, errlen, -ECONNABORTED, "ps %d: %s", k, e);
 			}
 			if (r == 1)
 				break;
@@ -692,7 +683,7 @@ static int worker_push(struct worker *wk, const float *grads, char *err, size_t 
 		if (r < 0)
 			return r;
 		if (r != WIRE_ACK || msg_decode_ack(wk->rbuf, len, &ack, e, sizeof(e)))
-			return peer_fail(err, errlen, "ps %d: %s", k,
+			return err_set(err, errlen, -ECONNABORTED, "ps %d: %s", k,
 					 r != WIRE_ACK ? "unexpected message instead of ACK" : e);
 		if (ack.status == MSG_ACK_STALE || ack.status == MSG_ACK_DUPLICATE)
 			wk->stale++;
@@ -716,27 +707,6 @@ static int worker_done(struct worker *wk, char *err, size_t errlen)
 	return 0;
 }
 
-static int evaluate(struct replica *r, const float *params, const struct dataset *ds,
-		    double *loss, double *acc)
-{
-	double loss_sum = 0;
-	long right = 0;
-	for (size_t off = 0; off < ds->n; off += (size_t)r->max_batch) {
-		int B = (int)(ds->n - off < (size_t)r->max_batch ? ds->n - off : (size_t)r->max_batch);
-		double l;
-		int c;
-		int e = replica_load(r, ds->x + off * ds->d, ds->y + off, B);
-		if (!e)
-			e = replica_forward(r, params, B, &l, &c);
-		if (e)
-			return e;
-		loss_sum += l;
-		right += c;
-	}
-	*loss = loss_sum / (double)ds->n;
-	*acc = (double)right / (double)ds->n;
-	return 0;
-}
 
 static int dump_params(const char *path, const float *p, size_t n, char *err, size_t errlen)
 {
@@ -817,7 +787,7 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 								      : step % spe == 0);
 		if (eval_now && chief) {
 			double tl, ta;
-			e = evaluate(&rep, params, &s.test, &tl, &ta);
+			e = replica_evaluate(&rep, params, &s.test, &tl, &ta);
 			if (e)
 				goto eval_fail;
 			progress_eval(&pg, step, tl, ta);
@@ -872,7 +842,7 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 		e = worker_pull(&wk, params, total == 0, err, errlen);
 		if (e)
 			goto fail;
-		e = evaluate(&rep, params, &s.test, &res->test_loss, &res->test_acc);
+		e = replica_evaluate(&rep, params, &s.test, &res->test_loss, &res->test_acc);
 		if (e)
 			goto eval_fail;
 		progress_eval(&pg, step, res->test_loss, res->test_acc);

@@ -107,3 +107,14 @@ void progress_clear(struct progress *p)
 		p->drawn = 0;
 	}
 }
+
+void progress_bytes(char *buf, size_t len, double b)
+{
+	const char *unit[] = { "B", "KiB", "MiB", "GiB", "TiB" };
+	int i = 0;
+	while (b >= 1024 && i < 4) {
+		b /= 1024;
+		i++;
+	}
+	snprintf(buf, len, i ? "%.1f %s" : "%.0f %s", b, unit[i]);
+}

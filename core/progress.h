@@ -34,4 +34,7 @@ void progress_eval(struct progress *p, long step, double test_loss, double test_
 /* Clears the tty line so the next message starts on a fresh line. */
 void progress_clear(struct progress *p);
 
+/* "512 B", "1.3 MiB": a byte count for people. */
+void progress_bytes(char *buf, size_t len, double bytes);
+
 #endif

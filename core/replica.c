@@ -115,3 +115,25 @@ int replica_backward(struct replica *r, const float *params, float *grads, int B
 	}
 	return e;
 }
+
+int replica_evaluate(struct replica *r, const float *params, const struct dataset *ds,
+		    double *loss, double *acc)
+{
+	double loss_sum = 0;
+	long right = 0;
+	for (size_t off = 0; off < ds->n; off += (size_t)r->max_batch) {
+		int B = (int)(ds->n - off < (size_t)r->max_batch ? ds->n - off : (size_t)r->max_batch);
+		double l;
+		int c;
+		int e = replica_load(r, ds->x + off * ds->d, ds->y + off, B);
+		if (!e)
+			e = replica_forward(r, params, B, &l, &c);
+		if (e)
+			return e;
+		loss_sum += l;
+		right += c;
+	}
+	*loss = loss_sum / (double)ds->n;
+	*acc = (double)right / (double)ds->n;
+	return 0;
+}

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "data.h"
 #include "model.h"
 
 struct replica {
@@ -36,5 +37,10 @@ int replica_forward(struct replica *r, const float *params, int B, double *loss_
 /* Backward after replica_forward; ACCUMULATES into grads (P). scale is 1 over
  * the whole batch the gradient is averaged over (all replicas together). */
 int replica_backward(struct replica *r, const float *params, float *grads, int B, float scale);
+
+/* Mean loss and accuracy over a whole dataset, forward only, in chunks of
+ * max_batch samples. */
+int replica_evaluate(struct replica *r, const float *params, const struct dataset *ds,
+		     double *loss, double *acc);
 
 #endif

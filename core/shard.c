@@ -1,5 +1,6 @@
 /* Sharding: balanced contiguous ranges of the parameter vector, and the plan
  * table `pstrain check` prints. See shard.h for the rules. */
+#include "progress.h"
 #include "shard.h"
 
 #include <errno.h>
@@ -33,16 +34,6 @@ void shard_plan(struct shard *out, int nps, size_t nparams)
 	}
 }
 
-static void human_bytes(char *buf, size_t len, double b)
-{
-	const char *unit[] = { "B", "KiB", "MiB", "GiB", "TiB" };
-	int i = 0;
-	while (b >= 1024 && i < 4) {
-		b /= 1024;
-		i++;
-	}
-	snprintf(buf, len, i ? "%.1f %s" : "%.0f %s", b, unit[i]);
-}
 
 /* Appends "name.part[lo:hi)" for the part of tensor [off, off+n) that s
  * covers, wrapping the line; *col is the current column. */
@@ -71,7 +62,7 @@ void shard_print(FILE *f, const struct model *m, const struct shard *s, int nps,
 		 const struct host *ps)
 {
 	char total[32], human[32], hostport[CONFIG_HOST_MAX + 16];
-	human_bytes(total, sizeof(total), (double)m->nparams * sizeof(float));
+	progress_bytes(total, sizeof(total), (double)m->nparams * sizeof(float));
 	fprintf(f, "; sharding: %zu parameters (%s) over %d ps task%s, contiguous ranges "
 		"differing by at most 1 element\n", m->nparams, total, nps, nps == 1 ? "" : "s");
 	fprintf(f, ";   %-4s %-22s %-24s %10s  %s\n", "ps", "host:port", "range [begin, end)",
@@ -87,7 +78,7 @@ void shard_print(FILE *f, const struct model *m, const struct shard *s, int nps,
 		else
 			snprintf(hostport, sizeof(hostport), "%s:%u", ps[k].name, ps[k].port);
 		snprintf(range, sizeof(range), "[%zu, %zu)", sh->begin, sh->end);
-		human_bytes(human, sizeof(human), (double)n * sizeof(float));
+		progress_bytes(human, sizeof(human), (double)n * sizeof(float));
 		fprintf(f, ";   %-4d %-22s %-24s %10zu  %zu (%s)\n", k, hostport, range, n,
 			n * sizeof(float), human);
 		int col = 0;

@@ -48,27 +48,6 @@ int train_placement(const struct config *c, FILE *out, char *err, size_t errlen)
 	return 0;
 }
 
-static int evaluate(struct replica *r, const float *params, const struct dataset *ds,
-		    double *loss, double *acc)
-{
-	double loss_sum = 0;
-	long right = 0;
-	for (size_t off = 0; off < ds->n; off += (size_t)r->max_batch) {
-		int B = (int)(ds->n - off < (size_t)r->max_batch ? ds->n - off : (size_t)r->max_batch);
-		double l;
-		int c;
-		int e = replica_load(r, ds->x + off * ds->d, ds->y + off, B);
-		if (!e)
-			e = replica_forward(r, params, B, &l, &c);
-		if (e)
-			return e;
-		loss_sum += l;
-		right += c;
-	}
-	*loss = loss_sum / (double)ds->n;
-	*acc = (double)right / (double)ds->n;
-	return 0;
-}
 
 static int check_fit(const struct config *c, const struct model *m, const struct dataset *train,
 		     const struct dataset *test, char *err, size_t errlen)
@@ -197,14 +176,14 @@ int train_local(const struct config *c, FILE *out, int tty, const volatile sig_a
 						       : (step + 1) % spe == 0;
 		if (eval_now && !last) {
 			double tl, ta;
-			e = evaluate(&rep, params, &test, &tl, &ta);
+			e = replica_evaluate(&rep, params, &test, &tl, &ta);
 			if (e)
 				goto eval_fail;
 			progress_eval(&pg, step + 1, tl, ta);
 		}
 	}
 	/* Stopped or finished: always end with a real evaluation. */
-	e = evaluate(&rep, params, &test, &res->test_loss, &res->test_acc);
+	e = replica_evaluate(&rep, params, &test, &res->test_loss, &res->test_acc);
 	if (e)
 		goto eval_fail;
 	if (!*stop || step == total)

@@ -13,10 +13,10 @@
  * Rejected: a per-frame random 24-byte XChaCha nonce (extra bytes per
  * frame, and replay would still need tracking). */
 #include "frame.h"
+#include "err.h"
 
 #include <errno.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -34,18 +34,6 @@ _Static_assert(crypto_aead_chacha20poly1305_ietf_NPUBBYTES == FRAME_NONCE_BYTES,
 /* The length field is a u32 and every valid length must fit in it. */
 _Static_assert(FRAME_CT_MAX <= UINT32_MAX, "FRAME_MAX too large for the length field");
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-	if (!err || errlen == 0)
-		return;
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
 
 /* Nonce = counter, little-endian, zero-padded to the nonce size. */
 static void make_nonce(uint8_t nonce[FRAME_NONCE_BYTES], uint64_t counter)
@@ -99,18 +87,18 @@ int frame_seal(struct frame_key *k, uint8_t *out, size_t outcap, const uint8_t *
 	       size_t len, size_t *outlen, char *err, size_t errlen)
 {
 	if (len > FRAME_MAX) {
-		set_err(err, errlen, "message of %zu bytes exceeds the frame limit of %u",
+		(void)err_set(err, errlen, 0, "message of %zu bytes exceeds the frame limit of %u",
 			len, FRAME_MAX);
 		return -EMSGSIZE;
 	}
 	size_t total = FRAME_SEALED_BYTES(len);
 	if (outcap < total) {
-		set_err(err, errlen, "output buffer of %zu bytes, frame needs %zu", outcap,
+		(void)err_set(err, errlen, 0, "output buffer of %zu bytes, frame needs %zu", outcap,
 			total);
 		return -ENOBUFS;
 	}
 	if (k->counter == UINT64_MAX) {
-		set_err(err, errlen, "send counter exhausted: the session must be rekeyed");
+		(void)err_set(err, errlen, 0, "send counter exhausted: the session must be rekeyed");
 		return -EOVERFLOW;
 	}
 
@@ -133,7 +121,7 @@ int frame_seal(struct frame_key *k, uint8_t *out, size_t outcap, const uint8_t *
 		/* Not reachable with the lengths checked above; refuse rather
 		 * than send a frame we cannot vouch for. */
 		sodium_memzero(out, total);
-		set_err(err, errlen, "%s encryption failed", frame_cipher_name(k->cipher));
+		(void)err_set(err, errlen, 0, "%s encryption failed", frame_cipher_name(k->cipher));
 		return -EIO;
 	}
 	k->counter++;
@@ -146,12 +134,12 @@ int frame_check_len(const uint8_t hdr[FRAME_HDR_BYTES], size_t *ctlen, char *err
 {
 	uint32_t L = wire_get_u32(hdr);
 	if (L < FRAME_CT_MIN) {
-		set_err(err, errlen, "frame length %" PRIu32 " is shorter than the %u-byte tag",
+		(void)err_set(err, errlen, 0, "frame length %" PRIu32 " is shorter than the %u-byte tag",
 			L, FRAME_TAG_BYTES);
 		return -EMSGSIZE;
 	}
 	if (L > FRAME_CT_MAX) {
-		set_err(err, errlen, "frame length %" PRIu32 " exceeds the limit of %u", L,
+		(void)err_set(err, errlen, 0, "frame length %" PRIu32 " exceeds the limit of %u", L,
 			FRAME_CT_MAX);
 		return -EMSGSIZE;
 	}
@@ -168,19 +156,19 @@ int frame_open(struct frame_key *k, const uint8_t hdr[FRAME_HDR_BYTES], const ui
 	if (rc < 0)
 		goto fail;
 	if (ctlen != declared) {
-		set_err(err, errlen, "frame truncated or padded: header says %zu bytes, got %zu",
+		(void)err_set(err, errlen, 0, "frame truncated or padded: header says %zu bytes, got %zu",
 			declared, ctlen);
 		rc = -EMSGSIZE;
 		goto fail;
 	}
 	size_t mlen = ctlen - FRAME_TAG_BYTES;
 	if (outcap < mlen) {
-		set_err(err, errlen, "output buffer of %zu bytes, message is %zu", outcap, mlen);
+		(void)err_set(err, errlen, 0, "output buffer of %zu bytes, message is %zu", outcap, mlen);
 		rc = -ENOBUFS;
 		goto fail;
 	}
 	if (k->counter == UINT64_MAX) {
-		set_err(err, errlen, "receive counter exhausted: the session must be rekeyed");
+		(void)err_set(err, errlen, 0, "receive counter exhausted: the session must be rekeyed");
 		rc = -EOVERFLOW;
 		goto fail;
 	}
@@ -195,7 +183,7 @@ int frame_open(struct frame_key *k, const uint8_t hdr[FRAME_HDR_BYTES], const ui
 		rc = crypto_aead_chacha20poly1305_ietf_decrypt(out, &got, NULL, ct, ctlen, hdr,
 							       FRAME_HDR_BYTES, nonce, k->key);
 	if (rc != 0 || got != mlen) {
-		set_err(err, errlen,
+		(void)err_set(err, errlen, 0,
 			"frame %" PRIu64 " failed authentication (%s): wrong key, modified, "
 			"replayed or reordered",
 			k->counter, frame_cipher_name(k->cipher));

@@ -28,9 +28,9 @@
  * locals, the caller's state is written only in the final commit step, and
  * the secrets are wiped on the single exit path. */
 #include "handshake.h"
+#include "err.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -70,18 +70,6 @@ _Static_assert(OFF_MAC + HS_MAC_BYTES == HS_HELLO_BYTES, "hello layout");
 static const char MAC_LABEL[] = "pstrain hs mac v1";
 static const char SESSION_LABEL[] = "pstrain session v1";
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-	if (!err || errlen == 0)
-		return;
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
 
 const char *hs_role_name(enum hs_role role)
 {
@@ -111,15 +99,15 @@ static void node_name(char *buf, size_t len, const struct hs_identity *id)
 static int identity_check(const struct hs_identity *me, char *err, size_t errlen)
 {
 	if (!role_valid(me->role)) {
-		set_err(err, errlen, "handshake: unknown local role %d", (int)me->role);
+		(void)err_set(err, errlen, 0, "handshake: unknown local role %d", (int)me->role);
 		return -EINVAL;
 	}
 	if (me->aes != 0 && me->aes != 1) {
-		set_err(err, errlen, "handshake: aes flag must be 0 or 1, not %d", me->aes);
+		(void)err_set(err, errlen, 0, "handshake: aes flag must be 0 or 1, not %d", me->aes);
 		return -EINVAL;
 	}
 	if (me->aes && !frame_aes_available()) {
-		set_err(err, errlen, "handshake: AES-256-GCM offered but this CPU lacks it");
+		(void)err_set(err, errlen, 0, "handshake: AES-256-GCM offered but this CPU lacks it");
 		return -ENOTSUP;
 	}
 	return 0;
@@ -162,19 +150,19 @@ HS_MUST_CHECK static int hello_verify(const uint8_t mac_key[32], const uint8_t *
 				      const char *what, char *err, size_t errlen)
 {
 	if (inlen != HS_HELLO_BYTES) {
-		set_err(err, errlen, "%s of %zu bytes, expected %u", what, inlen,
+		(void)err_set(err, errlen, 0, "%s of %zu bytes, expected %u", what, inlen,
 			HS_HELLO_BYTES);
 		return -EMSGSIZE;
 	}
 	uint8_t mac[HS_MAC_BYTES];
 	if (mac_compute(mac, mac_key, prefix, prefixlen, in) != 0) {
-		set_err(err, errlen, "%s: BLAKE2b failed", what);
+		(void)err_set(err, errlen, 0, "%s: BLAKE2b failed", what);
 		return -EIO;
 	}
 	int bad = sodium_memcmp(mac, in + OFF_MAC, HS_MAC_BYTES);
 	sodium_memzero(mac, sizeof mac);
 	if (bad) {
-		set_err(err, errlen,
+		(void)err_set(err, errlen, 0,
 			"%s failed authentication (the peer has another cluster key, or the "
 			"bytes were modified or replayed)",
 			what);
@@ -213,7 +201,7 @@ HS_MUST_CHECK static int hello_parse(struct hs_identity *peer, uint8_t epk[32],
 	char pname[48], mname[48];
 	uint32_t magic = wire_get_u32(in + OFF_MAGIC);
 	if (magic != WIRE_MAGIC) {
-		set_err(err, errlen, "handshake: bad magic 0x%08x (not a pstrain peer)", magic);
+		(void)err_set(err, errlen, 0, "handshake: bad magic 0x%08x (not a pstrain peer)", magic);
 		return -EPROTO;
 	}
 	memset(peer, 0, sizeof *peer);
@@ -224,23 +212,23 @@ HS_MUST_CHECK static int hello_parse(struct hs_identity *peer, uint8_t epk[32],
 
 	uint32_t version = wire_get_u32(in + OFF_VERSION);
 	if (version != WIRE_VERSION) {
-		set_err(err, errlen,
+		(void)err_set(err, errlen, 0,
 			"%s speaks protocol version %u, %s speaks version %u: run the same "
 			"pstrain release on every node",
 			pname, version, mname, WIRE_VERSION);
 		return -EPROTONOSUPPORT;
 	}
 	if (in[OFF_STEP] != step) {
-		set_err(err, errlen, "handshake: expected step %u, got %u", step,
+		(void)err_set(err, errlen, 0, "handshake: expected step %u, got %u", step,
 			in[OFF_STEP]);
 		return -EPROTO;
 	}
 	if (!role_valid(in[OFF_ROLE])) {
-		set_err(err, errlen, "handshake: unknown peer role %u", in[OFF_ROLE]);
+		(void)err_set(err, errlen, 0, "handshake: unknown peer role %u", in[OFF_ROLE]);
 		return -EPROTO;
 	}
 	if (in[OFF_AES] > 1 || in[OFF_RESERVED] != 0) {
-		set_err(err, errlen, "handshake: bad flags from %s (aes %u, reserved %u)",
+		(void)err_set(err, errlen, 0, "handshake: bad flags from %s (aes %u, reserved %u)",
 			pname, in[OFF_AES], in[OFF_RESERVED]);
 		return -EPROTO;
 	}
@@ -250,7 +238,7 @@ HS_MUST_CHECK static int hello_parse(struct hs_identity *peer, uint8_t epk[32],
 
 	if (memcmp(peer->config_hash, me->config_hash, HS_HASH_BYTES) != 0) {
 		const uint8_t *a = peer->config_hash, *b = me->config_hash;
-		set_err(err, errlen,
+		(void)err_set(err, errlen, 0,
 			"%s has a different training config than %s (config hash "
 			"%02x%02x%02x%02x vs %02x%02x%02x%02x): use the same config on every "
 			"node",
@@ -339,7 +327,7 @@ int hs_client_start(struct hs *h, uint8_t out[HS_HELLO_BYTES], const uint8_t psk
 
 	/* e: ephemeral key pair and nonce */
 	if (ephemeral_new(esk, epk, nonce) != 0 || mac_key_derive(mac_key, psk) != 0) {
-		set_err(err, errlen, "handshake: key generation failed");
+		(void)err_set(err, errlen, 0, "handshake: key generation failed");
 		rc = -EIO;
 		goto out;
 	}
@@ -347,7 +335,7 @@ int hs_client_start(struct hs *h, uint8_t out[HS_HELLO_BYTES], const uint8_t psk
 	/* HELLO1 = fields || mac1 */
 	hello_fields(hello1, STEP_CLIENT, me, epk, nonce);
 	if (mac_compute(hello1 + OFF_MAC, mac_key, NULL, 0, hello1) != 0) {
-		set_err(err, errlen, "handshake: BLAKE2b failed");
+		(void)err_set(err, errlen, 0, "handshake: BLAKE2b failed");
 		rc = -EIO;
 		goto out;
 	}
@@ -387,7 +375,7 @@ int hs_server_respond(struct hs_result *res, uint8_t out[HS_HELLO_BYTES], size_t
 
 	/* size, mac1: before any field is read; a failure gets no reply */
 	if (mac_key_derive(mac_key, psk) != 0) {
-		set_err(err, errlen, "handshake: BLAKE2b failed");
+		(void)err_set(err, errlen, 0, "handshake: BLAKE2b failed");
 		rc = -EIO;
 		goto out;
 	}
@@ -404,7 +392,7 @@ int hs_server_respond(struct hs_result *res, uint8_t out[HS_HELLO_BYTES], size_t
 
 	/* e: only now, for an authenticated peer */
 	if (ephemeral_new(esk, epk, nonce) != 0) {
-		set_err(err, errlen, "handshake: key generation failed");
+		(void)err_set(err, errlen, 0, "handshake: key generation failed");
 		rc = -EIO;
 		goto out;
 	}
@@ -412,7 +400,7 @@ int hs_server_respond(struct hs_result *res, uint8_t out[HS_HELLO_BYTES], size_t
 	/* HELLO2 = fields || mac2, mac2 over HELLO1 || fields */
 	hello_fields(hello2, STEP_SERVER, me, epk, nonce);
 	if (mac_compute(hello2 + OFF_MAC, mac_key, in, HS_HELLO_BYTES, hello2) != 0) {
-		set_err(err, errlen, "handshake: BLAKE2b failed");
+		(void)err_set(err, errlen, 0, "handshake: BLAKE2b failed");
 		rc = -EIO;
 		goto out;
 	}
@@ -428,7 +416,7 @@ int hs_server_respond(struct hs_result *res, uint8_t out[HS_HELLO_BYTES], size_t
 	if (rc < 0) {
 		char pname[48];
 		node_name(pname, sizeof pname, &peer);
-		set_err(err, errlen, "handshake: key agreement with %s failed (%s)", pname,
+		(void)err_set(err, errlen, 0, "handshake: key agreement with %s failed (%s)", pname,
 			rc == -EPROTO ? "invalid ephemeral key" : "internal error");
 		goto out;
 	}
@@ -462,7 +450,7 @@ int hs_client_finish(struct hs *h, struct hs_result *res, const uint8_t *in, siz
 
 	/* size, mac2: bound to our HELLO1, so an old reply does not verify */
 	if (mac_key_derive(mac_key, h->psk) != 0) {
-		set_err(err, errlen, "handshake: BLAKE2b failed");
+		(void)err_set(err, errlen, 0, "handshake: BLAKE2b failed");
 		rc = -EIO;
 		goto out;
 	}
@@ -482,7 +470,7 @@ int hs_client_finish(struct hs *h, struct hs_result *res, const uint8_t *in, siz
 	if (rc < 0) {
 		char pname[48];
 		node_name(pname, sizeof pname, &peer);
-		set_err(err, errlen, "handshake: key agreement with %s failed (%s)", pname,
+		(void)err_set(err, errlen, 0, "handshake: key agreement with %s failed (%s)", pname,
 			rc == -EPROTO ? "invalid ephemeral key" : "internal error");
 		goto out;
 	}

@@ -5,23 +5,12 @@
  * then each field's range. Nothing after the type byte is read before the
  * length has been checked against the bytes that field needs. */
 #include "msg.h"
+#include "err.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
-__attribute__((format(printf, 4, 5))) static int fail(char *err, size_t errlen, int code,
-						       const char *fmt, ...)
-{
-	if (err && errlen) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return code;
-}
 
 /* ---- shared checks ------------------------------------------------------- */
 
@@ -31,9 +20,9 @@ static int check_fixed(const uint8_t *buf, size_t len, uint8_t type, size_t want
 	const char *name = wire_msg_name(type);
 
 	if (len != want)
-		return fail(err, errlen, -EMSGSIZE, "%s: %zu bytes, expected %zu", name, len, want);
+		return err_set(err, errlen, -EMSGSIZE, "%s: %zu bytes, expected %zu", name, len, want);
 	if (buf[0] != type)
-		return fail(err, errlen, -EPROTO, "%s: type byte is %u (%s), expected %u", name,
+		return err_set(err, errlen, -EPROTO, "%s: type byte is %u (%s), expected %u", name,
 			    buf[0], wire_msg_name(buf[0]), type);
 	return 0;
 }
@@ -44,7 +33,7 @@ static int check_zero(const uint8_t *buf, size_t from, size_t to, const char *na
 {
 	for (size_t i = from; i < to; i++)
 		if (buf[i])
-			return fail(err, errlen, -EPROTO,
+			return err_set(err, errlen, -EPROTO,
 				    "%s: reserved byte %zu is 0x%02x, expected 0", name, i,
 				    buf[i]);
 	return 0;
@@ -53,7 +42,7 @@ static int check_zero(const uint8_t *buf, size_t from, size_t to, const char *na
 static int check_cap(size_t cap, size_t need, uint8_t type, char *err, size_t errlen)
 {
 	if (cap < need)
-		return fail(err, errlen, -ENOBUFS, "%s: needs %zu bytes, buffer has %zu",
+		return err_set(err, errlen, -ENOBUFS, "%s: needs %zu bytes, buffer has %zu",
 			    wire_msg_name(type), need, cap);
 	return 0;
 }
@@ -68,11 +57,11 @@ static void put_head(uint8_t *buf, uint8_t type, size_t n)
 int msg_type(const uint8_t *buf, size_t len, char *err, size_t errlen)
 {
 	if (len < 1)
-		return fail(err, errlen, -EMSGSIZE, "empty message");
+		return err_set(err, errlen, -EMSGSIZE, "empty message");
 	if (buf[0] == WIRE_HELLO)
-		return fail(err, errlen, -EPROTO, "HELLO is not sent inside a frame");
+		return err_set(err, errlen, -EPROTO, "HELLO is not sent inside a frame");
 	if (buf[0] < WIRE_MSG_FIRST || buf[0] > WIRE_MSG_LAST)
-		return fail(err, errlen, -EPROTO, "unknown message type %u", buf[0]);
+		return err_set(err, errlen, -EPROTO, "unknown message type %u", buf[0]);
 	return buf[0];
 }
 
@@ -116,15 +105,15 @@ int msg_encode_chunk(uint8_t *buf, size_t cap, const struct msg_chunk *c, const 
 	int rc;
 
 	if (c->type != WIRE_PARAMS && c->type != WIRE_PUSH)
-		return fail(err, errlen, -EINVAL, "chunk: type %u is neither PARAMS nor PUSH",
+		return err_set(err, errlen, -EINVAL, "chunk: type %u is neither PARAMS nor PUSH",
 			    c->type);
 	if (c->count == 0 || c->count > MSG_CHUNK_FLOATS)
-		return fail(err, errlen, -EINVAL, "%s: count %u is not in 1..%u", name, c->count,
+		return err_set(err, errlen, -EINVAL, "%s: count %u is not in 1..%u", name, c->count,
 			    MSG_CHUNK_FLOATS);
 	if (c->type == WIRE_PARAMS && c->worker != 0)
-		return fail(err, errlen, -EINVAL, "PARAMS: worker must be 0, not %u", c->worker);
+		return err_set(err, errlen, -EINVAL, "PARAMS: worker must be 0, not %u", c->worker);
 	if (c->offset > UINT64_MAX - c->count)
-		return fail(err, errlen, -EINVAL, "%s: offset %llu + count %u overflows", name,
+		return err_set(err, errlen, -EINVAL, "%s: offset %llu + count %u overflows", name,
 			    (unsigned long long)c->offset, c->count);
 	rc = check_cap(cap, MSG_CHUNK_BYTES(c->count), c->type, err, errlen);
 	if (rc < 0)
@@ -148,27 +137,27 @@ int msg_decode_chunk(const uint8_t *buf, size_t len, struct msg_chunk *out, char
 	int rc;
 
 	if (len < 1)
-		return fail(err, errlen, -EMSGSIZE, "PARAMS/PUSH: empty message");
+		return err_set(err, errlen, -EMSGSIZE, "PARAMS/PUSH: empty message");
 	if (buf[0] != WIRE_PARAMS && buf[0] != WIRE_PUSH)
-		return fail(err, errlen, -EPROTO,
+		return err_set(err, errlen, -EPROTO,
 			    "PARAMS/PUSH: type byte is %u (%s), expected %u or %u", buf[0],
 			    wire_msg_name(buf[0]), WIRE_PARAMS, WIRE_PUSH);
 	name = wire_msg_name(buf[0]);
 	if (len < MSG_CHUNK_HDR_BYTES + 4u)
-		return fail(err, errlen, -EMSGSIZE, "%s: %zu bytes, expected at least %u", name,
+		return err_set(err, errlen, -EMSGSIZE, "%s: %zu bytes, expected at least %u", name,
 			    len, MSG_CHUNK_HDR_BYTES + 4u);
 	if (len > MSG_CHUNK_BYTES_MAX)
-		return fail(err, errlen, -EMSGSIZE, "%s: %zu bytes, expected at most %zu", name,
+		return err_set(err, errlen, -EMSGSIZE, "%s: %zu bytes, expected at most %zu", name,
 			    len, MSG_CHUNK_BYTES_MAX);
 	rc = check_zero(buf, 1, 4, name, err, errlen);
 	if (rc < 0)
 		return rc;
 	count = wire_get_u32(buf + 24);
 	if (count == 0 || count > MSG_CHUNK_FLOATS)
-		return fail(err, errlen, -EPROTO, "%s: count %u is not in 1..%u", name, count,
+		return err_set(err, errlen, -EPROTO, "%s: count %u is not in 1..%u", name, count,
 			    MSG_CHUNK_FLOATS);
 	if (len != MSG_CHUNK_BYTES(count))
-		return fail(err, errlen, -EMSGSIZE,
+		return err_set(err, errlen, -EMSGSIZE,
 			    "%s: %zu bytes, but count %u needs exactly %zu", name, len, count,
 			    MSG_CHUNK_BYTES(count));
 	out->type = buf[0];
@@ -179,10 +168,10 @@ int msg_decode_chunk(const uint8_t *buf, size_t len, struct msg_chunk *out, char
 	out->worker = wire_get_u32(buf + 28);
 	out->data = buf + MSG_CHUNK_HDR_BYTES;
 	if (out->type == WIRE_PARAMS && out->worker != 0)
-		return fail(err, errlen, -EPROTO, "PARAMS: worker field is %u, expected 0",
+		return err_set(err, errlen, -EPROTO, "PARAMS: worker field is %u, expected 0",
 			    out->worker);
 	if (out->offset > UINT64_MAX - count)
-		return fail(err, errlen, -ERANGE, "%s: offset %llu + count %u overflows", name,
+		return err_set(err, errlen, -ERANGE, "%s: offset %llu + count %u overflows", name,
 			    (unsigned long long)out->offset, count);
 	return 0;
 }
@@ -207,7 +196,7 @@ int msg_encode_ack(uint8_t *buf, size_t cap, const struct msg_ack *m, size_t *le
 	int rc;
 
 	if (!ack_status_ok(m->status))
-		return fail(err, errlen, -EINVAL, "ACK: unknown status %u", m->status);
+		return err_set(err, errlen, -EINVAL, "ACK: unknown status %u", m->status);
 	rc = check_cap(cap, MSG_ACK_BYTES, WIRE_ACK, err, errlen);
 	if (rc < 0)
 		return rc;
@@ -233,7 +222,7 @@ int msg_decode_ack(const uint8_t *buf, size_t len, struct msg_ack *out, char *er
 	out->version = wire_get_u64(buf + 8);
 	out->status = wire_get_u32(buf + 16);
 	if (!ack_status_ok(out->status))
-		return fail(err, errlen, -EPROTO, "ACK: unknown status %u", out->status);
+		return err_set(err, errlen, -EPROTO, "ACK: unknown status %u", out->status);
 	return 0;
 }
 
@@ -274,9 +263,9 @@ int msg_encode_status(uint8_t *buf, size_t cap, const struct msg_status *m, size
 	int rc;
 
 	if (m->reply > 1)
-		return fail(err, errlen, -EINVAL, "STATUS: reply flag %u is not 0 or 1", m->reply);
+		return err_set(err, errlen, -EINVAL, "STATUS: reply flag %u is not 0 or 1", m->reply);
 	if (!m->reply && (m->version || m->applied || m->stale))
-		return fail(err, errlen, -EINVAL, "STATUS: a request carries no counters");
+		return err_set(err, errlen, -EINVAL, "STATUS: a request carries no counters");
 	rc = check_cap(cap, MSG_STATUS_BYTES, WIRE_STATUS, err, errlen);
 	if (rc < 0)
 		return rc;
@@ -299,14 +288,14 @@ int msg_decode_status(const uint8_t *buf, size_t len, struct msg_status *out, ch
 	if (rc < 0)
 		return rc;
 	if (buf[1] > 1)
-		return fail(err, errlen, -EPROTO, "STATUS: reply flag %u is not 0 or 1", buf[1]);
+		return err_set(err, errlen, -EPROTO, "STATUS: reply flag %u is not 0 or 1", buf[1]);
 	out->reply = buf[1];
 	out->shard = wire_get_u32(buf + 4);
 	out->version = wire_get_u64(buf + 8);
 	out->applied = wire_get_u64(buf + 16);
 	out->stale = wire_get_u64(buf + 24);
 	if (!out->reply && (out->version || out->applied || out->stale))
-		return fail(err, errlen, -EPROTO, "STATUS: a request carries nonzero counters");
+		return err_set(err, errlen, -EPROTO, "STATUS: a request carries nonzero counters");
 	return 0;
 }
 
@@ -357,12 +346,12 @@ int msg_encode_error(uint8_t *buf, size_t cap, uint32_t code, const char *text, 
 	int rc;
 
 	if (code == 0)
-		return fail(err, errlen, -EINVAL, "ERROR: code 0 is not an error");
+		return err_set(err, errlen, -EINVAL, "ERROR: code 0 is not an error");
 	if (n > WIRE_ERROR_TEXT_MAX)
-		return fail(err, errlen, -EINVAL, "ERROR: text is longer than %u bytes",
+		return err_set(err, errlen, -EINVAL, "ERROR: text is longer than %u bytes",
 			    WIRE_ERROR_TEXT_MAX);
 	if (bad_text_byte((const uint8_t *)text, n) != n)
-		return fail(err, errlen, -EINVAL, "ERROR: text holds a line break");
+		return err_set(err, errlen, -EINVAL, "ERROR: text holds a line break");
 	rc = check_cap(cap, MSG_ERROR_HDR_BYTES + n, WIRE_ERROR, err, errlen);
 	if (rc < 0)
 		return rc;
@@ -382,31 +371,31 @@ int msg_decode_error(const uint8_t *buf, size_t len, struct msg_error *out, char
 	int rc;
 
 	if (len < MSG_ERROR_HDR_BYTES)
-		return fail(err, errlen, -EMSGSIZE, "ERROR: %zu bytes, expected at least %u", len,
+		return err_set(err, errlen, -EMSGSIZE, "ERROR: %zu bytes, expected at least %u", len,
 			    MSG_ERROR_HDR_BYTES);
 	if (len > MSG_ERROR_BYTES_MAX)
-		return fail(err, errlen, -EMSGSIZE, "ERROR: %zu bytes, expected at most %u", len,
+		return err_set(err, errlen, -EMSGSIZE, "ERROR: %zu bytes, expected at most %u", len,
 			    MSG_ERROR_BYTES_MAX);
 	if (buf[0] != WIRE_ERROR)
-		return fail(err, errlen, -EPROTO, "ERROR: type byte is %u (%s), expected %u",
+		return err_set(err, errlen, -EPROTO, "ERROR: type byte is %u (%s), expected %u",
 			    buf[0], wire_msg_name(buf[0]), WIRE_ERROR);
 	rc = check_zero(buf, 1, 4, "ERROR", err, errlen);
 	if (rc < 0)
 		return rc;
 	n = wire_get_u32(buf + 8);
 	if (n > WIRE_ERROR_TEXT_MAX)
-		return fail(err, errlen, -EPROTO, "ERROR: text length %u is over %u", n,
+		return err_set(err, errlen, -EPROTO, "ERROR: text length %u is over %u", n,
 			    WIRE_ERROR_TEXT_MAX);
 	if (len != MSG_ERROR_HDR_BYTES + (size_t)n)
-		return fail(err, errlen, -EMSGSIZE,
+		return err_set(err, errlen, -EMSGSIZE,
 			    "ERROR: %zu bytes, but text length %u needs exactly %zu", len, n,
 			    MSG_ERROR_HDR_BYTES + (size_t)n);
 	out->code = wire_get_u32(buf + 4);
 	if (out->code == 0)
-		return fail(err, errlen, -EPROTO, "ERROR: code is 0");
+		return err_set(err, errlen, -EPROTO, "ERROR: code is 0");
 	bad = bad_text_byte(buf + MSG_ERROR_HDR_BYTES, n);
 	if (bad != n)
-		return fail(err, errlen, -EPROTO, "ERROR: text byte %zu is 0x%02x", bad,
+		return err_set(err, errlen, -EPROTO, "ERROR: text byte %zu is 0x%02x", bad,
 			    buf[MSG_ERROR_HDR_BYTES + bad]);
 	memcpy(out->text, buf + MSG_ERROR_HDR_BYTES, n);
 	out->text[n] = '\0';
@@ -433,10 +422,10 @@ int msg_assembly_init(struct msg_assembly *a, uint8_t type, uint32_t shard, uint
 		      char *err, size_t errlen)
 {
 	if (type != WIRE_PARAMS && type != WIRE_PUSH)
-		return fail(err, errlen, -EINVAL, "assembly: type %u is neither PARAMS nor PUSH",
+		return err_set(err, errlen, -EINVAL, "assembly: type %u is neither PARAMS nor PUSH",
 			    type);
 	if (n == 0)
-		return fail(err, errlen, -EINVAL, "%s: assembly of an empty tensor",
+		return err_set(err, errlen, -EINVAL, "%s: assembly of an empty tensor",
 			    wire_msg_name(type));
 	*a = (struct msg_assembly){ .type = type, .shard = shard, .n = n };
 	return 0;
@@ -448,34 +437,34 @@ int msg_assembly_add(struct msg_assembly *a, const struct msg_chunk *c, float *d
 	const char *name = wire_msg_name(a->type);
 
 	if (c->type != a->type)
-		return fail(err, errlen, -EPROTO, "%s: got a %s chunk", name,
+		return err_set(err, errlen, -EPROTO, "%s: got a %s chunk", name,
 			    wire_msg_name(c->type));
 	if (c->shard != a->shard)
-		return fail(err, errlen, -EPROTO, "%s: chunk for shard %u, expected shard %u",
+		return err_set(err, errlen, -EPROTO, "%s: chunk for shard %u, expected shard %u",
 			    name, c->shard, a->shard);
 	if (a->received > 0 && c->version != a->version)
-		return fail(err, errlen, -EPROTO,
+		return err_set(err, errlen, -EPROTO,
 			    "%s: chunk at version %llu in a tensor at version %llu", name,
 			    (unsigned long long)c->version, (unsigned long long)a->version);
 	if (a->received > 0 && c->worker != a->worker)
-		return fail(err, errlen, -EPROTO,
+		return err_set(err, errlen, -EPROTO,
 			    "%s: chunk from worker %u in a tensor from worker %u", name,
 			    c->worker, a->worker);
 	if (c->count == 0 || c->offset > a->n || c->count > a->n - c->offset)
-		return fail(err, errlen, -ERANGE,
+		return err_set(err, errlen, -ERANGE,
 			    "%s: chunk [%llu, %llu) is outside the shard's range [0, %llu)", name,
 			    (unsigned long long)c->offset,
 			    (unsigned long long)c->offset + c->count, (unsigned long long)a->n);
 	if (a->received == a->n)
-		return fail(err, errlen, -EPROTO,
+		return err_set(err, errlen, -EPROTO,
 			    "%s: chunk at offset %llu after all %llu floats arrived", name,
 			    (unsigned long long)c->offset, (unsigned long long)a->n);
 	if (c->offset > a->received)
-		return fail(err, errlen, -EPROTO,
+		return err_set(err, errlen, -EPROTO,
 			    "%s: chunk at offset %llu leaves a gap after %llu floats", name,
 			    (unsigned long long)c->offset, (unsigned long long)a->received);
 	if (c->offset < a->received)
-		return fail(err, errlen, -EPROTO,
+		return err_set(err, errlen, -EPROTO,
 			    "%s: chunk at offset %llu overlaps the %llu floats received", name,
 			    (unsigned long long)c->offset, (unsigned long long)a->received);
 	if (dst)

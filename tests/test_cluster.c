@@ -6,6 +6,7 @@
 #include <criterion/criterion.h>
 
 #include "leak.h"
+#include "util.h"
 
 #include "../core/backend.h"
 #include "../core/config.h"
@@ -53,54 +54,6 @@ static void teardown(void)
 }
 
 TestSuite(cluster, .init = setup, .fini = teardown, .timeout = 120);
-
-/* A free loopback port: bind port 0, read it back, close. The kernel may
- * hand the same port out again once it is closed, so a test (one process)
- * remembers what it got and never uses a port twice. */
-static int free_port(void)
-{
-	static int used[512];
-	static int nused;
-	for (;;) {
-		int fd = socket(AF_INET, SOCK_STREAM, 0);
-		cr_assert_geq(fd, 0);
-		struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-		cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-		socklen_t len = sizeof(a);
-		cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-		close(fd);
-		int port = ntohs(a.sin_port), seen = 0;
-		for (int i = 0; i < nused; i++)
-			seen |= used[i] == port;
-		if (seen)
-			continue;
-		cr_assert_lt(nused, 512);
-		used[nused++] = port;
-		return port;
-	}
-}
-
-/* K Gaussian blobs in D dimensions (as tests/test_train.c). */
-static void write_blobs(const char *path, int n, int K, int D, uint64_t seed)
-{
-	FILE *f = fopen(path, "w");
-	cr_assert_not_null(f);
-	fprintf(f, "label");
-	for (int j = 0; j < D; j++)
-		fprintf(f, ",x%d", j);
-	fprintf(f, "\n");
-	for (int i = 0; i < n; i++) {
-		int k = i % K;
-		fprintf(f, "%d", k);
-		for (int j = 0; j < D; j++) {
-			double center = 2.5 * rng_normal(seed, 100 + (uint64_t)k, (uint64_t)j);
-			double v = center + rng_normal(seed, RNG_DATA, (uint64_t)i * (uint64_t)D + (uint64_t)j);
-			fprintf(f, ",%.5f", v);
-		}
-		fprintf(f, "\n");
-	}
-	cr_assert_eq(fclose(f), 0);
-}
 
 /* blobs.csv, cluster.key and cluster.ini (2 ps + 2 workers) in dir. */
 static void write_cluster(const char *cfg, int steps, const char *extra)

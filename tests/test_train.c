@@ -3,6 +3,7 @@
 #include <criterion/criterion.h>
 
 #include "leak.h"
+#include "util.h"
 
 #include "../core/config.h"
 #include "../core/model.h"
@@ -34,29 +35,6 @@ static void remove_dir(void)
 	char cmd[300];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
 	cr_expect_eq(system(cmd), 0);
-}
-
-/* K Gaussian blobs in D dimensions, well separated: a model that learns
- * anything gets far above chance, one that learns nothing stays at 1/K. */
-static void write_blobs(const char *path, int n, int K, int D, uint64_t seed)
-{
-	FILE *f = fopen(path, "w");
-	cr_assert_not_null(f);
-	fprintf(f, "label");
-	for (int j = 0; j < D; j++)
-		fprintf(f, ",x%d", j);
-	fprintf(f, "\n");
-	for (int i = 0; i < n; i++) {
-		int k = i % K;
-		fprintf(f, "%d", k);
-		for (int j = 0; j < D; j++) {
-			double center = 2.5 * rng_normal(seed, 100 + (uint64_t)k, (uint64_t)j);
-			double v = center + rng_normal(seed, RNG_DATA, (uint64_t)i * (uint64_t)D + (uint64_t)j);
-			fprintf(f, ",%.5f", v);
-		}
-		fprintf(f, "\n");
-	}
-	cr_assert_eq(fclose(f), 0);
 }
 
 static const char *blob_config =

@@ -178,3 +178,34 @@ void model_init_params(const struct model *m, float *out, size_t begin, size_t e
 			out[p - begin] = 0.0f;
 	}
 }
+
+static void tensor_set(struct tensor_info *t, const char *layer, const char *part,
+		       size_t off, int ndim, const int *shape, int trainable)
+{
+	memset(t, 0, sizeof(*t));
+	snprintf(t->name, sizeof(t->name), "%s.%s", layer, part);
+	t->off = off;
+	t->ndim = ndim;
+	t->n = 1;
+	for (int d = 0; d < ndim; d++) {
+		t->shape[d] = shape[d];
+		t->n *= (size_t)shape[d];
+	}
+	t->trainable = trainable;
+}
+
+int model_tensors(const struct model *m, struct tensor_info *out, int max)
+{
+	int n = 0;
+	for (int i = 0; i < m->nlayers; i++) {
+		const struct layer *l = &m->layers[i];
+		if (l->kind != LAYER_DENSE)
+			continue;
+		if (n + 2 > max)
+			return -ENOBUFS;
+		int w[2] = { l->out, l->in };
+		tensor_set(&out[n++], l->name, "weight", l->woff, 2, w, 1);
+		tensor_set(&out[n++], l->name, "bias", l->boff, 1, w, 1);
+	}
+	return n;
+}

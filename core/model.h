@@ -57,6 +57,28 @@ struct model {
 	enum loss_kind loss;
 };
 
+/* One named tensor of the flat parameter vector: what a checkpoint stores
+ * and `check` prints. Names are "<layer>.<part>", e.g. "dense1.weight";
+ * shapes follow PyTorch's (dense weight (OC, C)), so saved tensors load
+ * into PyTorch unchanged. trainable = 0 marks state that the optimizer does
+ * not update with a learning rate (e.g. running statistics). */
+#define TENSOR_NAME_MAX 48
+#define TENSOR_MAX_DIMS 4
+struct tensor_info {
+	char name[TENSOR_NAME_MAX];
+	size_t off, n;              /* range [off, off + n) in P */
+	int ndim;
+	int shape[TENSOR_MAX_DIMS];
+	int trainable;
+};
+/* Room for up to four tensors per layer (e.g. batchnorm: weight, bias,
+ * running mean, running variance). */
+#define MODEL_MAX_TENSORS (MODEL_MAX_LAYERS * 4)
+
+/* Fills out[0..max) with the model's tensors in parameter order (they tile
+ * [0, P) without gaps) and returns how many, or -ENOBUFS if max is short. */
+int model_tensors(const struct model *m, struct tensor_info *out, int max);
+
 /* Parses "dense 512", "relu", "tanh", "sigmoid". */
 int layer_spec_parse(struct layer_spec *s, const char *text, char *err, size_t errlen);
 /* The spec back as config text. */

@@ -37,15 +37,14 @@ void shard_plan(struct shard *out, int nps, size_t nparams)
 
 /* Appends "name.part[lo:hi)" for the part of tensor [off, off+n) that s
  * covers, wrapping the line; *col is the current column. */
-static void print_tensor(FILE *f, int *col, const char *name, const char *part,
-			 size_t off, size_t n, const struct shard *s)
+static void print_tensor(FILE *f, int *col, const struct tensor_info *t, const struct shard *s)
 {
-	size_t lo = off > s->begin ? off : s->begin;
-	size_t hi = off + n < s->end ? off + n : s->end;
+	size_t lo = t->off > s->begin ? t->off : s->begin;
+	size_t hi = t->off + t->n < s->end ? t->off + t->n : s->end;
 	if (lo >= hi)
 		return;
 	char tok[96];
-	int len = snprintf(tok, sizeof(tok), "%s.%s[%zu:%zu)", name, part, lo - off, hi - off);
+	int len = snprintf(tok, sizeof(tok), "%s[%zu:%zu)", t->name, lo - t->off, hi - t->off);
 	const char *indent = ";       ";
 	if (*col == 0) {
 		*col = fprintf(f, "%s", indent);
@@ -65,6 +64,8 @@ void shard_print(FILE *f, const struct model *m, const struct shard *s, int nps,
 	progress_bytes(total, sizeof(total), (double)m->nparams * sizeof(float));
 	fprintf(f, "; sharding: %zu parameters (%s) over %d ps task%s, contiguous ranges "
 		"differing by at most 1 element\n", m->nparams, total, nps, nps == 1 ? "" : "s");
+	struct tensor_info t[MODEL_MAX_TENSORS];
+	int nt = model_tensors(m, t, MODEL_MAX_TENSORS);
 	fprintf(f, ";   %-4s %-22s %-24s %10s  %s\n", "ps", "host:port", "range [begin, end)",
 		"elements", "bytes");
 	for (int k = 0; k < nps; k++) {
@@ -82,13 +83,8 @@ void shard_print(FILE *f, const struct model *m, const struct shard *s, int nps,
 		fprintf(f, ";   %-4d %-22s %-24s %10zu  %zu (%s)\n", k, hostport, range, n,
 			n * sizeof(float), human);
 		int col = 0;
-		for (int i = 0; i < m->nlayers; i++) {
-			const struct layer *l = &m->layers[i];
-			if (l->kind != LAYER_DENSE)
-				continue;
-			print_tensor(f, &col, l->name, "weight", l->woff, l->boff - l->woff, sh);
-			print_tensor(f, &col, l->name, "bias", l->boff, (size_t)l->out, sh);
-		}
+		for (int i = 0; i < nt; i++)
+			print_tensor(f, &col, &t[i], sh);
 		if (col)
 			fputc('\n', f);
 		else

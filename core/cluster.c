@@ -5,9 +5,11 @@
 #include "cluster.h"
 #include "../net/err.h"
 
+#include "../net/cryptopool.h"
 #include "../net/handshake.h"
 #include "../net/key.h"
 #include "../net/msg.h"
+#include "../net/pipe.h"
 #include "../net/sock.h"
 #include "backend.h"
 #include "data.h"
@@ -117,6 +119,7 @@ static void logf_(FILE *out, const char *fmt, ...)
 struct ps {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
+	struct cryptopool *pool; /* NULL: crypto_threads 1 */
 	struct psshard sh;
 	const struct setup *s;
 	struct hs_identity me;
@@ -139,6 +142,7 @@ struct conn {
 	int fd;
 	int pushed; /* a whole gradient arrived on this connection */
 	char peer[SOCK_ADDR_STRLEN];
+	struct pipe pp; /* the chunks of a tensor, sealed/opened on ps->pool */
 };
 
 static void ps_abort(struct ps *ps, const char *why)
@@ -167,6 +171,68 @@ static void send_error(int fd, struct frame_key *tx, uint8_t *wbuf, uint32_t cod
 	if (msg_encode_error(wbuf + FRAME_HDR_BYTES, WBUF_BYTES - FRAME_HDR_BYTES - FRAME_TAG_BYTES,
 			     code, text, &len, e, sizeof(e)) == 0)
 		(void)!send_msg(fd, tx, wbuf, len, e, sizeof(e));
+}
+
+/* A tensor's chunk messages for pipe_send (PARAMS from a ps, PUSH from a
+ * worker): message i is chunk i of src. */
+struct chunk_tx {
+	uint8_t type;
+	uint32_t shard, worker;
+	uint64_t version;
+	const float *src; /* (n) */
+	uint64_t n;
+};
+
+static int chunk_encode(void *ctx, uint64_t i, uint8_t *msg, size_t cap, size_t *len,
+			char *err, size_t errlen)
+{
+	const struct chunk_tx *t = ctx;
+	struct msg_chunk ch = { .type = t->type, .shard = t->shard, .version = t->version,
+				.worker = t->worker };
+	msg_chunk_range(t->n, i, &ch.offset, &ch.count);
+	return msg_encode_chunk(msg, cap, &ch, t->src + ch.offset, len, err, errlen);
+}
+
+/* The chunks of a tensor being received, for pipe_recv: each message must
+ * be a chunk of type `type` (from worker `worker` for PUSH) that fits a.
+ * An ERROR from a ps is reported with its text. bad: the failure was in a
+ * message, not in the frames carrying it. */
+struct chunk_rx {
+	uint8_t type;
+	uint32_t worker;
+	struct msg_assembly *a;
+	float *dst; /* (a->n) */
+	int bad;
+};
+
+static int chunk_deliver(void *ctx, uint64_t i, const uint8_t *msg, size_t len, char *err,
+			 size_t errlen)
+{
+	struct chunk_rx *x = ctx;
+	struct msg_chunk ch;
+	struct msg_error me;
+	(void)i;
+	x->bad = 1;
+	int r = msg_type(msg, len, err, errlen);
+	if (r == WIRE_ERROR && x->type == WIRE_PARAMS)
+		return msg_decode_error(msg, len, &me, err, errlen) ? -EPROTO
+			: err_set(err, errlen, -ECONNABORTED, "%s", me.text);
+	if (r < 0)
+		return r;
+	if (r != x->type)
+		return err_set(err, errlen, -EPROTO, "unexpected %s message in a %s tensor",
+			       wire_msg_name((uint8_t)r), wire_msg_name(x->type));
+	r = msg_decode_chunk(msg, len, &ch, err, errlen);
+	if (r < 0)
+		return r;
+	if (x->type == WIRE_PUSH && ch.worker != x->worker)
+		return err_set(err, errlen, -EPROTO, "PUSH names worker %u on worker %u's connection",
+			       ch.worker, x->worker);
+	r = msg_assembly_add(x->a, &ch, x->dst, err, errlen);
+	if (r < 0)
+		return r;
+	x->bad = 0;
+	return 0;
 }
 
 /* Serves one authenticated worker until it leaves. Returns 0 when it said
@@ -221,14 +287,11 @@ static int ps_serve(struct conn *cn, struct hs_result *hr, uint8_t *rbuf, uint8_
 				snprintf(err, errlen, "training aborted");
 				return 0;
 			}
-			for (uint64_t i = 0; i < msg_chunks(n); i++) {
-				struct msg_chunk ch = { .type = WIRE_PARAMS, .shard = (uint32_t)ps->index,
-							.version = v };
-				msg_chunk_range(n, i, &ch.offset, &ch.count);
-				if (msg_encode_chunk(mb, cap, &ch, snap + ch.offset, &len, e, sizeof(e)) ||
-				    send_msg(cn->fd, &hr->send, wbuf, len, e, sizeof(e)))
-					return snprintf(err, errlen, "%s", e), -1;
-			}
+			struct chunk_tx t = { .type = WIRE_PARAMS, .shard = (uint32_t)ps->index,
+					      .version = v, .src = snap, .n = n };
+			if (pipe_send(&cn->pp, cn->fd, &hr->send, msg_chunks(n), chunk_encode, &t,
+				      WRITE_TIMEOUT_MS, e, sizeof(e)))
+				return snprintf(err, errlen, "%s", e), -1;
 		} else if (r == WIRE_PUSH || r == WIRE_PARAMS) {
 			struct msg_chunk ch;
 			if (msg_decode_chunk(rbuf, len, &ch, e, sizeof(e)))
@@ -244,8 +307,18 @@ static int ps_serve(struct conn *cn, struct hs_result *hr, uint8_t *rbuf, uint8_
 			r = msg_assembly_add(&a, &ch, grad, e, sizeof(e));
 			if (r < 0)
 				return snprintf(err, errlen, "%s", e), -1;
-			if (r == 0)
-				continue;
+			if (r == 0) {
+				/* The rest of the tensor: as many frames as full
+				 * chunks can complete it, opened on the pool. */
+				struct chunk_rx x = { .type = WIRE_PUSH, .worker = (uint32_t)w, .a = &a,
+						      .dst = grad };
+				uint64_t more = msg_chunks(n - a.received);
+				if (pipe_recv(&cn->pp, cn->fd, &hr->recv, more, chunk_deliver, &x, -1, e,
+					      sizeof(e)))
+					return snprintf(err, errlen, "%s", e), -1;
+				if (!msg_assembly_done(&a))
+					continue;
+			}
 			assembling = 0;
 			cn->pushed = 1;
 			enum psshard_outcome oc = PSSHARD_STALE;
@@ -304,7 +377,8 @@ static void *ps_conn(void *arg)
 	uint8_t *rbuf = malloc(RBUF_BYTES), *wbuf = malloc(WBUF_BYTES);
 	float *grad = malloc(ps->sh.n * sizeof(float)), *snap = malloc(ps->sh.n * sizeof(float));
 
-	if (!rbuf || !wbuf || !grad || !snap) {
+	if (!rbuf || !wbuf || !grad || !snap ||
+	    pipe_init(&cn->pp, ps->pool, wbuf, WBUF_BYTES, NULL, 0)) {
 		logf_(ps->out, "ps %d: %s: out of memory for a connection", ps->index, cn->peer);
 		goto out;
 	}
@@ -360,6 +434,7 @@ static void *ps_conn(void *arg)
 	frame_key_wipe(&hr.send);
 	frame_key_wipe(&hr.recv);
 out:
+	pipe_free(&cn->pp);
 	free(rbuf);
 	free(wbuf);
 	free(grad);
@@ -407,6 +482,9 @@ int cluster_ps(const struct config *c, int index, FILE *out, const volatile sig_
 	memcpy(ps->me.config_hash, s.hash, HS_HASH_BYTES);
 	for (int i = 0; i < PS_MAX_CONN; i++)
 		ps->fds[i] = -1;
+	int ct = cryptopool_threads_for(c->cluster.crypto_threads);
+	if (ct > 1 && (e = cryptopool_new(&ps->pool, ct, err, errlen)))
+		goto out2;
 
 	const struct host *h = &c->cluster.ps[index];
 	e = sock_listen(h->name, h->port, 0, &lfd, err, errlen);
@@ -508,6 +586,7 @@ int cluster_ps(const struct config *c, int index, FILE *out, const volatile sig_
 		e = 0;
 	}
 out2:
+	cryptopool_destroy(ps->pool); /* every connection thread has ended */
 	pthread_mutex_destroy(&ps->mu);
 	pthread_cond_destroy(&ps->cv);
 out1:
@@ -532,6 +611,8 @@ struct worker {
 	int index, nps;
 	struct link *ln;
 	uint8_t *rbuf, *wbuf;
+	struct cryptopool *pool; /* NULL: crypto_threads 1 */
+	struct pipe pp;          /* tensors, one ps at a time; frame 0 is wbuf */
 	uint64_t stale;   /* pushes the shards dropped */
 };
 
@@ -638,20 +719,12 @@ static int worker_pull(struct worker *wk, float *params, int first, char *err, s
 		if (msg_assembly_init(&a, WIRE_PARAMS, (uint32_t)k, l->range.end - l->range.begin, e,
 				      sizeof(e)))
 			return snprintf(err, errlen, "%s", e), -EINVAL;
-		for (;;) {
-			int r = worker_recv(wk, k, &len, err, errlen);
-			if (r < 0)
-				return r;
-			struct msg_chunk ch;
-			if (r != WIRE_PARAMS || msg_decode_chunk(wk->rbuf, len, &ch, e, sizeof(e)) ||
-			    (r = msg_assembly_add(&a, &ch, params + l->range.begin, e, sizeof(e))) < 0) {
-				if (r != WIRE_PARAMS)
-					snprintf(e, sizeof(e), "unexpected %s message", wire_msg_name((uint8_t)r));
-				return err_set(err, errlen, -ECONNABORTED, "ps %d: %s", k, e);
-			}
-			if (r == 1)
-				break;
-		}
+		struct chunk_rx x = { .type = WIRE_PARAMS, .a = &a, .dst = params + l->range.begin };
+		char pe[512], nm[300];
+		if (pipe_recv(&wk->pp, l->fd, &l->hr.recv, msg_chunks(a.n), chunk_deliver, &x,
+			      REPLY_TIMEOUT_MS, pe, sizeof(pe)))
+			return err_set(err, errlen, -ECONNABORTED, x.bad ? "%s: %s" : "lost %s: %s",
+				       ps_name(wk->c, k, nm, sizeof(nm)), pe);
 		l->got = a.version;
 	}
 	return 0;
@@ -659,23 +732,19 @@ static int worker_pull(struct worker *wk, float *params, int first, char *err, s
 
 static int worker_push(struct worker *wk, const float *grads, char *err, size_t errlen)
 {
-	uint8_t *mb = wk->wbuf + FRAME_HDR_BYTES;
-	size_t cap = WBUF_BYTES - FRAME_HDR_BYTES - FRAME_TAG_BYTES, len;
+	size_t len;
 	char e[256];
 	for (int k = 0; k < wk->nps; k++) {
 		struct link *l = &wk->ln[k];
 		size_t n = l->range.end - l->range.begin;
-		for (uint64_t i = 0; i < msg_chunks(n); i++) {
-			struct msg_chunk ch = { .type = WIRE_PUSH, .shard = (uint32_t)k,
-						.version = l->got, .worker = (uint32_t)wk->index };
-			msg_chunk_range(n, i, &ch.offset, &ch.count);
-			if (msg_encode_chunk(mb, cap, &ch, grads + l->range.begin + ch.offset, &len, e,
-					     sizeof(e)))
-				return snprintf(err, errlen, "%s", e), -EPROTO;
-			int r = worker_send(wk, k, len, err, errlen);
-			if (r)
-				return r;
-		}
+		struct chunk_tx t = { .type = WIRE_PUSH, .shard = (uint32_t)k, .version = l->got,
+				      .worker = (uint32_t)wk->index, .src = grads + l->range.begin,
+				      .n = n };
+		char pe[512], nm[300];
+		if (pipe_send(&wk->pp, l->fd, &l->hr.send, msg_chunks(n), chunk_encode, &t,
+			      WRITE_TIMEOUT_MS, pe, sizeof(pe)))
+			return err_set(err, errlen, -ECONNABORTED, "lost %s: %s",
+				       ps_name(wk->c, k, nm, sizeof(nm)), pe);
 	}
 	for (int k = 0; k < wk->nps; k++) {
 		struct msg_ack ack;
@@ -761,6 +830,12 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 		e = -ENOMEM;
 		goto out;
 	}
+	int ct = cryptopool_threads_for(c->cluster.crypto_threads);
+	if (ct > 1 && (e = cryptopool_new(&wk.pool, ct, err, errlen)))
+		goto out;
+	e = pipe_init(&wk.pp, wk.pool, wk.wbuf, WBUF_BYTES, err, errlen);
+	if (e)
+		goto out;
 	for (int k = 0; k < wk.nps; k++) {
 		wk.ln[k].fd = -1;
 		wk.ln[k].range = plan[k];
@@ -877,6 +952,8 @@ out:
 		frame_key_wipe(&wk.ln[k].hr.send);
 		frame_key_wipe(&wk.ln[k].hr.recv);
 	}
+	pipe_free(&wk.pp);
+	cryptopool_destroy(wk.pool);
 	free(wk.ln);
 	free(wk.rbuf);
 	free(wk.wbuf);

@@ -41,6 +41,7 @@ struct config {
 		int nworkers;
 		char key_file[DATA_PATH_MAX];
 		double connect_timeout;     /* seconds a worker retries a ps */
+		int crypto_threads;         /* sealing/opening threads, 0 = auto, 1 = none */
 	} cluster;
 
 	struct {
@@ -92,8 +93,8 @@ void config_print(const struct config *c, FILE *f);
 
 /* BLAKE2b of every training-relevant key (model, optimizer, data format,
  * seed, topology...), defaults included; node-local keys (paths, [gpu],
- * eval_every, threads, connect_timeout) are left out. Nodes of one cluster
- * must agree on it. Returns 0 or -ENOMEM. */
+ * eval_every, threads, connect_timeout, crypto_threads) are left out. Nodes
+ * of one cluster must agree on it. Returns 0 or -ENOMEM. */
 int config_hash(const struct config *c, uint8_t out[CONFIG_HASH_BYTES]);
 
 #endif

@@ -542,27 +542,33 @@ int sock_write_frame(int fd, struct frame_key *tx, uint8_t *buf, size_t cap,
 	return sock_write_full(fd, buf, n, timeout_ms, err, errlen);
 }
 
-int sock_read_frame(int fd, struct frame_key *rx, uint8_t *buf, size_t cap, size_t *msglen,
-		    int timeout_ms, char *err, size_t errlen)
+int sock_read_sealed(int fd, uint8_t hdr[FRAME_HDR_BYTES], uint8_t *buf, size_t cap,
+		     size_t *ctlen, int timeout_ms, char *err, size_t errlen)
 {
-	uint8_t hdr[FRAME_HDR_BYTES];
-	size_t ctlen = 0;
 	int64_t deadline = deadline_of(timeout_ms);
-	int r = sock_read_full(fd, hdr, sizeof hdr, timeout_ms, err, errlen);
+	int r = sock_read_full(fd, hdr, FRAME_HDR_BYTES, timeout_ms, err, errlen);
 	if (r < 0)
 		return r;
-	r = frame_check_len(hdr, &ctlen, err, errlen);
+	r = frame_check_len(hdr, ctlen, err, errlen);
 	if (r < 0)
 		return r;
-	if (ctlen > cap) {
-		snprintf(err, errlen, "frame of %zu bytes does not fit the %zu-byte buffer", ctlen,
+	if (*ctlen > cap) {
+		snprintf(err, errlen, "frame of %zu bytes does not fit the %zu-byte buffer", *ctlen,
 			 cap);
 		return -ENOBUFS;
 	}
 	/* The rest of the same deadline, not a fresh one: a whole frame is
 	 * bounded by timeout_ms. */
 	int left = ms_left(deadline);
-	r = sock_read_full(fd, buf, ctlen, left, err, errlen);
+	return sock_read_full(fd, buf, *ctlen, left, err, errlen);
+}
+
+int sock_read_frame(int fd, struct frame_key *rx, uint8_t *buf, size_t cap, size_t *msglen,
+		    int timeout_ms, char *err, size_t errlen)
+{
+	uint8_t hdr[FRAME_HDR_BYTES];
+	size_t ctlen = 0;
+	int r = sock_read_sealed(fd, hdr, buf, cap, &ctlen, timeout_ms, err, errlen);
 	if (r < 0)
 		return r;
 	return frame_open(rx, hdr, buf, ctlen, buf, cap, msglen, err, errlen);

@@ -121,4 +121,13 @@ SOCK_MUST_CHECK int sock_write_frame(int fd, struct frame_key *tx, uint8_t *buf,
 SOCK_MUST_CHECK int sock_read_frame(int fd, struct frame_key *rx, uint8_t *buf, size_t cap,
 				    size_t *msglen, int timeout_ms, char *err, size_t errlen);
 
+/* The first half of sock_read_frame, for a caller that opens the frame
+ * later (net/pipe.c opens on another thread): reads the header into hdr,
+ * bounds it, and reads the *ctlen ciphertext bytes into buf (cap bytes),
+ * all within timeout_ms. Nothing is authenticated yet. Errors as for
+ * sock_read_frame, less frame_open's. */
+SOCK_MUST_CHECK int sock_read_sealed(int fd, uint8_t hdr[FRAME_HDR_BYTES], uint8_t *buf,
+				     size_t cap, size_t *ctlen, int timeout_ms, char *err,
+				     size_t errlen);
+
 #endif

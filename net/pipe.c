@@ -1,0 +1,273 @@
+/* Ordered frames, parallel crypto (see pipe.h for the contract and
+ * docs/PROTOCOL.md for why the bytes do not change).
+ *
+ * A call keeps a window of nslots frames: frame i lives in slot i % nslots.
+ * Sending, the window is filled with seal jobs; the calling thread waits for
+ * the oldest, writes it, and refills its slot with the next frame, so
+ * writing frame i overlaps sealing frames i+1.. on the pool. Receiving, the
+ * calling thread reads frames into free slots and queues their opening, and
+ * hands finished ones to the caller in order, as soon as the oldest is open.
+ *
+ * Each job gets its own copy of the direction's frame_key with the counter
+ * set to base + i: frame_key is single-threaded, and a copy per job is what
+ * lets frame i be sealed before frame i-1 without changing its nonce. The
+ * copies are wiped when the call ends. Every failure path first waits for
+ * the jobs still running (they use the slots' buffers), then reports the
+ * failure of the earliest frame: what went wrong first on the wire is what
+ * the log says.
+ *
+ * Rejected: opening frames straight into the destination tensor (the
+ * plaintext starts with the chunk's message header, and the caller checks
+ * each chunk's fields in order before its floats are placed); a window
+ * larger than threads + 1 (more memory per connection, no more cores). */
+#include "pipe.h"
+#include "err.h"
+#include "sock.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <sodium.h>
+
+struct pipe_slot {
+	struct cryptopool_job job;
+	uint8_t *buf; /* FRAME_BYTES_MAX */
+	struct frame_key k;
+	uint64_t i;
+	pipe_encode_fn enc; /* sealing */
+	void *ctx;
+	uint8_t hdr[FRAME_HDR_BYTES]; /* opening: the frame's header */
+	size_t len; /* sealed: frame bytes; read: ciphertext bytes; opened: message bytes */
+	int rc;
+	char err[320];
+};
+
+int pipe_init(struct pipe *p, struct cryptopool *pool, uint8_t *buf, size_t bufcap, char *err,
+	      size_t errlen)
+{
+	memset(p, 0, sizeof *p);
+	if (bufcap < FRAME_BYTES_MAX)
+		return err_set(err, errlen, -EINVAL, "pipe buffer of %zu bytes, need %zu", bufcap,
+			       (size_t)FRAME_BYTES_MAX);
+	p->pool = pool;
+	p->buf = buf;
+	pthread_cond_init(&p->wake, NULL);
+	return 0;
+}
+
+void pipe_free(struct pipe *p)
+{
+	if (!p || !p->buf)
+		return;
+	for (int s = 1; s < p->nslots; s++)
+		free(p->slots[s].buf);
+	free(p->slots);
+	pthread_cond_destroy(&p->wake);
+	memset(p, 0, sizeof *p);
+}
+
+static int parallel(const struct pipe *p, uint64_t nframes)
+{
+	return p->pool && cryptopool_size(p->pool) > 1 && nframes > 1;
+}
+
+/* The window: one slot per pool thread, plus the frame on the wire. */
+static int slots_ready(struct pipe *p, char *err, size_t errlen)
+{
+	int want = cryptopool_size(p->pool) + 1;
+	if (p->nslots >= want)
+		return 0;
+	struct pipe_slot *s = calloc((size_t)want, sizeof *s);
+	if (!s)
+		return err_set(err, errlen, -ENOMEM, "out of memory for %d frame buffers", want);
+	s[0].buf = p->buf;
+	for (int i = 1; i < want; i++) {
+		s[i].buf = malloc(FRAME_BYTES_MAX);
+		if (!s[i].buf) {
+			while (--i > 0)
+				free(s[i].buf);
+			free(s);
+			return err_set(err, errlen, -ENOMEM, "out of memory for %d frame buffers",
+				       want);
+		}
+	}
+	for (int i = 1; i < p->nslots; i++)
+		free(p->slots[i].buf);
+	free(p->slots);
+	p->slots = s;
+	p->nslots = want;
+	return 0;
+}
+
+static void seal_run(void *arg)
+{
+	struct pipe_slot *s = arg;
+	size_t len = 0;
+	uint8_t *msg = s->buf + FRAME_HDR_BYTES;
+	s->rc = s->enc(s->ctx, s->i, msg, FRAME_MAX, &len, s->err, sizeof s->err);
+	if (s->rc == 0)
+		s->rc = frame_seal(&s->k, s->buf, FRAME_BYTES_MAX, msg, len, &s->len, s->err,
+				   sizeof s->err);
+}
+
+static void open_run(void *arg)
+{
+	struct pipe_slot *s = arg;
+	s->rc = frame_open(&s->k, s->hdr, s->buf, s->len, s->buf, FRAME_BYTES_MAX, &s->len,
+			   s->err, sizeof s->err);
+}
+
+static void slot_submit(struct pipe *p, struct pipe_slot *s, const struct frame_key *k,
+			uint64_t i, void (*run)(void *))
+{
+	s->k = *k;
+	s->k.counter = k->counter + i;
+	s->i = i;
+	s->rc = 0;
+	s->err[0] = '\0';
+	s->job.run = run;
+	s->job.arg = s;
+	cryptopool_submit(p->pool, &s->job, &p->wake);
+}
+
+/* Waits for the jobs of frames [from, to) and wipes every slot's key. */
+static void slots_drain(struct pipe *p, uint64_t from, uint64_t to)
+{
+	for (uint64_t i = from; i < to; i++)
+		cryptopool_wait(p->pool, &p->slots[i % (uint64_t)p->nslots].job);
+	for (int s = 0; s < p->nslots; s++)
+		sodium_memzero(&p->slots[s].k, sizeof p->slots[s].k);
+}
+
+/* ---- sending ------------------------------------------------------------- */
+
+static int send_serial(struct pipe *p, int fd, struct frame_key *tx, uint64_t nframes,
+		       pipe_encode_fn enc, void *ctx, int timeout_ms, char *err, size_t errlen)
+{
+	uint8_t *msg = p->buf + FRAME_HDR_BYTES;
+	for (uint64_t i = 0; i < nframes; i++) {
+		size_t len = 0;
+		int r = enc(ctx, i, msg, FRAME_MAX, &len, err, errlen);
+		if (r < 0)
+			return r;
+		r = sock_write_frame(fd, tx, p->buf, FRAME_BYTES_MAX, msg, len, timeout_ms, err,
+				     errlen);
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
+int pipe_send(struct pipe *p, int fd, struct frame_key *tx, uint64_t nframes,
+	      pipe_encode_fn enc, void *ctx, int timeout_ms, char *err, size_t errlen)
+{
+	if (!parallel(p, nframes))
+		return send_serial(p, fd, tx, nframes, enc, ctx, timeout_ms, err, errlen);
+	int r = slots_ready(p, err, errlen);
+	if (r < 0)
+		return r;
+	if (nframes > UINT64_MAX - tx->counter)
+		return err_set(err, errlen, -EOVERFLOW,
+			       "send counter exhausted: the session must be rekeyed");
+	uint64_t K = (uint64_t)p->nslots, queued = 0, sent = 0;
+	for (; sent < nframes; sent++) {
+		for (; queued < nframes && queued - sent < K; queued++) {
+			struct pipe_slot *s = &p->slots[queued % K];
+			s->enc = enc;
+			s->ctx = ctx;
+			slot_submit(p, s, tx, queued, seal_run);
+		}
+		struct pipe_slot *s = &p->slots[sent % K];
+		cryptopool_wait(p->pool, &s->job);
+		if (s->rc < 0) {
+			r = err_set(err, errlen, s->rc, "%s", s->err);
+			break;
+		}
+		r = sock_write_full(fd, s->buf, s->len, timeout_ms, err, errlen);
+		if (r < 0)
+			break;
+	}
+	/* On failure, frame `sent` was waited for already (or never queued). */
+	slots_drain(p, sent < nframes ? sent + 1 : sent, queued);
+	if (r < 0)
+		return r;
+	tx->counter += nframes;
+	return 0;
+}
+
+/* ---- receiving ----------------------------------------------------------- */
+
+static int recv_serial(struct pipe *p, int fd, struct frame_key *rx, uint64_t nframes,
+		       pipe_deliver_fn fn, void *ctx, int timeout_ms, char *err, size_t errlen)
+{
+	for (uint64_t i = 0; i < nframes; i++) {
+		size_t len = 0;
+		int r = sock_read_frame(fd, rx, p->buf, FRAME_BYTES_MAX, &len, timeout_ms, err,
+					errlen);
+		if (r < 0)
+			return r;
+		r = fn(ctx, i, p->buf, len, err, errlen);
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
+/* Hands frame s (its job finished) to fn: its open's failure, or fn's. */
+static int slot_deliver(struct pipe_slot *s, pipe_deliver_fn fn, void *ctx, char *err,
+			size_t errlen)
+{
+	if (s->rc < 0)
+		return err_set(err, errlen, s->rc, "%s", s->err);
+	return fn(ctx, s->i, s->buf, s->len, err, errlen);
+}
+
+int pipe_recv(struct pipe *p, int fd, struct frame_key *rx, uint64_t nframes,
+	      pipe_deliver_fn fn, void *ctx, int timeout_ms, char *err, size_t errlen)
+{
+	if (!parallel(p, nframes))
+		return recv_serial(p, fd, rx, nframes, fn, ctx, timeout_ms, err, errlen);
+	int r = slots_ready(p, err, errlen);
+	if (r < 0)
+		return r;
+	if (nframes > UINT64_MAX - rx->counter)
+		return err_set(err, errlen, -EOVERFLOW,
+			       "receive counter exhausted: the session must be rekeyed");
+	uint64_t K = (uint64_t)p->nslots, nread = 0, given = 0;
+	int rerr = 0;
+	char rmsg[320] = "";
+	while (given < nframes) {
+		if (!rerr && nread < nframes && nread - given < K) {
+			struct pipe_slot *s = &p->slots[nread % K];
+			rerr = sock_read_sealed(fd, s->hdr, s->buf, FRAME_BYTES_MAX, &s->len,
+						timeout_ms, rmsg, sizeof rmsg);
+			if (rerr == 0)
+				slot_submit(p, s, rx, nread++, open_run);
+			/* Hand over what is already open before reading on. */
+			while (r == 0 && given < nread &&
+			       cryptopool_done(p->pool, &p->slots[given % K].job)) {
+				r = slot_deliver(&p->slots[given % K], fn, ctx, err, errlen);
+				given++;
+			}
+			if (r < 0)
+				break;
+			continue;
+		}
+		if (given == nread) { /* every frame read so far was handed over */
+			r = err_set(err, errlen, rerr, "%s", rmsg);
+			break;
+		}
+		struct pipe_slot *s = &p->slots[given % K];
+		cryptopool_wait(p->pool, &s->job);
+		r = slot_deliver(s, fn, ctx, err, errlen);
+		given++;
+		if (r < 0)
+			break;
+	}
+	slots_drain(p, given, nread);
+	if (r < 0)
+		return r;
+	rx->counter += nframes;
+	return 0;
+}

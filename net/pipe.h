@@ -1,0 +1,89 @@
+/* The frames of one multi-chunk tensor on one connection, sealed or opened
+ * on several threads (a net/cryptopool.h pool) while they are written or
+ * read in order on the connection's own thread.
+ *
+ * The bytes on the wire are exactly those of sealing and opening one frame
+ * at a time (sock_write_frame / sock_read_frame): frame i of a call uses the
+ * direction's counter + i as its nonce, the sender writes frame i only after
+ * frames 0..i-1, and the receiver opens frame i with the counter it expects
+ * for position i. A frame that was modified, truncated, replayed or
+ * reordered therefore fails to open exactly as it does one at a time, and
+ * the receiver hands no chunk at or after that frame to the caller.
+ *
+ * Sender: pipe_send asks the caller's encode function for message i (on a
+ * pool thread: messages are built in parallel too), seals it with counter
+ * base + i, and keeps up to one frame per pool thread plus the one being
+ * written in flight. Receiver: pipe_recv reads frames in order, opens them
+ * on the pool with their expected counters, and calls the caller's deliver
+ * function in order on the calling thread.
+ *
+ * Without a pool, with a one-thread pool, or for a single frame, both run
+ * today's path: one frame at a time on the calling thread, in the caller's
+ * buffer. With a pool of T threads a pipe allocates T more frame buffers
+ * (FRAME_BYTES_MAX each, ~1 MiB) the first time it runs in parallel, and
+ * keeps them until pipe_free.
+ *
+ * A pipe is used by one thread at a time; its connection's frame_keys must
+ * not be used by anyone else during a call. Errors: 0 or a negative errno
+ * with one line in err (errlen bytes): the encode or deliver function's own
+ * return and message, or those of sock_write_full, sock_read_sealed,
+ * frame_seal and frame_open ("frame 17 failed authentication ..."). Every
+ * failure ends the connection: the caller must close it. */
+#ifndef PSTRAIN_NET_PIPE_H
+#define PSTRAIN_NET_PIPE_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cryptopool.h"
+#include "frame.h"
+
+#define PIPE_MUST_CHECK __attribute__((warn_unused_result))
+
+struct pipe_slot;
+
+struct pipe {
+	struct cryptopool *pool; /* NULL or 1 thread: one frame at a time */
+	uint8_t *buf;            /* the caller's (FRAME_BYTES_MAX bytes) */
+	struct pipe_slot *slots; /* parallel only, from the first use */
+	int nslots;
+	pthread_cond_t wake;     /* this pipe's jobs are done */
+};
+
+/* Writes message i (0 <= i < nframes) of the tensor at msg (at most cap
+ * bytes, cap >= FRAME_MAX) and sets *len. Called on pool threads, several
+ * at once and in any order: it may only read shared data and write msg. */
+typedef int (*pipe_encode_fn)(void *ctx, uint64_t i, uint8_t *msg, size_t cap, size_t *len,
+			      char *err, size_t errlen);
+
+/* Takes message i (len bytes at msg, valid only during the call), in order
+ * i = 0, 1, ... on the thread that called pipe_recv. A negative return
+ * ends pipe_recv with that return and err. */
+typedef int (*pipe_deliver_fn)(void *ctx, uint64_t i, const uint8_t *msg, size_t len,
+			       char *err, size_t errlen);
+
+/* pool may be NULL. buf (bufcap >= FRAME_BYTES_MAX bytes) stays the
+ * caller's; the pipe uses it as its first frame buffer. -EINVAL if bufcap
+ * is too small. */
+PIPE_MUST_CHECK int pipe_init(struct pipe *p, struct cryptopool *pool, uint8_t *buf,
+			      size_t bufcap, char *err, size_t errlen);
+
+/* Frees what the pipe allocated (not buf, not the pool). Accepts NULL. */
+void pipe_free(struct pipe *p);
+
+/* Sends nframes messages (from enc) as nframes frames sealed with tx, in
+ * order; each write has timeout_ms. On success tx->counter has advanced by
+ * nframes. -ENOMEM if the frame buffers cannot be allocated. */
+PIPE_MUST_CHECK int pipe_send(struct pipe *p, int fd, struct frame_key *tx, uint64_t nframes,
+			      pipe_encode_fn enc, void *ctx, int timeout_ms, char *err,
+			      size_t errlen);
+
+/* Receives exactly nframes frames opened with rx and hands their messages
+ * to fn in order; each frame's read has timeout_ms. No frame beyond the
+ * nframes-th is read. On success rx->counter has advanced by nframes. */
+PIPE_MUST_CHECK int pipe_recv(struct pipe *p, int fd, struct frame_key *rx, uint64_t nframes,
+			      pipe_deliver_fn fn, void *ctx, int timeout_ms, char *err,
+			      size_t errlen);
+
+#endif

@@ -1,0 +1,521 @@
+/* Tests of net/pipe.c and net/cryptopool.c: multi-MiB tensors round-trip
+ * bit-exactly over a real socket with 1, 2 and 4 crypto threads and chunk
+ * counts that are not multiples of the thread count; the bytes a parallel
+ * sender writes are exactly those of sealing one frame at a time; and a
+ * receiver with 4 threads refuses a bit flip in a middle chunk, a replayed
+ * frame, two swapped frames, a truncated stream and an oversized length,
+ * naming the failure and delivering no chunk from the bad one on. Sockets
+ * are AF_UNIX socketpairs (the same stream semantics sock.c relies on);
+ * every blocking call has a deadline. */
+#include <criterion/criterion.h>
+
+#include "leak.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <sodium.h>
+
+#include "../net/cryptopool.h"
+#include "../net/frame.h"
+#include "../net/msg.h"
+#include "../net/pipe.h"
+#include "../net/sock.h"
+
+#define IO_MS 10000
+
+static void init(void)
+{
+	cr_assert_geq(sodium_init(), 0);
+}
+
+TestSuite(pipe, .init = init, .fini = leak_check, .timeout = 60);
+
+/* ---- helpers ------------------------------------------------------------ */
+
+/* A tensor of N floats whose bits depend on the index and a seed. */
+static float *tensor_new(size_t N, uint32_t seed)
+{
+	float *t = malloc(N * sizeof(float));
+	cr_assert_not_null(t);
+	for (size_t i = 0; i < N; i++) {
+		uint32_t u = (uint32_t)i * 2654435761u ^ seed;
+		memcpy(&t[i], &u, sizeof u);
+		if (t[i] != t[i]) /* keep NaN patterns out: compare with memcmp anyway */
+			t[i] = (float)i;
+	}
+	return t;
+}
+
+static void keys(struct frame_key *tx, struct frame_key *rx, uint64_t counter)
+{
+	uint8_t k[FRAME_KEY_BYTES];
+	randombytes_buf(k, sizeof k);
+	enum frame_cipher c = frame_aes_available() ? FRAME_AES256GCM : FRAME_CHACHA20POLY1305;
+	cr_assert_eq(frame_key_init(tx, k, c), 0);
+	cr_assert_eq(frame_key_init(rx, k, c), 0);
+	tx->counter = rx->counter = counter;
+	sodium_memzero(k, sizeof k);
+}
+
+static void pair(int sv[2])
+{
+	cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+}
+
+struct tensor_tx {
+	const float *src;
+	uint64_t n;
+};
+
+static int encode(void *ctx, uint64_t i, uint8_t *msg, size_t cap, size_t *len, char *err,
+		  size_t errlen)
+{
+	const struct tensor_tx *t = ctx;
+	struct msg_chunk ch = { .type = WIRE_PUSH, .shard = 0, .version = 7, .worker = 1 };
+	msg_chunk_range(t->n, i, &ch.offset, &ch.count);
+	return msg_encode_chunk(msg, cap, &ch, t->src + ch.offset, len, err, errlen);
+}
+
+/* Checks that chunks arrive in order and places them. */
+struct tensor_rx {
+	struct msg_assembly a;
+	float *dst;
+	uint64_t delivered; /* chunks handed to us */
+	int order_ok;
+};
+
+static int deliver(void *ctx, uint64_t i, const uint8_t *msg, size_t len, char *err,
+		   size_t errlen)
+{
+	struct tensor_rx *x = ctx;
+	if (i != x->delivered)
+		x->order_ok = 0;
+	x->delivered++;
+	struct msg_chunk ch;
+	int r = msg_decode_chunk(msg, len, &ch, err, errlen);
+	if (r < 0)
+		return r;
+	r = msg_assembly_add(&x->a, &ch, x->dst, err, errlen);
+	return r < 0 ? r : 0;
+}
+
+static void rx_init(struct tensor_rx *x, uint64_t n)
+{
+	char e[256];
+	memset(x, 0, sizeof *x);
+	x->order_ok = 1;
+	x->dst = calloc(n, sizeof(float));
+	cr_assert_not_null(x->dst);
+	cr_assert_eq(msg_assembly_init(&x->a, WIRE_PUSH, 0, n, e, sizeof e), 0, "%s", e);
+}
+
+static struct cryptopool *pool_of(int threads)
+{
+	struct cryptopool *p = NULL;
+	char e[256];
+	if (threads <= 0)
+		return NULL;
+	cr_assert_eq(cryptopool_new(&p, threads, e, sizeof e), 0, "%s", e);
+	cr_assert_eq(cryptopool_size(p), threads);
+	return p;
+}
+
+/* The sending side on its own thread: pipe_send of a tensor, or raw bytes. */
+struct sender {
+	int fd;
+	int threads;
+	struct frame_key tx;
+	struct tensor_tx t;
+	const uint8_t *raw; /* if set: write these bytes instead, then shut down */
+	size_t rawlen;
+	int rc;
+	char err[320];
+};
+
+static void *sender_main(void *arg)
+{
+	struct sender *s = arg;
+	if (s->raw) {
+		s->rc = sock_write_full(s->fd, s->raw, s->rawlen, IO_MS, s->err, sizeof s->err);
+		shutdown(s->fd, SHUT_WR);
+		return NULL;
+	}
+	struct cryptopool *pool = pool_of(s->threads);
+	uint8_t *buf = malloc(FRAME_BYTES_MAX);
+	struct pipe p;
+	s->rc = -ENOMEM;
+	if (buf && pipe_init(&p, pool, buf, FRAME_BYTES_MAX, s->err, sizeof s->err) == 0) {
+		s->rc = pipe_send(&p, s->fd, &s->tx, msg_chunks(s->t.n), encode, &s->t, IO_MS,
+				  s->err, sizeof s->err);
+		pipe_free(&p);
+	}
+	free(buf);
+	cryptopool_destroy(pool);
+	return NULL;
+}
+
+/* Receives n floats with pipe_recv on `threads` crypto threads (0: no pool). */
+static int receive(int fd, int threads, struct frame_key *rx, struct tensor_rx *x, char *e,
+		   size_t elen)
+{
+	struct cryptopool *pool = pool_of(threads);
+	uint8_t *buf = malloc(FRAME_BYTES_MAX);
+	cr_assert_not_null(buf);
+	struct pipe p;
+	cr_assert_eq(pipe_init(&p, pool, buf, FRAME_BYTES_MAX, e, elen), 0, "%s", e);
+	int r = pipe_recv(&p, fd, rx, msg_chunks(x->a.n), deliver, x, IO_MS, e, elen);
+	pipe_free(&p);
+	free(buf);
+	cryptopool_destroy(pool);
+	return r;
+}
+
+/* ---- round trips -------------------------------------------------------- */
+
+/* One tensor of n floats from a sender with tthreads to a receiver with
+ * rthreads, starting at counter c0; bit-exact, in order, counters advanced. */
+static void round_trip(uint64_t n, int tthreads, int rthreads, uint64_t c0)
+{
+	int sv[2];
+	pair(sv);
+	float *src = tensor_new(n, (uint32_t)(n + (uint64_t)tthreads * 31 + (uint64_t)rthreads));
+	struct sender s = { .fd = sv[0], .threads = tthreads, .t = { .src = src, .n = n } };
+	struct frame_key rx;
+	keys(&s.tx, &rx, c0);
+	struct tensor_rx x;
+	rx_init(&x, n);
+	pthread_t th;
+	cr_assert_eq(pthread_create(&th, NULL, sender_main, &s), 0);
+	char e[320] = "";
+	int r = receive(sv[1], rthreads, &rx, &x, e, sizeof e);
+	pthread_join(th, NULL);
+	cr_assert_eq(s.rc, 0, "send (%d threads): %s", tthreads, s.err);
+	cr_assert_eq(r, 0, "recv (%d threads): %s", rthreads, e);
+	cr_assert(x.order_ok, "chunks delivered out of order");
+	cr_assert_eq(x.delivered, msg_chunks(n));
+	cr_assert(msg_assembly_done(&x.a));
+	cr_assert_eq(memcmp(x.dst, src, n * sizeof(float)), 0,
+		     "tensor of %llu floats changed (%d -> %d threads)", (unsigned long long)n,
+		     tthreads, rthreads);
+	cr_assert_eq(s.tx.counter, c0 + msg_chunks(n));
+	cr_assert_eq(rx.counter, c0 + msg_chunks(n));
+	free(src);
+	free(x.dst);
+	close(sv[0]);
+	close(sv[1]);
+}
+
+Test(pipe, round_trip_1_2_4_threads)
+{
+	/* 7 and 5 chunks (6.x and 4.x MiB): multiples of neither 2 nor 4. */
+	const uint64_t ns[] = { 6 * (uint64_t)MSG_CHUNK_FLOATS + 1234,
+				5 * (uint64_t)MSG_CHUNK_FLOATS };
+	const int threads[] = { 1, 2, 4 };
+	for (int i = 0; i < 2; i++)
+		for (int t = 0; t < 3; t++)
+			round_trip(ns[i], threads[t], threads[t], 3);
+}
+
+/* Either side may run in parallel alone: the bytes are the same. */
+Test(pipe, parallel_and_serial_sides_interoperate)
+{
+	uint64_t n = 9 * (uint64_t)MSG_CHUNK_FLOATS + 1;
+	round_trip(n, 4, 0, 0);
+	round_trip(n, 0, 4, 0);
+	round_trip(n, 3, 2, 1000);
+}
+
+/* A single chunk and a small tensor go through the serial path. */
+Test(pipe, single_chunk_and_small)
+{
+	round_trip(1, 4, 4, 0);
+	round_trip(MSG_CHUNK_FLOATS, 4, 4, 5);
+	round_trip(MSG_CHUNK_FLOATS + 1, 4, 4, 5); /* 2 chunks, the last of 1 float */
+}
+
+/* ---- bytes on the wire -------------------------------------------------- */
+
+/* The frames of a tensor sealed one at a time (what sock_write_frame
+ * writes), concatenated. Sets *len. */
+static uint8_t *serial_frames(const float *src, uint64_t n, struct frame_key k, size_t *len,
+			      size_t *off /* (chunks + 1) frame starts */)
+{
+	uint64_t C = msg_chunks(n);
+	uint8_t *out = malloc(C * FRAME_BYTES_MAX), *msg = malloc(FRAME_MAX);
+	cr_assert(out && msg);
+	struct tensor_tx t = { .src = src, .n = n };
+	char e[256];
+	size_t at = 0;
+	for (uint64_t i = 0; i < C; i++) {
+		size_t ml = 0, fl = 0;
+		cr_assert_eq(encode(&t, i, msg, FRAME_MAX, &ml, e, sizeof e), 0, "%s", e);
+		cr_assert_eq(frame_seal(&k, out + at, FRAME_BYTES_MAX, msg, ml, &fl, e, sizeof e), 0,
+			     "%s", e);
+		if (off)
+			off[i] = at;
+		at += fl;
+	}
+	if (off)
+		off[C] = at;
+	free(msg);
+	*len = at;
+	return out;
+}
+
+struct drain {
+	int fd;
+	uint8_t *buf;
+	size_t cap, got;
+};
+
+static void *drain_main(void *arg)
+{
+	struct drain *d = arg;
+	for (;;) {
+		ssize_t r = recv(d->fd, d->buf + d->got, d->cap - d->got, 0);
+		if (r <= 0)
+			break;
+		d->got += (size_t)r;
+	}
+	return NULL;
+}
+
+Test(pipe, parallel_sender_writes_the_serial_bytes)
+{
+	uint64_t n = 7 * (uint64_t)MSG_CHUNK_FLOATS + 99;
+	float *src = tensor_new(n, 42);
+	struct frame_key tx, rx;
+	keys(&tx, &rx, 77);
+	size_t want_len;
+	uint8_t *want = serial_frames(src, n, tx, &want_len, NULL);
+
+	int sv[2];
+	pair(sv);
+	struct drain d = { .fd = sv[1], .cap = want_len + 1, .buf = malloc(want_len + 1) };
+	cr_assert_not_null(d.buf);
+	pthread_t th;
+	cr_assert_eq(pthread_create(&th, NULL, drain_main, &d), 0);
+	struct cryptopool *pool = pool_of(4);
+	uint8_t *buf = malloc(FRAME_BYTES_MAX);
+	struct pipe p;
+	char e[320];
+	cr_assert_eq(pipe_init(&p, pool, buf, FRAME_BYTES_MAX, e, sizeof e), 0, "%s", e);
+	struct tensor_tx t = { .src = src, .n = n };
+	cr_assert_eq(pipe_send(&p, sv[0], &tx, msg_chunks(n), encode, &t, IO_MS, e, sizeof e), 0,
+		     "%s", e);
+	shutdown(sv[0], SHUT_WR);
+	pthread_join(th, NULL);
+	cr_assert_eq(d.got, want_len, "%zu bytes on the wire, %zu sealing one at a time", d.got,
+		     want_len);
+	cr_assert_eq(memcmp(d.buf, want, want_len), 0, "parallel sealing changed the bytes");
+	pipe_free(&p);
+	cryptopool_destroy(pool);
+	free(buf);
+	free(d.buf);
+	free(want);
+	free(src);
+	close(sv[0]);
+	close(sv[1]);
+	(void)rx;
+}
+
+/* ---- refusals ----------------------------------------------------------- */
+
+enum tamper { FLIP, REPLAY, SWAP, TRUNCATE, OVERSIZE };
+
+/* Sends the 7 frames of a tensor with one tampering around frame k,
+ * receives with 4 threads; returns pipe_recv's result, sets *delivered. */
+static int tampered(enum tamper how, uint64_t k, uint64_t *delivered, char *e, size_t elen)
+{
+	uint64_t n = 6 * (uint64_t)MSG_CHUNK_FLOATS + 5000, C = msg_chunks(n);
+	float *src = tensor_new(n, 9);
+	struct frame_key tx, rx;
+	keys(&tx, &rx, 0);
+	size_t len, off[16];
+	uint8_t *f = serial_frames(src, n, tx, &len, off);
+	uint8_t *raw = malloc(len + FRAME_BYTES_MAX);
+	cr_assert_not_null(raw);
+	size_t rl = 0;
+	/* frames [0, k) as they were */
+	memcpy(raw, f, off[k]);
+	rl = off[k];
+	size_t fk = off[k + 1] - off[k];
+	switch (how) {
+	case FLIP: /* one bit in the middle of frame k's ciphertext */
+		memcpy(raw + rl, f + off[k], len - off[k]);
+		raw[rl + fk / 2] ^= 0x10;
+		rl += len - off[k];
+		break;
+	case REPLAY: /* frame k-1 again where frame k belongs */
+		memcpy(raw + rl, f + off[k - 1], off[k] - off[k - 1]);
+		rl += off[k] - off[k - 1];
+		memcpy(raw + rl, f + off[k], len - off[k]);
+		rl += len - off[k];
+		break;
+	case SWAP: /* frames k+1 and k swapped */
+		memcpy(raw + rl, f + off[k + 1], off[k + 2] - off[k + 1]);
+		rl += off[k + 2] - off[k + 1];
+		memcpy(raw + rl, f + off[k], fk);
+		rl += fk;
+		memcpy(raw + rl, f + off[k + 2], len - off[k + 2]);
+		rl += len - off[k + 2];
+		break;
+	case TRUNCATE: /* half of frame k, then EOF */
+		memcpy(raw + rl, f + off[k], fk / 2);
+		rl += fk / 2;
+		break;
+	case OVERSIZE: /* frame k's length field above the limit */
+		memcpy(raw + rl, f + off[k], len - off[k]);
+		wire_put_u32(raw + rl, FRAME_CT_MAX + 1);
+		rl += len - off[k];
+		break;
+	}
+	int sv[2];
+	pair(sv);
+	struct sender s = { .fd = sv[0], .raw = raw, .rawlen = rl };
+	pthread_t th;
+	cr_assert_eq(pthread_create(&th, NULL, sender_main, &s), 0);
+	struct tensor_rx x;
+	rx_init(&x, n);
+	int r = receive(sv[1], 4, &rx, &x, e, elen);
+	close(sv[1]); /* the sender gets EPIPE if it is still writing */
+	pthread_join(th, NULL);
+	cr_assert(x.order_ok);
+	*delivered = x.delivered;
+	cr_assert_lt(x.delivered, C);
+	/* What was delivered is exactly the tensor's first chunks. */
+	cr_assert_eq(memcmp(x.dst, src, x.a.received * sizeof(float)), 0);
+	for (uint64_t i = x.a.received; i < n; i++)
+		cr_assert_eq(x.dst[i], 0.0f, "float %llu written after the bad frame",
+			     (unsigned long long)i);
+	free(x.dst);
+	free(raw);
+	free(f);
+	free(src);
+	close(sv[0]);
+	return r;
+}
+
+Test(pipe, bit_flip_in_a_middle_chunk)
+{
+	char e[320] = "";
+	uint64_t got;
+	int r = tampered(FLIP, 3, &got, e, sizeof e);
+	cr_assert_eq(r, -EBADMSG, "%d: %s", r, e);
+	cr_assert_not_null(strstr(e, "frame 3 failed authentication"), "%s", e);
+	cr_assert_eq(got, 3, "%llu chunks delivered, want 0..2", (unsigned long long)got);
+}
+
+Test(pipe, replayed_frame)
+{
+	char e[320] = "";
+	uint64_t got;
+	int r = tampered(REPLAY, 4, &got, e, sizeof e);
+	cr_assert_eq(r, -EBADMSG, "%d: %s", r, e);
+	cr_assert_not_null(strstr(e, "frame 4 failed authentication"), "%s", e);
+	cr_assert_eq(got, 4);
+}
+
+Test(pipe, reordered_frames)
+{
+	char e[320] = "";
+	uint64_t got;
+	int r = tampered(SWAP, 2, &got, e, sizeof e);
+	cr_assert_eq(r, -EBADMSG, "%d: %s", r, e);
+	cr_assert_not_null(strstr(e, "frame 2 failed authentication"), "%s", e);
+	cr_assert_eq(got, 2);
+}
+
+Test(pipe, truncated_stream)
+{
+	char e[320] = "";
+	uint64_t got;
+	int r = tampered(TRUNCATE, 5, &got, e, sizeof e);
+	cr_assert_eq(r, -EPIPE, "%d: %s", r, e);
+	cr_assert_not_null(strstr(e, "peer closed the connection"), "%s", e);
+	cr_assert_eq(got, 5);
+}
+
+Test(pipe, oversized_length)
+{
+	char e[320] = "";
+	uint64_t got;
+	int r = tampered(OVERSIZE, 1, &got, e, sizeof e);
+	cr_assert_eq(r, -EMSGSIZE, "%d: %s", r, e);
+	cr_assert_not_null(strstr(e, "exceeds the limit"), "%s", e);
+	cr_assert_eq(got, 1);
+}
+
+/* A failing encode stops the send with its error, and the pool threads
+ * are joined cleanly afterwards (LSan/ASan see no leak or race). */
+static int encode_fails_at_3(void *ctx, uint64_t i, uint8_t *msg, size_t cap, size_t *len,
+			     char *err, size_t errlen)
+{
+	if (i == 3) {
+		snprintf(err, errlen, "chunk 3 refused");
+		return -EINVAL;
+	}
+	return encode(ctx, i, msg, cap, len, err, errlen);
+}
+
+Test(pipe, encode_failure_stops_the_send)
+{
+	uint64_t n = 8 * (uint64_t)MSG_CHUNK_FLOATS;
+	float *src = tensor_new(n, 5);
+	struct frame_key tx, rx;
+	keys(&tx, &rx, 0);
+	int sv[2];
+	pair(sv);
+	struct drain d = { .fd = sv[1], .cap = 16 * FRAME_BYTES_MAX,
+			   .buf = malloc(16 * FRAME_BYTES_MAX) };
+	pthread_t th;
+	cr_assert_eq(pthread_create(&th, NULL, drain_main, &d), 0);
+	struct cryptopool *pool = pool_of(2);
+	uint8_t *buf = malloc(FRAME_BYTES_MAX);
+	struct pipe p;
+	char e[320] = "";
+	cr_assert_eq(pipe_init(&p, pool, buf, FRAME_BYTES_MAX, e, sizeof e), 0);
+	struct tensor_tx t = { .src = src, .n = n };
+	int r = pipe_send(&p, sv[0], &tx, msg_chunks(n), encode_fails_at_3, &t, IO_MS, e, sizeof e);
+	cr_assert_eq(r, -EINVAL, "%d: %s", r, e);
+	cr_assert_str_eq(e, "chunk 3 refused");
+	shutdown(sv[0], SHUT_WR);
+	pthread_join(th, NULL);
+	/* exactly frames 0..2 went out */
+	cr_assert_eq(d.got, 3 * FRAME_SEALED_BYTES(MSG_CHUNK_BYTES_MAX));
+	pipe_free(&p);
+	cryptopool_destroy(pool);
+	free(buf);
+	free(d.buf);
+	free(src);
+	close(sv[0]);
+	close(sv[1]);
+	(void)rx;
+}
+
+/* ---- thread count -------------------------------------------------------- */
+
+Test(pipe, thread_count_for_config)
+{
+	cr_assert_eq(cryptopool_threads_for(1), 1);
+	cr_assert_eq(cryptopool_threads_for(3), 3);
+	cr_assert_eq(cryptopool_threads_for(100), CRYPTOPOOL_MAX_THREADS);
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	int a = cryptopool_threads_for(0);
+	cr_assert_geq(a, 1);
+	cr_assert_leq(a, CRYPTOPOOL_MAX_THREADS);
+	cr_assert_leq(a, cpus > 1 ? cpus - 1 : 1, "auto %d threads on %ld CPUs", a, cpus);
+	struct cryptopool *p = NULL;
+	char e[256] = "";
+	cr_assert_eq(cryptopool_new(&p, 0, e, sizeof e), -EINVAL);
+	cr_assert_eq(cryptopool_new(&p, CRYPTOPOOL_MAX_THREADS + 1, e, sizeof e), -EINVAL);
+	cr_assert_not_null(strstr(e, "crypto pool of 9 threads"), "%s", e);
+	cryptopool_destroy(NULL);
+}

@@ -6,6 +6,17 @@
  *
  *   build/bench/pushpull [--seconds S] [--rounds R] [--sizes 1,16,64]
  *                        [--modes sealed,plain[,aesnm][,chacha]] [--csv]
+ *                        [--crypto-threads N]
+ *
+ * --crypto-threads N: as [cluster] crypto_threads (0 = auto, 1 = one frame
+ * at a time on the connection's thread); each end gets its own pool of N
+ * threads, as two processes would. The sealed and chacha modes go through
+ * net/pipe.c exactly as core/cluster.c does.
+ *
+ * After the table, a "cpu ceiling" row per size: the best sealed/plain ratio
+ * this machine's CPUs allow (docs/BENCHMARKS.md explains the formula), from
+ * the in-memory seal and open rates of one core, the plain throughput and
+ * the CPU time the plain runs used.
  *
  * Modes (the bench-only ones exist in this file only; nothing in the config
  * or in the pstrain binary can reach them):
@@ -29,12 +40,16 @@
  * modes) is reported, in GB/s (1e9 bytes) of parameter bytes: push and
  * pull move the vector once, push+pull moves it twice (once each way). */
 #include "../net/frame.h"
+#include "../net/cryptopool.h"
 #include "../net/handshake.h"
 #include "../net/msg.h"
+#include "../net/pipe.h"
 #include "../net/sock.h"
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,11 +71,58 @@ struct chan {
 	crypto_aead_aes256gcm_state st; /* aesnm only */
 };
 
+/* The production modes move tensors through net/pipe.c. */
+static int piped(enum mode m)
+{
+	return m == M_SEALED || m == M_CHACHA;
+}
+
 static void die(const char *what, const char *e)
 {
 	fprintf(stderr, "pushpull: %s: %s\n", what, e);
 	exit(1);
 }
+
+/* A pool of `threads` (--crypto-threads, resolved), or none for 1. */
+static struct cryptopool *pool_start(int threads)
+{
+	struct cryptopool *p = NULL;
+	char e[256];
+	if (threads > 1 && cryptopool_new(&p, threads, e, sizeof e))
+		die("crypto pool", e);
+	return p;
+}
+
+/* Chunk i of a tensor (PUSH or PARAMS), for pipe_send. */
+struct tensor_tx {
+	uint8_t type;
+	uint64_t version;
+	const float *src;
+	uint64_t n;
+};
+
+static int tensor_encode(void *ctx, uint64_t i, uint8_t *msg, size_t cap, size_t *len,
+			 char *err, size_t errlen)
+{
+	const struct tensor_tx *t = ctx;
+	struct msg_chunk ch = { .type = t->type, .version = t->version };
+	msg_chunk_range(t->n, i, &ch.offset, &ch.count);
+	return msg_encode_chunk(msg, cap, &ch, t->src + ch.offset, len, err, errlen);
+}
+
+/* The chunks of a tensor, for pipe_recv: into an assembly. */
+static int tensor_deliver(void *ctx, uint64_t i, const uint8_t *msg, size_t len, char *err,
+			  size_t errlen)
+{
+	struct { struct msg_assembly *a; float *dst; } *x = ctx;
+	struct msg_chunk ch;
+	(void)i;
+	int r = msg_decode_chunk(msg, len, &ch, err, errlen);
+	if (r == 0)
+		r = msg_assembly_add(x->a, &ch, x->dst, err, errlen);
+	return r < 0 ? r : 0;
+}
+
 
 static double now(void)
 {
@@ -126,6 +188,7 @@ static int chan_recv(int fd, struct chan *c, uint8_t *buf, size_t *len, char *e,
 
 struct server {
 	int lfd;
+	int threads;
 	enum mode mode;
 	size_t n; /* floats */
 	uint8_t psk[HS_PSK_BYTES];
@@ -165,6 +228,10 @@ static void *serve(void *arg)
 	struct chan tx, rx;
 	chan_init(&tx, sv->mode, &hr.send);
 	chan_init(&rx, sv->mode, &hr.recv);
+	struct cryptopool *pool = pool_start(sv->threads);
+	struct pipe pp;
+	if (pipe_init(&pp, pool, wbuf, BUF_BYTES, e, elen))
+		die("server", e);
 	uint8_t *mb = wbuf + FRAME_HDR_BYTES;
 	size_t cap = BUF_BYTES - FRAME_HDR_BYTES - FRAME_TAG_BYTES;
 	uint64_t version = 0;
@@ -179,6 +246,14 @@ static void *serve(void *arg)
 			struct msg_pull p;
 			if (msg_decode_pull(rbuf, len, &p, e, elen))
 				die("server", e);
+			struct tensor_tx tt = { .type = WIRE_PARAMS, .version = version,
+						.src = params, .n = sv->n };
+			if (piped(sv->mode)) {
+				if (pipe_send(&pp, fd, &tx.fk, msg_chunks(sv->n), tensor_encode, &tt,
+					      TIMEOUT_MS, e, elen))
+					die("server PARAMS", e);
+				continue;
+			}
 			for (uint64_t i = 0; i < msg_chunks(sv->n); i++) {
 				struct msg_chunk ch = { .type = WIRE_PARAMS, .version = version };
 				msg_chunk_range(sv->n, i, &ch.offset, &ch.count);
@@ -198,6 +273,13 @@ static void *serve(void *arg)
 			int r = msg_assembly_add(&a, &ch, grad, e, elen);
 			if (r < 0)
 				die("server PUSH", e);
+			if (r == 0 && piped(sv->mode)) { /* the rest, as core/cluster.c does */
+				struct { struct msg_assembly *a; float *dst; } x = { &a, grad };
+				if (pipe_recv(&pp, fd, &rx.fk, msg_chunks(sv->n - a.received),
+					      tensor_deliver, &x, TIMEOUT_MS, e, elen))
+					die("server PUSH", e);
+				r = msg_assembly_done(&a);
+			}
 			if (r == 0)
 				continue;
 			assembling = 0;
@@ -218,6 +300,8 @@ static void *serve(void *arg)
 		}
 	}
 	close(fd);
+	pipe_free(&pp);
+	cryptopool_destroy(pool);
 	free(rbuf);
 	free(wbuf);
 	free(params);
@@ -228,6 +312,7 @@ static void *serve(void *arg)
 struct client {
 	int fd;
 	struct chan tx, rx;
+	struct pipe pp;
 	size_t n;
 	uint8_t *rbuf, *wbuf;
 	float *params, *grads;
@@ -238,7 +323,11 @@ static void do_push(struct client *c)
 {
 	char e[512];
 	size_t len, cap = BUF_BYTES - FRAME_HDR_BYTES - FRAME_TAG_BYTES;
-	for (uint64_t i = 0; i < msg_chunks(c->n); i++) {
+	struct tensor_tx t = { .type = WIRE_PUSH, .version = c->got, .src = c->grads, .n = c->n };
+	if (piped(c->tx.mode) && pipe_send(&c->pp, c->fd, &c->tx.fk, msg_chunks(c->n),
+					   tensor_encode, &t, TIMEOUT_MS, e, sizeof e))
+		die("client PUSH", e);
+	for (uint64_t i = 0; !piped(c->tx.mode) && i < msg_chunks(c->n); i++) {
 		struct msg_chunk ch = { .type = WIRE_PUSH, .version = c->got };
 		msg_chunk_range(c->n, i, &ch.offset, &ch.count);
 		if (msg_encode_chunk(c->wbuf + FRAME_HDR_BYTES, cap, &ch, c->grads + ch.offset, &len,
@@ -264,7 +353,13 @@ static void do_pull(struct client *c)
 	struct msg_assembly a;
 	if (msg_assembly_init(&a, WIRE_PARAMS, 0, c->n, e, sizeof e))
 		die("client", e);
-	for (;;) {
+	if (piped(c->rx.mode)) {
+		struct { struct msg_assembly *a; float *dst; } x = { &a, c->params };
+		if (pipe_recv(&c->pp, c->fd, &c->rx.fk, msg_chunks(c->n), tensor_deliver, &x,
+			      TIMEOUT_MS, e, sizeof e))
+			die("client PARAMS", e);
+	}
+	while (!msg_assembly_done(&a)) {
 		struct msg_chunk ch;
 		int r;
 		if (chan_recv(c->fd, &c->rx, c->rbuf, &len, e, sizeof e) ||
@@ -288,7 +383,16 @@ static void do_op(struct client *c, enum op op)
 }
 
 /* GB/s of parameter bytes for op, repeated for about `seconds`. */
-static double measure(struct client *c, enum op op, double seconds)
+static double cpu_seconds(void)
+{
+	struct rusage ru;
+	getrusage(RUSAGE_SELF, &ru);
+	return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 +
+	       (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec * 1e-6;
+}
+
+/* ... and *util: CPUs kept busy meanwhile (both ends live in this process). */
+static double measure(struct client *c, enum op op, double seconds, double *util)
 {
 	double t0 = now();
 	do_op(c, op); /* warm-up, and the time of one */
@@ -297,19 +401,21 @@ static double measure(struct client *c, enum op op, double seconds)
 	if (reps < 1)
 		reps = 1;
 	t0 = now();
+	double c0 = cpu_seconds();
 	for (long i = 0; i < reps; i++)
 		do_op(c, op);
 	double dt = now() - t0;
+	*util = (cpu_seconds() - c0) / dt;
 	double bytes = (double)reps * (double)c->n * 4.0 * (op == OP_BOTH ? 2 : 1);
 	return bytes / dt / 1e9;
 }
 
 /* One connection: handshake, the three operations, DONE. gbs[op]. */
-static void run_one(enum mode m, size_t n, const uint8_t *psk, double seconds,
-		    double gbs[OP_COUNT], const char **cipher)
+static void run_one(enum mode m, size_t n, const uint8_t *psk, double seconds, int threads,
+		    double gbs[OP_COUNT], double util[OP_COUNT], const char **cipher)
 {
 	char e[512];
-	struct server sv = { .mode = m, .n = n };
+	struct server sv = { .mode = m, .n = n, .threads = threads };
 	memcpy(sv.psk, psk, HS_PSK_BYTES);
 	if (sock_listen("127.0.0.1", 0, 1, &sv.lfd, e, sizeof e))
 		die("listen", e);
@@ -342,9 +448,12 @@ static void run_one(enum mode m, size_t n, const uint8_t *psk, double seconds,
 		die("aesnm", "this CPU has no AES-256-GCM");
 	chan_init(&c.tx, m, &hr.send);
 	chan_init(&c.rx, m, &hr.recv);
+	struct cryptopool *pool = pool_start(threads);
+	if (pipe_init(&c.pp, pool, c.wbuf, BUF_BYTES, e, sizeof e))
+		die("client", e);
 
 	for (int op = 0; op < OP_COUNT; op++)
-		gbs[op] = measure(&c, (enum op)op, seconds);
+		gbs[op] = measure(&c, (enum op)op, seconds, &util[op]);
 	for (size_t i = 0; i < n; i++) /* what was pulled arrived intact */
 		if (c.params[i] != (float)i * 1e-6f)
 			die("client", "pulled vector arrived corrupted");
@@ -355,6 +464,8 @@ static void run_one(enum mode m, size_t n, const uint8_t *psk, double seconds,
 	    chan_send(c.fd, &c.tx, c.wbuf, len, e, sizeof e))
 		die("client DONE", e);
 	pthread_join(th, NULL);
+	pipe_free(&c.pp);
+	cryptopool_destroy(pool);
 	close(c.fd);
 	close(sv.lfd);
 	sodium_memzero(&hr, sizeof hr);
@@ -405,11 +516,60 @@ static void crypto_once(struct chan *c, int dir, uint8_t *in, uint8_t *out, size
 		die("crypto", c->mode == M_AESNM ? "afternm failed" : e);
 }
 
+/* Seal (g[0]) and open (g[1]) GB/s of 1 MiB chunk frames on one thread in
+ * memory with c's crypto, about seconds/2 each; a and b are BUF_BYTES. */
+static void crypto_rate(struct chan *c, double seconds, uint8_t *a, uint8_t *b, double g[2])
+{
+	size_t len = MSG_CHUNK_BYTES_MAX;
+	for (int dir = 0; dir < 2; dir++) {
+		if (dir == 1) { /* a valid frame with counter 0 in b, opened into a */
+			c->fk.counter = 0;
+			crypto_once(c, 0, a, b, len);
+		}
+		long reps = 0;
+		double t0 = now(), dt;
+		do {
+			crypto_once(c, dir, dir ? b : a, dir ? a : b, len);
+			reps++;
+			dt = now() - t0;
+		} while (dt < seconds / 2);
+		g[dir] = (double)reps * (double)len / dt / 1e9;
+	}
+}
+
+/* The production cipher's one-core seal and open rates (g[0], g[1]). */
+static void sealed_rates(double seconds, double g[2])
+{
+	uint8_t *a = calloc(1, BUF_BYTES), *b = calloc(1, BUF_BYTES), key[FRAME_KEY_BYTES];
+	struct frame_key fk;
+	struct chan c;
+	if (!a || !b)
+		die("crypto", "out of memory");
+	randombytes_buf(key, sizeof key);
+	randombytes_buf(a, BUF_BYTES);
+	if (frame_key_init(&fk, key, frame_cipher_choose(frame_aes_available())))
+		die("crypto", "frame_key_init");
+	chan_init(&c, M_SEALED, &fk);
+	crypto_rate(&c, seconds, a, b, g);
+	sodium_memzero(&c, sizeof c);
+	sodium_memzero(&fk, sizeof fk);
+	free(a);
+	free(b);
+}
+
+/* CPUs this process may run on (the affinity mask). */
+static int cpus_usable(void)
+{
+	cpu_set_t set;
+	if (sched_getaffinity(0, sizeof set, &set) == 0)
+		return CPU_COUNT(&set);
+	return (int)sysconf(_SC_NPROCESSORS_ONLN);
+}
+
 /* --crypto: seal and open of 1 MiB chunk frames in memory, one thread, no
  * socket: the ceiling crypto alone puts on one connection. */
 static void crypto_only(double seconds)
 {
-	size_t len = MSG_CHUNK_BYTES_MAX;
 	uint8_t *a = calloc(1, BUF_BYTES), *b = calloc(1, BUF_BYTES), key[FRAME_KEY_BYTES];
 	if (!a || !b)
 		die("crypto", "out of memory");
@@ -427,20 +587,7 @@ static void crypto_only(double seconds)
 		struct chan c;
 		chan_init(&c, (enum mode)m, &fk);
 		double g[2];
-		for (int dir = 0; dir < 2; dir++) {
-			if (dir == 1) { /* a valid frame with counter 0 in b, opened into a */
-				c.fk.counter = 0;
-				crypto_once(&c, 0, a, b, len);
-			}
-			long reps = 0;
-			double t0 = now(), dt;
-			do {
-				crypto_once(&c, dir, dir ? b : a, dir ? a : b, len);
-				reps++;
-				dt = now() - t0;
-			} while (dt < seconds / 2);
-			g[dir] = (double)reps * (double)len / dt / 1e9;
-		}
+		crypto_rate(&c, seconds, a, b, g);
 		printf("%-24s %-18s %10.2f %10.2f\n", mode_names[m],
 		       m == M_PLAIN ? "none (memcpy)" : frame_cipher_name(fk.cipher), g[0], g[1]);
 		sodium_memzero(&c, sizeof c);
@@ -481,6 +628,18 @@ int main(int argc, char **argv)
 		crypto_only(seconds);
 		return 0;
 	}
+	const char *ct_s = arg_str(argc, argv, "--crypto-threads", "1");
+	char *end;
+	long ct = strtol(ct_s, &end, 10);
+	if (end == ct_s || *end || ct < 0 || ct > CRYPTOPOOL_MAX_THREADS)
+		die("--crypto-threads (0 = auto, 1..8)", ct_s);
+	int threads = cryptopool_threads_for((int)ct);
+	const char *coretype = getenv("OPENBLAS_CORETYPE");
+	int cpus = cpus_usable();
+	if (!csv)
+		printf("%d CPUs usable (affinity mask); OPENBLAS_CORETYPE=%s; crypto threads per end: %d%s\n",
+		       cpus, coretype ? coretype : "(unset)", threads,
+		       ct == 0 ? " (auto)" : "");
 
 	int sizes[16], nsizes = 0;
 	for (char *s = strtok(sizes_s, ","); s && nsizes < 16; s = strtok(NULL, ","))
@@ -502,17 +661,19 @@ int main(int argc, char **argv)
 
 	uint8_t psk[HS_PSK_BYTES];
 	randombytes_buf(psk, sizeof psk);
-	static double best[16][M_COUNT][OP_COUNT];
+	static double best[16][M_COUNT][OP_COUNT], util[16][M_COUNT][OP_COUNT];
 	const char *cipher[M_COUNT] = { 0 };
 	for (int r = 0; r < rounds; r++)
 		for (int si = 0; si < nsizes; si++)
 			for (int mi = 0; mi < nmodes; mi++) {
-				double g[OP_COUNT];
+				double g[OP_COUNT], u[OP_COUNT];
 				size_t n = (size_t)sizes[si] << 18; /* MiB of floats */
-				run_one(modes[mi], n, psk, seconds, g, &cipher[mi]);
+				run_one(modes[mi], n, psk, seconds, threads, g, u, &cipher[mi]);
 				for (int op = 0; op < OP_COUNT; op++)
-					if (g[op] > best[si][mi][op])
+					if (g[op] > best[si][mi][op]) {
 						best[si][mi][op] = g[op];
+						util[si][mi][op] = u[op];
+					}
 			}
 	sodium_memzero(psk, sizeof psk);
 
@@ -520,6 +681,10 @@ int main(int argc, char **argv)
 	for (int mi = 0; mi < nmodes; mi++)
 		if (modes[mi] == M_PLAIN)
 			plain = mi;
+	/* The ceiling: see docs/BENCHMARKS.md, push/pull. */
+	double so[2] = { 0, 0 };
+	if (plain >= 0)
+		sealed_rates(seconds < 1 ? seconds : 1, so);
 	if (!csv)
 		printf("%-7s %-7s %-18s %10s %10s %10s\n", "size", "mode", "cipher", "push GB/s",
 		       "pull GB/s", "push+pull");
@@ -540,6 +705,24 @@ int main(int argc, char **argv)
 			printf(csv ? "%s,%s,ratio,%.3f,%.3f,%.3f\n" : "%-7s %-26s %9.2fx %9.2fx %9.2fx\n",
 			       sz, nm, b[0] / q[0], b[1] / q[1], b[2] / q[2]);
 		}
+		if (plain >= 0 && so[0] > 0 && so[1] > 0) {
+			/* ratio <= C / (U + P/S + P/O), at most 1 */
+			double cl[OP_COUNT];
+			for (int op = 0; op < OP_COUNT; op++) {
+				double P = best[si][plain][op], U = util[si][plain][op];
+				cl[op] = (double)cpus / (U + P / so[0] + P / so[1]);
+				if (cl[op] > 1)
+					cl[op] = 1;
+			}
+			char nm[48];
+			snprintf(nm, sizeof nm, "cpu ceiling (%d CPUs)", cpus);
+			printf(csv ? "%s,%s,ceiling,%.3f,%.3f,%.3f\n" : "%-7s %-26s %9.2fx %9.2fx %9.2fx\n",
+			       sz, nm, cl[0], cl[1], cl[2]);
+		}
 	}
+	if (!csv && plain >= 0)
+		printf("ceiling from: one core seals %.2f and opens %.2f GB/s in memory; plain"
+		       " push+pull at the largest size kept %.2f CPUs busy\n",
+		       so[0], so[1], util[nsizes - 1][plain][OP_BOTH]);
 	return 0;
 }

@@ -6,21 +6,29 @@
  * frame, two swapped frames, a truncated stream and an oversized length,
  * naming the failure and delivering no chunk from the bad one on. Sockets
  * are AF_UNIX socketpairs (the same stream semantics sock.c relies on);
- * every blocking call has a deadline. */
+ * every blocking call has a deadline. Last, a 2 ps + 2 worker cluster ends
+ * with the same parameters whatever crypto_threads each node uses. */
 #include <criterion/criterion.h>
 
 #include "leak.h"
+#include "util.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <sodium.h>
+
+#include "../net/key.h"
 
 #include "../net/cryptopool.h"
 #include "../net/frame.h"
@@ -518,4 +526,129 @@ Test(pipe, thread_count_for_config)
 	cr_assert_eq(cryptopool_new(&p, CRYPTOPOOL_MAX_THREADS + 1, e, sizeof e), -EINVAL);
 	cr_assert_not_null(strstr(e, "crypto pool of 9 threads"), "%s", e);
 	cryptopool_destroy(NULL);
+}
+
+/* ---- end to end ----------------------------------------------------------- */
+
+/* 2 ps + 2 workers of $PSTRAIN_BIN in sync mode with a model of ~1.4 M
+ * parameters (3 chunks per shard), once with crypto_threads 1 everywhere
+ * and once with 2, 3 and 4 threads on different nodes (the key is
+ * node-local: no config hash mismatch): both runs end with bit-identical
+ * parameters. */
+#define E2E_TIMEOUT_S 90
+
+static void e2e_run(const char *dir, const char *cfg, const int threads[4], const char *dump)
+{
+	const char *roles[4][2] = { { "ps", "0" }, { "ps", "1" }, { "worker", "1" }, { "worker", "0" } };
+	const char *bin = getenv("PSTRAIN_BIN");
+	cr_assert_not_null(bin, "PSTRAIN_BIN is not set (run through make unit)");
+	pid_t pids[4];
+	char logs[4][300];
+	for (int i = 0; i < 4; i++) {
+		char set[64];
+		snprintf(set, sizeof set, "cluster.crypto_threads=%d", threads[i]);
+		snprintf(logs[i], sizeof logs[i], "%s/%s%s-%d.log", dir, roles[i][0], roles[i][1],
+			 threads[i]);
+		pids[i] = fork();
+		cr_assert_neq(pids[i], -1);
+		if (pids[i] == 0) {
+			int fd = open(logs[i], O_WRONLY | O_CREAT | O_TRUNC, 0644);
+			dup2(fd, 1);
+			dup2(fd, 2);
+			if (i == 3)
+				execl(bin, bin, roles[i][0], "--index", roles[i][1], "--config", cfg,
+				      "--set", set, "--dump-params", dump, (char *)NULL);
+			else
+				execl(bin, bin, roles[i][0], "--index", roles[i][1], "--config", cfg,
+				      "--set", set, (char *)NULL);
+			_exit(127);
+		}
+	}
+	time_t t0 = time(NULL);
+	int left = 4, st[4] = { -2, -2, -2, -2 };
+	while (left > 0) {
+		for (int i = 0; i < 4; i++) {
+			int s;
+			if (st[i] == -2 && waitpid(pids[i], &s, WNOHANG) == pids[i]) {
+				st[i] = WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s);
+				left--;
+			}
+		}
+		if (time(NULL) - t0 > E2E_TIMEOUT_S)
+			for (int i = 0; i < 4; i++)
+				if (st[i] == -2) {
+					kill(pids[i], SIGKILL);
+					waitpid(pids[i], NULL, 0);
+					st[i] = -1;
+					left--;
+				}
+		usleep(20000);
+	}
+	for (int i = 0; i < 4; i++) {
+		char text[4096] = "";
+		FILE *f = fopen(logs[i], "r");
+		if (f) {
+			text[fread(text, 1, sizeof text - 1, f)] = '\0';
+			fclose(f);
+		}
+		cr_assert_eq(st[i], 0, "%s %s (crypto_threads %d) exit %d:\n%s", roles[i][0],
+			     roles[i][1], threads[i], st[i], text);
+	}
+}
+
+static float *slurp_floats(const char *path, size_t *n)
+{
+	FILE *f = fopen(path, "rb");
+	cr_assert_not_null(f, "%s missing", path);
+	fseek(f, 0, SEEK_END);
+	long len = ftell(f);
+	fseek(f, 0, SEEK_SET);
+	float *p = malloc((size_t)len);
+	cr_assert_not_null(p);
+	cr_assert_eq(fread(p, 1, (size_t)len, f), (size_t)len);
+	fclose(f);
+	*n = (size_t)len / sizeof(float);
+	return p;
+}
+
+Test(pipe, cluster_same_parameters_with_crypto_threads, .timeout = 240)
+{
+	char dir[256], path[300], cfg[300], d1[300], d2[300];
+	const char *t = getenv("TMPDIR");
+	snprintf(dir, sizeof dir, "%s/pstrain-pipe-XXXXXX", t ? t : "/tmp");
+	cr_assert_not_null(mkdtemp(dir));
+	snprintf(path, sizeof path, "%s/blobs.csv", dir);
+	write_blobs(path, 400, 3, 6, 3);
+	snprintf(path, sizeof path, "%s/cluster.key", dir);
+	char err[KEY_ERR_MAX];
+	cr_assert_eq(key_generate(path, err, sizeof err), 0, "%s", err);
+	snprintf(cfg, sizeof cfg, "%s/cluster.ini", dir);
+	FILE *f = fopen(cfg, "w");
+	cr_assert_not_null(f);
+	/* 6*150000 + 150000 + 150000*3 + 3 = 1.5 M parameters: 750 k floats,
+	 * 3 chunks, per shard. */
+	fprintf(f, "[cluster]\nps = 127.0.0.1:%d, 127.0.0.1:%d\nworkers = 127.0.0.1:%d, 127.0.0.1:%d\n"
+		   "key_file = cluster.key\n"
+		   "[data]\nformat = csv\ntrain_csv = blobs.csv\nlabel_column = first\n"
+		   "[train]\nmode = sync\nsteps = 6\nbatch_size = 8\nlearning_rate = 0.01\n"
+		   "eval_every = 3\nthreads = 1\n"
+		   "[model]\ninput = 6\nlayer = dense 150000\nlayer = relu\nlayer = dense 3\n",
+		free_port(), free_port(), free_port(), free_port());
+	cr_assert_eq(fclose(f), 0);
+	snprintf(d1, sizeof d1, "%s/serial.bin", dir);
+	snprintf(d2, sizeof d2, "%s/parallel.bin", dir);
+	const int serial[4] = { 1, 1, 1, 1 }, par[4] = { 3, 2, 4, 2 };
+	e2e_run(dir, cfg, serial, d1);
+	e2e_run(dir, cfg, par, d2);
+	size_t n1, n2;
+	float *p1 = slurp_floats(d1, &n1), *p2 = slurp_floats(d2, &n2);
+	cr_assert_eq(n1, 1500003);
+	cr_assert_eq(n1, n2);
+	cr_assert_eq(memcmp(p1, p2, n1 * sizeof(float)), 0,
+		     "parameters differ between crypto_threads 1 and 2-4");
+	free(p1);
+	free(p2);
+	char cmd[300];
+	snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+	cr_assert_eq(system(cmd), 0);
 }

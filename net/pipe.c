@@ -16,6 +16,10 @@
  * failure of the earliest frame: what went wrong first on the wire is what
  * the log says.
  *
+ * The window is one frame per pool thread plus the one on the wire:
+ * enough to keep every thread busy with one connection, and what the
+ * memory figure in pipe.h promises.
+ *
  * Rejected: opening frames straight into the destination tensor (the
  * plaintext starts with the chunk's message header, and the caller checks
  * each chunk's fields in order before its floats are placed); a window
@@ -72,28 +76,32 @@ static int parallel(const struct pipe *p, uint64_t nframes)
 	return p->pool && cryptopool_size(p->pool) > 1 && nframes > 1;
 }
 
-/* The window: one slot per pool thread, plus the frame on the wire. */
-static int slots_ready(struct pipe *p, char *err, size_t errlen)
+/* The window: one slot per pool thread plus the frame on the wire, but no
+ * more than the tensor has frames (a ps shard of 3 chunks never pays for 9
+ * buffers). Grows, keeping the buffers it has, when a later tensor is
+ * longer; only between calls, when no job uses a slot. */
+static int slots_ready(struct pipe *p, uint64_t nframes, char *err, size_t errlen)
 {
-	int want = cryptopool_size(p->pool) + 1;
+	uint64_t w = (uint64_t)cryptopool_size(p->pool) + 1;
+	int want = (int)(nframes < w ? nframes : w);
 	if (p->nslots >= want)
 		return 0;
 	struct pipe_slot *s = calloc((size_t)want, sizeof *s);
 	if (!s)
 		return err_set(err, errlen, -ENOMEM, "out of memory for %d frame buffers", want);
 	s[0].buf = p->buf;
-	for (int i = 1; i < want; i++) {
+	for (int i = 1; i < p->nslots; i++)
+		s[i].buf = p->slots[i].buf;
+	for (int i = p->nslots > 1 ? p->nslots : 1; i < want; i++) {
 		s[i].buf = malloc(FRAME_BYTES_MAX);
 		if (!s[i].buf) {
-			while (--i > 0)
+			while (--i >= (p->nslots > 1 ? p->nslots : 1))
 				free(s[i].buf);
 			free(s);
 			return err_set(err, errlen, -ENOMEM, "out of memory for %d frame buffers",
 				       want);
 		}
 	}
-	for (int i = 1; i < p->nslots; i++)
-		free(p->slots[i].buf);
 	free(p->slots);
 	p->slots = s;
 	p->nslots = want;
@@ -164,7 +172,7 @@ int pipe_send(struct pipe *p, int fd, struct frame_key *tx, uint64_t nframes,
 {
 	if (!parallel(p, nframes))
 		return send_serial(p, fd, tx, nframes, enc, ctx, timeout_ms, err, errlen);
-	int r = slots_ready(p, err, errlen);
+	int r = slots_ready(p, nframes, err, errlen);
 	if (r < 0)
 		return r;
 	if (nframes > UINT64_MAX - tx->counter)
@@ -228,7 +236,7 @@ int pipe_recv(struct pipe *p, int fd, struct frame_key *rx, uint64_t nframes,
 {
 	if (!parallel(p, nframes))
 		return recv_serial(p, fd, rx, nframes, fn, ctx, timeout_ms, err, errlen);
-	int r = slots_ready(p, err, errlen);
+	int r = slots_ready(p, nframes, err, errlen);
 	if (r < 0)
 		return r;
 	if (nframes > UINT64_MAX - rx->counter)

@@ -19,9 +19,10 @@
  *
  * Without a pool, with a one-thread pool, or for a single frame, both run
  * today's path: one frame at a time on the calling thread, in the caller's
- * buffer. With a pool of T threads a pipe allocates T more frame buffers
- * (FRAME_BYTES_MAX each, ~1 MiB) the first time it runs in parallel, and
- * keeps them until pipe_free.
+ * buffer. With a pool of T threads a pipe allocates up to T more frame
+ * buffers (FRAME_BYTES_MAX each, ~1 MiB; no more than the longest tensor
+ * it moved has frames, less one) when it first runs in parallel, and keeps
+ * them until pipe_free.
  *
  * A pipe is used by one thread at a time; its connection's frame_keys must
  * not be used by anyone else during a call. Errors: 0 or a negative errno

@@ -248,6 +248,83 @@ Test(pipe, single_chunk_and_small)
 	round_trip(MSG_CHUNK_FLOATS + 1, 4, 4, 5); /* 2 chunks, the last of 1 float */
 }
 
+/* One pipe per side moves tensors of 2, 7, 3 and 9 chunks in turn: its
+ * window grows with the longest tensor and keeps its buffers. */
+static const uint64_t seq_chunks[] = { 2, 7, 3, 9 };
+#define NSEQ (sizeof seq_chunks / sizeof seq_chunks[0])
+
+struct seq_sender {
+	int fd;
+	struct frame_key tx;
+	float *src[NSEQ];
+	int rc;
+	char err[320];
+};
+
+static uint64_t seq_n(size_t k)
+{
+	return (seq_chunks[k] - 1) * (uint64_t)MSG_CHUNK_FLOATS + 17 * (k + 1);
+}
+
+static void *seq_sender_main(void *arg)
+{
+	struct seq_sender *s = arg;
+	struct cryptopool *pool = pool_of(4);
+	uint8_t *buf = malloc(FRAME_BYTES_MAX);
+	struct pipe p;
+	s->rc = pipe_init(&p, pool, buf, FRAME_BYTES_MAX, s->err, sizeof s->err);
+	for (size_t k = 0; k < NSEQ && s->rc == 0; k++) {
+		struct tensor_tx t = { .src = s->src[k], .n = seq_n(k) };
+		s->rc = pipe_send(&p, s->fd, &s->tx, msg_chunks(t.n), encode, &t, IO_MS, s->err,
+				  sizeof s->err);
+	}
+	pipe_free(&p);
+	free(buf);
+	cryptopool_destroy(pool);
+	return NULL;
+}
+
+Test(pipe, one_pipe_many_tensors)
+{
+	int sv[2];
+	pair(sv);
+	struct seq_sender s = { .fd = sv[0] };
+	struct frame_key rx;
+	keys(&s.tx, &rx, 0);
+	for (size_t k = 0; k < NSEQ; k++)
+		s.src[k] = tensor_new(seq_n(k), (uint32_t)k);
+	pthread_t th;
+	cr_assert_eq(pthread_create(&th, NULL, seq_sender_main, &s), 0);
+	struct cryptopool *pool = pool_of(2);
+	uint8_t *buf = malloc(FRAME_BYTES_MAX);
+	struct pipe p;
+	char e[320] = "";
+	cr_assert_eq(pipe_init(&p, pool, buf, FRAME_BYTES_MAX, e, sizeof e), 0, "%s", e);
+	uint64_t frames = 0;
+	for (size_t k = 0; k < NSEQ; k++) {
+		struct tensor_rx x;
+		rx_init(&x, seq_n(k));
+		cr_assert_eq(msg_chunks(seq_n(k)), seq_chunks[k]);
+		int r = pipe_recv(&p, sv[1], &rx, seq_chunks[k], deliver, &x, IO_MS, e, sizeof e);
+		cr_assert_eq(r, 0, "tensor %zu: %s", k, e);
+		cr_assert(msg_assembly_done(&x.a));
+		cr_assert_eq(memcmp(x.dst, s.src[k], seq_n(k) * sizeof(float)), 0, "tensor %zu", k);
+		cr_assert_leq(p.nslots, 3, "a 2-thread pipe keeps at most 3 frames");
+		frames += seq_chunks[k];
+		cr_assert_eq(rx.counter, frames);
+		free(x.dst);
+	}
+	pthread_join(th, NULL);
+	cr_assert_eq(s.rc, 0, "%s", s.err);
+	pipe_free(&p);
+	free(buf);
+	cryptopool_destroy(pool);
+	for (size_t k = 0; k < NSEQ; k++)
+		free(s.src[k]);
+	close(sv[0]);
+	close(sv[1]);
+}
+
 /* ---- bytes on the wire -------------------------------------------------- */
 
 /* The frames of a tensor sealed one at a time (what sock_write_frame

@@ -28,6 +28,7 @@
 
 #include <sodium.h>
 
+#include "../core/config.h"
 #include "../net/key.h"
 
 #include "../net/cryptopool.h"
@@ -728,4 +729,41 @@ Test(pipe, cluster_same_parameters_with_crypto_threads, .timeout = 240)
 	char cmd[300];
 	snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
 	cr_assert_eq(system(cmd), 0);
+}
+
+/* ---- [cluster] crypto_threads --------------------------------------------- */
+
+static int parse(struct config *c, const char *extra, char *err, size_t errlen)
+{
+	char text[512];
+	snprintf(text, sizeof text,
+		 "[cluster]\nps = 127.0.0.1:2222\nworkers = 127.0.0.1:2224\n%s"
+		 "[model]\ninput = 4\nlayer = dense 2\n",
+		 extra);
+	return config_parse_string(c, "test.ini", text, err, errlen);
+}
+
+Test(pipe, crypto_threads_key)
+{
+	struct config *a = malloc(sizeof *a), *b = malloc(sizeof *b);
+	char err[CONFIG_ERR_MAX] = "";
+	cr_assert(a && b);
+	cr_assert_eq(parse(a, "", err, sizeof err), 0, "%s", err);
+	cr_assert_eq(a->cluster.crypto_threads, 0, "default is auto");
+	cr_assert_eq(parse(b, "crypto_threads = 4\n", err, sizeof err), 0, "%s", err);
+	cr_assert_eq(b->cluster.crypto_threads, 4);
+	uint8_t ha[CONFIG_HASH_BYTES], hb[CONFIG_HASH_BYTES];
+	cr_assert_eq(config_hash(a, ha), 0);
+	cr_assert_eq(config_hash(b, hb), 0);
+	cr_assert_eq(memcmp(ha, hb, sizeof ha), 0, "crypto_threads must not change the hash");
+	const char *bad[] = { "crypto_threads = 9\n", "crypto_threads = -1\n",
+			      "crypto_threads = 2x\n" };
+	for (int i = 0; i < 3; i++) {
+		err[0] = '\0';
+		cr_assert_eq(parse(a, bad[i], err, sizeof err), -EINVAL, "%s accepted", bad[i]);
+		cr_assert_not_null(strstr(err, "[cluster] crypto_threads"), "%s", err);
+		cr_assert_null(strchr(err, '\n'), "%s", err);
+	}
+	free(a);
+	free(b);
 }

@@ -6,12 +6,13 @@
  *
  *   build/bench/pushpull [--seconds S] [--rounds R] [--sizes 1,16,64]
  *                        [--modes sealed,plain[,aesnm][,chacha]] [--csv]
- *                        [--crypto-threads N]
+ *                        [--crypto-threads N[,M...]]
  *
  * --crypto-threads N: as [cluster] crypto_threads (0 = auto, 1 = one frame
  * at a time on the connection's thread); each end gets its own pool of N
  * threads, as two processes would. The sealed and chacha modes go through
- * net/pipe.c exactly as core/cluster.c does.
+ * net/pipe.c exactly as core/cluster.c does. Several counts (1,2,4) give a
+ * column each ("sealed@2"), interleaved in every round.
  *
  * After the table, a "cpu ceiling" row per size: the best sealed/plain ratio
  * this machine's CPUs allow (docs/BENCHMARKS.md explains the formula), from
@@ -612,14 +613,25 @@ static int arg_flag(int argc, char **argv, const char *name)
 	return 0;
 }
 
+/* One column of the table: a mode at a crypto thread count. */
+struct variant {
+	enum mode mode;
+	int threads;     /* resolved: 1 = no pool */
+	char name[16];   /* "sealed", or "sealed@2" when several counts run */
+	const char *cipher;
+};
+
+#define MAX_VARIANTS 32
+
 int main(int argc, char **argv)
 {
 	double seconds = atof(arg_str(argc, argv, "--seconds", "1"));
 	int rounds = atoi(arg_str(argc, argv, "--rounds", "3"));
 	int csv = arg_flag(argc, argv, "--csv");
-	char sizes_s[128], modes_s[128];
+	char sizes_s[128], modes_s[128], threads_s[128];
 	snprintf(sizes_s, sizeof sizes_s, "%s", arg_str(argc, argv, "--sizes", "1,16,64"));
 	snprintf(modes_s, sizeof modes_s, "%s", arg_str(argc, argv, "--modes", "sealed,plain"));
+	snprintf(threads_s, sizeof threads_s, "%s", arg_str(argc, argv, "--crypto-threads", "1"));
 	if (sodium_init() < 0)
 		die("sodium_init", "failed");
 	if (rounds < 1 || seconds <= 0)
@@ -628,81 +640,105 @@ int main(int argc, char **argv)
 		crypto_only(seconds);
 		return 0;
 	}
-	const char *ct_s = arg_str(argc, argv, "--crypto-threads", "1");
-	char *end;
-	long ct = strtol(ct_s, &end, 10);
-	if (end == ct_s || *end || ct < 0 || ct > CRYPTOPOOL_MAX_THREADS)
-		die("--crypto-threads (0 = auto, 1..8)", ct_s);
-	int threads = cryptopool_threads_for((int)ct);
-	const char *coretype = getenv("OPENBLAS_CORETYPE");
-	int cpus = cpus_usable();
-	if (!csv)
-		printf("%d CPUs usable (affinity mask); OPENBLAS_CORETYPE=%s; crypto threads per end: %d%s\n",
-		       cpus, coretype ? coretype : "(unset)", threads,
-		       ct == 0 ? " (auto)" : "");
+
+	/* --crypto-threads N[,M...]: each count is a column of its own for the
+	 * piped modes, interleaved with the others in every round, so counts
+	 * are compared under the same load. */
+	int counts[8], autos[8], ncounts = 0, any_auto = 0;
+	for (char *t = strtok(threads_s, ","); t; t = strtok(NULL, ",")) {
+		char *end;
+		long ct = strtol(t, &end, 10);
+		if (end == t || *end || ct < 0 || ct > CRYPTOPOOL_MAX_THREADS || ncounts == 8)
+			die("--crypto-threads (0 = auto, 1..8, at most 8 values)", t);
+		any_auto |= ct == 0;
+		autos[ncounts] = ct == 0;
+		counts[ncounts++] = cryptopool_threads_for((int)ct);
+	}
+	if (ncounts == 0)
+		die("usage", "--crypto-threads needs a value");
 
 	int sizes[16], nsizes = 0;
-	for (char *s = strtok(sizes_s, ","); s && nsizes < 16; s = strtok(NULL, ","))
-		if ((sizes[nsizes] = atoi(s)) > 0)
+	for (char *t = strtok(sizes_s, ","); t && nsizes < 16; t = strtok(NULL, ","))
+		if ((sizes[nsizes] = atoi(t)) > 0)
 			nsizes++;
-	enum mode modes[M_COUNT];
-	int nmodes = 0;
-	for (char *s = strtok(modes_s, ","); s; s = strtok(NULL, ",")) {
+	struct variant v[MAX_VARIANTS];
+	int nv = 0, plain = -1;
+	for (char *t = strtok(modes_s, ","); t; t = strtok(NULL, ",")) {
 		int k = 0;
-		while (k < M_COUNT && strcmp(s, mode_names[k]) != 0)
+		while (k < M_COUNT && strcmp(t, mode_names[k]) != 0)
 			k++;
 		if (k == M_COUNT)
-			die("unknown mode (sealed, plain, aesnm, chacha)", s);
-		if (nmodes < M_COUNT)
-			modes[nmodes++] = (enum mode)k;
+			die("unknown mode (sealed, plain, aesnm, chacha)", t);
+		int nc = piped((enum mode)k) ? ncounts : 1;
+		for (int c = 0; c < nc && nv < MAX_VARIANTS; c++, nv++) {
+			v[nv] = (struct variant){ .mode = (enum mode)k,
+						  .threads = piped((enum mode)k) ? counts[c] : 1 };
+			if (nc > 1 && autos[c])
+				snprintf(v[nv].name, sizeof v[nv].name, "%s@auto", t);
+			else if (nc > 1)
+				snprintf(v[nv].name, sizeof v[nv].name, "%s@%d", t, counts[c]);
+			else
+				snprintf(v[nv].name, sizeof v[nv].name, "%s", t);
+			if (k == M_PLAIN)
+				plain = nv;
+		}
 	}
-	if (nsizes == 0 || nmodes == 0)
+	if (nsizes == 0 || nv == 0)
 		die("usage", "no sizes or no modes");
+
+	const char *coretype = getenv("OPENBLAS_CORETYPE");
+	int cpus = cpus_usable();
+	if (!csv) {
+		printf("%d CPUs usable (affinity mask); OPENBLAS_CORETYPE=%s; crypto threads per end:",
+		       cpus, coretype ? coretype : "(unset)");
+		for (int c = 0; c < ncounts; c++)
+			printf("%s %d", c ? "," : "", counts[c]);
+		printf("%s\n", any_auto ? " (auto = 0, resolved)" : "");
+	}
 
 	uint8_t psk[HS_PSK_BYTES];
 	randombytes_buf(psk, sizeof psk);
-	static double best[16][M_COUNT][OP_COUNT], util[16][M_COUNT][OP_COUNT];
-	const char *cipher[M_COUNT] = { 0 };
-	for (int r = 0; r < rounds; r++)
+	static double best[16][MAX_VARIANTS][OP_COUNT], util[16][MAX_VARIANTS][OP_COUNT];
+	double so[2] = { 0, 0 }; /* one core's seal and open GB/s, best of the rounds */
+	for (int r = 0; r < rounds; r++) {
+		if (plain >= 0) { /* for the ceiling: see docs/BENCHMARKS.md, push/pull */
+			double g[2];
+			sealed_rates(seconds < 0.5 ? seconds : 0.5, g);
+			so[0] = g[0] > so[0] ? g[0] : so[0];
+			so[1] = g[1] > so[1] ? g[1] : so[1];
+		}
 		for (int si = 0; si < nsizes; si++)
-			for (int mi = 0; mi < nmodes; mi++) {
+			for (int vi = 0; vi < nv; vi++) {
 				double g[OP_COUNT], u[OP_COUNT];
 				size_t n = (size_t)sizes[si] << 18; /* MiB of floats */
-				run_one(modes[mi], n, psk, seconds, threads, g, u, &cipher[mi]);
+				run_one(v[vi].mode, n, psk, seconds, v[vi].threads, g, u, &v[vi].cipher);
 				for (int op = 0; op < OP_COUNT; op++)
-					if (g[op] > best[si][mi][op]) {
-						best[si][mi][op] = g[op];
-						util[si][mi][op] = u[op];
+					if (g[op] > best[si][vi][op]) {
+						best[si][vi][op] = g[op];
+						util[si][vi][op] = u[op];
 					}
 			}
+	}
 	sodium_memzero(psk, sizeof psk);
 
-	int plain = -1;
-	for (int mi = 0; mi < nmodes; mi++)
-		if (modes[mi] == M_PLAIN)
-			plain = mi;
-	/* The ceiling: see docs/BENCHMARKS.md, push/pull. */
-	double so[2] = { 0, 0 };
-	if (plain >= 0)
-		sealed_rates(seconds < 1 ? seconds : 1, so);
 	if (!csv)
-		printf("%-7s %-7s %-18s %10s %10s %10s\n", "size", "mode", "cipher", "push GB/s",
+		printf("%-7s %-11s %-18s %10s %10s %10s\n", "size", "mode", "cipher", "push GB/s",
 		       "pull GB/s", "push+pull");
 	for (int si = 0; si < nsizes; si++) {
 		char sz[32];
 		snprintf(sz, sizeof sz, "%d MiB", sizes[si]);
-		for (int mi = 0; mi < nmodes; mi++) {
-			const double *b = best[si][mi];
-			printf(csv ? "%s,%s,%s,%.3f,%.3f,%.3f\n" : "%-7s %-7s %-18s %10.2f %10.2f %10.2f\n",
-			       sz, mode_names[modes[mi]], cipher[mi], b[0], b[1], b[2]);
+		for (int vi = 0; vi < nv; vi++) {
+			const double *b = best[si][vi];
+			printf(csv ? "%s,%s,%s,%.3f,%.3f,%.3f\n" : "%-7s %-11s %-18s %10.2f %10.2f %10.2f\n",
+			       sz, v[vi].name, v[vi].cipher, b[0], b[1], b[2]);
 		}
-		for (int mi = 0; mi < nmodes && plain >= 0; mi++) {
-			if (mi == plain)
+		for (int vi = 0; vi < nv && plain >= 0; vi++) {
+			if (vi == plain)
 				continue;
-			const double *b = best[si][mi], *q = best[si][plain];
-			char nm[32];
-			snprintf(nm, sizeof nm, "%s/plain", mode_names[modes[mi]]);
-			printf(csv ? "%s,%s,ratio,%.3f,%.3f,%.3f\n" : "%-7s %-26s %9.2fx %9.2fx %9.2fx\n",
+			const double *b = best[si][vi], *q = best[si][plain];
+			char nm[40];
+			snprintf(nm, sizeof nm, "%s/plain", v[vi].name);
+			printf(csv ? "%s,%s,ratio,%.3f,%.3f,%.3f\n" : "%-7s %-30s %9.2fx %9.2fx %9.2fx\n",
 			       sz, nm, b[0] / q[0], b[1] / q[1], b[2] / q[2]);
 		}
 		if (plain >= 0 && so[0] > 0 && so[1] > 0) {
@@ -715,13 +751,14 @@ int main(int argc, char **argv)
 					cl[op] = 1;
 			}
 			char nm[48];
-			snprintf(nm, sizeof nm, "cpu ceiling (%d CPUs)", cpus);
-			printf(csv ? "%s,%s,ceiling,%.3f,%.3f,%.3f\n" : "%-7s %-26s %9.2fx %9.2fx %9.2fx\n",
+			snprintf(nm, sizeof nm, "cpu ceiling, %d CPUs", cpus);
+			printf(csv ? "%s,%s,ceiling,%.3f,%.3f,%.3f\n" : "%-7s %-30s %9.2fx %9.2fx %9.2fx\n",
 			       sz, nm, cl[0], cl[1], cl[2]);
 		}
 	}
 	if (!csv && plain >= 0)
-		printf("ceiling from: one core seals %.2f and opens %.2f GB/s in memory; plain"
+		printf("ceiling from: one core seals %.2f and opens %.2f GB/s in memory (best of"
+		       " the rounds); plain"
 		       " push+pull at the largest size kept %.2f CPUs busy\n",
 		       so[0], so[1], util[nsizes - 1][plain][OP_BOTH]);
 	return 0;

@@ -198,10 +198,8 @@ int pipe_send(struct pipe *p, int fd, struct frame_key *tx, uint64_t nframes,
 	}
 	/* On failure, frame `sent` was waited for already (or never queued). */
 	slots_drain(p, sent < nframes ? sent + 1 : sent, queued);
-	if (r < 0)
-		return r;
-	tx->counter += nframes;
-	return 0;
+	tx->counter += sent; /* the frames that were written whole, as serially */
+	return r < 0 ? r : 0;
 }
 
 /* ---- receiving ----------------------------------------------------------- */

@@ -756,10 +756,15 @@ int main(int argc, char **argv)
 			       sz, nm, cl[0], cl[1], cl[2]);
 		}
 	}
-	if (!csv && plain >= 0)
+	if (!csv && plain >= 0 && so[0] > 0 && so[1] > 0) {
+		/* CPU seconds per GB do not depend on how loaded the machine is;
+		 * the plain rate (and so the ratio ceiling) does. */
+		double P = best[nsizes - 1][plain][OP_BOTH], U = util[nsizes - 1][plain][OP_BOTH];
+		double cpu_gb = U / P + 1 / so[0] + 1 / so[1];
 		printf("ceiling from: one core seals %.2f and opens %.2f GB/s in memory (best of"
-		       " the rounds); plain"
-		       " push+pull at the largest size kept %.2f CPUs busy\n",
-		       so[0], so[1], util[nsizes - 1][plain][OP_BOTH]);
+		       " the rounds); plain push+pull at %d MiB: %.2f GB/s keeping %.2f CPUs busy;"
+		       " so sealed costs %.2f CPU s/GB and %d free CPUs could move at most %.2f GB/s\n",
+		       so[0], so[1], sizes[nsizes - 1], P, U, cpu_gb, cpus, cpus / cpu_gb);
+	}
 	return 0;
 }

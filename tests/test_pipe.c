@@ -29,6 +29,7 @@
 #include <sodium.h>
 
 #include "../core/config.h"
+#include "../net/handshake.h"
 #include "../net/key.h"
 
 #include "../net/cryptopool.h"
@@ -608,44 +609,41 @@ Test(pipe, thread_count_for_config)
 
 /* ---- end to end ----------------------------------------------------------- */
 
-/* 2 ps + 2 workers of $PSTRAIN_BIN in sync mode with a model of ~1.4 M
- * parameters (3 chunks per shard), once with crypto_threads 1 everywhere
- * and once with 2, 3 and 4 threads on different nodes (the key is
- * node-local: no config hash mismatch): both runs end with bit-identical
- * parameters. */
 #define E2E_TIMEOUT_S 90
 
-static void e2e_run(const char *dir, const char *cfg, const int threads[4], const char *dump)
+/* Starts $PSTRAIN_BIN role --index index --config cfg --set
+ * cluster.crypto_threads=threads [more...], output to log. */
+static pid_t e2e_spawn(const char *role, int index, const char *cfg, int threads,
+		       const char *more1, const char *more2, const char *log)
 {
-	const char *roles[4][2] = { { "ps", "0" }, { "ps", "1" }, { "worker", "1" }, { "worker", "0" } };
 	const char *bin = getenv("PSTRAIN_BIN");
 	cr_assert_not_null(bin, "PSTRAIN_BIN is not set (run through make unit)");
-	pid_t pids[4];
-	char logs[4][300];
-	for (int i = 0; i < 4; i++) {
-		char set[64];
-		snprintf(set, sizeof set, "cluster.crypto_threads=%d", threads[i]);
-		snprintf(logs[i], sizeof logs[i], "%s/%s%s-%d.log", dir, roles[i][0], roles[i][1],
-			 threads[i]);
-		pids[i] = fork();
-		cr_assert_neq(pids[i], -1);
-		if (pids[i] == 0) {
-			int fd = open(logs[i], O_WRONLY | O_CREAT | O_TRUNC, 0644);
-			dup2(fd, 1);
-			dup2(fd, 2);
-			if (i == 3)
-				execl(bin, bin, roles[i][0], "--index", roles[i][1], "--config", cfg,
-				      "--set", set, "--dump-params", dump, (char *)NULL);
-			else
-				execl(bin, bin, roles[i][0], "--index", roles[i][1], "--config", cfg,
-				      "--set", set, (char *)NULL);
-			_exit(127);
-		}
+	char idx[16], set[64];
+	snprintf(idx, sizeof idx, "%d", index);
+	snprintf(set, sizeof set, "cluster.crypto_threads=%d", threads);
+	pid_t pid = fork();
+	cr_assert_neq(pid, -1);
+	if (pid == 0) {
+		int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		dup2(fd, 1);
+		dup2(fd, 2);
+		execl(bin, bin, role, "--index", idx, "--config", cfg, "--set", set, more1, more2,
+		      (char *)NULL);
+		_exit(127);
 	}
+	return pid;
+}
+
+/* Waits for n processes, killing what is left after E2E_TIMEOUT_S.
+ * st[i]: exit status, 128+signal, or -1 if killed. */
+static void e2e_wait(const pid_t *pids, int n, int *st)
+{
 	time_t t0 = time(NULL);
-	int left = 4, st[4] = { -2, -2, -2, -2 };
+	int left = n;
+	for (int i = 0; i < n; i++)
+		st[i] = -2;
 	while (left > 0) {
-		for (int i = 0; i < 4; i++) {
+		for (int i = 0; i < n; i++) {
 			int s;
 			if (st[i] == -2 && waitpid(pids[i], &s, WNOHANG) == pids[i]) {
 				st[i] = WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s);
@@ -653,7 +651,7 @@ static void e2e_run(const char *dir, const char *cfg, const int threads[4], cons
 			}
 		}
 		if (time(NULL) - t0 > E2E_TIMEOUT_S)
-			for (int i = 0; i < 4; i++)
+			for (int i = 0; i < n; i++)
 				if (st[i] == -2) {
 					kill(pids[i], SIGKILL);
 					waitpid(pids[i], NULL, 0);
@@ -662,16 +660,80 @@ static void e2e_run(const char *dir, const char *cfg, const int threads[4], cons
 				}
 		usleep(20000);
 	}
-	for (int i = 0; i < 4; i++) {
-		char text[4096] = "";
-		FILE *f = fopen(logs[i], "r");
-		if (f) {
-			text[fread(text, 1, sizeof text - 1, f)] = '\0';
-			fclose(f);
-		}
-		cr_assert_eq(st[i], 0, "%s %s (crypto_threads %d) exit %d:\n%s", roles[i][0],
-			     roles[i][1], threads[i], st[i], text);
+}
+
+static char *e2e_slurp(const char *path)
+{
+	static char text[2][1 << 14];
+	static int next;
+	char *t = text[next++ % 2];
+	t[0] = '\0';
+	FILE *f = fopen(path, "r");
+	if (f) {
+		t[fread(t, 1, sizeof text[0] - 1, f)] = '\0';
+		fclose(f);
 	}
+	return t;
+}
+
+/* dir with blobs.csv, cluster.key (its bytes in key) and cluster.ini: P ps
+ * and W workers, sync, a 6-150000-3 MLP of 1,500,003 parameters (with one
+ * ps 6 chunks a shard, with two 3). Returns the config path in cfg. */
+static void e2e_setup(char *dir, size_t dirlen, char *cfg, size_t cfglen, int P, int W,
+		      uint8_t *key)
+{
+	char path[300], err[KEY_ERR_MAX];
+	const char *t = getenv("TMPDIR");
+	snprintf(dir, dirlen, "%s/pstrain-pipe-XXXXXX", t ? t : "/tmp");
+	cr_assert_not_null(mkdtemp(dir));
+	snprintf(path, sizeof path, "%s/blobs.csv", dir);
+	write_blobs(path, 400, 3, 6, 3);
+	snprintf(path, sizeof path, "%s/cluster.key", dir);
+	cr_assert_eq(key_generate(path, err, sizeof err), 0, "%s", err);
+	if (key)
+		cr_assert_eq(key_load(key, path, err, sizeof err), 0, "%s", err);
+	snprintf(cfg, cfglen, "%s/cluster.ini", dir);
+	FILE *f = fopen(cfg, "w");
+	cr_assert_not_null(f);
+	fprintf(f, "[cluster]\nps = ");
+	for (int i = 0; i < P; i++)
+		fprintf(f, "%s127.0.0.1:%d", i ? ", " : "", free_port());
+	fprintf(f, "\nworkers = ");
+	for (int i = 0; i < W; i++)
+		fprintf(f, "%s127.0.0.1:%d", i ? ", " : "", free_port());
+	fprintf(f, "\nkey_file = cluster.key\n"
+		   "[data]\nformat = csv\ntrain_csv = blobs.csv\nlabel_column = first\n"
+		   "[train]\nmode = sync\nsteps = 6\nbatch_size = 8\nlearning_rate = 0.01\n"
+		   "eval_every = 3\nthreads = 1\n"
+		   "[model]\ninput = 6\nlayer = dense 150000\nlayer = relu\nlayer = dense 3\n");
+	cr_assert_eq(fclose(f), 0);
+}
+
+static void e2e_cleanup(const char *dir)
+{
+	char cmd[300];
+	snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+	cr_assert_eq(system(cmd), 0);
+}
+
+/* 2 ps + 2 workers; threads[i] for ps 0, ps 1, worker 1, worker 0 (the
+ * chief, which dumps its parameters to dump). All must exit 0. */
+static void e2e_run(const char *dir, const char *cfg, const int threads[4], const char *dump)
+{
+	const char *role[4] = { "ps", "ps", "worker", "worker" };
+	const int index[4] = { 0, 1, 1, 0 };
+	pid_t pids[4];
+	char logs[4][300];
+	int st[4];
+	for (int i = 0; i < 4; i++) {
+		snprintf(logs[i], sizeof logs[i], "%s/%s%d-%d.log", dir, role[i], index[i], threads[i]);
+		pids[i] = e2e_spawn(role[i], index[i], cfg, threads[i], i == 3 ? "--dump-params" : NULL,
+				    dump, logs[i]);
+	}
+	e2e_wait(pids, 4, st);
+	for (int i = 0; i < 4; i++)
+		cr_assert_eq(st[i], 0, "%s %d (crypto_threads %d) exit %d:\n%s", role[i], index[i],
+			     threads[i], st[i], e2e_slurp(logs[i]));
 }
 
 static float *slurp_floats(const char *path, size_t *n)
@@ -689,30 +751,13 @@ static float *slurp_floats(const char *path, size_t *n)
 	return p;
 }
 
+/* A sync cluster ends with bit-identical parameters with crypto_threads 1
+ * everywhere and with 2, 3 and 4 on different nodes (the key is node-local:
+ * no config hash mismatch). */
 Test(pipe, cluster_same_parameters_with_crypto_threads, .timeout = 240)
 {
-	char dir[256], path[300], cfg[300], d1[300], d2[300];
-	const char *t = getenv("TMPDIR");
-	snprintf(dir, sizeof dir, "%s/pstrain-pipe-XXXXXX", t ? t : "/tmp");
-	cr_assert_not_null(mkdtemp(dir));
-	snprintf(path, sizeof path, "%s/blobs.csv", dir);
-	write_blobs(path, 400, 3, 6, 3);
-	snprintf(path, sizeof path, "%s/cluster.key", dir);
-	char err[KEY_ERR_MAX];
-	cr_assert_eq(key_generate(path, err, sizeof err), 0, "%s", err);
-	snprintf(cfg, sizeof cfg, "%s/cluster.ini", dir);
-	FILE *f = fopen(cfg, "w");
-	cr_assert_not_null(f);
-	/* 6*150000 + 150000 + 150000*3 + 3 = 1.5 M parameters: 750 k floats,
-	 * 3 chunks, per shard. */
-	fprintf(f, "[cluster]\nps = 127.0.0.1:%d, 127.0.0.1:%d\nworkers = 127.0.0.1:%d, 127.0.0.1:%d\n"
-		   "key_file = cluster.key\n"
-		   "[data]\nformat = csv\ntrain_csv = blobs.csv\nlabel_column = first\n"
-		   "[train]\nmode = sync\nsteps = 6\nbatch_size = 8\nlearning_rate = 0.01\n"
-		   "eval_every = 3\nthreads = 1\n"
-		   "[model]\ninput = 6\nlayer = dense 150000\nlayer = relu\nlayer = dense 3\n",
-		free_port(), free_port(), free_port(), free_port());
-	cr_assert_eq(fclose(f), 0);
+	char dir[256], cfg[300], d1[300], d2[300];
+	e2e_setup(dir, sizeof dir, cfg, sizeof cfg, 2, 2, NULL);
 	snprintf(d1, sizeof d1, "%s/serial.bin", dir);
 	snprintf(d2, sizeof d2, "%s/parallel.bin", dir);
 	const int serial[4] = { 1, 1, 1, 1 }, par[4] = { 3, 2, 4, 2 };
@@ -726,9 +771,97 @@ Test(pipe, cluster_same_parameters_with_crypto_threads, .timeout = 240)
 		     "parameters differ between crypto_threads 1 and 2-4");
 	free(p1);
 	free(p2);
-	char cmd[300];
-	snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-	cr_assert_eq(system(cmd), 0);
+	e2e_cleanup(dir);
+}
+
+/* A ps with 4 crypto threads receives a 6-chunk PUSH from a peer holding
+ * the key whose frame 3 is tampered with (a bit flip, or frame 2 replayed):
+ * it closes that connection naming the frame, applies nothing, and a real
+ * worker then trains to the end. */
+static void ps_refuses_tampered_push(int replay)
+{
+	char dir[256], cfg[300], log[300], wlog[300], err[256];
+	uint8_t key[KEY_BYTES];
+	e2e_setup(dir, sizeof dir, cfg, sizeof cfg, 1, 1, key);
+	snprintf(log, sizeof log, "%s/ps0.log", dir);
+	snprintf(wlog, sizeof wlog, "%s/worker0.log", dir);
+	pid_t ps = e2e_spawn("ps", 0, cfg, 4, NULL, NULL, log);
+
+	struct config *c = malloc(sizeof *c);
+	char cerr[CONFIG_ERR_MAX];
+	cr_assert_not_null(c);
+	cr_assert_eq(config_load(c, cfg, NULL, 0, cerr, sizeof cerr), 0, "%s", cerr);
+	struct hs_identity me = { .role = HS_WORKER, .index = 0, .aes = frame_aes_available() };
+	cr_assert_eq(config_hash(c, me.config_hash), 0);
+	int fd;
+	cr_assert_eq(sock_connect_retry("127.0.0.1", c->cluster.ps[0].port, 10000, &fd, err,
+					sizeof err), 0, "%s", err);
+	free(c);
+	struct hs h;
+	struct hs_result hr;
+	uint8_t h1[HS_HELLO_BYTES], h2[HS_HELLO_BYTES];
+	cr_assert_eq(hs_client_start(&h, h1, key, &me, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(sock_write_full(fd, h1, sizeof h1, IO_MS, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(sock_read_full(fd, h2, sizeof h2, IO_MS, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(hs_client_finish(&h, &hr, h2, sizeof h2, err, sizeof err), 0, "%s", err);
+
+	/* The gradient of the whole shard (1,500,003 floats, 6 chunks). */
+	uint64_t n = 1500003, C = msg_chunks(n);
+	cr_assert_eq(C, 6);
+	float *g = calloc(n, sizeof(float));
+	uint8_t *msg = malloc(FRAME_MAX), *f = malloc(FRAME_BYTES_MAX), *prev = malloc(FRAME_BYTES_MAX);
+	cr_assert(g && msg && f && prev);
+	size_t prevlen = 0;
+	for (uint64_t i = 0; i < C; i++) {
+		struct msg_chunk ch = { .type = WIRE_PUSH, .shard = 0, .version = 0, .worker = 0 };
+		size_t ml, fl;
+		msg_chunk_range(n, i, &ch.offset, &ch.count);
+		cr_assert_eq(msg_encode_chunk(msg, FRAME_MAX, &ch, g + ch.offset, &ml, err, sizeof err), 0);
+		cr_assert_eq(frame_seal(&hr.send, f, FRAME_BYTES_MAX, msg, ml, &fl, err, sizeof err), 0);
+		if (i == 3 && replay) {
+			cr_assert_eq(sock_write_full(fd, prev, prevlen, IO_MS, err, sizeof err), 0, "%s", err);
+			continue;
+		}
+		if (i == 3)
+			f[fl / 2] ^= 0x04;
+		/* The ps may close before the last frames: ignore write errors. */
+		if (sock_write_full(fd, f, fl, IO_MS, err, sizeof err) < 0)
+			break;
+		memcpy(prev, f, fl);
+		prevlen = fl;
+	}
+	uint8_t b;
+	int r = sock_read_full(fd, &b, 1, IO_MS, err, sizeof err);
+	cr_assert(r == -EPIPE || r == -ECONNRESET, "the ps kept the connection: %d %s", r, err);
+	close(fd);
+	frame_key_wipe(&hr.send);
+	frame_key_wipe(&hr.recv);
+
+	pid_t w = e2e_spawn("worker", 0, cfg, 4, NULL, NULL, wlog);
+	pid_t pids[2] = { ps, w };
+	int st[2];
+	e2e_wait(pids, 2, st);
+	char *pslog = e2e_slurp(log);
+	cr_assert_not_null(strstr(pslog, "closed worker 0's connection"), "%s", pslog);
+	cr_assert_not_null(strstr(pslog, "frame 3 failed authentication"), "%s", pslog);
+	cr_assert_eq(st[1], 0, "worker exit %d:\n%s\nps:\n%s", st[1], e2e_slurp(wlog), pslog);
+	cr_assert_eq(st[0], 0, "ps exit %d:\n%s", st[0], pslog);
+	cr_assert_not_null(strstr(pslog, "version 6"), "the tampered push was applied?\n%s", pslog);
+	free(g);
+	free(msg);
+	free(f);
+	free(prev);
+	e2e_cleanup(dir);
+}
+
+Test(pipe, ps_refuses_bit_flip_in_a_parallel_push, .timeout = 240)
+{
+	ps_refuses_tampered_push(0);
+}
+
+Test(pipe, ps_refuses_replay_in_a_parallel_push, .timeout = 240)
+{
+	ps_refuses_tampered_push(1);
 }
 
 /* ---- [cluster] crypto_threads --------------------------------------------- */

@@ -53,7 +53,8 @@ struct config {
 		struct optim_config optim;
 		uint64_t seed;
 		char checkpoint_dir[DATA_PATH_MAX];
-		long checkpoint_every;
+		long checkpoint_every;      /* 0 = only at the end (and when stopped) */
+		int keep_checkpoints;       /* newest complete checkpoints kept, >= 1 */
 		long eval_every;            /* 0 = once per epoch */
 		int threads;                /* CPU threads for OpenBLAS, 0 = one per CPU */
 	} train;

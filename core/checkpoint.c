@@ -36,10 +36,14 @@ static int unhex(uint8_t *b, size_t n, const char *s)
 	return strlen(s) == 2 * n && sodium_hex2bin(b, n, s, 2 * n, NULL, &got, NULL) == 0 && got == n ? 0 : -1;
 }
 
-static void crash_point(const char *name)
+/* PSTRAIN_CKPT_CRASH = "POINT" or "POINT:STEP" (only when saving STEP). */
+static void crash_point(const char *name, long step)
 {
 	const char *want = getenv("PSTRAIN_CKPT_CRASH");
-	if (want && strcmp(want, name) == 0)
+	size_t n = strlen(name);
+	if (!want || strncmp(want, name, n) != 0)
+		return;
+	if (want[n] == '\0' || (want[n] == ':' && atol(want + n + 1) == step))
 		raise(SIGKILL);
 }
 
@@ -505,9 +509,9 @@ int checkpoint_save(const char *dir, const struct ckpt_layout *l, long step, con
 		e = write_shard(tmp, l, k, step, &st[k], &mf->shards[k], err, errlen);
 		if (e)
 			goto fail;
-		crash_point("shard");
+		crash_point("shard", step);
 	}
-	crash_point("manifest");
+	crash_point("manifest", step);
 	snprintf(p, sizeof(p), "%s/%s", tmp, CKPT_MANIFEST);
 	e = write_durable(p, fill_manifest, mf, err, errlen);
 	if (e)
@@ -516,7 +520,7 @@ int checkpoint_save(const char *dir, const struct ckpt_layout *l, long step, con
 		err_set(err, errlen, e, "%s: fsync: %s", tmp, strerror(-e));
 		goto fail;
 	}
-	crash_point("publish");
+	crash_point("publish", step);
 	if (access(final, F_OK) == 0) {
 		/* Incomplete (complete ones returned above): set it aside rather
 		 * than delete what someone may want to look at. */

@@ -87,8 +87,9 @@ struct ckpt_state {
  *
  * Test hook: when the environment variable PSTRAIN_CKPT_CRASH names a point
  * ("shard" after the first shard file, "manifest" before the manifest,
- * "publish" before the rename into place) the process kills itself with
- * SIGKILL there, as a power cut would stop it. */
+ * "publish" before the rename into place), optionally as "POINT:STEP" to
+ * hit only the save of STEP, the process kills itself with SIGKILL there,
+ * as a power cut would stop it. */
 int checkpoint_save(const char *dir, const struct ckpt_layout *l, long step, const struct ckpt_state *st,
 		    int keep, FILE *log, char *err, size_t errlen);
 

@@ -88,7 +88,7 @@ static const struct command commands[] = {
 	{ "predict", cmd_predict, TAKES_CONFIG | TAKES_CKPT | TAKES_INPUT,
 	  "--checkpoint DIR --input FILE [--probs] [--config FILE]...",
 	  "one predicted label (and with --probs the probabilities) per sample of FILE" },
-	{ "ps", cmd_ps, TAKES_CONFIG | TAKES_INDEX, "--index N [--config FILE] [--set S.K=V]...",
+	{ "ps", cmd_ps, TAKES_CONFIG | TAKES_INDEX | TAKES_FRESH, "--index N [--config FILE] [--set S.K=V]...",
 	  "serve shard N of the parameters to the workers of [cluster]" },
 	{ "worker", cmd_worker, TAKES_CONFIG | TAKES_INDEX, "--index N [--config FILE] [--set S.K=V]...",
 	  "train as worker N of [cluster] (worker 0 is the chief)" },
@@ -108,7 +108,7 @@ static void usage(FILE *f)
 		"  --set S.K=V        override key K of section [S], e.g. --set train.epochs=3 (repeatable)\n"
 		"  --index N          ps/worker: which task of [cluster] this is (alias --task_index;\n"
 		"                     `pstrain --job_name ps|worker` names the command)\n"
-		"  --fresh            local: ignore checkpoints in checkpoint_dir and start over\n"
+		"  --fresh            local, ps: ignore checkpoints in checkpoint_dir and start over\n"
 		"  --checkpoint DIR   a step-NNNNNNNN checkpoint, or a checkpoint_dir (its newest complete one)\n"
 		"  --input FILE       predict: IDX images, or CSV in the training CSV's layout\n"
 		"  --probs            predict: also print the class probabilities\n"
@@ -295,7 +295,7 @@ static int cmd_ps(const struct opts *o)
 	if (o->dump)
 		return bad_usage("%s does not apply to this command", "--dump-params");
 	install_stop_handler();
-	r = cluster_ps(&c, index, stdout, &stop_requested, err, sizeof(err));
+	r = cluster_ps(&c, index, o->fresh, stdout, &stop_requested, err, sizeof(err));
 	return role_exit(r, err);
 }
 

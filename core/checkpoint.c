@@ -25,6 +25,8 @@ static const char *const optim_names[] = { "sgd", "momentum", "adam" };
 
 /* ---- small helpers ---- */
 
+static int cluster_nshards(const char *stepdir);
+
 static void hex(char *out, const uint8_t *b, size_t n)
 {
 	sodium_bin2hex(out, 2 * n + 1, b, n);
@@ -377,7 +379,8 @@ static int write_shard(const char *tmpdir, const struct ckpt_layout *l, int k, l
 	return r;
 }
 
-static void manifest_text(FILE *f, const struct ckpt_manifest *mf)
+/* want_k < 0: every shard; else shard want_k only (a ps's own manifest). */
+static void manifest_text(FILE *f, const struct ckpt_manifest *mf, int want_k)
 {
 	char h[2 * CKPT_HASH_BYTES + 1];
 	fprintf(f, "%s\nstep %ld\nparams %zu\n", CKPT_MAGIC, mf->step, mf->nparams);
@@ -389,6 +392,8 @@ static void manifest_text(FILE *f, const struct ckpt_manifest *mf)
 	fprintf(f, "config %s\nshards %d\n", h, mf->nshards);
 	for (int k = 0; k < mf->nshards; k++) {
 		const struct ckpt_shard *s = &mf->shards[k];
+		if (want_k >= 0 && k != want_k)
+			continue;
 		hex(h, s->sum, CKPT_HASH_BYTES);
 		fprintf(f, "shard %d %zu %zu %" PRIu64 " %s %s\n", k, s->begin, s->end, s->bytes, s->file, h);
 	}
@@ -396,15 +401,21 @@ static void manifest_text(FILE *f, const struct ckpt_manifest *mf)
 
 /* The manifest ends with "end HASH", HASH = BLAKE2b-256 of everything
  * before that line: a truncated or edited manifest is refused. */
-static int fill_manifest(FILE *f, const void *arg, char *err, size_t errlen)
+struct manifest_arg {
+	const struct ckpt_manifest *mf;
+	int k;
+};
+
+static int fill_manifest(FILE *f, const void *arg_, char *err, size_t errlen)
 {
+	const struct manifest_arg *arg = arg_;
 	char *text = NULL, h[2 * CKPT_HASH_BYTES + 1];
 	size_t len = 0;
 	uint8_t sum[CKPT_HASH_BYTES];
 	FILE *m = open_memstream(&text, &len);
 	if (!m)
 		return err_set(err, errlen, -ENOMEM, "out of memory for a manifest");
-	manifest_text(m, arg);
+	manifest_text(m, arg->mf, arg->k);
 	if (fclose(m) || !text) {
 		free(text);
 		return err_set(err, errlen, -ENOMEM, "out of memory for a manifest");
@@ -473,6 +484,16 @@ static void remove_stale_tmp(const char *dir, long step)
 	closedir(d);
 }
 
+static void manifest_init(struct ckpt_manifest *mf, const struct ckpt_layout *l, long step)
+{
+	mf->step = step;
+	mf->nparams = l->nparams;
+	memcpy(mf->model_hash, l->model_hash, CKPT_HASH_BYTES);
+	memcpy(mf->layout_hash, l->layout_hash, CKPT_HASH_BYTES);
+	memcpy(mf->config_hash, l->config_hash, CKPT_HASH_BYTES);
+	mf->nshards = l->nshards;
+}
+
 int checkpoint_save(const char *dir, const struct ckpt_layout *l, long step, const struct ckpt_state *st,
 		    int keep, FILE *log, char *err, size_t errlen)
 {
@@ -499,12 +520,7 @@ int checkpoint_save(const char *dir, const struct ckpt_layout *l, long step, con
 		e = err_set(err, errlen, -ENOMEM, "out of memory for a manifest");
 		goto fail;
 	}
-	mf->step = step;
-	mf->nparams = l->nparams;
-	memcpy(mf->model_hash, l->model_hash, CKPT_HASH_BYTES);
-	memcpy(mf->layout_hash, l->layout_hash, CKPT_HASH_BYTES);
-	memcpy(mf->config_hash, l->config_hash, CKPT_HASH_BYTES);
-	mf->nshards = l->nshards;
+	manifest_init(mf, l, step);
 	for (int k = 0; k < l->nshards; k++) {
 		e = write_shard(tmp, l, k, step, &st[k], &mf->shards[k], err, errlen);
 		if (e)
@@ -513,7 +529,8 @@ int checkpoint_save(const char *dir, const struct ckpt_layout *l, long step, con
 	}
 	crash_point("manifest", step);
 	snprintf(p, sizeof(p), "%s/%s", tmp, CKPT_MANIFEST);
-	e = write_durable(p, fill_manifest, mf, err, errlen);
+	struct manifest_arg ma = { mf, -1 };
+	e = write_durable(p, fill_manifest, &ma, err, errlen);
 	if (e)
 		goto fail;
 	if ((e = fsync_dir(tmp))) {
@@ -548,6 +565,44 @@ fail:
 	return e;
 }
 
+int checkpoint_save_shard(const char *dir, const struct ckpt_layout *l, long step, int k,
+			  const struct ckpt_state *st, int keep, FILE *log, char *err, size_t errlen)
+{
+	char sd[CKPT_PATH_MAX], p[CKPT_PATH_MAX + CKPT_FILE_MAX];
+	if (step < 0 || step > CKPT_MAX_STEP)
+		return err_set(err, errlen, -ERANGE, "checkpoint step %ld does not fit step-NNNNNNNN", step);
+	if (strlen(dir) + 40 >= sizeof(sd))
+		return err_set(err, errlen, -ENAMETOOLONG, "%s: checkpoint_dir path too long", dir);
+	step_path(sd, sizeof(sd), dir, step);
+	int e = make_dirs(sd);
+	if (e)
+		return err_set(err, errlen, e, "%s: cannot create: %s", sd, strerror(-e));
+	snprintf(p, sizeof(p), "%s/manifest-%d-of-%d", sd, k, l->nshards);
+	if (access(p, F_OK) == 0)
+		return 0;   /* saved before (a resumed ps reaching a step it has) */
+	struct ckpt_manifest *mf = calloc(1, sizeof(*mf));
+	if (!mf)
+		return err_set(err, errlen, -ENOMEM, "out of memory for a manifest");
+	manifest_init(mf, l, step);
+	e = write_shard(sd, l, k, step, st, &mf->shards[k], err, errlen);
+	if (!e)
+		crash_point("manifest", step);
+	struct manifest_arg ma = { mf, k };
+	if (!e)
+		e = write_durable(p, fill_manifest, &ma, err, errlen);
+	if (!e && (e = fsync_dir(sd)))
+		err_set(err, errlen, e, "%s: fsync: %s", sd, strerror(-e));
+	if (!e && (e = fsync_dir(dir)))
+		err_set(err, errlen, e, "%s: fsync: %s", dir, strerror(-e));
+	free(mf);
+	if (e)
+		return e;
+	if (log)
+		fprintf(log, "checkpoint: saved shard %d of %d in %s\n", k, l->nshards, sd);
+	rotate(dir, keep, log);
+	return 0;
+}
+
 /* ---- reading ---- */
 
 static int manifest_bad(const char *path, int line, const char *what, char *err, size_t errlen)
@@ -555,13 +610,13 @@ static int manifest_bad(const char *path, int line, const char *what, char *err,
 	return err_set(err, errlen, -EINVAL, "%s:%d: %s", path, line, what);
 }
 
-int checkpoint_manifest_read(struct ckpt_manifest *mf, const char *stepdir, char *err, size_t errlen)
+/* One manifest file. want_k < 0: the whole-checkpoint "manifest", listing
+ * every shard; else "manifest-K-of-N" of one ps, listing shard want_k only. */
+static int manifest_file_read(struct ckpt_manifest *mf, const char *path, int want_k, char *err, size_t errlen)
 {
-	char path[CKPT_PATH_MAX];
 	unsigned char *buf;
 	size_t len;
 	memset(mf, 0, sizeof(*mf));
-	snprintf(path, sizeof(path), "%s/%s", stepdir, CKPT_MANIFEST);
 	int e = slurp(path, &buf, &len, err, errlen);
 	if (e)
 		return e;
@@ -625,11 +680,12 @@ int checkpoint_manifest_read(struct ckpt_manifest *mf, const char *stepdir, char
 			struct ckpt_shard s;
 			if (sscanf(l, "shard %d %zu %zu %" SCNu64 " %63s %79s", &k, &s.begin, &s.end, &s.bytes, s.file,
 				   h1) != 6 ||
-			    k != nshard || k >= mf->nshards || unhex(s.sum, CKPT_HASH_BYTES, h1) ||
+			    k != (want_k < 0 ? nshard : want_k) || nshard > (want_k < 0 ? k : 0) || k >= mf->nshards ||
+			    unhex(s.sum, CKPT_HASH_BYTES, h1) ||
 			    strchr(s.file, '/') || s.file[0] == '.')
 				e = manifest_bad(path, ln, "bad shard line", err, errlen);
 			else
-				mf->shards[nshard++] = s;
+				mf->shards[k] = s, nshard++;
 		} else {
 			e = manifest_bad(path, ln, "unknown line", err, errlen);
 		}
@@ -637,8 +693,15 @@ int checkpoint_manifest_read(struct ckpt_manifest *mf, const char *stepdir, char
 	free(text);
 	if (e)
 		return e;
-	if (ln < 1 || nshard != mf->nshards || nshard == 0)
+	if (ln < 1 || nshard != (want_k < 0 ? mf->nshards : 1) || nshard == 0)
 		return err_set(err, errlen, -EINVAL, "%s: lists %d of %d shards", path, nshard, mf->nshards);
+	return 0;
+}
+
+/* The shards of a whole checkpoint must tile [0, P). */
+static int manifest_check_tiling(const struct ckpt_manifest *mf, const char *path, char *err, size_t errlen)
+{
+	int nshard = mf->nshards;
 	size_t at = 0;
 	for (int k = 0; k < nshard; k++) {
 		if (mf->shards[k].begin != at || mf->shards[k].end <= at)
@@ -649,6 +712,66 @@ int checkpoint_manifest_read(struct ckpt_manifest *mf, const char *stepdir, char
 	if (at != mf->nparams)
 		return err_set(err, errlen, -EINVAL, "%s: shards cover %zu of %zu parameters", path, at, mf->nparams);
 	return 0;
+}
+
+/* N from the "manifest-0-of-N" in stepdir, or 0 if there is none. */
+static int cluster_nshards(const char *stepdir)
+{
+	DIR *d = opendir(stepdir);
+	int n = 0;
+	if (!d)
+		return 0;
+	struct dirent *de;
+	while ((de = readdir(d))) {
+		int k, m;
+		char tail;
+		if (sscanf(de->d_name, "manifest-%d-of-%d%c", &k, &m, &tail) == 2 && k == 0 && m > 0 &&
+		    m <= CONFIG_MAX_HOSTS)
+			n = m;
+	}
+	closedir(d);
+	return n;
+}
+
+int checkpoint_manifest_read(struct ckpt_manifest *mf, const char *stepdir, char *err, size_t errlen)
+{
+	char path[CKPT_PATH_MAX + CKPT_FILE_MAX];
+	snprintf(path, sizeof(path), "%s/%s", stepdir, CKPT_MANIFEST);
+	int n = access(path, F_OK) == 0 ? 0 : cluster_nshards(stepdir);
+	if (n == 0) {
+		int e = manifest_file_read(mf, path, -1, err, errlen);
+		return e ? e : manifest_check_tiling(mf, path, err, errlen);
+	}
+	/* A cluster checkpoint: one manifest per ps, each written last by
+	 * its ps; complete when all N are there and agree. */
+	struct ckpt_manifest *one = malloc(sizeof(*one));
+	if (!one)
+		return err_set(err, errlen, -ENOMEM, "out of memory for a manifest");
+	int e = 0;
+	for (int k = 0; k < n && !e; k++) {
+		snprintf(path, sizeof(path), "%s/manifest-%d-of-%d", stepdir, k, n);
+		if (access(path, F_OK) != 0) {
+			e = err_set(err, errlen, -EINVAL, "%s: missing: ps %d has not written its shard of this step (incomplete)",
+				    path, k);
+			break;
+		}
+		e = manifest_file_read(k ? one : mf, path, k, err, errlen);
+		if (e)
+			break;
+		if (k && (one->step != mf->step || one->nparams != mf->nparams || one->nshards != n ||
+			  memcmp(one->model_hash, mf->model_hash, CKPT_HASH_BYTES) ||
+			  memcmp(one->layout_hash, mf->layout_hash, CKPT_HASH_BYTES)))
+			e = err_set(err, errlen, -EINVAL, "%s: disagrees with manifest-0-of-%d (step, model or layout)",
+				    path, n);
+		else if (k)
+			mf->shards[k] = one->shards[k];
+		else if (mf->nshards != n)
+			e = err_set(err, errlen, -EINVAL, "%s: says %d shards", path, mf->nshards);
+	}
+	free(one);
+	if (!e)
+		e = manifest_check_tiling(mf, stepdir, err, errlen);
+	return e;
 }
 
 /* Reads shard file k of stepdir and checks it against the manifest. */
@@ -811,7 +934,7 @@ int checkpoint_resolve(const char *dir, char *out, size_t outlen, char *err, siz
 {
 	char p[CKPT_PATH_MAX];
 	snprintf(p, sizeof(p), "%s/%s", dir, CKPT_MANIFEST);
-	if (access(p, F_OK) == 0) {
+	if (access(p, F_OK) == 0 || cluster_nshards(dir) > 0) {
 		if (snprintf(out, outlen, "%s", dir) >= (int)outlen)
 			return err_set(err, errlen, -ENAMETOOLONG, "%s: path too long", dir);
 		return 0;

@@ -93,8 +93,20 @@ struct ckpt_state {
 int checkpoint_save(const char *dir, const struct ckpt_layout *l, long step, const struct ckpt_state *st,
 		    int keep, FILE *log, char *err, size_t errlen);
 
-/* Reads and checks stepdir/manifest (syntax, its own checksum, that the
- * listed shards tile [0, P)). Does not read the shard files. */
+/* A ps's part of cluster checkpoint `step`: shard k's file and its own
+ * manifest "manifest-K-of-N" (written last, after the file is synced) in
+ * dir/step-NNNNNNNN/, which all ps tasks share. The checkpoint is complete
+ * when all N manifests are present and agree; until then readers ignore
+ * it. Nothing is written if this shard's manifest already exists. Then
+ * rotates as checkpoint_save does. Same crash points ("shard" is not
+ * one: there is a single file before the manifest). */
+int checkpoint_save_shard(const char *dir, const struct ckpt_layout *l, long step, int k,
+			  const struct ckpt_state *st, int keep, FILE *log, char *err, size_t errlen);
+
+/* Reads and checks stepdir/manifest, or for a cluster checkpoint every
+ * stepdir/manifest-K-of-N (all must be present and agree): syntax, each
+ * file's own checksum, that the shards tile [0, P). Does not read the
+ * shard files. */
 int checkpoint_manifest_read(struct ckpt_manifest *mf, const char *stepdir, char *err, size_t errlen);
 
 /* Loads global range [begin, end) of the parameters (and, where m, v are

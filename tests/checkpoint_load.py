@@ -36,24 +36,48 @@ def blake(data):
 
 
 def resolve(path):
-    if os.path.exists(os.path.join(path, "manifest")):
+    if any(f == "manifest" or f.startswith("manifest-0-of-") for f in os.listdir(path)):
         return path
     steps = sorted((d for d in os.listdir(path)
                     if d.startswith("step-") and len(d) == 13 and d[5:].isdigit()), reverse=True)
     for d in steps:
-        if os.path.exists(os.path.join(path, d, "manifest")):
+        names = os.listdir(os.path.join(path, d))
+        if "manifest" in names or any(f.startswith("manifest-0-of-") for f in names):
             return os.path.join(path, d)
     fail("%s: no checkpoint" % path)
 
 
 def read_manifest(stepdir):
-    raw = open(os.path.join(stepdir, "manifest"), "rb").read()
+    """The "manifest" of a local checkpoint, or the merged
+    "manifest-K-of-N" files a cluster's ps tasks write one each."""
+    if os.path.exists(os.path.join(stepdir, "manifest")):
+        return read_manifest_file(os.path.join(stepdir, "manifest"))
+    n = [int(f.split("-of-")[1]) for f in os.listdir(stepdir) if f.startswith("manifest-0-of-")]
+    if not n:
+        fail("%s: no manifest" % stepdir)
+    merged = None
+    for k in range(n[0]):
+        m = read_manifest_file(os.path.join(stepdir, "manifest-%d-of-%d" % (k, n[0])))
+        if merged is None:
+            merged = m
+        else:
+            for key in ("step", "params", "model", "layout", "shards"):
+                if m[key] != merged[key]:
+                    fail("manifest-%d-of-%d disagrees on %s" % (k, n[0], key))
+            merged["files"] += m["files"]
+    return merged
+
+
+def read_manifest_file(path):
+    if not os.path.exists(path):
+        fail("%s: missing (incomplete checkpoint)" % path)
+    raw = open(path, "rb").read()
     if not raw.endswith(b"\n"):
-        fail("manifest: truncated")
+        fail("%s: truncated" % path)
     body, _, last = raw[:-1].rpartition(b"\n")
     body += b"\n"
     if not last.startswith(b"end ") or blake(body) != last[4:].decode():
-        fail("manifest: checksum mismatch")
+        fail("%s: checksum mismatch" % path)
     lines = body.decode().splitlines()
     if lines[0] != "pstrain checkpoint 1":
         fail("manifest: not a pstrain checkpoint")

@@ -891,21 +891,29 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 	if (e)
 		goto fail0;
 	if (c->train.mode == MODE_SYNC) {
-		start = (long)wk.ln[0].got;
-		for (int k = 1; k < wk.nps; k++)
-			if (wk.ln[k].got != (uint64_t)start) {
-				e = err_set(err, errlen, -ECONNABORTED,
-					    "ps 0 is at step %ld but ps %d at step %llu: restart every ps so they load the same checkpoint",
-					    start, k, (unsigned long long)wk.ln[k].got);
-				goto fail0;
-			}
+		/* With backup workers (replicas_to_aggregate < workers) the
+		 * shards run ahead of a late worker and may differ by a step or
+		 * two; shards restored from different checkpoints differ by far
+		 * more, and would wait for each other forever. */
+		uint64_t lo = wk.ln[0].got, hi = wk.ln[0].got;
+		for (int k = 1; k < wk.nps; k++) {
+			lo = wk.ln[k].got < lo ? wk.ln[k].got : lo;
+			hi = wk.ln[k].got > hi ? wk.ln[k].got : hi;
+		}
+		if (hi - lo > 2 * (uint64_t)W) {
+			e = err_set(err, errlen, -ECONNABORTED,
+				    "the ps tasks are at steps %llu to %llu: restart every ps so they load the same checkpoint",
+				    (unsigned long long)lo, (unsigned long long)hi);
+			goto fail0;
+		}
+		start = (long)lo;
 		if (start > total) {
 			e = err_set(err, errlen, -EINVAL, "the shards are at step %ld, beyond this run's %ld steps",
 				    start, total);
 			goto fail0;
 		}
 		if (start > 0)
-			logf_(out, "worker %d: continuing at step %ld of %ld (the shards' checkpoint)", index, start, total);
+			logf_(out, "worker %d: continuing at step %ld of %ld, where the shards are", index, start, total);
 	}
 	int ckpts = chief && c->train.mode == MODE_SYNC && c->train.checkpoint_dir[0];
 	for (step = start; step < total && !*stop; step++) {

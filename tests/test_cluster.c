@@ -498,7 +498,7 @@ Test(cluster, checkpoint_and_resume_sync)
 	for (int i = 0; i < 4; i++)
 		cr_assert_eq(st[i], 0, "run 3: process %d exit %d:\n%s", i, st[i], slurp(out[i]));
 	cr_assert_not_null(strstr(slurp(out[0]), "resuming from"), "ps 0 did not resume:\n%s", slurp(out[0]));
-	cr_assert_not_null(strstr(slurp(out[3]), "continuing at step 40"), "chief:\n%s", slurp(out[3]));
+	cr_assert_not_null(strstr(slurp(out[3]), "continuing at step 40 of 60"), "chief:\n%s", slurp(out[3]));
 	cr_assert_not_null(strstr(slurp(out[3]), "done: 60 steps"), "chief:\n%s", slurp(out[3]));
 	unsigned char *a, *b;
 	size_t na, nb;

@@ -176,7 +176,8 @@ static int list_steps(const char *dir, long **out)
 		v[n++] = s;
 	}
 	closedir(d);
-	qsort(v, (size_t)n, sizeof(*v), by_step_desc);
+	if (n > 1)
+		qsort(v, (size_t)n, sizeof(*v), by_step_desc);
 	*out = v;
 	return n;
 }
@@ -1059,7 +1060,8 @@ int checkpoint_print(FILE *f, const char *stepdir, char *err, size_t errlen)
 		safetensors_free(&st);
 	}
 	if (!e) {
-		qsort(w, (size_t)nw, sizeof(*w), by_name);
+		if (nw > 1)
+			qsort(w, (size_t)nw, sizeof(*w), by_name);
 		fprintf(f, "checkpoint %s: step %ld, %zu parameters, %d shard file%s\n", stepdir, mf->step,
 			mf->nparams, mf->nshards, mf->nshards == 1 ? "" : "s");
 	}

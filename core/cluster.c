@@ -889,7 +889,7 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 	 * step of the checkpoint they resumed from, the same on every shard. */
 	e = worker_pull(&wk, params, 1, err, errlen);
 	if (e)
-		goto fail0;
+		goto fail;
 	if (c->train.mode == MODE_SYNC) {
 		/* With backup workers (replicas_to_aggregate < workers) the
 		 * shards run ahead of a late worker and may differ by a step or
@@ -904,13 +904,13 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 			e = err_set(err, errlen, -ECONNABORTED,
 				    "the ps tasks are at steps %llu to %llu: restart every ps so they load the same checkpoint",
 				    (unsigned long long)lo, (unsigned long long)hi);
-			goto fail0;
+			goto fail;
 		}
 		start = (long)lo;
 		if (start > total) {
 			e = err_set(err, errlen, -EINVAL, "the shards are at step %ld, beyond this run's %ld steps",
 				    start, total);
-			goto fail0;
+			goto fail;
 		}
 		if (start > 0)
 			logf_(out, "worker %d: continuing at step %ld of %ld, where the shards are", index, start, total);
@@ -1019,9 +1019,7 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 fail:
 	progress_clear(&pg);
 	goto out;
-fail0:
-	progress_clear(&pg);
-	goto out;
+
 eval_fail:
 	progress_clear(&pg);
 	snprintf(err, errlen, "evaluation on %s: %s", be.where, strerror(-e));

@@ -42,7 +42,10 @@ def resolve(path):
                     if d.startswith("step-") and len(d) == 13 and d[5:].isdigit()), reverse=True)
     for d in steps:
         names = os.listdir(os.path.join(path, d))
-        if "manifest" in names or any(f.startswith("manifest-0-of-") for f in names):
+        n = [int(f.split("-of-")[1]) for f in names if f.startswith("manifest-0-of-")]
+        # The newest complete one, as pstrain picks it: a cluster step
+        # counts once every ps has written its manifest.
+        if "manifest" in names or (n and all("manifest-%d-of-%d" % (k, n[0]) in names for k in range(n[0]))):
             return os.path.join(path, d)
     fail("%s: no checkpoint" % path)
 

@@ -30,11 +30,6 @@
 #define EVAL_BATCH 1024
 #define PS_MAX_CONN 128
 #define HS_TIMEOUT_MS 5000
-/* A worker connection that ends before it pushed a gradient (a restarted
- * worker, or a peer holding the key that sent a bad frame) does not abort
- * training at once: the ps keeps serving and waits this long for that worker
- * index to connect again before it gives up (see ps_conn). */
-#define PS_LOST_GRACE_MS 10000
 #define WRITE_TIMEOUT_MS 60000
 /* A worker waits this long for a ps to answer a PULL or a PUSH (a sync PULL
  * waits for the slowest worker's gradient, an evaluating chief included). */
@@ -181,17 +176,6 @@ struct conn {
 	int pushed; /* a whole gradient arrived on this connection */
 	char peer[SOCK_ADDR_STRLEN];
 };
-
-static void ps_abort(struct ps *ps, const char *why)
-{
-	pthread_mutex_lock(&ps->mu);
-	if (!ps->aborted) {
-		ps->aborted = 1;
-		snprintf(ps->why, sizeof(ps->why), "%s", why);
-	}
-	pthread_cond_broadcast(&ps->cv);
-	pthread_mutex_unlock(&ps->mu);
-}
 
 static int send_msg(int fd, struct frame_key *tx, uint8_t *wbuf, size_t len, char *err,
 		    size_t errlen)
@@ -390,24 +374,24 @@ static void *ps_conn(void *arg)
 	int done = ps->done[w], ab = ps->aborted, others = ps->live[w];
 	pthread_mutex_unlock(&ps->mu);
 	if (r && !done && !ab) {
+		/* A lost worker (killed, crashed, or a peer holding the key that
+		 * sent a bad frame) does not end training: async workers carry on,
+		 * sync steps go on while replicas_to_aggregate workers remain and
+		 * otherwise wait. Restarted with the same command, the worker
+		 * rejoins at the current version (a gradient it had pushed for
+		 * that version stays counted; pushing it again is a duplicate).
+		 * Only if it does not come back within peer_timeout does the ps
+		 * give up. */
 		snprintf(why, sizeof(why), "lost worker %u (%s): %s", w, cn->peer, e);
-		if (cn->pushed) {
-			/* It took part in training: the others would wait for it. */
-			logf_(ps->out, "ps %d: %s", ps->index, why);
-			ps_abort(ps, why);
-		} else {
-			/* Nothing of it was applied: keep serving; give up only if
-			 * worker w does not connect again within the grace time. */
-			logf_(ps->out, "ps %d: %s: closed worker %u's connection: %s", ps->index,
-			      cn->peer, w, e);
-			pthread_mutex_lock(&ps->mu);
-			if (!others) {
-				clock_gettime(CLOCK_MONOTONIC, &ps->lost[w]);
-				ps->lost[w].tv_sec += PS_LOST_GRACE_MS / 1000;
-				snprintf(ps->lost_why, sizeof(ps->lost_why), "%s", why);
-			}
-			pthread_mutex_unlock(&ps->mu);
+		pthread_mutex_lock(&ps->mu);
+		if (!others) {
+			clock_gettime(CLOCK_MONOTONIC, &ps->lost[w]);
+			ps->lost[w].tv_sec += (time_t)ps->c->cluster.peer_timeout;
+			snprintf(ps->lost_why, sizeof(ps->lost_why), "%s", why);
 		}
+		pthread_mutex_unlock(&ps->mu);
+		logf_(ps->out, "ps %d: %s; %s, waiting up to %g s for it to connect again", ps->index, why,
+		      cn->pushed ? "it had trained" : "it had not pushed yet", ps->c->cluster.peer_timeout);
 	}
 	frame_key_wipe(&hr.send);
 	frame_key_wipe(&hr.recv);
@@ -517,8 +501,8 @@ int cluster_ps(const struct config *c, int index, int fresh, FILE *out,
 			    now.tv_sec >= ps->lost[w].tv_sec) {
 				ps->aborted = 1;
 				snprintf(ps->why, sizeof(ps->why), "%s", ps->lost_why);
-				logf_(out, "ps %d: worker %d did not come back within %d s", index, w,
-				      PS_LOST_GRACE_MS / 1000);
+				logf_(out, "ps %d: worker %d did not come back within peer_timeout (%g s)", index, w,
+				      c->cluster.peer_timeout);
 				pthread_cond_broadcast(&ps->cv);
 			}
 		int finished = ps->ndone == ps->W, ab = ps->aborted;

@@ -71,6 +71,7 @@ static const struct key_def keys[] = {
 	  "127.0.0.1:2224, 127.0.0.1:2225" },
 	{ "cluster", "key_file", K_PATH, OFF(cluster.key_file), 0, 0, 0, 0, NULL, "cluster.key" },
 	{ "cluster", "connect_timeout", K_DOUBLE, OFF(cluster.connect_timeout), 0, 1, 86400, 0, NULL, "60" },
+	{ "cluster", "peer_timeout", K_DOUBLE, OFF(cluster.peer_timeout), 0, 1, 86400, 0, NULL, "60" },
 
 	{ "train", "mode", K_ENUM, OFF(train.mode), 0, 0, 0, 0, mode_names, "sync" },
 	{ "train", "replicas_to_aggregate", K_INT, OFF(train.replicas_to_aggregate), 0,
@@ -1078,7 +1079,7 @@ static int key_is_node_local(const struct key_def *k)
 {
 	return k->type == K_PATH || strcmp(k->section, "gpu") == 0 ||
 	       strcmp(k->key, "eval_every") == 0 || strcmp(k->key, "threads") == 0 ||
-	       strcmp(k->key, "connect_timeout") == 0;
+	       strcmp(k->key, "connect_timeout") == 0 || strcmp(k->key, "peer_timeout") == 0;
 }
 
 int config_hash(const struct config *c, uint8_t out[CONFIG_HASH_BYTES])

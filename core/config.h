@@ -41,6 +41,7 @@ struct config {
 		int nworkers;
 		char key_file[DATA_PATH_MAX];
 		double connect_timeout;     /* seconds a worker retries a ps */
+		double peer_timeout;        /* seconds a ps waits for a lost worker to come back */
 	} cluster;
 
 	struct {
@@ -93,7 +94,7 @@ void config_print(const struct config *c, FILE *f);
 
 /* BLAKE2b of every training-relevant key (model, optimizer, data format,
  * seed, topology...), defaults included; node-local keys (paths, [gpu],
- * eval_every, threads, connect_timeout) are left out. Nodes of one cluster
+ * eval_every, threads, connect_timeout, peer_timeout) are left out. Nodes of one cluster
  * must agree on it. Returns 0 or -ENOMEM. */
 int config_hash(const struct config *c, uint8_t out[CONFIG_HASH_BYTES]);
 

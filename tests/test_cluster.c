@@ -525,3 +525,82 @@ Test(cluster, checkpoint_and_resume_sync)
 		fprintf(stderr, "python3 missing: checkpoint_load.py not run on a cluster checkpoint\n");
 	}
 }
+
+/* Waits until the file at path contains text (up to 30 s). */
+static int wait_for_text(const char *path, const char *text)
+{
+	struct timespec nap = { 0, 2 * 1000 * 1000 };
+	for (int i = 0; i < 15000; i++) {
+		FILE *f = fopen(path, "r");
+		if (f) {
+			static char buf[1 << 15];
+			size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+			buf[n] = '\0';
+			fclose(f);
+			if (strstr(buf, text))
+				return 1;
+		}
+		nanosleep(&nap, NULL);
+	}
+	return 0;
+}
+
+/* Issue 6 item 5, first case: a worker SIGKILLed mid-training (at a seeded
+ * random step, several trials) and restarted with the same command rejoins
+ * at the shards' step; the sync run (R = W, so the shards wait for it)
+ * finishes every step, every process exits 0, and the final accuracy is
+ * within 1 point of an undisturbed run. */
+Test(cluster, killed_worker_rejoins, .timeout = 180)
+{
+	char cfg[300], out[4][300], path[300], rejoin[300];
+	int st[4];
+	snprintf(cfg, sizeof(cfg), "%s/ref.ini", dir);
+	write_cluster(cfg, 1500, "mode = sync\ncheckpoint_dir =\n");
+	run_cluster(cfg, NULL, st, out);
+	for (int i = 0; i < 4; i++)
+		cr_assert_eq(st[i], 0, "undisturbed: process %d exit %d:\n%s", i, st[i], slurp(out[i]));
+	double ref = final_accuracy(slurp(out[3]));
+
+	uint32_t seed = 6;
+	for (int trial = 0; trial < 2; trial++) {
+		seed = seed * 1103515245u + 12345u;
+		int kill_at = 100 * (2 + (int)((seed >> 16) % 11));   /* 200..1200, on a progress line */
+		snprintf(path, sizeof(path), "%s/cluster.key", dir);
+		cr_assert_eq(unlink(path), 0);
+		snprintf(cfg, sizeof(cfg), "%s/t%d.ini", dir, trial);
+		write_cluster(cfg, 1500, "mode = sync\ncheckpoint_dir =\n");
+		const char *roles[4][2] = { { "ps", "0" }, { "ps", "1" }, { "worker", "1" }, { "worker", "0" } };
+		pid_t pids[4];
+		for (int i = 0; i < 4; i++) {
+			snprintf(out[i], 300, "%s/t%d-%s%s.log", dir, trial, roles[i][0], roles[i][1]);
+			const char *args[] = { roles[i][0], "--index", roles[i][1], "--config", cfg, NULL };
+			pids[i] = spawn(args, out[i]);
+		}
+		char mark[32];
+		snprintf(mark, sizeof(mark), "step %d/1500", kill_at);
+		int seen = wait_for_text(out[3], mark);
+		kill(pids[2], SIGKILL);
+		waitpid(pids[2], NULL, 0);
+		if (!seen) {
+			for (int i = 0; i < 4; i++)
+				kill(pids[i], SIGKILL);
+			cr_assert_fail("trial %d: the chief never reached %s:\n%s", trial, mark, slurp(out[3]));
+		}
+		struct timespec pause = { 0, 300 * 1000 * 1000 };
+		nanosleep(&pause, NULL);
+		snprintf(rejoin, sizeof(rejoin), "%s/t%d-worker1-again.log", dir, trial);
+		const char *args[] = { "worker", "--index", "1", "--config", cfg, NULL };
+		pids[2] = spawn(args, rejoin);
+		wait_all(pids, 4, st);
+		snprintf(out[2], 300, "%s", rejoin);
+		for (int i = 0; i < 4; i++)
+			cr_assert_eq(st[i], 0, "trial %d (killed at step %d): process %d exit %d:\n%s", trial, kill_at, i,
+				     st[i], slurp(out[i]));
+		char *chief = slurp(out[3]);
+		cr_assert_not_null(strstr(chief, "done: 1500 steps"), "%s", chief);
+		double acc = final_accuracy(chief);
+		cr_assert(fabs(acc - ref) <= 1.0, "trial %d: accuracy %.2f%% vs %.2f%% undisturbed", trial, acc, ref);
+		cr_assert_not_null(strstr(slurp(out[0]), "lost worker 1"), "%s", slurp(out[0]));
+		cr_assert_not_null(strstr(slurp(rejoin), "continuing at step"), "%s", slurp(rejoin));
+	}
+}

@@ -390,8 +390,9 @@ static void *ps_conn(void *arg)
 			snprintf(ps->lost_why, sizeof(ps->lost_why), "%s", why);
 		}
 		pthread_mutex_unlock(&ps->mu);
-		logf_(ps->out, "ps %d: %s; %s, waiting up to %g s for it to connect again", ps->index, why,
-		      cn->pushed ? "it had trained" : "it had not pushed yet", ps->c->cluster.peer_timeout);
+		logf_(ps->out, "ps %d: %s: closed worker %u's connection: %s; %s, waiting up to %g s for it to connect again",
+		      ps->index, cn->peer, w, e, cn->pushed ? "it had trained" : "it had not pushed yet",
+		      ps->c->cluster.peer_timeout);
 	}
 	frame_key_wipe(&hr.send);
 	frame_key_wipe(&hr.recv);

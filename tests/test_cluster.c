@@ -600,7 +600,7 @@ Test(cluster, killed_worker_rejoins, .timeout = 180)
 		cr_assert_not_null(strstr(chief, "done: 1500 steps"), "%s", chief);
 		double acc = final_accuracy(chief);
 		cr_assert(fabs(acc - ref) <= 1.0, "trial %d: accuracy %.2f%% vs %.2f%% undisturbed", trial, acc, ref);
-		cr_assert_not_null(strstr(slurp(out[0]), "lost worker 1"), "%s", slurp(out[0]));
+		cr_assert_not_null(strstr(slurp(out[0]), "closed worker 1's connection"), "%s", slurp(out[0]));
 		cr_assert_not_null(strstr(slurp(rejoin), "continuing at step"), "%s", slurp(rejoin));
 	}
 }

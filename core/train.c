@@ -191,6 +191,12 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 	progress_init(&pg, out, tty, total, spe);
 	long step;
 	long epoch_loaded = -1;
+	if (start > total) {
+		snprintf(err, errlen, "%s/step-%08ld is beyond this run's %ld steps; raise [train] steps or epochs, or use --fresh",
+			 ck->dir, start, total);
+		e = -EINVAL;
+		goto out;
+	}
 	res->start_step = start;
 	for (step = start; step < total && !*stop; step++) {
 		long epoch = step / spe;

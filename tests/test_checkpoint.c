@@ -485,6 +485,13 @@ Test(checkpoint, resume_after_kill_ends_on_same_parameters)
 	tensor_lines(ck, b, sizeof(b));
 	cr_assert_str_eq(a, b, "resumed run ends elsewhere:\n%s\nvs uninterrupted:\n%s", b, a);
 
+	/* A checkpoint past the end of a shortened run is refused. */
+	const char *args_s[] = { "local", "--config", cfg, "--set", "train.steps=30", NULL };
+	st = run(args_s, NULL, out);
+	text = slurp(out);
+	cr_assert_eq(st, 2, "exit %d:\n%s", st, text);
+	cr_assert(strstr(text, "step-00000060 is beyond this run's 30 steps"), "%s", text);
+
 	/* --fresh ignores the checkpoints (and finds step 60 complete). */
 	const char *args_f[] = { "local", "--config", cfg, "--fresh", NULL };
 	st = run(args_f, NULL, out);

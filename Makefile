@@ -185,7 +185,7 @@ FUZZ_SECONDS ?= 60
 FUZZ_CC ?= clang
 FUZZ_CFLAGS := -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	-std=c11 -D_GNU_SOURCE -Icore
-FUZZ_NAMES := config layer idx csv handshake msg
+FUZZ_NAMES := config layer idx csv handshake msg safetensors
 FUZZ_BINS := $(FUZZ_NAMES:%=$(BUILD)/fuzz/fuzz_%)
 # data.c calls both loaders, so either loader's harness links both.
 $(BUILD)/fuzz/fuzz_config: core/config.c core/model.c core/rng.c
@@ -197,6 +197,7 @@ FUZZ_LIBS_csv := -lz
 $(BUILD)/fuzz/fuzz_handshake: net/handshake.c net/frame.c net/err.c
 FUZZ_LIBS_handshake := -lsodium
 $(BUILD)/fuzz/fuzz_msg: net/msg.c net/err.c
+$(BUILD)/fuzz/fuzz_safetensors: core/safetensors.c net/err.c
 
 $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(wildcard core/*.h net/*.h)
 	@mkdir -p $(dir $@)

@@ -5,7 +5,9 @@
  * This is the only file with mutable global state: the stop flag that the
  * signal handler sets. */
 #include "core/progress.h"
+#include "core/checkpoint.h"
 #include "core/cluster.h"
+#include "core/infer.h"
 #include "core/config.h"
 #include "core/model.h"
 #include "core/shard.h"
@@ -50,11 +52,15 @@ struct opts {
 	int nsets;
 	const char *index;     /* --index / --task_index of ps and worker */
 	const char *dump;      /* hidden --dump-params FILE of worker (tests) */
+	const char *checkpoint;   /* --checkpoint DIR of check, eval, predict */
+	const char *input;     /* --input FILE of predict */
+	int probs;             /* --probs of predict */
+	int fresh;             /* --fresh of local */
 };
 
 /* What a command accepts besides --help: --config and --set, and/or one
  * optional positional FILE. Anything else is a usage error. */
-enum { TAKES_CONFIG = 1, TAKES_FILE = 2, TAKES_INDEX = 4 };
+enum { TAKES_CONFIG = 1, TAKES_FILE = 2, TAKES_INDEX = 4, TAKES_CKPT = 8, TAKES_INPUT = 16, TAKES_FRESH = 32 };
 
 struct command {
 	const char *name;
@@ -69,13 +75,20 @@ static int cmd_check(const struct opts *o);
 static int cmd_keygen(const struct opts *o);
 static int cmd_ps(const struct opts *o);
 static int cmd_worker(const struct opts *o);
+static int cmd_eval(const struct opts *o);
+static int cmd_predict(const struct opts *o);
 
 static const struct command commands[] = {
-	{ "local", cmd_local, TAKES_CONFIG, "[--config FILE] [--set S.K=V]...",
-	  "train in this process on this machine, no network" },
-	{ "check", cmd_check, TAKES_CONFIG, "[--config FILE] [--set S.K=V]...",
-	  "validate the config; print it resolved, and the model's layers" },
-	{ "ps", cmd_ps, TAKES_CONFIG | TAKES_INDEX, "--index N [--config FILE] [--set S.K=V]...",
+	{ "local", cmd_local, TAKES_CONFIG | TAKES_FRESH, "[--config FILE] [--set S.K=V]... [--fresh]",
+	  "train in this process, no network (resumes from checkpoint_dir)" },
+	{ "check", cmd_check, TAKES_CONFIG | TAKES_CKPT, "[--config FILE] [--set S.K=V]... [--checkpoint DIR]",
+	  "validate the config: print it resolved, and the model; or list a checkpoint's tensors" },
+	{ "eval", cmd_eval, TAKES_CONFIG | TAKES_CKPT, "--checkpoint DIR [--config FILE] [--set S.K=V]...",
+	  "test loss and accuracy of a checkpoint" },
+	{ "predict", cmd_predict, TAKES_CONFIG | TAKES_CKPT | TAKES_INPUT,
+	  "--checkpoint DIR --input FILE [--probs] [--config FILE]...",
+	  "a label (and probabilities) per sample of FILE" },
+	{ "ps", cmd_ps, TAKES_CONFIG | TAKES_INDEX | TAKES_FRESH, "--index N [--config FILE] [--set S.K=V]... [--fresh]",
 	  "serve shard N of the parameters to the workers of [cluster]" },
 	{ "worker", cmd_worker, TAKES_CONFIG | TAKES_INDEX, "--index N [--config FILE] [--set S.K=V]...",
 	  "train as worker N of [cluster] (worker 0 is the chief)" },
@@ -95,6 +108,10 @@ static void usage(FILE *f)
 		"  --set S.K=V        override key K of section [S], e.g. --set train.epochs=3 (repeatable)\n"
 		"  --index N          ps/worker: which task of [cluster] this is (alias --task_index;\n"
 		"                     `pstrain --job_name ps|worker` names the command)\n"
+		"  --fresh            local, ps: ignore checkpoints in checkpoint_dir and start over\n"
+		"  --checkpoint DIR   a step-NNNNNNNN checkpoint, or a checkpoint_dir (its newest complete one)\n"
+		"  --input FILE       predict: IDX images, or CSV in the training CSV's layout\n"
+		"  --probs            predict: also print the class probabilities\n"
 		"  --help, -h         this help\n"
 		"  --version          print the version and the build's GPU support\n"
 		"\nexit status: 0 done, 1 runtime failure, 2 usage/config/data error, 3 peer or authentication\n"
@@ -115,11 +132,27 @@ static int load(const struct opts *o, struct config *c)
 }
 
 
+static int check_checkpoint(const struct opts *o)
+{
+	char err[CONFIG_ERR_MAX], dir[CKPT_PATH_MAX];
+	int r = checkpoint_resolve(o->checkpoint, dir, sizeof(dir), err, sizeof(err));
+	if (!r)
+		r = checkpoint_print(stdout, dir, err, sizeof(err));
+	if (r) {
+		fflush(stdout);
+		fprintf(stderr, "pstrain: %s\n", err);
+		return r == -ENOMEM || r == -EIO ? EXIT_RUNTIME : EXIT_USAGE;
+	}
+	return EXIT_DONE;
+}
+
 static int cmd_check(const struct opts *o)
 {
 	struct config c;
 	struct model m;
 	char err[CONFIG_ERR_MAX], size[32];
+	if (o->checkpoint)
+		return check_checkpoint(o);
 	int r = load(o, &c);
 	if (r)
 		return r;
@@ -187,7 +220,8 @@ static int cmd_local(const struct opts *o)
 	sigaction(SIGTERM, &sa, NULL);
 
 	int tty = isatty(STDOUT_FILENO);
-	r = train_local(&c, stdout, tty, &stop_requested, &res, err, sizeof(err));
+	struct train_ckpt ck = { c.train.checkpoint_dir, o->fresh };
+	r = train_run(&c, &ck, stdout, tty, &stop_requested, &res, err, sizeof(err));
 	if (r == 0 && res.stopped) {
 		printf("stopped at step %ld/%ld: test loss %.4f accuracy %.2f%%, wall %.1f s, %.0f samples/s\n",
 		       res.steps, res.total_steps, res.test_loss, 100 * res.test_acc, res.wall, res.samples_per_s);
@@ -261,7 +295,7 @@ static int cmd_ps(const struct opts *o)
 	if (o->dump)
 		return bad_usage("%s does not apply to this command", "--dump-params");
 	install_stop_handler();
-	r = cluster_ps(&c, index, stdout, &stop_requested, err, sizeof(err));
+	r = cluster_ps(&c, index, o->fresh, stdout, &stop_requested, err, sizeof(err));
 	return role_exit(r, err);
 }
 
@@ -304,6 +338,46 @@ static int cmd_keygen(const struct opts *o)
 	}
 	printf("wrote new cluster key to %s (mode 0600); copy it to every node with pstrain and cluster.ini\n", path);
 	return EXIT_DONE;
+}
+
+static int infer_exit(int r, const char *err)
+{
+	if (r == 0)
+		return EXIT_DONE;
+	fflush(stdout);
+	fprintf(stderr, "pstrain: %s\n", err);
+	return r == -ENOMEM || r == -EIO ? EXIT_RUNTIME : EXIT_USAGE;
+}
+
+static int cmd_eval(const struct opts *o)
+{
+	struct config c;
+	struct infer_result res;
+	char err[CONFIG_ERR_MAX];
+	if (!o->checkpoint)
+		return bad_usage("%s needs --checkpoint DIR", "eval");
+	int r = load(o, &c);
+	if (r)
+		return r;
+	r = infer_eval(&c, o->checkpoint, &res, err, sizeof(err));
+	if (r == 0)
+		printf("%s (step %ld): test loss %.4f accuracy %.2f%% on %zu samples\n", res.stepdir, res.step,
+		       res.loss, 100 * res.acc, res.samples);
+	return infer_exit(r, err);
+}
+
+static int cmd_predict(const struct opts *o)
+{
+	struct config c;
+	struct infer_result res;
+	char err[CONFIG_ERR_MAX];
+	if (!o->checkpoint || !o->input)
+		return bad_usage("%s needs --checkpoint DIR and --input FILE", "predict");
+	int r = load(o, &c);
+	if (r)
+		return r;
+	r = infer_predict(&c, o->checkpoint, o->input, o->probs, stdout, &res, err, sizeof(err));
+	return infer_exit(r, err);
 }
 
 static int bad_usage(const char *fmt, const char *arg)
@@ -363,6 +437,18 @@ int main(int argc, char **argv)
 		int is_index = (strncmp(a, "--index", n) == 0 && n == 7) ||
 			       (strncmp(a, "--task_index", n) == 0 && n == 12);
 		int is_dump = strncmp(a, "--dump-params", n) == 0 && n == 13;
+		int is_ckpt = strncmp(a, "--checkpoint", n) == 0 && n == 12;
+		int is_input = strncmp(a, "--input", n) == 0 && n == 7;
+		if (strcmp(a, "--fresh") == 0 || strcmp(a, "--probs") == 0) {
+			int fresh = a[2] == 'f';
+			if (!(command->takes & (fresh ? TAKES_FRESH : TAKES_INPUT)))
+				return bad_usage("%s does not apply to this command", a);
+			if (fresh)
+				o.fresh = 1;
+			else
+				o.probs = 1;
+			continue;
+		}
 		if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
 			usage(stdout);
 			return EXIT_DONE;
@@ -377,7 +463,9 @@ int main(int argc, char **argv)
 			return bad_usage("%s does not apply to this command", a);
 		if (!(command->takes & TAKES_INDEX) && (is_index || is_dump))
 			return bad_usage("%s does not apply to this command", a);
-		if (!is_config && !is_set && !is_index && !is_dump)
+		if ((is_ckpt && !(command->takes & TAKES_CKPT)) || (is_input && !(command->takes & TAKES_INPUT)))
+			return bad_usage("%s does not apply to this command", a);
+		if (!is_config && !is_set && !is_index && !is_dump && !is_ckpt && !is_input)
 			return bad_usage("unknown option \"%s\"", a);
 		if (a[n] == '=')
 			val = a + n + 1;
@@ -385,7 +473,11 @@ int main(int argc, char **argv)
 			val = argv[++i];
 		else
 			return bad_usage("%s needs a value", a);
-		if (is_index) {
+		if (is_ckpt) {
+			o.checkpoint = val;
+		} else if (is_input) {
+			o.input = val;
+		} else if (is_index) {
 			o.index = val;
 		} else if (is_dump) {
 			o.dump = val;

@@ -12,6 +12,7 @@
 #include "../net/pipe.h"
 #include "../net/sock.h"
 #include "backend.h"
+#include "checkpoint.h"
 #include "data.h"
 #include "model.h"
 #include "progress.h"
@@ -31,11 +32,6 @@
 #define EVAL_BATCH 1024
 #define PS_MAX_CONN 128
 #define HS_TIMEOUT_MS 5000
-/* A worker connection that ends before it pushed a gradient (a restarted
- * worker, or a peer holding the key that sent a bad frame) does not abort
- * training at once: the ps keeps serving and waits this long for that worker
- * index to connect again before it gives up (see ps_conn). */
-#define PS_LOST_GRACE_MS 10000
 #define WRITE_TIMEOUT_MS 60000
 /* A worker waits this long for a ps to answer a PULL or a PUSH (a sync PULL
  * waits for the slowest worker's gradient, an evaluating chief included). */
@@ -134,7 +130,47 @@ struct ps {
 	int live[CONFIG_MAX_HOSTS];          /* authenticated connections per worker */
 	struct timespec lost[CONFIG_MAX_HOSTS]; /* grace deadline; tv_sec 0: none */
 	char lost_why[512];
+	const struct config *c;
+	struct ckpt_layout *lay;             /* NULL: checkpoints off */
+	uint64_t pending;                    /* CHECKPOINT step not reached yet; 0: none */
 };
+
+/* Saves the shard as checkpoint `step`; called with ps->mu held, so the
+ * state is exactly version `step` (sync: no push can apply meanwhile). A
+ * failure is reported and training goes on: the checkpoint stays
+ * incomplete and the previous one remains the newest. */
+static void ps_save(struct ps *ps, uint64_t step)
+{
+	struct ckpt_state st = { ps->sh.params, ps->sh.opt.m, ps->sh.opt.v, ps->sh.opt.t };
+	char e[CONFIG_ERR_MAX];
+	flockfile(ps->out);
+	int r = checkpoint_save_shard(ps->c->train.checkpoint_dir, ps->lay, (long)step, ps->index, &st,
+				      ps->c->train.keep_checkpoints, ps->out, e, sizeof(e));
+	fflush(ps->out);
+	funlockfile(ps->out);
+	if (r)
+		logf_(ps->out, "ps %d: checkpoint at step %llu failed, training goes on: %s", ps->index,
+		      (unsigned long long)step, e);
+}
+
+/* CHECKPOINT from the chief, which sends it after pulling version `step`
+ * and before pushing for it; with replicas_to_aggregate < workers the
+ * shard may have moved on already, and that step is skipped here. */
+static void ps_checkpoint(struct ps *ps, uint64_t step)
+{
+	pthread_mutex_lock(&ps->mu);
+	uint64_t v = psshard_version(&ps->sh);
+	if (!ps->lay)
+		;
+	else if (v == step)
+		ps_save(ps, step);
+	else if (v < step)
+		ps->pending = step;
+	else
+		logf_(ps->out, "ps %d: checkpoint at step %llu skipped: shard already at version %llu", ps->index,
+		      (unsigned long long)step, (unsigned long long)v);
+	pthread_mutex_unlock(&ps->mu);
+}
 
 struct conn {
 	struct ps *ps;
@@ -144,17 +180,6 @@ struct conn {
 	char peer[SOCK_ADDR_STRLEN];
 	struct pipe pp; /* the chunks of a tensor, sealed/opened on ps->pool */
 };
-
-static void ps_abort(struct ps *ps, const char *why)
-{
-	pthread_mutex_lock(&ps->mu);
-	if (!ps->aborted) {
-		ps->aborted = 1;
-		snprintf(ps->why, sizeof(ps->why), "%s", why);
-	}
-	pthread_cond_broadcast(&ps->cv);
-	pthread_mutex_unlock(&ps->mu);
-}
 
 static int send_msg(int fd, struct frame_key *tx, uint8_t *wbuf, size_t len, char *err,
 		    size_t errlen)
@@ -325,6 +350,10 @@ static int ps_serve(struct conn *cn, struct hs_result *hr, uint8_t *rbuf, uint8_
 			pthread_mutex_lock(&ps->mu);
 			r = psshard_push(&ps->sh, w, a.version, grad, &oc);
 			uint64_t v = psshard_version(&ps->sh);
+			if (ps->pending && v == ps->pending) {
+				ps_save(ps, v);
+				ps->pending = 0;
+			}
 			pthread_cond_broadcast(&ps->cv);
 			pthread_mutex_unlock(&ps->mu);
 			struct msg_ack ack = { .shard = (uint32_t)ps->index, .version = v };
@@ -340,6 +369,13 @@ static int ps_serve(struct conn *cn, struct hs_result *hr, uint8_t *rbuf, uint8_
 			if (msg_encode_ack(mb, cap, &ack, &len, e, sizeof(e)) ||
 			    send_msg(cn->fd, &hr->send, wbuf, len, e, sizeof(e)))
 				return snprintf(err, errlen, "%s", e), -1;
+		} else if (r == WIRE_CHECKPOINT) {
+			struct msg_checkpoint ck;
+			if (msg_decode_checkpoint(rbuf, len, &ck, e, sizeof(e)))
+				return snprintf(err, errlen, "%s", e), -1;
+			if (w != 0)
+				return snprintf(err, errlen, "CHECKPOINT from worker %d; only the chief (0) sends it", w), -1;
+			ps_checkpoint(ps, ck.step);
 		} else if (r == WIRE_DONE) {
 			struct msg_done d;
 			if (msg_decode_done(rbuf, len, &d, e, sizeof(e)))
@@ -412,24 +448,25 @@ static void *ps_conn(void *arg)
 	int done = ps->done[w], ab = ps->aborted, others = ps->live[w];
 	pthread_mutex_unlock(&ps->mu);
 	if (r && !done && !ab) {
+		/* A lost worker (killed, crashed, or a peer holding the key that
+		 * sent a bad frame) does not end training: async workers carry on,
+		 * sync steps go on while replicas_to_aggregate workers remain and
+		 * otherwise wait. Restarted with the same command, the worker
+		 * rejoins at the current version (a gradient it had pushed for
+		 * that version stays counted; pushing it again is a duplicate).
+		 * Only if it does not come back within peer_timeout does the ps
+		 * give up. */
 		snprintf(why, sizeof(why), "lost worker %u (%s): %s", w, cn->peer, e);
-		if (cn->pushed) {
-			/* It took part in training: the others would wait for it. */
-			logf_(ps->out, "ps %d: %s", ps->index, why);
-			ps_abort(ps, why);
-		} else {
-			/* Nothing of it was applied: keep serving; give up only if
-			 * worker w does not connect again within the grace time. */
-			logf_(ps->out, "ps %d: %s: closed worker %u's connection: %s", ps->index,
-			      cn->peer, w, e);
-			pthread_mutex_lock(&ps->mu);
-			if (!others) {
-				clock_gettime(CLOCK_MONOTONIC, &ps->lost[w]);
-				ps->lost[w].tv_sec += PS_LOST_GRACE_MS / 1000;
-				snprintf(ps->lost_why, sizeof(ps->lost_why), "%s", why);
-			}
-			pthread_mutex_unlock(&ps->mu);
+		pthread_mutex_lock(&ps->mu);
+		if (!others) {
+			clock_gettime(CLOCK_MONOTONIC, &ps->lost[w]);
+			ps->lost[w].tv_sec += (time_t)ps->c->cluster.peer_timeout;
+			snprintf(ps->lost_why, sizeof(ps->lost_why), "%s", why);
 		}
+		pthread_mutex_unlock(&ps->mu);
+		logf_(ps->out, "ps %d: %s: closed worker %u's connection: %s; %s, waiting up to %g s for it to connect again",
+		      ps->index, cn->peer, w, e, cn->pushed ? "it had trained" : "it had not pushed yet",
+		      ps->c->cluster.peer_timeout);
 	}
 	frame_key_wipe(&hr.send);
 	frame_key_wipe(&hr.recv);
@@ -449,8 +486,42 @@ out:
 	return NULL;
 }
 
-int cluster_ps(const struct config *c, int index, FILE *out, const volatile sig_atomic_t *stop,
-	       char *err, size_t errlen)
+/* The ps's checkpoint layout, and its shard from the newest complete
+ * checkpoint unless fresh. Async mode has no consistent step across shards
+ * to save, so checkpoints are sync only (said once on out). */
+static int ps_resume(struct ps *ps, const struct setup *s, int fresh, char *err, size_t errlen)
+{
+	const struct config *c = ps->c;
+	if (!c->train.checkpoint_dir[0])
+		return 0;
+	if (c->train.mode != MODE_SYNC) {
+		logf_(ps->out, "ps %d: checkpoints are not written in async mode (not implemented yet)", ps->index);
+		return 0;
+	}
+	ps->lay = malloc(sizeof(*ps->lay));
+	if (!ps->lay)
+		return err_set(err, errlen, -ENOMEM, "out of memory");
+	int e = ckpt_layout_init(ps->lay, &s->m, c->cluster.nps, c, err, errlen);
+	if (e || fresh)
+		return e;
+	long t = 0, step = 0;
+	flockfile(ps->out);
+	e = checkpoint_restore(c->train.checkpoint_dir, ps->lay, 1, ps->sh.range.begin, ps->sh.range.end,
+			       ps->sh.params, ps->sh.opt.m, ps->sh.opt.v, &t, &step, ps->out, err, errlen);
+	funlockfile(ps->out);
+	if (e == -ENOENT)
+		return 0;
+	if (e)
+		return e;
+	ps->sh.version = (uint64_t)step;
+	ps->sh.applied = (uint64_t)step;
+	ps->sh.opt.t = t;
+	logf_(ps->out, "ps %d: resuming from %s/step-%08ld", ps->index, c->train.checkpoint_dir, step);
+	return 0;
+}
+
+int cluster_ps(const struct config *c, int index, int fresh, FILE *out,
+	       const volatile sig_atomic_t *stop, char *err, size_t errlen)
 {
 	struct setup s;
 	struct ps *ps = calloc(1, sizeof(*ps));
@@ -476,6 +547,10 @@ int cluster_ps(const struct config *c, int index, FILE *out, const volatile sig_
 	ps->s = &s;
 	ps->out = out;
 	ps->index = index;
+	ps->c = c;
+	e = ps_resume(ps, &s, fresh, err, errlen);
+	if (e)
+		goto out2;
 	ps->W = c->cluster.nworkers;
 	ps->me = (struct hs_identity){ .role = HS_PS, .index = (uint32_t)index,
 				       .aes = frame_aes_available() };
@@ -505,8 +580,8 @@ int cluster_ps(const struct config *c, int index, FILE *out, const volatile sig_
 			    now.tv_sec >= ps->lost[w].tv_sec) {
 				ps->aborted = 1;
 				snprintf(ps->why, sizeof(ps->why), "%s", ps->lost_why);
-				logf_(out, "ps %d: worker %d did not come back within %d s", index, w,
-				      PS_LOST_GRACE_MS / 1000);
+				logf_(out, "ps %d: worker %d did not come back within peer_timeout (%g s)", index, w,
+				      c->cluster.peer_timeout);
 				pthread_cond_broadcast(&ps->cv);
 			}
 		int finished = ps->ndone == ps->W, ab = ps->aborted;
@@ -587,6 +662,7 @@ int cluster_ps(const struct config *c, int index, FILE *out, const volatile sig_
 	}
 out2:
 	cryptopool_destroy(ps->pool); /* every connection thread has ended */
+	free(ps->lay);
 	pthread_mutex_destroy(&ps->mu);
 	pthread_cond_destroy(&ps->cv);
 out1:
@@ -760,6 +836,22 @@ static int worker_push(struct worker *wk, const float *grads, char *err, size_t 
 	return 0;
 }
 
+/* Asks every ps to save its shard as of version `step`. */
+static int worker_checkpoint(struct worker *wk, long step, char *err, size_t errlen)
+{
+	size_t cap = WBUF_BYTES - FRAME_HDR_BYTES - FRAME_TAG_BYTES, len;
+	char e[256];
+	struct msg_checkpoint ck = { .step = (uint64_t)step };
+	for (int k = 0; k < wk->nps; k++) {
+		if (msg_encode_checkpoint(wk->wbuf + FRAME_HDR_BYTES, cap, &ck, &len, e, sizeof(e)))
+			return snprintf(err, errlen, "%s", e), -EPROTO;
+		int r = worker_send(wk, k, len, err, errlen);
+		if (r)
+			return r;
+	}
+	return 0;
+}
+
 static int worker_done(struct worker *wk, char *err, size_t errlen)
 {
 	size_t cap = WBUF_BYTES - FRAME_HDR_BYTES - FRAME_TAG_BYTES, len;
@@ -850,16 +942,54 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 
 	struct progress pg;
 	progress_init(&pg, out, chief && tty, total, spe);
-	long step, epoch_loaded = -1;
+	long step, epoch_loaded = -1, start = 0;
 	double run_loss = 0, run_acc = 0;
 	long run_n = 0;
-	for (step = 0; step < total && !*stop; step++) {
-		double ts = progress_now();
-		e = worker_pull(&wk, params, step == 0, err, errlen);
-		if (e)
+	/* The first pull says where the shards are: 0, or in sync mode the
+	 * step of the checkpoint they resumed from, the same on every shard. */
+	e = worker_pull(&wk, params, 1, err, errlen);
+	if (e)
+		goto fail;
+	if (c->train.mode == MODE_SYNC) {
+		/* With backup workers (replicas_to_aggregate < workers) the
+		 * shards run ahead of a late worker and may differ by a step or
+		 * two; shards restored from different checkpoints differ by far
+		 * more, and would wait for each other forever. */
+		uint64_t lo = wk.ln[0].got, hi = wk.ln[0].got;
+		for (int k = 1; k < wk.nps; k++) {
+			lo = wk.ln[k].got < lo ? wk.ln[k].got : lo;
+			hi = wk.ln[k].got > hi ? wk.ln[k].got : hi;
+		}
+		if (hi - lo > 2 * (uint64_t)W) {
+			e = err_set(err, errlen, -ECONNABORTED,
+				    "the ps tasks are at steps %llu to %llu: restart every ps so they load the same checkpoint",
+				    (unsigned long long)lo, (unsigned long long)hi);
 			goto fail;
-		int eval_now = step > 0 && (c->train.eval_every > 0 ? step % c->train.eval_every == 0
-								      : step % spe == 0);
+		}
+		start = (long)lo;
+		if (start > total) {
+			e = err_set(err, errlen, -EINVAL, "the shards are at step %ld, beyond this run's %ld steps",
+				    start, total);
+			goto fail;
+		}
+		if (start > 0)
+			logf_(out, "worker %d: continuing at step %ld of %ld, where the shards are", index, start, total);
+	}
+	int ckpts = chief && c->train.mode == MODE_SYNC && c->train.checkpoint_dir[0];
+	for (step = start; step < total && !*stop; step++) {
+		double ts = progress_now();
+		if (step > start) {
+			e = worker_pull(&wk, params, 0, err, errlen);
+			if (e)
+				goto fail;
+		}
+		if (ckpts && c->train.checkpoint_every > 0 && step > start && step % c->train.checkpoint_every == 0) {
+			e = worker_checkpoint(&wk, step, err, errlen);
+			if (e)
+				goto fail;
+		}
+		int eval_now = step > start && (c->train.eval_every > 0 ? step % c->train.eval_every == 0
+									: step % spe == 0);
 		if (eval_now && chief) {
 			double tl, ta;
 			e = replica_evaluate(&rep, params, &s.test, &tl, &ta);
@@ -914,9 +1044,16 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 		goto out;
 	}
 	if (chief) {
-		e = worker_pull(&wk, params, total == 0, err, errlen);
-		if (e)
-			goto fail;
+		if (step > start) {
+			e = worker_pull(&wk, params, 0, err, errlen);
+			if (e)
+				goto fail;
+		}
+		if (ckpts && step > start) {
+			e = worker_checkpoint(&wk, step, err, errlen);
+			if (e)
+				goto fail;
+		}
 		e = replica_evaluate(&rep, params, &s.test, &res->test_loss, &res->test_acc);
 		if (e)
 			goto eval_fail;
@@ -942,6 +1079,7 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 fail:
 	progress_clear(&pg);
 	goto out;
+
 eval_fail:
 	progress_clear(&pg);
 	snprintf(err, errlen, "evaluation on %s: %s", be.where, strerror(-e));

@@ -26,8 +26,13 @@
 #include "config.h"
 #include "train.h"
 
-int cluster_ps(const struct config *c, int index, FILE *out, const volatile sig_atomic_t *stop,
-	       char *err, size_t errlen);
+/* Checkpoints (sync mode; docs/CHECKPOINTS.md): unless fresh, the ps
+ * starts from its shard of the newest complete checkpoint in [train]
+ * checkpoint_dir (version = its step), and saves its shard when the chief
+ * sends CHECKPOINT. Workers need no checkpoint: they continue from the
+ * version the shards report, which must be the same on every shard. */
+int cluster_ps(const struct config *c, int index, int fresh, FILE *out,
+	       const volatile sig_atomic_t *stop, char *err, size_t errlen);
 
 /* res: the final evaluation (the chief evaluates; other workers leave
  * test_loss and test_acc at 0). dump: if not NULL, the chief writes the

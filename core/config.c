@@ -72,6 +72,7 @@ static const struct key_def keys[] = {
 	{ "cluster", "key_file", K_PATH, OFF(cluster.key_file), 0, 0, 0, 0, NULL, "cluster.key" },
 	{ "cluster", "connect_timeout", K_DOUBLE, OFF(cluster.connect_timeout), 0, 1, 86400, 0, NULL, "60" },
 	{ "cluster", "crypto_threads", K_INT, OFF(cluster.crypto_threads), 0, 0, 8, 0, NULL, "0" },
+	{ "cluster", "peer_timeout", K_DOUBLE, OFF(cluster.peer_timeout), 0, 1, 86400, 0, NULL, "60" },
 
 	{ "train", "mode", K_ENUM, OFF(train.mode), 0, 0, 0, 0, mode_names, "sync" },
 	{ "train", "replicas_to_aggregate", K_INT, OFF(train.replicas_to_aggregate), 0,
@@ -95,6 +96,7 @@ static const struct key_def keys[] = {
 	{ "train", "seed", K_U64, OFF(train.seed), 0, 0, 0, 0, NULL, "1" },
 	{ "train", "checkpoint_dir", K_PATH, OFF(train.checkpoint_dir), 0, 0, 0, 0, NULL, "ckpt" },
 	{ "train", "checkpoint_every", K_LONG, OFF(train.checkpoint_every), 0, 0, 1e12, 0, NULL, "500" },
+	{ "train", "keep_checkpoints", K_INT, OFF(train.keep_checkpoints), 0, 1, 1000000, 0, NULL, "3" },
 	{ "train", "eval_every", K_LONG, OFF(train.eval_every), 0, 0, 1e12, 0, NULL, "0" },
 	{ "train", "threads", K_INT, OFF(train.threads), 0, 0, 1024, 0, NULL, "0" },
 
@@ -1078,7 +1080,8 @@ static int key_is_node_local(const struct key_def *k)
 {
 	return k->type == K_PATH || strcmp(k->section, "gpu") == 0 ||
 	       strcmp(k->key, "eval_every") == 0 || strcmp(k->key, "threads") == 0 ||
-	       strcmp(k->key, "connect_timeout") == 0 || strcmp(k->key, "crypto_threads") == 0;
+	       strcmp(k->key, "connect_timeout") == 0 || strcmp(k->key, "peer_timeout") == 0 ||
+	       strcmp(k->key, "crypto_threads") == 0;
 }
 
 int config_hash(const struct config *c, uint8_t out[CONFIG_HASH_BYTES])

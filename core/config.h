@@ -42,6 +42,7 @@ struct config {
 		char key_file[DATA_PATH_MAX];
 		double connect_timeout;     /* seconds a worker retries a ps */
 		int crypto_threads;         /* sealing/opening threads, 0 = auto, 1 = none */
+		double peer_timeout;        /* seconds a ps waits for a lost worker to come back */
 	} cluster;
 
 	struct {
@@ -54,7 +55,8 @@ struct config {
 		struct optim_config optim;
 		uint64_t seed;
 		char checkpoint_dir[DATA_PATH_MAX];
-		long checkpoint_every;
+		long checkpoint_every;      /* 0 = only at the end (and when stopped) */
+		int keep_checkpoints;       /* newest complete checkpoints kept, >= 1 */
 		long eval_every;            /* 0 = once per epoch */
 		int threads;                /* CPU threads for OpenBLAS, 0 = one per CPU */
 	} train;
@@ -93,8 +95,8 @@ void config_print(const struct config *c, FILE *f);
 
 /* BLAKE2b of every training-relevant key (model, optimizer, data format,
  * seed, topology...), defaults included; node-local keys (paths, [gpu],
- * eval_every, threads, connect_timeout, crypto_threads) are left out. Nodes
- * of one cluster must agree on it. Returns 0 or -ENOMEM. */
+ * eval_every, threads, connect_timeout, peer_timeout, crypto_threads) are left
+ * out. Nodes of one cluster must agree on it. Returns 0 or -ENOMEM. */
 int config_hash(const struct config *c, uint8_t out[CONFIG_HASH_BYTES]);
 
 #endif

@@ -188,9 +188,10 @@ static int data_load_idx(struct dataset *train, struct dataset *test,
 	return 0;
 }
 
-static int data_load_csv(struct dataset *train, struct dataset *test,
-			 const struct data_config *dc, uint64_t seed,
-			 char *err, size_t errlen)
+/* Train and test as read (and split), before standardizing. */
+static int data_load_csv_raw(struct dataset *train, struct dataset *test,
+			     const struct data_config *dc, uint64_t seed,
+			     char *err, size_t errlen)
 {
 	struct dataset all = { 0 };
 	double ntest;
@@ -239,6 +240,16 @@ static int data_load_csv(struct dataset *train, struct dataset *test,
 			return ret;
 		}
 	}
+	return 0;
+}
+
+static int data_load_csv(struct dataset *train, struct dataset *test,
+			 const struct data_config *dc, uint64_t seed,
+			 char *err, size_t errlen)
+{
+	int ret = data_load_csv_raw(train, test, dc, seed, err, errlen);
+	if (ret < 0)
+		return ret;
 	ret = data_standardize(train, test);
 	if (ret < 0)
 		snprintf(err, errlen, "%s: out of memory standardizing", dc->train_csv);
@@ -275,4 +286,33 @@ int data_load(struct dataset *train, struct dataset *test,
 		train->classes = test->classes;
 	test->classes = train->classes;
 	return 0;
+}
+
+int data_load_input(struct dataset *in, const struct data_config *dc, uint64_t seed, const char *path,
+		    char *err, size_t errlen)
+{
+	struct dataset train = { 0 }, test = { 0 };
+	int ret;
+
+	memset(in, 0, sizeof(*in));
+	if (dc->format == DATA_IDX)
+		return idx_load_images(in, path, err, errlen);
+	ret = data_load_csv_raw(&train, &test, dc, seed, err, errlen);
+	if (ret == 0)
+		ret = csv_load(in, path, dc->label_column, dc->header, err, errlen);
+	if (ret == 0 && in->d != train.d) {
+		snprintf(err, errlen, "%s has %zu feature columns but %s has %zu (the label column must be there too; its value is ignored)",
+			 path, in->d, dc->train_csv, train.d);
+		ret = -EINVAL;
+	}
+	if (ret == 0) {
+		ret = data_standardize(&train, in);
+		if (ret < 0)
+			snprintf(err, errlen, "%s: out of memory standardizing", path);
+	}
+	dataset_free(&train);
+	dataset_free(&test);
+	if (ret < 0)
+		dataset_free(in);
+	return ret;
 }

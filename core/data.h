@@ -65,6 +65,9 @@ int data_load(struct dataset *train, struct dataset *test,
 int idx_load(struct dataset *ds, const char *images, const char *labels,
 	     char *err, size_t errlen);
 
+/* An IDX images file alone (for predict): labels are all 0, classes 0. */
+int idx_load_images(struct dataset *ds, const char *images, char *err, size_t errlen);
+
 /* One CSV file (optionally gzip-compressed), numbers only, all rows the
  * same number of fields, comma-separated without quoting. label_column is
  * 0-based or -1 for the last; labels are integers 0..DATA_MAX_CLASSES-1.
@@ -72,6 +75,14 @@ int idx_load(struct dataset *ds, const char *images, const char *labels,
  * *ds is overwritten; on failure it is zeroed. */
 int csv_load(struct dataset *ds, const char *path, int label_column,
 	     enum csv_header header, char *err, size_t errlen);
+
+/* Samples to predict from path, prepared exactly as the config's test set
+ * would be: IDX images scaled to [0,1] (no labels file needed), or a CSV in
+ * the training CSV's layout (its label column is read and ignored)
+ * standardized with the training set's statistics, which means the
+ * training data is loaded too. Returns 0 or a negative errno with err. */
+int data_load_input(struct dataset *in, const struct data_config *dc, uint64_t seed, const char *path,
+		    char *err, size_t errlen);
 
 void dataset_free(struct dataset *ds);   /* accepts NULL and zeroed structs */
 

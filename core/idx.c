@@ -397,3 +397,37 @@ out:
 	dataset_free(&d);
 	return ret;
 }
+
+int idx_load_images(struct dataset *ds, const char *images, char *err, size_t errlen)
+{
+	struct idx_reader ri = { .gz = NULL };
+	struct dataset d = { 0 };
+	uint32_t idims[3];
+	size_t icount;
+	int ret;
+
+	memset(ds, 0, sizeof(*ds));
+	ret = idx_open(&ri, images, err, errlen);
+	if (ret < 0)
+		goto out;
+	ret = idx_read_header(&ri, IDX_MAGIC_IMAGES, idims, 3, "images", "pixels", &icount);
+	if (ret < 0)
+		goto out;
+	d.n = idims[0];
+	d.d = (size_t)idims[1] * idims[2];
+	ret = idx_read_pixels(&ri, &d.x, icount);
+	if (ret < 0)
+		goto out;
+	d.y = calloc(d.n ? d.n : 1, sizeof(*d.y));
+	if (!d.y) {
+		snprintf(err, errlen, "%s: out of memory for %zu labels", images, d.n);
+		ret = -ENOMEM;
+		goto out;
+	}
+	*ds = d;
+	d = (struct dataset){ 0 };
+out:
+	idx_close(&ri);
+	dataset_free(&d);
+	return ret;
+}

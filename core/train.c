@@ -5,6 +5,7 @@
 
 #include "../gpu/gpu.h"
 #include "backend.h"
+#include "checkpoint.h"
 #include "data.h"
 #include "model.h"
 #include "optim.h"
@@ -76,6 +77,22 @@ static int check_fit(const struct config *c, const struct model *m, const struct
 int train_local(const struct config *c, FILE *out, int tty, const volatile sig_atomic_t *stop,
 		struct train_result *res, char *err, size_t errlen)
 {
+	return train_run(c, NULL, out, tty, stop, res, err, errlen);
+}
+
+/* Saves the whole run as checkpoint `step`, one shard over all of P. */
+static int save(const struct config *c, const struct train_ckpt *ck, const struct ckpt_layout *lay,
+		const float *params, const struct optim *opt, long step, FILE *out, char *err, size_t errlen)
+{
+	struct ckpt_state st = { params, opt->m, opt->v, opt->t };
+	return checkpoint_save(ck->dir, lay, step, &st, c->train.keep_checkpoints, out, err, errlen);
+}
+
+int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, int tty,
+	      const volatile sig_atomic_t *stop, struct train_result *res, char *err, size_t errlen)
+{
+	struct ckpt_layout *lay = NULL;
+	long start = 0;
 	struct dataset train = { 0 }, test = { 0 };
 	struct model m;
 	struct replica rep = { 0 };
@@ -134,6 +151,32 @@ int train_local(const struct config *c, FILE *out, int tty, const volatile sig_a
 		goto out;
 	}
 	model_init_params(&m, params, 0, m.nparams, c->train.seed);
+	if (ck && !ck->dir[0])
+		ck = NULL;
+	if (ck) {
+		lay = malloc(sizeof(*lay));
+		if (!lay) {
+			snprintf(err, errlen, "out of memory");
+			e = -ENOMEM;
+			goto out;
+		}
+		e = ckpt_layout_init(lay, &m, 1, c, err, errlen);
+		if (e)
+			goto out;
+	}
+	if (ck && !ck->fresh) {
+		long t = 0;
+		e = checkpoint_restore(ck->dir, lay, 1, 0, m.nparams, params, opt.m, opt.v, &t, &start, out,
+				       err, errlen);
+		if (e == 0) {
+			opt.t = t;
+			fprintf(out, "resuming from %s/step-%08ld\n", ck->dir, start);
+		} else if (e == -ENOENT) {
+			start = 0;
+		} else {
+			goto out;
+		}
+	}
 	/* Backward accumulates; optim_step_zero clears the gradients after each
 	 * update, so only the first step needs them zeroed here. */
 	e = be.ops->zero(be.ctx, grads, m.nparams * sizeof(float));
@@ -148,7 +191,14 @@ int train_local(const struct config *c, FILE *out, int tty, const volatile sig_a
 	progress_init(&pg, out, tty, total, spe);
 	long step;
 	long epoch_loaded = -1;
-	for (step = 0; step < total && !*stop; step++) {
+	if (start > total) {
+		snprintf(err, errlen, "%s/step-%08ld is beyond this run's %ld steps; raise [train] steps or epochs, or use --fresh",
+			 ck->dir, start, total);
+		e = -EINVAL;
+		goto out;
+	}
+	res->start_step = start;
+	for (step = start; step < total && !*stop; step++) {
 		long epoch = step / spe;
 		if (epoch != epoch_loaded) {
 			data_permute(perm, train.n, c->train.seed, (uint64_t)epoch);
@@ -172,6 +222,12 @@ int train_local(const struct config *c, FILE *out, int tty, const volatile sig_a
 		progress_step(&pg, step, B, progress_now() - ts, loss / B, (double)right / B);
 
 		int last = step + 1 == total;
+		if (ck && c->train.checkpoint_every > 0 && (step + 1) % c->train.checkpoint_every == 0 && !last) {
+			char why[CONFIG_ERR_MAX];
+			progress_clear(&pg);
+			if (save(c, ck, lay, params, &opt, step + 1, out, why, sizeof(why)))
+				fprintf(out, "warning: checkpoint at step %ld failed, training goes on: %s\n", step + 1, why);
+		}
 		int eval_now = c->train.eval_every > 0 ? (step + 1) % c->train.eval_every == 0
 						       : (step + 1) % spe == 0;
 		if (eval_now && !last) {
@@ -181,6 +237,12 @@ int train_local(const struct config *c, FILE *out, int tty, const volatile sig_a
 				goto eval_fail;
 			progress_eval(&pg, step + 1, tl, ta);
 		}
+	}
+	if (ck && step > start) {
+		progress_clear(&pg);
+		e = save(c, ck, lay, params, &opt, step, out, err, errlen);
+		if (e)
+			goto out;
 	}
 	/* Stopped or finished: always end with a real evaluation. */
 	e = replica_evaluate(&rep, params, &test, &res->test_loss, &res->test_acc);
@@ -200,6 +262,7 @@ eval_fail:
 	progress_clear(&pg);
 	snprintf(err, errlen, "evaluation on %s: %s", be.where, strerror(-e));
 out:
+	free(lay);
 	optim_free(&opt);
 	replica_free(&rep);
 	if (be.ops) {

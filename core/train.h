@@ -16,6 +16,7 @@ struct train_result {
 	double wall;            /* seconds, start to end including evaluation */
 	double samples_per_s;   /* training steps only */
 	int stopped;            /* ended early because *stop was set */
+	long start_step;        /* step the run resumed from (0 when fresh) */
 };
 
 /* Trains as the config says. `stop` is polled between steps (set from a
@@ -26,6 +27,24 @@ struct train_result {
  * goes to out; tty selects the redrawn line. */
 int train_local(const struct config *c, FILE *out, int tty, const volatile sig_atomic_t *stop,
 		struct train_result *res, char *err, size_t errlen);
+
+/* Checkpointing for train_run: what `pstrain local` passes. */
+struct train_ckpt {
+	const char *dir;   /* checkpoint_dir; "" = neither resume nor save */
+	int fresh;         /* --fresh: start from scratch even if dir holds checkpoints */
+};
+
+/* train_local with checkpoints (ck may be NULL: none; that is train_local,
+ * which library callers and tests use so nothing lands on disk). Unless
+ * fresh, the run resumes from the newest usable checkpoint in ck->dir:
+ * weights, optimizer state and the step, so the lr schedule and the data
+ * order (a function of seed and epoch) continue where they stopped. It
+ * saves every [train] checkpoint_every steps (a failure there is reported
+ * on out and training goes on) and once at the end or when stopped (a
+ * failure there is an error). A checkpoint dir whose checkpoints are all
+ * refused is -EINVAL: starting over silently would lose the run. */
+int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, int tty,
+	      const volatile sig_atomic_t *stop, struct train_result *res, char *err, size_t errlen);
 
 /* One line per placement decision: which device trains and why. Returns 0,
  * or -ENODEV when soft_placement is off and the GPUs asked for are missing. */

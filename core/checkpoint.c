@@ -1,0 +1,1090 @@
+/* Checkpoint directories: manifest, durable publishing, rotation, restore
+ * and inspection; see checkpoint.h. The file format is safetensors.c's. */
+#include "checkpoint.h"
+
+#include "../net/err.h"
+#include "safetensors.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <signal.h>
+#include <sodium.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define CKPT_MAGIC "pstrain checkpoint 1"
+#define CKPT_MANIFEST "manifest"
+#define CKPT_MAX_STEP 99999999L   /* step-NNNNNNNN: 8 digits */
+
+static const char *const optim_names[] = { "sgd", "momentum", "adam" };
+
+/* ---- small helpers ---- */
+
+static int cluster_nshards(const char *stepdir);
+
+static void hex(char *out, const uint8_t *b, size_t n)
+{
+	sodium_bin2hex(out, 2 * n + 1, b, n);
+}
+
+static int unhex(uint8_t *b, size_t n, const char *s)
+{
+	size_t got = 0;
+	return strlen(s) == 2 * n && sodium_hex2bin(b, n, s, 2 * n, NULL, &got, NULL) == 0 && got == n ? 0 : -1;
+}
+
+/* PSTRAIN_CKPT_CRASH = "POINT" or "POINT:STEP" (only when saving STEP). */
+static void crash_point(const char *name, long step)
+{
+	const char *want = getenv("PSTRAIN_CKPT_CRASH");
+	size_t n = strlen(name);
+	if (!want || strncmp(want, name, n) != 0)
+		return;
+	if (want[n] == '\0' || (want[n] == ':' && atol(want + n + 1) == step))
+		raise(SIGKILL);
+}
+
+static int fsync_dir(const char *path)
+{
+	int fd = open(path, O_RDONLY | O_DIRECTORY);
+	if (fd < 0)
+		return -errno;
+	int e = fsync(fd) ? -errno : 0;
+	close(fd);
+	return e;
+}
+
+/* mkdir -p; an existing directory is fine. */
+static int make_dirs(const char *path)
+{
+	char p[CKPT_PATH_MAX];
+	if (snprintf(p, sizeof(p), "%s", path) >= (int)sizeof(p))
+		return -ENAMETOOLONG;
+	for (char *s = p + 1; *s; s++) {
+		if (*s != '/')
+			continue;
+		*s = '\0';
+		if (mkdir(p, 0755) && errno != EEXIST)
+			return -errno;
+		*s = '/';
+	}
+	if (mkdir(p, 0755) && errno != EEXIST)
+		return -errno;
+	struct stat sb;
+	if (stat(p, &sb) || !S_ISDIR(sb.st_mode))
+		return -ENOTDIR;
+	return 0;
+}
+
+/* Removes a directory holding only plain files (what pstrain writes). */
+static int remove_flat_dir(const char *path)
+{
+	DIR *d = opendir(path);
+	if (!d)
+		return -errno;
+	struct dirent *de;
+	char p[CKPT_PATH_MAX];
+	while ((de = readdir(d))) {
+		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+			continue;
+		snprintf(p, sizeof(p), "%s/%s", path, de->d_name);
+		unlink(p);
+	}
+	closedir(d);
+	return rmdir(path) ? -errno : 0;
+}
+
+static int slurp(const char *path, unsigned char **buf, size_t *len, char *err, size_t errlen)
+{
+	*buf = NULL;
+	*len = 0;
+	FILE *f = fopen(path, "rb");
+	if (!f)
+		return err_set(err, errlen, -errno == -ENOENT ? -EINVAL : -errno, "%s: %s", path, strerror(errno));
+	struct stat sb;
+	if (fstat(fileno(f), &sb) || !S_ISREG(sb.st_mode)) {
+		fclose(f);
+		return err_set(err, errlen, -EINVAL, "%s: not a regular file", path);
+	}
+	unsigned char *b = malloc(sb.st_size ? (size_t)sb.st_size : 1);
+	if (!b) {
+		fclose(f);
+		return err_set(err, errlen, -ENOMEM, "%s: out of memory for %lld bytes", path, (long long)sb.st_size);
+	}
+	size_t n = fread(b, 1, (size_t)sb.st_size, f);
+	int bad = ferror(f);
+	fclose(f);
+	if (bad || n != (size_t)sb.st_size) {
+		free(b);
+		return err_set(err, errlen, -EIO, "%s: read error", path);
+	}
+	*buf = b;
+	*len = n;
+	return 0;
+}
+
+/* "step-NNNNNNNN" exactly; returns the step or -1. */
+static long step_of(const char *name)
+{
+	if (strlen(name) != 13 || strncmp(name, "step-", 5) != 0)
+		return -1;
+	long s = 0;
+	for (int i = 5; i < 13; i++) {
+		if (name[i] < '0' || name[i] > '9')
+			return -1;
+		s = s * 10 + (name[i] - '0');
+	}
+	return s;
+}
+
+static int by_step_desc(const void *a, const void *b)
+{
+	long x = *(const long *)a, y = *(const long *)b;
+	return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* Steps of the step-* directories in dir, newest first, into *out
+ * (malloc'd). Returns the count, or a negative errno (-ENOENT: no dir). */
+static int list_steps(const char *dir, long **out)
+{
+	*out = NULL;
+	DIR *d = opendir(dir);
+	if (!d)
+		return -errno;
+	long *v = NULL;
+	int n = 0, cap = 0;
+	struct dirent *de;
+	while ((de = readdir(d))) {
+		long s = step_of(de->d_name);
+		if (s < 0)
+			continue;
+		if (n == cap) {
+			cap = cap ? 2 * cap : 16;
+			long *w = realloc(v, (size_t)cap * sizeof(*v));
+			if (!w) {
+				free(v);
+				closedir(d);
+				return -ENOMEM;
+			}
+			v = w;
+		}
+		v[n++] = s;
+	}
+	closedir(d);
+	if (n > 1)
+		qsort(v, (size_t)n, sizeof(*v), by_step_desc);
+	*out = v;
+	return n;
+}
+
+static void step_path(char *out, size_t len, const char *dir, long step)
+{
+	snprintf(out, len, "%s/step-%08ld", dir, step);
+}
+
+/* ---- layout ---- */
+
+int ckpt_layout_init(struct ckpt_layout *l, const struct model *m, int nshards, const struct config *c,
+		     char *err, size_t errlen)
+{
+	memset(l, 0, sizeof(*l));
+	l->nt = model_tensors(m, l->t, MODEL_MAX_TENSORS);
+	if (l->nt < 0)
+		return err_set(err, errlen, -EINVAL, "model has more than %d tensors", MODEL_MAX_TENSORS);
+	l->nparams = m->nparams;
+	if (shard_check(nshards, m->nparams, err, errlen) < 0)
+		return -EINVAL;
+	l->nshards = nshards;
+	shard_plan(l->shards, nshards, m->nparams);
+	l->optim = c->train.optim.kind;
+	if (config_hash(c, l->config_hash))
+		return err_set(err, errlen, -ENOMEM, "out of memory hashing the config");
+
+	crypto_generichash_state h;
+	char line[256];
+	crypto_generichash_init(&h, NULL, 0, CKPT_HASH_BYTES);
+	for (int i = 0; i < l->nt; i++) {
+		const struct tensor_info *t = &l->t[i];
+		int n = snprintf(line, sizeof(line), "%s %zu %zu", t->name, t->off, t->n);
+		for (int d = 0; d < t->ndim; d++)
+			n += snprintf(line + n, sizeof(line) - (size_t)n, " %d", t->shape[d]);
+		n += snprintf(line + n, sizeof(line) - (size_t)n, "\n");
+		crypto_generichash_update(&h, (const unsigned char *)line, (size_t)n);
+	}
+	crypto_generichash_state hl = h;
+	crypto_generichash_final(&h, l->model_hash, CKPT_HASH_BYTES);
+	for (int k = 0; k < nshards; k++) {
+		int n = snprintf(line, sizeof(line), "shard %zu %zu\n", l->shards[k].begin, l->shards[k].end);
+		crypto_generichash_update(&hl, (const unsigned char *)line, (size_t)n);
+	}
+	int n = snprintf(line, sizeof(line), "optimizer %s\n", optim_names[l->optim]);
+	crypto_generichash_update(&hl, (const unsigned char *)line, (size_t)n);
+	crypto_generichash_final(&hl, l->layout_hash, CKPT_HASH_BYTES);
+	return 0;
+}
+
+/* ---- writing ---- */
+
+static void meta_set(struct st_meta *m, int *n, const char *key, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+static void meta_set(struct st_meta *m, int *n, const char *key, const char *fmt, ...)
+{
+	va_list ap;
+	snprintf(m[*n].key, sizeof(m[*n].key), "%s", key);
+	va_start(ap, fmt);
+	vsnprintf(m[*n].value, sizeof(m[*n].value), fmt, ap);
+	va_end(ap);
+	(*n)++;
+}
+
+/* The part [lo, hi) of tensor t inside global range [b, e); 0 if none. */
+static int tensor_part(const struct tensor_info *t, size_t b, size_t e, size_t *lo, size_t *hi)
+{
+	size_t s = t->off > b ? t->off : b, f = t->off + t->n < e ? t->off + t->n : e;
+	if (s >= f)
+		return 0;
+	*lo = s - t->off;
+	*hi = f - t->off;
+	return 1;
+}
+
+static void shape_text(char *out, size_t len, int ndim, const int *shape)
+{
+	size_t n = 0;
+	out[0] = '\0';
+	for (int d = 0; d < ndim && n < len; d++)
+		n += (size_t)snprintf(out + n, len - n, "%s%d", d ? "x" : "", shape[d]);
+}
+
+/* Adds the part of t in [b, e) from data (indexed from b) as `name`. */
+static void add_part(struct st_tensor *out, int *nt, struct st_meta *meta, int *nmeta, const char *prefix,
+		     const struct tensor_info *t, size_t b, size_t e, const float *data)
+{
+	size_t lo, hi;
+	if (!data || !tensor_part(t, b, e, &lo, &hi))
+		return;
+	struct st_tensor *s = &out[(*nt)++];
+	memset(s, 0, sizeof(*s));
+	snprintf(s->name, sizeof(s->name), "%s%s", prefix, t->name);
+	s->n = hi - lo;
+	s->data = data + (t->off + lo - b);
+	if (lo == 0 && hi == t->n) {
+		s->ndim = t->ndim;
+		for (int d = 0; d < t->ndim; d++)
+			s->shape[d] = (uint64_t)t->shape[d];
+	} else {
+		char key[ST_META_MAX], shape[64];
+		s->ndim = 1;
+		s->shape[0] = s->n;
+		shape_text(shape, sizeof(shape), t->ndim, t->shape);
+		snprintf(key, sizeof(key), "pstrain.part.%s", s->name);
+		meta_set(meta, nmeta, key, "%zu:%zu/%s", lo, hi, shape);
+	}
+}
+
+static int hash_file(const char *path, uint8_t sum[CKPT_HASH_BYTES], uint64_t *bytes, char *err, size_t errlen)
+{
+	unsigned char *buf;
+	size_t len;
+	int e = slurp(path, &buf, &len, err, errlen);
+	if (e)
+		return e;
+	crypto_generichash(sum, CKPT_HASH_BYTES, buf, len, NULL, 0);
+	*bytes = len;
+	free(buf);
+	return 0;
+}
+
+/* Writes path.part, syncs it and renames it to path. */
+static int write_durable(const char *path, int (*fill)(FILE *, const void *, char *, size_t), const void *arg,
+			 char *err, size_t errlen)
+{
+	char tmp[CKPT_PATH_MAX + CKPT_FILE_MAX + 8];
+	snprintf(tmp, sizeof(tmp), "%s.part", path);
+	FILE *f = fopen(tmp, "wb");
+	if (!f)
+		return err_set(err, errlen, -errno, "%s: %s", tmp, strerror(errno));
+	int e = fill(f, arg, err, errlen);
+	if (!e && (fflush(f) || fsync(fileno(f))))
+		e = err_set(err, errlen, -EIO, "%s: %s", tmp, strerror(errno));
+	if (fclose(f) && !e)
+		e = err_set(err, errlen, -EIO, "%s: %s", tmp, strerror(errno));
+	if (!e && rename(tmp, path))
+		e = err_set(err, errlen, -errno, "rename %s: %s", tmp, strerror(errno));
+	if (e) {
+		unlink(tmp);
+		if (e == -EIO && strstr(err, "write failed"))
+			snprintf(err, errlen, "%s: %s", tmp, "write failed (disk full?)");
+	}
+	return e;
+}
+
+struct shard_file {
+	const struct st_tensor *t;
+	int nt;
+	const struct st_meta *meta;
+	int nmeta;
+};
+
+static int fill_shard(FILE *f, const void *arg, char *err, size_t errlen)
+{
+	const struct shard_file *s = arg;
+	return safetensors_write(f, s->t, s->nt, s->meta, s->nmeta, err, errlen);
+}
+
+static int write_shard(const char *tmpdir, const struct ckpt_layout *l, int k, long step,
+		       const struct ckpt_state *st, struct ckpt_shard *out, char *err, size_t errlen)
+{
+	size_t b = l->shards[k].begin, e = l->shards[k].end;
+	struct st_tensor *t = malloc(3 * (size_t)l->nt * sizeof(*t));
+	struct st_meta *meta = malloc((8 + 6 * (size_t)l->nt) * sizeof(*meta));
+	int nt = 0, nmeta = 0;
+	if (!t || !meta) {
+		free(t);
+		free(meta);
+		return err_set(err, errlen, -ENOMEM, "out of memory for a checkpoint header");
+	}
+	/* "format": "pt" is what safetensors' PyTorch helpers write. */
+	meta_set(meta, &nmeta, "format", "pt");
+	meta_set(meta, &nmeta, "pstrain.format", "1");
+	meta_set(meta, &nmeta, "pstrain.step", "%ld", step);
+	meta_set(meta, &nmeta, "pstrain.shard", "%d/%d", k, l->nshards);
+	meta_set(meta, &nmeta, "pstrain.range", "%zu:%zu", b, e);
+	meta_set(meta, &nmeta, "pstrain.optimizer", "%s", optim_names[l->optim]);
+	meta_set(meta, &nmeta, "pstrain.optim_t", "%ld", st->t);
+	for (int i = 0; i < l->nt; i++)
+		add_part(t, &nt, meta, &nmeta, "", &l->t[i], b, e, st->params);
+	for (int i = 0; i < l->nt; i++)
+		add_part(t, &nt, meta, &nmeta, "optim.m.", &l->t[i], b, e, st->m);
+	for (int i = 0; i < l->nt; i++)
+		add_part(t, &nt, meta, &nmeta, "optim.v.", &l->t[i], b, e, st->v);
+
+	char path[CKPT_PATH_MAX + CKPT_FILE_MAX];
+	snprintf(out->file, sizeof(out->file), "shard-%d-of-%d.safetensors", k, l->nshards);
+	snprintf(path, sizeof(path), "%s/%s", tmpdir, out->file);
+	out->begin = b;
+	out->end = e;
+	struct shard_file sf = { t, nt, meta, nmeta };
+	int r = write_durable(path, fill_shard, &sf, err, errlen);
+	free(t);
+	free(meta);
+	/* Hashing what is on disk, not what was meant to be written, so the
+	 * checksum also vouches for the write. */
+	if (!r)
+		r = hash_file(path, out->sum, &out->bytes, err, errlen);
+	return r;
+}
+
+/* want_k < 0: every shard; else shard want_k only (a ps's own manifest). */
+static void manifest_text(FILE *f, const struct ckpt_manifest *mf, int want_k)
+{
+	char h[2 * CKPT_HASH_BYTES + 1];
+	fprintf(f, "%s\nstep %ld\nparams %zu\n", CKPT_MAGIC, mf->step, mf->nparams);
+	hex(h, mf->model_hash, CKPT_HASH_BYTES);
+	fprintf(f, "model %s\n", h);
+	hex(h, mf->layout_hash, CKPT_HASH_BYTES);
+	fprintf(f, "layout %s\n", h);
+	hex(h, mf->config_hash, CKPT_HASH_BYTES);
+	fprintf(f, "config %s\nshards %d\n", h, mf->nshards);
+	for (int k = 0; k < mf->nshards; k++) {
+		const struct ckpt_shard *s = &mf->shards[k];
+		if (want_k >= 0 && k != want_k)
+			continue;
+		hex(h, s->sum, CKPT_HASH_BYTES);
+		fprintf(f, "shard %d %zu %zu %" PRIu64 " %s %s\n", k, s->begin, s->end, s->bytes, s->file, h);
+	}
+}
+
+/* The manifest ends with "end HASH", HASH = BLAKE2b-256 of everything
+ * before that line: a truncated or edited manifest is refused. */
+struct manifest_arg {
+	const struct ckpt_manifest *mf;
+	int k;
+};
+
+static int fill_manifest(FILE *f, const void *arg_, char *err, size_t errlen)
+{
+	const struct manifest_arg *arg = arg_;
+	char *text = NULL, h[2 * CKPT_HASH_BYTES + 1];
+	size_t len = 0;
+	uint8_t sum[CKPT_HASH_BYTES];
+	FILE *m = open_memstream(&text, &len);
+	if (!m)
+		return err_set(err, errlen, -ENOMEM, "out of memory for a manifest");
+	manifest_text(m, arg->mf, arg->k);
+	if (fclose(m) || !text) {
+		free(text);
+		return err_set(err, errlen, -ENOMEM, "out of memory for a manifest");
+	}
+	crypto_generichash(sum, sizeof(sum), (const unsigned char *)text, len, NULL, 0);
+	hex(h, sum, sizeof(sum));
+	int ok = fwrite(text, 1, len, f) == len && fprintf(f, "end %s\n", h) > 0;
+	free(text);
+	return ok ? 0 : err_set(err, errlen, -EIO, "write failed");
+}
+
+/* Complete = its manifest reads and every file it lists has the listed
+ * size. Checksums are left to loading: rotation must stay cheap. */
+static int step_complete(const char *stepdir)
+{
+	struct ckpt_manifest *mf = malloc(sizeof(*mf));
+	char err[256], p[CKPT_PATH_MAX];
+	int ok = mf && checkpoint_manifest_read(mf, stepdir, err, sizeof(err)) == 0;
+	for (int k = 0; ok && k < mf->nshards; k++) {
+		struct stat sb;
+		snprintf(p, sizeof(p), "%s/%s", stepdir, mf->shards[k].file);
+		ok = stat(p, &sb) == 0 && (uint64_t)sb.st_size == mf->shards[k].bytes;
+	}
+	free(mf);
+	return ok;
+}
+
+/* Keeps the newest `keep` complete checkpoints; deletes older complete
+ * ones and any incomplete leftovers older than the oldest kept one. */
+static void rotate(const char *dir, int keep, FILE *log)
+{
+	long *steps;
+	int n = list_steps(dir, &steps), kept = 0;
+	char p[CKPT_PATH_MAX];
+	for (int i = 0; i < n; i++) {
+		step_path(p, sizeof(p), dir, steps[i]);
+		int complete = step_complete(p);
+		if (complete && kept < keep) {
+			kept++;
+			continue;
+		}
+		if (kept < keep)   /* an incomplete one newer than the kept ones: leave it to be seen */
+			continue;
+		if (remove_flat_dir(p) == 0 && log)
+			fprintf(log, "checkpoint: removed %s (keep_checkpoints = %d)\n", p, keep);
+	}
+	free(steps);
+}
+
+/* Leftover temporary directories of earlier steps are crashed writes. */
+static void remove_stale_tmp(const char *dir, long step)
+{
+	DIR *d = opendir(dir);
+	if (!d)
+		return;
+	struct dirent *de;
+	char p[CKPT_PATH_MAX];
+	while ((de = readdir(d))) {
+		long s;
+		int pid;
+		if (sscanf(de->d_name, ".tmp-step-%8ld-%d", &s, &pid) == 2 && s < step) {
+			snprintf(p, sizeof(p), "%s/%s", dir, de->d_name);
+			remove_flat_dir(p);
+		}
+	}
+	closedir(d);
+}
+
+static void manifest_init(struct ckpt_manifest *mf, const struct ckpt_layout *l, long step)
+{
+	mf->step = step;
+	mf->nparams = l->nparams;
+	memcpy(mf->model_hash, l->model_hash, CKPT_HASH_BYTES);
+	memcpy(mf->layout_hash, l->layout_hash, CKPT_HASH_BYTES);
+	memcpy(mf->config_hash, l->config_hash, CKPT_HASH_BYTES);
+	mf->nshards = l->nshards;
+}
+
+int checkpoint_save(const char *dir, const struct ckpt_layout *l, long step, const struct ckpt_state *st,
+		    int keep, FILE *log, char *err, size_t errlen)
+{
+	char tmp[CKPT_PATH_MAX], final[CKPT_PATH_MAX], p[CKPT_PATH_MAX + CKPT_FILE_MAX];
+	if (step < 0 || step > CKPT_MAX_STEP)
+		return err_set(err, errlen, -ERANGE, "checkpoint step %ld does not fit step-NNNNNNNN", step);
+	if (strlen(dir) + 40 >= sizeof(tmp))
+		return err_set(err, errlen, -ENAMETOOLONG, "%s: checkpoint_dir path too long", dir);
+	int e = make_dirs(dir);
+	if (e)
+		return err_set(err, errlen, e, "%s: cannot create checkpoint_dir: %s", dir, strerror(-e));
+	step_path(final, sizeof(final), dir, step);
+	if (access(final, F_OK) == 0 && step_complete(final))
+		return 0;
+	remove_stale_tmp(dir, step);
+	snprintf(tmp, sizeof(tmp), "%s/.tmp-step-%08ld-%d", dir, step, (int)getpid());
+	if (access(tmp, F_OK) == 0)
+		remove_flat_dir(tmp);
+	if (mkdir(tmp, 0755))
+		return err_set(err, errlen, -errno, "%s: %s", tmp, strerror(errno));
+
+	struct ckpt_manifest *mf = calloc(1, sizeof(*mf));
+	if (!mf) {
+		e = err_set(err, errlen, -ENOMEM, "out of memory for a manifest");
+		goto fail;
+	}
+	manifest_init(mf, l, step);
+	for (int k = 0; k < l->nshards; k++) {
+		e = write_shard(tmp, l, k, step, &st[k], &mf->shards[k], err, errlen);
+		if (e)
+			goto fail;
+		crash_point("shard", step);
+	}
+	crash_point("manifest", step);
+	snprintf(p, sizeof(p), "%s/%s", tmp, CKPT_MANIFEST);
+	struct manifest_arg ma = { mf, -1 };
+	e = write_durable(p, fill_manifest, &ma, err, errlen);
+	if (e)
+		goto fail;
+	if ((e = fsync_dir(tmp))) {
+		err_set(err, errlen, e, "%s: fsync: %s", tmp, strerror(-e));
+		goto fail;
+	}
+	crash_point("publish", step);
+	if (access(final, F_OK) == 0) {
+		/* Incomplete (complete ones returned above): set it aside rather
+		 * than delete what someone may want to look at. */
+		snprintf(p, sizeof(p), "%s/.broken-step-%08ld-%d", dir, step, (int)getpid());
+		if (rename(final, p) == 0 && log)
+			fprintf(log, "checkpoint: moved incomplete %s aside to %s\n", final, p);
+	}
+	if (rename(tmp, final)) {
+		e = err_set(err, errlen, -errno, "rename %s to %s: %s", tmp, final, strerror(errno));
+		goto fail;
+	}
+	if ((e = fsync_dir(dir))) {
+		err_set(err, errlen, e, "%s: fsync: %s", dir, strerror(-e));
+		free(mf);
+		return e;
+	}
+	free(mf);
+	if (log)
+		fprintf(log, "checkpoint: saved %s\n", final);
+	rotate(dir, keep, log);
+	return 0;
+fail:
+	free(mf);
+	remove_flat_dir(tmp);
+	return e;
+}
+
+int checkpoint_save_shard(const char *dir, const struct ckpt_layout *l, long step, int k,
+			  const struct ckpt_state *st, int keep, FILE *log, char *err, size_t errlen)
+{
+	char sd[CKPT_PATH_MAX], p[CKPT_PATH_MAX + CKPT_FILE_MAX];
+	if (step < 0 || step > CKPT_MAX_STEP)
+		return err_set(err, errlen, -ERANGE, "checkpoint step %ld does not fit step-NNNNNNNN", step);
+	if (strlen(dir) + 40 >= sizeof(sd))
+		return err_set(err, errlen, -ENAMETOOLONG, "%s: checkpoint_dir path too long", dir);
+	step_path(sd, sizeof(sd), dir, step);
+	int e = make_dirs(sd);
+	if (e)
+		return err_set(err, errlen, e, "%s: cannot create: %s", sd, strerror(-e));
+	snprintf(p, sizeof(p), "%s/manifest-%d-of-%d", sd, k, l->nshards);
+	if (access(p, F_OK) == 0)
+		return 0;   /* saved before (a resumed ps reaching a step it has) */
+	struct ckpt_manifest *mf = calloc(1, sizeof(*mf));
+	if (!mf)
+		return err_set(err, errlen, -ENOMEM, "out of memory for a manifest");
+	manifest_init(mf, l, step);
+	e = write_shard(sd, l, k, step, st, &mf->shards[k], err, errlen);
+	if (!e)
+		crash_point("manifest", step);
+	struct manifest_arg ma = { mf, k };
+	if (!e)
+		e = write_durable(p, fill_manifest, &ma, err, errlen);
+	if (!e && (e = fsync_dir(sd)))
+		err_set(err, errlen, e, "%s: fsync: %s", sd, strerror(-e));
+	if (!e && (e = fsync_dir(dir)))
+		err_set(err, errlen, e, "%s: fsync: %s", dir, strerror(-e));
+	free(mf);
+	if (e)
+		return e;
+	if (log)
+		fprintf(log, "checkpoint: saved shard %d of %d in %s\n", k, l->nshards, sd);
+	rotate(dir, keep, log);
+	return 0;
+}
+
+/* ---- reading ---- */
+
+static int manifest_bad(const char *path, int line, const char *what, char *err, size_t errlen)
+{
+	return err_set(err, errlen, -EINVAL, "%s:%d: %s", path, line, what);
+}
+
+/* One manifest file. want_k < 0: the whole-checkpoint "manifest", listing
+ * every shard; else "manifest-K-of-N" of one ps, listing shard want_k only. */
+static int manifest_file_read(struct ckpt_manifest *mf, const char *path, int want_k, char *err, size_t errlen)
+{
+	unsigned char *buf;
+	size_t len;
+	memset(mf, 0, sizeof(*mf));
+	int e = slurp(path, &buf, &len, err, errlen);
+	if (e)
+		return e;
+	/* The checksum line first: nothing else is trusted before it holds. */
+	char *text = malloc(len + 1);
+	if (!text) {
+		free(buf);
+		return err_set(err, errlen, -ENOMEM, "%s: out of memory", path);
+	}
+	memcpy(text, buf, len);
+	text[len] = '\0';
+	free(buf);
+	char *endl = len >= 1 && text[len - 1] == '\n' ? NULL : text;   /* must end in a newline */
+	char *last = NULL;
+	if (!endl) {
+		text[len - 1] = '\0';
+		last = strrchr(text, '\n');
+		last = last ? last + 1 : text;
+	}
+	uint8_t want[CKPT_HASH_BYTES], got[CKPT_HASH_BYTES];
+	if (!last || strncmp(last, "end ", 4) != 0 || unhex(want, sizeof(want), last + 4)) {
+		free(text);
+		return err_set(err, errlen, -EINVAL, "%s: truncated or damaged (no valid \"end\" line)", path);
+	}
+	crypto_generichash(got, sizeof(got), (const unsigned char *)text, (size_t)(last - text), NULL, 0);
+	if (sodium_memcmp(want, got, sizeof(got)) != 0) {
+		free(text);
+		return err_set(err, errlen, -EINVAL, "%s: checksum mismatch (file damaged or edited)", path);
+	}
+	last[0] = '\0';
+
+	int ln = 0, nshard = 0;
+	e = 0;
+	char *save = NULL;
+	for (char *l = strtok_r(text, "\n", &save); l && !e; l = strtok_r(NULL, "\n", &save)) {
+		char w[32], h1[80];
+		ln++;
+		if (ln == 1) {
+			if (strcmp(l, CKPT_MAGIC))
+				e = manifest_bad(path, ln, "not a pstrain checkpoint manifest (version 1)", err, errlen);
+			continue;
+		}
+		if (sscanf(l, "%31s", w) != 1)
+			e = manifest_bad(path, ln, "empty line", err, errlen);
+		else if (!strcmp(w, "step")) {
+			if (sscanf(l, "step %ld", &mf->step) != 1 || mf->step < 0)
+				e = manifest_bad(path, ln, "bad step", err, errlen);
+		} else if (!strcmp(w, "params")) {
+			if (sscanf(l, "params %zu", &mf->nparams) != 1)
+				e = manifest_bad(path, ln, "bad params", err, errlen);
+		} else if (!strcmp(w, "model") || !strcmp(w, "layout") || !strcmp(w, "config")) {
+			uint8_t *dst = w[0] == 'm' ? mf->model_hash : w[0] == 'l' ? mf->layout_hash : mf->config_hash;
+			if (sscanf(l, "%*s %79s", h1) != 1 || unhex(dst, CKPT_HASH_BYTES, h1))
+				e = manifest_bad(path, ln, "bad hash", err, errlen);
+		} else if (!strcmp(w, "shards")) {
+			if (sscanf(l, "shards %d", &mf->nshards) != 1 || mf->nshards < 1 ||
+			    mf->nshards > CONFIG_MAX_HOSTS)
+				e = manifest_bad(path, ln, "bad shard count", err, errlen);
+		} else if (!strcmp(w, "shard")) {
+			int k;
+			struct ckpt_shard s;
+			if (sscanf(l, "shard %d %zu %zu %" SCNu64 " %63s %79s", &k, &s.begin, &s.end, &s.bytes, s.file,
+				   h1) != 6 ||
+			    k != (want_k < 0 ? nshard : want_k) || nshard > (want_k < 0 ? k : 0) || k >= mf->nshards ||
+			    unhex(s.sum, CKPT_HASH_BYTES, h1) ||
+			    strchr(s.file, '/') || s.file[0] == '.')
+				e = manifest_bad(path, ln, "bad shard line", err, errlen);
+			else
+				mf->shards[k] = s, nshard++;
+		} else {
+			e = manifest_bad(path, ln, "unknown line", err, errlen);
+		}
+	}
+	free(text);
+	if (e)
+		return e;
+	if (ln < 1 || nshard != (want_k < 0 ? mf->nshards : 1) || nshard == 0)
+		return err_set(err, errlen, -EINVAL, "%s: lists %d of %d shards", path, nshard, mf->nshards);
+	return 0;
+}
+
+/* The shards of a whole checkpoint must tile [0, P). */
+static int manifest_check_tiling(const struct ckpt_manifest *mf, const char *path, char *err, size_t errlen)
+{
+	int nshard = mf->nshards;
+	size_t at = 0;
+	for (int k = 0; k < nshard; k++) {
+		if (mf->shards[k].begin != at || mf->shards[k].end <= at)
+			return err_set(err, errlen, -EINVAL, "%s: shard %d range [%zu, %zu) does not follow %zu", path, k,
+				       mf->shards[k].begin, mf->shards[k].end, at);
+		at = mf->shards[k].end;
+	}
+	if (at != mf->nparams)
+		return err_set(err, errlen, -EINVAL, "%s: shards cover %zu of %zu parameters", path, at, mf->nparams);
+	return 0;
+}
+
+/* N from the "manifest-0-of-N" in stepdir, or 0 if there is none. */
+static int cluster_nshards(const char *stepdir)
+{
+	DIR *d = opendir(stepdir);
+	int n = 0;
+	if (!d)
+		return 0;
+	struct dirent *de;
+	while ((de = readdir(d))) {
+		int k, m;
+		char tail;
+		if (sscanf(de->d_name, "manifest-%d-of-%d%c", &k, &m, &tail) == 2 && k == 0 && m > 0 &&
+		    m <= CONFIG_MAX_HOSTS)
+			n = m;
+	}
+	closedir(d);
+	return n;
+}
+
+int checkpoint_manifest_read(struct ckpt_manifest *mf, const char *stepdir, char *err, size_t errlen)
+{
+	char path[CKPT_PATH_MAX + CKPT_FILE_MAX];
+	snprintf(path, sizeof(path), "%s/%s", stepdir, CKPT_MANIFEST);
+	int n = access(path, F_OK) == 0 ? 0 : cluster_nshards(stepdir);
+	if (n == 0) {
+		int e = manifest_file_read(mf, path, -1, err, errlen);
+		return e ? e : manifest_check_tiling(mf, path, err, errlen);
+	}
+	/* A cluster checkpoint: one manifest per ps, each written last by
+	 * its ps; complete when all N are there and agree. */
+	struct ckpt_manifest *one = malloc(sizeof(*one));
+	if (!one)
+		return err_set(err, errlen, -ENOMEM, "out of memory for a manifest");
+	int e = 0;
+	for (int k = 0; k < n && !e; k++) {
+		snprintf(path, sizeof(path), "%s/manifest-%d-of-%d", stepdir, k, n);
+		if (access(path, F_OK) != 0) {
+			e = err_set(err, errlen, -EINVAL, "%s: missing: ps %d has not written its shard of this step (incomplete)",
+				    path, k);
+			break;
+		}
+		e = manifest_file_read(k ? one : mf, path, k, err, errlen);
+		if (e)
+			break;
+		if (k && (one->step != mf->step || one->nparams != mf->nparams || one->nshards != n ||
+			  memcmp(one->model_hash, mf->model_hash, CKPT_HASH_BYTES) ||
+			  memcmp(one->layout_hash, mf->layout_hash, CKPT_HASH_BYTES)))
+			e = err_set(err, errlen, -EINVAL, "%s: disagrees with manifest-0-of-%d (step, model or layout)",
+				    path, n);
+		else if (k)
+			mf->shards[k] = one->shards[k];
+		else if (mf->nshards != n)
+			e = err_set(err, errlen, -EINVAL, "%s: says %d shards", path, mf->nshards);
+	}
+	free(one);
+	if (!e)
+		e = manifest_check_tiling(mf, stepdir, err, errlen);
+	return e;
+}
+
+/* Reads shard file k of stepdir and checks it against the manifest. */
+static int shard_open(struct safetensors *st, const char *stepdir, const struct ckpt_manifest *mf, int k,
+		      char *err, size_t errlen)
+{
+	char path[CKPT_PATH_MAX];
+	unsigned char *buf;
+	size_t len;
+	uint8_t sum[CKPT_HASH_BYTES];
+	memset(st, 0, sizeof(*st));
+	snprintf(path, sizeof(path), "%s/%s", stepdir, mf->shards[k].file);
+	int e = slurp(path, &buf, &len, err, errlen);
+	if (e)
+		return e;
+	if (len != mf->shards[k].bytes) {
+		free(buf);
+		return err_set(err, errlen, -EINVAL, "%s: truncated or extended: %zu bytes, the manifest says %" PRIu64,
+			       path, len, mf->shards[k].bytes);
+	}
+	crypto_generichash(sum, sizeof(sum), buf, len, NULL, 0);
+	if (sodium_memcmp(sum, mf->shards[k].sum, sizeof(sum)) != 0) {
+		free(buf);
+		return err_set(err, errlen, -EINVAL, "%s: checksum mismatch (file damaged)", path);
+	}
+	e = safetensors_parse(st, buf, len, path, err, errlen);
+	if (e)
+		return e;
+	char want[64];
+	const char *r = safetensors_meta(st, "pstrain.range");
+	snprintf(want, sizeof(want), "%zu:%zu", mf->shards[k].begin, mf->shards[k].end);
+	if (!r || strcmp(r, want))
+		return err_set(err, errlen, -EINVAL, "%s: pstrain.range is %s, the manifest says %s", path,
+			       r ? r : "missing", want);
+	return 0;
+}
+
+/* Copies the stored part of model tensor t (named prefix+name) that falls
+ * in [b, e) into out (indexed from b). */
+static int copy_part(const struct safetensors *st, const char *path, const char *prefix,
+		     const struct tensor_info *t, size_t sb, size_t se, size_t b, size_t e, float *out,
+		     char *err, size_t errlen)
+{
+	size_t lo, hi, want_lo, want_hi;
+	char name[ST_NAME_MAX], key[ST_META_MAX], shape[64], want[ST_META_MAX];
+	if (!tensor_part(t, sb, se, &lo, &hi) || !tensor_part(t, b > sb ? b : sb, e < se ? e : se, &want_lo, &want_hi))
+		return 0;
+	snprintf(name, sizeof(name), "%s%s", prefix, t->name);
+	const struct st_tensor *s = safetensors_find(st, name);
+	if (!s)
+		return err_set(err, errlen, -EINVAL, "%s: tensor %s is missing", path, name);
+	if (lo == 0 && hi == t->n) {
+		int ok = s->ndim == t->ndim;
+		for (int d = 0; ok && d < t->ndim; d++)
+			ok = s->shape[d] == (uint64_t)t->shape[d];
+		if (!ok)
+			return err_set(err, errlen, -EINVAL, "%s: tensor %s has a different shape than the model's", path, name);
+	} else {
+		shape_text(shape, sizeof(shape), t->ndim, t->shape);
+		snprintf(key, sizeof(key), "pstrain.part.%s", name);
+		snprintf(want, sizeof(want), "%zu:%zu/%s", lo, hi, shape);
+		const char *v = safetensors_meta(st, key);
+		if (s->ndim != 1 || s->n != hi - lo || !v || strcmp(v, want))
+			return err_set(err, errlen, -EINVAL, "%s: tensor %s is not the part %s the model expects", path,
+				       name, want);
+	}
+	safetensors_copy(st, s, want_lo - lo, want_hi - want_lo, out + (t->off + want_lo - b));
+	return 0;
+}
+
+int checkpoint_load(const char *stepdir, const struct ckpt_layout *l, int want_layout, size_t begin,
+		    size_t end, float *params, float *m, float *v, long *t, long *step, char *err,
+		    size_t errlen)
+{
+	struct ckpt_manifest *mf = malloc(sizeof(*mf));
+	if (!mf)
+		return err_set(err, errlen, -ENOMEM, "out of memory for a manifest");
+	int e = checkpoint_manifest_read(mf, stepdir, err, errlen);
+	if (e)
+		goto out;
+	if (mf->nparams != l->nparams || sodium_memcmp(mf->model_hash, l->model_hash, CKPT_HASH_BYTES)) {
+		e = err_set(err, errlen, -EINVAL, "%s/manifest: the model differs from the config's (%zu vs %zu parameters or other tensor names/shapes)",
+			    stepdir, mf->nparams, l->nparams);
+		goto out;
+	}
+	if (want_layout && sodium_memcmp(mf->layout_hash, l->layout_hash, CKPT_HASH_BYTES)) {
+		e = err_set(err, errlen, -EINVAL, "%s/manifest: the shard layout (%d shard%s) or optimizer differs from this run's (%d shard%s, %s)",
+			    stepdir, mf->nshards, mf->nshards == 1 ? "" : "s", l->nshards, l->nshards == 1 ? "" : "s",
+			    optim_names[l->optim]);
+		goto out;
+	}
+	long opt_t = -1;
+	for (int k = 0; k < mf->nshards && !e; k++) {
+		size_t sb = mf->shards[k].begin, se = mf->shards[k].end;
+		if (se <= begin || sb >= end)
+			continue;
+		struct safetensors st;
+		char path[CKPT_PATH_MAX];
+		snprintf(path, sizeof(path), "%s/%s", stepdir, mf->shards[k].file);
+		e = shard_open(&st, stepdir, mf, k, err, errlen);
+		const char *ts = e ? NULL : safetensors_meta(&st, "pstrain.optim_t");
+		char *tend;
+		long tv = ts ? strtol(ts, &tend, 10) : -1;
+		if (!e && (m || v) && (!ts || *tend || tv < 0 || (opt_t >= 0 && tv != opt_t)))
+			e = err_set(err, errlen, -EINVAL, "%s: pstrain.optim_t missing or inconsistent", path);
+		opt_t = tv;
+		for (int i = 0; i < l->nt && !e; i++) {
+			e = copy_part(&st, path, "", &l->t[i], sb, se, begin, end, params, err, errlen);
+			if (!e && m)
+				e = copy_part(&st, path, "optim.m.", &l->t[i], sb, se, begin, end, m, err, errlen);
+			if (!e && v)
+				e = copy_part(&st, path, "optim.v.", &l->t[i], sb, se, begin, end, v, err, errlen);
+		}
+		safetensors_free(&st);
+	}
+	if (!e) {
+		if (t)
+			*t = opt_t;
+		*step = mf->step;
+	}
+out:
+	free(mf);
+	return e;
+}
+
+int checkpoint_restore(const char *dir, const struct ckpt_layout *l, int want_layout, size_t begin,
+		       size_t end, float *params, float *m, float *v, long *t, long *step, FILE *log,
+		       char *err, size_t errlen)
+{
+	long *steps;
+	int n = list_steps(dir, &steps);
+	if (n == -ENOENT || n == 0) {
+		free(steps);
+		return err_set(err, errlen, -ENOENT, "%s: no checkpoint", dir);
+	}
+	if (n < 0)
+		return err_set(err, errlen, n, "%s: %s", dir, strerror(-n));
+	char p[CKPT_PATH_MAX], first[CONFIG_ERR_MAX] = "";
+	int e = -EINVAL;
+	for (int i = 0; i < n; i++) {
+		step_path(p, sizeof(p), dir, steps[i]);
+		e = checkpoint_load(p, l, want_layout, begin, end, params, m, v, t, step, err, errlen);
+		if (e == 0)
+			break;
+		if (e == -ENOMEM)
+			break;
+		if (log)
+			fprintf(log, "checkpoint: refusing %s\n", err);
+		if (!first[0])
+			snprintf(first, sizeof(first), "%s", err);
+	}
+	free(steps);
+	if (e == -EINVAL)
+		err_set(err, errlen, -EINVAL, "no usable checkpoint in %s (newest refused: %s); fix it, use another checkpoint_dir or start over with --fresh",
+			dir, first);
+	return e;
+}
+
+int checkpoint_resolve(const char *dir, char *out, size_t outlen, char *err, size_t errlen)
+{
+	char p[CKPT_PATH_MAX];
+	snprintf(p, sizeof(p), "%s/%s", dir, CKPT_MANIFEST);
+	if (access(p, F_OK) == 0 || cluster_nshards(dir) > 0) {
+		if (snprintf(out, outlen, "%s", dir) >= (int)outlen)
+			return err_set(err, errlen, -ENAMETOOLONG, "%s: path too long", dir);
+		return 0;
+	}
+	long *steps;
+	int n = list_steps(dir, &steps);
+	if (n < 0)
+		return err_set(err, errlen, n == -ENOENT ? -ENOENT : n, "%s: %s", dir, strerror(-n));
+	int e = err_set(err, errlen, -ENOENT, "%s: neither a checkpoint (no manifest) nor a directory holding complete step-NNNNNNNN checkpoints", dir);
+	for (int i = 0; i < n; i++) {
+		step_path(p, sizeof(p), dir, steps[i]);
+		if (step_complete(p)) {
+			e = snprintf(out, outlen, "%s", p) >= (int)outlen ? -ENAMETOOLONG : 0;
+			break;
+		}
+	}
+	free(steps);
+	return e;
+}
+
+/* ---- inspection ---- */
+
+struct whole {
+	char name[ST_NAME_MAX];
+	int ndim;
+	uint64_t shape[ST_MAX_DIMS];
+	uint64_t n, filled;
+	float *data;
+};
+
+static int by_name(const void *a, const void *b)
+{
+	return strcmp(((const struct whole *)a)->name, ((const struct whole *)b)->name);
+}
+
+/* "LO:HI/D0xD1..." */
+static int parse_part(const char *v, uint64_t *lo, uint64_t *hi, struct whole *w)
+{
+	int used = 0;
+	unsigned long long a, b;
+	if (sscanf(v, "%llu:%llu/%n", &a, &b, &used) != 2 || used == 0)
+		return -1;
+	*lo = a;
+	*hi = b;
+	const char *p = v + used;
+	w->ndim = 0;
+	w->n = 1;
+	while (*p) {
+		char *e;
+		if (w->ndim == ST_MAX_DIMS || *p < '0' || *p > '9')
+			return -1;
+		unsigned long long d = strtoull(p, &e, 10);
+		if (d && w->n > UINT64_MAX / 4 / d)
+			return -1;
+		w->shape[w->ndim++] = d;
+		w->n *= d;
+		p = e;
+		if (*p == 'x')
+			p++;
+		else if (*p)
+			return -1;
+	}
+	return lo < hi && *hi <= w->n ? 0 : -1;
+}
+
+int checkpoint_print(FILE *f, const char *stepdir, char *err, size_t errlen)
+{
+	struct ckpt_manifest *mf = malloc(sizeof(*mf));
+	struct whole *w = NULL;
+	int nw = 0, e;
+	if (!mf)
+		return err_set(err, errlen, -ENOMEM, "out of memory");
+	e = checkpoint_manifest_read(mf, stepdir, err, errlen);
+	for (int k = 0; k < mf->nshards && !e; k++) {
+		struct safetensors st;
+		char path[CKPT_PATH_MAX];
+		snprintf(path, sizeof(path), "%s/%s", stepdir, mf->shards[k].file);
+		e = shard_open(&st, stepdir, mf, k, err, errlen);
+		for (int i = 0; i < st.nt && !e; i++) {
+			const struct st_tensor *s = &st.t[i];
+			struct whole part = { 0 };
+			uint64_t lo = 0, hi = s->n;
+			char key[ST_META_MAX];
+			snprintf(key, sizeof(key), "pstrain.part.%s", s->name);
+			const char *v = safetensors_meta(&st, key);
+			if (v) {
+				if (parse_part(v, &lo, &hi, &part) || hi - lo != s->n) {
+					e = err_set(err, errlen, -EINVAL, "%s: bad %s \"%s\"", path, key, v);
+					break;
+				}
+			} else {
+				part.ndim = s->ndim;
+				memcpy(part.shape, s->shape, sizeof(part.shape));
+				part.n = s->n;
+			}
+			int j;
+			for (j = 0; j < nw && strcmp(w[j].name, s->name); j++)
+				;
+			if (j == nw) {
+				struct whole *g = realloc(w, (size_t)(nw + 1) * sizeof(*w));
+				if (!g) {
+					e = err_set(err, errlen, -ENOMEM, "out of memory");
+					break;
+				}
+				w = g;
+				w[nw] = part;
+				snprintf(w[nw].name, sizeof(w[nw].name), "%s", s->name);
+				w[nw].data = malloc(part.n ? part.n * sizeof(float) : 1);
+				w[nw].filled = 0;
+				nw++;
+				if (!w[j].data) {
+					e = err_set(err, errlen, -ENOMEM, "out of memory");
+					break;
+				}
+			} else if (w[j].ndim != part.ndim || memcmp(w[j].shape, part.shape, sizeof(part.shape))) {
+				e = err_set(err, errlen, -EINVAL, "%s: tensor %s: shape differs from another shard's", path, s->name);
+				break;
+			}
+			safetensors_copy(&st, s, 0, s->n, w[j].data + lo);
+			w[j].filled += s->n;
+		}
+		safetensors_free(&st);
+	}
+	if (!e) {
+		if (nw > 1)
+			qsort(w, (size_t)nw, sizeof(*w), by_name);
+		fprintf(f, "checkpoint %s: step %ld, %zu parameters, %d shard file%s\n", stepdir, mf->step,
+			mf->nparams, mf->nshards, mf->nshards == 1 ? "" : "s");
+	}
+	for (int j = 0; j < nw && !e; j++) {
+		if (w[j].filled != w[j].n) {
+			e = err_set(err, errlen, -EINVAL, "%s: tensor %s: shard files hold %" PRIu64 " of its %" PRIu64 " elements",
+				    stepdir, w[j].name, w[j].filled, w[j].n);
+			break;
+		}
+		char shape[96] = "", h[2 * CKPT_HASH_BYTES + 1];
+		uint8_t sum[CKPT_HASH_BYTES];
+		size_t n = 0;
+		for (int d = 0; d < w[j].ndim; d++)
+			n += (size_t)snprintf(shape + n, sizeof(shape) - n, "%s%" PRIu64, d ? "x" : "", w[j].shape[d]);
+		if (w[j].ndim == 0)
+			snprintf(shape, sizeof(shape), "scalar");
+		crypto_generichash(sum, sizeof(sum), (const unsigned char *)w[j].data, w[j].n * sizeof(float), NULL, 0);
+		hex(h, sum, sizeof(sum));
+		fprintf(f, "tensor %-32s %-14s %10" PRIu64 " blake2b-256:%s\n", w[j].name, shape, w[j].n, h);
+	}
+	for (int j = 0; j < nw; j++)
+		free(w[j].data);
+	free(w);
+	free(mf);
+	return e;
+}

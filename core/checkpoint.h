@@ -1,0 +1,142 @@
+/* Checkpoints on disk: the directory layout, the manifest, durable
+ * publishing, rotation, and finding and loading the newest usable one.
+ * docs/CHECKPOINTS.md is the user's description of the same.
+ *
+ *   checkpoint_dir/step-NNNNNNNN/manifest
+ *   checkpoint_dir/step-NNNNNNNN/shard-K-of-N.safetensors   (K = 0..N-1)
+ *
+ * Shard file K holds the parameters of global range [begin, end) of the
+ * flat vector P and the optimizer state over the same range; `local` writes
+ * one shard covering all of P. A tensor wholly inside the range is stored
+ * under its name with its full (PyTorch) shape; a tensor that straddles a
+ * shard boundary is stored under its name as a flat 1-D part, with
+ * __metadata__ "pstrain.part.NAME" = "LO:HI/D0xD1..." giving the part's
+ * element range in the row-major tensor and the full shape. Optimizer
+ * moments are the tensors "optim.m.NAME" and "optim.v.NAME" stored the same
+ * way; the optimizer's step count t and the training step are metadata.
+ *
+ * A checkpoint is written into checkpoint_dir/.tmp-step-NNNNNNNN-PID/, each
+ * file to a ".part" name, fsync'd and renamed; the manifest last; then the
+ * directory is fsync'd and renamed to step-NNNNNNNN and checkpoint_dir is
+ * fsync'd. A crash at any point leaves either no step directory or a
+ * complete one, and never touches an existing one. */
+#ifndef PSTRAIN_CHECKPOINT_H
+#define PSTRAIN_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "config.h"
+#include "model.h"
+#include "optim.h"
+#include "shard.h"
+
+#define CKPT_HASH_BYTES 32
+#define CKPT_FILE_MAX 64
+#define CKPT_PATH_MAX (DATA_PATH_MAX + 96)
+
+/* What a run's checkpoints must agree on to be resumed: the model's tensors
+ * (names, offsets, shapes), the shard plan and the optimizer kind. */
+struct ckpt_layout {
+	struct tensor_info t[MODEL_MAX_TENSORS];
+	int nt;
+	size_t nparams;
+	struct shard shards[CONFIG_MAX_HOSTS];
+	int nshards;
+	enum optim_kind optim;
+	uint8_t model_hash[CKPT_HASH_BYTES];    /* tensors only */
+	uint8_t layout_hash[CKPT_HASH_BYTES];   /* tensors + shard plan + optimizer kind */
+	uint8_t config_hash[CKPT_HASH_BYTES];   /* config_hash(), recorded for information */
+};
+
+/* nshards = 1 for `local`, [cluster] ps count for a cluster. */
+int ckpt_layout_init(struct ckpt_layout *l, const struct model *m, int nshards, const struct config *c,
+		     char *err, size_t errlen);
+
+struct ckpt_shard {
+	size_t begin, end;               /* global range in P */
+	uint64_t bytes;                  /* file size */
+	char file[CKPT_FILE_MAX];
+	uint8_t sum[CKPT_HASH_BYTES];    /* BLAKE2b-256 of the whole file */
+};
+
+struct ckpt_manifest {
+	long step;
+	size_t nparams;
+	uint8_t model_hash[CKPT_HASH_BYTES];
+	uint8_t layout_hash[CKPT_HASH_BYTES];
+	uint8_t config_hash[CKPT_HASH_BYTES];
+	int nshards;
+	struct ckpt_shard shards[CONFIG_MAX_HOSTS];
+};
+
+/* One shard's state as saved: arrays over the shard's range; m and v may
+ * be NULL when the optimizer has no such state (sgd has neither). */
+struct ckpt_state {
+	const float *params;
+	const float *m, *v;
+	long t;
+};
+
+/* Saves st[0..l->nshards) as checkpoint `step` under dir (created if
+ * missing), then deletes all but the newest `keep` complete checkpoints.
+ * If step-NNNNNNNN already exists and is complete, nothing is written
+ * (a resumed run reaching a step it already saved). A line per action goes
+ * to log (may be NULL). Returns 0 or a negative errno with one line in err.
+ *
+ * Test hook: when the environment variable PSTRAIN_CKPT_CRASH names a point
+ * ("shard" after the first shard file, "manifest" before the manifest,
+ * "publish" before the rename into place), optionally as "POINT:STEP" to
+ * hit only the save of STEP, the process kills itself with SIGKILL there,
+ * as a power cut would stop it. */
+int checkpoint_save(const char *dir, const struct ckpt_layout *l, long step, const struct ckpt_state *st,
+		    int keep, FILE *log, char *err, size_t errlen);
+
+/* A ps's part of cluster checkpoint `step`: shard k's file and its own
+ * manifest "manifest-K-of-N" (written last, after the file is synced) in
+ * dir/step-NNNNNNNN/, which all ps tasks share. The checkpoint is complete
+ * when all N manifests are present and agree; until then readers ignore
+ * it. Nothing is written if this shard's manifest already exists. Then
+ * rotates as checkpoint_save does. Same crash points ("shard" is not
+ * one: there is a single file before the manifest). */
+int checkpoint_save_shard(const char *dir, const struct ckpt_layout *l, long step, int k,
+			  const struct ckpt_state *st, int keep, FILE *log, char *err, size_t errlen);
+
+/* Reads and checks stepdir/manifest, or for a cluster checkpoint every
+ * stepdir/manifest-K-of-N (all must be present and agree): syntax, each
+ * file's own checksum, that the shards tile [0, P). Does not read the
+ * shard files. */
+int checkpoint_manifest_read(struct ckpt_manifest *mf, const char *stepdir, char *err, size_t errlen);
+
+/* Loads global range [begin, end) of the parameters (and, where m, v are
+ * not NULL, the optimizer moments; *t gets the optimizer step) from the
+ * checkpoint in stepdir, reassembling tensors across shard files. Each file
+ * read is checked against its manifest checksum. want_layout: refuse unless
+ * the layout hash matches (resume); otherwise only the model hash must
+ * (eval, predict). Returns 0 or -EINVAL with the file and reason in err. */
+int checkpoint_load(const char *stepdir, const struct ckpt_layout *l, int want_layout, size_t begin,
+		    size_t end, float *params, float *m, float *v, long *t, long *step, char *err,
+		    size_t errlen);
+
+/* The newest checkpoint under dir that loads (as checkpoint_load), trying
+ * older ones after a refusal; each refusal is one line on log. Returns 0
+ * with *step set; -ENOENT when dir holds no checkpoint at all (err says
+ * so); -EINVAL when every checkpoint was refused (err names the newest and
+ * why). */
+int checkpoint_restore(const char *dir, const struct ckpt_layout *l, int want_layout, size_t begin,
+		       size_t end, float *params, float *m, float *v, long *t, long *step, FILE *log,
+		       char *err, size_t errlen);
+
+/* DIR may be a step directory (it has a manifest) or a checkpoint_dir, in
+ * which case the newest complete step directory in it is chosen. Writes
+ * the step directory's path to out. Returns 0, -ENOENT or -ENAMETOOLONG. */
+int checkpoint_resolve(const char *dir, char *out, size_t outlen, char *err, size_t errlen);
+
+/* For `pstrain check --checkpoint`: every tensor of the checkpoint,
+ * reassembled from the shard files alone (no config needed), one line each
+ * in name order: name, shape, element count and the BLAKE2b-256 of its
+ * float32 little-endian bytes. */
+int checkpoint_print(FILE *f, const char *stepdir, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,144 @@
+/* eval and predict from a checkpoint; see infer.h. */
+#include "infer.h"
+
+#include "../net/err.h"
+#include "backend.h"
+#include "checkpoint.h"
+#include "data.h"
+#include "model.h"
+#include "replica.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define INFER_BATCH 1024
+
+/* A built model, a replica and the checkpoint's parameters in its backend. */
+struct infer {
+	struct model m;
+	struct backend be;
+	struct replica rep;
+	float *params;        /* (P) backend memory */
+};
+
+static void infer_free(struct infer *in)
+{
+	replica_free(&in->rep);
+	if (in->be.ops)
+		in->be.ops->release(in->be.ctx, in->params);
+}
+
+static int infer_init(struct infer *in, const struct config *c, const char *ckpt, struct infer_result *res,
+		      char *err, size_t errlen)
+{
+	struct ckpt_layout *lay = NULL;
+	float *host = NULL;
+	memset(in, 0, sizeof(*in));
+	memset(res, 0, sizeof(*res));
+	int e = model_build(&in->m, &c->model, err, errlen);
+	if (e)
+		return e;
+	e = checkpoint_resolve(ckpt, res->stepdir, sizeof(res->stepdir), err, errlen);
+	if (e)
+		return e;
+	backend_cpu(&in->be, c->train.threads);
+	lay = malloc(sizeof(*lay));
+	host = malloc(in->m.nparams * sizeof(float));
+	if (!lay || !host || in->be.ops->alloc(in->be.ctx, (void **)&in->params, in->m.nparams * sizeof(float))) {
+		e = err_set(err, errlen, -ENOMEM, "out of memory for %zu parameters", in->m.nparams);
+		goto out;
+	}
+	e = ckpt_layout_init(lay, &in->m, 1, c, err, errlen);
+	if (!e)
+		e = checkpoint_load(res->stepdir, lay, 0, 0, in->m.nparams, host, NULL, NULL, NULL, &res->step, err,
+				    errlen);
+	if (!e)
+		e = in->be.ops->upload(in->be.ctx, in->params, host, in->m.nparams * sizeof(float));
+	if (!e)
+		e = replica_init(&in->rep, &in->m, &in->be, INFER_BATCH, err, errlen);
+out:
+	free(lay);
+	free(host);
+	return e;
+}
+
+int infer_eval(const struct config *c, const char *ckpt, struct infer_result *res, char *err,
+	       size_t errlen)
+{
+	struct infer in;
+	struct dataset train = { 0 }, test = { 0 };
+	int e = infer_init(&in, c, ckpt, res, err, errlen);
+	if (!e)
+		e = data_load(&train, &test, &c->data, c->train.seed, err, errlen);
+	if (!e && test.d != (size_t)in.m.inputs)
+		e = err_set(err, errlen, -EINVAL, "test samples have %zu features but the model takes %d", test.d,
+			    in.m.inputs);
+	if (!e && test.classes > in.m.outputs)
+		e = err_set(err, errlen, -EINVAL, "test labels go up to %d but the model has %d outputs",
+			    test.classes - 1, in.m.outputs);
+	if (!e) {
+		e = replica_evaluate(&in.rep, in.params, &test, &res->loss, &res->acc);
+		if (e)
+			err_set(err, errlen, e, "evaluation on %s: %s", in.be.where, strerror(-e));
+		res->samples = test.n;
+	}
+	dataset_free(&train);
+	dataset_free(&test);
+	infer_free(&in);
+	return e;
+}
+
+int infer_predict(const struct config *c, const char *ckpt, const char *input, int probs, FILE *out,
+		  struct infer_result *res, char *err, size_t errlen)
+{
+	struct infer in;
+	struct dataset ds = { 0 };
+	float *p = NULL;
+	int e = infer_init(&in, c, ckpt, res, err, errlen);
+	if (!e)
+		e = data_load_input(&ds, &c->data, c->train.seed, input, err, errlen);
+	if (!e && ds.d != (size_t)in.m.inputs)
+		e = err_set(err, errlen, -EINVAL, "%s: samples have %zu features but the model takes %d", input, ds.d,
+			    in.m.inputs);
+	int K = in.m.outputs;
+	if (!e && !(p = malloc((size_t)INFER_BATCH * (size_t)K * sizeof(float))))
+		e = err_set(err, errlen, -ENOMEM, "out of memory");
+	/* Labels are needed by the loss only; the input has none that count. */
+	int32_t *zero = e ? NULL : calloc(INFER_BATCH, sizeof(int32_t));
+	if (!e && !zero)
+		e = err_set(err, errlen, -ENOMEM, "out of memory");
+	for (size_t i = 0; !e && i < ds.n; i += INFER_BATCH) {
+		int B = ds.n - i < INFER_BATCH ? (int)(ds.n - i) : INFER_BATCH;
+		double loss;
+		int right;
+		e = replica_load(&in.rep, ds.x + i * ds.d, zero, B);
+		if (!e)
+			e = replica_forward(&in.rep, in.params, B, &loss, &right);
+		if (!e)
+			e = in.be.ops->download(in.be.ctx, p, in.rep.probs, (size_t)B * (size_t)K * sizeof(float));
+		if (e) {
+			err_set(err, errlen, e, "forward on %s: %s", in.be.where, strerror(-e));
+			break;
+		}
+		for (int b = 0; b < B; b++) {
+			const float *q = p + (size_t)b * (size_t)K;
+			int best = 0;
+			for (int k = 1; k < K; k++)
+				if (q[k] > q[best])
+					best = k;
+			fprintf(out, "%d", best);
+			for (int k = 0; probs && k < K; k++)
+				fprintf(out, ",%.6g", q[k]);
+			fputc('\n', out);
+		}
+	}
+	if (!e && (fflush(out) || ferror(out)))
+		e = err_set(err, errlen, -EIO, "writing predictions: %s", strerror(errno));
+	res->samples = ds.n;
+	free(zero);
+	free(p);
+	dataset_free(&ds);
+	infer_free(&in);
+	return e;
+}

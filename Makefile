@@ -141,7 +141,8 @@ asan:
 # (keygen never overwrites one). Ctrl-C stops all four.
 demo: all
 	$(Q)[ -e cluster.key ] || ./$(BIN) keygen cluster.key
-	$(Q)examples/local-cluster.sh cluster.ini ./$(BIN)
+	$(Q)d=$$(mktemp -d "$${TMPDIR:-/tmp}/pstrain-demo.XXXXXX") && echo "demo: checkpoints in $$d" && \
+		examples/local-cluster.sh cluster.ini ./$(BIN) -- --set train.checkpoint_dir=$$d
 
 BENCH_BIN := $(BUILD)/bench/cpu_mlp
 $(BENCH_BIN): $(BUILD)/bench/cpu_mlp.o $(OBJ_CORE)

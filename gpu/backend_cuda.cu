@@ -381,3 +381,45 @@ extern "C" int gpu_sync(const struct backend *b)
 	CK(g, cudaStreamSynchronize(g->stream));
 	return 0;
 }
+
+extern "C" int gpu_add(const struct backend *b, float *y, const float *x, size_t n)
+{
+	struct gpu_ctx *g = (struct gpu_ctx *)b->ctx;
+	int r = use(g);
+	if (r)
+		return r;
+	CKL(g, "gradient sum kernel", gk_add(g->stream, y, x, n));
+	return 0;
+}
+
+extern "C" int gpu_copy(const struct backend *dst_b, void *dst, const struct backend *src_b,
+			const void *src, size_t bytes)
+{
+	struct gpu_ctx *d = (struct gpu_ctx *)dst_b->ctx, *s = (struct gpu_ctx *)src_b->ctx;
+	int r = use(s);
+	if (r)
+		return r;
+	CK(s, cudaStreamSynchronize(s->stream));
+	if (d->device != s->device) {
+		int can = 0;
+		CK(d, cudaDeviceCanAccessPeer(&can, d->device, s->device));
+		if (can) {
+			CK(d, cudaSetDevice(d->device));
+			cudaError_t e = cudaDeviceEnablePeerAccess(s->device, 0);
+			if (e == cudaErrorPeerAccessAlreadyEnabled)
+				cudaGetLastError();
+			else if (e != cudaSuccess)
+				return cuda_fail(d, e, "cudaDeviceEnablePeerAccess");
+		}
+	}
+	r = use(d);
+	if (r)
+		return r;
+	CK(d, cudaMemcpyPeerAsync(dst, d->device, src, s->device, bytes, d->stream));
+	return 0;
+}
+
+extern "C" int gpu_backend_device(const struct backend *b)
+{
+	return b && b->ops == &cuda_ops ? ((const struct gpu_ctx *)b->ctx)->device : -1;
+}

@@ -49,6 +49,19 @@ size_t gpu_backend_used(const struct backend *b);
 int gpu_optim_step(const struct backend *b, const struct gk_optim *o, float *params,
 		   float *grads, float *m, float *v, size_t n, int zero);
 
+/* y += x over n floats, both on b's device. */
+int gpu_add(const struct backend *b, float *y, const float *x, size_t n);
+
+/* Copies bytes from src on src_b's device to dst on dst_b's device, directly
+ * where peer access is possible, otherwise staged by CUDA through the host.
+ * Waits for src_b's queued work first and leaves the copy ordered before
+ * dst_b's later work. */
+int gpu_copy(const struct backend *dst_b, void *dst, const struct backend *src_b, const void *src,
+	     size_t bytes);
+
+/* The device index of a CUDA backend, -1 for any other. */
+int gpu_backend_device(const struct backend *b);
+
 /* Waits for all work queued on b. */
 int gpu_sync(const struct backend *b);
 

@@ -62,3 +62,22 @@ int gpu_sync(const struct backend *b)
 	(void)b;
 	return -ENODEV;
 }
+
+int gpu_add(const struct backend *b, float *y, const float *x, size_t n)
+{
+	(void)b, (void)y, (void)x, (void)n;
+	return -ENODEV;
+}
+
+int gpu_copy(const struct backend *dst_b, void *dst, const struct backend *src_b, const void *src,
+	     size_t bytes)
+{
+	(void)dst_b, (void)dst, (void)src_b, (void)src, (void)bytes;
+	return -ENODEV;
+}
+
+int gpu_backend_device(const struct backend *b)
+{
+	(void)b;
+	return -1;
+}

@@ -33,6 +33,7 @@ struct gpu_ctx {
 	double *row_loss, *host_loss;
 	int *row_right, *host_right;
 	int rows;
+	cudaEvent_t mark[2];   // gpu_mark's start and end
 	char err[320];
 };
 
@@ -296,6 +297,9 @@ static void ctx_free(struct gpu_ctx *g)
 	cudaFreeHost(g->host_loss);
 	cudaFreeHost(g->host_right);
 	arena_free(&g->arena);
+	for (int i = 0; i < 2; i++)
+		if (g->mark[i])
+			cudaEventDestroy(g->mark[i]);
 	if (g->stream)
 		cudaStreamDestroy(g->stream);
 	cudaGetLastError();
@@ -311,6 +315,8 @@ static int ctx_open(struct gpu_ctx *g, int device, const struct gpu_options *o)
 	int r = cublas_load(&g->api, g->err, sizeof(g->err));
 	if (r)
 		return r;
+	CK(g, cudaEventCreate(&g->mark[0]));
+	CK(g, cudaEventCreate(&g->mark[1]));
 	CKB(g, "cublasCreate", g->api.create(&g->blas));
 	CKB(g, "cublasSetStream", g->api.set_stream(g->blas, g->stream));
 	/* Plain fp32 unless TF32 is asked for: results then match the CPU to
@@ -422,4 +428,27 @@ extern "C" int gpu_copy(const struct backend *dst_b, void *dst, const struct bac
 extern "C" int gpu_backend_device(const struct backend *b)
 {
 	return b && b->ops == &cuda_ops ? ((const struct gpu_ctx *)b->ctx)->device : -1;
+}
+
+extern "C" int gpu_mark(const struct backend *b, int end)
+{
+	struct gpu_ctx *g = (struct gpu_ctx *)b->ctx;
+	int r = use(g);
+	if (r)
+		return r;
+	CK(g, cudaEventRecord(g->mark[end ? 1 : 0], g->stream));
+	return 0;
+}
+
+extern "C" int gpu_marked_ms(const struct backend *b, double *ms)
+{
+	struct gpu_ctx *g = (struct gpu_ctx *)b->ctx;
+	float f = 0;
+	int r = use(g);
+	if (r)
+		return r;
+	CK(g, cudaEventSynchronize(g->mark[1]));
+	CK(g, cudaEventElapsedTime(&f, g->mark[0], g->mark[1]));
+	*ms = f;
+	return 0;
 }

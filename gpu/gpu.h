@@ -62,6 +62,12 @@ int gpu_copy(const struct backend *dst_b, void *dst, const struct backend *src_b
 /* The device index of a CUDA backend, -1 for any other. */
 int gpu_backend_device(const struct backend *b);
 
+/* Timing on b's stream with CUDA events: gpu_mark(b, 0) and gpu_mark(b, 1)
+ * record the start and the end; gpu_marked_ms waits for the end and gives
+ * the milliseconds between them. */
+int gpu_mark(const struct backend *b, int end);
+int gpu_marked_ms(const struct backend *b, double *ms);
+
 /* Waits for all work queued on b. */
 int gpu_sync(const struct backend *b);
 

@@ -81,3 +81,16 @@ int gpu_backend_device(const struct backend *b)
 	(void)b;
 	return -1;
 }
+
+int gpu_mark(const struct backend *b, int end)
+{
+	(void)b, (void)end;
+	return -ENODEV;
+}
+
+int gpu_marked_ms(const struct backend *b, double *ms)
+{
+	(void)b;
+	*ms = 0;
+	return -ENODEV;
+}

@@ -324,6 +324,34 @@ int devices_apply(struct devices *d, struct optim *o, float lr, char *err, size_
 	return 0;
 }
 
+static int optim_copy(struct devices *d, struct optim *o, int to_device, char *err, size_t errlen)
+{
+	if (!d->gpu)
+		return 0;
+	struct backend *b = &d->be[d->be_of[0]];
+	size_t bytes = d->m->nparams * sizeof(float);
+	float *dev[2] = { d->opt_m, d->opt_v }, *host[2] = { o->m, o->v };
+	for (int i = 0; i < 2; i++) {
+		if (!dev[i] || !host[i])
+			continue;
+		int e = to_device ? b->ops->upload(b->ctx, dev[i], host[i], bytes)
+				  : b->ops->download(b->ctx, host[i], dev[i], bytes);
+		if (e)
+			return fail(d, 0, e, "copying the optimizer state", err, errlen);
+	}
+	return 0;
+}
+
+int devices_get_optim(struct devices *d, struct optim *o, char *err, size_t errlen)
+{
+	return optim_copy(d, o, 0, err, errlen);
+}
+
+int devices_set_optim(struct devices *d, const struct optim *o, char *err, size_t errlen)
+{
+	return optim_copy(d, (struct optim *)o, 1, err, errlen);
+}
+
 int devices_evaluate(struct devices *d, const struct dataset *ds, double *loss, double *acc,
 		     char *err, size_t errlen)
 {

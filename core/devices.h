@@ -81,6 +81,11 @@ int devices_get_grads(struct devices *d, float *host, char *err, size_t errlen);
  * state lives on the device: devices_get_optim copies it out). */
 int devices_apply(struct devices *d, struct optim *o, float lr, char *err, size_t errlen);
 
+/* The optimizer state between the device and o->m, o->v (for checkpoints);
+ * nothing to do on the CPU, where o's buffers are the state. */
+int devices_get_optim(struct devices *d, struct optim *o, char *err, size_t errlen);
+int devices_set_optim(struct devices *d, const struct optim *o, char *err, size_t errlen);
+
 /* Replica 0's parameters (P) into host. */
 int devices_get_params(struct devices *d, float *host, char *err, size_t errlen);
 

@@ -154,6 +154,11 @@ $(BUILD)/bench/pushpull: $(BUILD)/bench/pushpull.o $(OBJ_CORE)
 	@mkdir -p $(dir $@)
 	$(call say,LINK,$@)$(LINK) $(LDFLAGS) $^ -o $@ $(CUDA_LIBS) $(LDLIBS)
 
+# Training steps on the GPU against PyTorch's: bench/gpu_mlp.
+$(BUILD)/bench/gpu_mlp: $(BUILD)/bench/gpu_mlp.o $(OBJ_CORE)
+	@mkdir -p $(dir $@)
+	$(call say,LINK,$@)$(LINK) $(LDFLAGS) $^ -o $@ $(CUDA_LIBS) $(LDLIBS)
+
 # Prints tables: pstrain's CPU step throughput against PyTorch's on this machine.
 bench: all $(BENCH_BIN)
 	./bench/cpu_mlp

@@ -1,7 +1,6 @@
-/* GPU discovery. This header always exists: a binary built without CUDA
- * links gpu/stub.c, whose functions return -ENODEV, so callers never #ifdef.
- * Only device discovery lives here so far; the CUDA backend (kernels, cuBLAS
- * through dlopen, the memory arena) comes with the GPU issue. */
+/* GPUs: discovery and the CUDA backend. This header always exists: a binary
+ * built without CUDA links gpu/stub.c, whose functions return -ENODEV, so
+ * callers never #ifdef. */
 #ifndef PSTRAIN_GPU_H
 #define PSTRAIN_GPU_H
 
@@ -22,5 +21,54 @@ const char *gpu_build_info(void);
 int gpu_count(int *n, char *err, size_t errlen);
 
 int gpu_query(int index, struct gpu_info *info, char *err, size_t errlen);
+
+struct backend;
+struct gk_optim;
+
+struct gpu_options {
+	double memory_fraction;   /* arena cap: this fraction of the GPU's memory */
+	int allow_growth;         /* take the arena in chunks, on demand, up to the cap */
+	int tf32;                 /* let cuBLAS use TF32 tensor cores for fp32 GEMMs */
+};
+
+/* Fills *b with the CUDA backend on GPU `device`: a stream, cuBLAS (dlopen),
+ * and the memory arena. Returns 0 or a negative errno with the reason in
+ * err (no driver, no cuBLAS, the arena does not fit). */
+int gpu_backend_open(struct backend *b, int device, const struct gpu_options *o,
+		     char *err, size_t errlen);
+void gpu_backend_close(struct backend *b);   /* accepts a zeroed or CPU backend */
+
+/* The text of the last failure of an op of b ("gpu:0: cublasSgemm
+ * (forward): CUBLAS_STATUS_EXECUTION_FAILED"); "" for other backends. */
+const char *gpu_backend_error(const struct backend *b);
+
+/* Arena bytes handed out so far. */
+size_t gpu_backend_used(const struct backend *b);
+
+/* The optimizer update (gpu/kernels.h) over device vectors of b. */
+int gpu_optim_step(const struct backend *b, const struct gk_optim *o, float *params,
+		   float *grads, float *m, float *v, size_t n, int zero);
+
+/* y += x over n floats, both on b's device. */
+int gpu_add(const struct backend *b, float *y, const float *x, size_t n);
+
+/* Copies bytes from src on src_b's device to dst on dst_b's device, directly
+ * where peer access is possible, otherwise staged by CUDA through the host.
+ * Waits for src_b's queued work first and leaves the copy ordered before
+ * dst_b's later work. */
+int gpu_copy(const struct backend *dst_b, void *dst, const struct backend *src_b, const void *src,
+	     size_t bytes);
+
+/* The device index of a CUDA backend, -1 for any other. */
+int gpu_backend_device(const struct backend *b);
+
+/* Timing on b's stream with CUDA events: gpu_mark(b, 0) and gpu_mark(b, 1)
+ * record the start and the end; gpu_marked_ms waits for the end and gives
+ * the milliseconds between them. */
+int gpu_mark(const struct backend *b, int end);
+int gpu_marked_ms(const struct backend *b, double *ms);
+
+/* Waits for all work queued on b. */
+int gpu_sync(const struct backend *b);
 
 #endif

@@ -23,3 +23,74 @@ int gpu_query(int index, struct gpu_info *info, char *err, size_t errlen)
 	snprintf(err, errlen, "this pstrain was built without CUDA");
 	return -ENODEV;
 }
+
+int gpu_backend_open(struct backend *b, int device, const struct gpu_options *o, char *err,
+		     size_t errlen)
+{
+	(void)b;
+	(void)o;
+	snprintf(err, errlen, "gpu:%d: this pstrain was built without CUDA", device);
+	return -ENODEV;
+}
+
+void gpu_backend_close(struct backend *b)
+{
+	(void)b;
+}
+
+const char *gpu_backend_error(const struct backend *b)
+{
+	(void)b;
+	return "";
+}
+
+size_t gpu_backend_used(const struct backend *b)
+{
+	(void)b;
+	return 0;
+}
+
+int gpu_optim_step(const struct backend *b, const struct gk_optim *o, float *params, float *grads,
+		   float *m, float *v, size_t n, int zero)
+{
+	(void)b, (void)o, (void)params, (void)grads, (void)m, (void)v, (void)n, (void)zero;
+	return -ENODEV;
+}
+
+int gpu_sync(const struct backend *b)
+{
+	(void)b;
+	return -ENODEV;
+}
+
+int gpu_add(const struct backend *b, float *y, const float *x, size_t n)
+{
+	(void)b, (void)y, (void)x, (void)n;
+	return -ENODEV;
+}
+
+int gpu_copy(const struct backend *dst_b, void *dst, const struct backend *src_b, const void *src,
+	     size_t bytes)
+{
+	(void)dst_b, (void)dst, (void)src_b, (void)src, (void)bytes;
+	return -ENODEV;
+}
+
+int gpu_backend_device(const struct backend *b)
+{
+	(void)b;
+	return -1;
+}
+
+int gpu_mark(const struct backend *b, int end)
+{
+	(void)b, (void)end;
+	return -ENODEV;
+}
+
+int gpu_marked_ms(const struct backend *b, double *ms)
+{
+	(void)b;
+	*ms = 0;
+	return -ENODEV;
+}

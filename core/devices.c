@@ -1,0 +1,360 @@
+/* Placement, the batch split over replicas and the gradient sum; see
+ * devices.h. */
+#include "devices.h"
+
+#include "../gpu/gpu.h"
+#include "../gpu/kernels.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *why_of(const struct devices *d, int r, int e)
+{
+	const char *g = d->gpu ? gpu_backend_error(&d->be[d->be_of[r]]) : "";
+	return *g ? g : strerror(-e);
+}
+
+/* The GPU list the config asks for, checked against what CUDA sees. */
+static int gpu_list(const struct config *c, int *list, int *n, char *why, size_t whylen)
+{
+	int count = 0;
+	int r = gpu_count(&count, why, whylen);
+	if (r < 0)
+		return r;
+	if (c->gpu.all || c->gpu.ndevices == 0) {
+		for (int i = 0; i < count && i < DEVICES_MAX; i++)
+			list[i] = i;
+		*n = count < DEVICES_MAX ? count : DEVICES_MAX;
+		return 0;
+	}
+	for (int i = 0; i < c->gpu.ndevices; i++) {
+		if (c->gpu.devices[i] >= count) {
+			snprintf(why, whylen, "[gpu] devices lists gpu:%d but only %d GPU%s visible",
+				 c->gpu.devices[i], count, count == 1 ? " is" : "s are");
+			return -ENODEV;
+		}
+		list[i] = c->gpu.devices[i];
+	}
+	*n = c->gpu.ndevices;
+	return 0;
+}
+
+/* Buffers of every replica, after d->be[] and d->be_of[] are set. */
+static int replicas_init(struct devices *d, int max_batch, int need_state,
+			 const struct optim_config *oc, char *err, size_t errlen)
+{
+	size_t P = d->m->nparams, bytes = P * sizeof(float);
+	d->max_batch = (max_batch + d->n - 1) / d->n;
+	for (int r = 0; r < d->n; r++) {
+		struct backend *b = &d->be[d->be_of[r]];
+		int e = replica_init(&d->rep[r], d->m, b, d->max_batch, err, errlen);
+		if (e)
+			return e;
+		e = b->ops->alloc(b->ctx, (void **)&d->params[r], bytes);
+		if (!e)
+			e = b->ops->alloc(b->ctx, (void **)&d->grads[r], bytes);
+		if (!e)
+			e = b->ops->zero(b->ctx, d->grads[r], bytes);
+		if (e) {
+			snprintf(err, errlen, "%s: parameters and gradients (%zu bytes): %s", b->where,
+				 2 * bytes, why_of(d, r, e));
+			return e;
+		}
+	}
+	struct backend *b0 = &d->be[d->be_of[0]];
+	int e = 0;
+	if (d->n > 1)
+		e = b0->ops->alloc(b0->ctx, (void **)&d->stage, bytes);
+	/* On a GPU the optimizer's state lives beside the parameters. */
+	if (!e && need_state && oc->kind != OPTIM_SGD)
+		e = b0->ops->alloc(b0->ctx, (void **)&d->opt_m, bytes);
+	if (!e && need_state && oc->kind == OPTIM_ADAM)
+		e = b0->ops->alloc(b0->ctx, (void **)&d->opt_v, bytes);
+	if (!e && d->opt_m)
+		e = b0->ops->zero(b0->ctx, d->opt_m, bytes);
+	if (!e && d->opt_v)
+		e = b0->ops->zero(b0->ctx, d->opt_v, bytes);
+	if (e)
+		snprintf(err, errlen, "%s: gradient staging and optimizer state: %s", b0->where,
+			 why_of(d, 0, e));
+	return e;
+}
+
+static void log_placement(const struct devices *d, const char *job, FILE *out)
+{
+	for (int i = 0; i < d->m->nlayers; i++) {
+		const struct layer *l = &d->m->layers[i];
+		static const char *const passes[] = { "forward", "backward" };
+		for (int p = 0; p < 2; p++) {
+			fprintf(out, "placement: %s [%dx%d] %s ->", l->name, l->in, l->out, passes[p]);
+			for (int r = 0; r < d->n; r++)
+				fprintf(out, "%s %s/%s", r ? "," : "", job, d->be[d->be_of[r]].where);
+			fputc('\n', out);
+		}
+	}
+	fprintf(out, "placement: optimizer -> %s/%s\n", job, d->be[d->be_of[0]].where);
+}
+
+static int open_gpus(struct devices *d, const struct config *c, const int *list, int n,
+		     const struct optim_config *oc, int max_batch, char *err, size_t errlen)
+{
+	struct gpu_options go = { c->gpu.memory_fraction, c->gpu.allow_growth, 0 };
+	d->gpu = 1;
+	d->n = n;
+	for (int r = 0; r < n; r++) {
+		int k = 0;
+		while (k < d->nbe && gpu_backend_device(&d->be[k]) != list[r])
+			k++;
+		if (k == d->nbe) {
+			int e = gpu_backend_open(&d->be[k], list[r], &go, err, errlen);
+			if (e)
+				return e;
+			d->nbe++;
+		}
+		d->be_of[r] = k;
+	}
+	return replicas_init(d, max_batch, 1, oc, err, errlen);
+}
+
+int devices_open(struct devices *d, const struct config *c, const struct model *m,
+		 const struct optim_config *oc, int max_batch, const char *job, FILE *out,
+		 char *err, size_t errlen)
+{
+	memset(d, 0, sizeof(*d));
+	d->m = m;
+	char why[320];
+	int list[DEVICES_MAX], n = 0;
+	int e = gpu_list(c, list, &n, why, sizeof(why));
+	if (!e) {
+		e = open_gpus(d, c, list, n, oc, max_batch, why, sizeof(why));
+		if (e)
+			devices_close(d);
+		d->m = m;
+	}
+	if (e) {
+		if (!c->gpu.soft_placement) {
+			snprintf(err, errlen, "%s: %s; set [gpu] soft_placement = true to train on the CPU",
+				 c->path, why);
+			return e;
+		}
+		fprintf(out, "placement: %s; training on the CPU\n", why);
+		e = devices_open_cpu(d, m, 1, c->train.threads, max_batch, err, errlen);
+		if (e)
+			return e;
+	} else {
+		fprintf(out, "placement: %d replica%s on", d->n, d->n == 1 ? "" : "s");
+		for (int r = 0; r < d->n; r++)
+			fprintf(out, "%s %s", r ? "," : "", d->be[d->be_of[r]].where);
+		fputc('\n', out);
+	}
+	if (c->gpu.log_placement)
+		log_placement(d, job, out);
+	return 0;
+}
+
+int devices_open_cpu(struct devices *d, const struct model *m, int n, int threads, int max_batch,
+		     char *err, size_t errlen)
+{
+	memset(d, 0, sizeof(*d));
+	d->m = m;
+	d->n = n;
+	d->nbe = 1;
+	backend_cpu(&d->be[0], threads);
+	/* be_of[] is all zeros: every replica on the one CPU backend. */
+	int e = replicas_init(d, max_batch, 0, NULL, err, errlen);
+	if (e)
+		devices_close(d);
+	return e;
+}
+
+void devices_close(struct devices *d)
+{
+	if (!d || !d->m)
+		return;
+	for (int r = 0; r < d->n; r++) {
+		struct backend *b = &d->be[d->be_of[r]];
+		replica_free(&d->rep[r]);
+		if (b->ops) {
+			b->ops->release(b->ctx, d->params[r]);
+			b->ops->release(b->ctx, d->grads[r]);
+		}
+	}
+	if (d->be[0].ops) {
+		d->be[0].ops->release(d->be[0].ctx, d->stage);
+		d->be[0].ops->release(d->be[0].ctx, d->opt_m);
+		d->be[0].ops->release(d->be[0].ctx, d->opt_v);
+	}
+	for (int k = 0; k < d->nbe; k++)
+		gpu_backend_close(&d->be[k]);   // no-op for the CPU backend
+	memset(d, 0, sizeof(*d));
+}
+
+static int fail(const struct devices *d, int r, int e, const char *what, char *err, size_t errlen)
+{
+	snprintf(err, errlen, "%s on %s: %s", what, d->be[d->be_of[r]].where, why_of(d, r, e));
+	return e;
+}
+
+int devices_set_params(struct devices *d, const float *host, char *err, size_t errlen)
+{
+	for (int r = 0; r < d->n; r++) {
+		struct backend *b = &d->be[d->be_of[r]];
+		int e = b->ops->upload(b->ctx, d->params[r], host, d->m->nparams * sizeof(float));
+		if (e)
+			return fail(d, r, e, "copying the parameters", err, errlen);
+	}
+	return 0;
+}
+
+int devices_zero_grads(struct devices *d, char *err, size_t errlen)
+{
+	for (int r = 0; r < d->n; r++) {
+		struct backend *b = &d->be[d->be_of[r]];
+		int e = b->ops->zero(b->ctx, d->grads[r], d->m->nparams * sizeof(float));
+		if (e)
+			return fail(d, r, e, "zeroing the gradient", err, errlen);
+	}
+	return 0;
+}
+
+/* grads[0] += grads[r], and grads[r] = 0 for the next step. */
+static int grads_gather(struct devices *d, int r)
+{
+	size_t P = d->m->nparams;
+	struct backend *b0 = &d->be[d->be_of[0]], *br = &d->be[d->be_of[r]];
+	int e;
+	if (d->gpu) {
+		e = gpu_copy(b0, d->stage, br, d->grads[r], P * sizeof(float));
+		if (!e)
+			e = gpu_add(b0, d->grads[0], d->stage, P);
+	} else {
+		float *g0 = d->grads[0];
+		const float *gr = d->grads[r];
+		for (size_t i = 0; i < P; i++)
+			g0[i] += gr[i];
+		e = 0;
+	}
+	if (!e)
+		e = br->ops->zero(br->ctx, d->grads[r], P * sizeof(float));
+	return e;
+}
+
+int devices_step(struct devices *d, const float *x, const int32_t *y, int B, double *loss,
+		 int *right, char *err, size_t errlen)
+{
+	if (B < d->n || B > d->max_batch * d->n) {
+		snprintf(err, errlen, "a batch of %d cannot be split over %d replicas of at most %d",
+			 B, d->n, d->max_batch);
+		return -EINVAL;
+	}
+	*loss = 0;
+	*right = 0;
+	int off = 0;
+	for (int r = 0; r < d->n; r++) {
+		int Br = B / d->n + (r < B % d->n);
+		double l = 0;
+		int c = 0;
+		const float *xr = x + (size_t)off * (size_t)d->m->inputs;
+		int e = replica_load(&d->rep[r], xr, y + off, Br);
+		if (!e)
+			e = replica_forward(&d->rep[r], d->params[r], Br, &l, &c);
+		if (!e)
+			e = replica_backward(&d->rep[r], d->params[r], d->grads[r], Br, 1.0f / (float)B);
+		if (e)
+			return fail(d, r, e, "forward and backward", err, errlen);
+		*loss += l;
+		*right += c;
+		off += Br;
+	}
+	for (int r = 1; r < d->n; r++) {
+		int e = grads_gather(d, r);
+		if (e)
+			return fail(d, r, e, "summing the gradients", err, errlen);
+	}
+	return 0;
+}
+
+int devices_get_grads(struct devices *d, float *host, char *err, size_t errlen)
+{
+	struct backend *b = &d->be[d->be_of[0]];
+	int e = b->ops->download(b->ctx, host, d->grads[0], d->m->nparams * sizeof(float));
+	return e ? fail(d, 0, e, "copying the gradient out", err, errlen) : 0;
+}
+
+int devices_get_params(struct devices *d, float *host, char *err, size_t errlen)
+{
+	struct backend *b = &d->be[d->be_of[0]];
+	int e = b->ops->download(b->ctx, host, d->params[0], d->m->nparams * sizeof(float));
+	return e ? fail(d, 0, e, "copying the parameters out", err, errlen) : 0;
+}
+
+int devices_apply(struct devices *d, struct optim *o, float lr, char *err, size_t errlen)
+{
+	size_t P = d->m->nparams;
+	struct backend *b0 = &d->be[d->be_of[0]];
+	int e = 0;
+	if (!d->gpu) {
+		optim_step_zero(o, d->params[0], d->grads[0], lr);
+	} else {
+		const struct optim_config *c = &o->cfg;
+		long t = ++o->t;
+		/* Adam's per-step bias corrections in double, as optim.c does. */
+		double bc1 = 1.0 - pow(c->beta1, (double)t), bc2 = 1.0 - pow(c->beta2, (double)t);
+		struct gk_optim k = {
+			.kind = (int)c->kind, .lr = lr, .wd = c->weight_decay, .mu = c->momentum,
+			.nesterov = c->nesterov, .b1 = c->beta1, .b2 = c->beta2, .eps = c->eps,
+			.step_size = c->kind == OPTIM_ADAM ? (float)(lr / bc1) : 0.0f,
+			.inv_sqrt_bc2 = c->kind == OPTIM_ADAM ? (float)(1.0 / sqrt(bc2)) : 0.0f,
+		};
+		e = gpu_optim_step(b0, &k, d->params[0], d->grads[0], d->opt_m, d->opt_v, P, 1);
+		if (e)
+			return fail(d, 0, e, "the optimizer", err, errlen);
+	}
+	for (int r = 1; r < d->n; r++) {
+		struct backend *br = &d->be[d->be_of[r]];
+		if (d->gpu)
+			e = gpu_copy(br, d->params[r], b0, d->params[0], P * sizeof(float));
+		else
+			memcpy(d->params[r], d->params[0], P * sizeof(float));
+		if (e)
+			return fail(d, r, e, "copying the new parameters", err, errlen);
+	}
+	return 0;
+}
+
+static int optim_copy(struct devices *d, struct optim *o, int to_device, char *err, size_t errlen)
+{
+	if (!d->gpu)
+		return 0;
+	struct backend *b = &d->be[d->be_of[0]];
+	size_t bytes = d->m->nparams * sizeof(float);
+	float *dev[2] = { d->opt_m, d->opt_v }, *host[2] = { o->m, o->v };
+	for (int i = 0; i < 2; i++) {
+		if (!dev[i] || !host[i])
+			continue;
+		int e = to_device ? b->ops->upload(b->ctx, dev[i], host[i], bytes)
+				  : b->ops->download(b->ctx, host[i], dev[i], bytes);
+		if (e)
+			return fail(d, 0, e, "copying the optimizer state", err, errlen);
+	}
+	return 0;
+}
+
+int devices_get_optim(struct devices *d, struct optim *o, char *err, size_t errlen)
+{
+	return optim_copy(d, o, 0, err, errlen);
+}
+
+int devices_set_optim(struct devices *d, const struct optim *o, char *err, size_t errlen)
+{
+	return optim_copy(d, (struct optim *)o, 1, err, errlen);
+}
+
+int devices_evaluate(struct devices *d, const struct dataset *ds, double *loss, double *acc,
+		     char *err, size_t errlen)
+{
+	int e = replica_evaluate(&d->rep[0], d->params[0], ds, loss, acc);
+	return e ? fail(d, 0, e, "evaluation", err, errlen) : 0;
+}

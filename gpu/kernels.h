@@ -1,0 +1,62 @@
+/* CUDA kernels of the GPU backend, behind plain C launchers.
+ *
+ * Each launcher queues its kernel on `stream` (a cudaStream_t passed as void
+ * * so this header stays C) and returns 0 or the cudaError_t of the launch;
+ * gk_error_name() turns that into text. Arguments and results follow the
+ * CPU twins in core/layers.h and core/optim.c exactly (same order, the same
+ * SET-dinp / ACCUMULATE-dweight contract), so tests can hold each kernel
+ * against its twin. Nothing here allocates. */
+#ifndef PSTRAIN_GPU_KERNELS_H
+#define PSTRAIN_GPU_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum gk_act { GK_RELU, GK_TANH, GK_SIGMOID };
+
+const char *gk_error_name(int e);
+
+int gk_act_forward(void *stream, enum gk_act k, float *out, const float *inp, size_t n);
+int gk_act_backward(void *stream, enum gk_act k, float *dinp, const float *dout,
+		    const float *out, size_t n);
+
+/* out (B, OC): every row = bias (OC), so a GEMM with beta = 1 adds onto it. */
+int gk_bias_fill(void *stream, float *out, const float *bias, int B, int OC);
+/* dbias (OC) += column sums of dout (B, OC). */
+int gk_bias_grad(void *stream, float *dbias, const float *dout, int B, int OC);
+
+/* Softmax + cross-entropy per row: probs (B, C); row_loss[b] =
+ * log(sum exp(x - max)) - (x[label] - max) in double; row_right[b] = 1 when
+ * the first maximum is the label. The caller sums the rows on the host in
+ * order, so the batch loss does not depend on scheduling. */
+int gk_xent_forward(void *stream, float *probs, double *row_loss, int *row_right,
+		    const float *logits, const int32_t *labels, int B, int C);
+/* dlogits = (probs - onehot(labels)) * scale; may alias probs. */
+int gk_xent_backward(void *stream, float *dlogits, const float *probs, const int32_t *labels,
+		     int B, int C, float scale);
+
+/* The update rules of core/optim.c over n elements; kind is enum optim_kind.
+ * Adam's bias corrections are folded into step_size and inv_sqrt_bc2 by
+ * the caller, as optim.c does. zero: clear grads in the same pass. */
+struct gk_optim {
+	int kind;
+	float lr, wd, mu;
+	int nesterov;
+	float b1, b2, eps;
+	float step_size, inv_sqrt_bc2;
+};
+int gk_optim_step(void *stream, const struct gk_optim *o, float *params, float *grads, float *m,
+		  float *v, size_t n, int zero);
+
+/* y += x over n elements: summing gradients of several replicas. */
+int gk_add(void *stream, float *y, const float *x, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

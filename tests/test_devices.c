@@ -1,0 +1,222 @@
+/* The batch split over replicas and the gradient sum (core/devices.c).
+ * Several CPU replicas run here in CI and must give the gradient of one
+ * replica with the whole batch; the same check over `devices = 0,0` on a
+ * GPU says it was skipped where there is none. */
+#include <criterion/criterion.h>
+
+#include "leak.h"
+
+#include "../core/config.h"
+#include "../core/devices.h"
+#include "../core/model.h"
+#include "../core/rng.h"
+#include "../gpu/gpu.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+TestSuite(devices, .fini = leak_check);
+
+static void small_model(struct model *m)
+{
+	struct model_spec s = { .in_h = 4, .in_w = 5, .in_c = 1, .nlayers = 4 };
+	s.layers[0] = (struct layer_spec){ .kind = LAYER_DENSE, .units = 9 };
+	s.layers[1] = (struct layer_spec){ .kind = LAYER_TANH };
+	s.layers[2] = (struct layer_spec){ .kind = LAYER_DENSE, .units = 4 };
+	s.layers[3] = (struct layer_spec){ .kind = LAYER_DENSE, .units = 3 };
+	char err[256];
+	cr_assert_eq(model_build(m, &s, err, sizeof(err)), 0, "%s", err);
+}
+
+static void batch(const struct model *m, int B, float *x, int32_t *y, uint64_t seed)
+{
+	for (size_t i = 0; i < (size_t)B * (size_t)m->inputs; i++)
+		x[i] = (float)(2.0 * rng_uniform(seed, RNG_DATA, i) - 1.0);
+	for (int b = 0; b < B; b++)
+		y[b] = (int32_t)(rng_uniform(seed, RNG_DATA + 1, (uint64_t)b) * m->outputs) % m->outputs;
+}
+
+/* Gradient (P) and summed loss of one step on n replicas. */
+static double grad_on(const struct model *m, int n, int B, const float *x, const int32_t *y,
+		      const float *params, float *grad)
+{
+	struct devices d;
+	char err[256];
+	cr_assert_eq(devices_open_cpu(&d, m, n, 1, B, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(devices_set_params(&d, params, err, sizeof(err)), 0, "%s", err);
+	double loss;
+	int right;
+	cr_assert_eq(devices_step(&d, x, y, B, &loss, &right, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(devices_get_grads(&d, grad, err, sizeof(err)), 0, "%s", err);
+	devices_close(&d);
+	return loss;
+}
+
+static double max_rel(const float *a, const float *b, size_t n)
+{
+	double worst = 0, scale = 1e-30;
+	for (size_t i = 0; i < n; i++)
+		scale = fmax(scale, fabs(b[i]));
+	for (size_t i = 0; i < n; i++)
+		worst = fmax(worst, fabs((double)a[i] - b[i]));
+	return worst / scale;
+}
+
+/* Uneven splits (13 over 2, 3 and 5) sum to the whole batch's average. */
+Test(devices, replicas_sum_to_the_whole_batch)
+{
+	struct model m;
+	small_model(&m);
+	const int B = 13;
+	float *x = malloc(sizeof(float) * B * (size_t)m.inputs), *p = malloc(sizeof(float) * m.nparams);
+	int32_t y[B];
+	float *g1 = malloc(sizeof(float) * m.nparams), *gn = malloc(sizeof(float) * m.nparams);
+	batch(&m, B, x, y, 7);
+	model_init_params(&m, p, 0, m.nparams, 3);
+	double l1 = grad_on(&m, 1, B, x, y, p, g1);
+	double norm = 0;
+	for (size_t i = 0; i < m.nparams; i++)
+		norm += fabs(g1[i]);
+	cr_assert_gt(norm, 1e-3, "the reference gradient is zero; the test would prove nothing");
+	const int ns[] = { 2, 3, 5 };
+	for (size_t k = 0; k < 3; k++) {
+		double ln = grad_on(&m, ns[k], B, x, y, p, gn);
+		cr_expect_lt(fabs(ln - l1) / l1, 1e-6, "%d replicas: loss %.9g vs %.9g", ns[k], ln, l1);
+		cr_expect_lt(max_rel(gn, g1, m.nparams), 1e-6, "%d replicas: gradient differs (rel %.3g)",
+			     ns[k], max_rel(gn, g1, m.nparams));
+	}
+	free(x), free(p), free(g1), free(gn);
+}
+
+/* After optimizer steps every replica holds the same parameters, the ones
+ * one replica reaches, and the gradients start each step from zero. */
+Test(devices, apply_keeps_replicas_in_step)
+{
+	struct model m;
+	small_model(&m);
+	const int B = 9, steps = 4;
+	float *x = malloc(sizeof(float) * B * (size_t)m.inputs), *p = malloc(sizeof(float) * m.nparams);
+	float *a = malloc(sizeof(float) * m.nparams), *b = malloc(sizeof(float) * m.nparams);
+	int32_t y[B];
+	struct optim_config oc = { .kind = OPTIM_MOMENTUM, .lr = 0.1f, .momentum = 0.9f };
+	model_init_params(&m, p, 0, m.nparams, 5);
+	char err[256];
+	float *res[2] = { a, b };
+	const int ns[2] = { 1, 3 };
+	for (int k = 0; k < 2; k++) {
+		struct devices d;
+		struct optim o;
+		cr_assert_eq(optim_init(&o, &oc, m.nparams), 0);
+		cr_assert_eq(devices_open_cpu(&d, &m, ns[k], 1, B, err, sizeof(err)), 0, "%s", err);
+		cr_assert_eq(devices_set_params(&d, p, err, sizeof(err)), 0, "%s", err);
+		for (int s = 0; s < steps; s++) {
+			double loss;
+			int right;
+			batch(&m, B, x, y, 100 + (uint64_t)s);
+			cr_assert_eq(devices_step(&d, x, y, B, &loss, &right, err, sizeof(err)), 0, "%s", err);
+			cr_assert_eq(devices_apply(&d, &o, oc.lr, err, sizeof(err)), 0, "%s", err);
+		}
+		for (int r = 1; r < d.n; r++)
+			cr_assert_eq(memcmp(d.params[r], d.params[0], sizeof(float) * m.nparams), 0,
+				     "replica %d drifted from replica 0", r);
+		cr_assert_eq(devices_get_params(&d, res[k], err, sizeof(err)), 0, "%s", err);
+		devices_close(&d);
+		optim_free(&o);
+	}
+	cr_expect_lt(max_rel(b, a, m.nparams), 1e-5, "3 replicas end %.3g away from 1",
+		     max_rel(b, a, m.nparams));
+	cr_expect_neq(memcmp(a, p, sizeof(float) * m.nparams), 0, "the optimizer changed nothing");
+	free(x), free(p), free(a), free(b);
+}
+
+Test(devices, a_batch_smaller_than_the_replicas_is_refused)
+{
+	struct model m;
+	small_model(&m);
+	struct devices d;
+	char err[256] = "";
+	cr_assert_eq(devices_open_cpu(&d, &m, 4, 1, 8, err, sizeof(err)), 0, "%s", err);
+	float x[3 * 20] = { 0 };
+	int32_t y[3] = { 0 };
+	double loss;
+	int right;
+	cr_expect_lt(devices_step(&d, x, y, 3, &loss, &right, err, sizeof(err)), 0);
+	cr_expect_not_null(strstr(err, "4 replicas"), "%s", err);
+	devices_close(&d);
+}
+
+static int open_from(struct devices *d, const struct model *m, const char *ini, char *out,
+		     size_t outlen, char *err, size_t errlen)
+{
+	struct config c;
+	cr_assert_eq(config_parse_string(&c, "dev.ini", ini, err, errlen), 0, "%s", err);
+	FILE *f = fmemopen(out, outlen, "w");
+	cr_assert_not_null(f);
+	int r = devices_open(d, &c, m, &c.train.optim, 16, "/job:localhost/task:0", f, err, errlen);
+	fclose(f);
+	return r;
+}
+
+/* Without a GPU (CI): soft placement trains on one CPU replica and says
+ * why; strict placement refuses with the reason. */
+Test(devices, placement_without_a_gpu)
+{
+	int n = 0;
+	char why[256];
+	if (gpu_count(&n, why, sizeof(why)) == 0)
+		cr_skip_test("a GPU is present: the no-GPU placement cannot be checked here");
+	struct model m;
+	small_model(&m);
+	struct devices d;
+	char out[2048] = "", err[512] = "";
+	cr_assert_eq(open_from(&d, &m, "[gpu]\nsoft_placement = true\nlog_placement = true\n", out,
+			       sizeof(out), err, sizeof(err)), 0, "%s", err);
+	cr_expect_eq(d.n, 1);
+	cr_expect_eq(d.gpu, 0);
+	cr_expect_not_null(strstr(out, "training on the CPU"), "%s", out);
+	cr_expect_not_null(strstr(out, "dense1 [20x9] forward -> /job:localhost/task:0/cpu:0"), "%s", out);
+	cr_expect_not_null(strstr(out, "optimizer -> /job:localhost/task:0/cpu:0"), "%s", out);
+	devices_close(&d);
+	cr_expect_lt(open_from(&d, &m, "[gpu]\nsoft_placement = false\n", out, sizeof(out), err,
+			       sizeof(err)), 0);
+	cr_expect_not_null(strstr(err, "soft_placement"), "%s", err);
+}
+
+/* devices = 0,0 (two replicas on one GPU, through the multi-GPU sum) gives
+ * the gradient of devices = 0 with the same batch. */
+Test(devices, two_replicas_on_one_gpu_match_one)
+{
+	int n = 0;
+	char why[256];
+	if (gpu_count(&n, why, sizeof(why)) < 0) {
+		fprintf(stderr, "devices: SKIPPED the devices = 0,0 check (needs a GPU: %s)\n", why);
+		cr_skip_test("needs a GPU: %s", why);
+	}
+	struct model m;
+	small_model(&m);
+	const int B = 15;
+	float *x = malloc(sizeof(float) * B * (size_t)m.inputs), *p = malloc(sizeof(float) * m.nparams);
+	float *g[2] = { malloc(sizeof(float) * m.nparams), malloc(sizeof(float) * m.nparams) };
+	int32_t y[B];
+	batch(&m, B, x, y, 11);
+	model_init_params(&m, p, 0, m.nparams, 13);
+	const char *ini[2] = { "[gpu]\ndevices = 0\nsoft_placement = false\nmemory_fraction = 0.05\n",
+			       "[gpu]\ndevices = 0,0\nsoft_placement = false\nmemory_fraction = 0.05\n" };
+	for (int k = 0; k < 2; k++) {
+		struct devices d;
+		char out[1024], err[512];
+		double loss;
+		int right;
+		cr_assert_eq(open_from(&d, &m, ini[k], out, sizeof(out), err, sizeof(err)), 0, "%s", err);
+		cr_assert_eq(d.n, k + 1);
+		cr_assert_eq(devices_set_params(&d, p, err, sizeof(err)), 0, "%s", err);
+		cr_assert_eq(devices_step(&d, x, y, B, &loss, &right, err, sizeof(err)), 0, "%s", err);
+		cr_assert_eq(devices_get_grads(&d, g[k], err, sizeof(err)), 0, "%s", err);
+		devices_close(&d);
+	}
+	cr_expect_lt(max_rel(g[1], g[0], m.nparams), 1e-5, "0,0 differs from 0 (rel %.3g)",
+		     max_rel(g[1], g[0], m.nparams));
+	free(x), free(p), free(g[0]), free(g[1]);
+}

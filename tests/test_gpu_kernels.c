@@ -1,0 +1,314 @@
+/* Every CUDA kernel of the GPU backend against its CPU twin (core/layers.c,
+ * core/optim.c) on fresh random inputs, through the same struct backend the
+ * training loop uses. Shapes include sizes that are not multiples of any
+ * block size; outputs that a kernel must SET are poisoned with NaN first so
+ * an element it forgets fails the comparison, and outputs it must
+ * ACCUMULATE into start from random values.
+ *
+ * Without a GPU (CI) each test says it was skipped, and Criterion counts it
+ * as skipped, never as passed. */
+#include <criterion/criterion.h>
+
+#include "leak.h"
+
+#include "../core/backend.h"
+#include "../core/layers.h"
+#include "../core/optim.h"
+#include "../core/rng.h"
+#include "../gpu/gpu.h"
+#include "../gpu/kernels.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+TestSuite(gpu_kernels, .fini = leak_check);
+
+#define TOL 1e-5
+
+/* A new seed every run ("fresh random inputs"), printed in every failure so
+ * a failing case can be replayed. */
+static uint64_t run_seed(void)
+{
+	static uint64_t seed;
+	if (!seed)
+		seed = ((uint64_t)time(NULL) << 20) ^ (uint64_t)getpid();
+	return seed;
+}
+
+static void open_gpu(struct backend *b, const struct gpu_options *o)
+{
+	char err[320] = "";
+	int n = 0;
+	if (gpu_count(&n, err, sizeof(err)) < 0) {
+		fprintf(stderr, "gpu_kernels: SKIPPED (needs a GPU: %s)\n", err);
+		cr_skip_test("needs a GPU: %s", err);
+	}
+	struct gpu_options def = { 0.5, 1, 0 };
+	int r = gpu_backend_open(b, 0, o ? o : &def, err, sizeof(err));
+	cr_assert_eq(r, 0, "a GPU is visible but the backend does not open: %s", err);
+}
+
+static float *host_random(size_t n, uint64_t stream, float lo, float hi)
+{
+	float *p = malloc(n * sizeof(float) + 1);
+	cr_assert_not_null(p);
+	for (size_t i = 0; i < n; i++)
+		p[i] = lo + (hi - lo) * (float)rng_uniform(run_seed(), stream, i);
+	return p;
+}
+
+static void *dev_from(struct backend *b, const void *src, size_t bytes)
+{
+	void *d = NULL;
+	cr_assert_eq(b->ops->alloc(b->ctx, &d, bytes), 0, "%s", gpu_backend_error(b));
+	if (src)
+		cr_assert_eq(b->ops->upload(b->ctx, d, src, bytes), 0, "%s", gpu_backend_error(b));
+	return d;
+}
+
+/* A device buffer of n floats, all NaN. */
+static float *dev_poisoned(struct backend *b, size_t n)
+{
+	float *h = malloc(n * sizeof(float) + 1);
+	cr_assert_not_null(h);
+	for (size_t i = 0; i < n; i++)
+		h[i] = NAN;
+	float *d = dev_from(b, h, n * sizeof(float));
+	free(h);
+	return d;
+}
+
+/* Max |gpu - cpu| over max(1, max |cpu|): fp32 results whose summation
+ * order differs agree to a few ulps of the largest term. A NaN (an element
+ * never written) fails. */
+static void expect_close(struct backend *b, const float *dev, const float *cpu, size_t n,
+			 const char *what)
+{
+	float *got = malloc(n * sizeof(float) + 1);
+	cr_assert_not_null(got);
+	cr_assert_eq(b->ops->download(b->ctx, got, dev, n * sizeof(float)), 0, "%s",
+		     gpu_backend_error(b));
+	double scale = 1.0, worst = 0.0;
+	size_t at = 0;
+	for (size_t i = 0; i < n; i++)
+		if (fabs(cpu[i]) > scale)
+			scale = fabs(cpu[i]);
+	for (size_t i = 0; i < n; i++) {
+		double d = fabs((double)got[i] - (double)cpu[i]);
+		if (!(d <= worst)) {   // NaN lands here too
+			worst = isnan(d) ? INFINITY : d;
+			at = i;
+		}
+	}
+	cr_expect_lt(worst / scale, TOL, "%s: element %zu: gpu %.9g vs cpu %.9g (rel %.3g, seed %llu)",
+		     what, at, got[at], cpu[at], worst / scale, (unsigned long long)run_seed());
+	free(got);
+}
+
+Test(gpu_kernels, dense_forward_and_backward)
+{
+	struct backend b;
+	open_gpu(&b, NULL);
+	const int shapes[][3] = { { 1, 1, 1 }, { 7, 33, 5 }, { 130, 257, 67 }, { 256, 784, 512 },
+				  { 3, 1000, 10 } };
+	for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+		int B = shapes[s][0], C = shapes[s][1], OC = shapes[s][2];
+		size_t nin = (size_t)B * C, nw = (size_t)OC * C, nout = (size_t)B * OC;
+		float *x = host_random(nin, 10 + s, -1, 1), *w = host_random(nw, 20 + s, -0.5f, 0.5f);
+		float *bias = host_random(OC, 30 + s, -1, 1), *dout = host_random(nout, 40 + s, -1, 1);
+		float *dw = host_random(nw, 50 + s, -1, 1), *db = host_random(OC, 60 + s, -1, 1);
+		float *out = malloc(nout * sizeof(float)), *dx = malloc(nin * sizeof(float));
+		float *dx_d = dev_poisoned(&b, nin), *out_d = dev_poisoned(&b, nout);
+		float *x_d = dev_from(&b, x, nin * 4), *w_d = dev_from(&b, w, nw * 4);
+		float *bias_d = dev_from(&b, bias, OC * 4u), *dout_d = dev_from(&b, dout, nout * 4);
+		float *dw_d = dev_from(&b, dw, nw * 4), *db_d = dev_from(&b, db, OC * 4u);
+
+		char what[64];
+		dense_forward(out, x, w, bias, B, C, OC);
+		cr_assert_eq(b.ops->dense_forward(b.ctx, out_d, x_d, w_d, bias_d, B, C, OC), 0, "%s",
+			     gpu_backend_error(&b));
+		snprintf(what, sizeof(what), "dense forward %dx%d->%d", B, C, OC);
+		expect_close(&b, out_d, out, nout, what);
+
+		dense_backward(dx, dw, db, dout, x, w, B, C, OC);
+		cr_assert_eq(b.ops->dense_backward(b.ctx, dx_d, dw_d, db_d, dout_d, x_d, w_d, B, C, OC),
+			     0, "%s", gpu_backend_error(&b));
+		snprintf(what, sizeof(what), "dense dinp %dx%d->%d", B, C, OC);
+		expect_close(&b, dx_d, dx, nin, what);
+		snprintf(what, sizeof(what), "dense dweight (accumulated) %dx%d->%d", B, C, OC);
+		expect_close(&b, dw_d, dw, nw, what);
+		snprintf(what, sizeof(what), "dense dbias (accumulated) %dx%d->%d", B, C, OC);
+		expect_close(&b, db_d, db, (size_t)OC, what);
+		free(x), free(w), free(bias), free(dout), free(dw), free(db), free(out), free(dx);
+	}
+	gpu_backend_close(&b);
+}
+
+Test(gpu_kernels, activations)
+{
+	struct backend b;
+	open_gpu(&b, NULL);
+	const size_t sizes[] = { 1, 255, 257, 100003, 1u << 21 };
+	const enum layer_kind kinds[] = { LAYER_RELU, LAYER_TANH, LAYER_SIGMOID };
+	for (size_t k = 0; k < 3; k++)
+		for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
+			size_t n = sizes[s];
+			float *x = host_random(n, 100 + s, -6, 6), *dout = host_random(n, 200 + s, -1, 1);
+			float *y = malloc(n * 4), *dx = malloc(n * 4);
+			struct backend cpu;
+			backend_cpu(&cpu, 1);
+			cpu.ops->act_forward(NULL, kinds[k], y, x, n);
+			cpu.ops->act_backward(NULL, kinds[k], dx, dout, y, n);
+			float *x_d = dev_from(&b, x, n * 4), *dout_d = dev_from(&b, dout, n * 4);
+			float *y_d = dev_poisoned(&b, n), *dx_d = dev_poisoned(&b, n);
+			char what[64];
+			cr_assert_eq(b.ops->act_forward(b.ctx, kinds[k], y_d, x_d, n), 0, "%s",
+				     gpu_backend_error(&b));
+			snprintf(what, sizeof(what), "%s forward n=%zu", layer_kind_name(kinds[k]), n);
+			expect_close(&b, y_d, y, n, what);
+			/* Backward from the CPU's forward output, so only backward is tested. */
+			cr_assert_eq(b.ops->upload(b.ctx, y_d, y, n * 4), 0);
+			cr_assert_eq(b.ops->act_backward(b.ctx, kinds[k], dx_d, dout_d, y_d, n), 0, "%s",
+				     gpu_backend_error(&b));
+			snprintf(what, sizeof(what), "%s backward n=%zu", layer_kind_name(kinds[k]), n);
+			expect_close(&b, dx_d, dx, n, what);
+			free(x), free(dout), free(y), free(dx);
+		}
+	gpu_backend_close(&b);
+}
+
+Test(gpu_kernels, softmax_cross_entropy)
+{
+	struct backend b;
+	open_gpu(&b, NULL);
+	const int shapes[][2] = { { 1, 2 }, { 33, 10 }, { 129, 1000 }, { 3, 300 }, { 4096, 10 } };
+	for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+		int B = shapes[s][0], C = shapes[s][1];
+		size_t n = (size_t)B * C;
+		float *x = host_random(n, 300 + s, -8, 8);
+		int32_t *y = malloc((size_t)B * sizeof(int32_t));
+		for (int i = 0; i < B; i++)
+			y[i] = (int32_t)(rng_uniform(run_seed(), 400 + s, (uint64_t)i) * C) % C;
+		/* A tie in row 0: the first maximum must win on both sides. */
+		if (C > 3) {
+			x[1] = x[3] = 9.0f;
+			y[0] = 3;
+		}
+		float *p = malloc(n * 4), *d = malloc(n * 4);
+		int right = -1, right_d = -2;
+		double loss = softmax_xent_forward(p, &right, x, y, B, C), loss_d = NAN;
+		softmax_xent_backward(d, p, y, B, C, 1.0f / 77);
+		float *x_d = dev_from(&b, x, n * 4), *p_d = dev_poisoned(&b, n), *d_d = dev_poisoned(&b, n);
+		int32_t *y_d = dev_from(&b, y, (size_t)B * sizeof(int32_t));
+		cr_assert_eq(b.ops->xent_forward(b.ctx, p_d, &loss_d, &right_d, x_d, y_d, B, C), 0, "%s",
+			     gpu_backend_error(&b));
+		char what[64];
+		snprintf(what, sizeof(what), "softmax probs %dx%d", B, C);
+		expect_close(&b, p_d, p, n, what);
+		cr_expect_lt(fabs(loss_d - loss) / (fabs(loss) + 1e-30), TOL,
+			     "loss %dx%d: gpu %.12g cpu %.12g (seed %llu)", B, C, loss_d, loss,
+			     (unsigned long long)run_seed());
+		cr_expect_eq(right_d, right, "correct %dx%d: gpu %d cpu %d", B, C, right_d, right);
+		cr_assert_eq(b.ops->upload(b.ctx, p_d, p, n * 4), 0);
+		cr_assert_eq(b.ops->xent_backward(b.ctx, d_d, p_d, y_d, B, C, 1.0f / 77), 0, "%s",
+			     gpu_backend_error(&b));
+		snprintf(what, sizeof(what), "softmax xent backward %dx%d", B, C);
+		expect_close(&b, d_d, d, n, what);
+		free(x), free(y), free(p), free(d);
+	}
+	gpu_backend_close(&b);
+}
+
+/* The optimizer kernel against optim.c for each rule, several steps. */
+Test(gpu_kernels, optimizer_updates)
+{
+	struct backend b;
+	open_gpu(&b, NULL);
+	cr_assert_eq((int)OPTIM_SGD, 0);
+	cr_assert_eq((int)OPTIM_MOMENTUM, 1);
+	cr_assert_eq((int)OPTIM_ADAM, 2);
+	const size_t n = 100003;
+	const struct optim_config cfgs[] = {
+		{ .kind = OPTIM_SGD, .lr = 0.1f, .weight_decay = 1e-4f },
+		{ .kind = OPTIM_MOMENTUM, .lr = 0.05f, .momentum = 0.9f, .weight_decay = 5e-4f },
+		{ .kind = OPTIM_MOMENTUM, .lr = 0.05f, .momentum = 0.9f, .nesterov = 1 },
+		{ .kind = OPTIM_ADAM, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+		  .weight_decay = 1e-2f },
+	};
+	for (size_t c = 0; c < sizeof(cfgs) / sizeof(cfgs[0]); c++) {
+		struct optim o;
+		cr_assert_eq(optim_init(&o, &cfgs[c], n), 0);
+		float *p = host_random(n, 500 + c, -1, 1);
+		float *p_d = dev_from(&b, p, n * 4), *g_d = dev_poisoned(&b, n);
+		float *m_d = dev_from(&b, NULL, n * 4), *v_d = dev_from(&b, NULL, n * 4);
+		cr_assert_eq(b.ops->zero(b.ctx, m_d, n * 4), 0);
+		cr_assert_eq(b.ops->zero(b.ctx, v_d, n * 4), 0);
+		for (int step = 1; step <= 3; step++) {
+			float *g = host_random(n, 600 + 10 * c + (size_t)step, -1, 1);
+			cr_assert_eq(b.ops->upload(b.ctx, g_d, g, n * 4), 0);
+			optim_step_zero(&o, p, g, cfgs[c].lr);
+			double bc1 = 1.0 - pow(cfgs[c].beta1, (double)step);
+			double bc2 = 1.0 - pow(cfgs[c].beta2, (double)step);
+			struct gk_optim k = {
+				.kind = (int)cfgs[c].kind, .lr = cfgs[c].lr, .wd = cfgs[c].weight_decay,
+				.mu = cfgs[c].momentum, .nesterov = cfgs[c].nesterov, .b1 = cfgs[c].beta1,
+				.b2 = cfgs[c].beta2, .eps = cfgs[c].eps,
+				.step_size = cfgs[c].kind == OPTIM_ADAM ? (float)(cfgs[c].lr / bc1) : 0,
+				.inv_sqrt_bc2 = cfgs[c].kind == OPTIM_ADAM ? (float)(1.0 / sqrt(bc2)) : 0,
+			};
+			cr_assert_eq(gpu_optim_step(&b, &k, p_d, g_d, m_d, v_d, n, 1), 0, "%s",
+				     gpu_backend_error(&b));
+			free(g);
+		}
+		char what[64];
+		snprintf(what, sizeof(what), "optimizer kind %d after 3 steps", (int)cfgs[c].kind);
+		expect_close(&b, p_d, p, n, what);
+		float *zeros = calloc(n, sizeof(float));
+		snprintf(what, sizeof(what), "optimizer kind %d zeroes the gradient", (int)cfgs[c].kind);
+		expect_close(&b, g_d, zeros, n, what);
+		if (o.m) {
+			snprintf(what, sizeof(what), "optimizer kind %d first moment", (int)cfgs[c].kind);
+			expect_close(&b, m_d, o.m, n, what);
+		}
+		free(zeros), free(p);
+		optim_free(&o);
+	}
+	gpu_backend_close(&b);
+}
+
+/* A cap far below what a buffer needs is refused with the need and the cap,
+ * before anything runs. */
+Test(gpu_kernels, memory_fraction_refuses_a_tiny_cap)
+{
+	struct backend b;
+	struct gpu_options tiny = { 1e-6, 0, 0 };   // ~100 KB of an 80 GB GPU
+	open_gpu(&b, &tiny);
+	void *p = NULL;
+	int r = b.ops->alloc(b.ctx, &p, (size_t)64 << 20);
+	cr_assert_eq(r, -ENOMEM, "a 64 MiB buffer fit a %g memory fraction", tiny.memory_fraction);
+	const char *why = gpu_backend_error(&b);
+	cr_assert_not_null(strstr(why, "needs"), "%s", why);
+	cr_assert_not_null(strstr(why, "memory_fraction"), "%s", why);
+	gpu_backend_close(&b);
+}
+
+/* With growth, memory is taken as needed up to the cap, no further. */
+Test(gpu_kernels, allow_growth_grows_to_the_cap)
+{
+	struct backend b;
+	struct gpu_options grow = { 0.01, 1, 0 };
+	open_gpu(&b, &grow);
+	void *p = NULL;
+	cr_assert_eq(b.ops->alloc(b.ctx, &p, 1 << 20), 0, "%s", gpu_backend_error(&b));
+	cr_assert_eq(gpu_backend_used(&b), (size_t)1 << 20);
+	int r = 0;
+	for (int i = 0; i < 100000 && !r; i++)
+		r = b.ops->alloc(b.ctx, &p, (size_t)16 << 20);
+	cr_assert_eq(r, -ENOMEM, "growth never stopped at the cap");
+	gpu_backend_close(&b);
+}

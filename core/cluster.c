@@ -14,6 +14,7 @@
 #include "backend.h"
 #include "checkpoint.h"
 #include "data.h"
+#include "devices.h"
 #include "model.h"
 #include "progress.h"
 #include "psshard.h"
@@ -886,10 +887,10 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 {
 	struct setup s;
 	struct worker wk = { .c = c, .index = index, .nps = c->cluster.nps };
-	struct replica rep = { 0 };
-	struct backend be = { 0 };
+	struct devices dev = { 0 };
 	struct shard plan[CONFIG_MAX_HOSTS];
 	float *params = NULL, *grads = NULL, *xb = NULL;
+	int own_host = 0;   /* params and grads are separate host copies */
 	int32_t *yb = NULL;
 	uint32_t *perm = NULL;
 	int chief = index == 0, e;
@@ -905,15 +906,20 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 	if (e)
 		goto out;
 	shard_plan(plan, wk.nps, s.m.nparams);
-	backend_cpu(&be, c->train.threads);
-	e = replica_init(&rep, &s.m, &be, chief && B < EVAL_BATCH ? EVAL_BATCH : B, err, errlen);
+	char job[64];
+	snprintf(job, sizeof(job), "/job:worker/task:%d", index);
+	e = devices_open(&dev, c, &s.m, &c->train.optim, chief && B < EVAL_BATCH ? EVAL_BATCH : B, job,
+			 out, err, errlen);
 	if (e)
 		goto out;
 	wk.ln = calloc((size_t)wk.nps, sizeof(*wk.ln));
 	wk.rbuf = malloc(RBUF_BYTES);
 	wk.wbuf = malloc(WBUF_BYTES);
-	params = malloc(s.m.nparams * sizeof(float));
-	grads = malloc(s.m.nparams * sizeof(float));
+	/* On one CPU replica, pull into and push from the replica's own
+	 * vectors: the copies in and out of the devices are then no-ops. */
+	own_host = dev.gpu || dev.n > 1;
+	params = own_host ? malloc(s.m.nparams * sizeof(float)) : dev.params[0];
+	grads = own_host ? malloc(s.m.nparams * sizeof(float)) : dev.grads[0];
 	xb = malloc((size_t)B * s.train.d * sizeof(float));
 	yb = malloc((size_t)B * sizeof(int32_t));
 	perm = malloc(s.train.n * sizeof(uint32_t));
@@ -948,6 +954,8 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 	/* The first pull says where the shards are: 0, or in sync mode the
 	 * step of the checkpoint they resumed from, the same on every shard. */
 	e = worker_pull(&wk, params, 1, err, errlen);
+	if (!e)
+		e = devices_set_params(&dev, params, err, errlen);
 	if (e)
 		goto fail;
 	if (c->train.mode == MODE_SYNC) {
@@ -980,6 +988,8 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 		double ts = progress_now();
 		if (step > start) {
 			e = worker_pull(&wk, params, 0, err, errlen);
+			if (!e)
+				e = devices_set_params(&dev, params, err, errlen);
 			if (e)
 				goto fail;
 		}
@@ -992,9 +1002,9 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 									: step % spe == 0);
 		if (eval_now && chief) {
 			double tl, ta;
-			e = replica_evaluate(&rep, params, &s.test, &tl, &ta);
+			e = devices_evaluate(&dev, &s.test, &tl, &ta, err, errlen);
 			if (e)
-				goto eval_fail;
+				goto fail;
 			progress_eval(&pg, step, tl, ta);
 			ts = progress_now();
 		} else if (eval_now) {
@@ -1013,15 +1023,15 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 		dataset_gather(&s.train, perm + first, (size_t)B, xb, yb);
 		double loss;
 		int right;
-		memset(grads, 0, s.m.nparams * sizeof(float));
-		e = replica_load(&rep, xb, yb, B);
+		char why[CONFIG_ERR_MAX];
+		e = devices_zero_grads(&dev, why, sizeof(why));
 		if (!e)
-			e = replica_forward(&rep, params, B, &loss, &right);
+			e = devices_step(&dev, xb, yb, B, &loss, &right, why, sizeof(why));
 		if (!e)
-			e = replica_backward(&rep, params, grads, B, 1.0f / (float)B);
+			e = devices_get_grads(&dev, grads, why, sizeof(why));
 		if (e) {
 			progress_clear(&pg);
-			snprintf(err, errlen, "step %ld on %s: %s", step, be.where, strerror(-e));
+			snprintf(err, errlen, "step %ld: %s", step, why);
 			goto out;
 		}
 		e = worker_push(&wk, grads, err, errlen);
@@ -1046,6 +1056,8 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 	if (chief) {
 		if (step > start) {
 			e = worker_pull(&wk, params, 0, err, errlen);
+			if (!e)
+				e = devices_set_params(&dev, params, err, errlen);
 			if (e)
 				goto fail;
 		}
@@ -1054,9 +1066,9 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 			if (e)
 				goto fail;
 		}
-		e = replica_evaluate(&rep, params, &s.test, &res->test_loss, &res->test_acc);
+		e = devices_evaluate(&dev, &s.test, &res->test_loss, &res->test_acc, err, errlen);
 		if (e)
-			goto eval_fail;
+			goto fail;
 		progress_eval(&pg, step, res->test_loss, res->test_acc);
 		if (dump) {
 			e = dump_params(dump, params, s.m.nparams, err, errlen);
@@ -1078,11 +1090,6 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 	goto out;
 fail:
 	progress_clear(&pg);
-	goto out;
-
-eval_fail:
-	progress_clear(&pg);
-	snprintf(err, errlen, "evaluation on %s: %s", be.where, strerror(-e));
 out:
 	for (int k = 0; wk.ln && k < wk.nps; k++) {
 		if (wk.ln[k].fd >= 0)
@@ -1095,9 +1102,11 @@ out:
 	free(wk.ln);
 	free(wk.rbuf);
 	free(wk.wbuf);
-	replica_free(&rep);
-	free(params);
-	free(grads);
+	if (own_host) {
+		free(params);
+		free(grads);
+	}
+	devices_close(&dev);
 	free(xb);
 	free(yb);
 	free(perm);

@@ -1,12 +1,12 @@
 /* The local training loop: load data, build the model, initialize the flat
  * parameter vector, then for each step gather a shuffled batch, run forward
- * and backward on the replica, and apply the optimizer. */
+ * and backward on the devices (core/devices.c), and apply the optimizer. */
 #include "train.h"
 
-#include "../gpu/gpu.h"
 #include "backend.h"
 #include "checkpoint.h"
 #include "data.h"
+#include "devices.h"
 #include "model.h"
 #include "optim.h"
 #include "progress.h"
@@ -19,36 +19,6 @@
 /* Evaluation runs in chunks of max(batch_size, EVAL_BATCH) samples, so the
  * test set never needs buffers of its own size. */
 #define EVAL_BATCH 1024
-
-int train_placement(const struct config *c, FILE *out, char *err, size_t errlen)
-{
-	char why[256];
-	int n = 0;
-	int r = gpu_count(&n, why, sizeof(why));
-	if (r == 0) {
-		for (int i = 0; !c->gpu.all && i < c->gpu.ndevices; i++)
-			if (c->gpu.devices[i] >= n) {
-				snprintf(why, sizeof(why), "[gpu] devices lists gpu:%d but only %d GPU%s visible",
-					 c->gpu.devices[i], n, n == 1 ? " is" : "s are");
-				r = -ENODEV;
-			}
-	}
-	if (r == 0) {
-		/* The CUDA kernels come with the GPU backend; until then a GPU is
-		 * found and reported but the step runs on the CPU. */
-		snprintf(why, sizeof(why), "%d GPU%s visible, but this build has no CUDA training backend yet",
-			 n, n == 1 ? "" : "s");
-		r = -ENODEV;
-	}
-	if (!c->gpu.soft_placement) {
-		snprintf(err, errlen, "%s: %s; set [gpu] soft_placement = true to train on the CPU",
-			 c->path, why);
-		return r;
-	}
-	fprintf(out, "placement: %s; training on the CPU\n", why);
-	return 0;
-}
-
 
 static int check_fit(const struct config *c, const struct model *m, const struct dataset *train,
 		     const struct dataset *test, char *err, size_t errlen)
@@ -80,10 +50,17 @@ int train_local(const struct config *c, FILE *out, int tty, const volatile sig_a
 	return train_run(c, NULL, out, tty, stop, res, err, errlen);
 }
 
-/* Saves the whole run as checkpoint `step`, one shard over all of P. */
+/* Saves the whole run as checkpoint `step`, one shard over all of P, from
+ * the devices' state through the host copies params and opt. */
 static int save(const struct config *c, const struct train_ckpt *ck, const struct ckpt_layout *lay,
-		const float *params, const struct optim *opt, long step, FILE *out, char *err, size_t errlen)
+		struct devices *dev, float *params, struct optim *opt, long step, FILE *out,
+		char *err, size_t errlen)
 {
+	int e = devices_get_params(dev, params, err, errlen);
+	if (!e)
+		e = devices_get_optim(dev, opt, err, errlen);
+	if (e)
+		return e;
 	struct ckpt_state st = { params, opt->m, opt->v, opt->t };
 	return checkpoint_save(ck->dir, lay, step, &st, c->train.keep_checkpoints, out, err, errlen);
 }
@@ -95,19 +72,15 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 	long start = 0;
 	struct dataset train = { 0 }, test = { 0 };
 	struct model m;
-	struct replica rep = { 0 };
+	struct devices dev = { 0 };
 	struct optim opt = { 0 };
-	struct backend be = { 0 };
-	float *params = NULL, *grads = NULL, *xb = NULL;
+	float *params = NULL, *xb = NULL;
 	int32_t *yb = NULL;
 	uint32_t *perm = NULL;
 	int e;
 
 	memset(res, 0, sizeof(*res));
 	double t0 = progress_now();
-	e = train_placement(c, out, err, errlen);
-	if (e)
-		return e;
 	e = model_build(&m, &c->model, err, errlen);
 	if (e)
 		return e;
@@ -129,23 +102,18 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 	 * full batch and a step means the same thing locally and in a cluster. */
 	long spe = (long)(train.n / (size_t)B);
 	long total = c->train.steps > 0 ? c->train.steps : c->train.epochs * spe;
-	backend_cpu(&be, c->train.threads);
 	int max_batch = B > EVAL_BATCH ? B : EVAL_BATCH;
-	e = replica_init(&rep, &m, &be, max_batch, err, errlen);
+	e = devices_open(&dev, c, &m, &c->train.optim, max_batch, "/job:localhost/replica:0/task:0",
+			 out, err, errlen);
 	if (e)
 		goto out;
-	/* Parameters and gradients live in the backend's memory, like the
-	 * replica's buffers. The optimizer below runs on host pointers, which
-	 * is right only for the CPU backend; the CUDA backend brings its own
-	 * optimizer op (see backend.h). */
-	if (be.ops->alloc(be.ctx, (void **)&params, m.nparams * sizeof(float)))
-		params = NULL;   /* reported with the others below */
-	if (be.ops->alloc(be.ctx, (void **)&grads, m.nparams * sizeof(float)))
-		grads = NULL;
+	/* The host copy of the parameters: initialization, checkpoints and
+	 * resume go through it; the step runs on the devices' own copies. */
+	params = malloc(m.nparams * sizeof(float));
 	xb = malloc((size_t)B * train.d * sizeof(float));
 	yb = malloc((size_t)B * sizeof(int32_t));
 	perm = malloc(train.n * sizeof(uint32_t));
-	if (!params || !grads || !xb || !yb || !perm || optim_init(&opt, &c->train.optim, m.nparams)) {
+	if (!params || !xb || !yb || !perm || optim_init(&opt, &c->train.optim, m.nparams)) {
 		snprintf(err, errlen, "out of memory for %zu parameters", m.nparams);
 		e = -ENOMEM;
 		goto out;
@@ -177,15 +145,14 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 			goto out;
 		}
 	}
-	/* Backward accumulates; optim_step_zero clears the gradients after each
-	 * update, so only the first step needs them zeroed here. */
-	e = be.ops->zero(be.ctx, grads, m.nparams * sizeof(float));
-	if (e) {
-		snprintf(err, errlen, "%s: cannot zero the gradients: %s", be.where, strerror(-e));
+	e = devices_set_params(&dev, params, err, errlen);
+	if (!e)
+		e = devices_set_optim(&dev, &opt, err, errlen);
+	if (e)
 		goto out;
-	}
-	fprintf(out, "training: %zu train / %zu test samples, %zu parameters, batch %d, %ld steps (%ld per epoch), %s\n",
-		train.n, test.n, m.nparams, B, total, spe, be.where);
+	fprintf(out, "training: %zu train / %zu test samples, %zu parameters, batch %d, %ld steps (%ld per epoch), %s%s\n",
+		train.n, test.n, m.nparams, B, total, spe, dev.be[0].where,
+		dev.n > 1 ? " and more replicas" : "");
 
 	struct progress pg;
 	progress_init(&pg, out, tty, total, spe);
@@ -208,31 +175,28 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 		double loss;
 		int right;
 		dataset_gather(&train, perm + (size_t)(step % spe) * (size_t)B, (size_t)B, xb, yb);
-		e = replica_load(&rep, xb, yb, B);
+		char why[CONFIG_ERR_MAX];
+		e = devices_step(&dev, xb, yb, B, &loss, &right, why, sizeof(why));
 		if (!e)
-			e = replica_forward(&rep, params, B, &loss, &right);
-		if (!e)
-			e = replica_backward(&rep, params, grads, B, 1.0f / (float)B);
+			e = devices_apply(&dev, &opt, optim_lr(&c->train.optim, step, total), why, sizeof(why));
 		if (e) {
 			progress_clear(&pg);
-			snprintf(err, errlen, "step %ld on %s: %s", step, be.where, strerror(-e));
+			snprintf(err, errlen, "step %ld: %s", step, why);
 			goto out;
 		}
-		optim_step_zero(&opt, params, grads, optim_lr(&c->train.optim, step, total));
 		progress_step(&pg, step, B, progress_now() - ts, loss / B, (double)right / B);
 
 		int last = step + 1 == total;
 		if (ck && c->train.checkpoint_every > 0 && (step + 1) % c->train.checkpoint_every == 0 && !last) {
-			char why[CONFIG_ERR_MAX];
 			progress_clear(&pg);
-			if (save(c, ck, lay, params, &opt, step + 1, out, why, sizeof(why)))
+			if (save(c, ck, lay, &dev, params, &opt, step + 1, out, why, sizeof(why)))
 				fprintf(out, "warning: checkpoint at step %ld failed, training goes on: %s\n", step + 1, why);
 		}
 		int eval_now = c->train.eval_every > 0 ? (step + 1) % c->train.eval_every == 0
 						       : (step + 1) % spe == 0;
 		if (eval_now && !last) {
 			double tl, ta;
-			e = replica_evaluate(&rep, params, &test, &tl, &ta);
+			e = devices_evaluate(&dev, &test, &tl, &ta, err, errlen);
 			if (e)
 				goto eval_fail;
 			progress_eval(&pg, step + 1, tl, ta);
@@ -240,12 +204,12 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 	}
 	if (ck && step > start) {
 		progress_clear(&pg);
-		e = save(c, ck, lay, params, &opt, step, out, err, errlen);
+		e = save(c, ck, lay, &dev, params, &opt, step, out, err, errlen);
 		if (e)
 			goto out;
 	}
 	/* Stopped or finished: always end with a real evaluation. */
-	e = replica_evaluate(&rep, params, &test, &res->test_loss, &res->test_acc);
+	e = devices_evaluate(&dev, &test, &res->test_loss, &res->test_acc, err, errlen);
 	if (e)
 		goto eval_fail;
 	if (!*stop || step == total)
@@ -259,16 +223,12 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 	e = 0;
 	goto out;
 eval_fail:
-	progress_clear(&pg);
-	snprintf(err, errlen, "evaluation on %s: %s", be.where, strerror(-e));
+	progress_clear(&pg);   /* err says what failed where */
 out:
 	free(lay);
 	optim_free(&opt);
-	replica_free(&rep);
-	if (be.ops) {
-		be.ops->release(be.ctx, params);
-		be.ops->release(be.ctx, grads);
-	}
+	devices_close(&dev);
+	free(params);
 	free(xb);
 	free(yb);
 	free(perm);

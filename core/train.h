@@ -46,8 +46,4 @@ struct train_ckpt {
 int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, int tty,
 	      const volatile sig_atomic_t *stop, struct train_result *res, char *err, size_t errlen);
 
-/* One line per placement decision: which device trains and why. Returns 0,
- * or -ENODEV when soft_placement is off and the GPUs asked for are missing. */
-int train_placement(const struct config *c, FILE *out, char *err, size_t errlen);
-
 #endif

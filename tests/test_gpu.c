@@ -7,7 +7,8 @@
 #include "leak.h"
 
 #include "../core/config.h"
-#include "../core/train.h"
+#include "../core/devices.h"
+#include "../core/model.h"
 #include "../gpu/gpu.h"
 
 #include <errno.h>
@@ -54,18 +55,32 @@ static int placement(const char *ini, char *out, size_t outlen, char *err, size_
 {
 	struct config c;
 	cr_assert_eq(config_parse_string(&c, "gpu.ini", ini, err, errlen), 0, "%s", err);
+	struct model m;
+	cr_assert_eq(model_build(&m, &c.model, err, errlen), 0, "%s", err);
 	FILE *f = fmemopen(out, outlen, "w");
 	cr_assert_not_null(f);
-	int r = train_placement(&c, f, err, errlen);
+	struct devices d;
+	int r = devices_open(&d, &c, &m, &c.train.optim, 8, "/job:test", f, err, errlen);
 	fclose(f);
+	if (r == 0)
+		devices_close(&d);
 	return r;
 }
 
-/* Until the CUDA backend exists, training always runs on the CPU: soft
- * placement says so and why, strict placement refuses with the reason. */
+/* Without a GPU, soft placement trains on the CPU and says why; strict
+ * placement refuses with the reason. */
+static void no_gpu_here(void)
+{
+	int n;
+	char why[256];
+	if (gpu_count(&n, why, sizeof(why)) == 0)
+		cr_skip_test("a GPU is present: the no-GPU placement cannot be checked here");
+}
+
 Test(gpu, soft_placement_falls_back_to_cpu)
 {
 	char out[512] = "", err[512] = "";
+	no_gpu_here();
 	cr_assert_eq(placement("[gpu]\nsoft_placement = true\n", out, sizeof(out), err, sizeof(err)), 0, "%s", err);
 	cr_assert_not_null(strstr(out, "training on the CPU"), "placement said: %s", out);
 }
@@ -73,6 +88,7 @@ Test(gpu, soft_placement_falls_back_to_cpu)
 Test(gpu, strict_placement_refuses_without_backend)
 {
 	char out[512] = "", err[512] = "";
+	no_gpu_here();
 	int r = placement("[gpu]\nsoft_placement = false\n", out, sizeof(out), err, sizeof(err));
 	cr_assert_eq(r, -ENODEV);
 	cr_assert_not_null(strstr(err, "soft_placement"), "message: %s", err);

@@ -7,7 +7,7 @@
  * without bias, activation, loss or optimizer: no step can be faster.
  *
  *   build/bench/gpu_mlp [--model mlp|wide] [--batch B] [--steps N]
- *                       [--devices LIST] [--csv]
+ *                       [--devices LIST] [--tf32] [--csv]
  */
 #include "../core/config.h"
 #include "../core/devices.h"
@@ -73,17 +73,18 @@ int main(int argc, char **argv)
 	int steps = atoi(arg_str(argc, argv, "--steps", "200"));
 	const char *devs = arg_str(argc, argv, "--devices", "0");
 	int csv = arg_flag(argc, argv, "--csv");
+	int tf32 = arg_flag(argc, argv, "--tf32");
 	int wide = strcmp(model, "wide") == 0;
 	if ((!wide && strcmp(model, "mlp")) || B < 1 || steps < 1) {
-		fprintf(stderr, "usage: gpu_mlp [--model mlp|wide] [--batch B] [--steps N] [--devices LIST] [--csv]\n");
+		fprintf(stderr, "usage: gpu_mlp [--model mlp|wide] [--batch B] [--steps N] [--devices LIST] [--tf32] [--csv]\n");
 		return 2;
 	}
 	char text[1024], err[1024];
 	snprintf(text, sizeof(text),
 		 "[train]\nbatch_size = %d\noptimizer = momentum\nlearning_rate = 0.05\nmomentum = 0.9\n"
-		 "[gpu]\ndevices = %s\nsoft_placement = false\n"
+		 "[gpu]\ndevices = %s\nsoft_placement = false\ntf32 = %s\n"
 		 "[model]\ninput = %d\nlayer = dense %d\nlayer = relu\nlayer = dense %d\nlayer = relu\nlayer = dense 10\n",
-		 B, devs, wide ? 4096 : 784, wide ? 4096 : 512, wide ? 4096 : 512);
+		 B, devs, tf32 ? "true" : "false", wide ? 4096 : 784, wide ? 4096 : 512, wide ? 4096 : 512);
 	struct config c;
 	struct model m;
 	if (config_parse_string(&c, "gpu_mlp", text, err, sizeof(err)) ||

@@ -106,6 +106,7 @@ static const struct key_def keys[] = {
 	{ "gpu", "allow_growth", K_BOOL, OFF(gpu.allow_growth), 0, 0, 0, 0, NULL, "false" },
 	{ "gpu", "soft_placement", K_BOOL, OFF(gpu.soft_placement), 0, 0, 0, 0, NULL, "true" },
 	{ "gpu", "log_placement", K_BOOL, OFF(gpu.log_placement), 0, 0, 0, 0, NULL, "false" },
+	{ "gpu", "tf32", K_BOOL, OFF(gpu.tf32), 0, 0, 0, 0, NULL, "false" },
 
 	{ "data", "format", K_ENUM, OFF(data.format), 0, 0, 0, 0, format_names, "idx" },
 	{ "data", "train_images", K_PATH, OFF(data.train_images), 0, 0, 0, 0, NULL,

@@ -69,6 +69,7 @@ struct config {
 		int allow_growth;
 		int soft_placement;
 		int log_placement;
+		int tf32;                   /* cuBLAS may use TF32 tensor cores */
 	} gpu;
 
 	struct data_config data;

@@ -100,7 +100,7 @@ static void log_placement(const struct devices *d, const char *job, FILE *out)
 static int open_gpus(struct devices *d, const struct config *c, const int *list, int n,
 		     const struct optim_config *oc, int max_batch, char *err, size_t errlen)
 {
-	struct gpu_options go = { c->gpu.memory_fraction, c->gpu.allow_growth, 0 };
+	struct gpu_options go = { c->gpu.memory_fraction, c->gpu.allow_growth, c->gpu.tf32 };
 	d->gpu = 1;
 	d->n = n;
 	for (int r = 0; r < n; r++) {

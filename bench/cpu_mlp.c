@@ -91,7 +91,7 @@ int main(int argc, char **argv)
 		int right;
 		dataset_gather(&ds, perm + (size_t)s % per_epoch * (size_t)B, (size_t)B, xb, yb);
 		replica_load(&r, xb, yb, B);
-		replica_forward(&r, params, B, &loss, &right);
+		replica_forward(&r, params, B, 1, replica_key(1, s, 0), &loss, &right);
 		replica_backward(&r, params, grads, B, 1.0f / (float)B);
 		optim_step_zero(&opt, params, grads, c.train.optim.lr);
 	}

@@ -811,7 +811,8 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 		memset(grads, 0, s.m.nparams * sizeof(float));
 		e = replica_load(&rep, xb, yb, B);
 		if (!e)
-			e = replica_forward(&rep, params, B, &loss, &right);
+			e = replica_forward(&rep, params, B, 1, replica_key(c->train.seed, step, index), &loss,
+					    &right);
 		if (!e)
 			e = replica_backward(&rep, params, grads, B, 1.0f / (float)B);
 		if (e) {

@@ -128,7 +128,8 @@ int train_local(const struct config *c, FILE *out, int tty, const volatile sig_a
 	xb = malloc((size_t)B * train.d * sizeof(float));
 	yb = malloc((size_t)B * sizeof(int32_t));
 	perm = malloc(train.n * sizeof(uint32_t));
-	if (!params || !grads || !xb || !yb || !perm || optim_init(&opt, &c->train.optim, m.nparams)) {
+	if (!params || !grads || !xb || !yb || !perm || optim_init(&opt, &c->train.optim, m.nparams) ||
+	    optim_plain_tensors(&opt, &m, 0)) {
 		snprintf(err, errlen, "out of memory for %zu parameters", m.nparams);
 		e = -ENOMEM;
 		goto out;
@@ -160,7 +161,7 @@ int train_local(const struct config *c, FILE *out, int tty, const volatile sig_a
 		dataset_gather(&train, perm + (size_t)(step % spe) * (size_t)B, (size_t)B, xb, yb);
 		e = replica_load(&rep, xb, yb, B);
 		if (!e)
-			e = replica_forward(&rep, params, B, &loss, &right);
+			e = replica_forward(&rep, params, B, 1, replica_key(c->train.seed, step, 0), &loss, &right);
 		if (!e)
 			e = replica_backward(&rep, params, grads, B, 1.0f / (float)B);
 		if (e) {

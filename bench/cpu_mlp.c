@@ -3,7 +3,11 @@
  * gather a batch, forward, backward, optimizer step. Random data, so the
  * figure does not depend on the dataset package.
  *
- *   build/bench/cpu_mlp [--threads N] [--batch B] [--seconds S] [--csv]
+ *   build/bench/cpu_mlp [--model mlp|cnn] [--threads N] [--batch B] [--seconds S] [--csv]
+ *
+ * --model cnn is the Fashion-MNIST CNN of issue 5 (conv 5x5 32 same, relu,
+ * maxpool 2, conv 5x5 64 same, relu, maxpool 2, dense 1024, relu, dropout
+ * 0.5, dense 10), as bench/torch_mlp.py --model cnn builds it.
  */
 #include "../core/backend.h"
 #include "../core/config.h"
@@ -26,6 +30,26 @@ static int arg_int(int argc, char **argv, const char *name, int def)
 	return def;
 }
 
+static const char *arg_str(int argc, char **argv, const char *name, const char *def)
+{
+	for (int i = 1; i + 1 < argc; i++)
+		if (strcmp(argv[i], name) == 0)
+			return argv[i + 1];
+	return def;
+}
+
+/* The networks bench/torch_mlp.py builds under the same names. */
+struct bench_model {
+	const char *name, *input, *layers;
+};
+static const struct bench_model models[] = {
+	{ "mlp", "784", "layer = dense 512\nlayer = relu\nlayer = dense 512\nlayer = relu\nlayer = dense 10\n" },
+	{ "cnn", "28x28x1",
+	  "layer = conv 5x5 32 pad=same\nlayer = relu\nlayer = maxpool 2\n"
+	  "layer = conv 5x5 64 pad=same\nlayer = relu\nlayer = maxpool 2\n"
+	  "layer = dense 1024\nlayer = relu\nlayer = dropout 0.5\nlayer = dense 10\n" },
+};
+
 static int arg_flag(int argc, char **argv, const char *name)
 {
 	for (int i = 1; i < argc; i++)
@@ -40,10 +64,19 @@ int main(int argc, char **argv)
 	int B = arg_int(argc, argv, "--batch", 256);
 	double seconds = arg_int(argc, argv, "--seconds", 3);
 	int csv = arg_flag(argc, argv, "--csv");
+	const char *model = arg_str(argc, argv, "--model", "mlp");
+	const struct bench_model *bm = NULL;
+	for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++)
+		if (strcmp(models[i].name, model) == 0)
+			bm = &models[i];
+	if (!bm) {
+		fprintf(stderr, "cpu_mlp: unknown --model \"%s\" (expected mlp or cnn)\n", model);
+		return 2;
+	}
 	const char *layers = getenv("BENCH_LAYERS");
-	char text[512], err[1024];
-	snprintf(text, sizeof(text), "[train]\nbatch_size = %d\nthreads = %d\n[model]\ninput = 784\n%s", B, threads,
-		 layers ? layers : "layer = dense 512\nlayer = relu\nlayer = dense 512\nlayer = relu\nlayer = dense 10\n");
+	char text[1024], err[1024];
+	snprintf(text, sizeof(text), "[train]\nbatch_size = %d\nthreads = %d\n[model]\ninput = %s\n%s", B, threads,
+		 bm->input, layers ? layers : bm->layers);
 	struct config c;
 	struct model m;
 	if (config_parse_string(&c, "bench", text, err, sizeof(err)) || model_build(&m, &c.model, err, sizeof(err))) {
@@ -98,10 +131,10 @@ int main(int argc, char **argv)
 	double dt = progress_now() - t0;
 	double sps = (double)steps * B / dt;
 	if (csv)
-		printf("pstrain,cpu,mlp,%d,%d,%.0f\n", B, threads, sps);
+		printf("pstrain,cpu,%s,%d,%d,%.0f\n", model, B, threads, sps);
 	else
-		printf("pstrain cpu mlp: batch %d, %d thread%s: %.0f samples/s (%.2f ms/step, %ld steps, last loss %.3f)\n",
-		       B, threads, threads == 1 ? "" : "s", sps, 1e3 * dt / (double)steps, steps, loss / B);
+		printf("pstrain cpu %s: batch %d, %d thread%s: %.0f samples/s (%.2f ms/step, %ld steps, last loss %.3f)\n",
+		       model, B, threads, threads == 1 ? "" : "s", sps, 1e3 * dt / (double)steps, steps, loss / B);
 	replica_free(&r);
 	optim_free(&opt);
 	free(ds.x);

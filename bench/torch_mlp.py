@@ -1,9 +1,13 @@
 #!/usr/bin/python3
-"""PyTorch reference benchmark for pstrain's MLP training throughput.
+"""PyTorch reference benchmark for pstrain's MLP and CNN training throughput.
 
-Trains the same network as pstrain's MLP example:
+Trains the same network as pstrain's examples:
     mlp : 784-512-512-10   (Linear/ReLU/Linear/ReLU/Linear)
     wide: 4096-4096-4096-10 (same layout, input 4096)
+    cnn : the Fashion-MNIST CNN of issue 5 on 1x28x28 input (NCHW):
+          Conv2d(1,32,5,padding=2) ReLU MaxPool2d(2) Conv2d(32,64,5,padding=2)
+          ReLU MaxPool2d(2) Flatten Linear(3136,1024) ReLU Dropout(0.5)
+          Linear(1024,10), as build/bench/cpu_mlp --model cnn
 with softmax cross-entropy and SGD (momentum 0.9, lr 0.05), and reports
 training samples/s over timed steps after a warm-up.
 
@@ -40,7 +44,21 @@ except Exception as e:  # ImportError, or a broken install
 MODELS = {
     "mlp": (784, 512, 512, 10),
     "wide": (4096, 4096, 4096, 10),
+    "cnn": (784, 0, 0, 10),
 }
+
+
+def build_model(name):
+    if name == "cnn":
+        return nn.Sequential(
+            nn.Unflatten(1, (1, 28, 28)),
+            nn.Conv2d(1, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(), nn.Linear(64 * 7 * 7, 1024), nn.ReLU(), nn.Dropout(0.5),
+            nn.Linear(1024, 10))
+    n_in, h1, h2, n_out = MODELS[name]
+    return nn.Sequential(nn.Linear(n_in, h1), nn.ReLU(), nn.Linear(h1, h2), nn.ReLU(),
+                         nn.Linear(h2, n_out))
 FMNIST_DIR = "/usr/share/datasets/fashion-mnist"
 
 
@@ -104,7 +122,7 @@ def header(args, blas):
 
 def load_fmnist(n_in):
     if n_in != 784:
-        raise SystemExit("--real only applies to --model mlp")
+        raise SystemExit("--real only applies to --model mlp and cnn")
     def rd(name):
         with gzip.open(os.path.join(FMNIST_DIR, name)) as f:
             return f.read()
@@ -155,8 +173,8 @@ def main():
     dev = torch.device(args.device)
 
     n_in, h1, h2, n_out = MODELS[args.model]
-    model = nn.Sequential(nn.Linear(n_in, h1), nn.ReLU(), nn.Linear(h1, h2), nn.ReLU(),
-                          nn.Linear(h2, n_out)).to(dev)
+    model = build_model(args.model).to(dev)
+    model.train()
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     lossf = nn.CrossEntropyLoss()
 

@@ -1,11 +1,15 @@
-/* 2-D convolution on the CPU: im2col per sample, then one OpenBLAS sgemm.
+/* 2-D convolution on the CPU: im2col over a chunk of samples, then one
+ * OpenBLAS sgemm per chunk.
  *
- * For each sample the input patches are unrolled into col (C*K*K, OH*OW),
- * so that the convolution is weight (OC, C*K*K) @ col, written straight into
- * the sample's (OC, OH*OW) block of the NCHW output: no transpose is needed.
- * Backward reuses the same scratch: im2col again for dweight (recomputing is
- * cheaper in memory than keeping B columns matrices alive between forward
- * and backward), then weight^T @ dout into col and col2im into dinp. */
+ * The patches of Bc samples are unrolled side by side into col
+ * (C*K*K, Bc*OH*OW), so the convolution of the whole chunk is one product
+ * weight (OC, C*K*K) @ col into tmp (OC, Bc*OH*OW), which is then scattered
+ * into the NCHW output with the bias. One sgemm per sample was measured
+ * first: on 2 cores its 256 small products per layer spent more time in
+ * OpenBLAS's thread hand-offs (sched_yield) than in the kernel. Backward
+ * gathers dout into the same (OC, Bc*OH*OW) layout, so dweight is one
+ * product over the chunk; im2col is recomputed rather than kept from
+ * forward (B column matrices would be 160 MB for the Fashion CNN). */
 #include "layers.h"
 
 #include <cblas.h>
@@ -25,9 +29,24 @@ int window_init(struct window *w)
 	return 0;
 }
 
-size_t conv_col_size(const struct window *w)
+/* Scratch per call is kept near 16 MiB: big enough for products that keep
+ * both cores busy, small enough to stay out of the way of the rest. */
+#define CONV_SCRATCH_FLOATS ((size_t)4 << 20)
+
+/* Samples per chunk for a batch of B. */
+static int conv_chunk(const struct window *w, int OC, int B)
 {
-	return (size_t)w->C * (size_t)w->K * (size_t)w->K * (size_t)w->OH * (size_t)w->OW;
+	size_t per = ((size_t)w->C * w->K * w->K + (size_t)OC) * (size_t)w->OH * w->OW;
+	size_t n = CONV_SCRATCH_FLOATS / per;
+	if (n < 1)
+		n = 1;
+	return n < (size_t)B ? (int)n : B;
+}
+
+size_t conv_col_size(const struct window *w, int OC, int B)
+{
+	size_t per = ((size_t)w->C * w->K * w->K + (size_t)OC) * (size_t)w->OH * w->OW;
+	return (size_t)conv_chunk(w, OC, B) * per;
 }
 
 /* The output columns [*lo, *hi) whose input column ow*S - P + k lies
@@ -45,16 +64,16 @@ static void valid_range(int *lo, int *hi, int k, int n, int S, int P, int On)
 	*hi = b;
 }
 
-/* col (C*K*K, OH*OW) = the patches of one sample's inp (C, H, W). */
-static void im2col(float *col, const float *inp, const struct window *w)
+/* col (C*K*K, OH*OW) with row stride ld = the patches of one sample's inp
+ * (C, H, W). */
+static void im2col(float *col, size_t ld, const float *inp, const struct window *w)
 {
 	int K = w->K, S = w->S, P = w->P, H = w->H, W = w->W, OH = w->OH, OW = w->OW;
-	size_t ohw = (size_t)OH * OW;
 	for (int c = 0; c < w->C; c++) {
 		const float *src = inp + (size_t)c * H * W;   // (H, W)
 		for (int kh = 0; kh < K; kh++) {
 			for (int kw = 0; kw < K; kw++) {
-				float *row = col + ((size_t)(c * K + kh) * K + kw) * ohw;   // (OH, OW)
+				float *row = col + ((size_t)(c * K + kh) * K + kw) * ld;   // (OH, OW)
 				int lo, hi;
 				valid_range(&lo, &hi, kw, W, S, P, OW);
 				for (int oh = 0; oh < OH; oh++) {
@@ -65,31 +84,33 @@ static void im2col(float *col, const float *inp, const struct window *w)
 						continue;
 					}
 					const float *s = src + (size_t)ih * W + kw - P;
-					memset(r, 0, (size_t)lo * sizeof(float));
+					for (int ow = 0; ow < lo; ow++)
+						r[ow] = 0.0f;
 					if (S == 1) {
 						memcpy(r + lo, s + lo, (size_t)(hi - lo) * sizeof(float));
 					} else {
 						for (int ow = lo; ow < hi; ow++)
 							r[ow] = s[(size_t)ow * S];
 					}
-					memset(r + hi, 0, (size_t)(OW - hi) * sizeof(float));
+					for (int ow = hi; ow < OW; ow++)
+						r[ow] = 0.0f;
 				}
 			}
 		}
 	}
 }
 
-/* inp (C, H, W) = the sum of col's patches back at their places (set). */
-static void col2im(float *inp, const float *col, const struct window *w)
+/* inp (C, H, W) = the sum of col's patches (row stride ld) back at their
+ * places (set). */
+static void col2im(float *inp, const float *col, size_t ld, const struct window *w)
 {
 	int K = w->K, S = w->S, P = w->P, H = w->H, W = w->W, OH = w->OH, OW = w->OW;
-	size_t ohw = (size_t)OH * OW;
 	memset(inp, 0, (size_t)w->C * H * W * sizeof(float));
 	for (int c = 0; c < w->C; c++) {
 		float *dst = inp + (size_t)c * H * W;   // (H, W)
 		for (int kh = 0; kh < K; kh++) {
 			for (int kw = 0; kw < K; kw++) {
-				const float *row = col + ((size_t)(c * K + kh) * K + kw) * ohw;
+				const float *row = col + ((size_t)(c * K + kh) * K + kw) * ld;
 				int lo, hi;
 				valid_range(&lo, &hi, kw, W, S, P, OW);
 				for (int oh = 0; oh < OH; oh++) {
@@ -111,36 +132,32 @@ static void col2im(float *inp, const float *col, const struct window *w)
 	}
 }
 
-/* A 1x1 stride-1 unpadded conv reads its input as the column matrix. */
-static int is_pointwise(const struct window *w)
-{
-	return w->K == 1 && w->S == 1 && w->P == 0;
-}
-
 void conv_forward(float *out, float *col, const float *inp, const float *weight,
 		  const float *bias, int B, int OC, const struct window *w)
 {
 	// out (B, OC, OH, OW), inp (B, C, H, W), weight (OC, C, K, K), bias (OC)
 	int ckk = w->C * w->K * w->K;
-	int ohw = w->OH * w->OW;
+	size_t ohw = (size_t)w->OH * w->OW;
 	size_t in_n = (size_t)w->C * w->H * w->W;
-	for (int b = 0; b < B; b++) {
-		const float *inp_b = inp + (size_t)b * in_n;     // (C, H, W)
-		float *out_b = out + (size_t)b * OC * ohw;       // (OC, OH*OW)
-		const float *cols = inp_b;
-		if (!is_pointwise(w)) {
-			im2col(col, inp_b, w);
-			cols = col;
+	int Bc = conv_chunk(w, OC, B);
+	for (int b0 = 0; b0 < B; b0 += Bc) {
+		int nb = B - b0 < Bc ? B - b0 : Bc;
+		size_t ld = (size_t)nb * ohw;
+		float *tmp = col + (size_t)ckk * ld;   // (OC, nb*OH*OW)
+		for (int b = 0; b < nb; b++)
+			im2col(col + (size_t)b * ohw, ld, inp + (size_t)(b0 + b) * in_n, w);
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, OC, (int)ld, ckk,
+			    1.0f, weight, ckk, col, (int)ld, 0.0f, tmp, (int)ld);
+		for (int b = 0; b < nb; b++) {
+			float *out_b = out + (size_t)(b0 + b) * OC * ohw;   // (OC, OH*OW)
+			for (int o = 0; o < OC; o++) {
+				const float *t = tmp + (size_t)o * ld + (size_t)b * ohw;
+				float *y = out_b + (size_t)o * ohw;
+				float bo = bias ? bias[o] : 0.0f;
+				for (size_t i = 0; i < ohw; i++)
+					y[i] = t[i] + bo;
+			}
 		}
-		float beta = 0.0f;
-		if (bias) {
-			for (int o = 0; o < OC; o++)
-				for (int i = 0; i < ohw; i++)
-					out_b[(size_t)o * ohw + i] = bias[o];
-			beta = 1.0f;
-		}
-		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, OC, ohw, ckk,
-			    1.0f, weight, ckk, cols, ohw, beta, out_b, ohw);
 	}
 }
 
@@ -150,38 +167,37 @@ void conv_backward(float *dinp, float *dweight, float *dbias, float *col,
 {
 	// dinp (B, C, H, W), dweight (OC, C, K, K), dbias (OC), dout (B, OC, OH, OW)
 	int ckk = w->C * w->K * w->K;
-	int ohw = w->OH * w->OW;
+	size_t ohw = (size_t)w->OH * w->OW;
 	size_t in_n = (size_t)w->C * w->H * w->W;
-	for (int b = 0; b < B; b++) {
-		const float *inp_b = inp + (size_t)b * in_n;          // (C, H, W)
-		const float *dout_b = dout + (size_t)b * OC * ohw;    // (OC, OH*OW)
-		const float *cols = inp_b;
-		if (!is_pointwise(w)) {
-			im2col(col, inp_b, w);
-			cols = col;
+	int Bc = conv_chunk(w, OC, B);
+	for (int b0 = 0; b0 < B; b0 += Bc) {
+		int nb = B - b0 < Bc ? B - b0 : Bc;
+		size_t ld = (size_t)nb * ohw;
+		float *tmp = col + (size_t)ckk * ld;   // (OC, nb*OH*OW)
+		for (int b = 0; b < nb; b++) {
+			const float *dout_b = dout + (size_t)(b0 + b) * OC * ohw;   // (OC, OH*OW)
+			for (int o = 0; o < OC; o++)
+				memcpy(tmp + (size_t)o * ld + (size_t)b * ohw, dout_b + (size_t)o * ohw,
+				       ohw * sizeof(float));
+			im2col(col + (size_t)b * ohw, ld, inp + (size_t)(b0 + b) * in_n, w);
 		}
-		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, OC, ckk, ohw,
-			    1.0f, dout_b, ohw, cols, ohw, 1.0f, dweight, ckk);
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, OC, ckk, (int)ld,
+			    1.0f, tmp, (int)ld, col, (int)ld, 1.0f, dweight, ckk);
 		if (dbias) {
 			for (int o = 0; o < OC; o++) {
-				const float *d = dout_b + (size_t)o * ohw;
+				const float *t = tmp + (size_t)o * ld;
 				float s = 0.0f;
-				for (int i = 0; i < ohw; i++)
-					s += d[i];
+				for (size_t i = 0; i < ld; i++)
+					s += t[i];
 				dbias[o] += s;
 			}
 		}
 		if (!dinp)
 			continue;
-		float *dinp_b = dinp + (size_t)b * in_n;   // (C, H, W)
-		/* beta = 0: the result is written without reading what was there. */
-		if (is_pointwise(w)) {
-			cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ckk, ohw, OC,
-				    1.0f, weight, ckk, dout_b, ohw, 0.0f, dinp_b, ohw);
-		} else {
-			cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ckk, ohw, OC,
-				    1.0f, weight, ckk, dout_b, ohw, 0.0f, col, ohw);
-			col2im(dinp_b, col, w);
-		}
+		/* beta = 0: col is written without reading what was there. */
+		cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ckk, (int)ld, OC,
+			    1.0f, weight, ckk, tmp, (int)ld, 0.0f, col, (int)ld);
+		for (int b = 0; b < nb; b++)
+			col2im(dinp + (size_t)(b0 + b) * in_n, col + (size_t)b * ohw, ld, w);
 	}
 }

@@ -69,12 +69,13 @@ struct window {
  * not fit (K > H + 2P) or a size is not positive. */
 int window_init(struct window *w);
 
-/* Floats of im2col scratch one conv call needs (conv_forward's col). */
-size_t conv_col_size(const struct window *w);
+/* Floats of scratch (im2col and a product) that conv_forward and
+ * conv_backward need for batches of up to B samples. */
+size_t conv_col_size(const struct window *w, int OC, int B);
 
 /* out = conv(inp, weight) + bias, cross-correlation as in PyTorch's Conv2d.
  * out (B, OC, OH, OW), inp (B, C, H, W), weight (OC, C, K, K), bias (OC) or
- * NULL, col scratch of conv_col_size() floats (contents undefined after). */
+ * NULL, col scratch of conv_col_size(w, OC, B) floats (undefined after). */
 void conv_forward(float *out, float *col, const float *inp, const float *weight,
 		  const float *bias, int B, int OC, const struct window *w);
 

@@ -55,8 +55,8 @@ int replica_init(struct replica *r, const struct model *m, const struct backend 
 			e = o->alloc(be->ctx, (void **)&r->act[i], B * (size_t)l->out * sizeof(float));
 		if (!e && l->kind == LAYER_BATCHNORM)
 			e = o->alloc(be->ctx, (void **)&r->stats[i], 2 * (size_t)l->C * sizeof(float));
-		if (l->kind == LAYER_CONV && conv_col_size(&l->win) > ncol)
-			ncol = conv_col_size(&l->win);
+		if (l->kind == LAYER_CONV && conv_col_size(&l->win, l->OC, max_batch) > ncol)
+			ncol = conv_col_size(&l->win, l->OC, max_batch);
 	}
 	if (!e && ncol)
 		e = o->alloc(be->ctx, (void **)&r->col, ncol * sizeof(float));

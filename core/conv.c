@@ -13,7 +13,6 @@
 #include "layers.h"
 
 #include <cblas.h>
-#include <errno.h>
 #include <string.h>
 
 /* Loops get AVX2 and AVX-512 copies picked at load time, as in layers.c. */
@@ -36,19 +35,6 @@ static float sum8(const float *x, size_t n)
 	for (int k = 0; k < 8; k++)
 		s += acc[k];
 	return s;
-}
-
-int window_init(struct window *w)
-{
-	if (w->C < 1 || w->H < 1 || w->W < 1 || w->K < 1 || w->S < 1 || w->P < 0)
-		return -EINVAL;
-	long oh = ((long)w->H + 2L * w->P - w->K);
-	long ow = ((long)w->W + 2L * w->P - w->K);
-	if (oh < 0 || ow < 0)
-		return -EINVAL;
-	w->OH = (int)(oh / w->S + 1);
-	w->OW = (int)(ow / w->S + 1);
-	return 0;
 }
 
 /* Scratch per call is kept near 4 MiB: big enough for products that keep

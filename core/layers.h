@@ -13,6 +13,7 @@
 #ifndef PSTRAIN_LAYERS_H
 #define PSTRAIN_LAYERS_H
 
+#include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -66,8 +67,20 @@ struct window {
 };
 
 /* Fills OH and OW from the rest; returns 0, or -EINVAL when the window does
- * not fit (K > H + 2P) or a size is not positive. */
-int window_init(struct window *w);
+ * not fit (K > H + 2P) or a size is not positive. Inline: model.c's shape
+ * checks use it without linking the kernels (the config fuzzer does not). */
+static inline int window_init(struct window *w)
+{
+	if (w->C < 1 || w->H < 1 || w->W < 1 || w->K < 1 || w->S < 1 || w->P < 0)
+		return -EINVAL;
+	long oh = (long)w->H + 2L * w->P - w->K;
+	long ow = (long)w->W + 2L * w->P - w->K;
+	if (oh < 0 || ow < 0)
+		return -EINVAL;
+	w->OH = (int)(oh / w->S + 1);
+	w->OW = (int)(ow / w->S + 1);
+	return 0;
+}
 
 /* Floats of scratch (im2col and a product) that conv_forward and
  * conv_backward need for batches of up to B samples. */

@@ -37,10 +37,12 @@ static float sum8(const float *x, size_t n)
 	return s;
 }
 
-/* Scratch per call is kept near 4 MiB: big enough for products that keep
- * both cores busy, small enough that col is still in cache when col2im
- * reads it back (16 MiB was measured slower: col2im streamed from DRAM). */
-#define CONV_SCRATCH_FLOATS ((size_t)1 << 20)
+/* Scratch per call is kept near 1 MiB, about one core's L2 here, so col is
+ * still in cache when the sgemm or col2im reads it back. Measured on the
+ * Fashion CNN (CPU ms per step, 1 thread): 16 MiB was slowest (col2im
+ * streamed from memory), 4 MiB in between, 1 MiB best, although it means
+ * one sample per chunk for the 5x5x32 -> 64 layer (N = 196 per sgemm). */
+#define CONV_SCRATCH_FLOATS ((size_t)1 << 18)
 
 /* Samples per chunk for a batch of B. */
 static int conv_chunk(const struct window *w, int OC, int B)

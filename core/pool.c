@@ -75,6 +75,32 @@ void maxpool_backward(float *dinp, const float *dout, const float *inp, int B,
 		float *dx = dinp + p * H * W;
 		if (tiled)
 			zero_uncovered(dx, w);
+		if (K == 2 && S == 2) {
+			/* The common 2x2 window, branch-free: which of the four
+			 * is the first maximum is data, and a branch on it
+			 * mispredicts often. */
+			for (int oh = 0; oh < OH; oh++) {
+				const float *r0 = x + (size_t)2 * oh * W, *r1 = r0 + W;
+				float *d0 = dx + (size_t)2 * oh * W, *d1 = d0 + W;
+				for (int ow = 0; ow < OW; ow++) {
+					float a = r0[2 * ow], b = r0[2 * ow + 1];
+					float c = r1[2 * ow], d = r1[2 * ow + 1];
+					float g = dy[(size_t)oh * OW + ow];
+					int ib = b > a;
+					float m = ib ? b : a;
+					int ic = c > m;
+					m = ic ? c : m;
+					int id = d > m;
+					/* The last position that beat the running max wins. */
+					int at = id ? 3 : ic ? 2 : ib ? 1 : 0;
+					d0[2 * ow] = at == 0 ? g : 0.0f;
+					d0[2 * ow + 1] = at == 1 ? g : 0.0f;
+					d1[2 * ow] = at == 2 ? g : 0.0f;
+					d1[2 * ow + 1] = at == 3 ? g : 0.0f;
+				}
+			}
+			continue;
+		}
 		for (int oh = 0; oh < OH; oh++) {
 			for (int ow = 0; ow < OW; ow++) {
 				/* The same scan as forward, so the first maximum gets

@@ -4,9 +4,9 @@
  * The patches of Bc samples are unrolled side by side into col
  * (C*K*K, Bc*OH*OW), so the convolution of the whole chunk is one product
  * weight (OC, C*K*K) @ col into tmp (OC, Bc*OH*OW), which is then scattered
- * into the NCHW output with the bias. One sgemm per sample was measured
- * first: on 2 cores its 256 small products per layer spent more time in
- * OpenBLAS's thread hand-offs (sched_yield) than in the kernel. Backward
+ * into the NCHW output with the bias. How many samples a chunk holds is
+ * set by the scratch size (below): small layers get many (the first layer
+ * of the Fashion CNN, 5), big ones as few as one. Backward
  * gathers dout into the same (OC, Bc*OH*OW) layout, so dweight is one
  * product over the chunk; im2col is recomputed rather than kept from
  * forward (B column matrices would be 160 MB for the Fashion CNN). */

@@ -165,15 +165,7 @@ static int cmd_check(const struct opts *o)
 	progress_bytes(size, sizeof(size), (double)m.nparams * sizeof(float));
 	printf("\n; model: %d inputs -> %d outputs, %zu parameters (%s as float32)\n",
 	       m.inputs, m.outputs, m.nparams, size);
-	printf(";   %-10s %-8s %8s %12s  %s\n", "layer", "type", "output", "parameters", "line");
-	printf(";   %-10s %-8s %8d %12s\n", "input", "", m.inputs, "");
-	for (int i = 0; i < m.nlayers; i++) {
-		const struct layer *l = &m.layers[i];
-		char line[16] = "default";
-		if (l->line)
-			snprintf(line, sizeof(line), "%d", l->line);
-		printf(";   %-10s %-8s %8d %12zu  %s\n", l->name, layer_kind_name(l->kind), l->out, l->nparams, line);
-	}
+	model_print(stdout, &m);
 	printf("; loss: softmax_cross_entropy\n");
 	if (shard_check(c.cluster.nps, m.nparams, err, sizeof(err)) < 0) {
 		fprintf(stderr, "pstrain: %s: %s\n", o->config, err);

@@ -3,7 +3,11 @@
  * gather a batch, forward, backward, optimizer step. Random data, so the
  * figure does not depend on the dataset package.
  *
- *   build/bench/cpu_mlp [--threads N] [--batch B] [--seconds S] [--csv]
+ *   build/bench/cpu_mlp [--model mlp|cnn] [--threads N] [--batch B] [--seconds S] [--csv]
+ *
+ * --model cnn is the Fashion-MNIST CNN of issue 5 (conv 5x5 32 same, relu,
+ * maxpool 2, conv 5x5 64 same, relu, maxpool 2, dense 1024, relu, dropout
+ * 0.5, dense 10), as bench/torch_mlp.py --model cnn builds it.
  */
 #include "../core/backend.h"
 #include "../core/config.h"
@@ -17,6 +21,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+/* CPU seconds of this process: on a shared machine, CPU time per step with
+ * one thread is steadier than wall time (other processes' load drops out). */
+static double cpu_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 static int arg_int(int argc, char **argv, const char *name, int def)
 {
@@ -25,6 +39,26 @@ static int arg_int(int argc, char **argv, const char *name, int def)
 			return atoi(argv[i + 1]);
 	return def;
 }
+
+static const char *arg_str(int argc, char **argv, const char *name, const char *def)
+{
+	for (int i = 1; i + 1 < argc; i++)
+		if (strcmp(argv[i], name) == 0)
+			return argv[i + 1];
+	return def;
+}
+
+/* The networks bench/torch_mlp.py builds under the same names. */
+struct bench_model {
+	const char *name, *input, *layers;
+};
+static const struct bench_model models[] = {
+	{ "mlp", "784", "layer = dense 512\nlayer = relu\nlayer = dense 512\nlayer = relu\nlayer = dense 10\n" },
+	{ "cnn", "28x28x1",
+	  "layer = conv 5x5 32 pad=same\nlayer = relu\nlayer = maxpool 2\n"
+	  "layer = conv 5x5 64 pad=same\nlayer = relu\nlayer = maxpool 2\n"
+	  "layer = dense 1024\nlayer = relu\nlayer = dropout 0.5\nlayer = dense 10\n" },
+};
 
 static int arg_flag(int argc, char **argv, const char *name)
 {
@@ -40,10 +74,21 @@ int main(int argc, char **argv)
 	int B = arg_int(argc, argv, "--batch", 256);
 	double seconds = arg_int(argc, argv, "--seconds", 3);
 	int csv = arg_flag(argc, argv, "--csv");
+	/* A CNN step takes about a second on 2 cores: 3 steps warm it up. */
+	int warm = arg_int(argc, argv, "--warmup", strcmp(arg_str(argc, argv, "--model", "mlp"), "cnn") == 0 ? 3 : 20);
+	const char *model = arg_str(argc, argv, "--model", "mlp");
+	const struct bench_model *bm = NULL;
+	for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++)
+		if (strcmp(models[i].name, model) == 0)
+			bm = &models[i];
+	if (!bm) {
+		fprintf(stderr, "cpu_mlp: unknown --model \"%s\" (expected mlp or cnn)\n", model);
+		return 2;
+	}
 	const char *layers = getenv("BENCH_LAYERS");
-	char text[512], err[1024];
-	snprintf(text, sizeof(text), "[train]\nbatch_size = %d\nthreads = %d\n[model]\ninput = 784\n%s", B, threads,
-		 layers ? layers : "layer = dense 512\nlayer = relu\nlayer = dense 512\nlayer = relu\nlayer = dense 10\n");
+	char text[1024], err[1024];
+	snprintf(text, sizeof(text), "[train]\nbatch_size = %d\nthreads = %d\n[model]\ninput = %s\n%s", B, threads,
+		 bm->input, layers ? layers : bm->layers);
 	struct config c;
 	struct model m;
 	if (config_parse_string(&c, "bench", text, err, sizeof(err)) || model_build(&m, &c.model, err, sizeof(err))) {
@@ -80,28 +125,31 @@ int main(int argc, char **argv)
 	}
 	size_t per_epoch = ds.n / (size_t)B;
 	long steps = 0;
-	double t0 = 0, loss = 0;
+	double t0 = 0, c0 = 0, loss = 0;
 	for (long s = 0;; s++) {
-		if (s == 20)   /* warm-up: page faults, thread pool start, caches */
+		if (s == warm) {   /* warm-up: page faults, thread pool start, caches */
 			t0 = progress_now();
-		if (s > 20 && progress_now() - t0 >= seconds) {
-			steps = s - 20;
+			c0 = cpu_now();
+		}
+		if (s > warm && progress_now() - t0 >= seconds) {
+			steps = s - warm;
 			break;
 		}
 		int right;
 		dataset_gather(&ds, perm + (size_t)s % per_epoch * (size_t)B, (size_t)B, xb, yb);
 		replica_load(&r, xb, yb, B);
-		replica_forward(&r, params, B, &loss, &right);
+		replica_forward(&r, params, B, 1, replica_key(1, s, 0), &loss, &right);
 		replica_backward(&r, params, grads, B, 1.0f / (float)B);
 		optim_step_zero(&opt, params, grads, c.train.optim.lr);
 	}
-	double dt = progress_now() - t0;
+	double dt = progress_now() - t0, dc = cpu_now() - c0;
 	double sps = (double)steps * B / dt;
 	if (csv)
-		printf("pstrain,cpu,mlp,%d,%d,%.0f\n", B, threads, sps);
+		printf("pstrain,cpu,%s,%d,%d,%.0f\n", model, B, threads, sps);
 	else
-		printf("pstrain cpu mlp: batch %d, %d thread%s: %.0f samples/s (%.2f ms/step, %ld steps, last loss %.3f)\n",
-		       B, threads, threads == 1 ? "" : "s", sps, 1e3 * dt / (double)steps, steps, loss / B);
+		printf("pstrain cpu %s: batch %d, %d thread%s: %.0f samples/s (%.2f ms/step, %.2f CPU ms/step, %ld steps, last loss %.3f)\n",
+		       model, B, threads, threads == 1 ? "" : "s", sps, 1e3 * dt / (double)steps,
+		       1e3 * dc / (double)steps, steps, loss / B);
 	replica_free(&r);
 	optim_free(&opt);
 	free(ds.x);

@@ -124,8 +124,8 @@ int main(int argc, char **argv)
 			e = gpu_mark(&d.be[0], 0);
 		int k = s % nb;
 		if (!e)
-			e = devices_step(&d, x + per * (size_t)k, y + (size_t)B * k, B, &loss, &right, err,
-					 sizeof(err));
+			e = devices_step(&d, x + per * (size_t)k, y + (size_t)B * k, B, (uint64_t)s, &loss,
+					 &right, err, sizeof(err));
 		if (!e)
 			e = devices_apply(&d, &opt, c.train.optim.lr, err, sizeof(err));
 	}

@@ -31,6 +31,32 @@ struct backend_ops {
 	int (*act_forward)(void *ctx, enum layer_kind k, float *out, const float *inp, size_t N);
 	int (*act_backward)(void *ctx, enum layer_kind k, float *dinp, const float *dout,
 			    const float *out, size_t N);
+	/* Spatial layers, dropout and batchnorm: the functions of layers.h.
+	 * conv's col is scratch of conv_col_size() floats in backend memory;
+	 * pool_* take LAYER_MAXPOOL or LAYER_AVGPOOL (avgpool ignores inp in
+	 * backward). batchnorm_forward with mean and var NULL is evaluation. */
+	int (*conv_forward)(void *ctx, float *out, float *col, const float *inp,
+			    const float *weight, const float *bias, int B, int OC,
+			    const struct window *w);
+	int (*conv_backward)(void *ctx, float *dinp, float *dweight, float *dbias, float *col,
+			     const float *dout, const float *inp, const float *weight, int B,
+			     int OC, const struct window *w);
+	int (*pool_forward)(void *ctx, enum layer_kind k, float *out, const float *inp, int B,
+			    const struct window *w);
+	int (*pool_backward)(void *ctx, enum layer_kind k, float *dinp, const float *dout,
+			     const float *inp, int B, const struct window *w);
+	int (*dropout_forward)(void *ctx, float *out, const float *inp, float p, uint64_t key,
+			       size_t N);
+	int (*dropout_backward)(void *ctx, float *dinp, const float *dout, float p, uint64_t key,
+				size_t N);
+	int (*batchnorm_forward)(void *ctx, float *out, float *mean, float *var, const float *inp,
+				 const float *gamma, const float *beta, const float *run_mean,
+				 const float *run_var, int B, int C, int HW);
+	int (*batchnorm_backward)(void *ctx, float *dinp, float *dgamma, float *dbeta,
+				  float *drun_mean, float *drun_var, const float *dout,
+				  const float *inp, const float *gamma, const float *mean,
+				  const float *var, const float *run_mean, const float *run_var,
+				  float stat_scale, int B, int C, int HW);
 	/* *loss_sum and *correct are host values. */
 	int (*xent_forward)(void *ctx, float *probs, double *loss_sum, int *correct,
 			    const float *logits, const int32_t *labels, int B, int C);

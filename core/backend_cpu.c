@@ -93,6 +93,83 @@ static int cpu_xent_backward(void *ctx, float *dlogits, const float *probs,
 	return 0;
 }
 
+static int cpu_conv_forward(void *ctx, float *out, float *col, const float *inp,
+			    const float *weight, const float *bias, int B, int OC,
+			    const struct window *w)
+{
+	(void)ctx;
+	conv_forward(out, col, inp, weight, bias, B, OC, w);
+	return 0;
+}
+
+static int cpu_conv_backward(void *ctx, float *dinp, float *dweight, float *dbias, float *col,
+			     const float *dout, const float *inp, const float *weight, int B,
+			     int OC, const struct window *w)
+{
+	(void)ctx;
+	conv_backward(dinp, dweight, dbias, col, dout, inp, weight, B, OC, w);
+	return 0;
+}
+
+static int cpu_pool_forward(void *ctx, enum layer_kind k, float *out, const float *inp, int B,
+			    const struct window *w)
+{
+	(void)ctx;
+	switch (k) {
+	case LAYER_MAXPOOL: maxpool_forward(out, inp, B, w); return 0;
+	case LAYER_AVGPOOL: avgpool_forward(out, inp, B, w); return 0;
+	default: return -EINVAL;
+	}
+}
+
+static int cpu_pool_backward(void *ctx, enum layer_kind k, float *dinp, const float *dout,
+			     const float *inp, int B, const struct window *w)
+{
+	(void)ctx;
+	switch (k) {
+	case LAYER_MAXPOOL: maxpool_backward(dinp, dout, inp, B, w); return 0;
+	case LAYER_AVGPOOL: avgpool_backward(dinp, dout, B, w); return 0;
+	default: return -EINVAL;
+	}
+}
+
+static int cpu_dropout_forward(void *ctx, float *out, const float *inp, float p, uint64_t key,
+			       size_t N)
+{
+	(void)ctx;
+	dropout_forward(out, inp, p, key, N);
+	return 0;
+}
+
+static int cpu_dropout_backward(void *ctx, float *dinp, const float *dout, float p, uint64_t key,
+				size_t N)
+{
+	(void)ctx;
+	dropout_backward(dinp, dout, p, key, N);
+	return 0;
+}
+
+static int cpu_batchnorm_forward(void *ctx, float *out, float *mean, float *var, const float *inp,
+				 const float *gamma, const float *beta, const float *run_mean,
+				 const float *run_var, int B, int C, int HW)
+{
+	(void)ctx;
+	batchnorm_forward(out, mean, var, inp, gamma, beta, run_mean, run_var, B, C, HW);
+	return 0;
+}
+
+static int cpu_batchnorm_backward(void *ctx, float *dinp, float *dgamma, float *dbeta,
+				  float *drun_mean, float *drun_var, const float *dout,
+				  const float *inp, const float *gamma, const float *mean,
+				  const float *var, const float *run_mean, const float *run_var,
+				  float stat_scale, int B, int C, int HW)
+{
+	(void)ctx;
+	batchnorm_backward(dinp, dgamma, dbeta, drun_mean, drun_var, dout, inp, gamma, mean, var,
+			   run_mean, run_var, stat_scale, B, C, HW);
+	return 0;
+}
+
 static const struct backend_ops cpu_ops = {
 	.name = "cpu",
 	.alloc = cpu_alloc,
@@ -104,6 +181,14 @@ static const struct backend_ops cpu_ops = {
 	.dense_backward = cpu_dense_backward,
 	.act_forward = cpu_act_forward,
 	.act_backward = cpu_act_backward,
+	.conv_forward = cpu_conv_forward,
+	.conv_backward = cpu_conv_backward,
+	.pool_forward = cpu_pool_forward,
+	.pool_backward = cpu_pool_backward,
+	.dropout_forward = cpu_dropout_forward,
+	.dropout_backward = cpu_dropout_backward,
+	.batchnorm_forward = cpu_batchnorm_forward,
+	.batchnorm_backward = cpu_batchnorm_backward,
 	.xent_forward = cpu_xent_forward,
 	.xent_backward = cpu_xent_backward,
 };

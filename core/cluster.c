@@ -1026,7 +1026,8 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 		char why[CONFIG_ERR_MAX];
 		e = devices_zero_grads(&dev, why, sizeof(why));
 		if (!e)
-			e = devices_step(&dev, xb, yb, B, &loss, &right, why, sizeof(why));
+			e = devices_step(&dev, xb, yb, B, replica_key(c->train.seed, step, index), &loss,
+					 &right, why, sizeof(why));
 		if (!e)
 			e = devices_get_grads(&dev, grads, why, sizeof(why));
 		if (e) {

@@ -1,6 +1,7 @@
 /* Placement, the batch split over replicas and the gradient sum; see
  * devices.h. */
 #include "devices.h"
+#include "rng.h"
 
 #include "../gpu/gpu.h"
 #include "../gpu/kernels.h"
@@ -97,6 +98,32 @@ static void log_placement(const struct devices *d, const char *job, FILE *out)
 	fprintf(out, "placement: optimizer -> %s/%s\n", job, d->be[d->be_of[0]].where);
 }
 
+/* Whether backend b has the kernels of every layer of m; the CUDA backend
+ * has none for the spatial layers, dropout and batchnorm yet, and a model
+ * that needs them falls back like any other missing GPU capability. */
+static int layers_supported(const struct model *m, const struct backend *b, char *why,
+			    size_t whylen)
+{
+	const struct backend_ops *o = b->ops;
+	for (int i = 0; i < m->nlayers; i++) {
+		const struct layer *l = &m->layers[i];
+		int ok = 1;
+		switch (l->kind) {
+		case LAYER_CONV: ok = o->conv_forward && o->conv_backward; break;
+		case LAYER_MAXPOOL:
+		case LAYER_AVGPOOL: ok = o->pool_forward && o->pool_backward; break;
+		case LAYER_DROPOUT: ok = o->dropout_forward && o->dropout_backward; break;
+		case LAYER_BATCHNORM: ok = o->batchnorm_forward && o->batchnorm_backward; break;
+		default: break;
+		}
+		if (!ok) {
+			snprintf(why, whylen, "%s has no %s kernel yet (layer %s)", b->where, o->name, l->name);
+			return -ENOTSUP;
+		}
+	}
+	return 0;
+}
+
 static int open_gpus(struct devices *d, const struct config *c, const int *list, int n,
 		     const struct optim_config *oc, int max_batch, char *err, size_t errlen)
 {
@@ -112,6 +139,9 @@ static int open_gpus(struct devices *d, const struct config *c, const int *list,
 			if (e)
 				return e;
 			d->nbe++;
+			e = layers_supported(d->m, &d->be[k], err, errlen);
+			if (e)
+				return e;
 		}
 		d->be_of[r] = k;
 	}
@@ -193,7 +223,9 @@ void devices_close(struct devices *d)
 
 static int fail(const struct devices *d, int r, int e, const char *what, char *err, size_t errlen)
 {
-	snprintf(err, errlen, "%s on %s: %s", what, d->be[d->be_of[r]].where, why_of(d, r, e));
+	const char *layer = d->rep[r].failed;
+	snprintf(err, errlen, "%s%s%s on %s: %s", what, layer ? " in " : "", layer ? layer : "",
+		 d->be[d->be_of[r]].where, why_of(d, r, e));
 	return e;
 }
 
@@ -241,9 +273,11 @@ static int grads_gather(struct devices *d, int r)
 	return e;
 }
 
-int devices_step(struct devices *d, const float *x, const int32_t *y, int B, double *loss,
-		 int *right, char *err, size_t errlen)
+int devices_step(struct devices *d, const float *x, const int32_t *y, int B, uint64_t key,
+		 double *loss, int *right, char *err, size_t errlen)
 {
+	for (int r = 0; r < d->n; r++)
+		d->rep[r].failed = NULL;   // only a failing layer kernel names one
 	if (B < d->n || B > d->max_batch * d->n) {
 		snprintf(err, errlen, "a batch of %d cannot be split over %d replicas of at most %d",
 			 B, d->n, d->max_batch);
@@ -259,7 +293,8 @@ int devices_step(struct devices *d, const float *x, const int32_t *y, int B, dou
 		const float *xr = x + (size_t)off * (size_t)d->m->inputs;
 		int e = replica_load(&d->rep[r], xr, y + off, Br);
 		if (!e)
-			e = replica_forward(&d->rep[r], d->params[r], Br, &l, &c);
+			e = replica_forward(&d->rep[r], d->params[r], Br, 1,
+					    r ? rng_hash(key, RNG_DROPOUT, (uint64_t)r) : key, &l, &c);
 		if (!e)
 			e = replica_backward(&d->rep[r], d->params[r], d->grads[r], Br, 1.0f / (float)B);
 		if (e)

@@ -66,11 +66,14 @@ int devices_set_params(struct devices *d, const float *host, char *err, size_t e
 /* Zeroes every replica's gradient. */
 int devices_zero_grads(struct devices *d, char *err, size_t errlen);
 
-/* One forward and backward over the batch x (B, inputs), y (B), split over
- * the replicas; the summed gradient (scale 1/B) is in d->grads[0]. *loss is
- * the summed loss, *right the number of correct predictions. */
-int devices_step(struct devices *d, const float *x, const int32_t *y, int B, double *loss,
-		 int *right, char *err, size_t errlen);
+/* One training forward and backward over the batch x (B, inputs), y (B),
+ * split over the replicas; the summed gradient (scale 1/B) is in
+ * d->grads[0]. key is the step's dropout key (replica_key); replica 0 uses
+ * it as it is, so one replica drops what a lone replica would, and the
+ * others derive their own from it. *loss is the summed loss, *right the
+ * number of correct predictions. */
+int devices_step(struct devices *d, const float *x, const int32_t *y, int B, uint64_t key,
+		 double *loss, int *right, char *err, size_t errlen);
 
 /* Downloads the summed gradient (P) into host. */
 int devices_get_grads(struct devices *d, float *host, char *err, size_t errlen);

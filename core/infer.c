@@ -114,7 +114,7 @@ int infer_predict(const struct config *c, const char *ckpt, const char *input, i
 		int right;
 		e = replica_load(&in.rep, ds.x + i * ds.d, zero, B);
 		if (!e)
-			e = replica_forward(&in.rep, in.params, B, &loss, &right);
+			e = replica_forward(&in.rep, in.params, B, 0, 0, &loss, &right);
 		if (!e)
 			e = in.be.ops->download(in.be.ctx, p, in.rep.probs, (size_t)B * (size_t)K * sizeof(float));
 		if (e) {

@@ -3,6 +3,7 @@
  * Allocation, zeroing of gradients and the order of layers are left to
  * the model code; nothing here allocates. */
 #include "layers.h"
+#include "rng.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -133,6 +134,41 @@ void sigmoid_backward(float *dinp, const float *dout, const float *out, size_t N
 	// dinp (N), dout (N), out (N)
 	for (size_t i = 0; i < N; i++)
 		dinp[i] = dout[i] * out[i] * (1.0f - out[i]);
+}
+
+/* Element i's mask: the top 32 bits of a hash of (key, i) against p scaled
+ * to 2^32, so p has 2^-32 resolution and the mask costs one hash. */
+static uint32_t dropout_threshold(float p)
+{
+	double t = (double)p * 4294967296.0;
+	return t >= 4294967295.0 ? 0xffffffffu : (uint32_t)t;
+}
+
+void dropout_forward(float *out, const float *inp, float p, uint64_t key, size_t N)
+{
+	// out (N), inp (N)
+	if (p == 0.0f) {
+		if (out != inp)
+			memcpy(out, inp, N * sizeof(float));
+		return;
+	}
+	uint32_t thr = dropout_threshold(p);
+	float scale = 1.0f / (1.0f - p);
+	for (size_t i = 0; i < N; i++) {
+		uint32_t u = (uint32_t)(rng_hash(key, RNG_DROPOUT, i) >> 32);
+		out[i] = u >= thr ? inp[i] * scale : 0.0f;
+	}
+}
+
+void dropout_backward(float *dinp, const float *dout, float p, uint64_t key, size_t N)
+{
+	// dinp (N), dout (N)
+	uint32_t thr = dropout_threshold(p);
+	float scale = 1.0f / (1.0f - p);
+	for (size_t i = 0; i < N; i++) {
+		uint32_t u = (uint32_t)(rng_hash(key, RNG_DROPOUT, i) >> 32);
+		dinp[i] = u >= thr ? dout[i] * scale : 0.0f;
+	}
 }
 
 double softmax_xent_forward(float *probs, int *correct, const float *logits,

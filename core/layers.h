@@ -13,6 +13,7 @@
 #ifndef PSTRAIN_LAYERS_H
 #define PSTRAIN_LAYERS_H
 
+#include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -53,6 +54,96 @@ double softmax_xent_forward(float *probs, int *correct, const float *logits,
  * dlogits may alias probs. */
 void softmax_xent_backward(float *dlogits, const float *probs,
 			   const int32_t *labels, int B, int C, float scale);
+
+/* ---- spatial layers (core/conv.c, core/pool.c) ----------------------------
+ * Activations are NCHW: (B, C, H, W) with W fastest, like PyTorch, so a
+ * flatten is free and dense weights after it line up with torch.flatten.
+ * A window slides over (H, W) with kernel K x K, stride S and zero padding
+ * P on every side: OH = (H + 2P - K) / S + 1, likewise OW. */
+struct window {
+	int C, H, W;     /* input channels and size */
+	int K, S, P;     /* kernel, stride, padding */
+	int OH, OW;      /* output size */
+};
+
+/* Fills OH and OW from the rest; returns 0, or -EINVAL when the window does
+ * not fit (K > H + 2P) or a size is not positive. Inline: model.c's shape
+ * checks use it without linking the kernels (the config fuzzer does not). */
+static inline int window_init(struct window *w)
+{
+	if (w->C < 1 || w->H < 1 || w->W < 1 || w->K < 1 || w->S < 1 || w->P < 0)
+		return -EINVAL;
+	long oh = (long)w->H + 2L * w->P - w->K;
+	long ow = (long)w->W + 2L * w->P - w->K;
+	if (oh < 0 || ow < 0)
+		return -EINVAL;
+	w->OH = (int)(oh / w->S + 1);
+	w->OW = (int)(ow / w->S + 1);
+	return 0;
+}
+
+/* Floats of scratch (im2col and a product) that conv_forward and
+ * conv_backward need for batches of up to B samples. */
+size_t conv_col_size(const struct window *w, int OC, int B);
+
+/* out = conv(inp, weight) + bias, cross-correlation as in PyTorch's Conv2d.
+ * out (B, OC, OH, OW), inp (B, C, H, W), weight (OC, C, K, K), bias (OC) or
+ * NULL, col scratch of conv_col_size(w, OC, B) floats (undefined after). */
+void conv_forward(float *out, float *col, const float *inp, const float *weight,
+		  const float *bias, int B, int OC, const struct window *w);
+
+/* dinp (B, C, H, W) set (skipped when NULL), dweight (OC, C, K, K) and dbias
+ * (OC, or NULL) accumulated; dout (B, OC, OH, OW); col as for conv_forward. */
+void conv_backward(float *dinp, float *dweight, float *dbias, float *col,
+		   const float *dout, const float *inp, const float *weight,
+		   int B, int OC, const struct window *w);
+
+/* Pooling without padding (w->P must be 0). Max pooling takes the first
+ * maximum of each window (as its backward does, so the gradient goes to
+ * exactly one input per window); average pooling divides by K * K.
+ * out (B, C, OH, OW), inp (B, C, H, W). Backward SETS dinp (B, C, H, W);
+ * overlapping windows (S < K) add up. */
+void maxpool_forward(float *out, const float *inp, int B, const struct window *w);
+void maxpool_backward(float *dinp, const float *dout, const float *inp, int B,
+		      const struct window *w);
+void avgpool_forward(float *out, const float *inp, int B, const struct window *w);
+void avgpool_backward(float *dinp, const float *dout, int B, const struct window *w);
+
+/* ---- dropout (core/layers.c) ----------------------------------------------
+ * Inverted dropout: element i is kept when a hash of (key, i) falls at or
+ * above p, and kept elements are scaled by 1 / (1 - p), so evaluation (no
+ * dropout at all) needs no rescaling. The mask is recomputed from the key in
+ * backward instead of stored. out and inp may alias; so may dinp and dout. */
+void dropout_forward(float *out, const float *inp, float p, uint64_t key, size_t N);
+void dropout_backward(float *dinp, const float *dout, float p, uint64_t key, size_t N);
+
+/* ---- batch normalization (core/batchnorm.c) --------------------------------
+ * Per channel c over (B, HW): inp and out are (B, C, HW); a dense output is
+ * the case HW = 1 (per feature). gamma, beta, run_mean, run_var are (C).
+ *
+ * Training: mean and var (C) are SET to the batch mean and biased variance,
+ * and out = gamma (inp - mean) / sqrt(var + eps) + beta.
+ * Evaluation (mean, var NULL): the running statistics take their place. */
+#define BATCHNORM_EPS 1e-5f
+#define BATCHNORM_MOMENTUM 0.1f
+void batchnorm_forward(float *out, float *mean, float *var, const float *inp,
+		       const float *gamma, const float *beta, const float *run_mean,
+		       const float *run_var, int B, int C, int HW);
+
+/* Backward of a training forward. dinp (B, C, HW) set (skipped when NULL);
+ * dgamma, dbeta (C) accumulated. The running statistics' slots are
+ * accumulated too, with their update rather than a gradient:
+ *   drun_mean += stat_scale * momentum * (mean - run_mean)
+ *   drun_var  += stat_scale * momentum * (var * n / (n - 1) - run_var)
+ * (n = B * HW, unbiased variance as PyTorch keeps), so that p += g over the
+ * average of any number of replicas' slots is PyTorch's running average.
+ * stat_scale is this replica's share of the whole batch (B times the loss
+ * scale). */
+void batchnorm_backward(float *dinp, float *dgamma, float *dbeta, float *drun_mean,
+			float *drun_var, const float *dout, const float *inp,
+			const float *gamma, const float *mean, const float *var,
+			const float *run_mean, const float *run_var, float stat_scale,
+			int B, int C, int HW);
 
 /* Threads OpenBLAS may use; n <= 0 means one per online CPU. */
 void layers_set_threads(int n);

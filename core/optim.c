@@ -47,8 +47,45 @@ void optim_free(struct optim *o)
 		return;
 	free(o->m);
 	free(o->v);
+	free(o->plain);
 	o->m = NULL;
 	o->v = NULL;
+	o->plain = NULL;
+	o->nplain = 0;
+}
+
+int optim_plain_tensors(struct optim *o, const struct model *m, size_t begin)
+{
+	struct tensor_info t[MODEL_MAX_TENSORS];
+	int nt = model_tensors(m, t, MODEL_MAX_TENSORS);
+	if (nt < 0)
+		return nt;
+	free(o->plain);
+	o->plain = NULL;
+	o->nplain = 0;
+	size_t end = begin + o->n;
+	for (int i = 0; i < nt; i++) {
+		if (t[i].trainable)
+			continue;
+		size_t lo = t[i].off > begin ? t[i].off : begin;
+		size_t hi = t[i].off + t[i].n < end ? t[i].off + t[i].n : end;
+		if (lo >= hi)
+			continue;
+		/* Tensors come in parameter order, so the ranges stay sorted;
+		 * adjacent ones (running mean, then variance) merge. */
+		if (o->nplain && o->plain[o->nplain - 1].end == lo - begin) {
+			o->plain[o->nplain - 1].end = hi - begin;
+			continue;
+		}
+		struct optim_range *p = realloc(o->plain, (size_t)(o->nplain + 1) * sizeof(*p));
+		if (!p)
+			return -ENOMEM;
+		o->plain = p;
+		o->plain[o->nplain].begin = lo - begin;
+		o->plain[o->nplain].end = hi - begin;
+		o->nplain++;
+	}
+	return 0;
 }
 
 float optim_lr(const struct optim_config *c, long step, long total)
@@ -137,26 +174,56 @@ static void adam_step(float *restrict params, float *restrict m, float *restrict
 	}
 }
 
-/* zero: clear each gradient after use, saving the separate pass over the
- * gradient vector that the next step's accumulation would need. The loops
- * never write grads when zero is 0, so the cast in optim_step is safe. */
-static void step(struct optim *o, float *params, float *grads, float lr, int zero)
+/* p += g over a plain range (see optim_plain_tensors). */
+static void plain_step(float *restrict params, float *restrict grads, size_t n, int zero)
+{
+	// params (n), grads (n)
+	for (size_t i = 0; i < n; i++) {
+		params[i] += grads[i];
+		if (zero)
+			grads[i] = 0.0f;
+	}
+}
+
+/* The rule of the optimizer over [lo, hi). */
+static void rule_step(struct optim *o, float *params, float *grads, size_t lo, size_t hi,
+		      float lr, int zero)
 {
 	const struct optim_config *c = &o->cfg;
-	o->t++;
+	size_t n = hi - lo;
+	if (n == 0)
+		return;
 	switch (c->kind) {
 	case OPTIM_SGD:
-		sgd_step(params, grads, o->n, lr, c->weight_decay, zero);
+		sgd_step(params + lo, grads + lo, n, lr, c->weight_decay, zero);
 		break;
 	case OPTIM_MOMENTUM:
-		momentum_step(params, o->m, grads, o->n, lr, c->weight_decay,
+		momentum_step(params + lo, o->m + lo, grads + lo, n, lr, c->weight_decay,
 			      c->momentum, c->nesterov, zero);
 		break;
 	case OPTIM_ADAM:
-		adam_step(params, o->m, o->v, grads, o->n, o->t, lr,
+		adam_step(params + lo, o->m + lo, o->v + lo, grads + lo, n, o->t, lr,
 			  c->weight_decay, c->beta1, c->beta2, c->eps, zero);
 		break;
 	}
+}
+
+/* zero: clear each gradient after use, saving the separate pass over the
+ * gradient vector that the next step's accumulation would need. The loops
+ * never write grads when zero is 0, so the cast in optim_step is safe.
+ * The slice is walked as runs of trained parameters between the plain
+ * ranges, so a model without batchnorm takes one run as before. */
+static void step(struct optim *o, float *params, float *grads, float lr, int zero)
+{
+	o->t++;
+	size_t at = 0;
+	for (int i = 0; i < o->nplain; i++) {
+		const struct optim_range *p = &o->plain[i];
+		rule_step(o, params, grads, at, p->begin, lr, zero);
+		plain_step(params + p->begin, grads + p->begin, p->end - p->begin, zero);
+		at = p->end;
+	}
+	rule_step(o, params, grads, at, o->n, lr, zero);
 }
 
 void optim_step(struct optim *o, float *params, const float *grads, float lr)

@@ -16,6 +16,8 @@
 
 #include <stddef.h>
 
+#include "model.h"
+
 enum optim_kind {
 	OPTIM_SGD,
 	OPTIM_MOMENTUM,
@@ -45,9 +47,16 @@ struct optim_config {
 	long warmup_steps;    /* step s < warmup_steps gets lr * (s+1) / warmup_steps */
 };
 
+/* A range [begin, end) of the optimizer's own indices (0..n). */
+struct optim_range {
+	size_t begin, end;
+};
+
 struct optim {
 	struct optim_config cfg;
 	size_t n;
+	struct optim_range *plain;   /* sorted, disjoint ranges updated by p += g */
+	int nplain;
 	float *m;     /* (n) momentum buffer or adam first moment; NULL for sgd */
 	float *v;     /* (n) adam second moment; NULL otherwise */
 	long t;       /* updates applied so far */
@@ -57,6 +66,13 @@ struct optim {
  * On failure *o is left freeable. */
 int optim_init(struct optim *o, const struct optim_config *c, size_t n);
 void optim_free(struct optim *o);   /* accepts NULL and zeroed structs */
+
+/* Marks the model's non-trainable tensors (batchnorm running statistics)
+ * that fall in this optimizer's slice [begin, begin + n) of P as plain:
+ * there the step is p += g (the gradient slot carries the update itself),
+ * with no learning rate, momentum, weight decay or Adam state. Returns 0 or
+ * -ENOMEM. */
+int optim_plain_tensors(struct optim *o, const struct model *m, size_t begin);
 
 /* Learning rate for 0-based step `step` of `total` steps. */
 float optim_lr(const struct optim_config *c, long step, long total);

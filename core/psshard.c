@@ -58,6 +58,8 @@ int psshard_init(struct psshard *s, const struct model *m, const struct shard *s
 			goto nomem;
 	}
 	int e = optim_init(&s->opt, &c->train.optim, s->n);
+	if (!e)
+		e = optim_plain_tensors(&s->opt, m, sh->begin);
 	if (e == -EINVAL) {
 		snprintf(err, errlen, "ps shard: unknown optimizer %d", (int)c->train.optim.kind);
 		psshard_free(s);

@@ -1,17 +1,38 @@
 /* Forward and backward passes of one replica through its backend. */
 #include "replica.h"
+#include "rng.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
-static int act_shares_input(const struct model *m, int i)
+static int is_activation(enum layer_kind k)
 {
-	/* An activation's backward needs only its own output, and a dense
-	 * layer's backward needs only its input, so an activation may overwrite
-	 * the dense output it follows. After another activation it may not:
-	 * that one still needs its output for its own backward. */
-	return m->layers[i].kind != LAYER_DENSE && i > 0 && m->layers[i - 1].kind == LAYER_DENSE;
+	return k == LAYER_RELU || k == LAYER_TANH || k == LAYER_SIGMOID;
+}
+
+/* Does layer i write its output into its input's buffer? A flatten always
+ * does: NCHW (C, H, W) is already the flat vector, so it is a no-op. An
+ * activation's backward needs only its own output, and the backward of a
+ * dense, conv or batchnorm layer needs only its input, so an activation may
+ * overwrite the output of those it follows. After another activation it may
+ * not: that one still needs its output for its own backward; nor after a
+ * pooling layer (max pooling rescans its input, but a flatten between may
+ * hand the same buffer on). */
+static int buffer_shared(const struct model *m, int i)
+{
+	enum layer_kind k = m->layers[i].kind;
+	if (k == LAYER_FLATTEN)
+		return 1;
+	if (!is_activation(k) || i == 0)
+		return 0;
+	enum layer_kind prev = m->layers[i - 1].kind;
+	return prev == LAYER_DENSE || prev == LAYER_CONV || prev == LAYER_BATCHNORM;
+}
+
+uint64_t replica_key(uint64_t seed, long step, int stream)
+{
+	return rng_hash(rng_hash(seed, RNG_DROPOUT, (uint64_t)step), RNG_DROPOUT, (uint64_t)stream);
 }
 
 int replica_init(struct replica *r, const struct model *m, const struct backend *be,
@@ -22,16 +43,23 @@ int replica_init(struct replica *r, const struct model *m, const struct backend 
 	r->be = *be;
 	r->max_batch = max_batch;
 	const struct backend_ops *o = be->ops;
-	size_t B = (size_t)max_batch;
+	size_t B = (size_t)max_batch, ncol = 0;
 	int e = o->alloc(be->ctx, (void **)&r->x, B * (size_t)m->inputs * sizeof(float));
 	if (!e)
 		e = o->alloc(be->ctx, (void **)&r->y, B * sizeof(int32_t));
 	for (int i = 0; !e && i < m->nlayers; i++) {
-		if (act_shares_input(m, i))
-			r->act[i] = r->act[i - 1];
+		const struct layer *l = &m->layers[i];
+		if (buffer_shared(m, i))
+			r->act[i] = i > 0 ? r->act[i - 1] : r->x;
 		else
-			e = o->alloc(be->ctx, (void **)&r->act[i], B * (size_t)m->layers[i].out * sizeof(float));
+			e = o->alloc(be->ctx, (void **)&r->act[i], B * (size_t)l->out * sizeof(float));
+		if (!e && l->kind == LAYER_BATCHNORM)
+			e = o->alloc(be->ctx, (void **)&r->stats[i], 2 * (size_t)l->C * sizeof(float));
+		if (l->kind == LAYER_CONV && conv_col_size(&l->win, l->OC, max_batch) > ncol)
+			ncol = conv_col_size(&l->win, l->OC, max_batch);
 	}
+	if (!e && ncol)
+		e = o->alloc(be->ctx, (void **)&r->col, ncol * sizeof(float));
 	if (!e)
 		e = o->alloc(be->ctx, (void **)&r->probs, B * (size_t)m->outputs * sizeof(float));
 	for (int i = 0; !e && i < 2; i++)
@@ -52,9 +80,12 @@ void replica_free(struct replica *r)
 	const struct backend_ops *o = r->be.ops;
 	o->release(r->be.ctx, r->x);
 	o->release(r->be.ctx, r->y);
-	for (int i = 0; r->m && i < r->m->nlayers; i++)
-		if (!act_shares_input(r->m, i))
+	for (int i = 0; r->m && i < r->m->nlayers; i++) {
+		if (!buffer_shared(r->m, i))
 			o->release(r->be.ctx, r->act[i]);
+		o->release(r->be.ctx, r->stats[i]);
+	}
+	o->release(r->be.ctx, r->col);
 	o->release(r->be.ctx, r->probs);
 	o->release(r->be.ctx, r->grad[0]);
 	o->release(r->be.ctx, r->grad[1]);
@@ -72,23 +103,65 @@ int replica_load(struct replica *r, const float *x, const int32_t *y, int B)
 	return e;
 }
 
-int replica_forward(struct replica *r, const float *params, int B, double *loss_sum, int *correct)
+/* Layer i's dropout key: each dropout layer draws its own mask. */
+static uint64_t layer_key(const struct replica *r, int i)
+{
+	return rng_hash(r->key, RNG_DROPOUT, (uint64_t)i);
+}
+
+static int layer_forward(struct replica *r, int i, const float *params, const float *in, int B)
+{
+	const struct layer *l = &r->m->layers[i];
+	const struct backend_ops *o = r->be.ops;
+	void *ctx = r->be.ctx;
+	float *out = r->act[i];   // (B, l->out)
+	size_t N = (size_t)B * (size_t)l->out;
+	switch (l->kind) {
+	case LAYER_DENSE:
+		return o->dense_forward(ctx, out, in, params + l->woff, params + l->boff, B, l->in, l->out);
+	case LAYER_CONV:
+		return o->conv_forward(ctx, out, r->col, in, params + l->woff, params + l->boff, B, l->OC,
+				       &l->win);
+	case LAYER_MAXPOOL:
+	case LAYER_AVGPOOL:
+		return o->pool_forward(ctx, l->kind, out, in, B, &l->win);
+	case LAYER_DROPOUT:
+		/* p = 0 is the identity: evaluation keeps every unit. */
+		return o->dropout_forward(ctx, out, in, r->training ? l->p : 0.0f, layer_key(r, i), N);
+	case LAYER_FLATTEN:
+		return 0;   /* out is in */
+	case LAYER_BATCHNORM: {
+		float *mean = r->training ? r->stats[i] : NULL;
+		float *var = r->training ? r->stats[i] + l->C : NULL;
+		return o->batchnorm_forward(ctx, out, mean, var, in, params + l->woff, params + l->boff,
+					    params + l->moff, params + l->voff, B, l->C, l->H * l->W);
+	}
+	case LAYER_RELU:
+	case LAYER_TANH:
+	case LAYER_SIGMOID:
+		return o->act_forward(ctx, l->kind, out, in, N);
+	}
+	return -EINVAL;
+}
+
+int replica_forward(struct replica *r, const float *params, int B, int training, uint64_t key,
+		    double *loss_sum, int *correct)
 {
 	const struct model *m = r->m;
 	const struct backend_ops *o = r->be.ops;
 	const float *in = r->x;   /* (B, layer.in) */
 	int e = 0;
+	r->training = training;
+	r->key = key;
+	r->failed = NULL;
 	for (int i = 0; !e && i < m->nlayers; i++) {
-		const struct layer *l = &m->layers[i];
-		if (l->kind == LAYER_DENSE)
-			e = o->dense_forward(r->be.ctx, r->act[i], in, params + l->woff, params + l->boff,
-					     B, l->in, l->out);
-		else
-			e = o->act_forward(r->be.ctx, l->kind, r->act[i], in, (size_t)B * (size_t)l->out);
+		e = layer_forward(r, i, params, in, B);
+		if (e)
+			r->failed = m->layers[i].name;
 		in = r->act[i];
 	}
-	if (!e)
-		e = o->xent_forward(r->be.ctx, r->probs, loss_sum, correct, in, r->y, B, m->outputs);
+	if (!e && (e = o->xent_forward(r->be.ctx, r->probs, loss_sum, correct, in, r->y, B, m->outputs)))
+		r->failed = "the loss";
 	return e;
 }
 
@@ -96,22 +169,66 @@ int replica_backward(struct replica *r, const float *params, float *grads, int B
 {
 	const struct model *m = r->m;
 	const struct backend_ops *o = r->be.ops;
+	void *ctx = r->be.ctx;
+	if (!r->training)
+		return -EINVAL;
 	int cur = 0;
 	float *dout = r->grad[cur];   /* (B, layer.out) */
-	int e = o->xent_backward(r->be.ctx, dout, r->probs, r->y, B, m->outputs, scale);
+	int e = o->xent_backward(ctx, dout, r->probs, r->y, B, m->outputs, scale);
+	r->failed = e ? "the loss" : NULL;
 	for (int i = m->nlayers - 1; !e && i >= 0; i--) {
 		const struct layer *l = &m->layers[i];
 		const float *inp = i > 0 ? r->act[i - 1] : r->x;
-		if (l->kind == LAYER_DENSE) {
-			/* The first layer's input gradient would be the data's: skip it. */
-			float *dinp = i > 0 ? r->grad[cur ^ 1] : NULL;
-			e = o->dense_backward(r->be.ctx, dinp, grads + l->woff, grads + l->boff, dout, inp,
+		size_t N = (size_t)B * (size_t)l->out;
+		/* The first layer's input gradient would be the data's: skip it. */
+		float *dinp = i > 0 ? r->grad[cur ^ 1] : NULL;
+		int swap = 1;
+		switch (l->kind) {
+		case LAYER_DENSE:
+			e = o->dense_backward(ctx, dinp, grads + l->woff, grads + l->boff, dout, inp,
 					      params + l->woff, B, l->in, l->out);
+			break;
+		case LAYER_CONV:
+			e = o->conv_backward(ctx, dinp, grads + l->woff, grads + l->boff, r->col, dout, inp,
+					     params + l->woff, B, l->OC, &l->win);
+			break;
+		case LAYER_BATCHNORM:
+			e = o->batchnorm_backward(ctx, dinp, grads + l->woff, grads + l->boff,
+						  grads + l->moff, grads + l->voff, dout, inp,
+						  params + l->woff, r->stats[i], r->stats[i] + l->C,
+						  params + l->moff, params + l->voff, scale * (float)B,
+						  B, l->C, l->H * l->W);
+			break;
+		case LAYER_MAXPOOL:
+		case LAYER_AVGPOOL:
+			if (dinp)
+				e = o->pool_backward(ctx, l->kind, dinp, dout, inp, B, &l->win);
+			break;
+		case LAYER_DROPOUT:
+			swap = 0;
+			if (l->p != 0.0f)
+				e = o->dropout_backward(ctx, dout, dout, l->p, layer_key(r, i), N);
+			break;
+		case LAYER_FLATTEN:
+			swap = 0;
+			break;
+		case LAYER_RELU:
+		case LAYER_TANH:
+		case LAYER_SIGMOID:
+			swap = 0;
+			e = o->act_backward(ctx, l->kind, dout, dout, r->act[i], N);
+			break;
+		}
+		if (e) {
+			r->failed = l->name;
+			break;
+		}
+		if (swap) {
 			cur ^= 1;
 			dout = dinp;
-		} else {
-			e = o->act_backward(r->be.ctx, l->kind, dout, dout, r->act[i], (size_t)B * (size_t)l->out);
 		}
+		if (!dout)
+			break;   /* the first layer had no parameters */
 	}
 	return e;
 }
@@ -127,7 +244,7 @@ int replica_evaluate(struct replica *r, const float *params, const struct datase
 		int c;
 		int e = replica_load(r, ds->x + off * ds->d, ds->y + off, B);
 		if (!e)
-			e = replica_forward(r, params, B, &l, &c);
+			e = replica_forward(r, params, B, 0, 0, &l, &c);
 		if (e)
 			return e;
 		loss_sum += l;

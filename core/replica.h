@@ -17,11 +17,22 @@ struct replica {
 	int max_batch;
 	float *x;                          /* (B, inputs) */
 	int32_t *y;                        /* (B) */
-	float *act[MODEL_MAX_LAYERS];      /* (B, out) per layer; activations after a
-					    * dense layer share its buffer (in place) */
+	float *act[MODEL_MAX_LAYERS];      /* (B, out) per layer; some layers share their
+					    * input's buffer (see buffer_shared) */
+	float *stats[MODEL_MAX_LAYERS];    /* batchnorm: batch mean (C) then variance (C) */
+	float *col;                        /* conv im2col scratch, the largest conv's */
 	float *probs;                      /* (B, outputs) */
 	float *grad[2];                    /* (B, max_width) ping-pong d(activation) */
+	int training;                      /* the last forward was a training one */
+	uint64_t key;                      /* its dropout key */
+	const char *failed;                /* the layer (or "the loss") whose kernel
+					    * failed in the last forward or backward */
 };
+
+/* The dropout key of one training step of one replica: masks are a
+ * function of (seed, step, stream, layer, element) only, so a run is
+ * reproducible and each worker (stream) drops different units. */
+uint64_t replica_key(uint64_t seed, long step, int stream);
 
 int replica_init(struct replica *r, const struct model *m, const struct backend *be,
 		 int max_batch, char *err, size_t errlen);
@@ -31,11 +42,18 @@ void replica_free(struct replica *r);   /* accepts NULL and zeroed structs */
 int replica_load(struct replica *r, const float *x, const int32_t *y, int B);
 
 /* Forward over the loaded batch with params (P); *loss_sum is the summed
- * (not averaged) loss, *correct the number of right answers. */
-int replica_forward(struct replica *r, const float *params, int B, double *loss_sum, int *correct);
+ * (not averaged) loss, *correct the number of right answers. training = 1
+ * normalizes with batch statistics and drops units with masks from key
+ * (replica_key); training = 0 is evaluation: running statistics, no
+ * dropout, key unused. */
+int replica_forward(struct replica *r, const float *params, int B, int training, uint64_t key,
+		    double *loss_sum, int *correct);
 
-/* Backward after replica_forward; ACCUMULATES into grads (P). scale is 1 over
- * the whole batch the gradient is averaged over (all replicas together). */
+/* Backward after a training replica_forward (-EINVAL after an evaluation
+ * one); ACCUMULATES into grads (P). scale is 1 over the whole batch the
+ * gradient is averaged over (all replicas together). The slots of
+ * batchnorm's running statistics receive their update instead (see
+ * batchnorm_backward), which the optimizer adds as it is. */
 int replica_backward(struct replica *r, const float *params, float *grads, int B, float scale);
 
 /* Mean loss and accuracy over a whole dataset, forward only, in chunks of

@@ -113,7 +113,8 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 	xb = malloc((size_t)B * train.d * sizeof(float));
 	yb = malloc((size_t)B * sizeof(int32_t));
 	perm = malloc(train.n * sizeof(uint32_t));
-	if (!params || !xb || !yb || !perm || optim_init(&opt, &c->train.optim, m.nparams)) {
+	if (!params || !xb || !yb || !perm || optim_init(&opt, &c->train.optim, m.nparams) ||
+	    optim_plain_tensors(&opt, &m, 0)) {
 		snprintf(err, errlen, "out of memory for %zu parameters", m.nparams);
 		e = -ENOMEM;
 		goto out;
@@ -176,7 +177,8 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 		int right;
 		dataset_gather(&train, perm + (size_t)(step % spe) * (size_t)B, (size_t)B, xb, yb);
 		char why[CONFIG_ERR_MAX];
-		e = devices_step(&dev, xb, yb, B, &loss, &right, why, sizeof(why));
+		e = devices_step(&dev, xb, yb, B, replica_key(c->train.seed, step, 0), &loss, &right, why,
+				 sizeof(why));
 		if (!e)
 			e = devices_apply(&dev, &opt, optim_lr(&c->train.optim, step, total), why, sizeof(why));
 		if (e) {

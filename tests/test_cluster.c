@@ -281,7 +281,7 @@ Test(cluster, sync_equals_local_with_double_batch)
 		double loss;
 		int right;
 		cr_assert_eq(replica_load(&rep, xb, yb, B), 0);
-		cr_assert_eq(replica_forward(&rep, p, B, &loss, &right), 0);
+		cr_assert_eq(replica_forward(&rep, p, B, 1, 0, &loss, &right), 0);
 		cr_assert_eq(replica_backward(&rep, p, g, B, 1.0f / (float)B), 0);
 		optim_step_zero(&opt, p, g, optim_lr(&c->train.optim, s, steps));
 	}

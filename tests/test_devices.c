@@ -48,7 +48,7 @@ static double grad_on(const struct model *m, int n, int B, const float *x, const
 	cr_assert_eq(devices_set_params(&d, params, err, sizeof(err)), 0, "%s", err);
 	double loss;
 	int right;
-	cr_assert_eq(devices_step(&d, x, y, B, &loss, &right, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(devices_step(&d, x, y, B, 1, &loss, &right, err, sizeof(err)), 0, "%s", err);
 	cr_assert_eq(devices_get_grads(&d, grad, err, sizeof(err)), 0, "%s", err);
 	devices_close(&d);
 	return loss;
@@ -115,7 +115,7 @@ Test(devices, apply_keeps_replicas_in_step)
 			double loss;
 			int right;
 			batch(&m, B, x, y, 100 + (uint64_t)s);
-			cr_assert_eq(devices_step(&d, x, y, B, &loss, &right, err, sizeof(err)), 0, "%s", err);
+			cr_assert_eq(devices_step(&d, x, y, B, 1, &loss, &right, err, sizeof(err)), 0, "%s", err);
 			cr_assert_eq(devices_apply(&d, &o, oc.lr, err, sizeof(err)), 0, "%s", err);
 		}
 		for (int r = 1; r < d.n; r++)
@@ -142,7 +142,7 @@ Test(devices, a_batch_smaller_than_the_replicas_is_refused)
 	int32_t y[3] = { 0 };
 	double loss;
 	int right;
-	cr_expect_lt(devices_step(&d, x, y, 3, &loss, &right, err, sizeof(err)), 0);
+	cr_expect_lt(devices_step(&d, x, y, 3, 1, &loss, &right, err, sizeof(err)), 0);
 	cr_expect_not_null(strstr(err, "4 replicas"), "%s", err);
 	devices_close(&d);
 }
@@ -212,7 +212,7 @@ Test(devices, two_replicas_on_one_gpu_match_one)
 		cr_assert_eq(open_from(&d, &m, ini[k], out, sizeof(out), err, sizeof(err)), 0, "%s", err);
 		cr_assert_eq(d.n, k + 1);
 		cr_assert_eq(devices_set_params(&d, p, err, sizeof(err)), 0, "%s", err);
-		cr_assert_eq(devices_step(&d, x, y, B, &loss, &right, err, sizeof(err)), 0, "%s", err);
+		cr_assert_eq(devices_step(&d, x, y, B, 1, &loss, &right, err, sizeof(err)), 0, "%s", err);
 		cr_assert_eq(devices_get_grads(&d, g[k], err, sizeof(err)), 0, "%s", err);
 		devices_close(&d);
 	}

@@ -143,7 +143,7 @@ static void gradient(struct replica *r, const float *params, float *grads, const
 	int right;
 	memset(grads, 0, m->nparams * sizeof(float));
 	cr_assert_eq(replica_load(r, x + (size_t)first * m->inputs, y + first, B), 0);
-	cr_assert_eq(replica_forward(r, params, B, &loss, &right), 0);
+	cr_assert_eq(replica_forward(r, params, B, 1, 0, &loss, &right), 0);
 	cr_assert_eq(replica_backward(r, params, grads, B, scale), 0);
 }
 

@@ -26,11 +26,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			fuzz_check_err(ret, err);
 		return 0;
 	}
-	FUZZ_CHECK(s.kind == LAYER_DENSE || s.kind == LAYER_RELU ||
-		   s.kind == LAYER_TANH || s.kind == LAYER_SIGMOID);
-	FUZZ_CHECK(s.kind != LAYER_DENSE ? s.units == 0 : s.units >= 1);
+	FUZZ_CHECK(s.kind >= LAYER_DENSE && s.kind <= LAYER_BATCHNORM);
+	FUZZ_CHECK((s.kind == LAYER_DENSE || s.kind == LAYER_CONV) ? s.units >= 1 : s.units == 0);
+	FUZZ_CHECK(s.kind == LAYER_DROPOUT ? s.p >= 0.0f && s.p < 1.0f : s.p == 0.0f);
 	layer_spec_format(&s, buf, sizeof(buf));
 	FUZZ_CHECK(layer_spec_parse(&back, buf, err, sizeof(err)) == 0);
-	FUZZ_CHECK(back.kind == s.kind && back.units == s.units);
+	FUZZ_CHECK(back.kind == s.kind && back.units == s.units && back.k == s.k &&
+		   back.stride == s.stride && back.pad == s.pad && back.p == s.p);
 	return 0;
 }

@@ -343,7 +343,23 @@ int devices_apply(struct devices *d, struct optim *o, float lr, char *err, size_
 			.step_size = c->kind == OPTIM_ADAM ? (float)(lr / bc1) : 0.0f,
 			.inv_sqrt_bc2 = c->kind == OPTIM_ADAM ? (float)(1.0 / sqrt(bc2)) : 0.0f,
 		};
-		e = gpu_optim_step(b0, &k, d->params[0], d->grads[0], d->opt_m, d->opt_v, P, 1);
+		/* Plain ranges (batchnorm's running statistics) take p += g, as
+		 * optim.c does on the CPU; the rest the optimizer's rule. */
+		size_t at = 0;
+		for (int i = 0; !e && i <= o->nplain; i++) {
+			size_t end = i < o->nplain ? o->plain[i].begin : P;
+			if (end > at)
+				e = gpu_optim_step(b0, &k, d->params[0] + at, d->grads[0] + at,
+						   d->opt_m ? d->opt_m + at : NULL,
+						   d->opt_v ? d->opt_v + at : NULL, end - at, 1);
+			if (!e && i < o->nplain) {
+				size_t n = o->plain[i].end - o->plain[i].begin;
+				e = gpu_add(b0, d->params[0] + end, d->grads[0] + end, n);
+				if (!e)
+					e = b0->ops->zero(b0->ctx, d->grads[0] + end, n * sizeof(float));
+				at = o->plain[i].end;
+			}
+		}
 		if (e)
 			return fail(d, 0, e, "the optimizer", err, errlen);
 	}

@@ -9,6 +9,7 @@
  * the layer. */
 extern "C" {
 #include "../core/backend.h"
+#include "../core/layers.h"
 #include "gpu.h"
 }
 
@@ -269,6 +270,147 @@ static int g_xent_backward(void *ctx, float *dlogits, const float *probs, const 
 	return 0;
 }
 
+/* ---- convolutional layers ---------------------------------------------- */
+
+/* Samples per chunk: what the CPU backend's scratch (conv_col_size) holds,
+ * so one replica buffer serves both backends. */
+static int conv_chunk_of(const struct window *w, int OC, int B)
+{
+	size_t per = ((size_t)w->C * w->K * w->K + (size_t)OC) * (size_t)w->OH * w->OW;
+	size_t padded = (size_t)w->C * (size_t)(w->H + 2 * w->P) * (size_t)(w->W + 2 * w->P);
+	size_t n = (conv_col_size(w, OC, B) - padded) / per;
+	return n < 1 ? 1 : n > (size_t)B ? B : (int)n;
+}
+
+/* Per chunk of nb samples (core/conv.c has the layout):
+ *   col (ckk, ld) = im2col; tmp (OC, ld) = weight (OC, ckk) col, i.e. in
+ *   cuBLAS's column-major terms tmp^T (ld, OC) = col^T (ld, ckk) weight^T. */
+static int g_conv_forward(void *ctx, float *out, float *col, const float *inp, const float *weight,
+			  const float *bias, int B, int OC, const struct window *w)
+{
+	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
+	int r = use(g);
+	if (r)
+		return r;
+	int ckk = w->C * w->K * w->K, Bc = conv_chunk_of(w, OC, B);
+	size_t ohw = (size_t)w->OH * w->OW, in_n = (size_t)w->C * w->H * w->W;
+	float one = 1.0f, zero = 0.0f;
+	for (int b0 = 0; b0 < B; b0 += Bc) {
+		int nb = B - b0 < Bc ? B - b0 : Bc;
+		size_t ld = (size_t)nb * ohw;
+		float *tmp = col + (size_t)ckk * ld;
+		CKL(g, "im2col kernel", gk_im2col(g->stream, col, ld, inp + (size_t)b0 * in_n, nb, w));
+		CKB(g, "cublasSgemm (conv forward)",
+		    g->api.sgemm(g->blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)ld, OC, ckk, &one, col, (int)ld,
+				 weight, ckk, &zero, tmp, (int)ld));
+		CKL(g, "conv scatter kernel",
+		    gk_conv_scatter(g->stream, out + (size_t)b0 * OC * ohw, tmp, ld, bias, nb, OC, ohw));
+	}
+	return 0;
+}
+
+/*   tmp (OC, ld) = dout gathered; dweight (OC, ckk) += tmp col^T, i.e.
+ *   dweight^T (ckk, OC) += col (ckk, ld) tmp^T: gemm(T, N);
+ *   dcol (ckk, ld) = weight^T tmp, i.e. dcol^T (ld, ckk) = tmp^T weight:
+ *   gemm(N, T); then col2im into dinp. */
+static int g_conv_backward(void *ctx, float *dinp, float *dweight, float *dbias, float *col,
+			   const float *dout, const float *inp, const float *weight, int B, int OC,
+			   const struct window *w)
+{
+	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
+	int r = use(g);
+	if (r)
+		return r;
+	int ckk = w->C * w->K * w->K, Bc = conv_chunk_of(w, OC, B);
+	size_t ohw = (size_t)w->OH * w->OW, in_n = (size_t)w->C * w->H * w->W;
+	float one = 1.0f, zero = 0.0f;
+	for (int b0 = 0; b0 < B; b0 += Bc) {
+		int nb = B - b0 < Bc ? B - b0 : Bc;
+		size_t ld = (size_t)nb * ohw;
+		float *tmp = col + (size_t)ckk * ld;
+		CKL(g, "conv gather kernel",
+		    gk_conv_gather(g->stream, tmp, ld, dout + (size_t)b0 * OC * ohw, nb, OC, ohw));
+		CKL(g, "im2col kernel", gk_im2col(g->stream, col, ld, inp + (size_t)b0 * in_n, nb, w));
+		CKB(g, "cublasSgemm (conv weight gradient)",
+		    g->api.sgemm(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, ckk, OC, (int)ld, &one, col, (int)ld,
+				 tmp, (int)ld, &one, dweight, ckk));
+		if (dbias)
+			CKL(g, "conv bias gradient kernel", gk_row_sums_add(g->stream, dbias, tmp, ld, OC));
+		if (!dinp)
+			continue;
+		CKB(g, "cublasSgemm (conv input gradient)",
+		    g->api.sgemm(g->blas, CUBLAS_OP_N, CUBLAS_OP_T, (int)ld, ckk, OC, &one, tmp, (int)ld,
+				 weight, ckk, &zero, col, (int)ld));
+		CKL(g, "col2im kernel",
+		    gk_col2im(g->stream, dinp + (size_t)b0 * in_n, col, ld, nb, w));
+	}
+	return 0;
+}
+
+static int g_pool_forward(void *ctx, enum layer_kind k, float *out, const float *inp, int B,
+			  const struct window *w)
+{
+	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
+	int r = use(g);
+	if (r)
+		return r;
+	CKL(g, "pooling forward kernel", gk_pool_forward(g->stream, k == LAYER_MAXPOOL, out, inp, B, w));
+	return 0;
+}
+
+static int g_pool_backward(void *ctx, enum layer_kind k, float *dinp, const float *dout,
+			   const float *inp, int B, const struct window *w)
+{
+	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
+	int r = use(g);
+	if (r)
+		return r;
+	CKL(g, "pooling backward kernel",
+	    gk_pool_backward(g->stream, k == LAYER_MAXPOOL, dinp, dout, inp, B, w));
+	return 0;
+}
+
+/* Forward and backward are the same mask applied to different vectors. */
+static int g_dropout(void *ctx, float *out, const float *inp, float p, uint64_t key, size_t N)
+{
+	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
+	int r = use(g);
+	if (r)
+		return r;
+	CKL(g, "dropout kernel", gk_dropout(g->stream, out, inp, p, key, N));
+	return 0;
+}
+
+static int g_batchnorm_forward(void *ctx, float *out, float *mean, float *var, const float *inp,
+			       const float *gamma, const float *beta, const float *run_mean,
+			       const float *run_var, int B, int C, int HW)
+{
+	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
+	int r = use(g);
+	if (r)
+		return r;
+	CKL(g, "batchnorm forward kernel",
+	    gk_batchnorm_forward(g->stream, out, mean, var, inp, gamma, beta, run_mean, run_var, B, C,
+				 HW));
+	return 0;
+}
+
+static int g_batchnorm_backward(void *ctx, float *dinp, float *dgamma, float *dbeta,
+				float *drun_mean, float *drun_var, const float *dout,
+				const float *inp, const float *gamma, const float *mean,
+				const float *var, const float *run_mean, const float *run_var,
+				float stat_scale, int B, int C, int HW)
+{
+	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
+	int r = use(g);
+	if (r)
+		return r;
+	CKL(g, "batchnorm backward kernel",
+	    gk_batchnorm_backward(g->stream, dinp, dgamma, dbeta, drun_mean, drun_var, dout, inp,
+				  gamma, mean, var, run_mean, run_var, stat_scale, B, C, HW));
+	return 0;
+}
+
 static const struct backend_ops cuda_ops = {
 	.name = "cuda",
 	.alloc = g_alloc,
@@ -280,6 +422,14 @@ static const struct backend_ops cuda_ops = {
 	.dense_backward = g_dense_backward,
 	.act_forward = g_act_forward,
 	.act_backward = g_act_backward,
+	.conv_forward = g_conv_forward,
+	.conv_backward = g_conv_backward,
+	.pool_forward = g_pool_forward,
+	.pool_backward = g_pool_backward,
+	.dropout_forward = g_dropout,
+	.dropout_backward = g_dropout,
+	.batchnorm_forward = g_batchnorm_forward,
+	.batchnorm_backward = g_batchnorm_backward,
 	.xent_forward = g_xent_forward,
 	.xent_backward = g_xent_backward,
 };

@@ -52,6 +52,48 @@ struct gk_optim {
 int gk_optim_step(void *stream, const struct gk_optim *o, float *params, float *grads, float *m,
 		  float *v, size_t n, int zero);
 
+/* ---- convolutional networks (gpu/kernels_cnn.cu) --------------------------
+ * The twins of core/conv.c, core/pool.c, core/batchnorm.c and dropout in
+ * core/layers.c; struct window is core/layers.h's. Convolution is im2col
+ * over a chunk of nb samples into col (C*K*K, nb*OH*OW) plus cuBLAS (in
+ * backend_cuda.cu); these are its data-movement kernels. */
+struct window;
+
+/* col (C*K*K, ld) columns [0, nb*OH*OW) = patches of samples inp (nb, C, H, W),
+ * zero outside the padded input. */
+int gk_im2col(void *stream, float *col, size_t ld, const float *inp, int nb,
+	      const struct window *w);
+/* dinp (nb, C, H, W) = the patches of col (C*K*K, ld) summed back (set). */
+int gk_col2im(void *stream, float *dinp, const float *col, size_t ld, int nb,
+	      const struct window *w);
+/* out (nb, OC, OH*OW) = tmp (OC, ld) columns of each sample + bias (or 0). */
+int gk_conv_scatter(void *stream, float *out, const float *tmp, size_t ld, const float *bias,
+		    int nb, int OC, size_t ohw);
+/* tmp (OC, ld) = dout (nb, OC, OH*OW) gathered per channel. */
+int gk_conv_gather(void *stream, float *tmp, size_t ld, const float *dout, int nb, int OC,
+		   size_t ohw);
+/* dbias (OC) += row sums of tmp (OC, ld). */
+int gk_row_sums_add(void *stream, float *dbias, const float *tmp, size_t ld, int OC);
+
+/* max = 1: max pooling (first maximum of each window), else average. */
+int gk_pool_forward(void *stream, int max, float *out, const float *inp, int B,
+		    const struct window *w);
+/* dinp set; overlapping windows add up, uncovered inputs get 0. */
+int gk_pool_backward(void *stream, int max, float *dinp, const float *dout, const float *inp,
+		     int B, const struct window *w);
+
+/* Inverted dropout with core/rng.c's hash: the same masks as the CPU. */
+int gk_dropout(void *stream, float *out, const float *inp, float p, uint64_t key, size_t n);
+
+int gk_batchnorm_forward(void *stream, float *out, float *mean, float *var, const float *inp,
+			 const float *gamma, const float *beta, const float *run_mean,
+			 const float *run_var, int B, int C, int HW);
+int gk_batchnorm_backward(void *stream, float *dinp, float *dgamma, float *dbeta,
+			  float *drun_mean, float *drun_var, const float *dout, const float *inp,
+			  const float *gamma, const float *mean, const float *var,
+			  const float *run_mean, const float *run_var, float stat_scale, int B,
+			  int C, int HW);
+
 /* y += x over n elements: summing gradients of several replicas. */
 int gk_add(void *stream, float *y, const float *x, size_t n);
 

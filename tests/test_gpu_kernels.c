@@ -312,3 +312,180 @@ Test(gpu_kernels, allow_growth_grows_to_the_cap)
 	cr_assert_eq(r, -ENOMEM, "growth never stopped at the cap");
 	gpu_backend_close(&b);
 }
+
+/* ---- convolutional layers --------------------------------------------- */
+
+static struct window win(int C, int H, int W, int K, int S, int P)
+{
+	struct window w = { .C = C, .H = H, .W = W, .K = K, .S = S, .P = P };
+	cr_assert_eq(window_init(&w), 0, "bad test window");
+	return w;
+}
+
+Test(gpu_kernels, conv_forward_and_backward)
+{
+	struct backend b;
+	open_gpu(&b, NULL);
+	/* {B, OC, C, H, W, K, S, P}: the Fashion CNN's first layer, strides,
+	 * padding and sizes that are not multiples of anything. */
+	const int cases[][8] = { { 3, 32, 1, 28, 28, 5, 1, 0 }, { 5, 7, 3, 9, 7, 3, 2, 1 },
+				 { 2, 64, 32, 14, 14, 5, 1, 2 }, { 1, 1, 1, 1, 1, 1, 1, 0 } };
+	for (size_t t = 0; t < sizeof(cases) / sizeof(cases[0]); t++) {
+		const int *k = cases[t];
+		int B = k[0], OC = k[1];
+		struct window w = win(k[2], k[3], k[4], k[5], k[6], k[7]);
+		size_t nin = (size_t)B * w.C * w.H * w.W, nout = (size_t)B * OC * w.OH * w.OW;
+		size_t nw = (size_t)OC * w.C * w.K * w.K, ncol = conv_col_size(&w, OC, B);
+		float *x = host_random(nin, 700 + t, -1, 1), *wt = host_random(nw, 710 + t, -0.3f, 0.3f);
+		float *bias = host_random(OC, 720 + t, -1, 1), *dout = host_random(nout, 730 + t, -1, 1);
+		float *dw = host_random(nw, 740 + t, -1, 1), *db = host_random(OC, 750 + t, -1, 1);
+		float *out = malloc(nout * 4), *dx = malloc(nin * 4), *col = malloc(ncol * 4);
+		conv_forward(out, col, x, wt, bias, B, OC, &w);
+		conv_backward(dx, dw, db, col, dout, x, wt, B, OC, &w);
+		float *h_dw = host_random(nw, 740 + t, -1, 1), *h_db = host_random(OC, 750 + t, -1, 1);
+		float *x_d = dev_from(&b, x, nin * 4), *w_d = dev_from(&b, wt, nw * 4);
+		float *bias_d = dev_from(&b, bias, OC * 4u), *dout_d = dev_from(&b, dout, nout * 4);
+		float *dw_d = dev_from(&b, h_dw, nw * 4), *db_d = dev_from(&b, h_db, OC * 4u);
+		float *col_d = dev_poisoned(&b, ncol), *out_d = dev_poisoned(&b, nout);
+		float *dx_d = dev_poisoned(&b, nin);
+		char what[96];
+		cr_assert_eq(b.ops->conv_forward(b.ctx, out_d, col_d, x_d, w_d, bias_d, B, OC, &w), 0,
+			     "%s", gpu_backend_error(&b));
+		snprintf(what, sizeof(what), "conv forward case %zu", t);
+		expect_close(&b, out_d, out, nout, what);
+		cr_assert_eq(b.ops->conv_backward(b.ctx, dx_d, dw_d, db_d, col_d, dout_d, x_d, w_d, B, OC,
+						  &w), 0, "%s", gpu_backend_error(&b));
+		snprintf(what, sizeof(what), "conv dinp case %zu", t);
+		expect_close(&b, dx_d, dx, nin, what);
+		snprintf(what, sizeof(what), "conv dweight (accumulated) case %zu", t);
+		expect_close(&b, dw_d, dw, nw, what);
+		snprintf(what, sizeof(what), "conv dbias (accumulated) case %zu", t);
+		expect_close(&b, db_d, db, (size_t)OC, what);
+		free(x), free(wt), free(bias), free(dout), free(dw), free(db), free(out), free(dx);
+		free(col), free(h_dw), free(h_db);
+	}
+	gpu_backend_close(&b);
+}
+
+Test(gpu_kernels, pooling)
+{
+	struct backend b;
+	open_gpu(&b, NULL);
+	/* {B, C, H, W, K, S}: tiled 2x2 on an odd size (a row and column no
+	 * window covers), overlapping 3x3 stride 2, one window. */
+	const int cases[][6] = { { 3, 4, 7, 7, 2, 2 }, { 2, 3, 9, 8, 3, 2 }, { 1, 1, 4, 4, 4, 4 } };
+	for (size_t t = 0; t < sizeof(cases) / sizeof(cases[0]); t++) {
+		const int *k = cases[t];
+		int B = k[0];
+		struct window w = win(k[1], k[2], k[3], k[4], k[5], 0);
+		size_t nin = (size_t)B * w.C * w.H * w.W, nout = (size_t)B * w.C * w.OH * w.OW;
+		float *x = host_random(nin, 800 + t, -1, 1), *dout = host_random(nout, 810 + t, -1, 1);
+		/* Ties: the first maximum must get the gradient on both sides. */
+		x[1] = x[0] = 5.0f;
+		float *out = malloc(nout * 4), *dx = malloc(nin * 4);
+		float *x_d = dev_from(&b, x, nin * 4), *dout_d = dev_from(&b, dout, nout * 4);
+		for (int max = 0; max < 2; max++) {
+			enum layer_kind kind = max ? LAYER_MAXPOOL : LAYER_AVGPOOL;
+			if (max) {
+				maxpool_forward(out, x, B, &w);
+				maxpool_backward(dx, dout, x, B, &w);
+			} else {
+				avgpool_forward(out, x, B, &w);
+				avgpool_backward(dx, dout, B, &w);
+			}
+			float *out_d = dev_poisoned(&b, nout), *dx_d = dev_poisoned(&b, nin);
+			char what[64];
+			cr_assert_eq(b.ops->pool_forward(b.ctx, kind, out_d, x_d, B, &w), 0, "%s",
+				     gpu_backend_error(&b));
+			snprintf(what, sizeof(what), "%s forward case %zu", max ? "maxpool" : "avgpool", t);
+			expect_close(&b, out_d, out, nout, what);
+			cr_assert_eq(b.ops->pool_backward(b.ctx, kind, dx_d, dout_d, x_d, B, &w), 0, "%s",
+				     gpu_backend_error(&b));
+			snprintf(what, sizeof(what), "%s backward case %zu", max ? "maxpool" : "avgpool", t);
+			expect_close(&b, dx_d, dx, nin, what);
+		}
+		free(x), free(dout), free(out), free(dx);
+	}
+	gpu_backend_close(&b);
+}
+
+/* The same masks as the CPU, so a run's dropout does not depend on where
+ * it trains: outputs must agree exactly, not just closely. */
+Test(gpu_kernels, dropout_masks_match_the_cpu)
+{
+	struct backend b;
+	open_gpu(&b, NULL);
+	const size_t n = 100003;
+	const float ps[] = { 0.0f, 0.1f, 0.5f, 0.9f };
+	float *x = host_random(n, 900, -1, 1), *y = malloc(n * 4), *got = malloc(n * 4);
+	float *x_d = dev_from(&b, x, n * 4);
+	for (size_t i = 0; i < 4; i++) {
+		uint64_t key = run_seed() + i;
+		dropout_forward(y, x, ps[i], key, n);
+		float *y_d = dev_poisoned(&b, n);
+		cr_assert_eq(b.ops->dropout_forward(b.ctx, y_d, x_d, ps[i], key, n), 0, "%s",
+			     gpu_backend_error(&b));
+		cr_assert_eq(b.ops->download(b.ctx, got, y_d, n * 4), 0);
+		cr_expect_eq(memcmp(got, y, n * 4), 0, "dropout p=%g: masks differ from the CPU (seed %llu)",
+			     ps[i], (unsigned long long)run_seed());
+	}
+	free(x), free(y), free(got);
+	gpu_backend_close(&b);
+}
+
+Test(gpu_kernels, batchnorm_forward_and_backward)
+{
+	struct backend b;
+	open_gpu(&b, NULL);
+	const int cases[][3] = { { 5, 3, 49 }, { 33, 17, 1 }, { 2, 64, 196 } };   // {B, C, HW}
+	for (size_t t = 0; t < sizeof(cases) / sizeof(cases[0]); t++) {
+		int B = cases[t][0], C = cases[t][1], HW = cases[t][2];
+		size_t n = (size_t)B * C * HW;
+		float *x = host_random(n, 1000 + t, -2, 3), *dout = host_random(n, 1010 + t, -1, 1);
+		float *gamma = host_random(C, 1020 + t, 0.5f, 1.5f), *beta = host_random(C, 1030 + t, -1, 1);
+		float *rm = host_random(C, 1040 + t, -1, 1), *rv = host_random(C, 1050 + t, 0.5f, 2);
+		float *acc[4], *dacc[4];
+		for (int i = 0; i < 4; i++) {
+			acc[i] = host_random(C, 1060 + 10 * t + (size_t)i, -1, 1);
+			dacc[i] = dev_from(&b, acc[i], C * 4u);
+		}
+		float *y = malloc(n * 4), *dx = malloc(n * 4), *mean = malloc(C * 4u), *var = malloc(C * 4u);
+		batchnorm_forward(y, mean, var, x, gamma, beta, rm, rv, B, C, HW);
+		batchnorm_backward(dx, acc[0], acc[1], acc[2], acc[3], dout, x, gamma, mean, var, rm, rv,
+				   0.25f, B, C, HW);
+		float *x_d = dev_from(&b, x, n * 4), *dout_d = dev_from(&b, dout, n * 4);
+		float *g_d = dev_from(&b, gamma, C * 4u), *b_d = dev_from(&b, beta, C * 4u);
+		float *rm_d = dev_from(&b, rm, C * 4u), *rv_d = dev_from(&b, rv, C * 4u);
+		float *y_d = dev_poisoned(&b, n), *dx_d = dev_poisoned(&b, n);
+		float *mean_d = dev_poisoned(&b, C), *var_d = dev_poisoned(&b, C);
+		char what[64];
+		cr_assert_eq(b.ops->batchnorm_forward(b.ctx, y_d, mean_d, var_d, x_d, g_d, b_d, rm_d, rv_d,
+						      B, C, HW), 0, "%s", gpu_backend_error(&b));
+		snprintf(what, sizeof(what), "batchnorm forward case %zu", t);
+		expect_close(&b, y_d, y, n, what);
+		expect_close(&b, mean_d, mean, (size_t)C, "batchnorm mean");
+		expect_close(&b, var_d, var, (size_t)C, "batchnorm variance");
+		cr_assert_eq(b.ops->batchnorm_backward(b.ctx, dx_d, dacc[0], dacc[1], dacc[2], dacc[3], dout_d,
+						       x_d, g_d, mean_d, var_d, rm_d, rv_d, 0.25f, B, C, HW),
+			     0, "%s", gpu_backend_error(&b));
+		snprintf(what, sizeof(what), "batchnorm dinp case %zu", t);
+		expect_close(&b, dx_d, dx, n, what);
+		static const char *const names[4] = { "dgamma", "dbeta", "running mean update",
+						       "running variance update" };
+		for (int i = 0; i < 4; i++) {
+			snprintf(what, sizeof(what), "batchnorm %s case %zu", names[i], t);
+			expect_close(&b, dacc[i], acc[i], (size_t)C, what);
+		}
+		/* Evaluation: the running statistics, no batch statistics. */
+		batchnorm_forward(y, NULL, NULL, x, gamma, beta, rm, rv, B, C, HW);
+		cr_assert_eq(b.ops->batchnorm_forward(b.ctx, y_d, NULL, NULL, x_d, g_d, b_d, rm_d, rv_d, B,
+						      C, HW), 0, "%s", gpu_backend_error(&b));
+		snprintf(what, sizeof(what), "batchnorm evaluation case %zu", t);
+		expect_close(&b, y_d, y, n, what);
+		for (int i = 0; i < 4; i++)
+			free(acc[i]);
+		free(x), free(dout), free(gamma), free(beta), free(rm), free(rv), free(y), free(dx);
+		free(mean), free(var);
+	}
+	gpu_backend_close(&b);
+}

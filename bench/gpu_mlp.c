@@ -4,9 +4,10 @@
  * Unlike the PyTorch script, each step also uploads its batch from host
  * memory, as `pstrain local` does. The GEMM-only floor is the same
  * model's three GEMMs per dense layer (forward, input and weight gradient)
- * without bias, activation, loss or optimizer: no step can be faster.
+ * without bias, activation, loss or optimizer: no step can be faster. (For
+ * the cnn it covers the dense layers only, so it is a loose floor there.)
  *
- *   build/bench/gpu_mlp [--model mlp|wide] [--batch B] [--steps N]
+ *   build/bench/gpu_mlp [--model mlp|wide|cnn] [--batch B] [--steps N]
  *                       [--devices LIST] [--tf32] [--csv]
  */
 #include "../core/config.h"
@@ -19,6 +20,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* The networks bench/torch_mlp.py builds under the same names. */
+struct bench_model {
+	const char *name, *input, *layers;
+};
+static const struct bench_model models[] = {
+	{ "mlp", "784", "layer = dense 512\nlayer = relu\nlayer = dense 512\nlayer = relu\nlayer = dense 10\n" },
+	{ "wide", "4096", "layer = dense 4096\nlayer = relu\nlayer = dense 4096\nlayer = relu\nlayer = dense 10\n" },
+	{ "cnn", "28x28x1",
+	  "layer = conv 5x5 32 pad=same\nlayer = relu\nlayer = maxpool 2\n"
+	  "layer = conv 5x5 64 pad=same\nlayer = relu\nlayer = maxpool 2\n"
+	  "layer = dense 1024\nlayer = relu\nlayer = dropout 0.5\nlayer = dense 10\n" },
+};
 
 static const char *arg_str(int argc, char **argv, const char *name, const char *def)
 {
@@ -47,15 +61,15 @@ static int gemm_floor(struct devices *d, int B, int reps, double *ms)
 		const float *in = r->x;
 		for (int i = 0; !e && i < m->nlayers; i++) {
 			const struct layer *l = &m->layers[i];
-			if (l->kind != LAYER_DENSE)
-				continue;
-			const float *w = d->params[0] + l->woff;
-			e = b->ops->dense_forward(b->ctx, r->act[i], in, w, NULL, B, l->in, l->out);
-			if (!e)
-				e = b->ops->dense_backward(b->ctx, i ? r->grad[1] : NULL,
-							   d->grads[0] + l->woff, NULL, r->grad[0], in, w,
-							   B, l->in, l->out);
-			in = r->act[i];
+			if (l->kind == LAYER_DENSE) {
+				const float *w = d->params[0] + l->woff;
+				e = b->ops->dense_forward(b->ctx, r->act[i], in, w, NULL, B, l->in, l->out);
+				if (!e)
+					e = b->ops->dense_backward(b->ctx, i ? r->grad[1] : NULL,
+								   d->grads[0] + l->woff, NULL, r->grad[0],
+								   in, w, B, l->in, l->out);
+			}
+			in = r->act[i];   /* a dense layer's input is whatever precedes it */
 		}
 	}
 	if (!e)
@@ -74,17 +88,20 @@ int main(int argc, char **argv)
 	const char *devs = arg_str(argc, argv, "--devices", "0");
 	int csv = arg_flag(argc, argv, "--csv");
 	int tf32 = arg_flag(argc, argv, "--tf32");
-	int wide = strcmp(model, "wide") == 0;
-	if ((!wide && strcmp(model, "mlp")) || B < 1 || steps < 1) {
-		fprintf(stderr, "usage: gpu_mlp [--model mlp|wide] [--batch B] [--steps N] [--devices LIST] [--tf32] [--csv]\n");
+	const struct bench_model *bm = NULL;
+	for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++)
+		if (strcmp(model, models[i].name) == 0)
+			bm = &models[i];
+	if (!bm || B < 1 || steps < 1) {
+		fprintf(stderr, "usage: gpu_mlp [--model mlp|wide|cnn] [--batch B] [--steps N] [--devices LIST] [--tf32] [--csv]\n");
 		return 2;
 	}
 	char text[1024], err[1024];
 	snprintf(text, sizeof(text),
 		 "[train]\nbatch_size = %d\noptimizer = momentum\nlearning_rate = 0.05\nmomentum = 0.9\n"
 		 "[gpu]\ndevices = %s\nsoft_placement = false\ntf32 = %s\n"
-		 "[model]\ninput = %d\nlayer = dense %d\nlayer = relu\nlayer = dense %d\nlayer = relu\nlayer = dense 10\n",
-		 B, devs, tf32 ? "true" : "false", wide ? 4096 : 784, wide ? 4096 : 512, wide ? 4096 : 512);
+		 "[model]\ninput = %s\n%s",
+		 B, devs, tf32 ? "true" : "false", bm->input, bm->layers);
 	struct config c;
 	struct model m;
 	if (config_parse_string(&c, "gpu_mlp", text, err, sizeof(err)) ||
@@ -103,6 +120,7 @@ int main(int argc, char **argv)
 	/* 16 batches of random data, as the PyTorch script uses. */
 	const int nb = 16;
 	size_t per = (size_t)B * (size_t)m.inputs;
+	int classes = m.outputs;
 	float *x = malloc(per * nb * sizeof(float)), *p = malloc(m.nparams * sizeof(float));
 	int32_t *y = malloc((size_t)B * nb * sizeof(int32_t));
 	struct optim opt;
@@ -113,7 +131,7 @@ int main(int argc, char **argv)
 	for (size_t i = 0; i < per * nb; i++)
 		x[i] = (float)rng_uniform(1, RNG_DATA, i);
 	for (size_t i = 0; i < (size_t)B * nb; i++)
-		y[i] = (int32_t)(rng_hash(1, RNG_DATA + 1, i) % 10u);
+		y[i] = (int32_t)(rng_hash(1, RNG_DATA + 1, i) % (uint64_t)classes);
 	model_init_params(&m, p, 0, m.nparams, 1);
 	e = devices_set_params(&d, p, err, sizeof(err));
 
@@ -129,6 +147,10 @@ int main(int argc, char **argv)
 		if (!e)
 			e = devices_apply(&d, &opt, c.train.optim.lr, err, sizeof(err));
 	}
+	/* Work queued on other devices (the parameter broadcast) belongs to
+	 * the timed steps too. */
+	for (int k = 1; !e && k < d.nbe; k++)
+		e = gpu_sync(&d.be[k]);
 	if (!e)
 		e = gpu_mark(&d.be[0], 1);
 	if (!e)

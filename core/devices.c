@@ -11,9 +11,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The failing call's text: replica r's backend, or replica 0's, where a
+ * sum or a broadcast between the two ran (training stops at the first
+ * failure, so the text is the current one). */
 static const char *why_of(const struct devices *d, int r, int e)
 {
 	const char *g = d->gpu ? gpu_backend_error(&d->be[d->be_of[r]]) : "";
+	if (!*g && d->gpu)
+		g = gpu_backend_error(&d->be[d->be_of[0]]);
 	return *g ? g : strerror(-e);
 }
 
@@ -51,6 +56,10 @@ static int replicas_init(struct devices *d, int max_batch, int need_state,
 	for (int r = 0; r < d->n; r++) {
 		struct backend *b = &d->be[d->be_of[r]];
 		int e = replica_init(&d->rep[r], d->m, b, d->max_batch, err, errlen);
+		if (e && d->gpu && *gpu_backend_error(b)) {
+			/* The arena's text has the bytes needed and the cap. */
+			snprintf(err, errlen, "%s", gpu_backend_error(b));
+		}
 		if (e)
 			return e;
 		e = b->ops->alloc(b->ctx, (void **)&d->params[r], bytes);
@@ -162,6 +171,13 @@ int devices_open(struct devices *d, const struct config *c, const struct model *
 		if (e)
 			devices_close(d);
 		d->m = m;
+		/* Soft placement stands in for a missing GPU or kernel, not for
+		 * a GPU that is there but full: training on the CPU instead
+		 * would be a silent slowdown of orders of magnitude. */
+		if (e == -ENOMEM) {
+			snprintf(err, errlen, "%s", why);
+			return e;
+		}
 	}
 	if (e) {
 		if (!c->gpu.soft_placement) {

@@ -65,7 +65,11 @@ int arena_alloc(struct gpu_arena *a, void **p, size_t bytes, char *err, size_t e
 				 gib(a->wanted), a->cap, gib(a->cap));
 			return -ENOMEM;
 		}
-		size_t size = n > ARENA_CHUNK ? n : ARENA_CHUNK;
+		/* Chunks grow with what is taken, so ARENA_MAX_CHUNKS of them
+		 * reach any cap. */
+		size_t size = taken > ARENA_CHUNK ? taken : ARENA_CHUNK;
+		if (size < n)
+			size = n;
 		if (size > room)
 			size = room;
 		int r = chunk_add(a, size, err, errlen);

@@ -35,6 +35,7 @@ struct gpu_ctx {
 	int *row_right, *host_right;
 	int rows;
 	cudaEvent_t mark[2];   // gpu_mark's start and end
+	cudaEvent_t copied;    // after a gpu_copy into this device: the source's stream waits on it
 	char err[320];
 };
 
@@ -450,6 +451,8 @@ static void ctx_free(struct gpu_ctx *g)
 	for (int i = 0; i < 2; i++)
 		if (g->mark[i])
 			cudaEventDestroy(g->mark[i]);
+	if (g->copied)
+		cudaEventDestroy(g->copied);
 	if (g->stream)
 		cudaStreamDestroy(g->stream);
 	cudaGetLastError();
@@ -467,13 +470,20 @@ static int ctx_open(struct gpu_ctx *g, int device, const struct gpu_options *o)
 		return r;
 	CK(g, cudaEventCreate(&g->mark[0]));
 	CK(g, cudaEventCreate(&g->mark[1]));
+	CK(g, cudaEventCreateWithFlags(&g->copied, cudaEventDisableTiming));
 	CKB(g, "cublasCreate", g->api.create(&g->blas));
 	CKB(g, "cublasSetStream", g->api.set_stream(g->blas, g->stream));
 	/* Plain fp32 unless TF32 is asked for: results then match the CPU to
 	 * float32 rounding, which the tests rely on. */
 	CKB(g, "cublasSetMathMode",
 	    g->api.set_math_mode(g->blas, o->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+	/* The context and cuBLAS already hold some memory, so a fraction near 1
+	 * can never be had in full: take at most what is free less a margin
+	 * for cuBLAS's workspace. */
 	size_t cap = (size_t)(o->memory_fraction * (double)total_b);
+	size_t margin = (size_t)256 << 20;
+	if (cap > free_b - (free_b < margin ? free_b : margin))
+		cap = free_b - (free_b < margin ? free_b : margin);
 	return arena_init(&g->arena, device, cap, o->allow_growth, g->err, sizeof(g->err));
 }
 
@@ -572,6 +582,17 @@ extern "C" int gpu_copy(const struct backend *dst_b, void *dst, const struct bac
 	if (r)
 		return r;
 	CK(d, cudaMemcpyPeerAsync(dst, d->device, src, s->device, bytes, d->stream));
+	if (d != s) {
+		/* The source's later work (zeroing a gradient that was just
+		 * read, the next optimizer step on parameters being
+		 * broadcast) must wait for the copy, which runs on the
+		 * destination's stream. */
+		CK(d, cudaEventRecord(d->copied, d->stream));
+		r = use(s);
+		if (r)
+			return r;
+		CK(s, cudaStreamWaitEvent(s->stream, d->copied, 0));
+	}
 	return 0;
 }
 

@@ -1,8 +1,11 @@
 /* gpu.h for a binary built without CUDA (make CUDA=0 or no nvcc found). */
 #include "gpu.h"
 
+#include "../core/backend.h"
+
 #include <errno.h>
 #include <stdio.h>
+#include <string.h>
 
 const char *gpu_build_info(void)
 {
@@ -19,7 +22,7 @@ int gpu_count(int *n, char *err, size_t errlen)
 int gpu_query(int index, struct gpu_info *info, char *err, size_t errlen)
 {
 	(void)index;
-	(void)info;
+	memset(info, 0, sizeof(*info));
 	snprintf(err, errlen, "this pstrain was built without CUDA");
 	return -ENODEV;
 }
@@ -27,7 +30,7 @@ int gpu_query(int index, struct gpu_info *info, char *err, size_t errlen)
 int gpu_backend_open(struct backend *b, int device, const struct gpu_options *o, char *err,
 		     size_t errlen)
 {
-	(void)b;
+	memset(b, 0, sizeof(*b));
 	(void)o;
 	snprintf(err, errlen, "gpu:%d: this pstrain was built without CUDA", device);
 	return -ENODEV;

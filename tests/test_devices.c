@@ -220,3 +220,65 @@ Test(devices, two_replicas_on_one_gpu_match_one)
 		     max_rel(g[1], g[0], m.nparams));
 	free(x), free(p), free(g[0]), free(g[1]);
 }
+
+/* Optimizer steps on the GPU (one replica and two on one GPU) end where the
+ * CPU ends: parameters, step count and Adam's moments. */
+Test(devices, gpu_optimizer_steps_match_the_cpu)
+{
+	int n = 0;
+	char why[256];
+	if (gpu_count(&n, why, sizeof(why)) < 0) {
+		fprintf(stderr, "devices: SKIPPED the GPU optimizer check (needs a GPU: %s)\n", why);
+		cr_skip_test("needs a GPU: %s", why);
+	}
+	struct model m;
+	small_model(&m);
+	const int B = 12, steps = 3;
+	float *x = malloc(sizeof(float) * B * (size_t)m.inputs), *p = malloc(sizeof(float) * m.nparams);
+	int32_t y[B];
+	struct optim_config oc = { .kind = OPTIM_ADAM, .lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f,
+				   .eps = 1e-8f, .weight_decay = 1e-3f };
+	model_init_params(&m, p, 0, m.nparams, 17);
+	const char *ini[3] = { NULL, "[gpu]\ndevices = 0\nsoft_placement = false\nmemory_fraction = 0.05\n",
+			       "[gpu]\ndevices = 0,0\nsoft_placement = false\nmemory_fraction = 0.05\n" };
+	float *res[3], *mom[3], *sec[3];
+	long t[3];
+	for (int k = 0; k < 3; k++) {
+		struct devices d;
+		struct optim o;
+		char out[1024], err[512];
+		cr_assert_eq(optim_init(&o, &oc, m.nparams), 0);
+		if (k == 0)
+			cr_assert_eq(devices_open_cpu(&d, &m, 1, 1, B, err, sizeof(err)), 0, "%s", err);
+		else
+			cr_assert_eq(open_from(&d, &m, ini[k], out, sizeof(out), err, sizeof(err)), 0, "%s", err);
+		cr_assert_eq(devices_set_params(&d, p, err, sizeof(err)), 0, "%s", err);
+		for (int s = 0; s < steps; s++) {
+			double loss;
+			int right;
+			batch(&m, B, x, y, 200 + (uint64_t)s);
+			cr_assert_eq(devices_step(&d, x, y, B, 1, &loss, &right, err, sizeof(err)), 0, "%s", err);
+			cr_assert_eq(devices_apply(&d, &o, oc.lr, err, sizeof(err)), 0, "%s", err);
+		}
+		res[k] = malloc(sizeof(float) * m.nparams);
+		cr_assert_eq(devices_get_params(&d, res[k], err, sizeof(err)), 0, "%s", err);
+		cr_assert_eq(devices_get_optim(&d, &o, err, sizeof(err)), 0, "%s", err);
+		mom[k] = malloc(sizeof(float) * m.nparams);
+		sec[k] = malloc(sizeof(float) * m.nparams);
+		memcpy(mom[k], o.m, sizeof(float) * m.nparams);
+		memcpy(sec[k], o.v, sizeof(float) * m.nparams);
+		t[k] = o.t;
+		devices_close(&d);
+		optim_free(&o);
+	}
+	for (int k = 1; k < 3; k++) {
+		cr_expect_eq(t[k], t[0], "step count %ld vs %ld", t[k], t[0]);
+		cr_expect_lt(max_rel(res[k], res[0], m.nparams), 1e-5, "%s: parameters differ (rel %.3g)",
+			     ini[k], max_rel(res[k], res[0], m.nparams));
+		cr_expect_lt(max_rel(mom[k], mom[0], m.nparams), 1e-5, "%s: first moment differs", ini[k]);
+		cr_expect_lt(max_rel(sec[k], sec[0], m.nparams), 1e-5, "%s: second moment differs", ini[k]);
+	}
+	for (int k = 0; k < 3; k++)
+		free(res[k]), free(mom[k]), free(sec[k]);
+	free(x), free(p);
+}

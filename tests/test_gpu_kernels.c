@@ -149,6 +149,32 @@ Test(gpu_kernels, dense_forward_and_backward)
 	gpu_backend_close(&b);
 }
 
+/* The paths training takes besides the full one: the first layer has no
+ * input gradient, and the GEMM-only bench runs without bias. */
+Test(gpu_kernels, dense_without_bias_or_input_gradient)
+{
+	struct backend b;
+	open_gpu(&b, NULL);
+	const int B = 7, C = 33, OC = 5;
+	size_t nin = (size_t)B * C, nw = (size_t)OC * C, nout = (size_t)B * OC;
+	float *x = host_random(nin, 1100, -1, 1), *w = host_random(nw, 1101, -1, 1);
+	float *dout = host_random(nout, 1102, -1, 1), *dw = host_random(nw, 1103, -1, 1);
+	float *out = malloc(nout * 4);
+	dense_forward(out, x, w, NULL, B, C, OC);
+	float *x_d = dev_from(&b, x, nin * 4), *w_d = dev_from(&b, w, nw * 4);
+	float *dout_d = dev_from(&b, dout, nout * 4), *dw_d = dev_from(&b, dw, nw * 4);
+	float *out_d = dev_poisoned(&b, nout);
+	cr_assert_eq(b.ops->dense_forward(b.ctx, out_d, x_d, w_d, NULL, B, C, OC), 0, "%s",
+		     gpu_backend_error(&b));
+	expect_close(&b, out_d, out, nout, "dense forward without bias");
+	dense_backward(NULL, dw, NULL, dout, x, w, B, C, OC);
+	cr_assert_eq(b.ops->dense_backward(b.ctx, NULL, dw_d, NULL, dout_d, x_d, w_d, B, C, OC), 0,
+		     "%s", gpu_backend_error(&b));
+	expect_close(&b, dw_d, dw, nw, "dense dweight without dinp and dbias");
+	free(x), free(w), free(dout), free(dw), free(out);
+	gpu_backend_close(&b);
+}
+
 Test(gpu_kernels, activations)
 {
 	struct backend b;
@@ -198,6 +224,11 @@ Test(gpu_kernels, softmax_cross_entropy)
 		if (C > 3) {
 			x[1] = x[3] = 9.0f;
 			y[0] = 3;
+		}
+		/* And a tie inside one GPU thread's stride (i and i + 256). */
+		if (C > 300 && B > 1) {
+			x[C + 5] = x[C + 5 + 256] = 20.0f;
+			y[1] = 5 + 256;
 		}
 		float *p = malloc(n * 4), *d = malloc(n * 4);
 		int right = -1, right_d = -2;
@@ -275,6 +306,10 @@ Test(gpu_kernels, optimizer_updates)
 			snprintf(what, sizeof(what), "optimizer kind %d first moment", (int)cfgs[c].kind);
 			expect_close(&b, m_d, o.m, n, what);
 		}
+		if (o.v) {
+			snprintf(what, sizeof(what), "optimizer kind %d second moment", (int)cfgs[c].kind);
+			expect_close(&b, v_d, o.v, n, what);
+		}
 		free(zeros), free(p);
 		optim_free(&o);
 	}
@@ -310,6 +345,13 @@ Test(gpu_kernels, allow_growth_grows_to_the_cap)
 	for (int i = 0; i < 100000 && !r; i++)
 		r = b.ops->alloc(b.ctx, &p, (size_t)16 << 20);
 	cr_assert_eq(r, -ENOMEM, "growth never stopped at the cap");
+	cr_assert_not_null(strstr(gpu_backend_error(&b), "memory_fraction"), "%s", gpu_backend_error(&b));
+	struct gpu_info info;
+	char err[256];
+	cr_assert_eq(gpu_query(0, &info, err, sizeof(err)), 0, "%s", err);
+	double cap = grow.memory_fraction * (double)info.total_bytes;
+	cr_expect_gt((double)gpu_backend_used(&b), cap / 2, "growth stopped at %zu bytes of a %.0f cap",
+		     gpu_backend_used(&b), cap);
 	gpu_backend_close(&b);
 }
 

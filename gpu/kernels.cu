@@ -4,26 +4,12 @@
  * works with a bounded grid; the formulas are the CPU ones, written the same
  * way, so that fp32 results agree to rounding. */
 #include "kernels.h"
+#include "launch.h"
 
 #include <cuda_runtime.h>
 #include <float.h>
 #include <math.h>
 
-#define THREADS 256
-/* Enough blocks to fill any current GPU several times over; the grid-stride
- * loops cover the rest. */
-#define MAX_BLOCKS 4096
-
-static unsigned blocks_for(size_t n)
-{
-	size_t b = (n + THREADS - 1) / THREADS;
-	return (unsigned)(b < 1 ? 1 : b > MAX_BLOCKS ? MAX_BLOCKS : b);
-}
-
-static int launched(void)
-{
-	return (int)cudaGetLastError();
-}
 
 extern "C" const char *gk_error_name(int e)
 {

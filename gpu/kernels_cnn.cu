@@ -12,26 +12,10 @@ extern "C" {
 #include "../core/layers.h"
 }
 #include "kernels.h"
+#include "launch.h"
 
 #include <cuda_runtime.h>
 
-#define THREADS 256
-#define MAX_BLOCKS 4096
-
-static unsigned blocks_for(size_t n)
-{
-	size_t b = (n + THREADS - 1) / THREADS;
-	return (unsigned)(b < 1 ? 1 : b > MAX_BLOCKS ? MAX_BLOCKS : b);
-}
-
-static int launched(void)
-{
-	return (int)cudaGetLastError();
-}
-
-#define GRID_STRIDE(i, n)                                                      \
-	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); \
-	     i += (size_t)gridDim.x * blockDim.x)
 
 /* ---- convolution's data movement ---------------------------------------- */
 

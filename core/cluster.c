@@ -134,7 +134,21 @@ struct ps {
 	const struct config *c;
 	struct ckpt_layout *lay;             /* NULL: checkpoints off */
 	uint64_t pending;                    /* CHECKPOINT step not reached yet; 0: none */
+	uint64_t gen;                        /* rollbacks so far: wakes PULLs waiting across one */
 };
+
+/* How often an idle connection carries a HEARTBEAT: four per peer_timeout,
+ * so that one late heartbeat never looks like a dead peer. */
+static int heartbeat_ms(const struct config *c)
+{
+	int ms = (int)(c->cluster.peer_timeout * 1000 / 4);
+	return ms < 50 ? 50 : ms;
+}
+
+static int peer_timeout_ms(const struct config *c)
+{
+	return (int)(c->cluster.peer_timeout * 1000);
+}
 
 /* Saves the shard as checkpoint `step`; called with ps->mu held, so the
  * state is exactly version `step` (sync: no push can apply meanwhile). A
@@ -171,6 +185,73 @@ static void ps_checkpoint(struct ps *ps, uint64_t step)
 		logf_(ps->out, "ps %d: checkpoint at step %llu skipped: shard already at version %llu", ps->index,
 		      (unsigned long long)step, (unsigned long long)v);
 	pthread_mutex_unlock(&ps->mu);
+}
+
+/* ROLLBACK from the chief: a restarted ps resumed from checkpoint `step`
+ * while this one went on, so this one goes back to the same step (step 0:
+ * the initial parameters). Under ps->mu, so no push or pull sees a half
+ * restored shard; waiting PULLs are woken (ps->gen) and answered with the
+ * restored version. A checkpoint this ps cannot load stops it (the chief
+ * then fails naming it): shards at different steps must not train on. */
+static void ps_rollback(struct ps *ps, uint64_t step)
+{
+	char e[CONFIG_ERR_MAX] = "";
+	int r = 0;
+	pthread_mutex_lock(&ps->mu);
+	uint64_t v = psshard_version(&ps->sh);
+	struct psshard *sh = &ps->sh;
+	if (v == step && sh->nwaiting == 0) {
+		pthread_mutex_unlock(&ps->mu);
+		logf_(ps->out, "ps %d: ROLLBACK to step %llu: already there", ps->index,
+		      (unsigned long long)step);
+		return;
+	}
+	long t = 0, got = 0;
+	if (step == 0) {
+		model_init_params(&ps->s->m, sh->params, sh->range.begin, sh->range.end, ps->c->train.seed);
+		if (sh->opt.m)
+			memset(sh->opt.m, 0, sh->n * sizeof(float));
+		if (sh->opt.v)
+			memset(sh->opt.v, 0, sh->n * sizeof(float));
+	} else if (!ps->lay) {
+		r = err_set(e, sizeof(e), -ENOENT, "checkpoints are off (checkpoint_dir is empty)");
+	} else {
+		char dir[DATA_PATH_MAX + 32];
+		snprintf(dir, sizeof(dir), "%s/step-%08llu", ps->c->train.checkpoint_dir,
+			 (unsigned long long)step);
+		r = checkpoint_load(dir, ps->lay, 1, sh->range.begin, sh->range.end, sh->params, sh->opt.m,
+				    sh->opt.v, &t, &got, e, sizeof(e));
+		if (!r && (uint64_t)got != step)
+			r = err_set(e, sizeof(e), -EINVAL, "%s holds step %ld", dir, got);
+	}
+	if (r) {
+		ps->aborted = 1;
+		snprintf(ps->why, sizeof(ps->why), "cannot roll back to step %llu: %.300s",
+			 (unsigned long long)step, e);
+	} else {
+		sh->opt.t = t;
+		psshard_rewind(sh, step);
+		ps->pending = 0;
+		ps->gen++;
+	}
+	pthread_cond_broadcast(&ps->cv);
+	pthread_mutex_unlock(&ps->mu);
+	if (r)
+		logf_(ps->out, "ps %d: %s", ps->index, ps->why);
+	else
+		logf_(ps->out, "ps %d: rolled back from version %llu to step %llu, where a restarted ps resumed",
+		      ps->index, (unsigned long long)v, (unsigned long long)step);
+}
+
+/* A HEARTBEAT for a worker waiting on a sync PULL: which workers' gradients
+ * for the shard's version have not arrived (under ps->mu). */
+static void ps_heartbeat(struct ps *ps, struct msg_heartbeat *hb)
+{
+	memset(hb, 0, sizeof(*hb));
+	hb->version = psshard_version(&ps->sh);
+	for (int w = 0; w < ps->W && w < (int)MSG_HEARTBEAT_WORKERS; w++)
+		if (!psshard_has_pushed(&ps->sh, w) && !ps->done[w])
+			hb->missing[w / 8] |= (uint8_t)(1u << (w % 8));
 }
 
 struct conn {
@@ -278,11 +359,16 @@ static int ps_serve(struct conn *cn, struct hs_result *hr, uint8_t *rbuf, uint8_
 
 	for (;;) {
 		size_t len;
-		int r = sock_read_frame(cn->fd, &hr->recv, rbuf, RBUF_BYTES, &len, -1, e, sizeof(e));
+		int r = sock_read_frame(cn->fd, &hr->recv, rbuf, RBUF_BYTES, &len,
+					said_done ? -1 : peer_timeout_ms(ps->c), e, sizeof(e));
 		if (r) {
 			if (said_done)
 				return 0;
-			snprintf(err, errlen, "%s", e);
+			if (r == -ETIMEDOUT)
+				snprintf(err, errlen, "no traffic for %g s (peer_timeout)",
+					 ps->c->cluster.peer_timeout);
+			else
+				snprintf(err, errlen, "%s", e);
 			return -1;
 		}
 		r = msg_type(rbuf, len, e, sizeof(e));
@@ -297,10 +383,36 @@ static int ps_serve(struct conn *cn, struct hs_result *hr, uint8_t *rbuf, uint8_
 			if (p.shard != (uint32_t)ps->index)
 				return snprintf(err, errlen, "PULL for shard %u, this is shard %d",
 						p.shard, ps->index), -1;
+			/* A sync PULL waits for the version to exist; meanwhile a
+			 * HEARTBEAT every heartbeat_ms tells the worker that the
+			 * shard is alive and which workers it waits for. */
 			pthread_mutex_lock(&ps->mu);
+			uint64_t gen = ps->gen;
 			while (p.version != MSG_VERSION_LATEST && psshard_version(&ps->sh) < p.version &&
-			       !ps->aborted && ps->ndone < ps->W - 1)
-				pthread_cond_wait(&ps->cv, &ps->mu);
+			       !ps->aborted && ps->ndone < ps->W - 1 && ps->gen == gen) {
+				struct timespec dl;
+				clock_gettime(CLOCK_REALTIME, &dl);
+				long ms = heartbeat_ms(ps->c);
+				dl.tv_sec += ms / 1000;
+				dl.tv_nsec += (ms % 1000) * 1000000L;
+				if (dl.tv_nsec >= 1000000000L) {
+					dl.tv_sec++;
+					dl.tv_nsec -= 1000000000L;
+				}
+				if (pthread_cond_timedwait(&ps->cv, &ps->mu, &dl) != ETIMEDOUT)
+					continue;
+				if (psshard_version(&ps->sh) >= p.version || ps->aborted || ps->gen != gen)
+					continue;
+				struct msg_heartbeat hb;
+				ps_heartbeat(ps, &hb);
+				pthread_mutex_unlock(&ps->mu);
+				r = msg_encode_heartbeat(mb, cap, &hb, &len, e, sizeof(e));
+				if (!r)
+					r = send_msg(cn->fd, &hr->send, wbuf, len, e, sizeof(e));
+				if (r)
+					return snprintf(err, errlen, "%s", e), -1;
+				pthread_mutex_lock(&ps->mu);
+			}
 			int ab = ps->aborted;
 			uint64_t v = psshard_version(&ps->sh);
 			if (!ab)
@@ -339,8 +451,8 @@ static int ps_serve(struct conn *cn, struct hs_result *hr, uint8_t *rbuf, uint8_
 				struct chunk_rx x = { .type = WIRE_PUSH, .worker = (uint32_t)w, .a = &a,
 						      .dst = grad };
 				uint64_t more = msg_chunks(n - a.received);
-				if (pipe_recv(&cn->pp, cn->fd, &hr->recv, more, chunk_deliver, &x, -1, e,
-					      sizeof(e)))
+				if (pipe_recv(&cn->pp, cn->fd, &hr->recv, more, chunk_deliver, &x,
+					      peer_timeout_ms(ps->c), e, sizeof(e)))
 					return snprintf(err, errlen, "%s", e), -1;
 				if (!msg_assembly_done(&a))
 					continue;
@@ -377,6 +489,17 @@ static int ps_serve(struct conn *cn, struct hs_result *hr, uint8_t *rbuf, uint8_
 			if (w != 0)
 				return snprintf(err, errlen, "CHECKPOINT from worker %d; only the chief (0) sends it", w), -1;
 			ps_checkpoint(ps, ck.step);
+		} else if (r == WIRE_ROLLBACK) {
+			struct msg_rollback rb;
+			if (msg_decode_rollback(rbuf, len, &rb, e, sizeof(e)))
+				return snprintf(err, errlen, "%s", e), -1;
+			if (w != 0)
+				return snprintf(err, errlen, "ROLLBACK from worker %d; only the chief (0) sends it", w), -1;
+			ps_rollback(ps, rb.step);
+		} else if (r == WIRE_HEARTBEAT) {
+			struct msg_heartbeat hb;
+			if (msg_decode_heartbeat(rbuf, len, &hb, e, sizeof(e)))
+				return snprintf(err, errlen, "%s", e), -1;
 		} else if (r == WIRE_DONE) {
 			struct msg_done d;
 			if (msg_decode_done(rbuf, len, &d, e, sizeof(e)))

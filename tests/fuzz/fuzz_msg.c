@@ -100,6 +100,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	else
 		fuzz_check_err(rc, err);
 
+	struct msg_heartbeat hb;
+	err[0] = '\0';
+	if ((rc = msg_decode_heartbeat(data, size, &hb, err, sizeof err)) == 0)
+		same(msg_encode_heartbeat(re, sizeof re, &hb, &relen, err, sizeof err), relen, data,
+		     size);
+	else
+		fuzz_check_err(rc, err);
+
+	struct msg_rollback rb;
+	err[0] = '\0';
+	if ((rc = msg_decode_rollback(data, size, &rb, err, sizeof err)) == 0)
+		same(msg_encode_rollback(re, sizeof re, &rb, &relen, err, sizeof err), relen, data,
+		     size);
+	else
+		fuzz_check_err(rc, err);
+
 	static struct msg_error e;
 	err[0] = '\0';
 	if ((rc = msg_decode_error(data, size, &e, err, sizeof err)) == 0) {

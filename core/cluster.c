@@ -1194,6 +1194,25 @@ static void worker_spread(const struct worker *wk, const uint64_t *prev, uint64_
 	}
 }
 
+/* Sync, the shards at versions lo..hi and none went back: some had the
+ * gradients of step lo from every worker and moved on while the lost link
+ * cost another its copy. Every worker does step lo again, with the
+ * parameters of version lo: pulled where a shard is at lo, and where it
+ * has moved on, the ones this worker held (keep) if they are of version lo.
+ * Otherwise this worker had pushed for lo there already, and what it
+ * pushes again is dropped as a duplicate whatever it computes. */
+static void worker_keep(struct worker *wk, float *params, const float *keep, const uint64_t *prev,
+			uint64_t lo)
+{
+	for (int k = 0; k < wk->nps; k++) {
+		struct link *l = &wk->ln[k];
+		if (l->got > lo && prev[k] == lo)
+			memcpy(params + l->range.begin, keep + l->range.begin,
+			       (l->range.end - l->range.begin) * sizeof(float));
+		l->got = lo;
+	}
+}
+
 static void nap_ms(long ms)
 {
 	struct timespec t = { ms / 1000, (ms % 1000) * 1000000L };
@@ -1206,16 +1225,35 @@ static void nap_ms(long ms)
  * complete checkpoint: the chief sends ROLLBACK so that every shard goes
  * back to that step, and the other workers wait until the shards agree.
  * Sets *start to the step to continue at and params to its parameters. */
+static int worker_resync_loop(struct worker *wk, float *params, const float *keep, uint64_t *prev,
+			      long *start, const char *why, char *err, size_t errlen);
+
 static int worker_resync(struct worker *wk, float *params, long *start, const char *why, char *err,
 			 size_t errlen)
+{
+	int sync = wk->c->train.mode == MODE_SYNC;
+	uint64_t prev[CONFIG_MAX_HOSTS];
+	for (int k = 0; k < wk->nps; k++)
+		prev[k] = wk->ln[k].got;
+	/* What params hold now, for worker_keep; without it (no memory)
+	 * recovery still works, but may apply one step's gradient computed
+	 * from parameters a step apart. */
+	size_t P = wk->ln[wk->nps - 1].range.end;
+	float *keep = sync ? malloc(P * sizeof(float)) : NULL;
+	if (keep)
+		memcpy(keep, params, P * sizeof(float));
+	int r = worker_resync_loop(wk, params, keep, prev, start, why, err, errlen);
+	free(keep);
+	return r;
+}
+
+static int worker_resync_loop(struct worker *wk, float *params, const float *keep, uint64_t *prev,
+			      long *start, const char *why, char *err, size_t errlen)
 {
 	const struct config *c = wk->c;
 	int sync = c->train.mode == MODE_SYNC, chief = wk->index == 0, W = c->cluster.nworkers;
 	int k0 = wk->lost;
 	char nm[300], last[512];
-	uint64_t prev[CONFIG_MAX_HOSTS];
-	for (int k = 0; k < wk->nps; k++)
-		prev[k] = wk->ln[k].got;
 	if (wk->pg)
 		progress_clear(wk->pg);
 	logf_(wk->out, "worker %d: %s; reconnecting for up to %g s (peer_timeout)", wk->index, why,
@@ -1272,6 +1310,8 @@ static int worker_resync(struct worker *wk, float *params, long *start, const ch
 			 * two; a restarted shard the chief has not rolled the
 			 * others back to yet differs by more, or went back. */
 			if (!sync || ((!back || lo == hi) && hi - lo <= 2 * (uint64_t)W)) {
+				if (sync && lo != hi && keep)
+					worker_keep(wk, params, keep, prev, lo);
 				*start = (long)lo;
 				logf_(wk->out, "worker %d: reconnected to every ps; continuing at step %llu",
 				      wk->index, (unsigned long long)lo);

@@ -1313,8 +1313,11 @@ static int worker_resync_loop(struct worker *wk, float *params, const float *kee
 				if (sync && lo != hi && keep)
 					worker_keep(wk, params, keep, prev, lo);
 				*start = (long)lo;
-				logf_(wk->out, "worker %d: reconnected to every ps; continuing at step %llu",
-				      wk->index, (unsigned long long)lo);
+				if (sync)
+					logf_(wk->out, "worker %d: reconnected to every ps; continuing at step %llu",
+					      wk->index, (unsigned long long)lo);
+				else
+					logf_(wk->out, "worker %d: reconnected to every ps; carrying on", wk->index);
 				return 0;
 			}
 			if (progress_now() >= end || *wk->stop)

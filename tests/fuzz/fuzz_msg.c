@@ -38,7 +38,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (rc < 0)
 		fuzz_check_err(rc, err);
 	else
-		FUZZ_CHECK(rc >= WIRE_PULL && rc <= WIRE_ERROR && rc == data[0]);
+		FUZZ_CHECK(rc >= WIRE_PULL && rc <= WIRE_MSG_LAST && rc == data[0]);
 
 	struct msg_pull pull;
 	err[0] = '\0';

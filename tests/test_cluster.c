@@ -456,8 +456,8 @@ static void read_all(const char *path, unsigned char **buf, size_t *len)
 	fclose(f);
 }
 
-/* Issue 6 item 5 (saving and resuming; the failure cases are not built
- * yet): the chief asks both ps tasks to save; each writes its shard and
+/* Issue 6 item 5, saving and resuming (a killed ps, silent peers and
+ * heartbeats are in test_recovery.c): the chief asks both ps tasks to save; each writes its shard and
  * its own manifest; a cluster restarted with a longer run resumes every
  * shard from the newest complete checkpoint and ends on exactly the
  * parameters of an uninterrupted run (sync mode sums in worker order). */

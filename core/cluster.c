@@ -34,9 +34,6 @@
 #define PS_MAX_CONN 128
 #define HS_TIMEOUT_MS 5000
 #define WRITE_TIMEOUT_MS 60000
-/* A worker waits this long for a ps to answer a PULL or a PUSH (a sync PULL
- * waits for the slowest worker's gradient, an evaluating chief included). */
-#define REPLY_TIMEOUT_MS 600000
 #define RBUF_BYTES FRAME_CT_MAX
 #define WBUF_BYTES FRAME_BYTES_MAX
 

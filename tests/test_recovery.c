@@ -26,7 +26,7 @@
 #include <unistd.h>
 
 #define RUN_TIMEOUT_S 90
-#define STEPS 1500
+#define STEPS 2500
 
 static char dir[256];
 
@@ -240,34 +240,44 @@ Test(recovery, killed_ps_rolls_back_everywhere, .timeout = 400)
 	read_all(dump_ref, &a, &na);
 
 	uint32_t seed = 61;
-	for (int trial = 0; trial < 3; trial++) {
+	for (int trial = 0, att = 0; trial < 3; trial++, att++) {
 		seed = seed * 1103515245u + 12345u;
 		int kill_at = 100 * (2 + (int)((seed >> 16) % 11));   /* 200..1200, a progress line */
 		int k = trial % 2;
 		char tag[32], train[128];
-		snprintf(tag, sizeof(tag), "t%d", trial);
-		snprintf(ck, sizeof(ck), "t%d-ck", trial);
+		snprintf(tag, sizeof(tag), "t%d", att);
+		snprintf(ck, sizeof(ck), "t%d-ck", att);
 		snprintf(train, sizeof(train), "checkpoint_dir = %s\ncheckpoint_every = 70\n", ck);
-		snprintf(cfg, sizeof(cfg), "%s/t%d.ini", dir, trial);
-		snprintf(dump, sizeof(dump), "%s/t%d.bin", dir, trial);
+		snprintf(cfg, sizeof(cfg), "%s/t%d.ini", dir, att);
+		snprintf(dump, sizeof(dump), "%s/t%d.bin", dir, att);
 		write_config(cfg, STEPS, train, "peer_timeout = 10\n");
 		pid_t pids[4];
 		int st[4];
 		start_cluster(cfg, tag, dump, NULL, pids, out);
 		char mark[32];
 		snprintf(mark, sizeof(mark), "step %d/%d", kill_at, STEPS);
-		int seen = wait_for_text(out[3], mark);
+		int seen = wait_for_text(out[3], mark), ws = 0;
 		kill(pids[k], SIGKILL);
-		waitpid(pids[k], NULL, 0);
+		waitpid(pids[k], &ws, 0);
 		if (!seen) {
 			for (int i = 0; i < 4; i++)
 				kill(pids[i], SIGKILL);
 			wait_all(pids, 4, st);
 			cr_assert_fail("trial %d: the chief never reached %s:\n%s", trial, mark, slurp(out[3]));
 		}
+		if (WIFEXITED(ws)) {
+			/* On a loaded machine this process may be scheduled only
+			 * after the whole run has finished: nothing was killed, and
+			 * the trial is run again (with its own directory). */
+			wait_all(pids, 4, st);
+			cr_assert_lt(att, 6, "the runs keep finishing before the kill (machine too busy?)");
+			fprintf(stderr, "recovery: trial %d ended before the kill at step %d; again\n", trial, kill_at);
+			trial--;
+			continue;
+		}
 		struct timespec pause = { 0, 300 * 1000 * 1000 };
 		nanosleep(&pause, NULL);
-		snprintf(again, sizeof(again), "%s/t%d-ps%d-again.log", dir, trial, k);
+		snprintf(again, sizeof(again), "%s/t%d-ps%d-again.log", dir, att, k);
 		pids[k] = start_one(cfg, k, NULL, NULL, again);
 		wait_all(pids, 4, st);
 		snprintf(out[k], 300, "%s", again);
@@ -282,7 +292,9 @@ Test(recovery, killed_ps_rolls_back_everywhere, .timeout = 400)
 		cr_assert_not_null(strstr(slurp(out[2]), lost), "trial %d: worker 1:\n%s", trial, slurp(out[2]));
 		cr_assert_not_null(strstr(slurp(again), "resuming from"), "trial %d: restarted ps:\n%s", trial,
 				   slurp(again));
-		cr_assert_not_null(strstr(chief, "done: 1500 steps"), "%s", chief);
+		char done[32];
+		snprintf(done, sizeof(done), "done: %d steps", STEPS);
+		cr_assert_not_null(strstr(chief, done), "%s", chief);
 		double acc = final_accuracy(chief);
 		cr_assert(fabs(acc - ref) <= 1.0, "trial %d: accuracy %.2f%% vs %.2f%% undisturbed", trial, acc,
 			  ref);
@@ -306,7 +318,9 @@ Test(recovery, stopped_ps_is_declared_dead_and_rejoins, .timeout = 200)
 	pid_t pids[4];
 	int st[4];
 	start_cluster(cfg, "stop", NULL, NULL, pids, out);
-	int seen = wait_for_text(out[3], "step 300/1500");
+	char mark[32];
+	snprintf(mark, sizeof(mark), "step 300/%d", STEPS);
+	int seen = wait_for_text(out[3], mark);
 	kill(pids[1], SIGSTOP);
 	int dead = seen && wait_for_text(out[3], "no traffic for 2 s");
 	kill(pids[1], SIGCONT);
@@ -316,7 +330,9 @@ Test(recovery, stopped_ps_is_declared_dead_and_rejoins, .timeout = 200)
 	assert_all_zero(st, out, "stopped ps");
 	char *chief = slurp(out[3]);
 	cr_assert_not_null(strstr(chief, "lost ps 1 (127.0.0.1:"), "%s", chief);
-	cr_assert_not_null(strstr(chief, "done: 1500 steps"), "%s", chief);
+	char done[32];
+	snprintf(done, sizeof(done), "done: %d steps", STEPS);
+	cr_assert_not_null(strstr(chief, done), "%s", chief);
 	double acc = final_accuracy(chief);
 	cr_assert(fabs(acc - ref) <= 1.0, "accuracy %.2f%% vs %.2f%% undisturbed", acc, ref);
 }
@@ -358,7 +374,9 @@ Test(recovery, stopped_worker_is_declared_dead_and_rejoins, .timeout = 200)
 	pid_t pids[4];
 	int st[4];
 	start_cluster(cfg, "wstop", NULL, NULL, pids, out);
-	int seen = wait_for_text(out[3], "step 300/1500");
+	char mark[32];
+	snprintf(mark, sizeof(mark), "step 300/%d", STEPS);
+	int seen = wait_for_text(out[3], mark);
 	kill(pids[2], SIGSTOP);
 	int dead = seen && wait_for_text(out[0], "closed worker 1's connection: no traffic for 2 s");
 	kill(pids[2], SIGCONT);

@@ -184,9 +184,10 @@ static void ps_checkpoint(struct ps *ps, uint64_t step)
 	pthread_mutex_unlock(&ps->mu);
 }
 
-/* ROLLBACK from the chief: a restarted ps resumed from checkpoint `step`
+/* ROLLBACK from a worker: a restarted ps resumed from checkpoint `step`
  * while this one went on, so this one goes back to the same step (step 0:
- * the initial parameters). Under ps->mu, so no push or pull sees a half
+ * the initial parameters). Already at `step`, it keeps what it has: the
+ * gradients waiting for it were computed from that version. Under ps->mu, so no push or pull sees a half
  * restored shard; waiting PULLs are woken (ps->gen) and answered with the
  * restored version. A checkpoint this ps cannot load stops it (the chief
  * then fails naming it): shards at different steps must not train on. */
@@ -197,7 +198,7 @@ static void ps_rollback(struct ps *ps, uint64_t step)
 	pthread_mutex_lock(&ps->mu);
 	uint64_t v = psshard_version(&ps->sh);
 	struct psshard *sh = &ps->sh;
-	if (v == step && sh->nwaiting == 0) {
+	if (v == step) {
 		pthread_mutex_unlock(&ps->mu);
 		logf_(ps->out, "ps %d: ROLLBACK to step %llu: already there", ps->index,
 		      (unsigned long long)step);
@@ -490,8 +491,6 @@ static int ps_serve(struct conn *cn, struct hs_result *hr, uint8_t *rbuf, uint8_
 			struct msg_rollback rb;
 			if (msg_decode_rollback(rbuf, len, &rb, e, sizeof(e)))
 				return snprintf(err, errlen, "%s", e), -1;
-			if (w != 0)
-				return snprintf(err, errlen, "ROLLBACK from worker %d; only the chief (0) sends it", w), -1;
 			ps_rollback(ps, rb.step);
 		} else if (r == WIRE_HEARTBEAT) {
 			struct msg_heartbeat hb;
@@ -1143,7 +1142,7 @@ static int worker_checkpoint(struct worker *wk, long step, char *err, size_t err
 	return 0;
 }
 
-/* The chief tells every ps to restore checkpoint `step`. */
+/* Tells every ps to restore checkpoint `step`. */
 static int worker_rollback(struct worker *wk, uint64_t step, char *err, size_t errlen)
 {
 	size_t cap = WBUF_BYTES - FRAME_HDR_BYTES - FRAME_TAG_BYTES, len;
@@ -1219,8 +1218,7 @@ static void nap_ms(long ms)
 /* After a lost ps (wk->lost; why says how): reconnects to every ps with
  * backoff for up to peer_timeout, then pulls where the shards are. In sync
  * mode a ps that came back at an older step was restarted from the newest
- * complete checkpoint: the chief sends ROLLBACK so that every shard goes
- * back to that step, and the other workers wait until the shards agree.
+ * complete checkpoint: ROLLBACK makes every shard go back to that step.
  * Sets *start to the step to continue at and params to its parameters. */
 static int worker_resync_loop(struct worker *wk, float *params, const float *keep, uint64_t *prev,
 			      long *start, const char *why, char *err, size_t errlen);
@@ -1248,7 +1246,7 @@ static int worker_resync_loop(struct worker *wk, float *params, const float *kee
 			      long *start, const char *why, char *err, size_t errlen)
 {
 	const struct config *c = wk->c;
-	int sync = c->train.mode == MODE_SYNC, chief = wk->index == 0, W = c->cluster.nworkers;
+	int sync = c->train.mode == MODE_SYNC, W = c->cluster.nworkers;
 	int k0 = wk->lost;
 	char nm[300], last[512];
 	if (wk->pg)
@@ -1291,7 +1289,11 @@ static int worker_resync_loop(struct worker *wk, float *params, const float *kee
 			if (r)
 				break;
 			worker_spread(wk, sync ? prev : NULL, &lo, &hi, &back);
-			if (back && chief && lo != hi) {
+			/* Any worker that sees it sends ROLLBACK, not only the
+			 * chief: the chief may be waiting on another shard for
+			 * this worker's gradient, and would not notice the
+			 * restart. A second ROLLBACK to the same step is a no-op. */
+			if (back && lo != hi) {
 				logf_(wk->out, "worker %d: the shards are at steps %llu to %llu (a ps restarted from its newest checkpoint): rolling every shard back to step %llu",
 				      wk->index, (unsigned long long)lo, (unsigned long long)hi, (unsigned long long)lo);
 				r = worker_rollback(wk, lo, last, sizeof(last));
@@ -1322,7 +1324,7 @@ static int worker_resync_loop(struct worker *wk, float *params, const float *kee
 					       "worker %d: the ps tasks stay at steps %llu to %llu: restart every ps so they load the same checkpoint",
 					       wk->index, (unsigned long long)lo, (unsigned long long)hi);
 			if (!said_wait++)
-				logf_(wk->out, "worker %d: the shards are at steps %llu to %llu: waiting for the chief to roll them back",
+				logf_(wk->out, "worker %d: the shards are at steps %llu to %llu: waiting for them to agree",
 				      wk->index, (unsigned long long)lo, (unsigned long long)hi);
 			nap_ms(100);
 		}

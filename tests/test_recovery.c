@@ -294,8 +294,15 @@ Test(recovery, killed_ps_rolls_back_everywhere, .timeout = 400)
 		char *chief = slurp(out[3]);
 		char lost[32];
 		snprintf(lost, sizeof(lost), "lost ps %d", k);
-		cr_assert_not_null(strstr(chief, lost), "trial %d: chief:\n%s", trial, chief);
-		cr_assert_not_null(strstr(slurp(out[2]), lost), "trial %d: worker 1:\n%s", trial, slurp(out[2]));
+		/* A worker either saw the ps go (and sent ROLLBACK) or first
+		 * heard of it from the other shard, answering its PULL with the
+		 * rolled back version; at least one saw it go. */
+		char *w1 = slurp(out[2]);
+		cr_assert(strstr(chief, lost) || strstr(chief, "went back to step"), "trial %d: chief:\n%s",
+			  trial, chief);
+		cr_assert(strstr(w1, lost) || strstr(w1, "went back to step"), "trial %d: worker 1:\n%s", trial, w1);
+		cr_assert(strstr(chief, lost) || strstr(w1, lost), "trial %d: nobody lost ps %d:\n%s\n%s", trial, k,
+			  chief, w1);
 		cr_assert_not_null(strstr(slurp(again), "resuming from"), "trial %d: restarted ps:\n%s", trial,
 				   slurp(again));
 		char done[32];

@@ -34,9 +34,6 @@
 #define PS_MAX_CONN 128
 #define HS_TIMEOUT_MS 5000
 #define WRITE_TIMEOUT_MS 60000
-/* A worker waits this long for a ps to answer a PULL or a PUSH (a sync PULL
- * waits for the slowest worker's gradient, an evaluating chief included). */
-#define REPLY_TIMEOUT_MS 600000
 #define RBUF_BYTES FRAME_CT_MAX
 #define WBUF_BYTES FRAME_BYTES_MAX
 
@@ -134,7 +131,21 @@ struct ps {
 	const struct config *c;
 	struct ckpt_layout *lay;             /* NULL: checkpoints off */
 	uint64_t pending;                    /* CHECKPOINT step not reached yet; 0: none */
+	uint64_t gen;                        /* rollbacks so far: wakes PULLs waiting across one */
 };
+
+/* How often an idle connection carries a HEARTBEAT: four per peer_timeout,
+ * so that one late heartbeat never looks like a dead peer. */
+static int heartbeat_ms(const struct config *c)
+{
+	int ms = (int)(c->cluster.peer_timeout * 1000 / 4);
+	return ms < 50 ? 50 : ms;
+}
+
+static int peer_timeout_ms(const struct config *c)
+{
+	return (int)(c->cluster.peer_timeout * 1000);
+}
 
 /* Saves the shard as checkpoint `step`; called with ps->mu held, so the
  * state is exactly version `step` (sync: no push can apply meanwhile). A
@@ -171,6 +182,74 @@ static void ps_checkpoint(struct ps *ps, uint64_t step)
 		logf_(ps->out, "ps %d: checkpoint at step %llu skipped: shard already at version %llu", ps->index,
 		      (unsigned long long)step, (unsigned long long)v);
 	pthread_mutex_unlock(&ps->mu);
+}
+
+/* ROLLBACK from a worker: a restarted ps resumed from checkpoint `step`
+ * while this one went on, so this one goes back to the same step (step 0:
+ * the initial parameters). Already at `step`, it keeps what it has: the
+ * gradients waiting for it were computed from that version. Under ps->mu, so no push or pull sees a half
+ * restored shard; waiting PULLs are woken (ps->gen) and answered with the
+ * restored version. A checkpoint this ps cannot load stops it (the chief
+ * then fails naming it): shards at different steps must not train on. */
+static void ps_rollback(struct ps *ps, uint64_t step)
+{
+	char e[CONFIG_ERR_MAX] = "";
+	int r = 0;
+	pthread_mutex_lock(&ps->mu);
+	uint64_t v = psshard_version(&ps->sh);
+	struct psshard *sh = &ps->sh;
+	if (v == step) {
+		pthread_mutex_unlock(&ps->mu);
+		logf_(ps->out, "ps %d: ROLLBACK to step %llu: already there", ps->index,
+		      (unsigned long long)step);
+		return;
+	}
+	long t = 0, got = 0;
+	if (step == 0) {
+		model_init_params(&ps->s->m, sh->params, sh->range.begin, sh->range.end, ps->c->train.seed);
+		if (sh->opt.m)
+			memset(sh->opt.m, 0, sh->n * sizeof(float));
+		if (sh->opt.v)
+			memset(sh->opt.v, 0, sh->n * sizeof(float));
+	} else if (!ps->lay) {
+		r = err_set(e, sizeof(e), -ENOENT, "checkpoints are off (checkpoint_dir is empty)");
+	} else {
+		char dir[DATA_PATH_MAX + 32];
+		snprintf(dir, sizeof(dir), "%s/step-%08llu", ps->c->train.checkpoint_dir,
+			 (unsigned long long)step);
+		r = checkpoint_load(dir, ps->lay, 1, sh->range.begin, sh->range.end, sh->params, sh->opt.m,
+				    sh->opt.v, &t, &got, e, sizeof(e));
+		if (!r && (uint64_t)got != step)
+			r = err_set(e, sizeof(e), -EINVAL, "%s holds step %ld", dir, got);
+	}
+	if (r) {
+		ps->aborted = 1;
+		snprintf(ps->why, sizeof(ps->why), "cannot roll back to step %llu: %.300s",
+			 (unsigned long long)step, e);
+	} else {
+		sh->opt.t = t;
+		psshard_rewind(sh, step);
+		ps->pending = 0;
+		ps->gen++;
+	}
+	pthread_cond_broadcast(&ps->cv);
+	pthread_mutex_unlock(&ps->mu);
+	if (r)
+		logf_(ps->out, "ps %d: %s", ps->index, ps->why);
+	else
+		logf_(ps->out, "ps %d: rolled back from version %llu to step %llu, where a restarted ps resumed",
+		      ps->index, (unsigned long long)v, (unsigned long long)step);
+}
+
+/* A HEARTBEAT for a worker waiting on a sync PULL: which workers' gradients
+ * for the shard's version have not arrived (under ps->mu). */
+static void ps_heartbeat(struct ps *ps, struct msg_heartbeat *hb)
+{
+	memset(hb, 0, sizeof(*hb));
+	hb->version = psshard_version(&ps->sh);
+	for (int w = 0; w < ps->W && w < (int)MSG_HEARTBEAT_WORKERS; w++)
+		if (!psshard_has_pushed(&ps->sh, w) && !ps->done[w])
+			hb->missing[w / 8] |= (uint8_t)(1u << (w % 8));
 }
 
 struct conn {
@@ -278,11 +357,16 @@ static int ps_serve(struct conn *cn, struct hs_result *hr, uint8_t *rbuf, uint8_
 
 	for (;;) {
 		size_t len;
-		int r = sock_read_frame(cn->fd, &hr->recv, rbuf, RBUF_BYTES, &len, -1, e, sizeof(e));
+		int r = sock_read_frame(cn->fd, &hr->recv, rbuf, RBUF_BYTES, &len,
+					said_done ? -1 : peer_timeout_ms(ps->c), e, sizeof(e));
 		if (r) {
 			if (said_done)
 				return 0;
-			snprintf(err, errlen, "%s", e);
+			if (r == -ETIMEDOUT)
+				snprintf(err, errlen, "no traffic for %g s (peer_timeout)",
+					 ps->c->cluster.peer_timeout);
+			else
+				snprintf(err, errlen, "%s", e);
 			return -1;
 		}
 		r = msg_type(rbuf, len, e, sizeof(e));
@@ -297,10 +381,36 @@ static int ps_serve(struct conn *cn, struct hs_result *hr, uint8_t *rbuf, uint8_
 			if (p.shard != (uint32_t)ps->index)
 				return snprintf(err, errlen, "PULL for shard %u, this is shard %d",
 						p.shard, ps->index), -1;
+			/* A sync PULL waits for the version to exist; meanwhile a
+			 * HEARTBEAT every heartbeat_ms tells the worker that the
+			 * shard is alive and which workers it waits for. */
 			pthread_mutex_lock(&ps->mu);
+			uint64_t gen = ps->gen;
 			while (p.version != MSG_VERSION_LATEST && psshard_version(&ps->sh) < p.version &&
-			       !ps->aborted && ps->ndone < ps->W - 1)
-				pthread_cond_wait(&ps->cv, &ps->mu);
+			       !ps->aborted && ps->ndone < ps->W - 1 && ps->gen == gen) {
+				struct timespec dl;
+				clock_gettime(CLOCK_REALTIME, &dl);
+				long ms = heartbeat_ms(ps->c);
+				dl.tv_sec += ms / 1000;
+				dl.tv_nsec += (ms % 1000) * 1000000L;
+				if (dl.tv_nsec >= 1000000000L) {
+					dl.tv_sec++;
+					dl.tv_nsec -= 1000000000L;
+				}
+				if (pthread_cond_timedwait(&ps->cv, &ps->mu, &dl) != ETIMEDOUT)
+					continue;
+				if (psshard_version(&ps->sh) >= p.version || ps->aborted || ps->gen != gen)
+					continue;
+				struct msg_heartbeat hb;
+				ps_heartbeat(ps, &hb);
+				pthread_mutex_unlock(&ps->mu);
+				r = msg_encode_heartbeat(mb, cap, &hb, &len, e, sizeof(e));
+				if (!r)
+					r = send_msg(cn->fd, &hr->send, wbuf, len, e, sizeof(e));
+				if (r)
+					return snprintf(err, errlen, "%s", e), -1;
+				pthread_mutex_lock(&ps->mu);
+			}
 			int ab = ps->aborted;
 			uint64_t v = psshard_version(&ps->sh);
 			if (!ab)
@@ -339,8 +449,8 @@ static int ps_serve(struct conn *cn, struct hs_result *hr, uint8_t *rbuf, uint8_
 				struct chunk_rx x = { .type = WIRE_PUSH, .worker = (uint32_t)w, .a = &a,
 						      .dst = grad };
 				uint64_t more = msg_chunks(n - a.received);
-				if (pipe_recv(&cn->pp, cn->fd, &hr->recv, more, chunk_deliver, &x, -1, e,
-					      sizeof(e)))
+				if (pipe_recv(&cn->pp, cn->fd, &hr->recv, more, chunk_deliver, &x,
+					      peer_timeout_ms(ps->c), e, sizeof(e)))
 					return snprintf(err, errlen, "%s", e), -1;
 				if (!msg_assembly_done(&a))
 					continue;
@@ -377,6 +487,15 @@ static int ps_serve(struct conn *cn, struct hs_result *hr, uint8_t *rbuf, uint8_
 			if (w != 0)
 				return snprintf(err, errlen, "CHECKPOINT from worker %d; only the chief (0) sends it", w), -1;
 			ps_checkpoint(ps, ck.step);
+		} else if (r == WIRE_ROLLBACK) {
+			struct msg_rollback rb;
+			if (msg_decode_rollback(rbuf, len, &rb, e, sizeof(e)))
+				return snprintf(err, errlen, "%s", e), -1;
+			ps_rollback(ps, rb.step);
+		} else if (r == WIRE_HEARTBEAT) {
+			struct msg_heartbeat hb;
+			if (msg_decode_heartbeat(rbuf, len, &hb, e, sizeof(e)))
+				return snprintf(err, errlen, "%s", e), -1;
 		} else if (r == WIRE_DONE) {
 			struct msg_done d;
 			if (msg_decode_done(rbuf, len, &d, e, sizeof(e)))
@@ -680,17 +799,30 @@ struct link {
 	int fd;
 	struct hs_result hr;
 	struct shard range;
-	uint64_t got;   /* version of the parameters last pulled */
+	uint64_t got;        /* version of the parameters last pulled */
+	pthread_mutex_t mu;  /* fd and hr.send: the heartbeat thread sends too */
+	double last_send;    /* progress_now() when the last frame went out */
 };
 
 struct worker {
 	const struct config *c;
+	const struct setup *s;
+	const volatile sig_atomic_t *stop;
+	FILE *out;
+	struct progress *pg;     /* the chief's: "waiting for worker N" lines */
 	int index, nps;
 	struct link *ln;
 	uint8_t *rbuf, *wbuf;
 	struct cryptopool *pool; /* NULL: crypto_threads 1 */
 	struct pipe pp;          /* tensors, one ps at a time; frame 0 is wbuf */
 	uint64_t stale;   /* pushes the shards dropped */
+	int lost;         /* the ps whose connection failed or went back; -1: none */
+	uint64_t heard_v; /* the last "waiting for" line printed: version, workers */
+	uint8_t heard[MSG_HEARTBEAT_WORKERS / 8];
+	pthread_t hb;     /* sends HEARTBEATs on idle links */
+	int hb_on, hb_stop;
+	pthread_mutex_t hb_mu;
+	pthread_cond_t hb_cv;
 };
 
 static const char *ps_name(const struct config *c, int k, char *buf, size_t len)
@@ -699,91 +831,229 @@ static const char *ps_name(const struct config *c, int k, char *buf, size_t len)
 	return buf;
 }
 
-static int worker_connect(struct worker *wk, const struct setup *s, char *err, size_t errlen)
+/* The heartbeat thread: every half heartbeat period, a HEARTBEAT on each
+ * link that has sent nothing for a period, so that a ps does not take a
+ * worker that is computing, evaluating or waiting on another shard for a
+ * dead one. A failed send is left for the main thread to find. */
+static void *worker_heartbeats(void *arg)
+{
+	struct worker *wk = arg;
+	uint8_t buf[FRAME_SEALED_BYTES(MSG_HEARTBEAT_BYTES)];
+	int ms = heartbeat_ms(wk->c);
+	struct msg_heartbeat hb;
+	memset(&hb, 0, sizeof(hb));
+	pthread_mutex_lock(&wk->hb_mu);
+	while (!wk->hb_stop) {
+		struct timespec dl;
+		clock_gettime(CLOCK_REALTIME, &dl);
+		long ns = dl.tv_nsec + (long)(ms / 2) * 1000000L;
+		dl.tv_sec += ns / 1000000000L;
+		dl.tv_nsec = ns % 1000000000L;
+		pthread_cond_timedwait(&wk->hb_cv, &wk->hb_mu, &dl);
+		if (wk->hb_stop)
+			break;
+		pthread_mutex_unlock(&wk->hb_mu);
+		for (int k = 0; k < wk->nps; k++) {
+			struct link *l = &wk->ln[k];
+			size_t len;
+			pthread_mutex_lock(&l->mu);
+			double now = progress_now();
+			if (l->fd >= 0 && now - l->last_send >= ms / 1000.0 &&
+			    msg_encode_heartbeat(buf + FRAME_HDR_BYTES, MSG_HEARTBEAT_BYTES, &hb, &len, NULL, 0) == 0) {
+				(void)!sock_write_frame(l->fd, &l->hr.send, buf, sizeof(buf), buf + FRAME_HDR_BYTES,
+							len, ms, NULL, 0);
+				l->last_send = now;
+			}
+			pthread_mutex_unlock(&l->mu);
+		}
+		pthread_mutex_lock(&wk->hb_mu);
+	}
+	pthread_mutex_unlock(&wk->hb_mu);
+	return NULL;
+}
+
+static void worker_disconnect(struct worker *wk)
+{
+	for (int k = 0; wk->ln && k < wk->nps; k++) {
+		struct link *l = &wk->ln[k];
+		pthread_mutex_lock(&l->mu);
+		if (l->fd >= 0)
+			close(l->fd);
+		l->fd = -1;
+		frame_key_wipe(&l->hr.send);
+		frame_key_wipe(&l->hr.recv);
+		pthread_mutex_unlock(&l->mu);
+	}
+}
+
+/* Connects and authenticates to ps k, retrying with backoff for up to
+ * timeout_ms. -EINVAL for an address that cannot work, else -ECONNABORTED. */
+static int worker_connect_one(struct worker *wk, int k, int timeout_ms, char *err, size_t errlen)
 {
 	const struct config *c = wk->c;
 	struct hs_identity me = { .role = HS_WORKER, .index = (uint32_t)wk->index,
 				  .aes = frame_aes_available() };
-	memcpy(me.config_hash, s->hash, HS_HASH_BYTES);
+	memcpy(me.config_hash, wk->s->hash, HS_HASH_BYTES);
+	struct link *l = &wk->ln[k];
+	char e[512], nm[300];
+	uint8_t hello1[HS_HELLO_BYTES], hello2[HS_HELLO_BYTES];
+	struct hs h;
+	struct hs_result hr;
+	int fd = -1;
+	int hs_ms = timeout_ms < HS_TIMEOUT_MS ? timeout_ms : HS_TIMEOUT_MS;
+	ps_name(c, k, nm, sizeof(nm));
+	int r = sock_connect_retry(c->cluster.ps[k].name, c->cluster.ps[k].port, timeout_ms, &fd, e,
+				   sizeof(e));
+	if (r)
+		return r == -EINVAL || r == -ENOENT ? (snprintf(err, errlen, "ps %d: %s", k, e), -EINVAL)
+						    : err_set(err, errlen, -ECONNABORTED, "ps %d: %s", k, e);
+	r = hs_client_start(&h, hello1, wk->s->key, &me, e, sizeof(e));
+	if (r) {
+		close(fd);
+		return snprintf(err, errlen, "handshake: %s", e), r;
+	}
+	r = sock_write_full(fd, hello1, sizeof(hello1), hs_ms, e, sizeof(e));
+	if (!r)
+		r = sock_read_full(fd, hello2, sizeof(hello2), hs_ms, e, sizeof(e));
+	if (r) {
+		hs_wipe(&h);
+		close(fd);
+		return err_set(err, errlen, -ECONNABORTED, "%s: handshake: %s%s", nm, e,
+			       r == -EPIPE ? " (wrong cluster key?)" : "");
+	}
+	r = hs_client_finish(&h, &hr, hello2, sizeof(hello2), e, sizeof(e));
+	if (r) {
+		hs_wipe(&h);
+		close(fd);
+		return err_set(err, errlen, -ECONNABORTED, "%s: %s", nm, e);
+	}
+	if (hr.peer.role != HS_PS || hr.peer.index != (uint32_t)k) {
+		close(fd);
+		return err_set(err, errlen, -ECONNABORTED, "%s answered as %s %u", nm,
+			       hs_role_name(hr.peer.role), hr.peer.index);
+	}
+	pthread_mutex_lock(&l->mu);
+	l->fd = fd;
+	l->hr = hr;
+	l->last_send = progress_now();
+	pthread_mutex_unlock(&l->mu);
+	return 0;
+}
+
+static int worker_connect(struct worker *wk, char *err, size_t errlen)
+{
 	for (int k = 0; k < wk->nps; k++) {
-		struct link *l = &wk->ln[k];
-		char e[512], nm[300];
-		uint8_t hello1[HS_HELLO_BYTES], hello2[HS_HELLO_BYTES];
-		struct hs h;
-		ps_name(c, k, nm, sizeof(nm));
-		int r = sock_connect_retry(c->cluster.ps[k].name, c->cluster.ps[k].port,
-					   (int)(c->cluster.connect_timeout * 1000), &l->fd, e, sizeof(e));
-		if (r) {
-			l->fd = -1;
-			return r == -EINVAL || r == -ENOENT ? (snprintf(err, errlen, "ps %d: %s", k, e), -EINVAL)
-							    : err_set(err, errlen, -ECONNABORTED, "ps %d: %s", k, e);
-		}
-		r = hs_client_start(&h, hello1, s->key, &me, e, sizeof(e));
+		int r = worker_connect_one(wk, k, (int)(wk->c->cluster.connect_timeout * 1000), err, errlen);
 		if (r)
-			return snprintf(err, errlen, "handshake: %s", e), r;
-		r = sock_write_full(l->fd, hello1, sizeof(hello1), HS_TIMEOUT_MS, e, sizeof(e));
-		if (!r)
-			r = sock_read_full(l->fd, hello2, sizeof(hello2), HS_TIMEOUT_MS, e, sizeof(e));
-		if (r) {
-			hs_wipe(&h);
-			return err_set(err, errlen, -ECONNABORTED, "%s: handshake: %s%s", nm, e,
-					 r == -EPIPE ? " (wrong cluster key?)" : "");
-		}
-		r = hs_client_finish(&h, &l->hr, hello2, sizeof(hello2), e, sizeof(e));
-		if (r) {
-			hs_wipe(&h);
-			return err_set(err, errlen, -ECONNABORTED, "%s: %s", nm, e);
-		}
-		if (l->hr.peer.role != HS_PS || l->hr.peer.index != (uint32_t)k)
-			return err_set(err, errlen, -ECONNABORTED, "%s answered as %s %u", nm,
-					 hs_role_name(l->hr.peer.role), l->hr.peer.index);
+			return r;
 	}
 	return 0;
 }
 
-/* Reads one message from ps k into wk->rbuf; an ERROR is reported. */
+/* A HEARTBEAT from ps k while a sync PULL waits: the chief prints which
+ * workers the shard is waiting for, once per version and set. */
+static void worker_heard(struct worker *wk, int k, const struct msg_heartbeat *hb)
+{
+	int any = 0;
+	for (size_t i = 0; i < sizeof(hb->missing); i++)
+		any |= hb->missing[i];
+	if (!wk->pg || !any ||
+	    (hb->version == wk->heard_v && memcmp(hb->missing, wk->heard, sizeof(wk->heard)) == 0))
+		return;
+	wk->heard_v = hb->version;
+	memcpy(wk->heard, hb->missing, sizeof(wk->heard));
+	char list[200] = "";
+	size_t at = 0;
+	int n = 0;
+	for (int w = 0; w < (int)MSG_HEARTBEAT_WORKERS; w++) {
+		if (!(hb->missing[w / 8] >> (w % 8) & 1))
+			continue;
+		if (at < sizeof(list) - 16)
+			at += (size_t)snprintf(list + at, sizeof(list) - at, "%s%d", n ? ", " : "", w);
+		else if (at < sizeof(list) - 4)
+			at += (size_t)snprintf(list + at, sizeof(list) - at, ", ...");
+		n++;
+	}
+	progress_clear(wk->pg);
+	logf_(wk->out, "worker %d: step %llu is waiting for worker%s %s (ps %d has no gradient from %s yet)",
+	      wk->index, (unsigned long long)hb->version, n == 1 ? "" : "s", list, k,
+	      n == 1 ? "it" : "them");
+}
+
+/* A link failed at the transport level (not an ERROR the ps sent): the
+ * caller may reconnect (worker_resync). */
+static int worker_link_failed(struct worker *wk, int k, int r, const char *e, char *err, size_t errlen)
+{
+	char nm[300];
+	wk->lost = k;
+	if (r == -ETIMEDOUT)
+		return err_set(err, errlen, -ECONNABORTED, "lost %s: no traffic for %g s (peer_timeout)",
+			       ps_name(wk->c, k, nm, sizeof(nm)), wk->c->cluster.peer_timeout);
+	return err_set(err, errlen, -ECONNABORTED, "lost %s: %s", ps_name(wk->c, k, nm, sizeof(nm)), e);
+}
+
+/* Reads one message from ps k into wk->rbuf, passing over HEARTBEATs; an
+ * ERROR is reported. */
 static int worker_recv(struct worker *wk, int k, size_t *len, char *err, size_t errlen)
 {
 	char e[512], nm[300];
 	struct link *l = &wk->ln[k];
-	int r = sock_read_frame(l->fd, &l->hr.recv, wk->rbuf, RBUF_BYTES, len, REPLY_TIMEOUT_MS, e,
-				sizeof(e));
-	if (r)
-		return err_set(err, errlen, -ECONNABORTED, "lost %s: %s", ps_name(wk->c, k, nm, sizeof(nm)), e);
-	r = msg_type(wk->rbuf, *len, e, sizeof(e));
-	if (r == WIRE_ERROR) {
-		struct msg_error me;
-		if (msg_decode_error(wk->rbuf, *len, &me, e, sizeof(e)) == 0)
-			snprintf(e, sizeof(e), "%s", me.text);
-		return err_set(err, errlen, -ECONNABORTED, "%s: %s", ps_name(wk->c, k, nm, sizeof(nm)), e);
+	for (;;) {
+		int r = sock_read_frame(l->fd, &l->hr.recv, wk->rbuf, RBUF_BYTES, len,
+					peer_timeout_ms(wk->c), e, sizeof(e));
+		if (r)
+			return worker_link_failed(wk, k, r, e, err, errlen);
+		r = msg_type(wk->rbuf, *len, e, sizeof(e));
+		if (r == WIRE_HEARTBEAT) {
+			struct msg_heartbeat hb;
+			if (msg_decode_heartbeat(wk->rbuf, *len, &hb, e, sizeof(e)) == 0) {
+				worker_heard(wk, k, &hb);
+				continue;
+			}
+			r = -EPROTO;
+		}
+		if (r == WIRE_ERROR) {
+			struct msg_error me;
+			if (msg_decode_error(wk->rbuf, *len, &me, e, sizeof(e)) == 0)
+				snprintf(e, sizeof(e), "%s", me.text);
+			return err_set(err, errlen, -ECONNABORTED, "%s: %s", ps_name(wk->c, k, nm, sizeof(nm)), e);
+		}
+		if (r < 0)
+			return err_set(err, errlen, -ECONNABORTED, "%s: %s", ps_name(wk->c, k, nm, sizeof(nm)), e);
+		return r;
 	}
-	if (r < 0)
-		return err_set(err, errlen, -ECONNABORTED, "%s: %s", ps_name(wk->c, k, nm, sizeof(nm)), e);
-	return r;
 }
 
 static int worker_send(struct worker *wk, int k, size_t len, char *err, size_t errlen)
 {
-	char e[512], nm[300];
-	int r = send_msg(wk->ln[k].fd, &wk->ln[k].hr.send, wk->wbuf, len, e, sizeof(e));
+	char e[512];
+	struct link *l = &wk->ln[k];
+	pthread_mutex_lock(&l->mu);
+	int r = send_msg(l->fd, &l->hr.send, wk->wbuf, len, e, sizeof(e));
+	l->last_send = progress_now();
+	pthread_mutex_unlock(&l->mu);
 	if (r)
-		return err_set(err, errlen, -ECONNABORTED, "lost %s: %s", ps_name(wk->c, k, nm, sizeof(nm)), e);
+		return worker_link_failed(wk, k, r, e, err, errlen);
 	return 0;
 }
 
 /* Pulls every shard into params: sync asks each for the version after the
- * one it last had (first: 0), async for the newest. */
+ * one it last had (first: 0, i.e. whatever it has), async for the newest.
+ * A sync shard that answers with an older version than asked has been
+ * rolled back: that is a lost link too (wk->lost), for worker_resync. */
 static int worker_pull(struct worker *wk, float *params, int first, char *err, size_t errlen)
 {
 	uint8_t *mb = wk->wbuf + FRAME_HDR_BYTES;
 	size_t cap = WBUF_BYTES - FRAME_HDR_BYTES - FRAME_TAG_BYTES, len;
 	char e[256];
+	uint64_t want[CONFIG_MAX_HOSTS];
 	for (int k = 0; k < wk->nps; k++) {
 		struct msg_pull p = { .shard = (uint32_t)k };
 		if (wk->c->train.mode == MODE_ASYNC)
 			p.version = MSG_VERSION_LATEST;
 		else
 			p.version = first ? 0 : wk->ln[k].got + 1;
+		want[k] = p.version;
 		if (msg_encode_pull(mb, cap, &p, &len, e, sizeof(e)))
 			return snprintf(err, errlen, "%s", e), -EPROTO;
 		int r = worker_send(wk, k, len, err, errlen);
@@ -798,11 +1068,27 @@ static int worker_pull(struct worker *wk, float *params, int first, char *err, s
 			return snprintf(err, errlen, "%s", e), -EINVAL;
 		struct chunk_rx x = { .type = WIRE_PARAMS, .a = &a, .dst = params + l->range.begin };
 		char pe[512], nm[300];
-		if (pipe_recv(&wk->pp, l->fd, &l->hr.recv, msg_chunks(a.n), chunk_deliver, &x,
-			      REPLY_TIMEOUT_MS, pe, sizeof(pe)))
-			return err_set(err, errlen, -ECONNABORTED, x.bad ? "%s: %s" : "lost %s: %s",
-				       ps_name(wk->c, k, nm, sizeof(nm)), pe);
+		/* The first chunk by hand, past any HEARTBEATs; the rest of
+		 * the tensor on the pipe. */
+		int r = worker_recv(wk, k, &len, err, errlen);
+		if (r < 0)
+			return r;
+		if (chunk_deliver(&x, 0, wk->rbuf, len, pe, sizeof(pe)))
+			return err_set(err, errlen, -ECONNABORTED, "%s: %s", ps_name(wk->c, k, nm, sizeof(nm)), pe);
+		if (!msg_assembly_done(&a)) {
+			r = pipe_recv(&wk->pp, l->fd, &l->hr.recv, msg_chunks(a.n - a.received), chunk_deliver,
+				      &x, peer_timeout_ms(wk->c), pe, sizeof(pe));
+			if (r && x.bad)
+				return err_set(err, errlen, -ECONNABORTED, "%s: %s", ps_name(wk->c, k, nm, sizeof(nm)), pe);
+			if (r)
+				return worker_link_failed(wk, k, r, pe, err, errlen);
+		}
 		l->got = a.version;
+		if (wk->c->train.mode == MODE_SYNC && !first && a.version < want[k]) {
+			wk->lost = k;
+			return err_set(err, errlen, -ECONNABORTED, "%s went back to step %llu",
+				       ps_name(wk->c, k, nm, sizeof(nm)), (unsigned long long)a.version);
+		}
 	}
 	return 0;
 }
@@ -817,11 +1103,14 @@ static int worker_push(struct worker *wk, const float *grads, char *err, size_t 
 		struct chunk_tx t = { .type = WIRE_PUSH, .shard = (uint32_t)k, .version = l->got,
 				      .worker = (uint32_t)wk->index, .src = grads + l->range.begin,
 				      .n = n };
-		char pe[512], nm[300];
-		if (pipe_send(&wk->pp, l->fd, &l->hr.send, msg_chunks(n), chunk_encode, &t,
-			      WRITE_TIMEOUT_MS, pe, sizeof(pe)))
-			return err_set(err, errlen, -ECONNABORTED, "lost %s: %s",
-				       ps_name(wk->c, k, nm, sizeof(nm)), pe);
+		char pe[512];
+		pthread_mutex_lock(&l->mu);
+		int r = pipe_send(&wk->pp, l->fd, &l->hr.send, msg_chunks(n), chunk_encode, &t,
+				  WRITE_TIMEOUT_MS, pe, sizeof(pe));
+		l->last_send = progress_now();
+		pthread_mutex_unlock(&l->mu);
+		if (r)
+			return worker_link_failed(wk, k, r, pe, err, errlen);
 	}
 	for (int k = 0; k < wk->nps; k++) {
 		struct msg_ack ack;
@@ -853,6 +1142,22 @@ static int worker_checkpoint(struct worker *wk, long step, char *err, size_t err
 	return 0;
 }
 
+/* Tells every ps to restore checkpoint `step`. */
+static int worker_rollback(struct worker *wk, uint64_t step, char *err, size_t errlen)
+{
+	size_t cap = WBUF_BYTES - FRAME_HDR_BYTES - FRAME_TAG_BYTES, len;
+	char e[256];
+	struct msg_rollback rb = { .step = step };
+	for (int k = 0; k < wk->nps; k++) {
+		if (msg_encode_rollback(wk->wbuf + FRAME_HDR_BYTES, cap, &rb, &len, e, sizeof(e)))
+			return snprintf(err, errlen, "%s", e), -EPROTO;
+		int r = worker_send(wk, k, len, err, errlen);
+		if (r)
+			return r;
+	}
+	return 0;
+}
+
 static int worker_done(struct worker *wk, char *err, size_t errlen)
 {
 	size_t cap = WBUF_BYTES - FRAME_HDR_BYTES - FRAME_TAG_BYTES, len;
@@ -867,6 +1172,167 @@ static int worker_done(struct worker *wk, char *err, size_t errlen)
 			return r;
 	}
 	return 0;
+}
+
+/* The shards' versions after a pull: lowest, highest, and whether any is
+ * below what this worker had pulled from it before (prev): a ps that went
+ * back, i.e. was restarted from a checkpoint (or rolled back). */
+static void worker_spread(const struct worker *wk, const uint64_t *prev, uint64_t *lo, uint64_t *hi,
+			  int *back)
+{
+	*lo = *hi = wk->ln[0].got;
+	*back = 0;
+	for (int k = 0; k < wk->nps; k++) {
+		uint64_t g = wk->ln[k].got;
+		*lo = g < *lo ? g : *lo;
+		*hi = g > *hi ? g : *hi;
+		*back |= prev && g < prev[k];
+	}
+}
+
+/* Sync, the shards at versions lo..hi and none went back: some had the
+ * gradients of step lo from every worker and moved on while the lost link
+ * cost another its copy. Every worker does step lo again, with the
+ * parameters of version lo: pulled where a shard is at lo, and where it
+ * has moved on, the ones this worker held (keep) if they are of version lo.
+ * Otherwise this worker had pushed for lo there already, and what it
+ * pushes again is dropped as a duplicate whatever it computes. */
+static void worker_keep(struct worker *wk, float *params, const float *keep, const uint64_t *prev,
+			uint64_t lo)
+{
+	for (int k = 0; k < wk->nps; k++) {
+		struct link *l = &wk->ln[k];
+		if (l->got > lo && prev[k] == lo)
+			memcpy(params + l->range.begin, keep + l->range.begin,
+			       (l->range.end - l->range.begin) * sizeof(float));
+		l->got = lo;
+	}
+}
+
+static void nap_ms(long ms)
+{
+	struct timespec t = { ms / 1000, (ms % 1000) * 1000000L };
+	nanosleep(&t, NULL);
+}
+
+/* After a lost ps (wk->lost; why says how): reconnects to every ps with
+ * backoff for up to peer_timeout, then pulls where the shards are. In sync
+ * mode a ps that came back at an older step was restarted from the newest
+ * complete checkpoint: ROLLBACK makes every shard go back to that step.
+ * Sets *start to the step to continue at and params to its parameters. */
+static int worker_resync_loop(struct worker *wk, float *params, const float *keep, uint64_t *prev,
+			      long *start, const char *why, char *err, size_t errlen);
+
+static int worker_resync(struct worker *wk, float *params, long *start, const char *why, char *err,
+			 size_t errlen)
+{
+	int sync = wk->c->train.mode == MODE_SYNC;
+	uint64_t prev[CONFIG_MAX_HOSTS];
+	for (int k = 0; k < wk->nps; k++)
+		prev[k] = wk->ln[k].got;
+	/* What params hold now, for worker_keep; without it (no memory)
+	 * recovery still works, but may apply one step's gradient computed
+	 * from parameters a step apart. */
+	size_t P = wk->ln[wk->nps - 1].range.end;
+	float *keep = sync ? malloc(P * sizeof(float)) : NULL;
+	if (keep)
+		memcpy(keep, params, P * sizeof(float));
+	int r = worker_resync_loop(wk, params, keep, prev, start, why, err, errlen);
+	free(keep);
+	return r;
+}
+
+static int worker_resync_loop(struct worker *wk, float *params, const float *keep, uint64_t *prev,
+			      long *start, const char *why, char *err, size_t errlen)
+{
+	const struct config *c = wk->c;
+	int sync = c->train.mode == MODE_SYNC, W = c->cluster.nworkers;
+	int k0 = wk->lost;
+	char nm[300], last[512];
+	if (wk->pg)
+		progress_clear(wk->pg);
+	logf_(wk->out, "worker %d: %s; reconnecting for up to %g s (peer_timeout)", wk->index, why,
+	      c->cluster.peer_timeout);
+	snprintf(last, sizeof(last), "%s", why);
+	double end = progress_now() + c->cluster.peer_timeout;
+	long pause = 100;
+	int said_wait = 0;
+	for (int tries = 0;; tries++) {
+		if (*wk->stop)
+			return err_set(err, errlen, -EINTR, "worker %d: interrupted while reconnecting", wk->index);
+		double left = end - progress_now();
+		if (left <= 0)
+			return err_set(err, errlen, -ECONNABORTED, "worker %d: gave up on %s after %g s (peer_timeout): %s",
+				       wk->index, ps_name(c, k0, nm, sizeof(nm)), c->cluster.peer_timeout, last);
+		if (tries) {
+			nap_ms(pause < left * 1000 ? pause : (long)(left * 1000));
+			pause = pause * 2 > 1000 ? 1000 : pause * 2;
+		}
+		worker_disconnect(wk);
+		wk->lost = -1;
+		int r = 0;
+		for (int k = 0; k < wk->nps && !r; k++) {
+			double ms = (end - progress_now()) * 1000;
+			r = worker_connect_one(wk, k, ms < 1 ? 1 : (int)ms, last, sizeof(last));
+			if (r == -EINVAL)
+				return snprintf(err, errlen, "%s", last), r;
+			if (r)
+				k0 = k;
+		}
+		if (r)
+			continue;
+		/* Connected to all: pull until the shards agree. */
+		for (;;) {
+			uint64_t lo, hi;
+			int back;
+			r = worker_pull(wk, params, 1, last, sizeof(last));
+			if (r)
+				break;
+			worker_spread(wk, sync ? prev : NULL, &lo, &hi, &back);
+			/* Any worker that sees it sends ROLLBACK, not only the
+			 * chief: the chief may be waiting on another shard for
+			 * this worker's gradient, and would not notice the
+			 * restart. A second ROLLBACK to the same step is a no-op. */
+			if (back && lo != hi) {
+				logf_(wk->out, "worker %d: the shards are at steps %llu to %llu (a ps restarted from its newest checkpoint): rolling every shard back to step %llu",
+				      wk->index, (unsigned long long)lo, (unsigned long long)hi, (unsigned long long)lo);
+				r = worker_rollback(wk, lo, last, sizeof(last));
+				if (!r)
+					r = worker_pull(wk, params, 1, last, sizeof(last));
+				if (r)
+					break;
+				for (int k = 0; k < wk->nps; k++)
+					prev[k] = wk->ln[k].got;
+				worker_spread(wk, NULL, &lo, &hi, &back);
+			}
+			/* With backup workers the shards may differ by a step or
+			 * two; a restarted shard the chief has not rolled the
+			 * others back to yet differs by more, or went back. */
+			if (!sync || ((!back || lo == hi) && hi - lo <= 2 * (uint64_t)W)) {
+				if (sync && lo != hi && keep)
+					worker_keep(wk, params, keep, prev, lo);
+				*start = (long)lo;
+				if (sync)
+					logf_(wk->out, "worker %d: reconnected to every ps; continuing at step %llu",
+					      wk->index, (unsigned long long)lo);
+				else
+					logf_(wk->out, "worker %d: reconnected to every ps; carrying on", wk->index);
+				return 0;
+			}
+			if (progress_now() >= end || *wk->stop)
+				return err_set(err, errlen, -ECONNABORTED,
+					       "worker %d: the ps tasks stay at steps %llu to %llu: restart every ps so they load the same checkpoint",
+					       wk->index, (unsigned long long)lo, (unsigned long long)hi);
+			if (!said_wait++)
+				logf_(wk->out, "worker %d: the shards are at steps %llu to %llu: waiting for them to agree",
+				      wk->index, (unsigned long long)lo, (unsigned long long)hi);
+			nap_ms(100);
+		}
+		if (wk->lost >= 0)
+			k0 = wk->lost;
+		else
+			return snprintf(err, errlen, "%s", last), -ECONNABORTED;
+	}
 }
 
 
@@ -886,11 +1352,13 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 		   char *err, size_t errlen)
 {
 	struct setup s;
-	struct worker wk = { .c = c, .index = index, .nps = c->cluster.nps };
+	struct worker wk = { .c = c, .s = &s, .stop = stop, .out = out, .index = index,
+			     .nps = c->cluster.nps, .lost = -1 };
 	struct devices dev = { 0 };
 	struct shard plan[CONFIG_MAX_HOSTS];
 	float *params = NULL, *grads = NULL, *xb = NULL;
 	int own_host = 0;   /* params and grads are separate host copies */
+	int links = 0;      /* wk.ln's fds and mutexes are set up */
 	int32_t *yb = NULL;
 	uint32_t *perm = NULL;
 	int chief = index == 0, e;
@@ -937,8 +1405,17 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 	for (int k = 0; k < wk.nps; k++) {
 		wk.ln[k].fd = -1;
 		wk.ln[k].range = plan[k];
+		pthread_mutex_init(&wk.ln[k].mu, NULL);
 	}
-	e = worker_connect(&wk, &s, err, errlen);
+	links = 1;
+	pthread_mutex_init(&wk.hb_mu, NULL);
+	pthread_cond_init(&wk.hb_cv, NULL);
+	wk.hb_on = pthread_create(&wk.hb, NULL, worker_heartbeats, &wk) == 0;
+	if (!wk.hb_on) {
+		e = err_set(err, errlen, -ENOMEM, "cannot start the heartbeat thread");
+		goto out;
+	}
+	e = worker_connect(&wk, err, errlen);
 	if (e)
 		goto out;
 	long total = s.total, spe = s.spe;
@@ -948,6 +1425,7 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 
 	struct progress pg;
 	progress_init(&pg, out, chief && tty, total, spe);
+	wk.pg = chief ? &pg : NULL;
 	long step, epoch_loaded = -1, start = 0;
 	double run_loss = 0, run_acc = 0;
 	long run_n = 0;
@@ -984,24 +1462,31 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 			logf_(out, "worker %d: continuing at step %ld of %ld, where the shards are", index, start, total);
 	}
 	int ckpts = chief && c->train.mode == MODE_SYNC && c->train.checkpoint_dir[0];
-	for (step = start; step < total && !*stop; step++) {
+	const char *slow_eval = getenv("PSTRAIN_EVAL_DELAY_MS");   /* test hook: a slow evaluation */
+	int pulled = 1;   /* params hold the version for `step` already */
+	step = start;
+train:
+	while (step < total && !*stop) {
 		double ts = progress_now();
-		if (step > start) {
+		if (!pulled) {
 			e = worker_pull(&wk, params, 0, err, errlen);
 			if (!e)
 				e = devices_set_params(&dev, params, err, errlen);
 			if (e)
-				goto fail;
+				goto lost;
 		}
+		pulled = 0;
 		if (ckpts && c->train.checkpoint_every > 0 && step > start && step % c->train.checkpoint_every == 0) {
 			e = worker_checkpoint(&wk, step, err, errlen);
 			if (e)
-				goto fail;
+				goto lost;
 		}
 		int eval_now = step > start && (c->train.eval_every > 0 ? step % c->train.eval_every == 0
 									: step % spe == 0);
 		if (eval_now && chief) {
 			double tl, ta;
+			if (slow_eval)
+				nap_ms(atol(slow_eval));
 			e = devices_evaluate(&dev, &s.test, &tl, &ta, err, errlen);
 			if (e)
 				goto fail;
@@ -1037,13 +1522,34 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 		}
 		e = worker_push(&wk, grads, err, errlen);
 		if (e)
-			goto fail;
+			goto lost;
 		run_loss += loss / B;
 		run_acc += (double)right / B;
 		run_n++;
 		if (chief) {
 			pg.stale = wk.stale;
 			progress_step(&pg, step, B, progress_now() - ts, loss / B, (double)right / B);
+		}
+		step++;
+		continue;
+	lost:
+		/* A ps went away (or back): reconnect, roll back if needed, and
+		 * go on from where the shards are. Async mode keeps its own
+		 * step count. */
+		if (wk.lost < 0)
+			goto fail;
+		{
+			char lostwhy[CONFIG_ERR_MAX];
+			long at = step;
+			snprintf(lostwhy, sizeof(lostwhy), "%s", err);
+			e = worker_resync(&wk, params, &at, lostwhy, err, errlen);
+			if (!e)
+				e = devices_set_params(&dev, params, err, errlen);
+			if (e)
+				goto fail;
+			if (c->train.mode == MODE_SYNC)
+				step = start = at;
+			pulled = 1;
 		}
 	}
 	res->steps = step;
@@ -1055,10 +1561,27 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 		goto out;
 	}
 	if (chief) {
-		if (step > start) {
+		if (step > start && !pulled) {
 			e = worker_pull(&wk, params, 0, err, errlen);
 			if (!e)
 				e = devices_set_params(&dev, params, err, errlen);
+			if (e && wk.lost >= 0) {
+				/* The last step's shards were lost: the same recovery
+				 * as in the loop, which may roll back and train again. */
+				char why[CONFIG_ERR_MAX];
+				long at = step;
+				snprintf(why, sizeof(why), "%s", err);
+				e = worker_resync(&wk, params, &at, why, err, errlen);
+				if (!e)
+					e = devices_set_params(&dev, params, err, errlen);
+				if (e)
+					goto fail;
+				pulled = 1;
+				if (c->train.mode == MODE_SYNC && at < total) {
+					step = start = at;
+					goto train;
+				}
+			}
 			if (e)
 				goto fail;
 		}
@@ -1092,11 +1615,19 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 fail:
 	progress_clear(&pg);
 out:
-	for (int k = 0; wk.ln && k < wk.nps; k++) {
-		if (wk.ln[k].fd >= 0)
-			close(wk.ln[k].fd);
-		frame_key_wipe(&wk.ln[k].hr.send);
-		frame_key_wipe(&wk.ln[k].hr.recv);
+	if (wk.hb_on) {
+		pthread_mutex_lock(&wk.hb_mu);
+		wk.hb_stop = 1;
+		pthread_cond_signal(&wk.hb_cv);
+		pthread_mutex_unlock(&wk.hb_mu);
+		pthread_join(wk.hb, NULL);
+	}
+	if (links) {
+		worker_disconnect(&wk);
+		for (int k = 0; k < wk.nps; k++)
+			pthread_mutex_destroy(&wk.ln[k].mu);
+		pthread_mutex_destroy(&wk.hb_mu);
+		pthread_cond_destroy(&wk.hb_cv);
 	}
 	pipe_free(&wk.pp);
 	cryptopool_destroy(wk.pool);

@@ -176,6 +176,19 @@ uint64_t psshard_version(const struct psshard *s)
 	return s->version;
 }
 
+int psshard_has_pushed(const struct psshard *s, int w)
+{
+	return w >= 0 && w < s->workers && pushed_get(s, w);
+}
+
+void psshard_rewind(struct psshard *s, uint64_t version)
+{
+	s->version = version;
+	s->applied = version;
+	s->nwaiting = 0;
+	memset(s->pushed, 0, sizeof(s->pushed));
+}
+
 const char *psshard_outcome_name(enum psshard_outcome o)
 {
 	switch (o) {

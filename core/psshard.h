@@ -100,6 +100,14 @@ int psshard_push(struct psshard *s, int worker, uint64_t version, const float *g
 const float *psshard_params(const struct psshard *s);
 uint64_t psshard_version(const struct psshard *s);
 
+/* Sync: whether worker w's gradient for the current version has arrived. */
+int psshard_has_pushed(const struct psshard *s, int w);
+
+/* After the caller has put the parameters and optimizer state of step
+ * `version` in place (a rollback to a checkpoint): the shard is at that
+ * version with no gradient waiting. */
+void psshard_rewind(struct psshard *s, uint64_t version);
+
 /* "applied", "waiting", "stale" */
 const char *psshard_outcome_name(enum psshard_outcome o);
 

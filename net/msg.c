@@ -253,6 +253,62 @@ int msg_decode_checkpoint(const uint8_t *buf, size_t len, struct msg_checkpoint 
 	return 0;
 }
 
+/* ---- HEARTBEAT: 48 bytes -------------------------------------------------
+ * 0 type, 1..8 reserved, 8 version u64, 16..48 missing-worker bitmap */
+
+int msg_encode_heartbeat(uint8_t *buf, size_t cap, const struct msg_heartbeat *m, size_t *len,
+			 char *err, size_t errlen)
+{
+	int rc = check_cap(cap, MSG_HEARTBEAT_BYTES, WIRE_HEARTBEAT, err, errlen);
+	if (rc < 0)
+		return rc;
+	put_head(buf, WIRE_HEARTBEAT, MSG_HEARTBEAT_BYTES);
+	wire_put_u64(buf + 8, m->version);
+	memcpy(buf + 16, m->missing, sizeof(m->missing));
+	*len = MSG_HEARTBEAT_BYTES;
+	return 0;
+}
+
+int msg_decode_heartbeat(const uint8_t *buf, size_t len, struct msg_heartbeat *out, char *err,
+			 size_t errlen)
+{
+	int rc = check_fixed(buf, len, WIRE_HEARTBEAT, MSG_HEARTBEAT_BYTES, err, errlen);
+	if (rc == 0)
+		rc = check_zero(buf, 1, 8, "HEARTBEAT", err, errlen);
+	if (rc < 0)
+		return rc;
+	out->version = wire_get_u64(buf + 8);
+	memcpy(out->missing, buf + 16, sizeof(out->missing));
+	return 0;
+}
+
+/* ---- ROLLBACK: 16 bytes ---------------------------------------------------
+ * 0 type, 1..8 reserved, 8 step u64 */
+
+int msg_encode_rollback(uint8_t *buf, size_t cap, const struct msg_rollback *m, size_t *len,
+			char *err, size_t errlen)
+{
+	int rc = check_cap(cap, MSG_ROLLBACK_BYTES, WIRE_ROLLBACK, err, errlen);
+	if (rc < 0)
+		return rc;
+	put_head(buf, WIRE_ROLLBACK, MSG_ROLLBACK_BYTES);
+	wire_put_u64(buf + 8, m->step);
+	*len = MSG_ROLLBACK_BYTES;
+	return 0;
+}
+
+int msg_decode_rollback(const uint8_t *buf, size_t len, struct msg_rollback *out, char *err,
+			size_t errlen)
+{
+	int rc = check_fixed(buf, len, WIRE_ROLLBACK, MSG_ROLLBACK_BYTES, err, errlen);
+	if (rc == 0)
+		rc = check_zero(buf, 1, 8, "ROLLBACK", err, errlen);
+	if (rc < 0)
+		return rc;
+	out->step = wire_get_u64(buf + 8);
+	return 0;
+}
+
 /* ---- STATUS: 32 bytes -----------------------------------------------------
  * 0 type, 1 reply u8 (0 request, 1 reply), 2..4 reserved, 4 shard u32,
  * 8 version u64, 16 applied u64, 24 stale u64 (a request: all three 0) */

@@ -58,6 +58,11 @@
 #define MSG_STATUS_BYTES 32u
 #define MSG_DONE_BYTES 8u
 #define MSG_ERROR_HDR_BYTES 12u /* before the text */
+#define MSG_HEARTBEAT_BYTES 48u
+#define MSG_ROLLBACK_BYTES 16u
+
+/* Workers a HEARTBEAT's bitmap can name (bit w: byte w / 8, bit w % 8). */
+#define MSG_HEARTBEAT_WORKERS 256u
 
 /* Largest encoded message of each variable-length kind; both fit FRAME_MAX. */
 #define MSG_CHUNK_BYTES(count) (MSG_CHUNK_HDR_BYTES + 4u * (size_t)(count))
@@ -128,6 +133,22 @@ struct msg_done {
 	uint32_t worker;
 };
 
+/* HEARTBEAT: sent on a connection that has carried nothing else for a
+ * while, so that the receiver can tell a quiet peer from a dead one. From a
+ * ps that holds a sync PULL (waiting for the gradients of `version`):
+ * version, and bit w of missing set for each worker whose gradient for it
+ * has not arrived. From a worker, or a ps that is not waiting: all zero. */
+struct msg_heartbeat {
+	uint64_t version;
+	uint8_t missing[MSG_HEARTBEAT_WORKERS / 8];
+};
+
+/* ROLLBACK: chief -> ps, "restore your shard from checkpoint step" (a ps
+ * restarted from that checkpoint while the others went on). */
+struct msg_rollback {
+	uint64_t step;
+};
+
 /* ERROR: (code, text), after which the sender closes. code is a positive
  * errno-style number; text is at most WIRE_ERROR_TEXT_MAX bytes, one line
  * without NUL, CR or LF. Decoded, text is NUL-terminated. */
@@ -136,7 +157,7 @@ struct msg_error {
 	char text[WIRE_ERROR_TEXT_MAX + 1];
 };
 
-/* The type of a received message (WIRE_PULL..WIRE_ERROR): len >= 1 and a
+/* The type of a received message (WIRE_PULL..WIRE_ROLLBACK): len >= 1 and a
  * known type that travels in frames. HELLO never does (it is the unframed
  * handshake), so it is refused like an unknown type: -EPROTO; an empty
  * message is -EMSGSIZE. */
@@ -164,6 +185,10 @@ MSG_MUST_CHECK int msg_encode_status(uint8_t *buf, size_t cap, const struct msg_
 				     size_t *len, char *err, size_t errlen);
 MSG_MUST_CHECK int msg_encode_done(uint8_t *buf, size_t cap, const struct msg_done *m,
 				   size_t *len, char *err, size_t errlen);
+MSG_MUST_CHECK int msg_encode_heartbeat(uint8_t *buf, size_t cap, const struct msg_heartbeat *m,
+					size_t *len, char *err, size_t errlen);
+MSG_MUST_CHECK int msg_encode_rollback(uint8_t *buf, size_t cap, const struct msg_rollback *m,
+				       size_t *len, char *err, size_t errlen);
 /* text is a C string (NUL-terminated); m->text is not used. */
 MSG_MUST_CHECK int msg_encode_error(uint8_t *buf, size_t cap, uint32_t code, const char *text,
 				    size_t *len, char *err, size_t errlen);
@@ -185,6 +210,10 @@ MSG_MUST_CHECK int msg_decode_status(const uint8_t *buf, size_t len, struct msg_
 				     char *err, size_t errlen);
 MSG_MUST_CHECK int msg_decode_done(const uint8_t *buf, size_t len, struct msg_done *out,
 				   char *err, size_t errlen);
+MSG_MUST_CHECK int msg_decode_heartbeat(const uint8_t *buf, size_t len, struct msg_heartbeat *out,
+					char *err, size_t errlen);
+MSG_MUST_CHECK int msg_decode_rollback(const uint8_t *buf, size_t len, struct msg_rollback *out,
+				       char *err, size_t errlen);
 MSG_MUST_CHECK int msg_decode_error(const uint8_t *buf, size_t len, struct msg_error *out,
 				    char *err, size_t errlen);
 

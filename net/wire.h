@@ -31,9 +31,11 @@ enum wire_msg {
 	WIRE_STATUS = 7,     /* progress and counters */
 	WIRE_DONE = 8,       /* goodbye: the sender has finished */
 	WIRE_ERROR = 9,      /* (code, text), then the sender closes */
+	WIRE_HEARTBEAT = 10, /* both: "still here" on an idle connection */
+	WIRE_ROLLBACK = 11,  /* chief -> ps: restore checkpoint (step) */
 };
 #define WIRE_MSG_FIRST WIRE_HELLO
-#define WIRE_MSG_LAST WIRE_ERROR
+#define WIRE_MSG_LAST WIRE_ROLLBACK
 
 /* Size limits. A tensor bigger than WIRE_CHUNK_MAX bytes travels as a
  * sequence of messages each carrying at most WIRE_CHUNK_MAX bytes of it, and
@@ -57,7 +59,8 @@ static inline const char *wire_msg_name(uint32_t type)
 		[WIRE_PARAMS] = "PARAMS",   [WIRE_PUSH] = "PUSH",
 		[WIRE_ACK] = "ACK",	    [WIRE_CHECKPOINT] = "CHECKPOINT",
 		[WIRE_STATUS] = "STATUS",   [WIRE_DONE] = "DONE",
-		[WIRE_ERROR] = "ERROR",
+		[WIRE_ERROR] = "ERROR",	    [WIRE_HEARTBEAT] = "HEARTBEAT",
+		[WIRE_ROLLBACK] = "ROLLBACK",
 	};
 	if (type < WIRE_MSG_FIRST || type > WIRE_MSG_LAST)
 		return "?";

@@ -79,6 +79,15 @@ static size_t sample(uint8_t type, uint8_t *buf, size_t cap)
 	case WIRE_ERROR:
 		rc = msg_encode_error(buf, cap, 22, "worker 3: bad shard 9", &len, err, sizeof err);
 		break;
+	case WIRE_HEARTBEAT:
+		rc = msg_encode_heartbeat(buf, cap,
+					  &(struct msg_heartbeat){ .version = 77, .missing = { 0x02 } },
+					  &len, err, sizeof err);
+		break;
+	case WIRE_ROLLBACK:
+		rc = msg_encode_rollback(buf, cap, &(struct msg_rollback){ .step = 500 }, &len, err,
+					 sizeof err);
+		break;
 	default:
 		cr_assert_fail("no sample for type %u", type);
 	}
@@ -96,6 +105,8 @@ static int decode_as(uint8_t type, const uint8_t *buf, size_t len, char *err, si
 	struct msg_status status;
 	struct msg_done done;
 	struct msg_error error;
+	struct msg_heartbeat hb;
+	struct msg_rollback rb;
 
 	switch (type) {
 	case WIRE_PULL:
@@ -113,13 +124,18 @@ static int decode_as(uint8_t type, const uint8_t *buf, size_t len, char *err, si
 		return msg_decode_done(buf, len, &done, err, errlen);
 	case WIRE_ERROR:
 		return msg_decode_error(buf, len, &error, err, errlen);
+	case WIRE_HEARTBEAT:
+		return msg_decode_heartbeat(buf, len, &hb, err, errlen);
+	case WIRE_ROLLBACK:
+		return msg_decode_rollback(buf, len, &rb, err, errlen);
 	}
 	cr_assert_fail("no decoder for type %u", type);
 	return 0;
 }
 
-static const uint8_t TYPES[] = { WIRE_PULL,	  WIRE_PARAMS, WIRE_PUSH, WIRE_ACK,
-				 WIRE_CHECKPOINT, WIRE_STATUS, WIRE_DONE, WIRE_ERROR };
+static const uint8_t TYPES[] = { WIRE_PULL,	  WIRE_PARAMS, WIRE_PUSH,     WIRE_ACK,
+				 WIRE_CHECKPOINT, WIRE_STATUS, WIRE_DONE,     WIRE_ERROR,
+				 WIRE_HEARTBEAT,  WIRE_ROLLBACK };
 #define NTYPES (sizeof TYPES / sizeof TYPES[0])
 
 /* A failure is negative, one non-empty line, and names the message. */
@@ -254,6 +270,37 @@ Test(msg, round_trip_checkpoint_done)
 	cr_assert_eq(len, MSG_DONE_BYTES);
 	cr_assert_eq(msg_decode_done(buf, len, &dnout, err, sizeof err), 0, "%s", err);
 	cr_assert_eq(dnout.worker, dn.worker);
+}
+
+/* HEARTBEAT's bytes as docs/PROTOCOL.md draws them, and ROLLBACK's. */
+Test(msg, heartbeat_and_rollback_bytes)
+{
+	uint8_t buf[64];
+	size_t len = 0;
+	char err[256] = "";
+	struct msg_heartbeat hb = { .version = 0x0102030405060708ULL }, hbout;
+	hb.missing[0] = 0x05;   /* workers 0 and 2 */
+	hb.missing[31] = 0x80;  /* worker 255 */
+	cr_assert_eq(msg_encode_heartbeat(buf, sizeof buf, &hb, &len, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(len, MSG_HEARTBEAT_BYTES);
+	const uint8_t head[16] = { 10, 0, 0, 0, 0, 0, 0, 0, 8, 7, 6, 5, 4, 3, 2, 1 };
+	cr_assert_eq(memcmp(buf, head, 16), 0);
+	cr_assert_eq(buf[16], 0x05);
+	cr_assert_eq(buf[47], 0x80);
+	memset(&hbout, 0xff, sizeof hbout);
+	cr_assert_eq(msg_decode_heartbeat(buf, len, &hbout, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(hbout.version, hb.version);
+	cr_assert_eq(memcmp(hbout.missing, hb.missing, sizeof hb.missing), 0);
+
+	struct msg_rollback rb = { .step = 0xfedcba9876543210ULL }, rbout = { 0 };
+	cr_assert_eq(msg_encode_rollback(buf, sizeof buf, &rb, &len, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(len, MSG_ROLLBACK_BYTES);
+	cr_assert_eq(buf[0], 11);
+	cr_assert_eq(buf[8], 0x10);
+	cr_assert_eq(msg_decode_rollback(buf, len, &rbout, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(rbout.step, rb.step);
+	assert_refused(msg_encode_rollback(buf, 15, &rb, &len, err, sizeof err), -ENOBUFS, err,
+		       "ROLLBACK", "small buffer");
 }
 
 Test(msg, round_trip_status)
@@ -419,7 +466,7 @@ Test(msg, msg_type_classifies)
 		b[0] = (uint8_t)v;
 		err[0] = '\0';
 		rc = msg_type(b, 1, err, sizeof err);
-		if (v >= WIRE_PULL && v <= WIRE_ERROR)
+		if (v >= WIRE_PULL && v <= WIRE_ROLLBACK)
 			cr_assert_eq(rc, (int)v);
 		else
 			assert_refused(rc, -EPROTO, err, v == WIRE_HELLO ? "HELLO" : NULL, "type");
@@ -438,6 +485,7 @@ Test(msg, reserved_bytes_must_be_zero)
 		{ WIRE_PULL, 1, 4 },  { WIRE_PARAMS, 1, 4 }, { WIRE_PUSH, 1, 4 },
 		{ WIRE_ACK, 1, 4 },   { WIRE_ACK, 20, 24 },  { WIRE_CHECKPOINT, 1, 8 },
 		{ WIRE_STATUS, 2, 4 }, { WIRE_DONE, 1, 4 },  { WIRE_ERROR, 1, 4 },
+		{ WIRE_HEARTBEAT, 1, 8 }, { WIRE_ROLLBACK, 1, 8 },
 	};
 	uint8_t buf[256];
 
@@ -837,7 +885,7 @@ Test(msg, random_bytes_never_crash)
 			for (size_t i = 0; i < n; i++)
 				p[i] = (uint8_t)rng_next();
 			if (n && iter % 4 == 1)
-				p[0] = (uint8_t)(rng_next() % 11); /* plausible type */
+				p[0] = (uint8_t)(rng_next() % 13); /* plausible type */
 		} else {
 			size_t len = sample(TYPES[rng_next() % NTYPES], base, sizeof base);
 			n = len;

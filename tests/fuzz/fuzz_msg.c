@@ -38,7 +38,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (rc < 0)
 		fuzz_check_err(rc, err);
 	else
-		FUZZ_CHECK(rc >= WIRE_PULL && rc <= WIRE_ERROR && rc == data[0]);
+		FUZZ_CHECK(rc >= WIRE_PULL && rc <= WIRE_MSG_LAST && rc == data[0]);
 
 	struct msg_pull pull;
 	err[0] = '\0';
@@ -97,6 +97,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	err[0] = '\0';
 	if ((rc = msg_decode_done(data, size, &dn, err, sizeof err)) == 0)
 		same(msg_encode_done(re, sizeof re, &dn, &relen, err, sizeof err), relen, data, size);
+	else
+		fuzz_check_err(rc, err);
+
+	struct msg_heartbeat hb;
+	err[0] = '\0';
+	if ((rc = msg_decode_heartbeat(data, size, &hb, err, sizeof err)) == 0)
+		same(msg_encode_heartbeat(re, sizeof re, &hb, &relen, err, sizeof err), relen, data,
+		     size);
+	else
+		fuzz_check_err(rc, err);
+
+	struct msg_rollback rb;
+	err[0] = '\0';
+	if ((rc = msg_decode_rollback(data, size, &rb, err, sizeof err)) == 0)
+		same(msg_encode_rollback(re, sizeof re, &rb, &relen, err, sizeof err), relen, data,
+		     size);
 	else
 		fuzz_check_err(rc, err);
 

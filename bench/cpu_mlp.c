@@ -18,6 +18,8 @@
 #include "../core/replica.h"
 #include "../core/rng.h"
 
+#include "models.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,18 +50,6 @@ static const char *arg_str(int argc, char **argv, const char *name, const char *
 	return def;
 }
 
-/* The networks bench/torch_mlp.py builds under the same names. */
-struct bench_model {
-	const char *name, *input, *layers;
-};
-static const struct bench_model models[] = {
-	{ "mlp", "784", "layer = dense 512\nlayer = relu\nlayer = dense 512\nlayer = relu\nlayer = dense 10\n" },
-	{ "cnn", "28x28x1",
-	  "layer = conv 5x5 32 pad=same\nlayer = relu\nlayer = maxpool 2\n"
-	  "layer = conv 5x5 64 pad=same\nlayer = relu\nlayer = maxpool 2\n"
-	  "layer = dense 1024\nlayer = relu\nlayer = dropout 0.5\nlayer = dense 10\n" },
-};
-
 static int arg_flag(int argc, char **argv, const char *name)
 {
 	for (int i = 1; i < argc; i++)
@@ -77,12 +67,9 @@ int main(int argc, char **argv)
 	/* A CNN step takes about a second on 2 cores: 3 steps warm it up. */
 	int warm = arg_int(argc, argv, "--warmup", strcmp(arg_str(argc, argv, "--model", "mlp"), "cnn") == 0 ? 3 : 20);
 	const char *model = arg_str(argc, argv, "--model", "mlp");
-	const struct bench_model *bm = NULL;
-	for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++)
-		if (strcmp(models[i].name, model) == 0)
-			bm = &models[i];
+	const struct bench_model *bm = bench_model_find(model);
 	if (!bm) {
-		fprintf(stderr, "cpu_mlp: unknown --model \"%s\" (expected mlp or cnn)\n", model);
+		fprintf(stderr, "cpu_mlp: unknown --model \"%s\" (expected mlp, wide or cnn)\n", model);
 		return 2;
 	}
 	const char *layers = getenv("BENCH_LAYERS");

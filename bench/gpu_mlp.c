@@ -17,22 +17,11 @@
 #include "../core/rng.h"
 #include "../gpu/gpu.h"
 
+#include "models.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* The networks bench/torch_mlp.py builds under the same names. */
-struct bench_model {
-	const char *name, *input, *layers;
-};
-static const struct bench_model models[] = {
-	{ "mlp", "784", "layer = dense 512\nlayer = relu\nlayer = dense 512\nlayer = relu\nlayer = dense 10\n" },
-	{ "wide", "4096", "layer = dense 4096\nlayer = relu\nlayer = dense 4096\nlayer = relu\nlayer = dense 10\n" },
-	{ "cnn", "28x28x1",
-	  "layer = conv 5x5 32 pad=same\nlayer = relu\nlayer = maxpool 2\n"
-	  "layer = conv 5x5 64 pad=same\nlayer = relu\nlayer = maxpool 2\n"
-	  "layer = dense 1024\nlayer = relu\nlayer = dropout 0.5\nlayer = dense 10\n" },
-};
 
 static const char *arg_str(int argc, char **argv, const char *name, const char *def)
 {
@@ -88,10 +77,7 @@ int main(int argc, char **argv)
 	const char *devs = arg_str(argc, argv, "--devices", "0");
 	int csv = arg_flag(argc, argv, "--csv");
 	int tf32 = arg_flag(argc, argv, "--tf32");
-	const struct bench_model *bm = NULL;
-	for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++)
-		if (strcmp(model, models[i].name) == 0)
-			bm = &models[i];
+	const struct bench_model *bm = bench_model_find(model);
 	if (!bm || B < 1 || steps < 1) {
 		fprintf(stderr, "usage: gpu_mlp [--model mlp|wide|cnn] [--batch B] [--steps N] [--devices LIST] [--tf32] [--csv]\n");
 		return 2;

@@ -76,59 +76,6 @@ static void write_cluster(const char *cfg, int steps, const char *extra)
 	cr_assert_eq(fclose(f), 0);
 }
 
-static pid_t spawn(const char *const *args, const char *outpath)
-{
-	const char *bin = getenv("PSTRAIN_BIN");
-	cr_assert_not_null(bin, "PSTRAIN_BIN is not set (run through make unit)");
-	pid_t pid = fork();
-	cr_assert_neq(pid, -1);
-	if (pid == 0) {
-		int fd = open(outpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-		dup2(fd, 1);
-		dup2(fd, 2);
-		char *argv[16];
-		int n = 0;
-		argv[n++] = (char *)bin;
-		for (int i = 0; args[i] && n < 15; i++)
-			argv[n++] = (char *)args[i];
-		argv[n] = NULL;
-		execv(bin, argv);
-		_exit(127);
-	}
-	return pid;
-}
-
-/* Waits for all n processes up to RUN_TIMEOUT_S; kills every one left on
- * timeout. st[i]: exit status, 128+signal, or -1 if it had to be killed. */
-static void wait_all(const pid_t *pids, int n, int *st)
-{
-	int left = n;
-	for (int i = 0; i < n; i++)
-		st[i] = -2;
-	struct timespec t0, now, nap = { 0, 20 * 1000 * 1000 };
-	clock_gettime(CLOCK_MONOTONIC, &t0);
-	while (left > 0) {
-		for (int i = 0; i < n; i++) {
-			int s;
-			if (st[i] != -2 || waitpid(pids[i], &s, WNOHANG) != pids[i])
-				continue;
-			st[i] = WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s);
-			left--;
-		}
-		clock_gettime(CLOCK_MONOTONIC, &now);
-		if (now.tv_sec - t0.tv_sec > RUN_TIMEOUT_S) {
-			for (int i = 0; i < n; i++)
-				if (st[i] == -2) {
-					kill(pids[i], SIGKILL);
-					waitpid(pids[i], NULL, 0);
-					st[i] = -1;
-				}
-			return;
-		}
-		nanosleep(&nap, NULL);
-	}
-}
-
 static char *slurp(const char *path)
 {
 	static char buf[4][1 << 15];
@@ -159,9 +106,9 @@ static void run_cluster_order(const char *cfg, const char *dump, int workers_fir
 		snprintf(out[i], 300, "%s/%s%s.log", dir, roles[i][0], roles[i][1]);
 		const char *args[] = { roles[i][0], "--index", roles[i][1], "--config", cfg,
 				       i == 3 && dump ? "--dump-params" : NULL, dump, NULL };
-		pids[i] = spawn(args, out[i]);
+		pids[i] = spawn_pstrain(args, out[i], NULL);
 	}
-	wait_all(pids, 4, st);
+	wait_children(pids, 4, st, RUN_TIMEOUT_S);
 }
 
 static void run_cluster(const char *cfg, const char *dump, int *st, char out[4][300])
@@ -323,14 +270,14 @@ Test(cluster, wrong_key_is_refused)
 	snprintf(out[0], 300, "%s/ps0.log", dir);
 	snprintf(out[1], 300, "%s/worker.log", dir);
 	const char *ps_args[] = { "ps", "--index", "0", "--config", cfg, NULL };
-	pid_t ps = spawn(ps_args, out[0]);
+	pid_t ps = spawn_pstrain(ps_args, out[0], NULL);
 	const char *w_args[] = { "worker", "--index", "0", "--config", cfg, "--set", bad, NULL };
-	pid_t w = spawn(w_args, out[1]);
+	pid_t w = spawn_pstrain(w_args, out[1], NULL);
 	int st[1];
-	wait_all(&w, 1, st);
+	wait_children(&w, 1, st, RUN_TIMEOUT_S);
 	kill(ps, SIGTERM);
 	int pst[1];
-	wait_all(&ps, 1, pst);
+	wait_children(&ps, 1, pst, RUN_TIMEOUT_S);
 	cr_assert_eq(st[0], 3, "worker exit %d:\n%s", st[0], slurp(out[1]));
 	char *log = slurp(out[0]);
 	cr_assert_not_null(strstr(log, "127.0.0.1:"), "ps log lacks the peer:\n%s", log);
@@ -394,7 +341,7 @@ Test(cluster, ps_memory_does_not_grow_with_steps, .timeout = 60)
 		for (int i = 0; i < 3; i++) {
 			snprintf(out[i], 300, "%s/%s-%s%s.log", dir, modes[m], roles[i][0], roles[i][1]);
 			const char *args[] = { roles[i][0], "--index", roles[i][1], "--config", cfg, NULL };
-			pids[i] = spawn(args, out[i]);
+			pids[i] = spawn_pstrain(args, out[i], NULL);
 		}
 		enum { MAXS = 4096 };
 		static long kib[MAXS];
@@ -574,7 +521,7 @@ Test(cluster, killed_worker_rejoins, .timeout = 180)
 		for (int i = 0; i < 4; i++) {
 			snprintf(out[i], 300, "%s/t%d-%s%s.log", dir, trial, roles[i][0], roles[i][1]);
 			const char *args[] = { roles[i][0], "--index", roles[i][1], "--config", cfg, NULL };
-			pids[i] = spawn(args, out[i]);
+			pids[i] = spawn_pstrain(args, out[i], NULL);
 		}
 		char mark[32];
 		snprintf(mark, sizeof(mark), "step %d/1500", kill_at);
@@ -589,7 +536,7 @@ Test(cluster, killed_worker_rejoins, .timeout = 180)
 		if (WIFEXITED(ws)) {
 			/* Scheduled only after the run had finished (a loaded
 			 * machine): nothing was killed; run the trial again. */
-			wait_all(pids, 4, st);
+			wait_children(pids, 4, st, RUN_TIMEOUT_S);
 			cr_assert_lt(att, 5, "the runs keep finishing before the kill (machine too busy?)");
 			fprintf(stderr, "cluster: trial %d ended before the kill at step %d; again\n", trial, kill_at);
 			trial--;
@@ -599,8 +546,8 @@ Test(cluster, killed_worker_rejoins, .timeout = 180)
 		nanosleep(&pause, NULL);
 		snprintf(rejoin, sizeof(rejoin), "%s/t%d-worker1-again.log", dir, trial);
 		const char *args[] = { "worker", "--index", "1", "--config", cfg, NULL };
-		pids[2] = spawn(args, rejoin);
-		wait_all(pids, 4, st);
+		pids[2] = spawn_pstrain(args, rejoin, NULL);
+		wait_children(pids, 4, st, RUN_TIMEOUT_S);
 		snprintf(out[2], 300, "%s", rejoin);
 		for (int i = 0; i < 4; i++)
 			cr_assert_eq(st[i], 0, "trial %d (killed at step %d): process %d exit %d:\n%s", trial, kill_at, i,

@@ -74,62 +74,6 @@ static void write_config(const char *cfg, int steps, const char *train_extra,
 }
 
 /* Runs pstrain with args, output to outpath; env ("NAME=VALUE") may be NULL. */
-static pid_t spawn(const char *const *args, const char *outpath, const char *env)
-{
-	const char *bin = getenv("PSTRAIN_BIN");
-	cr_assert_not_null(bin, "PSTRAIN_BIN is not set (run through make unit)");
-	pid_t pid = fork();
-	cr_assert_neq(pid, -1);
-	if (pid == 0) {
-		int fd = open(outpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-		dup2(fd, 1);
-		dup2(fd, 2);
-		if (env)
-			putenv((char *)env);
-		char *argv[16];
-		int n = 0;
-		argv[n++] = (char *)bin;
-		for (int i = 0; args[i] && n < 15; i++)
-			argv[n++] = (char *)args[i];
-		argv[n] = NULL;
-		execv(bin, argv);
-		_exit(127);
-	}
-	return pid;
-}
-
-/* Waits for all n processes up to RUN_TIMEOUT_S; kills every one left on
- * timeout. st[i]: exit status, 128+signal, or -1 if it had to be killed. */
-static void wait_all(const pid_t *pids, int n, int *st)
-{
-	int left = n;
-	for (int i = 0; i < n; i++)
-		st[i] = -2;
-	struct timespec t0, now, nap = { 0, 20 * 1000 * 1000 };
-	clock_gettime(CLOCK_MONOTONIC, &t0);
-	while (left > 0) {
-		for (int i = 0; i < n; i++) {
-			int s;
-			if (st[i] != -2 || waitpid(pids[i], &s, WNOHANG) != pids[i])
-				continue;
-			st[i] = WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s);
-			left--;
-		}
-		clock_gettime(CLOCK_MONOTONIC, &now);
-		if (now.tv_sec - t0.tv_sec > RUN_TIMEOUT_S) {
-			for (int i = 0; i < n; i++)
-				if (st[i] == -2) {
-					kill(pids[i], SIGCONT);
-					kill(pids[i], SIGKILL);
-					waitpid(pids[i], NULL, 0);
-					st[i] = -1;
-				}
-			return;
-		}
-		nanosleep(&nap, NULL);
-	}
-}
-
 static char *slurp(const char *path)
 {
 	static char buf[4][1 << 16];
@@ -183,7 +127,7 @@ static pid_t start_one(const char *cfg, int i, const char *dump, const char *env
 {
 	const char *args[] = { ROLES[i][0], "--index", ROLES[i][1], "--config", cfg,
 			       i == 3 && dump ? "--dump-params" : NULL, dump, NULL };
-	return spawn(args, log, i == 3 ? env : NULL);
+	return spawn_pstrain(args, log, i == 3 ? env : NULL);
 }
 
 static void start_cluster(const char *cfg, const char *tag, const char *dump, const char *env,
@@ -224,7 +168,7 @@ static double reference(const char *train_extra, const char *cluster_extra, cons
 	snprintf(cfg, sizeof(cfg), "%s/ref.ini", dir);
 	write_config(cfg, STEPS, train_extra, cluster_extra);
 	start_cluster(cfg, "ref", dump, NULL, pids, out);
-	wait_all(pids, 4, st);
+	wait_children(pids, 4, st, RUN_TIMEOUT_S);
 	assert_all_zero(st, out, "undisturbed run");
 	return final_accuracy(slurp(out[3]));
 }
@@ -268,14 +212,14 @@ Test(recovery, killed_ps_rolls_back_everywhere, .timeout = 400)
 		if (!seen) {
 			for (int i = 0; i < 4; i++)
 				kill(pids[i], SIGKILL);
-			wait_all(pids, 4, st);
+			wait_children(pids, 4, st, RUN_TIMEOUT_S);
 			cr_assert_fail("trial %d: the chief never reached %s:\n%s", trial, mark, slurp(out[3]));
 		}
 		if (WIFEXITED(ws)) {
 			/* On a loaded machine this process may be scheduled only
 			 * after the whole run has finished: nothing was killed, and
 			 * the trial is run again (with its own directory). */
-			wait_all(pids, 4, st);
+			wait_children(pids, 4, st, RUN_TIMEOUT_S);
 			cr_assert_lt(att, 6, "the runs keep finishing before the kill (machine too busy?)");
 			fprintf(stderr, "recovery: trial %d ended before the kill at step %d; again\n", trial, kill_at);
 			trial--;
@@ -285,7 +229,7 @@ Test(recovery, killed_ps_rolls_back_everywhere, .timeout = 400)
 		nanosleep(&pause, NULL);
 		snprintf(again, sizeof(again), "%s/t%d-ps%d-again.log", dir, att, k);
 		pids[k] = start_one(cfg, k, NULL, NULL, again);
-		wait_all(pids, 4, st);
+		wait_children(pids, 4, st, RUN_TIMEOUT_S);
 		snprintf(out[k], 300, "%s", again);
 		for (int i = 0; i < 4; i++)
 			cr_assert_eq(st[i], 0, "trial %d (ps %d killed at step %d): %s %s exit %d:\n%s\nchief:\n%s",
@@ -338,7 +282,7 @@ Test(recovery, stopped_ps_is_declared_dead_and_rejoins, .timeout = 200)
 	kill(pids[1], SIGSTOP);
 	int dead = seen && wait_for_either(out[3], out[2], "no traffic for 2 s");
 	kill(pids[1], SIGCONT);
-	wait_all(pids, 4, st);
+	wait_children(pids, 4, st, RUN_TIMEOUT_S);
 	cr_assert(seen, "the chief never reached step 300:\n%s", slurp(out[3]));
 	cr_assert(dead, "no worker declared the stopped ps dead:\n%s\n%s", slurp(out[3]), slurp(out[2]));
 	assert_all_zero(st, out, "stopped ps");
@@ -364,10 +308,10 @@ Test(recovery, stopped_ps_that_never_returns_is_named, .timeout = 120)
 	start_cluster(cfg, "gone", NULL, NULL, pids, out);
 	int seen = wait_for_text(out[3], "step 300/100000");
 	kill(pids[1], SIGSTOP);
-	wait_all(pids + 2, 2, st + 2);
+	wait_children(pids + 2, 2, st + 2, RUN_TIMEOUT_S);
 	kill(pids[1], SIGKILL);
 	kill(pids[0], SIGKILL);
-	wait_all(pids, 2, st);
+	wait_children(pids, 2, st, RUN_TIMEOUT_S);
 	cr_assert(seen, "%s", slurp(out[3]));
 	/* Worker 1 may instead hear from ps 0 that it stops, having lost the
 	 * chief: also exit 3. */
@@ -395,7 +339,7 @@ Test(recovery, stopped_worker_is_declared_dead_and_rejoins, .timeout = 200)
 	kill(pids[2], SIGSTOP);
 	int dead = seen && wait_for_either(out[0], out[1], "closed worker 1's connection: no traffic for 2 s");
 	kill(pids[2], SIGCONT);
-	wait_all(pids, 4, st);
+	wait_children(pids, 4, st, RUN_TIMEOUT_S);
 	cr_assert(seen, "the chief never reached step 300:\n%s", slurp(out[3]));
 	cr_assert(dead, "no ps declared the stopped worker dead:\n%s\n%s", slurp(out[0]), slurp(out[1]));
 	assert_all_zero(st, out, "stopped worker");
@@ -417,7 +361,7 @@ Test(recovery, heartbeats_outlast_a_slow_evaluation, .timeout = 120)
 	pid_t pids[4];
 	int st[4];
 	start_cluster(cfg, "slow", NULL, "PSTRAIN_EVAL_DELAY_MS=2500", pids, out);
-	wait_all(pids, 4, st);
+	wait_children(pids, 4, st, RUN_TIMEOUT_S);
 	assert_all_zero(st, out, "slow evaluation");
 	cr_assert_not_null(strstr(slurp(out[3]), "done: 300 steps"), "%s", slurp(out[3]));
 	for (int i = 0; i < 4; i++) {

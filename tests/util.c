@@ -6,6 +6,11 @@
 #include "../core/rng.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <sys/socket.h>
@@ -57,5 +62,59 @@ int free_port(void)
 		cr_assert_lt(nused, 512);
 		used[nused++] = port;
 		return port;
+	}
+}
+
+pid_t spawn_pstrain(const char *const *args, const char *outpath, const char *env)
+{
+	const char *bin = getenv("PSTRAIN_BIN");
+	cr_assert_not_null(bin, "PSTRAIN_BIN is not set (run through make unit)");
+	pid_t pid = fork();
+	cr_assert_neq(pid, -1);
+	if (pid == 0) {
+		int fd = open(outpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		dup2(fd, 1);
+		dup2(fd, 2);
+		if (env)
+			putenv((char *)env);
+		char *argv[16];
+		int n = 0;
+		argv[n++] = (char *)bin;
+		for (int i = 0; args[i] && n < 15; i++)
+			argv[n++] = (char *)args[i];
+		argv[n] = NULL;
+		execv(bin, argv);
+		_exit(127);
+	}
+	return pid;
+}
+
+void wait_children(const pid_t *pids, int n, int *st, int timeout_s)
+{
+	int left = n;
+	for (int i = 0; i < n; i++)
+		st[i] = -2;
+	struct timespec t0, now, nap = { 0, 20 * 1000 * 1000 };
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	while (left > 0) {
+		for (int i = 0; i < n; i++) {
+			int s;
+			if (st[i] != -2 || waitpid(pids[i], &s, WNOHANG) != pids[i])
+				continue;
+			st[i] = WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s);
+			left--;
+		}
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		if (now.tv_sec - t0.tv_sec > timeout_s) {
+			for (int i = 0; i < n; i++)
+				if (st[i] == -2) {
+					kill(pids[i], SIGCONT);
+					kill(pids[i], SIGKILL);
+					waitpid(pids[i], NULL, 0);
+					st[i] = -1;
+				}
+			return;
+		}
+		nanosleep(&nap, NULL);
 	}
 }

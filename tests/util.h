@@ -3,6 +3,7 @@
 #define PSTRAIN_TEST_UTIL_H
 
 #include <stdint.h>
+#include <sys/types.h>
 
 /* CSV "label,x0,..": n rows of K well-separated Gaussian blobs in D
  * dimensions; asserts on any I/O failure. */
@@ -10,5 +11,13 @@ void write_blobs(const char *path, int n, int K, int D, uint64_t seed);
 
 /* A loopback port nobody listens on, never the same twice in one test. */
 int free_port(void);
+
+/* Starts $PSTRAIN_BIN with args (NULL-terminated, at most 14), stdout and
+ * stderr to outpath, with env ("NAME=value" or NULL) added. */
+pid_t spawn_pstrain(const char *const *args, const char *outpath, const char *env);
+
+/* Waits for all n processes up to timeout_s; kills every one left then.
+ * st[i]: exit status, 128+signal, or -1 if it had to be killed. */
+void wait_children(const pid_t *pids, int n, int *st, int timeout_s);
 
 #endif

@@ -127,57 +127,13 @@ static void write_cluster(struct target *t, int W, int steps, int batch, const c
 	free(c);
 }
 
+/* spawn_pstrain, remembering the process for teardown. */
 static pid_t spawn(const char *const *args, const char *outpath)
 {
-	const char *bin = getenv("PSTRAIN_BIN");
-	cr_assert_not_null(bin, "PSTRAIN_BIN is not set (run through make unit)");
-	pid_t pid = fork();
-	cr_assert_neq(pid, -1);
-	if (pid == 0) {
-		int fd = open(outpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-		dup2(fd, 1);
-		dup2(fd, 2);
-		char *argv[16];
-		int n = 0;
-		argv[n++] = (char *)bin;
-		for (int i = 0; args[i] && n < 15; i++)
-			argv[n++] = (char *)args[i];
-		argv[n] = NULL;
-		execv(bin, argv);
-		_exit(127);
-	}
+	pid_t pid = spawn_pstrain(args, outpath, NULL);
 	if (nspawned < (int)(sizeof(spawned) / sizeof(spawned[0])))
 		spawned[nspawned++] = pid;
 	return pid;
-}
-
-/* Waits for all n processes up to limit_s; kills every one left on timeout.
- * st[i]: exit status, 128+signal, or -1 if it had to be killed. */
-static void wait_all(const pid_t *pids, int n, int *st, int limit_s)
-{
-	int left = n;
-	for (int i = 0; i < n; i++)
-		st[i] = -2;
-	double t0 = now_s();
-	while (left > 0) {
-		for (int i = 0; i < n; i++) {
-			int s;
-			if (st[i] != -2 || waitpid(pids[i], &s, WNOHANG) != pids[i])
-				continue;
-			st[i] = WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s);
-			left--;
-		}
-		if (now_s() - t0 > limit_s) {
-			for (int i = 0; i < n; i++)
-				if (st[i] == -2) {
-					kill(pids[i], SIGKILL);
-					waitpid(pids[i], NULL, 0);
-					st[i] = -1;
-				}
-			return;
-		}
-		nap_ms(20);
-	}
 }
 
 static char *slurp(const char *path)
@@ -235,7 +191,7 @@ static void real_worker_finishes(struct target *t)
 	const char *args[] = { "worker", "--index", "0", "--config", t->cfg, NULL };
 	pid_t pids[2] = { t->pid, spawn(args, wlog) };
 	int st[2];
-	wait_all(pids, 2, st, RUN_TIMEOUT_S);
+	wait_children(pids, 2, st, RUN_TIMEOUT_S);
 	cr_assert_eq(st[1], 0, "worker exit %d:\n%s\nps:\n%s", st[1], slurp(wlog), slurp(t->log));
 	cr_assert_eq(st[0], 0, "ps exit %d:\n%s", st[0], slurp(t->log));
 	cr_assert_not_null(strstr(slurp(wlog), "done: "), "%s", slurp(wlog));
@@ -564,7 +520,7 @@ Test(robust, stopped_backup_worker_does_not_slow_steps)
 	double t0 = now_s();
 	pid_t w0 = spawn(a0, log0);
 	int st0[1];
-	wait_all(&w0, 1, st0, 20);
+	wait_children(&w0, 1, st0, 20);
 	double took = now_s() - t0;
 	int s;
 	int w1_alive = waitpid(w1, &s, WNOHANG) == 0, ps_alive = waitpid(t.pid, &s, WNOHANG) == 0;
@@ -575,7 +531,7 @@ Test(robust, stopped_backup_worker_does_not_slow_steps)
 		kill(t.pid, SIGKILL);
 		kill(w1, SIGKILL);
 	}
-	wait_all(rest, 2, st, RUN_TIMEOUT_S);
+	wait_children(rest, 2, st, RUN_TIMEOUT_S);
 	cr_assert_eq(st0[0], 0, "chief exit %d after %.1f s:\n%s\nps:\n%s", st0[0], took, slurp(log0),
 		     slurp(t.log));
 	cr_assert_not_null(strstr(slurp(log0), "done: 100 steps"), "%s", slurp(log0));

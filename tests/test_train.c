@@ -183,23 +183,7 @@ Test(train, model_must_fit_data)
  * status (or 128+signal). */
 static int run_pstrain(const char *const *args, const char *outpath, double sigint_after)
 {
-	const char *bin = getenv("PSTRAIN_BIN");
-	cr_assert_not_null(bin, "PSTRAIN_BIN is not set (run through make unit)");
-	pid_t pid = fork();
-	cr_assert_neq(pid, -1);
-	if (pid == 0) {
-		int fd = open(outpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-		dup2(fd, 1);
-		dup2(fd, 2);
-		char *argv[32];
-		int n = 0;
-		argv[n++] = (char *)bin;
-		for (int i = 0; args[i] && n < 31; i++)
-			argv[n++] = (char *)args[i];
-		argv[n] = NULL;
-		execv(bin, argv);
-		_exit(127);
-	}
+	pid_t pid = spawn_pstrain(args, outpath, NULL);
 	if (sigint_after > 0) {
 		struct timespec ts = { (time_t)sigint_after, (long)((sigint_after - (time_t)sigint_after) * 1e9) };
 		nanosleep(&ts, NULL);

@@ -189,10 +189,11 @@ static void step_path(char *out, size_t len, const char *dir, long step)
 
 /* ---- layout ---- */
 
-int ckpt_layout_init(struct ckpt_layout *l, const struct model *m, int nshards, const struct config *c,
-		     char *err, size_t errlen)
+static int layout_init(struct ckpt_layout *l, const struct model *m, int nshards, const struct config *c,
+		       int async, char *err, size_t errlen)
 {
 	memset(l, 0, sizeof(*l));
+	l->async = async;
 	l->nt = model_tensors(m, l->t, MODEL_MAX_TENSORS);
 	if (l->nt < 0)
 		return err_set(err, errlen, -EINVAL, "model has more than %d tensors", MODEL_MAX_TENSORS);
@@ -224,8 +225,24 @@ int ckpt_layout_init(struct ckpt_layout *l, const struct model *m, int nshards, 
 	}
 	int n = snprintf(line, sizeof(line), "optimizer %s\n", optim_names[l->optim]);
 	crypto_generichash_update(&hl, (const unsigned char *)line, (size_t)n);
+	/* Only async adds a line, so sync and local checkpoints written
+	 * before async ones existed keep their hash. */
+	if (async)
+		crypto_generichash_update(&hl, (const unsigned char *)"mode async\n", 11);
 	crypto_generichash_final(&hl, l->layout_hash, CKPT_HASH_BYTES);
 	return 0;
+}
+
+int ckpt_layout_init(struct ckpt_layout *l, const struct model *m, int nshards, const struct config *c,
+		     char *err, size_t errlen)
+{
+	return layout_init(l, m, nshards, c, 0, err, errlen);
+}
+
+int ckpt_layout_init_cluster(struct ckpt_layout *l, const struct model *m, int nshards,
+			     const struct config *c, char *err, size_t errlen)
+{
+	return layout_init(l, m, nshards, c, c->train.mode == MODE_ASYNC, err, errlen);
 }
 
 /* ---- writing ---- */
@@ -567,7 +584,7 @@ fail:
 }
 
 int checkpoint_save_shard(const char *dir, const struct ckpt_layout *l, long step, int k,
-			  const struct ckpt_state *st, int keep, FILE *log, char *err, size_t errlen)
+			  const struct ckpt_state *st, int redo, int keep, FILE *log, char *err, size_t errlen)
 {
 	char sd[CKPT_PATH_MAX], p[CKPT_PATH_MAX + CKPT_FILE_MAX];
 	if (step < 0 || step > CKPT_MAX_STEP)
@@ -579,7 +596,7 @@ int checkpoint_save_shard(const char *dir, const struct ckpt_layout *l, long ste
 	if (e)
 		return err_set(err, errlen, e, "%s: cannot create: %s", sd, strerror(-e));
 	snprintf(p, sizeof(p), "%s/manifest-%d-of-%d", sd, k, l->nshards);
-	if (access(p, F_OK) == 0)
+	if (access(p, F_OK) == 0 && (!redo || step_complete(sd)))
 		return 0;   /* saved before (a resumed ps reaching a step it has) */
 	struct ckpt_manifest *mf = calloc(1, sizeof(*mf));
 	if (!mf)
@@ -859,9 +876,9 @@ int checkpoint_load(const char *stepdir, const struct ckpt_layout *l, int want_l
 		goto out;
 	}
 	if (want_layout && sodium_memcmp(mf->layout_hash, l->layout_hash, CKPT_HASH_BYTES)) {
-		e = err_set(err, errlen, -EINVAL, "%s/manifest: the shard layout (%d shard%s) or optimizer differs from this run's (%d shard%s, %s)",
+		e = err_set(err, errlen, -EINVAL, "%s/manifest: the shard layout (%d shard%s), optimizer or sync/async mode differs from this run's (%d shard%s, %s%s)",
 			    stepdir, mf->nshards, mf->nshards == 1 ? "" : "s", l->nshards, l->nshards == 1 ? "" : "s",
-			    optim_names[l->optim]);
+			    optim_names[l->optim], l->async ? ", async" : "");
 		goto out;
 	}
 	long opt_t = -1;
@@ -902,8 +919,23 @@ int checkpoint_restore(const char *dir, const struct ckpt_layout *l, int want_la
 		       size_t end, float *params, float *m, float *v, long *t, long *step, FILE *log,
 		       char *err, size_t errlen)
 {
+	return checkpoint_restore_upto(dir, CKPT_MAX_STEP, l, want_layout, begin, end, params, m, v, t,
+				       step, log, err, errlen);
+}
+
+int checkpoint_restore_upto(const char *dir, long upto, const struct ckpt_layout *l, int want_layout,
+			    size_t begin, size_t end, float *params, float *m, float *v, long *t, long *step,
+			    FILE *log, char *err, size_t errlen)
+{
 	long *steps;
 	int n = list_steps(dir, &steps);
+	if (n > 0) {
+		int j = 0;
+		for (int i = 0; i < n; i++)
+			if (steps[i] <= upto)
+				steps[j++] = steps[i];
+		n = j;
+	}
 	if (n == -ENOENT || n == 0) {
 		free(steps);
 		return err_set(err, errlen, -ENOENT, "%s: no checkpoint", dir);

@@ -148,8 +148,9 @@ static int peer_timeout_ms(const struct config *c)
 }
 
 /* Saves the shard as checkpoint `step`; called with ps->mu held, so the
- * state is exactly version `step` (sync: no push can apply meanwhile). A
- * failure is reported and training goes on: the checkpoint stays
+ * state is exactly version `step` (sync: no push can apply meanwhile;
+ * async: `step` is the chief's label and the state is the shard's as it is
+ * now). A failure is reported and training goes on: the checkpoint stays
  * incomplete and the previous one remains the newest. */
 static void ps_save(struct ps *ps, uint64_t step)
 {
@@ -157,7 +158,8 @@ static void ps_save(struct ps *ps, uint64_t step)
 	char e[CONFIG_ERR_MAX];
 	flockfile(ps->out);
 	int r = checkpoint_save_shard(ps->c->train.checkpoint_dir, ps->lay, (long)step, ps->index, &st,
-				      ps->c->train.keep_checkpoints, ps->out, e, sizeof(e));
+				      ps->sh.mode == MODE_ASYNC, ps->c->train.keep_checkpoints, ps->out, e,
+				      sizeof(e));
 	fflush(ps->out);
 	funlockfile(ps->out);
 	if (r)
@@ -165,16 +167,20 @@ static void ps_save(struct ps *ps, uint64_t step)
 		      (unsigned long long)step, e);
 }
 
-/* CHECKPOINT from the chief, which sends it after pulling version `step`
- * and before pushing for it; with replicas_to_aggregate < workers the
- * shard may have moved on already, and that step is skipped here. */
+/* CHECKPOINT from the chief. Sync: it sends it after pulling version
+ * `step` and before pushing for it; with replicas_to_aggregate < workers
+ * the shard may have moved on already, and that step is skipped here.
+ * Async: shards have no common version; `step` is a label the chief chose
+ * (ps 0's version as it pulled it) and every ps saves what it has now
+ * under it, so the shards of one checkpoint are as far apart as the
+ * shards of a running async cluster always are. */
 static void ps_checkpoint(struct ps *ps, uint64_t step)
 {
 	pthread_mutex_lock(&ps->mu);
 	uint64_t v = psshard_version(&ps->sh);
 	if (!ps->lay)
 		;
-	else if (v == step)
+	else if (v == step || ps->sh.mode == MODE_ASYNC)
 		ps_save(ps, step);
 	else if (v < step)
 		ps->pending = step;
@@ -205,15 +211,22 @@ static void ps_rollback(struct ps *ps, uint64_t step)
 		return;
 	}
 	long t = 0, got = 0;
-	if (step == 0) {
-		model_init_params(&ps->s->m, sh->params, sh->range.begin, sh->range.end, ps->c->train.seed);
-		if (sh->opt.m)
-			memset(sh->opt.m, 0, sh->n * sizeof(float));
-		if (sh->opt.v)
-			memset(sh->opt.v, 0, sh->n * sizeof(float));
-	} else if (!ps->lay) {
+	int init = step == 0;
+	if (!init && sh->mode == MODE_ASYNC) {
+		/* Async shards are never all at one version, so a worker may
+		 * have seen the restarted shard a few pushes past its
+		 * checkpoint: the newest complete checkpoint at or below
+		 * `step` is the one it resumed from (none: it started over). */
+		if (ps->lay)
+			r = checkpoint_restore_upto(ps->c->train.checkpoint_dir, (long)step, ps->lay, 1,
+						    sh->range.begin, sh->range.end, sh->params, sh->opt.m,
+						    sh->opt.v, &t, &got, NULL, e, sizeof(e));
+		if (!ps->lay || r == -ENOENT)
+			init = 1, r = 0;
+		step = init ? 0 : (uint64_t)got;
+	} else if (!init && !ps->lay) {
 		r = err_set(e, sizeof(e), -ENOENT, "checkpoints are off (checkpoint_dir is empty)");
-	} else {
+	} else if (!init) {
 		char dir[DATA_PATH_MAX + 32];
 		snprintf(dir, sizeof(dir), "%s/step-%08llu", ps->c->train.checkpoint_dir,
 			 (unsigned long long)step);
@@ -221,6 +234,13 @@ static void ps_rollback(struct ps *ps, uint64_t step)
 				    sh->opt.v, &t, &got, e, sizeof(e));
 		if (!r && (uint64_t)got != step)
 			r = err_set(e, sizeof(e), -EINVAL, "%s holds step %ld", dir, got);
+	}
+	if (init) {
+		model_init_params(&ps->s->m, sh->params, sh->range.begin, sh->range.end, ps->c->train.seed);
+		if (sh->opt.m)
+			memset(sh->opt.m, 0, sh->n * sizeof(float));
+		if (sh->opt.v)
+			memset(sh->opt.v, 0, sh->n * sizeof(float));
 	}
 	if (r) {
 		ps->aborted = 1;
@@ -614,14 +634,10 @@ static int ps_resume(struct ps *ps, const struct setup *s, int fresh, char *err,
 	const struct config *c = ps->c;
 	if (!c->train.checkpoint_dir[0])
 		return 0;
-	if (c->train.mode != MODE_SYNC) {
-		logf_(ps->out, "ps %d: checkpoints are not written in async mode (not implemented yet)", ps->index);
-		return 0;
-	}
 	ps->lay = malloc(sizeof(*ps->lay));
 	if (!ps->lay)
 		return err_set(err, errlen, -ENOMEM, "out of memory");
-	int e = ckpt_layout_init(ps->lay, &s->m, c->cluster.nps, c, err, errlen);
+	int e = ckpt_layout_init_cluster(ps->lay, &s->m, c->cluster.nps, c, err, errlen);
 	if (e || fresh)
 		return e;
 	long t = 0, step = 0;
@@ -1083,7 +1099,15 @@ static int worker_pull(struct worker *wk, float *params, int first, char *err, s
 			if (r)
 				return worker_link_failed(wk, k, r, pe, err, errlen);
 		}
+		uint64_t had = l->got;
 		l->got = a.version;
+		/* Async: versions only grow, so a lower one means the shard was
+		 * restarted or rolled back (worker_resync sees which). */
+		if (wk->c->train.mode == MODE_ASYNC && !first && a.version < had) {
+			wk->lost = k;
+			return err_set(err, errlen, -ECONNABORTED, "%s went back to step %llu",
+				       ps_name(wk->c, k, nm, sizeof(nm)), (unsigned long long)a.version);
+		}
 		if (wk->c->train.mode == MODE_SYNC && !first && a.version < want[k]) {
 			wk->lost = k;
 			return err_set(err, errlen, -ECONNABORTED, "%s went back to step %llu",
@@ -1140,6 +1164,14 @@ static int worker_checkpoint(struct worker *wk, long step, char *err, size_t err
 			return r;
 	}
 	return 0;
+}
+
+/* The step a checkpoint is saved as, just after pulling for `step`: sync,
+ * that step (every shard is at it); async, ps 0's version as pulled, a
+ * label all ps save under while each records its shard as it is. */
+static long ckpt_label(const struct worker *wk, long step)
+{
+	return wk->c->train.mode == MODE_SYNC ? step : (long)wk->ln[0].got;
 }
 
 /* Tells every ps to restore checkpoint `step`. */
@@ -1223,6 +1255,50 @@ static void nap_ms(long ms)
 static int worker_resync_loop(struct worker *wk, float *params, const float *keep, uint64_t *prev,
 			      long *start, const char *why, char *err, size_t errlen);
 
+/* Async, connected to every ps and just pulled: a shard below the version
+ * this worker had pulled from it (prev) went back, restarted from its
+ * newest complete checkpoint or rolled back by another worker. If some
+ * went back and others did not, the others are told to go back too:
+ * ROLLBACK of the lowest version among those that went back, which each ps
+ * resolves to the newest complete checkpoint at or below it (the one the
+ * restarted ps resumed from, although others may have pushed to it since).
+ * If all went back, someone did that already. Then the worker continues
+ * at the global step, lowest version / W (async versions count pushes, W
+ * per step), so the steps since that checkpoint are trained again; if
+ * none went back (a ps that was only unreachable), at its own step. */
+static int worker_resync_async(struct worker *wk, float *params, const uint64_t *prev, long *start,
+			       char *err, size_t errlen)
+{
+	int nback = 0;
+	uint64_t target = UINT64_MAX, lo = UINT64_MAX;
+	for (int k = 0; k < wk->nps; k++) {
+		uint64_t g = wk->ln[k].got;
+		if (g < prev[k]) {
+			nback++;
+			target = g < target ? g : target;
+		}
+	}
+	if (nback && nback < wk->nps) {
+		logf_(wk->out, "worker %d: a ps went back to step %llu (restarted from its newest checkpoint): rolling every shard back to it",
+		      wk->index, (unsigned long long)target);
+		int r = worker_rollback(wk, target, err, errlen);
+		if (!r)
+			r = worker_pull(wk, params, 1, err, errlen);
+		if (r)
+			return r;
+	}
+	if (!nback) {
+		logf_(wk->out, "worker %d: reconnected to every ps; carrying on", wk->index);
+		return 0;
+	}
+	for (int k = 0; k < wk->nps; k++)
+		lo = wk->ln[k].got < lo ? wk->ln[k].got : lo;
+	*start = (long)(lo / (uint64_t)wk->c->cluster.nworkers);
+	logf_(wk->out, "worker %d: reconnected to every ps; the shards are at version %llu: continuing at step %ld",
+	      wk->index, (unsigned long long)lo, *start);
+	return 0;
+}
+
 static int worker_resync(struct worker *wk, float *params, long *start, const char *why, char *err,
 			 size_t errlen)
 {
@@ -1288,7 +1364,13 @@ static int worker_resync_loop(struct worker *wk, float *params, const float *kee
 			r = worker_pull(wk, params, 1, last, sizeof(last));
 			if (r)
 				break;
-			worker_spread(wk, sync ? prev : NULL, &lo, &hi, &back);
+			if (!sync) {
+				r = worker_resync_async(wk, params, prev, start, last, sizeof(last));
+				if (r)
+					break;
+				return 0;
+			}
+			worker_spread(wk, prev, &lo, &hi, &back);
 			/* Any worker that sees it sends ROLLBACK, not only the
 			 * chief: the chief may be waiting on another shard for
 			 * this worker's gradient, and would not notice the
@@ -1436,7 +1518,20 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 		e = devices_set_params(&dev, params, err, errlen);
 	if (e)
 		goto fail;
-	if (c->train.mode == MODE_SYNC) {
+	if (c->train.mode == MODE_ASYNC) {
+		/* The global step, as after a lost ps: 0 in a fresh run (a
+		 * worker that joins late skips the steps the cluster has done),
+		 * else where a resumed or running cluster is, so a resumed run
+		 * does not train the whole run again. */
+		uint64_t lo = wk.ln[0].got;
+		for (int k = 1; k < wk.nps; k++)
+			lo = wk.ln[k].got < lo ? wk.ln[k].got : lo;
+		start = (long)(lo / (uint64_t)W);
+		start = start > total ? total : start;
+		if (start > 0)
+			logf_(out, "worker %d: continuing at step %ld of %ld, where the shards are (version %llu)", index,
+			      start, total, (unsigned long long)lo);
+	} else {
 		/* With backup workers (replicas_to_aggregate < workers) the
 		 * shards run ahead of a late worker and may differ by a step or
 		 * two; shards restored from different checkpoints differ by far
@@ -1461,7 +1556,7 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 		if (start > 0)
 			logf_(out, "worker %d: continuing at step %ld of %ld, where the shards are", index, start, total);
 	}
-	int ckpts = chief && c->train.mode == MODE_SYNC && c->train.checkpoint_dir[0];
+	int ckpts = chief && c->train.checkpoint_dir[0];
 	const char *slow_eval = getenv("PSTRAIN_EVAL_DELAY_MS");   /* test hook: a slow evaluation */
 	int pulled = 1;   /* params hold the version for `step` already */
 	step = start;
@@ -1477,7 +1572,7 @@ train:
 		}
 		pulled = 0;
 		if (ckpts && c->train.checkpoint_every > 0 && step > start && step % c->train.checkpoint_every == 0) {
-			e = worker_checkpoint(&wk, step, err, errlen);
+			e = worker_checkpoint(&wk, ckpt_label(&wk, step), err, errlen);
 			if (e)
 				goto lost;
 		}
@@ -1547,7 +1642,7 @@ train:
 				e = devices_set_params(&dev, params, err, errlen);
 			if (e)
 				goto fail;
-			if (c->train.mode == MODE_SYNC)
+			if (c->train.mode == MODE_SYNC || at != step)
 				step = start = at;
 			pulled = 1;
 		}
@@ -1577,7 +1672,7 @@ train:
 				if (e)
 					goto fail;
 				pulled = 1;
-				if (c->train.mode == MODE_SYNC && at < total) {
+				if ((c->train.mode == MODE_SYNC || at != step) && at < total) {
 					step = start = at;
 					goto train;
 				}
@@ -1586,7 +1681,7 @@ train:
 				goto fail;
 		}
 		if (ckpts && step > start) {
-			e = worker_checkpoint(&wk, step, err, errlen);
+			e = worker_checkpoint(&wk, ckpt_label(&wk, step), err, errlen);
 			if (e)
 				goto fail;
 		}

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define CKPT_MAGIC "pstrain checkpoint 1"
@@ -47,6 +48,18 @@ static void crash_point(const char *name, long step)
 		return;
 	if (want[n] == '\0' || (want[n] == ':' && atol(want + n + 1) == step))
 		raise(SIGKILL);
+}
+
+/* PSTRAIN_CKPT_DELAY_MS = N: a save takes N ms longer, as on a slow or
+ * network disk (tests check that nothing waits for a ps's save). */
+static void slow_disk(void)
+{
+	const char *ms = getenv("PSTRAIN_CKPT_DELAY_MS");
+	long n = ms ? atol(ms) : 0;
+	if (n > 0) {
+		struct timespec t = { n / 1000, (n % 1000) * 1000000L };
+		nanosleep(&t, NULL);
+	}
 }
 
 static int fsync_dir(const char *path)
@@ -602,6 +615,7 @@ int checkpoint_save_shard(const char *dir, const struct ckpt_layout *l, long ste
 	if (!mf)
 		return err_set(err, errlen, -ENOMEM, "out of memory for a manifest");
 	manifest_init(mf, l, step);
+	slow_disk();
 	e = write_shard(sd, l, k, step, st, &mf->shards[k], err, errlen);
 	if (!e)
 		crash_point("manifest", step);

@@ -110,7 +110,8 @@ int checkpoint_save(const char *dir, const struct ckpt_layout *l, long step, con
  * written again (async: a part left from before a rollback belongs to
  * another history than the other shards' parts will). Then rotates as
  * checkpoint_save does. Same crash points ("shard" is not one: there is a
- * single file before the manifest). */
+ * single file before the manifest). Test hook: PSTRAIN_CKPT_DELAY_MS=N
+ * makes it sleep N ms before writing, as a slow disk would. */
 int checkpoint_save_shard(const char *dir, const struct ckpt_layout *l, long step, int k,
 			  const struct ckpt_state *st, int redo, int keep, FILE *log, char *err,
 			  size_t errlen);

@@ -132,6 +132,17 @@ struct ps {
 	struct ckpt_layout *lay;             /* NULL: checkpoints off */
 	uint64_t pending;                    /* CHECKPOINT step not reached yet; 0: none */
 	uint64_t gen;                        /* rollbacks so far: wakes PULLs waiting across one */
+	/* Saving: the shard is copied into `next` under mu, and the writer
+	 * thread writes it to disk without mu, so pushes, pulls and
+	 * heartbeats never wait for a disk. */
+	struct ps_snap {
+		uint64_t step;
+		float *p, *m, *v;            /* (n) each; m, v NULL as in the optimizer */
+		long t;
+	} next;                              /* p NULL: nothing queued */
+	pthread_t writer;
+	pthread_cond_t wcv;                  /* next queued, or wstop */
+	int writer_on, wstop;
 };
 
 /* How often an idle connection carries a HEARTBEAT: four per peer_timeout,
@@ -147,24 +158,88 @@ static int peer_timeout_ms(const struct config *c)
 	return (int)(c->cluster.peer_timeout * 1000);
 }
 
+static void snap_free(struct ps_snap *sn)
+{
+	free(sn->p);
+	free(sn->m);
+	free(sn->v);
+	memset(sn, 0, sizeof(*sn));
+}
+
 /* Saves the shard as checkpoint `step`; called with ps->mu held, so the
  * state is exactly version `step` (sync: no push can apply meanwhile;
  * async: `step` is the chief's label and the state is the shard's as it is
- * now). A failure is reported and training goes on: the checkpoint stays
- * incomplete and the previous one remains the newest. */
+ * now). Only the copy happens here; the writer thread writes it. A copy
+ * still waiting for the writer (the disk is slower than checkpoint_every)
+ * is replaced by this newer one, so the last checkpoint asked for is
+ * always written. A failure is reported and training goes on: the
+ * checkpoint stays incomplete and the previous one remains the newest. */
 static void ps_save(struct ps *ps, uint64_t step)
 {
-	struct ckpt_state st = { ps->sh.params, ps->sh.opt.m, ps->sh.opt.v, ps->sh.opt.t };
-	char e[CONFIG_ERR_MAX];
-	flockfile(ps->out);
-	int r = checkpoint_save_shard(ps->c->train.checkpoint_dir, ps->lay, (long)step, ps->index, &st,
-				      ps->sh.mode == MODE_ASYNC, ps->c->train.keep_checkpoints, ps->out, e,
-				      sizeof(e));
-	fflush(ps->out);
-	funlockfile(ps->out);
-	if (r)
-		logf_(ps->out, "ps %d: checkpoint at step %llu failed, training goes on: %s", ps->index,
-		      (unsigned long long)step, e);
+	struct ps_snap *sn = &ps->next;
+	size_t bytes = ps->sh.n * sizeof(float);
+	if (sn->p)
+		logf_(ps->out, "ps %d: checkpoint at step %llu not written: step %llu replaces it (the previous save is still being written)",
+		      ps->index, (unsigned long long)sn->step, (unsigned long long)step);
+	else {
+		sn->p = malloc(bytes);
+		sn->m = ps->sh.opt.m ? malloc(bytes) : NULL;
+		sn->v = ps->sh.opt.v ? malloc(bytes) : NULL;
+		if (!sn->p || (ps->sh.opt.m && !sn->m) || (ps->sh.opt.v && !sn->v)) {
+			snap_free(sn);
+			logf_(ps->out, "ps %d: checkpoint at step %llu failed, training goes on: out of memory for a copy of the shard",
+			      ps->index, (unsigned long long)step);
+			return;
+		}
+	}
+	sn->step = step;
+	sn->t = ps->sh.opt.t;
+	memcpy(sn->p, ps->sh.params, bytes);
+	if (sn->m)
+		memcpy(sn->m, ps->sh.opt.m, bytes);
+	if (sn->v)
+		memcpy(sn->v, ps->sh.opt.v, bytes);
+	pthread_cond_signal(&ps->wcv);
+}
+
+/* The writer thread: writes each queued copy, until wstop and nothing is
+ * queued. Its log lines are collected and printed after the write, so
+ * that the output lock is not held across a slow disk either. */
+static void *ps_writer(void *arg)
+{
+	struct ps *ps = arg;
+	pthread_mutex_lock(&ps->mu);
+	for (;;) {
+		while (!ps->next.p && !ps->wstop)
+			pthread_cond_wait(&ps->wcv, &ps->mu);
+		if (!ps->next.p)
+			break;
+		struct ps_snap sn = ps->next;
+		memset(&ps->next, 0, sizeof(ps->next));
+		pthread_mutex_unlock(&ps->mu);
+
+		struct ckpt_state st = { sn.p, sn.m, sn.v, sn.t };
+		char e[CONFIG_ERR_MAX], *text = NULL;
+		size_t tlen = 0;
+		FILE *log = open_memstream(&text, &tlen);
+		int r = checkpoint_save_shard(ps->c->train.checkpoint_dir, ps->lay, (long)sn.step, ps->index, &st,
+					      ps->sh.mode == MODE_ASYNC, ps->c->train.keep_checkpoints, log, e,
+					      sizeof(e));
+		if (log && fclose(log) == 0 && text && tlen) {
+			flockfile(ps->out);
+			fputs(text, ps->out);
+			fflush(ps->out);
+			funlockfile(ps->out);
+		}
+		free(text);
+		if (r)
+			logf_(ps->out, "ps %d: checkpoint at step %llu failed, training goes on: %s", ps->index,
+			      (unsigned long long)sn.step, e);
+		snap_free(&sn);
+		pthread_mutex_lock(&ps->mu);
+	}
+	pthread_mutex_unlock(&ps->mu);
+	return NULL;
 }
 
 /* CHECKPOINT from the chief. Sync: it sends it after pulling version
@@ -251,6 +326,11 @@ static void ps_rollback(struct ps *ps, uint64_t step)
 		psshard_rewind(sh, step);
 		ps->pending = 0;
 		ps->gen++;
+		/* A copy not written yet is of the history just abandoned. */
+		if (ps->next.p)
+			logf_(ps->out, "ps %d: checkpoint at step %llu not written: rolled back", ps->index,
+			      (unsigned long long)ps->next.step);
+		snap_free(&ps->next);
 	}
 	pthread_cond_broadcast(&ps->cv);
 	pthread_mutex_unlock(&ps->mu);
@@ -680,6 +760,7 @@ int cluster_ps(const struct config *c, int index, int fresh, FILE *out,
 		goto out1;
 	pthread_mutex_init(&ps->mu, NULL);
 	pthread_cond_init(&ps->cv, NULL);
+	pthread_cond_init(&ps->wcv, NULL);
 	ps->s = &s;
 	ps->out = out;
 	ps->index = index;
@@ -687,6 +768,13 @@ int cluster_ps(const struct config *c, int index, int fresh, FILE *out,
 	e = ps_resume(ps, &s, fresh, err, errlen);
 	if (e)
 		goto out2;
+	if (ps->lay) {
+		ps->writer_on = pthread_create(&ps->writer, NULL, ps_writer, ps) == 0;
+		if (!ps->writer_on) {
+			e = err_set(err, errlen, -ENOMEM, "cannot start the checkpoint writer thread");
+			goto out2;
+		}
+	}
 	ps->W = c->cluster.nworkers;
 	ps->me = (struct hs_identity){ .role = HS_PS, .index = (uint32_t)index,
 				       .aes = frame_aes_available() };
@@ -797,10 +885,20 @@ int cluster_ps(const struct config *c, int index, int fresh, FILE *out,
 		e = 0;
 	}
 out2:
+	if (ps->writer_on) {
+		/* The last checkpoint asked for is written before the ps exits. */
+		pthread_mutex_lock(&ps->mu);
+		ps->wstop = 1;
+		pthread_cond_signal(&ps->wcv);
+		pthread_mutex_unlock(&ps->mu);
+		pthread_join(ps->writer, NULL);
+	}
+	snap_free(&ps->next);
 	cryptopool_destroy(ps->pool); /* every connection thread has ended */
 	free(ps->lay);
 	pthread_mutex_destroy(&ps->mu);
 	pthread_cond_destroy(&ps->cv);
+	pthread_cond_destroy(&ps->wcv);
 out1:
 	psshard_free(&ps->sh);
 out0:

@@ -471,3 +471,33 @@ Test(recovery, heartbeats_outlast_a_slow_evaluation, .timeout = 120)
 		cr_assert_null(strstr(log, "lost"), "%s %s:\n%s", ROLES[i][0], ROLES[i][1], log);
 	}
 }
+
+/* Issue 6, a slow disk: every ps save takes 2.5 s (test hook
+ * PSTRAIN_CKPT_DELAY_MS) with peer_timeout = 1 s and a checkpoint asked for
+ * every 50 steps. The ps copies its shard under its lock and writes it from
+ * a writer thread, so pushes, pulls and heartbeats go on meanwhile: nobody
+ * is declared dead, the run finishes, and the final checkpoint is
+ * complete. */
+Test(recovery, slow_checkpoint_write_stalls_nobody, .timeout = 120)
+{
+	char cfg[300], out[4][300], path[400];
+	snprintf(cfg, sizeof(cfg), "%s/slowck.ini", dir);
+	write_config(cfg, 300, "checkpoint_dir = slow-ck\ncheckpoint_every = 50\n", "peer_timeout = 1\n");
+	pid_t pids[4];
+	int st[4];
+	cr_assert_eq(setenv("PSTRAIN_CKPT_DELAY_MS", "2500", 1), 0);
+	start_cluster(cfg, "slowck", NULL, NULL, pids, out);
+	unsetenv("PSTRAIN_CKPT_DELAY_MS");
+	wait_children(pids, 4, st, RUN_TIMEOUT_S);
+	assert_all_zero(st, out, "slow checkpoint writes");
+	cr_assert_not_null(strstr(slurp(out[3]), "done: 300 steps"), "%s", slurp(out[3]));
+	for (int i = 0; i < 4; i++) {
+		char *log = slurp(out[i]);
+		cr_assert_null(strstr(log, "no traffic"), "%s %s:\n%s", ROLES[i][0], ROLES[i][1], log);
+		cr_assert_null(strstr(log, "lost"), "%s %s:\n%s", ROLES[i][0], ROLES[i][1], log);
+	}
+	for (int k = 0; k < 2; k++) {
+		snprintf(path, sizeof(path), "%s/slow-ck/step-00000300/manifest-%d-of-2", dir, k);
+		cr_assert_eq(access(path, F_OK), 0, "no final checkpoint from ps %d:\n%s", k, slurp(out[k]));
+	}
+}

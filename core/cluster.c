@@ -33,7 +33,6 @@
 #define EVAL_BATCH 1024
 #define PS_MAX_CONN 128
 #define HS_TIMEOUT_MS 5000
-#define WRITE_TIMEOUT_MS 60000
 #define RBUF_BYTES FRAME_CT_MAX
 #define WBUF_BYTES FRAME_BYTES_MAX
 
@@ -156,6 +155,17 @@ static int heartbeat_ms(const struct config *c)
 static int peer_timeout_ms(const struct config *c)
 {
 	return (int)(c->cluster.peer_timeout * 1000);
+}
+
+/* The deadline for writing one frame (a message, or one chunk of a
+ * tensor): a peer that stops reading (a stopped process, a hung host) is
+ * then found in peer_timeout whether this side was reading or writing.
+ * The floor keeps a 1 MiB frame possible on a slow link whatever
+ * peer_timeout is set to (config allows 1 s and up). */
+static int write_timeout_ms(const struct config *c)
+{
+	int ms = peer_timeout_ms(c);
+	return ms < 1000 ? 1000 : ms;
 }
 
 static void snap_free(struct ps_snap *sn)
@@ -361,21 +371,21 @@ struct conn {
 	struct pipe pp; /* the chunks of a tensor, sealed/opened on ps->pool */
 };
 
-static int send_msg(int fd, struct frame_key *tx, uint8_t *wbuf, size_t len, char *err,
+static int send_msg(int fd, struct frame_key *tx, uint8_t *wbuf, size_t len, int timeout_ms, char *err,
 		    size_t errlen)
 {
-	return sock_write_frame(fd, tx, wbuf, WBUF_BYTES, wbuf + FRAME_HDR_BYTES, len,
-				WRITE_TIMEOUT_MS, err, errlen);
+	return sock_write_frame(fd, tx, wbuf, WBUF_BYTES, wbuf + FRAME_HDR_BYTES, len, timeout_ms, err,
+				errlen);
 }
 
 static void send_error(int fd, struct frame_key *tx, uint8_t *wbuf, uint32_t code,
-		       const char *text)
+		       const char *text, int timeout_ms)
 {
 	char e[128];
 	size_t len;
 	if (msg_encode_error(wbuf + FRAME_HDR_BYTES, WBUF_BYTES - FRAME_HDR_BYTES - FRAME_TAG_BYTES,
 			     code, text, &len, e, sizeof(e)) == 0)
-		(void)!send_msg(fd, tx, wbuf, len, e, sizeof(e));
+		(void)!send_msg(fd, tx, wbuf, len, timeout_ms, e, sizeof(e));
 }
 
 /* A tensor's chunk messages for pipe_send (PARAMS from a ps, PUSH from a
@@ -506,7 +516,8 @@ static int ps_serve(struct conn *cn, struct hs_result *hr, uint8_t *rbuf, uint8_
 				pthread_mutex_unlock(&ps->mu);
 				r = msg_encode_heartbeat(mb, cap, &hb, &len, e, sizeof(e));
 				if (!r)
-					r = send_msg(cn->fd, &hr->send, wbuf, len, e, sizeof(e));
+					r = send_msg(cn->fd, &hr->send, wbuf, len, write_timeout_ms(ps->c), e,
+						     sizeof(e));
 				if (r)
 					return snprintf(err, errlen, "%s", e), -1;
 				pthread_mutex_lock(&ps->mu);
@@ -519,14 +530,14 @@ static int ps_serve(struct conn *cn, struct hs_result *hr, uint8_t *rbuf, uint8_
 			snprintf(why, sizeof(why), "ps %d stops: %.200s", ps->index, ps->why);
 			pthread_mutex_unlock(&ps->mu);
 			if (ab) {
-				send_error(cn->fd, &hr->send, wbuf, ECONNABORTED, why);
+				send_error(cn->fd, &hr->send, wbuf, ECONNABORTED, why, write_timeout_ms(ps->c));
 				snprintf(err, errlen, "training aborted");
 				return 0;
 			}
 			struct chunk_tx t = { .type = WIRE_PARAMS, .shard = (uint32_t)ps->index,
 					      .version = v, .src = snap, .n = n };
 			if (pipe_send(&cn->pp, cn->fd, &hr->send, msg_chunks(n), chunk_encode, &t,
-				      WRITE_TIMEOUT_MS, e, sizeof(e)))
+				      write_timeout_ms(ps->c), e, sizeof(e)))
 				return snprintf(err, errlen, "%s", e), -1;
 		} else if (r == WIRE_PUSH || r == WIRE_PARAMS) {
 			struct msg_chunk ch;
@@ -578,7 +589,7 @@ static int ps_serve(struct conn *cn, struct hs_result *hr, uint8_t *rbuf, uint8_
 					     : oc == PSSHARD_WAITING ? MSG_ACK_ACCEPTED
 								     : MSG_ACK_STALE;
 			if (msg_encode_ack(mb, cap, &ack, &len, e, sizeof(e)) ||
-			    send_msg(cn->fd, &hr->send, wbuf, len, e, sizeof(e)))
+			    send_msg(cn->fd, &hr->send, wbuf, len, write_timeout_ms(ps->c), e, sizeof(e)))
 				return snprintf(err, errlen, "%s", e), -1;
 		} else if (r == WIRE_CHECKPOINT) {
 			struct msg_checkpoint ck;
@@ -1143,7 +1154,7 @@ static int worker_send(struct worker *wk, int k, size_t len, char *err, size_t e
 	char e[512];
 	struct link *l = &wk->ln[k];
 	pthread_mutex_lock(&l->mu);
-	int r = send_msg(l->fd, &l->hr.send, wk->wbuf, len, e, sizeof(e));
+	int r = send_msg(l->fd, &l->hr.send, wk->wbuf, len, write_timeout_ms(wk->c), e, sizeof(e));
 	l->last_send = progress_now();
 	pthread_mutex_unlock(&l->mu);
 	if (r)
@@ -1228,7 +1239,7 @@ static int worker_push(struct worker *wk, const float *grads, char *err, size_t 
 		char pe[512];
 		pthread_mutex_lock(&l->mu);
 		int r = pipe_send(&wk->pp, l->fd, &l->hr.send, msg_chunks(n), chunk_encode, &t,
-				  WRITE_TIMEOUT_MS, pe, sizeof(pe));
+				  write_timeout_ms(wk->c), pe, sizeof(pe));
 		l->last_send = progress_now();
 		pthread_mutex_unlock(&l->mu);
 		if (r)

@@ -501,3 +501,54 @@ Test(recovery, slow_checkpoint_write_stalls_nobody, .timeout = 120)
 		cr_assert_eq(access(path, F_OK), 0, "no final checkpoint from ps %d:\n%s", k, slurp(out[k]));
 	}
 }
+
+/* A ps stopped (SIGSTOP) while a worker pushes a large model: each push
+ * (67 MB, one 16.8M-parameter shard) is larger than what the loopback
+ * socket buffers hold (up to 4 MB sent + 32 MB received by default), so the
+ * worker is blocked writing, not reading, when the ps stops reading. The write deadline follows peer_timeout (2 s), so the worker
+ * reports the ps within a few seconds (with a fixed 60 s write deadline it
+ * took a minute). */
+Test(recovery, stopped_ps_is_found_while_pushing, .timeout = 120)
+{
+	char cfg[300], out[2][300], path[300], err[KEY_ERR_MAX];
+	snprintf(path, sizeof(path), "%s/blobs.csv", dir);
+	write_blobs(path, 600, 3, 6, 3);
+	snprintf(path, sizeof(path), "%s/cluster.key", dir);
+	cr_assert_eq(key_generate(path, err, sizeof(err)), 0, "%s", err);
+	snprintf(cfg, sizeof(cfg), "%s/big.ini", dir);
+	FILE *f = fopen(cfg, "w");
+	cr_assert_not_null(f);
+	fprintf(f, "[cluster]\nps = 127.0.0.1:%d\nworkers = 127.0.0.1:%d\nkey_file = cluster.key\n"
+		   "peer_timeout = 2\n"
+		   "[data]\nformat = csv\ntrain_csv = blobs.csv\nlabel_column = first\n"
+		   "[train]\nsteps = 100000\nbatch_size = 4\nlearning_rate = 0.01\neval_every = 100000\n"
+		   "threads = 1\nmode = sync\ncheckpoint_dir =\n"
+		   "[model]\ninput = 6\nlayer = dense 4096\nlayer = relu\nlayer = dense 4096\nlayer = relu\n"
+		   "layer = dense 3\n",
+		free_port(), free_port());
+	cr_assert_eq(fclose(f), 0);
+	snprintf(out[0], 300, "%s/big-ps0.log", dir);
+	snprintf(out[1], 300, "%s/big-worker0.log", dir);
+	const char *pa[] = { "ps", "--index", "0", "--config", cfg, NULL };
+	const char *wa[] = { "worker", "--index", "0", "--config", cfg, NULL };
+	pid_t pids[2] = { spawn_pstrain(pa, out[0], NULL), spawn_pstrain(wa, out[1], NULL) };
+	int st[2];
+	int up = wait_for_text(out[1], "connected to 1 ps");
+	struct timespec train = { 2, 0 };   /* a few steps: pushes under way */
+	nanosleep(&train, NULL);
+	struct timespec t0, t1;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	kill(pids[0], SIGSTOP);
+	int lost = up && wait_for_text(out[1], "lost ps 0 (127.0.0.1:");
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	kill(pids[0], SIGKILL);
+	kill(pids[0], SIGCONT);
+	kill(pids[1], SIGKILL);
+	wait_children(pids, 2, st, RUN_TIMEOUT_S);
+	cr_assert(up, "the worker never connected:\n%s\n%s", slurp(out[1]), slurp(out[0]));
+	double s = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+	cr_assert(lost, "the worker did not report the stopped ps within 30 s:\n%s", slurp(out[1]));
+	cr_assert_lt(s, 10.0, "the stopped ps was reported after %.1f s (peer_timeout 2 s):\n%s", s,
+		     slurp(out[1]));
+	cr_assert_not_null(strstr(slurp(out[1]), "no traffic for 2 s (peer_timeout)"), "%s", slurp(out[1]));
+}

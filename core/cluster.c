@@ -491,6 +491,18 @@ static int ps_serve(struct conn *cn, struct hs_result *hr, uint8_t *rbuf, uint8_
 			if (p.shard != (uint32_t)ps->index)
 				return snprintf(err, errlen, "PULL for shard %u, this is shard %d",
 						p.shard, ps->index), -1;
+			/* A worker that said DONE pulls again (on this connection
+			 * or, after reconnecting, on a new one) only to train again
+			 * after a rollback while it waited for the run to complete,
+			 * or to see where the shards are: it is not done until it
+			 * says DONE again. */
+			said_done = 0;
+			pthread_mutex_lock(&ps->mu);
+			if (ps->done[w]) {
+				ps->done[w] = 0;
+				ps->ndone--;
+			}
+			pthread_mutex_unlock(&ps->mu);
 			/* A sync PULL waits for the version to exist; meanwhile a
 			 * HEARTBEAT every heartbeat_ms tells the worker that the
 			 * shard is alive and which workers it waits for. */
@@ -606,6 +618,24 @@ static int ps_serve(struct conn *cn, struct hs_result *hr, uint8_t *rbuf, uint8_
 		} else if (r == WIRE_HEARTBEAT) {
 			struct msg_heartbeat hb;
 			if (msg_decode_heartbeat(rbuf, len, &hb, e, sizeof(e)))
+				return snprintf(err, errlen, "%s", e), -1;
+		} else if (r == WIRE_STATUS) {
+			/* A finished worker asking whether the run is complete. */
+			struct msg_status q;
+			if (msg_decode_status(rbuf, len, &q, e, sizeof(e)))
+				return snprintf(err, errlen, "%s", e), -1;
+			if (q.reply || q.shard != (uint32_t)ps->index)
+				return snprintf(err, errlen, "STATUS %s for shard %u, this is shard %d",
+						q.reply ? "reply" : "request", q.shard, ps->index), -1;
+			pthread_mutex_lock(&ps->mu);
+			struct msg_status ans = { .reply = 1, .shard = (uint32_t)ps->index,
+						  .version = psshard_version(&ps->sh),
+						  .applied = ps->sh.received - ps->sh.dropped_stale,
+						  .stale = ps->sh.dropped_stale,
+						  .complete = ps->ndone == ps->W };
+			pthread_mutex_unlock(&ps->mu);
+			if (msg_encode_status(mb, cap, &ans, &len, e, sizeof(e)) ||
+			    send_msg(cn->fd, &hr->send, wbuf, len, write_timeout_ms(ps->c), e, sizeof(e)))
 				return snprintf(err, errlen, "%s", e), -1;
 		} else if (r == WIRE_DONE) {
 			struct msg_done d;
@@ -862,8 +892,10 @@ int cluster_ps(const struct config *c, int index, int fresh, FILE *out,
 	}
 	close(lfd);
 
-	/* End every connection still open (workers close theirs after DONE),
-	 * then wait for their threads before freeing what they use. */
+	/* End every connection still open (workers close theirs once a STATUS
+	 * says the run is complete: they poll every 100 ms, so this normally
+	 * takes a moment; a stuck one gets peer_timeout), then wait for their
+	 * threads before freeing what they use. */
 	pthread_mutex_lock(&ps->mu);
 	ps->aborted |= *stop ? 1 : 0;
 	if (*stop && !ps->why[0])
@@ -871,7 +903,7 @@ int cluster_ps(const struct config *c, int index, int fresh, FILE *out,
 	pthread_cond_broadcast(&ps->cv);
 	struct timespec dl;
 	clock_gettime(CLOCK_REALTIME, &dl);
-	dl.tv_sec += 2;
+	dl.tv_sec += ps->ndone == ps->W && !*stop ? (time_t)c->cluster.peer_timeout + 1 : 2;
 	while (ps->nconn > 0 && pthread_cond_timedwait(&ps->cv, &ps->mu, &dl) == 0)
 		;
 	for (int i = 0; i < PS_MAX_CONN; i++)
@@ -1315,6 +1347,43 @@ static int worker_done(struct worker *wk, char *err, size_t errlen)
 	return 0;
 }
 
+/* After DONE: asks every ps whether the run is complete (every worker has
+ * said DONE). *complete is 1 when all say so. A shard below the version
+ * this worker last pulled from it went back while it waited (a ps
+ * restarted from a checkpoint, or rolled back): that is a lost link
+ * (wk->lost), for worker_resync. */
+static int worker_status(struct worker *wk, int *complete, char *err, size_t errlen)
+{
+	size_t cap = WBUF_BYTES - FRAME_HDR_BYTES - FRAME_TAG_BYTES, len;
+	char e[256], nm[300];
+	*complete = 1;
+	for (int k = 0; k < wk->nps; k++) {
+		struct msg_status q = { .reply = 0, .shard = (uint32_t)k };
+		if (msg_encode_status(wk->wbuf + FRAME_HDR_BYTES, cap, &q, &len, e, sizeof(e)))
+			return snprintf(err, errlen, "%s", e), -EPROTO;
+		int r = worker_send(wk, k, len, err, errlen);
+		if (r)
+			return r;
+	}
+	for (int k = 0; k < wk->nps; k++) {
+		struct msg_status a;
+		int r = worker_recv(wk, k, &len, err, errlen);
+		if (r < 0)
+			return r;
+		if (r != WIRE_STATUS || msg_decode_status(wk->rbuf, len, &a, e, sizeof(e)) || !a.reply ||
+		    a.shard != (uint32_t)k)
+			return err_set(err, errlen, -ECONNABORTED, "%s: %s", ps_name(wk->c, k, nm, sizeof(nm)),
+				       r != WIRE_STATUS ? "unexpected message instead of STATUS" : "bad STATUS reply");
+		if (a.version < wk->ln[k].got) {
+			wk->lost = k;
+			return err_set(err, errlen, -ECONNABORTED, "%s went back to step %llu",
+				       ps_name(wk->c, k, nm, sizeof(nm)), (unsigned long long)a.version);
+		}
+		*complete &= a.complete;
+	}
+	return 0;
+}
+
 /* The shards' versions after a pull: lowest, highest, and whether any is
  * below what this worker had pulled from it before (prev): a ps that went
  * back, i.e. was restarted from a checkpoint (or rolled back). */
@@ -1526,6 +1595,44 @@ static int worker_resync_loop(struct worker *wk, float *params, const float *kee
 	}
 }
 
+
+/* A worker that has trained its last step says DONE and stays until every
+ * ps reports the run complete (every worker has said DONE), polling with
+ * STATUS every 100 ms, so that a ps killed and restarted meanwhile can
+ * still roll it back. A lost ps is handled as during training
+ * (worker_resync); if the shards went back, *at is set to the step to
+ * train again from and 0 is returned, else DONE is said again on the new
+ * connections. */
+static int worker_finish(struct worker *wk, float *params, long *at, char *err, size_t errlen)
+{
+	long step = *at;
+	for (;;) {
+		int r = worker_done(wk, err, errlen), complete = 0;
+		while (!r) {
+			r = worker_status(wk, &complete, err, errlen);
+			if (r || complete)
+				break;
+			if (*wk->stop)
+				return err_set(err, errlen, -EINTR, "worker %d: interrupted while waiting for the others to finish",
+					       wk->index);
+			nap_ms(100);
+		}
+		if (!r)
+			return 0;
+		if (wk->lost < 0)
+			return r;
+		char why[CONFIG_ERR_MAX];
+		long a = step;
+		snprintf(why, sizeof(why), "%s", err);
+		r = worker_resync(wk, params, &a, why, err, errlen);
+		if (r)
+			return r;
+		if (a != step) {
+			*at = a;
+			return 0;
+		}
+	}
+}
 
 static int dump_params(const char *path, const float *p, size_t n, char *err, size_t errlen)
 {
@@ -1809,9 +1916,19 @@ train:
 		      (unsigned long long)wk.stale);
 	}
 	progress_clear(&pg);
-	e = worker_done(&wk, err, errlen);
-	if (e)
-		goto out;
+	{
+		long at = step;
+		e = worker_finish(&wk, params, &at, err, errlen);
+		if (!e && at != step)
+			e = devices_set_params(&dev, params, err, errlen);
+		if (e)
+			goto fail;
+		if (at != step) {
+			step = start = at;
+			pulled = 1;
+			goto train;
+		}
+	}
 	res->wall = progress_now() - t0;
 	res->samples_per_s = pg.train_time > 0 ? (double)pg.samples / pg.train_time : 0;
 	e = 0;

@@ -431,8 +431,15 @@ Test(cluster, checkpoint_and_resume_sync)
 		cr_assert_eq(st[i], 0, "run 2: process %d exit %d:\n%s", i, st[i], slurp(out[i]));
 	for (int s = 15; s <= 45; s += 15) {
 		for (int k = 0; k < 2; k++) {
+			/* A save asked for while the previous one is still being
+			 * written may be replaced by the next (logged); on a busy
+			 * disk that happens to 15 or 30 here. */
+			char skipped[64];
+			snprintf(skipped, sizeof(skipped), "checkpoint at step %d not written", s);
 			snprintf(path, sizeof(path), "%s/ck2/step-%08d/manifest-%d-of-2", dir, s, k);
-			cr_assert_eq(access(path, F_OK) == 0, s < 45, "%s", path);
+			if (s < 45 && strstr(slurp(out[k]), skipped))
+				continue;
+			cr_assert_eq(access(path, F_OK) == 0, s < 45, "%s:\n%s", path, slurp(out[k]));
 		}
 	}
 	snprintf(path, sizeof(path), "%s/ck2/step-00000040/manifest-1-of-2", dir);

@@ -50,7 +50,8 @@ static void teardown(void)
 TestSuite(recovery, .init = setup, .fini = teardown, .timeout = 300);
 
 /* blobs.csv and cluster.key (once) and a 2 ps + 2 worker config in mode
- * ("sync" or "async") named cfg in dir, with extra [train]/[cluster] lines. */
+ * ("sync" or "async") named cfg in dir, with extra [train]/[cluster] lines
+ * (eval_every = 100 unless train_extra sets it). */
 static void write_config_mode(const char *cfg, int steps, const char *mode, const char *train_extra,
 			      const char *cluster_extra)
 {
@@ -67,9 +68,10 @@ static void write_config_mode(const char *cfg, int steps, const char *mode, cons
 		   "key_file = cluster.key\n%s"
 		   "[data]\nformat = csv\ntrain_csv = blobs.csv\nlabel_column = first\n"
 		   "[train]\nsteps = %d\nbatch_size = 16\nlearning_rate = 0.05\noptimizer = momentum\n"
-		   "momentum = 0.9\neval_every = 100\nthreads = 1\nmode = %s\n%s"
+		   "momentum = 0.9\n%sthreads = 1\nmode = %s\n%s"
 		   "[model]\ninput = 6\nlayer = dense 16\nlayer = relu\nlayer = dense 3\n",
-		free_port(), free_port(), free_port(), free_port(), cluster_extra, steps, mode, train_extra);
+		free_port(), free_port(), free_port(), free_port(), cluster_extra, steps,
+		strstr(train_extra, "eval_every") ? "" : "eval_every = 100\n", mode, train_extra);
 	cr_assert_eq(fclose(f), 0);
 }
 
@@ -551,4 +553,68 @@ Test(recovery, stopped_ps_is_found_while_pushing, .timeout = 120)
 	cr_assert_lt(s, 10.0, "the stopped ps was reported after %.1f s (peer_timeout 2 s):\n%s", s,
 		     slurp(out[1]));
 	cr_assert_not_null(strstr(slurp(out[1]), "no traffic for 2 s (peer_timeout)"), "%s", slurp(out[1]));
+}
+
+/* Item 5, README's former known limit: a ps killed after worker 1 has
+ * trained its last step. The chief evaluates once, at step 2499, slowly
+ * (PSTRAIN_EVAL_DELAY_MS), so worker 1 finishes, says DONE and waits for the
+ * run to complete while the chief is still at that step; ps K (alternating)
+ * is killed then and restarted. Worker 1 sees the shard go back, rolls every
+ * shard back to the newest complete checkpoint (2450) and trains those
+ * steps again with the chief: every process exits 0 and the run ends on
+ * exactly the parameters of an undisturbed one. */
+Test(recovery, ps_killed_after_a_worker_finished, .timeout = 300)
+{
+	char dump_ref[300], dump[300], cfg[300], out[4][300], again[300];
+	const char *train_ref = "checkpoint_dir = fin-ref-ck\ncheckpoint_every = 70\neval_every = 2499\n";
+	snprintf(dump_ref, sizeof(dump_ref), "%s/fin-ref.bin", dir);
+	double ref = reference(train_ref, "peer_timeout = 10\n", dump_ref);
+	unsigned char *a, *b;
+	size_t na, nb;
+	read_all(dump_ref, &a, &na);
+	for (int k = 0; k < 2; k++) {
+		char tag[32], train[160];
+		snprintf(tag, sizeof(tag), "fin%d", k);
+		snprintf(train, sizeof(train), "checkpoint_dir = fin%d-ck\ncheckpoint_every = 70\neval_every = 2499\n", k);
+		snprintf(cfg, sizeof(cfg), "%s/fin%d.ini", dir, k);
+		snprintf(dump, sizeof(dump), "%s/fin%d.bin", dir, k);
+		write_config(cfg, STEPS, train, "peer_timeout = 10\n");
+		pid_t pids[4];
+		int st[4], ws = 0;
+		start_cluster(cfg, tag, dump, "PSTRAIN_EVAL_DELAY_MS=4000", pids, out);
+		char mark[32];
+		snprintf(mark, sizeof(mark), "step %d/%d", STEPS, STEPS);
+		int seen = wait_for_text(out[2], mark);
+		kill(pids[k], SIGKILL);
+		waitpid(pids[k], &ws, 0);
+		int chief_done = strstr(slurp(out[3]), "done: ") != NULL;
+		struct timespec pause = { 0, 300 * 1000 * 1000 };
+		nanosleep(&pause, NULL);
+		snprintf(again, sizeof(again), "%s/fin%d-ps%d-again.log", dir, k, k);
+		pids[k] = start_one(cfg, k, NULL, NULL, again);
+		wait_children(pids, 4, st, RUN_TIMEOUT_S);
+		cr_assert(seen, "worker 1 never finished:\n%s", slurp(out[2]));
+		cr_assert(!chief_done, "the chief had finished too: the kill came too late:\n%s", slurp(out[3]));
+		snprintf(out[k], 300, "%s", again);
+		for (int i = 0; i < 4; i++)
+			cr_assert_eq(st[i], 0, "ps %d killed: %s %s exit %d:\n%s\n%s\n%s\n%s", k, ROLES[i][0],
+				     ROLES[i][1], st[i], slurp(out[0]), slurp(out[1]), slurp(out[2]), slurp(out[3]));
+		char *w1 = slurp(out[2]), *chief = slurp(out[3]);
+		cr_assert_not_null(strstr(slurp(again), "resuming from"), "%s", slurp(again));
+		/* to the newest complete checkpoint: 2450, or an older one if
+		 * a busy disk made the ps skip some (logged) */
+		cr_assert(strstr(w1, "rolling every shard back to step") ||
+			  strstr(chief, "rolling every shard back to step"), "nobody rolled back:\n%s\n%s", w1,
+			  chief);
+		/* worker 1 trained the last 50 steps again and finished twice */
+		const char *first = strstr(w1, mark);
+		cr_assert(first && strstr(first + 1, mark), "worker 1 did not finish again:\n%s", w1);
+		double acc = final_accuracy(chief);
+		cr_assert(fabs(acc - ref) <= 1.0, "accuracy %.2f%% vs %.2f%% undisturbed", acc, ref);
+		read_all(dump, &b, &nb);
+		cr_assert_eq(na, nb);
+		cr_expect_eq(memcmp(a, b, na), 0, "ps %d killed: the recovered run ends on other parameters", k);
+		free(b);
+	}
+	free(a);
 }

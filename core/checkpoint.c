@@ -458,6 +458,39 @@ static int fill_manifest(FILE *f, const void *arg_, char *err, size_t errlen)
 	return ok ? 0 : err_set(err, errlen, -EIO, "write failed");
 }
 
+/* A cluster step directory that some ps has not finished writing yet (or
+ * never will: it was killed): no `manifest`, and not every
+ * manifest-K-of-N present (none at all: a ps created the directory and
+ * stopped before its manifest). Not a damaged checkpoint, so resuming
+ * passes over it silently instead of refusing it. */
+static int step_partial(const char *stepdir)
+{
+	char p[CKPT_PATH_MAX + CKPT_FILE_MAX];
+	snprintf(p, sizeof(p), "%s/%s", stepdir, CKPT_MANIFEST);
+	if (access(p, F_OK) == 0)
+		return 0;
+	DIR *d = opendir(stepdir);
+	if (!d)
+		return 0;
+	unsigned char have[CONFIG_MAX_HOSTS] = { 0 };
+	int n = 0, count = 0;
+	struct dirent *de;
+	while ((de = readdir(d))) {
+		int k, m;
+		char tail;
+		if (sscanf(de->d_name, "manifest-%d-of-%d%c", &k, &m, &tail) != 2 || m <= 0 ||
+		    m > CONFIG_MAX_HOSTS || k < 0 || k >= m)
+			continue;
+		if (n && m != n)
+			return closedir(d), 0;   /* disagreeing manifests: damaged, let loading say so */
+		n = m;
+		count += !have[k];
+		have[k] = 1;
+	}
+	closedir(d);
+	return count == 0 || count < n;
+}
+
 /* Complete = its manifest reads and every file it lists has the listed
  * size. Checksums are left to loading: rotation must stay cheap. */
 static int step_complete(const char *stepdir)
@@ -957,9 +990,14 @@ int checkpoint_restore_upto(const char *dir, long upto, const struct ckpt_layout
 	if (n < 0)
 		return err_set(err, errlen, n, "%s: %s", dir, strerror(-n));
 	char p[CKPT_PATH_MAX], first[CONFIG_ERR_MAX] = "";
-	int e = -EINVAL;
+	int e = -ENOENT;
 	for (int i = 0; i < n; i++) {
 		step_path(p, sizeof(p), dir, steps[i]);
+		if (step_partial(p)) {
+			if (log)
+				fprintf(log, "checkpoint: skipping %s: incomplete (not every ps has written its shard)\n", p);
+			continue;
+		}
 		e = checkpoint_load(p, l, want_layout, begin, end, params, m, v, t, step, err, errlen);
 		if (e == 0)
 			break;
@@ -971,9 +1009,11 @@ int checkpoint_restore_upto(const char *dir, long upto, const struct ckpt_layout
 			snprintf(first, sizeof(first), "%s", err);
 	}
 	free(steps);
-	if (e == -EINVAL)
-		err_set(err, errlen, -EINVAL, "no usable checkpoint in %s (newest refused: %s); fix it, use another checkpoint_dir or start over with --fresh",
-			dir, first);
+	if (e == -EINVAL || (e == -ENOENT && first[0]))
+		e = err_set(err, errlen, -EINVAL, "no usable checkpoint in %s (newest refused: %s); fix it, use another checkpoint_dir or start over with --fresh",
+			    dir, first);
+	else if (e == -ENOENT)
+		err_set(err, errlen, -ENOENT, "%s: no complete checkpoint", dir);
 	return e;
 }
 

@@ -34,6 +34,7 @@
 #define PS_MAX_CONN 128
 #define HS_TIMEOUT_MS 5000
 #define RBUF_BYTES FRAME_CT_MAX
+#define CKPT_QUEUE_MAX 8   /* copies of its shard a ps holds for its writer at most */
 #define WBUF_BYTES FRAME_BYTES_MAX
 
 
@@ -131,16 +132,17 @@ struct ps {
 	struct ckpt_layout *lay;             /* NULL: checkpoints off */
 	uint64_t pending;                    /* CHECKPOINT step not reached yet; 0: none */
 	uint64_t gen;                        /* rollbacks so far: wakes PULLs waiting across one */
-	/* Saving: the shard is copied into `next` under mu, and the writer
-	 * thread writes it to disk without mu, so pushes, pulls and
-	 * heartbeats never wait for a disk. */
+	/* Saving: the shard is copied into the queue under mu, and the
+	 * writer thread writes the copies, oldest first, without mu, so
+	 * pushes, pulls and heartbeats never wait for a disk. */
 	struct ps_snap {
 		uint64_t step;
 		float *p, *m, *v;            /* (n) each; m, v NULL as in the optimizer */
 		long t;
-	} next;                              /* p NULL: nothing queued */
+	} q[CKPT_QUEUE_MAX];                 /* copies waiting for the writer, oldest first */
+	int qlen, qcap;                      /* qcap: min(keep_checkpoints, CKPT_QUEUE_MAX) */
 	pthread_t writer;
-	pthread_cond_t wcv;                  /* next queued, or wstop */
+	pthread_cond_t wcv;                  /* a copy queued, or wstop */
 	int writer_on, wstop;
 };
 
@@ -179,37 +181,52 @@ static void snap_free(struct ps_snap *sn)
 /* Saves the shard as checkpoint `step`; called with ps->mu held, so the
  * state is exactly version `step` (sync: no push can apply meanwhile;
  * async: `step` is the chief's label and the state is the shard's as it is
- * now). Only the copy happens here; the writer thread writes it. A copy
- * still waiting for the writer (the disk is slower than checkpoint_every)
- * is replaced by this newer one, so the last checkpoint asked for is
- * always written. A failure is reported and training goes on: the
- * checkpoint stays incomplete and the previous one remains the newest. */
+ * now). Only the copy happens here; the writer thread writes it. Copies
+ * wait in a queue of keep_checkpoints (at most CKPT_QUEUE_MAX): every ps
+ * then writes every step the chief asks for, so the steps are complete,
+ * unless the disk falls that far behind, when the oldest waiting copy is
+ * dropped (logged; that step stays incomplete, and the newest ones are
+ * still written everywhere). A failure is reported and training goes on:
+ * the checkpoint stays incomplete and the previous one remains the
+ * newest. */
 static void ps_save(struct ps *ps, uint64_t step)
 {
-	struct ps_snap *sn = &ps->next;
 	size_t bytes = ps->sh.n * sizeof(float);
-	if (sn->p)
-		logf_(ps->out, "ps %d: checkpoint at step %llu not written: step %llu replaces it (the previous save is still being written)",
-		      ps->index, (unsigned long long)sn->step, (unsigned long long)step);
-	else {
-		sn->p = malloc(bytes);
-		sn->m = ps->sh.opt.m ? malloc(bytes) : NULL;
-		sn->v = ps->sh.opt.v ? malloc(bytes) : NULL;
-		if (!sn->p || (ps->sh.opt.m && !sn->m) || (ps->sh.opt.v && !sn->v)) {
-			snap_free(sn);
+	struct ps_snap sn = { 0 };
+	if (ps->qlen == ps->qcap) {
+		sn = ps->q[0];
+		logf_(ps->out, "ps %d: checkpoint at step %llu not written: %d newer ones wait (the disk is slower than checkpoint_every)",
+		      ps->index, (unsigned long long)sn.step, ps->qlen);
+		memmove(ps->q, ps->q + 1, (size_t)(ps->qlen - 1) * sizeof(ps->q[0]));
+		ps->qlen--;
+	} else {
+		sn.p = malloc(bytes);
+		sn.m = ps->sh.opt.m ? malloc(bytes) : NULL;
+		sn.v = ps->sh.opt.v ? malloc(bytes) : NULL;
+		if (!sn.p || (ps->sh.opt.m && !sn.m) || (ps->sh.opt.v && !sn.v)) {
+			snap_free(&sn);
 			logf_(ps->out, "ps %d: checkpoint at step %llu failed, training goes on: out of memory for a copy of the shard",
 			      ps->index, (unsigned long long)step);
 			return;
 		}
 	}
-	sn->step = step;
-	sn->t = ps->sh.opt.t;
-	memcpy(sn->p, ps->sh.params, bytes);
-	if (sn->m)
-		memcpy(sn->m, ps->sh.opt.m, bytes);
-	if (sn->v)
-		memcpy(sn->v, ps->sh.opt.v, bytes);
+	sn.step = step;
+	sn.t = ps->sh.opt.t;
+	memcpy(sn.p, ps->sh.params, bytes);
+	if (sn.m)
+		memcpy(sn.m, ps->sh.opt.m, bytes);
+	if (sn.v)
+		memcpy(sn.v, ps->sh.opt.v, bytes);
+	ps->q[ps->qlen++] = sn;
 	pthread_cond_signal(&ps->wcv);
+}
+
+/* Drops every copy still waiting (under mu). */
+static void ps_queue_clear(struct ps *ps)
+{
+	for (int i = 0; i < ps->qlen; i++)
+		snap_free(&ps->q[i]);
+	ps->qlen = 0;
 }
 
 /* The writer thread: writes each queued copy, until wstop and nothing is
@@ -220,12 +237,13 @@ static void *ps_writer(void *arg)
 	struct ps *ps = arg;
 	pthread_mutex_lock(&ps->mu);
 	for (;;) {
-		while (!ps->next.p && !ps->wstop)
+		while (!ps->qlen && !ps->wstop)
 			pthread_cond_wait(&ps->wcv, &ps->mu);
-		if (!ps->next.p)
+		if (!ps->qlen)
 			break;
-		struct ps_snap sn = ps->next;
-		memset(&ps->next, 0, sizeof(ps->next));
+		struct ps_snap sn = ps->q[0];
+		memmove(ps->q, ps->q + 1, (size_t)(ps->qlen - 1) * sizeof(ps->q[0]));
+		ps->qlen--;
 		pthread_mutex_unlock(&ps->mu);
 
 		struct ckpt_state st = { sn.p, sn.m, sn.v, sn.t };
@@ -336,11 +354,11 @@ static void ps_rollback(struct ps *ps, uint64_t step)
 		psshard_rewind(sh, step);
 		ps->pending = 0;
 		ps->gen++;
-		/* A copy not written yet is of the history just abandoned. */
-		if (ps->next.p)
+		/* Copies not written yet are of the history just abandoned. */
+		for (int i = 0; i < ps->qlen; i++)
 			logf_(ps->out, "ps %d: checkpoint at step %llu not written: rolled back", ps->index,
-			      (unsigned long long)ps->next.step);
-		snap_free(&ps->next);
+			      (unsigned long long)ps->q[i].step);
+		ps_queue_clear(ps);
 	}
 	pthread_cond_broadcast(&ps->cv);
 	pthread_mutex_unlock(&ps->mu);
@@ -810,6 +828,8 @@ int cluster_ps(const struct config *c, int index, int fresh, FILE *out,
 	if (e)
 		goto out2;
 	if (ps->lay) {
+		int keep = c->train.keep_checkpoints;
+		ps->qcap = keep < 1 ? 1 : keep > CKPT_QUEUE_MAX ? CKPT_QUEUE_MAX : keep;
 		ps->writer_on = pthread_create(&ps->writer, NULL, ps_writer, ps) == 0;
 		if (!ps->writer_on) {
 			e = err_set(err, errlen, -ENOMEM, "cannot start the checkpoint writer thread");
@@ -936,7 +956,7 @@ out2:
 		pthread_mutex_unlock(&ps->mu);
 		pthread_join(ps->writer, NULL);
 	}
-	snap_free(&ps->next);
+	ps_queue_clear(ps);
 	cryptopool_destroy(ps->pool); /* every connection thread has ended */
 	free(ps->lay);
 	pthread_mutex_destroy(&ps->mu);

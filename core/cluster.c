@@ -638,7 +638,9 @@ static int ps_serve(struct conn *cn, struct hs_result *hr, uint8_t *rbuf, uint8_
 			if (msg_decode_heartbeat(rbuf, len, &hb, e, sizeof(e)))
 				return snprintf(err, errlen, "%s", e), -1;
 		} else if (r == WIRE_STATUS) {
-			/* A finished worker asking whether the run is complete. */
+			/* A finished worker asking whether the run is complete:
+			 * the chief has said DONE, after its final checkpoint
+			 * and evaluation. */
 			struct msg_status q;
 			if (msg_decode_status(rbuf, len, &q, e, sizeof(e)))
 				return snprintf(err, errlen, "%s", e), -1;
@@ -650,7 +652,7 @@ static int ps_serve(struct conn *cn, struct hs_result *hr, uint8_t *rbuf, uint8_
 						  .version = psshard_version(&ps->sh),
 						  .applied = ps->sh.received - ps->sh.dropped_stale,
 						  .stale = ps->sh.dropped_stale,
-						  .complete = ps->ndone == ps->W };
+						  .complete = ps->done[0] };
 			pthread_mutex_unlock(&ps->mu);
 			if (msg_encode_status(mb, cap, &ans, &len, e, sizeof(e)) ||
 			    send_msg(cn->fd, &hr->send, wbuf, len, write_timeout_ms(ps->c), e, sizeof(e)))
@@ -1367,7 +1369,7 @@ static int worker_done(struct worker *wk, char *err, size_t errlen)
 	return 0;
 }
 
-/* After DONE: asks every ps whether the run is complete (every worker has
+/* After DONE: asks every ps whether the run is complete (the chief has
  * said DONE). *complete is 1 when all say so. A shard below the version
  * this worker last pulled from it went back while it waited (a ps
  * restarted from a checkpoint, or rolled back): that is a lost link
@@ -1617,12 +1619,13 @@ static int worker_resync_loop(struct worker *wk, float *params, const float *kee
 
 
 /* A worker that has trained its last step says DONE and stays until every
- * ps reports the run complete (every worker has said DONE), polling with
- * STATUS every 100 ms, so that a ps killed and restarted meanwhile can
- * still roll it back. A lost ps is handled as during training
- * (worker_resync); if the shards went back, *at is set to the step to
- * train again from and 0 is returned, else DONE is said again on the new
- * connections. */
+ * ps reports the run complete (the chief has said DONE, after its final
+ * checkpoint and evaluation), polling with STATUS every 100 ms, so that a
+ * ps killed and restarted meanwhile can still roll it back. The chief
+ * itself, or a worker finishing after it, leaves at once. A lost ps is
+ * handled as during training (worker_resync); if the shards went back,
+ * *at is set to the step to train again from and 0 is returned, else DONE
+ * is said again on the new connections. */
 static int worker_finish(struct worker *wk, float *params, long *at, char *err, size_t errlen)
 {
 	long step = *at;

@@ -119,9 +119,10 @@ struct msg_checkpoint {
 };
 
 /* STATUS: a request (reply = 0, counters and complete all zero) or a ps's
- * reply (reply = 1) with its shard's counters, and complete = 1 once every
- * worker has said DONE (a finished worker waits for that before it exits,
- * so that a ps restarted meanwhile can still roll it back). */
+ * reply (reply = 1) with its shard's counters, and complete = 1 once the
+ * chief (worker 0) has said DONE (a worker that finishes first waits for
+ * that before it exits, so that a ps restarted meanwhile can still roll it
+ * back). */
 struct msg_status {
 	uint8_t reply;
 	uint8_t complete;

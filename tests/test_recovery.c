@@ -260,8 +260,13 @@ Test(recovery, killed_ps_rolls_back_everywhere, .timeout = 400)
 		cr_assert(strstr(w1, lost) || strstr(w1, "went back to step"), "trial %d: worker 1:\n%s", trial, w1);
 		cr_assert(strstr(chief, lost) || strstr(w1, lost), "trial %d: nobody lost ps %d:\n%s\n%s", trial, k,
 			  chief, w1);
-		cr_assert_not_null(strstr(slurp(again), "resuming from"), "trial %d: restarted ps:\n%s", trial,
-				   slurp(again));
+		/* The restarted ps resumed from the newest complete checkpoint;
+		 * the ps tasks write from a thread, so on a busy machine the
+		 * killed one may not have finished any yet: then it starts at
+		 * 0 and the other shard is rolled back to 0. */
+		char *re = slurp(again), *other = slurp(out[1 - k]);
+		cr_assert(strstr(re, "resuming from") || strstr(other, "to step 0,"),
+			  "trial %d: restarted ps:\n%s\nps %d:\n%s", trial, re, 1 - k, other);
 		char done[32];
 		snprintf(done, sizeof(done), "done: %d steps", STEPS);
 		cr_assert_not_null(strstr(chief, done), "%s", chief);

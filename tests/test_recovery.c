@@ -557,6 +557,7 @@ Test(recovery, stopped_ps_is_found_while_pushing, .timeout = 120)
 	wait_children(pids, 2, st, RUN_TIMEOUT_S);
 	cr_assert(up, "the worker never connected:\n%s\n%s", slurp(out[1]), slurp(out[0]));
 	double s = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+	fprintf(stderr, "recovery/stopped_ps_is_found_while_pushing: reported %.2f s after SIGSTOP (peer_timeout 2 s)\n", s);
 	cr_assert(lost, "the worker did not report the stopped ps within 30 s:\n%s", slurp(out[1]));
 	cr_assert_lt(s, 10.0, "the stopped ps was reported after %.1f s (peer_timeout 2 s):\n%s", s,
 		     slurp(out[1]));

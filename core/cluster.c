@@ -768,8 +768,8 @@ out:
 }
 
 /* The ps's checkpoint layout, and its shard from the newest complete
- * checkpoint unless fresh. Async mode has no consistent step across shards
- * to save, so checkpoints are sync only (said once on out). */
+ * checkpoint unless fresh; the shard's version becomes the checkpoint's
+ * step (async: its label, the same on every shard). */
 static int ps_resume(struct ps *ps, const struct setup *s, int fresh, char *err, size_t errlen)
 {
 	const struct config *c = ps->c;

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define CKPT_MAGIC "pstrain checkpoint 1"
@@ -47,6 +48,18 @@ static void crash_point(const char *name, long step)
 		return;
 	if (want[n] == '\0' || (want[n] == ':' && atol(want + n + 1) == step))
 		raise(SIGKILL);
+}
+
+/* PSTRAIN_CKPT_DELAY_MS = N: a save takes N ms longer, as on a slow or
+ * network disk (tests check that nothing waits for a ps's save). */
+static void slow_disk(void)
+{
+	const char *ms = getenv("PSTRAIN_CKPT_DELAY_MS");
+	long n = ms ? atol(ms) : 0;
+	if (n > 0) {
+		struct timespec t = { n / 1000, (n % 1000) * 1000000L };
+		nanosleep(&t, NULL);
+	}
 }
 
 static int fsync_dir(const char *path)
@@ -189,10 +202,11 @@ static void step_path(char *out, size_t len, const char *dir, long step)
 
 /* ---- layout ---- */
 
-int ckpt_layout_init(struct ckpt_layout *l, const struct model *m, int nshards, const struct config *c,
-		     char *err, size_t errlen)
+static int layout_init(struct ckpt_layout *l, const struct model *m, int nshards, const struct config *c,
+		       int async, char *err, size_t errlen)
 {
 	memset(l, 0, sizeof(*l));
+	l->async = async;
 	l->nt = model_tensors(m, l->t, MODEL_MAX_TENSORS);
 	if (l->nt < 0)
 		return err_set(err, errlen, -EINVAL, "model has more than %d tensors", MODEL_MAX_TENSORS);
@@ -224,8 +238,24 @@ int ckpt_layout_init(struct ckpt_layout *l, const struct model *m, int nshards, 
 	}
 	int n = snprintf(line, sizeof(line), "optimizer %s\n", optim_names[l->optim]);
 	crypto_generichash_update(&hl, (const unsigned char *)line, (size_t)n);
+	/* Only async adds a line, so sync and local checkpoints written
+	 * before async ones existed keep their hash. */
+	if (async)
+		crypto_generichash_update(&hl, (const unsigned char *)"mode async\n", 11);
 	crypto_generichash_final(&hl, l->layout_hash, CKPT_HASH_BYTES);
 	return 0;
+}
+
+int ckpt_layout_init(struct ckpt_layout *l, const struct model *m, int nshards, const struct config *c,
+		     char *err, size_t errlen)
+{
+	return layout_init(l, m, nshards, c, 0, err, errlen);
+}
+
+int ckpt_layout_init_cluster(struct ckpt_layout *l, const struct model *m, int nshards,
+			     const struct config *c, char *err, size_t errlen)
+{
+	return layout_init(l, m, nshards, c, c->train.mode == MODE_ASYNC, err, errlen);
 }
 
 /* ---- writing ---- */
@@ -428,6 +458,39 @@ static int fill_manifest(FILE *f, const void *arg_, char *err, size_t errlen)
 	return ok ? 0 : err_set(err, errlen, -EIO, "write failed");
 }
 
+/* A cluster step directory that some ps has not finished writing yet (or
+ * never will: it was killed): no `manifest`, and not every
+ * manifest-K-of-N present (none at all: a ps created the directory and
+ * stopped before its manifest). Not a damaged checkpoint, so resuming
+ * passes over it silently instead of refusing it. */
+static int step_partial(const char *stepdir)
+{
+	char p[CKPT_PATH_MAX + CKPT_FILE_MAX];
+	snprintf(p, sizeof(p), "%s/%s", stepdir, CKPT_MANIFEST);
+	if (access(p, F_OK) == 0)
+		return 0;
+	DIR *d = opendir(stepdir);
+	if (!d)
+		return 0;
+	unsigned char have[CONFIG_MAX_HOSTS] = { 0 };
+	int n = 0, count = 0;
+	struct dirent *de;
+	while ((de = readdir(d))) {
+		int k, m;
+		char tail;
+		if (sscanf(de->d_name, "manifest-%d-of-%d%c", &k, &m, &tail) != 2 || m <= 0 ||
+		    m > CONFIG_MAX_HOSTS || k < 0 || k >= m)
+			continue;
+		if (n && m != n)
+			return closedir(d), 0;   /* disagreeing manifests: damaged, let loading say so */
+		n = m;
+		count += !have[k];
+		have[k] = 1;
+	}
+	closedir(d);
+	return count == 0 || count < n;
+}
+
 /* Complete = its manifest reads and every file it lists has the listed
  * size. Checksums are left to loading: rotation must stay cheap. */
 static int step_complete(const char *stepdir)
@@ -567,7 +630,7 @@ fail:
 }
 
 int checkpoint_save_shard(const char *dir, const struct ckpt_layout *l, long step, int k,
-			  const struct ckpt_state *st, int keep, FILE *log, char *err, size_t errlen)
+			  const struct ckpt_state *st, int redo, int keep, FILE *log, char *err, size_t errlen)
 {
 	char sd[CKPT_PATH_MAX], p[CKPT_PATH_MAX + CKPT_FILE_MAX];
 	if (step < 0 || step > CKPT_MAX_STEP)
@@ -579,12 +642,13 @@ int checkpoint_save_shard(const char *dir, const struct ckpt_layout *l, long ste
 	if (e)
 		return err_set(err, errlen, e, "%s: cannot create: %s", sd, strerror(-e));
 	snprintf(p, sizeof(p), "%s/manifest-%d-of-%d", sd, k, l->nshards);
-	if (access(p, F_OK) == 0)
+	if (access(p, F_OK) == 0 && (!redo || step_complete(sd)))
 		return 0;   /* saved before (a resumed ps reaching a step it has) */
 	struct ckpt_manifest *mf = calloc(1, sizeof(*mf));
 	if (!mf)
 		return err_set(err, errlen, -ENOMEM, "out of memory for a manifest");
 	manifest_init(mf, l, step);
+	slow_disk();
 	e = write_shard(sd, l, k, step, st, &mf->shards[k], err, errlen);
 	if (!e)
 		crash_point("manifest", step);
@@ -859,9 +923,9 @@ int checkpoint_load(const char *stepdir, const struct ckpt_layout *l, int want_l
 		goto out;
 	}
 	if (want_layout && sodium_memcmp(mf->layout_hash, l->layout_hash, CKPT_HASH_BYTES)) {
-		e = err_set(err, errlen, -EINVAL, "%s/manifest: the shard layout (%d shard%s) or optimizer differs from this run's (%d shard%s, %s)",
+		e = err_set(err, errlen, -EINVAL, "%s/manifest: the shard layout (%d shard%s), optimizer or sync/async mode differs from this run's (%d shard%s, %s%s)",
 			    stepdir, mf->nshards, mf->nshards == 1 ? "" : "s", l->nshards, l->nshards == 1 ? "" : "s",
-			    optim_names[l->optim]);
+			    optim_names[l->optim], l->async ? ", async" : "");
 		goto out;
 	}
 	long opt_t = -1;
@@ -902,8 +966,23 @@ int checkpoint_restore(const char *dir, const struct ckpt_layout *l, int want_la
 		       size_t end, float *params, float *m, float *v, long *t, long *step, FILE *log,
 		       char *err, size_t errlen)
 {
+	return checkpoint_restore_upto(dir, CKPT_MAX_STEP, l, want_layout, begin, end, params, m, v, t,
+				       step, log, err, errlen);
+}
+
+int checkpoint_restore_upto(const char *dir, long upto, const struct ckpt_layout *l, int want_layout,
+			    size_t begin, size_t end, float *params, float *m, float *v, long *t, long *step,
+			    FILE *log, char *err, size_t errlen)
+{
 	long *steps;
 	int n = list_steps(dir, &steps);
+	if (n > 0) {
+		int j = 0;
+		for (int i = 0; i < n; i++)
+			if (steps[i] <= upto)
+				steps[j++] = steps[i];
+		n = j;
+	}
 	if (n == -ENOENT || n == 0) {
 		free(steps);
 		return err_set(err, errlen, -ENOENT, "%s: no checkpoint", dir);
@@ -911,9 +990,14 @@ int checkpoint_restore(const char *dir, const struct ckpt_layout *l, int want_la
 	if (n < 0)
 		return err_set(err, errlen, n, "%s: %s", dir, strerror(-n));
 	char p[CKPT_PATH_MAX], first[CONFIG_ERR_MAX] = "";
-	int e = -EINVAL;
+	int e = -ENOENT;
 	for (int i = 0; i < n; i++) {
 		step_path(p, sizeof(p), dir, steps[i]);
+		if (step_partial(p)) {
+			if (log)
+				fprintf(log, "checkpoint: skipping %s: incomplete (not every ps has written its shard)\n", p);
+			continue;
+		}
 		e = checkpoint_load(p, l, want_layout, begin, end, params, m, v, t, step, err, errlen);
 		if (e == 0)
 			break;
@@ -925,9 +1009,11 @@ int checkpoint_restore(const char *dir, const struct ckpt_layout *l, int want_la
 			snprintf(first, sizeof(first), "%s", err);
 	}
 	free(steps);
-	if (e == -EINVAL)
-		err_set(err, errlen, -EINVAL, "no usable checkpoint in %s (newest refused: %s); fix it, use another checkpoint_dir or start over with --fresh",
-			dir, first);
+	if (e == -EINVAL || (e == -ENOENT && first[0]))
+		e = err_set(err, errlen, -EINVAL, "no usable checkpoint in %s (newest refused: %s); fix it, use another checkpoint_dir or start over with --fresh",
+			    dir, first);
+	else if (e == -ENOENT)
+		err_set(err, errlen, -ENOENT, "%s: no complete checkpoint", dir);
 	return e;
 }
 

@@ -48,11 +48,19 @@ struct ckpt_layout {
 	uint8_t model_hash[CKPT_HASH_BYTES];    /* tensors only */
 	uint8_t layout_hash[CKPT_HASH_BYTES];   /* tensors + shard plan + optimizer kind */
 	uint8_t config_hash[CKPT_HASH_BYTES];   /* config_hash(), recorded for information */
+	int async;                              /* an async cluster's: "mode async" in layout_hash */
 };
 
 /* nshards = 1 for `local`, [cluster] ps count for a cluster. */
 int ckpt_layout_init(struct ckpt_layout *l, const struct model *m, int nshards, const struct config *c,
 		     char *err, size_t errlen);
+
+/* A ps's layout: as ckpt_layout_init, and in async mode the layout hash
+ * also covers the line "mode async", so an async cluster never resumes a
+ * sync checkpoint or the reverse (their steps count different things:
+ * sync steps, async pushes per shard). */
+int ckpt_layout_init_cluster(struct ckpt_layout *l, const struct model *m, int nshards,
+			     const struct config *c, char *err, size_t errlen);
 
 struct ckpt_shard {
 	size_t begin, end;               /* global range in P */
@@ -97,11 +105,16 @@ int checkpoint_save(const char *dir, const struct ckpt_layout *l, long step, con
  * manifest "manifest-K-of-N" (written last, after the file is synced) in
  * dir/step-NNNNNNNN/, which all ps tasks share. The checkpoint is complete
  * when all N manifests are present and agree; until then readers ignore
- * it. Nothing is written if this shard's manifest already exists. Then
- * rotates as checkpoint_save does. Same crash points ("shard" is not
- * one: there is a single file before the manifest). */
+ * it. Nothing is written if this shard's manifest already exists, unless
+ * redo is set and the step is not complete: then this shard's part is
+ * written again (async: a part left from before a rollback belongs to
+ * another history than the other shards' parts will). Then rotates as
+ * checkpoint_save does. Same crash points ("shard" is not one: there is a
+ * single file before the manifest). Test hook: PSTRAIN_CKPT_DELAY_MS=N
+ * makes it sleep N ms before writing, as a slow disk would. */
 int checkpoint_save_shard(const char *dir, const struct ckpt_layout *l, long step, int k,
-			  const struct ckpt_state *st, int keep, FILE *log, char *err, size_t errlen);
+			  const struct ckpt_state *st, int redo, int keep, FILE *log, char *err,
+			  size_t errlen);
 
 /* Reads and checks stepdir/manifest, or for a cluster checkpoint every
  * stepdir/manifest-K-of-N (all must be present and agree): syntax, each
@@ -127,6 +140,11 @@ int checkpoint_load(const char *stepdir, const struct ckpt_layout *l, int want_l
 int checkpoint_restore(const char *dir, const struct ckpt_layout *l, int want_layout, size_t begin,
 		       size_t end, float *params, float *m, float *v, long *t, long *step, FILE *log,
 		       char *err, size_t errlen);
+
+/* As checkpoint_restore, considering only steps <= upto. */
+int checkpoint_restore_upto(const char *dir, long upto, const struct ckpt_layout *l, int want_layout,
+			    size_t begin, size_t end, float *params, float *m, float *v, long *t, long *step,
+			    FILE *log, char *err, size_t errlen);
 
 /* DIR may be a step directory (it has a manifest) or a checkpoint_dir, in
  * which case the newest complete step directory in it is chosen. Writes

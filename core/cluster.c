@@ -33,8 +33,8 @@
 #define EVAL_BATCH 1024
 #define PS_MAX_CONN 128
 #define HS_TIMEOUT_MS 5000
-#define WRITE_TIMEOUT_MS 60000
 #define RBUF_BYTES FRAME_CT_MAX
+#define CKPT_QUEUE_MAX 8   /* copies of its shard a ps holds for its writer at most */
 #define WBUF_BYTES FRAME_BYTES_MAX
 
 
@@ -132,6 +132,18 @@ struct ps {
 	struct ckpt_layout *lay;             /* NULL: checkpoints off */
 	uint64_t pending;                    /* CHECKPOINT step not reached yet; 0: none */
 	uint64_t gen;                        /* rollbacks so far: wakes PULLs waiting across one */
+	/* Saving: the shard is copied into the queue under mu, and the
+	 * writer thread writes the copies, oldest first, without mu, so
+	 * pushes, pulls and heartbeats never wait for a disk. */
+	struct ps_snap {
+		uint64_t step;
+		float *p, *m, *v;            /* (n) each; m, v NULL as in the optimizer */
+		long t;
+	} q[CKPT_QUEUE_MAX];                 /* copies waiting for the writer, oldest first */
+	int qlen, qcap;                      /* qcap: min(keep_checkpoints, CKPT_QUEUE_MAX) */
+	pthread_t writer;
+	pthread_cond_t wcv;                  /* a copy queued, or wstop */
+	int writer_on, wstop;
 };
 
 /* How often an idle connection carries a HEARTBEAT: four per peer_timeout,
@@ -147,34 +159,131 @@ static int peer_timeout_ms(const struct config *c)
 	return (int)(c->cluster.peer_timeout * 1000);
 }
 
-/* Saves the shard as checkpoint `step`; called with ps->mu held, so the
- * state is exactly version `step` (sync: no push can apply meanwhile). A
- * failure is reported and training goes on: the checkpoint stays
- * incomplete and the previous one remains the newest. */
-static void ps_save(struct ps *ps, uint64_t step)
+/* The deadline for writing one frame (a message, or one chunk of a
+ * tensor): a peer that stops reading (a stopped process, a hung host) is
+ * then found in peer_timeout whether this side was reading or writing.
+ * The floor keeps a 1 MiB frame possible on a slow link whatever
+ * peer_timeout is set to (config allows 1 s and up). */
+static int write_timeout_ms(const struct config *c)
 {
-	struct ckpt_state st = { ps->sh.params, ps->sh.opt.m, ps->sh.opt.v, ps->sh.opt.t };
-	char e[CONFIG_ERR_MAX];
-	flockfile(ps->out);
-	int r = checkpoint_save_shard(ps->c->train.checkpoint_dir, ps->lay, (long)step, ps->index, &st,
-				      ps->c->train.keep_checkpoints, ps->out, e, sizeof(e));
-	fflush(ps->out);
-	funlockfile(ps->out);
-	if (r)
-		logf_(ps->out, "ps %d: checkpoint at step %llu failed, training goes on: %s", ps->index,
-		      (unsigned long long)step, e);
+	int ms = peer_timeout_ms(c);
+	return ms < 1000 ? 1000 : ms;
 }
 
-/* CHECKPOINT from the chief, which sends it after pulling version `step`
- * and before pushing for it; with replicas_to_aggregate < workers the
- * shard may have moved on already, and that step is skipped here. */
+static void snap_free(struct ps_snap *sn)
+{
+	free(sn->p);
+	free(sn->m);
+	free(sn->v);
+	memset(sn, 0, sizeof(*sn));
+}
+
+/* Saves the shard as checkpoint `step`; called with ps->mu held, so the
+ * state is exactly version `step` (sync: no push can apply meanwhile;
+ * async: `step` is the chief's label and the state is the shard's as it is
+ * now). Only the copy happens here; the writer thread writes it. Copies
+ * wait in a queue of keep_checkpoints (at most CKPT_QUEUE_MAX): every ps
+ * then writes every step the chief asks for, so the steps are complete,
+ * unless the disk falls that far behind, when the oldest waiting copy is
+ * dropped (logged; that step stays incomplete, and the newest ones are
+ * still written everywhere). A failure is reported and training goes on:
+ * the checkpoint stays incomplete and the previous one remains the
+ * newest. */
+static void ps_save(struct ps *ps, uint64_t step)
+{
+	size_t bytes = ps->sh.n * sizeof(float);
+	struct ps_snap sn = { 0 };
+	if (ps->qlen == ps->qcap) {
+		sn = ps->q[0];
+		logf_(ps->out, "ps %d: checkpoint at step %llu not written: %d newer ones wait (the disk is slower than checkpoint_every)",
+		      ps->index, (unsigned long long)sn.step, ps->qlen);
+		memmove(ps->q, ps->q + 1, (size_t)(ps->qlen - 1) * sizeof(ps->q[0]));
+		ps->qlen--;
+	} else {
+		sn.p = malloc(bytes);
+		sn.m = ps->sh.opt.m ? malloc(bytes) : NULL;
+		sn.v = ps->sh.opt.v ? malloc(bytes) : NULL;
+		if (!sn.p || (ps->sh.opt.m && !sn.m) || (ps->sh.opt.v && !sn.v)) {
+			snap_free(&sn);
+			logf_(ps->out, "ps %d: checkpoint at step %llu failed, training goes on: out of memory for a copy of the shard",
+			      ps->index, (unsigned long long)step);
+			return;
+		}
+	}
+	sn.step = step;
+	sn.t = ps->sh.opt.t;
+	memcpy(sn.p, ps->sh.params, bytes);
+	if (sn.m)
+		memcpy(sn.m, ps->sh.opt.m, bytes);
+	if (sn.v)
+		memcpy(sn.v, ps->sh.opt.v, bytes);
+	ps->q[ps->qlen++] = sn;
+	pthread_cond_signal(&ps->wcv);
+}
+
+/* Drops every copy still waiting (under mu). */
+static void ps_queue_clear(struct ps *ps)
+{
+	for (int i = 0; i < ps->qlen; i++)
+		snap_free(&ps->q[i]);
+	ps->qlen = 0;
+}
+
+/* The writer thread: writes each queued copy, until wstop and nothing is
+ * queued. Its log lines are collected and printed after the write, so
+ * that the output lock is not held across a slow disk either. */
+static void *ps_writer(void *arg)
+{
+	struct ps *ps = arg;
+	pthread_mutex_lock(&ps->mu);
+	for (;;) {
+		while (!ps->qlen && !ps->wstop)
+			pthread_cond_wait(&ps->wcv, &ps->mu);
+		if (!ps->qlen)
+			break;
+		struct ps_snap sn = ps->q[0];
+		memmove(ps->q, ps->q + 1, (size_t)(ps->qlen - 1) * sizeof(ps->q[0]));
+		ps->qlen--;
+		pthread_mutex_unlock(&ps->mu);
+
+		struct ckpt_state st = { sn.p, sn.m, sn.v, sn.t };
+		char e[CONFIG_ERR_MAX], *text = NULL;
+		size_t tlen = 0;
+		FILE *log = open_memstream(&text, &tlen);
+		int r = checkpoint_save_shard(ps->c->train.checkpoint_dir, ps->lay, (long)sn.step, ps->index, &st,
+					      ps->sh.mode == MODE_ASYNC, ps->c->train.keep_checkpoints, log, e,
+					      sizeof(e));
+		if (log && fclose(log) == 0 && text && tlen) {
+			flockfile(ps->out);
+			fputs(text, ps->out);
+			fflush(ps->out);
+			funlockfile(ps->out);
+		}
+		free(text);
+		if (r)
+			logf_(ps->out, "ps %d: checkpoint at step %llu failed, training goes on: %s", ps->index,
+			      (unsigned long long)sn.step, e);
+		snap_free(&sn);
+		pthread_mutex_lock(&ps->mu);
+	}
+	pthread_mutex_unlock(&ps->mu);
+	return NULL;
+}
+
+/* CHECKPOINT from the chief. Sync: it sends it after pulling version
+ * `step` and before pushing for it; with replicas_to_aggregate < workers
+ * the shard may have moved on already, and that step is skipped here.
+ * Async: shards have no common version; `step` is a label the chief chose
+ * (ps 0's version as it pulled it) and every ps saves what it has now
+ * under it, so the shards of one checkpoint are as far apart as the
+ * shards of a running async cluster always are. */
 static void ps_checkpoint(struct ps *ps, uint64_t step)
 {
 	pthread_mutex_lock(&ps->mu);
 	uint64_t v = psshard_version(&ps->sh);
 	if (!ps->lay)
 		;
-	else if (v == step)
+	else if (v == step || ps->sh.mode == MODE_ASYNC)
 		ps_save(ps, step);
 	else if (v < step)
 		ps->pending = step;
@@ -205,15 +314,22 @@ static void ps_rollback(struct ps *ps, uint64_t step)
 		return;
 	}
 	long t = 0, got = 0;
-	if (step == 0) {
-		model_init_params(&ps->s->m, sh->params, sh->range.begin, sh->range.end, ps->c->train.seed);
-		if (sh->opt.m)
-			memset(sh->opt.m, 0, sh->n * sizeof(float));
-		if (sh->opt.v)
-			memset(sh->opt.v, 0, sh->n * sizeof(float));
-	} else if (!ps->lay) {
+	int init = step == 0;
+	if (!init && sh->mode == MODE_ASYNC) {
+		/* Async shards are never all at one version, so a worker may
+		 * have seen the restarted shard a few pushes past its
+		 * checkpoint: the newest complete checkpoint at or below
+		 * `step` is the one it resumed from (none: it started over). */
+		if (ps->lay)
+			r = checkpoint_restore_upto(ps->c->train.checkpoint_dir, (long)step, ps->lay, 1,
+						    sh->range.begin, sh->range.end, sh->params, sh->opt.m,
+						    sh->opt.v, &t, &got, NULL, e, sizeof(e));
+		if (!ps->lay || r == -ENOENT)
+			init = 1, r = 0;
+		step = init ? 0 : (uint64_t)got;
+	} else if (!init && !ps->lay) {
 		r = err_set(e, sizeof(e), -ENOENT, "checkpoints are off (checkpoint_dir is empty)");
-	} else {
+	} else if (!init) {
 		char dir[DATA_PATH_MAX + 32];
 		snprintf(dir, sizeof(dir), "%s/step-%08llu", ps->c->train.checkpoint_dir,
 			 (unsigned long long)step);
@@ -221,6 +337,13 @@ static void ps_rollback(struct ps *ps, uint64_t step)
 				    sh->opt.v, &t, &got, e, sizeof(e));
 		if (!r && (uint64_t)got != step)
 			r = err_set(e, sizeof(e), -EINVAL, "%s holds step %ld", dir, got);
+	}
+	if (init) {
+		model_init_params(&ps->s->m, sh->params, sh->range.begin, sh->range.end, ps->c->train.seed);
+		if (sh->opt.m)
+			memset(sh->opt.m, 0, sh->n * sizeof(float));
+		if (sh->opt.v)
+			memset(sh->opt.v, 0, sh->n * sizeof(float));
 	}
 	if (r) {
 		ps->aborted = 1;
@@ -231,6 +354,11 @@ static void ps_rollback(struct ps *ps, uint64_t step)
 		psshard_rewind(sh, step);
 		ps->pending = 0;
 		ps->gen++;
+		/* Copies not written yet are of the history just abandoned. */
+		for (int i = 0; i < ps->qlen; i++)
+			logf_(ps->out, "ps %d: checkpoint at step %llu not written: rolled back", ps->index,
+			      (unsigned long long)ps->q[i].step);
+		ps_queue_clear(ps);
 	}
 	pthread_cond_broadcast(&ps->cv);
 	pthread_mutex_unlock(&ps->mu);
@@ -261,21 +389,21 @@ struct conn {
 	struct pipe pp; /* the chunks of a tensor, sealed/opened on ps->pool */
 };
 
-static int send_msg(int fd, struct frame_key *tx, uint8_t *wbuf, size_t len, char *err,
+static int send_msg(int fd, struct frame_key *tx, uint8_t *wbuf, size_t len, int timeout_ms, char *err,
 		    size_t errlen)
 {
-	return sock_write_frame(fd, tx, wbuf, WBUF_BYTES, wbuf + FRAME_HDR_BYTES, len,
-				WRITE_TIMEOUT_MS, err, errlen);
+	return sock_write_frame(fd, tx, wbuf, WBUF_BYTES, wbuf + FRAME_HDR_BYTES, len, timeout_ms, err,
+				errlen);
 }
 
 static void send_error(int fd, struct frame_key *tx, uint8_t *wbuf, uint32_t code,
-		       const char *text)
+		       const char *text, int timeout_ms)
 {
 	char e[128];
 	size_t len;
 	if (msg_encode_error(wbuf + FRAME_HDR_BYTES, WBUF_BYTES - FRAME_HDR_BYTES - FRAME_TAG_BYTES,
 			     code, text, &len, e, sizeof(e)) == 0)
-		(void)!send_msg(fd, tx, wbuf, len, e, sizeof(e));
+		(void)!send_msg(fd, tx, wbuf, len, timeout_ms, e, sizeof(e));
 }
 
 /* A tensor's chunk messages for pipe_send (PARAMS from a ps, PUSH from a
@@ -381,6 +509,18 @@ static int ps_serve(struct conn *cn, struct hs_result *hr, uint8_t *rbuf, uint8_
 			if (p.shard != (uint32_t)ps->index)
 				return snprintf(err, errlen, "PULL for shard %u, this is shard %d",
 						p.shard, ps->index), -1;
+			/* A worker that said DONE pulls again (on this connection
+			 * or, after reconnecting, on a new one) only to train again
+			 * after a rollback while it waited for the run to complete,
+			 * or to see where the shards are: it is not done until it
+			 * says DONE again. */
+			said_done = 0;
+			pthread_mutex_lock(&ps->mu);
+			if (ps->done[w]) {
+				ps->done[w] = 0;
+				ps->ndone--;
+			}
+			pthread_mutex_unlock(&ps->mu);
 			/* A sync PULL waits for the version to exist; meanwhile a
 			 * HEARTBEAT every heartbeat_ms tells the worker that the
 			 * shard is alive and which workers it waits for. */
@@ -406,7 +546,8 @@ static int ps_serve(struct conn *cn, struct hs_result *hr, uint8_t *rbuf, uint8_
 				pthread_mutex_unlock(&ps->mu);
 				r = msg_encode_heartbeat(mb, cap, &hb, &len, e, sizeof(e));
 				if (!r)
-					r = send_msg(cn->fd, &hr->send, wbuf, len, e, sizeof(e));
+					r = send_msg(cn->fd, &hr->send, wbuf, len, write_timeout_ms(ps->c), e,
+						     sizeof(e));
 				if (r)
 					return snprintf(err, errlen, "%s", e), -1;
 				pthread_mutex_lock(&ps->mu);
@@ -419,14 +560,14 @@ static int ps_serve(struct conn *cn, struct hs_result *hr, uint8_t *rbuf, uint8_
 			snprintf(why, sizeof(why), "ps %d stops: %.200s", ps->index, ps->why);
 			pthread_mutex_unlock(&ps->mu);
 			if (ab) {
-				send_error(cn->fd, &hr->send, wbuf, ECONNABORTED, why);
+				send_error(cn->fd, &hr->send, wbuf, ECONNABORTED, why, write_timeout_ms(ps->c));
 				snprintf(err, errlen, "training aborted");
 				return 0;
 			}
 			struct chunk_tx t = { .type = WIRE_PARAMS, .shard = (uint32_t)ps->index,
 					      .version = v, .src = snap, .n = n };
 			if (pipe_send(&cn->pp, cn->fd, &hr->send, msg_chunks(n), chunk_encode, &t,
-				      WRITE_TIMEOUT_MS, e, sizeof(e)))
+				      write_timeout_ms(ps->c), e, sizeof(e)))
 				return snprintf(err, errlen, "%s", e), -1;
 		} else if (r == WIRE_PUSH || r == WIRE_PARAMS) {
 			struct msg_chunk ch;
@@ -478,7 +619,7 @@ static int ps_serve(struct conn *cn, struct hs_result *hr, uint8_t *rbuf, uint8_
 					     : oc == PSSHARD_WAITING ? MSG_ACK_ACCEPTED
 								     : MSG_ACK_STALE;
 			if (msg_encode_ack(mb, cap, &ack, &len, e, sizeof(e)) ||
-			    send_msg(cn->fd, &hr->send, wbuf, len, e, sizeof(e)))
+			    send_msg(cn->fd, &hr->send, wbuf, len, write_timeout_ms(ps->c), e, sizeof(e)))
 				return snprintf(err, errlen, "%s", e), -1;
 		} else if (r == WIRE_CHECKPOINT) {
 			struct msg_checkpoint ck;
@@ -495,6 +636,26 @@ static int ps_serve(struct conn *cn, struct hs_result *hr, uint8_t *rbuf, uint8_
 		} else if (r == WIRE_HEARTBEAT) {
 			struct msg_heartbeat hb;
 			if (msg_decode_heartbeat(rbuf, len, &hb, e, sizeof(e)))
+				return snprintf(err, errlen, "%s", e), -1;
+		} else if (r == WIRE_STATUS) {
+			/* A finished worker asking whether the run is complete:
+			 * the chief has said DONE, after its final checkpoint
+			 * and evaluation. */
+			struct msg_status q;
+			if (msg_decode_status(rbuf, len, &q, e, sizeof(e)))
+				return snprintf(err, errlen, "%s", e), -1;
+			if (q.reply || q.shard != (uint32_t)ps->index)
+				return snprintf(err, errlen, "STATUS %s for shard %u, this is shard %d",
+						q.reply ? "reply" : "request", q.shard, ps->index), -1;
+			pthread_mutex_lock(&ps->mu);
+			struct msg_status ans = { .reply = 1, .shard = (uint32_t)ps->index,
+						  .version = psshard_version(&ps->sh),
+						  .applied = ps->sh.received - ps->sh.dropped_stale,
+						  .stale = ps->sh.dropped_stale,
+						  .complete = ps->done[0] };
+			pthread_mutex_unlock(&ps->mu);
+			if (msg_encode_status(mb, cap, &ans, &len, e, sizeof(e)) ||
+			    send_msg(cn->fd, &hr->send, wbuf, len, write_timeout_ms(ps->c), e, sizeof(e)))
 				return snprintf(err, errlen, "%s", e), -1;
 		} else if (r == WIRE_DONE) {
 			struct msg_done d;
@@ -607,21 +768,17 @@ out:
 }
 
 /* The ps's checkpoint layout, and its shard from the newest complete
- * checkpoint unless fresh. Async mode has no consistent step across shards
- * to save, so checkpoints are sync only (said once on out). */
+ * checkpoint unless fresh; the shard's version becomes the checkpoint's
+ * step (async: its label, the same on every shard). */
 static int ps_resume(struct ps *ps, const struct setup *s, int fresh, char *err, size_t errlen)
 {
 	const struct config *c = ps->c;
 	if (!c->train.checkpoint_dir[0])
 		return 0;
-	if (c->train.mode != MODE_SYNC) {
-		logf_(ps->out, "ps %d: checkpoints are not written in async mode (not implemented yet)", ps->index);
-		return 0;
-	}
 	ps->lay = malloc(sizeof(*ps->lay));
 	if (!ps->lay)
 		return err_set(err, errlen, -ENOMEM, "out of memory");
-	int e = ckpt_layout_init(ps->lay, &s->m, c->cluster.nps, c, err, errlen);
+	int e = ckpt_layout_init_cluster(ps->lay, &s->m, c->cluster.nps, c, err, errlen);
 	if (e || fresh)
 		return e;
 	long t = 0, step = 0;
@@ -664,6 +821,7 @@ int cluster_ps(const struct config *c, int index, int fresh, FILE *out,
 		goto out1;
 	pthread_mutex_init(&ps->mu, NULL);
 	pthread_cond_init(&ps->cv, NULL);
+	pthread_cond_init(&ps->wcv, NULL);
 	ps->s = &s;
 	ps->out = out;
 	ps->index = index;
@@ -671,6 +829,15 @@ int cluster_ps(const struct config *c, int index, int fresh, FILE *out,
 	e = ps_resume(ps, &s, fresh, err, errlen);
 	if (e)
 		goto out2;
+	if (ps->lay) {
+		int keep = c->train.keep_checkpoints;
+		ps->qcap = keep < 1 ? 1 : keep > CKPT_QUEUE_MAX ? CKPT_QUEUE_MAX : keep;
+		ps->writer_on = pthread_create(&ps->writer, NULL, ps_writer, ps) == 0;
+		if (!ps->writer_on) {
+			e = err_set(err, errlen, -ENOMEM, "cannot start the checkpoint writer thread");
+			goto out2;
+		}
+	}
 	ps->W = c->cluster.nworkers;
 	ps->me = (struct hs_identity){ .role = HS_PS, .index = (uint32_t)index,
 				       .aes = frame_aes_available() };
@@ -747,8 +914,10 @@ int cluster_ps(const struct config *c, int index, int fresh, FILE *out,
 	}
 	close(lfd);
 
-	/* End every connection still open (workers close theirs after DONE),
-	 * then wait for their threads before freeing what they use. */
+	/* End every connection still open (workers close theirs once a STATUS
+	 * says the run is complete: they poll every 100 ms, so this normally
+	 * takes a moment; a stuck one gets peer_timeout), then wait for their
+	 * threads before freeing what they use. */
 	pthread_mutex_lock(&ps->mu);
 	ps->aborted |= *stop ? 1 : 0;
 	if (*stop && !ps->why[0])
@@ -756,7 +925,7 @@ int cluster_ps(const struct config *c, int index, int fresh, FILE *out,
 	pthread_cond_broadcast(&ps->cv);
 	struct timespec dl;
 	clock_gettime(CLOCK_REALTIME, &dl);
-	dl.tv_sec += 2;
+	dl.tv_sec += ps->ndone == ps->W && !*stop ? (time_t)c->cluster.peer_timeout + 1 : 2;
 	while (ps->nconn > 0 && pthread_cond_timedwait(&ps->cv, &ps->mu, &dl) == 0)
 		;
 	for (int i = 0; i < PS_MAX_CONN; i++)
@@ -781,10 +950,20 @@ int cluster_ps(const struct config *c, int index, int fresh, FILE *out,
 		e = 0;
 	}
 out2:
+	if (ps->writer_on) {
+		/* The last checkpoint asked for is written before the ps exits. */
+		pthread_mutex_lock(&ps->mu);
+		ps->wstop = 1;
+		pthread_cond_signal(&ps->wcv);
+		pthread_mutex_unlock(&ps->mu);
+		pthread_join(ps->writer, NULL);
+	}
+	ps_queue_clear(ps);
 	cryptopool_destroy(ps->pool); /* every connection thread has ended */
 	free(ps->lay);
 	pthread_mutex_destroy(&ps->mu);
 	pthread_cond_destroy(&ps->cv);
+	pthread_cond_destroy(&ps->wcv);
 out1:
 	psshard_free(&ps->sh);
 out0:
@@ -1029,7 +1208,7 @@ static int worker_send(struct worker *wk, int k, size_t len, char *err, size_t e
 	char e[512];
 	struct link *l = &wk->ln[k];
 	pthread_mutex_lock(&l->mu);
-	int r = send_msg(l->fd, &l->hr.send, wk->wbuf, len, e, sizeof(e));
+	int r = send_msg(l->fd, &l->hr.send, wk->wbuf, len, write_timeout_ms(wk->c), e, sizeof(e));
 	l->last_send = progress_now();
 	pthread_mutex_unlock(&l->mu);
 	if (r)
@@ -1083,7 +1262,15 @@ static int worker_pull(struct worker *wk, float *params, int first, char *err, s
 			if (r)
 				return worker_link_failed(wk, k, r, pe, err, errlen);
 		}
+		uint64_t had = l->got;
 		l->got = a.version;
+		/* Async: versions only grow, so a lower one means the shard was
+		 * restarted or rolled back (worker_resync sees which). */
+		if (wk->c->train.mode == MODE_ASYNC && !first && a.version < had) {
+			wk->lost = k;
+			return err_set(err, errlen, -ECONNABORTED, "%s went back to step %llu",
+				       ps_name(wk->c, k, nm, sizeof(nm)), (unsigned long long)a.version);
+		}
 		if (wk->c->train.mode == MODE_SYNC && !first && a.version < want[k]) {
 			wk->lost = k;
 			return err_set(err, errlen, -ECONNABORTED, "%s went back to step %llu",
@@ -1106,7 +1293,7 @@ static int worker_push(struct worker *wk, const float *grads, char *err, size_t 
 		char pe[512];
 		pthread_mutex_lock(&l->mu);
 		int r = pipe_send(&wk->pp, l->fd, &l->hr.send, msg_chunks(n), chunk_encode, &t,
-				  WRITE_TIMEOUT_MS, pe, sizeof(pe));
+				  write_timeout_ms(wk->c), pe, sizeof(pe));
 		l->last_send = progress_now();
 		pthread_mutex_unlock(&l->mu);
 		if (r)
@@ -1142,6 +1329,14 @@ static int worker_checkpoint(struct worker *wk, long step, char *err, size_t err
 	return 0;
 }
 
+/* The step a checkpoint is saved as, just after pulling for `step`: sync,
+ * that step (every shard is at it); async, ps 0's version as pulled, a
+ * label all ps save under while each records its shard as it is. */
+static long ckpt_label(const struct worker *wk, long step)
+{
+	return wk->c->train.mode == MODE_SYNC ? step : (long)wk->ln[0].got;
+}
+
 /* Tells every ps to restore checkpoint `step`. */
 static int worker_rollback(struct worker *wk, uint64_t step, char *err, size_t errlen)
 {
@@ -1170,6 +1365,43 @@ static int worker_done(struct worker *wk, char *err, size_t errlen)
 		int r = worker_send(wk, k, len, err, errlen);
 		if (r)
 			return r;
+	}
+	return 0;
+}
+
+/* After DONE: asks every ps whether the run is complete (the chief has
+ * said DONE). *complete is 1 when all say so. A shard below the version
+ * this worker last pulled from it went back while it waited (a ps
+ * restarted from a checkpoint, or rolled back): that is a lost link
+ * (wk->lost), for worker_resync. */
+static int worker_status(struct worker *wk, int *complete, char *err, size_t errlen)
+{
+	size_t cap = WBUF_BYTES - FRAME_HDR_BYTES - FRAME_TAG_BYTES, len;
+	char e[256], nm[300];
+	*complete = 1;
+	for (int k = 0; k < wk->nps; k++) {
+		struct msg_status q = { .reply = 0, .shard = (uint32_t)k };
+		if (msg_encode_status(wk->wbuf + FRAME_HDR_BYTES, cap, &q, &len, e, sizeof(e)))
+			return snprintf(err, errlen, "%s", e), -EPROTO;
+		int r = worker_send(wk, k, len, err, errlen);
+		if (r)
+			return r;
+	}
+	for (int k = 0; k < wk->nps; k++) {
+		struct msg_status a;
+		int r = worker_recv(wk, k, &len, err, errlen);
+		if (r < 0)
+			return r;
+		if (r != WIRE_STATUS || msg_decode_status(wk->rbuf, len, &a, e, sizeof(e)) || !a.reply ||
+		    a.shard != (uint32_t)k)
+			return err_set(err, errlen, -ECONNABORTED, "%s: %s", ps_name(wk->c, k, nm, sizeof(nm)),
+				       r != WIRE_STATUS ? "unexpected message instead of STATUS" : "bad STATUS reply");
+		if (a.version < wk->ln[k].got) {
+			wk->lost = k;
+			return err_set(err, errlen, -ECONNABORTED, "%s went back to step %llu",
+				       ps_name(wk->c, k, nm, sizeof(nm)), (unsigned long long)a.version);
+		}
+		*complete &= a.complete;
 	}
 	return 0;
 }
@@ -1222,6 +1454,50 @@ static void nap_ms(long ms)
  * Sets *start to the step to continue at and params to its parameters. */
 static int worker_resync_loop(struct worker *wk, float *params, const float *keep, uint64_t *prev,
 			      long *start, const char *why, char *err, size_t errlen);
+
+/* Async, connected to every ps and just pulled: a shard below the version
+ * this worker had pulled from it (prev) went back, restarted from its
+ * newest complete checkpoint or rolled back by another worker. If some
+ * went back and others did not, the others are told to go back too:
+ * ROLLBACK of the lowest version among those that went back, which each ps
+ * resolves to the newest complete checkpoint at or below it (the one the
+ * restarted ps resumed from, although others may have pushed to it since).
+ * If all went back, someone did that already. Then the worker continues
+ * at the global step, lowest version / W (async versions count pushes, W
+ * per step), so the steps since that checkpoint are trained again; if
+ * none went back (a ps that was only unreachable), at its own step. */
+static int worker_resync_async(struct worker *wk, float *params, const uint64_t *prev, long *start,
+			       char *err, size_t errlen)
+{
+	int nback = 0;
+	uint64_t target = UINT64_MAX, lo = UINT64_MAX;
+	for (int k = 0; k < wk->nps; k++) {
+		uint64_t g = wk->ln[k].got;
+		if (g < prev[k]) {
+			nback++;
+			target = g < target ? g : target;
+		}
+	}
+	if (nback && nback < wk->nps) {
+		logf_(wk->out, "worker %d: a ps went back to step %llu (restarted from its newest checkpoint): rolling every shard back to it",
+		      wk->index, (unsigned long long)target);
+		int r = worker_rollback(wk, target, err, errlen);
+		if (!r)
+			r = worker_pull(wk, params, 1, err, errlen);
+		if (r)
+			return r;
+	}
+	if (!nback) {
+		logf_(wk->out, "worker %d: reconnected to every ps; carrying on", wk->index);
+		return 0;
+	}
+	for (int k = 0; k < wk->nps; k++)
+		lo = wk->ln[k].got < lo ? wk->ln[k].got : lo;
+	*start = (long)(lo / (uint64_t)wk->c->cluster.nworkers);
+	logf_(wk->out, "worker %d: reconnected to every ps; the shards are at version %llu: continuing at step %ld",
+	      wk->index, (unsigned long long)lo, *start);
+	return 0;
+}
 
 static int worker_resync(struct worker *wk, float *params, long *start, const char *why, char *err,
 			 size_t errlen)
@@ -1288,7 +1564,13 @@ static int worker_resync_loop(struct worker *wk, float *params, const float *kee
 			r = worker_pull(wk, params, 1, last, sizeof(last));
 			if (r)
 				break;
-			worker_spread(wk, sync ? prev : NULL, &lo, &hi, &back);
+			if (!sync) {
+				r = worker_resync_async(wk, params, prev, start, last, sizeof(last));
+				if (r)
+					break;
+				return 0;
+			}
+			worker_spread(wk, prev, &lo, &hi, &back);
 			/* Any worker that sees it sends ROLLBACK, not only the
 			 * chief: the chief may be waiting on another shard for
 			 * this worker's gradient, and would not notice the
@@ -1335,6 +1617,45 @@ static int worker_resync_loop(struct worker *wk, float *params, const float *kee
 	}
 }
 
+
+/* A worker that has trained its last step says DONE and stays until every
+ * ps reports the run complete (the chief has said DONE, after its final
+ * checkpoint and evaluation), polling with STATUS every 100 ms, so that a
+ * ps killed and restarted meanwhile can still roll it back. The chief
+ * itself, or a worker finishing after it, leaves at once. A lost ps is
+ * handled as during training (worker_resync); if the shards went back,
+ * *at is set to the step to train again from and 0 is returned, else DONE
+ * is said again on the new connections. */
+static int worker_finish(struct worker *wk, float *params, long *at, char *err, size_t errlen)
+{
+	long step = *at;
+	for (;;) {
+		int r = worker_done(wk, err, errlen), complete = 0;
+		while (!r) {
+			r = worker_status(wk, &complete, err, errlen);
+			if (r || complete)
+				break;
+			if (*wk->stop)
+				return err_set(err, errlen, -EINTR, "worker %d: interrupted while waiting for the others to finish",
+					       wk->index);
+			nap_ms(100);
+		}
+		if (!r)
+			return 0;
+		if (wk->lost < 0)
+			return r;
+		char why[CONFIG_ERR_MAX];
+		long a = step;
+		snprintf(why, sizeof(why), "%s", err);
+		r = worker_resync(wk, params, &a, why, err, errlen);
+		if (r)
+			return r;
+		if (a != step) {
+			*at = a;
+			return 0;
+		}
+	}
+}
 
 static int dump_params(const char *path, const float *p, size_t n, char *err, size_t errlen)
 {
@@ -1436,7 +1757,20 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 		e = devices_set_params(&dev, params, err, errlen);
 	if (e)
 		goto fail;
-	if (c->train.mode == MODE_SYNC) {
+	if (c->train.mode == MODE_ASYNC) {
+		/* The global step, as after a lost ps: 0 in a fresh run (a
+		 * worker that joins late skips the steps the cluster has done),
+		 * else where a resumed or running cluster is, so a resumed run
+		 * does not train the whole run again. */
+		uint64_t lo = wk.ln[0].got;
+		for (int k = 1; k < wk.nps; k++)
+			lo = wk.ln[k].got < lo ? wk.ln[k].got : lo;
+		start = (long)(lo / (uint64_t)W);
+		start = start > total ? total : start;
+		if (start > 0)
+			logf_(out, "worker %d: continuing at step %ld of %ld, where the shards are (version %llu)", index,
+			      start, total, (unsigned long long)lo);
+	} else {
 		/* With backup workers (replicas_to_aggregate < workers) the
 		 * shards run ahead of a late worker and may differ by a step or
 		 * two; shards restored from different checkpoints differ by far
@@ -1461,7 +1795,7 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 		if (start > 0)
 			logf_(out, "worker %d: continuing at step %ld of %ld, where the shards are", index, start, total);
 	}
-	int ckpts = chief && c->train.mode == MODE_SYNC && c->train.checkpoint_dir[0];
+	int ckpts = chief && c->train.checkpoint_dir[0];
 	const char *slow_eval = getenv("PSTRAIN_EVAL_DELAY_MS");   /* test hook: a slow evaluation */
 	int pulled = 1;   /* params hold the version for `step` already */
 	step = start;
@@ -1477,7 +1811,7 @@ train:
 		}
 		pulled = 0;
 		if (ckpts && c->train.checkpoint_every > 0 && step > start && step % c->train.checkpoint_every == 0) {
-			e = worker_checkpoint(&wk, step, err, errlen);
+			e = worker_checkpoint(&wk, ckpt_label(&wk, step), err, errlen);
 			if (e)
 				goto lost;
 		}
@@ -1547,7 +1881,7 @@ train:
 				e = devices_set_params(&dev, params, err, errlen);
 			if (e)
 				goto fail;
-			if (c->train.mode == MODE_SYNC)
+			if (c->train.mode == MODE_SYNC || at != step)
 				step = start = at;
 			pulled = 1;
 		}
@@ -1577,7 +1911,7 @@ train:
 				if (e)
 					goto fail;
 				pulled = 1;
-				if (c->train.mode == MODE_SYNC && at < total) {
+				if ((c->train.mode == MODE_SYNC || at != step) && at < total) {
 					step = start = at;
 					goto train;
 				}
@@ -1586,7 +1920,7 @@ train:
 				goto fail;
 		}
 		if (ckpts && step > start) {
-			e = worker_checkpoint(&wk, step, err, errlen);
+			e = worker_checkpoint(&wk, ckpt_label(&wk, step), err, errlen);
 			if (e)
 				goto fail;
 		}
@@ -1605,9 +1939,19 @@ train:
 		      (unsigned long long)wk.stale);
 	}
 	progress_clear(&pg);
-	e = worker_done(&wk, err, errlen);
-	if (e)
-		goto out;
+	{
+		long at = step;
+		e = worker_finish(&wk, params, &at, err, errlen);
+		if (!e && at != step)
+			e = devices_set_params(&dev, params, err, errlen);
+		if (e)
+			goto fail;
+		if (at != step) {
+			step = start = at;
+			pulled = 1;
+			goto train;
+		}
+	}
 	res->wall = progress_now() - t0;
 	res->samples_per_s = pg.train_time > 0 ? (double)pg.samples / pg.train_time : 0;
 	e = 0;

@@ -26,11 +26,13 @@
 #include "config.h"
 #include "train.h"
 
-/* Checkpoints (sync mode; docs/CHECKPOINTS.md): unless fresh, the ps
- * starts from its shard of the newest complete checkpoint in [train]
- * checkpoint_dir (version = its step), and saves its shard when the chief
- * sends CHECKPOINT. Workers need no checkpoint: they continue from the
- * version the shards report, which must be the same on every shard. */
+/* Checkpoints (docs/CHECKPOINTS.md): unless fresh, the ps starts from its
+ * shard of the newest complete checkpoint in [train] checkpoint_dir
+ * (version = its step; in async mode the step is the chief's label), and
+ * saves its shard when the chief sends CHECKPOINT, from a writer thread.
+ * Workers need no checkpoint: they continue from the version the shards
+ * report (sync: the same on every shard; async: the lowest, divided by
+ * the number of workers). */
 int cluster_ps(const struct config *c, int index, int fresh, FILE *out,
 	       const volatile sig_atomic_t *stop, char *err, size_t errlen);
 

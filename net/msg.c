@@ -310,8 +310,9 @@ int msg_decode_rollback(const uint8_t *buf, size_t len, struct msg_rollback *out
 }
 
 /* ---- STATUS: 32 bytes -----------------------------------------------------
- * 0 type, 1 reply u8 (0 request, 1 reply), 2..4 reserved, 4 shard u32,
- * 8 version u64, 16 applied u64, 24 stale u64 (a request: all three 0) */
+ * 0 type, 1 reply u8 (0 request, 1 reply), 2 complete u8 (0 or 1; a
+ * request: 0), 3 reserved, 4 shard u32, 8 version u64, 16 applied u64,
+ * 24 stale u64 (a request: all three 0) */
 
 int msg_encode_status(uint8_t *buf, size_t cap, const struct msg_status *m, size_t *len,
 		      char *err, size_t errlen)
@@ -320,13 +321,16 @@ int msg_encode_status(uint8_t *buf, size_t cap, const struct msg_status *m, size
 
 	if (m->reply > 1)
 		return err_set(err, errlen, -EINVAL, "STATUS: reply flag %u is not 0 or 1", m->reply);
-	if (!m->reply && (m->version || m->applied || m->stale))
+	if (m->complete > 1)
+		return err_set(err, errlen, -EINVAL, "STATUS: complete flag %u is not 0 or 1", m->complete);
+	if (!m->reply && (m->version || m->applied || m->stale || m->complete))
 		return err_set(err, errlen, -EINVAL, "STATUS: a request carries no counters");
 	rc = check_cap(cap, MSG_STATUS_BYTES, WIRE_STATUS, err, errlen);
 	if (rc < 0)
 		return rc;
 	put_head(buf, WIRE_STATUS, MSG_STATUS_BYTES);
 	buf[1] = m->reply;
+	buf[2] = m->complete;
 	wire_put_u32(buf + 4, m->shard);
 	wire_put_u64(buf + 8, m->version);
 	wire_put_u64(buf + 16, m->applied);
@@ -340,17 +344,20 @@ int msg_decode_status(const uint8_t *buf, size_t len, struct msg_status *out, ch
 {
 	int rc = check_fixed(buf, len, WIRE_STATUS, MSG_STATUS_BYTES, err, errlen);
 	if (rc == 0)
-		rc = check_zero(buf, 2, 4, "STATUS", err, errlen);
+		rc = check_zero(buf, 3, 4, "STATUS", err, errlen);
 	if (rc < 0)
 		return rc;
 	if (buf[1] > 1)
 		return err_set(err, errlen, -EPROTO, "STATUS: reply flag %u is not 0 or 1", buf[1]);
+	if (buf[2] > 1)
+		return err_set(err, errlen, -EPROTO, "STATUS: complete flag %u is not 0 or 1", buf[2]);
 	out->reply = buf[1];
+	out->complete = buf[2];
 	out->shard = wire_get_u32(buf + 4);
 	out->version = wire_get_u64(buf + 8);
 	out->applied = wire_get_u64(buf + 16);
 	out->stale = wire_get_u64(buf + 24);
-	if (!out->reply && (out->version || out->applied || out->stale))
+	if (!out->reply && (out->version || out->applied || out->stale || out->complete))
 		return err_set(err, errlen, -EPROTO, "STATUS: a request carries nonzero counters");
 	return 0;
 }

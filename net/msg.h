@@ -118,10 +118,14 @@ struct msg_checkpoint {
 	uint64_t step;
 };
 
-/* STATUS: a request (reply = 0, counters all zero) or a ps's reply
- * (reply = 1) with its shard's counters. */
+/* STATUS: a request (reply = 0, counters and complete all zero) or a ps's
+ * reply (reply = 1) with its shard's counters, and complete = 1 once the
+ * chief (worker 0) has said DONE (a worker that finishes first waits for
+ * that before it exits, so that a ps restarted meanwhile can still roll it
+ * back). */
 struct msg_status {
 	uint8_t reply;
+	uint8_t complete;
 	uint32_t shard;
 	uint64_t version;
 	uint64_t applied; /* gradients applied */

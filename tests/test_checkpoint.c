@@ -621,3 +621,92 @@ Test(checkpoint, python_loader_agrees_with_check)
 	cr_assert_neq(system(cmd), 0, "checkpoint_load.py accepted a damaged file");
 	fixture_free(&f);
 }
+
+/* A ps's part of a cluster checkpoint (checkpoint_save_shard): a step some
+ * ps has not written is passed over on resume, not refused; redo rewrites
+ * this ps's part of an incomplete step but never a complete one;
+ * checkpoint_restore_upto ignores newer steps; and an async cluster's
+ * layout (ckpt_layout_init_cluster) refuses a sync checkpoint. */
+Test(checkpoint, cluster_parts_partial_redo_upto_and_mode)
+{
+	struct fixture f;
+	char err[512], sd[300], path[400];
+	fixture_init(&f, 2, 1.0f);
+	size_t P = f.m.nparams, half = f.lay.shards[1].begin;
+	struct ckpt_state st0 = { f.p, f.mm, f.v, 4 }, st1 = { f.p + half, f.mm + half, f.v + half, 4 };
+	float *p = malloc(P * sizeof(float));
+	cr_assert_not_null(p);
+	long step = -1, t = 0;
+
+	/* step 10 complete, step 20 only ps 0's part */
+	cr_assert_eq(checkpoint_save_shard(dir, &f.lay, 10, 0, &st0, 0, 3, NULL, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(checkpoint_save_shard(dir, &f.lay, 10, 1, &st1, 0, 3, NULL, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(checkpoint_save_shard(dir, &f.lay, 20, 0, &st0, 0, 3, NULL, err, sizeof(err)), 0, "%s", err);
+	char *text = NULL;
+	size_t tlen = 0;
+	FILE *log = open_memstream(&text, &tlen);
+	cr_assert_not_null(log);
+	cr_assert_eq(checkpoint_restore(dir, &f.lay, 1, 0, P, p, NULL, NULL, &t, &step, log, err, sizeof(err)), 0,
+		     "%s", err);
+	fclose(log);
+	cr_assert_eq(step, 10);
+	cr_assert_not_null(strstr(text, "skipping"), "%s", text);
+	cr_assert_null(strstr(text, "refusing"), "%s", text);
+	free(text);
+
+	/* only incomplete steps: no checkpoint at all, not "every one refused" */
+	cr_assert_eq(checkpoint_restore_upto(dir, 9, &f.lay, 1, 0, P, p, NULL, NULL, &t, &step, NULL, err, sizeof(err)),
+		     -ENOENT, "%s", err);
+	cr_assert_eq(checkpoint_restore_upto(dir, 15, &f.lay, 1, 0, P, p, NULL, NULL, &t, &step, NULL, err, sizeof(err)),
+		     0, "%s", err);
+	cr_assert_eq(step, 10);
+
+	/* redo: ps 0 rewrites its part of incomplete step 20 with other values */
+	step_dir(sd, sizeof(sd), 20);
+	snprintf(path, sizeof(path), "%s/shard-0-of-2.safetensors", sd);
+	struct stat before, after;
+	cr_assert_eq(stat(path, &before), 0);
+	for (size_t i = 0; i < P; i++)
+		f.p[i] += 1.0f;
+	cr_assert_eq(checkpoint_save_shard(dir, &f.lay, 20, 0, &st0, 0, 3, NULL, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(stat(path, &after), 0);
+	cr_assert_eq(before.st_ino, after.st_ino, "without redo an existing part is kept");
+	cr_assert_eq(checkpoint_save_shard(dir, &f.lay, 20, 0, &st0, 1, 3, NULL, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(stat(path, &after), 0);
+	cr_assert_neq(before.st_ino, after.st_ino, "redo did not rewrite the part of an incomplete step");
+	cr_assert_eq(checkpoint_save_shard(dir, &f.lay, 20, 1, &st1, 1, 3, NULL, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(checkpoint_restore(dir, &f.lay, 1, 0, P, p, NULL, NULL, &t, &step, NULL, err, sizeof(err)), 0,
+		     "%s", err);
+	cr_assert_eq(step, 20);
+	cr_assert_eq(memcmp(p, f.p, P * sizeof(float)), 0, "step 20 does not hold the rewritten part");
+	cr_assert_eq(stat(path, &before), 0);
+	cr_assert_eq(checkpoint_save_shard(dir, &f.lay, 20, 0, &st0, 1, 3, NULL, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(stat(path, &after), 0);
+	cr_assert_eq(before.st_ino, after.st_ino, "redo rewrote a complete step");
+
+	/* upto */
+	cr_assert_eq(checkpoint_restore_upto(dir, 19, &f.lay, 1, 0, P, p, NULL, NULL, &t, &step, NULL, err, sizeof(err)),
+		     0, "%s", err);
+	cr_assert_eq(step, 10);
+
+	/* an async cluster does not resume these sync checkpoints */
+	struct ckpt_layout al;
+	struct config ac = f.c;
+	ac.train.mode = MODE_ASYNC;
+	cr_assert_eq(ckpt_layout_init_cluster(&al, &f.m, 2, &ac, err, sizeof(err)), 0, "%s", err);
+	cr_assert_neq(memcmp(al.layout_hash, f.lay.layout_hash, CKPT_HASH_BYTES), 0);
+	cr_assert_eq(memcmp(al.model_hash, f.lay.model_hash, CKPT_HASH_BYTES), 0);
+	int e = checkpoint_restore(dir, &al, 1, 0, P, p, NULL, NULL, &t, &step, NULL, err, sizeof(err));
+	cr_assert_eq(e, -EINVAL);
+	cr_assert_not_null(strstr(err, "sync/async mode"), "%s", err);
+	/* eval and predict only need the model */
+	cr_assert_eq(checkpoint_restore(dir, &al, 0, 0, P, p, NULL, NULL, NULL, &step, NULL, err, sizeof(err)), 0,
+		     "%s", err);
+	/* the sync layout of a cluster is the plain one */
+	struct config sc = f.c;
+	sc.train.mode = MODE_SYNC;
+	cr_assert_eq(ckpt_layout_init_cluster(&al, &f.m, 2, &sc, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(memcmp(al.layout_hash, f.lay.layout_hash, CKPT_HASH_BYTES), 0);
+	free(p);
+	fixture_free(&f);
+}

@@ -329,6 +329,30 @@ Test(msg, round_trip_status)
 	cr_assert_eq(out.version, 99);
 	cr_assert_eq(out.applied, 0x100000000ULL);
 	cr_assert_eq(out.stale, 17);
+	cr_assert_eq(out.complete, 0);
+
+	/* complete: byte 2 of a reply, 0 or 1; never in a request */
+	rep.complete = 1;
+	cr_assert_eq(msg_encode_status(buf, sizeof buf, &rep, &len, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(buf[2], 1);
+	cr_assert_eq(buf[3], 0);
+	memset(&out, 0, sizeof out);
+	cr_assert_eq(msg_decode_status(buf, len, &out, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(out.complete, 1);
+	cr_assert_eq(out.version, 99);
+	buf[2] = 2;
+	assert_refused(msg_decode_status(buf, len, &out, err, sizeof err), -EPROTO, err, "complete",
+		       "complete flag 2");
+	cr_assert_eq(msg_encode_status(buf, sizeof buf, &req, &len, err, sizeof err), 0, "%s", err);
+	buf[2] = 1;
+	assert_refused(msg_decode_status(buf, len, &out, err, sizeof err), -EPROTO, err, "request",
+		       "a request marked complete");
+	req.complete = 1;
+	assert_refused(msg_encode_status(buf, sizeof buf, &req, &len, err, sizeof err), -EINVAL, err,
+		       "request", "encoding a request marked complete");
+	rep.complete = 2;
+	assert_refused(msg_encode_status(buf, sizeof buf, &rep, &len, err, sizeof err), -EINVAL, err,
+		       "complete", "encoding complete flag 2");
 }
 
 Test(msg, round_trip_error)
@@ -484,7 +508,7 @@ Test(msg, reserved_bytes_must_be_zero)
 	} rows[] = {
 		{ WIRE_PULL, 1, 4 },  { WIRE_PARAMS, 1, 4 }, { WIRE_PUSH, 1, 4 },
 		{ WIRE_ACK, 1, 4 },   { WIRE_ACK, 20, 24 },  { WIRE_CHECKPOINT, 1, 8 },
-		{ WIRE_STATUS, 2, 4 }, { WIRE_DONE, 1, 4 },  { WIRE_ERROR, 1, 4 },
+		{ WIRE_STATUS, 3, 4 }, { WIRE_DONE, 1, 4 },  { WIRE_ERROR, 1, 4 },
 		{ WIRE_HEARTBEAT, 1, 8 }, { WIRE_ROLLBACK, 1, 8 },
 	};
 	uint8_t buf[256];

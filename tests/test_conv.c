@@ -198,15 +198,16 @@ static void conv_naive(double *out, const float *inp, const float *weight, const
 				}
 }
 
-/* Shapes whose scratch exceeds one chunk, so the chunking is exercised:
- * forward against the naive loop, and backward's dinp and dweight against
- * the adjoint identities <dout, conv(x)> = <dinp, x> and
+/* Shapes whose scratch exceeds one chunk, so the slicing and chunking are
+ * exercised: forward against the naive loop, and backward's dinp and
+ * dweight against the adjoint identities <dout, conv(x)> = <dinp, x> and
  * <dout, conv_w(x)> = <dweight, w> (conv is linear in each). */
 Test(conv, chunked_matches_naive)
 {
 	static const int shapes[][8] = {
-		{ 3, 64, 40, 40, 4, 5, 1, 2 },
-		{ 5, 64, 48, 47, 4, 5, 2, 2 },   /* chunks of 4 and 1 */
+		{ 11, 64, 40, 40, 4, 5, 1, 2 },   /* 8 slices of 1-2 samples, a chunk per sample */
+		{ 13, 64, 48, 47, 4, 5, 2, 2 },
+		{ 45, 1, 28, 28, 32, 5, 1, 2 },   /* slices of 5-6: chunks of 5, or 2 of 3 */
 	};
 	for (size_t t = 0; t < sizeof(shapes) / sizeof(shapes[0]); t++) {
 		const int *s = shapes[t];

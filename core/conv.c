@@ -261,7 +261,9 @@ static const float *padded(float *xp, const float *inp, const struct window *w)
  * Fashion CNN (CPU ms per step, 1 thread): 16 MiB was slowest (col2im
  * streamed from memory), 4 MiB in between, 1 MiB best, although it means
  * one sample per chunk for the 5x5x32 -> 64 layer (N = 196 per sgemm). */
+#ifndef CONV_SCRATCH_FLOATS   /* -D for experiments */
 #define CONV_SCRATCH_FLOATS ((size_t)1 << 18)
+#endif
 #define CONV_SLICES 8
 
 struct conv_plan {

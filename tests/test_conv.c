@@ -729,6 +729,9 @@ Test(conv, pool_matches_reference)
 		{ 2, 2, 8, 8, 3, 1 },
 		{ 2, 2, 11, 10, 2, 3 },  /* gaps between windows */
 		{ 1, 1, 5, 5, 5, 5 },
+		{ 2, 2, 6, 37, 2, 2 },   /* 2x2: a full and a partial block of 16 outputs */
+		{ 1, 2, 5, 32, 2, 2 },   /* 2x2: exactly 16 outputs per row */
+		{ 1, 1, 4, 65, 2, 2 },
 	};
 	for (int max = 0; max < 2; max++) {
 		for (size_t t = 0; t < sizeof(shapes) / sizeof(shapes[0]); t++) {

@@ -1,15 +1,17 @@
 /* 2-D convolution on the CPU: im2col over a chunk of samples, then one
  * OpenBLAS sgemm per chunk.
  *
- * The patches of Bc samples are unrolled side by side into col
- * (C*K*K, Bc*OH*OW), so the convolution of the whole chunk is one product
- * weight (OC, C*K*K) @ col into tmp (OC, Bc*OH*OW), which is then scattered
- * into the NCHW output with the bias. How many samples a chunk holds is
- * set by the scratch size (below): small layers get many (the first layer
- * of the Fashion CNN, 5), big ones as few as one. Backward
- * gathers dout into the same (OC, Bc*OH*OW) layout, so dweight is one
- * product over the chunk; im2col is recomputed rather than kept from
- * forward (B column matrices would be 160 MB for the Fashion CNN). */
+ * The patches of nb samples are unrolled side by side into col
+ * (C*K*K, nb*OH*OW), so the convolution of the whole chunk is one product
+ * weight (OC, C*K*K) @ col into tmp (OC, nb*OH*OW), which is then scattered
+ * into the NCHW output with the bias (with one sample per chunk the product
+ * is written straight into the output). How many samples a chunk holds is
+ * set by the scratch size (below): small layers get several (the first
+ * layer of the Fashion CNN, 5), big ones one. Backward gathers dout into
+ * the same (OC, nb*OH*OW) layout, so dweight is one product over the chunk;
+ * im2col is recomputed rather than kept from forward (B column matrices
+ * would be 160 MB for the Fashion CNN). Chunks belong to slices of the
+ * batch, which threads share out (see "slices, chunks and threads"). */
 #include "layers.h"
 #include "parallel.h"
 
@@ -47,10 +49,8 @@ static size_t padded_size(const struct window *w)
 
 /* xp (C, H + 2P, W + 2P) = inp (C, H, W) with P zeros around each plane.
  * im2col and col2im then index without bounds checks: each (c, kh, kw)
- * row of col is OH straight copies of OW values. (Measured with perf on the
- * Fashion CNN: about as fast as the bounds-checked loops it replaced; the
- * 14-wide rows cost in loop overhead either way. A next step would be to
- * skip im2col altogether for stride 1, see docs/BENCHMARKS.md.) */
+ * row of col is OH straight copies of OW values, one or two masked vector
+ * moves each with AVX-512 (below). */
 VECTOR_CLONES
 static void pad_planes(float *xp, const float *inp, const struct window *w)
 {
@@ -260,7 +260,9 @@ static const float *padded(float *xp, const float *inp, const struct window *w)
  * still in cache when the sgemm or col2im reads it back. Measured on the
  * Fashion CNN (CPU ms per step, 1 thread): 16 MiB was slowest (col2im
  * streamed from memory), 4 MiB in between, 1 MiB best, although it means
- * one sample per chunk for the 5x5x32 -> 64 layer (N = 196 per sgemm). */
+ * one sample per chunk for the 5x5x32 -> 64 layer (N = 196 per sgemm).
+ * Measured again after the AVX-512 im2col/col2im (2 and 4 MiB; sgemm alone
+ * at 1 to 8 samples per chunk): within the noise of the shared machine. */
 #ifndef CONV_SCRATCH_FLOATS   /* -D for experiments */
 #define CONV_SCRATCH_FLOATS ((size_t)1 << 18)
 #endif

@@ -603,6 +603,8 @@ static const int conv_odd_shapes[][8] = {
 	{ 3, 2, 7, 7, 3, 3, 1, 1 },      /* fewer samples than slices */
 	{ 9, 5, 12, 10, 7, 4, 3, 3 },    /* stride 3, padding wider than the overlap */
 	{ 2, 32, 14, 14, 64, 5, 1, 2 },  /* the Fashion CNN's second layer */
+	{ 4, 3, 6, 5, 2, 3, 1, 3 },      /* padding wider than the kernel: taps on padding only */
+	{ 3, 2, 5, 40, 3, 3, 1, 1 },     /* rows of 40: blocks of 16, 16 and 8 */
 };
 
 /* Forward against the naive loop and backward's dinp and dweight against

@@ -70,7 +70,9 @@ struct backend {
 	char where[64];     /* placement name, e.g. "cpu:0" or "gpu:1" */
 };
 
-/* The CPU backend; threads as for layers_set_threads. */
+/* The CPU backend; threads as for layers_set_threads: OpenBLAS's threads for
+ * the dense layers and as many of the backend's own for convolutions,
+ * pooling, batchnorm and activations (results do not depend on the count). */
 void backend_cpu(struct backend *b, int threads);
 
 #endif

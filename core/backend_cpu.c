@@ -1,11 +1,33 @@
-/* The CPU backend: host memory and the reference kernels of layers.c. */
+/* The CPU backend: host memory and the reference kernels of layers.c.
+ *
+ * The backend's ctx is its thread count, held in the pointer itself, so a
+ * struct backend can be copied freely and needs no freeing. Dense layers
+ * get their threads from OpenBLAS; convolutions, pooling, batchnorm and the
+ * activations of a batch spread over the same number of threads of their
+ * own (core/parallel.h), split so that results do not depend on the count. */
 #include "backend.h"
 #include "layers.h"
+#include "parallel.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+static int ctx_threads(void *ctx)
+{
+	return (int)(intptr_t)ctx;
+}
+
+/* Work smaller than this many values runs on the calling thread alone:
+ * starting a thread costs about as much as passing over it. */
+#define PAR_MIN_VALUES ((size_t)1 << 16)
+
+static int threads_for(void *ctx, size_t values)
+{
+	return values < PAR_MIN_VALUES ? 1 : ctx_threads(ctx);
+}
 
 static int cpu_alloc(void *ctx, void **p, size_t bytes)
 {
@@ -54,9 +76,13 @@ static int cpu_dense_backward(void *ctx, float *dinp, float *dweight, float *dbi
 	return 0;
 }
 
-static int cpu_act_forward(void *ctx, enum layer_kind k, float *out, const float *inp, size_t N)
+static int act_kind(enum layer_kind k)
 {
-	(void)ctx;
+	return k == LAYER_RELU || k == LAYER_TANH || k == LAYER_SIGMOID;
+}
+
+static int act_forward_range(enum layer_kind k, float *out, const float *inp, size_t N)
+{
 	switch (k) {
 	case LAYER_RELU: relu_forward(out, inp, N); return 0;
 	case LAYER_TANH: tanh_forward(out, inp, N); return 0;
@@ -65,16 +91,65 @@ static int cpu_act_forward(void *ctx, enum layer_kind k, float *out, const float
 	}
 }
 
-static int cpu_act_backward(void *ctx, enum layer_kind k, float *dinp, const float *dout,
-			    const float *out, size_t N)
+static int act_backward_range(enum layer_kind k, float *dinp, const float *dout,
+			      const float *out, size_t N)
 {
-	(void)ctx;
 	switch (k) {
 	case LAYER_RELU: relu_backward(dinp, dout, out, N); return 0;
 	case LAYER_TANH: tanh_backward(dinp, dout, out, N); return 0;
 	case LAYER_SIGMOID: sigmoid_backward(dinp, dout, out, N); return 0;
 	default: return -EINVAL;
 	}
+}
+
+/* An elementwise pass split into contiguous element ranges: each element's
+ * value is computed the same way in whichever range it falls. */
+struct act_job {
+	enum layer_kind k;
+	float *dst;
+	const float *a, *b;   /* forward: inp; backward: dout, out */
+	size_t N;
+	int backward;
+};
+
+static void act_share(void *arg, int t, int nt)
+{
+	const struct act_job *j = arg;
+	size_t lo, hi;
+	parallel_share(j->N, t, nt, &lo, &hi);
+	/* Ranges start on 16-value boundaries, so each thread's vector loop
+	 * is aligned as a whole-array pass would be. */
+	lo = t ? (lo + 15) & ~(size_t)15 : 0;
+	hi = t + 1 < nt ? (hi + 15) & ~(size_t)15 : j->N;
+	if (hi > j->N)
+		hi = j->N;
+	if (lo >= hi)
+		return;
+	if (j->backward)
+		act_backward_range(j->k, j->dst + lo, j->a + lo, j->b + lo, hi - lo);
+	else
+		act_forward_range(j->k, j->dst + lo, j->a + lo, hi - lo);
+}
+
+static int cpu_act_forward(void *ctx, enum layer_kind k, float *out, const float *inp, size_t N)
+{
+	int nt = threads_for(ctx, N);
+	if (nt == 1 || !act_kind(k))
+		return act_forward_range(k, out, inp, N);
+	struct act_job j = { .k = k, .dst = out, .a = inp, .N = N };
+	parallel_run(nt, act_share, &j);
+	return 0;
+}
+
+static int cpu_act_backward(void *ctx, enum layer_kind k, float *dinp, const float *dout,
+			    const float *out, size_t N)
+{
+	int nt = threads_for(ctx, N);
+	if (nt == 1 || !act_kind(k))
+		return act_backward_range(k, dinp, dout, out, N);
+	struct act_job j = { .k = k, .dst = dinp, .a = dout, .b = out, .N = N, .backward = 1 };
+	parallel_run(nt, act_share, &j);
+	return 0;
 }
 
 static int cpu_xent_forward(void *ctx, float *probs, double *loss_sum, int *correct,
@@ -97,8 +172,7 @@ static int cpu_conv_forward(void *ctx, float *out, float *col, const float *inp,
 			    const float *weight, const float *bias, int B, int OC,
 			    const struct window *w)
 {
-	(void)ctx;
-	conv_forward(out, col, inp, weight, bias, B, OC, w);
+	conv_forward_mt(out, col, inp, weight, bias, B, OC, w, ctx_threads(ctx));
 	return 0;
 }
 
@@ -106,31 +180,72 @@ static int cpu_conv_backward(void *ctx, float *dinp, float *dweight, float *dbia
 			     const float *dout, const float *inp, const float *weight, int B,
 			     int OC, const struct window *w)
 {
-	(void)ctx;
-	conv_backward(dinp, dweight, dbias, col, dout, inp, weight, B, OC, w);
+	conv_backward_mt(dinp, dweight, dbias, col, dout, inp, weight, B, OC, w, ctx_threads(ctx));
+	return 0;
+}
+
+/* Pooling split by samples: every (sample, channel) plane is independent. */
+struct pool_job {
+	enum layer_kind k;
+	float *dst;
+	const float *a, *b;   /* forward: inp; backward: dout, inp */
+	int B, backward;
+	const struct window *w;
+};
+
+static void pool_range(const struct pool_job *j, int b0, int nb)
+{
+	const struct window *w = j->w;
+	size_t in_n = (size_t)w->C * w->H * w->W, out_n = (size_t)w->C * w->OH * w->OW;
+	if (!j->backward) {
+		if (j->k == LAYER_MAXPOOL)
+			maxpool_forward(j->dst + b0 * out_n, j->a + b0 * in_n, nb, w);
+		else
+			avgpool_forward(j->dst + b0 * out_n, j->a + b0 * in_n, nb, w);
+	} else {
+		if (j->k == LAYER_MAXPOOL)
+			maxpool_backward(j->dst + b0 * in_n, j->a + b0 * out_n, j->b + b0 * in_n, nb, w);
+		else
+			avgpool_backward(j->dst + b0 * in_n, j->a + b0 * out_n, nb, w);
+	}
+}
+
+static void pool_share(void *arg, int t, int nt)
+{
+	const struct pool_job *j = arg;
+	size_t lo, hi;
+	parallel_share((size_t)j->B, t, nt, &lo, &hi);
+	if (hi > lo)
+		pool_range(j, (int)lo, (int)(hi - lo));
+}
+
+static int pool_run(void *ctx, struct pool_job *j)
+{
+	if (j->k != LAYER_MAXPOOL && j->k != LAYER_AVGPOOL)
+		return -EINVAL;
+	const struct window *w = j->w;
+	int nt = threads_for(ctx, (size_t)j->B * w->C * w->H * w->W);
+	if (nt > j->B)
+		nt = j->B;
+	if (nt <= 1)
+		pool_range(j, 0, j->B);
+	else
+		parallel_run(nt, pool_share, j);
 	return 0;
 }
 
 static int cpu_pool_forward(void *ctx, enum layer_kind k, float *out, const float *inp, int B,
 			    const struct window *w)
 {
-	(void)ctx;
-	switch (k) {
-	case LAYER_MAXPOOL: maxpool_forward(out, inp, B, w); return 0;
-	case LAYER_AVGPOOL: avgpool_forward(out, inp, B, w); return 0;
-	default: return -EINVAL;
-	}
+	struct pool_job j = { .k = k, .dst = out, .a = inp, .B = B, .w = w };
+	return pool_run(ctx, &j);
 }
 
 static int cpu_pool_backward(void *ctx, enum layer_kind k, float *dinp, const float *dout,
 			     const float *inp, int B, const struct window *w)
 {
-	(void)ctx;
-	switch (k) {
-	case LAYER_MAXPOOL: maxpool_backward(dinp, dout, inp, B, w); return 0;
-	case LAYER_AVGPOOL: avgpool_backward(dinp, dout, B, w); return 0;
-	default: return -EINVAL;
-	}
+	struct pool_job j = { .k = k, .dst = dinp, .a = dout, .b = inp, .B = B, .backward = 1, .w = w };
+	return pool_run(ctx, &j);
 }
 
 static int cpu_dropout_forward(void *ctx, float *out, const float *inp, float p, uint64_t key,
@@ -153,8 +268,8 @@ static int cpu_batchnorm_forward(void *ctx, float *out, float *mean, float *var,
 				 const float *gamma, const float *beta, const float *run_mean,
 				 const float *run_var, int B, int C, int HW)
 {
-	(void)ctx;
-	batchnorm_forward(out, mean, var, inp, gamma, beta, run_mean, run_var, B, C, HW);
+	batchnorm_forward_mt(out, mean, var, inp, gamma, beta, run_mean, run_var, B, C, HW,
+			     threads_for(ctx, (size_t)B * C * HW));
 	return 0;
 }
 
@@ -164,9 +279,9 @@ static int cpu_batchnorm_backward(void *ctx, float *dinp, float *dgamma, float *
 				  const float *var, const float *run_mean, const float *run_var,
 				  float stat_scale, int B, int C, int HW)
 {
-	(void)ctx;
-	batchnorm_backward(dinp, dgamma, dbeta, drun_mean, drun_var, dout, inp, gamma, mean, var,
-			   run_mean, run_var, stat_scale, B, C, HW);
+	batchnorm_backward_mt(dinp, dgamma, dbeta, drun_mean, drun_var, dout, inp, gamma, mean,
+			      var, run_mean, run_var, stat_scale, B, C, HW,
+			      threads_for(ctx, (size_t)B * C * HW));
 	return 0;
 }
 
@@ -195,8 +310,7 @@ static const struct backend_ops cpu_ops = {
 
 void backend_cpu(struct backend *b, int threads)
 {
-	layers_set_threads(threads);
 	b->ops = &cpu_ops;
-	b->ctx = NULL;
+	b->ctx = (void *)(intptr_t)layers_set_threads(threads);
 	snprintf(b->where, sizeof(b->where), "cpu:0");
 }

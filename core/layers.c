@@ -231,7 +231,7 @@ void softmax_xent_backward(float *dlogits, const float *probs,
 	}
 }
 
-void layers_set_threads(int n)
+int layers_set_threads(int n)
 {
 	if (n <= 0) {
 		/* The CPUs this process may run on (taskset, cgroups cpusets), not
@@ -244,4 +244,5 @@ void layers_set_threads(int n)
 		}
 	}
 	openblas_set_num_threads(n);
+	return n;
 }

@@ -98,6 +98,15 @@ void conv_backward(float *dinp, float *dweight, float *dbias, float *col,
 		   const float *dout, const float *inp, const float *weight,
 		   int B, int OC, const struct window *w);
 
+/* The same over `threads` threads; the results do not depend on it, bit for
+ * bit (core/conv.c says how). Each sgemm inside runs on one OpenBLAS
+ * thread. conv_forward and conv_backward are these with threads = 1. */
+void conv_forward_mt(float *out, float *col, const float *inp, const float *weight,
+		     const float *bias, int B, int OC, const struct window *w, int threads);
+void conv_backward_mt(float *dinp, float *dweight, float *dbias, float *col,
+		      const float *dout, const float *inp, const float *weight,
+		      int B, int OC, const struct window *w, int threads);
+
 /* Pooling without padding (w->P must be 0). Max pooling takes the first
  * maximum of each window (as its backward does, so the gradient goes to
  * exactly one input per window); average pooling divides by K * K.
@@ -145,7 +154,19 @@ void batchnorm_backward(float *dinp, float *dgamma, float *dbeta, float *drun_me
 			const float *run_mean, const float *run_var, float stat_scale,
 			int B, int C, int HW);
 
-/* Threads OpenBLAS may use; n <= 0 means one per online CPU. */
-void layers_set_threads(int n);
+/* The same over `threads` threads, split by channels: bit for bit the same
+ * results whatever the count. */
+void batchnorm_forward_mt(float *out, float *mean, float *var, const float *inp,
+			  const float *gamma, const float *beta, const float *run_mean,
+			  const float *run_var, int B, int C, int HW, int threads);
+void batchnorm_backward_mt(float *dinp, float *dgamma, float *dbeta, float *drun_mean,
+			   float *drun_var, const float *dout, const float *inp,
+			   const float *gamma, const float *mean, const float *var,
+			   const float *run_mean, const float *run_var, float stat_scale,
+			   int B, int C, int HW, int threads);
+
+/* Threads OpenBLAS may use; n <= 0 means one per CPU this process may run
+ * on. Returns the count set. */
+int layers_set_threads(int n);
 
 #endif

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "layers.h"
 
 #define GRAD_TOL 1e-4
@@ -198,15 +199,16 @@ static void conv_naive(double *out, const float *inp, const float *weight, const
 				}
 }
 
-/* Shapes whose scratch exceeds one chunk, so the chunking is exercised:
- * forward against the naive loop, and backward's dinp and dweight against
- * the adjoint identities <dout, conv(x)> = <dinp, x> and
+/* Shapes whose scratch exceeds one chunk, so the slicing and chunking are
+ * exercised: forward against the naive loop, and backward's dinp and
+ * dweight against the adjoint identities <dout, conv(x)> = <dinp, x> and
  * <dout, conv_w(x)> = <dweight, w> (conv is linear in each). */
 Test(conv, chunked_matches_naive)
 {
 	static const int shapes[][8] = {
-		{ 3, 64, 40, 40, 4, 5, 1, 2 },
-		{ 5, 64, 48, 47, 4, 5, 2, 2 },   /* chunks of 4 and 1 */
+		{ 11, 64, 40, 40, 4, 5, 1, 2 },   /* 8 slices of 1-2 samples, a chunk per sample */
+		{ 13, 64, 48, 47, 4, 5, 2, 2 },
+		{ 45, 1, 28, 28, 32, 5, 1, 2 },   /* slices of 5-6: chunks of 5, or 2 of 3 */
 	};
 	for (size_t t = 0; t < sizeof(shapes) / sizeof(shapes[0]); t++) {
 		const int *s = shapes[t];
@@ -536,4 +538,288 @@ Test(conv, dropout_train_eval_and_mask)
 	dropout_forward(b, b, p, 77, N);
 	cr_assert_eq(memcmp(a, b, N * sizeof(float)), 0, "in-place forward differs");
 	free(inp); free(a); free(b); free(c); free(dinp);
+}
+
+/* ---- fast paths against references, threads against one thread ---------- */
+
+/* conv backward straight from the definition, in double: dinp (B, C, H, W)
+ * and dweight (OC, C, K, K), both set. */
+static void conv_naive_backward(double *dinp, double *dw, const float *dout, const float *inp,
+				const float *weight, int B, int OC, const struct window *w)
+{
+	size_t nin = (size_t)B * w->C * w->H * w->W, nw = (size_t)OC * w->C * w->K * w->K;
+	memset(dinp, 0, nin * sizeof(double));
+	memset(dw, 0, nw * sizeof(double));
+	for (int b = 0; b < B; b++)
+		for (int o = 0; o < OC; o++)
+			for (int oh = 0; oh < w->OH; oh++)
+				for (int ow = 0; ow < w->OW; ow++) {
+					double g = dout[(((size_t)b * OC + o) * w->OH + oh) * w->OW + ow];
+					for (int c = 0; c < w->C; c++)
+						for (int kh = 0; kh < w->K; kh++)
+							for (int kw = 0; kw < w->K; kw++) {
+								int ih = oh * w->S - w->P + kh, iw = ow * w->S - w->P + kw;
+								if (ih < 0 || ih >= w->H || iw < 0 || iw >= w->W)
+									continue;
+								size_t xi = (((size_t)b * w->C + c) * w->H + ih) * w->W + iw;
+								size_t wi = (((size_t)o * w->C + c) * w->K + kh) * w->K + kw;
+								dinp[xi] += g * weight[wi];
+								dw[wi] += g * inp[xi];
+							}
+				}
+}
+
+/* max |a - ref| / max |ref|, asserted below tol. */
+static void assert_close(const char *what, const float *a, const double *ref, size_t n, double tol)
+{
+	double worst = 0, big = 0;
+	size_t at = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (fabs(a[i] - ref[i]) > worst) {
+			worst = fabs(a[i] - ref[i]);
+			at = i;
+		}
+		if (fabs(ref[i]) > big)
+			big = fabs(ref[i]);
+	}
+	cr_assert(big > 0, "%s: reference is all zero, check is vacuous", what);
+	cr_assert_lt(worst / big, tol, "%s: worst error %g at %zu (%g vs %g) of max %g", what, worst,
+		     at, (double)a[at], ref[at], big);
+}
+
+static void assert_same_bits(const char *what, int threads, const float *a, const float *b, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		cr_assert(memcmp(&a[i], &b[i], sizeof(float)) == 0,
+			  "%s with %d threads differs at %zu: %.9g vs %.9g (1 thread)", what, threads, i,
+			  (double)a[i], (double)b[i]);
+}
+
+/* Odd sizes, strides and paddings: B, C, H, W, OC, K, S, P. */
+static const int conv_odd_shapes[][8] = {
+	{ 19, 3, 13, 11, 5, 3, 2, 1 },
+	{ 37, 1, 28, 28, 8, 5, 1, 2 },   /* chunks of several samples */
+	{ 10, 6, 9, 7, 4, 2, 1, 0 },
+	{ 3, 2, 7, 7, 3, 3, 1, 1 },      /* fewer samples than slices */
+	{ 9, 5, 12, 10, 7, 4, 3, 3 },    /* stride 3, padding wider than the overlap */
+	{ 2, 32, 14, 14, 64, 5, 1, 2 },  /* the Fashion CNN's second layer */
+	{ 4, 3, 6, 5, 2, 3, 1, 3 },      /* padding wider than the kernel: taps on padding only */
+	{ 3, 2, 5, 40, 3, 3, 1, 1 },     /* rows of 40: blocks of 16, 16 and 8 */
+};
+
+/* Forward against the naive loop and backward's dinp and dweight against
+ * their definitions, element by element, on every shape above. */
+Test(conv, odd_shapes_match_reference)
+{
+	for (size_t t = 0; t < sizeof(conv_odd_shapes) / sizeof(conv_odd_shapes[0]); t++) {
+		const int *s = conv_odd_shapes[t];
+		int B = s[0], OC = s[4];
+		struct window w = { .C = s[1], .H = s[2], .W = s[3], .K = s[5], .S = s[6], .P = s[7] };
+		cr_assert_eq(window_init(&w), 0, "shape %zu", t);
+		size_t nin = (size_t)B * w.C * w.H * w.W, nw = (size_t)OC * w.C * w.K * w.K;
+		size_t nout = (size_t)B * OC * w.OH * w.OW, ncol = conv_col_size(&w, OC, B);
+		float *inp = rand_array(nin, 1.0), *weight = rand_array(nw, 0.3), *bias = rand_array((size_t)OC, 0.5);
+		float *out = zero_array(nout), *col = zero_array(ncol), *dout = rand_array(nout, 1.0);
+		float *dinp = zero_array(nin), *dw = zero_array(nw), *db = zero_array((size_t)OC);
+		double *ref = malloc(nout * sizeof(double)), *rdinp = malloc(nin * sizeof(double));
+		double *rdw = malloc(nw * sizeof(double)), *rdb = calloc((size_t)OC, sizeof(double));
+		cr_assert(ref && rdinp && rdw && rdb);
+		char what[64];
+		nan_fill(col, ncol);   /* scratch must be written before it is read */
+		nan_fill(out, nout);
+		conv_forward(out, col, inp, weight, bias, B, OC, &w);
+		conv_naive(ref, inp, weight, bias, B, OC, &w);
+		snprintf(what, sizeof(what), "shape %zu forward", t);
+		assert_close(what, out, ref, nout, 1e-5);
+
+		nan_fill(dinp, nin);
+		conv_backward(dinp, dw, db, col, dout, inp, weight, B, OC, &w);
+		conv_naive_backward(rdinp, rdw, dout, inp, weight, B, OC, &w);
+		for (size_t i = 0; i < nout; i++)
+			rdb[i / ((size_t)w.OH * w.OW) % (size_t)OC] += dout[i];
+		snprintf(what, sizeof(what), "shape %zu dinp", t);
+		assert_close(what, dinp, rdinp, nin, 1e-5);
+		snprintf(what, sizeof(what), "shape %zu dweight", t);
+		assert_close(what, dw, rdw, nw, 1e-5);
+		snprintf(what, sizeof(what), "shape %zu dbias", t);
+		assert_close(what, db, rdb, (size_t)OC, 1e-5);
+		free(inp); free(weight); free(bias); free(out); free(col); free(dout); free(dinp);
+		free(dw); free(db); free(ref); free(rdinp); free(rdw); free(rdb);
+	}
+}
+
+/* The conv kernels over 2, 3 and 8 threads give the bits of 1 thread,
+ * dweight and dbias accumulated onto nonzero values included. */
+Test(conv, threads_match_one_thread_bitwise)
+{
+	static const int threads[] = { 2, 3, 8 };
+	for (size_t t = 0; t < sizeof(conv_odd_shapes) / sizeof(conv_odd_shapes[0]); t++) {
+		const int *s = conv_odd_shapes[t];
+		int B = s[0], OC = s[4];
+		struct window w = { .C = s[1], .H = s[2], .W = s[3], .K = s[5], .S = s[6], .P = s[7] };
+		cr_assert_eq(window_init(&w), 0);
+		size_t nin = (size_t)B * w.C * w.H * w.W, nw = (size_t)OC * w.C * w.K * w.K;
+		size_t nout = (size_t)B * OC * w.OH * w.OW, ncol = conv_col_size(&w, OC, B);
+		float *inp = rand_array(nin, 1.0), *weight = rand_array(nw, 0.3), *bias = rand_array((size_t)OC, 0.5);
+		float *dout = rand_array(nout, 1.0), *dw0 = rand_array(nw, 1.0), *db0 = rand_array((size_t)OC, 1.0);
+		float *col = zero_array(ncol), *out1 = zero_array(nout), *dinp1 = zero_array(nin);
+		float *dw1 = zero_array(nw), *db1 = zero_array((size_t)OC);
+		memcpy(dw1, dw0, nw * sizeof(float));
+		memcpy(db1, db0, (size_t)OC * sizeof(float));
+		conv_forward_mt(out1, col, inp, weight, bias, B, OC, &w, 1);
+		conv_backward_mt(dinp1, dw1, db1, col, dout, inp, weight, B, OC, &w, 1);
+		for (size_t k = 0; k < sizeof(threads) / sizeof(threads[0]); k++) {
+			int T = threads[k];
+			float *out = zero_array(nout), *dinp = zero_array(nin);
+			float *dw = zero_array(nw), *db = zero_array((size_t)OC);
+			memcpy(dw, dw0, nw * sizeof(float));
+			memcpy(db, db0, (size_t)OC * sizeof(float));
+			nan_fill(col, ncol);
+			conv_forward_mt(out, col, inp, weight, bias, B, OC, &w, T);
+			conv_backward_mt(dinp, dw, db, col, dout, inp, weight, B, OC, &w, T);
+			assert_same_bits("conv forward", T, out, out1, nout);
+			assert_same_bits("conv dinp", T, dinp, dinp1, nin);
+			assert_same_bits("conv dweight", T, dw, dw1, nw);
+			assert_same_bits("conv dbias", T, db, db1, (size_t)OC);
+			free(out); free(dinp); free(dw); free(db);
+		}
+		free(inp); free(weight); free(bias); free(dout); free(dw0); free(db0); free(col);
+		free(out1); free(dinp1); free(dw1); free(db1);
+	}
+}
+
+/* Pooling straight from the definition: the first maximum of each window
+ * gets the gradient; windows that overlap add up. */
+static void pool_naive(int max, double *out, double *dinp, const float *inp, const float *dout,
+		       int B, const struct window *w)
+{
+	size_t nin = (size_t)B * w->C * w->H * w->W;
+	memset(dinp, 0, nin * sizeof(double));
+	for (int p = 0; p < B * w->C; p++)
+		for (int oh = 0; oh < w->OH; oh++)
+			for (int ow = 0; ow < w->OW; ow++) {
+				size_t o = ((size_t)p * w->OH + oh) * w->OW + ow, best = 0;
+				double s = 0, m = -INFINITY;
+				for (int kh = 0; kh < w->K; kh++)
+					for (int kw = 0; kw < w->K; kw++) {
+						size_t i = ((size_t)p * w->H + oh * w->S + kh) * w->W + ow * w->S + kw;
+						s += inp[i];
+						if (inp[i] > m) {
+							m = inp[i];
+							best = i;
+						}
+					}
+				if (max) {
+					out[o] = m;
+					dinp[best] += dout[o];
+				} else {
+					out[o] = s / (w->K * w->K);
+					for (int kh = 0; kh < w->K; kh++)
+						for (int kw = 0; kw < w->K; kw++)
+							dinp[((size_t)p * w->H + oh * w->S + kh) * w->W + ow * w->S + kw] +=
+								(double)dout[o] / (w->K * w->K);
+				}
+			}
+}
+
+Test(conv, pool_matches_reference)
+{
+	static const int shapes[][6] = {
+		/* B  C  H   W   K  S */
+		{ 3, 2, 9, 7, 3, 2 },    /* overlapping, odd */
+		{ 2, 3, 7, 9, 2, 2 },    /* odd: last row and column dropped */
+		{ 2, 2, 8, 8, 3, 1 },
+		{ 2, 2, 11, 10, 2, 3 },  /* gaps between windows */
+		{ 1, 1, 5, 5, 5, 5 },
+		{ 2, 2, 6, 37, 2, 2 },   /* 2x2: a full and a partial block of 16 outputs */
+		{ 1, 2, 5, 32, 2, 2 },   /* 2x2: exactly 16 outputs per row */
+		{ 1, 1, 4, 65, 2, 2 },
+	};
+	for (int max = 0; max < 2; max++) {
+		for (size_t t = 0; t < sizeof(shapes) / sizeof(shapes[0]); t++) {
+			const int *s = shapes[t];
+			int B = s[0];
+			struct window w = { .C = s[1], .H = s[2], .W = s[3], .K = s[4], .S = s[5] };
+			cr_assert_eq(window_init(&w), 0);
+			size_t nin = (size_t)B * w.C * w.H * w.W, nout = (size_t)B * w.C * w.OH * w.OW;
+			float *inp = rand_array(nin, 1.0), *dout = rand_array(nout, 1.0);
+			/* Ties, so "first maximum" is tested: quantize half the values. */
+			for (size_t i = 0; i < nin; i += 2)
+				inp[i] = roundf(inp[i] * 2) / 2;
+			float *out = zero_array(nout), *dinp = zero_array(nin);
+			double *ro = malloc(nout * sizeof(double)), *rd = malloc(nin * sizeof(double));
+			cr_assert(ro && rd);
+			nan_fill(out, nout);
+			nan_fill(dinp, nin);
+			if (max) {
+				maxpool_forward(out, inp, B, &w);
+				maxpool_backward(dinp, dout, inp, B, &w);
+			} else {
+				avgpool_forward(out, inp, B, &w);
+				avgpool_backward(dinp, dout, B, &w);
+			}
+			pool_naive(max, ro, rd, inp, dout, B, &w);
+			for (size_t i = 0; i < nout; i++)
+				cr_assert_float_eq(out[i], ro[i], 1e-6, "%s shape %zu out[%zu] %g vs %g",
+						   max ? "max" : "avg", t, i, (double)out[i], ro[i]);
+			for (size_t i = 0; i < nin; i++)
+				cr_assert_float_eq(dinp[i], rd[i], 1e-6, "%s shape %zu dinp[%zu] %g vs %g",
+						   max ? "max" : "avg", t, i, (double)dinp[i], rd[i]);
+			free(inp); free(dout); free(out); free(dinp); free(ro); free(rd);
+		}
+	}
+}
+
+/* The CPU backend with 3 threads against 1 thread on work big enough to be
+ * split: pooling, activations and batchnorm must agree bit for bit. */
+Test(conv, backend_threads_match_one_thread_bitwise)
+{
+	struct backend b1, b3;
+	backend_cpu(&b1, 1);
+	backend_cpu(&b3, 3);
+	int B = 37;
+	struct window w = { .C = 8, .H = 17, .W = 15, .K = 2, .S = 2 };
+	cr_assert_eq(window_init(&w), 0);
+	size_t nin = (size_t)B * w.C * w.H * w.W, nout = (size_t)B * w.C * w.OH * w.OW;
+	cr_assert_gt(nin, (size_t)1 << 16, "too small to be split over threads");
+	float *inp = rand_array(nin, 1.0), *dout = rand_array(nout, 1.0), *gin = rand_array(nin, 1.0);
+	float *o1 = zero_array(nin), *o3 = zero_array(nin), *d1 = zero_array(nin), *d3 = zero_array(nin);
+	static const enum layer_kind pools[] = { LAYER_MAXPOOL, LAYER_AVGPOOL };
+	for (int k = 0; k < 2; k++) {
+		cr_assert_eq(b1.ops->pool_forward(b1.ctx, pools[k], o1, inp, B, &w), 0);
+		cr_assert_eq(b3.ops->pool_forward(b3.ctx, pools[k], o3, inp, B, &w), 0);
+		assert_same_bits("pool forward", 3, o3, o1, nout);
+		cr_assert_eq(b1.ops->pool_backward(b1.ctx, pools[k], d1, dout, inp, B, &w), 0);
+		cr_assert_eq(b3.ops->pool_backward(b3.ctx, pools[k], d3, dout, inp, B, &w), 0);
+		assert_same_bits("pool backward", 3, d3, d1, nin);
+	}
+	static const enum layer_kind acts[] = { LAYER_RELU, LAYER_TANH, LAYER_SIGMOID };
+	for (int k = 0; k < 3; k++) {
+		cr_assert_eq(b1.ops->act_forward(b1.ctx, acts[k], o1, inp, nin - 3), 0);
+		cr_assert_eq(b3.ops->act_forward(b3.ctx, acts[k], o3, inp, nin - 3), 0);
+		assert_same_bits("activation forward", 3, o3, o1, nin - 3);
+		cr_assert_eq(b1.ops->act_backward(b1.ctx, acts[k], d1, gin, o1, nin - 3), 0);
+		cr_assert_eq(b3.ops->act_backward(b3.ctx, acts[k], d3, gin, o3, nin - 3), 0);
+		assert_same_bits("activation backward", 3, d3, d1, nin - 3);
+	}
+	/* batchnorm over the same values as (B, C, H*W). */
+	int C = w.C, HW = w.H * w.W;
+	float *g = rand_array((size_t)C, 1.0), *be = rand_array((size_t)C, 1.0), *rm = rand_array((size_t)C, 1.0);
+	float *rv = zero_array((size_t)C), *st1 = zero_array(2 * (size_t)C), *st3 = zero_array(2 * (size_t)C);
+	float *acc1 = zero_array(4 * (size_t)C), *acc3 = zero_array(4 * (size_t)C);
+	for (int c = 0; c < C; c++)
+		rv[c] = 0.5f + (float)c;
+	cr_assert_eq(b1.ops->batchnorm_forward(b1.ctx, o1, st1, st1 + C, inp, g, be, rm, rv, B, C, HW), 0);
+	cr_assert_eq(b3.ops->batchnorm_forward(b3.ctx, o3, st3, st3 + C, inp, g, be, rm, rv, B, C, HW), 0);
+	assert_same_bits("batchnorm forward", 3, o3, o1, nin);
+	assert_same_bits("batchnorm statistics", 3, st3, st1, 2 * (size_t)C);
+	cr_assert_eq(b1.ops->batchnorm_backward(b1.ctx, d1, acc1, acc1 + C, acc1 + 2 * C, acc1 + 3 * C,
+						gin, inp, g, st1, st1 + C, rm, rv, 0.5f, B, C, HW), 0);
+	cr_assert_eq(b3.ops->batchnorm_backward(b3.ctx, d3, acc3, acc3 + C, acc3 + 2 * C, acc3 + 3 * C,
+						gin, inp, g, st3, st3 + C, rm, rv, 0.5f, B, C, HW), 0);
+	assert_same_bits("batchnorm dinp", 3, d3, d1, nin);
+	assert_same_bits("batchnorm parameter slots", 3, acc3, acc1, 4 * (size_t)C);
+	layers_set_threads(1);
+	free(inp); free(dout); free(gin); free(o1); free(o3); free(d1); free(d3);
+	free(g); free(be); free(rm); free(rv); free(st1); free(st3); free(acc1); free(acc3);
 }

@@ -207,7 +207,7 @@ static void col2im_s1_avx512(float *dxp, const float *col, size_t ld, const stru
 
 static int use_avx512(const struct window *w)
 {
-	return w->S == 1 && __builtin_cpu_supports("avx512f");
+	return w->S == 1 && !w->scalar && __builtin_cpu_supports("avx512f");
 }
 
 static void im2col(float *col, size_t ld, const float *xp, const struct window *w)

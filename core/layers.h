@@ -64,6 +64,10 @@ struct window {
 	int C, H, W;     /* input channels and size */
 	int K, S, P;     /* kernel, stride, padding */
 	int OH, OW;      /* output size */
+	/* 1: the portable loops even where AVX-512 paths exist. They are
+	 * picked at run time, so only this lets the tests check both on a
+	 * machine that has AVX-512 (CI's does). */
+	int scalar;
 };
 
 /* Fills OH and OW from the rest; returns 0, or -EINVAL when the window does

@@ -17,7 +17,7 @@
 
 static int pool2_avx512(const struct window *w)
 {
-	return w->K == 2 && w->S == 2 && __builtin_cpu_supports("avx512f");
+	return w->K == 2 && w->S == 2 && !w->scalar && __builtin_cpu_supports("avx512f");
 }
 
 /* Lanes [0, n) of 16, n clamped to [0, 16]. */

@@ -611,10 +611,13 @@ static const int conv_odd_shapes[][8] = {
  * their definitions, element by element, on every shape above. */
 Test(conv, odd_shapes_match_reference)
 {
-	for (size_t t = 0; t < sizeof(conv_odd_shapes) / sizeof(conv_odd_shapes[0]); t++) {
+	for (size_t u = 0; u < 2 * sizeof(conv_odd_shapes) / sizeof(conv_odd_shapes[0]); u++) {
+		/* Every shape twice: the run-time pick, then the portable loops. */
+		size_t t = u % (sizeof(conv_odd_shapes) / sizeof(conv_odd_shapes[0]));
 		const int *s = conv_odd_shapes[t];
 		int B = s[0], OC = s[4];
-		struct window w = { .C = s[1], .H = s[2], .W = s[3], .K = s[5], .S = s[6], .P = s[7] };
+		struct window w = { .C = s[1], .H = s[2], .W = s[3], .K = s[5], .S = s[6], .P = s[7],
+				    .scalar = u != t };
 		cr_assert_eq(window_init(&w), 0, "shape %zu", t);
 		size_t nin = (size_t)B * w.C * w.H * w.W, nw = (size_t)OC * w.C * w.K * w.K;
 		size_t nout = (size_t)B * OC * w.OH * w.OW, ncol = conv_col_size(&w, OC, B);
@@ -629,7 +632,7 @@ Test(conv, odd_shapes_match_reference)
 		nan_fill(out, nout);
 		conv_forward(out, col, inp, weight, bias, B, OC, &w);
 		conv_naive(ref, inp, weight, bias, B, OC, &w);
-		snprintf(what, sizeof(what), "shape %zu forward", t);
+		snprintf(what, sizeof(what), "shape %zu%s forward", t, w.scalar ? " (portable loops)" : "");
 		assert_close(what, out, ref, nout, 1e-5);
 
 		nan_fill(dinp, nin);
@@ -637,11 +640,11 @@ Test(conv, odd_shapes_match_reference)
 		conv_naive_backward(rdinp, rdw, dout, inp, weight, B, OC, &w);
 		for (size_t i = 0; i < nout; i++)
 			rdb[i / ((size_t)w.OH * w.OW) % (size_t)OC] += dout[i];
-		snprintf(what, sizeof(what), "shape %zu dinp", t);
+		snprintf(what, sizeof(what), "shape %zu%s dinp", t, w.scalar ? " (portable loops)" : "");
 		assert_close(what, dinp, rdinp, nin, 1e-5);
-		snprintf(what, sizeof(what), "shape %zu dweight", t);
+		snprintf(what, sizeof(what), "shape %zu%s dweight", t, w.scalar ? " (portable loops)" : "");
 		assert_close(what, dw, rdw, nw, 1e-5);
-		snprintf(what, sizeof(what), "shape %zu dbias", t);
+		snprintf(what, sizeof(what), "shape %zu%s dbias", t, w.scalar ? " (portable loops)" : "");
 		assert_close(what, db, rdb, (size_t)OC, 1e-5);
 		free(inp); free(weight); free(bias); free(out); free(col); free(dout); free(dinp);
 		free(dw); free(db); free(ref); free(rdinp); free(rdw); free(rdb);
@@ -735,11 +738,12 @@ Test(conv, pool_matches_reference)
 		{ 1, 2, 5, 32, 2, 2 },   /* 2x2: exactly 16 outputs per row */
 		{ 1, 1, 4, 65, 2, 2 },
 	};
-	for (int max = 0; max < 2; max++) {
+	for (int mode = 0; mode < 4; mode++) {
+		int max = mode & 1;   /* mode & 2: the portable loops, not the run-time pick */
 		for (size_t t = 0; t < sizeof(shapes) / sizeof(shapes[0]); t++) {
 			const int *s = shapes[t];
 			int B = s[0];
-			struct window w = { .C = s[1], .H = s[2], .W = s[3], .K = s[4], .S = s[5] };
+			struct window w = { .C = s[1], .H = s[2], .W = s[3], .K = s[4], .S = s[5], .scalar = mode >> 1 };
 			cr_assert_eq(window_init(&w), 0);
 			size_t nin = (size_t)B * w.C * w.H * w.W, nout = (size_t)B * w.C * w.OH * w.OW;
 			float *inp = rand_array(nin, 1.0), *dout = rand_array(nout, 1.0);
@@ -759,12 +763,14 @@ Test(conv, pool_matches_reference)
 				avgpool_backward(dinp, dout, B, &w);
 			}
 			pool_naive(max, ro, rd, inp, dout, B, &w);
+			static const char *const kinds[] = { "avg", "max", "avg (portable loops)", "max (portable loops)" };
+			const char *kind = kinds[mode];
 			for (size_t i = 0; i < nout; i++)
 				cr_assert_float_eq(out[i], ro[i], 1e-6, "%s shape %zu out[%zu] %g vs %g",
-						   max ? "max" : "avg", t, i, (double)out[i], ro[i]);
+						   kind, t, i, (double)out[i], ro[i]);
 			for (size_t i = 0; i < nin; i++)
 				cr_assert_float_eq(dinp[i], rd[i], 1e-6, "%s shape %zu dinp[%zu] %g vs %g",
-						   max ? "max" : "avg", t, i, (double)dinp[i], rd[i]);
+						   kind, t, i, (double)dinp[i], rd[i]);
 			free(inp); free(dout); free(out); free(dinp); free(ro); free(rd);
 		}
 	}

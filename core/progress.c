@@ -44,7 +44,9 @@ static void draw(struct progress *p, long done, int final_eval)
 {
 	double elapsed = progress_now() - p->t0;
 	double rate = p->train_time > 0 ? (double)p->samples / p->train_time : 0;
-	double eta = done > 0 ? elapsed / (double)done * (double)(p->total_steps - done) : 0;
+	/* Per step this process has trained: a resumed run did not train the
+	 * steps before it started. */
+	double eta = p->steps_seen > 0 ? elapsed / (double)p->steps_seen * (double)(p->total_steps - done) : 0;
 	char el[32], et[32], test[48] = "";
 	hms(el, sizeof(el), elapsed);
 	hms(et, sizeof(et), eta);
@@ -79,8 +81,12 @@ void progress_step(struct progress *p, long step, int B, double secs, double los
 {
 	p->samples += B;
 	p->train_time += secs;
-	/* A short exponential average: one batch is noisy, an epoch is stale. */
-	double a = step < 10 ? 1.0 / (double)(step + 1) : 0.1;
+	/* A short exponential average: one batch is noisy, an epoch is stale.
+	 * The first ten steps this process trains (not step 0..9 of the run:
+	 * a resumed one starts later) are a plain mean, so it starts from the
+	 * first batch rather than from 0. */
+	long k = p->steps_seen++;
+	double a = k < 10 ? 1.0 / (double)(k + 1) : 0.1;
 	p->loss += a * (loss - p->loss);
 	p->acc += a * (acc - p->acc);
 	double now = progress_now();

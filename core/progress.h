@@ -17,6 +17,7 @@ struct progress {
 	double train_time;    /* seconds spent in training steps (not eval) */
 	double last_draw;
 	long samples;         /* trained so far */
+	long steps_seen;      /* progress_step calls: a resumed run starts far past step 0 */
 	double loss;          /* running train loss and accuracy (recent batches) */
 	double acc;
 	double test_loss, test_acc;

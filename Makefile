@@ -65,7 +65,7 @@ endif
 OBJ_CORE := $(CORE_SRC:%.c=$(BUILD)/%.o) $(NET_SRC:%.c=$(BUILD)/%.o) \
 	$(GPU_C:%.c=$(BUILD)/%.o) $(GPU_CU:%.cu=$(BUILD)/%.cu.o)
 OBJ_MAIN := $(BUILD)/main.o
-TEST_SRC := $(wildcard tests/test_*.c) tests/util.c
+TEST_SRC := $(wildcard tests/test_*.c) tests/util.c tests/gradcheck.c
 OBJ_TEST := $(TEST_SRC:%.c=$(BUILD)/%.o)
 TEST_BIN := $(BUILD)/tests/run
 ifeq ($(NVCC),)

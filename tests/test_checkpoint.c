@@ -32,17 +32,12 @@ static char dir[256];
 static void setup(void)
 {
 	cr_assert_geq(sodium_init(), 0);
-	const char *t = getenv("TMPDIR");
-	snprintf(dir, sizeof(dir), "%s/pstrain-ckpt-XXXXXX", t ? t : "/tmp");
-	cr_assert_not_null(mkdtemp(dir));
+	test_dir_make(dir, sizeof(dir), "ckpt");
 }
 
 static void teardown(void)
 {
-	char cmd[300];
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-	if (system(cmd) != 0)
-		fprintf(stderr, "cannot remove %s\n", dir);
+	test_dir_remove(dir);
 	leak_check();
 }
 
@@ -371,41 +366,18 @@ Test(checkpoint, rotation_keeps_newest_n)
 
 /* ---- through the binary ---- */
 
+/* Runs pstrain to the end (at most RUN_TIMEOUT_S) with PSTRAIN_CKPT_CRASH
+ * set to crash if not NULL; returns its exit status or 128 + signal. */
 static int run(const char *const *args, const char *crash, const char *outpath)
 {
-	const char *bin = getenv("PSTRAIN_BIN");
-	cr_assert_not_null(bin, "PSTRAIN_BIN is not set (run through make unit)");
-	pid_t pid = fork();
-	cr_assert_neq(pid, -1);
-	if (pid == 0) {
-		int fd = open(outpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-		dup2(fd, 1);
-		dup2(fd, 2);
-		if (crash)
-			setenv("PSTRAIN_CKPT_CRASH", crash, 1);
-		char *argv[24];
-		int n = 0;
-		argv[n++] = (char *)bin;
-		for (int i = 0; args[i] && n < 23; i++)
-			argv[n++] = (char *)args[i];
-		argv[n] = NULL;
-		execv(bin, argv);
-		_exit(127);
-	}
-	struct timespec t0, now, nap = { 0, 10 * 1000 * 1000 };
-	clock_gettime(CLOCK_MONOTONIC, &t0);
-	for (;;) {
-		int st;
-		if (waitpid(pid, &st, WNOHANG) == pid)
-			return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-		clock_gettime(CLOCK_MONOTONIC, &now);
-		if (now.tv_sec - t0.tv_sec > RUN_TIMEOUT_S) {
-			kill(pid, SIGKILL);
-			waitpid(pid, NULL, 0);
-			cr_assert_fail("pstrain %s did not finish in %d s", args[0], RUN_TIMEOUT_S);
-		}
-		nanosleep(&nap, NULL);
-	}
+	char env[128];
+	if (crash)
+		snprintf(env, sizeof(env), "PSTRAIN_CKPT_CRASH=%s", crash);
+	pid_t pid = spawn_pstrain(args, outpath, crash ? env : NULL);
+	int st;
+	wait_children(&pid, 1, &st, RUN_TIMEOUT_S);
+	cr_assert_neq(st, -1, "pstrain %s did not finish in %d s", args[0], RUN_TIMEOUT_S);
+	return st;
 }
 
 static char *slurp(const char *path)

@@ -39,17 +39,12 @@ static char dir[256];
 static void setup(void)
 {
 	cr_assert_geq(sodium_init(), 0);
-	const char *t = getenv("TMPDIR");
-	snprintf(dir, sizeof(dir), "%s/pstrain-cluster-XXXXXX", t ? t : "/tmp");
-	cr_assert_not_null(mkdtemp(dir));
+	test_dir_make(dir, sizeof(dir), "cluster");
 }
 
 static void teardown(void)
 {
-	char cmd[300];
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-	if (system(cmd) != 0)
-		fprintf(stderr, "cannot remove %s\n", dir);
+	test_dir_remove(dir);
 	leak_check();
 }
 

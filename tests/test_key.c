@@ -4,6 +4,7 @@
 #include <criterion/criterion.h>
 
 #include "leak.h"
+#include "util.h"
 
 #include "../net/key.h"
 
@@ -22,16 +23,12 @@ static char dir[256];
 static void setup(void)
 {
 	cr_assert_geq(sodium_init(), 0);
-	const char *t = getenv("TMPDIR");
-	snprintf(dir, sizeof(dir), "%s/pstrain-key-XXXXXX", t ? t : "/tmp");
-	cr_assert_not_null(mkdtemp(dir));
+	test_dir_make(dir, sizeof(dir), "key");
 }
 
 static void teardown(void)
 {
-	char cmd[300];
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-	cr_expect_eq(system(cmd), 0);
+	cr_expect_eq(test_dir_remove(dir), 0);
 	leak_check();
 }
 

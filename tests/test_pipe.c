@@ -683,9 +683,7 @@ static void e2e_setup(char *dir, size_t dirlen, char *cfg, size_t cfglen, int P,
 		      uint8_t *key)
 {
 	char path[300], err[KEY_ERR_MAX];
-	const char *t = getenv("TMPDIR");
-	snprintf(dir, dirlen, "%s/pstrain-pipe-XXXXXX", t ? t : "/tmp");
-	cr_assert_not_null(mkdtemp(dir));
+	test_dir_make(dir, dirlen, "pipe");
 	snprintf(path, sizeof path, "%s/blobs.csv", dir);
 	write_blobs(path, 400, 3, 6, 3);
 	snprintf(path, sizeof path, "%s/cluster.key", dir);
@@ -711,9 +709,7 @@ static void e2e_setup(char *dir, size_t dirlen, char *cfg, size_t cfglen, int P,
 
 static void e2e_cleanup(const char *dir)
 {
-	char cmd[300];
-	snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-	cr_assert_eq(system(cmd), 0);
+	cr_assert_eq(test_dir_remove(dir), 0);
 }
 
 /* 2 ps + 2 workers; threads[i] for ps 0, ps 1, worker 1, worker 0 (the

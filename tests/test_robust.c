@@ -47,9 +47,7 @@ static void setup(void)
 {
 	cr_assert_geq(sodium_init(), 0);
 	signal(SIGPIPE, SIG_IGN);
-	const char *t = getenv("TMPDIR");
-	snprintf(dir, sizeof(dir), "%s/pstrain-robust-XXXXXX", t ? t : "/tmp");
-	cr_assert_not_null(mkdtemp(dir));
+	test_dir_make(dir, sizeof(dir), "robust");
 }
 
 static void teardown(void)
@@ -60,10 +58,7 @@ static void teardown(void)
 			waitpid(spawned[i], NULL, 0);
 		}
 	nspawned = 0;
-	char cmd[300];
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-	if (system(cmd) != 0)
-		fprintf(stderr, "cannot remove %s\n", dir);
+	test_dir_remove(dir);
 	leak_check();
 }
 

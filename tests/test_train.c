@@ -25,16 +25,12 @@ static char dir[256];
 
 static void make_dir(void)
 {
-	const char *t = getenv("TMPDIR");
-	snprintf(dir, sizeof(dir), "%s/pstrain-train-XXXXXX", t ? t : "/tmp");
-	cr_assert_not_null(mkdtemp(dir));
+	test_dir_make(dir, sizeof(dir), "train");
 }
 
 static void remove_dir(void)
 {
-	char cmd[300];
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-	cr_expect_eq(system(cmd), 0);
+	cr_expect_eq(test_dir_remove(dir), 0);
 }
 
 static const char *blob_config =

@@ -39,6 +39,23 @@ void write_blobs(const char *path, int n, int K, int D, uint64_t seed)
 	cr_assert_eq(fclose(f), 0);
 }
 
+void test_dir_make(char *dir, size_t len, const char *tag)
+{
+	const char *t = getenv("TMPDIR");
+	snprintf(dir, len, "%s/pstrain-%s-XXXXXX", t ? t : "/tmp", tag);
+	cr_assert_not_null(mkdtemp(dir), "mkdtemp %s", dir);
+}
+
+int test_dir_remove(const char *dir)
+{
+	char cmd[300];
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	if (system(cmd) == 0)
+		return 0;
+	fprintf(stderr, "cannot remove %s\n", dir);
+	return -1;
+}
+
 /* A free loopback port: bind port 0, read it back, close. The kernel may
  * hand the same port out again once it is closed, so a test (one process)
  * remembers what it got and never uses a port twice. */

@@ -1,13 +1,22 @@
-/* Helpers shared by tests/test_train.c, test_cluster.c and test_robust.c. */
+/* Helpers shared by the tests that make files, train or start processes. */
 #ifndef PSTRAIN_TEST_UTIL_H
 #define PSTRAIN_TEST_UTIL_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
 /* CSV "label,x0,..": n rows of K well-separated Gaussian blobs in D
  * dimensions; asserts on any I/O failure. */
 void write_blobs(const char *path, int n, int K, int D, uint64_t seed);
+
+/* A new directory $TMPDIR/pstrain-TAG-XXXXXX (/tmp without TMPDIR) in dir;
+ * asserts that it was made. */
+void test_dir_make(char *dir, size_t len, const char *tag);
+
+/* rm -rf dir. Returns 0, or -1 after a line on stderr: a teardown goes on,
+ * a caller that wants it checked asserts on the result. */
+int test_dir_remove(const char *dir);
 
 /* A loopback port nobody listens on, never the same twice in one test. */
 int free_port(void);

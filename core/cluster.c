@@ -1549,11 +1549,17 @@ static int worker_resync_loop(struct worker *wk, float *params, const float *kee
 		int r = 0;
 		for (int k = 0; k < wk->nps && !r; k++) {
 			double ms = (end - progress_now()) * 1000;
-			r = worker_connect_one(wk, k, ms < 1 ? 1 : (int)ms, last, sizeof(last));
+			char why_k[512];
+			r = worker_connect_one(wk, k, ms < 1 ? 1 : (int)ms, why_k, sizeof(why_k));
 			if (r == -EINVAL)
-				return snprintf(err, errlen, "%s", last), r;
-			if (r)
+				return snprintf(err, errlen, "%s", why_k), r;
+			/* A healthy ps reached with the last milliseconds of the
+			 * deadline times out too; the ps that used the time up is
+			 * the one to name. */
+			if (r && (k == k0 || end - progress_now() > 0.05)) {
 				k0 = k;
+				snprintf(last, sizeof(last), "%s", why_k);
+			}
 		}
 		if (r)
 			continue;

@@ -121,6 +121,7 @@ struct ps {
 	int index, W;
 	int ndone;
 	unsigned char done[CONFIG_MAX_HOSTS];
+	unsigned char leaving[CONFIG_MAX_HOSTS]; /* DONE(leaving): saw the run complete */
 	int aborted;
 	char why[512];
 	int nconn;
@@ -520,6 +521,7 @@ static int ps_serve(struct conn *cn, struct hs_result *hr, uint8_t *rbuf, uint8_
 				ps->done[w] = 0;
 				ps->ndone--;
 			}
+			ps->leaving[w] = 0;
 			pthread_mutex_unlock(&ps->mu);
 			/* A sync PULL waits for the version to exist; meanwhile a
 			 * HEARTBEAT every heartbeat_ms tells the worker that the
@@ -669,6 +671,7 @@ static int ps_serve(struct conn *cn, struct hs_result *hr, uint8_t *rbuf, uint8_
 				ps->done[w] = 1;
 				ps->ndone++;
 			}
+			ps->leaving[w] |= d.leaving;
 			pthread_cond_broadcast(&ps->cv);
 			pthread_mutex_unlock(&ps->mu);
 			said_done = 1;
@@ -727,7 +730,18 @@ static void *ps_conn(void *arg)
 	pthread_mutex_lock(&ps->mu);
 	ps->live[w]--;
 	int done = ps->done[w], ab = ps->aborted, others = ps->live[w];
+	/* Finished but gone before seeing the run complete: reconnecting
+	 * (another ps was lost), or dead. The run is not over for this ps
+	 * until it comes back and leaves, or peer_timeout passes. */
+	int away = done && !ps->leaving[w] && !others && !ab;
+	if (away) {
+		clock_gettime(CLOCK_MONOTONIC, &ps->lost[w]);
+		ps->lost[w].tv_sec += (time_t)ps->c->cluster.peer_timeout;
+	}
 	pthread_mutex_unlock(&ps->mu);
+	if (away)
+		logf_(ps->out, "ps %d: %s: worker %u, which had finished, closed its connection before the run was complete; waiting up to %g s for it to connect again",
+		      ps->index, cn->peer, w, ps->c->cluster.peer_timeout);
 	if (r && !done && !ab) {
 		/* A lost worker (killed, crashed, or a peer holding the key that
 		 * sent a bad frame) does not end training: async workers carry on,
@@ -871,7 +885,12 @@ int cluster_ps(const struct config *c, int index, int fresh, FILE *out,
 				      c->cluster.peer_timeout);
 				pthread_cond_broadcast(&ps->cv);
 			}
+		/* Finished: every worker has said DONE and, having seen the
+		 * run complete, left (or stayed away for peer_timeout). */
 		int finished = ps->ndone == ps->W, ab = ps->aborted;
+		for (int w = 0; w < ps->W && finished; w++)
+			if (!ps->leaving[w] && (ps->live[w] || !ps->lost[w].tv_sec || now.tv_sec < ps->lost[w].tv_sec))
+				finished = 0;
 		pthread_mutex_unlock(&ps->mu);
 		if (finished || ab || *stop)
 			break;
@@ -1353,11 +1372,13 @@ static int worker_rollback(struct worker *wk, uint64_t step, char *err, size_t e
 	return 0;
 }
 
-static int worker_done(struct worker *wk, char *err, size_t errlen)
+/* DONE to every ps: trained the last step (leaving 0), or, once every ps
+ * has said the run is complete, closing (leaving 1). */
+static int worker_done(struct worker *wk, int leaving, char *err, size_t errlen)
 {
 	size_t cap = WBUF_BYTES - FRAME_HDR_BYTES - FRAME_TAG_BYTES, len;
 	char e[256];
-	struct msg_done d = { .worker = (uint32_t)wk->index };
+	struct msg_done d = { .worker = (uint32_t)wk->index, .leaving = (uint8_t)leaving };
 	for (int k = 0; k < wk->nps; k++) {
 		/* Sealing encrypts the message in place: encode it for each ps. */
 		if (msg_encode_done(wk->wbuf + FRAME_HDR_BYTES, cap, &d, &len, e, sizeof(e)))
@@ -1636,7 +1657,7 @@ static int worker_finish(struct worker *wk, float *params, long *at, char *err, 
 {
 	long step = *at;
 	for (;;) {
-		int r = worker_done(wk, err, errlen), complete = 0;
+		int r = worker_done(wk, 0, err, errlen), complete = 0;
 		while (!r) {
 			r = worker_status(wk, &complete, err, errlen);
 			if (r || complete)
@@ -1646,8 +1667,13 @@ static int worker_finish(struct worker *wk, float *params, long *at, char *err, 
 					       wk->index);
 			nap_ms(100);
 		}
-		if (!r)
+		if (!r) {
+			/* Unsent, a ps waits peer_timeout for this worker
+			 * to come back, then finishes all the same. */
+			char e2[CONFIG_ERR_MAX];
+			(void)worker_done(wk, 1, e2, sizeof(e2));
 			return 0;
+		}
 		if (wk->lost < 0)
 			return r;
 		char why[CONFIG_ERR_MAX];

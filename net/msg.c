@@ -363,15 +363,18 @@ int msg_decode_status(const uint8_t *buf, size_t len, struct msg_status *out, ch
 }
 
 /* ---- DONE: 8 bytes --------------------------------------------------------
- * 0 type, 1..4 reserved, 4 worker u32 */
+ * 0 type, 1 leaving u8 (0 or 1), 2..4 reserved, 4 worker u32 */
 
 int msg_encode_done(uint8_t *buf, size_t cap, const struct msg_done *m, size_t *len, char *err,
 		    size_t errlen)
 {
+	if (m->leaving > 1)
+		return err_set(err, errlen, -EINVAL, "DONE: leaving flag %u is not 0 or 1", m->leaving);
 	int rc = check_cap(cap, MSG_DONE_BYTES, WIRE_DONE, err, errlen);
 	if (rc < 0)
 		return rc;
 	put_head(buf, WIRE_DONE, MSG_DONE_BYTES);
+	buf[1] = m->leaving;
 	wire_put_u32(buf + 4, m->worker);
 	*len = MSG_DONE_BYTES;
 	return 0;
@@ -382,9 +385,12 @@ int msg_decode_done(const uint8_t *buf, size_t len, struct msg_done *out, char *
 {
 	int rc = check_fixed(buf, len, WIRE_DONE, MSG_DONE_BYTES, err, errlen);
 	if (rc == 0)
-		rc = check_zero(buf, 1, 4, "DONE", err, errlen);
+		rc = check_zero(buf, 2, 4, "DONE", err, errlen);
 	if (rc < 0)
 		return rc;
+	if (buf[1] > 1)
+		return err_set(err, errlen, -EPROTO, "DONE: leaving flag %u is not 0 or 1", buf[1]);
+	out->leaving = buf[1];
 	out->worker = wire_get_u32(buf + 4);
 	return 0;
 }

@@ -132,9 +132,13 @@ struct msg_status {
 	uint64_t stale;   /* gradients dropped as stale */
 };
 
-/* DONE: worker -> ps, goodbye from worker index `worker`. */
+/* DONE: worker -> ps, from worker index `worker`: it has trained its last
+ * step (leaving 0), or it has seen every ps report the run complete and
+ * closes its connections (leaving 1): until then a ps keeps accepting, so
+ * the worker can still reconnect and be rolled back. */
 struct msg_done {
 	uint32_t worker;
+	uint8_t leaving;
 };
 
 /* HEARTBEAT: sent on a connection that has carried nothing else for a

@@ -270,6 +270,23 @@ Test(msg, round_trip_checkpoint_done)
 	cr_assert_eq(len, MSG_DONE_BYTES);
 	cr_assert_eq(msg_decode_done(buf, len, &dnout, err, sizeof err), 0, "%s", err);
 	cr_assert_eq(dnout.worker, dn.worker);
+	cr_assert_eq(dnout.leaving, 0);
+
+	/* leaving: byte 1, 0 or 1 */
+	dn.leaving = 1;
+	cr_assert_eq(msg_encode_done(buf, sizeof buf, &dn, &len, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(buf[1], 1);
+	cr_assert_eq(buf[2] | buf[3], 0);
+	memset(&dnout, 0, sizeof dnout);
+	cr_assert_eq(msg_decode_done(buf, len, &dnout, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(dnout.leaving, 1);
+	cr_assert_eq(dnout.worker, dn.worker);
+	buf[1] = 2;
+	assert_refused(msg_decode_done(buf, len, &dnout, err, sizeof err), -EPROTO, err, "leaving",
+		       "leaving flag 2");
+	dn.leaving = 2;
+	assert_refused(msg_encode_done(buf, sizeof buf, &dn, &len, err, sizeof err), -EINVAL, err,
+		       "leaving", "encoding leaving flag 2");
 }
 
 /* HEARTBEAT's bytes as docs/PROTOCOL.md draws them, and ROLLBACK's. */
@@ -508,7 +525,7 @@ Test(msg, reserved_bytes_must_be_zero)
 	} rows[] = {
 		{ WIRE_PULL, 1, 4 },  { WIRE_PARAMS, 1, 4 }, { WIRE_PUSH, 1, 4 },
 		{ WIRE_ACK, 1, 4 },   { WIRE_ACK, 20, 24 },  { WIRE_CHECKPOINT, 1, 8 },
-		{ WIRE_STATUS, 3, 4 }, { WIRE_DONE, 1, 4 },  { WIRE_ERROR, 1, 4 },
+		{ WIRE_STATUS, 3, 4 }, { WIRE_DONE, 2, 4 },  { WIRE_ERROR, 1, 4 },
 		{ WIRE_HEARTBEAT, 1, 8 }, { WIRE_ROLLBACK, 1, 8 },
 	};
 	uint8_t buf[256];

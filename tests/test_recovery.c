@@ -622,3 +622,52 @@ Test(recovery, ps_killed_after_a_worker_finished, .timeout = 300)
 	}
 	free(a);
 }
+
+/* Item 5, async: a ps killed after worker 1 has finished, while worker 1 is
+ * slow to notice (SIGSTOPped, less than peer_timeout). The chief, evaluating
+ * slowly at step 2499, reconnects first, rolls back, finishes and exits.
+ * ps 0 must not end with it: worker 1 said DONE but never saw the run
+ * complete. Continued, worker 1 loses ps 1, reconnects to both (the old ps
+ * 0 could have stopped accepting: worker 1 exited 3 and the restarted ps 1
+ * waited for it until killed), trains again if the shards went back below
+ * what it had pulled or else says DONE again, and leaves. */
+Test(recovery, async_ps_killed_after_a_worker_finished, .timeout = 300)
+{
+	char cfg[300], out[4][300], again[300];
+	const char *train = "checkpoint_dir = afin-ck\ncheckpoint_every = 70\neval_every = 2499\n";
+	double ref = reference_mode("async", "checkpoint_dir = afin-ref-ck\ncheckpoint_every = 70\neval_every = 2499\n",
+				    "peer_timeout = 20\n", NULL);
+	snprintf(cfg, sizeof(cfg), "%s/afin.ini", dir);
+	write_config_mode(cfg, STEPS, "async", train, "peer_timeout = 20\n");
+	pid_t pids[4];
+	int st[4], ws = 0;
+	start_cluster(cfg, "afin", NULL, "PSTRAIN_EVAL_DELAY_MS=4000", pids, out);
+	char mark[32];
+	snprintf(mark, sizeof(mark), "step %d/%d", STEPS, STEPS);
+	int seen = wait_for_text(out[2], mark);
+	kill(pids[2], SIGSTOP);
+	kill(pids[1], SIGKILL);
+	waitpid(pids[1], &ws, 0);
+	int chief_early = strstr(slurp(out[3]), "done: ") != NULL;
+	struct timespec pause = { 0, 300 * 1000 * 1000 };
+	nanosleep(&pause, NULL);
+	snprintf(again, sizeof(again), "%s/afin-ps1-again.log", dir);
+	pids[1] = start_one(cfg, 1, NULL, NULL, again);
+	/* The chief has exited and ps 0 has had its DONE for 300 ms (the
+	 * old ps 0 stopped accepting within 200 ms) before worker 1 goes on. */
+	int chief_done = wait_for_text(out[3], "done: ");
+	wait_children(pids + 3, 1, st + 3, RUN_TIMEOUT_S);
+	nanosleep(&pause, NULL);
+	kill(pids[2], SIGCONT);
+	wait_children(pids, 3, st, RUN_TIMEOUT_S);
+	snprintf(out[1], 300, "%s", again);
+	cr_assert(seen, "worker 1 never finished:\n%s", slurp(out[2]));
+	cr_assert(!chief_early, "the chief had finished too: the kill came too late:\n%s", slurp(out[3]));
+	cr_assert(chief_done, "the chief did not finish while worker 1 was stopped:\n%s", slurp(out[3]));
+	for (int i = 0; i < 4; i++)
+		cr_assert_eq(st[i], 0, "%s %s exit %d:\n%s\n%s\n%s\n%s", ROLES[i][0], ROLES[i][1], st[i],
+			     slurp(out[0]), slurp(out[1]), slurp(out[2]), slurp(out[3]));
+	cr_assert_not_null(strstr(slurp(out[2]), "reconnected to every ps"), "%s", slurp(out[2]));
+	double acc = final_accuracy(slurp(out[3]));
+	cr_assert(fabs(acc - ref) <= 1.0, "accuracy %.2f%% vs %.2f%% undisturbed", acc, ref);
+}

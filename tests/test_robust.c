@@ -452,7 +452,7 @@ Test(robust, oversized_length)
 /* ---- capacity and backup workers ------------------------------------------ */
 
 /* Item 7: 64 workers connect at once, each handshakes and is served a PULL
- * while all 64 are open; workers 1..63 then say DONE, worker 0's raw
+ * while all 64 are open; workers 1..63 then say DONE and leave, worker 0's raw
  * connection just closes and the real worker 0 trains (async: it needs no
  * one else's gradients). */
 Test(robust, sixty_four_concurrent_workers)
@@ -485,7 +485,9 @@ Test(robust, sixty_four_concurrent_workers)
 		uint8_t m[64];
 		size_t len, flen;
 		char err[256];
-		struct msg_done d = { .worker = (uint32_t)i };
+		/* DONE, leaving: otherwise the ps would wait peer_timeout
+		 * for them to come back before finishing. */
+		struct msg_done d = { .worker = (uint32_t)i, .leaving = 1 };
 		cr_assert_eq(msg_encode_done(m, sizeof(m), &d, &len, err, sizeof(err)), 0, "%s", err);
 		cr_assert_eq(frame_seal(&hr[i].send, f, sizeof(f), m, len, &flen, err, sizeof(err)), 0);
 		send_bytes(fd[i], f, flen);

@@ -111,6 +111,27 @@ static void run_cluster(const char *cfg, const char *dump, int *st, char out[4][
 	run_cluster_order(cfg, dump, 0, st, out);
 }
 
+/* Every one of the n processes exited 0; if not, fails showing every exit
+ * status and every log: the process that failed first is often not the
+ * one whose status is checked first (a ps killed at the time limit while
+ * waiting for a worker that exited 3). */
+static void assert_exits_zero(const int *st, char out[][300], int n, const char *what)
+{
+	int bad = 0;
+	for (int i = 0; i < n; i++)
+		bad |= st[i] != 0;
+	if (!bad)
+		return;
+	static char msg[4 << 15];
+	size_t at = (size_t)snprintf(msg, sizeof(msg), "%s%sexit statuses", what, what[0] ? ": " : "");
+	for (int i = 0; i < n; i++)
+		at += (size_t)snprintf(msg + at, sizeof(msg) - at, " %d", st[i]);
+	for (int i = 0; i < n && at < sizeof(msg) - 1; i++)
+		at += (size_t)snprintf(msg + at, sizeof(msg) - at, "\n--- process %d (%s):\n%.7000s", i, out[i],
+				       slurp(out[i]));
+	cr_assert_fail("%s", msg);
+}
+
 static double final_accuracy(const char *text)
 {
 	const char *done = strstr(text, "done: ");
@@ -129,8 +150,7 @@ Test(cluster, sync_two_ps_two_workers)
 	snprintf(cfg, sizeof(cfg), "%s/cluster.ini", dir);
 	write_cluster(cfg, 150, "mode = sync\n");
 	run_cluster(cfg, NULL, st, out);
-	for (int i = 0; i < 4; i++)
-		cr_assert_eq(st[i], 0, "process %d exit %d, its output:\n%s", i, st[i], slurp(out[i]));
+	assert_exits_zero(st, out, 4, "");
 	char *chief = slurp(out[3]);
 	cr_assert_not_null(strstr(chief, "done: 150 steps"), "chief:\n%s", chief);
 	double acc = final_accuracy(chief);
@@ -146,8 +166,7 @@ Test(cluster, async_two_ps_two_workers)
 	snprintf(cfg, sizeof(cfg), "%s/cluster.ini", dir);
 	write_cluster(cfg, 150, "mode = async\n");
 	run_cluster(cfg, NULL, st, out);
-	for (int i = 0; i < 4; i++)
-		cr_assert_eq(st[i], 0, "process %d exit %d, its output:\n%s", i, st[i], slurp(out[i]));
+	assert_exits_zero(st, out, 4, "");
 	double acc = final_accuracy(slurp(out[3]));
 	cr_assert_gt(acc, 90.0, "final accuracy %.2f%%:\n%s", acc, slurp(out[3]));
 }
@@ -160,8 +179,7 @@ Test(cluster, workers_start_before_ps)
 	snprintf(cfg, sizeof(cfg), "%s/cluster.ini", dir);
 	write_cluster(cfg, 60, "mode = sync\n");
 	run_cluster_order(cfg, NULL, 1, st, out);
-	for (int i = 0; i < 4; i++)
-		cr_assert_eq(st[i], 0, "process %d exit %d, its output:\n%s", i, st[i], slurp(out[i]));
+	assert_exits_zero(st, out, 4, "");
 	cr_assert_not_null(strstr(slurp(out[3]), "done: 60 steps"), "%s", slurp(out[3]));
 }
 
@@ -174,8 +192,7 @@ Test(cluster, sync_with_a_backup_worker)
 	snprintf(cfg, sizeof(cfg), "%s/cluster.ini", dir);
 	write_cluster(cfg, 150, "mode = sync\nreplicas_to_aggregate = 1\n");
 	run_cluster(cfg, NULL, st, out);
-	for (int i = 0; i < 4; i++)
-		cr_assert_eq(st[i], 0, "process %d exit %d, its output:\n%s", i, st[i], slurp(out[i]));
+	assert_exits_zero(st, out, 4, "");
 	double acc = final_accuracy(slurp(out[3]));
 	cr_assert_gt(acc, 90.0, "final accuracy %.2f%%:\n%s", acc, slurp(out[3]));
 }
@@ -192,8 +209,7 @@ Test(cluster, sync_equals_local_with_double_batch)
 	snprintf(dump, sizeof(dump), "%s/params.bin", dir);
 	write_cluster(cfg, steps, "mode = sync\n");
 	run_cluster(cfg, dump, st, out);
-	for (int i = 0; i < 4; i++)
-		cr_assert_eq(st[i], 0, "process %d exit %d, its output:\n%s", i, st[i], slurp(out[i]));
+	assert_exits_zero(st, out, 4, "");
 
 	struct config *c = malloc(sizeof(*c));
 	cr_assert_not_null(c);
@@ -368,9 +384,7 @@ Test(cluster, ps_memory_does_not_grow_with_steps, .timeout = 60)
 			}
 			nanosleep(&nap, NULL);
 		}
-		for (int i = 0; i < 3; i++)
-			cr_assert_eq(st[i], 0, "%s: process %d exit %d, its output:\n%s", modes[m], i,
-				     st[i], slurp(out[i]));
+		assert_exits_zero(st, out, 3, modes[m]);
 		char done[64];
 		snprintf(done, sizeof(done), "done: %d steps", STEPS);
 		cr_assert_not_null(strstr(slurp(out[2]), done), "%s", slurp(out[2]));
@@ -414,16 +428,14 @@ Test(cluster, checkpoint_and_resume_sync)
 	snprintf(dump1, sizeof(dump1), "%s/p1.bin", dir);
 	write_cluster(cfg, 60, "mode = sync\ncheckpoint_dir = ck1\ncheckpoint_every = 15\n");
 	run_cluster(cfg, dump1, st, out);
-	for (int i = 0; i < 4; i++)
-		cr_assert_eq(st[i], 0, "run 1: process %d exit %d:\n%s", i, st[i], slurp(out[i]));
+	assert_exits_zero(st, out, 4, "run 1");
 	/* 40 steps, then the same cluster told to run 60. */
 	snprintf(cfg, sizeof(cfg), "%s/c2.ini", dir);
 	snprintf(path, sizeof(path), "%s/cluster.key", dir);
 	cr_assert_eq(unlink(path), 0);   /* write_cluster makes a new one */
 	write_cluster(cfg, 40, "mode = sync\ncheckpoint_dir = ck2\ncheckpoint_every = 15\n");
 	run_cluster(cfg, NULL, st, out);
-	for (int i = 0; i < 4; i++)
-		cr_assert_eq(st[i], 0, "run 2: process %d exit %d:\n%s", i, st[i], slurp(out[i]));
+	assert_exits_zero(st, out, 4, "run 2");
 	for (int s = 15; s <= 45; s += 15) {
 		for (int k = 0; k < 2; k++) {
 			/* A save asked for while the previous one is still being
@@ -446,8 +458,7 @@ Test(cluster, checkpoint_and_resume_sync)
 	cr_assert_eq(unlink(path), 0);
 	write_cluster(cfg, 60, "mode = sync\ncheckpoint_dir = ck2\ncheckpoint_every = 15\n");
 	run_cluster(cfg, dump3, st, out);
-	for (int i = 0; i < 4; i++)
-		cr_assert_eq(st[i], 0, "run 3: process %d exit %d:\n%s", i, st[i], slurp(out[i]));
+	assert_exits_zero(st, out, 4, "run 3");
 	cr_assert_not_null(strstr(slurp(out[0]), "resuming from"), "ps 0 did not resume:\n%s", slurp(out[0]));
 	cr_assert_not_null(strstr(slurp(out[3]), "continuing at step 40 of 60"), "chief:\n%s", slurp(out[3]));
 	cr_assert_not_null(strstr(slurp(out[3]), "done: 60 steps"), "chief:\n%s", slurp(out[3]));
@@ -506,8 +517,7 @@ Test(cluster, checkpoint_and_resume_async)
 	snprintf(cfg, sizeof(cfg), "%s/a1.ini", dir);
 	write_cluster(cfg, 40, "mode = async\ncheckpoint_dir = ck\ncheckpoint_every = 15\n");
 	run_cluster(cfg, NULL, st, out);
-	for (int i = 0; i < 4; i++)
-		cr_assert_eq(st[i], 0, "run 1: process %d exit %d:\n%s", i, st[i], slurp(out[i]));
+	assert_exits_zero(st, out, 4, "run 1");
 	snprintf(ck, sizeof(ck), "%s/ck", dir);
 	long label = newest_complete(ck);
 	/* The final checkpoint: ps 0's version after the chief's 40 pushes
@@ -520,8 +530,7 @@ Test(cluster, checkpoint_and_resume_async)
 	cr_assert_eq(unlink(path), 0);   /* write_cluster makes a new one */
 	write_cluster(cfg, 60, "mode = async\ncheckpoint_dir = ck\ncheckpoint_every = 15\n");
 	run_cluster(cfg, NULL, st, out);
-	for (int i = 0; i < 4; i++)
-		cr_assert_eq(st[i], 0, "run 2: process %d exit %d:\n%s", i, st[i], slurp(out[i]));
+	assert_exits_zero(st, out, 4, "run 2");
 	char want[400];
 	snprintf(want, sizeof(want), "resuming from %s/step-%08ld", ck, label);
 	for (int k = 0; k < 2; k++)
@@ -586,8 +595,7 @@ Test(cluster, killed_worker_rejoins, .timeout = 180)
 	snprintf(cfg, sizeof(cfg), "%s/ref.ini", dir);
 	write_cluster(cfg, 1500, "mode = sync\ncheckpoint_dir =\n");
 	run_cluster(cfg, NULL, st, out);
-	for (int i = 0; i < 4; i++)
-		cr_assert_eq(st[i], 0, "undisturbed: process %d exit %d:\n%s", i, st[i], slurp(out[i]));
+	assert_exits_zero(st, out, 4, "undisturbed");
 	double ref = final_accuracy(slurp(out[3]));
 
 	uint32_t seed = 6;
@@ -631,9 +639,9 @@ Test(cluster, killed_worker_rejoins, .timeout = 180)
 		pids[2] = spawn_pstrain(args, rejoin, NULL);
 		wait_children(pids, 4, st, RUN_TIMEOUT_S);
 		snprintf(out[2], 300, "%s", rejoin);
-		for (int i = 0; i < 4; i++)
-			cr_assert_eq(st[i], 0, "trial %d (killed at step %d): process %d exit %d:\n%s", trial, kill_at, i,
-				     st[i], slurp(out[i]));
+		char what[64];
+		snprintf(what, sizeof(what), "trial %d (killed at step %d)", trial, kill_at);
+		assert_exits_zero(st, out, 4, what);
 		char *chief = slurp(out[3]);
 		cr_assert_not_null(strstr(chief, "done: 1500 steps"), "%s", chief);
 		double acc = final_accuracy(chief);

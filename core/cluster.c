@@ -108,6 +108,12 @@ static void logf_(FILE *out, const char *fmt, ...)
 	va_end(ap);
 }
 
+static void nap_ms(long ms)
+{
+	struct timespec t = { ms / 1000, (ms % 1000) * 1000000L };
+	nanosleep(&t, NULL);
+}
+
 /* ---- ps ------------------------------------------------------------------ */
 
 struct ps {
@@ -133,6 +139,7 @@ struct ps {
 	struct ckpt_layout *lay;             /* NULL: checkpoints off */
 	uint64_t pending;                    /* CHECKPOINT step not reached yet; 0: none */
 	uint64_t gen;                        /* rollbacks so far: wakes PULLs waiting across one */
+	long first_pull_delay_ms;            /* test hook PSTRAIN_FIRST_PULL_DELAY_MS */
 	/* Saving: the shard is copied into the queue under mu, and the
 	 * writer thread writes the copies, oldest first, without mu, so
 	 * pushes, pulls and heartbeats never wait for a disk. */
@@ -481,13 +488,15 @@ static int ps_serve(struct conn *cn, struct hs_result *hr, uint8_t *rbuf, uint8_
 	int w = (int)hr->peer.index;
 	struct msg_assembly a;
 	int assembling = 0;
-	int said_done = 0;
+	int said_done = 0, pulls = 0;
 	char e[320];
 
 	for (;;) {
 		size_t len;
-		int r = sock_read_frame(cn->fd, &hr->recv, rbuf, RBUF_BYTES, &len,
-					said_done ? -1 : peer_timeout_ms(ps->c), e, sizeof(e));
+		/* After DONE too: a finished worker polls STATUS every 100 ms
+		 * until it leaves, so silence means it is stuck. */
+		int r = sock_read_frame(cn->fd, &hr->recv, rbuf, RBUF_BYTES, &len, peer_timeout_ms(ps->c), e,
+					sizeof(e));
 		if (r) {
 			if (said_done)
 				return 0;
@@ -516,6 +525,8 @@ static int ps_serve(struct conn *cn, struct hs_result *hr, uint8_t *rbuf, uint8_
 			 * or to see where the shards are: it is not done until it
 			 * says DONE again. */
 			said_done = 0;
+			if (!pulls++ && ps->first_pull_delay_ms)
+				nap_ms(ps->first_pull_delay_ms);
 			pthread_mutex_lock(&ps->mu);
 			if (ps->done[w]) {
 				ps->done[w] = 0;
@@ -840,6 +851,10 @@ int cluster_ps(const struct config *c, int index, int fresh, FILE *out,
 	ps->out = out;
 	ps->index = index;
 	ps->c = c;
+	/* Test hook: answer each connection's first PULL this much later, as a
+	 * starved thread would. */
+	const char *fpd = getenv("PSTRAIN_FIRST_PULL_DELAY_MS");
+	ps->first_pull_delay_ms = fpd ? atol(fpd) : 0;
 	e = ps_resume(ps, &s, fresh, err, errlen);
 	if (e)
 		goto out2;
@@ -1462,12 +1477,6 @@ static void worker_keep(struct worker *wk, float *params, const float *keep, con
 	}
 }
 
-static void nap_ms(long ms)
-{
-	struct timespec t = { ms / 1000, (ms % 1000) * 1000000L };
-	nanosleep(&t, NULL);
-}
-
 /* After a lost ps (wk->lost; why says how): reconnects to every ps with
  * backoff for up to peer_timeout, then pulls where the shards are. In sync
  * mode a ps that came back at an older step was restarted from the newest
@@ -1807,16 +1816,31 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 		 * shards run ahead of a late worker and may differ by a step or
 		 * two; shards restored from different checkpoints differ by far
 		 * more, and would wait for each other forever. */
-		uint64_t lo = wk.ln[0].got, hi = wk.ln[0].got;
-		for (int k = 1; k < wk.nps; k++) {
-			lo = wk.ln[k].got < lo ? wk.ln[k].got : lo;
-			hi = wk.ln[k].got > hi ? wk.ln[k].got : hi;
-		}
-		if (hi - lo > 2 * (uint64_t)W) {
-			e = err_set(err, errlen, -ECONNABORTED,
-				    "the ps tasks are at steps %llu to %llu: restart every ps so they load the same checkpoint",
-				    (unsigned long long)lo, (unsigned long long)hi);
-			goto fail;
+		uint64_t lo, hi;
+		int back;
+		double until = progress_now() + c->cluster.peer_timeout;
+		for (int again = 0;; again++) {
+			worker_spread(&wk, NULL, &lo, &hi, &back);
+			if (hi - lo <= 2 * (uint64_t)W)
+				break;
+			/* Or one shard answered before and another after the
+			 * backup workers' next steps (a busy machine): pulled
+			 * again, they agree. */
+			if (progress_now() >= until || *stop) {
+				e = err_set(err, errlen, -ECONNABORTED,
+					    "the ps tasks are at steps %llu to %llu: restart every ps so they load the same checkpoint",
+					    (unsigned long long)lo, (unsigned long long)hi);
+				goto fail;
+			}
+			if (!again)
+				logf_(out, "worker %d: the shards are at steps %llu to %llu: pulling again until they agree (up to %g s, peer_timeout)",
+				      index, (unsigned long long)lo, (unsigned long long)hi, c->cluster.peer_timeout);
+			nap_ms(50);
+			e = worker_pull(&wk, params, 1, err, errlen);
+			if (!e)
+				e = devices_set_params(&dev, params, err, errlen);
+			if (e)
+				goto fail;
 		}
 		start = (long)lo;
 		if (start > total) {

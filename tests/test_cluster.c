@@ -73,7 +73,7 @@ static void write_cluster(const char *cfg, int steps, const char *extra)
 
 static char *slurp(const char *path)
 {
-	static char buf[4][1 << 15];
+	static char buf[4][1 << 18];
 	static int next;
 	char *b = buf[next++ % 4];
 	FILE *f = fopen(path, "r");
@@ -649,4 +649,40 @@ Test(cluster, killed_worker_rejoins, .timeout = 180)
 		cr_assert_not_null(strstr(slurp(out[0]), "closed worker 1's connection"), "%s", slurp(out[0]));
 		cr_assert_not_null(strstr(slurp(rejoin), "continuing at step"), "%s", slurp(rejoin));
 	}
+}
+
+/* replicas_to_aggregate = 1: worker 1 trains alone before the chief starts,
+ * and ps 1 answers each connection's first PULL 300 ms late (test hook
+ * PSTRAIN_FIRST_PULL_DELAY_MS, as a starved thread would on a busy
+ * machine), so the chief's first pull finds the shards far apart. It pulls
+ * again instead of taking them for shards restored from different
+ * checkpoints: that made it exit 3 while ps 0 waited for it (seen once in
+ * CI's ASan run, without the hook). */
+Test(cluster, late_chief_beside_a_backup_worker_pulls_again)
+{
+	enum { STEPS = 8000 };
+	char cfg[300], out[4][300], mark[64];
+	int st[4];
+	snprintf(cfg, sizeof(cfg), "%s/late.ini", dir);
+	write_cluster(cfg, STEPS, "mode = sync\nreplicas_to_aggregate = 1\n");
+	const char *roles[4][2] = { { "ps", "0" }, { "ps", "1" }, { "worker", "1" }, { "worker", "0" } };
+	pid_t pids[4];
+	for (int i = 0; i < 4; i++) {
+		if (i == 3) {
+			snprintf(mark, sizeof(mark), "worker 1: step 200/%d", STEPS);
+			if (!wait_for_text(out[2], mark)) {
+				wait_children(pids, 3, st, 0);
+				cr_assert_fail("worker 1 never reached step 200:\n%s", slurp(out[2]));
+			}
+		}
+		snprintf(out[i], 300, "%s/late-%s%s.log", dir, roles[i][0], roles[i][1]);
+		const char *args[] = { roles[i][0], "--index", roles[i][1], "--config", cfg, NULL };
+		pids[i] = spawn_pstrain(args, out[i], i == 1 ? "PSTRAIN_FIRST_PULL_DELAY_MS=300" : NULL);
+	}
+	wait_children(pids, 4, st, RUN_TIMEOUT_S);
+	assert_exits_zero(st, out, 4, "");
+	char *chief = slurp(out[3]);
+	cr_assert_not_null(strstr(chief, "pulling again until they agree"), "%s", chief);
+	double acc = final_accuracy(chief);
+	cr_assert_gt(acc, 90.0, "final accuracy %.2f%%:\n%s", acc, chief);
 }

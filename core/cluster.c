@@ -488,7 +488,7 @@ static int ps_serve(struct conn *cn, struct hs_result *hr, uint8_t *rbuf, uint8_
 	int w = (int)hr->peer.index;
 	struct msg_assembly a;
 	int assembling = 0;
-	int said_done = 0, pulls = 0;
+	int said_done = 0, first_pull = 1;
 	char e[320];
 
 	for (;;) {
@@ -525,8 +525,9 @@ static int ps_serve(struct conn *cn, struct hs_result *hr, uint8_t *rbuf, uint8_
 			 * or to see where the shards are: it is not done until it
 			 * says DONE again. */
 			said_done = 0;
-			if (!pulls++ && ps->first_pull_delay_ms)
+			if (first_pull && ps->first_pull_delay_ms)
 				nap_ms(ps->first_pull_delay_ms);
+			first_pull = 0;
 			pthread_mutex_lock(&ps->mu);
 			if (ps->done[w]) {
 				ps->done[w] = 0;

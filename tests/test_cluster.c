@@ -111,27 +111,6 @@ static void run_cluster(const char *cfg, const char *dump, int *st, char out[4][
 	run_cluster_order(cfg, dump, 0, st, out);
 }
 
-/* Every one of the n processes exited 0; if not, fails showing every exit
- * status and every log: the process that failed first is often not the
- * one whose status is checked first (a ps killed at the time limit while
- * waiting for a worker that exited 3). */
-static void assert_exits_zero(const int *st, char out[][300], int n, const char *what)
-{
-	int bad = 0;
-	for (int i = 0; i < n; i++)
-		bad |= st[i] != 0;
-	if (!bad)
-		return;
-	static char msg[4 << 15];
-	size_t at = (size_t)snprintf(msg, sizeof(msg), "%s%sexit statuses", what, what[0] ? ": " : "");
-	for (int i = 0; i < n; i++)
-		at += (size_t)snprintf(msg + at, sizeof(msg) - at, " %d", st[i]);
-	for (int i = 0; i < n && at < sizeof(msg) - 1; i++)
-		at += (size_t)snprintf(msg + at, sizeof(msg) - at, "\n--- process %d (%s):\n%.7000s", i, out[i],
-				       slurp(out[i]));
-	cr_assert_fail("%s", msg);
-}
-
 static double final_accuracy(const char *text)
 {
 	const char *done = strstr(text, "done: ");

@@ -141,13 +141,6 @@ static void start_cluster(const char *cfg, const char *tag, const char *dump, co
 	}
 }
 
-static void assert_all_zero(const int *st, char out[4][300], const char *what)
-{
-	for (int i = 0; i < 4; i++)
-		cr_assert_eq(st[i], 0, "%s: %s %s exit %d, its output:\n%s", what, ROLES[i][0],
-			     ROLES[i][1], st[i], slurp(out[i]));
-}
-
 static void read_all(const char *path, unsigned char **buf, size_t *len)
 {
 	FILE *f = fopen(path, "rb");
@@ -172,7 +165,7 @@ static double reference_mode(const char *mode, const char *train_extra, const ch
 	write_config_mode(cfg, STEPS, mode, train_extra, cluster_extra);
 	start_cluster(cfg, "ref", dump, NULL, pids, out);
 	wait_children(pids, 4, st, RUN_TIMEOUT_S);
-	assert_all_zero(st, out, "undisturbed run");
+	assert_exits_zero(st, out, 4, "undisturbed run");
 	return final_accuracy(slurp(out[3]));
 }
 
@@ -239,10 +232,9 @@ Test(recovery, killed_ps_rolls_back_everywhere, .timeout = 400)
 		pids[k] = start_one(cfg, k, NULL, NULL, again);
 		wait_children(pids, 4, st, RUN_TIMEOUT_S);
 		snprintf(out[k], 300, "%s", again);
-		for (int i = 0; i < 4; i++)
-			cr_assert_eq(st[i], 0, "trial %d (ps %d killed at step %d): %s %s exit %d:\n%s\nchief:\n%s",
-				     trial, k, kill_at, ROLES[i][0], ROLES[i][1], st[i], slurp(out[i]),
-				     slurp(out[3]));
+		char what[64];
+		snprintf(what, sizeof(what), "trial %d (ps %d killed at step %d)", trial, k, kill_at);
+		assert_exits_zero(st, out, 4, what);
 		char *chief = slurp(out[3]);
 		char lost[32];
 		snprintf(lost, sizeof(lost), "lost ps %d", k);
@@ -336,10 +328,9 @@ Test(recovery, async_killed_ps_rolls_back_everywhere, .timeout = 300)
 		pids[k] = start_one(cfg, k, NULL, NULL, again);
 		wait_children(pids, 4, st, RUN_TIMEOUT_S);
 		snprintf(out[k], 300, "%s", again);
-		for (int i = 0; i < 4; i++)
-			cr_assert_eq(st[i], 0, "trial %d (ps %d killed at step %d): %s %s exit %d:\n%s\n%s\n%s\n%s",
-				     trial, k, kill_at, ROLES[i][0], ROLES[i][1], st[i], slurp(out[0]),
-				     slurp(out[1]), slurp(out[2]), slurp(out[3]));
+		char what[64];
+		snprintf(what, sizeof(what), "trial %d (ps %d killed at step %d)", trial, k, kill_at);
+		assert_exits_zero(st, out, 4, what);
 		char *chief = slurp(out[3]), *w1 = slurp(out[2]);
 		/* The restarted ps resumed from the newest complete checkpoint
 		 * (on a very slow disk there may be none yet: then it starts
@@ -387,7 +378,7 @@ Test(recovery, stopped_ps_is_declared_dead_and_rejoins, .timeout = 200)
 	wait_children(pids, 4, st, RUN_TIMEOUT_S);
 	cr_assert(seen, "the chief never reached step 300:\n%s", slurp(out[3]));
 	cr_assert(dead, "no worker declared the stopped ps dead:\n%s\n%s", slurp(out[3]), slurp(out[2]));
-	assert_all_zero(st, out, "stopped ps");
+	assert_exits_zero(st, out, 4, "stopped ps");
 	char *chief = slurp(out[3]);
 	cr_assert(strstr(chief, "lost ps 1 (127.0.0.1:") || strstr(slurp(out[2]), "lost ps 1 (127.0.0.1:"),
 		  "%s\n%s", chief, slurp(out[2]));
@@ -448,7 +439,7 @@ Test(recovery, stopped_worker_is_declared_dead_and_rejoins, .timeout = 200)
 	wait_children(pids, 4, st, RUN_TIMEOUT_S);
 	cr_assert(seen, "the chief never reached step 300:\n%s", slurp(out[3]));
 	cr_assert(dead, "no ps declared the stopped worker dead:\n%s\n%s", slurp(out[0]), slurp(out[1]));
-	assert_all_zero(st, out, "stopped worker");
+	assert_exits_zero(st, out, 4, "stopped worker");
 	char *chief = slurp(out[3]);
 	cr_assert_not_null(strstr(chief, "is waiting for worker 1 "), "%s", chief);
 	double acc = final_accuracy(chief);
@@ -468,7 +459,7 @@ Test(recovery, heartbeats_outlast_a_slow_evaluation, .timeout = 120)
 	int st[4];
 	start_cluster(cfg, "slow", NULL, "PSTRAIN_EVAL_DELAY_MS=2500", pids, out);
 	wait_children(pids, 4, st, RUN_TIMEOUT_S);
-	assert_all_zero(st, out, "slow evaluation");
+	assert_exits_zero(st, out, 4, "slow evaluation");
 	cr_assert_not_null(strstr(slurp(out[3]), "done: 300 steps"), "%s", slurp(out[3]));
 	for (int i = 0; i < 4; i++) {
 		char *log = slurp(out[i]);
@@ -494,7 +485,7 @@ Test(recovery, slow_checkpoint_write_stalls_nobody, .timeout = 120)
 	start_cluster(cfg, "slowck", NULL, NULL, pids, out);
 	unsetenv("PSTRAIN_CKPT_DELAY_MS");
 	wait_children(pids, 4, st, RUN_TIMEOUT_S);
-	assert_all_zero(st, out, "slow checkpoint writes");
+	assert_exits_zero(st, out, 4, "slow checkpoint writes");
 	cr_assert_not_null(strstr(slurp(out[3]), "done: 300 steps"), "%s", slurp(out[3]));
 	for (int i = 0; i < 4; i++) {
 		char *log = slurp(out[i]);
@@ -600,9 +591,9 @@ Test(recovery, ps_killed_after_a_worker_finished, .timeout = 300)
 		cr_assert(seen, "worker 1 never finished:\n%s", slurp(out[2]));
 		cr_assert(!chief_done, "the chief had finished too: the kill came too late:\n%s", slurp(out[3]));
 		snprintf(out[k], 300, "%s", again);
-		for (int i = 0; i < 4; i++)
-			cr_assert_eq(st[i], 0, "ps %d killed: %s %s exit %d:\n%s\n%s\n%s\n%s", k, ROLES[i][0],
-				     ROLES[i][1], st[i], slurp(out[0]), slurp(out[1]), slurp(out[2]), slurp(out[3]));
+		char what[32];
+		snprintf(what, sizeof(what), "ps %d killed", k);
+		assert_exits_zero(st, out, 4, what);
 		char *w1 = slurp(out[2]), *chief = slurp(out[3]);
 		cr_assert_not_null(strstr(slurp(again), "resuming from"), "%s", slurp(again));
 		/* to the newest complete checkpoint: 2450, or an older one if
@@ -664,9 +655,7 @@ Test(recovery, async_ps_killed_after_a_worker_finished, .timeout = 300)
 	cr_assert(seen, "worker 1 never finished:\n%s", slurp(out[2]));
 	cr_assert(!chief_early, "the chief had finished too: the kill came too late:\n%s", slurp(out[3]));
 	cr_assert(chief_done, "the chief did not finish while worker 1 was stopped:\n%s", slurp(out[3]));
-	for (int i = 0; i < 4; i++)
-		cr_assert_eq(st[i], 0, "%s %s exit %d:\n%s\n%s\n%s\n%s", ROLES[i][0], ROLES[i][1], st[i],
-			     slurp(out[0]), slurp(out[1]), slurp(out[2]), slurp(out[3]));
+	assert_exits_zero(st, out, 4, "");
 	cr_assert_not_null(strstr(slurp(out[2]), "reconnected to every ps"), "%s", slurp(out[2]));
 	double acc = final_accuracy(slurp(out[3]));
 	cr_assert(fabs(acc - ref) <= 1.0, "accuracy %.2f%% vs %.2f%% undisturbed", acc, ref);

@@ -135,3 +135,25 @@ void wait_children(const pid_t *pids, int n, int *st, int timeout_s)
 		nanosleep(&nap, NULL);
 	}
 }
+
+void assert_exits_zero(const int *st, char (*out)[300], int n, const char *what)
+{
+	int bad = 0;
+	for (int i = 0; i < n; i++)
+		bad |= st[i] != 0;
+	if (!bad)
+		return;
+	static char msg[1 << 17], log[7001];
+	size_t at = (size_t)snprintf(msg, sizeof(msg), "%s%sexit statuses", what, what[0] ? ": " : "");
+	for (int i = 0; i < n; i++)
+		at += (size_t)snprintf(msg + at, sizeof(msg) - at, " %d", st[i]);
+	for (int i = 0; i < n && at < sizeof(msg) - 1; i++) {
+		FILE *f = fopen(out[i], "r");
+		size_t len = f ? fread(log, 1, sizeof(log) - 1, f) : 0;
+		log[len] = '\0';
+		if (f)
+			fclose(f);
+		at += (size_t)snprintf(msg + at, sizeof(msg) - at, "\n--- process %d (%s):\n%s", i, out[i], log);
+	}
+	cr_assert_fail("%s", msg);
+}

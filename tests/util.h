@@ -29,4 +29,11 @@ pid_t spawn_pstrain(const char *const *args, const char *outpath, const char *en
  * st[i]: exit status, 128+signal, or -1 if it had to be killed. */
 void wait_children(const pid_t *pids, int n, int *st, int timeout_s);
 
+/* Every one of the n processes exited 0 (st from wait_children); if not,
+ * fails showing every exit status and the head of every log out[i]: the
+ * process that failed first is often not the first one checked (a ps
+ * killed at the time limit while it waited for a worker that exited 3).
+ * what (may be "") starts the message. */
+void assert_exits_zero(const int *st, char (*out)[300], int n, const char *what);
+
 #endif

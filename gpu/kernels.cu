@@ -18,39 +18,43 @@ extern "C" const char *gk_error_name(int e)
 
 /* ---- activations -------------------------------------------------------- */
 
+/* The activation's derivative from its output y. */
+__device__ static inline float act_grad(int k, float d, float y)
+{
+	if (k == GK_RELU)
+		return y > 0.0f ? d : 0.0f;
+	if (k == GK_TANH)
+		return d * (1.0f - y * y);
+	return d * y * (1.0f - y);
+}
+
+/* GK_NONE is the identity. */
+__device__ static inline float act_value(int k, float x)
+{
+	if (k == GK_RELU)
+		return x < 0.0f ? 0.0f : x;
+	if (k == GK_TANH)
+		return tanhf(x);
+	if (k == GK_SIGMOID) {
+		if (x >= 0.0f)
+			return 1.0f / (1.0f + expf(-x));
+		float e = expf(x);
+		return e / (1.0f + e);
+	}
+	return x;
+}
+
 __global__ void act_forward_kernel(int k, float *out, const float *inp, size_t n)
 {
-	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-	     i += (size_t)gridDim.x * blockDim.x) {
-		float x = inp[i];
-		float y;
-		if (k == GK_RELU) {
-			y = x < 0.0f ? 0.0f : x;   // NaN stays NaN, as on the CPU
-		} else if (k == GK_TANH) {
-			y = tanhf(x);
-		} else if (x >= 0.0f) {
-			y = 1.0f / (1.0f + expf(-x));
-		} else {
-			float e = expf(x);
-			y = e / (1.0f + e);
-		}
-		out[i] = y;
-	}
+	GRID_STRIDE(i, n)
+		out[i] = act_value(k, inp[i]);   // relu: NaN stays NaN, as on the CPU
 }
 
 __global__ void act_backward_kernel(int k, float *dinp, const float *dout, const float *out,
 				    size_t n)
 {
-	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-	     i += (size_t)gridDim.x * blockDim.x) {
-		float d = dout[i], y = out[i];
-		if (k == GK_RELU)
-			dinp[i] = y > 0.0f ? d : 0.0f;
-		else if (k == GK_TANH)
-			dinp[i] = d * (1.0f - y * y);
-		else
-			dinp[i] = d * y * (1.0f - y);
-	}
+	GRID_STRIDE(i, n)
+		dinp[i] = act_grad(k, dout[i], out[i]);
 }
 
 extern "C" int gk_act_forward(void *stream, enum gk_act k, float *out, const float *inp, size_t n)
@@ -72,32 +76,6 @@ extern "C" int gk_act_backward(void *stream, enum gk_act k, float *dinp, const f
 }
 
 /* ---- bias and the fused epilogues ---------------------------------------- */
-
-/* The activation's derivative from its output y, as act_backward_kernel. */
-__device__ static inline float act_grad(int k, float d, float y)
-{
-	if (k == GK_RELU)
-		return y > 0.0f ? d : 0.0f;
-	if (k == GK_TANH)
-		return d * (1.0f - y * y);
-	return d * y * (1.0f - y);
-}
-
-/* As act_forward_kernel; GK_NONE is the identity. */
-__device__ static inline float act_value(int k, float x)
-{
-	if (k == GK_RELU)
-		return x < 0.0f ? 0.0f : x;
-	if (k == GK_TANH)
-		return tanhf(x);
-	if (k == GK_SIGMOID) {
-		if (x >= 0.0f)
-			return 1.0f / (1.0f + expf(-x));
-		float e = expf(x);
-		return e / (1.0f + e);
-	}
-	return x;
-}
 
 /* Rows of a (B, OC) array: blockIdx.y (and its stride) picks the row, the
  * x threads its columns, so no thread divides an index. */

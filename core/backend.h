@@ -69,10 +69,10 @@ struct backend_ops {
 	int (*xent_train)(void *ctx, float *dlogits, double *meter, const float *logits,
 			  const int32_t *labels, int B, int C, float scale);
 
-	/* x (B, D) and y (B) = the rows order[0 .. B) of a training set
+	/* x (B, D) and y (B) = the rows order[at .. at + B) of a training set
 	 * data_x (n, D), data_y (n) held in backend memory. */
 	int (*gather)(void *ctx, float *x, int32_t *y, const float *data_x, const int32_t *data_y,
-		      const uint32_t *order, int B, size_t D);
+		      const uint32_t *order, size_t at, int B, size_t D);
 
 	/* Optional (NULL: the replica calls the parts one by one). */
 	/* out (B, OC) = act(inp W^T + bias): a dense layer and the activation

@@ -182,9 +182,10 @@ static int cpu_xent_train(void *ctx, float *dlogits, double *meter, const float 
 }
 
 static int cpu_gather(void *ctx, float *x, int32_t *y, const float *data_x, const int32_t *data_y,
-		      const uint32_t *order, int B, size_t D)
+		      const uint32_t *order, size_t at, int B, size_t D)
 {
 	(void)ctx;
+	order += at;
 	for (int b = 0; b < B; b++) {
 		memcpy(x + (size_t)b * D, data_x + (size_t)order[b] * D, D * sizeof(float));
 		y[b] = data_y[order[b]];

@@ -107,6 +107,7 @@ static const struct key_def keys[] = {
 	{ "gpu", "soft_placement", K_BOOL, OFF(gpu.soft_placement), 0, 0, 0, 0, NULL, "true" },
 	{ "gpu", "log_placement", K_BOOL, OFF(gpu.log_placement), 0, 0, 0, 0, NULL, "false" },
 	{ "gpu", "tf32", K_BOOL, OFF(gpu.tf32), 0, 0, 0, 0, NULL, "false" },
+	{ "gpu", "cuda_graphs", K_BOOL, OFF(gpu.cuda_graphs), 0, 0, 0, 0, NULL, "true" },
 
 	{ "data", "format", K_ENUM, OFF(data.format), 0, 0, 0, 0, format_names, "idx" },
 	{ "data", "train_images", K_PATH, OFF(data.train_images), 0, 0, 0, 0, NULL,

@@ -70,6 +70,7 @@ struct config {
 		int soft_placement;
 		int log_placement;
 		int tf32;                   /* cuBLAS may use TF32 tensor cores */
+		int cuda_graphs;            /* replay a local step as one CUDA graph */
 	} gpu;
 
 	struct data_config data;

@@ -165,6 +165,7 @@ int devices_open(struct devices *d, const struct config *c, const struct model *
 {
 	memset(d, 0, sizeof(*d));
 	d->m = m;
+	d->log = out;
 	char why[320];
 	int list[DEVICES_MAX], n = 0;
 	int e = gpu_list(c, list, &n, why, sizeof(why));
@@ -199,6 +200,7 @@ int devices_open(struct devices *d, const struct config *c, const struct model *
 	}
 	if (c->gpu.log_placement)
 		log_placement(d, job, out);
+	d->graphs = c->gpu.cuda_graphs;
 	return 0;
 }
 
@@ -380,7 +382,7 @@ static int batch_of(struct devices *d, int r, size_t at, int B, const float **x,
 	int k = d->be_of[r];
 	struct replica *rep = &d->rep[r];
 	if (d->data_x[k]) {
-		int e = replica_gather(rep, d->data_x[k], d->data_y[k], d->order[k] + at, B);
+		int e = replica_gather(rep, d->data_x[k], d->data_y[k], d->order[k], at, B);
 		*x = rep->x;
 		*y = rep->y;
 		return e;
@@ -470,54 +472,150 @@ int devices_get_params(struct devices *d, float *host, char *err, size_t errlen)
 	return e ? fail(d, 0, e, "copying the parameters out", err, errlen) : 0;
 }
 
-int devices_apply(struct devices *d, struct optim *o, float lr, char *err, size_t errlen)
+/* The GPU optimizer's rule for this step: o->t counts it, and Adam's bias
+ * corrections are taken in double, as optim.c does. */
+static struct gk_optim gpu_rule(struct optim *o, float lr)
 {
-	size_t P = d->m->nparams;
+	const struct optim_config *c = &o->cfg;
+	long t = ++o->t;
+	double bc1 = 1.0 - pow(c->beta1, (double)t), bc2 = 1.0 - pow(c->beta2, (double)t);
+	struct gk_optim k = {
+		.kind = (int)c->kind, .lr = lr, .wd = c->weight_decay, .mu = c->momentum,
+		.nesterov = c->nesterov, .b1 = c->beta1, .b2 = c->beta2, .eps = c->eps,
+		.step_size = c->kind == OPTIM_ADAM ? (float)(lr / bc1) : 0.0f,
+		.inv_sqrt_bc2 = c->kind == OPTIM_ADAM ? (float)(1.0 / sqrt(bc2)) : 0.0f,
+	};
+	return k;
+}
+
+/* The optimizer with rule k over replica 0's parameters on its GPU.
+ * Plain ranges (batchnorm's running statistics) take p += g, as optim.c
+ * does on the CPU; the rest the optimizer's rule. */
+static int gpu_apply(struct devices *d, const struct optim *o, const struct gk_optim *k)
+{
+	size_t P = d->m->nparams, at = 0;
 	struct backend *b0 = &d->be[d->be_of[0]];
 	int e = 0;
-	if (!d->gpu) {
-		optim_step_zero(o, d->params[0], d->grads[0], lr);
-	} else {
-		const struct optim_config *c = &o->cfg;
-		long t = ++o->t;
-		/* Adam's per-step bias corrections in double, as optim.c does. */
-		double bc1 = 1.0 - pow(c->beta1, (double)t), bc2 = 1.0 - pow(c->beta2, (double)t);
-		struct gk_optim k = {
-			.kind = (int)c->kind, .lr = lr, .wd = c->weight_decay, .mu = c->momentum,
-			.nesterov = c->nesterov, .b1 = c->beta1, .b2 = c->beta2, .eps = c->eps,
-			.step_size = c->kind == OPTIM_ADAM ? (float)(lr / bc1) : 0.0f,
-			.inv_sqrt_bc2 = c->kind == OPTIM_ADAM ? (float)(1.0 / sqrt(bc2)) : 0.0f,
-		};
-		/* Plain ranges (batchnorm's running statistics) take p += g, as
-		 * optim.c does on the CPU; the rest the optimizer's rule. */
-		size_t at = 0;
-		for (int i = 0; !e && i <= o->nplain; i++) {
-			size_t end = i < o->nplain ? o->plain[i].begin : P;
-			if (end > at)
-				e = gpu_optim_step(b0, &k, d->params[0] + at, d->grads[0] + at,
-						   d->opt_m ? d->opt_m + at : NULL,
-						   d->opt_v ? d->opt_v + at : NULL, end - at, 1);
-			if (!e && i < o->nplain) {
-				size_t n = o->plain[i].end - o->plain[i].begin;
-				e = gpu_add(b0, d->params[0] + end, d->grads[0] + end, n);
-				if (!e)
-					e = b0->ops->zero(b0->ctx, d->grads[0] + end, n * sizeof(float));
-				at = o->plain[i].end;
-			}
+	for (int i = 0; !e && i <= o->nplain; i++) {
+		size_t end = i < o->nplain ? o->plain[i].begin : P;
+		if (end > at)
+			e = gpu_optim_step(b0, k, d->params[0] + at, d->grads[0] + at,
+					   d->opt_m ? d->opt_m + at : NULL, d->opt_v ? d->opt_v + at : NULL,
+					   end - at, 1);
+		if (!e && i < o->nplain) {
+			size_t n = o->plain[i].end - o->plain[i].begin;
+			e = gpu_add(b0, d->params[0] + end, d->grads[0] + end, n);
+			if (!e)
+				e = b0->ops->zero(b0->ctx, d->grads[0] + end, n * sizeof(float));
+			at = o->plain[i].end;
 		}
-		if (e)
-			return fail(d, 0, e, "the optimizer", err, errlen);
 	}
+	return e;
+}
+
+/* The new parameters from replica 0 to the others. */
+static int params_broadcast(struct devices *d, char *err, size_t errlen)
+{
+	size_t bytes = d->m->nparams * sizeof(float);
+	struct backend *b0 = &d->be[d->be_of[0]];
 	for (int r = 1; r < d->n; r++) {
-		struct backend *br = &d->be[d->be_of[r]];
+		int e = 0;
 		if (d->gpu)
-			e = gpu_copy(br, d->params[r], b0, d->params[0], P * sizeof(float));
+			e = gpu_copy(&d->be[d->be_of[r]], d->params[r], b0, d->params[0], bytes);
 		else
-			memcpy(d->params[r], d->params[0], P * sizeof(float));
+			memcpy(d->params[r], d->params[0], bytes);
 		if (e)
 			return fail(d, r, e, "copying the new parameters", err, errlen);
 	}
 	return 0;
+}
+
+int devices_apply(struct devices *d, struct optim *o, float lr, char *err, size_t errlen)
+{
+	if (!d->gpu) {
+		optim_step_zero(o, d->params[0], d->grads[0], lr);
+	} else {
+		struct gk_optim k = gpu_rule(o, lr);
+		int e = gpu_apply(d, o, &k);
+		if (e)
+			return fail(d, 0, e, "the optimizer", err, errlen);
+	}
+	return params_broadcast(d, err, errlen);
+}
+
+/* Whether a local step can be one CUDA graph: one GPU replica (several
+ * would need their streams joined into the capture), the batch gathered on
+ * that GPU (staging waits on the host), and no dropout (its masks' key
+ * changes every step and is not read from device memory). */
+static int graph_possible(const struct devices *d)
+{
+	if (!d->graphs || !d->gpu || d->n != 1 || !d->data_x[0] || d->graph_state < 0)
+		return 0;
+	for (int i = 0; i < d->m->nlayers; i++)
+		if (d->m->layers[i].kind == LAYER_DROPOUT && d->m->layers[i].p != 0.0f)
+			return 0;
+	return 1;
+}
+
+/* Records the step's work (gather, forward, loss, backward, optimizer) as
+ * a graph. A failure inside the capture is reported once and the run goes
+ * on without graphs: they are a speed-up, not a feature to stop for. */
+static void graph_capture(struct devices *d, size_t at, int B, uint64_t key, const struct optim *o,
+			  const struct gk_optim *k)
+{
+	struct backend *b = &d->be[0];
+	int e = gpu_graph_begin(b);
+	if (!e) {
+		const float *x;
+		const int32_t *y;
+		int f = batch_of(d, 0, at, B, &x, &y);
+		if (!f)
+			f = replica_train(&d->rep[0], d->params[0], d->grads[0], x, y, B, key,
+					  1.0f / (float)B);
+		if (!f)
+			f = gpu_apply(d, o, k);
+		e = gpu_graph_end(b, f);
+	}
+	if (e) {
+		d->graph_state = -1;
+		if (d->log)
+			fprintf(d->log, "placement: %s: no CUDA graph of the step (%s); running it kernel by kernel\n",
+				b->where, gpu_backend_error(b));
+		return;
+	}
+	d->graph_state = 1;
+	d->graph_B = B;
+}
+
+int devices_train_step(struct devices *d, size_t at, int B, uint64_t key, struct optim *o,
+		       float lr, char *err, size_t errlen)
+{
+	if (!graph_possible(d) || (d->graph_state == 1 && B != d->graph_B)) {
+		int e = devices_step(d, at, B, key, err, errlen);
+		return e ? e : devices_apply(d, o, lr, err, errlen);
+	}
+	if (B < 1 || B > d->max_batch || !d->norder || at > d->norder || (size_t)B > d->norder - at)
+		return devices_step(d, at, B, key, err, errlen);   /* says what is wrong */
+	struct gk_optim k = gpu_rule(o, lr);
+	/* The first step runs as it is, so that cuBLAS and the kernels are
+	 * loaded before anything is captured. */
+	if (d->graph_state == 0 && d->graph_warm)
+		graph_capture(d, at, B, key, o, &k);
+	int e;
+	if (d->graph_state == 1) {
+		struct gk_step st = { .at = at, .lr = k.lr, .step_size = k.step_size,
+				      .inv_sqrt_bc2 = k.inv_sqrt_bc2 };
+		e = gpu_graph_launch(&d->be[0], &st);
+		if (e)
+			return fail(d, 0, e, "the training step's graph", err, errlen);
+		d->samples += B;
+		return 0;
+	}
+	d->graph_warm = 1;
+	e = devices_step(d, at, B, key, err, errlen);
+	if (!e && (e = gpu_apply(d, o, &k)))
+		return fail(d, 0, e, "the optimizer", err, errlen);
+	return e;
 }
 
 static int optim_copy(struct devices *d, struct optim *o, int to_device, char *err, size_t errlen)

@@ -57,6 +57,12 @@ struct devices {
 	uint32_t *host_order;               /* (n) the order, for staged batches */
 	size_t norder;
 	long samples;                       /* trained since the last devices_meter */
+	/* devices_train_step's CUDA graph: [gpu] cuda_graphs, whether a
+	 * step has run (the one before the capture), 0 not captured yet, 1
+	 * captured for batches of graph_B, -1 not possible; log gets the
+	 * one line that says why when a capture fails. */
+	int graphs, graph_warm, graph_state, graph_B;
+	FILE *log;
 };
 
 /* Opens the devices the config asks for (see the top of this file), with
@@ -105,6 +111,13 @@ int devices_set_order(struct devices *d, const uint32_t *order, size_t n, char *
  * derive their own from it. The loss and the right answers are summed on
  * the devices (devices_meter): no step waits for a GPU. */
 int devices_step(struct devices *d, size_t at, int B, uint64_t key, char *err, size_t errlen);
+
+/* devices_step then devices_apply: one whole step of `local`. Where the
+ * step can be a CUDA graph ([gpu] cuda_graphs on one GPU replica, the
+ * training set on that GPU, no dropout), the second step is captured and
+ * every later one replays it: one launch, the same results. */
+int devices_train_step(struct devices *d, size_t at, int B, uint64_t key, struct optim *o,
+		       float lr, char *err, size_t errlen);
 
 /* The summed loss, the right answers and the samples of every step since
  * the last call, which are then cleared. Waits for the devices: call it

@@ -114,11 +114,11 @@ int replica_load(struct replica *r, const float *x, const int32_t *y, int B)
 }
 
 int replica_gather(struct replica *r, const float *data_x, const int32_t *data_y,
-		   const uint32_t *order, int B)
+		   const uint32_t *order, size_t at, int B)
 {
 	if (B < 1 || B > r->max_batch)
 		return -EINVAL;
-	return r->be.ops->gather(r->be.ctx, r->x, r->y, data_x, data_y, order, B,
+	return r->be.ops->gather(r->be.ctx, r->x, r->y, data_x, data_y, order, at, B,
 				 (size_t)r->m->inputs);
 }
 

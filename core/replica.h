@@ -45,9 +45,9 @@ void replica_free(struct replica *r);   /* accepts NULL and zeroed structs */
 int replica_load(struct replica *r, const float *x, const int32_t *y, int B);
 
 /* Gathers a batch into r->x, r->y from a training set in the backend's
- * memory: rows order[0 .. B) of data_x (n, inputs), data_y (n). */
+ * memory: rows order[at .. at + B) of data_x (n, inputs), data_y (n). */
 int replica_gather(struct replica *r, const float *data_x, const int32_t *data_y,
-		   const uint32_t *order, int B);
+		   const uint32_t *order, size_t at, int B);
 
 /* One training step over the batch x (B, inputs), y (B) in backend memory
  * (r->x and r->y after replica_load or replica_gather, or any other

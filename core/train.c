@@ -178,10 +178,9 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 		}
 		double ts = progress_now();
 		char why[CONFIG_ERR_MAX];
-		e = devices_step(&dev, (size_t)(step % spe) * (size_t)B, B,
-				 replica_key(c->train.seed, step, 0), why, sizeof(why));
-		if (!e)
-			e = devices_apply(&dev, &opt, optim_lr(&c->train.optim, step, total), why, sizeof(why));
+		e = devices_train_step(&dev, (size_t)(step % spe) * (size_t)B, B,
+				       replica_key(c->train.seed, step, 0), &opt,
+				       optim_lr(&c->train.optim, step, total), why, sizeof(why));
 		if (e) {
 			progress_clear(&pg);
 			snprintf(err, errlen, "step %ld: %s", step, why);

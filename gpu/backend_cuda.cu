@@ -47,6 +47,12 @@ struct gpu_ctx {
 	cudaEvent_t stage_loaded[2], stage_free[2];
 	int stage_rows, stage_next;
 	size_t stage_D;
+	/* A training step captured as a CUDA graph (gpu_graph_*): while
+	 * capturing, the gather and optimizer kernels read their per-step
+	 * values from *step, which gk_step_set fills before each replay. */
+	int capturing;
+	struct gk_step *step;
+	cudaGraphExec_t graph;
 	cudaEvent_t mark[2];   // gpu_mark's start and end
 	cudaEvent_t ready;     // gpu_copy from this backend: its queued work is done
 	cudaEvent_t copied;    // after a gpu_copy into this backend: the source's stream waits on it
@@ -359,13 +365,14 @@ static int g_xent_backward(void *ctx, float *dlogits, const float *probs, const 
 }
 
 static int g_gather(void *ctx, float *x, int32_t *y, const float *data_x, const int32_t *data_y,
-		    const uint32_t *order, int B, size_t D)
+		    const uint32_t *order, size_t at, int B, size_t D)
 {
 	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
 	int r = use(g);
 	if (r)
 		return r;
-	CKL(g, "batch gather kernel", gk_gather(g->stream, x, y, data_x, data_y, order, B, D));
+	CKL(g, "batch gather kernel",
+	    gk_gather(g->stream, x, y, data_x, data_y, order, at, g->capturing ? g->step : NULL, B, D));
 	return 0;
 }
 
@@ -562,6 +569,8 @@ static void ctx_free(struct gpu_ctx *g)
 	if (g->blas && g->api.destroy)
 		g->api.destroy(g->blas);
 	cublas_unload(&g->api);
+	if (g->graph)
+		cudaGraphExecDestroy(g->graph);
 	if (g->copy)
 		cudaStreamSynchronize(g->copy);
 	arena_free(&g->arena);
@@ -742,7 +751,8 @@ extern "C" int gpu_optim_step(const struct backend *b, const struct gk_optim *o,
 	int r = use(g);
 	if (r)
 		return r;
-	CKL(g, "optimizer kernel", gk_optim_step(g->stream, o, params, grads, m, v, n, zero));
+	CKL(g, "optimizer kernel",
+	    gk_optim_step(g->stream, o, g->capturing ? g->step : NULL, params, grads, m, v, n, zero));
 	return 0;
 }
 
@@ -814,6 +824,58 @@ extern "C" int gpu_copy(const struct backend *dst_b, void *dst, const struct bac
 			return r;
 		CK(s, cudaStreamWaitEvent(s->stream, d->copied, 0));
 	}
+	return 0;
+}
+
+/* ---- a training step as a CUDA graph ----------------------------------- */
+
+extern "C" int gpu_graph_begin(const struct backend *b)
+{
+	struct gpu_ctx *g = (struct gpu_ctx *)b->ctx;
+	int r = use(g);
+	if (!r && !g->step)
+		r = arena_alloc(&g->arena, (void **)&g->step, sizeof(struct gk_step), g->err,
+				sizeof(g->err));
+	if (r)
+		return r;
+	/* Thread-local: a call that may not be captured (a host wait, an
+	 * allocation) fails here instead of in another thread's work. */
+	CK(g, cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeThreadLocal));
+	g->capturing = 1;
+	return 0;
+}
+
+extern "C" int gpu_graph_end(const struct backend *b, int failed)
+{
+	struct gpu_ctx *g = (struct gpu_ctx *)b->ctx;
+	cudaGraph_t graph = NULL;
+	g->capturing = 0;
+	/* Always ended, so the stream leaves capture mode even after a
+	 * failure inside it. */
+	cudaError_t e = cudaStreamEndCapture(g->stream, &graph);
+	if (failed || e != cudaSuccess) {
+		if (graph)
+			cudaGraphDestroy(graph);
+		cudaGetLastError();
+		return failed ? failed : cuda_fail(g, e, "cudaStreamEndCapture");
+	}
+	e = cudaGraphInstantiate(&g->graph, graph, 0);
+	cudaGraphDestroy(graph);   /* the executable graph keeps what it needs */
+	if (e != cudaSuccess) {
+		g->graph = NULL;
+		return cuda_fail(g, e, "cudaGraphInstantiate");
+	}
+	return 0;
+}
+
+extern "C" int gpu_graph_launch(const struct backend *b, const struct gk_step *step)
+{
+	struct gpu_ctx *g = (struct gpu_ctx *)b->ctx;
+	int r = use(g);
+	if (r)
+		return r;
+	CKL(g, "step values kernel", gk_step_set(g->stream, g->step, step));
+	CK(g, cudaGraphLaunch(g->graph, g->stream));
 	return 0;
 }
 

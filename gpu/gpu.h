@@ -25,6 +25,7 @@ int gpu_query(int index, struct gpu_info *info, char *err, size_t errlen);
 
 struct backend;
 struct gk_optim;
+struct gk_step;
 
 struct gpu_options {
 	double memory_fraction;   /* arena cap: this fraction of the GPU's memory */
@@ -75,6 +76,16 @@ int gpu_add(const struct backend *b, float *y, const float *x, size_t n);
  * a host wait), and src_b's later work waits for the copy. */
 int gpu_copy(const struct backend *dst_b, void *dst, const struct backend *src_b, const void *src,
 	     size_t bytes);
+
+/* A training step as a CUDA graph on b's stream. Between gpu_graph_begin
+ * and gpu_graph_end the step's work is recorded, not run, with the gather
+ * and the optimizer reading their per-step values (struct gk_step) from
+ * device memory; gpu_graph_end(b, failed) always leaves capture mode and,
+ * when failed is 0, makes the executable graph. gpu_graph_launch writes
+ * this step's values and replays the graph. */
+int gpu_graph_begin(const struct backend *b);
+int gpu_graph_end(const struct backend *b, int failed);
+int gpu_graph_launch(const struct backend *b, const struct gk_step *step);
 
 /* The device index of a CUDA backend, -1 for any other. */
 int gpu_backend_device(const struct backend *b);

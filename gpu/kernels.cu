@@ -326,8 +326,10 @@ extern "C" int gk_xent_backward(void *stream, float *dlogits, const float *probs
 /* ---- batches from a resident training set ------------------------------- */
 
 __global__ void gather_kernel(float *x, int32_t *y, const float *data_x, const int32_t *data_y,
-			      const uint32_t *order, int B, size_t D)
+			      const uint32_t *order, size_t at, const struct gk_step *step, int B,
+			      size_t D)
 {
+	order += step ? step->at : at;
 	for (int b = blockIdx.y; b < B; b += gridDim.y) {
 		size_t row = order[b];
 		const float *src = data_x + row * D;
@@ -341,14 +343,27 @@ __global__ void gather_kernel(float *x, int32_t *y, const float *data_x, const i
 }
 
 extern "C" int gk_gather(void *stream, float *x, int32_t *y, const float *data_x,
-			 const int32_t *data_y, const uint32_t *order, int B, size_t D)
+			 const int32_t *data_y, const uint32_t *order, size_t at,
+			 const struct gk_step *step, int B, size_t D)
 {
 	if (B <= 0)
 		return 0;
 	size_t gx = (D + THREADS - 1) / THREADS;
 	dim3 grid((unsigned)(gx < 1 ? 1 : gx > 64 ? 64 : gx),
 		  (unsigned)(B < ROW_GRID_MAX ? B : ROW_GRID_MAX));
-	gather_kernel<<<grid, THREADS, 0, (cudaStream_t)stream>>>(x, y, data_x, data_y, order, B, D);
+	gather_kernel<<<grid, THREADS, 0, (cudaStream_t)stream>>>(x, y, data_x, data_y, order, at, step,
+								   B, D);
+	return launched();
+}
+
+__global__ void step_set_kernel(struct gk_step *dev, struct gk_step host)
+{
+	*dev = host;
+}
+
+extern "C" int gk_step_set(void *stream, struct gk_step *dev, const struct gk_step *host)
+{
+	step_set_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(dev, *host);
 	return launched();
 }
 
@@ -360,9 +375,14 @@ extern "C" int gk_gather(void *stream, float *x, int32_t *y, const float *data_x
 #define K_MOMENTUM 1
 #define K_ADAM 2
 
-__global__ void optim_kernel(struct gk_optim o, float *params, float *grads, float *m, float *v,
-			     size_t n, int zero)
+__global__ void optim_kernel(struct gk_optim o, const struct gk_step *step, float *params,
+			     float *grads, float *m, float *v, size_t n, int zero)
 {
+	if (step) {
+		o.lr = step->lr;
+		o.step_size = step->step_size;
+		o.inv_sqrt_bc2 = step->inv_sqrt_bc2;
+	}
 	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
 	     i += (size_t)gridDim.x * blockDim.x) {
 		float p = params[i];
@@ -386,13 +406,13 @@ __global__ void optim_kernel(struct gk_optim o, float *params, float *grads, flo
 	}
 }
 
-extern "C" int gk_optim_step(void *stream, const struct gk_optim *o, float *params, float *grads,
-			     float *m, float *v, size_t n, int zero)
+extern "C" int gk_optim_step(void *stream, const struct gk_optim *o, const struct gk_step *step,
+			     float *params, float *grads, float *m, float *v, size_t n, int zero)
 {
 	if (n == 0)
 		return 0;
-	optim_kernel<<<blocks_for(n), THREADS, 0, (cudaStream_t)stream>>>(*o, params, grads, m, v, n,
-									 zero);
+	optim_kernel<<<blocks_for(n), THREADS, 0, (cudaStream_t)stream>>>(*o, step, params, grads, m,
+									 v, n, zero);
 	return launched();
 }
 

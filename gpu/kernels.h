@@ -58,9 +58,20 @@ int gk_meter_add(void *stream, double *meter, const double *row_loss, const doub
 int gk_xent_backward(void *stream, float *dlogits, const float *probs, const int32_t *labels,
 		     int B, int C, float scale);
 
-/* x (B, D) and y (B) = rows order[0 .. B) of data_x (n, D) and data_y (n). */
+/* The values that change from one training step to the next, read from
+ * device memory by the kernels of a step captured as a CUDA graph (their
+ * launch arguments are frozen at capture); gk_step_set writes them before
+ * each replay. */
+struct gk_step {
+	size_t at;                          /* the batch's position in the order */
+	float lr, step_size, inv_sqrt_bc2;  /* struct gk_optim's per-step fields */
+};
+int gk_step_set(void *stream, struct gk_step *dev, const struct gk_step *host);
+
+/* x (B, D) and y (B) = rows order[at .. at + B) of data_x (n, D) and
+ * data_y (n); with step non-NULL, at is step->at instead. */
 int gk_gather(void *stream, float *x, int32_t *y, const float *data_x, const int32_t *data_y,
-	      const uint32_t *order, int B, size_t D);
+	      const uint32_t *order, size_t at, const struct gk_step *step, int B, size_t D);
 
 /* The update rules of core/optim.c over n elements; kind is enum optim_kind.
  * Adam's bias corrections are folded into step_size and inv_sqrt_bc2 by
@@ -72,8 +83,9 @@ struct gk_optim {
 	float b1, b2, eps;
 	float step_size, inv_sqrt_bc2;
 };
-int gk_optim_step(void *stream, const struct gk_optim *o, float *params, float *grads, float *m,
-		  float *v, size_t n, int zero);
+/* With step non-NULL, lr, step_size and inv_sqrt_bc2 come from it. */
+int gk_optim_step(void *stream, const struct gk_optim *o, const struct gk_step *step,
+		  float *params, float *grads, float *m, float *v, size_t n, int zero);
 
 /* ---- convolutional networks (gpu/kernels_cnn.cu) --------------------------
  * The twins of core/conv.c, core/pool.c, core/batchnorm.c and dropout in

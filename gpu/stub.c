@@ -106,6 +106,24 @@ int gpu_copy(const struct backend *dst_b, void *dst, const struct backend *src_b
 	return -ENODEV;
 }
 
+int gpu_graph_begin(const struct backend *b)
+{
+	(void)b;
+	return -ENODEV;
+}
+
+int gpu_graph_end(const struct backend *b, int failed)
+{
+	(void)b, (void)failed;
+	return -ENODEV;
+}
+
+int gpu_graph_launch(const struct backend *b, const struct gk_step *step)
+{
+	(void)b, (void)step;
+	return -ENODEV;
+}
+
 int gpu_backend_device(const struct backend *b)
 {
 	(void)b;

@@ -420,3 +420,104 @@ Test(devices, gpu_optimizer_steps_match_the_cpu)
 		free(res[k]), free(mom[k]), free(sec[k]);
 	free(x), free(p);
 }
+
+/* A step replayed as a CUDA graph computes what the same step queued
+ * kernel by kernel computes, bit for bit: parameters, Adam's moments and
+ * the loss, over steps whose learning rate and batch position change (the
+ * values the graph reads from device memory). */
+Test(devices, gpu_graph_steps_match_kernel_by_kernel)
+{
+	int n = 0;
+	char why[256];
+	if (gpu_count(&n, why, sizeof(why)) < 0) {
+		fprintf(stderr, "devices: SKIPPED the CUDA graph check (needs a GPU: %s)\n", why);
+		cr_skip_test("needs a GPU: %s", why);
+	}
+	struct model m;
+	small_model(&m);
+	const int B = 16, steps = 6;
+	float *x = malloc(sizeof(float) * B * steps * (size_t)m.inputs), *p = malloc(sizeof(float) * m.nparams);
+	int32_t y[B * steps];
+	uint32_t order[B * steps];
+	struct dataset ds;
+	for (int s = 0; s < steps; s++)
+		batch(&m, B, x + (size_t)s * B * m.inputs, y + s * B, 300 + (uint64_t)s);
+	struct optim_config oc = { .kind = OPTIM_ADAM, .lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f,
+				   .eps = 1e-8f, .weight_decay = 1e-3f };
+	model_init_params(&m, p, 0, m.nparams, 19);
+	const char *ini[2] = {
+		"[gpu]\ndevices = 0\nsoft_placement = false\nmemory_fraction = 0.05\ncuda_graphs = false\n",
+		"[gpu]\ndevices = 0\nsoft_placement = false\nmemory_fraction = 0.05\ncuda_graphs = true\n" };
+	float *res[2], *mom[2];
+	double loss[2];
+	for (int k = 0; k < 2; k++) {
+		struct devices d;
+		struct optim o;
+		char out[1024], err[512];
+		cr_assert_eq(optim_init(&o, &oc, m.nparams), 0);
+		cr_assert_eq(open_from(&d, &m, ini[k], out, sizeof(out), err, sizeof(err)), 0, "%s", err);
+		cr_assert_eq(devices_set_params(&d, p, err, sizeof(err)), 0, "%s", err);
+		data_rows(&d, &ds, order, x, y, (size_t)B * steps);
+		for (int s = 0; s < steps; s++)
+			cr_assert_eq(devices_train_step(&d, (size_t)((s * 5) % steps) * B, B, 1, &o,
+							0.01f * (float)(s + 1), err, sizeof(err)), 0, "%s", err);
+		cr_assert_eq(d.graph_state, k ? 1 : 0, "%s: graph state %d", ini[k], d.graph_state);
+		loss[k] = meter_loss(&d, (long)B * steps);
+		res[k] = malloc(sizeof(float) * m.nparams);
+		mom[k] = malloc(sizeof(float) * m.nparams);
+		cr_assert_eq(devices_get_params(&d, res[k], err, sizeof(err)), 0, "%s", err);
+		cr_assert_eq(devices_get_optim(&d, &o, err, sizeof(err)), 0, "%s", err);
+		memcpy(mom[k], o.v, sizeof(float) * m.nparams);
+		devices_close(&d);
+		optim_free(&o);
+	}
+	cr_expect_eq(memcmp(res[1], res[0], sizeof(float) * m.nparams), 0,
+		     "graph replay ends on other parameters (rel %.3g)", max_rel(res[1], res[0], m.nparams));
+	cr_expect_eq(memcmp(mom[1], mom[0], sizeof(float) * m.nparams), 0, "Adam's second moment differs");
+	cr_expect_eq(loss[1], loss[0], "loss %.17g with graphs, %.17g without", loss[1], loss[0]);
+	for (int k = 0; k < 2; k++)
+		free(res[k]), free(mom[k]);
+	free(x), free(p);
+}
+
+/* Without a GPU the whole step is devices_step then devices_apply. */
+Test(devices, train_step_is_step_then_apply_on_the_cpu)
+{
+	struct model m;
+	small_model(&m);
+	const int B = 8, steps = 3;
+	float *x = malloc(sizeof(float) * B * steps * (size_t)m.inputs), *p = malloc(sizeof(float) * m.nparams);
+	float *a = malloc(sizeof(float) * m.nparams), *b = malloc(sizeof(float) * m.nparams);
+	int32_t y[B * steps];
+	uint32_t order[B * steps];
+	struct dataset ds;
+	for (int s = 0; s < steps; s++)
+		batch(&m, B, x + (size_t)s * B * m.inputs, y + s * B, 400 + (uint64_t)s);
+	model_init_params(&m, p, 0, m.nparams, 29);
+	struct optim_config oc = { .kind = OPTIM_MOMENTUM, .lr = 0.1f, .momentum = 0.9f };
+	for (int k = 0; k < 2; k++) {
+		struct devices d;
+		struct optim o;
+		char err[256];
+		cr_assert_eq(optim_init(&o, &oc, m.nparams), 0);
+		cr_assert_eq(devices_open_cpu(&d, &m, 2, 1, B, err, sizeof(err)), 0, "%s", err);
+		cr_assert_eq(devices_set_params(&d, p, err, sizeof(err)), 0, "%s", err);
+		data_rows(&d, &ds, order, x, y, (size_t)B * steps);
+		for (int s = 0; s < steps; s++) {
+			if (k) {
+				cr_assert_eq(devices_train_step(&d, (size_t)s * B, B, 1, &o, 0.1f, err, sizeof(err)), 0,
+					     "%s", err);
+			} else {
+				cr_assert_eq(devices_step(&d, (size_t)s * B, B, 1, err, sizeof(err)), 0, "%s", err);
+				cr_assert_eq(devices_apply(&d, &o, 0.1f, err, sizeof(err)), 0, "%s", err);
+			}
+		}
+		cr_assert_eq(devices_get_params(&d, k ? b : a, err, sizeof(err)), 0, "%s", err);
+		cr_expect_eq(o.t, steps, "the optimizer counted %ld steps", o.t);
+		devices_close(&d);
+		optim_free(&o);
+	}
+	cr_expect_eq(memcmp(a, b, sizeof(float) * m.nparams), 0, "devices_train_step is not step + apply");
+	cr_expect_neq(memcmp(a, p, sizeof(float) * m.nparams), 0, "the optimizer changed nothing");
+	free(x), free(p), free(a), free(b);
+}

@@ -284,34 +284,37 @@ Test(gpu_kernels, softmax_cross_entropy)
 }
 
 /* A batch gathered from a training set on the device is the host's gather,
- * bit for bit, whatever the order (repeats and the last row included). */
+ * bit for bit, whatever the order (repeats and the last row included) and
+ * wherever in the order the batch starts. */
 Test(gpu_kernels, gather_rows_by_order)
 {
 	struct backend b;
 	open_gpu(&b, NULL);
 	const size_t shapes[][2] = { { 1000, 37 }, { 300, 784 }, { 70000, 1 } };
+	const size_t at = 7;
 	for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
 		size_t n = shapes[s][0], D = shapes[s][1];
 		int B = n > 4096 ? 4096 : (int)n / 2 + 1;
+		size_t no = at + (size_t)B;
 		float *x = host_random(n * D, 1300 + s, -1, 1), *xb = malloc((size_t)B * D * 4);
 		int32_t *y = malloc(n * sizeof(int32_t)), *yb = malloc((size_t)B * sizeof(int32_t));
 		int32_t *yg = malloc((size_t)B * sizeof(int32_t));
-		uint32_t *order = malloc((size_t)B * sizeof(uint32_t));
+		uint32_t *order = malloc(no * sizeof(uint32_t));
 		for (size_t i = 0; i < n; i++)
 			y[i] = (int32_t)(rng_hash(run_seed(), 1310 + s, i) % 1000);
-		for (int i = 0; i < B; i++)
-			order[i] = (uint32_t)(rng_hash(run_seed(), 1320 + s, (uint64_t)i) % n);
-		order[0] = (uint32_t)(n - 1);
-		order[B - 1] = order[0];
+		for (size_t i = 0; i < no; i++)
+			order[i] = (uint32_t)(rng_hash(run_seed(), 1320 + s, i) % n);
+		order[at] = (uint32_t)(n - 1);
+		order[no - 1] = order[at];
 		for (int i = 0; i < B; i++) {
-			memcpy(xb + (size_t)i * D, x + (size_t)order[i] * D, D * 4);
-			yb[i] = y[order[i]];
+			memcpy(xb + (size_t)i * D, x + (size_t)order[at + i] * D, D * 4);
+			yb[i] = y[order[at + i]];
 		}
 		float *x_d = dev_from(&b, x, n * D * 4), *xb_d = dev_poisoned(&b, (size_t)B * D);
 		int32_t *y_d = dev_from(&b, y, n * sizeof(int32_t));
 		int32_t *yb_d = dev_from(&b, NULL, (size_t)B * sizeof(int32_t));
-		uint32_t *o_d = dev_from(&b, order, (size_t)B * sizeof(uint32_t));
-		cr_assert_eq(b.ops->gather(b.ctx, xb_d, yb_d, x_d, y_d, o_d, B, D), 0, "%s",
+		uint32_t *o_d = dev_from(&b, order, no * sizeof(uint32_t));
+		cr_assert_eq(b.ops->gather(b.ctx, xb_d, yb_d, x_d, y_d, o_d, at, B, D), 0, "%s",
 			     gpu_backend_error(&b));
 		float *got = malloc((size_t)B * D * 4);
 		cr_assert_eq(b.ops->download(b.ctx, got, xb_d, (size_t)B * D * 4), 0);

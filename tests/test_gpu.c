@@ -9,6 +9,7 @@
 #include "../core/config.h"
 #include "../core/devices.h"
 #include "../core/model.h"
+#include "../gpu/arch.h"
 #include "../gpu/gpu.h"
 
 #include <errno.h>
@@ -46,6 +47,10 @@ Test(gpu, query_every_device)
 		cr_assert_gt(strlen(g.name), 0);
 		cr_assert_gt(g.total_bytes, (size_t)1 << 28, "gpu:%d reports %zu bytes", i, g.total_bytes);
 		cr_assert_geq(g.cc_major, 7);
+		/* The backend refuses exactly the GPUs the rules refuse. */
+		char why[320] = "", aerr[320] = "";
+		int want = gpu_arch_supported(g.cc_major, g.cc_minor, why, sizeof(why));
+		cr_assert_eq(gpu_arch_check(i, aerr, sizeof(aerr)), want, "gpu:%d: %s", i, aerr);
 	}
 	cr_assert_neq(gpu_query(n, &(struct gpu_info){ 0 }, err, sizeof(err)), 0,
 		      "querying a GPU past the last one must fail");
@@ -106,4 +111,147 @@ Test(gpu, missing_device_index_is_named)
 		cr_assert_not_null(strstr(err, "gpu:63"), "message: %s", err);
 	else
 		cr_assert_not_null(strstr(err, why), "message %s lacks the reason %s", err, why);
+}
+
+/* The compute-capability rules, with a stubbed capability: these run in
+ * every build, GPU or not. Rows over the default targets of the Makefile
+ * (written out here, so CUDA_ARCHS=... builds test the same rows) and over
+ * other lists that exercise each rule. */
+#define DEFAULT_TARGETS "sm_80 sm_90 compute_90"
+
+static const struct arch_case {
+	const char *targets;
+	int major, minor;
+	int want;              /* 0 or -ENODEV */
+	const char *why;       /* what the refusal must say, whole or NULL */
+} arch_cases[] = {
+	/* Turing and Pascal: no SASS of their major, older than the PTX. */
+	{ DEFAULT_TARGETS, 7, 5, -ENODEV,
+	  "compute capability 7.5; this pstrain carries sm_80, sm_90 and compute_90 PTX: "
+	  "rebuild with make CUDA_ARCHS=\"75 80 90\" or use a newer GPU" },
+	{ DEFAULT_TARGETS, 6, 1, -ENODEV,
+	  "compute capability 6.1; this pstrain carries sm_80, sm_90 and compute_90 PTX: "
+	  "rebuild with make CUDA_ARCHS=\"61 80 90\" or use a newer GPU" },
+	/* SASS sm_80 runs on every 8.x; sm_90 on 9.0. */
+	{ DEFAULT_TARGETS, 8, 0, 0, NULL },
+	{ DEFAULT_TARGETS, 8, 6, 0, NULL },
+	{ DEFAULT_TARGETS, 8, 9, 0, NULL },
+	{ DEFAULT_TARGETS, 9, 0, 0, NULL },
+	/* Blackwell: only through compute_90's PTX. */
+	{ DEFAULT_TARGETS, 10, 0, 0, NULL },
+	{ DEFAULT_TARGETS, 12, 0, 0, NULL },
+	/* Without PTX a newer major is refused, and no "newer GPU" helps. */
+	{ "sm_80 sm_90", 10, 0, -ENODEV,
+	  "compute capability 10.0; this pstrain carries sm_80 and sm_90: "
+	  "rebuild with make CUDA_ARCHS=\"80 90 100\"" },
+	{ "sm_80 sm_90", 9, 0, 0, NULL },
+	/* SASS needs minor >= the target's. */
+	{ "sm_86", 8, 0, -ENODEV,
+	  "compute capability 8.0; this pstrain carries sm_86: rebuild with make CUDA_ARCHS=\"80 86\" "
+	  "or use a newer GPU" },
+	{ "sm_86", 8, 9, 0, NULL },
+	/* PTX alone, and PTX older than the GPU. */
+	{ "compute_75", 12, 1, 0, NULL },
+	{ "compute_80", 7, 5, -ENODEV,
+	  "compute capability 7.5; this pstrain carries compute_80 PTX: rebuild with "
+	  "make CUDA_ARCHS=\"75\" or use a newer GPU" },
+	/* Architecture-specific code runs on that capability only. */
+	{ "sm_90a compute_90a", 9, 0, 0, NULL },
+	{ "sm_90a compute_90a", 10, 0, -ENODEV, NULL },
+	{ "sm_100f", 10, 3, 0, NULL },
+	{ "sm_100f", 11, 0, -ENODEV, NULL },
+	{ "sm_120", 12, 1, 0, NULL },
+	{ "sm_120", 10, 0, -ENODEV, NULL },
+};
+
+Test(gpu, arch_rules_table)
+{
+	for (size_t i = 0; i < sizeof(arch_cases) / sizeof(arch_cases[0]); i++) {
+		const struct arch_case *c = &arch_cases[i];
+		char why[320] = "";
+		int r = gpu_arch_runs(c->targets, c->major, c->minor, why, sizeof(why));
+		cr_expect_eq(r, c->want, "\"%s\" on %d.%d: got %d (%s), want %d", c->targets, c->major,
+			     c->minor, r, why, c->want);
+		if (r != -ENODEV)
+			continue;
+		/* Every refusal names the capability and what is carried. */
+		char cc[32];
+		snprintf(cc, sizeof(cc), "compute capability %d.%d;", c->major, c->minor);
+		cr_expect_not_null(strstr(why, cc), "\"%s\" on %d.%d: %s", c->targets, c->major,
+				   c->minor, why);
+		cr_expect_not_null(strstr(why, "carries"), "%s", why);
+		if (c->why)
+			cr_expect_str_eq(why, c->why, "\"%s\" on %d.%d", c->targets, c->major, c->minor);
+	}
+}
+
+static const struct {
+	const char *targets;
+	const char *quoted;   /* the word the error must quote */
+} bad_targets[] = {
+	{ "", NULL },
+	{ "   ", NULL },
+	{ "sm_8", "\"sm_8\"" },
+	{ "sm_80x", "\"sm_80x\"" },
+	{ "sm_80 gfx90a", "\"gfx90a\"" },
+	{ "compute_", "\"compute_\"" },
+	{ "sm_1000", "\"sm_1000\"" },
+	{ "sm_08", "\"sm_08\"" },
+	{ "sm_80aa", "\"sm_80aa\"" },
+	{ "80", "\"80\"" },
+	{ "sm_80 sm_80 sm_80 sm_80 sm_80 sm_80 sm_80 sm_80 sm_80 sm_80 sm_80 sm_80 sm_80 sm_80 "
+	  "sm_80 sm_80 sm_80", "more than 16" },
+};
+
+Test(gpu, arch_bad_target_lists)
+{
+	for (size_t i = 0; i < sizeof(bad_targets) / sizeof(bad_targets[0]); i++) {
+		char why[320] = "";
+		int r = gpu_arch_runs(bad_targets[i].targets, 8, 0, why, sizeof(why));
+		cr_expect_eq(r, -EINVAL, "\"%s\": got %d (%s)", bad_targets[i].targets, r, why);
+		cr_expect_gt(strlen(why), 10, "\"%s\": no reason", bad_targets[i].targets);
+		if (bad_targets[i].quoted)
+			cr_expect_not_null(strstr(why, bad_targets[i].quoted), "\"%s\": %s",
+					   bad_targets[i].targets, why);
+	}
+}
+
+/* A short buffer truncates the reason; it never overflows. */
+Test(gpu, arch_reason_truncates)
+{
+	char why[24];
+	memset(why, 'x', sizeof(why));
+	cr_assert_eq(gpu_arch_runs(DEFAULT_TARGETS, 7, 5, why, 16), -ENODEV);
+	cr_assert_eq(strlen(why), 15);
+	cr_assert_eq(why[16], 'x');
+}
+
+/* This build's own list (the Makefile's CUDA_ARCHS) parses, is what
+ * gpu_arch_supported() applies, and is what gpu_build_info() prints in a
+ * CUDA build, so the two cannot disagree. */
+Test(gpu, arch_build_targets_are_the_checked_ones)
+{
+	const char *t = gpu_arch_targets();
+	char why[320], why2[320];
+	for (int major = 3; major <= 13; major++)
+		for (int minor = 0; minor <= 9; minor++) {
+			int r = gpu_arch_supported(major, minor, why, sizeof(why));
+			cr_assert(r == 0 || r == -ENODEV, "%s on %d.%d: %d (%s)", t, major, minor, r, why);
+			cr_assert_eq(r, gpu_arch_runs(t, major, minor, why2, sizeof(why2)));
+		}
+	const char *info = gpu_build_info();
+	if (strncmp(info, "CUDA ", 5) == 0)
+		cr_assert_not_null(strstr(info, t), "gpu_build_info() \"%s\" lacks the targets \"%s\"",
+				   info, t);
+}
+
+/* Without CUDA the check refuses every device with a reason. */
+Test(gpu, arch_check_without_a_gpu)
+{
+	int n;
+	char why[256], err[320] = "";
+	if (gpu_count(&n, why, sizeof(why)) == 0)
+		cr_skip_test("a GPU is present: query_every_device checks gpu_arch_check");
+	cr_assert_eq(gpu_arch_check(0, err, sizeof(err)), -ENODEV);
+	cr_assert_gt(strlen(err), 10, "no reason: %s", err);
 }

@@ -30,6 +30,13 @@ int gpu_query(int index, struct gpu_info *info, char *err, size_t errlen);
  * GPU", or gpu_query()'s failure. gpu_backend_open() calls it first. */
 int gpu_arch_check(int device, char *err, size_t errlen);
 
+/* cuBLAS is loaded once and stays for the whole process (gpu/cublas.cu
+ * says why). This loads and unloads it as a backend does, then asks the
+ * loader whether it is still mapped; for the tests. Returns 0 with the
+ * soname in `soname`; -ENOENT (no loadable cuBLAS) or -ENODEV (built
+ * without CUDA) with the reason in err; -EIO when it was unmapped. */
+int gpu_cublas_kept(char *soname, size_t len, char *err, size_t errlen);
+
 struct backend;
 struct gk_optim;
 

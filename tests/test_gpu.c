@@ -255,3 +255,18 @@ Test(gpu, arch_check_without_a_gpu)
 	cr_assert_eq(gpu_arch_check(0, err, sizeof(err)), -ENODEV);
 	cr_assert_gt(strlen(err), 10, "no reason: %s", err);
 }
+
+/* Every backend dlopens and dlcloses cuBLAS; it must stay mapped after the
+ * last dlclose (RTLD_NODELETE) so it is loaded once per process. Needs only
+ * a loadable libcublas, not a GPU. */
+Test(gpu, cublas_stays_loaded)
+{
+	char soname[64], err[320] = "";
+	for (int round = 0; round < 2; round++) {
+		int r = gpu_cublas_kept(soname, sizeof(soname), err, sizeof(err));
+		if (r == -ENODEV || r == -ENOENT)
+			cr_skip_test("needs a loadable cuBLAS: %s", err);
+		cr_assert_eq(r, 0, "round %d: %s", round, err);
+		cr_assert_not_null(strstr(soname, "libcublas.so."), "soname %s", soname);
+	}
+}

@@ -67,7 +67,9 @@ CUDA_HOME := $(patsubst %/bin/nvcc,%,$(NVCC))
 CUDA_LIBDIR := $(firstword $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/targets/x86_64-linux/lib))
 GPU_CU := $(wildcard gpu/*.cu)
 GPU_C := $(GPU_PLAIN) $(filter-out gpu/stub.c $(GPU_PLAIN),$(wildcard gpu/*.c))
-NVCCFLAGS := -std=c++17 -O2 -Xcompiler -Wall $(GENCODE)
+# -lineinfo: compute-sanitizer and Nsight name the source line of a fault
+# (line tables only: the optimization level is unchanged).
+NVCCFLAGS := -std=c++17 -O2 -lineinfo -Xcompiler -Wall $(GENCODE)
 # cudart is static; the driver (libcuda.so.1) and, later, cuBLAS are loaded
 # at run time with dlopen, so the binary starts where CUDA is absent.
 CUDA_LIBS := -L$(CUDA_LIBDIR) -Wl,-Bstatic -lcudart_static -Wl,-Bdynamic -lstdc++ -lrt

@@ -58,7 +58,7 @@ CORE_SRC := $(wildcard core/*.c)
 NET_SRC := $(wildcard net/*.c)
 # The plain-C parts of gpu/ (the rules that decide, not the CUDA calls) are
 # in every build, so their tests run without a GPU.
-GPU_PLAIN := gpu/arch.c
+GPU_PLAIN := gpu/arch.c gpu/arena.c
 ifneq ($(NVCC),)
 ifeq ($(strip $(CUDA_ARCHS)),)
 $(error CUDA_ARCHS is empty: name at least one architecture, e.g. CUDA_ARCHS="80 90")

@@ -40,24 +40,43 @@ $(error CUDA=$(CUDA) but no nvcc found on PATH or in /usr/local/cuda/bin)
 endif
 endif
 
+# The GPU architectures the CUDA build carries: SASS for each of CUDA_ARCHS
+# and PTX for CUDA_PTX (by default the newest; the driver JIT-compiles it for
+# later GPUs; empty for none), e.g. `make CUDA_ARCHS="75 80 90"` for a T4.
+# These two lines are the only list: nvcc's -gencode flags and
+# PSTRAIN_CUDA_TARGETS, the string gpu/arch.c checks a device against and
+# gpu_build_info() prints, are both made from them. A CPU-only build gets
+# the same string, for the tests of that check.
+CUDA_ARCHS ?= 80 90
+CUDA_PTX ?= $(lastword $(CUDA_ARCHS))
+CUDA_TARGETS := $(strip $(CUDA_ARCHS:%=sm_%) $(CUDA_PTX:%=compute_%))
+GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
+	$(foreach a,$(CUDA_PTX),-gencode arch=compute_$(a),code=compute_$(a))
+ARCH_FLAGS := -DPSTRAIN_CUDA_TARGETS='"$(CUDA_TARGETS)"'
+
 CORE_SRC := $(wildcard core/*.c)
 NET_SRC := $(wildcard net/*.c)
+# The plain-C parts of gpu/ (the rules that decide, not the CUDA calls) are
+# in every build, so their tests run without a GPU.
+GPU_PLAIN := gpu/arch.c gpu/arena.c
 ifneq ($(NVCC),)
+ifeq ($(strip $(CUDA_ARCHS)),)
+$(error CUDA_ARCHS is empty: name at least one architecture, e.g. CUDA_ARCHS="80 90")
+endif
 CUDA_HOME := $(patsubst %/bin/nvcc,%,$(NVCC))
 CUDA_LIBDIR := $(firstword $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/targets/x86_64-linux/lib))
 GPU_CU := $(wildcard gpu/*.cu)
-GPU_C := $(filter-out gpu/stub.c,$(wildcard gpu/*.c))
-NVCCFLAGS := -std=c++17 -O2 -Xcompiler -Wall \
-	-gencode arch=compute_80,code=sm_80 \
-	-gencode arch=compute_90,code=sm_90 \
-	-gencode arch=compute_90,code=compute_90
+GPU_C := $(GPU_PLAIN) $(filter-out gpu/stub.c $(GPU_PLAIN),$(wildcard gpu/*.c))
+# -lineinfo: compute-sanitizer and Nsight name the source line of a fault
+# (line tables only: the optimization level is unchanged).
+NVCCFLAGS := -std=c++17 -O2 -lineinfo -Xcompiler -Wall $(GENCODE)
 # cudart is static; the driver (libcuda.so.1) and, later, cuBLAS are loaded
 # at run time with dlopen, so the binary starts where CUDA is absent.
 CUDA_LIBS := -L$(CUDA_LIBDIR) -Wl,-Bstatic -lcudart_static -Wl,-Bdynamic -lstdc++ -lrt
-GPU_DESC := nvcc $(shell $(NVCC) --version | sed -n 's/.*release \([0-9.]*\).*/\1/p') (sm_80 sm_90 +PTX)
+GPU_DESC := nvcc $(shell $(NVCC) --version | sed -n 's/.*release \([0-9.]*\).*/\1/p') ($(CUDA_TARGETS))
 else
 GPU_CU :=
-GPU_C := gpu/stub.c
+GPU_C := $(GPU_PLAIN) gpu/stub.c
 CUDA_LIBS :=
 GPU_DESC := no CUDA
 endif
@@ -93,13 +112,17 @@ summary:
 	@echo "pstrain $(VERSION): $(GPU_DESC), OpenBLAS static, build dir $(BUILD)$(if $(filter 1,$(SAN)), with ASan+UBSan,)"
 
 # Rebuild everything when the compiler or flags change.
-FLAGS_NOW := $(CC) $(CFLAGS) $(LDFLAGS) $(LDLIBS) $(NVCC) $(NVCCFLAGS) $(CUDA_LIBS)
+FLAGS_NOW := $(CC) $(CFLAGS) $(LDFLAGS) $(LDLIBS) $(NVCC) $(NVCCFLAGS) $(CUDA_LIBS) $(CUDA_TARGETS)
 $(BUILD)/flags.stamp: FORCE
 	@mkdir -p $(BUILD)
 	@echo '$(FLAGS_NOW)' | cmp -s - $@ || echo '$(FLAGS_NOW)' > $@
 
 # Tests include core headers by name.
 $(BUILD)/tests/%.o: CFLAGS += -Icore
+
+# The one list of architectures, for the two files that read it.
+$(BUILD)/gpu/arch.o: CFLAGS += $(ARCH_FLAGS)
+$(BUILD)/gpu/device.cu.o: NVCCFLAGS += $(ARCH_FLAGS)
 
 $(BUILD)/%.o: %.c $(BUILD)/flags.stamp
 	@mkdir -p $(dir $@)

@@ -632,6 +632,9 @@ extern "C" int gpu_backend_open(struct backend *b, int device, const struct gpu_
 				char *err, size_t errlen)
 {
 	memset(b, 0, sizeof(*b));
+	/* -ENODEV: no code for this GPU's compute capability (soft placement uses the CPU) */
+	if (int e = gpu_arch_check(device, err, errlen))
+		return e;
 	struct gpu_ctx *g = (struct gpu_ctx *)calloc(1, sizeof(*g));
 	if (!g) {
 		snprintf(err, errlen, "gpu:%d: out of host memory", device);

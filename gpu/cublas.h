@@ -1,4 +1,5 @@
-/* cuBLAS, loaded with dlopen the first time a GPU is used, so the binary
+/* cuBLAS, loaded with dlopen the first time a GPU is used and then kept
+ * for the rest of the process (RTLD_NODELETE; cublas.cu says why), so the binary
  * neither links it nor needs it on a machine without a GPU (`ldd pstrain`
  * lists only glibc). Only the handful of entry points the backend calls are
  * resolved. C++ (decltype of the real prototypes keeps the pointer types

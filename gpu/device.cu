@@ -4,6 +4,7 @@
 extern "C" {
 #include "gpu.h"
 }
+#include "arch.h"
 
 #include <cuda_runtime.h>
 #include <dlfcn.h>
@@ -15,9 +16,14 @@ extern "C" {
 #define STR2(x) #x
 #define STR(x) STR2(x)
 
+/* The Makefile passes the targets it gave nvcc (see gpu/arch.h). */
+#ifndef PSTRAIN_CUDA_TARGETS
+#error "PSTRAIN_CUDA_TARGETS comes from the Makefile (CUDA_ARCHS), the list nvcc builds for"
+#endif
+
 extern "C" const char *gpu_build_info(void)
 {
-	return "CUDA " STR(__CUDACC_VER_MAJOR__) "." STR(__CUDACC_VER_MINOR__) " (sm_80, sm_90, PTX)";
+	return "CUDA " STR(__CUDACC_VER_MAJOR__) "." STR(__CUDACC_VER_MINOR__) " (" PSTRAIN_CUDA_TARGETS ")";
 }
 
 extern "C" int gpu_count(int *n, char *err, size_t errlen)
@@ -62,5 +68,23 @@ extern "C" int gpu_query(int index, struct gpu_info *info, char *err, size_t err
 	info->total_bytes = p.totalGlobalMem;
 	info->cc_major = p.major;
 	info->cc_minor = p.minor;
+	return 0;
+}
+
+/* A GPU older (or, without PTX, newer) than every target would pass
+ * placement and fail at the first launch with "no kernel image is
+ * available"; refusing it here lets soft placement use the CPU instead. */
+extern "C" int gpu_arch_check(int device, char *err, size_t errlen)
+{
+	struct gpu_info info;
+	char why[320];
+	int r = gpu_query(device, &info, err, errlen);
+	if (r)
+		return r;
+	r = gpu_arch_supported(info.cc_major, info.cc_minor, why, sizeof(why));
+	if (r) {
+		snprintf(err, errlen, "gpu:%d (%s) has %s", device, info.name, why);
+		return -ENODEV;
+	}
 	return 0;
 }

@@ -14,7 +14,8 @@ struct gpu_info {
 	int cc_major, cc_minor;  /* compute capability */
 };
 
-/* "CUDA 13.0 (sm_80, sm_90, PTX)" or "no CUDA (built with CUDA=0)". */
+/* "CUDA 13.0 (sm_80 sm_90 compute_90)": the nvcc targets, from the same
+ * list gpu_arch_check() uses; or "no CUDA (built with CUDA=0 ...)". */
 const char *gpu_build_info(void);
 
 /* Number of visible GPUs in *n. Returns 0, or -ENODEV with the reason in err
@@ -22,6 +23,20 @@ const char *gpu_build_info(void);
 int gpu_count(int *n, char *err, size_t errlen);
 
 int gpu_query(int index, struct gpu_info *info, char *err, size_t errlen);
+
+/* Whether this binary carries code for GPU `device` (gpu/arch.h has the
+ * rules). Returns 0, or -ENODEV with the reason in err: "gpu:0 (Tesla T4)
+ * has compute capability 7.5; this pstrain carries sm_80, sm_90 and
+ * compute_90 PTX: rebuild with make CUDA_ARCHS=\"75 80 90\" or use a newer
+ * GPU", or gpu_query()'s failure. gpu_backend_open() calls it first. */
+int gpu_arch_check(int device, char *err, size_t errlen);
+
+/* cuBLAS is loaded once and stays for the whole process (gpu/cublas.cu
+ * says why). This loads and unloads it as a backend does, then asks the
+ * loader whether it is still mapped; for the tests. Returns 0 with the
+ * soname in `soname`; -ENOENT (no loadable cuBLAS) or -ENODEV (built
+ * without CUDA) with the reason in err; -EIO when it was unmapped. */
+int gpu_cublas_kept(char *soname, size_t len, char *err, size_t errlen);
 
 struct backend;
 struct gk_optim;

@@ -27,6 +27,19 @@ int gpu_query(int index, struct gpu_info *info, char *err, size_t errlen)
 	return -ENODEV;
 }
 
+int gpu_arch_check(int device, char *err, size_t errlen)
+{
+	snprintf(err, errlen, "gpu:%d: this pstrain was built without CUDA", device);
+	return -ENODEV;
+}
+
+int gpu_cublas_kept(char *soname, size_t len, char *err, size_t errlen)
+{
+	snprintf(soname, len, "%s", "");
+	snprintf(err, errlen, "this pstrain was built without CUDA");
+	return -ENODEV;
+}
+
 int gpu_backend_open(struct backend *b, int device, const struct gpu_options *o, char *err,
 		     size_t errlen)
 {

@@ -52,6 +52,7 @@ int cublas_load(struct cublas_api *a, char *err, size_t errlen)
 		{ (void **)&a->destroy, "cublasDestroy_v2" },
 		{ (void **)&a->set_stream, "cublasSetStream_v2" },
 		{ (void **)&a->set_math_mode, "cublasSetMathMode" },
+		{ (void **)&a->set_workspace, "cublasSetWorkspace_v2" },
 		{ (void **)&a->sgemm, "cublasSgemm_v2" },
 	};
 	for (size_t i = 0; i < sizeof(syms) / sizeof(syms[0]); i++) {

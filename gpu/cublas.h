@@ -17,6 +17,7 @@ struct cublas_api {
 	decltype(&cublasDestroy_v2) destroy;
 	decltype(&cublasSetStream_v2) set_stream;
 	decltype(&cublasSetMathMode) set_math_mode;
+	decltype(&cublasSetWorkspace_v2) set_workspace;
 	decltype(&cublasSgemm_v2) sgemm;
 };
 

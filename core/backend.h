@@ -32,7 +32,7 @@ struct backend_ops {
 	int (*act_backward)(void *ctx, enum layer_kind k, float *dinp, const float *dout,
 			    const float *out, size_t N);
 	/* Spatial layers, dropout and batchnorm: the functions of layers.h.
-	 * conv's col is scratch of conv_col_size() floats in backend memory;
+	 * conv's col is scratch of conv_col_floats() floats in backend memory;
 	 * pool_* take LAYER_MAXPOOL or LAYER_AVGPOOL (avgpool ignores inp in
 	 * backward). batchnorm_forward with mean and var NULL is evaluation. */
 	int (*conv_forward)(void *ctx, float *out, float *col, const float *inp,
@@ -57,11 +57,40 @@ struct backend_ops {
 				  const float *inp, const float *gamma, const float *mean,
 				  const float *var, const float *run_mean, const float *run_var,
 				  float stat_scale, int B, int C, int HW);
-	/* *loss_sum and *correct are host values. */
-	int (*xent_forward)(void *ctx, float *probs, double *loss_sum, int *correct,
-			    const float *logits, const int32_t *labels, int B, int C);
+	/* meter (2 doubles, backend memory): the summed loss and the number
+	 * of right answers are ADDED to meter[0] and meter[1], so a GPU never
+	 * waits to report them (replica.c reads it when they are shown). */
+	int (*xent_forward)(void *ctx, float *probs, double *meter, const float *logits,
+			    const int32_t *labels, int B, int C);
 	int (*xent_backward)(void *ctx, float *dlogits, const float *probs,
 			     const int32_t *labels, int B, int C, float scale);
+	/* Training's loss in one pass: xent_forward's meter update, and
+	 * dlogits (B, C) = xent_backward's result, without keeping probs. */
+	int (*xent_train)(void *ctx, float *dlogits, double *meter, const float *logits,
+			  const int32_t *labels, int B, int C, float scale);
+
+	/* x (B, D) and y (B) = the rows order[0 .. B) of a training set
+	 * data_x (n, D), data_y (n) held in backend memory. */
+	int (*gather)(void *ctx, float *x, int32_t *y, const float *data_x, const int32_t *data_y,
+		      const uint32_t *order, int B, size_t D);
+
+	/* Optional (NULL: the replica calls the parts one by one). */
+	/* out (B, OC) = act(inp W^T + bias): a dense layer and the activation
+	 * that follows it in place (act is LAYER_RELU, _TANH or _SIGMOID). */
+	int (*dense_act_forward)(void *ctx, float *out, const float *inp, const float *weight,
+				 const float *bias, int B, int C, int OC, enum layer_kind act);
+	/* dout (B, OC) = act_backward in place, and dbias (OC) += its column
+	 * sums: an activation's backward and the bias gradient of the dense
+	 * layer before it in one pass. k = LAYER_DENSE: no activation, only
+	 * the bias gradient (dout is read). */
+	int (*act_bias_backward)(void *ctx, enum layer_kind k, float *dout, float *dbias,
+				 const float *out, int B, int OC);
+	/* conv's scratch in floats for batches up to B on this backend
+	 * (NULL: conv_col_size, the CPU's cache-sized chunks). */
+	size_t (*conv_col_floats)(void *ctx, const struct window *w, int OC, int B);
+	/* Scratch for batches up to max_batch rows of up to width floats,
+	 * taken once before the first step so that none is taken in it. */
+	int (*reserve)(void *ctx, int max_batch, int width);
 };
 
 struct backend {

@@ -152,11 +152,13 @@ static int cpu_act_backward(void *ctx, enum layer_kind k, float *dinp, const flo
 	return 0;
 }
 
-static int cpu_xent_forward(void *ctx, float *probs, double *loss_sum, int *correct,
-			    const float *logits, const int32_t *labels, int B, int C)
+static int cpu_xent_forward(void *ctx, float *probs, double *meter, const float *logits,
+			    const int32_t *labels, int B, int C)
 {
 	(void)ctx;
-	*loss_sum = softmax_xent_forward(probs, correct, logits, labels, B, C);
+	int right = 0;
+	meter[0] += softmax_xent_forward(probs, &right, logits, labels, B, C);
+	meter[1] += right;
 	return 0;
 }
 
@@ -165,6 +167,28 @@ static int cpu_xent_backward(void *ctx, float *dlogits, const float *probs,
 {
 	(void)ctx;
 	softmax_xent_backward(dlogits, probs, labels, B, C, scale);
+	return 0;
+}
+
+/* The probabilities go straight into dlogits, which the backward then
+ * turns into the gradient in place (it may alias its input). */
+static int cpu_xent_train(void *ctx, float *dlogits, double *meter, const float *logits,
+			  const int32_t *labels, int B, int C, float scale)
+{
+	int e = cpu_xent_forward(ctx, dlogits, meter, logits, labels, B, C);
+	if (!e)
+		e = cpu_xent_backward(ctx, dlogits, dlogits, labels, B, C, scale);
+	return e;
+}
+
+static int cpu_gather(void *ctx, float *x, int32_t *y, const float *data_x, const int32_t *data_y,
+		      const uint32_t *order, int B, size_t D)
+{
+	(void)ctx;
+	for (int b = 0; b < B; b++) {
+		memcpy(x + (size_t)b * D, data_x + (size_t)order[b] * D, D * sizeof(float));
+		y[b] = data_y[order[b]];
+	}
 	return 0;
 }
 
@@ -306,6 +330,8 @@ static const struct backend_ops cpu_ops = {
 	.batchnorm_backward = cpu_batchnorm_backward,
 	.xent_forward = cpu_xent_forward,
 	.xent_backward = cpu_xent_backward,
+	.xent_train = cpu_xent_train,
+	.gather = cpu_gather,
 };
 
 void backend_cpu(struct backend *b, int threads)

@@ -1719,10 +1719,9 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 			     .nps = c->cluster.nps, .lost = -1 };
 	struct devices dev = { 0 };
 	struct shard plan[CONFIG_MAX_HOSTS];
-	float *params = NULL, *grads = NULL, *xb = NULL;
+	float *params = NULL, *grads = NULL;
 	int own_host = 0;   /* params and grads are separate host copies */
 	int links = 0;      /* wk.ln's fds and mutexes are set up */
-	int32_t *yb = NULL;
 	uint32_t *perm = NULL;
 	int chief = index == 0, e;
 	int W = c->cluster.nworkers, B = c->train.batch_size;
@@ -1741,6 +1740,8 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 	snprintf(job, sizeof(job), "/job:worker/task:%d", index);
 	e = devices_open(&dev, c, &s.m, &c->train.optim, chief && B < EVAL_BATCH ? EVAL_BATCH : B, job,
 			 out, err, errlen);
+	if (!e)
+		e = devices_set_data(&dev, &s.train, NULL, err, errlen);
 	if (e)
 		goto out;
 	wk.ln = calloc((size_t)wk.nps, sizeof(*wk.ln));
@@ -1751,10 +1752,8 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 	own_host = dev.gpu || dev.n > 1;
 	params = own_host ? malloc(s.m.nparams * sizeof(float)) : dev.params[0];
 	grads = own_host ? malloc(s.m.nparams * sizeof(float)) : dev.grads[0];
-	xb = malloc((size_t)B * s.train.d * sizeof(float));
-	yb = malloc((size_t)B * sizeof(int32_t));
 	perm = malloc(s.train.n * sizeof(uint32_t));
-	if (!wk.ln || !wk.rbuf || !wk.wbuf || !params || !grads || !xb || !yb || !perm) {
+	if (!wk.ln || !wk.rbuf || !wk.wbuf || !params || !grads || !perm) {
 		snprintf(err, errlen, "out of memory for %zu parameters", s.m.nparams);
 		e = -ENOMEM;
 		goto out;
@@ -1790,8 +1789,6 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 	progress_init(&pg, out, chief && tty, total, spe);
 	wk.pg = chief ? &pg : NULL;
 	long step, epoch_loaded = -1, start = 0;
-	double run_loss = 0, run_acc = 0;
-	long run_n = 0;
 	/* The first pull says where the shards are: 0, or in sync mode the
 	 * step of the checkpoint they resumed from, the same on every shard. */
 	e = worker_pull(&wk, params, 1, err, errlen);
@@ -1878,34 +1875,46 @@ train:
 			double tl, ta;
 			if (slow_eval)
 				nap_ms(atol(slow_eval));
-			e = devices_evaluate(&dev, &s.test, &tl, &ta, err, errlen);
+			e = devices_report(&dev, &pg, step - 1, err, errlen);
+			if (!e)
+				e = devices_evaluate(&dev, &s.test, &tl, &ta, err, errlen);
 			if (e)
 				goto fail;
 			progress_eval(&pg, step, tl, ta);
 			ts = progress_now();
 		} else if (eval_now) {
+			double loss;
+			long right, n;
+			e = devices_meter(&dev, &loss, &right, &n, err, errlen);
+			if (e)
+				goto fail;
 			logf_(out, "worker %d: step %ld/%ld, train loss %.4f accuracy %.2f%%, %llu stale", index,
-			      step, total, run_n ? run_loss / run_n : 0, run_n ? 100 * run_acc / run_n : 0,
+			      step, total, n ? loss / (double)n : 0, n ? 100.0 * (double)right / (double)n : 0,
 			      (unsigned long long)wk.stale);
-			run_loss = run_acc = 0;
-			run_n = 0;
 		}
 		long epoch = step / spe;
+		char why[CONFIG_ERR_MAX];
 		if (epoch != epoch_loaded) {
 			data_permute(perm, s.train.n, c->train.seed, (uint64_t)epoch);
 			epoch_loaded = epoch;
+			e = devices_set_order(&dev, perm, s.train.n, why, sizeof(why));
+			if (e) {
+				progress_clear(&pg);
+				snprintf(err, errlen, "step %ld: %s", step, why);
+				goto out;
+			}
 		}
 		size_t first = (size_t)(step % spe) * (size_t)W * (size_t)B + (size_t)index * (size_t)B;
-		dataset_gather(&s.train, perm + first, (size_t)B, xb, yb);
-		double loss;
-		int right;
-		char why[CONFIG_ERR_MAX];
 		e = devices_zero_grads(&dev, why, sizeof(why));
 		if (!e)
-			e = devices_step(&dev, xb, yb, B, replica_key(c->train.seed, step, index), &loss,
-					 &right, why, sizeof(why));
+			e = devices_step(&dev, first, B, replica_key(c->train.seed, step, index), why,
+					 sizeof(why));
 		if (!e)
 			e = devices_get_grads(&dev, grads, why, sizeof(why));
+		/* The gradient's download has waited for the GPU: the loss is
+		 * ready to be read without a further stall. */
+		if (!e && chief && (progress_due(&pg, step) || step + 1 == total))
+			e = devices_report(&dev, &pg, step, why, sizeof(why));
 		if (e) {
 			progress_clear(&pg);
 			snprintf(err, errlen, "step %ld: %s", step, why);
@@ -1914,12 +1923,9 @@ train:
 		e = worker_push(&wk, grads, err, errlen);
 		if (e)
 			goto lost;
-		run_loss += loss / B;
-		run_acc += (double)right / B;
-		run_n++;
 		if (chief) {
 			pg.stale = wk.stale;
-			progress_step(&pg, step, B, progress_now() - ts, loss / B, (double)right / B);
+			progress_tick(&pg, step, progress_now() - ts);
 		}
 		step++;
 		continue;
@@ -1981,7 +1987,9 @@ train:
 			if (e)
 				goto fail;
 		}
-		e = devices_evaluate(&dev, &s.test, &res->test_loss, &res->test_acc, err, errlen);
+		e = devices_report(&dev, &pg, step - 1, err, errlen);
+		if (!e)
+			e = devices_evaluate(&dev, &s.test, &res->test_loss, &res->test_acc, err, errlen);
 		if (e)
 			goto fail;
 		progress_eval(&pg, step, res->test_loss, res->test_acc);
@@ -1991,8 +1999,13 @@ train:
 				goto out;
 		}
 	} else {
+		double loss;
+		long right, n;
+		e = devices_meter(&dev, &loss, &right, &n, err, errlen);
+		if (e)
+			goto fail;
 		logf_(out, "worker %d: step %ld/%ld, train loss %.4f accuracy %.2f%%, %llu stale", index,
-		      step, total, run_n ? run_loss / run_n : 0, run_n ? 100 * run_acc / run_n : 0,
+		      step, total, n ? loss / (double)n : 0, n ? 100.0 * (double)right / (double)n : 0,
 		      (unsigned long long)wk.stale);
 	}
 	progress_clear(&pg);
@@ -2040,8 +2053,7 @@ out:
 		free(grads);
 	}
 	devices_close(&dev);
-	free(xb);
-	free(yb);
+
 	free(perm);
 	setup_free(&s);
 	return e;

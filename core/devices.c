@@ -1,6 +1,7 @@
 /* Placement, the batch split over replicas and the gradient sum; see
  * devices.h. */
 #include "devices.h"
+#include "progress.h"
 #include "rng.h"
 
 #include "../gpu/gpu.h"
@@ -133,26 +134,27 @@ static int layers_supported(const struct model *m, const struct backend *b, char
 	return 0;
 }
 
+/* A backend per replica, also for a GPU listed more than once, which then
+ * shares its memory_fraction evenly among its backends. */
 static int open_gpus(struct devices *d, const struct config *c, const int *list, int n,
 		     const struct optim_config *oc, int max_batch, char *err, size_t errlen)
 {
-	struct gpu_options go = { c->gpu.memory_fraction, c->gpu.allow_growth, c->gpu.tf32 };
 	d->gpu = 1;
 	d->n = n;
 	for (int r = 0; r < n; r++) {
-		int k = 0;
-		while (k < d->nbe && gpu_backend_device(&d->be[k]) != list[r])
-			k++;
-		if (k == d->nbe) {
-			int e = gpu_backend_open(&d->be[k], list[r], &go, err, errlen);
-			if (e)
-				return e;
-			d->nbe++;
-			e = layers_supported(d->m, &d->be[k], err, errlen);
-			if (e)
-				return e;
-		}
-		d->be_of[r] = k;
+		int times = 0;
+		for (int q = 0; q < n; q++)
+			times += list[q] == list[r];
+		struct gpu_options go = { c->gpu.memory_fraction / times, c->gpu.allow_growth,
+					  c->gpu.tf32 };
+		int e = gpu_backend_open(&d->be[r], list[r], &go, err, errlen);
+		if (e)
+			return e;
+		d->nbe++;
+		d->be_of[r] = r;
+		e = layers_supported(d->m, &d->be[r], err, errlen);
+		if (e)
+			return e;
 	}
 	return replicas_init(d, max_batch, 1, oc, err, errlen);
 }
@@ -234,6 +236,7 @@ void devices_close(struct devices *d)
 	}
 	for (int k = 0; k < d->nbe; k++)
 		gpu_backend_close(&d->be[k]);   // no-op for the CPU backend
+	free(d->host_order);
 	memset(d, 0, sizeof(*d));
 }
 
@@ -289,8 +292,104 @@ static int grads_gather(struct devices *d, int r)
 	return e;
 }
 
-int devices_step(struct devices *d, const float *x, const int32_t *y, int B, uint64_t key,
-		 double *loss, int *right, char *err, size_t errlen)
+int devices_set_data(struct devices *d, const struct dataset *ds, int *resident, char *err,
+		     size_t errlen)
+{
+	size_t xb = ds->n * ds->d * sizeof(float), yb = ds->n * sizeof(int32_t);
+	int all = 1;
+	if (ds->d != (size_t)d->m->inputs) {
+		snprintf(err, errlen, "the training set has %zu features per sample, the model %d", ds->d,
+			 d->m->inputs);
+		return -EINVAL;
+	}
+	d->data = ds;
+	for (int k = 0; k < d->nbe; k++) {
+		struct backend *b = &d->be[k];
+		d->data_x[k] = NULL;
+		d->data_y[k] = NULL;
+		if (!d->gpu) {
+			d->data_x[k] = ds->x;
+			d->data_y[k] = ds->y;
+			continue;
+		}
+		/* The set, the order and what is left for the rest of the run. */
+		size_t need = xb + yb + ds->n * sizeof(uint32_t);
+		int e = 0;
+		if (need <= gpu_backend_room(b)) {
+			void *x = NULL, *y = NULL, *o = NULL;
+			e = b->ops->alloc(b->ctx, &x, xb);
+			if (!e)
+				e = b->ops->alloc(b->ctx, &y, yb);
+			if (!e)
+				e = b->ops->alloc(b->ctx, &o, ds->n * sizeof(uint32_t));
+			if (!e)
+				e = b->ops->upload(b->ctx, x, ds->x, xb);
+			if (!e)
+				e = b->ops->upload(b->ctx, y, ds->y, yb);
+			if (e)
+				return fail(d, k, e, "copying the training set", err, errlen);
+			d->data_x[k] = x;
+			d->data_y[k] = y;
+			d->order[k] = o;
+		} else {
+			e = gpu_stage_reserve(b, d->max_batch, ds->d);
+			if (e)
+				return fail(d, k, e, "buffers for staged batches", err, errlen);
+			all = 0;
+		}
+	}
+	if (resident)
+		*resident = all;
+	return 0;
+}
+
+int devices_set_order(struct devices *d, const uint32_t *order, size_t n, char *err, size_t errlen)
+{
+	if (!d->data || n != d->data->n) {
+		snprintf(err, errlen, "an order of %zu samples for a training set of %zu", n,
+			 d->data ? d->data->n : 0);
+		return -EINVAL;
+	}
+	if (!d->host_order && !(d->host_order = malloc(n * sizeof(uint32_t)))) {
+		snprintf(err, errlen, "out of memory for the order of %zu samples", n);
+		return -ENOMEM;
+	}
+	memcpy(d->host_order, order, n * sizeof(uint32_t));
+	d->norder = n;
+	for (int k = 0; k < d->nbe; k++) {
+		struct backend *b = &d->be[k];
+		if (!d->gpu) {
+			d->order[k] = d->host_order;
+			continue;
+		}
+		if (!d->data_x[k])
+			continue;   /* staged: gathered on the host */
+		/* On the stream, after the steps queued with the last order. */
+		int e = b->ops->upload(b->ctx, d->order[k], order, n * sizeof(uint32_t));
+		if (e)
+			return fail(d, k, e, "copying the sample order", err, errlen);
+	}
+	return 0;
+}
+
+/* Replica r's batch: order[at .. at+B) gathered where its backend keeps the
+ * set, or staged from the host; *x, *y are in the backend's memory. */
+static int batch_of(struct devices *d, int r, size_t at, int B, const float **x,
+		    const int32_t **y)
+{
+	int k = d->be_of[r];
+	struct replica *rep = &d->rep[r];
+	if (d->data_x[k]) {
+		int e = replica_gather(rep, d->data_x[k], d->data_y[k], d->order[k] + at, B);
+		*x = rep->x;
+		*y = rep->y;
+		return e;
+	}
+	return gpu_stage_batch(&d->be[k], d->data->x, d->data->y, d->data->d, d->host_order + at, B,
+			       x, y);
+}
+
+int devices_step(struct devices *d, size_t at, int B, uint64_t key, char *err, size_t errlen)
 {
 	for (int r = 0; r < d->n; r++)
 		d->rep[r].failed = NULL;   // only a failing layer kernel names one
@@ -299,32 +398,62 @@ int devices_step(struct devices *d, const float *x, const int32_t *y, int B, uin
 			 B, d->n, d->max_batch);
 		return -EINVAL;
 	}
-	*loss = 0;
-	*right = 0;
-	int off = 0;
+	if (!d->norder || at > d->norder || (size_t)B > d->norder - at) {
+		snprintf(err, errlen, "samples %zu to %zu of an order of %zu", at, at + (size_t)B,
+			 d->norder);
+		return -EINVAL;
+	}
+	size_t off = 0;
 	for (int r = 0; r < d->n; r++) {
 		int Br = B / d->n + (r < B % d->n);
-		double l = 0;
-		int c = 0;
-		const float *xr = x + (size_t)off * (size_t)d->m->inputs;
-		int e = replica_load(&d->rep[r], xr, y + off, Br);
+		const float *x;
+		const int32_t *y;
+		int e = batch_of(d, r, at + off, Br, &x, &y);
 		if (!e)
-			e = replica_forward(&d->rep[r], d->params[r], Br, 1,
-					    r ? rng_hash(key, RNG_DROPOUT, (uint64_t)r) : key, &l, &c);
-		if (!e)
-			e = replica_backward(&d->rep[r], d->params[r], d->grads[r], Br, 1.0f / (float)B);
+			e = replica_train(&d->rep[r], d->params[r], d->grads[r], x, y, Br,
+					  r ? rng_hash(key, RNG_DROPOUT, (uint64_t)r) : key, 1.0f / (float)B);
+		if (!e && !d->data_x[d->be_of[r]])
+			e = gpu_stage_release(&d->be[d->be_of[r]]);
 		if (e)
 			return fail(d, r, e, "forward and backward", err, errlen);
-		*loss += l;
-		*right += c;
-		off += Br;
+		off += (size_t)Br;
 	}
 	for (int r = 1; r < d->n; r++) {
 		int e = grads_gather(d, r);
 		if (e)
 			return fail(d, r, e, "summing the gradients", err, errlen);
 	}
+	d->samples += B;
 	return 0;
+}
+
+int devices_meter(struct devices *d, double *loss, long *right, long *samples, char *err,
+		  size_t errlen)
+{
+	double l = 0, c = 0;
+	for (int r = 0; r < d->n; r++) {
+		double lr, cr;
+		int e = replica_meter(&d->rep[r], &lr, &cr);
+		if (e)
+			return fail(d, r, e, "reading the loss", err, errlen);
+		l += lr;
+		c += cr;
+	}
+	*loss = l;
+	*right = (long)c;
+	*samples = d->samples;
+	d->samples = 0;
+	return 0;
+}
+
+int devices_report(struct devices *d, struct progress *pg, long step, char *err, size_t errlen)
+{
+	double loss;
+	long right, n;
+	int e = devices_meter(d, &loss, &right, &n, err, errlen);
+	if (!e)
+		progress_step(pg, step, n, loss, (double)right);
+	return e;
 }
 
 int devices_get_grads(struct devices *d, float *host, char *err, size_t errlen)

@@ -14,7 +14,11 @@
  * the others; a worker downloads the summed gradient and pushes it.
  *
  * Each replica has its own parameter and gradient vectors in its device's
- * memory; on the CPU they are plain host memory and nothing is copied. */
+ * memory; on the CPU they are plain host memory and nothing is copied.
+ * Every GPU replica has a backend of its own (stream, cuBLAS handle,
+ * arena), also when a GPU is listed twice: `devices = 0,0` then runs the
+ * cross-stream copies and sums that two GPUs run, and each of the two
+ * backends gets half of the GPU's memory_fraction. */
 #ifndef PSTRAIN_DEVICES_H
 #define PSTRAIN_DEVICES_H
 
@@ -33,7 +37,7 @@ struct devices {
 	const struct model *m;
 	int n;                              /* replicas */
 	int gpu;                            /* 1: CUDA backends, 0: one CPU replica */
-	int nbe;                            /* backends: one per distinct device */
+	int nbe;                            /* backends: one per GPU replica, or the CPU's */
 	struct backend be[DEVICES_MAX];
 	int be_of[DEVICES_MAX];             /* replica -> backend */
 	struct replica rep[DEVICES_MAX];
@@ -42,6 +46,17 @@ struct devices {
 	float *stage;                       /* (P) on replica 0's device: others' gradients land here */
 	float *opt_m, *opt_v;               /* (P) optimizer state on replica 0's device (GPU) */
 	int max_batch;                      /* per replica */
+	/* The training set (devices_set_data) and the epoch's order
+	 * (devices_set_order). Per backend: where its batches come from,
+	 * the set and the order in its memory, or data_x NULL when a GPU
+	 * cannot hold the set and its batches are staged from the host. */
+	const struct dataset *data;
+	const float *data_x[DEVICES_MAX];   /* (n, inputs) */
+	const int32_t *data_y[DEVICES_MAX]; /* (n) */
+	uint32_t *order[DEVICES_MAX];       /* (n) */
+	uint32_t *host_order;               /* (n) the order, for staged batches */
+	size_t norder;
+	long samples;                       /* trained since the last devices_meter */
 };
 
 /* Opens the devices the config asks for (see the top of this file), with
@@ -66,14 +81,40 @@ int devices_set_params(struct devices *d, const float *host, char *err, size_t e
 /* Zeroes every replica's gradient. */
 int devices_zero_grads(struct devices *d, char *err, size_t errlen);
 
-/* One training forward and backward over the batch x (B, inputs), y (B),
- * split over the replicas; the summed gradient (scale 1/B) is in
- * d->grads[0]. key is the step's dropout key (replica_key); replica 0 uses
- * it as it is, so one replica drops what a lone replica would, and the
- * others derive their own from it. *loss is the summed loss, *right the
- * number of correct predictions. */
-int devices_step(struct devices *d, const float *x, const int32_t *y, int B, uint64_t key,
-		 double *loss, int *right, char *err, size_t errlen);
+/* The training set the steps draw their batches from. Where it fits under
+ * a GPU's cap beside the replicas, it is copied there once and batches are
+ * gathered on the device; otherwise each step gathers its batch on the
+ * host into pinned memory and uploads it on a copy stream while the
+ * previous step computes (two buffers). On the CPU the host's dataset is
+ * read as it is. ds must outlive the steps. *resident (may be NULL) says
+ * whether every GPU holds the set. */
+int devices_set_data(struct devices *d, const struct dataset *ds, int *resident, char *err,
+		     size_t errlen);
+
+/* The order in which the steps visit the training set: n indices into it
+ * (an epoch's permutation). Copied to each device once; the steps then
+ * name their batch by its first position in this order. */
+int devices_set_order(struct devices *d, const uint32_t *order, size_t n, char *err,
+		      size_t errlen);
+
+/* One training forward and backward over the B samples order[at .. at+B)
+ * (devices_set_data, devices_set_order), split over the replicas; the
+ * summed gradient (scale 1/B) is in d->grads[0], ADDED to what is there.
+ * key is the step's dropout key (replica_key); replica 0 uses it as it
+ * is, so one replica drops what a lone replica would, and the others
+ * derive their own from it. The loss and the right answers are summed on
+ * the devices (devices_meter): no step waits for a GPU. */
+int devices_step(struct devices *d, size_t at, int B, uint64_t key, char *err, size_t errlen);
+
+/* The summed loss, the right answers and the samples of every step since
+ * the last call, which are then cleared. Waits for the devices: call it
+ * when the figures are shown, not every step. */
+int devices_meter(struct devices *d, double *loss, long *right, long *samples, char *err,
+		  size_t errlen);
+
+/* devices_meter's figures into the progress line after step (progress_step). */
+struct progress;
+int devices_report(struct devices *d, struct progress *pg, long step, char *err, size_t errlen);
 
 /* Downloads the summed gradient (P) into host. */
 int devices_get_grads(struct devices *d, float *host, char *err, size_t errlen);

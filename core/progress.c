@@ -77,21 +77,34 @@ static void draw(struct progress *p, long done, int final_eval)
 	p->drawn = p->tty && !final_eval;
 }
 
-void progress_step(struct progress *p, long step, int B, double secs, double loss, double acc)
+void progress_tick(struct progress *p, long step, double secs)
 {
-	p->samples += B;
+	(void)step;
 	p->train_time += secs;
-	/* A short exponential average: one batch is noisy, an epoch is stale.
-	 * The first ten steps this process trains (not step 0..9 of the run:
-	 * a resumed one starts later) are a plain mean, so it starts from the
-	 * first batch rather than from 0. */
-	long k = p->steps_seen++;
+	p->steps_seen++;
+}
+
+int progress_due(const struct progress *p, long step)
+{
+	return p->tty && (progress_now() - p->last_draw > 0.125 || step + 1 == p->total_steps);
+}
+
+void progress_step(struct progress *p, long step, long samples, double loss_sum, double right_sum)
+{
+	if (samples <= 0)
+		return;
+	int due = progress_due(p, step);
+	p->samples += samples;
+	/* A short exponential average over what was read: one batch is
+	 * noisy, an epoch is stale. The first ten readings this process makes
+	 * (not of step 0..9 of the run: a resumed one starts later) are a
+	 * plain mean, so it starts from the first batches rather than from 0. */
+	long k = p->windows++;
 	double a = k < 10 ? 1.0 / (double)(k + 1) : 0.1;
-	p->loss += a * (loss - p->loss);
-	p->acc += a * (acc - p->acc);
-	double now = progress_now();
-	if (p->tty && (now - p->last_draw > 0.125 || step + 1 == p->total_steps)) {
-		p->last_draw = now;
+	p->loss += a * (loss_sum / (double)samples - p->loss);
+	p->acc += a * (right_sum / (double)samples - p->acc);
+	if (due) {
+		p->last_draw = progress_now();
 		draw(p, step + 1, 0);
 	}
 }

@@ -17,7 +17,8 @@ struct progress {
 	double train_time;    /* seconds spent in training steps (not eval) */
 	double last_draw;
 	long samples;         /* trained so far */
-	long steps_seen;      /* progress_step calls: a resumed run starts far past step 0 */
+	long steps_seen;      /* progress_tick calls: a resumed run starts far past step 0 */
+	long windows;         /* progress_step calls */
 	double loss;          /* running train loss and accuracy (recent batches) */
 	double acc;
 	double test_loss, test_acc;
@@ -29,8 +30,17 @@ struct progress {
 
 double progress_now(void);
 void progress_init(struct progress *p, FILE *f, int tty, long total_steps, long steps_per_epoch);
-/* After training step `step` (0-based) of B samples that took `secs`. */
-void progress_step(struct progress *p, long step, int B, double secs, double loss, double acc);
+/* After training step `step` (0-based), which took secs of the host's time
+ * (with a GPU, the time to queue it; the queue keeps the two close). */
+void progress_tick(struct progress *p, long step, double secs);
+/* Whether the tty line is due for a redraw after step: the caller then
+ * reads the figures (devices_meter, which waits for the GPU) and calls
+ * progress_step. Reading them every step would stall the GPU each step. */
+int progress_due(const struct progress *p, long step);
+/* The steps ticked since the last call trained `samples` samples with
+ * summed loss loss_sum and right_sum right answers: the running loss and
+ * accuracy take them in, and a tty line is redrawn. */
+void progress_step(struct progress *p, long step, long samples, double loss_sum, double right_sum);
 void progress_eval(struct progress *p, long step, double test_loss, double test_acc);
 /* Clears the tty line so the next message starts on a fresh line. */
 void progress_clear(struct progress *p);

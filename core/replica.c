@@ -55,8 +55,11 @@ int replica_init(struct replica *r, const struct model *m, const struct backend 
 			e = o->alloc(be->ctx, (void **)&r->act[i], B * (size_t)l->out * sizeof(float));
 		if (!e && l->kind == LAYER_BATCHNORM)
 			e = o->alloc(be->ctx, (void **)&r->stats[i], 2 * (size_t)l->C * sizeof(float));
-		if (l->kind == LAYER_CONV && conv_col_size(&l->win, l->OC, max_batch) > ncol)
-			ncol = conv_col_size(&l->win, l->OC, max_batch);
+		if (l->kind == LAYER_CONV) {
+			size_t n = o->conv_col_floats ? o->conv_col_floats(be->ctx, &l->win, l->OC, max_batch)
+						      : conv_col_size(&l->win, l->OC, max_batch);
+			ncol = n > ncol ? n : ncol;
+		}
 	}
 	if (!e && ncol)
 		e = o->alloc(be->ctx, (void **)&r->col, ncol * sizeof(float));
@@ -64,6 +67,12 @@ int replica_init(struct replica *r, const struct model *m, const struct backend 
 		e = o->alloc(be->ctx, (void **)&r->probs, B * (size_t)m->outputs * sizeof(float));
 	for (int i = 0; !e && i < 2; i++)
 		e = o->alloc(be->ctx, (void **)&r->grad[i], B * (size_t)m->max_width * sizeof(float));
+	if (!e)
+		e = o->alloc(be->ctx, (void **)&r->meter, 4 * sizeof(double));
+	if (!e)
+		e = o->zero(be->ctx, r->meter, 4 * sizeof(double));
+	if (!e && o->reserve)
+		e = o->reserve(be->ctx, max_batch, m->max_width > m->outputs ? m->max_width : m->outputs);
 	if (e) {
 		snprintf(err, errlen, "%s: cannot allocate buffers for batch %d: %s",
 			 be->where, max_batch, strerror(-e));
@@ -89,6 +98,7 @@ void replica_free(struct replica *r)
 	o->release(r->be.ctx, r->probs);
 	o->release(r->be.ctx, r->grad[0]);
 	o->release(r->be.ctx, r->grad[1]);
+	o->release(r->be.ctx, r->meter);
 	memset(r, 0, sizeof(*r));
 }
 
@@ -101,6 +111,15 @@ int replica_load(struct replica *r, const float *x, const int32_t *y, int B)
 	if (!e)
 		e = o->upload(r->be.ctx, r->y, y, (size_t)B * sizeof(int32_t));
 	return e;
+}
+
+int replica_gather(struct replica *r, const float *data_x, const int32_t *data_y,
+		   const uint32_t *order, int B)
+{
+	if (B < 1 || B > r->max_batch)
+		return -EINVAL;
+	return r->be.ops->gather(r->be.ctx, r->x, r->y, data_x, data_y, order, B,
+				 (size_t)r->m->inputs);
 }
 
 /* Layer i's dropout key: each dropout layer draws its own mask. */
@@ -144,49 +163,69 @@ static int layer_forward(struct replica *r, int i, const float *params, const fl
 	return -EINVAL;
 }
 
-int replica_forward(struct replica *r, const float *params, int B, int training, uint64_t key,
-		    double *loss_sum, int *correct)
+/* Does the backend fuse dense layer i with the activation after it (which
+ * then writes into the dense layer's output, buffer_shared)? */
+static int fused_with_next(const struct replica *r, int i)
 {
 	const struct model *m = r->m;
-	const struct backend_ops *o = r->be.ops;
-	const float *in = r->x;   /* (B, layer.in) */
-	int e = 0;
+	return r->be.ops->dense_act_forward && m->layers[i].kind == LAYER_DENSE &&
+	       i + 1 < m->nlayers && is_activation(m->layers[i + 1].kind) && buffer_shared(m, i + 1);
+}
+
+/* Every layer's forward from the batch x; the logits end in the last
+ * layer's buffer, which is returned in *logits. */
+static int forward_layers(struct replica *r, const float *params, const float *x, int B,
+			  int training, uint64_t key, const float **logits)
+{
+	const struct model *m = r->m;
+	const float *in = x;   /* (B, layer.in) */
 	r->training = training;
 	r->key = key;
 	r->failed = NULL;
-	for (int i = 0; !e && i < m->nlayers; i++) {
-		e = layer_forward(r, i, params, in, B);
-		if (e)
-			r->failed = m->layers[i].name;
+	for (int i = 0; i < m->nlayers; i++) {
+		const struct layer *l = &m->layers[i];
+		int e;
+		if (fused_with_next(r, i)) {
+			e = r->be.ops->dense_act_forward(r->be.ctx, r->act[i], in, params + l->woff,
+							 params + l->boff, B, l->in, l->out,
+							 m->layers[i + 1].kind);
+			if (e) {
+				r->failed = l->name;
+				return e;
+			}
+			i++;   /* the activation is done: its output is this buffer */
+		} else if ((e = layer_forward(r, i, params, in, B))) {
+			r->failed = l->name;
+			return e;
+		}
 		in = r->act[i];
 	}
-	if (!e && (e = o->xent_forward(r->be.ctx, r->probs, loss_sum, correct, in, r->y, B, m->outputs)))
-		r->failed = "the loss";
-	return e;
+	*logits = in;
+	return 0;
 }
 
-int replica_backward(struct replica *r, const float *params, float *grads, int B, float scale)
+/* Every layer's backward from dout = r->grad[cur], the loss gradient. */
+static int backward_layers(struct replica *r, const float *params, float *grads, const float *x,
+			   int B, float scale, int cur)
 {
 	const struct model *m = r->m;
 	const struct backend_ops *o = r->be.ops;
 	void *ctx = r->be.ctx;
-	if (!r->training)
-		return -EINVAL;
-	int cur = 0;
 	float *dout = r->grad[cur];   /* (B, layer.out) */
-	int e = o->xent_backward(ctx, dout, r->probs, r->y, B, m->outputs, scale);
-	r->failed = e ? "the loss" : NULL;
+	int bias_done = 0;            /* the activation after a dense layer took its bias gradient */
+	int e = 0;
 	for (int i = m->nlayers - 1; !e && i >= 0; i--) {
 		const struct layer *l = &m->layers[i];
-		const float *inp = i > 0 ? r->act[i - 1] : r->x;
+		const float *inp = i > 0 ? r->act[i - 1] : x;
 		size_t N = (size_t)B * (size_t)l->out;
 		/* The first layer's input gradient would be the data's: skip it. */
 		float *dinp = i > 0 ? r->grad[cur ^ 1] : NULL;
 		int swap = 1;
 		switch (l->kind) {
 		case LAYER_DENSE:
-			e = o->dense_backward(ctx, dinp, grads + l->woff, grads + l->boff, dout, inp,
-					      params + l->woff, B, l->in, l->out);
+			e = o->dense_backward(ctx, dinp, grads + l->woff, bias_done ? NULL : grads + l->boff,
+					      dout, inp, params + l->woff, B, l->in, l->out);
+			bias_done = 0;
 			break;
 		case LAYER_CONV:
 			e = o->conv_backward(ctx, dinp, grads + l->woff, grads + l->boff, r->col, dout, inp,
@@ -216,7 +255,14 @@ int replica_backward(struct replica *r, const float *params, float *grads, int B
 		case LAYER_TANH:
 		case LAYER_SIGMOID:
 			swap = 0;
-			e = o->act_backward(ctx, l->kind, dout, dout, r->act[i], N);
+			if (i > 0 && fused_with_next(r, i - 1) && o->act_bias_backward) {
+				const struct layer *d = &m->layers[i - 1];
+				e = o->act_bias_backward(ctx, l->kind, dout, grads + d->boff, r->act[i], B,
+							 d->out);
+				bias_done = 1;
+			} else {
+				e = o->act_backward(ctx, l->kind, dout, dout, r->act[i], N);
+			}
 			break;
 		}
 		if (e) {
@@ -233,24 +279,101 @@ int replica_backward(struct replica *r, const float *params, float *grads, int B
 	return e;
 }
 
+int replica_train(struct replica *r, const float *params, float *grads, const float *x,
+		  const int32_t *y, int B, uint64_t key, float scale)
+{
+	if (B < 1 || B > r->max_batch)
+		return -EINVAL;
+	const float *logits;
+	int e = forward_layers(r, params, x, B, 1, key, &logits);
+	if (e)
+		return e;
+	e = r->be.ops->xent_train(r->be.ctx, r->grad[0], r->meter, logits, y, B, r->m->outputs, scale);
+	if (e) {
+		r->failed = "the loss";
+		return e;
+	}
+	return backward_layers(r, params, grads, x, B, scale, 0);
+}
+
+/* Slots [at, at + 2) of the meter into host values, then cleared. */
+static int meter_take(struct replica *r, int at, double *loss_sum, double *right)
+{
+	double v[2];
+	const struct backend_ops *o = r->be.ops;
+	int e = o->download(r->be.ctx, v, r->meter + at, sizeof(v));
+	if (!e)
+		e = o->zero(r->be.ctx, r->meter + at, sizeof(v));
+	if (!e) {
+		*loss_sum = v[0];
+		*right = v[1];
+	}
+	return e;
+}
+
+int replica_meter(struct replica *r, double *loss_sum, double *right)
+{
+	return meter_take(r, 0, loss_sum, right);
+}
+
+/* The loss of a forward pass goes to the evaluation slots, so reading it
+ * leaves the training meter alone. */
+static int forward_loss(struct replica *r, const float *params, int B, int training, uint64_t key)
+{
+	const float *logits;
+	int e = forward_layers(r, params, r->x, B, training, key, &logits);
+	if (!e && (e = r->be.ops->xent_forward(r->be.ctx, r->probs, r->meter + 2, logits, r->y, B,
+					       r->m->outputs)))
+		r->failed = "the loss";
+	return e;
+}
+
+int replica_forward(struct replica *r, const float *params, int B, int training, uint64_t key,
+		    double *loss_sum, int *correct)
+{
+	double l, c;
+	int e = meter_take(r, 2, &l, &c);   /* clears what an earlier failure left */
+	if (!e)
+		e = forward_loss(r, params, B, training, key);
+	if (!e)
+		e = meter_take(r, 2, &l, &c);
+	if (e)
+		return e;
+	*loss_sum = l;
+	if (correct)
+		*correct = (int)c;
+	return 0;
+}
+
+int replica_backward(struct replica *r, const float *params, float *grads, int B, float scale)
+{
+	if (!r->training)
+		return -EINVAL;
+	int e = r->be.ops->xent_backward(r->be.ctx, r->grad[0], r->probs, r->y, B, r->m->outputs, scale);
+	if (e) {
+		r->failed = "the loss";
+		return e;
+	}
+	return backward_layers(r, params, grads, r->x, B, scale, 0);
+}
+
+/* One sync at the end: the chunks' losses add up in the meter. */
 int replica_evaluate(struct replica *r, const float *params, const struct dataset *ds,
 		    double *loss, double *acc)
 {
-	double loss_sum = 0;
-	long right = 0;
-	for (size_t off = 0; off < ds->n; off += (size_t)r->max_batch) {
+	double l, right;
+	int e = meter_take(r, 2, &l, &right);
+	for (size_t off = 0; !e && off < ds->n; off += (size_t)r->max_batch) {
 		int B = (int)(ds->n - off < (size_t)r->max_batch ? ds->n - off : (size_t)r->max_batch);
-		double l;
-		int c;
-		int e = replica_load(r, ds->x + off * ds->d, ds->y + off, B);
+		e = replica_load(r, ds->x + off * ds->d, ds->y + off, B);
 		if (!e)
-			e = replica_forward(r, params, B, 0, 0, &l, &c);
-		if (e)
-			return e;
-		loss_sum += l;
-		right += c;
+			e = forward_loss(r, params, B, 0, 0);
 	}
-	*loss = loss_sum / (double)ds->n;
-	*acc = (double)right / (double)ds->n;
+	if (!e)
+		e = meter_take(r, 2, &l, &right);
+	if (e)
+		return e;
+	*loss = l / (double)ds->n;
+	*acc = right / (double)ds->n;
 	return 0;
 }

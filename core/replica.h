@@ -17,6 +17,9 @@ struct replica {
 	int max_batch;
 	float *x;                          /* (B, inputs) */
 	int32_t *y;                        /* (B) */
+	double *meter;                     /* (4): training's summed loss and right
+					    * answers (replica_train adds, replica_meter
+					    * reads), then evaluation's */
 	float *act[MODEL_MAX_LAYERS];      /* (B, out) per layer; some layers share their
 					    * input's buffer (see buffer_shared) */
 	float *stats[MODEL_MAX_LAYERS];    /* batchnorm: batch mean (C) then variance (C) */
@@ -41,11 +44,29 @@ void replica_free(struct replica *r);   /* accepts NULL and zeroed structs */
 /* Copies a batch from host memory: x (B, inputs), y (B). */
 int replica_load(struct replica *r, const float *x, const int32_t *y, int B);
 
+/* Gathers a batch into r->x, r->y from a training set in the backend's
+ * memory: rows order[0 .. B) of data_x (n, inputs), data_y (n). */
+int replica_gather(struct replica *r, const float *data_x, const int32_t *data_y,
+		   const uint32_t *order, int B);
+
+/* One training step over the batch x (B, inputs), y (B) in backend memory
+ * (r->x and r->y after replica_load or replica_gather, or any other
+ * buffer): forward with dropout masks from key, the loss added to the
+ * training meter, and backward, which ACCUMULATES into grads (P) with
+ * scale (1 over the whole batch the gradient is averaged over: all
+ * replicas together). Nothing here waits for the device. */
+int replica_train(struct replica *r, const float *params, float *grads, const float *x,
+		  const int32_t *y, int B, uint64_t key, float scale);
+
+/* The training meter: summed loss and right answers of the steps since the
+ * last call, which are then cleared. Waits for the device. */
+int replica_meter(struct replica *r, double *loss_sum, double *right);
+
 /* Forward over the loaded batch with params (P); *loss_sum is the summed
  * (not averaged) loss, *correct the number of right answers. training = 1
  * normalizes with batch statistics and drops units with masks from key
  * (replica_key); training = 0 is evaluation: running statistics, no
- * dropout, key unused. */
+ * dropout, key unused. Waits for the device (for the loss). */
 int replica_forward(struct replica *r, const float *params, int B, int training, uint64_t key,
 		    double *loss_sum, int *correct);
 

@@ -74,8 +74,7 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 	struct model m;
 	struct devices dev = { 0 };
 	struct optim opt = { 0 };
-	float *params = NULL, *xb = NULL;
-	int32_t *yb = NULL;
+	float *params = NULL;
 	uint32_t *perm = NULL;
 	int e;
 
@@ -110,10 +109,8 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 	/* The host copy of the parameters: initialization, checkpoints and
 	 * resume go through it; the step runs on the devices' own copies. */
 	params = malloc(m.nparams * sizeof(float));
-	xb = malloc((size_t)B * train.d * sizeof(float));
-	yb = malloc((size_t)B * sizeof(int32_t));
 	perm = malloc(train.n * sizeof(uint32_t));
-	if (!params || !xb || !yb || !perm || optim_init(&opt, &c->train.optim, m.nparams) ||
+	if (!params || !perm || optim_init(&opt, &c->train.optim, m.nparams) ||
 	    optim_plain_tensors(&opt, &m, 0)) {
 		snprintf(err, errlen, "out of memory for %zu parameters", m.nparams);
 		e = -ENOMEM;
@@ -146,14 +143,18 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 			goto out;
 		}
 	}
+	int resident = 0;
 	e = devices_set_params(&dev, params, err, errlen);
 	if (!e)
 		e = devices_set_optim(&dev, &opt, err, errlen);
+	if (!e)
+		e = devices_set_data(&dev, &train, &resident, err, errlen);
 	if (e)
 		goto out;
-	fprintf(out, "training: %zu train / %zu test samples, %zu parameters, batch %d, %ld steps (%ld per epoch), %s%s\n",
+	fprintf(out, "training: %zu train / %zu test samples, %zu parameters, batch %d, %ld steps (%ld per epoch), %s%s%s\n",
 		train.n, test.n, m.nparams, B, total, spe, dev.be[0].where,
-		dev.n > 1 ? " and more replicas" : "");
+		dev.n > 1 ? " and more replicas" : "",
+		dev.gpu ? resident ? ", data on the GPU" : ", data staged from the host" : "");
 
 	struct progress pg;
 	progress_init(&pg, out, tty, total, spe);
@@ -171,14 +172,14 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 		if (epoch != epoch_loaded) {
 			data_permute(perm, train.n, c->train.seed, (uint64_t)epoch);
 			epoch_loaded = epoch;
+			e = devices_set_order(&dev, perm, train.n, err, errlen);
+			if (e)
+				goto fail;
 		}
 		double ts = progress_now();
-		double loss;
-		int right;
-		dataset_gather(&train, perm + (size_t)(step % spe) * (size_t)B, (size_t)B, xb, yb);
 		char why[CONFIG_ERR_MAX];
-		e = devices_step(&dev, xb, yb, B, replica_key(c->train.seed, step, 0), &loss, &right, why,
-				 sizeof(why));
+		e = devices_step(&dev, (size_t)(step % spe) * (size_t)B, B,
+				 replica_key(c->train.seed, step, 0), why, sizeof(why));
 		if (!e)
 			e = devices_apply(&dev, &opt, optim_lr(&c->train.optim, step, total), why, sizeof(why));
 		if (e) {
@@ -186,21 +187,27 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 			snprintf(err, errlen, "step %ld: %s", step, why);
 			goto out;
 		}
-		progress_step(&pg, step, B, progress_now() - ts, loss / B, (double)right / B);
-
 		int last = step + 1 == total;
+		int eval_now = c->train.eval_every > 0 ? (step + 1) % c->train.eval_every == 0
+						       : (step + 1) % spe == 0;
+		/* The loss is read only when it is shown: reading waits for the
+		 * GPU, which is training time (the steps before were only queued). */
+		if (progress_due(&pg, step) || eval_now || last || *stop) {
+			e = devices_report(&dev, &pg, step, err, errlen);
+			if (e)
+				goto fail;
+		}
+		progress_tick(&pg, step, progress_now() - ts);
 		if (ck && c->train.checkpoint_every > 0 && (step + 1) % c->train.checkpoint_every == 0 && !last) {
 			progress_clear(&pg);
 			if (save(c, ck, lay, &dev, params, &opt, step + 1, out, why, sizeof(why)))
 				fprintf(out, "warning: checkpoint at step %ld failed, training goes on: %s\n", step + 1, why);
 		}
-		int eval_now = c->train.eval_every > 0 ? (step + 1) % c->train.eval_every == 0
-						       : (step + 1) % spe == 0;
 		if (eval_now && !last) {
 			double tl, ta;
 			e = devices_evaluate(&dev, &test, &tl, &ta, err, errlen);
 			if (e)
-				goto eval_fail;
+				goto fail;
 			progress_eval(&pg, step + 1, tl, ta);
 		}
 	}
@@ -213,7 +220,7 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 	/* Stopped or finished: always end with a real evaluation. */
 	e = devices_evaluate(&dev, &test, &res->test_loss, &res->test_acc, err, errlen);
 	if (e)
-		goto eval_fail;
+		goto fail;
 	if (!*stop || step == total)
 		progress_eval(&pg, step, res->test_loss, res->test_acc);
 	progress_clear(&pg);
@@ -224,15 +231,13 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 	res->stopped = step < total;
 	e = 0;
 	goto out;
-eval_fail:
+fail:
 	progress_clear(&pg);   /* err says what failed where */
 out:
 	free(lay);
 	optim_free(&opt);
 	devices_close(&dev);
 	free(params);
-	free(xb);
-	free(yb);
 	free(perm);
 	dataset_free(&train);
 	dataset_free(&test);

@@ -2,8 +2,10 @@
  * (fp32; TF32 tensor cores only when asked), the other kernels in
  * kernels.cu, and every buffer from the device's arena.
  *
- * All work of one backend goes to its own stream, in order; only download
- * and the loss (whose sums the host needs) wait for it. Every CUDA and
+ * All work of one backend goes to its own stream, in order; only upload
+ * (from pageable memory), download and the staged batches' buffers wait
+ * for it: a training step never does. The loss and the right answers are
+ * summed on the device into the replica's meter. Every CUDA and
  * cuBLAS return code is checked; the failing call is named in the
  * backend's error text (gpu_backend_error), which the caller prefixes with
  * the layer. */
@@ -29,13 +31,26 @@ struct gpu_ctx {
 	struct cublas_api api;
 	cublasHandle_t blas;
 	struct gpu_arena arena;
-	/* Per-row loss and hits of the last xent_forward, on the device and
-	 * in pinned host memory; sized for the largest batch seen. */
-	double *row_loss, *host_loss;
-	int *row_right, *host_right;
-	int rows;
+	/* Scratch of the loss and the bias gradients (g_reserve): per-row
+	 * loss and right answers, the bias gradient's partial sums and
+	 * tickets, for batches up to `rows` rows of up to `width` floats. */
+	double *row_loss, *row_right;
+	float *partial;
+	unsigned *tickets;
+	int rows, width;
+	/* Staged batches (gpu_stage_*): pinned host and device buffers, the
+	 * copy stream, an event when each buffer has landed and when the
+	 * compute stream is done with it. */
+	cudaStream_t copy;
+	float *stage_hx[2], *stage_dx[2];
+	int32_t *stage_hy[2], *stage_dy[2];
+	cudaEvent_t stage_loaded[2], stage_free[2];
+	int stage_rows, stage_next;
+	size_t stage_D;
 	cudaEvent_t mark[2];   // gpu_mark's start and end
-	cudaEvent_t copied;    // after a gpu_copy into this device: the source's stream waits on it
+	cudaEvent_t ready;     // gpu_copy from this backend: its queued work is done
+	cudaEvent_t copied;    // after a gpu_copy into this backend: the source's stream waits on it
+	unsigned long long peers;   // devices whose peer access was tried (bit per device < 64)
 	char err[320];
 };
 
@@ -137,13 +152,41 @@ static int g_dense_forward(void *ctx, float *out, const float *inp, const float 
 	int r = use(g);
 	if (r)
 		return r;
-	float one = 1.0f, beta = bias ? 1.0f : 0.0f;
-	if (bias)
-		CKL(g, "bias fill kernel", gk_bias_fill(g->stream, out, bias, B, OC));
+	float one = 1.0f, zero = 0.0f;
 	CKB(g, "cublasSgemm (forward)",
-	    g->api.sgemm(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, B, C, &one, weight, C, inp, C, &beta,
+	    g->api.sgemm(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, B, C, &one, weight, C, inp, C, &zero,
 			 out, OC));
+	CKL(g, "bias kernel", gk_bias_act(g->stream, GK_NONE, out, bias, B, OC));
 	return 0;
+}
+
+static int act_of(enum layer_kind k, enum gk_act *a);
+
+/* The GEMM, then bias and activation in one pass over its output. */
+static int g_dense_act_forward(void *ctx, float *out, const float *inp, const float *weight,
+			       const float *bias, int B, int C, int OC, enum layer_kind act)
+{
+	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
+	enum gk_act a;
+	int r = use(g);
+	if (!r && (r = act_of(act, &a)) < 0)
+		snprintf(g->err, sizeof(g->err), "gpu:%d: no activation kernel for %s", g->device,
+			 layer_kind_name(act));
+	if (r)
+		return r;
+	float one = 1.0f, zero = 0.0f;
+	CKB(g, "cublasSgemm (forward)",
+	    g->api.sgemm(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, B, C, &one, weight, C, inp, C, &zero,
+			 out, OC));
+	CKL(g, "bias and activation kernel", gk_bias_act(g->stream, a, out, bias, B, OC));
+	return 0;
+}
+
+/* The bias gradient's scratch when it covers B rows of OC, else NULL (the
+ * kernel then runs one block row over every row). */
+static float *partial_for(const struct gpu_ctx *g, int B, int OC)
+{
+	return B <= g->rows && OC <= g->width ? g->partial : NULL;
 }
 
 static int g_dense_backward(void *ctx, float *dinp, float *dweight, float *dbias,
@@ -162,8 +205,10 @@ static int g_dense_backward(void *ctx, float *dinp, float *dweight, float *dbias
 	CKB(g, "cublasSgemm (weight gradient)",
 	    g->api.sgemm(g->blas, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, B, &one, inp, C, dout, OC, &one,
 			 dweight, C));
-	if (dbias)
-		CKL(g, "bias gradient kernel", gk_bias_grad(g->stream, dbias, dout, B, OC));
+	if (dbias)   /* GK_NONE: dout is only read */
+		CKL(g, "bias gradient kernel",
+		    gk_act_bias_backward(g->stream, GK_NONE, (float *)dout, dbias, NULL, B, OC,
+					 partial_for(g, B, OC), g->tickets));
 	return 0;
 }
 
@@ -206,56 +251,98 @@ static int g_act_backward(void *ctx, enum layer_kind k, float *dinp, const float
 	return 0;
 }
 
-static int rows_reserve(struct gpu_ctx *g, int B)
+static int g_act_bias_backward(void *ctx, enum layer_kind k, float *dout, float *dbias,
+			       const float *out, int B, int OC)
 {
-	if (B <= g->rows)
-		return 0;
-	/* Arena space cannot be returned, so grow in large steps; in practice
-	 * this happens once, at the first (largest) batch. */
-	int rows = B > 4096 ? B : 4096;
-	cudaFreeHost(g->host_loss);
-	cudaFreeHost(g->host_right);
-	g->host_loss = NULL;
-	g->host_right = NULL;
-	g->rows = 0;
-	int r = arena_alloc(&g->arena, (void **)&g->row_loss, (size_t)rows * sizeof(double), g->err,
-			    sizeof(g->err));
-	if (!r)
-		r = arena_alloc(&g->arena, (void **)&g->row_right, (size_t)rows * sizeof(int), g->err,
-				sizeof(g->err));
+	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
+	enum gk_act a = GK_NONE;
+	int r = use(g);
+	if (!r && k != LAYER_DENSE && (r = act_of(k, &a)) < 0)
+		snprintf(g->err, sizeof(g->err), "gpu:%d: no activation kernel for %s", g->device,
+			 layer_kind_name(k));
 	if (r)
 		return r;
-	CK(g, cudaMallocHost((void **)&g->host_loss, (size_t)rows * sizeof(double)));
-	CK(g, cudaMallocHost((void **)&g->host_right, (size_t)rows * sizeof(int)));
-	g->rows = rows;
+	CKL(g, "activation and bias gradient kernel",
+	    gk_act_bias_backward(g->stream, a, dout, dbias, out, B, OC, partial_for(g, B, OC),
+				 g->tickets));
 	return 0;
 }
 
-static int g_xent_forward(void *ctx, float *probs, double *loss_sum, int *correct,
-			  const float *logits, const int32_t *labels, int B, int C)
+/* Scratch for batches up to max_batch rows of up to width floats: taken
+ * from the arena before the first step (replica_init), so the step takes
+ * none. Arena space cannot be returned; a larger request takes new. */
+static int g_reserve(void *ctx, int max_batch, int width)
+{
+	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
+	int r = use(g);
+	if (r || (max_batch <= g->rows && width <= g->width))
+		return r;
+	int rows = max_batch > g->rows ? max_batch : g->rows;
+	int w = width > g->width ? width : g->width;
+	double *loss, *right;
+	float *partial;
+	unsigned *tickets;
+	r = arena_alloc(&g->arena, (void **)&loss, (size_t)rows * sizeof(double), g->err,
+			sizeof(g->err));
+	if (!r)
+		r = arena_alloc(&g->arena, (void **)&right, (size_t)rows * sizeof(double), g->err,
+				sizeof(g->err));
+	if (!r)
+		r = arena_alloc(&g->arena, (void **)&partial, gk_bias_partials(rows, w) * sizeof(float),
+				g->err, sizeof(g->err));
+	if (!r)
+		r = arena_alloc(&g->arena, (void **)&tickets, gk_bias_tickets(w) * sizeof(unsigned),
+				g->err, sizeof(g->err));
+	if (r)
+		return r;
+	/* The tickets start at zero and every launch leaves them there. */
+	CK(g, cudaMemsetAsync(tickets, 0, gk_bias_tickets(w) * sizeof(unsigned), g->stream));
+	g->row_loss = loss;
+	g->row_right = right;
+	g->partial = partial;
+	g->tickets = tickets;
+	g->rows = rows;
+	g->width = w;
+	return 0;
+}
+
+static int rows_check(struct gpu_ctx *g, int B)
+{
+	if (B <= g->rows)
+		return 0;
+	snprintf(g->err, sizeof(g->err), "gpu:%d: a batch of %d rows but scratch was reserved for %d",
+		 g->device, B, g->rows);
+	return -EINVAL;
+}
+
+static int g_xent_forward(void *ctx, float *probs, double *meter, const float *logits,
+			  const int32_t *labels, int B, int C)
 {
 	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
 	int r = use(g);
 	if (!r)
-		r = rows_reserve(g, B);
+		r = rows_check(g, B);
 	if (r)
 		return r;
 	CKL(g, "softmax cross-entropy kernel",
-	    gk_xent_forward(g->stream, probs, g->row_loss, g->row_right, logits, labels, B, C));
-	CK(g, cudaMemcpyAsync(g->host_loss, g->row_loss, (size_t)B * sizeof(double),
-			      cudaMemcpyDeviceToHost, g->stream));
-	CK(g, cudaMemcpyAsync(g->host_right, g->row_right, (size_t)B * sizeof(int),
-			      cudaMemcpyDeviceToHost, g->stream));
-	CK(g, cudaStreamSynchronize(g->stream));
-	double sum = 0.0;
-	int right = 0;
-	for (int b = 0; b < B; b++) {   // in row order, as the CPU sums
-		sum += g->host_loss[b];
-		right += g->host_right[b];
-	}
-	*loss_sum = sum;
-	if (correct)
-		*correct = right;
+	    gk_xent_rows(g->stream, probs, g->row_loss, g->row_right, logits, labels, B, C, 0, 0.0f));
+	CKL(g, "loss sum kernel", gk_meter_add(g->stream, meter, g->row_loss, g->row_right, B));
+	return 0;
+}
+
+static int g_xent_train(void *ctx, float *dlogits, double *meter, const float *logits,
+			const int32_t *labels, int B, int C, float scale)
+{
+	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
+	int r = use(g);
+	if (!r)
+		r = rows_check(g, B);
+	if (r)
+		return r;
+	CKL(g, "softmax cross-entropy kernel",
+	    gk_xent_rows(g->stream, dlogits, g->row_loss, g->row_right, logits, labels, B, C, 1,
+			 scale));
+	CKL(g, "loss sum kernel", gk_meter_add(g->stream, meter, g->row_loss, g->row_right, B));
 	return 0;
 }
 
@@ -271,16 +358,40 @@ static int g_xent_backward(void *ctx, float *dlogits, const float *probs, const 
 	return 0;
 }
 
+static int g_gather(void *ctx, float *x, int32_t *y, const float *data_x, const int32_t *data_y,
+		    const uint32_t *order, int B, size_t D)
+{
+	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
+	int r = use(g);
+	if (r)
+		return r;
+	CKL(g, "batch gather kernel", gk_gather(g->stream, x, y, data_x, data_y, order, B, D));
+	return 0;
+}
+
 /* ---- convolutional layers ---------------------------------------------- */
 
-/* Samples per chunk: what the CPU backend's scratch (conv_col_size) holds,
- * so one replica buffer serves both backends. */
-static int conv_chunk_of(const struct window *w, int OC, int B)
+/* Samples per conv GEMM: the whole batch where its im2col columns and GEMM
+ * output fit an eighth of the arena's cap, else as many as do (at least
+ * one). A GEMM over the batch is what keeps a GPU busy; the CPU's
+ * cache-sized chunks (conv_col_size) made ~280 small launches a step. The
+ * count depends on B only through the min, so a chunk for any batch up to
+ * the one the scratch was sized for fits it. */
+static size_t conv_per_sample(const struct window *w, int OC)
 {
-	size_t per = ((size_t)w->C * w->K * w->K + (size_t)OC) * (size_t)w->OH * w->OW;
-	size_t padded = (size_t)w->C * (size_t)(w->H + 2 * w->P) * (size_t)(w->W + 2 * w->P);
-	size_t n = (conv_col_size(w, OC, B) - padded) / per;
+	return ((size_t)w->C * w->K * w->K + (size_t)OC) * (size_t)w->OH * w->OW;
+}
+
+static int conv_chunk_of(const struct gpu_ctx *g, const struct window *w, int OC, int B)
+{
+	size_t n = g->arena.cap / 8 / sizeof(float) / conv_per_sample(w, OC);
 	return n < 1 ? 1 : n > (size_t)B ? B : (int)n;
+}
+
+static size_t g_conv_col_floats(void *ctx, const struct window *w, int OC, int B)
+{
+	const struct gpu_ctx *g = (const struct gpu_ctx *)ctx;
+	return (size_t)conv_chunk_of(g, w, OC, B) * conv_per_sample(w, OC);
 }
 
 /* Per chunk of nb samples (core/conv.c has the layout):
@@ -293,7 +404,7 @@ static int g_conv_forward(void *ctx, float *out, float *col, const float *inp, c
 	int r = use(g);
 	if (r)
 		return r;
-	int ckk = w->C * w->K * w->K, Bc = conv_chunk_of(w, OC, B);
+	int ckk = w->C * w->K * w->K, Bc = conv_chunk_of(g, w, OC, B);
 	size_t ohw = (size_t)w->OH * w->OW, in_n = (size_t)w->C * w->H * w->W;
 	float one = 1.0f, zero = 0.0f;
 	for (int b0 = 0; b0 < B; b0 += Bc) {
@@ -322,7 +433,7 @@ static int g_conv_backward(void *ctx, float *dinp, float *dweight, float *dbias,
 	int r = use(g);
 	if (r)
 		return r;
-	int ckk = w->C * w->K * w->K, Bc = conv_chunk_of(w, OC, B);
+	int ckk = w->C * w->K * w->K, Bc = conv_chunk_of(g, w, OC, B);
 	size_t ohw = (size_t)w->OH * w->OW, in_n = (size_t)w->C * w->H * w->W;
 	float one = 1.0f, zero = 0.0f;
 	for (int b0 = 0; b0 < B; b0 += Bc) {
@@ -433,6 +544,12 @@ static const struct backend_ops cuda_ops = {
 	.batchnorm_backward = g_batchnorm_backward,
 	.xent_forward = g_xent_forward,
 	.xent_backward = g_xent_backward,
+	.xent_train = g_xent_train,
+	.gather = g_gather,
+	.dense_act_forward = g_dense_act_forward,
+	.act_bias_backward = g_act_bias_backward,
+	.conv_col_floats = g_conv_col_floats,
+	.reserve = g_reserve,
 };
 
 static void ctx_free(struct gpu_ctx *g)
@@ -445,14 +562,23 @@ static void ctx_free(struct gpu_ctx *g)
 	if (g->blas && g->api.destroy)
 		g->api.destroy(g->blas);
 	cublas_unload(&g->api);
-	cudaFreeHost(g->host_loss);
-	cudaFreeHost(g->host_right);
+	if (g->copy)
+		cudaStreamSynchronize(g->copy);
 	arena_free(&g->arena);
-	for (int i = 0; i < 2; i++)
-		if (g->mark[i])
-			cudaEventDestroy(g->mark[i]);
+	for (int i = 0; i < 2; i++) {
+		cudaFreeHost(g->stage_hx[i]);
+		cudaFreeHost(g->stage_hy[i]);
+		cudaEvent_t ev[] = { g->mark[i], g->stage_loaded[i], g->stage_free[i] };
+		for (size_t k = 0; k < sizeof(ev) / sizeof(ev[0]); k++)
+			if (ev[k])
+				cudaEventDestroy(ev[k]);
+	}
+	if (g->ready)
+		cudaEventDestroy(g->ready);
 	if (g->copied)
 		cudaEventDestroy(g->copied);
+	if (g->copy)
+		cudaStreamDestroy(g->copy);
 	if (g->stream)
 		cudaStreamDestroy(g->stream);
 	cudaGetLastError();
@@ -468,9 +594,15 @@ static int ctx_open(struct gpu_ctx *g, int device, const struct gpu_options *o)
 	int r = cublas_load(&g->api, g->err, sizeof(g->err));
 	if (r)
 		return r;
+	CK(g, cudaStreamCreateWithFlags(&g->copy, cudaStreamNonBlocking));
 	CK(g, cudaEventCreate(&g->mark[0]));
 	CK(g, cudaEventCreate(&g->mark[1]));
+	CK(g, cudaEventCreateWithFlags(&g->ready, cudaEventDisableTiming));
 	CK(g, cudaEventCreateWithFlags(&g->copied, cudaEventDisableTiming));
+	for (int i = 0; i < 2; i++) {
+		CK(g, cudaEventCreateWithFlags(&g->stage_loaded[i], cudaEventDisableTiming));
+		CK(g, cudaEventCreateWithFlags(&g->stage_free[i], cudaEventDisableTiming));
+	}
 	CKB(g, "cublasCreate", g->api.create(&g->blas));
 	CKB(g, "cublasSetStream", g->api.set_stream(g->blas, g->stream));
 	/* Plain fp32 unless TF32 is asked for: results then match the CPU to
@@ -527,6 +659,82 @@ extern "C" size_t gpu_backend_used(const struct backend *b)
 	return b && b->ops == &cuda_ops ? ((const struct gpu_ctx *)b->ctx)->arena.handed : 0;
 }
 
+extern "C" size_t gpu_backend_room(const struct backend *b)
+{
+	if (!b || b->ops != &cuda_ops)
+		return 0;
+	const struct gpu_arena *a = &((const struct gpu_ctx *)b->ctx)->arena;
+	return a->cap > a->handed ? a->cap - a->handed : 0;
+}
+
+extern "C" int gpu_stage_reserve(const struct backend *b, int max_batch, size_t D)
+{
+	struct gpu_ctx *g = (struct gpu_ctx *)b->ctx;
+	int r = use(g);
+	if (r || (max_batch <= g->stage_rows && D == g->stage_D))
+		return r;
+	if (g->stage_rows) {
+		snprintf(g->err, sizeof(g->err), "gpu:%d: staged batches were sized already", g->device);
+		return -EINVAL;
+	}
+	size_t xb = (size_t)max_batch * D * sizeof(float), yb = (size_t)max_batch * sizeof(int32_t);
+	for (int i = 0; i < 2; i++) {
+		r = arena_alloc(&g->arena, (void **)&g->stage_dx[i], xb, g->err, sizeof(g->err));
+		if (!r)
+			r = arena_alloc(&g->arena, (void **)&g->stage_dy[i], yb, g->err, sizeof(g->err));
+		if (r)
+			return r;
+		CK(g, cudaMallocHost((void **)&g->stage_hx[i], xb));
+		CK(g, cudaMallocHost((void **)&g->stage_hy[i], yb));
+	}
+	g->stage_rows = max_batch;
+	g->stage_D = D;
+	return 0;
+}
+
+extern "C" int gpu_stage_batch(const struct backend *b, const float *data_x, const int32_t *data_y,
+			       size_t D, const uint32_t *idx, int B, const float **x,
+			       const int32_t **y)
+{
+	struct gpu_ctx *g = (struct gpu_ctx *)b->ctx;
+	int r = use(g);
+	if (r)
+		return r;
+	if (B < 1 || B > g->stage_rows || D != g->stage_D) {
+		snprintf(g->err, sizeof(g->err), "gpu:%d: a staged batch of %d rows of %zu, buffers for %d of %zu",
+			 g->device, B, D, g->stage_rows, g->stage_D);
+		return -EINVAL;
+	}
+	int s = g->stage_next;
+	/* The step two back read this buffer; wait until it has. An event
+	 * never recorded counts as done. */
+	CK(g, cudaEventSynchronize(g->stage_free[s]));
+	for (int i = 0; i < B; i++) {
+		memcpy(g->stage_hx[s] + (size_t)i * D, data_x + (size_t)idx[i] * D, D * sizeof(float));
+		g->stage_hy[s][i] = data_y[idx[i]];
+	}
+	CK(g, cudaMemcpyAsync(g->stage_dx[s], g->stage_hx[s], (size_t)B * D * sizeof(float),
+			      cudaMemcpyHostToDevice, g->copy));
+	CK(g, cudaMemcpyAsync(g->stage_dy[s], g->stage_hy[s], (size_t)B * sizeof(int32_t),
+			      cudaMemcpyHostToDevice, g->copy));
+	CK(g, cudaEventRecord(g->stage_loaded[s], g->copy));
+	CK(g, cudaStreamWaitEvent(g->stream, g->stage_loaded[s], 0));
+	*x = g->stage_dx[s];
+	*y = g->stage_dy[s];
+	return 0;
+}
+
+extern "C" int gpu_stage_release(const struct backend *b)
+{
+	struct gpu_ctx *g = (struct gpu_ctx *)b->ctx;
+	int r = use(g);
+	if (r)
+		return r;
+	CK(g, cudaEventRecord(g->stage_free[g->stage_next], g->stream));
+	g->stage_next ^= 1;
+	return 0;
+}
+
 extern "C" int gpu_optim_step(const struct backend *b, const struct gk_optim *o, float *params,
 			      float *grads, float *m, float *v, size_t n, int zero)
 {
@@ -558,6 +766,26 @@ extern "C" int gpu_add(const struct backend *b, float *y, const float *x, size_t
 	return 0;
 }
 
+/* Peer access from d's device to s's, tried once per pair: where the
+ * hardware has none, cudaMemcpyPeerAsync stages through the host itself. */
+static int peer_enable(struct gpu_ctx *d, const struct gpu_ctx *s)
+{
+	unsigned long long bit = s->device < 64 ? 1ull << s->device : 0;
+	if (d->device == s->device || (d->peers & bit))
+		return 0;
+	int can = 0;
+	CK(d, cudaDeviceCanAccessPeer(&can, d->device, s->device));
+	if (can) {
+		cudaError_t e = cudaDeviceEnablePeerAccess(s->device, 0);
+		if (e == cudaErrorPeerAccessAlreadyEnabled)
+			cudaGetLastError();
+		else if (e != cudaSuccess)
+			return cuda_fail(d, e, "cudaDeviceEnablePeerAccess");
+	}
+	d->peers |= bit;
+	return 0;
+}
+
 extern "C" int gpu_copy(const struct backend *dst_b, void *dst, const struct backend *src_b,
 			const void *src, size_t bytes)
 {
@@ -565,22 +793,15 @@ extern "C" int gpu_copy(const struct backend *dst_b, void *dst, const struct bac
 	int r = use(s);
 	if (r)
 		return r;
-	CK(s, cudaStreamSynchronize(s->stream));
-	if (d->device != s->device) {
-		int can = 0;
-		CK(d, cudaDeviceCanAccessPeer(&can, d->device, s->device));
-		if (can) {
-			CK(d, cudaSetDevice(d->device));
-			cudaError_t e = cudaDeviceEnablePeerAccess(s->device, 0);
-			if (e == cudaErrorPeerAccessAlreadyEnabled)
-				cudaGetLastError();
-			else if (e != cudaSuccess)
-				return cuda_fail(d, e, "cudaDeviceEnablePeerAccess");
-		}
-	}
+	/* The copy waits on the device for the source's queued work (which
+	 * wrote src), not on the host. */
+	CK(s, cudaEventRecord(s->ready, s->stream));
 	r = use(d);
+	if (!r)
+		r = peer_enable(d, s);
 	if (r)
 		return r;
+	CK(d, cudaStreamWaitEvent(d->stream, s->ready, 0));
 	CK(d, cudaMemcpyPeerAsync(dst, d->device, src, s->device, bytes, d->stream));
 	if (d != s) {
 		/* The source's later work (zeroing a gradient that was just

@@ -5,6 +5,7 @@
 #define PSTRAIN_GPU_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 struct gpu_info {
 	int index;               /* after CUDA_VISIBLE_DEVICES */
@@ -42,8 +43,24 @@ void gpu_backend_close(struct backend *b);   /* accepts a zeroed or CPU backend 
  * (forward): CUBLAS_STATUS_EXECUTION_FAILED"); "" for other backends. */
 const char *gpu_backend_error(const struct backend *b);
 
-/* Arena bytes handed out so far. */
+/* Arena bytes handed out so far, and what the cap leaves. */
 size_t gpu_backend_used(const struct backend *b);
+size_t gpu_backend_room(const struct backend *b);
+
+/* Batches of a training set that stays in host memory (one too large for
+ * the arena). gpu_stage_reserve takes two pinned host buffers and two
+ * device buffers of max_batch rows of D floats (and labels) once.
+ * gpu_stage_batch gathers rows idx[0 .. B) of data_x (n, D), data_y (n)
+ * into the pinned buffer of this step, copies it to the device on a copy
+ * stream (so it overlaps the previous step's work) and makes b's stream
+ * wait for it; *x and *y are its device copy. gpu_stage_release, after the
+ * step's work is queued, lets the buffer be refilled once b's stream has
+ * done that work; with two buffers the host waits only when it is two
+ * steps ahead. */
+int gpu_stage_reserve(const struct backend *b, int max_batch, size_t D);
+int gpu_stage_batch(const struct backend *b, const float *data_x, const int32_t *data_y, size_t D,
+		    const uint32_t *idx, int B, const float **x, const int32_t **y);
+int gpu_stage_release(const struct backend *b);
 
 /* The optimizer update (gpu/kernels.h) over device vectors of b. */
 int gpu_optim_step(const struct backend *b, const struct gk_optim *o, float *params,
@@ -54,8 +71,8 @@ int gpu_add(const struct backend *b, float *y, const float *x, size_t n);
 
 /* Copies bytes from src on src_b's device to dst on dst_b's device, directly
  * where peer access is possible, otherwise staged by CUDA through the host.
- * Waits for src_b's queued work first and leaves the copy ordered before
- * dst_b's later work. */
+ * The copy runs on dst_b's stream after src_b's queued work (an event, not
+ * a host wait), and src_b's later work waits for the copy. */
 int gpu_copy(const struct backend *dst_b, void *dst, const struct backend *src_b, const void *src,
 	     size_t bytes);
 

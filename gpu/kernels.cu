@@ -18,39 +18,43 @@ extern "C" const char *gk_error_name(int e)
 
 /* ---- activations -------------------------------------------------------- */
 
+/* The activation's derivative from its output y. */
+__device__ static inline float act_grad(int k, float d, float y)
+{
+	if (k == GK_RELU)
+		return y > 0.0f ? d : 0.0f;
+	if (k == GK_TANH)
+		return d * (1.0f - y * y);
+	return d * y * (1.0f - y);
+}
+
+/* GK_NONE is the identity. */
+__device__ static inline float act_value(int k, float x)
+{
+	if (k == GK_RELU)
+		return x < 0.0f ? 0.0f : x;
+	if (k == GK_TANH)
+		return tanhf(x);
+	if (k == GK_SIGMOID) {
+		if (x >= 0.0f)
+			return 1.0f / (1.0f + expf(-x));
+		float e = expf(x);
+		return e / (1.0f + e);
+	}
+	return x;
+}
+
 __global__ void act_forward_kernel(int k, float *out, const float *inp, size_t n)
 {
-	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-	     i += (size_t)gridDim.x * blockDim.x) {
-		float x = inp[i];
-		float y;
-		if (k == GK_RELU) {
-			y = x < 0.0f ? 0.0f : x;   // NaN stays NaN, as on the CPU
-		} else if (k == GK_TANH) {
-			y = tanhf(x);
-		} else if (x >= 0.0f) {
-			y = 1.0f / (1.0f + expf(-x));
-		} else {
-			float e = expf(x);
-			y = e / (1.0f + e);
-		}
-		out[i] = y;
-	}
+	GRID_STRIDE(i, n)
+		out[i] = act_value(k, inp[i]);   // relu: NaN stays NaN, as on the CPU
 }
 
 __global__ void act_backward_kernel(int k, float *dinp, const float *dout, const float *out,
 				    size_t n)
 {
-	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-	     i += (size_t)gridDim.x * blockDim.x) {
-		float d = dout[i], y = out[i];
-		if (k == GK_RELU)
-			dinp[i] = y > 0.0f ? d : 0.0f;
-		else if (k == GK_TANH)
-			dinp[i] = d * (1.0f - y * y);
-		else
-			dinp[i] = d * y * (1.0f - y);
-	}
+	GRID_STRIDE(i, n)
+		dinp[i] = act_grad(k, dout[i], out[i]);
 }
 
 extern "C" int gk_act_forward(void *stream, enum gk_act k, float *out, const float *inp, size_t n)
@@ -71,130 +75,227 @@ extern "C" int gk_act_backward(void *stream, enum gk_act k, float *dinp, const f
 	return launched();
 }
 
-/* ---- bias ---------------------------------------------------------------- */
+/* ---- bias and the fused epilogues ---------------------------------------- */
 
-__global__ void bias_fill_kernel(float *out, const float *bias, int B, int OC)
+/* Rows of a (B, OC) array: blockIdx.y (and its stride) picks the row, the
+ * x threads its columns, so no thread divides an index. */
+#define ROW_GRID_MAX 65535
+
+static dim3 rows_grid(int B, int OC)
 {
-	size_t n = (size_t)B * OC;
-	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-	     i += (size_t)gridDim.x * blockDim.x)
-		out[i] = bias[i % (size_t)OC];
+	unsigned gx = (unsigned)((OC + THREADS - 1) / THREADS);
+	return dim3(gx, (unsigned)(B < ROW_GRID_MAX ? B : ROW_GRID_MAX));
 }
 
-extern "C" int gk_bias_fill(void *stream, float *out, const float *bias, int B, int OC)
+__global__ void bias_act_kernel(int k, float *out, const float *bias, int B, int OC)
 {
-	size_t n = (size_t)B * OC;
-	if (n == 0)
-		return 0;
-	bias_fill_kernel<<<blocks_for(n), THREADS, 0, (cudaStream_t)stream>>>(out, bias, B, OC);
-	return launched();
-}
-
-/* A block of 32 x 8 threads owns 32 adjacent columns: threadIdx.x picks the
- * column (reads of a row are coalesced), threadIdx.y strides over rows, and
- * the 8 partial sums meet in shared memory. */
-#define BG_COLS 32
-#define BG_ROWS 8
-
-__global__ void bias_grad_kernel(float *dbias, const float *dout, int B, int OC)
-{
-	__shared__ float part[BG_ROWS][BG_COLS];
-	int o = blockIdx.x * BG_COLS + threadIdx.x;
-	float s = 0.0f;
-	if (o < OC)
-		for (int b = threadIdx.y; b < B; b += BG_ROWS)
-			s += dout[(size_t)b * OC + o];
-	part[threadIdx.y][threadIdx.x] = s;
-	__syncthreads();
-	if (threadIdx.y == 0 && o < OC) {
-		for (int r = 1; r < BG_ROWS; r++)
-			s += part[r][threadIdx.x];
-		dbias[o] += s;
+	int o = blockIdx.x * blockDim.x + threadIdx.x;
+	if (o >= OC)
+		return;
+	float bo = bias ? bias[o] : 0.0f;
+	for (int b = blockIdx.y; b < B; b += gridDim.y) {
+		size_t i = (size_t)b * OC + o;
+		out[i] = act_value(k, out[i] + bo);
 	}
 }
 
-extern "C" int gk_bias_grad(void *stream, float *dbias, const float *dout, int B, int OC)
+extern "C" int gk_bias_act(void *stream, enum gk_act k, float *out, const float *bias, int B,
+			   int OC)
+{
+	if (B <= 0 || OC <= 0 || (k == GK_NONE && !bias))
+		return 0;
+	bias_act_kernel<<<rows_grid(B, OC), THREADS, 0, (cudaStream_t)stream>>>((int)k, out, bias, B,
+										 OC);
+	return launched();
+}
+
+/* A block of 32 x 8 threads owns 32 adjacent columns of GK_BIAS_ROWS rows
+ * (every row when gridDim.y is 1): threadIdx.x picks the column (reads of
+ * a row are coalesced), threadIdx.y strides over the rows, and the 8
+ * partial sums meet in shared memory in a fixed order. */
+#define BG_COLS 32
+#define BG_ROWS 8
+
+extern "C" size_t gk_bias_partials(int B, int OC)
+{
+	return (size_t)((B + GK_BIAS_ROWS - 1) / GK_BIAS_ROWS) * (size_t)OC;
+}
+
+extern "C" size_t gk_bias_tickets(int OC)
+{
+	return (size_t)((OC + BG_COLS - 1) / BG_COLS);
+}
+
+__global__ void act_bias_backward_kernel(int k, float *dout, float *dbias, const float *out, int B,
+					 int OC, float *partial, unsigned *tickets)
+{
+	__shared__ float part[BG_ROWS][BG_COLS];
+	__shared__ int last;
+	int tx = threadIdx.x, ty = threadIdx.y;
+	int o = blockIdx.x * BG_COLS + tx;
+	int r0 = gridDim.y == 1 ? 0 : (int)blockIdx.y * GK_BIAS_ROWS;
+	int r1 = gridDim.y == 1 ? B : min(r0 + GK_BIAS_ROWS, B);
+	float s = 0.0f;
+	if (o < OC)
+		for (int b = r0 + ty; b < r1; b += BG_ROWS) {
+			size_t i = (size_t)b * OC + o;
+			float d = dout[i];
+			if (k != GK_NONE) {
+				d = act_grad(k, d, out[i]);
+				dout[i] = d;
+			}
+			s += d;
+		}
+	part[ty][tx] = s;
+	__syncthreads();
+	if (ty == 0)
+		for (int r = 1; r < BG_ROWS; r++)
+			s += part[r][tx];
+	if (gridDim.y == 1) {
+		if (ty == 0 && o < OC)
+			dbias[o] += s;
+		return;
+	}
+	/* The last of the row blocks of these columns adds every block's sum,
+	 * in row-block order (CUDA's threadFenceReduction pattern). */
+	if (ty == 0 && o < OC)
+		partial[(size_t)blockIdx.y * OC + o] = s;
+	__threadfence();
+	__syncthreads();
+	if (tx == 0 && ty == 0)
+		last = atomicAdd(&tickets[blockIdx.x], 1u) == gridDim.y - 1;
+	__syncthreads();
+	if (!last)
+		return;
+	if (ty == 0 && o < OC) {
+		float t = 0.0f;
+		for (unsigned j = 0; j < gridDim.y; j++)
+			t += __ldcg(&partial[(size_t)j * OC + o]);   // past L1: written by other SMs
+		dbias[o] += t;
+	}
+	if (tx == 0 && ty == 0)
+		tickets[blockIdx.x] = 0;
+}
+
+extern "C" int gk_act_bias_backward(void *stream, enum gk_act k, float *dout, float *dbias,
+				    const float *out, int B, int OC, float *partial,
+				    unsigned *tickets)
 {
 	if (OC <= 0 || B <= 0)
 		return 0;
+	if (!dbias)   /* only the activation */
+		return k == GK_NONE ? 0 : gk_act_backward(stream, k, dout, dout, out, (size_t)B * OC);
 	dim3 threads(BG_COLS, BG_ROWS);
-	unsigned grid = (unsigned)((OC + BG_COLS - 1) / BG_COLS);
-	bias_grad_kernel<<<grid, threads, 0, (cudaStream_t)stream>>>(dbias, dout, B, OC);
+	unsigned rows = (unsigned)((B + GK_BIAS_ROWS - 1) / GK_BIAS_ROWS);
+	dim3 grid((unsigned)gk_bias_tickets(OC), partial && tickets && rows > 1 ? rows : 1u);
+	act_bias_backward_kernel<<<grid, threads, 0, (cudaStream_t)stream>>>((int)k, dout, dbias, out,
+									      B, OC, partial, tickets);
 	return launched();
 }
 
 /* ---- softmax cross-entropy ---------------------------------------------- */
 
-/* One block per row. The maximum and its first index are reduced together
- * (ties go to the lower index, like torch.argmax and the CPU twin); the sum
- * of exponentials is reduced in double as on the CPU. */
-#define XENT_THREADS 256
+/* One warp per row, XENT_ROWS rows per block. The maximum and its first
+ * index are reduced together (ties go to the lower index, like
+ * torch.argmax and the CPU twin); the sum of exponentials is reduced in
+ * double as on the CPU. Both butterflies leave every lane with the same
+ * result: the max is a selection, and a + b == b + a in IEEE arithmetic. */
+#define XENT_ROWS 8
+#define FULL_MASK 0xffffffffu
 
-__global__ void xent_forward_kernel(float *probs, double *row_loss, int *row_right,
-				    const float *logits, const int32_t *labels, int C)
+__global__ void xent_rows_kernel(float *out, double *row_loss, double *row_right,
+				 const float *logits, const int32_t *labels, int B, int C, int train,
+				 float scale)
 {
-	__shared__ float smax[XENT_THREADS];
-	__shared__ int sidx[XENT_THREADS];
-	__shared__ double ssum[XENT_THREADS];
-	int b = blockIdx.x, t = threadIdx.x;
+	int lane = threadIdx.x & 31;
+	int b = blockIdx.x * XENT_ROWS + (threadIdx.x >> 5);
+	if (b >= B)
+		return;   /* the whole warp: no block-wide barrier follows */
 	const float *x = logits + (size_t)b * C;
-	float *p = probs + (size_t)b * C;
+	float *p = out + (size_t)b * C;
 
 	float mv = -FLT_MAX;
 	int mi = C;   // "none yet": loses every tie
-	for (int i = t; i < C; i += blockDim.x)
-		if (mi == C || x[i] > mv) {   // strict: a thread keeps its first maximum
+	for (int i = lane; i < C; i += 32)
+		if (mi == C || x[i] > mv) {   // strict: a lane keeps its first maximum
 			mv = x[i];
 			mi = i;
 		}
-	smax[t] = mv;
-	sidx[t] = mi;
-	__syncthreads();
-	for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-		if (t < s) {
-			float ov = smax[t + s];
-			int oi = sidx[t + s];
-			if (oi < C && (sidx[t] == C || ov > smax[t] || (ov == smax[t] && oi < sidx[t]))) {
-				smax[t] = ov;
-				sidx[t] = oi;
-			}
+	for (int o = 16; o > 0; o >>= 1) {
+		float ov = __shfl_xor_sync(FULL_MASK, mv, o);
+		int oi = __shfl_xor_sync(FULL_MASK, mi, o);
+		if (oi < C && (mi == C || ov > mv || (ov == mv && oi < mi))) {
+			mv = ov;
+			mi = oi;
 		}
-		__syncthreads();
 	}
-	float maxv = smax[0];
-	int argmax = sidx[0];
-	int32_t label = labels[b];
-	/* Read before probs is written, so probs may alias logits. */
-	double zlabel = (double)x[label] - (double)maxv;
-	__syncthreads();
-
 	double sum = 0.0;
-	for (int i = t; i < C; i += blockDim.x)
-		sum += (double)expf(x[i] - maxv);
-	ssum[t] = sum;
-	__syncthreads();
-	for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-		if (t < s)
-			ssum[t] += ssum[t + s];
-		__syncthreads();
-	}
-	sum = ssum[0];
+	for (int i = lane; i < C; i += 32)
+		sum += (double)expf(x[i] - mv);
+	for (int o = 16; o > 0; o >>= 1)
+		sum += __shfl_xor_sync(FULL_MASK, sum, o);
+	int32_t label = labels[b];
+	/* Read before out is written, so out may alias logits. */
+	double zlabel = (double)x[label] - (double)mv;
+	__syncwarp();
 	float inv = (float)(1.0 / sum);
-	for (int i = t; i < C; i += blockDim.x)
-		p[i] = expf(x[i] - maxv) * inv;
-	if (t == 0) {
+	for (int i = lane; i < C; i += 32) {
+		float pi = expf(x[i] - mv) * inv;
+		p[i] = train ? (i == label ? pi - 1.0f : pi) * scale : pi;
+	}
+	if (lane == 0) {
 		row_loss[b] = log(sum) - zlabel;
-		row_right[b] = argmax == label;
+		row_right[b] = mi == label ? 1.0 : 0.0;
 	}
 }
 
-extern "C" int gk_xent_forward(void *stream, float *probs, double *row_loss, int *row_right,
-			       const float *logits, const int32_t *labels, int B, int C)
+extern "C" int gk_xent_rows(void *stream, float *out, double *row_loss, double *row_right,
+			    const float *logits, const int32_t *labels, int B, int C, int train,
+			    float scale)
 {
 	if (B <= 0)
 		return 0;
-	xent_forward_kernel<<<(unsigned)B, XENT_THREADS, 0, (cudaStream_t)stream>>>(
-		probs, row_loss, row_right, logits, labels, C);
+	unsigned blocks = (unsigned)((B + XENT_ROWS - 1) / XENT_ROWS);
+	xent_rows_kernel<<<blocks, 32 * XENT_ROWS, 0, (cudaStream_t)stream>>>(
+		out, row_loss, row_right, logits, labels, B, C, train, scale);
+	return launched();
+}
+
+/* One block: each thread sums a fixed stride of rows, then a tree. */
+#define METER_THREADS 256
+
+__global__ void meter_add_kernel(double *meter, const double *row_loss, const double *row_right,
+				 int B)
+{
+	__shared__ double sl[METER_THREADS], sr[METER_THREADS];
+	int t = threadIdx.x;
+	double l = 0.0, r = 0.0;
+	for (int i = t; i < B; i += METER_THREADS) {
+		l += row_loss[i];
+		r += row_right[i];
+	}
+	sl[t] = l;
+	sr[t] = r;
+	__syncthreads();
+	for (int s = METER_THREADS / 2; s > 0; s >>= 1) {
+		if (t < s) {
+			sl[t] += sl[t + s];
+			sr[t] += sr[t + s];
+		}
+		__syncthreads();
+	}
+	if (t == 0) {
+		meter[0] += sl[0];
+		meter[1] += sr[0];
+	}
+}
+
+extern "C" int gk_meter_add(void *stream, double *meter, const double *row_loss,
+			    const double *row_right, int B)
+{
+	if (B <= 0)
+		return 0;
+	meter_add_kernel<<<1, METER_THREADS, 0, (cudaStream_t)stream>>>(meter, row_loss, row_right, B);
 	return launched();
 }
 
@@ -219,6 +320,35 @@ extern "C" int gk_xent_backward(void *stream, float *dlogits, const float *probs
 		return 0;
 	xent_backward_kernel<<<blocks_for(n), THREADS, 0, (cudaStream_t)stream>>>(dlogits, probs,
 										 labels, B, C, scale);
+	return launched();
+}
+
+/* ---- batches from a resident training set ------------------------------- */
+
+__global__ void gather_kernel(float *x, int32_t *y, const float *data_x, const int32_t *data_y,
+			      const uint32_t *order, int B, size_t D)
+{
+	for (int b = blockIdx.y; b < B; b += gridDim.y) {
+		size_t row = order[b];
+		const float *src = data_x + row * D;
+		float *dst = x + (size_t)b * D;
+		for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < D;
+		     j += (size_t)gridDim.x * blockDim.x)
+			dst[j] = src[j];
+		if (blockIdx.x == 0 && threadIdx.x == 0)
+			y[b] = data_y[row];
+	}
+}
+
+extern "C" int gk_gather(void *stream, float *x, int32_t *y, const float *data_x,
+			 const int32_t *data_y, const uint32_t *order, int B, size_t D)
+{
+	if (B <= 0)
+		return 0;
+	size_t gx = (D + THREADS - 1) / THREADS;
+	dim3 grid((unsigned)(gx < 1 ? 1 : gx > 64 ? 64 : gx),
+		  (unsigned)(B < ROW_GRID_MAX ? B : ROW_GRID_MAX));
+	gather_kernel<<<grid, THREADS, 0, (cudaStream_t)stream>>>(x, y, data_x, data_y, order, B, D);
 	return launched();
 }
 

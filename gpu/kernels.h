@@ -16,7 +16,7 @@
 extern "C" {
 #endif
 
-enum gk_act { GK_RELU, GK_TANH, GK_SIGMOID };
+enum gk_act { GK_RELU, GK_TANH, GK_SIGMOID, GK_NONE };
 
 const char *gk_error_name(int e);
 
@@ -24,20 +24,43 @@ int gk_act_forward(void *stream, enum gk_act k, float *out, const float *inp, si
 int gk_act_backward(void *stream, enum gk_act k, float *dinp, const float *dout,
 		    const float *out, size_t n);
 
-/* out (B, OC): every row = bias (OC), so a GEMM with beta = 1 adds onto it. */
-int gk_bias_fill(void *stream, float *out, const float *bias, int B, int OC);
-/* dbias (OC) += column sums of dout (B, OC). */
-int gk_bias_grad(void *stream, float *dbias, const float *dout, int B, int OC);
+/* out (B, OC) = act(out + bias) in place (bias NULL: act(out); GK_NONE:
+ * the bias alone): a GEMM's output, its bias and activation in one pass. */
+int gk_bias_act(void *stream, enum gk_act k, float *out, const float *bias, int B, int OC);
 
-/* Softmax + cross-entropy per row: probs (B, C); row_loss[b] =
- * log(sum exp(x - max)) - (x[label] - max) in double; row_right[b] = 1 when
- * the first maximum is the label. The caller sums the rows on the host in
- * order, so the batch loss does not depend on scheduling. */
-int gk_xent_forward(void *stream, float *probs, double *row_loss, int *row_right,
-		    const float *logits, const int32_t *labels, int B, int C);
+/* The bias gradient split over blocks of GK_BIAS_ROWS rows as well as of
+ * columns; the blocks' partial sums meet in scratch of gk_bias_partials()
+ * floats and are added in row-block order by the last block of each
+ * column range (tickets: gk_bias_tickets() zeroed counters, left zeroed),
+ * so the result does not depend on scheduling. */
+#define GK_BIAS_ROWS 64
+size_t gk_bias_partials(int B, int OC);
+size_t gk_bias_tickets(int OC);
+/* dout (B, OC) = the activation's backward in place, from its output out
+ * (GK_NONE: dout is only read), and dbias (OC) += the column sums of the
+ * result. partial or tickets NULL: one block per 32 columns covers every
+ * row (no scratch, slower for large B). */
+int gk_act_bias_backward(void *stream, enum gk_act k, float *dout, float *dbias, const float *out,
+			 int B, int OC, float *partial, unsigned *tickets);
+
+/* Softmax + cross-entropy, one warp per row: train = 0 writes the
+ * probabilities to out, train = 1 the loss gradient (probs - onehot) *
+ * scale; row_loss[b] = log(sum exp(x - max)) - (x[label] - max) in
+ * double, row_right[b] = 1 when the first maximum is the label, else 0.
+ * out may alias logits. */
+int gk_xent_rows(void *stream, float *out, double *row_loss, double *row_right,
+		 const float *logits, const int32_t *labels, int B, int C, int train, float scale);
+/* meter[0] += the sum of row_loss (B), meter[1] += that of row_right, in
+ * an order fixed by B alone. */
+int gk_meter_add(void *stream, double *meter, const double *row_loss, const double *row_right,
+		 int B);
 /* dlogits = (probs - onehot(labels)) * scale; may alias probs. */
 int gk_xent_backward(void *stream, float *dlogits, const float *probs, const int32_t *labels,
 		     int B, int C, float scale);
+
+/* x (B, D) and y (B) = rows order[0 .. B) of data_x (n, D) and data_y (n). */
+int gk_gather(void *stream, float *x, int32_t *y, const float *data_x, const int32_t *data_y,
+	      const uint32_t *order, int B, size_t D);
 
 /* The update rules of core/optim.c over n elements; kind is enum optim_kind.
  * Adam's bias corrections are folded into step_size and inv_sqrt_bc2 by

@@ -53,6 +53,33 @@ size_t gpu_backend_used(const struct backend *b)
 	return 0;
 }
 
+size_t gpu_backend_room(const struct backend *b)
+{
+	(void)b;
+	return 0;
+}
+
+int gpu_stage_reserve(const struct backend *b, int max_batch, size_t D)
+{
+	(void)b, (void)max_batch, (void)D;
+	return -ENODEV;
+}
+
+int gpu_stage_batch(const struct backend *b, const float *data_x, const int32_t *data_y, size_t D,
+		    const uint32_t *idx, int B, const float **x, const int32_t **y)
+{
+	(void)b, (void)data_x, (void)data_y, (void)D, (void)idx, (void)B;
+	*x = NULL;
+	*y = NULL;
+	return -ENODEV;
+}
+
+int gpu_stage_release(const struct backend *b)
+{
+	(void)b;
+	return -ENODEV;
+}
+
 int gpu_optim_step(const struct backend *b, const struct gk_optim *o, float *params, float *grads,
 		   float *m, float *v, size_t n, int zero)
 {

@@ -38,18 +38,54 @@ static void batch(const struct model *m, int B, float *x, int32_t *y, uint64_t s
 		y[b] = (int32_t)(rng_uniform(seed, RNG_DATA + 1, (uint64_t)b) * m->outputs) % m->outputs;
 }
 
-/* Gradient (P) and summed loss of one step on n replicas. */
-static double grad_on(const struct model *m, int n, int B, const float *x, const int32_t *y,
+/* The training set of rows x (n, inputs), y (n) and the order 0..n-1, so
+ * that devices_step(d, s * B, B, ...) trains on rows s*B .. s*B+B-1. */
+static void data_rows(struct devices *d, struct dataset *ds, uint32_t *order, float *x, int32_t *y,
+		      size_t n)
+{
+	char err[256];
+	*ds = (struct dataset){ .x = x, .y = y, .n = n, .d = (size_t)d->m->inputs, .classes = 3 };
+	for (size_t i = 0; i < n; i++)
+		order[i] = (uint32_t)i;
+	cr_assert_eq(devices_set_data(d, ds, NULL, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(devices_set_order(d, order, n, err, sizeof(err)), 0, "%s", err);
+}
+
+/* The summed loss of the steps since the last reading. */
+static double meter_loss(struct devices *d, long want_samples)
+{
+	double loss;
+	long right, n;
+	char err[256];
+	cr_assert_eq(devices_meter(d, &loss, &right, &n, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(n, want_samples, "the meter counted %ld samples, want %ld", n, want_samples);
+	cr_assert(right >= 0 && right <= n, "%ld right answers of %ld", right, n);
+	return loss;
+}
+
+/* Gradient (P) and summed loss of one step on d over x (B, inputs), y (B). */
+static double grad_of(struct devices *d, int B, float *x, int32_t *y, const float *params,
+		      float *grad)
+{
+	char err[512];
+	struct dataset ds;
+	uint32_t *order = malloc(sizeof(uint32_t) * (size_t)B);
+	data_rows(d, &ds, order, x, y, (size_t)B);
+	cr_assert_eq(devices_set_params(d, params, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(devices_step(d, 0, B, 1, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(devices_get_grads(d, grad, err, sizeof(err)), 0, "%s", err);
+	free(order);
+	return meter_loss(d, B);
+}
+
+/* Gradient (P) and summed loss of one step on n CPU replicas. */
+static double grad_on(const struct model *m, int n, int B, float *x, int32_t *y,
 		      const float *params, float *grad)
 {
 	struct devices d;
 	char err[256];
 	cr_assert_eq(devices_open_cpu(&d, m, n, 1, B, err, sizeof(err)), 0, "%s", err);
-	cr_assert_eq(devices_set_params(&d, params, err, sizeof(err)), 0, "%s", err);
-	double loss;
-	int right;
-	cr_assert_eq(devices_step(&d, x, y, B, 1, &loss, &right, err, sizeof(err)), 0, "%s", err);
-	cr_assert_eq(devices_get_grads(&d, grad, err, sizeof(err)), 0, "%s", err);
+	double loss = grad_of(&d, B, x, y, params, grad);
 	devices_close(&d);
 	return loss;
 }
@@ -97,9 +133,13 @@ Test(devices, apply_keeps_replicas_in_step)
 	struct model m;
 	small_model(&m);
 	const int B = 9, steps = 4;
-	float *x = malloc(sizeof(float) * B * (size_t)m.inputs), *p = malloc(sizeof(float) * m.nparams);
+	float *x = malloc(sizeof(float) * B * steps * (size_t)m.inputs), *p = malloc(sizeof(float) * m.nparams);
 	float *a = malloc(sizeof(float) * m.nparams), *b = malloc(sizeof(float) * m.nparams);
-	int32_t y[B];
+	int32_t y[B * steps];
+	uint32_t order[B * steps];
+	struct dataset ds;
+	for (int s = 0; s < steps; s++)
+		batch(&m, B, x + (size_t)s * B * m.inputs, y + s * B, 100 + (uint64_t)s);
 	struct optim_config oc = { .kind = OPTIM_MOMENTUM, .lr = 0.1f, .momentum = 0.9f };
 	model_init_params(&m, p, 0, m.nparams, 5);
 	char err[256];
@@ -111,11 +151,9 @@ Test(devices, apply_keeps_replicas_in_step)
 		cr_assert_eq(optim_init(&o, &oc, m.nparams), 0);
 		cr_assert_eq(devices_open_cpu(&d, &m, ns[k], 1, B, err, sizeof(err)), 0, "%s", err);
 		cr_assert_eq(devices_set_params(&d, p, err, sizeof(err)), 0, "%s", err);
+		data_rows(&d, &ds, order, x, y, (size_t)B * steps);
 		for (int s = 0; s < steps; s++) {
-			double loss;
-			int right;
-			batch(&m, B, x, y, 100 + (uint64_t)s);
-			cr_assert_eq(devices_step(&d, x, y, B, 1, &loss, &right, err, sizeof(err)), 0, "%s", err);
+			cr_assert_eq(devices_step(&d, (size_t)s * B, B, 1, err, sizeof(err)), 0, "%s", err);
 			cr_assert_eq(devices_apply(&d, &o, oc.lr, err, sizeof(err)), 0, "%s", err);
 		}
 		for (int r = 1; r < d.n; r++)
@@ -140,10 +178,109 @@ Test(devices, a_batch_smaller_than_the_replicas_is_refused)
 	cr_assert_eq(devices_open_cpu(&d, &m, 4, 1, 8, err, sizeof(err)), 0, "%s", err);
 	float x[3 * 20] = { 0 };
 	int32_t y[3] = { 0 };
-	double loss;
-	int right;
-	cr_expect_lt(devices_step(&d, x, y, 3, 1, &loss, &right, err, sizeof(err)), 0);
+	uint32_t order[3];
+	struct dataset ds;
+	data_rows(&d, &ds, order, x, y, 3);
+	cr_expect_lt(devices_step(&d, 0, 3, 1, err, sizeof(err)), 0);
 	cr_expect_not_null(strstr(err, "4 replicas"), "%s", err);
+	devices_close(&d);
+}
+
+/* The meter sums every step since it was last read, over every replica,
+ * and is empty after a reading. */
+Test(devices, meter_sums_steps_until_read)
+{
+	struct model m;
+	small_model(&m);
+	const int B = 10;
+	float *x = malloc(sizeof(float) * 2 * B * (size_t)m.inputs), *p = malloc(sizeof(float) * m.nparams);
+	float *g = malloc(sizeof(float) * m.nparams);
+	int32_t y[2 * B];
+	uint32_t order[2 * B];
+	batch(&m, 2 * B, x, y, 21);
+	model_init_params(&m, p, 0, m.nparams, 23);
+	double one[2];
+	for (int s = 0; s < 2; s++)
+		one[s] = grad_on(&m, 1, B, x + (size_t)s * B * m.inputs, y + s * B, p, g);
+	struct devices d;
+	struct dataset ds;
+	char err[256];
+	cr_assert_eq(devices_open_cpu(&d, &m, 3, 1, B, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(devices_set_params(&d, p, err, sizeof(err)), 0, "%s", err);
+	data_rows(&d, &ds, order, x, y, 2 * B);
+	for (int s = 0; s < 2; s++)
+		cr_assert_eq(devices_step(&d, (size_t)s * B, B, 1, err, sizeof(err)), 0, "%s", err);
+	double both = meter_loss(&d, 2 * B);
+	cr_expect_lt(fabs(both - (one[0] + one[1])) / both, 1e-6, "meter %.9g, steps %.9g + %.9g", both,
+		     one[0], one[1]);
+	cr_expect_eq(meter_loss(&d, 0), 0.0, "a second reading must find the meter empty");
+	devices_close(&d);
+	free(x), free(p), free(g);
+}
+
+/* A step trains on the rows its order names: a permuted order over the
+ * set gives, bit for bit, the step over the rows moved into that order. */
+Test(devices, steps_follow_the_order)
+{
+	struct model m;
+	small_model(&m);
+	const int n = 12, B = 5, at = 4;
+	float *x = malloc(sizeof(float) * n * (size_t)m.inputs), *xs = malloc(sizeof(float) * B * (size_t)m.inputs);
+	float *p = malloc(sizeof(float) * m.nparams);
+	float *ga = malloc(sizeof(float) * m.nparams), *gb = malloc(sizeof(float) * m.nparams);
+	int32_t y[n], ys[B];
+	uint32_t order[n], perm[n];
+	batch(&m, n, x, y, 31);
+	model_init_params(&m, p, 0, m.nparams, 37);
+	for (int i = 0; i < n; i++)
+		perm[i] = (uint32_t)((i * 7 + 3) % n);
+	for (int b = 0; b < B; b++) {
+		memcpy(xs + (size_t)b * m.inputs, x + (size_t)perm[at + b] * m.inputs, sizeof(float) * m.inputs);
+		ys[b] = y[perm[at + b]];
+	}
+	struct devices d;
+	struct dataset ds;
+	char err[256];
+	cr_assert_eq(devices_open_cpu(&d, &m, 2, 1, B, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(devices_set_params(&d, p, err, sizeof(err)), 0, "%s", err);
+	data_rows(&d, &ds, order, x, y, n);
+	cr_assert_eq(devices_set_order(&d, perm, n, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(devices_step(&d, at, B, 1, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(devices_get_grads(&d, ga, err, sizeof(err)), 0, "%s", err);
+	devices_close(&d);
+	cr_assert_eq(devices_open_cpu(&d, &m, 2, 1, B, err, sizeof(err)), 0, "%s", err);
+	grad_of(&d, B, xs, ys, p, gb);
+	devices_close(&d);
+	cr_expect_eq(memcmp(ga, gb, sizeof(float) * m.nparams), 0,
+		     "the step over order[%d..%d) is not the step over those rows", at, at + B);
+	free(x), free(xs), free(p), free(ga), free(gb);
+}
+
+/* Positions past the order, an order of the wrong length and a set of the
+ * wrong width are refused with a reason, never read. */
+Test(devices, steps_outside_the_order_are_refused)
+{
+	struct model m;
+	small_model(&m);
+	float x[6 * 20] = { 0 };
+	int32_t y[6] = { 0 };
+	uint32_t order[6];
+	struct devices d;
+	struct dataset ds;
+	char err[256] = "";
+	cr_assert_eq(devices_open_cpu(&d, &m, 1, 1, 4, err, sizeof(err)), 0, "%s", err);
+	cr_expect_lt(devices_step(&d, 0, 4, 1, err, sizeof(err)), 0, "a step before any order");
+	data_rows(&d, &ds, order, x, y, 6);
+	cr_expect_lt(devices_step(&d, 3, 4, 1, err, sizeof(err)), 0, "samples 3..7 of 6");
+	cr_expect_not_null(strstr(err, "of an order of 6"), "%s", err);
+	cr_expect_lt(devices_step(&d, (size_t)-2, 4, 1, err, sizeof(err)), 0, "an offset that wraps");
+	cr_expect_eq(devices_step(&d, 2, 4, 1, err, sizeof(err)), 0, "%s", err);
+	cr_expect_lt(devices_set_order(&d, order, 5, err, sizeof(err)), 0);
+	cr_expect_not_null(strstr(err, "training set of 6"), "%s", err);
+	struct dataset wide = ds;
+	wide.d = 21;
+	cr_expect_lt(devices_set_data(&d, &wide, NULL, err, sizeof(err)), 0);
+	cr_expect_not_null(strstr(err, "21 features"), "%s", err);
 	devices_close(&d);
 }
 
@@ -200,6 +337,7 @@ Test(devices, two_replicas_on_one_gpu_match_one)
 	float *x = malloc(sizeof(float) * B * (size_t)m.inputs), *p = malloc(sizeof(float) * m.nparams);
 	float *g[2] = { malloc(sizeof(float) * m.nparams), malloc(sizeof(float) * m.nparams) };
 	int32_t y[B];
+	double loss[2];
 	batch(&m, B, x, y, 11);
 	model_init_params(&m, p, 0, m.nparams, 13);
 	const char *ini[2] = { "[gpu]\ndevices = 0\nsoft_placement = false\nmemory_fraction = 0.05\n",
@@ -207,17 +345,15 @@ Test(devices, two_replicas_on_one_gpu_match_one)
 	for (int k = 0; k < 2; k++) {
 		struct devices d;
 		char out[1024], err[512];
-		double loss;
-		int right;
 		cr_assert_eq(open_from(&d, &m, ini[k], out, sizeof(out), err, sizeof(err)), 0, "%s", err);
 		cr_assert_eq(d.n, k + 1);
-		cr_assert_eq(devices_set_params(&d, p, err, sizeof(err)), 0, "%s", err);
-		cr_assert_eq(devices_step(&d, x, y, B, 1, &loss, &right, err, sizeof(err)), 0, "%s", err);
-		cr_assert_eq(devices_get_grads(&d, g[k], err, sizeof(err)), 0, "%s", err);
+		cr_assert_eq(d.nbe, k + 1, "each replica has a backend of its own");
+		loss[k] = grad_of(&d, B, x, y, p, g[k]);
 		devices_close(&d);
 	}
 	cr_expect_lt(max_rel(g[1], g[0], m.nparams), 1e-5, "0,0 differs from 0 (rel %.3g)",
 		     max_rel(g[1], g[0], m.nparams));
+	cr_expect_lt(fabs(loss[1] - loss[0]) / loss[0], 1e-5, "0,0 loss %.9g vs %.9g", loss[1], loss[0]);
 	free(x), free(p), free(g[0]), free(g[1]);
 }
 
@@ -234,8 +370,12 @@ Test(devices, gpu_optimizer_steps_match_the_cpu)
 	struct model m;
 	small_model(&m);
 	const int B = 12, steps = 3;
-	float *x = malloc(sizeof(float) * B * (size_t)m.inputs), *p = malloc(sizeof(float) * m.nparams);
-	int32_t y[B];
+	float *x = malloc(sizeof(float) * B * steps * (size_t)m.inputs), *p = malloc(sizeof(float) * m.nparams);
+	int32_t y[B * steps];
+	uint32_t order[B * steps];
+	struct dataset ds;
+	for (int s = 0; s < steps; s++)
+		batch(&m, B, x + (size_t)s * B * m.inputs, y + s * B, 200 + (uint64_t)s);
 	struct optim_config oc = { .kind = OPTIM_ADAM, .lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f,
 				   .eps = 1e-8f, .weight_decay = 1e-3f };
 	model_init_params(&m, p, 0, m.nparams, 17);
@@ -253,11 +393,9 @@ Test(devices, gpu_optimizer_steps_match_the_cpu)
 		else
 			cr_assert_eq(open_from(&d, &m, ini[k], out, sizeof(out), err, sizeof(err)), 0, "%s", err);
 		cr_assert_eq(devices_set_params(&d, p, err, sizeof(err)), 0, "%s", err);
+		data_rows(&d, &ds, order, x, y, (size_t)B * steps);
 		for (int s = 0; s < steps; s++) {
-			double loss;
-			int right;
-			batch(&m, B, x, y, 200 + (uint64_t)s);
-			cr_assert_eq(devices_step(&d, x, y, B, 1, &loss, &right, err, sizeof(err)), 0, "%s", err);
+			cr_assert_eq(devices_step(&d, (size_t)s * B, B, 1, err, sizeof(err)), 0, "%s", err);
 			cr_assert_eq(devices_apply(&d, &o, oc.lr, err, sizeof(err)), 0, "%s", err);
 		}
 		res[k] = malloc(sizeof(float) * m.nparams);

@@ -51,6 +51,9 @@ static void open_gpu(struct backend *b, const struct gpu_options *o)
 	struct gpu_options def = { 0.5, 1, 0 };
 	int r = gpu_backend_open(b, 0, o ? o : &def, err, sizeof(err));
 	cr_assert_eq(r, 0, "a GPU is visible but the backend does not open: %s", err);
+	/* What replica_init reserves: scratch for the largest batch and width
+	 * the tests use. */
+	cr_assert_eq(b->ops->reserve(b->ctx, 4096, 4096), 0, "%s", gpu_backend_error(b));
 }
 
 static float *host_random(size_t n, uint64_t stream, float lo, float hi)
@@ -114,8 +117,10 @@ Test(gpu_kernels, dense_forward_and_backward)
 {
 	struct backend b;
 	open_gpu(&b, NULL);
+	/* 1000 x 70: the bias gradient in several row blocks, one column block
+	 * partly full; 4096 x 10: the largest the scratch covers. */
 	const int shapes[][3] = { { 1, 1, 1 }, { 7, 33, 5 }, { 130, 257, 67 }, { 256, 784, 512 },
-				  { 3, 1000, 10 } };
+				  { 3, 1000, 10 }, { 1000, 20, 70 }, { 4096, 16, 10 } };
 	for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
 		int B = shapes[s][0], C = shapes[s][1], OC = shapes[s][2];
 		size_t nin = (size_t)B * C, nw = (size_t)OC * C, nout = (size_t)B * OC;
@@ -231,27 +236,147 @@ Test(gpu_kernels, softmax_cross_entropy)
 			y[1] = 5 + 256;
 		}
 		float *p = malloc(n * 4), *d = malloc(n * 4);
-		int right = -1, right_d = -2;
-		double loss = softmax_xent_forward(p, &right, x, y, B, C), loss_d = NAN;
+		int right = -1;
+		double loss = softmax_xent_forward(p, &right, x, y, B, C);
 		softmax_xent_backward(d, p, y, B, C, 1.0f / 77);
 		float *x_d = dev_from(&b, x, n * 4), *p_d = dev_poisoned(&b, n), *d_d = dev_poisoned(&b, n);
 		int32_t *y_d = dev_from(&b, y, (size_t)B * sizeof(int32_t));
-		cr_assert_eq(b.ops->xent_forward(b.ctx, p_d, &loss_d, &right_d, x_d, y_d, B, C), 0, "%s",
+		/* The meter is added to: it starts from values of its own. */
+		const double start[2] = { 0.5, 3.0 };
+		double *meter_d = dev_from(&b, start, sizeof(start)), got[2];
+		cr_assert_eq(b.ops->xent_forward(b.ctx, p_d, meter_d, x_d, y_d, B, C), 0, "%s",
 			     gpu_backend_error(&b));
 		char what[64];
 		snprintf(what, sizeof(what), "softmax probs %dx%d", B, C);
 		expect_close(&b, p_d, p, n, what);
-		cr_expect_lt(fabs(loss_d - loss) / (fabs(loss) + 1e-30), TOL,
-			     "loss %dx%d: gpu %.12g cpu %.12g (seed %llu)", B, C, loss_d, loss,
+		cr_assert_eq(b.ops->download(b.ctx, got, meter_d, sizeof(got)), 0);
+		cr_expect_lt(fabs(got[0] - start[0] - loss) / (fabs(loss) + 1e-30), TOL,
+			     "loss %dx%d: gpu %.12g cpu %.12g (seed %llu)", B, C, got[0] - start[0], loss,
 			     (unsigned long long)run_seed());
-		cr_expect_eq(right_d, right, "correct %dx%d: gpu %d cpu %d", B, C, right_d, right);
+		cr_expect_eq(got[1] - start[1], (double)right, "correct %dx%d: gpu %g cpu %d", B, C,
+			     got[1] - start[1], right);
 		cr_assert_eq(b.ops->upload(b.ctx, p_d, p, n * 4), 0);
 		cr_assert_eq(b.ops->xent_backward(b.ctx, d_d, p_d, y_d, B, C, 1.0f / 77), 0, "%s",
 			     gpu_backend_error(&b));
 		snprintf(what, sizeof(what), "softmax xent backward %dx%d", B, C);
 		expect_close(&b, d_d, d, n, what);
+
+		/* Training's one pass: the same gradient and meter, and it may
+		 * write over its logits. */
+		float *t_d = dev_poisoned(&b, n);
+		cr_assert_eq(b.ops->upload(b.ctx, meter_d, start, sizeof(start)), 0);
+		cr_assert_eq(b.ops->xent_train(b.ctx, t_d, meter_d, x_d, y_d, B, C, 1.0f / 77), 0, "%s",
+			     gpu_backend_error(&b));
+		snprintf(what, sizeof(what), "fused softmax xent gradient %dx%d", B, C);
+		expect_close(&b, t_d, d, n, what);
+		cr_assert_eq(b.ops->xent_train(b.ctx, x_d, meter_d, x_d, y_d, B, C, 1.0f / 77), 0, "%s",
+			     gpu_backend_error(&b));
+		snprintf(what, sizeof(what), "fused softmax xent in place %dx%d", B, C);
+		expect_close(&b, x_d, d, n, what);
+		cr_assert_eq(b.ops->download(b.ctx, got, meter_d, sizeof(got)), 0);
+		cr_expect_lt(fabs(got[0] - start[0] - 2 * loss) / (fabs(loss) + 1e-30), TOL,
+			     "fused loss %dx%d twice: gpu %.12g cpu %.12g", B, C, got[0] - start[0], 2 * loss);
+		cr_expect_eq(got[1] - start[1], 2.0 * right, "fused correct %dx%d twice: gpu %g cpu %d", B,
+			     C, got[1] - start[1], 2 * right);
 		free(x), free(y), free(p), free(d);
 	}
+	gpu_backend_close(&b);
+}
+
+/* A batch gathered from a training set on the device is the host's gather,
+ * bit for bit, whatever the order (repeats and the last row included). */
+Test(gpu_kernels, gather_rows_by_order)
+{
+	struct backend b;
+	open_gpu(&b, NULL);
+	const size_t shapes[][2] = { { 1000, 37 }, { 300, 784 }, { 70000, 1 } };
+	for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+		size_t n = shapes[s][0], D = shapes[s][1];
+		int B = n > 4096 ? 4096 : (int)n / 2 + 1;
+		float *x = host_random(n * D, 1300 + s, -1, 1), *xb = malloc((size_t)B * D * 4);
+		int32_t *y = malloc(n * sizeof(int32_t)), *yb = malloc((size_t)B * sizeof(int32_t));
+		int32_t *yg = malloc((size_t)B * sizeof(int32_t));
+		uint32_t *order = malloc((size_t)B * sizeof(uint32_t));
+		for (size_t i = 0; i < n; i++)
+			y[i] = (int32_t)(rng_hash(run_seed(), 1310 + s, i) % 1000);
+		for (int i = 0; i < B; i++)
+			order[i] = (uint32_t)(rng_hash(run_seed(), 1320 + s, (uint64_t)i) % n);
+		order[0] = (uint32_t)(n - 1);
+		order[B - 1] = order[0];
+		for (int i = 0; i < B; i++) {
+			memcpy(xb + (size_t)i * D, x + (size_t)order[i] * D, D * 4);
+			yb[i] = y[order[i]];
+		}
+		float *x_d = dev_from(&b, x, n * D * 4), *xb_d = dev_poisoned(&b, (size_t)B * D);
+		int32_t *y_d = dev_from(&b, y, n * sizeof(int32_t));
+		int32_t *yb_d = dev_from(&b, NULL, (size_t)B * sizeof(int32_t));
+		uint32_t *o_d = dev_from(&b, order, (size_t)B * sizeof(uint32_t));
+		cr_assert_eq(b.ops->gather(b.ctx, xb_d, yb_d, x_d, y_d, o_d, B, D), 0, "%s",
+			     gpu_backend_error(&b));
+		float *got = malloc((size_t)B * D * 4);
+		cr_assert_eq(b.ops->download(b.ctx, got, xb_d, (size_t)B * D * 4), 0);
+		cr_assert_eq(b.ops->download(b.ctx, yg, yb_d, (size_t)B * sizeof(int32_t)), 0);
+		cr_expect_eq(memcmp(got, xb, (size_t)B * D * 4), 0, "gathered rows differ (n %zu, D %zu)", n, D);
+		cr_expect_eq(memcmp(yg, yb, (size_t)B * sizeof(int32_t)), 0, "gathered labels differ (n %zu)", n);
+		free(x), free(xb), free(y), free(yb), free(yg), free(order), free(got);
+	}
+	gpu_backend_close(&b);
+}
+
+/* The fusions against the parts on the CPU: a dense layer with its
+ * activation, and an activation's backward with the bias gradient of the
+ * dense layer before it (several row blocks, columns not a multiple of 32,
+ * and the scratch's largest shape). */
+Test(gpu_kernels, fused_dense_activation_and_bias_gradient)
+{
+	struct backend b, cpu;
+	open_gpu(&b, NULL);
+	backend_cpu(&cpu, 1);
+	const int shapes[][3] = { { 1, 3, 1 }, { 7, 33, 5 }, { 300, 64, 513 }, { 4096, 8, 10 },
+				  { 65, 20, 32 } };
+	const enum layer_kind kinds[] = { LAYER_RELU, LAYER_TANH, LAYER_SIGMOID };
+	for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
+		for (size_t k = 0; k < 3; k++) {
+			int B = shapes[s][0], C = shapes[s][1], OC = shapes[s][2];
+			size_t nin = (size_t)B * C, nw = (size_t)OC * C, nout = (size_t)B * OC;
+			uint64_t st = 1400 + 10 * s + k;
+			float *x = host_random(nin, st, -1, 1), *w = host_random(nw, st + 1, -0.5f, 0.5f);
+			float *bias = host_random(OC, st + 2, -1, 1), *dout = host_random(nout, st + 3, -1, 1);
+			float *db = host_random(OC, st + 4, -1, 1), *out = malloc(nout * 4);
+			dense_forward(out, x, w, bias, B, C, OC);
+			cpu.ops->act_forward(cpu.ctx, kinds[k], out, out, nout);
+			float *x_d = dev_from(&b, x, nin * 4), *w_d = dev_from(&b, w, nw * 4);
+			float *bias_d = dev_from(&b, bias, OC * 4u), *out_d = dev_poisoned(&b, nout);
+			char what[96];
+			cr_assert_eq(b.ops->dense_act_forward(b.ctx, out_d, x_d, w_d, bias_d, B, C, OC, kinds[k]),
+				     0, "%s", gpu_backend_error(&b));
+			snprintf(what, sizeof(what), "dense+%s forward %dx%d->%d", layer_kind_name(kinds[k]), B, C, OC);
+			expect_close(&b, out_d, out, nout, what);
+
+			/* Backward from the CPU's forward output. */
+			float *dout_d = dev_from(&b, dout, nout * 4), *db_d = dev_from(&b, db, OC * 4u);
+			cr_assert_eq(b.ops->upload(b.ctx, out_d, out, nout * 4), 0);
+			cpu.ops->act_backward(cpu.ctx, kinds[k], dout, dout, out, nout);
+			for (int r = 0; r < B; r++)
+				for (int o = 0; o < OC; o++)
+					db[o] += dout[(size_t)r * OC + o];
+			cr_assert_eq(b.ops->act_bias_backward(b.ctx, kinds[k], dout_d, db_d, out_d, B, OC), 0,
+				     "%s", gpu_backend_error(&b));
+			snprintf(what, sizeof(what), "%s backward in place %dx%d", layer_kind_name(kinds[k]), B, OC);
+			expect_close(&b, dout_d, dout, nout, what);
+			snprintf(what, sizeof(what), "bias gradient after %s %dx%d (accumulated)",
+				 layer_kind_name(kinds[k]), B, OC);
+			expect_close(&b, db_d, db, (size_t)OC, what);
+			/* Twice: the tickets must be back at zero for the next launch. */
+			cr_assert_eq(b.ops->act_bias_backward(b.ctx, LAYER_DENSE, dout_d, db_d, NULL, B, OC), 0,
+				     "%s", gpu_backend_error(&b));
+			for (int r = 0; r < B; r++)
+				for (int o = 0; o < OC; o++)
+					db[o] += dout[(size_t)r * OC + o];
+			snprintf(what, sizeof(what), "bias gradient alone, again %dx%d", B, OC);
+			expect_close(&b, db_d, db, (size_t)OC, what);
+			free(x), free(w), free(bias), free(dout), free(db), free(out);
+		}
 	gpu_backend_close(&b);
 }
 
@@ -364,48 +489,74 @@ static struct window win(int C, int H, int W, int K, int S, int P)
 	return w;
 }
 
+/* One conv case ({B, OC, C, H, W, K, S, P}) on b against the CPU, with the
+ * scratch b asks for; returns the samples per GEMM that scratch holds. */
+static size_t conv_case(struct backend *b, const int *k, uint64_t t)
+{
+	int B = k[0], OC = k[1];
+	struct window w = win(k[2], k[3], k[4], k[5], k[6], k[7]);
+	size_t nin = (size_t)B * w.C * w.H * w.W, nout = (size_t)B * OC * w.OH * w.OW;
+	size_t nw = (size_t)OC * w.C * w.K * w.K, ncol = conv_col_size(&w, OC, B);
+	size_t ncol_d = b->ops->conv_col_floats(b->ctx, &w, OC, B);
+	float *x = host_random(nin, 700 + t, -1, 1), *wt = host_random(nw, 710 + t, -0.3f, 0.3f);
+	float *bias = host_random(OC, 720 + t, -1, 1), *dout = host_random(nout, 730 + t, -1, 1);
+	float *dw = host_random(nw, 740 + t, -1, 1), *db = host_random(OC, 750 + t, -1, 1);
+	float *out = malloc(nout * 4), *dx = malloc(nin * 4), *col = malloc(ncol * 4);
+	conv_forward(out, col, x, wt, bias, B, OC, &w);
+	conv_backward(dx, dw, db, col, dout, x, wt, B, OC, &w);
+	float *h_dw = host_random(nw, 740 + t, -1, 1), *h_db = host_random(OC, 750 + t, -1, 1);
+	float *x_d = dev_from(b, x, nin * 4), *w_d = dev_from(b, wt, nw * 4);
+	float *bias_d = dev_from(b, bias, OC * 4u), *dout_d = dev_from(b, dout, nout * 4);
+	float *dw_d = dev_from(b, h_dw, nw * 4), *db_d = dev_from(b, h_db, OC * 4u);
+	float *col_d = dev_poisoned(b, ncol_d), *out_d = dev_poisoned(b, nout);
+	float *dx_d = dev_poisoned(b, nin);
+	char what[96];
+	cr_assert_eq(b->ops->conv_forward(b->ctx, out_d, col_d, x_d, w_d, bias_d, B, OC, &w), 0,
+		     "%s", gpu_backend_error(b));
+	snprintf(what, sizeof(what), "conv forward case %llu", (unsigned long long)t);
+	expect_close(b, out_d, out, nout, what);
+	cr_assert_eq(b->ops->conv_backward(b->ctx, dx_d, dw_d, db_d, col_d, dout_d, x_d, w_d, B, OC,
+					   &w), 0, "%s", gpu_backend_error(b));
+	snprintf(what, sizeof(what), "conv dinp case %llu", (unsigned long long)t);
+	expect_close(b, dx_d, dx, nin, what);
+	snprintf(what, sizeof(what), "conv dweight (accumulated) case %llu", (unsigned long long)t);
+	expect_close(b, dw_d, dw, nw, what);
+	snprintf(what, sizeof(what), "conv dbias (accumulated) case %llu", (unsigned long long)t);
+	expect_close(b, db_d, db, (size_t)OC, what);
+	free(x), free(wt), free(bias), free(dout), free(dw), free(db), free(out), free(dx);
+	free(col), free(h_dw), free(h_db);
+	size_t per = ((size_t)w.C * w.K * w.K + OC) * w.OH * w.OW;
+	return ncol_d / per;
+}
+
 Test(gpu_kernels, conv_forward_and_backward)
 {
 	struct backend b;
 	open_gpu(&b, NULL);
 	/* {B, OC, C, H, W, K, S, P}: the Fashion CNN's first layer, strides,
-	 * padding and sizes that are not multiples of anything. */
+	 * padding and sizes that are not multiples of anything, and a whole
+	 * batch of the second layer, which the GPU does in one GEMM. */
 	const int cases[][8] = { { 3, 32, 1, 28, 28, 5, 1, 0 }, { 5, 7, 3, 9, 7, 3, 2, 1 },
-				 { 2, 64, 32, 14, 14, 5, 1, 2 }, { 1, 1, 1, 1, 1, 1, 1, 0 } };
+				 { 2, 64, 32, 14, 14, 5, 1, 2 }, { 1, 1, 1, 1, 1, 1, 1, 0 },
+				 { 256, 64, 32, 14, 14, 5, 1, 2 } };
 	for (size_t t = 0; t < sizeof(cases) / sizeof(cases[0]); t++) {
-		const int *k = cases[t];
-		int B = k[0], OC = k[1];
-		struct window w = win(k[2], k[3], k[4], k[5], k[6], k[7]);
-		size_t nin = (size_t)B * w.C * w.H * w.W, nout = (size_t)B * OC * w.OH * w.OW;
-		size_t nw = (size_t)OC * w.C * w.K * w.K, ncol = conv_col_size(&w, OC, B);
-		float *x = host_random(nin, 700 + t, -1, 1), *wt = host_random(nw, 710 + t, -0.3f, 0.3f);
-		float *bias = host_random(OC, 720 + t, -1, 1), *dout = host_random(nout, 730 + t, -1, 1);
-		float *dw = host_random(nw, 740 + t, -1, 1), *db = host_random(OC, 750 + t, -1, 1);
-		float *out = malloc(nout * 4), *dx = malloc(nin * 4), *col = malloc(ncol * 4);
-		conv_forward(out, col, x, wt, bias, B, OC, &w);
-		conv_backward(dx, dw, db, col, dout, x, wt, B, OC, &w);
-		float *h_dw = host_random(nw, 740 + t, -1, 1), *h_db = host_random(OC, 750 + t, -1, 1);
-		float *x_d = dev_from(&b, x, nin * 4), *w_d = dev_from(&b, wt, nw * 4);
-		float *bias_d = dev_from(&b, bias, OC * 4u), *dout_d = dev_from(&b, dout, nout * 4);
-		float *dw_d = dev_from(&b, h_dw, nw * 4), *db_d = dev_from(&b, h_db, OC * 4u);
-		float *col_d = dev_poisoned(&b, ncol), *out_d = dev_poisoned(&b, nout);
-		float *dx_d = dev_poisoned(&b, nin);
-		char what[96];
-		cr_assert_eq(b.ops->conv_forward(b.ctx, out_d, col_d, x_d, w_d, bias_d, B, OC, &w), 0,
-			     "%s", gpu_backend_error(&b));
-		snprintf(what, sizeof(what), "conv forward case %zu", t);
-		expect_close(&b, out_d, out, nout, what);
-		cr_assert_eq(b.ops->conv_backward(b.ctx, dx_d, dw_d, db_d, col_d, dout_d, x_d, w_d, B, OC,
-						  &w), 0, "%s", gpu_backend_error(&b));
-		snprintf(what, sizeof(what), "conv dinp case %zu", t);
-		expect_close(&b, dx_d, dx, nin, what);
-		snprintf(what, sizeof(what), "conv dweight (accumulated) case %zu", t);
-		expect_close(&b, dw_d, dw, nw, what);
-		snprintf(what, sizeof(what), "conv dbias (accumulated) case %zu", t);
-		expect_close(&b, db_d, db, (size_t)OC, what);
-		free(x), free(wt), free(bias), free(dout), free(dw), free(db), free(out), free(dx);
-		free(col), free(h_dw), free(h_db);
+		size_t chunk = conv_case(&b, cases[t], t);
+		cr_expect_eq(chunk, (size_t)cases[t][0], "case %zu: %zu samples per GEMM, want the batch",
+			     t, chunk);
 	}
+	gpu_backend_close(&b);
+}
+
+/* Under a small cap the GPU's scratch holds part of the batch: the chunks
+ * must still add up to the whole (the last one short). */
+Test(gpu_kernels, conv_in_chunks_under_a_small_cap)
+{
+	struct backend b;
+	struct gpu_options small = { 0.0005, 1, 0 };   /* 40 MiB of 80 GiB: 5 MiB of scratch */
+	open_gpu(&b, &small);
+	const int c[8] = { 61, 64, 32, 14, 14, 5, 1, 2 };
+	size_t chunk = conv_case(&b, c, 9);
+	cr_expect(chunk > 1 && chunk < (size_t)c[0], "%zu samples per GEMM: no chunking tested", chunk);
 	gpu_backend_close(&b);
 }
 

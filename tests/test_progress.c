@@ -22,15 +22,18 @@ Test(progress, resumed_run_averages_its_own_batches)
 	static const double acc[] = { 0.90, 0.92, 0.88, 0.94, 0.91 };
 	double sl = 0, sa = 0;
 	for (int i = 0; i < 5; i++) {
-		progress_step(&p, 1000 + i, 64, 0.01, loss[i], acc[i]);
+		progress_tick(&p, 1000 + i, 0.01);
+		progress_step(&p, 1000 + i, 64, 64 * loss[i], 64 * acc[i]);
 		sl += loss[i];
 		sa += acc[i];
 	}
 	cr_assert_float_eq(p.loss, sl / 5, 1e-12, "loss %g, want %g", p.loss, sl / 5);
 	cr_assert_float_eq(p.acc, sa / 5, 1e-12, "acc %g, want %g", p.acc, sa / 5);
 	/* Past ten steps it forgets: a long run of one value converges to it. */
-	for (int i = 0; i < 200; i++)
-		progress_step(&p, 1005 + i, 64, 0.01, 0.05, 0.99);
+	for (int i = 0; i < 200; i++) {
+		progress_tick(&p, 1005 + i, 0.01);
+		progress_step(&p, 1005 + i, 64, 64 * 0.05, 64 * 0.99);
+	}
 	cr_assert_float_eq(p.acc, 0.99, 1e-6);
 	fclose(f);
 	free(buf);
@@ -50,7 +53,8 @@ Test(progress, resumed_run_eta_from_its_own_steps)
 	for (int i = 0; i < 5; i++) {
 		struct timespec t = { 0, 20 * 1000 * 1000 };
 		nanosleep(&t, NULL);
-		progress_step(&p, 1000 + i, 64, 0.02, 0.2, 0.9);
+		progress_tick(&p, 1000 + i, 0.02);
+		progress_step(&p, 1000 + i, 64, 64 * 0.2, 64 * 0.9);
 	}
 	progress_eval(&p, 1005, 0.3, 0.9);
 	cr_assert_eq(fflush(f), 0);

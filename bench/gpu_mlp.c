@@ -25,13 +25,17 @@
  * around 1e-6 means fp32 math. It shows the [gpu] tf32 setting took effect.
  *
  *   build/bench/gpu_mlp [--model NAME] [--batch B] [--tf32 on|off] [--devices LIST]
- *                       [--warmup S] [--seconds S] [--repeats N] [--csv]
+ *                       [--warmup S] [--seconds S] [--repeats N] [--csv] [--cpu]
  *
  * NAME is an entry of bench/models.h. With --csv the last line is
  *   pstrain,cuda,MODEL,B,REPLICAS,BEST,MEDIAN,TF32,pstrain,REPEATS,MS_MEDIAN,FLOOR_MS,DATA,RATES,PROBE
  * (samples/s; DATA is "resident" or "host"; RATES each repeat's samples/s
  * joined by ';'), the line bench/gpu_mlp reads; the lines before it start
  * with '#'. Without a GPU it prints "gpu_mlp: skipped (reason)" and exits 0.
+ *
+ * --cpu runs the same program on one CPU replica (devices_open_cpu) with
+ * wall-clock timing, so that it can be checked on a machine without a GPU;
+ * its figures compare with nothing.
  */
 #include "../core/config.h"
 #include "../core/data.h"
@@ -114,6 +118,30 @@ static double median(const double *v, int n)
 	memcpy(s, v, (size_t)n * sizeof(double));
 	qsort(s, (size_t)n, sizeof(double), cmp_double);
 	return n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
+}
+
+/* A timed stretch of work on b: CUDA events on its stream, or on the CPU
+ * backend (--cpu) the wall clock, its work being done when a call returns. */
+struct timer {
+	const struct backend *b;
+	int gpu;
+	double t0;
+};
+
+static int timer_start(struct timer *t)
+{
+	t->t0 = wall_now();
+	return t->gpu ? gpu_mark(t->b, 0) : 0;
+}
+
+static int timer_stop(struct timer *t, double *ms)
+{
+	if (!t->gpu) {
+		*ms = 1e3 * (wall_now() - t->t0);
+		return 0;
+	}
+	int e = gpu_mark(t->b, 1);
+	return e ? e : gpu_marked_ms(t->b, ms);
 }
 
 /* Device buffer of n floats from b's arena: random values in [-1, 1) from
@@ -214,7 +242,7 @@ static int gemm_pass(const struct backend *b, const struct model *m, int B, floa
 
 /* Milliseconds per pass of the GEMMs alone on b (best of 3 event-timed
  * loops of at least 0.2 s each, after 0.2 s of warm-up). */
-static int gemm_floor(const struct backend *b, const struct model *m, int B, double *ms)
+static int gemm_floor(const struct backend *b, int gpu, const struct model *m, int B, double *ms)
 {
 	size_t in = 0, out = 0, wn = 0;
 	for (int i = 0; i < m->nlayers; i++) {
@@ -241,19 +269,18 @@ static int gemm_floor(const struct backend *b, const struct model *m, int B, dou
 	double t0 = wall_now();
 	while (!e && wall_now() - t0 < 0.2)
 		e = gemm_pass(b, m, B, x, dx, y, dy, w, dw);
-	if (!e)
+	if (!e && gpu)
 		e = gpu_sync(b);
 	*ms = INFINITY;
+	struct timer tm = { b, gpu, 0 };
 	for (int r = 0; !e && r < 3; r++) {
 		long n = 0;
 		double t;
-		e = gpu_mark(b, 0);
+		e = timer_start(&tm);
 		for (t0 = wall_now(); !e && (n == 0 || wall_now() - t0 < 0.2); n++)
 			e = gemm_pass(b, m, B, x, dx, y, dy, w, dw);
 		if (!e)
-			e = gpu_mark(b, 1);
-		if (!e)
-			e = gpu_marked_ms(b, &t);
+			e = timer_stop(&tm, &t);
 		if (!e && t / (double)n < *ms)
 			*ms = t / (double)n;
 	}
@@ -273,12 +300,13 @@ static int step(struct devices *d, struct optim *o, float lr, size_t at, int B, 
 	return e ? e : devices_apply(d, o, lr, err, errlen);
 }
 
-/* Waits for the replicas on other GPUs (their parameter copies belong to
- * the timed steps too); replica 0's stream is waited for by its event. */
+/* Waits for the backends other than replica 0's (their parameter copies
+ * belong to the timed steps too); replica 0's stream is waited for by its
+ * event. Nothing to wait for on the CPU. */
 static int sync_others(const struct devices *d)
 {
 	int e = 0;
-	for (int k = 1; !e && k < d->nbe; k++)
+	for (int k = 1; d->gpu && !e && k < d->nbe; k++)
 		e = gpu_sync(&d->be[k]);
 	return e;
 }
@@ -286,7 +314,7 @@ static int sync_others(const struct devices *d)
 static void usage(void)
 {
 	fprintf(stderr, "usage: gpu_mlp [--model NAME] [--batch B] [--tf32 on|off] [--devices LIST] "
-			"[--warmup S] [--seconds S] [--repeats N] [--csv]\n  NAME:");
+			"[--warmup S] [--seconds S] [--repeats N] [--csv] [--cpu]\n  NAME:");
 	for (size_t i = 0; i < sizeof(bench_models) / sizeof(bench_models[0]); i++)
 		fprintf(stderr, " %s", bench_models[i].name);
 	fprintf(stderr, "\n");
@@ -298,6 +326,7 @@ int main(int argc, char **argv)
 	const char *devs = arg_str(argc, argv, "--devices", "0");
 	const char *tf32s = arg_str(argc, argv, "--tf32", "off");
 	int csv = arg_flag(argc, argv, "--csv");
+	int cpu = arg_flag(argc, argv, "--cpu");
 	long B, repeats;
 	double warmup, seconds;
 	const struct bench_model *bm = bench_model_find(model);
@@ -328,18 +357,26 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	struct devices d;
-	FILE *quiet = fopen("/dev/null", "w");
-	int e = devices_open(&d, &c, &m, &c.train.optim, (int)B, "/job:bench/task:0", quiet, err,
-			     sizeof(err));
-	if (quiet)
-		fclose(quiet);
+	int e;
+	if (cpu) {
+		e = devices_open_cpu(&d, &m, 1, 1, (int)B, err, sizeof(err));
+	} else {
+		FILE *quiet = fopen("/dev/null", "w");
+		e = devices_open(&d, &c, &m, &c.train.optim, (int)B, "/job:bench/task:0", quiet, err,
+				 sizeof(err));
+		if (quiet)
+			fclose(quiet);
+	}
 	if (e) {
 		printf("gpu_mlp: skipped (%s)\n", err);
 		return 0;
 	}
 	struct gpu_info gi;
-	if (gpu_query(gpu_backend_device(&d.be[0]), &gi, err, sizeof(err)))
+	if (!d.gpu)
+		snprintf(gi.name, sizeof(gi.name), "the CPU, 1 thread: a check of this program, not a benchmark");
+	else if (gpu_query(gpu_backend_device(&d.be[0]), &gi, err, sizeof(err)))
 		snprintf(gi.name, sizeof(gi.name), "?");
+	struct timer tm = { &d.be[0], d.gpu, 0 };
 
 	/* The synthetic training set (top of file) and its shuffled order. */
 	struct dataset ds = { .d = (size_t)m.inputs, .classes = m.outputs };
@@ -386,7 +423,7 @@ int main(int argc, char **argv)
 	}
 	if (!e)
 		e = sync_others(&d);
-	if (!e)
+	if (!e && d.gpu)
 		e = gpu_sync(&d.be[0]);
 	warm_s = wall_now() - t0;
 	double ml;
@@ -397,16 +434,14 @@ int main(int argc, char **argv)
 	/* The timed repeats. */
 	for (int k = 0; !e && k < repeats; k++) {
 		long n = 0;
-		e = gpu_mark(&d.be[0], 0);
+		e = timer_start(&tm);
 		for (t0 = wall_now(); !e && (n == 0 || wall_now() - t0 < seconds); n++, s++)
 			e = step(&d, &opt, c.train.optim.lr, (size_t)(s % (long)nb) * (size_t)B, (int)B, s,
 				 err, sizeof(err));
 		if (!e)
 			e = sync_others(&d);
 		if (!e)
-			e = gpu_mark(&d.be[0], 1);
-		if (!e)
-			e = gpu_marked_ms(&d.be[0], &ms[k]);
+			e = timer_stop(&tm, &ms[k]);
 		if (!e)
 			e = devices_meter(&d, &ml, &right, &samples, err, sizeof(err));
 		if (!e && samples != n * B) {
@@ -419,7 +454,7 @@ int main(int argc, char **argv)
 		loss = samples ? ml / (double)samples : 0;
 	}
 	if (!e)
-		e = gemm_floor(&d.be[0], &m, (int)B / d.n, &floor_ms);
+		e = gemm_floor(&d.be[0], d.gpu, &m, (int)B / d.n, &floor_ms);
 	if (e) {
 		fprintf(stderr, "gpu_mlp: %s%s\n", err, *err ? "" : gpu_backend_error(&d.be[0]));
 		return 1;
@@ -437,9 +472,10 @@ int main(int argc, char **argv)
 	       tf32 ? "on" : "off", tf32 ? "true" : "false", probe,
 	       probe > 3e-5 ? "TF32 math" : "fp32 math");
 	printf("# data: %zu synthetic samples, %s; batches gathered in a shuffled order\n", ds.n,
-	       resident ? "resident on the GPU" : "NOT resident: gathered on the host and uploaded");
-	printf("# warm-up %.2f s (%ld steps); %ld repeats of >= %.2f s timed with CUDA events\n", warm_s,
-	       warm_steps, repeats, seconds);
+	       !d.gpu ? "in host memory" : resident ? "resident on the GPU"
+	       : "NOT resident: gathered on the host and uploaded");
+	printf("# warm-up %.2f s (%ld steps); %ld repeats of >= %.2f s timed with %s\n", warm_s,
+	       warm_steps, repeats, seconds, d.gpu ? "CUDA events" : "the wall clock");
 	for (int k = 0; k < repeats; k++)
 		printf("#   repeat %d: %ld steps in %.1f ms: %.0f samples/s\n", k + 1, nsteps[k], ms[k],
 		       rate[k]);
@@ -450,8 +486,9 @@ int main(int argc, char **argv)
 	       100.0 * floor_ms / step_ms);
 	printf("# loss over the last repeat %.4f\n", loss);
 	if (csv) {
-		printf("pstrain,cuda,%s,%ld,%d,%.1f,%.1f,%d,pstrain,%ld,%.5f,%.5f,%s,", model, B, d.n, best, med,
-		       tf32, repeats, step_ms, floor_ms, resident ? "resident" : "host");
+		printf("pstrain,%s,%s,%ld,%d,%.1f,%.1f,%d,pstrain,%ld,%.5f,%.5f,%s,", d.gpu ? "cuda" : "cpu",
+		       model, B, d.n, best, med, tf32, repeats, step_ms, floor_ms,
+		       resident ? "resident" : "host");
 		for (int k = 0; k < repeats; k++)
 			printf("%s%.1f", k ? ";" : "", rate[k]);
 		printf(",%.2e\n", probe);

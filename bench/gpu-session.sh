@@ -23,10 +23,10 @@
 #   bench     (450; ~4 min) bench/gpu_mlp: MLP-256, MLP-4096, wide at 4096 (TF32 off, on) against
 #             PyTorch eager and a CUDA-graph row, 3 interleaved rounds
 #   bench-cnn (300; ~2.5 min) the same for the example CNN at batch 256, TF32 off and on
-#   mlp       (200; ~1 min) pstrain local on examples/fashion-mlp.ini, placement logged
+#   mlp       (200; < 1 min) pstrain local on examples/fashion-mlp.ini, placement logged
 #   cnn       (480; unknown) pstrain local on examples/fashion-cnn.ini for CNN_EPOCHS epochs
 #             (default 12, the example's); fails at its limit if the GPU is too slow for that
-#   pushpull  (170; ~1.5 min) sealed vs plain push/pull with 1,2,4,8 and auto crypto threads
+#   pushpull  (170; ~2 min) sealed vs plain push/pull with 1,2,4,8 and auto crypto threads
 # A step's exit status is its program's or suite's (124: stopped at its
 # limit), never a pipeline's; run's own status is 0 only when every step
 # passed, and its last lines list every step's status.

@@ -4,39 +4,118 @@
 # GPU machine cannot install packages, so this machine builds everything and
 # bundles it with the Criterion libraries and the Fashion-MNIST files.
 #
-#   bench/gpu-session.sh pack [DIR]          here: build and bundle into DIR (default .gpu,
-#                                            git-ignored; carry it)
+#   bench/gpu-session.sh pack [DIR]               here: build and bundle into DIR (default .gpu,
+#                                                 git-ignored; carry it)
 #   bench/gpu-session.sh run DIR OUTDIR STEP...   there: run the steps, one log per step in OUTDIR
 #
-# Steps (each bounded by `timeout`; together they must fit the device's
-# 10-minute call, so split them over calls: "tests mlp bench" then "cnn pushpull"):
-#   tests    the GPU suites: gpu_kernels, gpu, devices, then train (pstrain local on the GPU)
-#   mlp      pstrain local on the Fashion-MNIST MLP (examples/fashion-mlp.ini), placement logged
-#   bench    bench/gpu_mlp against PyTorch eager (torch from the machine's python3)
-#   cnn      pstrain local on examples/fashion-cnn.ini (stopped at the time limit; the log has
-#            the progress lines)
-#   pushpull sealed vs plain push/pull with 1,2,4,8 and auto crypto threads (issue 3 on 16 cores)
+# A device call runs at most 10 minutes and carries at most 64 MiB, the
+# working tree (about 1.5 MB) included. So pack fails when DIR is 60 MiB or
+# more, and every step has a time limit (LIMIT below, seconds) that leaves
+# a margin; put steps in one call only while their limits add up to 540 s
+# or less (unpacking takes seconds), e.g. "env tests", "bench",
+# "bench-cnn mlp", "cnn", "pushpull".
+#
+# Steps (LIMIT; expected time on one H100 in parentheses):
+#   env       (120; ~40 s) nvidia-smi, driver, glibc, where libcublas is found, torch's version
+#             and TF32 flags, and a timed one-step `pstrain local` on Fashion-MNIST at
+#             memory_fraction 0.9 and 0.05
+#   tests     (300; ~1-3 min) the GPU suites one by one: gpu_kernels, gpu, devices, train, cli, cnn
+#   bench     (450; ~4 min) bench/gpu_mlp: MLP-256, MLP-4096, wide at 4096 (TF32 off, on) against
+#             PyTorch eager and a CUDA-graph row, 3 interleaved rounds
+#   bench-cnn (300; ~2.5 min) the same for the example CNN at batch 256, TF32 off and on
+#   mlp       (200; < 1 min) pstrain local on examples/fashion-mlp.ini, placement logged
+#   cnn       (480; unknown) pstrain local on examples/fashion-cnn.ini for CNN_EPOCHS epochs
+#             (default 12, the example's); fails at its limit if the GPU is too slow for that
+#   pushpull  (170; ~2 min) sealed vs plain push/pull with 1,2,4,8 and auto crypto threads
+# A step's exit status is its program's or suite's (124: stopped at its
+# limit), never a pipeline's; run's own status is 0 only when every step
+# passed, and its last lines list every step's status.
 set -u
-cd "$(dirname "$0")/.."
+self=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
+cd "$(dirname "$self")/.." || exit 1
 mode=${1:-}
 [ $# -gt 0 ] && shift
 
+MAX_BYTES=$((60 * 1024 * 1024))
+BINS="pstrain build/tests/run build/bench/gpu_mlp build/bench/pushpull"
+
+# pack [DIR]: the binaries (GPU_PACK_BINS, default all four) and the
+# Criterion libraries as one archive, DIR/bin.tar.xz, or DIR/bin.tar.gz
+# where this machine has no xz or GPU_PACK_FORMAT=gzip; DIR/FORMAT records
+# which, DIR/MANIFEST what was packed from which commit; DIR/data the
+# Fashion-MNIST files (30 MB). xz shrinks the static binaries (28 MB each:
+# cudart, the kernels, OpenBLAS) about tenfold, gzip only fourfold: the
+# four in gzip do not fit, so a gzip bundle names fewer in GPU_PACK_BINS.
+# Where the GPU machine has no xz, run unpacks with python3's lzma instead.
 pack() {
 	dir=${1:-.gpu}
-	make -s pstrain build/tests/run build/bench/gpu_mlp build/bench/pushpull || exit 1
-	rm -rf "$dir" && mkdir -p "$dir/lib" "$dir/data" || exit 1
-	# Criterion and what it pulls in; glibc is on every machine.
-	ldd build/tests/run | awk '$3 ~ /^\// { print $3 }' |
-		grep -Ev '/(libc|libm|libdl|libpthread|librt|libresolv|ld-linux[^/]*)\.so' |
-		while read -r so; do cp -L "$so" "$dir/lib/"; done
+	fmt=${GPU_PACK_FORMAT:-xz}
+	command -v xz >/dev/null 2>&1 || fmt=gzip
+	case $fmt in xz | gzip) ;; *) echo "gpu-session: GPU_PACK_FORMAT is xz or gzip, not $fmt" >&2; exit 2 ;; esac
+	bins=""
+	for b in ${GPU_PACK_BINS:-$BINS}; do
+		# gpu_mlp needs core/devices.h's resident-data API; without it the
+		# rest is still worth packing, and the bench steps say why they fail.
+		if [ "$b" = build/bench/gpu_mlp ] && ! make -s "$b"; then
+			echo "gpu-session: WARNING: $b did not build; packing without it (the bench steps will fail)" >&2
+			continue
+		fi
+		make -s "$b" || exit 1
+		bins="$bins $b"
+	done
+	rm -rf "$dir" && mkdir -p "$dir/data" || exit 1
+	stage=$(mktemp -d) || exit 1
+	mkdir -p "$stage/build/gpu-lib" || exit 1
+	# The test binary's Criterion and what it pulls in; glibc is on every
+	# machine, and the other binaries need nothing else.
+	case " $bins " in *" build/tests/run "*)
+		for so in $(ldd build/tests/run | awk '$3 ~ /^\// { print $3 }' |
+			grep -Ev '/(libc|libm|libdl|libpthread|librt|libresolv|ld-linux[^/]*)\.so'); do
+			cp -L "$so" "$stage/build/gpu-lib/" || exit 1
+		done ;;
+	esac
+	for b in $bins; do
+		mkdir -p "$stage/$(dirname "$b")" && cp "$b" "$stage/$b" || exit 1
+	done
 	cp /usr/share/datasets/fashion-mnist/*.gz "$dir/data/" || exit 1
-	# xz: the static binaries shrink about tenfold, gzip only halves them,
-	# and a call carries at most 64 MiB.
-	tar cf - pstrain build/tests/run build/bench/gpu_mlp build/bench/pushpull -C "$dir" lib |
-		xz -T2 -6 >"$dir/bin.tar.xz" || exit 1
-	rm -rf "$dir/lib"
-	du -sh "$dir"
-	echo "carry: [\"$dir\"]   command: bench/gpu-session.sh run $dir \$OUT tests mlp bench"
+	tar cf "$stage.tar" -C "$stage" . || exit 1
+	if [ "$fmt" = xz ]; then
+		xz -T2 -6 -c "$stage.tar" >"$dir/bin.tar.xz" || exit 1
+	else
+		gzip -9 -c "$stage.tar" >"$dir/bin.tar.gz" || exit 1
+	fi
+	rm -rf "$stage" "$stage.tar"
+	echo "$fmt" >"$dir/FORMAT"
+	{
+		echo "commit $(git rev-parse HEAD 2>/dev/null)$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
+		echo "packed $(date -u '+%Y-%m-%d %H:%M UTC') as $fmt"
+		echo "binaries:$bins"
+		./pstrain --version
+	} >"$dir/MANIFEST"
+	bytes=$(du -sb "$dir" | cut -f1)
+	echo "gpu-session: $dir is $bytes bytes ($((bytes / 1024 / 1024)) MiB, limit 60 MiB), $fmt"
+	if [ "$bytes" -ge "$MAX_BYTES" ]; then
+		echo "gpu-session: $dir is over 60 MiB: a device call carries at most 64 MiB with the working tree" >&2
+		exit 1
+	fi
+	echo "carry: [\"$dir\"]   command: bench/gpu-session.sh run $dir \$OUT env tests"
+}
+
+# unpack ARCHIVE FORMAT: into the current directory, with xz or gzip, or
+# where that tool is missing, with python3's standard library (lzma, gzip).
+unpack() {
+	if command -v "$2" >/dev/null 2>&1; then
+		t=$(mktemp) || return 1
+		"$2" -dc "$1" >"$t" && tar xf "$t"
+		rc=$?
+		rm -f "$t"
+		return $rc
+	fi
+	echo "gpu-session: no $2 here; unpacking with ${PY:-python3}'s tarfile"
+	"${PY:-python3}" -c 'import sys, tarfile
+kw = {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}
+with tarfile.open(sys.argv[1]) as t:
+    t.extractall(".", **kw)' "$1"
 }
 
 # A directory holding libcublas.so.13 (or .12) when the loader cannot find
@@ -47,61 +126,144 @@ cublas_dir() {
 	[ -n "$f" ] && dirname "$f"
 }
 
+# run_step NAME LIMIT CMD...: CMD with its output in $out/NAME.log, stopped
+# at LIMIT seconds; its status is CMD's (124 at the limit).
 run_step() {
 	name=$1 limit=$2
 	shift 2
 	echo "== $name (limit ${limit}s): $*"
 	t0=$(date +%s)
-	timeout "$limit" "$@" >"$out/$name.log" 2>&1
+	timeout -k 10 "$limit" "$@" >"$out/$name.log" 2>&1
 	rc=$?
-	echo "== $name: exit $rc after $(($(date +%s) - t0))s"
-	tail -n 15 "$out/$name.log"
+	echo "== $name: exit $rc after $(($(date +%s) - t0))s$([ $rc = 124 ] && echo ' (stopped at its limit)')"
+	tail -n 25 "$out/$name.log"
+	summary="$summary
+   $name: exit $rc"
+	[ $rc = 0 ] || failed=$((failed + 1))
+}
+
+# The env step, in a shell of its own (run_step's timeout needs a program).
+env_step() {
+	st=0
+	echo "## nvidia-smi"
+	nvidia-smi || st=1
+	nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || st=1
+	echo "## kernel and glibc: $(uname -r); $(ldd --version 2>&1 | head -n 1)"
+	echo "## CPUs: $(nproc); memory: $(awk '/MemTotal/ { print $2 / 1048576 " GiB" }' /proc/meminfo)"
+	echo "## libcublas: ${CUBLAS_DIR:-found by the loader}"
+	ldconfig -p 2>/dev/null | grep 'libcublas\.so\.1[23] '
+	[ -n "${CUBLAS_DIR:-}" ] && ls -l "$CUBLAS_DIR"/libcublas*.so*
+	echo "## pstrain: $(./pstrain --version)"
+	echo "## python: $(command -v "$PY")"
+	"$PY" -c 'import torch
+b = torch.backends
+print("torch", torch.__version__, "CUDA", torch.version.cuda, "cuDNN", b.cudnn.version(),
+      "cuda available", torch.cuda.is_available())
+if torch.cuda.is_available():
+    print("device", torch.cuda.get_device_name(0), torch.cuda.get_device_capability(0))
+# The defaults, before anything sets them (bench/torch_mlp.py sets both):
+for name, get in (("cuda.matmul.allow_tf32", lambda: b.cuda.matmul.allow_tf32),
+                  ("cudnn.allow_tf32", lambda: b.cudnn.allow_tf32),
+                  ("cuda.matmul.fp32_precision", lambda: b.cuda.matmul.fp32_precision),
+                  ("cudnn.conv.fp32_precision", lambda: b.cudnn.conv.fp32_precision),
+                  ("float32_matmul_precision", torch.get_float32_matmul_precision)):
+    try:
+        print("default", name, "=", get())
+    except Exception as e:
+        print("default", name, "= ? (%s)" % e)' || st=1
+	for frac in 0.9 0.05; do
+		ck=$(mktemp -d)
+		echo "## pstrain local, one step, memory_fraction $frac"
+		t0=$(date +%s%N)
+		# shellcheck disable=SC2086
+		./pstrain local --config examples/fashion-mlp.ini --fresh $set_data --set train.steps=1 \
+			--set gpu.memory_fraction=$frac --set gpu.soft_placement=false \
+			--set train.checkpoint_dir="$ck"
+		rc=$?
+		echo "## memory_fraction $frac: exit $rc, $((($(date +%s%N) - t0) / 1000000)) ms wall"
+		[ $rc = 0 ] || st=1
+		rm -rf "$ck"
+	done
+	return $st
+}
+
+# The GPU suites one process at a time: every test that trains takes an
+# arena of memory_fraction 0.9, so two at once would refuse each other.
+tests_step() {
+	[ -x build/tests/run ] || { echo "build/tests/run was not packed"; return 1; }
+	st=0
+	for s in gpu_kernels gpu devices train cli cnn; do
+		echo "## suite $s"
+		build/tests/run --jobs 1 --verbose --filter "$s/*"
+		rc=$?
+		echo "## suite $s: exit $rc"
+		[ $rc = 0 ] || st=1
+	done
+	return $st
+}
+
+bench_step() {
+	[ -x build/bench/gpu_mlp ] || { echo "build/bench/gpu_mlp was not packed (see $1/MANIFEST)"; return 1; }
+	BIN=build/bench/gpu_mlp REQUIRE_GPU=1 sh bench/gpu_mlp
 }
 
 run() {
 	dir=$1 out=$2
 	shift 2
-	[ -f "$dir/bin.tar.xz" ] || { echo "gpu-session: no $dir/bin.tar.xz (run pack here first)" >&2; exit 2; }
-	lib=$(mktemp -d)
-	mkdir -p "$out" && xz -dc "$dir/bin.tar.xz" | tar xf - --exclude=lib && xz -dc "$dir/bin.tar.xz" | tar xf - -C "$lib" lib || exit 1
-	lib=$lib/lib
-	cb=$(cublas_dir)
-	export LD_LIBRARY_PATH="$lib${cb:+:$cb}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-	export PSTRAIN_BIN="$PWD/pstrain" CRITERION_JOBS=1
+	fmt=$(cat "$dir/FORMAT" 2>/dev/null || echo xz)
+	arc=$dir/bin.tar.$([ "$fmt" = xz ] && echo xz || echo gz)
+	[ -f "$arc" ] || { echo "gpu-session: no $arc (run pack here first)" >&2; exit 2; }
+	mkdir -p "$out" || exit 1
+	t0=$(date +%s)
+	unpack "$arc" "$fmt" || { echo "gpu-session: cannot unpack $arc" >&2; exit 1; }
+	echo "gpu-session: unpacked $arc ($fmt) in $(($(date +%s) - t0))s; $(head -n 1 "$dir/MANIFEST" 2>/dev/null)"
+	CUBLAS_DIR=$(cublas_dir)
+	export CUBLAS_DIR LD_LIBRARY_PATH="$PWD/build/gpu-lib${CUBLAS_DIR:+:$CUBLAS_DIR}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+	export PSTRAIN_BIN="$PWD/pstrain" CRITERION_JOBS=1 PY="${PY:-python3}"
 	data=$(cd "$dir/data" && pwd)
 	set_data="--set data.train_images=$data/train-images-idx3-ubyte.gz --set data.train_labels=$data/train-labels-idx1-ubyte.gz --set data.test_images=$data/t10k-images-idx3-ubyte.gz --set data.test_labels=$data/t10k-labels-idx1-ubyte.gz"
-	nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$out/gpu.txt" 2>&1
-	echo "gpu: $(cat "$out/gpu.txt"); cpus: $(nproc); cublas from: ${cb:-loader path}"
+	export set_data
+	summary="" failed=0
 	for step in "$@"; do
 		ck=$(mktemp -d)
 		case $step in
-		tests)
-			# Not the cluster suites: two workers on one GPU with the default
-			# memory_fraction 0.9 refuse each other (docs/GPU.md).
-			run_step tests 240 sh -c 'for s in gpu_kernels gpu devices train cli cnn; do
-				build/tests/run --jobs 1 --verbose --filter "$s/*" >/tmp/suite.log 2>&1 || echo "suite $s FAILED"
-				grep -v "Test is disabled" /tmp/suite.log; done' ;;
+		env) run_step env 120 sh "$self" _env ;;
+		tests) run_step tests 300 sh "$self" _tests ;;
+		bench)
+			run_step bench 450 env BUDGET=380 RUN_LIMIT=60 \
+				CASES="mlp:256:off mlp:4096:off wide:4096:off wide:4096:on" sh "$self" _bench "$dir" ;;
+		bench-cnn)
+			run_step bench-cnn 300 env BUDGET=230 RUN_LIMIT=60 \
+				CASES="fashion-cnn:256:off fashion-cnn:256:on" sh "$self" _bench "$dir" ;;
 		mlp)
 			# shellcheck disable=SC2086
-			run_step mlp ${MLP_LIMIT:-200} ./pstrain local --config examples/fashion-mlp.ini --fresh $set_data \
+			run_step mlp 200 ./pstrain local --config examples/fashion-mlp.ini --fresh $set_data \
 				--set train.checkpoint_dir="$ck" --set gpu.log_placement=true ;;
-		bench)
-			run_step bench 240 env BIN=build/bench/gpu_mlp bench/gpu_mlp ;;
 		cnn)
 			# shellcheck disable=SC2086
-			run_step cnn 420 ./pstrain local --config examples/fashion-cnn.ini --fresh $set_data \
-				--set train.checkpoint_dir="$ck" ;;
+			run_step cnn 480 ./pstrain local --config examples/fashion-cnn.ini --fresh $set_data \
+				--set train.epochs="${CNN_EPOCHS:-12}" --set train.checkpoint_dir="$ck" ;;
 		pushpull)
 			run_step pushpull 170 sh -c 'build/bench/pushpull --sizes 1,16,64 --modes sealed,plain \
 				--seconds 1 --rounds 2 --crypto-threads 1,2,4,8,0 && build/bench/pushpull --crypto' ;;
-		*) echo "gpu-session: unknown step $step" >&2; exit 2 ;;
+		*)
+			echo "gpu-session: unknown step $step" >&2
+			summary="$summary
+   $step: unknown step"
+			failed=$((failed + 1)) ;;
 		esac
 		rm -rf "$ck"
 	done
+	echo "gpu-session: steps:$summary"
+	[ "$failed" = 0 ] || { echo "gpu-session: $failed step(s) failed"; exit 1; }
 }
 
 case $mode in
 pack) pack "$@" ;;
 run) [ $# -ge 3 ] || { echo "usage: bench/gpu-session.sh run DIR OUTDIR STEP..." >&2; exit 2; }; run "$@" ;;
+# The steps that are shell functions, run as programs under run_step's timeout.
+_env) env_step ;;
+_tests) tests_step ;;
+_bench) bench_step "$1" ;;
 *) echo "usage: bench/gpu-session.sh pack [DIR] | run DIR OUTDIR STEP..." >&2; exit 2 ;;
 esac

@@ -17,6 +17,12 @@ static const struct bench_model bench_models[] = {
 	  "layer = conv 5x5 32 pad=same\nlayer = relu\nlayer = maxpool 2\n"
 	  "layer = conv 5x5 64 pad=same\nlayer = relu\nlayer = maxpool 2\n"
 	  "layer = dense 1024\nlayer = relu\nlayer = dropout 0.5\nlayer = dense 10\n" },
+	/* examples/fashion-cnn.ini's network, layer for layer: "cnn" with a
+	 * batchnorm after each conv. */
+	{ "fashion-cnn", "28x28x1",
+	  "layer = conv 5x5 32 pad=same\nlayer = batchnorm\nlayer = relu\nlayer = maxpool 2\n"
+	  "layer = conv 5x5 64 pad=same\nlayer = batchnorm\nlayer = relu\nlayer = maxpool 2\n"
+	  "layer = dense 1024\nlayer = relu\nlayer = dropout 0.5\nlayer = dense 10\n" },
 };
 
 /* The model called name, or NULL. */

@@ -27,6 +27,11 @@
 #   cnn       (480; unknown) pstrain local on examples/fashion-cnn.ini for CNN_EPOCHS epochs
 #             (default 12, the example's); fails at its limit if the GPU is too slow for that
 #   pushpull  (170; ~2 min) sealed vs plain push/pull with 1,2,4,8 and auto crypto threads
+#   sanitize  (480; unknown) compute-sanitizer: memcheck (every arena buffer its own cudaMalloc)
+#             and racecheck over the gpu_kernels suite, memcheck over 3 steps of the MLP
+#             example (the CUDA graph is captured at step 2) and of the CNN example
+#   cluster   (300; ~1-2 min) 1 ps + 2 workers of cluster.ini's MLP on this one GPU over
+#             loopback, memory_fraction 0.4 each
 # A step's exit status is its program's or suite's (124: stopped at its
 # limit), never a pipeline's; run's own status is 0 only when every step
 # passed, and its last lines list every step's status.
@@ -202,6 +207,43 @@ tests_step() {
 	return $st
 }
 
+# compute-sanitizer over the kernel tests and a few real steps. Each tool
+# stops with status 99 on a finding; the log has its report.
+sanitize_step() {
+	cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1)
+	[ -n "$cs" ] || { echo "no compute-sanitizer on this machine"; return 1; }
+	[ -x build/tests/run ] || { echo "build/tests/run was not packed"; return 1; }
+	st=0
+	for tool in memcheck racecheck; do
+		echo "## $tool: the gpu_kernels suite"
+		PSTRAIN_GPU_EXACT_ALLOC=1 "$cs" --tool $tool --target-processes all --error-exitcode 99 \
+			build/tests/run --jobs 1 --filter 'gpu_kernels/*' || st=1
+	done
+	for ex in fashion-mlp fashion-cnn; do
+		echo "## memcheck: 3 steps of examples/$ex.ini"
+		ck=$(mktemp -d)
+		# shellcheck disable=SC2086
+		PSTRAIN_GPU_EXACT_ALLOC=1 "$cs" --tool memcheck --error-exitcode 99 ./pstrain local \
+			--config examples/$ex.ini --fresh $set_data --set train.steps=3 \
+			--set gpu.soft_placement=false --set train.checkpoint_dir="$ck" || st=1
+		rm -rf "$ck"
+	done
+	return $st
+}
+
+# cluster.ini's MLP as 1 ps + 2 workers, all on this machine's GPU.
+cluster_step() {
+	d=$(mktemp -d)
+	cp cluster.ini "$d/" && ./pstrain keygen "$d/cluster.key" >/dev/null || return 1
+	# shellcheck disable=SC2086
+	examples/local-cluster.sh "$d/cluster.ini" ./pstrain -- $set_data \
+		--set cluster.ps=127.0.0.1:2222 --set gpu.memory_fraction=0.4 \
+		--set gpu.soft_placement=false --set train.checkpoint_dir="$d/ckpt"
+	rc=$?
+	rm -rf "$d"
+	return $rc
+}
+
 bench_step() {
 	[ -x build/bench/gpu_mlp ] || { echo "build/bench/gpu_mlp was not packed (see $1/MANIFEST)"; return 1; }
 	BIN=build/bench/gpu_mlp REQUIRE_GPU=1 sh bench/gpu_mlp
@@ -243,6 +285,8 @@ run() {
 			# shellcheck disable=SC2086
 			run_step cnn 480 ./pstrain local --config examples/fashion-cnn.ini --fresh $set_data \
 				--set train.epochs="${CNN_EPOCHS:-12}" --set train.checkpoint_dir="$ck" ;;
+		sanitize) run_step sanitize 480 sh "$self" _sanitize ;;
+		cluster) run_step cluster 300 sh "$self" _cluster ;;
 		pushpull)
 			run_step pushpull 170 sh -c 'build/bench/pushpull --sizes 1,16,64 --modes sealed,plain \
 				--seconds 1 --rounds 2 --crypto-threads 1,2,4,8,0 && build/bench/pushpull --crypto' ;;
@@ -265,5 +309,7 @@ run) [ $# -ge 3 ] || { echo "usage: bench/gpu-session.sh run DIR OUTDIR STEP..."
 _env) env_step ;;
 _tests) tests_step ;;
 _bench) bench_step "$1" ;;
+_sanitize) sanitize_step ;;
+_cluster) cluster_step ;;
 *) echo "usage: bench/gpu-session.sh pack [DIR] | run DIR OUTDIR STEP..." >&2; exit 2 ;;
 esac

@@ -24,7 +24,7 @@
  * a maximum error around 1e-3 of the largest value means TF32 tensor cores,
  * around 1e-6 means fp32 math. It shows the [gpu] tf32 setting took effect.
  *
- *   build/bench/gpu_mlp [--model NAME] [--batch B] [--tf32 on|off] [--devices LIST]
+ *   build/bench/gpu_mlp [--model NAME] [--batch B] [--tf32 on|off] [--graphs on|off] [--devices LIST]
  *                       [--warmup S] [--seconds S] [--repeats N] [--csv] [--cpu]
  *
  * NAME is an entry of bench/models.h. With --csv the last line is
@@ -292,12 +292,12 @@ static int gemm_floor(const struct backend *b, int gpu, const struct model *m, i
 }
 
 /* One timed unit: a training step over the batch at order position at,
- * then the optimizer. */
+ * then the optimizer, as `pstrain local` runs it (a CUDA graph from the
+ * second step on where devices_train_step can, unless --graphs off). */
 static int step(struct devices *d, struct optim *o, float lr, size_t at, int B, long s, char *err,
 		size_t errlen)
 {
-	int e = devices_step(d, at, B, replica_key(1, s, 0), err, errlen);
-	return e ? e : devices_apply(d, o, lr, err, errlen);
+	return devices_train_step(d, at, B, replica_key(1, s, 0), o, lr, err, errlen);
 }
 
 /* Waits for the backends other than replica 0's (their parameter copies
@@ -313,7 +313,7 @@ static int sync_others(const struct devices *d)
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: gpu_mlp [--model NAME] [--batch B] [--tf32 on|off] [--devices LIST] "
+	fprintf(stderr, "usage: gpu_mlp [--model NAME] [--batch B] [--tf32 on|off] [--graphs on|off] [--devices LIST] "
 			"[--warmup S] [--seconds S] [--repeats N] [--csv] [--cpu]\n  NAME:");
 	for (size_t i = 0; i < sizeof(bench_models) / sizeof(bench_models[0]); i++)
 		fprintf(stderr, " %s", bench_models[i].name);
@@ -325,26 +325,27 @@ int main(int argc, char **argv)
 	const char *model = arg_str(argc, argv, "--model", "mlp");
 	const char *devs = arg_str(argc, argv, "--devices", "0");
 	const char *tf32s = arg_str(argc, argv, "--tf32", "off");
+	const char *graphss = arg_str(argc, argv, "--graphs", "on");
 	int csv = arg_flag(argc, argv, "--csv");
 	int cpu = arg_flag(argc, argv, "--cpu");
 	long B, repeats;
 	double warmup, seconds;
 	const struct bench_model *bm = bench_model_find(model);
-	int tf32 = strcmp(tf32s, "on") == 0;
+	int tf32 = strcmp(tf32s, "on") == 0, graphs = strcmp(graphss, "on") == 0;
 	if (!bm || parse_long(arg_str(argc, argv, "--batch", "256"), 1, 1 << 20, &B) ||
 	    parse_long(arg_str(argc, argv, "--repeats", "3"), 1, REPEATS_MAX, &repeats) ||
 	    parse_double(arg_str(argc, argv, "--warmup", "0.5"), 0, 600, &warmup) ||
 	    parse_double(arg_str(argc, argv, "--seconds", "0.5"), 0.001, 600, &seconds) ||
-	    (!tf32 && strcmp(tf32s, "off") != 0)) {
+	    (!tf32 && strcmp(tf32s, "off") != 0) || (!graphs && strcmp(graphss, "off") != 0)) {
 		usage();
 		return 2;
 	}
 	char text[2048], err[1024] = "";
 	int len = snprintf(text, sizeof(text),
 			   "[train]\nbatch_size = %ld\noptimizer = momentum\nlearning_rate = 0.05\nmomentum = 0.9\n"
-			   "[gpu]\ndevices = %s\nsoft_placement = false\ntf32 = %s\n"
+			   "[gpu]\ndevices = %s\nsoft_placement = false\ntf32 = %s\ncuda_graphs = %s\n"
 			   "[model]\ninput = %s\n%s",
-			   B, devs, tf32 ? "true" : "false", bm->input, bm->layers);
+			   B, devs, tf32 ? "true" : "false", graphs ? "true" : "false", bm->input, bm->layers);
 	struct config c;
 	struct model m;
 	if (len < 0 || (size_t)len >= sizeof(text)) {
@@ -471,6 +472,10 @@ int main(int argc, char **argv)
 	printf("# tf32 %s ([gpu] tf32 = %s); probe GEMM max error %.1e of the largest value (%s)\n",
 	       tf32 ? "on" : "off", tf32 ? "true" : "false", probe,
 	       probe > 3e-5 ? "TF32 math" : "fp32 math");
+	printf("# steps: %s\n", d.graph_state == 1 ? "one CUDA graph each (devices_train_step)"
+				: d.graph_state < 0 ? "kernel by kernel: the graph's capture failed"
+				: graphs && d.gpu ? "kernel by kernel: this model or placement takes no graph"
+				: "kernel by kernel");
 	printf("# data: %zu synthetic samples, %s; batches gathered in a shuffled order\n", ds.n,
 	       !d.gpu ? "in host memory" : resident ? "resident on the GPU"
 	       : "NOT resident: gathered on the host and uploaded");

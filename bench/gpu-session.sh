@@ -32,6 +32,8 @@
 #             example (the CUDA graph is captured at step 2) and of the CNN example
 #   cluster   (300; ~1-2 min) 1 ps + 2 workers of cluster.ini's MLP on this one GPU over
 #             loopback, memory_fraction 0.4 each
+#   ncu       (240; ~2 min) Nsight Compute per-kernel times of MLP-256 and MLP-4096 steps
+#             (kernel by kernel, so each launch is one kernel)
 # A step's exit status is its program's or suite's (124: stopped at its
 # limit), never a pipeline's; run's own status is 0 only when every step
 # passed, and its last lines list every step's status.
@@ -231,6 +233,21 @@ sanitize_step() {
 	return $st
 }
 
+# Per-kernel GPU times of a few whole steps after a warm-up (launches 60 on
+# are steps past the first ones); the summary lists each kernel's duration.
+ncu_step() {
+	nc=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -n 1)
+	[ -n "$nc" ] || { echo "no ncu on this machine"; return 1; }
+	st=0
+	for b in 256 4096; do
+		echo "## ncu: mlp at batch $b"
+		"$nc" --launch-skip 60 --launch-count 40 --section SpeedOfLight --print-summary per-kernel \
+			build/bench/gpu_mlp --model mlp --batch $b --graphs off --warmup 0 --seconds 0.05 \
+			--repeats 1 || st=1
+	done
+	return $st
+}
+
 # cluster.ini's MLP as 1 ps + 2 workers, all on this machine's GPU.
 cluster_step() {
 	d=$(mktemp -d)
@@ -287,6 +304,7 @@ run() {
 				--set train.epochs="${CNN_EPOCHS:-12}" --set train.checkpoint_dir="$ck" ;;
 		sanitize) run_step sanitize 480 sh "$self" _sanitize ;;
 		cluster) run_step cluster 300 sh "$self" _cluster ;;
+		ncu) run_step ncu 240 sh "$self" _ncu ;;
 		pushpull)
 			run_step pushpull 170 sh -c 'build/bench/pushpull --sizes 1,16,64 --modes sealed,plain \
 				--seconds 1 --rounds 2 --crypto-threads 1,2,4,8,0 && build/bench/pushpull --crypto' ;;
@@ -311,5 +329,6 @@ _tests) tests_step ;;
 _bench) bench_step "$1" ;;
 _sanitize) sanitize_step ;;
 _cluster) cluster_step ;;
+_ncu) ncu_step ;;
 *) echo "usage: bench/gpu-session.sh pack [DIR] | run DIR OUTDIR STEP..." >&2; exit 2 ;;
 esac

@@ -201,7 +201,9 @@ tests_step() {
 	st=0
 	for s in gpu_kernels gpu devices train cli cnn; do
 		echo "## suite $s"
-		build/tests/run --jobs 1 --verbose --filter "$s/*"
+		# Launches wait for their kernels: a fault is reported by the
+		# call that caused it, not by a later one (a step never waits).
+		CUDA_LAUNCH_BLOCKING=1 build/tests/run --jobs 1 --verbose --filter "$s/*"
 		rc=$?
 		echo "## suite $s: exit $rc"
 		[ $rc = 0 ] || st=1

@@ -1911,10 +1911,6 @@ train:
 					 sizeof(why));
 		if (!e)
 			e = devices_get_grads(&dev, grads, why, sizeof(why));
-		/* The gradient's download has waited for the GPU: the loss is
-		 * ready to be read without a further stall. */
-		if (!e && chief && (progress_due(&pg, step) || step + 1 == total))
-			e = devices_report(&dev, &pg, step, why, sizeof(why));
 		if (e) {
 			progress_clear(&pg);
 			snprintf(err, errlen, "step %ld: %s", step, why);
@@ -1926,6 +1922,14 @@ train:
 		if (chief) {
 			pg.stale = wk.stale;
 			progress_tick(&pg, step, progress_now() - ts);
+			/* The gradient's download has waited for the GPU: the
+			 * loss is there to be read without a further stall. */
+			if ((progress_due(&pg, step) || step + 1 == total) &&
+			    (e = devices_report(&dev, &pg, step, why, sizeof(why)))) {
+				progress_clear(&pg);
+				snprintf(err, errlen, "step %ld: %s", step, why);
+				goto out;
+			}
 		}
 		step++;
 		continue;

@@ -223,6 +223,10 @@ void devices_close(struct devices *d)
 {
 	if (!d || !d->m)
 		return;
+	/* Every stream done before any backend goes: a copy queued on one
+	 * may read another's memory (the last parameter broadcast). */
+	for (int k = 0; d->gpu && k < d->nbe; k++)
+		gpu_sync(&d->be[k]);
 	for (int r = 0; r < d->n; r++) {
 		struct backend *b = &d->be[d->be_of[r]];
 		replica_free(&d->rep[r]);
@@ -314,30 +318,28 @@ int devices_set_data(struct devices *d, const struct dataset *ds, int *resident,
 			d->data_y[k] = ds->y;
 			continue;
 		}
-		/* The set, the order and what is left for the rest of the run. */
-		size_t need = xb + yb + ds->n * sizeof(uint32_t);
-		int e = 0;
-		if (need <= gpu_backend_room(b)) {
-			void *x = NULL, *y = NULL, *o = NULL;
-			e = b->ops->alloc(b->ctx, &x, xb);
-			if (!e)
-				e = b->ops->alloc(b->ctx, &y, yb);
-			if (!e)
-				e = b->ops->alloc(b->ctx, &o, ds->n * sizeof(uint32_t));
-			if (!e)
-				e = b->ops->upload(b->ctx, x, ds->x, xb);
-			if (!e)
-				e = b->ops->upload(b->ctx, y, ds->y, yb);
-			if (e)
-				return fail(d, k, e, "copying the training set", err, errlen);
-			d->data_x[k] = x;
-			d->data_y[k] = y;
-			d->order[k] = o;
-		} else {
+		/* The set and the order as one buffer, so that it is had whole
+		 * or not at all (the arena cannot give back a part). */
+		size_t xa = (xb + 255) & ~(size_t)255, ya = (yb + 255) & ~(size_t)255;
+		size_t need = xa + ya + ds->n * sizeof(uint32_t);
+		char *buf = NULL;
+		int e = !d->stage_only && need <= gpu_backend_room(b)
+				? b->ops->alloc(b->ctx, (void **)&buf, need) : -ENOMEM;
+		if (!e)
+			e = b->ops->upload(b->ctx, buf, ds->x, xb);
+		if (!e)
+			e = b->ops->upload(b->ctx, buf + xa, ds->y, yb);
+		if (!e) {
+			d->data_x[k] = (const float *)buf;
+			d->data_y[k] = (const int32_t *)(buf + xa);
+			d->order[k] = (uint32_t *)(buf + xa + ya);
+		} else if (e == -ENOMEM) {
 			e = gpu_stage_reserve(b, d->max_batch, ds->d);
 			if (e)
 				return fail(d, k, e, "buffers for staged batches", err, errlen);
 			all = 0;
+		} else {
+			return fail(d, k, e, "copying the training set", err, errlen);
 		}
 	}
 	if (resident)

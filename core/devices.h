@@ -57,6 +57,7 @@ struct devices {
 	uint32_t *host_order;               /* (n) the order, for staged batches */
 	size_t norder;
 	long samples;                       /* trained since the last devices_meter */
+	int stage_only;                     /* tests: stage batches even where the set fits */
 	/* devices_train_step's CUDA graph: [gpu] cuda_graphs, whether a
 	 * step has run (the one before the capture), 0 not captured yet, 1
 	 * captured for batches of graph_B, -1 not possible; log gets the

@@ -1,6 +1,7 @@
 /* Progress lines for training loops. */
 #include "progress.h"
 
+#include <math.h>
 #include <stdio.h>
 
 #include <string.h>
@@ -82,6 +83,7 @@ void progress_tick(struct progress *p, long step, double secs)
 	(void)step;
 	p->train_time += secs;
 	p->steps_seen++;
+	p->pending++;
 }
 
 int progress_due(const struct progress *p, long step)
@@ -94,13 +96,16 @@ void progress_step(struct progress *p, long step, long samples, double loss_sum,
 	if (samples <= 0)
 		return;
 	int due = progress_due(p, step);
+	long n = p->pending > 0 ? p->pending : 1, k = p->absorbed;
 	p->samples += samples;
-	/* A short exponential average over what was read: one batch is
-	 * noisy, an epoch is stale. The first ten readings this process makes
-	 * (not of step 0..9 of the run: a resumed one starts later) are a
-	 * plain mean, so it starts from the first batches rather than from 0. */
-	long k = p->windows++;
-	double a = k < 10 ? 1.0 / (double)(k + 1) : 0.1;
+	p->pending = 0;
+	p->absorbed += n;
+	/* A short exponential average: one batch is noisy, an epoch is stale.
+	 * A reading of n steps counts as n steps of it (weight 1 - 0.9^n).
+	 * The first ten steps this process trains (not step 0..9 of the run:
+	 * a resumed one starts later) are a plain mean, so it starts from the
+	 * first batches rather than from 0. */
+	double a = k < 10 ? (double)n / (double)(k + n) : 1.0 - pow(0.9, (double)n);
 	p->loss += a * (loss_sum / (double)samples - p->loss);
 	p->acc += a * (right_sum / (double)samples - p->acc);
 	if (due) {

@@ -18,7 +18,8 @@ struct progress {
 	double last_draw;
 	long samples;         /* trained so far */
 	long steps_seen;      /* progress_tick calls: a resumed run starts far past step 0 */
-	long windows;         /* progress_step calls */
+	long absorbed;        /* steps whose figures the running loss/accuracy hold */
+	long pending;         /* steps ticked since the last progress_step */
 	double loss;          /* running train loss and accuracy (recent batches) */
 	double acc;
 	double test_loss, test_acc;
@@ -39,7 +40,9 @@ void progress_tick(struct progress *p, long step, double secs);
 int progress_due(const struct progress *p, long step);
 /* The steps ticked since the last call trained `samples` samples with
  * summed loss loss_sum and right_sum right answers: the running loss and
- * accuracy take them in, and a tty line is redrawn. */
+ * accuracy take them in, weighted as that many steps of an exponential
+ * average over about 10 steps (so a reading after many steps is about
+ * their mean), and a tty line is redrawn. */
 void progress_step(struct progress *p, long step, long samples, double loss_sum, double right_sum);
 void progress_eval(struct progress *p, long step, double test_loss, double test_acc);
 /* Clears the tty line so the next message starts on a fresh line. */

@@ -357,7 +357,8 @@ int replica_backward(struct replica *r, const float *params, float *grads, int B
 	return backward_layers(r, params, grads, r->x, B, scale, 0);
 }
 
-/* One sync at the end: the chunks' losses add up in the meter. */
+/* The chunks' losses add up in the meter, read once at the end (each
+ * chunk's upload from host memory still waits for the device). */
 int replica_evaluate(struct replica *r, const float *params, const struct dataset *ds,
 		    double *loss, double *acc)
 {

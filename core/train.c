@@ -168,6 +168,9 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 	}
 	res->start_step = start;
 	for (step = start; step < total && !*stop; step++) {
+		/* From before the epoch's order is copied: that copy waits for
+		 * the steps queued before it, which is training time. */
+		double ts = progress_now();
 		long epoch = step / spe;
 		if (epoch != epoch_loaded) {
 			data_permute(perm, train.n, c->train.seed, (uint64_t)epoch);
@@ -176,7 +179,6 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 			if (e)
 				goto fail;
 		}
-		double ts = progress_now();
 		char why[CONFIG_ERR_MAX];
 		e = devices_train_step(&dev, (size_t)(step % spe) * (size_t)B, B,
 				       replica_key(c->train.seed, step, 0), &opt,
@@ -189,15 +191,20 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 		int last = step + 1 == total;
 		int eval_now = c->train.eval_every > 0 ? (step + 1) % c->train.eval_every == 0
 						       : (step + 1) % spe == 0;
-		/* The loss is read only when it is shown: reading waits for the
-		 * GPU, which is training time (the steps before were only queued). */
-		if (progress_due(&pg, step) || eval_now || last || *stop) {
-			e = devices_report(&dev, &pg, step, err, errlen);
-			if (e)
-				goto fail;
-		}
+		int ckpt_now = ck && c->train.checkpoint_every > 0 &&
+			       (step + 1) % c->train.checkpoint_every == 0 && !last;
+		/* The loss is read only when it is shown, or before an evaluation
+		 * or a checkpoint would wait for the GPU anyway: reading waits for
+		 * the queued steps, which is training time too. */
+		int read = progress_due(&pg, step) || eval_now || ckpt_now || last || *stop;
+		double loss = 0;
+		long right = 0, n = 0;
+		if (read && (e = devices_meter(&dev, &loss, &right, &n, err, errlen)))
+			goto fail;
 		progress_tick(&pg, step, progress_now() - ts);
-		if (ck && c->train.checkpoint_every > 0 && (step + 1) % c->train.checkpoint_every == 0 && !last) {
+		if (read)
+			progress_step(&pg, step, n, loss, (double)right);
+		if (ckpt_now) {
 			progress_clear(&pg);
 			if (save(c, ck, lay, &dev, params, &opt, step + 1, out, why, sizeof(why)))
 				fprintf(out, "warning: checkpoint at step %ld failed, training goes on: %s\n", step + 1, why);

@@ -134,6 +134,19 @@ int arena_alloc(struct gpu_arena *a, void **p, size_t bytes, char *err, size_t e
 	return 0;
 }
 
+size_t arena_room(const struct gpu_arena *a)
+{
+	if (a->exact)
+		return a->cap - a->handed;
+	size_t taken = 0, tail = 0;
+	for (int i = 0; i < a->nchunks; i++)
+		taken += a->chunk[i].size;
+	if (a->nchunks)
+		tail = a->chunk[a->nchunks - 1].size - a->chunk[a->nchunks - 1].used;
+	size_t fresh = a->growth && a->nchunks < ARENA_MAX_CHUNKS ? a->cap - taken : 0;
+	return tail > fresh ? tail : fresh;
+}
+
 void arena_free(struct gpu_arena *a)
 {
 	for (int i = 0; i < a->nchunks; i++)

@@ -79,6 +79,10 @@ int arena_alloc(struct gpu_arena *a, void **p, size_t bytes, char *err, size_t e
 
 void arena_free(struct gpu_arena *a);   /* accepts a zeroed struct */
 
+/* The largest buffer arena_alloc can hand out now: the last chunk's tail,
+ * or with growth a new chunk of what the cap leaves, whichever is more. */
+size_t arena_room(const struct gpu_arena *a);
+
 /* ARENA_EXACT_ENV's value (NULL when unset): unset, "" and "0" are off,
  * "1" is on; anything else is -EINVAL with the value quoted in err. */
 int arena_exact_parse(const char *value, int *exact, char *err, size_t errlen);

@@ -685,8 +685,7 @@ extern "C" size_t gpu_backend_room(const struct backend *b)
 {
 	if (!b || b->ops != &cuda_ops)
 		return 0;
-	const struct gpu_arena *a = &((const struct gpu_ctx *)b->ctx)->arena;
-	return a->cap > a->handed ? a->cap - a->handed : 0;
+	return arena_room(&((const struct gpu_ctx *)b->ctx)->arena);
 }
 
 extern "C" int gpu_stage_reserve(const struct backend *b, int max_batch, size_t D)

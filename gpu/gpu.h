@@ -59,7 +59,8 @@ void gpu_backend_close(struct backend *b);   /* accepts a zeroed or CPU backend 
  * (forward): CUBLAS_STATUS_EXECUTION_FAILED"); "" for other backends. */
 const char *gpu_backend_error(const struct backend *b);
 
-/* Arena bytes handed out so far, and what the cap leaves. */
+/* Arena bytes handed out so far, and the largest buffer it can still
+ * hand out. */
 size_t gpu_backend_used(const struct backend *b);
 size_t gpu_backend_room(const struct backend *b);
 

@@ -18,14 +18,16 @@ extern "C" const char *gk_error_name(int e)
 
 /* ---- activations -------------------------------------------------------- */
 
-/* The activation's derivative from its output y. */
+/* The activation's derivative from its output y; GK_NONE passes d on. */
 __device__ static inline float act_grad(int k, float d, float y)
 {
 	if (k == GK_RELU)
 		return y > 0.0f ? d : 0.0f;
 	if (k == GK_TANH)
 		return d * (1.0f - y * y);
-	return d * y * (1.0f - y);
+	if (k == GK_SIGMOID)
+		return d * y * (1.0f - y);
+	return d;
 }
 
 /* GK_NONE is the identity. */
@@ -187,7 +189,10 @@ extern "C" int gk_act_bias_backward(void *stream, enum gk_act k, float *dout, fl
 		return k == GK_NONE ? 0 : gk_act_backward(stream, k, dout, dout, out, (size_t)B * OC);
 	dim3 threads(BG_COLS, BG_ROWS);
 	unsigned rows = (unsigned)((B + GK_BIAS_ROWS - 1) / GK_BIAS_ROWS);
-	dim3 grid((unsigned)gk_bias_tickets(OC), partial && tickets && rows > 1 ? rows : 1u);
+	/* Past 65535 row blocks (4M rows) the grid cannot hold them: one
+	 * block row then covers every row. */
+	int split = partial && tickets && rows > 1 && rows <= 65535;
+	dim3 grid((unsigned)gk_bias_tickets(OC), split ? rows : 1u);
 	act_bias_backward_kernel<<<grid, threads, 0, (cudaStream_t)stream>>>((int)k, dout, dbias, out,
 									      B, OC, partial, tickets);
 	return launched();

@@ -521,3 +521,58 @@ Test(devices, train_step_is_step_then_apply_on_the_cpu)
 	cr_expect_neq(memcmp(a, p, sizeof(float) * m.nparams), 0, "the optimizer changed nothing");
 	free(x), free(p), free(a), free(b);
 }
+
+/* Batches staged from the host through the two pinned buffers (a set too
+ * large for the GPU) train exactly as batches gathered on the GPU: four
+ * steps, so each buffer is refilled after its step has read it. */
+Test(devices, gpu_staged_batches_match_resident_ones)
+{
+	int n = 0;
+	char why[256];
+	if (gpu_count(&n, why, sizeof(why)) < 0) {
+		fprintf(stderr, "devices: SKIPPED the staged-batch check (needs a GPU: %s)\n", why);
+		cr_skip_test("needs a GPU: %s", why);
+	}
+	struct model m;
+	small_model(&m);
+	const int B = 10, steps = 4;
+	float *x = malloc(sizeof(float) * B * steps * (size_t)m.inputs), *p = malloc(sizeof(float) * m.nparams);
+	int32_t y[B * steps];
+	uint32_t order[B * steps];
+	struct dataset ds;
+	for (int s = 0; s < steps; s++)
+		batch(&m, B, x + (size_t)s * B * m.inputs, y + s * B, 500 + (uint64_t)s);
+	model_init_params(&m, p, 0, m.nparams, 41);
+	struct optim_config oc = { .kind = OPTIM_MOMENTUM, .lr = 0.1f, .momentum = 0.9f };
+	const char *ini = "[gpu]\ndevices = 0\nsoft_placement = false\nmemory_fraction = 0.05\n";
+	float *res[2];
+	double loss[2];
+	for (int k = 0; k < 2; k++) {
+		struct devices d;
+		struct optim o;
+		char out[1024], err[512];
+		int resident = -1;
+		cr_assert_eq(optim_init(&o, &oc, m.nparams), 0);
+		cr_assert_eq(open_from(&d, &m, ini, out, sizeof(out), err, sizeof(err)), 0, "%s", err);
+		cr_assert_eq(devices_set_params(&d, p, err, sizeof(err)), 0, "%s", err);
+		d.stage_only = k;
+		ds = (struct dataset){ .x = x, .y = y, .n = (size_t)B * steps, .d = (size_t)m.inputs, .classes = 3 };
+		for (int i = 0; i < B * steps; i++)
+			order[i] = (uint32_t)((i * 7) % (B * steps));
+		cr_assert_eq(devices_set_data(&d, &ds, &resident, err, sizeof(err)), 0, "%s", err);
+		cr_assert_eq(resident, !k, "stage_only %d: resident %d", k, resident);
+		cr_assert_eq(devices_set_order(&d, order, ds.n, err, sizeof(err)), 0, "%s", err);
+		for (int s = 0; s < steps; s++)
+			cr_assert_eq(devices_train_step(&d, (size_t)s * B, B, 1, &o, 0.1f, err, sizeof(err)), 0,
+				     "%s", err);
+		loss[k] = meter_loss(&d, (long)B * steps);
+		res[k] = malloc(sizeof(float) * m.nparams);
+		cr_assert_eq(devices_get_params(&d, res[k], err, sizeof(err)), 0, "%s", err);
+		devices_close(&d);
+		optim_free(&o);
+	}
+	cr_expect_eq(memcmp(res[1], res[0], sizeof(float) * m.nparams), 0,
+		     "staged batches end elsewhere (rel %.3g)", max_rel(res[1], res[0], m.nparams));
+	cr_expect_eq(loss[1], loss[0], "loss %.17g staged, %.17g resident", loss[1], loss[0]);
+	free(res[0]), free(res[1]), free(x), free(p);
+}

@@ -530,3 +530,30 @@ Test(gpu, arena_exact_env_values)
 		}
 	}
 }
+
+/* arena_room is what one more buffer can really get: with growth, what
+ * the cap leaves after whole chunks (their unused tails are not there to
+ * be had) or the last chunk's tail; without, the tail. A set that fits
+ * the room is taken, one byte more is refused, so devices_set_data can
+ * choose staging instead of failing. */
+Test(gpu, arena_room_is_what_one_buffer_can_get)
+{
+	const size_t MiB = (size_t)1 << 20;
+	for (int growth = 0; growth < 2; growth++) {
+		struct host_mem h;
+		struct arena_mem m;
+		struct gpu_arena a;
+		char err[320] = "";
+		void *p;
+		host_init(&h, &m);
+		cr_assert_eq(arena_open(&a, &m, 0, 300 * MiB, growth, 0, err, sizeof(err)), 0, "%s", err);
+		cr_assert_eq(arena_alloc(&a, &p, 10 * MiB, err, sizeof(err)), 0, "%s", err);
+		size_t want = growth ? 300 * MiB - ARENA_CHUNK : 290 * MiB;
+		cr_expect_eq(arena_room(&a), want, "growth %d: room %zu, want %zu", growth, arena_room(&a), want);
+		cr_assert_eq(arena_alloc(&a, &p, arena_room(&a) + 1, err, sizeof(err)), -ENOMEM,
+			     "growth %d: one byte past the room was handed out", growth);
+		cr_assert_eq(arena_alloc(&a, &p, arena_room(&a), err, sizeof(err)), 0, "growth %d: %s",
+			     growth, err);
+		arena_free(&a);
+	}
+}

@@ -3,6 +3,7 @@
 
 #include "../core/progress.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -63,6 +64,34 @@ Test(progress, resumed_run_eta_from_its_own_steps)
 	int m = -1, s = -1;
 	cr_assert_eq(sscanf(eta, "ETA %d:%d", &m, &s), 2, "%s", buf);
 	cr_assert(m * 60 + s >= 15 && m * 60 + s <= 300, "ETA %d:%02d, want about 20 s: %s", m, s, buf);
+	fclose(f);
+	free(buf);
+}
+
+/* A reading covers the steps ticked since the last: in a log, where the
+ * loss is read once an evaluation, the line shows about those steps' mean
+ * (it showed an average creeping over ten evaluations when each reading
+ * counted as one step); the first ten steps are a plain mean by steps. */
+Test(progress, a_reading_counts_as_its_steps)
+{
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+	cr_assert_not_null(f);
+	struct progress p;
+	progress_init(&p, f, 0, 2000, 100);
+	for (int i = 0; i < 5; i++)
+		progress_tick(&p, i, 0.01);
+	progress_step(&p, 4, 5 * 64, 5 * 64 * 0.4, 5 * 64 * 0.5);
+	for (int i = 5; i < 10; i++)
+		progress_tick(&p, i, 0.01);
+	progress_step(&p, 9, 5 * 64, 5 * 64 * 0.2, 5 * 64 * 0.7);
+	cr_expect_float_eq(p.loss, 0.3, 1e-12, "two readings of 5 steps: loss %g, want their mean", p.loss);
+	cr_expect_float_eq(p.acc, 0.6, 1e-12, "acc %g", p.acc);
+	for (int i = 10; i < 60; i++)
+		progress_tick(&p, i, 0.01);
+	progress_step(&p, 59, 50 * 64, 50 * 64 * 0.05, 50 * 64 * 0.9);
+	cr_expect(fabs(p.loss - 0.05) < 0.002, "after a reading of 50 steps at 0.05 the loss is %g", p.loss);
 	fclose(f);
 	free(buf);
 }

@@ -216,10 +216,10 @@ FUZZ_CFLAGS := -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=
 	-std=c11 -D_GNU_SOURCE -Icore
 FUZZ_NAMES := config layer idx csv handshake msg safetensors
 FUZZ_BINS := $(FUZZ_NAMES:%=$(BUILD)/fuzz/fuzz_%)
-# data.c calls both loaders, so either loader's harness links both.
 $(BUILD)/fuzz/fuzz_config: core/config.c core/model.c core/rng.c
 $(BUILD)/fuzz/fuzz_layer: core/model.c core/rng.c
-$(BUILD)/fuzz/fuzz_idx $(BUILD)/fuzz/fuzz_csv: core/idx.c core/csv.c core/data.c core/rng.c
+$(BUILD)/fuzz/fuzz_idx: core/idx.c core/dataset.c
+$(BUILD)/fuzz/fuzz_csv: core/csv.c core/dataset.c
 FUZZ_LIBS_config := -linih -lsodium
 FUZZ_LIBS_idx := -lz
 FUZZ_LIBS_csv := -lz

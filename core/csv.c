@@ -5,7 +5,7 @@
  * (a header's names may contain anything but commas), and every field of
  * a data row must be a finite number in full. Standardization and the
  * train/test split are data.c's job. The file may be gzip-compressed. */
-#include "data.h"
+#include "csv.h"
 
 #include <errno.h>
 #include <math.h>

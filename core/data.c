@@ -1,9 +1,11 @@
 /* Datasets as the trainer sees them: data_load picks the loader the config
  * names (idx.c, csv.c), splits a single CSV into train and test, standardizes
  * CSV features with the training statistics and makes the class counts of
- * the two sets agree. Also the per-epoch sample order and batch gathering.
- * Parsing itself lives in the loaders. */
+ * the two sets agree. Also the per-epoch sample order. Parsing itself lives
+ * in the loaders. */
 #include "data.h"
+#include "csv.h"
+#include "idx.h"
 #include "rng.h"
 
 #include <errno.h>
@@ -11,15 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-void dataset_free(struct dataset *ds)
-{
-	if (!ds)
-		return;
-	free(ds->x);
-	free(ds->y);
-	memset(ds, 0, sizeof(*ds));
-}
 
 void data_permute(uint32_t *perm, size_t n, uint64_t seed, uint64_t epoch)
 {
@@ -36,18 +29,6 @@ void data_permute(uint32_t *perm, size_t n, uint64_t seed, uint64_t epoch)
 
 		perm[i - 1] = perm[j];
 		perm[j] = t;
-	}
-}
-
-void dataset_gather(const struct dataset *ds, const uint32_t *idx, size_t B,
-		    float *x, int32_t *y)
-{
-	size_t b;
-
-	for (b = 0; b < B; b++) {
-		memcpy(x + b * ds->d, ds->x + (size_t)idx[b] * ds->d,
-		       ds->d * sizeof(*x));
-		y[b] = ds->y[idx[b]];
 	}
 }
 

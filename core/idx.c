@@ -8,7 +8,7 @@
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L   /* open flags and fstat under -std=c11 */
 #endif
-#include "data.h"
+#include "idx.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -5,7 +5,9 @@
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L   /* mkdtemp, truncate under -std=c11 */
 #endif
+#include "csv.h"
 #include "data.h"
+#include "idx.h"
 
 #include <criterion/criterion.h>
 

@@ -6,6 +6,7 @@
  * signal handler sets. */
 #include "core/progress.h"
 #include "core/checkpoint.h"
+#include "core/inspect.h"
 #include "core/cluster.h"
 #include "core/infer.h"
 #include "core/config.h"
@@ -137,7 +138,7 @@ static int check_checkpoint(const struct opts *o)
 	char err[CONFIG_ERR_MAX], dir[CKPT_PATH_MAX];
 	int r = checkpoint_resolve(o->checkpoint, dir, sizeof(dir), err, sizeof(err));
 	if (!r)
-		r = checkpoint_print(stdout, dir, err, sizeof(err));
+		r = inspect_checkpoint(stdout, dir, err, sizeof(err));
 	if (r) {
 		fflush(stdout);
 		fprintf(stderr, "pstrain: %s\n", err);

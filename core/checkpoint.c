@@ -283,12 +283,43 @@ static int tensor_part(const struct tensor_info *t, size_t b, size_t e, size_t *
 	return 1;
 }
 
-static void shape_text(char *out, size_t len, int ndim, const int *shape)
+/* pstrain.part.NAME's value: "LO:HI/D0xD1...", the part [lo, hi) of a
+ * tensor of that shape stored flat. */
+static void part_text(char *out, size_t len, size_t lo, size_t hi, int ndim, const int *shape)
 {
-	size_t n = 0;
-	out[0] = '\0';
+	size_t n = (size_t)snprintf(out, len, "%zu:%zu/", lo, hi);
 	for (int d = 0; d < ndim && n < len; d++)
 		n += (size_t)snprintf(out + n, len - n, "%s%d", d ? "x" : "", shape[d]);
+}
+
+int checkpoint_part_parse(const char *v, uint64_t *lo, uint64_t *hi, int *ndim,
+			  uint64_t *shape, uint64_t *n)
+{
+	int used = 0;
+	unsigned long long a, b;
+	if (sscanf(v, "%llu:%llu/%n", &a, &b, &used) != 2 || used == 0)
+		return -EINVAL;
+	*lo = a;
+	*hi = b;
+	const char *p = v + used;
+	*ndim = 0;
+	*n = 1;
+	while (*p) {
+		char *e;
+		if (*ndim == ST_MAX_DIMS || *p < '0' || *p > '9')
+			return -EINVAL;
+		unsigned long long d = strtoull(p, &e, 10);
+		if (d && *n > UINT64_MAX / 4 / d)
+			return -EINVAL;
+		shape[(*ndim)++] = d;
+		*n *= d;
+		p = e;
+		if (*p == 'x')
+			p++;
+		else if (*p)
+			return -EINVAL;
+	}
+	return *lo < *hi && *hi <= *n ? 0 : -EINVAL;
 }
 
 /* Adds the part of t in [b, e) from data (indexed from b) as `name`. */
@@ -308,12 +339,12 @@ static void add_part(struct st_tensor *out, int *nt, struct st_meta *meta, int *
 		for (int d = 0; d < t->ndim; d++)
 			s->shape[d] = (uint64_t)t->shape[d];
 	} else {
-		char key[ST_META_MAX], shape[64];
+		char key[ST_META_MAX], part[96];
 		s->ndim = 1;
 		s->shape[0] = s->n;
-		shape_text(shape, sizeof(shape), t->ndim, t->shape);
+		part_text(part, sizeof(part), lo, hi, t->ndim, t->shape);
 		snprintf(key, sizeof(key), "pstrain.part.%s", s->name);
-		meta_set(meta, nmeta, key, "%zu:%zu/%s", lo, hi, shape);
+		meta_set(meta, nmeta, key, "%s", part);
 	}
 }
 
@@ -839,9 +870,8 @@ int checkpoint_manifest_read(struct ckpt_manifest *mf, const char *stepdir, char
 	return e;
 }
 
-/* Reads shard file k of stepdir and checks it against the manifest. */
-static int shard_open(struct safetensors *st, const char *stepdir, const struct ckpt_manifest *mf, int k,
-		      char *err, size_t errlen)
+int checkpoint_shard_open(struct safetensors *st, const char *stepdir, const struct ckpt_manifest *mf,
+			  int k, char *err, size_t errlen)
 {
 	char path[CKPT_PATH_MAX];
 	unsigned char *buf;
@@ -881,7 +911,7 @@ static int copy_part(const struct safetensors *st, const char *path, const char 
 		     char *err, size_t errlen)
 {
 	size_t lo, hi, want_lo, want_hi;
-	char name[ST_NAME_MAX], key[ST_META_MAX], shape[64], want[ST_META_MAX];
+	char name[ST_NAME_MAX], key[ST_META_MAX], want[ST_META_MAX];
 	if (!tensor_part(t, sb, se, &lo, &hi) || !tensor_part(t, b > sb ? b : sb, e < se ? e : se, &want_lo, &want_hi))
 		return 0;
 	snprintf(name, sizeof(name), "%s%s", prefix, t->name);
@@ -895,9 +925,8 @@ static int copy_part(const struct safetensors *st, const char *path, const char 
 		if (!ok)
 			return err_set(err, errlen, -EINVAL, "%s: tensor %s has a different shape than the model's", path, name);
 	} else {
-		shape_text(shape, sizeof(shape), t->ndim, t->shape);
+		part_text(want, sizeof(want), lo, hi, t->ndim, t->shape);
 		snprintf(key, sizeof(key), "pstrain.part.%s", name);
-		snprintf(want, sizeof(want), "%zu:%zu/%s", lo, hi, shape);
 		const char *v = safetensors_meta(st, key);
 		if (s->ndim != 1 || s->n != hi - lo || !v || strcmp(v, want))
 			return err_set(err, errlen, -EINVAL, "%s: tensor %s is not the part %s the model expects", path,
@@ -936,7 +965,7 @@ int checkpoint_load(const char *stepdir, const struct ckpt_layout *l, int want_l
 		struct safetensors st;
 		char path[CKPT_PATH_MAX];
 		snprintf(path, sizeof(path), "%s/%s", stepdir, mf->shards[k].file);
-		e = shard_open(&st, stepdir, mf, k, err, errlen);
+		e = checkpoint_shard_open(&st, stepdir, mf, k, err, errlen);
 		const char *ts = e ? NULL : safetensors_meta(&st, "pstrain.optim_t");
 		char *tend;
 		long tv = ts ? strtol(ts, &tend, 10) : -1;
@@ -1039,138 +1068,5 @@ int checkpoint_resolve(const char *dir, char *out, size_t outlen, char *err, siz
 		}
 	}
 	free(steps);
-	return e;
-}
-
-/* ---- inspection ---- */
-
-struct whole {
-	char name[ST_NAME_MAX];
-	int ndim;
-	uint64_t shape[ST_MAX_DIMS];
-	uint64_t n, filled;
-	float *data;
-};
-
-static int by_name(const void *a, const void *b)
-{
-	return strcmp(((const struct whole *)a)->name, ((const struct whole *)b)->name);
-}
-
-/* "LO:HI/D0xD1..." */
-static int parse_part(const char *v, uint64_t *lo, uint64_t *hi, struct whole *w)
-{
-	int used = 0;
-	unsigned long long a, b;
-	if (sscanf(v, "%llu:%llu/%n", &a, &b, &used) != 2 || used == 0)
-		return -1;
-	*lo = a;
-	*hi = b;
-	const char *p = v + used;
-	w->ndim = 0;
-	w->n = 1;
-	while (*p) {
-		char *e;
-		if (w->ndim == ST_MAX_DIMS || *p < '0' || *p > '9')
-			return -1;
-		unsigned long long d = strtoull(p, &e, 10);
-		if (d && w->n > UINT64_MAX / 4 / d)
-			return -1;
-		w->shape[w->ndim++] = d;
-		w->n *= d;
-		p = e;
-		if (*p == 'x')
-			p++;
-		else if (*p)
-			return -1;
-	}
-	return lo < hi && *hi <= w->n ? 0 : -1;
-}
-
-int checkpoint_print(FILE *f, const char *stepdir, char *err, size_t errlen)
-{
-	struct ckpt_manifest *mf = malloc(sizeof(*mf));
-	struct whole *w = NULL;
-	int nw = 0, e;
-	if (!mf)
-		return err_set(err, errlen, -ENOMEM, "out of memory");
-	e = checkpoint_manifest_read(mf, stepdir, err, errlen);
-	for (int k = 0; k < mf->nshards && !e; k++) {
-		struct safetensors st;
-		char path[CKPT_PATH_MAX];
-		snprintf(path, sizeof(path), "%s/%s", stepdir, mf->shards[k].file);
-		e = shard_open(&st, stepdir, mf, k, err, errlen);
-		for (int i = 0; i < st.nt && !e; i++) {
-			const struct st_tensor *s = &st.t[i];
-			struct whole part = { 0 };
-			uint64_t lo = 0, hi = s->n;
-			char key[ST_META_MAX];
-			snprintf(key, sizeof(key), "pstrain.part.%s", s->name);
-			const char *v = safetensors_meta(&st, key);
-			if (v) {
-				if (parse_part(v, &lo, &hi, &part) || hi - lo != s->n) {
-					e = err_set(err, errlen, -EINVAL, "%s: bad %s \"%s\"", path, key, v);
-					break;
-				}
-			} else {
-				part.ndim = s->ndim;
-				memcpy(part.shape, s->shape, sizeof(part.shape));
-				part.n = s->n;
-			}
-			int j;
-			for (j = 0; j < nw && strcmp(w[j].name, s->name); j++)
-				;
-			if (j == nw) {
-				struct whole *g = realloc(w, (size_t)(nw + 1) * sizeof(*w));
-				if (!g) {
-					e = err_set(err, errlen, -ENOMEM, "out of memory");
-					break;
-				}
-				w = g;
-				w[nw] = part;
-				snprintf(w[nw].name, sizeof(w[nw].name), "%s", s->name);
-				w[nw].data = malloc(part.n ? part.n * sizeof(float) : 1);
-				w[nw].filled = 0;
-				nw++;
-				if (!w[j].data) {
-					e = err_set(err, errlen, -ENOMEM, "out of memory");
-					break;
-				}
-			} else if (w[j].ndim != part.ndim || memcmp(w[j].shape, part.shape, sizeof(part.shape))) {
-				e = err_set(err, errlen, -EINVAL, "%s: tensor %s: shape differs from another shard's", path, s->name);
-				break;
-			}
-			safetensors_copy(&st, s, 0, s->n, w[j].data + lo);
-			w[j].filled += s->n;
-		}
-		safetensors_free(&st);
-	}
-	if (!e) {
-		if (nw > 1)
-			qsort(w, (size_t)nw, sizeof(*w), by_name);
-		fprintf(f, "checkpoint %s: step %ld, %zu parameters, %d shard file%s\n", stepdir, mf->step,
-			mf->nparams, mf->nshards, mf->nshards == 1 ? "" : "s");
-	}
-	for (int j = 0; j < nw && !e; j++) {
-		if (w[j].filled != w[j].n) {
-			e = err_set(err, errlen, -EINVAL, "%s: tensor %s: shard files hold %" PRIu64 " of its %" PRIu64 " elements",
-				    stepdir, w[j].name, w[j].filled, w[j].n);
-			break;
-		}
-		char shape[96] = "", h[2 * CKPT_HASH_BYTES + 1];
-		uint8_t sum[CKPT_HASH_BYTES];
-		size_t n = 0;
-		for (int d = 0; d < w[j].ndim; d++)
-			n += (size_t)snprintf(shape + n, sizeof(shape) - n, "%s%" PRIu64, d ? "x" : "", w[j].shape[d]);
-		if (w[j].ndim == 0)
-			snprintf(shape, sizeof(shape), "scalar");
-		crypto_generichash(sum, sizeof(sum), (const unsigned char *)w[j].data, w[j].n * sizeof(float), NULL, 0);
-		hex(h, sum, sizeof(sum));
-		fprintf(f, "tensor %-32s %-14s %10" PRIu64 " blake2b-256:%s\n", w[j].name, shape, w[j].n, h);
-	}
-	for (int j = 0; j < nw; j++)
-		free(w[j].data);
-	free(w);
-	free(mf);
 	return e;
 }

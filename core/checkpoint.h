@@ -151,10 +151,17 @@ int checkpoint_restore_upto(const char *dir, long upto, const struct ckpt_layout
  * the step directory's path to out. Returns 0, -ENOENT or -ENAMETOOLONG. */
 int checkpoint_resolve(const char *dir, char *out, size_t outlen, char *err, size_t errlen);
 
-/* For `pstrain check --checkpoint`: every tensor of the checkpoint,
- * reassembled from the shard files alone (no config needed), one line each
- * in name order: name, shape, element count and the BLAKE2b-256 of its
- * float32 little-endian bytes. */
-int checkpoint_print(FILE *f, const char *stepdir, char *err, size_t errlen);
+/* Reads shard file k of stepdir (as the manifest mf lists it) and checks
+ * it against the manifest: size, checksum, range. */
+struct safetensors;
+int checkpoint_shard_open(struct safetensors *st, const char *stepdir, const struct ckpt_manifest *mf,
+			  int k, char *err, size_t errlen);
+
+/* A pstrain.part.NAME value "LO:HI/D0xD1..." (the part [lo, hi) of a
+ * tensor of that shape, stored flat): shape (room for ST_MAX_DIMS), ndim
+ * and element count n.
+ * Returns 0, or -EINVAL unless lo < hi <= n. */
+int checkpoint_part_parse(const char *v, uint64_t *lo, uint64_t *hi, int *ndim,
+			  uint64_t *shape, uint64_t *n);
 
 #endif

@@ -380,19 +380,6 @@ static int run(const char *const *args, const char *crash, const char *outpath)
 	return st;
 }
 
-static char *slurp(const char *path)
-{
-	static char buf[4][1 << 15];
-	static int next;
-	char *b = buf[next++ % 4];
-	FILE *f = fopen(path, "r");
-	cr_assert_not_null(f);
-	size_t n = fread(b, 1, sizeof(buf[0]) - 1, f);
-	b[n] = '\0';
-	fclose(f);
-	return b;
-}
-
 /* blobs.csv and a config with checkpoint_dir `ck` in dir. A cosine
  * schedule makes the lr depend on the total step count, and adam has all
  * the optimizer state there is: a resume that lost any of it would not

@@ -71,19 +71,6 @@ static void write_cluster(const char *cfg, int steps, const char *extra)
 	cr_assert_eq(fclose(f), 0);
 }
 
-static char *slurp(const char *path)
-{
-	static char buf[4][1 << 18];
-	static int next;
-	char *b = buf[next++ % 4];
-	FILE *f = fopen(path, "r");
-	cr_assert_not_null(f);
-	size_t n = fread(b, 1, sizeof(buf[0]) - 1, f);
-	b[n] = '\0';
-	fclose(f);
-	return b;
-}
-
 /* Starts ps 0, ps 1, worker 1, worker 0 (chief, with --dump-params dump if
  * not NULL) and waits; with workers_first, the workers start half a second
  * before the ps tasks. out[i]: the logs in that order. */
@@ -379,18 +366,6 @@ Test(cluster, ps_memory_does_not_grow_with_steps, .timeout = 60)
 			      "%s: ps RssAnon grew from %ld to %ld KiB after warm-up (%d samples; first %ld)",
 			      modes[m], base, top, ns, kib[0]);
 	}
-}
-
-static void read_all(const char *path, unsigned char **buf, size_t *len)
-{
-	FILE *f = fopen(path, "rb");
-	cr_assert_not_null(f, "%s missing", path);
-	cr_assert_eq(fseek(f, 0, SEEK_END), 0);
-	*len = (size_t)ftell(f);
-	rewind(f);
-	*buf = malloc(*len + 1);
-	cr_assert_eq(fread(*buf, 1, *len, f), *len);
-	fclose(f);
 }
 
 /* Issue 6 item 5, saving and resuming (a killed ps, silent peers and

@@ -13,6 +13,7 @@
 #include <criterion/criterion.h>
 
 #include "leak.h"
+#include "util.h"
 #include <criterion/parameterized.h>
 
 #include <errno.h>
@@ -68,28 +69,6 @@ static void write_file(const char *dir, const char *name, const char *text)
 	cr_assert(fclose(f) == 0);
 }
 
-static char *read_all(const char *path)
-{
-	FILE *f = fopen(path, "rb");
-	cr_assert(f, "cannot read %s: %s", path, strerror(errno));
-	char *buf = NULL;
-	size_t n = 0, cap = 0;
-	for (;;) {
-		if (n + 4096 + 1 > cap) {
-			cap = 2 * cap + 8192;
-			buf = realloc(buf, cap);
-			cr_assert(buf);
-		}
-		size_t got = fread(buf + n, 1, cap - n - 1, f);
-		n += got;
-		if (got == 0)
-			break;
-	}
-	fclose(f);
-	buf[n] = '\0';
-	return buf;
-}
-
 struct run {
 	int status;     /* exit status, or -1 if it did not exit normally */
 	char *out;
@@ -141,8 +120,12 @@ static void run_pstrain(struct run *r, const char *cwd, const char *const *args)
 	while (waitpid(pid, &st, 0) < 0)
 		cr_assert(errno == EINTR, "waitpid: %s", strerror(errno));
 	r->status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-	r->out = read_all(out_path);
-	r->err = read_all(err_path);
+	unsigned char *b;
+	size_t n;
+	read_all(out_path, &b, &n);
+	r->out = (char *)b;
+	read_all(err_path, &b, &n);
+	r->err = (char *)b;
 }
 
 /* The valid base config. The data paths are relative: they resolve against

@@ -298,17 +298,6 @@ static int run_pstrain(const char *const *args, const char *cwd, const char *out
 	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-static char *slurp(const char *path)
-{
-	static char buf[1 << 14];
-	FILE *f = fopen(path, "r");
-	cr_assert_not_null(f);
-	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-	buf[n] = '\0';
-	fclose(f);
-	return buf;
-}
-
 static int count_lines(const char *s)
 {
 	int n = 0;

@@ -76,21 +76,6 @@ static void write_config(const char *cfg, int steps, const char *train_extra, co
 }
 
 /* Runs pstrain with args, output to outpath; env ("NAME=VALUE") may be NULL. */
-static char *slurp(const char *path)
-{
-	static char buf[4][1 << 16];
-	static int next;
-	char *b = buf[next++ % 4];
-	b[0] = '\0';
-	FILE *f = fopen(path, "r");
-	if (!f)
-		return b;
-	size_t n = fread(b, 1, sizeof(buf[0]) - 1, f);
-	b[n] = '\0';
-	fclose(f);
-	return b;
-}
-
 /* Waits until the file at path, or the one at also (may be NULL),
  * contains text (up to 30 s). */
 static int wait_for_either(const char *path, const char *also, const char *text)
@@ -139,19 +124,6 @@ static void start_cluster(const char *cfg, const char *tag, const char *dump, co
 		snprintf(out[i], 300, "%s/%s-%s%s.log", dir, tag, ROLES[i][0], ROLES[i][1]);
 		pids[i] = start_one(cfg, i, dump, env, out[i]);
 	}
-}
-
-static void read_all(const char *path, unsigned char **buf, size_t *len)
-{
-	FILE *f = fopen(path, "rb");
-	cr_assert_not_null(f, "%s missing", path);
-	cr_assert_eq(fseek(f, 0, SEEK_END), 0);
-	*len = (size_t)ftell(f);
-	rewind(f);
-	*buf = malloc(*len + 1);
-	cr_assert_not_null(*buf);
-	cr_assert_eq(fread(*buf, 1, *len, f), *len);
-	fclose(f);
 }
 
 /* The undisturbed run of a config: final accuracy, parameters in dump. */

@@ -131,19 +131,6 @@ static pid_t spawn(const char *const *args, const char *outpath)
 	return pid;
 }
 
-static char *slurp(const char *path)
-{
-	static char buf[4][1 << 15];
-	static int next;
-	char *b = buf[next++ % 4];
-	FILE *f = fopen(path, "r");
-	cr_assert_not_null(f);
-	size_t n = fread(b, 1, sizeof(buf[0]) - 1, f);
-	b[n] = '\0';
-	fclose(f);
-	return b;
-}
-
 static void start_ps(struct target *t, int W, int steps, int batch, const char *extra)
 {
 	write_cluster(t, W, steps, batch, extra);

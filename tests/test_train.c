@@ -190,17 +190,6 @@ static int run_pstrain(const char *const *args, const char *outpath, double sigi
 	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-static char *slurp(const char *path)
-{
-	static char buf[1 << 16];
-	FILE *f = fopen(path, "r");
-	cr_assert_not_null(f);
-	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-	buf[n] = '\0';
-	fclose(f);
-	return buf;
-}
-
 static void write_config(const char *path, int steps, int eval_every)
 {
 	FILE *f = fopen(path, "w");

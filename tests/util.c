@@ -6,6 +6,8 @@
 #include "../core/rng.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
+#include <string.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -156,4 +158,78 @@ void assert_exits_zero(const int *st, char (*out)[300], int n, const char *what)
 		at += (size_t)snprintf(msg + at, sizeof(msg) - at, "\n--- process %d (%s):\n%s", i, out[i], log);
 	}
 	cr_assert_fail("%s", msg);
+}
+
+void read_all(const char *path, unsigned char **buf, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	cr_assert_not_null(f, "cannot read %s: %s", path, strerror(errno));
+	size_t cap = 1 << 16, n = 0, got;
+	unsigned char *b = malloc(cap);
+	cr_assert_not_null(b);
+	while ((got = fread(b + n, 1, cap - n - 1, f)) > 0) {
+		n += got;
+		if (cap - n - 1 == 0) {
+			cap *= 2;
+			b = realloc(b, cap);
+			cr_assert_not_null(b);
+		}
+	}
+	cr_assert(!ferror(f), "reading %s: %s", path, strerror(errno));
+	fclose(f);
+	b[n] = '\0';
+	*buf = b;
+	*len = n;
+}
+
+/* The paths slurp has read, each with its buffer. A buffer that had to
+ * grow is kept, not freed, so that pointers handed out before stay valid;
+ * everything is reachable from here, so LeakSanitizer counts none of it. */
+#define SLURP_PATHS 64
+#define SLURP_RETIRED 512
+
+static struct {
+	char path[300];
+	char *buf;
+	size_t cap;
+} slurped[SLURP_PATHS];
+static int nslurped;
+static char *retired[SLURP_RETIRED];
+static int nretired;
+
+char *slurp(const char *path)
+{
+	int i;
+	for (i = 0; i < nslurped && strcmp(slurped[i].path, path); i++)
+		;
+	if (i == nslurped) {
+		cr_assert_lt(nslurped, SLURP_PATHS, "slurp: more than %d files", SLURP_PATHS);
+		snprintf(slurped[i].path, sizeof(slurped[i].path), "%s", path);
+		slurped[i].cap = 1 << 12;
+		slurped[i].buf = calloc(1, slurped[i].cap);
+		cr_assert_not_null(slurped[i].buf);
+		nslurped++;
+	}
+	FILE *f = fopen(path, "rb");
+	size_t n = 0, got;
+	if (f) {
+		for (;;) {
+			if (n + 1 == slurped[i].cap) {
+				cr_assert_lt(nretired, SLURP_RETIRED, "slurp: too many growths");
+				char *b = malloc(2 * slurped[i].cap);
+				cr_assert_not_null(b);
+				memcpy(b, slurped[i].buf, n);
+				retired[nretired++] = slurped[i].buf;
+				slurped[i].buf = b;
+				slurped[i].cap *= 2;
+			}
+			got = fread(slurped[i].buf + n, 1, slurped[i].cap - n - 1, f);
+			if (got == 0)
+				break;
+			n += got;
+		}
+		fclose(f);
+	}
+	slurped[i].buf[n] = '\0';
+	return slurped[i].buf;
 }

@@ -10,6 +10,18 @@
  * dimensions; asserts on any I/O failure. */
 void write_blobs(const char *path, int n, int K, int D, uint64_t seed);
 
+/* The whole file at path as a string, "" if it cannot be read. The buffer
+ * lives as long as the test's process (every test is one) and is the
+ * path's own: reading the same path again refreshes it in place, so a log
+ * can be polled without using memory per poll, and a pointer kept from an
+ * earlier read stays valid (it shows that read's text or newer). No length
+ * limit. */
+char *slurp(const char *path);
+
+/* The whole file at path into a new buffer (*len bytes, NUL after them)
+ * that the caller frees; asserts that it can be read. */
+void read_all(const char *path, unsigned char **buf, size_t *len);
+
 /* A new directory $TMPDIR/pstrain-TAG-XXXXXX (/tmp without TMPDIR) in dir;
  * asserts that it was made. */
 void test_dir_make(char *dir, size_t len, const char *tag);

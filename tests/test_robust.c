@@ -8,6 +8,7 @@
  * Plus backup workers: a stopped worker does not slow the chief's steps.
  * Every wait is bounded; on timeout the processes are killed. */
 #include <criterion/criterion.h>
+#include <criterion/parameterized.h>
 
 #include "leak.h"
 #include "util.h"
@@ -265,174 +266,157 @@ static void wipe(struct hs_result *hr)
 	frame_key_wipe(&hr->recv);
 }
 
-/* ---- before the handshake ------------------------------------------------ */
+/* ---- attacks on one connection --------------------------------------------
+ * A table: each row attacks a ps on one connection, before the handshake or
+ * after a correct one as worker 0. The ps must drop that connection (within
+ * limit_ms, and within max_s seconds where set), log both needles with the
+ * attacker's port, and still train a real worker to the end. */
 
-Test(robust, wrong_key_gets_no_reply)
+/* Criterion may run each row in a fresh process image, so a row holds no
+ * pointers: the attack is an index into attack_fns, the texts are arrays. */
+struct attack {
+	char name[40];
+	int authed;   /* a correct handshake as worker 0 first */
+	int fn;       /* attack_fns[fn] */
+	int limit_ms;
+	double max_s; /* 0: no bound beyond limit_ms */
+	char logged[2][48];
+};
+
+/* A hello under another cluster key. */
+static void wrong_key(const struct target *t, int fd, struct hs_result *hr)
 {
-	struct target t;
-	start_ps(&t, 1, 20, 16, "");
+	(void)hr;
 	uint8_t other[KEY_BYTES];
 	randombytes_buf(other, sizeof(other));
-	int fd = dial(&t);
 	struct hs h;
-	hello(fd, &h, other, &t, 0);
+	hello(fd, &h, other, t, 0);
 	hs_wipe(&h);
-	expect_closed(fd, IO_MS);
-	assert_logged(&t, fd, "handshake refused");
-	assert_logged(&t, fd, "failed authentication");
-	close(fd);
-	real_worker_finishes(&t);
 }
 
-Test(robust, random_bytes_instead_of_hello)
+static void random_hello(const struct target *t, int fd, struct hs_result *hr)
 {
-	struct target t;
-	start_ps(&t, 1, 20, 16, "");
+	(void)t, (void)hr;
 	uint8_t junk[HS_HELLO_BYTES];
 	randombytes_buf(junk, sizeof(junk));
-	int fd = dial(&t);
 	send_bytes(fd, junk, sizeof(junk));
-	expect_closed(fd, IO_MS);
-	assert_logged(&t, fd, "handshake refused");
-	assert_logged(&t, fd, "failed authentication");
-	close(fd);
-	real_worker_finishes(&t);
 }
 
 /* Part of a hello, then silence: dropped after the handshake timeout. */
-Test(robust, stalled_handshake_is_dropped)
+static void stalled_hello(const struct target *t, int fd, struct hs_result *hr)
 {
-	struct target t;
-	start_ps(&t, 1, 20, 16, "");
-	int fd = dial(&t);
+	(void)hr;
 	struct hs h;
 	uint8_t h1[HS_HELLO_BYTES];
 	char err[256];
 	struct hs_identity me = { .role = HS_WORKER, .index = 0, .aes = frame_aes_available() };
-	memcpy(me.config_hash, t.hash, HS_HASH_BYTES);
-	cr_assert_eq(hs_client_start(&h, h1, t.key, &me, err, sizeof(err)), 0, "%s", err);
+	memcpy(me.config_hash, t->hash, HS_HASH_BYTES);
+	cr_assert_eq(hs_client_start(&h, h1, t->key, &me, err, sizeof(err)), 0, "%s", err);
 	hs_wipe(&h);
 	send_bytes(fd, h1, 40);
-	double took = expect_closed(fd, 15000);
-	cr_assert_lt(took, 10.0, "the ps held a stalled handshake for %.1f s", took);
-	assert_logged(&t, fd, "no handshake");
-	assert_logged(&t, fd, "timed out");
-	close(fd);
-	real_worker_finishes(&t);
 }
 
-/* ---- after a correct handshake ------------------------------------------- */
-
-Test(robust, bit_flip_in_length)
+static void bit_flip_in_length(const struct target *t, int fd, struct hs_result *hr)
 {
-	struct target t;
-	start_ps(&t, 1, 20, 16, "");
-	struct hs_result hr;
-	int fd = attacker(&t, 0, &hr);
+	(void)t;
 	uint8_t f[128];
-	size_t n = sealed_pull(&hr.send, f, sizeof(f) - 1);
+	size_t n = sealed_pull(&hr->send, f, sizeof(f) - 1);
 	f[0] ^= 1; /* one more ciphertext byte claimed: send one */
 	f[n++] = 0;
 	send_bytes(fd, f, n);
-	expect_closed(fd, IO_MS);
-	assert_logged(&t, fd, "closed worker 0's connection");
-	assert_logged(&t, fd, "failed authentication");
-	close(fd);
-	wipe(&hr);
-	real_worker_finishes(&t);
 }
 
-Test(robust, bit_flip_in_body)
+static void bit_flip_in_body(const struct target *t, int fd, struct hs_result *hr)
 {
-	struct target t;
-	start_ps(&t, 1, 20, 16, "");
-	struct hs_result hr;
-	int fd = attacker(&t, 0, &hr);
+	(void)t;
 	uint8_t f[128];
-	size_t n = sealed_pull(&hr.send, f, sizeof(f));
+	size_t n = sealed_pull(&hr->send, f, sizeof(f));
 	f[FRAME_HDR_BYTES + 3] ^= 0x10;
 	send_bytes(fd, f, n);
-	expect_closed(fd, IO_MS);
-	assert_logged(&t, fd, "closed worker 0's connection");
-	assert_logged(&t, fd, "failed authentication");
-	close(fd);
-	wipe(&hr);
-	real_worker_finishes(&t);
 }
 
-Test(robust, replayed_frame)
+static void replayed_frame(const struct target *t, int fd, struct hs_result *hr)
 {
-	struct target t;
-	start_ps(&t, 1, 20, 16, "");
-	struct hs_result hr;
-	int fd = attacker(&t, 0, &hr);
+	(void)t;
 	uint8_t f[128];
-	size_t n = sealed_pull(&hr.send, f, sizeof(f));
+	size_t n = sealed_pull(&hr->send, f, sizeof(f));
 	send_bytes(fd, f, n);
-	read_params(fd, &hr); /* the first one is served */
+	read_params(fd, hr); /* the first one is served */
 	send_bytes(fd, f, n);
-	expect_closed(fd, IO_MS);
-	assert_logged(&t, fd, "closed worker 0's connection");
-	assert_logged(&t, fd, "failed authentication");
-	close(fd);
-	wipe(&hr);
-	real_worker_finishes(&t);
 }
 
-Test(robust, reordered_frames)
+static void reordered_frames(const struct target *t, int fd, struct hs_result *hr)
 {
-	struct target t;
-	start_ps(&t, 1, 20, 16, "");
-	struct hs_result hr;
-	int fd = attacker(&t, 0, &hr);
+	(void)t;
 	uint8_t a[128], b[128];
-	size_t na = sealed_pull(&hr.send, a, sizeof(a));
-	size_t nb = sealed_pull(&hr.send, b, sizeof(b));
+	size_t na = sealed_pull(&hr->send, a, sizeof(a));
+	size_t nb = sealed_pull(&hr->send, b, sizeof(b));
 	send_bytes(fd, b, nb);
 	send_bytes(fd, a, na);
-	expect_closed(fd, IO_MS);
-	assert_logged(&t, fd, "closed worker 0's connection");
-	assert_logged(&t, fd, "failed authentication");
-	close(fd);
-	wipe(&hr);
-	real_worker_finishes(&t);
 }
 
-Test(robust, truncated_frame)
+static void truncated_frame(const struct target *t, int fd, struct hs_result *hr)
 {
-	struct target t;
-	start_ps(&t, 1, 20, 16, "");
-	struct hs_result hr;
-	int fd = attacker(&t, 0, &hr);
+	(void)t;
 	uint8_t f[128];
-	size_t n = sealed_pull(&hr.send, f, sizeof(f));
+	size_t n = sealed_pull(&hr->send, f, sizeof(f));
 	send_bytes(fd, f, n - 7);
 	cr_assert_eq(shutdown(fd, SHUT_WR), 0);
-	expect_closed(fd, IO_MS);
-	assert_logged(&t, fd, "closed worker 0's connection");
-	assert_logged(&t, fd, "peer closed the connection after");
-	close(fd);
-	wipe(&hr);
-	real_worker_finishes(&t);
 }
 
-Test(robust, oversized_length)
+static void oversized_length(const struct target *t, int fd, struct hs_result *hr)
 {
-	struct target t;
-	start_ps(&t, 1, 20, 16, "");
-	struct hs_result hr;
-	int fd = attacker(&t, 0, &hr);
+	(void)t, (void)hr;
 	uint8_t f[FRAME_HDR_BYTES + 16];
 	uint32_t big = (uint32_t)FRAME_CT_MAX + 1;
 	for (int i = 0; i < 4; i++)
 		f[i] = (uint8_t)(big >> (8 * i));
 	memset(f + FRAME_HDR_BYTES, 0xab, 16);
 	send_bytes(fd, f, sizeof(f));
-	expect_closed(fd, IO_MS);
-	assert_logged(&t, fd, "closed worker 0's connection");
-	assert_logged(&t, fd, "exceeds the limit");
+}
+
+#define CLOSED "closed worker 0's connection"
+
+typedef void attack_fn(const struct target *t, int fd, struct hs_result *hr);
+static attack_fn *const attack_fns[] = { wrong_key, random_hello, stalled_hello, bit_flip_in_length,
+					  bit_flip_in_body, replayed_frame, reordered_frames,
+					  truncated_frame, oversized_length };
+
+static struct attack attacks[] = {
+	{ "wrong_key_gets_no_reply", 0, 0, IO_MS, 0, { "handshake refused", "failed authentication" } },
+	{ "random_bytes_instead_of_hello", 0, 1, IO_MS, 0,
+	  { "handshake refused", "failed authentication" } },
+	{ "stalled_handshake_is_dropped", 0, 2, 15000, 10.0, { "no handshake", "timed out" } },
+	{ "bit_flip_in_length", 1, 3, IO_MS, 0, { CLOSED, "failed authentication" } },
+	{ "bit_flip_in_body", 1, 4, IO_MS, 0, { CLOSED, "failed authentication" } },
+	{ "replayed_frame", 1, 5, IO_MS, 0, { CLOSED, "failed authentication" } },
+	{ "reordered_frames", 1, 6, IO_MS, 0, { CLOSED, "failed authentication" } },
+	{ "truncated_frame", 1, 7, IO_MS, 0, { CLOSED, "peer closed the connection after" } },
+	{ "oversized_length", 1, 8, IO_MS, 0, { CLOSED, "exceeds the limit" } },
+};
+
+ParameterizedTestParameters(robust, attack_on_one_connection)
+{
+	return cr_make_param_array(struct attack, attacks, sizeof(attacks) / sizeof(attacks[0]));
+}
+
+ParameterizedTest(struct attack *a, robust, attack_on_one_connection)
+{
+	struct target t;
+	start_ps(&t, 1, 20, 16, "");
+	struct hs_result hr;
+	memset(&hr, 0, sizeof(hr));
+	int fd = a->authed ? attacker(&t, 0, &hr) : dial(&t);
+	cr_assert_lt((size_t)a->fn, sizeof(attack_fns) / sizeof(attack_fns[0]), "%s: no attack %d", a->name, a->fn);
+	attack_fns[a->fn](&t, fd, &hr);
+	double took = expect_closed(fd, a->limit_ms);
+	if (a->max_s > 0)
+		cr_assert_lt(took, a->max_s, "%s: the ps held the connection for %.1f s", a->name, took);
+	for (int i = 0; i < 2; i++)
+		assert_logged(&t, fd, a->logged[i]);
 	close(fd);
-	wipe(&hr);
+	if (a->authed)
+		wipe(&hr);
 	real_worker_finishes(&t);
 }
 

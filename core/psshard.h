@@ -2,13 +2,14 @@
  * vector, the optimizer state for that range, the version counter, and the
  * update rules for sync and async training (DESIGN §5).
  *
- * No sockets, threads or locks here: net/ receives PUSH chunks, assembles
+ * No sockets, threads or locks here: the ps role (cluster/) receives PUSH
+ * chunks, assembles
  * one whole-range gradient, and calls psshard_push under its own lock; PULL
  * reads psshard_params and psshard_version under the same lock. Everything
  * a shard allocates is allocated in psshard_init, so a shard does not grow
  * with steps (issue 3 item 7): psshard_push never allocates. (The ps
- * process around it allocates the copies a checkpoint takes; core/cluster.c
- * bounds their number.)
+ * process around it allocates the copies a checkpoint takes and bounds
+ * their number.)
  *
  * sync (SyncReplicasOptimizer): the shard is at version v. A gradient tagged
  * v from a worker that has not pushed for v is copied into one of R slots
@@ -31,7 +32,7 @@
  * not a silent drop: a correct worker pushes once per version it pulled,
  * and counting the same worker twice would break the R-distinct rule. The
  * shard is unchanged by an error; whether the connection survives is
- * net/'s decision. */
+ * the ps role's decision. */
 #ifndef PSTRAIN_PSSHARD_H
 #define PSTRAIN_PSSHARD_H
 
@@ -81,7 +82,8 @@ struct psshard {
  * what `local` starts from over that range; optimizer c->train.optim at
  * zero; mode, W (c->cluster.nworkers), R (c->train.replicas_to_aggregate,
  * resolved by config) and max_staleness from c. total is the number of
- * versions the lr schedule runs over (local's step count; net/ computes it,
+ * versions the lr schedule runs over (local's step count; the ps role
+ * computes it,
  * since it depends on the data set size). Returns 0, -EINVAL (empty range or
  * one beyond P, W or R out of range) or -ENOMEM with one line in err. On
  * failure *s is left freeable. */

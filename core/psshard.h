@@ -3,9 +3,9 @@
  * update rules for sync and async training (DESIGN §5).
  *
  * No sockets, threads or locks here: the ps role (cluster/) receives PUSH
- * chunks, assembles
- * one whole-range gradient, and calls psshard_push under its own lock; PULL
- * reads psshard_params and psshard_version under the same lock. Everything
+ * chunks, assembles one whole-range gradient, and calls psshard_push under
+ * its own lock; PULL reads psshard_params and psshard_version under the
+ * same lock. Everything
  * a shard allocates is allocated in psshard_init, so a shard does not grow
  * with steps (issue 3 item 7): psshard_push never allocates. (The ps
  * process around it allocates the copies a checkpoint takes and bounds
@@ -83,8 +83,7 @@ struct psshard {
  * zero; mode, W (c->cluster.nworkers), R (c->train.replicas_to_aggregate,
  * resolved by config) and max_staleness from c. total is the number of
  * versions the lr schedule runs over (local's step count; the ps role
- * computes it,
- * since it depends on the data set size). Returns 0, -EINVAL (empty range or
+ * computes it, since it depends on the data set size). Returns 0, -EINVAL (empty range or
  * one beyond P, W or R out of range) or -ENOMEM with one line in err. On
  * failure *s is left freeable. */
 int psshard_init(struct psshard *s, const struct model *m, const struct shard *sh,

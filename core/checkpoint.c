@@ -1,6 +1,8 @@
 /* Checkpoint directories: manifest, durable publishing, rotation, restore
  * and inspection; see checkpoint.h. The file format is safetensors.c's. */
 #include "checkpoint.h"
+#include "fileio.h"
+#include "manifest.h"
 
 #include "../net/err.h"
 #include "safetensors.h"
@@ -18,26 +20,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#define CKPT_MAGIC "pstrain checkpoint 1"
-#define CKPT_MANIFEST "manifest"
 #define CKPT_MAX_STEP 99999999L   /* step-NNNNNNNN: 8 digits */
 
 static const char *const optim_names[] = { "sgd", "momentum", "adam" };
 
 /* ---- small helpers ---- */
-
-static int cluster_nshards(const char *stepdir);
-
-static void hex(char *out, const uint8_t *b, size_t n)
-{
-	sodium_bin2hex(out, 2 * n + 1, b, n);
-}
-
-static int unhex(uint8_t *b, size_t n, const char *s)
-{
-	size_t got = 0;
-	return strlen(s) == 2 * n && sodium_hex2bin(b, n, s, 2 * n, NULL, &got, NULL) == 0 && got == n ? 0 : -1;
-}
 
 /* PSTRAIN_CKPT_CRASH = "POINT" or "POINT:STEP" (only when saving STEP). */
 static void crash_point(const char *name, long step)
@@ -110,35 +97,6 @@ static int remove_flat_dir(const char *path)
 	}
 	closedir(d);
 	return rmdir(path) ? -errno : 0;
-}
-
-static int slurp(const char *path, unsigned char **buf, size_t *len, char *err, size_t errlen)
-{
-	*buf = NULL;
-	*len = 0;
-	FILE *f = fopen(path, "rb");
-	if (!f)
-		return err_set(err, errlen, -errno == -ENOENT ? -EINVAL : -errno, "%s: %s", path, strerror(errno));
-	struct stat sb;
-	if (fstat(fileno(f), &sb) || !S_ISREG(sb.st_mode)) {
-		fclose(f);
-		return err_set(err, errlen, -EINVAL, "%s: not a regular file", path);
-	}
-	unsigned char *b = malloc(sb.st_size ? (size_t)sb.st_size : 1);
-	if (!b) {
-		fclose(f);
-		return err_set(err, errlen, -ENOMEM, "%s: out of memory for %lld bytes", path, (long long)sb.st_size);
-	}
-	size_t n = fread(b, 1, (size_t)sb.st_size, f);
-	int bad = ferror(f);
-	fclose(f);
-	if (bad || n != (size_t)sb.st_size) {
-		free(b);
-		return err_set(err, errlen, -EIO, "%s: read error", path);
-	}
-	*buf = b;
-	*len = n;
-	return 0;
 }
 
 /* "step-NNNNNNNN" exactly; returns the step or -1. */
@@ -352,7 +310,7 @@ static int hash_file(const char *path, uint8_t sum[CKPT_HASH_BYTES], uint64_t *b
 {
 	unsigned char *buf;
 	size_t len;
-	int e = slurp(path, &buf, &len, err, errlen);
+	int e = file_read(path, &buf, &len, err, errlen);
 	if (e)
 		return e;
 	crypto_generichash(sum, CKPT_HASH_BYTES, buf, len, NULL, 0);
@@ -441,54 +399,6 @@ static int write_shard(const char *tmpdir, const struct ckpt_layout *l, int k, l
 	return r;
 }
 
-/* want_k < 0: every shard; else shard want_k only (a ps's own manifest). */
-static void manifest_text(FILE *f, const struct ckpt_manifest *mf, int want_k)
-{
-	char h[2 * CKPT_HASH_BYTES + 1];
-	fprintf(f, "%s\nstep %ld\nparams %zu\n", CKPT_MAGIC, mf->step, mf->nparams);
-	hex(h, mf->model_hash, CKPT_HASH_BYTES);
-	fprintf(f, "model %s\n", h);
-	hex(h, mf->layout_hash, CKPT_HASH_BYTES);
-	fprintf(f, "layout %s\n", h);
-	hex(h, mf->config_hash, CKPT_HASH_BYTES);
-	fprintf(f, "config %s\nshards %d\n", h, mf->nshards);
-	for (int k = 0; k < mf->nshards; k++) {
-		const struct ckpt_shard *s = &mf->shards[k];
-		if (want_k >= 0 && k != want_k)
-			continue;
-		hex(h, s->sum, CKPT_HASH_BYTES);
-		fprintf(f, "shard %d %zu %zu %" PRIu64 " %s %s\n", k, s->begin, s->end, s->bytes, s->file, h);
-	}
-}
-
-/* The manifest ends with "end HASH", HASH = BLAKE2b-256 of everything
- * before that line: a truncated or edited manifest is refused. */
-struct manifest_arg {
-	const struct ckpt_manifest *mf;
-	int k;
-};
-
-static int fill_manifest(FILE *f, const void *arg_, char *err, size_t errlen)
-{
-	const struct manifest_arg *arg = arg_;
-	char *text = NULL, h[2 * CKPT_HASH_BYTES + 1];
-	size_t len = 0;
-	uint8_t sum[CKPT_HASH_BYTES];
-	FILE *m = open_memstream(&text, &len);
-	if (!m)
-		return err_set(err, errlen, -ENOMEM, "out of memory for a manifest");
-	manifest_text(m, arg->mf, arg->k);
-	if (fclose(m) || !text) {
-		free(text);
-		return err_set(err, errlen, -ENOMEM, "out of memory for a manifest");
-	}
-	crypto_generichash(sum, sizeof(sum), (const unsigned char *)text, len, NULL, 0);
-	hex(h, sum, sizeof(sum));
-	int ok = fwrite(text, 1, len, f) == len && fprintf(f, "end %s\n", h) > 0;
-	free(text);
-	return ok ? 0 : err_set(err, errlen, -EIO, "write failed");
-}
-
 /* A cluster step directory that some ps has not finished writing yet (or
  * never will: it was killed): no `manifest`, and not every
  * manifest-K-of-N present (none at all: a ps created the directory and
@@ -528,7 +438,7 @@ static int step_complete(const char *stepdir)
 {
 	struct ckpt_manifest *mf = malloc(sizeof(*mf));
 	char err[256], p[CKPT_PATH_MAX];
-	int ok = mf && checkpoint_manifest_read(mf, stepdir, err, sizeof(err)) == 0;
+	int ok = mf && manifest_read(mf, stepdir, err, sizeof(err)) == 0;
 	for (int k = 0; ok && k < mf->nshards; k++) {
 		struct stat sb;
 		snprintf(p, sizeof(p), "%s/%s", stepdir, mf->shards[k].file);
@@ -625,7 +535,7 @@ int checkpoint_save(const char *dir, const struct ckpt_layout *l, long step, con
 	crash_point("manifest", step);
 	snprintf(p, sizeof(p), "%s/%s", tmp, CKPT_MANIFEST);
 	struct manifest_arg ma = { mf, -1 };
-	e = write_durable(p, fill_manifest, &ma, err, errlen);
+	e = write_durable(p, manifest_fill, &ma, err, errlen);
 	if (e)
 		goto fail;
 	if ((e = fsync_dir(tmp))) {
@@ -685,7 +595,7 @@ int checkpoint_save_shard(const char *dir, const struct ckpt_layout *l, long ste
 		crash_point("manifest", step);
 	struct manifest_arg ma = { mf, k };
 	if (!e)
-		e = write_durable(p, fill_manifest, &ma, err, errlen);
+		e = write_durable(p, manifest_fill, &ma, err, errlen);
 	if (!e && (e = fsync_dir(sd)))
 		err_set(err, errlen, e, "%s: fsync: %s", sd, strerror(-e));
 	if (!e && (e = fsync_dir(dir)))
@@ -699,177 +609,6 @@ int checkpoint_save_shard(const char *dir, const struct ckpt_layout *l, long ste
 	return 0;
 }
 
-/* ---- reading ---- */
-
-static int manifest_bad(const char *path, int line, const char *what, char *err, size_t errlen)
-{
-	return err_set(err, errlen, -EINVAL, "%s:%d: %s", path, line, what);
-}
-
-/* One manifest file. want_k < 0: the whole-checkpoint "manifest", listing
- * every shard; else "manifest-K-of-N" of one ps, listing shard want_k only. */
-static int manifest_file_read(struct ckpt_manifest *mf, const char *path, int want_k, char *err, size_t errlen)
-{
-	unsigned char *buf;
-	size_t len;
-	memset(mf, 0, sizeof(*mf));
-	int e = slurp(path, &buf, &len, err, errlen);
-	if (e)
-		return e;
-	/* The checksum line first: nothing else is trusted before it holds. */
-	char *text = malloc(len + 1);
-	if (!text) {
-		free(buf);
-		return err_set(err, errlen, -ENOMEM, "%s: out of memory", path);
-	}
-	memcpy(text, buf, len);
-	text[len] = '\0';
-	free(buf);
-	char *endl = len >= 1 && text[len - 1] == '\n' ? NULL : text;   /* must end in a newline */
-	char *last = NULL;
-	if (!endl) {
-		text[len - 1] = '\0';
-		last = strrchr(text, '\n');
-		last = last ? last + 1 : text;
-	}
-	uint8_t want[CKPT_HASH_BYTES], got[CKPT_HASH_BYTES];
-	if (!last || strncmp(last, "end ", 4) != 0 || unhex(want, sizeof(want), last + 4)) {
-		free(text);
-		return err_set(err, errlen, -EINVAL, "%s: truncated or damaged (no valid \"end\" line)", path);
-	}
-	crypto_generichash(got, sizeof(got), (const unsigned char *)text, (size_t)(last - text), NULL, 0);
-	if (sodium_memcmp(want, got, sizeof(got)) != 0) {
-		free(text);
-		return err_set(err, errlen, -EINVAL, "%s: checksum mismatch (file damaged or edited)", path);
-	}
-	last[0] = '\0';
-
-	int ln = 0, nshard = 0;
-	e = 0;
-	char *save = NULL;
-	for (char *l = strtok_r(text, "\n", &save); l && !e; l = strtok_r(NULL, "\n", &save)) {
-		char w[32], h1[80];
-		ln++;
-		if (ln == 1) {
-			if (strcmp(l, CKPT_MAGIC))
-				e = manifest_bad(path, ln, "not a pstrain checkpoint manifest (version 1)", err, errlen);
-			continue;
-		}
-		if (sscanf(l, "%31s", w) != 1)
-			e = manifest_bad(path, ln, "empty line", err, errlen);
-		else if (!strcmp(w, "step")) {
-			if (sscanf(l, "step %ld", &mf->step) != 1 || mf->step < 0)
-				e = manifest_bad(path, ln, "bad step", err, errlen);
-		} else if (!strcmp(w, "params")) {
-			if (sscanf(l, "params %zu", &mf->nparams) != 1)
-				e = manifest_bad(path, ln, "bad params", err, errlen);
-		} else if (!strcmp(w, "model") || !strcmp(w, "layout") || !strcmp(w, "config")) {
-			uint8_t *dst = w[0] == 'm' ? mf->model_hash : w[0] == 'l' ? mf->layout_hash : mf->config_hash;
-			if (sscanf(l, "%*s %79s", h1) != 1 || unhex(dst, CKPT_HASH_BYTES, h1))
-				e = manifest_bad(path, ln, "bad hash", err, errlen);
-		} else if (!strcmp(w, "shards")) {
-			if (sscanf(l, "shards %d", &mf->nshards) != 1 || mf->nshards < 1 ||
-			    mf->nshards > CONFIG_MAX_HOSTS)
-				e = manifest_bad(path, ln, "bad shard count", err, errlen);
-		} else if (!strcmp(w, "shard")) {
-			int k;
-			struct ckpt_shard s;
-			if (sscanf(l, "shard %d %zu %zu %" SCNu64 " %63s %79s", &k, &s.begin, &s.end, &s.bytes, s.file,
-				   h1) != 6 ||
-			    k != (want_k < 0 ? nshard : want_k) || nshard > (want_k < 0 ? k : 0) || k >= mf->nshards ||
-			    unhex(s.sum, CKPT_HASH_BYTES, h1) ||
-			    strchr(s.file, '/') || s.file[0] == '.')
-				e = manifest_bad(path, ln, "bad shard line", err, errlen);
-			else
-				mf->shards[k] = s, nshard++;
-		} else {
-			e = manifest_bad(path, ln, "unknown line", err, errlen);
-		}
-	}
-	free(text);
-	if (e)
-		return e;
-	if (ln < 1 || nshard != (want_k < 0 ? mf->nshards : 1) || nshard == 0)
-		return err_set(err, errlen, -EINVAL, "%s: lists %d of %d shards", path, nshard, mf->nshards);
-	return 0;
-}
-
-/* The shards of a whole checkpoint must tile [0, P). */
-static int manifest_check_tiling(const struct ckpt_manifest *mf, const char *path, char *err, size_t errlen)
-{
-	int nshard = mf->nshards;
-	size_t at = 0;
-	for (int k = 0; k < nshard; k++) {
-		if (mf->shards[k].begin != at || mf->shards[k].end <= at)
-			return err_set(err, errlen, -EINVAL, "%s: shard %d range [%zu, %zu) does not follow %zu", path, k,
-				       mf->shards[k].begin, mf->shards[k].end, at);
-		at = mf->shards[k].end;
-	}
-	if (at != mf->nparams)
-		return err_set(err, errlen, -EINVAL, "%s: shards cover %zu of %zu parameters", path, at, mf->nparams);
-	return 0;
-}
-
-/* N from the "manifest-0-of-N" in stepdir, or 0 if there is none. */
-static int cluster_nshards(const char *stepdir)
-{
-	DIR *d = opendir(stepdir);
-	int n = 0;
-	if (!d)
-		return 0;
-	struct dirent *de;
-	while ((de = readdir(d))) {
-		int k, m;
-		char tail;
-		if (sscanf(de->d_name, "manifest-%d-of-%d%c", &k, &m, &tail) == 2 && k == 0 && m > 0 &&
-		    m <= CONFIG_MAX_HOSTS)
-			n = m;
-	}
-	closedir(d);
-	return n;
-}
-
-int checkpoint_manifest_read(struct ckpt_manifest *mf, const char *stepdir, char *err, size_t errlen)
-{
-	char path[CKPT_PATH_MAX + CKPT_FILE_MAX];
-	snprintf(path, sizeof(path), "%s/%s", stepdir, CKPT_MANIFEST);
-	int n = access(path, F_OK) == 0 ? 0 : cluster_nshards(stepdir);
-	if (n == 0) {
-		int e = manifest_file_read(mf, path, -1, err, errlen);
-		return e ? e : manifest_check_tiling(mf, path, err, errlen);
-	}
-	/* A cluster checkpoint: one manifest per ps, each written last by
-	 * its ps; complete when all N are there and agree. */
-	struct ckpt_manifest *one = malloc(sizeof(*one));
-	if (!one)
-		return err_set(err, errlen, -ENOMEM, "out of memory for a manifest");
-	int e = 0;
-	for (int k = 0; k < n && !e; k++) {
-		snprintf(path, sizeof(path), "%s/manifest-%d-of-%d", stepdir, k, n);
-		if (access(path, F_OK) != 0) {
-			e = err_set(err, errlen, -EINVAL, "%s: missing: ps %d has not written its shard of this step (incomplete)",
-				    path, k);
-			break;
-		}
-		e = manifest_file_read(k ? one : mf, path, k, err, errlen);
-		if (e)
-			break;
-		if (k && (one->step != mf->step || one->nparams != mf->nparams || one->nshards != n ||
-			  memcmp(one->model_hash, mf->model_hash, CKPT_HASH_BYTES) ||
-			  memcmp(one->layout_hash, mf->layout_hash, CKPT_HASH_BYTES)))
-			e = err_set(err, errlen, -EINVAL, "%s: disagrees with manifest-0-of-%d (step, model or layout)",
-				    path, n);
-		else if (k)
-			mf->shards[k] = one->shards[k];
-		else if (mf->nshards != n)
-			e = err_set(err, errlen, -EINVAL, "%s: says %d shards", path, mf->nshards);
-	}
-	free(one);
-	if (!e)
-		e = manifest_check_tiling(mf, stepdir, err, errlen);
-	return e;
-}
-
 int checkpoint_shard_open(struct safetensors *st, const char *stepdir, const struct ckpt_manifest *mf,
 			  int k, char *err, size_t errlen)
 {
@@ -879,7 +618,7 @@ int checkpoint_shard_open(struct safetensors *st, const char *stepdir, const str
 	uint8_t sum[CKPT_HASH_BYTES];
 	memset(st, 0, sizeof(*st));
 	snprintf(path, sizeof(path), "%s/%s", stepdir, mf->shards[k].file);
-	int e = slurp(path, &buf, &len, err, errlen);
+	int e = file_read(path, &buf, &len, err, errlen);
 	if (e)
 		return e;
 	if (len != mf->shards[k].bytes) {
@@ -943,7 +682,7 @@ int checkpoint_load(const char *stepdir, const struct ckpt_layout *l, int want_l
 	struct ckpt_manifest *mf = malloc(sizeof(*mf));
 	if (!mf)
 		return err_set(err, errlen, -ENOMEM, "out of memory for a manifest");
-	int e = checkpoint_manifest_read(mf, stepdir, err, errlen);
+	int e = manifest_read(mf, stepdir, err, errlen);
 	if (e)
 		goto out;
 	if (mf->nparams != l->nparams || sodium_memcmp(mf->model_hash, l->model_hash, CKPT_HASH_BYTES)) {
@@ -1050,7 +789,7 @@ int checkpoint_resolve(const char *dir, char *out, size_t outlen, char *err, siz
 {
 	char p[CKPT_PATH_MAX];
 	snprintf(p, sizeof(p), "%s/%s", dir, CKPT_MANIFEST);
-	if (access(p, F_OK) == 0 || cluster_nshards(dir) > 0) {
+	if (access(p, F_OK) == 0 || manifest_nshards(dir) > 0) {
 		if (snprintf(out, outlen, "%s", dir) >= (int)outlen)
 			return err_set(err, errlen, -ENAMETOOLONG, "%s: path too long", dir);
 		return 0;

@@ -116,11 +116,6 @@ int checkpoint_save_shard(const char *dir, const struct ckpt_layout *l, long ste
 			  const struct ckpt_state *st, int redo, int keep, FILE *log, char *err,
 			  size_t errlen);
 
-/* Reads and checks stepdir/manifest, or for a cluster checkpoint every
- * stepdir/manifest-K-of-N (all must be present and agree): syntax, each
- * file's own checksum, that the shards tile [0, P). Does not read the
- * shard files. */
-int checkpoint_manifest_read(struct ckpt_manifest *mf, const char *stepdir, char *err, size_t errlen);
 
 /* Loads global range [begin, end) of the parameters (and, where m, v are
  * not NULL, the optimizer moments; *t gets the optimizer step) from the

@@ -5,6 +5,7 @@
  * checking the files is checkpoint.c's. */
 #include "inspect.h"
 #include "checkpoint.h"
+#include "manifest.h"
 #include "safetensors.h"
 
 #include <errno.h>
@@ -36,7 +37,7 @@ int inspect_checkpoint(FILE *f, const char *stepdir, char *err, size_t errlen)
 	int nw = 0, e;
 	if (!mf)
 		return err_set(err, errlen, -ENOMEM, "out of memory");
-	e = checkpoint_manifest_read(mf, stepdir, err, errlen);
+	e = manifest_read(mf, stepdir, err, errlen);
 	for (int k = 0; k < mf->nshards && !e; k++) {
 		struct safetensors st;
 		char path[CKPT_PATH_MAX];

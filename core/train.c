@@ -65,6 +65,62 @@ static int save(const struct config *c, const struct train_ckpt *ck, const struc
 	return checkpoint_save(ck->dir, lay, step, &st, c->train.keep_checkpoints, out, err, errlen);
 }
 
+/* The training and test sets of c, checked against the model m. A file
+ * that is missing, unreadable, a directory, malformed or absurdly large is
+ * the user's input to fix (-EINVAL, exit 2); only running out of memory or
+ * a failing disk is a runtime failure. */
+static int load_data(const struct config *c, const struct model *m, struct dataset *train,
+		     struct dataset *test, char *err, size_t errlen)
+{
+	int e = data_load(train, test, &c->data, c->train.seed, err, errlen);
+	if (e)
+		return e != -ENOMEM && e != -EIO ? -EINVAL : e;
+	return check_fit(c, m, train, test, err, errlen);
+}
+
+/* The checkpoint layout of this run in *lay (allocated; the caller
+ * frees), and unless ck->fresh the newest usable checkpoint in ck->dir
+ * loaded into params and opt, its step in *start (0 when there is none;
+ * one past the run's total steps is an error). */
+static int resume(const struct config *c, const struct train_ckpt *ck, const struct model *m,
+		  struct ckpt_layout **lay, float *params, struct optim *opt, long total, long *start,
+		  FILE *out, char *err, size_t errlen)
+{
+	*lay = malloc(sizeof(**lay));
+	if (!*lay) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	int e = ckpt_layout_init(*lay, m, 1, c, err, errlen);
+	if (e || ck->fresh)
+		return e;
+	long t = 0;
+	e = checkpoint_restore(ck->dir, *lay, 1, 0, m->nparams, params, opt->m, opt->v, &t, start, out,
+			       err, errlen);
+	if (e == -ENOENT) {
+		*start = 0;
+		return 0;
+	}
+	if (e)
+		return e;
+	if (*start > total) {
+		snprintf(err, errlen, "%s/step-%08ld is beyond this run's %ld steps; raise [train] steps or epochs, or use --fresh",
+			 ck->dir, *start, total);
+		return -EINVAL;
+	}
+	opt->t = t;
+	fprintf(out, "resuming from %s/step-%08ld\n", ck->dir, *start);
+	return 0;
+}
+
+/* Epoch's permutation of the n training samples onto the devices. */
+static int epoch_order(struct devices *dev, uint32_t *perm, size_t n, uint64_t seed, long epoch,
+		       char *err, size_t errlen)
+{
+	data_permute(perm, n, seed, (uint64_t)epoch);
+	return devices_set_order(dev, perm, n, err, errlen);
+}
+
 int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, int tty,
 	      const volatile sig_atomic_t *stop, struct train_result *res, char *err, size_t errlen)
 {
@@ -83,16 +139,7 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 	e = model_build(&m, &c->model, err, errlen);
 	if (e)
 		return e;
-	e = data_load(&train, &test, &c->data, c->train.seed, err, errlen);
-	if (e) {
-		/* A file that is missing, unreadable, a directory, malformed or
-		 * absurdly large is the user's input to fix (exit 2); only running
-		 * out of memory or a failing disk is a runtime failure. */
-		if (e != -ENOMEM && e != -EIO)
-			e = -EINVAL;
-		goto out;
-	}
-	e = check_fit(c, &m, &train, &test, err, errlen);
+	e = load_data(c, &m, &train, &test, err, errlen);
 	if (e)
 		goto out;
 
@@ -119,30 +166,8 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 	model_init_params(&m, params, 0, m.nparams, c->train.seed);
 	if (ck && !ck->dir[0])
 		ck = NULL;
-	if (ck) {
-		lay = malloc(sizeof(*lay));
-		if (!lay) {
-			snprintf(err, errlen, "out of memory");
-			e = -ENOMEM;
-			goto out;
-		}
-		e = ckpt_layout_init(lay, &m, 1, c, err, errlen);
-		if (e)
-			goto out;
-	}
-	if (ck && !ck->fresh) {
-		long t = 0;
-		e = checkpoint_restore(ck->dir, lay, 1, 0, m.nparams, params, opt.m, opt.v, &t, &start, out,
-				       err, errlen);
-		if (e == 0) {
-			opt.t = t;
-			fprintf(out, "resuming from %s/step-%08ld\n", ck->dir, start);
-		} else if (e == -ENOENT) {
-			start = 0;
-		} else {
-			goto out;
-		}
-	}
+	if (ck && (e = resume(c, ck, &m, &lay, params, &opt, total, &start, out, err, errlen)))
+		goto out;
 	int resident = 0;
 	e = devices_set_params(&dev, params, err, errlen);
 	if (!e)
@@ -160,23 +185,14 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 	progress_init(&pg, out, tty, total, spe);
 	long step;
 	long epoch_loaded = -1;
-	if (start > total) {
-		snprintf(err, errlen, "%s/step-%08ld is beyond this run's %ld steps; raise [train] steps or epochs, or use --fresh",
-			 ck->dir, start, total);
-		e = -EINVAL;
-		goto out;
-	}
 	res->start_step = start;
 	for (step = start; step < total && !*stop; step++) {
 		/* From before the epoch's order is copied: that copy waits for
 		 * the steps queued before it, which is training time. */
 		double ts = progress_now();
-		long epoch = step / spe;
-		if (epoch != epoch_loaded) {
-			data_permute(perm, train.n, c->train.seed, (uint64_t)epoch);
-			epoch_loaded = epoch;
-			e = devices_set_order(&dev, perm, train.n, err, errlen);
-			if (e)
+		if (step / spe != epoch_loaded) {
+			epoch_loaded = step / spe;
+			if ((e = epoch_order(&dev, perm, train.n, c->train.seed, epoch_loaded, err, errlen)))
 				goto fail;
 		}
 		char why[CONFIG_ERR_MAX];

@@ -216,7 +216,7 @@ FUZZ_CFLAGS := -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=
 	-std=c11 -D_GNU_SOURCE -Icore
 FUZZ_NAMES := config layer idx csv handshake msg safetensors
 FUZZ_BINS := $(FUZZ_NAMES:%=$(BUILD)/fuzz/fuzz_%)
-$(BUILD)/fuzz/fuzz_config: core/config.c core/model.c core/rng.c
+$(BUILD)/fuzz/fuzz_config: core/config.c core/config_keys.c core/config_print.c core/model.c core/rng.c
 $(BUILD)/fuzz/fuzz_layer: core/model.c core/rng.c
 $(BUILD)/fuzz/fuzz_idx: core/idx.c core/dataset.c
 $(BUILD)/fuzz/fuzz_csv: core/csv.c core/dataset.c

@@ -7,6 +7,7 @@
  * continuation of the previous key, which is how long host lists span lines,
  * and must be an error for scalar keys rather than a silent overwrite. */
 #include "config.h"
+#include "config_keys.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -20,121 +21,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-enum key_type {
-	K_INT,
-	K_LONG,
-	K_U64,
-	K_FLOAT,
-	K_DOUBLE,
-	K_BOOL,
-	K_ENUM,
-	K_PATH,
-	K_HOSTS,
-	K_DEVICES,
-	K_LABEL_COLUMN,
-	K_INPUT,
-	K_LAYER,
-};
-
-#define LO_OPEN 1u      /* the lower bound itself is not allowed */
-#define HI_OPEN 2u
-#define LIST 4u         /* may continue on indented lines */
-#define REPEAT 8u       /* may appear several times, each appends */
-
-struct key_def {
-	const char *section;
-	const char *key;
-	enum key_type type;
-	size_t off;               /* field in struct config */
-	size_t count_off;         /* K_HOSTS, K_DEVICES: its count field */
-	double lo, hi;            /* numeric range */
-	unsigned flags;
-	const char *const *names; /* K_ENUM: value i is names[i], NULL-terminated */
-	const char *def;          /* default, as config text */
-};
-
-static const char *const mode_names[] = { "sync", "async", NULL };
-static const char *const optim_names[] = { "sgd", "momentum", "adam", NULL };
-static const char *const sched_names[] = { "constant", "step", "cosine", NULL };
-static const char *const format_names[] = { "idx", "csv", NULL };
-static const char *const header_names[] = { "auto", "yes", "no", NULL };
-static const char *const loss_names[] = { "softmax_cross_entropy", NULL };
-
-#define FMNIST "/usr/share/datasets/fashion-mnist/"
-#define OFF(f) offsetof(struct config, f)
-
-/* The order here is the order of `pstrain check` and docs/CONFIG.md. */
-static const struct key_def keys[] = {
-	{ "cluster", "ps", K_HOSTS, OFF(cluster.ps), OFF(cluster.nps), 0, 0, LIST, NULL,
-	  "127.0.0.1:2222, 127.0.0.1:2223" },
-	{ "cluster", "workers", K_HOSTS, OFF(cluster.workers), OFF(cluster.nworkers), 0, 0, LIST, NULL,
-	  "127.0.0.1:2224, 127.0.0.1:2225" },
-	{ "cluster", "key_file", K_PATH, OFF(cluster.key_file), 0, 0, 0, 0, NULL, "cluster.key" },
-	{ "cluster", "connect_timeout", K_DOUBLE, OFF(cluster.connect_timeout), 0, 1, 86400, 0, NULL, "60" },
-	{ "cluster", "crypto_threads", K_INT, OFF(cluster.crypto_threads), 0, 0, 8, 0, NULL, "0" },
-	{ "cluster", "peer_timeout", K_DOUBLE, OFF(cluster.peer_timeout), 0, 1, 86400, 0, NULL, "60" },
-
-	{ "train", "mode", K_ENUM, OFF(train.mode), 0, 0, 0, 0, mode_names, "sync" },
-	{ "train", "replicas_to_aggregate", K_INT, OFF(train.replicas_to_aggregate), 0,
-	  0, CONFIG_MAX_HOSTS, 0, NULL, "0" },
-	{ "train", "max_staleness", K_INT, OFF(train.max_staleness), 0, 0, 1e9, 0, NULL, "0" },
-	{ "train", "steps", K_LONG, OFF(train.steps), 0, 0, 1e12, 0, NULL, "0" },
-	{ "train", "epochs", K_LONG, OFF(train.epochs), 0, 0, 1e6, 0, NULL, "0" },
-	{ "train", "batch_size", K_INT, OFF(train.batch_size), 0, 1, 1 << 20, 0, NULL, "256" },
-	{ "train", "optimizer", K_ENUM, OFF(train.optim.kind), 0, 0, 0, 0, optim_names, "momentum" },
-	{ "train", "learning_rate", K_FLOAT, OFF(train.optim.lr), 0, 0, 1e3, LO_OPEN, NULL, "0.05" },
-	{ "train", "momentum", K_FLOAT, OFF(train.optim.momentum), 0, 0, 1, HI_OPEN, NULL, "0.9" },
-	{ "train", "nesterov", K_BOOL, OFF(train.optim.nesterov), 0, 0, 0, 0, NULL, "false" },
-	{ "train", "weight_decay", K_FLOAT, OFF(train.optim.weight_decay), 0, 0, 1, HI_OPEN, NULL, "0" },
-	{ "train", "adam_beta1", K_FLOAT, OFF(train.optim.beta1), 0, 0, 1, HI_OPEN, NULL, "0.9" },
-	{ "train", "adam_beta2", K_FLOAT, OFF(train.optim.beta2), 0, 0, 1, HI_OPEN, NULL, "0.999" },
-	{ "train", "adam_epsilon", K_FLOAT, OFF(train.optim.eps), 0, 0, 1, LO_OPEN, NULL, "1e-8" },
-	{ "train", "lr_schedule", K_ENUM, OFF(train.optim.schedule), 0, 0, 0, 0, sched_names, "constant" },
-	{ "train", "lr_decay_steps", K_LONG, OFF(train.optim.decay_steps), 0, 1, 1e12, 0, NULL, "1000" },
-	{ "train", "lr_decay_rate", K_FLOAT, OFF(train.optim.decay_rate), 0, 0, 1, LO_OPEN, NULL, "0.1" },
-	{ "train", "warmup_steps", K_LONG, OFF(train.optim.warmup_steps), 0, 0, 1e12, 0, NULL, "0" },
-	{ "train", "seed", K_U64, OFF(train.seed), 0, 0, 0, 0, NULL, "1" },
-	{ "train", "checkpoint_dir", K_PATH, OFF(train.checkpoint_dir), 0, 0, 0, 0, NULL, "ckpt" },
-	{ "train", "checkpoint_every", K_LONG, OFF(train.checkpoint_every), 0, 0, 1e12, 0, NULL, "500" },
-	{ "train", "keep_checkpoints", K_INT, OFF(train.keep_checkpoints), 0, 1, 1000000, 0, NULL, "3" },
-	{ "train", "eval_every", K_LONG, OFF(train.eval_every), 0, 0, 1e12, 0, NULL, "0" },
-	{ "train", "threads", K_INT, OFF(train.threads), 0, 0, 1024, 0, NULL, "0" },
-
-	{ "gpu", "devices", K_DEVICES, OFF(gpu.devices), OFF(gpu.ndevices), 0, CONFIG_MAX_DEVICES - 1,
-	  LIST, NULL, "all" },
-	{ "gpu", "memory_fraction", K_DOUBLE, OFF(gpu.memory_fraction), 0, 0, 1, LO_OPEN, NULL, "0.9" },
-	{ "gpu", "allow_growth", K_BOOL, OFF(gpu.allow_growth), 0, 0, 0, 0, NULL, "false" },
-	{ "gpu", "soft_placement", K_BOOL, OFF(gpu.soft_placement), 0, 0, 0, 0, NULL, "true" },
-	{ "gpu", "log_placement", K_BOOL, OFF(gpu.log_placement), 0, 0, 0, 0, NULL, "false" },
-	{ "gpu", "tf32", K_BOOL, OFF(gpu.tf32), 0, 0, 0, 0, NULL, "false" },
-	{ "gpu", "cuda_graphs", K_BOOL, OFF(gpu.cuda_graphs), 0, 0, 0, 0, NULL, "true" },
-
-	{ "data", "format", K_ENUM, OFF(data.format), 0, 0, 0, 0, format_names, "idx" },
-	{ "data", "train_images", K_PATH, OFF(data.train_images), 0, 0, 0, 0, NULL,
-	  FMNIST "train-images-idx3-ubyte.gz" },
-	{ "data", "train_labels", K_PATH, OFF(data.train_labels), 0, 0, 0, 0, NULL,
-	  FMNIST "train-labels-idx1-ubyte.gz" },
-	{ "data", "test_images", K_PATH, OFF(data.test_images), 0, 0, 0, 0, NULL,
-	  FMNIST "t10k-images-idx3-ubyte.gz" },
-	{ "data", "test_labels", K_PATH, OFF(data.test_labels), 0, 0, 0, 0, NULL,
-	  FMNIST "t10k-labels-idx1-ubyte.gz" },
-	{ "data", "train_csv", K_PATH, OFF(data.train_csv), 0, 0, 0, 0, NULL, "" },
-	{ "data", "test_csv", K_PATH, OFF(data.test_csv), 0, 0, 0, 0, NULL, "" },
-	{ "data", "label_column", K_LABEL_COLUMN, OFF(data.label_column), 0, 0, 1e6, 0, NULL, "first" },
-	{ "data", "header", K_ENUM, OFF(data.header), 0, 0, 0, 0, header_names, "auto" },
-	{ "data", "test_fraction", K_DOUBLE, OFF(data.test_fraction), 0, 0, 1, LO_OPEN | HI_OPEN, NULL, "0.2" },
-
-	{ "model", "input", K_INPUT, OFF(model.in_h), 0, 1, 65536, 0, NULL, "28x28x1" },
-	{ "model", "layer", K_LAYER, OFF(model.layers), OFF(model.nlayers), 0, 0, REPEAT, NULL, NULL },
-	{ "model", "loss", K_ENUM, OFF(model.loss), 0, 0, 0, 0, loss_names, "softmax_cross_entropy" },
-};
-
-#define NKEYS (sizeof(keys) / sizeof(keys[0]))
-
-static const char *const sections[] = { "cluster", "train", "gpu", "data", "model" };
-
-static const char *const default_layers[] = { "dense 512", "relu", "dense 512", "relu", "dense 10" };
-
 struct parse {
 	struct config *c;
 	const char *name;           /* file name for messages */
@@ -147,21 +33,11 @@ struct parse {
 				     * continues it on indented lines */
 	int bad_line;               /* first line the reader rejected */
 	char bad[192];              /* why */
-	int key_line[NKEYS];        /* where each key was set, 0 = default */
+	int key_line[CONFIG_MAX_KEYS];   /* where each key was set, 0 = default */
 	int layers_from_input;      /* first `layer` line replaces the defaults */
 	int err_line;
 	char err[CONFIG_ERR_MAX];
 };
-
-static void *field(struct config *c, const struct key_def *k)
-{
-	return (char *)c + k->off;
-}
-
-static int *count_field(struct config *c, const struct key_def *k)
-{
-	return (int *)((char *)c + k->count_off);
-}
 
 static const char *skip_blank(const char *s)
 {
@@ -371,7 +247,7 @@ static int key_parse(struct config *c, const struct key_def *k, const char *val,
 		     const char *dir, char *err, size_t errlen)
 {
 	char rbuf[64];
-	void *f = field(c, k);
+	void *f = config_field(c, k);
 
 	switch (k->type) {
 	case K_INT:
@@ -465,13 +341,13 @@ static int key_parse(struct config *c, const struct key_def *k, const char *val,
 		return 0;
 	}
 	case K_HOSTS: {
-		struct host_list l = { f, count_field(c, k) };
+		struct host_list l = { f, config_count_field(c, k) };
 		if (!append)
 			*l.n = 0;
 		return parse_list(val, host_item, &l, err, errlen);
 	}
 	case K_DEVICES: {
-		struct device_list l = { f, count_field(c, k), k };
+		struct device_list l = { f, config_count_field(c, k), k };
 		if (!append) {
 			*l.n = 0;
 			c->gpu.all = 0;
@@ -502,7 +378,7 @@ static int key_parse(struct config *c, const struct key_def *k, const char *val,
 	case K_INPUT:
 		return parse_input(c, k, val, err, errlen);
 	case K_LAYER: {
-		int *n = count_field(c, k);
+		int *n = config_count_field(c, k);
 		if (*n >= MODEL_MAX_LAYERS) {
 			snprintf(err, errlen, "more than %d layers", MODEL_MAX_LAYERS);
 			return -EINVAL;
@@ -520,16 +396,16 @@ static int key_parse(struct config *c, const struct key_def *k, const char *val,
 
 static const struct key_def *key_find(const char *section, const char *name)
 {
-	for (size_t i = 0; i < NKEYS; i++)
-		if (strcmp(keys[i].section, section) == 0 && strcmp(keys[i].key, name) == 0)
-			return &keys[i];
+	for (size_t i = 0; i < config_nkeys; i++)
+		if (strcmp(config_keys[i].section, section) == 0 && strcmp(config_keys[i].key, name) == 0)
+			return &config_keys[i];
 	return NULL;
 }
 
 static int section_known(const char *s)
 {
-	for (size_t i = 0; i < sizeof(sections) / sizeof(sections[0]); i++)
-		if (strcmp(sections[i], s) == 0)
+	for (size_t i = 0; i < config_nsections; i++)
+		if (strcmp(config_sections[i], s) == 0)
 			return 1;
 	return 0;
 }
@@ -538,11 +414,11 @@ static void config_defaults(struct config *c)
 {
 	char err[CONFIG_ERR_MAX];
 	memset(c, 0, sizeof(*c));
-	for (size_t i = 0; i < NKEYS; i++)
-		if (keys[i].def)
-			(void)key_parse(c, &keys[i], keys[i].def, 0, "", err, sizeof(err));
-	for (size_t i = 0; i < sizeof(default_layers) / sizeof(default_layers[0]); i++) {
-		layer_spec_parse(&c->model.layers[i], default_layers[i], err, sizeof(err));
+	for (size_t i = 0; i < config_nkeys; i++)
+		if (config_keys[i].def)
+			(void)key_parse(c, &config_keys[i], config_keys[i].def, 0, "", err, sizeof(err));
+	for (size_t i = 0; i < config_ndefault_layers; i++) {
+		layer_spec_parse(&c->model.layers[i], config_default_layers[i], err, sizeof(err));
 		c->model.nlayers++;
 	}
 }
@@ -569,7 +445,7 @@ static int handler(void *user, const char *section, const char *name, const char
 		snprintf(msg, sizeof(msg), "[%s] unknown key \"%s\" (see docs/CONFIG.md)", section, name);
 		goto fail;
 	}
-	size_t ki = (size_t)(k - keys);
+	size_t ki = (size_t)(k - config_keys);
 	int append = 0;
 	char cont[INI_MAX_LINE];
 	if (p->indented && !p->in_key) {
@@ -712,7 +588,7 @@ static int hosts_equal(const struct host *a, const struct host *b)
 static int key_line(const struct parse *p, const char *section, const char *name)
 {
 	const struct key_def *k = key_find(section, name);
-	return k ? p->key_line[k - keys] : 0;
+	return k ? p->key_line[k - config_keys] : 0;
 }
 
 static void where(char *buf, size_t len, const struct parse *p, const char *section, const char *name)
@@ -850,12 +726,12 @@ static int config_set(struct config *c, struct parse *p, const char *set, char *
 		snprintf(err, errlen, "--set %s: [%s] %s: %s", set, sec, name, detail);
 		return -EINVAL;
 	}
-	p->key_line[k - keys] = 0;
+	p->key_line[k - config_keys] = 0;
 	/* steps and epochs are two ways to say one thing: overriding one on the
 	 * command line replaces the other from the file instead of clashing. */
-	if (k->off == OFF(train.steps))
+	if (k->off == offsetof(struct config, train.steps))
 		c->train.epochs = 0;
-	else if (k->off == OFF(train.epochs))
+	else if (k->off == offsetof(struct config, train.epochs))
 		c->train.steps = 0;
 	return 0;
 }
@@ -950,9 +826,9 @@ int config_load(struct config *c, const char *path, const char *const *sets, int
 	}
 	snprintf(p->dir, sizeof(p->dir), "%s", abs);
 	free(abs);
-	for (size_t i = 0; i < NKEYS; i++)
-		if (keys[i].type == K_PATH && keys[i].def && keys[i].def[0] && keys[i].def[0] != '/')
-			(void)key_parse(c, &keys[i], keys[i].def, 0, p->dir, err, errlen);
+	for (size_t i = 0; i < config_nkeys; i++)
+		if (config_keys[i].type == K_PATH && config_keys[i].def && config_keys[i].def[0] && config_keys[i].def[0] != '/')
+			(void)key_parse(c, &config_keys[i], config_keys[i].def, 0, p->dir, err, errlen);
 	r = parse_text(p, err, errlen);
 	for (int i = 0; !r && i < nsets; i++)
 		r = config_set(c, p, sets[i], err, errlen);
@@ -968,145 +844,3 @@ out:
 
 /* The shortest %g text that parses back to the same value, so that
  * config_print's output loads to the same config. */
-static void number_print(FILE *f, double v, int is_float)
-{
-	char buf[32];
-	for (int prec = 6; prec <= 17; prec++) {
-		snprintf(buf, sizeof(buf), "%.*g", prec, v);
-		double back = strtod(buf, NULL);
-		if (is_float ? (float)back == (float)v : back == v)
-			break;
-	}
-	fputs(buf, f);
-}
-
-/* Long lists go on indented continuation lines, as a user would write them:
- * Debian's inih reads lines of at most INI_MAX_LINE (200) bytes, and one
- * line of 30 hosts is longer, so the output would not load back. col is the
- * column the list starts at. */
-#define PRINT_WIDTH 78
-
-static void list_print(FILE *f, int *col, int first, const char *item)
-{
-	int n = (int)strlen(item);
-
-	if (first) {
-		fputs(item, f);
-	} else if (*col + 2 + n > PRINT_WIDTH) {
-		fprintf(f, ",\n  %s", item);
-		*col = 2;
-	} else {
-		fprintf(f, ", %s", item);
-		*col += 2;
-	}
-	*col += n;
-}
-
-static void hosts_print(FILE *f, const struct host *h, int n, int col)
-{
-	char item[CONFIG_HOST_MAX + 16];
-	for (int i = 0; i < n; i++) {
-		snprintf(item, sizeof(item), strchr(h[i].name, ':') ? "[%s]:%u" : "%s:%u", h[i].name, h[i].port);
-		list_print(f, &col, i == 0, item);
-	}
-}
-
-/* One "key = value" line (several for layer). */
-static void key_print(FILE *f, const struct config *c, const struct key_def *k)
-{
-	const void *v = (const char *)c + k->off;
-	if (k->type == K_LAYER) {
-		char buf[64];
-		for (int j = 0; j < c->model.nlayers; j++) {
-			layer_spec_format(&c->model.layers[j], buf, sizeof(buf));
-			fprintf(f, "layer = %s\n", buf);
-		}
-		return;
-	}
-	int col = fprintf(f, "%s = ", k->key);
-	switch (k->type) {
-	case K_INT: fprintf(f, "%d", *(const int *)v); break;
-	case K_LONG: fprintf(f, "%ld", *(const long *)v); break;
-	case K_U64: fprintf(f, "%llu", (unsigned long long)*(const uint64_t *)v); break;
-	case K_FLOAT: number_print(f, *(const float *)v, 1); break;
-	case K_DOUBLE: number_print(f, *(const double *)v, 0); break;
-	case K_BOOL: fprintf(f, "%s", *(const int *)v ? "true" : "false"); break;
-	case K_ENUM: fprintf(f, "%s", k->names[*(const int *)v]); break;
-	case K_PATH: fprintf(f, "%s", (const char *)v); break;
-	case K_HOSTS:
-		hosts_print(f, v, *(const int *)((const char *)c + k->count_off), col);
-		break;
-	case K_DEVICES:
-		if (c->gpu.all)
-			fprintf(f, "all");
-		for (int j = 0; !c->gpu.all && j < c->gpu.ndevices; j++) {
-			char item[16];
-			snprintf(item, sizeof(item), "%d", c->gpu.devices[j]);
-			list_print(f, &col, j == 0, item);
-		}
-		break;
-	case K_LABEL_COLUMN:
-		if (c->data.label_column < 0)
-			fprintf(f, "last");
-		else if (c->data.label_column == 0)
-			fprintf(f, "first");
-		else
-			fprintf(f, "%d", c->data.label_column);
-		break;
-	case K_INPUT:
-		fprintf(f, "%dx%dx%d", c->model.in_h, c->model.in_w, c->model.in_c);
-		break;
-	case K_LAYER:
-		break;
-	}
-	fprintf(f, "\n");
-}
-
-void config_print(const struct config *c, FILE *f)
-{
-	const char *section = "";
-	for (size_t i = 0; i < NKEYS; i++) {
-		const struct key_def *k = &keys[i];
-		if (strcmp(section, k->section)) {
-			fprintf(f, "%s[%s]\n", i ? "\n" : "", k->section);
-			section = k->section;
-		}
-		key_print(f, c, k);
-	}
-}
-
-/* Keys that may differ between the nodes of one cluster: where files are on
- * this node, how it uses its own GPUs and CPUs, how often it reports, how
- * long it waits for its peers. */
-static int key_is_node_local(const struct key_def *k)
-{
-	return k->type == K_PATH || strcmp(k->section, "gpu") == 0 ||
-	       strcmp(k->key, "eval_every") == 0 || strcmp(k->key, "threads") == 0 ||
-	       strcmp(k->key, "connect_timeout") == 0 || strcmp(k->key, "peer_timeout") == 0 ||
-	       strcmp(k->key, "crypto_threads") == 0;
-}
-
-int config_hash(const struct config *c, uint8_t out[CONFIG_HASH_BYTES])
-{
-	char *text = NULL;
-	size_t len = 0;
-	FILE *f = open_memstream(&text, &len);
-	if (!f)
-		return -ENOMEM;
-	/* The canonical text of every training-relevant key, defaults
-	 * included, so two files that say the same thing differently agree. */
-	fprintf(f, "pstrain config v1\n");
-	for (size_t i = 0; i < NKEYS; i++) {
-		if (key_is_node_local(&keys[i]))
-			continue;
-		fprintf(f, "[%s] ", keys[i].section);
-		key_print(f, c, &keys[i]);
-	}
-	if (fclose(f) != 0 || !text) {
-		free(text);
-		return -ENOMEM;
-	}
-	crypto_generichash(out, CONFIG_HASH_BYTES, (const unsigned char *)text, len, NULL, 0);
-	free(text);
-	return 0;
-}

@@ -153,7 +153,7 @@ static int list_steps(const char *dir, long **out)
 	return n;
 }
 
-static void step_path(char *out, size_t len, const char *dir, long step)
+void checkpoint_step_dir(char *out, size_t len, const char *dir, long step)
 {
 	snprintf(out, len, "%s/step-%08ld", dir, step);
 }
@@ -456,7 +456,7 @@ static void rotate(const char *dir, int keep, FILE *log)
 	int n = list_steps(dir, &steps), kept = 0;
 	char p[CKPT_PATH_MAX];
 	for (int i = 0; i < n; i++) {
-		step_path(p, sizeof(p), dir, steps[i]);
+		checkpoint_step_dir(p, sizeof(p), dir, steps[i]);
 		int complete = step_complete(p);
 		if (complete && kept < keep) {
 			kept++;
@@ -510,7 +510,7 @@ int checkpoint_save(const char *dir, const struct ckpt_layout *l, long step, con
 	int e = make_dirs(dir);
 	if (e)
 		return err_set(err, errlen, e, "%s: cannot create checkpoint_dir: %s", dir, strerror(-e));
-	step_path(final, sizeof(final), dir, step);
+	checkpoint_step_dir(final, sizeof(final), dir, step);
 	if (access(final, F_OK) == 0 && step_complete(final))
 		return 0;
 	remove_stale_tmp(dir, step);
@@ -578,7 +578,7 @@ int checkpoint_save_shard(const char *dir, const struct ckpt_layout *l, long ste
 		return err_set(err, errlen, -ERANGE, "checkpoint step %ld does not fit step-NNNNNNNN", step);
 	if (strlen(dir) + 40 >= sizeof(sd))
 		return err_set(err, errlen, -ENAMETOOLONG, "%s: checkpoint_dir path too long", dir);
-	step_path(sd, sizeof(sd), dir, step);
+	checkpoint_step_dir(sd, sizeof(sd), dir, step);
 	int e = make_dirs(sd);
 	if (e)
 		return err_set(err, errlen, e, "%s: cannot create: %s", sd, strerror(-e));
@@ -760,7 +760,7 @@ int checkpoint_restore_upto(const char *dir, long upto, const struct ckpt_layout
 	char p[CKPT_PATH_MAX], first[CONFIG_ERR_MAX] = "";
 	int e = -ENOENT;
 	for (int i = 0; i < n; i++) {
-		step_path(p, sizeof(p), dir, steps[i]);
+		checkpoint_step_dir(p, sizeof(p), dir, steps[i]);
 		if (step_partial(p)) {
 			if (log)
 				fprintf(log, "checkpoint: skipping %s: incomplete (not every ps has written its shard)\n", p);
@@ -800,7 +800,7 @@ int checkpoint_resolve(const char *dir, char *out, size_t outlen, char *err, siz
 		return err_set(err, errlen, n == -ENOENT ? -ENOENT : n, "%s: %s", dir, strerror(-n));
 	int e = err_set(err, errlen, -ENOENT, "%s: neither a checkpoint (no manifest) nor a directory holding complete step-NNNNNNNN checkpoints", dir);
 	for (int i = 0; i < n; i++) {
-		step_path(p, sizeof(p), dir, steps[i]);
+		checkpoint_step_dir(p, sizeof(p), dir, steps[i]);
 		if (step_complete(p)) {
 			e = snprintf(out, outlen, "%s", p) >= (int)outlen ? -ENAMETOOLONG : 0;
 			break;

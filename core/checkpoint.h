@@ -141,6 +141,10 @@ int checkpoint_restore_upto(const char *dir, long upto, const struct ckpt_layout
 			    size_t begin, size_t end, float *params, float *m, float *v, long *t, long *step,
 			    FILE *log, char *err, size_t errlen);
 
+/* dir/step-NNNNNNNN, the directory of checkpoint `step` under dir: the one
+ * place that spells a step directory's name. */
+void checkpoint_step_dir(char *out, size_t len, const char *dir, long step);
+
 /* DIR may be a step directory (it has a manifest) or a checkpoint_dir, in
  * which case the newest complete step directory in it is chosen. Writes
  * the step directory's path to out. Returns 0, -ENOENT or -ENAMETOOLONG. */

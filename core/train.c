@@ -103,13 +103,15 @@ static int resume(const struct config *c, const struct train_ckpt *ck, const str
 	}
 	if (e)
 		return e;
+	char sd[CKPT_PATH_MAX];
+	checkpoint_step_dir(sd, sizeof(sd), ck->dir, *start);
 	if (*start > total) {
-		snprintf(err, errlen, "%s/step-%08ld is beyond this run's %ld steps; raise [train] steps or epochs, or use --fresh",
-			 ck->dir, *start, total);
+		snprintf(err, errlen, "%s is beyond this run's %ld steps; raise [train] steps or epochs, or use --fresh",
+			 sd, total);
 		return -EINVAL;
 	}
 	opt->t = t;
-	fprintf(out, "resuming from %s/step-%08ld\n", ck->dir, *start);
+	fprintf(out, "resuming from %s\n", sd);
 	return 0;
 }
 

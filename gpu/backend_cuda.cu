@@ -76,41 +76,55 @@ static int g_zero(void *ctx, void *p, size_t bytes)
  *   out (B,OC) = inp (B,C) W^T        -> out^T = W inp^T     : gemm(T, N)
  *   dinp (B,C) = dout (B,OC) W        -> dinp^T = W^T dout^T : gemm(N, N)
  *   dW (OC,C) += dout^T (OC,B) inp    -> dW^T += inp^T dout  : gemm(N, T) */
-static int g_dense_forward(void *ctx, float *out, const float *inp, const float *weight,
-			   const float *bias, int B, int C, int OC)
+static int act_of(enum layer_kind k, enum gk_act *a)
 {
-	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
-	int r = use(g);
-	if (r)
-		return r;
-	float one = 1.0f, zero = 0.0f;
-	CKB(g, "cublasSgemm (forward)",
-	    g->api.sgemm(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, B, C, &one, weight, C, inp, C, &zero,
-			 out, OC));
-	CKL(g, "bias kernel", gk_bias_act(g->stream, GK_NONE, out, bias, B, OC));
-	return 0;
+	switch (k) {
+	case LAYER_RELU: *a = GK_RELU; return 0;
+	case LAYER_TANH: *a = GK_TANH; return 0;
+	case LAYER_SIGMOID: *a = GK_SIGMOID; return 0;
+	default: return -EINVAL;
+	}
 }
 
-static int act_of(enum layer_kind k, enum gk_act *a);
-
-/* The GEMM, then bias and activation in one pass over its output. */
-static int g_dense_act_forward(void *ctx, float *out, const float *inp, const float *weight,
-			       const float *bias, int B, int C, int OC, enum layer_kind act)
+/* use(g), then the kernel's name for activation k, or the reason there is
+ * none in g->err. */
+static int use_act(struct gpu_ctx *g, enum layer_kind k, enum gk_act *a)
 {
-	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
-	enum gk_act a;
 	int r = use(g);
-	if (!r && (r = act_of(act, &a)) < 0)
+	if (!r && (r = act_of(k, a)) < 0)
 		snprintf(g->err, sizeof(g->err), "gpu:%d: no activation kernel for %s", g->device,
-			 layer_kind_name(act));
-	if (r)
-		return r;
+			 layer_kind_name(k));
+	return r;
+}
+
+/* out = a(inp W^T + bias): the GEMM, then bias and activation in one pass
+ * over its output (GK_NONE: the bias alone). */
+static int dense_out(struct gpu_ctx *g, enum gk_act a, float *out, const float *inp,
+		     const float *weight, const float *bias, int B, int C, int OC)
+{
 	float one = 1.0f, zero = 0.0f;
 	CKB(g, "cublasSgemm (forward)",
 	    g->api.sgemm(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, B, C, &one, weight, C, inp, C, &zero,
 			 out, OC));
 	CKL(g, "bias and activation kernel", gk_bias_act(g->stream, a, out, bias, B, OC));
 	return 0;
+}
+
+static int g_dense_forward(void *ctx, float *out, const float *inp, const float *weight,
+			   const float *bias, int B, int C, int OC)
+{
+	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
+	int r = use(g);
+	return r ? r : dense_out(g, GK_NONE, out, inp, weight, bias, B, C, OC);
+}
+
+static int g_dense_act_forward(void *ctx, float *out, const float *inp, const float *weight,
+			       const float *bias, int B, int C, int OC, enum layer_kind act)
+{
+	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
+	enum gk_act a;
+	int r = use_act(g, act, &a);
+	return r ? r : dense_out(g, a, out, inp, weight, bias, B, C, OC);
 }
 
 /* The bias gradient's scratch when it covers B rows of OC, else NULL (the
@@ -143,24 +157,11 @@ static int g_dense_backward(void *ctx, float *dinp, float *dweight, float *dbias
 	return 0;
 }
 
-static int act_of(enum layer_kind k, enum gk_act *a)
-{
-	switch (k) {
-	case LAYER_RELU: *a = GK_RELU; return 0;
-	case LAYER_TANH: *a = GK_TANH; return 0;
-	case LAYER_SIGMOID: *a = GK_SIGMOID; return 0;
-	default: return -EINVAL;
-	}
-}
-
 static int g_act_forward(void *ctx, enum layer_kind k, float *out, const float *inp, size_t N)
 {
 	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
 	enum gk_act a;
-	int r = use(g);
-	if (!r && (r = act_of(k, &a)) < 0)
-		snprintf(g->err, sizeof(g->err), "gpu:%d: no activation kernel for %s", g->device,
-			 layer_kind_name(k));
+	int r = use_act(g, k, &a);
 	if (r)
 		return r;
 	CKL(g, "activation forward kernel", gk_act_forward(g->stream, a, out, inp, N));
@@ -172,10 +173,7 @@ static int g_act_backward(void *ctx, enum layer_kind k, float *dinp, const float
 {
 	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
 	enum gk_act a;
-	int r = use(g);
-	if (!r && (r = act_of(k, &a)) < 0)
-		snprintf(g->err, sizeof(g->err), "gpu:%d: no activation kernel for %s", g->device,
-			 layer_kind_name(k));
+	int r = use_act(g, k, &a);
 	if (r)
 		return r;
 	CKL(g, "activation backward kernel", gk_act_backward(g->stream, a, dinp, dout, out, N));
@@ -187,10 +185,7 @@ static int g_act_bias_backward(void *ctx, enum layer_kind k, float *dout, float 
 {
 	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
 	enum gk_act a = GK_NONE;
-	int r = use(g);
-	if (!r && k != LAYER_DENSE && (r = act_of(k, &a)) < 0)
-		snprintf(g->err, sizeof(g->err), "gpu:%d: no activation kernel for %s", g->device,
-			 layer_kind_name(k));
+	int r = k == LAYER_DENSE ? use(g) : use_act(g, k, &a);
 	if (r)
 		return r;
 	CKL(g, "activation and bias gradient kernel",

@@ -38,6 +38,24 @@ static void batch(const struct model *m, int B, float *x, int32_t *y, uint64_t s
 		y[b] = (int32_t)(rng_uniform(seed, RNG_DATA + 1, (uint64_t)b) * m->outputs) % m->outputs;
 }
 
+/* steps batches of B, batch s from seed + s, one after another in x, y. */
+static void batches(const struct model *m, int B, int steps, float *x, int32_t *y, uint64_t seed)
+{
+	for (int s = 0; s < steps; s++)
+		batch(m, B, x + (size_t)s * B * m->inputs, y + s * B, seed + (uint64_t)s);
+}
+
+/* Skips the test, saying what was not checked, where no GPU is usable. */
+static void gpu_or_skip(const char *what)
+{
+	int n = 0;
+	char why[256];
+	if (gpu_count(&n, why, sizeof(why)) < 0) {
+		fprintf(stderr, "devices: SKIPPED %s (needs a GPU: %s)\n", what, why);
+		cr_skip_test("needs a GPU: %s", why);
+	}
+}
+
 /* The training set of rows x (n, inputs), y (n) and the order 0..n-1, so
  * that devices_step(d, s * B, B, ...) trains on rows s*B .. s*B+B-1. */
 static void data_rows(struct devices *d, struct dataset *ds, uint32_t *order, float *x, int32_t *y,
@@ -138,8 +156,7 @@ Test(devices, apply_keeps_replicas_in_step)
 	int32_t y[B * steps];
 	uint32_t order[B * steps];
 	struct dataset ds;
-	for (int s = 0; s < steps; s++)
-		batch(&m, B, x + (size_t)s * B * m.inputs, y + s * B, 100 + (uint64_t)s);
+	batches(&m, B, steps, x, y, 100);
 	struct optim_config oc = { .kind = OPTIM_MOMENTUM, .lr = 0.1f, .momentum = 0.9f };
 	model_init_params(&m, p, 0, m.nparams, 5);
 	char err[256];
@@ -325,12 +342,7 @@ Test(devices, placement_without_a_gpu)
  * the gradient of devices = 0 with the same batch. */
 Test(devices, two_replicas_on_one_gpu_match_one)
 {
-	int n = 0;
-	char why[256];
-	if (gpu_count(&n, why, sizeof(why)) < 0) {
-		fprintf(stderr, "devices: SKIPPED the devices = 0,0 check (needs a GPU: %s)\n", why);
-		cr_skip_test("needs a GPU: %s", why);
-	}
+	gpu_or_skip("the devices = 0,0 check");
 	struct model m;
 	small_model(&m);
 	const int B = 15;
@@ -361,12 +373,7 @@ Test(devices, two_replicas_on_one_gpu_match_one)
  * CPU ends: parameters, step count and Adam's moments. */
 Test(devices, gpu_optimizer_steps_match_the_cpu)
 {
-	int n = 0;
-	char why[256];
-	if (gpu_count(&n, why, sizeof(why)) < 0) {
-		fprintf(stderr, "devices: SKIPPED the GPU optimizer check (needs a GPU: %s)\n", why);
-		cr_skip_test("needs a GPU: %s", why);
-	}
+	gpu_or_skip("the GPU optimizer check");
 	struct model m;
 	small_model(&m);
 	const int B = 12, steps = 3;
@@ -374,8 +381,7 @@ Test(devices, gpu_optimizer_steps_match_the_cpu)
 	int32_t y[B * steps];
 	uint32_t order[B * steps];
 	struct dataset ds;
-	for (int s = 0; s < steps; s++)
-		batch(&m, B, x + (size_t)s * B * m.inputs, y + s * B, 200 + (uint64_t)s);
+	batches(&m, B, steps, x, y, 200);
 	struct optim_config oc = { .kind = OPTIM_ADAM, .lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f,
 				   .eps = 1e-8f, .weight_decay = 1e-3f };
 	model_init_params(&m, p, 0, m.nparams, 17);
@@ -427,12 +433,7 @@ Test(devices, gpu_optimizer_steps_match_the_cpu)
  * values the graph reads from device memory). */
 Test(devices, gpu_graph_steps_match_kernel_by_kernel)
 {
-	int n = 0;
-	char why[256];
-	if (gpu_count(&n, why, sizeof(why)) < 0) {
-		fprintf(stderr, "devices: SKIPPED the CUDA graph check (needs a GPU: %s)\n", why);
-		cr_skip_test("needs a GPU: %s", why);
-	}
+	gpu_or_skip("the CUDA graph check");
 	struct model m;
 	small_model(&m);
 	const int B = 16, steps = 6;
@@ -440,8 +441,7 @@ Test(devices, gpu_graph_steps_match_kernel_by_kernel)
 	int32_t y[B * steps];
 	uint32_t order[B * steps];
 	struct dataset ds;
-	for (int s = 0; s < steps; s++)
-		batch(&m, B, x + (size_t)s * B * m.inputs, y + s * B, 300 + (uint64_t)s);
+	batches(&m, B, steps, x, y, 300);
 	struct optim_config oc = { .kind = OPTIM_ADAM, .lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f,
 				   .eps = 1e-8f, .weight_decay = 1e-3f };
 	model_init_params(&m, p, 0, m.nparams, 19);
@@ -491,8 +491,7 @@ Test(devices, train_step_is_step_then_apply_on_the_cpu)
 	int32_t y[B * steps];
 	uint32_t order[B * steps];
 	struct dataset ds;
-	for (int s = 0; s < steps; s++)
-		batch(&m, B, x + (size_t)s * B * m.inputs, y + s * B, 400 + (uint64_t)s);
+	batches(&m, B, steps, x, y, 400);
 	model_init_params(&m, p, 0, m.nparams, 29);
 	struct optim_config oc = { .kind = OPTIM_MOMENTUM, .lr = 0.1f, .momentum = 0.9f };
 	for (int k = 0; k < 2; k++) {
@@ -527,12 +526,7 @@ Test(devices, train_step_is_step_then_apply_on_the_cpu)
  * steps, so each buffer is refilled after its step has read it. */
 Test(devices, gpu_staged_batches_match_resident_ones)
 {
-	int n = 0;
-	char why[256];
-	if (gpu_count(&n, why, sizeof(why)) < 0) {
-		fprintf(stderr, "devices: SKIPPED the staged-batch check (needs a GPU: %s)\n", why);
-		cr_skip_test("needs a GPU: %s", why);
-	}
+	gpu_or_skip("the staged-batch check");
 	struct model m;
 	small_model(&m);
 	const int B = 10, steps = 4;
@@ -540,8 +534,7 @@ Test(devices, gpu_staged_batches_match_resident_ones)
 	int32_t y[B * steps];
 	uint32_t order[B * steps];
 	struct dataset ds;
-	for (int s = 0; s < steps; s++)
-		batch(&m, B, x + (size_t)s * B * m.inputs, y + s * B, 500 + (uint64_t)s);
+	batches(&m, B, steps, x, y, 500);
 	model_init_params(&m, p, 0, m.nparams, 41);
 	struct optim_config oc = { .kind = OPTIM_MOMENTUM, .lr = 0.1f, .momentum = 0.9f };
 	const char *ini = "[gpu]\ndevices = 0\nsoft_placement = false\nmemory_fraction = 0.05\n";

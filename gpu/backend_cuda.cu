@@ -241,35 +241,32 @@ static int rows_check(struct gpu_ctx *g, int B)
 	return -EINVAL;
 }
 
-static int g_xent_forward(void *ctx, float *probs, double *meter, const float *logits,
-			  const int32_t *labels, int B, int C)
+/* The loss rows into out (train: their gradient with scale, else the
+ * probabilities), then their sums added to meter. */
+static int xent(struct gpu_ctx *g, float *out, double *meter, const float *logits,
+		const int32_t *labels, int B, int C, int train, float scale)
 {
-	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
 	int r = use(g);
 	if (!r)
 		r = rows_check(g, B);
 	if (r)
 		return r;
 	CKL(g, "softmax cross-entropy kernel",
-	    gk_xent_rows(g->stream, probs, g->row_loss, g->row_right, logits, labels, B, C, 0, 0.0f));
+	    gk_xent_rows(g->stream, out, g->row_loss, g->row_right, logits, labels, B, C, train, scale));
 	CKL(g, "loss sum kernel", gk_meter_add(g->stream, meter, g->row_loss, g->row_right, B));
 	return 0;
+}
+
+static int g_xent_forward(void *ctx, float *probs, double *meter, const float *logits,
+			  const int32_t *labels, int B, int C)
+{
+	return xent((struct gpu_ctx *)ctx, probs, meter, logits, labels, B, C, 0, 0.0f);
 }
 
 static int g_xent_train(void *ctx, float *dlogits, double *meter, const float *logits,
 			const int32_t *labels, int B, int C, float scale)
 {
-	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
-	int r = use(g);
-	if (!r)
-		r = rows_check(g, B);
-	if (r)
-		return r;
-	CKL(g, "softmax cross-entropy kernel",
-	    gk_xent_rows(g->stream, dlogits, g->row_loss, g->row_right, logits, labels, B, C, 1,
-			 scale));
-	CKL(g, "loss sum kernel", gk_meter_add(g->stream, meter, g->row_loss, g->row_right, B));
-	return 0;
+	return xent((struct gpu_ctx *)ctx, dlogits, meter, logits, labels, B, C, 1, scale);
 }
 
 static int g_xent_backward(void *ctx, float *dlogits, const float *probs, const int32_t *labels,

@@ -56,6 +56,9 @@ ARCH_FLAGS := -DPSTRAIN_CUDA_TARGETS='"$(CUDA_TARGETS)"'
 
 CORE_SRC := $(wildcard core/*.c)
 NET_SRC := $(wildcard net/*.c)
+# The ps and worker roles: in the binary and the test binary (their pure
+# parts have unit tests), not in the benchmarks.
+ROLE_SRC := $(wildcard cluster/*.c)
 # The plain-C parts of gpu/ (the rules that decide, not the CUDA calls) are
 # in every build, so their tests run without a GPU.
 GPU_PLAIN := gpu/arch.c gpu/arena.c
@@ -83,6 +86,7 @@ endif
 
 OBJ_CORE := $(CORE_SRC:%.c=$(BUILD)/%.o) $(NET_SRC:%.c=$(BUILD)/%.o) \
 	$(GPU_C:%.c=$(BUILD)/%.o) $(GPU_CU:%.cu=$(BUILD)/%.cu.o)
+OBJ_ROLE := $(ROLE_SRC:%.c=$(BUILD)/%.o)
 OBJ_MAIN := $(BUILD)/main.o
 TEST_SRC := $(wildcard tests/test_*.c) tests/util.c tests/gradcheck.c
 OBJ_TEST := $(TEST_SRC:%.c=$(BUILD)/%.o)
@@ -132,10 +136,10 @@ $(BUILD)/%.cu.o: %.cu $(BUILD)/flags.stamp
 	@mkdir -p $(dir $@)
 	$(call say,NVCC,$<)$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
 
-$(BIN): $(OBJ_MAIN) $(OBJ_CORE)
+$(BIN): $(OBJ_MAIN) $(OBJ_ROLE) $(OBJ_CORE)
 	$(call say,LINK,$@)$(LINK) $(LDFLAGS) $^ -o $@ $(CUDA_LIBS) $(LDLIBS)
 
-$(TEST_BIN): $(OBJ_TEST) $(OBJ_CORE)
+$(TEST_BIN): $(OBJ_TEST) $(OBJ_ROLE) $(OBJ_CORE)
 	@mkdir -p $(dir $@)
 	$(call say,LINK,$@)$(LINK) $(LDFLAGS) $^ -o $@ $(CUDA_LIBS) -lcriterion $(LDLIBS)
 

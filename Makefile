@@ -56,6 +56,8 @@ ARCH_FLAGS := -DPSTRAIN_CUDA_TARGETS='"$(CUDA_TARGETS)"'
 
 CORE_SRC := $(wildcard core/*.c)
 NET_SRC := $(wildcard net/*.c)
+# Below core/ and net/ both: err_set.
+BASE_SRC := $(wildcard base/*.c)
 # The ps and worker roles: in the binary and the test binary (their pure
 # parts have unit tests), not in the benchmarks.
 ROLE_SRC := $(wildcard cluster/*.c)
@@ -84,7 +86,7 @@ CUDA_LIBS :=
 GPU_DESC := no CUDA
 endif
 
-OBJ_CORE := $(CORE_SRC:%.c=$(BUILD)/%.o) $(NET_SRC:%.c=$(BUILD)/%.o) \
+OBJ_CORE := $(CORE_SRC:%.c=$(BUILD)/%.o) $(NET_SRC:%.c=$(BUILD)/%.o) $(BASE_SRC:%.c=$(BUILD)/%.o) \
 	$(GPU_C:%.c=$(BUILD)/%.o) $(GPU_CU:%.cu=$(BUILD)/%.cu.o)
 OBJ_ROLE := $(ROLE_SRC:%.c=$(BUILD)/%.o)
 OBJ_MAIN := $(BUILD)/main.o
@@ -227,12 +229,12 @@ $(BUILD)/fuzz/fuzz_idx $(BUILD)/fuzz/fuzz_csv: core/idx.c core/csv.c core/data.c
 FUZZ_LIBS_config := -linih -lsodium
 FUZZ_LIBS_idx := -lz
 FUZZ_LIBS_csv := -lz
-$(BUILD)/fuzz/fuzz_handshake: net/handshake.c net/frame.c net/err.c
+$(BUILD)/fuzz/fuzz_handshake: net/handshake.c net/frame.c base/err.c
 FUZZ_LIBS_handshake := -lsodium
-$(BUILD)/fuzz/fuzz_msg: net/msg.c net/err.c
-$(BUILD)/fuzz/fuzz_safetensors: core/safetensors.c net/err.c
+$(BUILD)/fuzz/fuzz_msg: net/msg.c base/err.c
+$(BUILD)/fuzz/fuzz_safetensors: core/safetensors.c base/err.c
 
-$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(wildcard core/*.h net/*.h)
+$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(wildcard core/*.h net/*.h base/*.h)
 	@mkdir -p $(dir $@)
 	$(call say,CLANG,$@)$(FUZZ_CC) $(FUZZ_CFLAGS) $(filter %.c,$^) -o $@ $(FUZZ_LIBS_$*) -lm
 

@@ -2,7 +2,7 @@
 #include "links.h"
 
 #include "../net/conn.h"
-#include "../net/err.h"
+#include "../base/err.h"
 #include "../net/sock.h"
 
 #include <errno.h>

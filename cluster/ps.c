@@ -14,7 +14,7 @@
 #include "../core/shard.h"
 #include "../net/conn.h"
 #include "../net/cryptopool.h"
-#include "../net/err.h"
+#include "../base/err.h"
 #include "../net/handshake.h"
 #include "../net/msg.h"
 #include "../net/pipe.h"

@@ -2,7 +2,7 @@
 #include "ps_store.h"
 #include "role.h"
 
-#include "../net/err.h"
+#include "../base/err.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -1,7 +1,7 @@
 /* See recovery.h. */
 #include "recovery.h"
 
-#include "../net/err.h"
+#include "../base/err.h"
 
 #include <errno.h>
 #include <stdlib.h>

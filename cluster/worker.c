@@ -14,7 +14,7 @@
 #include "../core/devices.h"
 #include "../core/replica.h"
 #include "../core/shard.h"
-#include "../net/err.h"
+#include "../base/err.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -2,7 +2,7 @@
  * and inspection; see checkpoint.h. The file format is safetensors.c's. */
 #include "checkpoint.h"
 
-#include "../net/err.h"
+#include "../base/err.h"
 #include "safetensors.h"
 
 #include <dirent.h>

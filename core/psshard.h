@@ -7,7 +7,7 @@
  * reads psshard_params and psshard_version under the same lock. Everything
  * a shard allocates is allocated in psshard_init, so a shard does not grow
  * with steps (issue 3 item 7): psshard_push never allocates. (The ps
- * process around it allocates the copies a checkpoint takes; core/cluster.c
+ * process around it allocates the copies a checkpoint takes; cluster/ps_store.c
  * bounds their number.)
  *
  * sync (SyncReplicasOptimizer): the shard is at version v. A gradient tagged

@@ -1,6 +1,6 @@
 /* See conn.h. */
 #include "conn.h"
-#include "err.h"
+#include "../base/err.h"
 #include "sock.h"
 
 #include <errno.h>

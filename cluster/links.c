@@ -65,7 +65,7 @@ int links_open(struct links *lk, const struct config *c, const struct role_setup
 	lk->rbuf = malloc(CONN_RBUF_BYTES);
 	lk->wbuf = malloc(CONN_WBUF_BYTES);
 	if (!lk->ln || !lk->rbuf || !lk->wbuf)
-		return err_set(err, errlen, -ENOMEM, "out of memory for %zu parameters", s->m.nparams);
+		return err_set(err, errlen, -ENOMEM, "out of memory for %zu parameters", s->job.m.nparams);
 	int ct = cryptopool_threads_for(c->cluster.crypto_threads), e;
 	if (ct > 1 && (e = cryptopool_new(&lk->pool, ct, err, errlen)))
 		return e;

@@ -584,8 +584,8 @@ static void ps_drain(struct ps *ps, const volatile sig_atomic_t *stop)
 static int ps_open(struct ps *ps, const struct config *c, const struct role_setup *s,
 		   const struct shard *sh, int index, int fresh, FILE *out, char *err, size_t errlen)
 {
-	long total = c->train.mode == MODE_ASYNC ? s->total * c->cluster.nworkers : s->total;
-	int e = psshard_init(&ps->sh, &s->m, sh, c, total, err, errlen);
+	long total = c->train.mode == MODE_ASYNC ? s->job.total * c->cluster.nworkers : s->job.total;
+	int e = psshard_init(&ps->sh, &s->job.m, sh, c, total, err, errlen);
 	if (e)
 		return e;
 	pthread_mutex_init(&ps->mu, NULL);
@@ -600,7 +600,7 @@ static int ps_open(struct ps *ps, const struct config *c, const struct role_setu
 	members_init(&ps->mb, ps->W, c->cluster.peer_timeout);
 	for (int i = 0; i < PS_MAX_CONN; i++)
 		ps->fds[i] = -1;
-	e = ps_store_open(&ps->store, &ps->mu, &ps->sh, &s->m, c, index, fresh, out, err, errlen);
+	e = ps_store_open(&ps->store, &ps->mu, &ps->sh, &s->job.m, c, index, fresh, out, err, errlen);
 	if (e)
 		return e;
 	ps->me = (struct hs_identity){ .role = HS_PS, .index = (uint32_t)index,
@@ -652,10 +652,10 @@ int cluster_ps(const struct config *c, int index, int fresh, FILE *out,
 		return err_set(err, errlen, -ENOMEM, "out of memory");
 	e = role_setup_load(&s, c, 0, err, errlen);
 	if (!e)
-		e = shard_check(c->cluster.nps, s.m.nparams, err, errlen);
+		e = shard_check(c->cluster.nps, s.job.m.nparams, err, errlen);
 	if (e)
 		goto out;
-	shard_plan(plan, c->cluster.nps, s.m.nparams);
+	shard_plan(plan, c->cluster.nps, s.job.m.nparams);
 	e = ps_open(ps, c, &s, &plan[index], index, fresh, out, err, errlen);
 	if (e)
 		goto out;
@@ -666,8 +666,8 @@ int cluster_ps(const struct config *c, int index, int fresh, FILE *out,
 		goto out;
 	}
 	role_log(out, "ps %d: listening on %s:%u, shard [%zu, %zu) of %zu parameters, %s mode, %ld steps, waiting for %d worker%s",
-		 index, h->name, h->port, plan[index].begin, plan[index].end, s.m.nparams,
-		 c->train.mode == MODE_SYNC ? "sync" : "async", s.total, ps->W, ps->W == 1 ? "" : "s");
+		 index, h->name, h->port, plan[index].begin, plan[index].end, s.job.m.nparams,
+		 c->train.mode == MODE_SYNC ? "sync" : "async", s.job.total, ps->W, ps->W == 1 ? "" : "s");
 	ps_accept_loop(ps, lfd, stop);
 	close(lfd);
 	ps_drain(ps, stop);

@@ -15,43 +15,12 @@ int role_setup_load(struct role_setup *s, const struct config *c, int want_data,
 		return e == -ENOMEM || e == -EIO ? e : -EINVAL;
 	if (config_hash(c, s->hash))
 		return snprintf(err, errlen, "out of memory"), -ENOMEM;
-	e = model_build(&s->m, &c->model, err, errlen);
-	if (e)
-		return e;
-	if (!want_data && c->train.steps > 0) {
-		s->total = c->train.steps;
-		return 0;
-	}
-	e = data_load(&s->train, &s->test, &c->data, c->train.seed, err, errlen);
-	if (e)
-		return e != -ENOMEM && e != -EIO ? -EINVAL : e;
-	const char *src = c->data.format == DATA_IDX ? c->data.train_images : c->data.train_csv;
-	if (s->train.d != (size_t)s->m.inputs || s->test.d != (size_t)s->m.inputs) {
-		snprintf(err, errlen, "%s: samples have %zu features but the model's input has %d",
-			 src, s->train.d, s->m.inputs);
-		return -EINVAL;
-	}
-	int classes = s->train.classes > s->test.classes ? s->train.classes : s->test.classes;
-	if (classes > s->m.outputs) {
-		snprintf(err, errlen, "%s: labels go up to %d but the last layer has %d outputs",
-			 src, classes - 1, s->m.outputs);
-		return -EINVAL;
-	}
-	size_t per_step = (size_t)c->cluster.nworkers * (size_t)c->train.batch_size;
-	s->spe = (long)(s->train.n / per_step);
-	if (s->spe == 0) {
-		snprintf(err, errlen, "%s: %zu training samples are fewer than %d workers x batch_size %d",
-			 c->path, s->train.n, c->cluster.nworkers, c->train.batch_size);
-		return -EINVAL;
-	}
-	s->total = c->train.steps > 0 ? c->train.steps : c->train.epochs * s->spe;
-	return 0;
+	return job_load(&s->job, c, c->cluster.nworkers, want_data, err, errlen);
 }
 
 void role_setup_free(struct role_setup *s)
 {
-	dataset_free(&s->train);
-	dataset_free(&s->test);
+	job_free(&s->job);
 	explicit_bzero(s->key, sizeof(s->key));
 }
 

@@ -1,5 +1,6 @@
 /* What the ps and worker roles share: the setup every node derives from
- * cluster.ini (key, config hash, model, data, step counts), the timeouts
+ * cluster.ini (key, config hash, and core/job.h's model, data and step
+ * counts), the timeouts
  * derived from [cluster] peer_timeout, the log line, and the test hooks.
  * No sockets and no threads here. */
 #ifndef PSTRAIN_CLUSTER_ROLE_H
@@ -11,22 +12,20 @@
 #include <time.h>
 
 #include "../core/config.h"
-#include "../core/data.h"
-#include "../core/model.h"
+#include "../core/job.h"
 #include "../net/key.h"
 
 /* Key, model, data and the step count, the same on every node. */
 struct role_setup {
 	uint8_t key[KEY_BYTES];
 	uint8_t hash[CONFIG_HASH_BYTES];
-	struct model m;
-	struct dataset train, test;
-	long spe, total;
+	struct job job;     /* W = [cluster] workers */
 };
 
 /* want_data 0 (a ps): the data is loaded only when [train] steps is unset,
- * for the step count the lr schedule runs over. -EINVAL for anything the
- * user must fix (key, model, data, a data set smaller than one step). */
+ * for the step count the lr schedule runs over (job_load). -EINVAL for
+ * anything the user must fix (key, model, data, a data set smaller than
+ * one step). */
 int role_setup_load(struct role_setup *s, const struct config *c, int want_data, char *err,
 		    size_t errlen);
 void role_setup_free(struct role_setup *s);

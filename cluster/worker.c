@@ -2,10 +2,7 @@
  * like `local`'s: pull, checkpoint, evaluate, step, push, with the links to
  * every ps in links.c and, where a ps was lost or went back, a call to
  * recovery.c that says which step to continue at.
- *
- * Batches: at step s of epoch e every worker takes the epoch's permutation
- * (data_permute(seed, e), as `local` does) and worker w uses samples
- * [(s mod spe)·W·B + w·B, +B) of it, spe = floor(n / (W·B)). */
+ * Which samples a worker's batch is: core/job.h. */
 #include "cluster.h"
 #include "links.h"
 #include "recovery.h"
@@ -48,25 +45,25 @@ static int worker_open(struct worker *wr, char *err, size_t errlen)
 	struct shard plan[CONFIG_MAX_HOSTS];
 	int e = role_setup_load(&wr->s, c, 1, err, errlen);
 	if (!e)
-		e = shard_check(c->cluster.nps, wr->s.m.nparams, err, errlen);
+		e = shard_check(c->cluster.nps, wr->s.job.m.nparams, err, errlen);
 	if (e)
 		return e;
-	shard_plan(plan, c->cluster.nps, wr->s.m.nparams);
+	shard_plan(plan, c->cluster.nps, wr->s.job.m.nparams);
 	char job[64];
 	snprintf(job, sizeof(job), "/job:worker/task:%d", wr->index);
-	e = devices_open(&wr->dev, c, &wr->s.m, &c->train.optim,
+	e = devices_open(&wr->dev, c, &wr->s.job.m, &c->train.optim,
 			 wr->chief && wr->B < EVAL_BATCH ? EVAL_BATCH : wr->B, job, wr->out, err, errlen);
 	if (!e)
-		e = devices_set_data(&wr->dev, &wr->s.train, NULL, err, errlen);
+		e = devices_set_data(&wr->dev, &wr->s.job.train, NULL, err, errlen);
 	if (e)
 		return e;
 	/* On one CPU replica, pull into and push from the replica's own
 	 * vectors: the copies in and out of the devices are then no-ops. */
-	size_t P = wr->s.m.nparams;
+	size_t P = wr->s.job.m.nparams;
 	wr->own_host = wr->dev.gpu || wr->dev.n > 1;
 	wr->params = wr->own_host ? malloc(P * sizeof(float)) : wr->dev.params[0];
 	wr->grads = wr->own_host ? malloc(P * sizeof(float)) : wr->dev.grads[0];
-	wr->perm = malloc(wr->s.train.n * sizeof(uint32_t));
+	wr->perm = malloc(wr->s.job.train.n * sizeof(uint32_t));
 	if (!wr->params || !wr->grads || !wr->perm)
 		return err_set(err, errlen, -ENOMEM, "out of memory for %zu parameters", P);
 	e = links_open(&wr->lk, c, &wr->s, plan, wr->index, wr->stop, wr->out, err, errlen);
@@ -74,10 +71,10 @@ static int worker_open(struct worker *wr, char *err, size_t errlen)
 		e = links_connect(&wr->lk, err, errlen);
 	if (e)
 		return e;
-	wr->total = wr->s.total;
-	wr->spe = wr->s.spe;
+	wr->total = wr->s.job.total;
+	wr->spe = wr->s.job.spe;
 	role_log(wr->out, "worker %d%s: connected to %d ps; %zu train / %zu test samples, %zu parameters, batch %d x %d workers, %ld steps (%ld per epoch), %s mode",
-		 wr->index, wr->chief ? " (chief)" : "", wr->lk.nps, wr->s.train.n, wr->s.test.n, P, wr->B,
+		 wr->index, wr->chief ? " (chief)" : "", wr->lk.nps, wr->s.job.train.n, wr->s.job.test.n, P, wr->B,
 		 wr->W, wr->total, wr->spe, c->train.mode == MODE_SYNC ? "sync" : "async");
 	progress_init(&wr->pg, wr->out, wr->chief && wr->tty, wr->total, wr->spe);
 	wr->lk.pg = wr->chief ? &wr->pg : NULL;
@@ -159,7 +156,7 @@ static int worker_evaluate(struct worker *wr, double *ts, char *err, size_t errl
 		role_nap_ms(wr->hooks.eval_delay_ms);
 	int e = devices_report(&wr->dev, &wr->pg, step - 1, err, errlen);
 	if (!e)
-		e = devices_evaluate(&wr->dev, &wr->s.test, &tl, &ta, err, errlen);
+		e = devices_evaluate(&wr->dev, &wr->s.job.test, &tl, &ta, err, errlen);
 	if (e)
 		return e;
 	progress_eval(&wr->pg, step, tl, ta);
@@ -173,7 +170,7 @@ static int worker_compute(struct worker *wr, char *err, size_t errlen)
 {
 	const struct config *c = wr->c;
 	long step = wr->step, epoch = step / wr->spe;
-	size_t n = wr->s.train.n;
+	size_t n = wr->s.job.train.n;
 	char why[CONFIG_ERR_MAX];
 	int e = 0;
 	if (epoch != wr->epoch_loaded) {
@@ -183,8 +180,7 @@ static int worker_compute(struct worker *wr, char *err, size_t errlen)
 		if (e)
 			return err_set(err, errlen, e, "step %ld: %s", step, why);
 	}
-	size_t first = (size_t)(step % wr->spe) * (size_t)wr->W * (size_t)wr->B +
-		       (size_t)wr->index * (size_t)wr->B;
+	size_t first = job_batch_at(&wr->s.job, step, wr->index);
 	e = devices_zero_grads(&wr->dev, why, sizeof(why));
 	if (!e)
 		e = devices_step(&wr->dev, first, wr->B, replica_key(c->train.seed, step, wr->index), why,
@@ -301,11 +297,11 @@ static int worker_final(struct worker *wr, const char *dump, struct train_result
 	}
 	e = devices_report(&wr->dev, &wr->pg, step - 1, err, errlen);
 	if (!e)
-		e = devices_evaluate(&wr->dev, &wr->s.test, &res->test_loss, &res->test_acc, err, errlen);
+		e = devices_evaluate(&wr->dev, &wr->s.job.test, &res->test_loss, &res->test_acc, err, errlen);
 	if (e)
 		return e;
 	progress_eval(&wr->pg, step, res->test_loss, res->test_acc);
-	return dump ? dump_params(dump, wr->params, wr->s.m.nparams, err, errlen) : 0;
+	return dump ? dump_params(dump, wr->params, wr->s.job.m.nparams, err, errlen) : 0;
 }
 
 /* A worker that has trained its last step says DONE and stays until every

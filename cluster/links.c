@@ -1,14 +1,12 @@
 /* See links.h. */
 #include "links.h"
 
-#include "../net/conn.h"
 #include "../base/err.h"
 #include "../net/sock.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #define HS_TIMEOUT_MS 5000
 
@@ -25,7 +23,7 @@ const char *links_ps_name(const struct config *c, int k, char *buf, size_t len)
 static void *links_heartbeats(void *arg)
 {
 	struct links *lk = arg;
-	uint8_t buf[FRAME_SEALED_BYTES(MSG_HEARTBEAT_BYTES)];
+	uint8_t buf[CONN_FRAME_BYTES(MSG_HEARTBEAT_BYTES)];
 	int ms = role_heartbeat_ms(lk->c);
 	struct msg_heartbeat hb;
 	memset(&hb, 0, sizeof(hb));
@@ -38,16 +36,10 @@ static void *links_heartbeats(void *arg)
 			break;
 		pthread_mutex_unlock(&lk->hb_mu);
 		for (int k = 0; k < lk->nps; k++) {
-			struct link *l = &lk->ln[k];
 			size_t len;
-			pthread_mutex_lock(&l->mu);
-			double now = progress_now();
-			if (l->fd >= 0 && now - l->last_send >= ms / 1000.0 &&
-			    msg_encode_heartbeat(conn_msg(buf), conn_msg_cap(sizeof(buf)), &hb, &len, NULL, 0) == 0) {
-				(void)!conn_send(l->fd, &l->hr.send, buf, sizeof(buf), len, ms, NULL, 0);
-				l->last_send = now;
-			}
-			pthread_mutex_unlock(&l->mu);
+			/* Sealing encrypts in place: encoded for each send. */
+			if (msg_encode_heartbeat(conn_msg(buf), conn_msg_cap(sizeof(buf)), &hb, &len, NULL, 0) == 0)
+				(void)conn_send_idle(&lk->ln[k].conn, buf, sizeof(buf), len, ms / 1000.0, NULL, 0);
 		}
 		pthread_mutex_lock(&lk->hb_mu);
 	}
@@ -73,9 +65,9 @@ int links_open(struct links *lk, const struct config *c, const struct role_setup
 	if (e)
 		return e;
 	for (int k = 0; k < lk->nps; k++) {
-		lk->ln[k].fd = -1;
+		conn_init(&lk->ln[k].conn, -1, lk->rbuf, lk->wbuf, &lk->pp, role_peer_timeout_ms(c),
+			  role_write_timeout_ms(c));
 		lk->ln[k].range = plan[k];
-		pthread_mutex_init(&lk->ln[k].mu, NULL);
 	}
 	pthread_mutex_init(&lk->hb_mu, NULL);
 	role_cond_init(&lk->hb_cv);
@@ -97,9 +89,8 @@ void links_close(struct links *lk)
 		lk->hb_on = 0;
 	}
 	if (lk->ready) {
-		links_disconnect(lk);
 		for (int k = 0; k < lk->nps; k++)
-			pthread_mutex_destroy(&lk->ln[k].mu);
+			conn_destroy(&lk->ln[k].conn);
 		pthread_mutex_destroy(&lk->hb_mu);
 		pthread_cond_destroy(&lk->hb_cv);
 		lk->ready = 0;
@@ -116,16 +107,8 @@ void links_close(struct links *lk)
 
 void links_disconnect(struct links *lk)
 {
-	for (int k = 0; lk->ln && k < lk->nps; k++) {
-		struct link *l = &lk->ln[k];
-		pthread_mutex_lock(&l->mu);
-		if (l->fd >= 0)
-			close(l->fd);
-		l->fd = -1;
-		frame_key_wipe(&l->hr.send);
-		frame_key_wipe(&l->hr.recv);
-		pthread_mutex_unlock(&l->mu);
-	}
+	for (int k = 0; lk->ln && k < lk->nps; k++)
+		conn_close(&lk->ln[k].conn);
 }
 
 int links_connect_one(struct links *lk, int k, int timeout_ms, char *err, size_t errlen)
@@ -134,11 +117,8 @@ int links_connect_one(struct links *lk, int k, int timeout_ms, char *err, size_t
 	struct hs_identity me = { .role = HS_WORKER, .index = (uint32_t)lk->index,
 				  .aes = frame_aes_available() };
 	memcpy(me.config_hash, lk->s->hash, HS_HASH_BYTES);
-	struct link *l = &lk->ln[k];
+	struct conn *cn = &lk->ln[k].conn;
 	char e[512], nm[300];
-	uint8_t hello1[HS_HELLO_BYTES], hello2[HS_HELLO_BYTES];
-	struct hs h;
-	struct hs_result hr;
 	int fd = -1;
 	int hs_ms = timeout_ms < HS_TIMEOUT_MS ? timeout_ms : HS_TIMEOUT_MS;
 	links_ps_name(c, k, nm, sizeof(nm));
@@ -147,36 +127,15 @@ int links_connect_one(struct links *lk, int k, int timeout_ms, char *err, size_t
 	if (r)
 		return r == -EINVAL || r == -ENOENT ? err_set(err, errlen, -EINVAL, "ps %d: %s", k, e)
 						    : err_set(err, errlen, -ECONNABORTED, "ps %d: %s", k, e);
-	r = hs_client_start(&h, hello1, lk->s->key, &me, e, sizeof(e));
-	if (r) {
-		close(fd);
-		return err_set(err, errlen, r, "handshake: %s", e);
+	r = conn_client(cn, fd, lk->s->key, &me, hs_ms, nm, err, errlen);
+	if (r)
+		return r;
+	if (cn->hr.peer.role != HS_PS || cn->hr.peer.index != (uint32_t)k) {
+		r = err_set(err, errlen, -ECONNABORTED, "%s answered as %s %u", nm,
+			    hs_role_name(cn->hr.peer.role), cn->hr.peer.index);
+		conn_close(cn);
+		return r;
 	}
-	r = sock_write_full(fd, hello1, sizeof(hello1), hs_ms, e, sizeof(e));
-	if (!r)
-		r = sock_read_full(fd, hello2, sizeof(hello2), hs_ms, e, sizeof(e));
-	if (r) {
-		hs_wipe(&h);
-		close(fd);
-		return err_set(err, errlen, -ECONNABORTED, "%s: handshake: %s%s", nm, e,
-			       r == -EPIPE ? " (wrong cluster key?)" : "");
-	}
-	r = hs_client_finish(&h, &hr, hello2, sizeof(hello2), e, sizeof(e));
-	if (r) {
-		hs_wipe(&h);
-		close(fd);
-		return err_set(err, errlen, -ECONNABORTED, "%s: %s", nm, e);
-	}
-	if (hr.peer.role != HS_PS || hr.peer.index != (uint32_t)k) {
-		close(fd);
-		return err_set(err, errlen, -ECONNABORTED, "%s answered as %s %u", nm,
-			       hs_role_name(hr.peer.role), hr.peer.index);
-	}
-	pthread_mutex_lock(&l->mu);
-	l->fd = fd;
-	l->hr = hr;
-	l->last_send = progress_now();
-	pthread_mutex_unlock(&l->mu);
 	return 0;
 }
 
@@ -246,10 +205,8 @@ static int link_went_back(struct links *lk, int k, uint64_t v, char *err, size_t
 static int links_recv(struct links *lk, int k, size_t *len, char *err, size_t errlen)
 {
 	char e[512], nm[300];
-	struct link *l = &lk->ln[k];
 	for (;;) {
-		int r = sock_read_frame(l->fd, &l->hr.recv, lk->rbuf, CONN_RBUF_BYTES, len,
-					role_peer_timeout_ms(lk->c), e, sizeof(e));
+		int r = conn_recv(&lk->ln[k].conn, len, e, sizeof(e));
 		if (r)
 			return link_failed(lk, k, r, e, err, errlen);
 		r = msg_type(lk->rbuf, *len, e, sizeof(e));
@@ -304,14 +261,9 @@ static int links_send(struct links *lk, int k, const struct ctl *m, char *err, s
 {
 	char e[512];
 	size_t len;
-	struct link *l = &lk->ln[k];
 	if (ctl_encode(m, conn_msg(lk->wbuf), conn_msg_cap(CONN_WBUF_BYTES), &len, e, sizeof(e)))
 		return err_set(err, errlen, -EPROTO, "%s", e);
-	pthread_mutex_lock(&l->mu);
-	int r = conn_send(l->fd, &l->hr.send, lk->wbuf, CONN_WBUF_BYTES, len,
-			  role_write_timeout_ms(lk->c), e, sizeof(e));
-	l->last_send = progress_now();
-	pthread_mutex_unlock(&l->mu);
+	int r = conn_send(&lk->ln[k].conn, len, e, sizeof(e));
 	if (r)
 		return link_failed(lk, k, r, e, err, errlen);
 	return 0;
@@ -341,16 +293,13 @@ static int links_recv_params(struct links *lk, int k, float *params, char *err, 
 	int r = links_recv(lk, k, &len, err, errlen);
 	if (r < 0)
 		return r;
-	if (conn_chunk_deliver(&x, 0, lk->rbuf, len, e, sizeof(e)))
+	if (conn_take_chunk(&l->conn, &x, len, e, sizeof(e)))
 		return err_set(err, errlen, -ECONNABORTED, "%s: %s", links_ps_name(lk->c, k, nm, sizeof(nm)), e);
-	if (!msg_assembly_done(&a)) {
-		r = pipe_recv(&lk->pp, l->fd, &l->hr.recv, msg_chunks(a.n - a.received), conn_chunk_deliver,
-			      &x, role_peer_timeout_ms(lk->c), e, sizeof(e));
-		if (r && x.bad)
-			return err_set(err, errlen, -ECONNABORTED, "%s: %s", links_ps_name(lk->c, k, nm, sizeof(nm)), e);
-		if (r)
-			return link_failed(lk, k, r, e, err, errlen);
-	}
+	r = conn_recv_rest(&l->conn, &x, e, sizeof(e));
+	if (r && x.bad)
+		return err_set(err, errlen, -ECONNABORTED, "%s: %s", links_ps_name(lk->c, k, nm, sizeof(nm)), e);
+	if (r)
+		return link_failed(lk, k, r, e, err, errlen);
 	l->got = a.version;
 	return 0;
 }
@@ -393,11 +342,7 @@ int links_push(struct links *lk, const float *grads, char *err, size_t errlen)
 		struct conn_chunk_tx t = { .type = WIRE_PUSH, .shard = (uint32_t)k, .version = l->got,
 					   .worker = (uint32_t)lk->index, .src = grads + l->range.begin,
 					   .n = n };
-		pthread_mutex_lock(&l->mu);
-		int r = pipe_send(&lk->pp, l->fd, &l->hr.send, msg_chunks(n), conn_chunk_encode, &t,
-				  role_write_timeout_ms(lk->c), e, sizeof(e));
-		l->last_send = progress_now();
-		pthread_mutex_unlock(&l->mu);
+		int r = conn_send_tensor(&l->conn, &t, e, sizeof(e));
 		if (r)
 			return link_failed(lk, k, r, e, err, errlen);
 	}

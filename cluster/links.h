@@ -20,19 +20,16 @@
 
 #include "../core/progress.h"
 #include "../core/shard.h"
+#include "../net/conn.h"
 #include "../net/cryptopool.h"
-#include "../net/handshake.h"
 #include "../net/msg.h"
 #include "../net/pipe.h"
 #include "role.h"
 
 struct link {
-	int fd;
-	struct hs_result hr;
+	struct conn conn;    /* its send lock: the heartbeat thread sends too */
 	struct shard range;
 	uint64_t got;        /* version of the parameters last pulled */
-	pthread_mutex_t mu;  /* fd and hr.send: the heartbeat thread sends too */
-	double last_send;    /* progress_now() when the last frame went out */
 };
 
 struct links {
@@ -43,9 +40,9 @@ struct links {
 	struct progress *pg;     /* the chief's: "waiting for worker N" lines */
 	int index, nps;
 	struct link *ln;         /* (nps) */
-	uint8_t *rbuf, *wbuf;
+	uint8_t *rbuf, *wbuf;    /* every link's (one ps at a time) */
 	struct cryptopool *pool; /* NULL: crypto_threads 1 */
-	struct pipe pp;          /* tensors, one ps at a time; frame 0 is wbuf */
+	struct pipe pp;          /* every link's tensors; frame 0 is wbuf */
 	uint64_t stale;          /* pushes the shards dropped */
 	int lost;                /* the ps whose connection failed or went back; -1: none */
 	uint64_t heard_v;        /* the last "waiting for" line printed: version, workers */

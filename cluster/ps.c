@@ -24,7 +24,6 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #define PS_MAX_CONN 128
@@ -48,20 +47,19 @@ struct ps {
 	char why[512];
 	uint64_t gen;            /* rollbacks so far: wakes PULLs waiting across one */
 	int nconn;
-	int fds[PS_MAX_CONN];
+	struct ps_conn *conns[PS_MAX_CONN];
 };
 
 /* One worker's connection, served on its own thread. */
 struct ps_conn {
 	struct ps *ps;
-	int slot, fd;
+	struct conn conn;
+	int slot;
 	int w;           /* the worker, once authenticated */
 	int pushed;      /* a whole gradient arrived on this connection */
 	int said_done;   /* the last word was DONE: a closed connection is no failure */
 	int first_pull;
 	char peer[SOCK_ADDR_STRLEN];
-	struct hs_result hr;
-	uint8_t *rbuf, *wbuf;
 	float *grad, *snap;      /* (n) a PUSH being assembled; the shard copied for PARAMS */
 	struct pipe pp;          /* the chunks of a tensor, sealed/opened on ps->pool */
 	struct msg_assembly a;
@@ -75,11 +73,13 @@ struct ps_conn {
 
 typedef int (*ps_handler)(struct ps_conn *cn, size_t len, char *err, size_t errlen);
 
-static int conn_reply(struct ps_conn *cn, size_t len, char *err, size_t errlen)
+/* Where a reply is encoded, and how long it may be. */
+static uint8_t *reply_buf(struct ps_conn *cn)
 {
-	return conn_send(cn->fd, &cn->hr.send, cn->wbuf, CONN_WBUF_BYTES, len,
-			 role_write_timeout_ms(cn->ps->c), err, errlen);
+	return conn_msg(cn->conn.wbuf);
 }
+
+#define REPLY_CAP conn_msg_cap(CONN_WBUF_BYTES)
 
 /* A HEARTBEAT for a worker waiting on a sync PULL: which workers' gradients
  * for the shard's version have not arrived (under ps->mu). */
@@ -111,10 +111,9 @@ static int pull_wait(struct ps_conn *cn, uint64_t want, char *err, size_t errlen
 		size_t len;
 		ps_heartbeat(ps, &hb);
 		pthread_mutex_unlock(&ps->mu);
-		int r = msg_encode_heartbeat(conn_msg(cn->wbuf), conn_msg_cap(CONN_WBUF_BYTES), &hb, &len,
-					     err, errlen);
+		int r = msg_encode_heartbeat(reply_buf(cn), REPLY_CAP, &hb, &len, err, errlen);
 		if (!r)
-			r = conn_reply(cn, len, err, errlen);
+			r = conn_send(&cn->conn, len, err, errlen);
 		if (r)
 			return r;
 		pthread_mutex_lock(&ps->mu);
@@ -127,7 +126,7 @@ static int on_pull(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 	struct ps *ps = cn->ps;
 	size_t n = ps->sh.n;
 	struct msg_pull p;
-	int r = msg_decode_pull(cn->rbuf, len, &p, err, errlen);
+	int r = msg_decode_pull(cn->conn.rbuf, len, &p, err, errlen);
 	if (r)
 		return r;
 	if (p.shard != (uint32_t)ps->index)
@@ -156,15 +155,13 @@ static int on_pull(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 	snprintf(why, sizeof(why), "ps %d stops: %.200s", ps->index, ps->why);
 	pthread_mutex_unlock(&ps->mu);
 	if (ab) {
-		conn_send_error(cn->fd, &cn->hr.send, cn->wbuf, CONN_WBUF_BYTES, ECONNABORTED, why,
-				role_write_timeout_ms(ps->c));
+		conn_send_error(&cn->conn, ECONNABORTED, why);
 		snprintf(err, errlen, "training aborted");
 		return PS_END;
 	}
 	struct conn_chunk_tx t = { .type = WIRE_PARAMS, .shard = (uint32_t)ps->index, .version = v,
 				   .src = cn->snap, .n = n };
-	return pipe_send(&cn->pp, cn->fd, &cn->hr.send, msg_chunks(n), conn_chunk_encode, &t,
-			 role_write_timeout_ms(ps->c), err, errlen);
+	return conn_send_tensor(&cn->conn, &t, err, errlen);
 }
 
 /* A whole gradient has arrived: applied under the lock, then ACKed. */
@@ -191,8 +188,8 @@ static int push_apply(struct ps_conn *cn, char *err, size_t errlen)
 		ack.status = oc == PSSHARD_APPLIED ? MSG_ACK_APPLIED
 			     : oc == PSSHARD_WAITING ? MSG_ACK_ACCEPTED
 						     : MSG_ACK_STALE;
-	r = msg_encode_ack(conn_msg(cn->wbuf), conn_msg_cap(CONN_WBUF_BYTES), &ack, &len, err, errlen);
-	return r ? r : conn_reply(cn, len, err, errlen);
+	r = msg_encode_ack(reply_buf(cn), REPLY_CAP, &ack, &len, err, errlen);
+	return r ? r : conn_send(&cn->conn, len, err, errlen);
 }
 
 /* PUSH (or PARAMS, refused by the assembly): the first chunk here, the
@@ -203,7 +200,7 @@ static int on_push(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 	struct ps *ps = cn->ps;
 	size_t n = ps->sh.n;
 	struct msg_chunk ch;
-	int r = msg_decode_chunk(cn->rbuf, len, &ch, err, errlen);
+	int r = msg_decode_chunk(cn->conn.rbuf, len, &ch, err, errlen);
 	if (r)
 		return r;
 	if (ch.worker != (uint32_t)cn->w)
@@ -221,9 +218,7 @@ static int on_push(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 	if (r == 0) {
 		struct conn_chunk_rx x = { .type = WIRE_PUSH, .worker = (uint32_t)cn->w, .a = &cn->a,
 					   .dst = cn->grad };
-		uint64_t more = msg_chunks(n - cn->a.received);
-		r = pipe_recv(&cn->pp, cn->fd, &cn->hr.recv, more, conn_chunk_deliver, &x,
-			      role_peer_timeout_ms(ps->c), err, errlen);
+		r = conn_recv_rest(&cn->conn, &x, err, errlen);
 		if (r)
 			return r;
 		if (!msg_assembly_done(&cn->a))
@@ -235,7 +230,7 @@ static int on_push(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 static int on_checkpoint(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 {
 	struct msg_checkpoint ck;
-	int r = msg_decode_checkpoint(cn->rbuf, len, &ck, err, errlen);
+	int r = msg_decode_checkpoint(cn->conn.rbuf, len, &ck, err, errlen);
 	if (r)
 		return r;
 	if (cn->w != 0)
@@ -254,7 +249,7 @@ static int on_rollback(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 	struct ps *ps = cn->ps;
 	struct msg_rollback rb;
 	char e[CONFIG_ERR_MAX] = "";
-	int r = msg_decode_rollback(cn->rbuf, len, &rb, err, errlen);
+	int r = msg_decode_rollback(cn->conn.rbuf, len, &rb, err, errlen);
 	if (r)
 		return r;
 	uint64_t step = rb.step;
@@ -287,7 +282,7 @@ static int on_rollback(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 static int on_heartbeat(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 {
 	struct msg_heartbeat hb;
-	return msg_decode_heartbeat(cn->rbuf, len, &hb, err, errlen);
+	return msg_decode_heartbeat(cn->conn.rbuf, len, &hb, err, errlen);
 }
 
 /* A finished worker asking whether the run is complete: the chief has
@@ -296,7 +291,7 @@ static int on_status(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 {
 	struct ps *ps = cn->ps;
 	struct msg_status q;
-	int r = msg_decode_status(cn->rbuf, len, &q, err, errlen);
+	int r = msg_decode_status(cn->conn.rbuf, len, &q, err, errlen);
 	if (r)
 		return r;
 	if (q.reply || q.shard != (uint32_t)ps->index)
@@ -309,16 +304,15 @@ static int on_status(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 				  .stale = ps->sh.dropped_stale,
 				  .complete = (uint8_t)members_complete(&ps->mb) };
 	pthread_mutex_unlock(&ps->mu);
-	r = msg_encode_status(conn_msg(cn->wbuf), conn_msg_cap(CONN_WBUF_BYTES), &ans, &len, err,
-			      errlen);
-	return r ? r : conn_reply(cn, len, err, errlen);
+	r = msg_encode_status(reply_buf(cn), REPLY_CAP, &ans, &len, err, errlen);
+	return r ? r : conn_send(&cn->conn, len, err, errlen);
 }
 
 static int on_done(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 {
 	struct ps *ps = cn->ps;
 	struct msg_done d;
-	int r = msg_decode_done(cn->rbuf, len, &d, err, errlen);
+	int r = msg_decode_done(cn->conn.rbuf, len, &d, err, errlen);
 	if (r)
 		return r;
 	if (d.worker != (uint32_t)cn->w)
@@ -335,7 +329,7 @@ static int on_done(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 static int on_error(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 {
 	struct msg_error me;
-	int r = msg_decode_error(cn->rbuf, len, &me, err, errlen);
+	int r = msg_decode_error(cn->conn.rbuf, len, &me, err, errlen);
 	return r ? r : err_set(err, errlen, -ECONNABORTED, "it reported: %s", me.text);
 }
 
@@ -364,8 +358,7 @@ static int ps_serve(struct ps_conn *cn, char *err, size_t errlen)
 		size_t len;
 		/* After DONE too: a finished worker polls STATUS every 100 ms
 		 * until it leaves, so silence means it is stuck. */
-		int r = sock_read_frame(cn->fd, &cn->hr.recv, cn->rbuf, CONN_RBUF_BYTES, &len,
-					role_peer_timeout_ms(ps->c), err, errlen);
+		int r = conn_recv(&cn->conn, &len, err, errlen);
 		if (r && cn->said_done)
 			return 0;
 		if (r == -ETIMEDOUT)
@@ -373,7 +366,7 @@ static int ps_serve(struct ps_conn *cn, char *err, size_t errlen)
 				       ps->c->cluster.peer_timeout);
 		if (r)
 			return r;
-		r = msg_type(cn->rbuf, len, err, errlen);
+		r = msg_type(cn->conn.rbuf, len, err, errlen);
 		if (r < 0)
 			return r;
 		ps_handler fn = NULL;
@@ -391,36 +384,25 @@ static int ps_serve(struct ps_conn *cn, char *err, size_t errlen)
 	}
 }
 
-/* HELLO1 within HS_TIMEOUT_MS, answered by hs_server_respond (a peer
- * failing the MAC gets no reply and one log line with its address); only
- * a worker with a valid index is accepted. */
+/* HELLO1 within HS_TIMEOUT_MS, answered by conn_server (a peer failing
+ * the MAC gets no reply and one log line with its address); only a worker
+ * with a valid index is accepted. */
 static int ps_handshake(struct ps_conn *cn)
 {
 	struct ps *ps = cn->ps;
-	uint8_t hello1[HS_HELLO_BYTES], hello2[HS_HELLO_BYTES];
-	size_t outlen = 0;
-	char e[320];
-	int r = sock_read_full(cn->fd, hello1, sizeof(hello1), HS_TIMEOUT_MS, e, sizeof(e));
+	char e[400];
+	int r = conn_server(&cn->conn, ps->s->key, &ps->me, HS_TIMEOUT_MS, e, sizeof(e));
 	if (r) {
-		role_log(ps->out, "ps %d: %s: no handshake: %s", ps->index, cn->peer, e);
+		role_log(ps->out, "ps %d: %s: %s", ps->index, cn->peer, e);
 		return r;
 	}
-	r = hs_server_respond(&cn->hr, hello2, &outlen, ps->s->key, &ps->me, hello1, sizeof(hello1), e,
-			      sizeof(e));
-	if (outlen)
-		(void)!sock_write_full(cn->fd, hello2, outlen, HS_TIMEOUT_MS, NULL, 0);
-	if (r) {
-		role_log(ps->out, "ps %d: %s: handshake refused: %s", ps->index, cn->peer, e);
-		return r;
-	}
-	if (cn->hr.peer.role != HS_WORKER || cn->hr.peer.index >= (uint32_t)ps->W) {
+	const struct hs_identity *peer = &cn->conn.hr.peer;
+	if (peer->role != HS_WORKER || peer->index >= (uint32_t)ps->W) {
 		role_log(ps->out, "ps %d: %s: refused %s %u (this cluster has %d workers)", ps->index,
-			 cn->peer, hs_role_name(cn->hr.peer.role), cn->hr.peer.index, ps->W);
-		frame_key_wipe(&cn->hr.send);
-		frame_key_wipe(&cn->hr.recv);
+			 cn->peer, hs_role_name(peer->role), peer->index, ps->W);
 		return -EACCES;
 	}
-	cn->w = (int)cn->hr.peer.index;
+	cn->w = (int)peer->index;
 	return 0;
 }
 
@@ -454,13 +436,14 @@ static void *ps_conn_main(void *arg)
 	struct ps_conn *cn = arg;
 	struct ps *ps = cn->ps;
 	char e[320];
+	uint8_t *rbuf = malloc(CONN_RBUF_BYTES), *wbuf = malloc(CONN_WBUF_BYTES);
 	cn->first_pull = 1;
-	cn->rbuf = malloc(CONN_RBUF_BYTES);
-	cn->wbuf = malloc(CONN_WBUF_BYTES);
+	cn->conn.rbuf = rbuf;
+	cn->conn.wbuf = wbuf;
 	cn->grad = malloc(ps->sh.n * sizeof(float));
 	cn->snap = malloc(ps->sh.n * sizeof(float));
-	if (!cn->rbuf || !cn->wbuf || !cn->grad || !cn->snap ||
-	    pipe_init(&cn->pp, ps->pool, cn->wbuf, CONN_WBUF_BYTES, NULL, 0)) {
+	if (!rbuf || !wbuf || !cn->grad || !cn->snap ||
+	    pipe_init(&cn->pp, ps->pool, wbuf, CONN_WBUF_BYTES, NULL, 0)) {
 		role_log(ps->out, "ps %d: %s: out of memory for a connection", ps->index, cn->peer);
 	} else if (ps_handshake(cn) == 0) {
 		pthread_mutex_lock(&ps->mu);
@@ -468,17 +451,15 @@ static void *ps_conn_main(void *arg)
 		pthread_mutex_unlock(&ps->mu);
 		int r = ps_serve(cn, e, sizeof(e));
 		ps_left(cn, r, e);
-		frame_key_wipe(&cn->hr.send);
-		frame_key_wipe(&cn->hr.recv);
 	}
 	pipe_free(&cn->pp);
-	free(cn->rbuf);
-	free(cn->wbuf);
+	free(rbuf);
+	free(wbuf);
 	free(cn->grad);
 	free(cn->snap);
 	pthread_mutex_lock(&ps->mu);
-	close(cn->fd);
-	ps->fds[cn->slot] = -1;
+	ps->conns[cn->slot] = NULL;
+	conn_destroy(&cn->conn); /* under the lock: ps_drain shuts down what is listed */
 	ps->nconn--;
 	pthread_cond_broadcast(&ps->cv);
 	pthread_mutex_unlock(&ps->mu);
@@ -492,7 +473,7 @@ static void ps_spawn(struct ps *ps, int fd, const char *peer)
 	pthread_mutex_lock(&ps->mu);
 	int slot = -1;
 	for (int i = 0; i < PS_MAX_CONN && slot < 0; i++)
-		if (ps->fds[i] < 0)
+		if (!ps->conns[i])
 			slot = i;
 	struct ps_conn *cn = slot < 0 ? NULL : calloc(1, sizeof(*cn));
 	pthread_t t;
@@ -501,20 +482,23 @@ static void ps_spawn(struct ps *ps, int fd, const char *peer)
 	if (cn) {
 		cn->ps = ps;
 		cn->slot = slot;
-		cn->fd = fd;
+		conn_init(&cn->conn, fd, NULL, NULL, &cn->pp, role_peer_timeout_ms(ps->c),
+			  role_write_timeout_ms(ps->c));
 		snprintf(cn->peer, sizeof(cn->peer), "%s", peer);
 		pthread_attr_init(&at);
 		pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
 		ok = pthread_create(&t, &at, ps_conn_main, cn) == 0;
 		pthread_attr_destroy(&at);
 		if (ok) {
-			ps->fds[slot] = fd;
+			ps->conns[slot] = cn;
 			ps->nconn++;
 		}
 	}
 	pthread_mutex_unlock(&ps->mu);
 	if (!ok) {
 		role_log(ps->out, "ps %d: %s: refused: too many connections", ps->index, peer);
+		if (cn)
+			pthread_mutex_destroy(&cn->conn.mu);
 		close(fd);
 		free(cn);
 	}
@@ -572,8 +556,8 @@ static void ps_drain(struct ps *ps, const volatile sig_atomic_t *stop)
 	while (ps->nconn > 0 && pthread_cond_timedwait(&ps->cv, &ps->mu, &dl) == 0)
 		;
 	for (int i = 0; i < PS_MAX_CONN; i++)
-		if (ps->fds[i] >= 0)
-			shutdown(ps->fds[i], SHUT_RDWR);
+		if (ps->conns[i])
+			conn_shutdown(&ps->conns[i]->conn);
 	while (ps->nconn > 0)
 		pthread_cond_wait(&ps->cv, &ps->mu);
 	pthread_mutex_unlock(&ps->mu);
@@ -598,8 +582,6 @@ static int ps_open(struct ps *ps, const struct config *c, const struct role_setu
 	ps->W = c->cluster.nworkers;
 	role_hooks_read(&ps->hooks);
 	members_init(&ps->mb, ps->W, c->cluster.peer_timeout);
-	for (int i = 0; i < PS_MAX_CONN; i++)
-		ps->fds[i] = -1;
 	e = ps_store_open(&ps->store, &ps->mu, &ps->sh, &s->job.m, c, index, fresh, out, err, errlen);
 	if (e)
 		return e;

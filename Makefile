@@ -56,6 +56,11 @@ ARCH_FLAGS := -DPSTRAIN_CUDA_TARGETS='"$(CUDA_TARGETS)"'
 
 CORE_SRC := $(wildcard core/*.c)
 NET_SRC := $(wildcard net/*.c)
+# Below core/ and net/ both: err_set.
+BASE_SRC := $(wildcard base/*.c)
+# The ps and worker roles: in the binary and the test binary (their pure
+# parts have unit tests), not in the benchmarks.
+ROLE_SRC := $(wildcard cluster/*.c)
 # The plain-C parts of gpu/ (the rules that decide, not the CUDA calls) are
 # in every build, so their tests run without a GPU.
 GPU_PLAIN := gpu/arch.c gpu/arena.c
@@ -81,8 +86,9 @@ CUDA_LIBS :=
 GPU_DESC := no CUDA
 endif
 
-OBJ_CORE := $(CORE_SRC:%.c=$(BUILD)/%.o) $(NET_SRC:%.c=$(BUILD)/%.o) \
+OBJ_CORE := $(CORE_SRC:%.c=$(BUILD)/%.o) $(NET_SRC:%.c=$(BUILD)/%.o) $(BASE_SRC:%.c=$(BUILD)/%.o) \
 	$(GPU_C:%.c=$(BUILD)/%.o) $(GPU_CU:%.cu=$(BUILD)/%.cu.o)
+OBJ_ROLE := $(ROLE_SRC:%.c=$(BUILD)/%.o)
 OBJ_MAIN := $(BUILD)/main.o
 TEST_SRC := $(wildcard tests/test_*.c) tests/util.c tests/gradcheck.c
 OBJ_TEST := $(TEST_SRC:%.c=$(BUILD)/%.o)
@@ -132,10 +138,10 @@ $(BUILD)/%.cu.o: %.cu $(BUILD)/flags.stamp
 	@mkdir -p $(dir $@)
 	$(call say,NVCC,$<)$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
 
-$(BIN): $(OBJ_MAIN) $(OBJ_CORE)
+$(BIN): $(OBJ_MAIN) $(OBJ_ROLE) $(OBJ_CORE)
 	$(call say,LINK,$@)$(LINK) $(LDFLAGS) $^ -o $@ $(CUDA_LIBS) $(LDLIBS)
 
-$(TEST_BIN): $(OBJ_TEST) $(OBJ_CORE)
+$(TEST_BIN): $(OBJ_TEST) $(OBJ_ROLE) $(OBJ_CORE)
 	@mkdir -p $(dir $@)
 	$(call say,LINK,$@)$(LINK) $(LDFLAGS) $^ -o $@ $(CUDA_LIBS) -lcriterion $(LDLIBS)
 
@@ -223,12 +229,12 @@ $(BUILD)/fuzz/fuzz_csv: core/csv.c core/dataset.c
 FUZZ_LIBS_config := -linih -lsodium
 FUZZ_LIBS_idx := -lz
 FUZZ_LIBS_csv := -lz
-$(BUILD)/fuzz/fuzz_handshake: net/handshake.c net/frame.c net/err.c
+$(BUILD)/fuzz/fuzz_handshake: net/handshake.c net/frame.c base/err.c
 FUZZ_LIBS_handshake := -lsodium
-$(BUILD)/fuzz/fuzz_msg: net/msg.c net/err.c
-$(BUILD)/fuzz/fuzz_safetensors: core/safetensors.c net/err.c
+$(BUILD)/fuzz/fuzz_msg: net/msg.c base/err.c
+$(BUILD)/fuzz/fuzz_safetensors: core/safetensors.c base/err.c
 
-$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(wildcard core/*.h net/*.h)
+$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(wildcard core/*.h net/*.h base/*.h)
 	@mkdir -p $(dir $@)
 	$(call say,CLANG,$@)$(FUZZ_CC) $(FUZZ_CFLAGS) $(filter %.c,$^) -o $@ $(FUZZ_LIBS_$*) -lm
 

@@ -5,9 +5,9 @@
  * This is the only file with mutable global state: the stop flag that the
  * signal handler sets. */
 #include "core/progress.h"
+#include "cluster/cluster.h"
 #include "core/checkpoint.h"
 #include "core/inspect.h"
-#include "core/cluster.h"
 #include "core/infer.h"
 #include "core/config.h"
 #include "core/model.h"

@@ -11,7 +11,7 @@
  * --crypto-threads N: as [cluster] crypto_threads (0 = auto, 1 = one frame
  * at a time on the connection's thread); each end gets its own pool of N
  * threads, as two processes would. The sealed and chacha modes go through
- * net/pipe.c exactly as core/cluster.c does. Several counts (1,2,4) give a
+ * net/pipe.c exactly as cluster/ps.c and cluster/links.c do. Several counts (1,2,4) give a
  * column each ("sealed@2"), interleaved in every round.
  *
  * After the table, a "cpu ceiling" row per size: the best sealed/plain ratio
@@ -274,7 +274,7 @@ static void *serve(void *arg)
 			int r = msg_assembly_add(&a, &ch, grad, e, elen);
 			if (r < 0)
 				die("server PUSH", e);
-			if (r == 0 && piped(sv->mode)) { /* the rest, as core/cluster.c does */
+			if (r == 0 && piped(sv->mode)) { /* the rest, as cluster/ps.c does */
 				struct { struct msg_assembly *a; float *dst; } x = { &a, grad };
 				if (pipe_recv(&pp, fd, &rx.fk, msg_chunks(sv->n - a.received),
 					      tensor_deliver, &x, TIMEOUT_MS, e, elen))

@@ -4,7 +4,7 @@
 #include "fileio.h"
 #include "manifest.h"
 
-#include "../net/err.h"
+#include "../base/err.h"
 #include "safetensors.h"
 
 #include <dirent.h>

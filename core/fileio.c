@@ -1,7 +1,7 @@
 /* Whole files in and out of memory; see fileio.h. */
 #include "fileio.h"
 
-#include "../net/err.h"
+#include "../base/err.h"
 
 #include <errno.h>
 #include <stdio.h>

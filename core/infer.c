@@ -1,7 +1,7 @@
 /* eval and predict from a checkpoint; see infer.h. */
 #include "infer.h"
 
-#include "../net/err.h"
+#include "../base/err.h"
 #include "backend.h"
 #include "checkpoint.h"
 #include "data.h"

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../net/err.h"
+#include "../base/err.h"
 
 struct whole {
 	char name[ST_NAME_MAX];

@@ -5,7 +5,7 @@
 #include "manifest.h"
 #include "fileio.h"
 
-#include "../net/err.h"
+#include "../base/err.h"
 
 #include <dirent.h>
 #include <errno.h>

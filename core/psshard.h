@@ -5,11 +5,10 @@
  * No sockets, threads or locks here: the ps role (cluster/) receives PUSH
  * chunks, assembles one whole-range gradient, and calls psshard_push under
  * its own lock; PULL reads psshard_params and psshard_version under the
- * same lock. Everything
- * a shard allocates is allocated in psshard_init, so a shard does not grow
- * with steps (issue 3 item 7): psshard_push never allocates. (The ps
- * process around it allocates the copies a checkpoint takes and bounds
- * their number.)
+ * same lock. Everything a shard allocates is allocated in psshard_init,
+ * so a shard does not grow with steps (issue 3 item 7): psshard_push never
+ * allocates. (The ps process around it allocates the copies a checkpoint
+ * takes; cluster/ps_store.c bounds their number.)
  *
  * sync (SyncReplicasOptimizer): the shard is at version v. A gradient tagged
  * v from a worker that has not pushed for v is copied into one of R slots

@@ -1,7 +1,7 @@
 /* safetensors writer and strict reader (float32 only); see safetensors.h. */
 #include "safetensors.h"
 
-#include "../net/err.h"
+#include "../base/err.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -7,6 +7,7 @@
 #include "checkpoint.h"
 #include "data.h"
 #include "devices.h"
+#include "job.h"
 #include "model.h"
 #include "optim.h"
 #include "progress.h"
@@ -19,30 +20,6 @@
 /* Evaluation runs in chunks of max(batch_size, EVAL_BATCH) samples, so the
  * test set never needs buffers of its own size. */
 #define EVAL_BATCH 1024
-
-static int check_fit(const struct config *c, const struct model *m, const struct dataset *train,
-		     const struct dataset *test, char *err, size_t errlen)
-{
-	const char *src = c->data.format == DATA_IDX ? c->data.train_images : c->data.train_csv;
-	if (train->d != (size_t)m->inputs || test->d != (size_t)m->inputs) {
-		snprintf(err, errlen, "%s: samples have %zu features but [model] input = %dx%dx%d has %d",
-			 src, train->d != (size_t)m->inputs ? train->d : test->d,
-			 c->model.in_h, c->model.in_w, c->model.in_c, m->inputs);
-		return -EINVAL;
-	}
-	int classes = train->classes > test->classes ? train->classes : test->classes;
-	if (classes > m->outputs) {
-		snprintf(err, errlen, "%s: labels go up to %d but the last layer has %d outputs; make it dense %d",
-			 src, classes - 1, m->outputs, classes);
-		return -EINVAL;
-	}
-	if ((size_t)c->train.batch_size > train->n) {
-		snprintf(err, errlen, "%s: [train] batch_size %d is larger than the %zu training samples",
-			 c->path, c->train.batch_size, train->n);
-		return -EINVAL;
-	}
-	return 0;
-}
 
 int train_local(const struct config *c, FILE *out, int tty, const volatile sig_atomic_t *stop,
 		struct train_result *res, char *err, size_t errlen)
@@ -63,19 +40,6 @@ static int save(const struct config *c, const struct train_ckpt *ck, const struc
 		return e;
 	struct ckpt_state st = { params, opt->m, opt->v, opt->t };
 	return checkpoint_save(ck->dir, lay, step, &st, c->train.keep_checkpoints, out, err, errlen);
-}
-
-/* The training and test sets of c, checked against the model m. A file
- * that is missing, unreadable, a directory, malformed or absurdly large is
- * the user's input to fix (-EINVAL, exit 2); only running out of memory or
- * a failing disk is a runtime failure. */
-static int load_data(const struct config *c, const struct model *m, struct dataset *train,
-		     struct dataset *test, char *err, size_t errlen)
-{
-	int e = data_load(train, test, &c->data, c->train.seed, err, errlen);
-	if (e)
-		return e != -ENOMEM && e != -EIO ? -EINVAL : e;
-	return check_fit(c, m, train, test, err, errlen);
 }
 
 /* The checkpoint layout of this run in *lay (allocated; the caller
@@ -128,8 +92,7 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 {
 	struct ckpt_layout *lay = NULL;
 	long start = 0;
-	struct dataset train = { 0 }, test = { 0 };
-	struct model m;
+	struct job j;
 	struct devices dev = { 0 };
 	struct optim opt = { 0 };
 	float *params = NULL;
@@ -138,48 +101,43 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 
 	memset(res, 0, sizeof(*res));
 	double t0 = progress_now();
-	e = model_build(&m, &c->model, err, errlen);
-	if (e)
-		return e;
-	e = load_data(c, &m, &train, &test, err, errlen);
+	e = job_load(&j, c, 1, 1, err, errlen);
 	if (e)
 		goto out;
 
-	int B = c->train.batch_size;
-	/* The remainder of each shuffled epoch is dropped, so every step has a
-	 * full batch and a step means the same thing locally and in a cluster. */
-	long spe = (long)(train.n / (size_t)B);
-	long total = c->train.steps > 0 ? c->train.steps : c->train.epochs * spe;
+	int B = j.B;
+	long spe = j.spe, total = j.total;
 	int max_batch = B > EVAL_BATCH ? B : EVAL_BATCH;
-	e = devices_open(&dev, c, &m, &c->train.optim, max_batch, "/job:localhost/replica:0/task:0",
+	e = devices_open(&dev, c, &j.m, &c->train.optim, max_batch, "/job:localhost/replica:0/task:0",
 			 out, err, errlen);
 	if (e)
 		goto out;
 	/* The host copy of the parameters: initialization, checkpoints and
 	 * resume go through it; the step runs on the devices' own copies. */
-	params = malloc(m.nparams * sizeof(float));
-	perm = malloc(train.n * sizeof(uint32_t));
-	if (!params || !perm || optim_init(&opt, &c->train.optim, m.nparams) ||
-	    optim_plain_tensors(&opt, &m, 0)) {
-		snprintf(err, errlen, "out of memory for %zu parameters", m.nparams);
+	params = malloc(j.m.nparams * sizeof(float));
+	perm = malloc(j.train.n * sizeof(uint32_t));
+	if (!params || !perm || optim_init(&opt, &c->train.optim, j.m.nparams) ||
+	    optim_plain_tensors(&opt, &j.m, 0)) {
+		snprintf(err, errlen, "out of memory for %zu parameters", j.m.nparams);
 		e = -ENOMEM;
 		goto out;
 	}
-	model_init_params(&m, params, 0, m.nparams, c->train.seed);
+	model_init_params(&j.m, params, 0, j.m.nparams, c->train.seed);
 	if (ck && !ck->dir[0])
 		ck = NULL;
-	if (ck && (e = resume(c, ck, &m, &lay, params, &opt, total, &start, out, err, errlen)))
+	e = ck ? resume(c, ck, &j.m, &lay, params, &opt, total, &start, out, err, errlen) : 0;
+	if (e)
 		goto out;
 	int resident = 0;
 	e = devices_set_params(&dev, params, err, errlen);
 	if (!e)
 		e = devices_set_optim(&dev, &opt, err, errlen);
 	if (!e)
-		e = devices_set_data(&dev, &train, &resident, err, errlen);
+		e = devices_set_data(&dev, &j.train, &resident, err, errlen);
 	if (e)
 		goto out;
 	fprintf(out, "training: %zu train / %zu test samples, %zu parameters, batch %d, %ld steps (%ld per epoch), %s%s%s\n",
-		train.n, test.n, m.nparams, B, total, spe, dev.be[0].where,
+		j.train.n, j.test.n, j.m.nparams, B, total, spe, dev.be[0].where,
 		dev.n > 1 ? " and more replicas" : "",
 		dev.gpu ? resident ? ", data on the GPU" : ", data staged from the host" : "");
 
@@ -194,11 +152,11 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 		double ts = progress_now();
 		if (step / spe != epoch_loaded) {
 			epoch_loaded = step / spe;
-			if ((e = epoch_order(&dev, perm, train.n, c->train.seed, epoch_loaded, err, errlen)))
+			if ((e = epoch_order(&dev, perm, j.train.n, c->train.seed, epoch_loaded, err, errlen)))
 				goto fail;
 		}
 		char why[CONFIG_ERR_MAX];
-		e = devices_train_step(&dev, (size_t)(step % spe) * (size_t)B, B,
+		e = devices_train_step(&dev, job_batch_at(&j, step, 0), B,
 				       replica_key(c->train.seed, step, 0), &opt,
 				       optim_lr(&c->train.optim, step, total), why, sizeof(why));
 		if (e) {
@@ -229,7 +187,7 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 		}
 		if (eval_now && !last) {
 			double tl, ta;
-			e = devices_evaluate(&dev, &test, &tl, &ta, err, errlen);
+			e = devices_evaluate(&dev, &j.test, &tl, &ta, err, errlen);
 			if (e)
 				goto fail;
 			progress_eval(&pg, step + 1, tl, ta);
@@ -242,7 +200,7 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 			goto out;
 	}
 	/* Stopped or finished: always end with a real evaluation. */
-	e = devices_evaluate(&dev, &test, &res->test_loss, &res->test_acc, err, errlen);
+	e = devices_evaluate(&dev, &j.test, &res->test_loss, &res->test_acc, err, errlen);
 	if (e)
 		goto fail;
 	if (!*stop || step == total)
@@ -263,7 +221,6 @@ out:
 	devices_close(&dev);
 	free(params);
 	free(perm);
-	dataset_free(&train);
-	dataset_free(&test);
+	job_free(&j);
 	return e;
 }

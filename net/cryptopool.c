@@ -7,7 +7,7 @@
  * per 1 MiB frame, which takes ~700 us to seal: not worth the subtlety), and
  * a pool per connection (64 connections x 8 threads on a ps). */
 #include "cryptopool.h"
-#include "err.h"
+#include "../base/err.h"
 
 #include <errno.h>
 #include <sched.h>

@@ -13,7 +13,7 @@
  * Rejected: a per-frame random 24-byte XChaCha nonce (extra bytes per
  * frame, and replay would still need tracking). */
 #include "frame.h"
-#include "err.h"
+#include "../base/err.h"
 
 #include <errno.h>
 #include <inttypes.h>

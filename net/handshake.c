@@ -28,7 +28,7 @@
  * locals, the caller's state is written only in the final commit step, and
  * the secrets are wiped on the single exit path. */
 #include "handshake.h"
-#include "err.h"
+#include "../base/err.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -5,7 +5,7 @@
  * then each field's range. Nothing after the type byte is read before the
  * length has been checked against the bytes that field needs. */
 #include "msg.h"
-#include "err.h"
+#include "../base/err.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -25,7 +25,7 @@
  * each chunk's fields in order before its floats are placed); a window
  * larger than threads + 1 (more memory per connection, no more cores). */
 #include "pipe.h"
-#include "err.h"
+#include "../base/err.h"
 #include "sock.h"
 
 #include <errno.h>

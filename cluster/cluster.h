@@ -2,7 +2,8 @@
  * parameter vector, `pstrain worker --index N` trains against every shard
  * (DESIGN §5–7, docs/PROTOCOL.md). Both read the same cluster.ini; sockets,
  * handshake, frames and messages come from net/, the shard's update rules
- * from psshard.c and the step from replica.c.
+ * from core/psshard.c and the step from core/devices.c. This header is
+ * the roles' whole API: only main.c includes anything from cluster/.
  *
  * Batches: at step s of epoch e every worker takes the epoch's permutation
  * (data_permute(seed, e), as `local` does) and worker w uses samples
@@ -17,14 +18,14 @@
  *                     mid-run, or it sent something malformed (exit 3)
  *   -EINTR            *stop was set (exit 130)
  *   other             runtime failure (exit 1) */
-#ifndef PSTRAIN_CLUSTER_H
-#define PSTRAIN_CLUSTER_H
+#ifndef PSTRAIN_CLUSTER_CLUSTER_H
+#define PSTRAIN_CLUSTER_CLUSTER_H
 
 #include <signal.h>
 #include <stdio.h>
 
-#include "config.h"
-#include "train.h"
+#include "../core/config.h"
+#include "../core/train.h"
 
 /* Checkpoints (docs/CHECKPOINTS.md): unless fresh, the ps starts from its
  * shard of the newest complete checkpoint in [train] checkpoint_dir

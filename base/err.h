@@ -1,12 +1,12 @@
-/* The one way net/ (and the roles above it) report a failure: a one-line
+/* The one way core/, net/ and the roles above them report a failure: a one-line
  * message in the caller's buffer, and the error code handed back so that a
  * failure path is a single statement:
  *
  *	return err_set(err, errlen, -EMSGSIZE, "length %u exceeds %u", n, max);
  *
  * err may be NULL or errlen 0: the message is then dropped. */
-#ifndef PSTRAIN_ERR_H
-#define PSTRAIN_ERR_H
+#ifndef PSTRAIN_BASE_ERR_H
+#define PSTRAIN_BASE_ERR_H
 
 #include <stddef.h>
 

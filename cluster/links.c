@@ -1,0 +1,410 @@
+/* See links.h. */
+#include "links.h"
+
+#include "../base/err.h"
+#include "../net/sock.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define HS_TIMEOUT_MS 5000
+
+const char *links_ps_name(const struct config *c, int k, char *buf, size_t len)
+{
+	snprintf(buf, len, "ps %d (%s:%u)", k, c->cluster.ps[k].name, c->cluster.ps[k].port);
+	return buf;
+}
+
+/* The heartbeat thread: every half heartbeat period, a HEARTBEAT on each
+ * link that has sent nothing for a period, so that a ps does not take a
+ * worker that is computing, evaluating or waiting on another shard for a
+ * dead one. A failed send is left for the main thread to find. */
+static void *links_heartbeats(void *arg)
+{
+	struct links *lk = arg;
+	uint8_t buf[CONN_FRAME_BYTES(MSG_HEARTBEAT_BYTES)];
+	int ms = role_heartbeat_ms(lk->c);
+	struct msg_heartbeat hb;
+	memset(&hb, 0, sizeof(hb));
+	pthread_mutex_lock(&lk->hb_mu);
+	while (!lk->hb_stop) {
+		struct timespec dl;
+		role_deadline(&dl, ms / 2);
+		pthread_cond_timedwait(&lk->hb_cv, &lk->hb_mu, &dl);
+		if (lk->hb_stop)
+			break;
+		pthread_mutex_unlock(&lk->hb_mu);
+		for (int k = 0; k < lk->nps; k++) {
+			size_t len;
+			/* Sealing encrypts in place: encoded for each send. */
+			if (msg_encode_heartbeat(conn_msg(buf), conn_msg_cap(sizeof(buf)), &hb, &len, NULL, 0) == 0)
+				(void)conn_send_idle(&lk->ln[k].conn, buf, sizeof(buf), len, ms / 1000.0, NULL, 0);
+		}
+		pthread_mutex_lock(&lk->hb_mu);
+	}
+	pthread_mutex_unlock(&lk->hb_mu);
+	return NULL;
+}
+
+int links_open(struct links *lk, const struct config *c, const struct role_setup *s,
+	       const struct shard *plan, int index, const volatile sig_atomic_t *stop, FILE *out,
+	       char *err, size_t errlen)
+{
+	*lk = (struct links){ .c = c, .s = s, .stop = stop, .out = out, .index = index,
+			      .nps = c->cluster.nps, .lost = -1 };
+	lk->ln = calloc((size_t)lk->nps, sizeof(*lk->ln));
+	lk->rbuf = malloc(CONN_RBUF_BYTES);
+	lk->wbuf = malloc(CONN_WBUF_BYTES);
+	if (!lk->ln || !lk->rbuf || !lk->wbuf)
+		return err_set(err, errlen, -ENOMEM, "out of memory for %zu parameters", s->job.m.nparams);
+	int ct = cryptopool_threads_for(c->cluster.crypto_threads), e;
+	if (ct > 1 && (e = cryptopool_new(&lk->pool, ct, err, errlen)))
+		return e;
+	e = pipe_init(&lk->pp, lk->pool, lk->wbuf, CONN_WBUF_BYTES, err, errlen);
+	if (e)
+		return e;
+	for (int k = 0; k < lk->nps; k++) {
+		conn_init(&lk->ln[k].conn, -1, lk->rbuf, lk->wbuf, &lk->pp, role_peer_timeout_ms(c),
+			  role_write_timeout_ms(c));
+		lk->ln[k].range = plan[k];
+	}
+	pthread_mutex_init(&lk->hb_mu, NULL);
+	role_cond_init(&lk->hb_cv);
+	lk->ready = 1;
+	lk->hb_on = pthread_create(&lk->hb, NULL, links_heartbeats, lk) == 0;
+	if (!lk->hb_on)
+		return err_set(err, errlen, -ENOMEM, "cannot start the heartbeat thread");
+	return 0;
+}
+
+void links_close(struct links *lk)
+{
+	if (lk->hb_on) {
+		pthread_mutex_lock(&lk->hb_mu);
+		lk->hb_stop = 1;
+		pthread_cond_signal(&lk->hb_cv);
+		pthread_mutex_unlock(&lk->hb_mu);
+		pthread_join(lk->hb, NULL);
+		lk->hb_on = 0;
+	}
+	if (lk->ready) {
+		for (int k = 0; k < lk->nps; k++)
+			conn_destroy(&lk->ln[k].conn);
+		pthread_mutex_destroy(&lk->hb_mu);
+		pthread_cond_destroy(&lk->hb_cv);
+		lk->ready = 0;
+	}
+	pipe_free(&lk->pp);
+	cryptopool_destroy(lk->pool);
+	free(lk->ln);
+	free(lk->rbuf);
+	free(lk->wbuf);
+	lk->pool = NULL;
+	lk->ln = NULL;
+	lk->rbuf = lk->wbuf = NULL;
+}
+
+void links_disconnect(struct links *lk)
+{
+	for (int k = 0; lk->ln && k < lk->nps; k++)
+		conn_close(&lk->ln[k].conn);
+}
+
+int links_connect_one(struct links *lk, int k, int timeout_ms, char *err, size_t errlen)
+{
+	const struct config *c = lk->c;
+	struct hs_identity me = { .role = HS_WORKER, .index = (uint32_t)lk->index,
+				  .aes = frame_aes_available() };
+	memcpy(me.config_hash, lk->s->hash, HS_HASH_BYTES);
+	struct conn *cn = &lk->ln[k].conn;
+	char e[512], nm[300];
+	int fd = -1;
+	int hs_ms = timeout_ms < HS_TIMEOUT_MS ? timeout_ms : HS_TIMEOUT_MS;
+	links_ps_name(c, k, nm, sizeof(nm));
+	int r = sock_connect_retry(c->cluster.ps[k].name, c->cluster.ps[k].port, timeout_ms, &fd, e,
+				   sizeof(e));
+	if (r)
+		return r == -EINVAL || r == -ENOENT ? err_set(err, errlen, -EINVAL, "ps %d: %s", k, e)
+						    : err_set(err, errlen, -ECONNABORTED, "ps %d: %s", k, e);
+	r = conn_client(cn, fd, lk->s->key, &me, hs_ms, nm, err, errlen);
+	if (r)
+		return r;
+	if (cn->hr.peer.role != HS_PS || cn->hr.peer.index != (uint32_t)k) {
+		r = err_set(err, errlen, -ECONNABORTED, "%s answered as %s %u", nm,
+			    hs_role_name(cn->hr.peer.role), cn->hr.peer.index);
+		conn_close(cn);
+		return r;
+	}
+	return 0;
+}
+
+int links_connect(struct links *lk, char *err, size_t errlen)
+{
+	for (int k = 0; k < lk->nps; k++) {
+		int r = links_connect_one(lk, k, (int)(lk->c->cluster.connect_timeout * 1000), err, errlen);
+		if (r)
+			return r;
+	}
+	return 0;
+}
+
+/* A HEARTBEAT from ps k while a sync PULL waits: the chief prints which
+ * workers the shard is waiting for, once per version and set. */
+static void links_heard(struct links *lk, int k, const struct msg_heartbeat *hb)
+{
+	int any = 0;
+	for (size_t i = 0; i < sizeof(hb->missing); i++)
+		any |= hb->missing[i];
+	if (!lk->pg || !any ||
+	    (hb->version == lk->heard_v && memcmp(hb->missing, lk->heard, sizeof(lk->heard)) == 0))
+		return;
+	lk->heard_v = hb->version;
+	memcpy(lk->heard, hb->missing, sizeof(lk->heard));
+	char list[200] = "";
+	size_t at = 0;
+	int n = 0;
+	for (int w = 0; w < (int)MSG_HEARTBEAT_WORKERS; w++) {
+		if (!(hb->missing[w / 8] >> (w % 8) & 1))
+			continue;
+		if (at < sizeof(list) - 16)
+			at += (size_t)snprintf(list + at, sizeof(list) - at, "%s%d", n ? ", " : "", w);
+		else if (at < sizeof(list) - 4)
+			at += (size_t)snprintf(list + at, sizeof(list) - at, ", ...");
+		n++;
+	}
+	progress_clear(lk->pg);
+	role_log(lk->out, "worker %d: step %llu is waiting for worker%s %s (ps %d has no gradient from %s yet)",
+		 lk->index, (unsigned long long)hb->version, n == 1 ? "" : "s", list, k,
+		 n == 1 ? "it" : "them");
+}
+
+/* A link failed at the transport level (not an ERROR the ps sent): the
+ * caller may reconnect (recovery_resync). */
+static int link_failed(struct links *lk, int k, int r, const char *e, char *err, size_t errlen)
+{
+	char nm[300];
+	lk->lost = k;
+	if (r == -ETIMEDOUT)
+		return err_set(err, errlen, -ECONNABORTED, "lost %s: no traffic for %g s (peer_timeout)",
+			       links_ps_name(lk->c, k, nm, sizeof(nm)), lk->c->cluster.peer_timeout);
+	return err_set(err, errlen, -ECONNABORTED, "lost %s: %s", links_ps_name(lk->c, k, nm, sizeof(nm)), e);
+}
+
+/* A shard answered with a version below what this worker had from it. */
+static int link_went_back(struct links *lk, int k, uint64_t v, char *err, size_t errlen)
+{
+	char nm[300];
+	lk->lost = k;
+	return err_set(err, errlen, -ECONNABORTED, "%s went back to step %llu",
+		       links_ps_name(lk->c, k, nm, sizeof(nm)), (unsigned long long)v);
+}
+
+/* Reads one message from ps k into lk->rbuf, passing over HEARTBEATs; an
+ * ERROR is reported. Returns the message's type. */
+static int links_recv(struct links *lk, int k, size_t *len, char *err, size_t errlen)
+{
+	char e[512], nm[300];
+	for (;;) {
+		int r = conn_recv(&lk->ln[k].conn, len, e, sizeof(e));
+		if (r)
+			return link_failed(lk, k, r, e, err, errlen);
+		r = msg_type(lk->rbuf, *len, e, sizeof(e));
+		if (r == WIRE_HEARTBEAT) {
+			struct msg_heartbeat hb;
+			if (msg_decode_heartbeat(lk->rbuf, *len, &hb, e, sizeof(e)) == 0) {
+				links_heard(lk, k, &hb);
+				continue;
+			}
+			r = -EPROTO;
+		}
+		if (r == WIRE_ERROR) {
+			struct msg_error me;
+			if (msg_decode_error(lk->rbuf, *len, &me, e, sizeof(e)) == 0)
+				snprintf(e, sizeof(e), "%s", me.text);
+			return err_set(err, errlen, -ECONNABORTED, "%s: %s", links_ps_name(lk->c, k, nm, sizeof(nm)), e);
+		}
+		if (r < 0)
+			return err_set(err, errlen, -ECONNABORTED, "%s: %s", links_ps_name(lk->c, k, nm, sizeof(nm)), e);
+		return r;
+	}
+}
+
+/* A control message for every ps, encoded for each (sealing encrypts it
+ * in place). */
+struct ctl {
+	uint8_t type;
+	union {
+		struct msg_pull pull;
+		struct msg_checkpoint ck;
+		struct msg_rollback rb;
+		struct msg_done done;
+		struct msg_status status;
+	} u;
+};
+
+static int ctl_encode(const struct ctl *m, uint8_t *buf, size_t cap, size_t *len, char *err,
+		      size_t errlen)
+{
+	switch (m->type) {
+	case WIRE_PULL: return msg_encode_pull(buf, cap, &m->u.pull, len, err, errlen);
+	case WIRE_CHECKPOINT: return msg_encode_checkpoint(buf, cap, &m->u.ck, len, err, errlen);
+	case WIRE_ROLLBACK: return msg_encode_rollback(buf, cap, &m->u.rb, len, err, errlen);
+	case WIRE_DONE: return msg_encode_done(buf, cap, &m->u.done, len, err, errlen);
+	case WIRE_STATUS: return msg_encode_status(buf, cap, &m->u.status, len, err, errlen);
+	}
+	return err_set(err, errlen, -EINVAL, "no control message of type %u", m->type);
+}
+
+/* Sends m to ps k. */
+static int links_send(struct links *lk, int k, const struct ctl *m, char *err, size_t errlen)
+{
+	char e[512];
+	size_t len;
+	if (ctl_encode(m, conn_msg(lk->wbuf), conn_msg_cap(CONN_WBUF_BYTES), &len, e, sizeof(e)))
+		return err_set(err, errlen, -EPROTO, "%s", e);
+	int r = conn_send(&lk->ln[k].conn, len, e, sizeof(e));
+	if (r)
+		return link_failed(lk, k, r, e, err, errlen);
+	return 0;
+}
+
+static int links_send_all(struct links *lk, const struct ctl *m, char *err, size_t errlen)
+{
+	for (int k = 0; k < lk->nps; k++) {
+		int r = links_send(lk, k, m, err, errlen);
+		if (r)
+			return r;
+	}
+	return 0;
+}
+
+/* The reply to a PULL from ps k: the first chunk by hand, past any
+ * HEARTBEATs; the rest of the tensor on the pipe. */
+static int links_recv_params(struct links *lk, int k, float *params, char *err, size_t errlen)
+{
+	struct link *l = &lk->ln[k];
+	struct msg_assembly a;
+	char e[512], nm[300];
+	size_t len;
+	if (msg_assembly_init(&a, WIRE_PARAMS, (uint32_t)k, l->range.end - l->range.begin, e, sizeof(e)))
+		return err_set(err, errlen, -EINVAL, "%s", e);
+	struct conn_chunk_rx x = { .type = WIRE_PARAMS, .a = &a, .dst = params + l->range.begin };
+	int r = links_recv(lk, k, &len, err, errlen);
+	if (r < 0)
+		return r;
+	if (conn_take_chunk(&l->conn, &x, len, e, sizeof(e)))
+		return err_set(err, errlen, -ECONNABORTED, "%s: %s", links_ps_name(lk->c, k, nm, sizeof(nm)), e);
+	r = conn_recv_rest(&l->conn, &x, e, sizeof(e));
+	if (r && x.bad)
+		return err_set(err, errlen, -ECONNABORTED, "%s: %s", links_ps_name(lk->c, k, nm, sizeof(nm)), e);
+	if (r)
+		return link_failed(lk, k, r, e, err, errlen);
+	l->got = a.version;
+	return 0;
+}
+
+int links_pull(struct links *lk, float *params, int first, char *err, size_t errlen)
+{
+	int async = lk->c->train.mode == MODE_ASYNC;
+	uint64_t want[CONFIG_MAX_HOSTS];
+	for (int k = 0; k < lk->nps; k++) {
+		struct ctl m = { .type = WIRE_PULL, .u.pull = { .shard = (uint32_t)k } };
+		m.u.pull.version = async ? MSG_VERSION_LATEST : first ? 0 : lk->ln[k].got + 1;
+		want[k] = m.u.pull.version;
+		int r = links_send(lk, k, &m, err, errlen);
+		if (r)
+			return r;
+	}
+	for (int k = 0; k < lk->nps; k++) {
+		uint64_t had = lk->ln[k].got;
+		int r = links_recv_params(lk, k, params, err, errlen);
+		if (r)
+			return r;
+		uint64_t v = lk->ln[k].got;
+		/* Async: versions only grow, so a lower one means the shard
+		 * was restarted or rolled back (recovery sees which). Sync: a
+		 * shard that answers below the version asked for was rolled
+		 * back. */
+		if (!first && (async ? v < had : v < want[k]))
+			return link_went_back(lk, k, v, err, errlen);
+	}
+	return 0;
+}
+
+int links_push(struct links *lk, const float *grads, char *err, size_t errlen)
+{
+	size_t len;
+	char e[512];
+	for (int k = 0; k < lk->nps; k++) {
+		struct link *l = &lk->ln[k];
+		size_t n = l->range.end - l->range.begin;
+		struct conn_chunk_tx t = { .type = WIRE_PUSH, .shard = (uint32_t)k, .version = l->got,
+					   .worker = (uint32_t)lk->index, .src = grads + l->range.begin,
+					   .n = n };
+		int r = conn_send_tensor(&l->conn, &t, e, sizeof(e));
+		if (r)
+			return link_failed(lk, k, r, e, err, errlen);
+	}
+	for (int k = 0; k < lk->nps; k++) {
+		struct msg_ack ack;
+		int r = links_recv(lk, k, &len, err, errlen);
+		if (r < 0)
+			return r;
+		if (r != WIRE_ACK || msg_decode_ack(lk->rbuf, len, &ack, e, sizeof(e)))
+			return err_set(err, errlen, -ECONNABORTED, "ps %d: %s", k,
+				       r != WIRE_ACK ? "unexpected message instead of ACK" : e);
+		if (ack.status == MSG_ACK_STALE || ack.status == MSG_ACK_DUPLICATE)
+			lk->stale++;
+	}
+	return 0;
+}
+
+int links_checkpoint(struct links *lk, long step, char *err, size_t errlen)
+{
+	struct ctl m = { .type = WIRE_CHECKPOINT, .u.ck = { .step = (uint64_t)step } };
+	return links_send_all(lk, &m, err, errlen);
+}
+
+int links_rollback(struct links *lk, uint64_t step, char *err, size_t errlen)
+{
+	struct ctl m = { .type = WIRE_ROLLBACK, .u.rb = { .step = step } };
+	return links_send_all(lk, &m, err, errlen);
+}
+
+int links_done(struct links *lk, int leaving, char *err, size_t errlen)
+{
+	struct ctl m = { .type = WIRE_DONE,
+			 .u.done = { .worker = (uint32_t)lk->index, .leaving = (uint8_t)leaving } };
+	return links_send_all(lk, &m, err, errlen);
+}
+
+/* A shard below the version this worker last pulled from it went back
+ * while it waited (a ps restarted from a checkpoint, or rolled back): that
+ * is a lost link, for recovery_resync. */
+int links_status(struct links *lk, int *complete, char *err, size_t errlen)
+{
+	size_t len;
+	char e[256], nm[300];
+	*complete = 1;
+	for (int k = 0; k < lk->nps; k++) {
+		struct ctl m = { .type = WIRE_STATUS, .u.status = { .reply = 0, .shard = (uint32_t)k } };
+		int r = links_send(lk, k, &m, err, errlen);
+		if (r)
+			return r;
+	}
+	for (int k = 0; k < lk->nps; k++) {
+		struct msg_status a;
+		int r = links_recv(lk, k, &len, err, errlen);
+		if (r < 0)
+			return r;
+		if (r != WIRE_STATUS || msg_decode_status(lk->rbuf, len, &a, e, sizeof(e)) || !a.reply ||
+		    a.shard != (uint32_t)k)
+			return err_set(err, errlen, -ECONNABORTED, "%s: %s", links_ps_name(lk->c, k, nm, sizeof(nm)),
+				       r != WIRE_STATUS ? "unexpected message instead of STATUS" : "bad STATUS reply");
+		if (a.version < lk->ln[k].got)
+			return link_went_back(lk, k, a.version, err, errlen);
+		*complete &= a.complete;
+	}
+	return 0;
+}

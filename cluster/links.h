@@ -1,0 +1,92 @@
+/* A worker's connections to every ps: connect and authenticate (with
+ * backoff), a heartbeat thread that keeps idle links alive, pull every
+ * shard, push to every shard, and the control messages every ps gets
+ * (CHECKPOINT, ROLLBACK, DONE, STATUS). Every PULL is sent before any reply
+ * is read, and every PUSH before any ACK, so the shards work in parallel.
+ *
+ * A transport failure on link k sets lk->lost = k and returns
+ * -ECONNABORTED ("lost ps 1 (host:port): ..."): the caller may reconnect
+ * (recovery.c). An ERROR a ps sent, or a malformed message, is
+ * -ECONNABORTED with lost left at -1. So is a shard that answers with an
+ * older version than this worker had from it (it went back: restarted
+ * from a checkpoint, or rolled back), with lost = k. */
+#ifndef PSTRAIN_CLUSTER_LINKS_H
+#define PSTRAIN_CLUSTER_LINKS_H
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "../core/progress.h"
+#include "../core/shard.h"
+#include "../net/conn.h"
+#include "../net/cryptopool.h"
+#include "../net/msg.h"
+#include "../net/pipe.h"
+#include "role.h"
+
+struct link {
+	struct conn conn;    /* its send lock: the heartbeat thread sends too */
+	struct shard range;
+	uint64_t got;        /* version of the parameters last pulled */
+};
+
+struct links {
+	const struct config *c;
+	const struct role_setup *s;
+	const volatile sig_atomic_t *stop;
+	FILE *out;
+	struct progress *pg;     /* the chief's: "waiting for worker N" lines */
+	int index, nps;
+	struct link *ln;         /* (nps) */
+	uint8_t *rbuf, *wbuf;    /* every link's (one ps at a time) */
+	struct cryptopool *pool; /* NULL: crypto_threads 1 */
+	struct pipe pp;          /* every link's tensors; frame 0 is wbuf */
+	uint64_t stale;          /* pushes the shards dropped */
+	int lost;                /* the ps whose connection failed or went back; -1: none */
+	uint64_t heard_v;        /* the last "waiting for" line printed: version, workers */
+	uint8_t heard[MSG_HEARTBEAT_WORKERS / 8];
+	pthread_t hb;            /* sends HEARTBEATs on idle links */
+	int hb_on, hb_stop, ready;
+	pthread_mutex_t hb_mu;
+	pthread_cond_t hb_cv;
+};
+
+/* Buffers, the crypto pool and the heartbeat thread for worker `index`
+ * over the shards of plan (c->cluster.nps of them); nothing connected
+ * yet. On failure lk is left for links_close. */
+int links_open(struct links *lk, const struct config *c, const struct role_setup *s,
+	       const struct shard *plan, int index, const volatile sig_atomic_t *stop, FILE *out,
+	       char *err, size_t errlen);
+void links_close(struct links *lk); /* accepts a zeroed struct */
+
+/* Every ps, each with connect_timeout. -EINVAL for an address that cannot
+ * work, else -ECONNABORTED. */
+int links_connect(struct links *lk, char *err, size_t errlen);
+/* Ps k, retrying with backoff for up to timeout_ms. */
+int links_connect_one(struct links *lk, int k, int timeout_ms, char *err, size_t errlen);
+void links_disconnect(struct links *lk);
+
+/* Pulls every shard into params (P): sync asks each for the version after
+ * the one it last had (first: 0, i.e. whatever it has), async for the
+ * newest; each link's `got` is the version it answered with. */
+int links_pull(struct links *lk, float *params, int first, char *err, size_t errlen);
+/* Pushes grads (P), each shard's slice tagged with the version pulled from
+ * it, then reads every ACK (stale and duplicate ones counted). */
+int links_push(struct links *lk, const float *grads, char *err, size_t errlen);
+/* CHECKPOINT(step) to every ps. */
+int links_checkpoint(struct links *lk, long step, char *err, size_t errlen);
+/* ROLLBACK(step) to every ps. */
+int links_rollback(struct links *lk, uint64_t step, char *err, size_t errlen);
+/* DONE to every ps: trained the last step (leaving 0), or, once every ps
+ * has said the run is complete, closing (leaving 1). */
+int links_done(struct links *lk, int leaving, char *err, size_t errlen);
+/* STATUS to every ps: *complete is 1 when every ps says the run is
+ * complete (the chief has said DONE). */
+int links_status(struct links *lk, int *complete, char *err, size_t errlen);
+
+/* "ps 1 (host:port)" in buf. */
+const char *links_ps_name(const struct config *c, int k, char *buf, size_t len);
+
+#endif

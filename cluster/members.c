@@ -1,0 +1,120 @@
+/* See members.h. */
+#include "members.h"
+
+#include <stdio.h>
+#include <string.h>
+
+void members_init(struct members *m, int W, double peer_timeout)
+{
+	memset(m, 0, sizeof(*m));
+	m->W = W;
+	m->grace_ms = (int64_t)(peer_timeout * 1000);
+}
+
+void members_join(struct members *m, int w)
+{
+	m->live[w]++;
+	m->due[w] = 0;
+}
+
+enum members_gone members_leave(struct members *m, int w, int failed, int stopping, int64_t now,
+				const char *why)
+{
+	m->live[w]--;
+	int others = m->live[w] > 0;
+	if (stopping)
+		return MEMBERS_GONE;
+	if (m->done[w]) {
+		/* Finished but gone before seeing the run complete:
+		 * reconnecting (another ps was lost), or dead. The run is not
+		 * over for this ps until it comes back and leaves, or its
+		 * deadline passes. */
+		if (m->leaving[w] || others)
+			return MEMBERS_GONE;
+		m->due[w] = 1;
+		m->deadline[w] = now + m->grace_ms;
+		return MEMBERS_AWAY;
+	}
+	if (!failed)
+		return MEMBERS_GONE;
+	/* A lost worker (killed, crashed, or a peer holding the key that
+	 * sent a bad frame) does not end training: it may come back within
+	 * peer_timeout. A second connection still open (it reconnected
+	 * before this one was found dead) keeps it live. */
+	if (!others) {
+		m->due[w] = 1;
+		m->deadline[w] = now + m->grace_ms;
+		snprintf(m->why[w], sizeof(m->why[w]), "%s", why ? why : "");
+	}
+	return MEMBERS_LOST;
+}
+
+void members_pulled(struct members *m, int w)
+{
+	if (m->done[w]) {
+		m->done[w] = 0;
+		m->ndone--;
+	}
+	m->leaving[w] = 0;
+}
+
+void members_done(struct members *m, int w, int leaving)
+{
+	if (!m->done[w]) {
+		m->done[w] = 1;
+		m->ndone++;
+	}
+	m->leaving[w] |= leaving ? 1 : 0;
+}
+
+int members_complete(const struct members *m)
+{
+	return m->done[0];
+}
+
+int members_others_done(const struct members *m)
+{
+	return m->ndone >= m->W - 1;
+}
+
+int members_all_done(const struct members *m)
+{
+	return m->ndone == m->W;
+}
+
+static int past(const struct members *m, int w, int64_t now)
+{
+	return !m->live[w] && m->due[w] && now >= m->deadline[w];
+}
+
+int members_expired(const struct members *m, int64_t now)
+{
+	for (int w = 0; w < m->W; w++)
+		if (!m->done[w] && past(m, w, now))
+			return w;
+	return -1;
+}
+
+int members_finished(const struct members *m, int64_t now)
+{
+	if (!members_all_done(m))
+		return 0;
+	for (int w = 0; w < m->W; w++)
+		if (!m->leaving[w] && !past(m, w, now))
+			return 0;
+	return 1;
+}
+
+void members_missing(const struct members *m, const struct psshard *sh, uint8_t *missing,
+		     int nbits)
+{
+	memset(missing, 0, (size_t)(nbits + 7) / 8);
+	for (int w = 0; w < m->W && w < nbits; w++)
+		if (!psshard_has_pushed(sh, w) && !m->done[w])
+			missing[w / 8] |= (uint8_t)(1u << (w % 8));
+}
+
+const char *members_why(const struct members *m, int w)
+{
+	return m->why[w];
+}

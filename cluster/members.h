@@ -1,0 +1,91 @@
+/* Which workers a ps has: live (an authenticated connection open), done
+ * (said DONE; a PULL cancels it), leaving (said DONE(leaving): saw the run
+ * complete and closes), and, for a worker with no connection, the deadline
+ * by which it must be back: peer_timeout after a worker that had not said
+ * DONE lost its connection (lost), or after one that had said DONE closed
+ * before the run was complete (away). Also the heartbeat's "missing" set.
+ *
+ * Pure state: no sockets, no threads, no clock. Time is passed in as
+ * milliseconds on any monotonic clock; the ps calls these under its lock
+ * (docs/PROTOCOL.md, "Failures" and "Finishing"). */
+#ifndef PSTRAIN_CLUSTER_MEMBERS_H
+#define PSTRAIN_CLUSTER_MEMBERS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../core/config.h"
+#include "../core/psshard.h"
+
+#define MEMBERS_MAX CONFIG_MAX_HOSTS
+#define MEMBERS_WHY_MAX 320
+
+struct members {
+	int W;
+	int64_t grace_ms;                   /* peer_timeout */
+	int ndone;
+	unsigned char done[MEMBERS_MAX];
+	unsigned char leaving[MEMBERS_MAX];
+	int live[MEMBERS_MAX];              /* authenticated connections per worker */
+	unsigned char due[MEMBERS_MAX];     /* a deadline is set */
+	int64_t deadline[MEMBERS_MAX];      /* ms */
+	char why[MEMBERS_MAX][MEMBERS_WHY_MAX]; /* why a lost worker was lost */
+};
+
+/* What a closed connection means for its worker (members_leave). */
+enum members_gone {
+	MEMBERS_GONE,  /* nothing to wait for: another connection is live, it
+			* left after seeing the run complete, or the ps stops */
+	MEMBERS_AWAY,  /* it had said DONE but closed before the run was
+			* complete: the ps waits until its deadline */
+	MEMBERS_LOST,  /* it failed before DONE: the ps waits until its
+			* deadline (set only when no other connection is live) */
+};
+
+/* W workers, 1..MEMBERS_MAX; grace = peer_timeout in seconds. */
+void members_init(struct members *m, int W, double peer_timeout);
+
+/* Worker w authenticated a connection: it is live, no deadline. */
+void members_join(struct members *m, int w);
+
+/* Worker w's connection closed at `now`: failed says it ended with an
+ * error (not after DONE), stopping that the ps is stopping anyway; why (may
+ * be NULL) is kept for members_expired's caller. */
+enum members_gone members_leave(struct members *m, int w, int failed, int stopping, int64_t now,
+				const char *why);
+
+/* A PULL from w: it trains again (after a rollback) or looks where the
+ * shards are, so it is not done until it says DONE again. */
+void members_pulled(struct members *m, int w);
+
+/* DONE from w; leaving: it saw the run complete and closes. */
+void members_done(struct members *m, int w, int leaving);
+
+/* The run is complete: the chief has said DONE (after its final
+ * checkpoint and evaluation). What STATUS reports. */
+int members_complete(const struct members *m);
+
+/* Every worker but at most one has said DONE: a sync PULL stops waiting
+ * for the others' gradients (none will come). */
+int members_others_done(const struct members *m);
+
+/* Every worker has said DONE. */
+int members_all_done(const struct members *m);
+
+/* A worker lost before DONE that is not back by its deadline (the lowest
+ * such index), or -1: the ps stops. */
+int members_expired(const struct members *m, int64_t now);
+
+/* The ps may end: every worker has said DONE and, having seen the run
+ * complete, left (or stayed away past its deadline). */
+int members_finished(const struct members *m, int64_t now);
+
+/* For a HEARTBEAT: bit w of missing (nbits bits, zeroed here) is set for
+ * each worker whose gradient for sh's version has not arrived and that has
+ * not said DONE. */
+void members_missing(const struct members *m, const struct psshard *sh, uint8_t *missing,
+		     int nbits);
+
+const char *members_why(const struct members *m, int w);
+
+#endif

@@ -1,0 +1,662 @@
+/* The ps role: `pstrain ps --index N` serves one shard of the parameter
+ * vector (cluster.h). Start-up, an accept loop, and one detached thread per
+ * accepted connection (at most PS_MAX_CONN) that does the handshake and
+ * then answers the worker's messages, one handler per message type from a
+ * table. The shard's update rules are core/psshard.c, its checkpoints
+ * ps_store.c, and who the workers are (live, done, leaving, lost)
+ * members.c; all of them under the one mutex ps->mu. */
+#include "cluster.h"
+#include "members.h"
+#include "ps_store.h"
+#include "role.h"
+
+#include "../core/psshard.h"
+#include "../core/shard.h"
+#include "../net/conn.h"
+#include "../net/cryptopool.h"
+#include "../base/err.h"
+#include "../net/handshake.h"
+#include "../net/msg.h"
+#include "../net/pipe.h"
+#include "../net/sock.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define PS_MAX_CONN 128
+#define HS_TIMEOUT_MS 5000
+
+struct ps {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;       /* (CLOCK_MONOTONIC) the shard moved, a worker said DONE,
+				  * a rollback, the ps stops, a connection ended */
+	struct cryptopool *pool; /* NULL: crypto_threads 1 */
+	struct psshard sh;
+	struct ps_store store;
+	struct members mb;
+	const struct role_setup *s;
+	const struct config *c;
+	struct role_hooks hooks;
+	struct hs_identity me;
+	FILE *out;
+	int index, W;
+	int aborted;
+	char why[512];
+	uint64_t gen;            /* rollbacks so far: wakes PULLs waiting across one */
+	int nconn;
+	struct ps_conn *conns[PS_MAX_CONN];
+};
+
+/* One worker's connection, served on its own thread. */
+struct ps_conn {
+	struct ps *ps;
+	struct conn conn;
+	int slot;
+	int w;           /* the worker, once authenticated */
+	int pushed;      /* a whole gradient arrived on this connection */
+	int said_done;   /* the last word was DONE: a closed connection is no failure */
+	int first_pull;
+	char peer[SOCK_ADDR_STRLEN];
+	float *grad, *snap;      /* (n) a PUSH being assembled; the shard copied for PARAMS */
+	struct pipe pp;          /* the chunks of a tensor, sealed/opened on ps->pool */
+	struct msg_assembly a;
+	int assembling;
+};
+
+/* What a handler returns besides 0 (the next message) and a negative
+ * errno (the connection fails, err says why): the connection ends without
+ * failing (the ps stops and the worker was told). */
+#define PS_END 1
+
+typedef int (*ps_handler)(struct ps_conn *cn, size_t len, char *err, size_t errlen);
+
+/* Where a reply is encoded, and how long it may be. */
+static uint8_t *reply_buf(struct ps_conn *cn)
+{
+	return conn_msg(cn->conn.wbuf);
+}
+
+#define REPLY_CAP conn_msg_cap(CONN_WBUF_BYTES)
+
+/* A HEARTBEAT for a worker waiting on a sync PULL: which workers' gradients
+ * for the shard's version have not arrived (under ps->mu). */
+static void ps_heartbeat(struct ps *ps, struct msg_heartbeat *hb)
+{
+	memset(hb, 0, sizeof(*hb));
+	hb->version = psshard_version(&ps->sh);
+	members_missing(&ps->mb, &ps->sh, hb->missing, (int)MSG_HEARTBEAT_WORKERS);
+}
+
+/* A sync PULL waits (under ps->mu) for version `want` to exist; meanwhile
+ * a HEARTBEAT every heartbeat_ms tells the worker that the shard is alive
+ * and which workers it waits for. It stops waiting when the ps stops, a
+ * rollback happens, or every other worker is done. Returns with mu held
+ * on success, without it on failure. */
+static int pull_wait(struct ps_conn *cn, uint64_t want, char *err, size_t errlen)
+{
+	struct ps *ps = cn->ps;
+	uint64_t gen = ps->gen;
+	while (want != MSG_VERSION_LATEST && psshard_version(&ps->sh) < want && !ps->aborted &&
+	       !members_others_done(&ps->mb) && ps->gen == gen) {
+		struct timespec dl;
+		role_deadline(&dl, role_heartbeat_ms(ps->c));
+		if (pthread_cond_timedwait(&ps->cv, &ps->mu, &dl) != ETIMEDOUT)
+			continue;
+		if (psshard_version(&ps->sh) >= want || ps->aborted || ps->gen != gen)
+			continue;
+		struct msg_heartbeat hb;
+		size_t len;
+		ps_heartbeat(ps, &hb);
+		pthread_mutex_unlock(&ps->mu);
+		int r = msg_encode_heartbeat(reply_buf(cn), REPLY_CAP, &hb, &len, err, errlen);
+		if (!r)
+			r = conn_send(&cn->conn, len, err, errlen);
+		if (r)
+			return r;
+		pthread_mutex_lock(&ps->mu);
+	}
+	return 0;
+}
+
+static int on_pull(struct ps_conn *cn, size_t len, char *err, size_t errlen)
+{
+	struct ps *ps = cn->ps;
+	size_t n = ps->sh.n;
+	struct msg_pull p;
+	int r = msg_decode_pull(cn->conn.rbuf, len, &p, err, errlen);
+	if (r)
+		return r;
+	if (p.shard != (uint32_t)ps->index)
+		return err_set(err, errlen, -EPROTO, "PULL for shard %u, this is shard %d", p.shard,
+			       ps->index);
+	/* A worker that said DONE pulls again (on this connection or, after
+	 * reconnecting, on a new one) only to train again after a rollback
+	 * while it waited for the run to complete, or to see where the
+	 * shards are: it is not done until it says DONE again. */
+	cn->said_done = 0;
+	if (cn->first_pull && ps->hooks.first_pull_delay_ms)
+		role_nap_ms(ps->hooks.first_pull_delay_ms);
+	cn->first_pull = 0;
+	pthread_mutex_lock(&ps->mu);
+	members_pulled(&ps->mb, cn->w);
+	pthread_mutex_unlock(&ps->mu);
+	pthread_mutex_lock(&ps->mu);
+	r = pull_wait(cn, p.version, err, errlen);
+	if (r)
+		return r;
+	int ab = ps->aborted;
+	uint64_t v = psshard_version(&ps->sh);
+	if (!ab)
+		memcpy(cn->snap, psshard_params(&ps->sh), n * sizeof(float));
+	char why[WIRE_ERROR_TEXT_MAX + 1];
+	snprintf(why, sizeof(why), "ps %d stops: %.200s", ps->index, ps->why);
+	pthread_mutex_unlock(&ps->mu);
+	if (ab) {
+		conn_send_error(&cn->conn, ECONNABORTED, why);
+		snprintf(err, errlen, "training aborted");
+		return PS_END;
+	}
+	struct conn_chunk_tx t = { .type = WIRE_PARAMS, .shard = (uint32_t)ps->index, .version = v,
+				   .src = cn->snap, .n = n };
+	return conn_send_tensor(&cn->conn, &t, err, errlen);
+}
+
+/* A whole gradient has arrived: applied under the lock, then ACKed. */
+static int push_apply(struct ps_conn *cn, char *err, size_t errlen)
+{
+	struct ps *ps = cn->ps;
+	enum psshard_outcome oc = PSSHARD_STALE;
+	size_t len;
+	cn->assembling = 0;
+	cn->pushed = 1;
+	pthread_mutex_lock(&ps->mu);
+	int r = psshard_push(&ps->sh, cn->w, cn->a.version, cn->grad, &oc);
+	uint64_t v = psshard_version(&ps->sh);
+	ps_store_pushed(&ps->store);
+	pthread_cond_broadcast(&ps->cv);
+	pthread_mutex_unlock(&ps->mu);
+	struct msg_ack ack = { .shard = (uint32_t)ps->index, .version = v };
+	if (r == -EALREADY)
+		ack.status = MSG_ACK_DUPLICATE;
+	else if (r)
+		return err_set(err, errlen, -EPROTO, "PUSH for version %llu refused: %s",
+			       (unsigned long long)cn->a.version, strerror(-r));
+	else
+		ack.status = oc == PSSHARD_APPLIED ? MSG_ACK_APPLIED
+			     : oc == PSSHARD_WAITING ? MSG_ACK_ACCEPTED
+						     : MSG_ACK_STALE;
+	r = msg_encode_ack(reply_buf(cn), REPLY_CAP, &ack, &len, err, errlen);
+	return r ? r : conn_send(&cn->conn, len, err, errlen);
+}
+
+/* PUSH (or PARAMS, refused by the assembly): the first chunk here, the
+ * rest of the tensor on the pipe, as many frames as full chunks can
+ * complete it, opened on the pool. */
+static int on_push(struct ps_conn *cn, size_t len, char *err, size_t errlen)
+{
+	struct ps *ps = cn->ps;
+	size_t n = ps->sh.n;
+	struct msg_chunk ch;
+	int r = msg_decode_chunk(cn->conn.rbuf, len, &ch, err, errlen);
+	if (r)
+		return r;
+	if (ch.worker != (uint32_t)cn->w)
+		return err_set(err, errlen, -EPROTO, "PUSH names worker %u on worker %d's connection",
+			       ch.worker, cn->w);
+	if (!cn->assembling) {
+		r = msg_assembly_init(&cn->a, WIRE_PUSH, (uint32_t)ps->index, n, err, errlen);
+		if (r)
+			return r;
+		cn->assembling = 1;
+	}
+	r = msg_assembly_add(&cn->a, &ch, cn->grad, err, errlen);
+	if (r < 0)
+		return r;
+	if (r == 0) {
+		struct conn_chunk_rx x = { .type = WIRE_PUSH, .worker = (uint32_t)cn->w, .a = &cn->a,
+					   .dst = cn->grad };
+		r = conn_recv_rest(&cn->conn, &x, err, errlen);
+		if (r)
+			return r;
+		if (!msg_assembly_done(&cn->a))
+			return 0;
+	}
+	return push_apply(cn, err, errlen);
+}
+
+static int on_checkpoint(struct ps_conn *cn, size_t len, char *err, size_t errlen)
+{
+	struct msg_checkpoint ck;
+	int r = msg_decode_checkpoint(cn->conn.rbuf, len, &ck, err, errlen);
+	if (r)
+		return r;
+	if (cn->w != 0)
+		return err_set(err, errlen, -EPROTO,
+			       "CHECKPOINT from worker %d; only the chief (0) sends it", cn->w);
+	ps_store_checkpoint(&cn->ps->store, ck.step);
+	return 0;
+}
+
+/* ROLLBACK: ps_store does the restoring, under ps->mu, so no push or pull
+ * sees a half restored shard; waiting PULLs are woken (ps->gen) and
+ * answered with the restored version. A checkpoint this ps cannot load
+ * stops it. */
+static int on_rollback(struct ps_conn *cn, size_t len, char *err, size_t errlen)
+{
+	struct ps *ps = cn->ps;
+	struct msg_rollback rb;
+	char e[CONFIG_ERR_MAX] = "";
+	int r = msg_decode_rollback(cn->conn.rbuf, len, &rb, err, errlen);
+	if (r)
+		return r;
+	uint64_t step = rb.step;
+	pthread_mutex_lock(&ps->mu);
+	uint64_t v = psshard_version(&ps->sh);
+	r = ps_store_rollback(&ps->store, &step, e, sizeof(e));
+	if (r == 1) {
+		pthread_mutex_unlock(&ps->mu);
+		role_log(ps->out, "ps %d: ROLLBACK to step %llu: already there", ps->index,
+			 (unsigned long long)step);
+		return 0;
+	}
+	if (r) {
+		ps->aborted = 1;
+		snprintf(ps->why, sizeof(ps->why), "cannot roll back to step %llu: %.300s",
+			 (unsigned long long)step, e);
+	} else {
+		ps->gen++;
+	}
+	pthread_cond_broadcast(&ps->cv);
+	pthread_mutex_unlock(&ps->mu);
+	if (r)
+		role_log(ps->out, "ps %d: %s", ps->index, ps->why);
+	else
+		role_log(ps->out, "ps %d: rolled back from version %llu to step %llu, where a restarted ps resumed",
+			 ps->index, (unsigned long long)v, (unsigned long long)step);
+	return 0;
+}
+
+static int on_heartbeat(struct ps_conn *cn, size_t len, char *err, size_t errlen)
+{
+	struct msg_heartbeat hb;
+	return msg_decode_heartbeat(cn->conn.rbuf, len, &hb, err, errlen);
+}
+
+/* A finished worker asking whether the run is complete: the chief has
+ * said DONE, after its final checkpoint and evaluation. */
+static int on_status(struct ps_conn *cn, size_t len, char *err, size_t errlen)
+{
+	struct ps *ps = cn->ps;
+	struct msg_status q;
+	int r = msg_decode_status(cn->conn.rbuf, len, &q, err, errlen);
+	if (r)
+		return r;
+	if (q.reply || q.shard != (uint32_t)ps->index)
+		return err_set(err, errlen, -EPROTO, "STATUS %s for shard %u, this is shard %d",
+			       q.reply ? "reply" : "request", q.shard, ps->index);
+	pthread_mutex_lock(&ps->mu);
+	struct msg_status ans = { .reply = 1, .shard = (uint32_t)ps->index,
+				  .version = psshard_version(&ps->sh),
+				  .applied = ps->sh.received - ps->sh.dropped_stale,
+				  .stale = ps->sh.dropped_stale,
+				  .complete = (uint8_t)members_complete(&ps->mb) };
+	pthread_mutex_unlock(&ps->mu);
+	r = msg_encode_status(reply_buf(cn), REPLY_CAP, &ans, &len, err, errlen);
+	return r ? r : conn_send(&cn->conn, len, err, errlen);
+}
+
+static int on_done(struct ps_conn *cn, size_t len, char *err, size_t errlen)
+{
+	struct ps *ps = cn->ps;
+	struct msg_done d;
+	int r = msg_decode_done(cn->conn.rbuf, len, &d, err, errlen);
+	if (r)
+		return r;
+	if (d.worker != (uint32_t)cn->w)
+		return err_set(err, errlen, -EPROTO, "DONE names worker %u on worker %d's connection",
+			       d.worker, cn->w);
+	pthread_mutex_lock(&ps->mu);
+	members_done(&ps->mb, cn->w, d.leaving);
+	pthread_cond_broadcast(&ps->cv);
+	pthread_mutex_unlock(&ps->mu);
+	cn->said_done = 1;
+	return 0;
+}
+
+static int on_error(struct ps_conn *cn, size_t len, char *err, size_t errlen)
+{
+	struct msg_error me;
+	int r = msg_decode_error(cn->conn.rbuf, len, &me, err, errlen);
+	return r ? r : err_set(err, errlen, -ECONNABORTED, "it reported: %s", me.text);
+}
+
+static const struct {
+	uint8_t type;
+	ps_handler fn;
+} ps_handlers[] = {
+	{ WIRE_PULL, on_pull },
+	{ WIRE_PUSH, on_push },
+	{ WIRE_PARAMS, on_push }, /* refused as a chunk of the wrong type */
+	{ WIRE_CHECKPOINT, on_checkpoint },
+	{ WIRE_ROLLBACK, on_rollback },
+	{ WIRE_HEARTBEAT, on_heartbeat },
+	{ WIRE_STATUS, on_status },
+	{ WIRE_DONE, on_done },
+	{ WIRE_ERROR, on_error },
+};
+
+/* Serves one authenticated worker until it leaves. Returns 0 when it said
+ * DONE (or left after DONE, or the ps stops), else a negative errno with
+ * the reason in err. */
+static int ps_serve(struct ps_conn *cn, char *err, size_t errlen)
+{
+	struct ps *ps = cn->ps;
+	for (;;) {
+		size_t len;
+		/* After DONE too: a finished worker polls STATUS every 100 ms
+		 * until it leaves, so silence means it is stuck. */
+		int r = conn_recv(&cn->conn, &len, err, errlen);
+		if (r && cn->said_done)
+			return 0;
+		if (r == -ETIMEDOUT)
+			return err_set(err, errlen, r, "no traffic for %g s (peer_timeout)",
+				       ps->c->cluster.peer_timeout);
+		if (r)
+			return r;
+		r = msg_type(cn->conn.rbuf, len, err, errlen);
+		if (r < 0)
+			return r;
+		ps_handler fn = NULL;
+		for (size_t i = 0; i < sizeof(ps_handlers) / sizeof(ps_handlers[0]) && !fn; i++)
+			if (ps_handlers[i].type == r)
+				fn = ps_handlers[i].fn;
+		if (!fn)
+			return err_set(err, errlen, -EPROTO, "unexpected %s message",
+				       wire_msg_name((uint8_t)r));
+		r = fn(cn, len, err, errlen);
+		if (r == PS_END)
+			return 0;
+		if (r)
+			return r;
+	}
+}
+
+/* HELLO1 within HS_TIMEOUT_MS, answered by conn_server (a peer failing
+ * the MAC gets no reply and one log line with its address); only a worker
+ * with a valid index is accepted. */
+static int ps_handshake(struct ps_conn *cn)
+{
+	struct ps *ps = cn->ps;
+	char e[400];
+	int r = conn_server(&cn->conn, ps->s->key, &ps->me, HS_TIMEOUT_MS, e, sizeof(e));
+	if (r) {
+		role_log(ps->out, "ps %d: %s: %s", ps->index, cn->peer, e);
+		return r;
+	}
+	const struct hs_identity *peer = &cn->conn.hr.peer;
+	if (peer->role != HS_WORKER || peer->index >= (uint32_t)ps->W) {
+		role_log(ps->out, "ps %d: %s: refused %s %u (this cluster has %d workers)", ps->index,
+			 cn->peer, hs_role_name(peer->role), peer->index, ps->W);
+		return -EACCES;
+	}
+	cn->w = (int)peer->index;
+	return 0;
+}
+
+/* A worker's connection has ended (r: ps_serve's result, e its reason). A
+ * lost worker (killed, crashed, or a peer holding the key that sent a bad
+ * frame) does not end training: async workers carry on, sync steps go on
+ * while replicas_to_aggregate workers remain and otherwise wait. Restarted
+ * with the same command, the worker rejoins at the current version (a
+ * gradient it had pushed for that version stays counted; pushing it again
+ * is a duplicate). Only if it does not come back within peer_timeout does
+ * the ps give up (members_expired). */
+static void ps_left(struct ps_conn *cn, int r, const char *e)
+{
+	struct ps *ps = cn->ps;
+	char why[512];
+	snprintf(why, sizeof(why), "lost worker %d (%s): %s", cn->w, cn->peer, e);
+	pthread_mutex_lock(&ps->mu);
+	enum members_gone g = members_leave(&ps->mb, cn->w, r != 0, ps->aborted, role_now_ms(), why);
+	pthread_mutex_unlock(&ps->mu);
+	if (g == MEMBERS_AWAY)
+		role_log(ps->out, "ps %d: %s: worker %d, which had finished, closed its connection before the run was complete; waiting up to %g s for it to connect again",
+			 ps->index, cn->peer, cn->w, ps->c->cluster.peer_timeout);
+	else if (g == MEMBERS_LOST)
+		role_log(ps->out, "ps %d: %s: closed worker %d's connection: %s; %s, waiting up to %g s for it to connect again",
+			 ps->index, cn->peer, cn->w, e, cn->pushed ? "it had trained" : "it had not pushed yet",
+			 ps->c->cluster.peer_timeout);
+}
+
+static void *ps_conn_main(void *arg)
+{
+	struct ps_conn *cn = arg;
+	struct ps *ps = cn->ps;
+	char e[320];
+	uint8_t *rbuf = malloc(CONN_RBUF_BYTES), *wbuf = malloc(CONN_WBUF_BYTES);
+	cn->first_pull = 1;
+	cn->conn.rbuf = rbuf;
+	cn->conn.wbuf = wbuf;
+	cn->grad = malloc(ps->sh.n * sizeof(float));
+	cn->snap = malloc(ps->sh.n * sizeof(float));
+	if (!rbuf || !wbuf || !cn->grad || !cn->snap ||
+	    pipe_init(&cn->pp, ps->pool, wbuf, CONN_WBUF_BYTES, NULL, 0)) {
+		role_log(ps->out, "ps %d: %s: out of memory for a connection", ps->index, cn->peer);
+	} else if (ps_handshake(cn) == 0) {
+		pthread_mutex_lock(&ps->mu);
+		members_join(&ps->mb, cn->w);
+		pthread_mutex_unlock(&ps->mu);
+		int r = ps_serve(cn, e, sizeof(e));
+		ps_left(cn, r, e);
+	}
+	pipe_free(&cn->pp);
+	free(rbuf);
+	free(wbuf);
+	free(cn->grad);
+	free(cn->snap);
+	pthread_mutex_lock(&ps->mu);
+	ps->conns[cn->slot] = NULL;
+	conn_destroy(&cn->conn); /* under the lock: ps_drain shuts down what is listed */
+	ps->nconn--;
+	pthread_cond_broadcast(&ps->cv);
+	pthread_mutex_unlock(&ps->mu);
+	free(cn);
+	return NULL;
+}
+
+/* A detached thread for an accepted connection, if a slot is free. */
+static void ps_spawn(struct ps *ps, int fd, const char *peer)
+{
+	pthread_mutex_lock(&ps->mu);
+	int slot = -1;
+	for (int i = 0; i < PS_MAX_CONN && slot < 0; i++)
+		if (!ps->conns[i])
+			slot = i;
+	struct ps_conn *cn = slot < 0 ? NULL : calloc(1, sizeof(*cn));
+	pthread_t t;
+	pthread_attr_t at;
+	int ok = 0;
+	if (cn) {
+		cn->ps = ps;
+		cn->slot = slot;
+		conn_init(&cn->conn, fd, NULL, NULL, &cn->pp, role_peer_timeout_ms(ps->c),
+			  role_write_timeout_ms(ps->c));
+		snprintf(cn->peer, sizeof(cn->peer), "%s", peer);
+		pthread_attr_init(&at);
+		pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+		ok = pthread_create(&t, &at, ps_conn_main, cn) == 0;
+		pthread_attr_destroy(&at);
+		if (ok) {
+			ps->conns[slot] = cn;
+			ps->nconn++;
+		}
+	}
+	pthread_mutex_unlock(&ps->mu);
+	if (!ok) {
+		role_log(ps->out, "ps %d: %s: refused: too many connections", ps->index, peer);
+		if (cn)
+			pthread_mutex_destroy(&cn->conn.mu);
+		close(fd);
+		free(cn);
+	}
+}
+
+/* Whether the accept loop ends: a lost worker's deadline passed (the ps
+ * stops), or every worker is done and gone (members_finished). */
+static int ps_over(struct ps *ps)
+{
+	int64_t now = role_now_ms();
+	pthread_mutex_lock(&ps->mu);
+	int w = ps->aborted ? -1 : members_expired(&ps->mb, now);
+	if (w >= 0) {
+		ps->aborted = 1;
+		snprintf(ps->why, sizeof(ps->why), "%s", members_why(&ps->mb, w));
+		role_log(ps->out, "ps %d: worker %d did not come back within peer_timeout (%g s)",
+			 ps->index, w, ps->c->cluster.peer_timeout);
+		pthread_cond_broadcast(&ps->cv);
+	}
+	int over = ps->aborted || members_finished(&ps->mb, now);
+	pthread_mutex_unlock(&ps->mu);
+	return over;
+}
+
+static void ps_accept_loop(struct ps *ps, int lfd, const volatile sig_atomic_t *stop)
+{
+	while (!ps_over(ps) && !*stop) {
+		int fd;
+		char peer[SOCK_ADDR_STRLEN] = "?", ae[256];
+		int r = sock_accept(lfd, 200, &fd, peer, sizeof(peer), ae, sizeof(ae));
+		if (r == -ETIMEDOUT || r == -EAGAIN || r == -EINTR)
+			continue;
+		if (r) {
+			role_log(ps->out, "ps %d: accept: %s", ps->index, ae);
+			continue;
+		}
+		ps_spawn(ps, fd, peer);
+	}
+}
+
+/* Ends every connection still open (workers close theirs once a STATUS
+ * says the run is complete: they poll every 100 ms, so this normally
+ * takes a moment; a stuck one gets peer_timeout), then waits for their
+ * threads before anything they use is freed. */
+static void ps_drain(struct ps *ps, const volatile sig_atomic_t *stop)
+{
+	pthread_mutex_lock(&ps->mu);
+	ps->aborted |= *stop ? 1 : 0;
+	if (*stop && !ps->why[0])
+		snprintf(ps->why, sizeof(ps->why), "interrupted");
+	pthread_cond_broadcast(&ps->cv);
+	struct timespec dl;
+	role_deadline(&dl, members_all_done(&ps->mb) && !*stop
+				   ? ((long)ps->c->cluster.peer_timeout + 1) * 1000 : 2000);
+	while (ps->nconn > 0 && pthread_cond_timedwait(&ps->cv, &ps->mu, &dl) == 0)
+		;
+	for (int i = 0; i < PS_MAX_CONN; i++)
+		if (ps->conns[i])
+			conn_shutdown(&ps->conns[i]->conn);
+	while (ps->nconn > 0)
+		pthread_cond_wait(&ps->cv, &ps->mu);
+	pthread_mutex_unlock(&ps->mu);
+}
+
+/* The shard of plan[index] (from the newest checkpoint unless fresh), its
+ * lock and the writer, the identity for handshakes, the crypto pool. */
+static int ps_open(struct ps *ps, const struct config *c, const struct role_setup *s,
+		   const struct shard *sh, int index, int fresh, FILE *out, char *err, size_t errlen)
+{
+	long total = c->train.mode == MODE_ASYNC ? s->job.total * c->cluster.nworkers : s->job.total;
+	int e = psshard_init(&ps->sh, &s->job.m, sh, c, total, err, errlen);
+	if (e)
+		return e;
+	pthread_mutex_init(&ps->mu, NULL);
+	if (role_cond_init(&ps->cv))
+		return err_set(err, errlen, -ENOMEM, "out of memory");
+	ps->s = s;
+	ps->c = c;
+	ps->out = out;
+	ps->index = index;
+	ps->W = c->cluster.nworkers;
+	role_hooks_read(&ps->hooks);
+	members_init(&ps->mb, ps->W, c->cluster.peer_timeout);
+	e = ps_store_open(&ps->store, &ps->mu, &ps->sh, &s->job.m, c, index, fresh, out, err, errlen);
+	if (e)
+		return e;
+	ps->me = (struct hs_identity){ .role = HS_PS, .index = (uint32_t)index,
+				       .aes = frame_aes_available() };
+	memcpy(ps->me.config_hash, s->hash, HS_HASH_BYTES);
+	int ct = cryptopool_threads_for(c->cluster.crypto_threads);
+	if (ct > 1)
+		return cryptopool_new(&ps->pool, ct, err, errlen);
+	return 0;
+}
+
+static void ps_close(struct ps *ps)
+{
+	ps_store_close(&ps->store);
+	cryptopool_destroy(ps->pool); /* every connection thread has ended */
+	if (ps->s) {
+		pthread_mutex_destroy(&ps->mu);
+		pthread_cond_destroy(&ps->cv);
+	}
+	psshard_free(&ps->sh);
+}
+
+/* How the ps ends: interrupted, stopped (a lost worker, a failed
+ * rollback), or every worker done. */
+static int ps_result(struct ps *ps, const volatile sig_atomic_t *stop, char *err, size_t errlen)
+{
+	if (*stop)
+		return err_set(err, errlen, -EINTR, "ps %d: interrupted at version %llu", ps->index,
+			       (unsigned long long)psshard_version(&ps->sh));
+	if (!members_all_done(&ps->mb))
+		return err_set(err, errlen, -ECONNABORTED, "ps %d: %s", ps->index, ps->why);
+	role_log(ps->out, "ps %d: all %d workers done: version %llu, %llu gradients applied, %llu dropped as stale",
+		 ps->index, ps->W, (unsigned long long)psshard_version(&ps->sh),
+		 (unsigned long long)ps->sh.received - ps->sh.dropped_stale,
+		 (unsigned long long)ps->sh.dropped_stale);
+	return 0;
+}
+
+int cluster_ps(const struct config *c, int index, int fresh, FILE *out,
+	       const volatile sig_atomic_t *stop, char *err, size_t errlen)
+{
+	struct role_setup s;
+	struct ps *ps = calloc(1, sizeof(*ps));
+	struct shard plan[CONFIG_MAX_HOSTS];
+	int lfd = -1, e;
+
+	memset(&s, 0, sizeof(s));
+	if (!ps)
+		return err_set(err, errlen, -ENOMEM, "out of memory");
+	e = role_setup_load(&s, c, 0, err, errlen);
+	if (!e)
+		e = shard_check(c->cluster.nps, s.job.m.nparams, err, errlen);
+	if (e)
+		goto out;
+	shard_plan(plan, c->cluster.nps, s.job.m.nparams);
+	e = ps_open(ps, c, &s, &plan[index], index, fresh, out, err, errlen);
+	if (e)
+		goto out;
+	const struct host *h = &c->cluster.ps[index];
+	e = sock_listen(h->name, h->port, 0, &lfd, err, errlen);
+	if (e) {
+		e = e == -ENOMEM ? e : -EINVAL;
+		goto out;
+	}
+	role_log(out, "ps %d: listening on %s:%u, shard [%zu, %zu) of %zu parameters, %s mode, %ld steps, waiting for %d worker%s",
+		 index, h->name, h->port, plan[index].begin, plan[index].end, s.job.m.nparams,
+		 c->train.mode == MODE_SYNC ? "sync" : "async", s.job.total, ps->W, ps->W == 1 ? "" : "s");
+	ps_accept_loop(ps, lfd, stop);
+	close(lfd);
+	ps_drain(ps, stop);
+	e = ps_result(ps, stop, err, errlen);
+out:
+	ps_close(ps);
+	role_setup_free(&s);
+	free(ps);
+	return e;
+}

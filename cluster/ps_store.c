@@ -1,0 +1,269 @@
+/* See ps_store.h. */
+#include "ps_store.h"
+#include "role.h"
+
+#include "../base/err.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void snap_free(struct ps_snap *sn)
+{
+	free(sn->p);
+	free(sn->m);
+	free(sn->v);
+	memset(sn, 0, sizeof(*sn));
+}
+
+/* Saves the shard as checkpoint `step`; called with mu held, so the
+ * state is exactly version `step` (sync: no push can apply meanwhile;
+ * async: `step` is the chief's label and the state is the shard's as it is
+ * now). Only the copy happens here; the writer thread writes it. Copies
+ * wait in a queue of keep_checkpoints (at most PS_STORE_QUEUE_MAX): every
+ * ps then writes every step the chief asks for, so the steps are complete,
+ * unless the disk falls that far behind, when the oldest waiting copy is
+ * dropped (logged; that step stays incomplete, and the newest ones are
+ * still written everywhere). A failure is reported and training goes on:
+ * the checkpoint stays incomplete and the previous one remains the
+ * newest. */
+static void store_save(struct ps_store *st, uint64_t step)
+{
+	struct psshard *sh = st->sh;
+	size_t bytes = sh->n * sizeof(float);
+	struct ps_snap sn = { 0 };
+	if (st->qlen == st->qcap) {
+		sn = st->q[0];
+		role_log(st->out, "ps %d: checkpoint at step %llu not written: %d newer ones wait (the disk is slower than checkpoint_every)",
+			 st->index, (unsigned long long)sn.step, st->qlen);
+		memmove(st->q, st->q + 1, (size_t)(st->qlen - 1) * sizeof(st->q[0]));
+		st->qlen--;
+	} else {
+		sn.p = malloc(bytes);
+		sn.m = sh->opt.m ? malloc(bytes) : NULL;
+		sn.v = sh->opt.v ? malloc(bytes) : NULL;
+		if (!sn.p || (sh->opt.m && !sn.m) || (sh->opt.v && !sn.v)) {
+			snap_free(&sn);
+			role_log(st->out, "ps %d: checkpoint at step %llu failed, training goes on: out of memory for a copy of the shard",
+				 st->index, (unsigned long long)step);
+			return;
+		}
+	}
+	sn.step = step;
+	sn.t = sh->opt.t;
+	memcpy(sn.p, sh->params, bytes);
+	if (sn.m)
+		memcpy(sn.m, sh->opt.m, bytes);
+	if (sn.v)
+		memcpy(sn.v, sh->opt.v, bytes);
+	st->q[st->qlen++] = sn;
+	pthread_cond_signal(&st->wcv);
+}
+
+/* Drops every copy still waiting (under mu). */
+static void store_queue_clear(struct ps_store *st)
+{
+	for (int i = 0; i < st->qlen; i++)
+		snap_free(&st->q[i]);
+	st->qlen = 0;
+}
+
+/* The writer thread: writes each queued copy, until wstop and nothing is
+ * queued. Its log lines are collected and printed after the write, so
+ * that the output lock is not held across a slow disk either. */
+static void *store_writer(void *arg)
+{
+	struct ps_store *st = arg;
+	pthread_mutex_lock(st->mu);
+	for (;;) {
+		while (!st->qlen && !st->wstop)
+			pthread_cond_wait(&st->wcv, st->mu);
+		if (!st->qlen)
+			break;
+		struct ps_snap sn = st->q[0];
+		memmove(st->q, st->q + 1, (size_t)(st->qlen - 1) * sizeof(st->q[0]));
+		st->qlen--;
+		pthread_mutex_unlock(st->mu);
+
+		struct ckpt_state cs = { sn.p, sn.m, sn.v, sn.t };
+		char e[CONFIG_ERR_MAX], *text = NULL;
+		size_t tlen = 0;
+		FILE *log = open_memstream(&text, &tlen);
+		int r = checkpoint_save_shard(st->c->train.checkpoint_dir, st->lay, (long)sn.step, st->index,
+					      &cs, st->sh->mode == MODE_ASYNC, st->c->train.keep_checkpoints,
+					      log, e, sizeof(e));
+		if (log && fclose(log) == 0 && text && tlen) {
+			flockfile(st->out);
+			fputs(text, st->out);
+			fflush(st->out);
+			funlockfile(st->out);
+		}
+		free(text);
+		if (r)
+			role_log(st->out, "ps %d: checkpoint at step %llu failed, training goes on: %s",
+				 st->index, (unsigned long long)sn.step, e);
+		snap_free(&sn);
+		pthread_mutex_lock(st->mu);
+	}
+	pthread_mutex_unlock(st->mu);
+	return NULL;
+}
+
+/* The shard from the newest complete checkpoint; the shard's version
+ * becomes the checkpoint's step (async: its label, the same on every
+ * shard). */
+static int store_resume(struct ps_store *st, char *err, size_t errlen)
+{
+	const struct config *c = st->c;
+	struct psshard *sh = st->sh;
+	long t = 0, step = 0;
+	flockfile(st->out);
+	int e = checkpoint_restore(c->train.checkpoint_dir, st->lay, 1, sh->range.begin, sh->range.end,
+				   sh->params, sh->opt.m, sh->opt.v, &t, &step, st->out, err, errlen);
+	funlockfile(st->out);
+	if (e == -ENOENT)
+		return 0;
+	if (e)
+		return e;
+	sh->version = (uint64_t)step;
+	sh->applied = (uint64_t)step;
+	sh->opt.t = t;
+	char sd[CKPT_PATH_MAX];
+	checkpoint_step_dir(sd, sizeof(sd), c->train.checkpoint_dir, step);
+	role_log(st->out, "ps %d: resuming from %s", st->index, sd);
+	return 0;
+}
+
+int ps_store_open(struct ps_store *st, pthread_mutex_t *mu, struct psshard *sh,
+		  const struct model *m, const struct config *c, int index, int fresh, FILE *out,
+		  char *err, size_t errlen)
+{
+	*st = (struct ps_store){ .mu = mu, .sh = sh, .m = m, .c = c, .out = out, .index = index };
+	if (!c->train.checkpoint_dir[0])
+		return 0;
+	st->lay = malloc(sizeof(*st->lay));
+	if (!st->lay)
+		return err_set(err, errlen, -ENOMEM, "out of memory");
+	int e = ckpt_layout_init_cluster(st->lay, m, c->cluster.nps, c, err, errlen);
+	if (!e && !fresh)
+		e = store_resume(st, err, errlen);
+	if (e)
+		return e;
+	int keep = c->train.keep_checkpoints;
+	st->qcap = keep < 1 ? 1 : keep > PS_STORE_QUEUE_MAX ? PS_STORE_QUEUE_MAX : keep;
+	pthread_cond_init(&st->wcv, NULL);
+	st->writer_on = pthread_create(&st->writer, NULL, store_writer, st) == 0;
+	if (!st->writer_on) {
+		pthread_cond_destroy(&st->wcv);
+		return err_set(err, errlen, -ENOMEM, "cannot start the checkpoint writer thread");
+	}
+	return 0;
+}
+
+void ps_store_close(struct ps_store *st)
+{
+	if (st->writer_on) {
+		pthread_mutex_lock(st->mu);
+		st->wstop = 1;
+		pthread_cond_signal(&st->wcv);
+		pthread_mutex_unlock(st->mu);
+		pthread_join(st->writer, NULL);
+		pthread_cond_destroy(&st->wcv);
+		st->writer_on = 0;
+	}
+	store_queue_clear(st);
+	free(st->lay);
+	st->lay = NULL;
+}
+
+/* CHECKPOINT from the chief. Sync: it sends it after pulling version
+ * `step` and before pushing for it; with replicas_to_aggregate < workers
+ * the shard may have moved on already, and that step is skipped here.
+ * Async: shards have no common version; `step` is a label the chief chose
+ * (ps 0's version as it pulled it) and every ps saves what it has now
+ * under it, so the shards of one checkpoint are as far apart as the
+ * shards of a running async cluster always are. */
+void ps_store_checkpoint(struct ps_store *st, uint64_t step)
+{
+	pthread_mutex_lock(st->mu);
+	uint64_t v = psshard_version(st->sh);
+	if (!st->lay)
+		;
+	else if (v == step || st->sh->mode == MODE_ASYNC)
+		store_save(st, step);
+	else if (v < step)
+		st->pending = step;
+	else
+		role_log(st->out, "ps %d: checkpoint at step %llu skipped: shard already at version %llu",
+			 st->index, (unsigned long long)step, (unsigned long long)v);
+	pthread_mutex_unlock(st->mu);
+}
+
+void ps_store_pushed(struct ps_store *st)
+{
+	uint64_t v = psshard_version(st->sh);
+	if (st->pending && v == st->pending) {
+		store_save(st, v);
+		st->pending = 0;
+	}
+}
+
+/* ROLLBACK from a worker: a restarted ps resumed from checkpoint `step`
+ * while this one went on, so this one goes back to the same step (step 0:
+ * the initial parameters). Already at `step`, it keeps what it has: the
+ * gradients waiting for it were computed from that version. Under mu, so
+ * no push or pull sees a half restored shard. A checkpoint this ps cannot
+ * load is an error the ps stops on (the chief then fails naming it):
+ * shards at different steps must not train on. */
+int ps_store_rollback(struct ps_store *st, uint64_t *step_io, char *err, size_t errlen)
+{
+	const struct config *c = st->c;
+	struct psshard *sh = st->sh;
+	uint64_t step = *step_io;
+	int r = 0;
+	if (psshard_version(sh) == step)
+		return 1;
+	long t = 0, got = 0;
+	int init = step == 0;
+	if (!init && sh->mode == MODE_ASYNC) {
+		/* Async shards are never all at one version, so a worker may
+		 * have seen the restarted shard a few pushes past its
+		 * checkpoint: the newest complete checkpoint at or below
+		 * `step` is the one it resumed from (none: it started over). */
+		if (st->lay)
+			r = checkpoint_restore_upto(c->train.checkpoint_dir, (long)step, st->lay, 1,
+						    sh->range.begin, sh->range.end, sh->params, sh->opt.m,
+						    sh->opt.v, &t, &got, NULL, err, errlen);
+		if (!st->lay || r == -ENOENT)
+			init = 1, r = 0;
+		step = init ? 0 : (uint64_t)got;
+	} else if (!init && !st->lay) {
+		r = err_set(err, errlen, -ENOENT, "checkpoints are off (checkpoint_dir is empty)");
+	} else if (!init) {
+		char dir[CKPT_PATH_MAX];
+		checkpoint_step_dir(dir, sizeof(dir), c->train.checkpoint_dir, (long)step);
+		r = checkpoint_load(dir, st->lay, 1, sh->range.begin, sh->range.end, sh->params, sh->opt.m,
+				    sh->opt.v, &t, &got, err, errlen);
+		if (!r && (uint64_t)got != step)
+			r = err_set(err, errlen, -EINVAL, "%s holds step %ld", dir, got);
+	}
+	if (init) {
+		model_init_params(st->m, sh->params, sh->range.begin, sh->range.end, c->train.seed);
+		if (sh->opt.m)
+			memset(sh->opt.m, 0, sh->n * sizeof(float));
+		if (sh->opt.v)
+			memset(sh->opt.v, 0, sh->n * sizeof(float));
+	}
+	*step_io = step;
+	if (r)
+		return r;
+	sh->opt.t = t;
+	psshard_rewind(sh, step);
+	st->pending = 0;
+	/* Copies not written yet are of the history just abandoned. */
+	for (int i = 0; i < st->qlen; i++)
+		role_log(st->out, "ps %d: checkpoint at step %llu not written: rolled back", st->index,
+			 (unsigned long long)st->q[i].step);
+	store_queue_clear(st);
+	return 0;
+}

@@ -1,0 +1,70 @@
+/* A ps shard's disk side (docs/CHECKPOINTS.md): resuming from the newest
+ * complete checkpoint at start, CHECKPOINT (a copy of the shard queued
+ * under the ps's lock, written by a writer thread without it, so pushes,
+ * pulls and heartbeats never wait for a disk), and ROLLBACK to a step.
+ *
+ * The store shares the ps's mutex: it guards the shard and everything
+ * here. Functions marked "under mu" expect the caller to hold it. */
+#ifndef PSTRAIN_CLUSTER_PS_STORE_H
+#define PSTRAIN_CLUSTER_PS_STORE_H
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "../core/checkpoint.h"
+#include "../core/config.h"
+#include "../core/model.h"
+#include "../core/psshard.h"
+
+#define PS_STORE_QUEUE_MAX 8 /* copies of its shard a ps holds for its writer at most */
+
+struct ps_snap {
+	uint64_t step;
+	float *p, *m, *v; /* (n) each; m, v NULL as in the optimizer */
+	long t;
+};
+
+struct ps_store {
+	pthread_mutex_t *mu;      /* the ps's */
+	struct psshard *sh;
+	const struct model *m;
+	const struct config *c;
+	FILE *out;
+	int index;
+	struct ckpt_layout *lay;  /* NULL: checkpoints off */
+	uint64_t pending;         /* CHECKPOINT step not reached yet; 0: none */
+	struct ps_snap q[PS_STORE_QUEUE_MAX]; /* copies waiting for the writer, oldest first */
+	int qlen, qcap;           /* qcap: min(keep_checkpoints, PS_STORE_QUEUE_MAX) */
+	pthread_t writer;
+	pthread_cond_t wcv;       /* a copy queued, or wstop */
+	int writer_on, wstop;
+};
+
+/* Sets up the checkpoint layout and, unless fresh, puts the shard at the
+ * newest complete checkpoint (its version becomes the checkpoint's step;
+ * async: its label, the same on every shard); then starts the writer. With
+ * checkpoint_dir empty there is nothing to do. On failure st is left for
+ * ps_store_close. */
+int ps_store_open(struct ps_store *st, pthread_mutex_t *mu, struct psshard *sh,
+		  const struct model *m, const struct config *c, int index, int fresh, FILE *out,
+		  char *err, size_t errlen);
+
+/* Writes the copies still queued (the last checkpoint asked for is written
+ * before the ps exits), stops the writer and frees. Accepts a zeroed st. */
+void ps_store_close(struct ps_store *st);
+
+/* CHECKPOINT(step) from the chief; takes mu. */
+void ps_store_checkpoint(struct ps_store *st, uint64_t step);
+
+/* After a push (under mu): saves the checkpoint waiting for this version. */
+void ps_store_pushed(struct ps_store *st);
+
+/* ROLLBACK(*step) (under mu): restores checkpoint *step into the shard
+ * (0: the initial parameters) and rewinds it there. Async: the newest
+ * complete checkpoint at or below *step, which *step becomes. Returns 1 if
+ * the shard was already there (it keeps what it has), 0 when rolled back,
+ * or a negative errno with err when the checkpoint cannot be loaded. */
+int ps_store_rollback(struct ps_store *st, uint64_t *step, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,96 @@
+/* See role.h. */
+#include "role.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+int role_setup_load(struct role_setup *s, const struct config *c, int want_data, char *err,
+		    size_t errlen)
+{
+	int e = key_load(s->key, c->cluster.key_file, err, errlen);
+	if (e)
+		return e == -ENOMEM || e == -EIO ? e : -EINVAL;
+	if (config_hash(c, s->hash))
+		return snprintf(err, errlen, "out of memory"), -ENOMEM;
+	return job_load(&s->job, c, c->cluster.nworkers, want_data, err, errlen);
+}
+
+void role_setup_free(struct role_setup *s)
+{
+	job_free(&s->job);
+	explicit_bzero(s->key, sizeof(s->key));
+}
+
+void role_log(FILE *out, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	flockfile(out);
+	vfprintf(out, fmt, ap);
+	fputc('\n', out);
+	fflush(out);
+	funlockfile(out);
+	va_end(ap);
+}
+
+void role_nap_ms(long ms)
+{
+	struct timespec t = { ms / 1000, (ms % 1000) * 1000000L };
+	nanosleep(&t, NULL);
+}
+
+int64_t role_now_ms(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+int role_cond_init(pthread_cond_t *cv)
+{
+	pthread_condattr_t at;
+	int r = pthread_condattr_init(&at);
+	if (r)
+		return -r;
+	r = pthread_condattr_setclock(&at, CLOCK_MONOTONIC);
+	if (!r)
+		r = pthread_cond_init(cv, &at);
+	pthread_condattr_destroy(&at);
+	return -r;
+}
+
+void role_deadline(struct timespec *dl, long ms)
+{
+	clock_gettime(CLOCK_MONOTONIC, dl);
+	long ns = dl->tv_nsec + (ms % 1000) * 1000000L;
+	dl->tv_sec += ms / 1000 + ns / 1000000000L;
+	dl->tv_nsec = ns % 1000000000L;
+}
+
+int role_heartbeat_ms(const struct config *c)
+{
+	int ms = (int)(c->cluster.peer_timeout * 1000 / 4);
+	return ms < 50 ? 50 : ms;
+}
+
+int role_peer_timeout_ms(const struct config *c)
+{
+	return (int)(c->cluster.peer_timeout * 1000);
+}
+
+int role_write_timeout_ms(const struct config *c)
+{
+	int ms = role_peer_timeout_ms(c);
+	return ms < 1000 ? 1000 : ms;
+}
+
+void role_hooks_read(struct role_hooks *h)
+{
+	const char *fpd = getenv("PSTRAIN_FIRST_PULL_DELAY_MS");
+	const char *ed = getenv("PSTRAIN_EVAL_DELAY_MS");
+	h->first_pull_delay_ms = fpd ? atol(fpd) : 0;
+	h->eval_delay_ms = ed ? atol(ed) : 0;
+}

@@ -1,0 +1,70 @@
+/* What the ps and worker roles share: the setup every node derives from
+ * cluster.ini (key, config hash, and core/job.h's model, data and step
+ * counts), the timeouts
+ * derived from [cluster] peer_timeout, the log line, and the test hooks.
+ * No sockets and no threads here. */
+#ifndef PSTRAIN_CLUSTER_ROLE_H
+#define PSTRAIN_CLUSTER_ROLE_H
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <time.h>
+
+#include "../core/config.h"
+#include "../core/job.h"
+#include "../net/key.h"
+
+/* Key, model, data and the step count, the same on every node. */
+struct role_setup {
+	uint8_t key[KEY_BYTES];
+	uint8_t hash[CONFIG_HASH_BYTES];
+	struct job job;     /* W = [cluster] workers */
+};
+
+/* want_data 0 (a ps): the data is loaded only when [train] steps is unset,
+ * for the step count the lr schedule runs over (job_load). -EINVAL for
+ * anything the user must fix (key, model, data, a data set smaller than
+ * one step). */
+int role_setup_load(struct role_setup *s, const struct config *c, int want_data, char *err,
+		    size_t errlen);
+void role_setup_free(struct role_setup *s);
+
+/* One line to out, whole even when several threads log. */
+void role_log(FILE *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+void role_nap_ms(long ms);
+
+/* Milliseconds on CLOCK_MONOTONIC (deadlines that a clock change must not
+ * move). */
+int64_t role_now_ms(void);
+
+/* A condition variable whose timed waits run on CLOCK_MONOTONIC, and the
+ * absolute time ms from now on that clock for pthread_cond_timedwait. */
+int role_cond_init(pthread_cond_t *cv);
+void role_deadline(struct timespec *dl, long ms);
+
+/* How often an idle connection carries a HEARTBEAT: four per peer_timeout,
+ * so that one late heartbeat never looks like a dead peer (at least 50). */
+int role_heartbeat_ms(const struct config *c);
+int role_peer_timeout_ms(const struct config *c);
+/* The deadline for writing one frame (a message, or one chunk of a
+ * tensor): a peer that stops reading (a stopped process, a hung host) is
+ * then found in peer_timeout whether this side was reading or writing.
+ * The floor keeps a 1 MiB frame possible on a slow link whatever
+ * peer_timeout is set to (config allows 1 s and up). */
+int role_write_timeout_ms(const struct config *c);
+
+/* Test hooks: environment variables read once, at the start of a role, so
+ * that the normal paths only see numbers (0: off). docs/CHECKPOINTS.md
+ * lists them with the tests that use them. */
+struct role_hooks {
+	long first_pull_delay_ms; /* PSTRAIN_FIRST_PULL_DELAY_MS: a ps answers each
+				   * connection's first PULL this much later, as a
+				   * starved thread would */
+	long eval_delay_ms;       /* PSTRAIN_EVAL_DELAY_MS: the chief sleeps this long
+				   * before each periodic evaluation */
+};
+void role_hooks_read(struct role_hooks *h);
+
+#endif

@@ -1,0 +1,401 @@
+/* The worker role: `pstrain worker --index N` (cluster.h). Its loop reads
+ * like `local`'s: pull, checkpoint, evaluate, step, push, with the links to
+ * every ps in links.c and, where a ps was lost or went back, a call to
+ * recovery.c that says which step to continue at.
+ * Which samples a worker's batch is: core/job.h. */
+#include "cluster.h"
+#include "links.h"
+#include "recovery.h"
+#include "role.h"
+
+#include "../core/devices.h"
+#include "../core/replica.h"
+#include "../core/shard.h"
+#include "../base/err.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define EVAL_BATCH 1024
+
+struct worker {
+	const struct config *c;
+	const volatile sig_atomic_t *stop;
+	FILE *out;
+	struct role_setup s;
+	struct role_hooks hooks;
+	struct devices dev;
+	struct links lk;
+	struct progress pg;
+	float *params, *grads;   /* (P) */
+	int own_host;            /* params and grads are separate host copies */
+	uint32_t *perm;          /* (n) the epoch's order */
+	int index, chief, W, B, ckpts, tty;
+	long total, spe;
+	long step, start;        /* the step to train next; where training (re)started */
+	long epoch_loaded;
+	int pulled;              /* params hold the version for `step` already */
+};
+
+/* Setup, devices, links (connected) and the progress line. */
+static int worker_open(struct worker *wr, char *err, size_t errlen)
+{
+	const struct config *c = wr->c;
+	struct shard plan[CONFIG_MAX_HOSTS];
+	int e = role_setup_load(&wr->s, c, 1, err, errlen);
+	if (!e)
+		e = shard_check(c->cluster.nps, wr->s.job.m.nparams, err, errlen);
+	if (e)
+		return e;
+	shard_plan(plan, c->cluster.nps, wr->s.job.m.nparams);
+	char job[64];
+	snprintf(job, sizeof(job), "/job:worker/task:%d", wr->index);
+	e = devices_open(&wr->dev, c, &wr->s.job.m, &c->train.optim,
+			 wr->chief && wr->B < EVAL_BATCH ? EVAL_BATCH : wr->B, job, wr->out, err, errlen);
+	if (!e)
+		e = devices_set_data(&wr->dev, &wr->s.job.train, NULL, err, errlen);
+	if (e)
+		return e;
+	/* On one CPU replica, pull into and push from the replica's own
+	 * vectors: the copies in and out of the devices are then no-ops. */
+	size_t P = wr->s.job.m.nparams;
+	wr->own_host = wr->dev.gpu || wr->dev.n > 1;
+	wr->params = wr->own_host ? malloc(P * sizeof(float)) : wr->dev.params[0];
+	wr->grads = wr->own_host ? malloc(P * sizeof(float)) : wr->dev.grads[0];
+	wr->perm = malloc(wr->s.job.train.n * sizeof(uint32_t));
+	if (!wr->params || !wr->grads || !wr->perm)
+		return err_set(err, errlen, -ENOMEM, "out of memory for %zu parameters", P);
+	e = links_open(&wr->lk, c, &wr->s, plan, wr->index, wr->stop, wr->out, err, errlen);
+	if (!e)
+		e = links_connect(&wr->lk, err, errlen);
+	if (e)
+		return e;
+	wr->total = wr->s.job.total;
+	wr->spe = wr->s.job.spe;
+	role_log(wr->out, "worker %d%s: connected to %d ps; %zu train / %zu test samples, %zu parameters, batch %d x %d workers, %ld steps (%ld per epoch), %s mode",
+		 wr->index, wr->chief ? " (chief)" : "", wr->lk.nps, wr->s.job.train.n, wr->s.job.test.n, P, wr->B,
+		 wr->W, wr->total, wr->spe, c->train.mode == MODE_SYNC ? "sync" : "async");
+	progress_init(&wr->pg, wr->out, wr->chief && wr->tty, wr->total, wr->spe);
+	wr->lk.pg = wr->chief ? &wr->pg : NULL;
+	return 0;
+}
+
+static void worker_close(struct worker *wr)
+{
+	links_close(&wr->lk);
+	if (wr->own_host) {
+		free(wr->params);
+		free(wr->grads);
+	}
+	devices_close(&wr->dev);
+	free(wr->perm);
+	role_setup_free(&wr->s);
+}
+
+/* Every shard's parameters for `step`, on the devices. */
+static int worker_pull(struct worker *wr, char *err, size_t errlen)
+{
+	int e = links_pull(&wr->lk, wr->params, 0, err, errlen);
+	return e ? e : devices_set_params(&wr->dev, wr->params, err, errlen);
+}
+
+/* A ps went away (or back), err says how: reconnect, roll back if needed,
+ * and set *at to the step the shards agree on, with its parameters on the
+ * devices. */
+static int worker_recover(struct worker *wr, long *at, char *err, size_t errlen)
+{
+	char why[CONFIG_ERR_MAX];
+	snprintf(why, sizeof(why), "%s", err);
+	int e = recovery_resync(&wr->lk, wr->params, at, why, err, errlen);
+	if (!e)
+		e = devices_set_params(&wr->dev, wr->params, err, errlen);
+	if (!e)
+		wr->pulled = 1;
+	return e;
+}
+
+/* The step a checkpoint is saved as, just after pulling for `step`: sync,
+ * that step (every shard is at it); async, ps 0's version as pulled, a
+ * label all ps save under while each records its shard as it is. */
+static long ckpt_label(const struct worker *wr, long step)
+{
+	return wr->c->train.mode == MODE_SYNC ? step : (long)wr->lk.ln[0].got;
+}
+
+/* The train loss and accuracy since the last reading, as one log line (a
+ * worker other than the chief). */
+static int worker_meter_line(struct worker *wr, char *err, size_t errlen)
+{
+	double loss;
+	long right, n;
+	int e = devices_meter(&wr->dev, &loss, &right, &n, err, errlen);
+	if (e)
+		return e;
+	role_log(wr->out, "worker %d: step %ld/%ld, train loss %.4f accuracy %.2f%%, %llu stale", wr->index,
+		 wr->step, wr->total, n ? loss / (double)n : 0, n ? 100.0 * (double)right / (double)n : 0,
+		 (unsigned long long)wr->lk.stale);
+	return 0;
+}
+
+/* Every eval_every steps (default: each epoch): the chief evaluates the
+ * test set on the progress line, the others log their train figures.
+ * *ts: the step's start, moved past the evaluation. */
+static int worker_evaluate(struct worker *wr, double *ts, char *err, size_t errlen)
+{
+	const struct config *c = wr->c;
+	long step = wr->step;
+	int now = step > wr->start && (c->train.eval_every > 0 ? step % c->train.eval_every == 0
+							       : step % wr->spe == 0);
+	if (!now)
+		return 0;
+	if (!wr->chief)
+		return worker_meter_line(wr, err, errlen);
+	double tl, ta;
+	if (wr->hooks.eval_delay_ms)
+		role_nap_ms(wr->hooks.eval_delay_ms);
+	int e = devices_report(&wr->dev, &wr->pg, step - 1, err, errlen);
+	if (!e)
+		e = devices_evaluate(&wr->dev, &wr->s.job.test, &tl, &ta, err, errlen);
+	if (e)
+		return e;
+	progress_eval(&wr->pg, step, tl, ta);
+	*ts = progress_now();
+	return 0;
+}
+
+/* This worker's batch of the step on the devices: the epoch's order when
+ * the epoch changes, then the gradient into wr->grads. */
+static int worker_compute(struct worker *wr, char *err, size_t errlen)
+{
+	const struct config *c = wr->c;
+	long step = wr->step, epoch = step / wr->spe;
+	size_t n = wr->s.job.train.n;
+	char why[CONFIG_ERR_MAX];
+	int e = 0;
+	if (epoch != wr->epoch_loaded) {
+		data_permute(wr->perm, n, c->train.seed, (uint64_t)epoch);
+		wr->epoch_loaded = epoch;
+		e = devices_set_order(&wr->dev, wr->perm, n, why, sizeof(why));
+		if (e)
+			return err_set(err, errlen, e, "step %ld: %s", step, why);
+	}
+	size_t first = job_batch_at(&wr->s.job, step, wr->index);
+	e = devices_zero_grads(&wr->dev, why, sizeof(why));
+	if (!e)
+		e = devices_step(&wr->dev, first, wr->B, replica_key(c->train.seed, step, wr->index), why,
+				 sizeof(why));
+	if (!e)
+		e = devices_get_grads(&wr->dev, wr->grads, why, sizeof(why));
+	if (e)
+		return err_set(err, errlen, e, "step %ld: %s", step, why);
+	return 0;
+}
+
+/* One training step: pull, checkpoint, evaluate, compute, push. A failure
+ * with wr->lk.lost set is a lost link, to recover from. */
+static int worker_step(struct worker *wr, char *err, size_t errlen)
+{
+	const struct config *c = wr->c;
+	long step = wr->step;
+	double ts = progress_now();
+	int e = 0;
+	if (!wr->pulled)
+		e = worker_pull(wr, err, errlen);
+	wr->pulled = 0;
+	if (!e && wr->ckpts && c->train.checkpoint_every > 0 && step > wr->start &&
+	    step % c->train.checkpoint_every == 0)
+		e = links_checkpoint(&wr->lk, ckpt_label(wr, step), err, errlen);
+	if (e)
+		return e;
+	e = worker_evaluate(wr, &ts, err, errlen);
+	if (!e)
+		e = worker_compute(wr, err, errlen);
+	if (!e)
+		e = links_push(&wr->lk, wr->grads, err, errlen);
+	if (e || !wr->chief)
+		return e;
+	char why[CONFIG_ERR_MAX];
+	wr->pg.stale = wr->lk.stale;
+	progress_tick(&wr->pg, step, progress_now() - ts);
+	/* The gradient's download has waited for the GPU: the loss is there
+	 * to be read without a further stall. */
+	if ((progress_due(&wr->pg, step) || step + 1 == wr->total) &&
+	    (e = devices_report(&wr->dev, &wr->pg, step, why, sizeof(why))))
+		return err_set(err, errlen, e, "step %ld: %s", step, why);
+	return 0;
+}
+
+/* Steps until the last one (or *stop). A lost ps costs a recovery, which
+ * says where to go on: sync, the step the shards agree on; async, its own
+ * step count unless the shards went back. */
+static int worker_train(struct worker *wr, char *err, size_t errlen)
+{
+	while (wr->step < wr->total && !*wr->stop) {
+		int e = worker_step(wr, err, errlen);
+		if (!e) {
+			wr->step++;
+			continue;
+		}
+		if (wr->lk.lost < 0)
+			return e;
+		long at = wr->step;
+		e = worker_recover(wr, &at, err, errlen);
+		if (e)
+			return e;
+		if (wr->c->train.mode == MODE_SYNC || at != wr->step)
+			wr->step = wr->start = at;
+	}
+	return 0;
+}
+
+static int dump_params(const char *path, const float *p, size_t n, char *err, size_t errlen)
+{
+	FILE *f = fopen(path, "wb");
+	int ok = f && fwrite(p, sizeof(float), n, f) == n;
+	if (f && fclose(f))
+		ok = 0;
+	if (!ok)
+		return err_set(err, errlen, -EIO, "%s: cannot write parameters: %s", path, strerror(errno));
+	return 0;
+}
+
+/* After the last step: the chief pulls the final parameters, asks for the
+ * final checkpoint and evaluates (res); the others log their figures.
+ * *again: the final pull found a lost ps whose recovery went back to a
+ * step to train again from (wr->step). */
+static int worker_final(struct worker *wr, const char *dump, struct train_result *res, int *again,
+			char *err, size_t errlen)
+{
+	long step = wr->step;
+	int e = 0;
+	*again = 0;
+	if (!wr->chief)
+		return worker_meter_line(wr, err, errlen);
+	if (step > wr->start && !wr->pulled) {
+		e = worker_pull(wr, err, errlen);
+		if (e && wr->lk.lost >= 0) {
+			/* The last step's shards were lost: the same recovery
+			 * as in the loop, which may roll back and train again. */
+			long at = step;
+			e = worker_recover(wr, &at, err, errlen);
+			if (e)
+				return e;
+			if ((wr->c->train.mode == MODE_SYNC || at != step) && at < wr->total) {
+				wr->step = wr->start = at;
+				*again = 1;
+				return 0;
+			}
+		}
+		if (e)
+			return e;
+	}
+	if (wr->ckpts && step > wr->start) {
+		e = links_checkpoint(&wr->lk, ckpt_label(wr, step), err, errlen);
+		if (e)
+			return e;
+	}
+	e = devices_report(&wr->dev, &wr->pg, step - 1, err, errlen);
+	if (!e)
+		e = devices_evaluate(&wr->dev, &wr->s.job.test, &res->test_loss, &res->test_acc, err, errlen);
+	if (e)
+		return e;
+	progress_eval(&wr->pg, step, res->test_loss, res->test_acc);
+	return dump ? dump_params(dump, wr->params, wr->s.job.m.nparams, err, errlen) : 0;
+}
+
+/* A worker that has trained its last step says DONE and stays until every
+ * ps reports the run complete (the chief has said DONE, after its final
+ * checkpoint and evaluation), polling with STATUS every 100 ms, so that a
+ * ps killed and restarted meanwhile can still roll it back. The chief
+ * itself, or a worker finishing after it, leaves at once. A lost ps is
+ * recovered from as during training; if the shards went back, *again is
+ * set, with wr->step the step to train again from, else DONE is said
+ * again on the new connections. */
+static int worker_finish(struct worker *wr, int *again, char *err, size_t errlen)
+{
+	struct links *lk = &wr->lk;
+	long step = wr->step;
+	*again = 0;
+	for (;;) {
+		int r = links_done(lk, 0, err, errlen), complete = 0;
+		while (!r) {
+			r = links_status(lk, &complete, err, errlen);
+			if (r || complete)
+				break;
+			if (*wr->stop)
+				return err_set(err, errlen, -EINTR, "worker %d: interrupted while waiting for the others to finish",
+					       wr->index);
+			role_nap_ms(100);
+		}
+		if (!r) {
+			/* Unsent, a ps waits peer_timeout for this worker
+			 * to come back, then finishes all the same. */
+			char e2[CONFIG_ERR_MAX];
+			(void)links_done(lk, 1, e2, sizeof(e2));
+			return 0;
+		}
+		if (lk->lost < 0)
+			return r;
+		char why[CONFIG_ERR_MAX];
+		long at = step;
+		snprintf(why, sizeof(why), "%s", err);
+		r = recovery_resync(lk, wr->params, &at, why, err, errlen);
+		if (r)
+			return r;
+		if (at != step) {
+			r = devices_set_params(&wr->dev, wr->params, err, errlen);
+			if (r)
+				return r;
+			wr->step = wr->start = at;
+			wr->pulled = 1;
+			*again = 1;
+			return 0;
+		}
+	}
+}
+
+int cluster_worker(const struct config *c, int index, FILE *out, int tty,
+		   const volatile sig_atomic_t *stop, const char *dump, struct train_result *res,
+		   char *err, size_t errlen)
+{
+	struct worker *wr = calloc(1, sizeof(*wr));
+	if (!wr)
+		return err_set(err, errlen, -ENOMEM, "out of memory");
+	*wr = (struct worker){ .c = c, .stop = stop, .out = out, .index = index, .chief = index == 0,
+			       .W = c->cluster.nworkers, .B = c->train.batch_size, .tty = tty,
+			       .epoch_loaded = -1 };
+	memset(res, 0, sizeof(*res));
+	double t0 = progress_now();
+	role_hooks_read(&wr->hooks);
+	int e = worker_open(wr, err, errlen);
+	if (!e)
+		e = recovery_start(&wr->lk, wr->params, wr->total, &wr->start, err, errlen);
+	if (!e)
+		e = devices_set_params(&wr->dev, wr->params, err, errlen);
+	wr->ckpts = wr->chief && c->train.checkpoint_dir[0];
+	wr->pulled = 1;
+	wr->step = wr->start;
+	for (int again = 1; !e && again;) {
+		e = worker_train(wr, err, errlen);
+		res->steps = wr->step;
+		res->total_steps = wr->total;
+		if (!e && *stop)
+			e = err_set(err, errlen, -EINTR, "worker %d: interrupted at step %ld/%ld", index,
+				    wr->step, wr->total);
+		if (!e)
+			e = worker_final(wr, dump, res, &again, err, errlen);
+		if (e || again)
+			continue;
+		progress_clear(&wr->pg);
+		e = worker_finish(wr, &again, err, errlen);
+	}
+	progress_clear(&wr->pg);
+	if (!e) {
+		res->wall = progress_now() - t0;
+		res->samples_per_s = wr->pg.train_time > 0 ? (double)wr->pg.samples / wr->pg.train_time : 0;
+	}
+	worker_close(wr);
+	free(wr);
+	return e;
+}

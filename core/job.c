@@ -1,0 +1,79 @@
+/* See job.h. */
+#include "job.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+static int check_fit(const struct config *c, const struct job *j, char *err, size_t errlen)
+{
+	const struct model *m = &j->m;
+	const struct dataset *train = &j->train, *test = &j->test;
+	const char *src = c->data.format == DATA_IDX ? c->data.train_images : c->data.train_csv;
+	if (train->d != (size_t)m->inputs || test->d != (size_t)m->inputs) {
+		snprintf(err, errlen, "%s: samples have %zu features but [model] input = %dx%dx%d has %d",
+			 src, train->d != (size_t)m->inputs ? train->d : test->d,
+			 c->model.in_h, c->model.in_w, c->model.in_c, m->inputs);
+		return -EINVAL;
+	}
+	int classes = train->classes > test->classes ? train->classes : test->classes;
+	if (classes > m->outputs) {
+		snprintf(err, errlen, "%s: labels go up to %d but the last layer has %d outputs; make it dense %d",
+			 src, classes - 1, m->outputs, classes);
+		return -EINVAL;
+	}
+	/* The remainder of each shuffled epoch is dropped, so every step has
+	 * a full batch and a step means the same thing locally and in a
+	 * cluster. */
+	size_t per_step = (size_t)j->W * (size_t)j->B;
+	if (train->n < per_step && j->W == 1) {
+		snprintf(err, errlen, "%s: [train] batch_size %d is larger than the %zu training samples",
+			 c->path, j->B, train->n);
+		return -EINVAL;
+	}
+	if (train->n < per_step) {
+		snprintf(err, errlen, "%s: %zu training samples are fewer than %d workers x batch_size %d",
+			 c->path, train->n, j->W, j->B);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+int job_load(struct job *j, const struct config *c, int W, int want_data, char *err,
+	     size_t errlen)
+{
+	memset(j, 0, sizeof(*j));
+	j->W = W;
+	j->B = c->train.batch_size;
+	int e = model_build(&j->m, &c->model, err, errlen);
+	if (e)
+		return e;
+	if (!want_data && c->train.steps > 0) {
+		j->total = c->train.steps;
+		return 0;
+	}
+	e = data_load(&j->train, &j->test, &c->data, c->train.seed, err, errlen);
+	if (e) {
+		/* A file that is missing, unreadable, a directory, malformed or
+		 * absurdly large is the user's input to fix (exit 2); only
+		 * running out of memory or a failing disk is a runtime failure. */
+		return e != -ENOMEM && e != -EIO ? -EINVAL : e;
+	}
+	e = check_fit(c, j, err, errlen);
+	if (e)
+		return e;
+	j->spe = (long)(j->train.n / ((size_t)W * (size_t)j->B));
+	j->total = c->train.steps > 0 ? c->train.steps : c->train.epochs * j->spe;
+	return 0;
+}
+
+void job_free(struct job *j)
+{
+	dataset_free(&j->train);
+	dataset_free(&j->test);
+}
+
+size_t job_batch_at(const struct job *j, long step, int w)
+{
+	return (size_t)(step % j->spe) * (size_t)j->W * (size_t)j->B + (size_t)w * (size_t)j->B;
+}

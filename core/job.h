@@ -1,0 +1,43 @@
+/* What every process derives from the config before it trains or serves:
+ * the model, the data, whether they fit each other, the steps per epoch,
+ * the steps of the run, and which samples a step's batch is. `local`
+ * (core/train.c), the ps and the worker (cluster/) all start here, so a
+ * step means the same thing everywhere.
+ *
+ * Batches: at step s of epoch e = s / spe every process takes the epoch's
+ * permutation (data_permute(seed, e)); worker w of W uses samples
+ * [(s mod spe)·W·B + w·B, +B) of it, spe = floor(n / (W·B)). `local` is
+ * W = 1. The W batches of one step are disjoint and together are exactly
+ * `local`'s batch of W·B at that step. */
+#ifndef PSTRAIN_JOB_H
+#define PSTRAIN_JOB_H
+
+#include <stddef.h>
+
+#include "config.h"
+#include "data.h"
+#include "model.h"
+
+struct job {
+	struct model m;
+	struct dataset train, test; /* empty when not loaded (want_data 0) */
+	int W, B;                   /* workers (1 for local), batch per worker */
+	long spe;                   /* steps per epoch; 0 without data */
+	long total;                 /* steps the run trains */
+};
+
+/* Builds the model and, unless want_data is 0 and [train] steps is set
+ * (a ps needs the data only for the step count its lr schedule runs
+ * over), loads the data and checks that it fits the model and one step of
+ * W batches. Returns 0, -EINVAL for anything the user must fix (a data
+ * file that cannot be used, whatever the errno), -ENOMEM or -EIO, with
+ * one line in err. On failure j is left for job_free. */
+int job_load(struct job *j, const struct config *c, int W, int want_data, char *err,
+	     size_t errlen);
+void job_free(struct job *j); /* accepts a zeroed struct */
+
+/* The position in the epoch's order of the first sample of worker w's
+ * batch at step. */
+size_t job_batch_at(const struct job *j, long step, int w);
+
+#endif

@@ -1,0 +1,244 @@
+/* See conn.h. */
+#include "conn.h"
+#include "../base/err.h"
+#include "sock.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void conn_init(struct conn *cn, int fd, uint8_t *rbuf, uint8_t *wbuf, struct pipe *pp,
+	       int read_ms, int write_ms)
+{
+	memset(cn, 0, sizeof(*cn));
+	cn->fd = fd;
+	cn->state = CONN_PENDING;
+	cn->rbuf = rbuf;
+	cn->wbuf = wbuf;
+	cn->pp = pp;
+	cn->read_ms = read_ms;
+	cn->write_ms = write_ms;
+	pthread_mutex_init(&cn->mu, NULL);
+}
+
+void conn_destroy(struct conn *cn)
+{
+	if (!cn->pp && cn->fd == 0)
+		return; /* zeroed, never initialized */
+	conn_close(cn);
+	pthread_mutex_destroy(&cn->mu);
+}
+
+/* Under mu: the socket and keys are the connection's. */
+static void conn_adopt(struct conn *cn, int fd, const struct hs_result *hr)
+{
+	pthread_mutex_lock(&cn->mu);
+	cn->fd = fd;
+	cn->hr = *hr;
+	cn->state = CONN_AUTHENTICATED;
+	cn->last_send = now_s();
+	pthread_mutex_unlock(&cn->mu);
+}
+
+int conn_client(struct conn *cn, int fd, const uint8_t psk[HS_PSK_BYTES],
+		const struct hs_identity *me, int hs_ms, const char *who, char *err,
+		size_t errlen)
+{
+	uint8_t hello1[HS_HELLO_BYTES], hello2[HS_HELLO_BYTES];
+	struct hs h;
+	struct hs_result hr;
+	char e[512];
+	int r = hs_client_start(&h, hello1, psk, me, e, sizeof(e));
+	if (r) {
+		close(fd);
+		return err_set(err, errlen, r, "handshake: %s", e);
+	}
+	r = sock_write_full(fd, hello1, sizeof(hello1), hs_ms, e, sizeof(e));
+	if (!r)
+		r = sock_read_full(fd, hello2, sizeof(hello2), hs_ms, e, sizeof(e));
+	if (r) {
+		hs_wipe(&h);
+		close(fd);
+		return err_set(err, errlen, -ECONNABORTED, "%s: handshake: %s%s", who, e,
+			       r == -EPIPE ? " (wrong cluster key?)" : "");
+	}
+	r = hs_client_finish(&h, &hr, hello2, sizeof(hello2), e, sizeof(e));
+	if (r) {
+		hs_wipe(&h);
+		close(fd);
+		return err_set(err, errlen, -ECONNABORTED, "%s: %s", who, e);
+	}
+	conn_adopt(cn, fd, &hr);
+	frame_key_wipe(&hr.send);
+	frame_key_wipe(&hr.recv);
+	return 0;
+}
+
+int conn_server(struct conn *cn, const uint8_t psk[HS_PSK_BYTES], const struct hs_identity *me,
+		int hs_ms, char *err, size_t errlen)
+{
+	uint8_t hello1[HS_HELLO_BYTES], hello2[HS_HELLO_BYTES];
+	struct hs_result hr;
+	size_t outlen = 0;
+	char e[320];
+	int fd = cn->fd;
+	int r = sock_read_full(fd, hello1, sizeof(hello1), hs_ms, e, sizeof(e));
+	if (r)
+		return err_set(err, errlen, r, "no handshake: %s", e);
+	r = hs_server_respond(&hr, hello2, &outlen, psk, me, hello1, sizeof(hello1), e, sizeof(e));
+	if (outlen)
+		(void)!sock_write_full(fd, hello2, outlen, hs_ms, NULL, 0);
+	if (r)
+		return err_set(err, errlen, r, "handshake refused: %s", e);
+	conn_adopt(cn, fd, &hr);
+	frame_key_wipe(&hr.send);
+	frame_key_wipe(&hr.recv);
+	return 0;
+}
+
+void conn_close(struct conn *cn)
+{
+	pthread_mutex_lock(&cn->mu);
+	if (cn->fd >= 0)
+		close(cn->fd);
+	cn->fd = -1;
+	cn->state = CONN_PENDING;
+	frame_key_wipe(&cn->hr.send);
+	frame_key_wipe(&cn->hr.recv);
+	pthread_mutex_unlock(&cn->mu);
+}
+
+void conn_shutdown(struct conn *cn)
+{
+	cn->state = CONN_CLOSING;
+	if (cn->fd >= 0)
+		shutdown(cn->fd, SHUT_RDWR);
+}
+
+static int conn_ready(const struct conn *cn, char *err, size_t errlen)
+{
+	if (cn->state == CONN_AUTHENTICATED)
+		return 0;
+	return err_set(err, errlen, cn->state == CONN_CLOSING ? -ESHUTDOWN : -ENOTCONN,
+		       cn->state == CONN_CLOSING ? "connection shut down" : "not connected");
+}
+
+int conn_send(struct conn *cn, size_t len, char *err, size_t errlen)
+{
+	pthread_mutex_lock(&cn->mu);
+	int r = conn_ready(cn, err, errlen);
+	if (!r)
+		r = sock_write_frame(cn->fd, &cn->hr.send, cn->wbuf, CONN_WBUF_BYTES, conn_msg(cn->wbuf),
+				     len, cn->write_ms, err, errlen);
+	cn->last_send = now_s();
+	pthread_mutex_unlock(&cn->mu);
+	return r;
+}
+
+int conn_send_idle(struct conn *cn, uint8_t *buf, size_t cap, size_t len, double idle_s,
+		   char *err, size_t errlen)
+{
+	int r = 0;
+	pthread_mutex_lock(&cn->mu);
+	double now = now_s();
+	if (cn->state == CONN_AUTHENTICATED && now - cn->last_send >= idle_s) {
+		r = sock_write_frame(cn->fd, &cn->hr.send, buf, cap, conn_msg(buf), len,
+				     (int)(idle_s * 1000), err, errlen);
+		cn->last_send = now;
+		r = r ? r : 1;
+	}
+	pthread_mutex_unlock(&cn->mu);
+	return r;
+}
+
+void conn_send_error(struct conn *cn, uint32_t code, const char *text)
+{
+	char e[128];
+	size_t len;
+	if (msg_encode_error(conn_msg(cn->wbuf), conn_msg_cap(CONN_WBUF_BYTES), code, text, &len, e,
+			     sizeof(e)) == 0)
+		(void)!conn_send(cn, len, e, sizeof(e));
+}
+
+int conn_recv(struct conn *cn, size_t *len, char *err, size_t errlen)
+{
+	int r = conn_ready(cn, err, errlen);
+	return r ? r : sock_read_frame(cn->fd, &cn->hr.recv, cn->rbuf, CONN_RBUF_BYTES, len,
+				       cn->read_ms, err, errlen);
+}
+
+static int chunk_encode(void *ctx, uint64_t i, uint8_t *msg, size_t cap, size_t *len, char *err,
+			size_t errlen)
+{
+	const struct conn_chunk_tx *t = ctx;
+	struct msg_chunk ch = { .type = t->type, .shard = t->shard, .version = t->version,
+				.worker = t->worker };
+	msg_chunk_range(t->n, i, &ch.offset, &ch.count);
+	return msg_encode_chunk(msg, cap, &ch, t->src + ch.offset, len, err, errlen);
+}
+
+int conn_send_tensor(struct conn *cn, const struct conn_chunk_tx *t, char *err, size_t errlen)
+{
+	pthread_mutex_lock(&cn->mu);
+	int r = conn_ready(cn, err, errlen);
+	if (!r)
+		r = pipe_send(cn->pp, cn->fd, &cn->hr.send, msg_chunks(t->n), chunk_encode, (void *)t,
+			      cn->write_ms, err, errlen);
+	cn->last_send = now_s();
+	pthread_mutex_unlock(&cn->mu);
+	return r;
+}
+
+static int chunk_deliver(void *ctx, uint64_t i, const uint8_t *msg, size_t len, char *err,
+			 size_t errlen)
+{
+	struct conn_chunk_rx *x = ctx;
+	struct msg_chunk ch;
+	struct msg_error me;
+	(void)i;
+	x->bad = 1;
+	int r = msg_type(msg, len, err, errlen);
+	if (r == WIRE_ERROR && x->type == WIRE_PARAMS)
+		return msg_decode_error(msg, len, &me, err, errlen) ? -EPROTO
+			: err_set(err, errlen, -ECONNABORTED, "%s", me.text);
+	if (r < 0)
+		return r;
+	if (r != x->type)
+		return err_set(err, errlen, -EPROTO, "unexpected %s message in a %s tensor",
+			       wire_msg_name((uint8_t)r), wire_msg_name(x->type));
+	r = msg_decode_chunk(msg, len, &ch, err, errlen);
+	if (r < 0)
+		return r;
+	if (x->type == WIRE_PUSH && ch.worker != x->worker)
+		return err_set(err, errlen, -EPROTO, "PUSH names worker %u on worker %u's connection",
+			       ch.worker, x->worker);
+	r = msg_assembly_add(x->a, &ch, x->dst, err, errlen);
+	if (r < 0)
+		return r;
+	x->bad = 0;
+	return 0;
+}
+
+int conn_take_chunk(struct conn *cn, struct conn_chunk_rx *x, size_t len, char *err,
+		    size_t errlen)
+{
+	return chunk_deliver(x, 0, cn->rbuf, len, err, errlen);
+}
+
+int conn_recv_rest(struct conn *cn, struct conn_chunk_rx *x, char *err, size_t errlen)
+{
+	if (msg_assembly_done(x->a))
+		return 0;
+	int r = conn_ready(cn, err, errlen);
+	return r ? r : pipe_recv(cn->pp, cn->fd, &cn->hr.recv, msg_chunks(x->a->n - x->a->received),
+				 chunk_deliver, x, cn->read_ms, err, errlen);
+}

@@ -1,0 +1,149 @@
+/* One authenticated connection: its socket, session keys, the buffers and
+ * pipe its frames go through, a send lock, and a state (pending before the
+ * handshake, authenticated after it, closing once shut down). The client
+ * and server handshakes, sending and receiving one message, and sending
+ * and receiving a chunked tensor are here, so the ps and worker roles never
+ * compute a frame offset or capacity.
+ *
+ * Buffers and pipe are the caller's, so that connections one thread uses
+ * in turn (a worker's links to every ps) can share them: rbuf holds the
+ * last message received, wbuf (the pipe's first frame buffer) the frame
+ * being sent. Sends take the connection's lock, so another thread (a
+ * heartbeat sender) may send on it too; receives are one thread's.
+ *
+ * Errors: 0 or a negative errno with one line in err (errlen bytes), those
+ * of net/sock.c, net/handshake.c, net/pipe.c and the msg_* codecs. Any
+ * failure but an encoding one ends the connection: conn_close it. */
+#ifndef PSTRAIN_NET_CONN_H
+#define PSTRAIN_NET_CONN_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "frame.h"
+#include "handshake.h"
+#include "msg.h"
+#include "pipe.h"
+
+/* A buffer for any one frame to send (CONN_WBUF_BYTES) and for any one
+ * frame received (CONN_RBUF_BYTES: the ciphertext, opened in place). */
+#define CONN_WBUF_BYTES FRAME_BYTES_MAX
+#define CONN_RBUF_BYTES FRAME_CT_MAX
+/* A frame buffer for a message of at most len bytes. */
+#define CONN_FRAME_BYTES(len) FRAME_SEALED_BYTES(len)
+
+/* Where the message goes in a frame buffer, and how long it may be in one
+ * of cap bytes: the frame's header comes first and the tag after it. */
+static inline uint8_t *conn_msg(uint8_t *buf)
+{
+	return buf + FRAME_HDR_BYTES;
+}
+
+static inline size_t conn_msg_cap(size_t cap)
+{
+	return cap - FRAME_HDR_BYTES - FRAME_TAG_BYTES;
+}
+
+enum conn_state {
+	CONN_PENDING,       /* no socket, or one not authenticated yet */
+	CONN_AUTHENTICATED, /* the handshake succeeded: frames may flow */
+	CONN_CLOSING,       /* shut down (conn_shutdown): every call fails */
+};
+
+struct conn {
+	int fd;                  /* -1: none; changes only under mu, by the owner */
+	_Atomic(enum conn_state) state; /* conn_shutdown sets it from any thread */
+	struct hs_result hr;     /* session keys and the peer, once authenticated */
+	uint8_t *rbuf;           /* (CONN_RBUF_BYTES) the caller's */
+	uint8_t *wbuf;           /* (CONN_WBUF_BYTES) the caller's; pp's first frame */
+	struct pipe *pp;         /* the caller's */
+	pthread_mutex_t mu;      /* sends: fd, hr.send, last_send, state */
+	double last_send;        /* CLOCK_MONOTONIC seconds of the last frame sent */
+	int read_ms, write_ms;   /* deadline of one read; of one frame's write */
+};
+
+/* A pending connection over fd (-1: none yet; a server passes the accepted
+ * socket, which the connection owns from now on) and the caller's buffers
+ * and pipe (rbuf and wbuf may be set later, before the first frame). */
+void conn_init(struct conn *cn, int fd, uint8_t *rbuf, uint8_t *wbuf, struct pipe *pp,
+	       int read_ms, int write_ms);
+/* Closes and wipes; the mutex goes. Accepts a connection conn_init never
+ * saw only if it is zeroed. */
+void conn_destroy(struct conn *cn);
+
+/* Client: the handshake as `me` over fd, a connected socket the
+ * connection now owns (closed on failure), each step within hs_ms. who
+ * names the server in messages ("ps 1 (host:2223)"). -ECONNABORTED for a
+ * server that does not answer or answers wrong ("(wrong cluster key?)"
+ * when it hung up), or hs_client_start's error. The caller checks
+ * cn->hr.peer. */
+int conn_client(struct conn *cn, int fd, const uint8_t psk[HS_PSK_BYTES],
+		const struct hs_identity *me, int hs_ms, const char *who, char *err,
+		size_t errlen);
+
+/* Server: reads HELLO1 from the connection's socket within hs_ms and
+ * answers it; a peer failing the MAC gets no reply. err: "no handshake:
+ * ..." or "handshake refused: ...". The caller checks cn->hr.peer. */
+int conn_server(struct conn *cn, const uint8_t psk[HS_PSK_BYTES], const struct hs_identity *me,
+		int hs_ms, char *err, size_t errlen);
+
+/* Closes the socket and wipes the keys: pending again, ready for
+ * conn_client. */
+void conn_close(struct conn *cn);
+
+/* From another thread, without the send lock (a send may hold it while it
+ * waits on a stalled peer): shuts the socket down so that every call on
+ * the connection fails at once, and marks it closing. The owner still
+ * conn_closes it. */
+void conn_shutdown(struct conn *cn);
+
+/* Sends the len-byte message at conn_msg(cn->wbuf). */
+int conn_send(struct conn *cn, size_t len, char *err, size_t errlen);
+
+/* Sends the len-byte message at conn_msg(buf) (buf: cap bytes, the
+ * caller's) if nothing was sent for idle_s seconds: a keep-alive from
+ * another thread. 1 if sent, 0 if not due (or not authenticated). */
+int conn_send_idle(struct conn *cn, uint8_t *buf, size_t cap, size_t len, double idle_s,
+		   char *err, size_t errlen);
+
+/* ERROR(code, text) as the last message on a connection, best effort. */
+void conn_send_error(struct conn *cn, uint32_t code, const char *text);
+
+/* Reads one message into cn->rbuf within read_ms: its length in *len. */
+int conn_recv(struct conn *cn, size_t *len, char *err, size_t errlen);
+
+/* A tensor's chunk messages (PARAMS from a ps, PUSH from a worker):
+ * message i is chunk i of src. */
+struct conn_chunk_tx {
+	uint8_t type;
+	uint32_t shard, worker;
+	uint64_t version;
+	const float *src; /* (n) */
+	uint64_t n;
+};
+
+/* The chunks of a tensor being received: each message must be a chunk of
+ * type `type` (from worker `worker` for PUSH) that fits a. An ERROR
+ * instead of PARAMS is reported with its text (-ECONNABORTED). bad: the
+ * failure was in a message, not in the frames carrying it. */
+struct conn_chunk_rx {
+	uint8_t type;
+	uint32_t worker;
+	struct msg_assembly *a;
+	float *dst; /* (a->n) */
+	int bad;
+};
+
+/* Sends the whole tensor t on the pipe (its frames sealed on the pool). */
+int conn_send_tensor(struct conn *cn, const struct conn_chunk_tx *t, char *err, size_t errlen);
+
+/* Takes the message in cn->rbuf (len bytes) as the next chunk of x. */
+int conn_take_chunk(struct conn *cn, struct conn_chunk_rx *x, size_t len, char *err,
+		    size_t errlen);
+
+/* Receives the rest of x's tensor on the pipe (opened on the pool): as
+ * many frames as full chunks can complete it. */
+int conn_recv_rest(struct conn *cn, struct conn_chunk_rx *x, char *err, size_t errlen);
+
+#endif

@@ -28,13 +28,11 @@
 #include <stdio.h>
 
 #include "config.h"
+#include "manifest.h"
 #include "model.h"
 #include "optim.h"
 #include "shard.h"
 
-#define CKPT_HASH_BYTES 32
-#define CKPT_FILE_MAX 64
-#define CKPT_PATH_MAX (DATA_PATH_MAX + 96)
 
 /* What a run's checkpoints must agree on to be resumed: the model's tensors
  * (names, offsets, shapes), the shard plan and the optimizer kind. */
@@ -62,22 +60,6 @@ int ckpt_layout_init(struct ckpt_layout *l, const struct model *m, int nshards, 
 int ckpt_layout_init_cluster(struct ckpt_layout *l, const struct model *m, int nshards,
 			     const struct config *c, char *err, size_t errlen);
 
-struct ckpt_shard {
-	size_t begin, end;               /* global range in P */
-	uint64_t bytes;                  /* file size */
-	char file[CKPT_FILE_MAX];
-	uint8_t sum[CKPT_HASH_BYTES];    /* BLAKE2b-256 of the whole file */
-};
-
-struct ckpt_manifest {
-	long step;
-	size_t nparams;
-	uint8_t model_hash[CKPT_HASH_BYTES];
-	uint8_t layout_hash[CKPT_HASH_BYTES];
-	uint8_t config_hash[CKPT_HASH_BYTES];
-	int nshards;
-	struct ckpt_shard shards[CONFIG_MAX_HOSTS];
-};
 
 /* One shard's state as saved: arrays over the shard's range; m and v may
  * be NULL when the optimizer has no such state (sgd has neither). */

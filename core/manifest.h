@@ -4,9 +4,33 @@
 #ifndef PSTRAIN_MANIFEST_H
 #define PSTRAIN_MANIFEST_H
 
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
-#include "checkpoint.h"
+#include "config.h"   /* CONFIG_MAX_HOSTS, DATA_PATH_MAX */
+
+#define CKPT_HASH_BYTES 32
+#define CKPT_FILE_MAX 64
+#define CKPT_PATH_MAX (DATA_PATH_MAX + 96)
+
+struct ckpt_shard {
+	size_t begin, end;               /* global range in P */
+	uint64_t bytes;                  /* file size */
+	char file[CKPT_FILE_MAX];
+	uint8_t sum[CKPT_HASH_BYTES];    /* BLAKE2b-256 of the whole file */
+};
+
+struct ckpt_manifest {
+	long step;
+	size_t nparams;
+	uint8_t model_hash[CKPT_HASH_BYTES];
+	uint8_t layout_hash[CKPT_HASH_BYTES];
+	uint8_t config_hash[CKPT_HASH_BYTES];
+	int nshards;
+	struct ckpt_shard shards[CONFIG_MAX_HOSTS];
+};
+
 
 #define CKPT_MAGIC "pstrain checkpoint 1"
 #define CKPT_MANIFEST "manifest"   /* a cluster's: manifest-K-of-N, one per ps */

@@ -1,0 +1,244 @@
+/* Tests of net/conn.c over AF_UNIX socketpairs: both handshakes, the
+ * state, one message each way, a tensor of several chunks (first chunk
+ * taken by hand, the rest on the pipe, as the roles do), the idle
+ * keep-alive, a wrong cluster key, and conn_shutdown from another thread
+ * ending a blocked read at once. */
+#include <criterion/criterion.h>
+
+#include "leak.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <sodium.h>
+
+#include "../net/conn.h"
+
+static void setup(void)
+{
+	cr_assert(sodium_init() >= 0, "sodium_init failed");
+}
+
+TestSuite(conn, .init = setup, .fini = leak_check);
+
+/* One side: its connection, buffers and pipe. */
+struct side {
+	struct conn cn;
+	uint8_t *rbuf, *wbuf;
+	struct pipe pp;
+	uint8_t psk[HS_PSK_BYTES];
+	struct hs_identity me;
+	int r;
+	char err[512];
+};
+
+static void side_init(struct side *s, int fd, enum hs_role role, uint32_t index, uint8_t key)
+{
+	memset(s, 0, sizeof(*s));
+	s->rbuf = malloc(CONN_RBUF_BYTES);
+	s->wbuf = malloc(CONN_WBUF_BYTES);
+	cr_assert(s->rbuf && s->wbuf);
+	cr_assert_eq(pipe_init(&s->pp, NULL, s->wbuf, CONN_WBUF_BYTES, NULL, 0), 0);
+	conn_init(&s->cn, fd, s->rbuf, s->wbuf, &s->pp, 5000, 5000);
+	memset(s->psk, key, sizeof(s->psk));
+	s->me.role = role;
+	s->me.index = index;
+	memset(s->me.config_hash, 7, sizeof(s->me.config_hash));
+	s->me.aes = frame_aes_available();
+}
+
+static void side_free(struct side *s)
+{
+	conn_destroy(&s->cn);
+	pipe_free(&s->pp);
+	free(s->rbuf);
+	free(s->wbuf);
+}
+
+static void *serve(void *arg)
+{
+	struct side *s = arg;
+	s->r = conn_server(&s->cn, s->psk, &s->me, 5000, s->err, sizeof(s->err));
+	if (s->r)
+		conn_close(&s->cn); /* a refused peer sees the connection end */
+	return NULL;
+}
+
+/* Connects a client (worker 3, key byte ck) to a server (ps 1, key sk). */
+static void pair(struct side *cl, struct side *sv, uint8_t ck, uint8_t sk)
+{
+	int sp[2];
+	cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
+	side_init(sv, sp[1], HS_PS, 1, sk);
+	side_init(cl, -1, HS_WORKER, 3, ck);
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, serve, sv), 0);
+	cl->r = conn_client(&cl->cn, sp[0], cl->psk, &cl->me, 5000, "ps 1 (test)", cl->err,
+			    sizeof(cl->err));
+	pthread_join(t, NULL);
+}
+
+struct sendarg {
+	struct side *s;
+	struct conn_chunk_tx *t;
+	int r;
+};
+
+static void *send_tensor_main(void *arg)
+{
+	struct sendarg *a = arg;
+	char e[256];
+	a->r = conn_send_tensor(&a->s->cn, a->t, e, sizeof(e));
+	return NULL;
+}
+
+Test(conn, handshake_and_one_message_each_way)
+{
+	struct side cl, sv;
+	size_t len;
+	char e[256];
+	/* Nothing flows before the handshake. */
+	struct conn idle;
+	conn_init(&idle, -1, NULL, NULL, NULL, 100, 100);
+	cr_assert_eq(idle.state, CONN_PENDING);
+	cr_assert_eq(conn_send(&idle, 1, e, sizeof(e)), -ENOTCONN);
+	conn_destroy(&idle);
+
+	pair(&cl, &sv, 5, 5);
+	cr_assert_eq(sv.r, 0, "%s", sv.err);
+	cr_assert_eq(cl.r, 0, "%s", cl.err);
+	cr_assert_eq(cl.cn.state, CONN_AUTHENTICATED);
+	cr_assert_eq(sv.cn.state, CONN_AUTHENTICATED);
+	cr_assert_eq(sv.cn.hr.peer.role, HS_WORKER);
+	cr_assert_eq(sv.cn.hr.peer.index, 3);
+	cr_assert_eq(cl.cn.hr.peer.role, HS_PS);
+	cr_assert_eq(cl.cn.hr.peer.index, 1);
+
+	struct msg_pull p = { .shard = 1, .version = 42 }, got;
+	cr_assert_eq(msg_encode_pull(conn_msg(cl.wbuf), conn_msg_cap(CONN_WBUF_BYTES), &p, &len, e, sizeof(e)), 0);
+	cr_assert_eq(conn_send(&cl.cn, len, e, sizeof(e)), 0, "%s", e);
+	cr_assert_eq(conn_recv(&sv.cn, &len, e, sizeof(e)), 0, "%s", e);
+	cr_assert_eq(msg_type(sv.rbuf, len, e, sizeof(e)), WIRE_PULL);
+	cr_assert_eq(msg_decode_pull(sv.rbuf, len, &got, e, sizeof(e)), 0);
+	cr_assert_eq(got.version, 42);
+
+	conn_send_error(&sv.cn, 7, "it went wrong");
+	cr_assert_eq(conn_recv(&cl.cn, &len, e, sizeof(e)), 0, "%s", e);
+	struct msg_error me;
+	cr_assert_eq(msg_decode_error(cl.rbuf, len, &me, e, sizeof(e)), 0);
+	cr_assert_str_eq(me.text, "it went wrong");
+
+	conn_close(&cl.cn);
+	cr_assert_eq(cl.cn.state, CONN_PENDING);
+	cr_assert_eq(cl.cn.fd, -1);
+	cr_assert_neq(conn_recv(&sv.cn, &len, e, sizeof(e)), 0); /* the peer closed */
+	side_free(&cl);
+	side_free(&sv);
+}
+
+/* A tensor of three chunks, the way the roles receive one: the first
+ * chunk read as a message, the rest on the pipe. */
+Test(conn, tensor_in_chunks)
+{
+	struct side cl, sv;
+	char e[256];
+	size_t len;
+	pair(&cl, &sv, 9, 9);
+	cr_assert_eq(cl.r, 0, "%s", cl.err);
+	uint64_t n = 2 * (uint64_t)MSG_CHUNK_FLOATS + 5;
+	float *src = malloc(n * sizeof(float)), *dst = calloc(n, sizeof(float));
+	cr_assert(src && dst);
+	for (uint64_t i = 0; i < n; i++)
+		src[i] = (float)i * 0.5f - 3.0f;
+	struct conn_chunk_tx t = { .type = WIRE_PUSH, .shard = 1, .worker = 3, .version = 11,
+				   .src = src, .n = n };
+	/* The socketpair's buffer is smaller than the tensor: send from a
+	 * thread. */
+	pthread_t th;
+	struct sendarg sa = { &cl, &t, -1 };
+	cr_assert_eq(pthread_create(&th, NULL, send_tensor_main, &sa), 0);
+	struct msg_assembly a;
+	cr_assert_eq(msg_assembly_init(&a, WIRE_PUSH, 1, n, e, sizeof(e)), 0);
+	struct conn_chunk_rx x = { .type = WIRE_PUSH, .worker = 3, .a = &a, .dst = dst };
+	cr_assert_eq(conn_recv(&sv.cn, &len, e, sizeof(e)), 0, "%s", e);
+	cr_assert_eq(conn_take_chunk(&sv.cn, &x, len, e, sizeof(e)), 0, "%s", e);
+	cr_assert_eq(conn_recv_rest(&sv.cn, &x, e, sizeof(e)), 0, "%s", e);
+	pthread_join(th, NULL);
+	cr_assert_eq(sa.r, 0);
+	cr_assert(msg_assembly_done(&a));
+	cr_assert_eq(a.version, 11);
+	cr_assert_eq(memcmp(src, dst, n * sizeof(float)), 0);
+	free(src);
+	free(dst);
+	side_free(&cl);
+	side_free(&sv);
+}
+
+Test(conn, wrong_key_is_refused_on_both_sides)
+{
+	struct side cl, sv;
+	pair(&cl, &sv, 5, 6);
+	cr_assert_neq(sv.r, 0);
+	cr_assert(strstr(sv.err, "handshake refused"), "%s", sv.err);
+	cr_assert_eq(cl.r, -ECONNABORTED, "%d %s", cl.r, cl.err);
+	cr_assert(strstr(cl.err, "ps 1 (test): handshake: ") && strstr(cl.err, "(wrong cluster key?)"),
+		  "%s", cl.err);
+	cr_assert_eq(cl.cn.state, CONN_PENDING);
+	side_free(&cl);
+	side_free(&sv);
+}
+
+/* The keep-alive goes out only on a connection idle that long. */
+Test(conn, send_idle)
+{
+	struct side cl, sv;
+	char e[256];
+	size_t len;
+	pair(&cl, &sv, 5, 5);
+	cr_assert_eq(cl.r, 0, "%s", cl.err);
+	uint8_t buf[CONN_FRAME_BYTES(MSG_HEARTBEAT_BYTES)];
+	struct msg_heartbeat hb;
+	memset(&hb, 0, sizeof(hb));
+	cr_assert_eq(msg_encode_heartbeat(conn_msg(buf), conn_msg_cap(sizeof(buf)), &hb, &len, e, sizeof(e)), 0);
+	cr_assert_eq(conn_send_idle(&cl.cn, buf, sizeof(buf), len, 60, e, sizeof(e)), 0); /* just connected */
+	cr_assert_eq(conn_send_idle(&cl.cn, buf, sizeof(buf), len, 0, e, sizeof(e)), 1);
+	cr_assert_eq(conn_recv(&sv.cn, &len, e, sizeof(e)), 0, "%s", e);
+	cr_assert_eq(msg_type(sv.rbuf, len, e, sizeof(e)), WIRE_HEARTBEAT);
+	side_free(&cl);
+	side_free(&sv);
+}
+
+static void *shut_main(void *arg)
+{
+	struct timespec t = { 0, 100 * 1000000L };
+	nanosleep(&t, NULL);
+	conn_shutdown(arg);
+	return NULL;
+}
+
+/* conn_shutdown from another thread ends a read that would wait 5 s. */
+Test(conn, shutdown_ends_a_blocked_read)
+{
+	struct side cl, sv;
+	char e[256];
+	size_t len;
+	pair(&cl, &sv, 5, 5);
+	cr_assert_eq(cl.r, 0, "%s", cl.err);
+	pthread_t th;
+	struct timespec t0, t1;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	cr_assert_eq(pthread_create(&th, NULL, shut_main, &sv.cn), 0);
+	cr_assert_neq(conn_recv(&sv.cn, &len, e, sizeof(e)), 0);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	pthread_join(th, NULL);
+	cr_assert_lt((double)(t1.tv_sec - t0.tv_sec), 4.0);
+	cr_assert_eq(sv.cn.state, CONN_CLOSING);
+	cr_assert_eq(conn_send(&sv.cn, 1, e, sizeof(e)), -ESHUTDOWN);
+	side_free(&cl);
+	side_free(&sv);
+}

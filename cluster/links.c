@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define HS_TIMEOUT_MS 5000
 
 const char *links_ps_name(const struct config *c, int k, char *buf, size_t len)
 {
@@ -120,7 +119,7 @@ int links_connect_one(struct links *lk, int k, int timeout_ms, char *err, size_t
 	struct conn *cn = &lk->ln[k].conn;
 	char e[512], nm[300];
 	int fd = -1;
-	int hs_ms = timeout_ms < HS_TIMEOUT_MS ? timeout_ms : HS_TIMEOUT_MS;
+	int hs_ms = timeout_ms < ROLE_HANDSHAKE_MS ? timeout_ms : ROLE_HANDSHAKE_MS;
 	links_ps_name(c, k, nm, sizeof(nm));
 	int r = sock_connect_retry(c->cluster.ps[k].name, c->cluster.ps[k].port, timeout_ms, &fd, e,
 				   sizeof(e));

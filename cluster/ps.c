@@ -27,7 +27,6 @@
 #include <unistd.h>
 
 #define PS_MAX_CONN 128
-#define HS_TIMEOUT_MS 5000
 
 struct ps {
 	pthread_mutex_t mu;
@@ -384,14 +383,14 @@ static int ps_serve(struct ps_conn *cn, char *err, size_t errlen)
 	}
 }
 
-/* HELLO1 within HS_TIMEOUT_MS, answered by conn_server (a peer failing
+/* HELLO1 within ROLE_HANDSHAKE_MS, answered by conn_server (a peer failing
  * the MAC gets no reply and one log line with its address); only a worker
  * with a valid index is accepted. */
 static int ps_handshake(struct ps_conn *cn)
 {
 	struct ps *ps = cn->ps;
 	char e[400];
-	int r = conn_server(&cn->conn, ps->s->key, &ps->me, HS_TIMEOUT_MS, e, sizeof(e));
+	int r = conn_server(&cn->conn, ps->s->key, &ps->me, ROLE_HANDSHAKE_MS, e, sizeof(e));
 	if (r) {
 		role_log(ps->out, "ps %d: %s: %s", ps->index, cn->peer, e);
 		return r;

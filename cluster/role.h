@@ -46,6 +46,9 @@ void role_deadline(struct timespec *dl, long ms);
 
 /* How often an idle connection carries a HEARTBEAT: four per peer_timeout,
  * so that one late heartbeat never looks like a dead peer (at least 50). */
+/* How long either side waits for the other's half of the handshake. */
+#define ROLE_HANDSHAKE_MS 5000
+
 int role_heartbeat_ms(const struct config *c);
 int role_peer_timeout_ms(const struct config *c);
 /* The deadline for writing one frame (a message, or one chunk of a

@@ -26,23 +26,33 @@ static const char *const optim_names[] = { "sgd", "momentum", "adam" };
 
 /* ---- small helpers ---- */
 
-/* PSTRAIN_CKPT_CRASH = "POINT" or "POINT:STEP" (only when saving STEP). */
-static void crash_point(const char *name, long step)
+/* The test hooks, read once when a run's layout is made (checkpoint.h). */
+static void hooks_read(struct ckpt_hooks *h)
 {
-	const char *want = getenv("PSTRAIN_CKPT_CRASH");
+	const char *crash = getenv("PSTRAIN_CKPT_CRASH"), *ms = getenv("PSTRAIN_CKPT_DELAY_MS");
+	char *end;
+	memset(h, 0, sizeof(*h));
+	if (crash)
+		snprintf(h->crash, sizeof(h->crash), "%s", crash);
+	h->delay_ms = ms ? strtol(ms, &end, 10) : 0;
+}
+
+/* crash "POINT" or "POINT:STEP" (only when saving STEP): SIGKILL here. */
+static void crash_point(const struct ckpt_layout *l, const char *name, long step)
+{
+	const char *want = l->hooks.crash;
 	size_t n = strlen(name);
-	if (!want || strncmp(want, name, n) != 0)
+	if (strncmp(want, name, n) != 0)
 		return;
-	if (want[n] == '\0' || (want[n] == ':' && atol(want + n + 1) == step))
+	if (want[n] == '\0' || (want[n] == ':' && strtol(want + n + 1, NULL, 10) == step))
 		raise(SIGKILL);
 }
 
-/* PSTRAIN_CKPT_DELAY_MS = N: a save takes N ms longer, as on a slow or
- * network disk (tests check that nothing waits for a ps's save). */
-static void slow_disk(void)
+/* A save takes delay_ms longer, as on a slow or network disk (tests check
+ * that nothing waits for a ps's save). */
+static void slow_disk(const struct ckpt_layout *l)
 {
-	const char *ms = getenv("PSTRAIN_CKPT_DELAY_MS");
-	long n = ms ? atol(ms) : 0;
+	long n = l->hooks.delay_ms;
 	if (n > 0) {
 		struct timespec t = { n / 1000, (n % 1000) * 1000000L };
 		nanosleep(&t, NULL);
@@ -165,6 +175,7 @@ static int layout_init(struct ckpt_layout *l, const struct model *m, int nshards
 {
 	memset(l, 0, sizeof(*l));
 	l->async = async;
+	hooks_read(&l->hooks);
 	l->nt = model_tensors(m, l->t, MODEL_MAX_TENSORS);
 	if (l->nt < 0)
 		return err_set(err, errlen, -EINVAL, "model has more than %d tensors", MODEL_MAX_TENSORS);
@@ -530,9 +541,9 @@ int checkpoint_save(const char *dir, const struct ckpt_layout *l, long step, con
 		e = write_shard(tmp, l, k, step, &st[k], &mf->shards[k], err, errlen);
 		if (e)
 			goto fail;
-		crash_point("shard", step);
+		crash_point(l, "shard", step);
 	}
-	crash_point("manifest", step);
+	crash_point(l, "manifest", step);
 	snprintf(p, sizeof(p), "%s/%s", tmp, CKPT_MANIFEST);
 	struct manifest_arg ma = { mf, -1 };
 	e = write_durable(p, manifest_fill, &ma, err, errlen);
@@ -542,7 +553,7 @@ int checkpoint_save(const char *dir, const struct ckpt_layout *l, long step, con
 		err_set(err, errlen, e, "%s: fsync: %s", tmp, strerror(-e));
 		goto fail;
 	}
-	crash_point("publish", step);
+	crash_point(l, "publish", step);
 	if (access(final, F_OK) == 0) {
 		/* Incomplete (complete ones returned above): set it aside rather
 		 * than delete what someone may want to look at. */
@@ -589,10 +600,10 @@ int checkpoint_save_shard(const char *dir, const struct ckpt_layout *l, long ste
 	if (!mf)
 		return err_set(err, errlen, -ENOMEM, "out of memory for a manifest");
 	manifest_init(mf, l, step);
-	slow_disk();
+	slow_disk(l);
 	e = write_shard(sd, l, k, step, st, &mf->shards[k], err, errlen);
 	if (!e)
-		crash_point("manifest", step);
+		crash_point(l, "manifest", step);
 	struct manifest_arg ma = { mf, k };
 	if (!e)
 		e = write_durable(p, manifest_fill, &ma, err, errlen);

@@ -34,8 +34,19 @@
 #include "shard.h"
 
 
+/* Test hooks of the writer, read from the environment once, when a run's
+ * layout is made, and nowhere else (docs/CHECKPOINTS.md lists them):
+ *   PSTRAIN_CKPT_CRASH = POINT or POINT:STEP  SIGKILL at that point of a save
+ *                        (POINT: shard, manifest or publish)
+ *   PSTRAIN_CKPT_DELAY_MS = N                  every save takes N ms longer */
+struct ckpt_hooks {
+	char crash[32];
+	long delay_ms;
+};
+
 /* What a run's checkpoints must agree on to be resumed: the model's tensors
- * (names, offsets, shapes), the shard plan and the optimizer kind. */
+ * (names, offsets, shapes), the shard plan and the optimizer kind; and the
+ * writer's test hooks. */
 struct ckpt_layout {
 	struct tensor_info t[MODEL_MAX_TENSORS];
 	int nt;
@@ -47,6 +58,7 @@ struct ckpt_layout {
 	uint8_t layout_hash[CKPT_HASH_BYTES];   /* tensors + shard plan + optimizer kind */
 	uint8_t config_hash[CKPT_HASH_BYTES];   /* config_hash(), recorded for information */
 	int async;                              /* an async cluster's: "mode async" in layout_hash */
+	struct ckpt_hooks hooks;
 };
 
 /* nshards = 1 for `local`, [cluster] ps count for a cluster. */

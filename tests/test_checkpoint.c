@@ -219,7 +219,8 @@ static void crash_child(struct fixture *f, const char *point)
 	cr_assert_neq(pid, -1);
 	if (pid == 0) {
 		char err[512];
-		setenv("PSTRAIN_CKPT_CRASH", point, 1);
+		/* The hooks are read when a layout is made; set this one's. */
+		snprintf(f->lay.hooks.crash, sizeof(f->lay.hooks.crash), "%s", point);
 		save(f, 2, 2, 3, err, sizeof(err));
 		_exit(0);   /* not reached when the hook fires */
 	}

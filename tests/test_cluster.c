@@ -51,26 +51,6 @@ static void teardown(void)
 TestSuite(cluster, .init = setup, .fini = teardown, .timeout = 120);
 
 /* blobs.csv, cluster.key and cluster.ini (2 ps + 2 workers) in dir. */
-static void write_cluster(const char *cfg, int steps, const char *extra)
-{
-	char path[300];
-	snprintf(path, sizeof(path), "%s/blobs.csv", dir);
-	write_blobs(path, 600, 3, 6, 3);
-	snprintf(path, sizeof(path), "%s/cluster.key", dir);
-	char err[KEY_ERR_MAX];
-	cr_assert_eq(key_generate(path, err, sizeof(err)), 0, "%s", err);
-	FILE *f = fopen(cfg, "w");
-	cr_assert_not_null(f);
-	fprintf(f, "[cluster]\nps = 127.0.0.1:%d, 127.0.0.1:%d\nworkers = 127.0.0.1:%d, 127.0.0.1:%d\n"
-		   "key_file = cluster.key\n"
-		   "[data]\nformat = csv\ntrain_csv = blobs.csv\nlabel_column = first\n"
-		   "[train]\nsteps = %d\nbatch_size = 16\nlearning_rate = 0.05\noptimizer = momentum\n"
-		   "momentum = 0.9\neval_every = 10\nthreads = 1\n%s"
-		   "[model]\ninput = 6\nlayer = dense 16\nlayer = relu\nlayer = dense 3\n",
-		free_port(), free_port(), free_port(), free_port(), steps, extra);
-	cr_assert_eq(fclose(f), 0);
-}
-
 /* Starts ps 0, ps 1, worker 1, worker 0 (chief, with --dump-params dump if
  * not NULL) and waits; with workers_first, the workers start half a second
  * before the ps tasks. out[i]: the logs in that order. */
@@ -114,7 +94,7 @@ Test(cluster, sync_two_ps_two_workers)
 	char cfg[300], out[4][300];
 	int st[4];
 	snprintf(cfg, sizeof(cfg), "%s/cluster.ini", dir);
-	write_cluster(cfg, 150, "mode = sync\n");
+	write_cluster(dir, cfg, 150, 10, "mode = sync\n", "");
 	run_cluster(cfg, NULL, st, out);
 	assert_exits_zero(st, out, 4, "");
 	char *chief = slurp(out[3]);
@@ -130,7 +110,7 @@ Test(cluster, async_two_ps_two_workers)
 	char cfg[300], out[4][300];
 	int st[4];
 	snprintf(cfg, sizeof(cfg), "%s/cluster.ini", dir);
-	write_cluster(cfg, 150, "mode = async\n");
+	write_cluster(dir, cfg, 150, 10, "mode = async\n", "");
 	run_cluster(cfg, NULL, st, out);
 	assert_exits_zero(st, out, 4, "");
 	double acc = final_accuracy(slurp(out[3]));
@@ -143,7 +123,7 @@ Test(cluster, workers_start_before_ps)
 	char cfg[300], out[4][300];
 	int st[4];
 	snprintf(cfg, sizeof(cfg), "%s/cluster.ini", dir);
-	write_cluster(cfg, 60, "mode = sync\n");
+	write_cluster(dir, cfg, 60, 10, "mode = sync\n", "");
 	run_cluster_order(cfg, NULL, 1, st, out);
 	assert_exits_zero(st, out, 4, "");
 	cr_assert_not_null(strstr(slurp(out[3]), "done: 60 steps"), "%s", slurp(out[3]));
@@ -156,7 +136,7 @@ Test(cluster, sync_with_a_backup_worker)
 	char cfg[300], out[4][300];
 	int st[4];
 	snprintf(cfg, sizeof(cfg), "%s/cluster.ini", dir);
-	write_cluster(cfg, 150, "mode = sync\nreplicas_to_aggregate = 1\n");
+	write_cluster(dir, cfg, 150, 10, "mode = sync\nreplicas_to_aggregate = 1\n", "");
 	run_cluster(cfg, NULL, st, out);
 	assert_exits_zero(st, out, 4, "");
 	double acc = final_accuracy(slurp(out[3]));
@@ -173,7 +153,7 @@ Test(cluster, sync_equals_local_with_double_batch)
 	const int steps = 25;
 	snprintf(cfg, sizeof(cfg), "%s/cluster.ini", dir);
 	snprintf(dump, sizeof(dump), "%s/params.bin", dir);
-	write_cluster(cfg, steps, "mode = sync\n");
+	write_cluster(dir, cfg, steps, 10, "mode = sync\n", "");
 	run_cluster(cfg, dump, st, out);
 	assert_exits_zero(st, out, 4, "");
 
@@ -240,7 +220,7 @@ Test(cluster, wrong_key_is_refused)
 {
 	char cfg[300], bad[340], out[2][300], path[300], err[KEY_ERR_MAX];
 	snprintf(cfg, sizeof(cfg), "%s/cluster.ini", dir);
-	write_cluster(cfg, 10, "mode = sync\n");
+	write_cluster(dir, cfg, 10, 10, "mode = sync\n", "");
 	snprintf(path, sizeof(path), "%s/other.key", dir);
 	cr_assert_eq(key_generate(path, err, sizeof(err)), 0, "%s", err);
 	snprintf(bad, sizeof(bad), "cluster.key_file=%s", path);
@@ -380,14 +360,14 @@ Test(cluster, checkpoint_and_resume_sync)
 	/* Uninterrupted: 60 steps. */
 	snprintf(cfg, sizeof(cfg), "%s/c1.ini", dir);
 	snprintf(dump1, sizeof(dump1), "%s/p1.bin", dir);
-	write_cluster(cfg, 60, "mode = sync\ncheckpoint_dir = ck1\ncheckpoint_every = 15\n");
+	write_cluster(dir, cfg, 60, 10, "mode = sync\ncheckpoint_dir = ck1\ncheckpoint_every = 15\n", "");
 	run_cluster(cfg, dump1, st, out);
 	assert_exits_zero(st, out, 4, "run 1");
 	/* 40 steps, then the same cluster told to run 60. */
 	snprintf(cfg, sizeof(cfg), "%s/c2.ini", dir);
 	snprintf(path, sizeof(path), "%s/cluster.key", dir);
 	cr_assert_eq(unlink(path), 0);   /* write_cluster makes a new one */
-	write_cluster(cfg, 40, "mode = sync\ncheckpoint_dir = ck2\ncheckpoint_every = 15\n");
+	write_cluster(dir, cfg, 40, 10, "mode = sync\ncheckpoint_dir = ck2\ncheckpoint_every = 15\n", "");
 	run_cluster(cfg, NULL, st, out);
 	assert_exits_zero(st, out, 4, "run 2");
 	for (int s = 15; s <= 45; s += 15) {
@@ -410,7 +390,7 @@ Test(cluster, checkpoint_and_resume_sync)
 	snprintf(dump3, sizeof(dump3), "%s/p3.bin", dir);
 	snprintf(path, sizeof(path), "%s/cluster.key", dir);
 	cr_assert_eq(unlink(path), 0);
-	write_cluster(cfg, 60, "mode = sync\ncheckpoint_dir = ck2\ncheckpoint_every = 15\n");
+	write_cluster(dir, cfg, 60, 10, "mode = sync\ncheckpoint_dir = ck2\ncheckpoint_every = 15\n", "");
 	run_cluster(cfg, dump3, st, out);
 	assert_exits_zero(st, out, 4, "run 3");
 	cr_assert_not_null(strstr(slurp(out[0]), "resuming from"), "ps 0 did not resume:\n%s", slurp(out[0]));
@@ -469,7 +449,7 @@ Test(cluster, checkpoint_and_resume_async)
 	char cfg[300], out[4][300], path[400], ck[320];
 	int st[4];
 	snprintf(cfg, sizeof(cfg), "%s/a1.ini", dir);
-	write_cluster(cfg, 40, "mode = async\ncheckpoint_dir = ck\ncheckpoint_every = 15\n");
+	write_cluster(dir, cfg, 40, 10, "mode = async\ncheckpoint_dir = ck\ncheckpoint_every = 15\n", "");
 	run_cluster(cfg, NULL, st, out);
 	assert_exits_zero(st, out, 4, "run 1");
 	snprintf(ck, sizeof(ck), "%s/ck", dir);
@@ -482,7 +462,7 @@ Test(cluster, checkpoint_and_resume_async)
 	snprintf(cfg, sizeof(cfg), "%s/a2.ini", dir);
 	snprintf(path, sizeof(path), "%s/cluster.key", dir);
 	cr_assert_eq(unlink(path), 0);   /* write_cluster makes a new one */
-	write_cluster(cfg, 60, "mode = async\ncheckpoint_dir = ck\ncheckpoint_every = 15\n");
+	write_cluster(dir, cfg, 60, 10, "mode = async\ncheckpoint_dir = ck\ncheckpoint_every = 15\n", "");
 	run_cluster(cfg, NULL, st, out);
 	assert_exits_zero(st, out, 4, "run 2");
 	char want[400];
@@ -509,7 +489,7 @@ Test(cluster, checkpoint_and_resume_async)
 	/* The same checkpoints for a sync cluster: refused, exit 2. */
 	snprintf(cfg, sizeof(cfg), "%s/s3.ini", dir);
 	cr_assert_eq(unlink(path), 0);
-	write_cluster(cfg, 60, "mode = sync\ncheckpoint_dir = ck\n");
+	write_cluster(dir, cfg, 60, 10, "mode = sync\ncheckpoint_dir = ck\n", "");
 	snprintf(out[0], 300, "%s/sync-ps0.log", dir);
 	const char *args[] = { "ps", "--index", "0", "--config", cfg, NULL };
 	pid_t pid = spawn_pstrain(args, out[0], NULL);
@@ -547,7 +527,7 @@ Test(cluster, killed_worker_rejoins, .timeout = 180)
 	char cfg[300], out[4][300], path[300], rejoin[300];
 	int st[4];
 	snprintf(cfg, sizeof(cfg), "%s/ref.ini", dir);
-	write_cluster(cfg, 1500, "mode = sync\ncheckpoint_dir =\n");
+	write_cluster(dir, cfg, 1500, 10, "mode = sync\ncheckpoint_dir =\n", "");
 	run_cluster(cfg, NULL, st, out);
 	assert_exits_zero(st, out, 4, "undisturbed");
 	double ref = final_accuracy(slurp(out[3]));
@@ -559,7 +539,7 @@ Test(cluster, killed_worker_rejoins, .timeout = 180)
 		snprintf(path, sizeof(path), "%s/cluster.key", dir);
 		cr_assert_eq(unlink(path), 0);
 		snprintf(cfg, sizeof(cfg), "%s/t%d.ini", dir, trial);
-		write_cluster(cfg, 1500, "mode = sync\ncheckpoint_dir =\n");
+		write_cluster(dir, cfg, 1500, 10, "mode = sync\ncheckpoint_dir =\n", "");
 		const char *roles[4][2] = { { "ps", "0" }, { "ps", "1" }, { "worker", "1" }, { "worker", "0" } };
 		pid_t pids[4];
 		for (int i = 0; i < 4; i++) {
@@ -618,7 +598,7 @@ Test(cluster, late_chief_beside_a_backup_worker_pulls_again)
 	char cfg[300], out[4][300], mark[64];
 	int st[4];
 	snprintf(cfg, sizeof(cfg), "%s/late.ini", dir);
-	write_cluster(cfg, STEPS, "mode = sync\nreplicas_to_aggregate = 1\n");
+	write_cluster(dir, cfg, STEPS, 10, "mode = sync\nreplicas_to_aggregate = 1\n", "");
 	const char *roles[4][2] = { { "ps", "0" }, { "ps", "1" }, { "worker", "1" }, { "worker", "0" } };
 	pid_t pids[4];
 	for (int i = 0; i < 4; i++) {

@@ -44,30 +44,14 @@ static void teardown(void)
 
 TestSuite(recovery, .init = setup, .fini = teardown, .timeout = 300);
 
-/* blobs.csv and cluster.key (once) and a 2 ps + 2 worker config in mode
- * ("sync" or "async") named cfg in dir, with extra [train]/[cluster] lines
- * (eval_every = 100 unless train_extra sets it). */
+/* A 2 ps + 2 worker config (write_cluster) in mode ("sync" or "async"),
+ * evaluating every 100 steps unless train_extra says otherwise. */
 static void write_config_mode(const char *cfg, int steps, const char *mode, const char *train_extra,
 			      const char *cluster_extra)
 {
-	char path[300], err[KEY_ERR_MAX];
-	snprintf(path, sizeof(path), "%s/blobs.csv", dir);
-	if (access(path, F_OK) != 0)
-		write_blobs(path, 600, 3, 6, 3);
-	snprintf(path, sizeof(path), "%s/cluster.key", dir);
-	if (access(path, F_OK) != 0)
-		cr_assert_eq(key_generate(path, err, sizeof(err)), 0, "%s", err);
-	FILE *f = fopen(cfg, "w");
-	cr_assert_not_null(f);
-	fprintf(f, "[cluster]\nps = 127.0.0.1:%d, 127.0.0.1:%d\nworkers = 127.0.0.1:%d, 127.0.0.1:%d\n"
-		   "key_file = cluster.key\n%s"
-		   "[data]\nformat = csv\ntrain_csv = blobs.csv\nlabel_column = first\n"
-		   "[train]\nsteps = %d\nbatch_size = 16\nlearning_rate = 0.05\noptimizer = momentum\n"
-		   "momentum = 0.9\n%sthreads = 1\nmode = %s\n%s"
-		   "[model]\ninput = 6\nlayer = dense 16\nlayer = relu\nlayer = dense 3\n",
-		free_port(), free_port(), free_port(), free_port(), cluster_extra, steps,
-		strstr(train_extra, "eval_every") ? "" : "eval_every = 100\n", mode, train_extra);
-	cr_assert_eq(fclose(f), 0);
+	char extra[512];
+	snprintf(extra, sizeof(extra), "mode = %s\n%s", mode, train_extra);
+	write_cluster(dir, cfg, steps, 100, extra, cluster_extra);
 }
 
 static void write_config(const char *cfg, int steps, const char *train_extra, const char *cluster_extra)

@@ -89,7 +89,7 @@ struct target {
 
 /* blobs.csv, cluster.key and cluster.ini (1 ps, W workers) in dir; loads the
  * key and the config hash into t. */
-static void write_cluster(struct target *t, int W, int steps, int batch, const char *extra)
+static void target_write(struct target *t, int W, int steps, int batch, const char *extra)
 {
 	char path[300], err[KEY_ERR_MAX];
 	snprintf(path, sizeof(path), "%s/blobs.csv", dir);
@@ -134,7 +134,7 @@ static pid_t spawn(const char *const *args, const char *outpath)
 
 static void start_ps(struct target *t, int W, int steps, int batch, const char *extra)
 {
-	write_cluster(t, W, steps, batch, extra);
+	target_write(t, W, steps, batch, extra);
 	const char *args[] = { "ps", "--index", "0", "--config", t->cfg, NULL };
 	t->pid = spawn(args, t->log);
 }

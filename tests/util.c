@@ -4,6 +4,7 @@
 #include "util.h"
 
 #include "../core/rng.h"
+#include "../net/key.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -232,4 +233,28 @@ char *slurp(const char *path)
 	}
 	slurped[i].buf[n] = '\0';
 	return slurped[i].buf;
+}
+
+void write_cluster(const char *dir, const char *cfg, int steps, int eval_every,
+		   const char *train_extra, const char *cluster_extra)
+{
+	char path[300], err[KEY_ERR_MAX];
+	snprintf(path, sizeof(path), "%s/blobs.csv", dir);
+	if (access(path, F_OK) != 0)
+		write_blobs(path, 600, 3, 6, 3);
+	snprintf(path, sizeof(path), "%s/cluster.key", dir);
+	if (access(path, F_OK) != 0)
+		cr_assert_eq(key_generate(path, err, sizeof(err)), 0, "%s", err);
+	FILE *f = fopen(cfg, "w");
+	cr_assert_not_null(f);
+	fprintf(f, "[cluster]\nps = 127.0.0.1:%d, 127.0.0.1:%d\nworkers = 127.0.0.1:%d, 127.0.0.1:%d\n"
+		   "key_file = cluster.key\n%s"
+		   "[data]\nformat = csv\ntrain_csv = blobs.csv\nlabel_column = first\n"
+		   "[train]\nsteps = %d\nbatch_size = 16\nlearning_rate = 0.05\noptimizer = momentum\n"
+		   "momentum = 0.9\nthreads = 1\n",
+		free_port(), free_port(), free_port(), free_port(), cluster_extra, steps);
+	if (!strstr(train_extra, "eval_every"))
+		fprintf(f, "eval_every = %d\n", eval_every);
+	fprintf(f, "%s[model]\ninput = 6\nlayer = dense 16\nlayer = relu\nlayer = dense 3\n", train_extra);
+	cr_assert_eq(fclose(f), 0);
 }

@@ -22,6 +22,15 @@ char *slurp(const char *path);
  * that the caller frees; asserts that it can be read. */
 void read_all(const char *path, unsigned char **buf, size_t *len);
 
+/* In dir: blobs.csv (write_blobs: 600 rows, 3 blobs, 6 features) and
+ * cluster.key, each made the first time, and at cfg a config of 2 ps + 2
+ * workers on free loopback ports training the blobs (dense 16, relu,
+ * dense 3; batch 16, momentum, one thread) for `steps`. train_extra goes
+ * into [train] (with eval_every = eval_every unless it sets one),
+ * cluster_extra into [cluster]. */
+void write_cluster(const char *dir, const char *cfg, int steps, int eval_every,
+		   const char *train_extra, const char *cluster_extra);
+
 /* A new directory $TMPDIR/pstrain-TAG-XXXXXX (/tmp without TMPDIR) in dir;
  * asserts that it was made. */
 void test_dir_make(char *dir, size_t len, const char *tag);

@@ -116,20 +116,20 @@ static int store_resume(struct ps_store *st, char *err, size_t errlen)
 {
 	const struct config *c = st->c;
 	struct psshard *sh = st->sh;
-	long t = 0, step = 0;
+	struct ckpt_load ld = { st->lay, 1, sh->range.begin, sh->range.end, sh->params, sh->opt.m,
+				sh->opt.v, 0, 0 };
 	flockfile(st->out);
-	int e = checkpoint_restore(c->train.checkpoint_dir, st->lay, 1, sh->range.begin, sh->range.end,
-				   sh->params, sh->opt.m, sh->opt.v, &t, &step, st->out, err, errlen);
+	int e = checkpoint_restore(c->train.checkpoint_dir, &ld, st->out, err, errlen);
 	funlockfile(st->out);
 	if (e == -ENOENT)
 		return 0;
 	if (e)
 		return e;
-	sh->version = (uint64_t)step;
-	sh->applied = (uint64_t)step;
-	sh->opt.t = t;
+	sh->version = (uint64_t)ld.step;
+	sh->applied = (uint64_t)ld.step;
+	sh->opt.t = ld.t;
 	char sd[CKPT_PATH_MAX];
-	checkpoint_step_dir(sd, sizeof(sd), c->train.checkpoint_dir, step);
+	checkpoint_step_dir(sd, sizeof(sd), c->train.checkpoint_dir, ld.step);
 	role_log(st->out, "ps %d: resuming from %s", st->index, sd);
 	return 0;
 }
@@ -223,7 +223,8 @@ int ps_store_rollback(struct ps_store *st, uint64_t *step_io, char *err, size_t 
 	int r = 0;
 	if (psshard_version(sh) == step)
 		return 1;
-	long t = 0, got = 0;
+	struct ckpt_load ld = { st->lay, 1, sh->range.begin, sh->range.end, sh->params, sh->opt.m,
+				sh->opt.v, 0, 0 };
 	int init = step == 0;
 	if (!init && sh->mode == MODE_ASYNC) {
 		/* Async shards are never all at one version, so a worker may
@@ -231,21 +232,19 @@ int ps_store_rollback(struct ps_store *st, uint64_t *step_io, char *err, size_t 
 		 * checkpoint: the newest complete checkpoint at or below
 		 * `step` is the one it resumed from (none: it started over). */
 		if (st->lay)
-			r = checkpoint_restore_upto(c->train.checkpoint_dir, (long)step, st->lay, 1,
-						    sh->range.begin, sh->range.end, sh->params, sh->opt.m,
-						    sh->opt.v, &t, &got, NULL, err, errlen);
+			r = checkpoint_restore_upto(c->train.checkpoint_dir, (long)step, &ld, NULL, err,
+						    errlen);
 		if (!st->lay || r == -ENOENT)
 			init = 1, r = 0;
-		step = init ? 0 : (uint64_t)got;
+		step = init ? 0 : (uint64_t)ld.step;
 	} else if (!init && !st->lay) {
 		r = err_set(err, errlen, -ENOENT, "checkpoints are off (checkpoint_dir is empty)");
 	} else if (!init) {
 		char dir[CKPT_PATH_MAX];
 		checkpoint_step_dir(dir, sizeof(dir), c->train.checkpoint_dir, (long)step);
-		r = checkpoint_load(dir, st->lay, 1, sh->range.begin, sh->range.end, sh->params, sh->opt.m,
-				    sh->opt.v, &t, &got, err, errlen);
-		if (!r && (uint64_t)got != step)
-			r = err_set(err, errlen, -EINVAL, "%s holds step %ld", dir, got);
+		r = checkpoint_load(dir, &ld, err, errlen);
+		if (!r && (uint64_t)ld.step != step)
+			r = err_set(err, errlen, -EINVAL, "%s holds step %ld", dir, ld.step);
 	}
 	if (init) {
 		model_init_params(st->m, sh->params, sh->range.begin, sh->range.end, c->train.seed);
@@ -257,7 +256,7 @@ int ps_store_rollback(struct ps_store *st, uint64_t *step_io, char *err, size_t 
 	*step_io = step;
 	if (r)
 		return r;
-	sh->opt.t = t;
+	sh->opt.t = init ? 0 : ld.t;
 	psshard_rewind(sh, step);
 	st->pending = 0;
 	/* Copies not written yet are of the history just abandoned. */

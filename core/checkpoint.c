@@ -686,10 +686,11 @@ static int copy_part(const struct safetensors *st, const char *path, const char 
 	return 0;
 }
 
-int checkpoint_load(const char *stepdir, const struct ckpt_layout *l, int want_layout, size_t begin,
-		    size_t end, float *params, float *m, float *v, long *t, long *step, char *err,
-		    size_t errlen)
+int checkpoint_load(const char *stepdir, struct ckpt_load *ld, char *err, size_t errlen)
 {
+	const struct ckpt_layout *l = ld->l;
+	size_t begin = ld->begin, end = ld->end;
+	float *m = ld->m, *v = ld->v;
 	struct ckpt_manifest *mf = malloc(sizeof(*mf));
 	if (!mf)
 		return err_set(err, errlen, -ENOMEM, "out of memory for a manifest");
@@ -701,7 +702,7 @@ int checkpoint_load(const char *stepdir, const struct ckpt_layout *l, int want_l
 			    stepdir, mf->nparams, l->nparams);
 		goto out;
 	}
-	if (want_layout && sodium_memcmp(mf->layout_hash, l->layout_hash, CKPT_HASH_BYTES)) {
+	if (ld->want_layout && sodium_memcmp(mf->layout_hash, l->layout_hash, CKPT_HASH_BYTES)) {
 		e = err_set(err, errlen, -EINVAL, "%s/manifest: the shard layout (%d shard%s), optimizer or sync/async mode differs from this run's (%d shard%s, %s%s)",
 			    stepdir, mf->nshards, mf->nshards == 1 ? "" : "s", l->nshards, l->nshards == 1 ? "" : "s",
 			    optim_names[l->optim], l->async ? ", async" : "");
@@ -723,7 +724,7 @@ int checkpoint_load(const char *stepdir, const struct ckpt_layout *l, int want_l
 			e = err_set(err, errlen, -EINVAL, "%s: pstrain.optim_t missing or inconsistent", path);
 		opt_t = tv;
 		for (int i = 0; i < l->nt && !e; i++) {
-			e = copy_part(&st, path, "", &l->t[i], sb, se, begin, end, params, err, errlen);
+			e = copy_part(&st, path, "", &l->t[i], sb, se, begin, end, ld->params, err, errlen);
 			if (!e && m)
 				e = copy_part(&st, path, "optim.m.", &l->t[i], sb, se, begin, end, m, err, errlen);
 			if (!e && v)
@@ -732,26 +733,21 @@ int checkpoint_load(const char *stepdir, const struct ckpt_layout *l, int want_l
 		safetensors_free(&st);
 	}
 	if (!e) {
-		if (t)
-			*t = opt_t;
-		*step = mf->step;
+		ld->t = opt_t;
+		ld->step = mf->step;
 	}
 out:
 	free(mf);
 	return e;
 }
 
-int checkpoint_restore(const char *dir, const struct ckpt_layout *l, int want_layout, size_t begin,
-		       size_t end, float *params, float *m, float *v, long *t, long *step, FILE *log,
-		       char *err, size_t errlen)
+int checkpoint_restore(const char *dir, struct ckpt_load *ld, FILE *log, char *err, size_t errlen)
 {
-	return checkpoint_restore_upto(dir, CKPT_MAX_STEP, l, want_layout, begin, end, params, m, v, t,
-				       step, log, err, errlen);
+	return checkpoint_restore_upto(dir, CKPT_MAX_STEP, ld, log, err, errlen);
 }
 
-int checkpoint_restore_upto(const char *dir, long upto, const struct ckpt_layout *l, int want_layout,
-			    size_t begin, size_t end, float *params, float *m, float *v, long *t, long *step,
-			    FILE *log, char *err, size_t errlen)
+int checkpoint_restore_upto(const char *dir, long upto, struct ckpt_load *ld, FILE *log, char *err,
+			    size_t errlen)
 {
 	long *steps;
 	int n = list_steps(dir, &steps);
@@ -777,7 +773,7 @@ int checkpoint_restore_upto(const char *dir, long upto, const struct ckpt_layout
 				fprintf(log, "checkpoint: skipping %s: incomplete (not every ps has written its shard)\n", p);
 			continue;
 		}
-		e = checkpoint_load(p, l, want_layout, begin, end, params, m, v, t, step, err, errlen);
+		e = checkpoint_load(p, ld, err, errlen);
 		if (e == 0)
 			break;
 		if (e == -ENOMEM)

@@ -111,29 +111,35 @@ int checkpoint_save_shard(const char *dir, const struct ckpt_layout *l, long ste
 			  size_t errlen);
 
 
-/* Loads global range [begin, end) of the parameters (and, where m, v are
- * not NULL, the optimizer moments; *t gets the optimizer step) from the
- * checkpoint in stepdir, reassembling tensors across shard files. Each file
- * read is checked against its manifest checksum. want_layout: refuse unless
- * the layout hash matches (resume); otherwise only the model hash must
- * (eval, predict). Returns 0 or -EINVAL with the file and reason in err. */
-int checkpoint_load(const char *stepdir, const struct ckpt_layout *l, int want_layout, size_t begin,
-		    size_t end, float *params, float *m, float *v, long *t, long *step, char *err,
-		    size_t errlen);
+/* What a load fills: the global range [begin, end) of the parameters and,
+ * where m and v are not NULL, the optimizer's moments over it (each
+ * end - begin floats). want_layout: refuse unless the layout hash matches
+ * (resume); otherwise only the model hash must (eval, predict). The load
+ * sets t (the optimizer's step count, -1 where a checkpoint has none) and
+ * step (the checkpoint's). */
+struct ckpt_load {
+	const struct ckpt_layout *l;
+	int want_layout;
+	size_t begin, end;
+	float *params, *m, *v;
+	long t, step;   /* out */
+};
+
+/* Loads ld from the checkpoint in stepdir, reassembling tensors across
+ * shard files; each file read is checked against its manifest checksum.
+ * Returns 0 or -EINVAL with the file and reason in err. */
+int checkpoint_load(const char *stepdir, struct ckpt_load *ld, char *err, size_t errlen);
 
 /* The newest checkpoint under dir that loads (as checkpoint_load), trying
- * older ones after a refusal; each refusal is one line on log. Returns 0
- * with *step set; -ENOENT when dir holds no checkpoint at all (err says
+ * older ones after a refusal; each refusal is one line on log (may be
+ * NULL). Returns 0; -ENOENT when dir holds no checkpoint at all (err says
  * so); -EINVAL when every checkpoint was refused (err names the newest and
  * why). */
-int checkpoint_restore(const char *dir, const struct ckpt_layout *l, int want_layout, size_t begin,
-		       size_t end, float *params, float *m, float *v, long *t, long *step, FILE *log,
-		       char *err, size_t errlen);
+int checkpoint_restore(const char *dir, struct ckpt_load *ld, FILE *log, char *err, size_t errlen);
 
 /* As checkpoint_restore, considering only steps <= upto. */
-int checkpoint_restore_upto(const char *dir, long upto, const struct ckpt_layout *l, int want_layout,
-			    size_t begin, size_t end, float *params, float *m, float *v, long *t, long *step,
-			    FILE *log, char *err, size_t errlen);
+int checkpoint_restore_upto(const char *dir, long upto, struct ckpt_load *ld, FILE *log, char *err,
+			    size_t errlen);
 
 /* dir/step-NNNNNNNN, the directory of checkpoint `step` under dir: the one
  * place that spells a step directory's name. */

@@ -50,9 +50,10 @@ static int infer_init(struct infer *in, const struct config *c, const char *ckpt
 		goto out;
 	}
 	e = ckpt_layout_init(lay, &in->m, 1, c, err, errlen);
+	struct ckpt_load ld = { lay, 0, 0, in->m.nparams, host, NULL, NULL, 0, 0 };
 	if (!e)
-		e = checkpoint_load(res->stepdir, lay, 0, 0, in->m.nparams, host, NULL, NULL, NULL, &res->step, err,
-				    errlen);
+		e = checkpoint_load(res->stepdir, &ld, err, errlen);
+	res->step = ld.step;
 	if (!e)
 		e = in->be.ops->upload(in->be.ctx, in->params, host, in->m.nparams * sizeof(float));
 	if (!e)

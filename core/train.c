@@ -58,9 +58,9 @@ static int resume(const struct config *c, const struct train_ckpt *ck, const str
 	int e = ckpt_layout_init(*lay, m, 1, c, err, errlen);
 	if (e || ck->fresh)
 		return e;
-	long t = 0;
-	e = checkpoint_restore(ck->dir, *lay, 1, 0, m->nparams, params, opt->m, opt->v, &t, start, out,
-			       err, errlen);
+	struct ckpt_load ld = { *lay, 1, 0, m->nparams, params, opt->m, opt->v, 0, 0 };
+	e = checkpoint_restore(ck->dir, &ld, out, err, errlen);
+	*start = ld.step;
 	if (e == -ENOENT) {
 		*start = 0;
 		return 0;
@@ -74,7 +74,7 @@ static int resume(const struct config *c, const struct train_ckpt *ck, const str
 			 sd, total);
 		return -EINVAL;
 	}
-	opt->t = t;
+	opt->t = ld.t;
 	fprintf(out, "resuming from %s\n", sd);
 	return 0;
 }

@@ -103,6 +103,7 @@ static int exists(const char *path)
 
 Test(checkpoint, round_trip_bit_exact_any_range)
 {
+	struct ckpt_load ld;
 	for (int nshards = 1; nshards <= 3; nshards += 2) {
 		struct fixture f;
 		char err[1024], sd[400];
@@ -117,7 +118,9 @@ Test(checkpoint, round_trip_bit_exact_any_range)
 			size_t b = ranges[r][0], e = ranges[r][1];
 			long t = -1, step = -1;
 			memset(p, 0xff, P * sizeof(float));
-			cr_assert_eq(checkpoint_load(sd, &f.lay, 1, b, e, p, m, v, &t, &step, err, sizeof(err)), 0, "%s", err);
+			ld = (struct ckpt_load){ &f.lay, 1, b, e, p, m, v, 0, 0 };
+			cr_assert_eq(checkpoint_load(sd, &ld, err, sizeof(err)), 0, "%s", err);
+			t = ld.t, step = ld.step;
 			cr_assert_eq(memcmp(p, f.p + b, (e - b) * sizeof(float)), 0, "params differ, range [%zu,%zu)", b, e);
 			cr_assert_eq(memcmp(m, f.mm + b, (e - b) * sizeof(float)), 0, "m differs, range [%zu,%zu)", b, e);
 			cr_assert_eq(memcmp(v, f.v + b, (e - b) * sizeof(float)), 0, "v differs, range [%zu,%zu)", b, e);
@@ -231,6 +234,7 @@ static void crash_child(struct fixture *f, const char *point)
 
 Test(checkpoint, crash_between_file_writes_keeps_previous)
 {
+	struct ckpt_load ld;
 	const char *points[] = { "shard", "manifest", "publish" };
 	for (size_t i = 0; i < 3; i++) {
 		struct fixture f;
@@ -243,15 +247,19 @@ Test(checkpoint, crash_between_file_writes_keeps_previous)
 		cr_assert(!exists(sd), "%s: step 2 published after a crash", points[i]);
 		size_t P = f.m.nparams;
 		float *p = malloc(P * sizeof(float));
-		long step = -1, t;
-		cr_assert_eq(checkpoint_restore(dir, &f.lay, 1, 0, P, p, NULL, NULL, &t, &step, NULL, err, sizeof(err)), 0,
+		long step = -1;
+		ld = (struct ckpt_load){ &f.lay, 1, 0, P, p, NULL, NULL, 0, 0 };
+		cr_assert_eq(checkpoint_restore(dir, &ld, NULL, err, sizeof(err)), 0,
 			     "%s: %s", points[i], err);
+		step = ld.step;
 		cr_assert_eq(step, 1);
 		cr_assert_eq(p[0], 1.0f);
 		/* The next save of step 2 succeeds over the leftovers. */
 		cr_assert_eq(save(&f, 2, 2, 3, err, sizeof(err)), 0, "%s", err);
-		cr_assert_eq(checkpoint_restore(dir, &f.lay, 1, 0, P, p, NULL, NULL, &t, &step, NULL, err, sizeof(err)), 0,
+		ld = (struct ckpt_load){ &f.lay, 1, 0, P, p, NULL, NULL, 0, 0 };
+		cr_assert_eq(checkpoint_restore(dir, &ld, NULL, err, sizeof(err)), 0,
 			     "%s", err);
+		step = ld.step;
 		cr_assert_eq(step, 2);
 		cr_assert_eq(p[0], 99.0f);
 		free(p);
@@ -265,6 +273,7 @@ Test(checkpoint, crash_between_file_writes_keeps_previous)
  * fall back to step 1 naming the file and the reason. */
 static void damaged(const char *file, void (*damage)(const char *path), const char *reason)
 {
+	struct ckpt_load ld;
 	struct fixture f;
 	char err[1024], path[600], sd[400], *log = NULL;
 	size_t loglen = 0;
@@ -277,9 +286,11 @@ static void damaged(const char *file, void (*damage)(const char *path), const ch
 	damage(path);
 	size_t P = f.m.nparams;
 	float *p = malloc(P * sizeof(float));
-	long step = -1, t;
+	long step = -1;
 	FILE *lf = open_memstream(&log, &loglen);
-	cr_assert_eq(checkpoint_restore(dir, &f.lay, 1, 0, P, p, NULL, NULL, &t, &step, lf, err, sizeof(err)), 0, "%s", err);
+	ld = (struct ckpt_load){ &f.lay, 1, 0, P, p, NULL, NULL, 0, 0 };
+	cr_assert_eq(checkpoint_restore(dir, &ld, lf, err, sizeof(err)), 0, "%s", err);
+	step = ld.step;
 	fclose(lf);
 	cr_assert_eq(step, 1, "damaged %s was not refused", file);
 	cr_assert_eq(p[0], 1.0f);
@@ -314,18 +325,20 @@ Test(checkpoint, truncated_manifest_refused) { damaged("manifest", cut_half, "ma
 
 Test(checkpoint, layout_change_refused_model_change_refused)
 {
+	struct ckpt_load ld;
 	struct fixture f, g;
 	char err[1024];
 	fixture_init(&f, 3, 1);
 	cr_assert_eq(save(&f, 1, 1, 3, err, sizeof(err)), 0, "%s", err);
 	fixture_init(&g, 2, 1);   /* same model, 2 shards */
 	size_t P = g.m.nparams;
-	long step, t;
-	int e = checkpoint_restore(dir, &g.lay, 1, 0, P, g.p, g.mm, g.v, &t, &step, NULL, err, sizeof(err));
+	ld = (struct ckpt_load){ &g.lay, 1, 0, P, g.p, g.mm, g.v, 0, 0 };
+	int e = checkpoint_restore(dir, &ld, NULL, err, sizeof(err));
 	cr_assert_eq(e, -EINVAL);
 	cr_assert(strstr(err, "shard layout"), "%s", err);
 	/* Parameters only (eval): a different sharding is fine. */
-	cr_assert_eq(checkpoint_restore(dir, &g.lay, 0, 0, P, g.p, NULL, NULL, NULL, &step, NULL, err, sizeof(err)), 0, "%s", err);
+	ld = (struct ckpt_load){ &g.lay, 0, 0, P, g.p, NULL, NULL, 0, 0 };
+	cr_assert_eq(checkpoint_restore(dir, &ld, NULL, err, sizeof(err)), 0, "%s", err);
 	cr_assert_eq(memcmp(g.p, f.p, P * sizeof(float)), 0);
 	/* Another model: refused even for eval. */
 	struct config c;
@@ -335,7 +348,8 @@ Test(checkpoint, layout_change_refused_model_change_refused)
 	cr_assert_eq(model_build(&m, &c.model, err, sizeof(err)), 0);
 	cr_assert_eq(ckpt_layout_init(&lay, &m, 1, &c, err, sizeof(err)), 0);
 	float *p = malloc(m.nparams * sizeof(float));
-	e = checkpoint_restore(dir, &lay, 0, 0, m.nparams, p, NULL, NULL, NULL, &step, NULL, err, sizeof(err));
+	ld = (struct ckpt_load){ &lay, 0, 0, m.nparams, p, NULL, NULL, 0, 0 };
+	e = checkpoint_restore(dir, &ld, NULL, err, sizeof(err));
 	cr_assert_eq(e, -EINVAL);
 	cr_assert(strstr(err, "model differs"), "%s", err);
 	free(p);
@@ -345,6 +359,7 @@ Test(checkpoint, layout_change_refused_model_change_refused)
 
 Test(checkpoint, rotation_keeps_newest_n)
 {
+	struct ckpt_load ld;
 	struct fixture f;
 	char err[1024], sd[400];
 	fixture_init(&f, 1, 1);
@@ -359,8 +374,8 @@ Test(checkpoint, rotation_keeps_newest_n)
 	f.p[0] = 123;
 	cr_assert_eq(save(&f, 60, 6, 2, err, sizeof(err)), 0, "%s", err);
 	float p[200];
-	long step, t;
-	cr_assert_eq(checkpoint_load(sd, &f.lay, 1, 0, f.m.nparams, p, NULL, NULL, &t, &step, err, sizeof(err)), 0, "%s", err);
+	ld = (struct ckpt_load){ &f.lay, 1, 0, f.m.nparams, p, NULL, NULL, 0, 0 };
+	cr_assert_eq(checkpoint_load(sd, &ld, err, sizeof(err)), 0, "%s", err);
 	cr_assert_eq(p[0], 1.0f);
 	fixture_free(&f);
 }
@@ -589,6 +604,7 @@ Test(checkpoint, python_loader_agrees_with_check)
  * layout (ckpt_layout_init_cluster) refuses a sync checkpoint. */
 Test(checkpoint, cluster_parts_partial_redo_upto_and_mode)
 {
+	struct ckpt_load ld;
 	struct fixture f;
 	char err[512], sd[300], path[400];
 	fixture_init(&f, 2, 1.0f);
@@ -596,7 +612,7 @@ Test(checkpoint, cluster_parts_partial_redo_upto_and_mode)
 	struct ckpt_state st0 = { f.p, f.mm, f.v, 4 }, st1 = { f.p + half, f.mm + half, f.v + half, 4 };
 	float *p = malloc(P * sizeof(float));
 	cr_assert_not_null(p);
-	long step = -1, t = 0;
+	long step = -1;
 
 	/* step 10 complete, step 20 only ps 0's part */
 	cr_assert_eq(checkpoint_save_shard(dir, &f.lay, 10, 0, &st0, 0, 3, NULL, err, sizeof(err)), 0, "%s", err);
@@ -606,8 +622,10 @@ Test(checkpoint, cluster_parts_partial_redo_upto_and_mode)
 	size_t tlen = 0;
 	FILE *log = open_memstream(&text, &tlen);
 	cr_assert_not_null(log);
-	cr_assert_eq(checkpoint_restore(dir, &f.lay, 1, 0, P, p, NULL, NULL, &t, &step, log, err, sizeof(err)), 0,
+	ld = (struct ckpt_load){ &f.lay, 1, 0, P, p, NULL, NULL, 0, 0 };
+	cr_assert_eq(checkpoint_restore(dir, &ld, log, err, sizeof(err)), 0,
 		     "%s", err);
+	step = ld.step;
 	fclose(log);
 	cr_assert_eq(step, 10);
 	cr_assert_not_null(strstr(text, "skipping"), "%s", text);
@@ -615,10 +633,14 @@ Test(checkpoint, cluster_parts_partial_redo_upto_and_mode)
 	free(text);
 
 	/* only incomplete steps: no checkpoint at all, not "every one refused" */
-	cr_assert_eq(checkpoint_restore_upto(dir, 9, &f.lay, 1, 0, P, p, NULL, NULL, &t, &step, NULL, err, sizeof(err)),
+	ld = (struct ckpt_load){ &f.lay, 1, 0, P, p, NULL, NULL, 0, 0 };
+	cr_assert_eq(checkpoint_restore_upto(dir, 9, &ld, NULL, err, sizeof(err)),
 		     -ENOENT, "%s", err);
-	cr_assert_eq(checkpoint_restore_upto(dir, 15, &f.lay, 1, 0, P, p, NULL, NULL, &t, &step, NULL, err, sizeof(err)),
+	step = ld.step;
+	ld = (struct ckpt_load){ &f.lay, 1, 0, P, p, NULL, NULL, 0, 0 };
+	cr_assert_eq(checkpoint_restore_upto(dir, 15, &ld, NULL, err, sizeof(err)),
 		     0, "%s", err);
+	step = ld.step;
 	cr_assert_eq(step, 10);
 
 	/* redo: ps 0 rewrites its part of incomplete step 20 with other values */
@@ -635,8 +657,10 @@ Test(checkpoint, cluster_parts_partial_redo_upto_and_mode)
 	cr_assert_eq(stat(path, &after), 0);
 	cr_assert_neq(before.st_ino, after.st_ino, "redo did not rewrite the part of an incomplete step");
 	cr_assert_eq(checkpoint_save_shard(dir, &f.lay, 20, 1, &st1, 1, 3, NULL, err, sizeof(err)), 0, "%s", err);
-	cr_assert_eq(checkpoint_restore(dir, &f.lay, 1, 0, P, p, NULL, NULL, &t, &step, NULL, err, sizeof(err)), 0,
+	ld = (struct ckpt_load){ &f.lay, 1, 0, P, p, NULL, NULL, 0, 0 };
+	cr_assert_eq(checkpoint_restore(dir, &ld, NULL, err, sizeof(err)), 0,
 		     "%s", err);
+	step = ld.step;
 	cr_assert_eq(step, 20);
 	cr_assert_eq(memcmp(p, f.p, P * sizeof(float)), 0, "step 20 does not hold the rewritten part");
 	cr_assert_eq(stat(path, &before), 0);
@@ -645,8 +669,10 @@ Test(checkpoint, cluster_parts_partial_redo_upto_and_mode)
 	cr_assert_eq(before.st_ino, after.st_ino, "redo rewrote a complete step");
 
 	/* upto */
-	cr_assert_eq(checkpoint_restore_upto(dir, 19, &f.lay, 1, 0, P, p, NULL, NULL, &t, &step, NULL, err, sizeof(err)),
+	ld = (struct ckpt_load){ &f.lay, 1, 0, P, p, NULL, NULL, 0, 0 };
+	cr_assert_eq(checkpoint_restore_upto(dir, 19, &ld, NULL, err, sizeof(err)),
 		     0, "%s", err);
+	step = ld.step;
 	cr_assert_eq(step, 10);
 
 	/* an async cluster does not resume these sync checkpoints */
@@ -656,12 +682,16 @@ Test(checkpoint, cluster_parts_partial_redo_upto_and_mode)
 	cr_assert_eq(ckpt_layout_init_cluster(&al, &f.m, 2, &ac, err, sizeof(err)), 0, "%s", err);
 	cr_assert_neq(memcmp(al.layout_hash, f.lay.layout_hash, CKPT_HASH_BYTES), 0);
 	cr_assert_eq(memcmp(al.model_hash, f.lay.model_hash, CKPT_HASH_BYTES), 0);
-	int e = checkpoint_restore(dir, &al, 1, 0, P, p, NULL, NULL, &t, &step, NULL, err, sizeof(err));
+	ld = (struct ckpt_load){ &al, 1, 0, P, p, NULL, NULL, 0, 0 };
+	int e = checkpoint_restore(dir, &ld, NULL, err, sizeof(err));
+	step = ld.step;
 	cr_assert_eq(e, -EINVAL);
 	cr_assert_not_null(strstr(err, "sync/async mode"), "%s", err);
 	/* eval and predict only need the model */
-	cr_assert_eq(checkpoint_restore(dir, &al, 0, 0, P, p, NULL, NULL, NULL, &step, NULL, err, sizeof(err)), 0,
+	ld = (struct ckpt_load){ &al, 0, 0, P, p, NULL, NULL, 0, 0 };
+	cr_assert_eq(checkpoint_restore(dir, &ld, NULL, err, sizeof(err)), 0,
 		     "%s", err);
+	step = ld.step;
 	/* the sync layout of a cluster is the plain one */
 	struct config sc = f.c;
 	sc.train.mode = MODE_SYNC;

@@ -69,7 +69,10 @@ int links_open(struct links *lk, const struct config *c, const struct role_setup
 		lk->ln[k].range = plan[k];
 	}
 	pthread_mutex_init(&lk->hb_mu, NULL);
-	role_cond_init(&lk->hb_cv);
+	if (role_cond_init(&lk->hb_cv)) {
+		pthread_mutex_destroy(&lk->hb_mu);
+		return err_set(err, errlen, -ENOMEM, "cannot make the heartbeat thread's condition variable");
+	}
 	lk->ready = 1;
 	lk->hb_on = pthread_create(&lk->hb, NULL, links_heartbeats, lk) == 0;
 	if (!lk->hb_on)

@@ -18,7 +18,7 @@
 #include "../core/psshard.h"
 
 #define MEMBERS_MAX CONFIG_MAX_HOSTS
-#define MEMBERS_WHY_MAX 320
+#define MEMBERS_WHY_MAX 512
 
 struct members {
 	int W;

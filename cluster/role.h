@@ -44,11 +44,11 @@ int64_t role_now_ms(void);
 int role_cond_init(pthread_cond_t *cv);
 void role_deadline(struct timespec *dl, long ms);
 
-/* How often an idle connection carries a HEARTBEAT: four per peer_timeout,
- * so that one late heartbeat never looks like a dead peer (at least 50). */
 /* How long either side waits for the other's half of the handshake. */
 #define ROLE_HANDSHAKE_MS 5000
 
+/* How often an idle connection carries a HEARTBEAT: four per peer_timeout,
+ * so that one late heartbeat never looks like a dead peer (at least 50). */
 int role_heartbeat_ms(const struct config *c);
 int role_peer_timeout_ms(const struct config *c);
 /* The deadline for writing one frame (a message, or one chunk of a

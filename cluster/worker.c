@@ -200,6 +200,9 @@ static int worker_step(struct worker *wr, char *err, size_t errlen)
 	long step = wr->step;
 	double ts = progress_now();
 	int e = 0;
+	/* Only a link call of this step may mark a ps lost: a failure of the
+	 * devices must end the run, not be taken for a lost ps. */
+	wr->lk.lost = -1;
 	if (!wr->pulled)
 		e = worker_pull(wr, err, errlen);
 	wr->pulled = 0;

@@ -7,7 +7,7 @@
  * for at least --warmup seconds of wall time, then a sync; then --repeats
  * loops of steps, each running until --seconds of wall time have passed,
  * bracketed by CUDA events on replica 0's stream around whole steps
- * (devices_step + devices_apply) and synchronized at the end. The host runs
+ * (devices_train_step) and synchronized at the end. The host runs
  * ahead of the GPU, so the events see the GPU's throughput including any gap
  * the host leaves. Median and best over the repeats.
  *

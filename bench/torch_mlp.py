@@ -162,6 +162,27 @@ def load_fmnist(n_in):
     return x, y
 
 
+def batches_of(X, Y, B):
+    """The whole batches of B rows of X, Y (contiguous), and their count."""
+    nb = X.shape[0] // B
+    return [(X[i * B:(i + 1) * B].contiguous(), Y[i * B:(i + 1) * B].contiguous())
+            for i in range(nb)], nb
+
+
+def eager_step_of(model, opt, lossf, batches, state):
+    """One eager training step over the next batch; state["i"] counts the
+    steps, state["loss"] keeps the last loss (a tensor: reading it syncs)."""
+    def step():
+        x, y = batches[state["i"] % len(batches)]
+        state["i"] += 1
+        opt.zero_grad(set_to_none=True)
+        loss = lossf(model(x), y)
+        loss.backward()
+        opt.step()
+        state["loss"] = loss
+    return step
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
@@ -232,22 +253,12 @@ def main():
         n = max(B * 16, 4096)
         X = torch.rand(n, n_in, device=dev)
         Y = torch.randint(0, n_out, (n,), device=dev)
-    nb = X.shape[0] // B
-    batches = [(X[i * B:(i + 1) * B].contiguous(), Y[i * B:(i + 1) * B].contiguous())
-               for i in range(nb)]
+    batches, _ = batches_of(X, Y, B)
 
     cuda = dev.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     state = {"i": 0, "loss": None, "cpu": []}
-
-    def step():
-        x, y = batches[state["i"] % nb]
-        state["i"] += 1
-        opt.zero_grad(set_to_none=True)
-        loss = lossf(model(x), y)
-        loss.backward()
-        opt.step()
-        state["loss"] = loss
+    step = eager_step_of(model, opt, lossf, batches, state)
 
     def timed(nsteps):
         """Seconds for nsteps training steps."""
@@ -379,20 +390,9 @@ def cuda_main(args):
         n = max(B, min(16 * B, (256 << 20) // (4 * n_in)))
         X = torch.rand(n, n_in, device=dev)
         Y = torch.randint(0, n_out, (n,), device=dev)
-    nb = X.shape[0] // B
-    batches = [(X[i * B:(i + 1) * B].contiguous(), Y[i * B:(i + 1) * B].contiguous())
-               for i in range(nb)]
+    batches, nb = batches_of(X, Y, B)
     state = {"i": 0, "loss": None}
-
-    def eager_step():
-        x, y = batches[state["i"] % nb]
-        state["i"] += 1
-        opt.zero_grad(set_to_none=True)
-        loss = lossf(model(x), y)
-        loss.backward()
-        opt.step()
-        state["loss"] = loss
-
+    eager_step = eager_step_of(model, opt, lossf, batches, state)
     step = eager_step
     if args.mode == "graph":
         # PyTorch's whole-network capture recipe: warm up on a side stream

@@ -332,7 +332,8 @@ int replica_forward(struct replica *r, const float *params, int B, int training,
 		    double *loss_sum, int *correct)
 {
 	double l, c;
-	int e = meter_take(r, 2, &l, &c);   /* clears what an earlier failure left */
+	/* Cleared first: a forward that failed may have left a sum there. */
+	int e = r->be.ops->zero(r->be.ctx, r->meter + 2, 2 * sizeof(double));
 	if (!e)
 		e = forward_loss(r, params, B, training, key);
 	if (!e)
@@ -363,7 +364,7 @@ int replica_evaluate(struct replica *r, const float *params, const struct datase
 		    double *loss, double *acc)
 {
 	double l, right;
-	int e = meter_take(r, 2, &l, &right);
+	int e = r->be.ops->zero(r->be.ctx, r->meter + 2, 2 * sizeof(double));
 	for (size_t off = 0; !e && off < ds->n; off += (size_t)r->max_batch) {
 		int B = (int)(ds->n - off < (size_t)r->max_batch ? ds->n - off : (size_t)r->max_batch);
 		e = replica_load(r, ds->x + off * ds->d, ds->y + off, B);

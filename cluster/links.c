@@ -113,7 +113,11 @@ void links_disconnect(struct links *lk)
 		conn_close(&lk->ln[k].conn);
 }
 
-int links_connect_one(struct links *lk, int k, int timeout_ms, char *err, size_t errlen)
+/* One connection and handshake with ps k; then, at once, a HEARTBEAT:
+ * the first frame the ps opens confirms that we hold the key (until then a
+ * ps does not count the connection as this worker). -ENOLINK: the ps did
+ * not answer our greeting. */
+static int link_open(struct links *lk, int k, int timeout_ms, char *err, size_t errlen)
 {
 	const struct config *c = lk->c;
 	struct hs_identity me = { .role = HS_WORKER, .index = (uint32_t)lk->index,
@@ -138,7 +142,37 @@ int links_connect_one(struct links *lk, int k, int timeout_ms, char *err, size_t
 		conn_close(cn);
 		return r;
 	}
+	struct msg_heartbeat hb;
+	size_t len;
+	memset(&hb, 0, sizeof(hb));
+	r = msg_encode_heartbeat(conn_msg(cn->wbuf), conn_msg_cap(CONN_WBUF_BYTES), &hb, &len, e,
+				 sizeof(e));
+	if (!r)
+		r = conn_send(cn, len, e, sizeof(e));
+	if (r) {
+		conn_close(cn);
+		return err_set(err, errlen, -ECONNABORTED, "%s: %s", nm, e);
+	}
 	return 0;
+}
+
+/* A ps drops greetings it cannot tell from a flood's (evicted while
+ * connections pile up on it), so an unanswered one is tried twice more.
+ * Not more: a different cluster key looks the same from here, and that
+ * should fail in a second, not after connect_timeout. */
+#define LINK_GREETINGS 3
+
+int links_connect_one(struct links *lk, int k, int timeout_ms, char *err, size_t errlen)
+{
+	int64_t end = role_now_ms() + timeout_ms;
+	int r = -ENOLINK;
+	for (int i = 0; i < LINK_GREETINGS && r == -ENOLINK; i++) {
+		int left = (int)(end - role_now_ms());
+		if (i > 0)
+			role_nap_ms(20L << i);
+		r = link_open(lk, k, left < 100 ? 100 : left, err, errlen);
+	}
+	return r == -ENOLINK ? -ECONNABORTED : r;
 }
 
 int links_connect(struct links *lk, char *err, size_t errlen)

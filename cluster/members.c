@@ -11,6 +11,14 @@ void members_init(struct members *m, int W, double peer_timeout)
 	m->grace_ms = (int64_t)(peer_timeout * 1000);
 }
 
+int members_greeted(struct members *m, int w, uint64_t time_ns)
+{
+	if (time_ns <= m->greeted[w])
+		return 0;
+	m->greeted[w] = time_ns;
+	return 1;
+}
+
 void members_join(struct members *m, int w)
 {
 	m->live[w]++;

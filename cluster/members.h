@@ -30,6 +30,7 @@ struct members {
 	unsigned char due[MEMBERS_MAX];     /* a deadline is set */
 	int64_t deadline[MEMBERS_MAX];      /* ms */
 	char why[MEMBERS_MAX][MEMBERS_WHY_MAX]; /* why a lost worker was lost */
+	uint64_t greeted[MEMBERS_MAX];      /* newest greeting time answered, ns */
 };
 
 /* What a closed connection means for its worker (members_leave). */
@@ -45,7 +46,13 @@ enum members_gone {
 /* W workers, 1..MEMBERS_MAX; grace = peer_timeout in seconds. */
 void members_init(struct members *m, int W, double peer_timeout);
 
-/* Worker w authenticated a connection: it is live, no deadline. */
+/* A greeting from worker w carrying time_ns (its clock): 1 if it is newer
+ * than every greeting of w answered so far (it is recorded), else 0: a
+ * replay, or a worker whose clock went back; it gets no answer. */
+int members_greeted(struct members *m, int w, uint64_t time_ns);
+
+/* Worker w's connection opened its first frame (the key is confirmed):
+ * it is live, no deadline. */
 void members_join(struct members *m, int w);
 
 /* Worker w's connection closed at `now`: failed says it ended with an

@@ -1,10 +1,16 @@
 /* The ps role: `pstrain ps --index N` serves one shard of the parameter
- * vector (cluster.h). Start-up, an accept loop, and one detached thread per
- * accepted connection (at most PS_MAX_CONN) that does the handshake and
- * then answers the worker's messages, one handler per message type from a
- * table. The shard's update rules are core/psshard.c, its checkpoints
- * ps_store.c, and who the workers are (live, done, leaving, lost)
- * members.c; all of them under the one mutex ps->mu. */
+ * vector (cluster.h). Start-up; an admission loop on the main thread, where
+ * new connections wait in net/gate.c (no thread, no buffers) until their
+ * greeting is whole and is then checked (authentic, a worker of this
+ * cluster, newer than any greeting of that worker answered before) and
+ * answered; one detached thread per answered connection, which counts as
+ * its worker only once the first frame opens (the key is confirmed, and no
+ * other live connection is that worker's) and then answers the worker's
+ * messages, one handler per message type from a table. The shard's update
+ * rules are core/psshard.c, its checkpoints ps_store.c, and who the
+ * workers are (live, done, leaving, lost, newest greeting) members.c; all
+ * of them under the one mutex ps->mu. docs/SECURITY.md says what each
+ * limit here is for. */
 #include "cluster.h"
 #include "members.h"
 #include "ps_store.h"
@@ -14,6 +20,7 @@
 #include "../core/shard.h"
 #include "../net/conn.h"
 #include "../net/cryptopool.h"
+#include "../net/gate.h"
 #include "../base/err.h"
 #include "../net/handshake.h"
 #include "../net/msg.h"
@@ -24,9 +31,18 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
-#define PS_MAX_CONN 128
+/* Threads: each worker has at most one confirmed connection, one answered
+ * but unconfirmed, and one being replaced or refused. */
+#define PS_MAX_CONN (3 * MEMBERS_MAX)
+/* Connections waiting for their greeting (fixed records in the gate), in
+ * all and from one source address; fewer if file descriptors are short. */
+#define PS_PENDING_MAX 1024
+#define PS_PENDING_PER_SOURCE 256
+/* At most one line of refusals per this many ms (a summary with counts). */
+#define PS_TALLY_MS 10000
 
 struct ps {
 	pthread_mutex_t mu;
@@ -45,8 +61,12 @@ struct ps {
 	int aborted;
 	char why[512];
 	uint64_t gen;            /* rollbacks so far: wakes PULLs waiting across one */
+	struct gate gate;        /* connections not authenticated yet (main thread's) */
+	int64_t tally_ms;        /* when refusals were last logged; 0: never */
 	int nconn;
 	struct ps_conn *conns[PS_MAX_CONN];
+	struct ps_conn *worker[MEMBERS_MAX]; /* each worker's confirmed connection */
+	struct ps_conn *fresh[MEMBERS_MAX];  /* each worker's answered, unconfirmed one */
 };
 
 /* One worker's connection, served on its own thread. */
@@ -54,7 +74,9 @@ struct ps_conn {
 	struct ps *ps;
 	struct conn conn;
 	int slot;
-	int w;           /* the worker, once authenticated */
+	int w;           /* the worker its greeting named */
+	int confirmed;   /* a frame opened: it is worker w's connection */
+	int replaced;    /* worker w connected again and this one was dead */
 	int pushed;      /* a whole gradient arrived on this connection */
 	int said_done;   /* the last word was DONE: a closed connection is no failure */
 	int first_pull;
@@ -347,6 +369,63 @@ static const struct {
 	{ WIRE_ERROR, on_error },
 };
 
+/* How long a connection may have been silent and still be taken for a
+ * live one: a worker sends at least a HEARTBEAT every heartbeat period
+ * (role_heartbeat_ms) and its heartbeat thread looks every half period. */
+static int ps_alive_ms(const struct ps *ps)
+{
+	return 2 * role_heartbeat_ms(ps->c);
+}
+
+/* The first frame of worker w's connection opened: it holds the key (a
+ * replayed greeting cannot get this far), so it is w's connection now,
+ * unless another live one is: then this one is refused with an ERROR (and
+ * PS_END). A dead one (closed by the peer, or silent past ps_alive_ms, by
+ * the kernel's count, whoever reads it) is replaced. */
+static int ps_confirm(struct ps_conn *cn, char *err, size_t errlen)
+{
+	struct ps *ps = cn->ps;
+	size_t n = ps->sh.n;
+	int w = cn->w, quiet = 0;
+	char other[SOCK_ADDR_STRLEN] = "", why[WIRE_ERROR_TEXT_MAX];
+	cn->grad = malloc(n * sizeof(float));
+	cn->snap = malloc(n * sizeof(float));
+	if (!cn->grad || !cn->snap)
+		return err_set(err, errlen, -ENOMEM, "out of memory for worker %d's connection", w);
+	pthread_mutex_lock(&ps->mu);
+	if (ps->fresh[w] == cn)
+		ps->fresh[w] = NULL;
+	struct ps_conn *old = ps->worker[w];
+	if (old) {
+		quiet = sock_quiet_ms(old->conn.fd);
+		snprintf(other, sizeof(other), "%s", old->peer);
+		if (quiet >= 0 && quiet < ps_alive_ms(ps)) {
+			pthread_mutex_unlock(&ps->mu);
+			snprintf(why, sizeof(why), "worker %d is already connected to ps %d, from %s", w,
+				 ps->index, other);
+			role_log(ps->out, "ps %d: %s: refused a second connection as worker %d: it is connected from %s and alive (its last bytes %d ms ago)",
+				 ps->index, cn->peer, w, other, quiet);
+			conn_send_error(&cn->conn, EALREADY, why);
+			snprintf(err, errlen, "%s", why);
+			return PS_END;
+		}
+		old->replaced = 1;
+		conn_shutdown(&old->conn);
+	}
+	ps->worker[w] = cn;
+	cn->confirmed = 1;
+	members_join(&ps->mb, w);
+	pthread_mutex_unlock(&ps->mu);
+	cn->conn.read_ms = role_peer_timeout_ms(ps->c);
+	if (old && quiet < 0)
+		role_log(ps->out, "ps %d: %s: worker %d connected again; its old connection from %s had been closed by the peer",
+			 ps->index, cn->peer, w, other);
+	else if (old)
+		role_log(ps->out, "ps %d: %s: worker %d connected again; its old connection from %s, silent for %d ms, is closed",
+			 ps->index, cn->peer, w, other, quiet);
+	return 0;
+}
+
 /* Serves one authenticated worker until it leaves. Returns 0 when it said
  * DONE (or left after DONE, or the ps stops), else a negative errno with
  * the reason in err. */
@@ -360,11 +439,21 @@ static int ps_serve(struct ps_conn *cn, char *err, size_t errlen)
 		int r = conn_recv(&cn->conn, &len, err, errlen);
 		if (r && cn->said_done)
 			return 0;
+		if (r == -ETIMEDOUT && !cn->confirmed)
+			return err_set(err, errlen, r, "no frame within %d ms of the handshake",
+				       cn->conn.read_ms);
 		if (r == -ETIMEDOUT)
 			return err_set(err, errlen, r, "no traffic for %g s (peer_timeout)",
 				       ps->c->cluster.peer_timeout);
 		if (r)
 			return r;
+		if (!cn->confirmed) {
+			r = ps_confirm(cn, err, errlen);
+			if (r == PS_END)
+				return 0;
+			if (r)
+				return r;
+		}
 		r = msg_type(cn->conn.rbuf, len, err, errlen);
 		if (r < 0)
 			return r;
@@ -383,28 +472,6 @@ static int ps_serve(struct ps_conn *cn, char *err, size_t errlen)
 	}
 }
 
-/* HELLO1 within ROLE_HANDSHAKE_MS, answered by conn_server (a peer failing
- * the MAC gets no reply and one log line with its address); only a worker
- * with a valid index is accepted. */
-static int ps_handshake(struct ps_conn *cn)
-{
-	struct ps *ps = cn->ps;
-	char e[400];
-	int r = conn_server(&cn->conn, ps->s->key, &ps->me, ROLE_HANDSHAKE_MS, e, sizeof(e));
-	if (r) {
-		role_log(ps->out, "ps %d: %s: %s", ps->index, cn->peer, e);
-		return r;
-	}
-	const struct hs_identity *peer = &cn->conn.hr.peer;
-	if (peer->role != HS_WORKER || peer->index >= (uint32_t)ps->W) {
-		role_log(ps->out, "ps %d: %s: refused %s %u (this cluster has %d workers)", ps->index,
-			 cn->peer, hs_role_name(peer->role), peer->index, ps->W);
-		return -EACCES;
-	}
-	cn->w = (int)peer->index;
-	return 0;
-}
-
 /* A worker's connection has ended (r: ps_serve's result, e its reason). A
  * lost worker (killed, crashed, or a peer holding the key that sent a bad
  * frame) does not end training: async workers carry on, sync steps go on
@@ -420,7 +487,12 @@ static void ps_left(struct ps_conn *cn, int r, const char *e)
 	snprintf(why, sizeof(why), "lost worker %d (%s): %s", cn->w, cn->peer, e);
 	pthread_mutex_lock(&ps->mu);
 	enum members_gone g = members_leave(&ps->mb, cn->w, r != 0, ps->aborted, role_now_ms(), why);
+	if (ps->worker[cn->w] == cn)
+		ps->worker[cn->w] = NULL;
+	int replaced = cn->replaced;
 	pthread_mutex_unlock(&ps->mu);
+	if (replaced)
+		return; /* ps_confirm said so */
 	if (g == MEMBERS_AWAY)
 		role_log(ps->out, "ps %d: %s: worker %d, which had finished, closed its connection before the run was complete; waiting up to %g s for it to connect again",
 			 ps->index, cn->peer, cn->w, ps->c->cluster.peer_timeout);
@@ -439,17 +511,15 @@ static void *ps_conn_main(void *arg)
 	cn->first_pull = 1;
 	cn->conn.rbuf = rbuf;
 	cn->conn.wbuf = wbuf;
-	cn->grad = malloc(ps->sh.n * sizeof(float));
-	cn->snap = malloc(ps->sh.n * sizeof(float));
-	if (!rbuf || !wbuf || !cn->grad || !cn->snap ||
-	    pipe_init(&cn->pp, ps->pool, wbuf, CONN_WBUF_BYTES, NULL, 0)) {
+	if (!rbuf || !wbuf || pipe_init(&cn->pp, ps->pool, wbuf, CONN_WBUF_BYTES, NULL, 0)) {
 		role_log(ps->out, "ps %d: %s: out of memory for a connection", ps->index, cn->peer);
-	} else if (ps_handshake(cn) == 0) {
-		pthread_mutex_lock(&ps->mu);
-		members_join(&ps->mb, cn->w);
-		pthread_mutex_unlock(&ps->mu);
+	} else {
 		int r = ps_serve(cn, e, sizeof(e));
-		ps_left(cn, r, e);
+		if (cn->confirmed)
+			ps_left(cn, r, e);
+		else if (r)
+			role_log(ps->out, "ps %d: %s: closed a connection that greeted as worker %d before any frame opened (%s); it was not counted as worker %d",
+				 ps->index, cn->peer, cn->w, e, cn->w);
 	}
 	pipe_free(&cn->pp);
 	free(rbuf);
@@ -458,6 +528,8 @@ static void *ps_conn_main(void *arg)
 	free(cn->snap);
 	pthread_mutex_lock(&ps->mu);
 	ps->conns[cn->slot] = NULL;
+	if (ps->fresh[cn->w] == cn)
+		ps->fresh[cn->w] = NULL;
 	conn_destroy(&cn->conn); /* under the lock: ps_drain shuts down what is listed */
 	ps->nconn--;
 	pthread_cond_broadcast(&ps->cv);
@@ -466,8 +538,11 @@ static void *ps_conn_main(void *arg)
 	return NULL;
 }
 
-/* A detached thread for an accepted connection, if a slot is free. */
-static void ps_spawn(struct ps *ps, int fd, const char *peer)
+/* A detached thread for worker w's answered connection fd, authenticated
+ * with hr's keys: the worker's unconfirmed connection from now on (an
+ * older unconfirmed one of w's goes: this greeting is newer). -1 if there
+ * is no slot or no thread (fd closed). */
+static int ps_spawn(struct ps *ps, int fd, const char *peer, int w, const struct hs_result *hr)
 {
 	pthread_mutex_lock(&ps->mu);
 	int slot = -1;
@@ -481,8 +556,12 @@ static void ps_spawn(struct ps *ps, int fd, const char *peer)
 	if (cn) {
 		cn->ps = ps;
 		cn->slot = slot;
-		conn_init(&cn->conn, fd, NULL, NULL, &cn->pp, role_peer_timeout_ms(ps->c),
+		cn->w = w;
+		/* The worker sends a HEARTBEAT right after its handshake:
+		 * confirmation is due as soon as a handshake's step. */
+		conn_init(&cn->conn, -1, NULL, NULL, &cn->pp, ROLE_HANDSHAKE_MS,
 			  role_write_timeout_ms(ps->c));
+		conn_attach(&cn->conn, fd, hr);
 		snprintf(cn->peer, sizeof(cn->peer), "%s", peer);
 		pthread_attr_init(&at);
 		pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
@@ -491,16 +570,100 @@ static void ps_spawn(struct ps *ps, int fd, const char *peer)
 		if (ok) {
 			ps->conns[slot] = cn;
 			ps->nconn++;
+			if (ps->fresh[w])
+				conn_shutdown(&ps->fresh[w]->conn);
+			ps->fresh[w] = cn;
 		}
 	}
 	pthread_mutex_unlock(&ps->mu);
-	if (!ok) {
-		role_log(ps->out, "ps %d: %s: refused: too many connections", ps->index, peer);
-		if (cn)
-			pthread_mutex_destroy(&cn->conn.mu);
+	if (ok)
+		return 0;
+	if (cn)
+		conn_destroy(&cn->conn); /* closes fd */
+	else
 		close(fd);
-		free(cn);
+	free(cn);
+	return -1;
+}
+
+/* A whole greeting out of the gate: answered if it is authentic, from a
+ * worker of this cluster, and newer than any of that worker's answered
+ * before (a version or config mismatch is answered too, so the worker can
+ * say what differs, and then closed). Everything refused goes to the
+ * gate's tally, never to a line of its own. */
+static void ps_admit(struct ps *ps, struct gate_greeting *gr)
+{
+	struct hs_identity peer;
+	struct hs_result hr;
+	uint8_t hello2[HS_HELLO_BYTES];
+	uint64_t t = 0;
+	size_t outlen = 0;
+	char e[400], why[480];
+	int r = hs_server_peek(ps->s->key, &ps->me, gr->hello, HS_HELLO_BYTES, &peer, &t, e, sizeof(e));
+	if (r && r != -EBADE && r != -EPROTONOSUPPORT) {
+		snprintf(why, sizeof(why), "handshake refused: %s", e);
+		gate_refuse(&ps->gate, gr, GATE_UNAUTH, why);
+		return;
 	}
+	if (peer.role != HS_WORKER || peer.index >= (uint32_t)ps->W) {
+		snprintf(why, sizeof(why), "refused %s %u (this cluster has %d workers)",
+			 hs_role_name(peer.role), peer.index, ps->W);
+		gate_refuse(&ps->gate, gr, GATE_UNWANTED, why);
+		return;
+	}
+	int w = (int)peer.index, fresh = 1;
+	if (r != -EPROTONOSUPPORT) {
+		pthread_mutex_lock(&ps->mu);
+		fresh = members_greeted(&ps->mb, w, t);
+		pthread_mutex_unlock(&ps->mu);
+	}
+	if (!fresh) {
+		snprintf(why, sizeof(why), "refused a greeting as worker %d not newer than one already answered (replayed, or that host's clock went back)",
+			 w);
+		gate_refuse(&ps->gate, gr, GATE_REPLAYED, why);
+		return;
+	}
+	r = hs_server_respond(&hr, hello2, &outlen, ps->s->key, &ps->me, gr->hello, HS_HELLO_BYTES,
+			      e, sizeof(e));
+	/* A fresh socket's buffer takes 144 bytes at once; one that does
+	 * not is not worth waiting for. */
+	int wr = outlen ? sock_write_full(gr->fd, hello2, outlen, 0, NULL, 0) : 0;
+	if (r || wr) {
+		if (!r) {
+			frame_key_wipe(&hr.send);
+			frame_key_wipe(&hr.recv);
+		}
+		snprintf(why, sizeof(why), "handshake refused: %s", r ? e : "could not send our answer");
+		gate_refuse(&ps->gate, gr, GATE_MISMATCH, why);
+		return;
+	}
+	if (ps_spawn(ps, gr->fd, gr->peer, w, &hr))
+		role_log(ps->out, "ps %d: %s: refused worker %d: no thread for its connection", ps->index,
+			 gr->peer, w);
+	frame_key_wipe(&hr.send);
+	frame_key_wipe(&hr.recv);
+}
+
+/* The refusals since the last line, as one line: at once if none was
+ * logged for PS_TALLY_MS (a single misconfigured worker is named right
+ * away), else when that much time has passed; force: now (the ps ends). */
+static void ps_tally_log(struct ps *ps, int force)
+{
+	int64_t now = role_now_ms();
+	if (ps->gate.tally.total == 0 || (!force && ps->tally_ms && now - ps->tally_ms < PS_TALLY_MS))
+		return;
+	struct gate_tally t;
+	char counts[400];
+	gate_tally_take(&ps->gate, &t);
+	gate_tally_text(&t, counts, sizeof(counts));
+	if (t.total == 1)
+		role_log(ps->out, "ps %d: %s", ps->index, t.first);
+	else
+		role_log(ps->out, "ps %d: refused %llu connections in %.0f s (%s); the first: %s",
+			 ps->index, (unsigned long long)t.total,
+			 ps->tally_ms ? (now - ps->tally_ms) / 1000.0 : PS_TALLY_MS / 1000.0, counts,
+			 t.first);
+	ps->tally_ms = now;
 }
 
 /* Whether the accept loop ends: a lost worker's deadline passed (the ps
@@ -522,20 +685,21 @@ static int ps_over(struct ps *ps)
 	return over;
 }
 
-static void ps_accept_loop(struct ps *ps, int lfd, const volatile sig_atomic_t *stop)
+static void ps_accept_loop(struct ps *ps, const volatile sig_atomic_t *stop)
 {
 	while (!ps_over(ps) && !*stop) {
-		int fd;
-		char peer[SOCK_ADDR_STRLEN] = "?", ae[256];
-		int r = sock_accept(lfd, 200, &fd, peer, sizeof(peer), ae, sizeof(ae));
-		if (r == -ETIMEDOUT || r == -EAGAIN || r == -EINTR)
-			continue;
-		if (r) {
-			role_log(ps->out, "ps %d: accept: %s", ps->index, ae);
-			continue;
+		struct gate_greeting gr;
+		char e[256];
+		int r = gate_next(&ps->gate, 200, &gr, e, sizeof(e));
+		if (r == 1)
+			ps_admit(ps, &gr);
+		if (r < 0) {
+			role_log(ps->out, "ps %d: accept: %s", ps->index, e);
+			role_nap_ms(100);
 		}
-		ps_spawn(ps, fd, peer);
+		ps_tally_log(ps, 0);
 	}
+	ps_tally_log(ps, 1);
 }
 
 /* Ends every connection still open (workers close theirs once a STATUS
@@ -591,6 +755,28 @@ static int ps_open(struct ps *ps, const struct config *c, const struct role_setu
 	if (ct > 1)
 		return cryptopool_new(&ps->pool, ct, err, errlen);
 	return 0;
+}
+
+/* The gate in front of the listener. Pending connections cost a file
+ * descriptor each: the soft limit goes up to the hard one, and the gate
+ * takes what the workers' connections leave of it, at most PS_PENDING_MAX. */
+static int ps_gate_open(struct ps *ps, int lfd, char *err, size_t errlen)
+{
+	struct rlimit rl;
+	long fds = 1024;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+		if (rl.rlim_cur < rl.rlim_max) {
+			rl.rlim_cur = rl.rlim_max;
+			(void)setrlimit(RLIMIT_NOFILE, &rl);
+			(void)getrlimit(RLIMIT_NOFILE, &rl);
+		}
+		fds = rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > (1 << 20) ? 1 << 20 : (long)rl.rlim_cur;
+	}
+	long room = fds - 64 - 3L * ps->W;
+	int max = room > PS_PENDING_MAX ? PS_PENDING_MAX : room < 16 ? 16 : (int)room;
+	int per = max < PS_PENDING_PER_SOURCE ? max : PS_PENDING_PER_SOURCE;
+	return gate_init(&ps->gate, lfd, max, per, (int)(ps->c->cluster.handshake_timeout * 1000), err,
+			 errlen);
 }
 
 static void ps_close(struct ps *ps)
@@ -649,11 +835,17 @@ int cluster_ps(const struct config *c, int index, int fresh, FILE *out,
 	role_log(out, "ps %d: listening on %s:%u, shard [%zu, %zu) of %zu parameters, %s mode, %ld steps, waiting for %d worker%s",
 		 index, h->name, h->port, plan[index].begin, plan[index].end, s.job.m.nparams,
 		 c->train.mode == MODE_SYNC ? "sync" : "async", s.job.total, ps->W, ps->W == 1 ? "" : "s");
-	ps_accept_loop(ps, lfd, stop);
-	close(lfd);
+	e = ps_gate_open(ps, lfd, err, errlen);
+	if (e)
+		goto out;
+	ps_accept_loop(ps, stop);
+	gate_free(&ps->gate);
 	ps_drain(ps, stop);
 	e = ps_result(ps, stop, err, errlen);
 out:
+	gate_free(&ps->gate);
+	if (lfd >= 0)
+		close(lfd);
 	ps_close(ps);
 	role_setup_free(&s);
 	free(ps);

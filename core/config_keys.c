@@ -23,6 +23,7 @@ const struct key_def config_keys[] = {
 	{ "cluster", "connect_timeout", K_DOUBLE, OFF(cluster.connect_timeout), 0, 1, 86400, 0, NULL, "60" },
 	{ "cluster", "crypto_threads", K_INT, OFF(cluster.crypto_threads), 0, 0, 8, 0, NULL, "0" },
 	{ "cluster", "peer_timeout", K_DOUBLE, OFF(cluster.peer_timeout), 0, 1, 86400, 0, NULL, "60" },
+	{ "cluster", "handshake_timeout", K_DOUBLE, OFF(cluster.handshake_timeout), 0, 0.05, 60, 0, NULL, "1" },
 
 	{ "train", "mode", K_ENUM, OFF(train.mode), 0, 0, 0, 0, mode_names, "sync" },
 	{ "train", "replicas_to_aggregate", K_INT, OFF(train.replicas_to_aggregate), 0,

@@ -38,8 +38,7 @@ void conn_destroy(struct conn *cn)
 	pthread_mutex_destroy(&cn->mu);
 }
 
-/* Under mu: the socket and keys are the connection's. */
-static void conn_adopt(struct conn *cn, int fd, const struct hs_result *hr)
+void conn_attach(struct conn *cn, int fd, const struct hs_result *hr)
 {
 	pthread_mutex_lock(&cn->mu);
 	cn->fd = fd;
@@ -68,8 +67,17 @@ int conn_client(struct conn *cn, int fd, const uint8_t psk[HS_PSK_BYTES],
 	if (r) {
 		hs_wipe(&h);
 		close(fd);
-		return err_set(err, errlen, -ECONNABORTED, "%s: handshake: %s%s", who, e,
-			       r == -EPIPE ? " (wrong cluster key?)" : "");
+		/* A ps never says why it drops a greeting (that would answer
+		 * peers without the key): say what was seen, and where the
+		 * reason is. */
+		return err_set(err, errlen, r == -EPIPE || r == -ETIMEDOUT ? -ENOLINK : -ECONNABORTED,
+			       "%s: handshake: %s%s", who, e,
+			       r == -EPIPE || r == -ETIMEDOUT
+				       ? ": no answer to our greeting (a ps answers none that fails "
+					 "authentication, as with another cluster key, none it takes "
+					 "for a replay, and none later than its handshake_timeout; "
+					 "its log says which)"
+				       : "");
 	}
 	r = hs_client_finish(&h, &hr, hello2, sizeof(hello2), e, sizeof(e));
 	if (r) {
@@ -77,7 +85,7 @@ int conn_client(struct conn *cn, int fd, const uint8_t psk[HS_PSK_BYTES],
 		close(fd);
 		return err_set(err, errlen, -ECONNABORTED, "%s: %s", who, e);
 	}
-	conn_adopt(cn, fd, &hr);
+	conn_attach(cn, fd, &hr);
 	frame_key_wipe(&hr.send);
 	frame_key_wipe(&hr.recv);
 	return 0;
@@ -99,7 +107,7 @@ int conn_server(struct conn *cn, const uint8_t psk[HS_PSK_BYTES], const struct h
 		(void)!sock_write_full(fd, hello2, outlen, hs_ms, NULL, 0);
 	if (r)
 		return err_set(err, errlen, r, "handshake refused: %s", e);
-	conn_adopt(cn, fd, &hr);
+	conn_attach(cn, fd, &hr);
 	frame_key_wipe(&hr.send);
 	frame_key_wipe(&hr.recv);
 	return 0;

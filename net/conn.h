@@ -74,13 +74,19 @@ void conn_destroy(struct conn *cn);
 
 /* Client: the handshake as `me` over fd, a connected socket the
  * connection now owns (closed on failure), each step within hs_ms. who
- * names the server in messages ("ps 1 (host:2223)"). -ECONNABORTED for a
- * server that does not answer or answers wrong ("(wrong cluster key?)"
- * when it hung up), or hs_client_start's error. The caller checks
+ * names the server in messages ("ps 1 (host:2223)"). -ENOLINK for a
+ * server that closed or timed out without answering (it may have dropped
+ * us as one of a flood: worth another try or two), -ECONNABORTED for one
+ * that answered wrong or a failed write, or hs_client_start's error. The caller checks
  * cn->hr.peer. */
 int conn_client(struct conn *cn, int fd, const uint8_t psk[HS_PSK_BYTES],
 		const struct hs_identity *me, int hs_ms, const char *who, char *err,
 		size_t errlen);
+
+/* Server, when the handshake was done elsewhere (the ps's gate): the
+ * connection owns fd and is authenticated with hr's keys, which the caller
+ * then wipes. */
+void conn_attach(struct conn *cn, int fd, const struct hs_result *hr);
 
 /* Server: reads HELLO1 from the connection's socket within hs_ms and
  * answers it; a peer failing the MAC gets no reply. err: "no handshake:

@@ -4,7 +4,8 @@
  * Pattern: PSK + ephemeral X25519, in the spirit of Noise NNpsk0, cut down
  * to what a cluster with one shared key needs:
  *
- *   -> HELLO1: magic, version, step 1, role, aes, index, config hash, e, nonce
+ *   -> HELLO1: magic, version, step 1, role, aes, index, config tag, e, time,
+ *              nonce
  *              mac1 = BLAKE2b(key = mac_key, HELLO1 fields)
  *   <- HELLO2: the same fields for the server, step 2
  *              mac2 = BLAKE2b(key = mac_key, HELLO1 || HELLO2 fields)
@@ -12,11 +13,17 @@
  *   th         = BLAKE2b-256(HELLO1 || HELLO2)
  *   k          = BLAKE2b-512(key = psk, "pstrain session v1" || th || DH(e, e'))
  *   client->server key = k[0..32), server->client key = k[32..64)
+ *   config tag = BLAKE2b-256(key = psk, "pstrain config v1" || config hash)
  *
  * Why it is enough: a MAC under the cluster key proves membership before
  * the receiver reads a field or spends an X25519 operation; mac2 covers
  * HELLO1, which holds the client's fresh ephemeral key and nonce, so an old
- * HELLO2 cannot be replayed to a new client; the session keys need both the
+ * HELLO2 cannot be replayed to a new client; HELLO1 carries the client's
+ * clock, so a server that keeps the newest time per peer (WireGuard's
+ * TAI64N timestamp) answers no replayed HELLO1, and a replay it answers
+ * after a restart still cannot open a frame; the config hash travels keyed,
+ * so an observer cannot test guesses about the training config against
+ * it; the session keys need both the
  * ephemeral DH result (forward secrecy against a later leak of the cluster
  * key) and the key itself, and hash the whole transcript (so both sides
  * agree on every field, the cipher flags included, or nothing opens).
@@ -33,6 +40,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include <sodium.h>
 
@@ -57,18 +65,22 @@ enum {
 	OFF_INDEX = 12,    /* u32 */
 	OFF_CONFIG = 16,   /* 32 bytes: config hash */
 	OFF_EPK = 48,      /* 32 bytes: ephemeral X25519 public key */
-	OFF_NONCE = 80,    /* 32 bytes: random */
+	OFF_TIME = 80,     /* u64 nanoseconds since the epoch (HELLO1; 0 in HELLO2) */
+	OFF_NONCE = 88,    /* 24 bytes: random */
 	OFF_MAC = 112,     /* 32 bytes */
 	HS_FIELDS_BYTES = OFF_MAC,
 	HS_MAC_BYTES = 32,
+	HS_NONCE_BYTES = 24,
 };
 _Static_assert(OFF_MAC + HS_MAC_BYTES == HS_HELLO_BYTES, "hello layout");
+_Static_assert(OFF_NONCE + HS_NONCE_BYTES == OFF_MAC, "hello layout");
 
 #define STEP_CLIENT 1
 #define STEP_SERVER 2
 
 static const char MAC_LABEL[] = "pstrain hs mac v1";
 static const char SESSION_LABEL[] = "pstrain session v1";
+static const char CONFIG_LABEL[] = "pstrain config v1";
 
 
 const char *hs_role_name(enum hs_role role)
@@ -173,8 +185,8 @@ HS_MUST_CHECK static int hello_verify(const uint8_t mac_key[32], const uint8_t *
 
 /* Writes the fields of a hello (everything before the MAC). */
 static void hello_fields(uint8_t out[HS_FIELDS_BYTES], uint8_t step,
-			 const struct hs_identity *me, const uint8_t epk[32],
-			 const uint8_t nonce[32])
+			 const struct hs_identity *me, const uint8_t tag[HS_HASH_BYTES],
+			 uint64_t time_ns, const uint8_t epk[32], const uint8_t nonce[HS_NONCE_BYTES])
 {
 	memset(out, 0, HS_FIELDS_BYTES);
 	wire_put_u32(out + OFF_MAGIC, WIRE_MAGIC);
@@ -184,19 +196,40 @@ static void hello_fields(uint8_t out[HS_FIELDS_BYTES], uint8_t step,
 	out[OFF_AES] = (uint8_t)me->aes;
 	out[OFF_RESERVED] = 0;
 	wire_put_u32(out + OFF_INDEX, me->index);
-	memcpy(out + OFF_CONFIG, me->config_hash, HS_HASH_BYTES);
+	memcpy(out + OFF_CONFIG, tag, HS_HASH_BYTES);
 	memcpy(out + OFF_EPK, epk, 32);
-	memcpy(out + OFF_NONCE, nonce, 32);
+	wire_put_u64(out + OFF_TIME, time_ns);
+	memcpy(out + OFF_NONCE, nonce, HS_NONCE_BYTES);
 }
 
-/* Reads an authenticated hello's fields into peer and epk, and checks the
- * protocol version and the config hash against me. -EPROTO for a malformed
+/* The config hash as it travels: keyed with the cluster key, so that only
+ * a key holder can tell which config a greeting's sender trains. */
+HS_MUST_CHECK static int config_tag(uint8_t tag[HS_HASH_BYTES], const uint8_t psk[HS_PSK_BYTES],
+				    const uint8_t hash[HS_HASH_BYTES])
+{
+	crypto_generichash_state st;
+	int rc = crypto_generichash_init(&st, psk, HS_PSK_BYTES, HS_HASH_BYTES);
+	if (rc == 0)
+		rc = crypto_generichash_update(&st, (const uint8_t *)CONFIG_LABEL,
+					       sizeof CONFIG_LABEL - 1);
+	if (rc == 0)
+		rc = crypto_generichash_update(&st, hash, HS_HASH_BYTES);
+	if (rc == 0)
+		rc = crypto_generichash_final(&st, tag, HS_HASH_BYTES);
+	sodium_memzero(&st, sizeof st);
+	return rc;
+}
+
+/* Reads an authenticated hello's fields into peer, time_ns and epk, and
+ * checks the protocol version against ours and the config tag against
+ * my_tag (peer->config_hash is the peer's tag). -EPROTO for a malformed
  * hello; -EPROTONOSUPPORT / -EBADE for a mismatch, with the message naming
  * the peer and us. A hello of another version is read only as far as the
  * fields every version shares. */
-HS_MUST_CHECK static int hello_parse(struct hs_identity *peer, uint8_t epk[32],
+HS_MUST_CHECK static int hello_parse(struct hs_identity *peer, uint64_t *time_ns, uint8_t epk[32],
 				     const uint8_t in[HS_HELLO_BYTES], uint8_t step,
-				     const struct hs_identity *me, char *err, size_t errlen)
+				     const struct hs_identity *me, const uint8_t my_tag[HS_HASH_BYTES],
+				     char *err, size_t errlen)
 {
 	char pname[48], mname[48];
 	uint32_t magic = wire_get_u32(in + OFF_MAGIC);
@@ -235,9 +268,10 @@ HS_MUST_CHECK static int hello_parse(struct hs_identity *peer, uint8_t epk[32],
 	peer->aes = in[OFF_AES];
 	memcpy(peer->config_hash, in + OFF_CONFIG, HS_HASH_BYTES);
 	memcpy(epk, in + OFF_EPK, 32);
+	*time_ns = wire_get_u64(in + OFF_TIME);
 
-	if (memcmp(peer->config_hash, me->config_hash, HS_HASH_BYTES) != 0) {
-		const uint8_t *a = peer->config_hash, *b = me->config_hash;
+	if (memcmp(peer->config_hash, my_tag, HS_HASH_BYTES) != 0) {
+		const uint8_t *a = peer->config_hash, *b = my_tag;
 		(void)err_set(err, errlen, 0,
 			"%s has a different training config than %s (config hash "
 			"%02x%02x%02x%02x vs %02x%02x%02x%02x): use the same config on every "
@@ -249,10 +283,11 @@ HS_MUST_CHECK static int hello_parse(struct hs_identity *peer, uint8_t epk[32],
 }
 
 /* A fresh ephemeral key pair and nonce. */
-HS_MUST_CHECK static int ephemeral_new(uint8_t esk[32], uint8_t epk[32], uint8_t nonce[32])
+HS_MUST_CHECK static int ephemeral_new(uint8_t esk[32], uint8_t epk[32],
+				       uint8_t nonce[HS_NONCE_BYTES])
 {
 	randombytes_buf(esk, 32);
-	randombytes_buf(nonce, 32);
+	randombytes_buf(nonce, HS_NONCE_BYTES);
 	return crypto_scalarmult_base(epk, esk);
 }
 
@@ -317,7 +352,17 @@ out:
 int hs_client_start(struct hs *h, uint8_t out[HS_HELLO_BYTES], const uint8_t psk[HS_PSK_BYTES],
 		    const struct hs_identity *me, char *err, size_t errlen)
 {
-	uint8_t mac_key[32], esk[32], epk[32], nonce[32], hello1[HS_HELLO_BYTES];
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	uint64_t now = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+	return hs_client_start_at(h, out, psk, me, now, err, errlen);
+}
+
+int hs_client_start_at(struct hs *h, uint8_t out[HS_HELLO_BYTES], const uint8_t psk[HS_PSK_BYTES],
+		       const struct hs_identity *me, uint64_t time_ns, char *err, size_t errlen)
+{
+	uint8_t mac_key[32], esk[32], epk[32], nonce[HS_NONCE_BYTES], hello1[HS_HELLO_BYTES];
+	uint8_t tag[HS_HASH_BYTES];
 	int rc;
 
 	/* me */
@@ -326,14 +371,15 @@ int hs_client_start(struct hs *h, uint8_t out[HS_HELLO_BYTES], const uint8_t psk
 		goto out;
 
 	/* e: ephemeral key pair and nonce */
-	if (ephemeral_new(esk, epk, nonce) != 0 || mac_key_derive(mac_key, psk) != 0) {
+	if (ephemeral_new(esk, epk, nonce) != 0 || mac_key_derive(mac_key, psk) != 0 ||
+	    config_tag(tag, psk, me->config_hash) != 0) {
 		(void)err_set(err, errlen, 0, "handshake: key generation failed");
 		rc = -EIO;
 		goto out;
 	}
 
 	/* HELLO1 = fields || mac1 */
-	hello_fields(hello1, STEP_CLIENT, me, epk, nonce);
+	hello_fields(hello1, STEP_CLIENT, me, tag, time_ns, epk, nonce);
 	if (mac_compute(hello1 + OFF_MAC, mac_key, NULL, 0, hello1) != 0) {
 		(void)err_set(err, errlen, 0, "handshake: BLAKE2b failed");
 		rc = -EIO;
@@ -358,8 +404,9 @@ int hs_server_respond(struct hs_result *res, uint8_t out[HS_HELLO_BYTES], size_t
 		      const uint8_t psk[HS_PSK_BYTES], const struct hs_identity *me,
 		      const uint8_t *in, size_t inlen, char *err, size_t errlen)
 {
-	uint8_t mac_key[32], esk[32], epk[32], nonce[32], peer_epk[32];
-	uint8_t hello2[HS_HELLO_BYTES];
+	uint8_t mac_key[32], esk[32], epk[32], nonce[HS_NONCE_BYTES], peer_epk[32];
+	uint8_t hello2[HS_HELLO_BYTES], tag[HS_HASH_BYTES];
+	uint64_t peer_time = 0;
 	struct hs_identity peer;
 	struct frame_key send, recv;
 	int rc, mismatch;
@@ -374,7 +421,7 @@ int hs_server_respond(struct hs_result *res, uint8_t out[HS_HELLO_BYTES], size_t
 		goto out;
 
 	/* size, mac1: before any field is read; a failure gets no reply */
-	if (mac_key_derive(mac_key, psk) != 0) {
+	if (mac_key_derive(mac_key, psk) != 0 || config_tag(tag, psk, me->config_hash) != 0) {
 		(void)err_set(err, errlen, 0, "handshake: BLAKE2b failed");
 		rc = -EIO;
 		goto out;
@@ -385,7 +432,7 @@ int hs_server_respond(struct hs_result *res, uint8_t out[HS_HELLO_BYTES], size_t
 
 	/* fields, version, config: a mismatch still gets our HELLO2, so the
 	 * client can say what differs too */
-	rc = hello_parse(&peer, peer_epk, in, STEP_CLIENT, me, err, errlen);
+	rc = hello_parse(&peer, &peer_time, peer_epk, in, STEP_CLIENT, me, tag, err, errlen);
 	mismatch = rc == -EPROTONOSUPPORT || rc == -EBADE;
 	if (rc < 0 && !mismatch)
 		goto out;
@@ -398,7 +445,7 @@ int hs_server_respond(struct hs_result *res, uint8_t out[HS_HELLO_BYTES], size_t
 	}
 
 	/* HELLO2 = fields || mac2, mac2 over HELLO1 || fields */
-	hello_fields(hello2, STEP_SERVER, me, epk, nonce);
+	hello_fields(hello2, STEP_SERVER, me, tag, 0, epk, nonce);
 	if (mac_compute(hello2 + OFF_MAC, mac_key, in, HS_HELLO_BYTES, hello2) != 0) {
 		(void)err_set(err, errlen, 0, "handshake: BLAKE2b failed");
 		rc = -EIO;
@@ -427,6 +474,7 @@ int hs_server_respond(struct hs_result *res, uint8_t out[HS_HELLO_BYTES], size_t
 	res->send = send;
 	res->recv = recv;
 	res->peer = peer;
+	res->peer_time_ns = peer_time;
 	rc = 0;
 
 out:
@@ -437,10 +485,40 @@ out:
 	return rc;
 }
 
+int hs_server_peek(const uint8_t psk[HS_PSK_BYTES], const struct hs_identity *me,
+		   const uint8_t *in, size_t inlen, struct hs_identity *peer, uint64_t *time_ns,
+		   char *err, size_t errlen)
+{
+	uint8_t mac_key[32], tag[HS_HASH_BYTES], epk[32];
+	struct hs_identity p;
+	uint64_t t = 0;
+	int rc;
+
+	if (mac_key_derive(mac_key, psk) != 0 || config_tag(tag, psk, me->config_hash) != 0) {
+		(void)err_set(err, errlen, 0, "handshake: BLAKE2b failed");
+		rc = -EIO;
+		goto out;
+	}
+	rc = hello_verify(mac_key, NULL, 0, in, inlen, "client hello", err, errlen);
+	if (rc < 0)
+		goto out;
+	memset(&p, 0, sizeof p);
+	rc = hello_parse(&p, &t, epk, in, STEP_CLIENT, me, tag, err, errlen);
+	if (rc == 0 || rc == -EBADE || rc == -EPROTONOSUPPORT) {
+		*peer = p;
+		*time_ns = rc == -EPROTONOSUPPORT ? 0 : t;
+	}
+
+out:
+	sodium_memzero(mac_key, sizeof mac_key);
+	return rc;
+}
+
 int hs_client_finish(struct hs *h, struct hs_result *res, const uint8_t *in, size_t inlen,
 		     char *err, size_t errlen)
 {
-	uint8_t mac_key[32], peer_epk[32];
+	uint8_t mac_key[32], peer_epk[32], tag[HS_HASH_BYTES];
+	uint64_t peer_time = 0;
 	struct hs_identity peer;
 	struct frame_key send, recv;
 	int rc;
@@ -449,7 +527,7 @@ int hs_client_finish(struct hs *h, struct hs_result *res, const uint8_t *in, siz
 	memset(&recv, 0, sizeof recv);
 
 	/* size, mac2: bound to our HELLO1, so an old reply does not verify */
-	if (mac_key_derive(mac_key, h->psk) != 0) {
+	if (mac_key_derive(mac_key, h->psk) != 0 || config_tag(tag, h->psk, h->me.config_hash) != 0) {
 		(void)err_set(err, errlen, 0, "handshake: BLAKE2b failed");
 		rc = -EIO;
 		goto out;
@@ -460,7 +538,7 @@ int hs_client_finish(struct hs *h, struct hs_result *res, const uint8_t *in, siz
 		goto out;
 
 	/* fields, version, config */
-	rc = hello_parse(&peer, peer_epk, in, STEP_SERVER, &h->me, err, errlen);
+	rc = hello_parse(&peer, &peer_time, peer_epk, in, STEP_SERVER, &h->me, tag, err, errlen);
 	if (rc < 0)
 		goto out;
 
@@ -479,6 +557,7 @@ int hs_client_finish(struct hs *h, struct hs_result *res, const uint8_t *in, siz
 	res->send = send;
 	res->recv = recv;
 	res->peer = peer;
+	res->peer_time_ns = peer_time;
 	hs_wipe(h);
 	rc = 0;
 

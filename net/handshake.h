@@ -9,7 +9,7 @@
  * NNpsk0. Two messages of HS_HELLO_BYTES each, sent raw (not in frames)
  * before the first frame:
  *
- *     worker -> ps   HELLO1 = fields, MAC(key, fields)
+ *     worker -> ps   HELLO1 = fields, time, MAC(key, fields)
  *     ps -> worker   HELLO2 = fields, MAC(key, HELLO1 || fields)
  *
  * then both sides hold send/recv frame keys with counters at 0.
@@ -18,7 +18,8 @@
  *     hs_client_start(&h, hello1, psk, &me, ...)      send hello1
  *     read HS_HELLO_BYTES                            hs_client_finish(&h, &res, ...)
  * server side:
- *     read HS_HELLO_BYTES                            hs_server_respond(&res, hello2, &n, ...)
+ *     read HS_HELLO_BYTES, hs_server_peek: is its time newer than the newest
+ *     from that peer?                                hs_server_respond(&res, hello2, &n, ...)
  *     send n bytes of hello2 (n may be 0), then close if it failed.
  *
  * Then check res.peer (role and index) against what the caller expected: the
@@ -34,7 +35,8 @@
  *   -EPROTO           authenticated but malformed (magic, step, role, flags),
  *                     or an invalid ephemeral key
  *   -EPROTONOSUPPORT  the peer speaks another protocol version
- *   -EBADE            the peer's training config hash differs from ours
+ *   -EBADE            the peer's training config hash differs from ours (the
+ *                     hash travels keyed with the cluster key)
  *   -EINVAL, -ENOTSUP our own identity is invalid (unknown role, aes flag set
  *                     on a CPU without AES-GCM)
  *   -EIO              libsodium failed (not expected to happen)
@@ -74,6 +76,7 @@ struct hs_identity {
 struct hs_result {
 	struct frame_key send, recv;
 	struct hs_identity peer;
+	uint64_t peer_time_ns; /* the client's clock in its HELLO1 (server side) */
 };
 
 /* The client's state between its hello and the server's reply. Holds the
@@ -94,6 +97,25 @@ const char *hs_role_name(enum hs_role role);
 HS_MUST_CHECK int hs_client_start(struct hs *h, uint8_t out[HS_HELLO_BYTES],
 				  const uint8_t psk[HS_PSK_BYTES],
 				  const struct hs_identity *me, char *err, size_t errlen);
+
+/* Client, with the time the greeting carries given (nanoseconds since the
+ * epoch; hs_client_start uses CLOCK_REALTIME): for tests that make a
+ * greeting "recorded" in the past. */
+HS_MUST_CHECK int hs_client_start_at(struct hs *h, uint8_t out[HS_HELLO_BYTES],
+				     const uint8_t psk[HS_PSK_BYTES],
+				     const struct hs_identity *me, uint64_t time_ns, char *err,
+				     size_t errlen);
+
+/* Server, before deciding to answer: checks HELLO1's size and MAC and reads
+ * who sent it (role, index; peer->config_hash is its keyed config tag) and
+ * the time it carries, for the caller's replay check; two BLAKE2b calls and
+ * no X25519. 0, or -EBADE (a config mismatch hs_server_respond will
+ * answer) with *peer and *time_ns set; -EPROTONOSUPPORT (another protocol
+ * version, also answered) with *peer set and *time_ns 0; any other error:
+ * drop the peer without a reply. */
+HS_MUST_CHECK int hs_server_peek(const uint8_t psk[HS_PSK_BYTES], const struct hs_identity *me,
+				 const uint8_t *in, size_t inlen, struct hs_identity *peer,
+				 uint64_t *time_ns, char *err, size_t errlen);
 
 /* Server: checks HELLO1 (in, inlen bytes) and answers it. *outlen is the
  * number of bytes of out to send before anything else: HS_HELLO_BYTES on

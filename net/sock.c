@@ -18,6 +18,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -248,8 +249,33 @@ int sock_local_port(int fd)
 	return -EAFNOSUPPORT;
 }
 
+/* The part of a peer's address that a limit per source counts: an IPv4
+ * address, or an IPv6 /64 (one host's share of most networks; an
+ * IPv4-mapped address counts as its IPv4 address). */
+static void addr_source(uint8_t src[SOCK_SOURCE_BYTES], const struct sockaddr *sa)
+{
+	memset(src, 0, SOCK_SOURCE_BYTES);
+	if (sa->sa_family == AF_INET) {
+		memcpy(src, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+	} else if (sa->sa_family == AF_INET6) {
+		const uint8_t *a = ((const struct sockaddr_in6 *)sa)->sin6_addr.s6_addr;
+		static const uint8_t mapped[12] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff };
+		if (memcmp(a, mapped, 12) == 0)
+			memcpy(src, a + 12, 4);
+		else
+			memcpy(src + 4, a, 8);
+		src[15] = 6;
+	}
+}
+
 int sock_accept(int lfd, int timeout_ms, int *fd, char *peer, size_t peerlen, char *err,
 		size_t errlen)
+{
+	return sock_accept_from(lfd, timeout_ms, fd, peer, peerlen, NULL, err, errlen);
+}
+
+int sock_accept_from(int lfd, int timeout_ms, int *fd, char *peer, size_t peerlen,
+		     uint8_t source[SOCK_SOURCE_BYTES], char *err, size_t errlen)
 {
 	int64_t deadline = deadline_of(timeout_ms);
 	for (;;) {
@@ -265,6 +291,8 @@ int sock_accept(int lfd, int timeout_ms, int *fd, char *peer, size_t peerlen, ch
 			}
 			if (peer && peerlen)
 				fmt_sockaddr(peer, peerlen, (struct sockaddr *)&ss);
+			if (source)
+				addr_source(source, (struct sockaddr *)&ss);
 			*fd = s;
 			return 0;
 		}
@@ -294,6 +322,18 @@ int sock_accept(int lfd, int timeout_ms, int *fd, char *peer, size_t peerlen, ch
 			return -e;
 		}
 	}
+}
+
+int sock_quiet_ms(int fd)
+{
+	struct tcp_info ti;
+	socklen_t len = sizeof ti;
+	memset(&ti, 0, sizeof ti);
+	if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) < 0)
+		return -errno;
+	if (ti.tcpi_state != TCP_ESTABLISHED)
+		return -ENOTCONN;
+	return ti.tcpi_last_data_recv > INT32_MAX ? INT32_MAX : (int)ti.tcpi_last_data_recv;
 }
 
 /* ---- connect ------------------------------------------------------------ */

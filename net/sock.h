@@ -69,6 +69,21 @@ int sock_local_port(int fd);
 SOCK_MUST_CHECK int sock_accept(int lfd, int timeout_ms, int *fd, char *peer, size_t peerlen,
 				char *err, size_t errlen);
 
+/* sock_accept, and the peer's source in source (SOCK_SOURCE_BYTES; may be
+ * NULL): its IPv4 address, or its IPv6 /64, as bytes to compare, for
+ * limits per source address. */
+#define SOCK_SOURCE_BYTES 16
+SOCK_MUST_CHECK int sock_accept_from(int lfd, int timeout_ms, int *fd, char *peer,
+				     size_t peerlen, uint8_t source[SOCK_SOURCE_BYTES], char *err,
+				     size_t errlen);
+
+/* How long, in ms, the kernel has received no data on the TCP connection
+ * fd (TCP_INFO's last_data_recv), whoever is reading it; -ENOTCONN once the
+ * connection is no longer established (the peer closed or reset it), or
+ * another negative errno. Tells a live peer, which sends at least every
+ * heartbeat, from a dead one without reading its socket. */
+int sock_quiet_ms(int fd);
+
 /* Connects to host:port, retrying with backoff (see SOCK_BACKOFF_*) until
  * timeout_ms has passed, so processes may start in any order. One attempt
  * tries every resolved address; an attempt waits at most the time left. A

@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include <sodium.h>
 
@@ -148,7 +149,9 @@ struct fields {
 	uint32_t magic, version;
 	uint8_t step, role, aes, reserved;
 	uint32_t index;
-	uint8_t config[32], epk[32], nonce[32];
+	uint8_t config[32], epk[32]; /* config: the hash; forge keys it */
+	uint64_t time;
+	uint8_t nonce[24];
 };
 
 static void le32(uint8_t *p, uint32_t v)
@@ -162,6 +165,16 @@ static void doc_mac_key(uint8_t mk[32], const uint8_t *psk)
 	cr_assert_eq(crypto_generichash(mk, 32, (const uint8_t *)"pstrain hs mac v1", 17, psk,
 					32),
 		     0);
+}
+
+/* The config hash as it travels: BLAKE2b-256(key = K, "pstrain config v1"
+ * || hash). */
+static void doc_tag(uint8_t tag[32], const uint8_t *psk, const uint8_t hash[32])
+{
+	uint8_t in[17 + 32];
+	memcpy(in, "pstrain config v1", 17);
+	memcpy(in + 17, hash, 32);
+	cr_assert_eq(crypto_generichash(tag, 32, in, sizeof in, psk, 32), 0);
 }
 
 /* MAC = BLAKE2b-256(key = mac_key, prefix || fields[0..112)). */
@@ -188,9 +201,11 @@ static void forge(uint8_t out[HELLO], const struct fields *f, const uint8_t *psk
 	out[10] = f->aes;
 	out[11] = f->reserved;
 	le32(out + 12, f->index);
-	memcpy(out + 16, f->config, 32);
+	doc_tag(out + 16, psk, f->config);
 	memcpy(out + 48, f->epk, 32);
-	memcpy(out + 80, f->nonce, 32);
+	for (int i = 0; i < 8; i++)
+		out[80 + i] = (uint8_t)(f->time >> (8 * i));
+	memcpy(out + 88, f->nonce, 24);
 	doc_mac(out + 112, psk, prefix, prefix ? HELLO : 0, out);
 }
 
@@ -200,7 +215,7 @@ static struct fields fields_for(const struct hs_identity *id, uint8_t step, uint
 	struct fields f;
 	memset(&f, 0, sizeof f);
 	f.magic = 0x52545350u;
-	f.version = 1;
+	f.version = 2;
 	f.step = step;
 	f.role = (uint8_t)id->role;
 	f.aes = (uint8_t)id->aes;
@@ -208,7 +223,8 @@ static struct fields fields_for(const struct hs_identity *id, uint8_t step, uint
 	memcpy(f.config, id->config_hash, 32);
 	randombytes_buf(esk, 32);
 	cr_assert_eq(crypto_scalarmult_base(f.epk, esk), 0);
-	randombytes_buf(f.nonce, 32);
+	f.time = step == 1 ? (uint64_t)time(NULL) * 1000000000u : 0;
+	randombytes_buf(f.nonce, 24);
 	return f;
 }
 
@@ -245,7 +261,10 @@ Test(handshake, keys_match_and_frames_cross)
 	cr_assert_eq(cr.peer.role, HS_PS);
 	cr_assert_eq(cr.peer.index, 0);
 	cr_assert_eq(cr.peer.aes, p.aes);
-	cr_assert(memcmp(cr.peer.config_hash, p.config_hash, HS_HASH_BYTES) == 0);
+	uint8_t tag[32];
+	doc_tag(tag, PSK_A, p.config_hash);
+	cr_assert(memcmp(cr.peer.config_hash, tag, HS_HASH_BYTES) == 0, "the peer's keyed config tag");
+	cr_assert(memcmp(tag, p.config_hash, HS_HASH_BYTES) != 0, "the tag is not the hash");
 	cr_assert_eq(sr.peer.role, HS_WORKER);
 	cr_assert_eq(sr.peer.index, 1);
 	cr_assert_str_eq(hs_role_name(sr.peer.role), "worker");
@@ -328,15 +347,23 @@ Test(handshake, bytes_match_protocol)
 	struct hs h;
 	uint8_t hello1[HELLO], hello2[HELLO], mac[32];
 	start_ok(&h, hello1, PSK_A, &w);
-	const uint8_t head[16] = {'P', 'S', 'T', 'R', 1, 0, 0, 0, 1, 2, 0, 0, 4, 3, 2, 1};
+	const uint8_t head[16] = {'P', 'S', 'T', 'R', 2, 0, 0, 0, 1, 2, 0, 0, 4, 3, 2, 1};
 	cr_assert(memcmp(hello1, head, 16) == 0, "HELLO1 header bytes differ");
-	cr_assert(memcmp(hello1 + 16, w.config_hash, 32) == 0);
+	uint8_t tag[32];
+	doc_tag(tag, PSK_A, w.config_hash);
+	cr_assert(memcmp(hello1 + 16, tag, 32) == 0, "HELLO1 config tag");
 	uint8_t esk_c[32];
 	memcpy(esk_c, h.esk, 32);
 	uint8_t epk_c[32];
 	cr_assert_eq(crypto_scalarmult_base(epk_c, esk_c), 0);
 	cr_assert(memcmp(hello1 + 48, epk_c, 32) == 0, "HELLO1 ephemeral key");
-	cr_assert(!all_zero(hello1 + 80, 32), "HELLO1 nonce");
+	uint64_t t = 0;
+	for (int i = 0; i < 8; i++)
+		t |= (uint64_t)hello1[80 + i] << (8 * i);
+	uint64_t now = (uint64_t)time(NULL) * 1000000000u;
+	cr_assert(t + 5000000000u > now && t < now + 5000000000u, "HELLO1 time %llu, now %llu",
+		  (unsigned long long)t, (unsigned long long)now);
+	cr_assert(!all_zero(hello1 + 88, 24), "HELLO1 nonce");
 	doc_mac(mac, PSK_A, NULL, 0, hello1);
 	cr_assert(memcmp(hello1 + 112, mac, 32) == 0, "HELLO1 MAC");
 
@@ -357,7 +384,7 @@ Test(handshake, bytes_match_protocol)
 	forge(hello1, &g, PSK_A, NULL);
 	struct hs_result sr;
 	respond_ok(&sr, hello2, PSK_A, &p, hello1);
-	const uint8_t head2[16] = {'P', 'S', 'T', 'R', 1, 0, 0, 0, 2, 1, 0, 0, 2, 0, 0, 0};
+	const uint8_t head2[16] = {'P', 'S', 'T', 'R', 2, 0, 0, 0, 2, 1, 0, 0, 2, 0, 0, 0};
 	cr_assert(memcmp(hello2, head2, 16) == 0, "HELLO2 header bytes differ");
 	doc_mac(mac, PSK_A, hello1, HELLO, hello2);
 	cr_assert(memcmp(hello2 + 112, mac, 32) == 0, "HELLO2 MAC");
@@ -566,13 +593,20 @@ Test(handshake, config_mismatch_names_both_sides)
 	cr_assert_eq(rc, -EBADE, "rc %d (%s)", rc, err);
 	cr_assert_eq(n, HELLO);
 	cr_assert(memcmp(&sr, &before, sizeof sr) == 0, "result written on a mismatch");
-	cr_assert_str_eq(err, "worker 1 has a different training config than ps 0 (config hash "
-			      "1a2b3c4d vs 5e6f7a8b): use the same config on every node");
+	/* the hashes travel keyed: the message shows the tags */
+	uint8_t wt[32], pt[32];
+	char want[300];
+	doc_tag(wt, PSK_A, w.config_hash);
+	doc_tag(pt, PSK_A, p.config_hash);
+	snprintf(want, sizeof want, "worker 1 has a different training config than ps 0 (config hash "
+		 "%02x%02x%02x%02x vs %02x%02x%02x%02x): use the same config on every node",
+		 wt[0], wt[1], wt[2], wt[3], pt[0], pt[1], pt[2], pt[3]);
+	cr_assert_str_eq(err, want);
 
-	finish_fails(&h, hello2, HELLO, -EBADE,
-		     "ps 0 has a different training config than worker 1 (config hash 5e6f7a8b "
-		     "vs 1a2b3c4d)",
-		     "client sees the mismatch");
+	snprintf(want, sizeof want, "ps 0 has a different training config than worker 1 (config hash "
+		 "%02x%02x%02x%02x vs %02x%02x%02x%02x)",
+		 pt[0], pt[1], pt[2], pt[3], wt[0], wt[1], wt[2], wt[3]);
+	finish_fails(&h, hello2, HELLO, -EBADE, want, "client sees the mismatch");
 	hs_wipe(&h);
 }
 
@@ -582,21 +616,21 @@ Test(handshake, version_mismatch_names_both_sides)
 	struct hs_identity w = ident(HS_WORKER, 3, 7), p = ident(HS_PS, 0, 7);
 	uint8_t esk[32], hello1[HELLO], hello2[HELLO];
 
-	/* a version-2 worker, with the right key */
+	/* a version-3 worker, with the right key */
 	struct fields f = fields_for(&w, 1, esk);
-	f.version = 2;
+	f.version = 3;
 	forge(hello1, &f, PSK_A, NULL);
 	respond_fails(PSK_A, &p, hello1, HELLO, -EPROTONOSUPPORT, 1,
-		      "worker 3 speaks protocol version 2, ps 0 speaks version 1", "v2 worker");
+		      "worker 3 speaks protocol version 3, ps 0 speaks version 2", "v3 worker");
 
-	/* a version-2 ps answering a version-1 worker */
+	/* a version-3 ps answering a version-2 worker */
 	struct hs h;
 	start_ok(&h, hello1, PSK_A, &w);
 	struct fields g = fields_for(&p, 2, esk);
-	g.version = 2;
+	g.version = 3;
 	forge(hello2, &g, PSK_A, hello1);
 	finish_fails(&h, hello2, HELLO, -EPROTONOSUPPORT,
-		     "ps 0 speaks protocol version 2, worker 3 speaks version 1", "v2 ps");
+		     "ps 0 speaks protocol version 3, worker 3 speaks version 2", "v3 ps");
 	hs_wipe(&h);
 }
 

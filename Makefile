@@ -90,7 +90,7 @@ OBJ_CORE := $(CORE_SRC:%.c=$(BUILD)/%.o) $(NET_SRC:%.c=$(BUILD)/%.o) $(BASE_SRC:
 	$(GPU_C:%.c=$(BUILD)/%.o) $(GPU_CU:%.cu=$(BUILD)/%.cu.o)
 OBJ_ROLE := $(ROLE_SRC:%.c=$(BUILD)/%.o)
 OBJ_MAIN := $(BUILD)/main.o
-TEST_SRC := $(wildcard tests/test_*.c) tests/util.c tests/gradcheck.c
+TEST_SRC := $(wildcard tests/test_*.c) tests/util.c tests/target.c tests/gradcheck.c
 OBJ_TEST := $(TEST_SRC:%.c=$(BUILD)/%.o)
 TEST_BIN := $(BUILD)/tests/run
 ifeq ($(NVCC),)

@@ -707,3 +707,32 @@ Test(handshake, invalid_local_identity_refused)
 	uint8_t in[HELLO] = {0};
 	respond_fails(PSK_A, &p, in, HELLO, -EINVAL, 0, "unknown local role 9", "server role");
 }
+
+/* The ps's look before it answers: who and when, for its replay check;
+ * a greeting that fails the MAC tells nothing. */
+Test(handshake, peek_reads_who_and_when)
+{
+	keys_init();
+	struct hs_identity w = ident(HS_WORKER, 7, 3), p = ident(HS_PS, 0, 3), q = ident(HS_PS, 0, 4);
+	struct hs h;
+	uint8_t hello1[HELLO];
+	char err[256];
+	cr_assert_eq(hs_client_start_at(&h, hello1, PSK_A, &w, 1234567890123ull, err, sizeof err), 0,
+		     "%s", err);
+	hs_wipe(&h);
+	struct hs_identity peer;
+	uint64_t t = 0;
+	cr_assert_eq(hs_server_peek(PSK_A, &p, hello1, HELLO, &peer, &t, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(peer.role, HS_WORKER);
+	cr_assert_eq(peer.index, 7);
+	cr_assert_eq(t, 1234567890123ull);
+	/* another config: still who and when (the answer will say it differs) */
+	t = 0;
+	cr_assert_eq(hs_server_peek(PSK_A, &q, hello1, HELLO, &peer, &t, err, sizeof err), -EBADE);
+	cr_assert_eq(t, 1234567890123ull);
+	/* another key: nothing */
+	t = 0;
+	cr_assert_eq(hs_server_peek(PSK_B, &p, hello1, HELLO, &peer, &t, err, sizeof err), -EACCES);
+	cr_assert_eq(t, 0);
+	cr_assert_eq(hs_server_peek(PSK_A, &p, hello1, HELLO - 1, &peer, &t, err, sizeof err), -EMSGSIZE);
+}

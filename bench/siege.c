@@ -665,11 +665,15 @@ static int record_greeting(struct bench *b, int w)
 			break;
 		got += (size_t)r;
 	}
-	if (got == HELLO_BYTES)
+	if (got == HELLO_BYTES) {
 		ret = 0;
-	else
-		fprintf(stderr, "siege: recording worker %d's greeting failed: %s after %zu of %d bytes (log %s)\n",
-			w, cfd < 0 ? "no connection" : "connection ended", got, HELLO_BYTES, log);
+	} else {
+		char last[1024];
+		log_last_line(log, last, sizeof(last));
+		fprintf(stderr, "siege: recording worker %d's greeting failed: %s after %zu of %d bytes; "
+			"the worker's last line: %s (log %s)\n",
+			w, cfd < 0 ? "no connection" : "connection ended", got, HELLO_BYTES, last, log);
+	}
 out:
 	/* The worker goes first, so the TIME_WAIT is its port's, not the ps's. */
 	if (p.pid > 0) {
@@ -939,14 +943,31 @@ static int report(const struct opts *o, struct row *rows, int nrows)
 
 /* ---- options and main --------------------------------------------------- */
 
-static void usage(void)
+static void usage(FILE *f, int status)
 {
-	fprintf(stderr,
-		"usage: build/bench/siege [--pstrain PATH] [--steps N] [--repeats R] [--idle N] [--replay N]\n"
-		"         [--junk N] [--junk-rate PER_S] [--junk-bytes B] [--from ADDR[,ADDR...]] [--hidden N]\n"
-		"         [--batch N] [--ramp S] [--timeout S] [--grace S] [--mem-slack MIB] [--attacker-nice N]\n"
-		"         [--cluster 'key = value']... [--dir DIR] [--keep]\n");
-	exit(2);
+	fprintf(f,
+		"usage: build/bench/siege [options]   (docs/BENCHMARKS.md, \"Siege\")\n"
+		"  --pstrain PATH      the binary to run (default ./pstrain)\n"
+		"  --steps N           sync steps per run (1000)\n"
+		"  --repeats R         quiet and siege runs each, interleaved (3)\n"
+		"  --idle N            connections that never send a byte (300)\n"
+		"  --replay N          connections replaying a recorded worker HELLO1 (40)\n"
+		"  --junk N            connections sending random bytes (16)\n"
+		"  --junk-rate R       at most R new junk connections per second, 0 = no limit (200)\n"
+		"  --junk-bytes B      each junk connection sends 144..B bytes (1024)\n"
+		"  --from A[,A...]     source addresses of the attackers, in turn (127.0.0.1)\n"
+		"  --attacker-nice N   run the attacker threads at nice N (0)\n"
+		"  --hidden N          the MLP's hidden width, 784-N-10 (128)\n"
+		"  --batch N           batch per worker (64)\n"
+		"  --ramp S            seconds of attack before the workers start (0.5)\n"
+		"  --timeout S         workers still running after S s are interrupted (120)\n"
+		"  --grace S           a ps still running S s after the workers is interrupted (10)\n"
+		"  --mem-slack MIB     the ps's VmHWM target: siege median - quiet median <= MIB (4)\n"
+		"  --cluster 'K = V'   a line for the generated [cluster] section (repeatable)\n"
+		"  --dir DIR           work directory (default a new one under $TMPDIR or /tmp)\n"
+		"  --keep              keep the work directory even when every target is met\n"
+		"exit status: 0 every target met, 1 a target missed or a run failed, 2 set-up failed\n");
+	exit(status);
 }
 
 static double num(const char *name, const char *v, double lo, double hi)
@@ -970,12 +991,14 @@ static void parse(struct opts *o, int argc, char **argv)
 	const char *from = "127.0.0.1";
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+		if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0)
+			usage(stdout, 0);
 		if (strcmp(a, "--keep") == 0) {
 			o->keep = 1;
 			continue;
 		}
 		if (!v || strncmp(a, "--", 2) != 0)
-			usage();
+			usage(stderr, 2);
 		i++;
 		if (!strcmp(a, "--pstrain")) o->pstrain = v;
 		else if (!strcmp(a, "--dir")) o->dir = v;
@@ -995,14 +1018,14 @@ static void parse(struct opts *o, int argc, char **argv)
 		else if (!strcmp(a, "--mem-slack")) o->mem_slack_mib = num(a, v, 0, 1e6);
 		else if (!strcmp(a, "--attacker-nice")) o->nice = (int)num(a, v, 0, 19);
 		else if (!strcmp(a, "--cluster") && o->nextra < MAX_EXTRA) o->extra[o->nextra++] = v;
-		else usage();
+		else usage(stderr, 2);
 	}
 	snprintf(from_buf, sizeof(from_buf), "%s", from);
 	for (char *t = strtok(from_buf, ","); t; t = strtok(NULL, ","))
 		if (o->nfrom < MAX_FROM)
 			o->from[o->nfrom++] = t;
 	if (o->nfrom == 0)
-		usage();
+		usage(stderr, 2);
 }
 
 int main(int argc, char **argv)

@@ -188,6 +188,13 @@ $(BUILD)/bench/gpu_mlp: $(BUILD)/bench/gpu_mlp.o $(OBJ_CORE)
 	@mkdir -p $(dir $@)
 	$(call say,LINK,$@)$(LINK) $(LDFLAGS) $^ -o $@ $(CUDA_LIBS) $(LDLIBS)
 
+# Workers training while peers without the key hammer the ps: bench/siege.
+# It drives the pstrain binary as processes and attacks it over TCP, so it
+# links none of our objects (an attacker has none of them either).
+$(BUILD)/bench/siege: $(BUILD)/bench/siege.o
+	@mkdir -p $(dir $@)
+	$(call say,LINK,$@)$(CC) $(LDFLAGS) $^ -o $@ -lpthread
+
 # Prints tables: pstrain's CPU step throughput against PyTorch's on this machine.
 bench: all $(BENCH_BIN)
 	./bench/cpu_mlp

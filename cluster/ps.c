@@ -40,7 +40,7 @@
 /* Connections waiting for their greeting (fixed records in the gate), in
  * all and from one source address; fewer if file descriptors are short. */
 #define PS_PENDING_MAX 1024
-#define PS_PENDING_PER_SOURCE 256
+#define PS_PENDING_PER_SOURCE 512
 /* At most one line of refusals per this many ms (a summary with counts). */
 #define PS_TALLY_MS 10000
 

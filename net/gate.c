@@ -68,11 +68,12 @@ static void tally_add(struct gate_tally *t, enum gate_why why, const char *peer,
 	t->total++;
 }
 
-/* Closes pending connection i and counts it; the last record takes its
- * place. */
+/* Closes pending connection i and counts it (a held one was counted when
+ * it was refused); the last record takes its place. */
 static void pending_drop(struct gate *g, int i, enum gate_why why)
 {
-	tally_add(&g->tally, why, g->p[i].peer, NULL);
+	if (g->p[i].state != GATE_HELD)
+		tally_add(&g->tally, why, g->p[i].peer, NULL);
 	close(g->p[i].fd);
 	g->p[i] = g->p[--g->n];
 }
@@ -82,6 +83,11 @@ static void pending_drop(struct gate *g, int i, enum gate_why why)
 static int pending_read(struct gate *g, int i)
 {
 	struct gate_pending *p = &g->p[i];
+	if (p->state == GATE_HELD) {
+		/* Woken only by its hang-up or an error: done with it. */
+		pending_drop(g, i, GATE_HUNG_UP);
+		return -1;
+	}
 	while (p->got < HS_HELLO_BYTES) {
 		ssize_t r = recv(p->fd, p->hello + p->got, HS_HELLO_BYTES - p->got, MSG_DONTWAIT);
 		if (r > 0) {
@@ -95,11 +101,15 @@ static int pending_read(struct gate *g, int i)
 		pending_drop(g, i, GATE_HUNG_UP);
 		return -1;
 	}
+	if (p->state != GATE_WHOLE) {
+		p->state = GATE_WHOLE;
+		g->nwhole++;
+	}
 	return 1;
 }
 
-/* The oldest pending connection still waiting for its greeting (a whole
- * one is never evicted: it leaves with the next gate_pop), of source src
+/* The oldest pending connection still waiting for its greeting or held (a
+ * whole one is never evicted: it leaves with the next gate_pop), of source src
  * (NULL: of all), and how many there are of that source. */
 static int pending_oldest(const struct gate *g, const uint8_t *src, int *count)
 {
@@ -109,7 +119,7 @@ static int pending_oldest(const struct gate *g, const uint8_t *src, int *count)
 		if (src && memcmp(g->p[i].source, src, SOCK_SOURCE_BYTES) != 0)
 			continue;
 		(*count)++;
-		if (g->p[i].got < HS_HELLO_BYTES && (old < 0 || g->p[i].since_ms < g->p[old].since_ms))
+		if (g->p[i].state != GATE_WHOLE && (old < 0 || g->p[i].since_ms < g->p[old].since_ms))
 			old = i;
 	}
 	return old;
@@ -168,7 +178,7 @@ static void gate_expire(struct gate *g)
 {
 	int64_t now = now_ms();
 	for (int i = 0; i < g->n;)
-		if (g->p[i].got < HS_HELLO_BYTES && now - g->p[i].since_ms >= g->timeout_ms)
+		if (g->p[i].state != GATE_WHOLE && now - g->p[i].since_ms >= g->timeout_ms)
 			pending_drop(g, i, GATE_IDLE);
 		else
 			i++;
@@ -177,13 +187,16 @@ static void gate_expire(struct gate *g)
 /* Hands the first whole greeting out of the gate. */
 static int gate_pop(struct gate *g, struct gate_greeting *out)
 {
-	for (int i = 0; i < g->n; i++) {
-		if (g->p[i].got < HS_HELLO_BYTES)
+	for (int i = 0; g->nwhole > 0 && i < g->n; i++) {
+		if (g->p[i].state != GATE_WHOLE)
 			continue;
 		out->fd = g->p[i].fd;
+		out->since_ms = g->p[i].since_ms;
+		memcpy(out->source, g->p[i].source, sizeof(out->source));
 		memcpy(out->peer, g->p[i].peer, sizeof(out->peer));
 		memcpy(out->hello, g->p[i].hello, sizeof(out->hello));
 		g->p[i] = g->p[--g->n];
+		g->nwhole--;
 		return 1;
 	}
 	return 0;
@@ -203,7 +216,8 @@ int gate_next(struct gate *g, int wait_ms, struct gate_greeting *out, char *err,
 	}
 	g->pfd[0] = (struct pollfd){ .fd = g->lfd, .events = POLLIN };
 	for (int i = 0; i < g->n; i++)
-		g->pfd[i + 1] = (struct pollfd){ .fd = g->p[i].fd, .events = POLLIN };
+		g->pfd[i + 1] = (struct pollfd){ .fd = g->p[i].fd,
+						 .events = g->p[i].state == GATE_HELD ? POLLRDHUP : POLLIN };
 	int n = g->n;
 	int r = poll(g->pfd, (nfds_t)n + 1, wait_ms);
 	if (r < 0 && errno != EINTR)
@@ -227,7 +241,20 @@ int gate_next(struct gate *g, int wait_ms, struct gate_greeting *out, char *err,
 void gate_refuse(struct gate *g, struct gate_greeting *gr, enum gate_why why, const char *reason)
 {
 	tally_add(&g->tally, why, gr->peer, reason);
-	close(gr->fd);
+	int count;
+	if (g->n >= g->max && pending_oldest(g, NULL, &count) < 0) {
+		close(gr->fd);
+	} else {
+		if (g->n >= g->max)
+			pending_drop(g, pending_oldest(g, NULL, &count), GATE_EVICTED);
+		struct gate_pending *p = &g->p[g->n++];
+		memset(p, 0, sizeof(*p));
+		p->fd = gr->fd;
+		p->state = GATE_HELD;
+		p->since_ms = gr->since_ms;
+		memcpy(p->source, gr->source, sizeof(p->source));
+		memcpy(p->peer, gr->peer, sizeof(p->peer));
+	}
 	gr->fd = -1;
 }
 

@@ -17,9 +17,13 @@
  *   - a greeting already waiting when a connection is accepted (a real
  *     peer sends it with its connect) is read at once, before any
  *     eviction can reach it.
- * Nothing is ever written to a pending connection. Refusals are counted in
- * a tally (with the first one's address and reason) for a summary line,
- * never logged one by one.
+ * Nothing is ever written to a pending connection. A refused connection
+ * (gate_refuse) is not closed at once but held, unread, until its
+ * deadline (or evicted like any other): closing it would invite the
+ * instant reconnect of a flood, each one an accept and a close for both
+ * sides, while holding it costs a record. Refusals are counted in a tally
+ * (with the first one's address and reason) for a summary line, never
+ * logged one by one.
  *
  * No threads, no printing; the clock is CLOCK_MONOTONIC. */
 #ifndef PSTRAIN_NET_GATE_H
@@ -53,8 +57,15 @@ struct gate_tally {
 	char first[320]; /* the first refusal counted: "ADDR: reason" */
 };
 
+enum gate_state {
+	GATE_READING,   /* its greeting is not whole yet */
+	GATE_WHOLE,     /* whole: the next gate_next hands it out */
+	GATE_HELD,      /* refused: closed at its deadline, never read again */
+};
+
 struct gate_pending {
 	int fd;
+	enum gate_state state;
 	uint16_t got;                       /* greeting bytes read */
 	int64_t since_ms;                   /* accepted */
 	uint8_t source[SOCK_SOURCE_BYTES];
@@ -65,6 +76,8 @@ struct gate_pending {
 /* A whole greeting, out of the gate: fd and its bytes are the caller's. */
 struct gate_greeting {
 	int fd;
+	int64_t since_ms;
+	uint8_t source[SOCK_SOURCE_BYTES];
 	char peer[SOCK_ADDR_STRLEN];
 	uint8_t hello[HS_HELLO_BYTES];
 };
@@ -74,7 +87,7 @@ struct gate {
 	int max, per_source;
 	int timeout_ms;
 	struct gate_pending *p;  /* (max) the first n are in use */
-	int n;
+	int n, nwhole;
 	struct pollfd *pfd;      /* (max + 1) */
 	struct gate_tally tally;
 };
@@ -94,8 +107,10 @@ void gate_free(struct gate *g);
  * the listening socket in a way waiting will not cure (err says how). */
 int gate_next(struct gate *g, int wait_ms, struct gate_greeting *out, char *err, size_t errlen);
 
-/* The caller refuses a greeting gate_next gave it: closes its socket and
- * counts it (reason: one line, for the tally's first refusal). */
+/* The caller refuses a greeting gate_next gave it: counts it (reason: one
+ * line, for the tally's first refusal) and takes its socket back, to hold
+ * until the deadline of its accept (closed at once if the gate is full of
+ * connections that are not). */
 void gate_refuse(struct gate *g, struct gate_greeting *gr, enum gate_why why, const char *reason);
 
 /* The tally since the last call, then zeroed. */

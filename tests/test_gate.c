@@ -174,7 +174,7 @@ Test(gate, greeting_gets_out_ahead_of_a_flood)
 	int port, lfd = listener(&port);
 	struct gate g;
 	char err[256];
-	cr_assert_eq(gate_init(&g, lfd, 8, 4, 10000, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(gate_init(&g, lfd, 8, 4, 1000, err, sizeof(err)), 0, "%s", err);
 	uint8_t hello[HS_HELLO_BYTES];
 	randombytes_buf(hello, sizeof(hello));
 	int real = connect_to(port);
@@ -194,8 +194,15 @@ Test(gate, greeting_gets_out_ahead_of_a_flood)
 	cr_assert_eq(memcmp(gr.hello, hello, sizeof(hello)), 0);
 	cr_assert(strstr(gr.peer, "127.0.0.1:"), "%s", gr.peer);
 	cr_assert_leq(g.n, 8, "the gate holds %d, more than its 8", g.n);
+	/* refused: held, unread and unanswered, until its deadline */
 	gate_refuse(&g, &gr, GATE_UNAUTH, "handshake refused: junk");
-	cr_assert(closed_within(real, 1000), "a refused greeting's connection stays open");
+	cr_assert_eq(send(real, hello, sizeof(hello), 0), (ssize_t)sizeof(hello));
+	turn(&g, 200);
+	cr_assert(!closed_within(real, 0), "a refused connection closed before its deadline");
+	while (!closed_within(real, 0) && now_s() - t0 < 3)
+		turn(&g, 20);
+	cr_assert(now_s() - t0 < 1.5, "a refused connection held %.2f s, deadline 1 s",
+		  now_s() - t0);
 	struct gate_tally t;
 	gate_tally_take(&g, &t);
 	cr_assert_eq(t.n[GATE_UNAUTH], 1);

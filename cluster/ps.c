@@ -13,6 +13,7 @@
  * limit here is for. */
 #include "cluster.h"
 #include "members.h"
+#include "ps_harness.h"
 #include "ps_store.h"
 #include "role.h"
 
@@ -28,6 +29,7 @@
 #include "../net/sock.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -502,11 +504,13 @@ static void ps_left(struct ps_conn *cn, int r, const char *e)
 			 ps->c->cluster.peer_timeout);
 }
 
-static void *ps_conn_main(void *arg)
+/* Serves connection cn until it ends, then frees what it holds but cn
+ * itself; returns ps_serve's result. */
+static int ps_conn_run(struct ps_conn *cn)
 {
-	struct ps_conn *cn = arg;
 	struct ps *ps = cn->ps;
 	char e[320];
+	int r = -ENOMEM;
 	uint8_t *rbuf = malloc(CONN_RBUF_BYTES), *wbuf = malloc(CONN_WBUF_BYTES);
 	cn->first_pull = 1;
 	cn->conn.rbuf = rbuf;
@@ -514,7 +518,7 @@ static void *ps_conn_main(void *arg)
 	if (!rbuf || !wbuf || pipe_init(&cn->pp, ps->pool, wbuf, CONN_WBUF_BYTES, NULL, 0)) {
 		role_log(ps->out, "ps %d: %s: out of memory for a connection", ps->index, cn->peer);
 	} else {
-		int r = ps_serve(cn, e, sizeof(e));
+		r = ps_serve(cn, e, sizeof(e));
 		if (cn->confirmed)
 			ps_left(cn, r, e);
 		else if (r)
@@ -534,6 +538,13 @@ static void *ps_conn_main(void *arg)
 	ps->nconn--;
 	pthread_cond_broadcast(&ps->cv);
 	pthread_mutex_unlock(&ps->mu);
+	return r;
+}
+
+static void *ps_conn_main(void *arg)
+{
+	struct ps_conn *cn = arg;
+	(void)ps_conn_run(cn);
 	free(cn);
 	return NULL;
 }
@@ -850,4 +861,95 @@ out:
 	role_setup_free(&s);
 	free(ps);
 	return e;
+}
+
+/* ---- the harness (ps_harness.h) ------------------------------------------ */
+
+struct ps_harness {
+	struct ps ps;
+	struct role_setup s;
+	struct shard plan[CONFIG_MAX_HOSTS];
+};
+
+int ps_harness_open(struct ps_harness **out, const struct config *c, int index, FILE *log,
+		    char *err, size_t errlen)
+{
+	struct ps_harness *h = calloc(1, sizeof(*h));
+	if (!h)
+		return err_set(err, errlen, -ENOMEM, "out of memory");
+	int e = role_setup_load(&h->s, c, 0, err, errlen);
+	if (!e)
+		e = shard_check(c->cluster.nps, h->s.job.m.nparams, err, errlen);
+	if (!e) {
+		shard_plan(h->plan, c->cluster.nps, h->s.job.m.nparams);
+		e = ps_open(&h->ps, c, &h->s, &h->plan[index], index, 1, log, err, errlen);
+	}
+	if (e) {
+		ps_harness_close(h);
+		return e;
+	}
+	*out = h;
+	return 0;
+}
+
+int ps_harness_serve(struct ps_harness *h, int fd, const struct hs_result *hr, int w)
+{
+	struct ps *ps = &h->ps;
+	struct ps_conn *cn = calloc(1, sizeof(*cn));
+	if (!cn) {
+		close(fd);
+		return -ENOMEM;
+	}
+	cn->ps = ps;
+	cn->w = w;
+	conn_init(&cn->conn, -1, NULL, NULL, &cn->pp, role_peer_timeout_ms(ps->c),
+		  role_write_timeout_ms(ps->c));
+	conn_attach(&cn->conn, fd, hr);
+	snprintf(cn->peer, sizeof(cn->peer), "harness");
+	pthread_mutex_lock(&ps->mu);
+	for (int i = 0; i < PS_MAX_CONN; i++)
+		if (!ps->conns[i]) {
+			cn->slot = i;
+			break;
+		}
+	ps->conns[cn->slot] = cn;
+	ps->nconn++;
+	ps->fresh[w] = cn;
+	pthread_mutex_unlock(&ps->mu);
+	int r = ps_conn_run(cn);
+	free(cn);
+	return r;
+}
+
+int ps_harness_check(struct ps_harness *h, char *err, size_t errlen)
+{
+	struct ps *ps = &h->ps;
+	pthread_mutex_lock(&ps->mu);
+	const float *p = psshard_params(&ps->sh);
+	size_t bad = ps->sh.n;
+	for (size_t i = 0; i < ps->sh.n && bad == ps->sh.n; i++)
+		if (!isfinite(p[i]))
+			bad = i;
+	int aborted = ps->aborted, live = 0;
+	for (int w = 0; w < ps->W; w++)
+		live += ps->worker[w] != NULL || ps->fresh[w] != NULL;
+	char why[sizeof(ps->why)];
+	snprintf(why, sizeof(why), "%s", ps->why);
+	pthread_mutex_unlock(&ps->mu);
+	if (bad < ps->sh.n)
+		return err_set(err, errlen, -EDOM, "parameter %zu is %g", bad, (double)p[bad]);
+	if (aborted)
+		return err_set(err, errlen, -ECONNABORTED, "a peer stopped the ps: %s", why);
+	if (live || ps->nconn)
+		return err_set(err, errlen, -EBUSY, "a connection outlived its thread");
+	return 0;
+}
+
+void ps_harness_close(struct ps_harness *h)
+{
+	if (!h)
+		return;
+	ps_close(&h->ps);
+	role_setup_free(&h->s);
+	free(h);
 }

@@ -57,6 +57,12 @@ static void teardown(void)
 
 TestSuite(hygiene, .init = setup, .fini = teardown, .timeout = 60);
 
+static void nap_ms(long ms)
+{
+	struct timespec t = { ms / 1000, (ms % 1000) * 1000000L };
+	nanosleep(&t, NULL);
+}
+
 /* Runs fn in a child process (so that what it does to the process, like
  * role_harden, stays there) and returns its exit status, or 128 + the
  * signal that ended it. */
@@ -74,6 +80,26 @@ static int in_child(int (*fn)(void *), void *arg)
 
 /* VmLck of /proc/PID/status in KiB (memory the process has mlocked), -1 if
  * it cannot be read. */
+static long vmlck_kib(pid_t pid)
+{
+	char path[64], line[256];
+	snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return -1;
+	long kib = -1;
+	while (fgets(line, sizeof line, f))
+		if (strncmp(line, "VmLck:", 6) == 0)
+			kib = strtol(line + 6, NULL, 10);
+	fclose(f);
+	return kib;
+}
+
+static int all_zero(const void *p, size_t n)
+{
+	return sodium_is_zero(p, n);
+}
+
 /* ---- ERROR text: printable ASCII only ------------------------------------ */
 
 /* Every byte value in one text (but NUL, which ends a C string): the
@@ -212,3 +238,191 @@ Test(hygiene, role_setup_hardens_then_keeps_the_key_read_only)
 		     st);
 }
 
+/* ---- a running ps: its keys are mlocked --------------------------------- */
+
+/* Starts `pstrain ps --index 0` on the config at cfg and waits for its
+ * "listening" line. */
+static pid_t start_ps(const char *cfg, const char *log)
+{
+	const char *args[] = { "ps", "--index", "0", "--config", cfg, NULL };
+	pid_t pid = spawn_pstrain(args, log, NULL);
+	spawned = pid;
+	for (int i = 0; i < 1000 && !strstr(slurp(log), "listening on"); i++) {
+		cr_assert_eq(waitpid(pid, NULL, WNOHANG), 0, "the ps exited:\n%s", slurp(log));
+		nap_ms(10);
+	}
+	cr_assert(strstr(slurp(log), "listening on"), "the ps did not start:\n%s", slurp(log));
+	return pid;
+}
+
+/* Polls the ps's VmLck for up to 5 s until pred(kib, ref) holds. */
+static long vmlck_wait(pid_t pid, int (*pred)(long, long), long ref)
+{
+	long kib = vmlck_kib(pid);
+	for (int i = 0; i < 500 && !pred(kib, ref); i++) {
+		nap_ms(10);
+		kib = vmlck_kib(pid);
+	}
+	return kib;
+}
+
+static int above(long kib, long ref)
+{
+	return kib > ref;
+}
+
+static int at_most(long kib, long ref)
+{
+	return kib >= 0 && kib <= ref;
+}
+
+/* The cluster key is mlocked from the start (VmLck > 0), an authenticated
+ * connection's session keys add locked memory, and the connection's end
+ * gives it back (the pages are freed, not only wiped). */
+Test(hygiene, ps_keeps_its_keys_in_locked_memory)
+{
+	char cfg[300], log[300], err[CONFIG_ERR_MAX], e[512];
+	snprintf(cfg, sizeof cfg, "%s/cluster.ini", dir);
+	snprintf(log, sizeof log, "%s/ps0.log", dir);
+	write_cluster(dir, cfg, 1000, 1000, "", "");
+	pid_t pid = start_ps(cfg, log);
+	long base = vmlck_kib(pid);
+	cr_assert_gt(base, 0, "a listening ps has VmLck %ld kB: the cluster key is not mlocked", base);
+
+	/* Worker 0's handshake, from this process. */
+	static struct config c;
+	cr_assert_eq(config_load(&c, cfg, NULL, 0, err, sizeof err), 0, "%s", err);
+	uint8_t *key = NULL;
+	cr_assert_eq(key_load_guarded(&key, c.cluster.key_file, err, sizeof err), 0, "%s", err);
+	struct hs_identity me = { .role = HS_WORKER, .index = 0, .aes = frame_aes_available() };
+	cr_assert_eq(config_hash(&c, me.config_hash), 0);
+	struct conn cn;
+	int fd = -1;
+	cr_assert_eq(conn_init(&cn, -1, NULL, NULL, NULL, 5000, 5000), 0);
+	cr_assert_eq(sock_connect_retry(c.cluster.ps[0].name, c.cluster.ps[0].port, 5000, &fd, e,
+					sizeof e),
+		     0, "%s", e);
+	cr_assert_eq(conn_client(&cn, fd, key, &me, 5000, "ps 0", e, sizeof e), 0, "%s", e);
+	key_free(key);
+	long during = vmlck_wait(pid, above, base);
+	cr_assert_gt(during, base,
+		     "VmLck %ld kB with an authenticated connection, %ld kB without: the session "
+		     "keys are not mlocked",
+		     during, base);
+	conn_destroy(&cn);
+	long after = vmlck_wait(pid, at_most, base);
+	cr_assert_leq(after, base, "VmLck %ld kB after the connection ended, %ld kB before it",
+		      after, base);
+	cr_assert_eq(waitpid(pid, NULL, WNOHANG), 0, "the ps exited:\n%s", slurp(log));
+}
+
+/* ---- session keys: wiped when done with --------------------------------- */
+
+struct server {
+	struct conn cn;
+	uint8_t psk[KEY_BYTES];
+	struct hs_identity me;
+	int r;
+	char err[512];
+};
+
+static void *serve(void *arg)
+{
+	struct server *sv = arg;
+	sv->r = conn_server(&sv->cn, sv->psk, &sv->me, 5000, sv->err, sizeof sv->err);
+	return NULL;
+}
+
+/* A handshake over a socketpair: cl (worker 3, key byte ck) to a new
+ * server (ps 1, key byte sk) whose connection is left in sv. */
+static void handshake(struct conn *cl, struct server *sv, uint8_t ck, uint8_t sk, int *rc)
+{
+	int sp[2];
+	uint8_t psk[KEY_BYTES];
+	char e[512];
+	cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
+	memset(sv, 0, sizeof *sv);
+	cr_assert_eq(conn_init(&sv->cn, sp[1], NULL, NULL, NULL, 5000, 5000), 0);
+	memset(sv->psk, sk, sizeof sv->psk);
+	sv->me = (struct hs_identity){ .role = HS_PS, .index = 1, .aes = frame_aes_available() };
+	struct hs_identity me = { .role = HS_WORKER, .index = 3, .aes = frame_aes_available() };
+	memset(psk, ck, sizeof psk);
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, serve, sv), 0);
+	*rc = conn_client(cl, sp[0], psk, &me, 5000, "ps 1 (test)", e, sizeof e);
+	pthread_join(t, NULL);
+}
+
+/* Both ends' keys are set while authenticated and all zero after
+ * conn_close (the pages stay the connection's until conn_destroy, so they
+ * can be read); a failed handshake on the same connection (a wrong key,
+ * as a ps refusing a peer would see) leaves nothing in them either. */
+Test(hygiene, conn_keys_wiped_on_close)
+{
+	struct conn cl;
+	struct server sv;
+	int rc;
+	cr_assert_eq(conn_init(&cl, -1, NULL, NULL, NULL, 5000, 5000), 0);
+	cr_assert(all_zero(cl.keys, sizeof *cl.keys), "conn_init left bytes in the key pages");
+	handshake(&cl, &sv, 9, 9, &rc);
+	cr_assert_eq(rc, 0);
+	cr_assert_eq(sv.r, 0, "%s", sv.err);
+	cr_assert_not(all_zero(cl.keys->send.key, FRAME_KEY_BYTES));
+	cr_assert_not(all_zero(cl.keys->recv.key, FRAME_KEY_BYTES));
+	cr_assert_not(all_zero(sv.cn.keys->send.key, FRAME_KEY_BYTES));
+	cr_assert_eq(memcmp(cl.keys->send.key, sv.cn.keys->recv.key, FRAME_KEY_BYTES), 0);
+
+	conn_close(&cl);
+	conn_close(&sv.cn);
+	cr_assert(all_zero(cl.keys, sizeof *cl.keys), "the client's keys survived conn_close");
+	cr_assert(all_zero(sv.cn.keys, sizeof *sv.cn.keys), "the server's keys survived conn_close");
+	conn_destroy(&sv.cn);
+	cr_assert_null(sv.cn.keys);
+
+	handshake(&cl, &sv, 9, 8, &rc);
+	cr_assert_neq(rc, 0, "a handshake with the wrong key succeeded");
+	cr_assert_neq(sv.r, 0);
+	cr_assert(all_zero(cl.keys, sizeof *cl.keys));
+	cr_assert(all_zero(sv.cn.keys, sizeof *sv.cn.keys));
+	conn_destroy(&sv.cn);
+	conn_destroy(&cl);
+	cr_assert_null(cl.keys);
+}
+
+/* ---- where nothing may be locked ---------------------------------------- */
+
+/* With RLIMIT_MEMLOCK at 0 (and, for root, no CAP_IPC_LOCK: the child
+ * becomes nobody), mlock fails; the key pages must still be had and work:
+ * a handshake succeeds. A ps on a host with a low limit keeps serving. */
+static int nolock_child(void *arg)
+{
+	(void)arg;
+	struct rlimit rl = { 0, 0 };
+	if (setrlimit(RLIMIT_MEMLOCK, &rl) != 0)
+		return 10;
+	if (geteuid() == 0 && (setgid(65534) != 0 || setuid(65534) != 0))
+		return 11;
+	void *probe = sodium_malloc(16);
+	long locked = vmlck_kib(getpid());
+	sodium_free(probe);
+	if (locked != 0)
+		return 12; /* mlock still works: the test would prove nothing */
+	struct conn cl;
+	struct server sv;
+	int rc;
+	if (conn_init(&cl, -1, NULL, NULL, NULL, 5000, 5000) != 0)
+		return 1;
+	handshake(&cl, &sv, 4, 4, &rc);
+	if (rc != 0 || sv.r != 0)
+		return 2;
+	conn_destroy(&sv.cn);
+	conn_destroy(&cl);
+	return 0;
+}
+
+Test(hygiene, keys_work_where_nothing_may_be_locked)
+{
+	int st = in_child(nolock_child, NULL);
+	cr_assert_lt(st, 10, "child status %d: could not set up a process that cannot mlock", st);
+	cr_assert_eq(st, 0, "child status %d: 1 conn_init failed, 2 the handshake failed", st);
+}

@@ -389,6 +389,95 @@ Test(hygiene, conn_keys_wiped_on_close)
 	cr_assert_null(cl.keys);
 }
 
+/* ---- the pipe's per-job key copies -------------------------------------- */
+
+enum { NFRAMES = 12 };
+
+static int enc_small(void *ctx, uint64_t i, uint8_t *msg, size_t cap, size_t *len, char *err,
+		     size_t errlen)
+{
+	(void)ctx, (void)cap, (void)err, (void)errlen;
+	memset(msg, (int)i, 100);
+	*len = 100;
+	return 0;
+}
+
+static int deliver_count(void *ctx, uint64_t i, const uint8_t *msg, size_t len, char *err,
+			 size_t errlen)
+{
+	(void)err, (void)errlen;
+	int *n = ctx;
+	if (len != 100 || msg[0] != (uint8_t)i)
+		return -EBADMSG;
+	(*n)++;
+	return 0;
+}
+
+struct receiver {
+	struct pipe *p;
+	int fd;
+	struct frame_key *rx;
+	int n, r;
+	char err[320];
+};
+
+static void *receive(void *arg)
+{
+	struct receiver *rv = arg;
+	rv->r = pipe_recv(rv->p, rv->fd, rv->rx, NFRAMES, deliver_count, &rv->n, 5000, rv->err,
+			  sizeof rv->err);
+	return NULL;
+}
+
+/* With a crypto pool, every job seals or opens with its own copy of the
+ * key; after a tensor has gone through, not one of those copies is left
+ * on either side (each job wiped its own). */
+Test(hygiene, pipe_jobs_wipe_their_key_copies)
+{
+	struct cryptopool *pool;
+	struct pipe tx, rx;
+	struct frame_key ktx, krx;
+	uint8_t k[FRAME_KEY_BYTES];
+	char e[320];
+	int sp[2];
+	cr_assert_eq(cryptopool_new(&pool, 2, e, sizeof e), 0, "%s", e);
+	uint8_t *btx = malloc(FRAME_BYTES_MAX), *brx = malloc(FRAME_BYTES_MAX);
+	cr_assert(btx && brx);
+	cr_assert_eq(pipe_init(&tx, pool, btx, FRAME_BYTES_MAX, e, sizeof e), 0, "%s", e);
+	cr_assert_eq(pipe_init(&rx, pool, brx, FRAME_BYTES_MAX, e, sizeof e), 0, "%s", e);
+	size_t nkeys = (size_t)cryptopool_size(pool) + 1;
+	cr_assert_not_null(tx.keys);
+	cr_assert(all_zero(tx.keys, nkeys * sizeof *tx.keys));
+	randombytes_buf(k, sizeof k);
+	cr_assert_eq(frame_key_init(&ktx, k, FRAME_CHACHA20POLY1305), 0);
+	cr_assert_eq(frame_key_init(&krx, k, FRAME_CHACHA20POLY1305), 0);
+	sodium_memzero(k, sizeof k);
+	cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
+
+	struct receiver rv = { .p = &rx, .fd = sp[1], .rx = &krx };
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, receive, &rv), 0);
+	int r = pipe_send(&tx, sp[0], &ktx, NFRAMES, enc_small, NULL, 5000, e, sizeof e);
+	pthread_join(t, NULL);
+	cr_assert_eq(r, 0, "%s", e);
+	cr_assert_eq(rv.r, 0, "%s", rv.err);
+	cr_assert_eq(rv.n, NFRAMES);
+	cr_assert_eq(ktx.counter, NFRAMES);
+	cr_assert_eq(tx.nslots, (int)nkeys, "the send did not run in parallel");
+	cr_assert(all_zero(tx.keys, nkeys * sizeof *tx.keys), "a sealing job's key copy survived");
+	cr_assert(all_zero(rx.keys, nkeys * sizeof *rx.keys), "an opening job's key copy survived");
+
+	frame_key_wipe(&ktx);
+	frame_key_wipe(&krx);
+	pipe_free(&tx);
+	pipe_free(&rx);
+	cryptopool_destroy(pool);
+	close(sp[0]);
+	close(sp[1]);
+	free(btx);
+	free(brx);
+}
+
 /* ---- where nothing may be locked ---------------------------------------- */
 
 /* With RLIMIT_MEMLOCK at 0 (and, for root, no CAP_IPC_LOCK: the child

@@ -214,6 +214,7 @@ static int setup_child(void *arg)
 	fflush(NULL);
 	pid_t pid = fork();
 	if (pid == 0) {
+		signal(SIGSEGV, SIG_DFL); /* under ASan: die of it, without a report */
 		((volatile uint8_t *)s.key)[0] ^= 1;
 		_exit(0); /* the write went through: the key is writable */
 	}
@@ -281,6 +282,9 @@ static int at_most(long kib, long ref)
  * gives it back (the pages are freed, not only wiped). */
 Test(hygiene, ps_keeps_its_keys_in_locked_memory)
 {
+#ifdef __SANITIZE_ADDRESS__
+	cr_skip_test("ASan's mlock interceptor locks nothing (VmLck stays 0)");
+#endif
 	char cfg[300], log[300], err[CONFIG_ERR_MAX], e[512];
 	snprintf(cfg, sizeof cfg, "%s/cluster.ini", dir);
 	snprintf(log, sizeof log, "%s/ps0.log", dir);
@@ -311,9 +315,9 @@ Test(hygiene, ps_keeps_its_keys_in_locked_memory)
 		     during, base);
 	conn_destroy(&cn);
 	long after = vmlck_wait(pid, at_most, base);
-	cr_assert_leq(after, base, "VmLck %ld kB after the connection ended, %ld kB before it",
-		      after, base);
 	cr_assert_eq(waitpid(pid, NULL, WNOHANG), 0, "the ps exited:\n%s", slurp(log));
+	cr_assert(after >= 0 && after <= base,
+		  "VmLck %ld kB after the connection ended, %ld kB before it", after, base);
 }
 
 /* ---- session keys: wiped when done with --------------------------------- */

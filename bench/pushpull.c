@@ -303,6 +303,9 @@ static void *serve(void *arg)
 	close(fd);
 	pipe_free(&pp);
 	cryptopool_destroy(pool);
+	sodium_memzero(&hr, sizeof hr);
+	sodium_memzero(&tx, sizeof tx);
+	sodium_memzero(&rx, sizeof rx);
 	free(rbuf);
 	free(wbuf);
 	free(params);
@@ -469,6 +472,7 @@ static void run_one(enum mode m, size_t n, const uint8_t *psk, double seconds, i
 	cryptopool_destroy(pool);
 	close(c.fd);
 	close(sv.lfd);
+	sodium_memzero(sv.psk, sizeof sv.psk);
 	sodium_memzero(&hr, sizeof hr);
 	sodium_memzero(&c.tx, sizeof c.tx);
 	sodium_memzero(&c.rx, sizeof c.rx);

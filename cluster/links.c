@@ -63,10 +63,16 @@ int links_open(struct links *lk, const struct config *c, const struct role_setup
 	e = pipe_init(&lk->pp, lk->pool, lk->wbuf, CONN_WBUF_BYTES, err, errlen);
 	if (e)
 		return e;
+	int nokeys = 0;
 	for (int k = 0; k < lk->nps; k++) {
-		conn_init(&lk->ln[k].conn, -1, lk->rbuf, lk->wbuf, &lk->pp, role_peer_timeout_ms(c),
-			  role_write_timeout_ms(c));
+		nokeys |= conn_init(&lk->ln[k].conn, -1, lk->rbuf, lk->wbuf, &lk->pp,
+				    role_peer_timeout_ms(c), role_write_timeout_ms(c)) != 0;
 		lk->ln[k].range = plan[k];
+	}
+	if (nokeys) {
+		for (int k = 0; k < lk->nps; k++)
+			conn_destroy(&lk->ln[k].conn);
+		return err_set(err, errlen, -ENOMEM, "out of memory for the session keys");
 	}
 	pthread_mutex_init(&lk->hb_mu, NULL);
 	if (role_cond_init(&lk->hb_cv)) {

@@ -564,14 +564,18 @@ static int ps_spawn(struct ps *ps, int fd, const char *peer, int w, const struct
 	pthread_t t;
 	pthread_attr_t at;
 	int ok = 0;
+	/* The worker sends a HEARTBEAT right after its handshake:
+	 * confirmation is due as soon as a handshake's step. */
+	if (cn && conn_init(&cn->conn, -1, NULL, NULL, &cn->pp, ROLE_HANDSHAKE_MS,
+			    role_write_timeout_ms(ps->c)) != 0) {
+		conn_destroy(&cn->conn);
+		free(cn);
+		cn = NULL;
+	}
 	if (cn) {
 		cn->ps = ps;
 		cn->slot = slot;
 		cn->w = w;
-		/* The worker sends a HEARTBEAT right after its handshake:
-		 * confirmation is due as soon as a handshake's step. */
-		conn_init(&cn->conn, -1, NULL, NULL, &cn->pp, ROLE_HANDSHAKE_MS,
-			  role_write_timeout_ms(ps->c));
 		conn_attach(&cn->conn, fd, hr);
 		snprintf(cn->peer, sizeof(cn->peer), "%s", peer);
 		pthread_attr_init(&at);
@@ -902,8 +906,13 @@ int ps_harness_serve(struct ps_harness *h, int fd, const struct hs_result *hr, i
 	}
 	cn->ps = ps;
 	cn->w = w;
-	conn_init(&cn->conn, -1, NULL, NULL, &cn->pp, role_peer_timeout_ms(ps->c),
-		  role_write_timeout_ms(ps->c));
+	if (conn_init(&cn->conn, -1, NULL, NULL, &cn->pp, role_peer_timeout_ms(ps->c),
+		      role_write_timeout_ms(ps->c)) != 0) {
+		conn_destroy(&cn->conn);
+		free(cn);
+		close(fd);
+		return -ENOMEM;
+	}
 	conn_attach(&cn->conn, fd, hr);
 	snprintf(cn->peer, sizeof(cn->peer), "harness");
 	pthread_mutex_lock(&ps->mu);

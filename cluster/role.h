@@ -17,18 +17,34 @@
 
 /* Key, model, data and the step count, the same on every node. */
 struct role_setup {
-	uint8_t key[KEY_BYTES];
+	uint8_t *key;       /* (KEY_BYTES) the cluster key, the process's only
+			     * lasting copy: key_load_guarded's guarded, mlocked,
+			     * read-only pages; NULL until loaded */
 	uint8_t hash[CONFIG_HASH_BYTES];
 	struct job job;     /* W = [cluster] workers */
 };
 
-/* want_data 0 (a ps): the data is loaded only when [train] steps is unset,
- * for the step count the lr schedule runs over (job_load). -EINVAL for
- * anything the user must fix (key, model, data, a data set smaller than
- * one step). */
+/* Makes the process non-dumpable (role_harden), then loads the key, the
+ * config hash and the job. s must be zeroed first. want_data 0 (a ps): the
+ * data is loaded only when [train] steps is unset, for the step count the
+ * lr schedule runs over (job_load). -EINVAL for anything the user must fix
+ * (key, model, data, a data set smaller than one step), -EPERM if the
+ * process cannot be made non-dumpable. role_setup_free it on failure too. */
 int role_setup_load(struct role_setup *s, const struct config *c, int want_data, char *err,
 		    size_t errlen);
+/* Frees the job and wipes and frees the key. */
 void role_setup_free(struct role_setup *s);
+
+/* Makes this process non-dumpable (prctl PR_SET_DUMPABLE 0): no core dump,
+ * and no other process of the same user may ptrace it or read its memory
+ * through /proc/PID/mem; /proc/PID's files become root's. Called before a
+ * role loads the key: what is then in memory (the key's stack copies while
+ * it is read, handshake state, session keys on their way to guarded
+ * memory, the model) stays there. A debugger can still start pstrain
+ * itself (gdb --args pstrain ps ...): a tracer attached before the call
+ * keeps tracing. -EPERM and a line in err if the kernel refuses (only a
+ * sandbox that filters prctl would). */
+int role_harden(char *err, size_t errlen);
 
 /* One line to out, whole even when several threads log. */
 void role_log(FILE *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -4,6 +4,7 @@
 #include "sock.h"
 
 #include <errno.h>
+#include <sodium.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -16,10 +17,16 @@ static double now_s(void)
 	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-void conn_init(struct conn *cn, int fd, uint8_t *rbuf, uint8_t *wbuf, struct pipe *pp,
-	       int read_ms, int write_ms)
+int conn_init(struct conn *cn, int fd, uint8_t *rbuf, uint8_t *wbuf, struct pipe *pp,
+	      int read_ms, int write_ms)
 {
 	memset(cn, 0, sizeof(*cn));
+	/* Once per connection, not per handshake: a worker's links reconnect
+	 * in the same pages. An mlock beyond RLIMIT_MEMLOCK does not fail
+	 * this (see net/key.c). */
+	cn->keys = sodium_malloc(sizeof(*cn->keys));
+	if (cn->keys)
+		sodium_memzero(cn->keys, sizeof(*cn->keys)); /* sodium_malloc fills 0xdb */
 	cn->fd = fd;
 	cn->state = CONN_PENDING;
 	cn->rbuf = rbuf;
@@ -28,6 +35,7 @@ void conn_init(struct conn *cn, int fd, uint8_t *rbuf, uint8_t *wbuf, struct pip
 	cn->read_ms = read_ms;
 	cn->write_ms = write_ms;
 	pthread_mutex_init(&cn->mu, NULL);
+	return cn->keys ? 0 : -ENOMEM;
 }
 
 void conn_destroy(struct conn *cn)
@@ -35,6 +43,8 @@ void conn_destroy(struct conn *cn)
 	if (!cn->pp && cn->fd == 0)
 		return; /* zeroed, never initialized */
 	conn_close(cn);
+	sodium_free(cn->keys);
+	cn->keys = NULL;
 	pthread_mutex_destroy(&cn->mu);
 }
 
@@ -42,7 +52,9 @@ void conn_attach(struct conn *cn, int fd, const struct hs_result *hr)
 {
 	pthread_mutex_lock(&cn->mu);
 	cn->fd = fd;
-	cn->hr = *hr;
+	cn->keys->send = hr->send;
+	cn->keys->recv = hr->recv;
+	cn->hr.peer = hr->peer;
 	cn->state = CONN_AUTHENTICATED;
 	cn->last_send = now_s();
 	pthread_mutex_unlock(&cn->mu);
@@ -56,6 +68,10 @@ int conn_client(struct conn *cn, int fd, const uint8_t psk[HS_PSK_BYTES],
 	struct hs h;
 	struct hs_result hr;
 	char e[512];
+	if (!cn->keys) {
+		close(fd);
+		return err_set(err, errlen, -ENOMEM, "%s: out of memory for the session keys", who);
+	}
 	int r = hs_client_start(&h, hello1, psk, me, e, sizeof(e));
 	if (r) {
 		close(fd);
@@ -99,6 +115,8 @@ int conn_server(struct conn *cn, const uint8_t psk[HS_PSK_BYTES], const struct h
 	size_t outlen = 0;
 	char e[320];
 	int fd = cn->fd;
+	if (!cn->keys)
+		return err_set(err, errlen, -ENOMEM, "out of memory for the session keys");
 	int r = sock_read_full(fd, hello1, sizeof(hello1), hs_ms, e, sizeof(e));
 	if (r)
 		return err_set(err, errlen, r, "no handshake: %s", e);
@@ -120,8 +138,8 @@ void conn_close(struct conn *cn)
 		close(cn->fd);
 	cn->fd = -1;
 	cn->state = CONN_PENDING;
-	frame_key_wipe(&cn->hr.send);
-	frame_key_wipe(&cn->hr.recv);
+	if (cn->keys)
+		sodium_memzero(cn->keys, sizeof(*cn->keys));
 	pthread_mutex_unlock(&cn->mu);
 }
 
@@ -145,7 +163,7 @@ int conn_send(struct conn *cn, size_t len, char *err, size_t errlen)
 	pthread_mutex_lock(&cn->mu);
 	int r = conn_ready(cn, err, errlen);
 	if (!r)
-		r = sock_write_frame(cn->fd, &cn->hr.send, cn->wbuf, CONN_WBUF_BYTES, conn_msg(cn->wbuf),
+		r = sock_write_frame(cn->fd, &cn->keys->send, cn->wbuf, CONN_WBUF_BYTES, conn_msg(cn->wbuf),
 				     len, cn->write_ms, err, errlen);
 	cn->last_send = now_s();
 	pthread_mutex_unlock(&cn->mu);
@@ -159,7 +177,7 @@ int conn_send_idle(struct conn *cn, uint8_t *buf, size_t cap, size_t len, double
 	pthread_mutex_lock(&cn->mu);
 	double now = now_s();
 	if (cn->state == CONN_AUTHENTICATED && now - cn->last_send >= idle_s) {
-		r = sock_write_frame(cn->fd, &cn->hr.send, buf, cap, conn_msg(buf), len,
+		r = sock_write_frame(cn->fd, &cn->keys->send, buf, cap, conn_msg(buf), len,
 				     (int)(idle_s * 1000), err, errlen);
 		cn->last_send = now;
 		r = r ? r : 1;
@@ -180,7 +198,7 @@ void conn_send_error(struct conn *cn, uint32_t code, const char *text)
 int conn_recv(struct conn *cn, size_t *len, char *err, size_t errlen)
 {
 	int r = conn_ready(cn, err, errlen);
-	return r ? r : sock_read_frame(cn->fd, &cn->hr.recv, cn->rbuf, CONN_RBUF_BYTES, len,
+	return r ? r : sock_read_frame(cn->fd, &cn->keys->recv, cn->rbuf, CONN_RBUF_BYTES, len,
 				       cn->read_ms, err, errlen);
 }
 
@@ -199,7 +217,7 @@ int conn_send_tensor(struct conn *cn, const struct conn_chunk_tx *t, char *err, 
 	pthread_mutex_lock(&cn->mu);
 	int r = conn_ready(cn, err, errlen);
 	if (!r)
-		r = pipe_send(cn->pp, cn->fd, &cn->hr.send, msg_chunks(t->n), chunk_encode, (void *)t,
+		r = pipe_send(cn->pp, cn->fd, &cn->keys->send, msg_chunks(t->n), chunk_encode, (void *)t,
 			      cn->write_ms, err, errlen);
 	cn->last_send = now_s();
 	pthread_mutex_unlock(&cn->mu);
@@ -247,6 +265,6 @@ int conn_recv_rest(struct conn *cn, struct conn_chunk_rx *x, char *err, size_t e
 	if (msg_assembly_done(x->a))
 		return 0;
 	int r = conn_ready(cn, err, errlen);
-	return r ? r : pipe_recv(cn->pp, cn->fd, &cn->hr.recv, msg_chunks(x->a->n - x->a->received),
+	return r ? r : pipe_recv(cn->pp, cn->fd, &cn->keys->recv, msg_chunks(x->a->n - x->a->received),
 				 chunk_deliver, x, cn->read_ms, err, errlen);
 }

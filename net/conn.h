@@ -45,6 +45,15 @@ static inline size_t conn_msg_cap(size_t cap)
 	return cap - FRAME_HDR_BYTES - FRAME_TAG_BYTES;
 }
 
+/* A connection's session keys, in pages of their own: sodium_malloc'd by
+ * conn_init (guard pages on both sides, excluded from core dumps, mlocked
+ * so they never reach swap as far as RLIMIT_MEMLOCK allows: net/key.c says
+ * what happens past it), wiped by conn_close and on every failed
+ * handshake, freed by conn_destroy. */
+struct conn_keys {
+	struct frame_key send, recv;
+};
+
 enum conn_state {
 	CONN_PENDING,       /* no socket, or one not authenticated yet */
 	CONN_AUTHENTICATED, /* the handshake succeeded: frames may flow */
@@ -54,22 +63,30 @@ enum conn_state {
 struct conn {
 	int fd;                  /* -1: none; changes only under mu, by the owner */
 	_Atomic(enum conn_state) state; /* conn_shutdown sets it from any thread */
-	struct hs_result hr;     /* session keys and the peer, once authenticated */
+	struct conn_keys *keys;  /* the session keys: conn_init's, never NULL after
+				  * it succeeded; all zero but while authenticated */
+	struct {
+		struct hs_identity peer;
+	} hr;                    /* the handshake's result but its keys: the peer,
+				  * once authenticated */
 	uint8_t *rbuf;           /* (CONN_RBUF_BYTES) the caller's */
 	uint8_t *wbuf;           /* (CONN_WBUF_BYTES) the caller's; pp's first frame */
 	struct pipe *pp;         /* the caller's */
-	pthread_mutex_t mu;      /* sends: fd, hr.send, last_send, state */
+	pthread_mutex_t mu;      /* sends: fd, keys->send, last_send, state */
 	double last_send;        /* CLOCK_MONOTONIC seconds of the last frame sent */
 	int read_ms, write_ms;   /* deadline of one read; of one frame's write */
 };
 
 /* A pending connection over fd (-1: none yet; a server passes the accepted
  * socket, which the connection owns from now on) and the caller's buffers
- * and pipe (rbuf and wbuf may be set later, before the first frame). */
-void conn_init(struct conn *cn, int fd, uint8_t *rbuf, uint8_t *wbuf, struct pipe *pp,
-	       int read_ms, int write_ms);
-/* Closes and wipes; the mutex goes. Accepts a connection conn_init never
- * saw only if it is zeroed. */
+ * and pipe (rbuf and wbuf may be set later, before the first frame).
+ * Allocates the key pages: -ENOMEM if they cannot be had (the connection
+ * is still valid, owns fd, and must be conn_destroyed; its handshakes then
+ * fail with -ENOMEM), else 0. */
+int conn_init(struct conn *cn, int fd, uint8_t *rbuf, uint8_t *wbuf, struct pipe *pp,
+	      int read_ms, int write_ms);
+/* Closes, wipes and frees the keys; the mutex goes. Accepts a connection
+ * conn_init never saw only if it is zeroed. */
 void conn_destroy(struct conn *cn);
 
 /* Client: the handshake as `me` over fd, a connected socket the
@@ -77,8 +94,10 @@ void conn_destroy(struct conn *cn);
  * names the server in messages ("ps 1 (host:2223)"). -ENOLINK for a
  * server that closed or timed out without answering (it may have dropped
  * us as one of a flood: worth another try or two), -ECONNABORTED for one
- * that answered wrong or a failed write, or hs_client_start's error. The caller checks
- * cn->hr.peer. */
+ * that answered wrong or a failed write, -ENOMEM without key pages, or
+ * hs_client_start's error. The caller checks cn->hr.peer, and conn_closes a
+ * peer it refuses (which wipes the keys). No copy of a key outlives the
+ * call but those in cn->keys. */
 int conn_client(struct conn *cn, int fd, const uint8_t psk[HS_PSK_BYTES],
 		const struct hs_identity *me, int hs_ms, const char *who, char *err,
 		size_t errlen);
@@ -90,12 +109,13 @@ void conn_attach(struct conn *cn, int fd, const struct hs_result *hr);
 
 /* Server: reads HELLO1 from the connection's socket within hs_ms and
  * answers it; a peer failing the MAC gets no reply. err: "no handshake:
- * ..." or "handshake refused: ...". The caller checks cn->hr.peer. */
+ * ..." or "handshake refused: ...", or -ENOMEM without key pages. The
+ * caller checks cn->hr.peer and conn_closes a peer it refuses. */
 int conn_server(struct conn *cn, const uint8_t psk[HS_PSK_BYTES], const struct hs_identity *me,
 		int hs_ms, char *err, size_t errlen);
 
-/* Closes the socket and wipes the keys: pending again, ready for
- * conn_client. */
+/* Closes the socket and wipes the keys (the pages stay the connection's):
+ * pending again, ready for conn_client. */
 void conn_close(struct conn *cn);
 
 /* From another thread, without the send lock (a send may hold it while it

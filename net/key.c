@@ -2,6 +2,19 @@
  * checks ssh applies to a private key (key_load). The format and the rules are
  * in net/key.h. What the key is used for is the handshake's business.
  *
+ * Where a key lives in memory. key_generate and key_load_guarded keep it in
+ * sodium_malloc'd pages; key_load's and the handshake's stack copies live
+ * for one call and are wiped. sodium_malloc mlocks its pages, and mlocked
+ * pages count against RLIMIT_MEMLOCK (8 MiB by default on current kernels,
+ * 64 KiB on older ones; unlimited for root, which has CAP_IPC_LOCK). When
+ * the limit is reached, libsodium 1.0.18 (_sodium_malloc in
+ * sodium/utils.c) ignores mlock's failure and still returns the memory,
+ * already marked MADV_DONTDUMP and guarded: the key then works and stays
+ * out of core dumps, but may reach swap. So a low limit is never fatal
+ * here, nor for the per-connection session keys of net/conn.c and
+ * net/pipe.c (one page each): with a 64 KiB limit a ps with a few dozen
+ * connections runs on, its later keys merely swappable.
+ *
  * Both functions work on a file descriptor once the file is open: the type,
  * owner, mode and size that key_load checks are those of the file it then
  * reads (fstat, not stat then open), and key_generate's fchmod and fsync act
@@ -54,10 +67,16 @@ static const char *file_kind(mode_t m)
 
 int key_generate(const char *path, char *err, size_t errlen)
 {
-	uint8_t key[KEY_BYTES];
 	const char *what = NULL;
 	int r = 0;
 
+	/* Before the file exists, so that running out of memory leaves
+	 * nothing behind. */
+	uint8_t *key = sodium_malloc(KEY_BYTES);
+	if (!key) {
+		snprintf(err, errlen, "%s: out of memory for the key", path);
+		return -ENOMEM;
+	}
 	/* O_EXCL: never overwrite an existing key (whose loss would lock every
 	 * node out) and never follow a symlink planted at path. */
 	int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOCTTY, 0600);
@@ -68,6 +87,7 @@ int key_generate(const char *path, char *err, size_t errlen)
 				 "(remove it first to replace the key on every node)", path);
 		else
 			snprintf(err, errlen, "%s: cannot create: %s", path, strerror(-r));
+		sodium_free(key);
 		return r;
 	}
 	/* The mode given to open is filtered by the umask; 0600 is wanted
@@ -77,8 +97,8 @@ int key_generate(const char *path, char *err, size_t errlen)
 		what = "cannot set mode 0600";
 		goto fail;
 	}
-	randombytes_buf(key, sizeof(key));
-	r = write_full(fd, key, sizeof(key));
+	randombytes_buf(key, KEY_BYTES);
+	r = write_full(fd, key, KEY_BYTES);
 	if (r < 0) {
 		what = "cannot write";
 		goto fail;
@@ -96,11 +116,11 @@ int key_generate(const char *path, char *err, size_t errlen)
 		what = "cannot close";
 		goto fail;
 	}
-	sodium_memzero(key, sizeof(key));
+	sodium_free(key); /* wipes */
 	return 0;
 
 fail:
-	sodium_memzero(key, sizeof(key));
+	sodium_free(key);
 	if (fd >= 0)
 		close(fd);
 	unlink(path);
@@ -178,4 +198,30 @@ out:
 	sodium_memzero(buf, sizeof(buf));
 	close(fd);
 	return r;
+}
+
+int key_load_guarded(uint8_t **key, const char *path, char *err, size_t errlen)
+{
+	uint8_t *k = sodium_malloc(KEY_BYTES);
+	if (!k) {
+		snprintf(err, errlen, "%s: out of memory for the key", path);
+		return -ENOMEM;
+	}
+	int r = key_load(k, path, err, errlen);
+	if (r == 0 && sodium_mprotect_readonly(k) != 0) {
+		r = -errno;
+		snprintf(err, errlen, "%s: cannot make the key's memory read-only: %s", path,
+			 strerror(-r));
+	}
+	if (r) {
+		sodium_free(k);
+		return r;
+	}
+	*key = k;
+	return 0;
+}
+
+void key_free(uint8_t *key)
+{
+	sodium_free(key); /* makes it writable, wipes (sodium_munlock), unmaps */
 }

@@ -40,8 +40,22 @@ __attribute__((warn_unused_result))
 int key_generate(const char *path, char *err, size_t errlen);
 
 /* Reads the key at path into key after the checks above. key is written only
- * on success; the local copy is wiped on every path. */
+ * on success; the local copy is wiped on every path. A process that keeps
+ * the key uses key_load_guarded. */
 __attribute__((warn_unused_result))
 int key_load(uint8_t key[KEY_BYTES], const char *path, char *err, size_t errlen);
+
+/* key_load into memory of the key's own, for as long as a process holds the
+ * key: sodium_malloc'd (guard pages on both sides and a canary; excluded
+ * from core dumps by MADV_DONTDUMP; mlocked, so never written to swap, as
+ * far as RLIMIT_MEMLOCK allows: see key.c) and read-only once loaded, so a
+ * stray write faults instead of changing the key. *key is set only on
+ * success; key_free it. -ENOMEM if the memory cannot be had, else
+ * key_load's errors. */
+__attribute__((warn_unused_result))
+int key_load_guarded(uint8_t **key, const char *path, char *err, size_t errlen);
+
+/* Wipes and frees a key_load_guarded key. Accepts NULL. */
+void key_free(uint8_t *key);
 
 #endif

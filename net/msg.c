@@ -397,13 +397,30 @@ int msg_decode_done(const uint8_t *buf, size_t len, struct msg_done *out, char *
 
 /* ---- ERROR: 12 bytes + text -----------------------------------------------
  * 0 type, 1..4 reserved, 4 code u32 (nonzero), 8 text length u32 (0..256),
- * 12 text (no NUL, CR or LF; not NUL-terminated on the wire) */
+ * 12 text (printable ASCII 0x20..0x7e only; not NUL-terminated on the wire)
+ *
+ * Both sides print this text (the worker's log shows the ps's reason and the
+ * other way round), so it never carries a byte a terminal would act on: an
+ * escape sequence from a peer could rewrite the operator's screen or title,
+ * a CR hide the line it ends. The encoder replaces every byte outside
+ * 0x20..0x7e with '?', so that an error quoting a UTF-8 path or a peer's
+ * bytes still gets through, readable; the decoder refuses such a byte
+ * (-EPROTO, the byte named in hex), as it refuses any field our encoder
+ * never writes: only a broken or hostile peer sends one, and decode then
+ * encode gives back the same bytes. Rejected: replacing on decode too (it
+ * would hide that the peer is broken, and the text is the peer's last word
+ * before it closes anyway). */
+
+static int text_byte_ok(uint8_t c)
+{
+	return c >= 0x20 && c <= 0x7e;
+}
 
 /* Index of the first byte not allowed in an ERROR text, or n. */
 static size_t bad_text_byte(const uint8_t *t, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
-		if (t[i] == '\0' || t[i] == '\n' || t[i] == '\r')
+		if (!text_byte_ok(t[i]))
 			return i;
 	return n;
 }
@@ -419,15 +436,16 @@ int msg_encode_error(uint8_t *buf, size_t cap, uint32_t code, const char *text, 
 	if (n > WIRE_ERROR_TEXT_MAX)
 		return err_set(err, errlen, -EINVAL, "ERROR: text is longer than %u bytes",
 			    WIRE_ERROR_TEXT_MAX);
-	if (bad_text_byte((const uint8_t *)text, n) != n)
-		return err_set(err, errlen, -EINVAL, "ERROR: text holds a line break");
 	rc = check_cap(cap, MSG_ERROR_HDR_BYTES + n, WIRE_ERROR, err, errlen);
 	if (rc < 0)
 		return rc;
 	put_head(buf, WIRE_ERROR, MSG_ERROR_HDR_BYTES);
 	wire_put_u32(buf + 4, code);
 	wire_put_u32(buf + 8, (uint32_t)n);
-	memcpy(buf + MSG_ERROR_HDR_BYTES, text, n);
+	for (size_t i = 0; i < n; i++) {
+		uint8_t c = (uint8_t)text[i];
+		buf[MSG_ERROR_HDR_BYTES + i] = text_byte_ok(c) ? c : '?';
+	}
 	*len = MSG_ERROR_HDR_BYTES + n;
 	return 0;
 }

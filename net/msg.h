@@ -32,7 +32,7 @@
  *              output buffer is too small: -ENOBUFS)
  *   -EPROTO    wrong or unknown type byte, a reserved byte not zero, an
  *              unknown enum value, a count of 0 or above MSG_CHUNK_FLOATS,
- *              a bad ERROR text; a chunk out of order (gap, overlap, after
+ *              an ERROR text byte outside 0x20..0x7e; a chunk out of order (gap, overlap, after
  *              the end) or for another shard, version or worker
  *   -ERANGE    a chunk outside the tensor's range
  *   -EINVAL    (encoders) a field the sender may not send
@@ -158,8 +158,9 @@ struct msg_rollback {
 };
 
 /* ERROR: (code, text), after which the sender closes. code is a positive
- * errno-style number; text is at most WIRE_ERROR_TEXT_MAX bytes, one line
- * without NUL, CR or LF. Decoded, text is NUL-terminated. */
+ * errno-style number; text is at most WIRE_ERROR_TEXT_MAX bytes of
+ * printable ASCII (0x20..0x7e: no control byte, no escape sequence, so it
+ * is safe to print). Decoded, text is NUL-terminated. */
 struct msg_error {
 	uint32_t code;
 	char text[WIRE_ERROR_TEXT_MAX + 1];
@@ -175,7 +176,8 @@ MSG_MUST_CHECK int msg_type(const uint8_t *buf, size_t len, char *err, size_t er
  * Write one message to buf (cap bytes) and set *len to its length. -ENOBUFS
  * if cap is too small, -EINVAL for a field that may not be sent (count 0 or
  * above MSG_CHUNK_FLOATS, PARAMS with a worker, unknown ACK status, a STATUS
- * request with counters, a bad ERROR text), with nothing written to *len. */
+ * request with counters, an ERROR text over WIRE_ERROR_TEXT_MAX), with
+ * nothing written to *len. */
 
 MSG_MUST_CHECK int msg_encode_pull(uint8_t *buf, size_t cap, const struct msg_pull *m,
 				   size_t *len, char *err, size_t errlen);
@@ -197,7 +199,9 @@ MSG_MUST_CHECK int msg_encode_heartbeat(uint8_t *buf, size_t cap, const struct m
 					size_t *len, char *err, size_t errlen);
 MSG_MUST_CHECK int msg_encode_rollback(uint8_t *buf, size_t cap, const struct msg_rollback *m,
 				       size_t *len, char *err, size_t errlen);
-/* text is a C string (NUL-terminated); m->text is not used. */
+/* text is a C string (NUL-terminated); m->text is not used. Every byte
+ * outside 0x20..0x7e (a line break, an escape, UTF-8) is sent as '?', so
+ * any error text gets through; msg_decode_error refuses such a byte. */
 MSG_MUST_CHECK int msg_encode_error(uint8_t *buf, size_t cap, uint32_t code, const char *text,
 				    size_t *len, char *err, size_t errlen);
 

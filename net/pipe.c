@@ -11,10 +11,12 @@
  * Each job gets its own copy of the direction's frame_key with the counter
  * set to base + i: frame_key is single-threaded, and a copy per job is what
  * lets frame i be sealed before frame i-1 without changing its nonce. The
- * copies are wiped when the call ends. Every failure path first waits for
- * the jobs still running (they use the slots' buffers), then reports the
- * failure of the earliest frame: what went wrong first on the wire is what
- * the log says.
+ * copies live in the pipe's key pages (one per slot, sodium_malloc'd once
+ * by pipe_init, not per call: a ps moves many tensors a second), and each
+ * job wipes its own as soon as it has sealed or opened its frame. Every
+ * failure path first waits for the jobs still running (they use the slots'
+ * buffers), then reports the failure of the earliest frame: what went
+ * wrong first on the wire is what the log says.
  *
  * The window is one frame per pool thread plus the one on the wire:
  * enough to keep every thread busy with one connection, and what the
@@ -37,7 +39,7 @@
 struct pipe_slot {
 	struct cryptopool_job job;
 	uint8_t *buf; /* FRAME_BYTES_MAX */
-	struct frame_key k;
+	struct frame_key *k; /* in p->keys */
 	uint64_t i;
 	pipe_encode_fn enc; /* sealing */
 	void *ctx;
@@ -54,6 +56,14 @@ int pipe_init(struct pipe *p, struct cryptopool *pool, uint8_t *buf, size_t bufc
 	if (bufcap < FRAME_BYTES_MAX)
 		return err_set(err, errlen, -EINVAL, "pipe buffer of %zu bytes, need %zu", bufcap,
 			       (size_t)FRAME_BYTES_MAX);
+	if (pool && cryptopool_size(pool) > 1) {
+		size_t n = (size_t)cryptopool_size(pool) + 1; /* the most slots a call uses */
+		p->keys = sodium_allocarray(n, sizeof *p->keys);
+		if (!p->keys)
+			return err_set(err, errlen, -ENOMEM, "out of memory for %zu session key copies",
+				       n);
+		sodium_memzero(p->keys, n * sizeof *p->keys); /* sodium_malloc fills 0xdb */
+	}
 	p->pool = pool;
 	p->buf = buf;
 	pthread_cond_init(&p->wake, NULL);
@@ -67,6 +77,7 @@ void pipe_free(struct pipe *p)
 	for (int s = 1; s < p->nslots; s++)
 		free(p->slots[s].buf);
 	free(p->slots);
+	sodium_free(p->keys); /* wipes */
 	pthread_cond_destroy(&p->wake);
 	memset(p, 0, sizeof *p);
 }
@@ -92,6 +103,8 @@ static int slots_ready(struct pipe *p, uint64_t nframes, char *err, size_t errle
 	s[0].buf = p->buf;
 	for (int i = 1; i < p->nslots; i++)
 		s[i].buf = p->slots[i].buf;
+	for (int i = 0; i < want; i++)
+		s[i].k = &p->keys[i];
 	for (int i = p->nslots > 1 ? p->nslots : 1; i < want; i++) {
 		s[i].buf = malloc(FRAME_BYTES_MAX);
 		if (!s[i].buf) {
@@ -115,22 +128,24 @@ static void seal_run(void *arg)
 	uint8_t *msg = s->buf + FRAME_HDR_BYTES;
 	s->rc = s->enc(s->ctx, s->i, msg, FRAME_MAX, &len, s->err, sizeof s->err);
 	if (s->rc == 0)
-		s->rc = frame_seal(&s->k, s->buf, FRAME_BYTES_MAX, msg, len, &s->len, s->err,
+		s->rc = frame_seal(s->k, s->buf, FRAME_BYTES_MAX, msg, len, &s->len, s->err,
 				   sizeof s->err);
+	frame_key_wipe(s->k);
 }
 
 static void open_run(void *arg)
 {
 	struct pipe_slot *s = arg;
-	s->rc = frame_open(&s->k, s->hdr, s->buf, s->len, s->buf, FRAME_BYTES_MAX, &s->len,
+	s->rc = frame_open(s->k, s->hdr, s->buf, s->len, s->buf, FRAME_BYTES_MAX, &s->len,
 			   s->err, sizeof s->err);
+	frame_key_wipe(s->k);
 }
 
 static void slot_submit(struct pipe *p, struct pipe_slot *s, const struct frame_key *k,
 			uint64_t i, void (*run)(void *))
 {
-	s->k = *k;
-	s->k.counter = k->counter + i;
+	*s->k = *k;
+	s->k->counter = k->counter + i;
 	s->i = i;
 	s->rc = 0;
 	s->err[0] = '\0';
@@ -139,13 +154,11 @@ static void slot_submit(struct pipe *p, struct pipe_slot *s, const struct frame_
 	cryptopool_submit(p->pool, &s->job, &p->wake);
 }
 
-/* Waits for the jobs of frames [from, to) and wipes every slot's key. */
+/* Waits for the jobs of frames [from, to) (each wiped its key copy). */
 static void slots_drain(struct pipe *p, uint64_t from, uint64_t to)
 {
 	for (uint64_t i = from; i < to; i++)
 		cryptopool_wait(p->pool, &p->slots[i % (uint64_t)p->nslots].job);
-	for (int s = 0; s < p->nslots; s++)
-		sodium_memzero(&p->slots[s].k, sizeof p->slots[s].k);
 }
 
 /* ---- sending ------------------------------------------------------------- */

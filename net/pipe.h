@@ -22,7 +22,8 @@
  * buffer. With a pool of T threads a pipe allocates up to T more frame
  * buffers (FRAME_BYTES_MAX each, ~1 MiB; no more than the longest tensor
  * it moved has frames, less one) when it first runs in parallel, and keeps
- * them until pipe_free.
+ * them until pipe_free; and, at pipe_init, one guarded page for the
+ * jobs' key copies.
  *
  * A pipe is used by one thread at a time; its connection's frame_keys must
  * not be used by anyone else during a call. Errors: 0 or a negative errno
@@ -49,6 +50,11 @@ struct pipe {
 	uint8_t *buf;            /* the caller's (FRAME_BYTES_MAX bytes) */
 	struct pipe_slot *slots; /* parallel only, from the first use */
 	int nslots;
+	struct frame_key *keys;  /* (pool threads + 1) parallel only: each job's
+				  * copy of the direction's key, sodium_malloc'd
+				  * by pipe_init (guarded, mlocked as far as
+				  * RLIMIT_MEMLOCK allows, see net/key.c); all
+				  * zero but while a job runs */
 	pthread_cond_t wake;     /* this pipe's jobs are done */
 };
 
@@ -66,11 +72,12 @@ typedef int (*pipe_deliver_fn)(void *ctx, uint64_t i, const uint8_t *msg, size_t
 
 /* pool may be NULL. buf (bufcap >= FRAME_BYTES_MAX bytes) stays the
  * caller's; the pipe uses it as its first frame buffer. -EINVAL if bufcap
- * is too small. */
+ * is too small, -ENOMEM if a pool's key pages cannot be had. */
 PIPE_MUST_CHECK int pipe_init(struct pipe *p, struct cryptopool *pool, uint8_t *buf,
 			      size_t bufcap, char *err, size_t errlen);
 
-/* Frees what the pipe allocated (not buf, not the pool). Accepts NULL. */
+/* Frees what the pipe allocated (not buf, not the pool), the key pages
+ * wiped. Accepts NULL, and a pipe whose pipe_init failed. */
 void pipe_free(struct pipe *p);
 
 /* Sends nframes messages (from enc) as nframes frames sealed with tx, in

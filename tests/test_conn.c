@@ -44,7 +44,7 @@ static void side_init(struct side *s, int fd, enum hs_role role, uint32_t index,
 	s->wbuf = malloc(CONN_WBUF_BYTES);
 	cr_assert(s->rbuf && s->wbuf);
 	cr_assert_eq(pipe_init(&s->pp, NULL, s->wbuf, CONN_WBUF_BYTES, NULL, 0), 0);
-	conn_init(&s->cn, fd, s->rbuf, s->wbuf, &s->pp, 5000, 5000);
+	cr_assert_eq(conn_init(&s->cn, fd, s->rbuf, s->wbuf, &s->pp, 5000, 5000), 0);
 	memset(s->psk, key, sizeof(s->psk));
 	s->me.role = role;
 	s->me.index = index;
@@ -104,7 +104,7 @@ Test(conn, handshake_and_one_message_each_way)
 	char e[256];
 	/* Nothing flows before the handshake. */
 	struct conn idle;
-	conn_init(&idle, -1, NULL, NULL, NULL, 100, 100);
+	cr_assert_eq(conn_init(&idle, -1, NULL, NULL, NULL, 100, 100), 0);
 	cr_assert_eq(idle.state, CONN_PENDING);
 	cr_assert_eq(conn_send(&idle, 1, e, sizeof(e)), -ENOTCONN);
 	conn_destroy(&idle);

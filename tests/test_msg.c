@@ -621,8 +621,9 @@ Test(msg, bad_field_values)
 	err[0] = '\0';
 	assert_refused(msg_decode_error(buf, len, &e, err, sizeof err), -EPROTO, err, "ERROR",
 		       "error code 0");
-	const uint8_t bad[] = { '\0', '\n', '\r' };
-	for (size_t i = 0; i < 3; i++) {
+	/* Outside printable ASCII (hygiene/error_text_* tests every byte). */
+	const uint8_t bad[] = { '\0', '\n', '\r', 0x1b, 0x7f, 0x80, 0xff };
+	for (size_t i = 0; i < sizeof bad; i++) {
 		len = sample(WIRE_ERROR, buf, sizeof buf);
 		buf[MSG_ERROR_HDR_BYTES + 5] = bad[i];
 		err[0] = '\0';
@@ -699,9 +700,6 @@ Test(msg, encoders_refuse)
 	err[0] = '\0';
 	assert_refused(msg_encode_error(buf, sizeof buf, 0, "x", &len, err, sizeof err), -EINVAL,
 		       err, "ERROR", "error code 0");
-	err[0] = '\0';
-	assert_refused(msg_encode_error(buf, sizeof buf, 5, "two\nlines", &len, err, sizeof err),
-		       -EINVAL, err, "ERROR", "error newline");
 	memset(longtext, 'x', sizeof longtext - 1);
 	longtext[sizeof longtext - 1] = '\0';
 	err[0] = '\0';

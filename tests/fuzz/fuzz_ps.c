@@ -1,0 +1,240 @@
+/* Stateful libFuzzer harness for the ps's message handling (issue 13 item
+ * 6): a key holder's whole conversation with a fresh ps, through a
+ * connection the harness hands over already authenticated
+ * (cluster/ps_harness.h), so every input runs the production path: key
+ * confirmation, every handler, ERROR replies, shard updates, checkpoints
+ * and rollbacks on disk.
+ *
+ * The input is a list of records, [kind u8][len u8][len bytes], each
+ * turned into bytes on the worker's side of a socketpair:
+ *   kind % 10 == 0  the bytes as a message, sealed in a frame
+ *               1   the bytes raw on the wire (a broken frame layer)
+ *               2   PULL(version from the bytes)
+ *               3   PUSH chunk (offset, count, version, worker from the
+ *                   bytes; the floats from the bytes: NaN and inf too)
+ *               4   CHECKPOINT(step)   5 ROLLBACK(step)
+ *               6   STATUS request     7 DONE(leaving)
+ *               8   HEARTBEAT          9 ERROR(text)
+ * then the worker's side shuts its writing half and the ps serves until
+ * the end. After each input the ps must be sound: every parameter
+ * finite, not stopped by its peer, no connection left (ps_harness_check);
+ * sanitizers catch the rest. One worker, sync: a PULL never waits for
+ * another worker. */
+#include "../../base/err.h"
+#include "../../cluster/ps_harness.h"
+#include "../../core/config.h"
+#include "../../net/frame.h"
+#include "../../net/key.h"
+#include "../../net/msg.h"
+#include "fuzz.h"
+
+#include <errno.h>
+#include <ftw.h>
+#include <signal.h>
+#include <sodium.h>
+#include <sys/socket.h>
+
+static char dir[64];
+static char ckpt[96];
+static struct config cfg;
+static FILE *devnull;
+static uint8_t wire[1 << 20];
+
+static void write_text(const char *name, const char *text)
+{
+	char path[128];
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	FILE *f = fopen(path, "w");
+	FUZZ_CHECK(f && fputs(text, f) >= 0 && fclose(f) == 0);
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+	(void)argc;
+	(void)argv;
+	char err[1024], path[128];
+	FUZZ_CHECK(sodium_init() >= 0);
+	signal(SIGPIPE, SIG_IGN);
+	snprintf(dir, sizeof(dir), "/tmp/pstrain-fuzz-ps-XXXXXX");
+	FUZZ_CHECK(mkdtemp(dir));
+	snprintf(ckpt, sizeof(ckpt), "%s/ckpt", dir);
+	snprintf(path, sizeof(path), "%s/cluster.key", dir);
+	FUZZ_CHECK(key_generate(path, err, sizeof(err)) == 0);
+	write_text("blobs.csv", "0,1,2\n1,2,3\n2,3,4\n0,1,1\n");
+	char ini[1024];
+	snprintf(ini, sizeof(ini),
+		 "[cluster]\nps = 127.0.0.1:1\nworkers = 127.0.0.1:2\nkey_file = %s/cluster.key\n"
+		 "peer_timeout = 1\n"
+		 "[data]\nformat = csv\ntrain_csv = %s/blobs.csv\nlabel_column = first\n"
+		 "[train]\nsteps = 1000\nbatch_size = 2\nlearning_rate = 0.05\noptimizer = adam\n"
+		 "checkpoint_dir = %s\nthreads = 1\n"
+		 "[model]\ninput = 2\nlayer = dense 4\nlayer = relu\nlayer = dense 3\n",
+		 dir, dir, ckpt);
+	write_text("cluster.ini", ini);
+	snprintf(path, sizeof(path), "%s/cluster.ini", dir);
+	FUZZ_CHECK(config_load(&cfg, path, NULL, 0, err, sizeof(err)) == 0);
+	devnull = getenv("FUZZ_PS_LOG") ? stderr : fopen("/dev/null", "w");
+	FUZZ_CHECK(devnull);
+	return 0;
+}
+
+static int rm_one(const char *p, const struct stat *st, int flag, struct FTW *ftw)
+{
+	(void)st, (void)flag, (void)ftw;
+	return remove(p);
+}
+
+/* Little-endian integers from the record, zero past its end. */
+static uint64_t take(const uint8_t *b, size_t n, size_t at, int bytes)
+{
+	uint64_t v = 0;
+	for (int i = 0; i < bytes; i++)
+		if (at + (size_t)i < n)
+			v |= (uint64_t)b[at + (size_t)i] << (8 * i);
+	return v;
+}
+
+/* The message of one record into msg (cap bytes); its length, or 0 for
+ * none (a record whose fields the encoder refuses). */
+static size_t record_msg(int kind, const uint8_t *b, size_t n, uint8_t *msg, size_t cap)
+{
+	char err[256];
+	size_t len = 0;
+	int r = -1;
+	switch (kind) {
+	case 0:
+		memcpy(msg, b, n);
+		return n;
+	case 2: {
+		struct msg_pull p = { .shard = 0, .version = take(b, n, 0, 1) == 0xff
+							       ? MSG_VERSION_LATEST : take(b, n, 1, 2) };
+		r = msg_encode_pull(msg, cap, &p, &len, err, sizeof(err));
+		break;
+	}
+	case 3: {
+		static float f[64];
+		struct msg_chunk ch = { .type = WIRE_PUSH, .shard = 0, .worker = (uint32_t)take(b, n, 0, 1) % 2,
+					.version = take(b, n, 1, 1), .offset = take(b, n, 2, 1),
+					.count = 1 + take(b, n, 3, 1) % 64 };
+		for (uint64_t i = 0; i < ch.count; i++) {
+			uint32_t u = (uint32_t)take(b, n, 4 + 4 * i, 4);
+			memcpy(&f[i], &u, 4);
+		}
+		r = msg_encode_chunk(msg, cap, &ch, f, &len, err, sizeof(err));
+		break;
+	}
+	case 4: {
+		struct msg_checkpoint c = { .step = take(b, n, 0, 2) };
+		r = msg_encode_checkpoint(msg, cap, &c, &len, err, sizeof(err));
+		break;
+	}
+	case 5: {
+		struct msg_rollback c = { .step = take(b, n, 0, 2) };
+		r = msg_encode_rollback(msg, cap, &c, &len, err, sizeof(err));
+		break;
+	}
+	case 6: {
+		struct msg_status s = { .shard = (uint32_t)take(b, n, 0, 1) % 2 };
+		r = msg_encode_status(msg, cap, &s, &len, err, sizeof(err));
+		break;
+	}
+	case 7: {
+		struct msg_done d = { .worker = (uint32_t)take(b, n, 0, 1) % 2,
+				      .leaving = (uint8_t)(take(b, n, 1, 1) & 1) };
+		r = msg_encode_done(msg, cap, &d, &len, err, sizeof(err));
+		break;
+	}
+	case 8: {
+		struct msg_heartbeat h;
+		memset(&h, 0, sizeof(h));
+		r = msg_encode_heartbeat(msg, cap, &h, &len, err, sizeof(err));
+		break;
+	}
+	case 9: {
+		char text[64];
+		size_t k = n < sizeof(text) - 1 ? n : sizeof(text) - 1;
+		memcpy(text, b, k);
+		text[k] = 0;
+		r = msg_encode_error(msg, cap, 1 + (uint32_t)take(b, n, 0, 1), text, &len, err, sizeof(err));
+		break;
+	}
+	}
+	return r == 0 ? len : 0;
+}
+
+/* The worker's bytes for the whole input into wire; their length. */
+static size_t conversation(const uint8_t *data, size_t size, struct frame_key *tx)
+{
+	static uint8_t msg[4096];
+	size_t at = 0, out = 0;
+	while (at + 2 <= size && out + FRAME_SEALED_BYTES(sizeof(msg)) < sizeof(wire)) {
+		int kind = data[at] % 10;
+		size_t n = data[at + 1];
+		const uint8_t *b = data + at + 2;
+		if (n > size - at - 2)
+			n = size - at - 2;
+		at += 2 + n;
+		if (kind == 1) {
+			memcpy(wire + out, b, n);
+			out += n;
+			continue;
+		}
+		size_t len = record_msg(kind, b, n, msg, sizeof(msg));
+		size_t flen;
+		char err[256];
+		if (len && frame_seal(tx, wire + out, sizeof(wire) - out, msg, len, &flen, err,
+				      sizeof(err)) == 0)
+			out += flen;
+	}
+	return out;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	char err[512];
+	struct ps_harness *h = NULL;
+	nftw(ckpt, rm_one, 8, FTW_DEPTH | FTW_PHYS);
+	FUZZ_CHECK(ps_harness_open(&h, &cfg, 0, devnull, err, sizeof(err)) == 0);
+
+	/* One key per direction, as a handshake would have made. */
+	uint8_t k1[FRAME_KEY_BYTES], k2[FRAME_KEY_BYTES];
+	memset(k1, 0x11, sizeof(k1));
+	memset(k2, 0x22, sizeof(k2));
+	struct frame_key wtx, wrx;
+	struct hs_result hr;
+	memset(&hr, 0, sizeof(hr));
+	FUZZ_CHECK(frame_key_init(&wtx, k1, FRAME_CHACHA20POLY1305) == 0);
+	FUZZ_CHECK(frame_key_init(&wrx, k2, FRAME_CHACHA20POLY1305) == 0);
+	FUZZ_CHECK(frame_key_init(&hr.recv, k1, FRAME_CHACHA20POLY1305) == 0);
+	FUZZ_CHECK(frame_key_init(&hr.send, k2, FRAME_CHACHA20POLY1305) == 0);
+	hr.peer.role = HS_WORKER;
+
+	int sp[2];
+	FUZZ_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) == 0);
+	int big = 4 << 20;
+	setsockopt(sp[0], SOL_SOCKET, SO_SNDBUF, &big, sizeof(big));
+	setsockopt(sp[1], SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
+	setsockopt(sp[1], SOL_SOCKET, SO_SNDBUF, &big, sizeof(big));
+	setsockopt(sp[0], SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
+	size_t n = conversation(data, size, &wtx);
+	size_t done = 0;
+	while (done < n) {
+		ssize_t w = send(sp[0], wire + done, n - done, MSG_NOSIGNAL);
+		FUZZ_CHECK(w > 0);
+		done += (size_t)w;
+	}
+	shutdown(sp[0], SHUT_WR);
+
+	int sr = ps_harness_serve(h, sp[1], &hr, 0);
+	if (getenv("FUZZ_PS_LOG"))
+		fprintf(stderr, "fuzz_ps: %zu bytes in, served: %d\n", n, sr);
+	int r = ps_harness_check(h, err, sizeof(err));
+	if (r)
+		fprintf(stderr, "fuzz_ps: %s\n", err);
+	FUZZ_CHECK(r == 0);
+	close(sp[0]);
+	ps_harness_close(h);
+	frame_key_wipe(&hr.send);
+	frame_key_wipe(&hr.recv);
+	return 0;
+}

@@ -109,7 +109,7 @@ Q :=
 say :=
 endif
 
-.PHONY: all deps test unit test-cpu asan demo bench fuzz clean summary FORCE
+.PHONY: all deps deps-test test unit test-cpu asan demo bench fuzz clean summary FORCE
 .DEFAULT_GOAL := all
 
 all: deps summary $(BIN)
@@ -152,10 +152,15 @@ unit: deps summary $(BIN) $(TEST_BIN)
 
 # What CI runs: the default build's suite, then the CPU-only build's, then
 # the suite under AddressSanitizer + UndefinedBehaviorSanitizer.
-test: unit
+test: deps-test unit
 	$(Q)$(MAKE) --no-print-directory test-cpu
 	$(Q)$(MAKE) --no-print-directory asan
-	@echo "make test: all suites passed (default build: $(GPU_DESC); CPU-only; ASan+UBSan)"
+	$(Q)$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(FUZZ_CI_SECONDS)
+	@echo "make test: all suites passed (default build: $(GPU_DESC); CPU-only; ASan+UBSan; every fuzzer $(FUZZ_CI_SECONDS) s)"
+
+# Each fuzzer's run in `make test`: long enough to replay its corpus and
+# find what a change broke near the seeds, short enough for CI.
+FUZZ_CI_SECONDS ?= 5
 
 test-cpu:
 	$(Q)$(MAKE) --no-print-directory CUDA=0 BUILD=build/cpu BIN=build/cpu/pstrain unit
@@ -200,10 +205,13 @@ bench: all $(BENCH_BIN)
 	./bench/cpu_mlp
 
 # Installs only what is missing. Needs root (or sudo) the first time.
+# The test tools (clang and its libFuzzer runtime, for `make fuzz`) only
+# for `make test`, not for the demo.
 DEB_PACKAGES := gcc make libc6-dev libinih-dev libsodium-dev libcriterion-dev \
 	libopenblas-dev zlib1g-dev dataset-fashion-mnist
-deps:
-	@missing=""; for p in $(DEB_PACKAGES); do \
+TEST_DEB_PACKAGES := clang libclang-rt-14-dev
+define install_missing
+	@missing=""; for p in $(1); do \
 		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
 	done; \
 	if [ -n "$$missing" ]; then \
@@ -214,6 +222,11 @@ deps:
 		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null \
 		|| { echo "deps: apt-get install$$missing failed" >&2; exit 1; }; \
 	fi
+endef
+deps:
+	$(call install_missing,$(DEB_PACKAGES))
+deps-test:
+	$(call install_missing,$(DEB_PACKAGES) $(TEST_DEB_PACKAGES))
 
 # ---- fuzzing: `make fuzz` ------------------------------------------------
 # A libFuzzer harness per parser (tests/fuzz/fuzz_*.c), built with clang

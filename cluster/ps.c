@@ -658,8 +658,8 @@ static void ps_close(struct ps *ps)
 	psshard_free(&ps->sh);
 }
 
-/* How the ps ends: interrupted, stopped (a lost worker, a failed
- * rollback), or every worker done. */
+/* How the ps ends: interrupted, stopped (a lost worker did not come
+ * back), or every worker done. */
 static int ps_result(struct ps *ps, const volatile sig_atomic_t *stop, char *err, size_t errlen)
 {
 	if (*stop)

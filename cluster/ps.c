@@ -82,6 +82,8 @@ struct ps_conn {
 	int pushed;      /* a whole gradient arrived on this connection */
 	int said_done;   /* the last word was DONE: a closed connection is no failure */
 	int first_pull;
+	int quiet;       /* it failed in the transport, or the peer sent ERROR: nothing to answer */
+	int refused;     /* it ended with an ERROR from this ps (ps_refuse) */
 	char peer[SOCK_ADDR_STRLEN];
 	float *grad, *snap;      /* (n) a PUSH being assembled; the shard copied for PARAMS */
 	struct pipe pp;          /* the chunks of a tensor, sealed/opened on ps->pool */
@@ -91,7 +93,9 @@ struct ps_conn {
 
 /* What a handler returns besides 0 (the next message) and a negative
  * errno (the connection fails, err says why): the connection ends without
- * failing (the ps stops and the worker was told). */
+ * failing (the ps stops and the worker was told). A failure is a request
+ * this ps does not honour, answered with an ERROR (ps_refuse), unless the
+ * handler marked it as the transport's (ps_io). */
 #define PS_END 1
 
 typedef int (*ps_handler)(struct ps_conn *cn, size_t len, char *err, size_t errlen);
@@ -103,6 +107,16 @@ static uint8_t *reply_buf(struct ps_conn *cn)
 }
 
 #define REPLY_CAP conn_msg_cap(CONN_WBUF_BYTES)
+
+/* The result r of a send or receive on cn: a failure there is the
+ * transport's (a frame that does not open, a reset, a timeout), which gets
+ * no ERROR: the peer is gone, or stalled, and an answer would only wait
+ * write_timeout for nothing. */
+static int ps_io(struct ps_conn *cn, int r)
+{
+	cn->quiet |= r != 0;
+	return r;
+}
 
 /* A HEARTBEAT for a worker waiting on a sync PULL: which workers' gradients
  * for the shard's version have not arrived (under ps->mu). */
@@ -136,7 +150,7 @@ static int pull_wait(struct ps_conn *cn, uint64_t want, char *err, size_t errlen
 		pthread_mutex_unlock(&ps->mu);
 		int r = msg_encode_heartbeat(reply_buf(cn), REPLY_CAP, &hb, &len, err, errlen);
 		if (!r)
-			r = conn_send(&cn->conn, len, err, errlen);
+			r = ps_io(cn, conn_send(&cn->conn, len, err, errlen));
 		if (r)
 			return r;
 		pthread_mutex_lock(&ps->mu);
@@ -184,35 +198,48 @@ static int on_pull(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 	}
 	struct conn_chunk_tx t = { .type = WIRE_PARAMS, .shard = (uint32_t)ps->index, .version = v,
 				   .src = cn->snap, .n = n };
-	return conn_send_tensor(&cn->conn, &t, err, errlen);
+	return ps_io(cn, conn_send_tensor(&cn->conn, &t, err, errlen));
 }
 
-/* A whole gradient has arrived: applied under the lock, then ACKed. */
+/* A whole gradient has arrived: applied under the lock, then ACKed. One
+ * with a NaN or an infinity is refused (psshard_push checks as it copies
+ * or before it applies), the shard untouched; an honest worker checks
+ * before it pushes, so this is a broken or hostile one. */
 static int push_apply(struct ps_conn *cn, char *err, size_t errlen)
 {
 	struct ps *ps = cn->ps;
 	enum psshard_outcome oc = PSSHARD_STALE;
-	size_t len;
+	size_t len, n = ps->sh.n;
 	cn->assembling = 0;
-	cn->pushed = 1;
 	pthread_mutex_lock(&ps->mu);
 	int r = psshard_push(&ps->sh, cn->w, cn->a.version, cn->grad, &oc);
+	cn->pushed |= r == 0 || r == -EALREADY;
 	uint64_t v = psshard_version(&ps->sh);
 	ps_store_pushed(&ps->store);
 	pthread_cond_broadcast(&ps->cv);
 	pthread_mutex_unlock(&ps->mu);
 	struct msg_ack ack = { .shard = (uint32_t)ps->index, .version = v };
-	if (r == -EALREADY)
+	if (r == -EALREADY) {
 		ack.status = MSG_ACK_DUPLICATE;
-	else if (r)
+	} else if (r == -EDOM) {
+		size_t i = psshard_nonfinite(cn->grad, n);
+		float x = i < n ? cn->grad[i] : 0;
+		return err_set(err, errlen, r, "PUSH for version %llu refused: gradient element %zu (parameter %zu) is %s",
+			       (unsigned long long)cn->a.version, i, ps->sh.range.begin + i,
+			       isnan(x) ? "NaN" : x > 0 ? "+inf" : "-inf");
+	} else if (r == -ERANGE) {
+		return err_set(err, errlen, -EPROTO, "PUSH for version %llu refused: the shard is at version %llu",
+			       (unsigned long long)cn->a.version, (unsigned long long)v);
+	} else if (r) {
 		return err_set(err, errlen, -EPROTO, "PUSH for version %llu refused: %s",
 			       (unsigned long long)cn->a.version, strerror(-r));
-	else
+	} else {
 		ack.status = oc == PSSHARD_APPLIED ? MSG_ACK_APPLIED
 			     : oc == PSSHARD_WAITING ? MSG_ACK_ACCEPTED
 						     : MSG_ACK_STALE;
+	}
 	r = msg_encode_ack(reply_buf(cn), REPLY_CAP, &ack, &len, err, errlen);
-	return r ? r : conn_send(&cn->conn, len, err, errlen);
+	return r ? r : ps_io(cn, conn_send(&cn->conn, len, err, errlen));
 }
 
 /* PUSH (or PARAMS, refused by the assembly): the first chunk here, the
@@ -243,7 +270,7 @@ static int on_push(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 					   .dst = cn->grad };
 		r = conn_recv_rest(&cn->conn, &x, err, errlen);
 		if (r)
-			return r;
+			return x.bad ? r : ps_io(cn, r);
 		if (!msg_assembly_done(&cn->a))
 			return 0;
 	}
@@ -265,8 +292,13 @@ static int on_checkpoint(struct ps_conn *cn, size_t len, char *err, size_t errle
 
 /* ROLLBACK: ps_store does the restoring, under ps->mu, so no push or pull
  * sees a half restored shard; waiting PULLs are woken (ps->gen) and
- * answered with the restored version. A checkpoint this ps cannot load
- * stops it. */
+ * answered with the restored version. A rollback that fails (no such
+ * checkpoint, or one that does not load) leaves the shard untouched and is
+ * refused: this connection ends with an ERROR, and the ps goes on serving
+ * the others. It used to stop the ps, which let any key holder stop one
+ * with a step that has no checkpoint; an honest worker refused here exits
+ * with the reason, so a checkpoint that truly cannot be loaded still ends
+ * the run (docs/PROTOCOL.md, "Failures"). */
 static int on_rollback(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 {
 	struct ps *ps = cn->ps;
@@ -279,23 +311,17 @@ static int on_rollback(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 	pthread_mutex_lock(&ps->mu);
 	uint64_t v = psshard_version(&ps->sh);
 	r = ps_store_rollback(&ps->store, &step, e, sizeof(e));
-	if (r == 1) {
-		pthread_mutex_unlock(&ps->mu);
+	if (r == 0) {
+		ps->gen++;
+		pthread_cond_broadcast(&ps->cv);
+	}
+	pthread_mutex_unlock(&ps->mu);
+	if (r < 0)
+		return err_set(err, errlen, r, "cannot roll back to step %llu: %s",
+			       (unsigned long long)rb.step, e);
+	if (r == 1)
 		role_log(ps->out, "ps %d: ROLLBACK to step %llu: already there", ps->index,
 			 (unsigned long long)step);
-		return 0;
-	}
-	if (r) {
-		ps->aborted = 1;
-		snprintf(ps->why, sizeof(ps->why), "cannot roll back to step %llu: %.300s",
-			 (unsigned long long)step, e);
-	} else {
-		ps->gen++;
-	}
-	pthread_cond_broadcast(&ps->cv);
-	pthread_mutex_unlock(&ps->mu);
-	if (r)
-		role_log(ps->out, "ps %d: %s", ps->index, ps->why);
 	else
 		role_log(ps->out, "ps %d: rolled back from version %llu to step %llu, where a restarted ps resumed",
 			 ps->index, (unsigned long long)v, (unsigned long long)step);
@@ -328,7 +354,7 @@ static int on_status(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 				  .complete = (uint8_t)members_complete(&ps->mb) };
 	pthread_mutex_unlock(&ps->mu);
 	r = msg_encode_status(reply_buf(cn), REPLY_CAP, &ans, &len, err, errlen);
-	return r ? r : conn_send(&cn->conn, len, err, errlen);
+	return r ? r : ps_io(cn, conn_send(&cn->conn, len, err, errlen));
 }
 
 static int on_done(struct ps_conn *cn, size_t len, char *err, size_t errlen)
@@ -353,7 +379,10 @@ static int on_error(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 {
 	struct msg_error me;
 	int r = msg_decode_error(cn->conn.rbuf, len, &me, err, errlen);
-	return r ? r : err_set(err, errlen, -ECONNABORTED, "it reported: %s", me.text);
+	if (r)
+		return r;
+	cn->quiet = 1; /* it closes: an ERROR back would cross its own */
+	return err_set(err, errlen, -ECONNABORTED, "it reported: %s", me.text);
 }
 
 static const struct {
@@ -428,6 +457,24 @@ static int ps_confirm(struct ps_conn *cn, char *err, size_t errlen)
 	return 0;
 }
 
+/* A request this ps does not honour (malformed, of a type a ps never
+ * takes, or refused by its handler: a failed ROLLBACK, a CHECKPOINT from a
+ * non-chief, a chunk out of range, a NaN in a gradient) ends the
+ * connection with an ERROR carrying the reason, so that the worker can say
+ * why it stops; ps_left logs the same reason with the worker and the peer.
+ * The shard is untouched and the ps serves the others on. A failure of
+ * the transport (cn->quiet) gets no ERROR. Returns r. */
+static int ps_refuse(struct ps_conn *cn, int r, const char *why)
+{
+	if (cn->quiet)
+		return r;
+	char text[WIRE_ERROR_TEXT_MAX + 1];
+	snprintf(text, sizeof(text), "%.*s", (int)WIRE_ERROR_TEXT_MAX, why);
+	conn_send_error(&cn->conn, (uint32_t)-r, text);
+	cn->refused = 1;
+	return r;
+}
+
 /* Serves one authenticated worker until it leaves. Returns 0 when it said
  * DONE (or left after DONE, or the ps stops), else a negative errno with
  * the reason in err. */
@@ -458,19 +505,19 @@ static int ps_serve(struct ps_conn *cn, char *err, size_t errlen)
 		}
 		r = msg_type(cn->conn.rbuf, len, err, errlen);
 		if (r < 0)
-			return r;
+			return ps_refuse(cn, r, err);
 		ps_handler fn = NULL;
 		for (size_t i = 0; i < sizeof(ps_handlers) / sizeof(ps_handlers[0]) && !fn; i++)
 			if (ps_handlers[i].type == r)
 				fn = ps_handlers[i].fn;
 		if (!fn)
-			return err_set(err, errlen, -EPROTO, "unexpected %s message",
-				       wire_msg_name((uint8_t)r));
+			return ps_refuse(cn, err_set(err, errlen, -EPROTO, "unexpected %s message",
+						     wire_msg_name((uint8_t)r)), err);
 		r = fn(cn, len, err, errlen);
 		if (r == PS_END)
 			return 0;
 		if (r)
-			return r;
+			return ps_refuse(cn, r, err);
 	}
 }
 
@@ -495,7 +542,13 @@ static void ps_left(struct ps_conn *cn, int r, const char *e)
 	pthread_mutex_unlock(&ps->mu);
 	if (replaced)
 		return; /* ps_confirm said so */
-	if (g == MEMBERS_AWAY)
+	/* A refused request is logged whatever it means for the worker (it
+	 * may have another connection live, or have finished): the one line
+	 * that names who asked for what. */
+	if (cn->refused && g != MEMBERS_LOST)
+		role_log(ps->out, "ps %d: %s: closed worker %d's connection: %s%s", ps->index, cn->peer,
+			 cn->w, e, g == MEMBERS_AWAY ? "; it had finished, waiting for it to connect again" : "");
+	else if (g == MEMBERS_AWAY)
 		role_log(ps->out, "ps %d: %s: worker %d, which had finished, closed its connection before the run was complete; waiting up to %g s for it to connect again",
 			 ps->index, cn->peer, cn->w, ps->c->cluster.peer_timeout);
 	else if (g == MEMBERS_LOST)
@@ -805,8 +858,8 @@ static void ps_close(struct ps *ps)
 	psshard_free(&ps->sh);
 }
 
-/* How the ps ends: interrupted, stopped (a lost worker, a failed
- * rollback), or every worker done. */
+/* How the ps ends: interrupted, stopped (a lost worker did not come
+ * back), or every worker done. */
 static int ps_result(struct ps *ps, const volatile sig_atomic_t *stop, char *err, size_t errlen)
 {
 	if (*stop)

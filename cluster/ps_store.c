@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static void snap_free(struct ps_snap *sn)
 {
@@ -14,6 +15,22 @@ static void snap_free(struct ps_snap *sn)
 	free(sn->m);
 	free(sn->v);
 	memset(sn, 0, sizeof(*sn));
+}
+
+/* Room for a copy of sh (moments where its optimizer has them). -ENOMEM
+ * leaves sn empty. */
+static int snap_alloc(struct ps_snap *sn, const struct psshard *sh)
+{
+	size_t bytes = sh->n * sizeof(float);
+	memset(sn, 0, sizeof(*sn));
+	sn->p = malloc(bytes);
+	sn->m = sh->opt.m ? malloc(bytes) : NULL;
+	sn->v = sh->opt.v ? malloc(bytes) : NULL;
+	if (!sn->p || (sh->opt.m && !sn->m) || (sh->opt.v && !sn->v)) {
+		snap_free(sn);
+		return -ENOMEM;
+	}
+	return 0;
 }
 
 /* Saves the shard as checkpoint `step`; called with mu held, so the
@@ -39,11 +56,7 @@ static void store_save(struct ps_store *st, uint64_t step)
 		memmove(st->q, st->q + 1, (size_t)(st->qlen - 1) * sizeof(st->q[0]));
 		st->qlen--;
 	} else {
-		sn.p = malloc(bytes);
-		sn.m = sh->opt.m ? malloc(bytes) : NULL;
-		sn.v = sh->opt.v ? malloc(bytes) : NULL;
-		if (!sn.p || (sh->opt.m && !sn.m) || (sh->opt.v && !sn.v)) {
-			snap_free(&sn);
+		if (snap_alloc(&sn, sh)) {
 			role_log(st->out, "ps %d: checkpoint at step %llu failed, training goes on: out of memory for a copy of the shard",
 				 st->index, (unsigned long long)step);
 			return;
@@ -211,21 +224,33 @@ void ps_store_pushed(struct ps_store *st)
 /* ROLLBACK from a worker: a restarted ps resumed from checkpoint `step`
  * while this one went on, so this one goes back to the same step (step 0:
  * the initial parameters). Already at `step`, it keeps what it has: the
- * gradients waiting for it were computed from that version. Under mu, so
- * no push or pull sees a half restored shard. A checkpoint this ps cannot
- * load is an error the ps stops on (the chief then fails naming it):
- * shards at different steps must not train on. */
+ * gradients waiting for it were computed from that version.
+ *
+ * Atomic: the checkpoint is loaded into a scratch copy and put in place
+ * only once all of it has loaded, so every failure leaves the shard as it
+ * was (checkpoint_load fills its arrays tensor by tensor: a file that
+ * fails half way used to leave a shard half restored, serving a mix of two
+ * steps). Under mu throughout, as before: no push or pull sees the shard
+ * between the check and the commit; rollbacks are rare, and a ps that
+ * waits for one is rolling back anyway. The copy costs one more shard's
+ * worth of memory while it lasts, which a ps short of it refuses
+ * (-ENOMEM) rather than half do.
+ *
+ * A failure is the caller's to report to the worker that asked; the ps
+ * goes on (docs/PROTOCOL.md, "Failures"). */
 int ps_store_rollback(struct ps_store *st, uint64_t *step_io, char *err, size_t errlen)
 {
 	const struct config *c = st->c;
 	struct psshard *sh = st->sh;
 	uint64_t step = *step_io;
-	int r = 0;
+	struct ps_snap sn;
 	if (psshard_version(sh) == step)
 		return 1;
-	struct ckpt_load ld = { st->lay, 1, sh->range.begin, sh->range.end, sh->params, sh->opt.m,
-				sh->opt.v, 0, 0 };
-	int init = step == 0;
+	if (snap_alloc(&sn, sh))
+		return err_set(err, errlen, -ENOMEM, "out of memory for a copy of the shard (%zu parameters)",
+			       sh->n);
+	struct ckpt_load ld = { st->lay, 1, sh->range.begin, sh->range.end, sn.p, sn.m, sn.v, 0, 0 };
+	int init = step == 0, r = 0;
 	if (!init && sh->mode == MODE_ASYNC) {
 		/* Async shards are never all at one version, so a worker may
 		 * have seen the restarted shard a few pushes past its
@@ -241,23 +266,37 @@ int ps_store_rollback(struct ps_store *st, uint64_t *step_io, char *err, size_t 
 		r = err_set(err, errlen, -ENOENT, "checkpoints are off (checkpoint_dir is empty)");
 	} else if (!init) {
 		char dir[CKPT_PATH_MAX];
+		struct stat sb;
 		checkpoint_step_dir(dir, sizeof(dir), c->train.checkpoint_dir, (long)step);
-		r = checkpoint_load(dir, &ld, err, errlen);
+		if (stat(dir, &sb) != 0)
+			r = err_set(err, errlen, -ENOENT, "there is no checkpoint of that step (%s: %s)", dir,
+				    strerror(errno));
+		else
+			r = checkpoint_load(dir, &ld, err, errlen);
 		if (!r && (uint64_t)ld.step != step)
 			r = err_set(err, errlen, -EINVAL, "%s holds step %ld", dir, ld.step);
 	}
-	if (init) {
-		model_init_params(st->m, sh->params, sh->range.begin, sh->range.end, c->train.seed);
-		if (sh->opt.m)
-			memset(sh->opt.m, 0, sh->n * sizeof(float));
-		if (sh->opt.v)
-			memset(sh->opt.v, 0, sh->n * sizeof(float));
-	}
-	*step_io = step;
-	if (r)
+	if (r) {
+		snap_free(&sn);
 		return r;
+	}
+	if (init) {
+		model_init_params(st->m, sn.p, sh->range.begin, sh->range.end, c->train.seed);
+		if (sn.m)
+			memset(sn.m, 0, sh->n * sizeof(float));
+		if (sn.v)
+			memset(sn.v, 0, sh->n * sizeof(float));
+	}
+	/* Every check passed: commit. */
+	memcpy(sh->params, sn.p, sh->n * sizeof(float));
+	if (sh->opt.m)
+		memcpy(sh->opt.m, sn.m, sh->n * sizeof(float));
+	if (sh->opt.v)
+		memcpy(sh->opt.v, sn.v, sh->n * sizeof(float));
+	snap_free(&sn);
 	sh->opt.t = init ? 0 : ld.t;
 	psshard_rewind(sh, step);
+	*step_io = step;
 	st->pending = 0;
 	/* Copies not written yet are of the history just abandoned. */
 	for (int i = 0; i < st->qlen; i++)

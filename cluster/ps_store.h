@@ -64,7 +64,10 @@ void ps_store_pushed(struct ps_store *st);
  * (0: the initial parameters) and rewinds it there. Async: the newest
  * complete checkpoint at or below *step, which *step becomes. Returns 1 if
  * the shard was already there (it keeps what it has), 0 when rolled back,
- * or a negative errno with err when the checkpoint cannot be loaded. */
+ * or a negative errno with err, the shard untouched: -ENOENT (no
+ * checkpoint of that step, or checkpoints are off), -EINVAL (it exists
+ * but does not load), -ENOMEM (no room for the scratch copy the
+ * checkpoint is loaded into before it replaces the shard). */
 int ps_store_rollback(struct ps_store *st, uint64_t *step, char *err, size_t errlen);
 
 #endif

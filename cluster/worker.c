@@ -9,11 +9,13 @@
 #include "role.h"
 
 #include "../core/devices.h"
+#include "../core/psshard.h"
 #include "../core/replica.h"
 #include "../core/shard.h"
 #include "../base/err.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -189,6 +191,15 @@ static int worker_compute(struct worker *wr, char *err, size_t errlen)
 		e = devices_get_grads(&wr->dev, wr->grads, why, sizeof(why));
 	if (e)
 		return err_set(err, errlen, e, "step %ld: %s", step, why);
+	/* A ps refuses a gradient with a NaN or an infinity (it would make
+	 * every parameter it reaches NaN); this worker's training has
+	 * diverged, and says so here rather than have the ps end the
+	 * connection. One read of the gradient, vectorized: a small part of
+	 * the step. */
+	size_t P = wr->s.job.m.nparams, bad = psshard_nonfinite(wr->grads, P);
+	if (bad < P)
+		return err_set(err, errlen, -EDOM, "worker %d: step %ld: the gradient is not finite (parameter %zu is %s), so it was not pushed: training diverged (lower learning_rate, or look for huge or broken values in the data)",
+			       wr->index, step, bad, isnan(wr->grads[bad]) ? "NaN" : wr->grads[bad] > 0 ? "+inf" : "-inf");
 	return 0;
 }
 

@@ -87,6 +87,56 @@ void psshard_free(struct psshard *s)
 	s->slots = NULL;
 }
 
+/* A float is NaN or +-inf exactly when its 8 exponent bits are all ones.
+ * Adding one exponent step to the masked exponent carries into bit 31 only
+ * then, so OR-ing that sum over a block and testing bit 31 checks the
+ * block with no branch per value: the loop vectorizes (memcpy is the
+ * aliasing-safe bit cast; it compiles to nothing). */
+#define EXP_MASK 0x7f800000u
+#define EXP_STEP 0x00800000u
+#define CHECK_BLOCK 4096   /* floats per early exit: 16 KiB, in L1 */
+
+static uint32_t bits_of(float x)
+{
+	uint32_t b;
+	memcpy(&b, &x, sizeof(b));
+	return b;
+}
+
+/* Nonzero if some value of g (n) is not finite. */
+static uint32_t any_nonfinite(const float *g, size_t n)
+{
+	uint32_t acc = 0;
+	for (size_t i = 0; i < n; i++)
+		acc |= (bits_of(g[i]) & EXP_MASK) + EXP_STEP;
+	return acc >> 31;
+}
+
+/* dst (n) = src (n), and nonzero if some value is not finite: the sync
+ * slot's copy and the check in one pass. */
+static uint32_t copy_nonfinite(float *restrict dst, const float *restrict src, size_t n)
+{
+	uint32_t acc = 0;
+	for (size_t i = 0; i < n; i++) {
+		dst[i] = src[i];
+		acc |= (bits_of(src[i]) & EXP_MASK) + EXP_STEP;
+	}
+	return acc >> 31;
+}
+
+size_t psshard_nonfinite(const float *g, size_t n)
+{
+	for (size_t at = 0; at < n; at += CHECK_BLOCK) {
+		size_t m = n - at < CHECK_BLOCK ? n - at : CHECK_BLOCK;
+		if (!any_nonfinite(g + at, m))
+			continue;
+		for (size_t i = at; i < at + m; i++)
+			if ((bits_of(g[i]) & EXP_MASK) == EXP_MASK)
+				return i;
+	}
+	return n;
+}
+
 /* dst (n) += src (n) */
 static void add(float *restrict dst, const float *restrict src, size_t n)
 {
@@ -131,12 +181,15 @@ int psshard_push(struct psshard *s, int worker, uint64_t version, const float *g
 
 	if (s->mode == MODE_ASYNC) {
 		uint64_t age = s->version - version;
-		s->received++;
 		if (s->max_staleness > 0 && age > (uint64_t)s->max_staleness) {
+			s->received++;
 			s->dropped_stale++;
 			*outcome = PSSHARD_STALE;
 			return 0;
 		}
+		if (psshard_nonfinite(grads, s->n) < s->n)
+			return -EDOM;
+		s->received++;
 		optim_step(&s->opt, s->params, grads, optim_lr(&s->opt.cfg, (long)s->version, s->total));
 		s->version++;
 		s->applied++;
@@ -152,9 +205,13 @@ int psshard_push(struct psshard *s, int worker, uint64_t version, const float *g
 	}
 	if (pushed_get(s, worker))
 		return -EALREADY;
+	/* Slot nwaiting is free until counted: a refused gradient left in
+	 * it is overwritten by the next one. */
+	int slot = s->nwaiting;
+	if (copy_nonfinite(s->slots + (size_t)slot * s->n, grads, s->n))
+		return -EDOM;
 	s->received++;
-	int slot = s->nwaiting++;
-	memcpy(s->slots + (size_t)slot * s->n, grads, s->n * sizeof(float));
+	s->nwaiting++;
 	s->slot_of[worker] = (int16_t)slot;
 	pushed_set(s, worker);
 	if (s->nwaiting < s->replicas) {

@@ -29,9 +29,12 @@
  * cannot have pulled a version that does not exist yet). In sync mode a
  * second gradient from the same worker for the current v is also an error,
  * not a silent drop: a correct worker pushes once per version it pulled,
- * and counting the same worker twice would break the R-distinct rule. The
- * shard is unchanged by an error; whether the connection survives is
- * the ps role's decision. */
+ * and counting the same worker twice would break the R-distinct rule. So
+ * is a gradient holding a NaN or an infinity that would be used (applied,
+ * or kept for the sync sum): one such value makes every parameter it
+ * reaches NaN for the rest of the run, whoever sent it. The shard is
+ * unchanged by an error; whether the connection survives is the ps role's
+ * decision. */
 #ifndef PSTRAIN_PSSHARD_H
 #define PSTRAIN_PSSHARD_H
 
@@ -91,11 +94,18 @@ void psshard_free(struct psshard *s);   /* accepts NULL and zeroed structs */
 
 /* One gradient for the whole range, grads (n), computed by worker (0..W-1)
  * on parameters of version `version`. Sets *outcome and returns 0, or
- * returns -EINVAL (worker out of range), -ERANGE (version above v) or
- * -EALREADY (sync: worker already pushed for v), leaving the shard as it
- * was. Never allocates. grads is only read during the call. */
+ * returns -EINVAL (worker out of range), -ERANGE (version above v),
+ * -EALREADY (sync: worker already pushed for v) or -EDOM (a value of grads
+ * is NaN or +-inf; psshard_nonfinite says which), leaving the shard as it
+ * was. A gradient that is dropped (stale) is not read, so not checked.
+ * Never allocates. grads is only read during the call. */
 int psshard_push(struct psshard *s, int worker, uint64_t version, const float *grads,
 		 enum psshard_outcome *outcome);
+
+/* The index of the first value of g (n) that is NaN or +-inf, or n when
+ * every one is finite. One read of g (branch-free, vectorized) unless one
+ * is found; the worker runs it on its gradient before pushing, too. */
+size_t psshard_nonfinite(const float *g, size_t n);
 
 /* For PULL: the current parameters (n) and their version. Valid until the
  * next psshard_push. */

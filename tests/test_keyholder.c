@@ -1,0 +1,900 @@
+/* A peer holding the cluster key (a buggy or compromised worker) cannot
+ * stop or poison a ps (issue 13 item 4). As in test_robust.c, each process
+ * test starts one `pstrain ps` ($PSTRAIN_BIN) on 127.0.0.1, speaks the
+ * protocol to it from this process after a correct handshake, and then
+ * checks that real workers still train to the end and the ps exits 0:
+ *   - a ROLLBACK to a step with no checkpoint, or to one that does not
+ *     load, gets an ERROR and the ps serves on (it used to stop);
+ *   - two PUSHes with NaN or infinite values each get an ERROR naming the
+ *     version and the first bad element, and change nothing (they used to
+ *     make every parameter NaN);
+ *   - a CHECKPOINT from a non-chief, chunks out of range, malformed and
+ *     unexpected messages each get an ERROR with the reason (the
+ *     connection used to close without a word);
+ *   - a worker told ERROR by a ps prints it on one line and exits 3; a
+ *     worker whose training diverges stops before it pushes a NaN.
+ * And in-process: the non-finite check, psshard_push refusing such a
+ * gradient, and a ROLLBACK whose checkpoint fails half way through loading
+ * leaving the shard as it was. Every wait is bounded; teardown kills what
+ * a failed assertion left running. */
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+
+#include "leak.h"
+#include "util.h"
+
+#include "../cluster/ps_store.h"
+#include "../core/checkpoint.h"
+#include "../core/config.h"
+#include "../core/manifest.h"
+#include "../core/model.h"
+#include "../core/psshard.h"
+#include "../core/shard.h"
+#include "../net/conn.h"
+#include "../net/frame.h"
+#include "../net/handshake.h"
+#include "../net/key.h"
+#include "../net/msg.h"
+#include "../net/pipe.h"
+#include "../net/sock.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define RUN_TIMEOUT_S 40
+#define IO_MS 5000
+#define NPARAMS (6 * 16 + 16 + 16 * 3 + 3) /* the model target_write configures */
+
+static char dir[256];
+static pid_t spawned[8];
+static int nspawned;
+
+static void setup(void)
+{
+	cr_assert_geq(sodium_init(), 0);
+	signal(SIGPIPE, SIG_IGN);
+	test_dir_make(dir, sizeof(dir), "keyholder");
+}
+
+static void teardown(void)
+{
+	for (int i = 0; i < nspawned; i++)
+		if (waitpid(spawned[i], NULL, WNOHANG) == 0) {
+			kill(spawned[i], SIGKILL);
+			waitpid(spawned[i], NULL, 0);
+		}
+	nspawned = 0;
+	test_dir_remove(dir);
+	leak_check();
+}
+
+TestSuite(keyholder, .init = setup, .fini = teardown, .timeout = 90);
+
+static double now_s(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void nap_ms(long ms)
+{
+	struct timespec t = { ms / 1000, (ms % 1000) * 1000 * 1000 };
+	nanosleep(&t, NULL);
+}
+
+/* ---- a ps and a key holder speaking to it ---------------------------------- */
+
+struct target {
+	char cfg[300], log[300];
+	int port;
+	pid_t pid;
+	uint8_t key[KEY_BYTES];
+	uint8_t hash[CONFIG_HASH_BYTES];
+};
+
+/* blobs.csv, cluster.key and cluster.ini (1 ps, W workers; extra goes into
+ * [train]) in dir; loads the key and the config hash into t. */
+static void target_write(struct target *t, int W, const char *extra)
+{
+	char path[300], err[KEY_ERR_MAX];
+	snprintf(path, sizeof(path), "%s/blobs.csv", dir);
+	write_blobs(path, 600, 3, 6, 3);
+	snprintf(path, sizeof(path), "%s/cluster.key", dir);
+	cr_assert_eq(key_generate(path, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(key_load(t->key, path, err, sizeof(err)), 0, "%s", err);
+	snprintf(t->cfg, sizeof(t->cfg), "%s/cluster.ini", dir);
+	snprintf(t->log, sizeof(t->log), "%s/ps0.log", dir);
+	t->port = free_port();
+	FILE *f = fopen(t->cfg, "w");
+	cr_assert_not_null(f);
+	fprintf(f, "[cluster]\nps = 127.0.0.1:%d\nworkers = ", t->port);
+	/* Placeholder ports above the ephemeral range: never listened on. */
+	for (int i = 0; i < W; i++)
+		fprintf(f, "%s127.0.0.1:%d", i ? ", " : "", 61000 + i);
+	fprintf(f, "\nkey_file = cluster.key\n"
+		   "[data]\nformat = csv\ntrain_csv = blobs.csv\nlabel_column = first\n"
+		   "[train]\nbatch_size = 16\noptimizer = momentum\nmomentum = 0.9\neval_every = 10\n"
+		   "threads = 1\n%s", extra);
+	/* Defaults for what extra does not set. */
+	const char *dflt[][2] = { { "steps", "20" }, { "learning_rate", "0.05" },
+				  { "checkpoint_dir", "ckpt" } };
+	for (size_t i = 0; i < sizeof(dflt) / sizeof(dflt[0]); i++)
+		if (!strstr(extra, dflt[i][0]))
+			fprintf(f, "%s = %s\n", dflt[i][0], dflt[i][1]);
+	fprintf(f, "[model]\ninput = 6\nlayer = dense 16\nlayer = relu\nlayer = dense 3\n");
+	cr_assert_eq(fclose(f), 0);
+	struct config *c = malloc(sizeof(*c));
+	cr_assert_not_null(c);
+	char cerr[CONFIG_ERR_MAX];
+	cr_assert_eq(config_load(c, t->cfg, NULL, 0, cerr, sizeof(cerr)), 0, "%s", cerr);
+	cr_assert_eq(config_hash(c, t->hash), 0);
+	free(c);
+}
+
+static pid_t spawn(const char *const *args, const char *outpath)
+{
+	pid_t pid = spawn_pstrain(args, outpath, NULL);
+	if (nspawned < (int)(sizeof(spawned) / sizeof(spawned[0])))
+		spawned[nspawned++] = pid;
+	return pid;
+}
+
+static void start_ps(struct target *t, int W, const char *extra)
+{
+	target_write(t, W, extra);
+	const char *args[] = { "ps", "--index", "0", "--config", t->cfg, NULL };
+	t->pid = spawn(args, t->log);
+}
+
+/* Waits (bounded) for file to contain needle; returns its text. */
+static char *wait_text(const char *path, const char *needle)
+{
+	double t0 = now_s();
+	char *text;
+	while (!strstr(text = slurp(path), needle) && now_s() - t0 < 5)
+		nap_ms(20);
+	return text;
+}
+
+/* The ps logged, once, a line naming the peer of fd ("127.0.0.1:PORT:"),
+ * worker w and each of the needles (NULL: none). */
+static void assert_logged(const struct target *t, int fd, int w, const char *n1, const char *n2)
+{
+	struct sockaddr_in a;
+	socklen_t len = sizeof(a);
+	cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+	char peer[64], who[64];
+	snprintf(peer, sizeof(peer), "127.0.0.1:%u:", ntohs(a.sin_port));
+	snprintf(who, sizeof(who), "closed worker %d's connection", w);
+	char *log = wait_text(t->log, peer);
+	const char *line = strstr(log, peer);
+	cr_assert_not_null(line, "the ps did not log the peer %s:\n%s", peer, log);
+	const char *eol = strchr(line, '\n');
+	const char *needles[] = { who, n1, n2 };
+	for (int i = 0; i < 3; i++) {
+		const char *hit = needles[i] ? strstr(line, needles[i]) : line;
+		cr_assert(hit && (!eol || hit < eol), "no \"%s\" on the line of %s:\n%s", needles[i],
+			  peer, log);
+	}
+	cr_assert_null(strstr(eol ? eol : line + 1, peer), "%s logged more than once:\n%s", peer, log);
+}
+
+/* The ps still serves: real workers 0..W-1 train to the end and every
+ * process exits 0. dump: the chief's final parameters go there (or NULL). */
+static void real_workers_finish(struct target *t, int W, const char *dump)
+{
+	char out[3][300];
+	pid_t pids[3] = { t->pid };
+	snprintf(out[0], sizeof(out[0]), "%s", t->log);
+	cr_assert_leq(W, 2);
+	for (int w = 0; w < W; w++) {
+		char idx[8];
+		snprintf(idx, sizeof(idx), "%d", w);
+		snprintf(out[1 + w], sizeof(out[1 + w]), "%s/worker%d.log", dir, w);
+		const char *plain[] = { "worker", "--index", idx, "--config", t->cfg, NULL };
+		const char *dumping[] = { "worker", "--index", idx, "--config", t->cfg,
+					  "--dump-params", dump, NULL };
+		pids[1 + w] = spawn(w == 0 && dump ? dumping : plain, out[1 + w]);
+	}
+	int st[3];
+	wait_children(pids, 1 + W, st, RUN_TIMEOUT_S);
+	assert_exits_zero(st, out, 1 + W, "after the key holder's requests: ");
+	cr_assert_not_null(strstr(slurp(out[1]), "done: "), "%s", slurp(out[1]));
+}
+
+static int dial(const struct target *t)
+{
+	int fd;
+	char err[256];
+	cr_assert_eq(sock_connect_retry("127.0.0.1", (uint16_t)t->port, 10000, &fd, err, sizeof(err)),
+		     0, "%s", err);
+	return fd;
+}
+
+/* Connects and completes a correct handshake as worker `index`. */
+static int key_holder(const struct target *t, uint32_t index, struct hs_result *hr)
+{
+	int fd = dial(t);
+	struct hs h;
+	uint8_t h1[HS_HELLO_BYTES], h2[HS_HELLO_BYTES];
+	char err[256];
+	struct hs_identity me = { .role = HS_WORKER, .index = index, .aes = frame_aes_available() };
+	memcpy(me.config_hash, t->hash, HS_HASH_BYTES);
+	cr_assert_eq(hs_client_start(&h, h1, t->key, &me, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(sock_write_full(fd, h1, sizeof(h1), IO_MS, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(sock_read_full(fd, h2, sizeof(h2), IO_MS, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(hs_client_finish(&h, hr, h2, sizeof(h2), err, sizeof(err)), 0, "%s", err);
+	return fd;
+}
+
+static void wipe(struct hs_result *hr)
+{
+	frame_key_wipe(&hr->send);
+	frame_key_wipe(&hr->recv);
+}
+
+/* Seals the len-byte message m and sends it. */
+static void send_msg(int fd, struct hs_result *hr, const uint8_t *m, size_t len)
+{
+	static uint8_t f[FRAME_BYTES_MAX];
+	size_t flen;
+	char err[256];
+	cr_assert_eq(frame_seal(&hr->send, f, sizeof(f), m, len, &flen, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(sock_write_full(fd, f, flen, IO_MS, err, sizeof(err)), 0, "%s", err);
+}
+
+static void send_pull(int fd, struct hs_result *hr, uint32_t shard, uint64_t version)
+{
+	uint8_t m[MSG_PULL_BYTES];
+	size_t len;
+	char err[256];
+	struct msg_pull p = { .shard = shard, .version = version };
+	cr_assert_eq(msg_encode_pull(m, sizeof(m), &p, &len, err, sizeof(err)), 0, "%s", err);
+	send_msg(fd, hr, m, len);
+}
+
+/* One PUSH chunk of src[0..count) at offset, as worker w for version v. */
+static void send_push(int fd, struct hs_result *hr, uint32_t w, uint64_t v, uint64_t offset,
+		      uint32_t count, const float *src)
+{
+	static uint8_t m[MSG_CHUNK_BYTES(1024)];
+	size_t len;
+	char err[256];
+	cr_assert_leq(count, 1024);
+	struct msg_chunk ch = { .type = WIRE_PUSH, .shard = 0, .version = v, .worker = w,
+				.offset = offset, .count = count };
+	cr_assert_eq(msg_encode_chunk(m, sizeof(m), &ch, src, &len, err, sizeof(err)), 0, "%s", err);
+	send_msg(fd, hr, m, len);
+}
+
+/* The next message from the ps but HEARTBEATs, opened into buf (FRAME_CT_MAX
+ * bytes); its type. what: the request, for the message. */
+static int recv_msg(int fd, struct hs_result *hr, uint8_t *buf, size_t *len, const char *what)
+{
+	char err[256];
+	for (;;) {
+		int r = sock_read_frame(fd, &hr->recv, buf, FRAME_CT_MAX, len, IO_MS, err, sizeof(err));
+		cr_assert_eq(r, 0, "no answer to %s: %s", what, err);
+		r = msg_type(buf, *len, err, sizeof(err));
+		cr_assert_geq(r, 0, "%s", err);
+		if (r != WIRE_HEARTBEAT)
+			return r;
+	}
+}
+
+/* The ps closes fd without sending anything more, within IO_MS. */
+static void expect_closed(int fd)
+{
+	uint8_t b;
+	char err[256];
+	int r = sock_read_full(fd, &b, 1, IO_MS, err, sizeof(err));
+	cr_assert(r == -EPIPE || r == -ECONNRESET, "expected the ps to close, got %d (%s)", r,
+		  r ? err : "a byte");
+}
+
+/* The answer to `what` is ERROR(code) whose text holds n1 and n2 (NULL:
+ * nothing more), and then the ps closes. */
+static void expect_error(int fd, struct hs_result *hr, const char *what, uint32_t code,
+			 const char *n1, const char *n2)
+{
+	static uint8_t buf[FRAME_CT_MAX];
+	size_t len;
+	char err[256];
+	int type = recv_msg(fd, hr, buf, &len, what);
+	cr_assert_eq(type, WIRE_ERROR, "%s was answered with %s, not ERROR", what,
+		     wire_msg_name((uint8_t)type));
+	struct msg_error me;
+	cr_assert_eq(msg_decode_error(buf, len, &me, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(me.code, code, "%s: ERROR code %u, expected %u (%s)", what, me.code, code, me.text);
+	cr_assert(strstr(me.text, n1) && (!n2 || strstr(me.text, n2)),
+		  "%s: ERROR \"%s\" does not say \"%s\"%s%s", what, me.text, n1, n2 ? " and " : "",
+		  n2 ? n2 : "");
+	expect_closed(fd);
+}
+
+/* PARAMS (one chunk: the model is small) after a PULL: into p (NPARAMS),
+ * the version returned. */
+static uint64_t recv_params(int fd, struct hs_result *hr, float *p)
+{
+	static uint8_t buf[FRAME_CT_MAX];
+	size_t len;
+	char err[256];
+	cr_assert_eq(recv_msg(fd, hr, buf, &len, "PULL"), WIRE_PARAMS);
+	struct msg_chunk ch;
+	cr_assert_eq(msg_decode_chunk(buf, len, &ch, err, sizeof(err)), 0, "%s", err);
+	cr_assert(ch.offset == 0 && ch.count == NPARAMS, "PARAMS [%llu, +%u)",
+		  (unsigned long long)ch.offset, ch.count);
+	msg_chunk_floats(p, &ch);
+	return ch.version;
+}
+
+/* ---- (a) ROLLBACK that cannot be honoured ------------------------------------ */
+
+/* Rows: what the ps has for step 7 when a key holder asks for it. */
+struct rollback_case {
+	char name[40];
+	char extra[64];  /* [train] lines */
+	int junk;        /* a step-00000007 directory whose manifest is junk */
+	uint32_t code;
+	char says[64];
+};
+
+static struct rollback_case rollbacks[] = {
+	{ "no_checkpoint_of_that_step", "", 0, ENOENT, "there is no checkpoint of that step" },
+	{ "checkpoints_off", "checkpoint_dir =\n", 0, ENOENT, "checkpoints are off" },
+	{ "checkpoint_that_does_not_load", "", 1, EINVAL, "manifest" },
+};
+
+ParameterizedTestParameters(keyholder, rollback_that_cannot_be_honoured)
+{
+	return cr_make_param_array(struct rollback_case, rollbacks,
+				   sizeof(rollbacks) / sizeof(rollbacks[0]));
+}
+
+/* The ps refuses, keeps its shard (a PULL on a new connection answers
+ * version 0 with the parameters it had) and serves a real worker to the
+ * end. It used to stop: the worker exited 3 and so did the ps. */
+ParameterizedTest(struct rollback_case *rc, keyholder, rollback_that_cannot_be_honoured)
+{
+	struct target t;
+	start_ps(&t, 1, rc->extra);
+	struct hs_result hr;
+	float before[NPARAMS], after[NPARAMS];
+	int fd = key_holder(&t, 0, &hr);
+	send_pull(fd, &hr, 0, 0);
+	cr_assert_eq(recv_params(fd, &hr, before), 0);
+	if (rc->junk) {
+		char path[400];
+		snprintf(path, sizeof(path), "%s/ckpt", dir);
+		cr_assert(mkdir(path, 0700) == 0 || errno == EEXIST, "%s: %s", path, strerror(errno));
+		snprintf(path, sizeof(path), "%s/ckpt/step-00000007", dir);
+		cr_assert_eq(mkdir(path, 0700), 0, "%s: %s", path, strerror(errno));
+		snprintf(path, sizeof(path), "%s/ckpt/step-00000007/manifest", dir);
+		FILE *f = fopen(path, "w");
+		cr_assert_not_null(f);
+		fputs("not a manifest\n", f);
+		cr_assert_eq(fclose(f), 0);
+	}
+	uint8_t m[MSG_ROLLBACK_BYTES];
+	size_t len;
+	char err[256];
+	struct msg_rollback rb = { .step = 7 };
+	cr_assert_eq(msg_encode_rollback(m, sizeof(m), &rb, &len, err, sizeof(err)), 0, "%s", err);
+	send_msg(fd, &hr, m, len);
+	expect_error(fd, &hr, "ROLLBACK to step 7", rc->code, "cannot roll back to step 7", rc->says);
+	assert_logged(&t, fd, 0, "cannot roll back to step 7", rc->says);
+	close(fd);
+	wipe(&hr);
+
+	fd = key_holder(&t, 0, &hr);
+	send_pull(fd, &hr, 0, 0);
+	cr_assert_eq(recv_params(fd, &hr, after), 0, "the shard moved");
+	cr_assert_eq(memcmp(before, after, sizeof(before)), 0, "%s: the shard changed", rc->name);
+	close(fd);
+	wipe(&hr);
+	real_workers_finish(&t, 1, NULL);
+}
+
+/* ---- (b) non-finite gradients ------------------------------------------------ */
+
+struct nan_case {
+	char name[24];
+	char extra[64];
+	int W;   /* the key holder is worker W - 1 */
+};
+
+static struct nan_case nans[] = {
+	/* Sync: the first push would wait in a slot for worker 0's, and
+	 * their sum would be NaN. */
+	{ "sync", "mode = sync\n", 2 },
+	/* Async: each push would be applied on arrival. */
+	{ "async", "mode = async\n", 1 },
+};
+
+ParameterizedTestParameters(keyholder, nan_gradients_are_refused)
+{
+	return cr_make_param_array(struct nan_case, nans, sizeof(nans) / sizeof(nans[0]));
+}
+
+/* Two pushes with NaN and infinite values: each gets an ERROR naming the
+ * version and the first bad element, the shard keeps its version and
+ * parameters bit for bit, and real workers then train to the end with
+ * finite parameters. They used to be ACKed and make every parameter NaN. */
+ParameterizedTest(struct nan_case *nc, keyholder, nan_gradients_are_refused)
+{
+	struct target t;
+	start_ps(&t, nc->W, nc->extra);
+	uint32_t w = (uint32_t)nc->W - 1;
+	struct hs_result hr;
+	float p0[NPARAMS], p1[NPARAMS], g[NPARAMS];
+
+	int fd = key_holder(&t, w, &hr);
+	send_pull(fd, &hr, 0, 0);
+	uint64_t v0 = recv_params(fd, &hr, p0);
+	cr_assert_eq(v0, 0);
+	for (int i = 0; i < NPARAMS; i++)
+		g[i] = 0.01f;
+	g[5] = NAN;
+	g[9] = INFINITY;
+	send_push(fd, &hr, w, v0, 0, NPARAMS, g);
+	expect_error(fd, &hr, "a PUSH with NaN", EDOM, "PUSH for version 0 refused", "element 5 (parameter 5) is NaN");
+	assert_logged(&t, fd, (int)w, "PUSH for version 0 refused", "is NaN");
+	close(fd);
+	wipe(&hr);
+
+	/* Again, on a new connection: -inf first, NaN after it. */
+	for (int i = 3; i < NPARAMS; i++)
+		g[i] = NAN;
+	g[2] = -INFINITY;
+	fd = key_holder(&t, w, &hr);
+	send_push(fd, &hr, w, v0, 0, NPARAMS, g);
+	expect_error(fd, &hr, "a PUSH with -inf", EDOM, "PUSH for version 0 refused", "element 2 (parameter 2) is -inf");
+	assert_logged(&t, fd, (int)w, "PUSH for version 0 refused", "is -inf");
+	close(fd);
+	wipe(&hr);
+
+	fd = key_holder(&t, w, &hr);
+	send_pull(fd, &hr, 0, 0);
+	cr_assert_eq(recv_params(fd, &hr, p1), v0, "the shard moved");
+	cr_assert_eq(memcmp(p0, p1, sizeof(p0)), 0, "the shard changed");
+	close(fd);
+	wipe(&hr);
+
+	char dump[300];
+	snprintf(dump, sizeof(dump), "%s/final.f32", dir);
+	real_workers_finish(&t, nc->W, dump);
+	unsigned char *buf;
+	size_t n;
+	read_all(dump, &buf, &n);
+	cr_assert_eq(n, sizeof(float) * NPARAMS);
+	for (int i = 0; i < NPARAMS; i++) {
+		float x;
+		memcpy(&x, buf + sizeof(float) * (size_t)i, sizeof(x));
+		cr_assert(isfinite(x), "final parameter %d is %f", i, x);
+	}
+	free(buf);
+}
+
+/* ---- (c) requests that cannot be honoured -------------------------------------- */
+
+struct refusal {
+	char name[40];
+	int W;         /* workers; the key holder is worker W - 1 */
+	int fn;        /* refusal_fns[fn] sends the request */
+	uint32_t code;
+	char says[64];
+};
+
+static void checkpoint_from_a_non_chief(int fd, struct hs_result *hr, uint32_t w)
+{
+	(void)w;
+	uint8_t m[MSG_CHECKPOINT_BYTES];
+	size_t len;
+	char err[256];
+	struct msg_checkpoint ck = { .step = 5 };
+	cr_assert_eq(msg_encode_checkpoint(m, sizeof(m), &ck, &len, err, sizeof(err)), 0, "%s", err);
+	send_msg(fd, hr, m, len);
+}
+
+/* A chunk running past the end of the shard. */
+static void chunk_out_of_range(int fd, struct hs_result *hr, uint32_t w)
+{
+	static float g[NPARAMS + 37];
+	send_push(fd, hr, w, 0, 0, NPARAMS + 37, g);
+}
+
+/* The first chunk of a PUSH at offset 100: a gap. */
+static void chunk_with_a_gap(int fd, struct hs_result *hr, uint32_t w)
+{
+	static float g[16];
+	send_push(fd, hr, w, 0, 100, 16, g);
+}
+
+/* A PUSH for a version the shard has not reached. */
+static void push_ahead_of_the_shard(int fd, struct hs_result *hr, uint32_t w)
+{
+	static float g[NPARAMS];
+	send_push(fd, hr, w, 99, 0, NPARAMS, g);
+}
+
+/* A PUSH naming worker 0 on worker 1's connection. */
+static void push_naming_another_worker(int fd, struct hs_result *hr, uint32_t w)
+{
+	static float g[NPARAMS];
+	send_push(fd, hr, w - 1, 0, 0, NPARAMS, g);
+}
+
+/* An ACK, which only a ps sends. */
+static void unexpected_ack(int fd, struct hs_result *hr, uint32_t w)
+{
+	(void)w;
+	uint8_t m[MSG_ACK_BYTES];
+	size_t len;
+	char err[256];
+	struct msg_ack a = { .shard = 0, .version = 0, .status = MSG_ACK_APPLIED };
+	cr_assert_eq(msg_encode_ack(m, sizeof(m), &a, &len, err, sizeof(err)), 0, "%s", err);
+	send_msg(fd, hr, m, len);
+}
+
+/* A PULL one byte short. */
+static void malformed_pull(int fd, struct hs_result *hr, uint32_t w)
+{
+	(void)w;
+	uint8_t m[MSG_PULL_BYTES];
+	size_t len;
+	char err[256];
+	struct msg_pull p = { .shard = 0, .version = 0 };
+	cr_assert_eq(msg_encode_pull(m, sizeof(m), &p, &len, err, sizeof(err)), 0, "%s", err);
+	send_msg(fd, hr, m, len - 1);
+}
+
+static void pull_for_another_shard(int fd, struct hs_result *hr, uint32_t w)
+{
+	(void)w;
+	send_pull(fd, hr, 3, 0);
+}
+
+typedef void refusal_fn(int fd, struct hs_result *hr, uint32_t w);
+static refusal_fn *const refusal_fns[] = { checkpoint_from_a_non_chief, chunk_out_of_range,
+					    chunk_with_a_gap, push_ahead_of_the_shard,
+					    push_naming_another_worker, unexpected_ack,
+					    malformed_pull, pull_for_another_shard };
+
+static struct refusal refusals[] = {
+	{ "checkpoint_from_a_non_chief", 2, 0, EPROTO, "CHECKPOINT from worker 1; only the chief" },
+	{ "chunk_out_of_range", 1, 1, ERANGE, "outside the shard's range" },
+	{ "chunk_with_a_gap", 1, 2, EPROTO, "leaves a gap" },
+	{ "push_ahead_of_the_shard", 1, 3, EPROTO, "the shard is at version 0" },
+	{ "push_naming_another_worker", 2, 4, EPROTO, "names worker 0 on worker 1's connection" },
+	{ "unexpected_ack", 1, 5, EPROTO, "unexpected ACK message" },
+	{ "malformed_pull", 1, 6, EMSGSIZE, "PULL" },
+	{ "pull_for_another_shard", 1, 7, EPROTO, "PULL for shard 3" },
+};
+
+ParameterizedTestParameters(keyholder, request_that_cannot_be_honoured)
+{
+	return cr_make_param_array(struct refusal, refusals, sizeof(refusals) / sizeof(refusals[0]));
+}
+
+/* Each gets an ERROR with the reason, the ps logs one line naming the
+ * worker, the peer and the reason, and real workers then train to the
+ * end. They used to end the connection without a word to the peer. */
+ParameterizedTest(struct refusal *rf, keyholder, request_that_cannot_be_honoured)
+{
+	struct target t;
+	start_ps(&t, rf->W, "");
+	uint32_t w = (uint32_t)rf->W - 1;
+	struct hs_result hr;
+	cr_assert_lt((size_t)rf->fn, sizeof(refusal_fns) / sizeof(refusal_fns[0]));
+	int fd = key_holder(&t, w, &hr);
+	refusal_fns[rf->fn](fd, &hr, w);
+	expect_error(fd, &hr, rf->name, rf->code, rf->says, NULL);
+	assert_logged(&t, fd, (int)w, rf->says, NULL);
+	close(fd);
+	wipe(&hr);
+	real_workers_finish(&t, rf->W, NULL);
+}
+
+/* ---- the worker's side ----------------------------------------------------------- */
+
+/* A ps that answers the worker's first PULL with ERROR: the worker prints
+ * the text on one line naming the ps and exits 3 (what it did before this
+ * issue too: kept). The ps is this process (net/conn.h's server side). */
+Test(keyholder, worker_prints_a_ps_error_and_exits)
+{
+	struct target t;
+	target_write(&t, 1, "");
+	int lfd;
+	char err[256], wlog[300], peer[SOCK_ADDR_STRLEN];
+	cr_assert_eq(sock_listen("127.0.0.1", (uint16_t)t.port, 0, &lfd, err, sizeof(err)), 0, "%s", err);
+	snprintf(wlog, sizeof(wlog), "%s/worker0.log", dir);
+	const char *args[] = { "worker", "--index", "0", "--config", t.cfg, NULL };
+	pid_t w = spawn(args, wlog);
+	int fd;
+	cr_assert_eq(sock_accept(lfd, 10000, &fd, peer, sizeof(peer), err, sizeof(err)), 0, "%s", err);
+
+	static uint8_t rbuf[CONN_RBUF_BYTES], wbuf[CONN_WBUF_BYTES];
+	struct pipe pp;
+	struct conn c;
+	cr_assert_eq(pipe_init(&pp, NULL, wbuf, sizeof(wbuf), err, sizeof(err)), 0, "%s", err);
+	conn_init(&c, fd, rbuf, wbuf, &pp, IO_MS, IO_MS);
+	struct hs_identity me = { .role = HS_PS, .index = 0, .aes = frame_aes_available() };
+	memcpy(me.config_hash, t.hash, HS_HASH_BYTES);
+	cr_assert_eq(conn_server(&c, t.key, &me, IO_MS, err, sizeof(err)), 0, "%s", err);
+	int type;
+	do {
+		size_t len;
+		cr_assert_eq(conn_recv(&c, &len, err, sizeof(err)), 0, "%s", err);
+		type = msg_type(rbuf, len, err, sizeof(err));
+	} while (type == WIRE_HEARTBEAT);
+	cr_assert_eq(type, WIRE_PULL, "the worker sent %s first", wire_msg_name((uint8_t)type));
+	conn_send_error(&c, EPROTO, "refused: the test says no");
+
+	int st[1];
+	wait_children(&w, 1, st, RUN_TIMEOUT_S);
+	conn_destroy(&c);
+	pipe_free(&pp);
+	close(lfd);
+	char *log = slurp(wlog);
+	cr_assert_eq(st[0], 3, "worker exit %d:\n%s", st[0], log);
+	char line[200];
+	snprintf(line, sizeof(line), "pstrain: ps 0 (127.0.0.1:%d): refused: the test says no\n", t.port);
+	cr_assert_not_null(strstr(log, line), "no line \"%s\" in:\n%s", line, log);
+}
+
+/* An honest worker whose training diverges (learning_rate 1000 makes the
+ * loss NaN within a few steps) stops before pushing a non-finite gradient,
+ * says so and exits 1; the ps never sees one (it logs the connection
+ * closing, no refused PUSH). It used to push NaNs and train on to the end. */
+Test(keyholder, diverging_worker_stops_before_pushing)
+{
+	struct target t;
+	start_ps(&t, 1, "learning_rate = 1000\nsteps = 200\ncheckpoint_dir =\n");
+	char wlog[300];
+	snprintf(wlog, sizeof(wlog), "%s/worker0.log", dir);
+	const char *args[] = { "worker", "--index", "0", "--config", t.cfg, NULL };
+	pid_t w = spawn(args, wlog);
+	int st[1];
+	wait_children(&w, 1, st, RUN_TIMEOUT_S);
+	char *log = slurp(wlog);
+	cr_assert_eq(st[0], 1, "worker exit %d:\n%s", st[0], log);
+	cr_assert_not_null(strstr(log, "the gradient is not finite"), "%s", log);
+	cr_assert_not_null(strstr(log, "so it was not pushed"), "%s", log);
+	char *pslog = wait_text(t.log, "closed worker 0's connection");
+	cr_assert_not_null(strstr(pslog, "closed worker 0's connection"), "%s", pslog);
+	cr_assert_null(strstr(pslog, "refused"), "%s", pslog);
+}
+
+/* ---- in-process: the check and the shard ------------------------------------------ */
+
+static float from_bits(uint32_t b)
+{
+	float x;
+	memcpy(&x, &b, sizeof(x));
+	return x;
+}
+
+/* psshard_nonfinite finds the first NaN or infinity wherever it is (in
+ * every lane of a vector and across block boundaries), and passes every
+ * finite value: the largest, the smallest subnormal, -0. */
+Test(keyholder, nonfinite_check_finds_the_first_bad_value)
+{
+	enum { N = 10000 };
+	float *g = malloc(N * sizeof(float));
+	cr_assert_not_null(g);
+	const float finite[] = { 0.0f, -0.0f, 1.0f, -1.0f, 3.4028235e38f, -3.4028235e38f,
+				 from_bits(0x00000001u), from_bits(0x807fffffu), 1e-30f };
+	for (size_t i = 0; i < N; i++)
+		g[i] = finite[i % (sizeof(finite) / sizeof(finite[0]))];
+	cr_assert_eq(psshard_nonfinite(g, N), N);
+	cr_assert_eq(psshard_nonfinite(g, 0), 0);
+	const uint32_t bad[] = { 0x7f800000u /* +inf */, 0xff800000u /* -inf */,
+				 0x7fc00000u /* quiet NaN */, 0xffc00000u /* -NaN */,
+				 0x7f800001u /* signalling NaN */, 0xffffffffu };
+	const size_t at[] = { 0, 1, 3, 7, 15, 16, 4095, 4096, 4097, 8191, N - 1 };
+	for (size_t b = 0; b < sizeof(bad) / sizeof(bad[0]); b++)
+		for (size_t a = 0; a < sizeof(at) / sizeof(at[0]); a++) {
+			float keep = g[at[a]];
+			g[at[a]] = from_bits(bad[b]);
+			cr_assert_eq(psshard_nonfinite(g, N), at[a], "0x%08x at %zu", bad[b], at[a]);
+			cr_assert_eq(psshard_nonfinite(g, at[a]), at[a], "0x%08x past the end", bad[b]);
+			if (at[a] + 1 < N) {
+				g[N - 1] = from_bits(bad[b]);
+				cr_assert_eq(psshard_nonfinite(g, N), at[a], "the first of two");
+				g[N - 1] = finite[(N - 1) % (sizeof(finite) / sizeof(finite[0]))];
+			}
+			g[at[a]] = keep;
+		}
+	free(g);
+}
+
+/* A config text for the in-process tests: 1 ps, W workers, extra [train]. */
+static void shard_config(struct config *c, struct model *m, int W, const char *extra)
+{
+	char text[2048], err[CONFIG_ERR_MAX];
+	int len = snprintf(text, sizeof(text),
+			   "[cluster]\nps = 127.0.0.1:2222\nworkers = 127.0.0.1:61000%s\n[train]\nseed = 5\nsteps = 100\n%s\n"
+			   "[model]\ninput = 6\nlayer = dense 16\nlayer = relu\nlayer = dense 3\n",
+			   W == 2 ? ", 127.0.0.1:61001" : "", extra);
+	cr_assert_lt(len, (int)sizeof(text));
+	cr_assert_eq(config_parse_string(c, "t.ini", text, err, sizeof(err)), 0, "%s\n%s", err, text);
+	cr_assert_eq(model_build(m, &c->model, err, sizeof(err)), 0, "%s", err);
+}
+
+/* psshard_push refuses a gradient with a NaN or an infinity (-EDOM) and
+ * leaves everything as it was: sync, the gradient already waiting is still
+ * the only one and the next good one completes the step exactly as if the
+ * bad one had never come; async, nothing is applied. */
+Test(keyholder, psshard_push_refuses_nonfinite_gradients)
+{
+	static struct config c;
+	struct model m;
+	char err[256];
+	const char *modes[] = { "mode = sync\n", "mode = async\n" };
+	for (int k = 0; k < 2; k++) {
+		shard_config(&c, &m, 2, modes[k]);
+		struct shard r = { 0, m.nparams };
+		struct psshard s, ref;
+		cr_assert_eq(psshard_init(&s, &m, &r, &c, 100, err, sizeof(err)), 0, "%s", err);
+		cr_assert_eq(psshard_init(&ref, &m, &r, &c, 100, err, sizeof(err)), 0, "%s", err);
+		size_t n = s.n;
+		float *good = malloc(n * sizeof(float)), *bad = malloc(n * sizeof(float));
+		cr_assert(good && bad);
+		for (size_t i = 0; i < n; i++)
+			good[i] = bad[i] = 0.001f * (float)(i % 17) - 0.008f;
+		bad[n / 2] = NAN;
+		enum psshard_outcome oc;
+		if (k == 0) {
+			cr_assert_eq(psshard_push(&s, 1, 0, good, &oc), 0);
+			cr_assert_eq(psshard_push(&ref, 1, 0, good, &oc), 0);
+		}
+		cr_assert_eq(psshard_push(&s, 0, 0, bad, &oc), -EDOM, "%s", modes[k]);
+		bad[n / 2] = -INFINITY;
+		cr_assert_eq(psshard_push(&s, 0, 0, bad, &oc), -EDOM, "%s", modes[k]);
+		cr_assert_eq(s.received, ref.received, "%s", modes[k]);
+		cr_assert_eq(s.nwaiting, ref.nwaiting, "%s", modes[k]);
+		cr_assert_eq(psshard_has_pushed(&s, 0), 0, "%s", modes[k]);
+		cr_assert_eq(psshard_version(&s), 0, "%s", modes[k]);
+		cr_assert_eq(memcmp(s.params, ref.params, n * sizeof(float)), 0, "%s", modes[k]);
+		cr_assert_eq(psshard_push(&s, 0, 0, good, &oc), 0);
+		cr_assert_eq(psshard_push(&ref, 0, 0, good, &oc), 0);
+		cr_assert_eq(oc, PSSHARD_APPLIED);
+		cr_assert_eq(psshard_version(&s), 1, "%s", modes[k]);
+		cr_assert_eq(memcmp(s.params, ref.params, n * sizeof(float)), 0,
+			     "%s: the step differs from one without the refused pushes", modes[k]);
+		cr_assert_eq(psshard_nonfinite(s.params, n), n);
+		free(good);
+		free(bad);
+		psshard_free(&s);
+		psshard_free(&ref);
+	}
+}
+
+/* Every value of a (n) is x. */
+static void assert_all(const float *a, size_t n, float x, const char *what)
+{
+	for (size_t i = 0; i < n; i++)
+		cr_assert_eq(a[i], x, "%s[%zu] = %g, expected %g", what, i, a[i], x);
+}
+
+static void fill(float *a, size_t n, float x)
+{
+	for (size_t i = 0; i < n; i++)
+		a[i] = x;
+}
+
+/* Rewrites shard file 0 of stepdir so that its last tensor's adam v moment
+ * has another name, with checksums that match again: a checkpoint that
+ * passes every check before loading and fails after the parameters and
+ * most moments have been copied. */
+static void damage_last_moment(const char *stepdir, const struct ckpt_layout *l)
+{
+	char path[600], name[200], err[256];
+	snprintf(path, sizeof(path), "%s/shard-0-of-1.safetensors", stepdir);
+	unsigned char *buf;
+	size_t n;
+	read_all(path, &buf, &n);
+	snprintf(name, sizeof(name), "\"optim.v.%s\"", l->t[l->nt - 1].name);
+	unsigned char *hit = memmem(buf, n, name, strlen(name));
+	cr_assert_not_null(hit, "no %s in %s", name, path);
+	hit[7] = 'w'; /* "optim.w.NAME": same length, same offsets */
+	FILE *f = fopen(path, "wb");
+	cr_assert(f && fwrite(buf, 1, n, f) == n && fclose(f) == 0);
+	static struct ckpt_manifest mf;
+	cr_assert_eq(manifest_read(&mf, stepdir, err, sizeof(err)), 0, "%s", err);
+	crypto_generichash(mf.shards[0].sum, CKPT_HASH_BYTES, buf, n, NULL, 0);
+	free(buf);
+	snprintf(path, sizeof(path), "%s/manifest-0-of-1", stepdir);
+	f = fopen(path, "w");
+	cr_assert_not_null(f);
+	struct manifest_arg a = { &mf, 0 };
+	cr_assert_eq(manifest_fill(f, &a, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(fclose(f), 0);
+	cr_assert_eq(manifest_read(&mf, stepdir, err, sizeof(err)), 0, "the damaged manifest: %s", err);
+}
+
+/* A ROLLBACK whose checkpoint fails to load, before or half way through,
+ * or that has no checkpoint, leaves parameters, moments, the optimizer's
+ * step and the version exactly as they were; a good checkpoint then
+ * restores. (checkpoint_load filled the shard tensor by tensor: the damaged
+ * one used to leave every parameter restored and the last moment not.) */
+Test(keyholder, failed_rollback_leaves_the_shard_untouched)
+{
+	static struct config c;
+	struct model m;
+	char err[CONFIG_ERR_MAX], extra[400], stepdir[400];
+	snprintf(extra, sizeof(extra), "optimizer = adam\ncheckpoint_dir = %s/ckpt\n", dir);
+	shard_config(&c, &m, 1, extra);
+	struct shard r = { 0, m.nparams };
+	struct psshard sh;
+	cr_assert_eq(psshard_init(&sh, &m, &r, &c, 100, err, sizeof(err)), 0, "%s", err);
+	size_t n = sh.n;
+	cr_assert(sh.opt.m && sh.opt.v);
+	pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+	FILE *out = fopen("/dev/null", "w");
+	cr_assert_not_null(out);
+	struct ps_store st;
+	cr_assert_eq(ps_store_open(&st, &mu, &sh, &m, &c, 0, 1, out, err, sizeof(err)), 0, "%s", err);
+	cr_assert_not_null(st.lay);
+
+	/* Checkpoints 2 (good) and 3 (damaged) of a state of 1s, 2s and 3s. */
+	float *p = malloc(n * sizeof(float)), *mm = malloc(n * sizeof(float)), *vv = malloc(n * sizeof(float));
+	cr_assert(p && mm && vv);
+	fill(p, n, 1), fill(mm, n, 2), fill(vv, n, 3);
+	struct ckpt_state cs = { p, mm, vv, 3 };
+	for (long step = 2; step <= 3; step++)
+		cr_assert_eq(checkpoint_save_shard(c.train.checkpoint_dir, st.lay, step, 0, &cs, 0, 5, NULL, err,
+						   sizeof(err)), 0, "%s", err);
+	checkpoint_step_dir(stepdir, sizeof(stepdir), c.train.checkpoint_dir, 3);
+	damage_last_moment(stepdir, st.lay);
+
+	/* The shard at version 5, state 7s, 8s, 9s, t 11. */
+	fill(sh.params, n, 7), fill(sh.opt.m, n, 8), fill(sh.opt.v, n, 9);
+	sh.opt.t = 11;
+	psshard_rewind(&sh, 5);
+	const uint64_t bad_steps[] = { 3, 4 };
+	for (int i = 0; i < 2; i++) {
+		uint64_t step = bad_steps[i];
+		pthread_mutex_lock(&mu);
+		int e = ps_store_rollback(&st, &step, err, sizeof(err));
+		pthread_mutex_unlock(&mu);
+		cr_assert_lt(e, 0, "rollback to step %llu: %d", (unsigned long long)bad_steps[i], e);
+		cr_assert_eq(e, i ? -ENOENT : -EINVAL, "%d: %s", e, err);
+		assert_all(sh.params, n, 7, "params");
+		assert_all(sh.opt.m, n, 8, "m");
+		assert_all(sh.opt.v, n, 9, "v");
+		cr_assert_eq(sh.opt.t, 11);
+		cr_assert_eq(psshard_version(&sh), 5);
+	}
+	uint64_t step = 2;
+	pthread_mutex_lock(&mu);
+	int e = ps_store_rollback(&st, &step, err, sizeof(err));
+	pthread_mutex_unlock(&mu);
+	cr_assert_eq(e, 0, "%s", err);
+	assert_all(sh.params, n, 1, "params");
+	assert_all(sh.opt.m, n, 2, "m");
+	assert_all(sh.opt.v, n, 3, "v");
+	cr_assert_eq(sh.opt.t, 3);
+	cr_assert_eq(psshard_version(&sh), 2);
+
+	ps_store_close(&st);
+	psshard_free(&sh);
+	fclose(out);
+	free(p);
+	free(mm);
+	free(vv);
+}

@@ -400,6 +400,25 @@ out:
 	return rc;
 }
 
+/* The server's reading of HELLO1: size and MAC before any field (a
+ * failure: drop without a reply), then the fields (hello_parse's errors).
+ * mac_key and tag (ours) are left for the answer; the caller wipes
+ * mac_key. */
+HS_MUST_CHECK static int hello1_read(const uint8_t psk[HS_PSK_BYTES], const struct hs_identity *me,
+				     const uint8_t *in, size_t inlen, uint8_t mac_key[32],
+				     uint8_t tag[HS_HASH_BYTES], struct hs_identity *peer,
+				     uint64_t *time_ns, uint8_t peer_epk[32], char *err, size_t errlen)
+{
+	if (mac_key_derive(mac_key, psk) != 0 || config_tag(tag, psk, me->config_hash) != 0) {
+		(void)err_set(err, errlen, 0, "handshake: BLAKE2b failed");
+		return -EIO;
+	}
+	int rc = hello_verify(mac_key, NULL, 0, in, inlen, "client hello", err, errlen);
+	if (rc < 0)
+		return rc;
+	return hello_parse(peer, time_ns, peer_epk, in, STEP_CLIENT, me, tag, err, errlen);
+}
+
 int hs_server_respond(struct hs_result *res, uint8_t out[HS_HELLO_BYTES], size_t *outlen,
 		      const uint8_t psk[HS_PSK_BYTES], const struct hs_identity *me,
 		      const uint8_t *in, size_t inlen, char *err, size_t errlen)
@@ -420,19 +439,9 @@ int hs_server_respond(struct hs_result *res, uint8_t out[HS_HELLO_BYTES], size_t
 	if (rc < 0)
 		goto out;
 
-	/* size, mac1: before any field is read; a failure gets no reply */
-	if (mac_key_derive(mac_key, psk) != 0 || config_tag(tag, psk, me->config_hash) != 0) {
-		(void)err_set(err, errlen, 0, "handshake: BLAKE2b failed");
-		rc = -EIO;
-		goto out;
-	}
-	rc = hello_verify(mac_key, NULL, 0, in, inlen, "client hello", err, errlen);
-	if (rc < 0)
-		goto out;
-
-	/* fields, version, config: a mismatch still gets our HELLO2, so the
-	 * client can say what differs too */
-	rc = hello_parse(&peer, &peer_time, peer_epk, in, STEP_CLIENT, me, tag, err, errlen);
+	/* size, mac1, then fields, version, config: a mismatch still gets
+	 * our HELLO2, so the client can say what differs too */
+	rc = hello1_read(psk, me, in, inlen, mac_key, tag, &peer, &peer_time, peer_epk, err, errlen);
 	mismatch = rc == -EPROTONOSUPPORT || rc == -EBADE;
 	if (rc < 0 && !mismatch)
 		goto out;
@@ -492,24 +501,12 @@ int hs_server_peek(const uint8_t psk[HS_PSK_BYTES], const struct hs_identity *me
 	uint8_t mac_key[32], tag[HS_HASH_BYTES], epk[32];
 	struct hs_identity p;
 	uint64_t t = 0;
-	int rc;
-
-	if (mac_key_derive(mac_key, psk) != 0 || config_tag(tag, psk, me->config_hash) != 0) {
-		(void)err_set(err, errlen, 0, "handshake: BLAKE2b failed");
-		rc = -EIO;
-		goto out;
-	}
-	rc = hello_verify(mac_key, NULL, 0, in, inlen, "client hello", err, errlen);
-	if (rc < 0)
-		goto out;
 	memset(&p, 0, sizeof p);
-	rc = hello_parse(&p, &t, epk, in, STEP_CLIENT, me, tag, err, errlen);
+	int rc = hello1_read(psk, me, in, inlen, mac_key, tag, &p, &t, epk, err, errlen);
 	if (rc == 0 || rc == -EBADE || rc == -EPROTONOSUPPORT) {
 		*peer = p;
 		*time_ns = rc == -EPROTONOSUPPORT ? 0 : t;
 	}
-
-out:
 	sodium_memzero(mac_key, sizeof mac_key);
 	return rc;
 }

@@ -32,13 +32,22 @@ TestSuite(gate, .init = target_setup, .fini = target_teardown, .timeout = 120);
 
 /* ---- the gate alone --------------------------------------------------------- */
 
-static int listener(int *port)
+/* A gate (max, per_source, timeout_ms as gate_init takes them) on a new
+ * loopback listener, whose port goes into *port; returns the listener. */
+static int open_gate(struct gate *g, int *port, int max, int per_source, int timeout_ms)
 {
 	int lfd;
 	char err[256];
 	cr_assert_eq(sock_listen("127.0.0.1", 0, 0, &lfd, err, sizeof(err)), 0, "%s", err);
 	*port = sock_local_port(lfd);
+	cr_assert_eq(gate_init(g, lfd, max, per_source, timeout_ms, err, sizeof(err)), 0, "%s", err);
 	return lfd;
+}
+
+static void close_gate(struct gate *g, int lfd)
+{
+	gate_free(g);
+	close(lfd);
 }
 
 static int connect_to(int port)
@@ -75,10 +84,8 @@ static void turn(struct gate *g, int ms)
 
 Test(gate, idle_connection_closed_at_its_deadline)
 {
-	int port, lfd = listener(&port);
 	struct gate g;
-	char err[256];
-	cr_assert_eq(gate_init(&g, lfd, 16, 16, 300, err, sizeof(err)), 0, "%s", err);
+	int port, lfd = open_gate(&g, &port, 16, 16, 300);
 	int fd = connect_to(port);
 	cr_assert_eq(send(fd, "PSTR", 4, 0), 4); /* a trickle does not extend it */
 	double t0 = target_now_s();
@@ -97,18 +104,15 @@ Test(gate, idle_connection_closed_at_its_deadline)
 	gate_tally_take(&g, &t);
 	cr_assert_eq(t.total, 0, "the tally restarts after a take");
 	close(fd);
-	gate_free(&g);
-	close(lfd);
+	close_gate(&g, lfd);
 }
 
 /* Six idle connections from one source with room for four: the two
  * oldest go, the four newest stay. */
 Test(gate, a_source_over_its_share_loses_its_oldest)
 {
-	int port, lfd = listener(&port);
 	struct gate g;
-	char err[256];
-	cr_assert_eq(gate_init(&g, lfd, 64, 4, 10000, err, sizeof(err)), 0, "%s", err);
+	int port, lfd = open_gate(&g, &port, 64, 4, 10000);
 	int fd[6];
 	for (int i = 0; i < 6; i++) {
 		fd[i] = connect_to(port);
@@ -122,8 +126,7 @@ Test(gate, a_source_over_its_share_loses_its_oldest)
 	cr_assert_eq(t.n[GATE_EVICTED], 2);
 	for (int i = 0; i < 6; i++)
 		close(fd[i]);
-	gate_free(&g);
-	close(lfd);
+	close_gate(&g, lfd);
 }
 
 /* A whole greeting gets out even when more connections than the gate holds
@@ -131,10 +134,9 @@ Test(gate, a_source_over_its_share_loses_its_oldest)
  * caller's): the gate never answers. */
 Test(gate, greeting_gets_out_ahead_of_a_flood)
 {
-	int port, lfd = listener(&port);
 	struct gate g;
+	int port, lfd = open_gate(&g, &port, 8, 4, 1000);
 	char err[256];
-	cr_assert_eq(gate_init(&g, lfd, 8, 4, 1000, err, sizeof(err)), 0, "%s", err);
 	uint8_t hello[HS_HELLO_BYTES];
 	randombytes_buf(hello, sizeof(hello));
 	int real = connect_to(port);
@@ -173,8 +175,7 @@ Test(gate, greeting_gets_out_ahead_of_a_flood)
 	close(real);
 	for (int i = 0; i < 40; i++)
 		close(flood[i]);
-	gate_free(&g);
-	close(lfd);
+	close_gate(&g, lfd);
 }
 
 /* ---- a real ps ---------------------------------------------------------------- */

@@ -1,5 +1,6 @@
 /* See target.h. */
 #include "target.h"
+#include "leak.h"
 #include "util.h"
 
 #include <criterion/criterion.h>
@@ -11,39 +12,92 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <signal.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 
 #define IO_MS 5000
 
-static double now_s(void)
+char target_dir[256];
+
+/* Every process this test started (each test is a process of its own). */
+static pid_t spawned[8];
+static int nspawned;
+
+void target_setup(void)
+{
+	cr_assert_geq(sodium_init(), 0);
+	signal(SIGPIPE, SIG_IGN);
+	test_dir_make(target_dir, sizeof(target_dir), criterion_current_suite->name);
+}
+
+void target_teardown(void)
+{
+	for (int i = 0; i < nspawned; i++)
+		if (waitpid(spawned[i], NULL, WNOHANG) == 0) {
+			kill(spawned[i], SIGKILL);
+			waitpid(spawned[i], NULL, 0);
+		}
+	nspawned = 0;
+	test_dir_remove(target_dir);
+	leak_check();
+}
+
+/* A test that starts more than the table holds fails rather than leave a
+ * process that teardown would not kill. */
+pid_t target_spawn(const char *const *args, const char *outpath)
+{
+	pid_t pid = spawn_pstrain(args, outpath, NULL);
+	cr_assert_lt(nspawned, (int)(sizeof(spawned) / sizeof(spawned[0])));
+	spawned[nspawned++] = pid;
+	return pid;
+}
+
+double target_now_s(void)
 {
 	struct timespec t;
 	clock_gettime(CLOCK_MONOTONIC, &t);
 	return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-static void nap_ms(long ms)
+void target_nap_ms(long ms)
 {
 	struct timespec t = { ms / 1000, (ms % 1000) * 1000 * 1000 };
 	nanosleep(&t, NULL);
 }
 
-/* blobs.csv, cluster.key and cluster.ini (1 ps, W workers) in dir; loads the
- * key and the config hash into t. */
-void target_write(struct target *t, const char *dir, int W, int steps, int batch, const char *extra)
+/* Whether a line of text sets key ("key = ..."). */
+static int sets_key(const char *text, const char *key)
 {
+	size_t n = strlen(key);
+	for (const char *l = text; l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
+		if (!strncmp(l, key, n) && (l[n] == ' ' || l[n] == '='))
+			return 1;
+	return 0;
+}
+
+/* blobs.csv, cluster.key and cluster.ini (1 ps, W workers) in target_dir;
+ * loads the key and the config hash into t. */
+void target_write(struct target *t, int W, int steps, int batch, const char *extra)
+{
+	/* [train] lines a test may replace through extra (a key set twice is
+	 * a config error). */
+	static const char *const dflt[][2] = { { "learning_rate", "0.05" }, { "optimizer", "momentum" },
+					       { "momentum", "0.9" }, { "eval_every", "10" },
+					       { "threads", "1" } };
 	char path[300], err[KEY_ERR_MAX];
-	snprintf(path, sizeof(path), "%s/blobs.csv", dir);
+	snprintf(path, sizeof(path), "%s/blobs.csv", target_dir);
 	write_blobs(path, 600, 3, 6, 3);
-	snprintf(path, sizeof(path), "%s/cluster.key", dir);
+	snprintf(path, sizeof(path), "%s/cluster.key", target_dir);
 	cr_assert_eq(key_generate(path, err, sizeof(err)), 0, "%s", err);
 	cr_assert_eq(key_load(t->key, path, err, sizeof(err)), 0, "%s", err);
-	snprintf(t->cfg, sizeof(t->cfg), "%s/cluster.ini", dir);
-	snprintf(t->log, sizeof(t->log), "%s/ps0.log", dir);
+	snprintf(t->cfg, sizeof(t->cfg), "%s/cluster.ini", target_dir);
+	snprintf(t->log, sizeof(t->log), "%s/ps0.log", target_dir);
 	t->port = free_port();
 	FILE *f = fopen(t->cfg, "w");
 	cr_assert_not_null(f);
@@ -55,10 +109,11 @@ void target_write(struct target *t, const char *dir, int W, int steps, int batch
 		fprintf(f, "%s127.0.0.1:%d", !i ? "" : i % 8 ? ", " : ",\n  ", 61000 + i);
 	fprintf(f, "\nkey_file = cluster.key\n"
 		   "[data]\nformat = csv\ntrain_csv = blobs.csv\nlabel_column = first\n"
-		   "[train]\nsteps = %d\nbatch_size = %d\nlearning_rate = 0.05\noptimizer = momentum\n"
-		   "momentum = 0.9\neval_every = 10\nthreads = 1\n%s"
-		   "[model]\ninput = 6\nlayer = dense 16\nlayer = relu\nlayer = dense 3\n",
-		steps, batch, extra);
+		   "[train]\nsteps = %d\nbatch_size = %d\n", steps, batch);
+	for (size_t i = 0; i < sizeof(dflt) / sizeof(dflt[0]); i++)
+		if (!sets_key(extra, dflt[i][0]))
+			fprintf(f, "%s = %s\n", dflt[i][0], dflt[i][1]);
+	fprintf(f, "%s[model]\ninput = 6\nlayer = dense 16\nlayer = relu\nlayer = dense 3\n", extra);
 	cr_assert_eq(fclose(f), 0);
 	struct config *c = malloc(sizeof(*c));
 	cr_assert_not_null(c);
@@ -68,13 +123,32 @@ void target_write(struct target *t, const char *dir, int W, int steps, int batch
 	free(c);
 }
 
+void target_start(struct target *t, const char *set)
+{
+	const char *args[] = { "ps", "--index", "0", "--config", t->cfg, set ? "--set" : NULL, set, NULL };
+	t->pid = target_spawn(args, t->log);
+}
+
+char *target_worker_finishes(struct target *t, int timeout_s)
+{
+	char wlog[300];
+	snprintf(wlog, sizeof(wlog), "%s/worker0.log", target_dir);
+	const char *args[] = { "worker", "--index", "0", "--config", t->cfg, NULL };
+	pid_t pids[2] = { t->pid, target_spawn(args, wlog) };
+	int st[2];
+	wait_children(pids, 2, st, timeout_s);
+	cr_assert_eq(st[1], 0, "worker exit %d:\n%s\nps:\n%s", st[1], slurp(wlog), slurp(t->log));
+	cr_assert_eq(st[0], 0, "ps exit %d:\n%s", st[0], slurp(t->log));
+	return slurp(wlog);
+}
+
 /* Waits (bounded) for the ps's log to contain needle; returns the log. */
 char *target_wait_log(const struct target *t, const char *needle)
 {
-	double t0 = now_s();
+	double t0 = target_now_s();
 	char *log;
-	while (!strstr(log = slurp(t->log), needle) && now_s() - t0 < 5)
-		nap_ms(20);
+	while (!strstr(log = slurp(t->log), needle) && target_now_s() - t0 < 5)
+		target_nap_ms(20);
 	return log;
 }
 
@@ -183,11 +257,11 @@ double target_expect_closed(int fd, int limit_ms)
 {
 	uint8_t b;
 	char err[256];
-	double t0 = now_s();
+	double t0 = target_now_s();
 	int r = sock_read_full(fd, &b, 1, limit_ms, err, sizeof(err));
 	cr_assert(r == -EPIPE || r == -ECONNRESET, "expected the ps to close, got %d (%s)", r,
 		  r ? err : "a byte");
-	return now_s() - t0;
+	return target_now_s() - t0;
 }
 
 /* Reads the PARAMS reply to a PULL (the model has one chunk). */

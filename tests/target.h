@@ -1,8 +1,10 @@
 /* A `pstrain ps` under test and a peer that speaks to it from the test's
- * process with the net modules: the config and key it trains with, a
- * handshake as any worker (with the key or another, at any time), the
- * first frame that confirms it, sealed messages, and what the ps logged
- * about a peer. Every call asserts; every wait is bounded (5 s). */
+ * process with the net modules: the suite's setup and teardown, which
+ * kill what a failed assertion left running, the config and key it trains
+ * with, a handshake as any worker (with the key or another, at any time),
+ * the first frame that confirms it, sealed messages, and what the ps
+ * logged about a peer. Every call asserts; every wait is bounded (5 s).
+ * What a test checks about the processes it starts stays in the test. */
 #ifndef PSTRAIN_TEST_TARGET_H
 #define PSTRAIN_TEST_TARGET_H
 
@@ -23,12 +25,38 @@ struct target {
 	uint8_t hash[CONFIG_HASH_BYTES];
 };
 
+/* The running test's directory, made by target_setup. */
+extern char target_dir[256];
+
+/* A suite's .init: libsodium, SIGPIPE ignored (a peer that closes is an
+ * error return, not the test's death), a new target_dir tagged with the
+ * suite's name. */
+void target_setup(void);
+/* A suite's .fini: kills every process target_spawn started that is still
+ * running (a failed assertion left it), removes target_dir, checks for
+ * leaks. */
+void target_teardown(void);
+/* spawn_pstrain, remembering the process for target_teardown; a test
+ * that starts more than 8 fails. */
+pid_t target_spawn(const char *const *args, const char *outpath);
+/* Seconds on the monotonic clock. */
+double target_now_s(void);
+void target_nap_ms(long ms);
+
 /* blobs.csv, cluster.key and cluster.ini (1 ps on a free port, W workers
- * never listened on) in dir, training `steps` steps of batch `batch`; extra
- * goes into [train]. Loads the key and the config hash into t; the ps's
- * log is dir/ps0.log. */
-void target_write(struct target *t, const char *dir, int W, int steps, int batch,
-		  const char *extra);
+ * never listened on) in target_dir, training `steps` steps of batch
+ * `batch`; extra goes into [train], and a key it sets (learning_rate,
+ * optimizer, ...) replaces the line target_write would have written.
+ * Loads the key and the config hash into t; the ps's log is
+ * target_dir/ps0.log. */
+void target_write(struct target *t, int W, int steps, int batch, const char *extra);
+/* Starts `pstrain ps --index 0` on t's config with target_spawn, its
+ * output to t->log; set: one "--set KEY=VALUE" argument, or NULL. */
+void target_start(struct target *t, const char *set);
+/* A real `pstrain worker --index 0` (its output in target_dir/worker0.log)
+ * trains to the end: it and the ps exit 0 within timeout_s. Returns the
+ * worker's log. */
+char *target_worker_finishes(struct target *t, int timeout_s);
 
 /* A connected socket to the ps. */
 int target_dial(const struct target *t);

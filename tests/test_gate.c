@@ -7,7 +7,6 @@
  * live worker's index. Every wait is bounded. */
 #include <criterion/criterion.h>
 
-#include "leak.h"
 #include "target.h"
 #include "util.h"
 
@@ -18,7 +17,6 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
-#include <signal.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,55 +28,26 @@
 
 #define RUN_TIMEOUT_S 60
 
-static char dir[256];
-static pid_t spawned[4];
-static int nspawned;
-
-static void setup(void)
-{
-	cr_assert_geq(sodium_init(), 0);
-	signal(SIGPIPE, SIG_IGN);
-	test_dir_make(dir, sizeof(dir), "gate");
-}
-
-static void teardown(void)
-{
-	for (int i = 0; i < nspawned; i++)
-		if (waitpid(spawned[i], NULL, WNOHANG) == 0) {
-			kill(spawned[i], SIGKILL);
-			waitpid(spawned[i], NULL, 0);
-		}
-	nspawned = 0;
-	test_dir_remove(dir);
-	leak_check();
-}
-
-TestSuite(gate, .init = setup, .fini = teardown, .timeout = 120);
-
-static pid_t spawn(const char *const *args, const char *outpath)
-{
-	pid_t pid = spawn_pstrain(args, outpath, NULL);
-	cr_assert_lt(nspawned, (int)(sizeof(spawned) / sizeof(spawned[0])));
-	spawned[nspawned++] = pid;
-	return pid;
-}
-
-static double now_s(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
+TestSuite(gate, .init = target_setup, .fini = target_teardown, .timeout = 120);
 
 /* ---- the gate alone --------------------------------------------------------- */
 
-static int listener(int *port)
+/* A gate (max, per_source, timeout_ms as gate_init takes them) on a new
+ * loopback listener, whose port goes into *port; returns the listener. */
+static int open_gate(struct gate *g, int *port, int max, int per_source, int timeout_ms)
 {
 	int lfd;
 	char err[256];
 	cr_assert_eq(sock_listen("127.0.0.1", 0, 0, &lfd, err, sizeof(err)), 0, "%s", err);
 	*port = sock_local_port(lfd);
+	cr_assert_eq(gate_init(g, lfd, max, per_source, timeout_ms, err, sizeof(err)), 0, "%s", err);
 	return lfd;
+}
+
+static void close_gate(struct gate *g, int lfd)
+{
+	gate_free(g);
+	close(lfd);
 }
 
 static int connect_to(int port)
@@ -106,27 +75,25 @@ static int closed_within(int fd, int ms)
 /* Turns the gate for ms, asserting that no greeting comes out. */
 static void turn(struct gate *g, int ms)
 {
-	double end = now_s() + ms / 1000.0;
+	double end = target_now_s() + ms / 1000.0;
 	struct gate_greeting gr;
 	char err[256];
-	while (now_s() < end)
+	while (target_now_s() < end)
 		cr_assert_eq(gate_next(g, 20, &gr, err, sizeof(err)), 0, "%s", err);
 }
 
 Test(gate, idle_connection_closed_at_its_deadline)
 {
-	int port, lfd = listener(&port);
 	struct gate g;
-	char err[256];
-	cr_assert_eq(gate_init(&g, lfd, 16, 16, 300, err, sizeof(err)), 0, "%s", err);
+	int port, lfd = open_gate(&g, &port, 16, 16, 300);
 	int fd = connect_to(port);
 	cr_assert_eq(send(fd, "PSTR", 4, 0), 4); /* a trickle does not extend it */
-	double t0 = now_s();
+	double t0 = target_now_s();
 	turn(&g, 150);
 	cr_assert(!closed_within(fd, 0), "closed before its deadline");
-	while (!closed_within(fd, 0) && now_s() - t0 < 2)
+	while (!closed_within(fd, 0) && target_now_s() - t0 < 2)
 		turn(&g, 20);
-	double took = now_s() - t0;
+	double took = target_now_s() - t0;
 	cr_assert(took >= 0.25 && took < 1.0, "closed after %.2f s, deadline 0.3 s", took);
 	struct gate_tally t;
 	gate_tally_take(&g, &t);
@@ -137,18 +104,15 @@ Test(gate, idle_connection_closed_at_its_deadline)
 	gate_tally_take(&g, &t);
 	cr_assert_eq(t.total, 0, "the tally restarts after a take");
 	close(fd);
-	gate_free(&g);
-	close(lfd);
+	close_gate(&g, lfd);
 }
 
 /* Six idle connections from one source with room for four: the two
  * oldest go, the four newest stay. */
 Test(gate, a_source_over_its_share_loses_its_oldest)
 {
-	int port, lfd = listener(&port);
 	struct gate g;
-	char err[256];
-	cr_assert_eq(gate_init(&g, lfd, 64, 4, 10000, err, sizeof(err)), 0, "%s", err);
+	int port, lfd = open_gate(&g, &port, 64, 4, 10000);
 	int fd[6];
 	for (int i = 0; i < 6; i++) {
 		fd[i] = connect_to(port);
@@ -162,8 +126,7 @@ Test(gate, a_source_over_its_share_loses_its_oldest)
 	cr_assert_eq(t.n[GATE_EVICTED], 2);
 	for (int i = 0; i < 6; i++)
 		close(fd[i]);
-	gate_free(&g);
-	close(lfd);
+	close_gate(&g, lfd);
 }
 
 /* A whole greeting gets out even when more connections than the gate holds
@@ -171,10 +134,9 @@ Test(gate, a_source_over_its_share_loses_its_oldest)
  * caller's): the gate never answers. */
 Test(gate, greeting_gets_out_ahead_of_a_flood)
 {
-	int port, lfd = listener(&port);
 	struct gate g;
+	int port, lfd = open_gate(&g, &port, 8, 4, 1000);
 	char err[256];
-	cr_assert_eq(gate_init(&g, lfd, 8, 4, 1000, err, sizeof(err)), 0, "%s", err);
 	uint8_t hello[HS_HELLO_BYTES];
 	randombytes_buf(hello, sizeof(hello));
 	int real = connect_to(port);
@@ -184,8 +146,8 @@ Test(gate, greeting_gets_out_ahead_of_a_flood)
 		flood[i] = connect_to(port);
 	struct gate_greeting gr;
 	int got = 0;
-	double t0 = now_s();
-	while (!got && now_s() - t0 < 2) {
+	double t0 = target_now_s();
+	while (!got && target_now_s() - t0 < 2) {
 		int r = gate_next(&g, 50, &gr, err, sizeof(err));
 		cr_assert_geq(r, 0, "%s", err);
 		got = r;
@@ -199,10 +161,10 @@ Test(gate, greeting_gets_out_ahead_of_a_flood)
 	cr_assert_eq(send(real, hello, sizeof(hello), 0), (ssize_t)sizeof(hello));
 	turn(&g, 200);
 	cr_assert(!closed_within(real, 0), "a refused connection closed before its deadline");
-	while (!closed_within(real, 0) && now_s() - t0 < 3)
+	while (!closed_within(real, 0) && target_now_s() - t0 < 3)
 		turn(&g, 20);
-	cr_assert(now_s() - t0 < 1.5, "a refused connection held %.2f s, deadline 1 s",
-		  now_s() - t0);
+	cr_assert(target_now_s() - t0 < 1.5, "a refused connection held %.2f s, deadline 1 s",
+		  target_now_s() - t0);
 	struct gate_tally t;
 	gate_tally_take(&g, &t);
 	cr_assert_eq(t.n[GATE_UNAUTH], 1);
@@ -213,8 +175,7 @@ Test(gate, greeting_gets_out_ahead_of_a_flood)
 	close(real);
 	for (int i = 0; i < 40; i++)
 		close(flood[i]);
-	gate_free(&g);
-	close(lfd);
+	close_gate(&g, lfd);
 }
 
 /* ---- a real ps ---------------------------------------------------------------- */
@@ -222,22 +183,8 @@ Test(gate, greeting_gets_out_ahead_of_a_flood)
 /* One ps for W workers, peer_timeout as given ("cluster.peer_timeout=S"). */
 static void start_ps(struct target *t, int W, const char *peer_timeout)
 {
-	target_write(t, dir, W, 30, 16, "");
-	const char *args[] = { "ps", "--index", "0", "--config", t->cfg, "--set", peer_timeout, NULL };
-	t->pid = spawn(args, t->log);
-}
-
-/* A real worker 0 trains to the end; it and the ps exit 0. */
-static void real_worker_finishes(struct target *t)
-{
-	char wlog[300];
-	snprintf(wlog, sizeof(wlog), "%s/worker0.log", dir);
-	const char *args[] = { "worker", "--index", "0", "--config", t->cfg, NULL };
-	pid_t pids[2] = { t->pid, spawn(args, wlog) };
-	int st[2];
-	wait_children(pids, 2, st, RUN_TIMEOUT_S);
-	cr_assert_eq(st[1], 0, "worker exit %d:\n%s\nps:\n%s", st[1], slurp(wlog), slurp(t->log));
-	cr_assert_eq(st[0], 0, "ps exit %d:\n%s", st[0], slurp(t->log));
+	target_write(t, W, 30, 16, "");
+	target_start(t, peer_timeout);
 }
 
 /* Lines of text holding needle. */
@@ -300,7 +247,7 @@ Test(gate, idle_connections_do_not_lock_a_worker_out)
 	cr_assert_eq(pthread_create(&th, NULL, idlers_main, &id), 0);
 	struct timespec ts = { 1, 500 * 1000 * 1000 }; /* past one handshake_timeout */
 	nanosleep(&ts, NULL);
-	real_worker_finishes(&t);
+	target_worker_finishes(&t, RUN_TIMEOUT_S);
 	id.stop = 1;
 	pthread_join(th, NULL);
 	char *log = slurp(t.log);
@@ -359,7 +306,7 @@ Test(gate, replayed_greeting_is_never_the_worker)
 	cr_assert(strstr(log, "replayed"), "%s", log);
 	cr_assert_null(strstr(log, "lost worker"), "%s", log);
 	cr_assert_null(strstr(log, "closed worker 0's connection"), "%s", log);
-	real_worker_finishes(&t);
+	target_worker_finishes(&t, RUN_TIMEOUT_S);
 }
 
 /* Reads one message on a confirmed test peer's connection into buf. */

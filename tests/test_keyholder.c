@@ -20,7 +20,7 @@
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
 
-#include "leak.h"
+#include "target.h"
 #include "util.h"
 
 #include "../cluster/ps_store.h"
@@ -38,159 +38,52 @@
 #include "../net/pipe.h"
 #include "../net/sock.h"
 
-#include <arpa/inet.h>
 #include <errno.h>
 #include <math.h>
-#include <netinet/in.h>
 #include <pthread.h>
-#include <signal.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #define RUN_TIMEOUT_S 40
 #define IO_MS 5000
 #define NPARAMS (6 * 16 + 16 + 16 * 3 + 3) /* the model target_write configures */
 
-static char dir[256];
-static pid_t spawned[8];
-static int nspawned;
-
-static void setup(void)
-{
-	cr_assert_geq(sodium_init(), 0);
-	signal(SIGPIPE, SIG_IGN);
-	test_dir_make(dir, sizeof(dir), "keyholder");
-}
-
-static void teardown(void)
-{
-	for (int i = 0; i < nspawned; i++)
-		if (waitpid(spawned[i], NULL, WNOHANG) == 0) {
-			kill(spawned[i], SIGKILL);
-			waitpid(spawned[i], NULL, 0);
-		}
-	nspawned = 0;
-	test_dir_remove(dir);
-	leak_check();
-}
-
-TestSuite(keyholder, .init = setup, .fini = teardown, .timeout = 90);
-
-static double now_s(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static void nap_ms(long ms)
-{
-	struct timespec t = { ms / 1000, (ms % 1000) * 1000 * 1000 };
-	nanosleep(&t, NULL);
-}
+TestSuite(keyholder, .init = target_setup, .fini = target_teardown, .timeout = 90);
 
 /* ---- a ps and a key holder speaking to it ---------------------------------- */
 
-struct target {
-	char cfg[300], log[300];
-	int port;
-	pid_t pid;
-	uint8_t key[KEY_BYTES];
-	uint8_t hash[CONFIG_HASH_BYTES];
-};
-
-/* blobs.csv, cluster.key and cluster.ini (1 ps, W workers; extra goes into
- * [train]) in dir; loads the key and the config hash into t. */
-static void target_write(struct target *t, int W, const char *extra)
+/* The cluster of target_write for W workers, batches of 16, with
+ * checkpoints in target_dir/ckpt unless extra ([train] lines) sets checkpoint_dir. */
+static void write_config(struct target *t, int W, int steps, const char *extra)
 {
-	char path[300], err[KEY_ERR_MAX];
-	snprintf(path, sizeof(path), "%s/blobs.csv", dir);
-	write_blobs(path, 600, 3, 6, 3);
-	snprintf(path, sizeof(path), "%s/cluster.key", dir);
-	cr_assert_eq(key_generate(path, err, sizeof(err)), 0, "%s", err);
-	cr_assert_eq(key_load(t->key, path, err, sizeof(err)), 0, "%s", err);
-	snprintf(t->cfg, sizeof(t->cfg), "%s/cluster.ini", dir);
-	snprintf(t->log, sizeof(t->log), "%s/ps0.log", dir);
-	t->port = free_port();
-	FILE *f = fopen(t->cfg, "w");
-	cr_assert_not_null(f);
-	fprintf(f, "[cluster]\nps = 127.0.0.1:%d\nworkers = ", t->port);
-	/* Placeholder ports above the ephemeral range: never listened on. */
-	for (int i = 0; i < W; i++)
-		fprintf(f, "%s127.0.0.1:%d", i ? ", " : "", 61000 + i);
-	fprintf(f, "\nkey_file = cluster.key\n"
-		   "[data]\nformat = csv\ntrain_csv = blobs.csv\nlabel_column = first\n"
-		   "[train]\nbatch_size = 16\noptimizer = momentum\nmomentum = 0.9\neval_every = 10\n"
-		   "threads = 1\n%s", extra);
-	/* Defaults for what extra does not set. */
-	const char *dflt[][2] = { { "steps", "20" }, { "learning_rate", "0.05" },
-				  { "checkpoint_dir", "ckpt" } };
-	for (size_t i = 0; i < sizeof(dflt) / sizeof(dflt[0]); i++)
-		if (!strstr(extra, dflt[i][0]))
-			fprintf(f, "%s = %s\n", dflt[i][0], dflt[i][1]);
-	fprintf(f, "[model]\ninput = 6\nlayer = dense 16\nlayer = relu\nlayer = dense 3\n");
-	cr_assert_eq(fclose(f), 0);
-	struct config *c = malloc(sizeof(*c));
-	cr_assert_not_null(c);
-	char cerr[CONFIG_ERR_MAX];
-	cr_assert_eq(config_load(c, t->cfg, NULL, 0, cerr, sizeof(cerr)), 0, "%s", cerr);
-	cr_assert_eq(config_hash(c, t->hash), 0);
-	free(c);
+	char train[256];
+	int n = snprintf(train, sizeof(train), "%s%s", extra,
+			 strstr(extra, "checkpoint_dir") ? "" : "checkpoint_dir = ckpt\n");
+	cr_assert_lt(n, (int)sizeof(train));
+	target_write(t, W, steps, 16, train);
 }
 
-static pid_t spawn(const char *const *args, const char *outpath)
+static void start_ps(struct target *t, int W, int steps, const char *extra)
 {
-	pid_t pid = spawn_pstrain(args, outpath, NULL);
-	if (nspawned < (int)(sizeof(spawned) / sizeof(spawned[0])))
-		spawned[nspawned++] = pid;
-	return pid;
+	write_config(t, W, steps, extra);
+	target_start(t, NULL);
 }
 
-static void start_ps(struct target *t, int W, const char *extra)
-{
-	target_write(t, W, extra);
-	const char *args[] = { "ps", "--index", "0", "--config", t->cfg, NULL };
-	t->pid = spawn(args, t->log);
-}
-
-/* Waits (bounded) for file to contain needle; returns its text. */
-static char *wait_text(const char *path, const char *needle)
-{
-	double t0 = now_s();
-	char *text;
-	while (!strstr(text = slurp(path), needle) && now_s() - t0 < 5)
-		nap_ms(20);
-	return text;
-}
-
-/* The ps logged, once, a line naming the peer of fd ("127.0.0.1:PORT:"),
- * worker w and each of the needles (NULL: none). */
+/* The ps logged, once, a line naming the peer of fd, worker w and each of
+ * the needles (NULL: none). */
 static void assert_logged(const struct target *t, int fd, int w, const char *n1, const char *n2)
 {
-	struct sockaddr_in a;
-	socklen_t len = sizeof(a);
-	cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-	char peer[64], who[64];
-	snprintf(peer, sizeof(peer), "127.0.0.1:%u:", ntohs(a.sin_port));
+	char who[64];
 	snprintf(who, sizeof(who), "closed worker %d's connection", w);
-	char *log = wait_text(t->log, peer);
-	const char *line = strstr(log, peer);
-	cr_assert_not_null(line, "the ps did not log the peer %s:\n%s", peer, log);
-	const char *eol = strchr(line, '\n');
-	const char *needles[] = { who, n1, n2 };
-	for (int i = 0; i < 3; i++) {
-		const char *hit = needles[i] ? strstr(line, needles[i]) : line;
-		cr_assert(hit && (!eol || hit < eol), "no \"%s\" on the line of %s:\n%s", needles[i],
-			  peer, log);
-	}
-	cr_assert_null(strstr(eol ? eol : line + 1, peer), "%s logged more than once:\n%s", peer, log);
+	target_assert_logged(t, fd, who);
+	if (n1)
+		target_assert_logged(t, fd, n1);
+	if (n2)
+		target_assert_logged(t, fd, n2);
 }
 
 /* The ps still serves: real workers 0..W-1 train to the end and every
@@ -204,47 +97,16 @@ static void real_workers_finish(struct target *t, int W, const char *dump)
 	for (int w = 0; w < W; w++) {
 		char idx[8];
 		snprintf(idx, sizeof(idx), "%d", w);
-		snprintf(out[1 + w], sizeof(out[1 + w]), "%s/worker%d.log", dir, w);
+		snprintf(out[1 + w], sizeof(out[1 + w]), "%s/worker%d.log", target_dir, w);
 		const char *plain[] = { "worker", "--index", idx, "--config", t->cfg, NULL };
 		const char *dumping[] = { "worker", "--index", idx, "--config", t->cfg,
 					  "--dump-params", dump, NULL };
-		pids[1 + w] = spawn(w == 0 && dump ? dumping : plain, out[1 + w]);
+		pids[1 + w] = target_spawn(w == 0 && dump ? dumping : plain, out[1 + w]);
 	}
 	int st[3];
 	wait_children(pids, 1 + W, st, RUN_TIMEOUT_S);
 	assert_exits_zero(st, out, 1 + W, "after the key holder's requests: ");
 	cr_assert_not_null(strstr(slurp(out[1]), "done: "), "%s", slurp(out[1]));
-}
-
-static int dial(const struct target *t)
-{
-	int fd;
-	char err[256];
-	cr_assert_eq(sock_connect_retry("127.0.0.1", (uint16_t)t->port, 10000, &fd, err, sizeof(err)),
-		     0, "%s", err);
-	return fd;
-}
-
-/* Connects and completes a correct handshake as worker `index`. */
-static int key_holder(const struct target *t, uint32_t index, struct hs_result *hr)
-{
-	int fd = dial(t);
-	struct hs h;
-	uint8_t h1[HS_HELLO_BYTES], h2[HS_HELLO_BYTES];
-	char err[256];
-	struct hs_identity me = { .role = HS_WORKER, .index = index, .aes = frame_aes_available() };
-	memcpy(me.config_hash, t->hash, HS_HASH_BYTES);
-	cr_assert_eq(hs_client_start(&h, h1, t->key, &me, err, sizeof(err)), 0, "%s", err);
-	cr_assert_eq(sock_write_full(fd, h1, sizeof(h1), IO_MS, err, sizeof(err)), 0, "%s", err);
-	cr_assert_eq(sock_read_full(fd, h2, sizeof(h2), IO_MS, err, sizeof(err)), 0, "%s", err);
-	cr_assert_eq(hs_client_finish(&h, hr, h2, sizeof(h2), err, sizeof(err)), 0, "%s", err);
-	return fd;
-}
-
-static void wipe(struct hs_result *hr)
-{
-	frame_key_wipe(&hr->send);
-	frame_key_wipe(&hr->recv);
 }
 
 /* Seals the len-byte message m and sends it. */
@@ -254,7 +116,7 @@ static void send_msg(int fd, struct hs_result *hr, const uint8_t *m, size_t len)
 	size_t flen;
 	char err[256];
 	cr_assert_eq(frame_seal(&hr->send, f, sizeof(f), m, len, &flen, err, sizeof(err)), 0, "%s", err);
-	cr_assert_eq(sock_write_full(fd, f, flen, IO_MS, err, sizeof(err)), 0, "%s", err);
+	target_send(fd, f, flen);
 }
 
 static void send_pull(int fd, struct hs_result *hr, uint32_t shard, uint64_t version)
@@ -296,16 +158,6 @@ static int recv_msg(int fd, struct hs_result *hr, uint8_t *buf, size_t *len, con
 	}
 }
 
-/* The ps closes fd without sending anything more, within IO_MS. */
-static void expect_closed(int fd)
-{
-	uint8_t b;
-	char err[256];
-	int r = sock_read_full(fd, &b, 1, IO_MS, err, sizeof(err));
-	cr_assert(r == -EPIPE || r == -ECONNRESET, "expected the ps to close, got %d (%s)", r,
-		  r ? err : "a byte");
-}
-
 /* The answer to `what` is ERROR(code) whose text holds n1 and n2 (NULL:
  * nothing more), and then the ps closes. */
 static void expect_error(int fd, struct hs_result *hr, const char *what, uint32_t code,
@@ -323,7 +175,7 @@ static void expect_error(int fd, struct hs_result *hr, const char *what, uint32_
 	cr_assert(strstr(me.text, n1) && (!n2 || strstr(me.text, n2)),
 		  "%s: ERROR \"%s\" does not say \"%s\"%s%s", what, me.text, n1, n2 ? " and " : "",
 		  n2 ? n2 : "");
-	expect_closed(fd);
+	target_expect_closed(fd, IO_MS);
 }
 
 /* PARAMS (one chunk: the model is small) after a PULL: into p (NPARAMS),
@@ -371,19 +223,19 @@ ParameterizedTestParameters(keyholder, rollback_that_cannot_be_honoured)
 ParameterizedTest(struct rollback_case *rc, keyholder, rollback_that_cannot_be_honoured)
 {
 	struct target t;
-	start_ps(&t, 1, rc->extra);
+	start_ps(&t, 1, 20, rc->extra);
 	struct hs_result hr;
 	float before[NPARAMS], after[NPARAMS];
-	int fd = key_holder(&t, 0, &hr);
+	int fd = target_peer(&t, 0, &hr, 1);
 	send_pull(fd, &hr, 0, 0);
 	cr_assert_eq(recv_params(fd, &hr, before), 0);
 	if (rc->junk) {
 		char path[400];
-		snprintf(path, sizeof(path), "%s/ckpt", dir);
+		snprintf(path, sizeof(path), "%s/ckpt", target_dir);
 		cr_assert(mkdir(path, 0700) == 0 || errno == EEXIST, "%s: %s", path, strerror(errno));
-		snprintf(path, sizeof(path), "%s/ckpt/step-00000007", dir);
+		snprintf(path, sizeof(path), "%s/ckpt/step-00000007", target_dir);
 		cr_assert_eq(mkdir(path, 0700), 0, "%s: %s", path, strerror(errno));
-		snprintf(path, sizeof(path), "%s/ckpt/step-00000007/manifest", dir);
+		snprintf(path, sizeof(path), "%s/ckpt/step-00000007/manifest", target_dir);
 		FILE *f = fopen(path, "w");
 		cr_assert_not_null(f);
 		fputs("not a manifest\n", f);
@@ -398,14 +250,14 @@ ParameterizedTest(struct rollback_case *rc, keyholder, rollback_that_cannot_be_h
 	expect_error(fd, &hr, "ROLLBACK to step 7", rc->code, "cannot roll back to step 7", rc->says);
 	assert_logged(&t, fd, 0, "cannot roll back to step 7", rc->says);
 	close(fd);
-	wipe(&hr);
+	target_wipe(&hr);
 
-	fd = key_holder(&t, 0, &hr);
+	fd = target_peer(&t, 0, &hr, 1);
 	send_pull(fd, &hr, 0, 0);
 	cr_assert_eq(recv_params(fd, &hr, after), 0, "the shard moved");
 	cr_assert_eq(memcmp(before, after, sizeof(before)), 0, "%s: the shard changed", rc->name);
 	close(fd);
-	wipe(&hr);
+	target_wipe(&hr);
 	real_workers_finish(&t, 1, NULL);
 }
 
@@ -437,12 +289,12 @@ ParameterizedTestParameters(keyholder, nan_gradients_are_refused)
 ParameterizedTest(struct nan_case *nc, keyholder, nan_gradients_are_refused)
 {
 	struct target t;
-	start_ps(&t, nc->W, nc->extra);
+	start_ps(&t, nc->W, 20, nc->extra);
 	uint32_t w = (uint32_t)nc->W - 1;
 	struct hs_result hr;
 	float p0[NPARAMS], p1[NPARAMS], g[NPARAMS];
 
-	int fd = key_holder(&t, w, &hr);
+	int fd = target_peer(&t, w, &hr, 1);
 	send_pull(fd, &hr, 0, 0);
 	uint64_t v0 = recv_params(fd, &hr, p0);
 	cr_assert_eq(v0, 0);
@@ -454,28 +306,28 @@ ParameterizedTest(struct nan_case *nc, keyholder, nan_gradients_are_refused)
 	expect_error(fd, &hr, "a PUSH with NaN", EDOM, "PUSH for version 0 refused", "element 5 (parameter 5) is NaN");
 	assert_logged(&t, fd, (int)w, "PUSH for version 0 refused", "is NaN");
 	close(fd);
-	wipe(&hr);
+	target_wipe(&hr);
 
 	/* Again, on a new connection: -inf first, NaN after it. */
 	for (int i = 3; i < NPARAMS; i++)
 		g[i] = NAN;
 	g[2] = -INFINITY;
-	fd = key_holder(&t, w, &hr);
+	fd = target_peer(&t, w, &hr, 1);
 	send_push(fd, &hr, w, v0, 0, NPARAMS, g);
 	expect_error(fd, &hr, "a PUSH with -inf", EDOM, "PUSH for version 0 refused", "element 2 (parameter 2) is -inf");
 	assert_logged(&t, fd, (int)w, "PUSH for version 0 refused", "is -inf");
 	close(fd);
-	wipe(&hr);
+	target_wipe(&hr);
 
-	fd = key_holder(&t, w, &hr);
+	fd = target_peer(&t, w, &hr, 1);
 	send_pull(fd, &hr, 0, 0);
 	cr_assert_eq(recv_params(fd, &hr, p1), v0, "the shard moved");
 	cr_assert_eq(memcmp(p0, p1, sizeof(p0)), 0, "the shard changed");
 	close(fd);
-	wipe(&hr);
+	target_wipe(&hr);
 
 	char dump[300];
-	snprintf(dump, sizeof(dump), "%s/final.f32", dir);
+	snprintf(dump, sizeof(dump), "%s/final.f32", target_dir);
 	real_workers_finish(&t, nc->W, dump);
 	unsigned char *buf;
 	size_t n;
@@ -596,16 +448,16 @@ ParameterizedTestParameters(keyholder, request_that_cannot_be_honoured)
 ParameterizedTest(struct refusal *rf, keyholder, request_that_cannot_be_honoured)
 {
 	struct target t;
-	start_ps(&t, rf->W, "");
+	start_ps(&t, rf->W, 20, "");
 	uint32_t w = (uint32_t)rf->W - 1;
 	struct hs_result hr;
 	cr_assert_lt((size_t)rf->fn, sizeof(refusal_fns) / sizeof(refusal_fns[0]));
-	int fd = key_holder(&t, w, &hr);
+	int fd = target_peer(&t, w, &hr, 1);
 	refusal_fns[rf->fn](fd, &hr, w);
 	expect_error(fd, &hr, rf->name, rf->code, rf->says, NULL);
 	assert_logged(&t, fd, (int)w, rf->says, NULL);
 	close(fd);
-	wipe(&hr);
+	target_wipe(&hr);
 	real_workers_finish(&t, rf->W, NULL);
 }
 
@@ -617,13 +469,13 @@ ParameterizedTest(struct refusal *rf, keyholder, request_that_cannot_be_honoured
 Test(keyholder, worker_prints_a_ps_error_and_exits)
 {
 	struct target t;
-	target_write(&t, 1, "");
+	write_config(&t, 1, 20, "");
 	int lfd;
 	char err[256], wlog[300], peer[SOCK_ADDR_STRLEN];
 	cr_assert_eq(sock_listen("127.0.0.1", (uint16_t)t.port, 0, &lfd, err, sizeof(err)), 0, "%s", err);
-	snprintf(wlog, sizeof(wlog), "%s/worker0.log", dir);
+	snprintf(wlog, sizeof(wlog), "%s/worker0.log", target_dir);
 	const char *args[] = { "worker", "--index", "0", "--config", t.cfg, NULL };
-	pid_t w = spawn(args, wlog);
+	pid_t w = target_spawn(args, wlog);
 	int fd;
 	cr_assert_eq(sock_accept(lfd, 10000, &fd, peer, sizeof(peer), err, sizeof(err)), 0, "%s", err);
 
@@ -663,18 +515,18 @@ Test(keyholder, worker_prints_a_ps_error_and_exits)
 Test(keyholder, diverging_worker_stops_before_pushing)
 {
 	struct target t;
-	start_ps(&t, 1, "learning_rate = 1000\nsteps = 200\ncheckpoint_dir =\n");
+	start_ps(&t, 1, 200, "learning_rate = 1000\ncheckpoint_dir =\n");
 	char wlog[300];
-	snprintf(wlog, sizeof(wlog), "%s/worker0.log", dir);
+	snprintf(wlog, sizeof(wlog), "%s/worker0.log", target_dir);
 	const char *args[] = { "worker", "--index", "0", "--config", t.cfg, NULL };
-	pid_t w = spawn(args, wlog);
+	pid_t w = target_spawn(args, wlog);
 	int st[1];
 	wait_children(&w, 1, st, RUN_TIMEOUT_S);
 	char *log = slurp(wlog);
 	cr_assert_eq(st[0], 1, "worker exit %d:\n%s", st[0], log);
 	cr_assert_not_null(strstr(log, "the gradient is not finite"), "%s", log);
 	cr_assert_not_null(strstr(log, "so it was not pushed"), "%s", log);
-	char *pslog = wait_text(t.log, "closed worker 0's connection");
+	char *pslog = target_wait_log(&t, "closed worker 0's connection");
 	cr_assert_not_null(strstr(pslog, "closed worker 0's connection"), "%s", pslog);
 	cr_assert_null(strstr(pslog, "refused"), "%s", pslog);
 }
@@ -837,7 +689,7 @@ Test(keyholder, failed_rollback_leaves_the_shard_untouched)
 	static struct config c;
 	struct model m;
 	char err[CONFIG_ERR_MAX], extra[400], stepdir[400];
-	snprintf(extra, sizeof(extra), "optimizer = adam\ncheckpoint_dir = %s/ckpt\n", dir);
+	snprintf(extra, sizeof(extra), "optimizer = adam\ncheckpoint_dir = %s/ckpt\n", target_dir);
 	shard_config(&c, &m, 1, extra);
 	struct shard r = { 0, m.nparams };
 	struct psshard sh;

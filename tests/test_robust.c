@@ -10,7 +10,6 @@
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
 
-#include "leak.h"
 #include "target.h"
 #include "util.h"
 
@@ -33,75 +32,24 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #define RUN_TIMEOUT_S 40
 #define IO_MS 5000
 
-static char dir[256];
-/* Every process a test started, killed by teardown if a failed assertion
- * left it running. */
-static pid_t spawned[8];
-static int nspawned;
-
-static void setup(void)
-{
-	cr_assert_geq(sodium_init(), 0);
-	signal(SIGPIPE, SIG_IGN);
-	test_dir_make(dir, sizeof(dir), "robust");
-}
-
-static void teardown(void)
-{
-	for (int i = 0; i < nspawned; i++)
-		if (waitpid(spawned[i], NULL, WNOHANG) == 0) {
-			kill(spawned[i], SIGKILL);
-			waitpid(spawned[i], NULL, 0);
-		}
-	nspawned = 0;
-	test_dir_remove(dir);
-	leak_check();
-}
-
-TestSuite(robust, .init = setup, .fini = teardown, .timeout = 90);
-
-static double now_s(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-
-/* spawn_pstrain, remembering the process for teardown. */
-static pid_t spawn(const char *const *args, const char *outpath)
-{
-	pid_t pid = spawn_pstrain(args, outpath, NULL);
-	if (nspawned < (int)(sizeof(spawned) / sizeof(spawned[0])))
-		spawned[nspawned++] = pid;
-	return pid;
-}
+TestSuite(robust, .init = target_setup, .fini = target_teardown, .timeout = 90);
 
 static void start_ps(struct target *t, int W, int steps, int batch, const char *extra)
 {
-	target_write(t, dir, W, steps, batch, extra);
-	const char *args[] = { "ps", "--index", "0", "--config", t->cfg, NULL };
-	t->pid = spawn(args, t->log);
+	target_write(t, W, steps, batch, extra);
+	target_start(t, NULL);
 }
 
 /* The ps still serves: a real worker 0 trains to the end, both exit 0. */
 static void real_worker_finishes(struct target *t)
 {
-	char wlog[300];
-	snprintf(wlog, sizeof(wlog), "%s/worker0.log", dir);
-	const char *args[] = { "worker", "--index", "0", "--config", t->cfg, NULL };
-	pid_t pids[2] = { t->pid, spawn(args, wlog) };
-	int st[2];
-	wait_children(pids, 2, st, RUN_TIMEOUT_S);
-	cr_assert_eq(st[1], 0, "worker exit %d:\n%s\nps:\n%s", st[1], slurp(wlog), slurp(t->log));
-	cr_assert_eq(st[0], 0, "ps exit %d:\n%s", st[0], slurp(t->log));
-	cr_assert_not_null(strstr(slurp(wlog), "done: "), "%s", slurp(wlog));
+	char *log = target_worker_finishes(t, RUN_TIMEOUT_S);
+	cr_assert_not_null(strstr(log, "done: "), "%s", log);
 }
 
 /* ---- attacks on one connection --------------------------------------------
@@ -321,17 +269,17 @@ Test(robust, stopped_backup_worker_does_not_slow_steps)
 	struct target t;
 	start_ps(&t, 2, 100, 16, "mode = sync\nreplicas_to_aggregate = 1\n");
 	char log1[300], log0[300];
-	snprintf(log1, sizeof(log1), "%s/worker1.log", dir);
-	snprintf(log0, sizeof(log0), "%s/worker0.log", dir);
+	snprintf(log1, sizeof(log1), "%s/worker1.log", target_dir);
+	snprintf(log0, sizeof(log0), "%s/worker0.log", target_dir);
 	const char *a1[] = { "worker", "--index", "1", "--config", t.cfg, NULL };
-	pid_t w1 = spawn(a1, log1);
+	pid_t w1 = target_spawn(a1, log1);
 	cr_assert_eq(kill(w1, SIGSTOP), 0);
 	const char *a0[] = { "worker", "--index", "0", "--config", t.cfg, NULL };
-	double t0 = now_s();
-	pid_t w0 = spawn(a0, log0);
+	double t0 = target_now_s();
+	pid_t w0 = target_spawn(a0, log0);
 	int st0[1];
 	wait_children(&w0, 1, st0, 20);
-	double took = now_s() - t0;
+	double took = target_now_s() - t0;
 	int s;
 	int w1_alive = waitpid(w1, &s, WNOHANG) == 0, ps_alive = waitpid(t.pid, &s, WNOHANG) == 0;
 	kill(w1, SIGCONT);

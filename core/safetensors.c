@@ -104,8 +104,8 @@ static int jchar(struct st_json *j, char c)
 	return 1;
 }
 
-/* A JSON string into out (at most max bytes with the NUL). Escapes beyond
- * ASCII are refused: pstrain's names are ASCII. */
+/* A JSON string into out (at most max bytes with the NUL). Anything but
+ * printable ASCII is refused: pstrain's names and values are. */
 static int jstring(struct st_json *j, char *out, size_t max)
 {
 	size_t n = 0;
@@ -147,6 +147,11 @@ static int jstring(struct st_json *j, char *out, size_t max)
 				return jfail(j, "bad escape in a string");
 			}
 		}
+		/* Names and values end up in error messages: a byte that is
+		 * not printable ASCII (a raw one, or \n from an escape) would
+		 * break the one-line contract or reach a terminal. */
+		if (c < 0x20 || c > 0x7e)
+			return jfail(j, "a string holds a byte that is not printable ASCII");
 		if (n + 1 >= max)
 			return jfail(j, "string too long");
 		out[n++] = (char)c;

@@ -557,6 +557,63 @@ static void ps_left(struct ps_conn *cn, int r, const char *e)
 			 ps->c->cluster.peer_timeout);
 }
 
+/* Worker w's answered connection fd, authenticated with hr's keys, listed
+ * in ps->conns as the worker's unconfirmed connection (an older
+ * unconfirmed one of w's goes: this greeting is newer); its first frame is
+ * due within a handshake's step (the worker sends a HEARTBEAT right after
+ * its handshake). NULL, fd closed, if there is no slot or no memory. */
+static struct ps_conn *ps_conn_add(struct ps *ps, int fd, const char *peer, int w,
+				   const struct hs_result *hr)
+{
+	struct ps_conn *cn = calloc(1, sizeof(*cn));
+	if (!cn || conn_init(&cn->conn, -1, NULL, NULL, &cn->pp, ROLE_HANDSHAKE_MS,
+			     role_write_timeout_ms(ps->c)) != 0) {
+		if (cn)
+			conn_destroy(&cn->conn);
+		free(cn);
+		close(fd);
+		return NULL;
+	}
+	cn->ps = ps;
+	cn->w = w;
+	conn_attach(&cn->conn, fd, hr);
+	snprintf(cn->peer, sizeof(cn->peer), "%s", peer);
+	pthread_mutex_lock(&ps->mu);
+	int slot = -1;
+	for (int i = 0; i < PS_MAX_CONN && slot < 0; i++)
+		if (!ps->conns[i])
+			slot = i;
+	if (slot >= 0) {
+		cn->slot = slot;
+		ps->conns[slot] = cn;
+		ps->nconn++;
+		if (ps->fresh[w])
+			conn_shutdown(&ps->fresh[w]->conn);
+		ps->fresh[w] = cn;
+	}
+	pthread_mutex_unlock(&ps->mu);
+	if (slot < 0) {
+		conn_destroy(&cn->conn); /* closes fd */
+		free(cn);
+		return NULL;
+	}
+	return cn;
+}
+
+/* Takes cn off ps->conns and closes it (not freed). */
+static void ps_conn_drop(struct ps_conn *cn)
+{
+	struct ps *ps = cn->ps;
+	pthread_mutex_lock(&ps->mu);
+	ps->conns[cn->slot] = NULL;
+	if (ps->fresh[cn->w] == cn)
+		ps->fresh[cn->w] = NULL;
+	conn_destroy(&cn->conn); /* under the lock: ps_drain shuts down what is listed */
+	ps->nconn--;
+	pthread_cond_broadcast(&ps->cv);
+	pthread_mutex_unlock(&ps->mu);
+}
+
 /* Serves connection cn until it ends, then frees what it holds but cn
  * itself; returns ps_serve's result. */
 static int ps_conn_run(struct ps_conn *cn)
@@ -583,14 +640,7 @@ static int ps_conn_run(struct ps_conn *cn)
 	free(wbuf);
 	free(cn->grad);
 	free(cn->snap);
-	pthread_mutex_lock(&ps->mu);
-	ps->conns[cn->slot] = NULL;
-	if (ps->fresh[cn->w] == cn)
-		ps->fresh[cn->w] = NULL;
-	conn_destroy(&cn->conn); /* under the lock: ps_drain shuts down what is listed */
-	ps->nconn--;
-	pthread_cond_broadcast(&ps->cv);
-	pthread_mutex_unlock(&ps->mu);
+	ps_conn_drop(cn);
 	return r;
 }
 
@@ -602,54 +652,22 @@ static void *ps_conn_main(void *arg)
 	return NULL;
 }
 
-/* A detached thread for worker w's answered connection fd, authenticated
- * with hr's keys: the worker's unconfirmed connection from now on (an
- * older unconfirmed one of w's goes: this greeting is newer). -1 if there
- * is no slot or no thread (fd closed). */
+/* A detached thread for worker w's answered connection (ps_conn_add). -1
+ * if there is no slot, memory or thread (fd closed). */
 static int ps_spawn(struct ps *ps, int fd, const char *peer, int w, const struct hs_result *hr)
 {
-	pthread_mutex_lock(&ps->mu);
-	int slot = -1;
-	for (int i = 0; i < PS_MAX_CONN && slot < 0; i++)
-		if (!ps->conns[i])
-			slot = i;
-	struct ps_conn *cn = slot < 0 ? NULL : calloc(1, sizeof(*cn));
+	struct ps_conn *cn = ps_conn_add(ps, fd, peer, w, hr);
+	if (!cn)
+		return -1;
 	pthread_t t;
 	pthread_attr_t at;
-	int ok = 0;
-	/* The worker sends a HEARTBEAT right after its handshake:
-	 * confirmation is due as soon as a handshake's step. */
-	if (cn && conn_init(&cn->conn, -1, NULL, NULL, &cn->pp, ROLE_HANDSHAKE_MS,
-			    role_write_timeout_ms(ps->c)) != 0) {
-		conn_destroy(&cn->conn);
-		free(cn);
-		cn = NULL;
-	}
-	if (cn) {
-		cn->ps = ps;
-		cn->slot = slot;
-		cn->w = w;
-		conn_attach(&cn->conn, fd, hr);
-		snprintf(cn->peer, sizeof(cn->peer), "%s", peer);
-		pthread_attr_init(&at);
-		pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-		ok = pthread_create(&t, &at, ps_conn_main, cn) == 0;
-		pthread_attr_destroy(&at);
-		if (ok) {
-			ps->conns[slot] = cn;
-			ps->nconn++;
-			if (ps->fresh[w])
-				conn_shutdown(&ps->fresh[w]->conn);
-			ps->fresh[w] = cn;
-		}
-	}
-	pthread_mutex_unlock(&ps->mu);
+	pthread_attr_init(&at);
+	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+	int ok = pthread_create(&t, &at, ps_conn_main, cn) == 0;
+	pthread_attr_destroy(&at);
 	if (ok)
 		return 0;
-	if (cn)
-		conn_destroy(&cn->conn); /* closes fd */
-	else
-		close(fd);
+	ps_conn_drop(cn);
 	free(cn);
 	return -1;
 }
@@ -951,33 +969,9 @@ int ps_harness_open(struct ps_harness **out, const struct config *c, int index, 
 
 int ps_harness_serve(struct ps_harness *h, int fd, const struct hs_result *hr, int w)
 {
-	struct ps *ps = &h->ps;
-	struct ps_conn *cn = calloc(1, sizeof(*cn));
-	if (!cn) {
-		close(fd);
+	struct ps_conn *cn = ps_conn_add(&h->ps, fd, "harness", w, hr);
+	if (!cn)
 		return -ENOMEM;
-	}
-	cn->ps = ps;
-	cn->w = w;
-	if (conn_init(&cn->conn, -1, NULL, NULL, &cn->pp, role_peer_timeout_ms(ps->c),
-		      role_write_timeout_ms(ps->c)) != 0) {
-		conn_destroy(&cn->conn);
-		free(cn);
-		close(fd);
-		return -ENOMEM;
-	}
-	conn_attach(&cn->conn, fd, hr);
-	snprintf(cn->peer, sizeof(cn->peer), "harness");
-	pthread_mutex_lock(&ps->mu);
-	for (int i = 0; i < PS_MAX_CONN; i++)
-		if (!ps->conns[i]) {
-			cn->slot = i;
-			break;
-		}
-	ps->conns[cn->slot] = cn;
-	ps->nconn++;
-	ps->fresh[w] = cn;
-	pthread_mutex_unlock(&ps->mu);
 	int r = ps_conn_run(cn);
 	free(cn);
 	return r;

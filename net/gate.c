@@ -241,12 +241,12 @@ int gate_next(struct gate *g, int wait_ms, struct gate_greeting *out, char *err,
 void gate_refuse(struct gate *g, struct gate_greeting *gr, enum gate_why why, const char *reason)
 {
 	tally_add(&g->tally, why, gr->peer, reason);
-	int count;
-	if (g->n >= g->max && pending_oldest(g, NULL, &count) < 0) {
+	int count, old = g->n < g->max ? -1 : pending_oldest(g, NULL, &count);
+	if (g->n >= g->max && old < 0) {
 		close(gr->fd);
 	} else {
-		if (g->n >= g->max)
-			pending_drop(g, pending_oldest(g, NULL, &count), GATE_EVICTED);
+		if (old >= 0)
+			pending_drop(g, old, GATE_EVICTED);
 		struct gate_pending *p = &g->p[g->n++];
 		memset(p, 0, sizeof(*p));
 		p->fd = gr->fd;

@@ -48,6 +48,7 @@ static void on_signal(int sig)
 
 struct opts {
 	const char *config;
+	int config_given;      /* --config was on the command line */
 	const char *file;      /* the positional FILE of commands that take one */
 	const char *sets[MAX_SETS];
 	int nsets;
@@ -83,7 +84,7 @@ static const struct command commands[] = {
 	{ "local", cmd_local, TAKES_CONFIG | TAKES_FRESH, "[--config FILE] [--set S.K=V]... [--fresh]",
 	  "train in this process, no network (resumes from checkpoint_dir)" },
 	{ "check", cmd_check, TAKES_CONFIG | TAKES_CKPT, "[--config FILE] [--set S.K=V]... [--checkpoint DIR]",
-	  "validate the config: print it resolved, and the model; or list a checkpoint's tensors" },
+	  "validate the config (print it resolved, and the model), or show a checkpoint (and with --config, whether it restores into it)" },
 	{ "eval", cmd_eval, TAKES_CONFIG | TAKES_CKPT, "--checkpoint DIR [--config FILE] [--set S.K=V]...",
 	  "test loss and accuracy of a checkpoint" },
 	{ "predict", cmd_predict, TAKES_CONFIG | TAKES_CKPT | TAKES_INPUT,
@@ -133,12 +134,25 @@ static int load(const struct opts *o, struct config *c)
 }
 
 
+/* The checkpoint's layout and tensors; with --config, whether it restores
+ * into that config (exit 2 when it does not, as the resume would). */
 static int check_checkpoint(const struct opts *o)
 {
 	char err[CONFIG_ERR_MAX], dir[CKPT_PATH_MAX];
+	struct config c;
 	int r = checkpoint_resolve(o->checkpoint, dir, sizeof(dir), err, sizeof(err));
 	if (!r)
 		r = inspect_checkpoint(stdout, dir, err, sizeof(err));
+	if (!r && !o->config_given) {
+		printf("(with --config FILE: whether it restores into that config)\n");
+	} else if (!r) {
+		r = load(o, &c);
+		if (r)
+			return r;
+		r = inspect_fit(stdout, dir, &c, err, sizeof(err));
+		if (r == 1)
+			return EXIT_USAGE;
+	}
 	if (r) {
 		fflush(stdout);
 		fprintf(stderr, "pstrain: %s\n", err);
@@ -480,6 +494,7 @@ int main(int argc, char **argv)
 			o.dump = val;
 		} else if (is_config) {
 			o.config = val;
+			o.config_given = 1;
 		} else {
 			if (o.nsets == MAX_SETS)
 				return bad_usage("more than 128 --set options (at %s)", val);

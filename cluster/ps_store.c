@@ -168,8 +168,8 @@ static int store_resume(struct ps_store *st, char *err, size_t errlen)
 	}
 	if (ld.test_acc >= 0)
 		snprintf(acc, sizeof(acc), "%.2f%%", 100 * ld.test_acc);
-	role_log(st->out, "ps %d: run finished: %s is step %ld%s this run's %ld (test accuracy %s); serving it until the workers have seen that; to train on, raise [train] steps or epochs on every process; to start over, --fresh or another checkpoint_dir",
-		 st->index, sd, ld.step, ld.step == total ? "of" : ", past", total, acc);
+	role_log(st->out, "ps %d: run finished: %s is step %ld%s this run's %ld steps (test accuracy %s); serving it until the workers have seen that; to train on, raise [train] steps or epochs on every process; to start over, --fresh or another checkpoint_dir",
+		 st->index, sd, ld.step, ld.step == total ? " of" : ", past", total, acc);
 	return 0;
 }
 

@@ -332,8 +332,8 @@ static int worker_found_finished(struct worker *wr, struct train_result *res, ch
 		return e;
 	wr->finished = 1;
 	res->finished = 1;
-	role_log(wr->out, "worker %d: run finished: the shards are at step %ld%s this run's %ld (test accuracy %.2f%%); to train on, raise [train] steps or epochs on every process; to start over, restart every ps with --fresh or another checkpoint_dir",
-		 wr->index, wr->start, wr->start == wr->total ? "of" : ", past", wr->total, 100 * res->test_acc);
+	role_log(wr->out, "worker %d: run finished: the shards are at step %ld%s this run's %ld steps (test accuracy %.2f%%); to train on, raise [train] steps or epochs on every process; to start over, restart every ps with --fresh or another checkpoint_dir",
+		 wr->index, wr->start, wr->start == wr->total ? " of" : ", past", wr->total, 100 * res->test_acc);
 	return 0;
 }
 

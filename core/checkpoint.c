@@ -22,7 +22,6 @@
 
 #define CKPT_MAX_STEP 99999999L   /* step-NNNNNNNN: 8 digits */
 
-static const char *const optim_names[] = { "sgd", "momentum", "adam" };
 
 /* ---- small helpers ---- */
 
@@ -202,7 +201,7 @@ static void hash_layout(const struct ckpt_layout *l, int nshards, enum optim_kin
 		int n = snprintf(line, sizeof(line), "shard %zu %zu\n", plan[k].begin, plan[k].end);
 		crypto_generichash_update(&h, (const unsigned char *)line, (size_t)n);
 	}
-	int n = snprintf(line, sizeof(line), "optimizer %s\n", optim_names[optim]);
+	int n = snprintf(line, sizeof(line), "optimizer %s\n", optim_kind_name(optim));
 	crypto_generichash_update(&h, (const unsigned char *)line, (size_t)n);
 	/* Only async adds a line, so sync and local checkpoints written
 	 * before async ones existed keep their hash. */
@@ -244,7 +243,9 @@ int ckpt_layout_init(struct ckpt_layout *l, const struct model *m, int nshards, 
 int ckpt_layout_init_cluster(struct ckpt_layout *l, const struct model *m, int nshards,
 			     const struct config *c, char *err, size_t errlen)
 {
-	return layout_init(l, m, nshards, c, c->train.mode == MODE_ASYNC, err, errlen);
+	int e = layout_init(l, m, nshards, c, c->train.mode == MODE_ASYNC, err, errlen);
+	l->cluster = 1;
+	return e;
 }
 
 /* ---- writing ---- */
@@ -392,7 +393,7 @@ static int write_shard(const char *tmpdir, const struct ckpt_layout *l, int k, l
 {
 	size_t b = l->shards[k].begin, e = l->shards[k].end;
 	struct st_tensor *t = malloc(3 * (size_t)l->nt * sizeof(*t));
-	struct st_meta *meta = malloc((9 + 6 * (size_t)l->nt) * sizeof(*meta));
+	struct st_meta *meta = malloc((10 + 6 * (size_t)l->nt) * sizeof(*meta));
 	int nt = 0, nmeta = 0;
 	if (!t || !meta) {
 		free(t);
@@ -405,7 +406,8 @@ static int write_shard(const char *tmpdir, const struct ckpt_layout *l, int k, l
 	meta_set(meta, &nmeta, "pstrain.step", "%ld", step);
 	meta_set(meta, &nmeta, "pstrain.shard", "%d/%d", k, l->nshards);
 	meta_set(meta, &nmeta, "pstrain.range", "%zu:%zu", b, e);
-	meta_set(meta, &nmeta, "pstrain.optimizer", "%s", optim_names[l->optim]);
+	meta_set(meta, &nmeta, "pstrain.optimizer", "%s", optim_kind_name(l->optim));
+	meta_set(meta, &nmeta, "pstrain.mode", "%s", !l->cluster ? "local" : l->async ? "async" : "sync");
 	meta_set(meta, &nmeta, "pstrain.optim_t", "%ld", st->t);
 	if (st->test_acc)
 		meta_set(meta, &nmeta, "pstrain.test_accuracy", "%.6f", *st->test_acc);
@@ -853,7 +855,7 @@ static int optim_refusal(const char *stepdir, const char *had, const struct ckpt
 			 size_t errlen)
 {
 	return err_set(err, errlen, -EINVAL, "%s was written with optimizer %s, this config has %s: set [train] optimizer = %s to continue it, or start over with --fresh or another checkpoint_dir",
-		       stepdir, had, optim_names[l->optim], had);
+		       stepdir, had, optim_kind_name(l->optim), had);
 }
 
 /* The model (always) and, for a resume, the optimizer kind. */
@@ -871,7 +873,7 @@ static int fits(const char *stepdir, const struct ckpt_info *in, const struct ck
 		return e;
 	}
 	if (resume && in->known && in->optim != l->optim)
-		return optim_refusal(stepdir, optim_names[in->optim], l, err, errlen);
+		return optim_refusal(stepdir, optim_kind_name(in->optim), l, err, errlen);
 	return 0;
 }
 
@@ -894,7 +896,7 @@ static int shard_meta(const struct safetensors *st, const char *path, const char
 	*t = ts ? strtol(ts, &end, 10) : -1;
 	if (!ts || *end || *t < 0)
 		return err_set(err, errlen, -EINVAL, "%s: pstrain.optim_t missing or malformed", path);
-	if (resume && (!os || strcmp(os, optim_names[l->optim])))
+	if (resume && (!os || strcmp(os, optim_kind_name(l->optim))))
 		return optim_refusal(stepdir, os ? os : "(none recorded)", l, err, errlen);
 	if (as) {
 		double a = strtod(as, &end);

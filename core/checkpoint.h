@@ -58,6 +58,7 @@ struct ckpt_layout {
 	uint8_t layout_hash[CKPT_HASH_BYTES];   /* tensors + shard plan + optimizer kind */
 	uint8_t config_hash[CKPT_HASH_BYTES];   /* config_hash(), recorded for information */
 	int async;                              /* an async cluster's: "mode async" in layout_hash */
+	int cluster;                            /* a cluster's (ckpt_layout_init_cluster), not local's */
 	struct ckpt_hooks hooks;
 };
 

@@ -5,6 +5,7 @@
  * checking the files is checkpoint.c's. */
 #include "inspect.h"
 #include "checkpoint.h"
+#include "job.h"
 #include "manifest.h"
 #include "safetensors.h"
 
@@ -35,6 +36,7 @@ int inspect_checkpoint(FILE *f, const char *stepdir, char *err, size_t errlen)
 	struct ckpt_manifest *mf = malloc(sizeof(*mf));
 	struct whole *w = NULL;
 	int nw = 0, e;
+	char mode[16] = "", optim[16] = "", acc[32] = "";
 	if (!mf)
 		return err_set(err, errlen, -ENOMEM, "out of memory");
 	e = manifest_read(mf, stepdir, err, errlen);
@@ -43,6 +45,15 @@ int inspect_checkpoint(FILE *f, const char *stepdir, char *err, size_t errlen)
 		char path[CKPT_PATH_MAX];
 		snprintf(path, sizeof(path), "%s/%s", stepdir, mf->shards[k].file);
 		e = checkpoint_shard_open(&st, stepdir, mf, k, err, errlen);
+		if (!e && k == 0) {
+			const char *v;
+			if ((v = safetensors_meta(&st, "pstrain.mode")))
+				snprintf(mode, sizeof(mode), "%s", v);
+			if ((v = safetensors_meta(&st, "pstrain.optimizer")))
+				snprintf(optim, sizeof(optim), "%s", v);
+			if ((v = safetensors_meta(&st, "pstrain.test_accuracy")))
+				snprintf(acc, sizeof(acc), "%.2f%%", 100 * strtod(v, NULL));
+		}
 		for (int i = 0; i < st.nt && !e; i++) {
 			const struct st_tensor *s = &st.t[i];
 			struct whole part = { 0 };
@@ -94,6 +105,19 @@ int inspect_checkpoint(FILE *f, const char *stepdir, char *err, size_t errlen)
 			qsort(w, (size_t)nw, sizeof(*w), by_name);
 		fprintf(f, "checkpoint %s: step %ld, %zu parameters, %d shard file%s\n", stepdir, mf->step,
 			mf->nparams, mf->nshards, mf->nshards == 1 ? "" : "s");
+		/* pstrain.mode is there since checkpoints restore into any
+		 * layout; before, the manifests' form told local from a
+		 * cluster, and nothing told sync from async. */
+		char end[64] = "saved during its run";
+		if (acc[0])
+			snprintf(end, sizeof(end), "saved at its end, final test accuracy %s", acc);
+		fprintf(f, "written by %s%s, optimizer %s, %s\n",
+			mode[0] ? mode : manifest_nshards(stepdir) > 0 ? "a" : "local",
+			mode[0] && strcmp(mode, "local") ? " cluster" : manifest_nshards(stepdir) > 0 ? " cluster" : "",
+			optim[0] ? optim : "not recorded", end);
+		for (int k = 0; k < mf->nshards; k++)
+			fprintf(f, "shard %d of %d: parameters [%zu, %zu) in %s\n", k, mf->nshards,
+				mf->shards[k].begin, mf->shards[k].end, mf->shards[k].file);
 	}
 	for (int j = 0; j < nw && !e; j++) {
 		if (w[j].filled != w[j].n) {
@@ -116,5 +140,58 @@ int inspect_checkpoint(FILE *f, const char *stepdir, char *err, size_t errlen)
 		free(w[j].data);
 	free(w);
 	free(mf);
+	return e;
+}
+
+/* "step 60 of its 300 steps", "step 400, past its 300 steps: a finished
+ * run ...", for a run of total steps. */
+static void where_text(char *out, size_t len, long step, long total)
+{
+	snprintf(out, len, "step %ld%s its %ld steps%s", step, step > total ? ", past" : " of", total,
+		 step >= total ? ": a finished run (raise [train] steps or epochs to train on)" : "");
+}
+
+int inspect_fit(FILE *f, const char *stepdir, const struct config *c, char *err, size_t errlen)
+{
+	struct job j = { 0 };
+	struct ckpt_layout *lay = malloc(sizeof(*lay));
+	struct ckpt_info *in = malloc(sizeof(*in));
+	char why[CONFIG_ERR_MAX], at[160], at_local[160];
+	int e = lay && in ? 0 : err_set(err, errlen, -ENOMEM, "out of memory");
+	long local_total = 0;
+	/* The run's steps: local's (one worker) and the cluster's, which
+	 * differ where [train] epochs sets them. */
+	if (!e)
+		e = job_load(&j, c, 1, 0, err, errlen);
+	if (!e) {
+		local_total = j.total;
+		job_free(&j);
+		e = job_load(&j, c, c->cluster.nworkers, 0, err, errlen);
+	}
+	if (!e)
+		e = ckpt_layout_init(lay, &j.m, 1, c, err, errlen);
+	if (!e)
+		e = checkpoint_describe(stepdir, lay, in, err, errlen);
+	if (e)
+		goto out;
+	if (checkpoint_fits(stepdir, in, lay, why, sizeof(why))) {
+		fprintf(f, "restores into %s: no: %s\n", c->path, why);
+		e = 1;
+		goto out;
+	}
+	/* One figure where local and the cluster run the same steps. */
+	where_text(at, sizeof(at), in->step, j.total);
+	where_text(at_local, sizeof(at_local), in->step, local_total);
+	fprintf(f, "restores into %s: yes (the model and optimizer %s match), as `local` or as its %d ps in %s mode%s; %s%s%s%s\n",
+		c->path, optim_kind_name(c->train.optim.kind), c->cluster.nps,
+		c->train.mode == MODE_ASYNC ? "async" : "sync",
+		!in->known || in->async == (c->train.mode == MODE_ASYNC) ? ""
+		: in->async ? " (it was written in async mode)" : " (it was written in sync mode)",
+		local_total == j.total ? "" : "as its cluster, ", at,
+		local_total == j.total ? "" : "; as `local`, ", local_total == j.total ? "" : at_local);
+out:
+	job_free(&j);
+	free(lay);
+	free(in);
 	return e;
 }

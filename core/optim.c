@@ -15,6 +15,12 @@
 /* M_PI is not in C11. */
 static const double PI = 3.14159265358979323846;
 
+const char *optim_kind_name(enum optim_kind k)
+{
+	static const char *const names[] = { "sgd", "momentum", "adam" };
+	return (unsigned)k < sizeof(names) / sizeof(names[0]) ? names[k] : "unknown";
+}
+
 int optim_init(struct optim *o, const struct optim_config *c, size_t n)
 {
 	memset(o, 0, sizeof(*o));

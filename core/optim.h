@@ -62,6 +62,10 @@ struct optim {
 	long t;       /* updates applied so far */
 };
 
+/* "sgd", "momentum" or "adam": the [train] optimizer value, as
+ * checkpoints record it. */
+const char *optim_kind_name(enum optim_kind k);
+
 /* Returns 0, -ENOMEM, or -EINVAL for an unknown kind. State starts at zero.
  * On failure *o is left freeable. */
 int optim_init(struct optim *o, const struct optim_config *c, size_t n);

@@ -83,8 +83,8 @@ static void say_finished(const struct train_ckpt *ck, long step, long total, dou
 	checkpoint_step_dir(sd, sizeof(sd), ck->dir, step);
 	if (acc >= 0)
 		snprintf(a, sizeof(a), "%.2f%%", 100 * acc);
-	fprintf(out, "run finished: %s is step %ld%s this run's %ld (test accuracy %s); to train on, raise [train] steps or epochs; to start over, pass --fresh or set another checkpoint_dir\n",
-		sd, step, step == total ? "of" : ", past", total, a);
+	fprintf(out, "run finished: %s is step %ld%s this run's %ld steps (test accuracy %s); to train on, raise [train] steps or epochs; to start over, pass --fresh or set another checkpoint_dir\n",
+		sd, step, step == total ? " of" : ", past", total, a);
 }
 
 /* Epoch's permutation of the n training samples onto the devices. */

@@ -534,7 +534,7 @@ Test(checkpoint, resume_after_kill_ends_on_same_parameters)
 	st = run(args_s, NULL, out);
 	text = slurp(out);
 	cr_assert_eq(st, 0, "exit %d:\n%s", st, text);
-	cr_assert(strstr(text, "step-00000060 is step 60, past this run's 30 (test accuracy "),
+	cr_assert(strstr(text, "step-00000060 is step 60, past this run's 30 steps (test accuracy "),
 		  "%s", text);
 	cr_assert_null(strstr(text, "done:"), "trained or evaluated again:\n%s", text);
 

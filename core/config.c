@@ -865,8 +865,8 @@ int config_load(struct config *c, const char *path, const char *const *sets, int
 	 * neither the file nor --set replaced it. */
 	for (size_t i = 0; !r && i < config_nkeys; i++)
 		if (p->def_bad[i][0]) {
-			snprintf(err, errlen, "%s: [%s] %s: the default in %s: %s; set %s", path, config_keys[i].section,
-				 config_keys[i].key, p->dir, p->def_bad[i], config_keys[i].key);
+			snprintf(err, errlen, "%s: [%s] %s: its default beside this file: %s; set %s", path,
+				 config_keys[i].section, config_keys[i].key, p->def_bad[i], config_keys[i].key);
 			r = -EINVAL;
 		}
 	if (!r)

@@ -10,6 +10,7 @@
 #include "util.h"
 
 #include "../core/config.h"
+#include "../core/data.h"
 #include "../core/fileio.h"
 
 #include <dirent.h>
@@ -146,6 +147,46 @@ Test(ckptdir, default_is_named_after_the_config)
 	cr_assert_eq(config_parse_string(c, "examples/x.ini", "", err, sizeof(err)), 0, "%s", err);
 	cr_expect_str_eq(c->train.checkpoint_dir, "examples/x.ckpt");
 	free(c);
+}
+
+/* A folder so deep that NAME.ckpt beside the config would not fit in a
+ * path: an error naming the key, unless the file or --set gives one. */
+Test(ckptdir, default_too_long_for_a_path_is_an_error_unless_set)
+{
+	char deep[DATA_PATH_MAX + 64], cfg[DATA_PATH_MAX + 128], csv[400], err[CONFIG_ERR_MAX];
+	size_t n = (size_t)snprintf(deep, sizeof(deep), "%s", real);
+	while (n < DATA_PATH_MAX - 30) {   /* room for /cluster.key, not for /NAME.ckpt */
+		n += (size_t)snprintf(deep + n, sizeof(deep) - n, "/%.*s", (int)(DATA_PATH_MAX - 31 - n),
+				      "dddddddddddddddddddddddddddddddddddddddddddddddddd");
+		cr_assert_eq(mkdir(deep, 0755), 0, "mkdir %s: %s", deep, strerror(errno));
+	}
+	snprintf(csv, sizeof(csv), "%s/blobs.csv", dir);
+	write_blobs(csv, 300, 3, 6, 5);
+	const char *name = "a-config-with-a-long-name.ini";
+	snprintf(cfg, sizeof(cfg), "%s/%s", deep, name);
+	const char *extra[] = { "", "checkpoint_dir = ck\n" };
+	for (int i = 0; i < 2; i++) {
+		FILE *f = fopen(cfg, "w");
+		cr_assert_not_null(f);
+		fprintf(f, "[data]\nformat = csv\ntrain_csv = %s\n[train]\n%s[model]\ninput = 6\n", csv, extra[i]);
+		cr_assert_eq(fclose(f), 0);
+		struct config *c = malloc(sizeof(*c));
+		cr_assert_not_null(c);
+		int r = config_load(c, cfg, NULL, 0, err, sizeof(err));
+		if (i == 0) {
+			cr_expect_eq(r, -EINVAL, "loaded with checkpoint_dir %s", c->train.checkpoint_dir);
+			cr_expect(strstr(err, "[train] checkpoint_dir: its default beside this file: ") &&
+				  strstr(err, "longer than") && strstr(err, "; set checkpoint_dir"), "%s", err);
+			const char *sets[] = { "train.checkpoint_dir=/elsewhere/ck" };
+			r = config_load(c, cfg, sets, 1, err, sizeof(err));
+			cr_expect_eq(r, 0, "with --set: %s", err);
+			cr_expect_str_eq(c->train.checkpoint_dir, "/elsewhere/ck");
+		} else {
+			cr_expect_eq(r, 0, "with checkpoint_dir in the file: %s", err);
+			cr_expect(strstr(c->train.checkpoint_dir, "/ck"), "%s", c->train.checkpoint_dir);
+		}
+		free(c);
+	}
 }
 
 /* `pstrain check`'s printout names the resolved directory, so it loads back

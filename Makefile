@@ -174,7 +174,10 @@ asan:
 
 # The default cluster.ini (2 ps + 2 workers on 127.0.0.1) as four local
 # processes, showing the chief's progress. Makes cluster.key the first time
-# (keygen never overwrites one). Ctrl-C stops all four.
+# (keygen never overwrites one). Ctrl-C stops all four. Checkpoints go to a
+# new temporary folder, not to cluster.ini's default cluster.ckpt/, so each
+# demo trains from step 0 and a later `pstrain local` or cluster run of
+# cluster.ini does not resume the demo's.
 demo: all
 	$(Q)[ -e cluster.key ] || ./$(BIN) keygen cluster.key
 	$(Q)d=$$(mktemp -d "$${TMPDIR:-/tmp}/pstrain-demo.XXXXXX") && echo "demo: checkpoints in $$d" && \

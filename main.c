@@ -10,6 +10,7 @@
 #include "core/inspect.h"
 #include "core/infer.h"
 #include "core/config.h"
+#include "core/fileio.h"
 #include "core/model.h"
 #include "core/shard.h"
 #include "core/train.h"
@@ -133,6 +134,24 @@ static int load(const struct opts *o, struct config *c)
 	return 0;
 }
 
+/* local and ps: a checkpoint_dir that cannot take files is refused now,
+ * before any data is loaded, rather than at the first save, which could be
+ * an hour in (and only a warning there, for a periodic one). Workers write
+ * nothing and are not asked. */
+static int checkpoint_dir_usable(const struct config *c)
+{
+	char err[CONFIG_ERR_MAX];
+	if (!c->train.checkpoint_dir[0])
+		return 0;
+	int r = file_dir_writable(c->train.checkpoint_dir, err, sizeof(err));
+	if (r == 0)
+		return 0;
+	fprintf(stderr, "pstrain: checkpoint_dir %s; set [train] checkpoint_dir to a writable folder, "
+		"or \"\" for no checkpoints\n", err);
+	/* As keygen: a full or failing disk is a runtime failure, a path or a
+	 * permission is the user's to fix. */
+	return r == -ENOSPC || r == -EDQUOT || r == -EIO ? EXIT_RUNTIME : EXIT_USAGE;
+}
 
 /* The checkpoint's layout and tensors; with --config, whether it restores
  * into that config (exit 2 when it does not, as the resume would). */
@@ -211,6 +230,8 @@ static int cmd_local(const struct opts *o)
 	struct train_result res;
 	char err[CONFIG_ERR_MAX];
 	int r = load(o, &c);
+	if (!r)
+		r = checkpoint_dir_usable(&c);
 	if (r)
 		return r;
 
@@ -303,6 +324,9 @@ static int cmd_ps(const struct opts *o)
 		return r;
 	if (o->dump)
 		return bad_usage("%s does not apply to this command", "--dump-params");
+	r = checkpoint_dir_usable(&c);
+	if (r)
+		return r;
 	install_stop_handler();
 	r = cluster_ps(&c, index, o->fresh, stdout, &stop_requested, err, sizeof(err));
 	return role_exit(r, err);

@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -34,6 +35,8 @@ struct parse {
 	int bad_line;               /* first line the reader rejected */
 	char bad[192];              /* why */
 	int key_line[CONFIG_MAX_KEYS];   /* where each key was set, 0 = default */
+	char def_bad[CONFIG_MAX_KEYS][CONFIG_ERR_MAX / 4];   /* why a default path did not
+				     * resolve; an error only if the key stays unset */
 	int layers_from_input;      /* first `layer` line replaces the defaults */
 	int err_line;
 	char err[CONFIG_ERR_MAX];
@@ -410,13 +413,32 @@ static int section_known(const char *s)
 	return 0;
 }
 
-static void config_defaults(struct config *c)
+/* The default of k as config text, for a config called name: def itself,
+ * or for a NAMED key name without its .ini/.conf extension and then def
+ * ("examples/mlp.ini" -> "examples/mlp.ckpt"). A name that is only an
+ * extension (".ini") keeps it: ".ini.ckpt", not a hidden ".ckpt". */
+static const char *default_text(const struct key_def *k, const char *name, char *buf, size_t len)
 {
-	char err[CONFIG_ERR_MAX];
+	if (!(k->flags & NAMED))
+		return k->def;
+	const char *slash = strrchr(name, '/');
+	const char *base = slash ? slash + 1 : name;
+	const char *dot = strrchr(base, '.');
+	size_t n = strlen(name);
+	if (dot && dot > base && (strcasecmp(dot, ".ini") == 0 || strcasecmp(dot, ".conf") == 0))
+		n = (size_t)(dot - name);
+	snprintf(buf, len, "%.*s%s", (int)n, name, k->def);
+	return buf;
+}
+
+static void config_defaults(struct config *c, const char *name)
+{
+	char err[CONFIG_ERR_MAX], text[DATA_PATH_MAX + 16];
 	memset(c, 0, sizeof(*c));
 	for (size_t i = 0; i < config_nkeys; i++)
 		if (config_keys[i].def)
-			(void)key_parse(c, &config_keys[i], config_keys[i].def, 0, "", err, sizeof(err));
+			(void)key_parse(c, &config_keys[i], default_text(&config_keys[i], name, text, sizeof(text)),
+					0, "", err, sizeof(err));
 	for (size_t i = 0; i < config_ndefault_layers; i++) {
 		layer_spec_parse(&c->model.layers[i], config_default_layers[i], err, sizeof(err));
 		c->model.nlayers++;
@@ -489,6 +511,7 @@ static int handler(void *user, const char *section, const char *name, const char
 		p->c->model.layers[p->c->model.nlayers - 1].line = p->line;
 	if (!p->indented)
 		p->key_line[ki] = p->line;
+	p->def_bad[ki][0] = '\0';
 	p->in_key = 1;
 	return 1;
 fail:
@@ -727,6 +750,7 @@ static int config_set(struct config *c, struct parse *p, const char *set, char *
 		return -EINVAL;
 	}
 	p->key_line[k - config_keys] = 0;
+	p->def_bad[k - config_keys][0] = '\0';
 	/* steps and epochs are two ways to say one thing: overriding one on the
 	 * command line replaces the other from the file instead of clashing. */
 	if (k->off == offsetof(struct config, train.steps))
@@ -772,7 +796,7 @@ int config_parse_string(struct config *c, const char *name, const char *text,
 		snprintf(err, errlen, "%s: out of memory", name);
 		return -ENOMEM;
 	}
-	config_defaults(c);
+	config_defaults(c, name);
 	p->c = c;
 	p->name = name;
 	p->text = text;
@@ -797,16 +821,17 @@ int config_load(struct config *c, const char *path, const char *const *sets, int
 	int r = read_text(path, &text, err, errlen);
 	if (r)
 		goto out;
-	config_defaults(c);
+	const char *slash = strrchr(path, '/');
+	const char *base = slash ? slash + 1 : path;
+	config_defaults(c, base);
 	snprintf(c->path, sizeof(c->path), "%s", path);
 	p->c = c;
 	p->name = path;
 	p->text = text;
-	/* Relative paths in the file, and the defaults (cluster.key, ckpt), are
-	 * taken from the file's directory, made absolute so that the output of
-	 * `pstrain check` loads back from anywhere. */
+	/* Relative paths in the file, and the defaults (cluster.key, NAME.ckpt),
+	 * are taken from the file's directory, made absolute so that the output
+	 * of `pstrain check` loads back from anywhere. */
 	char dir[DATA_PATH_MAX];
-	const char *slash = strrchr(path, '/');
 	size_t n = slash ? (size_t)(slash - path) : 1;
 	if (slash && n == 0)
 		n = 1;   /* "/cluster.ini" lives in "/" */
@@ -826,12 +851,24 @@ int config_load(struct config *c, const char *path, const char *const *sets, int
 	}
 	snprintf(p->dir, sizeof(p->dir), "%s", abs);
 	free(abs);
-	for (size_t i = 0; i < config_nkeys; i++)
-		if (config_keys[i].type == K_PATH && config_keys[i].def && config_keys[i].def[0] && config_keys[i].def[0] != '/')
-			(void)key_parse(c, &config_keys[i], config_keys[i].def, 0, p->dir, err, errlen);
+	for (size_t i = 0; i < config_nkeys; i++) {
+		const struct key_def *k = &config_keys[i];
+		char text_def[DATA_PATH_MAX + 16];
+		const char *t = k->def ? default_text(k, base, text_def, sizeof(text_def)) : NULL;
+		if (k->type == K_PATH && t && t[0] && t[0] != '/')
+			(void)key_parse(c, k, t, 0, p->dir, p->def_bad[i], sizeof(p->def_bad[i]));
+	}
 	r = parse_text(p, err, errlen);
 	for (int i = 0; !r && i < nsets; i++)
 		r = config_set(c, p, sets[i], err, errlen);
+	/* A default too long to resolve (a deep directory) matters only if
+	 * neither the file nor --set replaced it. */
+	for (size_t i = 0; !r && i < config_nkeys; i++)
+		if (p->def_bad[i][0]) {
+			snprintf(err, errlen, "%s: [%s] %s: its default beside this file: %s; set %s", path,
+				 config_keys[i].section, config_keys[i].key, p->def_bad[i], config_keys[i].key);
+			r = -EINVAL;
+		}
 	if (!r)
 		r = config_finish(c, p, err, errlen);
 	if (!r)

@@ -45,7 +45,7 @@ const struct key_def config_keys[] = {
 	{ "train", "lr_decay_rate", K_FLOAT, OFF(train.optim.decay_rate), 0, 0, 1, LO_OPEN, NULL, "0.1" },
 	{ "train", "warmup_steps", K_LONG, OFF(train.optim.warmup_steps), 0, 0, 1e12, 0, NULL, "0" },
 	{ "train", "seed", K_U64, OFF(train.seed), 0, 0, 0, 0, NULL, "1" },
-	{ "train", "checkpoint_dir", K_PATH, OFF(train.checkpoint_dir), 0, 0, 0, 0, NULL, "ckpt" },
+	{ "train", "checkpoint_dir", K_PATH, OFF(train.checkpoint_dir), 0, 0, 0, NAMED, NULL, ".ckpt" },
 	{ "train", "checkpoint_every", K_LONG, OFF(train.checkpoint_every), 0, 0, 1e12, 0, NULL, "500" },
 	{ "train", "keep_checkpoints", K_INT, OFF(train.keep_checkpoints), 0, 1, 1000000, 0, NULL, "3" },
 	{ "train", "eval_every", K_LONG, OFF(train.eval_every), 0, 0, 1e12, 0, NULL, "0" },

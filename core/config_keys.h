@@ -28,6 +28,10 @@ enum key_type {
 #define HI_OPEN 2u
 #define LIST 4u         /* may continue on indented lines */
 #define REPEAT 8u       /* may appear several times, each appends */
+#define NAMED 16u       /* K_PATH: the default is the config's file name without
+			 * its .ini or .conf extension, then def: cluster.ini's
+			 * ".ckpt" is cluster.ckpt, so two configs in one folder
+			 * never share a checkpoint_dir */
 
 struct key_def {
 	const char *section;
@@ -38,7 +42,7 @@ struct key_def {
 	double lo, hi;            /* numeric range */
 	unsigned flags;
 	const char *const *names; /* K_ENUM: value i is names[i], NULL-terminated */
-	const char *def;          /* default, as config text */
+	const char *def;          /* default, as config text (NAMED: a suffix) */
 };
 
 /* The order of the table is the order of `pstrain check` and docs/CONFIG.md;

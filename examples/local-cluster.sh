@@ -8,7 +8,10 @@
 #
 # CONFIG defaults to ./cluster.ini, PSTRAIN to ./pstrain. The cluster key
 # (key_file, relative to CONFIG's directory) must exist: `pstrain keygen`
-# makes one (`make demo` does that for ./cluster.ini).
+# makes one (`make demo` does that for ./cluster.ini). The ps tasks share
+# CONFIG's checkpoint_dir, by default NAME.ckpt beside it (cluster.ckpt for
+# cluster.ini); `-- --set train.checkpoint_dir=DIR` puts it elsewhere, as
+# `make demo` does.
 set -u
 
 config=cluster.ini

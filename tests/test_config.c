@@ -623,7 +623,7 @@ Test(config, defaults)
 	cr_expect_eq(c->train.optim.momentum, 0.9f);
 	cr_expect_eq(c->train.optim.eps, 1e-8f);
 	cr_expect_eq(c->train.seed, 1);
-	cr_expect_str_eq(c->train.checkpoint_dir, "ckpt");
+	cr_expect_str_eq(c->train.checkpoint_dir, "test.ckpt");   /* named after "test.ini" */
 	cr_expect_eq(c->train.checkpoint_every, 500);
 	cr_expect_eq(c->gpu.all, 1);
 	cr_expect_eq(c->gpu.memory_fraction, 0.9);

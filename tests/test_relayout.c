@@ -158,7 +158,7 @@ static void run_cluster(const char *cfg, int nps, int nw, const char *set, const
 		int ps = i < nps;
 		char idx[8];
 		snprintf(idx, sizeof(idx), "%d", ps ? i : i - nps);
-		snprintf(out[i], 300, "%s/%s-%s%s.log", dir, tag, ps ? "ps" : "worker", idx);
+		snprintf(out[i], 300, "%.200s/%.40s-%s%s.log", dir, tag, ps ? "ps" : "worker", idx);
 		const char *args[] = { ps ? "ps" : "worker", "--index", idx, "--config", cfg,
 				       set ? "--set" : NULL, set, NULL };
 		pids[i] = spawn_pstrain(args, out[i], NULL);
@@ -429,4 +429,158 @@ Test(relayout, chain_async_ends_near_uninterrupted)
 	cr_assert_not_null(strstr(text, "done: 60 steps"), "%s", text);
 	double acc = final_accuracy(text);
 	cr_assert(fabs(acc - ref_acc) <= 1.0, "chain: accuracy %.2f%%, uninterrupted %.2f%%", acc, ref_acc);
+}
+
+/* The line of text containing needle (a copy, valid until the next call),
+ * or NULL; *count (if not NULL) how many lines contain it. */
+static const char *line_with(const char *text, const char *needle, int *count)
+{
+	static char line[2048];
+	const char *first = NULL;
+	int n = 0;
+	for (const char *p = text; *p; ) {
+		const char *eol = strchr(p, '\n');
+		size_t l = eol ? (size_t)(eol - p) : strlen(p);
+		const char *hit = strstr(p, needle);
+		if (hit && hit < p + l) {
+			if (!first) {
+				first = p;
+				snprintf(line, sizeof(line), "%.*s", (int)l, p);
+			}
+			n++;
+		}
+		p += l + (eol != NULL);
+	}
+	if (count)
+		*count = n;
+	return first ? line : NULL;
+}
+
+/* A process's "run finished" line: there is exactly one, it carries the
+ * test accuracy `acc` and (if want is not NULL) the text want. */
+static void assert_finished_line(const char *log, double acc, const char *want)
+{
+	char *text = slurp(log);
+	int n;
+	const char *line = line_with(text, "run finished", &n);
+	cr_assert_eq(n, 1, "%d lines with \"run finished\" in %s:\n%s", n, log, text);
+	const char *a = strstr(line, "test accuracy ");
+	double got = -1;
+	cr_assert(a && sscanf(a, "test accuracy %lf", &got) == 1, "no test accuracy in %s: %s", log, line);
+	cr_assert(fabs(got - acc) < 0.01, "%s: test accuracy %.2f%%, the run ended at %.2f%%: %s", log, got, acc,
+		  line);
+	if (want)
+		cr_assert_not_null(strstr(line, want), "want \"%s\" in %s: %s", want, log, line);
+}
+
+/* Issue 14 item 3: a finished local run started again says so in one
+ * line (where it ended, its test accuracy) and exits 0, training nothing;
+ * a cluster started on the same config and checkpoints with the same or
+ * a smaller `steps` does the same on every ps and worker. */
+Test(relayout, finished_local_run_started_again)
+{
+	char cfg[300], log[300], out[MAX_PROCS][300], sd[400], set[64], want[100];
+	static char before[16384], after[16384];
+	int st[MAX_PROCS];
+	snprintf(cfg, sizeof(cfg), "%s/run.ini", dir);
+	write_cfg(cfg, (struct stage){ .nps = 2, .nw = 2, .steps = 60, .batch = 32 });
+	int e = run_local(cfg, NULL, "first", log, sizeof(log));
+	cr_assert_eq(e, 0, "exit %d:\n%s", e, slurp(log));
+	double acc = final_accuracy(slurp(log));
+	step_dir(sd, sizeof(sd), "ck", 60);
+	tensor_lines(sd, before, sizeof(before));
+
+	e = run_local(cfg, NULL, "again", log, sizeof(log));
+	cr_assert_eq(e, 0, "a finished run started again: exit %d:\n%s", e, slurp(log));
+	assert_finished_line(log, acc, "step 60 of this run's 60");
+	cr_assert_null(strstr(slurp(log), "done: "), "trained again:\n%s", slurp(log));
+
+	for (int steps = 60; steps >= 40; steps -= 20) {
+		char tag[32];
+		snprintf(set, sizeof(set), "train.steps=%d", steps);
+		snprintf(tag, sizeof(tag), "cluster%d", steps);
+		run_cluster(cfg, 2, 2, set, tag, st, out);
+		if (steps == 60)
+			snprintf(want, sizeof(want), "of this run's 60");
+		else
+			snprintf(want, sizeof(want), "past this run's %d steps", steps);
+		for (int i = 0; i < 4; i++)
+			assert_finished_line(out[i], acc, want);
+		for (int w = 0; w < 2; w++)
+			cr_assert_null(strstr(slurp(out[2 + w]), "done: "), "worker %d trained:\n%s", w,
+				       slurp(out[2 + w]));
+	}
+	tensor_lines(sd, after, sizeof(after));
+	cr_assert_str_eq(after, before, "step 60 changed:\n%s\nwas:\n%s", after, before);
+}
+
+/* The same for a run a cluster finished: the chief's final checkpoint
+ * carries its test accuracy to every ps's shard, so a restarted cluster
+ * and a local run on its checkpoints say where it ended. */
+Test(relayout, finished_cluster_run_started_again)
+{
+	char cfg[300], log[300], out[MAX_PROCS][300];
+	int st[MAX_PROCS];
+	snprintf(cfg, sizeof(cfg), "%s/run.ini", dir);
+	write_cfg(cfg, (struct stage){ .nps = 2, .nw = 2, .steps = 40 });
+	run_cluster(cfg, 2, 2, NULL, "first", st, out);
+	double acc = final_accuracy(slurp(out[2]));
+
+	run_cluster(cfg, 2, 2, NULL, "again", st, out);
+	for (int i = 0; i < 4; i++)
+		assert_finished_line(out[i], acc, "of this run's 40");
+
+	int e = run_local(cfg, "train.steps=30", "local", log, sizeof(log));
+	cr_assert_eq(e, 0, "local over a finished cluster run: exit %d:\n%s", e, slurp(log));
+	assert_finished_line(log, acc, "past this run's 30 steps");
+}
+
+/* Starts ps 0 of cfg alone and returns its exit status (log: out). */
+static int run_ps0(const char *cfg, const char *tag, char *out, size_t len)
+{
+	snprintf(out, len, "%s/%s-ps0.log", dir, tag);
+	const char *args[] = { "ps", "--index", "0", "--config", cfg, NULL };
+	pid_t pid = spawn_pstrain(args, out, NULL);
+	int st;
+	wait_all(&pid, 1, &st);
+	return st;
+}
+
+/* Issue 14 item 2: a checkpoint whose tensors differ from the config's
+ * model, or that another optimizer wrote, is refused at resume by local
+ * and by a ps, exit 2, with one line naming the tensor or both optimizers
+ * and what to do. */
+Test(relayout, other_model_or_optimizer_is_refused)
+{
+	char cfg[300], log[300];
+	snprintf(cfg, sizeof(cfg), "%s/h16.ini", dir);
+	write_cfg(cfg, (struct stage){ .steps = 20, .hidden = 16, .ck = "ck" });
+	int e = run_local(cfg, NULL, "h16", log, sizeof(log));
+	cr_assert_eq(e, 0, "exit %d:\n%s", e, slurp(log));
+	snprintf(cfg, sizeof(cfg), "%s/h32.ini", dir);
+	write_cfg(cfg, (struct stage){ .nps = 2, .steps = 40, .hidden = 32, .ck = "ck" });
+	for (int role = 0; role < 2; role++) {
+		e = role ? run_ps0(cfg, "h32", log, sizeof(log)) : run_local(cfg, NULL, "h32", log, sizeof(log));
+		char *text = slurp(log);
+		cr_assert_eq(e, 2, "%s over another model's checkpoint: exit %d:\n%s", role ? "ps" : "local", e, text);
+		const char *line = line_with(text, "dense1.weight", NULL);
+		cr_assert_not_null(line, "the refusal does not name dense1.weight:\n%s", text);
+		cr_assert(strstr(line, "16x6") && strstr(line, "32x6"), "%s", line);
+		cr_assert(strstr(line, "--fresh") || strstr(line, "checkpoint_dir"), "no way out: %s", line);
+	}
+
+	snprintf(cfg, sizeof(cfg), "%s/mom.ini", dir);
+	write_cfg(cfg, (struct stage){ .steps = 20, .optim = "momentum", .ck = "ck2" });
+	e = run_local(cfg, NULL, "mom", log, sizeof(log));
+	cr_assert_eq(e, 0, "exit %d:\n%s", e, slurp(log));
+	snprintf(cfg, sizeof(cfg), "%s/adam.ini", dir);
+	write_cfg(cfg, (struct stage){ .nps = 2, .steps = 40, .optim = "adam", .ck = "ck2" });
+	for (int role = 0; role < 2; role++) {
+		e = role ? run_ps0(cfg, "adam", log, sizeof(log)) : run_local(cfg, NULL, "adam", log, sizeof(log));
+		char *text = slurp(log);
+		cr_assert_eq(e, 2, "%s over a momentum checkpoint: exit %d:\n%s", role ? "ps" : "local", e, text);
+		const char *line = line_with(text, "momentum", NULL);
+		cr_assert(line && strstr(line, "adam"), "no line names both optimizers:\n%s", text);
+		cr_assert(strstr(line, "--fresh") || strstr(line, "checkpoint_dir"), "no way out: %s", line);
+	}
 }

@@ -225,6 +225,8 @@ static int cmd_local(const struct opts *o)
 		fprintf(stderr, "pstrain: %s\n", err);
 		return r == -EINVAL || r == -ENOENT ? EXIT_USAGE : EXIT_RUNTIME;
 	}
+	if (res.finished)   /* train_run said so, in one line */
+		return EXIT_DONE;
 	printf("done: %ld steps, test loss %.4f accuracy %.2f%%, wall %.1f s, %.0f samples/s\n",
 	       res.steps, res.test_loss, 100 * res.test_acc, res.wall, res.samples_per_s);
 	return EXIT_DONE;
@@ -306,7 +308,9 @@ static int cmd_worker(const struct opts *o)
 	install_stop_handler();
 	r = cluster_worker(&c, index, stdout, isatty(STDOUT_FILENO), &stop_requested, o->dump, &res,
 			   err, sizeof(err));
-	if (r == 0 && index == 0)
+	if (r == 0 && res.finished)
+		;   /* cluster_worker said so, in one line */
+	else if (r == 0 && index == 0)
 		printf("done: %ld steps, test loss %.4f accuracy %.2f%%, wall %.1f s, %.0f samples/s\n",
 		       res.steps, res.test_loss, 100 * res.test_acc, res.wall, res.samples_per_s);
 	else if (r == 0)

@@ -402,9 +402,10 @@ int links_push(struct links *lk, const float *grads, char *err, size_t errlen)
 	return 0;
 }
 
-int links_checkpoint(struct links *lk, long step, char *err, size_t errlen)
+int links_checkpoint(struct links *lk, long step, double acc, char *err, size_t errlen)
 {
-	struct ctl m = { .type = WIRE_CHECKPOINT, .u.ck = { .step = (uint64_t)step } };
+	struct ctl m = { .type = WIRE_CHECKPOINT, .u.ck = { .step = (uint64_t)step, .has_acc = acc >= 0,
+								    .acc = acc >= 0 ? acc : 0 } };
 	return links_send_all(lk, &m, err, errlen);
 }
 

@@ -75,8 +75,9 @@ int links_pull(struct links *lk, float *params, int first, char *err, size_t err
 /* Pushes grads (P), each shard's slice tagged with the version pulled from
  * it, then reads every ACK (stale and duplicate ones counted). */
 int links_push(struct links *lk, const float *grads, char *err, size_t errlen);
-/* CHECKPOINT(step) to every ps. */
-int links_checkpoint(struct links *lk, long step, char *err, size_t errlen);
+/* CHECKPOINT(step) to every ps; acc: the final test accuracy the final
+ * checkpoint records, < 0 for the others. */
+int links_checkpoint(struct links *lk, long step, double acc, char *err, size_t errlen);
 /* ROLLBACK(step) to every ps. */
 int links_rollback(struct links *lk, uint64_t step, char *err, size_t errlen);
 /* DONE to every ps: trained the last step (leaving 0), or, once every ps

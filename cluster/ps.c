@@ -286,7 +286,7 @@ static int on_checkpoint(struct ps_conn *cn, size_t len, char *err, size_t errle
 	if (cn->w != 0)
 		return err_set(err, errlen, -EPROTO,
 			       "CHECKPOINT from worker %d; only the chief (0) sends it", cn->w);
-	ps_store_checkpoint(&cn->ps->store, ck.step);
+	ps_store_checkpoint(&cn->ps->store, ck.step, ck.has_acc ? ck.acc : -1);
 	return 0;
 }
 

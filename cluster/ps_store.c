@@ -44,7 +44,7 @@ static int snap_alloc(struct ps_snap *sn, const struct psshard *sh)
  * still written everywhere). A failure is reported and training goes on:
  * the checkpoint stays incomplete and the previous one remains the
  * newest. */
-static void store_save(struct ps_store *st, uint64_t step)
+static void store_save(struct ps_store *st, uint64_t step, double acc)
 {
 	struct psshard *sh = st->sh;
 	size_t bytes = sh->n * sizeof(float);
@@ -64,6 +64,7 @@ static void store_save(struct ps_store *st, uint64_t step)
 	}
 	sn.step = step;
 	sn.t = sh->opt.t;
+	sn.acc = acc;
 	memcpy(sn.p, sh->params, bytes);
 	if (sn.m)
 		memcpy(sn.m, sh->opt.m, bytes);
@@ -98,7 +99,8 @@ static void *store_writer(void *arg)
 		st->qlen--;
 		pthread_mutex_unlock(st->mu);
 
-		struct ckpt_state cs = { sn.p, sn.m, sn.v, sn.t };
+		struct ckpt_state cs = { .params = sn.p, .m = sn.m, .v = sn.v, .t = sn.t,
+					 .test_acc = sn.acc >= 0 ? &sn.acc : NULL };
 		char e[CONFIG_ERR_MAX], *text = NULL;
 		size_t tlen = 0;
 		FILE *log = open_memstream(&text, &tlen);
@@ -122,15 +124,32 @@ static void *store_writer(void *arg)
 	return NULL;
 }
 
-/* The shard from the newest complete checkpoint; the shard's version
- * becomes the checkpoint's step (async: its label, the same on every
- * shard). */
+/* Versions per step of the run: async versions count pushes, W a step. */
+static uint64_t store_per_step(const struct ps_store *st)
+{
+	return st->sh->mode == MODE_ASYNC ? (uint64_t)st->c->cluster.nworkers : 1;
+}
+
+/* Puts a loaded checkpoint (ld, into scratch or the shard's own arrays)
+ * at its version: step x store_per_step. Adam's update count t comes
+ * along where it means the same thing here (same mode, shards that
+ * agree), else it is the version, which is what t is in a run that got
+ * there without a break. */
+static uint64_t store_version_of(const struct ps_store *st, const struct ckpt_load *ld, long *t)
+{
+	uint64_t v = (uint64_t)ld->step * store_per_step(st);
+	int same = ld->async < 0 || ld->async == (st->sh->mode == MODE_ASYNC);
+	*t = ld->t >= 0 && same ? ld->t : (long)v;
+	return v;
+}
+
+/* The shard from the newest complete checkpoint. */
 static int store_resume(struct ps_store *st, char *err, size_t errlen)
 {
 	const struct config *c = st->c;
 	struct psshard *sh = st->sh;
-	struct ckpt_load ld = { st->lay, 1, sh->range.begin, sh->range.end, sh->params, sh->opt.m,
-				sh->opt.v, 0, 0 };
+	struct ckpt_load ld = { .l = st->lay, .resume = 1, .begin = sh->range.begin, .end = sh->range.end,
+				.params = sh->params, .m = sh->opt.m, .v = sh->opt.v };
 	flockfile(st->out);
 	int e = checkpoint_restore(c->train.checkpoint_dir, &ld, st->out, err, errlen);
 	funlockfile(st->out);
@@ -138,12 +157,19 @@ static int store_resume(struct ps_store *st, char *err, size_t errlen)
 		return 0;
 	if (e)
 		return e;
-	sh->version = (uint64_t)ld.step;
-	sh->applied = (uint64_t)ld.step;
-	sh->opt.t = ld.t;
-	char sd[CKPT_PATH_MAX];
+	sh->version = store_version_of(st, &ld, &sh->opt.t);
+	sh->applied = sh->version;
+	char sd[CKPT_PATH_MAX], acc[48] = "not recorded";
 	checkpoint_step_dir(sd, sizeof(sd), c->train.checkpoint_dir, ld.step);
-	role_log(st->out, "ps %d: resuming from %s", st->index, sd);
+	long total = sh->total / (long)store_per_step(st);
+	if (ld.step < total) {
+		role_log(st->out, "ps %d: resuming from %s", st->index, sd);
+		return 0;
+	}
+	if (ld.test_acc >= 0)
+		snprintf(acc, sizeof(acc), "%.2f%%", 100 * ld.test_acc);
+	role_log(st->out, "ps %d: run finished: %s is step %ld%s this run's %ld (test accuracy %s); serving it until the workers have seen that; to train on, raise [train] steps or epochs on every process; to start over, --fresh or another checkpoint_dir",
+		 st->index, sd, ld.step, ld.step == total ? "of" : ", past", total, acc);
 	return 0;
 }
 
@@ -196,16 +222,16 @@ void ps_store_close(struct ps_store *st)
  * (ps 0's version as it pulled it) and every ps saves what it has now
  * under it, so the shards of one checkpoint are as far apart as the
  * shards of a running async cluster always are. */
-void ps_store_checkpoint(struct ps_store *st, uint64_t step)
+void ps_store_checkpoint(struct ps_store *st, uint64_t step, double acc)
 {
 	pthread_mutex_lock(st->mu);
 	uint64_t v = psshard_version(st->sh);
 	if (!st->lay)
 		;
 	else if (v == step || st->sh->mode == MODE_ASYNC)
-		store_save(st, step);
+		store_save(st, step, acc);
 	else if (v < step)
-		st->pending = step;
+		st->pending = step, st->pending_acc = acc;
 	else
 		role_log(st->out, "ps %d: checkpoint at step %llu skipped: shard already at version %llu",
 			 st->index, (unsigned long long)step, (unsigned long long)v);
@@ -216,7 +242,7 @@ void ps_store_pushed(struct ps_store *st)
 {
 	uint64_t v = psshard_version(st->sh);
 	if (st->pending && v == st->pending) {
-		store_save(st, v);
+		store_save(st, v, st->pending_acc);
 		st->pending = 0;
 	}
 }
@@ -249,19 +275,22 @@ int ps_store_rollback(struct ps_store *st, uint64_t *step_io, char *err, size_t 
 	if (snap_alloc(&sn, sh))
 		return err_set(err, errlen, -ENOMEM, "out of memory for a copy of the shard (%zu parameters)",
 			       sh->n);
-	struct ckpt_load ld = { st->lay, 1, sh->range.begin, sh->range.end, sn.p, sn.m, sn.v, 0, 0 };
+	struct ckpt_load ld = { .l = st->lay, .resume = 1, .begin = sh->range.begin, .end = sh->range.end,
+				.params = sn.p, .m = sn.m, .v = sn.v };
+	long t = 0;
 	int init = step == 0, r = 0;
 	if (!init && sh->mode == MODE_ASYNC) {
 		/* Async shards are never all at one version, so a worker may
 		 * have seen the restarted shard a few pushes past its
 		 * checkpoint: the newest complete checkpoint at or below
-		 * `step` is the one it resumed from (none: it started over). */
+		 * version `step` (labels are steps of the run, W versions
+		 * each) is the one it resumed from (none: it started over). */
 		if (st->lay)
-			r = checkpoint_restore_upto(c->train.checkpoint_dir, (long)step, &ld, NULL, err,
-						    errlen);
+			r = checkpoint_restore_upto(c->train.checkpoint_dir, (long)(step / store_per_step(st)),
+						    &ld, NULL, err, errlen);
 		if (!st->lay || r == -ENOENT)
 			init = 1, r = 0;
-		step = init ? 0 : (uint64_t)ld.step;
+		step = init ? 0 : store_version_of(st, &ld, &t);
 	} else if (!init && !st->lay) {
 		r = err_set(err, errlen, -ENOENT, "checkpoints are off (checkpoint_dir is empty)");
 	} else if (!init) {
@@ -275,6 +304,8 @@ int ps_store_rollback(struct ps_store *st, uint64_t *step_io, char *err, size_t 
 			r = checkpoint_load(dir, &ld, err, errlen);
 		if (!r && (uint64_t)ld.step != step)
 			r = err_set(err, errlen, -EINVAL, "%s holds step %ld", dir, ld.step);
+		if (!r)
+			store_version_of(st, &ld, &t);
 	}
 	if (r) {
 		snap_free(&sn);
@@ -294,7 +325,7 @@ int ps_store_rollback(struct ps_store *st, uint64_t *step_io, char *err, size_t 
 	if (sh->opt.v)
 		memcpy(sh->opt.v, sn.v, sh->n * sizeof(float));
 	snap_free(&sn);
-	sh->opt.t = init ? 0 : ld.t;
+	sh->opt.t = t;
 	psshard_rewind(sh, step);
 	*step_io = step;
 	st->pending = 0;

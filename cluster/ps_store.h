@@ -23,6 +23,7 @@ struct ps_snap {
 	uint64_t step;
 	float *p, *m, *v; /* (n) each; m, v NULL as in the optimizer */
 	long t;
+	double acc;       /* the run's final test accuracy, < 0: none (not the final checkpoint) */
 };
 
 struct ps_store {
@@ -34,6 +35,7 @@ struct ps_store {
 	int index;
 	struct ckpt_layout *lay;  /* NULL: checkpoints off */
 	uint64_t pending;         /* CHECKPOINT step not reached yet; 0: none */
+	double pending_acc;       /* its accuracy (ps_store_checkpoint) */
 	struct ps_snap q[PS_STORE_QUEUE_MAX]; /* copies waiting for the writer, oldest first */
 	int qlen, qcap;           /* qcap: min(keep_checkpoints, PS_STORE_QUEUE_MAX) */
 	pthread_t writer;
@@ -42,10 +44,12 @@ struct ps_store {
 };
 
 /* Sets up the checkpoint layout and, unless fresh, puts the shard at the
- * newest complete checkpoint (its version becomes the checkpoint's step;
- * async: its label, the same on every shard); then starts the writer. With
- * checkpoint_dir empty there is nothing to do. On failure st is left for
- * ps_store_close. */
+ * newest complete checkpoint, written by any layout and either mode
+ * (docs/CHECKPOINTS.md): its version becomes the checkpoint's step, times
+ * the workers in async mode, where versions count pushes; then starts the
+ * writer. A checkpoint at or past the run's end is logged as a finished
+ * run. With checkpoint_dir empty there is nothing to do. On failure st is
+ * left for ps_store_close. */
 int ps_store_open(struct ps_store *st, pthread_mutex_t *mu, struct psshard *sh,
 		  const struct model *m, const struct config *c, int index, int fresh, FILE *out,
 		  char *err, size_t errlen);
@@ -54,8 +58,9 @@ int ps_store_open(struct ps_store *st, pthread_mutex_t *mu, struct psshard *sh,
  * before the ps exits), stops the writer and frees. Accepts a zeroed st. */
 void ps_store_close(struct ps_store *st);
 
-/* CHECKPOINT(step) from the chief; takes mu. */
-void ps_store_checkpoint(struct ps_store *st, uint64_t step);
+/* CHECKPOINT(step) from the chief; takes mu. acc: the run's final test
+ * accuracy, which the final checkpoint records (< 0: none). */
+void ps_store_checkpoint(struct ps_store *st, uint64_t step, double acc);
 
 /* After a push (under mu): saves the checkpoint waiting for this version. */
 void ps_store_pushed(struct ps_store *st);

@@ -83,8 +83,7 @@ int recovery_start(struct links *lk, float *params, long total, long *start, cha
 		uint64_t got[CONFIG_MAX_HOSTS] = { 0 };
 		gots(lk, got);
 		*start = recovery_async_step(got, lk->nps, W);
-		*start = *start > total ? total : *start;
-		if (*start > 0)
+		if (*start > 0 && *start < total)
 			role_log(lk->out, "worker %d: continuing at step %ld of %ld, where the shards are (version %llu)",
 				 lk->index, *start, total, (unsigned long long)lowest(lk));
 		return 0;
@@ -118,10 +117,7 @@ int recovery_start(struct links *lk, float *params, long total, long *start, cha
 		if (e)
 			return e;
 	}
-	if (*start > total)
-		return err_set(err, errlen, -EINVAL, "the shards are at step %ld, beyond this run's %ld steps",
-			       *start, total);
-	if (*start > 0)
+	if (*start > 0 && *start < total)
 		role_log(lk->out, "worker %d: continuing at step %ld of %ld, where the shards are", lk->index,
 			 *start, total);
 	return 0;

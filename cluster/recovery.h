@@ -17,7 +17,8 @@
  * the shards agree (sync: within 2 W steps of each other, for up to
  * peer_timeout; async: any versions) and sets *start to the step to train
  * from: sync, the lowest shard version; async, the global step (lowest
- * version / W). A step beyond total is -EINVAL; shards that stay apart
+ * version / W). A step at or past total is a finished run (the caller
+ * says so; total only bounds the log line here); shards that stay apart
  * -ECONNABORTED. */
 int recovery_start(struct links *lk, float *params, long total, long *start, char *err,
 		   size_t errlen);

@@ -38,6 +38,7 @@ struct worker {
 	long step, start;        /* the step to train next; where training (re)started */
 	long epoch_loaded;
 	int pulled;              /* params hold the version for `step` already */
+	int finished;            /* the shards were at the run's end when it started */
 };
 
 /* Setup, devices, links (connected) and the progress line. */
@@ -118,11 +119,13 @@ static int worker_recover(struct worker *wr, long *at, char *err, size_t errlen)
 }
 
 /* The step a checkpoint is saved as, just after pulling for `step`: sync,
- * that step (every shard is at it); async, ps 0's version as pulled, a
- * label all ps save under while each records its shard as it is. */
+ * that step (every shard is at it); async, the global step of ps 0's
+ * version as pulled (W versions a step), a label all ps save under while
+ * each records its shard as it is. Both count steps of the run, as
+ * `local` does, so any checkpoint continues in any mode and layout. */
 static long ckpt_label(const struct worker *wr, long step)
 {
-	return wr->c->train.mode == MODE_SYNC ? step : (long)wr->lk.ln[0].got;
+	return wr->c->train.mode == MODE_SYNC ? step : (long)(wr->lk.ln[0].got / (uint64_t)wr->W);
 }
 
 /* The train loss and accuracy since the last reading, as one log line (a
@@ -219,7 +222,7 @@ static int worker_step(struct worker *wr, char *err, size_t errlen)
 	wr->pulled = 0;
 	if (!e && wr->ckpts && c->train.checkpoint_every > 0 && step > wr->start &&
 	    step % c->train.checkpoint_every == 0)
-		e = links_checkpoint(&wr->lk, ckpt_label(wr, step), err, errlen);
+		e = links_checkpoint(&wr->lk, ckpt_label(wr, step), -1, err, errlen);
 	if (e)
 		return e;
 	e = worker_evaluate(wr, &ts, err, errlen);
@@ -274,16 +277,19 @@ static int dump_params(const char *path, const float *p, size_t n, char *err, si
 	return 0;
 }
 
-/* After the last step: the chief pulls the final parameters, asks for the
- * final checkpoint and evaluates (res); the others log their figures.
- * *again: the final pull found a lost ps whose recovery went back to a
- * step to train again from (wr->step). */
+/* After the last step: the chief pulls the final parameters, evaluates
+ * them (res) and asks for the final checkpoint, which records the test
+ * accuracy; the others log their figures. *again: the final pull found a
+ * lost ps whose recovery went back to a step to train again from
+ * (wr->step). */
 static int worker_final(struct worker *wr, const char *dump, struct train_result *res, int *again,
 			char *err, size_t errlen)
 {
 	long step = wr->step;
 	int e = 0;
 	*again = 0;
+	if (wr->finished)
+		return dump ? dump_params(dump, wr->params, wr->s.job.m.nparams, err, errlen) : 0;
 	if (!wr->chief)
 		return worker_meter_line(wr, err, errlen);
 	if (step > wr->start && !wr->pulled) {
@@ -304,18 +310,31 @@ static int worker_final(struct worker *wr, const char *dump, struct train_result
 		if (e)
 			return e;
 	}
-	if (wr->ckpts && step > wr->start) {
-		e = links_checkpoint(&wr->lk, ckpt_label(wr, step), err, errlen);
-		if (e)
-			return e;
-	}
 	e = devices_report(&wr->dev, &wr->pg, step - 1, err, errlen);
 	if (!e)
 		e = devices_evaluate(&wr->dev, &wr->s.job.test, &res->test_loss, &res->test_acc, err, errlen);
+	if (!e && wr->ckpts && step > wr->start)
+		e = links_checkpoint(&wr->lk, ckpt_label(wr, step), res->test_acc, err, errlen);
 	if (e)
 		return e;
 	progress_eval(&wr->pg, step, res->test_loss, res->test_acc);
 	return dump ? dump_params(dump, wr->params, wr->s.job.m.nparams, err, errlen) : 0;
+}
+
+/* A finished run started again: the shards are at or past this run's
+ * last step. One line says so, with the test accuracy of the parameters
+ * they hold (evaluated here: a worker does not read checkpoints), and the
+ * worker goes on to say DONE as after training. */
+static int worker_found_finished(struct worker *wr, struct train_result *res, char *err, size_t errlen)
+{
+	int e = devices_evaluate(&wr->dev, &wr->s.job.test, &res->test_loss, &res->test_acc, err, errlen);
+	if (e)
+		return e;
+	wr->finished = 1;
+	res->finished = 1;
+	role_log(wr->out, "worker %d: run finished: the shards are at step %ld%s this run's %ld (test accuracy %.2f%%); to train on, raise [train] steps or epochs on every process; to start over, restart every ps with --fresh or another checkpoint_dir",
+		 wr->index, wr->start, wr->start == wr->total ? "of" : ", past", wr->total, 100 * res->test_acc);
+	return 0;
 }
 
 /* A worker that has trained its last step says DONE and stays until every
@@ -390,10 +409,14 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 	wr->ckpts = wr->chief && c->train.checkpoint_dir[0];
 	wr->pulled = 1;
 	wr->step = wr->start;
+	if (!e && wr->start >= wr->total)
+		e = worker_found_finished(wr, res, err, errlen);
 	for (int again = 1; !e && again;) {
 		e = worker_train(wr, err, errlen);
 		res->steps = wr->step;
 		res->total_steps = wr->total;
+		if (wr->step < wr->total)
+			wr->finished = res->finished = 0;   /* rolled back, and trained again */
 		if (!e && *stop)
 			e = err_set(err, errlen, -EINTR, "worker %d: interrupted at step %ld/%ld", index,
 				    wr->step, wr->total);

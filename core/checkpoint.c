@@ -170,6 +170,47 @@ void checkpoint_step_dir(char *out, size_t len, const char *dir, long step)
 
 /* ---- layout ---- */
 
+/* The model hash (tensor names, offsets, sizes, shapes) in *h, left open
+ * for the layout's lines. */
+static void hash_tensors(const struct ckpt_layout *l, crypto_generichash_state *h)
+{
+	char line[256];
+	crypto_generichash_init(h, NULL, 0, CKPT_HASH_BYTES);
+	for (int i = 0; i < l->nt; i++) {
+		const struct tensor_info *t = &l->t[i];
+		int n = snprintf(line, sizeof(line), "%s %zu %zu", t->name, t->off, t->n);
+		for (int d = 0; d < t->ndim; d++)
+			n += snprintf(line + n, sizeof(line) - (size_t)n, " %d", t->shape[d]);
+		n += snprintf(line + n, sizeof(line) - (size_t)n, "\n");
+		crypto_generichash_update(h, (const unsigned char *)line, (size_t)n);
+	}
+}
+
+/* The layout hash l's model has with nshards shards of the even plan,
+ * optimizer kind optim and mode async: what a manifest records, so that
+ * a checkpoint's optimizer and mode can be told from its manifest alone
+ * (checkpoint_describe tries each). */
+static void hash_layout(const struct ckpt_layout *l, int nshards, enum optim_kind optim, int async,
+			uint8_t out[CKPT_HASH_BYTES])
+{
+	struct shard plan[CONFIG_MAX_HOSTS];
+	crypto_generichash_state h;
+	char line[128];
+	hash_tensors(l, &h);
+	shard_plan(plan, nshards, l->nparams);
+	for (int k = 0; k < nshards; k++) {
+		int n = snprintf(line, sizeof(line), "shard %zu %zu\n", plan[k].begin, plan[k].end);
+		crypto_generichash_update(&h, (const unsigned char *)line, (size_t)n);
+	}
+	int n = snprintf(line, sizeof(line), "optimizer %s\n", optim_names[optim]);
+	crypto_generichash_update(&h, (const unsigned char *)line, (size_t)n);
+	/* Only async adds a line, so sync and local checkpoints written
+	 * before async ones existed keep their hash. */
+	if (async)
+		crypto_generichash_update(&h, (const unsigned char *)"mode async\n", 11);
+	crypto_generichash_final(&h, out, CKPT_HASH_BYTES);
+}
+
 static int layout_init(struct ckpt_layout *l, const struct model *m, int nshards, const struct config *c,
 		       int async, char *err, size_t errlen)
 {
@@ -187,31 +228,10 @@ static int layout_init(struct ckpt_layout *l, const struct model *m, int nshards
 	l->optim = c->train.optim.kind;
 	if (config_hash(c, l->config_hash))
 		return err_set(err, errlen, -ENOMEM, "out of memory hashing the config");
-
 	crypto_generichash_state h;
-	char line[256];
-	crypto_generichash_init(&h, NULL, 0, CKPT_HASH_BYTES);
-	for (int i = 0; i < l->nt; i++) {
-		const struct tensor_info *t = &l->t[i];
-		int n = snprintf(line, sizeof(line), "%s %zu %zu", t->name, t->off, t->n);
-		for (int d = 0; d < t->ndim; d++)
-			n += snprintf(line + n, sizeof(line) - (size_t)n, " %d", t->shape[d]);
-		n += snprintf(line + n, sizeof(line) - (size_t)n, "\n");
-		crypto_generichash_update(&h, (const unsigned char *)line, (size_t)n);
-	}
-	crypto_generichash_state hl = h;
+	hash_tensors(l, &h);
 	crypto_generichash_final(&h, l->model_hash, CKPT_HASH_BYTES);
-	for (int k = 0; k < nshards; k++) {
-		int n = snprintf(line, sizeof(line), "shard %zu %zu\n", l->shards[k].begin, l->shards[k].end);
-		crypto_generichash_update(&hl, (const unsigned char *)line, (size_t)n);
-	}
-	int n = snprintf(line, sizeof(line), "optimizer %s\n", optim_names[l->optim]);
-	crypto_generichash_update(&hl, (const unsigned char *)line, (size_t)n);
-	/* Only async adds a line, so sync and local checkpoints written
-	 * before async ones existed keep their hash. */
-	if (async)
-		crypto_generichash_update(&hl, (const unsigned char *)"mode async\n", 11);
-	crypto_generichash_final(&hl, l->layout_hash, CKPT_HASH_BYTES);
+	hash_layout(l, nshards, l->optim, async, l->layout_hash);
 	return 0;
 }
 
@@ -372,7 +392,7 @@ static int write_shard(const char *tmpdir, const struct ckpt_layout *l, int k, l
 {
 	size_t b = l->shards[k].begin, e = l->shards[k].end;
 	struct st_tensor *t = malloc(3 * (size_t)l->nt * sizeof(*t));
-	struct st_meta *meta = malloc((8 + 6 * (size_t)l->nt) * sizeof(*meta));
+	struct st_meta *meta = malloc((9 + 6 * (size_t)l->nt) * sizeof(*meta));
 	int nt = 0, nmeta = 0;
 	if (!t || !meta) {
 		free(t);
@@ -387,6 +407,8 @@ static int write_shard(const char *tmpdir, const struct ckpt_layout *l, int k, l
 	meta_set(meta, &nmeta, "pstrain.range", "%zu:%zu", b, e);
 	meta_set(meta, &nmeta, "pstrain.optimizer", "%s", optim_names[l->optim]);
 	meta_set(meta, &nmeta, "pstrain.optim_t", "%ld", st->t);
+	if (st->test_acc)
+		meta_set(meta, &nmeta, "pstrain.test_accuracy", "%.6f", *st->test_acc);
 	for (int i = 0; i < l->nt; i++)
 		add_part(t, &nt, meta, &nmeta, "", &l->t[i], b, e, st->params);
 	for (int i = 0; i < l->nt; i++)
@@ -686,43 +708,235 @@ static int copy_part(const struct safetensors *st, const char *path, const char 
 	return 0;
 }
 
+/* "16x6": a shape as the messages show it. */
+static void shape_text(char *out, size_t len, int ndim, const uint64_t *shape)
+{
+	size_t n = 0;
+	out[0] = '\0';
+	for (int d = 0; d < ndim && n < len; d++)
+		n += (size_t)snprintf(out + n, len - n, "%s%" PRIu64, d ? "x" : "", shape[d]);
+}
+
+/* A checkpoint tensor's name and full shape, as its shard files tell. */
+struct ck_tensor {
+	char name[ST_NAME_MAX];
+	int ndim;
+	uint64_t shape[ST_MAX_DIMS];
+};
+
+/* The parameter tensors (not optim.*) of every shard file, each once,
+ * into *out (malloc'd); returns the count or a negative errno with err. */
+static int ck_tensors(const char *stepdir, const struct ckpt_manifest *mf, struct ck_tensor **out,
+		      char *err, size_t errlen)
+{
+	struct ck_tensor *ct = NULL;
+	int n = 0, cap = 0, e = 0;
+	for (int k = 0; k < mf->nshards && !e; k++) {
+		struct safetensors st;
+		e = checkpoint_shard_open(&st, stepdir, mf, k, err, errlen);
+		for (int i = 0; !e && i < st.nt; i++) {
+			const struct st_tensor *s = &st.t[i];
+			int seen = strncmp(s->name, "optim.", 6) == 0;
+			for (int j = 0; j < n && !seen; j++)
+				seen = strcmp(ct[j].name, s->name) == 0;
+			if (seen)
+				continue;
+			if (n == cap) {
+				cap = cap ? 2 * cap : 32;
+				struct ck_tensor *w = realloc(ct, (size_t)cap * sizeof(*ct));
+				if (!w) {
+					e = err_set(err, errlen, -ENOMEM, "out of memory");
+					break;
+				}
+				ct = w;
+			}
+			struct ck_tensor *c = &ct[n++];
+			char key[ST_META_MAX];
+			uint64_t lo, hi, total;
+			snprintf(c->name, sizeof(c->name), "%s", s->name);
+			snprintf(key, sizeof(key), "pstrain.part.%s", s->name);
+			const char *v = safetensors_meta(&st, key);
+			if (!v) {
+				c->ndim = s->ndim;
+				memcpy(c->shape, s->shape, sizeof(c->shape));
+			} else if (checkpoint_part_parse(v, &lo, &hi, &c->ndim, c->shape, &total)) {
+				e = err_set(err, errlen, -EINVAL, "%s/%s: bad %s \"%s\"", stepdir,
+					    mf->shards[k].file, key, v);
+			}
+		}
+		safetensors_free(&st);
+	}
+	if (e) {
+		free(ct);
+		return e;
+	}
+	*out = ct;
+	return n;
+}
+
+/* The checkpoint in stepdir is another model's: err names the first
+ * tensor that differs (checkpoint.h). */
+static int model_diff(const char *stepdir, const struct ckpt_manifest *mf, const struct ckpt_layout *l,
+		      char *err, size_t errlen)
+{
+	struct ck_tensor *ct = NULL;
+	int n = ck_tensors(stepdir, mf, &ct, err, errlen);
+	if (n < 0)
+		return n;
+	char what[ST_NAME_MAX + 160] = "", a[64], b[64];
+	for (int i = 0; i < l->nt && !what[0]; i++) {
+		const struct tensor_info *t = &l->t[i];
+		uint64_t shape[ST_MAX_DIMS];
+		int j = 0;
+		while (j < n && strcmp(ct[j].name, t->name))
+			j++;
+		for (int d = 0; d < t->ndim; d++)
+			shape[d] = (uint64_t)t->shape[d];
+		if (j == n) {
+			snprintf(what, sizeof(what), "tensor %s of this config's model is not in the checkpoint",
+				 t->name);
+			break;
+		}
+		shape_text(a, sizeof(a), ct[j].ndim, ct[j].shape);
+		shape_text(b, sizeof(b), t->ndim, shape);
+		if (strcmp(a, b))
+			snprintf(what, sizeof(what), "tensor %s is %s in the checkpoint but %s in this config's model",
+				 t->name, a, b);
+	}
+	for (int j = 0; j < n && !what[0]; j++) {
+		int i = 0;
+		while (i < l->nt && strcmp(ct[j].name, l->t[i].name))
+			i++;
+		if (i == l->nt)
+			snprintf(what, sizeof(what), "the checkpoint has tensor %s, which this config's model lacks",
+				 ct[j].name);
+	}
+	if (!what[0])
+		snprintf(what, sizeof(what), "its tensors are laid out otherwise than this config's model's");
+	free(ct);
+	return err_set(err, errlen, -EINVAL, "%s holds another model (%zu parameters, this config's has %zu): %s; give this config its own checkpoint_dir, or start over with --fresh",
+		       stepdir, mf->nparams, l->nparams, what);
+}
+
+int checkpoint_describe(const char *stepdir, const struct ckpt_layout *l, struct ckpt_info *out,
+			char *err, size_t errlen)
+{
+	struct ckpt_manifest *mf = malloc(sizeof(*mf));
+	if (!mf)
+		return err_set(err, errlen, -ENOMEM, "out of memory for a manifest");
+	memset(out, 0, sizeof(*out));
+	int e = manifest_read(mf, stepdir, err, errlen);
+	if (!e) {
+		out->step = mf->step;
+		out->nparams = mf->nparams;
+		out->nshards = mf->nshards;
+		out->cluster = manifest_nshards(stepdir) > 0;
+		memcpy(out->shards, mf->shards, sizeof(out->shards));
+		out->model_same = mf->nparams == l->nparams &&
+				  sodium_memcmp(mf->model_hash, l->model_hash, CKPT_HASH_BYTES) == 0;
+		for (int o = 0; out->model_same && o < 3 && !out->known; o++)
+			for (int a = 0; a < 2 && !out->known; a++) {
+				uint8_t h[CKPT_HASH_BYTES];
+				hash_layout(l, mf->nshards, (enum optim_kind)o, a, h);
+				if (sodium_memcmp(h, mf->layout_hash, CKPT_HASH_BYTES) == 0) {
+					out->known = 1;
+					out->optim = (enum optim_kind)o;
+					out->async = a;
+				}
+			}
+	}
+	free(mf);
+	return e;
+}
+
+static int optim_refusal(const char *stepdir, const char *had, const struct ckpt_layout *l, char *err,
+			 size_t errlen)
+{
+	return err_set(err, errlen, -EINVAL, "%s was written with optimizer %s, this config has %s: set [train] optimizer = %s to continue it, or start over with --fresh or another checkpoint_dir",
+		       stepdir, had, optim_names[l->optim], had);
+}
+
+/* The model (always) and, for a resume, the optimizer kind. */
+static int fits(const char *stepdir, const struct ckpt_info *in, const struct ckpt_layout *l, int resume,
+		char *err, size_t errlen)
+{
+	if (!in->model_same) {
+		struct ckpt_manifest *mf = malloc(sizeof(*mf));
+		if (!mf)
+			return err_set(err, errlen, -ENOMEM, "out of memory for a manifest");
+		int e = manifest_read(mf, stepdir, err, errlen);
+		if (!e)
+			e = model_diff(stepdir, mf, l, err, errlen);
+		free(mf);
+		return e;
+	}
+	if (resume && in->known && in->optim != l->optim)
+		return optim_refusal(stepdir, optim_names[in->optim], l, err, errlen);
+	return 0;
+}
+
+int checkpoint_fits(const char *stepdir, const struct ckpt_info *in, const struct ckpt_layout *l,
+		    char *err, size_t errlen)
+{
+	return fits(stepdir, in, l, 1, err, errlen);
+}
+
+/* One shard file's optimizer step count t and, where recorded, the run's
+ * final test accuracy; the optimizer must be l's for a resume. */
+static int shard_meta(const struct safetensors *st, const char *path, const char *stepdir,
+		      const struct ckpt_layout *l, int resume, long *t, double *acc, char *err,
+		      size_t errlen)
+{
+	const char *ts = safetensors_meta(st, "pstrain.optim_t");
+	const char *os = safetensors_meta(st, "pstrain.optimizer");
+	const char *as = safetensors_meta(st, "pstrain.test_accuracy");
+	char *end;
+	*t = ts ? strtol(ts, &end, 10) : -1;
+	if (!ts || *end || *t < 0)
+		return err_set(err, errlen, -EINVAL, "%s: pstrain.optim_t missing or malformed", path);
+	if (resume && (!os || strcmp(os, optim_names[l->optim])))
+		return optim_refusal(stepdir, os ? os : "(none recorded)", l, err, errlen);
+	if (as) {
+		double a = strtod(as, &end);
+		if (*end || !(a >= 0 && a <= 1))
+			return err_set(err, errlen, -EINVAL, "%s: pstrain.test_accuracy \"%s\" is not in [0, 1]",
+				       path, as);
+		*acc = a;
+	}
+	return 0;
+}
+
 int checkpoint_load(const char *stepdir, struct ckpt_load *ld, char *err, size_t errlen)
 {
 	const struct ckpt_layout *l = ld->l;
 	size_t begin = ld->begin, end = ld->end;
 	float *m = ld->m, *v = ld->v;
 	struct ckpt_manifest *mf = malloc(sizeof(*mf));
-	if (!mf)
-		return err_set(err, errlen, -ENOMEM, "out of memory for a manifest");
-	int e = manifest_read(mf, stepdir, err, errlen);
-	if (e)
-		goto out;
-	if (mf->nparams != l->nparams || sodium_memcmp(mf->model_hash, l->model_hash, CKPT_HASH_BYTES)) {
-		e = err_set(err, errlen, -EINVAL, "%s/manifest: the model differs from the config's (%zu vs %zu parameters or other tensor names/shapes)",
-			    stepdir, mf->nparams, l->nparams);
-		goto out;
-	}
-	if (ld->want_layout && sodium_memcmp(mf->layout_hash, l->layout_hash, CKPT_HASH_BYTES)) {
-		e = err_set(err, errlen, -EINVAL, "%s/manifest: the shard layout (%d shard%s), optimizer or sync/async mode differs from this run's (%d shard%s, %s%s)",
-			    stepdir, mf->nshards, mf->nshards == 1 ? "" : "s", l->nshards, l->nshards == 1 ? "" : "s",
-			    optim_names[l->optim], l->async ? ", async" : "");
-		goto out;
-	}
-	long opt_t = -1;
-	for (int k = 0; k < mf->nshards && !e; k++) {
+	struct ckpt_info *in = malloc(sizeof(*in));
+	int e = mf && in ? 0 : err_set(err, errlen, -ENOMEM, "out of memory for a manifest");
+	if (!e)
+		e = checkpoint_describe(stepdir, l, in, err, errlen);
+	if (!e)
+		e = fits(stepdir, in, l, ld->resume, err, errlen);
+	if (!e)
+		e = manifest_read(mf, stepdir, err, errlen);
+	long opt_t = -2;   /* none read yet */
+	double acc = -1;
+	for (int k = 0; !e && k < mf->nshards; k++) {
 		size_t sb = mf->shards[k].begin, se = mf->shards[k].end;
 		if (se <= begin || sb >= end)
 			continue;
 		struct safetensors st;
 		char path[CKPT_PATH_MAX];
+		long tv;
 		snprintf(path, sizeof(path), "%s/%s", stepdir, mf->shards[k].file);
 		e = checkpoint_shard_open(&st, stepdir, mf, k, err, errlen);
-		const char *ts = e ? NULL : safetensors_meta(&st, "pstrain.optim_t");
-		char *tend;
-		long tv = ts ? strtol(ts, &tend, 10) : -1;
-		if (!e && (m || v) && (!ts || *tend || tv < 0 || (opt_t >= 0 && tv != opt_t)))
-			e = err_set(err, errlen, -EINVAL, "%s: pstrain.optim_t missing or inconsistent", path);
-		opt_t = tv;
+		if (!e)
+			e = shard_meta(&st, path, stepdir, l, ld->resume, &tv, &acc, err, errlen);
+		/* Async shards count their own updates; read into another
+		 * layout, one range may come from shards that disagree. */
+		if (!e)
+			opt_t = opt_t == -2 || opt_t == tv ? tv : -1;
 		for (int i = 0; i < l->nt && !e; i++) {
 			e = copy_part(&st, path, "", &l->t[i], sb, se, begin, end, ld->params, err, errlen);
 			if (!e && m)
@@ -733,11 +947,13 @@ int checkpoint_load(const char *stepdir, struct ckpt_load *ld, char *err, size_t
 		safetensors_free(&st);
 	}
 	if (!e) {
-		ld->t = opt_t;
+		ld->t = opt_t < 0 ? -1 : opt_t;
 		ld->step = mf->step;
+		ld->async = in->known ? in->async : -1;
+		ld->test_acc = acc;
 	}
-out:
 	free(mf);
+	free(in);
 	return e;
 }
 

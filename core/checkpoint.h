@@ -79,6 +79,7 @@ struct ckpt_state {
 	const float *params;
 	const float *m, *v;
 	long t;
+	const double *test_acc;   /* the run's final test accuracy in [0,1]; NULL: none (not final) */
 };
 
 /* Saves st[0..l->nshards) as checkpoint `step` under dir (created if
@@ -113,17 +114,52 @@ int checkpoint_save_shard(const char *dir, const struct ckpt_layout *l, long ste
 
 /* What a load fills: the global range [begin, end) of the parameters and,
  * where m and v are not NULL, the optimizer's moments over it (each
- * end - begin floats). want_layout: refuse unless the layout hash matches
- * (resume); otherwise only the model hash must (eval, predict). The load
- * sets t (the optimizer's step count, -1 where a checkpoint has none) and
- * step (the checkpoint's). */
+ * end - begin floats), from a checkpoint of any shard layout (local, or
+ * any number of ps tasks): each tensor's elements are found, by name,
+ * in whichever shard files hold them. The model must be the same (tensor
+ * names and shapes; a refusal names the first tensor that differs).
+ * resume: the optimizer kind must be the same too (eval and predict read
+ * parameters only). The load sets step (the checkpoint's, a step of the
+ * run in every mode: docs/CHECKPOINTS.md), t (the optimizer's update
+ * count; -1 where the files hold none or disagree, as the shards of an
+ * async checkpoint read into another layout do), async (the checkpoint
+ * was an async cluster's; -1 unknown) and test_acc (the run's final test
+ * accuracy when this is a final checkpoint that recorded it, else -1). */
 struct ckpt_load {
 	const struct ckpt_layout *l;
-	int want_layout;
+	int resume;
 	size_t begin, end;
 	float *params, *m, *v;
 	long t, step;   /* out */
+	int async;      /* out */
+	double test_acc;/* out */
 };
+
+/* What a checkpoint was written by, from its manifest and the model it is
+ * compared with. */
+struct ckpt_info {
+	long step;
+	size_t nparams;
+	int nshards;            /* shard files */
+	int cluster;            /* one manifest per ps (a cluster's), or local's one */
+	int model_same;         /* its tensors are those of the layout's model */
+	int known;              /* model_same and its layout hash is one this model can have: optim, async set */
+	enum optim_kind optim;
+	int async;
+	struct ckpt_shard shards[CONFIG_MAX_HOSTS];
+};
+
+/* Reads stepdir's manifest into *out, comparing it with layout l. Returns
+ * 0, or a negative errno with the reason in err (as manifest_read). */
+int checkpoint_describe(const char *stepdir, const struct ckpt_layout *l, struct ckpt_info *out,
+			char *err, size_t errlen);
+
+/* Whether the checkpoint in stepdir (described by in) restores into a run
+ * of layout l: 0, or -EINVAL with one line in err that says which tensor
+ * or setting differs and what to do. Reads the shard files only when the
+ * model differs, to name the tensor. */
+int checkpoint_fits(const char *stepdir, const struct ckpt_info *in, const struct ckpt_layout *l,
+		    char *err, size_t errlen);
 
 /* Loads ld from the checkpoint in stepdir, reassembling tensors across
  * shard files; each file read is checked against its manifest checksum.

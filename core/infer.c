@@ -50,7 +50,7 @@ static int infer_init(struct infer *in, const struct config *c, const char *ckpt
 		goto out;
 	}
 	e = ckpt_layout_init(lay, &in->m, 1, c, err, errlen);
-	struct ckpt_load ld = { lay, 0, 0, in->m.nparams, host, NULL, NULL, 0, 0 };
+	struct ckpt_load ld = { .l = lay, .begin = 0, .end = in->m.nparams, .params = host };
 	if (!e)
 		e = checkpoint_load(res->stepdir, &ld, err, errlen);
 	res->step = ld.step;

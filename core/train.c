@@ -28,26 +28,28 @@ int train_local(const struct config *c, FILE *out, int tty, const volatile sig_a
 }
 
 /* Saves the whole run as checkpoint `step`, one shard over all of P, from
- * the devices' state through the host copies params and opt. */
+ * the devices' state through the host copies params and opt; acc (may be
+ * NULL): the final test accuracy, which the last checkpoint records. */
 static int save(const struct config *c, const struct train_ckpt *ck, const struct ckpt_layout *lay,
-		struct devices *dev, float *params, struct optim *opt, long step, FILE *out,
-		char *err, size_t errlen)
+		struct devices *dev, float *params, struct optim *opt, long step, const double *acc,
+		FILE *out, char *err, size_t errlen)
 {
 	int e = devices_get_params(dev, params, err, errlen);
 	if (!e)
 		e = devices_get_optim(dev, opt, err, errlen);
 	if (e)
 		return e;
-	struct ckpt_state st = { params, opt->m, opt->v, opt->t };
+	struct ckpt_state st = { .params = params, .m = opt->m, .v = opt->v, .t = opt->t, .test_acc = acc };
 	return checkpoint_save(ck->dir, lay, step, &st, c->train.keep_checkpoints, out, err, errlen);
 }
 
 /* The checkpoint layout of this run in *lay (allocated; the caller
- * frees), and unless ck->fresh the newest usable checkpoint in ck->dir
- * loaded into params and opt, its step in *start (0 when there is none;
- * one past the run's total steps is an error). */
+ * frees), and unless ck->fresh the newest usable checkpoint in ck->dir,
+ * of any layout or mode, loaded into params and opt: its step in *start
+ * (0 when there is none), and in *acc the final test accuracy it
+ * recorded (-1: none). */
 static int resume(const struct config *c, const struct train_ckpt *ck, const struct model *m,
-		  struct ckpt_layout **lay, float *params, struct optim *opt, long total, long *start,
+		  struct ckpt_layout **lay, float *params, struct optim *opt, long *start, double *acc,
 		  FILE *out, char *err, size_t errlen)
 {
 	*lay = malloc(sizeof(**lay));
@@ -58,25 +60,31 @@ static int resume(const struct config *c, const struct train_ckpt *ck, const str
 	int e = ckpt_layout_init(*lay, m, 1, c, err, errlen);
 	if (e || ck->fresh)
 		return e;
-	struct ckpt_load ld = { *lay, 1, 0, m->nparams, params, opt->m, opt->v, 0, 0 };
+	struct ckpt_load ld = { .l = *lay, .resume = 1, .begin = 0, .end = m->nparams, .params = params,
+				.m = opt->m, .v = opt->v };
 	e = checkpoint_restore(ck->dir, &ld, out, err, errlen);
-	*start = ld.step;
-	if (e == -ENOENT) {
-		*start = 0;
+	if (e == -ENOENT)
 		return 0;
-	}
 	if (e)
 		return e;
-	char sd[CKPT_PATH_MAX];
-	checkpoint_step_dir(sd, sizeof(sd), ck->dir, *start);
-	if (*start > total) {
-		snprintf(err, errlen, "%s is beyond this run's %ld steps; raise [train] steps or epochs, or use --fresh",
-			 sd, total);
-		return -EINVAL;
-	}
-	opt->t = ld.t;
-	fprintf(out, "resuming from %s\n", sd);
+	*start = ld.step;
+	*acc = ld.test_acc;
+	/* An async cluster's shards count updates apart (ld.t = -1 where
+	 * they disagree); here there is one update per step. */
+	opt->t = ld.t >= 0 && ld.async != 1 ? ld.t : ld.step;
 	return 0;
+}
+
+/* A finished run started again (its checkpoint at or past this run's
+ * last step): one line, and nothing trained. */
+static void say_finished(const struct train_ckpt *ck, long step, long total, double acc, FILE *out)
+{
+	char sd[CKPT_PATH_MAX], a[32] = "not recorded";
+	checkpoint_step_dir(sd, sizeof(sd), ck->dir, step);
+	if (acc >= 0)
+		snprintf(a, sizeof(a), "%.2f%%", 100 * acc);
+	fprintf(out, "run finished: %s is step %ld%s this run's %ld (test accuracy %s); to train on, raise [train] steps or epochs; to start over, pass --fresh or set another checkpoint_dir\n",
+		sd, step, step == total ? "of" : ", past", total, a);
 }
 
 /* Epoch's permutation of the n training samples onto the devices. */
@@ -125,9 +133,30 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 	model_init_params(&j.m, params, 0, j.m.nparams, c->train.seed);
 	if (ck && !ck->dir[0])
 		ck = NULL;
-	e = ck ? resume(c, ck, &j.m, &lay, params, &opt, total, &start, out, err, errlen) : 0;
+	double acc = -1;
+	e = ck ? resume(c, ck, &j.m, &lay, params, &opt, &start, &acc, out, err, errlen) : 0;
 	if (e)
 		goto out;
+	if (ck && start >= total) {
+		if (acc < 0) {   /* not recorded: the checkpoint of a run with more steps */
+			e = devices_set_params(&dev, params, err, errlen);
+			if (!e)
+				e = devices_evaluate(&dev, &j.test, &res->test_loss, &acc, err, errlen);
+			if (e)
+				goto out;
+		}
+		say_finished(ck, start, total, acc, out);
+		res->finished = 1;
+		res->steps = res->start_step = start;
+		res->total_steps = total;
+		res->test_acc = acc;
+		goto out;
+	}
+	if (start > 0) {
+		char sd[CKPT_PATH_MAX];
+		checkpoint_step_dir(sd, sizeof(sd), ck->dir, start);
+		fprintf(out, "resuming from %s\n", sd);
+	}
 	int resident = 0;
 	e = devices_set_params(&dev, params, err, errlen);
 	if (!e)
@@ -182,7 +211,7 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 			progress_step(&pg, step, n, loss, (double)right);
 		if (ckpt_now) {
 			progress_clear(&pg);
-			if (save(c, ck, lay, &dev, params, &opt, step + 1, out, why, sizeof(why)))
+			if (save(c, ck, lay, &dev, params, &opt, step + 1, NULL, out, why, sizeof(why)))
 				fprintf(out, "warning: checkpoint at step %ld failed, training goes on: %s\n", step + 1, why);
 		}
 		if (eval_now && !last) {
@@ -193,16 +222,17 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 			progress_eval(&pg, step + 1, tl, ta);
 		}
 	}
-	if (ck && step > start) {
-		progress_clear(&pg);
-		e = save(c, ck, lay, &dev, params, &opt, step, out, err, errlen);
-		if (e)
-			goto out;
-	}
-	/* Stopped or finished: always end with a real evaluation. */
+	/* Stopped or finished: always end with a real evaluation, which the
+	 * last checkpoint records (a finished run started again says it). */
 	e = devices_evaluate(&dev, &j.test, &res->test_loss, &res->test_acc, err, errlen);
 	if (e)
 		goto fail;
+	if (ck && step > start) {
+		progress_clear(&pg);
+		e = save(c, ck, lay, &dev, params, &opt, step, &res->test_acc, out, err, errlen);
+		if (e)
+			goto out;
+	}
 	if (!*stop || step == total)
 		progress_eval(&pg, step, res->test_loss, res->test_acc);
 	progress_clear(&pg);

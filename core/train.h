@@ -17,6 +17,7 @@ struct train_result {
 	double samples_per_s;   /* training steps only */
 	int stopped;            /* ended early because *stop was set */
 	long start_step;        /* step the run resumed from (0 when fresh) */
+	int finished;           /* it resumed at or past its end: nothing trained, said so */
 };
 
 /* Trains as the config says. `stop` is polled between steps (set from a

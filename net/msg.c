@@ -227,7 +227,10 @@ int msg_decode_ack(const uint8_t *buf, size_t len, struct msg_ack *out, char *er
 }
 
 /* ---- CHECKPOINT: 16 bytes -------------------------------------------------
- * 0 type, 1..8 reserved, 8 step u64 */
+ * 0 type, 1 has_acc (0 or 1), 2..4 reserved, 4 acc u32 (millionths, 0 unless
+ * has_acc), 8 step u64 */
+
+#define MSG_ACC_ONE 1000000u
 
 int msg_encode_checkpoint(uint8_t *buf, size_t cap, const struct msg_checkpoint *m,
 			  size_t *len, char *err, size_t errlen)
@@ -235,7 +238,13 @@ int msg_encode_checkpoint(uint8_t *buf, size_t cap, const struct msg_checkpoint 
 	int rc = check_cap(cap, MSG_CHECKPOINT_BYTES, WIRE_CHECKPOINT, err, errlen);
 	if (rc < 0)
 		return rc;
+	if (m->has_acc > 1 || (m->has_acc && !(m->acc >= 0 && m->acc <= 1)))
+		return err_set(err, errlen, -EINVAL, "CHECKPOINT: accuracy %g not in [0, 1]", m->acc);
 	put_head(buf, WIRE_CHECKPOINT, MSG_CHECKPOINT_BYTES);
+	if (m->has_acc) {
+		buf[1] = 1;
+		wire_put_u32(buf + 4, (uint32_t)(m->acc * MSG_ACC_ONE + 0.5));
+	}
 	wire_put_u64(buf + 8, m->step);
 	*len = MSG_CHECKPOINT_BYTES;
 	return 0;
@@ -245,11 +254,18 @@ int msg_decode_checkpoint(const uint8_t *buf, size_t len, struct msg_checkpoint 
 			  char *err, size_t errlen)
 {
 	int rc = check_fixed(buf, len, WIRE_CHECKPOINT, MSG_CHECKPOINT_BYTES, err, errlen);
+	if (rc == 0 && buf[1] > 1)
+		rc = err_set(err, errlen, -EPROTO, "CHECKPOINT: byte 1 is %u, not 0 or 1", buf[1]);
 	if (rc == 0)
-		rc = check_zero(buf, 1, 8, "CHECKPOINT", err, errlen);
+		rc = check_zero(buf, 2, buf[1] ? 4 : 8, "CHECKPOINT", err, errlen);
 	if (rc < 0)
 		return rc;
+	uint32_t a = wire_get_u32(buf + 4);
+	if (a > MSG_ACC_ONE)
+		return err_set(err, errlen, -EPROTO, "CHECKPOINT: accuracy %u millionths, above 1", a);
 	out->step = wire_get_u64(buf + 8);
+	out->has_acc = buf[1];
+	out->acc = (double)a / MSG_ACC_ONE;
 	return 0;
 }
 

@@ -113,9 +113,14 @@ struct msg_ack {
 	uint32_t status; /* enum msg_ack_status */
 };
 
-/* CHECKPOINT: chief -> ps, "save your shard as of step". */
+/* CHECKPOINT: chief -> ps, "save your shard as of step"; with has_acc,
+ * acc is the run's final test accuracy in [0, 1], sent with the final
+ * checkpoint so that a finished run started again can say how it ended.
+ * It travels in millionths. */
 struct msg_checkpoint {
 	uint64_t step;
+	uint8_t has_acc;
+	double acc;
 };
 
 /* STATUS: a request (reply = 0, counters and complete all zero) or a ps's

@@ -17,7 +17,7 @@
 /* Protocol identity, sent in the handshake. WIRE_MAGIC is the bytes "PSTR"
  * read as a little-endian u32. A peer with another version is refused. */
 #define WIRE_MAGIC 0x52545350u
-#define WIRE_VERSION 2u
+#define WIRE_VERSION 3u
 
 /* Message types (DESIGN §7): the first field of every decrypted frame.
  * Zero is not a type, so a zeroed buffer never parses as a message. */

@@ -215,7 +215,7 @@ static struct fields fields_for(const struct hs_identity *id, uint8_t step, uint
 	struct fields f;
 	memset(&f, 0, sizeof f);
 	f.magic = 0x52545350u;
-	f.version = 2;
+	f.version = WIRE_VERSION;
 	f.step = step;
 	f.role = (uint8_t)id->role;
 	f.aes = (uint8_t)id->aes;
@@ -347,7 +347,7 @@ Test(handshake, bytes_match_protocol)
 	struct hs h;
 	uint8_t hello1[HELLO], hello2[HELLO], mac[32];
 	start_ok(&h, hello1, PSK_A, &w);
-	const uint8_t head[16] = {'P', 'S', 'T', 'R', 2, 0, 0, 0, 1, 2, 0, 0, 4, 3, 2, 1};
+	const uint8_t head[16] = {'P', 'S', 'T', 'R', 3, 0, 0, 0, 1, 2, 0, 0, 4, 3, 2, 1};
 	cr_assert(memcmp(hello1, head, 16) == 0, "HELLO1 header bytes differ");
 	uint8_t tag[32];
 	doc_tag(tag, PSK_A, w.config_hash);
@@ -384,7 +384,7 @@ Test(handshake, bytes_match_protocol)
 	forge(hello1, &g, PSK_A, NULL);
 	struct hs_result sr;
 	respond_ok(&sr, hello2, PSK_A, &p, hello1);
-	const uint8_t head2[16] = {'P', 'S', 'T', 'R', 2, 0, 0, 0, 2, 1, 0, 0, 2, 0, 0, 0};
+	const uint8_t head2[16] = {'P', 'S', 'T', 'R', 3, 0, 0, 0, 2, 1, 0, 0, 2, 0, 0, 0};
 	cr_assert(memcmp(hello2, head2, 16) == 0, "HELLO2 header bytes differ");
 	doc_mac(mac, PSK_A, hello1, HELLO, hello2);
 	cr_assert(memcmp(hello2 + 112, mac, 32) == 0, "HELLO2 MAC");
@@ -616,21 +616,24 @@ Test(handshake, version_mismatch_names_both_sides)
 	struct hs_identity w = ident(HS_WORKER, 3, 7), p = ident(HS_PS, 0, 7);
 	uint8_t esk[32], hello1[HELLO], hello2[HELLO];
 
-	/* a version-3 worker, with the right key */
+	/* a worker of the next version, with the right key */
+	char want[128];
 	struct fields f = fields_for(&w, 1, esk);
-	f.version = 3;
+	f.version = WIRE_VERSION + 1;
 	forge(hello1, &f, PSK_A, NULL);
-	respond_fails(PSK_A, &p, hello1, HELLO, -EPROTONOSUPPORT, 1,
-		      "worker 3 speaks protocol version 3, ps 0 speaks version 2", "v3 worker");
+	snprintf(want, sizeof(want), "worker 3 speaks protocol version %u, ps 0 speaks version %u",
+		 WIRE_VERSION + 1, WIRE_VERSION);
+	respond_fails(PSK_A, &p, hello1, HELLO, -EPROTONOSUPPORT, 1, want, "next-version worker");
 
-	/* a version-3 ps answering a version-2 worker */
+	/* a ps of the next version answering this version's worker */
 	struct hs h;
 	start_ok(&h, hello1, PSK_A, &w);
 	struct fields g = fields_for(&p, 2, esk);
-	g.version = 3;
+	g.version = WIRE_VERSION + 1;
 	forge(hello2, &g, PSK_A, hello1);
-	finish_fails(&h, hello2, HELLO, -EPROTONOSUPPORT,
-		     "ps 0 speaks protocol version 3, worker 3 speaks version 2", "v3 ps");
+	snprintf(want, sizeof(want), "ps 0 speaks protocol version %u, worker 3 speaks version %u",
+		 WIRE_VERSION + 1, WIRE_VERSION);
+	finish_fails(&h, hello2, HELLO, -EPROTONOSUPPORT, want, "next-version ps");
 	hs_wipe(&h);
 }
 

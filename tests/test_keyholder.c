@@ -707,7 +707,7 @@ Test(keyholder, failed_rollback_leaves_the_shard_untouched)
 	float *p = malloc(n * sizeof(float)), *mm = malloc(n * sizeof(float)), *vv = malloc(n * sizeof(float));
 	cr_assert(p && mm && vv);
 	fill(p, n, 1), fill(mm, n, 2), fill(vv, n, 3);
-	struct ckpt_state cs = { p, mm, vv, 3 };
+	struct ckpt_state cs = { .params = p, .m = mm, .v = vv, .t = 3 };
 	for (long step = 2; step <= 3; step++)
 		cr_assert_eq(checkpoint_save_shard(c.train.checkpoint_dir, st.lay, step, 0, &cs, 0, 5, NULL, err,
 						   sizeof(err)), 0, "%s", err);

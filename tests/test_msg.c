@@ -265,6 +265,23 @@ Test(msg, round_trip_checkpoint_done)
 	cr_assert_eq(len, MSG_CHECKPOINT_BYTES);
 	cr_assert_eq(msg_decode_checkpoint(buf, len, &ckout, err, sizeof err), 0, "%s", err);
 	cr_assert_eq(ckout.step, ck.step);
+	cr_assert_eq(ckout.has_acc, 0);
+
+	/* the final checkpoint's accuracy, in millionths; byte 1 says it is there */
+	ck.has_acc = 1;
+	ck.acc = 0.873421;
+	cr_assert_eq(msg_encode_checkpoint(buf, sizeof buf, &ck, &len, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(buf[1], 1);
+	cr_assert_eq(msg_decode_checkpoint(buf, len, &ckout, err, sizeof err), 0, "%s", err);
+	cr_assert(ckout.has_acc && fabs(ckout.acc - 0.873421) < 1e-9, "%d %g", ckout.has_acc, ckout.acc);
+	buf[1] = 2;
+	cr_assert_eq(msg_decode_checkpoint(buf, len, &ckout, err, sizeof err), -EPROTO);
+	buf[1] = 1;
+	wire_put_u32(buf + 4, 1000001);
+	cr_assert_eq(msg_decode_checkpoint(buf, len, &ckout, err, sizeof err), -EPROTO);
+	cr_assert(strstr(err, "above 1"), "%s", err);
+	ck.acc = 1.5;
+	cr_assert_eq(msg_encode_checkpoint(buf, sizeof buf, &ck, &len, err, sizeof err), -EINVAL);
 
 	cr_assert_eq(msg_encode_done(buf, sizeof buf, &dn, &len, err, sizeof err), 0);
 	cr_assert_eq(len, MSG_DONE_BYTES);
@@ -524,7 +541,7 @@ Test(msg, reserved_bytes_must_be_zero)
 		size_t from, to;
 	} rows[] = {
 		{ WIRE_PULL, 1, 4 },  { WIRE_PARAMS, 1, 4 }, { WIRE_PUSH, 1, 4 },
-		{ WIRE_ACK, 1, 4 },   { WIRE_ACK, 20, 24 },  { WIRE_CHECKPOINT, 1, 8 },
+		{ WIRE_ACK, 1, 4 },   { WIRE_ACK, 20, 24 },  { WIRE_CHECKPOINT, 2, 8 },
 		{ WIRE_STATUS, 3, 4 }, { WIRE_DONE, 2, 4 },  { WIRE_ERROR, 1, 4 },
 		{ WIRE_HEARTBEAT, 1, 8 }, { WIRE_ROLLBACK, 1, 8 },
 	};

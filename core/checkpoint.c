@@ -605,6 +605,34 @@ fail:
 	return e;
 }
 
+/* Whether stepdir holds files of another layout than n shards: `local`'s
+ * manifest, or a manifest or shard file "-of-M" with M != n (a run of
+ * another layout tried this step and did not finish it, or finished it).
+ * With remove, unlinks those files. */
+static int step_foreign(const char *stepdir, int n, int remove)
+{
+	DIR *d = opendir(stepdir);
+	int found = 0;
+	if (!d)
+		return 0;
+	struct dirent *de;
+	char p[CKPT_PATH_MAX + CKPT_FILE_MAX];
+	while ((de = readdir(d))) {
+		int k, m, other = strcmp(de->d_name, CKPT_MANIFEST) == 0;
+		if (sscanf(de->d_name, "manifest-%d-of-%d", &k, &m) == 2 ||
+		    sscanf(de->d_name, "shard-%d-of-%d", &k, &m) == 2)
+			other = other || m != n;
+		if (!other)
+			continue;
+		found = 1;
+		snprintf(p, sizeof(p), "%s/%s", stepdir, de->d_name);
+		if (remove)
+			unlink(p);
+	}
+	closedir(d);
+	return found;
+}
+
 int checkpoint_save_shard(const char *dir, const struct ckpt_layout *l, long step, int k,
 			  const struct ckpt_state *st, int redo, int keep, FILE *log, char *err, size_t errlen)
 {
@@ -617,6 +645,20 @@ int checkpoint_save_shard(const char *dir, const struct ckpt_layout *l, long ste
 	int e = make_dirs(sd);
 	if (e)
 		return err_set(err, errlen, e, "%s: cannot create: %s", sd, strerror(-e));
+	/* A run of another layout had this step: kept if it completed it
+	 * (as a complete step of this layout would be), else its unfinished
+	 * files go, or the step would hold two layouts and never load. */
+	if (step_foreign(sd, l->nshards, 0)) {
+		if (step_complete(sd)) {
+			if (log)
+				fprintf(log, "checkpoint: %s holds a complete checkpoint of another layout; shard %d of %d not written\n",
+					sd, k, l->nshards);
+			return 0;
+		}
+		step_foreign(sd, l->nshards, 1);
+		if (log)
+			fprintf(log, "checkpoint: removed the unfinished files of another layout from %s\n", sd);
+	}
 	snprintf(p, sizeof(p), "%s/manifest-%d-of-%d", sd, k, l->nshards);
 	if (access(p, F_OK) == 0 && (!redo || step_complete(sd)))
 		return 0;   /* saved before (a resumed ps reaching a step it has) */

@@ -771,3 +771,59 @@ Test(checkpoint, cluster_parts_partial_redo_upto_and_mode)
 	free(p);
 	fixture_free(&f);
 }
+
+/* A step directory that a run of another layout left: unfinished, its
+ * files are replaced by this layout's (else the step would mix two and
+ * never load); complete (a cluster's or local's), it is kept as it is. */
+Test(checkpoint, another_layouts_step_is_replaced_if_unfinished_kept_if_complete)
+{
+	struct fixture f2, f3;
+	char err[1024], sd[CKPT_PATH_MAX];
+	fixture_init(&f2, 2, 1);
+	fixture_init(&f3, 3, 2);
+	struct ckpt_layout l2, l3, l1;
+	cr_assert_eq(ckpt_layout_init_cluster(&l2, &f2.m, 2, &f2.c, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(ckpt_layout_init_cluster(&l3, &f3.m, 3, &f3.c, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(ckpt_layout_init_cluster(&l1, &f3.m, 1, &f3.c, err, sizeof(err)), 0, "%s", err);
+	size_t P = f2.m.nparams;
+	float *p = malloc(P * sizeof(float));
+	struct ckpt_state s2[2], s3[3];
+	for (int k = 0; k < 2; k++)
+		s2[k] = (struct ckpt_state){ .params = f2.p + l2.shards[k].begin, .m = f2.mm + l2.shards[k].begin,
+					     .v = f2.v + l2.shards[k].begin, .t = 5 };
+	for (int k = 0; k < 3; k++)
+		s3[k] = (struct ckpt_state){ .params = f3.p + l3.shards[k].begin, .m = f3.mm + l3.shards[k].begin,
+					     .v = f3.v + l3.shards[k].begin, .t = 5 };
+
+	/* step 5: 2 ps, only shard 0 written; then 3 ps write all of it */
+	cr_assert_eq(checkpoint_save_shard(dir, &l2, 5, 0, &s2[0], 0, 9, NULL, err, sizeof(err)), 0, "%s", err);
+	for (int k = 0; k < 3; k++)
+		cr_assert_eq(checkpoint_save_shard(dir, &l3, 5, k, &s3[k], 0, 9, NULL, err, sizeof(err)), 0, "%s", err);
+	checkpoint_step_dir(sd, sizeof(sd), dir, 5);
+	char m02[CKPT_PATH_MAX + 32];
+	snprintf(m02, sizeof(m02), "%s/manifest-0-of-2", sd);
+	cr_assert_neq(access(m02, F_OK), 0, "the 2-ps leftover is still there");
+	struct ckpt_load ld = { .l = &f2.lay, .resume = 1, .begin = 0, .end = P, .params = p };
+	cr_assert_eq(checkpoint_load(sd, &ld, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(memcmp(p, f3.p, P * sizeof(float)), 0, "step 5 is not the 3-ps one");
+
+	/* step 6: complete with 2 ps; 3 ps reaching it write nothing there */
+	for (int k = 0; k < 2; k++)
+		cr_assert_eq(checkpoint_save_shard(dir, &l2, 6, k, &s2[k], 0, 9, NULL, err, sizeof(err)), 0, "%s", err);
+	for (int k = 0; k < 3; k++)
+		cr_assert_eq(checkpoint_save_shard(dir, &l3, 6, k, &s3[k], 0, 9, NULL, err, sizeof(err)), 0, "%s", err);
+	checkpoint_step_dir(sd, sizeof(sd), dir, 6);
+	cr_assert_eq(checkpoint_load(sd, &ld, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(memcmp(p, f2.p, P * sizeof(float)), 0, "the complete 2-ps step 6 was overwritten");
+
+	/* step 7: local's; a 1-ps cluster (same shard file name) keeps it */
+	cr_assert_eq(save(&f2, 7, 5, 9, err, sizeof(err)), 0, "%s", err);
+	struct ckpt_state s1 = { .params = f3.p, .m = f3.mm, .v = f3.v, .t = 5 };
+	cr_assert_eq(checkpoint_save_shard(dir, &l1, 7, 0, &s1, 0, 9, NULL, err, sizeof(err)), 0, "%s", err);
+	checkpoint_step_dir(sd, sizeof(sd), dir, 7);
+	cr_assert_eq(checkpoint_load(sd, &ld, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(memcmp(p, f2.p, P * sizeof(float)), 0, "local's step 7 was overwritten");
+	free(p);
+	fixture_free(&f2);
+	fixture_free(&f3);
+}

@@ -116,10 +116,6 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 	int B = j.B;
 	long spe = j.spe, total = j.total;
 	int max_batch = B > EVAL_BATCH ? B : EVAL_BATCH;
-	e = devices_open(&dev, c, &j.m, &c->train.optim, max_batch, "/job:localhost/replica:0/task:0",
-			 out, err, errlen);
-	if (e)
-		goto out;
 	/* The host copy of the parameters: initialization, checkpoints and
 	 * resume go through it; the step runs on the devices' own copies. */
 	params = malloc(j.m.nparams * sizeof(float));
@@ -135,6 +131,13 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 		ck = NULL;
 	double acc = -1;
 	e = ck ? resume(c, ck, &j.m, &lay, params, &opt, &start, &acc, out, err, errlen) : 0;
+	if (e)
+		goto out;
+	/* The devices are opened once the checkpoint is read: a finished run
+	 * that recorded its accuracy says so and needs none. */
+	if (!(ck && start >= total && acc >= 0))
+		e = devices_open(&dev, c, &j.m, &c->train.optim, max_batch, "/job:localhost/replica:0/task:0",
+				 out, err, errlen);
 	if (e)
 		goto out;
 	if (ck && start >= total) {

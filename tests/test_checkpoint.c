@@ -537,6 +537,7 @@ Test(checkpoint, resume_after_kill_ends_on_same_parameters)
 	cr_assert(strstr(text, "step-00000060 is step 60, past this run's 30 steps (test accuracy "),
 		  "%s", text);
 	cr_assert_null(strstr(text, "done:"), "trained or evaluated again:\n%s", text);
+	cr_assert_eq(strchr(text, '\n'), text + strlen(text) - 1, "more than the one line:\n%s", text);
 
 	/* --fresh ignores the checkpoints (and finds step 60 complete). */
 	const char *args_f[] = { "local", "--config", cfg, "--fresh", NULL };

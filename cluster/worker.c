@@ -321,13 +321,19 @@ static int worker_final(struct worker *wr, const char *dump, struct train_result
 	return dump ? dump_params(dump, wr->params, wr->s.job.m.nparams, err, errlen) : 0;
 }
 
-/* A finished run started again: the shards are at or past this run's
- * last step. One line says so, with the test accuracy of the parameters
- * they hold (evaluated here: a worker does not read checkpoints), and the
- * worker goes on to say DONE as after training. */
+/* A finished run started again, or one that the other workers finished
+ * before this one connected (backup workers): the shards are at or past
+ * this run's last step. One line says so, with the test accuracy of the
+ * parameters they hold (evaluated here: a worker does not read
+ * checkpoints), and the worker goes on to say DONE as after training.
+ * The chief asks for the final checkpoint of a run that ends here: a
+ * finished run's exists already and is not written again, and one the
+ * others finished has none yet. */
 static int worker_found_finished(struct worker *wr, struct train_result *res, char *err, size_t errlen)
 {
 	int e = devices_evaluate(&wr->dev, &wr->s.job.test, &res->test_loss, &res->test_acc, err, errlen);
+	if (!e && wr->ckpts && wr->start == wr->total)
+		e = links_checkpoint(&wr->lk, ckpt_label(wr, wr->start), res->test_acc, err, errlen);
 	if (e)
 		return e;
 	wr->finished = 1;

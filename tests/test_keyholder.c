@@ -95,7 +95,7 @@ static void real_workers_finish(struct target *t, int W, const char *dump)
 	snprintf(out[0], sizeof(out[0]), "%s", t->log);
 	cr_assert_leq(W, 2);
 	for (int w = 0; w < W; w++) {
-		char idx[8];
+		char idx[16];
 		snprintf(idx, sizeof(idx), "%d", w);
 		snprintf(out[1 + w], sizeof(out[1 + w]), "%s/worker%d.log", target_dir, w);
 		const char *plain[] = { "worker", "--index", idx, "--config", t->cfg, NULL };

@@ -78,9 +78,14 @@ static int wait_for_text(const char *path, const char *text)
 	return wait_for_either(path, NULL, text);
 }
 
+/* From the chief's "done: ..." line, or its "run finished: ... (test
+ * accuracy A%)" when the other workers (backup workers) trained every
+ * step before it connected. */
 static double final_accuracy(const char *text)
 {
 	const char *done = strstr(text, "done: ");
+	if (!done)
+		done = strstr(text, "run finished: ");
 	cr_assert_not_null(done, "no final line in:\n%s", text);
 	const char *a = strstr(done, "accuracy ");
 	cr_assert_not_null(a);

@@ -156,7 +156,7 @@ static void run_cluster(const char *cfg, int nps, int nw, const char *set, const
 	for (int j = 0; j < n; j++) {
 		int i = j < nps ? j : nps + nw - 1 - (j - nps);
 		int ps = i < nps;
-		char idx[8];
+		char idx[16];
 		snprintf(idx, sizeof(idx), "%d", ps ? i : i - nps);
 		snprintf(out[i], 300, "%.200s/%.40s-%s%s.log", dir, tag, ps ? "ps" : "worker", idx);
 		const char *args[] = { ps ? "ps" : "worker", "--index", idx, "--config", cfg,

@@ -68,28 +68,6 @@ static int fsync_dir(const char *path)
 	return e;
 }
 
-/* mkdir -p; an existing directory is fine. */
-static int make_dirs(const char *path)
-{
-	char p[CKPT_PATH_MAX];
-	if (snprintf(p, sizeof(p), "%s", path) >= (int)sizeof(p))
-		return -ENAMETOOLONG;
-	for (char *s = p + 1; *s; s++) {
-		if (*s != '/')
-			continue;
-		*s = '\0';
-		if (mkdir(p, 0755) && errno != EEXIST)
-			return -errno;
-		*s = '/';
-	}
-	if (mkdir(p, 0755) && errno != EEXIST)
-		return -errno;
-	struct stat sb;
-	if (stat(p, &sb) || !S_ISDIR(sb.st_mode))
-		return -ENOTDIR;
-	return 0;
-}
-
 /* Removes a directory holding only plain files (what pstrain writes). */
 static int remove_flat_dir(const char *path)
 {
@@ -542,7 +520,7 @@ int checkpoint_save(const char *dir, const struct ckpt_layout *l, long step, con
 		return err_set(err, errlen, -ERANGE, "checkpoint step %ld does not fit step-NNNNNNNN", step);
 	if (strlen(dir) + 40 >= sizeof(tmp))
 		return err_set(err, errlen, -ENAMETOOLONG, "%s: checkpoint_dir path too long", dir);
-	int e = make_dirs(dir);
+	int e = file_make_dirs(dir, NULL);
 	if (e)
 		return err_set(err, errlen, e, "%s: cannot create checkpoint_dir: %s", dir, strerror(-e));
 	checkpoint_step_dir(final, sizeof(final), dir, step);
@@ -642,7 +620,7 @@ int checkpoint_save_shard(const char *dir, const struct ckpt_layout *l, long ste
 	if (strlen(dir) + 40 >= sizeof(sd))
 		return err_set(err, errlen, -ENAMETOOLONG, "%s: checkpoint_dir path too long", dir);
 	checkpoint_step_dir(sd, sizeof(sd), dir, step);
-	int e = make_dirs(sd);
+	int e = file_make_dirs(sd, NULL);
 	if (e)
 		return err_set(err, errlen, e, "%s: cannot create: %s", sd, strerror(-e));
 	/* A run of another layout had this step: kept if it completed it
@@ -752,20 +730,37 @@ static int copy_part(const struct safetensors *st, const char *path, const char 
 	return 0;
 }
 
-/* "16x6": a shape as the messages show it. */
-static void shape_text(char *out, size_t len, int ndim, const uint64_t *shape)
+void checkpoint_shape_text(char *out, size_t len, int ndim, const uint64_t *shape)
 {
 	size_t n = 0;
-	out[0] = '\0';
+	snprintf(out, len, "%s", ndim ? "" : "scalar");
 	for (int d = 0; d < ndim && n < len; d++)
 		n += (size_t)snprintf(out + n, len - n, "%s%" PRIu64, d ? "x" : "", shape[d]);
 }
 
-/* A checkpoint tensor's name and full shape, as its shard files tell. */
+int checkpoint_part_of(const struct safetensors *st, const struct st_tensor *s, const char *path,
+		       struct ckpt_part *out, char *err, size_t errlen)
+{
+	char key[ST_META_MAX];
+	snprintf(key, sizeof(key), "pstrain.part.%s", s->name);
+	const char *v = safetensors_meta(st, key);
+	memset(out, 0, sizeof(*out));
+	if (!v) {
+		out->hi = out->n = s->n;
+		out->ndim = s->ndim;
+		memcpy(out->shape, s->shape, sizeof(out->shape));
+		return 0;
+	}
+	if (checkpoint_part_parse(v, &out->lo, &out->hi, &out->ndim, out->shape, &out->n) ||
+	    out->hi - out->lo != s->n)
+		return err_set(err, errlen, -EINVAL, "%s: bad %s \"%s\"", path, key, v);
+	return 0;
+}
+
+/* A checkpoint tensor's name and where its stored parts lie. */
 struct ck_tensor {
 	char name[ST_NAME_MAX];
-	int ndim;
-	uint64_t shape[ST_MAX_DIMS];
+	struct ckpt_part p;
 };
 
 /* The parameter tensors (not optim.*) of every shard file, each once,
@@ -795,18 +790,10 @@ static int ck_tensors(const char *stepdir, const struct ckpt_manifest *mf, struc
 				ct = w;
 			}
 			struct ck_tensor *c = &ct[n++];
-			char key[ST_META_MAX];
-			uint64_t lo, hi, total;
+			char path[CKPT_PATH_MAX];
 			snprintf(c->name, sizeof(c->name), "%s", s->name);
-			snprintf(key, sizeof(key), "pstrain.part.%s", s->name);
-			const char *v = safetensors_meta(&st, key);
-			if (!v) {
-				c->ndim = s->ndim;
-				memcpy(c->shape, s->shape, sizeof(c->shape));
-			} else if (checkpoint_part_parse(v, &lo, &hi, &c->ndim, c->shape, &total)) {
-				e = err_set(err, errlen, -EINVAL, "%s/%s: bad %s \"%s\"", stepdir,
-					    mf->shards[k].file, key, v);
-			}
+			snprintf(path, sizeof(path), "%s/%s", stepdir, mf->shards[k].file);
+			e = checkpoint_part_of(&st, s, path, &c->p, err, errlen);
 		}
 		safetensors_free(&st);
 	}
@@ -841,8 +828,8 @@ static int model_diff(const char *stepdir, const struct ckpt_manifest *mf, const
 				 t->name);
 			break;
 		}
-		shape_text(a, sizeof(a), ct[j].ndim, ct[j].shape);
-		shape_text(b, sizeof(b), t->ndim, shape);
+		checkpoint_shape_text(a, sizeof(a), ct[j].p.ndim, ct[j].p.shape);
+		checkpoint_shape_text(b, sizeof(b), t->ndim, shape);
 		if (strcmp(a, b))
 			snprintf(what, sizeof(what), "tensor %s is %s in the checkpoint but %s in this config's model",
 				 t->name, a, b);
@@ -862,33 +849,39 @@ static int model_diff(const char *stepdir, const struct ckpt_manifest *mf, const
 		       stepdir, mf->nparams, l->nparams, what);
 }
 
+/* *out from the manifest mf of stepdir, compared with layout l. */
+static void describe(const struct ckpt_manifest *mf, const char *stepdir, const struct ckpt_layout *l,
+		     struct ckpt_info *out)
+{
+	memset(out, 0, sizeof(*out));
+	out->step = mf->step;
+	out->nparams = mf->nparams;
+	out->nshards = mf->nshards;
+	out->cluster = manifest_nshards(stepdir) > 0;
+	memcpy(out->shards, mf->shards, sizeof(out->shards));
+	out->model_same = mf->nparams == l->nparams &&
+			  sodium_memcmp(mf->model_hash, l->model_hash, CKPT_HASH_BYTES) == 0;
+	for (int o = 0; out->model_same && o < 3 && !out->known; o++)
+		for (int a = 0; a < 2 && !out->known; a++) {
+			uint8_t h[CKPT_HASH_BYTES];
+			hash_layout(l, mf->nshards, (enum optim_kind)o, a, h);
+			if (sodium_memcmp(h, mf->layout_hash, CKPT_HASH_BYTES) == 0) {
+				out->known = 1;
+				out->optim = (enum optim_kind)o;
+				out->async = a;
+			}
+		}
+}
+
 int checkpoint_describe(const char *stepdir, const struct ckpt_layout *l, struct ckpt_info *out,
 			char *err, size_t errlen)
 {
 	struct ckpt_manifest *mf = malloc(sizeof(*mf));
 	if (!mf)
 		return err_set(err, errlen, -ENOMEM, "out of memory for a manifest");
-	memset(out, 0, sizeof(*out));
 	int e = manifest_read(mf, stepdir, err, errlen);
-	if (!e) {
-		out->step = mf->step;
-		out->nparams = mf->nparams;
-		out->nshards = mf->nshards;
-		out->cluster = manifest_nshards(stepdir) > 0;
-		memcpy(out->shards, mf->shards, sizeof(out->shards));
-		out->model_same = mf->nparams == l->nparams &&
-				  sodium_memcmp(mf->model_hash, l->model_hash, CKPT_HASH_BYTES) == 0;
-		for (int o = 0; out->model_same && o < 3 && !out->known; o++)
-			for (int a = 0; a < 2 && !out->known; a++) {
-				uint8_t h[CKPT_HASH_BYTES];
-				hash_layout(l, mf->nshards, (enum optim_kind)o, a, h);
-				if (sodium_memcmp(h, mf->layout_hash, CKPT_HASH_BYTES) == 0) {
-					out->known = 1;
-					out->optim = (enum optim_kind)o;
-					out->async = a;
-				}
-			}
-	}
+	if (!e)
+		describe(mf, stepdir, l, out);
 	free(mf);
 	return e;
 }
@@ -900,20 +893,13 @@ static int optim_refusal(const char *stepdir, const char *had, const struct ckpt
 		       stepdir, had, optim_kind_name(l->optim), had);
 }
 
-/* The model (always) and, for a resume, the optimizer kind. */
-static int fits(const char *stepdir, const struct ckpt_info *in, const struct ckpt_layout *l, int resume,
-		char *err, size_t errlen)
+/* The model (always) and, for a resume, the optimizer kind, of the
+ * checkpoint in stepdir with manifest mf, described by in. */
+static int fits(const char *stepdir, const struct ckpt_manifest *mf, const struct ckpt_info *in,
+		const struct ckpt_layout *l, int resume, char *err, size_t errlen)
 {
-	if (!in->model_same) {
-		struct ckpt_manifest *mf = malloc(sizeof(*mf));
-		if (!mf)
-			return err_set(err, errlen, -ENOMEM, "out of memory for a manifest");
-		int e = manifest_read(mf, stepdir, err, errlen);
-		if (!e)
-			e = model_diff(stepdir, mf, l, err, errlen);
-		free(mf);
-		return e;
-	}
+	if (!in->model_same)
+		return model_diff(stepdir, mf, l, err, errlen);
 	if (resume && in->known && in->optim != l->optim)
 		return optim_refusal(stepdir, optim_kind_name(in->optim), l, err, errlen);
 	return 0;
@@ -922,7 +908,14 @@ static int fits(const char *stepdir, const struct ckpt_info *in, const struct ck
 int checkpoint_fits(const char *stepdir, const struct ckpt_info *in, const struct ckpt_layout *l,
 		    char *err, size_t errlen)
 {
-	return fits(stepdir, in, l, 1, err, errlen);
+	struct ckpt_manifest *mf = malloc(sizeof(*mf));
+	if (!mf)
+		return err_set(err, errlen, -ENOMEM, "out of memory for a manifest");
+	int e = manifest_read(mf, stepdir, err, errlen);
+	if (!e)
+		e = fits(stepdir, mf, in, l, 1, err, errlen);
+	free(mf);
+	return e;
 }
 
 /* One shard file's optimizer step count t and, where recorded, the run's
@@ -959,11 +952,11 @@ int checkpoint_load(const char *stepdir, struct ckpt_load *ld, char *err, size_t
 	struct ckpt_info *in = malloc(sizeof(*in));
 	int e = mf && in ? 0 : err_set(err, errlen, -ENOMEM, "out of memory for a manifest");
 	if (!e)
-		e = checkpoint_describe(stepdir, l, in, err, errlen);
-	if (!e)
-		e = fits(stepdir, in, l, ld->resume, err, errlen);
-	if (!e)
 		e = manifest_read(mf, stepdir, err, errlen);
+	if (!e) {
+		describe(mf, stepdir, l, in);
+		e = fits(stepdir, mf, in, l, ld->resume, err, errlen);
+	}
 	long opt_t = -2;   /* none read yet */
 	double acc = -1;
 	for (int k = 0; !e && k < mf->nshards; k++) {

@@ -31,6 +31,7 @@
 #include "manifest.h"
 #include "model.h"
 #include "optim.h"
+#include "safetensors.h"
 #include "shard.h"
 
 
@@ -189,7 +190,6 @@ int checkpoint_resolve(const char *dir, char *out, size_t outlen, char *err, siz
 
 /* Reads shard file k of stepdir (as the manifest mf lists it) and checks
  * it against the manifest: size, checksum, range. */
-struct safetensors;
 int checkpoint_shard_open(struct safetensors *st, const char *stepdir, const struct ckpt_manifest *mf,
 			  int k, char *err, size_t errlen);
 
@@ -199,5 +199,25 @@ int checkpoint_shard_open(struct safetensors *st, const char *stepdir, const str
  * Returns 0, or -EINVAL unless lo < hi <= n. */
 int checkpoint_part_parse(const char *v, uint64_t *lo, uint64_t *hi, int *ndim,
 			  uint64_t *shape, uint64_t *n);
+
+/* Where a tensor stored in a shard file lies in the model tensor it is
+ * (part of): elements [lo, hi) of a row-major tensor of shape
+ * shape[0..ndim) and n elements. */
+struct ckpt_part {
+	uint64_t lo, hi, n;
+	int ndim;
+	uint64_t shape[ST_MAX_DIMS];
+};
+
+/* The part that stored tensor s of st (read from path) is: the whole
+ * tensor, or what its pstrain.part.NAME metadata says. Returns 0, or
+ * -EINVAL (the metadata does not parse, or does not match s's length)
+ * with the path and key in err. */
+int checkpoint_part_of(const struct safetensors *st, const struct st_tensor *s, const char *path,
+		       struct ckpt_part *out, char *err, size_t errlen);
+
+/* "512x784", "scalar": a shape as messages and `check --checkpoint` show
+ * it. */
+void checkpoint_shape_text(char *out, size_t len, int ndim, const uint64_t *shape);
 
 #endif

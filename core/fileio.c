@@ -72,18 +72,13 @@ static int probe_file(const char *dir)
 	return e;
 }
 
-int file_dir_writable(const char *path, char *err, size_t errlen)
+int file_make_dirs(const char *path, size_t *made)
 {
 	char p[PATH_MAX];
-	size_t n = strlen(path);
+	size_t n = strlen(path), first = 0;
 	if (n == 0 || n >= sizeof(p))
-		return err_set(err, errlen, -ENAMETOOLONG, "%s cannot be written (%s)", path,
-			       n ? strerror(ENAMETOOLONG) : "empty path");
+		return -ENAMETOOLONG;
 	memcpy(p, path, n + 1);
-
-	/* mkdir -p. made: where the first directory this call made ends; every
-	 * level below it was made here too. */
-	size_t made = 0;
 	int e = 0;
 	for (size_t i = 1; !e; i++) {
 		if (p[i] != '/' && p[i] != '\0')
@@ -91,8 +86,8 @@ int file_dir_writable(const char *path, char *err, size_t errlen)
 		char ch = p[i];
 		p[i] = '\0';
 		if (mkdir(p, 0755) == 0) {
-			if (!made)
-				made = i;
+			if (!first)
+				first = i;
 		} else if (errno != EEXIST) {
 			e = -errno;
 		}
@@ -103,6 +98,20 @@ int file_dir_writable(const char *path, char *err, size_t errlen)
 	struct stat sb;
 	if (!e && (stat(p, &sb) || !S_ISDIR(sb.st_mode)))
 		e = -ENOTDIR;
+	if (made)
+		*made = first;
+	return e;
+}
+
+int file_dir_writable(const char *path, char *err, size_t errlen)
+{
+	char p[PATH_MAX];
+	size_t n = strlen(path), made = 0;
+	if (n == 0 || n >= sizeof(p))
+		return err_set(err, errlen, -ENAMETOOLONG, "%s cannot be written (%s)", path,
+			       n ? strerror(ENAMETOOLONG) : "empty path");
+	memcpy(p, path, n + 1);
+	int e = file_make_dirs(p, &made);
 	if (!e)
 		e = probe_file(p);
 	if (!e)

@@ -56,22 +56,10 @@ int inspect_checkpoint(FILE *f, const char *stepdir, char *err, size_t errlen)
 		}
 		for (int i = 0; i < st.nt && !e; i++) {
 			const struct st_tensor *s = &st.t[i];
-			struct whole part = { 0 };
-			uint64_t lo = 0, hi = s->n;
-			char key[ST_META_MAX];
-			snprintf(key, sizeof(key), "pstrain.part.%s", s->name);
-			const char *v = safetensors_meta(&st, key);
-			if (v) {
-				if (checkpoint_part_parse(v, &lo, &hi, &part.ndim, part.shape, &part.n) ||
-				    hi - lo != s->n) {
-					e = err_set(err, errlen, -EINVAL, "%s: bad %s \"%s\"", path, key, v);
-					break;
-				}
-			} else {
-				part.ndim = s->ndim;
-				memcpy(part.shape, s->shape, sizeof(part.shape));
-				part.n = s->n;
-			}
+			struct ckpt_part pt;
+			e = checkpoint_part_of(&st, s, path, &pt, err, errlen);
+			if (e)
+				break;
 			int j;
 			for (j = 0; j < nw && strcmp(w[j].name, s->name); j++)
 				;
@@ -82,20 +70,20 @@ int inspect_checkpoint(FILE *f, const char *stepdir, char *err, size_t errlen)
 					break;
 				}
 				w = g;
-				w[nw] = part;
+				w[nw] = (struct whole){ .ndim = pt.ndim, .n = pt.n };
+				memcpy(w[nw].shape, pt.shape, sizeof(pt.shape));
 				snprintf(w[nw].name, sizeof(w[nw].name), "%s", s->name);
-				w[nw].data = malloc(part.n ? part.n * sizeof(float) : 1);
-				w[nw].filled = 0;
+				w[nw].data = malloc(pt.n ? pt.n * sizeof(float) : 1);
 				nw++;
 				if (!w[j].data) {
 					e = err_set(err, errlen, -ENOMEM, "out of memory");
 					break;
 				}
-			} else if (w[j].ndim != part.ndim || memcmp(w[j].shape, part.shape, sizeof(part.shape))) {
+			} else if (w[j].ndim != pt.ndim || memcmp(w[j].shape, pt.shape, sizeof(pt.shape))) {
 				e = err_set(err, errlen, -EINVAL, "%s: tensor %s: shape differs from another shard's", path, s->name);
 				break;
 			}
-			safetensors_copy(&st, s, 0, s->n, w[j].data + lo);
+			safetensors_copy(&st, s, 0, s->n, w[j].data + pt.lo);
 			w[j].filled += s->n;
 		}
 		safetensors_free(&st);
@@ -108,13 +96,14 @@ int inspect_checkpoint(FILE *f, const char *stepdir, char *err, size_t errlen)
 		/* pstrain.mode is there since checkpoints restore into any
 		 * layout; before, the manifests' form told local from a
 		 * cluster, and nothing told sync from async. */
-		char end[64] = "saved during its run";
+		char who[32], end[64] = "saved during its run";
+		if (!strcmp(mode, "sync") || !strcmp(mode, "async"))
+			snprintf(who, sizeof(who), "%s cluster", mode);
+		else
+			snprintf(who, sizeof(who), "%s", mode[0] || manifest_nshards(stepdir) == 0 ? "local" : "a cluster");
 		if (acc[0])
 			snprintf(end, sizeof(end), "saved at its end, final test accuracy %s", acc);
-		fprintf(f, "written by %s%s, optimizer %s, %s\n",
-			mode[0] ? mode : manifest_nshards(stepdir) > 0 ? "a" : "local",
-			mode[0] && strcmp(mode, "local") ? " cluster" : manifest_nshards(stepdir) > 0 ? " cluster" : "",
-			optim[0] ? optim : "not recorded", end);
+		fprintf(f, "written by %s, optimizer %s, %s\n", who, optim[0] ? optim : "not recorded", end);
 		for (int k = 0; k < mf->nshards; k++)
 			fprintf(f, "shard %d of %d: parameters [%zu, %zu) in %s\n", k, mf->nshards,
 				mf->shards[k].begin, mf->shards[k].end, mf->shards[k].file);
@@ -125,13 +114,9 @@ int inspect_checkpoint(FILE *f, const char *stepdir, char *err, size_t errlen)
 				    stepdir, w[j].name, w[j].filled, w[j].n);
 			break;
 		}
-		char shape[96] = "", h[2 * CKPT_HASH_BYTES + 1];
+		char shape[96], h[2 * CKPT_HASH_BYTES + 1];
 		uint8_t sum[CKPT_HASH_BYTES];
-		size_t n = 0;
-		for (int d = 0; d < w[j].ndim; d++)
-			n += (size_t)snprintf(shape + n, sizeof(shape) - n, "%s%" PRIu64, d ? "x" : "", w[j].shape[d]);
-		if (w[j].ndim == 0)
-			snprintf(shape, sizeof(shape), "scalar");
+		checkpoint_shape_text(shape, sizeof(shape), w[j].ndim, w[j].shape);
 		crypto_generichash(sum, sizeof(sum), (const unsigned char *)w[j].data, w[j].n * sizeof(float), NULL, 0);
 		sodium_bin2hex(h, sizeof(h), sum, sizeof(sum));
 		fprintf(f, "tensor %-32s %-14s %10" PRIu64 " blake2b-256:%s\n", w[j].name, shape, w[j].n, h);
@@ -156,7 +141,7 @@ int inspect_fit(FILE *f, const char *stepdir, const struct config *c, char *err,
 	struct job j = { 0 };
 	struct ckpt_layout *lay = malloc(sizeof(*lay));
 	struct ckpt_info *in = malloc(sizeof(*in));
-	char why[CONFIG_ERR_MAX], at[160], at_local[160];
+	char why[CONFIG_ERR_MAX], at[400], at_c[160], at_l[160];
 	int e = lay && in ? 0 : err_set(err, errlen, -ENOMEM, "out of memory");
 	long local_total = 0;
 	/* The run's steps: local's (one worker) and the cluster's, which
@@ -174,21 +159,28 @@ int inspect_fit(FILE *f, const char *stepdir, const struct config *c, char *err,
 		e = checkpoint_describe(stepdir, lay, in, err, errlen);
 	if (e)
 		goto out;
-	if (checkpoint_fits(stepdir, in, lay, why, sizeof(why))) {
+	e = checkpoint_fits(stepdir, in, lay, why, sizeof(why));
+	if (e == -EINVAL) {
 		fprintf(f, "restores into %s: no: %s\n", c->path, why);
 		e = 1;
+	}
+	if (e) {
+		if (e < 0)
+			snprintf(err, errlen, "%s", why);
 		goto out;
 	}
 	/* One figure where local and the cluster run the same steps. */
-	where_text(at, sizeof(at), in->step, j.total);
-	where_text(at_local, sizeof(at_local), in->step, local_total);
-	fprintf(f, "restores into %s: yes (the model and optimizer %s match), as `local` or as its %d ps in %s mode%s; %s%s%s%s\n",
+	where_text(at_c, sizeof(at_c), in->step, j.total);
+	where_text(at_l, sizeof(at_l), in->step, local_total);
+	if (local_total == j.total)
+		snprintf(at, sizeof(at), "%s", at_c);
+	else
+		snprintf(at, sizeof(at), "as its cluster, %s; as `local`, %s", at_c, at_l);
+	const char *was = !in->known || in->async == (c->train.mode == MODE_ASYNC) ? ""
+			  : in->async ? " (it was written in async mode)" : " (it was written in sync mode)";
+	fprintf(f, "restores into %s: yes (the model and optimizer %s match), as `local` or as its %d ps in %s mode%s; %s\n",
 		c->path, optim_kind_name(c->train.optim.kind), c->cluster.nps,
-		c->train.mode == MODE_ASYNC ? "async" : "sync",
-		!in->known || in->async == (c->train.mode == MODE_ASYNC) ? ""
-		: in->async ? " (it was written in async mode)" : " (it was written in sync mode)",
-		local_total == j.total ? "" : "as its cluster, ", at,
-		local_total == j.total ? "" : "; as `local`, ", local_total == j.total ? "" : at_local);
+		c->train.mode == MODE_ASYNC ? "async" : "sync", was, at);
 out:
 	job_free(&j);
 	free(lay);

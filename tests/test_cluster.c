@@ -78,22 +78,6 @@ static void run_cluster(const char *cfg, const char *dump, int *st, char out[4][
 	run_cluster_order(cfg, dump, 0, st, out);
 }
 
-/* From the chief's "done: ..." line, or its "run finished: ... (test
- * accuracy A%)" when the other workers (backup workers) trained every
- * step before it connected. */
-static double final_accuracy(const char *text)
-{
-	const char *done = strstr(text, "done: ");
-	if (!done)
-		done = strstr(text, "run finished: ");
-	cr_assert_not_null(done, "no final line in:\n%s", text);
-	const char *a = strstr(done, "accuracy ");
-	cr_assert_not_null(a);
-	double acc = 0;
-	cr_assert_eq(sscanf(a, "accuracy %lf%%", &acc), 1);
-	return acc;
-}
-
 Test(cluster, sync_two_ps_two_workers)
 {
 	char cfg[300], out[4][300];

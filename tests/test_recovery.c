@@ -78,22 +78,6 @@ static int wait_for_text(const char *path, const char *text)
 	return wait_for_either(path, NULL, text);
 }
 
-/* From the chief's "done: ..." line, or its "run finished: ... (test
- * accuracy A%)" when the other workers (backup workers) trained every
- * step before it connected. */
-static double final_accuracy(const char *text)
-{
-	const char *done = strstr(text, "done: ");
-	if (!done)
-		done = strstr(text, "run finished: ");
-	cr_assert_not_null(done, "no final line in:\n%s", text);
-	const char *a = strstr(done, "accuracy ");
-	cr_assert_not_null(a);
-	double acc = 0;
-	cr_assert_eq(sscanf(a, "accuracy %lf%%", &acc), 1);
-	return acc;
-}
-
 /* The four processes of a cluster, in the order ps 0, ps 1, worker 1,
  * worker 0 (the chief, dumping its final parameters to dump if not NULL,
  * with env). out[i]: their logs, named after tag. */

@@ -66,13 +66,7 @@ struct stage {
  * restore to lose. */
 static void write_cfg(const char *cfg, struct stage s)
 {
-	char path[300], err[KEY_ERR_MAX];
-	snprintf(path, sizeof(path), "%s/blobs.csv", dir);
-	if (access(path, F_OK) != 0)
-		write_blobs(path, 600, 3, 6, 3);
-	snprintf(path, sizeof(path), "%s/cluster.key", dir);
-	if (access(path, F_OK) != 0)
-		cr_assert_eq(key_generate(path, err, sizeof(err)), 0, "%s", err);
+	write_cluster_files(dir);
 	FILE *f = fopen(cfg, "w");
 	cr_assert_not_null(f);
 	fprintf(f, "[cluster]\nps = ");
@@ -219,8 +213,9 @@ static void step_dir(char *out, size_t len, const char *ck, long step)
 	snprintf(out, len, "%s/%s/step-%08ld", dir, ck, step);
 }
 
-/* The accuracy of the "done: " line (local, or a cluster's chief). */
-static double final_accuracy(const char *text)
+/* The accuracy of the "done: " line (local, or a cluster's chief); a
+ * "run finished" line does not count here. */
+static double done_accuracy(const char *text)
 {
 	const char *done = strstr(text, "done: ");
 	cr_assert_not_null(done, "no final line in:\n%s", text);
@@ -350,7 +345,7 @@ Test(relayout, chain_two_workers_sync_ends_near_uninterrupted)
 	snprintf(cfg, sizeof(cfg), "%s/ref.ini", dir);
 	write_cfg(cfg, (struct stage){ .nps = 2, .nw = 2, .steps = 60, .ck = "ref" });
 	run_cluster(cfg, 2, 2, NULL, "ref", st, out);
-	double ref_acc = final_accuracy(slurp(out[2])), ref_loss = final_loss(slurp(out[2]));
+	double ref_acc = done_accuracy(slurp(out[2])), ref_loss = final_loss(slurp(out[2]));
 
 	snprintf(cfg, sizeof(cfg), "%s/s1.ini", dir);
 	write_cfg(cfg, (struct stage){ .nw = 2, .steps = 20, .batch = 32 });
@@ -371,7 +366,7 @@ Test(relayout, chain_two_workers_sync_ends_near_uninterrupted)
 	cr_assert_not_null(strstr(chief, "continuing at step 40 of 60"), "stage 3 chief:\n%s", chief);
 	snprintf(want, sizeof(want), "done: %d steps", 60);
 	cr_assert_not_null(strstr(chief, want), "%s", chief);
-	double acc = final_accuracy(chief), loss = final_loss(chief);
+	double acc = done_accuracy(chief), loss = final_loss(chief);
 	cr_assert(fabs(acc - ref_acc) <= 1.0, "chain: accuracy %.2f%%, uninterrupted %.2f%%", acc, ref_acc);
 	cr_assert(fabs(loss - ref_loss) <= 0.05 * ref_loss, "chain: test loss %.4f, uninterrupted %.4f", loss,
 		  ref_loss);
@@ -392,7 +387,7 @@ Test(relayout, chain_async_ends_near_uninterrupted)
 	snprintf(cfg, sizeof(cfg), "%s/ref.ini", dir);
 	write_cfg(cfg, (struct stage){ .nps = 2, .nw = 2, .mode = "async", .steps = 60, .ck = "ref" });
 	run_cluster(cfg, 2, 2, NULL, "ref", st, out);
-	double ref_acc = final_accuracy(slurp(out[2]));
+	double ref_acc = done_accuracy(slurp(out[2]));
 
 	snprintf(cfg, sizeof(cfg), "%s/s1.ini", dir);
 	write_cfg(cfg, (struct stage){ .nps = 2, .nw = 2, .mode = "async", .steps = 20 });
@@ -427,7 +422,7 @@ Test(relayout, chain_async_ends_near_uninterrupted)
 	snprintf(path, sizeof(path), "%s/manifest-2-of-3", sd);
 	cr_assert_eq(access(path, F_OK), 0, "step %ld is not stage 2's", l2);
 	cr_assert_not_null(strstr(text, "done: 60 steps"), "%s", text);
-	double acc = final_accuracy(text);
+	double acc = done_accuracy(text);
 	cr_assert(fabs(acc - ref_acc) <= 1.0, "chain: accuracy %.2f%%, uninterrupted %.2f%%", acc, ref_acc);
 }
 
@@ -486,7 +481,7 @@ Test(relayout, finished_local_run_started_again)
 	write_cfg(cfg, (struct stage){ .nps = 2, .nw = 2, .steps = 60, .batch = 32 });
 	int e = run_local(cfg, NULL, "first", log, sizeof(log));
 	cr_assert_eq(e, 0, "exit %d:\n%s", e, slurp(log));
-	double acc = final_accuracy(slurp(log));
+	double acc = done_accuracy(slurp(log));
 	step_dir(sd, sizeof(sd), "ck", 60);
 	tensor_lines(sd, before, sizeof(before));
 
@@ -524,7 +519,7 @@ Test(relayout, finished_cluster_run_started_again)
 	snprintf(cfg, sizeof(cfg), "%s/run.ini", dir);
 	write_cfg(cfg, (struct stage){ .nps = 2, .nw = 2, .steps = 40 });
 	run_cluster(cfg, 2, 2, NULL, "first", st, out);
-	double acc = final_accuracy(slurp(out[2]));
+	double acc = done_accuracy(slurp(out[2]));
 
 	run_cluster(cfg, 2, 2, NULL, "again", st, out);
 	for (int i = 0; i < 4; i++)

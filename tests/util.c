@@ -235,8 +235,7 @@ char *slurp(const char *path)
 	return slurped[i].buf;
 }
 
-void write_cluster(const char *dir, const char *cfg, int steps, int eval_every,
-		   const char *train_extra, const char *cluster_extra)
+void write_cluster_files(const char *dir)
 {
 	char path[300], err[KEY_ERR_MAX];
 	snprintf(path, sizeof(path), "%s/blobs.csv", dir);
@@ -245,6 +244,12 @@ void write_cluster(const char *dir, const char *cfg, int steps, int eval_every,
 	snprintf(path, sizeof(path), "%s/cluster.key", dir);
 	if (access(path, F_OK) != 0)
 		cr_assert_eq(key_generate(path, err, sizeof(err)), 0, "%s", err);
+}
+
+void write_cluster(const char *dir, const char *cfg, int steps, int eval_every,
+		   const char *train_extra, const char *cluster_extra)
+{
+	write_cluster_files(dir);
 	FILE *f = fopen(cfg, "w");
 	cr_assert_not_null(f);
 	fprintf(f, "[cluster]\nps = 127.0.0.1:%d, 127.0.0.1:%d\nworkers = 127.0.0.1:%d, 127.0.0.1:%d\n"
@@ -257,4 +262,17 @@ void write_cluster(const char *dir, const char *cfg, int steps, int eval_every,
 		fprintf(f, "eval_every = %d\n", eval_every);
 	fprintf(f, "%s[model]\ninput = 6\nlayer = dense 16\nlayer = relu\nlayer = dense 3\n", train_extra);
 	cr_assert_eq(fclose(f), 0);
+}
+
+double final_accuracy(const char *text)
+{
+	const char *done = strstr(text, "done: ");
+	if (!done)
+		done = strstr(text, "run finished: ");
+	cr_assert_not_null(done, "no final line in:\n%s", text);
+	const char *a = strstr(done, "accuracy ");
+	cr_assert_not_null(a);
+	double acc = 0;
+	cr_assert_eq(sscanf(a, "accuracy %lf%%", &acc), 1);
+	return acc;
 }

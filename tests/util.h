@@ -23,7 +23,10 @@ char *slurp(const char *path);
 void read_all(const char *path, unsigned char **buf, size_t *len);
 
 /* In dir: blobs.csv (write_blobs: 600 rows, 3 blobs, 6 features) and
- * cluster.key, each made the first time, and at cfg a config of 2 ps + 2
+ * cluster.key, each made the first time. */
+void write_cluster_files(const char *dir);
+
+/* write_cluster_files(dir), and at cfg a config of 2 ps + 2
  * workers on free loopback ports training the blobs (dense 16, relu,
  * dense 3; batch 16, momentum, one thread) for `steps`. train_extra goes
  * into [train] (with eval_every = eval_every unless it sets one),
@@ -56,5 +59,11 @@ void wait_children(const pid_t *pids, int n, int *st, int timeout_s);
  * killed at the time limit while it waited for a worker that exited 3).
  * what (may be "") starts the message. */
 void assert_exits_zero(const int *st, char (*out)[300], int n, const char *what);
+
+/* The test accuracy (percent) of a chief's or `local`'s final line:
+ * "done: ...", or "run finished: ... (test accuracy A%)" when the other
+ * workers (backup workers) trained every step before the chief connected;
+ * fails the test when there is neither. */
+double final_accuracy(const char *text);
 
 #endif

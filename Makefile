@@ -109,7 +109,7 @@ Q :=
 say :=
 endif
 
-.PHONY: all deps deps-test test unit test-cpu asan demo bench fuzz clean summary FORCE
+.PHONY: all deps deps-test deps-bench test unit test-cpu asan demo bench fuzz clean summary FORCE
 .DEFAULT_GOAL := all
 
 all: deps summary $(BIN)
@@ -232,6 +232,11 @@ deps:
 	$(call install_missing,$(DEB_PACKAGES))
 deps-test:
 	$(call install_missing,$(DEB_PACKAGES) $(TEST_DEB_PACKAGES))
+# The benchmarks' peers and tools: PyTorch (Debian's build, with gloo) for
+# bench/torch_mlp.py and bench/netlab's DDP, iperf3 for netlab's link check.
+BENCH_DEB_PACKAGES := python3-torch iperf3
+deps-bench:
+	$(call install_missing,$(DEB_PACKAGES) $(BENCH_DEB_PACKAGES))
 
 # ---- fuzzing: `make fuzz` ------------------------------------------------
 # A libFuzzer harness per parser (tests/fuzz/fuzz_*.c), built with clang

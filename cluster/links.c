@@ -5,6 +5,7 @@
 #include "../net/sock.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -53,31 +54,40 @@ int links_open(struct links *lk, const struct config *c, const struct role_setup
 	*lk = (struct links){ .c = c, .s = s, .stop = stop, .out = out, .index = index,
 			      .nps = c->cluster.nps, .lost = -1 };
 	lk->ln = calloc((size_t)lk->nps, sizeof(*lk->ln));
-	lk->rbuf = malloc(CONN_RBUF_BYTES);
-	lk->wbuf = malloc(CONN_WBUF_BYTES);
-	if (!lk->ln || !lk->rbuf || !lk->wbuf)
-		return err_set(err, errlen, -ENOMEM, "out of memory for %zu parameters", s->job.m.nparams);
+	if (!lk->ln)
+		return err_set(err, errlen, -ENOMEM, "out of memory for %d links", lk->nps);
 	int ct = cryptopool_threads_for(c->cluster.crypto_threads), e;
 	if (ct > 1 && (e = cryptopool_new(&lk->pool, ct, err, errlen)))
 		return e;
-	e = pipe_init(&lk->pp, lk->pool, lk->wbuf, CONN_WBUF_BYTES, err, errlen);
-	if (e)
-		return e;
-	int nokeys = 0;
 	for (int k = 0; k < lk->nps; k++) {
-		nokeys |= conn_init(&lk->ln[k].conn, -1, lk->rbuf, lk->wbuf, &lk->pp,
-				    role_peer_timeout_ms(c), role_write_timeout_ms(c)) != 0;
-		lk->ln[k].range = plan[k];
+		struct link *l = &lk->ln[k];
+		l->rbuf = malloc(CONN_RBUF_BYTES);
+		l->wbuf = malloc(CONN_WBUF_BYTES);
+		if (!l->rbuf || !l->wbuf)
+			return err_set(err, errlen, -ENOMEM, "out of memory for the buffers of %d links", lk->nps);
+		e = pipe_init(&l->pp, lk->pool, l->wbuf, CONN_WBUF_BYTES, err, errlen);
+		if (e)
+			return e;
+		l->pp_ready = 1;
+		l->range = plan[k];
 	}
+	int nokeys = 0;
+	for (int k = 0; k < lk->nps; k++)
+		nokeys |= conn_init(&lk->ln[k].conn, -1, lk->ln[k].rbuf, lk->ln[k].wbuf, &lk->ln[k].pp,
+				    role_peer_timeout_ms(c), role_write_timeout_ms(c)) != 0;
 	if (nokeys) {
 		for (int k = 0; k < lk->nps; k++)
 			conn_destroy(&lk->ln[k].conn);
 		return err_set(err, errlen, -ENOMEM, "out of memory for the session keys");
 	}
 	pthread_mutex_init(&lk->hb_mu, NULL);
-	if (role_cond_init(&lk->hb_cv)) {
+	pthread_mutex_init(&lk->say_mu, NULL);
+	pthread_mutex_init(&lk->turn_mu, NULL);
+	if (role_cond_init(&lk->hb_cv) || pthread_cond_init(&lk->turn_cv, NULL)) {
 		pthread_mutex_destroy(&lk->hb_mu);
-		return err_set(err, errlen, -ENOMEM, "cannot make the heartbeat thread's condition variable");
+		pthread_mutex_destroy(&lk->say_mu);
+		pthread_mutex_destroy(&lk->turn_mu);
+		return err_set(err, errlen, -ENOMEM, "cannot make the links' condition variables");
 	}
 	lk->ready = 1;
 	lk->hb_on = pthread_create(&lk->hb, NULL, links_heartbeats, lk) == 0;
@@ -101,16 +111,24 @@ void links_close(struct links *lk)
 			conn_destroy(&lk->ln[k].conn);
 		pthread_mutex_destroy(&lk->hb_mu);
 		pthread_cond_destroy(&lk->hb_cv);
+		pthread_mutex_destroy(&lk->say_mu);
+		pthread_mutex_destroy(&lk->turn_mu);
+		pthread_cond_destroy(&lk->turn_cv);
 		lk->ready = 0;
 	}
-	pipe_free(&lk->pp);
+	for (int k = 0; lk->ln && k < lk->nps; k++) {
+		struct link *l = &lk->ln[k];
+		if (l->pp_ready)
+			pipe_free(&l->pp);
+		free(l->rbuf);
+		free(l->wbuf);
+		l->pp_ready = 0;
+		l->rbuf = l->wbuf = NULL;
+	}
 	cryptopool_destroy(lk->pool);
 	free(lk->ln);
-	free(lk->rbuf);
-	free(lk->wbuf);
 	lk->pool = NULL;
 	lk->ln = NULL;
-	lk->rbuf = lk->wbuf = NULL;
 }
 
 void links_disconnect(struct links *lk)
@@ -193,7 +211,7 @@ int links_connect(struct links *lk, char *err, size_t errlen)
 
 /* A HEARTBEAT from ps k while a sync PULL waits: the chief prints which
  * workers the shard is waiting for, once per version and set. */
-static void links_heard(struct links *lk, int k, const struct msg_heartbeat *hb)
+static void links_heard_locked(struct links *lk, int k, const struct msg_heartbeat *hb)
 {
 	int any = 0;
 	for (size_t i = 0; i < sizeof(hb->missing); i++)
@@ -221,12 +239,27 @@ static void links_heard(struct links *lk, int k, const struct msg_heartbeat *hb)
 		 n == 1 ? "it" : "them");
 }
 
+static void links_heard(struct links *lk, int k, const struct msg_heartbeat *hb)
+{
+	pthread_mutex_lock(&lk->say_mu);
+	links_heard_locked(lk, k, hb);
+	pthread_mutex_unlock(&lk->say_mu);
+}
+
+/* The first link found lost in a call is the one recovery starts from
+ * (links_exchange runs them all at once). */
+static void links_mark_lost(struct links *lk, int k)
+{
+	int none = -1;
+	atomic_compare_exchange_strong(&lk->lost, &none, k);
+}
+
 /* A link failed at the transport level (not an ERROR the ps sent): the
  * caller may reconnect (recovery_resync). */
 static int link_failed(struct links *lk, int k, int r, const char *e, char *err, size_t errlen)
 {
 	char nm[300];
-	lk->lost = k;
+	links_mark_lost(lk, k);
 	if (r == -ETIMEDOUT)
 		return err_set(err, errlen, -ECONNABORTED, "lost %s: no traffic for %g s (peer_timeout)",
 			       links_ps_name(lk->c, k, nm, sizeof(nm)), lk->c->cluster.peer_timeout);
@@ -237,7 +270,7 @@ static int link_failed(struct links *lk, int k, int r, const char *e, char *err,
 static int link_went_back(struct links *lk, int k, uint64_t v, char *err, size_t errlen)
 {
 	char nm[300];
-	lk->lost = k;
+	links_mark_lost(lk, k);
 	return err_set(err, errlen, -ECONNABORTED, "%s went back to step %llu",
 		       links_ps_name(lk->c, k, nm, sizeof(nm)), (unsigned long long)v);
 }
@@ -248,13 +281,14 @@ static int links_recv(struct links *lk, int k, size_t *len, char *err, size_t er
 {
 	char e[512], nm[300];
 	for (;;) {
+		uint8_t *rbuf = lk->ln[k].rbuf;
 		int r = conn_recv(&lk->ln[k].conn, len, e, sizeof(e));
 		if (r)
 			return link_failed(lk, k, r, e, err, errlen);
-		r = msg_type(lk->rbuf, *len, e, sizeof(e));
+		r = msg_type(rbuf, *len, e, sizeof(e));
 		if (r == WIRE_HEARTBEAT) {
 			struct msg_heartbeat hb;
-			if (msg_decode_heartbeat(lk->rbuf, *len, &hb, e, sizeof(e)) == 0) {
+			if (msg_decode_heartbeat(rbuf, *len, &hb, e, sizeof(e)) == 0) {
 				links_heard(lk, k, &hb);
 				continue;
 			}
@@ -262,7 +296,7 @@ static int links_recv(struct links *lk, int k, size_t *len, char *err, size_t er
 		}
 		if (r == WIRE_ERROR) {
 			struct msg_error me;
-			if (msg_decode_error(lk->rbuf, *len, &me, e, sizeof(e)) == 0)
+			if (msg_decode_error(rbuf, *len, &me, e, sizeof(e)) == 0)
 				snprintf(e, sizeof(e), "%s", me.text);
 			return err_set(err, errlen, -ECONNABORTED, "%s: %s", links_ps_name(lk->c, k, nm, sizeof(nm)), e);
 		}
@@ -303,7 +337,7 @@ static int links_send(struct links *lk, int k, const struct ctl *m, char *err, s
 {
 	char e[512];
 	size_t len;
-	if (ctl_encode(m, conn_msg(lk->wbuf), conn_msg_cap(CONN_WBUF_BYTES), &len, e, sizeof(e)))
+	if (ctl_encode(m, conn_msg(lk->ln[k].wbuf), conn_msg_cap(CONN_WBUF_BYTES), &len, e, sizeof(e)))
 		return err_set(err, errlen, -EPROTO, "%s", e);
 	int r = conn_send(&lk->ln[k].conn, len, e, sizeof(e));
 	if (r)
@@ -346,60 +380,168 @@ static int links_recv_params(struct links *lk, int k, float *params, char *err, 
 	return 0;
 }
 
-int links_pull(struct links *lk, float *params, int first, char *err, size_t errlen)
+/* PULL to ps k: sync asks for the version after the one it last had
+ * (first: 0, whatever it has), async for the newest. *want: what was asked. */
+static int link_ask(struct links *lk, int k, int first, uint64_t *want, char *err, size_t errlen)
 {
 	int async = lk->c->train.mode == MODE_ASYNC;
+	struct ctl m = { .type = WIRE_PULL, .u.pull = { .shard = (uint32_t)k } };
+	m.u.pull.version = async ? MSG_VERSION_LATEST : first ? 0 : lk->ln[k].got + 1;
+	*want = m.u.pull.version;
+	return links_send(lk, k, &m, err, errlen);
+}
+
+/* The answer to link_ask. Async: versions only grow, so a lower one means
+ * the shard was restarted or rolled back (recovery sees which). Sync: a
+ * shard that answers below the version asked for was rolled back. */
+static int link_take(struct links *lk, int k, float *params, int first, uint64_t want, char *err,
+		     size_t errlen)
+{
+	int async = lk->c->train.mode == MODE_ASYNC;
+	uint64_t had = lk->ln[k].got;
+	int r = links_recv_params(lk, k, params, err, errlen);
+	if (r)
+		return r;
+	uint64_t v = lk->ln[k].got;
+	if (!first && (async ? v < had : v < want))
+		return link_went_back(lk, k, v, err, errlen);
+	return 0;
+}
+
+int links_pull(struct links *lk, float *params, int first, char *err, size_t errlen)
+{
 	uint64_t want[CONFIG_MAX_HOSTS];
 	for (int k = 0; k < lk->nps; k++) {
-		struct ctl m = { .type = WIRE_PULL, .u.pull = { .shard = (uint32_t)k } };
-		m.u.pull.version = async ? MSG_VERSION_LATEST : first ? 0 : lk->ln[k].got + 1;
-		want[k] = m.u.pull.version;
-		int r = links_send(lk, k, &m, err, errlen);
+		int r = link_ask(lk, k, first, &want[k], err, errlen);
 		if (r)
 			return r;
 	}
 	for (int k = 0; k < lk->nps; k++) {
-		uint64_t had = lk->ln[k].got;
-		int r = links_recv_params(lk, k, params, err, errlen);
+		int r = link_take(lk, k, params, first, want[k], err, errlen);
 		if (r)
 			return r;
-		uint64_t v = lk->ln[k].got;
-		/* Async: versions only grow, so a lower one means the shard
-		 * was restarted or rolled back (recovery sees which). Sync: a
-		 * shard that answers below the version asked for was rolled
-		 * back. */
-		if (!first && (async ? v < had : v < want[k]))
-			return link_went_back(lk, k, v, err, errlen);
 	}
+	return 0;
+}
+
+/* grads' slice for ps k, tagged with the version pulled from it. */
+static int link_push(struct links *lk, int k, const float *grads, char *err, size_t errlen)
+{
+	struct link *l = &lk->ln[k];
+	char e[512];
+	struct conn_chunk_tx t = { .type = WIRE_PUSH, .shard = (uint32_t)k, .version = l->got,
+				   .worker = (uint32_t)lk->index, .src = grads + l->range.begin,
+				   .n = l->range.end - l->range.begin };
+	int r = conn_send_tensor(&l->conn, &t, e, sizeof(e));
+	return r ? link_failed(lk, k, r, e, err, errlen) : 0;
+}
+
+/* Ps k's ACK of a push; stale and duplicate ones are counted. */
+static int link_ack(struct links *lk, int k, char *err, size_t errlen)
+{
+	struct msg_ack ack;
+	char e[512];
+	size_t len;
+	int r = links_recv(lk, k, &len, err, errlen);
+	if (r < 0)
+		return r;
+	if (r != WIRE_ACK || msg_decode_ack(lk->ln[k].rbuf, len, &ack, e, sizeof(e)))
+		return err_set(err, errlen, -ECONNABORTED, "ps %d: %s", k,
+			       r != WIRE_ACK ? "unexpected message instead of ACK" : e);
+	if (ack.status == MSG_ACK_STALE || ack.status == MSG_ACK_DUPLICATE)
+		lk->stale++;
 	return 0;
 }
 
 int links_push(struct links *lk, const float *grads, char *err, size_t errlen)
 {
-	size_t len;
-	char e[512];
 	for (int k = 0; k < lk->nps; k++) {
-		struct link *l = &lk->ln[k];
-		size_t n = l->range.end - l->range.begin;
-		struct conn_chunk_tx t = { .type = WIRE_PUSH, .shard = (uint32_t)k, .version = l->got,
-					   .worker = (uint32_t)lk->index, .src = grads + l->range.begin,
-					   .n = n };
-		int r = conn_send_tensor(&l->conn, &t, e, sizeof(e));
+		int r = link_push(lk, k, grads, err, errlen);
 		if (r)
-			return link_failed(lk, k, r, e, err, errlen);
+			return r;
 	}
 	for (int k = 0; k < lk->nps; k++) {
-		struct msg_ack ack;
-		int r = links_recv(lk, k, &len, err, errlen);
-		if (r < 0)
+		int r = link_ack(lk, k, err, errlen);
+		if (r)
 			return r;
-		if (r != WIRE_ACK || msg_decode_ack(lk->rbuf, len, &ack, e, sizeof(e)))
-			return err_set(err, errlen, -ECONNABORTED, "ps %d: %s", k,
-				       r != WIRE_ACK ? "unexpected message instead of ACK" : e);
-		if (ack.status == MSG_ACK_STALE || ack.status == MSG_ACK_DUPLICATE)
-			lk->stale++;
 	}
 	return 0;
+}
+
+/* One link's part of links_exchange, on a thread of its own. */
+struct link_job {
+	struct links *lk;
+	int k, pos;             /* the shard; its place in this worker's push order */
+	const float *grads;
+	float *params;
+	pthread_t th;
+	int started;
+	int r;
+	char err[512];
+};
+
+/* Waits for this link's turn to push, pushes, passes the turn on (also
+ * after a failure, so that no other link waits for ever), then asks for
+ * the next version and takes the ACK and the parameters as they come. */
+static void *link_exchange(void *arg)
+{
+	struct link_job *j = arg;
+	struct links *lk = j->lk;
+	pthread_mutex_lock(&lk->turn_mu);
+	while (lk->turn < j->pos)
+		pthread_cond_wait(&lk->turn_cv, &lk->turn_mu);
+	pthread_mutex_unlock(&lk->turn_mu);
+	uint64_t want = 0;
+	int r = link_push(lk, j->k, j->grads, j->err, sizeof(j->err));
+	pthread_mutex_lock(&lk->turn_mu);
+	lk->turn++;
+	pthread_cond_broadcast(&lk->turn_cv);
+	pthread_mutex_unlock(&lk->turn_mu);
+	if (!r)
+		r = link_ask(lk, j->k, 0, &want, j->err, sizeof(j->err));
+	if (!r)
+		r = link_ack(lk, j->k, j->err, sizeof(j->err));
+	if (!r)
+		r = link_take(lk, j->k, j->params, 0, want, j->err, sizeof(j->err));
+	j->r = r;
+	return NULL;
+}
+
+int links_exchange(struct links *lk, const float *grads, float *params, char *err, size_t errlen)
+{
+	int nps = lk->nps;
+	struct link_job *job = calloc((size_t)nps, sizeof(*job));
+	if (!job)
+		return err_set(err, errlen, -ENOMEM, "out of memory for %d link jobs", nps);
+	lk->turn = 0;
+	for (int k = 0; k < nps; k++) {
+		job[k] = (struct link_job){ .lk = lk, .k = k, .pos = (k - lk->index % nps + nps) % nps,
+					    .grads = grads, .params = params };
+		/* The last one runs on this thread: one ps needs no thread. */
+		if (k + 1 < nps)
+			job[k].started = pthread_create(&job[k].th, NULL, link_exchange, &job[k]) == 0;
+	}
+	/* Those without a thread, here in push order: each waits only for
+	 * turns of threads or of jobs run here before it. */
+	for (int pos = 0; pos < nps; pos++)
+		for (int k = 0; k < nps; k++)
+			if (job[k].pos == pos && !job[k].started)
+				link_exchange(&job[k]);
+	for (int k = 0; k < nps; k++)
+		if (job[k].started)
+			pthread_join(job[k].th, NULL);
+	/* The lost link's own message if one was lost, else the first
+	 * failure's. */
+	int pick = lk->lost, r = 0;
+	for (int k = 0; pick < 0 && k < nps; k++)
+		if (job[k].r)
+			pick = k;
+	if (pick >= 0) {
+		snprintf(err, errlen, "%s", job[pick].err);
+		r = job[pick].r ? job[pick].r : -ECONNABORTED;
+	}
+	free(job);
+	return r;
 }
 
 int links_checkpoint(struct links *lk, long step, double acc, char *err, size_t errlen)
@@ -441,7 +583,7 @@ int links_status(struct links *lk, int *complete, char *err, size_t errlen)
 		int r = links_recv(lk, k, &len, err, errlen);
 		if (r < 0)
 			return r;
-		if (r != WIRE_STATUS || msg_decode_status(lk->rbuf, len, &a, e, sizeof(e)) || !a.reply ||
+		if (r != WIRE_STATUS || msg_decode_status(lk->ln[k].rbuf, len, &a, e, sizeof(e)) || !a.reply ||
 		    a.shard != (uint32_t)k)
 			return err_set(err, errlen, -ECONNABORTED, "%s: %s", links_ps_name(lk->c, k, nm, sizeof(nm)),
 				       r != WIRE_STATUS ? "unexpected message instead of STATUS" : "bad STATUS reply");

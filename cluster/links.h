@@ -30,6 +30,9 @@ struct link {
 	struct conn conn;    /* its send lock: the heartbeat thread sends too */
 	struct shard range;
 	uint64_t got;        /* version of the parameters last pulled */
+	uint8_t *rbuf, *wbuf; /* this link's: links_exchange runs every link at once */
+	struct pipe pp;      /* this link's tensors; frame 0 is wbuf */
+	int pp_ready;
 };
 
 struct links {
@@ -40,13 +43,15 @@ struct links {
 	struct progress *pg;     /* the chief's: "waiting for worker N" lines */
 	int index, nps;
 	struct link *ln;         /* (nps) */
-	uint8_t *rbuf, *wbuf;    /* every link's (one ps at a time) */
-	struct cryptopool *pool; /* NULL: crypto_threads 1 */
-	struct pipe pp;          /* every link's tensors; frame 0 is wbuf */
-	uint64_t stale;          /* pushes the shards dropped */
-	int lost;                /* the ps whose connection failed or went back; -1: none */
+	struct cryptopool *pool; /* NULL: crypto_threads 1; shared by every link */
+	_Atomic uint64_t stale;  /* pushes the shards dropped */
+	_Atomic int lost;        /* the ps whose connection failed or went back; -1: none */
+	pthread_mutex_t say_mu;  /* the "waiting for" lines, from any link's thread */
 	uint64_t heard_v;        /* the last "waiting for" line printed: version, workers */
 	uint8_t heard[MSG_HEARTBEAT_WORKERS / 8];
+	pthread_mutex_t turn_mu; /* links_exchange: whose push is next */
+	pthread_cond_t turn_cv;
+	int turn;
 	pthread_t hb;            /* sends HEARTBEATs on idle links */
 	int hb_on, hb_stop, ready;
 	pthread_mutex_t hb_mu;
@@ -75,6 +80,12 @@ int links_pull(struct links *lk, float *params, int first, char *err, size_t err
 /* Pushes grads (P), each shard's slice tagged with the version pulled from
  * it, then reads every ACK (stale and duplicate ones counted). */
 int links_push(struct links *lk, const float *grads, char *err, size_t errlen);
+/* links_push, then links_pull of the next version into params, with every
+ * link on its own thread: each shard's new parameters come down while the
+ * gradient still goes up to the next. The pushes go one shard at a time,
+ * worker w starting at shard w mod nps, so that the workers' uploads reach
+ * different ps links at once rather than all the same one. */
+int links_exchange(struct links *lk, const float *grads, float *params, char *err, size_t errlen);
 /* CHECKPOINT(step) to every ps; acc: the final test accuracy the final
  * checkpoint records, < 0 for the others. */
 int links_checkpoint(struct links *lk, long step, double acc, char *err, size_t errlen);

@@ -39,6 +39,8 @@ struct worker {
 	long epoch_loaded;
 	int pulled;              /* params hold the version for `step` already */
 	int finished;            /* the shards were at the run's end when it started */
+	double t_compute, t_comm; /* seconds in worker_compute; in pulls and pushes */
+	long timed;              /* steps counted in them */
 };
 
 /* Setup, devices, links (connected) and the progress line. */
@@ -206,13 +208,15 @@ static int worker_compute(struct worker *wr, char *err, size_t errlen)
 	return 0;
 }
 
-/* One training step: pull, checkpoint, evaluate, compute, push. A failure
- * with wr->lk.lost set is a lost link, to recover from. */
+/* One training step: pull (unless the last step's exchange did),
+ * checkpoint, evaluate, compute, then push this step's gradient and pull
+ * the next step's parameters at once (links_exchange). A failure with
+ * wr->lk.lost set is a lost link, to recover from. */
 static int worker_step(struct worker *wr, char *err, size_t errlen)
 {
 	const struct config *c = wr->c;
 	long step = wr->step;
-	double ts = progress_now();
+	double ts = progress_now(), t0 = ts;
 	int e = 0;
 	/* Only a link call of this step may mark a ps lost: a failure of the
 	 * devices must end the run, not be taken for a lost ps. */
@@ -225,13 +229,30 @@ static int worker_step(struct worker *wr, char *err, size_t errlen)
 		e = links_checkpoint(&wr->lk, ckpt_label(wr, step), -1, err, errlen);
 	if (e)
 		return e;
+	wr->t_comm += progress_now() - t0;
 	e = worker_evaluate(wr, &ts, err, errlen);
+	t0 = progress_now();
 	if (!e)
 		e = worker_compute(wr, err, errlen);
-	if (!e)
+	double t1 = progress_now();
+	wr->t_compute += t1 - t0;
+	/* After its last step a worker other than the chief needs no
+	 * parameters (the chief pulls them to evaluate): it pushes only, and
+	 * may finish before the others. */
+	int last = step + 1 == wr->total && !wr->chief;
+	if (!e && last)
 		e = links_push(&wr->lk, wr->grads, err, errlen);
-	if (e || !wr->chief)
+	else if (!e)
+		e = links_exchange(&wr->lk, wr->grads, wr->params, err, errlen);
+	if (!e && !last)
+		e = devices_set_params(&wr->dev, wr->params, err, errlen);
+	if (e)
 		return e;
+	wr->pulled = !last;
+	wr->t_comm += progress_now() - t1;
+	wr->timed++;
+	if (!wr->chief)
+		return 0;
 	char why[CONFIG_ERR_MAX];
 	wr->pg.stale = wr->lk.stale;
 	progress_tick(&wr->pg, step, progress_now() - ts);
@@ -434,6 +455,9 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 		e = worker_finish(wr, &again, err, errlen);
 	}
 	progress_clear(&wr->pg);
+	if (!e && wr->timed)
+		role_log(out, "worker %d: per step: compute %.2f ms, communication %.2f ms (%ld steps)", index,
+			 1e3 * wr->t_compute / (double)wr->timed, 1e3 * wr->t_comm / (double)wr->timed, wr->timed);
 	if (!e) {
 		res->wall = progress_now() - t0;
 		res->samples_per_s = wr->pg.train_time > 0 ? (double)wr->pg.samples / wr->pg.train_time : 0;

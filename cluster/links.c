@@ -493,14 +493,17 @@ static void *link_exchange(void *arg)
 	pthread_mutex_unlock(&lk->turn_mu);
 	uint64_t want = 0;
 	int r = link_push(lk, j->k, j->grads, j->err, sizeof(j->err));
+	if (!r)
+		r = link_ask(lk, j->k, 0, &want, j->err, sizeof(j->err));
+	/* The turn passes at the ACK, when the ps has the whole gradient,
+	 * not when the socket took it: the kernel buffers megabytes, and
+	 * pushes that all sit in buffers at once share the uplink again. */
+	if (!r)
+		r = link_ack(lk, j->k, j->err, sizeof(j->err));
 	pthread_mutex_lock(&lk->turn_mu);
 	lk->turn++;
 	pthread_cond_broadcast(&lk->turn_cv);
 	pthread_mutex_unlock(&lk->turn_mu);
-	if (!r)
-		r = link_ask(lk, j->k, 0, &want, j->err, sizeof(j->err));
-	if (!r)
-		r = link_ack(lk, j->k, j->err, sizeof(j->err));
 	if (!r)
 		r = link_take(lk, j->k, j->params, 0, want, j->err, sizeof(j->err));
 	j->r = r;

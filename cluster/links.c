@@ -386,7 +386,10 @@ static int link_ask(struct links *lk, int k, int first, uint64_t *want, char *er
 {
 	int async = lk->c->train.mode == MODE_ASYNC;
 	struct ctl m = { .type = WIRE_PULL, .u.pull = { .shard = (uint32_t)k } };
-	m.u.pull.version = async ? MSG_VERSION_LATEST : first ? 0 : lk->ln[k].got + 1;
+	/* Never past the run's end: with backup workers the shards advance
+	 * apart, and one may be there while this worker trains on. */
+	uint64_t next = lk->ln[k].got + 1, end = (uint64_t)lk->s->job.total;
+	m.u.pull.version = async ? MSG_VERSION_LATEST : first ? 0 : next < end ? next : end;
 	*want = m.u.pull.version;
 	return links_send(lk, k, &m, err, errlen);
 }

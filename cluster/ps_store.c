@@ -44,7 +44,9 @@ static int snap_alloc(struct ps_snap *sn, const struct psshard *sh)
  * still written everywhere). A failure is reported and training goes on:
  * the checkpoint stays incomplete and the previous one remains the
  * newest. */
-static void store_save(struct ps_store *st, uint64_t step, double acc)
+/* Queues a copy of src (the shard, or the held copy) as checkpoint step
+ * for the writer. */
+static void store_queue(struct ps_store *st, uint64_t step, double acc, const struct ps_snap *src)
 {
 	struct psshard *sh = st->sh;
 	size_t bytes = sh->n * sizeof(float);
@@ -63,15 +65,28 @@ static void store_save(struct ps_store *st, uint64_t step, double acc)
 		}
 	}
 	sn.step = step;
-	sn.t = sh->opt.t;
+	sn.t = src->t;
 	sn.acc = acc;
-	memcpy(sn.p, sh->params, bytes);
+	memcpy(sn.p, src->p, bytes);
 	if (sn.m)
-		memcpy(sn.m, sh->opt.m, bytes);
+		memcpy(sn.m, src->m, bytes);
 	if (sn.v)
-		memcpy(sn.v, sh->opt.v, bytes);
+		memcpy(sn.v, src->v, bytes);
 	st->q[st->qlen++] = sn;
 	pthread_cond_signal(&st->wcv);
+}
+
+/* The shard as it is now, in a snap's shape (no copy). */
+static struct ps_snap store_now(const struct ps_store *st)
+{
+	const struct psshard *sh = st->sh;
+	return (struct ps_snap){ .p = sh->params, .m = sh->opt.m, .v = sh->opt.v, .t = sh->opt.t };
+}
+
+static void store_save(struct ps_store *st, uint64_t step, double acc)
+{
+	struct ps_snap now = store_now(st);
+	store_queue(st, step, acc, &now);
 }
 
 /* Drops every copy still waiting (under mu). */
@@ -211,6 +226,7 @@ void ps_store_close(struct ps_store *st)
 		st->writer_on = 0;
 	}
 	store_queue_clear(st);
+	snap_free(&st->held);
 	free(st->lay);
 	st->lay = NULL;
 }
@@ -232,6 +248,8 @@ void ps_store_checkpoint(struct ps_store *st, uint64_t step, double acc)
 		store_save(st, step, acc);
 	else if (v < step)
 		st->pending = step, st->pending_acc = acc;
+	else if (st->held.p && st->held.step == step)
+		store_queue(st, step, acc, &st->held);
 	else
 		role_log(st->out, "ps %d: checkpoint at step %llu skipped: shard already at version %llu",
 			 st->index, (unsigned long long)step, (unsigned long long)v);
@@ -240,11 +258,34 @@ void ps_store_checkpoint(struct ps_store *st, uint64_t step, double acc)
 
 void ps_store_pushed(struct ps_store *st)
 {
-	uint64_t v = psshard_version(st->sh);
+	const struct psshard *sh = st->sh;
+	uint64_t v = psshard_version(sh);
+	long every = st->c->train.checkpoint_every;
 	if (st->pending && v == st->pending) {
 		store_save(st, v, st->pending_acc);
 		st->pending = 0;
 	}
+	/* Backup workers: the other workers may take the shard past the
+	 * chief's step before its CHECKPOINT arrives, so every version the
+	 * chief could label is kept until the next one. Without them the
+	 * chief's own push is needed to move on, and its CHECKPOINT always
+	 * comes first. */
+	if (!st->lay || sh->mode != MODE_SYNC || sh->replicas == sh->workers || every <= 0 || v == 0 ||
+	    v % (uint64_t)every != 0 || (st->held.p && st->held.step == v))
+		return;
+	if (!st->held.p && snap_alloc(&st->held, sh)) {
+		role_log(st->out, "ps %d: no memory to hold step %llu for the chief's checkpoint",
+			 st->index, (unsigned long long)v);
+		return;
+	}
+	size_t bytes = sh->n * sizeof(float);
+	st->held.step = v;
+	st->held.t = sh->opt.t;
+	memcpy(st->held.p, sh->params, bytes);
+	if (st->held.m)
+		memcpy(st->held.m, sh->opt.m, bytes);
+	if (st->held.v)
+		memcpy(st->held.v, sh->opt.v, bytes);
 }
 
 /* ROLLBACK from a worker: a restarted ps resumed from checkpoint `step`
@@ -329,6 +370,7 @@ int ps_store_rollback(struct ps_store *st, uint64_t *step_io, char *err, size_t 
 	psshard_rewind(sh, step);
 	*step_io = step;
 	st->pending = 0;
+	st->held.step = 0;   /* of the history just abandoned, too */
 	/* Copies not written yet are of the history just abandoned. */
 	for (int i = 0; i < st->qlen; i++)
 		role_log(st->out, "ps %d: checkpoint at step %llu not written: rolled back", st->index,

@@ -36,6 +36,8 @@ struct worker {
 	int index, chief, W, B, ckpts, tty;
 	long total, spe;
 	long step, start;        /* the step to train next; where training (re)started */
+	long ckpt_at, ckpt_start; /* sync: the step of the last CHECKPOINT asked for since
+				   * training (re)started at ckpt_start */
 	long epoch_loaded;
 	int pulled;              /* params hold the version for `step` already */
 	int finished;            /* the shards were at the run's end when it started */
@@ -127,7 +129,10 @@ static int worker_recover(struct worker *wr, long *at, char *err, size_t errlen)
  * `local` does, so any checkpoint continues in any mode and layout. */
 static long ckpt_label(const struct worker *wr, long step)
 {
-	return wr->c->train.mode == MODE_SYNC ? step : (long)(wr->lk.ln[0].got / (uint64_t)wr->W);
+	long every = wr->c->train.checkpoint_every;
+	if (wr->c->train.mode != MODE_SYNC)
+		return (long)(wr->lk.ln[0].got / (uint64_t)wr->W);
+	return every > 0 && step < wr->total ? step - step % every : step;
 }
 
 /* The train loss and accuracy since the last reading, as one log line (a
@@ -208,13 +213,31 @@ static int worker_compute(struct worker *wr, char *err, size_t errlen)
 	return 0;
 }
 
+/* Whether the chief asks for a checkpoint at wr->step, now pulled. Sync
+ * with backup workers, the shards may go past a multiple of
+ * checkpoint_every without this worker's gradient: it then asks for that
+ * multiple, which every ps held for it (ps_store_pushed). */
+static int worker_ckpt_due(struct worker *wr)
+{
+	long every = wr->c->train.checkpoint_every, step = wr->step;
+	if (every <= 0 || step <= wr->start)
+		return 0;
+	if (wr->c->train.mode != MODE_SYNC)
+		return step % every == 0;
+	if (wr->ckpt_start != wr->start)
+		wr->ckpt_start = wr->ckpt_at = wr->start;
+	if (step / every <= wr->ckpt_at / every)
+		return 0;
+	wr->ckpt_at = step;
+	return 1;
+}
+
 /* One training step: pull (unless the last step's exchange did),
  * checkpoint, evaluate, compute, then push this step's gradient and pull
  * the next step's parameters at once (links_exchange). A failure with
  * wr->lk.lost set is a lost link, to recover from. */
 static int worker_step(struct worker *wr, char *err, size_t errlen)
 {
-	const struct config *c = wr->c;
 	long step = wr->step;
 	double ts = progress_now(), t0 = ts;
 	int e = 0;
@@ -224,8 +247,7 @@ static int worker_step(struct worker *wr, char *err, size_t errlen)
 	if (!wr->pulled)
 		e = worker_pull(wr, err, errlen);
 	wr->pulled = 0;
-	if (!e && wr->ckpts && c->train.checkpoint_every > 0 && step > wr->start &&
-	    step % c->train.checkpoint_every == 0)
+	if (!e && wr->ckpts && worker_ckpt_due(wr))
 		e = links_checkpoint(&wr->lk, ckpt_label(wr, step), -1, err, errlen);
 	if (e)
 		return e;
@@ -273,6 +295,16 @@ static int worker_train(struct worker *wr, char *err, size_t errlen)
 		int e = worker_step(wr, err, errlen);
 		if (!e) {
 			wr->step++;
+			/* Sync with backup workers: the shards may have moved
+			 * on without this worker's gradient; it goes on from
+			 * where they all are. */
+			if (wr->c->train.mode == MODE_SYNC && wr->pulled) {
+				uint64_t at = wr->lk.ln[0].got;
+				for (int k = 1; k < wr->lk.nps; k++)
+					at = wr->lk.ln[k].got < at ? wr->lk.ln[k].got : at;
+				if ((long)at > wr->step)
+					wr->step = (long)at < wr->total ? (long)at : wr->total;
+			}
 			continue;
 		}
 		if (wr->lk.lost < 0)
@@ -424,7 +456,7 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 		return err_set(err, errlen, -ENOMEM, "out of memory");
 	*wr = (struct worker){ .c = c, .stop = stop, .out = out, .index = index, .chief = index == 0,
 			       .W = c->cluster.nworkers, .B = c->train.batch_size, .tty = tty,
-			       .epoch_loaded = -1 };
+			       .epoch_loaded = -1, .ckpt_start = -1 };
 	memset(res, 0, sizeof(*res));
 	double t0 = progress_now();
 	role_hooks_read(&wr->hooks);

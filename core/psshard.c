@@ -197,7 +197,11 @@ int psshard_push(struct psshard *s, int worker, uint64_t version, const float *g
 		return 0;
 	}
 
-	if (version < s->version) {
+	/* Past the run's last step nothing is applied: with backup workers
+	 * the shards advance apart (each takes the first R pushes of a
+	 * version), and a worker tags each shard's push with the version it
+	 * got from it. */
+	if (version < s->version || (s->total > 0 && version >= (uint64_t)s->total)) {
 		s->received++;
 		s->dropped_stale++;
 		*outcome = PSSHARD_STALE;

@@ -132,6 +132,34 @@ Test(cluster, sync_with_a_backup_worker)
 	cr_assert_gt(acc, 90.0, "final accuracy %.2f%%:\n%s", acc, slurp(out[3]));
 }
 
+/* With a backup worker the shards move on without the chief: each worker
+ * goes on from the version it pulled (the run is `steps` versions long,
+ * not steps per worker), and every multiple of checkpoint_every is saved
+ * although the chief's CHECKPOINT often arrives after the shard passed it
+ * (found by tests/net's slow-link test: no checkpoint was ever written). */
+Test(cluster, backup_workers_count_versions_and_checkpoint_every_multiple)
+{
+	char cfg[300], out[4][300], step[400];
+	int st[4];
+	snprintf(cfg, sizeof(cfg), "%s/cluster.ini", dir);
+	write_cluster(dir, cfg, 150, 10,
+		      "mode = sync\nreplicas_to_aggregate = 1\ncheckpoint_dir = bk-ck\ncheckpoint_every = 30\nkeep_checkpoints = 10\n", "");
+	run_cluster(cfg, NULL, st, out);
+	assert_exits_zero(st, out, 4, "");
+	for (int k = 0; k < 2; k++) {
+		const char *ps = slurp(out[k]);
+		cr_assert_not_null(strstr(ps, "workers done: version 150,"), "ps %d:\n%s", k, ps);
+		cr_assert_null(strstr(ps, "skipped"), "ps %d:\n%s", k, ps);
+	}
+	for (int w = 2; w < 4; w++)
+		cr_assert_null(strstr(slurp(out[w]), "went back"), "%s", slurp(out[w]));
+	cr_assert_not_null(strstr(slurp(out[3]), "done: 150 steps"), "%s", slurp(out[3]));
+	for (int s = 30; s <= 150; s += 30) {
+		snprintf(step, sizeof(step), "%s/bk-ck/step-%08d/manifest-1-of-2", dir, s);
+		cr_assert_eq(access(step, F_OK), 0, "no checkpoint at step %d:\n%s\n%s", s, slurp(out[0]), slurp(out[1]));
+	}
+}
+
 /* Issue 3 item 4: 2 workers with batch B in sync mode end with the
  * parameters of one process training with batch 2B (computed here in
  * process, the way `pstrain local` does), up to float summation order. */

@@ -514,6 +514,28 @@ Test(psshard, async_max_staleness_drops_old_gradients)
 	psshard_free(&s);
 }
 
+/* Sync: nothing is applied past the run's last version (backup workers
+ * may push there, each shard being at its own version). */
+Test(psshard, sync_applies_nothing_past_the_last_step)
+{
+	struct psshard s;
+	struct model m;
+	tiny(&s, &m, 2, 1, "");
+	s.total = 3;
+	float g[8];
+	fill(g, 8, 1e-3f);
+	enum psshard_outcome o;
+	for (uint64_t v = 0; v < 3; v++) {
+		cr_assert_eq(psshard_push(&s, 0, v, g, &o), 0);
+		cr_assert_eq(o, PSSHARD_APPLIED);
+	}
+	cr_assert_eq(psshard_push(&s, 1, 3, g, &o), 0);
+	cr_assert_eq(o, PSSHARD_STALE, "a push tagged with the last version is past the run");
+	cr_assert_eq(psshard_version(&s), 3);
+	cr_assert_eq(s.dropped_stale, 1);
+	psshard_free(&s);
+}
+
 Test(psshard, pushes_never_allocate)
 {
 	/* The allocator's in-use byte count is the same after 3000 pushes (sync
@@ -525,6 +547,7 @@ Test(psshard, pushes_never_allocate)
 		struct psshard s;
 		struct model m;
 		tiny(&s, &m, 4, 3, modes[k]);
+		s.total = 1000000;   /* 3000 pushes, all within the run */
 		float g[8];
 		fill(g, 8, 1e-3f);
 		float *slots = s.slots, *params = s.params;

@@ -250,7 +250,7 @@ FUZZ_SECONDS ?= 60
 FUZZ_CC ?= clang
 FUZZ_CFLAGS := -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	-std=c11 -D_GNU_SOURCE -Icore
-FUZZ_NAMES := config layer idx csv handshake msg safetensors ps
+FUZZ_NAMES := config layer idx csv handshake msg safetensors ps launch
 FUZZ_BINS := $(FUZZ_NAMES:%=$(BUILD)/fuzz/fuzz_%)
 $(BUILD)/fuzz/fuzz_config: core/config.c core/config_keys.c core/config_print.c core/model.c core/rng.c
 $(BUILD)/fuzz/fuzz_layer: core/model.c core/rng.c
@@ -263,6 +263,7 @@ $(BUILD)/fuzz/fuzz_handshake: net/handshake.c net/frame.c base/err.c
 FUZZ_LIBS_handshake := -lsodium
 $(BUILD)/fuzz/fuzz_msg: net/msg.c base/err.c
 $(BUILD)/fuzz/fuzz_safetensors: core/safetensors.c base/err.c
+$(BUILD)/fuzz/fuzz_launch: core/launch.c core/json.c base/err.c
 # The ps's whole message handling (stateful): every role and core source.
 $(BUILD)/fuzz/fuzz_ps: $(ROLE_SRC) $(CORE_SRC) $(NET_SRC) $(BASE_SRC) gpu/arch.c gpu/arena.c gpu/stub.c
 FUZZ_LIBS_ps := '-Dtarget_clones(...)=__unused__' $(ARCH_FLAGS) -DPSTRAIN_VERSION='"$(VERSION)"' -linih -lsodium -lopenblas -lz -lpthread

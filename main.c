@@ -8,6 +8,7 @@
 #include "cluster/cluster.h"
 #include "core/checkpoint.h"
 #include "core/inspect.h"
+#include "core/launch.h"
 #include "core/infer.h"
 #include "core/config.h"
 #include "core/fileio.h"
@@ -78,6 +79,7 @@ static int cmd_check(const struct opts *o);
 static int cmd_keygen(const struct opts *o);
 static int cmd_ps(const struct opts *o);
 static int cmd_worker(const struct opts *o);
+static int cmd_run(const struct opts *o);
 static int cmd_eval(const struct opts *o);
 static int cmd_predict(const struct opts *o);
 
@@ -91,10 +93,12 @@ static const struct command commands[] = {
 	{ "predict", cmd_predict, TAKES_CONFIG | TAKES_CKPT | TAKES_INPUT,
 	  "--checkpoint DIR --input FILE [--probs] [--config FILE]...",
 	  "a label (and probabilities) per sample of FILE" },
-	{ "ps", cmd_ps, TAKES_CONFIG | TAKES_INDEX | TAKES_FRESH, "--index N [--config FILE] [--set S.K=V]... [--fresh]",
+	{ "ps", cmd_ps, TAKES_CONFIG | TAKES_INDEX | TAKES_FRESH, "[--index N] [--config FILE] [--set S.K=V]... [--fresh]",
 	  "serve shard N of the parameters to the workers of [cluster]" },
-	{ "worker", cmd_worker, TAKES_CONFIG | TAKES_INDEX, "--index N [--config FILE] [--set S.K=V]...",
+	{ "worker", cmd_worker, TAKES_CONFIG | TAKES_INDEX, "[--index N] [--config FILE] [--set S.K=V]...",
 	  "train as worker N of [cluster] (worker 0 is the chief)" },
+	{ "run", cmd_run, TAKES_CONFIG | TAKES_FRESH, "[--config FILE] [--set S.K=V]... [--fresh]",
+	  "ps or worker, as TF_CONFIG, Slurm (srun) or a StatefulSet pod name says" },
 	{ "keygen", cmd_keygen, TAKES_FILE, "[FILE]",
 	  "new random 32-byte cluster key in FILE (default ./cluster.key), mode 0600" },
 };
@@ -110,7 +114,8 @@ static void usage(FILE *f)
 		"  --config FILE      cluster config (default ./cluster.ini)\n"
 		"  --set S.K=V        override key K of section [S], e.g. --set train.epochs=3 (repeatable)\n"
 		"  --index N          ps/worker: which task of [cluster] this is (alias --task_index;\n"
-		"                     `pstrain --job_name ps|worker` names the command)\n"
+		"                     `pstrain --job_name ps|worker` names the command); without it, from\n"
+		"                     TF_CONFIG, Slurm's SLURM_PROCID or a StatefulSet pod's name\n"
 		"  --fresh            local, ps: ignore checkpoints in checkpoint_dir and start over\n"
 		"  --checkpoint DIR   a step-NNNNNNNN checkpoint, or a checkpoint_dir (its newest complete one)\n"
 		"  --input FILE       predict: IDX images, or CSV in the training CSV's layout\n"
@@ -278,24 +283,57 @@ static void install_stop_handler(void)
 	sigaction(SIGTERM, &sa, NULL);
 }
 
-/* --index N: required, 0 <= N < count of that role in [cluster]. */
-static int role_index(const struct opts *o, const struct config *c, const char *role, int count,
-		      int *index)
+/* The config and which task this is: --index, or the environment a
+ * scheduler set (core/launch.h), whose host lists replace [cluster]'s
+ * as if given with --set; then 0 <= index < that role's count. want:
+ * LAUNCH_PS, LAUNCH_WORKER, or LAUNCH_ANY for run. */
+static int task_of(const struct opts *o, int want, struct config *c, int *role, int *index)
 {
-	char *end;
-	if (!o->index) {
-		fprintf(stderr, "pstrain: %s needs --index N (0..%d, from [cluster] %s)\n", role,
-			count - 1, strcmp(role, "ps") == 0 ? "ps" : "workers");
+	char err[CONFIG_ERR_MAX], host[256];
+	struct launch_env env;
+	struct launch l;
+	int r = load(o, c);
+	if (r)
+		return r;
+	launch_env_read(&env, host, sizeof(host));
+	if (launch_resolve(&l, want, o->index, &env, c, err, sizeof(err))) {
+		fprintf(stderr, "pstrain: %s\n", err);
 		return EXIT_USAGE;
 	}
-	errno = 0;
-	long v = strtol(o->index, &end, 10);
-	if (errno || end == o->index || *end || v < 0 || v >= count) {
-		fprintf(stderr, "pstrain: --index %s: %s has %d %s task%s in [cluster], so 0..%d\n",
-			o->index, c->path, count, role, count == 1 ? "" : "s", count - 1);
+	if (l.ps || l.workers) {
+		struct opts o2 = *o;
+		char *ps = NULL, *workers = NULL;
+		int bad = o2.nsets + 2 > MAX_SETS;
+		if (!bad && l.ps && asprintf(&ps, "cluster.ps=%s", l.ps) >= 0)
+			o2.sets[o2.nsets++] = ps;
+		if (!bad && l.workers && asprintf(&workers, "cluster.workers=%s", l.workers) >= 0)
+			o2.sets[o2.nsets++] = workers;
+		r = bad ? bad_usage("%s", "too many --set options for the lists from the environment") : load(&o2, c);
+		free(ps);
+		free(workers);
+		if (r) {
+			fprintf(stderr, "pstrain: (the [cluster] lists came from %s)\n", l.from);
+			launch_free(&l);
+			return r;
+		}
+	}
+	int count = l.role == LAUNCH_PS ? c->cluster.nps : c->cluster.nworkers;
+	const char *name = launch_role_name(l.role);
+	if (l.index >= count) {
+		if (l.from[0])
+			fprintf(stderr, "pstrain: %s makes this %s %d, but the cluster has %d %s task%s\n", l.from,
+				name, l.index, count, name, count == 1 ? "" : "s");
+		else
+			fprintf(stderr, "pstrain: --index %s: %s has %d %s task%s in [cluster], so 0..%d\n",
+				o->index, c->path, count, name, count == 1 ? "" : "s", count - 1);
+		launch_free(&l);
 		return EXIT_USAGE;
 	}
-	*index = (int)v;
+	if (l.from[0])
+		printf("pstrain: %s %d, from %s\n", name, l.index, l.from);
+	*role = l.role;
+	*index = l.index;
+	launch_free(&l);
 	return 0;
 }
 
@@ -312,40 +350,26 @@ static int role_exit(int r, const char *err)
 	return r == -EINVAL || r == -ENOENT ? EXIT_USAGE : EXIT_RUNTIME;
 }
 
-static int cmd_ps(const struct opts *o)
+static int run_ps(const struct opts *o, const struct config *c, int index)
 {
-	struct config c;
 	char err[CONFIG_ERR_MAX];
-	int index, r = load(o, &c);
-	if (r)
-		return r;
-	r = role_index(o, &c, "ps", c.cluster.nps, &index);
-	if (r)
-		return r;
 	if (o->dump)
 		return bad_usage("%s does not apply to this command", "--dump-params");
-	r = checkpoint_dir_usable(&c);
+	int r = checkpoint_dir_usable(c);
 	if (r)
 		return r;
 	install_stop_handler();
-	r = cluster_ps(&c, index, o->fresh, stdout, &stop_requested, err, sizeof(err));
+	r = cluster_ps(c, index, o->fresh, stdout, &stop_requested, err, sizeof(err));
 	return role_exit(r, err);
 }
 
-static int cmd_worker(const struct opts *o)
+static int run_worker(const struct opts *o, const struct config *c, int index)
 {
-	struct config c;
 	struct train_result res;
 	char err[CONFIG_ERR_MAX];
-	int index, r = load(o, &c);
-	if (r)
-		return r;
-	r = role_index(o, &c, "worker", c.cluster.nworkers, &index);
-	if (r)
-		return r;
 	install_stop_handler();
-	r = cluster_worker(&c, index, stdout, isatty(STDOUT_FILENO), &stop_requested, o->dump, &res,
-			   err, sizeof(err));
+	int r = cluster_worker(c, index, stdout, isatty(STDOUT_FILENO), &stop_requested, o->dump, &res,
+			       err, sizeof(err));
 	if (r == 0 && res.finished)
 		;   /* cluster_worker said so, in one line */
 	else if (r == 0 && index == 0)
@@ -354,6 +378,35 @@ static int cmd_worker(const struct opts *o)
 	else if (r == 0)
 		printf("worker %d done: %ld steps\n", index, res.steps);
 	return role_exit(r, err);
+}
+
+static int cmd_ps(const struct opts *o)
+{
+	struct config c;
+	int role, index, r = task_of(o, LAUNCH_PS, &c, &role, &index);
+	return r ? r : run_ps(o, &c, index);
+}
+
+static int cmd_worker(const struct opts *o)
+{
+	struct config c;
+	int role, index, r = task_of(o, LAUNCH_WORKER, &c, &role, &index);
+	return r ? r : run_worker(o, &c, index);
+}
+
+/* A task whose role, too, comes from the environment: one command line
+ * for every task of a scheduler's job. --fresh applies to a ps only. */
+static int cmd_run(const struct opts *o)
+{
+	struct config c;
+	int role, index, r = task_of(o, LAUNCH_ANY, &c, &role, &index);
+	if (r)
+		return r;
+	if (role == LAUNCH_PS)
+		return run_ps(o, &c, index);
+	struct opts ow = *o;
+	ow.fresh = 0;
+	return run_worker(&ow, &c, index);
 }
 
 /* The key goes to FILE as given, relative to the current directory, not to

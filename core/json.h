@@ -1,0 +1,35 @@
+/* A strict reader of small JSON documents (TF_CONFIG): RFC 8259 values
+ * into a tree, for lookups by key and index. Strings are unescaped to
+ * UTF-8 (\uXXXX included, surrogate pairs joined); numbers are kept as
+ * their text and read as doubles on request. Depth and size are capped,
+ * since the text comes from the environment. The caller owns the tree
+ * (json_free). */
+#ifndef PSTRAIN_CORE_JSON_H
+#define PSTRAIN_CORE_JSON_H
+
+#include <stddef.h>
+
+enum json_type { JSON_NULL, JSON_FALSE, JSON_TRUE, JSON_NUMBER, JSON_STRING, JSON_ARRAY, JSON_OBJECT };
+
+struct json {
+	enum json_type type;
+	char *text;          /* STRING: the value; NUMBER: its text; else NULL */
+	char *key;           /* the member's name inside an OBJECT, else NULL */
+	struct json *kids;   /* ARRAY / OBJECT: (n) */
+	size_t n;
+};
+
+#define JSON_MAX_DEPTH 32
+#define JSON_MAX_BYTES (1u << 20)
+
+/* Parses text (len bytes) into *out. 0, or -EINVAL with "at byte N: ..."
+ * in err, or -ENOMEM. */
+int json_parse(const char *text, size_t len, struct json **out, char *err, size_t errlen);
+void json_free(struct json *j);  /* accepts NULL */
+
+/* The member named key of an object, or NULL (also for a non-object). */
+const struct json *json_get(const struct json *obj, const char *key);
+/* "object", "array", "string", ... */
+const char *json_type_name(enum json_type t);
+
+#endif

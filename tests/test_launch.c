@@ -1,0 +1,267 @@
+/* Roles from the environment (core/launch.c, issue 16 item 1): the JSON
+ * reader under TF_CONFIG, Slurm's host lists, each source's rules and
+ * conflicts over a struct of variables, and `pstrain run` with the
+ * TF_CONFIG a Kubeflow TFJob sets, as three processes on loopback. */
+#include <criterion/criterion.h>
+
+#include "leak.h"
+#include "util.h"
+
+#include <errno.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "config.h"
+#include "json.h"
+#include "launch.h"
+
+/* key_generate (util.c's write_cluster) needs libsodium initialized. */
+static void setup(void)
+{
+	cr_assert_geq(sodium_init(), 0);
+}
+
+TestSuite(launch, .init = setup, .fini = leak_check);
+
+static char err[512];
+
+Test(launch, json_reads_what_tf_config_holds)
+{
+	const char *t = " {\"a\": [1, -2.5e3, true, false, null], \"s\": \"x\\u00e9\\ud83d\\ude00\\n\\\"\", "
+			"\"o\": {}} ";
+	struct json *j;
+	cr_assert_eq(json_parse(t, strlen(t), &j, err, sizeof(err)), 0, "%s", err);
+	const struct json *a = json_get(j, "a"), *s = json_get(j, "s");
+	cr_assert(a && a->type == JSON_ARRAY && a->n == 5);
+	cr_assert_str_eq(a->kids[1].text, "-2.5e3");
+	cr_assert_eq(a->kids[2].type, JSON_TRUE);
+	cr_assert_eq(a->kids[4].type, JSON_NULL);
+	cr_assert_str_eq(s->text, "x\xc3\xa9\xf0\x9f\x98\x80\n\"");
+	cr_assert_eq(json_get(j, "o")->n, 0);
+	cr_assert_null(json_get(j, "missing"));
+	cr_assert_null(json_get(a, "a"), "an array has no members");
+	json_free(j);
+}
+
+Test(launch, json_refuses_what_is_not_json)
+{
+	const char *bad[] = { "", "{", "[1,]", "{\"a\" 1}", "{\"a\":1,}", "01", "1.", "-", "\"abc",
+			      "\"a\tb\"", "\"\\x\"", "\"\\ud800\"", "\"\\u0000\"", "tru", "{} {}", "{'a':1}" };
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		struct json *j = (struct json *)1;
+		cr_expect_eq(json_parse(bad[i], strlen(bad[i]), &j, err, sizeof(err)), -EINVAL, "accepted <%s>",
+			     bad[i]);
+		cr_expect_null(j);
+		cr_expect_not_null(strstr(err, "at byte"), "<%s>: %s", bad[i], err);
+	}
+	char deep[80];
+	memset(deep, '[', 40);
+	memset(deep + 40, ']', 40);
+	struct json *j;
+	cr_assert_eq(json_parse(deep, 80, &j, err, sizeof(err)), -EINVAL);
+	cr_assert_not_null(strstr(err, "nested too deeply"), "%s", err);
+	cr_assert_eq(json_parse(deep + 8, 64, &j, err, sizeof(err)), 0, "%s", err);
+	json_free(j);
+}
+
+static void expect_hosts(const char *list, const char *want)
+{
+	char **names, got[512] = "";
+	int n;
+	cr_assert_eq(launch_hostlist(list, &names, &n, 64, err, sizeof(err)), 0, "%s: %s", list, err);
+	for (int i = 0; i < n; i++)
+		snprintf(got + strlen(got), sizeof(got) - strlen(got), "%s%s", i ? " " : "", names[i]);
+	launch_names_free(names, n);
+	cr_assert_str_eq(got, want, "%s", list);
+}
+
+Test(launch, slurm_host_lists_and_tasks_per_node)
+{
+	expect_hosts("n[01-03,7],gpu5", "n01 n02 n03 n7 gpu5");
+	expect_hosts("node1", "node1");
+	expect_hosts("a,b[9-10]x", "a b9x b10x");
+	const char *bad[] = { "", "a,,b", "n[1-2][3]", "n[3-1]", "n[1-", "n[a]" };
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		char **names;
+		int n;
+		cr_expect_eq(launch_hostlist(bad[i], &names, &n, 64, err, sizeof(err)), -EINVAL, "accepted <%s>",
+			     bad[i]);
+	}
+	char **names;
+	int n, counts[8];
+	cr_assert_eq(launch_hostlist("n[1-9]", &names, &n, 8, err, sizeof(err)), -EINVAL, "cap");
+	cr_assert_eq(launch_tasks_per_node("2(x3),1", counts, 8, &n, err, sizeof(err)), 0, "%s", err);
+	cr_assert(n == 4 && counts[0] == 2 && counts[2] == 2 && counts[3] == 1);
+	cr_assert_eq(launch_tasks_per_node("2(x0)", counts, 8, &n, err, sizeof(err)), -EINVAL);
+	cr_assert_eq(launch_tasks_per_node("x", counts, 8, &n, err, sizeof(err)), -EINVAL);
+	cr_assert_eq(launch_tasks_per_node("1(x9)", counts, 8, &n, err, sizeof(err)), -EINVAL);
+}
+
+/* A 2 ps + 2 worker config on free loopback ports, in a new dir. */
+static void config_2x2(struct config *c, char *dir, size_t len)
+{
+	char cfg[400];
+	test_dir_make(dir, len, "launch");
+	snprintf(cfg, sizeof(cfg), "%s/c.ini", dir);
+	write_cluster(dir, cfg, 10, 0, "", "");
+	cr_assert_eq(config_load(c, cfg, NULL, 0, err, sizeof(err)), 0, "%s", err);
+}
+
+static const char *TF = "{\"cluster\": {\"ps\": [\"p0:1\", \"p1:2\"], \"chief\": [\"c:3\"], \"worker\": [\"w0:4\", \"w1:5\"]},"
+			" \"task\": {\"type\": \"%s\", \"index\": %d}}";
+
+static int tf(struct launch *l, int want, const char *index, const char *type, int ix)
+{
+	static struct config c;
+	char text[400];
+	snprintf(text, sizeof(text), TF, type, ix);
+	struct launch_env env = { .tf_config = text };
+	return launch_resolve(l, want, index, &env, &c, err, sizeof(err));
+}
+
+Test(launch, tf_config_roles_and_lists)
+{
+	struct launch l;
+	cr_assert_eq(tf(&l, LAUNCH_WORKER, NULL, "worker", 1), 0, "%s", err);
+	cr_assert(l.role == LAUNCH_WORKER && l.index == 2, "TF worker 1 after a chief is worker 2, got %d", l.index);
+	cr_assert_str_eq(l.ps, "p0:1, p1:2");
+	cr_assert_str_eq(l.workers, "c:3, w0:4, w1:5", "the chief first");
+	cr_assert_not_null(strstr(l.from, "TF_CONFIG"), "%s", l.from);
+	launch_free(&l);
+	cr_assert_eq(tf(&l, LAUNCH_ANY, NULL, "chief", 0), 0, "%s", err);
+	cr_assert(l.role == LAUNCH_WORKER && l.index == 0);
+	launch_free(&l);
+	cr_assert_eq(tf(&l, LAUNCH_ANY, "1", "ps", 1), 0, "an agreeing --index: %s", err);
+	cr_assert(l.role == LAUNCH_PS && l.index == 1);
+	launch_free(&l);
+	/* conflicts */
+	cr_assert_eq(tf(&l, LAUNCH_PS, NULL, "worker", 0), -EINVAL);
+	cr_assert_not_null(strstr(err, "pstrain ps, but TF_CONFIG"), "%s", err);
+	cr_assert_eq(tf(&l, LAUNCH_WORKER, "0", "worker", 0), -EINVAL);
+	cr_assert_not_null(strstr(err, "--index 0, but TF_CONFIG"), "%s", err);
+	cr_assert_eq(tf(&l, LAUNCH_ANY, NULL, "evaluator", 0), -EINVAL);
+	cr_assert_eq(tf(&l, LAUNCH_ANY, NULL, "chief", 1), -EINVAL);
+	cr_assert_null(l.ps, "nothing left allocated on failure");
+	struct config c;
+	memset(&c, 0, sizeof(c));
+	const char *bad[] = { "{}", "{\"cluster\": {\"ps\": [\"a:1\"]}, \"task\": {\"type\": \"ps\", \"index\": 0}}",
+			      "{\"cluster\": {\"ps\": \"a:1\", \"worker\": [\"b:1\"]}, \"task\": {\"type\": \"ps\", \"index\": 0}}",
+			      "{\"cluster\": {\"ps\": [\"a:1,b:2\"], \"worker\": [\"b:1\"]}, \"task\": {\"type\": \"ps\", \"index\": 0}}",
+			      "{\"cluster\": {\"ps\": [\"a:1\"], \"worker\": [\"b:1\"]}, \"task\": {\"type\": \"ps\", \"index\": -1}}",
+			      "{\"cluster\": {\"ps\": [\"a:1\"], \"worker\": [\"b:1\"]}, \"task\": {\"type\": \"ps\", \"index\": 0.5}}",
+			      "not json" };
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		struct launch_env env = { .tf_config = bad[i] };
+		cr_expect_eq(launch_resolve(&l, LAUNCH_ANY, NULL, &env, &c, err, sizeof(err)), -EINVAL, "accepted %s",
+			     bad[i]);
+		cr_expect_not_null(strstr(err, "TF_CONFIG"), "%s", err);
+	}
+}
+
+Test(launch, slurm_tasks_hosts_and_ports)
+{
+	struct config c;
+	char dir[300], ps[200], workers[200];
+	config_2x2(&c, dir, sizeof(dir));
+	unsigned p = c.cluster.ps[0].port;
+	struct launch_env env = { .slurm_procid = "3", .slurm_ntasks = "5", .slurm_nodelist = "n[1-2]",
+				  .slurm_tasks_per_node = "3,2" };
+	struct launch l;
+	cr_assert_eq(launch_resolve(&l, LAUNCH_ANY, NULL, &env, &c, err, sizeof(err)), 0, "%s", err);
+	cr_assert(l.role == LAUNCH_WORKER && l.index == 1, "task 3 with 2 ps is worker 1: %s %d",
+		  launch_role_name(l.role), l.index);
+	snprintf(ps, sizeof(ps), "n1:%u, n1:%u", p, p + 1);
+	snprintf(workers, sizeof(workers), "n1:%u, n2:%u, n2:%u", p + 2, p + 3, p + 4);
+	cr_assert_str_eq(l.ps, ps);
+	cr_assert_str_eq(l.workers, workers);
+	launch_free(&l);
+	env.slurm_procid = "1";
+	cr_assert_eq(launch_resolve(&l, LAUNCH_PS, NULL, &env, &c, err, sizeof(err)), 0, "%s", err);
+	cr_assert(l.role == LAUNCH_PS && l.index == 1);
+	launch_free(&l);
+	cr_assert_eq(launch_resolve(&l, LAUNCH_WORKER, NULL, &env, &c, err, sizeof(err)), -EINVAL);
+	/* --index wins: Slurm is not read at all */
+	cr_assert_eq(launch_resolve(&l, LAUNCH_WORKER, "0", &env, &c, err, sizeof(err)), 0, "%s", err);
+	cr_assert(l.index == 0 && !l.from[0] && !l.ps);
+	env.slurm_ntasks = "2";
+	env.slurm_procid = "0";
+	cr_assert_eq(launch_resolve(&l, LAUNCH_ANY, NULL, &env, &c, err, sizeof(err)), -EINVAL);
+	cr_assert_not_null(strstr(err, "at least one more must be a worker"), "%s", err);
+	env.slurm_ntasks = "5";
+	env.slurm_tasks_per_node = "2,2";
+	cr_assert_eq(launch_resolve(&l, LAUNCH_ANY, NULL, &env, &c, err, sizeof(err)), -EINVAL);
+	cr_assert_not_null(strstr(err, "add up to 4"), "%s", err);
+	env.slurm_tasks_per_node = NULL;
+	cr_assert_eq(launch_resolve(&l, LAUNCH_ANY, NULL, &env, &c, err, sizeof(err)), -EINVAL);
+	test_dir_remove(dir);
+}
+
+Test(launch, statefulset_pod_names)
+{
+	struct config c;
+	memset(&c, 0, sizeof(c));
+	struct launch l;
+	struct launch_env env = { .k8s = "10.0.0.1", .hostname = "pstrain-worker-2" };
+	cr_assert_eq(launch_resolve(&l, LAUNCH_ANY, NULL, &env, &c, err, sizeof(err)), 0, "%s", err);
+	cr_assert(l.role == LAUNCH_WORKER && l.index == 2);
+	env.hostname = "train-ps-0";
+	cr_assert_eq(launch_resolve(&l, LAUNCH_ANY, NULL, &env, &c, err, sizeof(err)), 0, "%s", err);
+	cr_assert(l.role == LAUNCH_PS && l.index == 0);
+	env.hostname = "anything-7";
+	cr_assert_eq(launch_resolve(&l, LAUNCH_WORKER, NULL, &env, &c, err, sizeof(err)), 0, "%s", err);
+	cr_assert(l.role == LAUNCH_WORKER && l.index == 7);
+	cr_assert_eq(launch_resolve(&l, LAUNCH_ANY, NULL, &env, &c, err, sizeof(err)), -EINVAL,
+		     "run needs -ps or -worker in the name");
+	env.hostname = "web-x";
+	cr_assert_eq(launch_resolve(&l, LAUNCH_WORKER, NULL, &env, &c, err, sizeof(err)), -EINVAL);
+	/* outside Kubernetes a host name is never taken for an index */
+	env = (struct launch_env){ .hostname = "node-3" };
+	cr_assert_eq(launch_resolve(&l, LAUNCH_WORKER, NULL, &env, &c, err, sizeof(err)), -EINVAL);
+	cr_assert_not_null(strstr(err, "which task is this?"), "%s", err);
+}
+
+/* The TF_CONFIG a TFJob with 1 ps, a chief and 1 worker sets, on three
+ * processes started with the same command line, `pstrain run`. */
+Test(launch, tfjob_tf_config_trains_on_loopback, .timeout = 120)
+{
+	char dir[200], cfg[300], out[3][300], env[3][600];
+	test_dir_make(dir, sizeof(dir), "tfjob");
+	snprintf(cfg, sizeof(cfg), "%s/c.ini", dir);
+	write_cluster(dir, cfg, 300, 0, "", "connect_timeout = 20\n");
+	int ps = free_port(), chief = free_port(), w = free_port();
+	const char *types[3] = { "ps", "chief", "worker" };
+	pid_t pids[3];
+	int st[3];
+	for (int i = 0; i < 3; i++) {
+		snprintf(env[i], sizeof(env[i]),
+			 "TF_CONFIG={\"cluster\": {\"ps\": [\"127.0.0.1:%d\"], \"chief\": [\"127.0.0.1:%d\"], "
+			 "\"worker\": [\"127.0.0.1:%d\"]}, \"task\": {\"type\": \"%s\", \"index\": 0}}",
+			 ps, chief, w, types[i]);
+		snprintf(out[i], sizeof(out[i]), "%s/%s.log", dir, types[i]);
+		const char *args[] = { "run", "--config", cfg, NULL };
+		pids[i] = spawn_pstrain(args, out[i], env[i]);
+	}
+	wait_children(pids, 3, st, 100);
+	assert_exits_zero(st, out, 3, "TF_CONFIG cluster");
+	cr_assert_not_null(strstr(slurp(out[0]), "pstrain: ps 0, from TF_CONFIG (task ps 0)"), "%s", slurp(out[0]));
+	cr_assert_not_null(strstr(slurp(out[1]), "pstrain: worker 0, from TF_CONFIG (task chief 0)"), "%s",
+			   slurp(out[1]));
+	cr_assert_not_null(strstr(slurp(out[2]), "pstrain: worker 1, from TF_CONFIG (task worker 0, after the chief)"),
+			   "%s", slurp(out[2]));
+	cr_assert_not_null(strstr(slurp(out[1]), "1 ps"), "the config's 2 ps were replaced: %s", slurp(out[1]));
+	double acc = final_accuracy(slurp(out[1]));
+	cr_assert(acc >= 90, "blobs to %.2f%%", acc);
+	/* a flag that disagrees is exit 2, before anything starts */
+	const char *args[] = { "worker", "--index", "1", "--config", cfg, NULL };
+	char bad[320];
+	snprintf(bad, sizeof(bad), "%s/bad.log", dir);
+	pid_t p = spawn_pstrain(args, bad, env[1]);
+	wait_children(&p, 1, st, 20);
+	cr_assert_eq(st[0], 2, "%s", slurp(bad));
+	cr_assert_not_null(strstr(slurp(bad), "--index 1, but TF_CONFIG (task chief 0) makes this task worker 0"), "%s",
+			   slurp(bad));
+	test_dir_remove(dir);
+}

@@ -5,7 +5,7 @@
 #
 #   tests/net/run.sh [PSTRAIN [TEST...]]     PSTRAIN defaults to $PSTRAIN_BIN, then ./pstrain
 #
-# TESTs (all by default, in this order): sync async heal cut slow. One line
+# TESTs (all by default, in this order): sync async heal reconnect cut slow. One line
 # per test, `ok` with what it measured or `FAIL` with the reason and the
 # tail of the log that shows it; exit 1 if any failed. Without root or
 # `ip netns` it says it skipped and exits 0.
@@ -23,7 +23,7 @@ set -u
 here=$(cd "$(dirname "$0")" && pwd)
 bin=${PSTRAIN_BIN:-./pstrain}
 if [ $# -gt 0 ]; then bin=$1; shift; fi
-tests=${*:-sync async heal cut slow}
+tests=${*:-sync async heal reconnect cut slow}
 
 . "$here/lab.sh"
 if ! lab_check; then
@@ -273,6 +273,40 @@ test_heal() {
 	ok heal "worker 1 and ps 0 cut for $HEAL_CUT s each (peer_timeout $HEAL_T s): no peer lost, test accuracy $acc% (local $REF%)"
 }
 
+# reconnect: worker 1's link goes down for RECON_CUT (5.5 s), longer than
+# peer_timeout (4 s). After 4 s of silence the worker and the ps tasks say
+# they lost each other; the link is back 1.5 s later, well before the
+# worker's peer_timeout of reconnecting and the ps tasks' of waiting for
+# it run out, so it connects again and the run continues with no restart,
+# to local's accuracy. The chief, which kept its links, loses nothing.
+RECON_T=4
+RECON_CUT=5.5
+test_reconnect() {
+	local d=$T/reconnect n at
+	SET=(--set train.steps=468 --set train.eval_every=100 --set cluster.peer_timeout=$RECON_T)
+	conf "$d" 2 2 || { fail reconnect "bad config"; return; }
+	lab_up 4 250mbit || { fail reconnect "lab_up failed"; lab_down; return; }
+	cluster "$d" 2 2 90
+	wait_for reconnect/w1.1 'worker 1: step 100/' 60 || { lab_down; fail reconnect "worker 1 did not reach step 100" reconnect/w1.1; return; }
+	cut_for 3 "$RECON_CUT"
+	all_exit reconnect 1 0 ps0 ps1 w0 w1 || return
+	lab_down
+	grep -q "worker 1: lost ps [01] (.*:2222): no traffic for $RECON_T s (peer_timeout); reconnecting for up to $RECON_T s (peer_timeout)\$" "$d/w1.1.log" &&
+		grep -q 'worker 1: reconnected to every ps; continuing at step [0-9]*$' "$d/w1.1.log" ||
+		{ fail reconnect "worker 1 did not lose a ps after $RECON_T s and reconnect" reconnect/w1.1; return; }
+	for n in 0 1; do
+		grep -q "ps $n: .*: closed worker 1's connection: .*waiting up to $RECON_T s for it to connect again" "$d/ps$n.1.log" ||
+			{ fail reconnect "ps $n did not lose worker 1" reconnect/ps$n.1; return; }
+	done
+	grep -q "closed worker 1's connection: no traffic for $RECON_T s (peer_timeout)" "$d/ps0.1.log" "$d/ps1.1.log" ||
+		{ fail reconnect "no ps found worker 1 silent for $RECON_T s" reconnect/ps0.1 reconnect/ps1.1; return; }
+	grep -q 'lost ps' "$d/w0.1.log" && { fail reconnect "the chief lost a ps" reconnect/w0.1; return; }
+	acc=$(accuracy reconnect/w0.1)
+	reference || { fail reconnect "the reference local run failed" ref/local; return; }
+	near "$acc" "$REF" 0.5 || { fail reconnect "test accuracy ${acc:-none}% is not within 0.5 of local's $REF%" reconnect/w0.1; return; }
+	ok reconnect "worker 1 cut for $RECON_CUT s (peer_timeout $RECON_T s): lost, reconnected, no restart; test accuracy $acc% (local $REF%)"
+}
+
 # cut: ps 1's link goes down for longer than peer_timeout (3 s) after the
 # checkpoint of step 100. Every worker says it lost ps 1 after 3 s of
 # silence and gives up 3 s later, ps 1 loses every worker and stops, and
@@ -385,6 +419,7 @@ for t in $tests; do
 	sync) test_train sync 82 ;;
 	async) test_train async 80 ;;
 	heal) test_heal ;;
+	reconnect) test_reconnect ;;
 	cut) test_cut ;;
 	slow) test_slow ;;
 	*) echo "test-net: no test $t" >&2; failed=$((failed + 1)) ;;

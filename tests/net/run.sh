@@ -5,8 +5,8 @@
 #
 #   tests/net/run.sh [PSTRAIN [TEST...]]     PSTRAIN defaults to $PSTRAIN_BIN, then ./pstrain
 #
-# TESTs (all by default, in this order): sync async heal reconnect cut slow. One line
-# per test, `ok` with what it measured or `FAIL` with the reason and the
+# TESTs (all by default, in this order): sync async heal reconnect cut
+# slow. One line per test, `ok` with what it measured or `FAIL` with the reason and the
 # tail of the log that shows it; exit 1 if any failed. Without root or
 # `ip netns` it says it skipped and exits 0.
 #
@@ -102,9 +102,9 @@ wait_for() {
 # ---- clusters ---------------------------------------------------------------
 
 # The model and run every test trains unless it says otherwise: the
-# 784-128-10 MLP, batch 64 per worker, momentum 0.05 with cosine decay, one
-# process thread each (two cores here), the data above. `steps` is set,
-# so a ps does not load the data.
+# 784-128-10 MLP, batch 64 per worker, lr 0.05 with cosine decay (momentum
+# 0.9), one thread per process (two cores here), the data above. Each
+# test sets `steps`, so a ps does not load the data.
 BASE="[train]
 batch_size = 64
 learning_rate = 0.05
@@ -135,8 +135,9 @@ conf() {
 		{ cat "$d/check.out" >&2; return 1; }
 }
 
-# cluster DIR NPS NW SECONDS [SUFFIX [PSFLAGS]]: starts every ps, then every
-# worker, of DIR/cluster.ini on their hosts; logs DIR/psK.SUFFIX, wN.SUFFIX.
+# cluster DIR NPS NW SECONDS [SUFFIX]: starts every ps, then every worker,
+# of DIR/cluster.ini on their hosts, each for at most SECONDS; logs
+# DIR/psK.SUFFIX.log and DIR/wN.SUFFIX.log (SUFFIX 1 unless given).
 cluster() {
 	local d=$1 nps=$2 nw=$3 secs=$4 sfx=${5:-1} k
 	for ((k = 0; k < nps; k++)); do
@@ -293,7 +294,7 @@ test_heal() {
 RECON_T=4
 RECON_CUT=5.5
 test_reconnect() {
-	local d=$T/reconnect n at
+	local d=$T/reconnect n
 	SET=(--set train.steps=468 --set train.eval_every=100 --set cluster.peer_timeout=$RECON_T)
 	conf "$d" 2 2 || { fail reconnect "bad config"; return; }
 	lab_up 4 250mbit || { fail reconnect "lab_up failed"; lab_down; return; }
@@ -394,7 +395,8 @@ rate() {
 SLOW_MIN=0.7
 SLOW_R=2
 test_slow() {
-	local d=$T/slow n run r0 r1 r2 ratio stale recv dropped pushes start
+	local d=$T/slow n run r1 r2 ratio stale recv dropped pushes start
+	local -A fast ratios rates
 	SET=(--set train.steps=400 --set train.eval_every=50 --set cluster.peer_timeout=10
 		--set train.replicas_to_aggregate=$SLOW_R --set train.checkpoint_dir=)
 	conf "$d" 1 3 || { fail slow "bad config"; return; }
@@ -405,12 +407,11 @@ test_slow() {
 		all_exit slow "$run" 0 ps0 w0 w1 w2 || return
 	done
 	lab_down
-	r0=$(rate slow/w0.1) r1=$(rate slow/w1.1)
 	for n in w0 w1; do
-		r2=$(rate "slow/$n.2")
-		ratio=$(awk -v a="$r2" -v b="$([ $n = w0 ] && echo "$r0" || echo "$r1")" 'BEGIN { if (b > 0) printf "%.2f", a / b }')
-		ge "$ratio" "$SLOW_MIN" || { fail slow "$n: $r2 steps/s with worker 2's link at 1/10, ${ratio:-?}x its all-fast rate (< $SLOW_MIN)" "slow/$n.2" "slow/$n.1"; return; }
-		eval "ratio_$n=\$ratio rate_$n=\$r2"
+		r1=$(rate "slow/$n.1") r2=$(rate "slow/$n.2")
+		ratio=$(awk -v a="$r2" -v b="$r1" 'BEGIN { if (b > 0) printf "%.2f", a / b }')
+		ge "$ratio" "$SLOW_MIN" || { fail slow "$n: $r2 steps/s with worker 2's link at 1/10, ${ratio:-?}x its all-fast $r1 (< $SLOW_MIN)" "slow/$n.2" "slow/$n.1"; return; }
+		fast[$n]=$r1 rates[$n]=$r2 ratios[$n]=$ratio
 	done
 	# The slow worker's gradients arrive after the fast ones have made the
 	# step: most of what it pushed was dropped as stale. Its pushes are
@@ -427,7 +428,7 @@ test_slow() {
 	done
 	[ -n "$stale" ] && [ -n "$recv" ] && [ "$pushes" -gt 0 ] && [ "$((2 * stale))" -ge "$pushes" ] ||
 		{ fail slow "the slow worker's pushes were ${stale:-?} stale of ${pushes:-?} (expected most)" slow/w2.2 slow/ps0.2; return; }
-	ok slow "fast workers at ${ratio_w0}x and ${ratio_w1}x their all-fast step rate ($r0, $r1 -> $rate_w0, $rate_w1 steps/s; floor ${SLOW_MIN}x); the slow worker's pushes $stale of $pushes stale"
+	ok slow "fast workers at ${ratios[w0]}x and ${ratios[w1]}x their all-fast step rate (${fast[w0]}, ${fast[w1]} -> ${rates[w0]}, ${rates[w1]} steps/s; floor ${SLOW_MIN}x); the slow worker's pushes $stale of $pushes stale"
 }
 
 for t in $tests; do

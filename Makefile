@@ -109,7 +109,7 @@ Q :=
 say :=
 endif
 
-.PHONY: all deps deps-test deps-bench test unit test-cpu asan demo bench fuzz clean summary FORCE
+.PHONY: all deps deps-test deps-bench test unit test-cpu test-net asan demo bench fuzz clean summary FORCE
 .DEFAULT_GOAL := all
 
 all: deps summary $(BIN)
@@ -156,6 +156,7 @@ test: deps-test unit
 	$(Q)$(MAKE) --no-print-directory test-cpu
 	$(Q)$(MAKE) --no-print-directory asan
 	$(Q)$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(FUZZ_CI_SECONDS) FUZZ_SEED=1
+	$(Q)$(MAKE) --no-print-directory test-net
 	@echo "make test: all suites passed (default build: $(GPU_DESC); CPU-only; ASan+UBSan; every fuzzer $(FUZZ_CI_SECONDS) s)"
 
 # Each fuzzer's run in `make test`: long enough to replay its corpus and
@@ -163,6 +164,13 @@ test: deps-test unit
 # seed, so that CI does not fail at random on an old finding (`make fuzz`
 # alone draws a new seed each time, to find them).
 FUZZ_CI_SECONDS ?= 5
+
+# Every ps and worker of a cluster in a network namespace of its own, on
+# one bridge, links shaped with HTB (tests/net/run.sh, docs/NETWORK.md):
+# about 1.5 minutes on 2 cores. Without root or `ip netns` it says it
+# skipped. NET_TESTS="heal cut" runs only those.
+test-net: deps $(BIN)
+	$(Q)timeout --foreground -k 10 600 tests/net/run.sh $(abspath $(BIN)) $(NET_TESTS)
 
 test-cpu:
 	$(Q)$(MAKE) --no-print-directory CUDA=0 BUILD=build/cpu BIN=build/cpu/pstrain unit

@@ -889,6 +889,12 @@ static int ps_result(struct ps *ps, const volatile sig_atomic_t *stop, char *err
 		 ps->index, ps->W, (unsigned long long)psshard_version(&ps->sh),
 		 (unsigned long long)ps->sh.received - ps->sh.dropped_stale,
 		 (unsigned long long)ps->sh.dropped_stale);
+	uint64_t na = ps->sh.received - ps->sh.dropped_stale;
+	if (ps->sh.mode == MODE_ASYNC && na)
+		role_log(ps->out, "ps %d: gradients applied %.2f versions old on average (at most %llu); "
+			 "staleness_lr %s",
+			 ps->index, (double)ps->sh.age_sum / (double)na, (unsigned long long)ps->sh.age_max,
+			 ps->sh.staleness_lr ? "on: each step divided by 1 + that age" : "off");
 	return 0;
 }
 

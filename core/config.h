@@ -50,6 +50,7 @@ struct config {
 		enum train_mode mode;
 		int replicas_to_aggregate;  /* resolved: 1..nworkers */
 		int max_staleness;
+		int staleness_lr;           /* async: a gradient's step divided by its staleness */
 		long steps;                 /* 0 = run `epochs` epochs instead */
 		long epochs;
 		int batch_size;

@@ -29,6 +29,7 @@ const struct key_def config_keys[] = {
 	{ "train", "replicas_to_aggregate", K_INT, OFF(train.replicas_to_aggregate), 0,
 	  0, CONFIG_MAX_HOSTS, 0, NULL, "0" },
 	{ "train", "max_staleness", K_INT, OFF(train.max_staleness), 0, 0, 1e9, 0, NULL, "0" },
+	{ "train", "staleness_lr", K_BOOL, OFF(train.staleness_lr), 0, 0, 0, 0, NULL, "true" },
 	{ "train", "steps", K_LONG, OFF(train.steps), 0, 0, 1e12, 0, NULL, "0" },
 	{ "train", "epochs", K_LONG, OFF(train.epochs), 0, 0, 1e6, 0, NULL, "0" },
 	{ "train", "batch_size", K_INT, OFF(train.batch_size), 0, 1, 1 << 20, 0, NULL, "256" },

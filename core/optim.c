@@ -125,28 +125,29 @@ float optim_lr(const struct optim_config *c, long step, long total)
 	return (float)lr;
 }
 
-/* g = grad + weight_decay * p; p -= lr * g */
+/* g = (grad + weight_decay * p) * gs; p -= lr * g */
 VECTOR_CLONES
 static void sgd_step(float *restrict params, float *restrict grads, size_t n, float lr, float wd,
-		     int zero)
+		     float gs, int zero)
 {
 	// params (n), grads (n)
 	for (size_t i = 0; i < n; i++) {
-		float g = grads[i] + wd * params[i];
+		float g = (grads[i] + wd * params[i]) * gs;
 		params[i] -= lr * g;
 		if (zero)
 			grads[i] = 0.0f;
 	}
 }
 
-/* v = mu v + g; p -= lr * (nesterov ? g + mu v : v)   (PyTorch, dampening 0) */
+/* g = (grad + weight_decay * p) * gs; v = mu v + g;
+ * p -= lr * (nesterov ? g + mu v : v)   (PyTorch, dampening 0) */
 VECTOR_CLONES
 static void momentum_step(float *restrict params, float *restrict m, float *restrict grads, size_t n,
-			  float lr, float wd, float mu, int nesterov, int zero)
+			  float lr, float wd, float gs, float mu, int nesterov, int zero)
 {
 	// params (n), m (n), grads (n)
 	for (size_t i = 0; i < n; i++) {
-		float g = grads[i] + wd * params[i];
+		float g = (grads[i] + wd * params[i]) * gs;
 		float v = mu * m[i] + g;
 		m[i] = v;
 		params[i] -= lr * (nesterov ? g + mu * v : v);
@@ -191,9 +192,10 @@ static void plain_step(float *restrict params, float *restrict grads, size_t n, 
 	}
 }
 
-/* The rule of the optimizer over [lo, hi). */
+/* The rule of the optimizer over [lo, hi); scale as in optim_step_scaled
+ * (1 is exact: x * 1.0f == x, so optim_step's bits do not change). */
 static void rule_step(struct optim *o, float *params, float *grads, size_t lo, size_t hi,
-		      float lr, int zero)
+		      float lr, float scale, int zero)
 {
 	const struct optim_config *c = &o->cfg;
 	size_t n = hi - lo;
@@ -201,14 +203,14 @@ static void rule_step(struct optim *o, float *params, float *grads, size_t lo, s
 		return;
 	switch (c->kind) {
 	case OPTIM_SGD:
-		sgd_step(params + lo, grads + lo, n, lr, c->weight_decay, zero);
+		sgd_step(params + lo, grads + lo, n, lr, c->weight_decay, scale, zero);
 		break;
 	case OPTIM_MOMENTUM:
-		momentum_step(params + lo, o->m + lo, grads + lo, n, lr, c->weight_decay,
+		momentum_step(params + lo, o->m + lo, grads + lo, n, lr, c->weight_decay, scale,
 			      c->momentum, c->nesterov, zero);
 		break;
 	case OPTIM_ADAM:
-		adam_step(params + lo, o->m + lo, o->v + lo, grads + lo, n, o->t, lr,
+		adam_step(params + lo, o->m + lo, o->v + lo, grads + lo, n, o->t, lr * scale,
 			  c->weight_decay, c->beta1, c->beta2, c->eps, zero);
 		break;
 	}
@@ -219,25 +221,30 @@ static void rule_step(struct optim *o, float *params, float *grads, size_t lo, s
  * never write grads when zero is 0, so the cast in optim_step is safe.
  * The slice is walked as runs of trained parameters between the plain
  * ranges, so a model without batchnorm takes one run as before. */
-static void step(struct optim *o, float *params, float *grads, float lr, int zero)
+static void step(struct optim *o, float *params, float *grads, float lr, float scale, int zero)
 {
 	o->t++;
 	size_t at = 0;
 	for (int i = 0; i < o->nplain; i++) {
 		const struct optim_range *p = &o->plain[i];
-		rule_step(o, params, grads, at, p->begin, lr, zero);
+		rule_step(o, params, grads, at, p->begin, lr, scale, zero);
 		plain_step(params + p->begin, grads + p->begin, p->end - p->begin, zero);
 		at = p->end;
 	}
-	rule_step(o, params, grads, at, o->n, lr, zero);
+	rule_step(o, params, grads, at, o->n, lr, scale, zero);
 }
 
 void optim_step(struct optim *o, float *params, const float *grads, float lr)
 {
-	step(o, params, (float *)grads, lr, 0);
+	step(o, params, (float *)grads, lr, 1.0f, 0);
+}
+
+void optim_step_scaled(struct optim *o, float *params, const float *grads, float lr, float scale)
+{
+	step(o, params, (float *)grads, lr, scale, 0);
 }
 
 void optim_step_zero(struct optim *o, float *params, float *grads, float lr)
 {
-	step(o, params, grads, lr, 1);
+	step(o, params, grads, lr, 1.0f, 1);
 }

@@ -84,6 +84,17 @@ float optim_lr(const struct optim_config *c, long step, long total);
 /* params (n) -= update(grads (n)) with learning rate lr; increments t. */
 void optim_step(struct optim *o, float *params, const float *grads, float lr);
 
+/* optim_step for a gradient that counts `scale` times (async's
+ * staleness-aware rule passes 1 / staleness): sgd and momentum multiply
+ * g = grad + weight_decay * p by scale before it enters the update, so the
+ * momentum buffer keeps the scaled gradient and this gradient's every later
+ * contribution through it is scaled too; adam multiplies its step size
+ * (lr) instead, since its step does not change when every gradient is
+ * scaled alike. Plain ranges (optim_plain_tensors) are not scaled: their
+ * slot is a running-statistics update, not a gradient. scale = 1 is
+ * optim_step, bit for bit. */
+void optim_step_scaled(struct optim *o, float *params, const float *grads, float lr, float scale);
+
 /* optim_step, then grads[i] = 0 for every i in the same pass: the training
  * loop's gradient zeroing for the next step, without a second sweep over
  * the vector. params and grads must not overlap. */

@@ -27,6 +27,7 @@ int psshard_init(struct psshard *s, const struct model *m, const struct shard *s
 	s->workers = c->cluster.nworkers;
 	s->replicas = c->train.replicas_to_aggregate;
 	s->max_staleness = c->train.max_staleness;
+	s->staleness_lr = c->train.staleness_lr;
 	s->total = total;
 	if (sh->begin >= sh->end || sh->end > m->nparams) {
 		snprintf(err, errlen, "ps shard [%zu, %zu) is not a nonempty range of the model's %zu parameters",
@@ -171,6 +172,20 @@ static void sync_apply(struct psshard *s)
 	memset(s->pushed, 0, sizeof(s->pushed));
 }
 
+/* async: how much a gradient of age v - t counts, 1 / tau with
+ * tau = v - t + 1, the updates the shard has made from the gradient's
+ * parameters up to and including this one. Not max(1, v - t): with W
+ * workers taking turns a gradient is usually W - 1 versions old, so that
+ * leaves W = 2 almost unscaled (docs/CONFIG.md has the figures), while
+ * v - t + 1 is about W and makes W async steps move as far per sample as
+ * sync's one step on the average of W gradients. */
+static float staleness_scale(const struct psshard *s, uint64_t age)
+{
+	if (!s->staleness_lr)
+		return 1.0f;
+	return 1.0f / (float)(age + 1);
+}
+
 int psshard_push(struct psshard *s, int worker, uint64_t version, const float *grads,
 		 enum psshard_outcome *outcome)
 {
@@ -190,7 +205,11 @@ int psshard_push(struct psshard *s, int worker, uint64_t version, const float *g
 		if (psshard_nonfinite(grads, s->n) < s->n)
 			return -EDOM;
 		s->received++;
-		optim_step(&s->opt, s->params, grads, optim_lr(&s->opt.cfg, (long)s->version, s->total));
+		s->age_sum += age;
+		if (age > s->age_max)
+			s->age_max = age;
+		optim_step_scaled(&s->opt, s->params, grads, optim_lr(&s->opt.cfg, (long)s->version, s->total),
+				  staleness_scale(s, age));
 		s->version++;
 		s->applied++;
 		*outcome = PSSHARD_APPLIED;

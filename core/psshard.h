@@ -24,6 +24,13 @@
  * async: each gradient is applied on arrival with lr = optim_lr(step v,
  * total), and v becomes v+1. With max_staleness > 0 a gradient tagged with
  * version t where v - t > max_staleness is dropped and counted instead.
+ * With staleness_lr (the default) the step a gradient makes is divided by
+ * its staleness tau = v - t + 1 (1 when it is fresh, about W when W
+ * workers take turns): optim_step_scaled with scale 1 / tau, which for sgd
+ * and momentum scales the gradient before it enters the momentum buffer
+ * and for adam scales the step size (optim.h). Sync never scales: every
+ * gradient it applies is of version v. age_sum and age_max count v - t
+ * over the applied async gradients, for the ps's log.
  *
  * In both modes a gradient tagged above v is a protocol error (a worker
  * cannot have pulled a version that does not exist yet). In sync mode a
@@ -66,6 +73,7 @@ struct psshard {
 	int workers;                /* W */
 	int replicas;               /* R = replicas_to_aggregate, 1..W */
 	int max_staleness;          /* async: 0 = no bound */
+	int staleness_lr;           /* async: step scaled by 1 / staleness */
 
 	/* sync accumulation for version v */
 	float *slots;               /* (R, n) gradients waiting for v; NULL in async */
@@ -77,6 +85,8 @@ struct psshard {
 	uint64_t received;          /* pushes that were not errors */
 	uint64_t applied;           /* optimizer steps (== version) */
 	uint64_t dropped_stale;     /* PSSHARD_STALE outcomes */
+	uint64_t age_sum;           /* async: sum of v - t over applied gradients */
+	uint64_t age_max;           /* async: the largest v - t applied */
 };
 
 /* Sets up the shard for range sh of model m with config c: parameters from

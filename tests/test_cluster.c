@@ -104,6 +104,13 @@ Test(cluster, async_two_ps_two_workers)
 	assert_exits_zero(st, out, 4, "");
 	double acc = final_accuracy(slurp(out[3]));
 	cr_assert_gt(acc, 90.0, "final accuracy %.2f%%:\n%s", acc, slurp(out[3]));
+	/* staleness_lr is on by default, reached each shard, and each ps
+	 * reports the gradients' mean age */
+	for (int k = 0; k < 2; k++) {
+		char *ps = slurp(out[k]);
+		cr_assert_not_null(strstr(ps, "versions old on average"), "ps %d:\n%s", k, ps);
+		cr_assert_not_null(strstr(ps, "staleness_lr on"), "ps %d:\n%s", k, ps);
+	}
 }
 
 /* Start order does not matter: workers retry until the ps tasks listen. */

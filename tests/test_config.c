@@ -615,6 +615,7 @@ Test(config, defaults)
 	cr_expect_str_eq(c->cluster.key_file, "cluster.key");
 	cr_expect_eq(c->train.mode, MODE_SYNC);
 	cr_expect_eq(c->train.replicas_to_aggregate, 2);   /* = workers */
+	cr_expect_eq(c->train.staleness_lr, 1);
 	cr_expect_eq(c->train.steps, 0);
 	cr_expect_eq(c->train.epochs, 1);                   /* neither set: one epoch */
 	cr_expect_eq(c->train.batch_size, 256);
@@ -813,6 +814,7 @@ static void expect_same(const struct config *a, const struct config *b)
 	SAME(train.mode);
 	SAME(train.replicas_to_aggregate);
 	SAME(train.max_staleness);
+	SAME(train.staleness_lr);
 	SAME(train.steps);
 	SAME(train.epochs);
 	SAME(train.batch_size);
@@ -909,6 +911,7 @@ Test(config, print_round_trip_custom)
 		"mode = async\n"
 		"replicas_to_aggregate = 2\n"
 		"max_staleness = 7\n"
+		"staleness_lr = false\n"
 		"steps = 12345\n"
 		"batch_size = 3\n"
 		"optimizer = sgd\n"

@@ -3,7 +3,9 @@
  * versions, for 2 and 3 ps shards and every optimizer; the average is
  * summed in worker-index order whatever the arrival order; stale, duplicate
  * and ahead-of-time pushes; backup workers (R < W); async apply-on-arrival
- * and max_staleness; and pushes that never allocate. */
+ * and max_staleness; the staleness-aware step (staleness_lr) for sgd,
+ * momentum and adam, off with the switch and never in sync; and pushes
+ * that never allocate. */
 #include <criterion/criterion.h>
 
 #include "leak.h"
@@ -305,16 +307,23 @@ Test(psshard, sync_equals_local_with_the_whole_batch)
 }
 
 /* A shard over the whole tiny model "input = 3, dense 2" (P = 8: weights
- * [0, 6), biases [6, 8) which start at 0), SGD with lr 1. */
-static void tiny(struct psshard *s, struct model *m, int W, int R, const char *extra)
+ * [0, 6), biases [6, 8) which start at 0), optimizer `optim` with lr 1. */
+static void tiny_with(struct psshard *s, struct model *m, int W, int R, const char *optim,
+		      const char *extra)
 {
 	struct config c;
 	char err[256], train[512];
-	snprintf(train, sizeof(train), "optimizer = sgd\nlearning_rate = 1\n%s", extra);
+	snprintf(train, sizeof(train), "optimizer = %s\nlearning_rate = 1\n%s", optim, extra);
 	make_config(&c, m, W, R, train, "[model]\ninput = 3\nlayer = dense 2\n");
 	cr_assert_eq(m->nparams, 8);
 	struct shard all = { 0, 8 };
 	cr_assert_eq(psshard_init(s, m, &all, &c, 100, err, sizeof(err)), 0, "%s", err);
+}
+
+/* The same with SGD. */
+static void tiny(struct psshard *s, struct model *m, int W, int R, const char *extra)
+{
+	tiny_with(s, m, W, R, "sgd", extra);
 }
 
 static void fill(float *g, size_t n, float value)
@@ -448,10 +457,12 @@ Test(psshard, backup_workers_do_not_count_once_v_moved_on)
 
 Test(psshard, async_applies_on_arrival_with_lr_of_the_version)
 {
-	/* SGD, lr 1 with warmup 4: the k-th update uses lr (k+1)/4. */
+	/* SGD, lr 1 with warmup 4: the k-th update uses lr (k+1)/4. The
+	 * gradients are up to 3 versions old; staleness_lr is off so that
+	 * only the schedule shows (the tests below scale). */
 	struct psshard s;
 	struct model m;
-	tiny(&s, &m, 2, 0, "mode = async\nwarmup_steps = 4\n");
+	tiny(&s, &m, 2, 0, "mode = async\nwarmup_steps = 4\nstaleness_lr = false\n");
 	cr_assert_eq(s.mode, MODE_ASYNC);
 	cr_assert_null(s.slots);
 	float g[8], p[8];
@@ -534,6 +545,166 @@ Test(psshard, sync_applies_nothing_past_the_last_step)
 	cr_assert_eq(psshard_version(&s), 3);
 	cr_assert_eq(s.dropped_stale, 1);
 	psshard_free(&s);
+}
+
+/* p[i] - g[i] * (1 / tau) for sgd with lr 1: what the shard must compute,
+ * in the same float operations (g * scale, then p - 1 * that). */
+static float sgd_scaled(float p, float g, float tau)
+{
+	volatile float scale = 1.0f / tau;
+	return p - 1.0f * (g * scale);
+}
+
+Test(psshard, async_step_is_divided_by_staleness)
+{
+	/* SGD, lr 1, staleness_lr on by default: a gradient of version t
+	 * applied at version v moves p by g / tau, tau = v - t + 1. */
+	struct psshard s;
+	struct model m;
+	tiny(&s, &m, 2, 0, "mode = async\n");
+	cr_assert_eq(s.staleness_lr, 1, "staleness_lr must be on by default");
+	float g[8], p[8];
+	fill(g, 8, 0.75f);
+	memcpy(p, psshard_params(&s), sizeof(p));
+	enum psshard_outcome o;
+	/* {version tag, tau}: v runs 0, 1, ... as each applies */
+	static const struct { uint64_t tag; int tau; } pushes[] = {
+		{ 0, 1 },   /* v 0: fresh */
+		{ 0, 2 },   /* v 1 */
+		{ 0, 3 },   /* v 2 */
+		{ 3, 1 },   /* v 3: fresh again */
+		{ 0, 5 },   /* v 4 */
+		{ 0, 6 },   /* v 5 */
+		{ 6, 1 },   /* v 6 */
+		{ 0, 8 },   /* v 7 */
+	};
+	for (size_t k = 0; k < sizeof(pushes) / sizeof(pushes[0]); k++) {
+		int tau = pushes[k].tau;
+		cr_assert_eq(psshard_push(&s, (int)k % 2, pushes[k].tag, g, &o), 0);
+		cr_assert_eq(o, PSSHARD_APPLIED);
+		for (int i = 0; i < 8; i++) {
+			float want = sgd_scaled(p[i], g[i], (float)tau);
+			/* tau a power of two: exact, the plain formula too */
+			if ((tau & (tau - 1)) == 0)
+				cr_assert_eq(want, p[i] - 0.75f / (float)tau);
+			cr_assert_eq(psshard_params(&s)[i], want, "push %zu (tau %d) p[%d] = %a, want %a", k,
+				     tau, i, (double)psshard_params(&s)[i], (double)want);
+			p[i] = want;
+		}
+	}
+	/* the biases started at 0 and saw every step */
+	cr_assert_neq(psshard_params(&s)[6], 0.0f);
+	cr_assert_eq(s.age_sum, 0 + 1 + 2 + 0 + 4 + 5 + 0 + 7);
+	cr_assert_eq(s.age_max, 7);
+	psshard_free(&s);
+}
+
+Test(psshard, async_staleness_lr_off_applies_the_full_step)
+{
+	struct psshard s;
+	struct model m;
+	tiny(&s, &m, 2, 0, "mode = async\nstaleness_lr = false\n");
+	cr_assert_eq(s.staleness_lr, 0);
+	float g[8], p[8];
+	fill(g, 8, 0.75f);
+	enum psshard_outcome o;
+	for (int k = 0; k < 4; k++) {   /* ages 0..3, all unscaled */
+		memcpy(p, psshard_params(&s), sizeof(p));
+		cr_assert_eq(psshard_push(&s, k % 2, 0, g, &o), 0);
+		for (int i = 0; i < 8; i++)
+			cr_assert_eq(psshard_params(&s)[i], p[i] - 0.75f, "age %d p[%d]", k, i);
+	}
+	cr_assert_eq(s.age_sum, 6, "the ages are counted with the switch off too");
+	psshard_free(&s);
+}
+
+Test(psshard, async_momentum_keeps_the_scaled_gradient)
+{
+	/* momentum 0.5, lr 1: a gradient 1 version old (tau 2) enters the
+	 * buffer halved, so it is halved in the next step as well. Scaling
+	 * the lr instead would give p -= g0 / 2, then p -= 0.5 g0 + g1. */
+	struct psshard s;
+	struct model m;
+	tiny_with(&s, &m, 2, 0, "momentum", "mode = async\nmomentum = 0.5\n");
+	float g0[8], g1[8], p[8], buf[8];
+	fill(g0, 8, 0.75f);
+	fill(g1, 8, -0.25f);
+	memcpy(p, psshard_params(&s), sizeof(p));
+	enum psshard_outcome o;
+	cr_assert_eq(psshard_push(&s, 0, 0, g1, &o), 0);   /* v 0 -> 1, fresh */
+	cr_assert_eq(psshard_push(&s, 1, 0, g0, &o), 0);   /* v 1: age 1, tau 2 */
+	cr_assert_eq(psshard_push(&s, 0, 2, g1, &o), 0);   /* v 2: fresh */
+	for (int i = 0; i < 8; i++) {
+		buf[i] = g1[i];
+		p[i] -= buf[i];
+		buf[i] = 0.5f * buf[i] + g0[i] * 0.5f;
+		p[i] -= buf[i];
+		buf[i] = 0.5f * buf[i] + g1[i];
+		p[i] -= buf[i];
+		cr_assert_eq(s.opt.m[i], buf[i], "m[%d] = %a, want %a", i, (double)s.opt.m[i], (double)buf[i]);
+		cr_assert_eq(psshard_params(&s)[i], p[i], "p[%d] = %a, want %a", i,
+			     (double)psshard_params(&s)[i], (double)p[i]);
+	}
+	psshard_free(&s);
+}
+
+Test(psshard, async_adam_divides_the_step_size)
+{
+	/* Adam's step does not change when its gradients are scaled, so there
+	 * the step size is divided: a gradient of tau 2 does what optim_step
+	 * with lr / 2 does on the same state. */
+	struct psshard s;
+	struct model m;
+	tiny_with(&s, &m, 2, 0, "adam", "mode = async\n");
+	struct optim ref;
+	cr_assert_eq(optim_init(&ref, &s.opt.cfg, 8), 0);
+	float g[8], p[8];
+	for (int i = 0; i < 8; i++)
+		g[i] = 0.125f * (float)(i + 1);
+	memcpy(p, psshard_params(&s), sizeof(p));
+	enum psshard_outcome o;
+	cr_assert_eq(psshard_push(&s, 0, 0, g, &o), 0);   /* fresh */
+	optim_step(&ref, p, g, 1.0f);
+	cr_assert_eq(first_diff(psshard_params(&s), p, 8), 8);
+	cr_assert_eq(psshard_push(&s, 1, 0, g, &o), 0);   /* tau 2 */
+	optim_step(&ref, p, g, 0.5f);
+	size_t d = first_diff(psshard_params(&s), p, 8);
+	cr_assert_eq(d, 8, "p[%zu] = %a, want %a", d, (double)psshard_params(&s)[d % 8], (double)p[d % 8]);
+	cr_assert_eq(first_diff(s.opt.m, ref.m, 8), 8, "adam's moments take the unscaled gradient");
+	cr_assert_eq(first_diff(s.opt.v, ref.v, 8), 8);
+	optim_free(&ref);
+	psshard_free(&s);
+}
+
+Test(psshard, sync_is_the_same_with_or_without_staleness_lr)
+{
+	/* Sync averages gradients of version v only; staleness_lr changes
+	 * nothing there, bit for bit, with momentum and a stale drop. */
+	static const char *const sw[] = { "staleness_lr = true\n", "staleness_lr = false\n" };
+	float after[2][8];
+	for (int k = 0; k < 2; k++) {
+		struct psshard s;
+		struct model m;
+		tiny_with(&s, &m, 2, 0, "momentum", sw[k]);
+		cr_assert_eq(s.staleness_lr, !k);
+		float g[2][8];
+		enum psshard_outcome o;
+		for (int v = 0; v < 3; v++) {
+			for (int i = 0; i < 8; i++) {
+				g[0][i] = 0.25f * (float)(v + 1);
+				g[1][i] = -0.125f * (float)(i + v);
+			}
+			cr_assert_eq(psshard_push(&s, 1, (uint64_t)v, g[1], &o), 0);
+			cr_assert_eq(psshard_push(&s, 0, (uint64_t)v, g[0], &o), 0);
+			cr_assert_eq(o, PSSHARD_APPLIED);
+			if (v)   /* version v - 1 again: dropped */
+				cr_assert_eq(psshard_push(&s, 0, (uint64_t)v - 1, g[0], &o), 0);
+		}
+		cr_assert_eq(s.dropped_stale, 2);
+		memcpy(after[k], psshard_params(&s), sizeof(after[k]));
+		psshard_free(&s);
+	}
+	cr_assert_eq(first_diff(after[0], after[1], 8), 8);
 }
 
 Test(psshard, pushes_never_allocate)

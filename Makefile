@@ -261,7 +261,10 @@ FUZZ_LIBS_idx := -lz
 FUZZ_LIBS_csv := -lz
 $(BUILD)/fuzz/fuzz_handshake: net/handshake.c net/frame.c base/err.c
 FUZZ_LIBS_handshake := -lsodium
-$(BUILD)/fuzz/fuzz_msg: net/msg.c base/err.c
+$(BUILD)/fuzz/fuzz_msg: net/msg.c net/bf16.c base/err.c
+# net/bf16.c's target_clones (ifuncs) do not link under clang's fuzzer
+# build, as for fuzz_ps: the default clone only.
+FUZZ_LIBS_msg := '-Dtarget_clones(...)=__unused__'
 $(BUILD)/fuzz/fuzz_safetensors: core/safetensors.c base/err.c
 # The ps's whole message handling (stateful): every role and core source.
 $(BUILD)/fuzz/fuzz_ps: $(ROLE_SRC) $(CORE_SRC) $(NET_SRC) $(BASE_SRC) gpu/arch.c gpu/arena.c gpu/stub.c

@@ -329,7 +329,8 @@ static int links_recv_params(struct links *lk, int k, float *params, char *err, 
 	struct msg_assembly a;
 	char e[512], nm[300];
 	size_t len;
-	if (msg_assembly_init(&a, WIRE_PARAMS, (uint32_t)k, l->range.end - l->range.begin, e, sizeof(e)))
+	if (msg_assembly_init(&a, WIRE_PARAMS, (uint32_t)k, l->range.end - l->range.begin,
+			      WIRE_F32, e, sizeof(e)))
 		return err_set(err, errlen, -EINVAL, "%s", e);
 	struct conn_chunk_rx x = { .type = WIRE_PARAMS, .a = &a, .dst = params + l->range.begin };
 	int r = links_recv(lk, k, &len, err, errlen);

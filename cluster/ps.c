@@ -257,7 +257,8 @@ static int on_push(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 		return err_set(err, errlen, -EPROTO, "PUSH names worker %u on worker %d's connection",
 			       ch.worker, cn->w);
 	if (!cn->assembling) {
-		r = msg_assembly_init(&cn->a, WIRE_PUSH, (uint32_t)ps->index, n, err, errlen);
+		r = msg_assembly_init(&cn->a, WIRE_PUSH, (uint32_t)ps->index, n,
+				      WIRE_F32, err, errlen);
 		if (r)
 			return r;
 		cn->assembling = 1;

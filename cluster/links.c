@@ -330,7 +330,7 @@ static int links_recv_params(struct links *lk, int k, float *params, char *err, 
 	char e[512], nm[300];
 	size_t len;
 	if (msg_assembly_init(&a, WIRE_PARAMS, (uint32_t)k, l->range.end - l->range.begin,
-			      WIRE_F32, e, sizeof(e)))
+			      role_param_dtype(lk->c), e, sizeof(e)))
 		return err_set(err, errlen, -EINVAL, "%s", e);
 	struct conn_chunk_rx x = { .type = WIRE_PARAMS, .a = &a, .dst = params + l->range.begin };
 	int r = links_recv(lk, k, &len, err, errlen);
@@ -384,7 +384,7 @@ int links_push(struct links *lk, const float *grads, char *err, size_t errlen)
 		size_t n = l->range.end - l->range.begin;
 		struct conn_chunk_tx t = { .type = WIRE_PUSH, .shard = (uint32_t)k, .version = l->got,
 					   .worker = (uint32_t)lk->index, .src = grads + l->range.begin,
-					   .n = n };
+					   .n = n, .dtype = (uint8_t)role_grad_dtype(lk->c) };
 		int r = conn_send_tensor(&l->conn, &t, e, sizeof(e));
 		if (r)
 			return link_failed(lk, k, r, e, err, errlen);

@@ -197,7 +197,7 @@ static int on_pull(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 		return PS_END;
 	}
 	struct conn_chunk_tx t = { .type = WIRE_PARAMS, .shard = (uint32_t)ps->index, .version = v,
-				   .src = cn->snap, .n = n };
+				   .src = cn->snap, .n = n, .dtype = (uint8_t)role_param_dtype(ps->c) };
 	return ps_io(cn, conn_send_tensor(&cn->conn, &t, err, errlen));
 }
 
@@ -258,7 +258,7 @@ static int on_push(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 			       ch.worker, cn->w);
 	if (!cn->assembling) {
 		r = msg_assembly_init(&cn->a, WIRE_PUSH, (uint32_t)ps->index, n,
-				      WIRE_F32, err, errlen);
+				      role_grad_dtype(ps->c), err, errlen);
 		if (r)
 			return r;
 		cn->assembling = 1;

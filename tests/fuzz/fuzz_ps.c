@@ -17,6 +17,9 @@
  *               4   CHECKPOINT(step)   5 ROLLBACK(step)
  *               6   STATUS request     7 DONE(leaving)
  *               8   HEARTBEAT          9 ERROR(text)
+ * The ps's [cluster] wire_dtype is bf16 if the input's first byte has an
+ * odd tens digit (18: a HEARTBEAT first), else fp32, so both its
+ * assemblies and a dtype it does not expect are reached.
  * Then the worker's side shuts its writing half and the ps serves until
  * the end. After each input the ps must be sound: every parameter
  * finite, not stopped by its peer, no connection left (ps_harness_check);
@@ -197,6 +200,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	char err[512];
 	struct ps_harness *h = NULL;
 	nftw(ckpt, rm_one, 8, FTW_DEPTH | FTW_PHYS);
+	cfg.cluster.wire_dtype = size && data[0] / 10 % 2 ? PRECISION_BF16 : PRECISION_FP32;
 	FUZZ_CHECK(ps_harness_open(&h, &cfg, 0, devnull, err, sizeof(err)) == 0);
 
 	/* One key per direction, as a handshake would have made. */

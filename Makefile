@@ -193,6 +193,11 @@ $(BUILD)/bench/pushpull: $(BUILD)/bench/pushpull.o $(OBJ_CORE)
 	@mkdir -p $(dir $@)
 	$(call say,LINK,$@)$(LINK) $(LDFLAGS) $^ -o $@ $(CUDA_LIBS) $(LDLIBS)
 
+# float32 <-> bf16 conversion GB/s against memcpy, one thread: bench/bf16.
+$(BUILD)/bench/bf16: $(BUILD)/bench/bf16.o $(BUILD)/net/bf16.o
+	@mkdir -p $(dir $@)
+	$(call say,LINK,$@)$(CC) $(LDFLAGS) $^ -o $@
+
 # Training steps on the GPU against PyTorch's: bench/gpu_mlp.
 $(BUILD)/bench/gpu_mlp: $(BUILD)/bench/gpu_mlp.o $(OBJ_CORE)
 	@mkdir -p $(dir $@)

@@ -201,6 +201,11 @@ $(BUILD)/bench/pushpull: $(BUILD)/bench/pushpull.o $(OBJ_CORE)
 	@mkdir -p $(dir $@)
 	$(call say,LINK,$@)$(LINK) $(LDFLAGS) $^ -o $@ $(CUDA_LIBS) $(LDLIBS)
 
+# float32 <-> bf16 conversion GB/s against memcpy, one thread: bench/bf16.
+$(BUILD)/bench/bf16: $(BUILD)/bench/bf16.o $(BUILD)/net/bf16.o
+	@mkdir -p $(dir $@)
+	$(call say,LINK,$@)$(CC) $(LDFLAGS) $^ -o $@
+
 # Training steps on the GPU against PyTorch's: bench/gpu_mlp.
 $(BUILD)/bench/gpu_mlp: $(BUILD)/bench/gpu_mlp.o $(OBJ_CORE)
 	@mkdir -p $(dir $@)
@@ -269,7 +274,10 @@ FUZZ_LIBS_idx := -lz
 FUZZ_LIBS_csv := -lz
 $(BUILD)/fuzz/fuzz_handshake: net/handshake.c net/frame.c base/err.c
 FUZZ_LIBS_handshake := -lsodium
-$(BUILD)/fuzz/fuzz_msg: net/msg.c base/err.c
+$(BUILD)/fuzz/fuzz_msg: net/msg.c net/bf16.c base/err.c
+# net/bf16.c's target_clones (ifuncs) do not link under clang's fuzzer
+# build, as for fuzz_ps: the default clone only.
+FUZZ_LIBS_msg := '-Dtarget_clones(...)=__unused__'
 $(BUILD)/fuzz/fuzz_safetensors: core/safetensors.c base/err.c
 $(BUILD)/fuzz/fuzz_launch: core/launch.c core/json.c base/err.c
 # The ps's whole message handling (stateful): every role and core source.

@@ -107,7 +107,7 @@ static int tensor_encode(void *ctx, uint64_t i, uint8_t *msg, size_t cap, size_t
 {
 	const struct tensor_tx *t = ctx;
 	struct msg_chunk ch = { .type = t->type, .version = t->version };
-	msg_chunk_range(t->n, i, &ch.offset, &ch.count);
+	msg_chunk_range(t->n, WIRE_F32, i, &ch.offset, &ch.count);
 	return msg_encode_chunk(msg, cap, &ch, t->src + ch.offset, len, err, errlen);
 }
 
@@ -250,14 +250,14 @@ static void *serve(void *arg)
 			struct tensor_tx tt = { .type = WIRE_PARAMS, .version = version,
 						.src = params, .n = sv->n };
 			if (piped(sv->mode)) {
-				if (pipe_send(&pp, fd, &tx.fk, msg_chunks(sv->n), tensor_encode, &tt,
+				if (pipe_send(&pp, fd, &tx.fk, msg_chunks(sv->n, WIRE_F32), tensor_encode, &tt,
 					      TIMEOUT_MS, e, elen))
 					die("server PARAMS", e);
 				continue;
 			}
-			for (uint64_t i = 0; i < msg_chunks(sv->n); i++) {
+			for (uint64_t i = 0; i < msg_chunks(sv->n, WIRE_F32); i++) {
 				struct msg_chunk ch = { .type = WIRE_PARAMS, .version = version };
-				msg_chunk_range(sv->n, i, &ch.offset, &ch.count);
+				msg_chunk_range(sv->n, WIRE_F32, i, &ch.offset, &ch.count);
 				if (msg_encode_chunk(mb, cap, &ch, params + ch.offset, &len, e, elen) ||
 				    chan_send(fd, &tx, wbuf, len, e, elen))
 					die("server PARAMS", e);
@@ -267,7 +267,7 @@ static void *serve(void *arg)
 			if (msg_decode_chunk(rbuf, len, &ch, e, elen))
 				die("server", e);
 			if (!assembling) {
-				if (msg_assembly_init(&a, WIRE_PUSH, 0, sv->n, e, elen))
+				if (msg_assembly_init(&a, WIRE_PUSH, 0, sv->n, WIRE_F32, e, elen))
 					die("server", e);
 				assembling = 1;
 			}
@@ -276,7 +276,7 @@ static void *serve(void *arg)
 				die("server PUSH", e);
 			if (r == 0 && piped(sv->mode)) { /* the rest, as cluster/ps.c does */
 				struct { struct msg_assembly *a; float *dst; } x = { &a, grad };
-				if (pipe_recv(&pp, fd, &rx.fk, msg_chunks(sv->n - a.received),
+				if (pipe_recv(&pp, fd, &rx.fk, msg_chunks(sv->n - a.received, WIRE_F32),
 					      tensor_deliver, &x, TIMEOUT_MS, e, elen))
 					die("server PUSH", e);
 				r = msg_assembly_done(&a);
@@ -328,12 +328,12 @@ static void do_push(struct client *c)
 	char e[512];
 	size_t len, cap = BUF_BYTES - FRAME_HDR_BYTES - FRAME_TAG_BYTES;
 	struct tensor_tx t = { .type = WIRE_PUSH, .version = c->got, .src = c->grads, .n = c->n };
-	if (piped(c->tx.mode) && pipe_send(&c->pp, c->fd, &c->tx.fk, msg_chunks(c->n),
+	if (piped(c->tx.mode) && pipe_send(&c->pp, c->fd, &c->tx.fk, msg_chunks(c->n, WIRE_F32),
 					   tensor_encode, &t, TIMEOUT_MS, e, sizeof e))
 		die("client PUSH", e);
-	for (uint64_t i = 0; !piped(c->tx.mode) && i < msg_chunks(c->n); i++) {
+	for (uint64_t i = 0; !piped(c->tx.mode) && i < msg_chunks(c->n, WIRE_F32); i++) {
 		struct msg_chunk ch = { .type = WIRE_PUSH, .version = c->got };
-		msg_chunk_range(c->n, i, &ch.offset, &ch.count);
+		msg_chunk_range(c->n, WIRE_F32, i, &ch.offset, &ch.count);
 		if (msg_encode_chunk(c->wbuf + FRAME_HDR_BYTES, cap, &ch, c->grads + ch.offset, &len,
 				     e, sizeof e) ||
 		    chan_send(c->fd, &c->tx, c->wbuf, len, e, sizeof e))
@@ -355,11 +355,11 @@ static void do_pull(struct client *c)
 	    chan_send(c->fd, &c->tx, c->wbuf, len, e, sizeof e))
 		die("client PULL", e);
 	struct msg_assembly a;
-	if (msg_assembly_init(&a, WIRE_PARAMS, 0, c->n, e, sizeof e))
+	if (msg_assembly_init(&a, WIRE_PARAMS, 0, c->n, WIRE_F32, e, sizeof e))
 		die("client", e);
 	if (piped(c->rx.mode)) {
 		struct { struct msg_assembly *a; float *dst; } x = { &a, c->params };
-		if (pipe_recv(&c->pp, c->fd, &c->rx.fk, msg_chunks(c->n), tensor_deliver, &x,
+		if (pipe_recv(&c->pp, c->fd, &c->rx.fk, msg_chunks(c->n, WIRE_F32), tensor_deliver, &x,
 			      TIMEOUT_MS, e, sizeof e))
 			die("client PARAMS", e);
 	}

@@ -363,7 +363,8 @@ static int links_recv_params(struct links *lk, int k, float *params, char *err, 
 	struct msg_assembly a;
 	char e[512], nm[300];
 	size_t len;
-	if (msg_assembly_init(&a, WIRE_PARAMS, (uint32_t)k, l->range.end - l->range.begin, e, sizeof(e)))
+	if (msg_assembly_init(&a, WIRE_PARAMS, (uint32_t)k, l->range.end - l->range.begin,
+			      role_param_dtype(lk->c), e, sizeof(e)))
 		return err_set(err, errlen, -EINVAL, "%s", e);
 	struct conn_chunk_rx x = { .type = WIRE_PARAMS, .a = &a, .dst = params + l->range.begin };
 	int r = links_recv(lk, k, &len, err, errlen);
@@ -434,7 +435,7 @@ static int link_push(struct links *lk, int k, const float *grads, char *err, siz
 	char e[512];
 	struct conn_chunk_tx t = { .type = WIRE_PUSH, .shard = (uint32_t)k, .version = l->got,
 				   .worker = (uint32_t)lk->index, .src = grads + l->range.begin,
-				   .n = l->range.end - l->range.begin };
+				   .n = l->range.end - l->range.begin, .dtype = (uint8_t)role_grad_dtype(lk->c) };
 	int r = conn_send_tensor(&l->conn, &t, e, sizeof(e));
 	return r ? link_failed(lk, k, r, e, err, errlen) : 0;
 }

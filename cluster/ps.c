@@ -197,7 +197,7 @@ static int on_pull(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 		return PS_END;
 	}
 	struct conn_chunk_tx t = { .type = WIRE_PARAMS, .shard = (uint32_t)ps->index, .version = v,
-				   .src = cn->snap, .n = n };
+				   .src = cn->snap, .n = n, .dtype = (uint8_t)role_param_dtype(ps->c) };
 	return ps_io(cn, conn_send_tensor(&cn->conn, &t, err, errlen));
 }
 
@@ -257,7 +257,8 @@ static int on_push(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 		return err_set(err, errlen, -EPROTO, "PUSH names worker %u on worker %d's connection",
 			       ch.worker, cn->w);
 	if (!cn->assembling) {
-		r = msg_assembly_init(&cn->a, WIRE_PUSH, (uint32_t)ps->index, n, err, errlen);
+		r = msg_assembly_init(&cn->a, WIRE_PUSH, (uint32_t)ps->index, n,
+				      role_grad_dtype(ps->c), err, errlen);
 		if (r)
 			return r;
 		cn->assembling = 1;

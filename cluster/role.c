@@ -2,6 +2,7 @@
 #include "role.h"
 
 #include "../base/err.h"
+#include "../net/wire.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -106,6 +107,18 @@ int role_write_timeout_ms(const struct config *c)
 {
 	int ms = role_peer_timeout_ms(c);
 	return ms < 1000 ? 1000 : ms;
+}
+
+unsigned role_grad_dtype(const struct config *c)
+{
+	int w = c->cluster.wire_dtype;
+	return w == PRECISION_BF16 || w == PRECISION_BF16_GRADS ? WIRE_BF16 : WIRE_F32;
+}
+
+unsigned role_param_dtype(const struct config *c)
+{
+	int w = c->cluster.wire_dtype;
+	return w == PRECISION_BF16 || w == PRECISION_BF16_PARAMS ? WIRE_BF16 : WIRE_F32;
 }
 
 void role_hooks_read(struct role_hooks *h)

@@ -74,6 +74,13 @@ int role_peer_timeout_ms(const struct config *c);
  * peer_timeout is set to (config allows 1 s and up). */
 int role_write_timeout_ms(const struct config *c);
 
+/* The enum wire_dtype (net/wire.h) that gradients (PUSH) and parameters
+ * (PARAMS) travel in, from [cluster] wire_dtype: the worker sends and the
+ * ps expects gradients in role_grad_dtype, the ps sends and the worker
+ * expects parameters in role_param_dtype. */
+unsigned role_grad_dtype(const struct config *c);
+unsigned role_param_dtype(const struct config *c);
+
 /* Test hooks: environment variables read once, at the start of a role, so
  * that the normal paths only see numbers (0: off). docs/CHECKPOINTS.md
  * lists them with the tests that use them. */

@@ -26,6 +26,15 @@ enum train_mode {
 	MODE_ASYNC,
 };
 
+/* [cluster] wire_dtype: which tensors travel as bfloat16 (half the bytes)
+ * rather than float32. The ps keeps float32 master weights either way. */
+enum wire_precision {
+	PRECISION_FP32,        /* both directions float32 */
+	PRECISION_BF16,        /* gradients and parameters bf16 */
+	PRECISION_BF16_GRADS,  /* gradients (PUSH) bf16, parameters float32 */
+	PRECISION_BF16_PARAMS, /* parameters (PARAMS) bf16, gradients float32 */
+};
+
 struct host {
 	char name[CONFIG_HOST_MAX];   /* DNS name, IPv4, or IPv6 without brackets */
 	uint16_t port;
@@ -42,6 +51,7 @@ struct config {
 		char key_file[DATA_PATH_MAX];
 		double connect_timeout;     /* seconds a worker retries a ps */
 		int crypto_threads;         /* sealing/opening threads, 0 = auto, 1 = none */
+		int wire_dtype;             /* enum wire_precision */
 		double peer_timeout;        /* seconds a ps waits for a lost worker to come back */
 		double handshake_timeout;   /* seconds a new connection has to greet a ps */
 	} cluster;

@@ -10,6 +10,7 @@ static const char *const sched_names[] = { "constant", "step", "cosine", NULL };
 static const char *const format_names[] = { "idx", "csv", NULL };
 static const char *const header_names[] = { "auto", "yes", "no", NULL };
 static const char *const loss_names[] = { "softmax_cross_entropy", NULL };
+static const char *const wire_dtype_names[] = { "fp32", "bf16", "bf16_grads", "bf16_params", NULL };
 
 #define FMNIST "/usr/share/datasets/fashion-mnist/"
 #define OFF(f) offsetof(struct config, f)
@@ -22,6 +23,7 @@ const struct key_def config_keys[] = {
 	{ "cluster", "key_file", K_PATH, OFF(cluster.key_file), 0, 0, 0, 0, NULL, "cluster.key" },
 	{ "cluster", "connect_timeout", K_DOUBLE, OFF(cluster.connect_timeout), 0, 1, 86400, 0, NULL, "60" },
 	{ "cluster", "crypto_threads", K_INT, OFF(cluster.crypto_threads), 0, 0, 8, 0, NULL, "0" },
+	{ "cluster", "wire_dtype", K_ENUM, OFF(cluster.wire_dtype), 0, 0, 0, 0, wire_dtype_names, "fp32" },
 	{ "cluster", "peer_timeout", K_DOUBLE, OFF(cluster.peer_timeout), 0, 1, 86400, 0, NULL, "60" },
 	{ "cluster", "handshake_timeout", K_DOUBLE, OFF(cluster.handshake_timeout), 0, 0.05, 60, 0, NULL, "1" },
 

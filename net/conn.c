@@ -206,9 +206,9 @@ static int chunk_encode(void *ctx, uint64_t i, uint8_t *msg, size_t cap, size_t 
 			size_t errlen)
 {
 	const struct conn_chunk_tx *t = ctx;
-	struct msg_chunk ch = { .type = t->type, .shard = t->shard, .version = t->version,
-				.worker = t->worker };
-	msg_chunk_range(t->n, i, &ch.offset, &ch.count);
+	struct msg_chunk ch = { .type = t->type, .dtype = t->dtype, .shard = t->shard,
+				.version = t->version, .worker = t->worker };
+	msg_chunk_range(t->n, t->dtype, i, &ch.offset, &ch.count);
 	return msg_encode_chunk(msg, cap, &ch, t->src + ch.offset, len, err, errlen);
 }
 
@@ -217,7 +217,7 @@ int conn_send_tensor(struct conn *cn, const struct conn_chunk_tx *t, char *err, 
 	pthread_mutex_lock(&cn->mu);
 	int r = conn_ready(cn, err, errlen);
 	if (!r)
-		r = pipe_send(cn->pp, cn->fd, &cn->keys->send, msg_chunks(t->n), chunk_encode, (void *)t,
+		r = pipe_send(cn->pp, cn->fd, &cn->keys->send, msg_chunks(t->n, t->dtype), chunk_encode, (void *)t,
 			      cn->write_ms, err, errlen);
 	cn->last_send = now_s();
 	pthread_mutex_unlock(&cn->mu);
@@ -265,6 +265,6 @@ int conn_recv_rest(struct conn *cn, struct conn_chunk_rx *x, char *err, size_t e
 	if (msg_assembly_done(x->a))
 		return 0;
 	int r = conn_ready(cn, err, errlen);
-	return r ? r : pipe_recv(cn->pp, cn->fd, &cn->keys->recv, msg_chunks(x->a->n - x->a->received),
+	return r ? r : pipe_recv(cn->pp, cn->fd, &cn->keys->recv, msg_chunks(x->a->n - x->a->received, x->a->dtype),
 				 chunk_deliver, x, cn->read_ms, err, errlen);
 }

@@ -140,9 +140,12 @@ void conn_send_error(struct conn *cn, uint32_t code, const char *text);
 int conn_recv(struct conn *cn, size_t *len, char *err, size_t errlen);
 
 /* A tensor's chunk messages (PARAMS from a ps, PUSH from a worker):
- * message i is chunk i of src. */
+ * message i is chunk i of src, sent as dtype (enum wire_dtype: 0, float32,
+ * unless set; bf16 is rounded from src as it is encoded into each frame,
+ * msg_chunks(n, dtype) frames in all). */
 struct conn_chunk_tx {
 	uint8_t type;
+	uint8_t dtype;
 	uint32_t shard, worker;
 	uint64_t version;
 	const float *src; /* (n) */
@@ -150,9 +153,10 @@ struct conn_chunk_tx {
 };
 
 /* The chunks of a tensor being received: each message must be a chunk of
- * type `type` (from worker `worker` for PUSH) that fits a. An ERROR
- * instead of PARAMS is reported with its text (-ECONNABORTED). bad: the
- * failure was in a message, not in the frames carrying it. */
+ * type `type` (from worker `worker` for PUSH) that fits a, in a's dtype
+ * (widened into dst as it is taken). An ERROR instead of PARAMS is
+ * reported with its text (-ECONNABORTED). bad: the failure was in a
+ * message, not in the frames carrying it. */
 struct conn_chunk_rx {
 	uint8_t type;
 	uint32_t worker;

@@ -6,6 +6,7 @@
  * length has been checked against the bytes that field needs. */
 #include "msg.h"
 #include "../base/err.h"
+#include "bf16.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -94,9 +95,21 @@ int msg_decode_pull(const uint8_t *buf, size_t len, struct msg_pull *out, char *
 	return 0;
 }
 
-/* ---- PARAMS / PUSH: 32 bytes + 4 * count ----------------------------------
- * 0 type, 1..4 reserved, 4 shard u32, 8 version u64, 16 offset u64,
- * 24 count u32, 28 worker u32 (PARAMS: 0), 32 count float32 */
+/* ---- PARAMS / PUSH: 32 bytes + 4 or 2 * count --------------------------
+ * 0 type, 1 dtype u8 (0 float32, 1 bf16), 2..4 reserved, 4 shard u32,
+ * 8 version u64, 16 offset u64, 24 count u32 (values, 1..msg_chunk_max),
+ * 28 worker u32 (PARAMS: 0), 32 count values of dtype
+ *
+ * The dtype is in every chunk, not agreed once per connection: the
+ * receiver checks it against what it expects (msg_assembly), so two peers
+ * whose configs somehow disagree get a message naming both dtypes rather
+ * than a tensor of garbage, and a chunk is self-describing for the fuzzers
+ * and for debugging. It costs a byte that was reserved. */
+
+static int dtype_ok(unsigned dt)
+{
+	return dt <= WIRE_DTYPE_LAST;
+}
 
 int msg_encode_chunk(uint8_t *buf, size_t cap, const struct msg_chunk *c, const float *src,
 		     size_t *len, char *err, size_t errlen)
@@ -107,25 +120,31 @@ int msg_encode_chunk(uint8_t *buf, size_t cap, const struct msg_chunk *c, const 
 	if (c->type != WIRE_PARAMS && c->type != WIRE_PUSH)
 		return err_set(err, errlen, -EINVAL, "chunk: type %u is neither PARAMS nor PUSH",
 			    c->type);
-	if (c->count == 0 || c->count > MSG_CHUNK_FLOATS)
-		return err_set(err, errlen, -EINVAL, "%s: count %u is not in 1..%u", name, c->count,
-			    MSG_CHUNK_FLOATS);
+	if (!dtype_ok(c->dtype))
+		return err_set(err, errlen, -EINVAL, "%s: unknown dtype %u", name, c->dtype);
+	if (c->count == 0 || c->count > msg_chunk_max(c->dtype))
+		return err_set(err, errlen, -EINVAL, "%s: count %u is not in 1..%u (%s)", name,
+			    c->count, msg_chunk_max(c->dtype), wire_dtype_name(c->dtype));
 	if (c->type == WIRE_PARAMS && c->worker != 0)
 		return err_set(err, errlen, -EINVAL, "PARAMS: worker must be 0, not %u", c->worker);
 	if (c->offset > UINT64_MAX - c->count)
 		return err_set(err, errlen, -EINVAL, "%s: offset %llu + count %u overflows", name,
 			    (unsigned long long)c->offset, c->count);
-	rc = check_cap(cap, MSG_CHUNK_BYTES(c->count), c->type, err, errlen);
+	rc = check_cap(cap, MSG_CHUNK_BYTES(c->count, c->dtype), c->type, err, errlen);
 	if (rc < 0)
 		return rc;
 	put_head(buf, c->type, MSG_CHUNK_HDR_BYTES);
+	buf[1] = c->dtype;
 	wire_put_u32(buf + 4, c->shard);
 	wire_put_u64(buf + 8, c->version);
 	wire_put_u64(buf + 16, c->offset);
 	wire_put_u32(buf + 24, c->count);
 	wire_put_u32(buf + 28, c->worker);
-	wire_put_f32s(buf + MSG_CHUNK_HDR_BYTES, src, c->count);
-	*len = MSG_CHUNK_BYTES(c->count);
+	if (c->dtype == WIRE_BF16)
+		bf16_from_f32(buf + MSG_CHUNK_HDR_BYTES, src, c->count);
+	else
+		wire_put_f32s(buf + MSG_CHUNK_HDR_BYTES, src, c->count);
+	*len = MSG_CHUNK_BYTES(c->count, c->dtype);
 	return 0;
 }
 
@@ -134,6 +153,7 @@ int msg_decode_chunk(const uint8_t *buf, size_t len, struct msg_chunk *out, char
 {
 	const char *name;
 	uint32_t count;
+	uint8_t dt;
 	int rc;
 
 	if (len < 1)
@@ -143,24 +163,30 @@ int msg_decode_chunk(const uint8_t *buf, size_t len, struct msg_chunk *out, char
 			    "PARAMS/PUSH: type byte is %u (%s), expected %u or %u", buf[0],
 			    wire_msg_name(buf[0]), WIRE_PARAMS, WIRE_PUSH);
 	name = wire_msg_name(buf[0]);
-	if (len < MSG_CHUNK_HDR_BYTES + 4u)
+	/* The header and one value of the smallest dtype, so that a bf16
+	 * chunk of one value (34 bytes) passes this first check. */
+	if (len < MSG_CHUNK_HDR_BYTES + 2u)
 		return err_set(err, errlen, -EMSGSIZE, "%s: %zu bytes, expected at least %u", name,
-			    len, MSG_CHUNK_HDR_BYTES + 4u);
+			    len, MSG_CHUNK_HDR_BYTES + 2u);
 	if (len > MSG_CHUNK_BYTES_MAX)
 		return err_set(err, errlen, -EMSGSIZE, "%s: %zu bytes, expected at most %zu", name,
 			    len, MSG_CHUNK_BYTES_MAX);
-	rc = check_zero(buf, 1, 4, name, err, errlen);
+	dt = buf[1];
+	if (!dtype_ok(dt))
+		return err_set(err, errlen, -EPROTO, "%s: unknown dtype %u (0 fp32, 1 bf16)", name, dt);
+	rc = check_zero(buf, 2, 4, name, err, errlen);
 	if (rc < 0)
 		return rc;
 	count = wire_get_u32(buf + 24);
-	if (count == 0 || count > MSG_CHUNK_FLOATS)
-		return err_set(err, errlen, -EPROTO, "%s: count %u is not in 1..%u", name, count,
-			    MSG_CHUNK_FLOATS);
-	if (len != MSG_CHUNK_BYTES(count))
+	if (count == 0 || count > msg_chunk_max(dt))
+		return err_set(err, errlen, -EPROTO, "%s: count %u is not in 1..%u (%s)", name, count,
+			    msg_chunk_max(dt), wire_dtype_name(dt));
+	if (len != MSG_CHUNK_BYTES(count, dt))
 		return err_set(err, errlen, -EMSGSIZE,
-			    "%s: %zu bytes, but count %u needs exactly %zu", name, len, count,
-			    MSG_CHUNK_BYTES(count));
+			    "%s: %zu bytes, but count %u needs exactly %zu (%s)", name, len, count,
+			    MSG_CHUNK_BYTES(count, dt), wire_dtype_name(dt));
 	out->type = buf[0];
+	out->dtype = dt;
 	out->shard = wire_get_u32(buf + 4);
 	out->version = wire_get_u64(buf + 8);
 	out->offset = wire_get_u64(buf + 16);
@@ -178,7 +204,10 @@ int msg_decode_chunk(const uint8_t *buf, size_t len, struct msg_chunk *out, char
 
 void msg_chunk_floats(float *dst, const struct msg_chunk *c)
 {
-	wire_get_f32s(dst, c->data, c->count);
+	if (c->dtype == WIRE_BF16)
+		bf16_to_f32(dst, c->data, c->count);
+	else
+		wire_get_f32s(dst, c->data, c->count);
 }
 
 /* ---- ACK: 24 bytes --------------------------------------------------------
@@ -507,22 +536,24 @@ int msg_decode_error(const uint8_t *buf, size_t len, struct msg_error *out, char
 
 /* ---- chunking ------------------------------------------------------------ */
 
-uint64_t msg_chunks(uint64_t n)
+uint64_t msg_chunks(uint64_t n, unsigned dt)
 {
-	return n / MSG_CHUNK_FLOATS + (n % MSG_CHUNK_FLOATS != 0);
+	uint64_t m = msg_chunk_max(dt);
+	return n / m + (n % m != 0);
 }
 
-void msg_chunk_range(uint64_t n, uint64_t i, uint64_t *offset, uint32_t *count)
+void msg_chunk_range(uint64_t n, unsigned dt, uint64_t i, uint64_t *offset, uint32_t *count)
 {
-	uint64_t off = i * MSG_CHUNK_FLOATS;
+	uint64_t m = msg_chunk_max(dt);
+	uint64_t off = i * m;
 	uint64_t left = off < n ? n - off : 0;
 
 	*offset = off;
-	*count = (uint32_t)(left < MSG_CHUNK_FLOATS ? left : MSG_CHUNK_FLOATS);
+	*count = (uint32_t)(left < m ? left : m);
 }
 
 int msg_assembly_init(struct msg_assembly *a, uint8_t type, uint32_t shard, uint64_t n,
-		      char *err, size_t errlen)
+		      unsigned dtype, char *err, size_t errlen)
 {
 	if (type != WIRE_PARAMS && type != WIRE_PUSH)
 		return err_set(err, errlen, -EINVAL, "assembly: type %u is neither PARAMS nor PUSH",
@@ -530,7 +561,10 @@ int msg_assembly_init(struct msg_assembly *a, uint8_t type, uint32_t shard, uint
 	if (n == 0)
 		return err_set(err, errlen, -EINVAL, "%s: assembly of an empty tensor",
 			    wire_msg_name(type));
-	*a = (struct msg_assembly){ .type = type, .shard = shard, .n = n };
+	if (!dtype_ok(dtype))
+		return err_set(err, errlen, -EINVAL, "%s: assembly of unknown dtype %u",
+			    wire_msg_name(type), dtype);
+	*a = (struct msg_assembly){ .type = type, .dtype = (uint8_t)dtype, .shard = shard, .n = n };
 	return 0;
 }
 
@@ -542,6 +576,13 @@ int msg_assembly_add(struct msg_assembly *a, const struct msg_chunk *c, float *d
 	if (c->type != a->type)
 		return err_set(err, errlen, -EPROTO, "%s: got a %s chunk", name,
 			    wire_msg_name(c->type));
+	/* Peers of one cluster agree on wire_dtype (it is in the config
+	 * hash their handshake compares), so this is a broken peer, or one
+	 * built with another idea of the key: say both sides. */
+	if (c->dtype != a->dtype)
+		return err_set(err, errlen, -EPROTO,
+			    "%s: chunk in %s, but this side expects %s ([cluster] wire_dtype differs?)",
+			    name, wire_dtype_name(c->dtype), wire_dtype_name(a->dtype));
 	if (c->shard != a->shard)
 		return err_set(err, errlen, -EPROTO, "%s: chunk for shard %u, expected shard %u",
 			    name, c->shard, a->shard);

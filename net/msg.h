@@ -15,15 +15,21 @@
  * so a message one byte short or one byte long is refused.
  *
  * Float payloads are not copied by the decoders: struct msg_chunk points at
- * them inside the caller's buffer (c->data, 4*count bytes, little-endian and
- * possibly unaligned). Read them with msg_chunk_floats() or wire_get_f32s(),
- * never through a float pointer cast. The pointer is valid as long as the
- * buffer is.
+ * them inside the caller's buffer (c->data, count values of c->dtype:
+ * float32 or bfloat16, 4 or 2 bytes each, little-endian and possibly
+ * unaligned). Read them with msg_chunk_floats(), which widens bf16, never
+ * through a float pointer cast. The pointer is valid as long as the buffer
+ * is. The encoder narrows float32 to bf16 straight into the message
+ * (net/bf16.h), so neither side copies a tensor whole to convert it.
  *
- * Offsets in chunk messages count float32 elements from the start of the
- * shard's parameter range (shard-relative, not global). A tensor of N floats
- * travels as msg_chunks(N) messages with offsets 0, MSG_CHUNK_FLOATS, ...,
- * in increasing order; the receiver checks each with struct msg_assembly.
+ * Offsets and counts in chunk messages count elements (values), whatever
+ * their dtype, from the start of the shard's parameter range
+ * (shard-relative, not global). A tensor of N values in dtype dt travels as
+ * msg_chunks(N, dt) messages with offsets 0, msg_chunk_max(dt), ..., in
+ * increasing order: a bf16 chunk holds twice the values of a float32 one in
+ * the same WIRE_CHUNK_MAX bytes. The receiver checks each with struct
+ * msg_assembly, which also refuses a chunk of another dtype than it
+ * expects.
  *
  * Errors: 0 (or a non-negative value where said) or a negative errno, with
  * one line in err (errlen bytes; err may be NULL when errlen is 0) naming the
@@ -31,7 +37,8 @@
  *   -EMSGSIZE  the body length is wrong for the type (or, encoding, the
  *              output buffer is too small: -ENOBUFS)
  *   -EPROTO    wrong or unknown type byte, a reserved byte not zero, an
- *              unknown enum value, a count of 0 or above MSG_CHUNK_FLOATS,
+ *              unknown enum value or dtype, a count of 0 or above
+ *              msg_chunk_max(dtype), a chunk of another dtype than expected,
  *              an ERROR text byte outside 0x20..0x7e; a chunk out of order (gap, overlap, after
  *              the end) or for another shard, version or worker
  *   -ERANGE    a chunk outside the tensor's range
@@ -50,6 +57,13 @@
 /* Most float32 values in one PARAMS or PUSH message (1 MiB of them). */
 #define MSG_CHUNK_FLOATS (WIRE_CHUNK_MAX / 4u)
 
+/* Most values of dtype dt (enum wire_dtype) in one PARAMS or PUSH message:
+ * MSG_CHUNK_FLOATS for float32, twice that for bf16. */
+static inline uint32_t msg_chunk_max(unsigned dt)
+{
+	return WIRE_CHUNK_MAX / wire_dtype_bytes(dt);
+}
+
 /* Fixed lengths (bytes) of each message's header; see docs/PROTOCOL.md. */
 #define MSG_PULL_BYTES 16u
 #define MSG_CHUNK_HDR_BYTES 32u /* PARAMS and PUSH, before the floats */
@@ -64,9 +78,11 @@
 /* Workers a HEARTBEAT's bitmap can name (bit w: byte w / 8, bit w % 8). */
 #define MSG_HEARTBEAT_WORKERS 256u
 
-/* Largest encoded message of each variable-length kind; both fit FRAME_MAX. */
-#define MSG_CHUNK_BYTES(count) (MSG_CHUNK_HDR_BYTES + 4u * (size_t)(count))
-#define MSG_CHUNK_BYTES_MAX MSG_CHUNK_BYTES(MSG_CHUNK_FLOATS)
+/* Largest encoded message of each variable-length kind; both fit FRAME_MAX.
+ * A chunk of count values of dtype dt is MSG_CHUNK_BYTES(count, dt) long;
+ * the largest is the same for every dtype. */
+#define MSG_CHUNK_BYTES(count, dt) (MSG_CHUNK_HDR_BYTES + WIRE_DTYPE_BYTES(dt) * (size_t)(count))
+#define MSG_CHUNK_BYTES_MAX MSG_CHUNK_BYTES(MSG_CHUNK_FLOATS, WIRE_F32)
 #define MSG_ERROR_BYTES_MAX (MSG_ERROR_HDR_BYTES + WIRE_ERROR_TEXT_MAX)
 
 /* PULL's version meaning "whatever is newest" (async mode). */
@@ -83,16 +99,18 @@ struct msg_pull {
  * parameters, or of a gradient for them, covering the shard-relative range
  * [offset, offset + count). version: PARAMS, the version of these
  * parameters; PUSH, the version the gradient was computed at. worker: PUSH,
- * the sender's worker index; PARAMS, always 0. data: count floats, see the
- * top of this file. */
+ * the sender's worker index; PARAMS, always 0. dtype: how the values
+ * travel (0, float32, when a sender leaves it unset). data: count values,
+ * see the top of this file. */
 struct msg_chunk {
 	uint8_t type; /* WIRE_PARAMS or WIRE_PUSH */
+	uint8_t dtype; /* enum wire_dtype */
 	uint32_t shard;
 	uint64_t version;
 	uint32_t worker;
 	uint64_t offset;
-	uint32_t count;       /* 1..MSG_CHUNK_FLOATS */
-	const uint8_t *data;  /* (count) little-endian float32, maybe unaligned */
+	uint32_t count;       /* 1..msg_chunk_max(dtype) */
+	const uint8_t *data;  /* (count) little-endian float32 or bf16, maybe unaligned */
 };
 
 /* What a ps did with a whole pushed gradient. Zero is not a status. */
@@ -180,14 +198,15 @@ MSG_MUST_CHECK int msg_type(const uint8_t *buf, size_t len, char *err, size_t er
 /* ---- encoders -------------------------------------------------------------
  * Write one message to buf (cap bytes) and set *len to its length. -ENOBUFS
  * if cap is too small, -EINVAL for a field that may not be sent (count 0 or
- * above MSG_CHUNK_FLOATS, PARAMS with a worker, unknown ACK status, a STATUS
+ * above msg_chunk_max(dtype), PARAMS with a worker, unknown ACK status, a STATUS
  * request with counters, an ERROR text over WIRE_ERROR_TEXT_MAX), with
- * nothing written to *len. */
+ * nothing written to *len (also for an unknown chunk dtype). */
 
 MSG_MUST_CHECK int msg_encode_pull(uint8_t *buf, size_t cap, const struct msg_pull *m,
 				   size_t *len, char *err, size_t errlen);
-/* c->type picks PARAMS or PUSH; c->data is ignored: the count floats are
- * read from src (a host-order float array). */
+/* c->type picks PARAMS or PUSH, c->dtype the encoding; c->data is
+ * ignored: the count floats are read from src (a host-order float array)
+ * and, for bf16, rounded as net/bf16.h says on their way into buf. */
 MSG_MUST_CHECK int msg_encode_chunk(uint8_t *buf, size_t cap, const struct msg_chunk *c,
 				    const float *src /* (count) */, size_t *len, char *err,
 				    size_t errlen);
@@ -234,27 +253,31 @@ MSG_MUST_CHECK int msg_decode_rollback(const uint8_t *buf, size_t len, struct ms
 MSG_MUST_CHECK int msg_decode_error(const uint8_t *buf, size_t len, struct msg_error *out,
 				    char *err, size_t errlen);
 
-/* Copies a decoded chunk's count floats into dst (host order). */
+/* Copies a decoded chunk's count values into dst as floats (host order;
+ * bf16 widened, exactly). */
 void msg_chunk_floats(float *dst /* (count) */, const struct msg_chunk *c);
 
 /* ---- chunking ------------------------------------------------------------ */
 
-/* Number of chunk messages for a tensor of n floats: ceil(n / MSG_CHUNK_FLOATS)
- * (0 for n = 0). */
-uint64_t msg_chunks(uint64_t n);
+/* Number of chunk messages for a tensor of n values sent as dtype dt:
+ * ceil(n / msg_chunk_max(dt)) (0 for n = 0). */
+uint64_t msg_chunks(uint64_t n, unsigned dt);
 
-/* The i-th chunk (0 <= i < msg_chunks(n)) of a tensor of n floats: sets
- * *offset and *count (every chunk is MSG_CHUNK_FLOATS long but the last). */
-void msg_chunk_range(uint64_t n, uint64_t i, uint64_t *offset, uint32_t *count);
+/* The i-th chunk (0 <= i < msg_chunks(n, dt)) of a tensor of n values sent
+ * as dtype dt: sets *offset and *count (every chunk is msg_chunk_max(dt)
+ * long but the last). */
+void msg_chunk_range(uint64_t n, unsigned dt, uint64_t i, uint64_t *offset, uint32_t *count);
 
 /* Receiving one tensor: the chunks of one PARAMS reply or one PUSH, checked
- * as they arrive. Init with the message type, the shard and the tensor's
- * length n (the shard's size; n >= 1). The first chunk fixes version (and,
- * for PUSH, worker); every later chunk must carry the same ones. Chunks
- * must arrive in order: offset == floats received so far, offset + count <=
- * n. */
+ * as they arrive. Init with the message type, the shard, the tensor's
+ * length n (the shard's size; n >= 1) and the dtype this receiver expects
+ * it in (its `[cluster] wire_dtype` for that direction). The first chunk
+ * fixes version (and, for PUSH, worker); every later chunk must carry the
+ * same ones, and every chunk the expected dtype. Chunks must arrive in
+ * order: offset == values received so far, offset + count <= n. */
 struct msg_assembly {
 	uint8_t type;
+	uint8_t dtype;     /* enum wire_dtype, expected of every chunk */
 	uint32_t shard;
 	uint64_t n;        /* floats expected */
 	uint64_t received; /* floats received = the next expected offset */
@@ -262,15 +285,16 @@ struct msg_assembly {
 	uint32_t worker;   /* from the first chunk (PUSH) */
 };
 
-/* -EINVAL for a type other than PARAMS/PUSH or n = 0. */
+/* -EINVAL for a type other than PARAMS/PUSH, n = 0 or an unknown dtype. */
 MSG_MUST_CHECK int msg_assembly_init(struct msg_assembly *a, uint8_t type, uint32_t shard,
-				     uint64_t n, char *err, size_t errlen);
+				     uint64_t n, unsigned dtype, char *err, size_t errlen);
 
 /* Checks decoded chunk c against a; if dst is not NULL, copies its floats to
  * dst + c->offset (dst has n floats). Returns 1 when the tensor is now
  * complete, 0 when more chunks are expected, or (a unchanged, nothing
- * copied): -EPROTO (wrong type, shard, version or worker; a gap; an overlap;
- * a chunk after the tensor was complete), -ERANGE (offset + count > n). */
+ * copied): -EPROTO (wrong type, dtype, shard, version or worker; a gap; an
+ * overlap; a chunk after the tensor was complete), -ERANGE (offset + count
+ * > n). */
 MSG_MUST_CHECK int msg_assembly_add(struct msg_assembly *a, const struct msg_chunk *c,
 				    float *dst /* (n) */, char *err, size_t errlen);
 

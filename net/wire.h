@@ -15,9 +15,10 @@
 #include <string.h>
 
 /* Protocol identity, sent in the handshake. WIRE_MAGIC is the bytes "PSTR"
- * read as a little-endian u32. A peer with another version is refused. */
+ * read as a little-endian u32. A peer with another version is refused.
+ * Version 4: a chunk's byte 1 is its dtype (fp32 or bf16). */
 #define WIRE_MAGIC 0x52545350u
-#define WIRE_VERSION 3u
+#define WIRE_VERSION 4u
 
 /* Message types (DESIGN §7): the first field of every decrypted frame.
  * Zero is not a type, so a zeroed buffer never parses as a message. */
@@ -47,6 +48,28 @@ enum wire_msg {
 #define WIRE_CHUNK_MAX (1u << 20)
 #define WIRE_MSG_HDR_MAX 64u
 #define FRAME_MAX (WIRE_CHUNK_MAX + WIRE_MSG_HDR_MAX)
+
+/* How the values of a PARAMS or PUSH chunk are encoded (its byte 1;
+ * docs/PROTOCOL.md): float32, or bfloat16 (net/bf16.h), half the bytes.
+ * Zero is float32, what that byte (then reserved, 0) meant in version 3. */
+enum wire_dtype {
+	WIRE_F32 = 0,
+	WIRE_BF16 = 1,
+};
+#define WIRE_DTYPE_LAST WIRE_BF16
+
+/* Bytes per value of a known dtype (a macro too, for array sizes). */
+#define WIRE_DTYPE_BYTES(dt) ((dt) == WIRE_BF16 ? 2u : 4u)
+static inline unsigned wire_dtype_bytes(unsigned dt)
+{
+	return WIRE_DTYPE_BYTES(dt);
+}
+
+/* Name of a dtype for logs (as [cluster] wire_dtype spells it); "?" else. */
+static inline const char *wire_dtype_name(unsigned dt)
+{
+	return dt == WIRE_F32 ? "fp32" : dt == WIRE_BF16 ? "bf16" : "?";
+}
 
 /* Longest ERROR text, so an ERROR message is bounded like the rest. */
 #define WIRE_ERROR_TEXT_MAX 256u

@@ -1,7 +1,8 @@
 /* The ps and worker roles end to end: 2 ps + 2 workers of the pstrain
  * binary ($PSTRAIN_BIN) on 127.0.0.1 with ports the test picks, trained on
- * generated blobs; plus sync equivalence with a local run of batch 2·B, and
- * a worker holding the wrong key being refused. Every run is bounded in
+ * generated blobs; plus sync equivalence with a local run of batch 2·B,
+ * bf16 on the wire against fp32, and a worker holding the wrong key being
+ * refused. Every run is bounded in
  * time: on timeout all processes are killed and the test fails. */
 #include <criterion/criterion.h>
 
@@ -15,7 +16,9 @@
 #include "../core/optim.h"
 #include "../core/replica.h"
 #include "../core/rng.h"
+#include "../cluster/role.h"
 #include "../net/key.h"
+#include "../net/wire.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -236,6 +239,122 @@ Test(cluster, sync_equals_local_with_double_batch)
 	dataset_free(&train);
 	dataset_free(&test);
 	free(c);
+}
+
+/* [cluster] wire_dtype's values, direction by direction. */
+Test(cluster, wire_dtype_directions)
+{
+	static const struct {
+		int w;
+		unsigned grads, params;
+	} rows[] = {
+		{ PRECISION_FP32, WIRE_F32, WIRE_F32 },
+		{ PRECISION_BF16, WIRE_BF16, WIRE_BF16 },
+		{ PRECISION_BF16_GRADS, WIRE_BF16, WIRE_F32 },
+		{ PRECISION_BF16_PARAMS, WIRE_F32, WIRE_BF16 },
+	};
+	struct config c;
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+		c.cluster.wire_dtype = rows[i].w;
+		cr_expect_eq(role_grad_dtype(&c), rows[i].grads, "row %zu", i);
+		cr_expect_eq(role_param_dtype(&c), rows[i].params, "row %zu", i);
+	}
+}
+
+/* One 150-step sync run with [cluster] wire_dtype = dtype: the chief's
+ * final accuracy, and its final parameters in p (n floats). */
+static double run_wire_dtype(const char *dtype, float *p, size_t n)
+{
+	char cfg[300], dump[300], out[4][300], extra[64];
+	int st[4];
+	snprintf(cfg, sizeof(cfg), "%s/%s.ini", dir, dtype);
+	snprintf(dump, sizeof(dump), "%s/%s.bin", dir, dtype);
+	snprintf(extra, sizeof(extra), "wire_dtype = %s\n", dtype);
+	write_cluster(dir, cfg, 150, 50, "mode = sync\n", extra);
+	run_cluster(cfg, dump, st, out);
+	assert_exits_zero(st, out, 4, dtype);
+	FILE *f = fopen(dump, "rb");
+	cr_assert_not_null(f, "%s: no parameter dump; chief:\n%s", dtype, slurp(out[3]));
+	cr_assert_eq(fread(p, sizeof(float), n, f), n, "%s: short dump", dtype);
+	cr_assert_eq(fgetc(f), EOF, "%s: long dump", dtype);
+	fclose(f);
+	return final_accuracy(slurp(out[3]));
+}
+
+/* How many of p's n floats are bf16 values (low 16 bits zero). */
+static size_t bf16_exact(const float *p, size_t n)
+{
+	size_t k = 0;
+	for (size_t i = 0; i < n; i++) {
+		uint32_t u;
+		memcpy(&u, &p[i], sizeof(u));
+		k += (u & 0xffffu) == 0;
+	}
+	return k;
+}
+
+/* Issue 15: the same run with gradients and parameters in bf16 on the
+ * wire ends within one test sample of the fp32 run's accuracy (the blobs'
+ * test set is 120 samples, 0.83 points each, so the issue's 0.3 points is
+ * finer than this test can tell; the MLP and CNN examples are compared by
+ * hand, docs/BENCHMARKS.md). The chief's final parameters are what it
+ * pulled: with bf16 parameters every one is a bf16 value, with bf16
+ * gradients only (float32 parameters) almost none is, yet they differ
+ * from the fp32 run's, so each direction really travelled as configured. */
+Test(cluster, bf16_on_the_wire_matches_fp32)
+{
+	const size_t n = 6 * 16 + 16 + 16 * 3 + 3; /* write_cluster's model: 6-16-3 */
+	float *f32 = malloc(n * sizeof(float)), *b16 = malloc(n * sizeof(float)),
+	      *grads = malloc(n * sizeof(float));
+	cr_assert(f32 && b16 && grads);
+	double a32 = run_wire_dtype("fp32", f32, n);
+	double a16 = run_wire_dtype("bf16", b16, n);
+	double ag = run_wire_dtype("bf16_grads", grads, n);
+	cr_log_info("accuracy: fp32 %.2f%%, bf16 %.2f%%, bf16_grads %.2f%%", a32, a16, ag);
+	cr_assert_gt(a32, 95.0, "fp32 accuracy %.2f%%", a32);
+	cr_assert_geq(a16, a32 - 1.0, "bf16 accuracy %.2f%%, fp32 %.2f%%", a16, a32);
+	cr_assert_geq(ag, a32 - 1.0, "bf16_grads accuracy %.2f%%, fp32 %.2f%%", ag, a32);
+	cr_assert_eq(bf16_exact(b16, n), n, "bf16: %zu of %zu parameters are bf16 values",
+		     bf16_exact(b16, n), n);
+	cr_assert_lt(bf16_exact(f32, n), n / 4, "fp32: %zu of %zu parameters are bf16 values",
+		     bf16_exact(f32, n), n);
+	cr_assert_lt(bf16_exact(grads, n), n / 4, "bf16_grads: %zu of %zu parameters are bf16 values",
+		     bf16_exact(grads, n), n);
+	cr_assert_neq(memcmp(grads, f32, n * sizeof(float)), 0, "bf16_grads ended as fp32 did");
+	free(f32);
+	free(b16);
+	free(grads);
+}
+
+/* A worker whose wire_dtype differs from the ps's is refused at the
+ * handshake (the key is in the config hash), before any tensor moves:
+ * the worker exits 3 saying its config differs. */
+Test(cluster, wire_dtype_mismatch_is_refused_at_the_handshake)
+{
+	char cfg[300], out[3][300];
+	snprintf(cfg, sizeof(cfg), "%s/cluster.ini", dir);
+	write_cluster(dir, cfg, 10, 10, "mode = sync\n", "wire_dtype = bf16\n");
+	pid_t ps[2];
+	for (int k = 0; k < 2; k++) {
+		snprintf(out[k], 300, "%s/ps%d.log", dir, k);
+		const char *ps_args[] = { "ps", "--index", k ? "1" : "0", "--config", cfg, NULL };
+		ps[k] = spawn_pstrain(ps_args, out[k], NULL);
+	}
+	snprintf(out[2], 300, "%s/worker.log", dir);
+	const char *w_args[] = { "worker", "--index", "0", "--config", cfg, "--set",
+				 "cluster.wire_dtype=bf16_grads", NULL };
+	pid_t w = spawn_pstrain(w_args, out[2], NULL);
+	int st[1], pst[2];
+	wait_children(&w, 1, st, RUN_TIMEOUT_S);
+	kill(ps[0], SIGTERM);
+	kill(ps[1], SIGTERM);
+	wait_children(ps, 2, pst, RUN_TIMEOUT_S);
+	char *log = slurp(out[2]);
+	cr_assert_eq(st[0], 3, "worker exit %d:\n%s", st[0], log);
+	cr_assert_not_null(strstr(log, "different training config"), "worker log:\n%s", log);
+	char both[700];
+	snprintf(both, sizeof(both), "%s%s", slurp(out[0]), slurp(out[1]));
+	cr_assert_not_null(strstr(both, "different training config"), "ps logs:\n%s", both);
 }
 
 /* A worker with another cluster key is refused (exit 3) and the ps logs it

@@ -991,3 +991,36 @@ Test(config, hash_covers_training_keys_only)
 		cr_expect(memcmp(base, h, sizeof(h)) != 0, "change did not alter the hash: %s", differ[i]);
 	}
 }
+
+/* [cluster] wire_dtype: its four values, fp32 by default, a bad value
+ * named with the choices, and each value its own config hash, so a ps and
+ * a worker that disagree refuse each other at the handshake. */
+Test(config, wire_dtype)
+{
+	static const char *const names[] = { "fp32", "bf16", "bf16_grads", "bf16_params" };
+	uint8_t h[4][CONFIG_HASH_BYTES], dflt[CONFIG_HASH_BYTES];
+	struct config *c = parse_ok("");
+	cr_expect_eq(c->cluster.wire_dtype, PRECISION_FP32);
+	free(c);
+	hash_of("", dflt);
+	for (int i = 0; i < 4; i++) {
+		char text[64];
+		snprintf(text, sizeof(text), "[cluster]\nwire_dtype = %s\n", names[i]);
+		c = parse_ok(text);
+		cr_expect_eq(c->cluster.wire_dtype, i, "%s", names[i]);
+		char *out = print_config(c);
+		snprintf(text, sizeof(text), "wire_dtype = %s\n", names[i]);
+		cr_expect(strstr(out, text), "check does not print %s", text);
+		free(out);
+		free(c);
+		snprintf(text, sizeof(text), "[cluster]\nwire_dtype = %s\n", names[i]);
+		hash_of(text, h[i]);
+		for (int j = 0; j < i; j++)
+			cr_expect(memcmp(h[i], h[j], CONFIG_HASH_BYTES) != 0, "%s and %s hash the same",
+				  names[i], names[j]);
+	}
+	cr_expect(memcmp(h[0], dflt, CONFIG_HASH_BYTES) == 0, "fp32 is not the default's hash");
+	parse_bad("[cluster]\nwire_dtype = bf8\n",
+		  "test.ini:2: [cluster] wire_dtype: \"bf8\" is not one of fp32, bf16, bf16_grads or bf16_params");
+	parse_bad("[cluster]\nwire_dtype = BF16\n", "\"BF16\" is not one of");
+}

@@ -1,6 +1,7 @@
 /* Tests of net/conn.c over AF_UNIX socketpairs: both handshakes, the
  * state, one message each way, a tensor of several chunks (first chunk
- * taken by hand, the rest on the pipe, as the roles do), the idle
+ * taken by hand, the rest on the pipe, as the roles do), the same in bf16
+ * (serial and on a pool; a float32 receiver refusing it), the idle
  * keep-alive, a wrong cluster key, and conn_shutdown from another thread
  * ending a blocked read at once. */
 #include <criterion/criterion.h>
@@ -17,6 +18,7 @@
 
 #include <sodium.h>
 
+#include "../net/bf16.h"
 #include "../net/conn.h"
 
 static void setup(void)
@@ -163,7 +165,7 @@ Test(conn, tensor_in_chunks)
 	struct sendarg sa = { &cl, &t, -1 };
 	cr_assert_eq(pthread_create(&th, NULL, send_tensor_main, &sa), 0);
 	struct msg_assembly a;
-	cr_assert_eq(msg_assembly_init(&a, WIRE_PUSH, 1, n, e, sizeof(e)), 0);
+	cr_assert_eq(msg_assembly_init(&a, WIRE_PUSH, 1, n, WIRE_F32, e, sizeof(e)), 0);
 	struct conn_chunk_rx x = { .type = WIRE_PUSH, .worker = 3, .a = &a, .dst = dst };
 	cr_assert_eq(conn_recv(&sv.cn, &len, e, sizeof(e)), 0, "%s", e);
 	cr_assert_eq(conn_take_chunk(&sv.cn, &x, len, e, sizeof(e)), 0, "%s", e);
@@ -177,6 +179,83 @@ Test(conn, tensor_in_chunks)
 	free(dst);
 	side_free(&cl);
 	side_free(&sv);
+}
+
+/* Counts the frames a side's connection sent (its send counter). */
+static uint64_t frames_sent(const struct side *s)
+{
+	return s->cn.keys->send.counter;
+}
+
+/* A bf16 tensor of several chunks, serially and with the frames sealed and
+ * opened on pools of 3 threads: msg_chunks(n, WIRE_BF16) frames (half as
+ * many as in float32), every element arriving as its bf16 rounding; and a
+ * receiver that expects float32 refusing the first chunk, as bad. */
+Test(conn, tensor_in_chunks_bf16)
+{
+	for (int pooled = 0; pooled < 2; pooled++) {
+		struct side cl, sv;
+		char e[256];
+		size_t len;
+		struct cryptopool *pool = NULL;
+		pair(&cl, &sv, 9, 9);
+		cr_assert_eq(cl.r, 0, "%s", cl.err);
+		if (pooled) {
+			cr_assert_eq(cryptopool_new(&pool, 3, e, sizeof e), 0, "%s", e);
+			pipe_free(&cl.pp);
+			pipe_free(&sv.pp);
+			cr_assert_eq(pipe_init(&cl.pp, pool, cl.wbuf, CONN_WBUF_BYTES, e, sizeof e), 0);
+			cr_assert_eq(pipe_init(&sv.pp, pool, sv.wbuf, CONN_WBUF_BYTES, e, sizeof e), 0);
+		}
+		uint64_t n = 4 * (uint64_t)MSG_CHUNK_FLOATS + 7; /* 5 float32 chunks, 3 bf16 */
+		float *src = malloc(n * sizeof(float)), *dst = calloc(n, sizeof(float));
+		cr_assert(src && dst);
+		for (uint64_t i = 0; i < n; i++)
+			src[i] = ((float)(i % 1000) - 500.0f) * 1.001f + (float)i * 1e-3f;
+		struct conn_chunk_tx t = { .type = WIRE_PUSH, .dtype = WIRE_BF16, .shard = 1,
+					   .worker = 3, .version = 11, .src = src, .n = n };
+		cr_assert_eq(msg_chunks(n, WIRE_BF16), 3);
+		uint64_t c0 = frames_sent(&cl);
+		pthread_t th;
+		struct sendarg sa = { &cl, &t, -1 };
+		cr_assert_eq(pthread_create(&th, NULL, send_tensor_main, &sa), 0);
+		struct msg_assembly a;
+		cr_assert_eq(msg_assembly_init(&a, WIRE_PUSH, 1, n, WIRE_BF16, e, sizeof(e)), 0);
+		struct conn_chunk_rx x = { .type = WIRE_PUSH, .worker = 3, .a = &a, .dst = dst };
+		cr_assert_eq(conn_recv(&sv.cn, &len, e, sizeof(e)), 0, "%s", e);
+		cr_assert_eq(len, MSG_CHUNK_BYTES(msg_chunk_max(WIRE_BF16), WIRE_BF16));
+		cr_assert_eq(conn_take_chunk(&sv.cn, &x, len, e, sizeof(e)), 0, "%s", e);
+		cr_assert_eq(conn_recv_rest(&sv.cn, &x, e, sizeof(e)), 0, "%s", e);
+		pthread_join(th, NULL);
+		cr_assert_eq(sa.r, 0);
+		cr_assert(msg_assembly_done(&a));
+		cr_assert_eq(frames_sent(&cl) - c0, 3, "%s: frames", pooled ? "pooled" : "serial");
+		for (uint64_t i = 0; i < n; i++) {
+			uint32_t u, v;
+			memcpy(&u, &src[i], 4);
+			memcpy(&v, &dst[i], 4);
+			cr_assert_eq(v, (uint32_t)bf16_round(u) << 16, "element %llu: %a for %a",
+				     (unsigned long long)i, (double)dst[i], (double)src[i]);
+		}
+
+		/* The same tensor to a receiver that expects float32. */
+		sa.r = -1;
+		cr_assert_eq(pthread_create(&th, NULL, send_tensor_main, &sa), 0);
+		cr_assert_eq(msg_assembly_init(&a, WIRE_PUSH, 1, n, WIRE_F32, e, sizeof(e)), 0);
+		x = (struct conn_chunk_rx){ .type = WIRE_PUSH, .worker = 3, .a = &a, .dst = dst };
+		cr_assert_eq(conn_recv(&sv.cn, &len, e, sizeof(e)), 0, "%s", e);
+		cr_assert_eq(conn_take_chunk(&sv.cn, &x, len, e, sizeof(e)), -EPROTO);
+		cr_assert(x.bad);
+		cr_assert(strstr(e, "PUSH: chunk in bf16, but this side expects fp32"), "%s", e);
+		conn_close(&sv.cn); /* as a ps does: the sender's write fails */
+		pthread_join(th, NULL);
+		cr_assert_neq(sa.r, 0);
+		free(src);
+		free(dst);
+		side_free(&cl);
+		side_free(&sv);
+		cryptopool_destroy(pool);
+	}
 }
 
 Test(conn, wrong_key_is_refused_on_both_sides)

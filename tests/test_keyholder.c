@@ -133,7 +133,7 @@ static void send_pull(int fd, struct hs_result *hr, uint32_t shard, uint64_t ver
 static void send_push(int fd, struct hs_result *hr, uint32_t w, uint64_t v, uint64_t offset,
 		      uint32_t count, const float *src)
 {
-	static uint8_t m[MSG_CHUNK_BYTES(1024)];
+	static uint8_t m[MSG_CHUNK_BYTES(1024, WIRE_F32)];
 	size_t len;
 	char err[256];
 	cr_assert_leq(count, 1024);

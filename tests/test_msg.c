@@ -4,7 +4,9 @@
  * counts that disagree with the body, encoder refusals, chunk assembly
  * (in order, gap, overlap, out of range, wrong shard/version/worker,
  * duplicate last chunk), a 669706-float tensor split and reassembled
- * bitwise, and seeded random and mutated bytes through every decoder. */
+ * bitwise, the bf16 dtype (bytes, element counts per chunk, a dtype the
+ * receiver does not expect refused, a tensor reassembled as rounded), and
+ * seeded random and mutated bytes through every decoder. */
 #include <criterion/criterion.h>
 
 #include "leak.h"
@@ -16,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../net/bf16.h"
 #include "../net/msg.h"
 #include "../net/wire.h"
 
@@ -198,7 +201,7 @@ Test(msg, round_trip_chunks)
 			cr_assert_eq(msg_encode_chunk(buf, sizeof buf, &c, in, &len, err,
 						      sizeof err),
 				     0, "%s", err);
-			cr_assert_eq(len, MSG_CHUNK_BYTES(counts[k]));
+			cr_assert_eq(len, MSG_CHUNK_BYTES(counts[k], WIRE_F32));
 			cr_assert(len <= FRAME_MAX);
 			cr_assert_eq(msg_type(buf, len, err, sizeof err), types[t]);
 			memset(&out, 0, sizeof out);
@@ -221,7 +224,7 @@ Test(msg, round_trip_chunks)
  * byte buffer still yields the same floats (read byte-wise, never cast). */
 Test(msg, chunk_unaligned_payload)
 {
-	uint8_t raw[MSG_CHUNK_BYTES(5) + 1];
+	uint8_t raw[MSG_CHUNK_BYTES(5, WIRE_F32) + 1];
 	uint8_t *buf = raw + 1;
 	struct msg_chunk out;
 	float back[5];
@@ -540,7 +543,7 @@ Test(msg, reserved_bytes_must_be_zero)
 		uint8_t type;
 		size_t from, to;
 	} rows[] = {
-		{ WIRE_PULL, 1, 4 },  { WIRE_PARAMS, 1, 4 }, { WIRE_PUSH, 1, 4 },
+		{ WIRE_PULL, 1, 4 },  { WIRE_PARAMS, 2, 4 }, { WIRE_PUSH, 2, 4 }, /* 1: dtype */
 		{ WIRE_ACK, 1, 4 },   { WIRE_ACK, 20, 24 },  { WIRE_CHECKPOINT, 2, 8 },
 		{ WIRE_STATUS, 3, 4 }, { WIRE_DONE, 2, 4 },  { WIRE_ERROR, 1, 4 },
 		{ WIRE_HEARTBEAT, 1, 8 }, { WIRE_ROLLBACK, 1, 8 },
@@ -696,7 +699,7 @@ Test(msg, encoders_refuse)
 		       err, "PARAMS", "params worker");
 	c.worker = 0;
 	err[0] = '\0';
-	assert_refused(msg_encode_chunk(buf, MSG_CHUNK_BYTES(3) - 1, &c, src, &len, err,
+	assert_refused(msg_encode_chunk(buf, MSG_CHUNK_BYTES(3, WIRE_F32) - 1, &c, src, &len, err,
 					sizeof err),
 		       -ENOBUFS, err, "PARAMS", "small buffer");
 	cr_assert_eq(len, 12345, "len written on failure");
@@ -736,17 +739,17 @@ Test(msg, chunk_counts)
 	uint64_t off;
 	uint32_t cnt;
 
-	cr_assert_eq(msg_chunks(0), 0);
-	cr_assert_eq(msg_chunks(1), 1);
-	cr_assert_eq(msg_chunks(MSG_CHUNK_FLOATS), 1);
-	cr_assert_eq(msg_chunks(MSG_CHUNK_FLOATS + 1), 2);
-	cr_assert_eq(msg_chunks(669706), 3);
-	msg_chunk_range(669706, 0, &off, &cnt);
+	cr_assert_eq(msg_chunks(0, WIRE_F32), 0);
+	cr_assert_eq(msg_chunks(1, WIRE_F32), 1);
+	cr_assert_eq(msg_chunks(MSG_CHUNK_FLOATS, WIRE_F32), 1);
+	cr_assert_eq(msg_chunks(MSG_CHUNK_FLOATS + 1, WIRE_F32), 2);
+	cr_assert_eq(msg_chunks(669706, WIRE_F32), 3);
+	msg_chunk_range(669706, WIRE_F32, 0, &off, &cnt);
 	cr_assert(off == 0 && cnt == MSG_CHUNK_FLOATS);
-	msg_chunk_range(669706, 2, &off, &cnt);
+	msg_chunk_range(669706, WIRE_F32, 2, &off, &cnt);
 	cr_assert_eq(off, 2 * MSG_CHUNK_FLOATS);
 	cr_assert_eq(cnt, 669706 - 2 * MSG_CHUNK_FLOATS);
-	msg_chunk_range(MSG_CHUNK_FLOATS, 0, &off, &cnt);
+	msg_chunk_range(MSG_CHUNK_FLOATS, WIRE_F32, 0, &off, &cnt);
 	cr_assert(off == 0 && cnt == MSG_CHUNK_FLOATS);
 }
 
@@ -766,7 +769,7 @@ Test(msg, assembly_in_order_completes_exactly)
 	char err[256] = "";
 	float dst[10];
 
-	cr_assert_eq(msg_assembly_init(&a, WIRE_PUSH, 2, 10, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(msg_assembly_init(&a, WIRE_PUSH, 2, 10, WIRE_F32, err, sizeof err), 0, "%s", err);
 	cr_assert_not(msg_assembly_done(&a));
 	cr_assert_eq(msg_assembly_add(&a, &(struct msg_chunk){ 0 }, NULL, err, sizeof err),
 		     -EPROTO, "a zeroed chunk");
@@ -813,7 +816,7 @@ Test(msg, assembly_rejections)
 		float dst[10];
 		struct msg_chunk c = mk(WIRE_PUSH, 2, 7, 1, 0, 4);
 
-		cr_assert_eq(msg_assembly_init(&a, WIRE_PUSH, 2, 10, err, sizeof err), 0);
+		cr_assert_eq(msg_assembly_init(&a, WIRE_PUSH, 2, 10, WIRE_F32, err, sizeof err), 0);
 		cr_assert_eq(msg_assembly_add(&a, &c, dst, err, sizeof err), 0, "%s", err);
 		before = a;
 		for (int i = 0; i < 10; i++)
@@ -840,7 +843,7 @@ Test(msg, assembly_duplicate_last_chunk)
 	char err[256] = "";
 	struct msg_chunk c = mk(WIRE_PARAMS, 0, 3, 0, 0, 5);
 
-	cr_assert_eq(msg_assembly_init(&a, WIRE_PARAMS, 0, 8, err, sizeof err), 0);
+	cr_assert_eq(msg_assembly_init(&a, WIRE_PARAMS, 0, 8, WIRE_F32, err, sizeof err), 0);
 	cr_assert_eq(msg_assembly_add(&a, &c, NULL, err, sizeof err), 0, "%s", err);
 	c = mk(WIRE_PARAMS, 0, 3, 0, 5, 3);
 	cr_assert_eq(msg_assembly_add(&a, &c, NULL, err, sizeof err), 1, "%s", err);
@@ -857,10 +860,10 @@ Test(msg, assembly_init_refuses)
 	struct msg_assembly a;
 	char err[256] = "";
 
-	assert_refused(msg_assembly_init(&a, WIRE_ACK, 0, 10, err, sizeof err), -EINVAL, err, NULL,
+	assert_refused(msg_assembly_init(&a, WIRE_ACK, 0, 10, WIRE_F32, err, sizeof err), -EINVAL, err, NULL,
 		       "ack assembly");
 	err[0] = '\0';
-	assert_refused(msg_assembly_init(&a, WIRE_PUSH, 0, 0, err, sizeof err), -EINVAL, err,
+	assert_refused(msg_assembly_init(&a, WIRE_PUSH, 0, 0, WIRE_F32, err, sizeof err), -EINVAL, err,
 		       "PUSH", "empty assembly");
 }
 
@@ -882,15 +885,15 @@ Test(msg, full_tensor_bitwise)
 		memcpy(&src[i], &u, sizeof u);
 	}
 	memset(dst, 0, N * sizeof *dst);
-	cr_assert_eq(msg_assembly_init(&a, WIRE_PUSH, 1, N, err, sizeof err), 0);
-	uint64_t nchunks = msg_chunks(N);
+	cr_assert_eq(msg_assembly_init(&a, WIRE_PUSH, 1, N, WIRE_F32, err, sizeof err), 0);
+	uint64_t nchunks = msg_chunks(N, WIRE_F32);
 	cr_assert_eq(nchunks, 3);
 	for (uint64_t i = 0; i < nchunks; i++) {
 		struct msg_chunk c = { .type = WIRE_PUSH, .shard = 1, .version = 41, .worker = 3 };
 		struct msg_chunk in;
 		size_t len = 0;
 
-		msg_chunk_range(N, i, &c.offset, &c.count);
+		msg_chunk_range(N, WIRE_F32, i, &c.offset, &c.count);
 		cr_assert_eq(msg_encode_chunk(buf, MSG_CHUNK_BYTES_MAX, &c, src + c.offset, &len,
 					      err, sizeof err),
 			     0, "%s", err);
@@ -901,6 +904,208 @@ Test(msg, full_tensor_bitwise)
 			     err);
 	}
 	cr_assert_eq(memcmp(src, dst, N * sizeof *src), 0, "tensor differs after reassembly");
+	free(src);
+	free(dst);
+	free(buf);
+}
+
+/* ---- the bf16 dtype -------------------------------------------------------- */
+
+/* The sample PUSH in bf16: byte 1 is the dtype, each value its upper 16
+ * bits rounded to nearest even, little-endian (docs/PROTOCOL.md). */
+Test(msg, bf16_bytes_match_protocol)
+{
+	uint8_t buf[64];
+	size_t len = 0;
+	char err[256] = "";
+	const uint8_t push[32 + 10] = {
+		4,   1, 0, 0,    1, 0, 0, 0,               /* type, dtype bf16, shard 1 */
+		9,   0, 0, 0,    0, 0, 0, 0,               /* version 9 */
+		100, 0, 0, 0,    0, 0, 0, 0,               /* offset 100 */
+		5,   0, 0, 0,    2, 0, 0, 0,               /* count 5, worker 2 */
+		0xc0, 0x3f,                                /* 1.5f: 0x3fc00000, exact */
+		0x00, 0x80,                                /* -0.0f */
+		0xae, 0x34,                                /* 3.25e-7f: 0x34ae7ba9, down */
+		0x4a, 0xf1,                                /* -1e30f: 0xf149f2ca, up */
+		0x28, 0x42,                                /* 42.0f */
+	};
+	struct msg_chunk c = { .type = WIRE_PUSH, .dtype = WIRE_BF16, .shard = 1, .version = 9,
+			       .offset = 100, .count = 5, .worker = 2 };
+	cr_assert_eq(msg_encode_chunk(buf, sizeof buf, &c, SAMPLE_FLOATS, &len, err, sizeof err), 0,
+		     "%s", err);
+	cr_assert_eq(len, sizeof push);
+	cr_assert_eq(len, MSG_CHUNK_BYTES(5, WIRE_BF16));
+	for (size_t i = 0; i < len; i++)
+		cr_assert_eq(buf[i], push[i], "PUSH byte %zu: %02x, want %02x", i, buf[i], push[i]);
+
+	struct msg_chunk out;
+	float back[5];
+	cr_assert_eq(msg_decode_chunk(push, sizeof push, &out, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(out.dtype, WIRE_BF16);
+	cr_assert_eq(out.count, 5);
+	msg_chunk_floats(back, &out);
+	const float want[5] = { 1.5f, -0.0f, 0x1.5cp-22f, -0x1.94p+99f, 42.0f };
+	cr_assert_eq(memcmp(back, want, sizeof want), 0, "%a %a %a %a %a", (double)back[0],
+		     (double)back[1], (double)back[2], (double)back[3], (double)back[4]);
+}
+
+/* A bf16 chunk carries up to twice the elements of a float32 one in the
+ * same WIRE_CHUNK_MAX bytes; counts and lengths are checked per dtype. */
+Test(msg, bf16_counts_per_chunk)
+{
+	static uint8_t buf[MSG_CHUNK_BYTES_MAX + 8];
+	static float src[2 * MSG_CHUNK_FLOATS + 1];
+	char err[256] = "";
+	size_t len = 0;
+
+	cr_assert_eq(msg_chunk_max(WIRE_F32), 262144);
+	cr_assert_eq(msg_chunk_max(WIRE_BF16), 524288);
+	cr_assert_eq(MSG_CHUNK_BYTES(msg_chunk_max(WIRE_BF16), WIRE_BF16), MSG_CHUNK_BYTES_MAX);
+
+	struct msg_chunk c = { .type = WIRE_PARAMS, .dtype = WIRE_BF16, .count = 524288 };
+	cr_assert_eq(msg_encode_chunk(buf, sizeof buf, &c, src, &len, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(len, MSG_CHUNK_BYTES_MAX);
+	struct msg_chunk out;
+	cr_assert_eq(msg_decode_chunk(buf, len, &out, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(out.count, 524288);
+
+	c.count = 524289;
+	err[0] = '\0';
+	assert_refused(msg_encode_chunk(buf, sizeof buf, &c, src, &len, err, sizeof err), -EINVAL,
+		       err, "PARAMS", "bf16 count over the max");
+	/* One more element declared: refused as a count, before the length. */
+	wire_put_u32(buf + 24, 524289);
+	err[0] = '\0';
+	assert_refused(msg_decode_chunk(buf, MSG_CHUNK_BYTES_MAX, &out, err, sizeof err), -EPROTO,
+		       err, "count 524289 is not in 1..524288 (bf16)", "bf16 count");
+	/* The float32 bound still holds for a float32 chunk of that length. */
+	buf[1] = WIRE_F32;
+	wire_put_u32(buf + 24, 262145);
+	err[0] = '\0';
+	assert_refused(msg_decode_chunk(buf, MSG_CHUNK_BYTES_MAX, &out, err, sizeof err), -EPROTO,
+		       err, "count 262145 is not in 1..262144 (fp32)", "fp32 count");
+	/* A bf16 chunk whose length is that of float32 values, and the reverse. */
+	len = sample(WIRE_PUSH, buf, sizeof buf); /* 5 float32 values: 52 bytes */
+	buf[1] = WIRE_BF16;
+	err[0] = '\0';
+	assert_refused(msg_decode_chunk(buf, len, &out, err, sizeof err), -EMSGSIZE, err,
+		       "count 5 needs exactly 42 (bf16)", "bf16 length");
+	/* The smallest chunk: one bf16 value, 34 bytes. */
+	c = (struct msg_chunk){ .type = WIRE_PUSH, .dtype = WIRE_BF16, .count = 1 };
+	cr_assert_eq(msg_encode_chunk(buf, sizeof buf, &c, src, &len, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(len, 34);
+	cr_assert_eq(msg_decode_chunk(buf, len, &out, err, sizeof err), 0, "%s", err);
+	err[0] = '\0';
+	assert_refused(msg_decode_chunk(buf, 33, &out, err, sizeof err), -EMSGSIZE, err, "PUSH",
+		       "33 bytes");
+
+	/* Chunking counts elements: 3 float32 chunks of the MLP are 2 in bf16. */
+	const uint64_t N = 669706;
+	cr_assert_eq(msg_chunks(N, WIRE_F32), 3);
+	cr_assert_eq(msg_chunks(N, WIRE_BF16), 2);
+	cr_assert_eq(msg_chunks(524288, WIRE_BF16), 1);
+	cr_assert_eq(msg_chunks(524289, WIRE_BF16), 2);
+	uint64_t off;
+	uint32_t cnt;
+	msg_chunk_range(N, WIRE_BF16, 0, &off, &cnt);
+	cr_assert(off == 0 && cnt == 524288);
+	msg_chunk_range(N, WIRE_BF16, 1, &off, &cnt);
+	cr_assert(off == 524288 && cnt == N - 524288);
+}
+
+/* Unknown dtypes are refused by the decoder, the encoder and the
+ * assembly; a chunk of a known dtype the receiver does not expect is
+ * refused by the assembly, naming both, and changes nothing. */
+Test(msg, dtype_refusals)
+{
+	uint8_t buf[256];
+	char err[256] = "";
+	struct msg_chunk c;
+	struct msg_assembly a;
+	float dst[5] = { 0 };
+
+	size_t len = sample(WIRE_PUSH, buf, sizeof buf);
+	for (unsigned dt = 2; dt < 256; dt += 51) {
+		buf[1] = (uint8_t)dt;
+		err[0] = '\0';
+		assert_refused(msg_decode_chunk(buf, len, &c, err, sizeof err), -EPROTO, err,
+			       "unknown dtype", "dtype byte");
+	}
+	struct msg_chunk bad = { .type = WIRE_PUSH, .dtype = 2, .count = 1 };
+	err[0] = '\0';
+	assert_refused(msg_encode_chunk(buf, sizeof buf, &bad, SAMPLE_FLOATS, &len, err, sizeof err),
+		       -EINVAL, err, "unknown dtype 2", "encode dtype");
+	err[0] = '\0';
+	assert_refused(msg_assembly_init(&a, WIRE_PUSH, 0, 5, 2, err, sizeof err), -EINVAL, err,
+		       "dtype", "assembly dtype");
+
+	/* bf16 sent, float32 expected, and the reverse. */
+	for (int k = 0; k < 2; k++) {
+		unsigned sent = k ? WIRE_F32 : WIRE_BF16, want = k ? WIRE_BF16 : WIRE_F32;
+		struct msg_chunk m = { .type = WIRE_PUSH, .dtype = (uint8_t)sent, .shard = 0,
+				       .version = 3, .worker = 1, .count = 5 };
+		cr_assert_eq(msg_encode_chunk(buf, sizeof buf, &m, SAMPLE_FLOATS, &len, err, sizeof err),
+			     0, "%s", err);
+		cr_assert_eq(msg_decode_chunk(buf, len, &c, err, sizeof err), 0, "%s", err);
+		cr_assert_eq(msg_assembly_init(&a, WIRE_PUSH, 0, 5, want, err, sizeof err), 0);
+		struct msg_assembly before = a;
+		err[0] = '\0';
+		assert_refused(msg_assembly_add(&a, &c, dst, err, sizeof err), -EPROTO, err, "PUSH",
+			       "dtype mismatch");
+		char text[128];
+		snprintf(text, sizeof text, "chunk in %s, but this side expects %s",
+			 wire_dtype_name(sent), wire_dtype_name(want));
+		cr_assert_not_null(strstr(err, text), "want \"%s\" in \"%s\"", text, err);
+		cr_assert_eq(memcmp(&a, &before, sizeof a), 0, "the assembly changed");
+		for (int i = 0; i < 5; i++)
+			cr_assert(dst[i] == 0.0f, "a refused chunk was copied");
+	}
+}
+
+/* The MLP-sized tensor again, as bf16 PUSH chunks (2 of them): every
+ * element arrives as its bf16 rounding (bf16_round), exactly. */
+Test(msg, full_tensor_bf16)
+{
+	const uint64_t N = 669706;
+	float *src = malloc(N * sizeof *src), *dst = malloc(N * sizeof *dst);
+	uint8_t *buf = malloc(MSG_CHUNK_BYTES_MAX);
+	struct msg_assembly a;
+	char err[256] = "";
+
+	cr_assert(src && dst && buf);
+	rng_state = 4242;
+	for (uint64_t i = 0; i < N; i++)
+		src[i] = (float)((int64_t)(rng_next() >> 11) - (1ll << 52)) * 0x1p-60f;
+	cr_assert_eq(msg_assembly_init(&a, WIRE_PUSH, 1, N, WIRE_BF16, err, sizeof err), 0);
+	uint64_t nchunks = msg_chunks(N, WIRE_BF16);
+	cr_assert_eq(nchunks, 2);
+	for (uint64_t i = 0; i < nchunks; i++) {
+		struct msg_chunk c = { .type = WIRE_PUSH, .dtype = WIRE_BF16, .shard = 1,
+				       .version = 41, .worker = 3 };
+		struct msg_chunk in;
+		size_t len = 0;
+
+		msg_chunk_range(N, WIRE_BF16, i, &c.offset, &c.count);
+		cr_assert_eq(msg_encode_chunk(buf, MSG_CHUNK_BYTES_MAX, &c, src + c.offset, &len,
+					      err, sizeof err),
+			     0, "%s", err);
+		cr_assert_eq(len, MSG_CHUNK_BYTES(c.count, WIRE_BF16));
+		cr_assert_eq(msg_decode_chunk(buf, len, &in, err, sizeof err), 0, "%s", err);
+		int rc = msg_assembly_add(&a, &in, dst, err, sizeof err);
+		cr_assert_eq(rc, i + 1 == nchunks, "chunk %llu: %d %s", (unsigned long long)i, rc, err);
+	}
+	double maxrel = 0;
+	for (uint64_t i = 0; i < N; i++) {
+		uint32_t u, v;
+		memcpy(&u, &src[i], 4);
+		memcpy(&v, &dst[i], 4);
+		cr_assert_eq(v, (uint32_t)bf16_round(u) << 16, "element %llu", (unsigned long long)i);
+		if (src[i] != 0) {
+			double rel = fabs((double)dst[i] - src[i]) / fabs((double)src[i]);
+			maxrel = rel > maxrel ? rel : maxrel;
+		}
+	}
+	cr_assert(maxrel <= 0x1p-8, "relative error %g above 2^-8 (half a bf16 ulp at 1)", maxrel);
 	free(src);
 	free(dst);
 	free(buf);

@@ -89,7 +89,7 @@ static int encode(void *ctx, uint64_t i, uint8_t *msg, size_t cap, size_t *len, 
 {
 	const struct tensor_tx *t = ctx;
 	struct msg_chunk ch = { .type = WIRE_PUSH, .shard = 0, .version = 7, .worker = 1 };
-	msg_chunk_range(t->n, i, &ch.offset, &ch.count);
+	msg_chunk_range(t->n, WIRE_F32, i, &ch.offset, &ch.count);
 	return msg_encode_chunk(msg, cap, &ch, t->src + ch.offset, len, err, errlen);
 }
 
@@ -123,7 +123,7 @@ static void rx_init(struct tensor_rx *x, uint64_t n)
 	x->order_ok = 1;
 	x->dst = calloc(n, sizeof(float));
 	cr_assert_not_null(x->dst);
-	cr_assert_eq(msg_assembly_init(&x->a, WIRE_PUSH, 0, n, e, sizeof e), 0, "%s", e);
+	cr_assert_eq(msg_assembly_init(&x->a, WIRE_PUSH, 0, n, WIRE_F32, e, sizeof e), 0, "%s", e);
 }
 
 static struct cryptopool *pool_of(int threads)
@@ -162,7 +162,7 @@ static void *sender_main(void *arg)
 	struct pipe p;
 	s->rc = -ENOMEM;
 	if (buf && pipe_init(&p, pool, buf, FRAME_BYTES_MAX, s->err, sizeof s->err) == 0) {
-		s->rc = pipe_send(&p, s->fd, &s->tx, msg_chunks(s->t.n), encode, &s->t, IO_MS,
+		s->rc = pipe_send(&p, s->fd, &s->tx, msg_chunks(s->t.n, WIRE_F32), encode, &s->t, IO_MS,
 				  s->err, sizeof s->err);
 		pipe_free(&p);
 	}
@@ -180,7 +180,7 @@ static int receive(int fd, int threads, struct frame_key *rx, struct tensor_rx *
 	cr_assert_not_null(buf);
 	struct pipe p;
 	cr_assert_eq(pipe_init(&p, pool, buf, FRAME_BYTES_MAX, e, elen), 0, "%s", e);
-	int r = pipe_recv(&p, fd, rx, msg_chunks(x->a.n), deliver, x, IO_MS, e, elen);
+	int r = pipe_recv(&p, fd, rx, msg_chunks(x->a.n, WIRE_F32), deliver, x, IO_MS, e, elen);
 	pipe_free(&p);
 	free(buf);
 	cryptopool_destroy(pool);
@@ -209,13 +209,13 @@ static void round_trip(uint64_t n, int tthreads, int rthreads, uint64_t c0)
 	cr_assert_eq(s.rc, 0, "send (%d threads): %s", tthreads, s.err);
 	cr_assert_eq(r, 0, "recv (%d threads): %s", rthreads, e);
 	cr_assert(x.order_ok, "chunks delivered out of order");
-	cr_assert_eq(x.delivered, msg_chunks(n));
+	cr_assert_eq(x.delivered, msg_chunks(n, WIRE_F32));
 	cr_assert(msg_assembly_done(&x.a));
 	cr_assert_eq(memcmp(x.dst, src, n * sizeof(float)), 0,
 		     "tensor of %llu floats changed (%d -> %d threads)", (unsigned long long)n,
 		     tthreads, rthreads);
-	cr_assert_eq(s.tx.counter, c0 + msg_chunks(n));
-	cr_assert_eq(rx.counter, c0 + msg_chunks(n));
+	cr_assert_eq(s.tx.counter, c0 + msg_chunks(n, WIRE_F32));
+	cr_assert_eq(rx.counter, c0 + msg_chunks(n, WIRE_F32));
 	free(src);
 	free(x.dst);
 	close(sv[0]);
@@ -277,7 +277,7 @@ static void *seq_sender_main(void *arg)
 	s->rc = pipe_init(&p, pool, buf, FRAME_BYTES_MAX, s->err, sizeof s->err);
 	for (size_t k = 0; k < NSEQ && s->rc == 0; k++) {
 		struct tensor_tx t = { .src = s->src[k], .n = seq_n(k) };
-		s->rc = pipe_send(&p, s->fd, &s->tx, msg_chunks(t.n), encode, &t, IO_MS, s->err,
+		s->rc = pipe_send(&p, s->fd, &s->tx, msg_chunks(t.n, WIRE_F32), encode, &t, IO_MS, s->err,
 				  sizeof s->err);
 	}
 	pipe_free(&p);
@@ -306,7 +306,7 @@ Test(pipe, one_pipe_many_tensors)
 	for (size_t k = 0; k < NSEQ; k++) {
 		struct tensor_rx x;
 		rx_init(&x, seq_n(k));
-		cr_assert_eq(msg_chunks(seq_n(k)), seq_chunks[k]);
+		cr_assert_eq(msg_chunks(seq_n(k), WIRE_F32), seq_chunks[k]);
 		int r = pipe_recv(&p, sv[1], &rx, seq_chunks[k], deliver, &x, IO_MS, e, sizeof e);
 		cr_assert_eq(r, 0, "tensor %zu: %s", k, e);
 		cr_assert(msg_assembly_done(&x.a));
@@ -334,7 +334,7 @@ Test(pipe, one_pipe_many_tensors)
 static uint8_t *serial_frames(const float *src, uint64_t n, struct frame_key k, size_t *len,
 			      size_t *off /* (chunks + 1) frame starts */)
 {
-	uint64_t C = msg_chunks(n);
+	uint64_t C = msg_chunks(n, WIRE_F32);
 	uint8_t *out = malloc(C * FRAME_BYTES_MAX), *msg = malloc(FRAME_MAX);
 	cr_assert(out && msg);
 	struct tensor_tx t = { .src = src, .n = n };
@@ -395,7 +395,7 @@ Test(pipe, parallel_sender_writes_the_serial_bytes)
 	char e[320];
 	cr_assert_eq(pipe_init(&p, pool, buf, FRAME_BYTES_MAX, e, sizeof e), 0, "%s", e);
 	struct tensor_tx t = { .src = src, .n = n };
-	cr_assert_eq(pipe_send(&p, sv[0], &tx, msg_chunks(n), encode, &t, IO_MS, e, sizeof e), 0,
+	cr_assert_eq(pipe_send(&p, sv[0], &tx, msg_chunks(n, WIRE_F32), encode, &t, IO_MS, e, sizeof e), 0,
 		     "%s", e);
 	shutdown(sv[0], SHUT_WR);
 	pthread_join(th, NULL);
@@ -421,7 +421,7 @@ enum tamper { FLIP, REPLAY, SWAP, TRUNCATE, OVERSIZE };
  * receives with 4 threads; returns pipe_recv's result, sets *delivered. */
 static int tampered(enum tamper how, uint64_t k, uint64_t *delivered, char *e, size_t elen)
 {
-	uint64_t n = 6 * (uint64_t)MSG_CHUNK_FLOATS + 5000, C = msg_chunks(n);
+	uint64_t n = 6 * (uint64_t)MSG_CHUNK_FLOATS + 5000, C = msg_chunks(n, WIRE_F32);
 	float *src = tensor_new(n, 9);
 	struct frame_key tx, rx;
 	keys(&tx, &rx, 0);
@@ -570,7 +570,7 @@ Test(pipe, encode_failure_stops_the_send)
 	char e[320] = "";
 	cr_assert_eq(pipe_init(&p, pool, buf, FRAME_BYTES_MAX, e, sizeof e), 0);
 	struct tensor_tx t = { .src = src, .n = n };
-	int r = pipe_send(&p, sv[0], &tx, msg_chunks(n), encode_fails_at_3, &t, IO_MS, e, sizeof e);
+	int r = pipe_send(&p, sv[0], &tx, msg_chunks(n, WIRE_F32), encode_fails_at_3, &t, IO_MS, e, sizeof e);
 	cr_assert_eq(r, -EINVAL, "%d: %s", r, e);
 	cr_assert_str_eq(e, "chunk 3 refused");
 	shutdown(sv[0], SHUT_WR);
@@ -802,7 +802,7 @@ static void ps_refuses_tampered_push(int replay)
 	cr_assert_eq(hs_client_finish(&h, &hr, h2, sizeof h2, err, sizeof err), 0, "%s", err);
 
 	/* The gradient of the whole shard (1,500,003 floats, 6 chunks). */
-	uint64_t n = 1500003, C = msg_chunks(n);
+	uint64_t n = 1500003, C = msg_chunks(n, WIRE_F32);
 	cr_assert_eq(C, 6);
 	float *g = calloc(n, sizeof(float));
 	uint8_t *msg = malloc(FRAME_MAX), *f = malloc(FRAME_BYTES_MAX), *prev = malloc(FRAME_BYTES_MAX);
@@ -811,7 +811,7 @@ static void ps_refuses_tampered_push(int replay)
 	for (uint64_t i = 0; i < C; i++) {
 		struct msg_chunk ch = { .type = WIRE_PUSH, .shard = 0, .version = 0, .worker = 0 };
 		size_t ml, fl;
-		msg_chunk_range(n, i, &ch.offset, &ch.count);
+		msg_chunk_range(n, WIRE_F32, i, &ch.offset, &ch.count);
 		cr_assert_eq(msg_encode_chunk(msg, FRAME_MAX, &ch, g + ch.offset, &ml, err, sizeof err), 0);
 		cr_assert_eq(frame_seal(&hr.send, f, FRAME_BYTES_MAX, msg, ml, &fl, err, sizeof err), 0);
 		if (i == 3 && replay) {

@@ -2,15 +2,17 @@
  * message body, given to msg_type and to every decoder. Checks the error
  * contract (negative errno, one line), that whatever a decoder accepts
  * re-encodes to exactly the input bytes (the encoding is canonical: there is
- * one byte string per message), and that an accepted PARAMS/PUSH chunk
- * passes a fresh assembly for [0, offset + count) exactly when its offset
- * is 0, completing it. */
+ * one byte string per message; but a bf16 signalling NaN, which comes back
+ * as the same NaN made quiet), that an accepted PARAMS/PUSH chunk passes a
+ * fresh assembly of its dtype for [0, offset + count) exactly when its
+ * offset is 0, completing it, and that an assembly of the other dtype
+ * refuses it. */
 #include "../../net/msg.h"
 #include "fuzz.h"
 
 #include <errno.h>
 
-static float floats[MSG_CHUNK_FLOATS];
+static float floats[2 * MSG_CHUNK_FLOATS]; /* the most values a chunk holds: bf16's */
 static uint8_t re[MSG_CHUNK_BYTES_MAX];
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
@@ -25,6 +27,21 @@ static void same(int rc, size_t relen, const uint8_t *data, size_t size)
 	FUZZ_CHECK(rc == 0);
 	FUZZ_CHECK(relen == size);
 	FUZZ_CHECK(memcmp(re, data, size) == 0);
+}
+
+/* A re-encoded bf16 chunk: the same bytes, but that each signalling NaN
+ * (exponent all ones, mantissa nonzero, quiet bit 6 clear) comes back
+ * with the quiet bit set (net/bf16.h). */
+static void same_bf16(int rc, size_t relen, const uint8_t *data, size_t size)
+{
+	FUZZ_CHECK(rc == 0);
+	FUZZ_CHECK(relen == size);
+	FUZZ_CHECK(memcmp(re, data, MSG_CHUNK_HDR_BYTES) == 0);
+	for (size_t i = MSG_CHUNK_HDR_BYTES; i + 1 < size; i += 2) {
+		uint16_t h = wire_get_u16(data + i), r = wire_get_u16(re + i);
+		int nan = (h & 0x7f80u) == 0x7f80u && (h & 0x7fu) != 0;
+		FUZZ_CHECK(r == (nan ? (h | 0x40u) : h));
+	}
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -52,12 +69,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	err[0] = '\0';
 	if ((rc = msg_decode_chunk(data, size, &c, err, sizeof err)) == 0) {
 		struct msg_assembly a;
-		FUZZ_CHECK(c.count >= 1 && c.count <= MSG_CHUNK_FLOATS);
-		FUZZ_CHECK(size == MSG_CHUNK_BYTES(c.count));
+		FUZZ_CHECK(c.dtype == WIRE_F32 || c.dtype == WIRE_BF16);
+		FUZZ_CHECK(c.dtype == data[1]);
+		FUZZ_CHECK(c.count >= 1 && c.count <= msg_chunk_max(c.dtype));
+		FUZZ_CHECK(size == MSG_CHUNK_BYTES(c.count, c.dtype));
 		msg_chunk_floats(floats, &c);
-		same(msg_encode_chunk(re, sizeof re, &c, floats, &relen, err, sizeof err), relen,
-		     data, size);
-		FUZZ_CHECK(msg_assembly_init(&a, c.type, c.shard, c.offset + c.count, err,
+		rc = msg_encode_chunk(re, sizeof re, &c, floats, &relen, err, sizeof err);
+		if (c.dtype == WIRE_BF16)
+			same_bf16(rc, relen, data, size);
+		else
+			same(rc, relen, data, size);
+		unsigned other = c.dtype == WIRE_BF16 ? WIRE_F32 : WIRE_BF16;
+		FUZZ_CHECK(msg_assembly_init(&a, c.type, c.shard, c.offset + c.count, other, err,
+					     sizeof err) == 0);
+		err[0] = '\0';
+		rc = msg_assembly_add(&a, &c, NULL, err, sizeof err);
+		FUZZ_CHECK(rc == -EPROTO);
+		fuzz_check_err(rc, err);
+		FUZZ_CHECK(msg_assembly_init(&a, c.type, c.shard, c.offset + c.count, c.dtype, err,
 					     sizeof err) == 0);
 		rc = msg_assembly_add(&a, &c, NULL, err, sizeof err);
 		if (c.offset == 0) {

@@ -11,11 +11,16 @@
  *               1   the bytes raw on the wire (a broken frame layer)
  *               2   PULL(version from the bytes)
  *               3   PUSH chunk (offset, count, version, worker from the
- *                   bytes; the floats from the bytes: NaN and inf too)
+ *                   bytes; the floats from the bytes: NaN and inf too;
+ *                   in bf16 if the kind byte's tens digit is odd, 13,
+ *                   33, ..., else in float32)
  *               4   CHECKPOINT(step)   5 ROLLBACK(step)
  *               6   STATUS request     7 DONE(leaving)
  *               8   HEARTBEAT          9 ERROR(text)
- * then the worker's side shuts its writing half and the ps serves until
+ * The ps's [cluster] wire_dtype is bf16 if the input's first byte has an
+ * odd tens digit (18: a HEARTBEAT first), else fp32, so both its
+ * assemblies and a dtype it does not expect are reached.
+ * Then the worker's side shuts its writing half and the ps serves until
  * the end. After each input the ps must be sound: every parameter
  * finite, not stopped by its peer, no connection left (ps_harness_check);
  * sanitizers catch the rest. One worker, sync: a PULL never waits for
@@ -96,7 +101,7 @@ static uint64_t take(const uint8_t *b, size_t n, size_t at, int bytes)
 
 /* The message of one record into msg (cap bytes); its length, or 0 for
  * none (a record whose fields the encoder refuses). */
-static size_t record_msg(int kind, const uint8_t *b, size_t n, uint8_t *msg, size_t cap)
+static size_t record_msg(int kind, int tens, const uint8_t *b, size_t n, uint8_t *msg, size_t cap)
 {
 	char err[256];
 	size_t len = 0;
@@ -113,7 +118,8 @@ static size_t record_msg(int kind, const uint8_t *b, size_t n, uint8_t *msg, siz
 	}
 	case 3: {
 		static float f[64];
-		struct msg_chunk ch = { .type = WIRE_PUSH, .shard = 0, .worker = (uint32_t)take(b, n, 0, 1) % 2,
+		struct msg_chunk ch = { .type = WIRE_PUSH, .dtype = tens % 2 ? WIRE_BF16 : WIRE_F32,
+					.shard = 0, .worker = (uint32_t)take(b, n, 0, 1) % 2,
 					.version = take(b, n, 1, 1), .offset = take(b, n, 2, 1),
 					.count = 1 + take(b, n, 3, 1) % 64 };
 		for (uint64_t i = 0; i < ch.count; i++) {
@@ -168,7 +174,7 @@ static size_t conversation(const uint8_t *data, size_t size, struct frame_key *t
 	static uint8_t msg[4096];
 	size_t at = 0, out = 0;
 	while (at + 2 <= size && out + FRAME_SEALED_BYTES(sizeof(msg)) < sizeof(wire)) {
-		int kind = data[at] % 10;
+		int kind = data[at] % 10, tens = data[at] / 10;
 		size_t n = data[at + 1];
 		const uint8_t *b = data + at + 2;
 		if (n > size - at - 2)
@@ -179,7 +185,7 @@ static size_t conversation(const uint8_t *data, size_t size, struct frame_key *t
 			out += n;
 			continue;
 		}
-		size_t len = record_msg(kind, b, n, msg, sizeof(msg));
+		size_t len = record_msg(kind, tens, b, n, msg, sizeof(msg));
 		size_t flen;
 		char err[256];
 		if (len && frame_seal(tx, wire + out, sizeof(wire) - out, msg, len, &flen, err,
@@ -194,6 +200,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	char err[512];
 	struct ps_harness *h = NULL;
 	nftw(ckpt, rm_one, 8, FTW_DEPTH | FTW_PHYS);
+	cfg.cluster.wire_dtype = size && data[0] / 10 % 2 ? PRECISION_BF16 : PRECISION_FP32;
 	FUZZ_CHECK(ps_harness_open(&h, &cfg, 0, devnull, err, sizeof(err)) == 0);
 
 	/* One key per direction, as a handshake would have made. */

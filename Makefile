@@ -109,7 +109,7 @@ Q :=
 say :=
 endif
 
-.PHONY: all deps deps-test deps-bench test unit test-cpu test-net asan demo bench fuzz clean summary FORCE
+.PHONY: all deps deps-test deps-bench install test unit test-cpu test-net asan demo bench fuzz clean summary FORCE
 .DEFAULT_GOAL := all
 
 all: deps summary $(BIN)
@@ -217,6 +217,15 @@ $(BUILD)/bench/gpu_mlp: $(BUILD)/bench/gpu_mlp.o $(OBJ_CORE)
 $(BUILD)/bench/siege: $(BUILD)/bench/siege.o
 	@mkdir -p $(dir $@)
 	$(call say,LINK,$@)$(CC) $(LDFLAGS) $^ -o $@ -lpthread
+
+# `make install PREFIX=/usr/local` (DESTDIR for staging): the binary and
+# pstrain(1). Nothing else is needed at run time: the binary is static but
+# for glibc.
+PREFIX ?= /usr/local
+install: $(BIN)
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1
+	install -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/pstrain
+	install -m 0644 docs/pstrain.1 $(DESTDIR)$(PREFIX)/share/man/man1/pstrain.1
 
 # Prints tables: pstrain's CPU step throughput against PyTorch's on this machine.
 bench: all $(BENCH_BIN)

@@ -109,7 +109,7 @@ static void usage(FILE *f)
 {
 	fprintf(f, "usage: pstrain COMMAND [options]\n\ncommands:\n");
 	for (size_t i = 0; i < NCOMMANDS; i++)
-		fprintf(f, "  pstrain %-6s %-44s %s\n", commands[i].name, commands[i].args, commands[i].help);
+		fprintf(f, "  pstrain %-6s %-44s  %s\n", commands[i].name, commands[i].args, commands[i].help);
 	fprintf(f, "\noptions:\n"
 		"  --config FILE      cluster config (default ./cluster.ini)\n"
 		"  --set S.K=V        override key K of section [S], e.g. --set train.epochs=3 (repeatable)\n"

@@ -226,9 +226,16 @@ void ps_store_close(struct ps_store *st)
 		st->writer_on = 0;
 	}
 	store_queue_clear(st);
-	snap_free(&st->held);
 	free(st->lay);
 	st->lay = NULL;
+}
+
+/* Sync with backup workers: this ps saves each multiple of
+ * checkpoint_every as its shard reaches it (ps_store_pushed). */
+static int store_saves_itself(const struct ps_store *st)
+{
+	const struct psshard *sh = st->sh;
+	return sh->mode == MODE_SYNC && sh->replicas < sh->workers && st->c->train.checkpoint_every > 0;
 }
 
 /* CHECKPOINT from the chief. Sync: it sends it after pulling version
@@ -244,15 +251,17 @@ void ps_store_checkpoint(struct ps_store *st, uint64_t step, double acc)
 	uint64_t v = psshard_version(st->sh);
 	if (!st->lay)
 		;
+	else if (store_saves_itself(st) && acc < 0 && step <= st->saved_self)
+		;   /* saved when the shard reached it (ps_store_pushed) */
 	else if (v == step || st->sh->mode == MODE_ASYNC)
 		store_save(st, step, acc);
 	else if (v < step)
 		st->pending = step, st->pending_acc = acc;
-	else if (st->held.p && st->held.step == step)
-		store_queue(st, step, acc, &st->held);
 	else
 		role_log(st->out, "ps %d: checkpoint at step %llu skipped: shard already at version %llu",
 			 st->index, (unsigned long long)step, (unsigned long long)v);
+	if (st->lay && store_saves_itself(st) && v == step && step > st->saved_self)
+		st->saved_self = step;
 	pthread_mutex_unlock(st->mu);
 }
 
@@ -264,28 +273,21 @@ void ps_store_pushed(struct ps_store *st)
 	if (st->pending && v == st->pending) {
 		store_save(st, v, st->pending_acc);
 		st->pending = 0;
+		if (store_saves_itself(st))
+			st->saved_self = v;
 	}
-	/* Backup workers: the other workers may take the shard past the
-	 * chief's step before its CHECKPOINT arrives, so every version the
-	 * chief could label is kept until the next one. Without them the
-	 * chief's own push is needed to move on, and its CHECKPOINT always
-	 * comes first. */
-	if (!st->lay || sh->mode != MODE_SYNC || sh->replicas == sh->workers || every <= 0 || v == 0 ||
-	    v % (uint64_t)every != 0 || (st->held.p && st->held.step == v))
-		return;
-	if (!st->held.p && snap_alloc(&st->held, sh)) {
-		role_log(st->out, "ps %d: no memory to hold step %llu for the chief's checkpoint",
-			 st->index, (unsigned long long)v);
-		return;
+	/* Backup workers: the others may take the shard past the chief's
+	 * step before its CHECKPOINT arrives, or the chief may pull a version
+	 * past several multiples at once, so each ps saves every multiple of
+	 * checkpoint_every itself as its shard reaches it (all ps the same
+	 * versions; the final one, with its accuracy, still comes from the
+	 * chief). Without them the chief's own push is needed to move on,
+	 * and its CHECKPOINT always comes first. */
+	if (st->lay && store_saves_itself(st) && v > 0 && v % (uint64_t)every == 0 &&
+	    v < (uint64_t)sh->total && v != st->saved_self) {
+		store_save(st, v, -1);
+		st->saved_self = v;
 	}
-	size_t bytes = sh->n * sizeof(float);
-	st->held.step = v;
-	st->held.t = sh->opt.t;
-	memcpy(st->held.p, sh->params, bytes);
-	if (st->held.m)
-		memcpy(st->held.m, sh->opt.m, bytes);
-	if (st->held.v)
-		memcpy(st->held.v, sh->opt.v, bytes);
 }
 
 /* ROLLBACK from a worker: a restarted ps resumed from checkpoint `step`
@@ -370,7 +372,7 @@ int ps_store_rollback(struct ps_store *st, uint64_t *step_io, char *err, size_t 
 	psshard_rewind(sh, step);
 	*step_io = step;
 	st->pending = 0;
-	st->held.step = 0;   /* of the history just abandoned, too */
+	st->saved_self = step;   /* steps past it are of the history just abandoned */
 	/* Copies not written yet are of the history just abandoned. */
 	for (int i = 0; i < st->qlen; i++)
 		role_log(st->out, "ps %d: checkpoint at step %llu not written: rolled back", st->index,

@@ -37,9 +37,8 @@ struct ps_store {
 	uint64_t pending;         /* CHECKPOINT step not reached yet; 0: none */
 	double pending_acc;       /* its accuracy (ps_store_checkpoint) */
 	struct ps_snap q[PS_STORE_QUEUE_MAX]; /* copies waiting for the writer, oldest first */
-	struct ps_snap held;      /* sync with backup workers: the shard at the newest
-				   * multiple of checkpoint_every, for a CHECKPOINT
-				   * that arrives after the others moved it on */
+	uint64_t saved_self;      /* sync with backup workers: the newest multiple of
+				   * checkpoint_every this ps saved on its own */
 	int qlen, qcap;           /* qcap: min(keep_checkpoints, PS_STORE_QUEUE_MAX) */
 	pthread_t writer;
 	pthread_cond_t wcv;       /* a copy queued, or wstop */
@@ -66,7 +65,7 @@ void ps_store_close(struct ps_store *st);
 void ps_store_checkpoint(struct ps_store *st, uint64_t step, double acc);
 
 /* After a push (under mu): saves the checkpoint waiting for this version;
- * with backup workers, holds a copy of each multiple of checkpoint_every. */
+ * with backup workers, each multiple of checkpoint_every it reaches. */
 void ps_store_pushed(struct ps_store *st);
 
 /* ROLLBACK(*step) (under mu): restores checkpoint *step into the shard

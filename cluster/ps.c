@@ -919,7 +919,10 @@ int cluster_ps(const struct config *c, int index, int fresh, FILE *out,
 	e = ps_open(ps, c, &s, &plan[index], index, fresh, out, err, errlen);
 	if (e)
 		goto out;
-	const struct host *h = &c->cluster.ps[index];
+	/* [cluster] listen: what this host can bind (a pod's 0.0.0.0, a
+	 * private address behind NAT) while workers dial its ps entry. */
+	const struct host *h = c->cluster.nlisten == 0 ? &c->cluster.ps[index]
+			       : &c->cluster.listen[c->cluster.nlisten == 1 ? 0 : index];
 	e = sock_listen(h->name, h->port, 0, &lfd, err, errlen);
 	if (e) {
 		e = e == -ENOMEM ? e : -EINVAL;

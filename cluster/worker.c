@@ -13,6 +13,7 @@
 #include "../core/replica.h"
 #include "../core/shard.h"
 #include "../base/err.h"
+#include "../net/sock.h"
 
 #include <errno.h>
 #include <math.h>
@@ -45,6 +46,23 @@ struct worker {
 	long timed;              /* steps counted in them */
 };
 
+/* A worker listens on nothing, so a wrong entry of its own in [cluster]
+ * workers would go unnoticed (it only names the worker in the handshake):
+ * one line if it is not an address of this host. Only a warning: behind
+ * NAT, or in a pod named by a service, it legitimately is not. */
+static void worker_check_address(struct worker *wr)
+{
+	const struct host *h = &wr->c->cluster.workers[wr->index];
+	char e[300];
+	int r = sock_is_own_address(h->name, e, sizeof(e));
+	if (r == 0)
+		role_log(wr->out, "worker %d: note: [cluster] workers lists this worker as %s:%u, which is not an address of this host (a typo, or NAT)",
+			 wr->index, h->name, h->port);
+	else if (r < 0)
+		role_log(wr->out, "worker %d: note: [cluster] workers lists this worker as %s:%u: %s",
+			 wr->index, h->name, h->port, e);
+}
+
 /* Setup, devices, links (connected) and the progress line. */
 static int worker_open(struct worker *wr, char *err, size_t errlen)
 {
@@ -55,6 +73,7 @@ static int worker_open(struct worker *wr, char *err, size_t errlen)
 		e = shard_check(c->cluster.nps, wr->s.job.m.nparams, err, errlen);
 	if (e)
 		return e;
+	worker_check_address(wr);
 	shard_plan(plan, c->cluster.nps, wr->s.job.m.nparams);
 	char job[64];
 	snprintf(job, sizeof(job), "/job:worker/task:%d", wr->index);

@@ -347,6 +347,9 @@ static int key_parse(struct config *c, const struct key_def *k, const char *val,
 		struct host_list l = { f, config_count_field(c, k) };
 		if (!append)
 			*l.n = 0;
+		/* An empty listen is "none": each ps binds its entry. */
+		if (val[0] == '\0' && strcmp(k->key, "listen") == 0)
+			return 0;
 		return parse_list(val, host_item, &l, err, errlen);
 	}
 	case K_DEVICES: {
@@ -647,6 +650,12 @@ static int config_finish(struct config *c, const struct parse *p, char *err, siz
 				return -EINVAL;
 			}
 		}
+	}
+	if (c->cluster.nlisten > 1 && c->cluster.nlisten != c->cluster.nps) {
+		where(at, sizeof(at), p, "cluster", "listen");
+		snprintf(err, errlen, "%s: [cluster] listen: %d addresses for %d ps (give one for every ps, or one for all)",
+			 at, c->cluster.nlisten, c->cluster.nps);
+		return -EINVAL;
 	}
 	if (c->train.replicas_to_aggregate == 0)
 		c->train.replicas_to_aggregate = c->cluster.nworkers;

@@ -48,6 +48,8 @@ struct config {
 		int nps;
 		struct host workers[CONFIG_MAX_HOSTS];
 		int nworkers;
+		struct host listen[CONFIG_MAX_HOSTS]; /* what each ps binds; none: its ps entry */
+		int nlisten;                /* 0, 1 (every ps) or nps (ps K: entry K) */
 		char key_file[DATA_PATH_MAX];
 		double connect_timeout;     /* seconds a worker retries a ps */
 		int crypto_threads;         /* sealing/opening threads, 0 = auto, 1 = none */

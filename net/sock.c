@@ -14,6 +14,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -612,4 +613,45 @@ int sock_read_frame(int fd, struct frame_key *rx, uint8_t *buf, size_t cap, size
 	if (r < 0)
 		return r;
 	return frame_open(rx, hdr, buf, ctlen, buf, cap, msglen, err, errlen);
+}
+
+/* Whether two socket addresses (IPv4 or IPv6) name the same host address,
+ * 127.0.0.0/8 counting as one (lo answers all of it). */
+static int sock_same_host(const struct sockaddr *a, const struct sockaddr *b)
+{
+	if (a->sa_family != b->sa_family)
+		return 0;
+	if (a->sa_family == AF_INET) {
+		uint32_t x = ntohl(((const struct sockaddr_in *)a)->sin_addr.s_addr);
+		uint32_t y = ntohl(((const struct sockaddr_in *)b)->sin_addr.s_addr);
+		return x == y || (x >> 24 == 127 && y >> 24 == 127);
+	}
+	if (a->sa_family == AF_INET6)
+		return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr,
+			      &((const struct sockaddr_in6 *)b)->sin6_addr, sizeof(struct in6_addr)) == 0;
+	return 0;
+}
+
+int sock_is_own_address(const char *host, char *err, size_t errlen)
+{
+	struct addrinfo hints = { .ai_socktype = SOCK_STREAM }, *res = NULL;
+	int g = getaddrinfo(host, NULL, &hints, &res);
+	if (g) {
+		snprintf(err, errlen, "cannot resolve \"%s\": %s", host, gai_strerror(g));
+		return -ENOENT;
+	}
+	struct ifaddrs *ifs = NULL;
+	if (getifaddrs(&ifs)) {
+		int e = errno;
+		freeaddrinfo(res);
+		snprintf(err, errlen, "cannot list this host's addresses: %s", strerror(e));
+		return -e;
+	}
+	int own = 0;
+	for (struct addrinfo *a = res; a && !own; a = a->ai_next)
+		for (struct ifaddrs *i = ifs; i && !own; i = i->ifa_next)
+			own = i->ifa_addr && sock_same_host(a->ai_addr, i->ifa_addr);
+	freeifaddrs(ifs);
+	freeaddrinfo(res);
+	return own;
 }

@@ -145,4 +145,10 @@ SOCK_MUST_CHECK int sock_read_sealed(int fd, uint8_t hdr[FRAME_HDR_BYTES], uint8
 				     size_t cap, size_t *ctlen, int timeout_ms, char *err,
 				     size_t errlen);
 
+/* 1 if host (a name or an address) resolves to an address of one of this
+ * host's interfaces, 0 if not, or -ENOENT (it does not resolve) or another
+ * negative errno with one line in err. For the warning a worker gives when
+ * its own entry in [cluster] workers is not this host. */
+int sock_is_own_address(const char *host, char *err, size_t errlen);
+
 #endif

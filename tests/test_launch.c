@@ -13,6 +13,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "config.h"
 #include "json.h"
@@ -263,5 +269,62 @@ Test(launch, tfjob_tf_config_trains_on_loopback, .timeout = 120)
 	cr_assert_eq(st[0], 2, "%s", slurp(bad));
 	cr_assert_not_null(strstr(slurp(bad), "--index 1, but TF_CONFIG (task chief 0) makes this task worker 0"), "%s",
 			   slurp(bad));
+	test_dir_remove(dir);
+}
+
+/* Polls the file at path for text, up to 20 s. */
+static int log_has(const char *path, const char *text)
+{
+	for (int i = 0; i < 200; i++) {
+		if (strstr(slurp(path), text))
+			return 1;
+		struct timespec t = { 0, 100 * 1000 * 1000 };
+		nanosleep(&t, NULL);
+	}
+	return 0;
+}
+
+static int can_connect(int port)
+{
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	a.sin_addr.s_addr = htonl(0x7f000001);
+	int ok = connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+	close(fd);
+	return ok;
+}
+
+/* Issue 16 item 6: a ps binds [cluster] listen, not its entry, which is
+ * what workers dial; a worker whose own entry is not this host says so. */
+Test(launch, listen_is_what_a_ps_binds_and_a_wrong_worker_entry_is_named, .timeout = 60)
+{
+	char dir[200], cfg[300], out[2][300], listen[64];
+	test_dir_make(dir, sizeof(dir), "listen");
+	snprintf(cfg, sizeof(cfg), "%s/c.ini", dir);
+	write_cluster(dir, cfg, 10, 0, "", "");
+	struct config c;
+	cr_assert_eq(config_load(&c, cfg, NULL, 0, err, sizeof(err)), 0, "%s", err);
+	int entry = c.cluster.ps[0].port, bound = free_port();
+	snprintf(listen, sizeof(listen), "cluster.listen=127.0.0.1:%d", bound);
+	snprintf(out[0], sizeof(out[0]), "%s/ps.log", dir);
+	const char *args[] = { "ps", "--index", "0", "--config", cfg, "--set", listen, NULL };
+	pid_t ps = spawn_pstrain(args, out[0], NULL);
+	char want[100];
+	snprintf(want, sizeof(want), "listening on 127.0.0.1:%d", bound);
+	int up = log_has(out[0], want);
+	int on_bound = can_connect(bound), on_entry = can_connect(entry);
+	kill(ps, SIGTERM);
+	int st;
+	wait_children(&ps, 1, &st, 20);
+	cr_assert(up, "%s", slurp(out[0]));
+	cr_assert(on_bound && !on_entry, "bound %d: %d, entry %d: %d", bound, on_bound, entry, on_entry);
+	/* 192.0.2.1 (TEST-NET-1) is nobody's address here */
+	snprintf(out[1], sizeof(out[1]), "%s/w.log", dir);
+	const char *wargs[] = { "worker", "--index", "1", "--config", cfg, "--set",
+				"cluster.workers=127.0.0.1:1, 192.0.2.1:2", "--set", "cluster.connect_timeout=1", NULL };
+	pid_t w = spawn_pstrain(wargs, out[1], NULL);
+	wait_children(&w, 1, &st, 30);
+	cr_assert_not_null(strstr(slurp(out[1]), "lists this worker as 192.0.2.1:2, which is not an address of this host"),
+			   "%s", slurp(out[1]));
 	test_dir_remove(dir);
 }

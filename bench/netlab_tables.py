@@ -160,8 +160,10 @@ def main():
                   "sends (P/2)*b*2 = P*b; a DDP rank's ring allreduce of 2 ranks also sends and "
                   "receives P*b. P = %d, b = 4 bytes (2 with a 16-bit wire_dtype). Link rate: the "
                   "slowest host's mean per-direction rate with both directions at once (iperf3 --bidir).\n" % a.params)
-            print("| row | link | rate per direction | bytes per step each way | floor ms/step | max steps/s | steps/s | fraction of the floor's rate |")
-            print("|---|---|---|---|---|---|---|---|")
+            print("| row | link | rate per direction | bytes per step each way | floor ms/step "
+                  "(both ways at once) | max steps/s | push then pull: ms/step, max steps/s | "
+                  "steps/s | of the full-duplex max | of the push-then-pull max |")
+            print("|---|---|---|---|---|---|---|---|---|---|")
             for row in rows:
                 m, b = info.get(row, ("sync", 4))
                 if row != "ddp" and m != "sync":
@@ -173,9 +175,13 @@ def main():
                     nb = a.params * b
                     ms = nb * 8 / (mbit * 1e6) * 1e3
                     got = med(sps.get((rate, row), []))
-                    print("| %s | %s | %.0f Mbit/s | %.2f MB | %.2f | %.1f | %s | %s |" % (
-                        label(row), rate, mbit, nb / 1e6, ms, 1e3 / ms, fmt(got),
-                        "**%.0f%%**" % (100 * got * ms / 1e3) if got else "-"))
+                    print("| %s | %s | %.0f Mbit/s | %.2f MB | %.2f | %.1f | %.2f, %.1f | %s | %s | %s |" % (
+                        label(row), rate, mbit, nb / 1e6, ms, 1e3 / ms, 2 * ms, 1e3 / (2 * ms), fmt(got),
+                        "**%.0f%%**" % (100 * got * ms / 1e3) if got else "-",
+                        "%.0f%%" % (100 * got * 2 * ms / 1e3) if got else "-"))
+            print("\nPush then pull: the floor when a worker's link carries one direction at a time "
+                  "(the whole gradient up, then the whole parameter vector down), twice the "
+                  "full-duplex floor.")
 
     # ---- time to accuracy
     if tta:

@@ -2,7 +2,7 @@
 """bench/netlab's tables, from the raw values it wrote to OUT:
 
   links.tsv  rate host one_way_mbit bidir_up_mbit bidir_down_mbit
-  speed.tsv  rate row round steps_s step_ms compute_ms comm_ms cpu_ms ps_cpu_ms allreduce_ms
+  speed.tsv  rate row round steps_s step_ms compute_ms comm_ms cpu_ms ps_cpu_ms allreduce_ms all_cpu_ms
   tta.tsv    rate row round seconds step accuracy reached
 
 ("-" where a value is missing.) Markdown tables on stdout; run it again on
@@ -57,15 +57,16 @@ def main():
     ap.add_argument("--rates", required=True)
     ap.add_argument("--rows", required=True)
     ap.add_argument("--params", type=int, default=0)
-    ap.add_argument("--row-info", default="", help="ROW:MODE:BYTES_PER_PARAM ... for the pstrain rows")
+    ap.add_argument("--row-info", default="",
+                    help="ROW:MODE:PUSH:PULL ... for the pstrain rows (bytes per parameter each way)")
     ap.add_argument("--target", default="88")
     ap.add_argument("--eval-every", default="-")
     a = ap.parse_args()
     rates, rows = a.rates.split(","), a.rows.split(",")
     info = {}
     for t in a.row_info.split():
-        r, m, b = t.split(":")
-        info[r] = (m, int(b))
+        f = t.split(":")
+        info[f[0]] = (f[1], int(f[2]), int(f[3] if len(f) > 3 else f[2]))
 
     links = read(os.path.join(a.out, "links.tsv"))
     speed = read(os.path.join(a.out, "speed.tsv"))
@@ -125,19 +126,23 @@ def main():
 
         # ---- where the time goes
         print("\n### Where a step's time goes (medians, ms per step)\n")
-        print("| row | link | step | compute | communication | worker CPU | ps CPU (each) | not on a CPU (step - worker CPU) | allreduce alone |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        ncpu = len(os.sched_getaffinity(0))
+        print("| row | link | step | compute | communication | worker CPU | ps CPU (each) "
+              "| not on a CPU (step - worker CPU) | allreduce alone | CPU, all processes "
+              "| CPU ceiling, %d CPUs: steps/s |" % ncpu)
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         for row in rows:
             for rate in rates:
                 rs = [r for r in speed if r[0] == rate and r[1] == row]
                 if not rs:
                     continue
-                col = [med([num(r[i]) for r in rs]) for i in range(4, 10)]
-                step, comp, comm, cpu, pscpu, ar = col
+                col = [med([num(r[i]) if i < len(r) else None for r in rs]) for i in range(4, 11)]
+                step, comp, comm, cpu, pscpu, ar, allcpu = col
                 wait = None if step is None or cpu is None else max(0.0, step - cpu)
-                print("| %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+                print("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
                     label(row), rate, fmt(step, 2), fmt(comp, 2), fmt(comm, 2), fmt(cpu, 2),
-                    fmt(pscpu, 2), fmt(wait, 2), fmt(ar, 2)))
+                    fmt(pscpu, 2), fmt(wait, 2), fmt(ar, 2), fmt(allcpu, 2),
+                    fmt(ncpu * 1e3 / allcpu) if allcpu else "-"))
         print("""
 - pstrain: compute and communication come from the chief's `worker 0: per step:`
   line at its exit ("-": this pstrain does not print one); worker CPU is the
@@ -150,38 +155,44 @@ def main():
   optimizer step; timed in chunks alternating with the DDP steps),
   communication = step - compute; worker CPU is rank 0's process CPU time
   per step (torch's and gloo's threads); allreduce alone: one plain
-  `all_reduce` of the P parameters, as DDP's single bucket.""")
+  `all_reduce` of the P parameters, as DDP's single bucket.
+- CPU, all processes: the CPU time per step of every process of the row
+  (pstrain: 2 workers + 2 ps; DDP: 2 ranks), and the most steps/s this
+  machine's CPUs could give it if nothing else ran and the work spread
+  perfectly: a bound that does not depend on other jobs' load.""")
 
         # ---- the link floor
         if a.params and floor_rate:
             print("\n### Against the full-duplex link floor\n")
-            print("Every link carries the same bytes per step each way: a worker sends P*b bytes "
-                  "(its gradient) and receives P*b (the parameters); each of the 2 ps receives and "
-                  "sends (P/2)*b*2 = P*b; a DDP rank's ring allreduce of 2 ranks also sends and "
-                  "receives P*b. P = %d, b = 4 bytes (2 with a 16-bit wire_dtype). Link rate: the "
-                  "slowest host's mean per-direction rate with both directions at once (iperf3 --bidir).\n" % a.params)
-            print("| row | link | rate per direction | bytes per step each way | floor ms/step "
+            print("Every link carries the same bytes per step: a worker sends P*u bytes (its "
+                  "gradient) and receives P*d (the parameters); each of the 2 ps receives P/2*u*2 = "
+                  "P*u and sends P*d; a DDP rank's ring allreduce of 2 ranks sends and receives P*4. "
+                  "P = %d; u, d = 4 bytes, 2 where wire_dtype makes that direction bfloat16. Link "
+                  "rate: the slowest host's mean per-direction rate with both directions at once "
+                  "(iperf3 --bidir).\n" % a.params)
+            print("| row | link | rate per direction | bytes per step up, down | floor ms/step "
                   "(both ways at once) | max steps/s | push then pull: ms/step, max steps/s | "
                   "steps/s | of the full-duplex max | of the push-then-pull max |")
             print("|---|---|---|---|---|---|---|---|---|---|")
             for row in rows:
-                m, b = info.get(row, ("sync", 4))
+                m, up, down = info.get(row, ("sync", 4, 4))
                 if row != "ddp" and m != "sync":
                     continue
                 for rate in rates:
                     if rate not in floor_rate:
                         continue
                     mbit = floor_rate[rate]
-                    nb = a.params * b
-                    ms = nb * 8 / (mbit * 1e6) * 1e3
+                    bit_ms = mbit * 1e3   # bits per ms
+                    ms = a.params * max(up, down) * 8 / bit_ms
+                    seq = a.params * (up + down) * 8 / bit_ms
                     got = med(sps.get((rate, row), []))
-                    print("| %s | %s | %.0f Mbit/s | %.2f MB | %.2f | %.1f | %.2f, %.1f | %s | %s | %s |" % (
-                        label(row), rate, mbit, nb / 1e6, ms, 1e3 / ms, 2 * ms, 1e3 / (2 * ms), fmt(got),
+                    print("| %s | %s | %.0f Mbit/s | %.2f, %.2f MB | %.2f | %.1f | %.2f, %.1f | %s | %s | %s |" % (
+                        label(row), rate, mbit, a.params * up / 1e6, a.params * down / 1e6, ms, 1e3 / ms,
+                        seq, 1e3 / seq, fmt(got),
                         "**%.0f%%**" % (100 * got * ms / 1e3) if got else "-",
-                        "%.0f%%" % (100 * got * 2 * ms / 1e3) if got else "-"))
+                        "%.0f%%" % (100 * got * seq / 1e3) if got else "-"))
             print("\nPush then pull: the floor when a worker's link carries one direction at a time "
-                  "(the whole gradient up, then the whole parameter vector down), twice the "
-                  "full-duplex floor.")
+                  "(the whole gradient up, then the whole parameter vector down).")
 
     # ---- time to accuracy
     if tta:

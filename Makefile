@@ -109,7 +109,7 @@ Q :=
 say :=
 endif
 
-.PHONY: all deps deps-test deps-bench install test unit test-cpu test-net asan demo bench fuzz clean summary FORCE
+.PHONY: all deps deps-test deps-bench install test unit test-cpu test-net asan demo bench netlab fuzz clean summary FORCE
 .DEFAULT_GOAL := all
 
 all: deps summary $(BIN)
@@ -230,6 +230,11 @@ install: $(BIN)
 # Prints tables: pstrain's CPU step throughput against PyTorch's on this machine.
 bench: all $(BENCH_BIN)
 	./bench/cpu_mlp
+
+# pstrain against PyTorch DDP over shaped links in network namespaces (as
+# root): bench/netlab. NETLAB_ARGS passes options, e.g. NETLAB_ARGS=--quick.
+netlab: deps-bench all
+	./bench/netlab --pstrain ./$(BIN) $(NETLAB_ARGS)
 
 # Installs only what is missing. Needs root (or sudo) the first time.
 # The test tools (clang and its libFuzzer runtime, for `make fuzz`) only

@@ -189,7 +189,7 @@ asan:
 demo: all
 	$(Q)[ -e cluster.key ] || ./$(BIN) keygen cluster.key
 	$(Q)d=$$(mktemp -d "$${TMPDIR:-/tmp}/pstrain-demo.XXXXXX") && echo "demo: checkpoints in $$d" && \
-		examples/local-cluster.sh cluster.ini ./$(BIN) -- --set train.checkpoint_dir=$$d
+		examples/local-cluster.sh cluster.ini ./$(BIN) -- --set train.checkpoint_dir=$$d --set train.log_dir=$$d/logs
 
 BENCH_BIN := $(BUILD)/bench/cpu_mlp
 $(BENCH_BIN): $(BUILD)/bench/cpu_mlp.o $(OBJ_CORE)
@@ -241,7 +241,7 @@ netlab: deps-bench all
 # for `make test`, not for the demo.
 DEB_PACKAGES := gcc make libc6-dev libinih-dev libsodium-dev libcriterion-dev \
 	libopenblas-dev zlib1g-dev dataset-fashion-mnist
-TEST_DEB_PACKAGES := clang libclang-rt-14-dev
+TEST_DEB_PACKAGES := clang libclang-rt-14-dev python3 python3-venv
 define install_missing
 	@missing=""; for p in $(1); do \
 		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
@@ -257,8 +257,15 @@ define install_missing
 endef
 deps:
 	$(call install_missing,$(DEB_PACKAGES))
+# TensorBoard's own event reader for tests/test_tblog.c, from PyPI into a
+# venv of Debian's python3 (build/tbvenv, kept between runs).
+TB_VENV := build/tbvenv
 deps-test:
 	$(call install_missing,$(DEB_PACKAGES) $(TEST_DEB_PACKAGES))
+	$(Q)$(TB_VENV)/bin/python -c 'import tensorboard' 2>/dev/null || { \
+		echo "deps: installing tensorboard (PyPI) in $(TB_VENV)"; \
+		/usr/bin/python3 -m venv $(TB_VENV) && $(TB_VENV)/bin/pip install -q tensorboard; } || \
+		{ echo "deps: could not install tensorboard in $(TB_VENV)" >&2; exit 1; }
 # The benchmarks' peers and tools: PyTorch (Debian's build, with gloo) for
 # bench/torch_mlp.py and bench/netlab's DDP, iperf3 for netlab's link check.
 BENCH_DEB_PACKAGES := python3-torch iperf3

@@ -12,6 +12,7 @@
 #include "../core/psshard.h"
 #include "../core/replica.h"
 #include "../core/shard.h"
+#include "../core/tblog.h"
 #include "../base/err.h"
 #include "../net/sock.h"
 
@@ -44,6 +45,9 @@ struct worker {
 	int finished;            /* the shards were at the run's end when it started */
 	double t_compute, t_comm; /* seconds in worker_compute; in pulls and pushes */
 	long timed;              /* steps counted in them */
+	struct tblog tb;         /* the chief's TensorBoard events ([train] log_dir) */
+	double tb_compute, tb_comm; /* t_compute, t_comm at the last event */
+	long tb_timed;
 };
 
 /* A worker listens on nothing, so a wrong entry of its own in [cluster]
@@ -103,12 +107,16 @@ static int worker_open(struct worker *wr, char *err, size_t errlen)
 		 wr->index, wr->chief ? " (chief)" : "", wr->lk.nps, wr->s.job.train.n, wr->s.job.test.n, P, wr->B,
 		 wr->W, wr->total, wr->spe, c->train.mode == MODE_SYNC ? "sync" : "async");
 	progress_init(&wr->pg, wr->out, wr->chief && wr->tty, wr->total, wr->spe);
+	char tbe[CONFIG_ERR_MAX];
+	if (wr->chief && tblog_open(&wr->tb, c->train.log_dir, tbe, sizeof(tbe)))
+		role_log(wr->out, "worker %d: no TensorBoard logs: %s", wr->index, tbe);
 	wr->lk.pg = wr->chief ? &wr->pg : NULL;
 	return 0;
 }
 
 static void worker_close(struct worker *wr)
 {
+	tblog_close(&wr->tb);
 	links_close(&wr->lk);
 	if (wr->own_host) {
 		free(wr->params);
@@ -169,6 +177,23 @@ static int worker_meter_line(struct worker *wr, char *err, size_t errlen)
 	return 0;
 }
 
+/* The chief's evaluation in its TensorBoard events, with the step time
+ * since the last one split into compute and communication. */
+static void worker_log_eval(struct worker *wr, long step)
+{
+	long n = wr->timed - wr->tb_timed;
+	if (!wr->tb.f)
+		return;
+	if (n > 0) {
+		tblog_scalar(&wr->tb, step, "step_time/compute_ms", 1e3 * (wr->t_compute - wr->tb_compute) / (double)n);
+		tblog_scalar(&wr->tb, step, "step_time/communication_ms", 1e3 * (wr->t_comm - wr->tb_comm) / (double)n);
+	}
+	wr->tb_compute = wr->t_compute;
+	wr->tb_comm = wr->t_comm;
+	wr->tb_timed = wr->timed;
+	tblog_eval(&wr->tb, step, &wr->pg, optim_lr(&wr->c->train.optim, step > 0 ? step - 1 : 0, wr->total));
+}
+
 /* Every eval_every steps (default: each epoch): the chief evaluates the
  * test set on the progress line, the others log their train figures.
  * *ts: the step's start, moved past the evaluation. */
@@ -191,6 +216,7 @@ static int worker_evaluate(struct worker *wr, double *ts, char *err, size_t errl
 	if (e)
 		return e;
 	progress_eval(&wr->pg, step, tl, ta);
+	worker_log_eval(wr, step);
 	*ts = progress_now();
 	return 0;
 }
@@ -390,6 +416,7 @@ static int worker_final(struct worker *wr, const char *dump, struct train_result
 	if (e)
 		return e;
 	progress_eval(&wr->pg, step, res->test_loss, res->test_acc);
+	worker_log_eval(wr, step);
 	return dump ? dump_params(dump, wr->params, wr->s.job.m.nparams, err, errlen) : 0;
 }
 

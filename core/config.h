@@ -69,6 +69,7 @@ struct config {
 		struct optim_config optim;
 		uint64_t seed;
 		char checkpoint_dir[DATA_PATH_MAX];
+		char log_dir[DATA_PATH_MAX];    /* TensorBoard event files; "" = none */
 		long checkpoint_every;      /* 0 = only at the end (and when stopped) */
 		int keep_checkpoints;       /* newest complete checkpoints kept, >= 1 */
 		long eval_every;            /* 0 = once per epoch */

@@ -50,6 +50,7 @@ const struct key_def config_keys[] = {
 	{ "train", "warmup_steps", K_LONG, OFF(train.optim.warmup_steps), 0, 0, 1e12, 0, NULL, "0" },
 	{ "train", "seed", K_U64, OFF(train.seed), 0, 0, 0, 0, NULL, "1" },
 	{ "train", "checkpoint_dir", K_PATH, OFF(train.checkpoint_dir), 0, 0, 0, NAMED, NULL, ".ckpt" },
+	{ "train", "log_dir", K_PATH, OFF(train.log_dir), 0, 0, 0, NAMED, NULL, ".logs" },
 	{ "train", "checkpoint_every", K_LONG, OFF(train.checkpoint_every), 0, 0, 1e12, 0, NULL, "500" },
 	{ "train", "keep_checkpoints", K_INT, OFF(train.keep_checkpoints), 0, 1, 1000000, 0, NULL, "3" },
 	{ "train", "eval_every", K_LONG, OFF(train.eval_every), 0, 0, 1e12, 0, NULL, "0" },

@@ -2,6 +2,7 @@
  * parameter vector, then for each step gather a shuffled batch, run forward
  * and backward on the devices (core/devices.c), and apply the optimizer. */
 #include "train.h"
+#include "tblog.h"
 
 #include "backend.h"
 #include "checkpoint.h"
@@ -105,6 +106,7 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 	struct optim opt = { 0 };
 	float *params = NULL;
 	uint32_t *perm = NULL;
+	struct tblog tb = { 0 };
 	int e;
 
 	memset(res, 0, sizeof(*res));
@@ -175,6 +177,9 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 
 	struct progress pg;
 	progress_init(&pg, out, tty, total, spe);
+	char tbe[CONFIG_ERR_MAX];
+	if (tblog_open(&tb, c->train.log_dir, tbe, sizeof(tbe)))
+		fprintf(out, "warning: no TensorBoard logs: %s\n", tbe);
 	long step;
 	long epoch_loaded = -1;
 	res->start_step = start;
@@ -223,6 +228,7 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 			if (e)
 				goto fail;
 			progress_eval(&pg, step + 1, tl, ta);
+			tblog_eval(&tb, step + 1, &pg, optim_lr(&c->train.optim, step, total));
 		}
 	}
 	/* Stopped or finished: always end with a real evaluation, which the
@@ -236,8 +242,10 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 		if (e)
 			goto out;
 	}
-	if (!*stop || step == total)
+	if (!*stop || step == total) {
 		progress_eval(&pg, step, res->test_loss, res->test_acc);
+		tblog_eval(&tb, step, &pg, optim_lr(&c->train.optim, step > 0 ? step - 1 : 0, total));
+	}
 	progress_clear(&pg);
 	res->steps = step;
 	res->total_steps = total;
@@ -249,6 +257,7 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 fail:
 	progress_clear(&pg);   /* err says what failed where */
 out:
+	tblog_close(&tb);
 	free(lay);
 	optim_free(&opt);
 	devices_close(&dev);

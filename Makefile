@@ -257,15 +257,18 @@ define install_missing
 endef
 deps:
 	$(call install_missing,$(DEB_PACKAGES))
-# TensorBoard's own event reader for tests/test_tblog.c, from PyPI into a
-# venv of Debian's python3 (build/tbvenv, kept between runs).
-TB_VENV := build/tbvenv
+# Test-only Python packages from PyPI, in a venv of Debian's python3
+# (build/pyvenv, kept between runs): TensorBoard's own event reader for
+# tests/test_tblog.c, and kubernetes-validate (the API's JSON schemas,
+# bundled: no network needed) for tests/k8s_validate.py.
+PY_VENV := build/pyvenv
+PY_TEST_PACKAGES := tensorboard kubernetes-validate
 deps-test:
 	$(call install_missing,$(DEB_PACKAGES) $(TEST_DEB_PACKAGES))
-	$(Q)$(TB_VENV)/bin/python -c 'import tensorboard' 2>/dev/null || { \
-		echo "deps: installing tensorboard (PyPI) in $(TB_VENV)"; \
-		/usr/bin/python3 -m venv $(TB_VENV) && $(TB_VENV)/bin/pip install -q tensorboard; } || \
-		{ echo "deps: could not install tensorboard in $(TB_VENV)" >&2; exit 1; }
+	$(Q)$(PY_VENV)/bin/python -c 'import tensorboard, kubernetes_validate' 2>/dev/null || { \
+		echo "deps: installing $(PY_TEST_PACKAGES) (PyPI) in $(PY_VENV)"; \
+		/usr/bin/python3 -m venv $(PY_VENV) && $(PY_VENV)/bin/pip install -q $(PY_TEST_PACKAGES); } || \
+		{ echo "deps: could not install $(PY_TEST_PACKAGES) in $(PY_VENV)" >&2; exit 1; }
 # The benchmarks' peers and tools: PyTorch (Debian's build, with gloo) for
 # bench/torch_mlp.py and bench/netlab's DDP, iperf3 for netlab's link check.
 BENCH_DEB_PACKAGES := python3-torch iperf3

@@ -4,7 +4,7 @@
 TensorBoard would, and prints every scalar as "TAG STEP VALUE", sorted.
 tests/test_tblog.c compares them with what pstrain printed.
 
-    build/tbvenv/bin/python tests/tb_read.py LOG_DIR
+    build/pyvenv/bin/python tests/tb_read.py LOG_DIR
 """
 import sys
 

@@ -328,3 +328,33 @@ Test(launch, listen_is_what_a_ps_binds_and_a_wrong_worker_entry_is_named, .timeo
 			   "%s", slurp(out[1]));
 	test_dir_remove(dir);
 }
+
+/* Issue 16 item 3: examples/k8s validates offline against the Kubernetes
+ * API's schemas (strict) and against what pstrain needs of it
+ * (tests/k8s_validate.py, with kubernetes-validate from `make deps-test`). */
+Test(launch, kubernetes_manifests_validate_offline, .timeout = 120)
+{
+	char r[300], py[400], cmd[2400], out[400];
+	snprintf(r, sizeof(r), "%s", __FILE__);
+	char *slash = strrchr(r, '/');
+	cr_assert_not_null(slash);
+	*slash = 0;
+	slash = strrchr(r, '/');
+	if (slash)
+		*slash = 0;
+	else
+		snprintf(r, sizeof(r), ".");
+	snprintf(py, sizeof(py), "%s/build/pyvenv/bin/python", r);
+	snprintf(cmd, sizeof(cmd), "'%s' -c 'import kubernetes_validate' 2>/dev/null", py);
+	if (access(py, X_OK) != 0 || system(cmd) != 0)
+		cr_skip_test("kubernetes-validate is not installed in build/pyvenv (make deps-test installs it): examples/k8s not validated");
+	char dir[200];
+	test_dir_make(dir, sizeof(dir), "k8s");
+	snprintf(out, sizeof(out), "%s/validate.log", dir);
+	snprintf(cmd, sizeof(cmd), "'%s' '%s/tests/k8s_validate.py' '%s/examples/k8s' '%s' > '%s' 2>&1", py, r, r,
+		 getenv("PSTRAIN_BIN"), out);
+	int st = system(cmd);
+	cr_assert_eq(st, 0, "%s", slurp(out));
+	cr_assert_not_null(strstr(slurp(out), "ok"), "%s", slurp(out));
+	test_dir_remove(dir);
+}

@@ -1,6 +1,6 @@
 /* TensorBoard event files (core/tblog.c, issue 16 item 5): the framing's
  * CRC, and files that TensorBoard's own reader (tests/tb_read.py, run with
- * the tensorboard package `make deps-test` installs in build/tbvenv) reads
+ * the tensorboard package `make deps-test` installs in build/pyvenv) reads
  * back to exactly what pstrain printed: `local`, a cluster's chief, and a
  * run killed mid-way. */
 #include <criterion/criterion.h>
@@ -56,7 +56,7 @@ static char *tb_read(const char *log_dir, const char *outpath)
 {
 	char r[300], py[400], cmd[1400];
 	root(r, sizeof(r));
-	snprintf(py, sizeof(py), "%s/build/tbvenv/bin/python", r);
+	snprintf(py, sizeof(py), "%s/build/pyvenv/bin/python", r);
 	if (access(py, X_OK) != 0)
 		return NULL;
 	snprintf(cmd, sizeof(cmd), "'%s' '%s/tests/tb_read.py' '%s' > '%s' 2>&1", py, r, log_dir, outpath);
@@ -65,7 +65,7 @@ static char *tb_read(const char *log_dir, const char *outpath)
 	return slurp(outpath);
 }
 
-#define SKIP_NO_TB "tensorboard is not installed in build/tbvenv (make deps-test installs it): event files not read back"
+#define SKIP_NO_TB "tensorboard is not installed in build/pyvenv (make deps-test installs it): event files not read back"
 
 /* The value of tag at step in tb_read.py's output; NAN if absent. */
 static double tb_value(const char *text, const char *tag, long step)

@@ -8,10 +8,12 @@
 #include "util.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -356,5 +358,44 @@ Test(launch, kubernetes_manifests_validate_offline, .timeout = 120)
 	int st = system(cmd);
 	cr_assert_eq(st, 0, "%s", slurp(out));
 	cr_assert_not_null(strstr(slurp(out), "ok"), "%s", slurp(out));
+	test_dir_remove(dir);
+}
+
+/* Issue 16 item 6: examples/ssh-cluster.sh starts every task on its host
+ * over ssh; here `ssh` is a stand-in that records the host and runs the
+ * command on this one, so the test checks the commands and the run. */
+Test(launch, ssh_launcher_starts_every_task_on_its_host, .timeout = 120)
+{
+	char here[300], r[PATH_MAX], dir[200], cfg[300], fake[300], hostlog[300], out[300], link[300], cmd[6000];
+	/* The repository's root as an absolute path: the script runs in dir. */
+	snprintf(here, sizeof(here), "%s", __FILE__);
+	char *slash = strrchr(here, '/');
+	cr_assert_not_null(slash);
+	snprintf(slash, sizeof(here) - (size_t)(slash - here), "/..");
+	cr_assert_not_null(realpath(here, r), "%s", here);
+	test_dir_make(dir, sizeof(dir), "ssh");
+	snprintf(cfg, sizeof(cfg), "%s/c.ini", dir);
+	write_cluster(dir, cfg, 100, 50, "", "");
+	snprintf(link, sizeof(link), "%s/pstrain", dir);
+	cr_assert_eq(symlink(getenv("PSTRAIN_BIN"), link), 0);
+	snprintf(fake, sizeof(fake), "%s/fake-ssh", dir);
+	snprintf(hostlog, sizeof(hostlog), "%s/hosts.log", dir);
+	FILE *f = fopen(fake, "w");
+	cr_assert_not_null(f);
+	fprintf(f, "#!/bin/sh\n# fake-ssh HOST COMMAND\necho \"$1 $2\" >> '%s'\nexec sh -c \"$2\"\n", hostlog);
+	cr_assert_eq(fclose(f), 0);
+	cr_assert_eq(chmod(fake, 0755), 0);
+	snprintf(out, sizeof(out), "%s/launcher.log", dir);
+	snprintf(cmd, sizeof(cmd), "cd '%s' && SSH='%s' PSTRAIN='%s' timeout 100 '%s/examples/ssh-cluster.sh' c.ini '%s' > '%s' 2>&1",
+		 dir, fake, getenv("PSTRAIN_BIN"), r, dir, out);
+	int st = system(cmd);
+	cr_assert_eq(st, 0, "%s", slurp(out));
+	double acc = final_accuracy(slurp(out));
+	cr_assert_gt(acc, 90.0, "%s", slurp(out));
+	const char *hosts = slurp(hostlog);
+	const char *want[] = { "127.0.0.1 cd  '", "./pstrain ps --index 0 --config  'c.ini'\n", "./pstrain ps --index 1 ",
+			       "./pstrain worker --index 1 ", "./pstrain worker --index 0 " };
+	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+		cr_assert_not_null(strstr(hosts, want[i]), "no \"%s\" in:\n%s", want[i], hosts);
 	test_dir_remove(dir);
 }

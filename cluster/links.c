@@ -259,7 +259,8 @@ static void links_mark_lost(struct links *lk, int k)
 static int link_failed(struct links *lk, int k, int r, const char *e, char *err, size_t errlen)
 {
 	char nm[300];
-	links_mark_lost(lk, k);
+	if (!lk->shutting)
+		links_mark_lost(lk, k);
 	if (r == -ETIMEDOUT)
 		return err_set(err, errlen, -ECONNABORTED, "lost %s: no traffic for %g s (peer_timeout)",
 			       links_ps_name(lk->c, k, nm, sizeof(nm)), lk->c->cluster.peer_timeout);
@@ -511,6 +512,21 @@ static void *link_exchange(void *arg)
 	if (!r)
 		r = link_take(lk, j->k, j->params, 0, want, j->err, sizeof(j->err));
 	j->r = r;
+	/* A lost link ends the exchange on every link: the others would
+	 * otherwise wait on, a healthy ps holding its step for a worker that
+	 * the failed link has just taken away (seen: 6 s more over a cut
+	 * link, for peer_timeout 3 s); recovery reconnects to every ps
+	 * anyway. An ERROR from a ps does not: another link may yet be
+	 * found lost, and recovery then comes first (a ps rolled back by a
+	 * restarted one refuses a push of the old step, and the lost link
+	 * to the restarted ps is what the worker must act on). */
+	int none = -1;
+	if (r && lk->lost == j->k && atomic_compare_exchange_strong(&lk->failed_first, &none, j->k)) {
+		lk->shutting = 1;
+		for (int k = 0; k < lk->nps; k++)
+			if (k != j->k)
+				conn_shutdown(&lk->ln[k].conn);
+	}
 	return NULL;
 }
 
@@ -521,6 +537,8 @@ int links_exchange(struct links *lk, const float *grads, float *params, char *er
 	if (!job)
 		return err_set(err, errlen, -ENOMEM, "out of memory for %d link jobs", nps);
 	lk->turn = 0;
+	lk->failed_first = -1;
+	lk->shutting = 0;
 	for (int k = 0; k < nps; k++) {
 		job[k] = (struct link_job){ .lk = lk, .k = k, .pos = (k - lk->index % nps + nps) % nps,
 					    .grads = grads, .params = params };
@@ -537,12 +555,13 @@ int links_exchange(struct links *lk, const float *grads, float *params, char *er
 	for (int k = 0; k < nps; k++)
 		if (job[k].started)
 			pthread_join(job[k].th, NULL);
-	/* The lost link's own message if one was lost, else the first
-	 * failure's. */
+	/* The lost link's message if one was lost (links shut down after the
+	 * first failure do not count as lost), else the first failure's. */
 	int pick = lk->lost, r = 0;
 	for (int k = 0; pick < 0 && k < nps; k++)
 		if (job[k].r)
 			pick = k;
+	lk->shutting = 0;
 	if (pick >= 0) {
 		snprintf(err, errlen, "%s", job[pick].err);
 		r = job[pick].r ? job[pick].r : -ECONNABORTED;

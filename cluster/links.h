@@ -52,6 +52,9 @@ struct links {
 	pthread_mutex_t turn_mu; /* links_exchange: whose push is next */
 	pthread_cond_t turn_cv;
 	int turn;
+	_Atomic int failed_first; /* links_exchange: the link that failed first; -1: none */
+	_Atomic int shutting;    /* links_exchange: the others were shut down after it:
+				  * their failures are not lost links */
 	pthread_t hb;            /* sends HEARTBEATs on idle links */
 	int hb_on, hb_stop, ready;
 	pthread_mutex_t hb_mu;

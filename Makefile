@@ -109,7 +109,7 @@ Q :=
 say :=
 endif
 
-.PHONY: all deps deps-test deps-bench install test unit test-cpu test-net asan demo bench netlab fuzz clean summary FORCE
+.PHONY: all deps deps-test deps-bench install test unit test-cpu test-net test-slurm asan demo bench netlab fuzz clean summary FORCE
 .DEFAULT_GOAL := all
 
 all: deps summary $(BIN)
@@ -157,6 +157,7 @@ test: deps-test unit
 	$(Q)$(MAKE) --no-print-directory asan
 	$(Q)$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(FUZZ_CI_SECONDS) FUZZ_SEED=1
 	$(Q)$(MAKE) --no-print-directory test-net
+	$(Q)$(MAKE) --no-print-directory test-slurm
 	@echo "make test: all suites passed (default build: $(GPU_DESC); CPU-only; ASan+UBSan; every fuzzer $(FUZZ_CI_SECONDS) s)"
 
 # Each fuzzer's run in `make test`: long enough to replay its corpus and
@@ -171,6 +172,12 @@ FUZZ_CI_SECONDS ?= 5
 # skipped. NET_TESTS="heal cut" runs only those.
 test-net: deps $(BIN)
 	$(Q)timeout --foreground -k 10 600 tests/net/run.sh $(abspath $(BIN)) $(NET_TESTS)
+
+# A one-node Slurm from Debian's packages in a temporary directory runs
+# examples/slurm/pstrain.sbatch (1 ps + 2 workers as one srun) and checks
+# the accuracy line (tests/slurm/run.sh). Without root it says it skipped.
+test-slurm: deps $(BIN)
+	$(Q)timeout --foreground -k 10 300 tests/slurm/run.sh $(abspath $(BIN))
 
 test-cpu:
 	$(Q)$(MAKE) --no-print-directory CUDA=0 BUILD=build/cpu BIN=build/cpu/pstrain unit
@@ -241,7 +248,7 @@ netlab: deps-bench all
 # for `make test`, not for the demo.
 DEB_PACKAGES := gcc make libc6-dev libinih-dev libsodium-dev libcriterion-dev \
 	libopenblas-dev zlib1g-dev dataset-fashion-mnist
-TEST_DEB_PACKAGES := clang libclang-rt-14-dev python3 python3-venv
+TEST_DEB_PACKAGES := clang libclang-rt-14-dev python3 python3-venv slurmctld slurmd slurm-client munge
 define install_missing
 	@missing=""; for p in $(1); do \
 		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \

@@ -163,7 +163,11 @@ Test(cluster, backup_workers_count_versions_and_checkpoint_every_multiple)
 	}
 	for (int w = 2; w < 4; w++)
 		cr_assert_null(strstr(slurp(out[w]), "went back"), "%s", slurp(out[w]));
-	cr_assert_not_null(strstr(slurp(out[3]), "done: 150 steps"), "%s", slurp(out[3]));
+	/* A chief that starts late may find worker 1 trained every step
+	 * alone (R = 1): it then says the run is finished, at step 150. */
+	const char *chief = slurp(out[3]);
+	cr_assert(strstr(chief, "done: 150 steps") || strstr(chief, "run finished: the shards are at step 150 of"),
+		  "%s", chief);
 	for (int s = 30; s <= 150; s += 30) {
 		snprintf(step, sizeof(step), "%s/bk-ck/step-%08d/manifest-1-of-2", dir, s);
 		cr_assert_eq(access(step, F_OK), 0, "no checkpoint at step %d:\n%s\n%s", s, slurp(out[0]), slurp(out[1]));

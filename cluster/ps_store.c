@@ -44,9 +44,7 @@ static int snap_alloc(struct ps_snap *sn, const struct psshard *sh)
  * still written everywhere). A failure is reported and training goes on:
  * the checkpoint stays incomplete and the previous one remains the
  * newest. */
-/* Queues a copy of src (the shard, or the held copy) as checkpoint step
- * for the writer. */
-static void store_queue(struct ps_store *st, uint64_t step, double acc, const struct ps_snap *src)
+static void store_save(struct ps_store *st, uint64_t step, double acc)
 {
 	struct psshard *sh = st->sh;
 	size_t bytes = sh->n * sizeof(float);
@@ -65,28 +63,15 @@ static void store_queue(struct ps_store *st, uint64_t step, double acc, const st
 		}
 	}
 	sn.step = step;
-	sn.t = src->t;
+	sn.t = sh->opt.t;
 	sn.acc = acc;
-	memcpy(sn.p, src->p, bytes);
+	memcpy(sn.p, sh->params, bytes);
 	if (sn.m)
-		memcpy(sn.m, src->m, bytes);
+		memcpy(sn.m, sh->opt.m, bytes);
 	if (sn.v)
-		memcpy(sn.v, src->v, bytes);
+		memcpy(sn.v, sh->opt.v, bytes);
 	st->q[st->qlen++] = sn;
 	pthread_cond_signal(&st->wcv);
-}
-
-/* The shard as it is now, in a snap's shape (no copy). */
-static struct ps_snap store_now(const struct ps_store *st)
-{
-	const struct psshard *sh = st->sh;
-	return (struct ps_snap){ .p = sh->params, .m = sh->opt.m, .v = sh->opt.v, .t = sh->opt.t };
-}
-
-static void store_save(struct ps_store *st, uint64_t step, double acc)
-{
-	struct ps_snap now = store_now(st);
-	store_queue(st, step, acc, &now);
 }
 
 /* Drops every copy still waiting (under mu). */

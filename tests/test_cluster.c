@@ -650,25 +650,6 @@ Test(cluster, checkpoint_and_resume_async)
 	cr_assert_not_null(strstr(slurp(out[3]), "done: 80 steps"), "chief:\n%s", slurp(out[3]));
 }
 
-/* Waits until the file at path contains text (up to 30 s). */
-static int wait_for_text(const char *path, const char *text)
-{
-	struct timespec nap = { 0, 2 * 1000 * 1000 };
-	for (int i = 0; i < 15000; i++) {
-		FILE *f = fopen(path, "r");
-		if (f) {
-			static char buf[1 << 15];
-			size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-			buf[n] = '\0';
-			fclose(f);
-			if (strstr(buf, text))
-				return 1;
-		}
-		nanosleep(&nap, NULL);
-	}
-	return 0;
-}
-
 /* Issue 6 item 5, first case: a worker SIGKILLed mid-training (at a seeded
  * random step, several trials) and restarted with the same command rejoins
  * at the shards' step; the sync run (R = W, so the shards wait for it)

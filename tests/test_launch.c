@@ -274,18 +274,6 @@ Test(launch, tfjob_tf_config_trains_on_loopback, .timeout = 120)
 	test_dir_remove(dir);
 }
 
-/* Polls the file at path for text, up to 20 s. */
-static int log_has(const char *path, const char *text)
-{
-	for (int i = 0; i < 200; i++) {
-		if (strstr(slurp(path), text))
-			return 1;
-		struct timespec t = { 0, 100 * 1000 * 1000 };
-		nanosleep(&t, NULL);
-	}
-	return 0;
-}
-
 static int can_connect(int port)
 {
 	int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -313,7 +301,7 @@ Test(launch, listen_is_what_a_ps_binds_and_a_wrong_worker_entry_is_named, .timeo
 	pid_t ps = spawn_pstrain(args, out[0], NULL);
 	char want[100];
 	snprintf(want, sizeof(want), "listening on 127.0.0.1:%d", bound);
-	int up = log_has(out[0], want);
+	int up = wait_for_text(out[0], want);
 	int on_bound = can_connect(bound), on_entry = can_connect(entry);
 	kill(ps, SIGTERM);
 	int st;
@@ -336,16 +324,8 @@ Test(launch, listen_is_what_a_ps_binds_and_a_wrong_worker_entry_is_named, .timeo
  * (tests/k8s_validate.py, with kubernetes-validate from `make deps-test`). */
 Test(launch, kubernetes_manifests_validate_offline, .timeout = 120)
 {
-	char r[300], py[400], cmd[2400], out[400];
-	snprintf(r, sizeof(r), "%s", __FILE__);
-	char *slash = strrchr(r, '/');
-	cr_assert_not_null(slash);
-	*slash = 0;
-	slash = strrchr(r, '/');
-	if (slash)
-		*slash = 0;
-	else
-		snprintf(r, sizeof(r), ".");
+	char r[PATH_MAX], py[PATH_MAX + 32], cmd[5 * PATH_MAX], out[400];
+	test_repo_path(r, sizeof(r), ".");
 	snprintf(py, sizeof(py), "%s/build/pyvenv/bin/python", r);
 	snprintf(cmd, sizeof(cmd), "'%s' -c 'import kubernetes_validate' 2>/dev/null", py);
 	if (access(py, X_OK) != 0 || system(cmd) != 0)
@@ -366,13 +346,9 @@ Test(launch, kubernetes_manifests_validate_offline, .timeout = 120)
  * command on this one, so the test checks the commands and the run. */
 Test(launch, ssh_launcher_starts_every_task_on_its_host, .timeout = 120)
 {
-	char here[300], r[PATH_MAX], dir[200], cfg[300], fake[300], hostlog[300], out[300], link[300], cmd[6000];
-	/* The repository's root as an absolute path: the script runs in dir. */
-	snprintf(here, sizeof(here), "%s", __FILE__);
-	char *slash = strrchr(here, '/');
-	cr_assert_not_null(slash);
-	snprintf(slash, sizeof(here) - (size_t)(slash - here), "/..");
-	cr_assert_not_null(realpath(here, r), "%s", here);
+	char r[PATH_MAX], dir[200], cfg[300], fake[300], hostlog[300], out[300], link[300], cmd[2 * PATH_MAX];
+	/* absolute: the script runs in dir */
+	test_repo_path(r, sizeof(r), ".");
 	test_dir_make(dir, sizeof(dir), "ssh");
 	snprintf(cfg, sizeof(cfg), "%s/c.ini", dir);
 	write_cluster(dir, cfg, 100, 50, "", "");

@@ -6,6 +6,7 @@
 
 #include "util.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,11 +14,8 @@
 /* The page, with "\-" as "-", next to this file's directory. */
 static char *page(void)
 {
-	char path[400];
-	snprintf(path, sizeof(path), "%s", __FILE__);
-	char *slash = strrchr(path, '/');
-	cr_assert_not_null(slash);
-	snprintf(slash, sizeof(path) - (size_t)(slash - path), "/../docs/pstrain.1");
+	char path[PATH_MAX];
+	test_repo_path(path, sizeof(path), "docs/pstrain.1");
 	char *text = slurp(path);
 	cr_assert(text[0], "%s is missing or empty", path);
 	char *out = strdup(text), *w = out;

@@ -73,11 +73,6 @@ static int wait_for_either(const char *path, const char *also, const char *text)
 	return 0;
 }
 
-static int wait_for_text(const char *path, const char *text)
-{
-	return wait_for_either(path, NULL, text);
-}
-
 /* The four processes of a cluster, in the order ps 0, ps 1, worker 1,
  * worker 0 (the chief, dumping its final parameters to dump if not NULL,
  * with env). out[i]: their logs, named after tag. */

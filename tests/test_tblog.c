@@ -11,6 +11,7 @@
 #include <math.h>
 #include <signal.h>
 #include <sodium.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,30 +37,16 @@ Test(tblog, crc32c_and_its_mask)
 	cr_assert_eq(tblog_masked_crc(c), ((c >> 15) | (c << 17)) + 0xa282ead8u);
 }
 
-/* The repository's root, from this file's path. */
-static void root(char *buf, size_t len)
-{
-	snprintf(buf, len, "%s", __FILE__);
-	char *slash = strrchr(buf, '/');
-	cr_assert_not_null(slash);
-	*slash = 0;
-	slash = strrchr(buf, '/');
-	if (slash)
-		*slash = 0;
-	else
-		snprintf(buf, len, ".");
-}
-
 /* tb_read.py's output for log_dir, or NULL (test skipped) without the
  * tensorboard package. */
 static char *tb_read(const char *log_dir, const char *outpath)
 {
-	char r[300], py[400], cmd[1400];
-	root(r, sizeof(r));
-	snprintf(py, sizeof(py), "%s/build/pyvenv/bin/python", r);
+	char py[PATH_MAX], script[PATH_MAX], cmd[3 * PATH_MAX];
+	test_repo_path(py, sizeof(py), "build/pyvenv/bin/python");
+	test_repo_path(script, sizeof(script), "tests/tb_read.py");
 	if (access(py, X_OK) != 0)
 		return NULL;
-	snprintf(cmd, sizeof(cmd), "'%s' '%s/tests/tb_read.py' '%s' > '%s' 2>&1", py, r, log_dir, outpath);
+	snprintf(cmd, sizeof(cmd), "'%s' '%s' '%s' > '%s' 2>&1", py, script, log_dir, outpath);
 	int st = system(cmd);
 	cr_assert_eq(st, 0, "tb_read.py failed:\n%s", slurp(outpath));
 	return slurp(outpath);
@@ -186,12 +173,7 @@ Test(tblog, a_killed_run_leaves_readable_files, .timeout = 60)
 	local_config(dir, cfg, 2000000);
 	const char *args[] = { "local", "--config", cfg, NULL };
 	pid_t p = spawn_pstrain(args, out, NULL);
-	int seen = 0;
-	for (int i = 0; i < 300 && !seen; i++) {
-		seen = strstr(slurp(out), "step 30/") != NULL;
-		struct timespec t = { 0, 50 * 1000 * 1000 };
-		nanosleep(&t, NULL);
-	}
+	int seen = wait_for_text(out, "step 30/");
 	kill(p, SIGKILL);
 	int st;
 	wait_children(&p, 1, &st, 10);

@@ -8,6 +8,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <limits.h>
 #include <string.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -47,6 +48,31 @@ void test_dir_make(char *dir, size_t len, const char *tag)
 	const char *t = getenv("TMPDIR");
 	snprintf(dir, len, "%s/pstrain-%s-XXXXXX", t ? t : "/tmp", tag);
 	cr_assert_not_null(mkdtemp(dir), "mkdtemp %s", dir);
+}
+
+void test_repo_path(char *buf, size_t len, const char *rel)
+{
+	char here[PATH_MAX], root[PATH_MAX];
+	snprintf(here, sizeof(here), "%s", __FILE__);
+	char *slash = strrchr(here, '/');
+	if (slash)
+		snprintf(slash, sizeof(here) - (size_t)(slash - here), "/..");
+	else
+		snprintf(here, sizeof(here), "..");
+	cr_assert_not_null(realpath(here, root), "%s: %s (run the suite from the repository root)", here,
+			   strerror(errno));
+	snprintf(buf, len, "%s/%s", root, rel);
+}
+
+int wait_for_text(const char *path, const char *text)
+{
+	struct timespec nap = { 0, 2 * 1000 * 1000 };
+	for (int i = 0; i < 15000; i++) {
+		if (strstr(slurp(path), text))
+			return 1;
+		nanosleep(&nap, NULL);
+	}
+	return 0;
 }
 
 int test_dir_remove(const char *dir)

@@ -38,6 +38,14 @@ void write_cluster(const char *dir, const char *cfg, int steps, int eval_every,
  * asserts that it was made. */
 void test_dir_make(char *dir, size_t len, const char *tag);
 
+/* The absolute path of rel (a path inside the repository, e.g.
+ * "tests/tb_read.py"), found from this file's; make runs the suite from
+ * the root, where __FILE__'s relative path starts. Asserts it resolves. */
+void test_repo_path(char *buf, size_t len, const char *rel);
+
+/* Waits up to 30 s for the file at path to contain text; 1 if it did. */
+int wait_for_text(const char *path, const char *text);
+
 /* rm -rf dir. Returns 0, or -1 after a line on stderr: a teardown goes on,
  * a caller that wants it checked asserts on the result. */
 int test_dir_remove(const char *dir);

@@ -176,6 +176,14 @@ ok() {
 ge() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a != "" && a + 0 >= b + 0) }'; }
 near() { awk -v a="$1" -v b="$2" -v d="$3" 'BEGIN { x = a - b; exit !(a != "" && b != "" && x <= d && -x <= d) }'; }
 
+
+# like_local TEST LOG: the chief's test accuracy in LOG (into acc) is within
+# 0.5 points of local's; else a FAIL for TEST and 1.
+like_local() {
+	acc=$(accuracy "$2")
+	reference || { fail "$1" "the reference local run failed" ref/local; return 1; }
+	near "$acc" "$REF" 0.5 || { fail "$1" "test accuracy ${acc:-none}% is not within 0.5 of local's $REF%" "$2"; return 1; }
+}
 # ---- the tests --------------------------------------------------------------
 
 # reference: `pstrain local` with the batch of NW workers (sync with every
@@ -230,8 +238,7 @@ test_train() {
 		grep -q "ps $n: all 2 workers done: version 468, 936 gradients applied, 0 dropped as stale" \
 			"$d/ps$n.1.log" || { fail sync "ps $n did not apply 2 x 468 gradients" "$mode/ps$n.1"; return; }
 	done
-	reference || { fail sync "the reference local run failed" ref/local; return; }
-	near "$acc" "$REF" 0.5 || { fail sync "test accuracy $acc% is not within 0.5 of local's $REF%" "$mode/w0.1"; return; }
+	like_local sync "$mode/w0.1" || return
 	ok sync "test accuracy $acc% (floor $floor%, local with batch 128 $REF%), 936 gradients applied per ps"
 }
 
@@ -284,9 +291,7 @@ test_heal() {
 	done
 	grep -q 'worker 0: step [0-9]* is waiting for worker 1 ' "$d/w0.1.log" ||
 		{ fail heal "the chief never waited for worker 1: did the cut happen?" heal/w0.1; return; }
-	acc=$(accuracy heal/w0.1)
-	reference || { fail heal "the reference local run failed" ref/local; return; }
-	near "$acc" "$REF" 0.5 || { fail heal "test accuracy ${acc:-none}% is not within 0.5 of local's $REF%" heal/w0.1; return; }
+	like_local heal heal/w0.1 || return
 	ok heal "worker 1 and ps 0 cut for $HEAL_CUT s each (peer_timeout $HEAL_T s): no peer lost, test accuracy $acc% (local $REF%)"
 }
 
@@ -318,9 +323,7 @@ test_reconnect() {
 	grep -q "closed worker 1's connection: no traffic for $RECON_T s (peer_timeout)" "$d/ps0.1.log" "$d/ps1.1.log" ||
 		{ fail reconnect "no ps found worker 1 silent for $RECON_T s" reconnect/ps0.1 reconnect/ps1.1; return; }
 	grep -q 'lost ps' "$d/w0.1.log" && { fail reconnect "the chief lost a ps" reconnect/w0.1; return; }
-	acc=$(accuracy reconnect/w0.1)
-	reference || { fail reconnect "the reference local run failed" ref/local; return; }
-	near "$acc" "$REF" 0.5 || { fail reconnect "test accuracy ${acc:-none}% is not within 0.5 of local's $REF%" reconnect/w0.1; return; }
+	like_local reconnect reconnect/w0.1 || return
 	ok reconnect "worker 1 cut for $RECON_CUT s (peer_timeout $RECON_T s): lost, reconnected, no restart; test accuracy $acc% (local $REF%)"
 }
 
@@ -375,9 +378,7 @@ test_cut() {
 		grep -q "ps $n: all 2 workers done: version 468, $((2 * (468 - step))) gradients applied, 0 dropped as stale" "$d/ps$n.2.log" ||
 			{ fail cut "ps $n did not apply 2 x $((468 - step)) gradients after resuming at $step" cut/ps$n.2; return; }
 	done
-	acc=$(accuracy cut/w0.2)
-	reference || { fail cut "the reference local run failed" ref/local; return; }
-	near "$acc" "$REF" 0.5 || { fail cut "test accuracy ${acc:-none}% is not within 0.5 of local's $REF%" cut/w0.2; return; }
+	like_local cut cut/w0.2 || return
 	ok cut "lost ps 1 after $dt s, every process exited 3 by $(awk -v a="$lost" -v c="$CUT_AT" 'BEGIN { printf "%.1f", a - c }') s; resumed at step $step, test accuracy $acc% (local $REF%)"
 }
 

@@ -89,7 +89,11 @@ struct ps_conn {
 	struct pipe pp;          /* the chunks of a tensor, sealed/opened on ps->pool */
 	struct msg_assembly a;
 	int assembling;
+	int last_r;              /* piece mode: the push's last piece: psshard_push_piece's */
+	enum psshard_outcome last_oc; /* ... and its outcome */
 };
+
+_Static_assert(PSSHARD_PIECE == WIRE_CHUNK_VALUES, "a shard's piece is one chunk on the wire");
 
 /* What a handler returns besides 0 (the next message) and a negative
  * errno (the connection fails, err says why): the connection ends without
@@ -127,22 +131,30 @@ static void ps_heartbeat(struct ps *ps, struct msg_heartbeat *hb)
 	members_missing(&ps->mb, &ps->sh, hb->missing, (int)MSG_HEARTBEAT_WORKERS);
 }
 
-/* A sync PULL waits (under ps->mu) for version `want` to exist; meanwhile
- * a HEARTBEAT every heartbeat_ms tells the worker that the shard is alive
- * and which workers it waits for. It stops waiting when the ps stops, a
- * rollback happens, or every other worker is done. Returns with mu held
- * on success, without it on failure. */
-static int pull_wait(struct ps_conn *cn, uint64_t want, char *err, size_t errlen)
+/* The version a sync PULL waits for: of the whole shard (piece < 0) or
+ * of one piece. */
+static uint64_t pull_has(const struct ps *ps, long piece)
+{
+	return piece < 0 ? psshard_version(&ps->sh) : psshard_piece_version(&ps->sh, (size_t)piece);
+}
+
+/* A sync PULL waits (under ps->mu) for version `want` of the shard, or of
+ * one piece, to exist; meanwhile a HEARTBEAT every heartbeat_ms tells the
+ * worker that the shard is alive and which workers it waits for. It stops
+ * waiting when the ps stops, a rollback since gen happens, or every other
+ * worker is done. Returns with mu held on success, without it on
+ * failure. */
+static int pull_wait(struct ps_conn *cn, long piece, uint64_t want, uint64_t gen, char *err,
+		     size_t errlen)
 {
 	struct ps *ps = cn->ps;
-	uint64_t gen = ps->gen;
-	while (want != MSG_VERSION_LATEST && psshard_version(&ps->sh) < want && !ps->aborted &&
+	while (want != MSG_VERSION_LATEST && pull_has(ps, piece) < want && !ps->aborted &&
 	       !members_others_done(&ps->mb) && ps->gen == gen) {
 		struct timespec dl;
 		role_deadline(&dl, role_heartbeat_ms(ps->c));
 		if (pthread_cond_timedwait(&ps->cv, &ps->mu, &dl) != ETIMEDOUT)
 			continue;
-		if (psshard_version(&ps->sh) >= want || ps->aborted || ps->gen != gen)
+		if (pull_has(ps, piece) >= want || ps->aborted || ps->gen != gen)
 			continue;
 		struct msg_heartbeat hb;
 		size_t len;
@@ -158,32 +170,12 @@ static int pull_wait(struct ps_conn *cn, uint64_t want, char *err, size_t errlen
 	return 0;
 }
 
-static int on_pull(struct ps_conn *cn, size_t len, char *err, size_t errlen)
+/* A PULL's answer (under ps->mu, which it releases): the whole shard as
+ * it is, or, if the ps stops, an ERROR saying why. */
+static int pull_send_whole(struct ps_conn *cn, char *err, size_t errlen)
 {
 	struct ps *ps = cn->ps;
 	size_t n = ps->sh.n;
-	struct msg_pull p;
-	int r = msg_decode_pull(cn->conn.rbuf, len, &p, err, errlen);
-	if (r)
-		return r;
-	if (p.shard != (uint32_t)ps->index)
-		return err_set(err, errlen, -EPROTO, "PULL for shard %u, this is shard %d", p.shard,
-			       ps->index);
-	/* A worker that said DONE pulls again (on this connection or, after
-	 * reconnecting, on a new one) only to train again after a rollback
-	 * while it waited for the run to complete, or to see where the
-	 * shards are: it is not done until it says DONE again. */
-	cn->said_done = 0;
-	if (cn->first_pull && ps->hooks.first_pull_delay_ms)
-		role_nap_ms(ps->hooks.first_pull_delay_ms);
-	cn->first_pull = 0;
-	pthread_mutex_lock(&ps->mu);
-	members_pulled(&ps->mb, cn->w);
-	pthread_mutex_unlock(&ps->mu);
-	pthread_mutex_lock(&ps->mu);
-	r = pull_wait(cn, p.version, err, errlen);
-	if (r)
-		return r;
 	int ab = ps->aborted;
 	uint64_t v = psshard_version(&ps->sh);
 	if (!ab)
@@ -201,55 +193,183 @@ static int on_pull(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 	return ps_io(cn, conn_send_tensor(&cn->conn, &t, err, errlen));
 }
 
-/* A whole gradient has arrived: applied under the lock, then ACKed. One
- * with a NaN or an infinity is refused (psshard_push checks as it copies
- * or before it applies), the shard untouched; an honest worker checks
- * before it pushes, so this is a broken or hostile one. */
-static int push_apply(struct ps_conn *cn, char *err, size_t errlen)
+/* Piece mode, a PULL of the next version (under ps->mu, which it
+ * releases): each piece goes out as soon as its R gradients are in, in
+ * order, every run of pieces that is ready at once in one call (sealed on
+ * the pool), while the last gradients of the step still arrive. Every
+ * piece it sends is at `want`: no piece gets past the next version before
+ * every worker, this one included, has all of it. A wait that ends
+ * otherwise (the ps stops, a rollback, every other worker done) before
+ * the first piece falls back to the whole shard as it is; after it, the
+ * pieces sent are of a version the shard no longer has, and the
+ * connection ends (an ERROR: the worker reconnects and pulls again). */
+static int pull_stream(struct ps_conn *cn, uint64_t want, char *err, size_t errlen)
 {
 	struct ps *ps = cn->ps;
-	enum psshard_outcome oc = PSSHARD_STALE;
-	size_t len, n = ps->sh.n;
-	cn->assembling = 0;
-	pthread_mutex_lock(&ps->mu);
-	int r = psshard_push(&ps->sh, cn->w, cn->a.version, cn->grad, &oc);
-	cn->pushed |= r == 0 || r == -EALREADY;
-	uint64_t v = psshard_version(&ps->sh);
-	ps_store_pushed(&ps->store);
-	pthread_cond_broadcast(&ps->cv);
-	pthread_mutex_unlock(&ps->mu);
-	struct msg_ack ack = { .shard = (uint32_t)ps->index, .version = v };
-	if (r == -EALREADY) {
-		ack.status = MSG_ACK_DUPLICATE;
-	} else if (r == -EDOM) {
-		size_t i = psshard_nonfinite(cn->grad, n);
-		float x = i < n ? cn->grad[i] : 0;
-		return err_set(err, errlen, r, "PUSH for version %llu refused: gradient element %zu (parameter %zu) is %s",
-			       (unsigned long long)cn->a.version, i, ps->sh.range.begin + i,
-			       isnan(x) ? "NaN" : x > 0 ? "+inf" : "-inf");
-	} else if (r == -ERANGE) {
-		return err_set(err, errlen, -EPROTO, "PUSH for version %llu refused: the shard is at version %llu",
-			       (unsigned long long)cn->a.version, (unsigned long long)v);
-	} else if (r) {
-		return err_set(err, errlen, -EPROTO, "PUSH for version %llu refused: %s",
-			       (unsigned long long)cn->a.version, strerror(-r));
-	} else {
-		ack.status = oc == PSSHARD_APPLIED ? MSG_ACK_APPLIED
-			     : oc == PSSHARD_WAITING ? MSG_ACK_ACCEPTED
-						     : MSG_ACK_STALE;
+	struct psshard *sh = &ps->sh;
+	size_t np = sh->npieces;
+	uint64_t gen = ps->gen;
+	for (size_t j = 0; j < np;) {
+		int r = pull_wait(cn, (long)j, want, gen, err, errlen);
+		if (r)
+			return r;
+		if (psshard_piece_version(sh, j) != want) {
+			if (j == 0 || ps->aborted)
+				return pull_send_whole(cn, err, errlen);
+			pthread_mutex_unlock(&ps->mu);
+			/* Ends like a lost link, which the worker recovers from
+			 * by connecting again and pulling what there is. */
+			cn->quiet = 1;
+			return err_set(err, errlen, -ECONNABORTED,
+				       "version %llu was going out when the shard went back or stopped",
+				       (unsigned long long)want);
+		}
+		size_t k = j + 1, lo, hi, e;
+		while (k < np && psshard_piece_version(sh, k) == want)
+			k++;
+		psshard_piece_range(sh, j, &lo, &e);
+		psshard_piece_range(sh, k - 1, &e, &hi);
+		memcpy(cn->snap + lo, psshard_params(sh) + lo, (hi - lo) * sizeof(float));
+		pthread_mutex_unlock(&ps->mu);
+		struct conn_chunk_tx t = { .type = WIRE_PARAMS, .shard = (uint32_t)ps->index, .version = want,
+					   .src = cn->snap + lo, .n = hi - lo, .offset = lo,
+					   .dtype = (uint8_t)role_param_dtype(ps->c) };
+		r = ps_io(cn, conn_send_tensor(&cn->conn, &t, err, errlen));
+		if (r)
+			return r;
+		j = k;
+		if (j < np)
+			pthread_mutex_lock(&ps->mu);
 	}
+	return 0;
+}
+
+static int on_pull(struct ps_conn *cn, size_t len, char *err, size_t errlen)
+{
+	struct ps *ps = cn->ps;
+	struct msg_pull p;
+	int r = msg_decode_pull(cn->conn.rbuf, len, &p, err, errlen);
+	if (r)
+		return r;
+	if (p.shard != (uint32_t)ps->index)
+		return err_set(err, errlen, -EPROTO, "PULL for shard %u, this is shard %d", p.shard,
+			       ps->index);
+	/* A worker that said DONE pulls again (on this connection or, after
+	 * reconnecting, on a new one) only to train again after a rollback
+	 * while it waited for the run to complete, or to see where the
+	 * shards are: it is not done until it says DONE again. */
+	cn->said_done = 0;
+	if (cn->first_pull && ps->hooks.first_pull_delay_ms)
+		role_nap_ms(ps->hooks.first_pull_delay_ms);
+	cn->first_pull = 0;
+	pthread_mutex_lock(&ps->mu);
+	members_pulled(&ps->mb, cn->w);
+	if (psshard_pieces(&ps->sh) && p.version != MSG_VERSION_LATEST &&
+	    p.version > psshard_version(&ps->sh))
+		return pull_stream(cn, p.version, err, errlen);
+	r = pull_wait(cn, -1, p.version, ps->gen, err, errlen);
+	return r ? r : pull_send_whole(cn, err, errlen);
+}
+
+/* The reason a push (or, in piece mode, the piece of it over [lo, hi) of
+ * the shard) was refused: r from psshard_push or psshard_push_piece;
+ * v: the shard's version. */
+static int push_refused(struct ps_conn *cn, int r, size_t lo, size_t hi, uint64_t v, char *err,
+			size_t errlen)
+{
+	struct ps *ps = cn->ps;
+	unsigned long long tag = (unsigned long long)cn->a.version;
+	if (r == -EDOM) {
+		size_t i = lo + psshard_nonfinite(cn->grad + lo, hi - lo);
+		float x = i < hi ? cn->grad[i] : 0;
+		return err_set(err, errlen, r, "PUSH for version %llu refused: gradient element %zu (parameter %zu) is %s",
+			       tag, i, ps->sh.range.begin + i, isnan(x) ? "NaN" : x > 0 ? "+inf" : "-inf");
+	}
+	if (r == -ERANGE)
+		return err_set(err, errlen, -EPROTO, "PUSH for version %llu refused: the shard is at version %llu",
+			       tag, (unsigned long long)v);
+	return err_set(err, errlen, -EPROTO, "PUSH for version %llu refused: %s", tag, strerror(-r));
+}
+
+/* The ACK of a whole gradient: r and oc from psshard_push, or from the
+ * last piece's psshard_push_piece. */
+static int push_ack(struct ps_conn *cn, int r, enum psshard_outcome oc, uint64_t v, char *err,
+		    size_t errlen)
+{
+	size_t len;
+	struct msg_ack ack = { .shard = (uint32_t)cn->ps->index, .version = v };
+	ack.status = r == -EALREADY	     ? MSG_ACK_DUPLICATE
+		     : oc == PSSHARD_APPLIED ? MSG_ACK_APPLIED
+		     : oc == PSSHARD_WAITING ? MSG_ACK_ACCEPTED
+					     : MSG_ACK_STALE;
 	r = msg_encode_ack(reply_buf(cn), REPLY_CAP, &ack, &len, err, errlen);
 	return r ? r : ps_io(cn, conn_send(&cn->conn, len, err, errlen));
 }
 
+/* Piece mode: one chunk of a PUSH, in cn->grad, is one piece of the
+ * shard, aggregated at once (so that the pieces the other workers have
+ * sent too can go back out while the rest still comes in). A piece this
+ * worker already gave (it pushes again after reconnecting) is a
+ * duplicate, not an error. */
+static int push_took(void *ctx, const struct msg_chunk *c, char *err, size_t errlen)
+{
+	struct ps_conn *cn = ctx;
+	struct ps *ps = cn->ps;
+	size_t j = (size_t)(c->offset / PSSHARD_PIECE), lo, hi;
+	psshard_piece_range(&ps->sh, j, &lo, &hi);
+	if (j >= ps->sh.npieces || c->offset != lo || c->count != hi - lo)
+		return err_set(err, errlen, -EPROTO, "PUSH chunk [%llu, %llu) is not one of the shard's pieces of %u values",
+			       (unsigned long long)c->offset, (unsigned long long)(c->offset + c->count),
+			       PSSHARD_PIECE);
+	pthread_mutex_lock(&ps->mu);
+	int r = psshard_push_piece(&ps->sh, cn->w, c->version, j, cn->grad + lo, hi == ps->sh.n,
+				   &cn->last_oc);
+	cn->pushed |= r == 0 || r == -EALREADY;
+	uint64_t v = psshard_version(&ps->sh);
+	if (r == 0) {
+		ps_store_pushed(&ps->store);
+		pthread_cond_broadcast(&ps->cv);
+	}
+	pthread_mutex_unlock(&ps->mu);
+	cn->last_r = r;
+	return r && r != -EALREADY ? push_refused(cn, r, lo, hi, v, err, errlen) : 0;
+}
+
+/* A whole gradient has arrived: applied under the lock (piece mode: it
+ * was, piece by piece), then ACKed. One with a NaN or an infinity is
+ * refused (psshard_push checks as it copies or before it applies), the
+ * shard untouched; an honest worker checks before it pushes, so this is
+ * a broken or hostile one. */
+static int push_apply(struct ps_conn *cn, char *err, size_t errlen)
+{
+	struct ps *ps = cn->ps;
+	enum psshard_outcome oc = cn->last_oc;
+	cn->assembling = 0;
+	pthread_mutex_lock(&ps->mu);
+	int r = cn->last_r;
+	if (!psshard_pieces(&ps->sh)) {
+		r = psshard_push(&ps->sh, cn->w, cn->a.version, cn->grad, &oc);
+		cn->pushed |= r == 0 || r == -EALREADY;
+		ps_store_pushed(&ps->store);
+		pthread_cond_broadcast(&ps->cv);
+	}
+	uint64_t v = psshard_version(&ps->sh);
+	pthread_mutex_unlock(&ps->mu);
+	if (r && r != -EALREADY)
+		return push_refused(cn, r, 0, ps->sh.n, v, err, errlen);
+	return push_ack(cn, r, oc, v, err, errlen);
+}
+
 /* PUSH (or PARAMS, refused by the assembly): the first chunk here, the
  * rest of the tensor on the pipe, as many frames as full chunks can
- * complete it, opened on the pool. */
+ * complete it, opened on the pool; in piece mode each piece is
+ * aggregated as it is taken. */
 static int on_push(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 {
 	struct ps *ps = cn->ps;
 	size_t n = ps->sh.n;
 	struct msg_chunk ch;
+	int pieces = psshard_pieces(&ps->sh);
 	int r = msg_decode_chunk(cn->conn.rbuf, len, &ch, err, errlen);
 	if (r)
 		return r;
@@ -266,9 +386,12 @@ static int on_push(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 	r = msg_assembly_add(&cn->a, &ch, cn->grad, err, errlen);
 	if (r < 0)
 		return r;
-	if (r == 0) {
+	int done = r;
+	if (pieces && (r = push_took(cn, &ch, err, errlen)) < 0)
+		return r;
+	if (!done) {
 		struct conn_chunk_rx x = { .type = WIRE_PUSH, .worker = (uint32_t)cn->w, .a = &cn->a,
-					   .dst = cn->grad };
+					   .dst = cn->grad, .took = pieces ? push_took : NULL, .ctx = cn };
 		r = conn_recv_rest(&cn->conn, &x, err, errlen);
 		if (r)
 			return x.bad ? r : ps_io(cn, r);

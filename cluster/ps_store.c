@@ -157,8 +157,7 @@ static int store_resume(struct ps_store *st, char *err, size_t errlen)
 		return 0;
 	if (e)
 		return e;
-	sh->version = store_version_of(st, &ld, &sh->opt.t);
-	sh->applied = sh->version;
+	psshard_rewind(sh, store_version_of(st, &ld, &sh->opt.t));
 	char sd[CKPT_PATH_MAX], acc[48] = "not recorded";
 	checkpoint_step_dir(sd, sizeof(sd), c->train.checkpoint_dir, ld.step);
 	long total = sh->total / (long)store_per_step(st);

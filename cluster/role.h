@@ -70,7 +70,7 @@ int role_peer_timeout_ms(const struct config *c);
 /* The deadline for writing one frame (a message, or one chunk of a
  * tensor): a peer that stops reading (a stopped process, a hung host) is
  * then found in peer_timeout whether this side was reading or writing.
- * The floor keeps a 1 MiB frame possible on a slow link whatever
+ * The floor keeps a 256 KiB frame possible on a slow link whatever
  * peer_timeout is set to (config allows 1 s and up). */
 int role_write_timeout_ms(const struct config *c);
 

@@ -195,7 +195,7 @@ static void plain_step(float *restrict params, float *restrict grads, size_t n, 
 /* The rule of the optimizer over [lo, hi); scale as in optim_step_scaled
  * (1 is exact: x * 1.0f == x, so optim_step's bits do not change). */
 static void rule_step(struct optim *o, float *params, float *grads, size_t lo, size_t hi,
-		      float lr, float scale, int zero)
+		      long t, float lr, float scale, int zero)
 {
 	const struct optim_config *c = &o->cfg;
 	size_t n = hi - lo;
@@ -210,28 +210,50 @@ static void rule_step(struct optim *o, float *params, float *grads, size_t lo, s
 			      c->momentum, c->nesterov, zero);
 		break;
 	case OPTIM_ADAM:
-		adam_step(params + lo, o->m + lo, o->v + lo, grads + lo, n, o->t, lr * scale,
+		adam_step(params + lo, o->m + lo, o->v + lo, grads + lo, n, t, lr * scale,
 			  c->weight_decay, c->beta1, c->beta2, c->eps, zero);
 		break;
 	}
 }
 
-/* zero: clear each gradient after use, saving the separate pass over the
- * gradient vector that the next step's accumulation would need. The loops
- * never write grads when zero is 0, so the cast in optim_step is safe.
- * The slice is walked as runs of trained parameters between the plain
- * ranges, so a model without batchnorm takes one run as before. */
+/* Update number t over [lo, hi) of the slice. zero: clear each gradient
+ * after use, saving the separate pass over the gradient vector that the
+ * next step's accumulation would need. The loops never write grads when
+ * zero is 0, so the cast in optim_step is safe. The range is walked as
+ * runs of trained parameters between the plain ranges, so a model without
+ * batchnorm takes one run as before. */
+static void step_range(struct optim *o, float *params, float *grads, size_t lo, size_t hi, long t,
+		       float lr, float scale, int zero)
+{
+	size_t at = lo;
+	for (int i = 0; i < o->nplain && at < hi; i++) {
+		const struct optim_range *p = &o->plain[i];
+		if (p->end <= at)
+			continue;
+		size_t b = p->begin < at ? at : p->begin > hi ? hi : p->begin;
+		size_t e = p->end > hi ? hi : p->end;
+		rule_step(o, params, grads, at, b, t, lr, scale, zero);
+		plain_step(params + b, grads + b, e - b, zero);
+		at = e;
+	}
+	rule_step(o, params, grads, at, hi, t, lr, scale, zero);
+}
+
 static void step(struct optim *o, float *params, float *grads, float lr, float scale, int zero)
 {
 	o->t++;
-	size_t at = 0;
-	for (int i = 0; i < o->nplain; i++) {
-		const struct optim_range *p = &o->plain[i];
-		rule_step(o, params, grads, at, p->begin, lr, scale, zero);
-		plain_step(params + p->begin, grads + p->begin, p->end - p->begin, zero);
-		at = p->end;
-	}
-	rule_step(o, params, grads, at, o->n, lr, scale, zero);
+	step_range(o, params, grads, 0, o->n, o->t, lr, scale, zero);
+}
+
+void optim_step_part(struct optim *o, float *params, const float *grads, size_t lo, size_t hi,
+		     float lr)
+{
+	step_range(o, params, (float *)grads, lo, hi, o->t + 1, lr, 1.0f, 0);
+}
+
+void optim_step_done(struct optim *o)
+{
+	o->t++;
 }
 
 void optim_step(struct optim *o, float *params, const float *grads, float lr)

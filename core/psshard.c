@@ -58,6 +58,17 @@ int psshard_init(struct psshard *s, const struct model *m, const struct shard *s
 		if (!s->slots)
 			goto nomem;
 	}
+	if (s->mode == MODE_SYNC && s->replicas == s->workers) {
+		size_t np = (s->n + PSSHARD_PIECE - 1) / PSSHARD_PIECE;
+		s->npieces = np;
+		s->behind = np;
+		s->pver = calloc(np, sizeof(*s->pver));
+		s->pwaiting = calloc(np, sizeof(*s->pwaiting));
+		s->ppushed = calloc(np * PSSHARD_PUSHED_WORDS, sizeof(*s->ppushed));
+		s->pslot = calloc(np * (size_t)s->workers, sizeof(*s->pslot));
+		if (!s->pver || !s->pwaiting || !s->ppushed || !s->pslot)
+			goto nomem;
+	}
 	int e = optim_init(&s->opt, &c->train.optim, s->n);
 	if (!e)
 		e = optim_plain_tensors(&s->opt, m, sh->begin);
@@ -84,8 +95,16 @@ void psshard_free(struct psshard *s)
 	optim_free(&s->opt);
 	free(s->params);
 	free(s->slots);
+	free(s->pver);
+	free(s->pwaiting);
+	free(s->ppushed);
+	free(s->pslot);
 	s->params = NULL;
 	s->slots = NULL;
+	s->pver = NULL;
+	s->pwaiting = NULL;
+	s->ppushed = NULL;
+	s->pslot = NULL;
 }
 
 /* A float is NaN or +-inf exactly when its 8 exponent bits are all ones.
@@ -186,6 +205,130 @@ static float staleness_scale(const struct psshard *s, uint64_t age)
 	return 1.0f / (float)(age + 1);
 }
 
+/* ---- pieces ---------------------------------------------------------------- */
+
+int psshard_pieces(const struct psshard *s)
+{
+	return s->npieces > 0;
+}
+
+void psshard_piece_range(const struct psshard *s, size_t j, size_t *lo, size_t *hi)
+{
+	*lo = j * PSSHARD_PIECE;
+	*hi = *lo + PSSHARD_PIECE < s->n ? *lo + PSSHARD_PIECE : s->n;
+}
+
+uint64_t psshard_piece_version(const struct psshard *s, size_t j)
+{
+	return s->npieces ? s->pver[j] : s->version;
+}
+
+static uint64_t *piece_pushed(const struct psshard *s, size_t j)
+{
+	return s->ppushed + j * PSSHARD_PUSHED_WORDS;
+}
+
+static int piece_pushed_get(const struct psshard *s, size_t j, int w)
+{
+	return (int)((piece_pushed(s, j)[w / 64] >> (w % 64)) & 1u);
+}
+
+/* Piece j's R gradients are in: sync_apply over its range, then the
+ * piece is at its next version; the last piece at v moves the shard. */
+static void piece_apply(struct psshard *s, size_t j)
+{
+	size_t n = s->n, lo, hi;
+	psshard_piece_range(s, j, &lo, &hi);
+	float *acc = NULL; // (n), used over [lo, hi)
+	const int16_t *slot_of = s->pslot + j * (size_t)s->workers;
+	for (int w = 0; w < s->workers; w++) {
+		if (!piece_pushed_get(s, j, w))
+			continue;
+		float *g = s->slots + (size_t)slot_of[w] * n;
+		if (!acc)
+			acc = g;
+		else
+			add(acc + lo, g + lo, hi - lo);
+	}
+	float R = (float)s->replicas;
+	for (size_t i = lo; i < hi; i++)
+		acc[i] /= R;
+	optim_step_part(&s->opt, s->params, acc, lo, hi, optim_lr(&s->opt.cfg, (long)s->version, s->total));
+	s->pver[j]++;
+	s->pwaiting[j] = 0;
+	memset(piece_pushed(s, j), 0, PSSHARD_PUSHED_WORDS * sizeof(uint64_t));
+	if (--s->behind == 0) {
+		optim_step_done(&s->opt);
+		s->version++;
+		s->applied++;
+		s->behind = s->npieces;
+	}
+}
+
+int psshard_push_piece(struct psshard *s, int worker, uint64_t version, size_t j, const float *g,
+		       int last, enum psshard_outcome *outcome)
+{
+	if (!s->npieces || j >= s->npieces || worker < 0 || worker >= s->workers)
+		return -EINVAL;
+	if (version > s->pver[j])
+		return -ERANGE;
+	if (version < s->pver[j] || (s->total > 0 && version >= (uint64_t)s->total)) {
+		s->received += last != 0;
+		s->dropped_stale += last != 0;
+		*outcome = PSSHARD_STALE;
+		return 0;
+	}
+	/* A piece ahead of v takes nothing until v catches up: no honest
+	 * worker has its parameters yet (it would need every piece). */
+	if (s->pver[j] != s->version)
+		return -ERANGE;
+	if (piece_pushed_get(s, j, worker))
+		return -EALREADY;
+	size_t lo, hi;
+	psshard_piece_range(s, j, &lo, &hi);
+	int slot = s->pwaiting[j];
+	if (copy_nonfinite(s->slots + (size_t)slot * s->n + lo, g, hi - lo))
+		return -EDOM;
+	s->received += last != 0;
+	s->pwaiting[j]++;
+	s->pslot[j * (size_t)s->workers + (size_t)worker] = (int16_t)slot;
+	piece_pushed(s, j)[worker / 64] |= (uint64_t)1 << (worker % 64);
+	if (s->pwaiting[j] < s->replicas) {
+		*outcome = PSSHARD_WAITING;
+		return 0;
+	}
+	piece_apply(s, j);
+	*outcome = PSSHARD_APPLIED;
+	return 0;
+}
+
+/* psshard_push in piece mode: the whole gradient is checked first, so a
+ * refused one leaves every piece as it was. */
+static int push_pieces(struct psshard *s, int worker, uint64_t version, const float *grads,
+		       enum psshard_outcome *outcome)
+{
+	if (version < s->version || (s->total > 0 && version >= (uint64_t)s->total)) {
+		s->received++;
+		s->dropped_stale++;
+		*outcome = PSSHARD_STALE;
+		return 0;
+	}
+	/* A piece past v has every worker's gradient for v (R = W). */
+	for (size_t j = 0; j < s->npieces; j++)
+		if (s->pver[j] != s->version || piece_pushed_get(s, j, worker))
+			return -EALREADY;
+	if (psshard_nonfinite(grads, s->n) < s->n)
+		return -EDOM;
+	uint64_t v = s->version;
+	for (size_t j = 0; j < s->npieces; j++) {
+		size_t lo, hi;
+		psshard_piece_range(s, j, &lo, &hi);
+		(void)psshard_push_piece(s, worker, version, j, grads + lo, j + 1 == s->npieces, outcome);
+	}
+	*outcome = s->version != v ? PSSHARD_APPLIED : PSSHARD_WAITING;
+	return 0;
+}
+
 int psshard_push(struct psshard *s, int worker, uint64_t version, const float *grads,
 		 enum psshard_outcome *outcome)
 {
@@ -220,6 +363,8 @@ int psshard_push(struct psshard *s, int worker, uint64_t version, const float *g
 	 * the shards advance apart (each takes the first R pushes of a
 	 * version), and a worker tags each shard's push with the version it
 	 * got from it. */
+	if (s->npieces)
+		return push_pieces(s, worker, version, grads, outcome);
 	if (version < s->version || (s->total > 0 && version >= (uint64_t)s->total)) {
 		s->received++;
 		s->dropped_stale++;
@@ -256,9 +401,26 @@ uint64_t psshard_version(const struct psshard *s)
 	return s->version;
 }
 
+/* In piece mode: w has pushed every piece still at v (a piece past v has
+ * every worker's gradient). */
 int psshard_has_pushed(const struct psshard *s, int w)
 {
-	return w >= 0 && w < s->workers && pushed_get(s, w);
+	if (w < 0 || w >= s->workers)
+		return 0;
+	for (size_t j = 0; j < s->npieces; j++)
+		if (s->pver[j] == s->version && !piece_pushed_get(s, j, w))
+			return 0;
+	return s->npieces ? 1 : pushed_get(s, w);
+}
+
+int psshard_waiting(const struct psshard *s)
+{
+	if (!s->npieces)
+		return s->nwaiting;
+	int k = 0;
+	for (int w = 0; w < s->workers; w++)
+		k += psshard_has_pushed(s, w);
+	return k;
 }
 
 void psshard_rewind(struct psshard *s, uint64_t version)
@@ -267,6 +429,13 @@ void psshard_rewind(struct psshard *s, uint64_t version)
 	s->applied = version;
 	s->nwaiting = 0;
 	memset(s->pushed, 0, sizeof(s->pushed));
+	for (size_t j = 0; j < s->npieces; j++) {
+		s->pver[j] = version;
+		s->pwaiting[j] = 0;
+	}
+	if (s->npieces)
+		memset(s->ppushed, 0, s->npieces * PSSHARD_PUSHED_WORDS * sizeof(uint64_t));
+	s->behind = s->npieces;
 }
 
 const char *psshard_outcome_name(enum psshard_outcome o)

@@ -32,6 +32,21 @@
  * gradient it applies is of version v. age_sum and age_max count v - t
  * over the applied async gradients, for the ps's log.
  *
+ * Pieces (sync with R = W): the shard is cut into pieces of
+ * PSSHARD_PIECE values (the last one shorter), and the rule above runs
+ * for each piece on its own: a piece is summed, divided and stepped as
+ * soon as all R gradients for it have arrived (psshard_push_piece, as a
+ * ps receives a PUSH chunk by chunk), so the first pieces of version v+1
+ * can go out while the last gradients of v still come in. Each piece has
+ * its version; the shard's version v is the lowest. Since every worker
+ * pushes for v only after it has every piece of v, no piece gets ahead
+ * of v by more than one, and when the last piece reaches v all are at v
+ * (what a checkpoint copies). The numbers are those of the whole-shard
+ * rule, bit for bit: the same sums in the same order, and the optimizer's
+ * step split at piece boundaries (optim_step_part). With R < W the first
+ * R workers of each piece could differ and pieces could run ahead, so
+ * backup workers keep the whole-shard rule; so does async.
+ *
  * In both modes a gradient tagged above v is a protocol error (a worker
  * cannot have pulled a version that does not exist yet). In sync mode a
  * second gradient from the same worker for the current v is also an error,
@@ -61,6 +76,10 @@ enum psshard_outcome {
 };
 
 #define PSSHARD_MAX_WORKERS CONFIG_MAX_HOSTS
+#define PSSHARD_PUSHED_WORDS (PSSHARD_MAX_WORKERS / 64)
+/* Values per piece: one PUSH or PARAMS chunk on the wire (net/wire.h's
+ * WIRE_CHUNK_VALUES; cluster/ps.c checks that they agree). */
+#define PSSHARD_PIECE 65536u
 
 struct psshard {
 	struct shard range;         /* global [begin, end) in P */
@@ -78,8 +97,16 @@ struct psshard {
 	/* sync accumulation for version v */
 	float *slots;               /* (R, n) gradients waiting for v; NULL in async */
 	int nwaiting;               /* gradients stored for v, 0..R-1 between pushes */
-	uint64_t pushed[PSSHARD_MAX_WORKERS / 64];   /* bit w: worker w pushed for v */
+	uint64_t pushed[PSSHARD_PUSHED_WORDS];   /* bit w: worker w pushed for v */
 	int16_t slot_of[PSSHARD_MAX_WORKERS];        /* worker -> slot, valid where pushed */
+
+	/* pieces (sync, R = W); npieces 0: the whole-shard rule */
+	size_t npieces;
+	uint64_t *pver;             /* (npieces) each piece's version, v or v + 1 */
+	int *pwaiting;              /* (npieces) gradients stored for the piece's version */
+	uint64_t *ppushed;          /* (npieces, PSSHARD_PUSHED_WORDS) bit w: w pushed for it */
+	int16_t *pslot;             /* (npieces, W) worker -> slot within the piece */
+	size_t behind;              /* pieces still at v */
 
 	/* counters since init */
 	uint64_t received;          /* pushes that were not errors */
@@ -112,6 +139,27 @@ void psshard_free(struct psshard *s);   /* accepts NULL and zeroed structs */
 int psshard_push(struct psshard *s, int worker, uint64_t version, const float *grads,
 		 enum psshard_outcome *outcome);
 
+/* Pieces: whether this shard takes gradients piece by piece, how many
+ * pieces it has, and piece j's range [*lo, *hi) of the shard. */
+int psshard_pieces(const struct psshard *s);
+void psshard_piece_range(const struct psshard *s, size_t j, size_t *lo, size_t *hi);
+
+/* Piece j (g: its values, hi - lo of them) of worker's gradient computed
+ * on version `version`, in piece mode; last: it is the gradient's last
+ * piece (received and the stale count move once per gradient). Returns
+ * and *outcome as psshard_push, for this piece: PSSHARD_APPLIED when it
+ * completed the piece (the shard's version moves when that was the last
+ * piece at v), -ERANGE also for a version above the piece's or a piece
+ * already ahead of v, -EALREADY when worker already pushed this piece for
+ * its version, -EINVAL when not in piece mode or j is out of range. A
+ * stale piece is not read. */
+int psshard_push_piece(struct psshard *s, int worker, uint64_t version, size_t j, const float *g,
+		       int last, enum psshard_outcome *outcome);
+
+/* The version of piece j's parameters (the shard's version outside piece
+ * mode). */
+uint64_t psshard_piece_version(const struct psshard *s, size_t j);
+
 /* The index of the first value of g (n) that is NaN or +-inf, or n when
  * every one is finite. One read of g (branch-free, vectorized) unless one
  * is found; the worker runs it on its gradient before pushing, too. */
@@ -122,8 +170,11 @@ size_t psshard_nonfinite(const float *g, size_t n);
 const float *psshard_params(const struct psshard *s);
 uint64_t psshard_version(const struct psshard *s);
 
-/* Sync: whether worker w's gradient for the current version has arrived. */
+/* Sync: whether worker w's gradient for the current version has arrived
+ * (in piece mode: every piece of it still at v), and how many workers'
+ * have. */
 int psshard_has_pushed(const struct psshard *s, int w);
+int psshard_waiting(const struct psshard *s);
 
 /* After the caller has put the parameters and optimizer state of step
  * `version` in place (a rollback to a checkpoint): the shard is at that

@@ -209,7 +209,9 @@ static int chunk_encode(void *ctx, uint64_t i, uint8_t *msg, size_t cap, size_t 
 	struct msg_chunk ch = { .type = t->type, .dtype = t->dtype, .shard = t->shard,
 				.version = t->version, .worker = t->worker };
 	msg_chunk_range(t->n, t->dtype, i, &ch.offset, &ch.count);
-	return msg_encode_chunk(msg, cap, &ch, t->src + ch.offset, len, err, errlen);
+	const float *src = t->src + ch.offset;
+	ch.offset += t->offset;
+	return msg_encode_chunk(msg, cap, &ch, src, len, err, errlen);
 }
 
 int conn_send_tensor(struct conn *cn, const struct conn_chunk_tx *t, char *err, size_t errlen)
@@ -249,6 +251,8 @@ static int chunk_deliver(void *ctx, uint64_t i, const uint8_t *msg, size_t len, 
 			       ch.worker, x->worker);
 	r = msg_assembly_add(x->a, &ch, x->dst, err, errlen);
 	if (r < 0)
+		return r;
+	if (x->took && (r = x->took(x->ctx, &ch, err, errlen)) < 0)
 		return r;
 	x->bad = 0;
 	return 0;

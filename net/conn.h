@@ -142,7 +142,9 @@ int conn_recv(struct conn *cn, size_t *len, char *err, size_t errlen);
 /* A tensor's chunk messages (PARAMS from a ps, PUSH from a worker):
  * message i is chunk i of src, sent as dtype (enum wire_dtype: 0, float32,
  * unless set; bf16 is rounded from src as it is encoded into each frame,
- * msg_chunks(n, dtype) frames in all). */
+ * msg_chunks(n, dtype) frames in all). offset: where src starts in the
+ * shard (a multiple of msg_chunk_max when a ps sends part of one), added
+ * to every chunk's offset. */
 struct conn_chunk_tx {
 	uint8_t type;
 	uint8_t dtype;
@@ -150,6 +152,7 @@ struct conn_chunk_tx {
 	uint64_t version;
 	const float *src; /* (n) */
 	uint64_t n;
+	uint64_t offset;
 };
 
 /* The chunks of a tensor being received: each message must be a chunk of
@@ -163,6 +166,11 @@ struct conn_chunk_rx {
 	struct msg_assembly *a;
 	float *dst; /* (a->n) */
 	int bad;
+	/* If set, called with each chunk once its values are in dst (a ps
+	 * aggregates a PUSH piece by piece); a negative return ends the
+	 * receive with it and err, as a bad message. */
+	int (*took)(void *ctx, const struct msg_chunk *c, char *err, size_t errlen);
+	void *ctx;
 };
 
 /* Sends the whole tensor t on the pipe (its frames sealed on the pool). */

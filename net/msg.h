@@ -26,8 +26,8 @@
  * their dtype, from the start of the shard's parameter range
  * (shard-relative, not global). A tensor of N values in dtype dt travels as
  * msg_chunks(N, dt) messages with offsets 0, msg_chunk_max(dt), ..., in
- * increasing order: a bf16 chunk holds twice the values of a float32 one in
- * the same WIRE_CHUNK_MAX bytes. The receiver checks each with struct
+ * increasing order: the same values in either dtype, a bf16 chunk in half
+ * the bytes. The receiver checks each with struct
  * msg_assembly, which also refuses a chunk of another dtype than it
  * expects.
  *
@@ -54,14 +54,16 @@
 
 #define MSG_MUST_CHECK __attribute__((warn_unused_result))
 
-/* Most float32 values in one PARAMS or PUSH message (1 MiB of them). */
-#define MSG_CHUNK_FLOATS (WIRE_CHUNK_MAX / 4u)
+/* Most values in one PARAMS or PUSH message, in either dtype. */
+#define MSG_CHUNK_FLOATS WIRE_CHUNK_VALUES
 
-/* Most values of dtype dt (enum wire_dtype) in one PARAMS or PUSH message:
- * MSG_CHUNK_FLOATS for float32, twice that for bf16. */
+/* Most values of dtype dt (enum wire_dtype) in one PARAMS or PUSH
+ * message: the same for every dtype, so that a chunk is the same piece
+ * of the shard whatever travels (a bf16 chunk is half the bytes). */
 static inline uint32_t msg_chunk_max(unsigned dt)
 {
-	return WIRE_CHUNK_MAX / wire_dtype_bytes(dt);
+	(void)dt;
+	return WIRE_CHUNK_VALUES;
 }
 
 /* Fixed lengths (bytes) of each message's header; see docs/PROTOCOL.md. */

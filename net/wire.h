@@ -16,9 +16,11 @@
 
 /* Protocol identity, sent in the handshake. WIRE_MAGIC is the bytes "PSTR"
  * read as a little-endian u32. A peer with another version is refused.
- * Version 4: a chunk's byte 1 is its dtype (fp32 or bf16). */
+ * Version 4: a chunk's byte 1 is its dtype (fp32 or bf16). Version 5:
+ * chunks of WIRE_CHUNK_VALUES values in either dtype (was 1 MiB of
+ * them), each a piece a ps aggregates on its own. */
 #define WIRE_MAGIC 0x52545350u
-#define WIRE_VERSION 4u
+#define WIRE_VERSION 5u
 
 /* Message types (DESIGN §7): the first field of every decrypted frame.
  * Zero is not a type, so a zeroed buffer never parses as a message. */
@@ -38,14 +40,17 @@ enum wire_msg {
 #define WIRE_MSG_FIRST WIRE_HELLO
 #define WIRE_MSG_LAST WIRE_ROLLBACK
 
-/* Size limits. A tensor bigger than WIRE_CHUNK_MAX bytes travels as a
- * sequence of messages each carrying at most WIRE_CHUNK_MAX bytes of it, and
- * each message's fixed fields fit in WIRE_MSG_HDR_MAX bytes, so no frame's
- * plaintext exceeds FRAME_MAX. The bound keeps a receiver's allocation per
- * connection small and fixed: it is checked before anything is allocated.
- * 1 MiB chunks amortize the per-frame cost (16-byte tag, a syscall or two)
- * to nothing while keeping 64 connections' buffers well under 1 GiB. */
-#define WIRE_CHUNK_MAX (1u << 20)
+/* Size limits. A tensor travels as a sequence of messages each carrying
+ * at most WIRE_CHUNK_VALUES values of it (WIRE_CHUNK_MAX bytes in
+ * float32), and each message's fixed fields fit in WIRE_MSG_HDR_MAX bytes,
+ * so no frame's plaintext exceeds FRAME_MAX. The bound keeps a receiver's
+ * allocation per connection small and fixed: it is checked before
+ * anything is allocated. A chunk is also the piece a sync ps aggregates
+ * and sends back on its own (core/psshard.h), so it is small enough that
+ * a shard has several (256 KiB: 2 ms at 1 Gbit/s) and large enough that
+ * the per-frame cost (a 16-byte tag, a syscall or two) stays small. */
+#define WIRE_CHUNK_VALUES 65536u
+#define WIRE_CHUNK_MAX (4u * WIRE_CHUNK_VALUES)
 #define WIRE_MSG_HDR_MAX 64u
 #define FRAME_MAX (WIRE_CHUNK_MAX + WIRE_MSG_HDR_MAX)
 

@@ -7,6 +7,7 @@
 #include <criterion/criterion.h>
 
 #include "leak.h"
+#include "../base/err.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -181,6 +182,103 @@ Test(conn, tensor_in_chunks)
 	side_free(&sv);
 }
 
+/* What the receiver's per-chunk hook saw. */
+struct took_log {
+	int calls;
+	uint64_t offsets[8];
+	int fail_at; /* the call that fails, -1: none */
+	const float *dst;
+	int in_place; /* every chunk's values were in dst when the hook ran */
+};
+
+static int took_note(void *ctx, const struct msg_chunk *c, char *err, size_t errlen)
+{
+	struct took_log *l = ctx;
+	if (l->calls < 8)
+		l->offsets[l->calls] = c->offset;
+	l->in_place &= l->dst[c->offset + c->count - 1] == (float)(c->offset + c->count - 1) * 0.25f;
+	if (l->calls++ == l->fail_at)
+		return err_set(err, errlen, -EDOM, "hook refused chunk at %llu",
+			       (unsigned long long)c->offset);
+	return 0;
+}
+
+struct parts_arg {
+	struct side *s;
+	const float *src;
+	uint64_t n;
+	int r;
+};
+
+/* The tensor as a ps streams it: its first chunk, then the rest, each
+ * call with the offset where its part starts. */
+static void *send_parts_main(void *arg)
+{
+	struct parts_arg *a = arg;
+	char e[256];
+	struct conn_chunk_tx t = { .type = WIRE_PARAMS, .shard = 2, .version = 5, .src = a->src,
+				   .n = MSG_CHUNK_FLOATS };
+	a->r = conn_send_tensor(&a->s->cn, &t, e, sizeof(e));
+	t.src = a->src + MSG_CHUNK_FLOATS;
+	t.n = a->n - MSG_CHUNK_FLOATS;
+	t.offset = MSG_CHUNK_FLOATS;
+	if (!a->r)
+		a->r = conn_send_tensor(&a->s->cn, &t, e, sizeof(e));
+	return NULL;
+}
+
+/* A tensor sent in two parts (conn_chunk_tx.offset) arrives as one, and
+ * the receiver's hook sees each chunk, in order, once its values are in
+ * place; a hook that fails ends the receive as a bad message. */
+Test(conn, tensor_in_parts_with_a_hook)
+{
+	for (int fail = 0; fail < 2; fail++) {
+		struct side cl, sv;
+		char e[256] = "";
+		size_t len;
+		pair(&cl, &sv, 9, 9);
+		cr_assert_eq(cl.r, 0, "%s", cl.err);
+		uint64_t n = 3 * (uint64_t)MSG_CHUNK_FLOATS + 9;
+		float *src = malloc(n * sizeof(float)), *dst = calloc(n, sizeof(float));
+		cr_assert(src && dst);
+		for (uint64_t i = 0; i < n; i++)
+			src[i] = (float)i * 0.25f;
+		pthread_t th;
+		struct parts_arg pa = { &cl, src, n, -1 };
+		cr_assert_eq(pthread_create(&th, NULL, send_parts_main, &pa), 0);
+		struct msg_assembly a;
+		struct took_log lg = { .fail_at = fail ? 2 : -1, .dst = dst, .in_place = 1 };
+		cr_assert_eq(msg_assembly_init(&a, WIRE_PARAMS, 2, n, WIRE_F32, e, sizeof(e)), 0);
+		struct conn_chunk_rx x = { .type = WIRE_PARAMS, .a = &a, .dst = dst, .took = took_note,
+					   .ctx = &lg };
+		cr_assert_eq(conn_recv(&sv.cn, &len, e, sizeof(e)), 0, "%s", e);
+		cr_assert_eq(conn_take_chunk(&sv.cn, &x, len, e, sizeof(e)), 0, "%s", e);
+		int r = conn_recv_rest(&sv.cn, &x, e, sizeof(e));
+		if (fail) {
+			cr_assert_eq(r, -EDOM);
+			cr_assert(x.bad);
+			cr_assert_str_eq(e, "hook refused chunk at 131072");
+			cr_assert_eq(lg.calls, 3);
+			conn_shutdown(&sv.cn);
+		} else {
+			cr_assert_eq(r, 0, "%s", e);
+			cr_assert(msg_assembly_done(&a));
+			cr_assert_eq(memcmp(src, dst, n * sizeof(float)), 0);
+			cr_assert_eq(lg.calls, 4);
+			for (int i = 0; i < 4; i++)
+				cr_assert_eq(lg.offsets[i], (uint64_t)i * MSG_CHUNK_FLOATS);
+		}
+		cr_assert(lg.in_place);
+		pthread_join(th, NULL);
+		if (!fail) /* failing, it may have written all into the socket's buffer */
+			cr_assert_eq(pa.r, 0, "sender: %d", pa.r);
+		free(src);
+		free(dst);
+		side_free(&cl);
+		side_free(&sv);
+	}
+}
+
 /* Counts the frames a side's connection sent (its send counter). */
 static uint64_t frames_sent(const struct side *s)
 {
@@ -188,8 +286,8 @@ static uint64_t frames_sent(const struct side *s)
 }
 
 /* A bf16 tensor of several chunks, serially and with the frames sealed and
- * opened on pools of 3 threads: msg_chunks(n, WIRE_BF16) frames (half as
- * many as in float32), every element arriving as its bf16 rounding; and a
+ * opened on pools of 3 threads: msg_chunks(n, WIRE_BF16) frames (as many
+ * as in float32, each half the bytes), every element arriving as its bf16 rounding; and a
  * receiver that expects float32 refusing the first chunk, as bad. */
 Test(conn, tensor_in_chunks_bf16)
 {
@@ -207,14 +305,14 @@ Test(conn, tensor_in_chunks_bf16)
 			cr_assert_eq(pipe_init(&cl.pp, pool, cl.wbuf, CONN_WBUF_BYTES, e, sizeof e), 0);
 			cr_assert_eq(pipe_init(&sv.pp, pool, sv.wbuf, CONN_WBUF_BYTES, e, sizeof e), 0);
 		}
-		uint64_t n = 4 * (uint64_t)MSG_CHUNK_FLOATS + 7; /* 5 float32 chunks, 3 bf16 */
+		uint64_t n = 4 * (uint64_t)MSG_CHUNK_FLOATS + 7; /* 5 chunks in either dtype */
 		float *src = malloc(n * sizeof(float)), *dst = calloc(n, sizeof(float));
 		cr_assert(src && dst);
 		for (uint64_t i = 0; i < n; i++)
 			src[i] = ((float)(i % 1000) - 500.0f) * 1.001f + (float)i * 1e-3f;
 		struct conn_chunk_tx t = { .type = WIRE_PUSH, .dtype = WIRE_BF16, .shard = 1,
 					   .worker = 3, .version = 11, .src = src, .n = n };
-		cr_assert_eq(msg_chunks(n, WIRE_BF16), 3);
+		cr_assert_eq(msg_chunks(n, WIRE_BF16), 5);
 		uint64_t c0 = frames_sent(&cl);
 		pthread_t th;
 		struct sendarg sa = { &cl, &t, -1 };
@@ -229,7 +327,7 @@ Test(conn, tensor_in_chunks_bf16)
 		pthread_join(th, NULL);
 		cr_assert_eq(sa.r, 0);
 		cr_assert(msg_assembly_done(&a));
-		cr_assert_eq(frames_sent(&cl) - c0, 3, "%s: frames", pooled ? "pooled" : "serial");
+		cr_assert_eq(frames_sent(&cl) - c0, 5, "%s: frames", pooled ? "pooled" : "serial");
 		for (uint64_t i = 0; i < n; i++) {
 			uint32_t u, v;
 			memcpy(&u, &src[i], 4);

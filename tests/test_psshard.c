@@ -332,6 +332,115 @@ static void fill(float *g, size_t n, float value)
 		g[i] = value;
 }
 
+/* Piece mode (sync, R = W): a shard of 4 pieces (the last one short)
+ * takes each piece's gradients on their own and steps a piece as soon as
+ * both workers' are in; the parameters equal the whole-shard rule bit for
+ * bit (the mean in worker order, then adam with weight decay over the
+ * whole vector) after every version; a piece ahead takes nothing until
+ * the others catch up, a piece given twice is a duplicate, an old one is
+ * stale and counted once per gradient. */
+Test(psshard, pieces_step_on_their_own_and_equal_the_whole_rule)
+{
+	static struct config c;
+	struct model m;
+	struct psshard s;
+	char err[256];
+	make_config(&c, &m, 2, 0, "optimizer = adam\nweight_decay = 0.01\nlearning_rate = 0.01\nlr_schedule = cosine\n",
+		    "[model]\ninput = 300\nlayer = dense 700\nlayer = relu\nlayer = dense 10\n");
+	size_t P = m.nparams, lo, hi;
+	cr_assert_eq(P, 300 * 700 + 700 + 700 * 10 + 10);
+	struct shard r = { 0, P };
+	cr_assert_eq(psshard_init(&s, &m, &r, &c, 100, err, sizeof(err)), 0, "%s", err);
+	cr_assert(psshard_pieces(&s));
+	cr_assert_eq(s.npieces, 4);
+	psshard_piece_range(&s, 3, &lo, &hi);
+	cr_assert(lo == 3 * PSSHARD_PIECE && hi == P);
+
+	struct optim ref;
+	float *want = malloc(P * sizeof(float)), *acc = malloc(P * sizeof(float));
+	float *g[2] = { malloc(P * sizeof(float)), malloc(P * sizeof(float)) };
+	cr_assert(want && acc && g[0] && g[1]);
+	cr_assert_eq(optim_init(&ref, &c.train.optim, P), 0);
+	model_init_params(&m, want, 0, P, c.train.seed);
+	enum psshard_outcome o;
+	for (uint64_t v = 0; v < 3; v++) {
+		for (int w = 0; w < 2; w++)
+			for (size_t i = 0; i < P; i++)
+				g[w][i] = 0.01f * (float)((i * 7 + v * 13 + (size_t)w * 5) % 23) - 0.1f;
+		/* worker 1 sends everything, worker 0 pieces 2, 0, 1, 3 */
+		for (size_t j = 0; j < 4; j++) {
+			psshard_piece_range(&s, j, &lo, &hi);
+			cr_assert_eq(psshard_push_piece(&s, 1, v, j, g[1] + lo, j == 3, &o), 0);
+			cr_assert_eq(o, PSSHARD_WAITING);
+		}
+		cr_assert(psshard_has_pushed(&s, 1));
+		cr_assert_not(psshard_has_pushed(&s, 0));
+		const size_t order[4] = { 2, 0, 1, 3 };
+		for (size_t k = 0; k < 4; k++) {
+			size_t j = order[k];
+			psshard_piece_range(&s, j, &lo, &hi);
+			cr_assert_eq(psshard_push_piece(&s, 0, v, j, g[0] + lo, k == 3, &o), 0);
+			cr_assert_eq(o, PSSHARD_APPLIED);
+			cr_assert_eq(psshard_piece_version(&s, j), v + 1);
+			cr_assert_eq(psshard_version(&s), k == 3 ? v + 1 : v, "piece %zu", j);
+			if (k == 0) {
+				/* piece 2 is ahead: nothing for it until v moves */
+				cr_assert_eq(psshard_push_piece(&s, 1, v + 1, 2, g[1] + lo, 0, &o), -ERANGE);
+				/* the same worker's piece 0 again: a duplicate */
+				psshard_piece_range(&s, 0, &lo, &hi);
+				cr_assert_eq(psshard_push_piece(&s, 1, v, 0, g[1] + lo, 0, &o), -EALREADY);
+			}
+		}
+		/* v again: stale, counted once (on the last piece) */
+		uint64_t stale = s.dropped_stale;
+		psshard_piece_range(&s, 3, &lo, &hi);
+		cr_assert_eq(psshard_push_piece(&s, 1, v, 3, g[1] + lo, 1, &o), 0);
+		cr_assert_eq(o, PSSHARD_STALE);
+		cr_assert_eq(s.dropped_stale, stale + 1);
+
+		for (size_t i = 0; i < P; i++)
+			acc[i] = (g[0][i] + g[1][i]) / 2.0f;
+		optim_step(&ref, want, acc, optim_lr(&c.train.optim, (long)v, 100));
+		size_t d = first_diff(psshard_params(&s), want, P);
+		cr_assert_eq(d, P, "version %llu: parameter %zu is %a, the whole rule gives %a",
+			     (unsigned long long)v + 1, d, (double)psshard_params(&s)[d], (double)want[d]);
+		cr_assert_eq(s.opt.t, ref.t);
+	}
+	cr_assert_eq(s.received, 6 + 3);
+	cr_assert_eq(s.applied, 3);
+	optim_free(&ref);
+	free(want);
+	free(acc);
+	free(g[0]);
+	free(g[1]);
+	psshard_free(&s);
+}
+
+/* Backup workers (R < W) and async keep the whole-shard rule. */
+Test(psshard, pieces_only_when_every_worker_counts)
+{
+	static struct config c;
+	struct model m;
+	struct psshard s;
+	char err[256];
+	const struct {
+		int W, R;
+		const char *train;
+		int pieces;
+	} cases[] = { { 2, 2, "", 1 }, { 3, 2, "", 0 }, { 2, 0, "mode = async\n", 0 } };
+	for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+		make_config(&c, &m, cases[k].W, cases[k].R, cases[k].train, MLP);
+		struct shard r = { 0, m.nparams };
+		cr_assert_eq(psshard_init(&s, &m, &r, &c, 100, err, sizeof(err)), 0, "%s", err);
+		cr_assert_eq(psshard_pieces(&s), cases[k].pieces, "case %zu", k);
+		enum psshard_outcome o;
+		float g[1] = { 0 };
+		if (!cases[k].pieces)
+			cr_assert_eq(psshard_push_piece(&s, 0, 0, 0, g, 1, &o), -EINVAL);
+		psshard_free(&s);
+	}
+}
+
 Test(psshard, sum_is_in_worker_index_order)
 {
 	/* g0 = 1, g1 = -1, g2 = 1e-8: (g0 + g1) + g2 = 1e-8, but arrival order
@@ -350,7 +459,7 @@ Test(psshard, sum_is_in_worker_index_order)
 	for (int w = 2; w >= 0; w--) {
 		cr_assert_eq(psshard_push(&s, w, 0, g[w], &o), 0);
 		cr_assert_eq(o, w ? PSSHARD_WAITING : PSSHARD_APPLIED);
-		cr_assert_eq(s.nwaiting, w ? 3 - w : 0);
+		cr_assert_eq(psshard_waiting(&s), w ? 3 - w : 0);
 	}
 	float want = 1e-8f / 3.0f;
 	for (int i = 0; i < 8; i++)
@@ -381,7 +490,7 @@ Test(psshard, sync_stale_duplicate_and_ahead)
 	/* no such worker */
 	cr_assert_eq(psshard_push(&s, 2, 0, g, &o), -EINVAL);
 	cr_assert_eq(psshard_push(&s, -1, 0, g, &o), -EINVAL);
-	cr_assert_eq(s.nwaiting, 1);
+	cr_assert_eq(psshard_waiting(&s), 1);
 	cr_assert_eq(s.received, 1);
 	cr_assert_eq(psshard_version(&s), 0);
 	cr_assert_eq(first_diff(psshard_params(&s), before, 8), 8);
@@ -399,7 +508,7 @@ Test(psshard, sync_stale_duplicate_and_ahead)
 	cr_assert_eq(psshard_push(&s, 1, 0, g, &o), 0);
 	cr_assert_eq(o, PSSHARD_STALE);
 	cr_assert_eq(s.dropped_stale, 2);
-	cr_assert_eq(s.nwaiting, 0);
+	cr_assert_eq(psshard_waiting(&s), 0);
 	cr_assert_eq(first_diff(psshard_params(&s), before, 8), 8);
 	/* and the workers can push for version 1: the bitmap was cleared */
 	cr_assert_eq(psshard_push(&s, 1, 1, g, &o), 0);

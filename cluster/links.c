@@ -52,7 +52,7 @@ int links_open(struct links *lk, const struct config *c, const struct role_setup
 	       char *err, size_t errlen)
 {
 	*lk = (struct links){ .c = c, .s = s, .stop = stop, .out = out, .index = index,
-			      .nps = c->cluster.nps, .lost = -1 };
+			      .nps = c->cluster.nps, .lost = -1, .pieces = role_pieces(c) };
 	lk->ln = calloc((size_t)lk->nps, sizeof(*lk->ln));
 	if (!lk->ln)
 		return err_set(err, errlen, -ENOMEM, "out of memory for %d links", lk->nps);
@@ -70,11 +70,22 @@ int links_open(struct links *lk, const struct config *c, const struct role_setup
 			return e;
 		l->pp_ready = 1;
 		l->range = plan[k];
+		if (!lk->pieces)
+			continue;
+		l->rwbuf = malloc(CONN_WBUF_BYTES);
+		if (!l->rwbuf)
+			return err_set(err, errlen, -ENOMEM, "out of memory for the buffers of %d links", lk->nps);
+		e = pipe_init(&l->rpp, lk->pool, l->rwbuf, CONN_WBUF_BYTES, err, errlen);
+		if (e)
+			return e;
+		l->rpp_ready = 1;
 	}
 	int nokeys = 0;
 	for (int k = 0; k < lk->nps; k++)
 		nokeys |= conn_init(&lk->ln[k].conn, -1, lk->ln[k].rbuf, lk->ln[k].wbuf, &lk->ln[k].pp,
 				    role_peer_timeout_ms(c), role_write_timeout_ms(c)) != 0;
+	for (int k = 0; k < lk->nps; k++)
+		lk->ln[k].conn.rpp = lk->ln[k].rpp_ready ? &lk->ln[k].rpp : NULL;
 	if (nokeys) {
 		for (int k = 0; k < lk->nps; k++)
 			conn_destroy(&lk->ln[k].conn);
@@ -120,10 +131,13 @@ void links_close(struct links *lk)
 		struct link *l = &lk->ln[k];
 		if (l->pp_ready)
 			pipe_free(&l->pp);
+		if (l->rpp_ready)
+			pipe_free(&l->rpp);
 		free(l->rbuf);
 		free(l->wbuf);
-		l->pp_ready = 0;
-		l->rbuf = l->wbuf = NULL;
+		free(l->rwbuf);
+		l->pp_ready = l->rpp_ready = 0;
+		l->rbuf = l->wbuf = l->rwbuf = NULL;
 	}
 	cryptopool_destroy(lk->pool);
 	free(lk->ln);
@@ -259,7 +273,7 @@ static void links_mark_lost(struct links *lk, int k)
 static int link_failed(struct links *lk, int k, int r, const char *e, char *err, size_t errlen)
 {
 	char nm[300];
-	if (!lk->shutting)
+	if (!lk->shutting && !lk->ln[k].halted)
 		links_mark_lost(lk, k);
 	if (r == -ETIMEDOUT)
 		return err_set(err, errlen, -ECONNABORTED, "lost %s: no traffic for %g s (peer_timeout)",
@@ -356,30 +370,91 @@ static int links_send_all(struct links *lk, const struct ctl *m, char *err, size
 	return 0;
 }
 
-/* The reply to a PULL from ps k: the first chunk by hand, past any
- * HEARTBEATs; the rest of the tensor on the pipe. */
-static int links_recv_params(struct links *lk, int k, float *params, char *err, size_t errlen)
+/* What link_reply is waiting for on ps k: the parameters, and, when a
+ * push went up at the same time, its ACK. */
+struct reply {
+	struct links *lk;
+	int k;
+	int want_ack, acked;
+	struct msg_assembly a;
+	struct conn_chunk_rx x;
+};
+
+/* Ps k's ACK of a push; stale and duplicate ones are counted. */
+static int reply_ack(struct reply *rp, const uint8_t *msg, size_t len, char *err, size_t errlen)
+{
+	struct msg_ack ack;
+	if (!rp->want_ack || rp->acked)
+		return err_set(err, errlen, -EPROTO, "an ACK for no push");
+	int r = msg_decode_ack(msg, len, &ack, err, errlen);
+	if (r)
+		return r;
+	if (ack.status == MSG_ACK_STALE || ack.status == MSG_ACK_DUPLICATE)
+		rp->lk->stale++;
+	rp->acked = 1;
+	return 0;
+}
+
+/* A message between the chunks of the parameters: a HEARTBEAT while the
+ * ps waits for the next piece, or the ACK of the push going up. */
+static int reply_other(void *ctx, int type, const uint8_t *msg, size_t len, char *err, size_t errlen)
+{
+	struct reply *rp = ctx;
+	if (type == WIRE_ACK)
+		return reply_ack(rp, msg, len, err, errlen);
+	if (type != WIRE_HEARTBEAT)
+		return err_set(err, errlen, -EPROTO, "unexpected %s message among PARAMS",
+			       wire_msg_name((uint8_t)type));
+	struct msg_heartbeat hb;
+	int r = msg_decode_heartbeat(msg, len, &hb, err, errlen);
+	if (!r)
+		links_heard(rp->lk, rp->k, &hb);
+	return r;
+}
+
+/* The reply to a PULL from ps k into params, and with want_ack the ACK
+ * of the push sent after it, in whatever order they come: messages one at
+ * a time until the first chunk, then the rest of the tensor on the pipe
+ * (again after each message taken between chunks). */
+static int link_reply(struct links *lk, int k, float *params, int want_ack, char *err, size_t errlen)
 {
 	struct link *l = &lk->ln[k];
-	struct msg_assembly a;
+	struct reply rp = { .lk = lk, .k = k, .want_ack = want_ack };
 	char e[512], nm[300];
 	size_t len;
-	if (msg_assembly_init(&a, WIRE_PARAMS, (uint32_t)k, l->range.end - l->range.begin,
+	if (msg_assembly_init(&rp.a, WIRE_PARAMS, (uint32_t)k, l->range.end - l->range.begin,
 			      role_param_dtype(lk->c), e, sizeof(e)))
 		return err_set(err, errlen, -EINVAL, "%s", e);
-	struct conn_chunk_rx x = { .type = WIRE_PARAMS, .a = &a, .dst = params + l->range.begin };
-	int r = links_recv(lk, k, &len, err, errlen);
-	if (r < 0)
-		return r;
-	if (conn_take_chunk(&l->conn, &x, len, e, sizeof(e)))
-		return err_set(err, errlen, -ECONNABORTED, "%s: %s", links_ps_name(lk->c, k, nm, sizeof(nm)), e);
-	r = conn_recv_rest(&l->conn, &x, e, sizeof(e));
-	if (r && x.bad)
-		return err_set(err, errlen, -ECONNABORTED, "%s: %s", links_ps_name(lk->c, k, nm, sizeof(nm)), e);
-	if (r)
-		return link_failed(lk, k, r, e, err, errlen);
-	l->got = a.version;
+	rp.x = (struct conn_chunk_rx){ .type = WIRE_PARAMS, .a = &rp.a, .dst = params + l->range.begin,
+				       .other = reply_other, .ctx = &rp };
+	while (!msg_assembly_done(&rp.a) || (want_ack && !rp.acked)) {
+		int r;
+		if (rp.a.received == 0 || msg_assembly_done(&rp.a)) {
+			r = links_recv(lk, k, &len, err, errlen);
+			if (r < 0)
+				return r;
+			r = r == WIRE_ACK ? reply_ack(&rp, l->rbuf, len, e, sizeof(e))
+			    : r == WIRE_PARAMS ? conn_take_chunk(&l->conn, &rp.x, len, e, sizeof(e))
+					       : err_set(e, sizeof(e), -EPROTO, "unexpected %s message instead of PARAMS",
+							 wire_msg_name((uint8_t)r));
+			if (r)
+				return err_set(err, errlen, -ECONNABORTED, "%s: %s",
+					       links_ps_name(lk->c, k, nm, sizeof(nm)), e);
+			continue;
+		}
+		r = conn_recv_rest(&l->conn, &rp.x, e, sizeof(e));
+		if (r && rp.x.bad)
+			return err_set(err, errlen, -ECONNABORTED, "%s: %s", links_ps_name(lk->c, k, nm, sizeof(nm)), e);
+		if (r)
+			return link_failed(lk, k, r, e, err, errlen);
+	}
+	l->got = rp.a.version;
 	return 0;
+}
+
+static int links_recv_params(struct links *lk, int k, float *params, char *err, size_t errlen)
+{
+	return link_reply(lk, k, params, 0, err, errlen);
 }
 
 /* PULL to ps k: sync asks for the version after the one it last had
@@ -429,16 +504,23 @@ int links_pull(struct links *lk, float *params, int first, char *err, size_t err
 	return 0;
 }
 
-/* grads' slice for ps k, tagged with the version pulled from it. */
-static int link_push(struct links *lk, int k, const float *grads, char *err, size_t errlen)
+/* grads' slice for ps k, tagged with version. */
+static int link_push_at(struct links *lk, int k, const float *grads, uint64_t version, char *err,
+			size_t errlen)
 {
 	struct link *l = &lk->ln[k];
 	char e[512];
-	struct conn_chunk_tx t = { .type = WIRE_PUSH, .shard = (uint32_t)k, .version = l->got,
+	struct conn_chunk_tx t = { .type = WIRE_PUSH, .shard = (uint32_t)k, .version = version,
 				   .worker = (uint32_t)lk->index, .src = grads + l->range.begin,
 				   .n = l->range.end - l->range.begin, .dtype = (uint8_t)role_grad_dtype(lk->c) };
 	int r = conn_send_tensor(&l->conn, &t, e, sizeof(e));
 	return r ? link_failed(lk, k, r, e, err, errlen) : 0;
+}
+
+/* grads' slice for ps k, tagged with the version pulled from it. */
+static int link_push(struct links *lk, int k, const float *grads, char *err, size_t errlen)
+{
+	return link_push_at(lk, k, grads, lk->ln[k].got, err, errlen);
 }
 
 /* Ps k's ACK of a push; stale and duplicate ones are counted. */
@@ -488,9 +570,8 @@ struct link_job {
 /* Waits for this link's turn to push, pushes, passes the turn on (also
  * after a failure, so that no other link waits for ever), then asks for
  * the next version and takes the ACK and the parameters as they come. */
-static void *link_exchange(void *arg)
+static int link_staggered(struct link_job *j)
 {
-	struct link_job *j = arg;
 	struct links *lk = j->lk;
 	pthread_mutex_lock(&lk->turn_mu);
 	while (lk->turn < j->pos)
@@ -511,6 +592,79 @@ static void *link_exchange(void *arg)
 	pthread_mutex_unlock(&lk->turn_mu);
 	if (!r)
 		r = link_take(lk, j->k, j->params, 0, want, j->err, sizeof(j->err));
+	return r;
+}
+
+/* The receiving half of link_duplex, on a thread of its own. */
+struct link_rx {
+	struct links *lk;
+	int k;
+	float *params;
+	int r;
+	char err[512];
+	_Atomic int first;  /* the half that failed first: 1 the push, 2 this */
+};
+
+/* The half that fails first shuts the link down, so that the other one
+ * (a push stuck on a ps that stopped reading, a receive waiting for a
+ * reply that will not come) ends at once. */
+static void link_half_failed(struct link_rx *x, int half)
+{
+	int none = 0;
+	atomic_compare_exchange_strong(&x->first, &none, half);
+	x->lk->ln[x->k].halted = 1;
+	conn_shutdown(&x->lk->ln[x->k].conn);
+}
+
+static void *link_rx_main(void *arg)
+{
+	struct link_rx *x = arg;
+	x->r = link_reply(x->lk, x->k, x->params, 1, x->err, sizeof(x->err));
+	if (x->r)
+		link_half_failed(x, 2);
+	return NULL;
+}
+
+/* Piece mode: asks for the next version, then pushes while a second
+ * thread takes the ACK and the parameters as the ps streams them, so the
+ * link carries both directions at once and the first pieces of the new
+ * parameters arrive before the last of the gradient has left. */
+static int link_duplex(struct link_job *j)
+{
+	struct links *lk = j->lk;
+	struct link *l = &lk->ln[j->k];
+	uint64_t tag = l->got, want = 0;
+	l->halted = 0;
+	int r = link_ask(lk, j->k, 0, &want, j->err, sizeof(j->err));
+	if (r)
+		return r;
+	struct link_rx x = { .lk = lk, .k = j->k, .params = j->params };
+	pthread_t th;
+	int threaded = pthread_create(&th, NULL, link_rx_main, &x) == 0;
+	r = link_push_at(lk, j->k, j->grads, tag, j->err, sizeof(j->err));
+	if (r)
+		link_half_failed(&x, 1);
+	if (threaded)
+		pthread_join(th, NULL);
+	else if (!r) /* a ps's streamer answers after the push all the same */
+		link_rx_main(&x);
+	/* The first failure is the reason; the other half's is then only
+	 * the shutdown it caused. */
+	if (x.first == 2) {
+		snprintf(j->err, sizeof(j->err), "%s", x.err);
+		r = x.r;
+	}
+	l->halted = 0;
+	if (!r && l->got < want)
+		r = link_went_back(lk, j->k, l->got, j->err, sizeof(j->err));
+	return r;
+}
+
+static void *link_exchange(void *arg)
+{
+	struct link_job *j = arg;
+	struct links *lk = j->lk;
+	int r = lk->pieces ? link_duplex(j) : link_staggered(j);
 	j->r = r;
 	/* A lost link ends the exchange on every link: the others would
 	 * otherwise wait on, a healthy ps holding its step for a worker that

@@ -33,6 +33,12 @@ struct link {
 	uint8_t *rbuf, *wbuf; /* this link's: links_exchange runs every link at once */
 	struct pipe pp;      /* this link's tensors; frame 0 is wbuf */
 	int pp_ready;
+	uint8_t *rwbuf;      /* (CONN_WBUF_BYTES) frame 0 of rpp */
+	struct pipe rpp;     /* the tensors it receives: in piece mode one thread
+			      * receives the parameters while another pushes */
+	int rpp_ready;
+	_Atomic int halted;  /* links_exchange: one half of the link failed and shut
+			      * it down; the other half's failure is not a lost link */
 };
 
 struct links {
@@ -52,6 +58,7 @@ struct links {
 	pthread_mutex_t turn_mu; /* links_exchange: whose push is next */
 	pthread_cond_t turn_cv;
 	int turn;
+	int pieces;              /* the shards stream each piece (links_exchange) */
 	_Atomic int failed_first; /* links_exchange: the link that failed first; -1: none */
 	_Atomic int shutting;    /* links_exchange: the others were shut down after it:
 				  * their failures are not lost links */
@@ -85,8 +92,12 @@ int links_pull(struct links *lk, float *params, int first, char *err, size_t err
 int links_push(struct links *lk, const float *grads, char *err, size_t errlen);
 /* links_push, then links_pull of the next version into params, with every
  * link on its own thread: each shard's new parameters come down while the
- * gradient still goes up to the next. The pushes go one shard at a time,
- * worker w starting at shard w mod nps, so that the workers' uploads reach
+ * gradient still goes up to the next. When the shards aggregate piece by
+ * piece (sync, replicas_to_aggregate = workers), every link asks for the
+ * next version first and then pushes, with a second thread taking the ACK
+ * and the parameters as the ps streams them: both directions of every
+ * link at once. Otherwise the pushes go one shard at a time, worker w
+ * starting at shard w mod nps, so that the workers' uploads reach
  * different ps links at once rather than all the same one. */
 int links_exchange(struct links *lk, const float *grads, float *params, char *err, size_t errlen);
 /* CHECKPOINT(step) to every ps; acc: the final test accuracy the final

@@ -91,6 +91,17 @@ struct ps_conn {
 	int assembling;
 	int last_r;              /* piece mode: the push's last piece: psshard_push_piece's */
 	enum psshard_outcome last_oc; /* ... and its outcome */
+	/* Piece mode: PULLs are answered by a thread of their own, the
+	 * streamer, so that this connection's PUSH still comes in while the
+	 * parameters it completes go out (a worker sends its PULL first). */
+	uint8_t *swbuf;          /* (CONN_WBUF_BYTES) the streamer's: spp's first frame */
+	struct pipe spp;         /* the streamer's PARAMS */
+	pthread_t st;
+	int st_on;
+	int st_job, st_stop;     /* under ps->mu: a PULL of st_want to answer; end */
+	uint64_t st_want;
+	int st_r;                /* how the streamer ended: 0, PS_END, or a failure */
+	char st_err[320];
 };
 
 _Static_assert(PSSHARD_PIECE == WIRE_CHUNK_VALUES, "a shard's piece is one chunk on the wire");
@@ -138,41 +149,60 @@ static uint64_t pull_has(const struct ps *ps, long piece)
 	return piece < 0 ? psshard_version(&ps->sh) : psshard_piece_version(&ps->sh, (size_t)piece);
 }
 
+/* The answer to a PULL is sent by the connection's own thread, or, in
+ * piece mode, by its streamer: buf is that thread's frame buffer for a
+ * HEARTBEAT or an ERROR (CONN_WBUF_BYTES), and the PARAMS go on the
+ * connection's sending pipe. Its failures are all the transport's (or a
+ * shard gone back under a streamed answer): none gets an ERROR. */
+
+/* Whether nothing but this worker can move the shard, and this worker
+ * has: every other worker is done, and this one's gradient for the
+ * current version is in (a streamed PULL comes before the PUSH). */
+static int pull_hopeless(const struct ps_conn *cn, long piece)
+{
+	const struct ps *ps = cn->ps;
+	return members_others_done(&ps->mb) && (piece < 0 || psshard_has_pushed(&ps->sh, cn->w));
+}
+
 /* A sync PULL waits (under ps->mu) for version `want` of the shard, or of
  * one piece, to exist; meanwhile a HEARTBEAT every heartbeat_ms tells the
  * worker that the shard is alive and which workers it waits for. It stops
- * waiting when the ps stops, a rollback since gen happens, or every other
- * worker is done. Returns with mu held on success, without it on
- * failure. */
-static int pull_wait(struct ps_conn *cn, long piece, uint64_t want, uint64_t gen, char *err,
-		     size_t errlen)
+ * waiting when the ps stops, a rollback since gen happens, no other
+ * worker will push (pull_hopeless), or the streamer is told to end.
+ * Returns with mu held on success, without it on failure. */
+static int pull_wait(struct ps_conn *cn, long piece, uint64_t want, uint64_t gen, uint8_t *buf,
+		     char *err, size_t errlen)
 {
 	struct ps *ps = cn->ps;
 	while (want != MSG_VERSION_LATEST && pull_has(ps, piece) < want && !ps->aborted &&
-	       !members_others_done(&ps->mb) && ps->gen == gen) {
+	       !pull_hopeless(cn, piece) && ps->gen == gen && !cn->st_stop) {
 		struct timespec dl;
 		role_deadline(&dl, role_heartbeat_ms(ps->c));
 		if (pthread_cond_timedwait(&ps->cv, &ps->mu, &dl) != ETIMEDOUT)
 			continue;
-		if (pull_has(ps, piece) >= want || ps->aborted || ps->gen != gen)
+		if (pull_has(ps, piece) >= want || ps->aborted || ps->gen != gen || cn->st_stop)
 			continue;
 		struct msg_heartbeat hb;
 		size_t len;
 		ps_heartbeat(ps, &hb);
 		pthread_mutex_unlock(&ps->mu);
-		int r = msg_encode_heartbeat(reply_buf(cn), REPLY_CAP, &hb, &len, err, errlen);
+		int r = msg_encode_heartbeat(conn_msg(buf), REPLY_CAP, &hb, &len, err, errlen);
 		if (!r)
-			r = ps_io(cn, conn_send(&cn->conn, len, err, errlen));
+			r = conn_send_from(&cn->conn, buf, CONN_WBUF_BYTES, len, err, errlen);
 		if (r)
 			return r;
 		pthread_mutex_lock(&ps->mu);
+	}
+	if (cn->st_stop) {
+		pthread_mutex_unlock(&ps->mu);
+		return err_set(err, errlen, -ECANCELED, "the connection ends");
 	}
 	return 0;
 }
 
 /* A PULL's answer (under ps->mu, which it releases): the whole shard as
- * it is, or, if the ps stops, an ERROR saying why. */
-static int pull_send_whole(struct ps_conn *cn, char *err, size_t errlen)
+ * it is, or, if the ps stops, an ERROR saying why (and PS_END). */
+static int pull_send_whole(struct ps_conn *cn, uint8_t *buf, char *err, size_t errlen)
 {
 	struct ps *ps = cn->ps;
 	size_t n = ps->sh.n;
@@ -182,15 +212,16 @@ static int pull_send_whole(struct ps_conn *cn, char *err, size_t errlen)
 		memcpy(cn->snap, psshard_params(&ps->sh), n * sizeof(float));
 	char why[WIRE_ERROR_TEXT_MAX + 1];
 	snprintf(why, sizeof(why), "ps %d stops: %.200s", ps->index, ps->why);
+	cn->st_job = 0; /* the answer waits on nothing more: the next PULL may come */
 	pthread_mutex_unlock(&ps->mu);
 	if (ab) {
-		conn_send_error(&cn->conn, ECONNABORTED, why);
+		conn_send_error_from(&cn->conn, buf, ECONNABORTED, why);
 		snprintf(err, errlen, "training aborted");
 		return PS_END;
 	}
 	struct conn_chunk_tx t = { .type = WIRE_PARAMS, .shard = (uint32_t)ps->index, .version = v,
 				   .src = cn->snap, .n = n, .dtype = (uint8_t)role_param_dtype(ps->c) };
-	return ps_io(cn, conn_send_tensor(&cn->conn, &t, err, errlen));
+	return conn_send_tensor(&cn->conn, &t, err, errlen);
 }
 
 /* Piece mode, a PULL of the next version (under ps->mu, which it
@@ -202,24 +233,22 @@ static int pull_send_whole(struct ps_conn *cn, char *err, size_t errlen)
  * otherwise (the ps stops, a rollback, every other worker done) before
  * the first piece falls back to the whole shard as it is; after it, the
  * pieces sent are of a version the shard no longer has, and the
- * connection ends (an ERROR: the worker reconnects and pulls again). */
-static int pull_stream(struct ps_conn *cn, uint64_t want, char *err, size_t errlen)
+ * connection ends as if lost: the worker connects again and pulls what
+ * there is. */
+static int pull_stream(struct ps_conn *cn, uint64_t want, uint8_t *buf, char *err, size_t errlen)
 {
 	struct ps *ps = cn->ps;
 	struct psshard *sh = &ps->sh;
 	size_t np = sh->npieces;
 	uint64_t gen = ps->gen;
 	for (size_t j = 0; j < np;) {
-		int r = pull_wait(cn, (long)j, want, gen, err, errlen);
+		int r = pull_wait(cn, (long)j, want, gen, buf, err, errlen);
 		if (r)
 			return r;
 		if (psshard_piece_version(sh, j) != want) {
 			if (j == 0 || ps->aborted)
-				return pull_send_whole(cn, err, errlen);
+				return pull_send_whole(cn, buf, err, errlen);
 			pthread_mutex_unlock(&ps->mu);
-			/* Ends like a lost link, which the worker recovers from
-			 * by connecting again and pulling what there is. */
-			cn->quiet = 1;
 			return err_set(err, errlen, -ECONNABORTED,
 				       "version %llu was going out when the shard went back or stopped",
 				       (unsigned long long)want);
@@ -230,11 +259,13 @@ static int pull_stream(struct ps_conn *cn, uint64_t want, char *err, size_t errl
 		psshard_piece_range(sh, j, &lo, &e);
 		psshard_piece_range(sh, k - 1, &e, &hi);
 		memcpy(cn->snap + lo, psshard_params(sh) + lo, (hi - lo) * sizeof(float));
+		if (k == np)
+			cn->st_job = 0; /* as in pull_send_whole */
 		pthread_mutex_unlock(&ps->mu);
 		struct conn_chunk_tx t = { .type = WIRE_PARAMS, .shard = (uint32_t)ps->index, .version = want,
 					   .src = cn->snap + lo, .n = hi - lo, .offset = lo,
 					   .dtype = (uint8_t)role_param_dtype(ps->c) };
-		r = ps_io(cn, conn_send_tensor(&cn->conn, &t, err, errlen));
+		r = conn_send_tensor(&cn->conn, &t, err, errlen);
 		if (r)
 			return r;
 		j = k;
@@ -242,6 +273,46 @@ static int pull_stream(struct ps_conn *cn, uint64_t want, char *err, size_t errl
 			pthread_mutex_lock(&ps->mu);
 	}
 	return 0;
+}
+
+/* A PULL of version want (under ps->mu, which it releases), streamed
+ * when it is the next version of a shard in piece mode. */
+static int pull_answer(struct ps_conn *cn, uint64_t want, uint8_t *buf, char *err, size_t errlen)
+{
+	struct ps *ps = cn->ps;
+	if (psshard_pieces(&ps->sh) && want != MSG_VERSION_LATEST && want > psshard_version(&ps->sh))
+		return pull_stream(cn, want, buf, err, errlen);
+	int r = pull_wait(cn, -1, want, ps->gen, buf, err, errlen);
+	return r ? r : pull_send_whole(cn, buf, err, errlen);
+}
+
+/* The streamer: answers each PULL the connection's thread hands it, until
+ * told to end. A failure, or an ERROR it sent, ends the connection (shut
+ * down, so that the reading thread sees it at once); st_r and st_err keep
+ * why. */
+static void *ps_streamer(void *arg)
+{
+	struct ps_conn *cn = arg;
+	struct ps *ps = cn->ps;
+	pthread_mutex_lock(&ps->mu);
+	for (;;) {
+		while (!cn->st_job && !cn->st_stop)
+			pthread_cond_wait(&ps->cv, &ps->mu);
+		if (cn->st_stop)
+			break;
+		int r = pull_answer(cn, cn->st_want, cn->swbuf, cn->st_err, sizeof(cn->st_err));
+		pthread_mutex_lock(&ps->mu);
+		if (r) {
+			/* A failure once told to end is only the end. */
+			cn->st_job = 0;
+			cn->st_r = cn->st_stop ? 0 : r;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&ps->mu);
+	if (cn->st_r)
+		conn_shutdown(&cn->conn);
+	return NULL;
 }
 
 static int on_pull(struct ps_conn *cn, size_t len, char *err, size_t errlen)
@@ -264,11 +335,22 @@ static int on_pull(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 	cn->first_pull = 0;
 	pthread_mutex_lock(&ps->mu);
 	members_pulled(&ps->mb, cn->w);
-	if (psshard_pieces(&ps->sh) && p.version != MSG_VERSION_LATEST &&
-	    p.version > psshard_version(&ps->sh))
-		return pull_stream(cn, p.version, err, errlen);
-	r = pull_wait(cn, -1, p.version, ps->gen, err, errlen);
-	return r ? r : pull_send_whole(cn, err, errlen);
+	if (!cn->st_on) {
+		r = pull_answer(cn, p.version, reply_buf(cn) - FRAME_HDR_BYTES, err, errlen);
+		cn->quiet |= r < 0;
+		return r;
+	}
+	int busy = cn->st_job;
+	if (!busy) {
+		cn->st_want = p.version;
+		cn->st_job = 1;
+		pthread_cond_broadcast(&ps->cv);
+	}
+	pthread_mutex_unlock(&ps->mu);
+	if (busy)
+		return err_set(err, errlen, -EPROTO, "PULL for version %llu before the last one was answered",
+			       (unsigned long long)p.version);
+	return 0;
 }
 
 /* The reason a push (or, in piece mode, the piece of it over [lo, hi) of
@@ -738,6 +820,53 @@ static void ps_conn_drop(struct ps_conn *cn)
 	pthread_mutex_unlock(&ps->mu);
 }
 
+/* Piece mode: the streamer's buffer, pipe and thread; the connection
+ * then sends its tensors on the streamer's pipe and receives on its own.
+ * -ENOMEM if any of them cannot be had. */
+static int ps_streamer_start(struct ps_conn *cn)
+{
+	struct ps *ps = cn->ps;
+	if (!psshard_pieces(&ps->sh))
+		return 0;
+	cn->swbuf = malloc(CONN_WBUF_BYTES);
+	if (!cn->swbuf)
+		return -ENOMEM;
+	if (pipe_init(&cn->spp, ps->pool, cn->swbuf, CONN_WBUF_BYTES, NULL, 0)) {
+		free(cn->swbuf);
+		cn->swbuf = NULL;
+		return -ENOMEM;
+	}
+	cn->conn.pp = &cn->spp;
+	cn->conn.rpp = &cn->pp;
+	if (pthread_create(&cn->st, NULL, ps_streamer, cn) != 0)
+		return -ENOMEM;
+	cn->st_on = 1;
+	return 0;
+}
+
+/* Ends the streamer after the connection's thread is done (r, err: how
+ * it ended). The streamer's own failure, if it had one, is the reason:
+ * the reading thread's is then only the shutdown it caused. */
+static void ps_streamer_stop(struct ps_conn *cn, int *r, char *err, size_t errlen)
+{
+	struct ps *ps = cn->ps;
+	if (!cn->st_on)
+		return;
+	pthread_mutex_lock(&ps->mu);
+	cn->st_stop = 1;
+	pthread_cond_broadcast(&ps->cv);
+	pthread_mutex_unlock(&ps->mu);
+	conn_shutdown(&cn->conn); /* a send blocked on a peer that stopped reading */
+	pthread_join(cn->st, NULL);
+	cn->st_on = 0;
+	if (cn->st_r == PS_END) {
+		*r = 0;
+	} else if (cn->st_r) {
+		*r = cn->st_r;
+		snprintf(err, errlen, "%s", cn->st_err);
+	}
+}
+
 /* Serves connection cn until it ends, then frees what it holds but cn
  * itself; returns ps_serve's result. */
 static int ps_conn_run(struct ps_conn *cn)
@@ -749,10 +878,12 @@ static int ps_conn_run(struct ps_conn *cn)
 	cn->first_pull = 1;
 	cn->conn.rbuf = rbuf;
 	cn->conn.wbuf = wbuf;
-	if (!rbuf || !wbuf || pipe_init(&cn->pp, ps->pool, wbuf, CONN_WBUF_BYTES, NULL, 0)) {
+	if (!rbuf || !wbuf || pipe_init(&cn->pp, ps->pool, wbuf, CONN_WBUF_BYTES, NULL, 0) ||
+	    ps_streamer_start(cn)) {
 		role_log(ps->out, "ps %d: %s: out of memory for a connection", ps->index, cn->peer);
 	} else {
 		r = ps_serve(cn, e, sizeof(e));
+		ps_streamer_stop(cn, &r, e, sizeof(e));
 		if (cn->confirmed)
 			ps_left(cn, r, e);
 		else if (r)
@@ -760,6 +891,9 @@ static int ps_conn_run(struct ps_conn *cn)
 				 ps->index, cn->peer, cn->w, e, cn->w);
 	}
 	pipe_free(&cn->pp);
+	if (cn->swbuf)
+		pipe_free(&cn->spp);
+	free(cn->swbuf);
 	free(rbuf);
 	free(wbuf);
 	free(cn->grad);

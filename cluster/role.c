@@ -128,3 +128,8 @@ void role_hooks_read(struct role_hooks *h)
 	h->first_pull_delay_ms = fpd ? atol(fpd) : 0;
 	h->eval_delay_ms = ed ? atol(ed) : 0;
 }
+
+int role_pieces(const struct config *c)
+{
+	return c->train.mode == MODE_SYNC && c->train.replicas_to_aggregate == c->cluster.nworkers;
+}

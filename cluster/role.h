@@ -70,7 +70,7 @@ int role_peer_timeout_ms(const struct config *c);
 /* The deadline for writing one frame (a message, or one chunk of a
  * tensor): a peer that stops reading (a stopped process, a hung host) is
  * then found in peer_timeout whether this side was reading or writing.
- * The floor keeps a 256 KiB frame possible on a slow link whatever
+ * The floor keeps a 64 KiB frame possible on a slow link whatever
  * peer_timeout is set to (config allows 1 s and up). */
 int role_write_timeout_ms(const struct config *c);
 
@@ -80,6 +80,11 @@ int role_write_timeout_ms(const struct config *c);
  * expects parameters in role_param_dtype. */
 unsigned role_grad_dtype(const struct config *c);
 unsigned role_param_dtype(const struct config *c);
+
+/* Whether the shards aggregate piece by piece (core/psshard.h: sync with
+ * replicas_to_aggregate = workers), so that a worker may ask for the
+ * next version before it pushes and take the ps's answer as it streams. */
+int role_pieces(const struct config *c);
 
 /* Test hooks: environment variables read once, at the start of a role, so
  * that the normal paths only see numbers (0: off). docs/CHECKPOINTS.md

@@ -79,7 +79,7 @@ enum psshard_outcome {
 #define PSSHARD_PUSHED_WORDS (PSSHARD_MAX_WORKERS / 64)
 /* Values per piece: one PUSH or PARAMS chunk on the wire (net/wire.h's
  * WIRE_CHUNK_VALUES; cluster/ps.c checks that they agree). */
-#define PSSHARD_PIECE 65536u
+#define PSSHARD_PIECE 16384u
 
 struct psshard {
 	struct shard range;         /* global [begin, end) in P */

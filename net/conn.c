@@ -160,14 +160,7 @@ static int conn_ready(const struct conn *cn, char *err, size_t errlen)
 
 int conn_send(struct conn *cn, size_t len, char *err, size_t errlen)
 {
-	pthread_mutex_lock(&cn->mu);
-	int r = conn_ready(cn, err, errlen);
-	if (!r)
-		r = sock_write_frame(cn->fd, &cn->keys->send, cn->wbuf, CONN_WBUF_BYTES, conn_msg(cn->wbuf),
-				     len, cn->write_ms, err, errlen);
-	cn->last_send = now_s();
-	pthread_mutex_unlock(&cn->mu);
-	return r;
+	return conn_send_from(cn, cn->wbuf, CONN_WBUF_BYTES, len, err, errlen);
 }
 
 int conn_send_idle(struct conn *cn, uint8_t *buf, size_t cap, size_t len, double idle_s,
@@ -186,13 +179,31 @@ int conn_send_idle(struct conn *cn, uint8_t *buf, size_t cap, size_t len, double
 	return r;
 }
 
-void conn_send_error(struct conn *cn, uint32_t code, const char *text)
+int conn_send_from(struct conn *cn, uint8_t *buf, size_t cap, size_t len, char *err,
+		   size_t errlen)
+{
+	pthread_mutex_lock(&cn->mu);
+	int r = conn_ready(cn, err, errlen);
+	if (!r)
+		r = sock_write_frame(cn->fd, &cn->keys->send, buf, cap, conn_msg(buf), len, cn->write_ms,
+				     err, errlen);
+	cn->last_send = now_s();
+	pthread_mutex_unlock(&cn->mu);
+	return r;
+}
+
+void conn_send_error_from(struct conn *cn, uint8_t *buf, uint32_t code, const char *text)
 {
 	char e[128];
 	size_t len;
-	if (msg_encode_error(conn_msg(cn->wbuf), conn_msg_cap(CONN_WBUF_BYTES), code, text, &len, e,
+	if (msg_encode_error(conn_msg(buf), conn_msg_cap(CONN_WBUF_BYTES), code, text, &len, e,
 			     sizeof(e)) == 0)
-		(void)!conn_send(cn, len, e, sizeof(e));
+		(void)!conn_send_from(cn, buf, CONN_WBUF_BYTES, len, e, sizeof(e));
+}
+
+void conn_send_error(struct conn *cn, uint32_t code, const char *text)
+{
+	conn_send_error_from(cn, cn->wbuf, code, text);
 }
 
 int conn_recv(struct conn *cn, size_t *len, char *err, size_t errlen)
@@ -240,6 +251,11 @@ static int chunk_deliver(void *ctx, uint64_t i, const uint8_t *msg, size_t len, 
 			: err_set(err, errlen, -ECONNABORTED, "%s", me.text);
 	if (r < 0)
 		return r;
+	if (r != x->type && r != WIRE_ERROR && x->other) {
+		r = x->other(x->ctx, r, msg, len, err, errlen);
+		x->bad = r < 0;
+		return r;
+	}
 	if (r != x->type)
 		return err_set(err, errlen, -EPROTO, "unexpected %s message in a %s tensor",
 			       wire_msg_name((uint8_t)r), wire_msg_name(x->type));
@@ -269,6 +285,6 @@ int conn_recv_rest(struct conn *cn, struct conn_chunk_rx *x, char *err, size_t e
 	if (msg_assembly_done(x->a))
 		return 0;
 	int r = conn_ready(cn, err, errlen);
-	return r ? r : pipe_recv(cn->pp, cn->fd, &cn->keys->recv, msg_chunks(x->a->n - x->a->received, x->a->dtype),
+	return r ? r : pipe_recv(cn->rpp ? cn->rpp : cn->pp, cn->fd, &cn->keys->recv, msg_chunks(x->a->n - x->a->received, x->a->dtype),
 				 chunk_deliver, x, cn->read_ms, err, errlen);
 }

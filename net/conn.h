@@ -71,7 +71,9 @@ struct conn {
 				  * once authenticated */
 	uint8_t *rbuf;           /* (CONN_RBUF_BYTES) the caller's */
 	uint8_t *wbuf;           /* (CONN_WBUF_BYTES) the caller's; pp's first frame */
-	struct pipe *pp;         /* the caller's */
+	struct pipe *pp;         /* the caller's: tensors sent, and received unless rpp */
+	struct pipe *rpp;        /* NULL, or the caller's pipe for tensors received, so
+				  * that one thread can receive while another sends */
 	pthread_mutex_t mu;      /* sends: fd, keys->send, last_send, state */
 	double last_send;        /* CLOCK_MONOTONIC seconds of the last frame sent */
 	int read_ms, write_ms;   /* deadline of one read; of one frame's write */
@@ -133,8 +135,16 @@ int conn_send(struct conn *cn, size_t len, char *err, size_t errlen);
 int conn_send_idle(struct conn *cn, uint8_t *buf, size_t cap, size_t len, double idle_s,
 		   char *err, size_t errlen);
 
-/* ERROR(code, text) as the last message on a connection, best effort. */
+/* Sends the len-byte message at conn_msg(buf) (buf: cap bytes, the
+ * caller's): for a thread that sends beside the one that owns wbuf. */
+int conn_send_from(struct conn *cn, uint8_t *buf, size_t cap, size_t len, char *err,
+		   size_t errlen);
+
+/* ERROR(code, text) as the last message on a connection, best effort;
+ * conn_send_error_from encodes it in buf (CONN_WBUF_BYTES) instead of
+ * wbuf. */
 void conn_send_error(struct conn *cn, uint32_t code, const char *text);
+void conn_send_error_from(struct conn *cn, uint8_t *buf, uint32_t code, const char *text);
 
 /* Reads one message into cn->rbuf within read_ms: its length in *len. */
 int conn_recv(struct conn *cn, size_t *len, char *err, size_t errlen);
@@ -170,6 +180,12 @@ struct conn_chunk_rx {
 	 * aggregates a PUSH piece by piece); a negative return ends the
 	 * receive with it and err, as a bad message. */
 	int (*took)(void *ctx, const struct msg_chunk *c, char *err, size_t errlen);
+	/* If set, called with any other message of a known type but ERROR
+	 * (a HEARTBEAT while a ps streams PARAMS, the ACK of a push going up
+	 * at the same time): 0 takes it and the tensor goes on, a negative
+	 * return fails as took's. A receive that took one ends a chunk short:
+	 * call conn_recv_rest again until the assembly is done. */
+	int (*other)(void *ctx, int type, const uint8_t *msg, size_t len, char *err, size_t errlen);
 	void *ctx;
 };
 
@@ -180,8 +196,8 @@ int conn_send_tensor(struct conn *cn, const struct conn_chunk_tx *t, char *err, 
 int conn_take_chunk(struct conn *cn, struct conn_chunk_rx *x, size_t len, char *err,
 		    size_t errlen);
 
-/* Receives the rest of x's tensor on the pipe (opened on the pool): as
- * many frames as full chunks can complete it. */
+/* Receives the rest of x's tensor on the pipe (rpp if set; opened on the
+ * pool): as many frames as full chunks can complete it. */
 int conn_recv_rest(struct conn *cn, struct conn_chunk_rx *x, char *err, size_t errlen);
 
 #endif

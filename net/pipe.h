@@ -20,7 +20,7 @@
  * Without a pool, with a one-thread pool, or for a single frame, both run
  * today's path: one frame at a time on the calling thread, in the caller's
  * buffer. With a pool of T threads a pipe allocates up to T more frame
- * buffers (FRAME_BYTES_MAX each, 256 KiB; no more than the longest tensor
+ * buffers (FRAME_BYTES_MAX each, 64 KiB; no more than the longest tensor
  * it moved has frames, less one) when it first runs in parallel, and keeps
  * them until pipe_free; and, at pipe_init, one guarded page for the
  * jobs' key copies.

@@ -257,7 +257,7 @@ Test(conn, tensor_in_parts_with_a_hook)
 		if (fail) {
 			cr_assert_eq(r, -EDOM);
 			cr_assert(x.bad);
-			cr_assert_str_eq(e, "hook refused chunk at 131072");
+			cr_assert_str_eq(e, "hook refused chunk at 32768");
 			cr_assert_eq(lg.calls, 3);
 			conn_shutdown(&sv.cn);
 		} else {
@@ -272,6 +272,88 @@ Test(conn, tensor_in_parts_with_a_hook)
 		pthread_join(th, NULL);
 		if (!fail) /* failing, it may have written all into the socket's buffer */
 			cr_assert_eq(pa.r, 0, "sender: %d", pa.r);
+		free(src);
+		free(dst);
+		side_free(&cl);
+		side_free(&sv);
+	}
+}
+
+/* As a streaming ps: the first chunk, a HEARTBEAT while the next piece
+ * is not ready, then the rest. */
+static void *send_with_heartbeat_main(void *arg)
+{
+	struct parts_arg *a = arg;
+	char e[256];
+	size_t len;
+	struct conn_chunk_tx t = { .type = WIRE_PARAMS, .shard = 2, .version = 5, .src = a->src,
+				   .n = MSG_CHUNK_FLOATS };
+	struct msg_heartbeat hb = { .version = 4 };
+	a->r = conn_send_tensor(&a->s->cn, &t, e, sizeof(e));
+	if (!a->r)
+		a->r = msg_encode_heartbeat(conn_msg(a->s->cn.wbuf), conn_msg_cap(CONN_WBUF_BYTES), &hb, &len,
+					    e, sizeof(e));
+	if (!a->r)
+		a->r = conn_send(&a->s->cn, len, e, sizeof(e));
+	t.src = a->src + MSG_CHUNK_FLOATS;
+	t.n = a->n - MSG_CHUNK_FLOATS;
+	t.offset = MSG_CHUNK_FLOATS;
+	if (!a->r)
+		a->r = conn_send_tensor(&a->s->cn, &t, e, sizeof(e));
+	return NULL;
+}
+
+static int other_note(void *ctx, int type, const uint8_t *msg, size_t len, char *err, size_t errlen)
+{
+	struct msg_heartbeat hb;
+	int *seen = ctx;
+	if (type != WIRE_HEARTBEAT)
+		return err_set(err, errlen, -EPROTO, "not a heartbeat");
+	int r = msg_decode_heartbeat(msg, len, &hb, err, errlen);
+	*seen += r == 0 && hb.version == 4;
+	return r;
+}
+
+/* A message between the chunks of a tensor goes to the receiver's other
+ * function; the receive that took it ends a chunk short, and the next
+ * one completes the tensor. Without that function it is refused. */
+Test(conn, message_between_chunks)
+{
+	for (int with = 0; with < 2; with++) {
+		struct side cl, sv;
+		char e[256] = "";
+		size_t len;
+		pair(&cl, &sv, 9, 9);
+		cr_assert_eq(cl.r, 0, "%s", cl.err);
+		uint64_t n = 3 * (uint64_t)MSG_CHUNK_FLOATS + 2;
+		float *src = malloc(n * sizeof(float)), *dst = calloc(n, sizeof(float));
+		cr_assert(src && dst);
+		for (uint64_t i = 0; i < n; i++)
+			src[i] = (float)i * 0.25f;
+		pthread_t th;
+		struct parts_arg pa = { &cl, src, n, -1 };
+		cr_assert_eq(pthread_create(&th, NULL, send_with_heartbeat_main, &pa), 0);
+		struct msg_assembly a;
+		int seen = 0, calls = 0, r = 0;
+		cr_assert_eq(msg_assembly_init(&a, WIRE_PARAMS, 2, n, WIRE_F32, e, sizeof(e)), 0);
+		struct conn_chunk_rx x = { .type = WIRE_PARAMS, .a = &a, .dst = dst,
+					   .other = with ? other_note : NULL, .ctx = &seen };
+		cr_assert_eq(conn_recv(&sv.cn, &len, e, sizeof(e)), 0, "%s", e);
+		cr_assert_eq(conn_take_chunk(&sv.cn, &x, len, e, sizeof(e)), 0, "%s", e);
+		while (!msg_assembly_done(&a) && r == 0 && calls++ < 4)
+			r = conn_recv_rest(&sv.cn, &x, e, sizeof(e));
+		if (with) {
+			cr_assert_eq(r, 0, "%s", e);
+			cr_assert_eq(calls, 2, "receives: %d", calls);
+			cr_assert_eq(seen, 1);
+			cr_assert_eq(memcmp(src, dst, n * sizeof(float)), 0);
+		} else {
+			cr_assert_eq(r, -EPROTO);
+			cr_assert(x.bad);
+			cr_assert_str_eq(e, "unexpected HEARTBEAT message in a PARAMS tensor");
+			conn_shutdown(&sv.cn);
+		}
+		pthread_join(th, NULL);
 		free(src);
 		free(dst);
 		side_free(&cl);
@@ -305,14 +387,15 @@ Test(conn, tensor_in_chunks_bf16)
 			cr_assert_eq(pipe_init(&cl.pp, pool, cl.wbuf, CONN_WBUF_BYTES, e, sizeof e), 0);
 			cr_assert_eq(pipe_init(&sv.pp, pool, sv.wbuf, CONN_WBUF_BYTES, e, sizeof e), 0);
 		}
-		uint64_t n = 4 * (uint64_t)MSG_CHUNK_FLOATS + 7; /* 5 chunks in either dtype */
+		/* 41 chunks in either dtype, more than a socket's buffer holds */
+		uint64_t n = 40 * (uint64_t)MSG_CHUNK_FLOATS + 7;
 		float *src = malloc(n * sizeof(float)), *dst = calloc(n, sizeof(float));
 		cr_assert(src && dst);
 		for (uint64_t i = 0; i < n; i++)
 			src[i] = ((float)(i % 1000) - 500.0f) * 1.001f + (float)i * 1e-3f;
 		struct conn_chunk_tx t = { .type = WIRE_PUSH, .dtype = WIRE_BF16, .shard = 1,
 					   .worker = 3, .version = 11, .src = src, .n = n };
-		cr_assert_eq(msg_chunks(n, WIRE_BF16), 5);
+		cr_assert_eq(msg_chunks(n, WIRE_BF16), 41);
 		uint64_t c0 = frames_sent(&cl);
 		pthread_t th;
 		struct sendarg sa = { &cl, &t, -1 };
@@ -327,7 +410,7 @@ Test(conn, tensor_in_chunks_bf16)
 		pthread_join(th, NULL);
 		cr_assert_eq(sa.r, 0);
 		cr_assert(msg_assembly_done(&a));
-		cr_assert_eq(frames_sent(&cl) - c0, 5, "%s: frames", pooled ? "pooled" : "serial");
+		cr_assert_eq(frames_sent(&cl) - c0, 41, "%s: frames", pooled ? "pooled" : "serial");
 		for (uint64_t i = 0; i < n; i++) {
 			uint32_t u, v;
 			memcpy(&u, &src[i], 4);

@@ -420,11 +420,21 @@ static void pull_for_another_shard(int fd, struct hs_result *hr, uint32_t w)
 	send_pull(fd, hr, 3, 0);
 }
 
+/* Two PULLs of the next versions at once: the first is being streamed
+ * (it waits for every worker's gradient) when the second comes. */
+static void second_pull_before_the_answer(int fd, struct hs_result *hr, uint32_t w)
+{
+	(void)w;
+	send_pull(fd, hr, 0, 1);
+	send_pull(fd, hr, 0, 2);
+}
+
 typedef void refusal_fn(int fd, struct hs_result *hr, uint32_t w);
 static refusal_fn *const refusal_fns[] = { checkpoint_from_a_non_chief, chunk_out_of_range,
 					    chunk_with_a_gap, push_ahead_of_the_shard,
 					    push_naming_another_worker, unexpected_ack,
-					    malformed_pull, pull_for_another_shard };
+					    malformed_pull, pull_for_another_shard,
+					    second_pull_before_the_answer };
 
 static struct refusal refusals[] = {
 	{ "checkpoint_from_a_non_chief", 2, 0, EPROTO, "CHECKPOINT from worker 1; only the chief" },
@@ -435,6 +445,8 @@ static struct refusal refusals[] = {
 	{ "unexpected_ack", 1, 5, EPROTO, "unexpected ACK message" },
 	{ "malformed_pull", 1, 6, EMSGSIZE, "PULL" },
 	{ "pull_for_another_shard", 1, 7, EPROTO, "PULL for shard 3" },
+	{ "second_pull_before_the_answer", 2, 8, EPROTO,
+	  "PULL for version 2 before the last one was answered" },
 };
 
 ParameterizedTestParameters(keyholder, request_that_cannot_be_honoured)

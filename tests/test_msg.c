@@ -572,8 +572,8 @@ Test(msg, chunk_count_disagrees_with_body)
 		{ 4, -EMSGSIZE, "count 4 needs exactly 48" },
 		{ 6, -EMSGSIZE, "count 6 needs exactly 56" },
 		{ 1, -EMSGSIZE, "count 1 needs exactly 36" },
-		{ 0, -EPROTO, "count 0 is not in 1..65536" },
-		{ MSG_CHUNK_FLOATS + 1, -EPROTO, "count 65537 is not in" },
+		{ 0, -EPROTO, "count 0 is not in 1..16384" },
+		{ MSG_CHUNK_FLOATS + 1, -EPROTO, "count 16385 is not in" },
 		{ 0xffffffffu, -EPROTO, "count 4294967295 is not in" },
 	};
 	const uint8_t types[] = { WIRE_PARAMS, WIRE_PUSH };
@@ -743,12 +743,12 @@ Test(msg, chunk_counts)
 	cr_assert_eq(msg_chunks(1, WIRE_F32), 1);
 	cr_assert_eq(msg_chunks(MSG_CHUNK_FLOATS, WIRE_F32), 1);
 	cr_assert_eq(msg_chunks(MSG_CHUNK_FLOATS + 1, WIRE_F32), 2);
-	cr_assert_eq(msg_chunks(669706, WIRE_F32), 11);
+	cr_assert_eq(msg_chunks(669706, WIRE_F32), 41);
 	msg_chunk_range(669706, WIRE_F32, 0, &off, &cnt);
 	cr_assert(off == 0 && cnt == MSG_CHUNK_FLOATS);
-	msg_chunk_range(669706, WIRE_F32, 10, &off, &cnt);
-	cr_assert_eq(off, 10 * MSG_CHUNK_FLOATS);
-	cr_assert_eq(cnt, 669706 - 10 * MSG_CHUNK_FLOATS);
+	msg_chunk_range(669706, WIRE_F32, 40, &off, &cnt);
+	cr_assert_eq(off, 40 * MSG_CHUNK_FLOATS);
+	cr_assert_eq(cnt, 669706 - 40 * MSG_CHUNK_FLOATS);
 	msg_chunk_range(MSG_CHUNK_FLOATS, WIRE_F32, 0, &off, &cnt);
 	cr_assert(off == 0 && cnt == MSG_CHUNK_FLOATS);
 }
@@ -887,7 +887,7 @@ Test(msg, full_tensor_bitwise)
 	memset(dst, 0, N * sizeof *dst);
 	cr_assert_eq(msg_assembly_init(&a, WIRE_PUSH, 1, N, WIRE_F32, err, sizeof err), 0);
 	uint64_t nchunks = msg_chunks(N, WIRE_F32);
-	cr_assert_eq(nchunks, 11);
+	cr_assert_eq(nchunks, 41);
 	for (uint64_t i = 0; i < nchunks; i++) {
 		struct msg_chunk c = { .type = WIRE_PUSH, .shard = 1, .version = 41, .worker = 3 };
 		struct msg_chunk in;
@@ -960,33 +960,33 @@ Test(msg, bf16_counts_per_chunk)
 
 	/* The same values per chunk in either dtype (a chunk is a piece of the
 	 * shard), a bf16 one in half the bytes. */
-	cr_assert_eq(msg_chunk_max(WIRE_F32), 65536);
-	cr_assert_eq(msg_chunk_max(WIRE_BF16), 65536);
+	cr_assert_eq(msg_chunk_max(WIRE_F32), 16384);
+	cr_assert_eq(msg_chunk_max(WIRE_BF16), 16384);
 	cr_assert_eq(MSG_CHUNK_BYTES(msg_chunk_max(WIRE_F32), WIRE_F32), MSG_CHUNK_BYTES_MAX);
-	cr_assert_eq(MSG_CHUNK_BYTES(msg_chunk_max(WIRE_BF16), WIRE_BF16), 32 + 2 * 65536);
+	cr_assert_eq(MSG_CHUNK_BYTES(msg_chunk_max(WIRE_BF16), WIRE_BF16), 32 + 2 * 16384);
 
-	struct msg_chunk c = { .type = WIRE_PARAMS, .dtype = WIRE_BF16, .count = 65536 };
+	struct msg_chunk c = { .type = WIRE_PARAMS, .dtype = WIRE_BF16, .count = 16384 };
 	cr_assert_eq(msg_encode_chunk(buf, sizeof buf, &c, src, &len, err, sizeof err), 0, "%s", err);
-	cr_assert_eq(len, 32 + 2 * 65536);
+	cr_assert_eq(len, 32 + 2 * 16384);
 	struct msg_chunk out;
 	cr_assert_eq(msg_decode_chunk(buf, len, &out, err, sizeof err), 0, "%s", err);
-	cr_assert_eq(out.count, 65536);
+	cr_assert_eq(out.count, 16384);
 
-	c.count = 65537;
+	c.count = 16385;
 	err[0] = '\0';
 	assert_refused(msg_encode_chunk(buf, sizeof buf, &c, src, &len, err, sizeof err), -EINVAL,
 		       err, "PARAMS", "bf16 count over the max");
 	/* One more element declared: refused as a count, before the length. */
-	wire_put_u32(buf + 24, 65537);
+	wire_put_u32(buf + 24, 16385);
 	err[0] = '\0';
-	assert_refused(msg_decode_chunk(buf, 32 + 2 * 65537, &out, err, sizeof err), -EPROTO,
-		       err, "count 65537 is not in 1..65536 (bf16)", "bf16 count");
-	/* A float32 chunk whose length would fit 65537 bf16 values. */
+	assert_refused(msg_decode_chunk(buf, 32 + 2 * 16385, &out, err, sizeof err), -EPROTO,
+		       err, "count 16385 is not in 1..16384 (bf16)", "bf16 count");
+	/* A float32 chunk whose length would fit 16385 bf16 values. */
 	buf[1] = WIRE_F32;
-	wire_put_u32(buf + 24, 65537);
+	wire_put_u32(buf + 24, 16385);
 	err[0] = '\0';
 	assert_refused(msg_decode_chunk(buf, MSG_CHUNK_BYTES_MAX, &out, err, sizeof err), -EPROTO,
-		       err, "count 65537 is not in 1..65536 (fp32)", "fp32 count");
+		       err, "count 16385 is not in 1..16384 (fp32)", "fp32 count");
 	/* A bf16 chunk whose length is that of float32 values, and the reverse. */
 	len = sample(WIRE_PUSH, buf, sizeof buf); /* 5 float32 values: 52 bytes */
 	buf[1] = WIRE_BF16;
@@ -1004,15 +1004,15 @@ Test(msg, bf16_counts_per_chunk)
 
 	/* Chunking counts elements, the same in both dtypes. */
 	const uint64_t N = 669706;
-	cr_assert_eq(msg_chunks(N, WIRE_F32), 11);
-	cr_assert_eq(msg_chunks(N, WIRE_BF16), 11);
-	cr_assert_eq(msg_chunks(65536, WIRE_BF16), 1);
-	cr_assert_eq(msg_chunks(65537, WIRE_BF16), 2);
+	cr_assert_eq(msg_chunks(N, WIRE_F32), 41);
+	cr_assert_eq(msg_chunks(N, WIRE_BF16), 41);
+	cr_assert_eq(msg_chunks(16384, WIRE_BF16), 1);
+	cr_assert_eq(msg_chunks(16385, WIRE_BF16), 2);
 	uint64_t off;
 	uint32_t cnt;
 	msg_chunk_range(N, WIRE_BF16, 0, &off, &cnt);
-	cr_assert(off == 0 && cnt == 65536);
-	msg_chunk_range(N, WIRE_BF16, 10, &off, &cnt);
+	cr_assert(off == 0 && cnt == 16384);
+	msg_chunk_range(N, WIRE_BF16, 40, &off, &cnt);
 	cr_assert(off == 655360 && cnt == N - 655360);
 }
 
@@ -1081,7 +1081,7 @@ Test(msg, full_tensor_bf16)
 		src[i] = (float)((int64_t)(rng_next() >> 11) - (1ll << 52)) * 0x1p-60f;
 	cr_assert_eq(msg_assembly_init(&a, WIRE_PUSH, 1, N, WIRE_BF16, err, sizeof err), 0);
 	uint64_t nchunks = msg_chunks(N, WIRE_BF16);
-	cr_assert_eq(nchunks, 11);
+	cr_assert_eq(nchunks, 41);
 	for (uint64_t i = 0; i < nchunks; i++) {
 		struct msg_chunk c = { .type = WIRE_PUSH, .dtype = WIRE_BF16, .shard = 1,
 				       .version = 41, .worker = 3 };

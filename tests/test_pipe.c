@@ -770,7 +770,7 @@ Test(pipe, cluster_same_parameters_with_crypto_threads, .timeout = 240)
 	e2e_cleanup(dir);
 }
 
-/* A ps with 4 crypto threads receives a 23-chunk PUSH from a peer holding
+/* A ps with 4 crypto threads receives a 92-chunk PUSH from a peer holding
  * the key whose frame 3 is tampered with (a bit flip, or frame 2 replayed):
  * it closes that connection naming the frame, takes nothing from that
  * frame on (the pieces before it were whole and authentic: a sync ps
@@ -803,9 +803,9 @@ static void ps_refuses_tampered_push(int replay)
 	cr_assert_eq(sock_read_full(fd, h2, sizeof h2, IO_MS, err, sizeof err), 0, "%s", err);
 	cr_assert_eq(hs_client_finish(&h, &hr, h2, sizeof h2, err, sizeof err), 0, "%s", err);
 
-	/* The gradient of the whole shard (1,500,003 floats, 23 chunks). */
+	/* The gradient of the whole shard (1,500,003 floats, 92 chunks). */
 	uint64_t n = 1500003, C = msg_chunks(n, WIRE_F32);
-	cr_assert_eq(C, 23);
+	cr_assert_eq(C, 92);
 	float *g = calloc(n, sizeof(float));
 	uint8_t *msg = malloc(FRAME_MAX), *f = malloc(FRAME_BYTES_MAX), *prev = malloc(FRAME_BYTES_MAX);
 	cr_assert(g && msg && f && prev);

@@ -346,9 +346,9 @@ Test(psshard, pieces_step_on_their_own_and_equal_the_whole_rule)
 	struct psshard s;
 	char err[256];
 	make_config(&c, &m, 2, 0, "optimizer = adam\nweight_decay = 0.01\nlearning_rate = 0.01\nlr_schedule = cosine\n",
-		    "[model]\ninput = 300\nlayer = dense 700\nlayer = relu\nlayer = dense 10\n");
+		    "[model]\ninput = 60\nlayer = dense 800\nlayer = relu\nlayer = dense 10\n");
 	size_t P = m.nparams, lo, hi;
-	cr_assert_eq(P, 300 * 700 + 700 + 700 * 10 + 10);
+	cr_assert_eq(P, 60 * 800 + 800 + 800 * 10 + 10);
 	struct shard r = { 0, P };
 	cr_assert_eq(psshard_init(&s, &m, &r, &c, 100, err, sizeof(err)), 0, "%s", err);
 	cr_assert(psshard_pieces(&s));

@@ -272,6 +272,21 @@ Test(handshake, keys_match_and_frames_cross)
 	cr_assert_str_eq(hs_role_name((enum hs_role)0), "?");
 }
 
+/* An observer (`pstrain status`) greets like a worker: the handshake
+ * takes the role and names it; what it may ask is the ps's business. */
+Test(handshake, observer_role_round_trips)
+{
+	keys_init();
+	struct hs_identity o = ident(HS_OBSERVER, 0, 7), p = ident(HS_PS, 2, 7);
+	struct hs_result cr, sr;
+	handshake(&cr, &sr, &o, &p);
+	check_pair(&cr, &sr, o.aes ? FRAME_AES256GCM : FRAME_CHACHA20POLY1305);
+	cr_assert_eq(sr.peer.role, HS_OBSERVER);
+	cr_assert_eq(sr.peer.index, 0);
+	cr_assert_eq(cr.peer.role, HS_PS);
+	cr_assert_str_eq(hs_role_name(sr.peer.role), "observer");
+}
+
 Test(handshake, large_index_round_trips)
 {
 	keys_init();
@@ -347,7 +362,7 @@ Test(handshake, bytes_match_protocol)
 	struct hs h;
 	uint8_t hello1[HELLO], hello2[HELLO], mac[32];
 	start_ok(&h, hello1, PSK_A, &w);
-	const uint8_t head[16] = {'P', 'S', 'T', 'R', 4, 0, 0, 0, 1, 2, 0, 0, 4, 3, 2, 1};
+	const uint8_t head[16] = {'P', 'S', 'T', 'R', 5, 0, 0, 0, 1, 2, 0, 0, 4, 3, 2, 1};
 	cr_assert(memcmp(hello1, head, 16) == 0, "HELLO1 header bytes differ");
 	uint8_t tag[32];
 	doc_tag(tag, PSK_A, w.config_hash);
@@ -384,7 +399,7 @@ Test(handshake, bytes_match_protocol)
 	forge(hello1, &g, PSK_A, NULL);
 	struct hs_result sr;
 	respond_ok(&sr, hello2, PSK_A, &p, hello1);
-	const uint8_t head2[16] = {'P', 'S', 'T', 'R', 4, 0, 0, 0, 2, 1, 0, 0, 2, 0, 0, 0};
+	const uint8_t head2[16] = {'P', 'S', 'T', 'R', 5, 0, 0, 0, 2, 1, 0, 0, 2, 0, 0, 0};
 	cr_assert(memcmp(hello2, head2, 16) == 0, "HELLO2 header bytes differ");
 	doc_mac(mac, PSK_A, hello1, HELLO, hello2);
 	cr_assert(memcmp(hello2 + 112, mac, 32) == 0, "HELLO2 MAC");
@@ -653,7 +668,7 @@ Test(handshake, malformed_fields_rejected)
 		{"server step", 1, 2, -EPROTO, "expected step 1, got 2"},
 		{"step 0", 1, 0, -EPROTO, "expected step 1, got 0"},
 		{"role 0", 2, 0, -EPROTO, "unknown peer role 0"},
-		{"role 3", 2, 3, -EPROTO, "unknown peer role 3"},
+		{"role 4", 2, 4, -EPROTO, "unknown peer role 4"},
 		{"aes 2", 3, 2, -EPROTO, "bad flags from worker 1 (aes 2"},
 		{"reserved", 4, 1, -EPROTO, "reserved 1"},
 		{"zero ephemeral key", 5, 0, -EPROTO, "invalid ephemeral key"},

@@ -9,12 +9,16 @@
  * messages, one handler per message type from a table. The shard's update
  * rules are core/psshard.c, its checkpoints ps_store.c, and who the
  * workers are (live, done, leaving, lost, newest greeting) members.c; all
- * of them under the one mutex ps->mu. docs/SECURITY.md says what each
- * limit here is for. */
+ * of them under the one mutex ps->mu. Observers (`pstrain status`) are
+ * admitted beside the workers into a few slots of their own, may only ask
+ * STATUS (answered with REPORT), and are never members. docs/SECURITY.md
+ * says what each limit here is for. */
 #include "cluster.h"
 #include "members.h"
+#include "observers.h"
 #include "ps_harness.h"
 #include "ps_store.h"
+#include "rate.h"
 #include "role.h"
 
 #include "../core/psshard.h"
@@ -34,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Threads: each worker has at most one confirmed connection, one answered
@@ -45,6 +50,19 @@
 #define PS_PENDING_PER_SOURCE 512
 /* At most one line of refusals per this many ms (a summary with counts). */
 #define PS_TALLY_MS 10000
+/* Observers connected at once: a few people watching, or a dashboard;
+ * more are refused (the gate's tally), so observers never cost the ps
+ * more than this many small threads. */
+#define PS_OBSERVERS_MAX 4
+/* An observer's frame buffers: the largest REPORT out, and in, anything
+ * an observer may send (STATUS, HEARTBEAT, an ERROR); a longer frame is
+ * refused before it is read. */
+#define PS_OBS_BUF_BYTES CONN_FRAME_BYTES(MSG_REPORT_BYTES_MAX)
+_Static_assert(MSG_ERROR_BYTES_MAX <= MSG_REPORT_BYTES_MAX, "an observer's ERROR fits");
+_Static_assert(MSG_REPORT_WORKERS >= MEMBERS_MAX, "a REPORT names every worker");
+/* How long an observer may take to read a REPORT before it is dropped:
+ * the ps's exit waits for its observers' last ones. */
+#define PS_OBS_WRITE_MS 1000
 
 struct ps {
 	pthread_mutex_t mu;
@@ -69,6 +87,22 @@ struct ps {
 	struct ps_conn *conns[PS_MAX_CONN];
 	struct ps_conn *worker[MEMBERS_MAX]; /* each worker's confirmed connection */
 	struct ps_conn *fresh[MEMBERS_MAX];  /* each worker's answered, unconfirmed one */
+	struct observers seen;   /* observer greetings answered */
+	struct rate rate;        /* versions/s, sampled by the accept loop */
+	int64_t started_ms;
+	int draining;            /* ps_drain: each observer sends a last REPORT and goes */
+	int nobs;
+	struct ps_obs *obs[PS_OBSERVERS_MAX];
+};
+
+/* An observer's connection, served on its own thread: no gradient, no
+ * copy of the shard, two frame buffers of a few hundred bytes. */
+struct ps_obs {
+	struct ps *ps;
+	struct conn conn;
+	int slot;
+	char peer[SOCK_ADDR_STRLEN];
+	uint8_t rbuf[PS_OBS_BUF_BYTES], wbuf[PS_OBS_BUF_BYTES];
 };
 
 /* One worker's connection, served on its own thread. */
@@ -673,23 +707,308 @@ static int ps_spawn(struct ps *ps, int fd, const char *peer, int w, const struct
 	return -1;
 }
 
+/* Answers an admitted greeting (hs_server_respond and our HELLO2): 0 with
+ * the session keys in *hr (the caller wipes them), else refused into the
+ * gate's tally (a version or config mismatch is answered first, so the
+ * peer can say what differs too). */
+static int ps_answer(struct ps *ps, struct gate_greeting *gr, struct hs_result *hr)
+{
+	uint8_t hello2[HS_HELLO_BYTES];
+	size_t outlen = 0;
+	char e[400], why[480];
+	int r = hs_server_respond(hr, hello2, &outlen, ps->s->key, &ps->me, gr->hello, HS_HELLO_BYTES,
+				  e, sizeof(e));
+	/* A fresh socket's buffer takes 144 bytes at once; one that does
+	 * not is not worth waiting for. */
+	int wr = outlen ? sock_write_full(gr->fd, hello2, outlen, 0, NULL, 0) : 0;
+	if (r || wr) {
+		if (!r) {
+			frame_key_wipe(&hr->send);
+			frame_key_wipe(&hr->recv);
+		}
+		snprintf(why, sizeof(why), "handshake refused: %s", r ? e : "could not send our answer");
+		gate_refuse(&ps->gate, gr, GATE_MISMATCH, why);
+		return -1;
+	}
+	return 0;
+}
+
+/* ---- observers -----------------------------------------------------------
+ * `pstrain status` greets as an observer (index 0) and asks STATUS; each
+ * is answered with a REPORT built under ps->mu from what the ps already
+ * keeps (the shard's counters, members, ps_store, the rate). An observer
+ * is never a member: it is in no list of workers, no "waiting for", and
+ * the ps ends without waiting for it (ps_drain sends each a last REPORT
+ * and closes it). Any message but STATUS, HEARTBEAT or ERROR ends its
+ * connection with an ERROR and a line; nothing it sends reaches the shard. */
+
+static uint64_t ps_wall_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static uint8_t ps_worker_state(const struct members *mb, int w)
+{
+	static const uint8_t wire[] = {
+		[MEMBERS_IS_ABSENT] = MSG_WORKER_ABSENT, [MEMBERS_IS_LIVE] = MSG_WORKER_LIVE,
+		[MEMBERS_IS_DONE] = MSG_WORKER_DONE,	 [MEMBERS_IS_LEFT] = MSG_WORKER_LEFT,
+		[MEMBERS_IS_LOST] = MSG_WORKER_LOST,	 [MEMBERS_IS_AWAY] = MSG_WORKER_AWAY,
+	};
+	return wire[members_state(mb, w)];
+}
+
+/* What the ps says to an observer now (takes ps->mu). */
+static void ps_report(struct ps *ps, struct msg_report *rp, int final)
+{
+	double per_s = 0;
+	memset(rp, 0, sizeof(*rp));
+	pthread_mutex_lock(&ps->mu);
+	rp->shard = (uint32_t)ps->index;
+	rp->version = psshard_version(&ps->sh);
+	rp->total = ps->sh.total > 0 ? (uint64_t)ps->sh.total : 0;
+	rp->applied = ps->sh.received - ps->sh.dropped_stale;
+	rp->stale = ps->sh.dropped_stale;
+	rp->complete = (uint8_t)members_complete(&ps->mb);
+	rp->final = (uint8_t)final;
+	rp->has_checkpoint = (uint8_t)ps_store_last(&ps->store, &rp->checkpoint);
+	rp->has_rate = (uint8_t)rate_get(&ps->rate, &per_s);
+	rp->rate = (float)per_s;
+	rp->uptime_ms = (uint64_t)(role_now_ms() - ps->started_ms);
+	rp->workers = (uint32_t)ps->W;
+	for (int w = 0; w < ps->W; w++)
+		rp->state[w] = ps_worker_state(&ps->mb, w);
+	pthread_mutex_unlock(&ps->mu);
+}
+
+static int ps_obs_send_report(struct ps_obs *ob, int final, char *err, size_t errlen)
+{
+	struct msg_report rp;
+	size_t len;
+	ps_report(ob->ps, &rp, final);
+	int r = msg_encode_report(conn_msg(ob->wbuf), conn_msg_cap(ob->conn.wcap), &rp, &len, err,
+				  errlen);
+	return r ? r : conn_send(&ob->conn, len, err, errlen);
+}
+
+/* A request an observer may not make: an ERROR saying so, and the reason
+ * for the log line. */
+static int ps_obs_refuse(struct ps_obs *ob, int code, char *err, size_t errlen, const char *fmt,
+			 const char *what)
+{
+	char text[WIRE_ERROR_TEXT_MAX + 1];
+	snprintf(text, sizeof(text), fmt, what);
+	conn_send_error(&ob->conn, (uint32_t)code, text);
+	return err_set(err, errlen, -code, "%s", text);
+}
+
+/* Serves one observer until it leaves: 0 when it closed, said ERROR, or
+ * the ps drains; else a negative errno with the reason in err. */
+static int ps_obs_serve(struct ps_obs *ob, char *err, size_t errlen)
+{
+	struct ps *ps = ob->ps;
+	for (int first = 1;; first = 0) {
+		size_t len;
+		int r = conn_recv(&ob->conn, &len, err, errlen);
+		pthread_mutex_lock(&ps->mu);
+		int draining = ps->draining;
+		pthread_mutex_unlock(&ps->mu);
+		if (r && (draining || r == -EPIPE || r == -ECONNRESET))
+			return 0;
+		if (r == -ENOBUFS)
+			return ps_obs_refuse(ob, EPERM, err, errlen,
+					     "%s: an observer may only ask STATUS", "a frame too long");
+		if (r == -ETIMEDOUT && first)
+			return err_set(err, errlen, r, "no frame within %d ms of the handshake",
+				       ob->conn.read_ms);
+		if (r == -ETIMEDOUT)
+			return err_set(err, errlen, r, "no traffic for %g s (peer_timeout)",
+				       ps->c->cluster.peer_timeout);
+		if (r)
+			return r;
+		/* the key is confirmed: as patient as with a worker now */
+		ob->conn.read_ms = role_peer_timeout_ms(ps->c);
+		int type = msg_type(ob->rbuf, len, err, errlen);
+		if (type < 0)
+			return ps_obs_refuse(ob, EPROTO, err, errlen, "%.240s", err);
+		if (type == WIRE_STATUS) {
+			struct msg_status q;
+			r = msg_decode_status(ob->rbuf, len, &q, err, errlen);
+			if (r)
+				return ps_obs_refuse(ob, -r, err, errlen, "%.240s", err);
+			if (q.reply || q.shard != (uint32_t)ps->index) {
+				char what[96];
+				snprintf(what, sizeof(what), "STATUS %s for shard %u, this is shard %d",
+					 q.reply ? "reply" : "request", q.shard, ps->index);
+				return ps_obs_refuse(ob, EPROTO, err, errlen, "%s", what);
+			}
+			r = ps_obs_send_report(ob, 0, err, errlen);
+			if (r)
+				return r;
+		} else if (type == WIRE_HEARTBEAT) {
+			struct msg_heartbeat hb;
+			r = msg_decode_heartbeat(ob->rbuf, len, &hb, err, errlen);
+			if (r)
+				return ps_obs_refuse(ob, -r, err, errlen, "%.240s", err);
+		} else if (type == WIRE_ERROR) {
+			return 0; /* it closes */
+		} else {
+			return ps_obs_refuse(ob, EPERM, err, errlen, "%s: an observer may only ask STATUS",
+					     wire_msg_name((uint8_t)type));
+		}
+	}
+}
+
+/* Takes ob off ps->obs and closes it (not freed). */
+static void ps_obs_drop(struct ps_obs *ob)
+{
+	struct ps *ps = ob->ps;
+	pthread_mutex_lock(&ps->mu);
+	ps->obs[ob->slot] = NULL;
+	conn_destroy(&ob->conn); /* under the lock: ps_drain shuts down what is listed */
+	ps->nobs--;
+	pthread_cond_broadcast(&ps->cv);
+	pthread_mutex_unlock(&ps->mu);
+}
+
+static void *ps_obs_main(void *arg)
+{
+	struct ps_obs *ob = arg;
+	struct ps *ps = ob->ps;
+	char e[320];
+	int r = ps_obs_serve(ob, e, sizeof(e));
+	pthread_mutex_lock(&ps->mu);
+	int draining = ps->draining;
+	pthread_mutex_unlock(&ps->mu);
+	if (draining)
+		(void)!ps_obs_send_report(ob, 1, e, sizeof(e)); /* best effort: it may be gone */
+	else if (r)
+		role_log(ps->out, "ps %d: %s: closed an observer's connection: %s", ps->index, ob->peer, e);
+	ps_obs_drop(ob);
+	free(ob);
+	return NULL;
+}
+
+/* An observer's answered connection fd, on a detached thread; its first
+ * frame (the client's STATUS) is due within a handshake's step. -1 (fd
+ * closed) if there is no slot, memory or thread. */
+static int ps_obs_spawn(struct ps *ps, int fd, const char *peer, const struct hs_result *hr)
+{
+	struct ps_obs *ob = calloc(1, sizeof(*ob));
+	if (!ob || conn_init(&ob->conn, -1, ob->rbuf, ob->wbuf, NULL, ROLE_HANDSHAKE_MS,
+			     PS_OBS_WRITE_MS) != 0) {
+		if (ob)
+			conn_destroy(&ob->conn);
+		free(ob);
+		close(fd);
+		return -1;
+	}
+	ob->ps = ps;
+	ob->conn.rcap = ob->conn.wcap = PS_OBS_BUF_BYTES;
+	conn_attach(&ob->conn, fd, hr);
+	snprintf(ob->peer, sizeof(ob->peer), "%s", peer);
+	pthread_mutex_lock(&ps->mu);
+	ob->slot = -1;
+	for (int i = 0; i < PS_OBSERVERS_MAX && ob->slot < 0; i++)
+		if (!ps->obs[i])
+			ob->slot = i;
+	if (ob->slot >= 0) {
+		ps->obs[ob->slot] = ob;
+		ps->nobs++;
+	}
+	pthread_mutex_unlock(&ps->mu);
+	if (ob->slot < 0) {
+		conn_destroy(&ob->conn); /* closes fd */
+		free(ob);
+		return -1;
+	}
+	pthread_t t;
+	pthread_attr_t at;
+	pthread_attr_init(&at);
+	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+	int ok = pthread_create(&t, &at, ps_obs_main, ob) == 0;
+	pthread_attr_destroy(&at);
+	if (ok)
+		return 0;
+	ps_obs_drop(ob);
+	free(ob);
+	return -1;
+}
+
+/* An observer's greeting (r, t: hs_server_peek's result and the time it
+ * carries): answered if it says index 0, a slot is free, and its time is
+ * within OBSERVERS_WINDOW_NS of this host's clock and not answered before
+ * (observers.h: observers run on any host, and several at once, so a
+ * worker's "newer than the last" cannot hold). A slot is looked at before
+ * the greeting is recorded, so a refused greeting stays answerable. */
+static void ps_admit_observer(struct ps *ps, struct gate_greeting *gr, const struct hs_identity *peer,
+			      int r, uint64_t t)
+{
+	struct hs_result hr;
+	char why[200];
+	if (peer->index != 0) {
+		snprintf(why, sizeof(why), "refused observer %u (an observer greets as 0)", peer->index);
+		gate_refuse(&ps->gate, gr, GATE_UNWANTED, why);
+		return;
+	}
+	int fresh = 0, full = 0;
+	uint64_t now = ps_wall_ns();
+	if (r != -EPROTONOSUPPORT) {
+		pthread_mutex_lock(&ps->mu);
+		full = ps->nobs >= PS_OBSERVERS_MAX;
+		if (!full)
+			fresh = observers_greeted(&ps->seen, t, now);
+		pthread_mutex_unlock(&ps->mu);
+	}
+	if (full) {
+		snprintf(why, sizeof(why), "refused an observer: %d are connected already", PS_OBSERVERS_MAX);
+		gate_refuse(&ps->gate, gr, GATE_UNWANTED, why);
+		return;
+	}
+	if (fresh) {
+		double off = ((double)t - (double)now) / 1e9;
+		if (fresh == -ESTALE)
+			snprintf(why, sizeof(why), "refused an observer's greeting %.0f s %s this host's clock (more than %llu s: replayed, or a clock that is off)",
+				 off < 0 ? -off : off, off < 0 ? "behind" : "ahead of",
+				 (unsigned long long)(OBSERVERS_WINDOW_NS / 1000000000u));
+		else if (fresh == -EALREADY)
+			snprintf(why, sizeof(why), "refused an observer's greeting already answered (replayed)");
+		else
+			snprintf(why, sizeof(why), "refused an observer: %d observer greetings in %llu s", OBSERVERS_SEEN,
+				 (unsigned long long)(OBSERVERS_WINDOW_NS / 1000000000u));
+		gate_refuse(&ps->gate, gr, GATE_REPLAYED, why);
+		return;
+	}
+	if (ps_answer(ps, gr, &hr))
+		return;
+	if (ps_obs_spawn(ps, gr->fd, gr->peer, &hr))
+		role_log(ps->out, "ps %d: %s: refused an observer: no slot, memory or thread for it", ps->index,
+			 gr->peer);
+	frame_key_wipe(&hr.send);
+	frame_key_wipe(&hr.recv);
+}
+
 /* A whole greeting out of the gate: answered if it is authentic, from a
  * worker of this cluster, and newer than any of that worker's answered
  * before (a version or config mismatch is answered too, so the worker can
- * say what differs, and then closed). Everything refused goes to the
- * gate's tally, never to a line of its own. */
+ * say what differs, and then closed), or from an observer
+ * (ps_admit_observer). Everything refused goes to the gate's tally, never
+ * to a line of its own. */
 static void ps_admit(struct ps *ps, struct gate_greeting *gr)
 {
 	struct hs_identity peer;
 	struct hs_result hr;
-	uint8_t hello2[HS_HELLO_BYTES];
 	uint64_t t = 0;
-	size_t outlen = 0;
 	char e[400], why[480];
 	int r = hs_server_peek(ps->s->key, &ps->me, gr->hello, HS_HELLO_BYTES, &peer, &t, e, sizeof(e));
 	if (r && r != -EBADE && r != -EPROTONOSUPPORT) {
 		snprintf(why, sizeof(why), "handshake refused: %s", e);
 		gate_refuse(&ps->gate, gr, GATE_UNAUTH, why);
+		return;
+	}
+	if (peer.role == HS_OBSERVER) {
+		ps_admit_observer(ps, gr, &peer, r, t);
 		return;
 	}
 	if (peer.role != HS_WORKER || peer.index >= (uint32_t)ps->W) {
@@ -710,20 +1029,8 @@ static void ps_admit(struct ps *ps, struct gate_greeting *gr)
 		gate_refuse(&ps->gate, gr, GATE_REPLAYED, why);
 		return;
 	}
-	r = hs_server_respond(&hr, hello2, &outlen, ps->s->key, &ps->me, gr->hello, HS_HELLO_BYTES,
-			      e, sizeof(e));
-	/* A fresh socket's buffer takes 144 bytes at once; one that does
-	 * not is not worth waiting for. */
-	int wr = outlen ? sock_write_full(gr->fd, hello2, outlen, 0, NULL, 0) : 0;
-	if (r || wr) {
-		if (!r) {
-			frame_key_wipe(&hr.send);
-			frame_key_wipe(&hr.recv);
-		}
-		snprintf(why, sizeof(why), "handshake refused: %s", r ? e : "could not send our answer");
-		gate_refuse(&ps->gate, gr, GATE_MISMATCH, why);
+	if (ps_answer(ps, gr, &hr))
 		return;
-	}
 	if (ps_spawn(ps, gr->fd, gr->peer, w, &hr))
 		role_log(ps->out, "ps %d: %s: refused worker %d: no thread for its connection", ps->index,
 			 gr->peer, w);
@@ -768,6 +1075,9 @@ static int ps_over(struct ps *ps)
 		pthread_cond_broadcast(&ps->cv);
 	}
 	int over = ps->aborted || members_finished(&ps->mb, now);
+	/* here, not after each push: the accept loop comes by every 200 ms
+	 * or sooner, pushes cost nothing more, and a stalled shard is seen */
+	rate_add(&ps->rate, now, psshard_version(&ps->sh));
 	pthread_mutex_unlock(&ps->mu);
 	return over;
 }
@@ -792,10 +1102,15 @@ static void ps_accept_loop(struct ps *ps, const volatile sig_atomic_t *stop)
 /* Ends every connection still open (workers close theirs once a STATUS
  * says the run is complete: they poll every 100 ms, so this normally
  * takes a moment; a stuck one gets peer_timeout), then waits for their
- * threads before anything they use is freed. */
+ * threads before anything they use is freed. Observers are not waited
+ * for: each gets its last REPORT (final) at once and is closed. */
 static void ps_drain(struct ps *ps, const volatile sig_atomic_t *stop)
 {
 	pthread_mutex_lock(&ps->mu);
+	ps->draining = 1;
+	for (int i = 0; i < PS_OBSERVERS_MAX; i++)
+		if (ps->obs[i])
+			conn_shutdown_read(&ps->obs[i]->conn);
 	ps->aborted |= *stop ? 1 : 0;
 	if (*stop && !ps->why[0])
 		snprintf(ps->why, sizeof(ps->why), "interrupted");
@@ -808,7 +1123,7 @@ static void ps_drain(struct ps *ps, const volatile sig_atomic_t *stop)
 	for (int i = 0; i < PS_MAX_CONN; i++)
 		if (ps->conns[i])
 			conn_shutdown(&ps->conns[i]->conn);
-	while (ps->nconn > 0)
+	while (ps->nconn > 0 || ps->nobs > 0)
 		pthread_cond_wait(&ps->cv, &ps->mu);
 	pthread_mutex_unlock(&ps->mu);
 }
@@ -832,6 +1147,9 @@ static int ps_open(struct ps *ps, const struct config *c, const struct role_setu
 	ps->W = c->cluster.nworkers;
 	role_hooks_read(&ps->hooks);
 	members_init(&ps->mb, ps->W, c->cluster.peer_timeout);
+	observers_init(&ps->seen);
+	rate_init(&ps->rate);
+	ps->started_ms = role_now_ms();
 	e = ps_store_open(&ps->store, &ps->mu, &ps->sh, &s->job.m, c, index, fresh, out, err, errlen);
 	if (e)
 		return e;

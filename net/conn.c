@@ -31,6 +31,8 @@ int conn_init(struct conn *cn, int fd, uint8_t *rbuf, uint8_t *wbuf, struct pipe
 	cn->state = CONN_PENDING;
 	cn->rbuf = rbuf;
 	cn->wbuf = wbuf;
+	cn->rcap = CONN_RBUF_BYTES;
+	cn->wcap = CONN_WBUF_BYTES;
 	cn->pp = pp;
 	cn->read_ms = read_ms;
 	cn->write_ms = write_ms;
@@ -150,6 +152,12 @@ void conn_shutdown(struct conn *cn)
 		shutdown(cn->fd, SHUT_RDWR);
 }
 
+void conn_shutdown_read(struct conn *cn)
+{
+	if (cn->fd >= 0)
+		shutdown(cn->fd, SHUT_RD);
+}
+
 static int conn_ready(const struct conn *cn, char *err, size_t errlen)
 {
 	if (cn->state == CONN_AUTHENTICATED)
@@ -163,7 +171,7 @@ int conn_send(struct conn *cn, size_t len, char *err, size_t errlen)
 	pthread_mutex_lock(&cn->mu);
 	int r = conn_ready(cn, err, errlen);
 	if (!r)
-		r = sock_write_frame(cn->fd, &cn->keys->send, cn->wbuf, CONN_WBUF_BYTES, conn_msg(cn->wbuf),
+		r = sock_write_frame(cn->fd, &cn->keys->send, cn->wbuf, cn->wcap, conn_msg(cn->wbuf),
 				     len, cn->write_ms, err, errlen);
 	cn->last_send = now_s();
 	pthread_mutex_unlock(&cn->mu);
@@ -190,7 +198,7 @@ void conn_send_error(struct conn *cn, uint32_t code, const char *text)
 {
 	char e[128];
 	size_t len;
-	if (msg_encode_error(conn_msg(cn->wbuf), conn_msg_cap(CONN_WBUF_BYTES), code, text, &len, e,
+	if (msg_encode_error(conn_msg(cn->wbuf), conn_msg_cap(cn->wcap), code, text, &len, e,
 			     sizeof(e)) == 0)
 		(void)!conn_send(cn, len, e, sizeof(e));
 }
@@ -198,7 +206,7 @@ void conn_send_error(struct conn *cn, uint32_t code, const char *text)
 int conn_recv(struct conn *cn, size_t *len, char *err, size_t errlen)
 {
 	int r = conn_ready(cn, err, errlen);
-	return r ? r : sock_read_frame(cn->fd, &cn->keys->recv, cn->rbuf, CONN_RBUF_BYTES, len,
+	return r ? r : sock_read_frame(cn->fd, &cn->keys->recv, cn->rbuf, cn->rcap, len,
 				       cn->read_ms, err, errlen);
 }
 

@@ -69,8 +69,11 @@ struct conn {
 		struct hs_identity peer;
 	} hr;                    /* the handshake's result but its keys: the peer,
 				  * once authenticated */
-	uint8_t *rbuf;           /* (CONN_RBUF_BYTES) the caller's */
-	uint8_t *wbuf;           /* (CONN_WBUF_BYTES) the caller's; pp's first frame */
+	uint8_t *rbuf;           /* (rcap) the caller's */
+	uint8_t *wbuf;           /* (wcap) the caller's; pp's first frame */
+	size_t rcap, wcap;       /* CONN_RBUF_BYTES, CONN_WBUF_BYTES unless the caller
+				  * sets smaller ones (no pipe, small messages only:
+				  * a longer frame is refused unread, -ENOBUFS) */
 	struct pipe *pp;         /* the caller's */
 	pthread_mutex_t mu;      /* sends: fd, keys->send, last_send, state */
 	double last_send;        /* CLOCK_MONOTONIC seconds of the last frame sent */
@@ -123,6 +126,11 @@ void conn_close(struct conn *cn);
  * the connection fails at once, and marks it closing. The owner still
  * conn_closes it. */
 void conn_shutdown(struct conn *cn);
+
+/* From another thread: shuts the reading half only, so that a blocked
+ * conn_recv returns (as if the peer had closed) while sends still work:
+ * for a last message before the owner closes. */
+void conn_shutdown_read(struct conn *cn);
 
 /* Sends the len-byte message at conn_msg(cn->wbuf). */
 int conn_send(struct conn *cn, size_t len, char *err, size_t errlen);

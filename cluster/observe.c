@@ -23,6 +23,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -105,24 +106,18 @@ static void link_drop(struct status_link *l)
 	l->connected = 0;
 }
 
-/* STATUS, then messages until the REPORT (a HEARTBEAT may come first). A
- * send that fails is not yet a failure: a ps that has just ended closed
- * after its last (final) REPORT, which is still there to read. */
-static int link_ask(struct status_link *l)
+/* Messages until a REPORT (a HEARTBEAT may come first): 0 with it in
+ * l->rep, or why in l->why (sent: the error of a STATUS that could not be
+ * sent, which says more than the read that follows). A final REPORT ends
+ * the connection: the ps is ending. */
+static int link_read(struct status_link *l, const char *sent)
 {
-	char e[400], se[400] = "";
+	char e[400];
 	size_t len;
-	struct msg_status q = { .shard = (uint32_t)l->k };
-	int r = msg_encode_status(conn_msg(l->wbuf), conn_msg_cap(l->conn.wcap), &q, &len, e, sizeof(e));
-	if (r) {
-		snprintf(l->why, sizeof(l->why), "%s", e);
-		return r;
-	}
-	int sent = conn_send(&l->conn, len, se, sizeof(se));
 	for (;;) {
-		r = conn_recv(&l->conn, &len, e, sizeof(e));
+		int r = conn_recv(&l->conn, &len, e, sizeof(e));
 		if (r) {
-			snprintf(l->why, sizeof(l->why), "%s", sent ? se : e);
+			snprintf(l->why, sizeof(l->why), "%s", sent && sent[0] ? sent : e);
 			return r;
 		}
 		int type = msg_type(l->rbuf, len, e, sizeof(e));
@@ -157,6 +152,24 @@ static int link_ask(struct status_link *l)
 			link_drop(l);
 		return 0;
 	}
+}
+
+/* STATUS, then its REPORT. A send that fails is not yet a failure: a ps
+ * that has just ended closed after its last (final) REPORT, which is
+ * still there to read. */
+static int link_ask(struct status_link *l)
+{
+	char e[400], se[400] = "";
+	size_t len;
+	struct msg_status q = { .shard = (uint32_t)l->k };
+	int r = msg_encode_status(conn_msg(l->wbuf), conn_msg_cap(l->conn.wcap), &q, &len, e, sizeof(e));
+	if (r) {
+		snprintf(l->why, sizeof(l->why), "%s", e);
+		return r;
+	}
+	if (conn_send(&l->conn, len, se, sizeof(se)) == 0)
+		se[0] = 0;
+	return link_read(l, se);
 }
 
 /* A ps whose last answer said the run was complete and that it ended:
@@ -359,7 +372,9 @@ static void status_unanswered(FILE *errout, const struct status_link *ls, int np
 
 /* Until the next round: watch_s seconds in steps of 100 ms, so that
  * Ctrl-C is quick; an idle connection gets a HEARTBEAT, so that a ps does
- * not take a watch interval longer than peer_timeout for a dead observer. */
+ * not take a watch interval longer than peer_timeout for a dead observer;
+ * a REPORT that arrives unasked (a ps's last, as it ends) is read at once,
+ * and once every ps has said the run is complete the pause ends. */
 static void status_pause(struct status_link *ls, int nps, double watch_s,
 			 const volatile sig_atomic_t *stop)
 {
@@ -372,10 +387,21 @@ static void status_pause(struct status_link *ls, int nps, double watch_s,
 	int ok = msg_encode_heartbeat(conn_msg(hb), conn_msg_cap(sizeof(hb)), &m, &len, e, sizeof(e)) == 0;
 	for (int64_t end = role_now_ms() + (int64_t)(watch_s * 1000); role_now_ms() < end && !*stop;) {
 		role_nap_ms(100);
-		for (int k = 0; k < nps && ok; k++)
-			if (ls[k].connected && conn_send_idle(&ls[k].conn, hb, sizeof(hb), len, idle_s, e,
-							      sizeof(e)) < 0)
-				link_drop(&ls[k]);
+		int news = 0;
+		for (int k = 0; k < nps; k++) {
+			struct status_link *l = &ls[k];
+			struct pollfd p = { .fd = l->conn.fd, .events = POLLIN };
+			if (l->connected && poll(&p, 1, 0) == 1) {
+				news = 1;
+				if (link_read(l, NULL))
+					link_drop(l);
+			}
+			if (ok && l->connected &&
+			    conn_send_idle(&l->conn, hb, sizeof(hb), len, idle_s, e, sizeof(e)) < 0)
+				link_drop(l);
+		}
+		if (news && status_complete(ls, nps))
+			return;
 	}
 }
 

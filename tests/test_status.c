@@ -199,33 +199,47 @@ Test(status, unanswered_ps_and_wrong_key_exit_3)
 }
 
 /* --watch from before the workers start to the end: the run completes as
- * usual (observers are no workers: the ps neither waits for it nor counts
- * it), and the watch ends by itself with the run, exit 0, its last object
- * saying complete. */
+ * usual (observers are no workers: the ps neither waits for them nor
+ * counts them), and each watch ends by itself with the run, exit 0, its
+ * last report saying complete: the one asking every 0.3 s from its
+ * rounds, the one asking every 30 s from the last REPORT each ps sends as
+ * it ends, long before its next round. */
 Test(status, watch_a_whole_run)
 {
-	char cfg[300], out[5][300];
-	int st[5];
+	char cfg[300], out[6][300];
+	int st[6];
 	snprintf(cfg, sizeof(cfg), "%s/cluster.ini", dir);
 	write_cluster(dir, cfg, 150, 10, "mode = sync\n", "");
-	pid_t pids[5];
+	pid_t pids[6];
+	struct timespec t0, t1;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
 	pids[0] = start_role("ps", "0", cfg, out[0], NULL);
 	pids[1] = start_role("ps", "1", cfg, out[1], NULL);
 	cr_assert(wait_for_text(out[0], "listening on") && wait_for_text(out[1], "listening on"));
 	snprintf(out[4], 300, "%s/watch.log", dir);
 	const char *args[] = { "status", "--config", cfg, "--json", "--watch", "0.3", NULL };
 	pids[4] = spawn_pstrain(args, out[4], NULL);
+	snprintf(out[5], 300, "%s/watch-slow.log", dir);
+	const char *slow[] = { "status", "--config", cfg, "--watch=30", NULL };
+	pids[5] = spawn_pstrain(slow, out[5], NULL);
 	cr_assert(wait_for_text(out[4], "\"absent\", \"absent\""), "%s", slurp(out[4]));
+	cr_assert(wait_for_text(out[5], "0-1 absent"), "%s", slurp(out[5]));
 	pids[2] = start_role("worker", "1", cfg, out[2], NULL);
 	pids[3] = start_role("worker", "0", cfg, out[3], "PSTRAIN_EVAL_DELAY_MS=50");
-	wait_children(pids, 5, st, RUN_TIMEOUT_S);
-	assert_exits_zero(st, out, 5, "");
+	wait_children(pids, 6, st, RUN_TIMEOUT_S);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	assert_exits_zero(st, out, 6, "");
+	cr_assert_lt(t1.tv_sec - t0.tv_sec, 25, "the slow watch waited for its next round");
 	char *watch = slurp(out[4]);
 	struct json *j = last_json(watch);
 	cr_assert_eq(json_get(j, "complete")->type, JSON_TRUE, "%s", watch);
 	cr_assert_eq(json_get(j, "shards")->n, 2, "%s", watch);
 	json_free(j);
 	cr_assert_not_null(strstr(watch, "\"live\", \"live\""), "never saw the workers live:\n%s", watch);
+	char *sw = slurp(out[5]);
+	cr_assert_not_null(strstr(sw, "run: complete"), "%s", sw);
+	cr_assert_not_null(strstr(sw, "150/150"), "%s", sw);
+	cr_assert_not_null(strstr(sw, "(ended)"), "%s", sw);
 	for (int k = 0; k < 2; k++) {
 		char *ps = slurp(out[k]);
 		cr_assert_not_null(strstr(ps, "all 2 workers done: version 150"), "%s", ps);

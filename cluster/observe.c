@@ -328,8 +328,8 @@ static int status_round(struct status_link *ls, int nps)
 {
 	pthread_t *t = calloc((size_t)nps, sizeof(*t));
 	int *on = calloc((size_t)nps, sizeof(*on));
-	for (int k = 0; k < nps; k++)
-		on[k] = t && on && pthread_create(&t[k], NULL, link_round, &ls[k]) == 0;
+	for (int k = 0; k < nps && t && on; k++)
+		on[k] = pthread_create(&t[k], NULL, link_round, &ls[k]) == 0;
 	for (int k = 0; k < nps; k++) {
 		if (on && on[k])
 			pthread_join(t[k], NULL);

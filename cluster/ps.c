@@ -16,6 +16,7 @@
 #include "cluster.h"
 #include "members.h"
 #include "observers.h"
+#include "ps_observers.h"
 #include "ps_harness.h"
 #include "ps_store.h"
 #include "rate.h"
@@ -50,19 +51,7 @@
 #define PS_PENDING_PER_SOURCE 512
 /* At most one line of refusals per this many ms (a summary with counts). */
 #define PS_TALLY_MS 10000
-/* Observers connected at once: a few people watching, or a dashboard;
- * more are refused (the gate's tally), so observers never cost the ps
- * more than this many small threads. */
-#define PS_OBSERVERS_MAX 4
-/* An observer's frame buffers: the largest REPORT out, and in, anything
- * an observer may send (STATUS, HEARTBEAT, an ERROR); a longer frame is
- * refused before it is read. */
-#define PS_OBS_BUF_BYTES CONN_FRAME_BYTES(MSG_REPORT_BYTES_MAX)
-_Static_assert(MSG_ERROR_BYTES_MAX <= MSG_REPORT_BYTES_MAX, "an observer's ERROR fits");
 _Static_assert(MSG_REPORT_WORKERS >= MEMBERS_MAX, "a REPORT names every worker");
-/* How long an observer may take to read a REPORT before it is dropped:
- * the ps's exit waits for its observers' last ones. */
-#define PS_OBS_WRITE_MS 1000
 
 struct ps {
 	pthread_mutex_t mu;
@@ -90,19 +79,7 @@ struct ps {
 	struct observers seen;   /* observer greetings answered */
 	struct rate rate;        /* versions/s, sampled by the accept loop */
 	int64_t started_ms;
-	int draining;            /* ps_drain: each observer sends a last REPORT and goes */
-	int nobs;
-	struct ps_obs *obs[PS_OBSERVERS_MAX];
-};
-
-/* An observer's connection, served on its own thread: no gradient, no
- * copy of the shard, two frame buffers of a few hundred bytes. */
-struct ps_obs {
-	struct ps *ps;
-	struct conn conn;
-	int slot;
-	char peer[SOCK_ADDR_STRLEN];
-	uint8_t rbuf[PS_OBS_BUF_BYTES], wbuf[PS_OBS_BUF_BYTES];
+	struct ps_observers po;  /* the observers' connections (ps_observers.h) */
 };
 
 /* One worker's connection, served on its own thread. */
@@ -739,8 +716,7 @@ static int ps_answer(struct ps *ps, struct gate_greeting *gr, struct hs_result *
  * keeps (the shard's counters, members, ps_store, the rate). An observer
  * is never a member: it is in no list of workers, no "waiting for", and
  * the ps ends without waiting for it (ps_drain sends each a last REPORT
- * and closes it). Any message but STATUS, HEARTBEAT or ERROR ends its
- * connection with an ERROR and a line; nothing it sends reaches the shard. */
+ * and closes it). Admission is here; serving them is ps_observers.c's. */
 
 static uint64_t ps_wall_ns(void)
 {
@@ -759,9 +735,11 @@ static uint8_t ps_worker_state(const struct members *mb, int w)
 	return wire[members_state(mb, w)];
 }
 
-/* What the ps says to an observer now (takes ps->mu). */
-static void ps_report(struct ps *ps, struct msg_report *rp, int final)
+/* What the ps says to an observer now (takes ps->mu): ps_observers'
+ * report function. */
+static void ps_report(void *ctx, struct msg_report *rp, int final)
 {
+	struct ps *ps = ctx;
 	double per_s = 0;
 	memset(rp, 0, sizeof(*rp));
 	pthread_mutex_lock(&ps->mu);
@@ -780,160 +758,6 @@ static void ps_report(struct ps *ps, struct msg_report *rp, int final)
 	for (int w = 0; w < ps->W; w++)
 		rp->state[w] = ps_worker_state(&ps->mb, w);
 	pthread_mutex_unlock(&ps->mu);
-}
-
-static int ps_obs_send_report(struct ps_obs *ob, int final, char *err, size_t errlen)
-{
-	struct msg_report rp;
-	size_t len;
-	ps_report(ob->ps, &rp, final);
-	int r = msg_encode_report(conn_msg(ob->wbuf), conn_msg_cap(ob->conn.wcap), &rp, &len, err,
-				  errlen);
-	return r ? r : conn_send(&ob->conn, len, err, errlen);
-}
-
-/* A request an observer may not make: an ERROR saying so, and the reason
- * for the log line. */
-static int ps_obs_refuse(struct ps_obs *ob, int code, char *err, size_t errlen, const char *fmt,
-			 const char *what)
-{
-	char text[WIRE_ERROR_TEXT_MAX + 1];
-	snprintf(text, sizeof(text), fmt, what);
-	conn_send_error(&ob->conn, (uint32_t)code, text);
-	return err_set(err, errlen, -code, "%s", text);
-}
-
-/* Serves one observer until it leaves: 0 when it closed, said ERROR, or
- * the ps drains; else a negative errno with the reason in err. */
-static int ps_obs_serve(struct ps_obs *ob, char *err, size_t errlen)
-{
-	struct ps *ps = ob->ps;
-	for (int first = 1;; first = 0) {
-		size_t len;
-		int r = conn_recv(&ob->conn, &len, err, errlen);
-		pthread_mutex_lock(&ps->mu);
-		int draining = ps->draining;
-		pthread_mutex_unlock(&ps->mu);
-		if (r && (draining || r == -EPIPE || r == -ECONNRESET))
-			return 0;
-		if (r == -ENOBUFS)
-			return ps_obs_refuse(ob, EPERM, err, errlen,
-					     "%s: an observer may only ask STATUS", "a frame too long");
-		if (r == -ETIMEDOUT && first)
-			return err_set(err, errlen, r, "no frame within %d ms of the handshake",
-				       ob->conn.read_ms);
-		if (r == -ETIMEDOUT)
-			return err_set(err, errlen, r, "no traffic for %g s (peer_timeout)",
-				       ps->c->cluster.peer_timeout);
-		if (r)
-			return r;
-		/* the key is confirmed: as patient as with a worker now */
-		ob->conn.read_ms = role_peer_timeout_ms(ps->c);
-		int type = msg_type(ob->rbuf, len, err, errlen);
-		if (type < 0)
-			return ps_obs_refuse(ob, EPROTO, err, errlen, "%.240s", err);
-		if (type == WIRE_STATUS) {
-			struct msg_status q;
-			r = msg_decode_status(ob->rbuf, len, &q, err, errlen);
-			if (r)
-				return ps_obs_refuse(ob, -r, err, errlen, "%.240s", err);
-			if (q.reply || q.shard != (uint32_t)ps->index) {
-				char what[96];
-				snprintf(what, sizeof(what), "STATUS %s for shard %u, this is shard %d",
-					 q.reply ? "reply" : "request", q.shard, ps->index);
-				return ps_obs_refuse(ob, EPROTO, err, errlen, "%s", what);
-			}
-			r = ps_obs_send_report(ob, 0, err, errlen);
-			if (r)
-				return r;
-		} else if (type == WIRE_HEARTBEAT) {
-			struct msg_heartbeat hb;
-			r = msg_decode_heartbeat(ob->rbuf, len, &hb, err, errlen);
-			if (r)
-				return ps_obs_refuse(ob, -r, err, errlen, "%.240s", err);
-		} else if (type == WIRE_ERROR) {
-			return 0; /* it closes */
-		} else {
-			return ps_obs_refuse(ob, EPERM, err, errlen, "%s: an observer may only ask STATUS",
-					     wire_msg_name((uint8_t)type));
-		}
-	}
-}
-
-/* Takes ob off ps->obs and closes it (not freed). */
-static void ps_obs_drop(struct ps_obs *ob)
-{
-	struct ps *ps = ob->ps;
-	pthread_mutex_lock(&ps->mu);
-	ps->obs[ob->slot] = NULL;
-	conn_destroy(&ob->conn); /* under the lock: ps_drain shuts down what is listed */
-	ps->nobs--;
-	pthread_cond_broadcast(&ps->cv);
-	pthread_mutex_unlock(&ps->mu);
-}
-
-static void *ps_obs_main(void *arg)
-{
-	struct ps_obs *ob = arg;
-	struct ps *ps = ob->ps;
-	char e[320];
-	int r = ps_obs_serve(ob, e, sizeof(e));
-	pthread_mutex_lock(&ps->mu);
-	int draining = ps->draining;
-	pthread_mutex_unlock(&ps->mu);
-	if (draining)
-		(void)!ps_obs_send_report(ob, 1, e, sizeof(e)); /* best effort: it may be gone */
-	else if (r)
-		role_log(ps->out, "ps %d: %s: closed an observer's connection: %s", ps->index, ob->peer, e);
-	ps_obs_drop(ob);
-	free(ob);
-	return NULL;
-}
-
-/* An observer's answered connection fd, on a detached thread; its first
- * frame (the client's STATUS) is due within a handshake's step. -1 (fd
- * closed) if there is no slot, memory or thread. */
-static int ps_obs_spawn(struct ps *ps, int fd, const char *peer, const struct hs_result *hr)
-{
-	struct ps_obs *ob = calloc(1, sizeof(*ob));
-	if (!ob || conn_init(&ob->conn, -1, ob->rbuf, ob->wbuf, NULL, ROLE_HANDSHAKE_MS,
-			     PS_OBS_WRITE_MS) != 0) {
-		if (ob)
-			conn_destroy(&ob->conn);
-		free(ob);
-		close(fd);
-		return -1;
-	}
-	ob->ps = ps;
-	ob->conn.rcap = ob->conn.wcap = PS_OBS_BUF_BYTES;
-	conn_attach(&ob->conn, fd, hr);
-	snprintf(ob->peer, sizeof(ob->peer), "%s", peer);
-	pthread_mutex_lock(&ps->mu);
-	ob->slot = -1;
-	for (int i = 0; i < PS_OBSERVERS_MAX && ob->slot < 0; i++)
-		if (!ps->obs[i])
-			ob->slot = i;
-	if (ob->slot >= 0) {
-		ps->obs[ob->slot] = ob;
-		ps->nobs++;
-	}
-	pthread_mutex_unlock(&ps->mu);
-	if (ob->slot < 0) {
-		conn_destroy(&ob->conn); /* closes fd */
-		free(ob);
-		return -1;
-	}
-	pthread_t t;
-	pthread_attr_t at;
-	pthread_attr_init(&at);
-	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-	int ok = pthread_create(&t, &at, ps_obs_main, ob) == 0;
-	pthread_attr_destroy(&at);
-	if (ok)
-		return 0;
-	ps_obs_drop(ob);
-	free(ob);
-	return -1;
 }
 
 /* An observer's greeting (r, t: hs_server_peek's result and the time it
@@ -956,7 +780,7 @@ static void ps_admit_observer(struct ps *ps, struct gate_greeting *gr, const str
 	uint64_t now = ps_wall_ns();
 	if (r != -EPROTONOSUPPORT) {
 		pthread_mutex_lock(&ps->mu);
-		full = ps->nobs >= PS_OBSERVERS_MAX;
+		full = ps_observers_full(&ps->po);
 		if (!full)
 			fresh = observers_greeted(&ps->seen, t, now);
 		pthread_mutex_unlock(&ps->mu);
@@ -982,7 +806,7 @@ static void ps_admit_observer(struct ps *ps, struct gate_greeting *gr, const str
 	}
 	if (ps_answer(ps, gr, &hr))
 		return;
-	if (ps_obs_spawn(ps, gr->fd, gr->peer, &hr))
+	if (ps_observers_spawn(&ps->po, gr->fd, gr->peer, &hr))
 		role_log(ps->out, "ps %d: %s: refused an observer: no slot, memory or thread for it", ps->index,
 			 gr->peer);
 	frame_key_wipe(&hr.send);
@@ -1107,10 +931,7 @@ static void ps_accept_loop(struct ps *ps, const volatile sig_atomic_t *stop)
 static void ps_drain(struct ps *ps, const volatile sig_atomic_t *stop)
 {
 	pthread_mutex_lock(&ps->mu);
-	ps->draining = 1;
-	for (int i = 0; i < PS_OBSERVERS_MAX; i++)
-		if (ps->obs[i])
-			conn_shutdown_read(&ps->obs[i]->conn);
+	ps_observers_drain(&ps->po);
 	ps->aborted |= *stop ? 1 : 0;
 	if (*stop && !ps->why[0])
 		snprintf(ps->why, sizeof(ps->why), "interrupted");
@@ -1123,7 +944,7 @@ static void ps_drain(struct ps *ps, const volatile sig_atomic_t *stop)
 	for (int i = 0; i < PS_MAX_CONN; i++)
 		if (ps->conns[i])
 			conn_shutdown(&ps->conns[i]->conn);
-	while (ps->nconn > 0 || ps->nobs > 0)
+	while (ps->nconn > 0 || ps->po.n > 0)
 		pthread_cond_wait(&ps->cv, &ps->mu);
 	pthread_mutex_unlock(&ps->mu);
 }
@@ -1150,6 +971,7 @@ static int ps_open(struct ps *ps, const struct config *c, const struct role_setu
 	observers_init(&ps->seen);
 	rate_init(&ps->rate);
 	ps->started_ms = role_now_ms();
+	ps_observers_init(&ps->po, &ps->mu, &ps->cv, c, out, index, ps_report, ps);
 	e = ps_store_open(&ps->store, &ps->mu, &ps->sh, &s->job.m, c, index, fresh, out, err, errlen);
 	if (e)
 		return e;

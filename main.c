@@ -60,11 +60,14 @@ struct opts {
 	const char *input;     /* --input FILE of predict */
 	int probs;             /* --probs of predict */
 	int fresh;             /* --fresh of local */
+	int json;              /* --json of status */
+	double watch;          /* --watch SECONDS of status; 0: once */
 };
 
 /* What a command accepts besides --help: --config and --set, and/or one
  * optional positional FILE. Anything else is a usage error. */
-enum { TAKES_CONFIG = 1, TAKES_FILE = 2, TAKES_INDEX = 4, TAKES_CKPT = 8, TAKES_INPUT = 16, TAKES_FRESH = 32 };
+enum { TAKES_CONFIG = 1, TAKES_FILE = 2, TAKES_INDEX = 4, TAKES_CKPT = 8, TAKES_INPUT = 16, TAKES_FRESH = 32,
+       TAKES_WATCH = 64 };
 
 struct command {
 	const char *name;
@@ -82,6 +85,7 @@ static int cmd_worker(const struct opts *o);
 static int cmd_run(const struct opts *o);
 static int cmd_eval(const struct opts *o);
 static int cmd_predict(const struct opts *o);
+static int cmd_status(const struct opts *o);
 
 static const struct command commands[] = {
 	{ "local", cmd_local, TAKES_CONFIG | TAKES_FRESH, "[--config FILE] [--set S.K=V]... [--fresh]",
@@ -99,6 +103,8 @@ static const struct command commands[] = {
 	  "train as worker N of [cluster] (worker 0 is the chief)" },
 	{ "run", cmd_run, TAKES_CONFIG | TAKES_FRESH, "[--config FILE] [--set S.K=V]... [--fresh]",
 	  "ps or worker, as TF_CONFIG, Slurm (srun) or a StatefulSet pod name says" },
+	{ "status", cmd_status, TAKES_CONFIG | TAKES_WATCH, "[--config FILE] [--set S.K=V]... [--json] [--watch S]",
+	  "each ps's version, gradients, steps/s, checkpoint and workers (read-only; exit 3: some did not answer)" },
 	{ "keygen", cmd_keygen, TAKES_FILE, "[FILE]",
 	  "new random 32-byte cluster key in FILE (default ./cluster.key), mode 0600" },
 };
@@ -120,6 +126,8 @@ static void usage(FILE *f)
 		"  --checkpoint DIR   a step-NNNNNNNN checkpoint, or a checkpoint_dir (its newest complete one)\n"
 		"  --input FILE       predict: IDX images, or CSV in the training CSV's layout\n"
 		"  --probs            predict: also print the class probabilities\n"
+		"  --json             status: one JSON object (per round) instead of the table\n"
+		"  --watch S          status: ask again every S seconds until the run is complete\n"
 		"  --help, -h         this help\n"
 		"  --version          print the version and the build's GPU support\n"
 		"\nexit status: 0 done, 1 runtime failure, 2 usage/config/data error, 3 peer or authentication\n"
@@ -468,6 +476,30 @@ static int cmd_predict(const struct opts *o)
 	return infer_exit(r, err);
 }
 
+static int cmd_status(const struct opts *o)
+{
+	struct config c;
+	char err[CONFIG_ERR_MAX];
+	int r = load(o, &c);
+	if (r)
+		return r;
+	install_stop_handler();
+	r = cluster_status(&c, o->json, o->watch, stdout, stderr, &stop_requested, err, sizeof(err));
+	return role_exit(r, err);
+}
+
+/* --watch's SECONDS: a number from 0.1 to a day, all of it ("2s" is not 2). */
+static int parse_watch(const char *val, double *out)
+{
+	char *end = NULL;
+	errno = 0;
+	double v = strtod(val, &end);
+	if (errno || end == val || *end || !(v >= 0.1 && v <= 86400))
+		return bad_usage("--watch \"%s\": not a number of seconds from 0.1 to 86400", val);
+	*out = v;
+	return 0;
+}
+
 static int bad_usage(const char *fmt, const char *arg)
 {
 	fprintf(stderr, "pstrain: ");
@@ -540,6 +572,24 @@ int main(int argc, char **argv)
 		if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
 			usage(stdout);
 			return EXIT_DONE;
+		}
+		if (strcmp(a, "--json") == 0) {
+			if (!(command->takes & TAKES_WATCH))
+				return bad_usage("%s does not apply to this command", a);
+			o.json = 1;
+			continue;
+		}
+		int is_watch = strncmp(a, "--watch", n) == 0 && n == 7;
+		if (is_watch && !(command->takes & TAKES_WATCH))
+			return bad_usage("%s does not apply to this command", a);
+		if (is_watch) {
+			const char *v = a[n] == '=' ? a + n + 1 : i + 1 < argc ? argv[++i] : NULL;
+			if (!v)
+				return bad_usage("%s needs a value", a);
+			int r = parse_watch(v, &o.watch);
+			if (r)
+				return r;
+			continue;
 		}
 		if ((command->takes & TAKES_FILE) && a[0] != '-') {
 			if (o.file)

@@ -4,6 +4,8 @@
  * handshake, frames and messages come from net/, the shard's update rules
  * from core/psshard.c and the step from core/devices.c. This header is
  * the roles' whole API: only main.c includes anything from cluster/.
+ * `pstrain status` (observe.c) is here too: it speaks to the ps as an
+ * observer.
  *
  * Batches: at step s of epoch e every worker takes the epoch's permutation
  * (data_permute(seed, e), as `local` does) and worker w uses samples
@@ -43,5 +45,17 @@ int cluster_ps(const struct config *c, int index, int fresh, FILE *out,
 int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 		   const volatile sig_atomic_t *stop, const char *dump, struct train_result *res,
 		   char *err, size_t errlen);
+
+/* `pstrain status`: asks every ps of c's [cluster] for its REPORT as an
+ * observer (the cluster key's third role: it may only ask, never change
+ * anything, and is never counted as a worker) and prints one row per shard
+ * to out, or with json one JSON object per round; each ps that did not
+ * answer gets a line on errout naming it and why. watch_s > 0: again every
+ * watch_s seconds, on the same connections (reconnecting to those that
+ * failed), until every ps reports the run complete or *stop is set. 0
+ * when every ps answered (in the last round), -ECONNABORTED when some did
+ * not, -EINTR when stopped, -EINVAL for the key. */
+int cluster_status(const struct config *c, int json, double watch_s, FILE *out, FILE *errout,
+		   const volatile sig_atomic_t *stop, char *err, size_t errlen);
 
 #endif

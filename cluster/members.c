@@ -126,3 +126,14 @@ const char *members_why(const struct members *m, int w)
 {
 	return m->why[w];
 }
+
+enum members_state members_state(const struct members *m, int w)
+{
+	if (m->leaving[w])
+		return MEMBERS_IS_LEFT;
+	if (m->live[w] > 0)
+		return m->done[w] ? MEMBERS_IS_DONE : MEMBERS_IS_LIVE;
+	if (m->due[w])
+		return m->done[w] ? MEMBERS_IS_AWAY : MEMBERS_IS_LOST;
+	return m->done[w] ? MEMBERS_IS_DONE : MEMBERS_IS_ABSENT;
+}

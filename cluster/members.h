@@ -95,4 +95,18 @@ void members_missing(const struct members *m, const struct psshard *sh, uint8_t 
 
 const char *members_why(const struct members *m, int w);
 
+/* What a REPORT says of worker w: live (connected, not done), done (said
+ * DONE), left (said DONE, leaving), lost (no connection before DONE,
+ * deadline set), away (done, no connection before the run was complete,
+ * deadline set), else absent. */
+enum members_state {
+	MEMBERS_IS_ABSENT,
+	MEMBERS_IS_LIVE,
+	MEMBERS_IS_DONE,
+	MEMBERS_IS_LEFT,
+	MEMBERS_IS_LOST,
+	MEMBERS_IS_AWAY,
+};
+enum members_state members_state(const struct members *m, int w);
+
 #endif

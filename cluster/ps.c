@@ -9,12 +9,17 @@
  * messages, one handler per message type from a table. The shard's update
  * rules are core/psshard.c, its checkpoints ps_store.c, and who the
  * workers are (live, done, leaving, lost, newest greeting) members.c; all
- * of them under the one mutex ps->mu. docs/SECURITY.md says what each
- * limit here is for. */
+ * of them under the one mutex ps->mu. Observers (`pstrain status`) are
+ * admitted beside the workers into a few slots of their own, may only ask
+ * STATUS (answered with REPORT), and are never members. docs/SECURITY.md
+ * says what each limit here is for. */
 #include "cluster.h"
 #include "members.h"
+#include "observers.h"
+#include "ps_observers.h"
 #include "ps_harness.h"
 #include "ps_store.h"
+#include "rate.h"
 #include "role.h"
 
 #include "../core/psshard.h"
@@ -34,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Threads: each worker has at most one confirmed connection, one answered
@@ -45,6 +51,7 @@
 #define PS_PENDING_PER_SOURCE 512
 /* At most one line of refusals per this many ms (a summary with counts). */
 #define PS_TALLY_MS 10000
+_Static_assert(MSG_REPORT_WORKERS >= MEMBERS_MAX, "a REPORT names every worker");
 
 struct ps {
 	pthread_mutex_t mu;
@@ -69,6 +76,10 @@ struct ps {
 	struct ps_conn *conns[PS_MAX_CONN];
 	struct ps_conn *worker[MEMBERS_MAX]; /* each worker's confirmed connection */
 	struct ps_conn *fresh[MEMBERS_MAX];  /* each worker's answered, unconfirmed one */
+	struct observers seen;   /* observer greetings answered */
+	struct rate rate;        /* versions/s, sampled by the accept loop */
+	int64_t started_ms;
+	struct ps_observers po;  /* the observers' connections (ps_observers.h) */
 };
 
 /* One worker's connection, served on its own thread. */
@@ -215,7 +226,7 @@ static int pull_send_whole(struct ps_conn *cn, uint8_t *buf, char *err, size_t e
 	cn->st_job = 0; /* the answer waits on nothing more: the next PULL may come */
 	pthread_mutex_unlock(&ps->mu);
 	if (ab) {
-		conn_send_error_from(&cn->conn, buf, ECONNABORTED, why);
+		conn_send_error_from(&cn->conn, buf, CONN_WBUF_BYTES, ECONNABORTED, why);
 		snprintf(err, errlen, "training aborted");
 		return PS_END;
 	}
@@ -930,23 +941,155 @@ static int ps_spawn(struct ps *ps, int fd, const char *peer, int w, const struct
 	return -1;
 }
 
+/* Answers an admitted greeting (hs_server_respond and our HELLO2): 0 with
+ * the session keys in *hr (the caller wipes them), else refused into the
+ * gate's tally (a version or config mismatch is answered first, so the
+ * peer can say what differs too). */
+static int ps_answer(struct ps *ps, struct gate_greeting *gr, struct hs_result *hr)
+{
+	uint8_t hello2[HS_HELLO_BYTES];
+	size_t outlen = 0;
+	char e[400], why[480];
+	int r = hs_server_respond(hr, hello2, &outlen, ps->s->key, &ps->me, gr->hello, HS_HELLO_BYTES,
+				  e, sizeof(e));
+	/* A fresh socket's buffer takes 144 bytes at once; one that does
+	 * not is not worth waiting for. */
+	int wr = outlen ? sock_write_full(gr->fd, hello2, outlen, 0, NULL, 0) : 0;
+	if (r || wr) {
+		if (!r) {
+			frame_key_wipe(&hr->send);
+			frame_key_wipe(&hr->recv);
+		}
+		snprintf(why, sizeof(why), "handshake refused: %s", r ? e : "could not send our answer");
+		gate_refuse(&ps->gate, gr, GATE_MISMATCH, why);
+		return -1;
+	}
+	return 0;
+}
+
+/* ---- observers -----------------------------------------------------------
+ * `pstrain status` greets as an observer (index 0) and asks STATUS; each
+ * is answered with a REPORT built under ps->mu from what the ps already
+ * keeps (the shard's counters, members, ps_store, the rate). An observer
+ * is never a member: it is in no list of workers, no "waiting for", and
+ * the ps ends without waiting for it (ps_drain sends each a last REPORT
+ * and closes it). Admission is here; serving them is ps_observers.c's. */
+
+static uint64_t ps_wall_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static uint8_t ps_worker_state(const struct members *mb, int w)
+{
+	static const uint8_t wire[] = {
+		[MEMBERS_IS_ABSENT] = MSG_WORKER_ABSENT, [MEMBERS_IS_LIVE] = MSG_WORKER_LIVE,
+		[MEMBERS_IS_DONE] = MSG_WORKER_DONE,	 [MEMBERS_IS_LEFT] = MSG_WORKER_LEFT,
+		[MEMBERS_IS_LOST] = MSG_WORKER_LOST,	 [MEMBERS_IS_AWAY] = MSG_WORKER_AWAY,
+	};
+	return wire[members_state(mb, w)];
+}
+
+/* What the ps says to an observer now (takes ps->mu): ps_observers'
+ * report function. */
+static void ps_report(void *ctx, struct msg_report *rp, int final)
+{
+	struct ps *ps = ctx;
+	double per_s = 0;
+	memset(rp, 0, sizeof(*rp));
+	pthread_mutex_lock(&ps->mu);
+	rp->shard = (uint32_t)ps->index;
+	rp->version = psshard_version(&ps->sh);
+	rp->total = ps->sh.total > 0 ? (uint64_t)ps->sh.total : 0;
+	rp->applied = ps->sh.received - ps->sh.dropped_stale;
+	rp->stale = ps->sh.dropped_stale;
+	rp->complete = (uint8_t)members_complete(&ps->mb);
+	rp->final = (uint8_t)final;
+	rp->has_checkpoint = (uint8_t)ps_store_last(&ps->store, &rp->checkpoint);
+	rp->has_rate = (uint8_t)rate_get(&ps->rate, &per_s);
+	rp->rate = (float)per_s;
+	rp->uptime_ms = (uint64_t)(role_now_ms() - ps->started_ms);
+	rp->workers = (uint32_t)ps->W;
+	for (int w = 0; w < ps->W; w++)
+		rp->state[w] = ps_worker_state(&ps->mb, w);
+	pthread_mutex_unlock(&ps->mu);
+}
+
+/* An observer's greeting (r, t: hs_server_peek's result and the time it
+ * carries): answered if it says index 0, a slot is free, and its time is
+ * within OBSERVERS_WINDOW_NS of this host's clock and not answered before
+ * (observers.h: observers run on any host, and several at once, so a
+ * worker's "newer than the last" cannot hold). A slot is looked at before
+ * the greeting is recorded, so a refused greeting stays answerable. */
+static void ps_admit_observer(struct ps *ps, struct gate_greeting *gr, const struct hs_identity *peer,
+			      int r, uint64_t t)
+{
+	struct hs_result hr;
+	char why[200];
+	if (peer->index != 0) {
+		snprintf(why, sizeof(why), "refused observer %u (an observer greets as 0)", peer->index);
+		gate_refuse(&ps->gate, gr, GATE_UNWANTED, why);
+		return;
+	}
+	int fresh = 0, full = 0;
+	uint64_t now = ps_wall_ns();
+	if (r != -EPROTONOSUPPORT) {
+		pthread_mutex_lock(&ps->mu);
+		full = ps_observers_full(&ps->po);
+		if (!full)
+			fresh = observers_greeted(&ps->seen, t, now);
+		pthread_mutex_unlock(&ps->mu);
+	}
+	if (full) {
+		snprintf(why, sizeof(why), "refused an observer: %d are connected already", PS_OBSERVERS_MAX);
+		gate_refuse(&ps->gate, gr, GATE_UNWANTED, why);
+		return;
+	}
+	if (fresh) {
+		double off = ((double)t - (double)now) / 1e9;
+		if (fresh == -ESTALE)
+			snprintf(why, sizeof(why), "refused an observer's greeting %.0f s %s this host's clock (more than %llu s: replayed, or a clock that is off)",
+				 off < 0 ? -off : off, off < 0 ? "behind" : "ahead of",
+				 (unsigned long long)(OBSERVERS_WINDOW_NS / 1000000000u));
+		else if (fresh == -EALREADY)
+			snprintf(why, sizeof(why), "refused an observer's greeting already answered (replayed)");
+		else
+			snprintf(why, sizeof(why), "refused an observer: %d observer greetings in %llu s", OBSERVERS_SEEN,
+				 (unsigned long long)(OBSERVERS_WINDOW_NS / 1000000000u));
+		gate_refuse(&ps->gate, gr, GATE_REPLAYED, why);
+		return;
+	}
+	if (ps_answer(ps, gr, &hr))
+		return;
+	if (ps_observers_spawn(&ps->po, gr->fd, gr->peer, &hr))
+		role_log(ps->out, "ps %d: %s: refused an observer: no slot, memory or thread for it", ps->index,
+			 gr->peer);
+	frame_key_wipe(&hr.send);
+	frame_key_wipe(&hr.recv);
+}
+
 /* A whole greeting out of the gate: answered if it is authentic, from a
  * worker of this cluster, and newer than any of that worker's answered
  * before (a version or config mismatch is answered too, so the worker can
- * say what differs, and then closed). Everything refused goes to the
- * gate's tally, never to a line of its own. */
+ * say what differs, and then closed), or from an observer
+ * (ps_admit_observer). Everything refused goes to the gate's tally, never
+ * to a line of its own. */
 static void ps_admit(struct ps *ps, struct gate_greeting *gr)
 {
 	struct hs_identity peer;
 	struct hs_result hr;
-	uint8_t hello2[HS_HELLO_BYTES];
 	uint64_t t = 0;
-	size_t outlen = 0;
 	char e[400], why[480];
 	int r = hs_server_peek(ps->s->key, &ps->me, gr->hello, HS_HELLO_BYTES, &peer, &t, e, sizeof(e));
 	if (r && r != -EBADE && r != -EPROTONOSUPPORT) {
 		snprintf(why, sizeof(why), "handshake refused: %s", e);
 		gate_refuse(&ps->gate, gr, GATE_UNAUTH, why);
+		return;
+	}
+	if (peer.role == HS_OBSERVER) {
+		ps_admit_observer(ps, gr, &peer, r, t);
 		return;
 	}
 	if (peer.role != HS_WORKER || peer.index >= (uint32_t)ps->W) {
@@ -967,20 +1110,8 @@ static void ps_admit(struct ps *ps, struct gate_greeting *gr)
 		gate_refuse(&ps->gate, gr, GATE_REPLAYED, why);
 		return;
 	}
-	r = hs_server_respond(&hr, hello2, &outlen, ps->s->key, &ps->me, gr->hello, HS_HELLO_BYTES,
-			      e, sizeof(e));
-	/* A fresh socket's buffer takes 144 bytes at once; one that does
-	 * not is not worth waiting for. */
-	int wr = outlen ? sock_write_full(gr->fd, hello2, outlen, 0, NULL, 0) : 0;
-	if (r || wr) {
-		if (!r) {
-			frame_key_wipe(&hr.send);
-			frame_key_wipe(&hr.recv);
-		}
-		snprintf(why, sizeof(why), "handshake refused: %s", r ? e : "could not send our answer");
-		gate_refuse(&ps->gate, gr, GATE_MISMATCH, why);
+	if (ps_answer(ps, gr, &hr))
 		return;
-	}
 	if (ps_spawn(ps, gr->fd, gr->peer, w, &hr))
 		role_log(ps->out, "ps %d: %s: refused worker %d: no thread for its connection", ps->index,
 			 gr->peer, w);
@@ -1025,6 +1156,9 @@ static int ps_over(struct ps *ps)
 		pthread_cond_broadcast(&ps->cv);
 	}
 	int over = ps->aborted || members_finished(&ps->mb, now);
+	/* here, not after each push: the accept loop comes by every 200 ms
+	 * or sooner, pushes cost nothing more, and a stalled shard is seen */
+	rate_add(&ps->rate, now, psshard_version(&ps->sh));
 	pthread_mutex_unlock(&ps->mu);
 	return over;
 }
@@ -1049,10 +1183,12 @@ static void ps_accept_loop(struct ps *ps, const volatile sig_atomic_t *stop)
 /* Ends every connection still open (workers close theirs once a STATUS
  * says the run is complete: they poll every 100 ms, so this normally
  * takes a moment; a stuck one gets peer_timeout), then waits for their
- * threads before anything they use is freed. */
+ * threads before anything they use is freed. Observers are not waited
+ * for: each gets its last REPORT (final) at once and is closed. */
 static void ps_drain(struct ps *ps, const volatile sig_atomic_t *stop)
 {
 	pthread_mutex_lock(&ps->mu);
+	ps_observers_drain(&ps->po);
 	ps->aborted |= *stop ? 1 : 0;
 	if (*stop && !ps->why[0])
 		snprintf(ps->why, sizeof(ps->why), "interrupted");
@@ -1065,7 +1201,7 @@ static void ps_drain(struct ps *ps, const volatile sig_atomic_t *stop)
 	for (int i = 0; i < PS_MAX_CONN; i++)
 		if (ps->conns[i])
 			conn_shutdown(&ps->conns[i]->conn);
-	while (ps->nconn > 0)
+	while (ps->nconn > 0 || ps->po.n > 0)
 		pthread_cond_wait(&ps->cv, &ps->mu);
 	pthread_mutex_unlock(&ps->mu);
 }
@@ -1089,6 +1225,10 @@ static int ps_open(struct ps *ps, const struct config *c, const struct role_setu
 	ps->W = c->cluster.nworkers;
 	role_hooks_read(&ps->hooks);
 	members_init(&ps->mb, ps->W, c->cluster.peer_timeout);
+	observers_init(&ps->seen);
+	rate_init(&ps->rate);
+	ps->started_ms = role_now_ms();
+	ps_observers_init(&ps->po, &ps->mu, &ps->cv, c, out, index, ps_report, ps);
 	e = ps_store_open(&ps->store, &ps->mu, &ps->sh, &s->job.m, c, index, fresh, out, err, errlen);
 	if (e)
 		return e;

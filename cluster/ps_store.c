@@ -117,8 +117,14 @@ static void *store_writer(void *arg)
 		if (r)
 			role_log(st->out, "ps %d: checkpoint at step %llu failed, training goes on: %s",
 				 st->index, (unsigned long long)sn.step, e);
+		uint64_t step = sn.step;
 		snap_free(&sn);
 		pthread_mutex_lock(st->mu);
+		/* the newest: a rollback may have made a lower step the latest */
+		if (!r && (!st->has_last || step > st->last)) {
+			st->last = step;
+			st->has_last = 1;
+		}
 	}
 	pthread_mutex_unlock(st->mu);
 	return NULL;
@@ -158,6 +164,8 @@ static int store_resume(struct ps_store *st, char *err, size_t errlen)
 	if (e)
 		return e;
 	psshard_rewind(sh, store_version_of(st, &ld, &sh->opt.t));
+	st->last = (uint64_t)ld.step;
+	st->has_last = 1;
 	char sd[CKPT_PATH_MAX], acc[48] = "not recorded";
 	checkpoint_step_dir(sd, sizeof(sd), c->train.checkpoint_dir, ld.step);
 	long total = sh->total / (long)store_per_step(st);
@@ -272,6 +280,12 @@ void ps_store_pushed(struct ps_store *st)
 		store_save(st, v, -1);
 		st->saved_self = v;
 	}
+}
+
+int ps_store_last(const struct ps_store *st, uint64_t *step)
+{
+	*step = st->has_last ? st->last : 0;
+	return st->has_last;
 }
 
 /* ROLLBACK from a worker: a restarted ps resumed from checkpoint `step`

@@ -40,6 +40,8 @@ struct ps_store {
 	uint64_t saved_self;      /* sync with backup workers: the newest multiple of
 				   * checkpoint_every this ps saved on its own */
 	int qlen, qcap;           /* qcap: min(keep_checkpoints, PS_STORE_QUEUE_MAX) */
+	uint64_t last;            /* the newest step written whole or resumed from */
+	int has_last;
 	pthread_t writer;
 	pthread_cond_t wcv;       /* a copy queued, or wstop */
 	int writer_on, wstop;
@@ -67,6 +69,12 @@ void ps_store_checkpoint(struct ps_store *st, uint64_t step, double acc);
 /* After a push (under mu): saves the checkpoint waiting for this version;
  * with backup workers, each multiple of checkpoint_every it reaches. */
 void ps_store_pushed(struct ps_store *st);
+
+/* The newest checkpoint step this ps wrote whole (its shard file and
+ * everything it writes), or resumed from, in *step: 1, or 0 if none
+ * (under mu). Whether the other shards of that step are complete is
+ * theirs to say. */
+int ps_store_last(const struct ps_store *st, uint64_t *step);
 
 /* ROLLBACK(*step) (under mu): restores checkpoint *step into the shard
  * (0: the initial parameters) and rewinds it there. Async: the newest

@@ -31,6 +31,8 @@ int conn_init(struct conn *cn, int fd, uint8_t *rbuf, uint8_t *wbuf, struct pipe
 	cn->state = CONN_PENDING;
 	cn->rbuf = rbuf;
 	cn->wbuf = wbuf;
+	cn->rcap = CONN_RBUF_BYTES;
+	cn->wcap = CONN_WBUF_BYTES;
 	cn->pp = pp;
 	cn->read_ms = read_ms;
 	cn->write_ms = write_ms;
@@ -150,6 +152,12 @@ void conn_shutdown(struct conn *cn)
 		shutdown(cn->fd, SHUT_RDWR);
 }
 
+void conn_shutdown_read(struct conn *cn)
+{
+	if (cn->fd >= 0)
+		shutdown(cn->fd, SHUT_RD);
+}
+
 static int conn_ready(const struct conn *cn, char *err, size_t errlen)
 {
 	if (cn->state == CONN_AUTHENTICATED)
@@ -160,7 +168,7 @@ static int conn_ready(const struct conn *cn, char *err, size_t errlen)
 
 int conn_send(struct conn *cn, size_t len, char *err, size_t errlen)
 {
-	return conn_send_from(cn, cn->wbuf, CONN_WBUF_BYTES, len, err, errlen);
+	return conn_send_from(cn, cn->wbuf, cn->wcap, len, err, errlen);
 }
 
 int conn_send_idle(struct conn *cn, uint8_t *buf, size_t cap, size_t len, double idle_s,
@@ -192,24 +200,25 @@ int conn_send_from(struct conn *cn, uint8_t *buf, size_t cap, size_t len, char *
 	return r;
 }
 
-void conn_send_error_from(struct conn *cn, uint8_t *buf, uint32_t code, const char *text)
+void conn_send_error_from(struct conn *cn, uint8_t *buf, size_t cap, uint32_t code,
+			  const char *text)
 {
 	char e[128];
 	size_t len;
-	if (msg_encode_error(conn_msg(buf), conn_msg_cap(CONN_WBUF_BYTES), code, text, &len, e,
+	if (msg_encode_error(conn_msg(buf), conn_msg_cap(cap), code, text, &len, e,
 			     sizeof(e)) == 0)
-		(void)!conn_send_from(cn, buf, CONN_WBUF_BYTES, len, e, sizeof(e));
+		(void)!conn_send_from(cn, buf, cap, len, e, sizeof(e));
 }
 
 void conn_send_error(struct conn *cn, uint32_t code, const char *text)
 {
-	conn_send_error_from(cn, cn->wbuf, code, text);
+	conn_send_error_from(cn, cn->wbuf, cn->wcap, code, text);
 }
 
 int conn_recv(struct conn *cn, size_t *len, char *err, size_t errlen)
 {
 	int r = conn_ready(cn, err, errlen);
-	return r ? r : sock_read_frame(cn->fd, &cn->keys->recv, cn->rbuf, CONN_RBUF_BYTES, len,
+	return r ? r : sock_read_frame(cn->fd, &cn->keys->recv, cn->rbuf, cn->rcap, len,
 				       cn->read_ms, err, errlen);
 }
 

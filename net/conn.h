@@ -69,8 +69,11 @@ struct conn {
 		struct hs_identity peer;
 	} hr;                    /* the handshake's result but its keys: the peer,
 				  * once authenticated */
-	uint8_t *rbuf;           /* (CONN_RBUF_BYTES) the caller's */
-	uint8_t *wbuf;           /* (CONN_WBUF_BYTES) the caller's; pp's first frame */
+	uint8_t *rbuf;           /* (rcap) the caller's */
+	uint8_t *wbuf;           /* (wcap) the caller's; pp's first frame */
+	size_t rcap, wcap;       /* CONN_RBUF_BYTES, CONN_WBUF_BYTES unless the caller
+				  * sets smaller ones (no pipe, small messages only:
+				  * a longer frame is refused unread, -ENOBUFS) */
 	struct pipe *pp;         /* the caller's: tensors sent, and received unless rpp */
 	struct pipe *rpp;        /* NULL, or the caller's pipe for tensors received, so
 				  * that one thread can receive while another sends */
@@ -126,6 +129,11 @@ void conn_close(struct conn *cn);
  * conn_closes it. */
 void conn_shutdown(struct conn *cn);
 
+/* From another thread: shuts the reading half only, so that a blocked
+ * conn_recv returns (as if the peer had closed) while sends still work:
+ * for a last message before the owner closes. */
+void conn_shutdown_read(struct conn *cn);
+
 /* Sends the len-byte message at conn_msg(cn->wbuf). */
 int conn_send(struct conn *cn, size_t len, char *err, size_t errlen);
 
@@ -141,10 +149,10 @@ int conn_send_from(struct conn *cn, uint8_t *buf, size_t cap, size_t len, char *
 		   size_t errlen);
 
 /* ERROR(code, text) as the last message on a connection, best effort;
- * conn_send_error_from encodes it in buf (CONN_WBUF_BYTES) instead of
- * wbuf. */
+ * conn_send_error_from encodes it in buf (cap bytes) instead of wbuf. */
 void conn_send_error(struct conn *cn, uint32_t code, const char *text);
-void conn_send_error_from(struct conn *cn, uint8_t *buf, uint32_t code, const char *text);
+void conn_send_error_from(struct conn *cn, uint8_t *buf, size_t cap, uint32_t code,
+			  const char *text);
 
 /* Reads one message into cn->rbuf within read_ms: its length in *len. */
 int conn_recv(struct conn *cn, size_t *len, char *err, size_t errlen);

@@ -90,13 +90,15 @@ const char *hs_role_name(enum hs_role role)
 		return "ps";
 	case HS_WORKER:
 		return "worker";
+	case HS_OBSERVER:
+		return "observer";
 	}
 	return "?";
 }
 
 static int role_valid(uint32_t role)
 {
-	return role == HS_PS || role == HS_WORKER;
+	return role == HS_PS || role == HS_WORKER || role == HS_OBSERVER;
 }
 
 /* "worker 3", or "a peer" when its role is unknown. */

@@ -14,6 +14,9 @@
  *
  * then both sides hold send/recv frame keys with counters at 0.
  *
+ * A third role, the observer, greets like a worker; what it may do once
+ * connected is the ps's to enforce (cluster/ps.c), not the handshake's.
+ *
  * Use, client side:
  *     hs_client_start(&h, hello1, psk, &me, ...)      send hello1
  *     read HS_HELLO_BYTES                            hs_client_finish(&h, &res, ...)
@@ -56,9 +59,12 @@
 #define HS_HASH_BYTES 32u      /* the config hash */
 #define HS_HELLO_BYTES 144u    /* each handshake message, MAC included */
 
+/* Who greets: a ps answers workers and observers (`pstrain status`, index
+ * 0), which may only ask STATUS (docs/PROTOCOL.md, "Observers"). */
 enum hs_role {
 	HS_PS = 1,
 	HS_WORKER = 2,
+	HS_OBSERVER = 3,
 };
 
 /* Who one side is. aes: whether it offers AES-256-GCM; in production
@@ -89,7 +95,7 @@ struct hs {
 	struct hs_identity me;
 };
 
-/* "ps", "worker", or "?" for anything else. */
+/* "ps", "worker", "observer", or "?" for anything else. */
 const char *hs_role_name(enum hs_role role);
 
 /* Client: a fresh ephemeral key and nonce, HELLO1 in out, the state in h.

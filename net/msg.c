@@ -9,6 +9,7 @@
 #include "bf16.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -351,6 +352,133 @@ int msg_decode_rollback(const uint8_t *buf, size_t len, struct msg_rollback *out
 	if (rc < 0)
 		return rc;
 	out->step = wire_get_u64(buf + 8);
+	return 0;
+}
+
+/* ---- REPORT: 64 bytes + W ------------------------------------------------
+ * 0 type, 1 flags u8 (bit 0 complete, 1 final, 2 has_rate, 3
+ * has_checkpoint; the others 0), 2..4 reserved, 4 shard u32, 8 version
+ * u64, 16 total u64, 24 applied u64, 32 stale u64, 40 checkpoint u64 (0
+ * unless has_checkpoint), 48 rate f32 (versions/s; bits 0 unless
+ * has_rate), 52 workers u32 (W, 1..256), 56 uptime_ms u64, 64 W state
+ * bytes (enum msg_worker_state)
+ *
+ * A rate the ps does not know is a clear flag, not a NaN or a negative
+ * number: the decoder then refuses every non-finite or negative float, so
+ * whatever an observer prints is a number it can format. */
+
+enum {
+	REPORT_COMPLETE = 1u << 0,
+	REPORT_FINAL = 1u << 1,
+	REPORT_HAS_RATE = 1u << 2,
+	REPORT_HAS_CKPT = 1u << 3,
+	REPORT_FLAGS = REPORT_COMPLETE | REPORT_FINAL | REPORT_HAS_RATE | REPORT_HAS_CKPT,
+};
+
+const char *msg_worker_state_name(unsigned s)
+{
+	static const char *const names[] = {
+		[MSG_WORKER_ABSENT] = "absent", [MSG_WORKER_LIVE] = "live",
+		[MSG_WORKER_DONE] = "done",	[MSG_WORKER_LEFT] = "left",
+		[MSG_WORKER_LOST] = "lost",	[MSG_WORKER_AWAY] = "away",
+	};
+	return s <= MSG_WORKER_STATE_LAST ? names[s] : "?";
+}
+
+static int rate_ok(float r)
+{
+	return isfinite(r) && r >= 0;
+}
+
+int msg_encode_report(uint8_t *buf, size_t cap, const struct msg_report *m, size_t *len,
+		      char *err, size_t errlen)
+{
+	if (m->workers < 1 || m->workers > MSG_REPORT_WORKERS)
+		return err_set(err, errlen, -EINVAL, "REPORT: %u workers, not 1..%u", m->workers,
+			       MSG_REPORT_WORKERS);
+	if (m->complete > 1 || m->final > 1 || m->has_rate > 1 || m->has_checkpoint > 1)
+		return err_set(err, errlen, -EINVAL, "REPORT: a flag is not 0 or 1");
+	if (m->has_rate && !rate_ok(m->rate))
+		return err_set(err, errlen, -EINVAL, "REPORT: rate %g is not finite and >= 0",
+			       (double)m->rate);
+	for (uint32_t w = 0; w < m->workers; w++)
+		if (m->state[w] > MSG_WORKER_STATE_LAST)
+			return err_set(err, errlen, -EINVAL, "REPORT: worker %u has unknown state %u",
+				       w, m->state[w]);
+	int rc = check_cap(cap, MSG_REPORT_BYTES(m->workers), WIRE_REPORT, err, errlen);
+	if (rc < 0)
+		return rc;
+	put_head(buf, WIRE_REPORT, MSG_REPORT_HDR_BYTES);
+	buf[1] = (uint8_t)((m->complete ? REPORT_COMPLETE : 0) | (m->final ? REPORT_FINAL : 0) |
+			   (m->has_rate ? REPORT_HAS_RATE : 0) |
+			   (m->has_checkpoint ? REPORT_HAS_CKPT : 0));
+	wire_put_u32(buf + 4, m->shard);
+	wire_put_u64(buf + 8, m->version);
+	wire_put_u64(buf + 16, m->total);
+	wire_put_u64(buf + 24, m->applied);
+	wire_put_u64(buf + 32, m->stale);
+	wire_put_u64(buf + 40, m->has_checkpoint ? m->checkpoint : 0);
+	wire_put_f32(buf + 48, m->has_rate ? m->rate : 0.0f);
+	wire_put_u32(buf + 52, m->workers);
+	wire_put_u64(buf + 56, m->uptime_ms);
+	memcpy(buf + MSG_REPORT_HDR_BYTES, m->state, m->workers);
+	*len = MSG_REPORT_BYTES(m->workers);
+	return 0;
+}
+
+int msg_decode_report(const uint8_t *buf, size_t len, struct msg_report *out, char *err,
+		      size_t errlen)
+{
+	if (len < 1)
+		return err_set(err, errlen, -EMSGSIZE, "REPORT: empty message");
+	if (buf[0] != WIRE_REPORT)
+		return err_set(err, errlen, -EPROTO, "REPORT: type byte is %u (%s), expected %u",
+			       buf[0], wire_msg_name(buf[0]), WIRE_REPORT);
+	if (len < MSG_REPORT_BYTES(1) || len > MSG_REPORT_BYTES_MAX)
+		return err_set(err, errlen, -EMSGSIZE, "REPORT: %zu bytes, expected %zu..%zu", len,
+			       MSG_REPORT_BYTES(1), MSG_REPORT_BYTES_MAX);
+	int rc = check_zero(buf, 2, 4, "REPORT", err, errlen);
+	if (rc < 0)
+		return rc;
+	uint8_t flags = buf[1];
+	if (flags & ~REPORT_FLAGS)
+		return err_set(err, errlen, -EPROTO, "REPORT: unknown flags 0x%02x", flags);
+	uint32_t W = wire_get_u32(buf + 52);
+	if (W < 1 || W > MSG_REPORT_WORKERS)
+		return err_set(err, errlen, -EPROTO, "REPORT: %u workers, not 1..%u", W,
+			       MSG_REPORT_WORKERS);
+	if (len != MSG_REPORT_BYTES(W))
+		return err_set(err, errlen, -EMSGSIZE,
+			       "REPORT: %zu bytes, but %u workers need exactly %zu", len, W,
+			       MSG_REPORT_BYTES(W));
+	memset(out, 0, sizeof(*out));
+	out->complete = (flags & REPORT_COMPLETE) != 0;
+	out->final = (flags & REPORT_FINAL) != 0;
+	out->has_rate = (flags & REPORT_HAS_RATE) != 0;
+	out->has_checkpoint = (flags & REPORT_HAS_CKPT) != 0;
+	out->shard = wire_get_u32(buf + 4);
+	out->version = wire_get_u64(buf + 8);
+	out->total = wire_get_u64(buf + 16);
+	out->applied = wire_get_u64(buf + 24);
+	out->stale = wire_get_u64(buf + 32);
+	out->checkpoint = wire_get_u64(buf + 40);
+	out->rate = wire_get_f32(buf + 48);
+	out->workers = W;
+	out->uptime_ms = wire_get_u64(buf + 56);
+	if (!out->has_checkpoint && out->checkpoint)
+		return err_set(err, errlen, -EPROTO, "REPORT: a checkpoint step without its flag");
+	if (!out->has_rate && wire_get_u32(buf + 48))
+		return err_set(err, errlen, -EPROTO, "REPORT: a rate without its flag");
+	if (out->has_rate && !rate_ok(out->rate))
+		return err_set(err, errlen, -EPROTO, "REPORT: rate %g is not finite and >= 0",
+			       (double)out->rate);
+	for (uint32_t w = 0; w < W; w++) {
+		uint8_t s = buf[MSG_REPORT_HDR_BYTES + w];
+		if (s > MSG_WORKER_STATE_LAST)
+			return err_set(err, errlen, -EPROTO, "REPORT: worker %u has unknown state %u",
+				       w, s);
+		out->state[w] = s;
+	}
 	return 0;
 }
 

@@ -76,6 +76,7 @@ static inline uint32_t msg_chunk_max(unsigned dt)
 #define MSG_ERROR_HDR_BYTES 12u /* before the text */
 #define MSG_HEARTBEAT_BYTES 48u
 #define MSG_ROLLBACK_BYTES 16u
+#define MSG_REPORT_HDR_BYTES 64u /* before the workers' states */
 
 /* Workers a HEARTBEAT's bitmap can name (bit w: byte w / 8, bit w % 8). */
 #define MSG_HEARTBEAT_WORKERS 256u
@@ -86,6 +87,13 @@ static inline uint32_t msg_chunk_max(unsigned dt)
 #define MSG_CHUNK_BYTES(count, dt) (MSG_CHUNK_HDR_BYTES + WIRE_DTYPE_BYTES(dt) * (size_t)(count))
 #define MSG_CHUNK_BYTES_MAX MSG_CHUNK_BYTES(MSG_CHUNK_FLOATS, WIRE_F32)
 #define MSG_ERROR_BYTES_MAX (MSG_ERROR_HDR_BYTES + WIRE_ERROR_TEXT_MAX)
+
+/* Workers a REPORT can describe (a state byte each), as many as a cluster
+ * may have (CONFIG_MAX_HOSTS). A REPORT for W workers is
+ * MSG_REPORT_BYTES(W) long. */
+#define MSG_REPORT_WORKERS 256u
+#define MSG_REPORT_BYTES(W) (MSG_REPORT_HDR_BYTES + (size_t)(W))
+#define MSG_REPORT_BYTES_MAX MSG_REPORT_BYTES(MSG_REPORT_WORKERS)
 
 /* PULL's version meaning "whatever is newest" (async mode). */
 #define MSG_VERSION_LATEST UINT64_MAX
@@ -182,6 +190,43 @@ struct msg_rollback {
 	uint64_t step;
 };
 
+/* What a ps knows of one worker, in a REPORT (cluster/members.h). Zero is
+ * the state of a worker the ps has nothing to say about. */
+enum msg_worker_state {
+	MSG_WORKER_ABSENT = 0, /* never connected, or gone with nothing awaited */
+	MSG_WORKER_LIVE = 1,   /* connected, training */
+	MSG_WORKER_DONE = 2,   /* said DONE: trained its last step */
+	MSG_WORKER_LEFT = 3,   /* saw the run complete and left */
+	MSG_WORKER_LOST = 4,   /* no connection before DONE: peer_timeout runs */
+	MSG_WORKER_AWAY = 5,   /* done, but closed before the run was complete:
+				* peer_timeout runs */
+};
+#define MSG_WORKER_STATE_LAST MSG_WORKER_AWAY
+
+/* REPORT: ps -> observer (`pstrain status`), the answer to an observer's
+ * STATUS request: the shard's progress and what the ps knows of each
+ * worker. An unknown rate or no checkpoint travel as a clear flag and a
+ * zero field, so every report has one encoding. final: the ps is ending
+ * and closes this connection after this report (sent unasked). */
+struct msg_report {
+	uint8_t complete;       /* the chief has said DONE: the run is complete */
+	uint8_t final;          /* the ps's last word on this connection */
+	uint8_t has_rate;       /* rate is known (two samples at least) */
+	uint8_t has_checkpoint; /* checkpoint is set */
+	uint32_t shard;
+	uint64_t version, total; /* the shard's version; the run's last */
+	uint64_t applied;       /* gradients applied */
+	uint64_t stale;         /* gradients dropped as stale */
+	uint64_t checkpoint;    /* the newest step this ps wrote whole or resumed from */
+	float rate;             /* versions per second lately: finite, >= 0 */
+	uint64_t uptime_ms;     /* since the ps started */
+	uint32_t workers;       /* W, 1..MSG_REPORT_WORKERS */
+	uint8_t state[MSG_REPORT_WORKERS]; /* (workers) enum msg_worker_state */
+};
+
+/* "absent", "live", "done", "left", "lost", "away", or "?". */
+const char *msg_worker_state_name(unsigned s);
+
 /* ERROR: (code, text), after which the sender closes. code is a positive
  * errno-style number; text is at most WIRE_ERROR_TEXT_MAX bytes of
  * printable ASCII (0x20..0x7e: no control byte, no escape sequence, so it
@@ -191,7 +236,7 @@ struct msg_error {
 	char text[WIRE_ERROR_TEXT_MAX + 1];
 };
 
-/* The type of a received message (WIRE_PULL..WIRE_ROLLBACK): len >= 1 and a
+/* The type of a received message (WIRE_PULL..WIRE_REPORT): len >= 1 and a
  * known type that travels in frames. HELLO never does (it is the unframed
  * handshake), so it is refused like an unknown type: -EPROTO; an empty
  * message is -EMSGSIZE. */
@@ -225,6 +270,10 @@ MSG_MUST_CHECK int msg_encode_heartbeat(uint8_t *buf, size_t cap, const struct m
 					size_t *len, char *err, size_t errlen);
 MSG_MUST_CHECK int msg_encode_rollback(uint8_t *buf, size_t cap, const struct msg_rollback *m,
 				       size_t *len, char *err, size_t errlen);
+/* -EINVAL for workers outside 1..MSG_REPORT_WORKERS, a flag not 0 or 1,
+ * an unknown state, or a known rate that is not finite and >= 0. */
+MSG_MUST_CHECK int msg_encode_report(uint8_t *buf, size_t cap, const struct msg_report *m,
+				     size_t *len, char *err, size_t errlen);
 /* text is a C string (NUL-terminated); m->text is not used. Every byte
  * outside 0x20..0x7e (a line break, an escape, UTF-8) is sent as '?', so
  * any error text gets through; msg_decode_error refuses such a byte. */
@@ -252,6 +301,8 @@ MSG_MUST_CHECK int msg_decode_heartbeat(const uint8_t *buf, size_t len, struct m
 					char *err, size_t errlen);
 MSG_MUST_CHECK int msg_decode_rollback(const uint8_t *buf, size_t len, struct msg_rollback *out,
 				       char *err, size_t errlen);
+MSG_MUST_CHECK int msg_decode_report(const uint8_t *buf, size_t len, struct msg_report *out,
+				     char *err, size_t errlen);
 MSG_MUST_CHECK int msg_decode_error(const uint8_t *buf, size_t len, struct msg_error *out,
 				    char *err, size_t errlen);
 

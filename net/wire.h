@@ -18,7 +18,9 @@
  * read as a little-endian u32. A peer with another version is refused.
  * Version 4: a chunk's byte 1 is its dtype (fp32 or bf16). Version 5:
  * chunks of WIRE_CHUNK_VALUES values in either dtype (were 1 MiB of
- * them), each a piece a ps aggregates on its own. */
+ * them), each a piece a ps aggregates on its own; and the observer role
+ * (net/handshake.h) and REPORT, so that a ps of version 4 greeted by an
+ * observer says "protocol version" rather than "unknown peer role 3". */
 #define WIRE_MAGIC 0x52545350u
 #define WIRE_VERSION 5u
 
@@ -36,9 +38,10 @@ enum wire_msg {
 	WIRE_ERROR = 9,      /* (code, text), then the sender closes */
 	WIRE_HEARTBEAT = 10, /* both: "still here" on an idle connection */
 	WIRE_ROLLBACK = 11,  /* chief -> ps: restore checkpoint (step) */
+	WIRE_REPORT = 12,    /* ps -> observer: the answer to its STATUS */
 };
 #define WIRE_MSG_FIRST WIRE_HELLO
-#define WIRE_MSG_LAST WIRE_ROLLBACK
+#define WIRE_MSG_LAST WIRE_REPORT
 
 /* Size limits. A tensor travels as a sequence of messages each carrying
  * at most WIRE_CHUNK_VALUES values of it (WIRE_CHUNK_MAX bytes in
@@ -90,7 +93,7 @@ static inline const char *wire_msg_name(uint32_t type)
 		[WIRE_ACK] = "ACK",	    [WIRE_CHECKPOINT] = "CHECKPOINT",
 		[WIRE_STATUS] = "STATUS",   [WIRE_DONE] = "DONE",
 		[WIRE_ERROR] = "ERROR",	    [WIRE_HEARTBEAT] = "HEARTBEAT",
-		[WIRE_ROLLBACK] = "ROLLBACK",
+		[WIRE_ROLLBACK] = "ROLLBACK", [WIRE_REPORT] = "REPORT",
 	};
 	if (type < WIRE_MSG_FIRST || type > WIRE_MSG_LAST)
 		return "?";

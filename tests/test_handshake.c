@@ -272,6 +272,21 @@ Test(handshake, keys_match_and_frames_cross)
 	cr_assert_str_eq(hs_role_name((enum hs_role)0), "?");
 }
 
+/* An observer (`pstrain status`) greets like a worker: the handshake
+ * takes the role and names it; what it may ask is the ps's business. */
+Test(handshake, observer_role_round_trips)
+{
+	keys_init();
+	struct hs_identity o = ident(HS_OBSERVER, 0, 7), p = ident(HS_PS, 2, 7);
+	struct hs_result cr, sr;
+	handshake(&cr, &sr, &o, &p);
+	check_pair(&cr, &sr, o.aes ? FRAME_AES256GCM : FRAME_CHACHA20POLY1305);
+	cr_assert_eq(sr.peer.role, HS_OBSERVER);
+	cr_assert_eq(sr.peer.index, 0);
+	cr_assert_eq(cr.peer.role, HS_PS);
+	cr_assert_str_eq(hs_role_name(sr.peer.role), "observer");
+}
+
 Test(handshake, large_index_round_trips)
 {
 	keys_init();
@@ -653,7 +668,7 @@ Test(handshake, malformed_fields_rejected)
 		{"server step", 1, 2, -EPROTO, "expected step 1, got 2"},
 		{"step 0", 1, 0, -EPROTO, "expected step 1, got 0"},
 		{"role 0", 2, 0, -EPROTO, "unknown peer role 0"},
-		{"role 3", 2, 3, -EPROTO, "unknown peer role 3"},
+		{"role 4", 2, 4, -EPROTO, "unknown peer role 4"},
 		{"aes 2", 3, 2, -EPROTO, "bad flags from worker 1 (aes 2"},
 		{"reserved", 4, 1, -EPROTO, "reserved 1"},
 		{"zero ephemeral key", 5, 0, -EPROTO, "invalid ephemeral key"},

@@ -331,3 +331,32 @@ Test(members, recovery_blame)
 	cr_assert(recovery_blame(0, 1, 0.051));     /* time was left: it failed */
 	cr_assert(recovery_blame(2, 0, 30));
 }
+
+/* What a REPORT says of each worker as a run goes: absent, live, lost,
+ * live again, done, away, done again, left. */
+Test(members, state_for_reports)
+{
+	struct members m;
+	members_init(&m, 2, 10);
+	cr_assert_eq(members_state(&m, 0), MEMBERS_IS_ABSENT);
+	members_join(&m, 0);
+	cr_assert_eq(members_state(&m, 0), MEMBERS_IS_LIVE);
+	members_leave(&m, 0, 1, 0, 100, "reset");
+	cr_assert_eq(members_state(&m, 0), MEMBERS_IS_LOST);
+	members_join(&m, 0);
+	cr_assert_eq(members_state(&m, 0), MEMBERS_IS_LIVE);
+	members_done(&m, 0, 0);
+	cr_assert_eq(members_state(&m, 0), MEMBERS_IS_DONE);
+	members_leave(&m, 0, 0, 0, 200, NULL);
+	cr_assert_eq(members_state(&m, 0), MEMBERS_IS_AWAY);
+	members_join(&m, 0);
+	cr_assert_eq(members_state(&m, 0), MEMBERS_IS_DONE);
+	members_done(&m, 0, 1);
+	cr_assert_eq(members_state(&m, 0), MEMBERS_IS_LEFT);
+	members_leave(&m, 0, 0, 0, 300, NULL);
+	cr_assert_eq(members_state(&m, 0), MEMBERS_IS_LEFT);
+	/* a worker whose connection closed cleanly before training: absent */
+	members_join(&m, 1);
+	members_leave(&m, 1, 0, 0, 300, NULL);
+	cr_assert_eq(members_state(&m, 1), MEMBERS_IS_ABSENT);
+}

@@ -39,6 +39,13 @@ static uint64_t rng_next(void)
 
 static const float SAMPLE_FLOATS[5] = { 1.5f, -0.0f, 3.25e-7f, -1e30f, 42.0f };
 
+static const struct msg_report SAMPLE_REPORT = {
+	.complete = 0, .has_rate = 1, .has_checkpoint = 1, .shard = 1, .version = 57,
+	.total = 150, .applied = 114, .stale = 3, .checkpoint = 50, .rate = 23.5f,
+	.uptime_ms = 12345, .workers = 4,
+	.state = { MSG_WORKER_LIVE, MSG_WORKER_DONE, MSG_WORKER_LOST, MSG_WORKER_ABSENT },
+};
+
 /* A valid message of each framed type, written to buf; returns its length. */
 static size_t sample(uint8_t type, uint8_t *buf, size_t cap)
 {
@@ -91,6 +98,9 @@ static size_t sample(uint8_t type, uint8_t *buf, size_t cap)
 		rc = msg_encode_rollback(buf, cap, &(struct msg_rollback){ .step = 500 }, &len, err,
 					 sizeof err);
 		break;
+	case WIRE_REPORT:
+		rc = msg_encode_report(buf, cap, &SAMPLE_REPORT, &len, err, sizeof err);
+		break;
 	default:
 		cr_assert_fail("no sample for type %u", type);
 	}
@@ -110,6 +120,7 @@ static int decode_as(uint8_t type, const uint8_t *buf, size_t len, char *err, si
 	struct msg_error error;
 	struct msg_heartbeat hb;
 	struct msg_rollback rb;
+	struct msg_report rp;
 
 	switch (type) {
 	case WIRE_PULL:
@@ -131,6 +142,8 @@ static int decode_as(uint8_t type, const uint8_t *buf, size_t len, char *err, si
 		return msg_decode_heartbeat(buf, len, &hb, err, errlen);
 	case WIRE_ROLLBACK:
 		return msg_decode_rollback(buf, len, &rb, err, errlen);
+	case WIRE_REPORT:
+		return msg_decode_report(buf, len, &rp, err, errlen);
 	}
 	cr_assert_fail("no decoder for type %u", type);
 	return 0;
@@ -138,7 +151,7 @@ static int decode_as(uint8_t type, const uint8_t *buf, size_t len, char *err, si
 
 static const uint8_t TYPES[] = { WIRE_PULL,	  WIRE_PARAMS, WIRE_PUSH,     WIRE_ACK,
 				 WIRE_CHECKPOINT, WIRE_STATUS, WIRE_DONE,     WIRE_ERROR,
-				 WIRE_HEARTBEAT,  WIRE_ROLLBACK };
+				 WIRE_HEARTBEAT,  WIRE_ROLLBACK, WIRE_REPORT };
 #define NTYPES (sizeof TYPES / sizeof TYPES[0])
 
 /* A failure is negative, one non-empty line, and names the message. */
@@ -174,6 +187,141 @@ Test(msg, round_trip_pull)
 		cr_assert_eq(out.shard, in.shard);
 		cr_assert_eq(out.version, in.version);
 	}
+}
+
+/* REPORT: every field and every worker's state survive, for 1 and for
+ * the most workers; the bytes are where docs/PROTOCOL.md puts them; an
+ * unknown rate and no checkpoint travel as clear flags and zeros. */
+Test(msg, round_trip_report)
+{
+	uint8_t buf[MSG_REPORT_BYTES_MAX];
+	size_t len = 0;
+	char err[256] = "";
+	struct msg_report in = SAMPLE_REPORT, out;
+
+	cr_assert_eq(msg_encode_report(buf, sizeof buf, &in, &len, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(len, MSG_REPORT_HDR_BYTES + 4);
+	cr_assert_eq(buf[0], 12);
+	cr_assert_eq(buf[1], 0x0c, "flags: has_rate | has_checkpoint");
+	cr_assert_eq(wire_get_u32(buf + 4), 1);
+	cr_assert_eq(wire_get_u64(buf + 8), 57);
+	cr_assert_eq(wire_get_u64(buf + 16), 150);
+	cr_assert_eq(wire_get_u64(buf + 24), 114);
+	cr_assert_eq(wire_get_u64(buf + 32), 3);
+	cr_assert_eq(wire_get_u64(buf + 40), 50);
+	cr_assert_eq(wire_get_f32(buf + 48), 23.5f);
+	cr_assert_eq(wire_get_u32(buf + 52), 4);
+	cr_assert_eq(wire_get_u64(buf + 56), 12345);
+	cr_assert_eq(buf[64], MSG_WORKER_LIVE);
+	cr_assert_eq(buf[66], MSG_WORKER_LOST);
+	cr_assert_eq(msg_type(buf, len, err, sizeof err), WIRE_REPORT, "%s", err);
+	memset(&out, 0xa5, sizeof out);
+	cr_assert_eq(msg_decode_report(buf, len, &out, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(out.version, 57);
+	cr_assert_eq(out.total, 150);
+	cr_assert_eq(out.applied, 114);
+	cr_assert_eq(out.stale, 3);
+	cr_assert_eq(out.checkpoint, 50);
+	cr_assert(out.has_rate && out.has_checkpoint && !out.complete && !out.final);
+	cr_assert_eq(out.rate, 23.5f);
+	cr_assert_eq(out.uptime_ms, 12345);
+	cr_assert_eq(out.workers, 4);
+	cr_assert_arr_eq(out.state, in.state, 4);
+
+	/* the most workers, every state, complete and final; no rate, no
+	 * checkpoint: the fields go as zeros whatever the struct held */
+	in = (struct msg_report){ .complete = 1, .final = 1, .shard = 0xfffffffeu,
+				  .version = UINT64_MAX, .checkpoint = 99, .rate = 7.0f,
+				  .workers = MSG_REPORT_WORKERS };
+	for (unsigned w = 0; w < MSG_REPORT_WORKERS; w++)
+		in.state[w] = (uint8_t)(w % (MSG_WORKER_STATE_LAST + 1));
+	cr_assert_eq(msg_encode_report(buf, sizeof buf, &in, &len, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(len, MSG_REPORT_BYTES_MAX);
+	cr_assert_eq(buf[1], 0x03);
+	cr_assert_eq(wire_get_u64(buf + 40), 0);
+	cr_assert_eq(wire_get_u32(buf + 48), 0);
+	cr_assert_eq(msg_decode_report(buf, len, &out, err, sizeof err), 0, "%s", err);
+	cr_assert(out.complete && out.final && !out.has_rate && !out.has_checkpoint);
+	cr_assert_eq(out.checkpoint, 0);
+	cr_assert_eq(out.version, UINT64_MAX);
+	cr_assert_arr_eq(out.state, in.state, MSG_REPORT_WORKERS);
+	cr_assert_str_eq(msg_worker_state_name(MSG_WORKER_AWAY), "away");
+	cr_assert_str_eq(msg_worker_state_name(6), "?");
+}
+
+/* A REPORT whose length is right but a field is not, one row each; and
+ * what its encoder refuses to send. */
+Test(msg, report_bad_fields)
+{
+	static const struct {
+		const char *name;
+		size_t at;      /* byte offset written */
+		int width;      /* 1, 4 (u32) or 8 (u64) */
+		uint64_t value;
+		int want;
+		const char *text;
+	} rows[] = {
+		{ "unknown flag", 1, 1, 0x1c, -EPROTO, "unknown flags 0x1c" },
+		{ "flag bit 7", 1, 1, 0x8c, -EPROTO, "unknown flags" },
+		{ "workers 0", 52, 4, 0, -EPROTO, "0 workers, not 1..256" },
+		{ "workers 257", 52, 4, 257, -EPROTO, "257 workers" },
+		{ "workers 5 in 4's bytes", 52, 4, 5, -EMSGSIZE, "5 workers need exactly 69" },
+		{ "workers 3 in 4's bytes", 52, 4, 3, -EMSGSIZE, "3 workers need exactly 67" },
+		{ "state 6", 67, 1, 6, -EPROTO, "worker 3 has unknown state 6" },
+		{ "state 255", 64, 1, 255, -EPROTO, "worker 0 has unknown state 255" },
+		{ "NaN rate", 48, 4, 0x7fc00000u, -EPROTO, "not finite" },
+		{ "inf rate", 48, 4, 0x7f800000u, -EPROTO, "not finite" },
+		{ "negative rate", 48, 4, 0xbf800000u, -EPROTO, "rate -1" },
+		{ "checkpoint without flag", 1, 1, 0x04, -EPROTO, "checkpoint step without its flag" },
+		{ "rate without flag", 1, 1, 0x08, -EPROTO, "rate without its flag" },
+	};
+	uint8_t buf[256];
+	for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+		size_t len = sample(WIRE_REPORT, buf, sizeof buf);
+		struct msg_report out;
+		char err[256] = "";
+		if (rows[r].width == 1)
+			buf[rows[r].at] = (uint8_t)rows[r].value;
+		else if (rows[r].width == 4)
+			wire_put_u32(buf + rows[r].at, (uint32_t)rows[r].value);
+		else
+			wire_put_u64(buf + rows[r].at, rows[r].value);
+		int rc = msg_decode_report(buf, len, &out, err, sizeof err);
+		assert_refused(rc, rows[r].want, err, "REPORT", rows[r].name);
+		cr_assert_not_null(strstr(err, rows[r].text), "%s: want \"%s\" in \"%s\"",
+				   rows[r].name, rows[r].text, err);
+	}
+
+	/* the encoder sends none of these */
+	struct msg_report m = SAMPLE_REPORT;
+	size_t len = 0;
+	char err[256] = "";
+	m.workers = 0;
+	assert_refused(msg_encode_report(buf, sizeof buf, &m, &len, err, sizeof err), -EINVAL,
+		       err, "REPORT", "encode 0 workers");
+	m = SAMPLE_REPORT;
+	m.rate = NAN;
+	assert_refused(msg_encode_report(buf, sizeof buf, &m, &len, err, sizeof err), -EINVAL,
+		       err, "REPORT", "encode NaN rate");
+	m.rate = -2;
+	assert_refused(msg_encode_report(buf, sizeof buf, &m, &len, err, sizeof err), -EINVAL,
+		       err, "REPORT", "encode negative rate");
+	m = SAMPLE_REPORT;
+	m.state[2] = 9;
+	assert_refused(msg_encode_report(buf, sizeof buf, &m, &len, err, sizeof err), -EINVAL,
+		       err, "REPORT", "encode unknown state");
+	m = SAMPLE_REPORT;
+	m.final = 2;
+	assert_refused(msg_encode_report(buf, sizeof buf, &m, &len, err, sizeof err), -EINVAL,
+		       err, "REPORT", "encode flag 2");
+	m = SAMPLE_REPORT;
+	assert_refused(msg_encode_report(buf, MSG_REPORT_HDR_BYTES + 3, &m, &len, err, sizeof err),
+		       -ENOBUFS, err, "REPORT", "encode into too small a buffer");
+	/* NaN with has_rate clear is never looked at: it goes as 0 */
+	m.has_rate = 0;
+	m.rate = NAN;
+	cr_assert_eq(msg_encode_report(buf, sizeof buf, &m, &len, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(wire_get_u32(buf + 48), 0);
 }
 
 Test(msg, round_trip_chunks)
@@ -527,7 +675,7 @@ Test(msg, msg_type_classifies)
 		b[0] = (uint8_t)v;
 		err[0] = '\0';
 		rc = msg_type(b, 1, err, sizeof err);
-		if (v >= WIRE_PULL && v <= WIRE_ROLLBACK)
+		if (v >= WIRE_PULL && v <= WIRE_REPORT)
 			cr_assert_eq(rc, (int)v);
 		else
 			assert_refused(rc, -EPROTO, err, v == WIRE_HELLO ? "HELLO" : NULL, "type");
@@ -546,7 +694,7 @@ Test(msg, reserved_bytes_must_be_zero)
 		{ WIRE_PULL, 1, 4 },  { WIRE_PARAMS, 2, 4 }, { WIRE_PUSH, 2, 4 }, /* 1: dtype */
 		{ WIRE_ACK, 1, 4 },   { WIRE_ACK, 20, 24 },  { WIRE_CHECKPOINT, 2, 8 },
 		{ WIRE_STATUS, 3, 4 }, { WIRE_DONE, 2, 4 },  { WIRE_ERROR, 1, 4 },
-		{ WIRE_HEARTBEAT, 1, 8 }, { WIRE_ROLLBACK, 1, 8 },
+		{ WIRE_HEARTBEAT, 1, 8 }, { WIRE_ROLLBACK, 1, 8 }, { WIRE_REPORT, 2, 4 },
 	};
 	uint8_t buf[256];
 

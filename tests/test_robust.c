@@ -299,3 +299,170 @@ Test(robust, stopped_backup_worker_does_not_slow_steps)
 	cr_assert_eq(st[0], 0, "ps exit %d:\n%s", st[0], slurp(t.log));
 	cr_assert_not_null(strstr(slurp(t.log), "all 2 workers done"), "%s", slurp(t.log));
 }
+
+/* ---- observers (`pstrain status`) -----------------------------------------
+ * An observer holds the key but may only ask: issue 16 item 4. */
+
+/* A connection that greeted as the observer and got its answer; the
+ * greeting's bytes in hello1 if not NULL. */
+static int observer_dial(const struct target *t, struct hs_result *hr, uint8_t *hello1)
+{
+	int fd = target_dial(t);
+	struct hs h;
+	uint8_t h1[HS_HELLO_BYTES];
+	char err[256];
+	struct hs_identity me = { .role = HS_OBSERVER, .index = 0, .aes = frame_aes_available() };
+	memcpy(me.config_hash, t->hash, HS_HASH_BYTES);
+	cr_assert_eq(hs_client_start(&h, h1, t->key, &me, err, sizeof(err)), 0, "%s", err);
+	target_send(fd, h1, sizeof(h1));
+	target_hello_finish(fd, &h, hr);
+	if (hello1)
+		memcpy(hello1, h1, sizeof(h1));
+	return fd;
+}
+
+/* Seals the len-byte message m and sends it. */
+static void observer_send(int fd, struct hs_result *hr, const uint8_t *m, size_t len)
+{
+	static uint8_t f[FRAME_BYTES_MAX];
+	size_t flen;
+	char err[256];
+	cr_assert_eq(frame_seal(&hr->send, f, sizeof(f), m, len, &flen, err, sizeof(err)), 0, "%s", err);
+	target_send(fd, f, flen);
+}
+
+/* Reads one message (its type returned, its bytes in buf). */
+static int observer_read(int fd, struct hs_result *hr, uint8_t *buf, size_t cap, size_t *len)
+{
+	char err[256];
+	cr_assert_eq(sock_read_frame(fd, &hr->recv, buf, cap, len, IO_MS, err, sizeof(err)), 0, "%s", err);
+	int type = msg_type(buf, *len, err, sizeof(err));
+	cr_assert_gt(type, 0, "%s", err);
+	return type;
+}
+
+/* STATUS, answered with a REPORT for shard 0 of a run of total versions
+ * and W workers. */
+static void observer_asks(int fd, struct hs_result *hr, uint64_t total, uint32_t W)
+{
+	uint8_t m[MSG_STATUS_BYTES], buf[1024];
+	size_t len;
+	char err[256];
+	struct msg_status q = { .shard = 0 };
+	cr_assert_eq(msg_encode_status(m, sizeof(m), &q, &len, err, sizeof(err)), 0, "%s", err);
+	observer_send(fd, hr, m, len);
+	cr_assert_eq(observer_read(fd, hr, buf, sizeof(buf), &len), WIRE_REPORT);
+	struct msg_report rp;
+	cr_assert_eq(msg_decode_report(buf, len, &rp, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(rp.shard, 0);
+	cr_assert_eq(rp.total, total);
+	cr_assert_eq(rp.workers, W);
+	cr_assert(!rp.final);
+}
+
+/* The next message is an ERROR holding text; then the ps closes. */
+static void observer_refused(int fd, struct hs_result *hr, const char *text)
+{
+	uint8_t buf[1024];
+	size_t len;
+	char err[256];
+	cr_assert_eq(observer_read(fd, hr, buf, sizeof(buf), &len), WIRE_ERROR, "expected an ERROR (%s)", text);
+	struct msg_error me;
+	cr_assert_eq(msg_decode_error(buf, len, &me, err, sizeof(err)), 0, "%s", err);
+	cr_assert_not_null(strstr(me.text, text), "want \"%s\" in \"%s\"", text, me.text);
+	target_expect_closed(fd, IO_MS);
+}
+
+/* While a real worker trains, observers send what only a worker may: each
+ * is answered with an ERROR naming the message and closed, and logged;
+ * the shard is untouched (no checkpoint, no rollback, no DONE counted)
+ * and the run reaches its accuracy. A replayed observer greeting is not
+ * answered; a fifth observer at once is not either. */
+Test(robust, observer_may_only_ask_status)
+{
+	struct target t;
+	start_ps(&t, 1, 300, 16, "mode = sync\n");
+	char wlog[300];
+	snprintf(wlog, sizeof(wlog), "%s/worker0.log", target_dir);
+	const char *args[] = { "worker", "--index", "0", "--config", t.cfg, NULL };
+	setenv("PSTRAIN_EVAL_DELAY_MS", "60", 1);
+	pid_t pids[2] = { t.pid, target_spawn(args, wlog) };
+	unsetenv("PSTRAIN_EVAL_DELAY_MS");
+
+	struct hs_result hr;
+	uint8_t hello1[HS_HELLO_BYTES], m[64];
+	size_t len;
+	char err[256];
+	int fd = observer_dial(&t, &hr, hello1);
+	observer_asks(fd, &hr, 300, 1);
+	struct msg_pull pull = { .shard = 0, .version = 0 };
+	cr_assert_eq(msg_encode_pull(m, sizeof(m), &pull, &len, err, sizeof(err)), 0, "%s", err);
+	observer_send(fd, &hr, m, len);
+	observer_refused(fd, &hr, "PULL: an observer may only ask STATUS");
+	close(fd);
+	target_wipe(&hr);
+	target_wait_log(&t, "closed an observer's connection: PULL");
+
+	/* each as the first frame of a fresh observer */
+	for (int i = 0; i < 5; i++) {
+		static float one[2048];
+		struct msg_chunk ch = { .type = WIRE_PUSH, .count = 1 };
+		struct msg_checkpoint ck = { .step = 0 };
+		struct msg_rollback rb = { .step = 0 };
+		struct msg_done dn = { .worker = 0, .leaving = 1 };
+		static uint8_t big[MSG_CHUNK_BYTES(2048, WIRE_F32)];
+		const char *want[] = { "PUSH: an observer", "CHECKPOINT: an observer", "ROLLBACK: an observer",
+				       "DONE: an observer", "a frame too long: an observer" };
+		int r = i == 0	 ? msg_encode_chunk(m, sizeof(m), &ch, one, &len, err, sizeof(err))
+			: i == 1 ? msg_encode_checkpoint(m, sizeof(m), &ck, &len, err, sizeof(err))
+			: i == 2 ? msg_encode_rollback(m, sizeof(m), &rb, &len, err, sizeof(err))
+			: i == 3 ? msg_encode_done(m, sizeof(m), &dn, &len, err, sizeof(err))
+				 : (ch.count = 2048,
+				    msg_encode_chunk(big, sizeof(big), &ch, one, &len, err, sizeof(err)));
+		cr_assert_eq(r, 0, "%s", err);
+		fd = observer_dial(&t, &hr, NULL);
+		observer_send(fd, &hr, i == 4 ? big : m, len);
+		observer_refused(fd, &hr, want[i]);
+		target_assert_logged(&t, fd, "closed an observer's connection");
+		close(fd);
+		target_wipe(&hr);
+	}
+
+	/* the first observer's greeting again: no answer */
+	fd = target_dial(&t);
+	target_send(fd, hello1, sizeof(hello1));
+	target_expect_closed(fd, 3000);
+	close(fd);
+	cr_assert_not_null(strstr(target_wait_log(&t, "already answered (replayed)"),
+				  "already answered (replayed)"), "%s", slurp(t.log));
+
+	/* four observers at once are served, a fifth is not */
+	int obs[4];
+	struct hs_result ohr[4];
+	for (int i = 0; i < 4; i++) {
+		obs[i] = observer_dial(&t, &ohr[i], NULL);
+		observer_asks(obs[i], &ohr[i], 300, 1);
+	}
+	fd = target_dial(&t);
+	struct hs h;
+	struct hs_identity me = { .role = HS_OBSERVER, .index = 0, .aes = frame_aes_available() };
+	memcpy(me.config_hash, t.hash, HS_HASH_BYTES);
+	cr_assert_eq(hs_client_start(&h, hello1, t.key, &me, err, sizeof(err)), 0, "%s", err);
+	target_send(fd, hello1, sizeof(hello1));
+	target_expect_closed(fd, 3000);
+	hs_wipe(&h);
+	close(fd);
+	for (int i = 0; i < 4; i++) {
+		close(obs[i]);
+		target_wipe(&ohr[i]);
+	}
+
+	int st[2];
+	wait_children(pids, 2, st, RUN_TIMEOUT_S);
+	cr_assert_eq(st[1], 0, "worker exit %d:\n%s\nps:\n%s", st[1], slurp(wlog), slurp(t.log));
+	cr_assert_eq(st[0], 0, "ps exit %d:\n%s", st[0], slurp(t.log));
+	char *log = slurp(t.log);
+	cr_assert_not_null(strstr(log, "all 1 workers done: version 300"), "%s", log);
+	cr_assert_null(strstr(log, "rolled back"), "%s", log);
+	cr_assert_gt(final_accuracy(slurp(wlog)), 90.0, "%s", slurp(wlog));
+}

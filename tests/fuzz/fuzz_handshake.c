@@ -108,7 +108,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		if (!fix)
 			FUZZ_CHECK(ret == -EMSGSIZE || ret == -EACCES);
 	} else {
-		FUZZ_CHECK(res.peer.role == HS_PS || res.peer.role == HS_WORKER);
+		FUZZ_CHECK(res.peer.role == HS_PS || res.peer.role == HS_WORKER ||
+			   res.peer.role == HS_OBSERVER);
 		FUZZ_CHECK(res.send.counter == 0 && res.recv.counter == 0);
 		FUZZ_CHECK(memcmp(res.send.key, res.recv.key, FRAME_KEY_BYTES) != 0);
 	}

@@ -1,7 +1,7 @@
 /* libFuzzer harness for the message decoders of net/msg.c. The input is one
  * message body, given to msg_type and to every decoder. Checks the error
  * contract (negative errno, one line), that whatever a decoder accepts
- * re-encodes to exactly the input bytes (the encoding is canonical: there is
+ * re-encodes to exactly the input bytes (REPORT too) (the encoding is canonical: there is
  * one byte string per message; but a bf16 signalling NaN, which comes back
  * as the same NaN made quiet), that an accepted PARAMS/PUSH chunk passes a
  * fresh assembly of its dtype for [0, offset + count) exactly when its
@@ -11,6 +11,7 @@
 #include "fuzz.h"
 
 #include <errno.h>
+#include <math.h>
 
 static float floats[2 * MSG_CHUNK_FLOATS]; /* the most values a chunk holds: bf16's */
 static uint8_t re[MSG_CHUNK_BYTES_MAX];
@@ -144,6 +145,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		     size);
 	else
 		fuzz_check_err(rc, err);
+
+	struct msg_report rp;
+	err[0] = '\0';
+	if ((rc = msg_decode_report(data, size, &rp, err, sizeof err)) == 0) {
+		FUZZ_CHECK(rp.workers >= 1 && rp.workers <= MSG_REPORT_WORKERS);
+		FUZZ_CHECK(!rp.has_rate || (isfinite(rp.rate) && rp.rate >= 0));
+		same(msg_encode_report(re, sizeof re, &rp, &relen, err, sizeof err), relen, data,
+		     size);
+	} else {
+		fuzz_check_err(rc, err);
+	}
 
 	static struct msg_error e;
 	err[0] = '\0';

@@ -1,0 +1,249 @@
+/* `pstrain status` end to end (issue 16 item 4): 2 ps + 2 workers of the
+ * pstrain binary ($PSTRAIN_BIN) on 127.0.0.1, with `pstrain status` asked
+ * mid-training (table and --json), watching a whole run (--watch, never
+ * counted as a worker), and against a ps that is not running or a key
+ * that is not the cluster's (exit 3, named). What an observer may send is
+ * tests/test_robust.c's (robust/observer_may_only_ask_status). Every run
+ * is bounded in time: on timeout the processes are killed. */
+#include <criterion/criterion.h>
+
+#include "leak.h"
+#include "util.h"
+
+#include "../core/json.h"
+#include "../net/key.h"
+
+#include <signal.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define RUN_TIMEOUT_S 60
+
+static char dir[256];
+
+static void setup(void)
+{
+	cr_assert_geq(sodium_init(), 0);
+	test_dir_make(dir, sizeof(dir), "status");
+}
+
+static void teardown(void)
+{
+	test_dir_remove(dir);
+	leak_check();
+}
+
+TestSuite(status, .init = setup, .fini = teardown, .timeout = 120);
+
+static pid_t start_role(const char *role, const char *index, const char *cfg, char *out,
+			const char *env)
+{
+	snprintf(out, 300, "%s/%s%s.log", dir, role, index);
+	const char *args[] = { role, "--index", index, "--config", cfg, NULL };
+	return spawn_pstrain(args, out, env);
+}
+
+/* `pstrain status --config cfg` with up to three more arguments; its
+ * output (stdout and stderr) in out; its exit status. */
+static int status_run(const char *cfg, const char *a, const char *b, const char *c, const char *tag,
+		      char *out)
+{
+	snprintf(out, 300, "%s/status-%s.log", dir, tag);
+	const char *args[] = { "status", "--config", cfg, a, b, c, NULL };
+	pid_t p = spawn_pstrain(args, out, NULL);
+	int st;
+	wait_children(&p, 1, &st, 30);
+	return st;
+}
+
+/* The last line of text that starts with '{', parsed. */
+static struct json *last_json(const char *text)
+{
+	const char *at = NULL;
+	for (const char *p = text; (p = strstr(p, "{\"time\"")) != NULL; p++)
+		at = p;
+	cr_assert_not_null(at, "no JSON object in:\n%s", text);
+	const char *end = strchr(at, '\n');
+	struct json *j = NULL;
+	char err[256];
+	size_t len = end ? (size_t)(end - at) : strlen(at);
+	cr_assert_eq(json_parse(at, len, &j, err, sizeof(err)), 0, "%s in:\n%.*s", err, (int)len, at);
+	return j;
+}
+
+static double num(const struct json *obj, const char *key)
+{
+	const struct json *v = json_get(obj, key);
+	cr_assert(v && v->type == JSON_NUMBER, "\"%s\" is not a number", key);
+	return strtod(v->text, NULL);
+}
+
+/* Mid-training, status answers for both shards: exit 0, plausible
+ * versions, both workers live, a known rate; --json parses with every
+ * shard. The chief sleeps 150 ms before each evaluation (every 20 steps)
+ * so that the run lasts a few seconds. The run then ends as usual. */
+Test(status, mid_training_table_and_json)
+{
+	char cfg[300], out[4][300], st_out[300];
+	int st[4];
+	snprintf(cfg, sizeof(cfg), "%s/cluster.ini", dir);
+	write_cluster(dir, cfg, 400, 20, "mode = sync\n", "");
+	pid_t pids[4];
+	pids[0] = start_role("ps", "0", cfg, out[0], NULL);
+	pids[1] = start_role("ps", "1", cfg, out[1], NULL);
+	pids[2] = start_role("worker", "1", cfg, out[2], NULL);
+	pids[3] = start_role("worker", "0", cfg, out[3], "PSTRAIN_EVAL_DELAY_MS=150");
+	cr_assert(wait_for_text(out[2], "worker 1: step 40/400"), "%s", slurp(out[2]));
+
+	int rc = status_run(cfg, NULL, NULL, NULL, "table", st_out);
+	char *text = slurp(st_out);
+	cr_assert_eq(rc, 0, "status exit %d:\n%s", rc, text);
+	cr_assert_not_null(strstr(text, "run: in progress"), "%s", text);
+	for (int k = 0; k < 2; k++) {
+		char row[32];
+		snprintf(row, sizeof(row), "\n%d   127.0.0.1:", k);
+		const char *r = strstr(text, row);
+		cr_assert_not_null(r, "no row for ps %d:\n%s", k, text);
+		unsigned long long v = 0, total = 0;
+		cr_assert_eq(sscanf(strchr(r + 1, ' ') + strspn(strchr(r + 1, ' '), " "), "%*s %llu/%llu", &v, &total), 2,
+			     "%s", text);
+		cr_assert(v >= 38 && v < 400 && total == 400, "ps %d at %llu/%llu:\n%s", k, v, total, text);
+		const char *eol = strchr(r + 1, '\n');
+		const char *live = strstr(r, "0-1 live");
+		cr_assert(live && live < eol, "ps %d's workers are not both live:\n%s", k, text);
+	}
+
+	rc = status_run(cfg, "--json", NULL, NULL, "json", st_out);
+	text = slurp(st_out);
+	cr_assert_eq(rc, 0, "status --json exit %d:\n%s", rc, text);
+	struct json *j = last_json(text);
+	const struct json *shards = json_get(j, "shards"), *un = json_get(j, "unanswered");
+	cr_assert(shards && shards->type == JSON_ARRAY && shards->n == 2, "%s", text);
+	cr_assert(un && un->type == JSON_ARRAY && un->n == 0, "%s", text);
+	cr_assert_eq(json_get(j, "complete")->type, JSON_FALSE, "%s", text);
+	for (size_t k = 0; k < 2; k++) {
+		const struct json *s = &shards->kids[k];
+		cr_assert_eq(num(s, "ps"), (double)k);
+		cr_assert(num(s, "version") >= 40 && num(s, "total") == 400, "%s", text);
+		cr_assert_gt(num(s, "steps_per_s"), 0, "%s", text);
+		cr_assert_geq(num(s, "applied"), num(s, "version") * 2 - 2, "two gradients a version:\n%s", text);
+		const struct json *w = json_get(s, "workers");
+		cr_assert(w && w->type == JSON_ARRAY && w->n == 2, "%s", text);
+		for (size_t i = 0; i < 2; i++)
+			cr_assert_str_eq(w->kids[i].text, "live", "%s", text);
+	}
+	json_free(j);
+
+	wait_children(pids, 4, st, RUN_TIMEOUT_S);
+	assert_exits_zero(st, out, 4, "");
+	double acc = final_accuracy(slurp(out[3]));
+	cr_assert_gt(acc, 90.0, "final accuracy %.2f%%:\n%s", acc, slurp(out[3]));
+	for (int k = 0; k < 2; k++)
+		cr_assert_not_null(strstr(slurp(out[k]), "all 2 workers done: version 400"), "%s",
+				   slurp(out[k]));
+}
+
+/* A ps that is not running is named, with why, and the exit is 3; the one
+ * that runs still has its row (its workers absent). With a key that is
+ * not the cluster's no ps answers: exit 3 and a hint at key_file; the ps
+ * logs the refusal. */
+Test(status, unanswered_ps_and_wrong_key_exit_3)
+{
+	char cfg[300], out[300], st_out[300], path[300], bad[340], err[KEY_ERR_MAX];
+	snprintf(cfg, sizeof(cfg), "%s/cluster.ini", dir);
+	write_cluster(dir, cfg, 10, 10, "mode = sync\n", "");
+	pid_t ps = start_role("ps", "0", cfg, out, NULL);
+	cr_assert(wait_for_text(out, "listening on"), "%s", slurp(out));
+
+	int rc = status_run(cfg, NULL, NULL, NULL, "one", st_out);
+	char *text = slurp(st_out);
+	cr_assert_eq(rc, 3, "status exit %d:\n%s", rc, text);
+	cr_assert_not_null(strstr(text, "\n0   127.0.0.1:"), "no row for ps 0:\n%s", text);
+	cr_assert_not_null(strstr(text, "0-1 absent"), "%s", text);
+	cr_assert_not_null(strstr(text, "pstrain: ps 1 (127.0.0.1:"), "ps 1 not named:\n%s", text);
+	cr_assert_not_null(strstr(text, "did not answer: cannot reach"), "%s", text);
+	cr_assert_not_null(strstr(text, "status: 1 of 2 ps did not answer"), "%s", text);
+
+	rc = status_run(cfg, "--json", NULL, NULL, "one-json", st_out);
+	text = slurp(st_out);
+	cr_assert_eq(rc, 3, "status --json exit %d:\n%s", rc, text);
+	struct json *j = last_json(text);
+	const struct json *un = json_get(j, "unanswered");
+	cr_assert(un && un->type == JSON_ARRAY && un->n == 1, "%s", text);
+	cr_assert_eq(num(&un->kids[0], "ps"), 1);
+	cr_assert_not_null(strstr(json_get(&un->kids[0], "reason")->text, "cannot reach"), "%s", text);
+	cr_assert_eq(json_get(j, "shards")->n, 1, "%s", text);
+	json_free(j);
+
+	snprintf(path, sizeof(path), "%s/other.key", dir);
+	cr_assert_eq(key_generate(path, err, sizeof(err)), 0, "%s", err);
+	snprintf(bad, sizeof(bad), "cluster.key_file=%s", path);
+	rc = status_run(cfg, "--set", bad, NULL, "key", st_out);
+	text = slurp(st_out);
+	cr_assert_eq(rc, 3, "status with another key, exit %d:\n%s", rc, text);
+	cr_assert_not_null(strstr(text, "no answer to our greeting"), "%s", text);
+	cr_assert_not_null(strstr(text, "is [cluster] key_file this cluster's key?"), "%s", text);
+	cr_assert_null(strstr(text, "\n0   127.0.0.1:"), "a row without the key:\n%s", text);
+	cr_assert(wait_for_text(out, "handshake refused"), "%s", slurp(out));
+
+	kill(ps, SIGTERM);
+	int st;
+	wait_children(&ps, 1, &st, RUN_TIMEOUT_S);
+	cr_assert_eq(st, 130, "ps exit %d:\n%s", st, slurp(out));
+	cr_assert_null(strstr(slurp(out), "worker 2"), "%s", slurp(out));
+}
+
+/* --watch from before the workers start to the end: the run completes as
+ * usual (observers are no workers: the ps neither waits for them nor
+ * counts them), and each watch ends by itself with the run, exit 0, its
+ * last report saying complete: the one asking every 0.3 s from its
+ * rounds, the one asking every 30 s from the last REPORT each ps sends as
+ * it ends, long before its next round. */
+Test(status, watch_a_whole_run)
+{
+	char cfg[300], out[6][300];
+	int st[6];
+	snprintf(cfg, sizeof(cfg), "%s/cluster.ini", dir);
+	write_cluster(dir, cfg, 150, 10, "mode = sync\n", "");
+	pid_t pids[6];
+	struct timespec t0, t1;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	pids[0] = start_role("ps", "0", cfg, out[0], NULL);
+	pids[1] = start_role("ps", "1", cfg, out[1], NULL);
+	cr_assert(wait_for_text(out[0], "listening on") && wait_for_text(out[1], "listening on"));
+	snprintf(out[4], 300, "%s/watch.log", dir);
+	const char *args[] = { "status", "--config", cfg, "--json", "--watch", "0.3", NULL };
+	pids[4] = spawn_pstrain(args, out[4], NULL);
+	snprintf(out[5], 300, "%s/watch-slow.log", dir);
+	const char *slow[] = { "status", "--config", cfg, "--watch=30", NULL };
+	pids[5] = spawn_pstrain(slow, out[5], NULL);
+	cr_assert(wait_for_text(out[4], "\"absent\", \"absent\""), "%s", slurp(out[4]));
+	cr_assert(wait_for_text(out[5], "0-1 absent"), "%s", slurp(out[5]));
+	pids[2] = start_role("worker", "1", cfg, out[2], NULL);
+	pids[3] = start_role("worker", "0", cfg, out[3], "PSTRAIN_EVAL_DELAY_MS=50");
+	wait_children(pids, 6, st, RUN_TIMEOUT_S);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	assert_exits_zero(st, out, 6, "");
+	cr_assert_lt(t1.tv_sec - t0.tv_sec, 25, "the slow watch waited for its next round");
+	char *watch = slurp(out[4]);
+	struct json *j = last_json(watch);
+	cr_assert_eq(json_get(j, "complete")->type, JSON_TRUE, "%s", watch);
+	cr_assert_eq(json_get(j, "shards")->n, 2, "%s", watch);
+	json_free(j);
+	cr_assert_not_null(strstr(watch, "\"live\", \"live\""), "never saw the workers live:\n%s", watch);
+	char *sw = slurp(out[5]);
+	cr_assert_not_null(strstr(sw, "run: complete"), "%s", sw);
+	cr_assert_not_null(strstr(sw, "150/150"), "%s", sw);
+	cr_assert_not_null(strstr(sw, "(ended)"), "%s", sw);
+	for (int k = 0; k < 2; k++) {
+		char *ps = slurp(out[k]);
+		cr_assert_not_null(strstr(ps, "all 2 workers done: version 150"), "%s", ps);
+		cr_assert_null(strstr(ps, "observer"), "ps %d logged its observer:\n%s", k, ps);
+	}
+	cr_assert_gt(final_accuracy(slurp(out[3])), 90.0, "%s", slurp(out[3]));
+}

@@ -26,6 +26,15 @@ ifeq ($(SAN),1)
 CFLAGS += -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
 LDFLAGS += -fsanitize=address,undefined
 endif
+# SAN=thread: ThreadSanitizer, by hand (not in `make test`: OpenBLAS's own
+# threads are not instrumented), e.g. `make CUDA=0 SAN=thread
+# BUILD=build/tsan BIN=build/tsan/pstrain` and the cluster suites with
+# PSTRAIN_BIN=build/tsan/pstrain (tests/tsan_noclones.h says why it is
+# included).
+ifeq ($(SAN),thread)
+CFLAGS += -O1 -fno-omit-frame-pointer -fsanitize=thread -include tests/tsan_noclones.h
+LDFLAGS += -fsanitize=thread
+endif
 
 # CUDA: auto-detect nvcc on PATH or in /usr/local/cuda. `$(shell ...)` matters:
 # without it the probe silently never runs (llm.c's Makefile had that bug).

@@ -171,6 +171,7 @@ static int link_open(struct links *lk, int k, int timeout_ms, char *err, size_t 
 	if (r)
 		return r == -EINVAL || r == -ENOENT ? err_set(err, errlen, -EINVAL, "ps %d: %s", k, e)
 						    : err_set(err, errlen, -ECONNABORTED, "ps %d: %s", k, e);
+	(void)sock_send_buffer(fd, c->cluster.send_buffer_kib); /* a cap, not a need */
 	r = conn_client(cn, fd, lk->s->key, &me, hs_ms, nm, err, errlen);
 	if (r)
 		return r;

@@ -53,6 +53,7 @@ struct config {
 		char key_file[DATA_PATH_MAX];
 		double connect_timeout;     /* seconds a worker retries a ps */
 		int crypto_threads;         /* sealing/opening threads, 0 = auto, 1 = none */
+		int send_buffer_kib;        /* SO_SNDBUF of peer connections (KiB); 0 = the kernel's */
 		int wire_dtype;             /* enum wire_precision */
 		double peer_timeout;        /* seconds a ps waits for a lost worker to come back */
 		double handshake_timeout;   /* seconds a new connection has to greet a ps */
@@ -113,7 +114,7 @@ void config_print(const struct config *c, FILE *f);
 /* BLAKE2b of every training-relevant key (model, optimizer, data format,
  * seed, topology...), defaults included; node-local keys (paths, [gpu],
  * eval_every, threads, connect_timeout, peer_timeout, handshake_timeout,
- * crypto_threads) are left
+ * crypto_threads, send_buffer_kib, listen) are left
  * out. Nodes of one cluster must agree on it. Returns 0 or -ENOMEM. */
 int config_hash(const struct config *c, uint8_t out[CONFIG_HASH_BYTES]);
 

@@ -655,3 +655,11 @@ int sock_is_own_address(const char *host, char *err, size_t errlen)
 	freeaddrinfo(res);
 	return own;
 }
+
+int sock_send_buffer(int fd, int kib)
+{
+	int bytes = kib * 1024;
+	if (kib <= 0)
+		return 0;
+	return setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes) < 0 ? -errno : 0;
+}

@@ -974,7 +974,7 @@ Test(config, hash_covers_training_keys_only)
 	static const char *const same[] = {
 		"[train]\neval_every = 7\n", "[train]\nthreads = 1\n", "[gpu]\nmemory_fraction = 0.3\n",
 		"[data]\ntrain_images = /elsewhere/x.gz\n", "[cluster]\nkey_file = /k\n",
-		"[cluster]\nconnect_timeout = 5\n",
+		"[cluster]\nconnect_timeout = 5\n", "[cluster]\nsend_buffer_kib = 64\n",
 	};
 	for (size_t i = 0; i < sizeof(same) / sizeof(same[0]); i++) {
 		hash_of(same[i], h);

@@ -17,6 +17,10 @@
 # hK. A link's RATE (tc syntax: 1gbit, 100mbit; 0 = unshaped) is an HTB
 # class on both ends' egress: eth0 shapes what host K sends, hK what it
 # receives, as a switch port would. No delay: this kernel has no netem.
+# Each class queues in a pfifo of the device's txqueuelen packets (1000,
+# of up to 64 KiB each with GSO: a deep buffer); LAB_QUEUE=BYTES gives it
+# a bfifo of that many bytes instead, a switch port with a shallow buffer
+# (this kernel has pfifo and bfifo, no fq_codel, fq, sfq or codel).
 #
 # Callers set `trap lab_down EXIT` (plus INT and TERM) right after lab_up,
 # so a failing test leaves nothing behind.
@@ -50,7 +54,9 @@ lab_shape() {
 	[ "$_b" -lt 65536 ] && _b=65536
 	ip netns exec "$1" tc qdisc add dev "$2" root handle 1: htb default 1 &&
 		ip netns exec "$1" tc class add dev "$2" parent 1: classid 1:1 htb \
-			rate "$3" ceil "$3" burst "$_b" cburst "$_b" quantum 60000
+			rate "$3" ceil "$3" burst "$_b" cburst "$_b" quantum 60000 || return 1
+	[ "${LAB_QUEUE:-0}" = 0 ] ||
+		ip netns exec "$1" tc qdisc add dev "$2" parent 1:1 bfifo limit "$LAB_QUEUE"
 }
 
 # Bytes per millisecond of a tc rate: 1gbit, 500mbit, 10gbit, 100kbit.

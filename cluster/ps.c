@@ -898,6 +898,11 @@ static int ps_conn_run(struct ps_conn *cn)
 	} else {
 		r = ps_serve(cn, e, sizeof(e));
 		ps_streamer_stop(cn, &r, e, sizeof(e));
+		/* A peer gone silent in the middle of a tensor (the common case
+		 * since pushes and parameters stream both ways for most of a
+		 * step), either way: the line docs/NETWORK.md documents. */
+		if (r == -ETIMEDOUT && cn->confirmed)
+			snprintf(e, sizeof(e), "no traffic for %g s (peer_timeout)", ps->c->cluster.peer_timeout);
 		if (cn->confirmed)
 			ps_left(cn, r, e);
 		else if (r)

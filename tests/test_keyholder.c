@@ -473,6 +473,42 @@ ParameterizedTest(struct refusal *rf, keyholder, request_that_cannot_be_honoured
 	real_workers_finish(&t, rf->W, NULL);
 }
 
+/* A worker that goes silent in the middle of a PUSH (its link cut while a
+ * frame was half sent: with pushes and parameters streaming for most of a
+ * step, the common case) is reported as every silent peer is, "no traffic
+ * for T s (peer_timeout)", not as the read that timed out. A shard of
+ * 320067 values (20 pieces), so that the rest of the PUSH is read on the
+ * pipe after its first chunk. */
+Test(keyholder, peer_silent_mid_push_is_no_traffic)
+{
+	struct target t;
+	write_config(&t, 1, 20, "checkpoint_dir = ckpt\n[cluster]\npeer_timeout = 2\n");
+	const char *set[] = { "model.input=20000" };
+	static struct config c;
+	char cerr[CONFIG_ERR_MAX];
+	cr_assert_eq(config_load(&c, t.cfg, set, 1, cerr, sizeof(cerr)), 0, "%s", cerr);
+	cr_assert_eq(config_hash(&c, t.hash), 0); /* what the ps now hashes */
+	target_start(&t, set[0]);
+	struct hs_result hr;
+	int fd = target_peer(&t, 0, &hr, 0);
+	static float g[MSG_CHUNK_FLOATS];
+	static uint8_t m[MSG_CHUNK_BYTES_MAX], f[FRAME_BYTES_MAX];
+	char err[256];
+	for (uint64_t i = 0; i < 2; i++) {
+		size_t len, flen;
+		struct msg_chunk ch = { .type = WIRE_PUSH, .shard = 0, .version = 0, .worker = 0,
+					.offset = i * MSG_CHUNK_FLOATS, .count = MSG_CHUNK_FLOATS };
+		cr_assert_eq(msg_encode_chunk(m, sizeof(m), &ch, g, &len, err, sizeof(err)), 0, "%s", err);
+		cr_assert_eq(frame_seal(&hr.send, f, sizeof(f), m, len, &flen, err, sizeof(err)), 0, "%s", err);
+		target_send(fd, f, i == 0 ? flen : flen / 2); /* the second frame half sent */
+	}
+	double took = target_expect_closed(fd, 8000);
+	cr_assert(took >= 1.5, "closed after %.1f s, before peer_timeout (2 s)", took);
+	assert_logged(&t, fd, 0, "no traffic for 2 s (peer_timeout)", NULL);
+	close(fd);
+	target_wipe(&hr);
+}
+
 /* ---- the worker's side ----------------------------------------------------------- */
 
 /* A ps that answers the worker's first PULL with ERROR: the worker prints

@@ -382,18 +382,26 @@ struct reply {
 };
 
 /* Ps k's ACK of a push; stale and duplicate ones are counted. */
-static int reply_ack(struct reply *rp, const uint8_t *msg, size_t len, char *err, size_t errlen)
+/* An ACK (len bytes at msg) of a push; stale and duplicate ones are
+ * counted. */
+static int links_take_ack(struct links *lk, const uint8_t *msg, size_t len, char *err, size_t errlen)
 {
 	struct msg_ack ack;
-	if (!rp->want_ack || rp->acked)
-		return err_set(err, errlen, -EPROTO, "an ACK for no push");
 	int r = msg_decode_ack(msg, len, &ack, err, errlen);
 	if (r)
 		return r;
 	if (ack.status == MSG_ACK_STALE || ack.status == MSG_ACK_DUPLICATE)
-		rp->lk->stale++;
-	rp->acked = 1;
+		lk->stale++;
 	return 0;
+}
+
+static int reply_ack(struct reply *rp, const uint8_t *msg, size_t len, char *err, size_t errlen)
+{
+	if (!rp->want_ack || rp->acked)
+		return err_set(err, errlen, -EPROTO, "an ACK for no push");
+	int r = links_take_ack(rp->lk, msg, len, err, errlen);
+	rp->acked = r == 0;
+	return r;
 }
 
 /* A message between the chunks of the parameters: a HEARTBEAT while the
@@ -453,11 +461,6 @@ static int link_reply(struct links *lk, int k, float *params, int want_ack, char
 	return 0;
 }
 
-static int links_recv_params(struct links *lk, int k, float *params, char *err, size_t errlen)
-{
-	return link_reply(lk, k, params, 0, err, errlen);
-}
-
 /* PULL to ps k: sync asks for the version after the one it last had
  * (first: 0, whatever it has), async for the newest. *want: what was asked. */
 static int link_ask(struct links *lk, int k, int first, uint64_t *want, char *err, size_t errlen)
@@ -480,7 +483,7 @@ static int link_take(struct links *lk, int k, float *params, int first, uint64_t
 {
 	int async = lk->c->train.mode == MODE_ASYNC;
 	uint64_t had = lk->ln[k].got;
-	int r = links_recv_params(lk, k, params, err, errlen);
+	int r = link_reply(lk, k, params, 0, err, errlen);
 	if (r)
 		return r;
 	uint64_t v = lk->ln[k].got;
@@ -524,20 +527,17 @@ static int link_push(struct links *lk, int k, const float *grads, char *err, siz
 	return link_push_at(lk, k, grads, lk->ln[k].got, err, errlen);
 }
 
-/* Ps k's ACK of a push; stale and duplicate ones are counted. */
+/* Ps k's ACK of a push. */
 static int link_ack(struct links *lk, int k, char *err, size_t errlen)
 {
-	struct msg_ack ack;
 	char e[512];
 	size_t len;
 	int r = links_recv(lk, k, &len, err, errlen);
 	if (r < 0)
 		return r;
-	if (r != WIRE_ACK || msg_decode_ack(lk->ln[k].rbuf, len, &ack, e, sizeof(e)))
+	if (r != WIRE_ACK || links_take_ack(lk, lk->ln[k].rbuf, len, e, sizeof(e)))
 		return err_set(err, errlen, -ECONNABORTED, "ps %d: %s", k,
 			       r != WIRE_ACK ? "unexpected message instead of ACK" : e);
-	if (ack.status == MSG_ACK_STALE || ack.status == MSG_ACK_DUPLICATE)
-		lk->stale++;
 	return 0;
 }
 

@@ -208,17 +208,26 @@ struct parts_arg {
 	const float *src;
 	uint64_t n;
 	int r;
+	int heartbeat; /* a HEARTBEAT between the parts */
 };
 
-/* The tensor as a ps streams it: its first chunk, then the rest, each
- * call with the offset where its part starts. */
+/* The tensor as a ps streams it: its first chunk, then (with heartbeat,
+ * a HEARTBEAT while the next piece is not ready) the rest, each call with
+ * the offset where its part starts. */
 static void *send_parts_main(void *arg)
 {
 	struct parts_arg *a = arg;
 	char e[256];
+	size_t len;
 	struct conn_chunk_tx t = { .type = WIRE_PARAMS, .shard = 2, .version = 5, .src = a->src,
 				   .n = MSG_CHUNK_FLOATS };
+	struct msg_heartbeat hb = { .version = 4 };
 	a->r = conn_send_tensor(&a->s->cn, &t, e, sizeof(e));
+	if (!a->r && a->heartbeat)
+		a->r = msg_encode_heartbeat(conn_msg(a->s->cn.wbuf), conn_msg_cap(CONN_WBUF_BYTES), &hb, &len,
+					    e, sizeof(e));
+	if (!a->r && a->heartbeat)
+		a->r = conn_send(&a->s->cn, len, e, sizeof(e));
 	t.src = a->src + MSG_CHUNK_FLOATS;
 	t.n = a->n - MSG_CHUNK_FLOATS;
 	t.offset = MSG_CHUNK_FLOATS;
@@ -244,7 +253,7 @@ Test(conn, tensor_in_parts_with_a_hook)
 		for (uint64_t i = 0; i < n; i++)
 			src[i] = (float)i * 0.25f;
 		pthread_t th;
-		struct parts_arg pa = { &cl, src, n, -1 };
+		struct parts_arg pa = { &cl, src, n, -1, 0 };
 		cr_assert_eq(pthread_create(&th, NULL, send_parts_main, &pa), 0);
 		struct msg_assembly a;
 		struct took_log lg = { .fail_at = fail ? 2 : -1, .dst = dst, .in_place = 1 };
@@ -279,30 +288,6 @@ Test(conn, tensor_in_parts_with_a_hook)
 	}
 }
 
-/* As a streaming ps: the first chunk, a HEARTBEAT while the next piece
- * is not ready, then the rest. */
-static void *send_with_heartbeat_main(void *arg)
-{
-	struct parts_arg *a = arg;
-	char e[256];
-	size_t len;
-	struct conn_chunk_tx t = { .type = WIRE_PARAMS, .shard = 2, .version = 5, .src = a->src,
-				   .n = MSG_CHUNK_FLOATS };
-	struct msg_heartbeat hb = { .version = 4 };
-	a->r = conn_send_tensor(&a->s->cn, &t, e, sizeof(e));
-	if (!a->r)
-		a->r = msg_encode_heartbeat(conn_msg(a->s->cn.wbuf), conn_msg_cap(CONN_WBUF_BYTES), &hb, &len,
-					    e, sizeof(e));
-	if (!a->r)
-		a->r = conn_send(&a->s->cn, len, e, sizeof(e));
-	t.src = a->src + MSG_CHUNK_FLOATS;
-	t.n = a->n - MSG_CHUNK_FLOATS;
-	t.offset = MSG_CHUNK_FLOATS;
-	if (!a->r)
-		a->r = conn_send_tensor(&a->s->cn, &t, e, sizeof(e));
-	return NULL;
-}
-
 static int other_note(void *ctx, int type, const uint8_t *msg, size_t len, char *err, size_t errlen)
 {
 	struct msg_heartbeat hb;
@@ -331,8 +316,8 @@ Test(conn, message_between_chunks)
 		for (uint64_t i = 0; i < n; i++)
 			src[i] = (float)i * 0.25f;
 		pthread_t th;
-		struct parts_arg pa = { &cl, src, n, -1 };
-		cr_assert_eq(pthread_create(&th, NULL, send_with_heartbeat_main, &pa), 0);
+		struct parts_arg pa = { &cl, src, n, -1, 1 };
+		cr_assert_eq(pthread_create(&th, NULL, send_parts_main, &pa), 0);
 		struct msg_assembly a;
 		int seen = 0, calls = 0, r = 0;
 		cr_assert_eq(msg_assembly_init(&a, WIRE_PARAMS, 2, n, WIRE_F32, e, sizeof(e)), 0);

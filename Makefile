@@ -286,10 +286,19 @@ deps-test:
 		/usr/bin/python3 -m venv $(PY_VENV) && $(PY_VENV)/bin/pip install -q $(PY_TEST_PACKAGES); } || \
 		{ echo "deps: could not install $(PY_TEST_PACKAGES) in $(PY_VENV)" >&2; exit 1; }
 # The benchmarks' peers and tools: PyTorch (Debian's build, with gloo) for
-# bench/torch_mlp.py and bench/netlab's DDP, iperf3 for netlab's link check.
-BENCH_DEB_PACKAGES := python3-torch iperf3
+# bench/torch_mlp.py and bench/netlab's DDP, iperf3 for netlab's link check,
+# and TensorFlow for netlab's tfps row (bench/tf_ps_mlp.py): Debian has no
+# TensorFlow, so tensorflow-cpu from PyPI in a venv of Debian's python3
+# (build/tfvenv, kept between runs; 2.19.1 supports Python 3.11, Debian 12's).
+TF_VENV := build/tfvenv
+TF_PACKAGE := tensorflow-cpu==2.19.1
+BENCH_DEB_PACKAGES := python3-torch python3-venv iperf3
 deps-bench:
 	$(call install_missing,$(DEB_PACKAGES) $(BENCH_DEB_PACKAGES))
+	$(Q)TF_CPP_MIN_LOG_LEVEL=3 $(TF_VENV)/bin/python -c 'import tensorflow' 2>/dev/null || { \
+		echo "deps: installing $(TF_PACKAGE) (PyPI) in $(TF_VENV)"; \
+		/usr/bin/python3 -m venv $(TF_VENV) && $(TF_VENV)/bin/pip install -q $(TF_PACKAGE); } || \
+		{ echo "deps: could not install $(TF_PACKAGE) in $(TF_VENV)" >&2; exit 1; }
 
 # ---- fuzzing: `make fuzz` ------------------------------------------------
 # A libFuzzer harness per parser (tests/fuzz/fuzz_*.c), built with clang

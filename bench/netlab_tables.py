@@ -7,7 +7,7 @@
 
 ("-" where a value is missing.) Markdown tables on stdout; run it again on
 an OUT directory to reprint them:
-    /usr/bin/python3 bench/netlab_tables.py --out DIR --rates 1gbit,10gbit --rows sync,async,ddp \\
+    /usr/bin/python3 bench/netlab_tables.py --out DIR --rates 1gbit,10gbit --rows sync,async,ddp,tfps \\
         --params 669706 --row-info "sync:sync:4 async:async:4"
 """
 import argparse
@@ -48,7 +48,7 @@ def rate_mbit(rate):
 
 
 def label(row):
-    return "DDP (gloo)" if row == "ddp" else "pstrain " + row
+    return {"ddp": "DDP (gloo)", "tfps": "TF PS"}.get(row, "pstrain " + row)
 
 
 def main():
@@ -121,8 +121,18 @@ def main():
                     p, d = meds.get((rate, row)), meds.get((rate, "ddp"))
                     cells.append("**%.2fx**" % (p / d) if p and d else "-")
                 print("| %s / DDP | %s |" % (label(row), " | ".join(cells)))
+        if "tfps" in rows:
+            for row in rows:
+                if row in ("ddp", "tfps"):
+                    continue
+                cells = []
+                for rate in rates:
+                    p, t = meds.get((rate, row)), meds.get((rate, "tfps"))
+                    cells.append("**%.2fx**" % (p / t) if p and t else "-")
+                print("| %s / TF PS | %s |" % (label(row), " | ".join(cells)))
         print("\nA step: every worker (rank) trains one batch of its own; pstrain async: the chief's "
-              "steps (each worker steps on its own).")
+              "steps (each worker steps on its own); TF PS: 2 batches of 128 trained by whichever "
+              "workers were free, each applied on its own (samples/s / 256).")
 
         # ---- where the time goes
         print("\n### Where a step's time goes (medians, ms per step)\n")
@@ -156,8 +166,14 @@ def main():
   communication = step - compute; worker CPU is rank 0's process CPU time
   per step (torch's and gloo's threads); allreduce alone: one plain
   `all_reduce` of the P parameters, as DDP's single bucket.
+- TF PS: step = the coordinator's wall time between two `coordinator.join()`s
+  over the steps; no compute/communication split; worker CPU is worker 0's
+  process CPU per step (each worker trains about one batch per step), ps CPU
+  each ps's (reading and sending the parameters, receiving the gradients,
+  the momentum update), all processes including the coordinator's.
 - CPU, all processes: the CPU time per step of every process of the row
-  (pstrain: 2 workers + 2 ps; DDP: 2 ranks), and the most steps/s this
+  (pstrain: 2 workers + 2 ps; DDP: 2 ranks; TF PS: 2 workers + 2 ps + the
+  coordinator), and the most steps/s this
   machine's CPUs could give it if nothing else ran and the work spread
   perfectly: a bound that does not depend on other jobs' load.""")
 
@@ -166,7 +182,8 @@ def main():
             print("\n### Against the full-duplex link floor\n")
             print("Every link carries the same bytes per step: a worker sends P*u bytes (its "
                   "gradient) and receives P*d (the parameters); each of the 2 ps receives P/2*u*2 = "
-                  "P*u and sends P*d; a DDP rank's ring allreduce of 2 ranks sends and receives P*4. "
+                  "P*u and sends P*d; a DDP rank's ring allreduce of 2 ranks sends and receives P*4; a TF PS "
+                  "worker pulls P*4 and pushes P*4 per batch, about one batch per step. "
                   "P = %d; u, d = 4 bytes, 2 where wire_dtype makes that direction bfloat16. Link "
                   "rate: the slowest host's mean per-direction rate with both directions at once "
                   "(iperf3 --bidir).\n" % a.params)
@@ -213,8 +230,8 @@ def main():
                 cells.append("**%s** (%s)" % (fmt(m), runs))
             print("| %s | %s |" % (label(row), " | ".join(cells)))
         print("\nFrom launching the processes (data loading and connecting included) to the first "
-              "evaluation at or above the target; the chief (rank 0) evaluates the full test set "
-              "every %s steps on both sides, inside the clock. The median needs every run of a "
+              "evaluation at or above the target; the chief (rank 0; TF PS: the coordinator, the workers "
+              "idle meanwhile) evaluates the full test set every %s steps, inside the clock. The median needs every run of a "
               "cell to reach the target." % a.eval_every)
     return 0
 

@@ -166,11 +166,11 @@ static int link_open(struct links *lk, int k, int timeout_ms, char *err, size_t 
 	int fd = -1;
 	int hs_ms = timeout_ms < ROLE_HANDSHAKE_MS ? timeout_ms : ROLE_HANDSHAKE_MS;
 	links_ps_name(c, k, nm, sizeof(nm));
-	int r = sock_connect_retry(c->cluster.ps[k].name, c->cluster.ps[k].port, timeout_ms, &fd, e,
-				   sizeof(e));
+	int r = sock_connect_until(c->cluster.ps[k].name, c->cluster.ps[k].port, timeout_ms, lk->stop,
+				   &fd, e, sizeof(e));
 	if (r)
-		return r == -EINVAL || r == -ENOENT ? err_set(err, errlen, -EINVAL, "ps %d: %s", k, e)
-						    : err_set(err, errlen, -ECONNABORTED, "ps %d: %s", k, e);
+		return err_set(err, errlen, r == -EINVAL || r == -ENOENT ? -EINVAL : r == -EINTR ? -EINTR : -ECONNABORTED,
+			       "ps %d: %s", k, e);
 	(void)sock_send_buffer(fd, c->cluster.send_buffer_kib); /* a cap, not a need */
 	r = conn_client(cn, fd, lk->s->key, &me, hs_ms, nm, err, errlen);
 	if (r)

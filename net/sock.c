@@ -341,7 +341,8 @@ int sock_quiet_ms(int fd)
 
 /* One non-blocking connect to one address, waiting until deadline. 0 with
  * *fd set, or a negative errno. */
-static int connect_one(const struct addrinfo *ai, int64_t deadline, int *fd)
+static int connect_one(const struct addrinfo *ai, int64_t deadline, const volatile sig_atomic_t *stop,
+		       int *fd)
 {
 	int s = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
 		       ai->ai_protocol);
@@ -363,6 +364,10 @@ static int connect_one(const struct addrinfo *ai, int64_t deadline, int *fd)
 			}
 			struct pollfd p = { .fd = s, .events = POLLOUT };
 			int n = poll(&p, 1, left);
+			if (n < 0 && errno == EINTR && stop && *stop) {
+				r = -EINTR;
+				goto fail;
+			}
 			if (n < 0 && errno == EINTR)
 				continue;
 			if (n < 0) {
@@ -413,6 +418,12 @@ static int retryable(int r)
 int sock_connect_retry(const char *host, uint16_t port, int timeout_ms, int *fd, char *err,
 		       size_t errlen)
 {
+	return sock_connect_until(host, port, timeout_ms, NULL, fd, err, errlen);
+}
+
+int sock_connect_until(const char *host, uint16_t port, int timeout_ms,
+		       const volatile sig_atomic_t *stop, int *fd, char *err, size_t errlen)
+{
 	char where[300], secs[32];
 	fmt_hostport(where, sizeof where, host ? host : "", port);
 	if (port == 0) {
@@ -432,6 +443,10 @@ int sock_connect_retry(const char *host, uint16_t port, int timeout_ms, int *fd,
 	int r = -ETIMEDOUT;
 
 	for (;;) {
+		if (stop && *stop) {
+			snprintf(err, errlen, "interrupted while connecting to %s", where);
+			return -EINTR;
+		}
 		struct addrinfo *res = NULL;
 		r = resolve(host, port, 0, &res, last, sizeof last);
 		if (r == -EINVAL || r == -ENOENT || r == -ENOMEM) {
@@ -440,7 +455,7 @@ int sock_connect_retry(const char *host, uint16_t port, int timeout_ms, int *fd,
 		}
 		if (r == 0) {
 			for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
-				r = connect_one(ai, deadline, fd);
+				r = connect_one(ai, deadline, stop, fd);
 				if (r == 0)
 					break;
 				snprintf(last, sizeof last, "%s", strerror(-r));
@@ -456,6 +471,8 @@ int sock_connect_retry(const char *host, uint16_t port, int timeout_ms, int *fd,
 			}
 		}
 		int left = ms_left(deadline);
+		if (stop && *stop)
+			continue; /* the top of the loop says so */
 		if (left == 0)
 			break;
 		int wait = pause / 2 + (int)(jitter_next(&seed) % (uint64_t)(pause / 2 + 1));
@@ -463,7 +480,7 @@ int sock_connect_retry(const char *host, uint16_t port, int timeout_ms, int *fd,
 			wait = left;
 		/* Sleep to a point in time: EINTR just shortens one poll. */
 		int64_t wake = now_ms() + wait;
-		for (int w; (w = (int)(wake - now_ms())) > 0;)
+		for (int w; (w = (int)(wake - now_ms())) > 0 && !(stop && *stop);)
 			poll(NULL, 0, w);
 		pause = pause * 2 > SOCK_BACKOFF_MAX_MS ? SOCK_BACKOFF_MAX_MS : pause * 2;
 		if (ms_left(deadline) == 0)

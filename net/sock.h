@@ -29,6 +29,7 @@
 #define PSTRAIN_NET_SOCK_H
 
 #include <stddef.h>
+#include <signal.h>
 #include <stdint.h>
 
 #include "frame.h"
@@ -103,6 +104,14 @@ int sock_send_buffer(int fd, int kib);
  * which the caller may prefix with the peer's role ("ps 1: "). */
 SOCK_MUST_CHECK int sock_connect_retry(const char *host, uint16_t port, int timeout_ms, int *fd,
 				       char *err, size_t errlen);
+/* sock_connect_retry that also ends, with -EINTR ("interrupted while
+ * connecting to HOST:PORT"), as soon as *stop is set (a signal handler's
+ * flag; its signal cuts any wait short): a worker told to stop while a ps
+ * is down must not keep trying for the rest of peer_timeout. stop may be
+ * NULL. */
+SOCK_MUST_CHECK int sock_connect_until(const char *host, uint16_t port, int timeout_ms,
+				       const volatile sig_atomic_t *stop, int *fd, char *err,
+				       size_t errlen);
 
 /* Reads exactly len bytes into buf. recv() may return fewer bytes than
  * asked (whatever has arrived) or fail with EINTR/EAGAIN; this loops, waiting

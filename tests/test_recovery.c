@@ -357,6 +357,40 @@ Test(recovery, stopped_ps_that_never_returns_is_named, .timeout = 120)
 	cr_assert(named, "no worker named ps 1:\n%s\n%s", slurp(out[2]), slurp(out[3]));
 }
 
+/* A worker told to stop (SIGTERM, Ctrl-C) while it reconnects to a lost
+ * ps exits 130 at once, saying so, not after peer_timeout (60 s here):
+ * the connect retries used to ignore the stop. Both ps are killed, so
+ * both workers are reconnecting when the signal comes. */
+Test(recovery, interrupted_while_reconnecting_exits_at_once, .timeout = 120)
+{
+	char cfg[300], out[4][300];
+	snprintf(cfg, sizeof(cfg), "%s/term.ini", dir);
+	write_config(cfg, 100000, "checkpoint_dir =\n", "peer_timeout = 60\n");
+	pid_t pids[4];
+	int st[4];
+	start_cluster(cfg, "term", NULL, NULL, pids, out);
+	int seen = wait_for_text(out[3], "step 200/100000");
+	kill(pids[0], SIGKILL);
+	kill(pids[1], SIGKILL);
+	wait_children(pids, 2, st, RUN_TIMEOUT_S);
+	int both = wait_for_text(out[3], "reconnecting for up to 60 s") &&
+		   wait_for_text(out[2], "reconnecting for up to 60 s");
+	struct timespec t0, t1;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	kill(pids[2], SIGTERM);
+	kill(pids[3], SIGTERM);
+	wait_children(pids + 2, 2, st + 2, RUN_TIMEOUT_S);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	double took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+	cr_assert(seen && both, "no step 200, or no reconnecting:\n%s\n%s", slurp(out[3]), slurp(out[2]));
+	for (int i = 2; i < 4; i++) {
+		cr_assert_eq(st[i], 130, "worker %s exit %d:\n%s", ROLES[i][1], st[i], slurp(out[i]));
+		cr_assert_not_null(strstr(slurp(out[i]), "interrupted while reconnecting"), "%s", slurp(out[i]));
+	}
+	/* 60 s of peer_timeout against a prompt exit: any bound far from both. */
+	cr_assert_lt(took, 10.0, "the workers took %.1f s to stop", took);
+}
+
 /* Item 5, a silent worker: SIGSTOP worker 1 (sync, both gradients needed);
  * each ps declares it dead after peer_timeout, the chief's progress says
  * the shards wait for worker 1; continued, it reconnects and the run

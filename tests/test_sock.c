@@ -310,6 +310,47 @@ Test(sock, connect_retry_closed_port_times_out)
 	cr_assert_eq(fd, -1);
 }
 
+/* A stop flag set while sock_connect_until waits out its backoff: it ends
+ * with -EINTR within one pause (no signal here to cut the pause short),
+ * not at its 30 s deadline; set before the call, it tries nothing. */
+static volatile sig_atomic_t stop_flag;
+
+static void *stop_later(void *arg)
+{
+	(void)arg;
+	struct timespec d = { 0, 300 * 1000 * 1000 };
+	nanosleep(&d, NULL);
+	stop_flag = 1;
+	return NULL;
+}
+
+Test(sock, connect_until_ends_when_told_to_stop)
+{
+	uint16_t port = free_port();
+	char err[256] = "", want[128];
+	int fd = -1;
+	pthread_t th;
+	stop_flag = 0;
+	cr_assert_eq(pthread_create(&th, NULL, stop_later, NULL), 0);
+	int64_t t0 = now_ms();
+	int r = sock_connect_until("127.0.0.1", port, 30000, &stop_flag, &fd, err, sizeof err);
+	int64_t dt = now_ms() - t0;
+	pthread_join(th, NULL);
+	cr_assert_eq(r, -EINTR, "%d: %s", r, err);
+	cr_assert(dt >= 290 && dt <= 300 + SOCK_BACKOFF_MAX_MS + SLACK_MS, "ended after %lld ms", (long long)dt);
+	snprintf(want, sizeof want, "interrupted while connecting to 127.0.0.1:%u", port);
+	cr_assert_str_eq(err, want);
+	cr_assert_eq(fd, -1);
+	/* Already stopped: not even one attempt (a listener would be found). */
+	int lfd = -1;
+	cr_assert_eq(sock_listen("127.0.0.1", 0, 8, &lfd, err, sizeof err), 0, "%s", err);
+	r = sock_connect_until("127.0.0.1", (uint16_t)sock_local_port(lfd), 30000, &stop_flag, &fd, err,
+			       sizeof err);
+	cr_assert_eq(r, -EINTR, "%d: %s", r, err);
+	cr_assert_eq(fd, -1);
+	close(lfd);
+}
+
 /* ---- full reads and writes ---------------------------------------------- */
 
 #define BIG (8u << 20)

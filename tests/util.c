@@ -17,6 +17,7 @@
 #include <time.h>
 #include <netinet/in.h>
 #include <stdio.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -115,9 +116,16 @@ pid_t spawn_pstrain(const char *const *args, const char *outpath, const char *en
 {
 	const char *bin = getenv("PSTRAIN_BIN");
 	cr_assert_not_null(bin, "PSTRAIN_BIN is not set (run through make unit)");
-	pid_t pid = fork();
+	pid_t parent = getpid(), pid = fork();
 	cr_assert_neq(pid, -1);
 	if (pid == 0) {
+		/* Dies with the test: a failed assertion ends the test's
+		 * process without reaching the waits and kills that follow,
+		 * and a ps left behind waits for its workers for ever (seen:
+		 * 27 minutes, until killed by hand). */
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (getppid() != parent)
+			_exit(127);
 		int fd = open(outpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
 		dup2(fd, 1);
 		dup2(fd, 2);

@@ -54,7 +54,8 @@ int test_dir_remove(const char *dir);
 int free_port(void);
 
 /* Starts $PSTRAIN_BIN with args (NULL-terminated, at most 14), stdout and
- * stderr to outpath, with env ("NAME=value" or NULL) added. */
+ * stderr to outpath, with env ("NAME=value" or NULL) added. It is killed
+ * when the process that started it ends (a failed assertion). */
 pid_t spawn_pstrain(const char *const *args, const char *outpath, const char *env);
 
 /* Waits for all n processes up to timeout_s; kills every one left then.

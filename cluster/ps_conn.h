@@ -1,0 +1,133 @@
+/* What the ps's files share (cluster/ps.c, ps_pull.c, ps_push.c; not for
+ * anyone else): the ps, one worker's connection, and the handlers' shape.
+ * ps.c admits and serves connections; ps_pull.c answers PULL (streaming
+ * the next version piece by piece in sync piece mode); ps_push.c takes
+ * PUSH (each piece aggregated as it arrives). Everything below that the
+ * handlers share with other threads is under ps->mu. */
+#ifndef PSTRAIN_CLUSTER_PS_CONN_H
+#define PSTRAIN_CLUSTER_PS_CONN_H
+
+#include "members.h"
+#include "observers.h"
+#include "ps_observers.h"
+#include "ps_store.h"
+#include "rate.h"
+#include "role.h"
+
+#include "../core/psshard.h"
+#include "../net/conn.h"
+#include "../net/cryptopool.h"
+#include "../net/gate.h"
+#include "../net/handshake.h"
+#include "../net/msg.h"
+#include "../net/pipe.h"
+#include "../net/sock.h"
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* Threads: each worker has at most one confirmed connection, one answered
+ * but unconfirmed, and one being replaced or refused. */
+#define PS_MAX_CONN (3 * MEMBERS_MAX)
+struct ps {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;       /* (CLOCK_MONOTONIC) the shard moved, a worker said DONE,
+				  * a rollback, the ps stops, a connection ended */
+	struct cryptopool *pool; /* NULL: crypto_threads 1 */
+	struct psshard sh;
+	struct ps_store store;
+	struct members mb;
+	const struct role_setup *s;
+	const struct config *c;
+	struct role_hooks hooks;
+	struct hs_identity me;
+	FILE *out;
+	int index, W;
+	int aborted;
+	char why[512];
+	uint64_t gen;            /* rollbacks so far: wakes PULLs waiting across one */
+	struct gate gate;        /* connections not authenticated yet (main thread's) */
+	int64_t tally_ms;        /* when refusals were last logged; 0: never */
+	int nconn;
+	struct ps_conn *conns[PS_MAX_CONN];
+	struct ps_conn *worker[MEMBERS_MAX]; /* each worker's confirmed connection */
+	struct ps_conn *fresh[MEMBERS_MAX];  /* each worker's answered, unconfirmed one */
+	struct observers seen;   /* observer greetings answered */
+	struct rate rate;        /* versions/s, sampled by the accept loop */
+	int64_t started_ms;
+	struct ps_observers po;  /* the observers' connections (ps_observers.h) */
+};
+
+/* One worker's connection, served on its own thread. */
+struct ps_conn {
+	struct ps *ps;
+	struct conn conn;
+	int slot;
+	int w;           /* the worker its greeting named */
+	int confirmed;   /* a frame opened: it is worker w's connection */
+	int replaced;    /* worker w connected again and this one was dead */
+	int pushed;      /* a whole gradient arrived on this connection */
+	int said_done;   /* the last word was DONE: a closed connection is no failure */
+	int first_pull;
+	int quiet;       /* it failed in the transport, or the peer sent ERROR: nothing to answer */
+	int refused;     /* it ended with an ERROR from this ps (ps_refuse) */
+	char peer[SOCK_ADDR_STRLEN];
+	float *grad, *snap;      /* (n) a PUSH being assembled; the shard copied for PARAMS */
+	struct pipe pp;          /* the chunks of a tensor, sealed/opened on ps->pool */
+	struct msg_assembly a;
+	int assembling;
+	int last_r;              /* piece mode: the push's last piece: psshard_push_piece's */
+	enum psshard_outcome last_oc; /* ... and its outcome */
+	/* Piece mode: PULLs are answered by a thread of their own, the
+	 * streamer, so that this connection's PUSH still comes in while the
+	 * parameters it completes go out (a worker sends its PULL first). */
+	uint8_t *swbuf;          /* (CONN_WBUF_BYTES) the streamer's: spp's first frame */
+	struct pipe spp;         /* the streamer's PARAMS */
+	pthread_t st;
+	int st_on;
+	int st_job, st_stop;     /* under ps->mu: a PULL of st_want to answer; end */
+	uint64_t st_want;
+	int st_r;                /* how the streamer ended: 0, PS_END, or a failure */
+	char st_err[320];
+};
+
+_Static_assert(PSSHARD_PIECE == WIRE_CHUNK_VALUES, "a shard's piece is one chunk on the wire");
+
+/* What a handler returns besides 0 (the next message) and a negative
+ * errno (the connection fails, err says why): the connection ends without
+ * failing (the ps stops and the worker was told). A failure is a request
+ * this ps does not honour, answered with an ERROR (ps_refuse), unless the
+ * handler marked it as the transport's (ps_io). */
+#define PS_END 1
+
+typedef int (*ps_handler)(struct ps_conn *cn, size_t len, char *err, size_t errlen);
+
+/* Where a reply is encoded, and how long it may be. */
+static inline uint8_t *ps_reply_buf(struct ps_conn *cn)
+{
+	return conn_msg(cn->conn.wbuf);
+}
+
+#define PS_REPLY_CAP conn_msg_cap(CONN_WBUF_BYTES)
+
+/* The result r of a send or receive on cn: a failure there is the
+ * transport's (a frame that does not open, a reset, a timeout), which gets
+ * no ERROR: the peer is gone, or stalled, and an answer would only wait
+ * write_timeout for nothing. */
+static inline int ps_io(struct ps_conn *cn, int r)
+{
+	cn->quiet |= r != 0;
+	return r;
+}
+
+/* ps_pull.c: a PULL (the handler), and the streamer thread of a
+ * connection in piece mode (arg: the struct ps_conn), which answers the
+ * PULLs the handler hands it until told to stop. */
+int ps_on_pull(struct ps_conn *cn, size_t len, char *err, size_t errlen);
+void *ps_streamer(void *arg);
+
+/* ps_push.c: a PUSH chunk (the handler; also a PARAMS chunk, refused). */
+int ps_on_push(struct ps_conn *cn, size_t len, char *err, size_t errlen);
+
+#endif

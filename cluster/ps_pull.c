@@ -1,0 +1,234 @@
+/* The ps's answers to PULL (ps_conn.h): the whole shard as it is, or, in
+ * sync piece mode, the next version streamed piece by piece as each piece
+ * completes, from a streamer thread per connection so that the PUSH on
+ * the same connection keeps coming in. While a sync PULL waits, HEARTBEATs
+ * tell the worker which workers the shard waits for. */
+#include "ps_conn.h"
+
+#include "../base/err.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A HEARTBEAT for a worker waiting on a sync PULL: which workers' gradients
+ * for the shard's version have not arrived (under ps->mu). */
+static void ps_heartbeat(struct ps *ps, struct msg_heartbeat *hb)
+{
+	memset(hb, 0, sizeof(*hb));
+	hb->version = psshard_version(&ps->sh);
+	members_missing(&ps->mb, &ps->sh, hb->missing, (int)MSG_HEARTBEAT_WORKERS);
+}
+
+/* The version a sync PULL waits for: of the whole shard (piece < 0) or
+ * of one piece. */
+static uint64_t pull_has(const struct ps *ps, long piece)
+{
+	return piece < 0 ? psshard_version(&ps->sh) : psshard_piece_version(&ps->sh, (size_t)piece);
+}
+
+/* The answer to a PULL is sent by the connection's own thread, or, in
+ * piece mode, by its streamer: buf is that thread's frame buffer for a
+ * HEARTBEAT or an ERROR (CONN_WBUF_BYTES), and the PARAMS go on the
+ * connection's sending pipe. Its failures are all the transport's (or a
+ * shard gone back under a streamed answer): none gets an ERROR. */
+
+/* Whether nothing but this worker can move the shard, and this worker
+ * has: every other worker is done, and this one's gradient for the
+ * current version is in (a streamed PULL comes before the PUSH). */
+static int pull_hopeless(const struct ps_conn *cn, long piece)
+{
+	const struct ps *ps = cn->ps;
+	return members_others_done(&ps->mb) && (piece < 0 || psshard_has_pushed(&ps->sh, cn->w));
+}
+
+/* A sync PULL waits (under ps->mu) for version `want` of the shard, or of
+ * one piece, to exist; meanwhile a HEARTBEAT every heartbeat_ms tells the
+ * worker that the shard is alive and which workers it waits for. It stops
+ * waiting when the ps stops, a rollback since gen happens, no other
+ * worker will push (pull_hopeless), or the streamer is told to end.
+ * Returns with mu held on success, without it on failure. */
+static int pull_wait(struct ps_conn *cn, long piece, uint64_t want, uint64_t gen, uint8_t *buf,
+		     char *err, size_t errlen)
+{
+	struct ps *ps = cn->ps;
+	while (want != MSG_VERSION_LATEST && pull_has(ps, piece) < want && !ps->aborted &&
+	       !pull_hopeless(cn, piece) && ps->gen == gen && !cn->st_stop) {
+		struct timespec dl;
+		role_deadline(&dl, role_heartbeat_ms(ps->c));
+		if (pthread_cond_timedwait(&ps->cv, &ps->mu, &dl) != ETIMEDOUT)
+			continue;
+		if (pull_has(ps, piece) >= want || ps->aborted || ps->gen != gen || cn->st_stop)
+			continue;
+		struct msg_heartbeat hb;
+		size_t len;
+		ps_heartbeat(ps, &hb);
+		pthread_mutex_unlock(&ps->mu);
+		int r = msg_encode_heartbeat(conn_msg(buf), PS_REPLY_CAP, &hb, &len, err, errlen);
+		if (!r)
+			r = conn_send_from(&cn->conn, buf, CONN_WBUF_BYTES, len, err, errlen);
+		if (r)
+			return r;
+		pthread_mutex_lock(&ps->mu);
+	}
+	if (cn->st_stop) {
+		pthread_mutex_unlock(&ps->mu);
+		return err_set(err, errlen, -ECANCELED, "the connection ends");
+	}
+	return 0;
+}
+
+/* A PULL's answer (under ps->mu, which it releases): the whole shard as
+ * it is, or, if the ps stops, an ERROR saying why (and PS_END). */
+static int pull_send_whole(struct ps_conn *cn, uint8_t *buf, char *err, size_t errlen)
+{
+	struct ps *ps = cn->ps;
+	size_t n = ps->sh.n;
+	int ab = ps->aborted;
+	uint64_t v = psshard_version(&ps->sh);
+	if (!ab)
+		memcpy(cn->snap, psshard_params(&ps->sh), n * sizeof(float));
+	char why[WIRE_ERROR_TEXT_MAX + 1];
+	snprintf(why, sizeof(why), "ps %d stops: %.200s", ps->index, ps->why);
+	cn->st_job = 0; /* the answer waits on nothing more: the next PULL may come */
+	pthread_mutex_unlock(&ps->mu);
+	if (ab) {
+		conn_send_error_from(&cn->conn, buf, CONN_WBUF_BYTES, ECONNABORTED, why);
+		snprintf(err, errlen, "training aborted");
+		return PS_END;
+	}
+	struct conn_chunk_tx t = { .type = WIRE_PARAMS, .shard = (uint32_t)ps->index, .version = v,
+				   .src = cn->snap, .n = n, .dtype = (uint8_t)role_param_dtype(ps->c) };
+	return conn_send_tensor(&cn->conn, &t, err, errlen);
+}
+
+/* Piece mode, a PULL of the next version (under ps->mu, which it
+ * releases): each piece goes out as soon as its R gradients are in, in
+ * order, every run of pieces that is ready at once in one call (sealed on
+ * the pool), while the last gradients of the step still arrive. Every
+ * piece it sends is at `want`: no piece gets past the next version before
+ * every worker, this one included, has all of it. A wait that ends
+ * otherwise (the ps stops, a rollback, every other worker done) before
+ * the first piece falls back to the whole shard as it is; after it, the
+ * pieces sent are of a version the shard no longer has, and the
+ * connection ends as if lost: the worker connects again and pulls what
+ * there is. */
+static int pull_stream(struct ps_conn *cn, uint64_t want, uint8_t *buf, char *err, size_t errlen)
+{
+	struct ps *ps = cn->ps;
+	struct psshard *sh = &ps->sh;
+	size_t np = sh->npieces;
+	uint64_t gen = ps->gen;
+	for (size_t j = 0; j < np;) {
+		int r = pull_wait(cn, (long)j, want, gen, buf, err, errlen);
+		if (r)
+			return r;
+		if (psshard_piece_version(sh, j) != want) {
+			if (j == 0 || ps->aborted)
+				return pull_send_whole(cn, buf, err, errlen);
+			pthread_mutex_unlock(&ps->mu);
+			return err_set(err, errlen, -ECONNABORTED,
+				       "version %llu was going out when the shard went back or stopped",
+				       (unsigned long long)want);
+		}
+		size_t k = j + 1, lo, hi, e;
+		while (k < np && psshard_piece_version(sh, k) == want)
+			k++;
+		psshard_piece_range(sh, j, &lo, &e);
+		psshard_piece_range(sh, k - 1, &e, &hi);
+		memcpy(cn->snap + lo, psshard_params(sh) + lo, (hi - lo) * sizeof(float));
+		if (k == np)
+			cn->st_job = 0; /* as in pull_send_whole */
+		pthread_mutex_unlock(&ps->mu);
+		struct conn_chunk_tx t = { .type = WIRE_PARAMS, .shard = (uint32_t)ps->index, .version = want,
+					   .src = cn->snap + lo, .n = hi - lo, .offset = lo,
+					   .dtype = (uint8_t)role_param_dtype(ps->c) };
+		r = conn_send_tensor(&cn->conn, &t, err, errlen);
+		if (r)
+			return r;
+		j = k;
+		if (j < np)
+			pthread_mutex_lock(&ps->mu);
+	}
+	return 0;
+}
+
+/* A PULL of version want (under ps->mu, which it releases), streamed
+ * when it is the next version of a shard in piece mode. */
+static int pull_answer(struct ps_conn *cn, uint64_t want, uint8_t *buf, char *err, size_t errlen)
+{
+	struct ps *ps = cn->ps;
+	if (psshard_pieces(&ps->sh) && want != MSG_VERSION_LATEST && want > psshard_version(&ps->sh))
+		return pull_stream(cn, want, buf, err, errlen);
+	int r = pull_wait(cn, -1, want, ps->gen, buf, err, errlen);
+	return r ? r : pull_send_whole(cn, buf, err, errlen);
+}
+
+/* The streamer: answers each PULL the connection's thread hands it, until
+ * told to end. A failure, or an ERROR it sent, ends the connection (shut
+ * down, so that the reading thread sees it at once); st_r and st_err keep
+ * why. */
+void *ps_streamer(void *arg)
+{
+	struct ps_conn *cn = arg;
+	struct ps *ps = cn->ps;
+	pthread_mutex_lock(&ps->mu);
+	for (;;) {
+		while (!cn->st_job && !cn->st_stop)
+			pthread_cond_wait(&ps->cv, &ps->mu);
+		if (cn->st_stop)
+			break;
+		int r = pull_answer(cn, cn->st_want, cn->swbuf, cn->st_err, sizeof(cn->st_err));
+		pthread_mutex_lock(&ps->mu);
+		if (r) {
+			/* A failure once told to end is only the end. */
+			cn->st_job = 0;
+			cn->st_r = cn->st_stop ? 0 : r;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&ps->mu);
+	if (cn->st_r)
+		conn_shutdown(&cn->conn);
+	return NULL;
+}
+
+int ps_on_pull(struct ps_conn *cn, size_t len, char *err, size_t errlen)
+{
+	struct ps *ps = cn->ps;
+	struct msg_pull p;
+	int r = msg_decode_pull(cn->conn.rbuf, len, &p, err, errlen);
+	if (r)
+		return r;
+	if (p.shard != (uint32_t)ps->index)
+		return err_set(err, errlen, -EPROTO, "PULL for shard %u, this is shard %d", p.shard,
+			       ps->index);
+	/* A worker that said DONE pulls again (on this connection or, after
+	 * reconnecting, on a new one) only to train again after a rollback
+	 * while it waited for the run to complete, or to see where the
+	 * shards are: it is not done until it says DONE again. */
+	cn->said_done = 0;
+	if (cn->first_pull && ps->hooks.first_pull_delay_ms)
+		role_nap_ms(ps->hooks.first_pull_delay_ms);
+	cn->first_pull = 0;
+	pthread_mutex_lock(&ps->mu);
+	members_pulled(&ps->mb, cn->w);
+	if (!cn->st_on) {
+		r = pull_answer(cn, p.version, ps_reply_buf(cn) - FRAME_HDR_BYTES, err, errlen);
+		cn->quiet |= r < 0;
+		return r;
+	}
+	int busy = cn->st_job;
+	if (!busy) {
+		cn->st_want = p.version;
+		cn->st_job = 1;
+		pthread_cond_broadcast(&ps->cv);
+	}
+	pthread_mutex_unlock(&ps->mu);
+	if (busy)
+		return err_set(err, errlen, -EPROTO, "PULL for version %llu before the last one was answered",
+			       (unsigned long long)p.version);
+	return 0;
+}

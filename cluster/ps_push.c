@@ -1,0 +1,146 @@
+/* The ps's side of PUSH (ps_conn.h): a worker's gradient for the shard,
+ * checked and aggregated as a whole (psshard_push), or in sync piece mode
+ * piece by piece as each chunk arrives (psshard_push_piece), so that the
+ * pieces every worker has sent can go back out while the rest still comes
+ * in; then one ACK. */
+#include "ps_conn.h"
+
+#include "../base/err.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The reason a push (or, in piece mode, the piece of it over [lo, hi) of
+ * the shard) was refused: r from psshard_push or psshard_push_piece;
+ * v: the shard's version. */
+static int push_refused(struct ps_conn *cn, int r, size_t lo, size_t hi, uint64_t v, char *err,
+			size_t errlen)
+{
+	struct ps *ps = cn->ps;
+	unsigned long long tag = (unsigned long long)cn->a.version;
+	if (r == -EDOM) {
+		size_t i = lo + psshard_nonfinite(cn->grad + lo, hi - lo);
+		float x = i < hi ? cn->grad[i] : 0;
+		return err_set(err, errlen, r, "PUSH for version %llu refused: gradient element %zu (parameter %zu) is %s",
+			       tag, i, ps->sh.range.begin + i, isnan(x) ? "NaN" : x > 0 ? "+inf" : "-inf");
+	}
+	if (r == -ERANGE)
+		return err_set(err, errlen, -EPROTO, "PUSH for version %llu refused: the shard is at version %llu",
+			       tag, (unsigned long long)v);
+	return err_set(err, errlen, -EPROTO, "PUSH for version %llu refused: %s", tag, strerror(-r));
+}
+
+/* The ACK of a whole gradient: r and oc from psshard_push, or from the
+ * last piece's psshard_push_piece. */
+static int push_ack(struct ps_conn *cn, int r, enum psshard_outcome oc, uint64_t v, char *err,
+		    size_t errlen)
+{
+	size_t len;
+	struct msg_ack ack = { .shard = (uint32_t)cn->ps->index, .version = v };
+	ack.status = r == -EALREADY	     ? MSG_ACK_DUPLICATE
+		     : oc == PSSHARD_APPLIED ? MSG_ACK_APPLIED
+		     : oc == PSSHARD_WAITING ? MSG_ACK_ACCEPTED
+					     : MSG_ACK_STALE;
+	r = msg_encode_ack(ps_reply_buf(cn), PS_REPLY_CAP, &ack, &len, err, errlen);
+	return r ? r : ps_io(cn, conn_send(&cn->conn, len, err, errlen));
+}
+
+/* Piece mode: one chunk of a PUSH, in cn->grad, is one piece of the
+ * shard, aggregated at once (so that the pieces the other workers have
+ * sent too can go back out while the rest still comes in). A piece this
+ * worker already gave (it pushes again after reconnecting) is a
+ * duplicate, not an error. */
+static int push_took(void *ctx, const struct msg_chunk *c, char *err, size_t errlen)
+{
+	struct ps_conn *cn = ctx;
+	struct ps *ps = cn->ps;
+	size_t j = (size_t)(c->offset / PSSHARD_PIECE), lo, hi;
+	psshard_piece_range(&ps->sh, j, &lo, &hi);
+	if (j >= ps->sh.npieces || c->offset != lo || c->count != hi - lo)
+		return err_set(err, errlen, -EPROTO, "PUSH chunk [%llu, %llu) is not one of the shard's pieces of %u values",
+			       (unsigned long long)c->offset, (unsigned long long)(c->offset + c->count),
+			       PSSHARD_PIECE);
+	pthread_mutex_lock(&ps->mu);
+	int r = psshard_push_piece(&ps->sh, cn->w, c->version, j, cn->grad + lo, hi == ps->sh.n,
+				   &cn->last_oc);
+	cn->pushed |= r == 0 || r == -EALREADY;
+	uint64_t v = psshard_version(&ps->sh);
+	/* Only a finished piece is news to a waiting PULL: a broadcast per
+	 * chunk woke every streamer twice as often for nothing. */
+	if (r == 0 && cn->last_oc == PSSHARD_APPLIED) {
+		ps_store_pushed(&ps->store);
+		pthread_cond_broadcast(&ps->cv);
+	}
+	pthread_mutex_unlock(&ps->mu);
+	cn->last_r = r;
+	return r && r != -EALREADY ? push_refused(cn, r, lo, hi, v, err, errlen) : 0;
+}
+
+/* A whole gradient has arrived: applied under the lock (piece mode: it
+ * was, piece by piece), then ACKed. One with a NaN or an infinity is
+ * refused (psshard_push checks as it copies or before it applies), the
+ * shard untouched; an honest worker checks before it pushes, so this is
+ * a broken or hostile one. */
+static int push_apply(struct ps_conn *cn, char *err, size_t errlen)
+{
+	struct ps *ps = cn->ps;
+	enum psshard_outcome oc = cn->last_oc;
+	cn->assembling = 0;
+	pthread_mutex_lock(&ps->mu);
+	int r = cn->last_r;
+	if (!psshard_pieces(&ps->sh)) {
+		r = psshard_push(&ps->sh, cn->w, cn->a.version, cn->grad, &oc);
+		cn->pushed |= r == 0 || r == -EALREADY;
+		ps_store_pushed(&ps->store);
+		pthread_cond_broadcast(&ps->cv);
+	}
+	uint64_t v = psshard_version(&ps->sh);
+	pthread_mutex_unlock(&ps->mu);
+	if (r && r != -EALREADY)
+		return push_refused(cn, r, 0, ps->sh.n, v, err, errlen);
+	return push_ack(cn, r, oc, v, err, errlen);
+}
+
+/* PUSH (or PARAMS, refused by the assembly): the first chunk here, the
+ * rest of the tensor on the pipe, as many frames as full chunks can
+ * complete it, opened on the pool; in piece mode each piece is
+ * aggregated as it is taken. */
+int ps_on_push(struct ps_conn *cn, size_t len, char *err, size_t errlen)
+{
+	struct ps *ps = cn->ps;
+	size_t n = ps->sh.n;
+	struct msg_chunk ch;
+	int pieces = psshard_pieces(&ps->sh);
+	int r = msg_decode_chunk(cn->conn.rbuf, len, &ch, err, errlen);
+	if (r)
+		return r;
+	if (ch.worker != (uint32_t)cn->w)
+		return err_set(err, errlen, -EPROTO, "PUSH names worker %u on worker %d's connection",
+			       ch.worker, cn->w);
+	if (!cn->assembling) {
+		r = msg_assembly_init(&cn->a, WIRE_PUSH, (uint32_t)ps->index, n,
+				      role_grad_dtype(ps->c), err, errlen);
+		if (r)
+			return r;
+		cn->assembling = 1;
+	}
+	r = msg_assembly_add(&cn->a, &ch, cn->grad, err, errlen);
+	if (r < 0)
+		return r;
+	int done = r;
+	if (pieces && (r = push_took(cn, &ch, err, errlen)) < 0)
+		return r;
+	if (!done) {
+		struct conn_chunk_rx x = { .type = WIRE_PUSH, .worker = (uint32_t)cn->w, .a = &cn->a,
+					   .dst = cn->grad, .took = pieces ? push_took : NULL, .ctx = cn };
+		r = conn_recv_rest(&cn->conn, &x, err, errlen);
+		if (r)
+			return x.bad ? r : ps_io(cn, r);
+		if (!msg_assembly_done(&cn->a))
+			return 0;
+	}
+	return push_apply(cn, err, errlen);
+}

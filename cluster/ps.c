@@ -942,6 +942,18 @@ int ps_harness_serve(struct ps_harness *h, int fd, const struct hs_result *hr, i
 	return r;
 }
 
+int ps_harness_observe(struct ps_harness *h, int fd, const struct hs_result *hr)
+{
+	struct ps *ps = &h->ps;
+	if (ps_observers_spawn(&ps->po, fd, "harness", hr))
+		return -ENOMEM;
+	pthread_mutex_lock(&ps->mu);
+	while (ps->po.n > 0)
+		pthread_cond_wait(&ps->cv, &ps->mu);
+	pthread_mutex_unlock(&ps->mu);
+	return 0;
+}
+
 int ps_harness_check(struct ps_harness *h, char *err, size_t errlen)
 {
 	struct ps *ps = &h->ps;
@@ -961,7 +973,7 @@ int ps_harness_check(struct ps_harness *h, char *err, size_t errlen)
 		return err_set(err, errlen, -EDOM, "parameter %zu is %g", bad, (double)p[bad]);
 	if (aborted)
 		return err_set(err, errlen, -ECONNABORTED, "a peer stopped the ps: %s", why);
-	if (live || ps->nconn)
+	if (live || ps->nconn || ps->po.n)
 		return err_set(err, errlen, -EBUSY, "a connection outlived its thread");
 	return 0;
 }

@@ -27,6 +27,12 @@ int ps_harness_open(struct ps_harness **h, const struct config *c, int index, FI
  * errno; either is fine, the ps must only stay sound (ps_harness_check). */
 int ps_harness_serve(struct ps_harness *h, int fd, const struct hs_result *hr, int w);
 
+/* Serves fd as an observer's connection (`pstrain status`) with hr's
+ * keys, as the gate would after an observer's handshake, until it ends;
+ * the observer's own thread serves it, and this waits for that thread. 0,
+ * or -ENOMEM when no observer could be started. */
+int ps_harness_observe(struct ps_harness *h, int fd, const struct hs_result *hr);
+
 /* The invariants a key holder cannot break: every parameter finite, the ps
  * not stopped by a peer, no connection left behind. 0, or a negative
  * errno with the broken one in err. */

@@ -20,7 +20,10 @@
  * The ps's [cluster] wire_dtype is bf16 if the input's first byte has an
  * odd tens digit (18: a HEARTBEAT first), else fp32, so both its
  * assemblies and a dtype it does not expect are reached.
- * Then the worker's side shuts its writing half and the ps serves until
+ * The connection is an observer's (`pstrain status`: served by
+ * cluster/ps_observers.c, which must refuse all but STATUS, HEARTBEAT
+ * and ERROR) if the input's first byte is 200 or more, else worker 0's.
+ * Then the peer's side shuts its writing half and the ps serves until
  * the end. After each input the ps must be sound: every parameter
  * finite, not stopped by its peer, no connection left (ps_harness_check);
  * sanitizers catch the rest. One worker, sync: a PULL never waits for
@@ -214,7 +217,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	FUZZ_CHECK(frame_key_init(&wrx, k2, FRAME_CHACHA20POLY1305) == 0);
 	FUZZ_CHECK(frame_key_init(&hr.recv, k1, FRAME_CHACHA20POLY1305) == 0);
 	FUZZ_CHECK(frame_key_init(&hr.send, k2, FRAME_CHACHA20POLY1305) == 0);
-	hr.peer.role = HS_WORKER;
+	int observer = size && data[0] >= 200;
+	hr.peer.role = observer ? HS_OBSERVER : HS_WORKER;
 
 	int sp[2];
 	FUZZ_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) == 0);
@@ -232,7 +236,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	}
 	shutdown(sp[0], SHUT_WR);
 
-	int sr = ps_harness_serve(h, sp[1], &hr, 0);
+	int sr = observer ? ps_harness_observe(h, sp[1], &hr) : ps_harness_serve(h, sp[1], &hr, 0);
 	if (getenv("FUZZ_PS_LOG"))
 		fprintf(stderr, "fuzz_ps: %zu bytes in, served: %d\n", n, sr);
 	int r = ps_harness_check(h, err, sizeof(err));

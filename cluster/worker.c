@@ -9,6 +9,7 @@
 #include "role.h"
 
 #include "../core/devices.h"
+#include "../core/layers.h"
 #include "../core/psshard.h"
 #include "../core/replica.h"
 #include "../core/shard.h"
@@ -20,6 +21,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #define EVAL_BATCH 1024
 
@@ -54,7 +56,7 @@ struct worker {
  * workers would go unnoticed (it only names the worker in the handshake):
  * one line if it is not an address of this host. Only a warning: behind
  * NAT, or in a pod named by a service, it legitimately is not. */
-static void worker_check_address(struct worker *wr)
+static int worker_check_address(struct worker *wr)
 {
 	const struct host *h = &wr->c->cluster.workers[wr->index];
 	char e[300];
@@ -65,6 +67,32 @@ static void worker_check_address(struct worker *wr)
 	else if (r < 0)
 		role_log(wr->out, "worker %d: note: [cluster] workers lists this worker as %s:%u: %s",
 			 wr->index, h->name, h->port, e);
+	return r;
+}
+
+/* [train] threads = 0 is every CPU this process may use; on a host that
+ * [cluster] lists for several workers under this worker's own name (the
+ * one-host smoke test, `make demo`), each takes its share instead, so
+ * that their OpenBLAS threads do not spin on each other's CPUs between
+ * GEMMs (docs/NETWORK.md: the demo's steps 8 to 12% slower with every
+ * worker on every CPU). Workers listed under other names are not
+ * resolved: a name that does not resolve yet (a pod not up) could stall
+ * the start. own: worker_check_address's answer for this worker's name. */
+static int worker_threads(const struct worker *wr, int own)
+{
+	const struct config *c = wr->c;
+	const char *me = c->cluster.workers[wr->index].name;
+	int here = 0;
+	if (c->train.threads > 0 || own != 1)
+		return c->train.threads;
+	for (int i = 0; i < c->cluster.nworkers; i++)
+		here += strcasecmp(c->cluster.workers[i].name, me) == 0;
+	if (here <= 1)
+		return 0;
+	int cpus = layers_cpus(), n = cpus / here > 0 ? cpus / here : 1;
+	role_log(wr->out, "worker %d: [train] threads = 0: %d thread%s (this host's %d CPU%s shared by the %d workers [cluster] lists at %s)",
+		 wr->index, n, n == 1 ? "" : "s", cpus, cpus == 1 ? "" : "s", here, me);
+	return n;
 }
 
 /* Setup, devices, links (connected) and the progress line. */
@@ -77,12 +105,20 @@ static int worker_open(struct worker *wr, char *err, size_t errlen)
 		e = shard_check(c->cluster.nps, wr->s.job.m.nparams, err, errlen);
 	if (e)
 		return e;
-	worker_check_address(wr);
+	int threads = worker_threads(wr, worker_check_address(wr));
 	shard_plan(plan, c->cluster.nps, wr->s.job.m.nparams);
 	char job[64];
 	snprintf(job, sizeof(job), "/job:worker/task:%d", wr->index);
-	e = devices_open(&wr->dev, c, &wr->s.job.m, &c->train.optim,
+	/* The devices with that thread count: a copy of the config for the
+	 * call, which keeps nothing of it. */
+	struct config *dc = malloc(sizeof(*dc));
+	if (!dc)
+		return err_set(err, errlen, -ENOMEM, "out of memory");
+	*dc = *c;
+	dc->train.threads = threads;
+	e = devices_open(&wr->dev, dc, &wr->s.job.m, &c->train.optim,
 			 wr->chief && wr->B < EVAL_BATCH ? EVAL_BATCH : wr->B, job, wr->out, err, errlen);
+	free(dc);
 	if (!e)
 		e = devices_set_data(&wr->dev, &wr->s.job.train, NULL, err, errlen);
 	if (e)

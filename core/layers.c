@@ -231,18 +231,23 @@ void softmax_xent_backward(float *dlogits, const float *probs,
 	}
 }
 
+int layers_cpus(void)
+{
+	/* The CPUs this process may run on (taskset, cgroups cpusets), not
+	 * all the machine has: more threads than that only contend. */
+	cpu_set_t set;
+	int n = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
+	if (n <= 0) {
+		long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+		n = ncpu > 0 ? (int)ncpu : 1;
+	}
+	return n;
+}
+
 int layers_set_threads(int n)
 {
-	if (n <= 0) {
-		/* The CPUs this process may run on (taskset, cgroups cpusets), not
-		 * all the machine has: more threads than that only contend. */
-		cpu_set_t set;
-		n = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
-		if (n <= 0) {
-			long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-			n = ncpu > 0 ? (int)ncpu : 1;
-		}
-	}
+	if (n <= 0)
+		n = layers_cpus();
 	openblas_set_num_threads(n);
 	return n;
 }

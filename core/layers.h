@@ -170,7 +170,9 @@ void batchnorm_backward_mt(float *dinp, float *dgamma, float *dbeta, float *drun
 			   int B, int C, int HW, int threads);
 
 /* Threads OpenBLAS may use; n <= 0 means one per CPU this process may run
- * on. Returns the count set. */
+ * on (layers_cpus). Returns the count set. */
 int layers_set_threads(int n);
+/* The CPUs this process may run on (its affinity: taskset, cpusets). */
+int layers_cpus(void);
 
 #endif

@@ -25,6 +25,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <sodium.h>
 #include <stdio.h>
@@ -107,6 +108,44 @@ Test(cluster, sync_two_ps_two_workers)
 	cr_assert_gt(acc, 95.0, "final accuracy %.2f%%:\n%s", acc, chief);
 	cr_assert_not_null(strstr(slurp(out[0]), "all 2 workers done: version 150"), "%s",
 			   slurp(out[0]));
+}
+
+/* cfg's "threads = 1" (write_cluster's) replaced by threads = t. */
+static void set_threads(const char *cfg, int t)
+{
+	char *text = slurp(cfg), *at = strstr(text, "\nthreads = 1\n");
+	cr_assert_not_null(at, "%s", text);
+	FILE *f = fopen(cfg, "w");
+	cr_assert_not_null(f);
+	fprintf(f, "%.*s\nthreads = %d\n%s", (int)(at - text), text, t, at + strlen("\nthreads = 1\n"));
+	cr_assert_eq(fclose(f), 0);
+}
+
+/* [train] threads = 0 with both workers at 127.0.0.1: each takes half of
+ * this machine's CPUs (at least one) and says so; an explicit count is
+ * left alone. */
+Test(cluster, workers_on_one_host_share_its_cpus)
+{
+	char cfg[300], out[4][300], want[160];
+	int st[4];
+	cpu_set_t set;
+	cr_assert_eq(sched_getaffinity(0, sizeof(set), &set), 0);
+	int cpus = CPU_COUNT(&set), n = cpus / 2 > 0 ? cpus / 2 : 1;
+	snprintf(want, sizeof(want), "[train] threads = 0: %d thread%s (this host's %d CPU%s shared by the 2 workers [cluster] lists at 127.0.0.1)",
+		 n, n == 1 ? "" : "s", cpus, cpus == 1 ? "" : "s");
+	snprintf(cfg, sizeof(cfg), "%s/cluster.ini", dir);
+	write_cluster(dir, cfg, 20, 10, "mode = sync\n", "");
+	set_threads(cfg, 0);
+	run_cluster(cfg, NULL, st, out);
+	assert_exits_zero(st, out, 4, "threads = 0: ");
+	for (int i = 2; i < 4; i++)
+		cr_assert_not_null(strstr(slurp(out[i]), want), "no \"%s\" in:\n%s", want, slurp(out[i]));
+	write_cluster(dir, cfg, 20, 10, "mode = sync\n", "");
+	set_threads(cfg, 3);
+	run_cluster(cfg, NULL, st, out);
+	assert_exits_zero(st, out, 4, "threads = 3: ");
+	for (int i = 2; i < 4; i++)
+		cr_assert_null(strstr(slurp(out[i]), "[train] threads = 0:"), "%s", slurp(out[i]));
 }
 
 Test(cluster, async_two_ps_two_workers)

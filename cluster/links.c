@@ -381,7 +381,6 @@ struct reply {
 	struct conn_chunk_rx x;
 };
 
-/* Ps k's ACK of a push; stale and duplicate ones are counted. */
 /* An ACK (len bytes at msg) of a push; stale and duplicate ones are
  * counted. */
 static int links_take_ack(struct links *lk, const uint8_t *msg, size_t len, char *err, size_t errlen)

@@ -30,6 +30,7 @@
 /* Threads: each worker has at most one confirmed connection, one answered
  * but unconfirmed, and one being replaced or refused. */
 #define PS_MAX_CONN (3 * MEMBERS_MAX)
+
 struct ps {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;       /* (CLOCK_MONOTONIC) the shard moved, a worker said DONE,

@@ -3,7 +3,7 @@
  * gather a batch, forward, backward, optimizer step. Random data, so the
  * figure does not depend on the dataset package.
  *
- *   build/bench/cpu_mlp [--model mlp|cnn] [--threads N] [--batch B] [--seconds S] [--csv]
+ *   build/bench/cpu_mlp [--model mlp|cnn] [--threads N] [--batch B] [--seconds S] [--csv] [--flow]
  *
  * --model cnn is the Fashion-MNIST CNN of issue 5 (conv 5x5 32 same, relu,
  * maxpool 2, conv 5x5 64 same, relu, maxpool 2, dense 1024, relu, dropout
@@ -12,6 +12,7 @@
 #include "../core/backend.h"
 #include "../core/config.h"
 #include "../core/data.h"
+#include "../core/gradflow.h"
 #include "../core/model.h"
 #include "../core/optim.h"
 #include "../core/progress.h"
@@ -32,6 +33,11 @@ static double cpu_now(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
 	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int flow_mark(void *ctx, size_t lo, size_t hi)
+{
+	return gradflow_mark(ctx, lo, hi);
 }
 
 static int arg_int(int argc, char **argv, const char *name, int def)
@@ -64,6 +70,7 @@ int main(int argc, char **argv)
 	int B = arg_int(argc, argv, "--batch", 256);
 	double seconds = arg_int(argc, argv, "--seconds", 3);
 	int csv = arg_flag(argc, argv, "--csv");
+	int flow = arg_flag(argc, argv, "--flow");
 	/* A CNN step takes about a second on 2 cores: 3 steps warm it up. */
 	int warm = arg_int(argc, argv, "--warmup", strcmp(arg_str(argc, argv, "--model", "mlp"), "cnn") == 0 ? 3 : 20);
 	const char *model = arg_str(argc, argv, "--model", "mlp");
@@ -110,6 +117,15 @@ int main(int argc, char **argv)
 		fprintf(stderr, "cpu_mlp: %s\n", err);
 		return 1;
 	}
+	/* --flow: the backward split as a worker pushing while it computes
+	 * runs it (replica_train_flow, two streams: two ps), without links. */
+	struct gradflow fl;
+	size_t half = m.nparams / 2, fb[2] = { 0, half }, fe[2] = { half, m.nparams };
+	double lr;
+	if (flow && (replica_flow_init(&r) || gradflow_init(&fl, m.nparams, 2, fb, fe, 1 << 16))) {
+		fprintf(stderr, "cpu_mlp: --flow: cannot set up\n");
+		return 1;
+	}
 	size_t per_epoch = ds.n / (size_t)B;
 	long steps = 0;
 	double t0 = 0, c0 = 0, loss = 0;
@@ -125,8 +141,15 @@ int main(int argc, char **argv)
 		int right;
 		dataset_gather(&ds, perm + (size_t)s % per_epoch * (size_t)B, (size_t)B, xb, yb);
 		replica_load(&r, xb, yb, B);
-		replica_forward(&r, params, B, 1, replica_key(1, s, 0), &loss, &right);
-		replica_backward(&r, params, grads, B, 1.0f / (float)B);
+		if (flow) {
+			gradflow_reset(&fl);
+			replica_train_flow(&r, params, grads, r.x, r.y, B, replica_key(1, s, 0), 1.0f / (float)B,
+					   &fl, flow_mark, &fl);
+			replica_meter(&r, &loss, &lr);
+		} else {
+			replica_forward(&r, params, B, 1, replica_key(1, s, 0), &loss, &right);
+			replica_backward(&r, params, grads, B, 1.0f / (float)B);
+		}
 		optim_step_zero(&opt, params, grads, c.train.optim.lr);
 	}
 	double dt = progress_now() - t0, dc = cpu_now() - c0;
@@ -137,6 +160,8 @@ int main(int argc, char **argv)
 		printf("pstrain cpu %s: batch %d, %d thread%s: %.0f samples/s (%.2f ms/step, %.2f CPU ms/step, %ld steps, last loss %.3f)\n",
 		       model, B, threads, threads == 1 ? "" : "s", sps, 1e3 * dt / (double)steps,
 		       1e3 * dc / (double)steps, steps, loss / B);
+	if (flow)
+		gradflow_free(&fl);
 	replica_free(&r);
 	optim_free(&opt);
 	free(ds.x);

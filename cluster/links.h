@@ -18,6 +18,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "../core/gradflow.h"
 #include "../core/progress.h"
 #include "../core/shard.h"
 #include "../net/conn.h"
@@ -41,6 +42,8 @@ struct link {
 			      * it down; the other half's failure is not a lost link */
 };
 
+struct link_job;
+
 struct links {
 	const struct config *c;
 	const struct role_setup *s;
@@ -49,6 +52,7 @@ struct links {
 	struct progress *pg;     /* the chief's: "waiting for worker N" lines */
 	int index, nps;
 	struct link *ln;         /* (nps) */
+	struct link_job *job;    /* (nps) links_exchange's, one per link */
 	struct cryptopool *pool; /* NULL: crypto_threads 1; shared by every link */
 	_Atomic uint64_t stale;  /* pushes the shards dropped */
 	_Atomic int lost;        /* the ps whose connection failed or went back; -1: none */
@@ -100,6 +104,17 @@ int links_push(struct links *lk, const float *grads, char *err, size_t errlen);
  * starting at shard w mod nps, so that the workers' uploads reach
  * different ps links at once rather than all the same one. */
 int links_exchange(struct links *lk, const float *grads, float *params, char *err, size_t errlen);
+/* links_exchange in piece mode while this thread still computes grads:
+ * every link on a thread of its own asks for the next version and pushes
+ * each run of whole pieces of its shard as soon as flow (whose stream k
+ * is ps k's range) says it is final, the parameters coming down as the
+ * ps streams them. -EAGAIN when a thread cannot start (the flow is then
+ * failed and nothing runs). links_exchange_end waits for every link and
+ * says how the exchange ended, as links_exchange does; a flow failed by
+ * the step ends the pushes half-way (-ECANCELED) with the links shut
+ * down. */
+int links_exchange_begin(struct links *lk, const float *grads, float *params, struct gradflow *flow);
+int links_exchange_end(struct links *lk, char *err, size_t errlen);
 /* CHECKPOINT(step) to every ps; acc: the final test accuracy the final
  * checkpoint records, < 0 for the others. */
 int links_checkpoint(struct links *lk, long step, double acc, char *err, size_t errlen);

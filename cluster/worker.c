@@ -33,6 +33,8 @@ struct worker {
 	struct role_hooks hooks;
 	struct devices dev;
 	struct links lk;
+	struct gradflow flow;    /* the gradient as backward makes it final */
+	int flowing;             /* push while backward runs ([cluster] overlap) */
 	struct progress pg;
 	float *params, *grads;   /* (P) */
 	int own_host;            /* params and grads are separate host copies */
@@ -95,6 +97,32 @@ static int worker_threads(const struct worker *wr, int own)
 	return n;
 }
 
+/* Pushing while backward runs: sync piece mode on one CPU replica (the
+ * only backward that can be split), unless [cluster] overlap = false.
+ * One stream per shard; the final ranges are at most one per dense
+ * weight row plus the gaps between the dense weights. */
+static int worker_flow_open(struct worker *wr, const struct shard *plan, char *err, size_t errlen)
+{
+	const struct model *m = &wr->s.job.m;
+	if (!wr->c->cluster.overlap || !wr->lk.pieces || devices_flow_init(&wr->dev))
+		return 0;
+	size_t begin[CONFIG_MAX_HOSTS], end[CONFIG_MAX_HOSTS];
+	int cap = m->nlayers + 2;
+	for (int k = 0; k < wr->lk.nps; k++) {
+		begin[k] = plan[k].begin;
+		end[k] = plan[k].end;
+	}
+	for (int i = 0; i < m->nlayers; i++)
+		cap += m->layers[i].kind == LAYER_DENSE ? m->layers[i].out : 0;
+	int e = gradflow_init(&wr->flow, m->nparams, wr->lk.nps, begin, end, cap);
+	if (e)
+		return err_set(err, errlen, e, "worker %d: out of memory for pushing while computing", wr->index);
+	wr->flowing = 1;
+	role_log(wr->out, "worker %d: pushes the pieces of each gradient as backward makes them ([cluster] overlap)",
+		 wr->index);
+	return 0;
+}
+
 /* Setup, devices, links (connected) and the progress line. */
 static int worker_open(struct worker *wr, char *err, size_t errlen)
 {
@@ -134,6 +162,8 @@ static int worker_open(struct worker *wr, char *err, size_t errlen)
 		return err_set(err, errlen, -ENOMEM, "out of memory for %zu parameters", P);
 	e = links_open(&wr->lk, c, &wr->s, plan, wr->index, wr->stop, wr->out, err, errlen);
 	if (!e)
+		e = worker_flow_open(wr, plan, err, errlen);
+	if (!e)
 		e = links_connect(&wr->lk, err, errlen);
 	if (e)
 		return e;
@@ -154,6 +184,7 @@ static void worker_close(struct worker *wr)
 {
 	tblog_close(&wr->tb);
 	links_close(&wr->lk);
+	gradflow_free(&wr->flow);
 	if (wr->own_host) {
 		free(wr->params);
 		free(wr->grads);
@@ -259,7 +290,7 @@ static int worker_evaluate(struct worker *wr, double *ts, char *err, size_t errl
 
 /* This worker's batch of the step on the devices: the epoch's order when
  * the epoch changes, then the gradient into wr->grads. */
-static int worker_compute(struct worker *wr, char *err, size_t errlen)
+static int worker_compute(struct worker *wr, int flow, char *err, size_t errlen)
 {
 	const struct config *c = wr->c;
 	long step = wr->step, epoch = step / wr->spe;
@@ -274,24 +305,56 @@ static int worker_compute(struct worker *wr, char *err, size_t errlen)
 			return err_set(err, errlen, e, "step %ld: %s", step, why);
 	}
 	size_t first = job_batch_at(&wr->s.job, step, wr->index);
+	size_t P = wr->s.job.m.nparams, bad = P;
+	uint64_t key = replica_key(c->train.seed, step, wr->index);
 	e = devices_zero_grads(&wr->dev, why, sizeof(why));
-	if (!e)
-		e = devices_step(&wr->dev, first, wr->B, replica_key(c->train.seed, step, wr->index), why,
-				 sizeof(why));
-	if (!e)
+	if (!e && flow)
+		e = devices_step_flow(&wr->dev, first, wr->B, key, wr->grads, &wr->flow, &bad, why,
+				      sizeof(why));
+	else if (!e)
+		e = devices_step(&wr->dev, first, wr->B, key, why, sizeof(why));
+	if (!e && !flow)
 		e = devices_get_grads(&wr->dev, wr->grads, why, sizeof(why));
-	if (e)
+	if (e && !(e == -EDOM && bad < P))
 		return err_set(err, errlen, e, "step %ld: %s", step, why);
 	/* A ps refuses a gradient with a NaN or an infinity (it would make
 	 * every parameter it reaches NaN); this worker's training has
 	 * diverged, and says so here rather than have the ps end the
 	 * connection. One read of the gradient, vectorized: a small part of
-	 * the step. */
-	size_t P = wr->s.job.m.nparams, bad = psshard_nonfinite(wr->grads, P);
+	 * the step (the flow checks each range before it is pushed). */
+	if (!flow)
+		bad = psshard_nonfinite(wr->grads, P);
 	if (bad < P)
-		return err_set(err, errlen, -EDOM, "worker %d: step %ld: the gradient is not finite (parameter %zu is %s), so it was not pushed: training diverged (lower learning_rate, or look for huge or broken values in the data)",
-			       wr->index, step, bad, isnan(wr->grads[bad]) ? "NaN" : wr->grads[bad] > 0 ? "+inf" : "-inf");
+		return err_set(err, errlen, -EDOM, "worker %d: step %ld: the gradient is not finite (parameter %zu is %s), so it was not pushed%s: training diverged (lower learning_rate, or look for huge or broken values in the data)",
+			       wr->index, step, bad, isnan(wr->grads[bad]) ? "NaN" : wr->grads[bad] > 0 ? "+inf" : "-inf",
+			       flow ? " from there on" : "");
 	return 0;
+}
+
+/* The step's compute and exchange at once (wr->flowing): the links push
+ * each piece of the gradient as backward makes it final and take the
+ * next parameters as the shards stream them. *t1: when the compute
+ * ended. A failed compute is the step's failure, whatever it did to the
+ * links (they are shut down half-way through a push): never a lost ps. */
+static int worker_overlap(struct worker *wr, double *t1, char *err, size_t errlen)
+{
+	gradflow_reset(&wr->flow);
+	int e = links_exchange_begin(&wr->lk, wr->grads, wr->params, &wr->flow);
+	if (e) {
+		*t1 = progress_now();
+		return err_set(err, errlen, e, "worker %d: cannot start the threads of its links", wr->index);
+	}
+	int ce = worker_compute(wr, 1, err, errlen);
+	*t1 = progress_now();
+	if (ce)
+		gradflow_fail(&wr->flow);
+	char le[512];
+	e = links_exchange_end(&wr->lk, le, sizeof(le));
+	if (ce) {
+		wr->lk.lost = -1;
+		return ce;
+	}
+	return e ? err_set(err, errlen, e, "%s", le) : 0;
 }
 
 /* Whether the chief asks for a checkpoint at wr->step, now pulled. Sync
@@ -335,18 +398,24 @@ static int worker_step(struct worker *wr, char *err, size_t errlen)
 	wr->t_comm += progress_now() - t0;
 	e = worker_evaluate(wr, &ts, err, errlen);
 	t0 = progress_now();
-	if (!e)
-		e = worker_compute(wr, err, errlen);
-	double t1 = progress_now();
-	wr->t_compute += t1 - t0;
 	/* After its last step a worker other than the chief needs no
 	 * parameters (the chief pulls them to evaluate): it pushes only, and
 	 * may finish before the others. */
 	int last = step + 1 == wr->total && !wr->chief;
-	if (!e && last)
-		e = links_push(&wr->lk, wr->grads, err, errlen);
-	else if (!e)
-		e = links_exchange(&wr->lk, wr->grads, wr->params, err, errlen);
+	double t1;
+	if (!e && wr->flowing && !last) {
+		e = worker_overlap(wr, &t1, err, errlen);
+		wr->t_compute += t1 - t0;
+	} else {
+		if (!e)
+			e = worker_compute(wr, 0, err, errlen);
+		t1 = progress_now();
+		wr->t_compute += t1 - t0;
+		if (!e && last)
+			e = links_push(&wr->lk, wr->grads, err, errlen);
+		else if (!e)
+			e = links_exchange(&wr->lk, wr->grads, wr->params, err, errlen);
+	}
 	if (!e && !last)
 		e = devices_set_params(&wr->dev, wr->params, err, errlen);
 	if (e)

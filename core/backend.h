@@ -85,6 +85,12 @@ struct backend_ops {
 	 * the bias gradient (dout is read). */
 	int (*act_bias_backward)(void *ctx, enum layer_kind k, float *dout, float *dbias,
 				 const float *out, int B, int OC);
+	/* Rows [o0, o1) of a dense weight gradient (layers.h's
+	 * dense_wgrad_rows), and with it dense_backward taking dweight NULL
+	 * to skip the weight gradient. NULL: the backend cannot split a
+	 * backward pass (replica_train_flow is then refused). */
+	int (*dense_wgrad)(void *ctx, float *dweight, const float *dout, const float *inp, int B,
+			   int C, int OC, int o0, int o1);
 	/* conv's scratch in floats for batches up to B on this backend
 	 * (NULL: conv_col_size, the CPU's cache-sized chunks). */
 	size_t (*conv_col_floats)(void *ctx, const struct window *w, int OC, int B);

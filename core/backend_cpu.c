@@ -76,6 +76,14 @@ static int cpu_dense_backward(void *ctx, float *dinp, float *dweight, float *dbi
 	return 0;
 }
 
+static int cpu_dense_wgrad(void *ctx, float *dweight, const float *dout, const float *inp, int B,
+			   int C, int OC, int o0, int o1)
+{
+	(void)ctx;
+	dense_wgrad_rows(dweight, dout, inp, B, C, OC, o0, o1);
+	return 0;
+}
+
 static int act_kind(enum layer_kind k)
 {
 	return k == LAYER_RELU || k == LAYER_TANH || k == LAYER_SIGMOID;
@@ -319,6 +327,7 @@ static const struct backend_ops cpu_ops = {
 	.zero = cpu_zero,
 	.dense_forward = cpu_dense_forward,
 	.dense_backward = cpu_dense_backward,
+	.dense_wgrad = cpu_dense_wgrad,
 	.act_forward = cpu_act_forward,
 	.act_backward = cpu_act_backward,
 	.conv_forward = cpu_conv_forward,

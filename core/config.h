@@ -55,6 +55,7 @@ struct config {
 		int crypto_threads;         /* sealing/opening threads, 0 = auto, 1 = none */
 		int send_buffer_kib;        /* SO_SNDBUF of peer connections (KiB); 0 = the kernel's */
 		int wire_dtype;             /* enum wire_precision */
+		int overlap;                /* sync pieces: push while backward runs */
 		double peer_timeout;        /* seconds a ps waits for a lost worker to come back */
 		double handshake_timeout;   /* seconds a new connection has to greet a ps */
 	} cluster;

@@ -2,6 +2,7 @@
  * devices.h. */
 #include "devices.h"
 #include "progress.h"
+#include "psshard.h"
 #include "rng.h"
 
 #include "../gpu/gpu.h"
@@ -426,6 +427,63 @@ int devices_step(struct devices *d, size_t at, int B, uint64_t key, char *err, s
 		int e = grads_gather(d, r);
 		if (e)
 			return fail(d, r, e, "summing the gradients", err, errlen);
+	}
+	d->samples += B;
+	return 0;
+}
+
+int devices_flow_init(struct devices *d)
+{
+	if (d->n != 1 || d->gpu)
+		return -EOPNOTSUPP;
+	return replica_flow_init(&d->rep[0]);
+}
+
+/* devices_step_flow's final: the range copied out and checked, then
+ * marked final for the readers. */
+struct flow_out {
+	const float *grads;
+	float *host;
+	struct gradflow *flow;
+	size_t bad;    /* the first non-finite value's index; P: none */
+};
+
+static int flow_final(void *ctx, size_t lo, size_t hi)
+{
+	struct flow_out *fo = ctx;
+	if (fo->host != fo->grads)
+		memcpy(fo->host + lo, fo->grads + lo, (hi - lo) * sizeof(float));
+	size_t i = lo + psshard_nonfinite(fo->host + lo, hi - lo);
+	if (i < hi) {
+		fo->bad = i;
+		return -EDOM;
+	}
+	return gradflow_mark(fo->flow, lo, hi);
+}
+
+int devices_step_flow(struct devices *d, size_t at, int B, uint64_t key, float *host,
+		      struct gradflow *flow, size_t *bad, char *err, size_t errlen)
+{
+	struct replica *rep = &d->rep[0];
+	size_t P = d->m->nparams;
+	*bad = P;
+	rep->failed = NULL;
+	if (d->n != 1 || !rep->rowdone || B < 1 || B > d->max_batch || !d->norder || at > d->norder ||
+	    (size_t)B > d->norder - at) {
+		snprintf(err, errlen, "a batch of %d at %zu cannot take the flow path", B, at);
+		return -EINVAL;
+	}
+	struct flow_out fo = { .grads = d->grads[0], .host = host, .flow = flow, .bad = P };
+	const float *x;
+	const int32_t *y;
+	int e = batch_of(d, 0, at, B, &x, &y);
+	if (!e)
+		e = replica_train_flow(rep, d->params[0], d->grads[0], x, y, B, key, 1.0f / (float)B, flow,
+				       flow_final, &fo);
+	if (e) {
+		gradflow_fail(flow);
+		*bad = fo.bad;
+		return e == -EDOM && fo.bad < P ? e : fail(d, 0, e, "forward and backward", err, errlen);
 	}
 	d->samples += B;
 	return 0;

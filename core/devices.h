@@ -29,6 +29,7 @@
 #include "config.h"
 #include "model.h"
 #include "optim.h"
+#include "gradflow.h"
 #include "replica.h"
 
 #define DEVICES_MAX CONFIG_MAX_DEVICES
@@ -112,6 +113,20 @@ int devices_set_order(struct devices *d, const uint32_t *order, size_t n, char *
  * derive their own from it. The loss and the right answers are summed on
  * the devices (devices_meter): no step waits for a GPU. */
 int devices_step(struct devices *d, size_t at, int B, uint64_t key, char *err, size_t errlen);
+
+/* Whether devices_step_flow can run here: one replica on the CPU (its
+ * buffers are host memory), with its buffers for it taken now.
+ * -EOPNOTSUPP otherwise, -ENOMEM. */
+int devices_flow_init(struct devices *d);
+/* devices_step (one replica, after devices_flow_init), with the gradient
+ * copied into host (P) range by range as each becomes final, and each
+ * range then marked in flow, so that a worker can push the first pieces
+ * while backward still runs (replica_train_flow). A range holding a NaN or
+ * an infinity is not marked: the step ends with -EDOM and *bad, its index
+ * (P otherwise), and no message. On any failure the flow is failed, so no
+ * reader waits for ever. */
+int devices_step_flow(struct devices *d, size_t at, int B, uint64_t key, float *host,
+		      struct gradflow *flow, size_t *bad, char *err, size_t errlen);
 
 /* devices_step then devices_apply: one whole step of `local`. Where the
  * step can be a CUDA graph ([gpu] cuda_graphs on one GPU replica, the

@@ -52,8 +52,9 @@ void dense_backward(float *dinp, float *dweight, float *dbias,
 	if (dinp)
 		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, B, C, OC,
 			    1.0f, dout, OC, weight, C, 0.0f, dinp, C);
-	cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, B,
-		    1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+	if (dweight)
+		cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, B,
+			    1.0f, dout, OC, inp, C, 1.0f, dweight, C);
 	if (dbias) {
 		/* Row by row, so both dout and dbias are walked contiguously;
 		 * the column-wise order would stride through dout by OC. */
@@ -63,6 +64,16 @@ void dense_backward(float *dinp, float *dweight, float *dbias,
 				dbias[o] += dout_b[o];
 		}
 	}
+}
+
+void dense_wgrad_rows(float *dweight, const float *dout, const float *inp, int B, int C, int OC,
+		      int o0, int o1)
+{
+	// dweight (OC, C): rows [o0, o1) += dout[:, o0:o1]^T inp
+	if (B <= 0 || C <= 0 || o0 < 0 || o1 > OC || o0 >= o1)
+		return;
+	cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, o1 - o0, C, B,
+		    1.0f, dout + o0, OC, inp, C, 1.0f, dweight + (size_t)o0 * C, C);
 }
 
 VECTOR_CLONES

@@ -23,13 +23,18 @@ void dense_forward(float *out, const float *inp, const float *weight,
 		   const float *bias, int B, int C, int OC);
 
 /* dinp = dout @ weight         (set; skipped when dinp is NULL)
- * dweight += dout^T @ inp      (accumulate)
+ * dweight += dout^T @ inp      (accumulate; skipped when dweight is NULL)
  * dbias += sum over B of dout  (accumulate; skipped when dbias is NULL)
  * dinp (B, C), dweight (OC, C), dbias (OC), dout (B, OC), inp (B, C),
  * weight (OC, C). */
 void dense_backward(float *dinp, float *dweight, float *dbias,
 		    const float *dout, const float *inp, const float *weight,
 		    int B, int C, int OC);
+/* Rows [o0, o1) of dense_backward's dweight alone: dweight[o0:o1] +=
+ * dout[:, o0:o1]^T @ inp (accumulate), so a weight gradient can be made
+ * final block by block (replica_train_flow). Same shapes. */
+void dense_wgrad_rows(float *dweight, const float *dout, const float *inp, int B, int C, int OC,
+		      int o0, int o1);
 
 /* Elementwise activations over N values. Backward takes the forward
  * output (not the input): all three derivatives are cheap functions of it,

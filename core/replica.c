@@ -1,8 +1,10 @@
 /* Forward and backward passes of one replica through its backend. */
 #include "replica.h"
 #include "rng.h"
+#include "gradflow.h"
 
 #include <errno.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -99,6 +101,9 @@ void replica_free(struct replica *r)
 	o->release(r->be.ctx, r->grad[0]);
 	o->release(r->be.ctx, r->grad[1]);
 	o->release(r->be.ctx, r->meter);
+	for (int i = 0; i < MODEL_MAX_LAYERS; i++)
+		free(r->dz[i]);
+	free(r->rowdone);
 	memset(r, 0, sizeof(*r));
 }
 
@@ -204,9 +209,11 @@ static int forward_layers(struct replica *r, const float *params, const float *x
 	return 0;
 }
 
-/* Every layer's backward from dout = r->grad[cur], the loss gradient. */
+/* Every layer's backward from dout = r->grad[cur], the loss gradient.
+ * defer (replica_train_flow): dense layers' weight gradients are left
+ * out, each layer's dout kept in r->dz for them. */
 static int backward_layers(struct replica *r, const float *params, float *grads, const float *x,
-			   int B, float scale, int cur)
+			   int B, float scale, int cur, int defer)
 {
 	const struct model *m = r->m;
 	const struct backend_ops *o = r->be.ops;
@@ -223,8 +230,13 @@ static int backward_layers(struct replica *r, const float *params, float *grads,
 		int swap = 1;
 		switch (l->kind) {
 		case LAYER_DENSE:
-			e = o->dense_backward(ctx, dinp, grads + l->woff, bias_done ? NULL : grads + l->boff,
-					      dout, inp, params + l->woff, B, l->in, l->out);
+			/* The flow's backends keep their buffers in host memory
+			 * (a CPU backend): a plain copy keeps dout. */
+			if (defer)
+				memcpy(r->dz[i], dout, N * sizeof(float));
+			e = o->dense_backward(ctx, dinp, defer ? NULL : grads + l->woff,
+					      bias_done ? NULL : grads + l->boff, dout, inp,
+					      params + l->woff, B, l->in, l->out);
 			bias_done = 0;
 			break;
 		case LAYER_CONV:
@@ -293,7 +305,115 @@ int replica_train(struct replica *r, const float *params, float *grads, const fl
 		r->failed = "the loss";
 		return e;
 	}
-	return backward_layers(r, params, grads, x, B, scale, 0);
+	return backward_layers(r, params, grads, x, B, scale, 0, 0);
+}
+
+int replica_flow_init(struct replica *r)
+{
+	const struct model *m = r->m;
+	if (!r->be.ops->dense_wgrad)
+		return -EOPNOTSUPP;
+	if (r->rowdone)
+		return 0;
+	size_t rows = 0;
+	for (int i = 0; i < m->nlayers; i++) {
+		const struct layer *l = &m->layers[i];
+		if (l->kind != LAYER_DENSE)
+			continue;
+		r->dz[i] = malloc((size_t)r->max_batch * (size_t)l->out * sizeof(float));
+		if (!r->dz[i])
+			return -ENOMEM;
+		r->rowoff[i] = rows;
+		rows += (size_t)l->out;
+	}
+	r->rowdone = calloc(rows ? rows : 1, 1);
+	return r->rowdone ? 0 : -ENOMEM;
+}
+
+/* The dense layer whose weight holds parameter at, or -1. */
+static int weight_at(const struct model *m, size_t at)
+{
+	for (int i = 0; i < m->nlayers; i++) {
+		const struct layer *l = &m->layers[i];
+		if (l->kind == LAYER_DENSE && at >= l->woff && at < l->woff + (size_t)l->out * (size_t)l->in)
+			return i;
+	}
+	return -1;
+}
+
+/* Rows of dense layer i from row a: up to a block of about
+ * REPLICA_FLOW_BLOCK values, stopping at a row already done. Computes
+ * them and reports them final. */
+static int flow_block(struct replica *r, int i, int a, float *grads, const float *x, int B,
+		      int (*final)(void *, size_t, size_t), void *ctx)
+{
+	const struct layer *l = &r->m->layers[i];
+	uint8_t *done = r->rowdone + r->rowoff[i];
+	int C = l->in, OC = l->out, most = REPLICA_FLOW_BLOCK / C > 1 ? REPLICA_FLOW_BLOCK / C : 1, b = a;
+	while (b < OC && b - a < most && !done[b])
+		done[b++] = 1;
+	const float *inp = i > 0 ? r->act[i - 1] : x;
+	int e = r->be.ops->dense_wgrad(r->be.ctx, grads + l->woff, r->dz[i], inp, B, C, OC, a, b);
+	if (e) {
+		r->failed = l->name;
+		return e;
+	}
+	return final(ctx, l->woff + (size_t)a * C, l->woff + (size_t)b * C);
+}
+
+int replica_train_flow(struct replica *r, const float *params, float *grads, const float *x,
+		       const int32_t *y, int B, uint64_t key, float scale, struct gradflow *flow,
+		       int (*final)(void *ctx, size_t lo, size_t hi), void *ctx)
+{
+	const struct model *m = r->m;
+	if (B < 1 || B > r->max_batch || !r->rowdone)
+		return -EINVAL;
+	const float *logits;
+	int e = forward_layers(r, params, x, B, 1, key, &logits);
+	if (e)
+		return e;
+	e = r->be.ops->xent_train(r->be.ctx, r->grad[0], r->meter, logits, y, B, m->outputs, scale);
+	if (e) {
+		r->failed = "the loss";
+		return e;
+	}
+	e = backward_layers(r, params, grads, x, B, scale, 0, 1);
+	/* Everything but the dense weights is final now: the gaps between them. */
+	size_t at = 0, rows = 0;
+	for (int i = 0; !e && i <= m->nlayers; i++) {
+		const struct layer *l = i < m->nlayers ? &m->layers[i] : NULL;
+		if (l && l->kind != LAYER_DENSE)
+			continue;
+		size_t lo = l ? l->woff : m->nparams;
+		if (lo > at)
+			e = final(ctx, at, lo);
+		if (l) {
+			at = l->woff + (size_t)l->out * (size_t)l->in;
+			rows += (size_t)l->out;
+		}
+	}
+	if (e)
+		return e;
+	memset(r->rowdone, 0, rows);
+	/* The dense weights, a block at a time, first for the stream (a
+	 * shard) that has the least of its gradient final, so that every
+	 * link has something to send early; then whatever no stream wants. */
+	size_t f;
+	int k;
+	while (!e && (k = gradflow_behind(flow, &f)) >= 0) {
+		int i = weight_at(m, f);
+		if (i < 0)
+			break;   /* a stream waiting on nothing dense: a bug upstream */
+		const struct layer *l = &m->layers[i];
+		e = flow_block(r, i, (int)((f - l->woff) / (size_t)l->in), grads, x, B, final, ctx);
+	}
+	for (int i = 0; !e && i < m->nlayers; i++) {
+		const struct layer *l = &m->layers[i];
+		for (int a = 0; !e && l->kind == LAYER_DENSE && a < l->out; a++)
+			if (!r->rowdone[r->rowoff[i] + (size_t)a])
+				e = flow_block(r, i, a, grads, x, B, final, ctx);
+	}
+	return e;
 }
 
 /* Slots [at, at + 2) of the meter into host values, then cleared. */
@@ -355,7 +475,7 @@ int replica_backward(struct replica *r, const float *params, float *grads, int B
 		r->failed = "the loss";
 		return e;
 	}
-	return backward_layers(r, params, grads, r->x, B, scale, 0);
+	return backward_layers(r, params, grads, r->x, B, scale, 0, 0);
 }
 
 /* The chunks' losses add up in the meter, read once at the end (each

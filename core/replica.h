@@ -28,6 +28,11 @@ struct replica {
 	float *grad[2];                    /* (B, max_width) ping-pong d(activation) */
 	int training;                      /* the last forward was a training one */
 	uint64_t key;                      /* its dropout key */
+	/* replica_train_flow's (replica_flow_init): each dense layer's
+	 * dout (B, out), and which weight rows are done this step */
+	float *dz[MODEL_MAX_LAYERS];
+	size_t rowoff[MODEL_MAX_LAYERS];
+	uint8_t *rowdone;
 	const char *failed;                /* the layer (or "the loss") whose kernel
 					    * failed in the last forward or backward */
 };
@@ -58,6 +63,26 @@ int replica_gather(struct replica *r, const float *data_x, const int32_t *data_y
 int replica_train(struct replica *r, const float *params, float *grads, const float *x,
 		  const int32_t *y, int B, uint64_t key, float scale);
 
+/* The weight rows replica_train_flow computes at a time: about this many
+ * values (a wire piece), so the first pieces are final soon. */
+#define REPLICA_FLOW_BLOCK 16384
+
+struct gradflow;
+/* What replica_train_flow needs, taken once (not in a step): -EOPNOTSUPP
+ * when the backend cannot split a backward pass (only the CPU's can: its
+ * buffers are host memory), -ENOMEM. */
+int replica_flow_init(struct replica *r);
+/* replica_train, with the gradient made final in ranges as soon as they
+ * are: every input gradient and every gradient but the dense layers'
+ * weights first, then those weights a block of rows at a time, choosing
+ * the block at the frontier of the flow's stream that is furthest behind
+ * (gradflow_behind). final(ctx, lo, hi) is called once for each range of
+ * grads that holds its final value (together they cover [0, P) once); a
+ * nonzero return ends the step with it. The values and the order of every
+ * sum are those of replica_train's, block by block. */
+int replica_train_flow(struct replica *r, const float *params, float *grads, const float *x,
+		       const int32_t *y, int B, uint64_t key, float scale, struct gradflow *flow,
+		       int (*final)(void *ctx, size_t lo, size_t hi), void *ctx);
 /* The training meter: summed loss and right answers of the steps since the
  * last call, which are then cleared. Waits for the device. */
 int replica_meter(struct replica *r, double *loss_sum, double *right);

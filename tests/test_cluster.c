@@ -110,6 +110,60 @@ Test(cluster, sync_two_ps_two_workers)
 			   slurp(out[0]));
 }
 
+/* The parameters a sync run of cfg (with a 6-32768-3 MLP: 10 pieces a
+ * shard) ends with, with [cluster] overlap = ov; out: the processes'
+ * output files. */
+static float *overlap_run(const char *ov, size_t P, char out[4][300])
+{
+	char cfg[300], dump[300];
+	int st[4];
+	/* A config of its own: its checkpoints go beside it, apart. */
+	snprintf(cfg, sizeof(cfg), "%s/overlap-%s.ini", dir, ov);
+	snprintf(dump, sizeof(dump), "%s/params-%s.bin", dir, ov);
+	char extra[64];
+	snprintf(extra, sizeof(extra), "overlap = %s\n", ov);
+	write_cluster(dir, cfg, 25, 10, "mode = sync\n", extra);
+	char *text = slurp(cfg), *at = strstr(text, "layer = dense 16\n");
+	cr_assert_not_null(at);
+	FILE *f = fopen(cfg, "w");
+	cr_assert_not_null(f);
+	fprintf(f, "%.*slayer = dense 32768\n%s", (int)(at - text), text, at + strlen("layer = dense 16\n"));
+	cr_assert_eq(fclose(f), 0);
+	run_cluster(cfg, dump, st, out);
+	assert_exits_zero(st, out, 4, "");
+	assert_no_recovery(out);
+	float *got = malloc(P * sizeof(float));
+	cr_assert_not_null(got);
+	f = fopen(dump, "rb");
+	cr_assert_not_null(f, "no parameter dump; chief:\n%s", slurp(out[3]));
+	cr_assert_eq(fread(got, sizeof(float), P, f), P);
+	cr_assert_eq(fgetc(f), EOF);
+	fclose(f);
+	return got;
+}
+
+/* [cluster] overlap: each worker pushes the pieces of its gradient as
+ * backward makes them (in runs, at offsets into each shard) while it
+ * still computes the rest, and says so; the run ends with the very
+ * parameters of one that pushes whole gradients. */
+Test(cluster, overlap_pushes_while_computing_and_changes_no_number)
+{
+	char out[4][300];
+	size_t P = 6 * 32768 + 32768 + 32768 * 3 + 3;
+	float *whole = overlap_run("false", P, out);
+	for (int i = 2; i < 4; i++)
+		cr_assert_null(strstr(slurp(out[i]), "as backward makes them"), "%s", slurp(out[i]));
+	float *flow = overlap_run("true", P, out);
+	for (int i = 2; i < 4; i++)
+		cr_assert_not_null(strstr(slurp(out[i]), "as backward makes them"), "%s", slurp(out[i]));
+	size_t differ = 0;
+	for (size_t i = 0; i < P; i++)
+		differ += memcmp(&whole[i], &flow[i], sizeof(float)) != 0;
+	cr_assert_eq(differ, 0, "%zu of %zu parameters differ", differ, P);
+	free(whole);
+	free(flow);
+}
+
 /* cfg's "threads = 1" (write_cluster's) replaced by threads = t. */
 static void set_threads(const char *cfg, int t)
 {

@@ -559,24 +559,41 @@ Test(keyholder, worker_prints_a_ps_error_and_exits)
 /* An honest worker whose training diverges (learning_rate 1000 makes the
  * loss NaN within a few steps) stops before pushing a non-finite gradient,
  * says so and exits 1; the ps never sees one (it logs the connection
- * closing, no refused PUSH). It used to push NaNs and train on to the end. */
+ * closing, no refused PUSH). It used to push NaNs and train on to the end.
+ * The same when it pushes pieces while backward runs ([cluster] overlap):
+ * those before the first non-finite one may have gone, that one not. */
 Test(keyholder, diverging_worker_stops_before_pushing)
 {
 	struct target t;
 	start_ps(&t, 1, 200, "learning_rate = 1000\ncheckpoint_dir =\n");
-	char wlog[300];
-	snprintf(wlog, sizeof(wlog), "%s/worker0.log", target_dir);
-	const char *args[] = { "worker", "--index", "0", "--config", t.cfg, NULL };
-	pid_t w = target_spawn(args, wlog);
-	int st[1];
-	wait_children(&w, 1, st, RUN_TIMEOUT_S);
-	char *log = slurp(wlog);
-	cr_assert_eq(st[0], 1, "worker exit %d:\n%s", st[0], log);
-	cr_assert_not_null(strstr(log, "the gradient is not finite"), "%s", log);
-	cr_assert_not_null(strstr(log, "so it was not pushed"), "%s", log);
-	char *pslog = target_wait_log(&t, "closed worker 0's connection");
-	cr_assert_not_null(strstr(pslog, "closed worker 0's connection"), "%s", pslog);
-	cr_assert_null(strstr(pslog, "refused"), "%s", pslog);
+	/* The second worker is worker 0 connecting again. */
+	for (int overlap = 0; overlap < 2; overlap++) {
+		char wlog[300];
+		snprintf(wlog, sizeof(wlog), "%s/worker0-%d.log", target_dir, overlap);
+		const char *args[] = { "worker", "--index", "0", "--config", t.cfg, "--set",
+				       overlap ? "cluster.overlap=true" : "cluster.overlap=false", NULL };
+		pid_t w = target_spawn(args, wlog);
+		int st[1];
+		wait_children(&w, 1, st, RUN_TIMEOUT_S);
+		char *log = slurp(wlog);
+		cr_assert_eq(st[0], 1, "worker exit %d:\n%s", st[0], log);
+		cr_assert_not_null(strstr(log, "the gradient is not finite"), "%s", log);
+		cr_assert_not_null(strstr(log, "so it was not pushed"), "%s", log);
+		cr_assert_eq(strstr(log, "as backward makes them") != NULL, overlap, "%s", log);
+		cr_assert_eq(strstr(log, "not pushed from there on") != NULL, overlap, "%s", log);
+		char *pslog = target_wait_log(&t, "closed worker 0's connection");
+		const char *second = strstr(pslog, "closed worker 0's connection");
+		if (overlap) {
+			for (int i = 0; i < 100 && !(second && strstr(second + 1, "closed worker 0's connection")); i++) {
+				target_nap_ms(50);
+				pslog = slurp(t.log);
+				second = strstr(pslog, "closed worker 0's connection");
+			}
+			second = second ? strstr(second + 1, "closed worker 0's connection") : NULL;
+		}
+		cr_assert_not_null(second, "%s", pslog);
+		cr_assert_null(strstr(pslog, "refused"), "%s", pslog);
+	}
 }
 
 /* ---- in-process: the check and the shard ------------------------------------------ */

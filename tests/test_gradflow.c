@@ -1,0 +1,244 @@
+/* Tests of a gradient made final piece by piece (core/gradflow.c) and of
+ * the backward pass that makes it so (replica_train_flow): merged final
+ * ranges, each stream's frontier, which stream is furthest behind,
+ * readers that wait and are released by a failure; and the split
+ * backward's gradient equal to the whole one's, each range reported only
+ * once its values are final. */
+#include <criterion/criterion.h>
+
+#include "leak.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "config.h"
+#include "gradflow.h"
+#include "model.h"
+#include "replica.h"
+#include "rng.h"
+
+TestSuite(gradflow, .fini = leak_check);
+
+Test(gradflow, marks_merge_and_frontiers_follow)
+{
+	struct gradflow f;
+	size_t b[2] = { 0, 50 }, e[2] = { 50, 100 };
+	cr_assert_eq(gradflow_init(&f, 100, 2, b, e, 8), 0);
+	cr_assert_eq(gradflow_frontier(&f, 0), 0);
+	cr_assert_eq(gradflow_mark(&f, 10, 20), 0);
+	cr_assert_eq(gradflow_mark(&f, 30, 40), 0);
+	cr_assert_eq(f.ndone, 2);
+	cr_assert_eq(gradflow_frontier(&f, 0), 0, "nothing final at the stream's start");
+	cr_assert_eq(gradflow_mark(&f, 20, 30), 0);
+	cr_assert_eq(f.ndone, 1, "touching ranges merge");
+	cr_assert_eq(gradflow_mark(&f, 0, 10), 0);
+	cr_assert_eq(gradflow_frontier(&f, 0), 40);
+	cr_assert_eq(gradflow_mark(&f, 45, 70), 0);
+	cr_assert_eq(gradflow_frontier(&f, 0), 40);
+	cr_assert_eq(gradflow_frontier(&f, 1), 70, "the range across the streams' border counts for stream 1");
+	cr_assert_eq(gradflow_mark(&f, 40, 45), 0);
+	cr_assert_eq(gradflow_frontier(&f, 0), 50, "a frontier stops at its stream's end");
+	cr_assert_not(gradflow_complete(&f));
+	cr_assert_eq(gradflow_mark(&f, 60, 100), 0, "overlapping marks are fine");
+	cr_assert(gradflow_complete(&f));
+	cr_assert_eq(gradflow_mark(&f, 90, 101), -EINVAL);
+	gradflow_reset(&f);
+	cr_assert_eq(gradflow_frontier(&f, 1), 50, "reset: nothing final");
+	gradflow_free(&f);
+}
+
+Test(gradflow, behind_is_the_stream_with_the_least_of_its_range_final)
+{
+	struct gradflow f;
+	size_t b[3] = { 0, 10, 100 }, e[3] = { 10, 100, 1000 }, at = 0;
+	cr_assert_eq(gradflow_init(&f, 1000, 3, b, e, 8), 0);
+	cr_assert_eq(gradflow_behind(&f, &at), 0, "a tie goes to the first");
+	cr_assert_eq(gradflow_mark(&f, 0, 5), 0);     /* stream 0 half done */
+	cr_assert_eq(gradflow_mark(&f, 100, 200), 0); /* stream 2 a ninth */
+	cr_assert_eq(gradflow_behind(&f, &at), 1);
+	cr_assert_eq(at, 10);
+	cr_assert_eq(gradflow_mark(&f, 10, 100), 0);
+	cr_assert_eq(gradflow_behind(&f, &at), 2);
+	cr_assert_eq(at, 200);
+	cr_assert_eq(gradflow_mark(&f, 200, 1000), 0);
+	cr_assert_eq(gradflow_behind(&f, &at), 0);
+	cr_assert_eq(at, 5);
+	cr_assert_eq(gradflow_mark(&f, 5, 10), 0);
+	cr_assert_eq(gradflow_behind(&f, &at), -1, "every stream complete");
+	gradflow_free(&f);
+}
+
+Test(gradflow, too_many_separate_ranges_fail_the_flow)
+{
+	struct gradflow f;
+	size_t b = 0, e = 100, have;
+	cr_assert_eq(gradflow_init(&f, 100, 1, &b, &e, 2), 0);
+	cr_assert_eq(gradflow_mark(&f, 10, 20), 0);
+	cr_assert_eq(gradflow_mark(&f, 30, 40), 0);
+	cr_assert_eq(gradflow_mark(&f, 50, 60), -ENOSPC);
+	cr_assert_eq(gradflow_wait(&f, 0, 10, &have), -ECANCELED, "a reader is not left waiting");
+	gradflow_free(&f);
+	cr_assert_eq(gradflow_init(&f, 10, 1, &b, &e, 2), -EINVAL, "a stream past the vector");
+}
+
+struct reader {
+	struct gradflow *f;
+	size_t want, have;
+	int r;
+};
+
+static void *reader_main(void *arg)
+{
+	struct reader *rd = arg;
+	rd->r = gradflow_wait(rd->f, 0, rd->want, &rd->have);
+	return NULL;
+}
+
+Test(gradflow, a_reader_waits_for_its_prefix_and_a_failure_releases_it)
+{
+	struct gradflow f;
+	size_t b = 100, e = 200;
+	cr_assert_eq(gradflow_init(&f, 300, 1, &b, &e, 4), 0);
+	struct reader rd = { .f = &f, .want = 150, .r = 1 };
+	pthread_t th;
+	cr_assert_eq(pthread_create(&th, NULL, reader_main, &rd), 0);
+	cr_assert_eq(gradflow_mark(&f, 120, 300), 0);
+	usleep(20000);
+	cr_assert_eq(rd.r, 1, "still waiting: [100, 120) is not final");
+	cr_assert_eq(gradflow_mark(&f, 100, 120), 0);
+	pthread_join(th, NULL);
+	cr_assert_eq(rd.r, 0);
+	cr_assert_eq(rd.have, 200, "the whole final prefix, clipped to the stream");
+
+	gradflow_reset(&f);
+	rd = (struct reader){ .f = &f, .want = 500, .r = 1 };
+	cr_assert_eq(pthread_create(&th, NULL, reader_main, &rd), 0);
+	cr_assert_eq(gradflow_mark(&f, 100, 150), 0);
+	usleep(20000);
+	cr_assert_eq(rd.r, 1);
+	gradflow_fail(&f);
+	pthread_join(th, NULL);
+	cr_assert_eq(rd.r, -ECANCELED);
+	cr_assert_eq(rd.have, 150);
+	gradflow_free(&f);
+}
+
+/* The split backward against the whole one. */
+struct check {
+	const float *grads, *want;
+	size_t P;
+	unsigned char *seen;
+	int calls, early;
+	struct gradflow *f;
+};
+
+/* Every range is reported once, and only when it already holds the
+ * whole backward's values. */
+static int check_final(void *ctx, size_t lo, size_t hi)
+{
+	struct check *ck = ctx;
+	ck->calls++;
+	for (size_t i = lo; i < hi; i++) {
+		cr_assert_eq(ck->seen[i], 0, "parameter %zu reported twice", i);
+		ck->seen[i] = 1;
+	}
+	if (memcmp(ck->grads + lo, ck->want + lo, (hi - lo) * sizeof(float)))
+		ck->early++;
+	return gradflow_mark(ck->f, lo, hi);
+}
+
+static void split_matches_whole(const char *input, int inputs, const char *layers, int nps)
+{
+	char text[2048], err[512];
+	struct config c;
+	struct model m;
+	snprintf(text, sizeof(text), "[train]\nbatch_size = 16\n[model]\ninput = %s\n%s", input, layers);
+	cr_assert_eq(config_parse_string(&c, "t.ini", text, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(model_build(&m, &c.model, err, sizeof(err)), 0, "%s", err);
+	int B = 16;
+	size_t P = m.nparams;
+	float *x = malloc((size_t)B * inputs * sizeof(float)), *p = malloc(P * sizeof(float));
+	float *g1 = calloc(P, sizeof(float)), *g2 = calloc(P, sizeof(float));
+	int32_t *y = malloc((size_t)B * sizeof(int32_t));
+	unsigned char *seen = calloc(P, 1);
+	cr_assert(x && p && g1 && g2 && y && seen);
+	for (size_t i = 0; i < (size_t)B * inputs; i++)
+		x[i] = (float)rng_uniform(7, RNG_DATA, i);
+	for (int i = 0; i < B; i++)
+		y[i] = (int32_t)(rng_hash(7, RNG_DATA + 1, (uint64_t)i) % (uint64_t)m.outputs);
+	model_init_params(&m, p, 0, P, 3);
+	struct backend be;
+	backend_cpu(&be, 1);
+	struct replica r1, r2;
+	cr_assert_eq(replica_init(&r1, &m, &be, B, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(replica_init(&r2, &m, &be, B, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(replica_flow_init(&r2), 0);
+	struct gradflow f;
+	size_t b[4], e[4];
+	for (int k = 0; k < nps; k++) {
+		b[k] = P * (size_t)k / (size_t)nps;
+		e[k] = P * (size_t)(k + 1) / (size_t)nps;
+	}
+	cr_assert_eq(gradflow_init(&f, P, nps, b, e, 1 << 16), 0);
+	struct check ck = { .grads = g2, .want = g1, .P = P, .seen = seen, .f = &f };
+	uint64_t key = replica_key(1, 5, 0);
+	cr_assert_eq(replica_load(&r1, x, y, B), 0);
+	cr_assert_eq(replica_train(&r1, p, g1, r1.x, r1.y, B, key, 1.0f / B), 0);
+	cr_assert_eq(replica_load(&r2, x, y, B), 0);
+	cr_assert_eq(replica_train_flow(&r2, p, g2, r2.x, r2.y, B, key, 1.0f / B, &f, check_final, &ck), 0);
+	cr_assert(gradflow_complete(&f));
+	for (size_t i = 0; i < P; i++)
+		cr_assert_eq(seen[i], 1, "parameter %zu never reported final", i);
+	cr_assert_eq(ck.early, 0, "%d ranges reported before they held their values", ck.early);
+	cr_assert_gt(ck.calls, 3, "the dense weights come in blocks, not at once");
+	cr_assert_eq(memcmp(g1, g2, P * sizeof(float)), 0, "the split backward's gradient differs");
+	double l1, l2, c1, c2;
+	cr_assert_eq(replica_meter(&r1, &l1, &c1), 0);
+	cr_assert_eq(replica_meter(&r2, &l2, &c2), 0);
+	cr_assert_eq(l1, l2);
+	cr_assert_eq(c1, c2);
+	gradflow_free(&f);
+	replica_free(&r1);
+	replica_free(&r2);
+	free(x);
+	free(p);
+	free(g1);
+	free(g2);
+	free(y);
+	free(seen);
+}
+
+Test(gradflow, split_backward_of_an_mlp_equals_the_whole_one)
+{
+	split_matches_whole("784", 784, "layer = dense 512\nlayer = relu\nlayer = dense 512\nlayer = relu\n"
+			    "layer = dropout 0.2\nlayer = dense 10\n", 2);
+}
+
+Test(gradflow, split_backward_of_a_cnn_equals_the_whole_one)
+{
+	split_matches_whole("8x8x1", 64, "layer = conv 3x3 4 pad=same\nlayer = batchnorm\nlayer = relu\n"
+			    "layer = maxpool 2\nlayer = dense 64\nlayer = tanh\nlayer = dense 4\n", 3);
+}
+
+Test(gradflow, a_backend_that_cannot_split_is_refused)
+{
+	char text[256], err[512];
+	struct config c;
+	struct model m;
+	snprintf(text, sizeof(text), "[model]\ninput = 4\nlayer = dense 3\n");
+	cr_assert_eq(config_parse_string(&c, "t.ini", text, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(model_build(&m, &c.model, err, sizeof(err)), 0, "%s", err);
+	struct backend be;
+	backend_cpu(&be, 1);
+	struct backend_ops ops = *be.ops;
+	ops.dense_wgrad = NULL;
+	be.ops = &ops;
+	struct replica r;
+	cr_assert_eq(replica_init(&r, &m, &be, 4, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(replica_flow_init(&r), -EOPNOTSUPP);
+	replica_free(&r);
+}

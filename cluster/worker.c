@@ -405,17 +405,16 @@ static int worker_step(struct worker *wr, char *err, size_t errlen)
 	double t1;
 	if (!e && wr->flowing && !last) {
 		e = worker_overlap(wr, &t1, err, errlen);
-		wr->t_compute += t1 - t0;
 	} else {
 		if (!e)
 			e = worker_compute(wr, 0, err, errlen);
 		t1 = progress_now();
-		wr->t_compute += t1 - t0;
 		if (!e && last)
 			e = links_push(&wr->lk, wr->grads, err, errlen);
 		else if (!e)
 			e = links_exchange(&wr->lk, wr->grads, wr->params, err, errlen);
 	}
+	wr->t_compute += t1 - t0;
 	if (!e && !last)
 		e = devices_set_params(&wr->dev, wr->params, err, errlen);
 	if (e)

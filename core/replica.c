@@ -291,8 +291,10 @@ static int backward_layers(struct replica *r, const float *params, float *grads,
 	return e;
 }
 
-int replica_train(struct replica *r, const float *params, float *grads, const float *x,
-		  const int32_t *y, int B, uint64_t key, float scale)
+/* A training forward pass and the loss, its gradient in r->grad[0]:
+ * what replica_train and replica_train_flow do before backward. */
+static int train_forward(struct replica *r, const float *params, const float *x, const int32_t *y,
+			 int B, uint64_t key, float scale)
 {
 	if (B < 1 || B > r->max_batch)
 		return -EINVAL;
@@ -301,11 +303,16 @@ int replica_train(struct replica *r, const float *params, float *grads, const fl
 	if (e)
 		return e;
 	e = r->be.ops->xent_train(r->be.ctx, r->grad[0], r->meter, logits, y, B, r->m->outputs, scale);
-	if (e) {
+	if (e)
 		r->failed = "the loss";
-		return e;
-	}
-	return backward_layers(r, params, grads, x, B, scale, 0, 0);
+	return e;
+}
+
+int replica_train(struct replica *r, const float *params, float *grads, const float *x,
+		  const int32_t *y, int B, uint64_t key, float scale)
+{
+	int e = train_forward(r, params, x, y, B, key, scale);
+	return e ? e : backward_layers(r, params, grads, x, B, scale, 0, 0);
 }
 
 int replica_flow_init(struct replica *r)
@@ -366,18 +373,11 @@ int replica_train_flow(struct replica *r, const float *params, float *grads, con
 		       int (*final)(void *ctx, size_t lo, size_t hi), void *ctx)
 {
 	const struct model *m = r->m;
-	if (B < 1 || B > r->max_batch || !r->rowdone)
+	if (!r->rowdone)
 		return -EINVAL;
-	const float *logits;
-	int e = forward_layers(r, params, x, B, 1, key, &logits);
-	if (e)
-		return e;
-	e = r->be.ops->xent_train(r->be.ctx, r->grad[0], r->meter, logits, y, B, m->outputs, scale);
-	if (e) {
-		r->failed = "the loss";
-		return e;
-	}
-	e = backward_layers(r, params, grads, x, B, scale, 0, 1);
+	int e = train_forward(r, params, x, y, B, key, scale);
+	if (!e)
+		e = backward_layers(r, params, grads, x, B, scale, 0, 1);
 	/* Everything but the dense weights is final now: the gaps between them. */
 	size_t at = 0, rows = 0;
 	for (int i = 0; !e && i <= m->nlayers; i++) {

@@ -163,10 +163,31 @@ void links_close(struct links *lk)
 	lk->job = NULL;
 }
 
+int links_local(const struct links *lk)
+{
+	int n = 0;
+	for (int k = 0; lk->ln && k < lk->nps; k++)
+		n += lk->ln[k].conn.fd >= 0 && sock_is_unix(lk->ln[k].conn.fd);
+	return n;
+}
+
 void links_disconnect(struct links *lk)
 {
 	for (int k = 0; lk->ln && k < lk->nps; k++)
 		conn_close(&lk->ln[k].conn);
+}
+
+/* The Unix socket to try before TCP for ps k ([cluster] local_socket), or
+ * NULL: only for a ps whose address is one of this host's, so that hosts
+ * sharing a file system (or network namespaces sharing one kernel) never
+ * reach each other's ps that way. Where the directory is not ours alone
+ * the ps says so and listens on TCP only; here it is just TCP. */
+static const char *link_local_path(const struct config *c, int k, char *path, size_t len)
+{
+	char e[400];
+	if (!c->cluster.local_socket || sock_is_own_address(c->cluster.ps[k].name, e, sizeof(e)) != 1)
+		return NULL;
+	return role_local_path(c, k, path, len, e, sizeof(e)) ? NULL : path;
 }
 
 /* One connection and handshake with ps k; then, at once, a HEARTBEAT:
@@ -184,11 +205,14 @@ static int link_open(struct links *lk, int k, int timeout_ms, char *err, size_t 
 	int fd = -1;
 	int hs_ms = timeout_ms < ROLE_HANDSHAKE_MS ? timeout_ms : ROLE_HANDSHAKE_MS;
 	links_ps_name(c, k, nm, sizeof(nm));
-	int r = sock_connect_until(c->cluster.ps[k].name, c->cluster.ps[k].port, timeout_ms, lk->stop,
-				   &fd, e, sizeof(e));
+	char upath[256];
+	const char *local = link_local_path(c, k, upath, sizeof(upath));
+	int r = sock_connect_local_until(local, c->cluster.ps[k].name, c->cluster.ps[k].port, timeout_ms,
+					 lk->stop, &fd, e, sizeof(e));
 	if (r)
 		return err_set(err, errlen, r == -EINVAL || r == -ENOENT ? -EINVAL : r == -EINTR ? -EINTR : -ECONNABORTED,
 			       "ps %d: %s", k, e);
+	me.local = sock_is_unix(fd);
 	(void)sock_send_buffer(fd, c->cluster.send_buffer_kib); /* a cap, not a need */
 	r = conn_client(cn, fd, lk->s->key, &me, hs_ms, nm, err, errlen);
 	if (r)

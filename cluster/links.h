@@ -86,6 +86,8 @@ int links_connect(struct links *lk, char *err, size_t errlen);
 /* Ps k, retrying with backoff for up to timeout_ms. */
 int links_connect_one(struct links *lk, int k, int timeout_ms, char *err, size_t errlen);
 void links_disconnect(struct links *lk);
+/* How many of the ps links are Unix sockets ([cluster] local_socket). */
+int links_local(const struct links *lk);
 
 /* Pulls every shard into params (P): sync asks each for the version after
  * the one it last had (first: 0, i.e. whatever it has), async for the

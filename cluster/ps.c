@@ -508,7 +508,11 @@ static int ps_answer(struct ps *ps, struct gate_greeting *gr, struct hs_result *
 	uint8_t hello2[HS_HELLO_BYTES];
 	size_t outlen = 0;
 	char e[400], why[480];
-	int r = hs_server_respond(hr, hello2, &outlen, ps->s->key, &ps->me, gr->hello, HS_HELLO_BYTES,
+	/* A worker on this host came through the Unix socket: say so, and
+	 * if it says so too, the frames go unencrypted (handshake.h). */
+	struct hs_identity me = ps->me;
+	me.local = sock_is_unix(gr->fd);
+	int r = hs_server_respond(hr, hello2, &outlen, ps->s->key, &me, gr->hello, HS_HELLO_BYTES,
 				  e, sizeof(e));
 	/* A fresh socket's buffer takes 144 bytes at once; one that does
 	 * not is not worth waiting for. */
@@ -802,6 +806,23 @@ static int ps_open(struct ps *ps, const struct config *c, const struct role_setu
 /* The gate in front of the listener. Pending connections cost a file
  * descriptor each: the soft limit goes up to the hard one, and the gate
  * takes what the workers' connections leave of it, at most PS_PENDING_MAX. */
+/* The Unix socket for workers on this host, in *fd and its path in path;
+ * if there can be none (the directory is not ours alone, the path is too
+ * long, another ps holds it), one line says why and they use TCP. */
+static void ps_listen_local(struct ps *ps, char *path, size_t len, int *fd)
+{
+	char e[400];
+	int r = role_local_path(ps->c, ps->index, path, len, e, sizeof(e));
+	if (!r)
+		r = sock_listen_unix(path, fd, e, sizeof(e));
+	if (r) {
+		*fd = -1;
+		path[0] = 0;
+		role_log(ps->out, "ps %d: warning: no Unix socket for workers on this host, they use TCP: %s",
+			 ps->index, e);
+	}
+}
+
 static int ps_gate_open(struct ps *ps, int lfd, char *err, size_t errlen)
 {
 	struct rlimit rl;
@@ -860,7 +881,8 @@ int cluster_ps(const struct config *c, int index, int fresh, FILE *out,
 	struct role_setup s;
 	struct ps *ps = calloc(1, sizeof(*ps));
 	struct shard plan[CONFIG_MAX_HOSTS];
-	int lfd = -1, e;
+	int lfd = -1, ufd = -1, e;
+	char upath[256] = "";
 
 	memset(&s, 0, sizeof(s));
 	if (!ps)
@@ -878,6 +900,10 @@ int cluster_ps(const struct config *c, int index, int fresh, FILE *out,
 	 * private address behind NAT) while workers dial its ps entry. */
 	const struct host *h = c->cluster.nlisten == 0 ? &c->cluster.ps[index]
 			       : &c->cluster.listen[c->cluster.nlisten == 1 ? 0 : index];
+	/* The Unix socket before the TCP one: a worker on this host that
+	 * tries both at once then never settles for TCP while we start. */
+	if (c->cluster.local_socket)
+		ps_listen_local(ps, upath, sizeof(upath), &ufd);
 	e = sock_listen(h->name, h->port, 0, &lfd, err, errlen);
 	if (e) {
 		e = e == -ENOMEM ? e : -EINVAL;
@@ -886,7 +912,12 @@ int cluster_ps(const struct config *c, int index, int fresh, FILE *out,
 	role_log(out, "ps %d: listening on %s:%u, shard [%zu, %zu) of %zu parameters, %s mode, %ld steps, waiting for %d worker%s",
 		 index, h->name, h->port, plan[index].begin, plan[index].end, s.job.m.nparams,
 		 c->train.mode == MODE_SYNC ? "sync" : "async", s.job.total, ps->W, ps->W == 1 ? "" : "s");
+	if (ufd >= 0)
+		role_log(out, "ps %d: workers on this host reach it over the Unix socket %s (frames not encrypted: [cluster] local_socket)",
+			 index, upath);
 	e = ps_gate_open(ps, lfd, err, errlen);
+	if (!e && ufd >= 0)
+		e = gate_listen_also(&ps->gate, ufd);
 	if (e)
 		goto out;
 	ps_accept_loop(ps, stop);
@@ -897,6 +928,10 @@ out:
 	gate_free(&ps->gate);
 	if (lfd >= 0)
 		close(lfd);
+	if (ufd >= 0) {
+		close(ufd);
+		unlink(upath);
+	}
 	ps_close(ps);
 	role_setup_free(&s);
 	free(ps);

@@ -2,6 +2,7 @@
 #include "role.h"
 
 #include "../base/err.h"
+#include "../net/sock.h"
 #include "../net/wire.h"
 
 #include <errno.h>
@@ -10,6 +11,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <time.h>
+#include <unistd.h>
 
 /* A failure is fatal, not a warning: prctl(PR_SET_DUMPABLE) cannot fail on
  * Linux for these arguments, so a failure means a sandbox filters it, and
@@ -132,4 +134,20 @@ void role_hooks_read(struct role_hooks *h)
 int role_pieces(const struct config *c)
 {
 	return c->train.mode == MODE_SYNC && c->train.replicas_to_aggregate == c->cluster.nworkers;
+}
+
+int role_local_path(const struct config *c, int k, char *out, size_t outlen, char *err,
+		    size_t errlen)
+{
+	char dflt[64];
+	const char *dir = c->cluster.socket_dir;
+	if (!dir[0]) {
+		snprintf(dflt, sizeof(dflt), "/tmp/pstrain-%u", (unsigned)geteuid());
+		dir = dflt;
+	}
+	int r = sock_unix_dir(dir, err, errlen);
+	if (!r)
+		r = sock_unix_path(out, outlen, dir, c->cluster.ps[k].name, c->cluster.ps[k].port, err,
+				   errlen);
+	return r;
 }

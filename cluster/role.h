@@ -86,6 +86,13 @@ unsigned role_param_dtype(const struct config *c);
  * next version before it pushes and take the ps's answer as it streams. */
 int role_pieces(const struct config *c);
 
+/* The Unix socket of ps k for workers on its host ([cluster] local_socket):
+ * its path in socket_dir (default /tmp/pstrain-EUID), after checking that
+ * the directory is this user's alone (made if missing). 0, or a negative
+ * errno with one line in err: then only TCP reaches ps k. */
+int role_local_path(const struct config *c, int k, char *out, size_t outlen, char *err,
+		    size_t errlen);
+
 /* Test hooks: environment variables read once, at the start of a role, so
  * that the normal paths only see numbers (0: off). docs/CHECKPOINTS.md
  * lists them with the tests that use them. */

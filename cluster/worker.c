@@ -169,8 +169,12 @@ static int worker_open(struct worker *wr, char *err, size_t errlen)
 		return e;
 	wr->total = wr->s.job.total;
 	wr->spe = wr->s.job.spe;
-	role_log(wr->out, "worker %d%s: connected to %d ps; %zu train / %zu test samples, %zu parameters, batch %d x %d workers, %ld steps (%ld per epoch), %s mode",
-		 wr->index, wr->chief ? " (chief)" : "", wr->lk.nps, wr->s.job.train.n, wr->s.job.test.n, P, wr->B,
+	char local[64] = "";
+	int nlocal = links_local(&wr->lk);
+	if (nlocal)
+		snprintf(local, sizeof(local), " (%d on this host, over a Unix socket)", nlocal);
+	role_log(wr->out, "worker %d%s: connected to %d ps%s; %zu train / %zu test samples, %zu parameters, batch %d x %d workers, %ld steps (%ld per epoch), %s mode",
+		 wr->index, wr->chief ? " (chief)" : "", wr->lk.nps, local, wr->s.job.train.n, wr->s.job.test.n, P, wr->B,
 		 wr->W, wr->total, wr->spe, c->train.mode == MODE_SYNC ? "sync" : "async");
 	progress_init(&wr->pg, wr->out, wr->chief && wr->tty, wr->total, wr->spe);
 	char tbe[CONFIG_ERR_MAX];

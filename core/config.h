@@ -56,6 +56,8 @@ struct config {
 		int send_buffer_kib;        /* SO_SNDBUF of peer connections (KiB); 0 = the kernel's */
 		int wire_dtype;             /* enum wire_precision */
 		int overlap;                /* sync pieces: push while backward runs */
+		int local_socket;           /* a ps on this host over a Unix socket, unencrypted */
+		char socket_dir[DATA_PATH_MAX]; /* where those sockets are; "" = /tmp/pstrain-UID */
 		double peer_timeout;        /* seconds a ps waits for a lost worker to come back */
 		double handshake_timeout;   /* seconds a new connection has to greet a ps */
 	} cluster;

@@ -50,6 +50,11 @@
 enum frame_cipher {
 	FRAME_CHACHA20POLY1305 = 0, /* ChaCha20-Poly1305-IETF: always available */
 	FRAME_AES256GCM = 1,        /* AES-256-GCM: needs AES-NI and PCLMUL */
+	FRAME_LOCAL = 2,            /* no cipher: a Unix socket between two processes of
+				     * one user on one host, which nobody else can read
+				     * or write (docs/SECURITY.md); the tag carries the
+				     * counter, so a frame lost or repeated by a bug
+				     * still fails to open */
 };
 
 /* One direction's state: the session key, the counter of the next frame
@@ -69,7 +74,7 @@ int frame_aes_available(void);
  * same answer from the two flags exchanged in the handshake. */
 enum frame_cipher frame_cipher_choose(int peer_has_aes);
 
-/* Name for logs: "aes-256-gcm" or "chacha20-poly1305". */
+/* Name for logs: "aes-256-gcm", "chacha20-poly1305" or "local". */
 const char *frame_cipher_name(enum frame_cipher cipher);
 
 /* Sets k to key, counter 0, cipher. -EINVAL for an unknown cipher,

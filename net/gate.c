@@ -35,12 +35,13 @@ int gate_init(struct gate *g, int lfd, int max, int per_source, int timeout_ms, 
 	      size_t errlen)
 {
 	memset(g, 0, sizeof(*g));
-	g->lfd = lfd;
+	g->lfd[0] = lfd;
+	g->nl = 1;
 	g->max = max < 1 ? 1 : max;
 	g->per_source = per_source < 1 ? 1 : per_source;
 	g->timeout_ms = timeout_ms;
 	g->p = calloc((size_t)g->max, sizeof(*g->p));
-	g->pfd = calloc((size_t)g->max + 1, sizeof(*g->pfd));
+	g->pfd = calloc((size_t)g->max + GATE_LISTENERS, sizeof(*g->pfd));
 	if (!g->p || !g->pfd) {
 		gate_free(g);
 		return err_set(err, errlen, -ENOMEM, "out of memory for %d pending connections", max);
@@ -143,15 +144,23 @@ static int pending_make_room(struct gate *g, const uint8_t *src)
 	return 0;
 }
 
-/* Accepts what is waiting on the listening socket, up to a batch. A
+int gate_listen_also(struct gate *g, int lfd)
+{
+	if (g->nl >= GATE_LISTENERS)
+		return -ENOSPC;
+	g->lfd[g->nl++] = lfd;
+	return 0;
+}
+
+/* Accepts what is waiting on listening socket lfd, up to a batch. A
  * negative errno for a listener failure that waiting will not cure. */
-static int gate_accept(struct gate *g, char *err, size_t errlen)
+static int gate_accept(struct gate *g, int lfd, char *err, size_t errlen)
 {
 	for (int k = 0; k < GATE_ACCEPT_BATCH; k++) {
 		struct gate_pending np;
 		char e[200];
 		memset(&np, 0, sizeof(np));
-		int r = sock_accept_from(g->lfd, 0, &np.fd, np.peer, sizeof(np.peer), np.source, e,
+		int r = sock_accept_from(lfd, 0, &np.fd, np.peer, sizeof(np.peer), np.source, e,
 					 sizeof(e));
 		if (r == -EAGAIN || r == -ETIMEDOUT)
 			return 0;
@@ -214,22 +223,26 @@ int gate_next(struct gate *g, int wait_ms, struct gate_greeting *out, char *err,
 		if (left < wait_ms)
 			wait_ms = left < 0 ? 0 : (int)left;
 	}
-	g->pfd[0] = (struct pollfd){ .fd = g->lfd, .events = POLLIN };
+	int nl = g->nl;
+	for (int l = 0; l < nl; l++)
+		g->pfd[l] = (struct pollfd){ .fd = g->lfd[l], .events = POLLIN };
 	for (int i = 0; i < g->n; i++)
-		g->pfd[i + 1] = (struct pollfd){ .fd = g->p[i].fd,
-						 .events = g->p[i].state == GATE_HELD ? POLLRDHUP : POLLIN };
+		g->pfd[nl + i] = (struct pollfd){ .fd = g->p[i].fd,
+						  .events = g->p[i].state == GATE_HELD ? POLLRDHUP : POLLIN };
 	int n = g->n;
-	int r = poll(g->pfd, (nfds_t)n + 1, wait_ms);
+	int r = poll(g->pfd, (nfds_t)(n + nl), wait_ms);
 	if (r < 0 && errno != EINTR)
 		return err_set(err, errlen, -errno, "poll: %s", strerror(errno));
 	if (r > 0) {
 		/* Readers first, from the last so that a drop (which moves
 		 * the last record into the hole) leaves the rest in place. */
 		for (int i = n - 1; i >= 0; i--)
-			if (g->pfd[i + 1].revents)
+			if (g->pfd[nl + i].revents)
 				(void)pending_read(g, i);
-		if (g->pfd[0].revents) {
-			r = gate_accept(g, err, errlen);
+		for (int l = 0; l < nl; l++) {
+			if (!g->pfd[l].revents)
+				continue;
+			r = gate_accept(g, g->lfd[l], err, errlen);
 			if (r)
 				return r;
 		}

@@ -82,13 +82,17 @@ struct gate_greeting {
 	uint8_t hello[HS_HELLO_BYTES];
 };
 
+/* Listening sockets one gate serves: a ps's TCP one and its Unix one. */
+#define GATE_LISTENERS 2
+
 struct gate {
-	int lfd;                 /* the listening socket: the caller's */
+	int lfd[GATE_LISTENERS]; /* the listening sockets: the caller's */
+	int nl;                  /* how many */
 	int max, per_source;
 	int timeout_ms;
 	struct gate_pending *p;  /* (max) the first n are in use */
 	int n, nwhole;
-	struct pollfd *pfd;      /* (max + 1) */
+	struct pollfd *pfd;      /* (GATE_LISTENERS + max) */
 	struct gate_tally tally;
 };
 
@@ -97,7 +101,13 @@ struct gate {
  * timeout_ms after its accept. -ENOMEM. */
 int gate_init(struct gate *g, int lfd, int max, int per_source, int timeout_ms, char *err,
 	      size_t errlen);
-/* Closes every pending connection (not lfd). Accepts a zeroed struct. */
+/* One more listening socket (non-blocking, the caller's) whose connections
+ * go through the same gate, by the same rules. -ENOSPC past
+ * GATE_LISTENERS. */
+int gate_listen_also(struct gate *g, int lfd);
+
+/* Closes every pending connection (not the listeners). Accepts a zeroed
+ * struct. */
 void gate_free(struct gate *g);
 
 /* Waits up to wait_ms for a whole greeting, meanwhile accepting, reading,

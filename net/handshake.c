@@ -61,7 +61,7 @@ enum {
 	OFF_STEP = 8,      /* u8 1 = HELLO1 (client), 2 = HELLO2 (server) */
 	OFF_ROLE = 9,      /* u8 enum hs_role */
 	OFF_AES = 10,      /* u8 0 or 1 */
-	OFF_RESERVED = 11, /* u8 0 */
+	OFF_LOCAL = 11,    /* u8 0, or 1: over a Unix socket on one host */
 	OFF_INDEX = 12,    /* u32 */
 	OFF_CONFIG = 16,   /* 32 bytes: config hash */
 	OFF_EPK = 48,      /* 32 bytes: ephemeral X25519 public key */
@@ -120,6 +120,10 @@ static int identity_check(const struct hs_identity *me, char *err, size_t errlen
 		(void)err_set(err, errlen, 0, "handshake: aes flag must be 0 or 1, not %d", me->aes);
 		return -EINVAL;
 	}
+	if (me->local != 0 && me->local != 1) {
+		(void)err_set(err, errlen, 0, "handshake: local flag must be 0 or 1, not %d", me->local);
+		return -EINVAL;
+	}
 	if (me->aes && !frame_aes_available()) {
 		(void)err_set(err, errlen, 0, "handshake: AES-256-GCM offered but this CPU lacks it");
 		return -ENOTSUP;
@@ -127,12 +131,18 @@ static int identity_check(const struct hs_identity *me, char *err, size_t errlen
 	return 0;
 }
 
-/* The cipher for both directions: a symmetric function of the two flags,
- * so both sides pick the same one. Equals frame_cipher_choose(peer_aes)
- * when our flag is frame_aes_available(). */
-static enum frame_cipher cipher_for(int aes_a, int aes_b)
+/* The cipher for both directions: a symmetric function of the flags, so
+ * both sides pick the same one. No cipher only when both sides say their
+ * socket is a Unix one: the flags are under the MAC and in the session
+ * keys' transcript, so a relay that offers a worker a Unix socket and
+ * carries its greeting to the ps over TCP gets AES or ChaCha, never
+ * plaintext. Otherwise equals frame_cipher_choose(peer_aes) when our aes
+ * flag is frame_aes_available(). */
+static enum frame_cipher cipher_for(const struct hs_identity *a, const struct hs_identity *b)
 {
-	return aes_a && aes_b ? FRAME_AES256GCM : FRAME_CHACHA20POLY1305;
+	if (a->local && b->local)
+		return FRAME_LOCAL;
+	return a->aes && b->aes ? FRAME_AES256GCM : FRAME_CHACHA20POLY1305;
 }
 
 HS_MUST_CHECK static int mac_key_derive(uint8_t mac_key[32], const uint8_t psk[HS_PSK_BYTES])
@@ -196,7 +206,7 @@ static void hello_fields(uint8_t out[HS_FIELDS_BYTES], uint8_t step,
 	out[OFF_STEP] = step;
 	out[OFF_ROLE] = (uint8_t)me->role;
 	out[OFF_AES] = (uint8_t)me->aes;
-	out[OFF_RESERVED] = 0;
+	out[OFF_LOCAL] = (uint8_t)me->local;
 	wire_put_u32(out + OFF_INDEX, me->index);
 	memcpy(out + OFF_CONFIG, tag, HS_HASH_BYTES);
 	memcpy(out + OFF_EPK, epk, 32);
@@ -262,12 +272,13 @@ HS_MUST_CHECK static int hello_parse(struct hs_identity *peer, uint64_t *time_ns
 		(void)err_set(err, errlen, 0, "handshake: unknown peer role %u", in[OFF_ROLE]);
 		return -EPROTO;
 	}
-	if (in[OFF_AES] > 1 || in[OFF_RESERVED] != 0) {
-		(void)err_set(err, errlen, 0, "handshake: bad flags from %s (aes %u, reserved %u)",
-			pname, in[OFF_AES], in[OFF_RESERVED]);
+	if (in[OFF_AES] > 1 || in[OFF_LOCAL] > 1) {
+		(void)err_set(err, errlen, 0, "handshake: bad flags from %s (aes %u, local %u)",
+			pname, in[OFF_AES], in[OFF_LOCAL]);
 		return -EPROTO;
 	}
 	peer->aes = in[OFF_AES];
+	peer->local = in[OFF_LOCAL];
 	memcpy(peer->config_hash, in + OFF_CONFIG, HS_HASH_BYTES);
 	memcpy(epk, in + OFF_EPK, 32);
 	*time_ns = wire_get_u64(in + OFF_TIME);
@@ -470,7 +481,7 @@ int hs_server_respond(struct hs_result *res, uint8_t out[HS_HELLO_BYTES], size_t
 
 	/* dh, keys */
 	rc = session_keys(&send, &recv, 0, psk, esk, peer_epk, in, hello2,
-			  cipher_for(me->aes, peer.aes));
+			  cipher_for(me, &peer));
 	if (rc < 0) {
 		char pname[48];
 		node_name(pname, sizeof pname, &peer);
@@ -543,7 +554,7 @@ int hs_client_finish(struct hs *h, struct hs_result *res, const uint8_t *in, siz
 
 	/* dh, keys */
 	rc = session_keys(&send, &recv, 1, h->psk, h->esk, peer_epk, h->hello1, in,
-			  cipher_for(h->me.aes, peer.aes));
+			  cipher_for(&h->me, &peer));
 	if (rc < 0) {
 		char pname[48];
 		node_name(pname, sizeof pname, &peer);

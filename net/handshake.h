@@ -68,13 +68,16 @@ enum hs_role {
 };
 
 /* Who one side is. aes: whether it offers AES-256-GCM; in production
- * frame_aes_available(). The connection uses AES-256-GCM when both sides
- * offer it, else ChaCha20-Poly1305 (what frame_cipher_choose computes). */
+ * frame_aes_available(). local: whether its end of this connection is a
+ * Unix socket (sock_is_unix). The connection uses no cipher (FRAME_LOCAL)
+ * when both sides say local, else AES-256-GCM when both offer it, else
+ * ChaCha20-Poly1305 (what frame_cipher_choose computes). */
 struct hs_identity {
 	enum hs_role role;
 	uint32_t index;
 	uint8_t config_hash[HS_HASH_BYTES]; /* of the training-relevant config */
 	int aes;
+	int local;
 };
 
 /* What a successful handshake gives: this side's frame keys and the peer's

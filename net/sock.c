@@ -23,6 +23,8 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -82,6 +84,9 @@ static void fmt_sockaddr(char *out, size_t outlen, const struct sockaddr *sa)
 		const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)sa;
 		inet_ntop(AF_INET6, &in6->sin6_addr, ip, sizeof ip);
 		port = ntohs(in6->sin6_port);
+	} else if (sa->sa_family == AF_UNIX) {
+		snprintf(out, outlen, "this host (Unix socket)");
+		return;
 	}
 	fmt_hostport(out, outlen, ip, port);
 }
@@ -327,6 +332,13 @@ int sock_accept_from(int lfd, int timeout_ms, int *fd, char *peer, size_t peerle
 
 int sock_quiet_ms(int fd)
 {
+	if (sock_is_unix(fd)) {
+		/* No TCP_INFO: whether the peer hung up is all there is. */
+		struct pollfd p = { .fd = fd, .events = POLLRDHUP };
+		if (poll(&p, 1, 0) < 0)
+			return -errno;
+		return p.revents & (POLLRDHUP | POLLHUP | POLLERR) ? -ENOTCONN : 0;
+	}
 	struct tcp_info ti;
 	socklen_t len = sizeof ti;
 	memset(&ti, 0, sizeof ti);
@@ -388,7 +400,7 @@ static int connect_one(const struct addrinfo *ai, int64_t deadline, const volati
 			goto fail;
 		}
 	}
-	r = set_nodelay(s);
+	r = ai->ai_family == AF_UNIX ? 0 : set_nodelay(s);
 	if (r < 0)
 		goto fail;
 	*fd = s;
@@ -418,11 +430,32 @@ static int retryable(int r)
 int sock_connect_retry(const char *host, uint16_t port, int timeout_ms, int *fd, char *err,
 		       size_t errlen)
 {
-	return sock_connect_until(host, port, timeout_ms, NULL, fd, err, errlen);
+	return sock_connect_local_until(NULL, host, port, timeout_ms, NULL, fd, err, errlen);
 }
 
 int sock_connect_until(const char *host, uint16_t port, int timeout_ms,
 		       const volatile sig_atomic_t *stop, int *fd, char *err, size_t errlen)
+{
+	return sock_connect_local_until(NULL, host, port, timeout_ms, stop, fd, err, errlen);
+}
+
+/* One try at the Unix socket path: 0 with *fd, or a negative errno (no
+ * such file, nobody listening, a path too long...). */
+static int connect_unix(const char *path, int64_t deadline, const volatile sig_atomic_t *stop,
+			int *fd)
+{
+	struct sockaddr_un sun = { .sun_family = AF_UNIX };
+	if (strlen(path) >= sizeof sun.sun_path)
+		return -ENAMETOOLONG;
+	memcpy(sun.sun_path, path, strlen(path) + 1);
+	struct addrinfo ai = { .ai_family = AF_UNIX, .ai_socktype = SOCK_STREAM,
+			       .ai_addr = (struct sockaddr *)&sun, .ai_addrlen = sizeof sun };
+	return connect_one(&ai, deadline, stop, fd);
+}
+
+int sock_connect_local_until(const char *unix_path, const char *host, uint16_t port,
+			     int timeout_ms, const volatile sig_atomic_t *stop, int *fd, char *err,
+			     size_t errlen)
 {
 	char where[300], secs[32];
 	fmt_hostport(where, sizeof where, host ? host : "", port);
@@ -447,6 +480,10 @@ int sock_connect_until(const char *host, uint16_t port, int timeout_ms,
 			snprintf(err, errlen, "interrupted while connecting to %s", where);
 			return -EINTR;
 		}
+		/* The Unix socket first, at every attempt: a ps that starts
+		 * after us listens there before it listens on TCP. */
+		if (unix_path && connect_unix(unix_path, deadline, stop, fd) == 0)
+			return 0;
 		struct addrinfo *res = NULL;
 		r = resolve(host, port, 0, &res, last, sizeof last);
 		if (r == -EINVAL || r == -ENOENT || r == -ENOMEM) {
@@ -679,4 +716,103 @@ int sock_send_buffer(int fd, int kib)
 	if (kib <= 0)
 		return 0;
 	return setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes) < 0 ? -errno : 0;
+}
+
+/* ---- Unix sockets for a ps on the worker's own host --------------------- */
+
+int sock_is_unix(int fd)
+{
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof ss;
+	if (getsockname(fd, (struct sockaddr *)&ss, &sl) < 0)
+		return 0;
+	return ss.ss_family == AF_UNIX;
+}
+
+int sock_unix_dir(const char *dir, char *err, size_t errlen)
+{
+	struct stat st;
+	if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
+		int e = errno;
+		snprintf(err, errlen, "cannot make %s: %s", dir, strerror(e));
+		return -e;
+	}
+	if (lstat(dir, &st) < 0) {
+		int e = errno;
+		snprintf(err, errlen, "%s: %s", dir, strerror(e));
+		return -e;
+	}
+	if (!S_ISDIR(st.st_mode)) {
+		snprintf(err, errlen, "%s is not a directory", dir);
+		return -ENOTDIR;
+	}
+	if (st.st_uid != geteuid()) {
+		snprintf(err, errlen, "%s belongs to uid %u, not to this process's %u", dir,
+			 (unsigned)st.st_uid, (unsigned)geteuid());
+		return -EPERM;
+	}
+	if (st.st_mode & 077) {
+		snprintf(err, errlen, "%s may be entered by others (mode %03o, want 700)", dir,
+			 (unsigned)(st.st_mode & 0777));
+		return -EPERM;
+	}
+	return 0;
+}
+
+int sock_unix_path(char *out, size_t outlen, const char *dir, const char *host, uint16_t port,
+		   char *err, size_t errlen)
+{
+	struct sockaddr_un sun;
+	char hp[300];
+	fmt_hostport(hp, sizeof hp, host, port);
+	int n = snprintf(out, outlen, "%s/ps-%s.sock", dir, hp);
+	if (n < 0 || (size_t)n >= outlen || (size_t)n >= sizeof sun.sun_path) {
+		snprintf(err, errlen, "the socket path for %s in %s is longer than %zu bytes", hp, dir,
+			 sizeof sun.sun_path - 1);
+		return -ENAMETOOLONG;
+	}
+	return 0;
+}
+
+int sock_listen_unix(const char *path, int *fd, char *err, size_t errlen)
+{
+	struct sockaddr_un sun = { .sun_family = AF_UNIX };
+	struct stat st;
+	if (strlen(path) >= sizeof sun.sun_path) {
+		snprintf(err, errlen, "cannot listen on %s: path too long", path);
+		return -ENAMETOOLONG;
+	}
+	memcpy(sun.sun_path, path, strlen(path) + 1);
+	if (lstat(path, &st) == 0) {
+		int probe = -1;
+		if (!S_ISSOCK(st.st_mode)) {
+			snprintf(err, errlen, "cannot listen on %s: it exists and is not a socket", path);
+			return -EEXIST;
+		}
+		/* Left by a process that is gone, or in use by a live one. */
+		if (connect_unix(path, deadline_of(1000), NULL, &probe) == 0) {
+			close(probe);
+			snprintf(err, errlen, "cannot listen on %s: another process listens there", path);
+			return -EADDRINUSE;
+		}
+		if (unlink(path) < 0 && errno != ENOENT) {
+			int e = errno;
+			snprintf(err, errlen, "cannot remove the stale socket %s: %s", path, strerror(e));
+			return -e;
+		}
+	}
+	int s = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (s < 0) {
+		int e = errno;
+		snprintf(err, errlen, "cannot listen on %s: socket: %s", path, strerror(e));
+		return -e;
+	}
+	if (bind(s, (struct sockaddr *)&sun, sizeof sun) < 0 || listen(s, SOMAXCONN) < 0) {
+		int e = errno;
+		close(s);
+		snprintf(err, errlen, "cannot listen on %s: %s", path, strerror(e));
+		return -e;
+	}
+	*fd = s;
+	return 0;
 }

@@ -82,7 +82,9 @@ SOCK_MUST_CHECK int sock_accept_from(int lfd, int timeout_ms, int *fd, char *pee
  * fd (TCP_INFO's last_data_recv), whoever is reading it; -ENOTCONN once the
  * connection is no longer established (the peer closed or reset it), or
  * another negative errno. Tells a live peer, which sends at least every
- * heartbeat, from a dead one without reading its socket. */
+ * heartbeat, from a dead one without reading its socket. A Unix socket
+ * has no such clock: 0 while its peer keeps it open, -ENOTCONN once the
+ * peer closed it (its process ended). */
 int sock_quiet_ms(int fd);
 
 /* Caps fd's send buffer at kib KiB (SO_SNDBUF; the kernel doubles the
@@ -112,6 +114,40 @@ SOCK_MUST_CHECK int sock_connect_retry(const char *host, uint16_t port, int time
 SOCK_MUST_CHECK int sock_connect_until(const char *host, uint16_t port, int timeout_ms,
 				       const volatile sig_atomic_t *stop, int *fd, char *err,
 				       size_t errlen);
+
+/* sock_connect_until that first tries the Unix socket at unix_path (NULL:
+ * none) at every attempt, and takes the first of the two that connects:
+ * for a ps that may be on this host (sock_unix_path). Tell which one it
+ * got with sock_is_unix. */
+SOCK_MUST_CHECK int sock_connect_local_until(const char *unix_path, const char *host,
+					     uint16_t port, int timeout_ms,
+					     const volatile sig_atomic_t *stop, int *fd, char *err,
+					     size_t errlen);
+
+/* Unix sockets, for a worker and a ps on one host ([cluster] local_socket,
+ * docs/NETWORK.md): their frames are not encrypted (net/frame.h,
+ * FRAME_LOCAL), which is sound only because nobody but this user (and
+ * root) can reach the directory they are in. */
+
+/* 1 if fd is a Unix socket, 0 if not (TCP, or not a socket). */
+int sock_is_unix(int fd);
+
+/* Makes dir (mode 700) if it is missing, then checks that it is a real
+ * directory (not a link), this process's effective user's, and closed to
+ * everyone else. 0, or a negative errno with one line: "DIR may be
+ * entered by others (mode 755, want 700)". */
+int sock_unix_dir(const char *dir, char *err, size_t errlen);
+
+/* The path of the Unix socket of the ps at host:port in dir:
+ * "DIR/ps-HOST:PORT.sock". -ENAMETOOLONG past the 107 bytes a Unix socket
+ * path may have. */
+int sock_unix_path(char *out, size_t outlen, const char *dir, const char *host, uint16_t port,
+		   char *err, size_t errlen);
+
+/* Binds and listens on the Unix socket path (non-blocking, close-on-exec).
+ * A socket file left there is replaced if nobody listens on it
+ * (-EADDRINUSE if somebody does); any other file there is -EEXIST. */
+SOCK_MUST_CHECK int sock_listen_unix(const char *path, int *fd, char *err, size_t errlen);
 
 /* Reads exactly len bytes into buf. recv() may return fewer bytes than
  * asked (whatever has arrived) or fail with EINTR/EAGAIN; this loops, waiting

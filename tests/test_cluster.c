@@ -21,6 +21,7 @@
 #include "../net/wire.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -32,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -110,18 +112,16 @@ Test(cluster, sync_two_ps_two_workers)
 			   slurp(out[0]));
 }
 
-/* The parameters a sync run of cfg (with a 6-32768-3 MLP: 10 pieces a
- * shard) ends with, with [cluster] overlap = ov; out: the processes'
- * output files. */
-static float *overlap_run(const char *ov, size_t P, char out[4][300])
+/* The parameters a sync run (with a 6-32768-3 MLP: 10 pieces a shard)
+ * ends with, with the [cluster] lines extra; name tells its files apart;
+ * out: the processes' output files. */
+static float *params_run(const char *name, const char *extra, size_t P, char out[4][300])
 {
 	char cfg[300], dump[300];
 	int st[4];
 	/* A config of its own: its checkpoints go beside it, apart. */
-	snprintf(cfg, sizeof(cfg), "%s/overlap-%s.ini", dir, ov);
-	snprintf(dump, sizeof(dump), "%s/params-%s.bin", dir, ov);
-	char extra[64];
-	snprintf(extra, sizeof(extra), "overlap = %s\n", ov);
+	snprintf(cfg, sizeof(cfg), "%s/%s.ini", dir, name);
+	snprintf(dump, sizeof(dump), "%s/params-%s.bin", dir, name);
 	write_cluster(dir, cfg, 25, 10, "mode = sync\n", extra);
 	char *text = slurp(cfg), *at = strstr(text, "layer = dense 16\n");
 	cr_assert_not_null(at);
@@ -150,10 +150,10 @@ Test(cluster, overlap_pushes_while_computing_and_changes_no_number)
 {
 	char out[4][300];
 	size_t P = 6 * 32768 + 32768 + 32768 * 3 + 3;
-	float *whole = overlap_run("false", P, out);
+	float *whole = params_run("overlap-false", "overlap = false\n", P, out);
 	for (int i = 2; i < 4; i++)
 		cr_assert_null(strstr(slurp(out[i]), "as backward makes them"), "%s", slurp(out[i]));
-	float *flow = overlap_run("true", P, out);
+	float *flow = params_run("overlap-true", "overlap = true\n", P, out);
 	for (int i = 2; i < 4; i++)
 		cr_assert_not_null(strstr(slurp(out[i]), "as backward makes them"), "%s", slurp(out[i]));
 	size_t differ = 0;
@@ -162,6 +162,67 @@ Test(cluster, overlap_pushes_while_computing_and_changes_no_number)
 	cr_assert_eq(differ, 0, "%zu of %zu parameters differ", differ, P);
 	free(whole);
 	free(flow);
+}
+
+/* [cluster] local_socket: every ps and worker of these tests is at
+ * 127.0.0.1, so each worker reaches both ps over their Unix sockets, and
+ * says so, as the ps do; the frames there are not encrypted, and the run
+ * ends with the very parameters of one over TCP with every frame sealed. */
+Test(cluster, local_socket_on_one_host_changes_no_number)
+{
+	char out[4][300];
+	size_t P = 6 * 32768 + 32768 + 32768 * 3 + 3;
+	float *tcp = params_run("local-false", "local_socket = false\n", P, out);
+	for (int i = 0; i < 4; i++) {
+		char *text = slurp(out[i]);
+		cr_assert_null(strstr(text, "Unix socket"), "%s", text);
+	}
+	char extra[400];
+	snprintf(extra, sizeof(extra), "local_socket = true\nsocket_dir = %s/sockets\n", dir);
+	float *unx = params_run("local-true", extra, P, out);
+	for (int i = 0; i < 2; i++)
+		cr_assert_not_null(strstr(slurp(out[i]), "workers on this host reach it over the Unix socket"),
+				   "%s", slurp(out[i]));
+	for (int i = 2; i < 4; i++)
+		cr_assert_not_null(strstr(slurp(out[i]), "connected to 2 ps (2 on this host, over a Unix socket)"),
+				   "%s", slurp(out[i]));
+	size_t differ = 0;
+	for (size_t i = 0; i < P; i++)
+		differ += memcmp(&tcp[i], &unx[i], sizeof(float)) != 0;
+	cr_assert_eq(differ, 0, "%zu of %zu parameters differ", differ, P);
+	/* Each ps removed its socket when it ended. */
+	char sockets[400];
+	snprintf(sockets, sizeof(sockets), "%s/sockets", dir);
+	DIR *d = opendir(sockets);
+	cr_assert_not_null(d, "%s", sockets);
+	for (struct dirent *e; (e = readdir(d));)
+		cr_assert(e->d_name[0] == '.', "%s/%s left behind", sockets, e->d_name);
+	closedir(d);
+	free(tcp);
+	free(unx);
+}
+
+/* A socket directory others may enter is not used: the ps says why and
+ * every worker reaches it over TCP, sealed, as before. */
+Test(cluster, local_socket_refuses_a_directory_others_may_enter)
+{
+	char cfg[300], out[4][300], sockets[400], extra[500];
+	int st[4];
+	snprintf(sockets, sizeof(sockets), "%s/open", dir);
+	cr_assert_eq(mkdir(sockets, 0777), 0);
+	cr_assert_eq(chmod(sockets, 0777), 0);
+	snprintf(extra, sizeof(extra), "socket_dir = %s\n", sockets);
+	snprintf(cfg, sizeof(cfg), "%s/open.ini", dir);
+	write_cluster(dir, cfg, 20, 10, "mode = sync\n", extra);
+	run_cluster(cfg, NULL, st, out);
+	assert_exits_zero(st, out, 4, "");
+	char want[800];
+	snprintf(want, sizeof(want), "no Unix socket for workers on this host, they use TCP: %s may be entered by others (mode 777, want 700)",
+		 sockets);
+	for (int i = 0; i < 2; i++)
+		cr_assert_not_null(strstr(slurp(out[i]), want), "no \"%s\" in:\n%s", want, slurp(out[i]));
+	for (int i = 2; i < 4; i++)
+		cr_assert_null(strstr(slurp(out[i]), "Unix socket"), "%s", slurp(out[i]));
 }
 
 /* cfg's "threads = 1" (write_cluster's) replaced by threads = t. */

@@ -147,7 +147,7 @@ static void check_pair(struct hs_result *cr, struct hs_result *sr, enum frame_ci
 
 struct fields {
 	uint32_t magic, version;
-	uint8_t step, role, aes, reserved;
+	uint8_t step, role, aes, local;
 	uint32_t index;
 	uint8_t config[32], epk[32]; /* config: the hash; forge keys it */
 	uint64_t time;
@@ -199,7 +199,7 @@ static void forge(uint8_t out[HELLO], const struct fields *f, const uint8_t *psk
 	out[8] = f->step;
 	out[9] = f->role;
 	out[10] = f->aes;
-	out[11] = f->reserved;
+	out[11] = f->local;
 	le32(out + 12, f->index);
 	doc_tag(out + 16, psk, f->config);
 	memcpy(out + 48, f->epk, 32);
@@ -670,7 +670,7 @@ Test(handshake, malformed_fields_rejected)
 		{"role 0", 2, 0, -EPROTO, "unknown peer role 0"},
 		{"role 4", 2, 4, -EPROTO, "unknown peer role 4"},
 		{"aes 2", 3, 2, -EPROTO, "bad flags from worker 1 (aes 2"},
-		{"reserved", 4, 1, -EPROTO, "reserved 1"},
+		{"local 2", 4, 2, -EPROTO, "local 2"},
 		{"zero ephemeral key", 5, 0, -EPROTO, "invalid ephemeral key"},
 	};
 	for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
@@ -681,7 +681,7 @@ Test(handshake, malformed_fields_rejected)
 		case 1: f.step = (uint8_t)rows[i].value; break;
 		case 2: f.role = (uint8_t)rows[i].value; break;
 		case 3: f.aes = (uint8_t)rows[i].value; break;
-		case 4: f.reserved = (uint8_t)rows[i].value; break;
+		case 4: f.local = (uint8_t)rows[i].value; break;
 		case 5: memset(f.epk, 0, 32); break;
 		}
 		forge(hello1, &f, PSK_A, NULL);
@@ -753,4 +753,38 @@ Test(handshake, peek_reads_who_and_when)
 	cr_assert_eq(hs_server_peek(PSK_B, &p, hello1, HELLO, &peer, &t, err, sizeof err), -EACCES);
 	cr_assert_eq(t, 0);
 	cr_assert_eq(hs_server_peek(PSK_A, &p, hello1, HELLO - 1, &peer, &t, err, sizeof err), -EMSGSIZE);
+}
+
+/* No cipher only when both ends say their socket is a Unix one. A relay
+ * that offers a worker a Unix socket and carries its greeting to the ps
+ * over TCP leaves one flag 0, so the frames stay sealed; and since the
+ * flags are under the MAC, it cannot set the ps's flag either. */
+Test(handshake, local_flag_needs_both_sides)
+{
+	keys_init();
+	for (int cl = 0; cl <= 1; cl++) {
+		for (int sl = 0; sl <= 1; sl++) {
+			struct hs_identity w = ident(HS_WORKER, 2, 3), p = ident(HS_PS, 1, 3);
+			w.local = cl;
+			p.local = sl;
+			struct hs_result cr, sr;
+			handshake(&cr, &sr, &w, &p);
+			enum frame_cipher want = cl && sl ? FRAME_LOCAL
+					       : w.aes && p.aes ? FRAME_AES256GCM
+								: FRAME_CHACHA20POLY1305;
+			check_pair(&cr, &sr, want);
+			cr_assert_eq(cr.peer.local, sl);
+			cr_assert_eq(sr.peer.local, cl);
+		}
+	}
+	/* A relay flipping the worker's flag on its way breaks the MAC. */
+	struct hs_identity w = ident(HS_WORKER, 2, 3), p = ident(HS_PS, 1, 3);
+	w.local = 1;
+	struct hs h;
+	uint8_t hello1[HELLO];
+	char err[256] = "";
+	cr_assert_eq(hs_client_start(&h, hello1, PSK_A, &w, err, sizeof err), 0, "%s", err);
+	hello1[11] = 0;
+	respond_fails(PSK_A, &p, hello1, HELLO, -EACCES, 0, "", "local flag flipped");
+	hs_wipe(&h);
 }

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -633,4 +634,131 @@ Test(sock, frames_round_trip_and_rejections)
 	frame_key_wipe(&rx);
 	free(wbuf);
 	free(rbuf);
+}
+
+/* ---- Unix sockets for a ps on the worker's host ------------------------- */
+
+/* A fresh directory for a test's sockets: "/tmp/pstrain-sock-XXXXXX". */
+static void unix_tmpdir(char *dir, size_t len)
+{
+	snprintf(dir, len, "/tmp/pstrain-sock-XXXXXX");
+	cr_assert(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
+}
+
+/* The directory holds sockets whose frames are not encrypted, so it must
+ * be this user's alone: made 700 when missing; a directory others may
+ * enter, one of another user, a link or a file are refused. */
+Test(sock, unix_dir_must_be_ours_alone)
+{
+	char base[64], dir[128], err[256] = "";
+	struct stat st;
+	unix_tmpdir(base, sizeof base);
+	snprintf(dir, sizeof dir, "%s/made", base);
+	cr_assert_eq(sock_unix_dir(dir, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(stat(dir, &st), 0);
+	cr_assert_eq(st.st_mode & 0777, 0700, "mode %o", st.st_mode & 0777);
+	cr_assert_eq(sock_unix_dir(dir, err, sizeof err), 0, "again: %s", err);
+
+	cr_assert_eq(chmod(dir, 0755), 0);
+	cr_assert_eq(sock_unix_dir(dir, err, sizeof err), -EPERM);
+	cr_assert(strstr(err, "may be entered by others (mode 755, want 700)"), "%s", err);
+	cr_assert_eq(chmod(dir, 0700), 0);
+
+	char link[160];
+	snprintf(link, sizeof link, "%s/link", base);
+	cr_assert_eq(symlink(dir, link), 0);
+	cr_assert_eq(sock_unix_dir(link, err, sizeof err), -ENOTDIR, "%s", err);
+	cr_assert(strstr(err, "is not a directory"), "%s", err);
+
+	if (geteuid() == 0) {
+		cr_assert_eq(chown(dir, 1234, 1234), 0);
+		cr_assert_eq(sock_unix_dir(dir, err, sizeof err), -EPERM);
+		cr_assert(strstr(err, "belongs to uid 1234"), "%s", err);
+	}
+	unlink(link);
+	rmdir(dir);
+	rmdir(base);
+}
+
+Test(sock, unix_path_names_the_ps_and_fits)
+{
+	char path[256], err[256] = "", dir[200];
+	cr_assert_eq(sock_unix_path(path, sizeof path, "/tmp/d", "10.0.0.7", 2222, err, sizeof err), 0);
+	cr_assert_str_eq(path, "/tmp/d/ps-10.0.0.7:2222.sock");
+	cr_assert_eq(sock_unix_path(path, sizeof path, "/tmp/d", "::1", 2222, err, sizeof err), 0);
+	cr_assert_str_eq(path, "/tmp/d/ps-[::1]:2222.sock");
+	memset(dir, 'd', sizeof dir - 1);
+	dir[0] = '/';
+	dir[sizeof dir - 1] = 0;
+	cr_assert_eq(sock_unix_path(path, sizeof path, dir, "h", 1, err, sizeof err), -ENAMETOOLONG);
+	cr_assert(strstr(err, "longer than 107 bytes"), "%s", err);
+}
+
+/* A worker tries the ps's Unix socket first and takes TCP where nobody
+ * listens there; a ps replaces a socket file left by a dead one but not a
+ * live one's, nor a file that is not a socket. */
+Test(sock, connect_local_prefers_the_unix_socket)
+{
+	char dir[64], path[128], err[256] = "", peer[SOCK_ADDR_STRLEN];
+	int lfd = -1, ufd = -1, c = -1, s = -1;
+	unix_tmpdir(dir, sizeof dir);
+	snprintf(path, sizeof path, "%s/ps.sock", dir);
+	cr_assert_eq(sock_listen("127.0.0.1", 0, 8, &lfd, err, sizeof err), 0, "%s", err);
+	uint16_t port = (uint16_t)sock_local_port(lfd);
+
+	cr_assert_eq(sock_connect_local_until(path, "127.0.0.1", port, 2000, NULL, &c, err, sizeof err),
+		     0, "%s", err);
+	cr_assert_eq(sock_is_unix(c), 0, "no socket file yet: TCP");
+	close(c);
+	cr_assert_eq(sock_accept(lfd, 2000, &s, peer, sizeof peer, err, sizeof err), 0, "%s", err);
+	close(s);
+
+	cr_assert_eq(sock_listen_unix(path, &ufd, err, sizeof err), 0, "%s", err);
+	cr_assert(fcntl(ufd, F_GETFD) & FD_CLOEXEC);
+	cr_assert(fcntl(ufd, F_GETFL) & O_NONBLOCK);
+	int again = -1;
+	cr_assert_eq(sock_listen_unix(path, &again, err, sizeof err), -EADDRINUSE, "%s", err);
+	cr_assert(strstr(err, "another process listens there"), "%s", err);
+	/* the probe that found it live left a connection to accept: drop it */
+	if (sock_accept(ufd, 1000, &s, peer, sizeof peer, err, sizeof err) == 0)
+		close(s);
+
+	cr_assert_eq(sock_connect_local_until(path, "127.0.0.1", port, 2000, NULL, &c, err, sizeof err),
+		     0, "%s", err);
+	cr_assert_eq(sock_is_unix(c), 1, "the Unix socket when it listens");
+	cr_assert_eq(sock_accept(ufd, 2000, &s, peer, sizeof peer, err, sizeof err), 0, "%s", err);
+	cr_assert_str_eq(peer, "this host (Unix socket)");
+	cr_assert_eq(sock_is_unix(s), 1);
+	uint8_t in[5] = { 0 };
+	cr_assert_eq(sock_write_full(c, "hello", 5, 1000, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(sock_read_full(s, in, 5, 1000, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(memcmp(in, "hello", 5), 0);
+	close(c);
+	close(s);
+
+	close(ufd); /* the file stays, as after a crash */
+	cr_assert_eq(sock_listen_unix(path, &ufd, err, sizeof err), 0, "stale: %s", err);
+	close(ufd);
+	unlink(path);
+	FILE *f = fopen(path, "w");
+	cr_assert(f);
+	fclose(f);
+	cr_assert_eq(sock_listen_unix(path, &ufd, err, sizeof err), -EEXIST);
+	cr_assert(strstr(err, "exists and is not a socket"), "%s", err);
+	unlink(path);
+	rmdir(dir);
+	close(lfd);
+}
+
+/* A ps tells a live worker's Unix connection from a dead one's by whether
+ * the peer still holds it open (a Unix socket keeps no receive clock). */
+Test(sock, quiet_on_a_unix_socket_is_whether_the_peer_hung_up)
+{
+	int sv[2];
+	cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	cr_assert_eq(sock_is_unix(sv[0]), 1);
+	cr_assert_eq(sock_quiet_ms(sv[0]), 0);
+	close(sv[1]);
+	cr_assert_eq(sock_quiet_ms(sv[0]), -ENOTCONN);
+	close(sv[0]);
 }

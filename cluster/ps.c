@@ -803,9 +803,6 @@ static int ps_open(struct ps *ps, const struct config *c, const struct role_setu
 	return 0;
 }
 
-/* The gate in front of the listener. Pending connections cost a file
- * descriptor each: the soft limit goes up to the hard one, and the gate
- * takes what the workers' connections leave of it, at most PS_PENDING_MAX. */
 /* The Unix socket for workers on this host, in *fd and its path in path;
  * if there can be none (the directory is not ours alone, the path is too
  * long, another ps holds it), one line says why and they use TCP. */
@@ -823,6 +820,9 @@ static void ps_listen_local(struct ps *ps, char *path, size_t len, int *fd)
 	}
 }
 
+/* The gate in front of the listener. Pending connections cost a file
+ * descriptor each: the soft limit goes up to the hard one, and the gate
+ * takes what the workers' connections leave of it, at most PS_PENDING_MAX. */
 static int ps_gate_open(struct ps *ps, int lfd, char *err, size_t errlen)
 {
 	struct rlimit rl;
@@ -916,8 +916,8 @@ int cluster_ps(const struct config *c, int index, int fresh, FILE *out,
 		role_log(out, "ps %d: workers on this host reach it over the Unix socket %s (frames not encrypted: [cluster] local_socket)",
 			 index, upath);
 	e = ps_gate_open(ps, lfd, err, errlen);
-	if (!e && ufd >= 0)
-		e = gate_listen_also(&ps->gate, ufd);
+	if (!e && ufd >= 0 && gate_listen_also(&ps->gate, ufd))
+		e = err_set(err, errlen, -ENOSPC, "ps %d: the gate takes no second listener", index);
 	if (e)
 		goto out;
 	ps_accept_loop(ps, stop);

@@ -237,6 +237,53 @@ static void *idlers_main(void *arg)
  * keep a worker out (today's code: 128 connection threads fill every
  * slot, the worker exits 3), and the ps logs its refusals as summaries,
  * not a line per connection. */
+/* A ps's second listener, its Unix socket for workers on its host: a
+ * greeting there comes out of the same gate, named as local; the TCP
+ * listener still serves. */
+Test(gate, greeting_on_the_second_listener_comes_out)
+{
+	struct gate g;
+	int port, lfd = open_gate(&g, &port, 8, 4, 1000), ufd = -1, c = -1;
+	char err[256], dir[64], path[128];
+	snprintf(dir, sizeof(dir), "/tmp/pstrain-gate-XXXXXX");
+	cr_assert_not_null(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/ps.sock", dir);
+	cr_assert_eq(sock_listen_unix(path, &ufd, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(gate_listen_also(&g, ufd), 0);
+	cr_assert_eq(gate_listen_also(&g, ufd), -ENOSPC, "a third listener");
+	cr_assert_eq(sock_connect_local_until(path, "127.0.0.1", (uint16_t)port, 2000, NULL, &c, err,
+					      sizeof(err)), 0, "%s", err);
+	cr_assert_eq(sock_is_unix(c), 1);
+	int tcp = connect_to(port);
+	uint8_t hello[HS_HELLO_BYTES], hello2[HS_HELLO_BYTES];
+	randombytes_buf(hello, sizeof(hello));
+	randombytes_buf(hello2, sizeof(hello2));
+	cr_assert_eq(send(c, hello, sizeof(hello), 0), (ssize_t)sizeof(hello));
+	cr_assert_eq(send(tcp, hello2, sizeof(hello2), 0), (ssize_t)sizeof(hello2));
+	struct gate_greeting gr[2];
+	int got = 0;
+	double t0 = target_now_s();
+	while (got < 2 && target_now_s() - t0 < 2) {
+		int r = gate_next(&g, 50, &gr[got], err, sizeof(err));
+		cr_assert_geq(r, 0, "%s", err);
+		got += r;
+	}
+	cr_assert_eq(got, 2, "%d greetings out of 2", got);
+	int u = sock_is_unix(gr[0].fd) ? 0 : 1;
+	cr_assert_eq(sock_is_unix(gr[u].fd), 1);
+	cr_assert_eq(memcmp(gr[u].hello, hello, sizeof(hello)), 0);
+	cr_assert_str_eq(gr[u].peer, "this host (Unix socket)");
+	cr_assert_eq(memcmp(gr[1 - u].hello, hello2, sizeof(hello2)), 0);
+	close(gr[0].fd);
+	close(gr[1].fd);
+	close(c);
+	close(tcp);
+	close(ufd);
+	unlink(path);
+	rmdir(dir);
+	close_gate(&g, lfd);
+}
+
 Test(gate, idle_connections_do_not_lock_a_worker_out)
 {
 	struct target t;

@@ -309,8 +309,14 @@ static void ps_left(struct ps_conn *cn, int r, const char *e)
 		ps->worker[cn->w] = NULL;
 	int replaced = cn->replaced;
 	pthread_mutex_unlock(&ps->mu);
+	/* ps_confirm said the worker is back; what ended this connection
+	 * first is still worth its line (a worker can reconnect, over a Unix
+	 * socket within a millisecond, before this thread gets here). */
+	if (replaced && cn->failed_first && r)
+		role_log(ps->out, "ps %d: %s: closed worker %d's connection: %s (it has connected again)",
+			 ps->index, cn->peer, cn->w, e);
 	if (replaced)
-		return; /* ps_confirm said so */
+		return;
 	/* A refused request is logged whatever it means for the worker (it
 	 * may have another connection live, or have finished): the one line
 	 * that names who asked for what. */
@@ -447,6 +453,9 @@ static int ps_conn_run(struct ps_conn *cn)
 		role_log(ps->out, "ps %d: %s: out of memory for a connection", ps->index, cn->peer);
 	} else {
 		r = ps_serve(cn, e, sizeof(e));
+		pthread_mutex_lock(&ps->mu);
+		cn->failed_first = r != 0 && !cn->replaced;
+		pthread_mutex_unlock(&ps->mu);
 		ps_streamer_stop(cn, &r, e, sizeof(e));
 		/* A peer gone silent in the middle of a tensor (the common case
 		 * since pushes and parameters stream both ways for most of a

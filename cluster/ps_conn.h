@@ -68,6 +68,8 @@ struct ps_conn {
 	int w;           /* the worker its greeting named */
 	int confirmed;   /* a frame opened: it is worker w's connection */
 	int replaced;    /* worker w connected again and this one was dead */
+	int failed_first; /* it ended on its own failure before it was replaced
+			   * (a bad frame), so that reason is still logged */
 	int pushed;      /* a whole gradient arrived on this connection */
 	int said_done;   /* the last word was DONE: a closed connection is no failure */
 	int first_pull;

@@ -6,7 +6,7 @@
 #   tests/net/run.sh [PSTRAIN [TEST...]]     PSTRAIN defaults to $PSTRAIN_BIN, then ./pstrain
 #
 # TESTs (all by default, in this order): sync async heal reconnect cut
-# slow. One line per test, `ok` with what it measured or `FAIL` with the reason and the
+# slow beside. One line per test, `ok` with what it measured or `FAIL` with the reason and the
 # tail of the log that shows it; exit 1 if any failed. Without root or
 # `ip netns` it says it skipped and exits 0.
 #
@@ -23,7 +23,7 @@ set -u
 here=$(cd "$(dirname "$0")" && pwd)
 bin=${PSTRAIN_BIN:-./pstrain}
 if [ $# -gt 0 ]; then bin=$1; shift; fi
-tests=${*:-sync async heal reconnect cut slow}
+tests=${*:-sync async heal reconnect cut slow beside}
 
 . "$here/lab.sh"
 if ! lab_check; then
@@ -437,6 +437,37 @@ test_slow() {
 	ok slow "fast workers at ${ratios[w0]}x and ${ratios[w1]}x their all-fast step rate (${fast[w0]}, ${fast[w1]} -> ${rates[w0]}, ${rates[w1]} steps/s; floor ${SLOW_MIN}x); the slow worker's pushes $stale of $pushes stale"
 }
 
+# beside: a ps on each worker's host (2 hosts, as a ring's 2 ranks), sync,
+# one epoch. Each worker must reach its own ps over the Unix socket and the
+# other host's over TCP: the lab's hosts share one file system, so the
+# other host's socket is there too, and a worker that took it would bypass
+# the network (it says "2 on this host" then). The run must be local's.
+test_beside() {
+	local d=$T/beside n k acc
+	SET=(--set train.steps=468 --set train.eval_every=100 --set cluster.peer_timeout=10
+		--set "cluster.workers=$(lab_ip 0):2223,$(lab_ip 1):2223" --set "cluster.socket_dir=$T/sockets")
+	conf "$d" 2 2 || { fail beside "bad config"; return; }
+	lab_up 2 1gbit || { fail beside "lab_up failed"; lab_down; return; }
+	for k in 0 1; do
+		start "beside/ps$k.1" "$k" 90 ps --index "$k" --config "$d/cluster.ini" "${SET[@]}"
+	done
+	for k in 0 1; do
+		start "beside/w$k.1" "$k" 90 worker --index "$k" --config "$d/cluster.ini" "${SET[@]}"
+	done
+	all_exit beside 1 0 ps0 ps1 w0 w1 || return
+	lab_down
+	for n in 0 1; do
+		grep -q "ps $n: workers on this host reach it over the Unix socket $T/sockets/ps-$(lab_ip "$n"):2222.sock" "$d/ps$n.1.log" ||
+			{ fail beside "ps $n did not listen on its Unix socket" "beside/ps$n.1"; return; }
+		grep -q "worker $n.*: connected to 2 ps (1 on this host, over a Unix socket)" "$d/w$n.1.log" ||
+			{ fail beside "worker $n did not reach exactly its own ps over the Unix socket" "beside/w$n.1"; return; }
+		grep -q "ps $n: all 2 workers done: version 468, 936 gradients applied, 0 dropped as stale" "$d/ps$n.1.log" ||
+			{ fail beside "ps $n did not apply 2 x 468 gradients" "beside/ps$n.1"; return; }
+	done
+	like_local beside beside/w0.1 || return
+	ok beside "each worker reached its own ps over the Unix socket and the other over TCP; test accuracy $acc% (local with batch 128 $REF%)"
+}
+
 for t in $tests; do
 	t0=$SECONDS
 	case "$t" in
@@ -446,6 +477,7 @@ for t in $tests; do
 	reconnect) test_reconnect ;;
 	cut) test_cut ;;
 	slow) test_slow ;;
+	beside) test_beside ;;
 	*) echo "test-net: no test $t" >&2; failed=$((failed + 1)) ;;
 	esac
 done

@@ -9,7 +9,9 @@
  * sealed with AES-256-GCM or ChaCha20-Poly1305-IETF under one direction's
  * session key, with the 4 length bytes as associated data and the
  * direction's 64-bit frame counter, little-endian and zero-padded to 12
- * bytes, as the nonce. docs/PROTOCOL.md is the reference for these bytes.
+ * bytes, as the nonce; or, on a Unix socket between a worker and a ps of
+ * one host, not sealed at all (FRAME_LOCAL: the message, then the counter
+ * as the tag). docs/PROTOCOL.md is the reference for these bytes.
  *
  * Each direction of a connection has its own struct frame_key; the sender's
  * counter and the receiver's advance in step, one per frame, so a frame that

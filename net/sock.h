@@ -1,6 +1,7 @@
 /* TCP plumbing with deadlines: listen, accept, connect with retry, and
  * reads and writes that either transfer every byte or fail within one
- * overall deadline. No crypto (net/frame.c seals what goes through here; the
+ * overall deadline; and the Unix socket through which a worker reaches a
+ * ps on its own host (the end of this file). No crypto (net/frame.c seals what goes through here; the
  * two optional sock_*_frame helpers only call frame.h's API), no printing,
  * no exit, no global state.
  *

@@ -7,7 +7,7 @@
 
 ("-" where a value is missing.) Markdown tables on stdout; run it again on
 an OUT directory to reprint them:
-    /usr/bin/python3 bench/netlab_tables.py --out DIR --rates 1gbit,10gbit --rows sync,async,ddp,tfps \\
+    /usr/bin/python3 bench/netlab_tables.py --out DIR --rates 1gbit,10gbit --rows sync,beside,async,ddp,tfps \\
         --params 669706 --row-info "sync:sync:4 async:async:4"
 """
 import argparse

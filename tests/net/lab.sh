@@ -5,6 +5,7 @@
 #
 #   lab_check                 0 when this shell can make namespaces (root, ip netns)
 #   lab_up N RATE             hosts 0..N-1 at 10.77.0.(K+1)/24, every link RATE
+#                             (LAB_CC set: each host's TCP congestion control)
 #   lab_ns K / lab_ip K       host K's namespace / address
 #   lab_run K CMD...          CMD in host K's namespace
 #   lab_rate K RATE           reshape host K's link, both directions
@@ -81,6 +82,7 @@ lab_up() {
 		_ns=$(lab_ns "$_k")
 		ip netns add "$_ns" || return 1
 		ip -n "$_ns" link set lo up
+		[ -z "${LAB_CC:-}" ] || ip netns exec "$_ns" sysctl -qw net.ipv4.tcp_congestion_control="$LAB_CC" || return 1
 		ip -n "$_sw" link add "h$_k" type veth peer name eth0 netns "$_ns" || return 1
 		ip -n "$_sw" link set "h$_k" master br0 up
 		ip -n "$_ns" addr add "$(lab_ip "$_k")/24" dev eth0

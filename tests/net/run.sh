@@ -266,14 +266,20 @@ cut_for() {
 # than peer_timeout (6 s) mid-run, worker 1's for 2 s and later ps 0's for
 # 2 s, finishes with no restart, no lost peer on either side, and local's
 # accuracy. The links run at 250 Mbit/s so that the run lasts long enough
-# for both cuts.
+# for both cuts. The hosts use reno, a loss-based congestion control like
+# Debian's default cubic (which a namespace may not pick here): with this
+# kernel's default, bbr, a connection stalled for 6 to more than 10 s after
+# a 2 or 3 s cut in about one run in four (its send queue held, nothing
+# sent while acks came in), with pstrain from before and after the Unix
+# socket alike; pstrain then reconnects and finishes, which is the
+# reconnect test's case, not this one's.
 HEAL_T=6
 HEAL_CUT=2
 test_heal() {
 	local d=$T/heal n
 	SET=(--set train.steps=468 --set train.eval_every=100 --set cluster.peer_timeout=$HEAL_T)
 	conf "$d" 2 2 || { fail heal "bad config"; return; }
-	lab_up 4 250mbit || { fail heal "lab_up failed"; lab_down; return; }
+	LAB_CC=reno lab_up 4 250mbit || { fail heal "lab_up failed"; lab_down; return; }
 	cluster "$d" 2 2 90
 	wait_for heal/w1.1 'worker 1: step 100/' 60 || { lab_down; fail heal "worker 1 did not reach step 100" heal/w1.1; return; }
 	cut_for 3 "$HEAL_CUT"

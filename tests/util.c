@@ -286,12 +286,15 @@ void write_cluster(const char *dir, const char *cfg, int steps, int eval_every,
 	write_cluster_files(dir);
 	FILE *f = fopen(cfg, "w");
 	cr_assert_not_null(f);
+	/* The ps's Unix sockets beside the config, so that a ps a test kills
+	 * leaves its socket in the test's directory, not in /tmp/pstrain-UID. */
 	fprintf(f, "[cluster]\nps = 127.0.0.1:%d, 127.0.0.1:%d\nworkers = 127.0.0.1:%d, 127.0.0.1:%d\n"
-		   "key_file = cluster.key\n%s"
+		   "key_file = cluster.key\n%s%s"
 		   "[data]\nformat = csv\ntrain_csv = blobs.csv\nlabel_column = first\n"
 		   "[train]\nsteps = %d\nbatch_size = 16\nlearning_rate = 0.05\noptimizer = momentum\n"
 		   "momentum = 0.9\nthreads = 1\n",
-		free_port(), free_port(), free_port(), free_port(), cluster_extra, steps);
+		free_port(), free_port(), free_port(), free_port(),
+		strstr(cluster_extra, "socket_dir") ? "" : "socket_dir = sockets\n", cluster_extra, steps);
 	if (!strstr(train_extra, "eval_every"))
 		fprintf(f, "eval_every = %d\n", eval_every);
 	fprintf(f, "%s[model]\ninput = 6\nlayer = dense 16\nlayer = relu\nlayer = dense 3\n", train_extra);

@@ -30,7 +30,8 @@ void write_cluster_files(const char *dir);
  * workers on free loopback ports training the blobs (dense 16, relu,
  * dense 3; batch 16, momentum, one thread) for `steps`. train_extra goes
  * into [train] (with eval_every = eval_every unless it sets one),
- * cluster_extra into [cluster]. */
+ * cluster_extra into [cluster] (with socket_dir = sockets, beside cfg,
+ * unless it sets one). */
 void write_cluster(const char *dir, const char *cfg, int steps, int eval_every,
 		   const char *train_extra, const char *cluster_extra);
 

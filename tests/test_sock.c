@@ -680,6 +680,38 @@ Test(sock, unix_dir_must_be_ours_alone)
 	rmdir(base);
 }
 
+/* "L/" and "L/." name the directory a link L points to, so lstat follows
+ * L there: a link of another user's to a 700 directory of ours passed the
+ * check, and they could repoint it at their own directory before we bound
+ * or connected (a worker then greeted their socket saying local = 1). The
+ * name is checked as a socket path in it resolves it. */
+Test(sock, unix_dir_is_a_link_whatever_its_trailing_slashes)
+{
+	char base[64], dir[128], link[160], name[200], err[256] = "";
+	unix_tmpdir(base, sizeof base);
+	snprintf(dir, sizeof dir, "%s/ours", base);
+	cr_assert_eq(mkdir(dir, 0700), 0);
+	snprintf(link, sizeof link, "%s/link", base);
+	cr_assert_eq(symlink(dir, link), 0);
+	const char *slashes[] = { "/", "//" };
+	for (size_t i = 0; i < sizeof slashes / sizeof slashes[0]; i++) {
+		snprintf(name, sizeof name, "%s%s", link, slashes[i]);
+		cr_assert_eq(sock_unix_dir(name, err, sizeof err), -ENOTDIR, "%s: %s", name, err);
+		cr_assert(strstr(err, "is not a directory"), "%s", err);
+	}
+	const char *dots[] = { "/.", "/./", "/.." };
+	for (size_t i = 0; i < sizeof dots / sizeof dots[0]; i++) {
+		snprintf(name, sizeof name, "%s%s", link, dots[i]);
+		cr_assert_eq(sock_unix_dir(name, err, sizeof err), -EINVAL, "%s: %s", name, err);
+		cr_assert(strstr(err, "name the directory itself, not . or .."), "%s", err);
+	}
+	snprintf(name, sizeof name, "%s/", dir);
+	cr_assert_eq(sock_unix_dir(name, err, sizeof err), 0, "a real one with a slash: %s", err);
+	unlink(link);
+	rmdir(dir);
+	rmdir(base);
+}
+
 Test(sock, unix_path_names_the_ps_and_fits)
 {
 	char path[256], err[256] = "", dir[200];

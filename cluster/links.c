@@ -212,7 +212,7 @@ static int link_open(struct links *lk, int k, int timeout_ms, char *err, size_t 
 	if (r)
 		return err_set(err, errlen, r == -EINVAL || r == -ENOENT ? -EINVAL : r == -EINTR ? -EINTR : -ECONNABORTED,
 			       "ps %d: %s", k, e);
-	me.local = sock_is_unix(fd);
+	me.local = sock_is_unix_same_user(fd);
 	(void)sock_send_buffer(fd, c->cluster.send_buffer_kib); /* a cap, not a need */
 	r = conn_client(cn, fd, lk->s->key, &me, hs_ms, nm, err, errlen);
 	if (r)

@@ -517,10 +517,12 @@ static int ps_answer(struct ps *ps, struct gate_greeting *gr, struct hs_result *
 	uint8_t hello2[HS_HELLO_BYTES];
 	size_t outlen = 0;
 	char e[400], why[480];
-	/* A worker on this host came through the Unix socket: say so, and
-	 * if it says so too, the frames go unencrypted (handshake.h). */
+	/* A worker of our user on this host came through the Unix socket:
+	 * say so, and if it says so too, the frames go unencrypted
+	 * (handshake.h). A peer of another user there (the directory was
+	 * not what it was checked to be) gets sealed frames. */
 	struct hs_identity me = ps->me;
-	me.local = sock_is_unix(gr->fd);
+	me.local = sock_is_unix_same_user(gr->fd);
 	int r = hs_server_respond(hr, hello2, &outlen, ps->s->key, &me, gr->hello, HS_HELLO_BYTES,
 				  e, sizeof(e));
 	/* A fresh socket's buffer takes 144 bytes at once; one that does

@@ -69,9 +69,10 @@ enum hs_role {
 
 /* Who one side is. aes: whether it offers AES-256-GCM; in production
  * frame_aes_available(). local: whether its end of this connection is a
- * Unix socket (sock_is_unix). The connection uses no cipher (FRAME_LOCAL)
- * when both sides say local, else AES-256-GCM when both offer it, else
- * ChaCha20-Poly1305 (what frame_cipher_choose computes). */
+ * Unix socket to a process of its own user (sock_is_unix_same_user). The
+ * connection uses no cipher (FRAME_LOCAL) when both sides say local, else
+ * AES-256-GCM when both offer it, else ChaCha20-Poly1305 (what
+ * frame_cipher_choose computes). */
 struct hs_identity {
 	enum hs_role role;
 	uint32_t index;

@@ -729,6 +729,15 @@ int sock_is_unix(int fd)
 	return ss.ss_family == AF_UNIX;
 }
 
+int sock_is_unix_same_user(int fd)
+{
+	struct ucred cr;
+	socklen_t len = sizeof cr;
+	if (!sock_is_unix(fd) || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0)
+		return 0;
+	return len == sizeof cr && cr.uid == geteuid();
+}
+
 int sock_unix_dir(const char *dir, char *err, size_t errlen)
 {
 	struct stat st;

@@ -133,6 +133,14 @@ SOCK_MUST_CHECK int sock_connect_local_until(const char *unix_path, const char *
 /* 1 if fd is a Unix socket, 0 if not (TCP, or not a socket). */
 int sock_is_unix(int fd);
 
+/* 1 if fd is a Unix socket whose peer (the process that connected, or
+ * the one that listened) runs as this process's effective user
+ * (SO_PEERCRED), else 0. What lets a connection go unencrypted: it holds
+ * whatever happens to the directory, so a socket that another user got
+ * into the path (a parent they may write, a link swapped between check
+ * and use) only ever carries sealed frames. */
+int sock_is_unix_same_user(int fd);
+
 /* Makes dir (mode 700) if it is missing, then checks that it is a real
  * directory (not a link), this process's effective user's, and closed to
  * everyone else. 0, or a negative errno with one line: "DIR may be

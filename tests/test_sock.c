@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -710,6 +711,55 @@ Test(sock, unix_dir_is_a_link_whatever_its_trailing_slashes)
 	unlink(link);
 	rmdir(dir);
 	rmdir(base);
+}
+
+/* Frames go unencrypted only to a peer of our own user (SO_PEERCRED),
+ * whatever the directory turned out to be: a socket of another user's in
+ * the path, or another user's process connecting to ours, gets sealed
+ * frames. Another uid needs root to be tried; the rest runs as anyone. */
+Test(sock, unix_same_user_is_the_peers_uid)
+{
+	int sv[2], c = -1, s = -1;
+	unix_pair(sv);
+	cr_assert_eq(sock_is_unix_same_user(sv[0]), 1);
+	close(sv[0]);
+	close(sv[1]);
+	tcp_pair(&c, &s);
+	cr_assert_eq(sock_is_unix_same_user(c), 0, "TCP");
+	close(c);
+	close(s);
+	if (geteuid() != 0)
+		cr_skip_test("another uid to connect needs root");
+
+	char dir[64], path[128], err[256] = "";
+	int ufd = -1;
+	unix_tmpdir(dir, sizeof dir);
+	cr_assert_eq(chmod(dir, 0777), 0);
+	snprintf(path, sizeof path, "%s/ps.sock", dir);
+	cr_assert_eq(sock_listen_unix(path, &ufd, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(chmod(path, 0777), 0);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) { /* nobody: connects, and must not take root's listener for its own */
+		if (setgid(65534) || setuid(65534) ||
+		    sock_connect_local_until(path, "127.0.0.1", 1, 2000, NULL, &c, err, sizeof err))
+			_exit(2);
+		char b;
+		int same = sock_is_unix(c) ? sock_is_unix_same_user(c) : 3;
+		(void)!read(c, &b, 1); /* until the parent has looked */
+		_exit(same);
+	}
+	cr_assert_eq(sock_accept(ufd, 5000, &s, NULL, 0, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(sock_is_unix(s), 1);
+	cr_assert_eq(sock_is_unix_same_user(s), 0, "a peer of uid 65534 taken for root's own");
+	close(s);
+	int st = 0;
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child saw %d (0: sealed, 1: its own user's, 2: no connection)",
+		  WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+	close(ufd);
+	unlink(path);
+	rmdir(dir);
 }
 
 Test(sock, unix_path_names_the_ps_and_fits)

@@ -820,9 +820,13 @@ int sock_listen_unix(const char *path, int *fd, char *err, size_t errlen)
 			snprintf(err, errlen, "cannot listen on %s: it exists and is not a socket", path);
 			return -EEXIST;
 		}
-		/* Left by a process that is gone, or in use by a live one. */
-		if (connect_unix(path, deadline_of(1000), NULL, &probe) == 0) {
-			close(probe);
+		/* Left by a process that is gone, or in use by a live one. A
+		 * live one whose backlog is full answers EAGAIN, not a refusal:
+		 * taking its path would leave it unreachable for good. */
+		int pr = connect_unix(path, deadline_of(1000), NULL, &probe);
+		if (pr == 0 || pr == -EAGAIN) {
+			if (pr == 0)
+				close(probe);
 			snprintf(err, errlen, "cannot listen on %s: another process listens there", path);
 			return -EADDRINUSE;
 		}

@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -830,6 +831,40 @@ Test(sock, connect_local_prefers_the_unix_socket)
 	unlink(path);
 	rmdir(dir);
 	close(lfd);
+}
+
+/* A live listener whose backlog is full refuses a non-blocking connect
+ * with EAGAIN, not ECONNREFUSED: it is not a stale socket, and a second ps
+ * that took its path over (then removed it on its own exit, its TCP port
+ * being taken) left the first one's workers no Unix socket at all. */
+Test(sock, listen_unix_keeps_a_live_socket_with_a_full_backlog)
+{
+	char dir[64], path[100], err[256] = "";
+	struct sockaddr_un sun = { .sun_family = AF_UNIX };
+	struct stat before, after;
+	int fill[8], nfill = 0, l = -1, fd = -1;
+	unix_tmpdir(dir, sizeof dir);
+	snprintf(path, sizeof path, "%s/ps.sock", dir);
+	snprintf(sun.sun_path, sizeof sun.sun_path, "%s", path);
+	l = socket(AF_UNIX, SOCK_STREAM, 0);
+	cr_assert_geq(l, 0);
+	cr_assert_eq(bind(l, (struct sockaddr *)&sun, sizeof sun), 0);
+	cr_assert_eq(listen(l, 0), 0);
+	cr_assert_eq(stat(path, &before), 0);
+	for (int r = 0; r == 0 && nfill < 8; nfill++) { /* until the backlog refuses one */
+		fill[nfill] = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0);
+		r = connect(fill[nfill], (struct sockaddr *)&sun, sizeof sun);
+		cr_assert(r == 0 || errno == EAGAIN, "connect: %s", strerror(errno));
+	}
+	cr_assert_eq(sock_listen_unix(path, &fd, err, sizeof err), -EADDRINUSE, "%s", err);
+	cr_assert(strstr(err, "another process listens there"), "%s", err);
+	cr_assert_eq(stat(path, &after), 0);
+	cr_assert_eq(after.st_ino, before.st_ino, "the live socket was replaced");
+	while (nfill > 0)
+		close(fill[--nfill]);
+	close(l);
+	unlink(path);
+	rmdir(dir);
 }
 
 /* A ps tells a live worker's Unix connection from a dead one's by whether

@@ -3,7 +3,7 @@
  * STATUS, reads the REPORT, and prints one row per shard, or one JSON
  * object; with a watch interval it asks again each interval on the same
  * connections until every ps reports the run complete (or its final
- * checkpoint). What the ps does
+ * checkpoint), unless no ps answered the first round. What the ps does
  * with an observer is cluster/ps.c's; the bytes are docs/PROTOCOL.md's
  * ("Observers").
  *
@@ -450,7 +450,7 @@ int cluster_status(const struct config *c, int json, double watch_s, FILE *out, 
 			e = err_set(err, errlen, -ENOMEM, "out of memory for the session keys");
 		l->conn.rcap = l->conn.wcap = STATUS_BUF_BYTES;
 	}
-	while (!e) {
+	for (int round = 0; !e; round++) {
 		int missing = status_round(ls, nps);
 		int complete = status_complete(ls, nps);
 		if (json)
@@ -459,9 +459,16 @@ int cluster_status(const struct config *c, int json, double watch_s, FILE *out, 
 			print_table(out, ls, nps, complete);
 		fflush(out);
 		status_unanswered(errout, ls, nps);
-		if (watch_s <= 0 || complete || *stop) {
+		/* A watch that reaches no ps at all when it starts ends as one
+		 * round does: the ps of a finished run have exited, and
+		 * waiting for ps that may never come back is what Ctrl-C was
+		 * needed for. Once some ps answered, one that fails is
+		 * reconnected to (it may be restarting). */
+		if (watch_s <= 0 || complete || *stop || (round == 0 && missing == nps)) {
 			if (*stop)
 				e = err_set(err, errlen, -EINTR, "status: interrupted");
+			else if (missing == nps)
+				e = err_set(err, errlen, -ECONNABORTED, "status: none of the %d ps answered", nps);
 			else if (missing)
 				e = err_set(err, errlen, -ECONNABORTED, "status: %d of %d ps did not answer",
 					    missing, nps);

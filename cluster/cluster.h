@@ -52,9 +52,11 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
  * to out, or with json one JSON object per round; each ps that did not
  * answer gets a line on errout naming it and why. watch_s > 0: again every
  * watch_s seconds, on the same connections (reconnecting to those that
- * failed), until every ps reports the run complete or *stop is set. 0
- * when every ps answered (in the last round), -ECONNABORTED when some did
- * not, -EINTR when stopped, -EINVAL for the key. */
+ * failed), until every ps reports the run complete or its final
+ * checkpoint, or *stop is set; a first round that no ps answers ends it
+ * as a single round does. 0 when every ps answered (in the last round),
+ * -ECONNABORTED when some did not, -EINTR when stopped, -EINVAL for the
+ * key. */
 int cluster_status(const struct config *c, int json, double watch_s, FILE *out, FILE *errout,
 		   const volatile sig_atomic_t *stop, char *err, size_t errlen);
 

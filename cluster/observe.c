@@ -2,7 +2,8 @@
  * observer (net/handshake.h's third role, with the cluster key), asks
  * STATUS, reads the REPORT, and prints one row per shard, or one JSON
  * object; with a watch interval it asks again each interval on the same
- * connections until every ps reports the run complete. What the ps does
+ * connections until every ps reports the run complete (or its final
+ * checkpoint), unless no ps answered the first round. What the ps does
  * with an observer is cluster/ps.c's; the bytes are docs/PROTOCOL.md's
  * ("Observers").
  *
@@ -344,11 +345,27 @@ static int status_round(struct status_link *ls, int nps)
 	return missing;
 }
 
+/* The shard holds the run's final checkpoint: what a ps started again on
+ * a finished run serves (ps_store.c's "run finished", the same test: the
+ * checkpoint's step, W versions each in async mode, at or past the last).
+ * Such a ps waits for workers that may never come, and never says the
+ * run complete until they do; its checkpoint says so already. */
+static int link_final_checkpoint(const struct status_link *l)
+{
+	const struct msg_report *rp = &l->rep;
+	uint64_t per_step = l->c->train.mode == MODE_ASYNC ? (uint64_t)l->c->cluster.nworkers : 1;
+	return rp->has_checkpoint && rp->total > 0 && rp->checkpoint >= rp->total / per_step;
+}
+
+/* Every ps answered (or ended) saying the run is complete, or holding its
+ * final checkpoint. */
 static int status_complete(const struct status_link *ls, int nps)
 {
-	for (int k = 0; k < nps; k++)
-		if (!ls[k].have || !ls[k].rep.complete || (!ls[k].answered && !ls[k].ended))
+	for (int k = 0; k < nps; k++) {
+		const struct status_link *l = &ls[k];
+		if (!l->have || (!l->rep.complete && !link_final_checkpoint(l)) || (!l->answered && !l->ended))
 			return 0;
+	}
 	return 1;
 }
 
@@ -433,7 +450,7 @@ int cluster_status(const struct config *c, int json, double watch_s, FILE *out, 
 			e = err_set(err, errlen, -ENOMEM, "out of memory for the session keys");
 		l->conn.rcap = l->conn.wcap = STATUS_BUF_BYTES;
 	}
-	while (!e) {
+	for (int round = 0; !e; round++) {
 		int missing = status_round(ls, nps);
 		int complete = status_complete(ls, nps);
 		if (json)
@@ -442,9 +459,16 @@ int cluster_status(const struct config *c, int json, double watch_s, FILE *out, 
 			print_table(out, ls, nps, complete);
 		fflush(out);
 		status_unanswered(errout, ls, nps);
-		if (watch_s <= 0 || complete || *stop) {
+		/* A watch that reaches no ps at all when it starts ends as one
+		 * round does: the ps of a finished run have exited, and
+		 * waiting for ps that may never come back is what Ctrl-C was
+		 * needed for. Once some ps answered, one that fails is
+		 * reconnected to (it may be restarting). */
+		if (watch_s <= 0 || complete || *stop || (round == 0 && missing == nps)) {
 			if (*stop)
 				e = err_set(err, errlen, -EINTR, "status: interrupted");
+			else if (missing == nps)
+				e = err_set(err, errlen, -ECONNABORTED, "status: none of the %d ps answered", nps);
 			else if (missing)
 				e = err_set(err, errlen, -ECONNABORTED, "status: %d of %d ps did not answer",
 					    missing, nps);

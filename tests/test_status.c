@@ -247,3 +247,82 @@ Test(status, watch_a_whole_run)
 	}
 	cr_assert_gt(final_accuracy(slurp(out[3])), 90.0, "%s", slurp(out[3]));
 }
+
+/* How often text occurs in s. */
+static int count_of(const char *s, const char *text)
+{
+	int n = 0;
+	for (const char *p = s; (p = strstr(p, text)) != NULL; p += strlen(text))
+		n++;
+	return n;
+}
+
+/* `pstrain status --config cfg --watch 0.3` (and json, may be NULL), its
+ * output in out; its exit status, or -1 if it was still watching after
+ * bound_s and was killed. */
+static int watch_run(const char *cfg, const char *json, const char *tag, char *out, int bound_s)
+{
+	snprintf(out, 300, "%s/watch-%s.log", dir, tag);
+	const char *args[] = { "status", "--config", cfg, "--watch", "0.3", json, NULL };
+	pid_t p = spawn_pstrain(args, out, NULL);
+	int st;
+	wait_children(&p, 1, &st, bound_s);
+	return st;
+}
+
+/* --watch started after the run has ended used to wait until Ctrl-C.
+ * With every ps gone it ends as plain status does: each ps named, one line
+ * saying none answered, exit 3, after one round (a ps has 2 s to accept).
+ * With the ps of the finished run started again (each serves its final
+ * checkpoint until workers come), it prints that final status once, the
+ * run complete, and exits 0. The 10 s bound is several times either. */
+Test(status, watch_after_the_run_ended)
+{
+	char cfg[300], out[4][300], w_out[300];
+	int st[4];
+	snprintf(cfg, sizeof(cfg), "%s/cluster.ini", dir);
+	write_cluster(dir, cfg, 40, 20, "mode = sync\n", "");
+	pid_t pids[4];
+	pids[0] = start_role("ps", "0", cfg, out[0], NULL);
+	pids[1] = start_role("ps", "1", cfg, out[1], NULL);
+	pids[2] = start_role("worker", "1", cfg, out[2], NULL);
+	pids[3] = start_role("worker", "0", cfg, out[3], NULL);
+	wait_children(pids, 4, st, RUN_TIMEOUT_S);
+	assert_exits_zero(st, out, 4, "");
+
+	int rc = watch_run(cfg, NULL, "gone", w_out, 10);
+	char *text = slurp(w_out);
+	cr_assert_eq(rc, 3, "watch with every ps gone: exit %d (-1: still watching after 10 s):\n%s", rc, text);
+	cr_assert_eq(count_of(text, "run: "), 1, "more than one round:\n%s", text);
+	cr_assert_not_null(strstr(text, "pstrain: ps 1 (127.0.0.1:"), "ps 1 not named:\n%s", text);
+	cr_assert_not_null(strstr(text, "did not answer: cannot reach"), "%s", text);
+	cr_assert_not_null(strstr(text, "status: none of the 2 ps answered"), "%s", text);
+
+	pids[0] = start_role("ps", "0", cfg, out[0], NULL);
+	pids[1] = start_role("ps", "1", cfg, out[1], NULL);
+	for (int k = 0; k < 2; k++)
+		cr_assert(wait_for_text(out[k], "run finished: ") && wait_for_text(out[k], "listening on"),
+			  "%s", slurp(out[k]));
+	rc = watch_run(cfg, "--json", "finished", w_out, 10);
+	text = slurp(w_out);
+	cr_assert_eq(rc, 0, "watch of a finished run: exit %d (-1: still watching after 10 s):\n%s", rc, text);
+	cr_assert_eq(count_of(text, "{\"time\""), 1, "more than one round:\n%s", text);
+	struct json *j = last_json(text);
+	cr_assert_eq(json_get(j, "complete")->type, JSON_TRUE, "%s", text);
+	const struct json *shards = json_get(j, "shards");
+	cr_assert(shards && shards->n == 2, "%s", text);
+	for (size_t k = 0; k < 2; k++) {
+		cr_assert(num(&shards->kids[k], "version") == 40 && num(&shards->kids[k], "total") == 40, "%s", text);
+		cr_assert_eq(num(&shards->kids[k], "checkpoint"), 40, "%s", text);
+	}
+	json_free(j);
+	rc = status_run(cfg, NULL, NULL, NULL, "finished", w_out);
+	text = slurp(w_out);
+	cr_assert_eq(rc, 0, "status of a finished run: exit %d:\n%s", rc, text);
+	cr_assert_not_null(strstr(text, "run: complete"), "%s", text);
+
+	for (int k = 0; k < 2; k++)
+		kill(pids[k], SIGTERM);
+	wait_children(pids, 2, st, RUN_TIMEOUT_S);
+	cr_assert(st[0] == 130 && st[1] == 130, "ps exits %d %d", st[0], st[1]);
+}

@@ -234,6 +234,14 @@ $(BUILD)/bench/siege: $(BUILD)/bench/siege.o
 	@mkdir -p $(dir $@)
 	$(call say,LINK,$@)$(CC) $(LDFLAGS) $^ -o $@ -lpthread
 
+# A fixed delay on a lab host's outgoing packets, for bench/netlab's
+# delayed rates (--rates 1gbit+250us; tests/net/lab.sh, lab_delay): NFQUEUE, as this kernel has no netem.
+# Linked against Debian's libnetfilter-queue (make deps-bench), not static:
+# a lab tool, never shipped.
+$(BUILD)/bench/netdelay: $(BUILD)/bench/netdelay.o
+	@mkdir -p $(dir $@)
+	$(call say,LINK,$@)$(CC) $(LDFLAGS) $^ -o $@ -lnetfilter_queue -lnfnetlink
+
 # `make install PREFIX=/usr/local` (DESTDIR for staging): the binary and
 # pstrain(1). Nothing else is needed at run time: the binary is static but
 # for glibc.
@@ -249,8 +257,8 @@ bench: all $(BENCH_BIN)
 
 # pstrain against PyTorch DDP over shaped links in network namespaces (as
 # root): bench/netlab. NETLAB_ARGS passes options, e.g. NETLAB_ARGS=--quick.
-netlab: deps-bench all
-	./bench/netlab --pstrain ./$(BIN) $(NETLAB_ARGS)
+netlab: deps-bench all $(BUILD)/bench/netdelay
+	./bench/netlab --pstrain ./$(BIN) --netdelay $(BUILD)/bench/netdelay $(NETLAB_ARGS)
 
 # Installs only what is missing. Needs root (or sudo) the first time.
 # The test tools (clang and its libFuzzer runtime, for `make fuzz`) only
@@ -292,7 +300,7 @@ deps-test:
 # (build/tfvenv, kept between runs; 2.19.1 supports Python 3.11, Debian 12's).
 TF_VENV := build/tfvenv
 TF_PACKAGE := tensorflow-cpu==2.19.1
-BENCH_DEB_PACKAGES := python3-torch python3-venv iperf3
+BENCH_DEB_PACKAGES := python3-torch python3-venv iperf3 iptables libnetfilter-queue-dev
 deps-bench:
 	$(call install_missing,$(DEB_PACKAGES) $(BENCH_DEB_PACKAGES))
 	$(Q)TF_CPP_MIN_LOG_LEVEL=3 $(TF_VENV)/bin/python -c 'import tensorflow' 2>/dev/null || { \

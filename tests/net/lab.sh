@@ -10,6 +10,8 @@
 #   lab_run K CMD...          CMD in host K's namespace
 #   lab_rate K RATE           reshape host K's link, both directions
 #   lab_cut K / lab_heal K    take host K's switch port down / up again
+#   lab_delay K US NETDELAY   hold every packet host K sends for US microseconds
+#                             (NETDELAY: the bench/netdelay binary; 0 undoes it)
 #   lab_down                  kill what runs in the lab's namespaces, delete them
 #
 # The switch is a bridge in a namespace of its own (LAB-sw), so the root
@@ -17,7 +19,10 @@
 # never share a name. Host K's end is eth0 in LAB-hK; its switch port is
 # hK. A link's RATE (tc syntax: 1gbit, 100mbit; 0 = unshaped) is an HTB
 # class on both ends' egress: eth0 shapes what host K sends, hK what it
-# receives, as a switch port would. No delay: this kernel has no netem.
+# receives, as a switch port would. This kernel has no netem: lab_delay
+# holds a host's outgoing packets in user space instead (iptables NFQUEUE
+# and bench/netdelay; every host delays what it sends, so a round trip
+# between two delayed hosts is twice the delay).
 # Each class queues in a pfifo of the device's txqueuelen packets (1000,
 # of up to 64 KiB each with GSO: a deep buffer); LAB_QUEUE=BYTES gives it
 # a bfifo of that many bytes instead, a switch port with a shallow buffer
@@ -109,11 +114,30 @@ lab_rate() {
 lab_cut() { ip -n "$LAB_NAME-sw" link set "h$1" down; }
 lab_heal() { ip -n "$LAB_NAME-sw" link set "h$1" up; }
 
+# Host K's outgoing packets on eth0 (not loopback) go through netdelay
+# in K's namespace; --queue-bypass lets them through undelayed should
+# netdelay not be running, rather than drop them.
+lab_delay() {
+	_ns=$(lab_ns "$1")
+	ip netns exec "$_ns" iptables -D OUTPUT -o eth0 -j NFQUEUE --queue-num 0 --queue-bypass 2>/dev/null
+	_p=$(cat "/tmp/$LAB_NAME-delay-$1.pid" 2>/dev/null) && kill "$_p" 2>/dev/null
+	rm -f "/tmp/$LAB_NAME-delay-$1.pid"
+	[ "$2" = 0 ] && return 0
+	# Started from a subshell, so that it is nobody's job here: a caller's
+	# plain `wait` would otherwise wait for it.
+	(
+		ip netns exec "$_ns" "$3" --queue 0 --delay-us "$2" </dev/null &
+		echo $! >"/tmp/$LAB_NAME-delay-$1.pid"
+	)
+	ip netns exec "$_ns" iptables -A OUTPUT -o eth0 -j NFQUEUE --queue-num 0 --queue-bypass
+}
+
 lab_down() {
 	for _ns in $(ip netns list 2>/dev/null | sed -n "s/^\($LAB_NAME-[a-z0-9]*\).*/\1/p"); do
 		_p=$(ip netns pids "$_ns" 2>/dev/null)
 		[ -n "$_p" ] && kill -KILL $_p 2>/dev/null
 		ip netns del "$_ns" 2>/dev/null
 	done
+	rm -f /tmp/"$LAB_NAME"-delay-*.pid
 	return 0
 }

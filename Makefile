@@ -178,9 +178,10 @@ FUZZ_CI_SECONDS ?= 5
 # Every ps and worker of a cluster in a network namespace of its own, on
 # one bridge, links shaped with HTB (tests/net/run.sh, docs/NETWORK.md):
 # about 1.5 minutes on 2 cores. Without root or `ip netns` it says it
-# skipped. NET_TESTS="heal cut" runs only those.
-test-net: deps $(BIN)
-	$(Q)timeout --foreground -k 10 600 tests/net/run.sh $(abspath $(BIN)) $(NET_TESTS)
+# skipped. NET_TESTS="heal cut" runs only those. The delay test holds
+# packets with bench/netdelay (iptables NFQUEUE: make deps-test).
+test-net: deps-test $(BIN) $(BUILD)/bench/netdelay
+	$(Q)NETDELAY=$(abspath $(BUILD)/bench/netdelay) timeout --foreground -k 10 600 tests/net/run.sh $(abspath $(BIN)) $(NET_TESTS)
 
 # A one-node Slurm from Debian's packages in a temporary directory runs
 # examples/slurm/pstrain.sbatch (1 ps + 2 workers as one srun) and checks
@@ -265,7 +266,8 @@ netlab: deps-bench all $(BUILD)/bench/netdelay
 # for `make test`, not for the demo.
 DEB_PACKAGES := gcc make libc6-dev libinih-dev libsodium-dev libcriterion-dev \
 	libopenblas-dev zlib1g-dev dataset-fashion-mnist
-TEST_DEB_PACKAGES := clang libclang-rt-14-dev python3 python3-venv slurmctld slurmd slurm-client munge
+TEST_DEB_PACKAGES := clang libclang-rt-14-dev python3 python3-venv slurmctld slurmd slurm-client munge \
+	iptables libnetfilter-queue-dev
 define install_missing
 	@missing=""; for p in $(1); do \
 		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \

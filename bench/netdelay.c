@@ -1,4 +1,4 @@
-/* A fixed one-way delay for a network namespace's outgoing packets,
+/* A fixed one-way delay for a network namespace's incoming packets,
  * where the kernel has no netem: iptables hands each packet to this
  * process (NFQUEUE), which holds it for the delay and then lets it go,
  * in order. bench/netlab runs one per lab host (tests/net/lab.sh,
@@ -13,9 +13,10 @@
  * Where the kernel cannot queue a packet (the queue or this socket's
  * buffer full) it lets it through undelayed (NFQA_CFG_F_FAIL_OPEN)
  * rather than drop it: a loss would be a different experiment.
- * What this does not model: jitter, loss, and delay on the receiving
- * side (the peer's netdelay delays its own packets, so each direction
- * gets D and a round trip 2D). */
+ * What this does not model: jitter and loss. Each host delays what it
+ * receives (each direction gets D, a round trip 2D): held on the way
+ * out, a packet would still count against its TCP socket's small-queue
+ * budget, which starves a long delay (tests/net/lab.sh, lab_delay). */
 #include <errno.h>
 #include <getopt.h>
 #include <signal.h>

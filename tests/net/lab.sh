@@ -10,7 +10,7 @@
 #   lab_run K CMD...          CMD in host K's namespace
 #   lab_rate K RATE           reshape host K's link, both directions
 #   lab_cut K / lab_heal K    take host K's switch port down / up again
-#   lab_delay K US NETDELAY   hold every packet host K sends for US microseconds
+#   lab_delay K US NETDELAY   hold every packet host K receives for US microseconds
 #                             (NETDELAY: the bench/netdelay binary; 0 undoes it)
 #   lab_down                  kill what runs in the lab's namespaces, delete them
 #
@@ -20,8 +20,8 @@
 # hK. A link's RATE (tc syntax: 1gbit, 100mbit; 0 = unshaped) is an HTB
 # class on both ends' egress: eth0 shapes what host K sends, hK what it
 # receives, as a switch port would. This kernel has no netem: lab_delay
-# holds a host's outgoing packets in user space instead (iptables NFQUEUE
-# and bench/netdelay; every host delays what it sends, so a round trip
+# holds a host's incoming packets in user space instead (iptables NFQUEUE
+# and bench/netdelay; every host delays what it receives, so a round trip
 # between two delayed hosts is twice the delay).
 # Each class queues in a pfifo of the device's txqueuelen packets (1000,
 # of up to 64 KiB each with GSO: a deep buffer); LAB_QUEUE=BYTES gives it
@@ -114,12 +114,16 @@ lab_rate() {
 lab_cut() { ip -n "$LAB_NAME-sw" link set "h$1" down; }
 lab_heal() { ip -n "$LAB_NAME-sw" link set "h$1" up; }
 
-# Host K's outgoing packets on eth0 (not loopback) go through netdelay
+# Host K's incoming packets on eth0 (not loopback) go through netdelay
 # in K's namespace; --queue-bypass lets them through undelayed should
-# netdelay not be running, rather than drop them.
+# netdelay not be running, rather than drop them. Incoming, not
+# outgoing: a packet held on its way out still counts against its
+# socket's TCP Small Queues budget (about 1 ms of data at the pacing
+# rate), which at a 5 ms delay held TCP to 9 Mbit/s on a 1 Gbit/s link;
+# one held on its way in belongs to no socket.
 lab_delay() {
 	_ns=$(lab_ns "$1")
-	ip netns exec "$_ns" iptables -D OUTPUT -o eth0 -j NFQUEUE --queue-num 0 --queue-bypass 2>/dev/null
+	ip netns exec "$_ns" iptables -D INPUT -i eth0 -j NFQUEUE --queue-num 0 --queue-bypass 2>/dev/null
 	_p=$(cat "/tmp/$LAB_NAME-delay-$1.pid" 2>/dev/null) && kill "$_p" 2>/dev/null
 	rm -f "/tmp/$LAB_NAME-delay-$1.pid"
 	[ "$2" = 0 ] && return 0
@@ -129,7 +133,7 @@ lab_delay() {
 		ip netns exec "$_ns" "$3" --queue 0 --delay-us "$2" </dev/null &
 		echo $! >"/tmp/$LAB_NAME-delay-$1.pid"
 	)
-	ip netns exec "$_ns" iptables -A OUTPUT -o eth0 -j NFQUEUE --queue-num 0 --queue-bypass
+	ip netns exec "$_ns" iptables -A INPUT -i eth0 -j NFQUEUE --queue-num 0 --queue-bypass
 }
 
 lab_down() {

@@ -6,7 +6,8 @@
 #   tests/net/run.sh [PSTRAIN [TEST...]]     PSTRAIN defaults to $PSTRAIN_BIN, then ./pstrain
 #
 # TESTs (all by default, in this order): sync async heal reconnect cut
-# slow beside. One line per test, `ok` with what it measured or `FAIL` with the reason and the
+# slow beside delay. The delay test needs bench/netdelay (NETDELAY=PATH;
+# `make test-net` builds it) and iptables, and says it skipped without. One line per test, `ok` with what it measured or `FAIL` with the reason and the
 # tail of the log that shows it; exit 1 if any failed. Without root or
 # `ip netns` it says it skipped and exits 0.
 #
@@ -23,7 +24,7 @@ set -u
 here=$(cd "$(dirname "$0")" && pwd)
 bin=${PSTRAIN_BIN:-./pstrain}
 if [ $# -gt 0 ]; then bin=$1; shift; fi
-tests=${*:-sync async heal reconnect cut slow beside}
+tests=${*:-sync async heal reconnect cut slow beside delay}
 
 . "$here/lab.sh"
 if ! lab_check; then
@@ -474,6 +475,48 @@ test_beside() {
 	ok beside "each worker reached its own ps over the Unix socket and the other over TCP; test accuracy $acc% (local with batch 128 $REF%)"
 }
 
+# delay: every host holds the packets it sends for DELAY_US (5 ms), so any
+# two hosts are a round trip of about 10 ms apart, as between buildings or
+# nearby sites, at 1 Gbit/s: a sync cluster (2 ps + 2 workers, the default
+# send_buffer_kib and timeouts) trains to local's accuracy with every
+# gradient applied and no peer lost, and its chief's communication per
+# step is at least that round trip, so the delay was there.
+DELAY_US=5000
+test_delay() {
+	local d=$T/delay n k acc comm
+	if [ -z "${NETDELAY:-}" ] || [ ! -x "$NETDELAY" ] || ! command -v iptables >/dev/null; then
+		echo "test-net: delay skipped (needs NETDELAY=bench/netdelay and iptables: make test-net builds the one, make deps-test installs the other)"
+		return
+	fi
+	SET=(--set train.steps=468 --set train.eval_every=100 --set cluster.peer_timeout=10)
+	conf "$d" 2 2 || { fail delay "bad config"; return; }
+	lab_up 4 1gbit || { fail delay "lab_up failed"; lab_down; return; }
+	for k in 0 1 2 3; do
+		if ! lab_delay "$k" "$DELAY_US" "$NETDELAY" 2>>"$d/netdelay.err"; then
+			lab_down
+			echo "test-net: delay skipped (iptables cannot queue packets here: $(tail -n 1 "$d/netdelay.err"))"
+			return
+		fi
+	done
+	sleep 0.3 # each netdelay binds its queue
+	cluster "$d" 2 2 120
+	all_exit delay 1 0 ps0 ps1 w0 w1 || return
+	lab_down
+	for n in w0 w1; do
+		grep -q 'lost ps\|reconnect' "$d/$n.1.log" && { fail delay "$n lost a ps" "delay/$n.1"; return; }
+	done
+	for n in 0 1; do
+		grep -q 'closed worker\|connected again' "$d/ps$n.1.log" && { fail delay "ps $n lost a worker" "delay/ps$n.1"; return; }
+		grep -q "ps $n: all 2 workers done: version 468, 936 gradients applied, 0 dropped as stale" "$d/ps$n.1.log" ||
+			{ fail delay "ps $n did not apply 2 x 468 gradients" "delay/ps$n.1"; return; }
+	done
+	comm=$(sed -n 's/.* worker 0: per step: compute [0-9.]* ms, communication \([0-9.]*\) ms.*/\1/p' "$d/w0.1.log" | tail -n 1)
+	ge "$comm" $((2 * DELAY_US / 1000)) ||
+		{ fail delay "communication ${comm:-?} ms a step, less than the $((2 * DELAY_US / 1000)) ms round trip: were the packets delayed?" delay/w0.1 delay/netdelay; return; }
+	like_local delay delay/w0.1 || return
+	ok delay "$((DELAY_US / 1000)) ms each way: communication $comm ms a step, no peer lost, test accuracy $acc% (local $REF%)"
+}
+
 for t in $tests; do
 	t0=$SECONDS
 	case "$t" in
@@ -484,6 +527,7 @@ for t in $tests; do
 	cut) test_cut ;;
 	slow) test_slow ;;
 	beside) test_beside ;;
+	delay) test_delay ;;
 	*) echo "test-net: no test $t" >&2; failed=$((failed + 1)) ;;
 	esac
 done

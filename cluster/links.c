@@ -10,6 +10,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 
 const char *links_ps_name(const struct config *c, int k, char *buf, size_t len)
@@ -181,20 +182,60 @@ void links_disconnect(struct links *lk)
  * NULL: only for a ps whose address is one of this host's, so that hosts
  * sharing a file system (or network namespaces sharing one kernel) never
  * reach each other's ps that way. Where the directory is not ours alone
- * the ps says so and listens on TCP only; here it is just TCP. */
-static const char *link_local_path(const struct config *c, int k, char *path, size_t len)
+ * the ps says so and listens on TCP only; here it is just TCP. So it is
+ * while the socket file there is one that failed a greeting (link_shun). */
+static const char *link_local_path(const struct links *lk, int k, char *path, size_t len)
 {
+	const struct config *c = lk->c;
+	const struct link *l = &lk->ln[k];
+	struct stat st;
 	char e[400];
-	if (!c->cluster.local_socket || sock_is_own_address(c->cluster.ps[k].name, e, sizeof(e)) != 1)
+	if (!c->cluster.local_socket || sock_is_own_address(c->cluster.ps[k].name, e, sizeof(e)) != 1 ||
+	    role_local_path(c, k, path, len, e, sizeof(e)))
 		return NULL;
-	return role_local_path(c, k, path, len, e, sizeof(e)) ? NULL : path;
+	if (l->shun && lstat(path, &st) == 0 && st.st_dev == l->shun_dev && st.st_ino == l->shun_ino)
+		return NULL;
+	return path;
 }
 
-/* One connection and handshake with ps k; then, at once, a HEARTBEAT:
- * the first frame the ps opens confirms that we hold the key (until then a
- * ps does not count the connection as this worker). -ENOLINK: the ps did
- * not answer our greeting. */
-static int link_open(struct links *lk, int k, int timeout_ms, char *err, size_t errlen)
+/* The Unix socket at path failed a greeting (why: the error): whatever
+ * listens there is not ps k for us (another cluster's ps under the same
+ * path, which left ours on TCP only; any other program of this user), so
+ * the link goes over TCP for as long as that file is there. Keyed on the
+ * file, not for good: a ps that restarts binds a new one, which is tried
+ * (our own ps may have dropped the greeting as it died), while a
+ * reconnect past the same stranger pays no failed greeting again. */
+static void link_shun(struct links *lk, int k, const char *path, const char *why)
+{
+	struct link *l = &lk->ln[k];
+	struct stat st;
+	l->shun = lstat(path, &st) == 0;
+	l->shun_dev = l->shun ? st.st_dev : 0;
+	l->shun_ino = l->shun ? st.st_ino : 0;
+	role_log(lk->out, "worker %d: ps %d: the Unix socket %s did not answer as ps %d, so TCP for it: %s",
+		 lk->index, k, path, k, why);
+}
+
+/* A connection to ps k within timeout_ms: its Unix socket first if local
+ * is not NULL, else (or if nobody listens there) TCP. */
+static int link_dial(struct links *lk, int k, const char *local, int timeout_ms, int *fd, char *err,
+		     size_t errlen)
+{
+	const struct config *c = lk->c;
+	char e[512];
+	int r = sock_connect_local_until(local, c->cluster.ps[k].name, c->cluster.ps[k].port, timeout_ms,
+					 lk->stop, fd, e, sizeof(e));
+	if (r)
+		return err_set(err, errlen, r == -EINVAL || r == -ENOENT ? -EINVAL : r == -EINTR ? -EINTR : -ECONNABORTED,
+			       "ps %d: %s", k, e);
+	return 0;
+}
+
+/* The handshake with ps k on fd (which it takes); then, at once, a
+ * HEARTBEAT: the first frame the ps opens confirms that we hold the key
+ * (until then a ps does not count the connection as this worker).
+ * -ENOLINK: the ps did not answer our greeting. */
+static int link_greet(struct links *lk, int k, int fd, int timeout_ms, char *err, size_t errlen)
 {
 	const struct config *c = lk->c;
 	struct hs_identity me = { .role = HS_WORKER, .index = (uint32_t)lk->index,
@@ -202,19 +243,11 @@ static int link_open(struct links *lk, int k, int timeout_ms, char *err, size_t 
 	memcpy(me.config_hash, lk->s->hash, HS_HASH_BYTES);
 	struct conn *cn = &lk->ln[k].conn;
 	char e[512], nm[300];
-	int fd = -1;
 	int hs_ms = timeout_ms < ROLE_HANDSHAKE_MS ? timeout_ms : ROLE_HANDSHAKE_MS;
 	links_ps_name(c, k, nm, sizeof(nm));
-	char upath[256];
-	const char *local = link_local_path(c, k, upath, sizeof(upath));
-	int r = sock_connect_local_until(local, c->cluster.ps[k].name, c->cluster.ps[k].port, timeout_ms,
-					 lk->stop, &fd, e, sizeof(e));
-	if (r)
-		return err_set(err, errlen, r == -EINVAL || r == -ENOENT ? -EINVAL : r == -EINTR ? -EINTR : -ECONNABORTED,
-			       "ps %d: %s", k, e);
 	me.local = sock_is_unix_same_user(fd);
 	(void)sock_send_buffer(fd, c->cluster.send_buffer_kib); /* a cap, not a need */
-	r = conn_client(cn, fd, lk->s->key, &me, hs_ms, nm, err, errlen);
+	int r = conn_client(cn, fd, lk->s->key, &me, hs_ms, nm, err, errlen);
 	if (r)
 		return r;
 	if (cn->hr.peer.role != HS_PS || cn->hr.peer.index != (uint32_t)k) {
@@ -235,6 +268,30 @@ static int link_open(struct links *lk, int k, int timeout_ms, char *err, size_t 
 		return err_set(err, errlen, -ECONNABORTED, "%s: %s", nm, e);
 	}
 	return 0;
+}
+
+/* One connection and handshake with ps k. A greeting that fails on the
+ * Unix socket is not the end of this try: the ps may well listen on TCP
+ * (another listener held the path when it started), so TCP is tried at
+ * once, with what is left of the time. */
+static int link_open(struct links *lk, int k, int timeout_ms, char *err, size_t errlen)
+{
+	int64_t end = role_now_ms() + timeout_ms;
+	char upath[256];
+	const char *local = link_local_path(lk, k, upath, sizeof(upath));
+	int fd = -1;
+	int r = link_dial(lk, k, local, timeout_ms, &fd, err, errlen);
+	if (r)
+		return r;
+	int unx = sock_is_unix(fd);
+	r = link_greet(lk, k, fd, timeout_ms, err, errlen);
+	if (!unx || (r != -ENOLINK && r != -ECONNABORTED))
+		return r;
+	link_shun(lk, k, upath, err);
+	int left = (int)(end - role_now_ms());
+	left = left < 100 ? 100 : left;
+	r = link_dial(lk, k, NULL, left, &fd, err, errlen);
+	return r ? r : link_greet(lk, k, fd, left, err, errlen);
 }
 
 /* A ps drops greetings it cannot tell from a flood's (evicted while

@@ -17,6 +17,7 @@
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/types.h>
 
 #include "../core/gradflow.h"
 #include "../core/progress.h"
@@ -40,6 +41,9 @@ struct link {
 	int rpp_ready;
 	_Atomic int halted;  /* links_exchange: one half of the link failed and shut
 			      * it down; the other half's failure is not a lost link */
+	int shun;            /* the ps's Unix socket file failed a greeting: */
+	dev_t shun_dev;      /* this one; the link uses TCP while it is there */
+	ino_t shun_ino;
 };
 
 struct link_job;

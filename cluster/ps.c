@@ -814,15 +814,16 @@ static int ps_open(struct ps *ps, const struct config *c, const struct role_setu
 	return 0;
 }
 
-/* The Unix socket for workers on this host, in *fd and its path in path;
- * if there can be none (the directory is not ours alone, the path is too
- * long, another ps holds it), one line says why and they use TCP. */
-static void ps_listen_local(struct ps *ps, char *path, size_t len, int *fd)
+/* The Unix socket for workers on this host, in *fd, its path in path and
+ * its file in *file; if there can be none (the directory is not ours
+ * alone, the path is too long, another ps holds it), one line says why
+ * and they use TCP. */
+static void ps_listen_local(struct ps *ps, char *path, size_t len, int *fd, struct sock_unix_file *file)
 {
 	char e[400];
 	int r = role_local_path(ps->c, ps->index, path, len, e, sizeof(e));
 	if (!r)
-		r = sock_listen_unix(path, fd, e, sizeof(e));
+		r = sock_listen_unix(path, fd, file, e, sizeof(e));
 	if (r) {
 		*fd = -1;
 		path[0] = 0;
@@ -851,6 +852,20 @@ static int ps_gate_open(struct ps *ps, int lfd, char *err, size_t errlen)
 	int per = max < PS_PENDING_PER_SOURCE ? max : PS_PENDING_PER_SOURCE;
 	return gate_init(&ps->gate, lfd, max, per, (int)(ps->c->cluster.handshake_timeout * 1000), err,
 			 errlen);
+}
+
+/* Closes the Unix socket, removing its file first if it is still the one
+ * bound at start: the path may have been taken since (our file removed,
+ * then a second ps bound its own there), and that one is not ours to
+ * remove. Removed while ours still listens, so that a ps starting now
+ * finds the path in use, not free to bind and then lose to our unlink. */
+static void ps_close_local(int index, FILE *out, int fd, const char *path, const struct sock_unix_file *file)
+{
+	int r = sock_unlink_unix(path, file);
+	if (r && r != -ENOENT)
+		role_log(out, "ps %d: left %s in place: %s", index, path,
+			 r == -ESTALE ? "it is no longer the socket this ps bound" : strerror(-r));
+	close(fd);
 }
 
 static void ps_close(struct ps *ps)
@@ -894,6 +909,7 @@ int cluster_ps(const struct config *c, int index, int fresh, FILE *out,
 	struct shard plan[CONFIG_MAX_HOSTS];
 	int lfd = -1, ufd = -1, e;
 	char upath[256] = "";
+	struct sock_unix_file ufile;
 
 	memset(&s, 0, sizeof(s));
 	if (!ps)
@@ -914,7 +930,7 @@ int cluster_ps(const struct config *c, int index, int fresh, FILE *out,
 	/* The Unix socket before the TCP one: a worker on this host that
 	 * tries both at once then never settles for TCP while we start. */
 	if (c->cluster.local_socket)
-		ps_listen_local(ps, upath, sizeof(upath), &ufd);
+		ps_listen_local(ps, upath, sizeof(upath), &ufd, &ufile);
 	e = sock_listen(h->name, h->port, 0, &lfd, err, errlen);
 	if (e) {
 		e = e == -ENOMEM ? e : -EINVAL;
@@ -939,10 +955,8 @@ out:
 	gate_free(&ps->gate);
 	if (lfd >= 0)
 		close(lfd);
-	if (ufd >= 0) {
-		close(ufd);
-		unlink(upath);
-	}
+	if (ufd >= 0)
+		ps_close_local(index, out, ufd, upath, &ufile);
 	ps_close(ps);
 	role_setup_free(&s);
 	free(ps);

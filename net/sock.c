@@ -805,7 +805,8 @@ int sock_unix_path(char *out, size_t outlen, const char *dir, const char *host, 
 	return 0;
 }
 
-int sock_listen_unix(const char *path, int *fd, char *err, size_t errlen)
+int sock_listen_unix(const char *path, int *fd, struct sock_unix_file *file, char *err,
+		     size_t errlen)
 {
 	struct sockaddr_un sun = { .sun_family = AF_UNIX };
 	struct stat st;
@@ -848,6 +849,30 @@ int sock_listen_unix(const char *path, int *fd, char *err, size_t errlen)
 		snprintf(err, errlen, "cannot listen on %s: %s", path, strerror(e));
 		return -e;
 	}
+	/* The file bind made, for sock_unlink_unix: a socket's fstat names
+	 * its inode in sockfs, not this one. Only this user can be in the
+	 * directory between bind and here. */
+	if (file && lstat(path, &st) < 0) {
+		int e = errno;
+		close(s);
+		snprintf(err, errlen, "cannot listen on %s: lstat after bind: %s", path, strerror(e));
+		return -e;
+	}
+	if (file)
+		*file = (struct sock_unix_file){ .dev = st.st_dev, .ino = st.st_ino };
 	*fd = s;
 	return 0;
+}
+
+int sock_unlink_unix(const char *path, const struct sock_unix_file *file)
+{
+	struct stat st;
+	/* Between this lstat and the unlink another process could still swap
+	 * the file; in a directory of this user's alone that is only this
+	 * user's, and no call unlinks by inode. */
+	if (lstat(path, &st) < 0)
+		return -errno;
+	if (st.st_dev != file->dev || st.st_ino != file->ino || !S_ISSOCK(st.st_mode))
+		return -ESTALE;
+	return unlink(path) < 0 ? -errno : 0;
 }

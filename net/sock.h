@@ -32,6 +32,7 @@
 #include <stddef.h>
 #include <signal.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "frame.h"
 
@@ -155,10 +156,27 @@ int sock_unix_dir(const char *dir, char *err, size_t errlen);
 int sock_unix_path(char *out, size_t outlen, const char *dir, const char *host, uint16_t port,
 		   char *err, size_t errlen);
 
-/* Binds and listens on the Unix socket path (non-blocking, close-on-exec).
- * A socket file left there is replaced if nobody listens on it
- * (-EADDRINUSE if somebody does); any other file there is -EEXIST. */
-SOCK_MUST_CHECK int sock_listen_unix(const char *path, int *fd, char *err, size_t errlen);
+/* The file a Unix socket path named when sock_listen_unix bound it. */
+struct sock_unix_file {
+	dev_t dev;
+	ino_t ino;
+};
+
+/* Binds and listens on the Unix socket path (non-blocking, close-on-exec),
+ * and puts the socket file it made in *file (may be NULL) for
+ * sock_unlink_unix. A socket file left there is replaced if nobody
+ * listens on it (-EADDRINUSE if somebody does); any other file there is
+ * -EEXIST. */
+SOCK_MUST_CHECK int sock_listen_unix(const char *path, int *fd, struct sock_unix_file *file,
+				     char *err, size_t errlen);
+
+/* Removes path if it is still *file, the socket file sock_listen_unix
+ * made; best called while that socket still listens, since until it
+ * closes nobody else binds the path. 0 removed; -ESTALE: another file is
+ * there now (a socket a second process bound after ours was removed, or
+ * anything else), left alone; -ENOENT: nothing is there; or lstat's or
+ * unlink's errno. */
+int sock_unlink_unix(const char *path, const struct sock_unix_file *file);
 
 /* Reads exactly len bytes into buf. recv() may return fewer bytes than
  * asked (whatever has arrived) or fail with EINTR/EAGAIN; this loops, waiting

@@ -248,7 +248,7 @@ Test(gate, greeting_on_the_second_listener_comes_out)
 	snprintf(dir, sizeof(dir), "/tmp/pstrain-gate-XXXXXX");
 	cr_assert_not_null(mkdtemp(dir));
 	snprintf(path, sizeof(path), "%s/ps.sock", dir);
-	cr_assert_eq(sock_listen_unix(path, &ufd, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(sock_listen_unix(path, &ufd, NULL, err, sizeof(err)), 0, "%s", err);
 	cr_assert_eq(gate_listen_also(&g, ufd), 0);
 	cr_assert_eq(gate_listen_also(&g, ufd), -ENOSPC, "a third listener");
 	cr_assert_eq(sock_connect_local_until(path, "127.0.0.1", (uint16_t)port, 2000, NULL, &c, err,

@@ -99,7 +99,7 @@ static void impostor_start(struct impostor *im, const char *path, int garbage)
 {
 	char err[300];
 	*im = (struct impostor){ .garbage = garbage };
-	cr_assert_eq(sock_listen_unix(path, &im->fd, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(sock_listen_unix(path, &im->fd, NULL, err, sizeof(err)), 0, "%s", err);
 	cr_assert_eq(pthread_create(&im->th, NULL, impostor_main, im), 0);
 }
 
@@ -202,4 +202,40 @@ Test(localsock, reconnect_past_the_same_stranger_goes_straight_to_tcp)
 	/* The first ps's probe of its path and a greeting from each worker,
 	 * then the restarted ps's probe, and nothing more from a worker. */
 	cr_assert_eq(atomic_load(&im.taken), 4, "the stranger took %d connections", atomic_load(&im.taken));
+}
+
+/* A ps at its exit removes its socket file only if it is still the one
+ * it bound: here ours was removed while it ran and a second listener (as
+ * a second ps would) bound the path; that one stays, and the ps says
+ * why. Before, the ps removed whatever was at the path. */
+Test(localsock, ps_leaves_a_socket_that_is_not_its_own)
+{
+	char cfg[300], sockets[300], extra[400], path[300], out[300];
+	snprintf(cfg, sizeof(cfg), "%s/cluster.ini", dir);
+	snprintf(sockets, sizeof(sockets), "%s/sockets", dir);
+	snprintf(extra, sizeof(extra), "local_socket = true\nsocket_dir = %s\n", sockets);
+	write_cluster(dir, cfg, 10, 10, "mode = sync\n", extra);
+	ps_socket_path(path, sizeof(path), cfg, sockets, 0);
+	snprintf(out, sizeof(out), "%s/ps0.log", dir);
+	const char *args[] = { "ps", "--index", "0", "--config", cfg, NULL };
+	pid_t ps = spawn_pstrain(args, out, NULL);
+	/* (A failed assertion ends the test's process, and the ps with it.) */
+	cr_assert(wait_for_text(out, "workers on this host reach it over the Unix socket"),
+		  "the ps never listened on its Unix socket:\n%s", slurp(out));
+	cr_assert_eq(unlink(path), 0, "%s: %s", path, strerror(errno));
+	struct impostor im;
+	impostor_start(&im, path, 0);
+	struct stat before, after;
+	cr_assert_eq(lstat(path, &before), 0);
+	kill(ps, SIGTERM);
+	int st[1];
+	wait_children(&ps, 1, st, RUN_TIMEOUT_S);
+	char *log = slurp(out);
+	cr_assert_eq(st[0], 130, "ps exit %d:\n%s", st[0], log);
+	cr_assert_eq(lstat(path, &after), 0, "the ps removed the socket that took its path:\n%s", log);
+	cr_assert(after.st_ino == before.st_ino && S_ISSOCK(after.st_mode));
+	char want[400];
+	snprintf(want, sizeof(want), "ps 0: left %s in place: it is no longer the socket this ps bound", path);
+	cr_assert_not_null(strstr(log, want), "no \"%s\" in:\n%s", want, log);
+	impostor_stop(&im);
 }

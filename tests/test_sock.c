@@ -737,7 +737,7 @@ Test(sock, unix_same_user_is_the_peers_uid)
 	unix_tmpdir(dir, sizeof dir);
 	cr_assert_eq(chmod(dir, 0777), 0);
 	snprintf(path, sizeof path, "%s/ps.sock", dir);
-	cr_assert_eq(sock_listen_unix(path, &ufd, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(sock_listen_unix(path, &ufd, NULL, err, sizeof err), 0, "%s", err);
 	cr_assert_eq(chmod(path, 0777), 0);
 	pid_t pid = fork();
 	cr_assert_geq(pid, 0);
@@ -796,11 +796,11 @@ Test(sock, connect_local_prefers_the_unix_socket)
 	cr_assert_eq(sock_accept(lfd, 2000, &s, peer, sizeof peer, err, sizeof err), 0, "%s", err);
 	close(s);
 
-	cr_assert_eq(sock_listen_unix(path, &ufd, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(sock_listen_unix(path, &ufd, NULL, err, sizeof err), 0, "%s", err);
 	cr_assert(fcntl(ufd, F_GETFD) & FD_CLOEXEC);
 	cr_assert(fcntl(ufd, F_GETFL) & O_NONBLOCK);
 	int again = -1;
-	cr_assert_eq(sock_listen_unix(path, &again, err, sizeof err), -EADDRINUSE, "%s", err);
+	cr_assert_eq(sock_listen_unix(path, &again, NULL, err, sizeof err), -EADDRINUSE, "%s", err);
 	cr_assert(strstr(err, "another process listens there"), "%s", err);
 	/* the probe that found it live left a connection to accept: drop it */
 	if (sock_accept(ufd, 1000, &s, peer, sizeof peer, err, sizeof err) == 0)
@@ -820,13 +820,13 @@ Test(sock, connect_local_prefers_the_unix_socket)
 	close(s);
 
 	close(ufd); /* the file stays, as after a crash */
-	cr_assert_eq(sock_listen_unix(path, &ufd, err, sizeof err), 0, "stale: %s", err);
+	cr_assert_eq(sock_listen_unix(path, &ufd, NULL, err, sizeof err), 0, "stale: %s", err);
 	close(ufd);
 	unlink(path);
 	FILE *f = fopen(path, "w");
 	cr_assert(f);
 	fclose(f);
-	cr_assert_eq(sock_listen_unix(path, &ufd, err, sizeof err), -EEXIST);
+	cr_assert_eq(sock_listen_unix(path, &ufd, NULL, err, sizeof err), -EEXIST);
 	cr_assert(strstr(err, "exists and is not a socket"), "%s", err);
 	unlink(path);
 	rmdir(dir);
@@ -856,13 +856,57 @@ Test(sock, listen_unix_keeps_a_live_socket_with_a_full_backlog)
 		r = connect(fill[nfill], (struct sockaddr *)&sun, sizeof sun);
 		cr_assert(r == 0 || errno == EAGAIN, "connect: %s", strerror(errno));
 	}
-	cr_assert_eq(sock_listen_unix(path, &fd, err, sizeof err), -EADDRINUSE, "%s", err);
+	cr_assert_eq(sock_listen_unix(path, &fd, NULL, err, sizeof err), -EADDRINUSE, "%s", err);
 	cr_assert(strstr(err, "another process listens there"), "%s", err);
 	cr_assert_eq(stat(path, &after), 0);
 	cr_assert_eq(after.st_ino, before.st_ino, "the live socket was replaced");
 	while (nfill > 0)
 		close(fill[--nfill]);
 	close(l);
+	unlink(path);
+	rmdir(dir);
+}
+
+/* sock_unlink_unix removes the socket file sock_listen_unix made, and
+ * nothing that took its path since: a second listener bound there after
+ * ours was removed (a second ps), a plain file. */
+Test(sock, unlink_unix_removes_only_the_file_it_bound)
+{
+	char dir[64], path[100], err[256] = "";
+	struct sock_unix_file mine, theirs;
+	struct stat st;
+	int fd = -1, other = -1, c = -1;
+	unix_tmpdir(dir, sizeof dir);
+	snprintf(path, sizeof path, "%s/ps.sock", dir);
+
+	cr_assert_eq(sock_listen_unix(path, &fd, &mine, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(lstat(path, &st), 0);
+	cr_assert(st.st_dev == mine.dev && st.st_ino == mine.ino);
+	cr_assert_eq(sock_unlink_unix(path, &mine), 0);
+	cr_assert_eq(lstat(path, &st), -1, "still there");
+	cr_assert_eq(sock_unlink_unix(path, &mine), -ENOENT);
+	close(fd);
+
+	/* Ours removed by someone, a second listener's in its place. */
+	cr_assert_eq(sock_listen_unix(path, &fd, &mine, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(unlink(path), 0);
+	cr_assert_eq(sock_listen_unix(path, &other, &theirs, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(sock_unlink_unix(path, &mine), -ESTALE);
+	cr_assert_eq(sock_connect_local_until(path, "127.0.0.1", 1, 1000, NULL, &c, err, sizeof err), 0,
+		     "the second listener's socket is gone: %s", err);
+	cr_assert_eq(sock_is_unix(c), 1);
+	close(c);
+	close(fd);
+
+	/* A plain file in its place. */
+	cr_assert_eq(unlink(path), 0);
+	FILE *f = fopen(path, "w");
+	cr_assert(f);
+	fclose(f);
+	cr_assert_eq(sock_unlink_unix(path, &theirs), -ESTALE);
+	cr_assert_eq(lstat(path, &st), 0);
+	cr_assert(S_ISREG(st.st_mode));
+	close(other);
 	unlink(path);
 	rmdir(dir);
 }

@@ -174,7 +174,6 @@ int main(int argc, char **argv)
 		}
 	}
 	/* What is still held goes now, rather than being dropped with the queue. */
-	d.delay_ns = 0;
 	for (uint32_t i = d.head; i != d.tail; i++)
 		d.q[i % HELD_MAX].due_ns = 0;
 	delay_release(&d);

@@ -10,7 +10,6 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 
 const char *links_ps_name(const struct config *c, int k, char *buf, size_t len)
@@ -188,12 +187,11 @@ static const char *link_local_path(const struct links *lk, int k, char *path, si
 {
 	const struct config *c = lk->c;
 	const struct link *l = &lk->ln[k];
-	struct stat st;
 	char e[400];
 	if (!c->cluster.local_socket || sock_is_own_address(c->cluster.ps[k].name, e, sizeof(e)) != 1 ||
 	    role_local_path(c, k, path, len, e, sizeof(e)))
 		return NULL;
-	if (l->shun && lstat(path, &st) == 0 && st.st_dev == l->shun_dev && st.st_ino == l->shun_ino)
+	if (l->shun && sock_unix_file_is(path, &l->shunned))
 		return NULL;
 	return path;
 }
@@ -208,10 +206,7 @@ static const char *link_local_path(const struct links *lk, int k, char *path, si
 static void link_shun(struct links *lk, int k, const char *path, const char *why)
 {
 	struct link *l = &lk->ln[k];
-	struct stat st;
-	l->shun = lstat(path, &st) == 0;
-	l->shun_dev = l->shun ? st.st_dev : 0;
-	l->shun_ino = l->shun ? st.st_ino : 0;
+	l->shun = sock_unix_file_of(path, &l->shunned) == 0;
 	role_log(lk->out, "worker %d: ps %d: the Unix socket %s did not answer as ps %d, so TCP for it: %s",
 		 lk->index, k, path, k, why);
 }

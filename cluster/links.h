@@ -17,7 +17,6 @@
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
-#include <sys/types.h>
 
 #include "../core/gradflow.h"
 #include "../core/progress.h"
@@ -26,6 +25,7 @@
 #include "../net/cryptopool.h"
 #include "../net/msg.h"
 #include "../net/pipe.h"
+#include "../net/sock.h"
 #include "role.h"
 
 struct link {
@@ -42,8 +42,7 @@ struct link {
 	_Atomic int halted;  /* links_exchange: one half of the link failed and shut
 			      * it down; the other half's failure is not a lost link */
 	int shun;            /* the ps's Unix socket file failed a greeting: */
-	dev_t shun_dev;      /* this one; the link uses TCP while it is there */
-	ino_t shun_ino;
+	struct sock_unix_file shunned; /* this one; TCP while it is there */
 };
 
 struct link_job;

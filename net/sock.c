@@ -852,16 +852,29 @@ int sock_listen_unix(const char *path, int *fd, struct sock_unix_file *file, cha
 	/* The file bind made, for sock_unlink_unix: a socket's fstat names
 	 * its inode in sockfs, not this one. Only this user can be in the
 	 * directory between bind and here. */
-	if (file && lstat(path, &st) < 0) {
-		int e = errno;
+	int r = file ? sock_unix_file_of(path, file) : 0;
+	if (r < 0) {
 		close(s);
-		snprintf(err, errlen, "cannot listen on %s: lstat after bind: %s", path, strerror(e));
-		return -e;
+		snprintf(err, errlen, "cannot listen on %s: lstat after bind: %s", path, strerror(-r));
+		return r;
 	}
-	if (file)
-		*file = (struct sock_unix_file){ .dev = st.st_dev, .ino = st.st_ino };
 	*fd = s;
 	return 0;
+}
+
+int sock_unix_file_of(const char *path, struct sock_unix_file *f)
+{
+	struct stat st;
+	if (lstat(path, &st) < 0)
+		return -errno;
+	*f = (struct sock_unix_file){ .dev = st.st_dev, .ino = st.st_ino };
+	return 0;
+}
+
+int sock_unix_file_is(const char *path, const struct sock_unix_file *f)
+{
+	struct sock_unix_file now;
+	return sock_unix_file_of(path, &now) == 0 && now.dev == f->dev && now.ino == f->ino;
 }
 
 int sock_unlink_unix(const char *path, const struct sock_unix_file *file)

@@ -156,11 +156,19 @@ int sock_unix_dir(const char *dir, char *err, size_t errlen);
 int sock_unix_path(char *out, size_t outlen, const char *dir, const char *host, uint16_t port,
 		   char *err, size_t errlen);
 
-/* The file a Unix socket path named when sock_listen_unix bound it. */
+/* Which file a Unix socket path named at some moment (when
+ * sock_listen_unix bound it, when a greeting on it failed). */
 struct sock_unix_file {
 	dev_t dev;
 	ino_t ino;
 };
+
+/* The file at path now (lstat: the path itself, not what a link points
+ * to) in *f; 0, or lstat's negative errno. */
+int sock_unix_file_of(const char *path, struct sock_unix_file *f);
+
+/* 1 if path names f now, else 0 (also when nothing is there). */
+int sock_unix_file_is(const char *path, const struct sock_unix_file *f);
 
 /* Binds and listens on the Unix socket path (non-blocking, close-on-exec),
  * and puts the socket file it made in *file (may be NULL) for

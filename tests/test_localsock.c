@@ -110,6 +110,42 @@ static void impostor_stop(struct impostor *im)
 	close(im->fd);
 }
 
+/* cfg and sockets in dir: write_cluster's 2 ps + 2 workers, sync, with
+ * their Unix sockets in sockets (made here when mk) and more [cluster]
+ * keys in keys. */
+static void localsock_config(char *cfg, char *sockets, int steps, int every, const char *train,
+			     const char *keys, int mk)
+{
+	char extra[400];
+	snprintf(cfg, 300, "%s/cluster.ini", dir);
+	snprintf(sockets, 300, "%s/sockets", dir);
+	snprintf(extra, sizeof(extra), "local_socket = true\nsocket_dir = %s\n%s", sockets, keys);
+	write_cluster(dir, cfg, steps, every, train, extra);
+	if (mk)
+		cr_assert_eq(mkdir(sockets, 0700), 0);
+}
+
+/* The roles in the order they start: both ps, then the workers. */
+static const char *const ROLES[4][2] = { { "ps", "0" }, { "ps", "1" }, { "worker", "1" }, { "worker", "0" } };
+
+/* Starts ROLES of cfg, each logging to out[i] in dir. */
+static void localsock_start(const char *cfg, char out[4][300], pid_t pids[4])
+{
+	for (int i = 0; i < 4; i++) {
+		snprintf(out[i], 300, "%s/%s%s.log", dir, ROLES[i][0], ROLES[i][1]);
+		const char *args[] = { ROLES[i][0], "--index", ROLES[i][1], "--config", cfg, NULL };
+		pids[i] = spawn_pstrain(args, out[i], NULL);
+	}
+}
+
+/* The workers first: a ps waits for workers that exited until the time
+ * limit, and their failure is the one to see. */
+static void localsock_wait(pid_t pids[4], int st[4])
+{
+	wait_children(pids + 2, 2, st + 2, RUN_TIMEOUT_S);
+	wait_children(pids, 2, st, st[2] == 0 && st[3] == 0 ? RUN_TIMEOUT_S : 1);
+}
+
 /* The review's case: ps 0's socket path is held by a listener that drops
  * every greeting, ps 1's by one that answers with garbage. Each ps finds
  * its path in use and listens on TCP only; each worker, after one failed
@@ -118,29 +154,17 @@ static void impostor_stop(struct impostor *im)
  * exited; ps 1's alone, once). */
 Test(localsock, worker_falls_back_to_tcp_after_a_failed_greeting)
 {
-	char cfg[300], sockets[300], extra[400], path[2][300], out[4][300];
+	char cfg[300], sockets[300], path[2][300], out[4][300];
 	int st[4];
-	snprintf(cfg, sizeof(cfg), "%s/cluster.ini", dir);
-	snprintf(sockets, sizeof(sockets), "%s/sockets", dir);
-	snprintf(extra, sizeof(extra), "local_socket = true\nsocket_dir = %s\n", sockets);
-	write_cluster(dir, cfg, 30, 10, "mode = sync\n", extra);
-	cr_assert_eq(mkdir(sockets, 0700), 0);
+	localsock_config(cfg, sockets, 30, 10, "mode = sync\n", "", 1);
 	struct impostor im[2];
 	for (int k = 0; k < 2; k++) {
 		ps_socket_path(path[k], sizeof(path[k]), cfg, sockets, k);
 		impostor_start(&im[k], path[k], k == 1);
 	}
-	const char *roles[4][2] = { { "ps", "0" }, { "ps", "1" }, { "worker", "1" }, { "worker", "0" } };
 	pid_t pids[4];
-	for (int i = 0; i < 4; i++) {
-		snprintf(out[i], 300, "%s/%s%s.log", dir, roles[i][0], roles[i][1]);
-		const char *args[] = { roles[i][0], "--index", roles[i][1], "--config", cfg, NULL };
-		pids[i] = spawn_pstrain(args, out[i], NULL);
-	}
-	/* The workers first: a ps waits for workers that exited until the
-	 * time limit, and their failure is the one to see. */
-	wait_children(pids + 2, 2, st + 2, RUN_TIMEOUT_S);
-	wait_children(pids, 2, st, st[2] == 0 && st[3] == 0 ? RUN_TIMEOUT_S : 1);
+	localsock_start(cfg, out, pids);
+	localsock_wait(pids, st);
 	for (int k = 0; k < 2; k++)
 		impostor_stop(&im[k]);
 	assert_exits_zero(st, out, 4, "");
@@ -168,23 +192,14 @@ Test(localsock, worker_falls_back_to_tcp_after_a_failed_greeting)
  * straight to TCP and greet the stranger no more; the run finishes. */
 Test(localsock, reconnect_past_the_same_stranger_goes_straight_to_tcp)
 {
-	char cfg[300], sockets[300], extra[400], path[300], out[4][300], again[300];
+	char cfg[300], sockets[300], path[300], out[4][300], again[300];
 	int st[4];
-	snprintf(cfg, sizeof(cfg), "%s/cluster.ini", dir);
-	snprintf(sockets, sizeof(sockets), "%s/sockets", dir);
-	snprintf(extra, sizeof(extra), "local_socket = true\nsocket_dir = %s\npeer_timeout = 10\n", sockets);
-	write_cluster(dir, cfg, 4000, 100, "mode = sync\ncheckpoint_every = 100\n", extra);
-	cr_assert_eq(mkdir(sockets, 0700), 0);
+	localsock_config(cfg, sockets, 4000, 100, "mode = sync\ncheckpoint_every = 100\n", "peer_timeout = 10\n", 1);
 	ps_socket_path(path, sizeof(path), cfg, sockets, 0);
 	struct impostor im;
 	impostor_start(&im, path, 0);
-	const char *roles[4][2] = { { "ps", "0" }, { "ps", "1" }, { "worker", "1" }, { "worker", "0" } };
 	pid_t pids[4];
-	for (int i = 0; i < 4; i++) {
-		snprintf(out[i], 300, "%s/%s%s.log", dir, roles[i][0], roles[i][1]);
-		const char *args[] = { roles[i][0], "--index", roles[i][1], "--config", cfg, NULL };
-		pids[i] = spawn_pstrain(args, out[i], NULL);
-	}
+	localsock_start(cfg, out, pids);
 	int seen = wait_for_text(out[3], "step 500/4000"), ws = 0;
 	kill(pids[0], SIGKILL);
 	waitpid(pids[0], &ws, 0);
@@ -192,8 +207,7 @@ Test(localsock, reconnect_past_the_same_stranger_goes_straight_to_tcp)
 	snprintf(again, sizeof(again), "%s/ps0-again.log", dir);
 	const char *args[] = { "ps", "--index", "0", "--config", cfg, NULL };
 	pids[0] = spawn_pstrain(args, again, NULL);
-	wait_children(pids + 2, 2, st + 2, RUN_TIMEOUT_S);
-	wait_children(pids, 2, st, st[2] == 0 && st[3] == 0 ? RUN_TIMEOUT_S : 1);
+	localsock_wait(pids, st);
 	impostor_stop(&im);
 	snprintf(out[0], 300, "%s", again);
 	assert_exits_zero(st, out, 4, "ps 0 killed and started again");
@@ -210,11 +224,8 @@ Test(localsock, reconnect_past_the_same_stranger_goes_straight_to_tcp)
  * why. Before, the ps removed whatever was at the path. */
 Test(localsock, ps_leaves_a_socket_that_is_not_its_own)
 {
-	char cfg[300], sockets[300], extra[400], path[300], out[300];
-	snprintf(cfg, sizeof(cfg), "%s/cluster.ini", dir);
-	snprintf(sockets, sizeof(sockets), "%s/sockets", dir);
-	snprintf(extra, sizeof(extra), "local_socket = true\nsocket_dir = %s\n", sockets);
-	write_cluster(dir, cfg, 10, 10, "mode = sync\n", extra);
+	char cfg[300], sockets[300], path[300], out[300];
+	localsock_config(cfg, sockets, 10, 10, "mode = sync\n", "", 0);
 	ps_socket_path(path, sizeof(path), cfg, sockets, 0);
 	snprintf(out, sizeof(out), "%s/ps0.log", dir);
 	const char *args[] = { "ps", "--index", "0", "--config", cfg, NULL };

@@ -711,6 +711,17 @@ static int link_push_flow(struct links *lk, int k, const float *grads, uint64_t 
 	return 0;
 }
 
+/* A stream left to the end (gradflow_later): its whole range at once,
+ * when it is final. */
+static int link_push_later(struct links *lk, int k, const float *grads, uint64_t version,
+			   struct gradflow *flow, char *err, size_t errlen)
+{
+	size_t have;
+	if (gradflow_wait(flow, k, lk->ln[k].range.end, &have))
+		return err_set(err, errlen, -ECANCELED, "the step ended before its gradient was made");
+	return link_push_at(lk, k, grads, version, err, errlen);
+}
+
 /* The receiving half of link_duplex, on a thread of its own. */
 struct link_rx {
 	struct links *lk;
@@ -757,8 +768,12 @@ static int link_duplex(struct link_job *j)
 	struct link_rx x = { .lk = lk, .k = j->k, .params = j->params };
 	pthread_t th;
 	int threaded = pthread_create(&th, NULL, link_rx_main, &x) == 0;
-	r = j->flow ? link_push_flow(lk, j->k, j->grads, tag, j->flow, j->err, sizeof(j->err))
-		    : link_push_at(lk, j->k, j->grads, tag, j->err, sizeof(j->err));
+	if (j->flow && gradflow_is_later(j->flow, j->k))
+		r = link_push_later(lk, j->k, j->grads, tag, j->flow, j->err, sizeof(j->err));
+	else if (j->flow)
+		r = link_push_flow(lk, j->k, j->grads, tag, j->flow, j->err, sizeof(j->err));
+	else
+		r = link_push_at(lk, j->k, j->grads, tag, j->err, sizeof(j->err));
 	if (r)
 		link_half_failed(&x, 1);
 	if (threaded)

@@ -131,6 +131,21 @@ size_t gradflow_frontier(struct gradflow *f, int k)
 	return r;
 }
 
+void gradflow_later(struct gradflow *f, int k, int later)
+{
+	pthread_mutex_lock(&f->mu);
+	f->later[k] = later != 0;
+	pthread_mutex_unlock(&f->mu);
+}
+
+int gradflow_is_later(struct gradflow *f, int k)
+{
+	pthread_mutex_lock(&f->mu);
+	int later = f->later[k];
+	pthread_mutex_unlock(&f->mu);
+	return later;
+}
+
 int gradflow_behind(struct gradflow *f, size_t *frontier)
 {
 	int best = -1;
@@ -138,7 +153,7 @@ int gradflow_behind(struct gradflow *f, size_t *frontier)
 	pthread_mutex_lock(&f->mu);
 	for (int k = 0; k < f->nstreams; k++) {
 		size_t at = frontier_locked(f, k);
-		if (at >= f->end[k])
+		if (at >= f->end[k] || f->later[k])
 			continue;
 		double part = (double)(at - f->begin[k]) / (double)(f->end[k] - f->begin[k]);
 		if (part < least) {

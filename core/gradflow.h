@@ -35,6 +35,7 @@ struct gradflow {
 	struct gradflow_span *done;  /* (cap) final ranges, sorted, disjoint, not touching */
 	int ndone, cap;
 	size_t want[GRADFLOW_MAX_STREAMS]; /* a waiting reader's target; 0: none */
+	unsigned char later[GRADFLOW_MAX_STREAMS]; /* gradflow_later's */
 	int failed;                  /* the step ended without making it all final */
 };
 
@@ -57,8 +58,17 @@ int gradflow_complete(struct gradflow *f);
 
 /* The end of the final prefix of stream k (its begin when none). */
 size_t gradflow_frontier(struct gradflow *f, int k);
+/* Whether stream k is one that gains nothing from an early start (a
+ * reader that does not wait on a wire: a ps on this host, over its Unix
+ * socket). gradflow_behind leaves such streams to the end, so the step
+ * first makes final what crosses a link, and the CPU that moving the
+ * rest would take is not taken from the step while the wire waits. */
+void gradflow_later(struct gradflow *f, int k, int later);
+int gradflow_is_later(struct gradflow *f, int k);
+
 /* The stream whose final prefix is the smallest part of its range among
- * those not complete, and its frontier; -1 when every stream is. */
+ * those not complete and not later, and its frontier; -1 when every such
+ * stream is complete. */
 int gradflow_behind(struct gradflow *f, size_t *frontier);
 /* Waits until stream k's frontier is at least want (clipped to its end);
  * *have: the frontier then. 0, or -ECANCELED once failed. */

@@ -349,15 +349,19 @@ static int weight_at(const struct model *m, size_t at)
 }
 
 /* Rows of dense layer i from row a: up to a block of about
- * REPLICA_FLOW_BLOCK values, stopping at a row already done. Computes
- * them and reports them final. */
-static int flow_block(struct replica *r, int i, int a, float *grads, const float *x, int B,
-		      int (*final)(void *, size_t, size_t), void *ctx)
+ * REPLICA_FLOW_BLOCK values or, if more, as many as the step's blocks
+ * so far, stopping at a row already done and after the row that holds
+ * parameter upto - 1 (the end of the stream the block is for: what lies
+ * past it can wait). Computes them and reports them final. */
+static int flow_block(struct replica *r, int i, int a, size_t upto, float *grads, const float *x,
+		      int B, int (*final)(void *, size_t, size_t), void *ctx)
 {
 	const struct layer *l = &r->m->layers[i];
 	uint8_t *done = r->rowdone + r->rowoff[i];
-	int C = l->in, OC = l->out, most = REPLICA_FLOW_BLOCK / C > 1 ? REPLICA_FLOW_BLOCK / C : 1, b = a;
-	while (b < OC && b - a < most && !done[b])
+	size_t want = r->flow_made > REPLICA_FLOW_BLOCK ? r->flow_made : REPLICA_FLOW_BLOCK;
+	int C = l->in, OC = l->out, b = a;
+	int most = want / (size_t)C > 1 ? (int)(want / (size_t)C) : 1;
+	while (b < OC && b - a < most && !done[b] && (b == a || l->woff + (size_t)b * C < upto))
 		done[b++] = 1;
 	const float *inp = i > 0 ? r->act[i - 1] : x;
 	int e = r->be.ops->dense_wgrad(r->be.ctx, grads + l->woff, r->dz[i], inp, B, C, OC, a, b);
@@ -365,6 +369,7 @@ static int flow_block(struct replica *r, int i, int a, float *grads, const float
 		r->failed = l->name;
 		return e;
 	}
+	r->flow_made += (size_t)(b - a) * (size_t)C;
 	return final(ctx, l->woff + (size_t)a * C, l->woff + (size_t)b * C);
 }
 
@@ -395,6 +400,7 @@ int replica_train_flow(struct replica *r, const float *params, float *grads, con
 	if (e)
 		return e;
 	memset(r->rowdone, 0, rows);
+	r->flow_made = 0;
 	/* The dense weights, a block at a time, first for the stream (a
 	 * shard) that has the least of its gradient final, so that every
 	 * link has something to send early; then whatever no stream wants. */
@@ -405,13 +411,14 @@ int replica_train_flow(struct replica *r, const float *params, float *grads, con
 		if (i < 0)
 			break;   /* a stream waiting on nothing dense: a bug upstream */
 		const struct layer *l = &m->layers[i];
-		e = flow_block(r, i, (int)((f - l->woff) / (size_t)l->in), grads, x, B, final, ctx);
+		e = flow_block(r, i, (int)((f - l->woff) / (size_t)l->in), flow->end[k], grads, x, B,
+			       final, ctx);
 	}
 	for (int i = 0; !e && i < m->nlayers; i++) {
 		const struct layer *l = &m->layers[i];
 		for (int a = 0; !e && l->kind == LAYER_DENSE && a < l->out; a++)
 			if (!r->rowdone[r->rowoff[i] + (size_t)a])
-				e = flow_block(r, i, a, grads, x, B, final, ctx);
+				e = flow_block(r, i, a, SIZE_MAX, grads, x, B, final, ctx);
 	}
 	return e;
 }

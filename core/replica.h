@@ -33,6 +33,7 @@ struct replica {
 	float *dz[MODEL_MAX_LAYERS];
 	size_t rowoff[MODEL_MAX_LAYERS];
 	uint8_t *rowdone;
+	size_t flow_made;                  /* values of dense weights made final this step */
 	const char *failed;                /* the layer (or "the loss") whose kernel
 					    * failed in the last forward or backward */
 };
@@ -63,8 +64,13 @@ int replica_gather(struct replica *r, const float *data_x, const int32_t *data_y
 int replica_train(struct replica *r, const float *params, float *grads, const float *x,
 		  const int32_t *y, int B, uint64_t key, float scale);
 
-/* The weight rows replica_train_flow computes at a time: about this many
- * values (a wire piece), so the first pieces are final soon. */
+/* The weight rows replica_train_flow computes first: about this many
+ * values (a wire piece), so the first pieces are final soon. Each later
+ * block is as large as all before it together: a GEMM of a few rows
+ * repacks the whole input (16384-value blocks made the weight gradients
+ * of the 784-512-512-10 MLP 0.44 ms slower a step than one GEMM a layer,
+ * doubling blocks 0.1 ms), and once the first piece is on its way the
+ * GEMMs stay far ahead of any link. */
 #define REPLICA_FLOW_BLOCK 16384
 
 struct gradflow;

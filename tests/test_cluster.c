@@ -145,23 +145,33 @@ static float *params_run(const char *name, const char *extra, size_t P, char out
 /* [cluster] overlap: each worker pushes the pieces of its gradient as
  * backward makes them (in runs, at offsets into each shard) while it
  * still computes the rest, and says so; the run ends with the very
- * parameters of one that pushes whole gradients. */
+ * parameters of one that pushes whole gradients. Over TCP every shard
+ * is a stream pushed early; over the Unix sockets both shards are left
+ * to the end of the backward pass (gradflow_later) and pushed whole. */
 Test(cluster, overlap_pushes_while_computing_and_changes_no_number)
 {
-	char out[4][300];
+	char out[4][300], extra[400];
 	size_t P = 6 * 32768 + 32768 + 32768 * 3 + 3;
-	float *whole = params_run("overlap-false", "overlap = false\n", P, out);
+	float *whole = params_run("overlap-false", "overlap = false\nlocal_socket = false\n", P, out);
 	for (int i = 2; i < 4; i++)
 		cr_assert_null(strstr(slurp(out[i]), "as backward makes them"), "%s", slurp(out[i]));
-	float *flow = params_run("overlap-true", "overlap = true\n", P, out);
+	float *flow = params_run("overlap-true", "overlap = true\nlocal_socket = false\n", P, out);
 	for (int i = 2; i < 4; i++)
 		cr_assert_not_null(strstr(slurp(out[i]), "as backward makes them"), "%s", slurp(out[i]));
-	size_t differ = 0;
-	for (size_t i = 0; i < P; i++)
+	snprintf(extra, sizeof(extra), "overlap = true\nlocal_socket = true\nsocket_dir = %s/sockets-ov\n", dir);
+	float *later = params_run("overlap-unix", extra, P, out);
+	for (int i = 2; i < 4; i++)
+		cr_assert_not_null(strstr(slurp(out[i]), "2 on this host, over a Unix socket"), "%s", slurp(out[i]));
+	size_t differ = 0, differ_later = 0;
+	for (size_t i = 0; i < P; i++) {
 		differ += memcmp(&whole[i], &flow[i], sizeof(float)) != 0;
+		differ_later += memcmp(&whole[i], &later[i], sizeof(float)) != 0;
+	}
 	cr_assert_eq(differ, 0, "%zu of %zu parameters differ", differ, P);
+	cr_assert_eq(differ_later, 0, "over Unix sockets: %zu of %zu parameters differ", differ_later, P);
 	free(whole);
 	free(flow);
+	free(later);
 }
 
 /* [cluster] local_socket: every ps and worker of these tests is at

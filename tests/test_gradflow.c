@@ -127,6 +127,25 @@ Test(gradflow, a_reader_waits_for_its_prefix_and_a_failure_releases_it)
 	gradflow_free(&f);
 }
 
+Test(gradflow, later_streams_are_left_to_the_end)
+{
+	struct gradflow f;
+	size_t b[2] = { 0, 100 }, e[2] = { 100, 1000 }, at = 0;
+	cr_assert_eq(gradflow_init(&f, 1000, 2, b, e, 8), 0);
+	cr_assert_eq(gradflow_behind(&f, &at), 0);
+	gradflow_later(&f, 0, 1);
+	cr_assert(gradflow_is_later(&f, 0));
+	cr_assert_eq(gradflow_behind(&f, &at), 1, "stream 0 is later, however far behind");
+	cr_assert_eq(at, 100);
+	cr_assert_eq(gradflow_mark(&f, 100, 1000), 0);
+	cr_assert_eq(gradflow_behind(&f, &at), -1, "only a later stream is left: nothing is behind");
+	gradflow_reset(&f);
+	cr_assert(gradflow_is_later(&f, 0), "a reset leaves which streams are later alone");
+	gradflow_later(&f, 0, 0);
+	cr_assert_eq(gradflow_behind(&f, &at), 0);
+	gradflow_free(&f);
+}
+
 /* The split backward against the whole one. */
 struct check {
 	const float *grads, *want;
@@ -134,7 +153,23 @@ struct check {
 	unsigned char *seen;
 	int calls, early;
 	struct gradflow *f;
+	const struct model *m;
+	size_t first_block;    /* the first dense weight range reported */
+	int blocks;            /* dense weight ranges reported */
+	int later_early;       /* ranges of a later stream's dense weights reported
+				* before every other stream was final */
 };
+
+/* Whether [lo, hi) lies in the weight of a dense layer. */
+static int in_dense_weight(const struct model *m, size_t lo, size_t hi)
+{
+	for (int i = 0; i < m->nlayers; i++) {
+		const struct layer *l = &m->layers[i];
+		if (l->kind == LAYER_DENSE && lo >= l->woff && hi <= l->woff + (size_t)l->out * (size_t)l->in)
+			return 1;
+	}
+	return 0;
+}
 
 /* Every range is reported once, and only when it already holds the
  * whole backward's values. */
@@ -148,10 +183,30 @@ static int check_final(void *ctx, size_t lo, size_t hi)
 	}
 	if (memcmp(ck->grads + lo, ck->want + lo, (hi - lo) * sizeof(float)))
 		ck->early++;
+	if (in_dense_weight(ck->m, lo, hi)) {
+		if (!ck->blocks++)
+			ck->first_block = hi - lo;
+		/* A block for a stream not yet final may run into the next
+		 * stream's (the rest of the row at the border); one that
+		 * meets no such stream must wait until all are final. */
+		int pending = 0, meets_pending = 0, meets_later = 0;
+		for (int k = 0; k < ck->f->nstreams; k++) {
+			int meets = lo < ck->f->end[k] && hi > ck->f->begin[k];
+			if (gradflow_is_later(ck->f, k)) {
+				meets_later |= meets;
+			} else if (gradflow_frontier(ck->f, k) < ck->f->end[k]) {
+				pending = 1;
+				meets_pending |= meets;
+			}
+		}
+		ck->later_early += meets_later && pending && !meets_pending;
+	}
 	return gradflow_mark(ck->f, lo, hi);
 }
 
-static void split_matches_whole(const char *input, int inputs, const char *layers, int nps)
+/* later: a mask of the streams gradflow_later marks. Returns the dense
+ * weight blocks the split backward made. */
+static int split_matches_whole(const char *input, int inputs, const char *layers, int nps, int later)
 {
 	char text[2048], err[512];
 	struct config c;
@@ -184,7 +239,9 @@ static void split_matches_whole(const char *input, int inputs, const char *layer
 		e[k] = P * (size_t)(k + 1) / (size_t)nps;
 	}
 	cr_assert_eq(gradflow_init(&f, P, nps, b, e, 1 << 16), 0);
-	struct check ck = { .grads = g2, .want = g1, .P = P, .seen = seen, .f = &f };
+	for (int k = 0; k < nps; k++)
+		gradflow_later(&f, k, later >> k & 1);
+	struct check ck = { .grads = g2, .want = g1, .P = P, .seen = seen, .f = &f, .m = &m };
 	uint64_t key = replica_key(1, 5, 0);
 	cr_assert_eq(replica_load(&r1, x, y, B), 0);
 	cr_assert_eq(replica_train(&r1, p, g1, r1.x, r1.y, B, key, 1.0f / B), 0);
@@ -195,6 +252,9 @@ static void split_matches_whole(const char *input, int inputs, const char *layer
 		cr_assert_eq(seen[i], 1, "parameter %zu never reported final", i);
 	cr_assert_eq(ck.early, 0, "%d ranges reported before they held their values", ck.early);
 	cr_assert_gt(ck.calls, 3, "the dense weights come in blocks, not at once");
+	cr_assert_leq(ck.first_block, REPLICA_FLOW_BLOCK, "the first block is at most a piece");
+	cr_assert_eq(ck.later_early, 0, "%d blocks of a later stream came before the others were final",
+		     ck.later_early);
 	cr_assert_eq(memcmp(g1, g2, P * sizeof(float)), 0, "the split backward's gradient differs");
 	double l1, l2, c1, c2;
 	cr_assert_eq(replica_meter(&r1, &l1, &c1), 0);
@@ -210,18 +270,34 @@ static void split_matches_whole(const char *input, int inputs, const char *layer
 	free(g2);
 	free(y);
 	free(seen);
+	return ck.blocks;
 }
 
+#define MLP "layer = dense 512\nlayer = relu\nlayer = dense 512\nlayer = relu\nlayer = dropout 0.2\nlayer = dense 10\n"
+
+/* Blocks after the first grow to the size of all before them: the
+ * 784-512-512-10 MLP's 664k dense weights in 16384-value blocks would
+ * take about 40 GEMMs; doubling, a dozen at most (layer ends and the
+ * other stream's frontier cut some short). */
 Test(gradflow, split_backward_of_an_mlp_equals_the_whole_one)
 {
-	split_matches_whole("784", 784, "layer = dense 512\nlayer = relu\nlayer = dense 512\nlayer = relu\n"
-			    "layer = dropout 0.2\nlayer = dense 10\n", 2);
+	int blocks = split_matches_whole("784", 784, MLP, 2, 0);
+	cr_assert_leq(blocks, 16, "%d blocks: they do not grow", blocks);
+}
+
+/* A later stream (a ps over a Unix socket) gets its blocks only once
+ * every other stream is final, and the gradient is still the whole one. */
+Test(gradflow, split_backward_leaves_a_later_stream_to_the_end)
+{
+	split_matches_whole("784", 784, MLP, 2, 1);
+	split_matches_whole("784", 784, MLP, 3, 2);
+	split_matches_whole("784", 784, MLP, 2, 3);
 }
 
 Test(gradflow, split_backward_of_a_cnn_equals_the_whole_one)
 {
 	split_matches_whole("8x8x1", 64, "layer = conv 3x3 4 pad=same\nlayer = batchnorm\nlayer = relu\n"
-			    "layer = maxpool 2\nlayer = dense 64\nlayer = tanh\nlayer = dense 4\n", 3);
+			    "layer = maxpool 2\nlayer = dense 64\nlayer = tanh\nlayer = dense 4\n", 3, 0);
 }
 
 Test(gradflow, a_backend_that_cannot_split_is_refused)

@@ -3,7 +3,6 @@
  * every ps in links.c and, where a ps was lost or went back, a call to
  * recovery.c that says which step to continue at.
  * Which samples a worker's batch is: core/job.h. */
-#include "autoflow.h"
 #include "cluster.h"
 #include "links.h"
 #include "recovery.h"
@@ -35,8 +34,7 @@ struct worker {
 	struct devices dev;
 	struct links lk;
 	struct gradflow flow;    /* the gradient as backward makes it final */
-	int flowing;             /* may push while backward runs ([cluster] overlap) */
-	struct autoflow af;      /* whether a step does */
+	int flowing;             /* push while backward runs ([cluster] overlap) */
 	struct progress pg;
 	float *params, *grads;   /* (P) */
 	int own_host;            /* params and grads are separate host copies */
@@ -100,8 +98,7 @@ static int worker_threads(const struct worker *wr, int own)
 }
 
 /* Pushing while backward runs: sync piece mode on one CPU replica (the
- * only backward that can be split), unless [cluster] overlap = false;
- * with auto, on the steps autoflow.h says.
+ * only backward that can be split), unless [cluster] overlap = false.
  * One stream per shard; the final ranges are at most one per dense
  * weight row plus the gaps between the dense weights. */
 static int worker_flow_open(struct worker *wr, const struct shard *plan, char *err, size_t errlen)
@@ -121,13 +118,8 @@ static int worker_flow_open(struct worker *wr, const struct shard *plan, char *e
 	if (e)
 		return err_set(err, errlen, e, "worker %d: out of memory for pushing while computing", wr->index);
 	wr->flowing = 1;
-	autoflow_init(&wr->af, wr->c->cluster.overlap, 0);
-	if (wr->c->cluster.overlap == CONFIG_OVERLAP_AUTO)
-		role_log(wr->out, "worker %d: [cluster] overlap = auto: tries pushing the pieces of each gradient as backward makes them against pushing it after, %d steps each way in turn, and keeps the faster",
-			 wr->index, AUTOFLOW_SPAN);
-	else
-		role_log(wr->out, "worker %d: pushes the pieces of each gradient as backward makes them ([cluster] overlap)",
-			 wr->index);
+	role_log(wr->out, "worker %d: pushes the pieces of each gradient as backward makes them ([cluster] overlap)",
+		 wr->index);
 	return 0;
 }
 
@@ -371,20 +363,6 @@ static int worker_overlap(struct worker *wr, double *t1, char *err, size_t errle
 	return e ? err_set(err, errlen, e, "%s", le) : 0;
 }
 
-/* overlap = auto has chosen, at step. */
-static void worker_autoflow_say(const struct worker *wr, long step)
-{
-	const struct autoflow *a = &wr->af;
-	if (!a->n[0] || !a->n[1]) {
-		role_log(wr->out, "worker %d: [cluster] overlap = auto: too few steps timed to compare: pushes each gradient after computing it",
-			 wr->index);
-		return;
-	}
-	role_log(wr->out, "worker %d: [cluster] overlap = auto: a step took %.2f ms pushing while computing, %.2f ms pushing after (medians, steps %ld to %ld): %s",
-		 wr->index, a->ms[1], a->ms[0], a->from, step,
-		 a->decided ? "pushes while computing from here on" : "pushes after computing from here on");
-}
-
 /* Whether the chief asks for a checkpoint at wr->step, now pulled. Sync
  * with backup workers, the shards may go past a multiple of
  * checkpoint_every without this worker's gradient: it then asks for that
@@ -431,7 +409,7 @@ static int worker_step(struct worker *wr, char *err, size_t errlen)
 	 * may finish before the others. */
 	int last = step + 1 == wr->total && !wr->chief;
 	double t1;
-	if (!e && wr->flowing && !last && autoflow_wants(&wr->af, step)) {
+	if (!e && wr->flowing && !last) {
 		e = worker_overlap(wr, &t1, err, errlen);
 	} else {
 		if (!e)
@@ -450,8 +428,6 @@ static int worker_step(struct worker *wr, char *err, size_t errlen)
 	wr->pulled = !last;
 	wr->t_comm += progress_now() - t1;
 	wr->timed++;
-	if (wr->flowing && autoflow_record(&wr->af, step, progress_now() - t0))
-		worker_autoflow_say(wr, step);
 	if (!wr->chief)
 		return 0;
 	char why[CONFIG_ERR_MAX];
@@ -470,10 +446,6 @@ static int worker_step(struct worker *wr, char *err, size_t errlen)
  * step count unless the shards went back. */
 static int worker_train(struct worker *wr, char *err, size_t errlen)
 {
-	/* The trials start where training does (again, after a restart
-	 * before they ended), so the workers try at the same steps. */
-	if (wr->flowing && wr->af.mode == CONFIG_OVERLAP_AUTO && wr->af.decided < 0)
-		autoflow_init(&wr->af, CONFIG_OVERLAP_AUTO, wr->step);
 	while (wr->step < wr->total && !*wr->stop) {
 		int e = worker_step(wr, err, errlen);
 		if (!e) {

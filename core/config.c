@@ -315,12 +315,7 @@ static int key_parse(struct config *c, const struct key_def *k, const char *val,
 				return 0;
 			}
 		}
-		if ((k->flags & AUTO) && strcmp(val, "auto") == 0) {
-			*(int *)f = 2;
-			return 0;
-		}
-		snprintf(err, errlen, "\"%s\" is not a boolean (expected true%s false)", val,
-			 k->flags & AUTO ? ", auto or" : " or");
+		snprintf(err, errlen, "\"%s\" is not a boolean (expected true or false)", val);
 		return -EINVAL;
 	}
 	case K_ENUM: {

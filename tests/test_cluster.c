@@ -106,10 +106,6 @@ Test(cluster, sync_two_ps_two_workers)
 	char *chief = slurp(out[3]);
 	cr_assert_not_null(strstr(chief, "done: 150 steps"), "chief:\n%s", chief);
 	assert_no_recovery(out);
-	/* [cluster] overlap = auto, the default: each worker tried both
-	 * ways and said which it keeps. */
-	for (int i = 2; i < 4; i++)
-		cr_assert_not_null(strstr(slurp(out[i]), "overlap = auto: a step took"), "%s", slurp(out[i]));
 	double acc = final_accuracy(chief);
 	cr_assert_gt(acc, 95.0, "final accuracy %.2f%%:\n%s", acc, chief);
 	cr_assert_not_null(strstr(slurp(out[0]), "all 2 workers done: version 150"), "%s",

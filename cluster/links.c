@@ -167,7 +167,7 @@ int links_local(const struct links *lk)
 {
 	int n = 0;
 	for (int k = 0; lk->ln && k < lk->nps; k++)
-		n += lk->ln[k].conn.fd >= 0 && sock_is_unix(lk->ln[k].conn.fd);
+		n += lk->ln[k].conn.fd >= 0 && lk->ln[k].unx;
 	return n;
 }
 
@@ -242,6 +242,7 @@ static int link_greet(struct links *lk, int k, int fd, int timeout_ms, char *err
 	links_ps_name(c, k, nm, sizeof(nm));
 	me.local = sock_is_unix_same_user(fd);
 	(void)sock_send_buffer(fd, c->cluster.send_buffer_kib); /* a cap, not a need */
+	lk->ln[k].unx = sock_is_unix(fd);
 	int r = conn_client(cn, fd, lk->s->key, &me, hs_ms, nm, err, errlen);
 	if (r)
 		return r;
@@ -278,9 +279,8 @@ static int link_open(struct links *lk, int k, int timeout_ms, char *err, size_t 
 	int r = link_dial(lk, k, local, timeout_ms, &fd, err, errlen);
 	if (r)
 		return r;
-	int unx = sock_is_unix(fd);
 	r = link_greet(lk, k, fd, timeout_ms, err, errlen);
-	if (!unx || (r != -ENOLINK && r != -ECONNABORTED))
+	if (!lk->ln[k].unx || (r != -ENOLINK && r != -ECONNABORTED))
 		return r;
 	link_shun(lk, k, upath, err);
 	int left = (int)(end - role_now_ms());

@@ -41,6 +41,7 @@ struct link {
 	int rpp_ready;
 	_Atomic int halted;  /* links_exchange: one half of the link failed and shut
 			      * it down; the other half's failure is not a lost link */
+	int unx;             /* the connection is over the ps's Unix socket */
 	int shun;            /* the ps's Unix socket file failed a greeting: */
 	struct sock_unix_file shunned; /* this one; TCP while it is there */
 };

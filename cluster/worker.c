@@ -344,7 +344,7 @@ static int worker_overlap(struct worker *wr, double *t1, char *err, size_t errle
 {
 	gradflow_reset(&wr->flow);
 	for (int k = 0; k < wr->lk.nps; k++)
-		gradflow_later(&wr->flow, k, wr->lk.ln[k].conn.fd >= 0 && sock_is_unix(wr->lk.ln[k].conn.fd));
+		gradflow_later(&wr->flow, k, wr->lk.ln[k].unx);
 	int e = links_exchange_begin(&wr->lk, wr->grads, wr->params, &wr->flow);
 	if (e) {
 		*t1 = progress_now();

@@ -48,6 +48,16 @@ static pid_t start_role(const char *role, const char *index, const char *cfg, ch
 	return spawn_pstrain(args, out, env);
 }
 
+/* Both ps and both workers of cfg, worker 0 (the chief) with env;
+ * their outputs in out[0..3]. */
+static void start_run(const char *cfg, pid_t pids[4], char out[4][300], const char *chief_env)
+{
+	pids[0] = start_role("ps", "0", cfg, out[0], NULL);
+	pids[1] = start_role("ps", "1", cfg, out[1], NULL);
+	pids[2] = start_role("worker", "1", cfg, out[2], NULL);
+	pids[3] = start_role("worker", "0", cfg, out[3], chief_env);
+}
+
 /* `pstrain status --config cfg` with up to three more arguments; its
  * output (stdout and stderr) in out; its exit status. */
 static int status_run(const char *cfg, const char *a, const char *b, const char *c, const char *tag,
@@ -94,10 +104,7 @@ Test(status, mid_training_table_and_json)
 	snprintf(cfg, sizeof(cfg), "%s/cluster.ini", dir);
 	write_cluster(dir, cfg, 400, 20, "mode = sync\n", "");
 	pid_t pids[4];
-	pids[0] = start_role("ps", "0", cfg, out[0], NULL);
-	pids[1] = start_role("ps", "1", cfg, out[1], NULL);
-	pids[2] = start_role("worker", "1", cfg, out[2], NULL);
-	pids[3] = start_role("worker", "0", cfg, out[3], "PSTRAIN_EVAL_DELAY_MS=150");
+	start_run(cfg, pids, out, "PSTRAIN_EVAL_DELAY_MS=150");
 	cr_assert(wait_for_text(out[2], "worker 1: step 40/400"), "%s", slurp(out[2]));
 
 	int rc = status_run(cfg, NULL, NULL, NULL, "table", st_out);
@@ -283,10 +290,7 @@ Test(status, watch_after_the_run_ended)
 	snprintf(cfg, sizeof(cfg), "%s/cluster.ini", dir);
 	write_cluster(dir, cfg, 40, 20, "mode = sync\n", "");
 	pid_t pids[4];
-	pids[0] = start_role("ps", "0", cfg, out[0], NULL);
-	pids[1] = start_role("ps", "1", cfg, out[1], NULL);
-	pids[2] = start_role("worker", "1", cfg, out[2], NULL);
-	pids[3] = start_role("worker", "0", cfg, out[3], NULL);
+	start_run(cfg, pids, out, NULL);
 	wait_children(pids, 4, st, RUN_TIMEOUT_S);
 	assert_exits_zero(st, out, 4, "");
 

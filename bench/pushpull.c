@@ -5,12 +5,12 @@
  * same messages in the same length-prefixed framing but not encrypted.
  *
  *   build/bench/pushpull [--seconds S] [--rounds R] [--sizes 1,16,64]
- *                        [--modes sealed,plain[,aesnm][,chacha]] [--csv]
+ *                        [--modes sealed,plain[,gcm][,aesnm][,chacha]] [--csv]
  *                        [--crypto-threads N[,M...]]
  *
  * --crypto-threads N: as [cluster] crypto_threads (0 = auto, 1 = one frame
  * at a time on the connection's thread); each end gets its own pool of N
- * threads, as two processes would. The sealed and chacha modes go through
+ * threads, as two processes would. The sealed, gcm and chacha modes go through
  * net/pipe.c exactly as cluster/ps.c and cluster/links.c do. Several counts (1,2,4) give a
  * column each ("sealed@2"), interleaved in every round.
  *
@@ -22,13 +22,15 @@
  * Modes (the bench-only ones exist in this file only; nothing in the config
  * or in the pstrain binary can reach them):
  *   sealed  the production path: sock_write_frame / sock_read_frame with the
- *           cipher the handshake negotiates (AES-256-GCM where the CPU has
- *           it, else ChaCha20-Poly1305)
+ *           cipher the handshake negotiates (AEGIS-256 where the CPU has
+ *           AES-NI, else ChaCha20-Poly1305)
  *   plain   bench only: same header, same messages, a fake all-zero 16-byte
  *           tag, no encryption and no authentication
  *   aesnm   bench only: the same AES-256-GCM frames (same bytes on the wire)
  *           sealed with libsodium's precomputed state (beforenm/afternm)
  *           instead of expanding the key for every frame
+ *   gcm     the production path with AES-256-GCM forced (the only cipher
+ *           offered besides ChaCha; the default before protocol version 6)
  *   chacha  the production path with ChaCha20-Poly1305 forced (no AES
  *           offered in the handshake)
  *
@@ -62,8 +64,8 @@
 #define TIMEOUT_MS 60000
 #define BUF_BYTES FRAME_BYTES_MAX
 
-enum mode { M_SEALED, M_PLAIN, M_AESNM, M_CHACHA, M_COUNT };
-static const char *const mode_names[M_COUNT] = { "sealed", "plain", "aesnm", "chacha" };
+enum mode { M_SEALED, M_PLAIN, M_AESNM, M_CHACHA, M_GCM, M_COUNT };
+static const char *const mode_names[M_COUNT] = { "sealed", "plain", "aesnm", "chacha", "gcm" };
 
 /* One direction of a connection, for every mode. */
 struct chan {
@@ -75,7 +77,19 @@ struct chan {
 /* The production modes move tensors through net/pipe.c. */
 static int piped(enum mode m)
 {
-	return m == M_SEALED || m == M_CHACHA;
+	return m == M_SEALED || m == M_CHACHA || m == M_GCM;
+}
+
+/* What a mode offers in the handshake: everything this CPU runs for the
+ * production path, nothing for ChaCha, else AES-256-GCM alone (the
+ * bench-only modes reuse its keys or its framing). */
+static unsigned mode_offers(enum mode m)
+{
+	if (m == M_SEALED)
+		return frame_offers();
+	if (m == M_CHACHA)
+		return 0;
+	return frame_offers() & FRAME_OFFER_AES256GCM;
 }
 
 static void die(const char *what, const char *e)
@@ -143,7 +157,7 @@ static void chan_init(struct chan *c, enum mode m, const struct frame_key *fk)
 /* The message is already at buf + FRAME_HDR_BYTES (len bytes). */
 static int chan_send(int fd, struct chan *c, uint8_t *buf, size_t len, char *e, size_t elen)
 {
-	if (c->mode == M_SEALED || c->mode == M_CHACHA)
+	if (piped(c->mode))
 		return sock_write_frame(fd, &c->fk, buf, BUF_BYTES, buf + FRAME_HDR_BYTES, len,
 					TIMEOUT_MS, e, elen);
 	wire_put_u32(buf, (uint32_t)(len + FRAME_TAG_BYTES));
@@ -165,7 +179,7 @@ static int chan_send(int fd, struct chan *c, uint8_t *buf, size_t len, char *e, 
 /* Reads one frame into buf; the message is its first *len bytes. */
 static int chan_recv(int fd, struct chan *c, uint8_t *buf, size_t *len, char *e, size_t elen)
 {
-	if (c->mode == M_SEALED || c->mode == M_CHACHA)
+	if (piped(c->mode))
 		return sock_read_frame(fd, &c->fk, buf, BUF_BYTES, len, TIMEOUT_MS, e, elen);
 	uint8_t hdr[FRAME_HDR_BYTES];
 	size_t ctlen;
@@ -198,8 +212,7 @@ struct server {
 
 static struct hs_identity ident(enum hs_role role, enum mode m)
 {
-	struct hs_identity id = { .role = role, .index = 0,
-				  .aes = m != M_CHACHA && frame_aes_available() };
+	struct hs_identity id = { .role = role, .index = 0, .ciphers = mode_offers(m) };
 	memset(id.config_hash, 0x5a, sizeof id.config_hash);
 	return id;
 }
@@ -552,7 +565,7 @@ static void sealed_rates(double seconds, double g[2])
 		die("crypto", "out of memory");
 	randombytes_buf(key, sizeof key);
 	randombytes_buf(a, BUF_BYTES);
-	if (frame_key_init(&fk, key, frame_cipher_choose(frame_aes_available())))
+	if (frame_key_init(&fk, key, frame_cipher_choose(frame_offers(), frame_offers())))
 		die("crypto", "frame_key_init");
 	chan_init(&c, M_SEALED, &fk);
 	crypto_rate(&c, seconds, a, b, g);
@@ -583,11 +596,11 @@ static void crypto_only(double seconds)
 	printf("%-24s %-18s %10s %10s\n", "1 MiB frames, memory", "cipher", "seal GB/s",
 	       "open GB/s");
 	for (int m = 0; m < M_COUNT; m++) {
-		int aes = m != M_CHACHA && frame_aes_available();
-		if (m == M_AESNM && !aes)
+		unsigned offers = mode_offers((enum mode)m);
+		if (m == M_AESNM && !offers)
 			continue;
 		struct frame_key fk;
-		if (frame_key_init(&fk, key, aes ? FRAME_AES256GCM : FRAME_CHACHA20POLY1305))
+		if (frame_key_init(&fk, key, frame_cipher_choose(offers, offers)))
 			die("crypto", "frame_key_init");
 		struct chan c;
 		chan_init(&c, (enum mode)m, &fk);

@@ -427,7 +427,7 @@ int cluster_status(const struct config *c, int json, double watch_s, FILE *out, 
 {
 	int nps = c->cluster.nps, e = 0;
 	uint8_t *key = NULL;
-	struct hs_identity me = { .role = HS_OBSERVER, .index = 0, .aes = frame_aes_available() };
+	struct hs_identity me = { .role = HS_OBSERVER, .index = 0, .ciphers = frame_offers() };
 	struct status_link *ls = calloc((size_t)nps, sizeof(*ls));
 	if (!ls)
 		return err_set(err, errlen, -ENOMEM, "out of memory");

@@ -13,6 +13,7 @@
  * Rejected: a per-frame random 24-byte XChaCha nonce (extra bytes per
  * frame, and replay would still need tracking). */
 #include "frame.h"
+#include "aegis.h"
 #include "../base/err.h"
 
 #include <errno.h>
@@ -31,14 +32,17 @@ _Static_assert(crypto_aead_chacha20poly1305_ietf_ABYTES == FRAME_TAG_BYTES,
 _Static_assert(crypto_aead_aes256gcm_NPUBBYTES == FRAME_NONCE_BYTES, "aes nonce size");
 _Static_assert(crypto_aead_chacha20poly1305_ietf_NPUBBYTES == FRAME_NONCE_BYTES,
 	       "chacha nonce size");
+_Static_assert(AEGIS256_KEY_BYTES == FRAME_KEY_BYTES, "aegis key size");
+_Static_assert(AEGIS256_TAG_BYTES == FRAME_TAG_BYTES, "aegis tag size");
 /* The length field is a u32 and every valid length must fit in it. */
 _Static_assert(FRAME_CT_MAX <= UINT32_MAX, "FRAME_MAX too large for the length field");
 
 
-/* Nonce = counter, little-endian, zero-padded to the nonce size. */
-static void make_nonce(uint8_t nonce[FRAME_NONCE_BYTES], uint64_t counter)
+/* Nonce = counter, little-endian, zero-padded to the nonce size (AEGIS's
+ * is the longest). */
+static void make_nonce(uint8_t nonce[AEGIS256_NONCE_BYTES], uint64_t counter)
 {
-	memset(nonce, 0, FRAME_NONCE_BYTES);
+	memset(nonce, 0, AEGIS256_NONCE_BYTES);
 	wire_put_u64(nonce, counter);
 }
 
@@ -75,10 +79,25 @@ int frame_aes_available(void)
 	return crypto_aead_aes256gcm_is_available();
 }
 
-enum frame_cipher frame_cipher_choose(int peer_has_aes)
+int frame_aegis_available(void)
 {
-	return peer_has_aes && frame_aes_available() ? FRAME_AES256GCM
-						     : FRAME_CHACHA20POLY1305;
+	return aegis256_available();
+}
+
+unsigned frame_offers(void)
+{
+	return (frame_aes_available() ? FRAME_OFFER_AES256GCM : 0u) |
+	       (frame_aegis_available() ? FRAME_OFFER_AEGIS256 : 0u);
+}
+
+enum frame_cipher frame_cipher_choose(unsigned mine, unsigned peers)
+{
+	unsigned both = mine & peers;
+	if (both & FRAME_OFFER_AEGIS256)
+		return FRAME_AEGIS256;
+	if (both & FRAME_OFFER_AES256GCM)
+		return FRAME_AES256GCM;
+	return FRAME_CHACHA20POLY1305;
 }
 
 const char *frame_cipher_name(enum frame_cipher cipher)
@@ -90,6 +109,8 @@ const char *frame_cipher_name(enum frame_cipher cipher)
 		return "aes-256-gcm";
 	case FRAME_LOCAL:
 		return "local";
+	case FRAME_AEGIS256:
+		return "aegis-256";
 	}
 	return "?";
 }
@@ -97,9 +118,12 @@ const char *frame_cipher_name(enum frame_cipher cipher)
 int frame_key_init(struct frame_key *k, const uint8_t key[FRAME_KEY_BYTES],
 		   enum frame_cipher cipher)
 {
-	if (cipher != FRAME_CHACHA20POLY1305 && cipher != FRAME_AES256GCM && cipher != FRAME_LOCAL)
+	if (cipher != FRAME_CHACHA20POLY1305 && cipher != FRAME_AES256GCM &&
+	    cipher != FRAME_LOCAL && cipher != FRAME_AEGIS256)
 		return -EINVAL;
 	if (cipher == FRAME_AES256GCM && !frame_aes_available())
+		return -ENOTSUP;
+	if (cipher == FRAME_AEGIS256 && !frame_aegis_available())
 		return -ENOTSUP;
 	memcpy(k->key, key, FRAME_KEY_BYTES);
 	k->counter = 0;
@@ -132,7 +156,7 @@ int frame_seal(struct frame_key *k, uint8_t *out, size_t outcap, const uint8_t *
 		return -EOVERFLOW;
 	}
 
-	uint8_t nonce[FRAME_NONCE_BYTES];
+	uint8_t nonce[AEGIS256_NONCE_BYTES];
 	make_nonce(nonce, k->counter);
 	/* Header first: it is the associated data, and with in-place sealing
 	 * msg starts right after it, so it must not be overwritten by the
@@ -140,15 +164,21 @@ int frame_seal(struct frame_key *k, uint8_t *out, size_t outcap, const uint8_t *
 	wire_put_u32(out, (uint32_t)(len + FRAME_TAG_BYTES));
 	unsigned long long ctlen = 0;
 	int rc;
-	if (k->cipher == FRAME_LOCAL)
+	if (k->cipher == FRAME_LOCAL) {
 		rc = local_seal(out + FRAME_HDR_BYTES, &ctlen, msg, len, k->counter);
-	else if (k->cipher == FRAME_AES256GCM)
+	} else if (k->cipher == FRAME_AEGIS256) {
+		aegis256_encrypt(out + FRAME_HDR_BYTES, out + FRAME_HDR_BYTES + len, msg, len, out,
+				 FRAME_HDR_BYTES, nonce, k->key);
+		ctlen = len + FRAME_TAG_BYTES;
+		rc = 0;
+	} else if (k->cipher == FRAME_AES256GCM) {
 		rc = crypto_aead_aes256gcm_encrypt(out + FRAME_HDR_BYTES, &ctlen, msg, len, out,
 						   FRAME_HDR_BYTES, NULL, nonce, k->key);
-	else
+	} else {
 		rc = crypto_aead_chacha20poly1305_ietf_encrypt(out + FRAME_HDR_BYTES, &ctlen,
 							       msg, len, out, FRAME_HDR_BYTES,
 							       NULL, nonce, k->key);
+	}
 	if (rc != 0 || ctlen != len + FRAME_TAG_BYTES) {
 		/* Not reachable with the lengths checked above; refuse rather
 		 * than send a frame we cannot vouch for. */
@@ -205,17 +235,21 @@ int frame_open(struct frame_key *k, const uint8_t hdr[FRAME_HDR_BYTES], const ui
 		goto fail;
 	}
 
-	uint8_t nonce[FRAME_NONCE_BYTES];
+	uint8_t nonce[AEGIS256_NONCE_BYTES];
 	make_nonce(nonce, k->counter);
 	unsigned long long got = 0;
-	if (k->cipher == FRAME_LOCAL)
+	if (k->cipher == FRAME_LOCAL) {
 		rc = local_open(out, &got, ct, ctlen, k->counter);
-	else if (k->cipher == FRAME_AES256GCM)
+	} else if (k->cipher == FRAME_AEGIS256) {
+		rc = aegis256_decrypt(out, ct, mlen, ct + mlen, hdr, FRAME_HDR_BYTES, nonce, k->key);
+		got = mlen;
+	} else if (k->cipher == FRAME_AES256GCM) {
 		rc = crypto_aead_aes256gcm_decrypt(out, &got, NULL, ct, ctlen, hdr,
 						   FRAME_HDR_BYTES, nonce, k->key);
-	else
+	} else {
 		rc = crypto_aead_chacha20poly1305_ietf_decrypt(out, &got, NULL, ct, ctlen, hdr,
 							       FRAME_HDR_BYTES, nonce, k->key);
+	}
 	if (rc != 0 || got != mlen) {
 		(void)err_set(err, errlen, 0,
 			"frame %" PRIu64 " failed authentication (%s): wrong key, modified, "

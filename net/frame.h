@@ -6,10 +6,11 @@
  *
  *     u32 L (little-endian)  ||  ciphertext (L bytes: message, then 16-byte tag)
  *
- * sealed with AES-256-GCM or ChaCha20-Poly1305-IETF under one direction's
- * session key, with the 4 length bytes as associated data and the
- * direction's 64-bit frame counter, little-endian and zero-padded to 12
- * bytes, as the nonce; or, on a Unix socket between a worker and a ps of
+ * sealed with AEGIS-256, AES-256-GCM or ChaCha20-Poly1305-IETF under one
+ * direction's session key, with the 4 length bytes as associated data and
+ * the direction's 64-bit frame counter, little-endian and zero-padded to
+ * the cipher's nonce size (32 bytes for AEGIS-256, else 12), as the nonce;
+ * or, on a Unix socket between a worker and a ps of
  * one host, not sealed at all (FRAME_LOCAL: the message, then the counter
  * as the tag). docs/PROTOCOL.md is the reference for these bytes.
  *
@@ -40,8 +41,8 @@
 
 #define FRAME_KEY_BYTES 32u
 #define FRAME_HDR_BYTES 4u
-#define FRAME_TAG_BYTES 16u  /* both ciphers' tag */
-#define FRAME_NONCE_BYTES 12u /* both ciphers' nonce */
+#define FRAME_TAG_BYTES 16u  /* every cipher's tag */
+#define FRAME_NONCE_BYTES 12u /* AES-GCM's and ChaCha's nonce (AEGIS: 32, the same counter) */
 /* Bounds on the length field: an empty message is just a tag. */
 #define FRAME_CT_MIN FRAME_TAG_BYTES
 #define FRAME_CT_MAX (FRAME_MAX + FRAME_TAG_BYTES)
@@ -57,7 +58,15 @@ enum frame_cipher {
 				     * or write (docs/SECURITY.md); the tag carries the
 				     * counter, so a frame lost or repeated by a bug
 				     * still fails to open */
+	FRAME_AEGIS256 = 3,         /* AEGIS-256 (net/aegis.h): needs AES-NI; the
+				     * fastest of the three where both ends have it */
 };
+
+/* The ciphers one end offers in the handshake, besides ChaCha20-Poly1305
+ * which every end runs: a bit mask. */
+#define FRAME_OFFER_AES256GCM 1u
+#define FRAME_OFFER_AEGIS256 2u
+#define FRAME_OFFER_ALL (FRAME_OFFER_AES256GCM | FRAME_OFFER_AEGIS256)
 
 /* One direction's state: the session key, the counter of the next frame
  * (= its nonce), and the cipher. The struct is public so a session can embed
@@ -68,15 +77,21 @@ struct frame_key {
 	enum frame_cipher cipher;
 };
 
-/* Whether this CPU can run AES-256-GCM (what the handshake advertises). */
+/* Whether this CPU can run AES-256-GCM, and AEGIS-256. */
 int frame_aes_available(void);
+int frame_aegis_available(void);
 
-/* The cipher for a connection: AES-256-GCM when this CPU has it and the
- * peer said it has it too, else ChaCha20-Poly1305. Both sides compute the
- * same answer from the two flags exchanged in the handshake. */
-enum frame_cipher frame_cipher_choose(int peer_has_aes);
+/* What this CPU can run, as FRAME_OFFER_* bits (what the handshake
+ * advertises). */
+unsigned frame_offers(void);
 
-/* Name for logs: "aes-256-gcm", "chacha20-poly1305" or "local". */
+/* The cipher for a connection from both ends' offers: AEGIS-256 when both
+ * offer it, else AES-256-GCM when both offer it, else ChaCha20-Poly1305.
+ * Symmetric, so both sides compute the same answer. */
+enum frame_cipher frame_cipher_choose(unsigned mine, unsigned peers);
+
+/* Name for logs: "aegis-256", "aes-256-gcm", "chacha20-poly1305" or
+ * "local". */
 const char *frame_cipher_name(enum frame_cipher cipher);
 
 /* Sets k to key, counter 0, cipher. -EINVAL for an unknown cipher,

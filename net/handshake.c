@@ -4,7 +4,7 @@
  * Pattern: PSK + ephemeral X25519, in the spirit of Noise NNpsk0, cut down
  * to what a cluster with one shared key needs:
  *
- *   -> HELLO1: magic, version, step 1, role, aes, index, config tag, e, time,
+ *   -> HELLO1: magic, version, step 1, role, ciphers, index, config tag, e, time,
  *              nonce
  *              mac1 = BLAKE2b(key = mac_key, HELLO1 fields)
  *   <- HELLO2: the same fields for the server, step 2
@@ -60,7 +60,7 @@ enum {
 	OFF_VERSION = 4,   /* u32 WIRE_VERSION */
 	OFF_STEP = 8,      /* u8 1 = HELLO1 (client), 2 = HELLO2 (server) */
 	OFF_ROLE = 9,      /* u8 enum hs_role */
-	OFF_AES = 10,      /* u8 0 or 1 */
+	OFF_CIPHERS = 10,  /* u8 FRAME_OFFER_* bits */
 	OFF_LOCAL = 11,    /* u8 0, or 1: over a Unix socket on one host */
 	OFF_INDEX = 12,    /* u32 */
 	OFF_CONFIG = 16,   /* 32 bytes: config hash */
@@ -116,16 +116,19 @@ static int identity_check(const struct hs_identity *me, char *err, size_t errlen
 		(void)err_set(err, errlen, 0, "handshake: unknown local role %d", (int)me->role);
 		return -EINVAL;
 	}
-	if (me->aes != 0 && me->aes != 1) {
-		(void)err_set(err, errlen, 0, "handshake: aes flag must be 0 or 1, not %d", me->aes);
+	if (me->ciphers & ~FRAME_OFFER_ALL) {
+		(void)err_set(err, errlen, 0, "handshake: unknown cipher bits 0x%x offered",
+			me->ciphers);
 		return -EINVAL;
 	}
 	if (me->local != 0 && me->local != 1) {
 		(void)err_set(err, errlen, 0, "handshake: local flag must be 0 or 1, not %d", me->local);
 		return -EINVAL;
 	}
-	if (me->aes && !frame_aes_available()) {
-		(void)err_set(err, errlen, 0, "handshake: AES-256-GCM offered but this CPU lacks it");
+	if (me->ciphers & ~frame_offers()) {
+		(void)err_set(err, errlen, 0, "handshake: %s offered but this CPU lacks it",
+			me->ciphers & ~frame_offers() & FRAME_OFFER_AEGIS256 ? "AEGIS-256"
+									     : "AES-256-GCM");
 		return -ENOTSUP;
 	}
 	return 0;
@@ -136,13 +139,12 @@ static int identity_check(const struct hs_identity *me, char *err, size_t errlen
  * socket is a Unix one: the flags are under the MAC and in the session
  * keys' transcript, so a relay that offers a worker a Unix socket and
  * carries its greeting to the ps over TCP gets AES or ChaCha, never
- * plaintext. Otherwise equals frame_cipher_choose(peer_aes) when our aes
- * flag is frame_aes_available(). */
+ * plaintext. Otherwise the best cipher both offer (frame_cipher_choose). */
 static enum frame_cipher cipher_for(const struct hs_identity *a, const struct hs_identity *b)
 {
 	if (a->local && b->local)
 		return FRAME_LOCAL;
-	return a->aes && b->aes ? FRAME_AES256GCM : FRAME_CHACHA20POLY1305;
+	return frame_cipher_choose(a->ciphers, b->ciphers);
 }
 
 HS_MUST_CHECK static int mac_key_derive(uint8_t mac_key[32], const uint8_t psk[HS_PSK_BYTES])
@@ -205,7 +207,7 @@ static void hello_fields(uint8_t out[HS_FIELDS_BYTES], uint8_t step,
 	wire_put_u32(out + OFF_VERSION, WIRE_VERSION);
 	out[OFF_STEP] = step;
 	out[OFF_ROLE] = (uint8_t)me->role;
-	out[OFF_AES] = (uint8_t)me->aes;
+	out[OFF_CIPHERS] = (uint8_t)me->ciphers;
 	out[OFF_LOCAL] = (uint8_t)me->local;
 	wire_put_u32(out + OFF_INDEX, me->index);
 	memcpy(out + OFF_CONFIG, tag, HS_HASH_BYTES);
@@ -272,12 +274,12 @@ HS_MUST_CHECK static int hello_parse(struct hs_identity *peer, uint64_t *time_ns
 		(void)err_set(err, errlen, 0, "handshake: unknown peer role %u", in[OFF_ROLE]);
 		return -EPROTO;
 	}
-	if (in[OFF_AES] > 1 || in[OFF_LOCAL] > 1) {
-		(void)err_set(err, errlen, 0, "handshake: bad flags from %s (aes %u, local %u)",
-			pname, in[OFF_AES], in[OFF_LOCAL]);
+	if ((in[OFF_CIPHERS] & ~FRAME_OFFER_ALL) || in[OFF_LOCAL] > 1) {
+		(void)err_set(err, errlen, 0, "handshake: bad flags from %s (ciphers 0x%x, local %u)",
+			pname, in[OFF_CIPHERS], in[OFF_LOCAL]);
 		return -EPROTO;
 	}
-	peer->aes = in[OFF_AES];
+	peer->ciphers = in[OFF_CIPHERS];
 	peer->local = in[OFF_LOCAL];
 	memcpy(peer->config_hash, in + OFF_CONFIG, HS_HASH_BYTES);
 	memcpy(epk, in + OFF_EPK, 32);

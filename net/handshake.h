@@ -40,8 +40,8 @@
  *   -EPROTONOSUPPORT  the peer speaks another protocol version
  *   -EBADE            the peer's training config hash differs from ours (the
  *                     hash travels keyed with the cluster key)
- *   -EINVAL, -ENOTSUP our own identity is invalid (unknown role, aes flag set
- *                     on a CPU without AES-GCM)
+ *   -EINVAL, -ENOTSUP our own identity is invalid (unknown role, a cipher
+ *                     offered that this CPU cannot run)
  *   -EIO              libsodium failed (not expected to happen)
  * libsodium must be initialized (sodium_init) first. */
 #ifndef PSTRAIN_NET_HANDSHAKE_H
@@ -67,17 +67,17 @@ enum hs_role {
 	HS_OBSERVER = 3,
 };
 
-/* Who one side is. aes: whether it offers AES-256-GCM; in production
- * frame_aes_available(). local: whether its end of this connection is a
+/* Who one side is. ciphers: the FRAME_OFFER_* bits it offers; in
+ * production frame_offers(). local: whether its end of this connection is a
  * Unix socket to a process of its own user (sock_is_unix_same_user). The
  * connection uses no cipher (FRAME_LOCAL) when both sides say local, else
- * AES-256-GCM when both offer it, else ChaCha20-Poly1305 (what
- * frame_cipher_choose computes). */
+ * the best cipher both offer (frame_cipher_choose: AEGIS-256, AES-256-GCM,
+ * ChaCha20-Poly1305). */
 struct hs_identity {
 	enum hs_role role;
 	uint32_t index;
 	uint8_t config_hash[HS_HASH_BYTES]; /* of the training-relevant config */
-	int aes;
+	unsigned ciphers;
 	int local;
 };
 

@@ -20,9 +20,12 @@
  * chunks of WIRE_CHUNK_VALUES values in either dtype (were 1 MiB of
  * them), each a piece a ps aggregates on its own; and the observer role
  * (net/handshake.h) and REPORT, so that a ps of version 4 greeted by an
- * observer says "protocol version" rather than "unknown peer role 3". */
+ * observer says "protocol version" rather than "unknown peer role 3".
+ * Version 6: the handshake's byte 10 is a mask of the ciphers offered
+ * (AES-256-GCM, AEGIS-256; was 0 or 1 for AES-256-GCM alone), and both
+ * ends that offer AEGIS-256 seal with it. */
 #define WIRE_MAGIC 0x52545350u
-#define WIRE_VERSION 5u
+#define WIRE_VERSION 6u
 
 /* Message types (DESIGN §7): the first field of every decrypted frame.
  * Zero is not a type, so a zeroed buffer never parses as a message. */

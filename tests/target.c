@@ -190,7 +190,7 @@ void target_greeting(struct hs *h, uint8_t out[HS_HELLO_BYTES], const uint8_t *k
 		     const struct target *t, uint32_t index, uint64_t time_ns)
 {
 	char err[256];
-	struct hs_identity me = { .role = HS_WORKER, .index = index, .aes = frame_aes_available() };
+	struct hs_identity me = { .role = HS_WORKER, .index = index, .ciphers = frame_offers() };
 	memcpy(me.config_hash, t->hash, HS_HASH_BYTES);
 	if (time_ns)
 		cr_assert_eq(hs_client_start_at(h, out, key, &me, time_ns, err, sizeof(err)), 0, "%s", err);

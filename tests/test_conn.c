@@ -52,7 +52,7 @@ static void side_init(struct side *s, int fd, enum hs_role role, uint32_t index,
 	s->me.role = role;
 	s->me.index = index;
 	memset(s->me.config_hash, 7, sizeof(s->me.config_hash));
-	s->me.aes = frame_aes_available();
+	s->me.ciphers = frame_offers();
 }
 
 static void side_free(struct side *s)

@@ -16,6 +16,7 @@
 
 #include <sodium.h>
 
+#include "../net/aegis.h"
 #include "../net/frame.h"
 #include "../net/wire.h"
 
@@ -34,13 +35,16 @@ static const uint8_t KEY[FRAME_KEY_BYTES] = {
 	0x16, 0x17, 0x18, 0x19, 0x1a, 0x1b, 0x1c, 0x1d, 0x1e, 0x1f,
 };
 
-/* The ciphers this CPU can run: ChaCha always, AES-GCM where available. */
-static int ciphers(enum frame_cipher out[2])
+/* The ciphers this CPU can run: ChaCha always, AES-GCM and AEGIS-256
+ * where available. */
+static int ciphers(enum frame_cipher out[3])
 {
 	int n = 0;
 	out[n++] = FRAME_CHACHA20POLY1305;
 	if (frame_aes_available())
 		out[n++] = FRAME_AES256GCM;
+	if (frame_aegis_available())
+		out[n++] = FRAME_AEGIS256;
 	return n;
 }
 
@@ -218,6 +222,13 @@ Test(frame, roundtrip_aes)
 	roundtrip(FRAME_AES256GCM);
 }
 
+Test(frame, roundtrip_aegis)
+{
+	if (!frame_aegis_available())
+		cr_skip_test("this CPU has no AES-NI: AEGIS-256 not available");
+	roundtrip(FRAME_AEGIS256);
+}
+
 /* FRAME_LOCAL (a Unix socket on one host): the message travels as it is,
  * then the frame's counter as its tag, so frames still go through the same
  * buffers and a frame replayed, dropped or reordered by a bug fails to
@@ -255,7 +266,7 @@ Test(frame, local_carries_the_message_and_counts)
  * that reuses one buffer does. */
 Test(frame, in_place)
 {
-	enum frame_cipher cs[2];
+	enum frame_cipher cs[3];
 	int nc = ciphers(cs);
 	for (int ci = 0; ci < nc; ci++) {
 		struct frame_key tx, rx;
@@ -278,10 +289,12 @@ Test(frame, in_place)
 }
 
 /* The frame bytes are exactly what docs/PROTOCOL.md says: rebuilt here
- * straight from libsodium, with the header as AD and the counter as nonce. */
+ * straight from libsodium (AEGIS-256: net/aegis.c, itself checked against
+ * the specification's vectors in test_aegis.c), with the header as AD and
+ * the counter as nonce. */
 Test(frame, bytes_match_protocol)
 {
-	enum frame_cipher cs[2];
+	enum frame_cipher cs[3];
 	int nc = ciphers(cs);
 	const uint64_t counters[] = {0, 1, 0x0102030405060708ull, UINT64_MAX - 1};
 	for (int ci = 0; ci < nc; ci++)
@@ -293,13 +306,17 @@ Test(frame, bytes_match_protocol)
 			fill(msg, sizeof msg, j);
 			seal_ok(&tx, got, sizeof got, msg, sizeof msg);
 
-			uint8_t nonce[12] = {0};
+			uint8_t nonce[32] = {0};
 			for (int b = 0; b < 8; b++)
 				nonce[b] = (uint8_t)(counters[j] >> (8 * b));
 			want[0] = sizeof msg + 16;
 			want[1] = want[2] = want[3] = 0;
 			unsigned long long ctlen = 0;
-			if (cs[ci] == FRAME_AES256GCM)
+			if (cs[ci] == FRAME_AEGIS256) {
+				aegis256_encrypt(want + 4, want + 4 + sizeof msg, msg, sizeof msg,
+						 want, 4, nonce, KEY);
+				ctlen = sizeof msg + 16;
+			} else if (cs[ci] == FRAME_AES256GCM)
 				crypto_aead_aes256gcm_encrypt(want + 4, &ctlen, msg, sizeof msg,
 							      want, 4, NULL, nonce, KEY);
 			else
@@ -317,21 +334,24 @@ Test(frame, bytes_match_protocol)
  * it (or with another AD) does not open. */
 Test(frame, header_is_associated_data)
 {
-	enum frame_cipher cs[2];
+	enum frame_cipher cs[3];
 	int nc = ciphers(cs);
 	for (int ci = 0; ci < nc; ci++) {
 		struct frame_key rx;
 		cr_assert_eq(frame_key_init(&rx, KEY, cs[ci]), 0);
 		uint8_t msg[20], f[FRAME_SEALED_BYTES(20)];
 		fill(msg, sizeof msg, 5);
-		const uint8_t nonce[12] = {0};
+		const uint8_t nonce[32] = {0};
 		wire_put_u32(f, sizeof msg + 16);
 		unsigned long long ctlen = 0;
 		const uint8_t other_ad[4] = {36, 0, 0, 1};
 		for (int variant = 0; variant < 2; variant++) {
 			const uint8_t *ad = variant ? other_ad : NULL;
 			size_t adlen = variant ? 4 : 0;
-			if (cs[ci] == FRAME_AES256GCM)
+			if (cs[ci] == FRAME_AEGIS256)
+				aegis256_encrypt(f + 4, f + 4 + sizeof msg, msg, sizeof msg, ad,
+						 adlen, nonce, KEY);
+			else if (cs[ci] == FRAME_AES256GCM)
 				crypto_aead_aes256gcm_encrypt(f + 4, &ctlen, msg, sizeof msg, ad,
 							      adlen, NULL, nonce, KEY);
 			else
@@ -347,7 +367,7 @@ Test(frame, header_is_associated_data)
 
 Test(frame, counter_is_the_nonce)
 {
-	enum frame_cipher cs[2];
+	enum frame_cipher cs[3];
 	int nc = ciphers(cs);
 	for (int ci = 0; ci < nc; ci++) {
 		struct frame_key tx, rx;
@@ -376,7 +396,7 @@ Test(frame, counter_is_the_nonce)
  * not at 0 (a 32-bit nonce would wrap to 0). */
 Test(frame, counter_high_bits)
 {
-	enum frame_cipher cs[2];
+	enum frame_cipher cs[3];
 	int nc = ciphers(cs);
 	for (int ci = 0; ci < nc; ci++) {
 		struct frame_key tx, rx;
@@ -395,7 +415,7 @@ Test(frame, counter_high_bits)
 
 Test(frame, counter_exhaustion)
 {
-	enum frame_cipher cs[2];
+	enum frame_cipher cs[3];
 	int nc = ciphers(cs);
 	for (int ci = 0; ci < nc; ci++) {
 		struct frame_key tx, rx;
@@ -424,7 +444,7 @@ Test(frame, counter_exhaustion)
 
 Test(frame, wrong_key)
 {
-	enum frame_cipher cs[2];
+	enum frame_cipher cs[3];
 	int nc = ciphers(cs);
 	for (int ci = 0; ci < nc; ci++) {
 		for (int bit = 0; bit < 256; bit += 37) {
@@ -442,18 +462,27 @@ Test(frame, wrong_key)
 	}
 }
 
+/* A frame sealed with one cipher opens with no other, under the same key
+ * and counter: every ordered pair this CPU runs. */
 Test(frame, wrong_cipher)
 {
-	if (!frame_aes_available())
+	enum frame_cipher cs[3];
+	int nc = ciphers(cs);
+	if (nc < 2)
 		cr_skip_test("this CPU has no AES-NI/PCLMUL: only one cipher to test");
-	struct frame_key tx, rx;
-	cr_assert_eq(frame_key_init(&tx, KEY, FRAME_AES256GCM), 0);
-	cr_assert_eq(frame_key_init(&rx, KEY, FRAME_CHACHA20POLY1305), 0);
-	uint8_t msg[10] = {0}, f[FRAME_SEALED_BYTES(10)];
-	seal_ok(&tx, f, sizeof f, msg, sizeof msg);
-	open_fails(&rx, f, sizeof f, -EBADMSG, "chacha20-poly1305", "aes sealed, chacha opened");
-	cr_assert_eq(frame_key_init(&rx, KEY, FRAME_AES256GCM), 0);
-	open_ok(&rx, f, sizeof f, msg, sizeof msg);
+	for (int a = 0; a < nc; a++)
+		for (int b = 0; b < nc; b++) {
+			struct frame_key tx, rx;
+			cr_assert_eq(frame_key_init(&tx, KEY, cs[a]), 0);
+			cr_assert_eq(frame_key_init(&rx, KEY, cs[b]), 0);
+			uint8_t msg[10] = {0}, f[FRAME_SEALED_BYTES(10)];
+			seal_ok(&tx, f, sizeof f, msg, sizeof msg);
+			if (a == b)
+				open_ok(&rx, f, sizeof f, msg, sizeof msg);
+			else
+				open_fails(&rx, f, sizeof f, -EBADMSG, frame_cipher_name(cs[b]),
+					   frame_cipher_name(cs[a]));
+		}
 }
 
 /* Every bit of the length header flipped, read as a stream does: the frame
@@ -462,7 +491,7 @@ Test(frame, wrong_cipher)
  * tag; the counter stays, and the untouched frame still opens. */
 Test(frame, header_bit_flip)
 {
-	enum frame_cipher cs[2];
+	enum frame_cipher cs[3];
 	int nc = ciphers(cs);
 	for (int ci = 0; ci < nc; ci++) {
 		struct frame_key tx, rx;
@@ -511,7 +540,7 @@ Test(frame, header_bit_flip)
 
 Test(frame, body_bit_flip)
 {
-	enum frame_cipher cs[2];
+	enum frame_cipher cs[3];
 	int nc = ciphers(cs);
 	for (int ci = 0; ci < nc; ci++) {
 		struct frame_key tx, rx;
@@ -557,7 +586,7 @@ Test(frame, failed_open_zeroes_output)
 
 Test(frame, replay)
 {
-	enum frame_cipher cs[2];
+	enum frame_cipher cs[3];
 	int nc = ciphers(cs);
 	for (int ci = 0; ci < nc; ci++) {
 		struct frame_key tx, rx;
@@ -574,7 +603,7 @@ Test(frame, replay)
  * right order still opens. */
 Test(frame, reorder)
 {
-	enum frame_cipher cs[2];
+	enum frame_cipher cs[3];
 	int nc = ciphers(cs);
 	for (int ci = 0; ci < nc; ci++) {
 		struct frame_key tx, rx;
@@ -592,7 +621,7 @@ Test(frame, reorder)
 
 Test(frame, truncation)
 {
-	enum frame_cipher cs[2];
+	enum frame_cipher cs[3];
 	int nc = ciphers(cs);
 	for (int ci = 0; ci < nc; ci++) {
 		struct frame_key tx, rx;
@@ -688,7 +717,7 @@ Test(frame, open_bounds_length)
  * into bounds so that most inputs reach the AEAD. */
 Test(frame, random_bytes)
 {
-	enum frame_cipher cs[2];
+	enum frame_cipher cs[3];
 	int nc = ciphers(cs);
 	for (int ci = 0; ci < nc; ci++) {
 		struct frame_key rx;
@@ -769,10 +798,21 @@ Test(frame, key_init_and_wipe)
 	cr_assert_eq(frame_key_init(&k, KEY, (enum frame_cipher)7), -EINVAL);
 	cr_assert_eq(frame_key_init(&k, KEY, FRAME_AES256GCM),
 		     frame_aes_available() ? 0 : -ENOTSUP);
-	cr_assert_eq(frame_cipher_choose(0), FRAME_CHACHA20POLY1305);
-	cr_assert_eq(frame_cipher_choose(1),
-		     frame_aes_available() ? FRAME_AES256GCM : FRAME_CHACHA20POLY1305);
+	cr_assert_eq(frame_key_init(&k, KEY, FRAME_AEGIS256),
+		     frame_aegis_available() ? 0 : -ENOTSUP);
+	/* the best cipher both ends offer, whichever end asks */
+	const unsigned A = FRAME_OFFER_AES256GCM, G = FRAME_OFFER_AEGIS256;
+	cr_assert_eq(frame_cipher_choose(0, 0), FRAME_CHACHA20POLY1305);
+	cr_assert_eq(frame_cipher_choose(A | G, 0), FRAME_CHACHA20POLY1305);
+	cr_assert_eq(frame_cipher_choose(A, G), FRAME_CHACHA20POLY1305);
+	cr_assert_eq(frame_cipher_choose(A, A | G), FRAME_AES256GCM);
+	cr_assert_eq(frame_cipher_choose(A | G, A), FRAME_AES256GCM);
+	cr_assert_eq(frame_cipher_choose(G, A | G), FRAME_AEGIS256);
+	cr_assert_eq(frame_cipher_choose(A | G, A | G), FRAME_AEGIS256);
+	cr_assert_eq(frame_offers() & FRAME_OFFER_AES256GCM ? 1 : 0, frame_aes_available());
+	cr_assert_eq(frame_offers() & FRAME_OFFER_AEGIS256 ? 1 : 0, frame_aegis_available());
 	cr_assert_str_eq(frame_cipher_name(FRAME_AES256GCM), "aes-256-gcm");
+	cr_assert_str_eq(frame_cipher_name(FRAME_AEGIS256), "aegis-256");
 	cr_assert_str_eq(frame_cipher_name(FRAME_CHACHA20POLY1305), "chacha20-poly1305");
 
 	cr_assert_eq(frame_key_init(&k, KEY, FRAME_CHACHA20POLY1305), 0);

@@ -51,7 +51,7 @@ static struct hs_identity ident(enum hs_role role, uint32_t index, uint8_t cfg0)
 	id.index = index;
 	for (int i = 0; i < (int)HS_HASH_BYTES; i++)
 		id.config_hash[i] = (uint8_t)(cfg0 + i);
-	id.aes = frame_aes_available();
+	id.ciphers = frame_offers();
 	return id;
 }
 
@@ -147,7 +147,7 @@ static void check_pair(struct hs_result *cr, struct hs_result *sr, enum frame_ci
 
 struct fields {
 	uint32_t magic, version;
-	uint8_t step, role, aes, local;
+	uint8_t step, role, ciphers, local;
 	uint32_t index;
 	uint8_t config[32], epk[32]; /* config: the hash; forge keys it */
 	uint64_t time;
@@ -198,7 +198,7 @@ static void forge(uint8_t out[HELLO], const struct fields *f, const uint8_t *psk
 	le32(out + 4, f->version);
 	out[8] = f->step;
 	out[9] = f->role;
-	out[10] = f->aes;
+	out[10] = f->ciphers;
 	out[11] = f->local;
 	le32(out + 12, f->index);
 	doc_tag(out + 16, psk, f->config);
@@ -218,7 +218,7 @@ static struct fields fields_for(const struct hs_identity *id, uint8_t step, uint
 	f.version = WIRE_VERSION;
 	f.step = step;
 	f.role = (uint8_t)id->role;
-	f.aes = (uint8_t)id->aes;
+	f.ciphers = (uint8_t)id->ciphers;
 	f.index = id->index;
 	memcpy(f.config, id->config_hash, 32);
 	randombytes_buf(esk, 32);
@@ -255,12 +255,12 @@ Test(handshake, keys_match_and_frames_cross)
 	struct hs_identity w = ident(HS_WORKER, 1, 7), p = ident(HS_PS, 0, 7);
 	struct hs_result cr, sr;
 	handshake(&cr, &sr, &w, &p);
-	check_pair(&cr, &sr, w.aes ? FRAME_AES256GCM : FRAME_CHACHA20POLY1305);
+	check_pair(&cr, &sr, frame_cipher_choose(w.ciphers, p.ciphers));
 
 	/* each side sees the other's identity */
 	cr_assert_eq(cr.peer.role, HS_PS);
 	cr_assert_eq(cr.peer.index, 0);
-	cr_assert_eq(cr.peer.aes, p.aes);
+	cr_assert_eq(cr.peer.ciphers, p.ciphers);
 	uint8_t tag[32];
 	doc_tag(tag, PSK_A, p.config_hash);
 	cr_assert(memcmp(cr.peer.config_hash, tag, HS_HASH_BYTES) == 0, "the peer's keyed config tag");
@@ -280,7 +280,7 @@ Test(handshake, observer_role_round_trips)
 	struct hs_identity o = ident(HS_OBSERVER, 0, 7), p = ident(HS_PS, 2, 7);
 	struct hs_result cr, sr;
 	handshake(&cr, &sr, &o, &p);
-	check_pair(&cr, &sr, o.aes ? FRAME_AES256GCM : FRAME_CHACHA20POLY1305);
+	check_pair(&cr, &sr, frame_cipher_choose(o.ciphers, p.ciphers));
 	cr_assert_eq(sr.peer.role, HS_OBSERVER);
 	cr_assert_eq(sr.peer.index, 0);
 	cr_assert_eq(cr.peer.role, HS_PS);
@@ -318,34 +318,44 @@ Test(handshake, two_handshakes_have_different_keys)
 		     -EBADMSG);
 }
 
-Test(handshake, aes_flag_combinations_agree)
+/* Every pair of offers: both ends pick the same cipher, the best they
+ * share (AEGIS-256, then AES-256-GCM, then ChaCha20-Poly1305). */
+Test(handshake, cipher_offers_agree)
 {
 	keys_init();
-	for (int ca = 0; ca <= 1; ca++) {
-		for (int sa = 0; sa <= 1; sa++) {
+	int pairs = 0;
+	for (unsigned ca = 0; ca <= FRAME_OFFER_ALL; ca++) {
+		for (unsigned sa = 0; sa <= FRAME_OFFER_ALL; sa++) {
 			struct hs_identity w = ident(HS_WORKER, 2, 3), p = ident(HS_PS, 1, 3);
-			w.aes = ca;
-			p.aes = sa;
-			if ((ca || sa) && !frame_aes_available()) {
-				/* offering AES on a CPU without it is refused up front */
+			w.ciphers = ca;
+			p.ciphers = sa;
+			if ((ca | sa) & ~frame_offers()) {
+				/* offering a cipher this CPU lacks is refused up front */
 				struct hs h;
 				uint8_t hello[HELLO];
 				char err[256] = "";
-				int rc = ca ? hs_client_start(&h, hello, PSK_A, &w, err, sizeof err)
-					    : 0;
-				if (ca)
-					cr_assert_eq(rc, -ENOTSUP, "client aes: %d %s", rc, err);
+				if (ca & ~frame_offers())
+					cr_assert_eq(hs_client_start(&h, hello, PSK_A, &w, err,
+								     sizeof err),
+						     -ENOTSUP, "client offers 0x%x: %s", ca, err);
 				continue;
 			}
 			struct hs_result cr, sr;
 			handshake(&cr, &sr, &w, &p);
-			enum frame_cipher want =
-				ca && sa ? FRAME_AES256GCM : FRAME_CHACHA20POLY1305;
+			unsigned both = ca & sa;
+			enum frame_cipher want = both & FRAME_OFFER_AEGIS256    ? FRAME_AEGIS256
+						 : both & FRAME_OFFER_AES256GCM ? FRAME_AES256GCM
+										: FRAME_CHACHA20POLY1305;
 			check_pair(&cr, &sr, want);
-			cr_assert_eq(cr.peer.aes, sa);
-			cr_assert_eq(sr.peer.aes, ca);
+			cr_assert_eq(cr.peer.ciphers, sa);
+			cr_assert_eq(sr.peer.ciphers, ca);
+			pairs++;
 		}
 	}
+	cr_assert_geq(pairs, 1);
+	if (frame_offers() != FRAME_OFFER_ALL)
+		cr_log_warn("this CPU offers 0x%x: some cipher pairs were not run",
+			    frame_offers());
 }
 
 /* The hello bytes and both keys, rebuilt from docs/PROTOCOL.md: the test
@@ -355,14 +365,14 @@ Test(handshake, bytes_match_protocol)
 {
 	keys_init();
 	struct hs_identity w = ident(HS_WORKER, 0x01020304u, 5), p = ident(HS_PS, 2, 5);
-	w.aes = 0;
-	p.aes = 0;
+	w.ciphers = 0;
+	p.ciphers = 0;
 
 	/* HELLO1 from hs_client_start, field by field */
 	struct hs h;
 	uint8_t hello1[HELLO], hello2[HELLO], mac[32];
 	start_ok(&h, hello1, PSK_A, &w);
-	const uint8_t head[16] = {'P', 'S', 'T', 'R', 5, 0, 0, 0, 1, 2, 0, 0, 4, 3, 2, 1};
+	const uint8_t head[16] = {'P', 'S', 'T', 'R', 6, 0, 0, 0, 1, 2, 0, 0, 4, 3, 2, 1};
 	cr_assert(memcmp(hello1, head, 16) == 0, "HELLO1 header bytes differ");
 	uint8_t tag[32];
 	doc_tag(tag, PSK_A, w.config_hash);
@@ -399,7 +409,7 @@ Test(handshake, bytes_match_protocol)
 	forge(hello1, &g, PSK_A, NULL);
 	struct hs_result sr;
 	respond_ok(&sr, hello2, PSK_A, &p, hello1);
-	const uint8_t head2[16] = {'P', 'S', 'T', 'R', 5, 0, 0, 0, 2, 1, 0, 0, 2, 0, 0, 0};
+	const uint8_t head2[16] = {'P', 'S', 'T', 'R', 6, 0, 0, 0, 2, 1, 0, 0, 2, 0, 0, 0};
 	cr_assert(memcmp(hello2, head2, 16) == 0, "HELLO2 header bytes differ");
 	doc_mac(mac, PSK_A, hello1, HELLO, hello2);
 	cr_assert(memcmp(hello2 + 112, mac, 32) == 0, "HELLO2 MAC");
@@ -505,7 +515,7 @@ Test(handshake, every_bit_of_hello1_is_authenticated)
 	struct hs_result cr, sr;
 	respond_ok(&sr, hello2, PSK_A, &p, hello1);
 	finish_ok(&h, &cr, hello2);
-	check_pair(&cr, &sr, w.aes ? FRAME_AES256GCM : FRAME_CHACHA20POLY1305);
+	check_pair(&cr, &sr, frame_cipher_choose(w.ciphers, p.ciphers));
 }
 
 Test(handshake, every_bit_of_hello2_is_authenticated)
@@ -528,7 +538,7 @@ Test(handshake, every_bit_of_hello2_is_authenticated)
 	}
 	/* nothing was committed: the genuine reply still completes */
 	finish_ok(&h, &cr, hello2);
-	check_pair(&cr, &sr, w.aes ? FRAME_AES256GCM : FRAME_CHACHA20POLY1305);
+	check_pair(&cr, &sr, frame_cipher_choose(w.ciphers, p.ciphers));
 }
 
 Test(handshake, wrong_size_rejected_before_parsing)
@@ -669,7 +679,8 @@ Test(handshake, malformed_fields_rejected)
 		{"step 0", 1, 0, -EPROTO, "expected step 1, got 0"},
 		{"role 0", 2, 0, -EPROTO, "unknown peer role 0"},
 		{"role 4", 2, 4, -EPROTO, "unknown peer role 4"},
-		{"aes 2", 3, 2, -EPROTO, "bad flags from worker 1 (aes 2"},
+		{"ciphers 4", 3, 4, -EPROTO, "bad flags from worker 1 (ciphers 0x4"},
+		{"ciphers 0x80", 3, 0x80, -EPROTO, "ciphers 0x80"},
 		{"local 2", 4, 2, -EPROTO, "local 2"},
 		{"zero ephemeral key", 5, 0, -EPROTO, "invalid ephemeral key"},
 	};
@@ -680,7 +691,7 @@ Test(handshake, malformed_fields_rejected)
 		case 0: f.magic = rows[i].value; break;
 		case 1: f.step = (uint8_t)rows[i].value; break;
 		case 2: f.role = (uint8_t)rows[i].value; break;
-		case 3: f.aes = (uint8_t)rows[i].value; break;
+		case 3: f.ciphers = (uint8_t)rows[i].value; break;
 		case 4: f.local = (uint8_t)rows[i].value; break;
 		case 5: memset(f.epk, 0, 32); break;
 		}
@@ -716,9 +727,9 @@ Test(handshake, invalid_local_identity_refused)
 		cr_assert_eq(hello1[i], 0x44, "hello written on failure");
 
 	w.role = HS_WORKER;
-	w.aes = 2;
+	w.ciphers = 4;
 	cr_assert_eq(hs_client_start(&h, hello1, PSK_A, &w, err, sizeof err), -EINVAL);
-	cr_assert(strstr(err, "aes flag"), "%s", err);
+	cr_assert(strstr(err, "unknown cipher bits 0x4"), "%s", err);
 
 	struct hs_identity p = ident(HS_PS, 0, 7);
 	p.role = (enum hs_role)9;
@@ -770,8 +781,8 @@ Test(handshake, local_flag_needs_both_sides)
 			struct hs_result cr, sr;
 			handshake(&cr, &sr, &w, &p);
 			enum frame_cipher want = cl && sl ? FRAME_LOCAL
-					       : w.aes && p.aes ? FRAME_AES256GCM
-								: FRAME_CHACHA20POLY1305;
+								: frame_cipher_choose(w.ciphers,
+										      p.ciphers);
 			check_pair(&cr, &sr, want);
 			cr_assert_eq(cr.peer.local, sl);
 			cr_assert_eq(sr.peer.local, cl);

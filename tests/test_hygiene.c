@@ -298,7 +298,7 @@ Test(hygiene, ps_keeps_its_keys_in_locked_memory)
 	cr_assert_eq(config_load(&c, cfg, NULL, 0, err, sizeof err), 0, "%s", err);
 	uint8_t *key = NULL;
 	cr_assert_eq(key_load_guarded(&key, c.cluster.key_file, err, sizeof err), 0, "%s", err);
-	struct hs_identity me = { .role = HS_WORKER, .index = 0, .aes = frame_aes_available() };
+	struct hs_identity me = { .role = HS_WORKER, .index = 0, .ciphers = frame_offers() };
 	cr_assert_eq(config_hash(&c, me.config_hash), 0);
 	struct conn cn;
 	int fd = -1;
@@ -348,8 +348,8 @@ static void handshake(struct conn *cl, struct server *sv, uint8_t ck, uint8_t sk
 	memset(sv, 0, sizeof *sv);
 	cr_assert_eq(conn_init(&sv->cn, sp[1], NULL, NULL, NULL, 5000, 5000), 0);
 	memset(sv->psk, sk, sizeof sv->psk);
-	sv->me = (struct hs_identity){ .role = HS_PS, .index = 1, .aes = frame_aes_available() };
-	struct hs_identity me = { .role = HS_WORKER, .index = 3, .aes = frame_aes_available() };
+	sv->me = (struct hs_identity){ .role = HS_PS, .index = 1, .ciphers = frame_offers() };
+	struct hs_identity me = { .role = HS_WORKER, .index = 3, .ciphers = frame_offers() };
 	memset(psk, ck, sizeof psk);
 	pthread_t t;
 	cr_assert_eq(pthread_create(&t, NULL, serve, sv), 0);

@@ -532,7 +532,7 @@ Test(keyholder, worker_prints_a_ps_error_and_exits)
 	struct conn c;
 	cr_assert_eq(pipe_init(&pp, NULL, wbuf, sizeof(wbuf), err, sizeof(err)), 0, "%s", err);
 	conn_init(&c, fd, rbuf, wbuf, &pp, IO_MS, IO_MS);
-	struct hs_identity me = { .role = HS_PS, .index = 0, .aes = frame_aes_available() };
+	struct hs_identity me = { .role = HS_PS, .index = 0, .ciphers = frame_offers() };
 	memcpy(me.config_hash, t.hash, HS_HASH_BYTES);
 	cr_assert_eq(conn_server(&c, t.key, &me, IO_MS, err, sizeof(err)), 0, "%s", err);
 	int type;

@@ -789,7 +789,7 @@ static void ps_refuses_tampered_push(int replay)
 	char cerr[CONFIG_ERR_MAX];
 	cr_assert_not_null(c);
 	cr_assert_eq(config_load(c, cfg, NULL, 0, cerr, sizeof cerr), 0, "%s", cerr);
-	struct hs_identity me = { .role = HS_WORKER, .index = 0, .aes = frame_aes_available() };
+	struct hs_identity me = { .role = HS_WORKER, .index = 0, .ciphers = frame_offers() };
 	cr_assert_eq(config_hash(c, me.config_hash), 0);
 	int fd;
 	cr_assert_eq(sock_connect_retry("127.0.0.1", c->cluster.ps[0].port, 10000, &fd, err,

@@ -96,7 +96,7 @@ static void stalled_hello(const struct target *t, int fd, struct hs_result *hr)
 	struct hs h;
 	uint8_t h1[HS_HELLO_BYTES];
 	char err[256];
-	struct hs_identity me = { .role = HS_WORKER, .index = 0, .aes = frame_aes_available() };
+	struct hs_identity me = { .role = HS_WORKER, .index = 0, .ciphers = frame_offers() };
 	memcpy(me.config_hash, t->hash, HS_HASH_BYTES);
 	cr_assert_eq(hs_client_start(&h, h1, t->key, &me, err, sizeof(err)), 0, "%s", err);
 	hs_wipe(&h);
@@ -311,7 +311,7 @@ static int observer_dial(const struct target *t, struct hs_result *hr, uint8_t *
 	struct hs h;
 	uint8_t h1[HS_HELLO_BYTES];
 	char err[256];
-	struct hs_identity me = { .role = HS_OBSERVER, .index = 0, .aes = frame_aes_available() };
+	struct hs_identity me = { .role = HS_OBSERVER, .index = 0, .ciphers = frame_offers() };
 	memcpy(me.config_hash, t->hash, HS_HASH_BYTES);
 	cr_assert_eq(hs_client_start(&h, h1, t->key, &me, err, sizeof(err)), 0, "%s", err);
 	target_send(fd, h1, sizeof(h1));
@@ -445,7 +445,7 @@ Test(robust, observer_may_only_ask_status)
 	}
 	fd = target_dial(&t);
 	struct hs h;
-	struct hs_identity me = { .role = HS_OBSERVER, .index = 0, .aes = frame_aes_available() };
+	struct hs_identity me = { .role = HS_OBSERVER, .index = 0, .ciphers = frame_offers() };
 	memcpy(me.config_hash, t.hash, HS_HASH_BYTES);
 	cr_assert_eq(hs_client_start(&h, hello1, t.key, &me, err, sizeof(err)), 0, "%s", err);
 	target_send(fd, hello1, sizeof(hello1));

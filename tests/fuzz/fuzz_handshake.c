@@ -33,7 +33,7 @@ static struct hs_identity ident(enum hs_role role, uint32_t index)
 	id.role = role;
 	id.index = index;
 	memset(id.config_hash, 0x42, sizeof id.config_hash);
-	id.aes = 0;
+	id.ciphers = 0;
 	return id;
 }
 

@@ -1,0 +1,45 @@
+/* AEGIS-256 (RFC 10032, formerly draft-irtf-cfrg-aegis-aead): the AEAD that
+ * seals frames when both ends' CPUs have AES instructions. Written here from
+ * the specification because Debian 12's libsodium (1.0.18) predates its
+ * crypto_aead_aegis256 (1.0.19): the bytes are the standard algorithm's, so
+ * libsodium's implementation can replace this file without a protocol change
+ * once the distribution ships it. Checked against the specification's test
+ * vectors (tests/test_aegis.c).
+ *
+ * Why: on the machines we measure, libsodium 1.0.18's AES-256-GCM seals and
+ * opens at 1.6-1.7 GB/s a core, and at 10 Gbit/s the cipher is a fifth of
+ * all the CPU a training step takes; AEGIS-256 needs one AES round per state
+ * word per 16 bytes and no GHASH (docs/BENCHMARKS.md, "AEGIS-256").
+ *
+ * 32-byte key, 32-byte nonce, 16-byte tag (the 128-bit tag of the
+ * specification). Pure functions over buffers; in-place use (c == m) is
+ * allowed. Only x86-64 with AES-NI runs it: aegis256_available() says
+ * whether this process can. */
+#ifndef PSTRAIN_NET_AEGIS_H
+#define PSTRAIN_NET_AEGIS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define AEGIS256_KEY_BYTES 32u
+#define AEGIS256_NONCE_BYTES 32u
+#define AEGIS256_TAG_BYTES 16u
+
+/* 1 when this CPU has the AES instructions this implementation uses. */
+int aegis256_available(void);
+
+/* Encrypts mlen bytes of m into c (same length) and writes the tag.
+ * Must not be called unless aegis256_available(). */
+void aegis256_encrypt(uint8_t *c, uint8_t tag[AEGIS256_TAG_BYTES], const uint8_t *m,
+		      size_t mlen, const uint8_t *ad, size_t adlen,
+		      const uint8_t nonce[AEGIS256_NONCE_BYTES],
+		      const uint8_t key[AEGIS256_KEY_BYTES]);
+
+/* Decrypts clen bytes of c into m and checks the tag in constant time:
+ * 0 when it matches, -1 (and m zeroed) when it does not. */
+int aegis256_decrypt(uint8_t *m, const uint8_t *c, size_t clen,
+		     const uint8_t tag[AEGIS256_TAG_BYTES], const uint8_t *ad, size_t adlen,
+		     const uint8_t nonce[AEGIS256_NONCE_BYTES],
+		     const uint8_t key[AEGIS256_KEY_BYTES]);
+
+#endif

@@ -171,6 +171,21 @@ int links_local(const struct links *lk)
 	return n;
 }
 
+const char *links_cipher(const struct links *lk)
+{
+	const char *name = NULL;
+	for (int k = 0; lk->ln && k < lk->nps; k++) {
+		const struct conn *cn = &lk->ln[k].conn;
+		if (cn->fd < 0 || cn->keys->send.cipher == FRAME_LOCAL)
+			continue;
+		const char *n = frame_cipher_name(cn->keys->send.cipher);
+		if (name && strcmp(name, n) != 0)
+			return "several";
+		name = n;
+	}
+	return name;
+}
+
 void links_disconnect(struct links *lk)
 {
 	for (int k = 0; lk->ln && k < lk->nps; k++)
@@ -234,7 +249,7 @@ static int link_greet(struct links *lk, int k, int fd, int timeout_ms, char *err
 {
 	const struct config *c = lk->c;
 	struct hs_identity me = { .role = HS_WORKER, .index = (uint32_t)lk->index,
-				  .ciphers = frame_offers() };
+				  .ciphers = lk->s->ciphers };
 	memcpy(me.config_hash, lk->s->hash, HS_HASH_BYTES);
 	struct conn *cn = &lk->ln[k].conn;
 	char e[512], nm[300];

@@ -92,6 +92,10 @@ int links_connect_one(struct links *lk, int k, int timeout_ms, char *err, size_t
 void links_disconnect(struct links *lk);
 /* How many of the ps links are Unix sockets ([cluster] local_socket). */
 int links_local(const struct links *lk);
+/* The cipher the ps links that are sealed use ([cluster] cipher and what
+ * both ends' CPUs run): its name, "several" when they differ, NULL when no
+ * connected link is sealed. */
+const char *links_cipher(const struct links *lk);
 
 /* Pulls every shard into params (P): sync asks each for the version after
  * the one it last had (first: 0, i.e. whatever it has), async for the

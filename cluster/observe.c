@@ -427,7 +427,7 @@ int cluster_status(const struct config *c, int json, double watch_s, FILE *out, 
 {
 	int nps = c->cluster.nps, e = 0;
 	uint8_t *key = NULL;
-	struct hs_identity me = { .role = HS_OBSERVER, .index = 0, .ciphers = frame_offers() };
+	struct hs_identity me = { .role = HS_OBSERVER, .index = 0 };
 	struct status_link *ls = calloc((size_t)nps, sizeof(*ls));
 	if (!ls)
 		return err_set(err, errlen, -ENOMEM, "out of memory");
@@ -438,6 +438,8 @@ int cluster_status(const struct config *c, int json, double watch_s, FILE *out, 
 	}
 	if (!e && config_hash(c, me.config_hash))
 		e = err_set(err, errlen, -ENOMEM, "out of memory");
+	if (!e)
+		e = role_ciphers(c, &me.ciphers, err, errlen);
 	int inited = 0;
 	for (int k = 0; k < nps && !e; k++, inited++) {
 		struct status_link *l = &ls[k];

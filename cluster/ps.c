@@ -806,7 +806,7 @@ static int ps_open(struct ps *ps, const struct config *c, const struct role_setu
 	if (e)
 		return e;
 	ps->me = (struct hs_identity){ .role = HS_PS, .index = (uint32_t)index,
-				       .ciphers = frame_offers() };
+				       .ciphers = s->ciphers };
 	memcpy(ps->me.config_hash, s->hash, HS_HASH_BYTES);
 	int ct = cryptopool_threads_for(c->cluster.crypto_threads);
 	if (ct > 1)

@@ -2,6 +2,7 @@
 #include "role.h"
 
 #include "../base/err.h"
+#include "../net/frame.h"
 #include "../net/sock.h"
 #include "../net/wire.h"
 
@@ -38,7 +39,34 @@ int role_setup_load(struct role_setup *s, const struct config *c, int want_data,
 		return e == -ENOMEM || e == -EIO ? e : -EINVAL;
 	if (config_hash(c, s->hash))
 		return snprintf(err, errlen, "out of memory"), -ENOMEM;
+	e = role_ciphers(c, &s->ciphers, err, errlen);
+	if (e)
+		return e;
 	return job_load(&s->job, c, c->cluster.nworkers, want_data, err, errlen);
+}
+
+int role_ciphers(const struct config *c, unsigned *offers, char *err, size_t errlen)
+{
+	static const unsigned named[] = {
+		[CIPHER_AEGIS256] = FRAME_OFFER_AEGIS256,
+		[CIPHER_AES256GCM] = FRAME_OFFER_AES256GCM,
+		[CIPHER_CHACHA20] = 0,
+	};
+	static const char *const names[] = {
+		[CIPHER_AEGIS256] = "aegis-256",
+		[CIPHER_AES256GCM] = "aes-256-gcm",
+	};
+	int k = c->cluster.cipher;
+	if (k == CIPHER_AUTO) {
+		*offers = frame_offers();
+		return 0;
+	}
+	if (named[k] & ~frame_offers())
+		return err_set(err, errlen, -EINVAL,
+			       "%s: [cluster] cipher = %s, but this CPU cannot run it (no AES-NI%s): "
+			       "use auto", c->path, names[k], k == CIPHER_AES256GCM ? " or PCLMUL" : "");
+	*offers = named[k];
+	return 0;
 }
 
 void role_setup_free(struct role_setup *s)

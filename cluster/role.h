@@ -21,17 +21,23 @@ struct role_setup {
 			     * lasting copy: key_load_guarded's guarded, mlocked,
 			     * read-only pages; NULL until loaded */
 	uint8_t hash[CONFIG_HASH_BYTES];
+	unsigned ciphers;   /* what this node offers (role_ciphers) */
 	struct job job;     /* W = [cluster] workers */
 };
 
 /* Makes the process non-dumpable (role_harden), then loads the key, the
- * config hash and the job. s must be zeroed first. want_data 0 (a ps): the
+ * config hash, the ciphers to offer and the job. s must be zeroed first. want_data 0 (a ps): the
  * data is loaded only when [train] steps is unset, for the step count the
  * lr schedule runs over (job_load). -EINVAL for anything the user must fix
  * (key, model, data, a data set smaller than one step), -EPERM if the
  * process cannot be made non-dumpable. role_setup_free it on failure too. */
 int role_setup_load(struct role_setup *s, const struct config *c, int want_data, char *err,
 		    size_t errlen);
+/* The FRAME_OFFER_* bits this node offers in its handshakes, from
+ * [cluster] cipher: -EINVAL and a line in err when it names a cipher this
+ * CPU cannot run. */
+int role_ciphers(const struct config *c, unsigned *offers, char *err, size_t errlen);
+
 /* Frees the job and wipes and frees the key. */
 void role_setup_free(struct role_setup *s);
 

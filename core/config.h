@@ -35,6 +35,16 @@ enum wire_precision {
 	PRECISION_BF16_PARAMS, /* parameters (PARAMS) bf16, gradients float32 */
 };
 
+/* [cluster] cipher: what this node offers to seal frames with; a
+ * connection uses the best cipher both ends offer, ChaCha20-Poly1305 when
+ * they share no other. */
+enum cipher_choice {
+	CIPHER_AUTO,     /* every cipher this CPU runs */
+	CIPHER_AEGIS256, /* AEGIS-256 only (needs AES-NI) */
+	CIPHER_AES256GCM, /* AES-256-GCM only (needs AES-NI and PCLMUL) */
+	CIPHER_CHACHA20, /* ChaCha20-Poly1305 only */
+};
+
 struct host {
 	char name[CONFIG_HOST_MAX];   /* DNS name, IPv4, or IPv6 without brackets */
 	uint16_t port;
@@ -55,6 +65,7 @@ struct config {
 		int crypto_threads;         /* sealing/opening threads, 0 = auto, 1 = none */
 		int send_buffer_kib;        /* SO_SNDBUF of peer connections (KiB); 0 = the kernel's */
 		int wire_dtype;             /* enum wire_precision */
+		int cipher;                 /* enum cipher_choice */
 		int overlap;                /* sync pieces: push while backward runs */
 		int local_socket;           /* a ps on this host over a Unix socket, unencrypted */
 		char socket_dir[DATA_PATH_MAX]; /* where those sockets are; "" = /tmp/pstrain-UID */

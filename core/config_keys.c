@@ -11,6 +11,8 @@ static const char *const format_names[] = { "idx", "csv", NULL };
 static const char *const header_names[] = { "auto", "yes", "no", NULL };
 static const char *const loss_names[] = { "softmax_cross_entropy", NULL };
 static const char *const wire_dtype_names[] = { "fp32", "bf16", "bf16_grads", "bf16_params", NULL };
+static const char *const cipher_names[] = { "auto", "aegis-256", "aes-256-gcm", "chacha20-poly1305",
+					    NULL };
 
 #define FMNIST "/usr/share/datasets/fashion-mnist/"
 #define OFF(f) offsetof(struct config, f)
@@ -26,6 +28,7 @@ const struct key_def config_keys[] = {
 	{ "cluster", "crypto_threads", K_INT, OFF(cluster.crypto_threads), 0, 0, 8, 0, NULL, "0" },
 	{ "cluster", "send_buffer_kib", K_INT, OFF(cluster.send_buffer_kib), 0, 0, 1 << 20, 0, NULL, "64" },
 	{ "cluster", "wire_dtype", K_ENUM, OFF(cluster.wire_dtype), 0, 0, 0, 0, wire_dtype_names, "fp32" },
+	{ "cluster", "cipher", K_ENUM, OFF(cluster.cipher), 0, 0, 0, 0, cipher_names, "auto" },
 	{ "cluster", "overlap", K_BOOL, OFF(cluster.overlap), 0, 0, 0, 0, NULL, "false" },
 	{ "cluster", "local_socket", K_BOOL, OFF(cluster.local_socket), 0, 0, 0, 0, NULL, "true" },
 	{ "cluster", "socket_dir", K_PATH, OFF(cluster.socket_dir), 0, 0, 0, 0, NULL, "" },

@@ -17,6 +17,7 @@
 #include "../core/replica.h"
 #include "../core/rng.h"
 #include "../cluster/role.h"
+#include "../net/frame.h"
 #include "../net/key.h"
 #include "../net/wire.h"
 
@@ -177,16 +178,35 @@ Test(cluster, overlap_pushes_while_computing_and_changes_no_number)
 /* [cluster] local_socket: every ps and worker of these tests is at
  * 127.0.0.1, so each worker reaches both ps over their Unix sockets, and
  * says so, as the ps do; the frames there are not encrypted, and the run
- * ends with the very parameters of one over TCP with every frame sealed. */
+ * ends with the very parameters of one over TCP with every frame sealed.
+ * Over TCP each worker names the cipher: the best this CPU runs by
+ * default, the one [cluster] cipher names otherwise, with the same
+ * parameters at the end. */
 Test(cluster, local_socket_on_one_host_changes_no_number)
 {
-	char out[4][300];
+	char out[4][300], want[160];
 	size_t P = 6 * 32768 + 32768 + 32768 * 3 + 3;
 	float *tcp = params_run("local-false", "local_socket = false\n", P, out);
+	snprintf(want, sizeof(want), "connected to 2 ps (%s);",
+		 frame_cipher_name(frame_cipher_choose(frame_offers(), frame_offers())));
 	for (int i = 0; i < 4; i++) {
 		char *text = slurp(out[i]);
 		cr_assert_null(strstr(text, "Unix socket"), "%s", text);
+		if (i >= 2)
+			cr_assert_not_null(strstr(text, want), "no \"%s\" in:\n%s", want, text);
 	}
+	const char *other = frame_aes_available() ? "aes-256-gcm" : "chacha20-poly1305";
+	char extra0[200];
+	snprintf(extra0, sizeof(extra0), "local_socket = false\ncipher = %s\n", other);
+	float *named = params_run("local-named", extra0, P, out);
+	snprintf(want, sizeof(want), "connected to 2 ps (%s);", other);
+	for (int i = 2; i < 4; i++)
+		cr_assert_not_null(strstr(slurp(out[i]), want), "no \"%s\" in:\n%s", want, slurp(out[i]));
+	size_t differ_named = 0;
+	for (size_t i = 0; i < P; i++)
+		differ_named += memcmp(&tcp[i], &named[i], sizeof(float)) != 0;
+	cr_assert_eq(differ_named, 0, "with %s: %zu of %zu parameters differ", other, differ_named, P);
+	free(named);
 	char extra[400];
 	snprintf(extra, sizeof(extra), "local_socket = true\nsocket_dir = %s/sockets\n", dir);
 	float *unx = params_run("local-true", extra, P, out);
@@ -194,7 +214,7 @@ Test(cluster, local_socket_on_one_host_changes_no_number)
 		cr_assert_not_null(strstr(slurp(out[i]), "workers on this host reach it over the Unix socket"),
 				   "%s", slurp(out[i]));
 	for (int i = 2; i < 4; i++)
-		cr_assert_not_null(strstr(slurp(out[i]), "connected to 2 ps (2 on this host, over a Unix socket)"),
+		cr_assert_not_null(strstr(slurp(out[i]), "connected to 2 ps (2 on this host, over a Unix socket);"),
 				   "%s", slurp(out[i]));
 	size_t differ = 0;
 	for (size_t i = 0; i < P; i++)
@@ -929,4 +949,41 @@ Test(cluster, late_chief_beside_a_backup_worker_pulls_again)
 	cr_assert_not_null(strstr(chief, "pulling again until they agree"), "%s", chief);
 	double acc = final_accuracy(chief);
 	cr_assert_gt(acc, 90.0, "final accuracy %.2f%%:\n%s", acc, chief);
+}
+
+/* [cluster] cipher to the handshake's offer: auto offers what this CPU
+ * runs, a name only that cipher (ChaCha20-Poly1305: nothing besides the
+ * fallback every end has), and a cipher the CPU cannot run is a config
+ * error that says so rather than a failed connection later. */
+Test(cluster, cipher_offers_follow_the_config)
+{
+	static const struct {
+		int choice;
+		unsigned offer;
+		int runs;
+	} rows[] = {
+		{ CIPHER_AUTO, 0, 1 },
+		{ CIPHER_AEGIS256, FRAME_OFFER_AEGIS256, -1 },
+		{ CIPHER_AES256GCM, FRAME_OFFER_AES256GCM, -1 },
+		{ CIPHER_CHACHA20, 0, 1 },
+	};
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+		struct config *c = calloc(1, sizeof(*c));
+		cr_assert_not_null(c);
+		snprintf(c->path, sizeof(c->path), "x.ini");
+		c->cluster.cipher = rows[i].choice;
+		unsigned offers = 0xff;
+		char err[256] = "";
+		int e = role_ciphers(c, &offers, err, sizeof(err));
+		unsigned want = rows[i].choice == CIPHER_AUTO ? frame_offers() : rows[i].offer;
+		if (rows[i].runs == 1 || (want & ~frame_offers()) == 0) {
+			cr_assert_eq(e, 0, "row %zu: %s", i, err);
+			cr_assert_eq(offers, want, "row %zu: offers 0x%x", i, offers);
+		} else {
+			cr_assert_eq(e, -EINVAL, "row %zu", i);
+			cr_assert_not_null(strstr(err, "this CPU cannot run it"), "%s", err);
+			cr_log_warn("this CPU lacks AES-NI: only the refusal of row %zu ran", i);
+		}
+		free(c);
+	}
 }

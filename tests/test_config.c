@@ -992,6 +992,35 @@ Test(config, hash_covers_training_keys_only)
 	}
 }
 
+/* [cluster] cipher: auto by default, each name parsed and printed, a bad
+ * one named with the choices; node-local, so it leaves the config hash
+ * alone (each connection agrees on its cipher in the handshake). */
+Test(config, cipher)
+{
+	static const char *const names[] = { "auto", "aegis-256", "aes-256-gcm", "chacha20-poly1305" };
+	uint8_t dflt[CONFIG_HASH_BYTES], h[CONFIG_HASH_BYTES];
+	struct config *c = parse_ok("");
+	cr_expect_eq(c->cluster.cipher, CIPHER_AUTO);
+	free(c);
+	hash_of("", dflt);
+	for (int i = 0; i < 4; i++) {
+		char text[80];
+		snprintf(text, sizeof(text), "[cluster]\ncipher = %s\n", names[i]);
+		c = parse_ok(text);
+		cr_expect_eq(c->cluster.cipher, i, "%s", names[i]);
+		char *out = print_config(c);
+		char line[64];
+		snprintf(line, sizeof(line), "cipher = %s\n", names[i]);
+		cr_expect(strstr(out, line), "check does not print %s", line);
+		free(out);
+		free(c);
+		hash_of(text, h);
+		cr_expect(memcmp(h, dflt, CONFIG_HASH_BYTES) == 0, "cipher = %s changed the hash", names[i]);
+	}
+	parse_bad("[cluster]\ncipher = aes-128-gcm\n",
+		  "test.ini:2: [cluster] cipher: \"aes-128-gcm\" is not one of auto, aegis-256, aes-256-gcm or chacha20-poly1305");
+}
+
 /* [cluster] wire_dtype: its four values, fp32 by default, a bad value
  * named with the choices, and each value its own config hash, so a ps and
  * a worker that disagree refuse each other at the handshake. */

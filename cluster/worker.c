@@ -3,6 +3,7 @@
  * every ps in links.c and, where a ps was lost or went back, a call to
  * recovery.c that says which step to continue at.
  * Which samples a worker's batch is: core/job.h. */
+#include "autoflow.h"
 #include "cluster.h"
 #include "links.h"
 #include "recovery.h"
@@ -34,7 +35,8 @@ struct worker {
 	struct devices dev;
 	struct links lk;
 	struct gradflow flow;    /* the gradient as backward makes it final */
-	int flowing;             /* push while backward runs ([cluster] overlap) */
+	int flowing;             /* may push while backward runs ([cluster] overlap) */
+	struct autoflow af;      /* whether a step does */
 	struct progress pg;
 	float *params, *grads;   /* (P) */
 	int own_host;            /* params and grads are separate host copies */
@@ -98,7 +100,8 @@ static int worker_threads(const struct worker *wr, int own)
 }
 
 /* Pushing while backward runs: sync piece mode on one CPU replica (the
- * only backward that can be split), unless [cluster] overlap = false.
+ * only backward that can be split), unless [cluster] overlap = false;
+ * with auto, on the steps autoflow.h says.
  * One stream per shard; the final ranges are at most one per dense
  * weight row plus the gaps between the dense weights. */
 static int worker_flow_open(struct worker *wr, const struct shard *plan, char *err, size_t errlen)
@@ -118,8 +121,13 @@ static int worker_flow_open(struct worker *wr, const struct shard *plan, char *e
 	if (e)
 		return err_set(err, errlen, e, "worker %d: out of memory for pushing while computing", wr->index);
 	wr->flowing = 1;
-	role_log(wr->out, "worker %d: pushes the pieces of each gradient as backward makes them ([cluster] overlap)",
-		 wr->index);
+	autoflow_init(&wr->af, wr->c->cluster.overlap);
+	if (wr->c->cluster.overlap == CONFIG_OVERLAP_AUTO)
+		role_log(wr->out, "worker %d: [cluster] overlap = auto: pushes each gradient after computing it until its steps show that the link, not the CPU, limits them",
+			 wr->index);
+	else
+		role_log(wr->out, "worker %d: pushes the pieces of each gradient as backward makes them ([cluster] overlap)",
+			 wr->index);
 	return 0;
 }
 
@@ -415,7 +423,8 @@ static int worker_step(struct worker *wr, char *err, size_t errlen)
 	 * may finish before the others. */
 	int last = step + 1 == wr->total && !wr->chief;
 	double t1;
-	if (!e && wr->flowing && !last) {
+	int flow = wr->flowing && autoflow_wants(&wr->af);
+	if (!e && flow && !last) {
 		e = worker_overlap(wr, &t1, err, errlen);
 	} else {
 		if (!e)
@@ -432,8 +441,16 @@ static int worker_step(struct worker *wr, char *err, size_t errlen)
 	if (e)
 		return e;
 	wr->pulled = !last;
-	wr->t_comm += progress_now() - t1;
+	double t2 = progress_now();
+	wr->t_comm += t2 - t1;
 	wr->timed++;
+	int sw = wr->flowing ? autoflow_record(&wr->af, t1 - t0, t2 - t1) : 0;
+	if (sw)
+		role_log(wr->out, "worker %d: [cluster] overlap = auto: at step %ld the exchange took %.1fx the compute (medians of %d steps): %s%s",
+			 wr->index, step, wr->af.ratio, AUTOFLOW_WINDOW,
+			 wr->af.on ? "pushes the pieces of each gradient as backward makes them"
+				   : "pushes each gradient after computing it",
+			 sw == 2 ? " from here on" : "");
 	if (!wr->chief)
 		return 0;
 	char why[CONFIG_ERR_MAX];

@@ -315,7 +315,12 @@ static int key_parse(struct config *c, const struct key_def *k, const char *val,
 				return 0;
 			}
 		}
-		snprintf(err, errlen, "\"%s\" is not a boolean (expected true or false)", val);
+		if ((k->flags & AUTO) && strcmp(val, "auto") == 0) {
+			*(int *)f = 2;
+			return 0;
+		}
+		snprintf(err, errlen, "\"%s\" is not a boolean (expected true%s false)", val,
+			 k->flags & AUTO ? ", auto or" : " or");
 		return -EINVAL;
 	}
 	case K_ENUM: {

@@ -66,7 +66,7 @@ struct config {
 		int send_buffer_kib;        /* SO_SNDBUF of peer connections (KiB); 0 = the kernel's */
 		int wire_dtype;             /* enum wire_precision */
 		int cipher;                 /* enum cipher_choice */
-		int overlap;                /* sync pieces: push while backward runs */
+		int overlap;                /* sync pieces: push while backward runs: CONFIG_OVERLAP_* */
 		int local_socket;           /* a ps on this host over a Unix socket, unencrypted */
 		char socket_dir[DATA_PATH_MAX]; /* where those sockets are; "" = /tmp/pstrain-UID */
 		double peer_timeout;        /* seconds a ps waits for a lost worker to come back */
@@ -124,6 +124,9 @@ int config_parse_string(struct config *c, const char *name, const char *text,
 void config_print(const struct config *c, FILE *f);
 
 #define CONFIG_HASH_BYTES 32
+
+/* [cluster] overlap: a boolean that also takes "auto" (cluster/autoflow.h). */
+enum { CONFIG_OVERLAP_OFF = 0, CONFIG_OVERLAP_ON = 1, CONFIG_OVERLAP_AUTO = 2 };
 
 /* BLAKE2b of every training-relevant key (model, optimizer, data format,
  * seed, topology...), defaults included; node-local keys (paths, [gpu],

@@ -71,7 +71,7 @@ static void key_print(FILE *f, const struct config *c, const struct key_def *k)
 	case K_U64: fprintf(f, "%llu", (unsigned long long)*(const uint64_t *)v); break;
 	case K_FLOAT: number_print(f, *(const float *)v, 1); break;
 	case K_DOUBLE: number_print(f, *(const double *)v, 0); break;
-	case K_BOOL: fprintf(f, "%s", *(const int *)v ? "true" : "false"); break;
+	case K_BOOL: fprintf(f, "%s", *(const int *)v == 2 ? "auto" : *(const int *)v ? "true" : "false"); break;
 	case K_ENUM: fprintf(f, "%s", k->names[*(const int *)v]); break;
 	case K_PATH: fprintf(f, "%s", (const char *)v); break;
 	case K_HOSTS:

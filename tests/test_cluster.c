@@ -163,12 +163,21 @@ Test(cluster, overlap_pushes_while_computing_and_changes_no_number)
 	float *later = params_run("overlap-unix", extra, P, out);
 	for (int i = 2; i < 4; i++)
 		cr_assert_not_null(strstr(slurp(out[i]), "2 on this host, over a Unix socket"), "%s", slurp(out[i]));
-	size_t differ = 0, differ_later = 0;
+	/* auto, the default, starts pushing after computing and says how it
+	 * decides; whichever way its steps go, the numbers are the same */
+	float *autof = params_run("overlap-auto", "local_socket = false\n", P, out);
+	for (int i = 2; i < 4; i++)
+		cr_assert_not_null(strstr(slurp(out[i]), "overlap = auto: pushes each gradient after computing it until"),
+				   "%s", slurp(out[i]));
+	size_t differ = 0, differ_later = 0, differ_auto = 0;
 	for (size_t i = 0; i < P; i++) {
 		differ += memcmp(&whole[i], &flow[i], sizeof(float)) != 0;
 		differ_later += memcmp(&whole[i], &later[i], sizeof(float)) != 0;
+		differ_auto += memcmp(&whole[i], &autof[i], sizeof(float)) != 0;
 	}
 	cr_assert_eq(differ, 0, "%zu of %zu parameters differ", differ, P);
+	cr_assert_eq(differ_auto, 0, "overlap = auto: %zu of %zu parameters differ", differ_auto, P);
+	free(autof);
 	cr_assert_eq(differ_later, 0, "over Unix sockets: %zu of %zu parameters differ", differ_later, P);
 	free(whole);
 	free(flow);

@@ -992,6 +992,33 @@ Test(config, hash_covers_training_keys_only)
 	}
 }
 
+/* [cluster] overlap: a boolean that also takes auto, the default; node-
+ * local; any other boolean still takes only true or false. */
+Test(config, overlap_takes_auto)
+{
+	uint8_t dflt[CONFIG_HASH_BYTES], h[CONFIG_HASH_BYTES];
+	struct config *c = parse_ok("");
+	cr_expect_eq(c->cluster.overlap, CONFIG_OVERLAP_AUTO);
+	free(c);
+	hash_of("", dflt);
+	static const char *const names[] = { "false", "true", "auto" };
+	for (int i = 0; i < 3; i++) {
+		char text[64], line[40];
+		snprintf(text, sizeof(text), "[cluster]\noverlap = %s\n", names[i]);
+		c = parse_ok(text);
+		cr_expect_eq(c->cluster.overlap, i, "%s", names[i]);
+		char *out = print_config(c);
+		snprintf(line, sizeof(line), "overlap = %s\n", names[i]);
+		cr_expect(strstr(out, line), "check does not print %s", line);
+		free(out);
+		free(c);
+		hash_of(text, h);
+		cr_expect(memcmp(h, dflt, CONFIG_HASH_BYTES) == 0, "overlap = %s changed the hash", names[i]);
+	}
+	parse_bad("[cluster]\noverlap = sometimes\n", "\"sometimes\" is not a boolean (expected true, auto or false)");
+	parse_bad("[cluster]\nlocal_socket = auto\n", "\"auto\" is not a boolean (expected true or false)");
+}
+
 /* [cluster] cipher: auto by default, each name parsed and printed, a bad
  * one named with the choices; node-local, so it leaves the config hash
  * alone (each connection agrees on its cipher in the handshake). */

@@ -1,0 +1,58 @@
+/* [cluster] overlap = auto: whether a worker pushes while computing, from
+ * where its steps' time goes.
+ *
+ * Pushing the gradient while backward still runs can hide at most the
+ * backward pass, and the sealing and sending beside it take CPU from the
+ * step. So it pays where the wire limits a step and costs where the CPUs
+ * do (docs/NETWORK.md: +6% at 1 Gbit/s, -16% at 10 Gbit/s on the same 2
+ * CPUs). Which one a cluster is shows in the worker's own step: where
+ * the exchange after the compute takes several times the compute, the
+ * step waits for the link; where it takes about as long, the CPUs are
+ * the limit. netlab's medians: 4 to 6x at 1 Gbit/s, 0.7 to 1.6x at 10.
+ *
+ * Trying both ways and keeping the faster (reverted in 4db4a06) could not
+ * tell a 4% effect from the noise of 50 steps; this ratio differs by 3x
+ * or more between the two cases, and a median of 20 steps shows it.
+ *
+ * A worker starts pushing after computing, then every AUTOFLOW_WINDOW
+ * steps compares the window's median exchange with its median compute:
+ * it switches on above AUTOFLOW_ON, off below AUTOFLOW_OFF (pushing while
+ * computing shortens the exchange and stretches the compute, so the band
+ * between keeps it from flipping), and after AUTOFLOW_SWITCHES switches
+ * keeps the way it has. Each worker decides for itself: the ps take
+ * either way from any worker at any step. */
+#ifndef PSTRAIN_CLUSTER_AUTOFLOW_H
+#define PSTRAIN_CLUSTER_AUTOFLOW_H
+
+#define AUTOFLOW_SKIP 10      /* steps not timed at the start and after a switch */
+#define AUTOFLOW_WINDOW 20    /* steps a decision looks at */
+#define AUTOFLOW_ON 3.0       /* off: switch on when exchange > 3 x compute */
+#define AUTOFLOW_OFF 1.5      /* on: switch off when exchange < 1.5 x compute */
+#define AUTOFLOW_SWITCHES 4   /* then keep the way */
+
+struct autoflow {
+	int mode;      /* CONFIG_OVERLAP_{OFF,ON,AUTO} */
+	int on;        /* whether the next step pushes while computing */
+	int skip;      /* steps still to leave out */
+	int n;         /* steps in the window */
+	int switches;
+	double ratio;  /* the last window's median exchange / median compute */
+	double compute[AUTOFLOW_WINDOW], exchange[AUTOFLOW_WINDOW]; /* seconds */
+};
+
+/* mode from [cluster] overlap: on and off are fixed; auto starts off. */
+void autoflow_init(struct autoflow *a, int mode);
+
+/* Whether the next step pushes while computing. */
+static inline int autoflow_wants(const struct autoflow *a)
+{
+	return a->on;
+}
+
+/* A step took compute seconds, then exchange seconds (pushing, and
+ * waiting for the new parameters). 1 when this switched the way (a->on
+ * says which now, a->ratio why); 2 when the switch was the last one it
+ * makes; else 0. */
+int autoflow_record(struct autoflow *a, double compute, double exchange);
+
+#endif

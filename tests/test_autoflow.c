@@ -1,0 +1,99 @@
+/* [cluster] overlap = auto (cluster/autoflow.h): a worker pushes while
+ * computing where its exchange takes several times its compute (the link
+ * limits the step), not where the two are alike (the CPUs do); medians,
+ * so a few slow steps decide nothing; a band between the two thresholds,
+ * so it does not flip; and a last switch after which it stays. */
+#include <criterion/criterion.h>
+
+#include "leak.h"
+
+#include "../cluster/autoflow.h"
+#include "../core/config.h"
+
+TestSuite(autoflow, .fini = leak_check);
+
+/* Feeds n steps of compute c and exchange x (ms); returns the sum of what
+ * autoflow_record said (how many switches, the last one counting 2). */
+static int feed(struct autoflow *a, int n, double c, double x)
+{
+	int said = 0;
+	for (int i = 0; i < n; i++)
+		said += autoflow_record(a, c * 1e-3, x * 1e-3);
+	return said;
+}
+
+Test(autoflow, on_and_off_are_fixed)
+{
+	struct autoflow a;
+	autoflow_init(&a, CONFIG_OVERLAP_ON);
+	cr_assert(autoflow_wants(&a));
+	cr_assert_eq(feed(&a, 200, 5, 0.5), 0);
+	cr_assert(autoflow_wants(&a), "overlap = true switched itself off");
+	autoflow_init(&a, CONFIG_OVERLAP_OFF);
+	cr_assert_eq(feed(&a, 200, 5, 25), 0);
+	cr_assert(!autoflow_wants(&a), "overlap = false switched itself on");
+}
+
+/* netlab's medians: 1 Gbit/s 4.9 ms compute, 24.3 exchange; 10 Gbit/s
+ * 4.3 and 4.8 (and with pushing while computing 6.0 and 4.1). */
+Test(autoflow, the_link_switches_it_on_the_cpu_off)
+{
+	struct autoflow a;
+	autoflow_init(&a, CONFIG_OVERLAP_AUTO);
+	cr_assert(!autoflow_wants(&a), "auto starts pushing after computing");
+	cr_assert_eq(feed(&a, AUTOFLOW_SKIP + AUTOFLOW_WINDOW - 1, 4.9, 24.3), 0, "decided early");
+	cr_assert_eq(feed(&a, 1, 4.9, 24.3), 1);
+	cr_assert(autoflow_wants(&a), "a link-bound step did not switch it on");
+	cr_assert_float_eq(a.ratio, 24.3 / 4.9, 1e-9);
+	/* on, the exchange shrinks and the compute grows: still on */
+	cr_assert_eq(feed(&a, 300, 5.4, 22.6), 0);
+	cr_assert(autoflow_wants(&a));
+	/* the link got fast: the CPUs limit the step, and it goes off */
+	cr_assert_eq(feed(&a, AUTOFLOW_SKIP + AUTOFLOW_WINDOW, 6.0, 4.1), 1);
+	cr_assert(!autoflow_wants(&a));
+	cr_assert_eq(feed(&a, 300, 4.3, 4.8), 0);
+	cr_assert(!autoflow_wants(&a), "a CPU-bound step switched it on");
+}
+
+/* Between the thresholds nothing changes, either way. */
+Test(autoflow, the_band_between_keeps_the_way)
+{
+	struct autoflow a;
+	autoflow_init(&a, CONFIG_OVERLAP_AUTO);
+	double mid = 0.5 * (AUTOFLOW_ON + AUTOFLOW_OFF);
+	cr_assert_eq(feed(&a, 500, 4, 4 * mid), 0);
+	cr_assert(!autoflow_wants(&a));
+	cr_assert_eq(feed(&a, AUTOFLOW_WINDOW, 4, 4 * (AUTOFLOW_ON + 1)), 1);
+	cr_assert(autoflow_wants(&a));
+	cr_assert_eq(feed(&a, 500, 4, 4 * mid), 0);
+	cr_assert(autoflow_wants(&a));
+}
+
+/* A third of a window's steps stalled (a long exchange each) moves no
+ * median: a CPU-bound run stays off. */
+Test(autoflow, a_few_slow_steps_decide_nothing)
+{
+	struct autoflow a;
+	autoflow_init(&a, CONFIG_OVERLAP_AUTO);
+	for (int r = 0; r < 20; r++)
+		for (int i = 0; i < AUTOFLOW_WINDOW; i++)
+			cr_assert_eq(autoflow_record(&a, 4e-3, i % 3 == 0 ? 120e-3 : 4.5e-3), 0,
+				     "window %d step %d switched", r, i);
+	cr_assert(!autoflow_wants(&a));
+}
+
+/* A run whose steps keep changing stops switching after the last switch,
+ * and says that one is the last. */
+Test(autoflow, it_stops_switching)
+{
+	struct autoflow a;
+	autoflow_init(&a, CONFIG_OVERLAP_AUTO);
+	int said = 0;
+	for (int k = 0; k < 10; k++)
+		said += feed(&a, AUTOFLOW_SKIP + AUTOFLOW_WINDOW, 4, k % 2 ? 4 : 40);
+	cr_assert_eq(a.switches, AUTOFLOW_SWITCHES);
+	cr_assert_eq(said, AUTOFLOW_SWITCHES + 1, "the last switch says it is the last");
+	int was = autoflow_wants(&a);
+	cr_assert_eq(feed(&a, 300, 4, was ? 4 : 40), 0);
+	cr_assert_eq(autoflow_wants(&a), was);
+}

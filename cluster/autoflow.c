@@ -26,27 +26,28 @@ static double median(double *v, int n)
 	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-int autoflow_record(struct autoflow *a, double compute, double exchange)
+enum autoflow_said autoflow_record(struct autoflow *a, double compute, double exchange)
 {
 	if (a->mode != CONFIG_OVERLAP_AUTO || a->switches >= AUTOFLOW_SWITCHES)
-		return 0;
+		return AUTOFLOW_QUIET;
 	if (a->skip > 0) {
 		a->skip--;
-		return 0;
+		return AUTOFLOW_QUIET;
 	}
 	a->compute[a->n] = compute;
 	a->exchange[a->n] = exchange;
 	if (++a->n < AUTOFLOW_WINDOW)
-		return 0;
+		return AUTOFLOW_QUIET;
 	a->n = 0;
 	double c = median(a->compute, AUTOFLOW_WINDOW), x = median(a->exchange, AUTOFLOW_WINDOW);
 	if (c <= 0)
-		return 0;
+		return AUTOFLOW_QUIET;
 	a->ratio = x / c;
+	int first = a->windows++ == 0;
 	int want = a->on ? a->ratio >= AUTOFLOW_OFF : a->ratio > AUTOFLOW_ON;
 	if (want == a->on)
-		return 0;
+		return first ? AUTOFLOW_KEPT : AUTOFLOW_QUIET;
 	a->on = want;
 	a->skip = AUTOFLOW_SKIP;
-	return ++a->switches >= AUTOFLOW_SWITCHES ? 2 : 1;
+	return ++a->switches >= AUTOFLOW_SWITCHES ? AUTOFLOW_LAST : AUTOFLOW_SWITCHED;
 }

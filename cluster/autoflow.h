@@ -36,6 +36,7 @@ struct autoflow {
 	int skip;      /* steps still to leave out */
 	int n;         /* steps in the window */
 	int switches;
+	int windows;   /* decisions made */
 	double ratio;  /* the last window's median exchange / median compute */
 	double compute[AUTOFLOW_WINDOW], exchange[AUTOFLOW_WINDOW]; /* seconds */
 };
@@ -49,10 +50,16 @@ static inline int autoflow_wants(const struct autoflow *a)
 	return a->on;
 }
 
+/* What a step's record decided, for the log. */
+enum autoflow_said {
+	AUTOFLOW_QUIET,    /* nothing new */
+	AUTOFLOW_KEPT,     /* the first decision, and the way stays */
+	AUTOFLOW_SWITCHED, /* a->on says the new way, a->ratio why */
+	AUTOFLOW_LAST,     /* switched, and that was the last switch */
+};
+
 /* A step took compute seconds, then exchange seconds (pushing, and
- * waiting for the new parameters). 1 when this switched the way (a->on
- * says which now, a->ratio why); 2 when the switch was the last one it
- * makes; else 0. */
-int autoflow_record(struct autoflow *a, double compute, double exchange);
+ * waiting for the new parameters). */
+enum autoflow_said autoflow_record(struct autoflow *a, double compute, double exchange);
 
 #endif

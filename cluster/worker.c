@@ -444,13 +444,13 @@ static int worker_step(struct worker *wr, char *err, size_t errlen)
 	double t2 = progress_now();
 	wr->t_comm += t2 - t1;
 	wr->timed++;
-	int sw = wr->flowing ? autoflow_record(&wr->af, t1 - t0, t2 - t1) : 0;
-	if (sw)
-		role_log(wr->out, "worker %d: [cluster] overlap = auto: at step %ld the exchange took %.1fx the compute (medians of %d steps): %s%s",
-			 wr->index, step, wr->af.ratio, AUTOFLOW_WINDOW,
-			 wr->af.on ? "pushes the pieces of each gradient as backward makes them"
-				   : "pushes each gradient after computing it",
-			 sw == 2 ? " from here on" : "");
+	enum autoflow_said said = wr->flowing ? autoflow_record(&wr->af, t1 - t0, t2 - t1) : AUTOFLOW_QUIET;
+	if (said != AUTOFLOW_QUIET)
+		role_log(wr->out, "worker %d: [cluster] overlap = auto: at step %ld the exchange took %.1fx the compute (medians of %d steps): %s%s%s",
+			 wr->index, step, wr->af.ratio, AUTOFLOW_WINDOW, said == AUTOFLOW_KEPT ? "keeps " : "",
+			 wr->af.on ? "pushing the pieces of each gradient as backward makes them"
+				   : "pushing each gradient after computing it",
+			 said == AUTOFLOW_LAST ? " from here on" : "");
 	if (!wr->chief)
 		return 0;
 	char why[CONFIG_ERR_MAX];

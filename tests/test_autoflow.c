@@ -12,13 +12,19 @@
 
 TestSuite(autoflow, .fini = leak_check);
 
-/* Feeds n steps of compute c and exchange x (ms); returns the sum of what
- * autoflow_record said (how many switches, the last one counting 2). */
+/* Feeds n steps of compute c and exchange x (ms); returns how many
+ * switches autoflow_record reported, the last switch counting 2 (a first
+ * decision that keeps the way counts 100). */
 static int feed(struct autoflow *a, int n, double c, double x)
 {
 	int said = 0;
 	for (int i = 0; i < n; i++)
-		said += autoflow_record(a, c * 1e-3, x * 1e-3);
+		switch (autoflow_record(a, c * 1e-3, x * 1e-3)) {
+		case AUTOFLOW_QUIET: break;
+		case AUTOFLOW_KEPT: said += 100; break;
+		case AUTOFLOW_SWITCHED: said += 1; break;
+		case AUTOFLOW_LAST: said += 2; break;
+		}
 	return said;
 }
 
@@ -53,6 +59,12 @@ Test(autoflow, the_link_switches_it_on_the_cpu_off)
 	cr_assert(!autoflow_wants(&a));
 	cr_assert_eq(feed(&a, 300, 4.3, 4.8), 0);
 	cr_assert(!autoflow_wants(&a), "a CPU-bound step switched it on");
+	/* CPU-bound from the start: the first decision keeps it off, and says so */
+	autoflow_init(&a, CONFIG_OVERLAP_AUTO);
+	cr_assert_eq(feed(&a, AUTOFLOW_SKIP + AUTOFLOW_WINDOW, 4.3, 4.8), 100);
+	cr_assert_float_eq(a.ratio, 4.8 / 4.3, 1e-9);
+	cr_assert_eq(feed(&a, 300, 4.3, 4.8), 0, "only the first decision is told");
+	cr_assert(!autoflow_wants(&a));
 }
 
 /* Between the thresholds nothing changes, either way. */
@@ -61,7 +73,7 @@ Test(autoflow, the_band_between_keeps_the_way)
 	struct autoflow a;
 	autoflow_init(&a, CONFIG_OVERLAP_AUTO);
 	double mid = 0.5 * (AUTOFLOW_ON + AUTOFLOW_OFF);
-	cr_assert_eq(feed(&a, 500, 4, 4 * mid), 0);
+	cr_assert_eq(feed(&a, 500, 4, 4 * mid), 100);
 	cr_assert(!autoflow_wants(&a));
 	cr_assert_eq(feed(&a, AUTOFLOW_WINDOW, 4, 4 * (AUTOFLOW_ON + 1)), 1);
 	cr_assert(autoflow_wants(&a));
@@ -76,9 +88,10 @@ Test(autoflow, a_few_slow_steps_decide_nothing)
 	struct autoflow a;
 	autoflow_init(&a, CONFIG_OVERLAP_AUTO);
 	for (int r = 0; r < 20; r++)
-		for (int i = 0; i < AUTOFLOW_WINDOW; i++)
-			cr_assert_eq(autoflow_record(&a, 4e-3, i % 3 == 0 ? 120e-3 : 4.5e-3), 0,
-				     "window %d step %d switched", r, i);
+		for (int i = 0; i < AUTOFLOW_WINDOW; i++) {
+			enum autoflow_said s = autoflow_record(&a, 4e-3, i % 3 == 0 ? 120e-3 : 4.5e-3);
+			cr_assert(s == AUTOFLOW_QUIET || s == AUTOFLOW_KEPT, "window %d step %d switched", r, i);
+		}
 	cr_assert(!autoflow_wants(&a));
 }
 

@@ -86,18 +86,45 @@ int test_dir_remove(const char *dir)
 	return -1;
 }
 
-/* A free loopback port: bind port 0, read it back, close. The kernel may
- * hand the same port out again once it is closed, so a test (one process)
- * remembers what it got and never uses a port twice. */
+/* The first port of the kernel's ephemeral range, 0 if unknown. */
+static int ephemeral_low(void)
+{
+	FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+	int lo = 0, hi = 0;
+	if (f) {
+		if (fscanf(f, "%d %d", &lo, &hi) != 2)
+			lo = 0;
+		fclose(f);
+	}
+	return lo;
+}
+
+/* A free loopback port, below the kernel's ephemeral range where it can:
+ * every outgoing connection (this test's or one running beside it) takes
+ * its source port from that range, and one had taken the port of a ps
+ * killed by a recovery test before it could bind it again ("bind: Address
+ * already in use"). Tried by binding it, then closed; a test (one
+ * process) remembers what it got and never uses a port twice. Where the
+ * range leaves no room below it, port 0: the kernel's choice. */
 int free_port(void)
 {
 	static int used[512];
 	static int nused;
-	for (;;) {
+	static unsigned seed;
+	if (!seed)
+		seed = (unsigned)getpid() * 2654435761u ^ (unsigned)time(NULL);
+	int lo = ephemeral_low();
+	for (int tries = 0;; tries++) {
+		int want = lo > 11024 && tries < 1000 ? lo - 10000 + (int)(rand_r(&seed) % 10000u) : 0;
 		int fd = socket(AF_INET, SOCK_STREAM, 0);
 		cr_assert_geq(fd, 0);
-		struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-		cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+		struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)want),
+					 .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+		if (bind(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+			cr_assert_neq(want, 0, "cannot bind a loopback port: %s", strerror(errno));
+			close(fd);
+			continue;
+		}
 		socklen_t len = sizeof(a);
 		cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
 		close(fd);

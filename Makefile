@@ -331,7 +331,7 @@ $(BUILD)/fuzz/fuzz_csv: core/csv.c core/dataset.c
 FUZZ_LIBS_config := -linih -lsodium
 FUZZ_LIBS_idx := -lz
 FUZZ_LIBS_csv := -lz
-$(BUILD)/fuzz/fuzz_handshake: net/handshake.c net/frame.c base/err.c
+$(BUILD)/fuzz/fuzz_handshake: net/handshake.c net/frame.c net/aegis.c base/err.c
 FUZZ_LIBS_handshake := -lsodium
 $(BUILD)/fuzz/fuzz_msg: net/msg.c net/bf16.c base/err.c
 # net/bf16.c's target_clones (ifuncs) do not link under clang's fuzzer

@@ -177,16 +177,14 @@ static int worker_open(struct worker *wr, char *err, size_t errlen)
 		return e;
 	wr->total = wr->s.job.total;
 	wr->spe = wr->s.job.spe;
-	char local[96] = "";
+	char unx[48] = "", local[96] = "";
 	int nlocal = links_local(&wr->lk);
 	const char *cipher = links_cipher(&wr->lk);
-	if (nlocal && cipher)
-		snprintf(local, sizeof(local), " (%d on this host, over a Unix socket; %s)", nlocal,
-			 cipher);
-	else if (nlocal)
-		snprintf(local, sizeof(local), " (%d on this host, over a Unix socket)", nlocal);
-	else if (cipher)
-		snprintf(local, sizeof(local), " (%s)", cipher);
+	if (nlocal)
+		snprintf(unx, sizeof(unx), "%d on this host, over a Unix socket", nlocal);
+	if (nlocal || cipher)
+		snprintf(local, sizeof(local), " (%s%s%s)", unx, nlocal && cipher ? "; " : "",
+			 cipher ? cipher : "");
 	role_log(wr->out, "worker %d%s: connected to %d ps%s; %zu train / %zu test samples, %zu parameters, batch %d x %d workers, %ld steps (%ld per epoch), %s mode",
 		 wr->index, wr->chief ? " (chief)" : "", wr->lk.nps, local, wr->s.job.train.n, wr->s.job.test.n, P, wr->B,
 		 wr->W, wr->total, wr->spe, c->train.mode == MODE_SYNC ? "sync" : "async");
@@ -423,8 +421,7 @@ static int worker_step(struct worker *wr, char *err, size_t errlen)
 	 * may finish before the others. */
 	int last = step + 1 == wr->total && !wr->chief;
 	double t1;
-	int flow = wr->flowing && autoflow_wants(&wr->af);
-	if (!e && flow && !last) {
+	if (!e && wr->flowing && autoflow_wants(&wr->af) && !last) {
 		e = worker_overlap(wr, &t1, err, errlen);
 	} else {
 		if (!e)

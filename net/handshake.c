@@ -138,7 +138,7 @@ static int identity_check(const struct hs_identity *me, char *err, size_t errlen
  * both sides pick the same one. No cipher only when both sides say their
  * socket is a Unix one: the flags are under the MAC and in the session
  * keys' transcript, so a relay that offers a worker a Unix socket and
- * carries its greeting to the ps over TCP gets AES or ChaCha, never
+ * carries its greeting to the ps over TCP gets a cipher, never
  * plaintext. Otherwise the best cipher both offer (frame_cipher_choose). */
 static enum frame_cipher cipher_for(const struct hs_identity *a, const struct hs_identity *b)
 {

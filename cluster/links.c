@@ -529,6 +529,19 @@ static int reply_other(void *ctx, int type, const uint8_t *msg, size_t len, char
 	return r;
 }
 
+/* A chunk of the parameters is in place: with a flow for them (the
+ * forward pass of the next step waits on it), marked final. A flow that
+ * cannot take the range fails, which ends that wait, not the receive. */
+static int reply_took(void *ctx, const struct msg_chunk *c, char *err, size_t errlen)
+{
+	(void)err;
+	(void)errlen;
+	struct reply *rp = ctx;
+	size_t lo = rp->lk->ln[rp->k].range.begin + (size_t)c->offset;
+	(void)gradflow_mark(rp->lk->pflow, lo, lo + c->count);
+	return 0;
+}
+
 /* The reply to a PULL from ps k into params, and with want_ack the ACK
  * of the push sent after it, in whatever order they come: messages one at
  * a time until the first chunk, then the rest of the tensor on the pipe
@@ -543,7 +556,8 @@ static int link_reply(struct links *lk, int k, float *params, int want_ack, char
 			      role_param_dtype(lk->c), e, sizeof(e)))
 		return err_set(err, errlen, -EINVAL, "%s", e);
 	rp.x = (struct conn_chunk_rx){ .type = WIRE_PARAMS, .a = &rp.a, .dst = params + l->range.begin,
-				       .other = reply_other, .ctx = &rp };
+				       .other = reply_other, .took = want_ack && lk->pflow ? reply_took : NULL,
+				       .ctx = &rp };
 	while (!msg_assembly_done(&rp.a) || (want_ack && !rp.acked)) {
 		int r;
 		if (rp.a.received == 0 || msg_assembly_done(&rp.a)) {
@@ -821,6 +835,9 @@ static void *link_exchange(void *arg)
 	 * found lost, and recovery then comes first (a ps rolled back by a
 	 * restarted one refuses a push of the old step, and the lost link
 	 * to the restarted ps is what the worker must act on). */
+	/* The next step's forward pass waits for these parameters no more. */
+	if (r && lk->pflow)
+		gradflow_fail(lk->pflow);
 	int none = -1;
 	if (r && lk->lost == j->k && atomic_compare_exchange_strong(&lk->failed_first, &none, j->k)) {
 		lk->shutting = 1;
@@ -862,6 +879,7 @@ int links_exchange(struct links *lk, const float *grads, float *params, char *er
 {
 	int nps = lk->nps;
 	struct link_job *job = lk->job;
+	lk->pflow = NULL;
 	links_jobs_set(lk, grads, params, NULL);
 	/* The last one runs on this thread: one ps needs no thread. */
 	for (int k = 0; k + 1 < nps; k++)
@@ -878,14 +896,18 @@ int links_exchange(struct links *lk, const float *grads, float *params, char *er
 	return links_outcome(lk, job, err, errlen);
 }
 
-int links_exchange_begin(struct links *lk, const float *grads, float *params, struct gradflow *flow)
+int links_exchange_begin(struct links *lk, const float *grads, float *params, struct gradflow *flow,
+			 struct gradflow *pflow)
 {
 	struct link_job *job = lk->job;
 	links_jobs_set(lk, grads, params, flow);
+	lk->pflow = pflow;
 	for (int k = 0; k < lk->nps; k++) {
 		job[k].started = pthread_create(&job[k].th, NULL, link_exchange, &job[k]) == 0;
 		if (!job[k].started) {
 			gradflow_fail(flow);
+			if (pflow)
+				gradflow_fail(pflow);
 			for (int i = 0; i < k; i++)
 				pthread_join(job[i].th, NULL);
 			return -EAGAIN;

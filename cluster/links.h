@@ -67,6 +67,7 @@ struct links {
 	pthread_cond_t turn_cv;
 	int turn;
 	int pieces;              /* the shards stream each piece (links_exchange) */
+	struct gradflow *pflow;  /* links_exchange_begin's: the parameters as they arrive */
 	_Atomic int failed_first; /* links_exchange: the link that failed first; -1: none */
 	_Atomic int shutting;    /* links_exchange: the others were shut down after it:
 				  * their failures are not lost links */
@@ -122,8 +123,12 @@ int links_exchange(struct links *lk, const float *grads, float *params, char *er
  * failed and nothing runs). links_exchange_end waits for every link and
  * says how the exchange ended, as links_exchange does; a flow failed by
  * the step ends the pushes half-way (-ECANCELED) with the links shut
- * down. */
-int links_exchange_begin(struct links *lk, const float *grads, float *params, struct gradflow *flow);
+ * down. With pflow (else NULL), each chunk of the parameters is marked
+ * final there once it is in params, so that the next step's forward pass
+ * can start on what has arrived; a link that fails, or a thread that
+ * cannot start, fails pflow. */
+int links_exchange_begin(struct links *lk, const float *grads, float *params, struct gradflow *flow,
+			 struct gradflow *pflow);
 int links_exchange_end(struct links *lk, char *err, size_t errlen);
 /* CHECKPOINT(step) to every ps; acc: the final test accuracy the final
  * checkpoint records, < 0 for the others. */

@@ -35,6 +35,12 @@ struct worker {
 	struct devices dev;
 	struct links lk;
 	struct gradflow flow;    /* the gradient as backward makes it final */
+	struct gradflow pflow;   /* the next step's parameters as they arrive */
+	int preforward;          /* the next step's forward pass may wait on pflow */
+	long fwd;                /* the step whose forward pass ran already; -1: none */
+	int report;              /* the chief's progress line reads the meter after this step */
+	double t_pre;            /* that pass's compute, not its waits (seconds) */
+	long preforwarded;       /* steps whose forward pass ran so */
 	int flowing;             /* may push while backward runs ([cluster] overlap) */
 	struct autoflow af;      /* whether a step does */
 	struct progress pg;
@@ -118,6 +124,10 @@ static int worker_flow_open(struct worker *wr, const struct shard *plan, char *e
 	for (int i = 0; i < m->nlayers; i++)
 		cap += m->layers[i].kind == LAYER_DENSE ? m->layers[i].out : 0;
 	int e = gradflow_init(&wr->flow, m->nparams, wr->lk.nps, begin, end, cap);
+	/* Each shard streams its pieces in order: one final range a shard. */
+	if (!e && wr->dev.rep[0].be.ops->dense_forward_rows)
+		e = gradflow_init(&wr->pflow, m->nparams, wr->lk.nps, begin, end, 4 * wr->lk.nps + 8);
+	wr->preforward = !e && wr->dev.rep[0].be.ops->dense_forward_rows;
 	if (e)
 		return err_set(err, errlen, e, "worker %d: out of memory for pushing while computing", wr->index);
 	wr->flowing = 1;
@@ -201,6 +211,7 @@ static void worker_close(struct worker *wr)
 	tblog_close(&wr->tb);
 	links_close(&wr->lk);
 	gradflow_free(&wr->flow);
+	gradflow_free(&wr->pflow);
 	if (wr->own_host) {
 		free(wr->params);
 		free(wr->grads);
@@ -224,6 +235,7 @@ static int worker_recover(struct worker *wr, long *at, char *err, size_t errlen)
 {
 	char why[CONFIG_ERR_MAX];
 	snprintf(why, sizeof(why), "%s", err);
+	wr->fwd = -1;   /* a forward pass of parameters that may not be the shards' now */
 	int e = recovery_resync(&wr->lk, wr->params, at, why, err, errlen);
 	if (!e)
 		e = devices_set_params(&wr->dev, wr->params, err, errlen);
@@ -277,16 +289,20 @@ static void worker_log_eval(struct worker *wr, long step)
 	tblog_eval(&wr->tb, step, &wr->pg, optim_lr(&wr->c->train.optim, step > 0 ? step - 1 : 0, wr->total));
 }
 
+/* Whether worker_evaluate does something before step. */
+static int worker_eval_due(const struct worker *wr, long step)
+{
+	long every = wr->c->train.eval_every > 0 ? wr->c->train.eval_every : wr->spe;
+	return step > wr->start && step % every == 0;
+}
+
 /* Every eval_every steps (default: each epoch): the chief evaluates the
  * test set on the progress line, the others log their train figures.
  * *ts: the step's start, moved past the evaluation. */
 static int worker_evaluate(struct worker *wr, double *ts, char *err, size_t errlen)
 {
-	const struct config *c = wr->c;
 	long step = wr->step;
-	int now = step > wr->start && (c->train.eval_every > 0 ? step % c->train.eval_every == 0
-							       : step % wr->spe == 0);
-	if (!now)
+	if (!worker_eval_due(wr, step))
 		return 0;
 	if (!wr->chief)
 		return worker_meter_line(wr, err, errlen);
@@ -304,28 +320,42 @@ static int worker_evaluate(struct worker *wr, double *ts, char *err, size_t errl
 	return 0;
 }
 
-/* This worker's batch of the step on the devices: the epoch's order when
- * the epoch changes, then the gradient into wr->grads. */
-static int worker_compute(struct worker *wr, int flow, char *err, size_t errlen)
+/* Where this worker's batch of step starts in the epoch's order, which
+ * goes to the devices when the epoch changes. */
+static int worker_batch(struct worker *wr, long step, size_t *first, char *err, size_t errlen)
 {
-	const struct config *c = wr->c;
-	long step = wr->step, epoch = step / wr->spe;
+	long epoch = step / wr->spe;
 	size_t n = wr->s.job.train.n;
 	char why[CONFIG_ERR_MAX];
-	int e = 0;
 	if (epoch != wr->epoch_loaded) {
-		data_permute(wr->perm, n, c->train.seed, (uint64_t)epoch);
+		data_permute(wr->perm, n, wr->c->train.seed, (uint64_t)epoch);
 		wr->epoch_loaded = epoch;
-		e = devices_set_order(&wr->dev, wr->perm, n, why, sizeof(why));
+		int e = devices_set_order(&wr->dev, wr->perm, n, why, sizeof(why));
 		if (e)
 			return err_set(err, errlen, e, "step %ld: %s", step, why);
 	}
-	size_t first = job_batch_at(&wr->s.job, step, wr->index);
-	size_t P = wr->s.job.m.nparams, bad = P;
+	*first = job_batch_at(&wr->s.job, step, wr->index);
+	return 0;
+}
+
+/* This worker's batch of the step on the devices: the gradient into
+ * wr->grads (with flow, from the forward pass worker_preforward ran if it
+ * did). */
+static int worker_compute(struct worker *wr, int flow, char *err, size_t errlen)
+{
+	const struct config *c = wr->c;
+	long step = wr->step;
+	char why[CONFIG_ERR_MAX];
+	size_t first = 0, P = wr->s.job.m.nparams, bad = P;
+	int forwarded = wr->fwd == step;
+	wr->fwd = -1;
+	int e = worker_batch(wr, step, &first, err, errlen);
+	if (e)
+		return e;
 	uint64_t key = replica_key(c->train.seed, step, wr->index);
 	e = devices_zero_grads(&wr->dev, why, sizeof(why));
 	if (!e && flow)
-		e = devices_step_flow(&wr->dev, first, wr->B, key, wr->grads, &wr->flow, &bad, why,
+		e = devices_step_flow(&wr->dev, first, wr->B, key, wr->grads, &wr->flow, forwarded, &bad, why,
 				      sizeof(why));
 	else if (!e)
 		e = devices_step(&wr->dev, first, wr->B, key, why, sizeof(why));
@@ -347,6 +377,45 @@ static int worker_compute(struct worker *wr, int flow, char *err, size_t errlen)
 	return 0;
 }
 
+/* Whether the step in the flow (wr->step) may run the next one's forward
+ * pass while the next parameters arrive: the next step trains as this one
+ * does (it is not the last, and no evaluation comes before it), and
+ * nothing reads the training meter in between (the chief's progress line
+ * after this step), which would count the next step's loss early. */
+static int worker_preforward_ok(const struct worker *wr)
+{
+	long next = wr->step + 1;
+	return wr->preforward && next + 1 < wr->total && !worker_eval_due(wr, next) && !wr->report;
+}
+
+/* The next step's forward pass, after this step's compute, on the next
+ * parameters as the links take them (wr->pflow): the product of the
+ * first rows of a layer overlaps the arrival of the last (docs/NETWORK.md,
+ * "Pushing while computing"). Its compute time, without its waits, is
+ * the next step's (wr->t_pre). A failed exchange leaves it half-way,
+ * with nothing to go on from and no error of its own: the exchange's
+ * says what failed. */
+static int worker_preforward(struct worker *wr, char *err, size_t errlen)
+{
+	long next = wr->step + 1;
+	char why[CONFIG_ERR_MAX];
+	double t0 = progress_now(), waited;
+	size_t first = 0;
+	int e = worker_batch(wr, next, &first, err, errlen);
+	if (e)
+		return e;
+	e = devices_forward_flow(&wr->dev, first, wr->B, replica_key(wr->c->train.seed, next, wr->index),
+				 wr->params, &wr->pflow, &waited, why, sizeof(why));
+	if (e == -ECANCELED)
+		return 0;
+	if (e)
+		return err_set(err, errlen, e, "step %ld: %s", next, why);
+	wr->fwd = next;
+	wr->t_pre = progress_now() - t0 - waited;
+	wr->preforwarded++;
+	return 0;
+}
+
 /* The step's compute and exchange at once (wr->flowing): the links push
  * each piece of the gradient as backward makes it final and take the
  * next parameters as the shards stream them. *t1: when the compute
@@ -354,10 +423,13 @@ static int worker_compute(struct worker *wr, int flow, char *err, size_t errlen)
  * links (they are shut down half-way through a push): never a lost ps. */
 static int worker_overlap(struct worker *wr, double *t1, char *err, size_t errlen)
 {
+	int pre = worker_preforward_ok(wr);
 	gradflow_reset(&wr->flow);
+	if (pre)
+		gradflow_reset(&wr->pflow);
 	for (int k = 0; k < wr->lk.nps; k++)
 		gradflow_later(&wr->flow, k, wr->lk.ln[k].unx);
-	int e = links_exchange_begin(&wr->lk, wr->grads, wr->params, &wr->flow);
+	int e = links_exchange_begin(&wr->lk, wr->grads, wr->params, &wr->flow, pre ? &wr->pflow : NULL);
 	if (e) {
 		*t1 = progress_now();
 		return err_set(err, errlen, e, "worker %d: cannot start the threads of its links", wr->index);
@@ -366,6 +438,8 @@ static int worker_overlap(struct worker *wr, double *t1, char *err, size_t errle
 	*t1 = progress_now();
 	if (ce)
 		gradflow_fail(&wr->flow);
+	else if (pre)
+		ce = worker_preforward(wr, err, errlen);
 	char le[512];
 	e = links_exchange_end(&wr->lk, le, sizeof(le));
 	if (ce) {
@@ -406,6 +480,9 @@ static int worker_step(struct worker *wr, char *err, size_t errlen)
 	/* Only a link call of this step may mark a ps lost: a failure of the
 	 * devices must end the run, not be taken for a lost ps. */
 	wr->lk.lost = -1;
+	/* Decided now: worker_preforward_ok must know it before the meter
+	 * is read. */
+	wr->report = wr->chief && (progress_due(&wr->pg, step) || step + 1 == wr->total);
 	if (!wr->pulled)
 		e = worker_pull(wr, err, errlen);
 	wr->pulled = 0;
@@ -421,7 +498,9 @@ static int worker_step(struct worker *wr, char *err, size_t errlen)
 	 * may finish before the others. */
 	int last = step + 1 == wr->total && !wr->chief;
 	double t1;
-	if (!e && wr->flowing && autoflow_wants(&wr->af) && !last) {
+	/* A step whose forward pass ran already goes on in the flow, whatever
+	 * autoflow says since. */
+	if (!e && wr->flowing && (autoflow_wants(&wr->af) || wr->fwd == step) && !last) {
 		e = worker_overlap(wr, &t1, err, errlen);
 	} else {
 		if (!e)
@@ -432,11 +511,17 @@ static int worker_step(struct worker *wr, char *err, size_t errlen)
 		else if (!e)
 			e = links_exchange(&wr->lk, wr->grads, wr->params, err, errlen);
 	}
+	/* The next step's forward pass, if it ran, is compute, not waiting,
+	 * and put its parameters on the devices as they came. */
+	double pre = wr->fwd == step + 1 ? wr->t_pre : 0;
+	t1 += pre;
 	wr->t_compute += t1 - t0;
-	if (!e && !last)
+	if (!e && !last && wr->fwd != step + 1)
 		e = devices_set_params(&wr->dev, wr->params, err, errlen);
-	if (e)
+	if (e) {
+		wr->fwd = -1;
 		return e;
+	}
 	wr->pulled = !last;
 	double t2 = progress_now();
 	wr->t_comm += t2 - t1;
@@ -455,8 +540,7 @@ static int worker_step(struct worker *wr, char *err, size_t errlen)
 	progress_tick(&wr->pg, step, progress_now() - ts);
 	/* The gradient's download has waited for the GPU: the loss is there
 	 * to be read without a further stall. */
-	if ((progress_due(&wr->pg, step) || step + 1 == wr->total) &&
-	    (e = devices_report(&wr->dev, &wr->pg, step, why, sizeof(why))))
+	if (wr->report && (e = devices_report(&wr->dev, &wr->pg, step, why, sizeof(why))))
 		return err_set(err, errlen, e, "step %ld: %s", step, why);
 	return 0;
 }
@@ -632,7 +716,7 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 		return err_set(err, errlen, -ENOMEM, "out of memory");
 	*wr = (struct worker){ .c = c, .stop = stop, .out = out, .index = index, .chief = index == 0,
 			       .W = c->cluster.nworkers, .B = c->train.batch_size, .tty = tty,
-			       .epoch_loaded = -1, .ckpt_start = -1 };
+			       .epoch_loaded = -1, .ckpt_start = -1, .fwd = -1 };
 	memset(res, 0, sizeof(*res));
 	double t0 = progress_now();
 	role_hooks_read(&wr->hooks);
@@ -663,7 +747,11 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 		e = worker_finish(wr, &again, err, errlen);
 	}
 	progress_clear(&wr->pg);
-	if (!e && wr->timed)
+	if (!e && wr->timed && wr->preforwarded)
+		role_log(out, "worker %d: per step: compute %.2f ms, communication %.2f ms (%ld steps, %ld of them computing forward while their parameters arrived)",
+			 index, 1e3 * wr->t_compute / (double)wr->timed, 1e3 * wr->t_comm / (double)wr->timed,
+			 wr->timed, wr->preforwarded);
+	else if (!e && wr->timed)
 		role_log(out, "worker %d: per step: compute %.2f ms, communication %.2f ms (%ld steps)", index,
 			 1e3 * wr->t_compute / (double)wr->timed, 1e3 * wr->t_comm / (double)wr->timed, wr->timed);
 	if (!e) {

@@ -91,6 +91,12 @@ struct backend_ops {
 	 * backward pass (replica_train_flow is then refused). */
 	int (*dense_wgrad)(void *ctx, float *dweight, const float *dout, const float *inp, int B,
 			   int C, int OC, int o0, int o1);
+	/* Columns [o0, o1) of dense_forward's out from rows [o0, o1) of the
+	 * weight and bias (layers.h's dense_forward_rows), to float rounding.
+	 * NULL: the backend cannot start a forward pass on part of a weight
+	 * (replica_forward_flow is then refused). */
+	int (*dense_forward_rows)(void *ctx, float *out, const float *inp, const float *weight,
+				  const float *bias, int B, int C, int OC, int o0, int o1);
 	/* conv's scratch in floats for batches up to B on this backend
 	 * (NULL: conv_col_size, the CPU's cache-sized chunks). */
 	size_t (*conv_col_floats)(void *ctx, const struct window *w, int OC, int B);

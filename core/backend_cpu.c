@@ -67,6 +67,14 @@ static int cpu_dense_forward(void *ctx, float *out, const float *inp, const floa
 	return 0;
 }
 
+static int cpu_dense_forward_rows(void *ctx, float *out, const float *inp, const float *weight,
+				  const float *bias, int B, int C, int OC, int o0, int o1)
+{
+	(void)ctx;
+	dense_forward_rows(out, inp, weight, bias, B, C, OC, o0, o1);
+	return 0;
+}
+
 static int cpu_dense_backward(void *ctx, float *dinp, float *dweight, float *dbias,
 			      const float *dout, const float *inp, const float *weight,
 			      int B, int C, int OC)
@@ -328,6 +336,7 @@ static const struct backend_ops cpu_ops = {
 	.dense_forward = cpu_dense_forward,
 	.dense_backward = cpu_dense_backward,
 	.dense_wgrad = cpu_dense_wgrad,
+	.dense_forward_rows = cpu_dense_forward_rows,
 	.act_forward = cpu_act_forward,
 	.act_backward = cpu_act_backward,
 	.conv_forward = cpu_conv_forward,

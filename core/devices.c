@@ -5,6 +5,8 @@
 #include "psshard.h"
 #include "rng.h"
 
+#include "../base/err.h"
+
 #include "../gpu/gpu.h"
 #include "../gpu/kernels.h"
 
@@ -257,6 +259,7 @@ static int fail(const struct devices *d, int r, int e, const char *what, char *e
 
 int devices_set_params(struct devices *d, const float *host, char *err, size_t errlen)
 {
+	d->fwd_B = 0;
 	for (int r = 0; r < d->n; r++) {
 		struct backend *b = &d->be[d->be_of[r]];
 		int e = b->ops->upload(b->ctx, d->params[r], host, d->m->nparams * sizeof(float));
@@ -396,6 +399,7 @@ static int batch_of(struct devices *d, int r, size_t at, int B, const float **x,
 
 int devices_step(struct devices *d, size_t at, int B, uint64_t key, char *err, size_t errlen)
 {
+	d->fwd_B = 0;
 	for (int r = 0; r < d->n; r++)
 		d->rep[r].failed = NULL;   // only a failing layer kernel names one
 	if (B < d->n || B > d->max_batch * d->n) {
@@ -461,25 +465,102 @@ static int flow_final(void *ctx, size_t lo, size_t hi)
 	return gradflow_mark(fo->flow, lo, hi);
 }
 
+/* devices_forward_flow's ready: waits for [lo, want) of the host's
+ * parameters, then copies the whole units that have arrived, up to most,
+ * into replica 0's. */
+struct flow_in {
+	struct devices *d;
+	const float *host;
+	struct gradflow *flow;
+	size_t copied;     /* values copied: every one once when the pass is whole */
+	double waited;     /* seconds in gradflow_wait_at */
+};
+
+static int flow_ready(void *ctx, size_t lo, size_t want, size_t most, size_t unit, size_t *have)
+{
+	struct flow_in *fi = ctx;
+	struct devices *d = fi->d;
+	double t0 = progress_now();
+	int e = gradflow_wait_at(fi->flow, lo, want, have);
+	fi->waited += progress_now() - t0;
+	if (e)
+		return e;
+	*have = *have >= most ? most : lo + (*have - lo) / unit * unit;
+	struct backend *b = &d->be[d->be_of[0]];
+	fi->copied += *have - lo;
+	return b->ops->upload(b->ctx, d->params[0] + lo, fi->host + lo, (*have - lo) * sizeof(float));
+}
+
+/* The checks both flow paths make: one CPU replica, set up for the flow,
+ * and a batch the order holds. */
+static int flow_fits(struct devices *d, size_t at, int B, char *err, size_t errlen)
+{
+	if (d->n == 1 && d->rep[0].rowdone && B >= 1 && B <= d->max_batch && d->norder && at <= d->norder &&
+	    (size_t)B <= d->norder - at)
+		return 0;
+	snprintf(err, errlen, "a batch of %d at %zu cannot take the flow path", B, at);
+	return -EINVAL;
+}
+
+int devices_forward_flow(struct devices *d, size_t at, int B, uint64_t key, const float *host,
+			 struct gradflow *flow, double *waited, char *err, size_t errlen)
+{
+	struct replica *rep = &d->rep[0];
+	size_t P = d->m->nparams;
+	struct flow_in fi = { .d = d, .host = host, .flow = flow };
+	d->fwd_B = 0;
+	*waited = 0;
+	rep->failed = NULL;
+	int e = flow_fits(d, at, B, err, errlen);
+	if (e)
+		return e;
+	const int32_t *y;
+	e = batch_of(d, 0, at, B, &d->fwd_x, &y);
+	if (!e)
+		e = replica_forward_flow(rep, d->params[0], d->fwd_x, y, B, key, 1.0f / (float)B, flow_ready,
+					 &fi);
+	/* Every parameter belongs to a layer, and every layer waited for
+	 * all of its own: a model where that is not so copies the rest. */
+	if (!e && fi.copied != P) {
+		size_t have;
+		e = flow_ready(&fi, 0, P, P, 1, &have);
+	}
+	*waited = fi.waited;
+	if (e == -ECANCELED)
+		return err_set(err, errlen, e, "the parameters of the next step did not all arrive");
+	if (e)
+		return fail(d, 0, e, "the forward pass", err, errlen);
+	d->fwd_at = at;
+	d->fwd_B = B;
+	return 0;
+}
+
 int devices_step_flow(struct devices *d, size_t at, int B, uint64_t key, float *host,
-		      struct gradflow *flow, size_t *bad, char *err, size_t errlen)
+		      struct gradflow *flow, int forwarded, size_t *bad, char *err, size_t errlen)
 {
 	struct replica *rep = &d->rep[0];
 	size_t P = d->m->nparams;
 	*bad = P;
 	rep->failed = NULL;
-	if (d->n != 1 || !rep->rowdone || B < 1 || B > d->max_batch || !d->norder || at > d->norder ||
-	    (size_t)B > d->norder - at) {
-		snprintf(err, errlen, "a batch of %d at %zu cannot take the flow path", B, at);
-		return -EINVAL;
+	int e = flow_fits(d, at, B, err, errlen);
+	if (!e && forwarded && (d->fwd_B != B || d->fwd_at != at))
+		e = err_set(err, errlen, -EINVAL, "no forward pass of the batch of %d at %zu to go on from", B, at);
+	d->fwd_B = 0;
+	if (e) {
+		gradflow_fail(flow);
+		return e;
 	}
 	struct flow_out fo = { .grads = d->grads[0], .host = host, .flow = flow, .bad = P };
-	const float *x;
+	const float *x = d->fwd_x;
 	const int32_t *y;
-	int e = batch_of(d, 0, at, B, &x, &y);
-	if (!e)
+	if (!forwarded)
+		e = batch_of(d, 0, at, B, &x, &y);
+	if (!e && !forwarded)
 		e = replica_train_flow(rep, d->params[0], d->grads[0], x, y, B, key, 1.0f / (float)B, flow,
 				       flow_final, &fo);
+	else if (!e)
+		e = replica_backward_flow(rep, d->params[0], d->grads[0], x, B, 1.0f / (float)B, flow,
+					  flow_final, &fo);
 	if (e) {
 		gradflow_fail(flow);
 		*bad = fo.bad;
@@ -709,6 +790,7 @@ int devices_set_optim(struct devices *d, const struct optim *o, char *err, size_
 int devices_evaluate(struct devices *d, const struct dataset *ds, double *loss, double *acc,
 		     char *err, size_t errlen)
 {
+	d->fwd_B = 0;   /* its activations are gone */
 	int e = replica_evaluate(&d->rep[0], d->params[0], ds, loss, acc);
 	return e ? fail(d, 0, e, "evaluation", err, errlen) : 0;
 }

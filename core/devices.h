@@ -65,6 +65,11 @@ struct devices {
 	 * one line that says why when a capture fails. */
 	int graphs, graph_warm, graph_state, graph_B;
 	FILE *log;
+	/* devices_forward_flow's pass, which devices_step_flow goes on from:
+	 * its batch (fwd_B 0: none) and where the batch is */
+	size_t fwd_at;
+	int fwd_B;
+	const float *fwd_x;
 };
 
 /* Opens the devices the config asks for (see the top of this file), with
@@ -124,9 +129,23 @@ int devices_flow_init(struct devices *d);
  * while backward still runs (replica_train_flow). A range holding a NaN or
  * an infinity is not marked: the step ends with -EDOM and *bad, its index
  * (P otherwise), and no message. On any failure the flow is failed, so no
- * reader waits for ever. */
+ * reader waits for ever. forwarded: devices_forward_flow has run the
+ * forward pass of this very batch (-EINVAL if it has not), and only the
+ * backward pass is left. */
 int devices_step_flow(struct devices *d, size_t at, int B, uint64_t key, float *host,
-		      struct gradflow *flow, size_t *bad, char *err, size_t errlen);
+		      struct gradflow *flow, int forwarded, size_t *bad, char *err, size_t errlen);
+/* The forward pass of devices_step_flow alone, for the batch of a step
+ * whose parameters are still arriving: host (P) fills as the links take
+ * them and mark them final in flow, and each layer waits for its own
+ * (replica_forward_flow), copying them to the replica as they come. The
+ * loss goes to the training meter as devices_step's does. Then
+ * devices_step_flow with forwarded 1 and the same batch computes the
+ * backward pass; anything else between the two (devices_step,
+ * devices_set_params, an evaluation) forgets the pass. *waited: seconds
+ * spent waiting for parameters. -ECANCELED when the flow failed (the
+ * exchange that brings the parameters did), with one line in err. */
+int devices_forward_flow(struct devices *d, size_t at, int B, uint64_t key, const float *host,
+			 struct gradflow *flow, double *waited, char *err, size_t errlen);
 
 /* devices_step then devices_apply: one whole step of `local`. Where the
  * step can be a CUDA graph ([gpu] cuda_graphs on one GPU replica, the

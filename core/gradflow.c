@@ -43,6 +43,7 @@ void gradflow_reset(struct gradflow *f)
 	f->ndone = 0;
 	f->failed = 0;
 	memset(f->want, 0, sizeof(f->want));
+	f->at_lo = f->at_want = 0;
 	pthread_mutex_unlock(&f->mu);
 }
 
@@ -109,6 +110,8 @@ int gradflow_mark(struct gradflow *f, size_t lo, size_t hi)
 	 * from the step itself. */
 	for (int k = 0; !wake && k < f->nstreams; k++)
 		wake = f->want[k] && frontier_locked(f, k) >= f->want[k];
+	if (!wake && f->at_want)
+		wake = reach(f, f->at_lo) >= f->at_want;
 	if (wake)
 		pthread_cond_broadcast(&f->cv);
 	pthread_mutex_unlock(&f->mu);
@@ -177,6 +180,24 @@ int gradflow_wait(struct gradflow *f, int k, size_t want, size_t *have)
 		pthread_cond_wait(&f->cv, &f->mu);
 	}
 	f->want[k] = 0;
+	int failed = at < want;
+	pthread_mutex_unlock(&f->mu);
+	*have = at;
+	return failed ? -ECANCELED : 0;
+}
+
+int gradflow_wait_at(struct gradflow *f, size_t lo, size_t want, size_t *have)
+{
+	if (want > f->n)
+		want = f->n;
+	pthread_mutex_lock(&f->mu);
+	size_t at;
+	while ((at = reach(f, lo)) < want && !f->failed) {
+		f->at_lo = lo;
+		f->at_want = want;
+		pthread_cond_wait(&f->cv, &f->mu);
+	}
+	f->at_lo = f->at_want = 0;
 	int failed = at < want;
 	pthread_mutex_unlock(&f->mu);
 	*have = at;

@@ -11,6 +11,11 @@
  * (gradflow_behind) to decide what to compute next, so that every link
  * has something to send early rather than one after the other.
  *
+ * The same meeting point serves the other direction: a worker's link
+ * threads mark the parameters final as they arrive, and the forward pass
+ * of the next step waits on the ranges each layer needs
+ * (gradflow_wait_at).
+ *
  * One producer thread, any number of readers. The final ranges are kept
  * merged, so their number stays small (at most one more than the marks
  * not yet joined to a neighbour). */
@@ -36,6 +41,7 @@ struct gradflow {
 	int ndone, cap;
 	size_t want[GRADFLOW_MAX_STREAMS]; /* a waiting reader's target; 0: none */
 	unsigned char later[GRADFLOW_MAX_STREAMS]; /* gradflow_later's */
+	size_t at_lo, at_want;       /* gradflow_wait_at's reader: [at_lo, at_want); 0, 0: none */
 	int failed;                  /* the step ended without making it all final */
 };
 
@@ -73,5 +79,11 @@ int gradflow_behind(struct gradflow *f, size_t *frontier);
 /* Waits until stream k's frontier is at least want (clipped to its end);
  * *have: the frontier then. 0, or -ECANCELED once failed. */
 int gradflow_wait(struct gradflow *f, int k, size_t want, size_t *have);
+/* Waits until [lo, want) is final whatever stream holds it (want clipped
+ * to n); *have: the end of the final range from lo then, want or more.
+ * One such reader at a time (the compute thread of a worker that starts
+ * its forward pass on the parameters that have arrived). 0, or
+ * -ECANCELED once failed. */
+int gradflow_wait_at(struct gradflow *f, size_t lo, size_t want, size_t *have);
 
 #endif

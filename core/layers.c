@@ -16,11 +16,11 @@
 #define VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
 VECTOR_CLONES
-void dense_forward(float *out, const float *inp, const float *weight,
-		   const float *bias, int B, int C, int OC)
+void dense_forward_rows(float *out, const float *inp, const float *weight, const float *bias, int B,
+			int C, int OC, int o0, int o1)
 {
-	// out (B, OC), inp (B, C), weight (OC, C), bias (OC)
-	if (B <= 0 || OC <= 0)
+	// out (B, OC), inp (B, C), weight (OC, C), bias (OC); columns [o0, o1)
+	if (B <= 0 || o0 < 0 || o1 > OC || o0 >= o1)
 		return;
 	float beta = 0.0f;
 	if (bias) {
@@ -29,13 +29,20 @@ void dense_forward(float *out, const float *inp, const float *weight,
 		 * product. */
 		for (int b = 0; b < B; b++) {
 			float *out_b = out + (size_t)b * OC;   // (OC)
-			for (int o = 0; o < OC; o++)
+			for (int o = o0; o < o1; o++)
 				out_b[o] = bias[o];
 		}
 		beta = 1.0f;
 	}
-	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, OC, C,
-		    1.0f, inp, C, weight, C, beta, out, OC);
+	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, o1 - o0, C,
+		    1.0f, inp, C, weight + (size_t)o0 * C, C, beta, out + o0, OC);
+}
+
+void dense_forward(float *out, const float *inp, const float *weight,
+		   const float *bias, int B, int C, int OC)
+{
+	// out (B, OC), inp (B, C), weight (OC, C), bias (OC)
+	dense_forward_rows(out, inp, weight, bias, B, C, OC, 0, OC);
 }
 
 VECTOR_CLONES

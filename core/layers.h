@@ -22,6 +22,14 @@
 void dense_forward(float *out, const float *inp, const float *weight,
 		   const float *bias, int B, int C, int OC);
 
+/* Columns [o0, o1) of dense_forward's out alone, from rows [o0, o1) of
+ * weight and bias: out[:, o0:o1] = inp @ weight[o0:o1]^T + bias[o0:o1],
+ * so that a forward pass can start on the weight rows that have arrived
+ * (replica_forward_flow). The same sums as dense_forward's, which BLAS
+ * may round differently over a block than over the whole. Same shapes. */
+void dense_forward_rows(float *out, const float *inp, const float *weight, const float *bias, int B,
+			int C, int OC, int o0, int o1);
+
 /* dinp = dout @ weight         (set; skipped when dinp is NULL)
  * dweight += dout^T @ inp      (accumulate; skipped when dweight is NULL)
  * dbias += sum over B of dout  (accumulate; skipped when dbias is NULL)

@@ -177,10 +177,41 @@ static int fused_with_next(const struct replica *r, int i)
 	       i + 1 < m->nlayers && is_activation(m->layers[i + 1].kind) && buffer_shared(m, i + 1);
 }
 
+/* Where forward_layers waits for parameters (replica_forward_flow), or
+ * NULL: they are all there. */
+struct param_wait {
+	int (*ready)(void *ctx, size_t lo, size_t want, size_t most, size_t unit, size_t *have);
+	void *ctx;
+};
+
+/* Dense layer i over the weight rows as they arrive: the bias first
+ * (every block of columns starts from it), then each run of whole rows
+ * that is ready, in multiples of REPLICA_FORWARD_ROWS, so that the
+ * product of the first rows overlaps the arrival of the last. */
+static int dense_forward_arriving(struct replica *r, int i, const float *params, const float *in,
+				  int B, const struct param_wait *pw)
+{
+	const struct layer *l = &r->m->layers[i];
+	size_t C = (size_t)l->in, w = l->woff, wend = w + (size_t)l->out * C, have;
+	int e = pw->ready(pw->ctx, l->boff, l->boff + (size_t)l->out, l->boff + (size_t)l->out, 1, &have);
+	for (int a = 0; !e && a < l->out;) {
+		int least = l->out - a < REPLICA_FORWARD_ROWS ? l->out - a : REPLICA_FORWARD_ROWS;
+		e = pw->ready(pw->ctx, w + (size_t)a * C, w + (size_t)(a + least) * C, wend,
+			      REPLICA_FORWARD_ROWS * C, &have);
+		int b = (int)((have - w) / C);
+		if (!e)
+			e = r->be.ops->dense_forward_rows(r->be.ctx, r->act[i], in, params + w, params + l->boff, B,
+							  l->in, l->out, a, b);
+		a = b;
+	}
+	return e;
+}
+
 /* Every layer's forward from the batch x; the logits end in the last
- * layer's buffer, which is returned in *logits. */
+ * layer's buffer, which is returned in *logits. With pw, each layer first
+ * waits for its parameters. */
 static int forward_layers(struct replica *r, const float *params, const float *x, int B,
-			  int training, uint64_t key, const float **logits)
+			  int training, uint64_t key, const struct param_wait *pw, const float **logits)
 {
 	const struct model *m = r->m;
 	const float *in = x;   /* (B, layer.in) */
@@ -189,18 +220,23 @@ static int forward_layers(struct replica *r, const float *params, const float *x
 	r->failed = NULL;
 	for (int i = 0; i < m->nlayers; i++) {
 		const struct layer *l = &m->layers[i];
-		int e;
-		if (fused_with_next(r, i)) {
+		int e = 0;
+		size_t have;
+		if (pw && l->kind == LAYER_DENSE) {
+			e = dense_forward_arriving(r, i, params, in, B, pw);
+		} else if (pw && l->nparams &&
+			   (e = pw->ready(pw->ctx, l->woff, l->woff + l->nparams, l->woff + l->nparams, 1, &have))) {
+			/* the parameters will not come: e says why */
+		} else if (fused_with_next(r, i)) {
 			e = r->be.ops->dense_act_forward(r->be.ctx, r->act[i], in, params + l->woff,
 							 params + l->boff, B, l->in, l->out,
 							 m->layers[i + 1].kind);
-			if (e) {
-				r->failed = l->name;
-				return e;
-			}
-			i++;   /* the activation is done: its output is this buffer */
-		} else if ((e = layer_forward(r, i, params, in, B))) {
-			r->failed = l->name;
+			i += e == 0;   /* the activation is done: its output is this buffer */
+		} else {
+			e = layer_forward(r, i, params, in, B);
+		}
+		if (e) {
+			r->failed = e == -ECANCELED ? NULL : l->name;
 			return e;
 		}
 		in = r->act[i];
@@ -294,12 +330,12 @@ static int backward_layers(struct replica *r, const float *params, float *grads,
 /* A training forward pass and the loss, its gradient in r->grad[0]:
  * what replica_train and replica_train_flow do before backward. */
 static int train_forward(struct replica *r, const float *params, const float *x, const int32_t *y,
-			 int B, uint64_t key, float scale)
+			 int B, uint64_t key, float scale, const struct param_wait *pw)
 {
 	if (B < 1 || B > r->max_batch)
 		return -EINVAL;
 	const float *logits;
-	int e = forward_layers(r, params, x, B, 1, key, &logits);
+	int e = forward_layers(r, params, x, B, 1, key, pw, &logits);
 	if (e)
 		return e;
 	e = r->be.ops->xent_train(r->be.ctx, r->grad[0], r->meter, logits, y, B, r->m->outputs, scale);
@@ -311,7 +347,7 @@ static int train_forward(struct replica *r, const float *params, const float *x,
 int replica_train(struct replica *r, const float *params, float *grads, const float *x,
 		  const int32_t *y, int B, uint64_t key, float scale)
 {
-	int e = train_forward(r, params, x, y, B, key, scale);
+	int e = train_forward(r, params, x, y, B, key, scale, NULL);
 	return e ? e : backward_layers(r, params, grads, x, B, scale, 0, 0);
 }
 
@@ -373,16 +409,34 @@ static int flow_block(struct replica *r, int i, int a, size_t upto, float *grads
 	return final(ctx, l->woff + (size_t)a * C, l->woff + (size_t)b * C);
 }
 
+int replica_forward_flow(struct replica *r, const float *params, const float *x, const int32_t *y,
+			 int B, uint64_t key, float scale,
+			 int (*ready)(void *ctx, size_t lo, size_t want, size_t most, size_t unit,
+				      size_t *have),
+			 void *ctx)
+{
+	if (!r->be.ops->dense_forward_rows)
+		return -EOPNOTSUPP;
+	struct param_wait pw = { .ready = ready, .ctx = ctx };
+	return train_forward(r, params, x, y, B, key, scale, &pw);
+}
+
 int replica_train_flow(struct replica *r, const float *params, float *grads, const float *x,
 		       const int32_t *y, int B, uint64_t key, float scale, struct gradflow *flow,
 		       int (*final)(void *ctx, size_t lo, size_t hi), void *ctx)
 {
+	int e = r->rowdone ? train_forward(r, params, x, y, B, key, scale, NULL) : -EINVAL;
+	return e ? e : replica_backward_flow(r, params, grads, x, B, scale, flow, final, ctx);
+}
+
+int replica_backward_flow(struct replica *r, const float *params, float *grads, const float *x, int B,
+			  float scale, struct gradflow *flow, int (*final)(void *ctx, size_t lo, size_t hi),
+			  void *ctx)
+{
 	const struct model *m = r->m;
-	if (!r->rowdone)
+	if (!r->rowdone || !r->training)
 		return -EINVAL;
-	int e = train_forward(r, params, x, y, B, key, scale);
-	if (!e)
-		e = backward_layers(r, params, grads, x, B, scale, 0, 1);
+	int e = backward_layers(r, params, grads, x, B, scale, 0, 1);
 	/* Everything but the dense weights is final now: the gaps between them. */
 	size_t at = 0, rows = 0;
 	for (int i = 0; !e && i <= m->nlayers; i++) {
@@ -448,7 +502,7 @@ int replica_meter(struct replica *r, double *loss_sum, double *right)
 static int forward_loss(struct replica *r, const float *params, int B, int training, uint64_t key)
 {
 	const float *logits;
-	int e = forward_layers(r, params, r->x, B, training, key, &logits);
+	int e = forward_layers(r, params, r->x, B, training, key, NULL, &logits);
 	if (!e && (e = r->be.ops->xent_forward(r->be.ctx, r->probs, r->meter + 2, logits, r->y, B,
 					       r->m->outputs)))
 		r->failed = "the loss";

@@ -89,6 +89,38 @@ int replica_flow_init(struct replica *r);
 int replica_train_flow(struct replica *r, const float *params, float *grads, const float *x,
 		       const int32_t *y, int B, uint64_t key, float scale, struct gradflow *flow,
 		       int (*final)(void *ctx, size_t lo, size_t hi), void *ctx);
+/* replica_forward_flow's dense products take at least this many weight
+ * rows (output columns) at a time, but at a layer's end: each product
+ * packs the whole input again, so a product of one row would cost more
+ * than it computes. The blocks' values are the whole product's to float
+ * rounding, not bit for bit: BLAS kernels need not add a block's products
+ * in the order they add the whole's (OpenBLAS's Haswell sgemm does not,
+ * at any block size tried). */
+#define REPLICA_FORWARD_ROWS 16
+
+/* replica_train_flow's two halves. replica_forward_flow: the training
+ * forward pass and the loss over x, y (B) as replica_train computes them,
+ * with each layer waiting for its parameters first: ready(ctx, lo, want,
+ * most, unit, &have) returns once params[lo, want) is in place, with *have
+ * (want <= *have <= most) the end of what is from lo: most, or lo plus
+ * whole units of `unit` values (want is one of those too); each value is
+ * asked for once. A nonzero return ends the pass with it (-ECANCELED: the
+ * parameters will not come). A dense layer asks for its bias, then for
+ * REPLICA_FORWARD_ROWS weight rows (the unit) at a time, taking every row
+ * up to *have in one product (dense_forward_rows), so that it computes on
+ * the first rows while the last arrive; any other layer asks for all of
+ * its parameters. -EOPNOTSUPP without the backend's
+ * dense_forward_rows. replica_backward_flow: the backward pass after it
+ * (or after replica_forward), as replica_train_flow's. */
+int replica_forward_flow(struct replica *r, const float *params, const float *x, const int32_t *y,
+			 int B, uint64_t key, float scale,
+			 int (*ready)(void *ctx, size_t lo, size_t want, size_t most, size_t unit,
+				      size_t *have),
+			 void *ctx);
+int replica_backward_flow(struct replica *r, const float *params, float *grads, const float *x, int B,
+			  float scale, struct gradflow *flow, int (*final)(void *ctx, size_t lo, size_t hi),
+			  void *ctx);
+
 /* The training meter: summed loss and right answers of the steps since the
  * last call, which are then cleared. Waits for the device. */
 int replica_meter(struct replica *r, double *loss_sum, double *right);

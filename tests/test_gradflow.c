@@ -87,16 +87,20 @@ Test(gradflow, too_many_separate_ranges_fail_the_flow)
 	cr_assert_eq(gradflow_init(&f, 10, 1, &b, &e, 2), -EINVAL, "a stream past the vector");
 }
 
+/* A reader on its own thread: of stream 0's prefix (gradflow_wait), or
+ * with at set of the range from lo (gradflow_wait_at). */
 struct reader {
 	struct gradflow *f;
-	size_t want, have;
+	int at;
+	size_t lo, want, have;
 	int r;
 };
 
 static void *reader_main(void *arg)
 {
 	struct reader *rd = arg;
-	rd->r = gradflow_wait(rd->f, 0, rd->want, &rd->have);
+	rd->r = rd->at ? gradflow_wait_at(rd->f, rd->lo, rd->want, &rd->have)
+		       : gradflow_wait(rd->f, 0, rd->want, &rd->have);
 	return NULL;
 }
 
@@ -129,20 +133,6 @@ Test(gradflow, a_reader_waits_for_its_prefix_and_a_failure_releases_it)
 	gradflow_free(&f);
 }
 
-/* gradflow_wait_at on its own thread. */
-struct at_reader {
-	struct gradflow *f;
-	size_t lo, want, have;
-	int r;
-};
-
-static void *at_reader_main(void *arg)
-{
-	struct at_reader *rd = arg;
-	rd->r = gradflow_wait_at(rd->f, rd->lo, rd->want, &rd->have);
-	return NULL;
-}
-
 /* The parameters' direction: a range that spans two streams is waited
  * for whatever stream marks it, and the reach is the final range's end,
  * not a stream's. */
@@ -151,9 +141,9 @@ Test(gradflow, a_range_reader_waits_across_streams_and_a_failure_releases_it)
 	struct gradflow f;
 	size_t b[2] = { 0, 100 }, e[2] = { 100, 300 };
 	cr_assert_eq(gradflow_init(&f, 300, 2, b, e, 4), 0);
-	struct at_reader rd = { .f = &f, .lo = 50, .want = 150, .r = 1 };
+	struct reader rd = { .f = &f, .at = 1, .lo = 50, .want = 150, .r = 1 };
 	pthread_t th;
-	cr_assert_eq(pthread_create(&th, NULL, at_reader_main, &rd), 0);
+	cr_assert_eq(pthread_create(&th, NULL, reader_main, &rd), 0);
 	cr_assert_eq(gradflow_mark(&f, 100, 200), 0);
 	usleep(20000);
 	cr_assert_eq(rd.r, 1, "still waiting: [50, 100) is not final");
@@ -171,16 +161,16 @@ Test(gradflow, a_range_reader_waits_across_streams_and_a_failure_releases_it)
 	cr_assert_eq(gradflow_wait_at(&f, 0, 200, &have), 0);
 
 	gradflow_reset(&f);
-	rd = (struct at_reader){ .f = &f, .lo = 0, .want = 1000, .r = 1 };
-	cr_assert_eq(pthread_create(&th, NULL, at_reader_main, &rd), 0);
+	rd = (struct reader){ .f = &f, .at = 1, .lo = 0, .want = 1000, .r = 1 };
+	cr_assert_eq(pthread_create(&th, NULL, reader_main, &rd), 0);
 	cr_assert_eq(gradflow_mark(&f, 0, 300), 0);
 	pthread_join(th, NULL);
 	cr_assert_eq(rd.r, 0, "want is clipped to n");
 	cr_assert_eq(rd.have, 300);
 
 	gradflow_reset(&f);
-	rd = (struct at_reader){ .f = &f, .lo = 0, .want = 10, .r = 1 };
-	cr_assert_eq(pthread_create(&th, NULL, at_reader_main, &rd), 0);
+	rd = (struct reader){ .f = &f, .at = 1, .lo = 0, .want = 10, .r = 1 };
+	cr_assert_eq(pthread_create(&th, NULL, reader_main, &rd), 0);
 	usleep(20000);
 	cr_assert_eq(rd.r, 1);
 	gradflow_fail(&f);

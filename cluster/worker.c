@@ -125,9 +125,9 @@ static int worker_flow_open(struct worker *wr, const struct shard *plan, char *e
 		cap += m->layers[i].kind == LAYER_DENSE ? m->layers[i].out : 0;
 	int e = gradflow_init(&wr->flow, m->nparams, wr->lk.nps, begin, end, cap);
 	/* Each shard streams its pieces in order: one final range a shard. */
-	if (!e && wr->dev.rep[0].be.ops->dense_forward_rows)
-		e = gradflow_init(&wr->pflow, m->nparams, wr->lk.nps, begin, end, 4 * wr->lk.nps + 8);
 	wr->preforward = !e && wr->dev.rep[0].be.ops->dense_forward_rows;
+	if (wr->preforward)
+		e = gradflow_init(&wr->pflow, m->nparams, wr->lk.nps, begin, end, 4 * wr->lk.nps + 8);
 	if (e)
 		return err_set(err, errlen, e, "worker %d: out of memory for pushing while computing", wr->index);
 	wr->flowing = 1;

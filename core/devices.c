@@ -472,7 +472,6 @@ struct flow_in {
 	struct devices *d;
 	const float *host;
 	struct gradflow *flow;
-	size_t copied;     /* values copied: every one once when the pass is whole */
 	double waited;     /* seconds in gradflow_wait_at */
 };
 
@@ -487,7 +486,6 @@ static int flow_ready(void *ctx, size_t lo, size_t want, size_t most, size_t uni
 		return e;
 	*have = *have >= most ? most : lo + (*have - lo) / unit * unit;
 	struct backend *b = &d->be[d->be_of[0]];
-	fi->copied += *have - lo;
 	return b->ops->upload(b->ctx, d->params[0] + lo, fi->host + lo, (*have - lo) * sizeof(float));
 }
 
@@ -506,7 +504,6 @@ int devices_forward_flow(struct devices *d, size_t at, int B, uint64_t key, cons
 			 struct gradflow *flow, double *waited, char *err, size_t errlen)
 {
 	struct replica *rep = &d->rep[0];
-	size_t P = d->m->nparams;
 	struct flow_in fi = { .d = d, .host = host, .flow = flow };
 	d->fwd_B = 0;
 	*waited = 0;
@@ -519,12 +516,8 @@ int devices_forward_flow(struct devices *d, size_t at, int B, uint64_t key, cons
 	if (!e)
 		e = replica_forward_flow(rep, d->params[0], d->fwd_x, y, B, key, 1.0f / (float)B, flow_ready,
 					 &fi);
-	/* Every parameter belongs to a layer, and every layer waited for
-	 * all of its own: a model where that is not so copies the rest. */
-	if (!e && fi.copied != P) {
-		size_t have;
-		e = flow_ready(&fi, 0, P, P, 1, &have);
-	}
+	/* Every parameter belongs to a layer, and every layer waited for all
+	 * of its own: the replica has the whole vector now. */
 	*waited = fi.waited;
 	if (e == -ECANCELED)
 		return err_set(err, errlen, e, "the parameters of the next step did not all arrive");

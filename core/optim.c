@@ -192,10 +192,11 @@ static void plain_step(float *restrict params, float *restrict grads, size_t n, 
 	}
 }
 
-/* The rule of the optimizer over [lo, hi); scale as in optim_step_scaled
- * (1 is exact: x * 1.0f == x, so optim_step's bits do not change). */
-static void rule_step(struct optim *o, float *params, float *grads, size_t lo, size_t hi,
-		      long t, float lr, float scale, int zero)
+/* The rule of the optimizer over [lo, hi) of params, with g the gradient
+ * of that range (g[0] is index lo's); scale as in optim_step_scaled (1 is
+ * exact: x * 1.0f == x, so optim_step's bits do not change). */
+static void rule_step(struct optim *o, float *params, float *g, size_t lo, size_t hi, long t,
+		      float lr, float scale, int zero)
 {
 	const struct optim_config *c = &o->cfg;
 	size_t n = hi - lo;
@@ -203,26 +204,28 @@ static void rule_step(struct optim *o, float *params, float *grads, size_t lo, s
 		return;
 	switch (c->kind) {
 	case OPTIM_SGD:
-		sgd_step(params + lo, grads + lo, n, lr, c->weight_decay, scale, zero);
+		sgd_step(params + lo, g, n, lr, c->weight_decay, scale, zero);
 		break;
 	case OPTIM_MOMENTUM:
-		momentum_step(params + lo, o->m + lo, grads + lo, n, lr, c->weight_decay, scale,
-			      c->momentum, c->nesterov, zero);
+		momentum_step(params + lo, o->m + lo, g, n, lr, c->weight_decay, scale, c->momentum,
+			      c->nesterov, zero);
 		break;
 	case OPTIM_ADAM:
-		adam_step(params + lo, o->m + lo, o->v + lo, grads + lo, n, t, lr * scale,
-			  c->weight_decay, c->beta1, c->beta2, c->eps, zero);
+		adam_step(params + lo, o->m + lo, o->v + lo, g, n, t, lr * scale, c->weight_decay,
+			  c->beta1, c->beta2, c->eps, zero);
 		break;
 	}
 }
 
-/* Update number t over [lo, hi) of the slice. zero: clear each gradient
- * after use, saving the separate pass over the gradient vector that the
- * next step's accumulation would need. The loops never write grads when
- * zero is 0, so the cast in optim_step is safe. The range is walked as
- * runs of trained parameters between the plain ranges, so a model without
- * batchnorm takes one run as before. */
-static void step_range(struct optim *o, float *params, float *grads, size_t lo, size_t hi, long t,
+/* Update number t over [lo, hi) of the slice, g the gradient of that
+ * range (g[0] is index lo's, so a caller can hand over a block it summed
+ * in a small buffer). zero: clear each gradient after use, saving the
+ * separate pass over the gradient vector that the next step's
+ * accumulation would need. The loops never write g when zero is 0, so
+ * the casts in optim_step and optim_step_part are safe. The range is
+ * walked as runs of trained parameters between the plain ranges, so a
+ * model without batchnorm takes one run as before. */
+static void step_range(struct optim *o, float *params, float *g, size_t lo, size_t hi, long t,
 		       float lr, float scale, int zero)
 {
 	size_t at = lo;
@@ -232,11 +235,11 @@ static void step_range(struct optim *o, float *params, float *grads, size_t lo, 
 			continue;
 		size_t b = p->begin < at ? at : p->begin > hi ? hi : p->begin;
 		size_t e = p->end > hi ? hi : p->end;
-		rule_step(o, params, grads, at, b, t, lr, scale, zero);
-		plain_step(params + b, grads + b, e - b, zero);
+		rule_step(o, params, g + (at - lo), at, b, t, lr, scale, zero);
+		plain_step(params + b, g + (b - lo), e - b, zero);
 		at = e;
 	}
-	rule_step(o, params, grads, at, hi, t, lr, scale, zero);
+	rule_step(o, params, g + (at - lo), at, hi, t, lr, scale, zero);
 }
 
 static void step(struct optim *o, float *params, float *grads, float lr, float scale, int zero)

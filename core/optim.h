@@ -84,9 +84,10 @@ float optim_lr(const struct optim_config *c, long step, long total);
 /* params (n) -= update(grads (n)) with learning rate lr; increments t. */
 void optim_step(struct optim *o, float *params, const float *grads, float lr);
 
-/* One part of the next optim_step: the update over [lo, hi) of params and
- * grads (both indexed like the whole slice), as optim_step would make it
- * there, bit for bit; t does not move. A step taken in parts (a ps
+/* One part of the next optim_step: the update over [lo, hi) of params
+ * (indexed like the whole slice) with grads (hi - lo) the gradient of
+ * that range, grads[0] index lo's, as optim_step would make it there, bit
+ * for bit; t does not move. A step taken in parts (a ps
  * applies each piece of its shard as its gradients arrive) covers every
  * index exactly once and then calls optim_step_done. */
 void optim_step_part(struct optim *o, float *params, const float *grads, size_t lo, size_t hi,

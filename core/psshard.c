@@ -233,27 +233,45 @@ static int piece_pushed_get(const struct psshard *s, size_t j, int w)
 	return (int)((piece_pushed(s, j)[w / 64] >> (w % 64)) & 1u);
 }
 
-/* Piece j's R gradients are in: sync_apply over its range, then the
- * piece is at its next version; the last piece at v moves the shard. */
-static void piece_apply(struct psshard *s, size_t j)
+/* Values summed at a time by piece_apply: 4 KiB, so a block's sum stays
+ * in L1 from the add to the optimizer's read of it. */
+#define APPLY_BLOCK 1024
+
+/* Piece j's R gradients are in, the last one from worker `last`, still in
+ * its sender's buffer g (the piece's hi - lo values; the others in their
+ * slots): sync_apply over the piece's range, a block at a time, in the
+ * same operations and order (sum in worker-index order, divide by R,
+ * step), so the same bits. One pass over the piece rather than a copy of
+ * the last gradient into its slot, a sum into a slot, a division and the
+ * step: a ps spent about 0.8 ms of CPU a step in those at 10 Gbit/s.
+ * Then the piece is at its next version; the last piece at v moves the
+ * shard. */
+static void piece_apply(struct psshard *s, size_t j, int last, const float *g)
 {
 	size_t n = s->n, lo, hi;
 	psshard_piece_range(s, j, &lo, &hi);
-	float *acc = NULL; // (n), used over [lo, hi)
 	const int16_t *slot_of = s->pslot + j * (size_t)s->workers;
-	for (int w = 0; w < s->workers; w++) {
-		if (!piece_pushed_get(s, j, w))
-			continue;
-		float *g = s->slots + (size_t)slot_of[w] * n;
-		if (!acc)
-			acc = g;
-		else
-			add(acc + lo, g + lo, hi - lo);
-	}
+	float lr = optim_lr(&s->opt.cfg, (long)s->version, s->total);
 	float R = (float)s->replicas;
-	for (size_t i = lo; i < hi; i++)
-		acc[i] /= R;
-	optim_step_part(&s->opt, s->params, acc, lo, hi, optim_lr(&s->opt.cfg, (long)s->version, s->total));
+	float acc[APPLY_BLOCK];
+	for (size_t b = lo; b < hi; b += APPLY_BLOCK) {
+		size_t m = hi - b < APPLY_BLOCK ? hi - b : APPLY_BLOCK;
+		int first = 1;
+		for (int w = 0; w < s->workers; w++) {
+			if (!piece_pushed_get(s, j, w))
+				continue;
+			const float *src = w == last ? g + (b - lo) : s->slots + (size_t)slot_of[w] * n + b;
+			if (first)
+				memcpy(acc, src, m * sizeof(float));
+			else
+				add(acc, src, m);
+			first = 0;
+		}
+		/* Division, not multiplication by 1/R: see sync_apply. */
+		for (size_t i = 0; i < m; i++)
+			acc[i] /= R;
+		optim_step_part(&s->opt, s->params, acc, b, b + m, lr);
+	}
 	s->pver[j]++;
 	s->pwaiting[j] = 0;
 	memset(piece_pushed(s, j), 0, PSSHARD_PUSHED_WORDS * sizeof(uint64_t));
@@ -287,17 +305,20 @@ int psshard_push_piece(struct psshard *s, int worker, uint64_t version, size_t j
 	size_t lo, hi;
 	psshard_piece_range(s, j, &lo, &hi);
 	int slot = s->pwaiting[j];
-	if (copy_nonfinite(s->slots + (size_t)slot * s->n + lo, g, hi - lo))
+	/* The R-th gradient is summed from g itself: checked whole first, so
+	 * that a refused one leaves the piece as it was. */
+	int completes = slot + 1 == s->replicas;
+	if (completes ? any_nonfinite(g, hi - lo) : copy_nonfinite(s->slots + (size_t)slot * s->n + lo, g, hi - lo))
 		return -EDOM;
 	s->received += last != 0;
 	s->pwaiting[j]++;
 	s->pslot[j * (size_t)s->workers + (size_t)worker] = (int16_t)slot;
 	piece_pushed(s, j)[worker / 64] |= (uint64_t)1 << (worker % 64);
-	if (s->pwaiting[j] < s->replicas) {
+	if (!completes) {
 		*outcome = PSSHARD_WAITING;
 		return 0;
 	}
-	piece_apply(s, j);
+	piece_apply(s, j, worker, g);
 	*outcome = PSSHARD_APPLIED;
 	return 0;
 }

@@ -358,8 +358,9 @@ Test(psshard, pieces_step_on_their_own_and_equal_the_whole_rule)
 
 	struct optim ref;
 	float *want = malloc(P * sizeof(float)), *acc = malloc(P * sizeof(float));
+	float *before = malloc(P * sizeof(float));
 	float *g[2] = { malloc(P * sizeof(float)), malloc(P * sizeof(float)) };
-	cr_assert(want && acc && g[0] && g[1]);
+	cr_assert(want && acc && before && g[0] && g[1]);
 	cr_assert_eq(optim_init(&ref, &c.train.optim, P), 0);
 	model_init_params(&m, want, 0, P, c.train.seed);
 	enum psshard_outcome o;
@@ -379,6 +380,18 @@ Test(psshard, pieces_step_on_their_own_and_equal_the_whole_rule)
 		for (size_t k = 0; k < 4; k++) {
 			size_t j = order[k];
 			psshard_piece_range(&s, j, &lo, &hi);
+			if (k == 1) {
+				/* The gradient that would complete the piece, with
+				 * a NaN at its end: refused, and the piece is as it
+				 * was (it is summed from the sender's buffer, so it
+				 * must be checked whole before any of it is used). */
+				memcpy(acc, g[0] + lo, (hi - lo) * sizeof(float));
+				acc[hi - lo - 1] = NAN;
+				memcpy(before, psshard_params(&s), P * sizeof(float));
+				cr_assert_eq(psshard_push_piece(&s, 0, v, j, acc, 0, &o), -EDOM);
+				cr_assert_eq(psshard_piece_version(&s, j), v);
+				cr_assert_eq(first_diff(psshard_params(&s), before, P), P);
+			}
 			cr_assert_eq(psshard_push_piece(&s, 0, v, j, g[0] + lo, k == 3, &o), 0);
 			cr_assert_eq(o, PSSHARD_APPLIED);
 			cr_assert_eq(psshard_piece_version(&s, j), v + 1);
@@ -411,6 +424,7 @@ Test(psshard, pieces_step_on_their_own_and_equal_the_whole_rule)
 	optim_free(&ref);
 	free(want);
 	free(acc);
+	free(before);
 	free(g[0]);
 	free(g[1]);
 	psshard_free(&s);

@@ -116,13 +116,14 @@ struct tensor_tx {
 	uint64_t n;
 };
 
-static int tensor_encode(void *ctx, uint64_t i, uint8_t *msg, size_t cap, size_t *len,
+static int tensor_encode(void *ctx, uint64_t i, uint8_t *msg, size_t cap, struct pipe_msg *m,
 			 char *err, size_t errlen)
 {
 	const struct tensor_tx *t = ctx;
 	struct msg_chunk ch = { .type = t->type, .version = t->version };
 	msg_chunk_range(t->n, WIRE_F32, i, &ch.offset, &ch.count);
-	return msg_encode_chunk(msg, cap, &ch, t->src + ch.offset, len, err, errlen);
+	return msg_encode_chunk_parts(msg, cap, &ch, t->src + ch.offset, &m->len, &m->body, &m->blen, err,
+				      errlen);
 }
 
 /* The chunks of a tensor, for pipe_recv: into an assembly. */

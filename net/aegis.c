@@ -109,31 +109,67 @@ AEGIS_TARGET static void state_finalize(struct aegis_state *st, size_t adlen, si
 	store(tag, _mm_xor_si128(x, _mm_xor_si128(st->s[4], st->s[5])));
 }
 
+/* One whole block: c = m ^ keystream, and m into the state. */
+AEGIS_TARGET static inline void encrypt_block(struct aegis_state *st, uint8_t *c, const uint8_t *m)
+{
+	__m128i x = load(m);
+	__m128i z = state_keystream(st);
+	state_update(st, x);
+	store(c, _mm_xor_si128(x, z));
+}
+
+/* The message's last, partial block (1..15 bytes), zero-padded. */
+AEGIS_TARGET static void encrypt_tail(struct aegis_state *st, uint8_t *c, const uint8_t *m, size_t n)
+{
+	uint8_t pad[16] = { 0 };
+	memcpy(pad, m, n);
+	__m128i x = load(pad);
+	__m128i z = state_keystream(st);
+	state_update(st, x);
+	store(pad, _mm_xor_si128(x, z));
+	memcpy(c, pad, n);
+}
+
+AEGIS_TARGET void aegis256_encrypt2(uint8_t *c, uint8_t tag[AEGIS256_TAG_BYTES], const uint8_t *m1,
+				    size_t l1, const uint8_t *m2, size_t l2, const uint8_t *ad,
+				    size_t adlen, const uint8_t nonce[AEGIS256_NONCE_BYTES],
+				    const uint8_t key[AEGIS256_KEY_BYTES])
+{
+	struct aegis_state st;
+	state_init(&st, key, nonce);
+	state_absorb(&st, ad, adlen);
+	size_t i = 0, j = 0; /* i: bytes of m1 done, and of c; j: of m2 */
+	for (; i + 16 <= l1; i += 16)
+		encrypt_block(&st, c + i, m1 + i);
+	if (i < l1) {
+		/* The block across the two parts. */
+		uint8_t blk[16];
+		size_t r = l1 - i, take = l2 < 16 - r ? l2 : 16 - r;
+		memcpy(blk, m1 + i, r);
+		if (take)
+			memcpy(blk + r, m2, take);
+		if (r + take < 16) {
+			encrypt_tail(&st, c + i, blk, r + take);
+			state_finalize(&st, adlen, l1 + l2, tag);
+			return;
+		}
+		encrypt_block(&st, c + i, blk);
+		i += 16;
+		j = take;
+	}
+	for (; j + 16 <= l2; j += 16, i += 16)
+		encrypt_block(&st, c + i, m2 + j);
+	if (j < l2)
+		encrypt_tail(&st, c + i, m2 + j, l2 - j);
+	state_finalize(&st, adlen, l1 + l2, tag);
+}
+
 AEGIS_TARGET void aegis256_encrypt(uint8_t *c, uint8_t tag[AEGIS256_TAG_BYTES],
 				   const uint8_t *m, size_t mlen, const uint8_t *ad,
 				   size_t adlen, const uint8_t nonce[AEGIS256_NONCE_BYTES],
 				   const uint8_t key[AEGIS256_KEY_BYTES])
 {
-	struct aegis_state st;
-	state_init(&st, key, nonce);
-	state_absorb(&st, ad, adlen);
-	size_t i = 0;
-	for (; i + 16 <= mlen; i += 16) {
-		__m128i x = load(m + i);
-		__m128i z = state_keystream(&st);
-		state_update(&st, x);
-		store(c + i, _mm_xor_si128(x, z));
-	}
-	if (i < mlen) {
-		uint8_t pad[16] = { 0 };
-		memcpy(pad, m + i, mlen - i);
-		__m128i x = load(pad);
-		__m128i z = state_keystream(&st);
-		state_update(&st, x);
-		store(pad, _mm_xor_si128(x, z));
-		memcpy(c + i, pad, mlen - i);
-	}
-	state_finalize(&st, adlen, mlen, tag);
+	aegis256_encrypt2(c, tag, m, mlen, NULL, 0, ad, adlen, nonce, key);
 }
 
 AEGIS_TARGET int aegis256_decrypt(uint8_t *m, const uint8_t *c, size_t clen,
@@ -185,6 +221,15 @@ void aegis256_encrypt(uint8_t *c, uint8_t tag[AEGIS256_TAG_BYTES], const uint8_t
 {
 	(void)m, (void)ad, (void)adlen, (void)nonce, (void)key;
 	memset(c, 0, mlen);
+	memset(tag, 0, AEGIS256_TAG_BYTES);
+}
+
+void aegis256_encrypt2(uint8_t *c, uint8_t tag[AEGIS256_TAG_BYTES], const uint8_t *m1, size_t l1,
+		       const uint8_t *m2, size_t l2, const uint8_t *ad, size_t adlen,
+		       const uint8_t nonce[AEGIS256_NONCE_BYTES], const uint8_t key[AEGIS256_KEY_BYTES])
+{
+	(void)m1, (void)m2, (void)ad, (void)adlen, (void)nonce, (void)key;
+	memset(c, 0, l1 + l2);
 	memset(tag, 0, AEGIS256_TAG_BYTES);
 }
 

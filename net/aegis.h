@@ -35,6 +35,15 @@ void aegis256_encrypt(uint8_t *c, uint8_t tag[AEGIS256_TAG_BYTES], const uint8_t
 		      const uint8_t nonce[AEGIS256_NONCE_BYTES],
 		      const uint8_t key[AEGIS256_KEY_BYTES]);
 
+/* aegis256_encrypt of the message m1 (l1 bytes) followed by m2 (l2),
+ * into c (l1 + l2 bytes): a frame sealed straight from the tensor it
+ * carries, with no copy of it next to its header first. c may be m1; m2
+ * must not overlap c. */
+void aegis256_encrypt2(uint8_t *c, uint8_t tag[AEGIS256_TAG_BYTES], const uint8_t *m1, size_t l1,
+		       const uint8_t *m2, size_t l2, const uint8_t *ad, size_t adlen,
+		       const uint8_t nonce[AEGIS256_NONCE_BYTES],
+		       const uint8_t key[AEGIS256_KEY_BYTES]);
+
 /* Decrypts clen bytes of c into m and checks the tag in constant time:
  * 0 when it matches, -1 (and m zeroed) when it does not. */
 int aegis256_decrypt(uint8_t *m, const uint8_t *c, size_t clen,

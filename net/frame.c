@@ -137,10 +137,12 @@ void frame_key_wipe(struct frame_key *k)
 		sodium_memzero(k, sizeof *k);
 }
 
-int frame_seal(struct frame_key *k, uint8_t *out, size_t outcap, const uint8_t *msg,
-	       size_t len, size_t *outlen, char *err, size_t errlen)
+int frame_seal_parts(struct frame_key *k, uint8_t *out, size_t outcap, const uint8_t *head,
+		     size_t hlen, const uint8_t *body, size_t blen, struct frame_iov *fo, char *err,
+		     size_t errlen)
 {
-	if (len > FRAME_MAX) {
+	size_t len = hlen + blen;
+	if (hlen > FRAME_MAX || blen > FRAME_MAX - hlen) {
 		(void)err_set(err, errlen, 0, "message of %zu bytes exceeds the frame limit of %u",
 			len, FRAME_MAX);
 		return -EMSGSIZE;
@@ -158,26 +160,46 @@ int frame_seal(struct frame_key *k, uint8_t *out, size_t outcap, const uint8_t *
 
 	uint8_t nonce[AEGIS256_NONCE_BYTES];
 	make_nonce(nonce, k->counter);
+	uint8_t *msg = out + FRAME_HDR_BYTES;
 	/* Header first: it is the associated data, and with in-place sealing
-	 * msg starts right after it, so it must not be overwritten by the
+	 * head starts right after it, so it must not be overwritten by the
 	 * ciphertext (it isn't: the ciphertext starts at out + 4 too). */
 	wire_put_u32(out, (uint32_t)(len + FRAME_TAG_BYTES));
+	fo->n = 1;
+	fo->len = total;
+	fo->v[0] = (struct iovec){ .iov_base = out, .iov_len = total };
+	if (k->cipher == FRAME_AEGIS256) {
+		aegis256_encrypt2(msg, msg + len, head, hlen, body, blen, out, FRAME_HDR_BYTES, nonce,
+				  k->key);
+		k->counter++;
+		return 0;
+	}
+	if (head != msg)
+		memmove(msg, head, hlen);
+	if (k->cipher == FRAME_LOCAL && blen) {
+		/* The tag goes where the body would have: out's bytes past the
+		 * head are free. */
+		unsigned long long tl;
+		(void)local_seal(msg + hlen, &tl, msg + hlen, 0, k->counter);
+		fo->n = 3;
+		fo->v[0].iov_len = FRAME_HDR_BYTES + hlen;
+		fo->v[1] = (struct iovec){ .iov_base = (void *)body, .iov_len = blen };
+		fo->v[2] = (struct iovec){ .iov_base = msg + hlen, .iov_len = FRAME_TAG_BYTES };
+		k->counter++;
+		return 0;
+	}
+	if (blen)
+		memcpy(msg + hlen, body, blen);
 	unsigned long long ctlen = 0;
 	int rc;
 	if (k->cipher == FRAME_LOCAL) {
-		rc = local_seal(out + FRAME_HDR_BYTES, &ctlen, msg, len, k->counter);
-	} else if (k->cipher == FRAME_AEGIS256) {
-		aegis256_encrypt(out + FRAME_HDR_BYTES, out + FRAME_HDR_BYTES + len, msg, len, out,
-				 FRAME_HDR_BYTES, nonce, k->key);
-		ctlen = len + FRAME_TAG_BYTES;
-		rc = 0;
+		rc = local_seal(msg, &ctlen, msg, len, k->counter);
 	} else if (k->cipher == FRAME_AES256GCM) {
-		rc = crypto_aead_aes256gcm_encrypt(out + FRAME_HDR_BYTES, &ctlen, msg, len, out,
-						   FRAME_HDR_BYTES, NULL, nonce, k->key);
+		rc = crypto_aead_aes256gcm_encrypt(msg, &ctlen, msg, len, out, FRAME_HDR_BYTES, NULL,
+						   nonce, k->key);
 	} else {
-		rc = crypto_aead_chacha20poly1305_ietf_encrypt(out + FRAME_HDR_BYTES, &ctlen,
-							       msg, len, out, FRAME_HDR_BYTES,
-							       NULL, nonce, k->key);
+		rc = crypto_aead_chacha20poly1305_ietf_encrypt(msg, &ctlen, msg, len, out,
+							       FRAME_HDR_BYTES, NULL, nonce, k->key);
 	}
 	if (rc != 0 || ctlen != len + FRAME_TAG_BYTES) {
 		/* Not reachable with the lengths checked above; refuse rather
@@ -187,8 +209,17 @@ int frame_seal(struct frame_key *k, uint8_t *out, size_t outcap, const uint8_t *
 		return -EIO;
 	}
 	k->counter++;
-	*outlen = total;
 	return 0;
+}
+
+int frame_seal(struct frame_key *k, uint8_t *out, size_t outcap, const uint8_t *msg,
+	       size_t len, size_t *outlen, char *err, size_t errlen)
+{
+	struct frame_iov fo;
+	int r = frame_seal_parts(k, out, outcap, msg, len, NULL, 0, &fo, err, errlen);
+	if (r == 0)
+		*outlen = fo.len;
+	return r;
 }
 
 int frame_check_len(const uint8_t hdr[FRAME_HDR_BYTES], size_t *ctlen, char *err,

@@ -34,6 +34,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #include "wire.h"
 
@@ -116,6 +117,26 @@ void frame_key_wipe(struct frame_key *k);
 FRAME_MUST_CHECK int frame_seal(struct frame_key *k, uint8_t *out, size_t outcap,
 				const uint8_t *msg, size_t len, size_t *outlen,
 				char *err, size_t errlen);
+
+/* A sealed frame as the parts to write in order: one (out itself) but for
+ * a FRAME_LOCAL frame with a body, which is written from where it is. */
+struct frame_iov {
+	struct iovec v[3];
+	int n;
+	size_t len; /* FRAME_SEALED_BYTES(hlen + blen): the parts' total */
+};
+
+/* frame_seal of the message head || body (hlen + blen bytes, at most
+ * FRAME_MAX), so that a tensor's values need not be copied next to their
+ * header first: head may be out + FRAME_HDR_BYTES; body (blen bytes, may
+ * be NULL when blen is 0) must not overlap out. AEGIS-256 seals from the
+ * two parts, FRAME_LOCAL leaves the body where it is (fo's middle part:
+ * the caller must not change it before the frame is written), the other
+ * ciphers copy it after head in out and seal in place. fo describes the
+ * frame; its parts point into out and body. Errors as frame_seal. */
+FRAME_MUST_CHECK int frame_seal_parts(struct frame_key *k, uint8_t *out, size_t outcap,
+				      const uint8_t *head, size_t hlen, const uint8_t *body,
+				      size_t blen, struct frame_iov *fo, char *err, size_t errlen);
 
 /* Reads the length field of a frame header and bounds it before the caller
  * allocates or reads anything more. Sets *ctlen to the number of ciphertext

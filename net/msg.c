@@ -115,6 +115,13 @@ static int dtype_ok(unsigned dt)
 int msg_encode_chunk(uint8_t *buf, size_t cap, const struct msg_chunk *c, const float *src,
 		     size_t *len, char *err, size_t errlen)
 {
+	return msg_encode_chunk_parts(buf, cap, c, src, len, NULL, NULL, err, errlen);
+}
+
+int msg_encode_chunk_parts(uint8_t *buf, size_t cap, const struct msg_chunk *c, const float *src,
+			   size_t *len, const uint8_t **body, size_t *blen, char *err,
+			   size_t errlen)
+{
 	const char *name = wire_msg_name(c->type);
 	int rc;
 
@@ -141,6 +148,19 @@ int msg_encode_chunk(uint8_t *buf, size_t cap, const struct msg_chunk *c, const 
 	wire_put_u64(buf + 16, c->offset);
 	wire_put_u32(buf + 24, c->count);
 	wire_put_u32(buf + 28, c->worker);
+	if (body) {
+		*body = NULL;
+		*blen = 0;
+	}
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+	/* float32 on a little-endian host is already the wire's bytes. */
+	if (body && c->dtype == WIRE_F32) {
+		*body = (const uint8_t *)src;
+		*blen = (size_t)c->count * sizeof(float);
+		*len = MSG_CHUNK_HDR_BYTES;
+		return 0;
+	}
+#endif
 	if (c->dtype == WIRE_BF16)
 		bf16_from_f32(buf + MSG_CHUNK_HDR_BYTES, src, c->count);
 	else

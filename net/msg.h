@@ -257,6 +257,17 @@ MSG_MUST_CHECK int msg_encode_pull(uint8_t *buf, size_t cap, const struct msg_pu
 MSG_MUST_CHECK int msg_encode_chunk(uint8_t *buf, size_t cap, const struct msg_chunk *c,
 				    const float *src /* (count) */, size_t *len, char *err,
 				    size_t errlen);
+/* msg_encode_chunk, but where the values' wire bytes are src's own
+ * (float32 on a little-endian host) only the header goes into buf (*len
+ * is MSG_CHUNK_HDR_BYTES) and *body, *blen say where the rest of the
+ * message is: src, read in place when the frame is sealed or written
+ * (net/frame.h, frame_seal_parts). Otherwise as msg_encode_chunk, with
+ * *body NULL and *blen 0. buf must still have room for the whole
+ * message. */
+MSG_MUST_CHECK int msg_encode_chunk_parts(uint8_t *buf, size_t cap, const struct msg_chunk *c,
+					  const float *src /* (count) */, size_t *len,
+					  const uint8_t **body, size_t *blen, char *err,
+					  size_t errlen);
 MSG_MUST_CHECK int msg_encode_ack(uint8_t *buf, size_t cap, const struct msg_ack *m,
 				  size_t *len, char *err, size_t errlen);
 MSG_MUST_CHECK int msg_encode_checkpoint(uint8_t *buf, size_t cap,

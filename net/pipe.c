@@ -44,7 +44,8 @@ struct pipe_slot {
 	pipe_encode_fn enc; /* sealing */
 	void *ctx;
 	uint8_t hdr[FRAME_HDR_BYTES]; /* opening: the frame's header */
-	size_t len; /* sealed: frame bytes; read: ciphertext bytes; opened: message bytes */
+	struct frame_iov fo; /* sealed: the frame's parts */
+	size_t len; /* read: ciphertext bytes; opened: message bytes */
 	int rc;
 	char err[320];
 };
@@ -124,12 +125,12 @@ static int slots_ready(struct pipe *p, uint64_t nframes, char *err, size_t errle
 static void seal_run(void *arg)
 {
 	struct pipe_slot *s = arg;
-	size_t len = 0;
+	struct pipe_msg m = { 0 };
 	uint8_t *msg = s->buf + FRAME_HDR_BYTES;
-	s->rc = s->enc(s->ctx, s->i, msg, FRAME_MAX, &len, s->err, sizeof s->err);
+	s->rc = s->enc(s->ctx, s->i, msg, FRAME_MAX, &m, s->err, sizeof s->err);
 	if (s->rc == 0)
-		s->rc = frame_seal(s->k, s->buf, FRAME_BYTES_MAX, msg, len, &s->len, s->err,
-				   sizeof s->err);
+		s->rc = frame_seal_parts(s->k, s->buf, FRAME_BYTES_MAX, msg, m.len, m.body, m.blen,
+					 &s->fo, s->err, sizeof s->err);
 	frame_key_wipe(s->k);
 }
 
@@ -168,12 +169,12 @@ static int send_serial(struct pipe *p, int fd, struct frame_key *tx, uint64_t nf
 {
 	uint8_t *msg = p->buf + FRAME_HDR_BYTES;
 	for (uint64_t i = 0; i < nframes; i++) {
-		size_t len = 0;
-		int r = enc(ctx, i, msg, FRAME_MAX, &len, err, errlen);
+		struct pipe_msg m = { 0 };
+		int r = enc(ctx, i, msg, FRAME_MAX, &m, err, errlen);
 		if (r < 0)
 			return r;
-		r = sock_write_frame(fd, tx, p->buf, FRAME_BYTES_MAX, msg, len, timeout_ms, err,
-				     errlen);
+		r = sock_write_frame_parts(fd, tx, p->buf, FRAME_BYTES_MAX, msg, m.len, m.body, m.blen,
+					   timeout_ms, err, errlen);
 		if (r < 0)
 			return r;
 	}
@@ -205,7 +206,7 @@ int pipe_send(struct pipe *p, int fd, struct frame_key *tx, uint64_t nframes,
 			r = err_set(err, errlen, s->rc, "%s", s->err);
 			break;
 		}
-		r = sock_write_full(fd, s->buf, s->len, timeout_ms, err, errlen);
+		r = sock_write_iov(fd, s->fo.v, s->fo.n, timeout_ms, err, errlen);
 		if (r < 0)
 			break;
 	}

@@ -58,10 +58,20 @@ struct pipe {
 	pthread_cond_t wake;     /* this pipe's jobs are done */
 };
 
+/* What an encode function made: message i is the len bytes it wrote at
+ * msg, then blen bytes at body (NULL and 0 unless it sets them: a
+ * tensor's values sealed or written from where they are, not copied after
+ * their header first; they must not change before pipe_send returns). */
+struct pipe_msg {
+	size_t len;
+	const uint8_t *body;
+	size_t blen;
+};
+
 /* Writes message i (0 <= i < nframes) of the tensor at msg (at most cap
- * bytes, cap >= FRAME_MAX) and sets *len. Called on pool threads, several
- * at once and in any order: it may only read shared data and write msg. */
-typedef int (*pipe_encode_fn)(void *ctx, uint64_t i, uint8_t *msg, size_t cap, size_t *len,
+ * bytes, cap >= FRAME_MAX) and sets m. Called on pool threads, several at
+ * once and in any order: it may only read shared data and write msg. */
+typedef int (*pipe_encode_fn)(void *ctx, uint64_t i, uint8_t *msg, size_t cap, struct pipe_msg *m,
 			      char *err, size_t errlen);
 
 /* Takes message i (len bytes at msg, valid only during the call), in order

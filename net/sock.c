@@ -10,6 +10,7 @@
  * Rejected too: alarm()/signals (process-global state) and a thread per
  * connection doing blocking I/O (issue 3 item 7). */
 #include "sock.h"
+#include "../base/err.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -635,6 +636,64 @@ int sock_write_frame(int fd, struct frame_key *tx, uint8_t *buf, size_t cap,
 	if (r < 0)
 		return r;
 	return sock_write_full(fd, buf, n, timeout_ms, err, errlen);
+}
+
+int sock_write_iov(int fd, const struct iovec *iov, int n, int timeout_ms, char *err, size_t errlen)
+{
+	struct iovec v[SOCK_IOV_MAX];
+	size_t len = 0, done = 0;
+	if (n < 1 || n > SOCK_IOV_MAX)
+		return err_set(err, errlen, -EINVAL, "write of %d parts (1..%d)", n, SOCK_IOV_MAX);
+	if (n == 1)
+		return sock_write_full(fd, iov[0].iov_base, iov[0].iov_len, timeout_ms, err, errlen);
+	memcpy(v, iov, (size_t)n * sizeof(*v));
+	for (int i = 0; i < n; i++)
+		len += v[i].iov_len;
+	int64_t deadline = deadline_of(timeout_ms);
+	int at = 0;
+	while (done < len) {
+		struct msghdr mh = { .msg_iov = v + at, .msg_iovlen = (size_t)(n - at) };
+		ssize_t sent = sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (sent > 0) {
+			done += (size_t)sent;
+			/* Skip what went, part by part. */
+			size_t k = (size_t)sent;
+			while (at < n && k >= v[at].iov_len)
+				k -= v[at++].iov_len;
+			if (at < n) {
+				v[at].iov_base = (uint8_t *)v[at].iov_base + k;
+				v[at].iov_len -= k;
+			}
+			continue;
+		}
+		int e = sent == 0 ? EIO : errno;
+		if (e == EINTR)
+			continue;
+		if (e == EPIPE)
+			return err_set(err, errlen, -EPIPE, "peer closed the connection after %zu of %zu bytes",
+				       done, len);
+		if (e != EAGAIN && e != EWOULDBLOCK)
+			return err_set(err, errlen, -e, "write failed after %zu of %zu bytes: %s", done, len,
+				       strerror(e));
+		int r = wait_ready(fd, POLLOUT, deadline);
+		if (r == -ETIMEDOUT)
+			return err_set(err, errlen, r, "write timed out after %d ms with %zu of %zu bytes",
+				       timeout_ms, done, len);
+		if (r < 0)
+			return err_set(err, errlen, r, "write: poll: %s", strerror(-r));
+	}
+	return 0;
+}
+
+int sock_write_frame_parts(int fd, struct frame_key *tx, uint8_t *buf, size_t cap,
+			   const uint8_t *head, size_t hlen, const uint8_t *body, size_t blen,
+			   int timeout_ms, char *err, size_t errlen)
+{
+	struct frame_iov fo;
+	int r = frame_seal_parts(tx, buf, cap, head, hlen, body, blen, &fo, err, errlen);
+	if (r < 0)
+		return r;
+	return sock_write_iov(fd, fo.v, fo.n, timeout_ms, err, errlen);
 }
 
 int sock_read_sealed(int fd, uint8_t hdr[FRAME_HDR_BYTES], uint8_t *buf, size_t cap,

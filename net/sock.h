@@ -216,6 +216,18 @@ SOCK_MUST_CHECK int sock_write_frame(int fd, struct frame_key *tx, uint8_t *buf,
 				     const uint8_t *msg, size_t len, int timeout_ms, char *err,
 				     size_t errlen);
 
+/* sock_write_full of the n parts of iov (1..SOCK_IOV_MAX) in order, as
+ * one stream of bytes. Its errors, and -EINVAL for n out of range. */
+#define SOCK_IOV_MAX 4
+SOCK_MUST_CHECK int sock_write_iov(int fd, const struct iovec *iov, int n, int timeout_ms,
+				   char *err, size_t errlen);
+
+/* sock_write_frame of the message head || body (frame_seal_parts): head
+ * may be buf + FRAME_HDR_BYTES, body is read where it is. */
+SOCK_MUST_CHECK int sock_write_frame_parts(int fd, struct frame_key *tx, uint8_t *buf, size_t cap,
+					   const uint8_t *head, size_t hlen, const uint8_t *body,
+					   size_t blen, int timeout_ms, char *err, size_t errlen);
+
 /* Reads one frame within timeout_ms: its 4-byte header, which is bounded
  * with frame_check_len before anything more is read, then the ciphertext
  * into buf (cap bytes; FRAME_CT_MAX always fits, a larger frame than cap is

@@ -171,3 +171,35 @@ Test(aegis, any_change_is_refused)
 	cr_assert_eq(aegis256_decrypt(out, ct, sizeof ct, tag, ad, sizeof ad, nonce, key), 0);
 	cr_assert_eq(memcmp(out, msg, sizeof msg), 0);
 }
+
+/* A message sealed from two parts (a frame's header and the tensor it
+ * carries, net/frame.c) is the one sealed whole, for every cut: in a
+ * block, on a block's edge, a second part shorter than what the first
+ * leaves of its block, and either part empty. */
+Test(aegis, two_parts_seal_as_one)
+{
+	need_aegis();
+	uint8_t key[32], nonce[32], ad[4];
+	fill(key, 32, 4);
+	fill(nonce, 32, 5);
+	fill(ad, sizeof ad, 6);
+	const size_t lens[] = { 0, 5, 16, 20, 32, 47, 100, 4096 + 32 };
+	for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+		size_t n = lens[i];
+		uint8_t *msg = malloc(n + 1), *want = malloc(n + 1), *ct = malloc(n + 1);
+		cr_assert(msg && want && ct);
+		fill(msg, n, (unsigned)n + 9);
+		uint8_t tag[16], tag2[16];
+		aegis256_encrypt(want, tag, msg, n, ad, sizeof ad, nonce, key);
+		for (size_t cut = 0; cut <= n; cut += cut < 40 ? 1 : 509) {
+			memset(ct, 0xa5, n + 1);
+			aegis256_encrypt2(ct, tag2, msg, cut, msg + cut, n - cut, ad, sizeof ad, nonce, key);
+			cr_assert_eq(memcmp(ct, want, n), 0, "%zu bytes cut at %zu: ciphertext", n, cut);
+			cr_assert_eq(memcmp(tag2, tag, 16), 0, "%zu bytes cut at %zu: tag", n, cut);
+			cr_assert_eq(ct[n], 0xa5, "%zu bytes cut at %zu: wrote past the end", n, cut);
+		}
+		free(msg);
+		free(want);
+		free(ct);
+	}
+}

@@ -397,12 +397,12 @@ Test(hygiene, conn_keys_wiped_on_close)
 
 enum { NFRAMES = 12 };
 
-static int enc_small(void *ctx, uint64_t i, uint8_t *msg, size_t cap, size_t *len, char *err,
+static int enc_small(void *ctx, uint64_t i, uint8_t *msg, size_t cap, struct pipe_msg *m, char *err,
 		     size_t errlen)
 {
 	(void)ctx, (void)cap, (void)err, (void)errlen;
 	memset(msg, (int)i, 100);
-	*len = 100;
+	m->len = 100;
 	return 0;
 }
 

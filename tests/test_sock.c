@@ -451,6 +451,37 @@ Test(sock, write_full_8mib_to_piecewise_reader)
 	close(s);
 }
 
+/* sock_write_iov: parts of odd sizes, written into a reader that takes
+ * pieces of random size with pauses, so that sends stop inside a part and
+ * on a part's edge: the bytes arrive whole and in order. */
+Test(sock, write_iov_8mib_to_piecewise_reader)
+{
+	int c = -1, s = -1;
+	tcp_pair(&c, &s);
+	uint8_t *src = malloc(BIG), *dst = calloc(1, BIG);
+	cr_assert(src && dst);
+	fill(src, BIG, 555);
+	struct piecewise p = { .fd = s, .buf = dst, .len = BIG, .seed = 3 };
+	pthread_t th;
+	char err[256] = "";
+	cr_assert_eq(pthread_create(&th, NULL, read_pieces, &p), 0);
+	const size_t cut[] = { 36, 36 + 5 * 1048576 + 3, BIG - 16 };
+	struct iovec v[4] = { { src, cut[0] },
+			      { src + cut[0], cut[1] - cut[0] },
+			      { src + cut[1], cut[2] - cut[1] },
+			      { src + cut[2], BIG - cut[2] } };
+	int r = sock_write_iov(c, v, 4, 10000, err, sizeof err);
+	pthread_join(th, NULL);
+	cr_assert_eq(r, 0, "%s", err);
+	cr_assert_eq(p.rc, 0, "reader: %s", p.err);
+	cr_assert_eq(memcmp(src, dst, BIG), 0, "8 MiB arrived altered");
+	cr_assert_eq(sock_write_iov(c, v, SOCK_IOV_MAX + 1, 1000, err, sizeof err), -EINVAL);
+	free(src);
+	free(dst);
+	close(c);
+	close(s);
+}
+
 Test(sock, eof_mid_read)
 {
 	int sv[2];

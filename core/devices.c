@@ -544,16 +544,17 @@ int devices_step_flow(struct devices *d, size_t at, int B, uint64_t key, float *
 		return e;
 	}
 	struct flow_out fo = { .grads = d->grads[0], .host = host, .flow = flow, .bad = P };
-	const float *x = d->fwd_x;
-	const int32_t *y;
-	if (!forwarded)
-		e = batch_of(d, 0, at, B, &x, &y);
-	if (!e && !forwarded)
-		e = replica_train_flow(rep, d->params[0], d->grads[0], x, y, B, key, 1.0f / (float)B, flow,
-				       flow_final, &fo);
-	else if (!e)
-		e = replica_backward_flow(rep, d->params[0], d->grads[0], x, B, 1.0f / (float)B, flow,
+	if (forwarded) {
+		e = replica_backward_flow(rep, d->params[0], d->grads[0], d->fwd_x, B, 1.0f / (float)B, flow,
 					  flow_final, &fo);
+	} else {
+		const float *x;
+		const int32_t *y;
+		e = batch_of(d, 0, at, B, &x, &y);
+		if (!e)
+			e = replica_train_flow(rep, d->params[0], d->grads[0], x, y, B, key, 1.0f / (float)B,
+					       flow, flow_final, &fo);
+	}
 	if (e) {
 		gradflow_fail(flow);
 		*bad = fo.bad;

@@ -587,43 +587,8 @@ int sock_read_full(int fd, void *buf, size_t len, int timeout_ms, char *err, siz
 int sock_write_full(int fd, const void *buf, size_t len, int timeout_ms, char *err,
 		    size_t errlen)
 {
-	const uint8_t *p = buf;
-	size_t done = 0;
-	int64_t deadline = deadline_of(timeout_ms);
-	while (done < len) {
-		/* MSG_NOSIGNAL: a closed peer is -EPIPE here, not a SIGPIPE that
-		 * would kill the process (a library must not touch signal
-		 * dispositions). */
-		ssize_t n = send(fd, p + done, len - done, MSG_DONTWAIT | MSG_NOSIGNAL);
-		if (n > 0) {
-			done += (size_t)n;
-			continue;
-		}
-		int e = n == 0 ? EIO : errno;
-		if (e == EINTR)
-			continue;
-		if (e == EPIPE) {
-			snprintf(err, errlen, "peer closed the connection after %zu of %zu bytes",
-				 done, len);
-			return -EPIPE;
-		}
-		if (e != EAGAIN && e != EWOULDBLOCK) {
-			snprintf(err, errlen, "write failed after %zu of %zu bytes: %s", done, len,
-				 strerror(e));
-			return -e;
-		}
-		int r = wait_ready(fd, POLLOUT, deadline);
-		if (r == -ETIMEDOUT) {
-			snprintf(err, errlen, "write timed out after %d ms with %zu of %zu bytes",
-				 timeout_ms, done, len);
-			return r;
-		}
-		if (r < 0) {
-			snprintf(err, errlen, "write: poll: %s", strerror(-r));
-			return r;
-		}
-	}
-	return 0;
+	struct iovec v = { .iov_base = (void *)buf, .iov_len = len };
+	return sock_write_iov(fd, &v, 1, timeout_ms, err, errlen);
 }
 
 /* ---- frames ------------------------------------------------------------- */
@@ -631,11 +596,7 @@ int sock_write_full(int fd, const void *buf, size_t len, int timeout_ms, char *e
 int sock_write_frame(int fd, struct frame_key *tx, uint8_t *buf, size_t cap,
 		     const uint8_t *msg, size_t len, int timeout_ms, char *err, size_t errlen)
 {
-	size_t n = 0;
-	int r = frame_seal(tx, buf, cap, msg, len, &n, err, errlen);
-	if (r < 0)
-		return r;
-	return sock_write_full(fd, buf, n, timeout_ms, err, errlen);
+	return sock_write_frame_parts(fd, tx, buf, cap, msg, len, NULL, 0, timeout_ms, err, errlen);
 }
 
 int sock_write_iov(int fd, const struct iovec *iov, int n, int timeout_ms, char *err, size_t errlen)
@@ -644,8 +605,6 @@ int sock_write_iov(int fd, const struct iovec *iov, int n, int timeout_ms, char 
 	size_t len = 0, done = 0;
 	if (n < 1 || n > SOCK_IOV_MAX)
 		return err_set(err, errlen, -EINVAL, "write of %d parts (1..%d)", n, SOCK_IOV_MAX);
-	if (n == 1)
-		return sock_write_full(fd, iov[0].iov_base, iov[0].iov_len, timeout_ms, err, errlen);
 	memcpy(v, iov, (size_t)n * sizeof(*v));
 	for (int i = 0; i < n; i++)
 		len += v[i].iov_len;
@@ -653,6 +612,9 @@ int sock_write_iov(int fd, const struct iovec *iov, int n, int timeout_ms, char 
 	int at = 0;
 	while (done < len) {
 		struct msghdr mh = { .msg_iov = v + at, .msg_iovlen = (size_t)(n - at) };
+		/* MSG_NOSIGNAL: a closed peer is -EPIPE here, not a SIGPIPE that
+		 * would kill the process (a library must not touch signal
+		 * dispositions). */
 		ssize_t sent = sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
 		if (sent > 0) {
 			done += (size_t)sent;

@@ -216,8 +216,9 @@ SOCK_MUST_CHECK int sock_write_frame(int fd, struct frame_key *tx, uint8_t *buf,
 				     const uint8_t *msg, size_t len, int timeout_ms, char *err,
 				     size_t errlen);
 
-/* sock_write_full of the n parts of iov (1..SOCK_IOV_MAX) in order, as
- * one stream of bytes. Its errors, and -EINVAL for n out of range. */
+/* Writes the n parts of iov (1..SOCK_IOV_MAX) in order, as one stream of
+ * bytes, within one deadline: sock_write_full is its one-part case, and
+ * its errors are these, plus -EINVAL for n out of range. */
 #define SOCK_IOV_MAX 4
 SOCK_MUST_CHECK int sock_write_iov(int fd, const struct iovec *iov, int n, int timeout_ms,
 				   char *err, size_t errlen);

@@ -31,7 +31,13 @@ struct aegis_state {
 	__m128i s[6];
 };
 
-/* Update(M): S'0 = AESRound(S5, S0 ^ M), S'i = AESRound(S(i-1), Si). */
+/* Update(M): S'0 = AESRound(S5, S0 ^ M), S'i = AESRound(S(i-1), Si).
+ * AESENC xors its round key after the round, so S'0 is AESRound(S5, S0)
+ * ^ M: M joins after the round rather than before it. When decrypting,
+ * M comes from this state's keystream, and xoring it in first put the
+ * keystream's 3 operations and the round one after the other on the
+ * path from one block to the next (8.3 GB/s open against 10.9 seal);
+ * this way they run beside the round. */
 AEGIS_TARGET static inline void state_update(struct aegis_state *st, __m128i m)
 {
 	__m128i t = st->s[5];
@@ -40,7 +46,7 @@ AEGIS_TARGET static inline void state_update(struct aegis_state *st, __m128i m)
 	st->s[3] = _mm_aesenc_si128(st->s[2], st->s[3]);
 	st->s[2] = _mm_aesenc_si128(st->s[1], st->s[2]);
 	st->s[1] = _mm_aesenc_si128(st->s[0], st->s[1]);
-	st->s[0] = _mm_aesenc_si128(t, _mm_xor_si128(st->s[0], m));
+	st->s[0] = _mm_xor_si128(_mm_aesenc_si128(t, st->s[0]), m);
 }
 
 /* The keystream word for the next block: S1 ^ S4 ^ S5 ^ (S2 & S3). */

@@ -333,8 +333,8 @@ FUZZ_LIBS_idx := -lz
 FUZZ_LIBS_csv := -lz
 $(BUILD)/fuzz/fuzz_handshake: net/handshake.c net/frame.c net/aegis.c base/err.c
 FUZZ_LIBS_handshake := -lsodium
-$(BUILD)/fuzz/fuzz_msg: net/msg.c net/bf16.c base/err.c
-# net/bf16.c's target_clones (ifuncs) do not link under clang's fuzzer
+$(BUILD)/fuzz/fuzz_msg: net/msg.c net/bf16.c net/fpack.c base/err.c
+# net/bf16.c's and net/fpack.c's target_clones (ifuncs) do not link under clang's fuzzer
 # build, as for fuzz_ps: the default clone only.
 FUZZ_LIBS_msg := '-Dtarget_clones(...)=__unused__'
 $(BUILD)/fuzz/fuzz_safetensors: core/safetensors.c base/err.c

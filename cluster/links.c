@@ -583,12 +583,28 @@ static int link_reply(struct links *lk, int k, float *params, int want_ack, char
 	return 0;
 }
 
+/* Float32 goes packed (net/fpack.h) on a link that is not a Unix socket
+ * when the worker says so (worker.c: where the link limits its steps);
+ * on a Unix socket only the CPU would pay. */
+static int link_packs(const struct links *lk, int k)
+{
+	return lk->pack && !lk->ln[k].unx;
+}
+
+static unsigned link_grad_dtype(const struct links *lk, int k)
+{
+	unsigned dt = role_grad_dtype(lk->c);
+	return dt == WIRE_F32 && link_packs(lk, k) ? WIRE_F32P : dt;
+}
+
 /* PULL to ps k: sync asks for the version after the one it last had
  * (first: 0, whatever it has), async for the newest. *want: what was asked. */
 static int link_ask(struct links *lk, int k, int first, uint64_t *want, char *err, size_t errlen)
 {
 	int async = lk->c->train.mode == MODE_ASYNC;
 	struct ctl m = { .type = WIRE_PULL, .u.pull = { .shard = (uint32_t)k } };
+	if (link_packs(lk, k) && role_param_dtype(lk->c) == WIRE_F32)
+		m.u.pull.flags = MSG_PULL_PACKED;
 	/* Never past the run's end: with backup workers the shards advance
 	 * apart, and one may be there while this worker trains on. */
 	uint64_t next = lk->ln[k].got + 1, end = (uint64_t)lk->s->job.total;
@@ -638,7 +654,7 @@ static int link_push_at(struct links *lk, int k, const float *grads, uint64_t ve
 	char e[512];
 	struct conn_chunk_tx t = { .type = WIRE_PUSH, .shard = (uint32_t)k, .version = version,
 				   .worker = (uint32_t)lk->index, .src = grads + l->range.begin,
-				   .n = l->range.end - l->range.begin, .dtype = (uint8_t)role_grad_dtype(lk->c) };
+				   .n = l->range.end - l->range.begin, .dtype = (uint8_t)link_grad_dtype(lk, k) };
 	int r = conn_send_tensor(&l->conn, &t, e, sizeof(e));
 	return r ? link_failed(lk, k, r, e, err, errlen) : 0;
 }
@@ -731,7 +747,7 @@ static int link_push_flow(struct links *lk, int k, const float *grads, uint64_t 
 		struct conn_chunk_tx t = { .type = WIRE_PUSH, .shard = (uint32_t)k, .version = version,
 					   .worker = (uint32_t)lk->index, .src = grads + lo, .n = hi - lo,
 					   .offset = lo - l->range.begin,
-					   .dtype = (uint8_t)role_grad_dtype(lk->c) };
+					   .dtype = (uint8_t)link_grad_dtype(lk, k) };
 		int r = conn_send_tensor(&l->conn, &t, e, sizeof(e));
 		if (r)
 			return link_failed(lk, k, r, e, err, errlen);

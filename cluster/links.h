@@ -67,6 +67,7 @@ struct links {
 	pthread_cond_t turn_cv;
 	int turn;
 	int pieces;              /* the shards stream each piece (links_exchange) */
+	int pack;                /* float32 packed on TCP links (the worker sets it) */
 	struct gradflow *pflow;  /* links_exchange_begin's: the parameters as they arrive */
 	_Atomic int failed_first; /* links_exchange: the link that failed first; -1: none */
 	_Atomic int shutting;    /* links_exchange: the others were shut down after it:

@@ -73,6 +73,7 @@ struct ps_conn {
 	int pushed;      /* a whole gradient arrived on this connection */
 	int said_done;   /* the last word was DONE: a closed connection is no failure */
 	int first_pull;
+	int pull_packed; /* the PULL being answered asked for packed float32 (MSG_PULL_PACKED) */
 	int quiet;       /* it failed in the transport, or the peer sent ERROR: nothing to answer */
 	int refused;     /* it ended with an ERROR from this ps (ps_refuse) */
 	char peer[SOCK_ADDR_STRLEN];

@@ -80,6 +80,15 @@ static int pull_wait(struct ps_conn *cn, long piece, uint64_t want, uint64_t gen
 	return 0;
 }
 
+/* The dtype of the PARAMS for this connection's PULL: float32 packed
+ * where the worker asked for it (it does where its link limits its
+ * steps: worker.c). */
+static unsigned pull_dtype(const struct ps_conn *cn)
+{
+	unsigned dt = role_param_dtype(cn->ps->c);
+	return dt == WIRE_F32 && cn->pull_packed ? WIRE_F32P : dt;
+}
+
 /* A PULL's answer (under ps->mu, which it releases): the whole shard as
  * it is, or, if the ps stops, an ERROR saying why (and PS_END). */
 static int pull_send_whole(struct ps_conn *cn, uint8_t *buf, char *err, size_t errlen)
@@ -100,7 +109,7 @@ static int pull_send_whole(struct ps_conn *cn, uint8_t *buf, char *err, size_t e
 		return PS_END;
 	}
 	struct conn_chunk_tx t = { .type = WIRE_PARAMS, .shard = (uint32_t)ps->index, .version = v,
-				   .src = cn->snap, .n = n, .dtype = (uint8_t)role_param_dtype(ps->c) };
+				   .src = cn->snap, .n = n, .dtype = (uint8_t)pull_dtype(cn) };
 	return conn_send_tensor(&cn->conn, &t, err, errlen);
 }
 
@@ -144,7 +153,7 @@ static int pull_stream(struct ps_conn *cn, uint64_t want, uint8_t *buf, char *er
 		pthread_mutex_unlock(&ps->mu);
 		struct conn_chunk_tx t = { .type = WIRE_PARAMS, .shard = (uint32_t)ps->index, .version = want,
 					   .src = cn->snap + lo, .n = hi - lo, .offset = lo,
-					   .dtype = (uint8_t)role_param_dtype(ps->c) };
+					   .dtype = (uint8_t)pull_dtype(cn) };
 		r = conn_send_tensor(&cn->conn, &t, err, errlen);
 		if (r)
 			return r;
@@ -216,6 +225,7 @@ int ps_on_pull(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 	pthread_mutex_lock(&ps->mu);
 	members_pulled(&ps->mb, cn->w);
 	if (!cn->st_on) {
+		cn->pull_packed = (p.flags & MSG_PULL_PACKED) != 0;
 		r = pull_answer(cn, p.version, ps_reply_buf(cn) - FRAME_HDR_BYTES, err, errlen);
 		cn->quiet |= r < 0;
 		return r;
@@ -223,6 +233,7 @@ int ps_on_pull(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 	int busy = cn->st_job;
 	if (!busy) {
 		cn->st_want = p.version;
+		cn->pull_packed = (p.flags & MSG_PULL_PACKED) != 0;
 		cn->st_job = 1;
 		pthread_cond_broadcast(&ps->cv);
 	}

@@ -43,6 +43,7 @@ struct worker {
 	long preforwarded;       /* steps whose forward pass ran so */
 	int flowing;             /* may push while backward runs ([cluster] overlap) */
 	struct autoflow af;      /* whether a step does */
+	struct autoflow packf;   /* whether float32 goes packed to other hosts ([cluster] wire_pack) */
 	struct progress pg;
 	float *params, *grads;   /* (P) */
 	int own_host;            /* params and grads are separate host copies */
@@ -103,6 +104,37 @@ static int worker_threads(const struct worker *wr, int own)
 	role_log(wr->out, "worker %d: [train] threads = 0: %d thread%s (this host's %d CPU%s shared by the %d workers [cluster] lists at %s)",
 		 wr->index, n, n == 1 ? "" : "s", cpus, cpus == 1 ? "" : "s", here, me);
 	return n;
+}
+
+/* [cluster] wire_pack: float32 packed (net/fpack.h) on the links to other
+ * hosts, where the link rather than the CPU limits the steps: the same
+ * measure as overlap's (autoflow.h), from every step. Nothing to decide
+ * where every ps is on this host or bf16 goes both ways. */
+static void worker_pack_open(struct worker *wr)
+{
+	const struct config *c = wr->c;
+	int fp32 = role_grad_dtype(c) == WIRE_F32 || role_param_dtype(c) == WIRE_F32;
+	int mode = fp32 && links_local(&wr->lk) < wr->lk.nps ? c->cluster.wire_pack : CONFIG_OVERLAP_OFF;
+	autoflow_init(&wr->packf, mode);
+	wr->lk.pack = autoflow_wants(&wr->packf);
+	if (mode == CONFIG_OVERLAP_AUTO)
+		role_log(wr->out, "worker %d: [cluster] wire_pack = auto: sends float32 as it is until its steps show that the link, not the CPU, limits them",
+			 wr->index);
+	else if (mode == CONFIG_OVERLAP_ON)
+		role_log(wr->out, "worker %d: packs float32 on its links to other hosts ([cluster] wire_pack)", wr->index);
+}
+
+/* A step took compute seconds, then exchange seconds: pack from the next
+ * one on, or not. */
+static void worker_pack_record(struct worker *wr, long step, double compute, double exchange)
+{
+	enum autoflow_said said = autoflow_record(&wr->packf, compute, exchange);
+	wr->lk.pack = autoflow_wants(&wr->packf);
+	if (said != AUTOFLOW_QUIET)
+		role_log(wr->out, "worker %d: [cluster] wire_pack = auto: at step %ld the exchange took %.1fx the compute (medians of %d steps): %s%s%s",
+			 wr->index, step, wr->packf.ratio, AUTOFLOW_WINDOW, said == AUTOFLOW_KEPT ? "keeps " : "",
+			 wr->packf.on ? "packing float32 on its links to other hosts" : "sending float32 as it is",
+			 said == AUTOFLOW_LAST ? " from here on" : "");
 }
 
 /* Pushing while backward runs: sync piece mode on one CPU replica (the
@@ -185,6 +217,7 @@ static int worker_open(struct worker *wr, char *err, size_t errlen)
 		e = links_connect(&wr->lk, err, errlen);
 	if (e)
 		return e;
+	worker_pack_open(wr);
 	wr->total = wr->s.job.total;
 	wr->spe = wr->s.job.spe;
 	char unx[48] = "", local[96] = "";
@@ -533,6 +566,7 @@ static int worker_step(struct worker *wr, char *err, size_t errlen)
 			 wr->af.on ? "pushing the pieces of each gradient as backward makes them"
 				   : "pushing each gradient after computing it",
 			 said == AUTOFLOW_LAST ? " from here on" : "");
+	worker_pack_record(wr, step, t1 - t0, t2 - t1);
 	if (!wr->chief)
 		return 0;
 	char why[CONFIG_ERR_MAX];

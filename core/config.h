@@ -67,6 +67,7 @@ struct config {
 		int wire_dtype;             /* enum wire_precision */
 		int cipher;                 /* enum cipher_choice */
 		int overlap;                /* sync pieces: push while backward runs: CONFIG_OVERLAP_* */
+		int wire_pack;              /* float32 packed on TCP links: CONFIG_OVERLAP_* too */
 		int local_socket;           /* a ps on this host over a Unix socket, unencrypted */
 		char socket_dir[DATA_PATH_MAX]; /* where those sockets are; "" = /tmp/pstrain-UID */
 		double peer_timeout;        /* seconds a ps waits for a lost worker to come back */
@@ -125,7 +126,8 @@ void config_print(const struct config *c, FILE *f);
 
 #define CONFIG_HASH_BYTES 32
 
-/* [cluster] overlap: a boolean that also takes "auto" (cluster/autoflow.h). */
+/* [cluster] overlap and wire_pack: booleans that also take "auto"
+ * (cluster/autoflow.h). */
 enum { CONFIG_OVERLAP_OFF = 0, CONFIG_OVERLAP_ON = 1, CONFIG_OVERLAP_AUTO = 2 };
 
 /* BLAKE2b of every training-relevant key (model, optimizer, data format,

@@ -118,7 +118,8 @@ void config_print(const struct config *c, FILE *f)
 
 /* Keys that may differ between the nodes of one cluster: where files are on
  * this node, how it uses its own GPUs and CPUs, how often it reports, how
- * long it waits for its peers, whether it pushes while backward runs, which
+ * long it waits for its peers, whether it pushes while backward runs and
+ * packs float32 (a ps packs only what a PULL asks for), which
  * ciphers it offers (each connection agrees on one in its handshake). */
 static int key_is_node_local(const struct key_def *k)
 {
@@ -128,6 +129,7 @@ static int key_is_node_local(const struct key_def *k)
 	       strcmp(k->key, "handshake_timeout") == 0 ||
 	       strcmp(k->key, "crypto_threads") == 0 || strcmp(k->key, "listen") == 0 ||
 	       strcmp(k->key, "send_buffer_kib") == 0 || strcmp(k->key, "overlap") == 0 ||
+	       strcmp(k->key, "wire_pack") == 0 ||
 	       strcmp(k->key, "local_socket") == 0 || strcmp(k->key, "cipher") == 0;
 }
 

@@ -7,6 +7,7 @@
 #include "msg.h"
 #include "../base/err.h"
 #include "bf16.h"
+#include "fpack.h"
 
 #include <errno.h>
 #include <math.h>
@@ -68,7 +69,8 @@ int msg_type(const uint8_t *buf, size_t len, char *err, size_t errlen)
 }
 
 /* ---- PULL: 16 bytes ------------------------------------------------------
- * 0 type, 1..4 reserved, 4 shard u32, 8 version u64 */
+ * 0 type, 1 flags u8 (MSG_PULL_*), 2..4 reserved, 4 shard u32,
+ * 8 version u64 */
 
 int msg_encode_pull(uint8_t *buf, size_t cap, const struct msg_pull *m, size_t *len, char *err,
 		    size_t errlen)
@@ -76,7 +78,10 @@ int msg_encode_pull(uint8_t *buf, size_t cap, const struct msg_pull *m, size_t *
 	int rc = check_cap(cap, MSG_PULL_BYTES, WIRE_PULL, err, errlen);
 	if (rc < 0)
 		return rc;
+	if (m->flags & ~MSG_PULL_FLAGS)
+		return err_set(err, errlen, -EINVAL, "PULL: unknown flags 0x%x", m->flags);
 	put_head(buf, WIRE_PULL, MSG_PULL_BYTES);
+	buf[1] = m->flags;
 	wire_put_u32(buf + 4, m->shard);
 	wire_put_u64(buf + 8, m->version);
 	*len = MSG_PULL_BYTES;
@@ -88,18 +93,22 @@ int msg_decode_pull(const uint8_t *buf, size_t len, struct msg_pull *out, char *
 {
 	int rc = check_fixed(buf, len, WIRE_PULL, MSG_PULL_BYTES, err, errlen);
 	if (rc == 0)
-		rc = check_zero(buf, 1, 4, "PULL", err, errlen);
+		rc = check_zero(buf, 2, 4, "PULL", err, errlen);
 	if (rc < 0)
 		return rc;
+	if (buf[1] & ~MSG_PULL_FLAGS)
+		return err_set(err, errlen, -EPROTO, "PULL: unknown flags 0x%x", buf[1]);
+	out->flags = buf[1];
 	out->shard = wire_get_u32(buf + 4);
 	out->version = wire_get_u64(buf + 8);
 	return 0;
 }
 
 /* ---- PARAMS / PUSH: 32 bytes + 4 or 2 * count --------------------------
- * 0 type, 1 dtype u8 (0 float32, 1 bf16), 2..4 reserved, 4 shard u32,
- * 8 version u64, 16 offset u64, 24 count u32 (values, 1..msg_chunk_max),
- * 28 worker u32 (PARAMS: 0), 32 count values of dtype
+ * 0 type, 1 dtype u8 (0 float32, 1 bf16, 2 float32 packed), 2..4
+ * reserved, 4 shard u32, 8 version u64, 16 offset u64, 24 count u32
+ * (values, 1..msg_chunk_max), 28 worker u32 (PARAMS: 0), 32 count values
+ * of dtype (packed: net/fpack.h's body, shorter than count float32s)
  *
  * The dtype is in every chunk, not agreed once per connection: the
  * receiver checks it against what it expects (msg_assembly), so two peers
@@ -152,9 +161,20 @@ int msg_encode_chunk_parts(uint8_t *buf, size_t cap, const struct msg_chunk *c, 
 		*body = NULL;
 		*blen = 0;
 	}
+	if (c->dtype == WIRE_F32P) {
+		/* A chunk that would not shrink goes as float32 (the receiver
+		 * takes either where it expects float32). */
+		size_t n = fpack_encode(buf + MSG_CHUNK_HDR_BYTES, 4 * (size_t)c->count - 1, src,
+					c->count);
+		if (n) {
+			*len = MSG_CHUNK_HDR_BYTES + n;
+			return 0;
+		}
+		buf[1] = WIRE_F32;
+	}
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
 	/* float32 on a little-endian host is already the wire's bytes. */
-	if (body && c->dtype == WIRE_F32) {
+	if (body && buf[1] == WIRE_F32) {
 		*body = (const uint8_t *)src;
 		*blen = (size_t)c->count * sizeof(float);
 		*len = MSG_CHUNK_HDR_BYTES;
@@ -165,7 +185,7 @@ int msg_encode_chunk_parts(uint8_t *buf, size_t cap, const struct msg_chunk *c, 
 		bf16_from_f32(buf + MSG_CHUNK_HDR_BYTES, src, c->count);
 	else
 		wire_put_f32s(buf + MSG_CHUNK_HDR_BYTES, src, c->count);
-	*len = MSG_CHUNK_BYTES(c->count, c->dtype);
+	*len = MSG_CHUNK_BYTES(c->count, wire_dtype_values(c->dtype));
 	return 0;
 }
 
@@ -194,7 +214,8 @@ int msg_decode_chunk(const uint8_t *buf, size_t len, struct msg_chunk *out, char
 			    len, MSG_CHUNK_BYTES_MAX);
 	dt = buf[1];
 	if (!dtype_ok(dt))
-		return err_set(err, errlen, -EPROTO, "%s: unknown dtype %u (0 fp32, 1 bf16)", name, dt);
+		return err_set(err, errlen, -EPROTO, "%s: unknown dtype %u (0 fp32, 1 bf16, 2 fp32 packed)",
+			       name, dt);
 	rc = check_zero(buf, 2, 4, name, err, errlen);
 	if (rc < 0)
 		return rc;
@@ -202,7 +223,12 @@ int msg_decode_chunk(const uint8_t *buf, size_t len, struct msg_chunk *out, char
 	if (count == 0 || count > msg_chunk_max(dt))
 		return err_set(err, errlen, -EPROTO, "%s: count %u is not in 1..%u (%s)", name, count,
 			    msg_chunk_max(dt), wire_dtype_name(dt));
-	if (len != MSG_CHUNK_BYTES(count, dt))
+	if (dt == WIRE_F32P) {
+		if (fpack_check(buf + MSG_CHUNK_HDR_BYTES, len - MSG_CHUNK_HDR_BYTES, count))
+			return err_set(err, errlen, -EPROTO,
+				       "%s: %zu bytes are not a packing of %u float32 values", name,
+				       len - MSG_CHUNK_HDR_BYTES, count);
+	} else if (len != MSG_CHUNK_BYTES(count, dt))
 		return err_set(err, errlen, -EMSGSIZE,
 			    "%s: %zu bytes, but count %u needs exactly %zu (%s)", name, len, count,
 			    MSG_CHUNK_BYTES(count, dt), wire_dtype_name(dt));
@@ -227,6 +253,8 @@ void msg_chunk_floats(float *dst, const struct msg_chunk *c)
 {
 	if (c->dtype == WIRE_BF16)
 		bf16_to_f32(dst, c->data, c->count);
+	else if (c->dtype == WIRE_F32P)
+		fpack_decode(dst, c->data, c->count);
 	else
 		wire_get_f32s(dst, c->data, c->count);
 }
@@ -727,7 +755,7 @@ int msg_assembly_add(struct msg_assembly *a, const struct msg_chunk *c, float *d
 	/* Peers of one cluster agree on wire_dtype (it is in the config
 	 * hash their handshake compares), so this is a broken peer, or one
 	 * built with another idea of the key: say both sides. */
-	if (c->dtype != a->dtype)
+	if (wire_dtype_values(c->dtype) != wire_dtype_values(a->dtype))
 		return err_set(err, errlen, -EPROTO,
 			    "%s: chunk in %s, but this side expects %s ([cluster] wire_dtype differs?)",
 			    name, wire_dtype_name(c->dtype), wire_dtype_name(a->dtype));

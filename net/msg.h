@@ -101,9 +101,15 @@ static inline uint32_t msg_chunk_max(unsigned dt)
 /* PULL: worker -> ps, "send me shard's parameters at version" (or
  * MSG_VERSION_LATEST). The ps answers with PARAMS chunks. */
 struct msg_pull {
+	uint8_t flags;   /* MSG_PULL_* */
 	uint32_t shard;
 	uint64_t version;
 };
+
+/* PULL flags. PACKED: send float32 PARAMS packed (net/fpack.h); the ps
+ * may, and may still send a chunk as plain float32. */
+#define MSG_PULL_PACKED 0x01u
+#define MSG_PULL_FLAGS MSG_PULL_PACKED
 
 /* PARAMS (ps -> worker) and PUSH (worker -> ps): one chunk of a shard's
  * parameters, or of a gradient for them, covering the shard-relative range

@@ -23,9 +23,11 @@
  * observer says "protocol version" rather than "unknown peer role 3".
  * Version 6: the handshake's byte 10 is a mask of the ciphers offered
  * (AES-256-GCM, AEGIS-256; was 0 or 1 for AES-256-GCM alone), and both
- * ends that offer AEGIS-256 seal with it. */
+ * ends that offer AEGIS-256 seal with it. Version 7: dtype 2, float32
+ * packed without loss (net/fpack.h), and PULL's byte 1, whether the
+ * worker wants its PARAMS packed. */
 #define WIRE_MAGIC 0x52545350u
-#define WIRE_VERSION 6u
+#define WIRE_VERSION 7u
 
 /* Message types (DESIGN §7): the first field of every decrypted frame.
  * Zero is not a type, so a zeroed buffer never parses as a message. */
@@ -63,25 +65,36 @@ enum wire_msg {
 #define FRAME_MAX (WIRE_CHUNK_MAX + WIRE_MSG_HDR_MAX)
 
 /* How the values of a PARAMS or PUSH chunk are encoded (its byte 1;
- * docs/PROTOCOL.md): float32, or bfloat16 (net/bf16.h), half the bytes.
- * Zero is float32, what that byte (then reserved, 0) meant in version 3. */
+ * docs/PROTOCOL.md): float32, bfloat16 (net/bf16.h), half the bytes, or
+ * float32 packed without loss (net/fpack.h), about 7/8 of them. Zero is
+ * float32, what that byte (then reserved, 0) meant in version 3. */
 enum wire_dtype {
 	WIRE_F32 = 0,
 	WIRE_BF16 = 1,
+	WIRE_F32P = 2,
 };
-#define WIRE_DTYPE_LAST WIRE_BF16
+#define WIRE_DTYPE_LAST WIRE_F32P
 
-/* Bytes per value of a known dtype (a macro too, for array sizes). */
+/* Most bytes per value of a known dtype (a macro too, for array sizes):
+ * a packed chunk is always shorter than float32. */
 #define WIRE_DTYPE_BYTES(dt) ((dt) == WIRE_BF16 ? 2u : 4u)
 static inline unsigned wire_dtype_bytes(unsigned dt)
 {
 	return WIRE_DTYPE_BYTES(dt);
 }
 
+/* The values a dtype carries: float32 packed is float32 (a receiver
+ * that expects float32 takes either, and a packing sender sends a chunk
+ * that would not shrink as plain float32). */
+static inline unsigned wire_dtype_values(unsigned dt)
+{
+	return dt == WIRE_F32P ? WIRE_F32 : dt;
+}
+
 /* Name of a dtype for logs (as [cluster] wire_dtype spells it); "?" else. */
 static inline const char *wire_dtype_name(unsigned dt)
 {
-	return dt == WIRE_F32 ? "fp32" : dt == WIRE_BF16 ? "bf16" : "?";
+	return dt == WIRE_F32 ? "fp32" : dt == WIRE_BF16 ? "bf16" : dt == WIRE_F32P ? "fp32 packed" : "?";
 }
 
 /* Longest ERROR text, so an ERROR message is bounded like the rest. */

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "../net/bf16.h"
+#include "../net/fpack.h"
 #include "../net/msg.h"
 #include "../net/wire.h"
 
@@ -691,7 +692,7 @@ Test(msg, reserved_bytes_must_be_zero)
 		uint8_t type;
 		size_t from, to;
 	} rows[] = {
-		{ WIRE_PULL, 1, 4 },  { WIRE_PARAMS, 2, 4 }, { WIRE_PUSH, 2, 4 }, /* 1: dtype */
+		{ WIRE_PULL, 2, 4 },  { WIRE_PARAMS, 2, 4 }, { WIRE_PUSH, 2, 4 }, /* 1: flags, dtype */
 		{ WIRE_ACK, 1, 4 },   { WIRE_ACK, 20, 24 },  { WIRE_CHECKPOINT, 2, 8 },
 		{ WIRE_STATUS, 3, 4 }, { WIRE_DONE, 2, 4 },  { WIRE_ERROR, 1, 4 },
 		{ WIRE_HEARTBEAT, 1, 8 }, { WIRE_ROLLBACK, 1, 8 }, { WIRE_REPORT, 2, 4 },
@@ -1176,18 +1177,18 @@ Test(msg, dtype_refusals)
 	float dst[5] = { 0 };
 
 	size_t len = sample(WIRE_PUSH, buf, sizeof buf);
-	for (unsigned dt = 2; dt < 256; dt += 51) {
+	for (unsigned dt = 3; dt < 256; dt += 51) {
 		buf[1] = (uint8_t)dt;
 		err[0] = '\0';
 		assert_refused(msg_decode_chunk(buf, len, &c, err, sizeof err), -EPROTO, err,
 			       "unknown dtype", "dtype byte");
 	}
-	struct msg_chunk bad = { .type = WIRE_PUSH, .dtype = 2, .count = 1 };
+	struct msg_chunk bad = { .type = WIRE_PUSH, .dtype = 3, .count = 1 };
 	err[0] = '\0';
 	assert_refused(msg_encode_chunk(buf, sizeof buf, &bad, SAMPLE_FLOATS, &len, err, sizeof err),
-		       -EINVAL, err, "unknown dtype 2", "encode dtype");
+		       -EINVAL, err, "unknown dtype 3", "encode dtype");
 	err[0] = '\0';
-	assert_refused(msg_assembly_init(&a, WIRE_PUSH, 0, 5, 2, err, sizeof err), -EINVAL, err,
+	assert_refused(msg_assembly_init(&a, WIRE_PUSH, 0, 5, 3, err, sizeof err), -EINVAL, err,
 		       "dtype", "assembly dtype");
 
 	/* bf16 sent, float32 expected, and the reverse. */
@@ -1211,6 +1212,120 @@ Test(msg, dtype_refusals)
 		for (int i = 0; i < 5; i++)
 			cr_assert(dst[i] == 0.0f, "a refused chunk was copied");
 	}
+}
+
+/* PULL's flags: the one there is round-trips, any other is refused. */
+Test(msg, pull_flags)
+{
+	uint8_t buf[64];
+	char err[256] = "";
+	size_t len;
+	struct msg_pull in = { .flags = MSG_PULL_PACKED, .shard = 1, .version = 9 }, out;
+	cr_assert_eq(msg_encode_pull(buf, sizeof buf, &in, &len, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(buf[1], MSG_PULL_PACKED);
+	cr_assert_eq(msg_decode_pull(buf, len, &out, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(out.flags, MSG_PULL_PACKED);
+	cr_assert_eq(out.version, 9);
+	for (unsigned b = 1; b < 8; b++) {
+		buf[1] = (uint8_t)(MSG_PULL_PACKED | 1u << b);
+		err[0] = '\0';
+		assert_refused(msg_decode_pull(buf, len, &out, err, sizeof err), -EPROTO, err, "PULL",
+			       "unknown PULL flag");
+		in.flags = (uint8_t)(1u << b);
+		err[0] = '\0';
+		assert_refused(msg_encode_pull(buf, sizeof buf, &in, &len, err, sizeof err), -EINVAL, err,
+			       "PULL", "encoding an unknown flag");
+	}
+}
+
+/* The MLP-sized tensor as packed float32 PUSH chunks: every value bit for
+ * bit, every chunk shorter than float32 (weights-like values shrink by
+ * about 1/8), and taken by an assembly that expects float32. */
+Test(msg, full_tensor_packed)
+{
+	const uint64_t N = 669706;
+	float *src = malloc(N * sizeof *src), *dst = malloc(N * sizeof *dst);
+	uint8_t *buf = malloc(MSG_CHUNK_BYTES_MAX);
+	struct msg_assembly a;
+	char err[256] = "";
+	size_t total = 0;
+
+	cr_assert(src && dst && buf);
+	rng_state = 777;
+	for (uint64_t i = 0; i < N; i++) /* uniform in (-0.05, 0.05), zero every 1000th */
+		src[i] = i % 1000 ? (float)((int64_t)(rng_next() >> 11) - (1ll << 52)) * 0x1p-52f * 0.05f : 0.0f;
+	cr_assert_eq(msg_assembly_init(&a, WIRE_PUSH, 1, N, WIRE_F32, err, sizeof err), 0);
+	uint64_t nchunks = msg_chunks(N, WIRE_F32P);
+	for (uint64_t i = 0; i < nchunks; i++) {
+		struct msg_chunk c = { .type = WIRE_PUSH, .dtype = WIRE_F32P, .shard = 1,
+				       .version = 41, .worker = 3 };
+		struct msg_chunk in;
+		size_t len = 0;
+
+		msg_chunk_range(N, WIRE_F32P, i, &c.offset, &c.count);
+		cr_assert_eq(msg_encode_chunk(buf, MSG_CHUNK_BYTES_MAX, &c, src + c.offset, &len, err,
+					      sizeof err),
+			     0, "%s", err);
+		cr_assert_eq(buf[1], WIRE_F32P, "chunk %llu went as dtype %u", (unsigned long long)i, buf[1]);
+		cr_assert_lt(len, MSG_CHUNK_BYTES(c.count, WIRE_F32));
+		total += len - MSG_CHUNK_HDR_BYTES;
+		cr_assert_eq(msg_decode_chunk(buf, len, &in, err, sizeof err), 0, "%s", err);
+		int rc = msg_assembly_add(&a, &in, dst, err, sizeof err);
+		cr_assert_eq(rc, i + 1 == nchunks, "chunk %llu: %d %s", (unsigned long long)i, rc, err);
+	}
+	cr_assert_eq(memcmp(src, dst, N * sizeof *src), 0, "the values changed");
+	double ratio = (double)total / (4.0 * (double)N);
+	cr_assert(ratio > 0.87 && ratio < 0.885, "packed to %.4f of float32", ratio);
+	free(src);
+	free(dst);
+	free(buf);
+}
+
+/* A packed chunk that would not shrink goes as float32; a packed chunk is
+ * refused where bf16 is expected, and one whose body is not a packing
+ * (fpack_check) is refused with the count it claims. */
+Test(msg, packed_chunks_fall_back_and_are_checked)
+{
+	uint8_t buf[512];
+	char err[256] = "";
+	size_t len;
+	struct msg_chunk in, c = { .type = WIRE_PARAMS, .dtype = WIRE_F32P, .shard = 0, .version = 2, .count = 1 };
+	cr_assert_eq(msg_encode_chunk(buf, sizeof buf, &c, SAMPLE_FLOATS, &len, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(buf[1], WIRE_F32, "one value packs to 5 bytes: float32 instead");
+	cr_assert_eq(len, MSG_CHUNK_BYTES(1, WIRE_F32));
+	/* The sample's 5 values span 70 binades: all but the largest escape. */
+	c.count = 5;
+	cr_assert_eq(msg_encode_chunk(buf, sizeof buf, &c, SAMPLE_FLOATS, &len, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(buf[1], WIRE_F32);
+	const uint8_t *body;
+	size_t blen;
+	cr_assert_eq(msg_encode_chunk_parts(buf, sizeof buf, &c, SAMPLE_FLOATS, &len, &body, &blen, err,
+					    sizeof err), 0, "%s", err);
+	cr_assert_eq(body, (const uint8_t *)SAMPLE_FLOATS, "float32 after all: sent from where it is");
+
+	float v[64], back[64];
+	for (int i = 0; i < 64; i++)
+		v[i] = 0.25f + (float)i / 128.0f;
+	c.count = 64;
+	cr_assert_eq(msg_encode_chunk(buf, sizeof buf, &c, v, &len, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(buf[1], WIRE_F32P);
+	cr_assert_eq(len, MSG_CHUNK_HDR_BYTES + fpack_min_bytes(64));
+	cr_assert_eq(msg_decode_chunk(buf, len, &in, err, sizeof err), 0, "%s", err);
+	struct msg_assembly a;
+	cr_assert_eq(msg_assembly_init(&a, WIRE_PARAMS, 0, 64, WIRE_BF16, err, sizeof err), 0);
+	err[0] = '\0';
+	assert_refused(msg_assembly_add(&a, &in, back, err, sizeof err), -EPROTO, err,
+		       "chunk in fp32 packed, but this side expects bf16", "packed where bf16 is expected");
+
+	buf[MSG_CHUNK_HDR_BYTES + 1] = 0x11; /* values 0 and 1 a binade lower: emax no value has */
+	for (int i = 1; i < 32; i++)
+		buf[MSG_CHUNK_HDR_BYTES + 1 + i] = 0x11;
+	err[0] = '\0';
+	assert_refused(msg_decode_chunk(buf, len, &in, err, sizeof err), -EPROTO, err,
+		       "are not a packing of 64 float32 values", "emax no value has");
+	err[0] = '\0';
+	assert_refused(msg_decode_chunk(buf, len - 1, &in, err, sizeof err), -EPROTO, err,
+		       "not a packing", "a byte short");
 }
 
 /* The MLP-sized tensor again, as bf16 PUSH chunks (2 of them): every

@@ -223,6 +223,11 @@ $(BUILD)/bench/bf16: $(BUILD)/bench/bf16.o $(BUILD)/net/bf16.o
 	@mkdir -p $(dir $@)
 	$(call say,LINK,$@)$(CC) $(LDFLAGS) $^ -o $@
 
+# float32 packed without loss: size and GB/s against memcpy: bench/fpack.
+$(BUILD)/bench/fpack: $(BUILD)/bench/fpack.o $(BUILD)/net/fpack.o
+	@mkdir -p $(dir $@)
+	$(call say,LINK,$@)$(CC) $(LDFLAGS) $^ -o $@
+
 # Training steps on the GPU against PyTorch's: bench/gpu_mlp.
 $(BUILD)/bench/gpu_mlp: $(BUILD)/bench/gpu_mlp.o $(OBJ_CORE)
 	@mkdir -p $(dir $@)

@@ -33,23 +33,22 @@ VECTOR_CLONES static uint32_t exponent_max(const float *src, size_t N)
 	return m;
 }
 
-/* The codes, the low halves and the high bytes; returns the escapes. */
+/* The codes, the low halves and the high bytes of values 2i and 2i+1 (N
+ * even here); returns the escapes. */
 VECTOR_CLONES static size_t planes_fill(uint8_t *codes, uint8_t *lo, uint8_t *hi, const float *src,
 					size_t N, uint32_t emax)
 {
 	size_t esc = 0;
-	for (size_t i = 0; i < N; i++) {
-		uint32_t u = bits_of(src + i);
-		uint16_t l = (uint16_t)u;
-		memcpy(lo + 2 * i, &l, sizeof l); /* the wire is little-endian, like the host */
-		hi[i] = (uint8_t)(((u >> 16) & 0x7fu) | ((u >> 24) & 0x80u));
-		esc += code_of(u, emax) == FPACK_ESCAPE;
+	for (size_t i = 0; i < N / 2; i++) {
+		uint32_t u0 = bits_of(src + 2 * i), u1 = bits_of(src + 2 * i + 1);
+		uint32_t c0 = code_of(u0, emax), c1 = code_of(u1, emax);
+		uint32_t l = (u0 & 0xffffu) | u1 << 16; /* the wire is little-endian, like the host */
+		memcpy(lo + 4 * i, &l, sizeof l);
+		hi[2 * i] = (uint8_t)(((u0 >> 16) & 0x7fu) | ((u0 >> 24) & 0x80u));
+		hi[2 * i + 1] = (uint8_t)(((u1 >> 16) & 0x7fu) | ((u1 >> 24) & 0x80u));
+		codes[i] = (uint8_t)(c0 | c1 << 4);
+		esc += (c0 == FPACK_ESCAPE) + (c1 == FPACK_ESCAPE);
 	}
-	for (size_t i = 0; i + 1 < N; i += 2)
-		codes[i / 2] = (uint8_t)(code_of(bits_of(src + i), emax) |
-					 code_of(bits_of(src + i + 1), emax) << 4);
-	if (N % 2)
-		codes[N / 2] = (uint8_t)code_of(bits_of(src + N - 1), emax);
 	return esc;
 }
 
@@ -62,7 +61,15 @@ size_t fpack_encode(uint8_t *dst, size_t cap, const float *src, size_t N)
 		return 0;
 	uint32_t emax = exponent_max(src, N);
 	uint8_t *codes = dst + 1, *lo = codes + (N + 1) / 2, *hi = lo + 2 * N, *esc = hi + N;
-	size_t nesc = planes_fill(codes, lo, hi, src, N, emax);
+	size_t nesc = planes_fill(codes, lo, hi, src, N - N % 2, emax);
+	if (N % 2) {
+		uint32_t u = bits_of(src + N - 1), c = code_of(u, emax);
+		uint16_t l = (uint16_t)u;
+		memcpy(lo + 2 * (N - 1), &l, sizeof l);
+		hi[N - 1] = (uint8_t)(((u >> 16) & 0x7fu) | ((u >> 24) & 0x80u));
+		codes[N / 2] = (uint8_t)c;
+		nesc += c == FPACK_ESCAPE;
+	}
 	if (nesc > cap - fpack_min_bytes(N))
 		return 0;
 	dst[0] = (uint8_t)emax;
@@ -115,18 +122,21 @@ int fpack_check(const uint8_t *src, size_t len, size_t N)
 	return 0;
 }
 
+/* Values 2i and 2i+1 (N even here); an escape's exponent comes in the
+ * next pass. */
 VECTOR_CLONES static void planes_read(float *dst, const uint8_t *codes, const uint8_t *lo,
 				      const uint8_t *hi, size_t N, uint32_t emax)
 {
-	for (size_t i = 0; i < N; i++) {
-		uint32_t c = (uint32_t)(codes[i / 2] >> (4 * (i % 2))) & 0xfu;
-		uint16_t l;
-		memcpy(&l, lo + 2 * i, sizeof l);
-		uint32_t h = hi[i];
-		/* An escape's exponent comes in the next pass. */
-		uint32_t u = (uint32_t)l | (h & 0x7fu) << 16 | (h & 0x80u) << 24 |
-			     ((emax - c) & 0xffu) << 23;
-		memcpy(dst + i, &u, sizeof u);
+	for (size_t i = 0; i < N / 2; i++) {
+		uint32_t c = codes[i], l;
+		memcpy(&l, lo + 4 * i, sizeof l);
+		uint32_t h0 = hi[2 * i], h1 = hi[2 * i + 1];
+		uint32_t u0 = (l & 0xffffu) | (h0 & 0x7fu) << 16 | (h0 & 0x80u) << 24 |
+			      ((emax - (c & 0xfu)) & 0xffu) << 23;
+		uint32_t u1 = (l >> 16) | (h1 & 0x7fu) << 16 | (h1 & 0x80u) << 24 |
+			      ((emax - (c >> 4)) & 0xffu) << 23;
+		memcpy(dst + 2 * i, &u0, sizeof u0);
+		memcpy(dst + 2 * i + 1, &u1, sizeof u1);
 	}
 }
 
@@ -134,7 +144,15 @@ void fpack_decode(float *dst, const uint8_t *src, size_t N)
 {
 	uint32_t emax = src[0];
 	const uint8_t *codes = src + 1, *lo = codes + (N + 1) / 2, *hi = lo + 2 * N, *esc = hi + N;
-	planes_read(dst, codes, lo, hi, N, emax);
+	planes_read(dst, codes, lo, hi, N - N % 2, emax);
+	if (N % 2) {
+		uint16_t l;
+		memcpy(&l, lo + 2 * (N - 1), sizeof l);
+		uint32_t h = hi[N - 1];
+		uint32_t u = (uint32_t)l | (h & 0x7fu) << 16 | (h & 0x80u) << 24 |
+			     ((emax - (codes[N / 2] & 0xfu)) & 0xffu) << 23;
+		memcpy(dst + N - 1, &u, sizeof u);
+	}
 	size_t nbytes = (N + 1) / 2;
 	for (size_t i = 0; i < nbytes; i++) {
 		if ((codes[i] & 0xfu) != FPACK_ESCAPE && (codes[i] >> 4) != FPACK_ESCAPE)

@@ -580,6 +580,8 @@ static int link_reply(struct links *lk, int k, float *params, int want_ack, char
 			return link_failed(lk, k, r, e, err, errlen);
 	}
 	l->got = rp.a.version;
+	lk->pvalues += rp.a.n;
+	lk->pbytes += rp.x.value_bytes;
 	return 0;
 }
 

@@ -68,6 +68,7 @@ struct links {
 	int turn;
 	int pieces;              /* the shards stream each piece (links_exchange) */
 	int pack;                /* float32 packed on TCP links (the worker sets it) */
+	_Atomic uint64_t pvalues, pbytes; /* parameters received: values, and their bytes on the wire */
 	struct gradflow *pflow;  /* links_exchange_begin's: the parameters as they arrive */
 	_Atomic int failed_first; /* links_exchange: the link that failed first; -1: none */
 	_Atomic int shutting;    /* links_exchange: the others were shut down after it:

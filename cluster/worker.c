@@ -788,6 +788,11 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 	else if (!e && wr->timed)
 		role_log(out, "worker %d: per step: compute %.2f ms, communication %.2f ms (%ld steps)", index,
 			 1e3 * wr->t_compute / (double)wr->timed, 1e3 * wr->t_comm / (double)wr->timed, wr->timed);
+	/* What the links carried: 4 bytes a value as float32, 2 as bf16,
+	 * about 3.5 packed (tests/test_cluster.c reads it). */
+	if (!e && wr->lk.pvalues)
+		role_log(out, "worker %d: the parameters arrived in %.2f bytes a value", index,
+			 (double)wr->lk.pbytes / (double)wr->lk.pvalues);
 	if (!e) {
 		res->wall = progress_now() - t0;
 		res->samples_per_s = wr->pg.train_time > 0 ? (double)wr->pg.samples / wr->pg.train_time : 0;

@@ -283,6 +283,7 @@ static int chunk_deliver(void *ctx, uint64_t i, const uint8_t *msg, size_t len, 
 		return r;
 	if (x->took && (r = x->took(x->ctx, &ch, err, errlen)) < 0)
 		return r;
+	x->value_bytes += len - MSG_CHUNK_HDR_BYTES;
 	x->bad = 0;
 	return 0;
 }

@@ -195,6 +195,7 @@ struct conn_chunk_rx {
 	 * call conn_recv_rest again until the assembly is done. */
 	int (*other)(void *ctx, int type, const uint8_t *msg, size_t len, char *err, size_t errlen);
 	void *ctx;
+	uint64_t value_bytes; /* the chunks' payloads taken so far, headers not counted */
 };
 
 /* Sends the whole tensor t on the pipe (its frames sealed on the pool). */

@@ -10,20 +10,21 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 /* The reason a push (or, in piece mode, the piece of it over [lo, hi) of
- * the shard) was refused: r from psshard_push or psshard_push_piece;
- * v: the shard's version. */
-static int push_refused(struct ps_conn *cn, int r, size_t lo, size_t hi, uint64_t v, char *err,
-			size_t errlen)
+ * the shard, whose values are g) was refused: r from psshard_push or
+ * psshard_push_piece; v: the shard's version. */
+static int push_refused(struct ps_conn *cn, int r, const float *g, size_t lo, size_t hi, uint64_t v,
+			char *err, size_t errlen)
 {
 	struct ps *ps = cn->ps;
 	unsigned long long tag = (unsigned long long)cn->a.version;
 	if (r == -EDOM) {
-		size_t i = lo + psshard_nonfinite(cn->grad + lo, hi - lo);
-		float x = i < hi ? cn->grad[i] : 0;
+		size_t i = lo + psshard_nonfinite(g, hi - lo);
+		float x = i < hi ? g[i - lo] : 0;
 		return err_set(err, errlen, r, "PUSH for version %llu refused: gradient element %zu (parameter %zu) is %s",
 			       tag, i, ps->sh.range.begin + i, isnan(x) ? "NaN" : x > 0 ? "+inf" : "-inf");
 	}
@@ -48,8 +49,23 @@ static int push_ack(struct ps_conn *cn, int r, enum psshard_outcome oc, uint64_t
 	return r ? r : ps_io(cn, conn_send(&cn->conn, len, err, errlen));
 }
 
-/* Piece mode: one chunk of a PUSH, in cn->grad, is one piece of the
- * shard, aggregated at once (so that the pieces the other workers have
+/* Piece mode: the values of chunk c, piece [lo, hi). float32 ones are
+ * used where the frame was opened (they are 4-byte aligned there, and
+ * psshard_push_piece reads them only during the call): a copy into
+ * cn->grad first was 1.3 MB a worker a step for each ps of the MLP.
+ * Other dtypes are widened into cn->grad. */
+static const float *push_values(struct ps_conn *cn, const struct msg_chunk *c, size_t lo)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+	if (c->dtype == WIRE_F32 && (uintptr_t)c->data % _Alignof(float) == 0)
+		return (const float *)(const void *)c->data;
+#endif
+	msg_chunk_floats(cn->grad + lo, c);
+	return cn->grad + lo;
+}
+
+/* Piece mode: one chunk of a PUSH is one piece of the shard, aggregated
+ * at once (so that the pieces the other workers have
  * sent too can go back out while the rest still comes in). A piece this
  * worker already gave (it pushes again after reconnecting) is a
  * duplicate, not an error. */
@@ -63,9 +79,9 @@ static int push_took(void *ctx, const struct msg_chunk *c, char *err, size_t err
 		return err_set(err, errlen, -EPROTO, "PUSH chunk [%llu, %llu) is not one of the shard's pieces of %u values",
 			       (unsigned long long)c->offset, (unsigned long long)(c->offset + c->count),
 			       PSSHARD_PIECE);
+	const float *g = push_values(cn, c, lo);
 	pthread_mutex_lock(&ps->mu);
-	int r = psshard_push_piece(&ps->sh, cn->w, c->version, j, cn->grad + lo, hi == ps->sh.n,
-				   &cn->last_oc);
+	int r = psshard_push_piece(&ps->sh, cn->w, c->version, j, g, hi == ps->sh.n, &cn->last_oc);
 	cn->pushed |= r == 0 || r == -EALREADY;
 	uint64_t v = psshard_version(&ps->sh);
 	/* Only a finished piece is news to a waiting PULL: a broadcast per
@@ -76,7 +92,7 @@ static int push_took(void *ctx, const struct msg_chunk *c, char *err, size_t err
 	}
 	pthread_mutex_unlock(&ps->mu);
 	cn->last_r = r;
-	return r && r != -EALREADY ? push_refused(cn, r, lo, hi, v, err, errlen) : 0;
+	return r && r != -EALREADY ? push_refused(cn, r, g, lo, hi, v, err, errlen) : 0;
 }
 
 /* A whole gradient has arrived: applied under the lock (piece mode: it
@@ -100,7 +116,7 @@ static int push_apply(struct ps_conn *cn, char *err, size_t errlen)
 	uint64_t v = psshard_version(&ps->sh);
 	pthread_mutex_unlock(&ps->mu);
 	if (r && r != -EALREADY)
-		return push_refused(cn, r, 0, ps->sh.n, v, err, errlen);
+		return push_refused(cn, r, cn->grad, 0, ps->sh.n, v, err, errlen);
 	return push_ack(cn, r, oc, v, err, errlen);
 }
 
@@ -127,7 +143,9 @@ int ps_on_push(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 			return r;
 		cn->assembling = 1;
 	}
-	r = msg_assembly_add(&cn->a, &ch, cn->grad, err, errlen);
+	/* Piece mode: push_took takes each chunk's values (push_values). */
+	float *dst = pieces ? NULL : cn->grad;
+	r = msg_assembly_add(&cn->a, &ch, dst, err, errlen);
 	if (r < 0)
 		return r;
 	int done = r;
@@ -135,7 +153,7 @@ int ps_on_push(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 		return r;
 	if (!done) {
 		struct conn_chunk_rx x = { .type = WIRE_PUSH, .worker = (uint32_t)cn->w, .a = &cn->a,
-					   .dst = cn->grad, .took = pieces ? push_took : NULL, .ctx = cn };
+					   .dst = dst, .took = pieces ? push_took : NULL, .ctx = cn };
 		r = conn_recv_rest(&cn->conn, &x, err, errlen);
 		if (r)
 			return x.bad ? r : ps_io(cn, r);

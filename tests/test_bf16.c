@@ -7,6 +7,7 @@
  * at every alignment and length, and the bytes being little-endian. */
 #include <criterion/criterion.h>
 
+#include "floatbits.h"
 #include "leak.h"
 
 #include <fenv.h>
@@ -19,20 +20,6 @@
 #include "../net/bf16.h"
 
 TestSuite(bf16, .fini = leak_check);
-
-static uint32_t bits(float f)
-{
-	uint32_t u;
-	memcpy(&u, &f, sizeof u);
-	return u;
-}
-
-static float flt(uint32_t u)
-{
-	float f;
-	memcpy(&f, &u, sizeof f);
-	return f;
-}
 
 static uint16_t narrow(float f)
 {

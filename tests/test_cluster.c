@@ -488,23 +488,32 @@ Test(cluster, wire_dtype_directions)
 	}
 }
 
+/* One 150-step sync run named name with cluster_extra in [cluster]: its
+ * final parameters in p (n floats), the processes' logs in out. */
+static void run_sync_150(const char *name, const char *cluster_extra, float *p, size_t n,
+			 char out[4][300])
+{
+	char cfg[300], dump[300];
+	int st[4];
+	snprintf(cfg, sizeof(cfg), "%s/%s.ini", dir, name);
+	snprintf(dump, sizeof(dump), "%s/%s.bin", dir, name);
+	write_cluster(dir, cfg, 150, 50, "mode = sync\n", cluster_extra);
+	run_cluster(cfg, dump, st, out);
+	assert_exits_zero(st, out, 4, name);
+	FILE *f = fopen(dump, "rb");
+	cr_assert_not_null(f, "%s: no parameter dump; chief:\n%s", name, slurp(out[3]));
+	cr_assert_eq(fread(p, sizeof(float), n, f), n, "%s: short dump", name);
+	cr_assert_eq(fgetc(f), EOF, "%s: long dump", name);
+	fclose(f);
+}
+
 /* One 150-step sync run with [cluster] wire_dtype = dtype: the chief's
  * final accuracy, and its final parameters in p (n floats). */
 static double run_wire_dtype(const char *dtype, float *p, size_t n)
 {
-	char cfg[300], dump[300], out[4][300], extra[64];
-	int st[4];
-	snprintf(cfg, sizeof(cfg), "%s/%s.ini", dir, dtype);
-	snprintf(dump, sizeof(dump), "%s/%s.bin", dir, dtype);
+	char out[4][300], extra[64];
 	snprintf(extra, sizeof(extra), "wire_dtype = %s\n", dtype);
-	write_cluster(dir, cfg, 150, 50, "mode = sync\n", extra);
-	run_cluster(cfg, dump, st, out);
-	assert_exits_zero(st, out, 4, dtype);
-	FILE *f = fopen(dump, "rb");
-	cr_assert_not_null(f, "%s: no parameter dump; chief:\n%s", dtype, slurp(out[3]));
-	cr_assert_eq(fread(p, sizeof(float), n, f), n, "%s: short dump", dtype);
-	cr_assert_eq(fgetc(f), EOF, "%s: long dump", dtype);
-	fclose(f);
+	run_sync_150(dtype, extra, p, n, out);
 	return final_accuracy(slurp(out[3]));
 }
 
@@ -559,18 +568,10 @@ Test(cluster, bf16_on_the_wire_matches_fp32)
  * value took on the wire, from its last lines. */
 static double run_wire_pack(const char *pack, float *p, size_t n)
 {
-	char cfg[300], dump[300], out[4][300], extra[96];
-	int st[4];
-	snprintf(cfg, sizeof(cfg), "%s/pack-%s.ini", dir, pack);
-	snprintf(dump, sizeof(dump), "%s/pack-%s.bin", dir, pack);
+	char name[64], out[4][300], extra[96];
+	snprintf(name, sizeof(name), "pack-%s", pack);
 	snprintf(extra, sizeof(extra), "wire_pack = %s\nlocal_socket = false\n", pack);
-	write_cluster(dir, cfg, 150, 50, "mode = sync\n", extra);
-	run_cluster(cfg, dump, st, out);
-	assert_exits_zero(st, out, 4, pack);
-	FILE *f = fopen(dump, "rb");
-	cr_assert_not_null(f, "%s: no parameter dump", pack);
-	cr_assert_eq(fread(p, sizeof(float), n, f), n, "%s: short dump", pack);
-	fclose(f);
+	run_sync_150(name, extra, p, n, out);
 	const char *text = slurp(out[3]);
 	const char *at = strstr(text, "the parameters arrived in ");
 	cr_assert_not_null(at, "wire_pack = %s: no bytes-a-value line in:\n%s", pack, text);

@@ -7,6 +7,7 @@
  * refused by fpack_check or packs back to exactly the changed bytes. */
 #include <criterion/criterion.h>
 
+#include "floatbits.h"
 #include "leak.h"
 
 #include <math.h>
@@ -19,20 +20,6 @@
 TestSuite(fpack, .fini = leak_check);
 
 #define MAXN 16384
-
-static uint32_t bits(float f)
-{
-	uint32_t u;
-	memcpy(&u, &f, sizeof u);
-	return u;
-}
-
-static float flt(uint32_t u)
-{
-	float f;
-	memcpy(&f, &u, sizeof f);
-	return f;
-}
 
 /* A deterministic xorshift, so that a failure repeats. */
 static uint32_t next(uint64_t *s)

@@ -23,6 +23,19 @@ static inline uint32_t code_of(uint32_t u, uint32_t emax)
 	return d < FPACK_ESCAPE ? d : FPACK_ESCAPE;
 }
 
+/* A value's byte of the high plane: mantissa bits 16-22, then its sign. */
+static inline uint8_t high_of(uint32_t u)
+{
+	return (uint8_t)(((u >> 16) & 0x7fu) | ((u >> 24) & 0x80u));
+}
+
+/* The value of low half l, high byte h and code c (an escape's exponent
+ * is put in afterwards). */
+static inline uint32_t value_of(uint32_t l, uint32_t h, uint32_t c, uint32_t emax)
+{
+	return l | (h & 0x7fu) << 16 | (h & 0x80u) << 24 | ((emax - c) & 0xffu) << 23;
+}
+
 VECTOR_CLONES static uint32_t exponent_max(const float *src, size_t N)
 {
 	uint32_t m = 0;
@@ -44,8 +57,8 @@ VECTOR_CLONES static size_t planes_fill(uint8_t *codes, uint8_t *lo, uint8_t *hi
 		uint32_t c0 = code_of(u0, emax), c1 = code_of(u1, emax);
 		uint32_t l = (u0 & 0xffffu) | u1 << 16; /* the wire is little-endian, like the host */
 		memcpy(lo + 4 * i, &l, sizeof l);
-		hi[2 * i] = (uint8_t)(((u0 >> 16) & 0x7fu) | ((u0 >> 24) & 0x80u));
-		hi[2 * i + 1] = (uint8_t)(((u1 >> 16) & 0x7fu) | ((u1 >> 24) & 0x80u));
+		hi[2 * i] = high_of(u0);
+		hi[2 * i + 1] = high_of(u1);
 		codes[i] = (uint8_t)(c0 | c1 << 4);
 		esc += (c0 == FPACK_ESCAPE) + (c1 == FPACK_ESCAPE);
 	}
@@ -66,7 +79,7 @@ size_t fpack_encode(uint8_t *dst, size_t cap, const float *src, size_t N)
 		uint32_t u = bits_of(src + N - 1), c = code_of(u, emax);
 		uint16_t l = (uint16_t)u;
 		memcpy(lo + 2 * (N - 1), &l, sizeof l);
-		hi[N - 1] = (uint8_t)(((u >> 16) & 0x7fu) | ((u >> 24) & 0x80u));
+		hi[N - 1] = high_of(u);
 		codes[N / 2] = (uint8_t)c;
 		nesc += c == FPACK_ESCAPE;
 	}
@@ -122,38 +135,37 @@ int fpack_check(const uint8_t *src, size_t len, size_t N)
 	return 0;
 }
 
-/* Values 2i and 2i+1 (N even here); an escape's exponent comes in the
- * next pass. */
-VECTOR_CLONES static void planes_read(float *dst, const uint8_t *codes, const uint8_t *lo,
-				      const uint8_t *hi, size_t N, uint32_t emax)
+/* Values 2i and 2i+1 (N even here); returns the escapes, whose
+ * exponents come in the next pass. */
+VECTOR_CLONES static size_t planes_read(float *dst, const uint8_t *codes, const uint8_t *lo,
+					const uint8_t *hi, size_t N, uint32_t emax)
 {
+	size_t esc = 0;
 	for (size_t i = 0; i < N / 2; i++) {
-		uint32_t c = codes[i], l;
+		uint32_t c0 = codes[i] & 0xfu, c1 = codes[i] >> 4, l;
 		memcpy(&l, lo + 4 * i, sizeof l);
-		uint32_t h0 = hi[2 * i], h1 = hi[2 * i + 1];
-		uint32_t u0 = (l & 0xffffu) | (h0 & 0x7fu) << 16 | (h0 & 0x80u) << 24 |
-			      ((emax - (c & 0xfu)) & 0xffu) << 23;
-		uint32_t u1 = (l >> 16) | (h1 & 0x7fu) << 16 | (h1 & 0x80u) << 24 |
-			      ((emax - (c >> 4)) & 0xffu) << 23;
+		uint32_t u0 = value_of(l & 0xffffu, hi[2 * i], c0, emax);
+		uint32_t u1 = value_of(l >> 16, hi[2 * i + 1], c1, emax);
 		memcpy(dst + 2 * i, &u0, sizeof u0);
 		memcpy(dst + 2 * i + 1, &u1, sizeof u1);
+		esc += (c0 == FPACK_ESCAPE) + (c1 == FPACK_ESCAPE);
 	}
+	return esc;
 }
 
 void fpack_decode(float *dst, const uint8_t *src, size_t N)
 {
 	uint32_t emax = src[0];
 	const uint8_t *codes = src + 1, *lo = codes + (N + 1) / 2, *hi = lo + 2 * N, *esc = hi + N;
-	planes_read(dst, codes, lo, hi, N - N % 2, emax);
+	size_t nesc = planes_read(dst, codes, lo, hi, N - N % 2, emax);
 	if (N % 2) {
 		uint16_t l;
 		memcpy(&l, lo + 2 * (N - 1), sizeof l);
-		uint32_t h = hi[N - 1];
-		uint32_t u = (uint32_t)l | (h & 0x7fu) << 16 | (h & 0x80u) << 24 |
-			     ((emax - (codes[N / 2] & 0xfu)) & 0xffu) << 23;
+		uint32_t c = codes[N / 2] & 0xfu, u = value_of(l, hi[N - 1], c, emax);
 		memcpy(dst + N - 1, &u, sizeof u);
+		nesc += c == FPACK_ESCAPE;
 	}
-	size_t nbytes = (N + 1) / 2;
+	size_t nbytes = nesc ? (N + 1) / 2 : 0;
 	for (size_t i = 0; i < nbytes; i++) {
 		if ((codes[i] & 0xfu) != FPACK_ESCAPE && (codes[i] >> 4) != FPACK_ESCAPE)
 			continue;

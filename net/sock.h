@@ -93,7 +93,8 @@ int sock_quiet_ms(int fd);
  * figure for its bookkeeping and stops tuning it itself); 0 leaves the
  * kernel's autotuning. What a connection has in flight and queued is then
  * bounded, so several at once into one switch port fit a shallow buffer
- * (docs/NETWORK.md, "Switch buffers"). 0 or a negative errno. */
+ * (docs/NETWORK.md, "Switch buffers"). A Unix socket is left as it is.
+ * 0 or a negative errno. */
 int sock_send_buffer(int fd, int kib);
 
 /* Connects to host:port, retrying with backoff (see SOCK_BACKOFF_*) until

@@ -158,6 +158,22 @@ Test(sock, send_buffer_cap)
 	close(lfd);
 }
 
+/* A Unix socket keeps its buffer: no switch port behind it, and a cap
+ * would stall a worker's push to the ps beside it. */
+Test(sock, send_buffer_leaves_unix_sockets)
+{
+	int sv[2], v = 0, before = 0;
+	socklen_t sl = sizeof v;
+	cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	cr_assert_eq(getsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &before, &sl), 0);
+	cr_assert_eq(sock_send_buffer(sv[0], 64), 0);
+	cr_assert_eq(getsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &v, &sl), 0);
+	cr_assert_eq(v, before, "SO_SNDBUF %d, was %d", v, before);
+	cr_assert_neq(v, 2 * 64 * 1024);
+	close(sv[0]);
+	close(sv[1]);
+}
+
 Test(sock, ipv6_loopback)
 {
 	char err[256] = "", peer[SOCK_ADDR_STRLEN] = "";

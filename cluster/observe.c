@@ -452,9 +452,12 @@ int cluster_status(const struct config *c, int json, double watch_s, FILE *out, 
 			e = err_set(err, errlen, -ENOMEM, "out of memory for the session keys");
 		l->conn.rcap = l->conn.wcap = STATUS_BUF_BYTES;
 	}
+	int64_t heard_ms = role_now_ms(); /* when some ps last answered */
 	for (int round = 0; !e; round++) {
 		int missing = status_round(ls, nps);
 		int complete = status_complete(ls, nps);
+		if (missing < nps)
+			heard_ms = role_now_ms();
 		if (json)
 			print_json(out, ls, nps, complete);
 		else
@@ -465,10 +468,18 @@ int cluster_status(const struct config *c, int json, double watch_s, FILE *out, 
 		 * round does: the ps of a finished run have exited, and
 		 * waiting for ps that may never come back is what Ctrl-C was
 		 * needed for. Once some ps answered, one that fails is
-		 * reconnected to (it may be restarting). */
-		if (watch_s <= 0 || complete || *stop || (round == 0 && missing == nps)) {
+		 * reconnected to (it may be restarting), until none has
+		 * answered for peer_timeout: by then every worker has given up
+		 * on them too (exit 3), and a restarted ps is a new run to
+		 * watch. */
+		int gone = missing == nps && role_now_ms() - heard_ms >= role_peer_timeout_ms(c);
+		if (watch_s <= 0 || complete || *stop || (round == 0 && missing == nps) || gone) {
 			if (*stop)
 				e = err_set(err, errlen, -EINTR, "status: interrupted");
+			else if (gone && round > 0)
+				e = err_set(err, errlen, -ECONNABORTED,
+					    "status: none of the %d ps answered for %g s (peer_timeout)", nps,
+					    c->cluster.peer_timeout);
 			else if (missing == nps)
 				e = err_set(err, errlen, -ECONNABORTED, "status: none of the %d ps answered", nps);
 			else if (missing)

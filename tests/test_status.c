@@ -330,3 +330,38 @@ Test(status, watch_after_the_run_ended)
 	wait_children(pids, 2, st, RUN_TIMEOUT_S);
 	cr_assert(st[0] == 130 && st[1] == 130, "ps exits %d %d", st[0], st[1]);
 }
+
+/* --watch of a run whose every ps dies used to redial until Ctrl-C. It
+ * now ends once no ps has answered for peer_timeout (2 s here: the
+ * workers give up on them then too): exit 3, one line saying so, after
+ * rounds that named the ps that did not answer. Workers get SIGKILL too
+ * if still there; the 30 s bound is several times the 2 s plus the 2 s
+ * connect timeout of each round. */
+Test(status, watch_ends_when_every_ps_is_gone)
+{
+	char cfg[300], out[4][300], w_out[300];
+	int st[4];
+	snprintf(cfg, sizeof(cfg), "%s/cluster.ini", dir);
+	write_cluster(dir, cfg, 1000000, 100000, "mode = sync\n", "peer_timeout = 2\n");
+	pid_t pids[4];
+	start_run(cfg, pids, out, NULL);
+	snprintf(w_out, sizeof(w_out), "%s/watch-dies.log", dir);
+	const char *args[] = { "status", "--config", cfg, "--watch", "0.3", NULL };
+	pid_t w = spawn_pstrain(args, w_out, NULL);
+	cr_assert(wait_for_text(w_out, "0-1 live"), "%s", slurp(w_out));
+	kill(pids[0], SIGKILL);
+	kill(pids[1], SIGKILL);
+	int rc;
+	struct timespec t0, t1;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	wait_children(&w, 1, &rc, 30);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	char *text = slurp(w_out);
+	cr_assert_eq(rc, 3, "watch with every ps killed: exit %d (-1: still watching after 30 s):\n%s", rc, text);
+	cr_assert_geq(t1.tv_sec - t0.tv_sec, 1, "ended before peer_timeout:\n%s", text);
+	cr_assert_not_null(strstr(text, "status: none of the 2 ps answered for 2 s (peer_timeout)"), "%s", text);
+	cr_assert_not_null(strstr(text, "pstrain: ps 0 (127.0.0.1:"), "ps 0 not named:\n%s", text);
+	kill(pids[2], SIGKILL);
+	kill(pids[3], SIGKILL);
+	wait_children(pids, 4, st, RUN_TIMEOUT_S);
+}

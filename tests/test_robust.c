@@ -24,6 +24,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sodium.h>
@@ -465,4 +466,52 @@ Test(robust, observer_may_only_ask_status)
 	cr_assert_not_null(strstr(log, "all 1 workers done: version 300"), "%s", log);
 	cr_assert_null(strstr(log, "rolled back"), "%s", log);
 	cr_assert_gt(final_accuracy(slurp(wlog)), 90.0, "%s", slurp(wlog));
+}
+
+/* A gradient with a NaN, pushed over the wire by a peer that holds the key
+ * (sync with every worker counted: the ps aggregates piece by piece, and
+ * this PUSH is the piece's last gradient, summed from the frame itself).
+ * The ps answers with an ERROR naming the element, closes the connection,
+ * logs it, and the shard is untouched: a real worker 0 then trains to the
+ * end from it with a finite loss. */
+Test(robust, nan_in_a_streamed_push_is_refused_over_the_wire)
+{
+	struct target t;
+	start_ps(&t, 1, 20, 16, "mode = sync\n");
+	struct hs_result hr;
+	memset(&hr, 0, sizeof(hr));
+	int fd = target_peer(&t, 0, &hr, 0);
+	static uint8_t f[FRAME_CT_MAX + FRAME_HDR_BYTES], m[FRAME_MAX];
+	char err[256];
+	size_t n = target_seal_pull(&hr.send, f, sizeof(f)), len;
+	target_send(fd, f, n);
+	cr_assert_eq(sock_read_frame(fd, &hr.recv, f, sizeof(f), &len, IO_MS, err, sizeof(err)), 0, "%s", err);
+	struct msg_chunk params;
+	cr_assert_eq(msg_decode_chunk(f, len, &params, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(params.type, WIRE_PARAMS);
+	cr_assert_eq(params.offset, 0);
+	uint32_t P = params.count; /* the whole shard in one chunk: 163 values */
+	static float g[2048];
+	cr_assert_leq(P, 2048u);
+	for (uint32_t i = 0; i < P; i++)
+		g[i] = 0.001f * (float)i;
+	g[P - 7] = NAN;
+	struct msg_chunk ch = { .type = WIRE_PUSH, .dtype = WIRE_F32, .shard = 0, .version = 0,
+				.worker = 0, .offset = 0, .count = P };
+	cr_assert_eq(msg_encode_chunk(m, sizeof(m), &ch, g, &len, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(frame_seal(&hr.send, f, sizeof(f), m, len, &n, err, sizeof(err)), 0, "%s", err);
+	target_send(fd, f, n);
+	cr_assert_eq(sock_read_frame(fd, &hr.recv, f, sizeof(f), &len, IO_MS, err, sizeof(err)), 0, "%s", err);
+	struct msg_error me;
+	cr_assert_eq(msg_decode_error(f, len, &me, err, sizeof(err)), 0, "not an ERROR: %s", err);
+	char want[96];
+	snprintf(want, sizeof(want), "gradient element %u (parameter %u) is NaN", P - 7, P - 7);
+	cr_assert_not_null(strstr(me.text, want), "%s", me.text);
+	target_expect_closed(fd, IO_MS);
+	target_assert_logged(&t, fd, want);
+	close(fd);
+	target_wipe(&hr);
+	char *log = target_worker_finishes(&t, RUN_TIMEOUT_S);
+	cr_assert_not_null(strstr(log, "done: 20 steps, "), "%s", log);
+	cr_assert_null(strstr(log, "nan"), "%s", log);
 }

@@ -124,17 +124,25 @@ static void worker_pack_open(struct worker *wr)
 		role_log(wr->out, "worker %d: packs float32 on its links to other hosts ([cluster] wire_pack)", wr->index);
 }
 
+/* What an autoflow decided at step (nothing if said is quiet), for
+ * [cluster] key: its ratio, and the way it now goes, on or off. */
+static void worker_say_autoflow(const struct worker *wr, const char *key, const struct autoflow *a,
+				enum autoflow_said said, long step, const char *on, const char *off)
+{
+	if (said != AUTOFLOW_QUIET)
+		role_log(wr->out, "worker %d: [cluster] %s = auto: at step %ld the exchange took %.1fx the compute (medians of %d steps): %s%s%s",
+			 wr->index, key, step, a->ratio, AUTOFLOW_WINDOW, said == AUTOFLOW_KEPT ? "keeps " : "",
+			 a->on ? on : off, said == AUTOFLOW_LAST ? " from here on" : "");
+}
+
 /* A step took compute seconds, then exchange seconds: pack from the next
  * one on, or not. */
 static void worker_pack_record(struct worker *wr, long step, double compute, double exchange)
 {
 	enum autoflow_said said = autoflow_record(&wr->packf, compute, exchange);
 	wr->lk.pack = autoflow_wants(&wr->packf);
-	if (said != AUTOFLOW_QUIET)
-		role_log(wr->out, "worker %d: [cluster] wire_pack = auto: at step %ld the exchange took %.1fx the compute (medians of %d steps): %s%s%s",
-			 wr->index, step, wr->packf.ratio, AUTOFLOW_WINDOW, said == AUTOFLOW_KEPT ? "keeps " : "",
-			 wr->packf.on ? "packing float32 on its links to other hosts" : "sending float32 as it is",
-			 said == AUTOFLOW_LAST ? " from here on" : "");
+	worker_say_autoflow(wr, "wire_pack", &wr->packf, said, step, "packing float32 on its links to other hosts",
+			    "sending float32 as it is");
 }
 
 /* Pushing while backward runs: sync piece mode on one CPU replica (the
@@ -560,12 +568,9 @@ static int worker_step(struct worker *wr, char *err, size_t errlen)
 	wr->t_comm += t2 - t1;
 	wr->timed++;
 	enum autoflow_said said = wr->flowing ? autoflow_record(&wr->af, t1 - t0, t2 - t1) : AUTOFLOW_QUIET;
-	if (said != AUTOFLOW_QUIET)
-		role_log(wr->out, "worker %d: [cluster] overlap = auto: at step %ld the exchange took %.1fx the compute (medians of %d steps): %s%s%s",
-			 wr->index, step, wr->af.ratio, AUTOFLOW_WINDOW, said == AUTOFLOW_KEPT ? "keeps " : "",
-			 wr->af.on ? "pushing the pieces of each gradient as backward makes them"
-				   : "pushing each gradient after computing it",
-			 said == AUTOFLOW_LAST ? " from here on" : "");
+	worker_say_autoflow(wr, "overlap", &wr->af, said, step,
+			    "pushing the pieces of each gradient as backward makes them",
+			    "pushing each gradient after computing it");
 	worker_pack_record(wr, step, t1 - t0, t2 - t1);
 	if (!wr->chief)
 		return 0;

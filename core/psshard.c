@@ -237,7 +237,7 @@ static int piece_pushed_get(const struct psshard *s, size_t j, int w)
  * in L1 from the add to the optimizer's read of it. */
 #define APPLY_BLOCK 1024
 
-/* Piece j's R gradients are in, the last one from worker `last`, still in
+/* Piece j's R gradients are in, the last one from worker last_w, still in
  * its sender's buffer g (the piece's hi - lo values; the others in their
  * slots): sync_apply over the piece's range, a block at a time, in the
  * same operations and order (sum in worker-index order, divide by R,
@@ -246,7 +246,7 @@ static int piece_pushed_get(const struct psshard *s, size_t j, int w)
  * step: a ps spent about 0.8 ms of CPU a step in those at 10 Gbit/s.
  * Then the piece is at its next version; the last piece at v moves the
  * shard. */
-static void piece_apply(struct psshard *s, size_t j, int last, const float *g)
+static void piece_apply(struct psshard *s, size_t j, int last_w, const float *g)
 {
 	size_t n = s->n, lo, hi;
 	psshard_piece_range(s, j, &lo, &hi);
@@ -260,7 +260,7 @@ static void piece_apply(struct psshard *s, size_t j, int last, const float *g)
 		for (int w = 0; w < s->workers; w++) {
 			if (!piece_pushed_get(s, j, w))
 				continue;
-			const float *src = w == last ? g + (b - lo) : s->slots + (size_t)slot_of[w] * n + b;
+			const float *src = w == last_w ? g + (b - lo) : s->slots + (size_t)slot_of[w] * n + b;
 			if (first)
 				memcpy(acc, src, m * sizeof(float));
 			else

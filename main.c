@@ -6,6 +6,7 @@
  * signal handler sets. */
 #include "core/progress.h"
 #include "cluster/cluster.h"
+#include "core/backend.h"
 #include "core/checkpoint.h"
 #include "core/inspect.h"
 #include "core/launch.h"
@@ -129,7 +130,7 @@ static void usage(FILE *f)
 		"  --json             status: one JSON object (per round) instead of the table\n"
 		"  --watch S          status: ask again every S seconds until the run is complete\n"
 		"  --help, -h         this help\n"
-		"  --version          print the version and the build's GPU support\n"
+		"  --version          print the version, the build's GPU support and the BLAS kernels\n"
 		"\nexit status: 0 done, 1 runtime failure, 2 usage/config/data error, 3 peer or authentication\n"
 		"failure, 130 interrupted\n"
 		"keys and defaults: docs/CONFIG.md\n");
@@ -221,7 +222,9 @@ static int cmd_check(const struct opts *o)
 	struct shard shards[CONFIG_MAX_HOSTS];
 	shard_plan(shards, c.cluster.nps, m.nparams);
 	shard_print(stdout, &m, shards, c.cluster.nps, c.cluster.ps);
-	printf("; build: %s\n", gpu_build_info());
+	char blas[160];
+	backend_cpu_blas(blas, sizeof(blas));
+	printf("; build: %s; %s\n", gpu_build_info(), blas);
 	int n;
 	if (gpu_count(&n, err, sizeof(err)) == 0) {
 		for (int i = 0; i < n; i++) {
@@ -537,7 +540,9 @@ int main(int argc, char **argv)
 		return EXIT_DONE;
 	}
 	if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "version") == 0) {
-		printf("pstrain %s, %s\n", PSTRAIN_VERSION, gpu_build_info());
+		char blas[160];
+		backend_cpu_blas(blas, sizeof(blas));
+		printf("pstrain %s, %s; %s\n", PSTRAIN_VERSION, gpu_build_info(), blas);
 		return EXIT_DONE;
 	}
 	const struct command *command = NULL;

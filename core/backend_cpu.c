@@ -9,6 +9,8 @@
 #include "layers.h"
 #include "parallel.h"
 
+#include <cblas.h>
+
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -358,4 +360,16 @@ void backend_cpu(struct backend *b, int threads)
 	b->ops = &cpu_ops;
 	b->ctx = (void *)(intptr_t)layers_set_threads(threads);
 	snprintf(b->where, sizeof(b->where), "cpu:0");
+}
+
+void backend_cpu_blas(char *out, size_t outlen)
+{
+	/* openblas_get_config() starts "OpenBLAS 0.3.21 NO_LAPACKE ...": its
+	 * first two words are the name and version. */
+	const char *config = openblas_get_config();
+	int name = (int)strcspn(config, " ");
+	int version = name + (config[name] ? 1 + (int)strcspn(config + name + 1, " ") : 0);
+	const char *forced = getenv("OPENBLAS_CORETYPE");
+	snprintf(out, outlen, "%.*s, %s kernels%s%s%s", version, config, openblas_get_corename(),
+		 forced ? " (OPENBLAS_CORETYPE=" : "", forced ? forced : "", forced ? ")" : "");
 }

@@ -1080,3 +1080,27 @@ Test(config, wire_dtype)
 		  "test.ini:2: [cluster] wire_dtype: \"bf8\" is not one of fp32, bf16, bf16_grads or bf16_params");
 	parse_bad("[cluster]\nwire_dtype = BF16\n", "\"BF16\" is not one of");
 }
+
+/* --version names the BLAS kernels the dense layers run on, and says when
+ * OPENBLAS_CORETYPE chose them: on an AVX-512 CPU a preset Haswell halves
+ * the GEMMs' speed (docs/BENCHMARKS.md), and only this line shows it. */
+Test(config, version_names_blas_kernels)
+{
+	const char *args[] = { "--version", NULL };
+	struct run r;
+
+	cr_assert_eq(setenv("OPENBLAS_CORETYPE", "Haswell", 1), 0);
+	run_pstrain(&r, NULL, args);
+	cr_assert_eq(r.status, 0, "exit status %d; stderr: %s", r.status, r.err);
+	cr_expect(strstr(r.out, "; OpenBLAS 0."), "no BLAS named: %s", r.out);
+	cr_expect(strstr(r.out, ", Haswell kernels (OPENBLAS_CORETYPE=Haswell)\n"),
+		  "the forced kernels are not named: %s", r.out);
+	run_free(&r);
+
+	cr_assert_eq(unsetenv("OPENBLAS_CORETYPE"), 0);
+	run_pstrain(&r, NULL, args);
+	cr_assert_eq(r.status, 0, "exit status %d; stderr: %s", r.status, r.err);
+	cr_expect(strstr(r.out, " kernels\n"), "the kernels picked are not named: %s", r.out);
+	cr_expect_null(strstr(r.out, "OPENBLAS_CORETYPE"), "nothing forced, yet: %s", r.out);
+	run_free(&r);
+}

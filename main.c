@@ -138,6 +138,15 @@ static void usage(FILE *f)
 
 static int bad_usage(const char *fmt, const char *arg);
 
+/* What this build runs on: its GPU support and the BLAS kernels picked
+ * for this CPU (--version, check). */
+static void print_build(const char *prefix)
+{
+	char blas[160];
+	backend_cpu_blas(blas, sizeof(blas));
+	printf("%s%s; %s\n", prefix, gpu_build_info(), blas);
+}
+
 static int load(const struct opts *o, struct config *c)
 {
 	char err[CONFIG_ERR_MAX];
@@ -222,9 +231,7 @@ static int cmd_check(const struct opts *o)
 	struct shard shards[CONFIG_MAX_HOSTS];
 	shard_plan(shards, c.cluster.nps, m.nparams);
 	shard_print(stdout, &m, shards, c.cluster.nps, c.cluster.ps);
-	char blas[160];
-	backend_cpu_blas(blas, sizeof(blas));
-	printf("; build: %s; %s\n", gpu_build_info(), blas);
+	print_build("; build: ");
 	int n;
 	if (gpu_count(&n, err, sizeof(err)) == 0) {
 		for (int i = 0; i < n; i++) {
@@ -540,9 +547,7 @@ int main(int argc, char **argv)
 		return EXIT_DONE;
 	}
 	if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "version") == 0) {
-		char blas[160];
-		backend_cpu_blas(blas, sizeof(blas));
-		printf("pstrain %s, %s; %s\n", PSTRAIN_VERSION, gpu_build_info(), blas);
+		print_build("pstrain " PSTRAIN_VERSION ", ");
 		return EXIT_DONE;
 	}
 	const struct command *command = NULL;

@@ -364,12 +364,10 @@ void backend_cpu(struct backend *b, int threads)
 
 void backend_cpu_blas(char *out, size_t outlen)
 {
-	/* openblas_get_config() starts "OpenBLAS 0.3.21 NO_LAPACKE ...": its
-	 * first two words are the name and version. */
-	const char *config = openblas_get_config();
-	int name = (int)strcspn(config, " ");
-	int version = name + (config[name] ? 1 + (int)strcspn(config + name + 1, " ") : 0);
+	/* openblas_get_config() starts "OpenBLAS 0.3.21 NO_LAPACKE ...". */
+	char name[32] = "?", version[32] = "";
+	sscanf(openblas_get_config(), "%31s %31s", name, version);
 	const char *forced = getenv("OPENBLAS_CORETYPE");
-	snprintf(out, outlen, "%.*s, %s kernels%s%s%s", version, config, openblas_get_corename(),
+	snprintf(out, outlen, "%s %s, %s kernels%s%s%s", name, version, openblas_get_corename(),
 		 forced ? " (OPENBLAS_CORETYPE=" : "", forced ? forced : "", forced ? ")" : "");
 }

@@ -1016,46 +1016,62 @@ Test(msg, assembly_init_refuses)
 		       "PUSH", "empty assembly");
 }
 
+/* Sends src's N values as PUSH chunks of dtype through encode, decode and
+ * an assembly that expects float32, into dst: every chunk goes as dtype
+ * and fits a frame, and a packed one is shorter than float32. Returns the
+ * bytes of the chunks' values on the wire. */
+static size_t push_through_chunks(const float *src, float *dst, uint64_t N, unsigned dtype)
+{
+	uint8_t *buf = malloc(MSG_CHUNK_BYTES_MAX);
+	struct msg_assembly a;
+	char err[256] = "";
+	size_t total = 0;
+
+	cr_assert(buf);
+	memset(dst, 0, N * sizeof *dst);
+	cr_assert_eq(msg_assembly_init(&a, WIRE_PUSH, 1, N, WIRE_F32, err, sizeof err), 0);
+	uint64_t nchunks = msg_chunks(N, dtype);
+	for (uint64_t i = 0; i < nchunks; i++) {
+		struct msg_chunk c = { .type = WIRE_PUSH, .dtype = (uint8_t)dtype, .shard = 1,
+				       .version = 41, .worker = 3 };
+		struct msg_chunk in;
+		size_t len = 0;
+
+		msg_chunk_range(N, dtype, i, &c.offset, &c.count);
+		cr_assert_eq(msg_encode_chunk(buf, MSG_CHUNK_BYTES_MAX, &c, src + c.offset, &len, err,
+					      sizeof err),
+			     0, "%s", err);
+		cr_assert_eq(buf[1], dtype, "chunk %llu went as dtype %u", (unsigned long long)i, buf[1]);
+		cr_assert(len <= FRAME_MAX);
+		if (dtype == WIRE_F32P)
+			cr_assert_lt(len, MSG_CHUNK_BYTES(c.count, WIRE_F32));
+		total += len - MSG_CHUNK_HDR_BYTES;
+		cr_assert_eq(msg_decode_chunk(buf, len, &in, err, sizeof err), 0, "%s", err);
+		int rc = msg_assembly_add(&a, &in, dst, err, sizeof err);
+		cr_assert_eq(rc, i + 1 == nchunks, "chunk %llu: %d %s", (unsigned long long)i, rc, err);
+	}
+	free(buf);
+	return total;
+}
+
 /* A tensor the size of the Fashion-MNIST MLP (669706 floats), sent as PUSH
  * chunks through encode -> decode -> assembly, comes back bit for bit. */
 Test(msg, full_tensor_bitwise)
 {
 	const uint64_t N = 669706;
 	float *src = malloc(N * sizeof *src), *dst = malloc(N * sizeof *dst);
-	uint8_t *buf = malloc(MSG_CHUNK_BYTES_MAX);
-	struct msg_assembly a;
-	char err[256] = "";
-	int rc = 0;
 
-	cr_assert(src && dst && buf);
+	cr_assert(src && dst);
 	rng_state = 669706;
 	for (uint64_t i = 0; i < N; i++) {
 		uint32_t u = (uint32_t)rng_next();
 		memcpy(&src[i], &u, sizeof u);
 	}
-	memset(dst, 0, N * sizeof *dst);
-	cr_assert_eq(msg_assembly_init(&a, WIRE_PUSH, 1, N, WIRE_F32, err, sizeof err), 0);
-	uint64_t nchunks = msg_chunks(N, WIRE_F32);
-	cr_assert_eq(nchunks, 41);
-	for (uint64_t i = 0; i < nchunks; i++) {
-		struct msg_chunk c = { .type = WIRE_PUSH, .shard = 1, .version = 41, .worker = 3 };
-		struct msg_chunk in;
-		size_t len = 0;
-
-		msg_chunk_range(N, WIRE_F32, i, &c.offset, &c.count);
-		cr_assert_eq(msg_encode_chunk(buf, MSG_CHUNK_BYTES_MAX, &c, src + c.offset, &len,
-					      err, sizeof err),
-			     0, "%s", err);
-		cr_assert(len <= FRAME_MAX);
-		cr_assert_eq(msg_decode_chunk(buf, len, &in, err, sizeof err), 0, "%s", err);
-		rc = msg_assembly_add(&a, &in, dst, err, sizeof err);
-		cr_assert_eq(rc, i + 1 == nchunks, "chunk %llu: %d %s", (unsigned long long)i, rc,
-			     err);
-	}
+	cr_assert_eq(msg_chunks(N, WIRE_F32), 41);
+	push_through_chunks(src, dst, N, WIRE_F32);
 	cr_assert_eq(memcmp(src, dst, N * sizeof *src), 0, "tensor differs after reassembly");
 	free(src);
 	free(dst);
-	free(buf);
 }
 
 /* ---- the bf16 dtype -------------------------------------------------------- */
@@ -1245,40 +1261,17 @@ Test(msg, full_tensor_packed)
 {
 	const uint64_t N = 669706;
 	float *src = malloc(N * sizeof *src), *dst = malloc(N * sizeof *dst);
-	uint8_t *buf = malloc(MSG_CHUNK_BYTES_MAX);
-	struct msg_assembly a;
-	char err[256] = "";
-	size_t total = 0;
 
-	cr_assert(src && dst && buf);
+	cr_assert(src && dst);
 	rng_state = 777;
 	for (uint64_t i = 0; i < N; i++) /* uniform in (-0.05, 0.05), zero every 1000th */
 		src[i] = i % 1000 ? (float)((int64_t)(rng_next() >> 11) - (1ll << 52)) * 0x1p-52f * 0.05f : 0.0f;
-	cr_assert_eq(msg_assembly_init(&a, WIRE_PUSH, 1, N, WIRE_F32, err, sizeof err), 0);
-	uint64_t nchunks = msg_chunks(N, WIRE_F32P);
-	for (uint64_t i = 0; i < nchunks; i++) {
-		struct msg_chunk c = { .type = WIRE_PUSH, .dtype = WIRE_F32P, .shard = 1,
-				       .version = 41, .worker = 3 };
-		struct msg_chunk in;
-		size_t len = 0;
-
-		msg_chunk_range(N, WIRE_F32P, i, &c.offset, &c.count);
-		cr_assert_eq(msg_encode_chunk(buf, MSG_CHUNK_BYTES_MAX, &c, src + c.offset, &len, err,
-					      sizeof err),
-			     0, "%s", err);
-		cr_assert_eq(buf[1], WIRE_F32P, "chunk %llu went as dtype %u", (unsigned long long)i, buf[1]);
-		cr_assert_lt(len, MSG_CHUNK_BYTES(c.count, WIRE_F32));
-		total += len - MSG_CHUNK_HDR_BYTES;
-		cr_assert_eq(msg_decode_chunk(buf, len, &in, err, sizeof err), 0, "%s", err);
-		int rc = msg_assembly_add(&a, &in, dst, err, sizeof err);
-		cr_assert_eq(rc, i + 1 == nchunks, "chunk %llu: %d %s", (unsigned long long)i, rc, err);
-	}
+	size_t total = push_through_chunks(src, dst, N, WIRE_F32P);
 	cr_assert_eq(memcmp(src, dst, N * sizeof *src), 0, "the values changed");
 	double ratio = (double)total / (4.0 * (double)N);
 	cr_assert(ratio > 0.87 && ratio < 0.885, "packed to %.4f of float32", ratio);
 	free(src);
 	free(dst);
-	free(buf);
 }
 
 /* A packed chunk that would not shrink goes as float32; a packed chunk is

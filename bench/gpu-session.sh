@@ -6,37 +6,45 @@
 #
 #   bench/gpu-session.sh pack [DIR]               here: build and bundle into DIR (default .gpu,
 #                                                 git-ignored; carry it)
-#   bench/gpu-session.sh run DIR OUTDIR STEP...   there: run the steps, one log per step in OUTDIR
+#   bench/gpu-session.sh run DIR OUTDIR [--budget S] STEP...
+#                                                 there: run the steps, one log per step in OUTDIR
 #
 # A device call runs at most 10 minutes and carries at most 64 MiB, the
-# working tree (about 1.5 MB) included. So pack fails when DIR is 60 MiB or
-# more, and every step has a time limit (LIMIT below, seconds) that leaves
-# a margin; put steps in one call only while their limits add up to 540 s
-# or less (unpacking takes seconds), e.g. "env tests", "bench",
-# "bench-cnn mlp", "cnn", "pushpull".
+# working tree (about 1.5 MB) included, and a whole session has 15 minutes
+# of device time, the machine's start included: one full call and one short
+# one. So pack fails when DIR is 60 MiB or more, every step has a time
+# limit (LIMIT below, seconds), and --budget S bounds the whole call: the
+# steps run in the order given, each within what is left of S seconds
+# (counted from before unpacking), cut to that when it still leaves the
+# step its FLOOR, and not run at all when it does not. "all" stands for
+# every step, in the order of what a first GPU session most needs:
+# env tests mlp cluster sanitize bench bench-cnn ncu pushpull cnn.
+# A session's first call: run .gpu $OUT --budget 480 all (timeout_s 540);
+# its second, if minutes are left: the steps the first did not run.
 #
-# Steps (LIMIT; expected time on one H100 in parentheses):
-#   env       (120; ~40 s) nvidia-smi, driver, glibc, where libcublas is found, torch's version
+# Steps (LIMIT/FLOOR; expected time on one H100 in parentheses):
+#   env       (120/60; ~40 s) nvidia-smi, driver, glibc, where libcublas is found, torch's version
 #             and TF32 flags, and a timed one-step `pstrain local` on Fashion-MNIST at
 #             memory_fraction 0.9 and 0.05
-#   tests     (300; ~1-3 min) the GPU suites one by one: gpu_kernels, gpu, devices, train, cli, cnn
-#   bench     (450; ~4 min) bench/gpu_mlp: MLP-256, MLP-4096, wide at 4096 (TF32 off, on) against
+#   tests     (300/120; ~1-3 min) the GPU suites one by one: gpu_kernels, gpu, devices, train, cli, cnn
+#   bench     (450/200; ~4 min) bench/gpu_mlp: MLP-256, MLP-4096, wide at 4096 (TF32 off, on) against
 #             PyTorch eager and a CUDA-graph row, 3 interleaved rounds
-#   bench-cnn (300; ~2.5 min) the same for the example CNN at batch 256, TF32 off and on
-#   mlp       (200; < 1 min) pstrain local on examples/fashion-mlp.ini, placement logged
-#   cnn       (480; unknown) pstrain local on examples/fashion-cnn.ini for CNN_EPOCHS epochs
+#   bench-cnn (300/150; ~2.5 min) the same for the example CNN at batch 256, TF32 off and on
+#   mlp       (200/90; < 1 min) pstrain local on examples/fashion-mlp.ini, placement logged
+#   cnn       (480/480; unknown) pstrain local on examples/fashion-cnn.ini for CNN_EPOCHS epochs
 #             (default 12, the example's); fails at its limit if the GPU is too slow for that
-#   pushpull  (170; ~2 min) sealed vs plain push/pull with 1,2,4,8 and auto crypto threads
-#   sanitize  (480; unknown) compute-sanitizer: memcheck (every arena buffer its own cudaMalloc)
+#   pushpull  (170/120; ~2 min) sealed vs plain push/pull with 1,2,4,8 and auto crypto threads
+#   sanitize  (480/180; unknown) compute-sanitizer: memcheck (every arena buffer its own cudaMalloc)
 #             and racecheck over the gpu_kernels suite, memcheck over 3 steps of the MLP
 #             example (the CUDA graph is captured at step 2) and of the CNN example
-#   cluster   (300; ~1-2 min) 1 ps + 2 workers of cluster.ini's MLP on this one GPU over
+#   cluster   (300/120; ~1-2 min) 1 ps + 2 workers of cluster.ini's MLP on this one GPU over
 #             loopback, memory_fraction 0.4 each
-#   ncu       (240; ~2 min) Nsight Compute per-kernel times of MLP-256 and MLP-4096 steps
+#   ncu       (240/120; ~2 min) Nsight Compute per-kernel times of MLP-256 and MLP-4096 steps
 #             (kernel by kernel, so each launch is one kernel)
 # A step's exit status is its program's or suite's (124: stopped at its
 # limit), never a pipeline's; run's own status is 0 only when every step
-# passed, and its last lines list every step's status.
+# passed, 1 when any failed, 3 when none failed but the budget left some
+# unrun; its last lines list every step's status, "not run" ones too.
 set -u
 self=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 cd "$(dirname "$self")/.." || exit 1
@@ -105,7 +113,7 @@ pack() {
 		echo "gpu-session: $dir is over 60 MiB: a device call carries at most 64 MiB with the working tree" >&2
 		exit 1
 	fi
-	echo "carry: [\"$dir\"]   command: bench/gpu-session.sh run $dir \$OUT env tests"
+	echo "carry: [\"$dir\"]   command: bench/gpu-session.sh run $dir \$OUT --budget 480 all (timeout_s 540)"
 }
 
 # unpack ARCHIVE FORMAT: into the current directory, with xz or gzip, or
@@ -131,6 +139,23 @@ cublas_dir() {
 	ldconfig -p 2>/dev/null | grep -q 'libcublas\.so\.1[23] ' && return 0
 	f=$(find /opt /usr/local /usr/lib -name 'libcublas.so.1[23]' 2>/dev/null | head -n 1)
 	[ -n "$f" ] && dirname "$f"
+}
+
+# fit NAME LIMIT FLOOR: sets lim to the seconds step NAME may run: LIMIT,
+# or under --budget what is left of the call less a margin for the
+# timeout's grace, when that is less; returns 1, and records the step as
+# not run, when that is under FLOOR.
+fit() {
+	lim=$2
+	[ "$budget" -gt 0 ] || return 0
+	left=$((budget - ($(date +%s) - call_t0) - 15))
+	[ "$left" -lt "$lim" ] && lim=$left
+	[ "$lim" -ge "$3" ] && return 0
+	echo "== $1: not run: ${left}s left of the call's budget of ${budget}s, it needs at least $3s"
+	summary="$summary
+   $1: not run (budget)"
+	unrun=$((unrun + 1))
+	return 1
 }
 
 # run_step NAME LIMIT CMD...: CMD with its output in $out/NAME.log, stopped
@@ -269,8 +294,25 @@ bench_step() {
 }
 
 run() {
+	call_t0=$(date +%s)
 	dir=$1 out=$2
 	shift 2
+	budget=0
+	if [ "${1:-}" = --budget ]; then
+		case ${2:-} in
+		'' | *[!0-9]*) echo "gpu-session: --budget takes whole seconds, not '${2:-}'" >&2; exit 2 ;;
+		esac
+		budget=$2
+		shift 2
+	fi
+	[ $# -gt 0 ] || { echo "gpu-session: no step named" >&2; exit 2; }
+	steps=""
+	for step in "$@"; do
+		case $step in
+		all) steps="$steps env tests mlp cluster sanitize bench bench-cnn ncu pushpull cnn" ;;
+		*) steps="$steps $step" ;;
+		esac
+	done
 	fmt=$(cat "$dir/FORMAT" 2>/dev/null || echo xz)
 	arc=$dir/bin.tar.$([ "$fmt" = xz ] && echo xz || echo gz)
 	[ -f "$arc" ] || { echo "gpu-session: no $arc (run pack here first)" >&2; exit 2; }
@@ -278,38 +320,40 @@ run() {
 	t0=$(date +%s)
 	unpack "$arc" "$fmt" || { echo "gpu-session: cannot unpack $arc" >&2; exit 1; }
 	echo "gpu-session: unpacked $arc ($fmt) in $(($(date +%s) - t0))s; $(head -n 1 "$dir/MANIFEST" 2>/dev/null)"
+	[ "$budget" -gt 0 ] && echo "gpu-session: budget ${budget}s for:$steps"
 	CUBLAS_DIR=$(cublas_dir)
 	export CUBLAS_DIR LD_LIBRARY_PATH="$PWD/build/gpu-lib${CUBLAS_DIR:+:$CUBLAS_DIR}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 	export PSTRAIN_BIN="$PWD/pstrain" CRITERION_JOBS=1 PY="${PY:-python3}"
 	data=$(cd "$dir/data" && pwd)
 	set_data="--set data.train_images=$data/train-images-idx3-ubyte.gz --set data.train_labels=$data/train-labels-idx1-ubyte.gz --set data.test_images=$data/t10k-images-idx3-ubyte.gz --set data.test_labels=$data/t10k-labels-idx1-ubyte.gz"
 	export set_data
-	summary="" failed=0
-	for step in "$@"; do
+	summary="" failed=0 unrun=0
+	for step in $steps; do
 		ck=$(mktemp -d)
 		case $step in
-		env) run_step env 120 sh "$self" _env ;;
-		tests) run_step tests 300 sh "$self" _tests ;;
+		env) fit env 120 60 && run_step env "$lim" sh "$self" _env ;;
+		tests) fit tests 300 120 && run_step tests "$lim" sh "$self" _tests ;;
 		bench)
-			run_step bench 450 env BUDGET=380 RUN_LIMIT=60 \
+			# gpu_mlp starts no run after its BUDGET; a run takes up to a minute.
+			fit bench 450 200 && run_step bench "$lim" env BUDGET=$((lim - 70)) RUN_LIMIT=60 \
 				CASES="mlp:256:off mlp:4096:off wide:4096:off wide:4096:on" sh "$self" _bench "$dir" ;;
 		bench-cnn)
-			run_step bench-cnn 300 env BUDGET=230 RUN_LIMIT=60 \
+			fit bench-cnn 300 150 && run_step bench-cnn "$lim" env BUDGET=$((lim - 70)) RUN_LIMIT=60 \
 				CASES="fashion-cnn:256:off fashion-cnn:256:on" sh "$self" _bench "$dir" ;;
 		mlp)
 			# shellcheck disable=SC2086
-			run_step mlp 200 ./pstrain local --config examples/fashion-mlp.ini --fresh $set_data \
-				--set train.checkpoint_dir="$ck" --set gpu.log_placement=true ;;
+			fit mlp 200 90 && run_step mlp "$lim" ./pstrain local --config examples/fashion-mlp.ini --fresh \
+				$set_data --set train.checkpoint_dir="$ck" --set gpu.log_placement=true ;;
 		cnn)
 			# shellcheck disable=SC2086
-			run_step cnn 480 ./pstrain local --config examples/fashion-cnn.ini --fresh $set_data \
-				--set train.epochs="${CNN_EPOCHS:-12}" --set train.checkpoint_dir="$ck" ;;
-		sanitize) run_step sanitize 480 sh "$self" _sanitize ;;
-		cluster) run_step cluster 300 sh "$self" _cluster ;;
-		ncu) run_step ncu 240 sh "$self" _ncu ;;
+			fit cnn 480 480 && run_step cnn "$lim" ./pstrain local --config examples/fashion-cnn.ini --fresh \
+				$set_data --set train.epochs="${CNN_EPOCHS:-12}" --set train.checkpoint_dir="$ck" ;;
+		sanitize) fit sanitize 480 180 && run_step sanitize "$lim" sh "$self" _sanitize ;;
+		cluster) fit cluster 300 120 && run_step cluster "$lim" sh "$self" _cluster ;;
+		ncu) fit ncu 240 120 && run_step ncu "$lim" sh "$self" _ncu ;;
 		pushpull)
-			run_step pushpull 170 sh -c 'build/bench/pushpull --sizes 1,16,64 --modes sealed,plain \
-				--seconds 1 --rounds 2 --crypto-threads 1,2,4,8,0 && build/bench/pushpull --crypto' ;;
+			fit pushpull 170 120 && run_step pushpull "$lim" sh -c 'build/bench/pushpull --sizes 1,16,64 \
+				--modes sealed,plain --seconds 1 --rounds 2 --crypto-threads 1,2,4,8,0 && build/bench/pushpull --crypto' ;;
 		*)
 			echo "gpu-session: unknown step $step" >&2
 			summary="$summary
@@ -319,12 +363,14 @@ run() {
 		rm -rf "$ck"
 	done
 	echo "gpu-session: steps:$summary"
+	echo "gpu-session: $(($(date +%s) - call_t0))s in all"
 	[ "$failed" = 0 ] || { echo "gpu-session: $failed step(s) failed"; exit 1; }
+	[ "$unrun" = 0 ] || { echo "gpu-session: $unrun step(s) not run for want of budget"; exit 3; }
 }
 
 case $mode in
 pack) pack "$@" ;;
-run) [ $# -ge 3 ] || { echo "usage: bench/gpu-session.sh run DIR OUTDIR STEP..." >&2; exit 2; }; run "$@" ;;
+run) [ $# -ge 3 ] || { echo "usage: bench/gpu-session.sh run DIR OUTDIR [--budget S] STEP..." >&2; exit 2; }; run "$@" ;;
 # The steps that are shell functions, run as programs under run_step's timeout.
 _env) env_step ;;
 _tests) tests_step ;;
@@ -332,5 +378,5 @@ _bench) bench_step "$1" ;;
 _sanitize) sanitize_step ;;
 _cluster) cluster_step ;;
 _ncu) ncu_step ;;
-*) echo "usage: bench/gpu-session.sh pack [DIR] | run DIR OUTDIR STEP..." >&2; exit 2 ;;
+*) echo "usage: bench/gpu-session.sh pack [DIR] | run DIR OUTDIR [--budget S] STEP..." >&2; exit 2 ;;
 esac

@@ -220,19 +220,34 @@ for name, get in (("cuda.matmul.allow_tf32", lambda: b.cuda.matmul.allow_tf32),
 }
 
 # The GPU suites one process at a time: every test that trains takes an
-# arena of memory_fraction 0.9, so two at once would refuse each other.
+# arena of memory_fraction 0.9, so two at once would refuse each other. A
+# test that needs a GPU skips without one; on a machine where nvidia-smi
+# lists a GPU such a skip (a missing cuBLAS, say) fails its suite, since a
+# skipped check proves nothing.
 tests_step() {
 	[ -x build/tests/run ] || { echo "build/tests/run was not packed"; return 1; }
+	has_gpu=0
+	nvidia-smi -L 2>/dev/null | grep -q '^GPU ' && has_gpu=1
+	echo "## nvidia-smi lists a GPU: $([ $has_gpu = 1 ] && echo yes || echo no)"
 	st=0
+	log=$(mktemp) || return 1
 	for s in gpu_kernels gpu devices train cli cnn; do
 		echo "## suite $s"
 		# Launches wait for their kernels: a fault is reported by the
 		# call that caused it, not by a later one (a step never waits).
-		CUDA_LAUNCH_BLOCKING=1 build/tests/run --jobs 1 --verbose --filter "$s/*"
+		CUDA_LAUNCH_BLOCKING=1 build/tests/run --jobs 1 --verbose --filter "$s/*" >"$log" 2>&1
 		rc=$?
-		echo "## suite $s: exit $rc"
-		[ $rc = 0 ] || st=1
+		cat "$log"
+		skips=$(grep -c '^\[SKIP\] .*: needs a GPU' "$log")
+		echo "## suite $s: exit $rc, $skips test(s) skipped for want of a GPU"
+		if [ $rc != 0 ]; then
+			st=1
+		elif [ $has_gpu = 1 ] && [ "$skips" != 0 ]; then
+			echo "## suite $s FAILED: $skips test(s) skipped on a machine with a GPU"
+			st=1
+		fi
 	done
+	rm -f "$log"
 	return $st
 }
 

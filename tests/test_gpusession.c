@@ -24,25 +24,42 @@ static void session_make(char *dir, size_t len)
 		 "set -e; cd '%s'; mkdir -p tree/bench stage .gpu/data;"
 		 "cp '%s' tree/bench/gpu-session.sh;"
 		 "printf '#!/bin/sh\\necho pstrain stub\\n' >stage/pstrain; chmod +x stage/pstrain;"
-		 "tar czf .gpu/bin.tar.gz -C stage .; echo gzip >.gpu/FORMAT; echo 'commit stub' >.gpu/MANIFEST",
+		 /* A test binary whose every suite passes with one test skipped
+		  * for want of a GPU, as on a machine where cuBLAS is not found. */
+		 "mkdir -p stage/build/tests;"
+		 "printf '#!/bin/sh\\necho \"[SKIP] any::test: needs a GPU: no cuBLAS\"\\n' >stage/build/tests/run;"
+		 "chmod +x stage/build/tests/run;"
+		 "tar czf .gpu/bin.tar.gz -C stage .; echo gzip >.gpu/FORMAT; echo 'commit stub' >.gpu/MANIFEST;"
+		 /* nvidia-smi as on a GPU machine (gpu/) and as without a GPU (nogpu/). */
+		 "mkdir gpu nogpu;"
+		 "printf '#!/bin/sh\\necho \"GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)\"\\n' >gpu/nvidia-smi;"
+		 "printf '#!/bin/sh\\necho \"NVIDIA-SMI has failed\"; exit 9\\n' >nogpu/nvidia-smi;"
+		 "chmod +x gpu/nvidia-smi nogpu/nvidia-smi",
 		 dir, script);
 	cr_assert_eq(system(cmd), 0, "could not make the stub bundle in %s", dir);
 }
 
-/* Runs the script's run with args; returns its exit status, its output in
- * *out (the path's buffer, see slurp). */
-static int session_run(const char *dir, const char *args, char **out)
+/* Runs the script's run with args, with nvidia-smi from dir/smi (gpu or
+ * nogpu); returns its exit status, its output in *out (the path's buffer,
+ * see slurp). */
+static int session_run_with(const char *dir, const char *smi, const char *args, char **out)
 {
 	char cmd[8192], log[4096];
 	snprintf(log, sizeof(log), "%s/run.log", dir);
 	/* PY=false: the env step's torch query fails at once rather than
 	 * import a framework. */
-	snprintf(cmd, sizeof(cmd), "cd '%s/tree' && PY=false sh bench/gpu-session.sh run ../.gpu ../out %s >'%s' 2>&1",
-		 dir, args, log);
+	snprintf(cmd, sizeof(cmd),
+		 "cd '%s/tree' && PATH='%s/%s':\"$PATH\" PY=false sh bench/gpu-session.sh run ../.gpu ../out %s >'%s' 2>&1",
+		 dir, dir, smi, args, log);
 	int st = system(cmd);
 	*out = slurp(log);
 	cr_assert(WIFEXITED(st), "the script did not exit: %d\n%s", st, *out);
 	return WEXITSTATUS(st);
+}
+
+static int session_run(const char *dir, const char *args, char **out)
+{
+	return session_run_with(dir, "nogpu", args, out);
 }
 
 Test(gpu_session, a_budget_too_small_runs_nothing_and_says_so, .timeout = 60)
@@ -97,5 +114,24 @@ Test(gpu_session, a_bad_budget_is_refused, .timeout = 30)
 	cr_expect(strstr(out, "--budget takes whole seconds, not '8m'"), "%s", out);
 	rc = session_run(dir, "--budget 100", &out);
 	cr_expect_eq(rc, 2, "no step: exit %d\n%s", rc, out);
+	test_dir_remove(dir);
+}
+
+/* A GPU test that skips proves nothing: on a machine whose nvidia-smi lists
+ * a GPU, the tests step fails on it; without a GPU the skip is expected. */
+Test(gpu_session, a_test_skipped_on_a_gpu_machine_fails_the_tests_step, .timeout = 60)
+{
+	char dir[4096], *out;
+	session_make(dir, sizeof(dir));
+	int rc = session_run_with(dir, "gpu", "tests", &out);
+	cr_expect_eq(rc, 1, "exit %d with a GPU listed\n%s", rc, out);
+	char log[4200];
+	snprintf(log, sizeof(log), "%s/out/tests.log", dir);
+	const char *text = slurp(log);
+	cr_expect(strstr(text, "## suite gpu_kernels FAILED: 1 test(s) skipped on a machine with a GPU"), "%s", text);
+	cr_expect(strstr(text, "## suite cnn FAILED: 1 test(s) skipped"), "%s", text);
+	rc = session_run_with(dir, "nogpu", "tests", &out);
+	cr_expect_eq(rc, 0, "exit %d without a GPU\n%s", rc, out);
+	cr_expect(strstr(out, "   tests: exit 0"), "%s", out);
 	test_dir_remove(dir);
 }

@@ -236,7 +236,7 @@ tests_step() {
 		# Launches wait for their kernels: a fault is reported by the
 		# call that caused it, not by a later one (a step never waits).
 		# Not for devices: its CUDA graph test captures a step, and a
-		# launch that blocks is not allowed in stream capture.
+		# capture is reported to fail under blocking launches.
 		blocking=1
 		[ "$s" = devices ] && blocking=0
 		CUDA_LAUNCH_BLOCKING=$blocking LD_LIBRARY_PATH="$TESTS_LIB" build/tests/run --jobs 1 --verbose \

@@ -7,7 +7,8 @@
 #   bench/gpu-session.sh pack [DIR]               here: build and bundle into DIR (default .gpu,
 #                                                 git-ignored; carry it)
 #   bench/gpu-session.sh run DIR OUTDIR [--budget S] STEP...
-#                                                 there: run the steps, one log per step in OUTDIR
+#                                                 there: run the steps; every step's log in
+#                                                 OUTDIR/logs.tar.gz, the statuses in OUTDIR/summary.txt
 #
 # A device call runs at most 10 minutes and carries at most 64 MiB, the
 # working tree (about 1.5 MB) included, and a whole session has 15 minutes
@@ -158,20 +159,33 @@ fit() {
 	return 1
 }
 
-# run_step NAME LIMIT CMD...: CMD with its output in $out/NAME.log, stopped
-# at LIMIT seconds; its status is CMD's (124 at the limit).
+# run_step NAME LIMIT CMD...: CMD with its output in $logs/NAME.log,
+# stopped at LIMIT seconds; its status is CMD's (124 at the limit).
 run_step() {
 	name=$1 limit=$2
 	shift 2
 	echo "== $name (limit ${limit}s): $*"
 	t0=$(date +%s)
-	timeout -k 10 "$limit" "$@" >"$out/$name.log" 2>&1
+	timeout -k 10 "$limit" "$@" >"$logs/$name.log" 2>&1
 	rc=$?
 	echo "== $name: exit $rc after $(($(date +%s) - t0))s$([ $rc = 124 ] && echo ' (stopped at its limit)')"
-	tail -n 25 "$out/$name.log"
+	tail -n 25 "$logs/$name.log"
 	summary="$summary
    $name: exit $rc"
 	[ $rc = 0 ] || failed=$((failed + 1))
+}
+
+# The logs so far as OUTDIR/logs.tar.gz (.tar without gzip) and the summary
+# as OUTDIR/summary.txt, after every step: a device call brings back at
+# most 8 files, fewer than the steps, and what is in OUTDIR when a call is
+# stopped at its limit still comes back.
+save_logs() {
+	echo "steps:$summary" >"$out/summary.txt"
+	if command -v gzip >/dev/null 2>&1; then
+		tar czf "$out/.logs.part" -C "$logs" . && mv "$out/.logs.part" "$out/logs.tar.gz"
+	else
+		tar cf "$out/.logs.part" -C "$logs" . && mv "$out/.logs.part" "$out/logs.tar"
+	fi
 }
 
 # The env step, in a shell of its own (run_step's timeout needs a program).
@@ -340,6 +354,7 @@ run() {
 	arc=$dir/bin.tar.$([ "$fmt" = xz ] && echo xz || echo gz)
 	[ -f "$arc" ] || { echo "gpu-session: no $arc (run pack here first)" >&2; exit 2; }
 	mkdir -p "$out" || exit 1
+	logs=$(mktemp -d) || exit 1
 	t0=$(date +%s)
 	unpack "$arc" "$fmt" || { echo "gpu-session: cannot unpack $arc" >&2; exit 1; }
 	echo "gpu-session: unpacked $arc ($fmt) in $(($(date +%s) - t0))s; $(head -n 1 "$dir/MANIFEST" 2>/dev/null)"
@@ -388,7 +403,9 @@ run() {
 			failed=$((failed + 1)) ;;
 		esac
 		rm -rf "$ck"
+		save_logs
 	done
+	rm -rf "$logs"
 	echo "gpu-session: steps:$summary"
 	echo "gpu-session: $(($(date +%s) - call_t0))s in all"
 	[ "$failed" = 0 ] || { echo "gpu-session: $failed step(s) failed"; exit 1; }

@@ -57,6 +57,17 @@ static int session_run_with(const char *dir, const char *smi, const char *args, 
 	return WEXITSTATUS(st);
 }
 
+/* Step name's log, from the call's one archive of logs (a device call
+ * brings back at most 8 files). */
+static const char *session_log(const char *dir, const char *name)
+{
+	char cmd[8192], log[4200];
+	snprintf(cmd, sizeof(cmd), "cd '%s' && rm -rf logs && mkdir logs && tar xzf out/logs.tar.gz -C logs", dir);
+	cr_assert_eq(system(cmd), 0, "no out/logs.tar.gz in %s", dir);
+	snprintf(log, sizeof(log), "%s/logs/%s.log", dir, name);
+	return slurp(log);
+}
+
 static int session_run(const char *dir, const char *args, char **out)
 {
 	return session_run_with(dir, "nogpu", args, out);
@@ -92,6 +103,15 @@ Test(gpu_session, a_step_is_cut_to_what_is_left_and_later_ones_left_out, .timeou
 		  lim, out);
 	cr_expect(strstr(out, "\n   tests: not run (budget)"), "tests was not left out:\n%s", out);
 	cr_expect(strstr(out, "\n   env: exit "), "env's status is not in the summary:\n%s", out);
+	/* What comes back from a device call: the logs and the summary. */
+	char path[4200];
+	snprintf(path, sizeof(path), "%s/out/summary.txt", dir);
+	const char *summary = slurp(path);
+	cr_expect(strstr(summary, "   env: exit 1\n   tests: not run (budget)"), "summary.txt:\n%s", summary);
+	cr_expect(strstr(session_log(dir, "env"), "## nvidia-smi"), "env's log is not in the archive");
+	char cmd[4300];
+	snprintf(cmd, sizeof(cmd), "test $(ls -A '%s/out' | wc -l) = 2", dir);
+	cr_expect_eq(system(cmd), 0, "out/ holds other files than logs.tar.gz and summary.txt");
 	test_dir_remove(dir);
 }
 
@@ -125,9 +145,7 @@ Test(gpu_session, a_test_skipped_on_a_gpu_machine_fails_the_tests_step, .timeout
 	session_make(dir, sizeof(dir));
 	int rc = session_run_with(dir, "gpu", "tests", &out);
 	cr_expect_eq(rc, 1, "exit %d with a GPU listed\n%s", rc, out);
-	char log[4200];
-	snprintf(log, sizeof(log), "%s/out/tests.log", dir);
-	const char *text = slurp(log);
+	const char *text = session_log(dir, "tests");
 	cr_expect(strstr(text, "## suite gpu_kernels FAILED: 1 test(s) skipped on a machine with a GPU"), "%s", text);
 	cr_expect(strstr(text, "## suite cnn FAILED: 1 test(s) skipped"), "%s", text);
 	rc = session_run_with(dir, "nogpu", "tests", &out);

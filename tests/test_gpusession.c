@@ -1,8 +1,10 @@
-/* bench/gpu-session.sh's call budget, on a stub bundle: a lent GPU session
- * has 15 minutes of device time, so one call must run what fits and say
- * what it left out, never start a step it cannot finish. Runs anywhere: the
- * steps that do run fail at once here (no nvidia-smi), which is enough to
- * see which ran and under what limit. */
+/* bench/gpu-session.sh on a stub bundle: a lent GPU session has 15 minutes
+ * of device time, so one call must run what fits and say what it left out,
+ * never start a step it cannot finish, bring its logs back in few files,
+ * and not count a GPU test that skipped on a GPU machine as passed. Runs
+ * anywhere: a stub nvidia-smi stands for the machine with or without a GPU,
+ * and the steps that run fail or pass at once, which is enough to see which
+ * ran and under what limit. */
 #include <criterion/criterion.h>
 
 #include "util.h"
@@ -13,8 +15,8 @@
 #include <sys/wait.h>
 
 /* A copy of the script in its own tree (run unpacks into the tree's root,
- * which must not be the repository's), and beside it a bundle whose only
- * binary is a stub pstrain. */
+ * which must not be the repository's), beside it a bundle of a stub pstrain
+ * and a stub test binary, and two stub nvidia-smi. */
 static void session_make(char *dir, size_t len)
 {
 	char script[4096], cmd[16384];

@@ -7,6 +7,7 @@
 #include "core/progress.h"
 #include "cluster/cluster.h"
 #include "core/backend.h"
+#include "core/blas.h"
 #include "core/checkpoint.h"
 #include "core/inspect.h"
 #include "core/launch.h"
@@ -42,6 +43,9 @@ enum exit_code {
 };
 
 static volatile sig_atomic_t stop_requested;
+/* The BLAS kernels chosen for this CPU at start (core/blas.h), for the
+ * lines that name them. */
+static struct blas_choice blas_in_use;
 
 static void on_signal(int sig)
 {
@@ -142,9 +146,18 @@ static int bad_usage(const char *fmt, const char *arg);
  * for this CPU (--version, check). */
 static void print_build(const char *prefix)
 {
-	char blas[160];
-	backend_cpu_blas(blas, sizeof(blas));
+	char blas[256];
+	blas_describe(&blas_in_use, blas, sizeof(blas));
 	printf("%s%s; %s\n", prefix, gpu_build_info(), blas);
+}
+
+/* The training roles' first line: which kernels their GEMMs run on and
+ * why, since a generic pick costs 4x and shows nowhere else. */
+static void print_blas(void)
+{
+	char blas[256];
+	blas_describe(&blas_in_use, blas, sizeof(blas));
+	printf("pstrain: BLAS: %s\n", blas);
 }
 
 static int load(const struct opts *o, struct config *c)
@@ -270,6 +283,7 @@ static int cmd_local(const struct opts *o)
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
 
+	print_blas();
 	int tty = isatty(STDOUT_FILENO);
 	struct train_ckpt ck = { c.train.checkpoint_dir, o->fresh };
 	r = train_run(&c, &ck, stdout, tty, &stop_requested, &res, err, sizeof(err));
@@ -377,6 +391,7 @@ static int run_ps(const struct opts *o, const struct config *c, int index)
 	if (r)
 		return r;
 	install_stop_handler();
+	print_blas();
 	r = cluster_ps(c, index, o->fresh, stdout, &stop_requested, err, sizeof(err));
 	return role_exit(r, err);
 }
@@ -386,6 +401,7 @@ static int run_worker(const struct opts *o, const struct config *c, int index)
 	struct train_result res;
 	char err[CONFIG_ERR_MAX];
 	install_stop_handler();
+	print_blas();
 	int r = cluster_worker(c, index, stdout, isatty(STDOUT_FILENO), &stop_requested, o->dump, &res,
 			       err, sizeof(err));
 	if (r == 0 && res.finished)
@@ -529,6 +545,18 @@ int main(int argc, char **argv)
 		fprintf(stderr, "pstrain: cannot initialize libsodium (no usable random source?)\n");
 		return EXIT_RUNTIME;
 	}
+	/* Before anything calls BLAS: OpenBLAS picked its kernels by CPU model
+	 * before main; replace a generic pick with what the CPU's features
+	 * allow, and never train on kernels that compute wrong. */
+	int br = blas_choose(&blas_in_use);
+	char blas[256];
+	blas_describe(&blas_in_use, blas, sizeof(blas));
+	if (br < 0) {
+		fprintf(stderr, "pstrain: BLAS self-check failed, refusing to compute: %s\n", blas);
+		return EXIT_RUNTIME;
+	}
+	if (blas_in_use.how == BLAS_FELL_BACK)
+		fprintf(stderr, "pstrain: warning: %s\n", blas);
 	const char *cmd = argv[1];
 	/* TensorFlow's spelling: pstrain --job_name ps|worker --task_index N. */
 	int first = 2;

@@ -116,11 +116,4 @@ struct backend {
  * pooling, batchnorm and activations (results do not depend on the count). */
 void backend_cpu(struct backend *b, int threads);
 
-/* The BLAS under the CPU backend's dense layers and the kernels it runs on
- * this CPU, e.g. "OpenBLAS 0.3.21, Cooperlake kernels", with
- * " (OPENBLAS_CORETYPE=Haswell)" appended when that variable forced the
- * pick: forcing AVX2 kernels on an AVX-512 CPU halves the GEMMs' speed, and
- * nothing else would show it. */
-void backend_cpu_blas(char *out, size_t outlen);
-
 #endif

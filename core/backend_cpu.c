@@ -361,13 +361,3 @@ void backend_cpu(struct backend *b, int threads)
 	b->ctx = (void *)(intptr_t)layers_set_threads(threads);
 	snprintf(b->where, sizeof(b->where), "cpu:0");
 }
-
-void backend_cpu_blas(char *out, size_t outlen)
-{
-	/* openblas_get_config() starts "OpenBLAS 0.3.21 NO_LAPACKE ...". */
-	char name[32] = "?", version[32] = "";
-	sscanf(openblas_get_config(), "%31s %31s", name, version);
-	const char *forced = getenv("OPENBLAS_CORETYPE");
-	snprintf(out, outlen, "%s %s, %s kernels%s%s%s", name, version, openblas_get_corename(),
-		 forced ? " (OPENBLAS_CORETYPE=" : "", forced ? forced : "", forced ? ")" : "");
-}

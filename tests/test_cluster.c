@@ -111,6 +111,10 @@ Test(cluster, sync_two_ps_two_workers)
 	cr_assert_gt(acc, 95.0, "final accuracy %.2f%%:\n%s", acc, chief);
 	cr_assert_not_null(strstr(slurp(out[0]), "all 2 workers done: version 150"), "%s",
 			   slurp(out[0]));
+	/* Each role says first which GEMM kernels it runs and why. */
+	for (int i = 0; i < 4; i++)
+		cr_expect(strncmp(slurp(out[i]), "pstrain: BLAS: OpenBLAS ", 24) == 0, "%s:\n%s", out[i],
+			  slurp(out[i]));
 }
 
 /* The parameters a sync run (with a 6-32768-3 MLP: 10 pieces a shard)

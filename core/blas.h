@@ -1,0 +1,88 @@
+/* Which OpenBLAS kernels the dense layers run on, chosen from what the CPU
+ * can do rather than from its model number.
+ *
+ * Debian 12's OpenBLAS 0.3.21 (DYNAMIC_ARCH) picks its kernels by CPU model
+ * in a constructor that runs before main. A core it does not know, such as
+ * Sapphire Rapids, gets its SSE3 "Prescott" kernels: 4.4x slower GEMMs on
+ * an AVX-512 server with nothing to say why. blas_choose, called once at
+ * the start of main, reads CPUID's feature flags (and XGETBV: whether the
+ * OS saves the wide registers), re-runs OpenBLAS's dynamic initialization
+ * with the best kernels those flags allow when OpenBLAS picked worse, and
+ * then checks the kernels in use with a small sgemm against a plain
+ * reference, falling back to the generic ones if they compute wrong (or
+ * fault). An explicit OPENBLAS_CORETYPE is always respected (and checked).
+ * The choice is a value the caller keeps; nothing here is global but
+ * OpenBLAS's own state. */
+#ifndef PSTRAIN_BLAS_H
+#define PSTRAIN_BLAS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* The CPU features that decide between OpenBLAS's x86-64 kernel sets. */
+struct cpu_caps {
+	bool avx2, fma;
+	bool avx512f, avx512dq, avx512bw, avx512vl, avx512bf16;
+	bool os_ymm;        /* XCR0: the OS saves the AVX (YMM) state */
+	bool os_zmm;        /* XCR0: ... and the AVX-512 (opmask, ZMM) state */
+};
+
+/* This CPU's features (all false off x86-64). */
+void cpu_caps_read(struct cpu_caps *c);
+
+/* The CPU's model name from CPUID's brand string, e.g. "Intel(R) Xeon(R)
+ * Platinum 8481C CPU @ 2.70GHz", or "unknown CPU". */
+void cpu_model_name(char *out, size_t outlen);
+
+/* The kernels to switch to on a CPU with caps c when OpenBLAS picked
+ * `current` (its corename, e.g. "Prescott"), or NULL to keep them: the
+ * best set the features allow (Cooperlake with AVX-512 and BF16, SkylakeX
+ * with AVX-512, Haswell with AVX2 and FMA) when it ranks above the current
+ * one. *why says which features decided, or why nothing changes. Pure:
+ * the table test drives it with stubbed flags and names. */
+const char *blas_pick(const struct cpu_caps *c, const char *current, const char **why);
+
+enum blas_how {
+	BLAS_OWN_PICK,      /* OpenBLAS's pick was already the best the CPU allows */
+	BLAS_FORCED,        /* OPENBLAS_CORETYPE chose them */
+	BLAS_UPGRADED,      /* pstrain switched to kernels the CPU's features allow */
+	BLAS_FELL_BACK,     /* the kernels in use failed the self-check; generic ones now */
+};
+
+struct blas_choice {
+	enum blas_how how;
+	char core[32];      /* the kernels in use, as OpenBLAS names them */
+	char was[32];       /* UPGRADED, FELL_BACK: the kernels before */
+	char forced[32];    /* OPENBLAS_CORETYPE as given, "" when unset */
+	const char *why;    /* a phrase: which features decided, or what failed */
+};
+
+/* sgemm in the CBLAS row-major form the layers use; the self-check's
+ * subject (cblas_sgemm in use, another function in its test). */
+typedef void (*blas_sgemm_fn)(int transa, int transb, int M, int N, int K, float alpha,
+			      const float *A, int lda, const float *B, int ldb, float beta, float *C,
+			      int ldc);
+
+/* 0 when gemm matches a plain double-precision reference on small odd
+ * shapes in every transpose the layers use, with beta 0 and 1; -EIO when
+ * it computes wrong; -EILSEQ when it faults with an illegal instruction. */
+int blas_check(blas_sgemm_fn gemm);
+
+/* Once, at the start of main, before anything else calls BLAS and while
+ * the only other threads are OpenBLAS's idle ones: choose, switch, check.
+ * 0, or -EIO when even the generic kernels compute wrong (then nothing
+ * must train: the caller exits with the message blas_describe gives). */
+int blas_choose(struct blas_choice *ch);
+
+/* Re-run OpenBLAS's kernel selection as if OPENBLAS_CORETYPE were core
+ * (the environment is left as it was). 0, or -ENOENT when this OpenBLAS
+ * ended on other kernels than the ones asked for. For blas_choose and the
+ * tests, which start from a generic core to see the switch happen. */
+int blas_switch(const char *core);
+
+/* The kernels in use and why, e.g. "OpenBLAS 0.3.21, Cooperlake kernels
+ * (chosen by pstrain: OpenBLAS picked Prescott; this CPU has AVX-512 with
+ * BF16)" or ", Haswell kernels (OPENBLAS_CORETYPE=Haswell)". */
+void blas_describe(const struct blas_choice *ch, char *out, size_t outlen);
+
+#endif

@@ -1,0 +1,179 @@
+/* The BLAS kernels chosen from the CPU's features (core/blas.c): the
+ * choice as a table over stubbed flags and OpenBLAS core names, the
+ * self-check against kernels that compute wrong or fault, and the switch
+ * itself, from the generic kernels OpenBLAS 0.3.21 falls back to on a CPU
+ * it does not know (Sapphire Rapids) to what this CPU allows. */
+#include <criterion/criterion.h>
+
+#include <cblas.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/blas.h"
+
+extern char *openblas_get_corename(void);
+
+TestSuite(blas, .timeout = 30);
+
+static const struct cpu_caps NONE = { 0 };
+static const struct cpu_caps AVX2 = { .avx2 = 1, .fma = 1, .os_ymm = 1 };
+/* Skylake-SP, Cascade Lake: AVX-512 without BF16. */
+static const struct cpu_caps AVX512 = { .avx2 = 1, .fma = 1, .avx512f = 1, .avx512dq = 1, .avx512bw = 1,
+					.avx512vl = 1, .os_ymm = 1, .os_zmm = 1 };
+/* Sapphire Rapids, Zen 4: AVX-512 with BF16. */
+static const struct cpu_caps AVX512_BF16 = { .avx2 = 1, .fma = 1, .avx512f = 1, .avx512dq = 1, .avx512bw = 1,
+					     .avx512vl = 1, .avx512bf16 = 1, .os_ymm = 1, .os_zmm = 1 };
+/* The CPU has AVX-512 but the OS does not save ZMM state (XCR0). */
+static const struct cpu_caps AVX512_NO_OS = { .avx2 = 1, .fma = 1, .avx512f = 1, .avx512dq = 1, .avx512bw = 1,
+					      .avx512vl = 1, .avx512bf16 = 1, .os_ymm = 1 };
+/* AVX-512 F only (Knights Landing): not enough for SkylakeX's kernels. */
+static const struct cpu_caps AVX512F_ONLY = { .avx2 = 1, .fma = 1, .avx512f = 1, .os_ymm = 1, .os_zmm = 1 };
+static const struct cpu_caps AVX2_NO_FMA = { .avx2 = 1, .os_ymm = 1 };
+
+Test(blas, pick_from_features_not_model)
+{
+	static const struct {
+		const struct cpu_caps *caps;
+		const char *current, *want;   /* want NULL: keep current */
+		const char *why;              /* a word of the reason given */
+	} rows[] = {
+		/* OpenBLAS 0.3.21 on Sapphire Rapids: Prescott, 4.4x slower. */
+		{ &AVX512_BF16, "Prescott", "Cooperlake", "BF16" },
+		{ &AVX512, "Prescott", "SkylakeX", "AVX-512" },
+		{ &AVX2, "Prescott", "Haswell", "AVX2" },
+		{ &AVX512_BF16, "Sandybridge", "Cooperlake", "BF16" },
+		{ &AVX512, "Haswell", "SkylakeX", "AVX-512" },
+		{ &AVX512_BF16, "SkylakeX", "Cooperlake", "BF16" },
+		{ &AVX2, "Nehalem", "Haswell", "FMA" },
+		/* OpenBLAS already picked the best the flags allow (or better). */
+		{ &AVX512_BF16, "Cooperlake", NULL, "BF16" },
+		{ &AVX512_BF16, "SapphireRapids", NULL, "BF16" },
+		{ &AVX512, "SkylakeX", NULL, "AVX-512" },
+		{ &AVX512, "skylakex", NULL, "AVX-512" },
+		{ &AVX2, "Haswell", NULL, "AVX2" },
+		{ &AVX2, "Zen", NULL, "AVX2" },
+		/* Never more than the CPU and its OS can run. */
+		{ &AVX512_NO_OS, "Prescott", "Haswell", "AVX2" },
+		{ &AVX512F_ONLY, "Prescott", "Haswell", "AVX2" },
+		{ &AVX2_NO_FMA, "Prescott", NULL, "neither" },
+		{ &NONE, "Prescott", NULL, "neither" },
+		{ &NONE, "Core2", NULL, "neither" },
+	};
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+		const char *why = NULL;
+		const char *got = blas_pick(rows[i].caps, rows[i].current, &why);
+		if (rows[i].want)
+			cr_expect(got && strcmp(got, rows[i].want) == 0, "row %zu (%s): picked %s, expected %s", i,
+				  rows[i].current, got ? got : "nothing", rows[i].want);
+		else
+			cr_expect_null(got, "row %zu (%s): picked %s, expected to keep it", i, rows[i].current, got);
+		cr_expect(why && strstr(why, rows[i].why), "row %zu: reason \"%s\" lacks \"%s\"", i, why ? why : "",
+			  rows[i].why);
+	}
+}
+
+static void openblas_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+			  int ldb, float beta, float *C, int ldc)
+{
+	cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A,
+		    lda, B, ldb, beta, C, ldc);
+}
+
+/* Right everywhere but one element of the transposed-B case. */
+static void off_by_a_bit(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+			 int ldb, float beta, float *C, int ldc)
+{
+	openblas_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+	if (tb)
+		C[(M - 1) * ldc + N - 1] += 1e-2f;
+}
+
+/* Treats beta 0 as "scale C by 0": NaN in C stays NaN. */
+static void beta_zero_reads_c(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+			      const float *B, int ldb, float beta, float *C, int ldc)
+{
+	for (int i = 0; i < M; i++)
+		C[i * ldc] *= beta;
+	openblas_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, 1.0f, C, ldc);
+}
+
+/* What a kernel built for a wider CPU does on a narrower one. */
+static void illegal_instruction(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+				const float *B, int ldb, float beta, float *C, int ldc)
+{
+	(void)ta, (void)tb, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)lda, (void)B, (void)ldb,
+		(void)beta, (void)C, (void)ldc;
+	__builtin_trap();
+}
+
+Test(blas, self_check_catches_wrong_kernels)
+{
+	cr_expect_eq(blas_check(openblas_gemm), 0, "OpenBLAS's %s kernels fail the check", openblas_get_corename());
+	cr_expect_eq(blas_check(off_by_a_bit), -EIO);
+	cr_expect_eq(blas_check(beta_zero_reads_c), -EIO);
+	cr_expect_eq(blas_check(illegal_instruction), -EILSEQ);
+	/* The SIGILL handler is gone again: the check leaves none behind. */
+	struct sigaction sa;
+	sigaction(SIGILL, NULL, &sa);
+	cr_expect_eq(sa.sa_handler, SIG_DFL);
+	cr_expect_eq(blas_check(openblas_gemm), 0, "a good kernel fails after a faulting one");
+}
+
+/* As on a CPU OpenBLAS 0.3.21 does not know: it runs its generic SSE3
+ * kernels; blas_choose moves to what this CPU's features allow. */
+Test(blas, choose_upgrades_a_generic_pick)
+{
+	struct cpu_caps caps;
+	cpu_caps_read(&caps);
+	const char *why;
+	const char *best = blas_pick(&caps, "Prescott", &why);
+	if (!best)
+		cr_skip_test("this CPU has no AVX2 with FMA: nothing to upgrade to (%s)", why);
+	unsetenv("OPENBLAS_CORETYPE");
+	cr_assert_eq(blas_switch("Prescott"), 0, "cannot start from Prescott: %s", openblas_get_corename());
+	cr_assert_null(getenv("OPENBLAS_CORETYPE"), "blas_switch left the environment changed");
+
+	struct blas_choice ch;
+	cr_assert_eq(blas_choose(&ch), 0);
+	cr_expect_eq(ch.how, BLAS_UPGRADED);
+	cr_expect_str_eq(ch.was, "Prescott");
+	cr_expect_str_eq(openblas_get_corename(), ch.core);
+	/* This OpenBLAS may know fewer names than the table (0.3.21 maps a
+	 * Cooperlake it cannot run to SkylakeX): at least better kernels. */
+	cr_expect(strcmp(ch.core, "Prescott") != 0, "still on Prescott");
+	char line[256];
+	blas_describe(&ch, line, sizeof(line));
+	cr_expect(strstr(line, "chosen by pstrain: OpenBLAS picked Prescott; this CPU has "), "%s", line);
+	cr_expect_null(getenv("OPENBLAS_CORETYPE"), "the choice leaked into the environment");
+
+	/* A second call keeps what is now the best. */
+	cr_assert_eq(blas_choose(&ch), 0);
+	cr_expect_eq(ch.how, BLAS_OWN_PICK);
+}
+
+/* An explicit OPENBLAS_CORETYPE is respected even where it is slower. */
+Test(blas, choose_respects_a_forced_core)
+{
+	struct blas_choice ch;
+	cr_assert_eq(setenv("OPENBLAS_CORETYPE", "Prescott", 1), 0);
+	cr_assert_eq(blas_switch("Prescott"), 0);
+	cr_assert_eq(blas_choose(&ch), 0);
+	cr_expect_eq(ch.how, BLAS_FORCED);
+	cr_expect_str_eq(ch.core, "Prescott");
+	char line[256];
+	blas_describe(&ch, line, sizeof(line));
+	cr_expect(strstr(line, ", Prescott kernels (OPENBLAS_CORETYPE=Prescott)"), "%s", line);
+	unsetenv("OPENBLAS_CORETYPE");
+}
+
+Test(blas, cpu_model_is_named)
+{
+	char name[64];
+	cpu_model_name(name, sizeof(name));
+	cr_expect(name[0] && strlen(name) < sizeof(name), "no CPU model name");
+#if defined(__x86_64__)
+	cr_expect_neq(strcmp(name, "unknown CPU"), 0, "CPUID's brand string not read");
+#endif
+}

@@ -151,13 +151,20 @@ static void print_build(const char *prefix)
 	printf("%s%s; %s\n", prefix, gpu_build_info(), blas);
 }
 
-/* The training roles' first line: which kernels their GEMMs run on and
- * why, since a generic pick costs 4x and shows nowhere else. */
-static void print_blas(void)
+/* The training roles' start-up line: which kernels their GEMMs run on
+ * and why, since a generic pick costs 4x and shows nowhere else. */
+static void blas_line(char *out, size_t outlen)
 {
 	char blas[256];
 	blas_describe(&blas_in_use, blas, sizeof(blas));
-	printf("pstrain: BLAS: %s\n", blas);
+	snprintf(out, outlen, "pstrain: BLAS: %s", blas);
+}
+
+static void print_blas(void)
+{
+	char line[300];
+	blas_line(line, sizeof(line));
+	printf("%s\n", line);
 }
 
 static int load(const struct opts *o, struct config *c)
@@ -283,9 +290,10 @@ static int cmd_local(const struct opts *o)
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
 
-	print_blas();
+	char intro[300];
+	blas_line(intro, sizeof(intro));
 	int tty = isatty(STDOUT_FILENO);
-	struct train_ckpt ck = { c.train.checkpoint_dir, o->fresh };
+	struct train_ckpt ck = { c.train.checkpoint_dir, o->fresh, intro };
 	r = train_run(&c, &ck, stdout, tty, &stop_requested, &res, err, sizeof(err));
 	if (r == 0 && res.stopped) {
 		printf("stopped at step %ld/%ld: test loss %.4f accuracy %.2f%%, wall %.1f s, %.0f samples/s\n",

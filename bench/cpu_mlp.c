@@ -4,12 +4,17 @@
  * figure does not depend on the dataset package.
  *
  *   build/bench/cpu_mlp [--model mlp|cnn] [--threads N] [--batch B] [--seconds S] [--csv] [--flow]
+ *   build/bench/cpu_mlp --describe    the CPU and the BLAS kernels chosen, one line each
+ *
+ * The kernels are chosen as pstrain chooses them (core/blas.h), so that
+ * the figure is pstrain's on this CPU; --csv adds them as the last field.
  *
  * --model cnn is the Fashion-MNIST CNN of issue 5 (conv 5x5 32 same, relu,
  * maxpool 2, conv 5x5 64 same, relu, maxpool 2, dense 1024, relu, dropout
  * 0.5, dense 10), as bench/torch_mlp.py --model cnn builds it.
  */
 #include "../core/backend.h"
+#include "../core/blas.h"
 #include "../core/config.h"
 #include "../core/data.h"
 #include "../core/gradflow.h"
@@ -66,6 +71,19 @@ static int arg_flag(int argc, char **argv, const char *name)
 
 int main(int argc, char **argv)
 {
+	struct blas_choice bc;
+	char blas[256], cpu[64];
+	if (blas_choose(&bc) < 0) {
+		blas_describe(&bc, blas, sizeof(blas));
+		fprintf(stderr, "cpu_mlp: BLAS self-check failed: %s\n", blas);
+		return 1;
+	}
+	blas_describe(&bc, blas, sizeof(blas));
+	cpu_model_name(cpu, sizeof(cpu));
+	if (arg_flag(argc, argv, "--describe")) {
+		printf("cpu: %s\nblas: %s\n", cpu, blas);
+		return 0;
+	}
 	int threads = arg_int(argc, argv, "--threads", 1);
 	int B = arg_int(argc, argv, "--batch", 256);
 	double seconds = arg_int(argc, argv, "--seconds", 3);
@@ -155,11 +173,12 @@ int main(int argc, char **argv)
 	double dt = progress_now() - t0, dc = cpu_now() - c0;
 	double sps = (double)steps * B / dt;
 	if (csv)
-		printf("pstrain,cpu,%s,%d,%d,%.0f\n", model, B, threads, sps);
+		printf("pstrain,cpu,%s,%d,%d,%.0f,%s\n", model, B, threads, sps, bc.core);
 	else
-		printf("pstrain cpu %s: batch %d, %d thread%s: %.0f samples/s (%.2f ms/step, %.2f CPU ms/step, %ld steps, last loss %.3f)\n",
+		printf("pstrain cpu %s: batch %d, %d thread%s: %.0f samples/s (%.2f ms/step, %.2f CPU ms/step, %ld steps, last loss %.3f)\n"
+		       "on %s; %s\n",
 		       model, B, threads, threads == 1 ? "" : "s", sps, 1e3 * dt / (double)steps,
-		       1e3 * dc / (double)steps, steps, loss / B);
+		       1e3 * dc / (double)steps, steps, loss / B, cpu, blas);
 	if (flow)
 		gradflow_free(&fl);
 	replica_free(&r);

@@ -170,6 +170,8 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 		e = devices_set_data(&dev, &j.train, &resident, err, errlen);
 	if (e)
 		goto out;
+	if (ck && ck->intro)
+		fprintf(out, "%s\n", ck->intro);
 	fprintf(out, "training: %zu train / %zu test samples, %zu parameters, batch %d, %ld steps (%ld per epoch), %s%s%s\n",
 		j.train.n, j.test.n, j.m.nparams, B, total, spe, dev.be[0].where,
 		dev.n > 1 ? " and more replicas" : "",

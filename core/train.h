@@ -33,6 +33,8 @@ int train_local(const struct config *c, FILE *out, int tty, const volatile sig_a
 struct train_ckpt {
 	const char *dir;   /* checkpoint_dir; "" = neither resume nor save */
 	int fresh;         /* --fresh: start from scratch even if dir holds checkpoints */
+	const char *intro; /* a line said just before training starts (main's BLAS
+			    * kernels), not for a finished run; NULL: none */
 };
 
 /* train_local with checkpoints (ck may be NULL: none; that is train_local,

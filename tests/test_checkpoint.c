@@ -507,6 +507,10 @@ Test(checkpoint, resume_after_kill_ends_on_same_parameters)
 	const char *args[] = { "local", "--config", cfg, NULL };
 	int st = run(args, NULL, out);
 	cr_assert_eq(st, 0, "exit %d:\n%s", st, slurp(out));
+	/* Training says which GEMM kernels it runs and why, first. */
+	cr_expect(strstr(slurp(out), "pstrain: BLAS: OpenBLAS 0.") && strstr(slurp(out), " kernels (") &&
+		  strstr(slurp(out), "pstrain: BLAS: ") < strstr(slurp(out), "training: "),
+		  "no BLAS line before training:\n%s", slurp(out));
 	snprintf(ck, sizeof(ck), "%s/ck_a/step-00000060", dir);
 	tensor_lines(ck, a, sizeof(a));
 

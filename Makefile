@@ -29,7 +29,7 @@ endif
 # SAN=thread: ThreadSanitizer, by hand (not in `make test`: OpenBLAS's own
 # threads are not instrumented), e.g. `make CUDA=0 SAN=thread
 # BUILD=build/tsan BIN=build/tsan/pstrain` and the cluster suites with
-# PSTRAIN_BIN=build/tsan/pstrain (tests/tsan_noclones.h says why it is
+# PSTRAIN_BIN=build/tsan/pstrain-test (tests/tsan_noclones.h says why it is
 # included).
 ifeq ($(SAN),thread)
 CFLAGS += -O1 -fno-omit-frame-pointer -fsanitize=thread -include tests/tsan_noclones.h
@@ -150,14 +150,28 @@ $(BUILD)/%.cu.o: %.cu $(BUILD)/flags.stamp
 $(BIN): $(OBJ_MAIN) $(OBJ_ROLE) $(OBJ_CORE)
 	$(call say,LINK,$@)$(LINK) $(LDFLAGS) $^ -o $@ $(CUDA_LIBS) $(LDLIBS)
 
-$(TEST_BIN): $(OBJ_TEST) $(OBJ_ROLE) $(OBJ_CORE)
+# The test build: base/hooks.c again with -DPSTRAIN_TEST_HOOKS (the only
+# object that differs), in the test runner and in $(BUILD)/pstrain-test,
+# the binary the suites start. The release $(BIN) has no test hook.
+OBJ_CORE_TEST := $(patsubst $(BUILD)/base/hooks.o,$(BUILD)/test-hooks/base/hooks.o,$(OBJ_CORE))
+TEST_PSTRAIN := $(BUILD)/pstrain-test
+$(BUILD)/test-hooks/base/hooks.o: base/hooks.c $(BUILD)/flags.stamp
+	@mkdir -p $(dir $@)
+	$(call say,CC,$<)$(CC) $(CFLAGS) -DPSTRAIN_TEST_HOOKS -c $< -o $@
+
+$(TEST_BIN): $(OBJ_TEST) $(OBJ_ROLE) $(OBJ_CORE_TEST)
 	@mkdir -p $(dir $@)
 	$(call say,LINK,$@)$(LINK) $(LDFLAGS) $^ -o $@ $(CUDA_LIBS) -lcriterion $(LDLIBS)
 
+$(TEST_PSTRAIN): $(OBJ_MAIN) $(OBJ_ROLE) $(OBJ_CORE_TEST)
+	@mkdir -p $(dir $@)
+	$(call say,LINK,$@)$(LINK) $(LDFLAGS) $^ -o $@ $(CUDA_LIBS) $(LDLIBS)
+
 # The unit and integration suite against this build's objects and binary.
-unit: deps summary $(BIN) $(TEST_BIN)
-	$(Q)LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp) PSTRAIN_BIN=$(abspath $(BIN)) $(TEST_BIN) --jobs 2 $(TESTFLAGS)
+unit: deps summary $(BIN) $(TEST_BIN) $(TEST_PSTRAIN)
+	$(Q)LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp) PSTRAIN_BIN=$(abspath $(TEST_PSTRAIN)) $(TEST_BIN) --jobs 2 $(TESTFLAGS)
 	$(Q)$(if $(filter 1,$(SAN)),echo "ldd check skipped: sanitizer runtimes are shared libraries",./tests/ldd_check.sh $(BIN))
+	$(Q)./tests/house.sh $(BIN)
 
 # What CI runs: the default build's suite, then the CPU-only build's, then
 # the suite under AddressSanitizer + UndefinedBehaviorSanitizer.
@@ -308,8 +322,17 @@ deps-test:
 TF_VENV := build/tfvenv
 TF_PACKAGE := tensorflow-cpu==2.19.1
 BENCH_DEB_PACKAGES := python3-torch python3-venv iperf3 iptables libnetfilter-queue-dev
+# A current PyTorch from PyPI (build/torchvenv, kept between runs) for
+# bench/cpu_mlp's peer row: its MKL and oneDNN defaults are the peer's best
+# on the CPU; Debian's 1.13 runs its GEMMs in OpenBLAS. PyPI's wheel brings
+# CUDA's libraries too (about 5 GB), which its import needs.
+TORCH_VENV := build/torchvenv
 deps-bench:
 	$(call install_missing,$(DEB_PACKAGES) $(BENCH_DEB_PACKAGES))
+	$(Q)$(TORCH_VENV)/bin/python -c 'import torch' 2>/dev/null || { \
+		echo "deps: installing torch (PyPI) in $(TORCH_VENV)"; \
+		/usr/bin/python3 -m venv $(TORCH_VENV) && $(TORCH_VENV)/bin/pip install -q torch numpy; } || \
+		{ echo "deps: could not install torch in $(TORCH_VENV)" >&2; exit 1; }
 	$(Q)TF_CPP_MIN_LOG_LEVEL=3 $(TF_VENV)/bin/python -c 'import tensorflow' 2>/dev/null || { \
 		echo "deps: installing $(TF_PACKAGE) (PyPI) in $(TF_VENV)"; \
 		/usr/bin/python3 -m venv $(TF_VENV) && $(TF_VENV)/bin/pip install -q $(TF_PACKAGE); } || \

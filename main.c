@@ -6,6 +6,7 @@
  * signal handler sets. */
 #include "core/progress.h"
 #include "cluster/cluster.h"
+#include "base/hooks.h"
 #include "core/backend.h"
 #include "core/blas.h"
 #include "core/checkpoint.h"
@@ -60,7 +61,7 @@ struct opts {
 	const char *sets[MAX_SETS];
 	int nsets;
 	const char *index;     /* --index / --task_index of ps and worker */
-	const char *dump;      /* hidden --dump-params FILE of worker (tests) */
+	const char *dump;      /* --dump-params FILE of worker: test builds only */
 	const char *checkpoint;   /* --checkpoint DIR of check, eval, predict */
 	const char *input;     /* --input FILE of predict */
 	int probs;             /* --probs of predict */
@@ -141,6 +142,27 @@ static void usage(FILE *f)
 }
 
 static int bad_usage(const char *fmt, const char *arg);
+
+/* Once, before any thread of ours: libsodium (randombytes and the key and
+ * frame code need it), then the BLAS kernels, before anything calls BLAS:
+ * OpenBLAS picked them by CPU model before main; replace a generic pick
+ * with what the CPU's features allow, and never train on kernels that
+ * compute wrong. */
+static int process_start(void)
+{
+	if (sodium_init() < 0) {
+		fprintf(stderr, "pstrain: cannot initialize libsodium (no usable random source?)\n");
+		return -1;
+	}
+	int r = blas_choose(&blas_in_use);
+	char blas[256];
+	blas_describe(&blas_in_use, blas, sizeof(blas));
+	if (r < 0)
+		fprintf(stderr, "pstrain: BLAS self-check failed, refusing to compute: %s\n", blas);
+	else if (blas_in_use.how == BLAS_FELL_BACK)
+		fprintf(stderr, "pstrain: warning: %s\n", blas);
+	return r;
+}
 
 /* What this build runs on: its GPU support and the BLAS kernels picked
  * for this CPU (--version, check). */
@@ -547,24 +569,8 @@ int main(int argc, char **argv)
 {
 	if (argc < 2)
 		return bad_usage("%s", "no command given");
-	/* Once, before any thread: randombytes and the key and frame code
-	 * need it. */
-	if (sodium_init() < 0) {
-		fprintf(stderr, "pstrain: cannot initialize libsodium (no usable random source?)\n");
+	if (process_start() < 0)
 		return EXIT_RUNTIME;
-	}
-	/* Before anything calls BLAS: OpenBLAS picked its kernels by CPU model
-	 * before main; replace a generic pick with what the CPU's features
-	 * allow, and never train on kernels that compute wrong. */
-	int br = blas_choose(&blas_in_use);
-	char blas[256];
-	blas_describe(&blas_in_use, blas, sizeof(blas));
-	if (br < 0) {
-		fprintf(stderr, "pstrain: BLAS self-check failed, refusing to compute: %s\n", blas);
-		return EXIT_RUNTIME;
-	}
-	if (blas_in_use.how == BLAS_FELL_BACK)
-		fprintf(stderr, "pstrain: warning: %s\n", blas);
 	const char *cmd = argv[1];
 	/* TensorFlow's spelling: pstrain --job_name ps|worker --task_index N. */
 	int first = 2;
@@ -602,7 +608,7 @@ int main(int argc, char **argv)
 		int is_set = strncmp(a, "--set", n) == 0 && n == 5;
 		int is_index = (strncmp(a, "--index", n) == 0 && n == 7) ||
 			       (strncmp(a, "--task_index", n) == 0 && n == 12);
-		int is_dump = strncmp(a, "--dump-params", n) == 0 && n == 13;
+		int is_dump = hooks_built_in() && strncmp(a, "--dump-params", n) == 0 && n == 13;
 		int is_ckpt = strncmp(a, "--checkpoint", n) == 0 && n == 12;
 		int is_input = strncmp(a, "--input", n) == 0 && n == 7;
 		if (strcmp(a, "--fresh") == 0 || strcmp(a, "--probs") == 0) {

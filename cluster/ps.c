@@ -796,7 +796,7 @@ static int ps_open(struct ps *ps, const struct config *c, const struct role_setu
 	ps->out = out;
 	ps->index = index;
 	ps->W = c->cluster.nworkers;
-	role_hooks_read(&ps->hooks);
+	hooks_read(&ps->hooks);
 	members_init(&ps->mb, ps->W, c->cluster.peer_timeout);
 	observers_init(&ps->seen);
 	rate_init(&ps->rate);

@@ -14,6 +14,7 @@
 #include "rate.h"
 #include "role.h"
 
+#include "../base/hooks.h"
 #include "../core/psshard.h"
 #include "../net/conn.h"
 #include "../net/cryptopool.h"
@@ -41,7 +42,7 @@ struct ps {
 	struct members mb;
 	const struct role_setup *s;
 	const struct config *c;
-	struct role_hooks hooks;
+	struct test_hooks hooks;     /* base/hooks.h */
 	struct hs_identity me;
 	FILE *out;
 	int index, W;

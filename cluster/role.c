@@ -151,14 +151,6 @@ unsigned role_param_dtype(const struct config *c)
 	return w == PRECISION_BF16 || w == PRECISION_BF16_PARAMS ? WIRE_BF16 : WIRE_F32;
 }
 
-void role_hooks_read(struct role_hooks *h)
-{
-	const char *fpd = getenv("PSTRAIN_FIRST_PULL_DELAY_MS");
-	const char *ed = getenv("PSTRAIN_EVAL_DELAY_MS");
-	h->first_pull_delay_ms = fpd ? atol(fpd) : 0;
-	h->eval_delay_ms = ed ? atol(ed) : 0;
-}
-
 int role_pieces(const struct config *c)
 {
 	return c->train.mode == MODE_SYNC && c->train.replicas_to_aggregate == c->cluster.nworkers;

@@ -1,7 +1,7 @@
 /* What the ps and worker roles share: the setup every node derives from
  * cluster.ini (key, config hash, and core/job.h's model, data and step
  * counts), the timeouts
- * derived from [cluster] peer_timeout, the log line, and the test hooks.
+ * derived from [cluster] peer_timeout, and the log line.
  * No sockets and no threads here. */
 #ifndef PSTRAIN_CLUSTER_ROLE_H
 #define PSTRAIN_CLUSTER_ROLE_H
@@ -99,16 +99,5 @@ int role_pieces(const struct config *c);
 int role_local_path(const struct config *c, int k, char *out, size_t outlen, char *err,
 		    size_t errlen);
 
-/* Test hooks: environment variables read once, at the start of a role, so
- * that the normal paths only see numbers (0: off). docs/CHECKPOINTS.md
- * lists them with the tests that use them. */
-struct role_hooks {
-	long first_pull_delay_ms; /* PSTRAIN_FIRST_PULL_DELAY_MS: a ps answers each
-				   * connection's first PULL this much later, as a
-				   * starved thread would */
-	long eval_delay_ms;       /* PSTRAIN_EVAL_DELAY_MS: the chief sleeps this long
-				   * before each periodic evaluation */
-};
-void role_hooks_read(struct role_hooks *h);
 
 #endif

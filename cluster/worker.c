@@ -3,6 +3,7 @@
  * every ps in links.c and, where a ps was lost or went back, a call to
  * recovery.c that says which step to continue at.
  * Which samples a worker's batch is: core/job.h. */
+#include "../base/hooks.h"
 #include "autoflow.h"
 #include "cluster.h"
 #include "links.h"
@@ -31,7 +32,7 @@ struct worker {
 	const volatile sig_atomic_t *stop;
 	FILE *out;
 	struct role_setup s;
-	struct role_hooks hooks;
+	struct test_hooks hooks;     /* base/hooks.h */
 	struct devices dev;
 	struct links lk;
 	struct gradflow flow;    /* the gradient as backward makes it final */
@@ -758,7 +759,7 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 			       .epoch_loaded = -1, .ckpt_start = -1, .fwd = -1 };
 	memset(res, 0, sizeof(*res));
 	double t0 = progress_now();
-	role_hooks_read(&wr->hooks);
+	hooks_read(&wr->hooks);
 	int e = worker_open(wr, err, errlen);
 	if (!e)
 		e = recovery_start(&wr->lk, wr->params, wr->total, &wr->start, err, errlen);

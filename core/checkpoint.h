@@ -33,17 +33,8 @@
 #include "optim.h"
 #include "safetensors.h"
 #include "shard.h"
+#include "../base/hooks.h"
 
-
-/* Test hooks of the writer, read from the environment once, when a run's
- * layout is made, and nowhere else (docs/CHECKPOINTS.md lists them):
- *   PSTRAIN_CKPT_CRASH = POINT or POINT:STEP  SIGKILL at that point of a save
- *                        (POINT: shard, manifest or publish)
- *   PSTRAIN_CKPT_DELAY_MS = N                  every save takes N ms longer */
-struct ckpt_hooks {
-	char crash[32];
-	long delay_ms;
-};
 
 /* What a run's checkpoints must agree on to be resumed: the model's tensors
  * (names, offsets, shapes), the shard plan and the optimizer kind; and the
@@ -60,7 +51,7 @@ struct ckpt_layout {
 	uint8_t config_hash[CKPT_HASH_BYTES];   /* config_hash(), recorded for information */
 	int async;                              /* an async cluster's: "mode async" in layout_hash */
 	int cluster;                            /* a cluster's (ckpt_layout_init_cluster), not local's */
-	struct ckpt_hooks hooks;
+	struct test_hooks hooks;                /* the writer's (base/hooks.h) */
 };
 
 /* nshards = 1 for `local`, [cluster] ps count for a cluster. */
@@ -90,11 +81,11 @@ struct ckpt_state {
  * (a resumed run reaching a step it already saved). A line per action goes
  * to log (may be NULL). Returns 0 or a negative errno with one line in err.
  *
- * Test hook: when the environment variable PSTRAIN_CKPT_CRASH names a point
- * ("shard" after the first shard file, "manifest" before the manifest,
- * "publish" before the rename into place), optionally as "POINT:STEP" to
- * hit only the save of STEP, the process kills itself with SIGKILL there,
- * as a power cut would stop it. */
+ * Test hook (test builds only, base/hooks.h): PSTRAIN_CKPT_CRASH names a
+ * point ("shard" after the first shard file, "manifest" before the
+ * manifest, "publish" before the rename into place), optionally as
+ * "POINT:STEP" to hit only the save of STEP, where the process kills
+ * itself with SIGKILL, as a power cut would stop it. */
 int checkpoint_save(const char *dir, const struct ckpt_layout *l, long step, const struct ckpt_state *st,
 		    int keep, FILE *log, char *err, size_t errlen);
 
@@ -107,8 +98,9 @@ int checkpoint_save(const char *dir, const struct ckpt_layout *l, long step, con
  * written again (async: a part left from before a rollback belongs to
  * another history than the other shards' parts will). Then rotates as
  * checkpoint_save does. Same crash points ("shard" is not one: there is a
- * single file before the manifest). Test hook: PSTRAIN_CKPT_DELAY_MS=N
- * makes it sleep N ms before writing, as a slow disk would. */
+ * single file before the manifest). Test hook (test builds only):
+ * PSTRAIN_CKPT_DELAY_MS=N makes it sleep N ms before writing, as a slow
+ * disk would. */
 int checkpoint_save_shard(const char *dir, const struct ckpt_layout *l, long step, int k,
 			  const struct ckpt_state *st, int redo, int keep, FILE *log, char *err,
 			  size_t errlen);

@@ -224,7 +224,7 @@ static void crash_child(struct fixture *f, const char *point)
 	if (pid == 0) {
 		char err[512];
 		/* The hooks are read when a layout is made; set this one's. */
-		snprintf(f->lay.hooks.crash, sizeof(f->lay.hooks.crash), "%s", point);
+		snprintf(f->lay.hooks.ckpt_crash, sizeof(f->lay.hooks.ckpt_crash), "%s", point);
 		save(f, 2, 2, 3, err, sizeof(err));
 		_exit(0);   /* not reached when the hook fires */
 	}

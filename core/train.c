@@ -96,175 +96,224 @@ static int epoch_order(struct devices *dev, uint32_t *perm, size_t n, uint64_t s
 	return devices_set_order(dev, perm, n, err, errlen);
 }
 
-int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, int tty,
-	      const volatile sig_atomic_t *stop, struct train_result *res, char *err, size_t errlen)
-{
-	struct ckpt_layout *lay = NULL;
-	long start = 0;
+/* A local run from its job's load to its close: what the steps between
+ * share. */
+struct run {
+	const struct config *c;
+	const struct train_ckpt *ck;   /* NULL: neither resume nor save */
+	FILE *out;
 	struct job j;
-	struct devices dev = { 0 };
-	struct optim opt = { 0 };
-	float *params = NULL;
-	uint32_t *perm = NULL;
-	struct tblog tb = { 0 };
-	int e;
-
-	memset(res, 0, sizeof(*res));
-	double t0 = progress_now();
-	e = job_load(&j, c, 1, 1, err, errlen);
-	if (e)
-		goto out;
-
-	int B = j.B;
-	long spe = j.spe, total = j.total;
-	int max_batch = B > EVAL_BATCH ? B : EVAL_BATCH;
-	/* The host copy of the parameters: initialization, checkpoints and
-	 * resume go through it; the step runs on the devices' own copies. */
-	params = malloc(j.m.nparams * sizeof(float));
-	perm = malloc(j.train.n * sizeof(uint32_t));
-	if (!params || !perm || optim_init(&opt, &c->train.optim, j.m.nparams) ||
-	    optim_plain_tensors(&opt, &j.m, 0)) {
-		snprintf(err, errlen, "out of memory for %zu parameters", j.m.nparams);
-		e = -ENOMEM;
-		goto out;
-	}
-	model_init_params(&j.m, params, 0, j.m.nparams, c->train.seed);
-	if (ck && !ck->dir[0])
-		ck = NULL;
-	double acc = -1;
-	e = ck ? resume(c, ck, &j.m, &lay, params, &opt, &start, &acc, out, err, errlen) : 0;
-	if (e)
-		goto out;
-	/* The devices are opened once the checkpoint is read: a finished run
-	 * that recorded its accuracy says so and needs none. */
-	if (!(ck && start >= total && acc >= 0))
-		e = devices_open(&dev, c, &j.m, &c->train.optim, max_batch, "/job:localhost/replica:0/task:0",
-				 out, err, errlen);
-	if (e)
-		goto out;
-	if (ck && start >= total) {
-		if (acc < 0) {   /* not recorded: the checkpoint of a run with more steps */
-			e = devices_set_params(&dev, params, err, errlen);
-			if (!e)
-				e = devices_evaluate(&dev, &j.test, &res->test_loss, &acc, err, errlen);
-			if (e)
-				goto out;
-		}
-		say_finished(ck, start, total, acc, out);
-		res->finished = 1;
-		res->steps = res->start_step = start;
-		res->total_steps = total;
-		res->test_acc = acc;
-		goto out;
-	}
-	if (start > 0) {
-		char sd[CKPT_PATH_MAX];
-		checkpoint_step_dir(sd, sizeof(sd), ck->dir, start);
-		fprintf(out, "resuming from %s\n", sd);
-	}
-	int resident = 0;
-	e = devices_set_params(&dev, params, err, errlen);
-	if (!e)
-		e = devices_set_optim(&dev, &opt, err, errlen);
-	if (!e)
-		e = devices_set_data(&dev, &j.train, &resident, err, errlen);
-	if (e)
-		goto out;
-	if (ck && ck->intro)
-		fprintf(out, "%s\n", ck->intro);
-	fprintf(out, "training: %zu train / %zu test samples, %zu parameters, batch %d, %ld steps (%ld per epoch), %s%s%s\n",
-		j.train.n, j.test.n, j.m.nparams, B, total, spe, dev.be[0].where,
-		dev.n > 1 ? " and more replicas" : "",
-		dev.gpu ? resident ? ", data on the GPU" : ", data staged from the host" : "");
-
+	struct devices dev;
+	struct optim opt;
+	struct ckpt_layout *lay;
+	float *params;                 /* the host copy: init, checkpoints, resume */
+	uint32_t *perm;                /* (train.n) the epoch's order */
+	struct tblog tb;
 	struct progress pg;
-	progress_init(&pg, out, tty, total, spe);
-	char tbe[CONFIG_ERR_MAX];
-	if (tblog_open(&tb, c->train.log_dir, tbe, sizeof(tbe)))
-		fprintf(out, "warning: no TensorBoard logs: %s\n", tbe);
-	long step;
-	long epoch_loaded = -1;
-	res->start_step = start;
-	for (step = start; step < total && !*stop; step++) {
-		/* From before the epoch's order is copied: that copy waits for
-		 * the steps queued before it, which is training time. */
-		double ts = progress_now();
-		if (step / spe != epoch_loaded) {
-			epoch_loaded = step / spe;
-			if ((e = epoch_order(&dev, perm, j.train.n, c->train.seed, epoch_loaded, err, errlen)))
-				goto fail;
-		}
-		char why[CONFIG_ERR_MAX];
-		e = devices_train_step(&dev, job_batch_at(&j, step, 0), B,
-				       replica_key(c->train.seed, step, 0), &opt,
-				       optim_lr(&c->train.optim, step, total), why, sizeof(why));
-		if (e) {
-			progress_clear(&pg);
-			snprintf(err, errlen, "step %ld: %s", step, why);
-			goto out;
-		}
-		int last = step + 1 == total;
-		int eval_now = c->train.eval_every > 0 ? (step + 1) % c->train.eval_every == 0
-						       : (step + 1) % spe == 0;
-		int ckpt_now = ck && c->train.checkpoint_every > 0 &&
-			       (step + 1) % c->train.checkpoint_every == 0 && !last;
-		/* The loss is read only when it is shown, or before an evaluation
-		 * or a checkpoint would wait for the GPU anyway: reading waits for
-		 * the queued steps, which is training time too. */
-		int read = progress_due(&pg, step) || eval_now || ckpt_now || last || *stop;
-		double loss = 0;
-		long right = 0, n = 0;
-		if (read && (e = devices_meter(&dev, &loss, &right, &n, err, errlen)))
-			goto fail;
-		progress_tick(&pg, step, progress_now() - ts);
-		if (read)
-			progress_step(&pg, step, n, loss, (double)right);
-		if (ckpt_now) {
-			progress_clear(&pg);
-			if (save(c, ck, lay, &dev, params, &opt, step + 1, NULL, out, why, sizeof(why)))
-				fprintf(out, "warning: checkpoint at step %ld failed, training goes on: %s\n", step + 1, why);
-		}
-		if (eval_now && !last) {
-			double tl, ta;
-			e = devices_evaluate(&dev, &j.test, &tl, &ta, err, errlen);
-			if (e)
-				goto fail;
-			progress_eval(&pg, step + 1, tl, ta);
-			tblog_eval(&tb, step + 1, &pg, optim_lr(&c->train.optim, step, total));
-		}
-	}
-	/* Stopped or finished: always end with a real evaluation, which the
-	 * last checkpoint records (a finished run started again says it). */
-	e = devices_evaluate(&dev, &j.test, &res->test_loss, &res->test_acc, err, errlen);
+	long start;                    /* the step it resumes at */
+	double acc;                    /* the resumed checkpoint's recorded test
+					* accuracy, -1: none */
+};
+
+/* The job, the host copies, and the checkpoint to resume from. */
+static int run_open(struct run *r, char *err, size_t errlen)
+{
+	const struct config *c = r->c;
+	int e = job_load(&r->j, c, 1, 1, err, errlen);
 	if (e)
-		goto fail;
-	if (ck && step > start) {
-		progress_clear(&pg);
-		e = save(c, ck, lay, &dev, params, &opt, step, &res->test_acc, out, err, errlen);
+		return e;
+	size_t P = r->j.m.nparams;
+	r->params = malloc(P * sizeof(float));
+	r->perm = malloc(r->j.train.n * sizeof(uint32_t));
+	if (!r->params || !r->perm || optim_init(&r->opt, &c->train.optim, P) ||
+	    optim_plain_tensors(&r->opt, &r->j.m, 0)) {
+		snprintf(err, errlen, "out of memory for %zu parameters", P);
+		return -ENOMEM;
+	}
+	model_init_params(&r->j.m, r->params, 0, P, c->train.seed);
+	r->acc = -1;
+	return r->ck ? resume(c, r->ck, &r->j.m, &r->lay, r->params, &r->opt, &r->start, &r->acc, r->out, err,
+			      errlen)
+		     : 0;
+}
+
+static int run_devices(struct run *r, char *err, size_t errlen)
+{
+	int max_batch = r->j.B > EVAL_BATCH ? r->j.B : EVAL_BATCH;
+	return devices_open(&r->dev, r->c, &r->j.m, &r->c->train.optim, max_batch, "/job:localhost/replica:0/task:0",
+			    r->out, err, errlen);
+}
+
+/* A checkpoint at or past the last step: said in one line, nothing
+ * trained; the devices are opened only to evaluate a checkpoint that did
+ * not record its accuracy (one of a run with more steps). */
+static int run_say_finished(struct run *r, struct train_result *res, char *err, size_t errlen)
+{
+	int e = 0;
+	if (r->acc < 0) {
+		e = run_devices(r, err, errlen);
+		if (!e)
+			e = devices_set_params(&r->dev, r->params, err, errlen);
+		if (!e)
+			e = devices_evaluate(&r->dev, &r->j.test, &res->test_loss, &r->acc, err, errlen);
 		if (e)
-			goto out;
+			return e;
+	}
+	say_finished(r->ck, r->start, r->j.total, r->acc, r->out);
+	res->finished = 1;
+	res->steps = res->start_step = r->start;
+	res->total_steps = r->j.total;
+	res->test_acc = r->acc;
+	return 0;
+}
+
+/* The devices with the parameters, optimizer state and data; the lines
+ * said before the first step; progress and TensorBoard. */
+static int run_ready(struct run *r, int tty, char *err, size_t errlen)
+{
+	int resident = 0;
+	int e = run_devices(r, err, errlen);
+	if (!e && r->start > 0) {
+		char sd[CKPT_PATH_MAX];
+		checkpoint_step_dir(sd, sizeof(sd), r->ck->dir, r->start);
+		fprintf(r->out, "resuming from %s\n", sd);
+	}
+	if (!e)
+		e = devices_set_params(&r->dev, r->params, err, errlen);
+	if (!e)
+		e = devices_set_optim(&r->dev, &r->opt, err, errlen);
+	if (!e)
+		e = devices_set_data(&r->dev, &r->j.train, &resident, err, errlen);
+	if (e)
+		return e;
+	if (r->ck && r->ck->intro)
+		fprintf(r->out, "%s\n", r->ck->intro);
+	fprintf(r->out, "training: %zu train / %zu test samples, %zu parameters, batch %d, %ld steps (%ld per epoch), %s%s%s\n",
+		r->j.train.n, r->j.test.n, r->j.m.nparams, r->j.B, r->j.total, r->j.spe, r->dev.be[0].where,
+		r->dev.n > 1 ? " and more replicas" : "",
+		r->dev.gpu ? resident ? ", data on the GPU" : ", data staged from the host" : "");
+	progress_init(&r->pg, r->out, tty, r->j.total, r->j.spe);
+	char tbe[CONFIG_ERR_MAX];
+	if (tblog_open(&r->tb, r->c->train.log_dir, tbe, sizeof(tbe)))
+		fprintf(r->out, "warning: no TensorBoard logs: %s\n", tbe);
+	return 0;
+}
+
+/* After step's training: the loss when it is shown, a checkpoint and an
+ * evaluation when they are due. */
+static int run_after_step(struct run *r, long step, int stopping, char *err, size_t errlen, double ts)
+{
+	const struct config *c = r->c;
+	long total = r->j.total, spe = r->j.spe;
+	int last = step + 1 == total;
+	int eval_now = c->train.eval_every > 0 ? (step + 1) % c->train.eval_every == 0 : (step + 1) % spe == 0;
+	int ckpt_now = r->ck && c->train.checkpoint_every > 0 && (step + 1) % c->train.checkpoint_every == 0 &&
+		       !last;
+	/* The loss is read only when it is shown, or before an evaluation or
+	 * a checkpoint would wait for the GPU anyway: reading waits for the
+	 * queued steps, which is training time too. */
+	int read = progress_due(&r->pg, step) || eval_now || ckpt_now || last || stopping;
+	double loss = 0;
+	long right = 0, n = 0;
+	int e;
+	if (read && (e = devices_meter(&r->dev, &loss, &right, &n, err, errlen)))
+		return e;
+	progress_tick(&r->pg, step, progress_now() - ts);
+	if (read)
+		progress_step(&r->pg, step, n, loss, (double)right);
+	if (ckpt_now) {
+		char why[CONFIG_ERR_MAX];
+		progress_clear(&r->pg);
+		if (save(c, r->ck, r->lay, &r->dev, r->params, &r->opt, step + 1, NULL, r->out, why, sizeof(why)))
+			fprintf(r->out, "warning: checkpoint at step %ld failed, training goes on: %s\n", step + 1, why);
+	}
+	if (eval_now && !last) {
+		double tl, ta;
+		e = devices_evaluate(&r->dev, &r->j.test, &tl, &ta, err, errlen);
+		if (e)
+			return e;
+		progress_eval(&r->pg, step + 1, tl, ta);
+		tblog_eval(&r->tb, step + 1, &r->pg, optim_lr(&c->train.optim, step, total));
+	}
+	return 0;
+}
+
+/* Stopped or finished: always end with a real evaluation, which the last
+ * checkpoint records (a finished run started again says it). */
+static int run_end(struct run *r, long step, const volatile sig_atomic_t *stop, double t0,
+		   struct train_result *res, char *err, size_t errlen)
+{
+	long total = r->j.total;
+	int e = devices_evaluate(&r->dev, &r->j.test, &res->test_loss, &res->test_acc, err, errlen);
+	if (e)
+		return e;
+	if (r->ck && step > r->start) {
+		progress_clear(&r->pg);
+		e = save(r->c, r->ck, r->lay, &r->dev, r->params, &r->opt, step, &res->test_acc, r->out, err, errlen);
+		if (e)
+			return e;
 	}
 	if (!*stop || step == total) {
-		progress_eval(&pg, step, res->test_loss, res->test_acc);
-		tblog_eval(&tb, step, &pg, optim_lr(&c->train.optim, step > 0 ? step - 1 : 0, total));
+		progress_eval(&r->pg, step, res->test_loss, res->test_acc);
+		tblog_eval(&r->tb, step, &r->pg, optim_lr(&r->c->train.optim, step > 0 ? step - 1 : 0, total));
 	}
-	progress_clear(&pg);
+	progress_clear(&r->pg);
 	res->steps = step;
 	res->total_steps = total;
 	res->wall = progress_now() - t0;
-	res->samples_per_s = pg.train_time > 0 ? (double)pg.samples / pg.train_time : 0;
+	res->samples_per_s = r->pg.train_time > 0 ? (double)r->pg.samples / r->pg.train_time : 0;
 	res->stopped = step < total;
-	e = 0;
-	goto out;
-fail:
-	progress_clear(&pg);   /* err says what failed where */
-out:
-	tblog_close(&tb);
-	free(lay);
-	optim_free(&opt);
-	devices_close(&dev);
-	free(params);
-	free(perm);
-	job_free(&j);
+	return 0;
+}
+
+static void run_close(struct run *r)
+{
+	progress_clear(&r->pg);   /* after a failure: err says what failed where */
+	tblog_close(&r->tb);
+	free(r->lay);
+	optim_free(&r->opt);
+	devices_close(&r->dev);
+	free(r->params);
+	free(r->perm);
+	job_free(&r->j);
+}
+
+int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, int tty,
+	      const volatile sig_atomic_t *stop, struct train_result *res, char *err, size_t errlen)
+{
+	struct run r = { .c = c, .ck = ck && ck->dir[0] ? ck : NULL, .out = out };
+	double t0 = progress_now();
+	memset(res, 0, sizeof(*res));
+	int e = run_open(&r, err, errlen);
+	if (!e && r.ck && r.start >= r.j.total) {
+		e = run_say_finished(&r, res, err, errlen);
+	} else if (!e && !(e = run_ready(&r, tty, err, errlen))) {
+		long step, epoch_loaded = -1, spe = r.j.spe;
+		res->start_step = r.start;
+		for (step = r.start; step < r.j.total && !*stop && !e; step++) {
+			/* From before the epoch's order is copied: that copy waits
+			 * for the steps queued before it, which is training time. */
+			double ts = progress_now();
+			char why[CONFIG_ERR_MAX];
+			if (step / spe != epoch_loaded) {
+				epoch_loaded = step / spe;
+				e = epoch_order(&r.dev, r.perm, r.j.train.n, c->train.seed, epoch_loaded, err, errlen);
+				if (e)
+					break;
+			}
+			e = devices_train_step(&r.dev, job_batch_at(&r.j, step, 0), r.j.B,
+					       replica_key(c->train.seed, step, 0), &r.opt,
+					       optim_lr(&c->train.optim, step, r.j.total), why, sizeof(why));
+			if (e) {
+				progress_clear(&r.pg);
+				snprintf(err, errlen, "step %ld: %s", step, why);
+				break;
+			}
+			e = run_after_step(&r, step, *stop, err, errlen, ts);
+		}
+		if (!e)
+			e = run_end(&r, step, stop, t0, res, err, errlen);
+	}
+	run_close(&r);
 	return e;
 }

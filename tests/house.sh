@@ -21,7 +21,6 @@ DEBTS="
 cluster/ps.c 1048
 cluster/links.c 992
 net/sock.c 916
-core/train.c:train_run 170
 core/config.c:key_parse 156
 core/devices.c:#include-gpu/kernels.h 1
 "

@@ -83,7 +83,9 @@ struct gk_optim {
 	float b1, b2, eps;
 	float step_size, inv_sqrt_bc2;
 };
-/* With step non-NULL, lr, step_size and inv_sqrt_bc2 come from it. */
+/* With step non-NULL, lr, step_size and inv_sqrt_bc2 come from it. A kind
+ * whose state is NULL (m for momentum and adam, v for adam) is not
+ * launched: cudaErrorInvalidValue. */
 int gk_optim_step(void *stream, const struct gk_optim *o, const struct gk_step *step,
 		  float *params, float *grads, float *m, float *v, size_t n, int zero);
 

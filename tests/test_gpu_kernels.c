@@ -449,6 +449,51 @@ Test(gpu_kernels, optimizer_updates)
 	gpu_backend_close(&b);
 }
 
+/* A rule whose state is missing (Adam without v, momentum or Adam without
+ * m) is refused with the buffer named and nothing launched: the
+ * parameters and the gradient keep their values, and the stream has no
+ * sticky error (the next launch and a sync succeed), where stepping
+ * through NULL was an illegal memory access that ended the context. */
+Test(gpu_kernels, optimizer_refuses_missing_state)
+{
+	struct backend b;
+	open_gpu(&b, NULL);
+	const size_t n = 1037;
+	float *p = host_random(n, 800, -1, 1), *g = host_random(n, 801, -1, 1);
+	float *p_d = dev_from(&b, p, n * 4), *g_d = dev_from(&b, g, n * 4);
+	float *m_d = dev_from(&b, NULL, n * 4);
+	cr_assert_eq(b.ops->zero(b.ctx, m_d, n * 4), 0);
+	static const struct {
+		int kind, has_m;
+		const char *text;
+	} rows[] = {
+		{ OPTIM_ADAM, 1, "second moment (v)" },
+		{ OPTIM_ADAM, 0, "first moment (m)" },
+		{ OPTIM_MOMENTUM, 0, "momentum buffer (m)" },
+		{ 9, 1, "unknown optimizer kind 9" },
+	};
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+		struct gk_optim k = { .kind = rows[i].kind, .lr = 0.1f, .mu = 0.9f, .b1 = 0.9f, .b2 = 0.999f,
+				      .eps = 1e-8f, .step_size = 0.1f, .inv_sqrt_bc2 = 1.0f };
+		int r = gpu_optim_step(&b, &k, p_d, g_d, rows[i].has_m ? m_d : NULL, NULL, n, 1);
+		cr_expect_eq(r, -EINVAL, "row %zu: %d (%s)", i, r, gpu_backend_error(&b));
+		cr_expect_not_null(strstr(gpu_backend_error(&b), rows[i].text), "row %zu: \"%s\"", i,
+				   gpu_backend_error(&b));
+		cr_expect_not_null(strstr(gpu_backend_error(&b), "not launched"), "%s", gpu_backend_error(&b));
+	}
+	cr_assert_eq(gpu_sync(&b), 0, "%s", gpu_backend_error(&b));
+	expect_close(&b, p_d, p, n, "parameters after refused steps");
+	expect_close(&b, g_d, g, n, "gradient after refused steps");
+	struct gk_optim sgd = { .kind = OPTIM_SGD, .lr = 0.5f };
+	cr_assert_eq(gpu_optim_step(&b, &sgd, p_d, g_d, NULL, NULL, n, 0), 0, "%s", gpu_backend_error(&b));
+	cr_assert_eq(gpu_sync(&b), 0, "%s", gpu_backend_error(&b));
+	for (size_t i = 0; i < n; i++)
+		p[i] -= 0.5f * g[i];
+	expect_close(&b, p_d, p, n, "an sgd step after the refusals");
+	free(p), free(g);
+	gpu_backend_close(&b);
+}
+
 /* A cap far below what a buffer needs is refused with the need and the cap,
  * before anything runs. */
 Test(gpu_kernels, memory_fraction_refuses_a_tiny_cap)

@@ -18,30 +18,37 @@
 # steps run in the order given, each within what is left of S seconds
 # (counted from before unpacking), cut to that when it still leaves the
 # step its FLOOR, and not run at all when it does not. "all" stands for
-# every step, in the order of what a first GPU session most needs:
-# env tests mlp cluster sanitize bench bench-cnn ncu pushpull cnn.
-# A session's first call: run .gpu $OUT --budget 480 all (timeout_s 540);
+# the steps a GPU session owes, in the order of what it most needs:
+# env tests sanitize bench-cnn cluster-bench bench ncu cnn (mlp, cluster
+# and pushpull have run: docs/BENCHMARKS.md; name them to run them again).
+# A session's first call: run .gpu $OUT --budget 560 all (timeout_s 590);
 # its second, if minutes are left: the steps the first did not run.
 #
-# Steps (LIMIT/FLOOR; expected time on one H100 in parentheses):
-#   env       (120/60; ~40 s) nvidia-smi, driver, glibc, where libcublas is found, torch's version
+# Steps (LIMIT/FLOOR; expected time on one H200 in parentheses):
+#   env       (120/60; ~15 s) nvidia-smi, driver, glibc, where libcublas is found, torch's version
 #             and TF32 flags, and a timed one-step `pstrain local` on Fashion-MNIST at
 #             memory_fraction 0.9 and 0.05
-#   tests     (300/120; ~1-3 min) the GPU suites one by one: gpu_kernels, gpu, devices, train, cli, cnn
-#   bench     (450/200; ~4 min) bench/gpu_mlp: MLP-256, MLP-4096, wide at 4096 (TF32 off, on) against
-#             PyTorch eager and a CUDA-graph row, 3 interleaved rounds
-#   bench-cnn (300/150; ~2.5 min) the same for the example CNN at batch 256, TF32 off and on
-#   mlp       (200/90; < 1 min) pstrain local on examples/fashion-mlp.ini, placement logged
-#   cnn       (480/480; unknown) pstrain local on examples/fashion-cnn.ini for CNN_EPOCHS epochs
-#             (default 12, the example's); fails at its limit if the GPU is too slow for that
-#   pushpull  (170/120; ~2 min) sealed vs plain push/pull with 1,2,4,8 and auto crypto threads
-#   sanitize  (480/180; unknown) compute-sanitizer: memcheck (every arena buffer its own cudaMalloc)
-#             and racecheck over the gpu_kernels suite, memcheck over 3 steps of the MLP
-#             example (the CUDA graph is captured at step 2) and of the CNN example
-#   cluster   (300/120; ~1-2 min) 1 ps + 2 workers of cluster.ini's MLP on this one GPU over
-#             loopback, memory_fraction 0.4 each
+#   tests     (300/120; ~1 min) the GPU suites one by one: gpu_kernels, gpu, devices, train, cli, cnn
+#   sanitize  (300/120; unknown: the whole list likely needs more than one call) compute-sanitizer:
+#             memcheck, initcheck, racecheck and synccheck over the devices, gpu_kernels, gpu and
+#             cnn suites, and memcheck over 3 steps of every examples/*.ini, memcheck first; the
+#             units the limit leaves out are listed with the SANITIZE=... that runs them
+#   bench-cnn (240/150; ~2 min) bench/gpu_mlp for the example CNN at batch 256, TF32 off and on,
+#             against PyTorch's CUDA graph (3 rounds) and eager (1 round)
+#   cluster-bench (180/90; ~1.5 min) bench/gpu_cluster: `local`, 1 ps + 1 worker and 1 ps + 2
+#             workers beside it on this GPU (the ps over its Unix socket), for the CNN at batch 256
+#             and the MLP at 128: steps/s, samples/s against local's, each worker's compute and
+#             communication per step
+#   bench     (420/200; ~5 min) bench/gpu_mlp: MLP-256, MLP-4096, wide at 4096 (TF32 off, on)
+#             against PyTorch's CUDA graph (3 rounds) and eager (1 round)
 #   ncu       (240/120; ~2 min) Nsight Compute per-kernel times of MLP-256 and MLP-4096 steps
 #             (kernel by kernel, so each launch is one kernel)
+#   cnn       (480/480; unknown) pstrain local on examples/fashion-cnn.ini for CNN_EPOCHS epochs
+#             (default 12, the example's); fails at its limit if the GPU is too slow for that
+#   mlp       (200/90; < 1 min) pstrain local on examples/fashion-mlp.ini, placement logged
+#   cluster   (300/120; ~30 s) 1 ps + 2 workers of cluster.ini's MLP on this one GPU,
+#             memory_fraction 0.4 each
+#   pushpull  (170/120; ~2 min) sealed vs plain push/pull with 1,2,4,8 and auto crypto threads
 # A step's exit status is its program's or suite's (124: stopped at its
 # limit), never a pipeline's; run's own status is 0 only when every step
 # passed, 1 when any failed, 3 when none failed but the budget left some
@@ -114,7 +121,7 @@ pack() {
 		echo "gpu-session: $dir is over 60 MiB: a device call carries at most 64 MiB with the working tree" >&2
 		exit 1
 	fi
-	echo "carry: [\"$dir\"]   command: bench/gpu-session.sh run $dir \$OUT --budget 480 all (timeout_s 540)"
+	echo "carry: [\"$dir\"]   command: bench/gpu-session.sh run $dir \$OUT --budget 560 all (timeout_s 590)"
 }
 
 # unpack ARCHIVE FORMAT: into the current directory, with xz or gzip, or
@@ -270,27 +277,84 @@ tests_step() {
 	return $st
 }
 
-# compute-sanitizer over the kernel tests and a few real steps. Each tool
-# stops with status 99 on a finding; the log has its report.
+# compute-sanitizer over every GPU suite and 3 steps of every example, as
+# units TOOL:SUITE and memcheck:example/NAME in the order of need: memcheck
+# first (the first GPU run's failures were memory errors, in a suite this
+# step did not run then), then initcheck, racecheck and synccheck. The
+# step's limit (SAN_LIMIT seconds) is shared out: each unit runs within what
+# is left, and one that cannot have SAN_FLOOR seconds is not started; the
+# step then fails and prints the SANITIZE=... that runs the rest in a later
+# call. SANITIZE (space-separated units) runs only those. The cnn suite's
+# tests run on the CPU today; it is here so that a CNN test that comes to
+# use the GPU is covered. Each tool stops with status 99 on a finding; the
+# log has its report. One cudaMalloc per buffer (PSTRAIN_GPU_EXACT_ALLOC),
+# so that memcheck sees each buffer's bounds, not the arena's.
+SAN_SUITES="devices gpu_kernels gpu cnn"
+san_units() {
+	for tool in memcheck initcheck racecheck synccheck; do
+		for s in $SAN_SUITES; do echo "$tool:$s"; done
+		if [ $tool = memcheck ]; then
+			for ex in examples/*.ini; do echo "memcheck:example/$(basename "$ex" .ini)"; done
+		fi
+	done
+}
+
+# san_unit CS UNIT SECONDS: one unit under compute-sanitizer CS.
+san_unit() {
+	tool=${2%%:*} what=${2#*:}
+	case $what in
+	example/*)
+		ck=$(mktemp -d)
+		# Every example, the cluster ones too, as `pstrain local`: a
+		# worker's device work (forward, backward, the gradient out) is
+		# a part of a local step's.
+		# shellcheck disable=SC2086
+		PSTRAIN_GPU_EXACT_ALLOC=1 timeout -k 10 "$3" "$1" --tool "$tool" --error-exitcode 99 ./pstrain local \
+			--config "examples/${what#example/}.ini" --fresh $set_data --set train.steps=3 \
+			--set gpu.soft_placement=false --set gpu.memory_fraction=0.4 --set train.checkpoint_dir="$ck"
+		rc=$?
+		rm -rf "$ck"
+		return $rc ;;
+	esac
+	PSTRAIN_GPU_EXACT_ALLOC=1 timeout -k 10 "$3" "$1" --tool "$tool" --target-processes all --error-exitcode 99 \
+		env LD_LIBRARY_PATH="$TESTS_LIB" build/tests/run --jobs 1 --filter "$what/*"
+}
+
 sanitize_step() {
 	cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1)
 	[ -n "$cs" ] || { echo "no compute-sanitizer on this machine"; return 1; }
 	[ -x build/tests/run ] || { echo "build/tests/run was not packed"; return 1; }
-	st=0
-	for tool in memcheck racecheck; do
-		echo "## $tool: the gpu_kernels suite"
-		PSTRAIN_GPU_EXACT_ALLOC=1 "$cs" --tool $tool --target-processes all --error-exitcode 99 \
-			env LD_LIBRARY_PATH="$TESTS_LIB" build/tests/run --jobs 1 --filter 'gpu_kernels/*' || st=1
+	units=${SANITIZE:-$(san_units)}
+	t_end=$(($(date +%s) + ${SAN_LIMIT:-480} - 5))
+	floor=${SAN_FLOOR:-30}
+	st=0 left_out="" results=""
+	for u in $units; do
+		left=$((t_end - $(date +%s)))
+		if [ "$left" -lt "$floor" ]; then
+			left_out="$left_out${left_out:+ }$u"
+			continue
+		fi
+		echo "## $u (at most ${left}s)"
+		t0=$(date +%s)
+		san_unit "$cs" "$u" "$left"
+		rc=$?
+		case $rc in
+		0) r="clean" ;;
+		99) r="FINDINGS (exit 99)" ;;
+		124) r="stopped at the step's limit" ;;
+		*) r="FAILED (exit $rc)" ;;
+		esac
+		echo "## $u: $r after $(($(date +%s) - t0))s"
+		results="$results
+   $u: $r"
+		[ $rc = 0 ] || st=1
 	done
-	for ex in fashion-mlp fashion-cnn; do
-		echo "## memcheck: 3 steps of examples/$ex.ini"
-		ck=$(mktemp -d)
-		# shellcheck disable=SC2086
-		PSTRAIN_GPU_EXACT_ALLOC=1 "$cs" --tool memcheck --error-exitcode 99 ./pstrain local \
-			--config examples/$ex.ini --fresh $set_data --set train.steps=3 \
-			--set gpu.soft_placement=false --set train.checkpoint_dir="$ck" || st=1
-		rm -rf "$ck"
-	done
+	echo "## sanitize units:$results"
+	if [ -n "$left_out" ]; then
+		echo "## not run for want of time: $left_out"
+		echo "## the rest in a later call: SANITIZE='$left_out' bench/gpu-session.sh run DIR OUT --budget S sanitize"
+		st=1
+	fi
 	return $st
 }
 
@@ -346,7 +410,7 @@ run() {
 	steps=""
 	for step in "$@"; do
 		case $step in
-		all) steps="$steps env tests mlp cluster sanitize bench bench-cnn ncu pushpull cnn" ;;
+		all) steps="$steps env tests sanitize bench-cnn cluster-bench bench ncu cnn" ;;
 		*) steps="$steps $step" ;;
 		esac
 	done
@@ -376,12 +440,20 @@ run() {
 		env) fit env 120 60 && run_step env "$lim" sh "$self" _env ;;
 		tests) fit tests 300 120 && run_step tests "$lim" sh "$self" _tests ;;
 		bench)
-			# gpu_mlp starts no run after its BUDGET; a run takes up to a minute.
-			fit bench 450 200 && run_step bench "$lim" env BUDGET=$((lim - 70)) RUN_LIMIT=60 \
+			# gpu_mlp starts no run after its BUDGET; a run takes up to a
+			# minute. PyTorch eager in one round of three: its rows vary
+			# by 15% with Python's host loop, and the CUDA-graph row is
+			# the comparison that counts.
+			fit bench 420 200 && run_step bench "$lim" env BUDGET=$((lim - 70)) RUN_LIMIT=60 EAGER_ROUNDS=1 \
 				CASES="mlp:256:off mlp:4096:off wide:4096:off wide:4096:on" sh "$self" _bench "$dir" ;;
 		bench-cnn)
-			fit bench-cnn 300 150 && run_step bench-cnn "$lim" env BUDGET=$((lim - 70)) RUN_LIMIT=60 \
+			fit bench-cnn 240 150 && run_step bench-cnn "$lim" env BUDGET=$((lim - 70)) RUN_LIMIT=60 EAGER_ROUNDS=1 \
 				CASES="fashion-cnn:256:off fashion-cnn:256:on" sh "$self" _bench "$dir" ;;
+		cluster-bench)
+			# bench/gpu_cluster starts no run after its BUDGET; a run is
+			# 5-15 s on an H200, RUN_LIMIT its guard.
+			fit cluster-bench 180 90 && run_step cluster-bench "$lim" env BUDGET=$((lim - 70)) RUN_LIMIT=60 \
+				PSTRAIN=./pstrain SET="$set_data" sh bench/gpu_cluster ;;
 		mlp)
 			# shellcheck disable=SC2086
 			fit mlp 200 90 && run_step mlp "$lim" ./pstrain local --config examples/fashion-mlp.ini --fresh \
@@ -390,7 +462,7 @@ run() {
 			# shellcheck disable=SC2086
 			fit cnn 480 480 && run_step cnn "$lim" ./pstrain local --config examples/fashion-cnn.ini --fresh \
 				$set_data --set train.epochs="${CNN_EPOCHS:-12}" --set train.checkpoint_dir="$ck" ;;
-		sanitize) fit sanitize 480 180 && run_step sanitize "$lim" sh "$self" _sanitize ;;
+		sanitize) fit sanitize 300 120 && run_step sanitize "$lim" env SAN_LIMIT="$lim" sh "$self" _sanitize ;;
 		cluster) fit cluster 300 120 && run_step cluster "$lim" sh "$self" _cluster ;;
 		ncu) fit ncu 240 120 && run_step ncu "$lim" sh "$self" _ncu ;;
 		pushpull)

@@ -360,7 +360,7 @@ int main(int argc, char **argv)
 	struct devices d;
 	int e;
 	if (cpu) {
-		e = devices_open_cpu(&d, &m, 1, 1, (int)B, err, sizeof(err));
+		e = devices_open_cpu(&d, &m, &c.train.optim, 1, 1, (int)B, err, sizeof(err));
 	} else {
 		FILE *quiet = fopen("/dev/null", "w");
 		e = devices_open(&d, &c, &m, &c.train.optim, (int)B, "/job:bench/task:0", quiet, err,

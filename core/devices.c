@@ -82,9 +82,9 @@ static int replicas_init(struct devices *d, int max_batch, int need_state,
 	if (d->n > 1)
 		e = b0->ops->alloc(b0->ctx, (void **)&d->stage, bytes);
 	/* On a GPU the optimizer's state lives beside the parameters. */
-	if (!e && need_state && oc->kind != OPTIM_SGD)
+	if (!e && need_state && oc && oc->kind != OPTIM_SGD)
 		e = b0->ops->alloc(b0->ctx, (void **)&d->opt_m, bytes);
-	if (!e && need_state && oc->kind == OPTIM_ADAM)
+	if (!e && need_state && oc && oc->kind == OPTIM_ADAM)
 		e = b0->ops->alloc(b0->ctx, (void **)&d->opt_v, bytes);
 	if (!e && d->opt_m)
 		e = b0->ops->zero(b0->ctx, d->opt_m, bytes);
@@ -192,7 +192,7 @@ int devices_open(struct devices *d, const struct config *c, const struct model *
 			return e;
 		}
 		fprintf(out, "placement: %s; training on the CPU\n", why);
-		e = devices_open_cpu(d, m, 1, c->train.threads, max_batch, err, errlen);
+		e = devices_open_cpu(d, m, oc, 1, c->train.threads, max_batch, err, errlen);
 		if (e)
 			return e;
 	} else {
@@ -204,16 +204,18 @@ int devices_open(struct devices *d, const struct config *c, const struct model *
 	if (c->gpu.log_placement)
 		log_placement(d, job, out);
 	d->graphs = c->gpu.cuda_graphs;
+	d->opt_kind = oc ? (int)oc->kind : -1;
 	return 0;
 }
 
-int devices_open_cpu(struct devices *d, const struct model *m, int n, int threads, int max_batch,
-		     char *err, size_t errlen)
+int devices_open_cpu(struct devices *d, const struct model *m, const struct optim_config *oc, int n,
+		     int threads, int max_batch, char *err, size_t errlen)
 {
 	memset(d, 0, sizeof(*d));
 	d->m = m;
 	d->n = n;
 	d->nbe = 1;
+	d->opt_kind = oc ? (int)oc->kind : -1;
 	backend_cpu(&d->be[0], threads);
 	/* be_of[] is all zeros: every replica on the one CPU backend. */
 	int e = replicas_init(d, max_batch, 0, NULL, err, errlen);
@@ -665,9 +667,35 @@ static int params_broadcast(struct devices *d, char *err, size_t errlen)
 	return 0;
 }
 
+/* o against the state the devices were opened for (see devices.h). */
+static int optim_fits(const struct devices *d, const struct optim *o, char *err, size_t errlen)
+{
+	const char *have = d->opt_kind < 0 ? NULL : optim_kind_name((enum optim_kind)d->opt_kind);
+	if (!have)
+		return err_set(err, errlen, -EINVAL,
+			       "the devices were opened without an optimizer and cannot step %s",
+			       optim_kind_name(o->cfg.kind));
+	if ((int)o->cfg.kind != d->opt_kind)
+		return err_set(err, errlen, -EINVAL,
+			       "the optimizer is %s, but the devices' optimizer state was sized for %s",
+			       optim_kind_name(o->cfg.kind), have);
+	if (o->n != d->m->nparams)
+		return err_set(err, errlen, -EINVAL, "an optimizer over %zu parameters for a model of %zu",
+			       o->n, d->m->nparams);
+	return 0;
+}
+
 int devices_apply(struct devices *d, struct optim *o, float lr, char *err, size_t errlen)
 {
+	int f = optim_fits(d, o, err, errlen);
+	if (f)
+		return f;
 	if (!d->gpu) {
+		/* The state is o's own here; a kind changed after optim_init
+		 * would step through buffers it never allocated. */
+		f = optim_state_check((int)o->cfg.kind, o->n, o->m, o->v, err, errlen);
+		if (f)
+			return f;
 		optim_step_zero(o, d->params[0], d->grads[0], lr);
 	} else {
 		struct gk_optim k = gpu_rule(o, lr);
@@ -725,6 +753,9 @@ static void graph_capture(struct devices *d, size_t at, int B, uint64_t key, con
 int devices_train_step(struct devices *d, size_t at, int B, uint64_t key, struct optim *o,
 		       float lr, char *err, size_t errlen)
 {
+	int f = optim_fits(d, o, err, errlen);
+	if (f)
+		return f;
 	if (!graph_possible(d) || (d->graph_state == 1 && B != d->graph_B)) {
 		int e = devices_step(d, at, B, key, err, errlen);
 		return e ? e : devices_apply(d, o, lr, err, errlen);
@@ -753,18 +784,27 @@ int devices_train_step(struct devices *d, size_t at, int B, uint64_t key, struct
 	return e;
 }
 
+/* Every buffer o's kind needs, both sides; one missing on either side is
+ * refused, not skipped: skipping hid the first GPU run's mismatch. */
 static int optim_copy(struct devices *d, struct optim *o, int to_device, char *err, size_t errlen)
 {
-	if (!d->gpu)
-		return 0;
+	int e = optim_fits(d, o, err, errlen);
+	if (e || !d->gpu)
+		return e;
 	struct backend *b = &d->be[d->be_of[0]];
 	size_t bytes = d->m->nparams * sizeof(float);
 	float *dev[2] = { d->opt_m, d->opt_v }, *host[2] = { o->m, o->v };
+	static const char *const names[2] = { "first", "second" };
+	int need[2] = { o->cfg.kind != OPTIM_SGD, o->cfg.kind == OPTIM_ADAM };
 	for (int i = 0; i < 2; i++) {
-		if (!dev[i] || !host[i])
+		if (!need[i])
 			continue;
-		int e = to_device ? b->ops->upload(b->ctx, dev[i], host[i], bytes)
-				  : b->ops->download(b->ctx, host[i], dev[i], bytes);
+		if (!dev[i] || !host[i])
+			return err_set(err, errlen, -EINVAL, "%s's %s state buffer is missing %s",
+				       optim_kind_name(o->cfg.kind), names[i],
+				       dev[i] ? "in the host's optimizer" : "on the device");
+		e = to_device ? b->ops->upload(b->ctx, dev[i], host[i], bytes)
+			      : b->ops->download(b->ctx, host[i], dev[i], bytes);
 		if (e)
 			return fail(d, 0, e, "copying the optimizer state", err, errlen);
 	}

@@ -46,6 +46,12 @@ struct devices {
 	float *grads[DEVICES_MAX];          /* (P) per replica */
 	float *stage;                       /* (P) on replica 0's device: others' gradients land here */
 	float *opt_m, *opt_v;               /* (P) optimizer state on replica 0's device (GPU) */
+	/* The enum optim_kind the state was sized for (devices_open's oc),
+	 * -1 for none: gradients only. Every call that steps or copies the
+	 * state refuses an optimizer of another kind, on the CPU too, where
+	 * the struct optim holds its own state, so that CI catches what
+	 * would step a GPU's state through buffers never allocated. */
+	int opt_kind;
 	int max_batch;                      /* per replica */
 	/* The training set (devices_set_data) and the epoch's order
 	 * (devices_set_order). Per backend: where its batches come from,
@@ -73,7 +79,9 @@ struct devices {
 };
 
 /* Opens the devices the config asks for (see the top of this file), with
- * replicas for batches up to max_batch samples in all. Prints the
+ * replicas for batches up to max_batch samples in all, and optimizer
+ * state for oc's kind (NULL: none; devices_apply then refuses every
+ * optimizer, as it refuses one of another kind). Prints the
  * placement line, and with [gpu] log_placement where each layer runs, to
  * out (job: e.g. "/job:localhost/replica:0/task:0" for the device names).
  * Returns 0, or a negative errno with the reason in err. */
@@ -82,9 +90,9 @@ int devices_open(struct devices *d, const struct config *c, const struct model *
 		 char *err, size_t errlen);
 
 /* n CPU replicas (threads as for layers_set_threads): the batch split and
- * the gradient sum without a GPU, for tests. */
-int devices_open_cpu(struct devices *d, const struct model *m, int n, int threads, int max_batch,
-		     char *err, size_t errlen);
+ * the gradient sum without a GPU, for tests; oc as for devices_open. */
+int devices_open_cpu(struct devices *d, const struct model *m, const struct optim_config *oc, int n,
+		     int threads, int max_batch, char *err, size_t errlen);
 
 void devices_close(struct devices *d);   /* accepts a zeroed struct */
 
@@ -170,7 +178,11 @@ int devices_get_grads(struct devices *d, float *host, char *err, size_t errlen);
 /* The optimizer over replica 0's parameters with the summed gradient
  * (which it zeroes), then the new parameters to the other replicas. o->t
  * counts steps as on the CPU; on a GPU o->m and o->v are not used (the
- * state lives on the device: devices_get_optim copies it out). */
+ * state lives on the device: devices_get_optim copies it out). An
+ * optimizer of another kind than the devices were opened for, over
+ * another count than P, or (CPU) without the state its kind needs is
+ * refused with -EINVAL before anything is stepped; so are the calls
+ * below and devices_train_step. */
 int devices_apply(struct devices *d, struct optim *o, float lr, char *err, size_t errlen);
 
 /* The optimizer state between the device and o->m, o->v (for checkpoints);

@@ -3,6 +3,8 @@
  * caller's business; the update of element i reads only element i. */
 #include "optim.h"
 
+#include "../base/err.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -45,6 +47,25 @@ int optim_init(struct optim *o, const struct optim_config *c, size_t n)
 err:
 	optim_free(o);
 	return -ENOMEM;
+}
+
+int optim_state_check(int kind, size_t n, const float *m, const float *v, char *err,
+		      size_t errlen)
+{
+	if (kind != OPTIM_SGD && kind != OPTIM_MOMENTUM && kind != OPTIM_ADAM)
+		return err_set(err, errlen, -EINVAL, "unknown optimizer kind %d", kind);
+	if (n == 0)
+		return 0;   /* optim_init gives an empty range no state */
+	const char *name = optim_kind_name((enum optim_kind)kind);
+	if (kind != OPTIM_SGD && !m)
+		return err_set(err, errlen, -EINVAL,
+			       "%s needs its %s over %zu parameters, and none was allocated", name,
+			       kind == OPTIM_ADAM ? "first moment (m)" : "momentum buffer (m)", n);
+	if (kind == OPTIM_ADAM && !v)
+		return err_set(err, errlen, -EINVAL,
+			       "adam needs its second moment (v) over %zu parameters, and none was allocated",
+			       n);
+	return 0;
 }
 
 void optim_free(struct optim *o)

@@ -78,6 +78,15 @@ void optim_free(struct optim *o);   /* accepts NULL and zeroed structs */
  * -ENOMEM. */
 int optim_plain_tensors(struct optim *o, const struct model *m, size_t begin);
 
+/* Whether the state a rule of `kind` (enum optim_kind) needs over n
+ * elements is there: m for momentum and adam, v for adam. 0, or -EINVAL
+ * with the missing buffer named in err (an unknown kind too). Whoever
+ * steps state it did not size itself asks first (devices_apply on the
+ * CPU, the GPU's optimizer launcher): a rule run over a NULL buffer
+ * corrupts memory instead of failing, and did on the first GPU run. */
+int optim_state_check(int kind, size_t n, const float *m, const float *v, char *err,
+		      size_t errlen);
+
 /* Learning rate for 0-based step `step` of `total` steps. */
 float optim_lr(const struct optim_config *c, long step, long total);
 

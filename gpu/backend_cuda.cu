@@ -194,6 +194,26 @@ static int g_act_bias_backward(void *ctx, enum layer_kind k, float *dout, float 
 	return 0;
 }
 
+/* Batchnorm's split sums' scratch, of a fixed size (1.25 MiB), once. */
+static int bn_reserve(struct gpu_ctx *g)
+{
+	if (g->bn.partial)
+		return 0;
+	double *partial;
+	unsigned *tickets;
+	int r = arena_alloc(&g->arena, (void **)&partial, gk_bn_partials() * sizeof(double), g->err,
+			    sizeof(g->err));
+	if (!r)
+		r = arena_alloc(&g->arena, (void **)&tickets, GK_BN_SLOTS * sizeof(unsigned), g->err,
+				sizeof(g->err));
+	if (r)
+		return r;
+	CK(g, cudaMemsetAsync(tickets, 0, GK_BN_SLOTS * sizeof(unsigned), g->stream));
+	g->bn.partial = partial;
+	g->bn.tickets = tickets;
+	return 0;
+}
+
 /* Scratch for batches up to max_batch rows of up to width floats: taken
  * from the arena before the first step (replica_init), so the step takes
  * none. Arena space cannot be returned; a larger request takes new. */
@@ -219,10 +239,17 @@ static int g_reserve(void *ctx, int max_batch, int width)
 	if (!r)
 		r = arena_alloc(&g->arena, (void **)&tickets, gk_bias_tickets(w) * sizeof(unsigned),
 				g->err, sizeof(g->err));
+	float *bn_sums;
+	if (!r)
+		r = arena_alloc(&g->arena, (void **)&bn_sums, 2 * (size_t)w * sizeof(float), g->err,
+				sizeof(g->err));
+	if (!r)
+		r = bn_reserve(g);
 	if (r)
 		return r;
 	/* The tickets start at zero and every launch leaves them there. */
 	CK(g, cudaMemsetAsync(tickets, 0, gk_bias_tickets(w) * sizeof(unsigned), g->stream));
+	g->bn.sums = bn_sums;
 	g->row_loss = loss;
 	g->row_right = right;
 	g->partial = partial;
@@ -427,7 +454,7 @@ static int g_batchnorm_forward(void *ctx, float *out, float *mean, float *var, c
 		return r;
 	CKL(g, "batchnorm forward kernel",
 	    gk_batchnorm_forward(g->stream, out, mean, var, inp, gamma, beta, run_mean, run_var, B, C,
-				 HW));
+				 HW, &g->bn));
 	return 0;
 }
 
@@ -441,9 +468,16 @@ static int g_batchnorm_backward(void *ctx, float *dinp, float *dgamma, float *db
 	int r = use(g);
 	if (r)
 		return r;
+	/* The input gradient reads the channel's sums from scratch of
+	 * 2 x width floats (g_reserve): a layer's channels fit its width. */
+	if (dinp && (!g->bn.sums || C > g->width)) {
+		snprintf(g->err, sizeof(g->err), "gpu:%d: batchnorm over %d channels but scratch was reserved for %d",
+			 g->device, C, g->bn.sums ? g->width : 0);
+		return -EINVAL;
+	}
 	CKL(g, "batchnorm backward kernel",
 	    gk_batchnorm_backward(g->stream, dinp, dgamma, dbeta, drun_mean, drun_var, dout, inp,
-				  gamma, mean, var, run_mean, run_var, stat_scale, B, C, HW));
+				  gamma, mean, var, run_mean, run_var, stat_scale, B, C, HW, &g->bn));
 	return 0;
 }
 

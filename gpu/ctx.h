@@ -28,6 +28,9 @@ struct gpu_ctx {
 	float *partial;
 	unsigned *tickets;
 	int rows, width;
+	/* Batchnorm's (g_reserve too): the split sums' scratch and tickets,
+	 * taken once, and its per-channel sums, 2 x width floats. */
+	struct gk_bn_scratch bn;
 	/* Staged batches (gpu_stage_*): pinned host and device buffers, the
 	 * copy stream, an event when each buffer has landed and when the
 	 * compute stream is done with it. */

@@ -416,6 +416,10 @@ extern "C" int gk_optim_step(void *stream, const struct gk_optim *o, const struc
 {
 	if (n == 0)
 		return 0;
+	/* The last guard against stepping missing state through NULL;
+	 * gpu_optim_step refuses first and says which buffer is missing. */
+	if (o->kind < K_SGD || o->kind > K_ADAM || (o->kind != K_SGD && !m) || (o->kind == K_ADAM && !v))
+		return cudaErrorInvalidValue;
 	optim_kernel<<<blocks_for(n), THREADS, 0, (cudaStream_t)stream>>>(*o, step, params, grads, m,
 									 v, n, zero);
 	return launched();

@@ -83,7 +83,9 @@ struct gk_optim {
 	float b1, b2, eps;
 	float step_size, inv_sqrt_bc2;
 };
-/* With step non-NULL, lr, step_size and inv_sqrt_bc2 come from it. */
+/* With step non-NULL, lr, step_size and inv_sqrt_bc2 come from it. A kind
+ * whose state is NULL (m for momentum and adam, v for adam) is not
+ * launched: cudaErrorInvalidValue. */
 int gk_optim_step(void *stream, const struct gk_optim *o, const struct gk_step *step,
 		  float *params, float *grads, float *m, float *v, size_t n, int zero);
 
@@ -120,14 +122,30 @@ int gk_pool_backward(void *stream, int max, float *dinp, const float *dout, cons
 /* Inverted dropout with core/rng.c's hash: the same masks as the CPU. */
 int gk_dropout(void *stream, float *out, const float *inp, float p, uint64_t key, size_t n);
 
+/* Batchnorm's scratch: its per-channel sums are split over several blocks
+ * a channel whose partial sums meet in partial (gk_bn_partials() doubles)
+ * and are added in block order by the last block of each channel
+ * (tickets: GK_BN_SLOTS zeroed counters, left zeroed); backward keeps each
+ * channel's two sums in sums (2 C floats) for the input gradient. partial
+ * or tickets NULL: one block a channel. */
+#define GK_BN_SLOTS 65536
+struct gk_bn_scratch {
+	double *partial;
+	unsigned *tickets;
+	float *sums;
+};
+size_t gk_bn_partials(void);
+/* mean and var NULL: evaluation, with the running statistics. */
 int gk_batchnorm_forward(void *stream, float *out, float *mean, float *var, const float *inp,
 			 const float *gamma, const float *beta, const float *run_mean,
-			 const float *run_var, int B, int C, int HW);
+			 const float *run_var, int B, int C, int HW, const struct gk_bn_scratch *s);
+/* dinp NULL: no input gradient; else s->sums is needed
+ * (cudaErrorInvalidValue without). */
 int gk_batchnorm_backward(void *stream, float *dinp, float *dgamma, float *dbeta,
 			  float *drun_mean, float *drun_var, const float *dout, const float *inp,
 			  const float *gamma, const float *mean, const float *var,
 			  const float *run_mean, const float *run_var, float stat_scale, int B,
-			  int C, int HW);
+			  int C, int HW, const struct gk_bn_scratch *s);
 
 /* y += x over n elements: summing gradients of several replicas. */
 int gk_add(void *stream, float *y, const float *x, size_t n);

@@ -27,4 +27,22 @@ static inline int launched(void)
 	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); \
 	     i += (size_t)gridDim.x * blockDim.x)
 
+/* The same loop with indices of type I: kernels templated on I run with
+ * 32-bit unsigned indices, whose divisions cost a fraction of 64-bit ones,
+ * whenever every index they form fits in 31 bits (FITS32: the loop's last
+ * step past n cannot wrap then), and with size_t otherwise. */
+#define GRID_STRIDE_T(I, i, n)                                      \
+	for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < (n); \
+	     i += (I)gridDim.x * blockDim.x)
+#define FITS32(x) ((size_t)(x) < ((size_t)1 << 31))
+
+/* kernel<unsigned> where fits, else kernel<size_t>, with the same launch. */
+#define LAUNCH_I(fits, kernel, grid, block, stream, ...)                                  \
+	do {                                                                               \
+		if (fits)                                                                  \
+			kernel<unsigned><<<(grid), (block), 0, (cudaStream_t)(stream)>>>(__VA_ARGS__); \
+		else                                                                       \
+			kernel<size_t><<<(grid), (block), 0, (cudaStream_t)(stream)>>>(__VA_ARGS__); \
+	} while (0)
+
 #endif

@@ -4,6 +4,7 @@
  * queues, and timing. See gpu.h for each function's contract. */
 extern "C" {
 #include "../core/backend.h"
+#include "../core/optim.h"
 #include "gpu.h"
 }
 
@@ -83,7 +84,17 @@ extern "C" int gpu_optim_step(const struct backend *b, const struct gk_optim *o,
 			      float *grads, float *m, float *v, size_t n, int zero)
 {
 	struct gpu_ctx *g = (struct gpu_ctx *)b->ctx;
-	int r = use(g);
+	/* Refused, not launched: the kernel would step state that was never
+	 * allocated through NULL (the first GPU run's illegal memory access,
+	 * which poisons the context for every later call). */
+	char why[200];
+	int r = optim_state_check(o->kind, n, m, v, why, sizeof(why));
+	if (r) {
+		snprintf(g->err, sizeof(g->err), "gpu:%d: optimizer kernel not launched: %s", g->device,
+			 why);
+		return r;
+	}
+	r = use(g);
 	if (r)
 		return r;
 	CKL(g, "optimizer kernel",

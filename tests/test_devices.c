@@ -12,6 +12,7 @@
 #include "../core/rng.h"
 #include "../gpu/gpu.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -102,7 +103,7 @@ static double grad_on(const struct model *m, int n, int B, float *x, int32_t *y,
 {
 	struct devices d;
 	char err[256];
-	cr_assert_eq(devices_open_cpu(&d, m, n, 1, B, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(devices_open_cpu(&d, m, NULL, n, 1, B, err, sizeof(err)), 0, "%s", err);
 	double loss = grad_of(&d, B, x, y, params, grad);
 	devices_close(&d);
 	return loss;
@@ -166,7 +167,7 @@ Test(devices, apply_keeps_replicas_in_step)
 		struct devices d;
 		struct optim o;
 		cr_assert_eq(optim_init(&o, &oc, m.nparams), 0);
-		cr_assert_eq(devices_open_cpu(&d, &m, ns[k], 1, B, err, sizeof(err)), 0, "%s", err);
+		cr_assert_eq(devices_open_cpu(&d, &m, &oc, ns[k], 1, B, err, sizeof(err)), 0, "%s", err);
 		cr_assert_eq(devices_set_params(&d, p, err, sizeof(err)), 0, "%s", err);
 		data_rows(&d, &ds, order, x, y, (size_t)B * steps);
 		for (int s = 0; s < steps; s++) {
@@ -192,7 +193,7 @@ Test(devices, a_batch_smaller_than_the_replicas_is_refused)
 	small_model(&m);
 	struct devices d;
 	char err[256] = "";
-	cr_assert_eq(devices_open_cpu(&d, &m, 4, 1, 8, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(devices_open_cpu(&d, &m, NULL, 4, 1, 8, err, sizeof(err)), 0, "%s", err);
 	float x[3 * 20] = { 0 };
 	int32_t y[3] = { 0 };
 	uint32_t order[3];
@@ -222,7 +223,7 @@ Test(devices, meter_sums_steps_until_read)
 	struct devices d;
 	struct dataset ds;
 	char err[256];
-	cr_assert_eq(devices_open_cpu(&d, &m, 3, 1, B, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(devices_open_cpu(&d, &m, NULL, 3, 1, B, err, sizeof(err)), 0, "%s", err);
 	cr_assert_eq(devices_set_params(&d, p, err, sizeof(err)), 0, "%s", err);
 	data_rows(&d, &ds, order, x, y, 2 * B);
 	for (int s = 0; s < 2; s++)
@@ -258,14 +259,14 @@ Test(devices, steps_follow_the_order)
 	struct devices d;
 	struct dataset ds;
 	char err[256];
-	cr_assert_eq(devices_open_cpu(&d, &m, 2, 1, B, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(devices_open_cpu(&d, &m, NULL, 2, 1, B, err, sizeof(err)), 0, "%s", err);
 	cr_assert_eq(devices_set_params(&d, p, err, sizeof(err)), 0, "%s", err);
 	data_rows(&d, &ds, order, x, y, n);
 	cr_assert_eq(devices_set_order(&d, perm, n, err, sizeof(err)), 0, "%s", err);
 	cr_assert_eq(devices_step(&d, at, B, 1, err, sizeof(err)), 0, "%s", err);
 	cr_assert_eq(devices_get_grads(&d, ga, err, sizeof(err)), 0, "%s", err);
 	devices_close(&d);
-	cr_assert_eq(devices_open_cpu(&d, &m, 2, 1, B, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(devices_open_cpu(&d, &m, NULL, 2, 1, B, err, sizeof(err)), 0, "%s", err);
 	grad_of(&d, B, xs, ys, p, gb);
 	devices_close(&d);
 	cr_expect_eq(memcmp(ga, gb, sizeof(float) * m.nparams), 0,
@@ -285,7 +286,7 @@ Test(devices, steps_outside_the_order_are_refused)
 	struct devices d;
 	struct dataset ds;
 	char err[256] = "";
-	cr_assert_eq(devices_open_cpu(&d, &m, 1, 1, 4, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(devices_open_cpu(&d, &m, NULL, 1, 1, 4, err, sizeof(err)), 0, "%s", err);
 	cr_expect_lt(devices_step(&d, 0, 4, 1, err, sizeof(err)), 0, "a step before any order");
 	data_rows(&d, &ds, order, x, y, 6);
 	cr_expect_lt(devices_step(&d, 3, 4, 1, err, sizeof(err)), 0, "samples 3..7 of 6");
@@ -301,14 +302,19 @@ Test(devices, steps_outside_the_order_are_refused)
 	devices_close(&d);
 }
 
-static int open_from(struct devices *d, const struct model *m, const char *ini, char *out,
-		     size_t outlen, char *err, size_t errlen)
+/* The devices an ini asks for, with state for the optimizer oc that the
+ * test then steps (NULL: the ini's own): the devices size their state for
+ * it, and the first GPU run's two illegal memory accesses were tests
+ * that opened for the default momentum and stepped Adam. */
+static int open_from(struct devices *d, const struct model *m, const char *ini,
+		     const struct optim_config *oc, char *out, size_t outlen, char *err, size_t errlen)
 {
 	struct config c;
 	cr_assert_eq(config_parse_string(&c, "dev.ini", ini, err, errlen), 0, "%s", err);
 	FILE *f = fmemopen(out, outlen, "w");
 	cr_assert_not_null(f);
-	int r = devices_open(d, &c, m, &c.train.optim, 16, "/job:localhost/task:0", f, err, errlen);
+	int r = devices_open(d, &c, m, oc ? oc : &c.train.optim, 16, "/job:localhost/task:0", f, err,
+			     errlen);
 	fclose(f);
 	return r;
 }
@@ -325,7 +331,7 @@ Test(devices, placement_without_a_gpu)
 	small_model(&m);
 	struct devices d;
 	char out[2048] = "", err[512] = "";
-	cr_assert_eq(open_from(&d, &m, "[gpu]\nsoft_placement = true\nlog_placement = true\n", out,
+	cr_assert_eq(open_from(&d, &m, "[gpu]\nsoft_placement = true\nlog_placement = true\n", NULL, out,
 			       sizeof(out), err, sizeof(err)), 0, "%s", err);
 	cr_expect_eq(d.n, 1);
 	cr_expect_eq(d.gpu, 0);
@@ -333,7 +339,7 @@ Test(devices, placement_without_a_gpu)
 	cr_expect_not_null(strstr(out, "dense1 [20x9] forward -> /job:localhost/task:0/cpu:0"), "%s", out);
 	cr_expect_not_null(strstr(out, "optimizer -> /job:localhost/task:0/cpu:0"), "%s", out);
 	devices_close(&d);
-	cr_expect_lt(open_from(&d, &m, "[gpu]\nsoft_placement = false\n", out, sizeof(out), err,
+	cr_expect_lt(open_from(&d, &m, "[gpu]\nsoft_placement = false\n", NULL, out, sizeof(out), err,
 			       sizeof(err)), 0);
 	cr_expect_not_null(strstr(err, "soft_placement"), "%s", err);
 }
@@ -357,7 +363,7 @@ Test(devices, two_replicas_on_one_gpu_match_one)
 	for (int k = 0; k < 2; k++) {
 		struct devices d;
 		char out[1024], err[512];
-		cr_assert_eq(open_from(&d, &m, ini[k], out, sizeof(out), err, sizeof(err)), 0, "%s", err);
+		cr_assert_eq(open_from(&d, &m, ini[k], NULL, out, sizeof(out), err, sizeof(err)), 0, "%s", err);
 		cr_assert_eq(d.n, k + 1);
 		cr_assert_eq(d.nbe, k + 1, "each replica has a backend of its own");
 		loss[k] = grad_of(&d, B, x, y, p, g[k]);
@@ -395,9 +401,9 @@ Test(devices, gpu_optimizer_steps_match_the_cpu)
 		char out[1024], err[512];
 		cr_assert_eq(optim_init(&o, &oc, m.nparams), 0);
 		if (k == 0)
-			cr_assert_eq(devices_open_cpu(&d, &m, 1, 1, B, err, sizeof(err)), 0, "%s", err);
+			cr_assert_eq(devices_open_cpu(&d, &m, &oc, 1, 1, B, err, sizeof(err)), 0, "%s", err);
 		else
-			cr_assert_eq(open_from(&d, &m, ini[k], out, sizeof(out), err, sizeof(err)), 0, "%s", err);
+			cr_assert_eq(open_from(&d, &m, ini[k], &oc, out, sizeof(out), err, sizeof(err)), 0, "%s", err);
 		cr_assert_eq(devices_set_params(&d, p, err, sizeof(err)), 0, "%s", err);
 		data_rows(&d, &ds, order, x, y, (size_t)B * steps);
 		for (int s = 0; s < steps; s++) {
@@ -455,7 +461,7 @@ Test(devices, gpu_graph_steps_match_kernel_by_kernel)
 		struct optim o;
 		char out[1024], err[512];
 		cr_assert_eq(optim_init(&o, &oc, m.nparams), 0);
-		cr_assert_eq(open_from(&d, &m, ini[k], out, sizeof(out), err, sizeof(err)), 0, "%s", err);
+		cr_assert_eq(open_from(&d, &m, ini[k], &oc, out, sizeof(out), err, sizeof(err)), 0, "%s", err);
 		cr_assert_eq(devices_set_params(&d, p, err, sizeof(err)), 0, "%s", err);
 		data_rows(&d, &ds, order, x, y, (size_t)B * steps);
 		for (int s = 0; s < steps; s++)
@@ -480,6 +486,110 @@ Test(devices, gpu_graph_steps_match_kernel_by_kernel)
 	free(x), free(p);
 }
 
+/* Devices opened for one optimizer refuse another, whose state they never
+ * sized, with one line naming both, and step nothing; devices opened for
+ * none refuse any. Through [gpu] soft placement this runs on the CPU in CI
+ * and on the GPU where there is one (where stepping Adam on momentum's
+ * state went through NULL); devices_open_cpu refuses the same. */
+Test(devices, another_optimizer_is_refused)
+{
+	struct model m;
+	small_model(&m);
+	const int B = 6;
+	float *x = malloc(sizeof(float) * B * (size_t)m.inputs), *p = malloc(sizeof(float) * m.nparams);
+	float *after = malloc(sizeof(float) * m.nparams);
+	int32_t y[B];
+	uint32_t order[B];
+	struct dataset ds;
+	batch(&m, B, x, y, 600);
+	model_init_params(&m, p, 0, m.nparams, 43);
+	struct optim_config mom = { .kind = OPTIM_MOMENTUM, .lr = 0.1f, .momentum = 0.9f };
+	struct optim_config adam = { .kind = OPTIM_ADAM, .lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f,
+				     .eps = 1e-8f };
+	static const char *const want[3] = { "sized for momentum", "sized for momentum",
+					     "opened without an optimizer" };
+	for (int k = 0; k < 3; k++) {
+		struct devices d;
+		struct optim o, right;
+		char out[1024], err[512] = "";
+		cr_assert_eq(optim_init(&o, &adam, m.nparams), 0);
+		cr_assert_eq(optim_init(&right, &mom, m.nparams), 0);
+		if (k == 0)
+			cr_assert_eq(open_from(&d, &m, "[gpu]\nsoft_placement = true\nmemory_fraction = 0.05\n",
+					       &mom, out, sizeof(out), err, sizeof(err)), 0, "%s", err);
+		else
+			cr_assert_eq(devices_open_cpu(&d, &m, k == 1 ? &mom : NULL, 1, 1, B, err, sizeof(err)), 0,
+				     "%s", err);
+		cr_assert_eq(devices_set_params(&d, p, err, sizeof(err)), 0, "%s", err);
+		data_rows(&d, &ds, order, x, y, B);
+		cr_assert_eq(devices_step(&d, 0, B, 1, err, sizeof(err)), 0, "%s", err);
+		for (int c = 0; c < 4; c++) {
+			err[0] = 0;
+			int r = c == 0	 ? devices_apply(&d, &o, 0.01f, err, sizeof(err))
+				: c == 1 ? devices_train_step(&d, 0, B, 1, &o, 0.01f, err, sizeof(err))
+				: c == 2 ? devices_set_optim(&d, &o, err, sizeof(err))
+					 : devices_get_optim(&d, &o, err, sizeof(err));
+			cr_expect_eq(r, -EINVAL, "%s, call %d: %d (%s)", d.be[0].where, c, r, err);
+			cr_expect_not_null(strstr(err, want[k]), "%s, call %d: \"%s\"", d.be[0].where, c, err);
+			cr_expect_not_null(strstr(err, "adam"), "call %d: \"%s\" does not name adam", c, err);
+			cr_expect_null(strchr(err, '\n'), "call %d: more than one line: %s", c, err);
+		}
+		cr_expect_eq(o.t, 0, "a refused optimizer counted %ld steps", o.t);
+		cr_assert_eq(devices_get_params(&d, after, err, sizeof(err)), 0, "%s", err);
+		cr_expect_eq(memcmp(after, p, sizeof(float) * m.nparams), 0, "%s: a refusal stepped",
+			     d.be[0].where);
+		/* The refusals leave the devices usable with their own optimizer. */
+		int r = devices_apply(&d, &right, 0.1f, err, sizeof(err));
+		cr_expect_eq(r, k < 2 ? 0 : -EINVAL, "momentum on devices %d: %d (%s)", k, r, err);
+		devices_close(&d);
+		optim_free(&o);
+		optim_free(&right);
+	}
+	free(x), free(p), free(after);
+}
+
+/* On the CPU the optimizer holds its own state: one whose kind was changed
+ * after optim_init, so that its rule needs a buffer it never allocated, is
+ * refused before the rule writes through NULL, as the GPU's launcher
+ * refuses it (gpu_kernels' optimizer_refuses_missing_state). */
+Test(devices, cpu_optimizer_without_its_state_is_refused)
+{
+	struct model m;
+	small_model(&m);
+	const int B = 4;
+	float *x = malloc(sizeof(float) * B * (size_t)m.inputs), *p = malloc(sizeof(float) * m.nparams);
+	int32_t y[B];
+	uint32_t order[B];
+	struct dataset ds;
+	batch(&m, B, x, y, 700);
+	model_init_params(&m, p, 0, m.nparams, 47);
+	const struct optim_config init[2] = { { .kind = OPTIM_MOMENTUM, .lr = 0.1f, .momentum = 0.9f },
+					      { .kind = OPTIM_SGD, .lr = 0.1f } };
+	const enum optim_kind as[2] = { OPTIM_ADAM, OPTIM_MOMENTUM };
+	const char *want[2] = { "second moment (v)", "momentum buffer (m)" };
+	for (int k = 0; k < 2; k++) {
+		struct devices d;
+		struct optim o;
+		struct optim_config oc = init[k];
+		oc.kind = as[k];
+		char err[512] = "";
+		cr_assert_eq(optim_init(&o, &init[k], m.nparams), 0);
+		o.cfg.kind = as[k];
+		cr_assert_eq(devices_open_cpu(&d, &m, &oc, 1, 1, B, err, sizeof(err)), 0, "%s", err);
+		cr_assert_eq(devices_set_params(&d, p, err, sizeof(err)), 0, "%s", err);
+		data_rows(&d, &ds, order, x, y, B);
+		cr_assert_eq(devices_step(&d, 0, B, 1, err, sizeof(err)), 0, "%s", err);
+		int r = devices_apply(&d, &o, 0.1f, err, sizeof(err));
+		cr_expect_eq(r, -EINVAL, "%s initialised as %s: %d (%s)", optim_kind_name(as[k]),
+			     optim_kind_name(init[k].kind), r, err);
+		cr_expect_not_null(strstr(err, want[k]), "\"%s\" lacks \"%s\"", err, want[k]);
+		cr_expect_eq(o.t, 0, "a refused optimizer counted %ld steps", o.t);
+		devices_close(&d);
+		optim_free(&o);
+	}
+	free(x), free(p);
+}
+
 /* Without a GPU the whole step is devices_step then devices_apply. */
 Test(devices, train_step_is_step_then_apply_on_the_cpu)
 {
@@ -499,7 +609,7 @@ Test(devices, train_step_is_step_then_apply_on_the_cpu)
 		struct optim o;
 		char err[256];
 		cr_assert_eq(optim_init(&o, &oc, m.nparams), 0);
-		cr_assert_eq(devices_open_cpu(&d, &m, 2, 1, B, err, sizeof(err)), 0, "%s", err);
+		cr_assert_eq(devices_open_cpu(&d, &m, &oc, 2, 1, B, err, sizeof(err)), 0, "%s", err);
 		cr_assert_eq(devices_set_params(&d, p, err, sizeof(err)), 0, "%s", err);
 		data_rows(&d, &ds, order, x, y, (size_t)B * steps);
 		for (int s = 0; s < steps; s++) {
@@ -546,7 +656,7 @@ Test(devices, gpu_staged_batches_match_resident_ones)
 		char out[1024], err[512];
 		int resident = -1;
 		cr_assert_eq(optim_init(&o, &oc, m.nparams), 0);
-		cr_assert_eq(open_from(&d, &m, ini, out, sizeof(out), err, sizeof(err)), 0, "%s", err);
+		cr_assert_eq(open_from(&d, &m, ini, &oc, out, sizeof(out), err, sizeof(err)), 0, "%s", err);
 		cr_assert_eq(devices_set_params(&d, p, err, sizeof(err)), 0, "%s", err);
 		d.stage_only = k;
 		ds = (struct dataset){ .x = x, .y = y, .n = (size_t)B * steps, .d = (size_t)m.inputs, .classes = 3 };

@@ -449,6 +449,51 @@ Test(gpu_kernels, optimizer_updates)
 	gpu_backend_close(&b);
 }
 
+/* A rule whose state is missing (Adam without v, momentum or Adam without
+ * m) is refused with the buffer named and nothing launched: the
+ * parameters and the gradient keep their values, and the stream has no
+ * sticky error (the next launch and a sync succeed), where stepping
+ * through NULL was an illegal memory access that ended the context. */
+Test(gpu_kernels, optimizer_refuses_missing_state)
+{
+	struct backend b;
+	open_gpu(&b, NULL);
+	const size_t n = 1037;
+	float *p = host_random(n, 800, -1, 1), *g = host_random(n, 801, -1, 1);
+	float *p_d = dev_from(&b, p, n * 4), *g_d = dev_from(&b, g, n * 4);
+	float *m_d = dev_from(&b, NULL, n * 4);
+	cr_assert_eq(b.ops->zero(b.ctx, m_d, n * 4), 0);
+	static const struct {
+		int kind, has_m;
+		const char *text;
+	} rows[] = {
+		{ OPTIM_ADAM, 1, "second moment (v)" },
+		{ OPTIM_ADAM, 0, "first moment (m)" },
+		{ OPTIM_MOMENTUM, 0, "momentum buffer (m)" },
+		{ 9, 1, "unknown optimizer kind 9" },
+	};
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+		struct gk_optim k = { .kind = rows[i].kind, .lr = 0.1f, .mu = 0.9f, .b1 = 0.9f, .b2 = 0.999f,
+				      .eps = 1e-8f, .step_size = 0.1f, .inv_sqrt_bc2 = 1.0f };
+		int r = gpu_optim_step(&b, &k, p_d, g_d, rows[i].has_m ? m_d : NULL, NULL, n, 1);
+		cr_expect_eq(r, -EINVAL, "row %zu: %d (%s)", i, r, gpu_backend_error(&b));
+		cr_expect_not_null(strstr(gpu_backend_error(&b), rows[i].text), "row %zu: \"%s\"", i,
+				   gpu_backend_error(&b));
+		cr_expect_not_null(strstr(gpu_backend_error(&b), "not launched"), "%s", gpu_backend_error(&b));
+	}
+	cr_assert_eq(gpu_sync(&b), 0, "%s", gpu_backend_error(&b));
+	expect_close(&b, p_d, p, n, "parameters after refused steps");
+	expect_close(&b, g_d, g, n, "gradient after refused steps");
+	struct gk_optim sgd = { .kind = OPTIM_SGD, .lr = 0.5f };
+	cr_assert_eq(gpu_optim_step(&b, &sgd, p_d, g_d, NULL, NULL, n, 0), 0, "%s", gpu_backend_error(&b));
+	cr_assert_eq(gpu_sync(&b), 0, "%s", gpu_backend_error(&b));
+	for (size_t i = 0; i < n; i++)
+		p[i] -= 0.5f * g[i];
+	expect_close(&b, p_d, p, n, "an sgd step after the refusals");
+	free(p), free(g);
+	gpu_backend_close(&b);
+}
+
 /* A cap far below what a buffer needs is refused with the need and the cap,
  * before anything runs. */
 Test(gpu_kernels, memory_fraction_refuses_a_tiny_cap)
@@ -568,6 +613,43 @@ Test(gpu_kernels, conv_in_chunks_under_a_small_cap)
 	gpu_backend_close(&b);
 }
 
+/* One pooling case on b against the CPU, max and average: forward and
+ * backward (outputs poisoned first), with a tie at the first two inputs
+ * (the first maximum gets the gradient on both sides). */
+static void pool_case(struct backend *b, int B, const struct window *w, uint64_t t)
+{
+	size_t nin = (size_t)B * w->C * w->H * w->W, nout = (size_t)B * w->C * w->OH * w->OW;
+	float *x = host_random(nin, 800 + t, -1, 1), *dout = host_random(nout, 810 + t, -1, 1);
+	x[0] = 5.0f;
+	if (nin > 1)
+		x[1] = 5.0f;
+	float *out = malloc(nout * 4), *dx = malloc(nin * 4);
+	float *x_d = dev_from(b, x, nin * 4), *dout_d = dev_from(b, dout, nout * 4);
+	for (int max = 0; max < 2; max++) {
+		enum layer_kind kind = max ? LAYER_MAXPOOL : LAYER_AVGPOOL;
+		if (max) {
+			maxpool_forward(out, x, B, w);
+			maxpool_backward(dx, dout, x, B, w);
+		} else {
+			avgpool_forward(out, x, B, w);
+			avgpool_backward(dx, dout, B, w);
+		}
+		float *out_d = dev_poisoned(b, nout), *dx_d = dev_poisoned(b, nin);
+		char what[128];
+		cr_assert_eq(b->ops->pool_forward(b->ctx, kind, out_d, x_d, B, w), 0, "%s",
+			     gpu_backend_error(b));
+		snprintf(what, sizeof(what), "%s forward case %llu (B %d C %d %dx%d K %d S %d)",
+			 max ? "maxpool" : "avgpool", (unsigned long long)t, B, w->C, w->H, w->W, w->K, w->S);
+		expect_close(b, out_d, out, nout, what);
+		cr_assert_eq(b->ops->pool_backward(b->ctx, kind, dx_d, dout_d, x_d, B, w), 0, "%s",
+			     gpu_backend_error(b));
+		snprintf(what, sizeof(what), "%s backward case %llu (B %d C %d %dx%d K %d S %d)",
+			 max ? "maxpool" : "avgpool", (unsigned long long)t, B, w->C, w->H, w->W, w->K, w->S);
+		expect_close(b, dx_d, dx, nin, what);
+	}
+	free(x), free(dout), free(out), free(dx);
+}
+
 Test(gpu_kernels, pooling)
 {
 	struct backend b;
@@ -577,35 +659,8 @@ Test(gpu_kernels, pooling)
 	const int cases[][6] = { { 3, 4, 7, 7, 2, 2 }, { 2, 3, 9, 8, 3, 2 }, { 1, 1, 4, 4, 4, 4 } };
 	for (size_t t = 0; t < sizeof(cases) / sizeof(cases[0]); t++) {
 		const int *k = cases[t];
-		int B = k[0];
 		struct window w = win(k[1], k[2], k[3], k[4], k[5], 0);
-		size_t nin = (size_t)B * w.C * w.H * w.W, nout = (size_t)B * w.C * w.OH * w.OW;
-		float *x = host_random(nin, 800 + t, -1, 1), *dout = host_random(nout, 810 + t, -1, 1);
-		/* Ties: the first maximum must get the gradient on both sides. */
-		x[1] = x[0] = 5.0f;
-		float *out = malloc(nout * 4), *dx = malloc(nin * 4);
-		float *x_d = dev_from(&b, x, nin * 4), *dout_d = dev_from(&b, dout, nout * 4);
-		for (int max = 0; max < 2; max++) {
-			enum layer_kind kind = max ? LAYER_MAXPOOL : LAYER_AVGPOOL;
-			if (max) {
-				maxpool_forward(out, x, B, &w);
-				maxpool_backward(dx, dout, x, B, &w);
-			} else {
-				avgpool_forward(out, x, B, &w);
-				avgpool_backward(dx, dout, B, &w);
-			}
-			float *out_d = dev_poisoned(&b, nout), *dx_d = dev_poisoned(&b, nin);
-			char what[64];
-			cr_assert_eq(b.ops->pool_forward(b.ctx, kind, out_d, x_d, B, &w), 0, "%s",
-				     gpu_backend_error(&b));
-			snprintf(what, sizeof(what), "%s forward case %zu", max ? "maxpool" : "avgpool", t);
-			expect_close(&b, out_d, out, nout, what);
-			cr_assert_eq(b.ops->pool_backward(b.ctx, kind, dx_d, dout_d, x_d, B, &w), 0, "%s",
-				     gpu_backend_error(&b));
-			snprintf(what, sizeof(what), "%s backward case %zu", max ? "maxpool" : "avgpool", t);
-			expect_close(&b, dx_d, dx, nin, what);
-		}
-		free(x), free(dout), free(out), free(dx);
+		pool_case(&b, k[0], &w, t);
 	}
 	gpu_backend_close(&b);
 }
@@ -634,59 +689,159 @@ Test(gpu_kernels, dropout_masks_match_the_cpu)
 	gpu_backend_close(&b);
 }
 
+/* How a batchnorm case runs: the input gradient in its own buffer, in
+ * place over dout, or not asked for; BN_STATS: the batch statistics only
+ * (a channel far from zero, whose y = a x + d cancels to a few digits on
+ * both sides, and differently where the GPU fuses the multiply-add). */
+enum bn_mode { BN_APART, BN_IN_PLACE, BN_NO_DINP, BN_STATS };
+
+/* One batchnorm case {B, C, HW} on b against the CPU twin, x in [lo, hi):
+ * forward (y, mean, var; poisoned first), backward (dinp set; dgamma,
+ * dbeta and the running statistics' updates accumulated into random
+ * values) and evaluation. */
+static void bn_case(struct backend *b, int B, int C, int HW, float lo, float hi, enum bn_mode mode,
+		    uint64_t t)
+{
+	size_t n = (size_t)B * C * HW;
+	float *x = host_random(n, 1000 + t, lo, hi), *dout = host_random(n, 1010 + t, -1, 1);
+	float *gamma = host_random(C, 1020 + t, 0.5f, 1.5f), *beta = host_random(C, 1030 + t, -1, 1);
+	float *rm = host_random(C, 1040 + t, -1, 1), *rv = host_random(C, 1050 + t, 0.5f, 2);
+	float *acc[4], *dacc[4];
+	for (int i = 0; i < 4; i++) {
+		acc[i] = host_random(C, 1060 + 10 * t + (size_t)i, -1, 1);
+		dacc[i] = dev_from(b, acc[i], C * 4u);
+	}
+	float *y = malloc(n * 4), *dx = malloc(n * 4), *mean = malloc(C * 4u), *var = malloc(C * 4u);
+	batchnorm_forward(y, mean, var, x, gamma, beta, rm, rv, B, C, HW);
+	batchnorm_backward(mode == BN_NO_DINP ? NULL : dx, acc[0], acc[1], acc[2], acc[3], dout, x, gamma,
+			   mean, var, rm, rv, 0.25f, B, C, HW);
+	float *x_d = dev_from(b, x, n * 4), *dout_d = dev_from(b, dout, n * 4);
+	float *g_d = dev_from(b, gamma, C * 4u), *b_d = dev_from(b, beta, C * 4u);
+	float *rm_d = dev_from(b, rm, C * 4u), *rv_d = dev_from(b, rv, C * 4u);
+	float *y_d = dev_poisoned(b, n), *dx_d = mode == BN_IN_PLACE ? dout_d : dev_poisoned(b, n);
+	float *mean_d = dev_poisoned(b, C), *var_d = dev_poisoned(b, C);
+	char what[96];
+	cr_assert_eq(b->ops->batchnorm_forward(b->ctx, y_d, mean_d, var_d, x_d, g_d, b_d, rm_d, rv_d, B, C,
+					       HW), 0, "%s", gpu_backend_error(b));
+	snprintf(what, sizeof(what), "batchnorm mean case %llu (%dx%dx%d)", (unsigned long long)t, B, C, HW);
+	expect_close(b, mean_d, mean, (size_t)C, what);
+	snprintf(what, sizeof(what), "batchnorm variance case %llu (%dx%dx%d)", (unsigned long long)t, B, C, HW);
+	expect_close(b, var_d, var, (size_t)C, what);
+	if (mode != BN_STATS) {
+		snprintf(what, sizeof(what), "batchnorm forward case %llu (%dx%dx%d)", (unsigned long long)t, B,
+			 C, HW);
+		expect_close(b, y_d, y, n, what);
+		cr_assert_eq(b->ops->batchnorm_backward(b->ctx, mode == BN_NO_DINP ? NULL : dx_d, dacc[0],
+							dacc[1], dacc[2], dacc[3], dout_d, x_d, g_d, mean_d,
+							var_d, rm_d, rv_d, 0.25f, B, C, HW),
+			     0, "%s", gpu_backend_error(b));
+		if (mode != BN_NO_DINP) {
+			snprintf(what, sizeof(what), "batchnorm dinp case %llu (%dx%dx%d%s)", (unsigned long long)t,
+				 B, C, HW, mode == BN_IN_PLACE ? ", in place" : "");
+			expect_close(b, dx_d, dx, n, what);
+		}
+		static const char *const names[4] = { "dgamma", "dbeta", "running mean update",
+						       "running variance update" };
+		for (int i = 0; i < 4; i++) {
+			snprintf(what, sizeof(what), "batchnorm %s case %llu (%dx%dx%d)", names[i],
+				 (unsigned long long)t, B, C, HW);
+			expect_close(b, dacc[i], acc[i], (size_t)C, what);
+		}
+		/* Evaluation: the running statistics, no batch statistics. */
+		batchnorm_forward(y, NULL, NULL, x, gamma, beta, rm, rv, B, C, HW);
+		float *ye_d = dev_poisoned(b, n);
+		cr_assert_eq(b->ops->batchnorm_forward(b->ctx, ye_d, NULL, NULL, x_d, g_d, b_d, rm_d, rv_d, B,
+						       C, HW), 0, "%s", gpu_backend_error(b));
+		snprintf(what, sizeof(what), "batchnorm evaluation case %llu", (unsigned long long)t);
+		expect_close(b, ye_d, y, n, what);
+	}
+	for (int i = 0; i < 4; i++)
+		free(acc[i]);
+	free(x), free(dout), free(gamma), free(beta), free(rm), free(rv), free(y), free(dx);
+	free(mean), free(var);
+}
+
 Test(gpu_kernels, batchnorm_forward_and_backward)
 {
 	struct backend b;
 	open_gpu(&b, NULL);
 	const int cases[][3] = { { 5, 3, 49 }, { 33, 17, 1 }, { 2, 64, 196 } };   // {B, C, HW}
-	for (size_t t = 0; t < sizeof(cases) / sizeof(cases[0]); t++) {
-		int B = cases[t][0], C = cases[t][1], HW = cases[t][2];
-		size_t n = (size_t)B * C * HW;
-		float *x = host_random(n, 1000 + t, -2, 3), *dout = host_random(n, 1010 + t, -1, 1);
-		float *gamma = host_random(C, 1020 + t, 0.5f, 1.5f), *beta = host_random(C, 1030 + t, -1, 1);
-		float *rm = host_random(C, 1040 + t, -1, 1), *rv = host_random(C, 1050 + t, 0.5f, 2);
-		float *acc[4], *dacc[4];
-		for (int i = 0; i < 4; i++) {
-			acc[i] = host_random(C, 1060 + 10 * t + (size_t)i, -1, 1);
-			dacc[i] = dev_from(&b, acc[i], C * 4u);
-		}
-		float *y = malloc(n * 4), *dx = malloc(n * 4), *mean = malloc(C * 4u), *var = malloc(C * 4u);
-		batchnorm_forward(y, mean, var, x, gamma, beta, rm, rv, B, C, HW);
-		batchnorm_backward(dx, acc[0], acc[1], acc[2], acc[3], dout, x, gamma, mean, var, rm, rv,
-				   0.25f, B, C, HW);
-		float *x_d = dev_from(&b, x, n * 4), *dout_d = dev_from(&b, dout, n * 4);
-		float *g_d = dev_from(&b, gamma, C * 4u), *b_d = dev_from(&b, beta, C * 4u);
-		float *rm_d = dev_from(&b, rm, C * 4u), *rv_d = dev_from(&b, rv, C * 4u);
-		float *y_d = dev_poisoned(&b, n), *dx_d = dev_poisoned(&b, n);
-		float *mean_d = dev_poisoned(&b, C), *var_d = dev_poisoned(&b, C);
-		char what[64];
-		cr_assert_eq(b.ops->batchnorm_forward(b.ctx, y_d, mean_d, var_d, x_d, g_d, b_d, rm_d, rv_d,
-						      B, C, HW), 0, "%s", gpu_backend_error(&b));
-		snprintf(what, sizeof(what), "batchnorm forward case %zu", t);
-		expect_close(&b, y_d, y, n, what);
-		expect_close(&b, mean_d, mean, (size_t)C, "batchnorm mean");
-		expect_close(&b, var_d, var, (size_t)C, "batchnorm variance");
-		cr_assert_eq(b.ops->batchnorm_backward(b.ctx, dx_d, dacc[0], dacc[1], dacc[2], dacc[3], dout_d,
-						       x_d, g_d, mean_d, var_d, rm_d, rv_d, 0.25f, B, C, HW),
-			     0, "%s", gpu_backend_error(&b));
-		snprintf(what, sizeof(what), "batchnorm dinp case %zu", t);
-		expect_close(&b, dx_d, dx, n, what);
-		static const char *const names[4] = { "dgamma", "dbeta", "running mean update",
-						       "running variance update" };
-		for (int i = 0; i < 4; i++) {
-			snprintf(what, sizeof(what), "batchnorm %s case %zu", names[i], t);
-			expect_close(&b, dacc[i], acc[i], (size_t)C, what);
-		}
-		/* Evaluation: the running statistics, no batch statistics. */
-		batchnorm_forward(y, NULL, NULL, x, gamma, beta, rm, rv, B, C, HW);
-		cr_assert_eq(b.ops->batchnorm_forward(b.ctx, y_d, NULL, NULL, x_d, g_d, b_d, rm_d, rv_d, B,
-						      C, HW), 0, "%s", gpu_backend_error(&b));
-		snprintf(what, sizeof(what), "batchnorm evaluation case %zu", t);
-		expect_close(&b, y_d, y, n, what);
-		for (int i = 0; i < 4; i++)
-			free(acc[i]);
-		free(x), free(dout), free(gamma), free(beta), free(rm), free(rv), free(y), free(dx);
-		free(mean), free(var);
+	for (size_t t = 0; t < sizeof(cases) / sizeof(cases[0]); t++)
+		bn_case(&b, cases[t][0], cases[t][1], cases[t][2], -2, 3, BN_APART, t);
+	gpu_backend_close(&b);
+}
+
+/* An int in [lo, hi] drawn from this run's seed. */
+static int draw(uint64_t stream, uint64_t i, int lo, int hi)
+{
+	int v = lo + (int)(rng_uniform(run_seed(), stream, i) * (double)(hi - lo + 1));
+	return v > hi ? hi : v;
+}
+
+/* Batchnorm's sums split over many blocks a channel and met by the last
+ * one: random shapes (none a multiple of a block's values), a channel of
+ * the example CNN's size (25 blocks a channel), one block a channel where
+ * the scratch's slots run out (70001 channels), the input gradient in
+ * place and not asked for, and a channel far from zero, whose variance a
+ * one-pass sum of squares without the shift would lose. */
+Test(gpu_kernels, batchnorm_split_sums_random_shapes)
+{
+	struct backend b;
+	open_gpu(&b, NULL);
+	for (uint64_t t = 0; t < 6; t++) {
+		int B = draw(1100, t, 1, 40), C = draw(1101, t, 1, 70), HW = t % 3 ? draw(1102, t, 2, 900) : 1;
+		bn_case(&b, B, C, HW, -2, 3, t == 4 ? BN_IN_PLACE : t == 5 ? BN_NO_DINP : BN_APART, 20 + t);
+	}
+	bn_case(&b, 64, 32, 784, -1, 2, BN_APART, 30);
+	bn_case(&b, 3, 70001, 1, -1, 1, BN_NO_DINP, 31);
+	bn_case(&b, 7, 5, 3001, 1e6f - 0.5f, 1e6f + 0.5f, BN_STATS, 32);
+	gpu_backend_close(&b);
+}
+
+/* The input gradient needs 2 floats a channel of scratch, reserved for the
+ * model's widest layer: more channels are refused with the reason, not
+ * read past the scratch. */
+Test(gpu_kernels, batchnorm_refuses_more_channels_than_its_scratch)
+{
+	struct backend b;
+	open_gpu(&b, NULL);   /* scratch for 4096 floats a row */
+	const int B = 2, C = 4097;
+	float *x_d = dev_poisoned(&b, (size_t)B * C), *v_d = dev_poisoned(&b, C);
+	int r = b.ops->batchnorm_backward(b.ctx, x_d, v_d, v_d, v_d, v_d, x_d, x_d, v_d, v_d, v_d, v_d,
+					  v_d, 1.0f, B, C, 1);
+	cr_expect_eq(r, -EINVAL, "%d (%s)", r, gpu_backend_error(&b));
+	cr_expect_not_null(strstr(gpu_backend_error(&b), "batchnorm over 4097 channels but scratch was reserved for 4096"),
+			   "%s", gpu_backend_error(&b));
+	gpu_backend_close(&b);
+}
+
+/* im2col, col2im and the conv around them (32-bit index math) on random
+ * windows: sizes, kernels, strides and padding drawn from this run's seed. */
+Test(gpu_kernels, conv_random_shapes)
+{
+	struct backend b;
+	open_gpu(&b, NULL);
+	for (uint64_t t = 0; t < 6; t++) {
+		int K = draw(1200, t, 1, 5), P = draw(1201, t, 0, K / 2 + 1);
+		int c[8] = { draw(1202, t, 1, 9), draw(1203, t, 1, 40), draw(1204, t, 1, 6),
+			     draw(1205, t, K, K + 23), draw(1206, t, K, K + 23), K, draw(1207, t, 1, 3), P };
+		conv_case(&b, c, 40 + t);
+	}
+	gpu_backend_close(&b);
+}
+
+/* Max and average pooling (32-bit index math) on random windows, strides
+ * past the kernel included (inputs no window covers get 0). */
+Test(gpu_kernels, pooling_random_shapes)
+{
+	struct backend b;
+	open_gpu(&b, NULL);
+	for (uint64_t t = 0; t < 6; t++) {
+		int K = draw(1300, t, 1, 4);
+		int B = draw(1301, t, 1, 6);
+		struct window w = win(draw(1302, t, 1, 7), draw(1303, t, K, K + 19), draw(1304, t, K, K + 19), K,
+				      draw(1305, t, 1, 3), 0);
+		pool_case(&b, B, &w, 50 + t);
 	}
 	gpu_backend_close(&b);
 }

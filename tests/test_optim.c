@@ -251,6 +251,42 @@ Test(optim, init_and_free)
 	optim_free(&o);
 }
 
+/* The state each rule needs, one row per case: what is missing is named,
+ * what is there (or not needed, or an empty range) passes. */
+Test(optim, state_check_names_what_is_missing)
+{
+	float buf[4];
+	static const struct {
+		int kind;
+		size_t n;
+		int has_m, has_v, want;
+		const char *text;
+	} rows[] = {
+		{ OPTIM_SGD, 4, 0, 0, 0, NULL },
+		{ OPTIM_MOMENTUM, 4, 1, 0, 0, NULL },
+		{ OPTIM_ADAM, 4, 1, 1, 0, NULL },
+		{ OPTIM_ADAM, 0, 0, 0, 0, NULL },
+		{ OPTIM_MOMENTUM, 4, 0, 0, -EINVAL, "momentum needs its momentum buffer (m) over 4" },
+		{ OPTIM_MOMENTUM, 4, 0, 1, -EINVAL, "momentum buffer (m)" },
+		{ OPTIM_ADAM, 4, 1, 0, -EINVAL, "adam needs its second moment (v) over 4" },
+		{ OPTIM_ADAM, 4, 0, 1, -EINVAL, "adam needs its first moment (m)" },
+		{ OPTIM_ADAM, 4, 0, 0, -EINVAL, "first moment (m)" },
+		{ 7, 4, 1, 1, -EINVAL, "unknown optimizer kind 7" },
+		{ -1, 4, 1, 1, -EINVAL, "unknown optimizer kind -1" },
+	};
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+		char err[160] = "";
+		int r = optim_state_check(rows[i].kind, rows[i].n, rows[i].has_m ? buf : NULL,
+					  rows[i].has_v ? buf : NULL, err, sizeof(err));
+		cr_expect_eq(r, rows[i].want, "row %zu: %d, want %d (%s)", i, r, rows[i].want, err);
+		if (rows[i].text)
+			cr_expect_not_null(strstr(err, rows[i].text), "row %zu: \"%s\" lacks \"%s\"", i,
+					   err, rows[i].text);
+		else
+			cr_expect_str_empty(err, "row %zu: a message without a failure: %s", i, err);
+	}
+}
+
 /* ---- learning-rate schedules -------------------------------------------- */
 
 static void assert_lr(const struct optim_config *c, long step, long total, double want)

@@ -8,6 +8,7 @@
 #include "backend.h"
 #include "layers.h"
 #include "parallel.h"
+#include "../base/err.h"
 
 #include <cblas.h>
 
@@ -368,6 +369,8 @@ void backend_cpu_blas(char *out, size_t outlen)
 	char name[32] = "?", version[32] = "";
 	sscanf(openblas_get_config(), "%31s %31s", name, version);
 	const char *forced = getenv("OPENBLAS_CORETYPE");
+	char sh[40];
 	snprintf(out, outlen, "%s %s, %s kernels%s%s%s", name, version, openblas_get_corename(),
-		 forced ? " (OPENBLAS_CORETYPE=" : "", forced ? forced : "", forced ? ")" : "");
+		 forced ? " (OPENBLAS_CORETYPE=" : "", err_shown(sh, sizeof(sh), forced, SIZE_MAX),
+		 forced ? ")" : "");
 }

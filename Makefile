@@ -304,13 +304,16 @@ deps:
 	$(call install_missing,$(DEB_PACKAGES))
 # Test-only Python packages from PyPI, in a venv of Debian's python3
 # (build/pyvenv, kept between runs): TensorBoard's own event reader for
-# tests/test_tblog.c, and kubernetes-validate (the API's JSON schemas,
-# bundled: no network needed) for tests/k8s_validate.py.
+# tests/test_tblog.c, kubernetes-validate (the API's JSON schemas,
+# bundled: no network needed) for tests/k8s_validate.py, and aeg (a binding
+# of libaegis, an AEGIS-256 written apart from ours) for tests/aegis_ref.py.
+# aeg is pinned: it is the reference that net/aegis.c is compared with.
 PY_VENV := build/pyvenv
-PY_TEST_PACKAGES := tensorboard kubernetes-validate
+AEG_VERSION := 0.9.0
+PY_TEST_PACKAGES := tensorboard kubernetes-validate aeg==$(AEG_VERSION)
 deps-test:
 	$(call install_missing,$(DEB_PACKAGES) $(TEST_DEB_PACKAGES))
-	$(Q)$(PY_VENV)/bin/python -c 'import tensorboard, kubernetes_validate' 2>/dev/null || { \
+	$(Q)$(PY_VENV)/bin/python -c 'import tensorboard, kubernetes_validate, aeg' 2>/dev/null || { \
 		echo "deps: installing $(PY_TEST_PACKAGES) (PyPI) in $(PY_VENV)"; \
 		/usr/bin/python3 -m venv $(PY_VENV) && $(PY_VENV)/bin/pip install -q $(PY_TEST_PACKAGES); } || \
 		{ echo "deps: could not install $(PY_TEST_PACKAGES) in $(PY_VENV)" >&2; exit 1; }
@@ -350,7 +353,7 @@ FUZZ_SECONDS ?= 60
 FUZZ_CC ?= clang
 FUZZ_CFLAGS := -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	-std=c11 -D_GNU_SOURCE -Icore
-FUZZ_NAMES := config layer idx csv handshake msg safetensors ps launch
+FUZZ_NAMES := config layer idx csv handshake msg safetensors ps launch aegis
 FUZZ_BINS := $(FUZZ_NAMES:%=$(BUILD)/fuzz/fuzz_%)
 $(BUILD)/fuzz/fuzz_config: core/config.c core/config_keys.c core/config_print.c core/model.c core/rng.c
 $(BUILD)/fuzz/fuzz_layer: core/model.c core/rng.c
@@ -367,6 +370,27 @@ $(BUILD)/fuzz/fuzz_msg: net/msg.c net/bf16.c net/fpack.c base/err.c
 FUZZ_LIBS_msg := '-Dtarget_clones(...)=__unused__'
 $(BUILD)/fuzz/fuzz_safetensors: core/safetensors.c base/err.c
 $(BUILD)/fuzz/fuzz_launch: core/launch.c core/json.c base/err.c
+# AEGIS-256 against libaegis: its C source from the source release of aeg,
+# the PyPI binding that tests/aegis_ref.py uses (pinned to the same
+# version), fetched with the venv's pip into build/ (never into the tree),
+# compiled without the fuzzer's coverage and with the two names that ours
+# share renamed.
+AEG_DIR := build/aeg-$(AEG_VERSION)
+AEG_SRC := $(AEG_DIR)/libaegis/src
+$(AEG_DIR)/.unpacked:
+	$(Q)test -x $(PY_VENV)/bin/pip || $(MAKE) --no-print-directory deps-test
+	$(call say,PIP,aeg-$(AEG_VERSION).tar.gz)$(PY_VENV)/bin/pip download -q --no-deps --no-binary :all: \
+		aeg==$(AEG_VERSION) -d build
+	$(Q)tar xzf build/aeg-$(AEG_VERSION).tar.gz -C build && touch $@
+$(BUILD)/fuzz/libaegis.a: $(AEG_DIR)/.unpacked
+	@mkdir -p $(BUILD)/fuzz/libaegis
+	$(call say,CLANG,$@)for f in $$(find $(AEG_SRC) -name '*.c'); do \
+		$(FUZZ_CC) -c -g -O1 -fsanitize=address,undefined -I$(AEG_SRC)/include \
+			-Daegis256_encrypt=aegisref256_encrypt -Daegis256_decrypt=aegisref256_decrypt \
+			$$f -o $(BUILD)/fuzz/libaegis/$$(basename $$f .c).o || exit 1; \
+	done && rm -f $@ && ar rcs $@ $(BUILD)/fuzz/libaegis/*.o
+$(BUILD)/fuzz/fuzz_aegis: net/aegis.c $(BUILD)/fuzz/libaegis.a
+FUZZ_LIBS_aegis := $(BUILD)/fuzz/libaegis.a -lsodium
 # The ps's whole message handling (stateful): every role and core source.
 $(BUILD)/fuzz/fuzz_ps: $(ROLE_SRC) $(CORE_SRC) $(NET_SRC) $(BASE_SRC) gpu/arch.c gpu/arena.c gpu/stub.c
 FUZZ_LIBS_ps := '-Dtarget_clones(...)=__unused__' $(ARCH_FLAGS) -DPSTRAIN_VERSION='"$(VERSION)"' -linih -lsodium -lopenblas -lz -lpthread

@@ -14,3 +14,14 @@ int err_set(char *err, size_t errlen, int code, const char *fmt, ...)
 	}
 	return code;
 }
+
+const char *err_shown(char *buf, size_t cap, const char *s, size_t len)
+{
+	size_t i = 0;
+	if (!cap)
+		return buf;
+	for (; s && i < len && s[i] && i + 1 < cap; i++)
+		buf[i] = s[i] >= 0x20 && s[i] < 0x7f ? s[i] : '?';
+	buf[i] = 0;
+	return buf;
+}

@@ -4,6 +4,8 @@
  * the best set the features allow. */
 #include "blas.h"
 
+#include "../base/err.h"
+
 #include <cblas.h>
 #include <errno.h>
 #include <math.h>
@@ -240,7 +242,8 @@ int blas_choose(struct blas_choice *ch)
 	const char *forced = getenv("OPENBLAS_CORETYPE");
 	if (forced && *forced) {
 		ch->how = BLAS_FORCED;
-		snprintf(ch->forced, sizeof(ch->forced), "%s", forced);
+		/* From the environment: shown filtered, never raw. */
+		err_shown(ch->forced, sizeof(ch->forced), forced, SIZE_MAX);
 	} else {
 		struct cpu_caps caps;
 		cpu_caps_read(&caps);

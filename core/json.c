@@ -77,6 +77,34 @@ static size_t utf8_put(char *out, unsigned cp)
 	return 4;
 }
 
+/* The length of the well-formed UTF-8 sequence at s (n bytes left), or 0:
+ * RFC 3629's table, so no overlong form (C0 80 for NUL), no surrogate (ED
+ * A0..BF), nothing past U+10FFFF, no stray continuation or 0xF5..0xFF.
+ * TensorFlow reads TF_CONFIG through Python, which would see such bytes
+ * as something else again: refused rather than passed on. */
+static size_t utf8_len(const unsigned char *s, size_t n)
+{
+	unsigned char c = s[0];
+	size_t len;
+	unsigned char lo = 0x80, hi = 0xbf; /* the second byte's range */
+	if (c < 0x80)
+		return 1;
+	if (c >= 0xc2 && c <= 0xdf)
+		len = 2;
+	else if (c >= 0xe0 && c <= 0xef)
+		len = 3, lo = c == 0xe0 ? 0xa0 : 0x80, hi = c == 0xed ? 0x9f : 0xbf;
+	else if (c >= 0xf0 && c <= 0xf4)
+		len = 4, lo = c == 0xf0 ? 0x90 : 0x80, hi = c == 0xf4 ? 0x8f : 0xbf;
+	else
+		return 0;
+	if (n < len || s[1] < lo || s[1] > hi)
+		return 0;
+	for (size_t i = 2; i < len; i++)
+		if (s[i] < 0x80 || s[i] > 0xbf)
+			return 0;
+	return len;
+}
+
 /* A string at p->at (the opening quote) into a new buffer. The unescaped
  * text is never longer than the escaped one. */
 static int jp_string(struct jp *p, char **out)
@@ -95,6 +123,17 @@ static int jp_string(struct jp *p, char **out)
 		if (c < 0x20) {
 			free(o);
 			return jp_fail(p, "control character in a string");
+		}
+		if (c >= 0x80) {
+			size_t n = utf8_len((const unsigned char *)p->s + p->at, end - p->at);
+			if (!n) {
+				free(o);
+				return jp_fail(p, "invalid UTF-8 in a string");
+			}
+			memcpy(w, p->s + p->at, n);
+			w += n;
+			p->at += n;
+			continue;
 		}
 		if (c != '\\') {
 			*w++ = (char)c;
@@ -171,23 +210,52 @@ static int jp_number(struct jp *p, char **out)
 
 static int jp_value(struct jp *p, struct json *v);
 
-/* The elements of an array or members of an object; p->at is past the
- * opening bracket. */
-static int jp_list(struct jp *p, struct json *v, char close)
+/* A member's name and where it began, to find names given twice. */
+struct jp_name {
+	const char *key;
+	size_t at;
+};
+
+static int name_cmp(const void *a, const void *b)
 {
-	size_t cap = 0;
-	jp_space(p);
-	if (p->at < p->len && p->s[p->at] == close) {
-		p->at++;
-		return 0;
-	}
+	const struct jp_name *x = a, *y = b;
+	int c = strcmp(x->key, y->key);
+	return c ? c : x->at < y->at ? -1 : x->at > y->at;
+}
+
+/* Refuses an object that names a member twice: Python's json (what
+ * TensorFlow reads TF_CONFIG with) keeps the last, json_get would find
+ * the first, so the two would run different clusters. Sorted, so that a
+ * megabyte of names costs n log n, not n squared. */
+static int jp_unique(struct jp *p, struct jp_name *names, size_t n)
+{
+	qsort(names, n, sizeof(*names), name_cmp);
+	for (size_t i = 1; i < n; i++)
+		if (strcmp(names[i - 1].key, names[i].key) == 0) {
+			p->at = names[i].at;
+			return jp_fail(p, "a member name given twice in one object");
+		}
+	return 0;
+}
+
+/* The elements of an array or members of an object, at least one; p->at
+ * is at the first. Each member's name and place go into *names (*cap of
+ * them allocated, as of v->kids). */
+static int jp_items(struct jp *p, struct json *v, char close, size_t *cap, struct jp_name **names)
+{
 	for (;;) {
-		if (v->n == cap) {
-			cap = cap ? 2 * cap : 4;
-			struct json *k = realloc(v->kids, cap * sizeof(*k));
+		if (v->n == *cap) {
+			*cap = *cap ? 2 * *cap : 4;
+			struct json *k = realloc(v->kids, *cap * sizeof(*k));
 			if (!k)
 				return -ENOMEM;
 			v->kids = k;
+			if (close == '}') {
+				struct jp_name *nm = realloc(*names, *cap * sizeof(*nm));
+				if (!nm)
+					return -ENOMEM;
+				*names = nm;
+			}
 		}
 		struct json *kid = &v->kids[v->n];
 		memset(kid, 0, sizeof(*kid));
@@ -196,9 +264,11 @@ static int jp_list(struct jp *p, struct json *v, char close)
 		if (close == '}') {
 			if (p->at >= p->len || p->s[p->at] != '"')
 				return jp_fail(p, "expected a member name");
+			size_t at = p->at;
 			int r = jp_string(p, &kid->key);
 			if (r)
 				return r;
+			(*names)[v->n - 1] = (struct jp_name){ kid->key, at };
 			jp_space(p);
 			if (p->at >= p->len || p->s[p->at] != ':')
 				return jp_fail(p, "expected ':'");
@@ -218,6 +288,24 @@ static int jp_list(struct jp *p, struct json *v, char close)
 		}
 		return jp_fail(p, close == '}' ? "expected ',' or '}'" : "expected ',' or ']'");
 	}
+}
+
+/* The elements of an array or members of an object; p->at is past the
+ * opening bracket. */
+static int jp_list(struct jp *p, struct json *v, char close)
+{
+	size_t cap = 0;
+	struct jp_name *names = NULL;
+	jp_space(p);
+	if (p->at < p->len && p->s[p->at] == close) {
+		p->at++;
+		return 0;
+	}
+	int r = jp_items(p, v, close, &cap, &names);
+	if (!r && close == '}')
+		r = jp_unique(p, names, v->n);
+	free(names);
+	return r;
 }
 
 static int jp_value(struct jp *p, struct json *v)

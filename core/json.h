@@ -2,7 +2,12 @@
  * into a tree, for lookups by key and index. Strings are unescaped to
  * UTF-8 (\uXXXX included, surrogate pairs joined); numbers are kept as
  * their text and read as doubles on request. Depth and size are capped,
- * since the text comes from the environment. The caller owns the tree
+ * since the text comes from the environment. Stricter than RFC 8259
+ * where readers differ, so that pstrain never reads another document than
+ * TensorFlow's reader (Python's json) does: an object that names a member
+ * twice is refused (Python keeps the last), and so is a string holding
+ * bytes that are not well-formed UTF-8 (0xFF, overlong forms such as C0
+ * 80, encoded surrogates, past U+10FFFF). The caller owns the tree
  * (json_free). */
 #ifndef PSTRAIN_CORE_JSON_H
 #define PSTRAIN_CORE_JSON_H

@@ -44,18 +44,24 @@ void launch_free(struct launch *l)
 	l->ps = l->workers = NULL;
 }
 
-/* At most len bytes of s (up to a NUL) for a message: the environment's
+/* Every message that quotes the environment goes through err_shown(): its
  * text may hold anything, a message is one printable line. */
-static const char *shown(char *buf, size_t cap, const char *s, size_t len)
-{
-	size_t i = 0;
-	for (; s && i < len && s[i] && i + 1 < cap; i++)
-		buf[i] = s[i] >= 0x20 && s[i] < 0x7f ? s[i] : '?';
-	buf[i] = 0;
-	return buf;
-}
-
 #define SHOWN_MAX 101
+
+/* What a host:port (or a Slurm host list, with its [ranges]) may hold:
+ * letters, digits, '.', '-', ':', '[' and ']'. [cluster]'s own parser
+ * checks the rest; this keeps everything else (an escape sequence, a
+ * space, a comma that would split the list) from reaching it and its
+ * messages, which quote the entry. Returns the first other byte's index,
+ * or -1. */
+static long host_chars_bad(const char *s, const char *also)
+{
+	for (const char *c = s; *c; c++)
+		if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
+		      strchr(".-:[]", *c) || strchr(also, *c)))
+			return c - s;
+	return -1;
+}
 
 /* A non-negative decimal int, all of s. */
 static int parse_count(const char *s, int *v)
@@ -89,6 +95,7 @@ static int tf_job(const struct json *cluster, const char *job, char **list, int 
 		  size_t errlen)
 {
 	const struct json *a = json_get(cluster, job);
+	char sh[SHOWN_MAX];
 	*n = 0;
 	if (!a)
 		return 0;
@@ -97,8 +104,14 @@ static int tf_job(const struct json *cluster, const char *job, char **list, int 
 			       job, json_type_name(a->type));
 	for (size_t i = 0; i < a->n; i++) {
 		const struct json *h = &a->kids[i];
-		if (h->type != JSON_STRING || !h->text[0] || strchr(h->text, ',') || strchr(h->text, ' '))
+		if (h->type != JSON_STRING || !h->text[0])
 			return err_set(err, errlen, -EINVAL, "TF_CONFIG: cluster.%s[%zu] is not a \"host:port\"", job, i);
+		long bad = host_chars_bad(h->text, "");
+		if (bad >= 0)
+			return err_set(err, errlen, -EINVAL,
+				       "TF_CONFIG: cluster.%s[%zu] \"%s\" is not a \"host:port\": byte %ld is 0x%02x, where only letters, digits and . - : [ ] may be",
+				       job, i, err_shown(sh, sizeof(sh), h->text, SIZE_MAX), bad,
+				       (unsigned char)h->text[bad]);
 		if (list_add(list, h->text))
 			return err_set(err, errlen, -ENOMEM, "out of memory");
 	}
@@ -153,10 +166,10 @@ static int from_tf_config(struct launch *l, const char *text, char *err, size_t 
 			l->index = index + nchief;
 		} else {
 			r = err_set(err, errlen, -EINVAL, "TF_CONFIG: task type \"%s\": pstrain runs ps, chief and worker tasks only",
-				    shown(sh, 41, t, SIZE_MAX));
+				    err_shown(sh, 41, t, SIZE_MAX));
 		}
 		if (!r)
-			snprintf(l->from, sizeof(l->from), "TF_CONFIG (task %s %d%s)", shown(sh, 41, t, SIZE_MAX), index,
+			snprintf(l->from, sizeof(l->from), "TF_CONFIG (task %s %d%s)", err_shown(sh, 41, t, SIZE_MAX), index,
 				 strcmp(t, "worker") == 0 && nchief ? ", after the chief" : "");
 	}
 	free(chief);
@@ -189,7 +202,7 @@ static int hostlist_one(const char *item, size_t len, char **names, int *n, int 
 	const char *rb = memchr(lb, ']', len - (size_t)(lb - item));
 	if (!rb || memchr(rb + 1, '[', len - (size_t)(rb + 1 - item)))
 		return err_set(err, errlen, -EINVAL, "\"%s\": one [ranges] group per name is supported",
-			       shown(sh, sizeof(sh), item, len));
+			       err_shown(sh, sizeof(sh), item, len));
 	const char *suffix = rb + 1;
 	int plen = (int)(lb - item), slen = (int)(len - (size_t)(suffix - item));
 	for (const char *at = lb + 1; at < rb;) {
@@ -197,15 +210,15 @@ static int hostlist_one(const char *item, size_t len, char **names, int *n, int 
 		long lo = strtol(at, &end, 10), hi = lo;
 		int width = (int)(end - at);
 		if (end == at || lo < 0 || lo > 999999999)
-			return err_set(err, errlen, -EINVAL, "\"%s\": bad range", shown(sh, sizeof(sh), item, len));
+			return err_set(err, errlen, -EINVAL, "\"%s\": bad range", err_shown(sh, sizeof(sh), item, len));
 		if (*end == '-') {
 			const char *h = end + 1;
 			hi = strtol(h, &end, 10);
 			if (end == h || hi < lo)
-				return err_set(err, errlen, -EINVAL, "\"%s\": bad range", shown(sh, sizeof(sh), item, len));
+				return err_set(err, errlen, -EINVAL, "\"%s\": bad range", err_shown(sh, sizeof(sh), item, len));
 		}
 		if ((end != rb && *end != ',') || hi > 999999999)
-			return err_set(err, errlen, -EINVAL, "\"%s\": bad range", shown(sh, sizeof(sh), item, len));
+			return err_set(err, errlen, -EINVAL, "\"%s\": bad range", err_shown(sh, sizeof(sh), item, len));
 		for (long v = lo; v <= hi; v++) {
 			if (*n >= max)
 				return err_set(err, errlen, -EINVAL, "more than %d hosts", max);
@@ -232,6 +245,12 @@ int launch_hostlist(const char *list, char ***out, int *n, int max, char *err, s
 	int r = 0, depth = 0;
 	const char *start = list;
 	char sh[SHOWN_MAX];
+	long bad = host_chars_bad(list, ",");
+	if (bad >= 0) {
+		free(names);
+		return err_set(err, errlen, -EINVAL, "host list \"%s\": byte %ld is 0x%02x, where only letters, digits and . - : [ ] , may be",
+			       err_shown(sh, sizeof(sh), list, SIZE_MAX), bad, (unsigned char)list[bad]);
+	}
 	for (const char *p = list;; p++) {
 		if (*p == '[')
 			depth++;
@@ -240,7 +259,7 @@ int launch_hostlist(const char *list, char ***out, int *n, int max, char *err, s
 		if ((*p == ',' && depth == 0) || !*p) {
 			if (p == start)
 				r = err_set(err, errlen, -EINVAL, "empty name in host list \"%s\"",
-					    shown(sh, sizeof(sh), list, SIZE_MAX));
+					    err_shown(sh, sizeof(sh), list, SIZE_MAX));
 			if (!r)
 				r = hostlist_one(start, (size_t)(p - start), names, n, max, err, errlen);
 			if (r || !*p)
@@ -268,22 +287,22 @@ int launch_tasks_per_node(const char *s, int *counts, int max, int *n, char *err
 		long c = strtol(at, &end, 10), rep = 1;
 		if (end == at || c < 0 || c > 1000000)
 			return err_set(err, errlen, -EINVAL, "tasks per node \"%s\" is malformed",
-					       shown(sh, sizeof(sh), s, SIZE_MAX));
+					       err_shown(sh, sizeof(sh), s, SIZE_MAX));
 		if (strncmp(end, "(x", 2) == 0) {
 			const char *x = end + 2;
 			rep = strtol(x, &end, 10);
 			if (end == x || rep < 1 || *end != ')')
 				return err_set(err, errlen, -EINVAL, "tasks per node \"%s\" is malformed",
-					       shown(sh, sizeof(sh), s, SIZE_MAX));
+					       err_shown(sh, sizeof(sh), s, SIZE_MAX));
 			end++;
 		}
 		if (*end && *end != ',')
 			return err_set(err, errlen, -EINVAL, "tasks per node \"%s\" is malformed",
-					       shown(sh, sizeof(sh), s, SIZE_MAX));
+					       err_shown(sh, sizeof(sh), s, SIZE_MAX));
 		for (long i = 0; i < rep; i++) {
 			if (*n >= max)
 				return err_set(err, errlen, -EINVAL, "tasks per node \"%s\": more than %d nodes",
-					       shown(sh, sizeof(sh), s, SIZE_MAX), max);
+					       err_shown(sh, sizeof(sh), s, SIZE_MAX), max);
 			counts[(*n)++] = (int)c;
 		}
 		at = *end ? end + 1 : end;
@@ -300,8 +319,8 @@ static int from_slurm(struct launch *l, const struct launch_env *env, const stru
 	if (parse_count(env->slurm_procid, &rank) || !env->slurm_ntasks ||
 	    parse_count(env->slurm_ntasks, &ntasks) || rank >= ntasks)
 		return err_set(err, errlen, -EINVAL, "Slurm: SLURM_PROCID %s of SLURM_NTASKS %s is not a task",
-			       shown(sh, sizeof(sh), env->slurm_procid, 20),
-			       env->slurm_ntasks ? shown(sh2, sizeof(sh2), env->slurm_ntasks, 20) : "(unset)");
+			       err_shown(sh, sizeof(sh), env->slurm_procid, 20),
+			       env->slurm_ntasks ? err_shown(sh2, sizeof(sh2), env->slurm_ntasks, 20) : "(unset)");
 	int nps = c->cluster.nps;
 	if (ntasks <= nps)
 		return err_set(err, errlen, -EINVAL, "Slurm: %d tasks, but [cluster] ps has %d: the first %d tasks are ps, and at least one more must be a worker",
@@ -358,7 +377,7 @@ static int from_pod_name(struct launch *l, int want, const char *name, char *err
 	const char *dash = strrchr(name, '-');
 	if (!dash || parse_count(dash + 1, &l->index) || dash[1] == '+' || dash[1] == '-')
 		return err_set(err, errlen, -EINVAL, "pod name \"%s\" is not a StatefulSet's NAME-K",
-			       shown(sh, sizeof(sh), name, SIZE_MAX));
+			       err_shown(sh, sizeof(sh), name, SIZE_MAX));
 	l->role = want;
 	if (want == LAUNCH_ANY) {
 		size_t n = (size_t)(dash - name);
@@ -368,9 +387,9 @@ static int from_pod_name(struct launch *l, int want, const char *name, char *err
 			l->role = LAUNCH_WORKER;
 		else
 			return err_set(err, errlen, -EINVAL, "pod name \"%s\": pstrain run needs a StatefulSet named ...-ps or ...-worker (or use pstrain ps|worker)",
-				       shown(sh, sizeof(sh), name, SIZE_MAX));
+				       err_shown(sh, sizeof(sh), name, SIZE_MAX));
 	}
-	snprintf(l->from, sizeof(l->from), "the StatefulSet pod name %s", shown(sh, sizeof(sh), name, SIZE_MAX));
+	snprintf(l->from, sizeof(l->from), "the StatefulSet pod name %s", err_shown(sh, sizeof(sh), name, SIZE_MAX));
 	return 0;
 }
 
@@ -382,8 +401,10 @@ int launch_resolve(struct launch *l, int want, const char *index, const struct l
 	*l = (struct launch){ .role = -1, .index = -1 };
 	const char *cmd = want == LAUNCH_ANY ? "run" : launch_role_name(want);
 	int flag = -1, r;
+	char sh[SHOWN_MAX];
 	if (index && parse_count(index, &flag))
-		return err_set(err, errlen, -EINVAL, "--index %s is not a whole number >= 0", index);
+		return err_set(err, errlen, -EINVAL, "--index %s is not a whole number >= 0",
+			       err_shown(sh, sizeof(sh), index, SIZE_MAX));
 	if (env->tf_config && env->tf_config[0])
 		r = from_tf_config(l, env->tf_config, err, errlen);
 	else if (index)

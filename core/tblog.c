@@ -8,9 +8,12 @@
 #include "fileio.h"
 #include "progress.h"
 #include "../base/err.h"
+#include "../base/owndir.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
@@ -104,24 +107,101 @@ static int tblog_event(struct tblog *t, long step, const char *version, const ch
 	return 0;
 }
 
+size_t tblog_file_name(char *out, size_t outlen, long when, const char *host, long pid, int attempt)
+{
+	/* TensorBoard reads any name holding "tfevents"; TIME.HOST.PID is TF's
+	 * own pattern. The host name is whatever the UTS namespace says (a
+	 * container's may be set by whoever starts it): escaped, so that a
+	 * '/' or ".." cannot reach another directory and no control byte gets
+	 * into a file name a terminal will list. */
+	char h[64 * 3 + 1];
+	size_t k = 0;
+	for (const char *c = host; *c && k + 3 < sizeof(h); c++) {
+		unsigned char b = (unsigned char)*c;
+		if ((b >= 'a' && b <= 'z') || (b >= 'A' && b <= 'Z') || (b >= '0' && b <= '9') || b == '-' ||
+		    b == '_' || b == '.')
+			h[k++] = (char)b;
+		else
+			k += (size_t)snprintf(h + k, sizeof(h) - k, "%%%02X", b);
+	}
+	h[k] = 0;
+	int n = attempt ? snprintf(out, outlen, "events.out.tfevents.%ld.%s.%ld.pstrain.%d", when, h, pid,
+				   attempt)
+			: snprintf(out, outlen, "events.out.tfevents.%ld.%s.%ld.pstrain", when, h, pid);
+	return n < 0 ? 0 : (size_t)n;
+}
+
+/* log_dir as a descriptor, after the checks socket_dir gets (base/owndir.h)
+ * with write, not read, kept from others: files are made in it by name,
+ * and whoever may add names there could plant a link where the next file
+ * goes or swap the directory under it. Opened without following a last
+ * link, and checked through the descriptor that names are then made in,
+ * so no swap between the check and the use changes where they go. */
+static int log_dir_open(const char *dir, char *err, size_t errlen)
+{
+	char name[4096];
+	size_t n = strlen(dir);
+	while (n > 1 && dir[n - 1] == '/')   /* "L/" would follow the link L */
+		n--;
+	if (n >= sizeof(name))
+		return err_set(err, errlen, -ENAMETOOLONG, "log_dir %s: path too long", dir);
+	memcpy(name, dir, n);
+	name[n] = 0;
+	int fd = open(name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0) {
+		int e = errno;
+		struct stat st;
+		if ((e == ELOOP || e == ENOTDIR) && lstat(name, &st) == 0 && S_ISLNK(st.st_mode))
+			return err_set(err, errlen, -ELOOP,
+				       "log_dir %s is a symbolic link: name the directory it leads to", name);
+		return err_set(err, errlen, -e, "log_dir %s: %s", name, strerror(e));
+	}
+	struct stat st;
+	char why[4200];
+	int r = fstat(fd, &st) < 0 ? err_set(why, sizeof(why), -errno, "%s: %s", name, strerror(errno))
+				   : owndir_check(&st, name, 022, why, sizeof(why));
+	if (r) {
+		close(fd);
+		return err_set(err, errlen, r, "log_dir %s", why);
+	}
+	return fd;
+}
+
 int tblog_open(struct tblog *t, const char *dir, char *err, size_t errlen)
 {
 	memset(t, 0, sizeof(*t));
 	if (!dir[0])
 		return 0;
-	char host[256] = "host";
+	char host[256] = "host", name[300];
 	if (gethostname(host, sizeof(host) - 1))
 		snprintf(host, sizeof(host), "host");
 	int r = file_make_dirs(dir, NULL);
 	if (r)
 		return err_set(err, errlen, r, "log_dir %s: cannot make it: %s", dir, strerror(-r));
-	int n = snprintf(t->path, sizeof(t->path), "%s/events.out.tfevents.%ld.%s.%ld.pstrain", dir,
-			 (long)time(NULL), host, (long)getpid());
-	if (n < 0 || n >= (int)sizeof(t->path))
-		return err_set(err, errlen, -ENAMETOOLONG, "log_dir %s: path too long", dir);
-	t->f = fopen(t->path, "ab");
-	if (!t->f)
-		return err_set(err, errlen, -errno, "log_dir: cannot create %s: %s", t->path, strerror(errno));
+	int dfd = log_dir_open(dir, err, errlen);
+	if (dfd < 0)
+		return dfd;
+	/* A new file every run, a resumed one too, written only through this
+	 * descriptor: O_EXCL and O_NOFOLLOW make a name that is already there
+	 * (a planted link, or one of ours from a run with the same time, host
+	 * and PID, as a container's PID 1 restarted within the second) the
+	 * next try's, never a file to append to. */
+	int fd = -1, e = EEXIST;
+	long when = (long)time(NULL), pid = (long)getpid();
+	for (int attempt = 0; attempt < 16 && fd < 0 && e == EEXIST; attempt++) {
+		tblog_file_name(name, sizeof(name), when, host, pid, attempt);
+		fd = openat(dfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+		e = fd < 0 ? errno : 0;
+	}
+	close(dfd);
+	snprintf(t->path, sizeof(t->path), "%s/%s", dir, name);
+	if (fd < 0)
+		return err_set(err, errlen, -e, "log_dir: cannot create %s: %s", t->path, strerror(e));
+	t->f = fdopen(fd, "wb");
+	if (!t->f) {
+		close(fd);
+		return err_set(err, errlen, -ENOMEM, "log_dir: cannot create %s: out of memory", t->path);
+	}
 	if (tblog_event(t, 0, "brain.Event:2", NULL, 0) || tblog_flush(t)) {
 		r = err_set(err, errlen, -EIO, "log_dir: cannot write %s: %s", t->path, strerror(errno));
 		tblog_close(t);

@@ -4,9 +4,18 @@
  *
  * Only this file is compiled with the AES target attribute, and only after
  * aegis256_available() said yes do its functions run, so the binary still
- * starts on a CPU without AES-NI (it then never offers this cipher). */
+ * starts on a CPU without AES-NI (it then never offers this cipher).
+ *
+ * Every function wipes what it leaves in memory before it returns: the
+ * state (from which the keystream and the key's first rounds follow), the
+ * tag it computed to compare, and the padded blocks (a message's or the
+ * associated data's last bytes). sodium_memzero, so that the compiler
+ * cannot drop the stores as dead. Registers are not ours to wipe. */
 #include "aegis.h"
 
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__)
@@ -97,6 +106,7 @@ AEGIS_TARGET static void state_absorb(struct aegis_state *st, const uint8_t *ad,
 		uint8_t pad[16] = { 0 };
 		memcpy(pad, ad + i, adlen - i);
 		state_update(st, load(pad));
+		sodium_memzero(pad, sizeof(pad));
 	}
 }
 
@@ -134,6 +144,7 @@ AEGIS_TARGET static void encrypt_tail(struct aegis_state *st, uint8_t *c, const 
 	state_update(st, x);
 	store(pad, _mm_xor_si128(x, z));
 	memcpy(c, pad, n);
+	sodium_memzero(pad, sizeof(pad));
 }
 
 AEGIS_TARGET void aegis256_encrypt2(uint8_t *c, uint8_t tag[AEGIS256_TAG_BYTES], const uint8_t *m1,
@@ -142,22 +153,20 @@ AEGIS_TARGET void aegis256_encrypt2(uint8_t *c, uint8_t tag[AEGIS256_TAG_BYTES],
 				    const uint8_t key[AEGIS256_KEY_BYTES])
 {
 	struct aegis_state st;
+	uint8_t blk[16]; /* the block across the two parts */
 	state_init(&st, key, nonce);
 	state_absorb(&st, ad, adlen);
 	size_t i = 0, j = 0; /* i: bytes of m1 done, and of c; j: of m2 */
 	for (; i + 16 <= l1; i += 16)
 		encrypt_block(&st, c + i, m1 + i);
 	if (i < l1) {
-		/* The block across the two parts. */
-		uint8_t blk[16];
 		size_t r = l1 - i, take = l2 < 16 - r ? l2 : 16 - r;
 		memcpy(blk, m1 + i, r);
 		if (take)
 			memcpy(blk + r, m2, take);
 		if (r + take < 16) {
 			encrypt_tail(&st, c + i, blk, r + take);
-			state_finalize(&st, adlen, l1 + l2, tag);
-			return;
+			goto done;
 		}
 		encrypt_block(&st, c + i, blk);
 		i += 16;
@@ -167,7 +176,10 @@ AEGIS_TARGET void aegis256_encrypt2(uint8_t *c, uint8_t tag[AEGIS256_TAG_BYTES],
 		encrypt_block(&st, c + i, m2 + j);
 	if (j < l2)
 		encrypt_tail(&st, c + i, m2 + j, l2 - j);
+done:
 	state_finalize(&st, adlen, l1 + l2, tag);
+	sodium_memzero(&st, sizeof(st));
+	sodium_memzero(blk, sizeof(blk));
 }
 
 AEGIS_TARGET void aegis256_encrypt(uint8_t *c, uint8_t tag[AEGIS256_TAG_BYTES],
@@ -201,19 +213,32 @@ AEGIS_TARGET int aegis256_decrypt(uint8_t *m, const uint8_t *c, size_t clen,
 		memset(pad + (clen - i), 0, 16 - (clen - i));
 		state_update(&st, load(pad));
 		memcpy(m + i, pad, clen - i);
+		sodium_memzero(pad, sizeof(pad));
 	}
 	uint8_t want[16];
 	state_finalize(&st, adlen, clen, want);
 	/* Constant time: every byte is compared whatever the first difference. */
 	__m128i diff = _mm_xor_si128(load(want), load(tag));
-	if (!_mm_testz_si128(diff, diff)) {
-		memset(m, 0, clen);
+	int bad = !_mm_testz_si128(diff, diff);
+	sodium_memzero(&st, sizeof(st));
+	sodium_memzero(want, sizeof(want));
+	if (bad) {
+		sodium_memzero(m, clen);
 		return -1;
 	}
 	return 0;
 }
 
 #else /* not x86-64: never offered, so never called */
+
+/* A call here is a bug in the caller (it did not ask aegis256_available):
+ * stop rather than hand back zeros, which a sealing caller would send as
+ * if they were ciphertext and tag. */
+static void aegis_unavailable(const char *fn)
+{
+	fprintf(stderr, "pstrain: %s called in a build without AES-NI code (not x86-64): its caller did not ask aegis256_available()\n", fn);
+	abort();
+}
 
 int aegis256_available(void)
 {
@@ -225,18 +250,17 @@ void aegis256_encrypt(uint8_t *c, uint8_t tag[AEGIS256_TAG_BYTES], const uint8_t
 		      const uint8_t nonce[AEGIS256_NONCE_BYTES],
 		      const uint8_t key[AEGIS256_KEY_BYTES])
 {
-	(void)m, (void)ad, (void)adlen, (void)nonce, (void)key;
-	memset(c, 0, mlen);
-	memset(tag, 0, AEGIS256_TAG_BYTES);
+	(void)c, (void)tag, (void)m, (void)mlen, (void)ad, (void)adlen, (void)nonce, (void)key;
+	aegis_unavailable(__func__);
 }
 
 void aegis256_encrypt2(uint8_t *c, uint8_t tag[AEGIS256_TAG_BYTES], const uint8_t *m1, size_t l1,
 		       const uint8_t *m2, size_t l2, const uint8_t *ad, size_t adlen,
 		       const uint8_t nonce[AEGIS256_NONCE_BYTES], const uint8_t key[AEGIS256_KEY_BYTES])
 {
-	(void)m1, (void)m2, (void)ad, (void)adlen, (void)nonce, (void)key;
-	memset(c, 0, l1 + l2);
-	memset(tag, 0, AEGIS256_TAG_BYTES);
+	(void)c, (void)tag, (void)m1, (void)l1, (void)m2, (void)l2, (void)ad, (void)adlen, (void)nonce,
+		(void)key;
+	aegis_unavailable(__func__);
 }
 
 int aegis256_decrypt(uint8_t *m, const uint8_t *c, size_t clen,
@@ -244,8 +268,8 @@ int aegis256_decrypt(uint8_t *m, const uint8_t *c, size_t clen,
 		     const uint8_t nonce[AEGIS256_NONCE_BYTES],
 		     const uint8_t key[AEGIS256_KEY_BYTES])
 {
-	(void)c, (void)tag, (void)ad, (void)adlen, (void)nonce, (void)key;
-	memset(m, 0, clen);
+	(void)m, (void)c, (void)clen, (void)tag, (void)ad, (void)adlen, (void)nonce, (void)key;
+	aegis_unavailable(__func__);
 	return -1;
 }
 

@@ -11,6 +11,7 @@
  * connection doing blocking I/O (issue 3 item 7). */
 #include "sock.h"
 #include "../base/err.h"
+#include "../base/owndir.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -798,21 +799,7 @@ int sock_unix_dir(const char *dir, char *err, size_t errlen)
 		snprintf(err, errlen, "%s: %s", dir, strerror(e));
 		return -e;
 	}
-	if (!S_ISDIR(st.st_mode)) {
-		snprintf(err, errlen, "%s is not a directory", dir);
-		return -ENOTDIR;
-	}
-	if (st.st_uid != geteuid()) {
-		snprintf(err, errlen, "%s belongs to uid %u, not to this process's %u", dir,
-			 (unsigned)st.st_uid, (unsigned)geteuid());
-		return -EPERM;
-	}
-	if (st.st_mode & 077) {
-		snprintf(err, errlen, "%s may be entered by others (mode %03o, want 700)", dir,
-			 (unsigned)(st.st_mode & 0777));
-		return -EPERM;
-	}
-	return 0;
+	return owndir_check(&st, dir, 077, err, errlen);
 }
 
 int sock_unix_path(char *out, size_t outlen, const char *dir, const char *host, uint16_t port,

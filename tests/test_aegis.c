@@ -3,16 +3,22 @@
  * then what a frame cipher must also do: every length around the block
  * size round-trips in place and out of place, and a change to any byte of
  * the ciphertext, tag, associated data, nonce or key is refused with the
- * output zeroed. */
+ * output zeroed. Then the evidence from outside (issue 38 item 5): Project
+ * Wycheproof's 472 vectors, and 3,000 random cases against libaegis, an
+ * implementation written apart from ours (tests/aegis_ref.py). */
 #include <criterion/criterion.h>
 
 #include "leak.h"
+#include "util.h"
 
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "json.h"
 #include "../net/aegis.h"
 
 TestSuite(aegis, .fini = leak_check);
@@ -202,4 +208,243 @@ Test(aegis, two_parts_seal_as_one)
 		free(want);
 		free(ct);
 	}
+}
+
+/* ---- Wycheproof (issue 38 item 5) ------------------------------------ */
+
+/* s's hex into a new buffer (*n bytes; at least 1 allocated). */
+static uint8_t *unhex_new(const char *s, size_t *n)
+{
+	uint8_t *b = malloc(strlen(s) / 2 + 1);
+	cr_assert_not_null(b);
+	*n = unhex(b, strlen(s) / 2 + 1, s);
+	return b;
+}
+
+static const char *field(const struct json *t, const char *name)
+{
+	const struct json *f = json_get(t, name);
+	cr_assert(f && f->type == JSON_STRING, "test %s has no string \"%s\"", json_get(t, "tcId")->text, name);
+	return f->text;
+}
+
+/* One Wycheproof test: a valid one seals to its ciphertext and tag (whole,
+ * in place, and from two parts) and opens to its message; an invalid one
+ * is refused with the output zeroed. Returns 1 for valid. */
+static int wycheproof_one(const struct json *t)
+{
+	const char *id = json_get(t, "tcId")->text;
+	size_t kl, nl, al, ml, cl, tl;
+	uint8_t *key = unhex_new(field(t, "key"), &kl), *nonce = unhex_new(field(t, "iv"), &nl);
+	uint8_t *ad = unhex_new(field(t, "aad"), &al), *msg = unhex_new(field(t, "msg"), &ml);
+	uint8_t *ct = unhex_new(field(t, "ct"), &cl), *tag = unhex_new(field(t, "tag"), &tl);
+	cr_assert(kl == 32 && nl == 32 && tl == 16, "test %s: key %zu, iv %zu, tag %zu bytes", id, kl, nl, tl);
+	const char *result = field(t, "result");
+	int valid = strcmp(result, "valid") == 0;
+	cr_assert(valid || strcmp(result, "invalid") == 0, "test %s: result %s", id, result);
+	uint8_t *out = malloc(cl + 1), gtag[16];
+	cr_assert_not_null(out);
+	if (valid) {
+		cr_assert_eq(ml, cl, "test %s", id);
+		aegis256_encrypt(out, gtag, msg, ml, ad, al, nonce, key);
+		cr_assert(memcmp(out, ct, cl) == 0 && memcmp(gtag, tag, 16) == 0, "test %s: sealed differently", id);
+		memcpy(out, msg, ml);
+		aegis256_encrypt(out, gtag, out, ml, ad, al, nonce, key);
+		cr_assert(memcmp(out, ct, cl) == 0 && memcmp(gtag, tag, 16) == 0, "test %s: in place", id);
+		aegis256_encrypt2(out, gtag, msg, ml / 2, msg + ml / 2, ml - ml / 2, ad, al, nonce, key);
+		cr_assert(memcmp(out, ct, cl) == 0 && memcmp(gtag, tag, 16) == 0, "test %s: two parts", id);
+	}
+	memset(out, 0xa5, cl + 1);
+	int rc = aegis256_decrypt(out, ct, cl, tag, ad, al, nonce, key);
+	if (valid) {
+		cr_assert_eq(rc, 0, "test %s: refused", id);
+		cr_assert_eq(memcmp(out, msg, ml), 0, "test %s: opened to another message", id);
+	} else {
+		cr_assert_eq(rc, -1, "test %s (%s): opened", id, field(t, "comment"));
+		for (size_t j = 0; j < cl; j++)
+			cr_assert_eq(out[j], 0, "test %s: output not zeroed at %zu", id, j);
+	}
+	cr_assert_eq(out[cl], 0xa5, "test %s: wrote past the end", id);
+	free(key), free(nonce), free(ad), free(msg), free(ct), free(tag), free(out);
+	return valid;
+}
+
+/* Project Wycheproof's aegis256_test.json, as published (tests/vectors/
+ * wycheproof/README.md): 472 tests, 360 valid, 112 invalid (108 modified
+ * tags, 4 tags of the 2013 paper's six-round finalization). */
+Test(aegis, wycheproof_vectors)
+{
+	need_aegis();
+	char path[PATH_MAX], e[200];
+	test_repo_path(path, sizeof(path), "tests/vectors/wycheproof/aegis256_test.json");
+	unsigned char *text;
+	size_t len;
+	read_all(path, &text, &len);
+	struct json *doc;
+	cr_assert_eq(json_parse((const char *)text, len, &doc, e, sizeof(e)), 0, "%s: %s", path, e);
+	free(text);
+	cr_assert_str_eq(json_get(doc, "algorithm")->text, "AEGIS256");
+	const struct json *groups = json_get(doc, "testGroups");
+	cr_assert(groups && groups->type == JSON_ARRAY);
+	int total = 0, valid = 0;
+	for (size_t g = 0; g < groups->n; g++) {
+		const struct json *tests = json_get(&groups->kids[g], "tests");
+		cr_assert(tests && tests->type == JSON_ARRAY);
+		for (size_t i = 0; i < tests->n; i++, total++)
+			valid += wycheproof_one(&tests->kids[i]);
+	}
+	cr_assert_eq(total, atoi(json_get(doc, "numberOfTests")->text));
+	cr_assert(total == 472 && valid == 360, "%d tests, %d valid: not the file the README names", total, valid);
+	json_free(doc);
+}
+
+/* ---- against an independent implementation (issue 38 item 5) --------- */
+
+/* splitmix64: the cases are the same on every run (a failure names its
+ * case), and the two passes over them draw the same ones. */
+static uint64_t next(uint64_t *s)
+{
+	uint64_t z = (*s += 0x9e3779b97f4a7c15u);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
+	return z ^ (z >> 31);
+}
+
+/* A length in 0..max, half of them within one byte of a 16- or 32-byte
+ * edge (where the partial-block and two-part code paths turn). */
+static size_t pick_len(uint64_t *r, size_t max)
+{
+	uint64_t how = next(r) % 8, k = next(r);
+	long len;
+	if (how < 4) {
+		size_t edge = how < 2 ? 16 : 32;
+		k = how % 2 ? k % 9 : k % (max / edge + 1);   /* small, or anywhere */
+		len = (long)(k * edge) + (long)(next(r) % 3) - 1;
+	} else if (how == 4) {
+		len = (long)(k % 65);
+	} else {
+		len = (long)(k % (max + 1));
+	}
+	return len < 0 ? 0 : (size_t)len > max ? max : (size_t)len;
+}
+
+struct aegis_case {
+	uint8_t key[32], nonce[32];
+	uint8_t *ad, *msg;   /* (adlen), (mlen) */
+	size_t adlen, mlen;
+};
+
+#define REF_CASES 3000
+#define REF_MSG_MAX 70000
+#define REF_AD_MAX 300
+
+/* The next case from r, into buffers of the maxima's size. */
+static void case_draw(struct aegis_case *c, uint64_t *r)
+{
+	for (int i = 0; i < 32; i++) {
+		c->key[i] = (uint8_t)next(r);
+		c->nonce[i] = (uint8_t)next(r);
+	}
+	c->adlen = pick_len(r, REF_AD_MAX);
+	c->mlen = pick_len(r, REF_MSG_MAX);
+	for (size_t i = 0; i < c->adlen; i++)
+		c->ad[i] = (uint8_t)next(r);
+	for (size_t i = 0; i < c->mlen; i += 8) {
+		uint64_t x = next(r);
+		memcpy(c->msg + i, &x, c->mlen - i < 8 ? c->mlen - i : 8);
+	}
+}
+
+/* One case against the reference's ct and tag: sealed whole out of place
+ * and in place, from two parts cut anywhere (often at a block's edge),
+ * opened out of place and in place, and with one bit changed in the
+ * ciphertext, tag, ad, nonce or key, refused with the output zeroed. */
+static void case_check(int n, struct aegis_case *c, const uint8_t *rct, const uint8_t *rtag, uint64_t *r,
+		       uint8_t *buf)
+{
+	uint8_t tag[16];
+	size_t m = c->mlen;
+	aegis256_encrypt(buf, tag, c->msg, m, c->ad, c->adlen, c->nonce, c->key);
+	cr_assert(memcmp(buf, rct, m) == 0 && memcmp(tag, rtag, 16) == 0,
+		  "case %d (%zu bytes, ad %zu): sealed otherwise than the reference", n, m, c->adlen);
+	size_t cut = next(r) % 2 ? (size_t)(next(r) % (m + 1)) : (m / 32) * 16 + (size_t)(next(r) % 3);
+	cut = cut > m ? m : cut;
+	memcpy(buf, c->msg, cut);   /* the first part in place, as a frame's header */
+	aegis256_encrypt2(buf, tag, buf, cut, c->msg + cut, m - cut, c->ad, c->adlen, c->nonce, c->key);
+	cr_assert(memcmp(buf, rct, m) == 0 && memcmp(tag, rtag, 16) == 0, "case %d (%zu bytes) cut at %zu", n, m,
+		  cut);
+	memset(buf, 0xa5, m);
+	cr_assert_eq(aegis256_decrypt(buf, rct, m, rtag, c->ad, c->adlen, c->nonce, c->key), 0,
+		     "case %d: the reference's ciphertext refused", n);
+	cr_assert_eq(memcmp(buf, c->msg, m), 0, "case %d: opened to another message", n);
+	memcpy(buf, rct, m);
+	cr_assert_eq(aegis256_decrypt(buf, buf, m, rtag, c->ad, c->adlen, c->nonce, c->key), 0, "case %d", n);
+	cr_assert_eq(memcmp(buf, c->msg, m), 0, "case %d: opened in place to another message", n);
+	/* Tampered: which field, which byte, which bit. */
+	uint8_t ftag[16], *fields[] = { buf, ftag, c->ad, c->nonce, c->key };
+	size_t sizes[] = { m, 16, c->adlen, 32, 32 }, f;
+	do
+		f = next(r) % 5;
+	while (!sizes[f]);
+	memcpy(buf, rct, m);
+	memcpy(ftag, rtag, 16);
+	size_t at = next(r) % sizes[f];
+	uint8_t bit = (uint8_t)(1u << (next(r) % 8));
+	fields[f][at] ^= bit;
+	int rc = aegis256_decrypt(buf, buf, m, ftag, c->ad, c->adlen, c->nonce, c->key);
+	if (f > 1)
+		fields[f][at] ^= bit;   /* the case's own ad, nonce or key, restored */
+	cr_assert_eq(rc, -1, "case %d: field %zu byte %zu changed, yet it opened", n, f, at);
+	for (size_t j = 0; j < m; j++)
+		cr_assert_eq(buf[j], 0, "case %d: field %zu changed: output not zeroed at %zu", n, f, j);
+}
+
+/* 3,000 cases (messages of 0..70,000 bytes, ad of 0..300, half the lengths
+ * at block edges) sealed by tests/aegis_ref.py with libaegis (PyPI's aeg,
+ * installed by make deps-test), then checked here byte for byte. */
+Test(aegis, matches_an_independent_implementation, .timeout = 300)
+{
+	need_aegis();
+	char py[PATH_MAX], script[PATH_MAX], dir[200], cases[300], out[300], log[300], cmd[3 * PATH_MAX];
+	test_repo_path(py, sizeof(py), "build/pyvenv/bin/python");
+	test_repo_path(script, sizeof(script), "tests/aegis_ref.py");
+	snprintf(cmd, sizeof(cmd), "'%s' -c 'import aeg' 2>/dev/null", py);
+	if (access(py, X_OK) != 0 || system(cmd) != 0)
+		cr_skip_test("aeg is not installed in build/pyvenv (make deps-test installs it): no independent AEGIS-256 to compare with");
+	test_dir_make(dir, sizeof(dir), "aegisref");
+	snprintf(cases, sizeof(cases), "%s/cases", dir);
+	snprintf(out, sizeof(out), "%s/out", dir);
+	snprintf(log, sizeof(log), "%s/log", dir);
+	struct aegis_case c = { .ad = malloc(REF_AD_MAX), .msg = malloc(REF_MSG_MAX) };
+	uint8_t *buf = malloc(REF_MSG_MAX + 16), *rct = malloc(REF_MSG_MAX + 16);
+	cr_assert(c.ad && c.msg && buf && rct);
+	uint64_t r = 38;
+	FILE *f = fopen(cases, "wb");
+	cr_assert_not_null(f);
+	size_t edges = 0;
+	for (int n = 0; n < REF_CASES; n++) {
+		case_draw(&c, &r);
+		uint32_t lens[2] = { (uint32_t)c.adlen, (uint32_t)c.mlen };
+		cr_assert(fwrite(c.key, 32, 1, f) == 1 && fwrite(c.nonce, 32, 1, f) == 1 &&
+			  fwrite(lens, 8, 1, f) == 1 && fwrite(c.ad, 1, c.adlen, f) == c.adlen &&
+			  fwrite(c.msg, 1, c.mlen, f) == c.mlen);
+		edges += (c.mlen + 1) % 16 <= 2;
+	}
+	cr_assert_eq(fclose(f), 0);
+	cr_assert_geq(edges, REF_CASES / 3, "only %zu of %d messages at a block's edge", edges, REF_CASES);
+	snprintf(cmd, sizeof(cmd), "'%s' '%s' '%s' '%s' > '%s' 2>&1", py, script, cases, out, log);
+	cr_assert_eq(system(cmd), 0, "aegis_ref.py failed:\n%s", slurp(log));
+	f = fopen(out, "rb");
+	cr_assert_not_null(f);
+	uint64_t again = 38, pick = 380;
+	for (int n = 0; n < REF_CASES; n++) {
+		case_draw(&c, &again);
+		uint8_t rtag[16];
+		cr_assert(fread(rct, 1, c.mlen, f) == c.mlen && fread(rtag, 16, 1, f) == 1, "case %d: short output", n);
+		case_check(n, &c, rct, rtag, &pick, buf);
+	}
+	cr_assert_eq(fgetc(f), EOF, "the reference wrote more than %d cases", REF_CASES);
+	fclose(f);
+	free(c.ad), free(c.msg), free(buf), free(rct);
+	test_dir_remove(dir);
 }

@@ -75,6 +75,65 @@ Test(launch, json_refuses_what_is_not_json)
 	json_free(j);
 }
 
+/* What TensorFlow's reader (Python's json) would read otherwise: a name
+ * given twice (Python keeps the last, json_get the first) and bytes that
+ * are not UTF-8 (Python would see other characters). Each row: the text,
+ * and what the one-line error says. */
+Test(launch, json_refuses_repeated_names_and_bad_utf8)
+{
+	const struct {
+		const char *text, *want;
+	} rows[] = {
+		{ "{\"a\": 1, \"a\": 2}", "at byte 9: a member name given twice in one object" },
+		{ "{\"task\": {\"type\": \"ps\", \"index\": 0, \"type\": \"worker\"}}", "at byte 36: a member name given twice" },
+		{ "{\"b\": 1, \"a\": 2, \"c\": 3, \"b\": 4}", "at byte 25: a member name given twice" },
+		{ "{\"\\u0061\": 1, \"a\": 2}", "given twice" },   /* the same name, escaped once */
+		{ "\"\xff\"", "at byte 1: invalid UTF-8 in a string" },
+		{ "\"ab\xc0\x80\"", "at byte 3: invalid UTF-8" },        /* overlong NUL */
+		{ "\"\xc1\xbf\"", "invalid UTF-8" },                      /* overlong '\x7f' */
+		{ "\"\xe0\x80\xaf\"", "invalid UTF-8" },                  /* overlong '/' */
+		{ "\"\xf0\x80\x80\xaf\"", "invalid UTF-8" },              /* overlong '/' */
+		{ "\"\xed\xa0\x80\"", "invalid UTF-8" },                  /* U+D800, a surrogate */
+		{ "\"\xed\xbf\xbf\"", "invalid UTF-8" },                  /* U+DFFF */
+		{ "\"\xf4\x90\x80\x80\"", "invalid UTF-8" },              /* past U+10FFFF */
+		{ "\"\xf5\x80\x80\x80\"", "invalid UTF-8" },
+		{ "\"\x80\"", "invalid UTF-8" },                          /* a stray continuation */
+		{ "\"\xc3\"", "invalid UTF-8" },                          /* cut short by the quote */
+		{ "\"\xe2\x82\"", "invalid UTF-8" },
+		{ "\"\xf0\x9f\x98\"", "invalid UTF-8" },
+		{ "\"\xc3\x28\"", "invalid UTF-8" },                      /* not a continuation */
+		{ "{\"\xff\": 1}", "invalid UTF-8" },                     /* in a name too */
+	};
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+		struct json *j = (struct json *)1;
+		err[0] = 0;
+		cr_expect_eq(json_parse(rows[i].text, strlen(rows[i].text), &j, err, sizeof(err)), -EINVAL,
+			     "row %zu accepted", i);
+		cr_expect_null(j);
+		cr_expect_not_null(strstr(err, rows[i].want), "row %zu: %s", i, err);
+	}
+	/* Every length of well-formed UTF-8, at the edges of each range, and
+	 * one name in two different objects, are fine. */
+	const char *good = "{\"a\": {\"a\": \"\xc2\x80\xdf\xbf\xe0\xa0\x80\xed\x9f\xbf\xee\x80\x80\xef\xbf\xbf"
+			   "\xf0\x90\x80\x80\xf4\x8f\xbf\xbf\"}, \"b\": {\"a\": 2}}";
+	struct json *j;
+	cr_assert_eq(json_parse(good, strlen(good), &j, err, sizeof(err)), 0, "%s", err);
+	cr_assert_str_eq(json_get(json_get(j, "a"), "a")->text,
+			 "\xc2\x80\xdf\xbf\xe0\xa0\x80\xed\x9f\xbf\xee\x80\x80\xef\xbf\xbf\xf0\x90\x80\x80\xf4\x8f\xbf\xbf");
+	json_free(j);
+	/* A megabyte of distinct names is checked in n log n, not n squared. */
+	size_t cap = JSON_MAX_BYTES, n = 0;
+	char *big = malloc(cap);
+	n += (size_t)snprintf(big, cap, "{");
+	for (int k = 0; n + 32 < cap; k++)
+		n += (size_t)snprintf(big + n, cap - n, "%s\"%x\":0", k ? "," : "", k);
+	big[n++] = '}';
+	cr_assert_eq(json_parse(big, n, &j, err, sizeof(err)), 0, "%s", err);
+	cr_assert_gt(j->n, 100000);
+	json_free(j);
+	free(big);
+}
+
 static void expect_hosts(const char *list, const char *want)
 {
 	char **names, got[512] = "";
@@ -167,6 +226,87 @@ Test(launch, tf_config_roles_and_lists)
 			     bad[i]);
 		cr_expect_not_null(strstr(err, "TF_CONFIG"), "%s", err);
 	}
+}
+
+/* 1 if s is one line of printable ASCII. */
+static int printable(const char *s)
+{
+	for (; *s; s++)
+		if ((unsigned char)*s < 0x20 || (unsigned char)*s >= 0x7f)
+			return 0;
+	return 1;
+}
+
+/* TF_CONFIG's host strings hold only what a host:port may (its own text
+ * goes into [cluster]'s lists, whose messages quote it), and no error
+ * from the environment holds a byte that is not printable ASCII: rows of
+ * escape sequences in every variable launch_resolve reads. */
+Test(launch, environment_text_is_never_printed_raw)
+{
+	static struct config c;
+	c.cluster.nps = 1;
+	c.cluster.ps[0].port = 2222;
+	struct launch l;
+	const char *TFH = "{\"cluster\": {\"ps\": [\"%s\"], \"worker\": [\"w:2\"]}, \"task\": {\"type\": \"ps\", \"index\": 0}}";
+	const struct {
+		const char *host, *want;
+	} hosts[] = {
+		{ "\\u001b[31mevil:1", "TF_CONFIG: cluster.ps[0] \"?[31mevil:1\" is not a \"host:port\": byte 0 is 0x1b" },
+		{ "p:1\\u001b]0;title\\u0007", "byte 3 is 0x1b" },
+		{ "p:1 ", "byte 3 is 0x20" },
+		{ "p:1,q:2", "byte 3 is 0x2c" },
+		{ "h\xc3\xa9:1", "\"h??:1\" is not a \"host:port\": byte 1 is 0xc3" },
+		{ "p:1\\n", "byte 3 is 0x0a" },
+		{ "", "cluster.ps[0] is not a \"host:port\"" },
+	};
+	for (size_t i = 0; i < sizeof(hosts) / sizeof(hosts[0]); i++) {
+		char text[400];
+		snprintf(text, sizeof(text), TFH, hosts[i].host);
+		struct launch_env env = { .tf_config = text };
+		err[0] = 0;
+		cr_expect_eq(launch_resolve(&l, LAUNCH_ANY, NULL, &env, &c, err, sizeof(err)), -EINVAL,
+			     "host row %zu accepted", i);
+		cr_expect(printable(err) && strstr(err, hosts[i].want), "host row %zu: %s", i, err);
+	}
+	const char *fine[] = { "[::1]:2222", "Node-1.example.org:80", "10.0.0.1:65535" };
+	for (size_t i = 0; i < sizeof(fine) / sizeof(fine[0]); i++) {
+		char text[400];
+		snprintf(text, sizeof(text), TFH, fine[i]);
+		struct launch_env env = { .tf_config = text };
+		cr_assert_eq(launch_resolve(&l, LAUNCH_ANY, NULL, &env, &c, err, sizeof(err)), 0, "%s: %s", fine[i], err);
+		cr_assert_str_eq(l.ps, fine[i]);
+		launch_free(&l);
+	}
+	/* Every other variable, and the flag, with an escape sequence. */
+	const char *E = "\x1b[2J\x1b]0;owned\x07";
+	char tf_type[200];
+	snprintf(tf_type, sizeof(tf_type), "{\"cluster\": {\"ps\": [\"p:1\"], \"worker\": [\"w:2\"]}, \"task\": {\"type\": \"%s\", \"index\": 0}}",
+		 "\\u001b[2Jx");
+	const struct launch_env envs[] = {
+		{ .tf_config = tf_type },
+		{ .slurm_procid = E, .slurm_ntasks = "4" },
+		{ .slurm_procid = "1", .slurm_ntasks = E },
+		{ .slurm_procid = "1", .slurm_ntasks = "4", .slurm_nodelist = E, .slurm_tasks_per_node = "4" },
+		{ .slurm_procid = "1", .slurm_ntasks = "4", .slurm_nodelist = "n\x1b[1-2]", .slurm_tasks_per_node = "2,2" },
+		{ .slurm_procid = "1", .slurm_ntasks = "4", .slurm_nodelist = "n1", .slurm_tasks_per_node = E },
+		{ .k8s = "10.0.0.1", .hostname = E },
+		{ .k8s = "10.0.0.1", .hostname = "x\x1b[2J-ps-" },
+	};
+	for (size_t i = 0; i < sizeof(envs) / sizeof(envs[0]); i++) {
+		err[0] = 0;
+		cr_expect_eq(launch_resolve(&l, LAUNCH_ANY, NULL, &envs[i], &c, err, sizeof(err)), -EINVAL,
+			     "env row %zu accepted", i);
+		cr_expect(err[0] && printable(err), "env row %zu: %s", i, err);
+	}
+	struct launch_env none = { 0 };
+	cr_assert_eq(launch_resolve(&l, LAUNCH_PS, E, &none, &c, err, sizeof(err)), -EINVAL);
+	cr_assert(printable(err), "--index: %s", err);
+	/* A Slurm node name only of host characters gets through as before. */
+	char **names;
+	int n;
+	cr_assert_eq(launch_hostlist("gpu-[01-02].rack1", &names, &n, 8, err, sizeof(err)), 0, "%s", err);
+	cr_assert_str_eq(names[1], "gpu-02.rack1");
+	launch_names_free(names, n);
 }
 
 Test(launch, slurm_tasks_hosts_and_ports)

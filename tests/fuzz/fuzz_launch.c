@@ -1,11 +1,26 @@
 /* libFuzzer harness for what a scheduler hands pstrain in the environment
  * (core/launch.c, core/json.c): the input as TF_CONFIG, and its halves as
- * a Slurm node list and tasks per node. Checks the error contract and that
- * an accepted task has a role, an index and its lists. */
+ * a Slurm node list and tasks per node. Checks the error contract, that no
+ * message holds a byte that is not printable ASCII (the environment's text
+ * is shown filtered), and that an accepted task has a role, an index and
+ * lists of host:port characters only. */
 #include "../../core/launch.h"
 #include "fuzz.h"
 
 #include <errno.h>
+
+/* 1 if s holds only bytes in allowed, or printable ASCII when allowed is NULL. */
+static int only(const char *s, const char *allowed)
+{
+	for (; *s; s++) {
+		unsigned char c = (unsigned char)*s;
+		if (allowed ? !strchr(allowed, c) : c < 0x20 || c >= 0x7f)
+			return 0;
+	}
+	return 1;
+}
+
+static const char HOSTPORT[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-:[], ";
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
@@ -29,9 +44,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	int rc = launch_resolve(&l, LAUNCH_ANY, NULL, &env, &c, err, sizeof(err));
 	if (rc < 0) {
 		fuzz_check_err(rc, err);
+		FUZZ_CHECK(only(err, NULL));
 	} else {
 		FUZZ_CHECK(l.role == LAUNCH_PS || l.role == LAUNCH_WORKER);
 		FUZZ_CHECK(l.index >= 0 && l.ps && l.workers);
+		FUZZ_CHECK(only(l.ps, HOSTPORT) && only(l.workers, HOSTPORT) && only(l.from, NULL));
 		launch_free(&l);
 	}
 	size_t half = strlen(text) / 2;
@@ -42,10 +59,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 				   .slurm_tasks_per_node = tpn };
 	err[0] = 0;
 	rc = launch_resolve(&l, LAUNCH_ANY, NULL, &env, &c, err, sizeof(err));
-	if (rc < 0)
+	if (rc < 0) {
 		fuzz_check_err(rc, err);
-	else
+		FUZZ_CHECK(only(err, NULL));
+	} else {
+		FUZZ_CHECK(only(l.ps, HOSTPORT) && only(l.workers, HOSTPORT));
 		launch_free(&l);
+	}
 	free(tpn);
 	free(text);
 	return 0;

@@ -296,7 +296,7 @@ def main():
         t = timed(nsteps)
         rates.append(nsteps * B / t)
     best, med = max(rates), statistics.median(rates)
-    loss = float(state["loss"])
+    loss = float(state["loss"].detach()) if hasattr(state["loss"], "detach") else float(state["loss"])
 
     if args.csv:
         print("torch,%s,%s,%d,%d,%.1f" % (args.device, args.model, B, args.threads, best))

@@ -158,6 +158,18 @@ void conn_shutdown_read(struct conn *cn)
 		shutdown(cn->fd, SHUT_RD);
 }
 
+/* Under mu, after a send on an authenticated connection failed: part of a
+ * frame may be on the wire (a write that timed out or was cut), so the
+ * stream can no longer carry a whole frame, and the pipe may have moved
+ * the counter past frames it never wrote. Nothing more is sealed or read
+ * on it; the owner closes it. */
+static int conn_send_failed(struct conn *cn, int r)
+{
+	if (r < 0 && cn->state == CONN_AUTHENTICATED)
+		cn->state = CONN_CLOSING;
+	return r;
+}
+
 static int conn_ready(const struct conn *cn, char *err, size_t errlen)
 {
 	if (cn->state == CONN_AUTHENTICATED)
@@ -178,8 +190,9 @@ int conn_send_idle(struct conn *cn, uint8_t *buf, size_t cap, size_t len, double
 	pthread_mutex_lock(&cn->mu);
 	double now = now_s();
 	if (cn->state == CONN_AUTHENTICATED && now - cn->last_send >= idle_s) {
-		r = sock_write_frame(cn->fd, &cn->keys->send, buf, cap, conn_msg(buf), len,
-				     (int)(idle_s * 1000), err, errlen);
+		r = conn_send_failed(cn, sock_write_frame(cn->fd, &cn->keys->send, buf, cap,
+							  conn_msg(buf), len, (int)(idle_s * 1000),
+							  err, errlen));
 		cn->last_send = now;
 		r = r ? r : 1;
 	}
@@ -193,8 +206,9 @@ int conn_send_from(struct conn *cn, uint8_t *buf, size_t cap, size_t len, char *
 	pthread_mutex_lock(&cn->mu);
 	int r = conn_ready(cn, err, errlen);
 	if (!r)
-		r = sock_write_frame(cn->fd, &cn->keys->send, buf, cap, conn_msg(buf), len, cn->write_ms,
-				     err, errlen);
+		r = conn_send_failed(cn, sock_write_frame(cn->fd, &cn->keys->send, buf, cap,
+							  conn_msg(buf), len, cn->write_ms, err,
+							  errlen));
 	cn->last_send = now_s();
 	pthread_mutex_unlock(&cn->mu);
 	return r;
@@ -243,8 +257,9 @@ int conn_send_tensor(struct conn *cn, const struct conn_chunk_tx *t, char *err, 
 	pthread_mutex_lock(&cn->mu);
 	int r = conn_ready(cn, err, errlen);
 	if (!r)
-		r = pipe_send(cn->pp, cn->fd, &cn->keys->send, msg_chunks(t->n, t->dtype), chunk_encode, (void *)t,
-			      cn->write_ms, err, errlen);
+		r = conn_send_failed(cn, pipe_send(cn->pp, cn->fd, &cn->keys->send,
+						   msg_chunks(t->n, t->dtype), chunk_encode,
+						   (void *)t, cn->write_ms, err, errlen));
 	cn->last_send = now_s();
 	pthread_mutex_unlock(&cn->mu);
 	return r;

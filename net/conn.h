@@ -13,7 +13,11 @@
  *
  * Errors: 0 or a negative errno with one line in err (errlen bytes), those
  * of net/sock.c, net/handshake.c, net/pipe.c and the msg_* codecs. Any
- * failure but an encoding one ends the connection: conn_close it. */
+ * failure but an encoding one ends the connection: conn_close it. A send
+ * that fails (a tensor's encoding included: frames before it are out)
+ * also puts the connection in CONN_CLOSING at once, under the send lock,
+ * so that no other thread seals another frame on it, whatever the counter
+ * says, before its owner closes it. */
 #ifndef PSTRAIN_NET_CONN_H
 #define PSTRAIN_NET_CONN_H
 
@@ -57,7 +61,8 @@ struct conn_keys {
 enum conn_state {
 	CONN_PENDING,       /* no socket, or one not authenticated yet */
 	CONN_AUTHENTICATED, /* the handshake succeeded: frames may flow */
-	CONN_CLOSING,       /* shut down (conn_shutdown): every call fails */
+	CONN_CLOSING,       /* shut down (conn_shutdown), or a send failed (part
+			     * of a frame may be on the wire): every call fails */
 };
 
 struct conn {

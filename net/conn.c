@@ -170,9 +170,14 @@ static int conn_send_failed(struct conn *cn, int r)
 	return r;
 }
 
-static int conn_ready(const struct conn *cn, char *err, size_t errlen)
+/* Whether a frame may be sealed (send) or read (!send) now. A closing
+ * connection seals nothing, but what the peer sent before it stays
+ * readable until the socket says otherwise (conn_shutdown shuts it, so
+ * reads end too): after a send failed on a ps that closed, its last
+ * message, a final REPORT or an ERROR saying why, is still there. */
+static int conn_ready(const struct conn *cn, int send, char *err, size_t errlen)
 {
-	if (cn->state == CONN_AUTHENTICATED)
+	if (cn->state == CONN_AUTHENTICATED || (!send && cn->state == CONN_CLOSING))
 		return 0;
 	return err_set(err, errlen, cn->state == CONN_CLOSING ? -ESHUTDOWN : -ENOTCONN,
 		       cn->state == CONN_CLOSING ? "connection shut down" : "not connected");
@@ -204,7 +209,7 @@ int conn_send_from(struct conn *cn, uint8_t *buf, size_t cap, size_t len, char *
 		   size_t errlen)
 {
 	pthread_mutex_lock(&cn->mu);
-	int r = conn_ready(cn, err, errlen);
+	int r = conn_ready(cn, 1, err, errlen);
 	if (!r)
 		r = conn_send_failed(cn, sock_write_frame(cn->fd, &cn->keys->send, buf, cap,
 							  conn_msg(buf), len, cn->write_ms, err,
@@ -231,7 +236,7 @@ void conn_send_error(struct conn *cn, uint32_t code, const char *text)
 
 int conn_recv(struct conn *cn, size_t *len, char *err, size_t errlen)
 {
-	int r = conn_ready(cn, err, errlen);
+	int r = conn_ready(cn, 0, err, errlen);
 	return r ? r : sock_read_frame(cn->fd, &cn->keys->recv, cn->rbuf, cn->rcap, len,
 				       cn->read_ms, err, errlen);
 }
@@ -255,7 +260,7 @@ static int chunk_encode(void *ctx, uint64_t i, uint8_t *msg, size_t cap, struct 
 int conn_send_tensor(struct conn *cn, const struct conn_chunk_tx *t, char *err, size_t errlen)
 {
 	pthread_mutex_lock(&cn->mu);
-	int r = conn_ready(cn, err, errlen);
+	int r = conn_ready(cn, 1, err, errlen);
 	if (!r)
 		r = conn_send_failed(cn, pipe_send(cn->pp, cn->fd, &cn->keys->send,
 						   msg_chunks(t->n, t->dtype), chunk_encode,
@@ -313,7 +318,7 @@ int conn_recv_rest(struct conn *cn, struct conn_chunk_rx *x, char *err, size_t e
 {
 	if (msg_assembly_done(x->a))
 		return 0;
-	int r = conn_ready(cn, err, errlen);
+	int r = conn_ready(cn, 0, err, errlen);
 	return r ? r : pipe_recv(cn->rpp ? cn->rpp : cn->pp, cn->fd, &cn->keys->recv, msg_chunks(x->a->n - x->a->received, x->a->dtype),
 				 chunk_deliver, x, cn->read_ms, err, errlen);
 }

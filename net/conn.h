@@ -17,7 +17,8 @@
  * that fails (a tensor's encoding included: frames before it are out)
  * also puts the connection in CONN_CLOSING at once, under the send lock,
  * so that no other thread seals another frame on it, whatever the counter
- * says, before its owner closes it. */
+ * says, before its owner closes it; receives go on (a ps that closed may
+ * have said why before it did). */
 #ifndef PSTRAIN_NET_CONN_H
 #define PSTRAIN_NET_CONN_H
 
@@ -61,8 +62,10 @@ struct conn_keys {
 enum conn_state {
 	CONN_PENDING,       /* no socket, or one not authenticated yet */
 	CONN_AUTHENTICATED, /* the handshake succeeded: frames may flow */
-	CONN_CLOSING,       /* shut down (conn_shutdown), or a send failed (part
-			     * of a frame may be on the wire): every call fails */
+	CONN_CLOSING,       /* shut down (conn_shutdown: every call fails), or a
+			     * send failed (part of a frame may be on the
+			     * wire): nothing more is sealed on it, while what
+			     * the peer sent before stays readable */
 };
 
 struct conn {

@@ -522,6 +522,11 @@ Test(conn, failed_send_closes_the_connection)
 	nanosleep(&w, NULL);
 	cr_assert_lt(recv(sv.cn.fd, sink, CONN_RBUF_BYTES, MSG_DONTWAIT), 0,
 		     "bytes reached the peer after the failed send");
+	/* What the peer says still arrives: why it went, say. */
+	size_t len;
+	conn_send_error(&sv.cn, EPERM, "refused");
+	cr_assert_eq(conn_recv(&cl.cn, &len, e, sizeof(e)), 0, "%s", e);
+	cr_assert_eq(msg_type(cl.rbuf, len, e, sizeof(e)), WIRE_ERROR);
 	free(sink);
 	free(src);
 	side_free(&cl);

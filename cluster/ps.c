@@ -656,9 +656,9 @@ static void ps_admit(struct ps *ps, struct gate_greeting *gr)
 	uint64_t t = 0;
 	char e[400], why[480];
 	int r = hs_server_peek(ps->s->key, &ps->me, gr->hello, HS_HELLO_BYTES, &peer, &t, e, sizeof(e));
-	if (r && r != -EBADE && r != -EPROTONOSUPPORT) {
-		snprintf(why, sizeof(why), "handshake refused: %s", e);
-		gate_refuse(&ps->gate, gr, GATE_UNAUTH, why);
+	if (r && r != -EBADE && r != -EPROTONOSUPPORT) { /* -EADDRNOTAVAIL: for another ps */
+		snprintf(why, sizeof(why), "%s: %s", r == -EADDRNOTAVAIL ? "refused" : "handshake refused", e);
+		gate_refuse(&ps->gate, gr, r == -EADDRNOTAVAIL ? GATE_ELSEWHERE : GATE_UNAUTH, why);
 		return;
 	}
 	if (peer.role == HS_OBSERVER) {

@@ -80,6 +80,7 @@ static void pair(struct side *cl, struct side *sv, uint8_t ck, uint8_t sk)
 	cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
 	side_init(sv, sp[1], HS_PS, 1, sk);
 	side_init(cl, -1, HS_WORKER, 3, ck);
+	cl->me.to = 1;
 	pthread_t t;
 	cr_assert_eq(pthread_create(&t, NULL, serve, sv), 0);
 	cl->r = conn_client(&cl->cn, sp[0], cl->psk, &cl->me, 5000, "ps 1 (test)", cl->err,

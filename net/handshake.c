@@ -476,8 +476,16 @@ int hs_server_respond(struct hs_result *res, uint8_t out[HS_HELLO_BYTES], size_t
 	if (rc < 0 && !mismatch)
 		goto out;
 
-	/* e: only now, for an authenticated peer */
-	if (ephemeral_new(esk, epk, nonce) != 0) {
+	/* e: only now, for an authenticated peer of our version and config.
+	 * A mismatch is answered so that the peer can name it too, but no
+	 * session follows, so the answer carries no ephemeral key (zeros,
+	 * never read: both versions' readers stop at the mismatch) and costs
+	 * no X25519: a recorded greeting of another version, which no replay
+	 * check can date, is answered as often as it is replayed. */
+	memset(epk, 0, sizeof epk);
+	memset(esk, 0, sizeof esk);
+	randombytes_buf(nonce, sizeof nonce);
+	if (!mismatch && ephemeral_new(esk, epk, nonce) != 0) {
 		(void)err_set(err, errlen, 0, "handshake: key generation failed");
 		rc = -EIO;
 		goto out;

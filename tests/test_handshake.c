@@ -672,6 +672,43 @@ Test(handshake, version_mismatch_names_both_sides)
 	hs_wipe(&h);
 }
 
+/* A greeting of another version or config is answered, so that both
+ * sides can name the mismatch, but no session follows: the answer carries
+ * no ephemeral key (its 32 bytes are 0), so a replayed greeting of another
+ * version, which no replay check can date, costs the ps two BLAKE2b calls
+ * and no X25519. The answer still authenticates for the greeting's sender
+ * and names the mismatch there. */
+Test(handshake, mismatch_answer_costs_no_key_generation)
+{
+	keys_init();
+	struct hs_identity w = ident(HS_WORKER, 3, 7), p = ident(HS_PS, 0, 7), q = ident(HS_PS, 0, 8);
+	uint8_t esk[32], hello1[HELLO], hello2[HELLO];
+	struct hs_result res;
+	size_t n = 0;
+	char err[256];
+	struct fields f = fields_for(&w, 1, esk);
+	f.version = WIRE_VERSION - 1;
+	forge(hello1, &f, PSK_A, NULL);
+	cr_assert_eq(hs_server_respond(&res, hello2, &n, PSK_A, &p, hello1, HELLO, err, sizeof err),
+		     -EPROTONOSUPPORT, "%s", err);
+	cr_assert_eq(n, HELLO);
+	cr_assert(all_zero(hello2 + 48, 32), "an answer to version %u carries an ephemeral key",
+		  WIRE_VERSION - 1);
+	uint8_t mac[32];
+	doc_mac(mac, PSK_A, hello1, HELLO, hello2);
+	cr_assert(memcmp(hello2 + 112, mac, 32) == 0, "the answer's MAC");
+
+	struct hs h;
+	start_ok(&h, hello1, PSK_A, &w);
+	n = 0;
+	cr_assert_eq(hs_server_respond(&res, hello2, &n, PSK_A, &q, hello1, HELLO, err, sizeof err),
+		     -EBADE, "%s", err);
+	cr_assert_eq(n, HELLO);
+	cr_assert(all_zero(hello2 + 48, 32), "an answer to another config carries an ephemeral key");
+	finish_fails(&h, hello2, HELLO, -EBADE, "different training config", "config mismatch");
+	hs_wipe(&h);
+}
+
 /* Authenticated (right key) but malformed hellos: one row per field. */
 Test(handshake, malformed_fields_rejected)
 {

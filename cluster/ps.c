@@ -426,7 +426,9 @@ static void ps_streamer_stop(struct ps_conn *cn, int *r, char *err, size_t errle
 	cn->st_stop = 1;
 	pthread_cond_broadcast(&ps->cv);
 	pthread_mutex_unlock(&ps->mu);
-	conn_shutdown(&cn->conn); /* a send blocked on a peer that stopped reading */
+	/* a send blocked on a peer that stopped reading; the reading half
+	 * stays for conn_linger */
+	conn_shutdown_write(&cn->conn);
 	pthread_join(cn->st, NULL);
 	cn->st_on = 0;
 	if (cn->st_r == PS_END) {
@@ -467,6 +469,7 @@ static int ps_conn_run(struct ps_conn *cn)
 		else if (r)
 			role_log(ps->out, "ps %d: %s: closed a connection that greeted as worker %d before any frame opened (%s); it was not counted as worker %d",
 				 ps->index, cn->peer, cn->w, e, cn->w);
+		conn_linger(&cn->conn, CONN_LINGER_MS); /* if it ended with an ERROR */
 	}
 	pipe_free(&cn->pp);
 	if (cn->swbuf)

@@ -184,6 +184,7 @@ static void *ps_obs_main(void *arg)
 		(void)!ps_obs_send_report(ob, 1, e, sizeof(e)); /* best effort: it may be gone */
 	else if (r)
 		role_log(po->out, "ps %d: %s: closed an observer's connection: %s", po->index, ob->peer, e);
+	conn_linger(&ob->conn, CONN_LINGER_MS); /* if it ended with an ERROR */
 	ps_obs_drop(ob);
 	free(ob);
 	return NULL;

@@ -4,6 +4,7 @@
 #include "sock.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <sodium.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -58,6 +59,7 @@ void conn_attach(struct conn *cn, int fd, const struct hs_result *hr)
 	cn->keys->recv = hr->recv;
 	cn->hr.peer = hr->peer;
 	cn->state = CONN_AUTHENTICATED;
+	cn->said_error = 0;
 	cn->last_send = now_s();
 	pthread_mutex_unlock(&cn->mu);
 }
@@ -152,6 +154,13 @@ void conn_shutdown(struct conn *cn)
 		shutdown(cn->fd, SHUT_RDWR);
 }
 
+void conn_shutdown_write(struct conn *cn)
+{
+	cn->state = CONN_CLOSING;
+	if (cn->fd >= 0)
+		shutdown(cn->fd, SHUT_WR);
+}
+
 void conn_shutdown_read(struct conn *cn)
 {
 	if (cn->fd >= 0)
@@ -225,8 +234,42 @@ void conn_send_error_from(struct conn *cn, uint8_t *buf, size_t cap, uint32_t co
 	char e[128];
 	size_t len;
 	if (msg_encode_error(conn_msg(buf), conn_msg_cap(cap), code, text, &len, e,
-			     sizeof(e)) == 0)
-		(void)!conn_send_from(cn, buf, cap, len, e, sizeof(e));
+			     sizeof(e)) != 0)
+		return;
+	pthread_mutex_lock(&cn->mu);
+	int r = conn_ready(cn, 1, e, sizeof(e));
+	if (!r)
+		r = sock_write_frame(cn->fd, &cn->keys->send, buf, cap, conn_msg(buf), len,
+				     cn->write_ms, e, sizeof(e));
+	if (!r)
+		cn->said_error = 1;
+	/* the last message: nothing is sealed after it, sent or not */
+	if (cn->state == CONN_AUTHENTICATED)
+		cn->state = CONN_CLOSING;
+	cn->last_send = now_s();
+	pthread_mutex_unlock(&cn->mu);
+}
+
+void conn_linger(struct conn *cn, int ms)
+{
+	pthread_mutex_lock(&cn->mu);
+	int fd = cn->said_error ? cn->fd : -1;
+	pthread_mutex_unlock(&cn->mu);
+	if (fd < 0)
+		return;
+	shutdown(fd, SHUT_WR);
+	uint8_t junk[4096];
+	double end = now_s() + ms / 1000.0;
+	for (;;) {
+		ssize_t n = recv(fd, junk, sizeof(junk), MSG_DONTWAIT);
+		if (n > 0 || (n < 0 && errno == EINTR))
+			continue;
+		double left = end - now_s();
+		if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK) || left <= 0)
+			return; /* the peer closed, the connection failed, or time is up */
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		(void)poll(&p, 1, (int)(left * 1000) + 1);
+	}
 }
 
 void conn_send_error(struct conn *cn, uint32_t code, const char *text)

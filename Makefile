@@ -395,7 +395,7 @@ FUZZ_LIBS_aegis := $(BUILD)/fuzz/libaegis.a -lsodium
 $(BUILD)/fuzz/fuzz_ps: $(ROLE_SRC) $(CORE_SRC) $(NET_SRC) $(BASE_SRC) gpu/arch.c gpu/arena.c gpu/stub.c
 FUZZ_LIBS_ps := '-Dtarget_clones(...)=__unused__' $(ARCH_FLAGS) -DPSTRAIN_VERSION='"$(VERSION)"' -linih -lsodium -lopenblas -lz -lpthread
 
-$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(wildcard core/*.h net/*.h base/*.h)
+$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(wildcard core/*.h net/*.h base/*.h cluster/*.h)
 	@mkdir -p $(dir $@)
 	$(call say,CLANG,$@)$(FUZZ_CC) $(FUZZ_CFLAGS) $(filter %.c,$^) -o $@ $(FUZZ_LIBS_$*) -lm
 

@@ -1,6 +1,6 @@
 /* Whether a directory is this process's user's alone to change: the one
  * rule for the directories pstrain puts things in that others must not
- * plant or swap: `[cluster] socket_dir` (net/sock.c, the ps's Unix socket)
+ * plant or swap: `[cluster] socket_dir` (net/privdir.c, the ps's Unix socket)
  * and `[train] log_dir` (core/tblog.c, TensorBoard event files). Each
  * caller gets the stat itself (lstat of the name, or fstat of a descriptor
  * opened with O_NOFOLLOW) and says which mode bits others must not have.

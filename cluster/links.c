@@ -249,7 +249,7 @@ static int link_greet(struct links *lk, int k, int fd, int timeout_ms, char *err
 {
 	const struct config *c = lk->c;
 	struct hs_identity me = { .role = HS_WORKER, .index = (uint32_t)lk->index,
-				  .ciphers = lk->s->ciphers };
+				  .to = (uint32_t)k, .ciphers = lk->s->ciphers };
 	memcpy(me.config_hash, lk->s->hash, HS_HASH_BYTES);
 	struct conn *cn = &lk->ln[k].conn;
 	char e[512], nm[300];

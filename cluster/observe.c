@@ -48,7 +48,7 @@ _Static_assert(MSG_ERROR_BYTES_MAX <= MSG_REPORT_BYTES_MAX, "an ERROR fits");
 struct status_link {
 	const struct config *c;
 	const uint8_t *key;
-	const struct hs_identity *me;
+	struct hs_identity me;   /* the status's, greeting ps k (to = k) */
 	int k;
 	char addr[CONFIG_HOST_MAX + 16]; /* host:port */
 	struct conn conn;
@@ -85,7 +85,7 @@ static int link_dial(struct status_link *l)
 			snprintf(l->why, sizeof(l->why), "%s", e);
 			return r;
 		}
-		r = conn_client(&l->conn, fd, l->key, l->me, STATUS_ANSWER_MS, nm, e, sizeof(e));
+		r = conn_client(&l->conn, fd, l->key, &l->me, STATUS_ANSWER_MS, nm, e, sizeof(e));
 	}
 	if (r) {
 		snprintf(l->why, sizeof(l->why), "%s", e);
@@ -445,7 +445,8 @@ int cluster_status(const struct config *c, int json, double watch_s, FILE *out, 
 		struct status_link *l = &ls[k];
 		l->c = c;
 		l->key = key;
-		l->me = &me;
+		l->me = me;
+		l->me.to = (uint32_t)k;
 		l->k = k;
 		link_addr(l->addr, sizeof(l->addr), &c->cluster.ps[k]);
 		if (conn_init(&l->conn, -1, l->rbuf, l->wbuf, NULL, STATUS_ANSWER_MS, STATUS_ANSWER_MS))

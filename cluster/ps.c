@@ -13,10 +13,10 @@
  * of them under the one mutex ps->mu. Observers (`pstrain status`) are
  * admitted beside the workers into a few slots of their own, may only ask
  * STATUS (answered with REPORT), and are never members. docs/SECURITY.md
- * says what each limit here is for. */
+ * says what each limit here is for. The stateful fuzzer's harness around
+ * the same ps is ps_harness.c. */
 #include "cluster.h"
 #include "ps_conn.h"
-#include "ps_harness.h"
 
 #include "../core/psshard.h"
 #include "../core/shard.h"
@@ -30,7 +30,6 @@
 #include "../net/sock.h"
 
 #include <errno.h>
-#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -337,8 +336,8 @@ static void ps_left(struct ps_conn *cn, int r, const char *e)
  * unconfirmed one of w's goes: this greeting is newer); its first frame is
  * due within a handshake's step (the worker sends a HEARTBEAT right after
  * its handshake). NULL, fd closed, if there is no slot or no memory. */
-static struct ps_conn *ps_conn_add(struct ps *ps, int fd, const char *peer, int w,
-				   const struct hs_result *hr)
+struct ps_conn *ps_conn_add(struct ps *ps, int fd, const char *peer, int w,
+			    const struct hs_result *hr)
 {
 	struct ps_conn *cn = calloc(1, sizeof(*cn));
 	if (!cn || conn_init(&cn->conn, -1, NULL, NULL, &cn->pp, ROLE_HANDSHAKE_MS,
@@ -426,7 +425,9 @@ static void ps_streamer_stop(struct ps_conn *cn, int *r, char *err, size_t errle
 	cn->st_stop = 1;
 	pthread_cond_broadcast(&ps->cv);
 	pthread_mutex_unlock(&ps->mu);
-	conn_shutdown(&cn->conn); /* a send blocked on a peer that stopped reading */
+	/* a send blocked on a peer that stopped reading; the reading half
+	 * stays for conn_linger */
+	conn_shutdown_write(&cn->conn);
 	pthread_join(cn->st, NULL);
 	cn->st_on = 0;
 	if (cn->st_r == PS_END) {
@@ -439,7 +440,7 @@ static void ps_streamer_stop(struct ps_conn *cn, int *r, char *err, size_t errle
 
 /* Serves connection cn until it ends, then frees what it holds but cn
  * itself; returns ps_serve's result. */
-static int ps_conn_run(struct ps_conn *cn)
+int ps_conn_run(struct ps_conn *cn)
 {
 	struct ps *ps = cn->ps;
 	char e[320];
@@ -467,6 +468,7 @@ static int ps_conn_run(struct ps_conn *cn)
 		else if (r)
 			role_log(ps->out, "ps %d: %s: closed a connection that greeted as worker %d before any frame opened (%s); it was not counted as worker %d",
 				 ps->index, cn->peer, cn->w, e, cn->w);
+		conn_linger(&cn->conn, CONN_LINGER_MS); /* if it ended with an ERROR */
 	}
 	pipe_free(&cn->pp);
 	if (cn->swbuf)
@@ -649,16 +651,16 @@ static void ps_admit_observer(struct ps *ps, struct gate_greeting *gr, const str
  * say what differs, and then closed), or from an observer
  * (ps_admit_observer). Everything refused goes to the gate's tally, never
  * to a line of its own. */
-static void ps_admit(struct ps *ps, struct gate_greeting *gr)
+void ps_admit(struct ps *ps, struct gate_greeting *gr)
 {
 	struct hs_identity peer;
 	struct hs_result hr;
 	uint64_t t = 0;
 	char e[400], why[480];
 	int r = hs_server_peek(ps->s->key, &ps->me, gr->hello, HS_HELLO_BYTES, &peer, &t, e, sizeof(e));
-	if (r && r != -EBADE && r != -EPROTONOSUPPORT) {
-		snprintf(why, sizeof(why), "handshake refused: %s", e);
-		gate_refuse(&ps->gate, gr, GATE_UNAUTH, why);
+	if (r && r != -EBADE && r != -EPROTONOSUPPORT) { /* -EADDRNOTAVAIL: for another ps */
+		snprintf(why, sizeof(why), "%s: %s", r == -EADDRNOTAVAIL ? "refused" : "handshake refused", e);
+		gate_refuse(&ps->gate, gr, r == -EADDRNOTAVAIL ? GATE_ELSEWHERE : GATE_UNAUTH, why);
 		return;
 	}
 	if (peer.role == HS_OBSERVER) {
@@ -781,8 +783,8 @@ static void ps_drain(struct ps *ps, const volatile sig_atomic_t *stop)
 
 /* The shard of plan[index] (from the newest checkpoint unless fresh), its
  * lock and the writer, the identity for handshakes, the crypto pool. */
-static int ps_open(struct ps *ps, const struct config *c, const struct role_setup *s,
-		   const struct shard *sh, int index, int fresh, FILE *out, char *err, size_t errlen)
+int ps_open(struct ps *ps, const struct config *c, const struct role_setup *s,
+	    const struct shard *sh, int index, int fresh, FILE *out, char *err, size_t errlen)
 {
 	long total = c->train.mode == MODE_ASYNC ? s->job.total * c->cluster.nworkers : s->job.total;
 	int e = psshard_init(&ps->sh, &s->job.m, sh, c, total, err, errlen);
@@ -868,7 +870,7 @@ static void ps_close_local(int index, FILE *out, int fd, const char *path, const
 	close(fd);
 }
 
-static void ps_close(struct ps *ps)
+void ps_close(struct ps *ps)
 {
 	ps_store_close(&ps->store);
 	cryptopool_destroy(ps->pool); /* every connection thread has ended */
@@ -961,88 +963,4 @@ out:
 	role_setup_free(&s);
 	free(ps);
 	return e;
-}
-
-/* ---- the harness (ps_harness.h) ------------------------------------------ */
-
-struct ps_harness {
-	struct ps ps;
-	struct role_setup s;
-	struct shard plan[CONFIG_MAX_HOSTS];
-};
-
-int ps_harness_open(struct ps_harness **out, const struct config *c, int index, FILE *log,
-		    char *err, size_t errlen)
-{
-	struct ps_harness *h = calloc(1, sizeof(*h));
-	if (!h)
-		return err_set(err, errlen, -ENOMEM, "out of memory");
-	int e = role_setup_load(&h->s, c, 0, err, errlen);
-	if (!e)
-		e = shard_check(c->cluster.nps, h->s.job.m.nparams, err, errlen);
-	if (!e) {
-		shard_plan(h->plan, c->cluster.nps, h->s.job.m.nparams);
-		e = ps_open(&h->ps, c, &h->s, &h->plan[index], index, 1, log, err, errlen);
-	}
-	if (e) {
-		ps_harness_close(h);
-		return e;
-	}
-	*out = h;
-	return 0;
-}
-
-int ps_harness_serve(struct ps_harness *h, int fd, const struct hs_result *hr, int w)
-{
-	struct ps_conn *cn = ps_conn_add(&h->ps, fd, "harness", w, hr);
-	if (!cn)
-		return -ENOMEM;
-	int r = ps_conn_run(cn);
-	free(cn);
-	return r;
-}
-
-int ps_harness_observe(struct ps_harness *h, int fd, const struct hs_result *hr)
-{
-	struct ps *ps = &h->ps;
-	if (ps_observers_spawn(&ps->po, fd, "harness", hr))
-		return -ENOMEM;
-	pthread_mutex_lock(&ps->mu);
-	while (ps->po.n > 0)
-		pthread_cond_wait(&ps->cv, &ps->mu);
-	pthread_mutex_unlock(&ps->mu);
-	return 0;
-}
-
-int ps_harness_check(struct ps_harness *h, char *err, size_t errlen)
-{
-	struct ps *ps = &h->ps;
-	pthread_mutex_lock(&ps->mu);
-	const float *p = psshard_params(&ps->sh);
-	size_t bad = ps->sh.n;
-	for (size_t i = 0; i < ps->sh.n && bad == ps->sh.n; i++)
-		if (!isfinite(p[i]))
-			bad = i;
-	int aborted = ps->aborted, live = 0;
-	for (int w = 0; w < ps->W; w++)
-		live += ps->worker[w] != NULL || ps->fresh[w] != NULL;
-	char why[sizeof(ps->why)];
-	snprintf(why, sizeof(why), "%s", ps->why);
-	pthread_mutex_unlock(&ps->mu);
-	if (bad < ps->sh.n)
-		return err_set(err, errlen, -EDOM, "parameter %zu is %g", bad, (double)p[bad]);
-	if (aborted)
-		return err_set(err, errlen, -ECONNABORTED, "a peer stopped the ps: %s", why);
-	if (live || ps->nconn || ps->po.n)
-		return err_set(err, errlen, -EBUSY, "a connection outlived its thread");
-	return 0;
-}
-
-void ps_harness_close(struct ps_harness *h)
-{
-	if (!h)
-		return;
-	ps_close(&h->ps);
-	role_setup_free(&h->s);
-	free(h);
 }

@@ -16,6 +16,7 @@
 
 #include "../base/hooks.h"
 #include "../core/psshard.h"
+#include "../core/shard.h"
 #include "../net/conn.h"
 #include "../net/cryptopool.h"
 #include "../net/gate.h"
@@ -125,6 +126,21 @@ static inline int ps_io(struct ps_conn *cn, int r)
 	cn->quiet |= r != 0;
 	return r;
 }
+
+/* ps.c, for its harness (ps_harness.c) too: the ps of shard sh (from the
+ * newest checkpoint unless fresh) and its end; worker w's answered
+ * connection on fd with hr's keys (NULL if there is no slot: fd closed)
+ * and serving it on the calling thread until it ends (then all but cn
+ * itself is freed); and a whole greeting out of the gate, answered (a
+ * worker's connection or an observer's on a thread of its own) or
+ * refused into the gate's tally. */
+int ps_open(struct ps *ps, const struct config *c, const struct role_setup *s,
+	    const struct shard *sh, int index, int fresh, FILE *out, char *err, size_t errlen);
+void ps_close(struct ps *ps);
+struct ps_conn *ps_conn_add(struct ps *ps, int fd, const char *peer, int w,
+			    const struct hs_result *hr);
+int ps_conn_run(struct ps_conn *cn);
+void ps_admit(struct ps *ps, struct gate_greeting *gr);
 
 /* ps_pull.c: a PULL (the handler), and the streamer thread of a
  * connection in piece mode (arg: the struct ps_conn), which answers the

@@ -2,13 +2,16 @@
  * (tests/fuzz/fuzz_ps.c): the real ps state and message handlers, driven
  * one connection at a time on the caller's thread. Not used by the binary.
  *
- * The connection is handed over already authenticated (the caller made
- * the keys), as the ps's gate would after a handshake; everything after
- * that is the production path: key confirmation, every handler, ERROR
- * replies, the shard's updates and checkpoints. */
+ * A connection is handed over already authenticated (the caller made the
+ * keys), as the ps's gate would after a handshake, or as the greeting the
+ * gate would hand out (ps_harness_greet: the ps's own admission, replay
+ * checks and observer slots included); everything after that is the
+ * production path: key confirmation, every handler, ERROR replies, the
+ * shard's updates and checkpoints. */
 #ifndef PSTRAIN_CLUSTER_PS_HARNESS_H
 #define PSTRAIN_CLUSTER_PS_HARNESS_H
 
+#include <stdint.h>
 #include <stdio.h>
 
 #include "../core/config.h"
@@ -27,11 +30,16 @@ int ps_harness_open(struct ps_harness **h, const struct config *c, int index, FI
  * errno; either is fine, the ps must only stay sound (ps_harness_check). */
 int ps_harness_serve(struct ps_harness *h, int fd, const struct hs_result *hr, int w);
 
-/* Serves fd as an observer's connection (`pstrain status`) with hr's
- * keys, as the gate would after an observer's handshake, until it ends;
- * the observer's own thread serves it, and this waits for that thread. 0,
- * or -ENOMEM when no observer could be started. */
-int ps_harness_observe(struct ps_harness *h, int fd, const struct hs_result *hr);
+/* A whole greeting (hello) that arrived on fd, a connected stream socket
+ * now the ps's, handed to the ps's admission as its gate hands one out:
+ * answered (HELLO2 written to fd, then the connection served on a thread
+ * of its own, a worker's or an observer's) or refused, unanswered (fd held
+ * until ps_harness_close, counted in the gate's tally). */
+void ps_harness_greet(struct ps_harness *h, int fd, const uint8_t hello[HS_HELLO_BYTES]);
+
+/* Waits until every connection ps_harness_greet started has ended: each
+ * ends when its peer closes or shuts its writing half, or at a deadline. */
+void ps_harness_settle(struct ps_harness *h);
 
 /* The invariants a key holder cannot break: every parameter finite, the ps
  * not stopped by a peer, no connection left behind. 0, or a negative

@@ -19,11 +19,20 @@ _Static_assert(MSG_ERROR_BYTES_MAX <= MSG_REPORT_BYTES_MAX, "an observer's ERROR
  * the ps's exit waits for its observers' last ones. */
 #define PS_OBS_WRITE_MS 1000
 
+/* Where an observer stands (under the ps's mu). */
+enum ps_obs_state {
+	PS_OBS_GREETED,   /* answered, no frame opened yet: may be evicted */
+	PS_OBS_CONFIRMED, /* a frame opened: it holds the key; keeps its slot */
+	PS_OBS_EVICTED,   /* shut down for a newer observer; in no slot */
+};
+
 /* One observer's connection, served on its own thread. */
 struct ps_obs {
 	struct ps_observers *po;
 	struct conn conn;
-	int slot;
+	enum ps_obs_state state;
+	uint64_t seq;             /* when it was admitted: the oldest goes first */
+	int slot;                 /* -1 once evicted */
 	char peer[SOCK_ADDR_STRLEN];
 	uint8_t rbuf[PS_OBS_BUF_BYTES], wbuf[PS_OBS_BUF_BYTES];
 };
@@ -35,9 +44,24 @@ void ps_observers_init(struct ps_observers *po, pthread_mutex_t *mu, pthread_con
 				     .report = report, .ctx = ctx };
 }
 
+/* The slot a new observer takes (under mu): a free one, else that of the
+ * oldest observer not confirmed yet; -1 if every slot's is confirmed. */
+static int ps_obs_slot_for_new(const struct ps_observers *po)
+{
+	int old = -1;
+	for (int i = 0; i < PS_OBSERVERS_MAX; i++) {
+		const struct ps_obs *ob = po->obs[i];
+		if (!ob)
+			return i;
+		if (ob->state == PS_OBS_GREETED && (old < 0 || ob->seq < po->obs[old]->seq))
+			old = i;
+	}
+	return old;
+}
+
 int ps_observers_full(const struct ps_observers *po)
 {
-	return po->n >= PS_OBSERVERS_MAX;
+	return ps_obs_slot_for_new(po) < 0;
 }
 
 void ps_observers_drain(struct ps_observers *po)
@@ -79,7 +103,14 @@ static int ps_obs_serve(struct ps_obs *ob, char *err, size_t errlen)
 		int r = conn_recv(&ob->conn, &len, err, errlen);
 		pthread_mutex_lock(po->mu);
 		int draining = po->draining;
+		enum ps_obs_state st = ob->state;
+		if (!r && st == PS_OBS_GREETED)
+			ob->state = st = PS_OBS_CONFIRMED;
 		pthread_mutex_unlock(po->mu);
+		if (st == PS_OBS_EVICTED)
+			return err_set(err, errlen, -ECONNABORTED,
+				       "evicted before any frame opened: every slot was taken "
+				       "and a newer observer greeted");
 		if (r && (draining || r == -EPIPE || r == -ECONNRESET))
 			return 0;
 		if (r == -ENOBUFS)
@@ -131,8 +162,10 @@ static void ps_obs_drop(struct ps_obs *ob)
 {
 	struct ps_observers *po = ob->po;
 	pthread_mutex_lock(po->mu);
-	po->obs[ob->slot] = NULL;
-	conn_destroy(&ob->conn); /* under the lock: ps_observers_drain shuts down what is listed */
+	if (ob->slot >= 0)
+		po->obs[ob->slot] = NULL;
+	conn_destroy(&ob->conn); /* under the lock: ps_observers_drain and an eviction
+				  * shut down what is listed */
 	po->n--;
 	pthread_cond_broadcast(po->cv);
 	pthread_mutex_unlock(po->mu);
@@ -151,6 +184,7 @@ static void *ps_obs_main(void *arg)
 		(void)!ps_obs_send_report(ob, 1, e, sizeof(e)); /* best effort: it may be gone */
 	else if (r)
 		role_log(po->out, "ps %d: %s: closed an observer's connection: %s", po->index, ob->peer, e);
+	conn_linger(&ob->conn, CONN_LINGER_MS); /* if it ended with an ERROR */
 	ps_obs_drop(ob);
 	free(ob);
 	return NULL;
@@ -172,11 +206,18 @@ int ps_observers_spawn(struct ps_observers *po, int fd, const char *peer, const 
 	conn_attach(&ob->conn, fd, hr);
 	snprintf(ob->peer, sizeof(ob->peer), "%s", peer);
 	pthread_mutex_lock(po->mu);
-	ob->slot = -1;
-	for (int i = 0; i < PS_OBSERVERS_MAX && ob->slot < 0; i++)
-		if (!po->obs[i])
-			ob->slot = i;
+	ob->slot = ps_obs_slot_for_new(po);
+	if (ob->slot >= 0 && po->obs[ob->slot]) {
+		/* Its thread sees the state once its read fails, and ends
+		 * without touching the slot. */
+		struct ps_obs *old = po->obs[ob->slot];
+		old->state = PS_OBS_EVICTED;
+		old->slot = -1;
+		conn_shutdown(&old->conn);
+	}
 	if (ob->slot >= 0) {
+		ob->state = PS_OBS_GREETED;
+		ob->seq = po->seq++;
 		po->obs[ob->slot] = ob;
 		po->n++;
 	}

@@ -8,6 +8,13 @@
  * before it is read. Whom to admit (the gate, the greeting's freshness)
  * is cluster/ps.c's; this file never touches the ps's members.
  *
+ * A slot is only held for sure once the observer's first frame has opened
+ * (it holds the key, not just a greeting): when every slot is taken, a new
+ * observer evicts the oldest that has not confirmed yet, so greetings that
+ * were answered but never followed by a frame (a replay, or a key holder
+ * greeting and saying nothing) cannot keep the operator's `pstrain status`
+ * out. Confirmed observers are never evicted.
+ *
  * Shares the ps's mutex and condition variable: the fields below are
  * under *mu, and every observer that ends broadcasts *cv. */
 #ifndef PSTRAIN_CLUSTER_PS_OBSERVERS_H
@@ -40,20 +47,24 @@ struct ps_observers {
 	ps_report_fn report;
 	void *ctx;
 	int draining;            /* each observer sends a last REPORT and goes */
-	int n;                   /* observers connected */
-	struct ps_obs *obs[PS_OBSERVERS_MAX];
+	int n;                   /* observer threads running, evicted ones too */
+	uint64_t seq;            /* observers admitted so far: their age */
+	struct ps_obs *obs[PS_OBSERVERS_MAX]; /* the slots; an evicted one is
+					       * in none, on its way out */
 };
 
 void ps_observers_init(struct ps_observers *po, pthread_mutex_t *mu, pthread_cond_t *cv,
 		       const struct config *c, FILE *out, int index, ps_report_fn report, void *ctx);
 
-/* Every slot is taken (under mu). */
+/* Every slot is taken by a confirmed observer (under mu): a new one would
+ * be refused. */
 int ps_observers_full(const struct ps_observers *po);
 
 /* An observer's answered connection fd, authenticated with hr's keys (the
  * caller wipes them), served on a detached thread; its first frame is due
- * within a handshake's step. -1 (fd closed) if there is no slot, memory or
- * thread. Takes mu. */
+ * within a handshake's step. With every slot taken, the oldest observer
+ * that has not confirmed is shut down and its slot is this one's. -1 (fd
+ * closed) if there is no slot, memory or thread. Takes mu. */
 int ps_observers_spawn(struct ps_observers *po, int fd, const char *peer,
 		       const struct hs_result *hr);
 

@@ -3,6 +3,7 @@
 
 #include "../base/err.h"
 #include "../net/frame.h"
+#include "../net/privdir.h"
 #include "../net/sock.h"
 #include "../net/wire.h"
 
@@ -165,7 +166,7 @@ int role_local_path(const struct config *c, int k, char *out, size_t outlen, cha
 		snprintf(dflt, sizeof(dflt), "/tmp/pstrain-%u", (unsigned)geteuid());
 		dir = dflt;
 	}
-	int r = sock_unix_dir(dir, err, errlen);
+	int r = privdir_make(dir, err, errlen);
 	if (!r)
 		r = sock_unix_path(out, outlen, dir, c->cluster.ps[k].name, c->cluster.ps[k].port, err,
 				   errlen);

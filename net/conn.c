@@ -4,6 +4,7 @@
 #include "sock.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <sodium.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -58,6 +59,7 @@ void conn_attach(struct conn *cn, int fd, const struct hs_result *hr)
 	cn->keys->recv = hr->recv;
 	cn->hr.peer = hr->peer;
 	cn->state = CONN_AUTHENTICATED;
+	cn->said_error = 0;
 	cn->last_send = now_s();
 	pthread_mutex_unlock(&cn->mu);
 }
@@ -152,15 +154,39 @@ void conn_shutdown(struct conn *cn)
 		shutdown(cn->fd, SHUT_RDWR);
 }
 
+void conn_shutdown_write(struct conn *cn)
+{
+	cn->state = CONN_CLOSING;
+	if (cn->fd >= 0)
+		shutdown(cn->fd, SHUT_WR);
+}
+
 void conn_shutdown_read(struct conn *cn)
 {
 	if (cn->fd >= 0)
 		shutdown(cn->fd, SHUT_RD);
 }
 
-static int conn_ready(const struct conn *cn, char *err, size_t errlen)
+/* Under mu, after a send on an authenticated connection failed: part of a
+ * frame may be on the wire (a write that timed out or was cut), so the
+ * stream can no longer carry a whole frame, and the pipe may have moved
+ * the counter past frames it never wrote. Nothing more is sealed or read
+ * on it; the owner closes it. */
+static int conn_send_failed(struct conn *cn, int r)
 {
-	if (cn->state == CONN_AUTHENTICATED)
+	if (r < 0 && cn->state == CONN_AUTHENTICATED)
+		cn->state = CONN_CLOSING;
+	return r;
+}
+
+/* Whether a frame may be sealed (send) or read (!send) now. A closing
+ * connection seals nothing, but what the peer sent before it stays
+ * readable until the socket says otherwise (conn_shutdown shuts it, so
+ * reads end too): after a send failed on a ps that closed, its last
+ * message, a final REPORT or an ERROR saying why, is still there. */
+static int conn_ready(const struct conn *cn, int send, char *err, size_t errlen)
+{
+	if (cn->state == CONN_AUTHENTICATED || (!send && cn->state == CONN_CLOSING))
 		return 0;
 	return err_set(err, errlen, cn->state == CONN_CLOSING ? -ESHUTDOWN : -ENOTCONN,
 		       cn->state == CONN_CLOSING ? "connection shut down" : "not connected");
@@ -178,8 +204,9 @@ int conn_send_idle(struct conn *cn, uint8_t *buf, size_t cap, size_t len, double
 	pthread_mutex_lock(&cn->mu);
 	double now = now_s();
 	if (cn->state == CONN_AUTHENTICATED && now - cn->last_send >= idle_s) {
-		r = sock_write_frame(cn->fd, &cn->keys->send, buf, cap, conn_msg(buf), len,
-				     (int)(idle_s * 1000), err, errlen);
+		r = conn_send_failed(cn, sock_write_frame(cn->fd, &cn->keys->send, buf, cap,
+							  conn_msg(buf), len, (int)(idle_s * 1000),
+							  err, errlen));
 		cn->last_send = now;
 		r = r ? r : 1;
 	}
@@ -191,10 +218,11 @@ int conn_send_from(struct conn *cn, uint8_t *buf, size_t cap, size_t len, char *
 		   size_t errlen)
 {
 	pthread_mutex_lock(&cn->mu);
-	int r = conn_ready(cn, err, errlen);
+	int r = conn_ready(cn, 1, err, errlen);
 	if (!r)
-		r = sock_write_frame(cn->fd, &cn->keys->send, buf, cap, conn_msg(buf), len, cn->write_ms,
-				     err, errlen);
+		r = conn_send_failed(cn, sock_write_frame(cn->fd, &cn->keys->send, buf, cap,
+							  conn_msg(buf), len, cn->write_ms, err,
+							  errlen));
 	cn->last_send = now_s();
 	pthread_mutex_unlock(&cn->mu);
 	return r;
@@ -206,8 +234,42 @@ void conn_send_error_from(struct conn *cn, uint8_t *buf, size_t cap, uint32_t co
 	char e[128];
 	size_t len;
 	if (msg_encode_error(conn_msg(buf), conn_msg_cap(cap), code, text, &len, e,
-			     sizeof(e)) == 0)
-		(void)!conn_send_from(cn, buf, cap, len, e, sizeof(e));
+			     sizeof(e)) != 0)
+		return;
+	pthread_mutex_lock(&cn->mu);
+	int r = conn_ready(cn, 1, e, sizeof(e));
+	if (!r)
+		r = sock_write_frame(cn->fd, &cn->keys->send, buf, cap, conn_msg(buf), len,
+				     cn->write_ms, e, sizeof(e));
+	if (!r)
+		cn->said_error = 1;
+	/* the last message: nothing is sealed after it, sent or not */
+	if (cn->state == CONN_AUTHENTICATED)
+		cn->state = CONN_CLOSING;
+	cn->last_send = now_s();
+	pthread_mutex_unlock(&cn->mu);
+}
+
+void conn_linger(struct conn *cn, int ms)
+{
+	pthread_mutex_lock(&cn->mu);
+	int fd = cn->said_error ? cn->fd : -1;
+	pthread_mutex_unlock(&cn->mu);
+	if (fd < 0)
+		return;
+	shutdown(fd, SHUT_WR);
+	uint8_t junk[4096];
+	double end = now_s() + ms / 1000.0;
+	for (;;) {
+		ssize_t n = recv(fd, junk, sizeof(junk), MSG_DONTWAIT);
+		if (n > 0 || (n < 0 && errno == EINTR))
+			continue;
+		double left = end - now_s();
+		if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK) || left <= 0)
+			return; /* the peer closed, the connection failed, or time is up */
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		(void)poll(&p, 1, (int)(left * 1000) + 1);
+	}
 }
 
 void conn_send_error(struct conn *cn, uint32_t code, const char *text)
@@ -217,7 +279,7 @@ void conn_send_error(struct conn *cn, uint32_t code, const char *text)
 
 int conn_recv(struct conn *cn, size_t *len, char *err, size_t errlen)
 {
-	int r = conn_ready(cn, err, errlen);
+	int r = conn_ready(cn, 0, err, errlen);
 	return r ? r : sock_read_frame(cn->fd, &cn->keys->recv, cn->rbuf, cn->rcap, len,
 				       cn->read_ms, err, errlen);
 }
@@ -241,10 +303,11 @@ static int chunk_encode(void *ctx, uint64_t i, uint8_t *msg, size_t cap, struct 
 int conn_send_tensor(struct conn *cn, const struct conn_chunk_tx *t, char *err, size_t errlen)
 {
 	pthread_mutex_lock(&cn->mu);
-	int r = conn_ready(cn, err, errlen);
+	int r = conn_ready(cn, 1, err, errlen);
 	if (!r)
-		r = pipe_send(cn->pp, cn->fd, &cn->keys->send, msg_chunks(t->n, t->dtype), chunk_encode, (void *)t,
-			      cn->write_ms, err, errlen);
+		r = conn_send_failed(cn, pipe_send(cn->pp, cn->fd, &cn->keys->send,
+						   msg_chunks(t->n, t->dtype), chunk_encode,
+						   (void *)t, cn->write_ms, err, errlen));
 	cn->last_send = now_s();
 	pthread_mutex_unlock(&cn->mu);
 	return r;
@@ -298,7 +361,7 @@ int conn_recv_rest(struct conn *cn, struct conn_chunk_rx *x, char *err, size_t e
 {
 	if (msg_assembly_done(x->a))
 		return 0;
-	int r = conn_ready(cn, err, errlen);
+	int r = conn_ready(cn, 0, err, errlen);
 	return r ? r : pipe_recv(cn->rpp ? cn->rpp : cn->pp, cn->fd, &cn->keys->recv, msg_chunks(x->a->n - x->a->received, x->a->dtype),
 				 chunk_deliver, x, cn->read_ms, err, errlen);
 }

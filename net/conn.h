@@ -13,7 +13,12 @@
  *
  * Errors: 0 or a negative errno with one line in err (errlen bytes), those
  * of net/sock.c, net/handshake.c, net/pipe.c and the msg_* codecs. Any
- * failure but an encoding one ends the connection: conn_close it. */
+ * failure but an encoding one ends the connection: conn_close it. A send
+ * that fails (a tensor's encoding included: frames before it are out)
+ * also puts the connection in CONN_CLOSING at once, under the send lock,
+ * so that no other thread seals another frame on it, whatever the counter
+ * says, before its owner closes it; receives go on (a ps that closed may
+ * have said why before it did). */
 #ifndef PSTRAIN_NET_CONN_H
 #define PSTRAIN_NET_CONN_H
 
@@ -57,7 +62,10 @@ struct conn_keys {
 enum conn_state {
 	CONN_PENDING,       /* no socket, or one not authenticated yet */
 	CONN_AUTHENTICATED, /* the handshake succeeded: frames may flow */
-	CONN_CLOSING,       /* shut down (conn_shutdown): every call fails */
+	CONN_CLOSING,       /* shut down (conn_shutdown: every call fails), or a
+			     * send failed (part of a frame may be on the
+			     * wire): nothing more is sealed on it, while what
+			     * the peer sent before stays readable */
 };
 
 struct conn {
@@ -79,6 +87,7 @@ struct conn {
 				  * that one thread can receive while another sends */
 	pthread_mutex_t mu;      /* sends: fd, keys->send, last_send, state */
 	double last_send;        /* CLOCK_MONOTONIC seconds of the last frame sent */
+	int said_error;          /* the last message sent was an ERROR (under mu) */
 	int read_ms, write_ms;   /* deadline of one read; of one frame's write */
 };
 
@@ -129,6 +138,12 @@ void conn_close(struct conn *cn);
  * conn_closes it. */
 void conn_shutdown(struct conn *cn);
 
+/* From another thread: shuts the sending half only and marks the
+ * connection closing, so that a send blocked on a peer that stopped
+ * reading fails at once, while what the peer sent can still be read (and
+ * thrown away by conn_linger). */
+void conn_shutdown_write(struct conn *cn);
+
 /* From another thread: shuts the reading half only, so that a blocked
  * conn_recv returns (as if the peer had closed) while sends still work:
  * for a last message before the owner closes. */
@@ -149,10 +164,26 @@ int conn_send_from(struct conn *cn, uint8_t *buf, size_t cap, size_t len, char *
 		   size_t errlen);
 
 /* ERROR(code, text) as the last message on a connection, best effort;
- * conn_send_error_from encodes it in buf (cap bytes) instead of wbuf. */
+ * conn_send_error_from encodes it in buf (cap bytes) instead of wbuf.
+ * Nothing is sealed on the connection after it (CONN_CLOSING); its owner
+ * conn_lingers before it closes. */
 void conn_send_error(struct conn *cn, uint32_t code, const char *text);
 void conn_send_error_from(struct conn *cn, uint8_t *buf, size_t cap, uint32_t code,
 			  const char *text);
+
+/* How long an owner lingers (conn_linger) at most: a worker that was
+ * refused half way through a push finishes writing it before it reads the
+ * ERROR; a push of a large shard takes a second or so at 1 Gbit/s. */
+#define CONN_LINGER_MS 2000
+
+/* The owner, before conn_close, on a connection whose last message was an
+ * ERROR (else nothing): shuts the sending half, so that the peer reads the
+ * ERROR and then the end, and reads and throws away what the peer still
+ * sends until it closes or ms pass. Closing with bytes unread would reset
+ * the connection: the peer's writes fail, and a peer that reports the
+ * failed write never reads the ERROR saying why. The caller is the only
+ * reader, and holds no lock others wait on: this may take ms. */
+void conn_linger(struct conn *cn, int ms);
 
 /* Reads one message into cn->rbuf within read_ms: its length in *len. */
 int conn_recv(struct conn *cn, size_t *len, char *err, size_t errlen);

@@ -22,6 +22,7 @@ static const char *const why_name[GATE_NWHY] = {
 	[GATE_REPLAYED] = "replayed greetings",
 	[GATE_UNWANTED] = "not a worker of this cluster",
 	[GATE_MISMATCH] = "another version or config",
+	[GATE_ELSEWHERE] = "for another ps",
 };
 
 static int64_t now_ms(void)

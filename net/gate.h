@@ -47,6 +47,8 @@ enum gate_why {
 	GATE_UNWANTED,  /* authentic, but a role or index this server does not serve */
 	GATE_MISMATCH,  /* authentic, another protocol version or training config
 			 * (answered, so the peer can say so too, then closed) */
+	GATE_ELSEWHERE, /* authentic, but for another ps: recorded on its way
+			 * there, or a peer whose list of ps differs */
 	GATE_NWHY,
 };
 

@@ -5,7 +5,7 @@
  * to what a cluster with one shared key needs:
  *
  *   -> HELLO1: magic, version, step 1, role, ciphers, index, config tag, e, time,
- *              nonce
+ *              nonce, to (the ps it is for)
  *              mac1 = BLAKE2b(key = mac_key, HELLO1 fields)
  *   <- HELLO2: the same fields for the server, step 2
  *              mac2 = BLAKE2b(key = mac_key, HELLO1 || HELLO2 fields)
@@ -21,7 +21,10 @@
  * HELLO2 cannot be replayed to a new client; HELLO1 carries the client's
  * clock, so a server that keeps the newest time per peer (WireGuard's
  * TAI64N timestamp) answers no replayed HELLO1, and a replay it answers
- * after a restart still cannot open a frame; the config hash travels keyed,
+ * after a restart still cannot open a frame; HELLO1 names the ps it is
+ * for, so what a server remembers of the greetings it answered covers
+ * every greeting that could ever reach it (one recorded on its way to
+ * another ps is refused, not fresh); the config hash travels keyed,
  * so an observer cannot test guesses about the training config against
  * it; the session keys need both the
  * ephemeral DH result (forward secrecy against a later leak of the cluster
@@ -66,14 +69,15 @@ enum {
 	OFF_CONFIG = 16,   /* 32 bytes: config hash */
 	OFF_EPK = 48,      /* 32 bytes: ephemeral X25519 public key */
 	OFF_TIME = 80,     /* u64 nanoseconds since the epoch (HELLO1; 0 in HELLO2) */
-	OFF_NONCE = 88,    /* 24 bytes: random */
+	OFF_NONCE = 88,    /* 20 bytes: random */
+	OFF_TO = 108,      /* u32 the index of the ps the greeting is for (HELLO1; 0 in HELLO2) */
 	OFF_MAC = 112,     /* 32 bytes */
 	HS_FIELDS_BYTES = OFF_MAC,
 	HS_MAC_BYTES = 32,
-	HS_NONCE_BYTES = 24,
+	HS_NONCE_BYTES = 20,
 };
 _Static_assert(OFF_MAC + HS_MAC_BYTES == HS_HELLO_BYTES, "hello layout");
-_Static_assert(OFF_NONCE + HS_NONCE_BYTES == OFF_MAC, "hello layout");
+_Static_assert(OFF_NONCE + HS_NONCE_BYTES == OFF_TO && OFF_TO + 4 == OFF_MAC, "hello layout");
 
 #define STEP_CLIENT 1
 #define STEP_SERVER 2
@@ -214,6 +218,7 @@ static void hello_fields(uint8_t out[HS_FIELDS_BYTES], uint8_t step,
 	memcpy(out + OFF_EPK, epk, 32);
 	wire_put_u64(out + OFF_TIME, time_ns);
 	memcpy(out + OFF_NONCE, nonce, HS_NONCE_BYTES);
+	wire_put_u32(out + OFF_TO, step == STEP_CLIENT ? me->to : 0);
 }
 
 /* The config hash as it travels: keyed with the cluster key, so that only
@@ -281,9 +286,19 @@ HS_MUST_CHECK static int hello_parse(struct hs_identity *peer, uint64_t *time_ns
 	}
 	peer->ciphers = in[OFF_CIPHERS];
 	peer->local = in[OFF_LOCAL];
+	peer->to = wire_get_u32(in + OFF_TO);
 	memcpy(peer->config_hash, in + OFF_CONFIG, HS_HASH_BYTES);
 	memcpy(epk, in + OFF_EPK, 32);
 	*time_ns = wire_get_u64(in + OFF_TIME);
+
+	/* A greeting for another ps: one recorded on its way there, or a
+	 * peer whose list of ps differs. Refused before the config is
+	 * compared, so it is never answered (handshake.h). */
+	if (step == STEP_CLIENT && peer->to != me->index) {
+		(void)err_set(err, errlen, 0, "greeting from %s for ps %u, and this is %s (recorded on its "
+			"way there and replayed, or that peer's [cluster] ps list differs)", pname, peer->to, mname);
+		return -EADDRNOTAVAIL;
+	}
 
 	if (memcmp(peer->config_hash, my_tag, HS_HASH_BYTES) != 0) {
 		const uint8_t *a = peer->config_hash, *b = my_tag;
@@ -461,8 +476,16 @@ int hs_server_respond(struct hs_result *res, uint8_t out[HS_HELLO_BYTES], size_t
 	if (rc < 0 && !mismatch)
 		goto out;
 
-	/* e: only now, for an authenticated peer */
-	if (ephemeral_new(esk, epk, nonce) != 0) {
+	/* e: only now, for an authenticated peer of our version and config.
+	 * A mismatch is answered so that the peer can name it too, but no
+	 * session follows, so the answer carries no ephemeral key (zeros,
+	 * never read: both versions' readers stop at the mismatch) and costs
+	 * no X25519: a recorded greeting of another version, which no replay
+	 * check can date, is answered as often as it is replayed. */
+	memset(epk, 0, sizeof epk);
+	memset(esk, 0, sizeof esk);
+	randombytes_buf(nonce, sizeof nonce);
+	if (!mismatch && ephemeral_new(esk, epk, nonce) != 0) {
 		(void)err_set(err, errlen, 0, "handshake: key generation failed");
 		rc = -EIO;
 		goto out;
@@ -518,7 +541,7 @@ int hs_server_peek(const uint8_t psk[HS_PSK_BYTES], const struct hs_identity *me
 	uint64_t t = 0;
 	memset(&p, 0, sizeof p);
 	int rc = hello1_read(psk, me, in, inlen, mac_key, tag, &p, &t, epk, err, errlen);
-	if (rc == 0 || rc == -EBADE || rc == -EPROTONOSUPPORT) {
+	if (rc == 0 || rc == -EBADE || rc == -EPROTONOSUPPORT || rc == -EADDRNOTAVAIL) {
 		*peer = p;
 		*time_ns = rc == -EPROTONOSUPPORT ? 0 : t;
 	}

@@ -40,6 +40,8 @@
  *   -EPROTONOSUPPORT  the peer speaks another protocol version
  *   -EBADE            the peer's training config hash differs from ours (the
  *                     hash travels keyed with the cluster key)
+ *   -EADDRNOTAVAIL    (server) HELLO1 is for another ps: its `to` is not our
+ *                     index. Dropped without a reply, like a replay
  *   -EINVAL, -ENOTSUP our own identity is invalid (unknown role, a cipher
  *                     offered that this CPU cannot run)
  *   -EIO              libsodium failed (not expected to happen)
@@ -76,6 +78,9 @@ enum hs_role {
 struct hs_identity {
 	enum hs_role role;
 	uint32_t index;
+	uint32_t to; /* a client's: the index of the ps it greets, under the MAC
+		      * (a server refuses a greeting for another); unused by a
+		      * server, and 0 in what it reads of a HELLO2 */
 	uint8_t config_hash[HS_HASH_BYTES]; /* of the training-relevant config */
 	unsigned ciphers;
 	int local;
@@ -121,8 +126,10 @@ HS_MUST_CHECK int hs_client_start_at(struct hs *h, uint8_t out[HS_HELLO_BYTES],
  * the time it carries, for the caller's replay check; two BLAKE2b calls and
  * no X25519. 0, or -EBADE (a config mismatch hs_server_respond will
  * answer) with *peer and *time_ns set; -EPROTONOSUPPORT (another protocol
- * version, also answered) with *peer set and *time_ns 0; any other error:
- * drop the peer without a reply. */
+ * version, also answered) with *peer set and *time_ns 0; -EADDRNOTAVAIL
+ * (for another ps, me->index is not its `to`) with *peer and *time_ns set,
+ * for the log line; that and any other error: drop the peer without a
+ * reply. */
 HS_MUST_CHECK int hs_server_peek(const uint8_t psk[HS_PSK_BYTES], const struct hs_identity *me,
 				 const uint8_t *in, size_t inlen, struct hs_identity *peer,
 				 uint64_t *time_ns, char *err, size_t errlen);

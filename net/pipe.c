@@ -212,7 +212,13 @@ int pipe_send(struct pipe *p, int fd, struct frame_key *tx, uint64_t nframes,
 	}
 	/* On failure, frame `sent` was waited for already (or never queued). */
 	slots_drain(p, sent < nframes ? sent + 1 : sent, queued);
-	tx->counter += sent; /* the frames that were written whole, as serially */
+	/* Past every nonce a job was given, not only past the frames written
+	 * whole: a write that failed part way has put some of frame `sent`
+	 * on the wire, and sealing anything else under its nonce (an ERROR
+	 * from another thread, say) would give away the key's authenticity
+	 * (AES-GCM) or a keystream (all three). The serial path moves past a
+	 * frame as it seals it, so both paths agree. */
+	tx->counter += queued;
 	return r < 0 ? r : 0;
 }
 

@@ -92,7 +92,10 @@ void pipe_free(struct pipe *p);
 
 /* Sends nframes messages (from enc) as nframes frames sealed with tx, in
  * order; each write has timeout_ms. On success tx->counter has advanced by
- * nframes. -ENOMEM if the frame buffers cannot be allocated. */
+ * nframes; on a failure, past every frame that was sealed (at least past
+ * the one whose write failed, some of which may be on the wire), so that
+ * no nonce is ever used twice, even by a caller that seals again on tx.
+ * -ENOMEM if the frame buffers cannot be allocated. */
 PIPE_MUST_CHECK int pipe_send(struct pipe *p, int fd, struct frame_key *tx, uint64_t nframes,
 			      pipe_encode_fn enc, void *ctx, int timeout_ms, char *err,
 			      size_t errlen);

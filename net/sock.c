@@ -11,7 +11,6 @@
  * connection doing blocking I/O (issue 3 item 7). */
 #include "sock.h"
 #include "../base/err.h"
-#include "../base/owndir.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -762,44 +761,6 @@ int sock_is_unix_same_user(int fd)
 	if (!sock_is_unix(fd) || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0)
 		return 0;
 	return len == sizeof cr && cr.uid == geteuid();
-}
-
-int sock_unix_dir(const char *dir, char *err, size_t errlen)
-{
-	struct stat st;
-	struct sockaddr_un sun;
-	char name[sizeof sun.sun_path]; /* a longer one could hold no socket */
-	/* lstat("L/") and lstat("L/.") follow a link L, so with the slash
-	 * another user's link to some 700 directory of ours would pass, and
-	 * they could point it at their own directory before we bind or
-	 * connect. Check the name without trailing slashes, as a socket path
-	 * in it resolves it, and refuse a last "." or "..". */
-	size_t n = strlen(dir);
-	while (n > 1 && dir[n - 1] == '/')
-		n--;
-	if (n >= sizeof name) {
-		snprintf(err, errlen, "%s: longer than a Unix socket path may be", dir);
-		return -ENAMETOOLONG;
-	}
-	memcpy(name, dir, n);
-	name[n] = '\0';
-	const char *last = strrchr(name, '/') ? strrchr(name, '/') + 1 : name;
-	if (strcmp(last, ".") == 0 || strcmp(last, "..") == 0) {
-		snprintf(err, errlen, "%s: name the directory itself, not . or ..", dir);
-		return -EINVAL;
-	}
-	dir = name;
-	if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
-		int e = errno;
-		snprintf(err, errlen, "cannot make %s: %s", dir, strerror(e));
-		return -e;
-	}
-	if (lstat(dir, &st) < 0) {
-		int e = errno;
-		snprintf(err, errlen, "%s: %s", dir, strerror(e));
-		return -e;
-	}
-	return owndir_check(&st, dir, 077, err, errlen);
 }
 
 int sock_unix_path(char *out, size_t outlen, const char *dir, const char *host, uint16_t port,

@@ -143,14 +143,6 @@ int sock_is_unix(int fd);
  * and use) only ever carries sealed frames. */
 int sock_is_unix_same_user(int fd);
 
-/* Makes dir (mode 700) if it is missing, then checks that it is a real
- * directory (not a link), this process's effective user's, and closed to
- * everyone else. 0, or a negative errno with one line: "DIR may be
- * entered by others (mode 755, want 700)". Trailing slashes are ignored
- * (so "L/" is the link L, refused); a dir ending in "." or ".." is
- * -EINVAL. Only dir itself is checked, not its parents. */
-int sock_unix_dir(const char *dir, char *err, size_t errlen);
-
 /* The path of the Unix socket of the ps at host:port in dir:
  * "DIR/ps-HOST:PORT.sock". -ENAMETOOLONG past the 107 bytes a Unix socket
  * path may have. */

@@ -25,9 +25,11 @@
  * (AES-256-GCM, AEGIS-256; was 0 or 1 for AES-256-GCM alone), and both
  * ends that offer AEGIS-256 seal with it. Version 7: dtype 2, float32
  * packed without loss (net/fpack.h), and PULL's byte 1, whether the
- * worker wants its PARAMS packed. */
+ * worker wants its PARAMS packed. Version 8: HELLO1 names the ps it is for
+ * (bytes 108..112, taken from the nonce), so that a greeting recorded on
+ * its way to one ps is refused by the others. */
 #define WIRE_MAGIC 0x52545350u
-#define WIRE_VERSION 7u
+#define WIRE_VERSION 8u
 
 /* Message types (DESIGN §7): the first field of every decrypted frame.
  * Zero is not a type, so a zeroed buffer never parses as a message. */

@@ -2,8 +2,9 @@
  * state, one message each way, a tensor of several chunks (first chunk
  * taken by hand, the rest on the pipe, as the roles do), the same in bf16
  * (serial and on a pool; a float32 receiver refusing it), the idle
- * keep-alive, a wrong cluster key, and conn_shutdown from another thread
- * ending a blocked read at once. */
+ * keep-alive, a wrong cluster key, conn_shutdown from another thread
+ * ending a blocked read at once, and a failed send closing the connection
+ * so that nothing more is sealed on it. */
 #include <criterion/criterion.h>
 
 #include "leak.h"
@@ -79,6 +80,7 @@ static void pair(struct side *cl, struct side *sv, uint8_t ck, uint8_t sk)
 	cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
 	side_init(sv, sp[1], HS_PS, 1, sk);
 	side_init(cl, -1, HS_WORKER, 3, ck);
+	cl->me.to = 1;
 	pthread_t t;
 	cr_assert_eq(pthread_create(&t, NULL, serve, sv), 0);
 	cl->r = conn_client(&cl->cn, sp[0], cl->psk, &cl->me, 5000, "ps 1 (test)", cl->err,
@@ -484,6 +486,50 @@ Test(conn, shutdown_ends_a_blocked_read)
 	cr_assert_lt((double)(t1.tv_sec - t0.tv_sec), 4.0);
 	cr_assert_eq(sv.cn.state, CONN_CLOSING);
 	cr_assert_eq(conn_send(&sv.cn, 1, e, sizeof(e)), -ESHUTDOWN);
+	side_free(&cl);
+	side_free(&sv);
+}
+
+/* A send that fails part way (here a tensor's write times out on a peer
+ * that reads nothing) leaves the connection closing: the ERROR another
+ * thread would send next is not sealed, so no frame can reuse the nonce
+ * of one cut short on the wire, and nothing more reaches the peer. */
+Test(conn, failed_send_closes_the_connection)
+{
+	struct side cl, sv;
+	char e[256];
+	pair(&cl, &sv, 5, 5);
+	cr_assert_eq(cl.r, 0, "%s", cl.err);
+	int sb = 100000;
+	cr_assert_eq(setsockopt(cl.cn.fd, SOL_SOCKET, SO_SNDBUF, &sb, sizeof(sb)), 0);
+	cl.cn.write_ms = 200;
+	uint64_t n = 16 * (uint64_t)MSG_CHUNK_FLOATS;
+	float *src = calloc(n, sizeof(float));
+	cr_assert_not_null(src);
+	struct conn_chunk_tx t = { .type = WIRE_PUSH, .shard = 1, .worker = 3, .version = 1,
+				   .src = src, .n = n };
+	cr_assert_eq(conn_send_tensor(&cl.cn, &t, e, sizeof(e)), -ETIMEDOUT, "%s", e);
+	cr_assert_eq(cl.cn.state, CONN_CLOSING);
+	/* Empty the peer's side so that a frame would fit again. */
+	uint8_t *sink = malloc(CONN_RBUF_BYTES);
+	cr_assert_not_null(sink);
+	while (recv(sv.cn.fd, sink, CONN_RBUF_BYTES, MSG_DONTWAIT) > 0)
+		;
+	uint64_t counter = cl.cn.keys->send.counter;
+	conn_send_error(&cl.cn, EIO, "after a failed send");
+	cr_assert_eq(conn_send(&cl.cn, 1, e, sizeof(e)), -ESHUTDOWN);
+	cr_assert_eq(cl.cn.keys->send.counter, counter, "a frame was sealed after the failure");
+	struct timespec w = { 0, 50 * 1000000L };
+	nanosleep(&w, NULL);
+	cr_assert_lt(recv(sv.cn.fd, sink, CONN_RBUF_BYTES, MSG_DONTWAIT), 0,
+		     "bytes reached the peer after the failed send");
+	/* What the peer says still arrives: why it went, say. */
+	size_t len;
+	conn_send_error(&sv.cn, EPERM, "refused");
+	cr_assert_eq(conn_recv(&cl.cn, &len, e, sizeof(e)), 0, "%s", e);
+	cr_assert_eq(msg_type(cl.rbuf, len, e, sizeof(e)), WIRE_ERROR);
+	free(sink);
+	free(src);
 	side_free(&cl);
 	side_free(&sv);
 }

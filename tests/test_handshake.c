@@ -3,8 +3,8 @@
  * docs/PROTOCOL.md (rebuilt here independently with libsodium); and every
  * rejection (wrong cluster key on either side, a flipped bit anywhere in
  * either hello, a wrong size, a replayed reply, malformed fields, version
- * and config mismatches) returns its code and message with nothing
- * committed. The socket side (timeouts, logging, no reply) is tested with
+ * and config mismatches, a greeting for another ps) returns its code and
+ * message with nothing committed. The socket side (timeouts, logging, no reply) is tested with
  * the network layer. */
 #include <criterion/criterion.h>
 
@@ -90,13 +90,16 @@ static void finish_ok(struct hs *h, struct hs_result *res, const uint8_t hello2[
 	cr_assert(all_zero(h, sizeof *h), "client state not wiped after success");
 }
 
-/* A whole handshake between a client c and a server s, both with psk. */
+/* A whole handshake between a client c (greeting s) and a server s, both
+ * with psk. */
 static void handshake(struct hs_result *cr, struct hs_result *sr, const struct hs_identity *c,
 		      const struct hs_identity *s)
 {
 	struct hs h;
 	uint8_t hello1[HELLO], hello2[HELLO];
-	start_ok(&h, hello1, PSK_A, c);
+	struct hs_identity to_s = *c;
+	to_s.to = s->index;
+	start_ok(&h, hello1, PSK_A, &to_s);
 	respond_ok(sr, hello2, PSK_A, s, hello1);
 	finish_ok(&h, cr, hello2);
 }
@@ -151,7 +154,8 @@ struct fields {
 	uint32_t index;
 	uint8_t config[32], epk[32]; /* config: the hash; forge keys it */
 	uint64_t time;
-	uint8_t nonce[24];
+	uint8_t nonce[20];
+	uint32_t to; /* HELLO1: the ps it is for */
 };
 
 static void le32(uint8_t *p, uint32_t v)
@@ -205,7 +209,8 @@ static void forge(uint8_t out[HELLO], const struct fields *f, const uint8_t *psk
 	memcpy(out + 48, f->epk, 32);
 	for (int i = 0; i < 8; i++)
 		out[80 + i] = (uint8_t)(f->time >> (8 * i));
-	memcpy(out + 88, f->nonce, 24);
+	memcpy(out + 88, f->nonce, 20);
+	le32(out + 108, f->to);
 	doc_mac(out + 112, psk, prefix, prefix ? HELLO : 0, out);
 }
 
@@ -224,7 +229,8 @@ static struct fields fields_for(const struct hs_identity *id, uint8_t step, uint
 	randombytes_buf(esk, 32);
 	cr_assert_eq(crypto_scalarmult_base(f.epk, esk), 0);
 	f.time = step == 1 ? (uint64_t)time(NULL) * 1000000000u : 0;
-	randombytes_buf(f.nonce, 24);
+	randombytes_buf(f.nonce, 20);
+	f.to = step == 1 ? id->to : 0;
 	return f;
 }
 
@@ -367,12 +373,13 @@ Test(handshake, bytes_match_protocol)
 	struct hs_identity w = ident(HS_WORKER, 0x01020304u, 5), p = ident(HS_PS, 2, 5);
 	w.ciphers = 0;
 	p.ciphers = 0;
+	w.to = 2;
 
 	/* HELLO1 from hs_client_start, field by field */
 	struct hs h;
 	uint8_t hello1[HELLO], hello2[HELLO], mac[32];
 	start_ok(&h, hello1, PSK_A, &w);
-	const uint8_t head[16] = {'P', 'S', 'T', 'R', 7, 0, 0, 0, 1, 2, 0, 0, 4, 3, 2, 1};
+	const uint8_t head[16] = {'P', 'S', 'T', 'R', 8, 0, 0, 0, 1, 2, 0, 0, 4, 3, 2, 1};
 	cr_assert(memcmp(hello1, head, 16) == 0, "HELLO1 header bytes differ");
 	uint8_t tag[32];
 	doc_tag(tag, PSK_A, w.config_hash);
@@ -388,7 +395,9 @@ Test(handshake, bytes_match_protocol)
 	uint64_t now = (uint64_t)time(NULL) * 1000000000u;
 	cr_assert(t + 5000000000u > now && t < now + 5000000000u, "HELLO1 time %llu, now %llu",
 		  (unsigned long long)t, (unsigned long long)now);
-	cr_assert(!all_zero(hello1 + 88, 24), "HELLO1 nonce");
+	cr_assert(!all_zero(hello1 + 88, 20), "HELLO1 nonce");
+	const uint8_t to[4] = {2, 0, 0, 0};
+	cr_assert(memcmp(hello1 + 108, to, 4) == 0, "HELLO1 names ps 2 as its destination");
 	doc_mac(mac, PSK_A, NULL, 0, hello1);
 	cr_assert(memcmp(hello1 + 112, mac, 32) == 0, "HELLO1 MAC");
 
@@ -409,8 +418,9 @@ Test(handshake, bytes_match_protocol)
 	forge(hello1, &g, PSK_A, NULL);
 	struct hs_result sr;
 	respond_ok(&sr, hello2, PSK_A, &p, hello1);
-	const uint8_t head2[16] = {'P', 'S', 'T', 'R', 7, 0, 0, 0, 2, 1, 0, 0, 2, 0, 0, 0};
+	const uint8_t head2[16] = {'P', 'S', 'T', 'R', 8, 0, 0, 0, 2, 1, 0, 0, 2, 0, 0, 0};
 	cr_assert(memcmp(hello2, head2, 16) == 0, "HELLO2 header bytes differ");
+	cr_assert(all_zero(hello2 + 80, 8) && all_zero(hello2 + 108, 4), "HELLO2's time and to are 0");
 	doc_mac(mac, PSK_A, hello1, HELLO, hello2);
 	cr_assert(memcmp(hello2 + 112, mac, 32) == 0, "HELLO2 MAC");
 	doc_keys(c2s, s2c, PSK_A, esk_w, hello2 + 48, hello1, hello2);
@@ -662,6 +672,43 @@ Test(handshake, version_mismatch_names_both_sides)
 	hs_wipe(&h);
 }
 
+/* A greeting of another version or config is answered, so that both
+ * sides can name the mismatch, but no session follows: the answer carries
+ * no ephemeral key (its 32 bytes are 0), so a replayed greeting of another
+ * version, which no replay check can date, costs the ps two BLAKE2b calls
+ * and no X25519. The answer still authenticates for the greeting's sender
+ * and names the mismatch there. */
+Test(handshake, mismatch_answer_costs_no_key_generation)
+{
+	keys_init();
+	struct hs_identity w = ident(HS_WORKER, 3, 7), p = ident(HS_PS, 0, 7), q = ident(HS_PS, 0, 8);
+	uint8_t esk[32], hello1[HELLO], hello2[HELLO];
+	struct hs_result res;
+	size_t n = 0;
+	char err[256];
+	struct fields f = fields_for(&w, 1, esk);
+	f.version = WIRE_VERSION - 1;
+	forge(hello1, &f, PSK_A, NULL);
+	cr_assert_eq(hs_server_respond(&res, hello2, &n, PSK_A, &p, hello1, HELLO, err, sizeof err),
+		     -EPROTONOSUPPORT, "%s", err);
+	cr_assert_eq(n, HELLO);
+	cr_assert(all_zero(hello2 + 48, 32), "an answer to version %u carries an ephemeral key",
+		  WIRE_VERSION - 1);
+	uint8_t mac[32];
+	doc_mac(mac, PSK_A, hello1, HELLO, hello2);
+	cr_assert(memcmp(hello2 + 112, mac, 32) == 0, "the answer's MAC");
+
+	struct hs h;
+	start_ok(&h, hello1, PSK_A, &w);
+	n = 0;
+	cr_assert_eq(hs_server_respond(&res, hello2, &n, PSK_A, &q, hello1, HELLO, err, sizeof err),
+		     -EBADE, "%s", err);
+	cr_assert_eq(n, HELLO);
+	cr_assert(all_zero(hello2 + 48, 32), "an answer to another config carries an ephemeral key");
+	finish_fails(&h, hello2, HELLO, -EBADE, "different training config", "config mismatch");
+	hs_wipe(&h);
+}
+
 /* Authenticated (right key) but malformed hellos: one row per field. */
 Test(handshake, malformed_fields_rejected)
 {
@@ -764,6 +811,46 @@ Test(handshake, peek_reads_who_and_when)
 	cr_assert_eq(hs_server_peek(PSK_B, &p, hello1, HELLO, &peer, &t, err, sizeof err), -EACCES);
 	cr_assert_eq(t, 0);
 	cr_assert_eq(hs_server_peek(PSK_A, &p, hello1, HELLO - 1, &peer, &t, err, sizeof err), -EMSGSIZE);
+}
+
+/* A greeting names the ps it is for, under the MAC: one recorded on its
+ * way to ps 0 (a worker's, or `pstrain status`'s) and replayed to ps 1 is
+ * refused there without an answer, though it is fresh to ps 1, so each
+ * ps's memory of the greetings it answered covers every greeting it can
+ * be sent. Changing the field breaks the MAC. */
+Test(handshake, greeting_for_another_ps_is_refused)
+{
+	keys_init();
+	struct hs_identity p0 = ident(HS_PS, 0, 7), p1 = ident(HS_PS, 1, 7);
+	const struct hs_identity who[] = { ident(HS_WORKER, 3, 7), ident(HS_OBSERVER, 0, 7) };
+	const char *const name[] = { "worker 3", "observer 0" };
+	for (int i = 0; i < 2; i++) {
+		struct hs_identity c = who[i];
+		c.to = 0;
+		struct hs h;
+		uint8_t hello1[HELLO], hello2[HELLO];
+		char want[160], err[256];
+		start_ok(&h, hello1, PSK_A, &c);
+		snprintf(want, sizeof want, "greeting from %s for ps 0, and this is ps 1", name[i]);
+		respond_fails(PSK_A, &p1, hello1, HELLO, -EADDRNOTAVAIL, 0, want, name[i]);
+		struct hs_identity peer;
+		uint64_t t = 0;
+		cr_assert_eq(hs_server_peek(PSK_A, &p1, hello1, HELLO, &peer, &t, err, sizeof err),
+			     -EADDRNOTAVAIL, "%s", err);
+		cr_assert_eq(peer.role, who[i].role);
+		cr_assert_eq(peer.to, 0);
+		cr_assert_neq(t, 0);
+		/* with its destination rewritten it no longer authenticates */
+		hello1[108] = 1;
+		respond_fails(PSK_A, &p1, hello1, HELLO, -EACCES, 0, "failed authentication", name[i]);
+		hello1[108] = 0;
+		/* the ps it was for answers it */
+		struct hs_result sr, cr;
+		respond_ok(&sr, hello2, PSK_A, &p0, hello1);
+		finish_ok(&h, &cr, hello2);
+		check_pair(&cr, &sr, frame_cipher_choose(c.ciphers, p0.ciphers));
+		cr_assert_eq(sr.peer.to, 0);
+	}
 }
 
 /* No cipher only when both ends say their socket is a Unix one. A relay

@@ -349,7 +349,7 @@ static void handshake(struct conn *cl, struct server *sv, uint8_t ck, uint8_t sk
 	cr_assert_eq(conn_init(&sv->cn, sp[1], NULL, NULL, NULL, 5000, 5000), 0);
 	memset(sv->psk, sk, sizeof sv->psk);
 	sv->me = (struct hs_identity){ .role = HS_PS, .index = 1, .ciphers = frame_offers() };
-	struct hs_identity me = { .role = HS_WORKER, .index = 3, .ciphers = frame_offers() };
+	struct hs_identity me = { .role = HS_WORKER, .index = 3, .to = 1, .ciphers = frame_offers() };
 	memset(psk, ck, sizeof psk);
 	pthread_t t;
 	cr_assert_eq(pthread_create(&t, NULL, serve, sv), 0);

@@ -473,6 +473,50 @@ ParameterizedTest(struct refusal *rf, keyholder, request_that_cannot_be_honoured
 	real_workers_finish(&t, rf->W, NULL);
 }
 
+/* A peer refused while it is still sending (a worker half way through a
+ * PUSH when its first chunk is refused, here an unexpected ACK followed by
+ * 4 MB of HEARTBEATs) still gets the ERROR that says why: the ps used to
+ * close right after sending it, with those bytes unread, and the reset
+ * that such a close sends made the peer's writes fail and its kernel drop
+ * the ERROR before it was read. The ps now shuts its sending half and
+ * reads what still comes (bounded) before it closes. */
+Test(keyholder, error_reaches_a_peer_still_sending)
+{
+	struct target t;
+	start_ps(&t, 1, 20, "");
+	struct hs_result hr;
+	int fd = target_peer(&t, 0, &hr, 0);
+	unexpected_ack(fd, &hr, 0);
+	uint8_t m[MSG_HEARTBEAT_BYTES], *burst = malloc(4 << 20);
+	cr_assert_not_null(burst);
+	size_t len, flen, at = 0;
+	char err[256];
+	struct msg_heartbeat hb;
+	memset(&hb, 0, sizeof(hb));
+	cr_assert_eq(msg_encode_heartbeat(m, sizeof(m), &hb, &len, err, sizeof(err)), 0, "%s", err);
+	while (at + FRAME_SEALED_BYTES(len) <= (4u << 20)) {
+		cr_assert_eq(frame_seal(&hr.send, burst + at, FRAME_SEALED_BYTES(len), m, len, &flen, err,
+					sizeof(err)), 0, "%s", err);
+		at += flen;
+	}
+	char werr[256] = "";
+	int wr = sock_write_full(fd, burst, at, IO_MS, werr, sizeof(werr));
+	free(burst);
+	static uint8_t buf[FRAME_CT_MAX];
+	int r = sock_read_frame(fd, &hr.recv, buf, FRAME_CT_MAX, &len, IO_MS, err, sizeof(err));
+	cr_assert_eq(r, 0, "the ERROR was lost (%s; our writes: %s)", err, wr ? "failed" : "went");
+	cr_assert_eq(msg_type(buf, len, err, sizeof(err)), WIRE_ERROR);
+	struct msg_error me;
+	cr_assert_eq(msg_decode_error(buf, len, &me, err, sizeof(err)), 0, "%s", err);
+	cr_assert_not_null(strstr(me.text, "unexpected ACK message"), "%s", me.text);
+	cr_assert_eq(wr, 0, "our writes failed (%s): the ps reset the connection, and a worker "
+		     "would have reported that, not the ERROR", werr);
+	target_expect_closed(fd, IO_MS);
+	close(fd);
+	target_wipe(&hr);
+	real_workers_finish(&t, 1, NULL);
+}
+
 /* A worker that goes silent in the middle of a PUSH (its link cut while a
  * frame was half sent: with pushes and parameters streaming for most of a
  * step, the common case) is reported as every silent peer is, "no traffic

@@ -15,6 +15,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -606,6 +607,62 @@ Test(pipe, encode_failure_stops_the_send)
 	close(sv[0]);
 	close(sv[1]);
 	(void)rx;
+}
+
+/* A write that times out part way through a frame leaves the counter past
+ * that frame, from one thread or from a pool of 4: some of its bytes are
+ * on the wire under its nonce, and whatever is sealed next on the same key
+ * (an ERROR from another thread) must not use that nonce again. The peer
+ * reads nothing and the socket's buffer is small, so the send stops in
+ * the middle of the tensor. */
+Test(pipe, failed_write_moves_the_counter_past_its_frame)
+{
+	uint64_t n = 24 * (uint64_t)MSG_CHUNK_FLOATS;
+	float *src = tensor_new(n, 9);
+	size_t F = FRAME_SEALED_BYTES(MSG_CHUNK_BYTES_MAX);
+	for (int threads = 0; threads <= 4; threads += 4) {
+		struct frame_key tx, rx;
+		keys(&tx, &rx, 1000);
+		int sv[2];
+		pair(sv);
+		int sb = 150000;
+		cr_assert_eq(setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &sb, sizeof sb), 0);
+		struct cryptopool *pool = pool_of(threads);
+		uint8_t *buf = malloc(FRAME_BYTES_MAX);
+		struct pipe p;
+		char e[320] = "";
+		cr_assert_eq(pipe_init(&p, pool, buf, FRAME_BYTES_MAX, e, sizeof e), 0, "%s", e);
+		struct tensor_tx t = { .src = src, .n = n };
+		int r = pipe_send(&p, sv[0], &tx, msg_chunks(n, WIRE_F32), encode, &t, 200, e, sizeof e);
+		cr_assert_eq(r, -ETIMEDOUT, "%d threads: %d: %s", threads, r, e);
+		/* What reached the peer: frames 0..whole-1, and the write of
+		 * frame `whole` began (it timed out, with none or some of its
+		 * bytes out). */
+		size_t got = 0;
+		uint8_t *sink = malloc(F);
+		cr_assert_not_null(sink);
+		for (;;) {
+			ssize_t k = recv(sv[1], sink, F, MSG_DONTWAIT);
+			if (k <= 0)
+				break;
+			got += (size_t)k;
+		}
+		uint64_t whole = got / F;
+		cr_assert_lt(whole, msg_chunks(n, WIRE_F32), "%d threads: the whole tensor went", threads);
+		cr_assert_gt(tx.counter, 1000 + whole,
+			     "%d threads: %zu bytes (%" PRIu64 " whole frames and %zu bytes of the next) "
+			     "on the wire, but the counter is back at frame %" PRIu64 ": its nonce would be "
+			     "used again",
+			     threads, got, whole, got % F, tx.counter - 1000);
+		free(sink);
+		pipe_free(&p);
+		cryptopool_destroy(pool);
+		free(buf);
+		close(sv[0]);
+		close(sv[1]);
+		(void)rx;
+	}
+	free(src);
 }
 
 /* ---- thread count -------------------------------------------------------- */

@@ -29,6 +29,7 @@
 #include <sodium.h>
 
 #include "../net/frame.h"
+#include "../net/privdir.h"
 #include "../net/sock.h"
 
 TestSuite(sock, .fini = leak_check, .timeout = 20);
@@ -703,29 +704,95 @@ Test(sock, unix_dir_must_be_ours_alone)
 	struct stat st;
 	unix_tmpdir(base, sizeof base);
 	snprintf(dir, sizeof dir, "%s/made", base);
-	cr_assert_eq(sock_unix_dir(dir, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(privdir_make(dir, err, sizeof err), 0, "%s", err);
 	cr_assert_eq(stat(dir, &st), 0);
 	cr_assert_eq(st.st_mode & 0777, 0700, "mode %o", st.st_mode & 0777);
-	cr_assert_eq(sock_unix_dir(dir, err, sizeof err), 0, "again: %s", err);
+	cr_assert_eq(privdir_make(dir, err, sizeof err), 0, "again: %s", err);
 
 	cr_assert_eq(chmod(dir, 0755), 0);
-	cr_assert_eq(sock_unix_dir(dir, err, sizeof err), -EPERM);
+	cr_assert_eq(privdir_make(dir, err, sizeof err), -EPERM);
 	cr_assert(strstr(err, "may be entered by others (mode 755, want 700)"), "%s", err);
 	cr_assert_eq(chmod(dir, 0700), 0);
 
 	char link[160];
 	snprintf(link, sizeof link, "%s/link", base);
 	cr_assert_eq(symlink(dir, link), 0);
-	cr_assert_eq(sock_unix_dir(link, err, sizeof err), -ENOTDIR, "%s", err);
+	cr_assert_eq(privdir_make(link, err, sizeof err), -ENOTDIR, "%s", err);
 	cr_assert(strstr(err, "is not a directory"), "%s", err);
 
 	if (geteuid() == 0) {
 		cr_assert_eq(chown(dir, 1234, 1234), 0);
-		cr_assert_eq(sock_unix_dir(dir, err, sizeof err), -EPERM);
+		cr_assert_eq(privdir_make(dir, err, sizeof err), -EPERM);
 		cr_assert(strstr(err, "belongs to uid 1234"), "%s", err);
 	}
 	unlink(link);
 	rmdir(dir);
+	rmdir(base);
+}
+
+/* The directory's parents count too: one that others may write (not
+ * sticky) lets them move the checked directory away and put theirs in its
+ * place between the check and a bind or connect by its name; so does a
+ * link on the way that they could repoint, and the parents of what a link
+ * leads to. A sticky parent (like /tmp) and links of our own are fine. */
+Test(sock, unix_dir_parents_must_be_ours_or_roots_and_closed)
+{
+	char base[64], open_[128], dir[192], err[400] = "";
+	unix_tmpdir(base, sizeof base);
+	snprintf(open_, sizeof open_, "%s/open", base);
+	cr_assert_eq(mkdir(open_, 0700), 0);
+	cr_assert_eq(chmod(open_, 0777), 0);
+	snprintf(dir, sizeof dir, "%s/sockets", open_);
+	cr_assert_eq(privdir_make(dir, err, sizeof err), -EPERM, "%s", err);
+	cr_assert(strstr(err, "/open, a parent of ") && strstr(err, "may be written by others (mode 777, not sticky"),
+		  "%s", err);
+	cr_assert_neq(access(dir, F_OK), 0, "made in a parent it refused");
+	/* the same one, two levels down, and through a relative name */
+	char deep[256];
+	snprintf(deep, sizeof deep, "%s/a", open_);
+	cr_assert_eq(mkdir(deep, 0700), 0);
+	snprintf(deep, sizeof deep, "%s/a/sockets", open_);
+	cr_assert_eq(privdir_make(deep, err, sizeof err), -EPERM, "%s", err);
+	char cwd[512];
+	cr_assert_not_null(getcwd(cwd, sizeof cwd));
+	cr_assert_eq(chdir(open_), 0);
+	cr_assert_eq(privdir_make("a/sockets", err, sizeof err), -EPERM, "relative: %s", err);
+	cr_assert_eq(chdir(cwd), 0);
+
+	/* sticky: others may add names but not move ours */
+	cr_assert_eq(chmod(open_, 01777), 0);
+	cr_assert_eq(privdir_make(dir, err, sizeof err), 0, "sticky parent: %s", err);
+	cr_assert_eq(chmod(open_, 0755), 0);
+	cr_assert_eq(privdir_make(dir, err, sizeof err), 0, "%s", err);
+
+	/* a link of ours on the way is followed, and what it leads to checked */
+	char link[128], via[192];
+	snprintf(link, sizeof link, "%s/link", base);
+	cr_assert_eq(symlink("open", link), 0);
+	snprintf(via, sizeof via, "%s/sockets", link);
+	cr_assert_eq(privdir_make(via, err, sizeof err), 0, "through a link: %s", err);
+	cr_assert_eq(chmod(open_, 0777), 0);
+	cr_assert_eq(privdir_make(via, err, sizeof err), -EPERM, "%s", err);
+	cr_assert(strstr(err, "/open, a parent of ") && strstr(err, "mode 777"), "%s", err);
+	if (geteuid() == 0) {
+		cr_assert_eq(chmod(open_, 0755), 0);
+		cr_assert_eq(lchown(link, 1234, 1234), 0);
+		cr_assert_eq(privdir_make(via, err, sizeof err), -EPERM, "%s", err);
+		cr_assert(strstr(err, "/link, a link on the way to ") && strstr(err, "belongs to uid 1234"), "%s", err);
+		cr_assert_eq(chown(open_, 1234, 1234), 0);
+		cr_assert_eq(privdir_make(dir, err, sizeof err), -EPERM, "%s", err);
+		cr_assert(strstr(err, "/open, a parent of ") && strstr(err, "belongs to uid 1234"), "%s", err);
+	}
+	/* the default's parents: / and /tmp (root's, /tmp sticky) */
+	char dflt[96];
+	snprintf(dflt, sizeof dflt, "%s/dflt", base);
+	cr_assert_eq(privdir_make(dflt, err, sizeof err), 0, "%s", err);
+	rmdir(dflt);
+	unlink(link);
+	rmdir(dir);
+	snprintf(deep, sizeof deep, "%s/a", open_);
+	rmdir(deep);
+	rmdir(open_);
 	rmdir(base);
 }
 
@@ -745,17 +812,17 @@ Test(sock, unix_dir_is_a_link_whatever_its_trailing_slashes)
 	const char *slashes[] = { "/", "//" };
 	for (size_t i = 0; i < sizeof slashes / sizeof slashes[0]; i++) {
 		snprintf(name, sizeof name, "%s%s", link, slashes[i]);
-		cr_assert_eq(sock_unix_dir(name, err, sizeof err), -ENOTDIR, "%s: %s", name, err);
+		cr_assert_eq(privdir_make(name, err, sizeof err), -ENOTDIR, "%s: %s", name, err);
 		cr_assert(strstr(err, "is not a directory"), "%s", err);
 	}
 	const char *dots[] = { "/.", "/./", "/.." };
 	for (size_t i = 0; i < sizeof dots / sizeof dots[0]; i++) {
 		snprintf(name, sizeof name, "%s%s", link, dots[i]);
-		cr_assert_eq(sock_unix_dir(name, err, sizeof err), -EINVAL, "%s: %s", name, err);
+		cr_assert_eq(privdir_make(name, err, sizeof err), -EINVAL, "%s: %s", name, err);
 		cr_assert(strstr(err, "name the directory itself, not . or .."), "%s", err);
 	}
 	snprintf(name, sizeof name, "%s/", dir);
-	cr_assert_eq(sock_unix_dir(name, err, sizeof err), 0, "a real one with a slash: %s", err);
+	cr_assert_eq(privdir_make(name, err, sizeof err), 0, "a real one with a slash: %s", err);
 	unlink(link);
 	rmdir(dir);
 	rmdir(base);

@@ -2,7 +2,10 @@
  * pstrain binary ($PSTRAIN_BIN) on 127.0.0.1, with `pstrain status` asked
  * mid-training (table and --json), watching a whole run (--watch, never
  * counted as a worker), and against a ps that is not running or a key
- * that is not the cluster's (exit 3, named). What an observer may send is
+ * that is not the cluster's (exit 3, named); and the attack of issue 38:
+ * greetings recorded from `pstrain status` runs on their way to ps 0 and
+ * replayed to ps 1, or observers that greet and never send a frame, can
+ * no longer keep the operator's status out. What an observer may send is
  * tests/test_robust.c's (robust/observer_may_only_ask_status). Every run
  * is bounded in time: on timeout the processes are killed. */
 #include <criterion/criterion.h>
@@ -10,9 +13,13 @@
 #include "leak.h"
 #include "util.h"
 
+#include "../core/config.h"
 #include "../core/json.h"
+#include "../net/handshake.h"
 #include "../net/key.h"
+#include "../net/sock.h"
 
+#include <pthread.h>
 #include <signal.h>
 #include <sodium.h>
 #include <stdio.h>
@@ -364,4 +371,151 @@ Test(status, watch_ends_when_every_ps_is_gone)
 	kill(pids[2], SIGKILL);
 	kill(pids[3], SIGKILL);
 	wait_children(pids, 4, st, RUN_TIMEOUT_S);
+}
+
+/* The port of ps k in cfg (write_cluster's "ps = 127.0.0.1:P0, 127.0.0.1:P1"). */
+static int ps_port(const char *cfg, int k)
+{
+	const char *line = strstr(slurp(cfg), "\nps = ");
+	cr_assert_not_null(line);
+	int p[2];
+	cr_assert_eq(sscanf(line, "\nps = 127.0.0.1:%d, 127.0.0.1:%d", &p[0], &p[1]), 2);
+	return p[k];
+}
+
+/* Plays ps 0 to record greetings: accepts on its port, keeps the 144
+ * bytes each connection sends, and closes it unanswered (so `pstrain
+ * status` greets once more, and fails on ps 0). */
+struct recorder {
+	int lfd;
+	_Atomic int stop;
+	int n;
+	uint8_t hello[8][HS_HELLO_BYTES];
+};
+
+static void *recorder_main(void *arg)
+{
+	struct recorder *r = arg;
+	while (!r->stop) {
+		int fd;
+		char e[256];
+		if (sock_accept(r->lfd, 100, &fd, NULL, 0, e, sizeof(e)))
+			continue;
+		if (r->n < 8 && sock_read_full(fd, r->hello[r->n], HS_HELLO_BYTES, 2000, e, sizeof(e)) == 0)
+			r->n++;
+		close(fd);
+	}
+	return NULL;
+}
+
+static int dial(int port)
+{
+	int fd;
+	char e[256];
+	cr_assert_eq(sock_connect_retry("127.0.0.1", (uint16_t)port, 5000, &fd, e, sizeof(e)), 0, "%s", e);
+	return fd;
+}
+
+/* Issue 38's attack: every greeting of two `pstrain status` runs recorded
+ * on its way to ps 0 (four: each run greets twice when unanswered) and
+ * replayed to ps 1 at once, each on a connection left open. ps 1 had
+ * never seen them, so it used to answer all four, which then held its 4
+ * observer slots for the 5 s confirmation deadline, and the operator's
+ * next `pstrain status` exited 3 ("ps 1 ... did not answer"). A greeting
+ * now names the ps it is for: ps 1 refuses them unanswered, and status
+ * answers for both ps. */
+Test(status, greetings_recorded_for_ps_0_do_not_block_ps_1)
+{
+	char cfg[300], out[2][300], st_out[300], e[256];
+	snprintf(cfg, sizeof(cfg), "%s/cluster.ini", dir);
+	write_cluster(dir, cfg, 10, 10, "mode = sync\n", "");
+	struct recorder rec = { .lfd = -1 };
+	cr_assert_eq(sock_listen("127.0.0.1", (uint16_t)ps_port(cfg, 0), 16, &rec.lfd, e, sizeof(e)), 0, "%s", e);
+	pthread_t th;
+	cr_assert_eq(pthread_create(&th, NULL, recorder_main, &rec), 0);
+	pid_t pids[2];
+	pids[1] = start_role("ps", "1", cfg, out[1], NULL);
+	cr_assert(wait_for_text(out[1], "listening on"), "%s", slurp(out[1]));
+	for (int i = 0; i < 2; i++) {
+		char tag[16];
+		snprintf(tag, sizeof(tag), "rec%d", i);
+		int rc = status_run(cfg, NULL, NULL, NULL, tag, st_out);
+		cr_assert_eq(rc, 3, "status with ps 0 recording, exit %d:\n%s", rc, slurp(st_out));
+	}
+	rec.stop = 1;
+	pthread_join(th, NULL);
+	close(rec.lfd);
+	cr_assert_eq(rec.n, 4, "recorded %d greetings", rec.n);
+
+	pids[0] = start_role("ps", "0", cfg, out[0], NULL);
+	cr_assert(wait_for_text(out[0], "listening on"), "%s", slurp(out[0]));
+	int fds[4];
+	for (int i = 0; i < 4; i++) {
+		fds[i] = dial(ps_port(cfg, 1));
+		cr_assert_eq(sock_write_full(fds[i], rec.hello[i], HS_HELLO_BYTES, 2000, e, sizeof(e)), 0, "%s", e);
+	}
+	struct timespec nap = { 0, 500 * 1000000L }; /* the ps takes a greeting within 200 ms */
+	nanosleep(&nap, NULL);
+	int rc = status_run(cfg, NULL, NULL, NULL, "after", st_out);
+	char *text = slurp(st_out);
+	cr_assert_eq(rc, 0, "status after 4 replayed greetings, exit %d:\n%s", rc, text);
+	cr_assert_not_null(strstr(text, "\n1   127.0.0.1:"), "no row for ps 1:\n%s", text);
+	cr_assert(wait_for_text(out[1], "for ps 0, and this is ps 1"), "%s", slurp(out[1]));
+	cr_assert_null(strstr(slurp(out[1]), "closed an observer"), "ps 1 answered a replay:\n%s",
+		       slurp(out[1]));
+	for (int i = 0; i < 4; i++)
+		close(fds[i]);
+	kill(pids[0], SIGTERM);
+	kill(pids[1], SIGTERM);
+	int st[2];
+	wait_children(pids, 2, st, RUN_TIMEOUT_S);
+}
+
+/* Observers that greet a ps and never send a frame (a key holder's, or
+ * greetings an on-path attacker kept from their ps and replayed) hold no
+ * slot against one that does: with all 4 slots taken by such observers,
+ * `pstrain status` is answered (the oldest is evicted, and logged), where
+ * it used to be refused until their 5 s deadline. */
+Test(status, unconfirmed_observers_give_way)
+{
+	char cfg[300], out[300], st_out[300], e[256], cerr[CONFIG_ERR_MAX];
+	snprintf(cfg, sizeof(cfg), "%s/cluster.ini", dir);
+	write_cluster(dir, cfg, 10, 10, "mode = sync\n", "");
+	struct config *c = malloc(sizeof(*c));
+	cr_assert_not_null(c);
+	cr_assert_eq(config_load(c, cfg, NULL, 0, cerr, sizeof(cerr)), 0, "%s", cerr);
+	uint8_t key[KEY_BYTES];
+	cr_assert_eq(key_load(key, c->cluster.key_file, e, sizeof(e)), 0, "%s", e);
+	struct hs_identity me = { .role = HS_OBSERVER, .index = 0, .to = 0, .ciphers = frame_offers() };
+	cr_assert_eq(config_hash(c, me.config_hash), 0);
+	free(c);
+
+	pid_t ps = start_role("ps", "0", cfg, out, NULL);
+	cr_assert(wait_for_text(out, "listening on"), "%s", slurp(out));
+	int fds[4];
+	for (int i = 0; i < 4; i++) {
+		struct hs h;
+		struct hs_result hr;
+		uint8_t h1[HS_HELLO_BYTES], h2[HS_HELLO_BYTES];
+		cr_assert_eq(hs_client_start(&h, h1, key, &me, e, sizeof(e)), 0, "%s", e);
+		fds[i] = dial(ps_port(cfg, 0));
+		cr_assert_eq(sock_write_full(fds[i], h1, sizeof(h1), 2000, e, sizeof(e)), 0, "%s", e);
+		cr_assert_eq(sock_read_full(fds[i], h2, sizeof(h2), 2000, e, sizeof(e)), 0, "%s", e);
+		cr_assert_eq(hs_client_finish(&h, &hr, h2, sizeof(h2), e, sizeof(e)), 0, "%s", e);
+		frame_key_wipe(&hr.send);
+		frame_key_wipe(&hr.recv);
+	}
+	/* ps 1 is not running: exit 3 for it, but ps 0 must answer */
+	int rc = status_run(cfg, NULL, NULL, NULL, "evict", st_out);
+	char *text = slurp(st_out);
+	cr_assert_eq(rc, 3, "status exit %d:\n%s", rc, text);
+	cr_assert_not_null(strstr(text, "\n0   127.0.0.1:"), "ps 0 did not answer:\n%s", text);
+	cr_assert_null(strstr(text, "pstrain: ps 0 ("), "ps 0 did not answer:\n%s", text);
+	cr_assert(wait_for_text(out, "evicted before any frame opened"), "%s", slurp(out));
+	sodium_memzero(key, sizeof(key));
+	for (int i = 0; i < 4; i++)
+		close(fds[i]);
+	kill(ps, SIGTERM);
+	int st;
+	wait_children(&ps, 1, &st, RUN_TIMEOUT_S);
 }

@@ -5,8 +5,9 @@
  * with the test key as docs/PROTOCOL.md says, so that every field check
  * after authentication is reached. Checks the error contract (negative
  * errno, one line), that nothing is committed on failure, that a reply is
- * sent only on success or a version/config mismatch, and that a success
- * names a valid peer. */
+ * sent only on success or a version/config mismatch (and then carries no
+ * ephemeral key: it cost no X25519), and that a success names a valid
+ * peer that greeted this ps. */
 #include "../../net/handshake.h"
 #include "fuzz.h"
 
@@ -89,6 +90,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			FUZZ_CHECK(outlen == HS_HELLO_BYTES);
 		else
 			FUZZ_CHECK(outlen == 0);
+		/* a mismatch's answer cost no key generation: no ephemeral key */
+		if (ret == -EPROTONOSUPPORT || ret == -EBADE)
+			FUZZ_CHECK(is_zero(out + 48, 32));
+		/* only a greeting for this ps is answered in full */
+		if (ret == 0)
+			FUZZ_CHECK(res.peer.to == p.index);
 	} else {
 		struct hs h;
 		uint8_t hello1[HS_HELLO_BYTES];

@@ -20,14 +20,35 @@
  * The ps's [cluster] wire_dtype is bf16 if the input's first byte has an
  * odd tens digit (18: a HEARTBEAT first), else fp32, so both its
  * assemblies and a dtype it does not expect are reached.
- * The connection is an observer's (`pstrain status`: served by
- * cluster/ps_observers.c, which must refuse all but STATUS, HEARTBEAT
- * and ERROR) if the input's first byte is 200 or more, else worker 0's.
- * Then the peer's side shuts its writing half and the ps serves until
- * the end. After each input the ps must be sound: every parameter
- * finite, not stopped by its peer, no connection left (ps_harness_check);
- * sanitizers catch the rest. One worker, sync: a PULL never waits for
- * another worker. */
+ * If the input's first byte is under 200, the connection is worker 0's,
+ * handed over authenticated; the peer's side shuts its writing half and
+ * the ps serves it on this thread until the end.
+ *
+ * If it is 200 or more, the connections go through the ps's own admission
+ * (ps_harness_greet, as from its gate: the greeting's destination, the
+ * replay checks, the observer slots and their eviction) and are served on
+ * threads of their own, the observer path of `pstrain status` (served by
+ * cluster/ps_observers.c, which must refuse all but STATUS, HEARTBEAT and
+ * ERROR). The first is an observer's fresh greeting to this ps; a record
+ * whose kind byte is 250 or more starts the next connection (at most
+ * SESSIONS_MAX) with a greeting made from its bytes:
+ *   byte 0  bits 0-1 the role: 0 or 1 observer, 2 worker, 3 ps;
+ *           bit 2 index 1 (an observer says 0; there is no worker 1);
+ *           bit 3 for ps 1 (this is ps 0); bit 4 the previous greeting's
+ *           bytes again (a replay), the rest ignored; bit 5 another key
+ *   bytes 1-2  the time, s from now (int16)
+ * The records after a greeting are that connection's frames, sealed with
+ * its session keys if it was answered. Every connection stays open until
+ * the input's end (observers that send no frame hold a slot meanwhile),
+ * and the admission must keep its promises: a greeting for another ps,
+ * with another key or already answered is never answered; a fresh
+ * observer's greeting, for this ps, with the key and a time near ours, is
+ * answered unless 4 observers that sent a frame may hold the slots.
+ *
+ * After each input the ps must be sound: every parameter finite, not
+ * stopped by a peer, no connection left (ps_harness_check); sanitizers
+ * catch the rest. One worker, sync: a PULL never waits for another
+ * worker. */
 #include "../../base/err.h"
 #include "../../cluster/ps_harness.h"
 #include "../../core/config.h"
@@ -41,8 +62,16 @@
 #include <signal.h>
 #include <sodium.h>
 #include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Greeting mode: connections an input makes at most. */
+#define SESSIONS_MAX 8
+/* Observer slots (cluster/ps_observers.h), as the invariant counts them. */
+#define SLOTS 4
 
 static char dir[64];
+static uint8_t cluster_key[KEY_BYTES];
 static char ckpt[96];
 static struct config cfg;
 static FILE *devnull;
@@ -68,6 +97,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	snprintf(ckpt, sizeof(ckpt), "%s/ckpt", dir);
 	snprintf(path, sizeof(path), "%s/cluster.key", dir);
 	FUZZ_CHECK(key_generate(path, err, sizeof(err)) == 0);
+	FUZZ_CHECK(key_load(cluster_key, path, err, sizeof(err)) == 0);
 	write_text("blobs.csv", "0,1,2\n1,2,3\n2,3,4\n0,1,1\n");
 	char ini[1024];
 	snprintf(ini, sizeof(ini),
@@ -171,31 +201,182 @@ static size_t record_msg(int kind, int tens, const uint8_t *b, size_t n, uint8_t
 	return r == 0 ? len : 0;
 }
 
+/* The bytes of one record (kind byte k, n bytes at b) sealed with tx
+ * into wire at *out. */
+static void record_wire(int k, const uint8_t *b, size_t n, struct frame_key *tx, size_t *out)
+{
+	static uint8_t msg[4096];
+	if (*out + FRAME_SEALED_BYTES(sizeof(msg)) >= sizeof(wire))
+		return;
+	if (k % 10 == 1) {
+		memcpy(wire + *out, b, n);
+		*out += n;
+		return;
+	}
+	size_t len = record_msg(k % 10, k / 10, b, n, msg, sizeof(msg));
+	size_t flen;
+	char err[256];
+	if (len && frame_seal(tx, wire + *out, sizeof(wire) - *out, msg, len, &flen, err,
+			      sizeof(err)) == 0)
+		*out += flen;
+}
+
+/* The next record of data at *at: its kind byte, bytes and length. */
+static int record_next(const uint8_t *data, size_t size, size_t *at, const uint8_t **b, size_t *n)
+{
+	if (*at + 2 > size)
+		return -1;
+	int k = data[*at];
+	*n = data[*at + 1];
+	*b = data + *at + 2;
+	if (*n > size - *at - 2)
+		*n = size - *at - 2;
+	*at += 2 + *n;
+	return k;
+}
+
 /* The worker's bytes for the whole input into wire; their length. */
 static size_t conversation(const uint8_t *data, size_t size, struct frame_key *tx)
 {
-	static uint8_t msg[4096];
-	size_t at = 0, out = 0;
-	while (at + 2 <= size && out + FRAME_SEALED_BYTES(sizeof(msg)) < sizeof(wire)) {
-		int kind = data[at] % 10, tens = data[at] / 10;
-		size_t n = data[at + 1];
-		const uint8_t *b = data + at + 2;
-		if (n > size - at - 2)
-			n = size - at - 2;
-		at += 2 + n;
-		if (kind == 1) {
-			memcpy(wire + out, b, n);
-			out += n;
+	size_t at = 0, out = 0, n;
+	const uint8_t *b;
+	int k;
+	while ((k = record_next(data, size, &at, &b, &n)) >= 0)
+		record_wire(k, b, n, tx, &out);
+	return out;
+}
+
+static void send_all(int fd, const uint8_t *b, size_t n, int must)
+{
+	size_t done = 0;
+	while (done < n) {
+		ssize_t w = send(fd, b + done, n - done, MSG_NOSIGNAL);
+		if (w <= 0 && !must)
+			return; /* the ps closed it (an ERROR), or its buffer is full */
+		FUZZ_CHECK(w > 0);
+		done += (size_t)w;
+	}
+}
+
+static void socket_pair(int sp[2])
+{
+	FUZZ_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) == 0);
+	int big = 4 << 20;
+	setsockopt(sp[0], SOL_SOCKET, SO_SNDBUF, &big, sizeof(big));
+	setsockopt(sp[1], SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
+	setsockopt(sp[1], SOL_SOCKET, SO_SNDBUF, &big, sizeof(big));
+	setsockopt(sp[0], SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
+}
+
+/* ---- greeting mode ------------------------------------------------------- */
+
+struct session {
+	int fd;               /* our side */
+	struct hs h;
+	struct hs_result hr;
+	uint8_t hello[HS_HELLO_BYTES];
+	int answered, sent;   /* sent: a frame went on it, so it may have confirmed */
+};
+
+/* A greeting from a record's bytes (b, n; NULL: an observer's fresh one),
+ * as session i; prev: the previous session's greeting. Returns whether
+ * the ps must answer it if a slot can be had (an observer's, valid and
+ * fresh), -1 whether it must never be (for another ps, another key, a
+ * replay of one answered). */
+static int greeting(struct session *ss, int i, const uint8_t *b, size_t n, const uint8_t hash[32],
+		    uint64_t now_ns)
+{
+	struct session *s = &ss[i];
+	char err[256];
+	unsigned f = n ? b[0] : 0;
+	int16_t off = (int16_t)take(b, n, 1, 2);
+	if ((f & 16) && i > 0) {
+		memcpy(s->hello, ss[i - 1].hello, HS_HELLO_BYTES);
+		for (int j = 0; j < i; j++)
+			if (ss[j].answered && !memcmp(ss[j].hello, s->hello, HS_HELLO_BYTES))
+				return -1;
+		return 0;
+	}
+	static const enum hs_role roles[] = { HS_OBSERVER, HS_OBSERVER, HS_WORKER, HS_PS };
+	struct hs_identity me = { .role = roles[f & 3], .index = (f & 4) ? 1 : 0,
+				  .to = (f & 8) ? 1 : 0, .ciphers = frame_offers() };
+	memcpy(me.config_hash, hash, 32);
+	uint8_t other[KEY_BYTES];
+	memset(other, 0x77, sizeof(other));
+	uint64_t t = now_ns + (uint64_t)((int64_t)off * 1000000000) + (uint64_t)i;
+	FUZZ_CHECK(hs_client_start_at(&s->h, s->hello, (f & 32) ? other : cluster_key, &me, t, err,
+				      sizeof(err)) == 0);
+	if ((f & 8) || (f & 32))
+		return -1;
+	return me.role == HS_OBSERVER && me.index == 0 && off >= -100 && off <= 100;
+}
+
+/* Greets the ps as session i and, if answered, finishes the handshake;
+ * checks the admission's promise (want: greeting's return). */
+static void session_open(struct ps_harness *h, struct session *ss, int i, int want)
+{
+	struct session *s = &ss[i];
+	int sp[2];
+	socket_pair(sp);
+	s->fd = sp[0];
+	ps_harness_greet(h, sp[1], s->hello); /* as read off the socket by the gate */
+	uint8_t h2[HS_HELLO_BYTES];
+	ssize_t got = recv(s->fd, h2, sizeof(h2), MSG_DONTWAIT);
+	char err[256];
+	s->answered = got == (ssize_t)sizeof(h2) &&
+		      hs_client_finish(&s->h, &s->hr, h2, sizeof(h2), err, sizeof(err)) == 0;
+	hs_wipe(&s->h);
+	int busy = 0;
+	for (int j = 0; j < i; j++)
+		busy += ss[j].answered && ss[j].sent;
+	if (want < 0 && got > 0)
+		fprintf(stderr, "fuzz_ps: greeting %d (for another ps, another key, or a replay of "
+				"one answered) was answered\n", i);
+	FUZZ_CHECK(!(want < 0 && got > 0));
+	if (want > 0 && busy < SLOTS && !s->answered)
+		fprintf(stderr, "fuzz_ps: observer greeting %d refused with %d of %d slots possibly "
+				"confirmed\n", i, busy, SLOTS);
+	FUZZ_CHECK(!(want > 0 && busy < SLOTS && !s->answered));
+}
+
+/* Greeting mode's whole input: the first byte is the first connection's
+ * first record's kind too. */
+static void greetings(struct ps_harness *h, const uint8_t *data, size_t size, const uint8_t hash[32])
+{
+	static struct session ss[SESSIONS_MAX];
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	uint64_t now_ns = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+	memset(ss, 0, sizeof(ss));
+	int ns = 1;
+	session_open(h, ss, 0, greeting(ss, 0, NULL, 0, hash, now_ns));
+	size_t at = 0, n;
+	const uint8_t *b;
+	int k;
+	while ((k = record_next(data, size, &at, &b, &n)) >= 0) {
+		if (k >= 250) {
+			if (ns == SESSIONS_MAX)
+				break;
+			session_open(h, ss, ns, greeting(ss, ns, b, n, hash, now_ns));
+			ns++;
 			continue;
 		}
-		size_t len = record_msg(kind, tens, b, n, msg, sizeof(msg));
-		size_t flen;
-		char err[256];
-		if (len && frame_seal(tx, wire + out, sizeof(wire) - out, msg, len, &flen, err,
-				      sizeof(err)) == 0)
-			out += flen;
+		struct session *s = &ss[ns - 1];
+		if (!s->answered)
+			continue;
+		size_t out = 0;
+		record_wire(k, b, n, &s->hr.send, &out);
+		send_all(s->fd, wire, out, 0);
+		s->sent |= out > 0;
 	}
-	return out;
+	for (int i = 0; i < ns; i++)
+		shutdown(ss[i].fd, SHUT_WR);
+	ps_harness_settle(h);
+	for (int i = 0; i < ns; i++) {
+		close(ss[i].fd);
+		frame_key_wipe(&ss[i].hr.send);
+		frame_key_wipe(&ss[i].hr.recv);
+	}
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -217,33 +398,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	FUZZ_CHECK(frame_key_init(&wrx, k2, FRAME_CHACHA20POLY1305) == 0);
 	FUZZ_CHECK(frame_key_init(&hr.recv, k1, FRAME_CHACHA20POLY1305) == 0);
 	FUZZ_CHECK(frame_key_init(&hr.send, k2, FRAME_CHACHA20POLY1305) == 0);
-	int observer = size && data[0] >= 200;
-	hr.peer.role = observer ? HS_OBSERVER : HS_WORKER;
+	hr.peer.role = HS_WORKER;
 
-	int sp[2];
-	FUZZ_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) == 0);
-	int big = 4 << 20;
-	setsockopt(sp[0], SOL_SOCKET, SO_SNDBUF, &big, sizeof(big));
-	setsockopt(sp[1], SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
-	setsockopt(sp[1], SOL_SOCKET, SO_SNDBUF, &big, sizeof(big));
-	setsockopt(sp[0], SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
-	size_t n = conversation(data, size, &wtx);
-	size_t done = 0;
-	while (done < n) {
-		ssize_t w = send(sp[0], wire + done, n - done, MSG_NOSIGNAL);
-		FUZZ_CHECK(w > 0);
-		done += (size_t)w;
+	int sp[2] = { -1, -1 };
+	if (size && data[0] >= 200) {
+		uint8_t hash[CONFIG_HASH_BYTES];
+		FUZZ_CHECK(config_hash(&cfg, hash) == 0);
+		greetings(h, data, size, hash);
+	} else {
+		socket_pair(sp);
+		size_t n = conversation(data, size, &wtx);
+		send_all(sp[0], wire, n, 1);
+		shutdown(sp[0], SHUT_WR);
+		int sr = ps_harness_serve(h, sp[1], &hr, 0);
+		if (getenv("FUZZ_PS_LOG"))
+			fprintf(stderr, "fuzz_ps: %zu bytes in, served: %d\n", n, sr);
 	}
-	shutdown(sp[0], SHUT_WR);
-
-	int sr = observer ? ps_harness_observe(h, sp[1], &hr) : ps_harness_serve(h, sp[1], &hr, 0);
-	if (getenv("FUZZ_PS_LOG"))
-		fprintf(stderr, "fuzz_ps: %zu bytes in, served: %d\n", n, sr);
 	int r = ps_harness_check(h, err, sizeof(err));
 	if (r)
 		fprintf(stderr, "fuzz_ps: %s\n", err);
 	FUZZ_CHECK(r == 0);
-	close(sp[0]);
+	if (sp[0] >= 0)
+		close(sp[0]);
 	ps_harness_close(h);
 	frame_key_wipe(&hr.send);
 	frame_key_wipe(&hr.recv);

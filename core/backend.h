@@ -45,10 +45,14 @@ struct backend_ops {
 			    const struct window *w);
 	int (*pool_backward)(void *ctx, enum layer_kind k, float *dinp, const float *dout,
 			     const float *inp, int B, const struct window *w);
+	/* Dropout of layer `layer` in the step whose key is `key`: the
+	 * functions of layers.h with dropout_layer_key(key, layer), which
+	 * the backend derives (a GPU step captured as a graph reads the
+	 * step's key from device memory, not from this argument). */
 	int (*dropout_forward)(void *ctx, float *out, const float *inp, float p, uint64_t key,
-			       size_t N);
+			       int layer, size_t N);
 	int (*dropout_backward)(void *ctx, float *dinp, const float *dout, float p, uint64_t key,
-				size_t N);
+				int layer, size_t N);
 	int (*batchnorm_forward)(void *ctx, float *out, float *mean, float *var, const float *inp,
 				 const float *gamma, const float *beta, const float *run_mean,
 				 const float *run_var, int B, int C, int HW);

@@ -292,18 +292,18 @@ static int cpu_pool_backward(void *ctx, enum layer_kind k, float *dinp, const fl
 }
 
 static int cpu_dropout_forward(void *ctx, float *out, const float *inp, float p, uint64_t key,
-			       size_t N)
+			       int layer, size_t N)
 {
 	(void)ctx;
-	dropout_forward(out, inp, p, key, N);
+	dropout_forward(out, inp, p, dropout_layer_key(key, layer), N);
 	return 0;
 }
 
 static int cpu_dropout_backward(void *ctx, float *dinp, const float *dout, float p, uint64_t key,
-				size_t N)
+				int layer, size_t N)
 {
 	(void)ctx;
-	dropout_backward(dinp, dout, p, key, N);
+	dropout_backward(dinp, dout, p, dropout_layer_key(key, layer), N);
 	return 0;
 }
 

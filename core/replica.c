@@ -127,12 +127,6 @@ int replica_gather(struct replica *r, const float *data_x, const int32_t *data_y
 				 (size_t)r->m->inputs);
 }
 
-/* Layer i's dropout key: each dropout layer draws its own mask. */
-static uint64_t layer_key(const struct replica *r, int i)
-{
-	return rng_hash(r->key, RNG_DROPOUT, (uint64_t)i);
-}
-
 static int layer_forward(struct replica *r, int i, const float *params, const float *in, int B)
 {
 	const struct layer *l = &r->m->layers[i];
@@ -151,7 +145,7 @@ static int layer_forward(struct replica *r, int i, const float *params, const fl
 		return o->pool_forward(ctx, l->kind, out, in, B, &l->win);
 	case LAYER_DROPOUT:
 		/* p = 0 is the identity: evaluation keeps every unit. */
-		return o->dropout_forward(ctx, out, in, r->training ? l->p : 0.0f, layer_key(r, i), N);
+		return o->dropout_forward(ctx, out, in, r->training ? l->p : 0.0f, r->key, i, N);
 	case LAYER_FLATTEN:
 		return 0;   /* out is in */
 	case LAYER_BATCHNORM: {
@@ -294,7 +288,7 @@ static int backward_layers(struct replica *r, const float *params, float *grads,
 		case LAYER_DROPOUT:
 			swap = 0;
 			if (l->p != 0.0f)
-				e = o->dropout_backward(ctx, dout, dout, l->p, layer_key(r, i), N);
+				e = o->dropout_backward(ctx, dout, dout, l->p, r->key, i, N);
 			break;
 		case LAYER_FLATTEN:
 			swap = 0;

@@ -433,14 +433,19 @@ static int g_pool_backward(void *ctx, enum layer_kind k, float *dinp, const floa
 	return 0;
 }
 
-/* Forward and backward are the same mask applied to different vectors. */
-static int g_dropout(void *ctx, float *out, const float *inp, float p, uint64_t key, size_t N)
+/* Forward and backward are the same mask applied to different vectors.
+ * While a step is captured the kernel reads the step's key from *step
+ * (gpu_graph_launch writes it before each replay), as the gather reads
+ * the batch's position: a key passed here would be frozen in the graph. */
+static int g_dropout(void *ctx, float *out, const float *inp, float p, uint64_t key, int layer,
+		     size_t N)
 {
 	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
 	int r = use(g);
 	if (r)
 		return r;
-	CKL(g, "dropout kernel", gk_dropout(g->stream, out, inp, p, key, N));
+	CKL(g, "dropout kernel",
+	    gk_dropout(g->stream, out, inp, p, key, layer, g->capturing ? g->step : NULL, N));
 	return 0;
 }
 

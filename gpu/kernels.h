@@ -65,6 +65,7 @@ int gk_xent_backward(void *stream, float *dlogits, const float *probs, const int
 struct gk_step {
 	size_t at;                          /* the batch's position in the order */
 	float lr, step_size, inv_sqrt_bc2;  /* struct gk_optim's per-step fields */
+	uint64_t key;                       /* the step's dropout key (replica_key) */
 };
 int gk_step_set(void *stream, struct gk_step *dev, const struct gk_step *host);
 
@@ -119,8 +120,12 @@ int gk_pool_forward(void *stream, int max, float *out, const float *inp, int B,
 int gk_pool_backward(void *stream, int max, float *dinp, const float *dout, const float *inp,
 		     int B, const struct window *w);
 
-/* Inverted dropout with core/rng.c's hash: the same masks as the CPU. */
-int gk_dropout(void *stream, float *out, const float *inp, float p, uint64_t key, size_t n);
+/* Inverted dropout with core/rng.c's hash: the same masks as the CPU,
+ * dropout_forward's with dropout_layer_key(key, layer), the layer's key
+ * derived on the device; with step non-NULL the step's key is step->key
+ * (a captured step reads it there) instead of key. */
+int gk_dropout(void *stream, float *out, const float *inp, float p, uint64_t key, int layer,
+	       const struct gk_step *step, size_t n);
 
 /* Batchnorm's scratch: its per-channel sums are split over several blocks
  * a channel whose partial sums meet in partial (gk_bn_partials() doubles)

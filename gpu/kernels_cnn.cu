@@ -251,11 +251,14 @@ __device__ static uint64_t rng_hash_dev(uint64_t seed, uint64_t stream, uint64_t
 
 #define RNG_DROPOUT_STREAM 5   /* enum rng_stream's RNG_DROPOUT; a test checks the masks */
 
+/* The layer's key from the step's (dropout_layer_key), per thread: three
+ * multiplies and shifts, less than one load of the step's key costs. */
 __global__ void dropout_kernel(float *out, const float *inp, uint32_t thr, float scale,
-			       uint64_t key, size_t n)
+			       uint64_t key, int layer, const struct gk_step *step, size_t n)
 {
+	uint64_t lk = rng_hash_dev(step ? step->key : key, RNG_DROPOUT_STREAM, (uint64_t)layer);
 	GRID_STRIDE(i, n) {
-		uint32_t u = (uint32_t)(rng_hash_dev(key, RNG_DROPOUT_STREAM, i) >> 32);
+		uint32_t u = (uint32_t)(rng_hash_dev(lk, RNG_DROPOUT_STREAM, i) >> 32);
 		out[i] = u >= thr ? inp[i] * scale : 0.0f;
 	}
 }
@@ -267,7 +270,7 @@ __global__ void copy_kernel(float *out, const float *inp, size_t n)
 }
 
 extern "C" int gk_dropout(void *stream, float *out, const float *inp, float p, uint64_t key,
-			  size_t n)
+			  int layer, const struct gk_step *step, size_t n)
 {
 	if (n == 0)
 		return 0;
@@ -279,8 +282,8 @@ extern "C" int gk_dropout(void *stream, float *out, const float *inp, float p, u
 	/* dropout_threshold() of core/layers.c */
 	double t = (double)p * 4294967296.0;
 	uint32_t thr = t >= 4294967295.0 ? 0xffffffffu : (uint32_t)t;
-	dropout_kernel<<<blocks_for(n), THREADS, 0, (cudaStream_t)stream>>>(out, inp, thr,
-									   1.0f / (1.0f - p), key, n);
+	dropout_kernel<<<blocks_for(n), THREADS, 0, (cudaStream_t)stream>>>(
+		out, inp, thr, 1.0f / (1.0f - p), key, layer, step, n);
 	return launched();
 }
 

@@ -677,15 +677,52 @@ Test(gpu_kernels, dropout_masks_match_the_cpu)
 	float *x_d = dev_from(&b, x, n * 4);
 	for (size_t i = 0; i < 4; i++) {
 		uint64_t key = run_seed() + i;
-		dropout_forward(y, x, ps[i], key, n);
+		int layer = 3 + (int)i;
+		dropout_forward(y, x, ps[i], dropout_layer_key(key, layer), n);
 		float *y_d = dev_poisoned(&b, n);
-		cr_assert_eq(b.ops->dropout_forward(b.ctx, y_d, x_d, ps[i], key, n), 0, "%s",
+		cr_assert_eq(b.ops->dropout_forward(b.ctx, y_d, x_d, ps[i], key, layer, n), 0, "%s",
 			     gpu_backend_error(&b));
 		cr_assert_eq(b.ops->download(b.ctx, got, y_d, n * 4), 0);
 		cr_expect_eq(memcmp(got, y, n * 4), 0, "dropout p=%g: masks differ from the CPU (seed %llu)",
 			     ps[i], (unsigned long long)run_seed());
 	}
 	free(x), free(y), free(got);
+	gpu_backend_close(&b);
+}
+
+/* Dropout captured in a CUDA graph reads the step's key from device
+ * memory: replayed with a key other than the one it was captured with, it
+ * makes that key's masks (a frozen key would make the capture's), forward
+ * and in place backward. */
+Test(gpu_kernels, dropout_in_a_graph_reads_the_step_key)
+{
+	struct backend b;
+	open_gpu(&b, NULL);
+	const size_t n = 70001;
+	const float p = 0.3f;
+	const int layer = 5;
+	float *x = host_random(n, 910, -1, 1), *y = malloc(n * 4), *dx = malloc(n * 4);
+	float *got = malloc(n * 4);
+	float *x_d = dev_from(&b, x, n * 4), *y_d = dev_poisoned(&b, n), *d_d = dev_poisoned(&b, n);
+	cr_assert_eq(gpu_graph_begin(&b), 0, "%s", gpu_backend_error(&b));
+	int f = b.ops->dropout_forward(b.ctx, y_d, x_d, p, 1, layer, n);
+	if (!f)
+		f = b.ops->dropout_backward(b.ctx, d_d, y_d, p, 1, layer, n);
+	cr_assert_eq(gpu_graph_end(&b, f), 0, "%s", gpu_backend_error(&b));
+	for (uint64_t s = 0; s < 3; s++) {
+		uint64_t key = run_seed() ^ (0x9e37u * (s + 2));
+		struct gk_step st = { .key = key };
+		cr_assert_eq(gpu_graph_launch(&b, &st), 0, "%s", gpu_backend_error(&b));
+		dropout_forward(y, x, p, dropout_layer_key(key, layer), n);
+		dropout_backward(dx, y, p, dropout_layer_key(key, layer), n);
+		cr_assert_eq(b.ops->download(b.ctx, got, y_d, n * 4), 0, "%s", gpu_backend_error(&b));
+		cr_expect_eq(memcmp(got, y, n * 4), 0, "replay %llu: forward masks are not the step key's",
+			     (unsigned long long)s);
+		cr_assert_eq(b.ops->download(b.ctx, got, d_d, n * 4), 0, "%s", gpu_backend_error(&b));
+		cr_expect_eq(memcmp(got, dx, n * 4), 0, "replay %llu: backward masks are not the step key's",
+			     (unsigned long long)s);
+	}
+	free(x), free(y), free(dx), free(got);
 	gpu_backend_close(&b);
 }
 

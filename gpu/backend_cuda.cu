@@ -391,14 +391,13 @@ static int g_conv_backward(void *ctx, float *dinp, float *dweight, float *dbias,
 		int nb = B - b0 < Bc ? B - b0 : Bc;
 		size_t ld = (size_t)nb * ohw;
 		float *tmp = col + (size_t)ckk * ld;
-		CKL(g, "conv gather kernel",
-		    gk_conv_gather(g->stream, tmp, ld, dout + (size_t)b0 * OC * ohw, nb, OC, ohw));
+		CKL(g, "conv gather and bias gradient kernel",
+		    gk_conv_gather(g->stream, tmp, ld, dbias, dout + (size_t)b0 * OC * ohw, nb, OC, ohw,
+				   &g->bn));
 		CKL(g, "im2col kernel", gk_im2col(g->stream, col, ld, inp + (size_t)b0 * in_n, nb, w));
 		CKB(g, "cublasSgemm (conv weight gradient)",
 		    g->api.sgemm(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, ckk, OC, (int)ld, &one, col, (int)ld,
 				 tmp, (int)ld, &one, dweight, ckk));
-		if (dbias)
-			CKL(g, "conv bias gradient kernel", gk_row_sums_add(g->stream, dbias, tmp, ld, OC));
 		if (!dinp)
 			continue;
 		CKB(g, "cublasSgemm (conv input gradient)",

@@ -107,11 +107,13 @@ int gk_col2im(void *stream, float *dinp, const float *col, size_t ld, int nb,
 /* out (nb, OC, OH*OW) = tmp (OC, ld) columns of each sample + bias (or 0). */
 int gk_conv_scatter(void *stream, float *out, const float *tmp, size_t ld, const float *bias,
 		    int nb, int OC, size_t ohw);
-/* tmp (OC, ld) = dout (nb, OC, OH*OW) gathered per channel. */
-int gk_conv_gather(void *stream, float *tmp, size_t ld, const float *dout, int nb, int OC,
-		   size_t ohw);
-/* dbias (OC) += row sums of tmp (OC, ld). */
-int gk_row_sums_add(void *stream, float *dbias, const float *tmp, size_t ld, int OC);
+/* tmp (OC, ld) = dout (nb, OC, OH*OW) gathered per channel and, with
+ * dbias non-NULL, dbias (OC) += each channel's sum, in the same pass; the
+ * sums are split over blocks that meet in s (struct gk_bn_scratch, below;
+ * NULL: one block a channel). */
+struct gk_bn_scratch;
+int gk_conv_gather(void *stream, float *tmp, size_t ld, float *dbias, const float *dout, int nb,
+		   int OC, size_t ohw, const struct gk_bn_scratch *s);
 
 /* max = 1: max pooling (first maximum of each window), else average. */
 int gk_pool_forward(void *stream, int max, float *out, const float *inp, int B,
@@ -127,12 +129,13 @@ int gk_pool_backward(void *stream, int max, float *dinp, const float *dout, cons
 int gk_dropout(void *stream, float *out, const float *inp, float p, uint64_t key, int layer,
 	       const struct gk_step *step, size_t n);
 
-/* Batchnorm's scratch: its per-channel sums are split over several blocks
- * a channel whose partial sums meet in partial (gk_bn_partials() doubles)
+/* The per-channel sums' scratch (batchnorm's and the conv bias
+ * gradient's, gpu/chansum.cuh): the sums are split over several blocks a
+ * channel whose partial sums meet in partial (gk_bn_partials() doubles)
  * and are added in block order by the last block of each channel
- * (tickets: GK_BN_SLOTS zeroed counters, left zeroed); backward keeps each
- * channel's two sums in sums (2 C floats) for the input gradient. partial
- * or tickets NULL: one block a channel. */
+ * (tickets: GK_BN_SLOTS zeroed counters, left zeroed); batchnorm's
+ * backward keeps each channel's two sums in sums (2 C floats) for the
+ * input gradient. partial or tickets NULL: one block a channel. */
 #define GK_BN_SLOTS 65536
 struct gk_bn_scratch {
 	double *partial;

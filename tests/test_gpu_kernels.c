@@ -587,11 +587,13 @@ Test(gpu_kernels, conv_forward_and_backward)
 	struct backend b;
 	open_gpu(&b, NULL);
 	/* {B, OC, C, H, W, K, S, P}: the Fashion CNN's first layer, strides,
-	 * padding and sizes that are not multiples of anything, and a whole
-	 * batch of the second layer, which the GPU does in one GEMM. */
+	 * padding and sizes that are not multiples of anything, a whole
+	 * batch of the second layer, which the GPU does in one GEMM, and a
+	 * bias gradient whose channel sums (made in the gather) are split
+	 * over 24 blocks a channel. */
 	const int cases[][8] = { { 3, 32, 1, 28, 28, 5, 1, 0 }, { 5, 7, 3, 9, 7, 3, 2, 1 },
 				 { 2, 64, 32, 14, 14, 5, 1, 2 }, { 1, 1, 1, 1, 1, 1, 1, 0 },
-				 { 256, 64, 32, 14, 14, 5, 1, 2 } };
+				 { 256, 64, 32, 14, 14, 5, 1, 2 }, { 61, 3, 1, 28, 28, 5, 1, 2 } };
 	for (size_t t = 0; t < sizeof(cases) / sizeof(cases[0]); t++) {
 		size_t chunk = conv_case(&b, cases[t], t);
 		cr_expect_eq(chunk, (size_t)cases[t][0], "case %zu: %zu samples per GEMM, want the batch",

@@ -101,6 +101,27 @@ struct backend_ops {
 	 * (replica_forward_flow is then refused). */
 	int (*dense_forward_rows)(void *ctx, float *out, const float *inp, const float *weight,
 				  const float *bias, int B, int C, int OC, int o0, int o1);
+	/* A batchnorm, the relu after it and, with w non-NULL, the pooling
+	 * after that (pool LAYER_MAXPOOL or LAYER_AVGPOOL, over windows that
+	 * tile the batchnorm's planes: w->S == w->K, w->P == 0), one pass
+	 * each way (NULL: the parts one by one). Forward: act (B, C, HW) =
+	 * relu(batchnorm_forward(inp)) (mean, var as there; NULL: evaluation)
+	 * and out (B, C, OH, OW) = the pooling of act (w NULL: out unused).
+	 * Backward, after a training forward: g (B, C, HW) =
+	 * relu_backward(pool_backward(dout)) with dout (B, C, OH, OW) (w
+	 * NULL: relu_backward(dout), dout (B, C, HW), g may alias it), then
+	 * batchnorm_backward from g: dinp set (NULL: skipped; may alias g),
+	 * dgamma, dbeta and the running statistics' slots accumulated. */
+	int (*bn_relu_forward)(void *ctx, float *act, float *out, float *mean, float *var,
+			       const float *inp, const float *gamma, const float *beta,
+			       const float *run_mean, const float *run_var, int B, int C, int HW,
+			       enum layer_kind pool, const struct window *w);
+	int (*bn_relu_backward)(void *ctx, float *dinp, float *g, float *dgamma, float *dbeta,
+				float *drun_mean, float *drun_var, const float *dout,
+				const float *act, const float *inp, const float *gamma,
+				const float *mean, const float *var, const float *run_mean,
+				const float *run_var, float stat_scale, int B, int C, int HW,
+				enum layer_kind pool, const struct window *w);
 	/* conv's scratch in floats for batches up to B on this backend
 	 * (NULL: conv_col_size, the CPU's cache-sized chunks). */
 	size_t (*conv_col_floats)(void *ctx, const struct window *w, int OC, int B);

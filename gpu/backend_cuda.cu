@@ -462,6 +462,17 @@ static int g_batchnorm_forward(void *ctx, float *out, float *mean, float *var, c
 	return 0;
 }
 
+/* The input gradient reads the channel's sums from scratch of 2 x width
+ * floats (g_reserve): a layer's channels fit its width. */
+static int bn_sums_check(struct gpu_ctx *g, int C)
+{
+	if (g->bn.sums && C <= g->width)
+		return 0;
+	snprintf(g->err, sizeof(g->err), "gpu:%d: batchnorm over %d channels but scratch was reserved for %d",
+		 g->device, C, g->bn.sums ? g->width : 0);
+	return -EINVAL;
+}
+
 static int g_batchnorm_backward(void *ctx, float *dinp, float *dgamma, float *dbeta,
 				float *drun_mean, float *drun_var, const float *dout,
 				const float *inp, const float *gamma, const float *mean,
@@ -470,18 +481,50 @@ static int g_batchnorm_backward(void *ctx, float *dinp, float *dgamma, float *db
 {
 	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
 	int r = use(g);
+	if (!r && dinp)
+		r = bn_sums_check(g, C);
 	if (r)
 		return r;
-	/* The input gradient reads the channel's sums from scratch of
-	 * 2 x width floats (g_reserve): a layer's channels fit its width. */
-	if (dinp && (!g->bn.sums || C > g->width)) {
-		snprintf(g->err, sizeof(g->err), "gpu:%d: batchnorm over %d channels but scratch was reserved for %d",
-			 g->device, C, g->bn.sums ? g->width : 0);
-		return -EINVAL;
-	}
 	CKL(g, "batchnorm backward kernel",
 	    gk_batchnorm_backward(g->stream, dinp, dgamma, dbeta, drun_mean, drun_var, dout, inp,
 				  gamma, mean, var, run_mean, run_var, stat_scale, B, C, HW, &g->bn));
+	return 0;
+}
+
+/* Batchnorm + relu (+ pooling), fused: gk_bn_relu_*; the input
+ * gradient needs the channel sums' scratch as batchnorm's does. */
+static int g_bn_relu_forward(void *ctx, float *act, float *out, float *mean, float *var,
+			     const float *inp, const float *gamma, const float *beta,
+			     const float *run_mean, const float *run_var, int B, int C, int HW,
+			     enum layer_kind pool, const struct window *w)
+{
+	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
+	int r = use(g);
+	if (r)
+		return r;
+	CKL(g, "batchnorm, relu and pooling forward kernel",
+	    gk_bn_relu_forward(g->stream, act, out, mean, var, inp, gamma, beta, run_mean, run_var, B,
+			       C, HW, w, pool == LAYER_MAXPOOL, &g->bn));
+	return 0;
+}
+
+static int g_bn_relu_backward(void *ctx, float *dinp, float *gbuf, float *dgamma, float *dbeta,
+			      float *drun_mean, float *drun_var, const float *dout, const float *act,
+			      const float *inp, const float *gamma, const float *mean,
+			      const float *var, const float *run_mean, const float *run_var,
+			      float stat_scale, int B, int C, int HW, enum layer_kind pool,
+			      const struct window *w)
+{
+	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
+	int r = use(g);
+	if (!r && dinp)
+		r = bn_sums_check(g, C);
+	if (r)
+		return r;
+	CKL(g, "batchnorm, relu and pooling backward kernel",
+	    gk_bn_relu_backward(g->stream, dinp, gbuf, dgamma, dbeta, drun_mean, drun_var, dout, act,
+				inp, gamma, mean, var, run_mean, run_var, stat_scale, B, C, HW, w,
+				pool == LAYER_MAXPOOL, &g->bn));
 	return 0;
 }
 
@@ -510,6 +553,8 @@ static const struct backend_ops cuda_ops = {
 	.gather = g_gather,
 	.dense_act_forward = g_dense_act_forward,
 	.act_bias_backward = g_act_bias_backward,
+	.bn_relu_forward = g_bn_relu_forward,
+	.bn_relu_backward = g_bn_relu_backward,
 	.conv_col_floats = g_conv_col_floats,
 	.reserve = g_reserve,
 };

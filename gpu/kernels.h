@@ -155,6 +155,26 @@ int gk_batchnorm_backward(void *stream, float *dinp, float *dgamma, float *dbeta
 			  const float *run_mean, const float *run_var, float stat_scale, int B,
 			  int C, int HW, const struct gk_bn_scratch *s);
 
+/* A batchnorm, the relu after it and, with w non-NULL, the pooling after
+ * that (max = 1: max pooling, else average) over windows that tile the
+ * batchnorm's planes (w->S == w->K, w->P == 0, w->C == C, w->H * w->W ==
+ * HW; another window: cudaErrorInvalidValue), fused. Forward: act (B, C,
+ * HW) = relu(batchnorm) (mean and var as gk_batchnorm_forward's), out (B,
+ * C, OH, OW) = the pooling of act in the same pass (w NULL: out unused).
+ * Backward: g (B, C, HW) = relu's backward of pooling's backward of dout
+ * (B, C, OH, OW) (w NULL: of dout (B, C, HW); g may alias it), made in
+ * batchnorm's sums pass, then gk_batchnorm_backward's input gradient from
+ * g into dinp (NULL: none; may alias g). */
+int gk_bn_relu_forward(void *stream, float *act, float *out, float *mean, float *var,
+		       const float *inp, const float *gamma, const float *beta, const float *run_mean,
+		       const float *run_var, int B, int C, int HW, const struct window *w, int max,
+		       const struct gk_bn_scratch *s);
+int gk_bn_relu_backward(void *stream, float *dinp, float *g, float *dgamma, float *dbeta,
+			float *drun_mean, float *drun_var, const float *dout, const float *act,
+			const float *inp, const float *gamma, const float *mean, const float *var,
+			const float *run_mean, const float *run_var, float stat_scale, int B, int C,
+			int HW, const struct window *w, int max, const struct gk_bn_scratch *s);
+
 /* y += x over n elements: summing gradients of several replicas. */
 int gk_add(void *stream, float *y, const float *x, size_t n);
 

@@ -43,16 +43,106 @@ __global__ void bn_stats_kernel(float *mean, float *var, const float *inp, int C
 
 /* y = a x + d with a = gamma / sqrt(var + eps), d = beta - a mean (the
  * batch's statistics in training, the running ones in evaluation), as
- * the CPU computes them. */
+ * the CPU computes them; relu: then relu_forward's x < 0 ? 0 : x (a NaN
+ * stays NaN). */
+__device__ static float bn_y(float x, float a, float d, int relu)
+{
+	float y = a * x + d;
+	return relu && y < 0.0f ? 0.0f : y;
+}
+
 template <typename I>
 __global__ void bn_apply_kernel(float *out, const float *inp, const float *mean, const float *var,
-				const float *gamma, const float *beta, int C, I HW, I total)
+				const float *gamma, const float *beta, int C, I HW, I total, int relu)
 {
 	GRID_STRIDE_T(I, i, total) {
 		int c = (int)(i / HW % (I)C);
 		float a = gamma[c] / sqrtf(var[c] + BATCHNORM_EPS);
-		out[i] = a * inp[i] + (beta[c] - a * mean[c]);
+		out[i] = bn_y(inp[i], a, beta[c] - a * mean[c], relu);
 	}
+}
+
+/* act (B, C, H, W) = relu(a x + d) and out (B, C, OH, OW) = its pooling
+ * over windows that tile each plane (S = K, P = 0): one thread a tile of
+ * K x K inputs, which it normalizes, keeps in act (relu's and max
+ * pooling's backward read it) and pools as pool_forward_kernel does (the
+ * first maximum; the sum in row order, times 1 / K^2). Tiles past the
+ * last whole window (when K does not divide H or W) go to act only. */
+template <typename I>
+__global__ void bn_relu_pool_kernel(float *act, float *out, const float *inp, const float *mean,
+				    const float *var, const float *gamma, const float *beta, int C,
+				    I planes, struct window w, int max, int TH, int TW)
+{
+	I n = planes * (I)TH * TW, hw = (I)w.H * w.W;
+	float inv = 1.0f / (float)(w.K * w.K);
+	GRID_STRIDE_T(I, idx, n) {
+		I row = idx / (I)TW, p = row / (I)TH;
+		int tw = (int)(idx - row * TW), th = (int)(row - p * TH);
+		int c = (int)(p % (I)C);
+		float a = gamma[c] / sqrtf(var[c] + BATCHNORM_EPS), d = beta[c] - a * mean[c];
+		int h0 = th * w.K, x0 = tw * w.K;
+		int h1 = h0 + w.K < w.H ? h0 + w.K : w.H, x1 = x0 + w.K < w.W ? x0 + w.K : w.W;
+		float m = 0.0f, sum = 0.0f;
+		for (int h = h0; h < h1; h++)
+			for (int x = x0; x < x1; x++) {
+				I at = p * hw + (I)h * w.W + x;
+				float y = bn_y(inp[at], a, d, 1);
+				act[at] = y;
+				if ((h == h0 && x == x0) || y > m)
+					m = y;
+				sum += y;
+			}
+		if (th < w.OH && tw < w.OW)
+			out[p * ((I)w.OH * w.OW) + (I)th * w.OW + tw] = max ? m : sum * inv;
+	}
+}
+
+/* Where batchnorm's output gradient comes from. Plain (act NULL): dout
+ * (B, C, HW). Fused with the relu after it and the pooling after that
+ * (gk_bn_relu_backward): relu_backward(pool_backward(dout)) with dout the
+ * pooled gradient (B, C, OH, OW) (w.K = 0: no pooling, dout (B, C, HW)),
+ * kept in g for the input gradient. */
+struct bn_dy {
+	const float *dout, *act;
+	float *g;
+	struct window w;
+	int max;
+};
+
+/* The gradient at element q of plane p (b C + c), at = p HW + q. A
+ * tiling window holds each input at most once: the pooled gradient of
+ * that window, to the first maximum only (max pooling's rule) or a K^2-th
+ * of it to each (average pooling's), none to an input no window holds. */
+template <typename I>
+__device__ static float bn_dy_at(const struct bn_dy &d, I p, I q, I at)
+{
+	if (!d.act)
+		return d.dout[at];
+	float gv = 0.0f;
+	if (!d.w.K) {
+		gv = d.dout[at];
+	} else {
+		const struct window &w = d.w;
+		int h = (int)(q / (I)w.W), x = (int)q - h * w.W;
+		int oh = h / w.K, ow = x / w.K;
+		if (oh < w.OH && ow < w.OW) {
+			float dy = d.dout[p * ((I)w.OH * w.OW) + (I)oh * w.OW + ow];
+			if (!d.max) {
+				gv = dy * (1.0f / (float)(w.K * w.K));
+			} else {
+				const float *x0 = d.act + p * ((I)w.H * w.W) + (I)(oh * w.K) * w.W + ow * w.K;
+				int best = 0;
+				for (int kh = 0; kh < w.K; kh++)
+					for (int kw = 0; kw < w.K; kw++)
+						if (x0[kh * w.W + kw] > x0[best])
+							best = kh * w.W + kw;
+				gv = best == (h - oh * w.K) * w.W + (x - ow * w.K) ? dy : 0.0f;
+			}
+		}
+	}
+	gv = d.act[at] > 0.0f ? gv : 0.0f;   /* relu's backward, as gk_act_backward's */
+	d.g[at] = gv;
+	return gv;
 }
 
 /* sum dy and sum dy * xhat of channel c; the last block adds them to
@@ -61,7 +151,7 @@ __global__ void bn_apply_kernel(float *out, const float *inp, const float *mean,
  * no input gradient follows). */
 template <typename I>
 __global__ void bn_dsums_kernel(float *sums, float *dgamma, float *dbeta, float *drun_mean,
-				float *drun_var, const float *dout, const float *inp,
+				float *drun_var, struct bn_dy dd, const float *inp,
 				const float *mean, const float *var, const float *run_mean,
 				const float *run_var, float stat_scale, int C, I HW, I n,
 				double *partial, unsigned *tickets)
@@ -73,7 +163,7 @@ __global__ void bn_dsums_kernel(float *sums, float *dgamma, float *dbeta, float 
 	double a = 0.0, b = 0.0;
 	CHAN_LOOP(I, j, n) {
 		I p = j / HW, at = base + p * stride + (j - p * HW);
-		float dy = dout[at];
+		float dy = bn_dy_at(dd, p * (I)C + (I)c, j - p * HW, at);
 		a += dy;
 		b += (double)dy * (double)((inp[at] - mu) * invstd);
 	}
@@ -111,10 +201,17 @@ extern "C" size_t gk_bn_partials(void)
 	return 2 * (size_t)GK_BN_SLOTS;
 }
 
-extern "C" int gk_batchnorm_forward(void *stream, float *out, float *mean, float *var,
-				    const float *inp, const float *gamma, const float *beta,
-				    const float *run_mean, const float *run_var, int B, int C,
-				    int HW, const struct gk_bn_scratch *s)
+/* What gk_bn_relu_* accept as the pooling after the relu: a window over
+ * the batchnorm's planes that tiles them (S = K, P = 0). */
+static int tiles(const struct window *w, int C, int HW)
+{
+	return w->C == C && w->H * w->W == HW && w->S == w->K && w->P == 0 && w->K >= 1;
+}
+
+static int bn_forward(void *stream, float *out, float *pooled, float *mean, float *var,
+		      const float *inp, const float *gamma, const float *beta, const float *run_mean,
+		      const float *run_var, int B, int C, int HW, int relu, const struct window *w,
+		      int max, const struct gk_bn_scratch *s)
 {
 	if (C <= 0 || B <= 0)
 		return 0;
@@ -128,8 +225,60 @@ extern "C" int gk_batchnorm_forward(void *stream, float *out, float *mean, float
 		if (e)
 			return e;
 	}
-	LAUNCH_I(fits, bn_apply_kernel, blocks_for(total), THREADS, stream, out, inp,
-		 mean ? mean : run_mean, mean ? var : run_var, gamma, beta, C, HW, total);
+	const float *m = mean ? mean : run_mean, *v = mean ? var : run_var;
+	if (!w) {
+		LAUNCH_I(fits, bn_apply_kernel, blocks_for(total), THREADS, stream, out, inp, m, v, gamma,
+			 beta, C, HW, total, relu);
+		return launched();
+	}
+	int TH = (w->H + w->K - 1) / w->K, TW = (w->W + w->K - 1) / w->K;
+	size_t planes = (size_t)B * C, nt = planes * TH * TW;
+	LAUNCH_I(fits, bn_relu_pool_kernel, blocks_for(nt), THREADS, stream, out, pooled, inp, m, v,
+		 gamma, beta, C, planes, *w, max, TH, TW);
+	return launched();
+}
+
+extern "C" int gk_batchnorm_forward(void *stream, float *out, float *mean, float *var,
+				    const float *inp, const float *gamma, const float *beta,
+				    const float *run_mean, const float *run_var, int B, int C,
+				    int HW, const struct gk_bn_scratch *s)
+{
+	return bn_forward(stream, out, NULL, mean, var, inp, gamma, beta, run_mean, run_var, B, C, HW,
+			  0, NULL, 0, s);
+}
+
+extern "C" int gk_bn_relu_forward(void *stream, float *act, float *out, float *mean, float *var,
+				  const float *inp, const float *gamma, const float *beta,
+				  const float *run_mean, const float *run_var, int B, int C, int HW,
+				  const struct window *w, int max, const struct gk_bn_scratch *s)
+{
+	if (w && !tiles(w, C, HW))
+		return (int)cudaErrorInvalidValue;
+	return bn_forward(stream, act, out, mean, var, inp, gamma, beta, run_mean, run_var, B, C, HW,
+			  1, w, max, s);
+}
+
+static int bn_backward(void *stream, float *dinp, float *dgamma, float *dbeta, float *drun_mean,
+		       float *drun_var, const struct bn_dy *dd, const float *inp, const float *gamma,
+		       const float *mean, const float *var, const float *run_mean,
+		       const float *run_var, float stat_scale, int B, int C, int HW,
+		       const struct gk_bn_scratch *s)
+{
+	if (C <= 0 || B <= 0)
+		return 0;
+	if (dinp && (!s || !s->sums))
+		return (int)cudaErrorInvalidValue;   /* the input gradient needs the sums kept */
+	size_t n = (size_t)B * HW, total = n * C;
+	int fits = FITS32(total);
+	dim3 grid((unsigned)C, chan_split(C, n, s));
+	LAUNCH_I(fits, bn_dsums_kernel, grid, THREADS, stream, dinp ? s->sums : NULL, dgamma, dbeta,
+		 drun_mean, drun_var, *dd, inp, mean, var, run_mean, run_var, stat_scale, C, HW, n,
+		 s ? s->partial : NULL, s ? s->tickets : NULL);
+	int e = launched();
+	if (e || !dinp)
+		return e;
+	LAUNCH_I(fits, bn_dinp_kernel, blocks_for(total), THREADS, stream, dinp,
+		 dd->act ? dd->g : dd->dout, inp, gamma, mean, var, s->sums, C, HW, total, (float)n);
 	return launched();
 }
 
@@ -140,20 +289,29 @@ extern "C" int gk_batchnorm_backward(void *stream, float *dinp, float *dgamma, f
 				     float stat_scale, int B, int C, int HW,
 				     const struct gk_bn_scratch *s)
 {
-	if (C <= 0 || B <= 0)
-		return 0;
-	if (dinp && (!s || !s->sums))
-		return (int)cudaErrorInvalidValue;   /* the input gradient needs the sums kept */
-	size_t n = (size_t)B * HW, total = n * C;
-	int fits = FITS32(total);
-	dim3 grid((unsigned)C, chan_split(C, n, s));
-	LAUNCH_I(fits, bn_dsums_kernel, grid, THREADS, stream, dinp ? s->sums : NULL, dgamma, dbeta,
-		 drun_mean, drun_var, dout, inp, mean, var, run_mean, run_var, stat_scale, C, HW, n,
-		 s ? s->partial : NULL, s ? s->tickets : NULL);
-	int e = launched();
-	if (e || !dinp)
-		return e;
-	LAUNCH_I(fits, bn_dinp_kernel, blocks_for(total), THREADS, stream, dinp, dout, inp, gamma,
-		 mean, var, s->sums, C, HW, total, (float)n);
-	return launched();
+	struct bn_dy dd = {};
+	dd.dout = dout;
+	return bn_backward(stream, dinp, dgamma, dbeta, drun_mean, drun_var, &dd, inp, gamma, mean,
+			   var, run_mean, run_var, stat_scale, B, C, HW, s);
+}
+
+extern "C" int gk_bn_relu_backward(void *stream, float *dinp, float *g, float *dgamma,
+				   float *dbeta, float *drun_mean, float *drun_var,
+				   const float *dout, const float *act, const float *inp,
+				   const float *gamma, const float *mean, const float *var,
+				   const float *run_mean, const float *run_var, float stat_scale, int B,
+				   int C, int HW, const struct window *w, int max,
+				   const struct gk_bn_scratch *s)
+{
+	if ((w && !tiles(w, C, HW)) || !g || !act)
+		return (int)cudaErrorInvalidValue;
+	struct bn_dy dd = {};
+	dd.dout = dout;
+	dd.act = act;
+	dd.g = g;
+	dd.max = max;
+	if (w)
+		dd.w = *w;   /* else K = 0: no pooling */
+	return bn_backward(stream, dinp, dgamma, dbeta, drun_mean, drun_var, &dd, inp, gamma, mean,
+			   var, run_mean, run_var, stat_scale, B, C, HW, s);
 }

@@ -537,6 +537,35 @@ Test(devices, gpu_cnn_graph_steps_match_kernel_by_kernel)
 	graph_matches(&m, &oc, 13, 6, 1, 400);
 }
 
+/* The CNN's step on a GPU (batchnorm, relu and max pooling fused there,
+ * the parts one by one on the CPU; the same dropout masks) gives the
+ * CPU's gradient, batchnorm's running statistics' slots included, and
+ * loss, to float rounding. */
+Test(devices, gpu_cnn_step_matches_the_cpu)
+{
+	gpu_or_skip("the CNN's GPU step against the CPU");
+	struct model m;
+	small_cnn(&m);
+	const int B = 13;
+	float *x = malloc(sizeof(float) * B * (size_t)m.inputs), *p = malloc(sizeof(float) * m.nparams);
+	float *g[2] = { malloc(sizeof(float) * m.nparams), malloc(sizeof(float) * m.nparams) };
+	int32_t y[B];
+	double loss[2];
+	batch(&m, B, x, y, 500);
+	model_init_params(&m, p, 0, m.nparams, 501);
+	struct devices d;
+	char out[1024], err[512];
+	loss[0] = grad_on(&m, 1, B, x, y, p, g[0]);
+	cr_assert_eq(open_from(&d, &m, "[gpu]\ndevices = 0\nsoft_placement = false\nmemory_fraction = 0.05\n",
+			       NULL, out, sizeof(out), err, sizeof(err)), 0, "%s", err);
+	loss[1] = grad_of(&d, B, x, y, p, g[1]);
+	devices_close(&d);
+	cr_expect_lt(max_rel(g[1], g[0], m.nparams), 1e-4, "GPU gradient differs from the CPU's (rel %.3g)",
+		     max_rel(g[1], g[0], m.nparams));
+	cr_expect_lt(fabs(loss[1] - loss[0]) / loss[0], 1e-5, "GPU loss %.9g vs CPU %.9g", loss[1], loss[0]);
+	free(x), free(p), free(g[0]), free(g[1]);
+}
+
 /* Devices opened for one optimizer refuse another, whose state they never
  * sized, with one line naming both, and step nothing; devices opened for
  * none refuse any. Through [gpu] soft placement this runs on the CPU in CI

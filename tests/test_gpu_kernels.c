@@ -884,3 +884,125 @@ Test(gpu_kernels, pooling_random_shapes)
 	}
 	gpu_backend_close(&b);
 }
+
+/* One fused batchnorm + relu (+ pooling) case on b against the CPU's
+ * parts one by one (batchnorm, relu, pooling; their backward in reverse):
+ * pool LAYER_RELU for none, else max or average over K x K windows that
+ * tile the plane (a last row and column no window holds when K does not
+ * divide H or W). Outputs poisoned; ties in x, so max pooling's first
+ * maximum is tested; dinp apart, in place over g, or not asked for. */
+static void bn_relu_case(struct backend *b, int B, int C, int H, int W, int K, enum layer_kind pool,
+			 enum bn_mode mode, uint64_t t)
+{
+	int HW = H * W;
+	struct window w = win(C, H, W, K, K, 0);
+	const struct window *wp = pool == LAYER_RELU ? NULL : &w;
+	size_t n = (size_t)B * C * HW, np = wp ? (size_t)B * C * w.OH * w.OW : n;
+	float *x = host_random(n, 1400 + t, -2, 3), *dout = host_random(np, 1410 + t, -1, 1);
+	for (size_t i = 0; i < n; i += 3)
+		x[i] = roundf(x[i] * 2) / 2;
+	float *gamma = host_random(C, 1420 + t, 0.5f, 1.5f), *beta = host_random(C, 1430 + t, -1, 1);
+	float *rm = host_random(C, 1440 + t, -1, 1), *rv = host_random(C, 1450 + t, 0.5f, 2);
+	float *acc[4], *dacc[4];
+	for (int i = 0; i < 4; i++) {
+		acc[i] = host_random(C, 1460 + 10 * t + (size_t)i, -1, 1);
+		dacc[i] = dev_from(b, acc[i], C * 4u);
+	}
+	float *y = malloc(n * 4), *out = malloc(np * 4), *g = malloc(n * 4), *dx = malloc(n * 4);
+	float *mean = malloc(C * 4u), *var = malloc(C * 4u);
+	batchnorm_forward(y, mean, var, x, gamma, beta, rm, rv, B, C, HW);
+	relu_forward(y, y, n);
+	if (pool == LAYER_MAXPOOL) {
+		maxpool_forward(out, y, B, &w);
+		maxpool_backward(g, dout, y, B, &w);
+	} else if (pool == LAYER_AVGPOOL) {
+		avgpool_forward(out, y, B, &w);
+		avgpool_backward(g, dout, B, &w);
+	} else {
+		memcpy(g, dout, n * 4);
+	}
+	relu_backward(g, g, y, n);
+	batchnorm_backward(mode == BN_NO_DINP ? NULL : dx, acc[0], acc[1], acc[2], acc[3], g, x, gamma,
+			   mean, var, rm, rv, 0.5f, B, C, HW);
+	float *x_d = dev_from(b, x, n * 4), *dout_d = dev_from(b, dout, np * 4);
+	float *g_d = dev_from(b, gamma, C * 4u), *b_d = dev_from(b, beta, C * 4u);
+	float *rm_d = dev_from(b, rm, C * 4u), *rv_d = dev_from(b, rv, C * 4u);
+	float *act_d = dev_poisoned(b, n), *out_d = wp ? dev_poisoned(b, np) : NULL;
+	float *mean_d = dev_poisoned(b, C), *var_d = dev_poisoned(b, C);
+	float *gb_d = !wp && mode == BN_IN_PLACE ? dout_d : dev_poisoned(b, n);
+	float *dx_d = mode == BN_NO_DINP ? NULL : mode == BN_IN_PLACE ? gb_d : dev_poisoned(b, n);
+	char what[128];
+	cr_assert_eq(b->ops->bn_relu_forward(b->ctx, act_d, out_d, mean_d, var_d, x_d, g_d, b_d, rm_d, rv_d,
+					     B, C, HW, pool, wp), 0, "%s", gpu_backend_error(b));
+	snprintf(what, sizeof(what), "bn+relu(+%s) case %llu (%dx%dx%dx%d K %d)", layer_kind_name(pool),
+		 (unsigned long long)t, B, C, H, W, K);
+	expect_close(b, mean_d, mean, (size_t)C, what);
+	expect_close(b, var_d, var, (size_t)C, what);
+	expect_close(b, act_d, y, n, what);
+	if (wp)
+		expect_close(b, out_d, out, np, what);
+	cr_assert_eq(b->ops->bn_relu_backward(b->ctx, dx_d, gb_d, dacc[0], dacc[1], dacc[2], dacc[3], dout_d,
+					      act_d, x_d, g_d, mean_d, var_d, rm_d, rv_d, 0.5f, B, C, HW,
+					      pool, wp), 0, "%s", gpu_backend_error(b));
+	strncat(what, " backward", sizeof(what) - strlen(what) - 1);
+	if (dx_d)
+		expect_close(b, dx_d, dx, n, what);
+	else
+		expect_close(b, gb_d, g, n, what);
+	for (int i = 0; i < 4; i++)
+		expect_close(b, dacc[i], acc[i], (size_t)C, what);
+	/* Evaluation: the running statistics. */
+	batchnorm_forward(y, NULL, NULL, x, gamma, beta, rm, rv, B, C, HW);
+	relu_forward(y, y, n);
+	if (pool == LAYER_MAXPOOL)
+		maxpool_forward(out, y, B, &w);
+	else if (pool == LAYER_AVGPOOL)
+		avgpool_forward(out, y, B, &w);
+	float *ae_d = dev_poisoned(b, n), *oe_d = wp ? dev_poisoned(b, np) : NULL;
+	cr_assert_eq(b->ops->bn_relu_forward(b->ctx, ae_d, oe_d, NULL, NULL, x_d, g_d, b_d, rm_d, rv_d, B, C,
+					     HW, pool, wp), 0, "%s", gpu_backend_error(b));
+	expect_close(b, ae_d, y, n, "bn+relu evaluation");
+	if (wp)
+		expect_close(b, oe_d, out, np, "bn+relu+pool evaluation");
+	for (int i = 0; i < 4; i++)
+		free(acc[i]);
+	free(x), free(dout), free(gamma), free(beta), free(rm), free(rv), free(y), free(out), free(g);
+	free(dx), free(mean), free(var);
+}
+
+/* Batchnorm + relu (+ pooling) fused, against the CPU's parts: the
+ * example CNN's second block (64 channels of 14x14, 2x2 max pooling) at
+ * a batch whose sums split over several blocks, random shapes with and
+ * without pooling, average pooling, an odd plane no window covers the
+ * edge of, the input gradient in place and not asked for. */
+Test(gpu_kernels, batchnorm_relu_pool_fused_random_shapes)
+{
+	struct backend b;
+	open_gpu(&b, NULL);
+	bn_relu_case(&b, 37, 64, 14, 14, 2, LAYER_MAXPOOL, BN_APART, 60);
+	bn_relu_case(&b, 3, 4, 7, 9, 2, LAYER_MAXPOOL, BN_NO_DINP, 61);
+	for (uint64_t t = 0; t < 6; t++) {
+		int K = draw(1500, t, 1, 4);
+		static const enum layer_kind kinds[3] = { LAYER_MAXPOOL, LAYER_AVGPOOL, LAYER_RELU };
+		static const enum bn_mode modes[3] = { BN_APART, BN_IN_PLACE, BN_NO_DINP };
+		bn_relu_case(&b, draw(1501, t, 1, 9), draw(1502, t, 1, 40), draw(1503, t, K, K + 30),
+			     draw(1504, t, K, K + 30), K, kinds[t % 3], modes[t / 2 % 3], 62 + t);
+	}
+	gpu_backend_close(&b);
+}
+
+/* A pooling whose windows do not tile the plane is not the fused
+ * kernel's: refused, nothing launched. */
+Test(gpu_kernels, batchnorm_relu_refuses_a_window_that_does_not_tile)
+{
+	struct backend b;
+	open_gpu(&b, NULL);
+	const int B = 2, C = 3, H = 8, W = 8;
+	struct window w = win(C, H, W, 3, 2, 0);
+	float *x_d = dev_poisoned(&b, (size_t)B * C * H * W), *v_d = dev_poisoned(&b, C);
+	int r = b.ops->bn_relu_forward(b.ctx, x_d, x_d, v_d, v_d, x_d, v_d, v_d, v_d, v_d, B, C, H * W,
+				       LAYER_MAXPOOL, &w);
+	cr_expect_neq(r, 0, "a 3x3 stride 2 pooling was fused");
+	cr_assert_eq(gpu_sync(&b), 0, "%s", gpu_backend_error(&b));
+	gpu_backend_close(&b);
+}

@@ -34,13 +34,17 @@ struct backend_ops {
 	/* Spatial layers, dropout and batchnorm: the functions of layers.h.
 	 * conv's col is scratch of conv_col_floats() floats in backend memory;
 	 * pool_* take LAYER_MAXPOOL or LAYER_AVGPOOL (avgpool ignores inp in
-	 * backward). batchnorm_forward with mean and var NULL is evaluation. */
-	int (*conv_forward)(void *ctx, float *out, float *col, const float *inp,
+	 * backward). batchnorm_forward with mean and var NULL is evaluation.
+	 * conv's keep is the layer's own buffer of conv_keep_floats() floats
+	 * (NULL where that is 0 or absent): forward leaves the batch's im2col
+	 * columns there and backward reads them instead of rebuilding them
+	 * from inp. */
+	int (*conv_forward)(void *ctx, float *out, float *col, float *keep, const float *inp,
 			    const float *weight, const float *bias, int B, int OC,
 			    const struct window *w);
 	int (*conv_backward)(void *ctx, float *dinp, float *dweight, float *dbias, float *col,
-			     const float *dout, const float *inp, const float *weight, int B,
-			     int OC, const struct window *w);
+			     const float *keep, const float *dout, const float *inp,
+			     const float *weight, int B, int OC, const struct window *w);
 	int (*pool_forward)(void *ctx, enum layer_kind k, float *out, const float *inp, int B,
 			    const struct window *w);
 	int (*pool_backward)(void *ctx, enum layer_kind k, float *dinp, const float *dout,
@@ -125,6 +129,12 @@ struct backend_ops {
 	/* conv's scratch in floats for batches up to B on this backend
 	 * (NULL: conv_col_size, the CPU's cache-sized chunks). */
 	size_t (*conv_col_floats)(void *ctx, const struct window *w, int OC, int B);
+	/* Floats of a conv layer's own buffer for its im2col columns kept
+	 * from forward for backward, batches up to B, or 0: they are
+	 * rebuilt in backward (NULL: never kept). Asked once per conv layer
+	 * when a replica is made, in layer order, and the buffer taken then:
+	 * the memory decision is made there, never in a step. */
+	size_t (*conv_keep_floats)(void *ctx, const struct window *w, int OC, int B);
 	/* Scratch for batches up to max_batch rows of up to width floats,
 	 * taken once before the first step so that none is taken in it. */
 	int (*reserve)(void *ctx, int max_batch, int width);

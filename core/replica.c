@@ -57,10 +57,13 @@ int replica_init(struct replica *r, const struct model *m, const struct backend 
 			e = o->alloc(be->ctx, (void **)&r->act[i], B * (size_t)l->out * sizeof(float));
 		if (!e && l->kind == LAYER_BATCHNORM)
 			e = o->alloc(be->ctx, (void **)&r->stats[i], 2 * (size_t)l->C * sizeof(float));
-		if (l->kind == LAYER_CONV) {
+		if (!e && l->kind == LAYER_CONV) {
 			size_t n = o->conv_col_floats ? o->conv_col_floats(be->ctx, &l->win, l->OC, max_batch)
 						      : conv_col_size(&l->win, l->OC, max_batch);
 			ncol = n > ncol ? n : ncol;
+			n = o->conv_keep_floats ? o->conv_keep_floats(be->ctx, &l->win, l->OC, max_batch) : 0;
+			if (n)
+				e = o->alloc(be->ctx, (void **)&r->keep[i], n * sizeof(float));
 		}
 	}
 	if (!e && ncol)
@@ -95,6 +98,7 @@ void replica_free(struct replica *r)
 		if (!buffer_shared(r->m, i))
 			o->release(r->be.ctx, r->act[i]);
 		o->release(r->be.ctx, r->stats[i]);
+		o->release(r->be.ctx, r->keep[i]);
 	}
 	o->release(r->be.ctx, r->col);
 	o->release(r->be.ctx, r->probs);
@@ -138,8 +142,8 @@ static int layer_forward(struct replica *r, int i, const float *params, const fl
 	case LAYER_DENSE:
 		return o->dense_forward(ctx, out, in, params + l->woff, params + l->boff, B, l->in, l->out);
 	case LAYER_CONV:
-		return o->conv_forward(ctx, out, r->col, in, params + l->woff, params + l->boff, B, l->OC,
-				       &l->win);
+		return o->conv_forward(ctx, out, r->col, r->keep[i], in, params + l->woff,
+				       params + l->boff, B, l->OC, &l->win);
 	case LAYER_MAXPOOL:
 	case LAYER_AVGPOOL:
 		return o->pool_forward(ctx, l->kind, out, in, B, &l->win);
@@ -352,8 +356,9 @@ static int backward_layers(struct replica *r, const float *params, float *grads,
 			bias_done = 0;
 			break;
 		case LAYER_CONV:
-			e = o->conv_backward(ctx, dinp, grads + l->woff, grads + l->boff, r->col, dout, inp,
-					     params + l->woff, B, l->OC, &l->win);
+			e = o->conv_backward(ctx, dinp, grads + l->woff, grads + l->boff, r->col,
+					     r->keep[i], dout, inp, params + l->woff, B, l->OC,
+					     &l->win);
 			break;
 		case LAYER_BATCHNORM:
 			e = o->batchnorm_backward(ctx, dinp, grads + l->woff, grads + l->boff,

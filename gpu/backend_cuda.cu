@@ -345,11 +345,28 @@ static size_t g_conv_col_floats(void *ctx, const struct window *w, int OC, int B
 	return (size_t)conv_chunk_of(g, w, OC, B) * conv_per_sample(w, OC);
 }
 
+/* A layer keeps its forward columns when one GEMM takes the whole batch
+ * (so every batch up to B is one chunk, whose columns backward needs
+ * whole) and they take at most a quarter of what the arena can still
+ * hand out when the replica is made: the example CNN at batch 256 keeps
+ * 20 MB and 160 MB, and backward skips an im2col a layer. Decided here,
+ * once; a step never allocates or asks again. */
+static size_t g_conv_keep_floats(void *ctx, const struct window *w, int OC, int B)
+{
+	const struct gpu_ctx *g = (const struct gpu_ctx *)ctx;
+	size_t n = (size_t)w->C * w->K * w->K * (size_t)B * w->OH * w->OW;
+	if (conv_chunk_of(g, w, OC, B) < B || n * sizeof(float) > arena_room(&g->arena) / 4)
+		return 0;
+	return n;
+}
+
 /* Per chunk of nb samples (core/conv.c has the layout):
  *   col (ckk, ld) = im2col; tmp (OC, ld) = weight (OC, ckk) col, i.e. in
  *   cuBLAS's column-major terms tmp^T (ld, OC) = col^T (ld, ckk) weight^T. */
-static int g_conv_forward(void *ctx, float *out, float *col, const float *inp, const float *weight,
-			  const float *bias, int B, int OC, const struct window *w)
+/* keep (conv_keep_floats): the whole batch is one chunk, its columns go
+ * there and the GEMM's output to col. */
+static int g_conv_forward(void *ctx, float *out, float *col, float *keep, const float *inp,
+			  const float *weight, const float *bias, int B, int OC, const struct window *w)
 {
 	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
 	int r = use(g);
@@ -361,10 +378,11 @@ static int g_conv_forward(void *ctx, float *out, float *col, const float *inp, c
 	for (int b0 = 0; b0 < B; b0 += Bc) {
 		int nb = B - b0 < Bc ? B - b0 : Bc;
 		size_t ld = (size_t)nb * ohw;
-		float *tmp = col + (size_t)ckk * ld;
-		CKL(g, "im2col kernel", gk_im2col(g->stream, col, ld, inp + (size_t)b0 * in_n, nb, w));
+		float *cols = keep && nb == B ? keep : col;
+		float *tmp = cols == keep ? col : col + (size_t)ckk * ld;
+		CKL(g, "im2col kernel", gk_im2col(g->stream, cols, ld, inp + (size_t)b0 * in_n, nb, w));
 		CKB(g, "cublasSgemm (conv forward)",
-		    g->api.sgemm(g->blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)ld, OC, ckk, &one, col, (int)ld,
+		    g->api.sgemm(g->blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)ld, OC, ckk, &one, cols, (int)ld,
 				 weight, ckk, &zero, tmp, (int)ld));
 		CKL(g, "conv scatter kernel",
 		    gk_conv_scatter(g->stream, out + (size_t)b0 * OC * ohw, tmp, ld, bias, nb, OC, ohw));
@@ -377,8 +395,8 @@ static int g_conv_forward(void *ctx, float *out, float *col, const float *inp, c
  *   dcol (ckk, ld) = weight^T tmp, i.e. dcol^T (ld, ckk) = tmp^T weight:
  *   gemm(N, T); then col2im into dinp. */
 static int g_conv_backward(void *ctx, float *dinp, float *dweight, float *dbias, float *col,
-			   const float *dout, const float *inp, const float *weight, int B, int OC,
-			   const struct window *w)
+			   const float *keep, const float *dout, const float *inp,
+			   const float *weight, int B, int OC, const struct window *w)
 {
 	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
 	int r = use(g);
@@ -394,9 +412,13 @@ static int g_conv_backward(void *ctx, float *dinp, float *dweight, float *dbias,
 		CKL(g, "conv gather and bias gradient kernel",
 		    gk_conv_gather(g->stream, tmp, ld, dbias, dout + (size_t)b0 * OC * ohw, nb, OC, ohw,
 				   &g->bn));
-		CKL(g, "im2col kernel", gk_im2col(g->stream, col, ld, inp + (size_t)b0 * in_n, nb, w));
+		/* forward's columns where it kept them (the whole batch) */
+		const float *cols = keep && nb == B ? keep : col;
+		if (cols == col)
+			CKL(g, "im2col kernel",
+			    gk_im2col(g->stream, col, ld, inp + (size_t)b0 * in_n, nb, w));
 		CKB(g, "cublasSgemm (conv weight gradient)",
-		    g->api.sgemm(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, ckk, OC, (int)ld, &one, col, (int)ld,
+		    g->api.sgemm(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, ckk, OC, (int)ld, &one, cols, (int)ld,
 				 tmp, (int)ld, &one, dweight, ckk));
 		if (!dinp)
 			continue;
@@ -556,6 +578,7 @@ static const struct backend_ops cuda_ops = {
 	.bn_relu_forward = g_bn_relu_forward,
 	.bn_relu_backward = g_bn_relu_backward,
 	.conv_col_floats = g_conv_col_floats,
+	.conv_keep_floats = g_conv_keep_floats,
 	.reserve = g_reserve,
 };
 

@@ -543,8 +543,12 @@ static struct window win(int C, int H, int W, int K, int S, int P)
 }
 
 /* One conv case ({B, OC, C, H, W, K, S, P}) on b against the CPU, with the
- * scratch b asks for; returns the samples per GEMM that scratch holds. */
-static size_t conv_case(struct backend *b, const int *k, uint64_t t)
+ * scratch b asks for; returns the samples per GEMM that scratch holds.
+ * With keep, forward keeps its columns in a buffer of the layer's own
+ * where b offers one (conv_keep_floats; else the case runs without) and
+ * backward gets an input of NaNs: it must use the kept columns, not
+ * rebuild them. */
+static size_t conv_case_keep(struct backend *b, const int *k, uint64_t t, int keep)
 {
 	int B = k[0], OC = k[1];
 	struct window w = win(k[2], k[3], k[4], k[5], k[6], k[7]);
@@ -563,13 +567,16 @@ static size_t conv_case(struct backend *b, const int *k, uint64_t t)
 	float *dw_d = dev_from(b, h_dw, nw * 4), *db_d = dev_from(b, h_db, OC * 4u);
 	float *col_d = dev_poisoned(b, ncol_d), *out_d = dev_poisoned(b, nout);
 	float *dx_d = dev_poisoned(b, nin);
+	size_t nkeep = keep ? b->ops->conv_keep_floats(b->ctx, &w, OC, B) : 0;
+	float *keep_d = nkeep ? dev_poisoned(b, nkeep) : NULL;
 	char what[96];
-	cr_assert_eq(b->ops->conv_forward(b->ctx, out_d, col_d, x_d, w_d, bias_d, B, OC, &w), 0,
+	cr_assert_eq(b->ops->conv_forward(b->ctx, out_d, col_d, keep_d, x_d, w_d, bias_d, B, OC, &w), 0,
 		     "%s", gpu_backend_error(b));
 	snprintf(what, sizeof(what), "conv forward case %llu", (unsigned long long)t);
 	expect_close(b, out_d, out, nout, what);
-	cr_assert_eq(b->ops->conv_backward(b->ctx, dx_d, dw_d, db_d, col_d, dout_d, x_d, w_d, B, OC,
-					   &w), 0, "%s", gpu_backend_error(b));
+	cr_assert_eq(b->ops->conv_backward(b->ctx, dx_d, dw_d, db_d, col_d, keep_d, dout_d,
+					   keep_d ? dev_poisoned(b, nin) : x_d, w_d, B, OC, &w), 0, "%s",
+		     gpu_backend_error(b));
 	snprintf(what, sizeof(what), "conv dinp case %llu", (unsigned long long)t);
 	expect_close(b, dx_d, dx, nin, what);
 	snprintf(what, sizeof(what), "conv dweight (accumulated) case %llu", (unsigned long long)t);
@@ -579,7 +586,12 @@ static size_t conv_case(struct backend *b, const int *k, uint64_t t)
 	free(x), free(wt), free(bias), free(dout), free(dw), free(db), free(out), free(dx);
 	free(col), free(h_dw), free(h_db);
 	size_t per = ((size_t)w.C * w.K * w.K + OC) * w.OH * w.OW;
-	return ncol_d / per;
+	return keep && !keep_d ? 0 : ncol_d / per;
+}
+
+static size_t conv_case(struct backend *b, const int *k, uint64_t t)
+{
+	return conv_case_keep(b, k, t, 0);
 }
 
 Test(gpu_kernels, conv_forward_and_backward)
@@ -851,6 +863,33 @@ Test(gpu_kernels, batchnorm_refuses_more_channels_than_its_scratch)
 	cr_expect_eq(r, -EINVAL, "%d (%s)", r, gpu_backend_error(&b));
 	cr_expect_not_null(strstr(gpu_backend_error(&b), "batchnorm over 4097 channels but scratch was reserved for 4096"),
 			   "%s", gpu_backend_error(&b));
+	gpu_backend_close(&b);
+}
+
+/* Forward's columns kept for backward (the example CNN's two layers at
+ * batch 256, random windows): the same results as rebuilding them, with
+ * backward given an input of NaNs, which it must not read; under a small
+ * cap, where a GEMM takes part of the batch, none are offered. */
+Test(gpu_kernels, conv_keeps_forward_columns_for_backward)
+{
+	struct backend b;
+	open_gpu(&b, NULL);
+	const int cases[][8] = { { 256, 32, 1, 28, 28, 5, 1, 2 }, { 256, 64, 32, 14, 14, 5, 1, 2 } };
+	for (size_t t = 0; t < 2; t++)
+		cr_expect_gt(conv_case_keep(&b, cases[t], 70 + t, 1), 0, "case %zu: no columns kept", t);
+	for (uint64_t t = 0; t < 4; t++) {
+		int K = draw(1600, t, 1, 5);
+		int c[8] = { draw(1601, t, 1, 9), draw(1602, t, 1, 40), draw(1603, t, 1, 6),
+			     draw(1604, t, K, K + 23), draw(1605, t, K, K + 23), K, draw(1606, t, 1, 3),
+			     draw(1607, t, 0, K / 2 + 1) };
+		cr_expect_gt(conv_case_keep(&b, c, 72 + t, 1), 0, "random case %llu: no columns kept",
+			     (unsigned long long)t);
+	}
+	gpu_backend_close(&b);
+	struct gpu_options small = { 0.0005, 1, 0 };
+	open_gpu(&b, &small);
+	struct window w = win(32, 14, 14, 5, 1, 2);
+	cr_expect_eq(b.ops->conv_keep_floats(b.ctx, &w, 64, 61), 0, "columns kept though chunked");
 	gpu_backend_close(&b);
 }
 

@@ -390,6 +390,92 @@ Test(cnn, replica_fuses_batchnorm_relu_pool_as_the_parts)
 	}
 }
 
+/* A CPU backend that asks for conv columns to be kept (conv_keep_floats)
+ * and records the keep buffers its conv entries get, in call order, then
+ * runs the CPU's conv (which ignores them). */
+static float *keeps_seen[8];
+static int nkeeps;
+
+static size_t keep_floats(void *ctx, const struct window *w, int OC, int B)
+{
+	(void)ctx;
+	(void)OC;
+	return (size_t)w->C * w->K * w->K * (size_t)B * w->OH * w->OW;
+}
+
+static int keep_conv_forward(void *ctx, float *out, float *col, float *keep, const float *inp,
+			     const float *weight, const float *bias, int B, int OC,
+			     const struct window *w)
+{
+	(void)ctx;
+	keeps_seen[nkeeps++ % 8] = keep;
+	conv_forward(out, col, inp, weight, bias, B, OC, w);
+	return 0;
+}
+
+static int keep_conv_backward(void *ctx, float *dinp, float *dweight, float *dbias, float *col,
+			      const float *keep, const float *dout, const float *inp,
+			      const float *weight, int B, int OC, const struct window *w)
+{
+	(void)ctx;
+	keeps_seen[nkeeps++ % 8] = (float *)keep;
+	conv_backward(dinp, dweight, dbias, col, dout, inp, weight, B, OC, w);
+	return 0;
+}
+
+/* Where the backend keeps conv columns, the replica takes a buffer for
+ * each conv layer when it is made and hands the same one to that layer's
+ * forward and backward, another to each layer; where it does not (the
+ * CPU), it hands NULL. */
+Test(cnn, replica_hands_each_conv_its_kept_columns)
+{
+	struct config c;
+	struct model m;
+	char err[512];
+	cr_assert_eq(build(&c, &m, "9x8x2", "layer = conv 3x3 4 pad=same\nlayer = relu\nlayer = maxpool 2\n"
+			   "layer = conv 2 3\nlayer = dense 3\n", err, sizeof(err)), 0, "%s", err);
+	int B = 4;
+	float *x = malloc((size_t)B * m.inputs * sizeof(float)), *p = malloc(m.nparams * sizeof(float));
+	float *g = calloc(m.nparams, sizeof(float));
+	int32_t y[4] = { 0, 1, 2, 1 };
+	cr_assert(x && p && g);
+	for (int i = 0; i < B * m.inputs; i++)
+		x[i] = (float)rng_normal(31, RNG_DATA, (uint64_t)i);
+	model_init_params(&m, p, 0, m.nparams, 32);
+	for (int k = 0; k < 2; k++) {
+		struct backend be;
+		backend_cpu(&be, 1);
+		struct backend_ops ops = *be.ops;
+		ops.conv_forward = keep_conv_forward;
+		ops.conv_backward = keep_conv_backward;
+		if (k)
+			ops.conv_keep_floats = keep_floats;
+		be.ops = &ops;
+		struct replica r;
+		double loss;
+		int right;
+		nkeeps = 0;
+		cr_assert_eq(replica_init(&r, &m, &be, B, err, sizeof(err)), 0, "%s", err);
+		cr_assert_eq(replica_load(&r, x, y, B), 0);
+		cr_assert_eq(replica_forward(&r, p, B, 1, 0, &loss, &right), 0);
+		cr_assert_eq(replica_backward(&r, p, g, B, 1.0f / B), 0);
+		cr_assert_eq(nkeeps, 4, "%d conv calls", nkeeps);
+		/* forward conv1, conv2; backward conv2, conv1 */
+		if (!k) {
+			for (int i = 0; i < 4; i++)
+				cr_expect_null(keeps_seen[i], "call %d got columns without asking", i);
+		} else {
+			cr_expect(keeps_seen[0] && keeps_seen[1] && keeps_seen[0] != keeps_seen[1],
+				  "each conv its own buffer");
+			cr_expect_eq(keeps_seen[3], keeps_seen[0], "conv1's backward got other columns");
+			cr_expect_eq(keeps_seen[2], keeps_seen[1], "conv2's backward got other columns");
+			cr_expect_eq(r.keep[0], keeps_seen[0]);
+		}
+		replica_free(&r);
+	}
+	free(x); free(p); free(g);
+}
+
 /* Flat input -> batchnorm -> dense: the running statistics follow
  * PyTorch's update, also when two replicas add into one gradient vector
  * (the sync ps's average), and evaluation uses them. */

@@ -484,12 +484,14 @@ static int g_batchnorm_forward(void *ctx, float *out, float *mean, float *var, c
 	return 0;
 }
 
-/* The input gradient reads the channel's sums from scratch of 2 x width
- * floats (g_reserve): a layer's channels fit its width. */
-static int bn_sums_check(struct gpu_ctx *g, int C)
+/* use(g), and where an input gradient is asked for, the channel sums'
+ * scratch it reads: 2 x width floats (g_reserve), so a layer's channels
+ * must fit its width. */
+static int bn_use(struct gpu_ctx *g, const float *dinp, int C)
 {
-	if (g->bn.sums && C <= g->width)
-		return 0;
+	int r = use(g);
+	if (r || !dinp || (g->bn.sums && C <= g->width))
+		return r;
 	snprintf(g->err, sizeof(g->err), "gpu:%d: batchnorm over %d channels but scratch was reserved for %d",
 		 g->device, C, g->bn.sums ? g->width : 0);
 	return -EINVAL;
@@ -502,9 +504,7 @@ static int g_batchnorm_backward(void *ctx, float *dinp, float *dgamma, float *db
 				float stat_scale, int B, int C, int HW)
 {
 	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
-	int r = use(g);
-	if (!r && dinp)
-		r = bn_sums_check(g, C);
+	int r = bn_use(g, dinp, C);
 	if (r)
 		return r;
 	CKL(g, "batchnorm backward kernel",
@@ -538,9 +538,7 @@ static int g_bn_relu_backward(void *ctx, float *dinp, float *gbuf, float *dgamma
 			      const struct window *w)
 {
 	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
-	int r = use(g);
-	if (!r && dinp)
-		r = bn_sums_check(g, C);
+	int r = bn_use(g, dinp, C);
 	if (r)
 		return r;
 	CKL(g, "batchnorm, relu and pooling backward kernel",

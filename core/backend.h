@@ -34,21 +34,29 @@ struct backend_ops {
 	/* Spatial layers, dropout and batchnorm: the functions of layers.h.
 	 * conv's col is scratch of conv_col_floats() floats in backend memory;
 	 * pool_* take LAYER_MAXPOOL or LAYER_AVGPOOL (avgpool ignores inp in
-	 * backward). batchnorm_forward with mean and var NULL is evaluation. */
-	int (*conv_forward)(void *ctx, float *out, float *col, const float *inp,
+	 * backward). batchnorm_forward with mean and var NULL is evaluation.
+	 * conv's keep is the layer's own buffer of conv_keep_floats() floats
+	 * (NULL where that is 0 or absent): forward leaves the batch's im2col
+	 * columns there and backward reads them instead of rebuilding them
+	 * from inp. */
+	int (*conv_forward)(void *ctx, float *out, float *col, float *keep, const float *inp,
 			    const float *weight, const float *bias, int B, int OC,
 			    const struct window *w);
 	int (*conv_backward)(void *ctx, float *dinp, float *dweight, float *dbias, float *col,
-			     const float *dout, const float *inp, const float *weight, int B,
-			     int OC, const struct window *w);
+			     const float *keep, const float *dout, const float *inp,
+			     const float *weight, int B, int OC, const struct window *w);
 	int (*pool_forward)(void *ctx, enum layer_kind k, float *out, const float *inp, int B,
 			    const struct window *w);
 	int (*pool_backward)(void *ctx, enum layer_kind k, float *dinp, const float *dout,
 			     const float *inp, int B, const struct window *w);
+	/* Dropout of layer `layer` in the step whose key is `key`: the
+	 * functions of layers.h with dropout_layer_key(key, layer), which
+	 * the backend derives (a GPU step captured as a graph reads the
+	 * step's key from device memory, not from this argument). */
 	int (*dropout_forward)(void *ctx, float *out, const float *inp, float p, uint64_t key,
-			       size_t N);
+			       int layer, size_t N);
 	int (*dropout_backward)(void *ctx, float *dinp, const float *dout, float p, uint64_t key,
-				size_t N);
+				int layer, size_t N);
 	int (*batchnorm_forward)(void *ctx, float *out, float *mean, float *var, const float *inp,
 				 const float *gamma, const float *beta, const float *run_mean,
 				 const float *run_var, int B, int C, int HW);
@@ -97,9 +105,36 @@ struct backend_ops {
 	 * (replica_forward_flow is then refused). */
 	int (*dense_forward_rows)(void *ctx, float *out, const float *inp, const float *weight,
 				  const float *bias, int B, int C, int OC, int o0, int o1);
+	/* A batchnorm, the relu after it and, with w non-NULL, the pooling
+	 * after that (pool LAYER_MAXPOOL or LAYER_AVGPOOL, over windows that
+	 * tile the batchnorm's planes: w->S == w->K, w->P == 0), one pass
+	 * each way (NULL: the parts one by one). Forward: act (B, C, HW) =
+	 * relu(batchnorm_forward(inp)) (mean, var as there; NULL: evaluation)
+	 * and out (B, C, OH, OW) = the pooling of act (w NULL: out unused).
+	 * Backward, after a training forward: g (B, C, HW) =
+	 * relu_backward(pool_backward(dout)) with dout (B, C, OH, OW) (w
+	 * NULL: relu_backward(dout), dout (B, C, HW), g may alias it), then
+	 * batchnorm_backward from g: dinp set (NULL: skipped; may alias g),
+	 * dgamma, dbeta and the running statistics' slots accumulated. */
+	int (*bn_relu_forward)(void *ctx, float *act, float *out, float *mean, float *var,
+			       const float *inp, const float *gamma, const float *beta,
+			       const float *run_mean, const float *run_var, int B, int C, int HW,
+			       enum layer_kind pool, const struct window *w);
+	int (*bn_relu_backward)(void *ctx, float *dinp, float *g, float *dgamma, float *dbeta,
+				float *drun_mean, float *drun_var, const float *dout,
+				const float *act, const float *inp, const float *gamma,
+				const float *mean, const float *var, const float *run_mean,
+				const float *run_var, float stat_scale, int B, int C, int HW,
+				enum layer_kind pool, const struct window *w);
 	/* conv's scratch in floats for batches up to B on this backend
 	 * (NULL: conv_col_size, the CPU's cache-sized chunks). */
 	size_t (*conv_col_floats)(void *ctx, const struct window *w, int OC, int B);
+	/* Floats of a conv layer's own buffer for its im2col columns kept
+	 * from forward for backward, batches up to B, or 0: they are
+	 * rebuilt in backward (NULL: never kept). Asked once per conv layer
+	 * when a replica is made, in layer order, and the buffer taken then:
+	 * the memory decision is made there, never in a step. */
+	size_t (*conv_keep_floats)(void *ctx, const struct window *w, int OC, int B);
 	/* Scratch for batches up to max_batch rows of up to width floats,
 	 * taken once before the first step so that none is taken in it. */
 	int (*reserve)(void *ctx, int max_batch, int width);

@@ -211,18 +211,23 @@ static int cpu_gather(void *ctx, float *x, int32_t *y, const float *data_x, cons
 	return 0;
 }
 
-static int cpu_conv_forward(void *ctx, float *out, float *col, const float *inp,
+/* keep is always NULL here (no conv_keep_floats): the CPU's chunks are
+ * cache-sized, and rebuilding a chunk's columns costs less than reading a
+ * batch's back from memory. */
+static int cpu_conv_forward(void *ctx, float *out, float *col, float *keep, const float *inp,
 			    const float *weight, const float *bias, int B, int OC,
 			    const struct window *w)
 {
+	(void)keep;
 	conv_forward_mt(out, col, inp, weight, bias, B, OC, w, ctx_threads(ctx));
 	return 0;
 }
 
 static int cpu_conv_backward(void *ctx, float *dinp, float *dweight, float *dbias, float *col,
-			     const float *dout, const float *inp, const float *weight, int B,
-			     int OC, const struct window *w)
+			     const float *keep, const float *dout, const float *inp,
+			     const float *weight, int B, int OC, const struct window *w)
 {
+	(void)keep;
 	conv_backward_mt(dinp, dweight, dbias, col, dout, inp, weight, B, OC, w, ctx_threads(ctx));
 	return 0;
 }
@@ -292,18 +297,18 @@ static int cpu_pool_backward(void *ctx, enum layer_kind k, float *dinp, const fl
 }
 
 static int cpu_dropout_forward(void *ctx, float *out, const float *inp, float p, uint64_t key,
-			       size_t N)
+			       int layer, size_t N)
 {
 	(void)ctx;
-	dropout_forward(out, inp, p, key, N);
+	dropout_forward(out, inp, p, dropout_layer_key(key, layer), N);
 	return 0;
 }
 
 static int cpu_dropout_backward(void *ctx, float *dinp, const float *dout, float p, uint64_t key,
-				size_t N)
+				int layer, size_t N)
 {
 	(void)ctx;
-	dropout_backward(dinp, dout, p, key, N);
+	dropout_backward(dinp, dout, p, dropout_layer_key(key, layer), N);
 	return 0;
 }
 

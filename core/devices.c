@@ -707,17 +707,12 @@ int devices_apply(struct devices *d, struct optim *o, float lr, char *err, size_
 }
 
 /* Whether a local step can be one CUDA graph: one GPU replica (several
- * would need their streams joined into the capture), the batch gathered on
- * that GPU (staging waits on the host), and no dropout (its masks' key
- * changes every step and is not read from device memory). */
+ * would need their streams joined into the capture) and the batch gathered
+ * on that GPU (staging waits on the host). Dropout is no obstacle: its
+ * kernels read the step's key from device memory (struct gk_step). */
 static int graph_possible(const struct devices *d)
 {
-	if (!d->graphs || !d->gpu || d->n != 1 || !d->data_x[0] || d->graph_state < 0)
-		return 0;
-	for (int i = 0; i < d->m->nlayers; i++)
-		if (d->m->layers[i].kind == LAYER_DROPOUT && d->m->layers[i].p != 0.0f)
-			return 0;
-	return 1;
+	return d->graphs && d->gpu && d->n == 1 && d->data_x[0] && d->graph_state >= 0;
 }
 
 /* Records the step's work (gather, forward, loss, backward, optimizer) as
@@ -770,7 +765,7 @@ int devices_train_step(struct devices *d, size_t at, int B, uint64_t key, struct
 	int e;
 	if (d->graph_state == 1) {
 		struct gk_step st = { .at = at, .lr = k.lr, .step_size = k.step_size,
-				      .inv_sqrt_bc2 = k.inv_sqrt_bc2 };
+				      .inv_sqrt_bc2 = k.inv_sqrt_bc2, .key = key };
 		e = gpu_graph_launch(&d->be[0], &st);
 		if (e)
 			return fail(d, 0, e, "the training step's graph", err, errlen);

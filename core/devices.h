@@ -157,8 +157,9 @@ int devices_forward_flow(struct devices *d, size_t at, int B, uint64_t key, cons
 
 /* devices_step then devices_apply: one whole step of `local`. Where the
  * step can be a CUDA graph ([gpu] cuda_graphs on one GPU replica, the
- * training set on that GPU, no dropout), the second step is captured and
- * every later one replays it: one launch, the same results. */
+ * training set on that GPU), the second step is captured and every later
+ * one replays it with this step's order position, learning rate and
+ * dropout key: one launch, the same results. */
 int devices_train_step(struct devices *d, size_t at, int B, uint64_t key, struct optim *o,
 		       float lr, char *err, size_t errlen);
 

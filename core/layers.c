@@ -178,6 +178,11 @@ void dropout_forward(float *out, const float *inp, float p, uint64_t key, size_t
 	}
 }
 
+uint64_t dropout_layer_key(uint64_t step_key, int layer)
+{
+	return rng_hash(step_key, RNG_DROPOUT, (uint64_t)layer);
+}
+
 void dropout_backward(float *dinp, const float *dout, float p, uint64_t key, size_t N)
 {
 	// dinp (N), dout (N)

@@ -142,6 +142,11 @@ void avgpool_backward(float *dinp, const float *dout, int B, const struct window
  * backward instead of stored. out and inp may alias; so may dinp and dout. */
 void dropout_forward(float *out, const float *inp, float p, uint64_t key, size_t N);
 void dropout_backward(float *dinp, const float *dout, float p, uint64_t key, size_t N);
+/* The key of layer `layer`'s mask in the step whose key is step_key
+ * (replica_key): each dropout layer draws its own. A backend derives it
+ * itself from the step's key (backend.h), so that a GPU step captured as
+ * a CUDA graph can read the step's key from device memory. */
+uint64_t dropout_layer_key(uint64_t step_key, int layer);
 
 /* ---- batch normalization (core/batchnorm.c) --------------------------------
  * Per channel c over (B, HW): inp and out are (B, C, HW); a dense output is

@@ -57,10 +57,13 @@ int replica_init(struct replica *r, const struct model *m, const struct backend 
 			e = o->alloc(be->ctx, (void **)&r->act[i], B * (size_t)l->out * sizeof(float));
 		if (!e && l->kind == LAYER_BATCHNORM)
 			e = o->alloc(be->ctx, (void **)&r->stats[i], 2 * (size_t)l->C * sizeof(float));
-		if (l->kind == LAYER_CONV) {
+		if (!e && l->kind == LAYER_CONV) {
 			size_t n = o->conv_col_floats ? o->conv_col_floats(be->ctx, &l->win, l->OC, max_batch)
 						      : conv_col_size(&l->win, l->OC, max_batch);
 			ncol = n > ncol ? n : ncol;
+			n = o->conv_keep_floats ? o->conv_keep_floats(be->ctx, &l->win, l->OC, max_batch) : 0;
+			if (n)
+				e = o->alloc(be->ctx, (void **)&r->keep[i], n * sizeof(float));
 		}
 	}
 	if (!e && ncol)
@@ -95,6 +98,7 @@ void replica_free(struct replica *r)
 		if (!buffer_shared(r->m, i))
 			o->release(r->be.ctx, r->act[i]);
 		o->release(r->be.ctx, r->stats[i]);
+		o->release(r->be.ctx, r->keep[i]);
 	}
 	o->release(r->be.ctx, r->col);
 	o->release(r->be.ctx, r->probs);
@@ -127,12 +131,6 @@ int replica_gather(struct replica *r, const float *data_x, const int32_t *data_y
 				 (size_t)r->m->inputs);
 }
 
-/* Layer i's dropout key: each dropout layer draws its own mask. */
-static uint64_t layer_key(const struct replica *r, int i)
-{
-	return rng_hash(r->key, RNG_DROPOUT, (uint64_t)i);
-}
-
 static int layer_forward(struct replica *r, int i, const float *params, const float *in, int B)
 {
 	const struct layer *l = &r->m->layers[i];
@@ -144,14 +142,14 @@ static int layer_forward(struct replica *r, int i, const float *params, const fl
 	case LAYER_DENSE:
 		return o->dense_forward(ctx, out, in, params + l->woff, params + l->boff, B, l->in, l->out);
 	case LAYER_CONV:
-		return o->conv_forward(ctx, out, r->col, in, params + l->woff, params + l->boff, B, l->OC,
-				       &l->win);
+		return o->conv_forward(ctx, out, r->col, r->keep[i], in, params + l->woff,
+				       params + l->boff, B, l->OC, &l->win);
 	case LAYER_MAXPOOL:
 	case LAYER_AVGPOOL:
 		return o->pool_forward(ctx, l->kind, out, in, B, &l->win);
 	case LAYER_DROPOUT:
 		/* p = 0 is the identity: evaluation keeps every unit. */
-		return o->dropout_forward(ctx, out, in, r->training ? l->p : 0.0f, layer_key(r, i), N);
+		return o->dropout_forward(ctx, out, in, r->training ? l->p : 0.0f, r->key, i, N);
 	case LAYER_FLATTEN:
 		return 0;   /* out is in */
 	case LAYER_BATCHNORM: {
@@ -175,6 +173,50 @@ static int fused_with_next(const struct replica *r, int i)
 	const struct model *m = r->m;
 	return r->be.ops->dense_act_forward && m->layers[i].kind == LAYER_DENSE &&
 	       i + 1 < m->nlayers && is_activation(m->layers[i + 1].kind) && buffer_shared(m, i + 1);
+}
+
+/* Layers the backend's bn_relu_* fuse with batchnorm i: 2 (the relu
+ * after it, which writes into the batchnorm's buffer: buffer_shared), 3
+ * (and the pooling after that, when its windows tile its input), or 0
+ * (no such entries, or another order). The same answer for forward and
+ * backward, so a backward undoes exactly what its forward fused. */
+static int bn_group(const struct replica *r, int i)
+{
+	const struct model *m = r->m;
+	const struct backend_ops *o = r->be.ops;
+	if (!o->bn_relu_forward || !o->bn_relu_backward || m->layers[i].kind != LAYER_BATCHNORM ||
+	    i + 1 >= m->nlayers || m->layers[i + 1].kind != LAYER_RELU || !buffer_shared(m, i + 1))
+		return 0;
+	const struct layer *p = i + 2 < m->nlayers ? &m->layers[i + 2] : NULL;
+	if (p && (p->kind == LAYER_MAXPOOL || p->kind == LAYER_AVGPOOL) && p->win.S == p->win.K &&
+	    p->win.P == 0)
+		return 3;
+	return 2;
+}
+
+/* The batchnorm whose fused group (bn_group) ends at layer i, or -1. */
+static int bn_group_ending(const struct replica *r, int i)
+{
+	if (i >= 2 && bn_group(r, i - 2) == 3)
+		return i - 2;
+	if (i >= 1 && bn_group(r, i - 1) == 2)
+		return i - 1;
+	return -1;
+}
+
+/* Batchnorm i and the grp - 1 layers after it in one pass: the relu's
+ * output in the batchnorm's buffer, the pooling's in its own. */
+static int bn_group_forward(struct replica *r, int i, int grp, const float *params,
+			    const float *in, int B)
+{
+	const struct layer *l = &r->m->layers[i];
+	const struct layer *p = grp == 3 ? &r->m->layers[i + 2] : NULL;
+	float *mean = r->training ? r->stats[i] : NULL;
+	float *var = r->training ? r->stats[i] + l->C : NULL;
+	return r->be.ops->bn_relu_forward(r->be.ctx, r->act[i], p ? r->act[i + 2] : NULL, mean, var, in,
+					  params + l->woff, params + l->boff, params + l->moff,
+					  params + l->voff, B, l->C, l->H * l->W,
+					  p ? p->kind : LAYER_RELU, p ? &p->win : NULL);
 }
 
 /* Where forward_layers waits for parameters (replica_forward_flow), or
@@ -220,13 +262,16 @@ static int forward_layers(struct replica *r, const float *params, const float *x
 	r->failed = NULL;
 	for (int i = 0; i < m->nlayers; i++) {
 		const struct layer *l = &m->layers[i];
-		int e = 0;
+		int e = 0, grp;
 		size_t have;
 		if (pw && l->kind == LAYER_DENSE) {
 			e = dense_forward_arriving(r, i, params, in, B, pw);
 		} else if (pw && l->nparams &&
 			   (e = pw->ready(pw->ctx, l->woff, l->woff + l->nparams, l->woff + l->nparams, 1, &have))) {
 			/* the parameters will not come: e says why */
+		} else if ((grp = bn_group(r, i)) > 0) {
+			e = bn_group_forward(r, i, grp, params, in, B);
+			i += e == 0 ? grp - 1 : 0;   /* the output is the last layer's buffer */
 		} else if (fused_with_next(r, i)) {
 			e = r->be.ops->dense_act_forward(r->be.ctx, r->act[i], in, params + l->woff,
 							 params + l->boff, B, l->in, l->out,
@@ -242,6 +287,34 @@ static int forward_layers(struct replica *r, const float *params, const float *x
 		in = r->act[i];
 	}
 	*logits = in;
+	return 0;
+}
+
+/* The backward of batchnorm j fused with layers j+1 .. end (bn_group)
+ * from *dout, their output gradient: relu's (and pooling's) backward
+ * into g, the other gradient buffer when pooling makes the input larger
+ * than dout, else dout itself, then batchnorm's from g, its input
+ * gradient in place over g (none for a first layer: *dout NULL after). */
+static int bn_group_backward(struct replica *r, int j, int end, const float *params,
+			     float *grads, const float *x, int B, float scale, int *cur,
+			     float **dout)
+{
+	const struct layer *l = &r->m->layers[j], *p = end > j + 1 ? &r->m->layers[end] : NULL;
+	float *g = p ? r->grad[*cur ^ 1] : *dout;
+	float *dinp = j > 0 ? g : NULL;
+	int e = r->be.ops->bn_relu_backward(r->be.ctx, dinp, g, grads + l->woff, grads + l->boff,
+					    grads + l->moff, grads + l->voff, *dout, r->act[j],
+					    j > 0 ? r->act[j - 1] : x, params + l->woff, r->stats[j],
+					    r->stats[j] + l->C, params + l->moff, params + l->voff,
+					    scale * (float)B, B, l->C, l->H * l->W,
+					    p ? p->kind : LAYER_RELU, p ? &p->win : NULL);
+	if (e) {
+		r->failed = l->name;
+		return e;
+	}
+	if (p)
+		*cur ^= 1;
+	*dout = dinp;
 	return 0;
 }
 
@@ -263,7 +336,14 @@ static int backward_layers(struct replica *r, const float *params, float *grads,
 		size_t N = (size_t)B * (size_t)l->out;
 		/* The first layer's input gradient would be the data's: skip it. */
 		float *dinp = i > 0 ? r->grad[cur ^ 1] : NULL;
-		int swap = 1;
+		int swap = 1, j = bn_group_ending(r, i);
+		if (j >= 0) {
+			e = bn_group_backward(r, j, i, params, grads, x, B, scale, &cur, &dout);
+			i = j;
+			if (!dout)
+				break;   /* the batchnorm was the first layer */
+			continue;
+		}
 		switch (l->kind) {
 		case LAYER_DENSE:
 			/* The flow's backends keep their buffers in host memory
@@ -276,8 +356,9 @@ static int backward_layers(struct replica *r, const float *params, float *grads,
 			bias_done = 0;
 			break;
 		case LAYER_CONV:
-			e = o->conv_backward(ctx, dinp, grads + l->woff, grads + l->boff, r->col, dout, inp,
-					     params + l->woff, B, l->OC, &l->win);
+			e = o->conv_backward(ctx, dinp, grads + l->woff, grads + l->boff, r->col,
+					     r->keep[i], dout, inp, params + l->woff, B, l->OC,
+					     &l->win);
 			break;
 		case LAYER_BATCHNORM:
 			e = o->batchnorm_backward(ctx, dinp, grads + l->woff, grads + l->boff,
@@ -294,7 +375,7 @@ static int backward_layers(struct replica *r, const float *params, float *grads,
 		case LAYER_DROPOUT:
 			swap = 0;
 			if (l->p != 0.0f)
-				e = o->dropout_backward(ctx, dout, dout, l->p, layer_key(r, i), N);
+				e = o->dropout_backward(ctx, dout, dout, l->p, r->key, i, N);
 			break;
 		case LAYER_FLATTEN:
 			swap = 0;

@@ -24,6 +24,8 @@ struct replica {
 					    * input's buffer (see buffer_shared) */
 	float *stats[MODEL_MAX_LAYERS];    /* batchnorm: batch mean (C) then variance (C) */
 	float *col;                        /* conv im2col scratch, the largest conv's */
+	float *keep[MODEL_MAX_LAYERS];     /* conv: its im2col columns kept from forward
+					    * for backward (conv_keep_floats), or NULL */
 	float *probs;                      /* (B, outputs) */
 	float *grad[2];                    /* (B, max_width) ping-pong d(activation) */
 	int training;                      /* the last forward was a training one */

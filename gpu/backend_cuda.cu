@@ -345,11 +345,28 @@ static size_t g_conv_col_floats(void *ctx, const struct window *w, int OC, int B
 	return (size_t)conv_chunk_of(g, w, OC, B) * conv_per_sample(w, OC);
 }
 
+/* A layer keeps its forward columns when one GEMM takes the whole batch
+ * (so every batch up to B is one chunk, whose columns backward needs
+ * whole) and they take at most a quarter of what the arena can still
+ * hand out when the replica is made: the example CNN at batch 256 keeps
+ * 20 MB and 160 MB, and backward skips an im2col a layer. Decided here,
+ * once; a step never allocates or asks again. */
+static size_t g_conv_keep_floats(void *ctx, const struct window *w, int OC, int B)
+{
+	const struct gpu_ctx *g = (const struct gpu_ctx *)ctx;
+	size_t n = (size_t)w->C * w->K * w->K * (size_t)B * w->OH * w->OW;
+	if (conv_chunk_of(g, w, OC, B) < B || n * sizeof(float) > arena_room(&g->arena) / 4)
+		return 0;
+	return n;
+}
+
 /* Per chunk of nb samples (core/conv.c has the layout):
  *   col (ckk, ld) = im2col; tmp (OC, ld) = weight (OC, ckk) col, i.e. in
  *   cuBLAS's column-major terms tmp^T (ld, OC) = col^T (ld, ckk) weight^T. */
-static int g_conv_forward(void *ctx, float *out, float *col, const float *inp, const float *weight,
-			  const float *bias, int B, int OC, const struct window *w)
+/* keep (conv_keep_floats): the whole batch is one chunk, its columns go
+ * there and the GEMM's output to col. */
+static int g_conv_forward(void *ctx, float *out, float *col, float *keep, const float *inp,
+			  const float *weight, const float *bias, int B, int OC, const struct window *w)
 {
 	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
 	int r = use(g);
@@ -361,10 +378,11 @@ static int g_conv_forward(void *ctx, float *out, float *col, const float *inp, c
 	for (int b0 = 0; b0 < B; b0 += Bc) {
 		int nb = B - b0 < Bc ? B - b0 : Bc;
 		size_t ld = (size_t)nb * ohw;
-		float *tmp = col + (size_t)ckk * ld;
-		CKL(g, "im2col kernel", gk_im2col(g->stream, col, ld, inp + (size_t)b0 * in_n, nb, w));
+		float *cols = keep && nb == B ? keep : col;
+		float *tmp = cols == keep ? col : col + (size_t)ckk * ld;
+		CKL(g, "im2col kernel", gk_im2col(g->stream, cols, ld, inp + (size_t)b0 * in_n, nb, w));
 		CKB(g, "cublasSgemm (conv forward)",
-		    g->api.sgemm(g->blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)ld, OC, ckk, &one, col, (int)ld,
+		    g->api.sgemm(g->blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)ld, OC, ckk, &one, cols, (int)ld,
 				 weight, ckk, &zero, tmp, (int)ld));
 		CKL(g, "conv scatter kernel",
 		    gk_conv_scatter(g->stream, out + (size_t)b0 * OC * ohw, tmp, ld, bias, nb, OC, ohw));
@@ -377,8 +395,8 @@ static int g_conv_forward(void *ctx, float *out, float *col, const float *inp, c
  *   dcol (ckk, ld) = weight^T tmp, i.e. dcol^T (ld, ckk) = tmp^T weight:
  *   gemm(N, T); then col2im into dinp. */
 static int g_conv_backward(void *ctx, float *dinp, float *dweight, float *dbias, float *col,
-			   const float *dout, const float *inp, const float *weight, int B, int OC,
-			   const struct window *w)
+			   const float *keep, const float *dout, const float *inp,
+			   const float *weight, int B, int OC, const struct window *w)
 {
 	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
 	int r = use(g);
@@ -391,14 +409,17 @@ static int g_conv_backward(void *ctx, float *dinp, float *dweight, float *dbias,
 		int nb = B - b0 < Bc ? B - b0 : Bc;
 		size_t ld = (size_t)nb * ohw;
 		float *tmp = col + (size_t)ckk * ld;
-		CKL(g, "conv gather kernel",
-		    gk_conv_gather(g->stream, tmp, ld, dout + (size_t)b0 * OC * ohw, nb, OC, ohw));
-		CKL(g, "im2col kernel", gk_im2col(g->stream, col, ld, inp + (size_t)b0 * in_n, nb, w));
+		CKL(g, "conv gather and bias gradient kernel",
+		    gk_conv_gather(g->stream, tmp, ld, dbias, dout + (size_t)b0 * OC * ohw, nb, OC, ohw,
+				   &g->bn));
+		/* forward's columns where it kept them (the whole batch) */
+		const float *cols = keep && nb == B ? keep : col;
+		if (cols == col)
+			CKL(g, "im2col kernel",
+			    gk_im2col(g->stream, col, ld, inp + (size_t)b0 * in_n, nb, w));
 		CKB(g, "cublasSgemm (conv weight gradient)",
-		    g->api.sgemm(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, ckk, OC, (int)ld, &one, col, (int)ld,
+		    g->api.sgemm(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, ckk, OC, (int)ld, &one, cols, (int)ld,
 				 tmp, (int)ld, &one, dweight, ckk));
-		if (dbias)
-			CKL(g, "conv bias gradient kernel", gk_row_sums_add(g->stream, dbias, tmp, ld, OC));
 		if (!dinp)
 			continue;
 		CKB(g, "cublasSgemm (conv input gradient)",
@@ -433,14 +454,19 @@ static int g_pool_backward(void *ctx, enum layer_kind k, float *dinp, const floa
 	return 0;
 }
 
-/* Forward and backward are the same mask applied to different vectors. */
-static int g_dropout(void *ctx, float *out, const float *inp, float p, uint64_t key, size_t N)
+/* Forward and backward are the same mask applied to different vectors.
+ * While a step is captured the kernel reads the step's key from *step
+ * (gpu_graph_launch writes it before each replay), as the gather reads
+ * the batch's position: a key passed here would be frozen in the graph. */
+static int g_dropout(void *ctx, float *out, const float *inp, float p, uint64_t key, int layer,
+		     size_t N)
 {
 	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
 	int r = use(g);
 	if (r)
 		return r;
-	CKL(g, "dropout kernel", gk_dropout(g->stream, out, inp, p, key, N));
+	CKL(g, "dropout kernel",
+	    gk_dropout(g->stream, out, inp, p, key, layer, g->capturing ? g->step : NULL, N));
 	return 0;
 }
 
@@ -458,6 +484,19 @@ static int g_batchnorm_forward(void *ctx, float *out, float *mean, float *var, c
 	return 0;
 }
 
+/* use(g), and where an input gradient is asked for, the channel sums'
+ * scratch it reads: 2 x width floats (g_reserve), so a layer's channels
+ * must fit its width. */
+static int bn_use(struct gpu_ctx *g, const float *dinp, int C)
+{
+	int r = use(g);
+	if (r || !dinp || (g->bn.sums && C <= g->width))
+		return r;
+	snprintf(g->err, sizeof(g->err), "gpu:%d: batchnorm over %d channels but scratch was reserved for %d",
+		 g->device, C, g->bn.sums ? g->width : 0);
+	return -EINVAL;
+}
+
 static int g_batchnorm_backward(void *ctx, float *dinp, float *dgamma, float *dbeta,
 				float *drun_mean, float *drun_var, const float *dout,
 				const float *inp, const float *gamma, const float *mean,
@@ -465,19 +504,47 @@ static int g_batchnorm_backward(void *ctx, float *dinp, float *dgamma, float *db
 				float stat_scale, int B, int C, int HW)
 {
 	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
-	int r = use(g);
+	int r = bn_use(g, dinp, C);
 	if (r)
 		return r;
-	/* The input gradient reads the channel's sums from scratch of
-	 * 2 x width floats (g_reserve): a layer's channels fit its width. */
-	if (dinp && (!g->bn.sums || C > g->width)) {
-		snprintf(g->err, sizeof(g->err), "gpu:%d: batchnorm over %d channels but scratch was reserved for %d",
-			 g->device, C, g->bn.sums ? g->width : 0);
-		return -EINVAL;
-	}
 	CKL(g, "batchnorm backward kernel",
 	    gk_batchnorm_backward(g->stream, dinp, dgamma, dbeta, drun_mean, drun_var, dout, inp,
 				  gamma, mean, var, run_mean, run_var, stat_scale, B, C, HW, &g->bn));
+	return 0;
+}
+
+/* Batchnorm + relu (+ pooling), fused: gk_bn_relu_*; the input
+ * gradient needs the channel sums' scratch as batchnorm's does. */
+static int g_bn_relu_forward(void *ctx, float *act, float *out, float *mean, float *var,
+			     const float *inp, const float *gamma, const float *beta,
+			     const float *run_mean, const float *run_var, int B, int C, int HW,
+			     enum layer_kind pool, const struct window *w)
+{
+	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
+	int r = use(g);
+	if (r)
+		return r;
+	CKL(g, "batchnorm, relu and pooling forward kernel",
+	    gk_bn_relu_forward(g->stream, act, out, mean, var, inp, gamma, beta, run_mean, run_var, B,
+			       C, HW, w, pool == LAYER_MAXPOOL, &g->bn));
+	return 0;
+}
+
+static int g_bn_relu_backward(void *ctx, float *dinp, float *gbuf, float *dgamma, float *dbeta,
+			      float *drun_mean, float *drun_var, const float *dout, const float *act,
+			      const float *inp, const float *gamma, const float *mean,
+			      const float *var, const float *run_mean, const float *run_var,
+			      float stat_scale, int B, int C, int HW, enum layer_kind pool,
+			      const struct window *w)
+{
+	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
+	int r = bn_use(g, dinp, C);
+	if (r)
+		return r;
+	CKL(g, "batchnorm, relu and pooling backward kernel",
+	    gk_bn_relu_backward(g->stream, dinp, gbuf, dgamma, dbeta, drun_mean, drun_var, dout, act,
+				inp, gamma, mean, var, run_mean, run_var, stat_scale, B, C, HW, w,
+				pool == LAYER_MAXPOOL, &g->bn));
 	return 0;
 }
 
@@ -506,7 +573,10 @@ static const struct backend_ops cuda_ops = {
 	.gather = g_gather,
 	.dense_act_forward = g_dense_act_forward,
 	.act_bias_backward = g_act_bias_backward,
+	.bn_relu_forward = g_bn_relu_forward,
+	.bn_relu_backward = g_bn_relu_backward,
 	.conv_col_floats = g_conv_col_floats,
+	.conv_keep_floats = g_conv_keep_floats,
 	.reserve = g_reserve,
 };
 

@@ -65,6 +65,7 @@ int gk_xent_backward(void *stream, float *dlogits, const float *probs, const int
 struct gk_step {
 	size_t at;                          /* the batch's position in the order */
 	float lr, step_size, inv_sqrt_bc2;  /* struct gk_optim's per-step fields */
+	uint64_t key;                       /* the step's dropout key (replica_key) */
 };
 int gk_step_set(void *stream, struct gk_step *dev, const struct gk_step *host);
 
@@ -106,11 +107,13 @@ int gk_col2im(void *stream, float *dinp, const float *col, size_t ld, int nb,
 /* out (nb, OC, OH*OW) = tmp (OC, ld) columns of each sample + bias (or 0). */
 int gk_conv_scatter(void *stream, float *out, const float *tmp, size_t ld, const float *bias,
 		    int nb, int OC, size_t ohw);
-/* tmp (OC, ld) = dout (nb, OC, OH*OW) gathered per channel. */
-int gk_conv_gather(void *stream, float *tmp, size_t ld, const float *dout, int nb, int OC,
-		   size_t ohw);
-/* dbias (OC) += row sums of tmp (OC, ld). */
-int gk_row_sums_add(void *stream, float *dbias, const float *tmp, size_t ld, int OC);
+/* tmp (OC, ld) = dout (nb, OC, OH*OW) gathered per channel and, with
+ * dbias non-NULL, dbias (OC) += each channel's sum, in the same pass; the
+ * sums are split over blocks that meet in s (struct gk_bn_scratch, below;
+ * NULL: one block a channel). */
+struct gk_bn_scratch;
+int gk_conv_gather(void *stream, float *tmp, size_t ld, float *dbias, const float *dout, int nb,
+		   int OC, size_t ohw, const struct gk_bn_scratch *s);
 
 /* max = 1: max pooling (first maximum of each window), else average. */
 int gk_pool_forward(void *stream, int max, float *out, const float *inp, int B,
@@ -119,15 +122,20 @@ int gk_pool_forward(void *stream, int max, float *out, const float *inp, int B,
 int gk_pool_backward(void *stream, int max, float *dinp, const float *dout, const float *inp,
 		     int B, const struct window *w);
 
-/* Inverted dropout with core/rng.c's hash: the same masks as the CPU. */
-int gk_dropout(void *stream, float *out, const float *inp, float p, uint64_t key, size_t n);
+/* Inverted dropout with core/rng.c's hash: the same masks as the CPU,
+ * dropout_forward's with dropout_layer_key(key, layer), the layer's key
+ * derived on the device; with step non-NULL the step's key is step->key
+ * (a captured step reads it there) instead of key. */
+int gk_dropout(void *stream, float *out, const float *inp, float p, uint64_t key, int layer,
+	       const struct gk_step *step, size_t n);
 
-/* Batchnorm's scratch: its per-channel sums are split over several blocks
- * a channel whose partial sums meet in partial (gk_bn_partials() doubles)
+/* The per-channel sums' scratch (batchnorm's and the conv bias
+ * gradient's, gpu/chansum.cuh): the sums are split over several blocks a
+ * channel whose partial sums meet in partial (gk_bn_partials() doubles)
  * and are added in block order by the last block of each channel
- * (tickets: GK_BN_SLOTS zeroed counters, left zeroed); backward keeps each
- * channel's two sums in sums (2 C floats) for the input gradient. partial
- * or tickets NULL: one block a channel. */
+ * (tickets: GK_BN_SLOTS zeroed counters, left zeroed); batchnorm's
+ * backward keeps each channel's two sums in sums (2 C floats) for the
+ * input gradient. partial or tickets NULL: one block a channel. */
 #define GK_BN_SLOTS 65536
 struct gk_bn_scratch {
 	double *partial;
@@ -146,6 +154,26 @@ int gk_batchnorm_backward(void *stream, float *dinp, float *dgamma, float *dbeta
 			  const float *gamma, const float *mean, const float *var,
 			  const float *run_mean, const float *run_var, float stat_scale, int B,
 			  int C, int HW, const struct gk_bn_scratch *s);
+
+/* A batchnorm, the relu after it and, with w non-NULL, the pooling after
+ * that (max = 1: max pooling, else average) over windows that tile the
+ * batchnorm's planes (w->S == w->K, w->P == 0, w->C == C, w->H * w->W ==
+ * HW; another window: cudaErrorInvalidValue), fused. Forward: act (B, C,
+ * HW) = relu(batchnorm) (mean and var as gk_batchnorm_forward's), out (B,
+ * C, OH, OW) = the pooling of act in the same pass (w NULL: out unused).
+ * Backward: g (B, C, HW) = relu's backward of pooling's backward of dout
+ * (B, C, OH, OW) (w NULL: of dout (B, C, HW); g may alias it), made in
+ * batchnorm's sums pass, then gk_batchnorm_backward's input gradient from
+ * g into dinp (NULL: none; may alias g). */
+int gk_bn_relu_forward(void *stream, float *act, float *out, float *mean, float *var,
+		       const float *inp, const float *gamma, const float *beta, const float *run_mean,
+		       const float *run_var, int B, int C, int HW, const struct window *w, int max,
+		       const struct gk_bn_scratch *s);
+int gk_bn_relu_backward(void *stream, float *dinp, float *g, float *dgamma, float *dbeta,
+			float *drun_mean, float *drun_var, const float *dout, const float *act,
+			const float *inp, const float *gamma, const float *mean, const float *var,
+			const float *run_mean, const float *run_var, float stat_scale, int B, int C,
+			int HW, const struct window *w, int max, const struct gk_bn_scratch *s);
 
 /* y += x over n elements: summing gradients of several replicas. */
 int gk_add(void *stream, float *y, const float *x, size_t n);

@@ -1,9 +1,8 @@
 /* CUDA twins of the convolutional-network layers of the CPU backend:
  * im2col/col2im and the layout moves around conv's GEMMs (core/conv.c),
- * pooling (core/pool.c), dropout (core/layers.c) and batch normalization
- * (core/batchnorm.c). Semantics follow the CPU code exactly (first maximum
- * in max pooling, sums in double in batchnorm, the same dropout hash);
- * only summation order differs.
+ * pooling (core/pool.c) and dropout (core/layers.c); batchnorm is in
+ * gpu/kernels_bn.cu. Semantics follow the CPU code exactly (first maximum
+ * in max pooling, the same dropout hash); only summation order differs.
  *
  * Backward kernels that SET their input gradient are written as gathers
  * (one thread per input element sums what reaches it), so they need no
@@ -11,6 +10,7 @@
 extern "C" {
 #include "../core/layers.h"
 }
+#include "chansum.cuh"
 #include "kernels.h"
 #include "launch.h"
 
@@ -85,70 +85,67 @@ extern "C" int gk_col2im(void *stream, float *dinp, const float *col, size_t ld,
 	return launched();
 }
 
-__global__ void conv_scatter_kernel(float *out, const float *tmp, size_t ld, const float *bias,
-				    int nb, int OC, size_t ohw)
+/* out (nb, OC, ohw) = tmp (OC, ld) + bias: one thread an output, reading
+ * tmp along its rows, so both sides are read and written in runs of ohw. */
+template <typename I>
+__global__ void conv_scatter_kernel(float *out, const float *tmp, I ld, const float *bias, int OC,
+				    I ohw, I n)
 {
-	size_t n = (size_t)nb * OC * ohw;
-	GRID_STRIDE(idx, n) {
-		size_t i = idx % ohw;
-		int o = (int)(idx / ohw % OC), b = (int)(idx / ohw / OC);
-		out[idx] = tmp[(size_t)o * ld + (size_t)b * ohw + i] + (bias ? bias[o] : 0.0f);
+	GRID_STRIDE_T(I, idx, n) {
+		I row = idx / ohw, b = row / (I)OC;
+		I i = idx - row * ohw;
+		int o = (int)(row - b * (I)OC);
+		out[idx] = tmp[(I)o * ld + b * ohw + i] + (bias ? bias[o] : 0.0f);
 	}
 }
 
-__global__ void conv_gather_kernel(float *tmp, size_t ld, const float *dout, int nb, int OC,
-				   size_t ohw)
+/* tmp (OC, ld) columns [0, nb*ohw) = dout (nb, OC, ohw) per channel, and
+ * with dbias, dbias[o] += the channel's sum, in the same pass: grid (OC,
+ * split), each block a share of channel o's nb*ohw values (CHAN_LOOP), its
+ * sum in double met with the others' by the last block (chan_last), where
+ * one block a channel summed tmp again after the gather. */
+template <typename I>
+__global__ void conv_gather_kernel(float *tmp, I ld, float *dbias, const float *dout, int OC,
+				   I ohw, I n, double *partial, unsigned *tickets)
 {
-	size_t n = (size_t)nb * OC * ohw;
-	GRID_STRIDE(idx, n) {
-		size_t i = idx % ohw;
-		int o = (int)(idx / ohw % OC), b = (int)(idx / ohw / OC);
-		tmp[(size_t)o * ld + (size_t)b * ohw + i] = dout[idx];
+	int o = blockIdx.x;
+	float *t = tmp + (I)o * ld;
+	const float *src = dout + (I)o * ohw;
+	I stride = (I)OC * ohw;
+	double s = 0.0, unused = 0.0;
+	CHAN_LOOP(I, j, n) {
+		I b = j / ohw;
+		float v = src[b * stride + (j - b * ohw)];
+		t[j] = v;
+		s += v;
 	}
+	if (!dbias)   /* the same for every thread of the grid */
+		return;
+	block_sum2(s, unused);
+	if (chan_last(s, unused, partial, tickets) && threadIdx.x == 0)
+		dbias[o] += (float)s;
 }
 
 extern "C" int gk_conv_scatter(void *stream, float *out, const float *tmp, size_t ld,
 			       const float *bias, int nb, int OC, size_t ohw)
 {
 	size_t n = (size_t)nb * OC * ohw;
-	conv_scatter_kernel<<<blocks_for(n), THREADS, 0, (cudaStream_t)stream>>>(out, tmp, ld, bias,
-										nb, OC, ohw);
+	int fits = FITS32(n) && FITS32((size_t)OC * ld);
+	LAUNCH_I(fits, conv_scatter_kernel, blocks_for(n), THREADS, stream, out, tmp, ld, bias, OC, ohw,
+		 n);
 	return launched();
 }
 
-extern "C" int gk_conv_gather(void *stream, float *tmp, size_t ld, const float *dout, int nb,
-			      int OC, size_t ohw)
+extern "C" int gk_conv_gather(void *stream, float *tmp, size_t ld, float *dbias, const float *dout,
+			      int nb, int OC, size_t ohw, const struct gk_bn_scratch *s)
 {
-	size_t n = (size_t)nb * OC * ohw;
-	conv_gather_kernel<<<blocks_for(n), THREADS, 0, (cudaStream_t)stream>>>(tmp, ld, dout, nb,
-									       OC, ohw);
-	return launched();
-}
-
-/* One block per row; partial sums in double, then a tree in shared memory. */
-__global__ void row_sums_add_kernel(float *dst, const float *src, size_t ld)
-{
-	__shared__ double part[THREADS];
-	const float *row = src + (size_t)blockIdx.x * ld;
-	double s = 0.0;
-	for (size_t i = threadIdx.x; i < ld; i += blockDim.x)
-		s += row[i];
-	part[threadIdx.x] = s;
-	__syncthreads();
-	for (int k = blockDim.x / 2; k > 0; k >>= 1) {
-		if ((int)threadIdx.x < k)
-			part[threadIdx.x] += part[threadIdx.x + k];
-		__syncthreads();
-	}
-	if (threadIdx.x == 0)
-		dst[blockIdx.x] += (float)part[0];
-}
-
-extern "C" int gk_row_sums_add(void *stream, float *dbias, const float *tmp, size_t ld, int OC)
-{
-	if (OC <= 0)
+	if (OC <= 0 || nb <= 0)
 		return 0;
-	row_sums_add_kernel<<<(unsigned)OC, THREADS, 0, (cudaStream_t)stream>>>(dbias, tmp, ld);
+	size_t n = (size_t)nb * ohw;
+	int fits = FITS32(n * OC) && FITS32((size_t)OC * ld);
+	dim3 grid((unsigned)OC, chan_split(OC, n, s));
+	LAUNCH_I(fits, conv_gather_kernel, grid, THREADS, stream, tmp, ld, dbias, dout, OC, ohw, n,
+		 s ? s->partial : NULL, s ? s->tickets : NULL);
 	return launched();
 }
 
@@ -251,11 +248,14 @@ __device__ static uint64_t rng_hash_dev(uint64_t seed, uint64_t stream, uint64_t
 
 #define RNG_DROPOUT_STREAM 5   /* enum rng_stream's RNG_DROPOUT; a test checks the masks */
 
+/* The layer's key from the step's (dropout_layer_key), per thread: three
+ * multiplies and shifts, less than one load of the step's key costs. */
 __global__ void dropout_kernel(float *out, const float *inp, uint32_t thr, float scale,
-			       uint64_t key, size_t n)
+			       uint64_t key, int layer, const struct gk_step *step, size_t n)
 {
+	uint64_t lk = rng_hash_dev(step ? step->key : key, RNG_DROPOUT_STREAM, (uint64_t)layer);
 	GRID_STRIDE(i, n) {
-		uint32_t u = (uint32_t)(rng_hash_dev(key, RNG_DROPOUT_STREAM, i) >> 32);
+		uint32_t u = (uint32_t)(rng_hash_dev(lk, RNG_DROPOUT_STREAM, i) >> 32);
 		out[i] = u >= thr ? inp[i] * scale : 0.0f;
 	}
 }
@@ -267,7 +267,7 @@ __global__ void copy_kernel(float *out, const float *inp, size_t n)
 }
 
 extern "C" int gk_dropout(void *stream, float *out, const float *inp, float p, uint64_t key,
-			  size_t n)
+			  int layer, const struct gk_step *step, size_t n)
 {
 	if (n == 0)
 		return 0;
@@ -279,240 +279,7 @@ extern "C" int gk_dropout(void *stream, float *out, const float *inp, float p, u
 	/* dropout_threshold() of core/layers.c */
 	double t = (double)p * 4294967296.0;
 	uint32_t thr = t >= 4294967295.0 ? 0xffffffffu : (uint32_t)t;
-	dropout_kernel<<<blocks_for(n), THREADS, 0, (cudaStream_t)stream>>>(out, inp, thr,
-									   1.0f / (1.0f - p), key, n);
-	return launched();
-}
-
-/* ---- batch normalization ---------------------------------------------------- */
-
-/* The per-channel sums (forward: of x - k and its square; backward: of dy
- * and dy * xhat) run over a grid of C x split blocks: blockIdx.x is the
- * channel, blockIdx.y its part, so a channel's B*HW values are shared by
- * up to BN_MAX_SPLIT blocks of about BN_PER_BLOCK values each instead of
- * one block per channel (32-64 blocks on 132 SMs for the example CNN).
- * Each block's two sums are made in double by warp shuffles in a fixed
- * order; the blocks' sums meet in scratch and the last block of the
- * channel to finish (a ticket, as the bias gradient's) adds them in block
- * order: one pass over the data, the same bits every run. The elementwise
- * parts (y = a x + d, the input gradient) are kernels of their own over
- * all B*C*HW values. */
-#define BN_PER_BLOCK 2048
-#define BN_MAX_SPLIT 256
-
-/* The block's sums of a and b, in thread 0's. */
-__device__ static void block_sum2(double &a, double &b)
-{
-	__shared__ double sa[THREADS / 32], sb[THREADS / 32];
-	for (int o = 16; o > 0; o >>= 1) {
-		a += __shfl_down_sync(0xffffffffu, a, o);
-		b += __shfl_down_sync(0xffffffffu, b, o);
-	}
-	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-	if (lane == 0) {
-		sa[warp] = a;
-		sb[warp] = b;
-	}
-	__syncthreads();
-	if (warp == 0) {
-		int nw = (int)(blockDim.x >> 5);
-		a = lane < nw ? sa[lane] : 0.0;
-		b = lane < nw ? sb[lane] : 0.0;
-		for (int o = 16; o > 0; o >>= 1) {
-			a += __shfl_down_sync(0xffffffffu, a, o);
-			b += __shfl_down_sync(0xffffffffu, b, o);
-		}
-	}
-}
-
-/* After block_sum2: whether this block holds its channel's whole sums in
- * thread 0's a and b (it is the channel's only block, or the last of them
- * to finish, which then adds every block's sums in block order and leaves
- * the ticket at zero). */
-__device__ static bool bn_last(double &a, double &b, double *partial, unsigned *tickets)
-{
-	__shared__ bool last;
-	unsigned split = gridDim.y, c = blockIdx.x;
-	if (split == 1)
-		return true;
-	if (threadIdx.x == 0) {
-		size_t slot = (size_t)c * split + blockIdx.y;
-		partial[2 * slot] = a;
-		partial[2 * slot + 1] = b;
-		__threadfence();
-		last = atomicAdd(&tickets[c], 1u) == split - 1;
-	}
-	__syncthreads();
-	if (!last)
-		return false;
-	if (threadIdx.x == 0) {
-		const double *p = partial + 2 * (size_t)c * split;
-		a = b = 0.0;
-		for (unsigned j = 0; j < split; j++) {
-			a += __ldcg(&p[2 * j]);   // past L1: written by other SMs
-			b += __ldcg(&p[2 * j + 1]);
-		}
-		tickets[c] = 0;
-	}
-	return true;
-}
-
-/* Element j of channel c over (B, HW): plane b = j / HW, offset j % HW. */
-#define BN_LOOP(I, j, n) \
-	for (I j = blockIdx.y * (I)blockDim.x + threadIdx.x; j < (n); j += (I)gridDim.y * blockDim.x)
-
-/* mean and var of channel c in one pass: the sums of d = x - k and d^2,
- * with k a value of the channel, so that E[d^2] - E[d]^2 does not cancel
- * the way E[x^2] - E[x]^2 would for a channel far from zero; in double,
- * this agrees with the CPU's two passes to float rounding. */
-template <typename I>
-__global__ void bn_stats_kernel(float *mean, float *var, const float *inp, int C, I HW, I n,
-				double *partial, unsigned *tickets)
-{
-	int c = blockIdx.x;
-	I stride = (I)C * HW;
-	const float *x = inp + (I)c * HW;
-	double k = (double)x[0], s = 0.0, q = 0.0;
-	BN_LOOP(I, j, n) {
-		I b = j / HW;
-		double d = (double)x[b * stride + (j - b * HW)] - k;
-		s += d;
-		q += d * d;
-	}
-	block_sum2(s, q);
-	if (!bn_last(s, q, partial, tickets) || threadIdx.x != 0)
-		return;
-	double m = s / (double)n, v = q / (double)n - m * m;
-	mean[c] = (float)(k + m);
-	var[c] = (float)(v > 0.0 ? v : 0.0);
-}
-
-/* y = a x + d with a = gamma / sqrt(var + eps), d = beta - a mean (the
- * batch's statistics in training, the running ones in evaluation), as
- * the CPU computes them. */
-template <typename I>
-__global__ void bn_apply_kernel(float *out, const float *inp, const float *mean, const float *var,
-				const float *gamma, const float *beta, int C, I HW, I total)
-{
-	GRID_STRIDE_T(I, i, total) {
-		int c = (int)(i / HW % (I)C);
-		float a = gamma[c] / sqrtf(var[c] + BATCHNORM_EPS);
-		out[i] = a * inp[i] + (beta[c] - a * mean[c]);
-	}
-}
-
-/* sum dy and sum dy * xhat of channel c; the last block adds them to
- * dbeta and dgamma, the running statistics' updates to drun_mean and
- * drun_var, and keeps the sums as floats in sums[2c], sums[2c+1] (NULL:
- * no input gradient follows). */
-template <typename I>
-__global__ void bn_dsums_kernel(float *sums, float *dgamma, float *dbeta, float *drun_mean,
-				float *drun_var, const float *dout, const float *inp,
-				const float *mean, const float *var, const float *run_mean,
-				const float *run_var, float stat_scale, int C, I HW, I n,
-				double *partial, unsigned *tickets)
-{
-	int c = blockIdx.x;
-	I stride = (I)C * HW, base = (I)c * HW;
-	float mu = mean[c];
-	float invstd = 1.0f / sqrtf(var[c] + BATCHNORM_EPS);
-	double a = 0.0, b = 0.0;
-	BN_LOOP(I, j, n) {
-		I p = j / HW, at = base + p * stride + (j - p * HW);
-		float dy = dout[at];
-		a += dy;
-		b += (double)dy * (double)((inp[at] - mu) * invstd);
-	}
-	block_sum2(a, b);
-	if (!bn_last(a, b, partial, tickets) || threadIdx.x != 0)
-		return;
-	dbeta[c] += (float)a;
-	dgamma[c] += (float)b;
-	double unbiased = n > 1 ? (double)var[c] * (double)n / (double)(n - 1) : (double)var[c];
-	drun_mean[c] += stat_scale * BATCHNORM_MOMENTUM * (mu - run_mean[c]);
-	drun_var[c] += (float)(stat_scale * BATCHNORM_MOMENTUM * (unbiased - run_var[c]));
-	if (sums) {
-		sums[2 * c] = (float)a;
-		sums[2 * c + 1] = (float)b;
-	}
-}
-
-/* dx = gamma invstd / n (n dy - sum dy - xhat sum(dy xhat)); dinp may
- * alias dout (each element is read, then written, by one thread). */
-template <typename I>
-__global__ void bn_dinp_kernel(float *dinp, const float *dout, const float *inp,
-			       const float *gamma, const float *mean, const float *var,
-			       const float *sums, int C, I HW, I total, float fn)
-{
-	GRID_STRIDE_T(I, i, total) {
-		int c = (int)(i / HW % (I)C);
-		float invstd = 1.0f / sqrtf(var[c] + BATCHNORM_EPS);
-		float xhat = (inp[i] - mean[c]) * invstd;
-		dinp[i] = gamma[c] * invstd / fn * (fn * dout[i] - sums[2 * c] - xhat * sums[2 * c + 1]);
-	}
-}
-
-extern "C" size_t gk_bn_partials(void)
-{
-	return 2 * (size_t)GK_BN_SLOTS;
-}
-
-/* Blocks per channel: about BN_PER_BLOCK values each, at most
- * BN_MAX_SPLIT, and no more than the scratch's slots hold for C channels
- * (one, without scratch or past GK_BN_SLOTS / 2 channels). */
-static unsigned bn_split(int C, size_t n, const struct gk_bn_scratch *s)
-{
-	if (!s || !s->partial || !s->tickets)
-		return 1;
-	size_t k = (n + BN_PER_BLOCK - 1) / BN_PER_BLOCK, cap = GK_BN_SLOTS / (size_t)C;
-	k = k < cap ? k : cap;
-	k = k < BN_MAX_SPLIT ? k : BN_MAX_SPLIT;
-	return (unsigned)(k < 1 ? 1 : k);
-}
-
-extern "C" int gk_batchnorm_forward(void *stream, float *out, float *mean, float *var,
-				    const float *inp, const float *gamma, const float *beta,
-				    const float *run_mean, const float *run_var, int B, int C,
-				    int HW, const struct gk_bn_scratch *s)
-{
-	if (C <= 0 || B <= 0)
-		return 0;
-	size_t n = (size_t)B * HW, total = n * C;
-	int fits = FITS32(total);
-	if (mean) {
-		dim3 grid((unsigned)C, bn_split(C, n, s));
-		LAUNCH_I(fits, bn_stats_kernel, grid, THREADS, stream, mean, var, inp, C, HW, n,
-			 s ? s->partial : NULL, s ? s->tickets : NULL);
-		int e = launched();
-		if (e)
-			return e;
-	}
-	LAUNCH_I(fits, bn_apply_kernel, blocks_for(total), THREADS, stream, out, inp,
-		 mean ? mean : run_mean, mean ? var : run_var, gamma, beta, C, HW, total);
-	return launched();
-}
-
-extern "C" int gk_batchnorm_backward(void *stream, float *dinp, float *dgamma, float *dbeta,
-				     float *drun_mean, float *drun_var, const float *dout,
-				     const float *inp, const float *gamma, const float *mean,
-				     const float *var, const float *run_mean, const float *run_var,
-				     float stat_scale, int B, int C, int HW,
-				     const struct gk_bn_scratch *s)
-{
-	if (C <= 0 || B <= 0)
-		return 0;
-	if (dinp && (!s || !s->sums))
-		return (int)cudaErrorInvalidValue;   /* the input gradient needs the sums kept */
-	size_t n = (size_t)B * HW, total = n * C;
-	int fits = FITS32(total);
-	dim3 grid((unsigned)C, bn_split(C, n, s));
-	LAUNCH_I(fits, bn_dsums_kernel, grid, THREADS, stream, dinp ? s->sums : NULL, dgamma, dbeta,
-		 drun_mean, drun_var, dout, inp, mean, var, run_mean, run_var, stat_scale, C, HW, n,
-		 s ? s->partial : NULL, s ? s->tickets : NULL);
-	int e = launched();
-	if (e || !dinp)
-		return e;
-	LAUNCH_I(fits, bn_dinp_kernel, blocks_for(total), THREADS, stream, dinp, dout, inp, gamma,
-		 mean, var, s->sums, C, HW, total, (float)n);
+	dropout_kernel<<<blocks_for(n), THREADS, 0, (cudaStream_t)stream>>>(
+		out, inp, thr, 1.0f / (1.0f - p), key, layer, step, n);
 	return launched();
 }

@@ -19,6 +19,7 @@
 #include "backend.h"
 #include "gradcheck.h"
 #include "layers.h"
+#include "rng.h"
 
 /* The seed these tests have always drawn from. */
 static void seed(void)
@@ -455,6 +456,37 @@ Test(conv, dropout_train_eval_and_mask)
 	dropout_forward(b, b, p, 77, N);
 	cr_assert_eq(memcmp(a, b, N * sizeof(float)), 0, "in-place forward differs");
 	free(inp); free(a); free(b); free(c); free(dinp);
+}
+
+/* The backend's dropout takes the step's key and the layer's index and
+ * derives the layer's key itself (so that a GPU step captured as a graph
+ * can read the step's key from device memory): the masks must be those the
+ * replica made before, when it derived rng_hash(key, RNG_DROPOUT, layer)
+ * and passed that, bit for bit, forward, backward and in place. */
+Test(conv, dropout_op_derives_the_layer_key)
+{
+	size_t N = 30011;
+	float p = 0.4f;
+	float *inp = rand_array(N, 1.0), *want = zero_array(N), *got = zero_array(N);
+	struct backend b;
+	backend_cpu(&b, 2);
+	const uint64_t key = 0x1234567887654321ULL;
+	const int layers[] = { 0, 3, 11 };
+	for (size_t k = 0; k < sizeof(layers) / sizeof(layers[0]); k++) {
+		uint64_t lk = rng_hash(key, RNG_DROPOUT, (uint64_t)layers[k]);
+		cr_assert_eq(dropout_layer_key(key, layers[k]), lk, "layer %d's key changed", layers[k]);
+		dropout_forward(want, inp, p, lk, N);
+		cr_assert_eq(b.ops->dropout_forward(b.ctx, got, inp, p, key, layers[k], N), 0);
+		cr_expect_eq(memcmp(got, want, N * sizeof(float)), 0, "layer %d: forward mask differs",
+			     layers[k]);
+		dropout_backward(want, inp, p, lk, N);
+		memcpy(got, inp, N * sizeof(float));
+		cr_assert_eq(b.ops->dropout_backward(b.ctx, got, got, p, key, layers[k], N), 0);
+		cr_expect_eq(memcmp(got, want, N * sizeof(float)), 0, "layer %d: backward mask differs",
+			     layers[k]);
+	}
+	cr_expect_neq(dropout_layer_key(key, 3), dropout_layer_key(key, 4), "two layers share a mask");
+	free(inp); free(want); free(got);
 }
 
 /* ---- fast paths against references, threads against one thread ---------- */

@@ -433,6 +433,67 @@ Test(devices, gpu_optimizer_steps_match_the_cpu)
 	free(x), free(p);
 }
 
+/* Steps of batch B over `steps` batches of x, y on one GPU with [gpu]
+ * cuda_graphs on or off, the batch position, learning rate and (with
+ * vary_key) the dropout key changing from step to step: the values a
+ * replayed graph reads from device memory. Ends with the parameters in
+ * res, the optimizer's last state buffer (Adam's v, momentum's m) in st,
+ * and returns the summed loss. */
+static double graph_steps(const struct model *m, const struct optim_config *oc, int graphs, int B,
+			  int steps, int vary_key, const float *p, float *x, int32_t *y, float *res,
+			  float *st)
+{
+	static const char *const ini[2] = {
+		"[gpu]\ndevices = 0\nsoft_placement = false\nmemory_fraction = 0.05\ncuda_graphs = false\n",
+		"[gpu]\ndevices = 0\nsoft_placement = false\nmemory_fraction = 0.05\ncuda_graphs = true\n" };
+	struct devices d;
+	struct optim o;
+	struct dataset ds;
+	char out[1024], err[512];
+	uint32_t *order = malloc(sizeof(uint32_t) * (size_t)B * steps);
+	cr_assert_eq(optim_init(&o, oc, m->nparams), 0);
+	cr_assert_eq(open_from(&d, m, ini[graphs], oc, out, sizeof(out), err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(devices_set_params(&d, p, err, sizeof(err)), 0, "%s", err);
+	data_rows(&d, &ds, order, x, y, (size_t)B * steps);
+	for (int s = 0; s < steps; s++) {
+		uint64_t key = vary_key ? replica_key(23, s, 0) : 1;
+		cr_assert_eq(devices_train_step(&d, (size_t)((s * 5) % steps) * B, B, key, &o,
+						0.01f * (float)(s + 1), err, sizeof(err)), 0, "%s", err);
+	}
+	cr_assert_eq(d.graph_state, graphs, "%s: graph state %d", ini[graphs], d.graph_state);
+	double loss = meter_loss(&d, (long)B * steps);
+	cr_assert_eq(devices_get_params(&d, res, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(devices_get_optim(&d, &o, err, sizeof(err)), 0, "%s", err);
+	memcpy(st, oc->kind == OPTIM_ADAM ? o.v : o.m, sizeof(float) * m->nparams);
+	devices_close(&d);
+	optim_free(&o);
+	free(order);
+	return loss;
+}
+
+/* graph_steps with graphs off and on agree bit for bit. */
+static void graph_matches(const struct model *m, const struct optim_config *oc, int B, int steps,
+			  int vary_key, uint64_t seed)
+{
+	size_t P = m->nparams;
+	float *x = malloc(sizeof(float) * B * steps * (size_t)m->inputs), *p = malloc(sizeof(float) * P);
+	int32_t *y = malloc(sizeof(int32_t) * (size_t)B * steps);
+	float *res[2] = { malloc(sizeof(float) * P), malloc(sizeof(float) * P) };
+	float *st[2] = { malloc(sizeof(float) * P), malloc(sizeof(float) * P) };
+	double loss[2];
+	batches(m, B, steps, x, y, seed);
+	model_init_params(m, p, 0, P, seed + 1);
+	for (int k = 0; k < 2; k++)
+		loss[k] = graph_steps(m, oc, k, B, steps, vary_key, p, x, y, res[k], st[k]);
+	cr_expect_eq(memcmp(res[1], res[0], sizeof(float) * P), 0,
+		     "graph replay ends on other parameters (rel %.3g)", max_rel(res[1], res[0], P));
+	cr_expect_eq(memcmp(st[1], st[0], sizeof(float) * P), 0, "the optimizer's state differs");
+	cr_expect_eq(loss[1], loss[0], "loss %.17g with graphs, %.17g without", loss[1], loss[0]);
+	for (int k = 0; k < 2; k++)
+		free(res[k]), free(st[k]);
+	free(x), free(y), free(p);
+}
+
 /* A step replayed as a CUDA graph computes what the same step queued
  * kernel by kernel computes, bit for bit: parameters, Adam's moments and
  * the loss, over steps whose learning rate and batch position change (the
@@ -442,48 +503,67 @@ Test(devices, gpu_graph_steps_match_kernel_by_kernel)
 	gpu_or_skip("the CUDA graph check");
 	struct model m;
 	small_model(&m);
-	const int B = 16, steps = 6;
-	float *x = malloc(sizeof(float) * B * steps * (size_t)m.inputs), *p = malloc(sizeof(float) * m.nparams);
-	int32_t y[B * steps];
-	uint32_t order[B * steps];
-	struct dataset ds;
-	batches(&m, B, steps, x, y, 300);
 	struct optim_config oc = { .kind = OPTIM_ADAM, .lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f,
 				   .eps = 1e-8f, .weight_decay = 1e-3f };
-	model_init_params(&m, p, 0, m.nparams, 19);
-	const char *ini[2] = {
-		"[gpu]\ndevices = 0\nsoft_placement = false\nmemory_fraction = 0.05\ncuda_graphs = false\n",
-		"[gpu]\ndevices = 0\nsoft_placement = false\nmemory_fraction = 0.05\ncuda_graphs = true\n" };
-	float *res[2], *mom[2];
+	graph_matches(&m, &oc, 16, 6, 0, 300);
+}
+
+/* A small CNN in the example's layer order (conv, batchnorm, relu,
+ * maxpool; dense, relu, dropout, dense), on sizes that are multiples of
+ * nothing. */
+static void small_cnn(struct model *m)
+{
+	static const char *const text[] = { "conv 3x3 5 pad=same", "batchnorm", "relu", "maxpool 2",
+					    "dense 7", "relu", "dropout 0.5", "dense 3" };
+	struct model_spec s = { .in_h = 9, .in_w = 11, .in_c = 2, .nlayers = 8 };
+	char err[256];
+	for (int i = 0; i < s.nlayers; i++)
+		cr_assert_eq(layer_spec_parse(&s.layers[i], text[i], err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(model_build(m, &s, err, sizeof(err)), 0, "%s", err);
+}
+
+/* The CNN step, dropout included, as one CUDA graph: the replay matches
+ * kernel by kernel bit for bit (parameters with batchnorm's running
+ * statistics, momentum's buffer, the loss) with a new dropout key every
+ * step, which the graph must read from device memory (a key frozen at
+ * capture would drop other units from the third step on). */
+Test(devices, gpu_cnn_graph_steps_match_kernel_by_kernel)
+{
+	gpu_or_skip("the CNN's CUDA graph check");
+	struct model m;
+	small_cnn(&m);
+	struct optim_config oc = { .kind = OPTIM_MOMENTUM, .lr = 0.05f, .momentum = 0.9f,
+				   .weight_decay = 5e-4f };
+	graph_matches(&m, &oc, 13, 6, 1, 400);
+}
+
+/* The CNN's step on a GPU (batchnorm, relu and max pooling fused there,
+ * the parts one by one on the CPU; the same dropout masks) gives the
+ * CPU's gradient, batchnorm's running statistics' slots included, and
+ * loss, to float rounding. */
+Test(devices, gpu_cnn_step_matches_the_cpu)
+{
+	gpu_or_skip("the CNN's GPU step against the CPU");
+	struct model m;
+	small_cnn(&m);
+	const int B = 13;
+	float *x = malloc(sizeof(float) * B * (size_t)m.inputs), *p = malloc(sizeof(float) * m.nparams);
+	float *g[2] = { malloc(sizeof(float) * m.nparams), malloc(sizeof(float) * m.nparams) };
+	int32_t y[B];
 	double loss[2];
-	for (int k = 0; k < 2; k++) {
-		struct devices d;
-		struct optim o;
-		char out[1024], err[512];
-		cr_assert_eq(optim_init(&o, &oc, m.nparams), 0);
-		cr_assert_eq(open_from(&d, &m, ini[k], &oc, out, sizeof(out), err, sizeof(err)), 0, "%s", err);
-		cr_assert_eq(devices_set_params(&d, p, err, sizeof(err)), 0, "%s", err);
-		data_rows(&d, &ds, order, x, y, (size_t)B * steps);
-		for (int s = 0; s < steps; s++)
-			cr_assert_eq(devices_train_step(&d, (size_t)((s * 5) % steps) * B, B, 1, &o,
-							0.01f * (float)(s + 1), err, sizeof(err)), 0, "%s", err);
-		cr_assert_eq(d.graph_state, k ? 1 : 0, "%s: graph state %d", ini[k], d.graph_state);
-		loss[k] = meter_loss(&d, (long)B * steps);
-		res[k] = malloc(sizeof(float) * m.nparams);
-		mom[k] = malloc(sizeof(float) * m.nparams);
-		cr_assert_eq(devices_get_params(&d, res[k], err, sizeof(err)), 0, "%s", err);
-		cr_assert_eq(devices_get_optim(&d, &o, err, sizeof(err)), 0, "%s", err);
-		memcpy(mom[k], o.v, sizeof(float) * m.nparams);
-		devices_close(&d);
-		optim_free(&o);
-	}
-	cr_expect_eq(memcmp(res[1], res[0], sizeof(float) * m.nparams), 0,
-		     "graph replay ends on other parameters (rel %.3g)", max_rel(res[1], res[0], m.nparams));
-	cr_expect_eq(memcmp(mom[1], mom[0], sizeof(float) * m.nparams), 0, "Adam's second moment differs");
-	cr_expect_eq(loss[1], loss[0], "loss %.17g with graphs, %.17g without", loss[1], loss[0]);
-	for (int k = 0; k < 2; k++)
-		free(res[k]), free(mom[k]);
-	free(x), free(p);
+	batch(&m, B, x, y, 500);
+	model_init_params(&m, p, 0, m.nparams, 501);
+	struct devices d;
+	char out[1024], err[512];
+	loss[0] = grad_on(&m, 1, B, x, y, p, g[0]);
+	cr_assert_eq(open_from(&d, &m, "[gpu]\ndevices = 0\nsoft_placement = false\nmemory_fraction = 0.05\n",
+			       NULL, out, sizeof(out), err, sizeof(err)), 0, "%s", err);
+	loss[1] = grad_of(&d, B, x, y, p, g[1]);
+	devices_close(&d);
+	cr_expect_lt(max_rel(g[1], g[0], m.nparams), 1e-4, "GPU gradient differs from the CPU's (rel %.3g)",
+		     max_rel(g[1], g[0], m.nparams));
+	cr_expect_lt(fabs(loss[1] - loss[0]) / loss[0], 1e-5, "GPU loss %.9g vs CPU %.9g", loss[1], loss[0]);
+	free(x), free(p), free(g[0]), free(g[1]);
 }
 
 /* Devices opened for one optimizer refuse another, whose state they never

@@ -543,8 +543,12 @@ static struct window win(int C, int H, int W, int K, int S, int P)
 }
 
 /* One conv case ({B, OC, C, H, W, K, S, P}) on b against the CPU, with the
- * scratch b asks for; returns the samples per GEMM that scratch holds. */
-static size_t conv_case(struct backend *b, const int *k, uint64_t t)
+ * scratch b asks for; returns the samples per GEMM that scratch holds.
+ * With keep, forward keeps its columns in a buffer of the layer's own
+ * where b offers one (conv_keep_floats; else the case runs without) and
+ * backward gets an input of NaNs: it must use the kept columns, not
+ * rebuild them. */
+static size_t conv_case_keep(struct backend *b, const int *k, uint64_t t, int keep)
 {
 	int B = k[0], OC = k[1];
 	struct window w = win(k[2], k[3], k[4], k[5], k[6], k[7]);
@@ -563,13 +567,16 @@ static size_t conv_case(struct backend *b, const int *k, uint64_t t)
 	float *dw_d = dev_from(b, h_dw, nw * 4), *db_d = dev_from(b, h_db, OC * 4u);
 	float *col_d = dev_poisoned(b, ncol_d), *out_d = dev_poisoned(b, nout);
 	float *dx_d = dev_poisoned(b, nin);
+	size_t nkeep = keep ? b->ops->conv_keep_floats(b->ctx, &w, OC, B) : 0;
+	float *keep_d = nkeep ? dev_poisoned(b, nkeep) : NULL;
 	char what[96];
-	cr_assert_eq(b->ops->conv_forward(b->ctx, out_d, col_d, x_d, w_d, bias_d, B, OC, &w), 0,
+	cr_assert_eq(b->ops->conv_forward(b->ctx, out_d, col_d, keep_d, x_d, w_d, bias_d, B, OC, &w), 0,
 		     "%s", gpu_backend_error(b));
 	snprintf(what, sizeof(what), "conv forward case %llu", (unsigned long long)t);
 	expect_close(b, out_d, out, nout, what);
-	cr_assert_eq(b->ops->conv_backward(b->ctx, dx_d, dw_d, db_d, col_d, dout_d, x_d, w_d, B, OC,
-					   &w), 0, "%s", gpu_backend_error(b));
+	cr_assert_eq(b->ops->conv_backward(b->ctx, dx_d, dw_d, db_d, col_d, keep_d, dout_d,
+					   keep_d ? dev_poisoned(b, nin) : x_d, w_d, B, OC, &w), 0, "%s",
+		     gpu_backend_error(b));
 	snprintf(what, sizeof(what), "conv dinp case %llu", (unsigned long long)t);
 	expect_close(b, dx_d, dx, nin, what);
 	snprintf(what, sizeof(what), "conv dweight (accumulated) case %llu", (unsigned long long)t);
@@ -579,7 +586,12 @@ static size_t conv_case(struct backend *b, const int *k, uint64_t t)
 	free(x), free(wt), free(bias), free(dout), free(dw), free(db), free(out), free(dx);
 	free(col), free(h_dw), free(h_db);
 	size_t per = ((size_t)w.C * w.K * w.K + OC) * w.OH * w.OW;
-	return ncol_d / per;
+	return keep && !keep_d ? 0 : ncol_d / per;
+}
+
+static size_t conv_case(struct backend *b, const int *k, uint64_t t)
+{
+	return conv_case_keep(b, k, t, 0);
 }
 
 Test(gpu_kernels, conv_forward_and_backward)
@@ -587,11 +599,13 @@ Test(gpu_kernels, conv_forward_and_backward)
 	struct backend b;
 	open_gpu(&b, NULL);
 	/* {B, OC, C, H, W, K, S, P}: the Fashion CNN's first layer, strides,
-	 * padding and sizes that are not multiples of anything, and a whole
-	 * batch of the second layer, which the GPU does in one GEMM. */
+	 * padding and sizes that are not multiples of anything, a whole
+	 * batch of the second layer, which the GPU does in one GEMM, and a
+	 * bias gradient whose channel sums (made in the gather) are split
+	 * over 24 blocks a channel. */
 	const int cases[][8] = { { 3, 32, 1, 28, 28, 5, 1, 0 }, { 5, 7, 3, 9, 7, 3, 2, 1 },
 				 { 2, 64, 32, 14, 14, 5, 1, 2 }, { 1, 1, 1, 1, 1, 1, 1, 0 },
-				 { 256, 64, 32, 14, 14, 5, 1, 2 } };
+				 { 256, 64, 32, 14, 14, 5, 1, 2 }, { 61, 3, 1, 28, 28, 5, 1, 2 } };
 	for (size_t t = 0; t < sizeof(cases) / sizeof(cases[0]); t++) {
 		size_t chunk = conv_case(&b, cases[t], t);
 		cr_expect_eq(chunk, (size_t)cases[t][0], "case %zu: %zu samples per GEMM, want the batch",
@@ -677,15 +691,52 @@ Test(gpu_kernels, dropout_masks_match_the_cpu)
 	float *x_d = dev_from(&b, x, n * 4);
 	for (size_t i = 0; i < 4; i++) {
 		uint64_t key = run_seed() + i;
-		dropout_forward(y, x, ps[i], key, n);
+		int layer = 3 + (int)i;
+		dropout_forward(y, x, ps[i], dropout_layer_key(key, layer), n);
 		float *y_d = dev_poisoned(&b, n);
-		cr_assert_eq(b.ops->dropout_forward(b.ctx, y_d, x_d, ps[i], key, n), 0, "%s",
+		cr_assert_eq(b.ops->dropout_forward(b.ctx, y_d, x_d, ps[i], key, layer, n), 0, "%s",
 			     gpu_backend_error(&b));
 		cr_assert_eq(b.ops->download(b.ctx, got, y_d, n * 4), 0);
 		cr_expect_eq(memcmp(got, y, n * 4), 0, "dropout p=%g: masks differ from the CPU (seed %llu)",
 			     ps[i], (unsigned long long)run_seed());
 	}
 	free(x), free(y), free(got);
+	gpu_backend_close(&b);
+}
+
+/* Dropout captured in a CUDA graph reads the step's key from device
+ * memory: replayed with a key other than the one it was captured with, it
+ * makes that key's masks (a frozen key would make the capture's), forward
+ * and in place backward. */
+Test(gpu_kernels, dropout_in_a_graph_reads_the_step_key)
+{
+	struct backend b;
+	open_gpu(&b, NULL);
+	const size_t n = 70001;
+	const float p = 0.3f;
+	const int layer = 5;
+	float *x = host_random(n, 910, -1, 1), *y = malloc(n * 4), *dx = malloc(n * 4);
+	float *got = malloc(n * 4);
+	float *x_d = dev_from(&b, x, n * 4), *y_d = dev_poisoned(&b, n), *d_d = dev_poisoned(&b, n);
+	cr_assert_eq(gpu_graph_begin(&b), 0, "%s", gpu_backend_error(&b));
+	int f = b.ops->dropout_forward(b.ctx, y_d, x_d, p, 1, layer, n);
+	if (!f)
+		f = b.ops->dropout_backward(b.ctx, d_d, y_d, p, 1, layer, n);
+	cr_assert_eq(gpu_graph_end(&b, f), 0, "%s", gpu_backend_error(&b));
+	for (uint64_t s = 0; s < 3; s++) {
+		uint64_t key = run_seed() ^ (0x9e37u * (s + 2));
+		struct gk_step st = { .key = key };
+		cr_assert_eq(gpu_graph_launch(&b, &st), 0, "%s", gpu_backend_error(&b));
+		dropout_forward(y, x, p, dropout_layer_key(key, layer), n);
+		dropout_backward(dx, y, p, dropout_layer_key(key, layer), n);
+		cr_assert_eq(b.ops->download(b.ctx, got, y_d, n * 4), 0, "%s", gpu_backend_error(&b));
+		cr_expect_eq(memcmp(got, y, n * 4), 0, "replay %llu: forward masks are not the step key's",
+			     (unsigned long long)s);
+		cr_assert_eq(b.ops->download(b.ctx, got, d_d, n * 4), 0, "%s", gpu_backend_error(&b));
+		cr_expect_eq(memcmp(got, dx, n * 4), 0, "replay %llu: backward masks are not the step key's",
+			     (unsigned long long)s);
+	}
+	free(x), free(y), free(dx), free(got);
 	gpu_backend_close(&b);
 }
 
@@ -815,6 +866,33 @@ Test(gpu_kernels, batchnorm_refuses_more_channels_than_its_scratch)
 	gpu_backend_close(&b);
 }
 
+/* Forward's columns kept for backward (the example CNN's two layers at
+ * batch 256, random windows): the same results as rebuilding them, with
+ * backward given an input of NaNs, which it must not read; under a small
+ * cap, where a GEMM takes part of the batch, none are offered. */
+Test(gpu_kernels, conv_keeps_forward_columns_for_backward)
+{
+	struct backend b;
+	open_gpu(&b, NULL);
+	const int cases[][8] = { { 256, 32, 1, 28, 28, 5, 1, 2 }, { 256, 64, 32, 14, 14, 5, 1, 2 } };
+	for (size_t t = 0; t < 2; t++)
+		cr_expect_gt(conv_case_keep(&b, cases[t], 70 + t, 1), 0, "case %zu: no columns kept", t);
+	for (uint64_t t = 0; t < 4; t++) {
+		int K = draw(1600, t, 1, 5);
+		int c[8] = { draw(1601, t, 1, 9), draw(1602, t, 1, 40), draw(1603, t, 1, 6),
+			     draw(1604, t, K, K + 23), draw(1605, t, K, K + 23), K, draw(1606, t, 1, 3),
+			     draw(1607, t, 0, K / 2 + 1) };
+		cr_expect_gt(conv_case_keep(&b, c, 72 + t, 1), 0, "random case %llu: no columns kept",
+			     (unsigned long long)t);
+	}
+	gpu_backend_close(&b);
+	struct gpu_options small = { 0.0005, 1, 0 };
+	open_gpu(&b, &small);
+	struct window w = win(32, 14, 14, 5, 1, 2);
+	cr_expect_eq(b.ops->conv_keep_floats(b.ctx, &w, 64, 61), 0, "columns kept though chunked");
+	gpu_backend_close(&b);
+}
+
 /* im2col, col2im and the conv around them (32-bit index math) on random
  * windows: sizes, kernels, strides and padding drawn from this run's seed. */
 Test(gpu_kernels, conv_random_shapes)
@@ -843,5 +921,127 @@ Test(gpu_kernels, pooling_random_shapes)
 				      draw(1305, t, 1, 3), 0);
 		pool_case(&b, B, &w, 50 + t);
 	}
+	gpu_backend_close(&b);
+}
+
+/* One fused batchnorm + relu (+ pooling) case on b against the CPU's
+ * parts one by one (batchnorm, relu, pooling; their backward in reverse):
+ * pool LAYER_RELU for none, else max or average over K x K windows that
+ * tile the plane (a last row and column no window holds when K does not
+ * divide H or W). Outputs poisoned; ties in x, so max pooling's first
+ * maximum is tested; dinp apart, in place over g, or not asked for. */
+static void bn_relu_case(struct backend *b, int B, int C, int H, int W, int K, enum layer_kind pool,
+			 enum bn_mode mode, uint64_t t)
+{
+	int HW = H * W;
+	struct window w = win(C, H, W, K, K, 0);
+	const struct window *wp = pool == LAYER_RELU ? NULL : &w;
+	size_t n = (size_t)B * C * HW, np = wp ? (size_t)B * C * w.OH * w.OW : n;
+	float *x = host_random(n, 1400 + t, -2, 3), *dout = host_random(np, 1410 + t, -1, 1);
+	for (size_t i = 0; i < n; i += 3)
+		x[i] = roundf(x[i] * 2) / 2;
+	float *gamma = host_random(C, 1420 + t, 0.5f, 1.5f), *beta = host_random(C, 1430 + t, -1, 1);
+	float *rm = host_random(C, 1440 + t, -1, 1), *rv = host_random(C, 1450 + t, 0.5f, 2);
+	float *acc[4], *dacc[4];
+	for (int i = 0; i < 4; i++) {
+		acc[i] = host_random(C, 1460 + 10 * t + (size_t)i, -1, 1);
+		dacc[i] = dev_from(b, acc[i], C * 4u);
+	}
+	float *y = malloc(n * 4), *out = malloc(np * 4), *g = malloc(n * 4), *dx = malloc(n * 4);
+	float *mean = malloc(C * 4u), *var = malloc(C * 4u);
+	batchnorm_forward(y, mean, var, x, gamma, beta, rm, rv, B, C, HW);
+	relu_forward(y, y, n);
+	if (pool == LAYER_MAXPOOL) {
+		maxpool_forward(out, y, B, &w);
+		maxpool_backward(g, dout, y, B, &w);
+	} else if (pool == LAYER_AVGPOOL) {
+		avgpool_forward(out, y, B, &w);
+		avgpool_backward(g, dout, B, &w);
+	} else {
+		memcpy(g, dout, n * 4);
+	}
+	relu_backward(g, g, y, n);
+	batchnorm_backward(mode == BN_NO_DINP ? NULL : dx, acc[0], acc[1], acc[2], acc[3], g, x, gamma,
+			   mean, var, rm, rv, 0.5f, B, C, HW);
+	float *x_d = dev_from(b, x, n * 4), *dout_d = dev_from(b, dout, np * 4);
+	float *g_d = dev_from(b, gamma, C * 4u), *b_d = dev_from(b, beta, C * 4u);
+	float *rm_d = dev_from(b, rm, C * 4u), *rv_d = dev_from(b, rv, C * 4u);
+	float *act_d = dev_poisoned(b, n), *out_d = wp ? dev_poisoned(b, np) : NULL;
+	float *mean_d = dev_poisoned(b, C), *var_d = dev_poisoned(b, C);
+	float *gb_d = !wp && mode == BN_IN_PLACE ? dout_d : dev_poisoned(b, n);
+	float *dx_d = mode == BN_NO_DINP ? NULL : mode == BN_IN_PLACE ? gb_d : dev_poisoned(b, n);
+	char what[128];
+	cr_assert_eq(b->ops->bn_relu_forward(b->ctx, act_d, out_d, mean_d, var_d, x_d, g_d, b_d, rm_d, rv_d,
+					     B, C, HW, pool, wp), 0, "%s", gpu_backend_error(b));
+	snprintf(what, sizeof(what), "bn+relu(+%s) case %llu (%dx%dx%dx%d K %d)", layer_kind_name(pool),
+		 (unsigned long long)t, B, C, H, W, K);
+	expect_close(b, mean_d, mean, (size_t)C, what);
+	expect_close(b, var_d, var, (size_t)C, what);
+	expect_close(b, act_d, y, n, what);
+	if (wp)
+		expect_close(b, out_d, out, np, what);
+	cr_assert_eq(b->ops->bn_relu_backward(b->ctx, dx_d, gb_d, dacc[0], dacc[1], dacc[2], dacc[3], dout_d,
+					      act_d, x_d, g_d, mean_d, var_d, rm_d, rv_d, 0.5f, B, C, HW,
+					      pool, wp), 0, "%s", gpu_backend_error(b));
+	strncat(what, " backward", sizeof(what) - strlen(what) - 1);
+	if (dx_d)
+		expect_close(b, dx_d, dx, n, what);
+	else
+		expect_close(b, gb_d, g, n, what);
+	for (int i = 0; i < 4; i++)
+		expect_close(b, dacc[i], acc[i], (size_t)C, what);
+	/* Evaluation: the running statistics. */
+	batchnorm_forward(y, NULL, NULL, x, gamma, beta, rm, rv, B, C, HW);
+	relu_forward(y, y, n);
+	if (pool == LAYER_MAXPOOL)
+		maxpool_forward(out, y, B, &w);
+	else if (pool == LAYER_AVGPOOL)
+		avgpool_forward(out, y, B, &w);
+	float *ae_d = dev_poisoned(b, n), *oe_d = wp ? dev_poisoned(b, np) : NULL;
+	cr_assert_eq(b->ops->bn_relu_forward(b->ctx, ae_d, oe_d, NULL, NULL, x_d, g_d, b_d, rm_d, rv_d, B, C,
+					     HW, pool, wp), 0, "%s", gpu_backend_error(b));
+	expect_close(b, ae_d, y, n, "bn+relu evaluation");
+	if (wp)
+		expect_close(b, oe_d, out, np, "bn+relu+pool evaluation");
+	for (int i = 0; i < 4; i++)
+		free(acc[i]);
+	free(x), free(dout), free(gamma), free(beta), free(rm), free(rv), free(y), free(out), free(g);
+	free(dx), free(mean), free(var);
+}
+
+/* Batchnorm + relu (+ pooling) fused, against the CPU's parts: the
+ * example CNN's second block (64 channels of 14x14, 2x2 max pooling) at
+ * a batch whose sums split over several blocks, random shapes with and
+ * without pooling, average pooling, an odd plane no window covers the
+ * edge of, the input gradient in place and not asked for. */
+Test(gpu_kernels, batchnorm_relu_pool_fused_random_shapes)
+{
+	struct backend b;
+	open_gpu(&b, NULL);
+	bn_relu_case(&b, 37, 64, 14, 14, 2, LAYER_MAXPOOL, BN_APART, 60);
+	bn_relu_case(&b, 3, 4, 7, 9, 2, LAYER_MAXPOOL, BN_NO_DINP, 61);
+	for (uint64_t t = 0; t < 6; t++) {
+		int K = draw(1500, t, 1, 4);
+		static const enum layer_kind kinds[3] = { LAYER_MAXPOOL, LAYER_AVGPOOL, LAYER_RELU };
+		static const enum bn_mode modes[3] = { BN_APART, BN_IN_PLACE, BN_NO_DINP };
+		bn_relu_case(&b, draw(1501, t, 1, 9), draw(1502, t, 1, 40), draw(1503, t, K, K + 30),
+			     draw(1504, t, K, K + 30), K, kinds[t % 3], modes[t / 2 % 3], 62 + t);
+	}
+	gpu_backend_close(&b);
+}
+
+/* A pooling whose windows do not tile the plane is not the fused
+ * kernel's: refused, nothing launched. */
+Test(gpu_kernels, batchnorm_relu_refuses_a_window_that_does_not_tile)
+{
+	struct backend b;
+	open_gpu(&b, NULL);
+	const int B = 2, C = 3, H = 8, W = 8;
+	struct window w = win(C, H, W, 3, 2, 0);
+	float *x_d = dev_poisoned(&b, (size_t)B * C * H * W), *v_d = dev_poisoned(&b, C);
+	int r = b.ops->bn_relu_forward(b.ctx, x_d, x_d, v_d, v_d, x_d, v_d, v_d, v_d, v_d, B, C, H * W,
+				       LAYER_MAXPOOL, &w);
+	cr_expect_neq(r, 0, "a 3x3 stride 2 pooling was fused");
+	cr_assert_eq(gpu_sync(&b), 0, "%s", gpu_backend_error(&b));
 	gpu_backend_close(&b);
 }

@@ -15,6 +15,7 @@
 
 #include "backend.h"
 #include "config.h"
+#include "layers.h"
 #include "model.h"
 #include "optim.h"
 #include "replica.h"
@@ -262,6 +263,217 @@ Test(cnn, small_cnn_learns, .timeout = 60)
 	optim_free(&o);
 	replica_free(&r);
 	free(x); free(y); free(p); free(g);
+}
+
+/* A CPU backend that fuses batchnorm + relu (+ pooling) the way the GPU
+ * does, built from the CPU's parts, and counts its fused calls: the
+ * replica's wiring of the fused entries (which layers, which buffers,
+ * which gradient buffer ends up holding what) runs in CI against the
+ * plain CPU backend. */
+static int fused_calls[2];
+
+static int parts_bn_relu_forward(void *ctx, float *act, float *out, float *mean, float *var,
+				 const float *inp, const float *gamma, const float *beta,
+				 const float *run_mean, const float *run_var, int B, int C, int HW,
+				 enum layer_kind pool, const struct window *w)
+{
+	(void)ctx;
+	fused_calls[0]++;
+	cr_assert(!w || (w->S == w->K && w->P == 0), "a window that does not tile was fused");
+	batchnorm_forward(act, mean, var, inp, gamma, beta, run_mean, run_var, B, C, HW);
+	relu_forward(act, act, (size_t)B * C * HW);
+	if (w && pool == LAYER_MAXPOOL)
+		maxpool_forward(out, act, B, w);
+	else if (w)
+		avgpool_forward(out, act, B, w);
+	return 0;
+}
+
+static int parts_bn_relu_backward(void *ctx, float *dinp, float *g, float *dgamma, float *dbeta,
+				  float *drun_mean, float *drun_var, const float *dout,
+				  const float *act, const float *inp, const float *gamma,
+				  const float *mean, const float *var, const float *run_mean,
+				  const float *run_var, float stat_scale, int B, int C, int HW,
+				  enum layer_kind pool, const struct window *w)
+{
+	(void)ctx;
+	fused_calls[1]++;
+	size_t n = (size_t)B * C * HW;
+	if (w && pool == LAYER_MAXPOOL)
+		maxpool_backward(g, dout, act, B, w);
+	else if (w)
+		avgpool_backward(g, dout, B, w);
+	else
+		memmove(g, dout, n * sizeof(float));
+	relu_backward(g, g, act, n);
+	float *dx = dinp ? malloc(n * sizeof(float)) : NULL;
+	batchnorm_backward(dx, dgamma, dbeta, drun_mean, drun_var, g, inp, gamma, mean, var, run_mean,
+			   run_var, stat_scale, B, C, HW);
+	if (dx)
+		memcpy(dinp, dx, n * sizeof(float));
+	free(dx);
+	return 0;
+}
+
+/* Loss (training, then evaluation) and gradient of one step of m on be. */
+static void step_on(const struct model *m, const struct backend *be, int B, const float *x,
+		    const int32_t *y, const float *p, float *g, double loss[2])
+{
+	struct replica r;
+	char err[256];
+	int right;
+	cr_assert_eq(replica_init(&r, m, be, B, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(replica_load(&r, x, y, B), 0);
+	cr_assert_eq(replica_forward(&r, p, B, 1, replica_key(3, 1, 0), &loss[0], &right), 0);
+	cr_assert_eq(replica_backward(&r, p, g, B, 1.0f / B), 0);
+	cr_assert_eq(replica_forward(&r, p, B, 0, 0, &loss[1], &right), 0);
+	replica_free(&r);
+}
+
+/* Through a backend with the fused entries the replica computes what it
+ * computes with the parts, bit for bit (the fused backend is made of the
+ * same parts), in the example's order, with the batchnorm first (no input
+ * gradient), without pooling, and with a pooling that does not tile (only
+ * batchnorm + relu fused); the counts say the fused entries ran. */
+Test(cnn, replica_fuses_batchnorm_relu_pool_as_the_parts)
+{
+	static const struct {
+		const char *input, *layers;
+		int groups;
+	} models[] = {
+		{ "12x10x1", "layer = conv 3x3 5 pad=same\nlayer = batchnorm\nlayer = relu\nlayer = maxpool 2\n"
+			     "layer = conv 3x3 6 pad=same\nlayer = batchnorm\nlayer = relu\nlayer = maxpool 2\n"
+			     "layer = dense 9\nlayer = relu\nlayer = dropout 0.5\nlayer = dense 3\n", 2 },
+		{ "7x9x2", "layer = batchnorm\nlayer = relu\nlayer = avgpool 2\nlayer = dense 3\n", 1 },
+		{ "6x7x2", "layer = conv 3 4\nlayer = batchnorm\nlayer = relu\nlayer = conv 2 3\nlayer = dense 3\n", 1 },
+		{ "9x9x1", "layer = conv 3x3 4 pad=same\nlayer = batchnorm\nlayer = relu\nlayer = maxpool 3 stride=2\n"
+			   "layer = dense 3\n", 1 },
+		/* A dense layer's input gradient would overwrite the dout it
+		 * reads if the group left its result in the wrong buffer. */
+		{ "30", "layer = dense 24\nlayer = batchnorm\nlayer = relu\nlayer = dense 7\nlayer = batchnorm\n"
+			"layer = relu\nlayer = dense 3\n", 2 },
+		{ "8x8x3", "layer = conv 3x3 2 pad=same\nlayer = batchnorm\nlayer = relu\nlayer = maxpool 2\n"
+			   "layer = dense 3\n", 1 },
+	};
+	for (size_t k = 0; k < sizeof(models) / sizeof(models[0]); k++) {
+		struct config c;
+		struct model m;
+		char err[512];
+		cr_assert_eq(build(&c, &m, models[k].input, models[k].layers, err, sizeof(err)), 0, "%s", err);
+		int B = 5;
+		float *x = malloc((size_t)B * m.inputs * sizeof(float)), *p = malloc(m.nparams * sizeof(float));
+		float *g[2] = { calloc(m.nparams, sizeof(float)), calloc(m.nparams, sizeof(float)) };
+		int32_t y[5] = { 0, 1, 2, 1, 0 };
+		cr_assert(x && p && g[0] && g[1]);
+		for (int i = 0; i < B * m.inputs; i++)
+			x[i] = (float)rng_normal(12 + k, RNG_DATA, (uint64_t)i);
+		model_init_params(&m, p, 0, m.nparams, 5 + k);
+		struct backend plain, fused;
+		backend_cpu(&plain, 1);
+		fused = plain;
+		struct backend_ops ops = *plain.ops;
+		ops.bn_relu_forward = parts_bn_relu_forward;
+		ops.bn_relu_backward = parts_bn_relu_backward;
+		fused.ops = &ops;
+		double loss[2][2];
+		memset(fused_calls, 0, sizeof(fused_calls));
+		step_on(&m, &plain, B, x, y, p, g[0], loss[0]);
+		cr_assert_eq(fused_calls[0] + fused_calls[1], 0);
+		step_on(&m, &fused, B, x, y, p, g[1], loss[1]);
+		cr_expect_eq(fused_calls[0], 2 * models[k].groups, "model %zu: %d fused forwards", k, fused_calls[0]);
+		cr_expect_eq(fused_calls[1], models[k].groups, "model %zu: %d fused backwards", k, fused_calls[1]);
+		cr_expect_eq(loss[1][0], loss[0][0], "model %zu: training loss %.17g fused, %.17g not", k,
+			     loss[1][0], loss[0][0]);
+		cr_expect_eq(loss[1][1], loss[0][1], "model %zu: evaluation loss differs", k);
+		cr_expect_eq(memcmp(g[1], g[0], m.nparams * sizeof(float)), 0, "model %zu: gradients differ", k);
+		free(x); free(p); free(g[0]); free(g[1]);
+	}
+}
+
+/* A CPU backend that asks for conv columns to be kept (conv_keep_floats)
+ * and records the keep buffers its conv entries get, in call order, then
+ * runs the CPU's conv (which ignores them). */
+static float *keeps_seen[8];
+static int nkeeps;
+
+static size_t keep_floats(void *ctx, const struct window *w, int OC, int B)
+{
+	(void)ctx;
+	(void)OC;
+	return (size_t)w->C * w->K * w->K * (size_t)B * w->OH * w->OW;
+}
+
+static int keep_conv_forward(void *ctx, float *out, float *col, float *keep, const float *inp,
+			     const float *weight, const float *bias, int B, int OC,
+			     const struct window *w)
+{
+	(void)ctx;
+	keeps_seen[nkeeps++ % 8] = keep;
+	conv_forward(out, col, inp, weight, bias, B, OC, w);
+	return 0;
+}
+
+static int keep_conv_backward(void *ctx, float *dinp, float *dweight, float *dbias, float *col,
+			      const float *keep, const float *dout, const float *inp,
+			      const float *weight, int B, int OC, const struct window *w)
+{
+	(void)ctx;
+	keeps_seen[nkeeps++ % 8] = (float *)keep;
+	conv_backward(dinp, dweight, dbias, col, dout, inp, weight, B, OC, w);
+	return 0;
+}
+
+/* Where the backend keeps conv columns, the replica takes a buffer for
+ * each conv layer when it is made and hands the same one to that layer's
+ * forward and backward, another to each layer; where it does not (the
+ * CPU), it hands NULL. */
+Test(cnn, replica_hands_each_conv_its_kept_columns)
+{
+	struct config c;
+	struct model m;
+	char err[512];
+	cr_assert_eq(build(&c, &m, "9x8x2", "layer = conv 3x3 4 pad=same\nlayer = relu\nlayer = maxpool 2\n"
+			   "layer = conv 2 3\nlayer = dense 3\n", err, sizeof(err)), 0, "%s", err);
+	int B = 4;
+	float *x = malloc((size_t)B * m.inputs * sizeof(float)), *p = malloc(m.nparams * sizeof(float));
+	float *g = calloc(m.nparams, sizeof(float));
+	int32_t y[4] = { 0, 1, 2, 1 };
+	cr_assert(x && p && g);
+	for (int i = 0; i < B * m.inputs; i++)
+		x[i] = (float)rng_normal(31, RNG_DATA, (uint64_t)i);
+	model_init_params(&m, p, 0, m.nparams, 32);
+	for (int k = 0; k < 2; k++) {
+		struct backend be;
+		backend_cpu(&be, 1);
+		struct backend_ops ops = *be.ops;
+		ops.conv_forward = keep_conv_forward;
+		ops.conv_backward = keep_conv_backward;
+		if (k)
+			ops.conv_keep_floats = keep_floats;
+		be.ops = &ops;
+		struct replica r;
+		double loss;
+		int right;
+		nkeeps = 0;
+		cr_assert_eq(replica_init(&r, &m, &be, B, err, sizeof(err)), 0, "%s", err);
+		cr_assert_eq(replica_load(&r, x, y, B), 0);
+		cr_assert_eq(replica_forward(&r, p, B, 1, 0, &loss, &right), 0);
+		cr_assert_eq(replica_backward(&r, p, g, B, 1.0f / B), 0);
+		cr_assert_eq(nkeeps, 4, "%d conv calls", nkeeps);
+		/* forward conv1, conv2; backward conv2, conv1 */
+		if (!k) {
+			for (int i = 0; i < 4; i++)
+				cr_expect_null(keeps_seen[i], "call %d got columns without asking", i);
+		} else {
+			cr_expect(keeps_seen[0] && keeps_seen[1] && keeps_seen[0] != keeps_seen[1],
+				  "each conv its own buffer");
+			cr_expect_eq(keeps_seen[3], keeps_seen[0], "conv1's backward got other columns");
+			cr_expect_eq(keeps_seen[2], keeps_seen[1], "conv2's backward got other columns");
+			cr_expect_eq(r.keep[0], keeps_seen[0]);
+		}
+		replica_free(&r);
+	}
+	free(x); free(p); free(g);
 }
 
 /* Flat input -> batchnorm -> dense: the running statistics follow

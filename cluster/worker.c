@@ -117,7 +117,7 @@ static void worker_pack_open(struct worker *wr)
 	int fp32 = role_grad_dtype(c) == WIRE_F32 || role_param_dtype(c) == WIRE_F32;
 	int mode = fp32 && links_local(&wr->lk) < wr->lk.nps ? c->cluster.wire_pack : CONFIG_OVERLAP_OFF;
 	autoflow_init(&wr->packf, mode);
-	wr->lk.pack = autoflow_wants(&wr->packf);
+	wr->lk.sh.pack = autoflow_wants(&wr->packf);
 	if (mode == CONFIG_OVERLAP_AUTO)
 		role_log(wr->out, "worker %d: [cluster] wire_pack = auto: sends float32 as it is until its steps show that the link, not the CPU, limits them",
 			 wr->index);
@@ -141,7 +141,7 @@ static void worker_say_autoflow(const struct worker *wr, const char *key, const 
 static void worker_pack_record(struct worker *wr, long step, double compute, double exchange)
 {
 	enum autoflow_said said = autoflow_record(&wr->packf, compute, exchange);
-	wr->lk.pack = autoflow_wants(&wr->packf);
+	wr->lk.sh.pack = autoflow_wants(&wr->packf);
 	worker_say_autoflow(wr, "wire_pack", &wr->packf, said, step, "packing float32 on its links to other hosts",
 			    "sending float32 as it is");
 }
@@ -154,7 +154,7 @@ static void worker_pack_record(struct worker *wr, long step, double compute, dou
 static int worker_flow_open(struct worker *wr, const struct shard *plan, char *err, size_t errlen)
 {
 	const struct model *m = &wr->s.job.m;
-	if (!wr->c->cluster.overlap || !wr->lk.pieces || devices_flow_init(&wr->dev))
+	if (!wr->c->cluster.overlap || !wr->lk.sh.pieces || devices_flow_init(&wr->dev))
 		return 0;
 	size_t begin[CONFIG_MAX_HOSTS], end[CONFIG_MAX_HOSTS];
 	int cap = m->nlayers + 2;
@@ -244,7 +244,7 @@ static int worker_open(struct worker *wr, char *err, size_t errlen)
 	char tbe[CONFIG_ERR_MAX];
 	if (wr->chief && tblog_open(&wr->tb, c->train.log_dir, tbe, sizeof(tbe)))
 		role_log(wr->out, "worker %d: no TensorBoard logs: %s", wr->index, tbe);
-	wr->lk.pg = wr->chief ? &wr->pg : NULL;
+	wr->lk.sh.pg = wr->chief ? &wr->pg : NULL;
 	return 0;
 }
 
@@ -310,7 +310,7 @@ static int worker_meter_line(struct worker *wr, char *err, size_t errlen)
 		return e;
 	role_log(wr->out, "worker %d: step %ld/%ld, train loss %.4f accuracy %.2f%%, %llu stale", wr->index,
 		 wr->step, wr->total, n ? loss / (double)n : 0, n ? 100.0 * (double)right / (double)n : 0,
-		 (unsigned long long)wr->lk.stale);
+		 (unsigned long long)wr->lk.sh.stale);
 	return 0;
 }
 
@@ -471,11 +471,7 @@ static int worker_overlap(struct worker *wr, double *t1, char *err, size_t errle
 		gradflow_reset(&wr->pflow);
 	for (int k = 0; k < wr->lk.nps; k++)
 		gradflow_later(&wr->flow, k, wr->lk.ln[k].unx);
-	int e = links_exchange_begin(&wr->lk, wr->grads, wr->params, &wr->flow, pre ? &wr->pflow : NULL);
-	if (e) {
-		*t1 = progress_now();
-		return err_set(err, errlen, e, "worker %d: cannot start the threads of its links", wr->index);
-	}
+	links_exchange_begin(&wr->lk, wr->grads, &wr->flow, wr->params, pre ? &wr->pflow : NULL);
 	int ce = worker_compute(wr, 1, err, errlen);
 	*t1 = progress_now();
 	if (ce)
@@ -483,7 +479,7 @@ static int worker_overlap(struct worker *wr, double *t1, char *err, size_t errle
 	else if (pre)
 		ce = worker_preforward(wr, err, errlen);
 	char le[512];
-	e = links_exchange_end(&wr->lk, le, sizeof(le));
+	int e = links_exchange_end(&wr->lk, le, sizeof(le));
 	if (ce) {
 		wr->lk.lost = -1;
 		return ce;
@@ -576,7 +572,7 @@ static int worker_step(struct worker *wr, char *err, size_t errlen)
 	if (!wr->chief)
 		return 0;
 	char why[CONFIG_ERR_MAX];
-	wr->pg.stale = wr->lk.stale;
+	wr->pg.stale = wr->lk.sh.stale;
 	progress_tick(&wr->pg, step, progress_now() - ts);
 	/* The gradient's download has waited for the GPU: the loss is there
 	 * to be read without a further stall. */
@@ -796,9 +792,9 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 			 1e3 * wr->t_compute / (double)wr->timed, 1e3 * wr->t_comm / (double)wr->timed, wr->timed);
 	/* What the links carried: 4 bytes a value as float32, 2 as bf16,
 	 * about 3.5 packed (tests/test_cluster.c reads it). */
-	if (!e && wr->lk.pvalues)
+	if (!e && wr->lk.sh.pvalues)
 		role_log(out, "worker %d: the parameters arrived in %.2f bytes a value", index,
-			 (double)wr->lk.pbytes / (double)wr->lk.pvalues);
+			 (double)wr->lk.sh.pbytes / (double)wr->lk.sh.pvalues);
 	if (!e) {
 		res->wall = progress_now() - t0;
 		res->samples_per_s = wr->pg.train_time > 0 ? (double)wr->pg.samples / wr->pg.train_time : 0;

@@ -1065,3 +1065,122 @@ Test(cluster, cipher_offers_follow_the_config)
 		free(c);
 	}
 }
+
+/* Adds the thread ids in /proc/PID/task not in ids (n of them, cap) to
+ * it; how many were new. */
+static int task_ids_add(pid_t pid, long *ids, int *n, int cap)
+{
+	char path[64];
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+	DIR *d = opendir(path);
+	if (!d)
+		return 0;
+	int added = 0;
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		if (e->d_name[0] == '.')
+			continue;
+		long id = strtol(e->d_name, NULL, 10);
+		int seen = 0;
+		for (int i = 0; i < *n && !seen; i++)
+			seen = ids[i] == id;
+		if (!seen && *n < cap) {
+			ids[(*n)++] = id;
+			added++;
+		}
+	}
+	closedir(d);
+	return added;
+}
+
+/* Issue 37: no thread is created per training step. 2 ps + 2 workers run
+ * 3000 steps in sync (each shard streams its pieces: both directions of
+ * every link at once) and in async mode (pushes one shard after the
+ * other) while the test lists the threads of both workers every
+ * millisecond: every thread a worker has once it says it is connected is
+ * made before that, so a thread id first seen after it is a thread made
+ * during training (before issue 37, up to 2 per ps link and step, made
+ * and joined by every exchange). */
+Test(cluster, worker_threads_do_not_grow_with_steps, .timeout = 90)
+{
+	enum { STEPS = 3000, CAP = 1 << 14 };
+	const char *modes[] = { "sync", "async" };
+	static long ids[2][CAP];
+	for (int m = 0; m < 2; m++) {
+		char cfg[300], path[300], out[4][300], err[KEY_ERR_MAX];
+		snprintf(path, sizeof(path), "%s/blobs.csv", dir);
+		write_blobs(path, 600, 3, 6, 3);
+		snprintf(path, sizeof(path), "%s/cluster.key", dir);
+		if (m == 0)
+			cr_assert_eq(key_generate(path, err, sizeof(err)), 0, "%s", err);
+		snprintf(cfg, sizeof(cfg), "%s/cluster.ini", dir);
+		FILE *f = fopen(cfg, "w");
+		cr_assert_not_null(f);
+		fprintf(f, "[cluster]\nps = 127.0.0.1:%d, 127.0.0.1:%d\nworkers = 127.0.0.1:%d, 127.0.0.1:%d\n"
+			   "key_file = cluster.key\n"
+			   "[data]\nformat = csv\ntrain_csv = blobs.csv\nlabel_column = first\n"
+			   "[train]\nsteps = %d\nbatch_size = 4\nlearning_rate = 0.05\n"
+			   "eval_every = 1000\nthreads = 1\nmode = %s\n"
+			   "[model]\ninput = 6\nlayer = dense 8\nlayer = relu\nlayer = dense 3\n",
+			free_port(), free_port(), free_port(), free_port(), STEPS, modes[m]);
+		cr_assert_eq(fclose(f), 0);
+		const char *roles[4][2] = { { "ps", "0" }, { "ps", "1" }, { "worker", "1" }, { "worker", "0" } };
+		pid_t pids[4];
+		/* The workers first, so that both connect as the ps tasks
+		 * come up: in async mode a worker that came late would find
+		 * the run finished by the other. */
+		for (int i = 3; i >= 0; i--) {
+			snprintf(out[i], 300, "%s/threads-%s-%s%s.log", dir, modes[m], roles[i][0], roles[i][1]);
+			const char *args[] = { roles[i][0], "--index", roles[i][1], "--config", cfg, NULL };
+			pids[i] = spawn_pstrain(args, out[i], NULL);
+		}
+		int n[2] = { 0, 0 }, late[2] = { 0, 0 }, ready[2] = { 0, 0 }, samples = 0;
+		int st[4] = { -2, -2, -2, -2 }, left = 4;
+		struct timespec t0, now, nap = { 0, 1000 * 1000 };
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		while (left > 0) {
+			for (int w = 0; w < 2; w++) {
+				/* Listed before the log is read: every thread
+				 * made before the line is in the list. */
+				int added = task_ids_add(pids[2 + w], ids[w], &n[w], CAP);
+				if (ready[w])
+					late[w] += added;
+				else if (st[2 + w] == -2 && strstr(slurp(out[2 + w]), "connected to"))
+					ready[w] = 1;
+			}
+			samples++;
+			for (int i = 0; i < 4; i++) {
+				int s;
+				if (st[i] != -2 || waitpid(pids[i], &s, WNOHANG) != pids[i])
+					continue;
+				st[i] = WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s);
+				left--;
+			}
+			clock_gettime(CLOCK_MONOTONIC, &now);
+			if (now.tv_sec - t0.tv_sec > RUN_TIMEOUT_S) {
+				for (int i = 0; i < 4; i++)
+					if (st[i] == -2) {
+						kill(pids[i], SIGKILL);
+						waitpid(pids[i], NULL, 0);
+						st[i] = -1;
+					}
+				break;
+			}
+			nanosleep(&nap, NULL);
+		}
+		assert_exits_zero(st, out, 4, modes[m]);
+		/* Async, the chief may find the run finished by worker 1
+		 * (which then trained it all). */
+		char done[64];
+		snprintf(done, sizeof(done), "done: %d steps", STEPS);
+		cr_assert(strstr(slurp(out[3]), done) || (m == 1 && strstr(slurp(out[3]), "run finished")), "%s",
+			  slurp(out[3]));
+		fprintf(stderr, "cluster/worker_threads (%s): %d samples; worker 1: %d threads, %d made while training; worker 0: %d, %d\n",
+			modes[m], samples, n[0], late[0], n[1], late[1]);
+		cr_assert(ready[0] && ready[1], "%s: a worker never said it was connected", modes[m]);
+		for (int w = 0; w < 2; w++)
+			cr_assert_eq(late[w], 0,
+				     "%s: worker %d made %d threads while training %d steps (%d threads in all)",
+				     modes[m], 1 - w, late[w], STEPS, n[w]);
+	}
+}

@@ -494,41 +494,36 @@ static void link_settle_locked(struct link *l)
 	pthread_cond_broadcast(&l->cv);
 }
 
-static void *link_tx_main(void *arg)
+/* One half's thread: the half of every exchange begun on the link, until
+ * link_free. busy: the half's flag, set by link_begin. */
+static void link_serve(struct link *l, int *busy, void (*half)(struct link *))
 {
-	struct link *l = arg;
 	pthread_mutex_lock(&l->mu);
 	for (;;) {
-		while (!l->quit && !l->tx_busy)
+		while (!l->quit && !*busy)
 			pthread_cond_wait(&l->cv, &l->mu);
 		if (l->quit)
 			break;
 		pthread_mutex_unlock(&l->mu);
-		link_send_side(l);
+		half(l);
 		pthread_mutex_lock(&l->mu);
-		l->tx_busy = 0;
+		*busy = 0;
 		link_settle_locked(l);
 	}
 	pthread_mutex_unlock(&l->mu);
+}
+
+static void *link_tx_main(void *arg)
+{
+	struct link *l = arg;
+	link_serve(l, &l->tx_busy, link_send_side);
 	return NULL;
 }
 
 static void *link_rx_main(void *arg)
 {
 	struct link *l = arg;
-	pthread_mutex_lock(&l->mu);
-	for (;;) {
-		while (!l->quit && !l->rx_busy)
-			pthread_cond_wait(&l->cv, &l->mu);
-		if (l->quit)
-			break;
-		pthread_mutex_unlock(&l->mu);
-		link_recv_side(l);
-		pthread_mutex_lock(&l->mu);
-		l->rx_busy = 0;
-		link_settle_locked(l);
-	}
-	pthread_mutex_unlock(&l->mu);
+	link_serve(l, &l->rx_busy, link_recv_side);
 	return NULL;
 }
 

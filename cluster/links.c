@@ -236,12 +236,6 @@ int links_pull(struct links *lk, float *params, int first, char *err, size_t err
 	return links_run(lk, &ex, err, errlen);
 }
 
-int links_push(struct links *lk, const float *grads, char *err, size_t errlen)
-{
-	struct link_ex ex = { .grads = grads };
-	return links_run(lk, &ex, err, errlen);
-}
-
 void links_exchange_begin(struct links *lk, const float *grads, struct gradflow *gflow, float *params,
 			  struct gradflow *pflow)
 {

@@ -73,12 +73,10 @@ const char *links_cipher(const struct links *lk);
  * the one it last had (first: 0, i.e. whatever it has), async for the
  * newest; each link's `got` is the version it answered with. */
 int links_pull(struct links *lk, float *params, int first, char *err, size_t errlen);
-/* Pushes grads (P), each shard's slice tagged with the version pulled from
- * it, then reads every ACK (stale and duplicate ones counted). */
-int links_push(struct links *lk, const float *grads, char *err, size_t errlen);
 /* One exchange on every link: grads (P) up, each shard's slice tagged
- * with the version pulled from it, and the next version's parameters down
- * into params (P), with the other two calls its halves. gflow: grads as
+ * with the version pulled from it (every ACK read, stale and duplicate
+ * ones counted), and the next version's parameters down into params (P),
+ * or none with params NULL (a worker's last step). gflow: grads as
  * they become final (stream k: ps k's range), or NULL when grads is final
  * already (then the whole of it is marked final at once, and each push is
  * one message). In piece mode (sync, replicas_to_aggregate = workers)

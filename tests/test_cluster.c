@@ -684,6 +684,21 @@ static long rss_anon_kib(pid_t pid)
 	return anon >= 0 ? anon : rss;
 }
 
+/* RssAnon samples of one process. */
+struct rss_samples {
+	pid_t pid;
+	int n;
+	long kib[4096];
+};
+
+static void rss_sample(void *ctx)
+{
+	struct rss_samples *rs = ctx;
+	long k = rss_anon_kib(rs->pid);
+	if (k > 0 && rs->n < (int)(sizeof(rs->kib) / sizeof(rs->kib[0])))
+		rs->kib[rs->n++] = k;
+}
+
 /* Issue 3 item 7: a ps's memory does not grow with steps. 1 ps + 2 workers
  * run 30000 steps in sync, then async, mode while the test samples the ps's
  * RssAnon every 10 ms; after the first quarter of the samples (thread
@@ -724,34 +739,11 @@ Test(cluster, ps_memory_does_not_grow_with_steps, .timeout = 60)
 			const char *args[] = { roles[i][0], "--index", roles[i][1], "--config", cfg, NULL };
 			pids[i] = spawn_pstrain(args, out[i], NULL);
 		}
-		enum { MAXS = 4096 };
-		static long kib[MAXS];
-		int ns = 0, st[3] = { -2, -2, -2 }, left = 3;
-		struct timespec t0, now, nap = { 0, 10 * 1000 * 1000 };
-		clock_gettime(CLOCK_MONOTONIC, &t0);
-		while (left > 0) {
-			long k = rss_anon_kib(pids[0]);
-			if (k > 0 && ns < MAXS)
-				kib[ns++] = k;
-			for (int i = 0; i < 3; i++) {
-				int s;
-				if (st[i] != -2 || waitpid(pids[i], &s, WNOHANG) != pids[i])
-					continue;
-				st[i] = WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s);
-				left--;
-			}
-			clock_gettime(CLOCK_MONOTONIC, &now);
-			if (now.tv_sec - t0.tv_sec > RUN_TIMEOUT_S / 2) {
-				for (int i = 0; i < 3; i++)
-					if (st[i] == -2) {
-						kill(pids[i], SIGKILL);
-						waitpid(pids[i], NULL, 0);
-						st[i] = -1;
-					}
-				break;
-			}
-			nanosleep(&nap, NULL);
-		}
+		struct rss_samples rs = { .pid = pids[0] };
+		int st[3];
+		wait_children_sampling(pids, 3, st, RUN_TIMEOUT_S / 2, 10, rss_sample, &rs);
+		int ns = rs.n;
+		const long *kib = rs.kib;
 		assert_exits_zero(st, out, 3, modes[m]);
 		char done[64];
 		snprintf(done, sizeof(done), "done: %d steps", STEPS);
@@ -1093,6 +1085,30 @@ static int task_ids_add(pid_t pid, long *ids, int *n, int cap)
 	return added;
 }
 
+/* The threads of two workers as they train: every id seen (n), and how
+ * many were first seen after the worker said it was connected (late). */
+struct thread_watch {
+	pid_t pids[2];
+	const char *out[2];
+	long ids[2][1 << 14];
+	int n[2], late[2], ready[2], samples;
+};
+
+static void thread_sample(void *ctx)
+{
+	struct thread_watch *tw = ctx;
+	for (int w = 0; w < 2; w++) {
+		/* Listed before the log is read: every thread made before
+		 * the line is in the list. */
+		int added = task_ids_add(tw->pids[w], tw->ids[w], &tw->n[w], 1 << 14);
+		if (tw->ready[w])
+			tw->late[w] += added;
+		else if (strstr(slurp(tw->out[w]), "connected to"))
+			tw->ready[w] = 1;
+	}
+	tw->samples++;
+}
+
 /* Issue 37: no thread is created per training step. 2 ps + 2 workers run
  * 3000 steps in sync (each shard streams its pieces: both directions of
  * every link at once) and in async mode (pushes one shard after the
@@ -1103,9 +1119,8 @@ static int task_ids_add(pid_t pid, long *ids, int *n, int cap)
  * and joined by every exchange). */
 Test(cluster, worker_threads_do_not_grow_with_steps, .timeout = 90)
 {
-	enum { STEPS = 3000, CAP = 1 << 14 };
+	enum { STEPS = 3000 };
 	const char *modes[] = { "sync", "async" };
-	static long ids[2][CAP];
 	for (int m = 0; m < 2; m++) {
 		char cfg[300], path[300], out[4][300], err[KEY_ERR_MAX];
 		snprintf(path, sizeof(path), "%s/blobs.csv", dir);
@@ -1134,40 +1149,15 @@ Test(cluster, worker_threads_do_not_grow_with_steps, .timeout = 90)
 			const char *args[] = { roles[i][0], "--index", roles[i][1], "--config", cfg, NULL };
 			pids[i] = spawn_pstrain(args, out[i], NULL);
 		}
-		int n[2] = { 0, 0 }, late[2] = { 0, 0 }, ready[2] = { 0, 0 }, samples = 0;
-		int st[4] = { -2, -2, -2, -2 }, left = 4;
-		struct timespec t0, now, nap = { 0, 1000 * 1000 };
-		clock_gettime(CLOCK_MONOTONIC, &t0);
-		while (left > 0) {
-			for (int w = 0; w < 2; w++) {
-				/* Listed before the log is read: every thread
-				 * made before the line is in the list. */
-				int added = task_ids_add(pids[2 + w], ids[w], &n[w], CAP);
-				if (ready[w])
-					late[w] += added;
-				else if (st[2 + w] == -2 && strstr(slurp(out[2 + w]), "connected to"))
-					ready[w] = 1;
-			}
-			samples++;
-			for (int i = 0; i < 4; i++) {
-				int s;
-				if (st[i] != -2 || waitpid(pids[i], &s, WNOHANG) != pids[i])
-					continue;
-				st[i] = WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s);
-				left--;
-			}
-			clock_gettime(CLOCK_MONOTONIC, &now);
-			if (now.tv_sec - t0.tv_sec > RUN_TIMEOUT_S) {
-				for (int i = 0; i < 4; i++)
-					if (st[i] == -2) {
-						kill(pids[i], SIGKILL);
-						waitpid(pids[i], NULL, 0);
-						st[i] = -1;
-					}
-				break;
-			}
-			nanosleep(&nap, NULL);
+		static struct thread_watch tw;
+		memset(&tw, 0, sizeof(tw));
+		for (int w = 0; w < 2; w++) {
+			tw.pids[w] = pids[2 + w];
+			tw.out[w] = out[2 + w];
 		}
+		int st[4];
+		wait_children_sampling(pids, 4, st, RUN_TIMEOUT_S, 1, thread_sample, &tw);
+		const int *n = tw.n, *late = tw.late, *ready = tw.ready, samples = tw.samples;
 		assert_exits_zero(st, out, 4, modes[m]);
 		/* Async, the chief may find the run finished by worker 1
 		 * (which then trained it all). */

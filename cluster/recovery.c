@@ -68,7 +68,7 @@ static uint64_t lowest(const struct links *lk)
 int recovery_start(struct links *lk, float *params, long total, long *start, char *err,
 		   size_t errlen)
 {
-	const struct config *c = lk->c;
+	const struct config *c = lk->sh.c;
 	int W = c->cluster.nworkers;
 	/* The first pull says where the shards are: 0, or in sync mode the
 	 * step of the checkpoint they resumed from, the same on every shard. */
@@ -84,8 +84,8 @@ int recovery_start(struct links *lk, float *params, long total, long *start, cha
 		gots(lk, got);
 		*start = recovery_async_step(got, lk->nps, W);
 		if (*start > 0 && *start < total)
-			role_log(lk->out, "worker %d: continuing at step %ld of %ld, where the shards are (version %llu)",
-				 lk->index, *start, total, (unsigned long long)lowest(lk));
+			role_log(lk->sh.out, "worker %d: continuing at step %ld of %ld, where the shards are (version %llu)",
+				 lk->sh.index, *start, total, (unsigned long long)lowest(lk));
 		return 0;
 	}
 	/* With backup workers (replicas_to_aggregate < workers) the shards
@@ -105,20 +105,20 @@ int recovery_start(struct links *lk, float *params, long total, long *start, cha
 		/* Or one shard answered before and another after the backup
 		 * workers' next steps (a busy machine): pulled again, they
 		 * agree. */
-		if (progress_now() >= until || *lk->stop)
+		if (progress_now() >= until || *lk->sh.stop)
 			return err_set(err, errlen, -ECONNABORTED,
 				       "the ps tasks are at steps %llu to %llu: restart every ps so they load the same checkpoint",
 				       (unsigned long long)lo, (unsigned long long)hi);
 		if (!again)
-			role_log(lk->out, "worker %d: the shards are at steps %llu to %llu: pulling again until they agree (up to %g s, peer_timeout)",
-				 lk->index, (unsigned long long)lo, (unsigned long long)hi, c->cluster.peer_timeout);
+			role_log(lk->sh.out, "worker %d: the shards are at steps %llu to %llu: pulling again until they agree (up to %g s, peer_timeout)",
+				 lk->sh.index, (unsigned long long)lo, (unsigned long long)hi, c->cluster.peer_timeout);
 		role_nap_ms(50);
 		e = links_pull(lk, params, 1, err, errlen);
 		if (e)
 			return e;
 	}
 	if (*start > 0 && *start < total)
-		role_log(lk->out, "worker %d: continuing at step %ld of %ld, where the shards are", lk->index,
+		role_log(lk->sh.out, "worker %d: continuing at step %ld of %ld, where the shards are", lk->sh.index,
 			 *start, total);
 	return 0;
 }
@@ -160,8 +160,8 @@ static int resync_async(struct links *lk, float *params, const uint64_t *prev, l
 	gots(lk, got);
 	int nback = recovery_went_back(got, prev, lk->nps, &target);
 	if (nback && nback < lk->nps) {
-		role_log(lk->out, "worker %d: a ps went back to step %llu (restarted from its newest checkpoint): rolling every shard back to it",
-			 lk->index, (unsigned long long)target);
+		role_log(lk->sh.out, "worker %d: a ps went back to step %llu (restarted from its newest checkpoint): rolling every shard back to it",
+			 lk->sh.index, (unsigned long long)target);
 		int r = links_rollback(lk, target, err, errlen);
 		if (!r)
 			r = links_pull(lk, params, 1, err, errlen);
@@ -169,13 +169,13 @@ static int resync_async(struct links *lk, float *params, const uint64_t *prev, l
 			return r;
 	}
 	if (!nback) {
-		role_log(lk->out, "worker %d: reconnected to every ps; carrying on", lk->index);
+		role_log(lk->sh.out, "worker %d: reconnected to every ps; carrying on", lk->sh.index);
 		return 0;
 	}
 	gots(lk, got);
-	*start = recovery_async_step(got, lk->nps, lk->c->cluster.nworkers);
-	role_log(lk->out, "worker %d: reconnected to every ps; the shards are at version %llu: continuing at step %ld",
-		 lk->index, (unsigned long long)lowest(lk), *start);
+	*start = recovery_async_step(got, lk->nps, lk->sh.c->cluster.nworkers);
+	role_log(lk->sh.out, "worker %d: reconnected to every ps; the shards are at version %llu: continuing at step %ld",
+		 lk->sh.index, (unsigned long long)lowest(lk), *start);
 	return 0;
 }
 
@@ -186,7 +186,7 @@ static int resync_sync(struct links *lk, float *params, const float *keep, uint6
 		       long *start, char *last, size_t lastlen)
 {
 	uint64_t got[CONFIG_MAX_HOSTS] = { 0 }, lo, hi;
-	int back, W = lk->c->cluster.nworkers;
+	int back, W = lk->sh.c->cluster.nworkers;
 	gots(lk, got);
 	recovery_spread(got, prev, lk->nps, &lo, &hi, &back);
 	/* Any worker that sees it sends ROLLBACK, not only the chief: the
@@ -194,8 +194,8 @@ static int resync_sync(struct links *lk, float *params, const float *keep, uint6
 	 * and would not notice the restart. A second ROLLBACK to the same
 	 * step is a no-op. */
 	if (back && lo != hi) {
-		role_log(lk->out, "worker %d: the shards are at steps %llu to %llu (a ps restarted from its newest checkpoint): rolling every shard back to step %llu",
-			 lk->index, (unsigned long long)lo, (unsigned long long)hi, (unsigned long long)lo);
+		role_log(lk->sh.out, "worker %d: the shards are at steps %llu to %llu (a ps restarted from its newest checkpoint): rolling every shard back to step %llu",
+			 lk->sh.index, (unsigned long long)lo, (unsigned long long)hi, (unsigned long long)lo);
 		int r = links_rollback(lk, lo, last, lastlen);
 		if (!r)
 			r = links_pull(lk, params, 1, last, lastlen);
@@ -211,7 +211,7 @@ static int resync_sync(struct links *lk, float *params, const float *keep, uint6
 	if (lo != hi && keep)
 		keep_step(lk, params, keep, prev, lo);
 	*start = (long)lo;
-	role_log(lk->out, "worker %d: reconnected to every ps; continuing at step %llu", lk->index,
+	role_log(lk->sh.out, "worker %d: reconnected to every ps; continuing at step %llu", lk->sh.index,
 		 (unsigned long long)lo);
 	return 0;
 }
@@ -242,25 +242,25 @@ static int reconnect(struct links *lk, double end, int *k0, char *last, size_t l
 static int resync_loop(struct links *lk, float *params, const float *keep, uint64_t *prev,
 		       long *start, const char *why, char *err, size_t errlen)
 {
-	const struct config *c = lk->c;
+	const struct config *c = lk->sh.c;
 	int sync = c->train.mode == MODE_SYNC;
 	int k0 = lk->lost;
 	char nm[300], last[512];
-	if (lk->pg)
-		progress_clear(lk->pg);
-	role_log(lk->out, "worker %d: %s; reconnecting for up to %g s (peer_timeout)", lk->index, why,
+	if (lk->sh.pg)
+		progress_clear(lk->sh.pg);
+	role_log(lk->sh.out, "worker %d: %s; reconnecting for up to %g s (peer_timeout)", lk->sh.index, why,
 		 c->cluster.peer_timeout);
 	snprintf(last, sizeof(last), "%s", why);
 	double end = progress_now() + c->cluster.peer_timeout;
 	long pause = 100;
 	int said_wait = 0;
 	for (int tries = 0;; tries++) {
-		if (*lk->stop)
-			return err_set(err, errlen, -EINTR, "worker %d: interrupted while reconnecting", lk->index);
+		if (*lk->sh.stop)
+			return err_set(err, errlen, -EINTR, "worker %d: interrupted while reconnecting", lk->sh.index);
 		double left = end - progress_now();
 		if (left <= 0)
 			return err_set(err, errlen, -ECONNABORTED, "worker %d: gave up on %s after %g s (peer_timeout): %s",
-				       lk->index, links_ps_name(c, k0, nm, sizeof(nm)), c->cluster.peer_timeout, last);
+				       lk->sh.index, link_ps_name(c, k0, nm, sizeof(nm)), c->cluster.peer_timeout, last);
 		if (tries) {
 			role_nap_ms(pause < left * 1000 ? pause : (long)(left * 1000));
 			pause = pause * 2 > 1000 ? 1000 : pause * 2;
@@ -288,13 +288,13 @@ static int resync_loop(struct links *lk, float *params, const float *keep, uint6
 			int back;
 			gots(lk, got);
 			recovery_spread(got, NULL, lk->nps, &lo, &hi, &back);
-			if (progress_now() >= end || *lk->stop)
+			if (progress_now() >= end || *lk->sh.stop)
 				return err_set(err, errlen, -ECONNABORTED,
 					       "worker %d: the ps tasks stay at steps %llu to %llu: restart every ps so they load the same checkpoint",
-					       lk->index, (unsigned long long)lo, (unsigned long long)hi);
+					       lk->sh.index, (unsigned long long)lo, (unsigned long long)hi);
 			if (!said_wait++)
-				role_log(lk->out, "worker %d: the shards are at steps %llu to %llu: waiting for them to agree",
-					 lk->index, (unsigned long long)lo, (unsigned long long)hi);
+				role_log(lk->sh.out, "worker %d: the shards are at steps %llu to %llu: waiting for them to agree",
+					 lk->sh.index, (unsigned long long)lo, (unsigned long long)hi);
 			role_nap_ms(100);
 		}
 		if (r == 0)
@@ -309,7 +309,7 @@ static int resync_loop(struct links *lk, float *params, const float *keep, uint6
 int recovery_resync(struct links *lk, float *params, long *start, const char *why, char *err,
 		    size_t errlen)
 {
-	int sync = lk->c->train.mode == MODE_SYNC;
+	int sync = lk->sh.c->train.mode == MODE_SYNC;
 	uint64_t prev[CONFIG_MAX_HOSTS];
 	gots(lk, prev);
 	/* What params hold now, for keep_step; without it (no memory)

@@ -27,6 +27,24 @@
 
 #define EVAL_BATCH 1024
 
+/* Where a worker is with the step it trains next (wr->step). */
+enum step_phase {
+	STEP_UNPULLED,  /* its parameters are still at the shards: pull first */
+	STEP_PULLED,    /* they are on the devices (the last exchange, or a recovery) */
+	STEP_FORWARDED, /* and its forward pass ran while they arrived (worker_preforward) */
+	STEP_COMPUTING, /* its gradient is being made: the devices hold no next step's yet */
+};
+
+/* How one step's gradient goes up (worker_way). */
+enum step_way {
+	WAY_PUSH,         /* after the compute, and no parameters come back: the
+			   * last step of a worker other than the chief */
+	WAY_AFTER,        /* after the compute, the next parameters coming back */
+	WAY_FLOW,         /* piece by piece while backward makes them final */
+	WAY_FLOW_FORWARD, /* and the next step's forward pass runs as its
+			   * parameters arrive */
+};
+
 struct worker {
 	const struct config *c;
 	const volatile sig_atomic_t *stop;
@@ -38,11 +56,9 @@ struct worker {
 	struct gradflow flow;    /* the gradient as backward makes it final */
 	struct gradflow pflow;   /* the next step's parameters as they arrive */
 	int preforward;          /* the next step's forward pass may wait on pflow */
-	long fwd;                /* the step whose forward pass ran already; -1: none */
-	int report;              /* the chief's progress line reads the meter after this step */
-	double t_pre;            /* that pass's compute, not its waits (seconds) */
+	enum step_phase phase;   /* what the devices hold for wr->step */
+	double t_pre;            /* a forward pass run early: its compute, not its waits (seconds) */
 	long preforwarded;       /* steps whose forward pass ran so */
-	int flowing;             /* may push while backward runs ([cluster] overlap) */
 	struct autoflow af;      /* whether a step does */
 	struct autoflow packf;   /* whether float32 goes packed to other hosts ([cluster] wire_pack) */
 	struct progress pg;
@@ -55,7 +71,6 @@ struct worker {
 	long ckpt_at, ckpt_start; /* sync: the step of the last CHECKPOINT asked for since
 				   * training (re)started at ckpt_start */
 	long epoch_loaded;
-	int pulled;              /* params hold the version for `step` already */
 	int finished;            /* the shards were at the run's end when it started */
 	double t_compute, t_comm; /* seconds in worker_compute; in pulls and pushes */
 	long timed;              /* steps counted in them */
@@ -117,7 +132,7 @@ static void worker_pack_open(struct worker *wr)
 	int fp32 = role_grad_dtype(c) == WIRE_F32 || role_param_dtype(c) == WIRE_F32;
 	int mode = fp32 && links_local(&wr->lk) < wr->lk.nps ? c->cluster.wire_pack : CONFIG_OVERLAP_OFF;
 	autoflow_init(&wr->packf, mode);
-	wr->lk.pack = autoflow_wants(&wr->packf);
+	wr->lk.sh.pack = autoflow_wants(&wr->packf);
 	if (mode == CONFIG_OVERLAP_AUTO)
 		role_log(wr->out, "worker %d: [cluster] wire_pack = auto: sends float32 as it is until its steps show that the link, not the CPU, limits them",
 			 wr->index);
@@ -141,7 +156,7 @@ static void worker_say_autoflow(const struct worker *wr, const char *key, const 
 static void worker_pack_record(struct worker *wr, long step, double compute, double exchange)
 {
 	enum autoflow_said said = autoflow_record(&wr->packf, compute, exchange);
-	wr->lk.pack = autoflow_wants(&wr->packf);
+	wr->lk.sh.pack = autoflow_wants(&wr->packf);
 	worker_say_autoflow(wr, "wire_pack", &wr->packf, said, step, "packing float32 on its links to other hosts",
 			    "sending float32 as it is");
 }
@@ -154,7 +169,7 @@ static void worker_pack_record(struct worker *wr, long step, double compute, dou
 static int worker_flow_open(struct worker *wr, const struct shard *plan, char *err, size_t errlen)
 {
 	const struct model *m = &wr->s.job.m;
-	if (!wr->c->cluster.overlap || !wr->lk.pieces || devices_flow_init(&wr->dev))
+	if (!wr->c->cluster.overlap || !wr->lk.sh.pieces || devices_flow_init(&wr->dev))
 		return 0;
 	size_t begin[CONFIG_MAX_HOSTS], end[CONFIG_MAX_HOSTS];
 	int cap = m->nlayers + 2;
@@ -171,7 +186,6 @@ static int worker_flow_open(struct worker *wr, const struct shard *plan, char *e
 		e = gradflow_init(&wr->pflow, m->nparams, wr->lk.nps, begin, end, 4 * wr->lk.nps + 8);
 	if (e)
 		return err_set(err, errlen, e, "worker %d: out of memory for pushing while computing", wr->index);
-	wr->flowing = 1;
 	autoflow_init(&wr->af, wr->c->cluster.overlap);
 	if (wr->c->cluster.overlap == CONFIG_OVERLAP_AUTO)
 		role_log(wr->out, "worker %d: [cluster] overlap = auto: pushes each gradient after computing it until its steps show that the link, not the CPU, limits them",
@@ -244,7 +258,7 @@ static int worker_open(struct worker *wr, char *err, size_t errlen)
 	char tbe[CONFIG_ERR_MAX];
 	if (wr->chief && tblog_open(&wr->tb, c->train.log_dir, tbe, sizeof(tbe)))
 		role_log(wr->out, "worker %d: no TensorBoard logs: %s", wr->index, tbe);
-	wr->lk.pg = wr->chief ? &wr->pg : NULL;
+	wr->lk.sh.pg = wr->chief ? &wr->pg : NULL;
 	return 0;
 }
 
@@ -277,12 +291,13 @@ static int worker_recover(struct worker *wr, long *at, char *err, size_t errlen)
 {
 	char why[CONFIG_ERR_MAX];
 	snprintf(why, sizeof(why), "%s", err);
-	wr->fwd = -1;   /* a forward pass of parameters that may not be the shards' now */
+	/* Not a forward pass of parameters that may not be the shards' now. */
+	wr->phase = STEP_UNPULLED;
 	int e = recovery_resync(&wr->lk, wr->params, at, why, err, errlen);
 	if (!e)
 		e = devices_set_params(&wr->dev, wr->params, err, errlen);
 	if (!e)
-		wr->pulled = 1;
+		wr->phase = STEP_PULLED;
 	return e;
 }
 
@@ -310,7 +325,7 @@ static int worker_meter_line(struct worker *wr, char *err, size_t errlen)
 		return e;
 	role_log(wr->out, "worker %d: step %ld/%ld, train loss %.4f accuracy %.2f%%, %llu stale", wr->index,
 		 wr->step, wr->total, n ? loss / (double)n : 0, n ? 100.0 * (double)right / (double)n : 0,
-		 (unsigned long long)wr->lk.stale);
+		 (unsigned long long)wr->lk.sh.stale);
 	return 0;
 }
 
@@ -389,8 +404,8 @@ static int worker_compute(struct worker *wr, int flow, char *err, size_t errlen)
 	long step = wr->step;
 	char why[CONFIG_ERR_MAX];
 	size_t first = 0, P = wr->s.job.m.nparams, bad = P;
-	int forwarded = wr->fwd == step;
-	wr->fwd = -1;
+	int forwarded = wr->phase == STEP_FORWARDED;
+	wr->phase = STEP_COMPUTING;
 	int e = worker_batch(wr, step, &first, err, errlen);
 	if (e)
 		return e;
@@ -419,15 +434,26 @@ static int worker_compute(struct worker *wr, int flow, char *err, size_t errlen)
 	return 0;
 }
 
-/* Whether the step in the flow (wr->step) may run the next one's forward
- * pass while the next parameters arrive: the next step trains as this one
- * does (it is not the last, and no evaluation comes before it), and
- * nothing reads the training meter in between (the chief's progress line
- * after this step), which would count the next step's loss early. */
-static int worker_preforward_ok(const struct worker *wr)
+/* How wr->step's gradient goes up. After its last step a worker other
+ * than the chief needs no parameters (the chief pulls them to evaluate):
+ * it pushes only, and may finish before the others. Piece by piece where
+ * the flow is open ([cluster] overlap) and autoflow says so, or where the
+ * step's forward pass ran already (it goes on in the flow, whatever
+ * autoflow says since). With the next step's forward pass where that one
+ * trains as this one does (it is not the last, and no evaluation comes
+ * before it), and nothing reads the training meter in between (report:
+ * the chief's progress line after this step), which would count the next
+ * step's loss early. */
+static enum step_way worker_way(const struct worker *wr, int report)
 {
-	long next = wr->step + 1;
-	return wr->preforward && next + 1 < wr->total && !worker_eval_due(wr, next) && !wr->report;
+	long step = wr->step, next = step + 1;
+	if (step + 1 == wr->total && !wr->chief)
+		return WAY_PUSH;
+	if (!wr->flow.nstreams || !(autoflow_wants(&wr->af) || wr->phase == STEP_FORWARDED))
+		return WAY_AFTER;
+	if (wr->preforward && next + 1 < wr->total && !worker_eval_due(wr, next) && !report)
+		return WAY_FLOW_FORWARD;
+	return WAY_FLOW;
 }
 
 /* The next step's forward pass, after this step's compute, on the next
@@ -452,38 +478,47 @@ static int worker_preforward(struct worker *wr, char *err, size_t errlen)
 		return 0;
 	if (e)
 		return err_set(err, errlen, e, "step %ld: %s", next, why);
-	wr->fwd = next;
+	wr->phase = STEP_FORWARDED;
 	wr->t_pre = progress_now() - t0 - waited;
 	wr->preforwarded++;
 	return 0;
 }
 
-/* The step's compute and exchange at once (wr->flowing): the links push
- * each piece of the gradient as backward makes it final and take the
- * next parameters as the shards stream them. *t1: when the compute
- * ended. A failed compute is the step's failure, whatever it did to the
- * links (they are shut down half-way through a push): never a lost ps. */
-static int worker_overlap(struct worker *wr, double *t1, char *err, size_t errlen)
+/* The step's compute and its exchange (links_exchange_begin ... end),
+ * the way worker_way said: the gradient made, then sent final; or sent
+ * piece by piece as backward makes it final (the flow), the next
+ * parameters coming down as the shards stream them, and with
+ * WAY_FLOW_FORWARD the next step's forward pass run on them as they
+ * arrive. *t1: when the compute ended. A failed compute is the step's
+ * failure, whatever it did to the links (a flow's pushes are shut down
+ * half-way): never a lost ps. */
+static int worker_exchange(struct worker *wr, enum step_way way, double *t1, char *err, size_t errlen)
 {
-	int pre = worker_preforward_ok(wr);
-	gradflow_reset(&wr->flow);
-	if (pre)
-		gradflow_reset(&wr->pflow);
-	for (int k = 0; k < wr->lk.nps; k++)
-		gradflow_later(&wr->flow, k, wr->lk.ln[k].unx);
-	int e = links_exchange_begin(&wr->lk, wr->grads, wr->params, &wr->flow, pre ? &wr->pflow : NULL);
-	if (e) {
+	int flow = way == WAY_FLOW || way == WAY_FLOW_FORWARD, pre = way == WAY_FLOW_FORWARD, ce = 0;
+	if (!flow) {
+		ce = worker_compute(wr, 0, err, errlen);
 		*t1 = progress_now();
-		return err_set(err, errlen, e, "worker %d: cannot start the threads of its links", wr->index);
+		if (ce)
+			return ce;
+	} else {
+		gradflow_reset(&wr->flow);
+		if (pre)
+			gradflow_reset(&wr->pflow);
+		for (int k = 0; k < wr->lk.nps; k++)
+			gradflow_later(&wr->flow, k, wr->lk.ln[k].unx);
 	}
-	int ce = worker_compute(wr, 1, err, errlen);
-	*t1 = progress_now();
-	if (ce)
-		gradflow_fail(&wr->flow);
-	else if (pre)
-		ce = worker_preforward(wr, err, errlen);
-	char le[512];
-	e = links_exchange_end(&wr->lk, le, sizeof(le));
+	links_exchange_begin(&wr->lk, wr->grads, flow ? &wr->flow : NULL, way == WAY_PUSH ? NULL : wr->params,
+			     pre ? &wr->pflow : NULL);
+	if (flow) {
+		ce = worker_compute(wr, 1, err, errlen);
+		*t1 = progress_now();
+		if (ce)
+			gradflow_fail(&wr->flow);
+		else if (pre)
+			ce = worker_preforward(wr, err, errlen);
+	}
+	char le[LINK_WHY_BYTES];
+	int e = links_exchange_end(&wr->lk, le, sizeof(le));
 	if (ce) {
 		wr->lk.lost = -1;
 		return ce;
@@ -510,77 +545,79 @@ static int worker_ckpt_due(struct worker *wr)
 	return 1;
 }
 
-/* One training step: pull (unless the last step's exchange did),
- * checkpoint, evaluate, compute, then push this step's gradient and pull
- * the next step's parameters at once (links_exchange). A failure with
- * wr->lk.lost set is a lost link, to recover from. */
-static int worker_step(struct worker *wr, char *err, size_t errlen)
+/* Before a step's compute: its parameters (unless the last step's
+ * exchange or a recovery put them on the devices), the chief's
+ * checkpoint, an evaluation. *ts: the step's start, moved past the
+ * evaluation. */
+static int worker_prepare(struct worker *wr, double *ts, char *err, size_t errlen)
 {
-	long step = wr->step;
-	double ts = progress_now(), t0 = ts;
+	double t0 = *ts;
 	int e = 0;
-	/* Only a link call of this step may mark a ps lost: a failure of the
-	 * devices must end the run, not be taken for a lost ps. */
-	wr->lk.lost = -1;
-	/* Decided now: worker_preforward_ok must know it before the meter
-	 * is read. */
-	wr->report = wr->chief && (progress_due(&wr->pg, step) || step + 1 == wr->total);
-	if (!wr->pulled)
+	if (wr->phase == STEP_UNPULLED)
 		e = worker_pull(wr, err, errlen);
-	wr->pulled = 0;
 	if (!e && wr->ckpts && worker_ckpt_due(wr))
-		e = links_checkpoint(&wr->lk, ckpt_label(wr, step), -1, err, errlen);
+		e = links_checkpoint(&wr->lk, ckpt_label(wr, wr->step), -1, err, errlen);
 	if (e)
 		return e;
 	wr->t_comm += progress_now() - t0;
-	e = worker_evaluate(wr, &ts, err, errlen);
-	t0 = progress_now();
-	/* After its last step a worker other than the chief needs no
-	 * parameters (the chief pulls them to evaluate): it pushes only, and
-	 * may finish before the others. */
-	int last = step + 1 == wr->total && !wr->chief;
-	double t1;
-	/* A step whose forward pass ran already goes on in the flow, whatever
-	 * autoflow says since. */
-	if (!e && wr->flowing && (autoflow_wants(&wr->af) || wr->fwd == step) && !last) {
-		e = worker_overlap(wr, &t1, err, errlen);
-	} else {
-		if (!e)
-			e = worker_compute(wr, 0, err, errlen);
-		t1 = progress_now();
-		if (!e && last)
-			e = links_push(&wr->lk, wr->grads, err, errlen);
-		else if (!e)
-			e = links_exchange(&wr->lk, wr->grads, wr->params, err, errlen);
-	}
-	/* The next step's forward pass, if it ran, is compute, not waiting,
-	 * and put its parameters on the devices as they came. */
-	double pre = wr->fwd == step + 1 ? wr->t_pre : 0;
-	t1 += pre;
-	wr->t_compute += t1 - t0;
-	if (!e && !last && wr->fwd != step + 1)
-		e = devices_set_params(&wr->dev, wr->params, err, errlen);
-	if (e) {
-		wr->fwd = -1;
-		return e;
-	}
-	wr->pulled = !last;
-	double t2 = progress_now();
+	return worker_evaluate(wr, ts, err, errlen);
+}
+
+/* A step trained: compute from t0 to t1, communication to t2; the
+ * autoflows decide from them. */
+static void worker_account(struct worker *wr, double t0, double t1, double t2)
+{
+	long step = wr->step;
 	wr->t_comm += t2 - t1;
 	wr->timed++;
-	enum autoflow_said said = wr->flowing ? autoflow_record(&wr->af, t1 - t0, t2 - t1) : AUTOFLOW_QUIET;
+	enum autoflow_said said = wr->flow.nstreams ? autoflow_record(&wr->af, t1 - t0, t2 - t1) : AUTOFLOW_QUIET;
 	worker_say_autoflow(wr, "overlap", &wr->af, said, step,
 			    "pushing the pieces of each gradient as backward makes them",
 			    "pushing each gradient after computing it");
 	worker_pack_record(wr, step, t1 - t0, t2 - t1);
+}
+
+/* One training step: prepare (pull, checkpoint, evaluate), then compute
+ * and exchange, which pushes this step's gradient and pulls the next
+ * step's parameters at once (worker_exchange). A failure with wr->lk.lost
+ * set is a lost link, to recover from. */
+static int worker_step(struct worker *wr, char *err, size_t errlen)
+{
+	long step = wr->step;
+	double ts = progress_now(), t1;
+	/* Only a link call of this step may mark a ps lost: a failure of the
+	 * devices must end the run, not be taken for a lost ps. */
+	wr->lk.lost = -1;
+	/* Decided now: worker_way must know it before the meter is read. */
+	int report = wr->chief && (progress_due(&wr->pg, step) || step + 1 == wr->total);
+	int e = worker_prepare(wr, &ts, err, errlen);
+	double t0 = progress_now();
+	enum step_way way = worker_way(wr, report);
+	if (!e) {
+		e = worker_exchange(wr, way, &t1, err, errlen);
+		/* The next step's forward pass, if it ran, is compute, not
+		 * waiting, and put its parameters on the devices as they
+		 * came; a push only brings none. */
+		t1 += wr->phase == STEP_FORWARDED ? wr->t_pre : 0;
+		wr->t_compute += t1 - t0;
+	}
+	if (!e && way != WAY_PUSH && wr->phase != STEP_FORWARDED)
+		e = devices_set_params(&wr->dev, wr->params, err, errlen);
+	if (e) {
+		wr->phase = STEP_UNPULLED;
+		return e;
+	}
+	if (wr->phase != STEP_FORWARDED)
+		wr->phase = way == WAY_PUSH ? STEP_UNPULLED : STEP_PULLED;
+	worker_account(wr, t0, t1, progress_now());
 	if (!wr->chief)
 		return 0;
 	char why[CONFIG_ERR_MAX];
-	wr->pg.stale = wr->lk.stale;
+	wr->pg.stale = wr->lk.sh.stale;
 	progress_tick(&wr->pg, step, progress_now() - ts);
 	/* The gradient's download has waited for the GPU: the loss is there
 	 * to be read without a further stall. */
-	if (wr->report && (e = devices_report(&wr->dev, &wr->pg, step, why, sizeof(why))))
+	if (report && (e = devices_report(&wr->dev, &wr->pg, step, why, sizeof(why))))
 		return err_set(err, errlen, e, "step %ld: %s", step, why);
 	return 0;
 }
@@ -597,7 +634,7 @@ static int worker_train(struct worker *wr, char *err, size_t errlen)
 			/* Sync with backup workers: the shards may have moved
 			 * on without this worker's gradient; it goes on from
 			 * where they all are. */
-			if (wr->c->train.mode == MODE_SYNC && wr->pulled) {
+			if (wr->c->train.mode == MODE_SYNC && wr->phase != STEP_UNPULLED) {
 				uint64_t at = wr->lk.ln[0].got;
 				for (int k = 1; k < wr->lk.nps; k++)
 					at = wr->lk.ln[k].got < at ? wr->lk.ln[k].got : at;
@@ -644,7 +681,7 @@ static int worker_final(struct worker *wr, const char *dump, struct train_result
 		return dump ? dump_params(dump, wr->params, wr->s.job.m.nparams, err, errlen) : 0;
 	if (!wr->chief)
 		return worker_meter_line(wr, err, errlen);
-	if (step > wr->start && !wr->pulled) {
+	if (step > wr->start && wr->phase == STEP_UNPULLED) {
 		e = worker_pull(wr, err, errlen);
 		if (e && wr->lk.lost >= 0) {
 			/* The last step's shards were lost: the same recovery
@@ -740,7 +777,7 @@ static int worker_finish(struct worker *wr, int *again, char *err, size_t errlen
 			if (r)
 				return r;
 			wr->step = wr->start = at;
-			wr->pulled = 1;
+			wr->phase = STEP_PULLED;
 			*again = 1;
 			return 0;
 		}
@@ -756,7 +793,7 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 		return err_set(err, errlen, -ENOMEM, "out of memory");
 	*wr = (struct worker){ .c = c, .stop = stop, .out = out, .index = index, .chief = index == 0,
 			       .W = c->cluster.nworkers, .B = c->train.batch_size, .tty = tty,
-			       .epoch_loaded = -1, .ckpt_start = -1, .fwd = -1 };
+			       .epoch_loaded = -1, .ckpt_start = -1, .phase = STEP_PULLED };
 	memset(res, 0, sizeof(*res));
 	double t0 = progress_now();
 	hooks_read(&wr->hooks);
@@ -766,7 +803,6 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 	if (!e)
 		e = devices_set_params(&wr->dev, wr->params, err, errlen);
 	wr->ckpts = wr->chief && c->train.checkpoint_dir[0];
-	wr->pulled = 1;
 	wr->step = wr->start;
 	if (!e && wr->start >= wr->total)
 		e = worker_found_finished(wr, res, err, errlen);
@@ -796,9 +832,9 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 			 1e3 * wr->t_compute / (double)wr->timed, 1e3 * wr->t_comm / (double)wr->timed, wr->timed);
 	/* What the links carried: 4 bytes a value as float32, 2 as bf16,
 	 * about 3.5 packed (tests/test_cluster.c reads it). */
-	if (!e && wr->lk.pvalues)
+	if (!e && wr->lk.sh.pvalues)
 		role_log(out, "worker %d: the parameters arrived in %.2f bytes a value", index,
-			 (double)wr->lk.pbytes / (double)wr->lk.pvalues);
+			 (double)wr->lk.sh.pbytes / (double)wr->lk.sh.pvalues);
 	if (!e) {
 		res->wall = progress_now() - t0;
 		res->samples_per_s = wr->pg.train_time > 0 ? (double)wr->pg.samples / wr->pg.train_time : 0;

@@ -684,6 +684,21 @@ static long rss_anon_kib(pid_t pid)
 	return anon >= 0 ? anon : rss;
 }
 
+/* RssAnon samples of one process. */
+struct rss_samples {
+	pid_t pid;
+	int n;
+	long kib[4096];
+};
+
+static void rss_sample(void *ctx)
+{
+	struct rss_samples *rs = ctx;
+	long k = rss_anon_kib(rs->pid);
+	if (k > 0 && rs->n < (int)(sizeof(rs->kib) / sizeof(rs->kib[0])))
+		rs->kib[rs->n++] = k;
+}
+
 /* Issue 3 item 7: a ps's memory does not grow with steps. 1 ps + 2 workers
  * run 30000 steps in sync, then async, mode while the test samples the ps's
  * RssAnon every 10 ms; after the first quarter of the samples (thread
@@ -724,34 +739,11 @@ Test(cluster, ps_memory_does_not_grow_with_steps, .timeout = 60)
 			const char *args[] = { roles[i][0], "--index", roles[i][1], "--config", cfg, NULL };
 			pids[i] = spawn_pstrain(args, out[i], NULL);
 		}
-		enum { MAXS = 4096 };
-		static long kib[MAXS];
-		int ns = 0, st[3] = { -2, -2, -2 }, left = 3;
-		struct timespec t0, now, nap = { 0, 10 * 1000 * 1000 };
-		clock_gettime(CLOCK_MONOTONIC, &t0);
-		while (left > 0) {
-			long k = rss_anon_kib(pids[0]);
-			if (k > 0 && ns < MAXS)
-				kib[ns++] = k;
-			for (int i = 0; i < 3; i++) {
-				int s;
-				if (st[i] != -2 || waitpid(pids[i], &s, WNOHANG) != pids[i])
-					continue;
-				st[i] = WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s);
-				left--;
-			}
-			clock_gettime(CLOCK_MONOTONIC, &now);
-			if (now.tv_sec - t0.tv_sec > RUN_TIMEOUT_S / 2) {
-				for (int i = 0; i < 3; i++)
-					if (st[i] == -2) {
-						kill(pids[i], SIGKILL);
-						waitpid(pids[i], NULL, 0);
-						st[i] = -1;
-					}
-				break;
-			}
-			nanosleep(&nap, NULL);
-		}
+		struct rss_samples rs = { .pid = pids[0] };
+		int st[3];
+		wait_children_sampling(pids, 3, st, RUN_TIMEOUT_S / 2, 10, rss_sample, &rs);
+		int ns = rs.n;
+		const long *kib = rs.kib;
 		assert_exits_zero(st, out, 3, modes[m]);
 		char done[64];
 		snprintf(done, sizeof(done), "done: %d steps", STEPS);
@@ -1063,5 +1055,122 @@ Test(cluster, cipher_offers_follow_the_config)
 			cr_log_warn("this CPU lacks AES-NI: only the refusal of row %zu ran", i);
 		}
 		free(c);
+	}
+}
+
+/* Adds the thread ids in /proc/PID/task not in ids (n of them, cap) to
+ * it; how many were new. */
+static int task_ids_add(pid_t pid, long *ids, int *n, int cap)
+{
+	char path[64];
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+	DIR *d = opendir(path);
+	if (!d)
+		return 0;
+	int added = 0;
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		if (e->d_name[0] == '.')
+			continue;
+		long id = strtol(e->d_name, NULL, 10);
+		int seen = 0;
+		for (int i = 0; i < *n && !seen; i++)
+			seen = ids[i] == id;
+		if (!seen && *n < cap) {
+			ids[(*n)++] = id;
+			added++;
+		}
+	}
+	closedir(d);
+	return added;
+}
+
+/* The threads of two workers as they train: every id seen (n), and how
+ * many were first seen after the worker said it was connected (late). */
+struct thread_watch {
+	pid_t pids[2];
+	const char *out[2];
+	long ids[2][1 << 14];
+	int n[2], late[2], ready[2], samples;
+};
+
+static void thread_sample(void *ctx)
+{
+	struct thread_watch *tw = ctx;
+	for (int w = 0; w < 2; w++) {
+		/* Listed before the log is read: every thread made before
+		 * the line is in the list. */
+		int added = task_ids_add(tw->pids[w], tw->ids[w], &tw->n[w], 1 << 14);
+		if (tw->ready[w])
+			tw->late[w] += added;
+		else if (strstr(slurp(tw->out[w]), "connected to"))
+			tw->ready[w] = 1;
+	}
+	tw->samples++;
+}
+
+/* Issue 37: no thread is created per training step. 2 ps + 2 workers run
+ * 3000 steps in sync (each shard streams its pieces: both directions of
+ * every link at once) and in async mode (pushes one shard after the
+ * other) while the test lists the threads of both workers every
+ * millisecond: every thread a worker has once it says it is connected is
+ * made before that, so a thread id first seen after it is a thread made
+ * during training (before issue 37, up to 2 per ps link and step, made
+ * and joined by every exchange). */
+Test(cluster, worker_threads_do_not_grow_with_steps, .timeout = 90)
+{
+	enum { STEPS = 3000 };
+	const char *modes[] = { "sync", "async" };
+	for (int m = 0; m < 2; m++) {
+		char cfg[300], path[300], out[4][300], err[KEY_ERR_MAX];
+		snprintf(path, sizeof(path), "%s/blobs.csv", dir);
+		write_blobs(path, 600, 3, 6, 3);
+		snprintf(path, sizeof(path), "%s/cluster.key", dir);
+		if (m == 0)
+			cr_assert_eq(key_generate(path, err, sizeof(err)), 0, "%s", err);
+		snprintf(cfg, sizeof(cfg), "%s/cluster.ini", dir);
+		FILE *f = fopen(cfg, "w");
+		cr_assert_not_null(f);
+		fprintf(f, "[cluster]\nps = 127.0.0.1:%d, 127.0.0.1:%d\nworkers = 127.0.0.1:%d, 127.0.0.1:%d\n"
+			   "key_file = cluster.key\n"
+			   "[data]\nformat = csv\ntrain_csv = blobs.csv\nlabel_column = first\n"
+			   "[train]\nsteps = %d\nbatch_size = 4\nlearning_rate = 0.05\n"
+			   "eval_every = 1000\nthreads = 1\nmode = %s\n"
+			   "[model]\ninput = 6\nlayer = dense 8\nlayer = relu\nlayer = dense 3\n",
+			free_port(), free_port(), free_port(), free_port(), STEPS, modes[m]);
+		cr_assert_eq(fclose(f), 0);
+		const char *roles[4][2] = { { "ps", "0" }, { "ps", "1" }, { "worker", "1" }, { "worker", "0" } };
+		pid_t pids[4];
+		/* The workers first, so that both connect as the ps tasks
+		 * come up: in async mode a worker that came late would find
+		 * the run finished by the other. */
+		for (int i = 3; i >= 0; i--) {
+			snprintf(out[i], 300, "%s/threads-%s-%s%s.log", dir, modes[m], roles[i][0], roles[i][1]);
+			const char *args[] = { roles[i][0], "--index", roles[i][1], "--config", cfg, NULL };
+			pids[i] = spawn_pstrain(args, out[i], NULL);
+		}
+		static struct thread_watch tw;
+		memset(&tw, 0, sizeof(tw));
+		for (int w = 0; w < 2; w++) {
+			tw.pids[w] = pids[2 + w];
+			tw.out[w] = out[2 + w];
+		}
+		int st[4];
+		wait_children_sampling(pids, 4, st, RUN_TIMEOUT_S, 1, thread_sample, &tw);
+		const int *n = tw.n, *late = tw.late, *ready = tw.ready, samples = tw.samples;
+		assert_exits_zero(st, out, 4, modes[m]);
+		/* Async, the chief may find the run finished by worker 1
+		 * (which then trained it all). */
+		char done[64];
+		snprintf(done, sizeof(done), "done: %d steps", STEPS);
+		cr_assert(strstr(slurp(out[3]), done) || (m == 1 && strstr(slurp(out[3]), "run finished")), "%s",
+			  slurp(out[3]));
+		fprintf(stderr, "cluster/worker_threads (%s): %d samples; worker 1: %d threads, %d made while training; worker 0: %d, %d\n",
+			modes[m], samples, n[0], late[0], n[1], late[1]);
+		cr_assert(ready[0] && ready[1], "%s: a worker never said it was connected", modes[m]);
+		for (int w = 0; w < 2; w++)
+			cr_assert_eq(late[w], 0,
+				     "%s: worker %d made %d threads while training %d steps (%d threads in all)",
+				     modes[m], 1 - w, late[w], STEPS, n[w]);
 	}
 }

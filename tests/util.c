@@ -170,14 +170,17 @@ pid_t spawn_pstrain(const char *const *args, const char *outpath, const char *en
 	return pid;
 }
 
-void wait_children(const pid_t *pids, int n, int *st, int timeout_s)
+void wait_children_sampling(const pid_t *pids, int n, int *st, int timeout_s, long nap_ms,
+			    void (*sample)(void *ctx), void *ctx)
 {
 	int left = n;
 	for (int i = 0; i < n; i++)
 		st[i] = -2;
-	struct timespec t0, now, nap = { 0, 20 * 1000 * 1000 };
+	struct timespec t0, now, nap = { nap_ms / 1000, nap_ms % 1000 * 1000 * 1000 };
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	while (left > 0) {
+		if (sample)
+			sample(ctx);
 		for (int i = 0; i < n; i++) {
 			int s;
 			if (st[i] != -2 || waitpid(pids[i], &s, WNOHANG) != pids[i])
@@ -198,6 +201,11 @@ void wait_children(const pid_t *pids, int n, int *st, int timeout_s)
 		}
 		nanosleep(&nap, NULL);
 	}
+}
+
+void wait_children(const pid_t *pids, int n, int *st, int timeout_s)
+{
+	wait_children_sampling(pids, n, st, timeout_s, 20, NULL, NULL);
 }
 
 void assert_exits_zero(const int *st, char (*out)[300], int n, const char *what)

@@ -62,6 +62,10 @@ pid_t spawn_pstrain(const char *const *args, const char *outpath, const char *en
 /* Waits for all n processes up to timeout_s; kills every one left then.
  * st[i]: exit status, 128+signal, or -1 if it had to be killed. */
 void wait_children(const pid_t *pids, int n, int *st, int timeout_s);
+/* wait_children, calling sample(ctx) (if not NULL) every nap_ms while they
+ * run: a test that watches a process as it trains. */
+void wait_children_sampling(const pid_t *pids, int n, int *st, int timeout_s, long nap_ms,
+			    void (*sample)(void *ctx), void *ctx);
 
 /* Every one of the n processes exited 0 (st from wait_children); if not,
  * fails showing every exit status and the head of every log out[i]: the

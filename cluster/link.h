@@ -1,0 +1,179 @@
+/* One worker's link to one ps, as an object: its connection (dialled,
+ * greeted, and shunned off a Unix socket that answers wrongly), a state,
+ * one end reason, and two threads that live as long as the link does: a
+ * sender and a receiver. links.c fans a call out over every ps; this file
+ * is what one link does with it.
+ *
+ * An exchange is link_begin(what to send, what to take) ... link_wait:
+ * the sender sends a control message, PULL and the PUSH, in the order the
+ * ps needs (piece mode: PULL first, so the ps streams the parameters while
+ * the gradient goes up; otherwise the PUSH, then PULL); the PUSH is one
+ * loop over the gradient's flow, run by run of whole pieces as the flow
+ * says they are final (without overlap, the whole gradient is final at
+ * once: one message). The receiver reads only once something that has a
+ * reply went out (so that a long compute is never taken for a silent ps),
+ * and takes each message through a table by its type (like the ps's
+ * ps_handlers): the ACK, the parameters as they stream, a STATUS reply,
+ * HEARTBEATs (the chief's "waiting for worker N" lines) and ERRORs.
+ *
+ * The first failure of an exchange is its end reason, set once under the
+ * link's mutex; it shuts the connection down so that the other half ends
+ * at once, and its message is the link's. LOST: the transport failed
+ * ("lost ps 1 (host:port): ..."), the caller may reconnect (recovery.c).
+ * WENT_BACK: the shard answered with an older version than this worker had
+ * from it (restarted from a checkpoint, or rolled back): also one to
+ * reconnect for. REFUSED: an ERROR from the ps, or a message that is not
+ * what was asked for. CANCELLED: the step failed its gradient's flow, or
+ * another link was lost first (links.c shuts the others then). A failed
+ * link stays FAILED until link_disconnect. */
+#ifndef PSTRAIN_CLUSTER_LINK_H
+#define PSTRAIN_CLUSTER_LINK_H
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "../core/gradflow.h"
+#include "../core/progress.h"
+#include "../core/shard.h"
+#include "../net/conn.h"
+#include "../net/cryptopool.h"
+#include "../net/msg.h"
+#include "../net/pipe.h"
+#include "../net/sock.h"
+#include "role.h"
+
+/* A link's error message: a ps's name and a line from net/. */
+#define LINK_WHY_BYTES 1024
+
+enum link_state {
+	LINK_DOWN,       /* not connected */
+	LINK_READY,      /* connected, no exchange running */
+	LINK_EXCHANGING, /* between link_begin and the end of both halves */
+	LINK_FAILED,     /* an exchange ended with a reason other than OK */
+};
+
+enum link_end {
+	LINK_OK,
+	LINK_LOST,
+	LINK_REFUSED,
+	LINK_WENT_BACK,
+	LINK_CANCELLED,
+};
+
+/* Whose push is next, shared by the links of one worker: the pushes of a
+ * staggered exchange go one shard at a time, worker w starting at shard
+ * w mod nps, so that the workers' uploads reach different ps at once. */
+struct link_turn {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int turn;
+};
+
+/* What every link of a worker reads, and what they count together. */
+struct link_shared {
+	const struct config *c;
+	const struct role_setup *s;
+	const volatile sig_atomic_t *stop;
+	FILE *out;
+	int index;               /* this worker */
+	int pieces;              /* the shards stream each piece (role_pieces) */
+	int pack;                /* float32 packed on TCP links (the worker sets it
+				  * between exchanges) */
+	struct progress *pg;     /* the chief's: "waiting for worker N" lines */
+	pthread_mutex_t say_mu;  /* those lines, from any link's receiver */
+	uint64_t heard_v;        /* the last one printed: version, workers */
+	uint8_t heard[MSG_HEARTBEAT_WORKERS / 8];
+	_Atomic uint64_t stale;  /* pushes the shards dropped */
+	_Atomic uint64_t pvalues, pbytes; /* parameters received: values, their bytes on the wire */
+	struct link_turn turn;
+	/* Called once a link's exchange ends LOST or WENT_BACK, on that
+	 * link's thread, holding no link's lock (links.c shuts the others). */
+	void (*lost)(void *ctx, int k);
+	void *ctx;
+};
+
+/* A control message (sealing encrypts in place: encoded for each link). */
+struct link_ctl {
+	uint8_t type;            /* 0: none; WIRE_CHECKPOINT, _ROLLBACK, _DONE, _STATUS */
+	union {
+		struct msg_checkpoint ck;
+		struct msg_rollback rb;
+		struct msg_done done;
+		struct msg_status status; /* its reply is taken */
+	} u;
+};
+
+/* One exchange: what goes up and what comes down. */
+struct link_ex {
+	struct link_ctl ctl;     /* sent first, if its type is set */
+	const float *grads;      /* (P) NULL: no PUSH */
+	struct gradflow *gflow;  /* grads as they become final; stream k: this link's range */
+	struct link_turn *turn;  /* NULL, or wait for turn pos before the PUSH and
+				  * pass it on at the ACK (or at a failure) */
+	int pos;
+	float *params;           /* (P) NULL: no PULL */
+	int first;               /* PULL version 0 (whatever the shard has), no check */
+	struct gradflow *pflow;  /* NULL, or each chunk of params marked final as it lands */
+};
+
+struct link {
+	int k;                   /* the ps */
+	struct link_shared *sh;
+	struct conn conn;
+	struct shard range;
+	uint64_t got;            /* version of the parameters last pulled */
+	uint8_t *rbuf, *wbuf;    /* conn's */
+	uint8_t *rwbuf;          /* (CONN_WBUF_BYTES) frame 0 of rpp */
+	struct pipe pp, rpp;     /* tensors sent (frame 0: wbuf); received */
+	int pp_ready, rpp_ready;
+	int unx;                 /* the connection is over the ps's Unix socket */
+	int shun;                /* the ps's Unix socket file failed a greeting: */
+	struct sock_unix_file shunned; /* this one; TCP while it is there */
+
+	pthread_mutex_t mu;      /* all below */
+	pthread_cond_t cv;
+	enum link_state state;
+	enum link_end end;
+	int rc;                  /* with end: the error, -ECONNABORTED mostly */
+	char why[LINK_WHY_BYTES]; /* and its message */
+	struct link_ex ex;       /* the exchange running */
+	uint64_t tag;            /* the version its PUSH is tagged with: got at link_begin */
+	uint64_t want;           /* the version its PULL asked for */
+	int tx_busy, rx_busy;    /* its halves still at it */
+	int asked;               /* a message with a reply went out: the receiver reads */
+	int acked;               /* the ACK of its PUSH came */
+	int complete;            /* a STATUS reply said the run is complete */
+	int quit;
+	pthread_t tx, rx;
+	int tx_on, rx_on, sync_on;
+};
+
+/* Link to ps k over range, with the buffers, pipes, session key pages
+ * and both threads; DOWN. On failure l is left for link_free. */
+int link_init(struct link *l, int k, struct link_shared *sh, struct shard range,
+	      struct cryptopool *pool, char *err, size_t errlen);
+void link_free(struct link *l); /* accepts a zeroed struct; not while exchanging */
+
+/* Connects and greets ps k within timeout_ms (its Unix socket first where
+ * [cluster] local_socket says, retrying an unanswered greeting twice):
+ * READY. -EINVAL for an address that cannot work, -EINTR, else
+ * -ECONNABORTED. */
+int link_connect(struct link *l, int timeout_ms, char *err, size_t errlen);
+void link_disconnect(struct link *l); /* DOWN */
+
+/* Starts ex on the link's threads. A link that is not READY ends the
+ * exchange at once: its earlier end again if it FAILED, LOST if DOWN. */
+void link_begin(struct link *l, const struct link_ex *ex);
+/* Waits for the exchange to end: 0, or its error with the message in err
+ * (if not NULL). Again after the end, the same. */
+int link_wait(struct link *l, char *err, size_t errlen);
+/* Ends a running exchange CANCELLED (another link was lost), shutting the
+ * connection down; nothing if it is not running or ended already. */
+void link_cancel(struct link *l, const char *why);
+
+/* "ps 1 (host:port)" in buf. */
+const char *link_ps_name(const struct config *c, int k, char *buf, size_t len);
+
+#endif

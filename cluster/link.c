@@ -491,7 +491,7 @@ static void link_settle_locked(struct link *l)
 	if (l->tx_busy || l->rx_busy || l->state != LINK_EXCHANGING)
 		return;
 	l->state = l->end == LINK_OK ? LINK_READY : LINK_FAILED;
-	pthread_cond_broadcast(&l->cv);
+	pthread_cond_broadcast(&l->done_cv);
 }
 
 /* One half's thread: the half of every exchange begun on the link, until
@@ -563,7 +563,7 @@ int link_wait(struct link *l, char *err, size_t errlen)
 {
 	pthread_mutex_lock(&l->mu);
 	while (l->state == LINK_EXCHANGING)
-		pthread_cond_wait(&l->cv, &l->mu);
+		pthread_cond_wait(&l->done_cv, &l->mu);
 	int r = l->rc;
 	if (r && err)
 		snprintf(err, errlen, "%s", l->why);
@@ -594,6 +594,11 @@ int link_init(struct link *l, int k, struct link_shared *sh, struct shard range,
 	if (pthread_mutex_init(&l->mu, NULL))
 		return err_set(err, errlen, -ENOMEM, "cannot make the lock of ps link %d", k);
 	if (pthread_cond_init(&l->cv, NULL)) {
+		pthread_mutex_destroy(&l->mu);
+		return err_set(err, errlen, -ENOMEM, "cannot make the condition variable of ps link %d", k);
+	}
+	if (pthread_cond_init(&l->done_cv, NULL)) {
+		pthread_cond_destroy(&l->cv);
 		pthread_mutex_destroy(&l->mu);
 		return err_set(err, errlen, -ENOMEM, "cannot make the condition variable of ps link %d", k);
 	}
@@ -628,6 +633,7 @@ void link_free(struct link *l)
 		conn_destroy(&l->conn);
 		pthread_mutex_destroy(&l->mu);
 		pthread_cond_destroy(&l->cv);
+		pthread_cond_destroy(&l->done_cv);
 		l->sync_on = 0;
 	}
 	if (l->pp_ready)

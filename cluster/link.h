@@ -133,7 +133,9 @@ struct link {
 	struct sock_unix_file shunned; /* this one; TCP while it is there */
 
 	pthread_mutex_t mu;      /* all below */
-	pthread_cond_t cv;
+	pthread_cond_t cv;       /* the two halves': begun, asked, acked, ended, quit */
+	pthread_cond_t done_cv;  /* link_wait's: the exchange settled (apart, so
+				  * that the halves' wake-ups do not wake the caller) */
 	enum link_state state;
 	enum link_end end;
 	int rc;                  /* with end: the error, -ECONNABORTED mostly */

@@ -8,7 +8,6 @@
 #include "../base/err.h"
 
 #include "../gpu/gpu.h"
-#include "../gpu/kernels.h"
 
 #include <errno.h>
 #include <math.h>

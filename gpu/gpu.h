@@ -39,8 +39,26 @@ int gpu_arch_check(int device, char *err, size_t errlen);
 int gpu_cublas_kept(char *soname, size_t len, char *err, size_t errlen);
 
 struct backend;
-struct gk_optim;
-struct gk_step;
+
+/* An optimizer step's rule and values as the GPU's kernel takes them
+ * (core/devices.c fills it from struct optim). */
+struct gk_optim {
+	int kind;
+	float lr, wd, mu;
+	int nesterov;
+	float b1, b2, eps;
+	float step_size, inv_sqrt_bc2;
+};
+
+/* The values that change from one training step to the next, read from
+ * device memory by the kernels of a step captured as a CUDA graph (their
+ * launch arguments are frozen at capture); gk_step_set writes them before
+ * each replay. */
+struct gk_step {
+	size_t at;                          /* the batch's position in the order */
+	float lr, step_size, inv_sqrt_bc2;  /* struct gk_optim's per-step fields */
+	uint64_t key;                       /* the step's dropout key (replica_key) */
+};
 
 struct gpu_options {
 	double memory_fraction;   /* arena cap: this fraction of the GPU's memory */

@@ -11,6 +11,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "gpu.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -58,15 +59,7 @@ int gk_meter_add(void *stream, double *meter, const double *row_loss, const doub
 int gk_xent_backward(void *stream, float *dlogits, const float *probs, const int32_t *labels,
 		     int B, int C, float scale);
 
-/* The values that change from one training step to the next, read from
- * device memory by the kernels of a step captured as a CUDA graph (their
- * launch arguments are frozen at capture); gk_step_set writes them before
- * each replay. */
-struct gk_step {
-	size_t at;                          /* the batch's position in the order */
-	float lr, step_size, inv_sqrt_bc2;  /* struct gk_optim's per-step fields */
-	uint64_t key;                       /* the step's dropout key (replica_key) */
-};
+/* struct gk_step: gpu/gpu.h. */
 int gk_step_set(void *stream, struct gk_step *dev, const struct gk_step *host);
 
 /* x (B, D) and y (B) = rows order[at .. at + B) of data_x (n, D) and
@@ -77,13 +70,7 @@ int gk_gather(void *stream, float *x, int32_t *y, const float *data_x, const int
 /* The update rules of core/optim.c over n elements; kind is enum optim_kind.
  * Adam's bias corrections are folded into step_size and inv_sqrt_bc2 by
  * the caller, as optim.c does. zero: clear grads in the same pass. */
-struct gk_optim {
-	int kind;
-	float lr, wd, mu;
-	int nesterov;
-	float b1, b2, eps;
-	float step_size, inv_sqrt_bc2;
-};
+/* struct gk_optim: gpu/gpu.h. */
 /* With step non-NULL, lr, step_size and inv_sqrt_bc2 come from it. A kind
  * whose state is NULL (m for momentum and adam, v for adam) is not
  * launched: cudaErrorInvalidValue. */

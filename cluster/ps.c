@@ -137,9 +137,9 @@ static int on_done(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 			       d.worker, cn->w);
 	pthread_mutex_lock(&ps->mu);
 	members_done(&ps->mb, cn->w, d.leaving);
+	cn->state = PS_CONN_DONE;
 	pthread_cond_broadcast(&ps->cv);
 	pthread_mutex_unlock(&ps->mu);
-	cn->said_done = 1;
 	return 0;
 }
 
@@ -149,7 +149,7 @@ static int on_error(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 	int r = msg_decode_error(cn->conn.rbuf, len, &me, err, errlen);
 	if (r)
 		return r;
-	cn->quiet = 1; /* it closes: an ERROR back would cross its own */
+	cn->failing = PS_CONN_LOST; /* it closes: an ERROR back would cross its own */
 	return err_set(err, errlen, -ECONNABORTED, "it reported: %s", me.text);
 }
 
@@ -208,11 +208,11 @@ static int ps_confirm(struct ps_conn *cn, char *err, size_t errlen)
 			snprintf(err, errlen, "%s", why);
 			return PS_END;
 		}
-		old->replaced = 1;
+		ps_conn_end_set(old, PS_CONN_REPLACED);
 		conn_shutdown(&old->conn);
 	}
 	ps->worker[w] = cn;
-	cn->confirmed = 1;
+	cn->state = PS_CONN_MEMBER;
 	members_join(&ps->mb, w);
 	pthread_mutex_unlock(&ps->mu);
 	cn->conn.read_ms = role_peer_timeout_ms(ps->c);
@@ -231,15 +231,15 @@ static int ps_confirm(struct ps_conn *cn, char *err, size_t errlen)
  * connection with an ERROR carrying the reason, so that the worker can say
  * why it stops; ps_left logs the same reason with the worker and the peer.
  * The shard is untouched and the ps serves the others on. A failure of
- * the transport (cn->quiet) gets no ERROR. Returns r. */
+ * the transport (cn->failing LOST) gets no ERROR. Returns r. */
 static int ps_refuse(struct ps_conn *cn, int r, const char *why)
 {
-	if (cn->quiet)
+	if (cn->failing == PS_CONN_LOST)
 		return r;
 	char text[WIRE_ERROR_TEXT_MAX + 1];
 	snprintf(text, sizeof(text), "%.*s", (int)WIRE_ERROR_TEXT_MAX, why);
 	conn_send_error(&cn->conn, (uint32_t)-r, text);
-	cn->refused = 1;
+	cn->failing = PS_CONN_REFUSED;
 	return r;
 }
 
@@ -254,9 +254,9 @@ static int ps_serve(struct ps_conn *cn, char *err, size_t errlen)
 		/* After DONE too: a finished worker polls STATUS every 100 ms
 		 * until it leaves, so silence means it is stuck. */
 		int r = conn_recv(&cn->conn, &len, err, errlen);
-		if (r && cn->said_done)
+		if (r && cn->state == PS_CONN_DONE)
 			return 0;
-		if (r == -ETIMEDOUT && !cn->confirmed)
+		if (r == -ETIMEDOUT && cn->state == PS_CONN_UNCONFIRMED)
 			return err_set(err, errlen, r, "no frame within %d ms of the handshake",
 				       cn->conn.read_ms);
 		if (r == -ETIMEDOUT)
@@ -264,7 +264,7 @@ static int ps_serve(struct ps_conn *cn, char *err, size_t errlen)
 				       ps->c->cluster.peer_timeout);
 		if (r)
 			return r;
-		if (!cn->confirmed) {
+		if (cn->state == PS_CONN_UNCONFIRMED) {
 			r = ps_confirm(cn, err, errlen);
 			if (r == PS_END)
 				return 0;
@@ -304,14 +304,14 @@ static void ps_left(struct ps_conn *cn, int r, const char *e)
 	snprintf(why, sizeof(why), "lost worker %d (%s): %s", cn->w, cn->peer, e);
 	pthread_mutex_lock(&ps->mu);
 	enum members_gone g = members_leave(&ps->mb, cn->w, r != 0, ps->aborted, role_now_ms(), why);
-	if (ps->worker[cn->w] == cn)
+	int replaced = ps->worker[cn->w] != cn; /* ps_confirm gave its place to the next */
+	if (!replaced)
 		ps->worker[cn->w] = NULL;
-	int replaced = cn->replaced;
 	pthread_mutex_unlock(&ps->mu);
 	/* ps_confirm said the worker is back; what ended this connection
 	 * first is still worth its line (a worker can reconnect, over a Unix
 	 * socket within a millisecond, before this thread gets here). */
-	if (replaced && cn->failed_first && r)
+	if (replaced && ps_conn_failed(cn) && r)
 		role_log(ps->out, "ps %d: %s: closed worker %d's connection: %s (it has connected again)",
 			 ps->index, cn->peer, cn->w, e);
 	if (replaced)
@@ -319,7 +319,7 @@ static void ps_left(struct ps_conn *cn, int r, const char *e)
 	/* A refused request is logged whatever it means for the worker (it
 	 * may have another connection live, or have finished): the one line
 	 * that names who asked for what. */
-	if (cn->refused && g != MEMBERS_LOST)
+	if (cn->end == PS_CONN_REFUSED && g != MEMBERS_LOST)
 		role_log(ps->out, "ps %d: %s: closed worker %d's connection: %s%s", ps->index, cn->peer,
 			 cn->w, e, g == MEMBERS_AWAY ? "; it had finished, waiting for it to connect again" : "");
 	else if (g == MEMBERS_AWAY)
@@ -455,15 +455,15 @@ int ps_conn_run(struct ps_conn *cn)
 	} else {
 		r = ps_serve(cn, e, sizeof(e));
 		pthread_mutex_lock(&ps->mu);
-		cn->failed_first = r != 0 && !cn->replaced;
+		int member = ps_conn_ending(cn, r);
 		pthread_mutex_unlock(&ps->mu);
 		ps_streamer_stop(cn, &r, e, sizeof(e));
 		/* A peer gone silent in the middle of a tensor (the common case
 		 * since pushes and parameters stream both ways for most of a
 		 * step), either way: the line docs/NETWORK.md documents. */
-		if (r == -ETIMEDOUT && cn->confirmed)
+		if (r == -ETIMEDOUT && member)
 			snprintf(e, sizeof(e), "no traffic for %g s (peer_timeout)", ps->c->cluster.peer_timeout);
-		if (cn->confirmed)
+		if (member)
 			ps_left(cn, r, e);
 		else if (r)
 			role_log(ps->out, "ps %d: %s: closed a connection that greeted as worker %d before any frame opened (%s); it was not counted as worker %d",

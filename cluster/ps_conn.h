@@ -62,22 +62,45 @@ struct ps {
 	struct ps_observers po;  /* the observers' connections (ps_observers.h) */
 };
 
+/* Where a worker's connection is in its life. Only its own thread moves
+ * it, under ps->mu (so it reads it freely; others under ps->mu):
+ * UNCONFIRMED until its first frame opens (ps_confirm), then MEMBER
+ * (worker w's connection), DONE while its last word is DONE (a closed
+ * connection is then no failure; a PULL makes it a MEMBER again), and
+ * ENDING once ps_serve returned. */
+enum ps_conn_state {
+	PS_CONN_UNCONFIRMED,
+	PS_CONN_MEMBER,
+	PS_CONN_DONE,
+	PS_CONN_ENDING,
+};
+
+/* Why it ended, set once under ps->mu by whoever ends it first: its own
+ * thread when ps_serve returns, or the worker's next connection replacing
+ * it (ps_confirm). Until then PS_CONN_OPEN. */
+enum ps_conn_end {
+	PS_CONN_OPEN,
+	PS_CONN_LEFT,     /* without failing: after DONE, the ps stops, or refused as a second */
+	PS_CONN_FAILED,   /* on its own failure: a timeout, a bad frame */
+	PS_CONN_LOST,     /* the transport failed, or the peer sent ERROR: nothing was answered */
+	PS_CONN_REFUSED,  /* with an ERROR from this ps (ps_refuse) */
+	PS_CONN_REPLACED, /* worker w connected again and this one was dead */
+};
+
 /* One worker's connection, served on its own thread. */
 struct ps_conn {
 	struct ps *ps;
 	struct conn conn;
 	int slot;
 	int w;           /* the worker its greeting named */
-	int confirmed;   /* a frame opened: it is worker w's connection */
-	int replaced;    /* worker w connected again and this one was dead */
-	int failed_first; /* it ended on its own failure before it was replaced
-			   * (a bad frame), so that reason is still logged */
+	enum ps_conn_state state;
+	enum ps_conn_end end;
+	/* The failure the handler returns, before ps_serve does: LOST (no
+	 * ERROR to send, ps_io) or REFUSED (one was sent); OPEN otherwise. */
+	enum ps_conn_end failing;
 	int pushed;      /* a whole gradient arrived on this connection */
-	int said_done;   /* the last word was DONE: a closed connection is no failure */
 	int first_pull;
 	int pull_packed; /* the PULL being answered asked for packed float32 (MSG_PULL_PACKED) */
-	int quiet;       /* it failed in the transport, or the peer sent ERROR: nothing to answer */
-	int refused;     /* it ended with an ERROR from this ps (ps_refuse) */
 	char peer[SOCK_ADDR_STRLEN];
 	float *grad, *snap;      /* (n) a PUSH being assembled; the shard copied for PARAMS */
 	struct pipe pp;          /* the chunks of a tensor, sealed/opened on ps->pool */
@@ -117,13 +140,39 @@ static inline uint8_t *ps_reply_buf(struct ps_conn *cn)
 
 #define PS_REPLY_CAP conn_msg_cap(CONN_WBUF_BYTES)
 
+/* cn ends for reason e unless it has ended already (under ps->mu). */
+static inline void ps_conn_end_set(struct ps_conn *cn, enum ps_conn_end e)
+{
+	if (cn->end == PS_CONN_OPEN)
+		cn->end = e;
+}
+
+/* ps_serve returned r on cn (under ps->mu): it is ENDING, for the reason
+ * its failure gave, unless it was replaced first. Returns whether it had
+ * been a MEMBER (or DONE). cn->end is set now, and never again, so its
+ * own thread reads it without the lock from here on. */
+static inline int ps_conn_ending(struct ps_conn *cn, int r)
+{
+	int member = cn->state != PS_CONN_UNCONFIRMED;
+	cn->state = PS_CONN_ENDING;
+	ps_conn_end_set(cn, !r ? PS_CONN_LEFT : cn->failing ? cn->failing : PS_CONN_FAILED);
+	return member;
+}
+
+/* It ended on its own failure, before it was replaced (after ps_conn_ending). */
+static inline int ps_conn_failed(const struct ps_conn *cn)
+{
+	return cn->end != PS_CONN_LEFT && cn->end != PS_CONN_REPLACED;
+}
+
 /* The result r of a send or receive on cn: a failure there is the
  * transport's (a frame that does not open, a reset, a timeout), which gets
  * no ERROR: the peer is gone, or stalled, and an answer would only wait
  * write_timeout for nothing. */
 static inline int ps_io(struct ps_conn *cn, int r)
 {
-	cn->quiet |= r != 0;
+	if (r)
+		cn->failing = PS_CONN_LOST;
 	return r;
 }
 

@@ -218,16 +218,17 @@ int ps_on_pull(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 	 * reconnecting, on a new one) only to train again after a rollback
 	 * while it waited for the run to complete, or to see where the
 	 * shards are: it is not done until it says DONE again. */
-	cn->said_done = 0;
 	if (cn->first_pull && ps->hooks.first_pull_delay_ms)
 		role_nap_ms(ps->hooks.first_pull_delay_ms);
 	cn->first_pull = 0;
 	pthread_mutex_lock(&ps->mu);
+	cn->state = PS_CONN_MEMBER;
 	members_pulled(&ps->mb, cn->w);
 	if (!cn->st_on) {
 		cn->pull_packed = (p.flags & MSG_PULL_PACKED) != 0;
 		r = pull_answer(cn, p.version, ps_reply_buf(cn) - FRAME_HDR_BYTES, err, errlen);
-		cn->quiet |= r < 0;
+		if (r < 0)
+			cn->failing = PS_CONN_LOST;
 		return r;
 	}
 	int busy = cn->st_job;

@@ -256,11 +256,11 @@ static int link_greet(struct links *lk, int k, int fd, int timeout_ms, char *err
 	int hs_ms = timeout_ms < ROLE_HANDSHAKE_MS ? timeout_ms : ROLE_HANDSHAKE_MS;
 	links_ps_name(c, k, nm, sizeof(nm));
 	me.local = sock_is_unix_same_user(fd);
-	(void)sock_send_buffer(fd, c->cluster.send_buffer_kib); /* a cap, not a need */
 	lk->ln[k].unx = sock_is_unix(fd);
 	int r = conn_client(cn, fd, lk->s->key, &me, hs_ms, nm, err, errlen);
 	if (r)
 		return r;
+	conn_send_buffer(cn, c->cluster.send_buffer_kib);
 	if (cn->hr.peer.role != HS_PS || cn->hr.peer.index != (uint32_t)k) {
 		r = err_set(err, errlen, -ECONNABORTED, "%s answered as %s %u", nm,
 			    hs_role_name(cn->hr.peer.role), cn->hr.peer.index);

@@ -1019,6 +1019,45 @@ Test(config, overlap_takes_auto)
 	parse_bad("[cluster]\nlocal_socket = auto\n", "\"auto\" is not a boolean (expected true or false)");
 }
 
+/* [cluster] send_buffer_kib: auto by default (sized from what each
+ * connection measures, net/sndbuf.h), 0 (the kernel's) and a number of KiB
+ * as before; each printed as parsed; node-local; anything else refused
+ * with the choices. */
+Test(config, send_buffer_kib_takes_auto)
+{
+	uint8_t dflt[CONFIG_HASH_BYTES], h[CONFIG_HASH_BYTES];
+	struct config *c = parse_ok("");
+	cr_expect_eq(c->cluster.send_buffer_kib, CONFIG_INT_AUTO);
+	free(c);
+	hash_of("", dflt);
+	static const struct {
+		const char *text;
+		int v;
+	} rows[] = { { "auto", CONFIG_INT_AUTO }, { "0", 0 }, { "64", 64 }, { "1048576", 1 << 20 } };
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+		char text[64], line[48];
+		snprintf(text, sizeof(text), "[cluster]\nsend_buffer_kib = %s\n", rows[i].text);
+		c = parse_ok(text);
+		cr_expect_eq(c->cluster.send_buffer_kib, rows[i].v, "%s", rows[i].text);
+		char *out = print_config(c);
+		snprintf(line, sizeof(line), "send_buffer_kib = %s\n", rows[i].text);
+		cr_expect(strstr(out, line), "check does not print %s", line);
+		free(out);
+		free(c);
+		hash_of(text, h);
+		cr_expect(memcmp(h, dflt, CONFIG_HASH_BYTES) == 0, "send_buffer_kib = %s changed the hash",
+			  rows[i].text);
+	}
+	parse_bad("[cluster]\nsend_buffer_kib = -1\n", "-1 is out of range (expected 0..1048576 or auto)");
+	parse_bad("[cluster]\nsend_buffer_kib = 1048577\n",
+		  "1048577 is out of range (expected 0..1048576 or auto)");
+	parse_bad("[cluster]\nsend_buffer_kib = automatic\n", "\"automatic\" is not an integer or auto");
+	parse_bad("[cluster]\nsend_buffer_kib = 64k\n", "\"64k\" is not an integer or auto");
+	/* Other integers take no auto. */
+	parse_bad("[cluster]\ncrypto_threads = auto\n", "\"auto\" is not an integer");
+	parse_bad("[cluster]\ncrypto_threads = 9\n", "9 is out of range (expected 0..8)");
+}
+
 /* [cluster] cipher: auto by default, each name parsed and printed, a bad
  * one named with the choices; node-local, so it leaves the config hash
  * alone (each connection agrees on its cipher in the handshake). */

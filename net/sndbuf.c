@@ -18,17 +18,18 @@
 #include <string.h>
 #include <sys/socket.h>
 
-uint64_t sndbuf_rate(const struct sndbuf_counters *a, const struct sndbuf_counters *b)
+int sndbuf_enough(const struct sndbuf_counters *a, const struct sndbuf_counters *b)
 {
 	if (b->min_rtt_us == 0 || b->acked < a->acked || b->busy_us < a->busy_us)
 		return 0;
-	uint64_t busy = b->busy_us - a->busy_us, acked = b->acked - a->acked;
-	if (busy < SNDBUF_MIN_BUSY_US || busy < (uint64_t)SNDBUF_MIN_BUSY_RTTS * b->min_rtt_us ||
-	    acked < SNDBUF_MIN_ACKED)
-		return 0;
-	/* acked / busy s, without overflow: acked < 2^64 / 1e6 holds for
-	 * 18 TB between two samples. */
-	return acked > UINT64_MAX / 1000000 ? acked / busy * 1000000 : acked * 1000000 / busy;
+	uint64_t busy = b->busy_us - a->busy_us;
+	return busy >= SNDBUF_MIN_BUSY_US && busy >= (uint64_t)SNDBUF_MIN_BUSY_RTTS * b->min_rtt_us &&
+	       b->acked - a->acked >= SNDBUF_MIN_ACKED;
+}
+
+uint64_t sndbuf_peak(uint64_t peak, const struct sndbuf_counters *c)
+{
+	return !c->app_limited && c->delivery_rate > peak ? c->delivery_rate : peak;
 }
 
 uint64_t sndbuf_want(uint64_t rate, uint32_t min_rtt_us, uint32_t floor)
@@ -94,7 +95,8 @@ static int counters_read(int fd, struct sndbuf_counters *c)
 	if (len < offsetof(struct tcp_info, tcpi_busy_time) + sizeof ti.tcpi_busy_time)
 		return -EOPNOTSUPP;
 	*c = (struct sndbuf_counters){ .acked = ti.tcpi_bytes_acked, .busy_us = ti.tcpi_busy_time,
-				       .min_rtt_us = ti.tcpi_min_rtt };
+				       .min_rtt_us = ti.tcpi_min_rtt, .delivery_rate = ti.tcpi_delivery_rate,
+				       .app_limited = ti.tcpi_delivery_rate_app_limited };
 	return 0;
 }
 
@@ -132,26 +134,27 @@ int sndbuf_init(struct sndbuf *t, int fd, int kib)
 
 void sndbuf_tune(struct sndbuf *t, int fd, double now_s)
 {
-	if ((t->state != SNDBUF_PROBING && t->state != SNDBUF_SIZED) || now_s < t->next_s)
+	if ((t->state != SNDBUF_PROBING && t->state != SNDBUF_SIZED) || now_s < t->sample_s)
 		return;
-	t->next_s = now_s + (t->state == SNDBUF_PROBING ? SNDBUF_PROBE_EVERY_S : SNDBUF_EVERY_S);
+	t->sample_s = now_s + SNDBUF_SAMPLE_EVERY_S;
 	struct sndbuf_counters c;
 	if (counters_read(fd, &c) < 0)
 		return;
-	uint64_t rate = sndbuf_rate(&t->base, &c);
-	if (rate == 0)
-		return; /* not enough yet: the interval goes on from base */
+	t->peak = sndbuf_peak(t->peak, &c);
+	/* Not yet, or not enough traffic: the window goes on. */
+	if (now_s < t->next_s || t->peak == 0 || !sndbuf_enough(&t->base, &c))
+		return;
+	t->next_s = now_s + SNDBUF_EVERY_S;
 	t->base = c;
-	t->rate = rate;
+	t->rate = t->peak;
+	t->peak = 0;
 	t->min_rtt_us = c.min_rtt_us;
-	t->want = sndbuf_want(rate, c.min_rtt_us, SNDBUF_FLOOR);
+	t->want = sndbuf_want(t->rate, c.min_rtt_us, SNDBUF_FLOOR);
 	uint32_t size;
 	enum sndbuf_state st = sndbuf_next(t->state, t->size, t->want, t->ceiling, &size);
 	if (size != t->size && size_set(t, fd, size) < 0)
 		return; /* PROBING stays so, SIZED keeps its size */
 	t->state = st;
-	if (st == SNDBUF_SIZED && t->next_s < now_s + SNDBUF_EVERY_S)
-		t->next_s = now_s + SNDBUF_EVERY_S;
 }
 
 void sndbuf_describe(const struct sndbuf *t, char *out, size_t outlen)

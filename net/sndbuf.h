@@ -11,12 +11,16 @@
  *     SNDBUF_HEADROOM_PCT% x delivery rate x lowest round trip,
  *     at least SNDBUF_FLOOR, at most what SO_SNDBUF may be given
  *
- * and keeps re-measuring: every SNDBUF_EVERY_S at most, after a tensor has
- * been sent (never per frame). The rate is bytes acknowledged per second
- * of the time the connection had data out (TCP_INFO's bytes_acked and
- * busy_time), which leaves out the pauses between steps. The round trip
- * is the lowest seen (min_rtt): the path without its queues, so queues
- * that build up never make the cap grow. A path that needs more than
+ * and keeps re-measuring, after a tensor has been sent (never per frame):
+ * one TCP_INFO read every SNDBUF_SAMPLE_EVERY_S at most, a decision every
+ * SNDBUF_EVERY_S. The rate is the highest of the kernel's delivery-rate
+ * samples over that time that the application did not limit
+ * (tcpi_delivery_rate, not app_limited): a pause between two steps, or a
+ * push that trickles out as backward makes it, says nothing of the link,
+ * and the kernel tells those apart. The round trip is the lowest seen
+ * (min_rtt): the path without its queues, so queues that build up never
+ * make the cap grow. No decision before the window saw enough traffic
+ * (sndbuf_enough): a first size taken in slow start would be too small. A path that needs more than
  * SO_SNDBUF may be given without privileges (net.core.wmem_max) is left
  * to the kernel's autotuning for good: setting SO_SNDBUF ends the
  * kernel's tuning of that socket, and it cannot be handed back.
@@ -36,9 +40,9 @@
 #define SNDBUF_FLOOR (64u * 1024)        /* the lab's shallow-port setting (docs/NETWORK.md) */
 #define SNDBUF_HEADROOM_PCT 150u         /* of rate x round trip; the kernel doubles it again */
 #define SNDBUF_LOWAT (512u * 1024)       /* TCP_NOTSENT_LOWAT under auto */
-#define SNDBUF_EVERY_S 0.5               /* between two measurements once sized */
-#define SNDBUF_PROBE_EVERY_S 0.02        /* while not sized yet */
-#define SNDBUF_MIN_BUSY_US 50000u        /* a sample needs this much busy time... */
+#define SNDBUF_EVERY_S 0.5               /* between two decisions */
+#define SNDBUF_SAMPLE_EVERY_S 0.01       /* between two TCP_INFO reads */
+#define SNDBUF_MIN_BUSY_US 50000u        /* a decision's window needs this much busy time... */
 #define SNDBUF_MIN_BUSY_RTTS 16u         /* ...and this many lowest round trips of it */
 #define SNDBUF_MIN_ACKED (256u * 1024)   /* ...and this many bytes acknowledged */
 #define SNDBUF_WMEM_MAX_DEFAULT 212992u  /* Linux's net.core.wmem_max, if unreadable */
@@ -53,11 +57,13 @@ enum sndbuf_state {
 			 * (wmem_max): the kernel's autotuning, for good */
 };
 
-/* TCP_INFO's counters at one moment. */
+/* What TCP_INFO says at one moment. */
 struct sndbuf_counters {
 	uint64_t acked;      /* bytes acknowledged by the peer, ever */
 	uint64_t busy_us;    /* time the connection had data out or queued, ever */
 	uint32_t min_rtt_us; /* lowest round trip seen; 0: unknown */
+	uint64_t delivery_rate; /* bytes/s of the latest rate sample */
+	int app_limited;     /* that sample was limited by the application */
 };
 
 /* One connection's sizing (the connection's owner holds it; sndbuf_tune
@@ -67,18 +73,23 @@ struct sndbuf {
 	uint32_t size;       /* SO_SNDBUF as set (bytes; the kernel doubles it), 0: never set */
 	uint32_t ceiling;    /* the most SO_SNDBUF may be: net.core.wmem_max */
 	uint64_t want;       /* the last size wanted (bytes), 0: none yet */
-	uint64_t rate;       /* the last sample's rate (bytes/s) */
-	uint32_t min_rtt_us; /* the last sample's lowest round trip */
-	struct sndbuf_counters base; /* where the next sample's interval starts */
-	double next_s;       /* CLOCK_MONOTONIC seconds of the next measurement */
+	uint64_t rate;       /* the last decision's rate (bytes/s) */
+	uint32_t min_rtt_us; /* the last decision's lowest round trip */
+	struct sndbuf_counters base; /* where the window of the next decision starts */
+	uint64_t peak;       /* the window's highest rate not limited by the application */
+	double sample_s;     /* CLOCK_MONOTONIC seconds of the next TCP_INFO read */
+	double next_s;       /* and of the next decision */
 };
 
-/* Bytes a second over the interval from a to b, or 0 when it is too short
- * to trust: less than SNDBUF_MIN_BUSY_US of busy time, or than
- * SNDBUF_MIN_BUSY_RTTS of b's lowest round trip, fewer than
- * SNDBUF_MIN_ACKED bytes, no round trip known, or counters that went
- * back. */
-uint64_t sndbuf_rate(const struct sndbuf_counters *a, const struct sndbuf_counters *b);
+/* Whether the window from a to b saw enough traffic to decide on: at
+ * least SNDBUF_MIN_BUSY_US of busy time and SNDBUF_MIN_BUSY_RTTS of b's
+ * lowest round trip, and SNDBUF_MIN_ACKED bytes acknowledged; 0 without a
+ * round trip, or for counters that went back. */
+int sndbuf_enough(const struct sndbuf_counters *a, const struct sndbuf_counters *b);
+
+/* The window's peak rate after sample c: c's delivery rate if higher and
+ * not limited by the application, else peak. */
+uint64_t sndbuf_peak(uint64_t peak, const struct sndbuf_counters *c);
 
 /* The SO_SNDBUF value wanted for a connection delivering rate bytes/s over
  * a path whose lowest round trip is min_rtt_us: SNDBUF_HEADROOM_PCT% of

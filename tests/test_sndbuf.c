@@ -1,6 +1,6 @@
 /* Tests of net/sndbuf.c, [cluster] send_buffer_kib: the sizing as pure
- * functions (a sample's rate, the size wanted, the next state), each a
- * table; then on 127.0.0.1, the socket options a connection gets (N KiB,
+ * functions (whether a window saw enough, its peak rate, the size
+ * wanted, the next state), each a table; then on 127.0.0.1, the socket options a connection gets (N KiB,
  * 0, auto; a Unix socket left alone) read back with getsockopt, and an
  * auto connection that sends tensors measuring its way to a size. */
 #include <criterion/criterion.h>
@@ -63,28 +63,47 @@ Test(sndbuf, want_is_headroom_x_rate_x_lowest_round_trip)
 	}
 }
 
-Test(sndbuf, rate_only_from_an_interval_long_enough)
+/* Counters: acked bytes, busy us, lowest round trip us. */
+#define CNT(a, b, r) { .acked = (a), .busy_us = (b), .min_rtt_us = (r) }
+
+Test(sndbuf, decides_only_on_a_window_with_enough_traffic)
 {
 	static const struct {
 		struct sndbuf_counters a, b;
-		uint64_t rate;
+		int enough;
 		const char *what;
 	} rows[] = {
-		{ { 0, 0, 0 }, { 10 * MIB, 100000, 100 }, 104857600, "10 MiB in 100 ms busy" },
-		{ { 1 * MIB, 50000, 90 }, { 11 * MIB, 150000, 100 }, 104857600, "the same from a base" },
-		{ { 0, 0, 0 }, { 10 * MIB, 49999, 100 }, 0, "under 50 ms busy" },
-		{ { 0, 0, 0 }, { 10 * MIB, 100000, 10000 }, 0, "under 16 round trips busy" },
-		{ { 0, 0, 0 }, { 10 * MIB, 160000, 10000 }, 65536000, "16 round trips of 10 ms" },
-		{ { 0, 0, 0 }, { 255 * KIB, 100000, 100 }, 0, "under 256 KiB acknowledged" },
-		{ { 0, 0, 0 }, { 10 * MIB, 100000, 0 }, 0, "no round trip known" },
-		{ { 20 * MIB, 0, 100 }, { 10 * MIB, 100000, 100 }, 0, "acked went back (another socket)" },
-		{ { 0, 200000, 100 }, { 10 * MIB, 100000, 100 }, 0, "busy went back" },
-		{ { 0, 0, 0 }, { 1ull << 60, 1000000, 100 }, 1152921504606000000ull, "huge counts do not overflow" },
+		{ CNT(0, 0, 0), CNT(10 * MIB, 100000, 100), 1, "10 MiB in 100 ms busy" },
+		{ CNT(1 * MIB, 50000, 90), CNT(11 * MIB, 100000, 100), 1, "50 ms busy from a base" },
+		{ CNT(0, 0, 0), CNT(10 * MIB, 49999, 100), 0, "under 50 ms busy" },
+		{ CNT(0, 0, 0), CNT(10 * MIB, 100000, 10000), 0, "under 16 round trips busy" },
+		{ CNT(0, 0, 0), CNT(10 * MIB, 160000, 10000), 1, "16 round trips of 10 ms" },
+		{ CNT(0, 0, 0), CNT(256 * KIB, 100000, 100), 1, "256 KiB acknowledged" },
+		{ CNT(0, 0, 0), CNT(255 * KIB, 100000, 100), 0, "under 256 KiB acknowledged" },
+		{ CNT(0, 0, 0), CNT(10 * MIB, 100000, 0), 0, "no round trip known" },
+		{ CNT(20 * MIB, 0, 100), CNT(10 * MIB, 100000, 100), 0, "acked went back (another socket)" },
+		{ CNT(0, 200000, 100), CNT(10 * MIB, 100000, 100), 0, "busy went back" },
+	};
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
+		cr_expect_eq(sndbuf_enough(&rows[i].a, &rows[i].b), rows[i].enough, "row %zu (%s)", i,
+			     rows[i].what);
+}
+
+/* The window's rate: the highest sample the application did not limit (a
+ * pause between steps, a push trickling out of backward). */
+Test(sndbuf, peak_skips_samples_the_application_limited)
+{
+	static const struct {
+		uint64_t peak, rate;
+		int app_limited;
+		uint64_t next;
+	} rows[] = {
+		{ 0, 100, 0, 100 }, { 100, 90, 0, 100 }, { 100, 120, 0, 120 },
+		{ 100, 500, 1, 100 }, { 0, 500, 1, 0 }, { 100, 0, 0, 100 },
 	};
 	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
-		uint64_t got = sndbuf_rate(&rows[i].a, &rows[i].b);
-		cr_expect_eq(got, rows[i].rate, "row %zu (%s): %llu, want %llu", i, rows[i].what,
-			     (unsigned long long)got, (unsigned long long)rows[i].rate);
+		struct sndbuf_counters c = { .delivery_rate = rows[i].rate, .app_limited = rows[i].app_limited };
+		cr_expect_eq(sndbuf_peak(rows[i].peak, &c), rows[i].next, "row %zu", i);
 	}
 }
 

@@ -52,7 +52,7 @@ enum sndbuf_state sndbuf_next(enum sndbuf_state st, uint32_t size, uint64_t want
 		return st;
 	uint32_t fit = want > ceiling ? ceiling : (uint32_t)want;
 	if (st == SNDBUF_PROBING) {
-		if (want > ceiling)
+		if (want > (uint64_t)ceiling * SNDBUF_LONG_X)
 			return SNDBUF_LONG;
 		*next_size = fit;
 		return SNDBUF_SIZED;
@@ -176,7 +176,11 @@ void sndbuf_describe(const struct sndbuf *t, char *out, size_t outlen)
 		snprintf(out, outlen, "auto, the kernel's while measuring");
 		break;
 	case SNDBUF_SIZED:
-		snprintf(out, outlen, "auto, %u KiB: %.0f Mbit/s x %s", t->size / 1024, mbit, rtt);
+		if (t->want > t->size && t->size >= t->ceiling)
+			snprintf(out, outlen, "auto, %u KiB (net.core.wmem_max; it wanted %llu): %.0f Mbit/s x %s",
+				 t->size / 1024, (unsigned long long)(t->want / 1024), mbit, rtt);
+		else
+			snprintf(out, outlen, "auto, %u KiB: %.0f Mbit/s x %s", t->size / 1024, mbit, rtt);
 		break;
 	case SNDBUF_LONG:
 		snprintf(out, outlen,

@@ -21,9 +21,10 @@
  * (min_rtt): the path without its queues, so queues that build up never
  * make the cap grow. No decision before the window saw enough traffic
  * (sndbuf_enough): a first size taken in slow start would be too small. A path that needs more than
- * SO_SNDBUF may be given without privileges (net.core.wmem_max) is left
- * to the kernel's autotuning for good: setting SO_SNDBUF ends the
- * kernel's tuning of that socket, and it cannot be handed back.
+ * SO_SNDBUF may be given without privileges (net.core.wmem_max), more
+ * than SNDBUF_LONG_X times, is left to the kernel's autotuning for good:
+ * setting SO_SNDBUF ends the kernel's tuning of that socket, and it cannot
+ * be handed back.
  *
  * The decisions are pure functions (sndbuf_rate, sndbuf_want,
  * sndbuf_next), so a table tests them; sndbuf_init and sndbuf_tune apply
@@ -46,6 +47,9 @@
 #define SNDBUF_MIN_BUSY_RTTS 16u         /* ...and this many lowest round trips of it */
 #define SNDBUF_MIN_ACKED (256u * 1024)   /* ...and this many bytes acknowledged */
 #define SNDBUF_WMEM_MAX_DEFAULT 212992u  /* Linux's net.core.wmem_max, if unreadable */
+#define SNDBUF_LONG_X 2u                 /* a path wanting up to this many times the most
+					  * SO_SNDBUF may be is still sized, at that most:
+					  * the kernel doubles it, which fills the path */
 
 enum sndbuf_state {
 	SNDBUF_KERNEL,  /* the kernel's, never touched: send_buffer_kib = 0, a Unix socket,
@@ -101,7 +105,8 @@ uint64_t sndbuf_want(uint64_t rate, uint32_t min_rtt_us, uint32_t floor);
  * (bytes, 0: never set) after a sample that wants `want` bytes (0:
  * none), SO_SNDBUF being at most ceiling; *next_size gets the size to set
  * (== size: leave it):
- *   PROBING: want above ceiling -> LONG; else SIZED at want.
+ *   PROBING: want above SNDBUF_LONG_X x ceiling -> LONG; else SIZED at
+ *     min(want, ceiling).
  *   SIZED: min(want, ceiling), but at least half of size (one bad sample
  *     cannot collapse it), and size kept while within a quarter of it.
  *   Others, or want 0: unchanged. */

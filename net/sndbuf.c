@@ -59,12 +59,15 @@ enum sndbuf_state sndbuf_next(enum sndbuf_state st, uint32_t size, uint64_t want
 	}
 	if (st != SNDBUF_SIZED)
 		return st;
-	if (fit < size / 2)
-		fit = size / 2;
-	/* Within a quarter either way: noise, not a new path. */
-	if ((uint64_t)fit * 4 >= (uint64_t)size * 3 && (uint64_t)fit * 4 <= (uint64_t)size * 5)
-		return st;
-	*next_size = fit;
+	/* Growing: past a quarter more. Shrinking, slowly: only below half,
+	 * and by a quarter at most at once, since a window whose samples the
+	 * application mostly limited reads low, and too small a buffer costs
+	 * every step while too large a one costs only where a port is shallow
+	 * (and there the floor holds). */
+	if ((uint64_t)fit * 4 > (uint64_t)size * 5)
+		*next_size = fit;
+	else if ((uint64_t)fit * 2 < size)
+		*next_size = size - size / 4;
 	return st;
 }
 

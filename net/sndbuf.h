@@ -107,8 +107,9 @@ uint64_t sndbuf_want(uint64_t rate, uint32_t min_rtt_us, uint32_t floor);
  * (== size: leave it):
  *   PROBING: want above SNDBUF_LONG_X x ceiling -> LONG; else SIZED at
  *     min(want, ceiling).
- *   SIZED: min(want, ceiling), but at least half of size (one bad sample
- *     cannot collapse it), and size kept while within a quarter of it.
+ *   SIZED: min(want, ceiling) when that is more than a quarter above
+ *     size; size less a quarter when it is below half of size; else size
+ *     kept.
  *   Others, or want 0: unchanged. */
 enum sndbuf_state sndbuf_next(enum sndbuf_state st, uint32_t size, uint64_t want, uint32_t ceiling,
 			      uint32_t *next_size);

@@ -37,7 +37,7 @@ uint64_t sndbuf_want(uint64_t rate, uint32_t min_rtt_us, uint32_t floor)
 	if (rate == 0 || min_rtt_us == 0)
 		return 0;
 	/* rate x rtt in bytes, as bytes a ms x us / 1000 so that it cannot
-	 * overflow: at most 4e9 x 2^32 / 1000, and 150 times that. */
+	 * overflow: at most 4e9 x 2^32 / 1000, and SNDBUF_HEADROOM_PCT times that. */
 	uint64_t r = rate > 4000000000000ull ? 4000000000000ull : rate; /* 32 Tbit/s */
 	uint64_t bdp = r / 1000 * min_rtt_us / 1000;
 	uint64_t want = bdp * SNDBUF_HEADROOM_PCT / 100;

@@ -39,7 +39,8 @@
 
 #define SNDBUF_AUTO (-1)                 /* send_buffer_kib = auto */
 #define SNDBUF_FLOOR (64u * 1024)        /* the lab's shallow-port setting (docs/NETWORK.md) */
-#define SNDBUF_HEADROOM_PCT 150u         /* of rate x round trip; the kernel doubles it again */
+#define SNDBUF_HEADROOM_PCT 100u         /* of rate x round trip: the kernel doubles SO_SNDBUF,
+					  * so up to about twice the path's product is out */
 #define SNDBUF_LOWAT (512u * 1024)       /* TCP_NOTSENT_LOWAT under auto */
 #define SNDBUF_EVERY_S 0.5               /* between two decisions */
 #define SNDBUF_SAMPLE_EVERY_S 0.01       /* between two TCP_INFO reads */

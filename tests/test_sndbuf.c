@@ -36,7 +36,7 @@ TestSuite(sndbuf, .init = setup, .fini = leak_check, .timeout = 30);
 
 /* ---- pure functions ------------------------------------------------------ */
 
-Test(sndbuf, want_is_headroom_x_rate_x_lowest_round_trip)
+Test(sndbuf, want_is_rate_x_lowest_round_trip)
 {
 	static const struct {
 		uint64_t rate; /* bytes/s */
@@ -47,14 +47,16 @@ Test(sndbuf, want_is_headroom_x_rate_x_lowest_round_trip)
 		{ 0, 500, 65536, 0, "no rate measured" },
 		{ 125000000, 0, 65536, 0, "no round trip measured" },
 		{ 125000000, 100, 65536, 65536, "1 Gbit/s x 0.1 ms (12.5 KB): the floor" },
-		{ 1250000000, 50, 65536, 93750, "10 Gbit/s x 0.05 ms: 62.5 KB, 1.5 x" },
-		{ 125000000, 680, 65536, 127500, "1 Gbit/s x 0.68 ms (netlab's 0.25 ms profile)" },
-		{ 125000000, 2200, 65536, 412500, "1 Gbit/s x 2.2 ms (1 ms each way)" },
-		{ 125000000, 10200, 65536, 1912500, "1 Gbit/s x 10.2 ms (5 ms each way)" },
-		{ 1250000000, 10200, 65536, 19125000, "10 Gbit/s x 10.2 ms" },
-		{ 6250000, 10000, 65536, 93750, "50 Mbit/s x 10 ms (a VPN)" },
-		{ 125000000, 100, 0, 18750, "no floor" },
-		{ 1ull << 50, 4000000000u, 0, 24000000000000000ull, "absurd: 32 Tbit/s x 4000 s, no overflow" },
+		{ 1250000000, 50, 65536, 65536, "10 Gbit/s x 0.05 ms (62.5 KB): the floor" },
+		{ 1250000000, 60, 65536, 75000, "10 Gbit/s x 0.06 ms" },
+		{ 125000000, 680, 65536, 85000, "1 Gbit/s x 0.68 ms (netlab's 0.25 ms profile)" },
+		{ 125000000, 2200, 65536, 275000, "1 Gbit/s x 2.2 ms (1 ms each way)" },
+		{ 125000000, 10200, 65536, 1275000, "1 Gbit/s x 10.2 ms (5 ms each way)" },
+		{ 1250000000, 10200, 65536, 12750000, "10 Gbit/s x 10.2 ms" },
+		{ 6250000, 10000, 65536, 65536, "50 Mbit/s x 10 ms (a VPN): the floor" },
+		{ 125000000, 100, 0, 12500, "no floor" },
+		{ 125000000, 99, 0, 12375, "bytes a ms x us" },
+		{ 1ull << 50, 4000000000u, 0, 16000000000000000ull, "absurd: 32 Tbit/s x 4000 s, no overflow" },
 	};
 	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
 		uint64_t got = sndbuf_want(rows[i].rate, rows[i].rtt_us, rows[i].floor);

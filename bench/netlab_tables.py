@@ -41,8 +41,9 @@ def fmt(v, nd=1):
 
 def rate_mbit(rate):
     """Mbit/s of a tc rate (1gbit, 500mbit; a delay after + as in
-    1gbit+250us is not part of it); None for 0 or another form."""
-    rate = rate.split("+")[0]
+    1gbit+250us, or a queue after / as in 1gbit/q262144, is not part of
+    it); None for 0 or another form."""
+    rate = rate.split("+")[0].split("/")[0]
     for suf, f in (("gbit", 1000.0), ("mbit", 1.0), ("kbit", 0.001)):
         if rate.endswith(suf) and num(rate[:-len(suf)]):
             return num(rate[:-len(suf)]) * f

@@ -351,7 +351,7 @@ struct ps_conn *ps_conn_add(struct ps *ps, int fd, const char *peer, int w,
 	cn->ps = ps;
 	cn->w = w;
 	conn_attach(&cn->conn, fd, hr);
-	(void)sock_send_buffer(fd, ps->c->cluster.send_buffer_kib); /* a cap, not a need */
+	conn_send_buffer(&cn->conn, ps->c->cluster.send_buffer_kib);
 	snprintf(cn->peer, sizeof(cn->peer), "%s", peer);
 	pthread_mutex_lock(&ps->mu);
 	int slot = -1;

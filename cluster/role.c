@@ -4,6 +4,7 @@
 #include "../base/err.h"
 #include "../net/frame.h"
 #include "../net/privdir.h"
+#include "../net/sndbuf.h"
 #include "../net/sock.h"
 #include "../net/wire.h"
 
@@ -14,6 +15,9 @@
 #include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
+
+/* send_buffer_kib goes from the config to conn_send_buffer as it is. */
+_Static_assert(SNDBUF_AUTO == CONFIG_INT_AUTO, "send_buffer_kib = auto");
 
 /* A failure is fatal, not a warning: prctl(PR_SET_DUMPABLE) cannot fail on
  * Linux for these arguments, so a failure means a sandbox filters it, and

@@ -784,6 +784,25 @@ static int worker_finish(struct worker *wr, int *again, char *err, size_t errlen
 	}
 }
 
+/* What each TCP link's send buffer came to ([cluster] send_buffer_kib;
+ * under auto, what it measured its way to: docs/NETWORK.md). */
+static void worker_say_sndbuf(struct worker *wr, FILE *out)
+{
+	char line[1024] = "", one[200];
+	size_t n = 0;
+	for (int k = 0; k < wr->lk.nps && n < sizeof(line); k++) {
+		struct conn *cn = &wr->lk.ln[k].conn;
+		if (wr->lk.ln[k].unx)
+			continue;
+		pthread_mutex_lock(&cn->mu);
+		sndbuf_describe(&cn->sb, one, sizeof(one));
+		pthread_mutex_unlock(&cn->mu);
+		n += (size_t)snprintf(line + n, sizeof(line) - n, "%sps %d %s", n ? "; " : "", k, one);
+	}
+	if (n)
+		role_log(out, "worker %d: send buffers: %s", wr->index, line);
+}
+
 int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 		   const volatile sig_atomic_t *stop, const char *dump, struct train_result *res,
 		   char *err, size_t errlen)
@@ -830,6 +849,8 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 	else if (!e && wr->timed)
 		role_log(out, "worker %d: per step: compute %.2f ms, communication %.2f ms (%ld steps)", index,
 			 1e3 * wr->t_compute / (double)wr->timed, 1e3 * wr->t_comm / (double)wr->timed, wr->timed);
+	if (!e)
+		worker_say_sndbuf(wr, out);
 	/* What the links carried: 4 bytes a value as float32, 2 as bf16,
 	 * about 3.5 packed (tests/test_cluster.c reads it). */
 	if (!e && wr->lk.sh.pvalues)

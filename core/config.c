@@ -66,7 +66,7 @@ static const char *range_text(const struct key_def *k, char *buf, size_t len)
 		snprintf(buf, len, "%s%g, %g%s", k->flags & LO_OPEN ? "(" : "[", k->lo, k->hi,
 			 k->flags & HI_OPEN ? ")" : "]");
 	else
-		snprintf(buf, len, "%.0f..%.0f", k->lo, k->hi);
+		snprintf(buf, len, "%.0f..%.0f%s", k->lo, k->hi, k->flags & AUTO ? " or auto" : "");
 	return buf;
 }
 
@@ -252,12 +252,16 @@ static int key_parse(struct config *c, const struct key_def *k, const char *val,
 	char rbuf[64];
 	void *f = config_field(c, k);
 
+	if ((k->flags & AUTO) && strcmp(val, "auto") == 0) {
+		*(int *)f = k->type == K_BOOL ? CONFIG_OVERLAP_AUTO : CONFIG_INT_AUTO;
+		return 0;
+	}
 	switch (k->type) {
 	case K_INT:
 	case K_LONG: {
 		long v;
 		if (parse_long(val, &v)) {
-			snprintf(err, errlen, "\"%s\" is not an integer", val);
+			snprintf(err, errlen, "\"%s\" is not an integer%s", val, k->flags & AUTO ? " or auto" : "");
 			return -EINVAL;
 		}
 		if (!in_range(k, (double)v)) {
@@ -314,10 +318,6 @@ static int key_parse(struct config *c, const struct key_def *k, const char *val,
 				*(int *)f = 0;
 				return 0;
 			}
-		}
-		if ((k->flags & AUTO) && strcmp(val, "auto") == 0) {
-			*(int *)f = 2;
-			return 0;
 		}
 		snprintf(err, errlen, "\"%s\" is not a boolean (expected true%s false)", val,
 			 k->flags & AUTO ? ", auto or" : " or");

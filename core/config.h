@@ -63,7 +63,8 @@ struct config {
 		char key_file[DATA_PATH_MAX];
 		double connect_timeout;     /* seconds a worker retries a ps */
 		int crypto_threads;         /* sealing/opening threads, 0 = auto, 1 = none */
-		int send_buffer_kib;        /* SO_SNDBUF of peer connections (KiB); 0 = the kernel's */
+		int send_buffer_kib;        /* SO_SNDBUF of peer connections (KiB); 0 = the kernel's,
+					     * CONFIG_INT_AUTO = sized from measurements (net/sndbuf.h) */
 		int wire_dtype;             /* enum wire_precision */
 		int cipher;                 /* enum cipher_choice */
 		int overlap;                /* sync pieces: push while backward runs: CONFIG_OVERLAP_* */
@@ -129,6 +130,9 @@ void config_print(const struct config *c, FILE *f);
 /* [cluster] overlap and wire_pack: booleans that also take "auto"
  * (cluster/autoflow.h). */
 enum { CONFIG_OVERLAP_OFF = 0, CONFIG_OVERLAP_ON = 1, CONFIG_OVERLAP_AUTO = 2 };
+/* An integer key that also takes "auto" ([cluster] send_buffer_kib): -1,
+ * below every range such a key has. */
+#define CONFIG_INT_AUTO (-1)
 
 /* BLAKE2b of every training-relevant key (model, optimizer, data format,
  * seed, topology...), defaults included; node-local keys (paths, [gpu],

@@ -26,7 +26,7 @@ const struct key_def config_keys[] = {
 	{ "cluster", "key_file", K_PATH, OFF(cluster.key_file), 0, 0, 0, 0, NULL, "cluster.key" },
 	{ "cluster", "connect_timeout", K_DOUBLE, OFF(cluster.connect_timeout), 0, 1, 86400, 0, NULL, "60" },
 	{ "cluster", "crypto_threads", K_INT, OFF(cluster.crypto_threads), 0, 0, 8, 0, NULL, "0" },
-	{ "cluster", "send_buffer_kib", K_INT, OFF(cluster.send_buffer_kib), 0, 0, 1 << 20, 0, NULL, "64" },
+	{ "cluster", "send_buffer_kib", K_INT, OFF(cluster.send_buffer_kib), 0, 0, 1 << 20, AUTO, NULL, "auto" },
 	{ "cluster", "wire_dtype", K_ENUM, OFF(cluster.wire_dtype), 0, 0, 0, 0, wire_dtype_names, "fp32" },
 	{ "cluster", "cipher", K_ENUM, OFF(cluster.cipher), 0, 0, 0, 0, cipher_names, "auto" },
 	{ "cluster", "overlap", K_BOOL, OFF(cluster.overlap), 0, 0, 0, AUTO, NULL, "auto" },

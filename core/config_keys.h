@@ -28,7 +28,8 @@ enum key_type {
 #define HI_OPEN 2u
 #define LIST 4u         /* may continue on indented lines */
 #define REPEAT 8u       /* may appear several times, each appends */
-#define AUTO 32u        /* K_BOOL: also "auto", stored as 2 */
+#define AUTO 32u        /* K_BOOL: also "auto", stored as 2; K_INT: stored as
+			 * CONFIG_INT_AUTO */
 #define NAMED 16u       /* K_PATH: the default is the config's file name without
 			 * its .ini or .conf extension, then def: cluster.ini's
 			 * ".ckpt" is cluster.ckpt, so two configs in one folder

@@ -66,7 +66,12 @@ static void key_print(FILE *f, const struct config *c, const struct key_def *k)
 	}
 	int col = fprintf(f, "%s = ", k->key);
 	switch (k->type) {
-	case K_INT: fprintf(f, "%d", *(const int *)v); break;
+	case K_INT:
+		if ((k->flags & AUTO) && *(const int *)v == CONFIG_INT_AUTO)
+			fprintf(f, "auto");
+		else
+			fprintf(f, "%d", *(const int *)v);
+		break;
 	case K_LONG: fprintf(f, "%ld", *(const long *)v); break;
 	case K_U64: fprintf(f, "%llu", (unsigned long long)*(const uint64_t *)v); break;
 	case K_FLOAT: number_print(f, *(const float *)v, 1); break;

@@ -64,6 +64,15 @@ void conn_attach(struct conn *cn, int fd, const struct hs_result *hr)
 	pthread_mutex_unlock(&cn->mu);
 }
 
+void conn_send_buffer(struct conn *cn, int kib)
+{
+	pthread_mutex_lock(&cn->mu);
+	/* A cap, not a need: a socket that refuses one still works. */
+	if (cn->fd >= 0)
+		(void)sndbuf_init(&cn->sb, cn->fd, kib);
+	pthread_mutex_unlock(&cn->mu);
+}
+
 int conn_client(struct conn *cn, int fd, const uint8_t psk[HS_PSK_BYTES],
 		const struct hs_identity *me, int hs_ms, const char *who, char *err,
 		size_t errlen)
@@ -142,6 +151,7 @@ void conn_close(struct conn *cn)
 		close(cn->fd);
 	cn->fd = -1;
 	cn->state = CONN_PENDING;
+	memset(&cn->sb, 0, sizeof(cn->sb)); /* the next socket's own */
 	if (cn->keys)
 		sodium_memzero(cn->keys, sizeof(*cn->keys));
 	pthread_mutex_unlock(&cn->mu);
@@ -309,6 +319,8 @@ int conn_send_tensor(struct conn *cn, const struct conn_chunk_tx *t, char *err, 
 						   msg_chunks(t->n, t->dtype), chunk_encode,
 						   (void *)t, cn->write_ms, err, errlen));
 	cn->last_send = now_s();
+	if (!r) /* after a tensor, the most a connection sends at once */
+		sndbuf_tune(&cn->sb, cn->fd, cn->last_send);
 	pthread_mutex_unlock(&cn->mu);
 	return r;
 }

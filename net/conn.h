@@ -30,6 +30,7 @@
 #include "handshake.h"
 #include "msg.h"
 #include "pipe.h"
+#include "sndbuf.h"
 
 /* A buffer for any one frame to send (CONN_WBUF_BYTES) and for any one
  * frame received (CONN_RBUF_BYTES: the ciphertext, opened in place). */
@@ -88,6 +89,8 @@ struct conn {
 	pthread_mutex_t mu;      /* sends: fd, keys->send, last_send, state */
 	double last_send;        /* CLOCK_MONOTONIC seconds of the last frame sent */
 	int said_error;          /* the last message sent was an ERROR (under mu) */
+	struct sndbuf sb;        /* the socket's send buffer ([cluster] send_buffer_kib),
+				  * under mu; zeroed by conn_close */
 	int read_ms, write_ms;   /* deadline of one read; of one frame's write */
 };
 
@@ -102,6 +105,12 @@ int conn_init(struct conn *cn, int fd, uint8_t *rbuf, uint8_t *wbuf, struct pipe
 /* Closes, wipes and frees the keys; the mutex goes. Accepts a connection
  * conn_init never saw only if it is zeroed. */
 void conn_destroy(struct conn *cn);
+
+/* Applies [cluster] send_buffer_kib (SNDBUF_AUTO, 0 or KiB: net/sndbuf.h)
+ * to the connection's socket, which keeps it until conn_close; under auto,
+ * each conn_send_tensor re-measures when it is due. Best effort: a socket
+ * that refuses an option keeps the kernel's buffers. */
+void conn_send_buffer(struct conn *cn, int kib);
 
 /* Client: the handshake as `me` over fd, a connected socket the
  * connection now owns (closed on failure), each step within hs_ms. who

@@ -731,18 +731,6 @@ int sock_is_own_address(const char *host, char *err, size_t errlen)
 	return own;
 }
 
-int sock_send_buffer(int fd, int kib)
-{
-	int bytes = kib * 1024;
-	/* A Unix socket has no switch port behind it, and its send buffer
-	 * also bounds what the reader may leave unread: capped, a worker
-	 * pushing to the ps beside it stalls every 128 KiB until the ps
-	 * reads (bench/netlab, 10 Gbit/s: 10% more context switches). */
-	if (kib <= 0 || sock_is_unix(fd))
-		return 0;
-	return setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes) < 0 ? -errno : 0;
-}
-
 /* ---- Unix sockets for a ps on the worker's own host --------------------- */
 
 int sock_is_unix(int fd)

@@ -89,14 +89,6 @@ SOCK_MUST_CHECK int sock_accept_from(int lfd, int timeout_ms, int *fd, char *pee
  * peer closed it (its process ended). */
 int sock_quiet_ms(int fd);
 
-/* Caps fd's send buffer at kib KiB (SO_SNDBUF; the kernel doubles the
- * figure for its bookkeeping and stops tuning it itself); 0 leaves the
- * kernel's autotuning. What a connection has in flight and queued is then
- * bounded, so several at once into one switch port fit a shallow buffer
- * (docs/NETWORK.md, "Switch buffers"). A Unix socket is left as it is.
- * 0 or a negative errno. */
-int sock_send_buffer(int fd, int kib);
-
 /* Connects to host:port, retrying with backoff (see SOCK_BACKOFF_*) until
  * timeout_ms has passed, so processes may start in any order. One attempt
  * tries every resolved address; an attempt waits at most the time left. A

@@ -21,6 +21,7 @@
 #include <ftw.h>
 #include <libgen.h>
 #include <stdio.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -992,31 +993,65 @@ Test(config, hash_covers_training_keys_only)
 	}
 }
 
+/* [cluster] KEY = VAL: parsed into the int at field (its offset in struct
+ * config) as want, printed back as written, and node-local (the config
+ * hash stays the default config's). */
+static void expect_cluster_int(const char *key, const char *val, size_t field, int want)
+{
+	uint8_t dflt[CONFIG_HASH_BYTES], h[CONFIG_HASH_BYTES];
+	char text[96], line[80];
+	hash_of("", dflt);
+	snprintf(text, sizeof(text), "[cluster]\n%s = %s\n", key, val);
+	struct config *c = parse_ok(text);
+	int got = *(const int *)((const char *)c + field);
+	cr_expect_eq(got, want, "%s = %s: %d, want %d", key, val, got, want);
+	char *out = print_config(c);
+	snprintf(line, sizeof(line), "%s = %s\n", key, val);
+	cr_expect(strstr(out, line), "check does not print %s", line);
+	free(out);
+	free(c);
+	hash_of(text, h);
+	cr_expect(memcmp(h, dflt, CONFIG_HASH_BYTES) == 0, "%s = %s changed the hash", key, val);
+}
+
 /* [cluster] overlap: a boolean that also takes auto, the default; node-
  * local; any other boolean still takes only true or false. */
 Test(config, overlap_takes_auto)
 {
-	uint8_t dflt[CONFIG_HASH_BYTES], h[CONFIG_HASH_BYTES];
 	struct config *c = parse_ok("");
 	cr_expect_eq(c->cluster.overlap, CONFIG_OVERLAP_AUTO);
 	free(c);
-	hash_of("", dflt);
 	static const char *const names[] = { "false", "true", "auto" };
-	for (int i = 0; i < 3; i++) {
-		char text[64], line[40];
-		snprintf(text, sizeof(text), "[cluster]\noverlap = %s\n", names[i]);
-		c = parse_ok(text);
-		cr_expect_eq(c->cluster.overlap, i, "%s", names[i]);
-		char *out = print_config(c);
-		snprintf(line, sizeof(line), "overlap = %s\n", names[i]);
-		cr_expect(strstr(out, line), "check does not print %s", line);
-		free(out);
-		free(c);
-		hash_of(text, h);
-		cr_expect(memcmp(h, dflt, CONFIG_HASH_BYTES) == 0, "overlap = %s changed the hash", names[i]);
-	}
+	for (int i = 0; i < 3; i++)
+		expect_cluster_int("overlap", names[i], offsetof(struct config, cluster.overlap), i);
 	parse_bad("[cluster]\noverlap = sometimes\n", "\"sometimes\" is not a boolean (expected true, auto or false)");
 	parse_bad("[cluster]\nlocal_socket = auto\n", "\"auto\" is not a boolean (expected true or false)");
+}
+
+/* [cluster] send_buffer_kib: auto by default (sized from what each
+ * connection measures, net/sndbuf.h), 0 (the kernel's) and a number of KiB
+ * as before; each printed as parsed; node-local; anything else refused
+ * with the choices. */
+Test(config, send_buffer_kib_takes_auto)
+{
+	struct config *c = parse_ok("");
+	cr_expect_eq(c->cluster.send_buffer_kib, CONFIG_INT_AUTO);
+	free(c);
+	static const struct {
+		const char *text;
+		int v;
+	} rows[] = { { "auto", CONFIG_INT_AUTO }, { "0", 0 }, { "64", 64 }, { "1048576", 1 << 20 } };
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
+		expect_cluster_int("send_buffer_kib", rows[i].text, offsetof(struct config, cluster.send_buffer_kib),
+				   rows[i].v);
+	parse_bad("[cluster]\nsend_buffer_kib = -1\n", "-1 is out of range (expected 0..1048576 or auto)");
+	parse_bad("[cluster]\nsend_buffer_kib = 1048577\n",
+		  "1048577 is out of range (expected 0..1048576 or auto)");
+	parse_bad("[cluster]\nsend_buffer_kib = automatic\n", "\"automatic\" is not an integer or auto");
+	parse_bad("[cluster]\nsend_buffer_kib = 64k\n", "\"64k\" is not an integer or auto");
+	/* Other integers take no auto. */
+	parse_bad("[cluster]\ncrypto_threads = auto\n", "\"auto\" is not an integer");
+	parse_bad("[cluster]\ncrypto_threads = 9\n", "9 is out of range (expected 0..8)");
 }
 
 /* [cluster] cipher: auto by default, each name parsed and printed, a bad

@@ -135,46 +135,6 @@ Test(sock, listen_port0_connect_accept)
 	close(lfd);
 }
 
-/* [cluster] send_buffer_kib: a cap the kernel keeps (doubled, its
- * bookkeeping), instead of its own tuning; 0 leaves the socket alone. */
-Test(sock, send_buffer_cap)
-{
-	char err[256] = "";
-	int lfd = -1, c = -1, s = -1, v = 0;
-	socklen_t sl = sizeof v;
-	cr_assert_eq(sock_listen("127.0.0.1", 0, 8, &lfd, err, sizeof err), 0, "%s", err);
-	cr_assert_eq(sock_connect_retry("127.0.0.1", (uint16_t)sock_local_port(lfd), 2000, &c, err,
-					sizeof err), 0, "%s", err);
-	cr_assert_eq(sock_accept(lfd, 2000, &s, NULL, 0, err, sizeof err), 0, "%s", err);
-	cr_assert_eq(getsockopt(c, SOL_SOCKET, SO_SNDBUF, &v, &sl), 0);
-	int before = v;
-	cr_assert_eq(sock_send_buffer(c, 0), 0);
-	cr_assert_eq(getsockopt(c, SOL_SOCKET, SO_SNDBUF, &v, &sl), 0);
-	cr_assert_eq(v, before, "0 changed the buffer: %d, was %d", v, before);
-	cr_assert_eq(sock_send_buffer(s, 64), 0);
-	cr_assert_eq(getsockopt(s, SOL_SOCKET, SO_SNDBUF, &v, &sl), 0);
-	cr_assert_eq(v, 2 * 64 * 1024, "SO_SNDBUF %d", v);
-	close(c);
-	close(s);
-	close(lfd);
-}
-
-/* A Unix socket keeps its buffer: no switch port behind it, and a cap
- * would stall a worker's push to the ps beside it. */
-Test(sock, send_buffer_leaves_unix_sockets)
-{
-	int sv[2], v = 0, before = 0;
-	socklen_t sl = sizeof v;
-	cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
-	cr_assert_eq(getsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &before, &sl), 0);
-	cr_assert_eq(sock_send_buffer(sv[0], 64), 0);
-	cr_assert_eq(getsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &v, &sl), 0);
-	cr_assert_eq(v, before, "SO_SNDBUF %d, was %d", v, before);
-	cr_assert_neq(v, 2 * 64 * 1024);
-	close(sv[0]);
-	close(sv[1]);
-}
-
 Test(sock, ipv6_loopback)
 {
 	char err[256] = "", peer[SOCK_ADDR_STRLEN] = "";

@@ -1,0 +1,359 @@
+/* Tests of net/sndbuf.c, [cluster] send_buffer_kib: the sizing as pure
+ * functions (whether a window saw enough, its peak rate, the size
+ * wanted, the next state), each a table; then on 127.0.0.1, the socket options a connection gets (N KiB,
+ * 0, auto; a Unix socket left alone) read back with getsockopt, and an
+ * auto connection that sends tensors measuring its way to a size. */
+#include <criterion/criterion.h>
+
+#include "leak.h"
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <sodium.h>
+
+#include "../net/conn.h"
+#include "../net/sndbuf.h"
+#include "../net/sock.h"
+
+static void setup(void)
+{
+	cr_assert(sodium_init() >= 0, "sodium_init failed");
+}
+
+TestSuite(sndbuf, .init = setup, .fini = leak_check, .timeout = 30);
+
+#define KIB 1024ull
+#define MIB (1024ull * 1024)
+
+/* ---- pure functions ------------------------------------------------------ */
+
+Test(sndbuf, want_is_rate_x_lowest_round_trip)
+{
+	static const struct {
+		uint64_t rate; /* bytes/s */
+		uint32_t rtt_us, floor;
+		uint64_t want;
+		const char *what;
+	} rows[] = {
+		{ 0, 500, 65536, 0, "no rate measured" },
+		{ 125000000, 0, 65536, 0, "no round trip measured" },
+		{ 125000000, 100, 65536, 65536, "1 Gbit/s x 0.1 ms (12.5 KB): the floor" },
+		{ 1250000000, 50, 65536, 65536, "10 Gbit/s x 0.05 ms (62.5 KB): the floor" },
+		{ 1250000000, 60, 65536, 75000, "10 Gbit/s x 0.06 ms" },
+		{ 125000000, 680, 65536, 85000, "1 Gbit/s x 0.68 ms (netlab's 0.25 ms profile)" },
+		{ 125000000, 2200, 65536, 275000, "1 Gbit/s x 2.2 ms (1 ms each way)" },
+		{ 125000000, 10200, 65536, 1275000, "1 Gbit/s x 10.2 ms (5 ms each way)" },
+		{ 1250000000, 10200, 65536, 12750000, "10 Gbit/s x 10.2 ms" },
+		{ 6250000, 10000, 65536, 65536, "50 Mbit/s x 10 ms (a VPN): the floor" },
+		{ 125000000, 100, 0, 12500, "no floor" },
+		{ 125000000, 99, 0, 12375, "bytes a ms x us" },
+		{ 1ull << 50, 4000000000u, 0, 16000000000000000ull, "absurd: 32 Tbit/s x 4000 s, no overflow" },
+	};
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+		uint64_t got = sndbuf_want(rows[i].rate, rows[i].rtt_us, rows[i].floor);
+		cr_expect_eq(got, rows[i].want, "row %zu (%s): %llu, want %llu", i, rows[i].what,
+			     (unsigned long long)got, (unsigned long long)rows[i].want);
+	}
+}
+
+/* Counters: acked bytes, busy us, lowest round trip us. */
+#define CNT(a, b, r) { .acked = (a), .busy_us = (b), .min_rtt_us = (r) }
+
+Test(sndbuf, decides_only_on_a_window_with_enough_traffic)
+{
+	static const struct {
+		struct sndbuf_counters a, b;
+		int enough;
+		const char *what;
+	} rows[] = {
+		{ CNT(0, 0, 0), CNT(10 * MIB, 100000, 100), 1, "10 MiB in 100 ms busy" },
+		{ CNT(1 * MIB, 50000, 90), CNT(11 * MIB, 100000, 100), 1, "50 ms busy from a base" },
+		{ CNT(0, 0, 0), CNT(10 * MIB, 49999, 100), 0, "under 50 ms busy" },
+		{ CNT(0, 0, 0), CNT(10 * MIB, 100000, 10000), 0, "under 16 round trips busy" },
+		{ CNT(0, 0, 0), CNT(10 * MIB, 160000, 10000), 1, "16 round trips of 10 ms" },
+		{ CNT(0, 0, 0), CNT(256 * KIB, 100000, 100), 1, "256 KiB acknowledged" },
+		{ CNT(0, 0, 0), CNT(255 * KIB, 100000, 100), 0, "under 256 KiB acknowledged" },
+		{ CNT(0, 0, 0), CNT(10 * MIB, 100000, 0), 0, "no round trip known" },
+		{ CNT(20 * MIB, 0, 100), CNT(10 * MIB, 100000, 100), 0, "acked went back (another socket)" },
+		{ CNT(0, 200000, 100), CNT(10 * MIB, 100000, 100), 0, "busy went back" },
+	};
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
+		cr_expect_eq(sndbuf_enough(&rows[i].a, &rows[i].b), rows[i].enough, "row %zu (%s)", i,
+			     rows[i].what);
+}
+
+/* The window's rate: the highest sample the application did not limit (a
+ * pause between steps, a push trickling out of backward). */
+Test(sndbuf, peak_skips_samples_the_application_limited)
+{
+	static const struct {
+		uint64_t peak, rate;
+		int app_limited;
+		uint64_t next;
+	} rows[] = {
+		{ 0, 100, 0, 100 }, { 100, 90, 0, 100 }, { 100, 120, 0, 120 },
+		{ 100, 500, 1, 100 }, { 0, 500, 1, 0 }, { 100, 0, 0, 100 },
+	};
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+		struct sndbuf_counters c = { .delivery_rate = rows[i].rate, .app_limited = rows[i].app_limited };
+		cr_expect_eq(sndbuf_peak(rows[i].peak, &c), rows[i].next, "row %zu", i);
+	}
+}
+
+Test(sndbuf, next_state_and_size)
+{
+	const uint32_t ceil = 212992; /* Linux's default net.core.wmem_max */
+	static const struct {
+		enum sndbuf_state st;
+		uint32_t size;
+		uint64_t want;
+		enum sndbuf_state next;
+		uint32_t next_size;
+		const char *what;
+	} rows[] = {
+		{ SNDBUF_PROBING, 0, 0, SNDBUF_PROBING, 0, "nothing measured yet" },
+		{ SNDBUF_PROBING, 0, 65536, SNDBUF_SIZED, 65536, "a short path: sized" },
+		{ SNDBUF_PROBING, 0, 212992, SNDBUF_SIZED, 212992, "just fits" },
+		{ SNDBUF_PROBING, 0, 425984, SNDBUF_SIZED, 212992, "twice: the ceiling, doubled, fills it" },
+		{ SNDBUF_PROBING, 0, 425985, SNDBUF_LONG, 0, "a long fat path: the kernel's" },
+		{ SNDBUF_SIZED, 65536, 120000, SNDBUF_SIZED, 120000, "grows" },
+		{ SNDBUF_SIZED, 65536, 81920, SNDBUF_SIZED, 65536, "a quarter more: kept" },
+		{ SNDBUF_SIZED, 65536, 81921, SNDBUF_SIZED, 81921, "more than a quarter more: grows" },
+		{ SNDBUF_SIZED, 100000, 50000, SNDBUF_SIZED, 100000, "half: kept" },
+		{ SNDBUF_SIZED, 100000, 49999, SNDBUF_SIZED, 75000, "below half: a quarter less" },
+		{ SNDBUF_SIZED, 400000, 65536, SNDBUF_SIZED, 300000, "never more than a quarter at once" },
+		{ SNDBUF_SIZED, 400000, 0, SNDBUF_SIZED, 400000, "no sample: kept" },
+		{ SNDBUF_SIZED, 100000, 5000000, SNDBUF_SIZED, 212992, "grows to the ceiling, no more" },
+		{ SNDBUF_SIZED, 212992, 5000000, SNDBUF_SIZED, 212992, "stays at the ceiling" },
+		{ SNDBUF_SIZED, 100000, 0, SNDBUF_SIZED, 100000, "no sample" },
+		{ SNDBUF_LONG, 0, 65536, SNDBUF_LONG, 0, "long stays long (SO_SNDBUF cannot be undone)" },
+		{ SNDBUF_FIXED, 65536, 500000, SNDBUF_FIXED, 65536, "send_buffer_kib = N: as set" },
+		{ SNDBUF_KERNEL, 0, 500000, SNDBUF_KERNEL, 0, "0 or a Unix socket: untouched" },
+	};
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+		uint32_t sz = 12345;
+		enum sndbuf_state st = sndbuf_next(rows[i].st, rows[i].size, rows[i].want, ceil, &sz);
+		cr_expect_eq(st, rows[i].next, "row %zu (%s): state %d, want %d", i, rows[i].what, st,
+			     rows[i].next);
+		cr_expect_eq(sz, rows[i].next_size, "row %zu (%s): size %u, want %u", i, rows[i].what, sz,
+			     rows[i].next_size);
+	}
+}
+
+/* ---- sockets ------------------------------------------------------------- */
+
+/* A connected TCP pair on 127.0.0.1. */
+static void tcp_pair(int *c, int *s)
+{
+	char err[256] = "";
+	int lfd = -1;
+	cr_assert_eq(sock_listen("127.0.0.1", 0, 8, &lfd, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(sock_connect_retry("127.0.0.1", (uint16_t)sock_local_port(lfd), 2000, c, err,
+					sizeof err), 0, "%s", err);
+	cr_assert_eq(sock_accept(lfd, 2000, s, NULL, 0, err, sizeof err), 0, "%s", err);
+	close(lfd);
+}
+
+static int opt_get(int fd, int level, int name)
+{
+	int v = -1;
+	socklen_t sl = sizeof v;
+	cr_assert_eq(getsockopt(fd, level, name, &v, &sl), 0, "getsockopt: %s", strerror(errno));
+	return v;
+}
+
+/* net.core.wmem_max as the kernel applies it: SO_SNDBUF asked far above
+ * it is clamped to it (and reported doubled). */
+static uint32_t wmem_max_applied(void)
+{
+	int fd = socket(AF_INET, SOCK_STREAM, 0), v = INT32_MAX / 2;
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, sizeof v), 0);
+	v = opt_get(fd, SOL_SOCKET, SO_SNDBUF);
+	close(fd);
+	return (uint32_t)v / 2;
+}
+
+Test(sndbuf, options_a_socket_gets)
+{
+	int c = -1, s = -1;
+	struct sndbuf t;
+	tcp_pair(&c, &s);
+	int buf0 = opt_get(c, SOL_SOCKET, SO_SNDBUF), lowat0 = opt_get(c, IPPROTO_TCP, TCP_NOTSENT_LOWAT);
+
+	/* 0: the kernel's, nothing set. */
+	cr_assert_eq(sndbuf_init(&t, c, 0), 0);
+	cr_expect_eq(t.state, SNDBUF_KERNEL);
+	cr_expect_eq(opt_get(c, SOL_SOCKET, SO_SNDBUF), buf0);
+	cr_expect_eq(opt_get(c, IPPROTO_TCP, TCP_NOTSENT_LOWAT), lowat0);
+
+	/* auto: the unsent queue kept short, the buffer still the kernel's
+	 * (the first size comes from measurements). */
+	cr_assert_eq(sndbuf_init(&t, c, SNDBUF_AUTO), 0);
+	cr_expect_eq(t.state, SNDBUF_PROBING);
+	cr_expect_eq(opt_get(c, IPPROTO_TCP, TCP_NOTSENT_LOWAT), (int)SNDBUF_LOWAT);
+	cr_expect_eq(opt_get(c, SOL_SOCKET, SO_SNDBUF), buf0, "auto set SO_SNDBUF before measuring");
+	cr_expect_eq(t.ceiling, wmem_max_applied());
+
+	/* N KiB: the cap, which the kernel doubles for its bookkeeping. */
+	cr_assert_eq(sndbuf_init(&t, s, 64), 0);
+	cr_expect_eq(t.state, SNDBUF_FIXED);
+	cr_expect_eq(opt_get(s, SOL_SOCKET, SO_SNDBUF), 2 * 64 * 1024);
+	cr_expect_eq(t.size, 64 * 1024);
+	char d[200];
+	sndbuf_describe(&t, d, sizeof d);
+	cr_expect_str_eq(d, "64 KiB (send_buffer_kib)");
+	close(c);
+	close(s);
+}
+
+/* A Unix socket keeps its buffer whatever the key says: no switch port
+ * behind it, and a cap stalls a worker's push to the ps beside it. */
+Test(sndbuf, unix_sockets_left_alone)
+{
+	int sv[2];
+	struct sndbuf t;
+	cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	int before = opt_get(sv[0], SOL_SOCKET, SO_SNDBUF);
+	cr_assert_eq(sndbuf_init(&t, sv[0], 64), 0);
+	cr_expect_eq(t.state, SNDBUF_KERNEL);
+	cr_assert_eq(sndbuf_init(&t, sv[0], SNDBUF_AUTO), 0);
+	cr_expect_eq(t.state, SNDBUF_KERNEL);
+	cr_expect_eq(opt_get(sv[0], SOL_SOCKET, SO_SNDBUF), before);
+	sndbuf_tune(&t, sv[0], 1e9); /* nothing to measure: no effect */
+	cr_expect_eq(opt_get(sv[0], SOL_SOCKET, SO_SNDBUF), before);
+	close(sv[0]);
+	close(sv[1]);
+}
+
+/* ---- a connection ----------------------------------------------------------- */
+
+struct end {
+	struct conn cn;
+	uint8_t *rbuf, *wbuf;
+	struct pipe pp;
+};
+
+static void end_init(struct end *e, int fd)
+{
+	memset(e, 0, sizeof(*e));
+	e->rbuf = malloc(CONN_RBUF_BYTES);
+	e->wbuf = malloc(CONN_WBUF_BYTES);
+	cr_assert(e->rbuf && e->wbuf);
+	cr_assert_eq(pipe_init(&e->pp, NULL, e->wbuf, CONN_WBUF_BYTES, NULL, 0), 0);
+	cr_assert_eq(conn_init(&e->cn, -1, e->rbuf, e->wbuf, &e->pp, 5000, 5000), 0);
+	/* Both ends with the same all-zero ChaCha20 keys: what is under test
+	 * is the socket, not the handshake. */
+	struct hs_result hr;
+	memset(&hr, 0, sizeof(hr));
+	hr.send.cipher = hr.recv.cipher = FRAME_CHACHA20POLY1305;
+	conn_attach(&e->cn, fd, &hr);
+}
+
+static void end_free(struct end *e)
+{
+	conn_destroy(&e->cn);
+	pipe_free(&e->pp);
+	free(e->rbuf);
+	free(e->wbuf);
+}
+
+#define TENSOR_N (256u * 1024) /* floats: 1 MiB a tensor */
+
+struct reader {
+	struct end *e;
+	float *dst;
+	_Atomic int stop;
+	int tensors, r;
+	char err[256];
+};
+
+/* Receives tensors, pausing between chunks so that the sender's socket
+ * stays full (busy: what auto measures), until the sender, done (stop),
+ * shuts its side: the end of the stream between two tensors. */
+static void *reader_main(void *arg)
+{
+	struct reader *rd = arg;
+	for (;;) {
+		struct msg_assembly a;
+		size_t len;
+		if ((rd->r = msg_assembly_init(&a, WIRE_PUSH, 0, TENSOR_N, WIRE_F32, rd->err, sizeof rd->err)))
+			return NULL;
+		struct conn_chunk_rx x = { .type = WIRE_PUSH, .a = &a, .dst = rd->dst };
+		while (!msg_assembly_done(&a)) {
+			rd->r = conn_recv(&rd->e->cn, &len, rd->err, sizeof rd->err);
+			if (rd->r && rd->stop && a.received == 0) {
+				rd->r = 0;
+				return NULL;
+			}
+			if (rd->r || (rd->r = conn_take_chunk(&rd->e->cn, &x, len, rd->err, sizeof rd->err)))
+				return NULL;
+			nanosleep(&(struct timespec){ .tv_nsec = 100000 }, NULL);
+		}
+		rd->tensors++;
+	}
+}
+
+/* auto on a TCP connection: the low-water mark at once, then, once the
+ * tensors it sends have kept it busy long enough, a send buffer sized
+ * from what it measured (on 127.0.0.1 the round trip is microseconds, so
+ * the floor), which the socket holds. */
+Test(sndbuf, connection_measures_its_way_to_a_size)
+{
+	int c = -1, s = -1;
+	tcp_pair(&c, &s);
+	struct end tx, rx;
+	end_init(&tx, c);
+	end_init(&rx, s);
+	conn_send_buffer(&tx.cn, SNDBUF_AUTO);
+	cr_expect_eq(opt_get(c, IPPROTO_TCP, TCP_NOTSENT_LOWAT), (int)SNDBUF_LOWAT);
+	cr_expect_eq(tx.cn.sb.state, SNDBUF_PROBING);
+
+	float *src = calloc(TENSOR_N, sizeof(float));
+	struct reader rd = { .e = &rx, .dst = calloc(TENSOR_N, sizeof(float)) };
+	cr_assert(src && rd.dst);
+	pthread_t th;
+	cr_assert_eq(pthread_create(&th, NULL, reader_main, &rd), 0);
+	struct conn_chunk_tx t = { .type = WIRE_PUSH, .src = src, .n = TENSOR_N };
+	char err[256] = "";
+	int r = 0, sent = 0;
+	struct timespec t0, now;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	do {
+		r = conn_send_tensor(&tx.cn, &t, err, sizeof err);
+		sent++;
+		clock_gettime(CLOCK_MONOTONIC, &now);
+	} while (!r && tx.cn.sb.state == SNDBUF_PROBING && now.tv_sec - t0.tv_sec < 10);
+	rd.stop = 1;
+	shutdown(c, SHUT_WR);
+	pthread_join(th, NULL);
+	cr_assert_eq(r, 0, "%s", err);
+	cr_assert_eq(rd.r, 0, "%s", rd.err);
+
+	char d[200];
+	sndbuf_describe(&tx.cn.sb, d, sizeof d);
+	cr_assert_eq(tx.cn.sb.state, SNDBUF_SIZED, "after %d tensors: %s", sent, d);
+	cr_log_info("after %d tensors: %s", sent, d);
+	cr_expect_gt(tx.cn.sb.rate, 0);
+	cr_expect_gt(tx.cn.sb.min_rtt_us, 0);
+	cr_expect_geq(tx.cn.sb.size, SNDBUF_FLOOR, "%s", d);
+	cr_expect_eq(opt_get(c, SOL_SOCKET, SO_SNDBUF), 2 * (int)tx.cn.sb.size, "%s", d);
+	cr_expect(strncmp(d, "auto, ", 6) == 0 && strstr(d, " KiB: "), "%s", d);
+
+	/* Closed, the record goes with the socket. */
+	conn_close(&tx.cn);
+	cr_expect_eq(tx.cn.sb.state, SNDBUF_KERNEL);
+	free(src);
+	free(rd.dst);
+	end_free(&tx);
+	end_free(&rx);
+}

@@ -191,6 +191,14 @@ struct ps_conn *ps_conn_add(struct ps *ps, int fd, const char *peer, int w,
 int ps_conn_run(struct ps_conn *cn);
 void ps_admit(struct ps *ps, struct gate_greeting *gr);
 
+/* ps.c, for ps_admit.c: cn taken off ps->conns and closed (not freed),
+ * as for a connection whose thread could not start. ps_admit.c, for ps.c: the REPORT an observer's STATUS
+ * is answered with (ps_observers' callback), and the summary line of the
+ * refusals since the last one (force: now, else once per PS_TALLY_MS). */
+void ps_conn_drop(struct ps_conn *cn);
+void ps_report(void *ctx, struct msg_report *rp, int final);
+void ps_tally_log(struct ps *ps, int force);
+
 /* ps_pull.c: a PULL (the handler), and the streamer thread of a
  * connection in piece mode (arg: the struct ps_conn), which answers the
  * PULLs the handler hands it until told to stop. */

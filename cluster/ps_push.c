@@ -23,7 +23,7 @@ static int push_refused(struct ps_conn *cn, int r, const float *g, size_t lo, si
 	struct ps *ps = cn->ps;
 	unsigned long long tag = (unsigned long long)cn->a.version;
 	if (r == -EDOM) {
-		size_t i = lo + psshard_nonfinite(g, hi - lo);
+		size_t i = lo + optim_nonfinite(g, hi - lo);
 		float x = i < hi ? g[i - lo] : 0;
 		return err_set(err, errlen, r, "PUSH for version %llu refused: gradient element %zu (parameter %zu) is %s",
 			       tag, i, ps->sh.range.begin + i, isnan(x) ? "NaN" : x > 0 ? "+inf" : "-inf");

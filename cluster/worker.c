@@ -12,7 +12,7 @@
 
 #include "../core/devices.h"
 #include "../core/layers.h"
-#include "../core/psshard.h"
+#include "../core/optim.h"
 #include "../core/replica.h"
 #include "../core/shard.h"
 #include "../core/tblog.h"
@@ -426,7 +426,7 @@ static int worker_compute(struct worker *wr, int flow, char *err, size_t errlen)
 	 * connection. One read of the gradient, vectorized: a small part of
 	 * the step (the flow checks each range before it is pushed). */
 	if (!flow)
-		bad = psshard_nonfinite(wr->grads, P);
+		bad = optim_nonfinite(wr->grads, P);
 	if (bad < P)
 		return err_set(err, errlen, -EDOM, "worker %d: step %ld: the gradient is not finite (parameter %zu is %s), so it was not pushed%s: training diverged (lower learning_rate, or look for huge or broken values in the data)",
 			       wr->index, step, bad, isnan(wr->grads[bad]) ? "NaN" : wr->grads[bad] > 0 ? "+inf" : "-inf",

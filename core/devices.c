@@ -2,7 +2,7 @@
  * devices.h. */
 #include "devices.h"
 #include "progress.h"
-#include "psshard.h"
+#include "optim.h"
 #include "rng.h"
 
 #include "../base/err.h"
@@ -458,7 +458,7 @@ static int flow_final(void *ctx, size_t lo, size_t hi)
 	struct flow_out *fo = ctx;
 	if (fo->host != fo->grads)
 		memcpy(fo->host + lo, fo->grads + lo, (hi - lo) * sizeof(float));
-	size_t i = lo + psshard_nonfinite(fo->host + lo, hi - lo);
+	size_t i = lo + optim_nonfinite(fo->host + lo, hi - lo);
 	if (i < hi) {
 		fo->bad = i;
 		return -EDOM;

@@ -294,3 +294,50 @@ void optim_step_zero(struct optim *o, float *params, float *grads, float lr)
 {
 	step(o, params, grads, lr, 1.0f, 1);
 }
+
+/* A float is NaN or +-inf exactly when its 8 exponent bits are all ones.
+ * Adding one exponent step to the masked exponent carries into bit 31 only
+ * then, so OR-ing that sum over a block and testing bit 31 checks the
+ * block with no branch per value: the loop vectorizes (memcpy is the
+ * aliasing-safe bit cast; it compiles to nothing). */
+#define EXP_MASK 0x7f800000u
+#define EXP_STEP 0x00800000u
+#define CHECK_BLOCK 4096   /* floats per early exit: 16 KiB, in L1 */
+
+static uint32_t bits_of(float x)
+{
+	uint32_t b;
+	memcpy(&b, &x, sizeof(b));
+	return b;
+}
+
+uint32_t optim_any_nonfinite(const float *g, size_t n)
+{
+	uint32_t acc = 0;
+	for (size_t i = 0; i < n; i++)
+		acc |= (bits_of(g[i]) & EXP_MASK) + EXP_STEP;
+	return acc >> 31;
+}
+
+uint32_t optim_copy_nonfinite(float *restrict dst, const float *restrict src, size_t n)
+{
+	uint32_t acc = 0;
+	for (size_t i = 0; i < n; i++) {
+		dst[i] = src[i];
+		acc |= (bits_of(src[i]) & EXP_MASK) + EXP_STEP;
+	}
+	return acc >> 31;
+}
+
+size_t optim_nonfinite(const float *g, size_t n)
+{
+	for (size_t at = 0; at < n; at += CHECK_BLOCK) {
+		size_t m = n - at < CHECK_BLOCK ? n - at : CHECK_BLOCK;
+		if (!optim_any_nonfinite(g + at, m))
+			continue;
+		for (size_t i = at; i < at + m; i++)
+			if ((bits_of(g[i]) & EXP_MASK) == EXP_MASK)
+				return i;
+	}
+	return n;
+}

@@ -15,6 +15,7 @@
 #define PSTRAIN_OPTIM_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "model.h"
 
@@ -118,5 +119,18 @@ void optim_step_scaled(struct optim *o, float *params, const float *grads, float
  * loop's gradient zeroing for the next step, without a second sweep over
  * the vector. params and grads must not overlap. */
 void optim_step_zero(struct optim *o, float *params, float *grads, float lr);
+
+/* The index of the first value of g (n) that is NaN or +-inf, or n when
+ * every one is finite. One read of g (branch-free, vectorized) unless one
+ * is found: the ps runs it on every gradient it is pushed, the worker on
+ * its own before pushing. */
+size_t optim_nonfinite(const float *g, size_t n);
+
+/* Nonzero if some value of g (n) is not finite. */
+uint32_t optim_any_nonfinite(const float *g, size_t n);
+
+/* dst (n) = src (n), and nonzero if some value is not finite: a copy and
+ * the check in one pass. */
+uint32_t optim_copy_nonfinite(float *dst, const float *src, size_t n);
 
 #endif

@@ -107,56 +107,6 @@ void psshard_free(struct psshard *s)
 	s->pslot = NULL;
 }
 
-/* A float is NaN or +-inf exactly when its 8 exponent bits are all ones.
- * Adding one exponent step to the masked exponent carries into bit 31 only
- * then, so OR-ing that sum over a block and testing bit 31 checks the
- * block with no branch per value: the loop vectorizes (memcpy is the
- * aliasing-safe bit cast; it compiles to nothing). */
-#define EXP_MASK 0x7f800000u
-#define EXP_STEP 0x00800000u
-#define CHECK_BLOCK 4096   /* floats per early exit: 16 KiB, in L1 */
-
-static uint32_t bits_of(float x)
-{
-	uint32_t b;
-	memcpy(&b, &x, sizeof(b));
-	return b;
-}
-
-/* Nonzero if some value of g (n) is not finite. */
-static uint32_t any_nonfinite(const float *g, size_t n)
-{
-	uint32_t acc = 0;
-	for (size_t i = 0; i < n; i++)
-		acc |= (bits_of(g[i]) & EXP_MASK) + EXP_STEP;
-	return acc >> 31;
-}
-
-/* dst (n) = src (n), and nonzero if some value is not finite: the sync
- * slot's copy and the check in one pass. */
-static uint32_t copy_nonfinite(float *restrict dst, const float *restrict src, size_t n)
-{
-	uint32_t acc = 0;
-	for (size_t i = 0; i < n; i++) {
-		dst[i] = src[i];
-		acc |= (bits_of(src[i]) & EXP_MASK) + EXP_STEP;
-	}
-	return acc >> 31;
-}
-
-size_t psshard_nonfinite(const float *g, size_t n)
-{
-	for (size_t at = 0; at < n; at += CHECK_BLOCK) {
-		size_t m = n - at < CHECK_BLOCK ? n - at : CHECK_BLOCK;
-		if (!any_nonfinite(g + at, m))
-			continue;
-		for (size_t i = at; i < at + m; i++)
-			if ((bits_of(g[i]) & EXP_MASK) == EXP_MASK)
-				return i;
-	}
-	return n;
-}
-
 /* dst (n) += src (n) */
 static void add(float *restrict dst, const float *restrict src, size_t n)
 {
@@ -308,7 +258,7 @@ int psshard_push_piece(struct psshard *s, int worker, uint64_t version, size_t j
 	/* The R-th gradient is summed from g itself: checked whole first, so
 	 * that a refused one leaves the piece as it was. */
 	int completes = slot + 1 == s->replicas;
-	if (completes ? any_nonfinite(g, hi - lo) : copy_nonfinite(s->slots + (size_t)slot * s->n + lo, g, hi - lo))
+	if (completes ? optim_any_nonfinite(g, hi - lo) : optim_copy_nonfinite(s->slots + (size_t)slot * s->n + lo, g, hi - lo))
 		return -EDOM;
 	s->received += last != 0;
 	s->pwaiting[j]++;
@@ -338,7 +288,7 @@ static int push_pieces(struct psshard *s, int worker, uint64_t version, const fl
 	for (size_t j = 0; j < s->npieces; j++)
 		if (s->pver[j] != s->version || piece_pushed_get(s, j, worker))
 			return -EALREADY;
-	if (psshard_nonfinite(grads, s->n) < s->n)
+	if (optim_nonfinite(grads, s->n) < s->n)
 		return -EDOM;
 	uint64_t v = s->version;
 	for (size_t j = 0; j < s->npieces; j++) {
@@ -366,7 +316,7 @@ int psshard_push(struct psshard *s, int worker, uint64_t version, const float *g
 			*outcome = PSSHARD_STALE;
 			return 0;
 		}
-		if (psshard_nonfinite(grads, s->n) < s->n)
+		if (optim_nonfinite(grads, s->n) < s->n)
 			return -EDOM;
 		s->received++;
 		s->age_sum += age;
@@ -397,7 +347,7 @@ int psshard_push(struct psshard *s, int worker, uint64_t version, const float *g
 	/* Slot nwaiting is free until counted: a refused gradient left in
 	 * it is overwritten by the next one. */
 	int slot = s->nwaiting;
-	if (copy_nonfinite(s->slots + (size_t)slot * s->n, grads, s->n))
+	if (optim_copy_nonfinite(s->slots + (size_t)slot * s->n, grads, s->n))
 		return -EDOM;
 	s->received++;
 	s->nwaiting++;

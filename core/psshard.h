@@ -133,7 +133,7 @@ void psshard_free(struct psshard *s);   /* accepts NULL and zeroed structs */
  * on parameters of version `version`. Sets *outcome and returns 0, or
  * returns -EINVAL (worker out of range), -ERANGE (version above v),
  * -EALREADY (sync: worker already pushed for v) or -EDOM (a value of grads
- * is NaN or +-inf; psshard_nonfinite says which), leaving the shard as it
+ * is NaN or +-inf; optim_nonfinite says which), leaving the shard as it
  * was. A gradient that is dropped (stale) is not read, so not checked.
  * Never allocates. grads is only read during the call. */
 int psshard_push(struct psshard *s, int worker, uint64_t version, const float *grads,
@@ -159,11 +159,6 @@ int psshard_push_piece(struct psshard *s, int worker, uint64_t version, size_t j
 /* The version of piece j's parameters (the shard's version outside piece
  * mode). */
 uint64_t psshard_piece_version(const struct psshard *s, size_t j);
-
-/* The index of the first value of g (n) that is NaN or +-inf, or n when
- * every one is finite. One read of g (branch-free, vectorized) unless one
- * is found; the worker runs it on its gradient before pushing, too. */
-size_t psshard_nonfinite(const float *g, size_t n);
 
 /* For PULL: the current parameters (n) and their version. Valid until the
  * next psshard_push. */

@@ -202,7 +202,7 @@ Test(bf16, bulk_matches_scalar)
 }
 
 /* The reason for the clamp: a finite gradient, whatever its size, stays
- * finite on the wire, so the ps's check (psshard_nonfinite) never refuses
+ * finite on the wire, so the ps's check (optim_nonfinite) never refuses
  * what the worker checked and found finite. */
 Test(bf16, finite_never_becomes_infinite)
 {

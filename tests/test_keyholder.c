@@ -649,7 +649,7 @@ static float from_bits(uint32_t b)
 	return x;
 }
 
-/* psshard_nonfinite finds the first NaN or infinity wherever it is (in
+/* optim_nonfinite finds the first NaN or infinity wherever it is (in
  * every lane of a vector and across block boundaries), and passes every
  * finite value: the largest, the smallest subnormal, -0. */
 Test(keyholder, nonfinite_check_finds_the_first_bad_value)
@@ -661,8 +661,8 @@ Test(keyholder, nonfinite_check_finds_the_first_bad_value)
 				 from_bits(0x00000001u), from_bits(0x807fffffu), 1e-30f };
 	for (size_t i = 0; i < N; i++)
 		g[i] = finite[i % (sizeof(finite) / sizeof(finite[0]))];
-	cr_assert_eq(psshard_nonfinite(g, N), N);
-	cr_assert_eq(psshard_nonfinite(g, 0), 0);
+	cr_assert_eq(optim_nonfinite(g, N), N);
+	cr_assert_eq(optim_nonfinite(g, 0), 0);
 	const uint32_t bad[] = { 0x7f800000u /* +inf */, 0xff800000u /* -inf */,
 				 0x7fc00000u /* quiet NaN */, 0xffc00000u /* -NaN */,
 				 0x7f800001u /* signalling NaN */, 0xffffffffu };
@@ -671,11 +671,11 @@ Test(keyholder, nonfinite_check_finds_the_first_bad_value)
 		for (size_t a = 0; a < sizeof(at) / sizeof(at[0]); a++) {
 			float keep = g[at[a]];
 			g[at[a]] = from_bits(bad[b]);
-			cr_assert_eq(psshard_nonfinite(g, N), at[a], "0x%08x at %zu", bad[b], at[a]);
-			cr_assert_eq(psshard_nonfinite(g, at[a]), at[a], "0x%08x past the end", bad[b]);
+			cr_assert_eq(optim_nonfinite(g, N), at[a], "0x%08x at %zu", bad[b], at[a]);
+			cr_assert_eq(optim_nonfinite(g, at[a]), at[a], "0x%08x past the end", bad[b]);
 			if (at[a] + 1 < N) {
 				g[N - 1] = from_bits(bad[b]);
-				cr_assert_eq(psshard_nonfinite(g, N), at[a], "the first of two");
+				cr_assert_eq(optim_nonfinite(g, N), at[a], "the first of two");
 				g[N - 1] = finite[(N - 1) % (sizeof(finite) / sizeof(finite[0]))];
 			}
 			g[at[a]] = keep;
@@ -737,7 +737,7 @@ Test(keyholder, psshard_push_refuses_nonfinite_gradients)
 		cr_assert_eq(psshard_version(&s), 1, "%s", modes[k]);
 		cr_assert_eq(memcmp(s.params, ref.params, n * sizeof(float)), 0,
 			     "%s: the step differs from one without the refused pushes", modes[k]);
-		cr_assert_eq(psshard_nonfinite(s.params, n), n);
+		cr_assert_eq(optim_nonfinite(s.params, n), n);
 		free(good);
 		free(bad);
 		psshard_free(&s);

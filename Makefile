@@ -63,7 +63,7 @@ GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
 	$(foreach a,$(CUDA_PTX),-gencode arch=compute_$(a),code=compute_$(a))
 ARCH_FLAGS := -DPSTRAIN_CUDA_TARGETS='"$(CUDA_TARGETS)"'
 
-CORE_SRC := $(wildcard core/*.c)
+CORE_SRC := $(wildcard core/*.c core/*/*.c)
 NET_SRC := $(wildcard net/*.c)
 # Below core/ and net/ both: err_set.
 BASE_SRC := $(wildcard base/*.c)
@@ -131,9 +131,6 @@ FLAGS_NOW := $(CC) $(CFLAGS) $(LDFLAGS) $(LDLIBS) $(NVCC) $(NVCCFLAGS) $(CUDA_LI
 $(BUILD)/flags.stamp: FORCE
 	@mkdir -p $(BUILD)
 	@echo '$(FLAGS_NOW)' | cmp -s - $@ || echo '$(FLAGS_NOW)' > $@
-
-# Tests include core headers by name.
-$(BUILD)/tests/%.o: CFLAGS += -Icore
 
 # The one list of architectures, for the two files that read it.
 $(BUILD)/gpu/arch.o: CFLAGS += $(ARCH_FLAGS)
@@ -352,13 +349,13 @@ deps-bench:
 FUZZ_SECONDS ?= 60
 FUZZ_CC ?= clang
 FUZZ_CFLAGS := -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-	-std=c11 -D_GNU_SOURCE -Icore
+	-std=c11 -D_GNU_SOURCE
 FUZZ_NAMES := config layer idx csv handshake msg safetensors ps launch aegis
 FUZZ_BINS := $(FUZZ_NAMES:%=$(BUILD)/fuzz/fuzz_%)
-$(BUILD)/fuzz/fuzz_config: core/config.c core/config_keys.c core/config_print.c core/model.c core/rng.c
-$(BUILD)/fuzz/fuzz_layer: core/model.c core/rng.c
-$(BUILD)/fuzz/fuzz_idx: core/idx.c core/dataset.c
-$(BUILD)/fuzz/fuzz_csv: core/csv.c core/dataset.c
+$(BUILD)/fuzz/fuzz_config: core/config/config.c core/config/config_keys.c core/config/config_print.c core/nn/model.c core/nn/rng.c
+$(BUILD)/fuzz/fuzz_layer: core/nn/model.c core/nn/rng.c
+$(BUILD)/fuzz/fuzz_idx: core/data/idx.c core/data/dataset.c
+$(BUILD)/fuzz/fuzz_csv: core/data/csv.c core/data/dataset.c
 FUZZ_LIBS_config := -linih -lsodium
 FUZZ_LIBS_idx := -lz
 FUZZ_LIBS_csv := -lz
@@ -368,8 +365,8 @@ $(BUILD)/fuzz/fuzz_msg: net/msg.c net/bf16.c net/fpack.c base/err.c
 # net/bf16.c's and net/fpack.c's target_clones (ifuncs) do not link under clang's fuzzer
 # build, as for fuzz_ps: the default clone only.
 FUZZ_LIBS_msg := '-Dtarget_clones(...)=__unused__'
-$(BUILD)/fuzz/fuzz_safetensors: core/safetensors.c base/err.c
-$(BUILD)/fuzz/fuzz_launch: core/launch.c core/json.c base/err.c
+$(BUILD)/fuzz/fuzz_safetensors: core/ckpt/safetensors.c base/err.c
+$(BUILD)/fuzz/fuzz_launch: cluster/launch.c core/json.c base/err.c
 # AEGIS-256 against libaegis: its C source from the source release of aeg,
 # the PyPI binding that tests/aegis_ref.py uses (pinned to the same
 # version), fetched with the venv's pip into build/ (never into the tree),
@@ -395,7 +392,7 @@ FUZZ_LIBS_aegis := $(BUILD)/fuzz/libaegis.a -lsodium
 $(BUILD)/fuzz/fuzz_ps: $(ROLE_SRC) $(CORE_SRC) $(NET_SRC) $(BASE_SRC) gpu/arch.c gpu/arena.c gpu/stub.c
 FUZZ_LIBS_ps := '-Dtarget_clones(...)=__unused__' $(ARCH_FLAGS) -DPSTRAIN_VERSION='"$(VERSION)"' -linih -lsodium -lopenblas -lz -lpthread
 
-$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(wildcard core/*.h net/*.h base/*.h cluster/*.h)
+$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(wildcard core/*.h core/*/*.h net/*.h base/*.h cluster/*.h)
 	@mkdir -p $(dir $@)
 	$(call say,CLANG,$@)$(FUZZ_CC) $(FUZZ_CFLAGS) $(filter %.c,$^) -o $@ $(FUZZ_LIBS_$*) -lm
 

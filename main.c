@@ -7,15 +7,15 @@
 #include "core/progress.h"
 #include "cluster/cluster.h"
 #include "base/hooks.h"
-#include "core/backend.h"
-#include "core/blas.h"
-#include "core/checkpoint.h"
-#include "core/inspect.h"
-#include "core/launch.h"
+#include "core/nn/backend.h"
+#include "core/nn/blas.h"
+#include "core/ckpt/checkpoint.h"
+#include "core/ckpt/inspect.h"
+#include "cluster/launch.h"
 #include "core/infer.h"
-#include "core/config.h"
+#include "core/config/config.h"
 #include "core/fileio.h"
-#include "core/model.h"
+#include "core/nn/model.h"
 #include "core/shard.h"
 #include "core/train.h"
 #include "gpu/gpu.h"
@@ -44,7 +44,7 @@ enum exit_code {
 };
 
 static volatile sig_atomic_t stop_requested;
-/* The BLAS kernels chosen for this CPU at start (core/blas.h), for the
+/* The BLAS kernels chosen for this CPU at start (core/nn/blas.h), for the
  * lines that name them. */
 static struct blas_choice blas_in_use;
 
@@ -346,7 +346,7 @@ static void install_stop_handler(void)
 }
 
 /* The config and which task this is: --index, or the environment a
- * scheduler set (core/launch.h), whose host lists replace [cluster]'s
+ * scheduler set (cluster/launch.h), whose host lists replace [cluster]'s
  * as if given with --set; then 0 <= index < that role's count. want:
  * LAUNCH_PS, LAUNCH_WORKER, or LAUNCH_ANY for run. */
 static int task_of(const struct opts *o, int want, struct config *c, int *role, int *index)

@@ -6,23 +6,23 @@
  *   build/bench/cpu_mlp [--model mlp|cnn] [--threads N] [--batch B] [--seconds S] [--csv] [--flow]
  *   build/bench/cpu_mlp --describe    the CPU and the BLAS kernels chosen, one line each
  *
- * The kernels are chosen as pstrain chooses them (core/blas.h), so that
+ * The kernels are chosen as pstrain chooses them (core/nn/blas.h), so that
  * the figure is pstrain's on this CPU; --csv adds them as the last field.
  *
  * --model cnn is the Fashion-MNIST CNN of issue 5 (conv 5x5 32 same, relu,
  * maxpool 2, conv 5x5 64 same, relu, maxpool 2, dense 1024, relu, dropout
  * 0.5, dense 10), as bench/torch_mlp.py --model cnn builds it.
  */
-#include "../core/backend.h"
-#include "../core/blas.h"
-#include "../core/config.h"
-#include "../core/data.h"
-#include "../core/gradflow.h"
-#include "../core/model.h"
-#include "../core/optim.h"
+#include "../core/nn/backend.h"
+#include "../core/nn/blas.h"
+#include "../core/config/config.h"
+#include "../core/data/data.h"
+#include "../core/nn/gradflow.h"
+#include "../core/nn/model.h"
+#include "../core/nn/optim.h"
 #include "../core/progress.h"
-#include "../core/replica.h"
-#include "../core/rng.h"
+#include "../core/nn/replica.h"
+#include "../core/nn/rng.h"
 
 #include "models.h"
 

@@ -18,7 +18,7 @@ trainers can share it:
   loss      softmax cross-entropy, mean over the batch; DDP averages the
             ranks' gradients, as a sync ps averages the workers'
   optimizer SGD, momentum 0.9, lr 0.05 with cosine decay over the run's
-            steps (lr * (1 + cos(pi * s / total)) / 2, core/optim.c)
+            steps (lr * (1 + cos(pi * s / total)) / 2, core/nn/optim.c)
 
 --mode speed: --warmup steps, a barrier, then --steps timed DDP steps
 (rank 0's wall clock and both ranks' process CPU time) in chunks of

@@ -79,7 +79,7 @@ pack() {
 	case $fmt in xz | gzip) ;; *) echo "gpu-session: GPU_PACK_FORMAT is xz or gzip, not $fmt" >&2; exit 2 ;; esac
 	bins=""
 	for b in ${GPU_PACK_BINS:-$BINS}; do
-		# gpu_mlp needs core/devices.h's resident-data API; without it the
+		# gpu_mlp needs core/nn/devices.h's resident-data API; without it the
 		# rest is still worth packing, and the bench steps say why they fail.
 		if [ "$b" = build/bench/gpu_mlp ] && ! make -s "$b"; then
 			echo "gpu-session: WARNING: $b did not build; packing without it (the bench steps will fail)" >&2

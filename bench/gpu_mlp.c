@@ -37,12 +37,12 @@
  * wall-clock timing, so that it can be checked on a machine without a GPU;
  * its figures compare with nothing.
  */
-#include "../core/config.h"
-#include "../core/data.h"
-#include "../core/devices.h"
-#include "../core/model.h"
-#include "../core/optim.h"
-#include "../core/rng.h"
+#include "../core/config/config.h"
+#include "../core/data/data.h"
+#include "../core/nn/devices.h"
+#include "../core/nn/model.h"
+#include "../core/nn/optim.h"
+#include "../core/nn/rng.h"
 #include "../gpu/gpu.h"
 
 #include "models.h"

@@ -30,7 +30,7 @@ lets the two trainers share it:
             that is free runs it.
   loss      softmax cross-entropy, mean over the batch
   optimizer SGD, momentum 0.9 (ResourceApplyMomentum on the ps that holds
-            the variable: v = mu v + g; p -= lr v, as core/optim.c), lr 0.05
+            the variable: v = mu v + g; p -= lr v, as core/nn/optim.c), lr 0.05
             with cosine decay over the run's steps
             (lr * (1 + cos(pi * s / total)) / 2), the lr of step s passed
             with its function

@@ -1,7 +1,7 @@
 /* [cluster] overlap = auto (see autoflow.h). */
 #include "autoflow.h"
 
-#include "../core/config.h"
+#include "../core/config/config.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -2,7 +2,7 @@
  * parameter vector, `pstrain worker --index N` trains against every shard
  * (DESIGN §5–7, docs/PROTOCOL.md). Both read the same cluster.ini; sockets,
  * handshake, frames and messages come from net/, the shard's update rules
- * from core/psshard.c and the step from core/devices.c. This header is
+ * from cluster/psshard.c and the step from core/nn/devices.c. This header is
  * the roles' whole API: only main.c includes anything from cluster/.
  * `pstrain status` (observe.c) is here too: it speaks to the ps as an
  * observer.
@@ -26,7 +26,7 @@
 #include <signal.h>
 #include <stdio.h>
 
-#include "../core/config.h"
+#include "../core/config/config.h"
 #include "../core/train.h"
 
 /* Checkpoints (docs/CHECKPOINTS.md): unless fresh, the ps starts from its

@@ -2,7 +2,7 @@
 #include "link.h"
 
 #include "../base/err.h"
-#include "../core/psshard.h"
+#include "psshard.h"
 #include "../net/sock.h"
 
 #include <errno.h>

@@ -22,7 +22,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "../core/gradflow.h"
+#include "../core/nn/gradflow.h"
 #include "../core/progress.h"
 #include "../core/shard.h"
 #include "../net/conn.h"

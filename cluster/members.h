@@ -14,8 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../core/config.h"
-#include "../core/psshard.h"
+#include "../core/config/config.h"
+#include "psshard.h"
 
 #define MEMBERS_MAX CONFIG_MAX_HOSTS
 #define MEMBERS_WHY_MAX 512

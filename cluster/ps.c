@@ -9,7 +9,7 @@
  * messages, one handler per message type from a table (PULL's in
  * ps_pull.c, PUSH's in ps_push.c; what they share in ps_conn.h). What
  * the admission does with a whole greeting is ps_admit.c's. The
- * shard's update rules are core/psshard.c, its checkpoints ps_store.c, and who the
+ * shard's update rules are cluster/psshard.c, its checkpoints ps_store.c, and who the
  * workers are (live, done, leaving, lost, newest greeting) members.c; all
  * of them under the one mutex ps->mu. Observers (`pstrain status`) are
  * admitted beside the workers into a few slots of their own, may only ask
@@ -19,7 +19,7 @@
 #include "cluster.h"
 #include "ps_conn.h"
 
-#include "../core/psshard.h"
+#include "psshard.h"
 #include "../core/shard.h"
 #include "../net/conn.h"
 #include "../net/cryptopool.h"

@@ -15,7 +15,7 @@
 #include "role.h"
 
 #include "../base/hooks.h"
-#include "../core/psshard.h"
+#include "psshard.h"
 #include "../core/shard.h"
 #include "../net/conn.h"
 #include "../net/cryptopool.h"

@@ -14,7 +14,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "../core/config.h"
+#include "../core/config/config.h"
 #include "../net/handshake.h"
 
 struct ps_harness;

@@ -23,7 +23,7 @@
 #include <pthread.h>
 #include <stdio.h>
 
-#include "../core/config.h"
+#include "../core/config/config.h"
 #include "../net/handshake.h"
 #include "../net/msg.h"
 

@@ -12,10 +12,10 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "../core/checkpoint.h"
-#include "../core/config.h"
-#include "../core/model.h"
-#include "../core/psshard.h"
+#include "../core/ckpt/checkpoint.h"
+#include "../core/config/config.h"
+#include "../core/nn/model.h"
+#include "psshard.h"
 
 #define PS_STORE_QUEUE_MAX 8 /* copies of its shard a ps holds for its writer at most */
 

@@ -11,7 +11,7 @@
 #include <stdio.h>
 #include <time.h>
 
-#include "../core/config.h"
+#include "../core/config/config.h"
 #include "../core/job.h"
 #include "../net/key.h"
 
@@ -87,7 +87,7 @@ int role_write_timeout_ms(const struct config *c);
 unsigned role_grad_dtype(const struct config *c);
 unsigned role_param_dtype(const struct config *c);
 
-/* Whether the shards aggregate piece by piece (core/psshard.h: sync with
+/* Whether the shards aggregate piece by piece (cluster/psshard.h: sync with
  * replicas_to_aggregate = workers), so that a worker may ask for the
  * next version before it pushes and take the ps's answer as it streams. */
 int role_pieces(const struct config *c);

@@ -2,11 +2,11 @@
 #include "infer.h"
 
 #include "../base/err.h"
-#include "backend.h"
-#include "checkpoint.h"
-#include "data.h"
-#include "model.h"
-#include "replica.h"
+#include "nn/backend.h"
+#include "ckpt/checkpoint.h"
+#include "data/data.h"
+#include "nn/model.h"
+#include "nn/replica.h"
 
 #include <errno.h>
 #include <stdlib.h>

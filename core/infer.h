@@ -8,7 +8,7 @@
 
 #include <stdio.h>
 
-#include "config.h"
+#include "config/config.h"
 
 struct infer_result {
 	char stepdir[DATA_PATH_MAX + 96];   /* the checkpoint used */

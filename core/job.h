@@ -14,9 +14,9 @@
 
 #include <stddef.h>
 
-#include "config.h"
-#include "data.h"
-#include "model.h"
+#include "config/config.h"
+#include "data/data.h"
+#include "nn/model.h"
 
 struct job {
 	struct model m;

@@ -19,8 +19,8 @@
 #include <stddef.h>
 #include <stdio.h>
 
-#include "config.h"
-#include "model.h"
+#include "config/config.h"
+#include "nn/model.h"
 
 struct shard {
 	size_t begin, end;   /* global parameter range [begin, end) in P */

@@ -1,18 +1,18 @@
 /* The local training loop: load data, build the model, initialize the flat
  * parameter vector, then for each step gather a shuffled batch, run forward
- * and backward on the devices (core/devices.c), and apply the optimizer. */
+ * and backward on the devices (core/nn/devices.c), and apply the optimizer. */
 #include "train.h"
 #include "tblog.h"
 
-#include "backend.h"
-#include "checkpoint.h"
-#include "data.h"
-#include "devices.h"
+#include "nn/backend.h"
+#include "ckpt/checkpoint.h"
+#include "data/data.h"
+#include "nn/devices.h"
 #include "job.h"
-#include "model.h"
-#include "optim.h"
+#include "nn/model.h"
+#include "nn/optim.h"
 #include "progress.h"
-#include "replica.h"
+#include "nn/replica.h"
 
 #include <errno.h>
 #include <stdlib.h>

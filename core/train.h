@@ -6,7 +6,7 @@
 #include <signal.h>
 #include <stdio.h>
 
-#include "config.h"
+#include "config/config.h"
 
 struct train_result {
 	long steps;             /* steps completed */

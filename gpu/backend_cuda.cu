@@ -10,8 +10,8 @@
  * backend's error text (gpu_backend_error), which the caller prefixes with
  * the layer. */
 extern "C" {
-#include "../core/backend.h"
-#include "../core/layers.h"
+#include "../core/nn/backend.h"
+#include "../core/nn/layers.h"
 #include "gpu.h"
 }
 
@@ -360,7 +360,7 @@ static size_t g_conv_keep_floats(void *ctx, const struct window *w, int OC, int 
 	return n;
 }
 
-/* Per chunk of nb samples (core/conv.c has the layout):
+/* Per chunk of nb samples (core/nn/conv.c has the layout):
  *   col (ckk, ld) = im2col; tmp (OC, ld) = weight (OC, ckk) col, i.e. in
  *   cuBLAS's column-major terms tmp^T (ld, OC) = col^T (ld, ckk) weight^T. */
 /* keep (conv_keep_floats): the whole batch is one chunk, its columns go

@@ -41,7 +41,7 @@ int gpu_cublas_kept(char *soname, size_t len, char *err, size_t errlen);
 struct backend;
 
 /* An optimizer step's rule and values as the GPU's kernel takes them
- * (core/devices.c fills it from struct optim). */
+ * (core/nn/devices.c fills it from struct optim). */
 struct gk_optim {
 	int kind;
 	float lr, wd, mu;

@@ -1,4 +1,4 @@
-/* CUDA twins of the CPU kernels in core/layers.c and core/optim.c.
+/* CUDA twins of the CPU kernels in core/nn/layers.c and core/nn/optim.c.
  *
  * Elementwise kernels use a grid-stride loop over size_t indices so any N
  * works with a bounded grid; the formulas are the CPU ones, written the same
@@ -374,7 +374,7 @@ extern "C" int gk_step_set(void *stream, struct gk_step *dev, const struct gk_st
 
 /* ---- optimizer and reductions ------------------------------------------- */
 
-/* enum optim_kind's values (core/optim.h), repeated because this file is
+/* enum optim_kind's values (core/nn/optim.h), repeated because this file is
  * C++ and optim.h's enum lives in C; gpu tests check they agree. */
 #define K_SGD 0
 #define K_MOMENTUM 1

@@ -3,7 +3,7 @@
  * Each launcher queues its kernel on `stream` (a cudaStream_t passed as void
  * * so this header stays C) and returns 0 or the cudaError_t of the launch;
  * gk_error_name() turns that into text. Arguments and results follow the
- * CPU twins in core/layers.h and core/optim.c exactly (same order, the same
+ * CPU twins in core/nn/layers.h and core/nn/optim.c exactly (same order, the same
  * SET-dinp / ACCUMULATE-dweight contract), so tests can hold each kernel
  * against its twin. Nothing here allocates. */
 #ifndef PSTRAIN_GPU_KERNELS_H
@@ -67,7 +67,7 @@ int gk_step_set(void *stream, struct gk_step *dev, const struct gk_step *host);
 int gk_gather(void *stream, float *x, int32_t *y, const float *data_x, const int32_t *data_y,
 	      const uint32_t *order, size_t at, const struct gk_step *step, int B, size_t D);
 
-/* The update rules of core/optim.c over n elements; kind is enum optim_kind.
+/* The update rules of core/nn/optim.c over n elements; kind is enum optim_kind.
  * Adam's bias corrections are folded into step_size and inv_sqrt_bc2 by
  * the caller, as optim.c does. zero: clear grads in the same pass. */
 /* struct gk_optim: gpu/gpu.h. */
@@ -78,8 +78,8 @@ int gk_optim_step(void *stream, const struct gk_optim *o, const struct gk_step *
 		  float *params, float *grads, float *m, float *v, size_t n, int zero);
 
 /* ---- convolutional networks (gpu/kernels_cnn.cu) --------------------------
- * The twins of core/conv.c, core/pool.c, core/batchnorm.c and dropout in
- * core/layers.c; struct window is core/layers.h's. Convolution is im2col
+ * The twins of core/nn/conv.c, core/nn/pool.c, core/nn/batchnorm.c and dropout in
+ * core/nn/layers.c; struct window is core/nn/layers.h's. Convolution is im2col
  * over a chunk of nb samples into col (C*K*K, nb*OH*OW) plus cuBLAS (in
  * backend_cuda.cu); these are its data-movement kernels. */
 struct window;
@@ -109,7 +109,7 @@ int gk_pool_forward(void *stream, int max, float *out, const float *inp, int B,
 int gk_pool_backward(void *stream, int max, float *dinp, const float *dout, const float *inp,
 		     int B, const struct window *w);
 
-/* Inverted dropout with core/rng.c's hash: the same masks as the CPU,
+/* Inverted dropout with core/nn/rng.c's hash: the same masks as the CPU,
  * dropout_forward's with dropout_layer_key(key, layer), the layer's key
  * derived on the device; with step non-NULL the step's key is step->key
  * (a captured step reads it there) instead of key. */

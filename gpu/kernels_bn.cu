@@ -1,4 +1,4 @@
-/* CUDA twins of batch normalization (core/batchnorm.c): the same
+/* CUDA twins of batch normalization (core/nn/batchnorm.c): the same
  * semantics (sums in double, the biased variance, PyTorch's running
  * statistics' momentum); only summation order differs.
  *
@@ -7,7 +7,7 @@
  * one (gpu/chansum.cuh). The elementwise parts (y = a x + d, the input
  * gradient) are kernels of their own over all B*C*HW values. */
 extern "C" {
-#include "../core/layers.h"
+#include "../core/nn/layers.h"
 }
 #include "chansum.cuh"
 #include "kernels.h"

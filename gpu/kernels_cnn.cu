@@ -1,6 +1,6 @@
 /* CUDA twins of the convolutional-network layers of the CPU backend:
- * im2col/col2im and the layout moves around conv's GEMMs (core/conv.c),
- * pooling (core/pool.c) and dropout (core/layers.c); batchnorm is in
+ * im2col/col2im and the layout moves around conv's GEMMs (core/nn/conv.c),
+ * pooling (core/nn/pool.c) and dropout (core/nn/layers.c); batchnorm is in
  * gpu/kernels_bn.cu. Semantics follow the CPU code exactly (first maximum
  * in max pooling, the same dropout hash); only summation order differs.
  *
@@ -8,7 +8,7 @@
  * (one thread per input element sums what reaches it), so they need no
  * clearing pass and no atomics, and overlapping windows add up. */
 extern "C" {
-#include "../core/layers.h"
+#include "../core/nn/layers.h"
 }
 #include "chansum.cuh"
 #include "kernels.h"
@@ -231,7 +231,7 @@ extern "C" int gk_pool_backward(void *stream, int max, float *dinp, const float 
 
 /* ---- dropout ---------------------------------------------------------------- */
 
-/* core/rng.c's rng_hash, bit for bit: the masks must be the CPU's. */
+/* core/nn/rng.c's rng_hash, bit for bit: the masks must be the CPU's. */
 __device__ static uint64_t mix64(uint64_t z)
 {
 	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
@@ -276,7 +276,7 @@ extern "C" int gk_dropout(void *stream, float *out, const float *inp, float p, u
 			copy_kernel<<<blocks_for(n), THREADS, 0, (cudaStream_t)stream>>>(out, inp, n);
 		return launched();
 	}
-	/* dropout_threshold() of core/layers.c */
+	/* dropout_threshold() of core/nn/layers.c */
 	double t = (double)p * 4294967296.0;
 	uint32_t thr = t >= 4294967295.0 ? 0xffffffffu : (uint32_t)t;
 	dropout_kernel<<<blocks_for(n), THREADS, 0, (cudaStream_t)stream>>>(

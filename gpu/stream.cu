@@ -3,8 +3,8 @@
  * training step as a CUDA graph, the optimizer and sums that devices.c
  * queues, and timing. See gpu.h for each function's contract. */
 extern "C" {
-#include "../core/backend.h"
-#include "../core/optim.h"
+#include "../core/nn/backend.h"
+#include "../core/nn/optim.h"
 #include "gpu.h"
 }
 

@@ -1,7 +1,7 @@
 /* gpu.h for a binary built without CUDA (make CUDA=0 or no nvcc found). */
 #include "gpu.h"
 
-#include "../core/backend.h"
+#include "../core/nn/backend.h"
 
 #include <errno.h>
 #include <stdio.h>

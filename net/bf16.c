@@ -7,7 +7,7 @@
 
 #include <string.h>
 
-/* AVX2 and AVX-512 copies picked at load time, as in core/optim.c: the
+/* AVX2 and AVX-512 copies picked at load time, as in core/nn/optim.c: the
  * binary stays portable to any x86-64 and uses the wide units. */
 #define VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 

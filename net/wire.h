@@ -56,7 +56,7 @@ enum wire_msg {
  * so no frame's plaintext exceeds FRAME_MAX. The bound keeps a receiver's
  * allocation per connection small and fixed: it is checked before
  * anything is allocated. A chunk is also the piece a sync ps aggregates
- * and sends back on its own (core/psshard.h): the parameters start back
+ * and sends back on its own (cluster/psshard.h): the parameters start back
  * down once every worker's first piece is in, so pieces are small (64 KiB
  * is 0.5 ms at 1 Gbit/s; bench/netlab measured 16384 values 9% faster
  * than 65536 at 1 Gbit/s, and the same at 10 Gbit/s) while the per-frame

@@ -5,7 +5,7 @@
 
 #include <criterion/criterion.h>
 
-#include "../core/config.h"
+#include "../core/config/config.h"
 #include "../net/msg.h"
 #include "../net/sock.h"
 

@@ -12,7 +12,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "../core/config.h"
+#include "../core/config/config.h"
 #include "../net/frame.h"
 #include "../net/handshake.h"
 #include "../net/key.h"

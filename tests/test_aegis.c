@@ -18,7 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "json.h"
+#include "../core/json.h"
 #include "../net/aegis.h"
 
 TestSuite(aegis, .fini = leak_check);

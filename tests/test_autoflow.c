@@ -8,7 +8,7 @@
 #include "leak.h"
 
 #include "../cluster/autoflow.h"
-#include "../core/config.h"
+#include "../core/config/config.h"
 
 TestSuite(autoflow, .fini = leak_check);
 

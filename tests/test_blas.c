@@ -1,4 +1,4 @@
-/* The BLAS kernels chosen from the CPU's features (core/blas.c): the
+/* The BLAS kernels chosen from the CPU's features (core/nn/blas.c): the
  * choice as a table over stubbed flags and OpenBLAS core names, the
  * self-check against kernels that compute wrong or fault, and the switch
  * itself, from the generic kernels OpenBLAS 0.3.21 falls back to on a CPU
@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/blas.h"
+#include "../core/nn/blas.h"
 
 extern char *openblas_get_corename(void);
 

@@ -8,10 +8,10 @@
 #include "leak.h"
 #include "util.h"
 
-#include "../core/checkpoint.h"
-#include "../core/config.h"
-#include "../core/model.h"
-#include "../core/safetensors.h"
+#include "../core/ckpt/checkpoint.h"
+#include "../core/config/config.h"
+#include "../core/nn/model.h"
+#include "../core/ckpt/safetensors.h"
 
 #include <errno.h>
 #include <math.h>

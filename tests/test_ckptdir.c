@@ -9,8 +9,8 @@
 #include "leak.h"
 #include "util.h"
 
-#include "../core/config.h"
-#include "../core/data.h"
+#include "../core/config/config.h"
+#include "../core/data/data.h"
 #include "../core/fileio.h"
 
 #include <dirent.h>

@@ -1,4 +1,4 @@
-/* Tests for core/config.h and `pstrain check`.
+/* Tests for core/config/config.h and `pstrain check`.
  *
  * The table of bad configs runs the real binary ($PSTRAIN_BIN, set by `make
  * unit`): each row edits a valid base config written into a fresh temporary
@@ -8,7 +8,7 @@
  * was expected. The positive tests call config_parse_string in-process, and
  * run `check` for what only config_load does: data files, --set, paths
  * relative to the config file. */
-#include "config.h"
+#include "../core/config/config.h"
 
 #include <criterion/criterion.h>
 

@@ -1,4 +1,4 @@
-/* Tests of the spatial kernels (core/conv.c, core/pool.c), batchnorm and
+/* Tests of the spatial kernels (core/nn/conv.c, core/nn/pool.c), batchnorm and
  * dropout: finite-difference gradient checks as in test_layers.c (objective
  * L = sum(out * R), fourth-order central differences in float32 with h a
  * power of two), conv against a naive float64 reference on shapes large
@@ -16,10 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
+#include "../core/nn/backend.h"
 #include "gradcheck.h"
-#include "layers.h"
-#include "rng.h"
+#include "../core/nn/layers.h"
+#include "../core/nn/rng.h"
 
 /* The seed these tests have always drawn from. */
 static void seed(void)

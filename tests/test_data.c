@@ -1,13 +1,13 @@
-/* Tests for core/data.h: IDX and CSV loaders (good files and a table of bad
+/* Tests for core/data/data.h: IDX and CSV loaders (good files and a table of bad
  * ones, raw and gzip), the CSV split and standardization, data_permute and
  * dataset_gather. Every test writes its own small files into a fresh
  * temporary directory, removed afterwards. */
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L   /* mkdtemp, truncate under -std=c11 */
 #endif
-#include "csv.h"
-#include "data.h"
-#include "idx.h"
+#include "../core/data/csv.h"
+#include "../core/data/data.h"
+#include "../core/data/idx.h"
 
 #include <criterion/criterion.h>
 

@@ -1,4 +1,4 @@
-/* The batch split over replicas and the gradient sum (core/devices.c).
+/* The batch split over replicas and the gradient sum (core/nn/devices.c).
  * Several CPU replicas run here in CI and must give the gradient of one
  * replica with the whole batch; the same check over `devices = 0,0` on a
  * GPU says it was skipped where there is none. */
@@ -6,10 +6,10 @@
 
 #include "leak.h"
 
-#include "../core/config.h"
-#include "../core/devices.h"
-#include "../core/model.h"
-#include "../core/rng.h"
+#include "../core/config/config.h"
+#include "../core/nn/devices.h"
+#include "../core/nn/model.h"
+#include "../core/nn/rng.h"
 #include "../gpu/gpu.h"
 
 #include <errno.h>

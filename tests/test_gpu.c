@@ -6,9 +6,9 @@
 
 #include "leak.h"
 
-#include "../core/config.h"
-#include "../core/devices.h"
-#include "../core/model.h"
+#include "../core/config/config.h"
+#include "../core/nn/devices.h"
+#include "../core/nn/model.h"
 #include "../gpu/arch.h"
 #include "../gpu/arena.h"
 #include "../gpu/gpu.h"

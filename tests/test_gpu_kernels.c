@@ -1,5 +1,5 @@
-/* Every CUDA kernel of the GPU backend against its CPU twin (core/layers.c,
- * core/optim.c) on fresh random inputs, through the same struct backend the
+/* Every CUDA kernel of the GPU backend against its CPU twin (core/nn/layers.c,
+ * core/nn/optim.c) on fresh random inputs, through the same struct backend the
  * training loop uses. Shapes include sizes that are not multiples of any
  * block size; outputs that a kernel must SET are poisoned with NaN first so
  * an element it forgets fails the comparison, and outputs it must
@@ -11,10 +11,10 @@
 
 #include "leak.h"
 
-#include "../core/backend.h"
-#include "../core/layers.h"
-#include "../core/optim.h"
-#include "../core/rng.h"
+#include "../core/nn/backend.h"
+#include "../core/nn/layers.h"
+#include "../core/nn/optim.h"
+#include "../core/nn/rng.h"
 #include "../gpu/gpu.h"
 #include "../gpu/kernels.h"
 

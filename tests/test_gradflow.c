@@ -1,4 +1,4 @@
-/* Tests of a gradient made final piece by piece (core/gradflow.c) and of
+/* Tests of a gradient made final piece by piece (core/nn/gradflow.c) and of
  * the backward pass that makes it so (replica_train_flow): merged final
  * ranges, each stream's frontier, which stream is furthest behind,
  * readers that wait and are released by a failure; the split backward's
@@ -16,12 +16,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "backend.h"
-#include "config.h"
-#include "gradflow.h"
-#include "model.h"
-#include "replica.h"
-#include "rng.h"
+#include "../core/nn/backend.h"
+#include "../core/config/config.h"
+#include "../core/nn/gradflow.h"
+#include "../core/nn/model.h"
+#include "../core/nn/replica.h"
+#include "../core/nn/rng.h"
 
 TestSuite(gradflow, .fini = leak_check);
 

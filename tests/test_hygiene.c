@@ -26,7 +26,7 @@
 #include <sodium.h>
 
 #include "../cluster/role.h"
-#include "../core/config.h"
+#include "../core/config/config.h"
 #include "../net/conn.h"
 #include "../net/cryptopool.h"
 #include "../net/key.h"

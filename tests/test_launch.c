@@ -1,4 +1,4 @@
-/* Roles from the environment (core/launch.c, issue 16 item 1): the JSON
+/* Roles from the environment (cluster/launch.c, issue 16 item 1): the JSON
  * reader under TF_CONFIG, Slurm's host lists, each source's rules and
  * conflicts over a struct of variables, and `pstrain run` with the
  * TF_CONFIG a Kubeflow TFJob sets, as three processes on loopback. */
@@ -22,9 +22,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "config.h"
-#include "json.h"
-#include "launch.h"
+#include "../core/config/config.h"
+#include "../core/json.h"
+#include "../cluster/launch.h"
 
 /* key_generate (util.c's write_cluster) needs libsodium initialized. */
 static void setup(void)

@@ -1,4 +1,4 @@
-/* Tests of core/layers.c: finite-difference gradient checks of every layer
+/* Tests of core/nn/layers.c: finite-difference gradient checks of every layer
  * and the loss, the gradient contract (dinp set, dweight/dbias
  * accumulated), dense against a naive loop, and softmax edge cases.
  *
@@ -26,7 +26,7 @@
 #include <unistd.h>
 
 #include "gradcheck.h"
-#include "layers.h"
+#include "../core/nn/layers.h"
 
 /* ---- dense -------------------------------------------------------------- */
 

@@ -13,13 +13,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
-#include "config.h"
-#include "layers.h"
-#include "model.h"
-#include "optim.h"
-#include "replica.h"
-#include "rng.h"
+#include "../core/nn/backend.h"
+#include "../core/config/config.h"
+#include "../core/nn/layers.h"
+#include "../core/nn/model.h"
+#include "../core/nn/optim.h"
+#include "../core/nn/replica.h"
+#include "../core/nn/rng.h"
 
 TestSuite(cnn, .fini = leak_check);
 

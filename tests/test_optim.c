@@ -1,4 +1,4 @@
-/* Tests of core/optim.c: each optimizer against updates worked out by hand
+/* Tests of core/nn/optim.c: each optimizer against updates worked out by hand
  * and against the optim.h formulas evaluated in double over a few steps,
  * shard independence, state handling, and every learning-rate schedule
  * around its boundaries. */
@@ -10,7 +10,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "optim.h"
+#include "../core/nn/optim.h"
 
 /* float results against double expectations: a few float roundings of
  * values near 1. */

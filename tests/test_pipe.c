@@ -29,7 +29,7 @@
 
 #include <sodium.h>
 
-#include "../core/config.h"
+#include "../core/config/config.h"
 #include "../net/handshake.h"
 #include "../net/key.h"
 

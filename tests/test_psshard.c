@@ -1,4 +1,4 @@
-/* Tests of core/psshard.c: shard init equals the slice of a whole-model
+/* Tests of cluster/psshard.c: shard init equals the slice of a whole-model
  * init; sync mode with R = W reproduces `local` with batch W·B over several
  * versions, for 2 and 3 ps shards and every optimizer; the average is
  * summed in worker-index order whatever the arrival order; stale, duplicate
@@ -18,14 +18,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
-#include "config.h"
-#include "model.h"
-#include "optim.h"
-#include "psshard.h"
-#include "replica.h"
-#include "rng.h"
-#include "shard.h"
+#include "../core/nn/backend.h"
+#include "../core/config/config.h"
+#include "../core/nn/model.h"
+#include "../core/nn/optim.h"
+#include "../cluster/psshard.h"
+#include "../core/nn/replica.h"
+#include "../core/nn/rng.h"
+#include "../core/shard.h"
 
 TestSuite(psshard, .fini = leak_check);
 

@@ -15,7 +15,7 @@
 #include "leak.h"
 #include "util.h"
 
-#include "../core/safetensors.h"
+#include "../core/ckpt/safetensors.h"
 #include "../net/key.h"
 
 #include <math.h>

@@ -13,8 +13,8 @@
 #include "target.h"
 #include "util.h"
 
-#include "../core/config.h"
-#include "../core/rng.h"
+#include "../core/config/config.h"
+#include "../core/nn/rng.h"
 #include "../net/frame.h"
 #include "../net/handshake.h"
 #include "../net/key.h"

@@ -13,9 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
-#include "model.h"
-#include "shard.h"
+#include "../core/config/config.h"
+#include "../core/nn/model.h"
+#include "../core/shard.h"
 
 TestSuite(shard, .fini = leak_check);
 

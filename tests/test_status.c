@@ -13,7 +13,7 @@
 #include "leak.h"
 #include "util.h"
 
-#include "../core/config.h"
+#include "../core/config/config.h"
 #include "../core/json.h"
 #include "../net/handshake.h"
 #include "../net/key.h"

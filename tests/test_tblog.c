@@ -20,7 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "tblog.h"
+#include "../core/tblog.h"
 
 static void setup(void)
 {

@@ -5,9 +5,9 @@
 #include "leak.h"
 #include "util.h"
 
-#include "../core/config.h"
-#include "../core/model.h"
-#include "../core/rng.h"
+#include "../core/config/config.h"
+#include "../core/nn/model.h"
+#include "../core/nn/rng.h"
 #include "../core/train.h"
 
 #include <errno.h>

@@ -3,7 +3,7 @@
 
 #include "util.h"
 
-#include "../core/rng.h"
+#include "../core/nn/rng.h"
 #include "../net/key.h"
 
 #include <arpa/inet.h>

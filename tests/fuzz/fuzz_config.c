@@ -12,7 +12,7 @@
  * the input ("ps=<195 characters>") cannot be printed on one. Likewise
  * config_load, whose paths gain the file's directory and whose --set values
  * have no line limit at all. */
-#include "config.h"
+#include "../../core/config/config.h"
 #include "fuzz.h"
 
 #include <ini.h>

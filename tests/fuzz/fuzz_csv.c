@@ -2,7 +2,7 @@
  * (label column -1..2, header auto/yes/no); the rest is the file, raw or
  * gzip. Checks a success for finite features and labels in [0, classes),
  * and a failure for one line of text and a zeroed dataset. */
-#include "csv.h"
+#include "../../core/data/csv.h"
 #include "fuzz.h"
 
 #include <math.h>

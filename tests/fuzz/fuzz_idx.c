@@ -3,7 +3,7 @@
  * the images file. Either may be raw or gzip (the seeds have both). Checks
  * a success against the header's promises and a failure for one line of
  * text and a zeroed dataset. */
-#include "idx.h"
+#include "../../core/data/idx.h"
 #include "fuzz.h"
 
 #include <math.h>

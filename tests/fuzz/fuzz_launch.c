@@ -1,10 +1,10 @@
 /* libFuzzer harness for what a scheduler hands pstrain in the environment
- * (core/launch.c, core/json.c): the input as TF_CONFIG, and its halves as
+ * (cluster/launch.c, core/json.c): the input as TF_CONFIG, and its halves as
  * a Slurm node list and tasks per node. Checks the error contract, that no
  * message holds a byte that is not printable ASCII (the environment's text
  * is shown filtered), and that an accepted task has a role, an index and
  * lists of host:port characters only. */
-#include "../../core/launch.h"
+#include "../../cluster/launch.h"
 #include "fuzz.h"
 
 #include <errno.h>

@@ -1,7 +1,7 @@
 /* libFuzzer harness for layer_spec_parse: the input is the text after
  * "layer =". A success must format back to text that parses to the same
  * spec; a failure is one line of text. */
-#include "model.h"
+#include "../../core/nn/model.h"
 #include "fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -51,7 +51,7 @@
  * worker. */
 #include "../../base/err.h"
 #include "../../cluster/ps_harness.h"
-#include "../../core/config.h"
+#include "../../core/config/config.h"
 #include "../../net/frame.h"
 #include "../../net/key.h"
 #include "../../net/msg.h"

@@ -1,8 +1,8 @@
-/* libFuzzer harness for the safetensors reader (core/safetensors.c), which
+/* libFuzzer harness for the safetensors reader (core/ckpt/safetensors.c), which
  * parses checkpoint files that may be damaged. Checks the error contract
  * (negative errno, one line) and, for an accepted file, that every tensor
  * lies inside the data area and can be copied out. */
-#include "../../core/safetensors.h"
+#include "../../core/ckpt/safetensors.h"
 #include "fuzz.h"
 
 #include <errno.h>

@@ -1,0 +1,201 @@
+/* The devices one process trains on, and the batch split over them.
+ *
+ * Placement: [gpu] devices picks GPUs (an index may repeat: `0,0` runs two
+ * replicas on one GPU, which exercises the multi-GPU path on a one-GPU
+ * machine); with no driver, no GPU or no cuBLAS, soft placement falls back
+ * to one CPU replica and says why, strict placement refuses.
+ *
+ * A step: the batch is split over the G replicas in contiguous parts whose
+ * sizes differ by at most one; each computes its gradient with scale 1/B
+ * (B = the whole batch), and the parts are summed into replica 0's
+ * gradient, so the result is the whole batch's average, as one device
+ * would compute it up to float32 rounding. In `local` mode the optimizer
+ * then runs where replica 0's parameters live and the result is copied to
+ * the others; a worker downloads the summed gradient and pushes it.
+ *
+ * Each replica has its own parameter and gradient vectors in its device's
+ * memory; on the CPU they are plain host memory and nothing is copied.
+ * Every GPU replica has a backend of its own (stream, cuBLAS handle,
+ * arena), also when a GPU is listed twice: `devices = 0,0` then runs the
+ * cross-stream copies and sums that two GPUs run, and each of the two
+ * backends gets half of the GPU's memory_fraction. */
+#ifndef PSTRAIN_DEVICES_H
+#define PSTRAIN_DEVICES_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "backend.h"
+#include "../config/config.h"
+#include "model.h"
+#include "optim.h"
+#include "gradflow.h"
+#include "replica.h"
+
+#define DEVICES_MAX CONFIG_MAX_DEVICES
+
+struct devices {
+	const struct model *m;
+	int n;                              /* replicas */
+	int gpu;                            /* 1: CUDA backends, 0: one CPU replica */
+	int nbe;                            /* backends: one per GPU replica, or the CPU's */
+	struct backend be[DEVICES_MAX];
+	int be_of[DEVICES_MAX];             /* replica -> backend */
+	struct replica rep[DEVICES_MAX];
+	float *params[DEVICES_MAX];         /* (P) per replica, in its device's memory */
+	float *grads[DEVICES_MAX];          /* (P) per replica */
+	float *stage;                       /* (P) on replica 0's device: others' gradients land here */
+	float *opt_m, *opt_v;               /* (P) optimizer state on replica 0's device (GPU) */
+	/* The enum optim_kind the state was sized for (devices_open's oc),
+	 * -1 for none: gradients only. Every call that steps or copies the
+	 * state refuses an optimizer of another kind, on the CPU too, where
+	 * the struct optim holds its own state, so that CI catches what
+	 * would step a GPU's state through buffers never allocated. */
+	int opt_kind;
+	int max_batch;                      /* per replica */
+	/* The training set (devices_set_data) and the epoch's order
+	 * (devices_set_order). Per backend: where its batches come from,
+	 * the set and the order in its memory, or data_x NULL when a GPU
+	 * cannot hold the set and its batches are staged from the host. */
+	const struct dataset *data;
+	const float *data_x[DEVICES_MAX];   /* (n, inputs) */
+	const int32_t *data_y[DEVICES_MAX]; /* (n) */
+	uint32_t *order[DEVICES_MAX];       /* (n) */
+	uint32_t *host_order;               /* (n) the order, for staged batches */
+	size_t norder;
+	long samples;                       /* trained since the last devices_meter */
+	int stage_only;                     /* tests: stage batches even where the set fits */
+	/* devices_train_step's CUDA graph: [gpu] cuda_graphs, whether a
+	 * step has run (the one before the capture), 0 not captured yet, 1
+	 * captured for batches of graph_B, -1 not possible; log gets the
+	 * one line that says why when a capture fails. */
+	int graphs, graph_warm, graph_state, graph_B;
+	FILE *log;
+	/* devices_forward_flow's pass, which devices_step_flow goes on from:
+	 * its batch (fwd_B 0: none) and where the batch is */
+	size_t fwd_at;
+	int fwd_B;
+	const float *fwd_x;
+};
+
+/* Opens the devices the config asks for (see the top of this file), with
+ * replicas for batches up to max_batch samples in all, and optimizer
+ * state for oc's kind (NULL: none; devices_apply then refuses every
+ * optimizer, as it refuses one of another kind). Prints the
+ * placement line, and with [gpu] log_placement where each layer runs, to
+ * out (job: e.g. "/job:localhost/replica:0/task:0" for the device names).
+ * Returns 0, or a negative errno with the reason in err. */
+int devices_open(struct devices *d, const struct config *c, const struct model *m,
+		 const struct optim_config *oc, int max_batch, const char *job, FILE *out,
+		 char *err, size_t errlen);
+
+/* n CPU replicas (threads as for layers_set_threads): the batch split and
+ * the gradient sum without a GPU, for tests; oc as for devices_open. */
+int devices_open_cpu(struct devices *d, const struct model *m, const struct optim_config *oc, int n,
+		     int threads, int max_batch, char *err, size_t errlen);
+
+void devices_close(struct devices *d);   /* accepts a zeroed struct */
+
+/* Copies host parameters (P) to every replica. */
+int devices_set_params(struct devices *d, const float *host, char *err, size_t errlen);
+
+/* Zeroes every replica's gradient. */
+int devices_zero_grads(struct devices *d, char *err, size_t errlen);
+
+/* The training set the steps draw their batches from. Where it fits under
+ * a GPU's cap beside the replicas, it is copied there once and batches are
+ * gathered on the device; otherwise each step gathers its batch on the
+ * host into pinned memory and uploads it on a copy stream while the
+ * previous step computes (two buffers). On the CPU the host's dataset is
+ * read as it is. ds must outlive the steps. *resident (may be NULL) says
+ * whether every GPU holds the set. */
+int devices_set_data(struct devices *d, const struct dataset *ds, int *resident, char *err,
+		     size_t errlen);
+
+/* The order in which the steps visit the training set: n indices into it
+ * (an epoch's permutation). Copied to each device once; the steps then
+ * name their batch by its first position in this order. */
+int devices_set_order(struct devices *d, const uint32_t *order, size_t n, char *err,
+		      size_t errlen);
+
+/* One training forward and backward over the B samples order[at .. at+B)
+ * (devices_set_data, devices_set_order), split over the replicas; the
+ * summed gradient (scale 1/B) is in d->grads[0], ADDED to what is there.
+ * key is the step's dropout key (replica_key); replica 0 uses it as it
+ * is, so one replica drops what a lone replica would, and the others
+ * derive their own from it. The loss and the right answers are summed on
+ * the devices (devices_meter): no step waits for a GPU. */
+int devices_step(struct devices *d, size_t at, int B, uint64_t key, char *err, size_t errlen);
+
+/* Whether devices_step_flow can run here: one replica on the CPU (its
+ * buffers are host memory), with its buffers for it taken now.
+ * -EOPNOTSUPP otherwise, -ENOMEM. */
+int devices_flow_init(struct devices *d);
+/* devices_step (one replica, after devices_flow_init), with the gradient
+ * copied into host (P) range by range as each becomes final, and each
+ * range then marked in flow, so that a worker can push the first pieces
+ * while backward still runs (replica_train_flow). A range holding a NaN or
+ * an infinity is not marked: the step ends with -EDOM and *bad, its index
+ * (P otherwise), and no message. On any failure the flow is failed, so no
+ * reader waits for ever. forwarded: devices_forward_flow has run the
+ * forward pass of this very batch (-EINVAL if it has not), and only the
+ * backward pass is left. */
+int devices_step_flow(struct devices *d, size_t at, int B, uint64_t key, float *host,
+		      struct gradflow *flow, int forwarded, size_t *bad, char *err, size_t errlen);
+/* The forward pass of devices_step_flow alone, for the batch of a step
+ * whose parameters are still arriving: host (P) fills as the links take
+ * them and mark them final in flow, and each layer waits for its own
+ * (replica_forward_flow), copying them to the replica as they come. The
+ * loss goes to the training meter as devices_step's does. Then
+ * devices_step_flow with forwarded 1 and the same batch computes the
+ * backward pass; anything else between the two (devices_step,
+ * devices_set_params, an evaluation) forgets the pass. *waited: seconds
+ * spent waiting for parameters. -ECANCELED when the flow failed (the
+ * exchange that brings the parameters did), with one line in err. */
+int devices_forward_flow(struct devices *d, size_t at, int B, uint64_t key, const float *host,
+			 struct gradflow *flow, double *waited, char *err, size_t errlen);
+
+/* devices_step then devices_apply: one whole step of `local`. Where the
+ * step can be a CUDA graph ([gpu] cuda_graphs on one GPU replica, the
+ * training set on that GPU), the second step is captured and every later
+ * one replays it with this step's order position, learning rate and
+ * dropout key: one launch, the same results. */
+int devices_train_step(struct devices *d, size_t at, int B, uint64_t key, struct optim *o,
+		       float lr, char *err, size_t errlen);
+
+/* The summed loss, the right answers and the samples of every step since
+ * the last call, which are then cleared. Waits for the devices: call it
+ * when the figures are shown, not every step. */
+int devices_meter(struct devices *d, double *loss, long *right, long *samples, char *err,
+		  size_t errlen);
+
+/* devices_meter's figures into the progress line after step (progress_step). */
+struct progress;
+int devices_report(struct devices *d, struct progress *pg, long step, char *err, size_t errlen);
+
+/* Downloads the summed gradient (P) into host. */
+int devices_get_grads(struct devices *d, float *host, char *err, size_t errlen);
+
+/* The optimizer over replica 0's parameters with the summed gradient
+ * (which it zeroes), then the new parameters to the other replicas. o->t
+ * counts steps as on the CPU; on a GPU o->m and o->v are not used (the
+ * state lives on the device: devices_get_optim copies it out). An
+ * optimizer of another kind than the devices were opened for, over
+ * another count than P, or (CPU) without the state its kind needs is
+ * refused with -EINVAL before anything is stepped; so are the calls
+ * below and devices_train_step. */
+int devices_apply(struct devices *d, struct optim *o, float lr, char *err, size_t errlen);
+
+/* The optimizer state between the device and o->m, o->v (for checkpoints);
+ * nothing to do on the CPU, where o's buffers are the state. */
+int devices_get_optim(struct devices *d, struct optim *o, char *err, size_t errlen);
+int devices_set_optim(struct devices *d, const struct optim *o, char *err, size_t errlen);
+
+/* Replica 0's parameters (P) into host. */
+int devices_get_params(struct devices *d, float *host, char *err, size_t errlen);
+
+/* Test loss and accuracy of replica 0's parameters over a dataset. */
+int devices_evaluate(struct devices *d, const struct dataset *ds, double *loss, double *acc,
+		     char *err, size_t errlen);
+
+#endif

@@ -811,6 +811,18 @@ Test(data, gather_copies_rows)
 	}
 }
 
+Test(data, gather_ids_copies_each_samples_fields)
+{
+	uint32_t ids[4 * 2] = { 7, 70, 8, DATA_ID_NONE, 9, 90, 10, 100 };
+	struct dataset ds = { .ids = ids, .n = 4, .f = 2 };
+	uint32_t idx[3] = { 3, 1, 3 }, out[3 * 2];
+
+	dataset_gather_ids(&ds, idx, 3, out);
+	for (int b = 0; b < 3; b++)
+		for (int j = 0; j < 2; j++)
+			cr_expect_eq(out[b * 2 + j], ids[idx[b] * 2 + j], "ids[%d][%d]", b, j);
+}
+
 Test(data, free_accepts_null_and_zeroed)
 {
 	struct dataset ds = { 0 };

@@ -1,6 +1,7 @@
 /* The [section] key table of cluster.ini and what describes each key,
- * shared by config.c (parsing), config_print.c (printing, hashing) and
- * config_keys.c (the table itself). Private to those three files. */
+ * shared by config.c (parsing), config_value.c (one value of each type),
+ * config_print.c (printing, hashing) and config_keys.c (the table itself).
+ * Private to those four files. */
 #ifndef PSTRAIN_CONFIG_KEYS_H
 #define PSTRAIN_CONFIG_KEYS_H
 
@@ -72,5 +73,15 @@ static inline const void *config_field_c(const struct config *c, const struct ke
 {
 	return (const char *)c + k->off;
 }
+
+/* config_value.c: val parsed into k's field of c, or a negative errno
+ * with the reason (without the key's name or line) in err. append: val
+ * came from an indented line that continues a list key; dir: the config
+ * file's directory, for relative paths. */
+int config_key_parse(struct config *c, const struct key_def *k, const char *val, int append,
+		     const char *dir, char *err, size_t errlen);
+
+/* s past its leading blanks. */
+const char *config_skip_blank(const char *s);
 
 #endif

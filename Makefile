@@ -365,7 +365,7 @@ $(BUILD)/fuzz/fuzz_msg: net/msg.c net/bf16.c net/fpack.c base/err.c
 # net/bf16.c's and net/fpack.c's target_clones (ifuncs) do not link under clang's fuzzer
 # build, as for fuzz_ps: the default clone only.
 FUZZ_LIBS_msg := '-Dtarget_clones(...)=__unused__'
-$(BUILD)/fuzz/fuzz_safetensors: core/ckpt/safetensors.c base/err.c
+$(BUILD)/fuzz/fuzz_safetensors: core/ckpt/safetensors.c core/json.c base/err.c
 $(BUILD)/fuzz/fuzz_launch: cluster/launch.c core/json.c base/err.c
 # AEGIS-256 against libaegis: its C source from the source release of aeg,
 # the PyPI binding that tests/aegis_ref.py uses (pinned to the same

@@ -361,9 +361,14 @@ void json_free(struct json *j)
 
 int json_parse(const char *text, size_t len, struct json **out, char *err, size_t errlen)
 {
+	return json_parse_max(text, len, JSON_MAX_BYTES, out, err, errlen);
+}
+
+int json_parse_max(const char *text, size_t len, size_t max, struct json **out, char *err, size_t errlen)
+{
 	*out = NULL;
-	if (len > JSON_MAX_BYTES)
-		return err_set(err, errlen, -EINVAL, "%zu bytes (at most %u)", len, JSON_MAX_BYTES);
+	if (len > max)
+		return err_set(err, errlen, -EINVAL, "%zu bytes (at most %zu)", len, max);
 	struct jp p = { .s = text, .len = len, .err = err, .errlen = errlen };
 	struct json *j = calloc(1, sizeof(*j));
 	if (!j)

@@ -1,8 +1,9 @@
-/* A strict reader of small JSON documents (TF_CONFIG): RFC 8259 values
+/* A strict reader of small JSON documents (TF_CONFIG, safetensors headers): RFC 8259 values
  * into a tree, for lookups by key and index. Strings are unescaped to
  * UTF-8 (\uXXXX included, surrogate pairs joined); numbers are kept as
  * their text and read as doubles on request. Depth and size are capped,
- * since the text comes from the environment. Stricter than RFC 8259
+ * since the text comes from the environment (TF_CONFIG) or a file
+ * (a safetensors header). Stricter than RFC 8259
  * where readers differ, so that pstrain never reads another document than
  * TensorFlow's reader (Python's json) does: an object that names a member
  * twice is refused (Python keeps the last), and so is a string holding
@@ -30,6 +31,9 @@ struct json {
 /* Parses text (len bytes) into *out. 0, or -EINVAL with "at byte N: ..."
  * in err, or -ENOMEM. */
 int json_parse(const char *text, size_t len, struct json **out, char *err, size_t errlen);
+/* The same with another size cap than JSON_MAX_BYTES: a safetensors
+ * header may be up to 16 MiB (ST_HEADER_MAX). */
+int json_parse_max(const char *text, size_t len, size_t max, struct json **out, char *err, size_t errlen);
 void json_free(struct json *j);  /* accepts NULL */
 
 /* The member named key of an object, or NULL (also for a non-object). */

@@ -197,20 +197,42 @@ Test(checkpoint, safetensors_reader_refuses_bad_files)
 		safetensors_free(&st);
 	}
 	/* A wrong dtype and bad offsets. */
-	const char *bad[] = {
-		"{\"w\":{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[0,4]}}",
-		"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]}}",
-		"{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
-		"{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},\"w\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[4,4]}}",
-		"{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4],\"x\":1}}",
+	struct { const char *json, *why; } bad[] = {
+		{ "{\"w\":{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[0,4]}}", NULL },
+		{ "{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]}}", NULL },
+		{ "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", NULL },
+		{ "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},\"w\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[4,4]}}", "twice" },
+		{ "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4],\"x\":1}}", NULL },
+		/* what the JSON reader passes and the format does not */
+		{ "{\"w\\u00e9\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", "not printable ASCII" },
+		{ "{\"w\\n\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", "not printable ASCII" },
+		{ "{\"w\":{\"dtype\":\"F32\",\"shape\":[1e0],\"data_offsets\":[0,4]}}", "non-negative integer" },
+		{ "{\"w\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", "non-negative integer" },
+		{ "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,18446744073709551620]}}", "out of range" },
+		{ "{\"w\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1],\"data_offsets\":[0,4]}}", "array too long" },
+		{ "{\"w\":{\"dtype\":\"F32\",\"shape\":\"1\",\"data_offsets\":[0,4]}}", "expected an array" },
+		{ "{\"__metadata__\":{\"k\":1},\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", "expected a string" },
+		{ "[{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}]", "not a JSON object" },
 	};
-	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-		size_t h = strlen(bad[i]);
+	/* and the same entry well formed is read */
+	{
+		const char *good = "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}";
+		size_t h = strlen(good);
 		unsigned char *b = calloc(1, 8 + h + 8);
 		b[0] = (unsigned char)h;
-		memcpy(b + 8, bad[i], h);
+		memcpy(b + 8, good, h);
 		struct safetensors st;
-		cr_assert_eq(safetensors_parse(&st, b, 8 + h + 4, "bad", err, sizeof(err)), -EINVAL, "accepted %s", bad[i]);
+		cr_assert_eq(safetensors_parse(&st, b, 8 + h + 4, "good", err, sizeof(err)), 0, "%s", err);
+		safetensors_free(&st);
+	}
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		size_t h = strlen(bad[i].json);
+		unsigned char *b = calloc(1, 8 + h + 8);
+		b[0] = (unsigned char)h;
+		memcpy(b + 8, bad[i].json, h);
+		struct safetensors st;
+		cr_assert_eq(safetensors_parse(&st, b, 8 + h + 4, "bad", err, sizeof(err)), -EINVAL, "accepted %s", bad[i].json);
+		cr_assert(!bad[i].why || strstr(err, bad[i].why), "%s: %s", bad[i].json, err);
 		safetensors_free(&st);
 	}
 	free(buf);

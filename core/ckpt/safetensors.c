@@ -1,6 +1,8 @@
 /* safetensors writer and strict reader (float32 only); see safetensors.h. */
 #include "safetensors.h"
 
+#include "../json.h"
+
 #include "../../base/err.h"
 
 #include <errno.h>
@@ -75,198 +77,118 @@ int safetensors_write(FILE *f, const struct st_tensor *t, int nt, const struct s
 	return 0;
 }
 
-/* ---- reader: a JSON subset exactly as wide as the format needs ---- */
+/* ---- reader: the header through core/json.c, then checked field by field ---- */
 
-struct st_json {
-	const char *p, *end;
-	const char *name;    /* file, for messages */
-	char *err;
-	size_t errlen;
-};
-
-static int jfail(struct st_json *j, const char *what)
+static int st_bad(const char *name, const char *what, char *err, size_t errlen)
 {
-	return err_set(j->err, j->errlen, -EINVAL, "%s: bad safetensors header: %s", j->name, what);
+	return err_set(err, errlen, -EINVAL, "%s: bad safetensors header: %s", name, what);
 }
 
-static void jws(struct st_json *j)
+/* A string value into out (max bytes with the NUL). Names and values end
+ * up in error messages: a byte that is not printable ASCII would break the
+ * one-line contract or reach a terminal, so it is refused. */
+static int st_string(const struct json *v, char *out, size_t max, const char *name, char *err, size_t errlen)
 {
-	while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r'))
-		j->p++;
-}
-
-static int jchar(struct st_json *j, char c)
-{
-	jws(j);
-	if (j->p >= j->end || *j->p != c)
-		return 0;
-	j->p++;
-	return 1;
-}
-
-/* A JSON string into out (at most max bytes with the NUL). Anything but
- * printable ASCII is refused: pstrain's names and values are. */
-static int jstring(struct st_json *j, char *out, size_t max)
-{
-	size_t n = 0;
-	if (!jchar(j, '"'))
-		return jfail(j, "expected a string");
-	while (j->p < j->end && *j->p != '"') {
-		unsigned char c = (unsigned char)*j->p++;
-		if (c < 0x20)
-			return jfail(j, "control character in a string");
-		if (c == '\\') {
-			if (j->p >= j->end)
-				return jfail(j, "unterminated string");
-			c = (unsigned char)*j->p++;
-			switch (c) {
-			case '"': case '\\': case '/': break;
-			case 'b': c = '\b'; break;
-			case 'f': c = '\f'; break;
-			case 'n': c = '\n'; break;
-			case 'r': c = '\r'; break;
-			case 't': c = '\t'; break;
-			case 'u': {
-				unsigned v = 0;
-				for (int i = 0; i < 4; i++) {
-					if (j->p >= j->end)
-						return jfail(j, "unterminated \\u escape");
-					char h = *j->p++;
-					v = v * 16 + (unsigned)(h >= '0' && h <= '9' ? h - '0' :
-							       h >= 'a' && h <= 'f' ? h - 'a' + 10 :
-							       h >= 'A' && h <= 'F' ? h - 'A' + 10 : 99);
-					if (v > 0xffff)
-						return jfail(j, "bad \\u escape");
-				}
-				if (v == 0 || v > 0x7f)
-					return jfail(j, "\\u escape outside ASCII");
-				c = (unsigned char)v;
-				break;
-			}
-			default:
-				return jfail(j, "bad escape in a string");
-			}
-		}
-		/* Names and values end up in error messages: a byte that is
-		 * not printable ASCII (a raw one, or \n from an escape) would
-		 * break the one-line contract or reach a terminal. */
-		if (c < 0x20 || c > 0x7e)
-			return jfail(j, "a string holds a byte that is not printable ASCII");
-		if (n + 1 >= max)
-			return jfail(j, "string too long");
-		out[n++] = (char)c;
-	}
-	if (j->p >= j->end)
-		return jfail(j, "unterminated string");
-	j->p++;
-	out[n] = '\0';
+	if (v->type != JSON_STRING)
+		return st_bad(name, "expected a string", err, errlen);
+	size_t n = strlen(v->text);
+	for (size_t i = 0; i < n; i++)
+		if ((unsigned char)v->text[i] < 0x20 || (unsigned char)v->text[i] > 0x7e)
+			return st_bad(name, "a string holds a byte that is not printable ASCII", err, errlen);
+	if (n + 1 > max)
+		return st_bad(name, "string too long", err, errlen);
+	memcpy(out, v->text, n + 1);
 	return 0;
 }
 
-static int juint(struct st_json *j, uint64_t *v)
+/* A non-negative integer that fits 64 bits, written as plain digits. */
+static int st_uint(const struct json *v, uint64_t *out, const char *name, char *err, size_t errlen)
 {
-	jws(j);
-	if (j->p >= j->end || *j->p < '0' || *j->p > '9')
-		return jfail(j, "expected a non-negative integer");
+	if (v->type != JSON_NUMBER)
+		return st_bad(name, "expected a non-negative integer", err, errlen);
 	uint64_t x = 0;
-	while (j->p < j->end && *j->p >= '0' && *j->p <= '9') {
-		unsigned d = (unsigned)(*j->p++ - '0');
+	for (const char *c = v->text; *c; c++) {
+		if (*c < '0' || *c > '9')
+			return st_bad(name, "expected a non-negative integer", err, errlen);
+		unsigned d = (unsigned)(*c - '0');
 		if (x > (UINT64_MAX - d) / 10)
-			return jfail(j, "integer out of range");
+			return st_bad(name, "integer out of range", err, errlen);
 		x = x * 10 + d;
 	}
-	*v = x;
+	*out = x;
 	return 0;
 }
 
-/* [u, u, ...] into v[0..max); *n = count. */
-static int juints(struct st_json *j, uint64_t *v, int max, int *n)
+/* [u, u, ...] into out[0..max); *n = count. */
+static int st_uints(const struct json *v, uint64_t *out, int max, int *n, const char *name, char *err,
+		    size_t errlen)
 {
-	*n = 0;
-	if (!jchar(j, '['))
-		return jfail(j, "expected an array");
-	if (jchar(j, ']'))
-		return 0;
-	do {
-		if (*n == max)
-			return jfail(j, "array too long");
-		int e = juint(j, &v[(*n)++]);
+	if (v->type != JSON_ARRAY)
+		return st_bad(name, "expected an array", err, errlen);
+	if (v->n > (size_t)max)
+		return st_bad(name, "array too long", err, errlen);
+	*n = (int)v->n;
+	for (size_t i = 0; i < v->n; i++) {
+		int e = st_uint(&v->kids[i], &out[i], name, err, errlen);
 		if (e)
 			return e;
-	} while (jchar(j, ','));
-	return jchar(j, ']') ? 0 : jfail(j, "expected ',' or ']' in an array");
+	}
+	return 0;
 }
 
-static int jmeta(struct st_json *j, struct safetensors *s)
+static int st_meta_read(const struct json *v, struct safetensors *s, const char *name, char *err, size_t errlen)
 {
-	if (!jchar(j, '{'))
-		return jfail(j, "__metadata__ is not an object");
-	if (jchar(j, '}'))
-		return 0;
-	do {
-		struct st_meta *m = realloc(s->meta, (size_t)(s->nmeta + 1) * sizeof(*m));
-		if (!m)
-			return -ENOMEM;
-		s->meta = m;
-		m = &s->meta[s->nmeta];
-		int e = jstring(j, m->key, sizeof(m->key));
-		if (!e && !jchar(j, ':'))
-			e = jfail(j, "expected ':'");
+	if (v->type != JSON_OBJECT)
+		return st_bad(name, "__metadata__ is not an object", err, errlen);
+	s->meta = calloc(v->n ? v->n : 1, sizeof(*s->meta));
+	if (!s->meta)
+		return -ENOMEM;
+	for (size_t i = 0; i < v->n; i++) {
+		struct st_meta *m = &s->meta[s->nmeta];
+		struct json key = { .type = JSON_STRING, .text = v->kids[i].key };
+		int e = st_string(&key, m->key, sizeof(m->key), name, err, errlen);
 		if (!e)
-			e = jstring(j, m->value, sizeof(m->value));
+			e = st_string(&v->kids[i], m->value, sizeof(m->value), name, err, errlen);
 		if (e)
 			return e;
 		s->nmeta++;
-	} while (jchar(j, ','));
-	return jchar(j, '}') ? 0 : jfail(j, "expected ',' or '}' in __metadata__");
+	}
+	return 0;
 }
 
-static int jtensor(struct st_json *j, struct st_tensor *t)
+static int st_tensor_read(const struct json *v, struct st_tensor *t, const char *name, char *err, size_t errlen)
 {
-	char key[32], dtype[16] = "";
+	char dtype[16];
 	uint64_t offs[2];
-	int have = 0, n;
-	if (!jchar(j, '{'))
-		return jfail(j, "a tensor entry is not an object");
-	do {
-		int e = jstring(j, key, sizeof(key));
-		if (!e && !jchar(j, ':'))
-			e = jfail(j, "expected ':'");
-		if (e)
-			return e;
-		if (!strcmp(key, "dtype")) {
-			e = jstring(j, dtype, sizeof(dtype));
-			have |= 1;
-		} else if (!strcmp(key, "shape")) {
-			e = juints(j, t->shape, ST_MAX_DIMS, &t->ndim);
-			have |= 2;
-		} else if (!strcmp(key, "data_offsets")) {
-			e = juints(j, offs, 2, &n);
-			if (!e && n != 2)
-				e = jfail(j, "data_offsets needs two numbers");
-			have |= 4;
-		} else {
-			e = jfail(j, "unknown key in a tensor entry");
-		}
-		if (e)
-			return e;
-	} while (jchar(j, ','));
-	if (!jchar(j, '}'))
-		return jfail(j, "expected ',' or '}' in a tensor entry");
-	if (have != 7)
-		return jfail(j, "a tensor entry lacks dtype, shape or data_offsets");
+	int n = 0;
+	if (v->type != JSON_OBJECT)
+		return st_bad(name, "a tensor entry is not an object", err, errlen);
+	const struct json *dt = json_get(v, "dtype"), *sh = json_get(v, "shape"), *of = json_get(v, "data_offsets");
+	if (!dt || !sh || !of)
+		return st_bad(name, "a tensor entry lacks dtype, shape or data_offsets", err, errlen);
+	if (v->n != 3)
+		return st_bad(name, "unknown key in a tensor entry", err, errlen);
+	int e = st_string(dt, dtype, sizeof(dtype), name, err, errlen);
+	if (!e)
+		e = st_uints(sh, t->shape, ST_MAX_DIMS, &t->ndim, name, err, errlen);
+	if (!e)
+		e = st_uints(of, offs, 2, &n, name, err, errlen);
+	if (!e && n != 2)
+		e = st_bad(name, "data_offsets needs two numbers", err, errlen);
+	if (e)
+		return e;
 	if (strcmp(dtype, "F32") != 0)
-		return err_set(j->err, j->errlen, -EINVAL, "%s: tensor %s has dtype %s; pstrain reads F32 only",
-			       j->name, t->name, dtype);
+		return err_set(err, errlen, -EINVAL, "%s: tensor %s has dtype %s; pstrain reads F32 only",
+			       name, t->name, dtype);
 	t->n = 1;
 	for (int d = 0; d < t->ndim; d++) {
 		if (t->shape[d] && t->n > UINT64_MAX / 4 / t->shape[d])
-			return jfail(j, "shape too large");
+			return st_bad(name, "shape too large", err, errlen);
 		t->n *= t->shape[d];
 	}
 	if (offs[1] < offs[0] || offs[1] - offs[0] != t->n * sizeof(float))
-		return err_set(j->err, j->errlen, -EINVAL, "%s: tensor %s: data_offsets do not match its shape",
-			       j->name, t->name);
+		return err_set(err, errlen, -EINVAL, "%s: tensor %s: data_offsets do not match its shape",
+			       name, t->name);
 	t->begin = offs[0];
 	return 0;
 }
@@ -305,6 +227,43 @@ static int st_tiling(struct safetensors *s, const char *name, char *err, size_t 
 	return e;
 }
 
+/* The header's JSON: one object of tensor entries and at most one
+ * __metadata__, which json_parse gives with no member named twice. */
+static int st_header_read(struct safetensors *s, const char *text, size_t len, const char *name,
+			  char *err, size_t errlen)
+{
+	struct json *root;
+	char why[256];
+	int e = json_parse_max(text, len, ST_HEADER_MAX, &root, why, sizeof(why));
+	if (e == -ENOMEM)
+		return err_set(err, errlen, e, "%s: out of memory for its header", name);
+	if (e)
+		return st_bad(name, why, err, errlen);
+	if (root->type != JSON_OBJECT) {
+		json_free(root);
+		return st_bad(name, "not a JSON object", err, errlen);
+	}
+	s->t = calloc(root->n ? root->n : 1, sizeof(*s->t));
+	if (!s->t)
+		e = -ENOMEM;
+	for (size_t i = 0; i < root->n && !e; i++) {
+		const struct json *v = &root->kids[i];
+		if (!strcmp(v->key, "__metadata__")) {
+			e = st_meta_read(v, s, name, err, errlen);
+			continue;
+		}
+		struct st_tensor *t = &s->t[s->nt];
+		struct json key = { .type = JSON_STRING, .text = v->key };
+		e = st_string(&key, t->name, sizeof(t->name), name, err, errlen);
+		if (!e)
+			e = st_tensor_read(v, t, name, err, errlen);
+		if (!e)
+			s->nt++;
+	}
+	json_free(root);
+	return e;
+}
+
 int safetensors_parse(struct safetensors *s, unsigned char *buf, size_t len, const char *name,
 		      char *err, size_t errlen)
 {
@@ -323,45 +282,9 @@ int safetensors_parse(struct safetensors *s, unsigned char *buf, size_t len, con
 		return err_set(err, errlen, -EINVAL, "%s: truncated: header of %llu bytes but only %zu follow",
 			       name, (unsigned long long)hlen, len - 8);
 	s->data0 = 8 + (size_t)hlen;
-	struct st_json j = { (const char *)buf + 8, (const char *)buf + 8 + hlen, name, err, errlen };
-	int e = 0, have_meta = 0;
-	if (!jchar(&j, '{'))
-		return jfail(&j, "not a JSON object");
-	if (!jchar(&j, '}')) {
-		do {
-			char key[ST_NAME_MAX];
-			e = jstring(&j, key, sizeof(key));
-			if (!e && !jchar(&j, ':'))
-				e = jfail(&j, "expected ':'");
-			if (e)
-				return e;
-			if (!strcmp(key, "__metadata__")) {
-				if (have_meta++)
-					return jfail(&j, "two __metadata__ entries");
-				e = jmeta(&j, s);
-			} else {
-				if (safetensors_find(s, key))
-					return err_set(err, errlen, -EINVAL, "%s: tensor %s appears twice", name, key);
-				struct st_tensor *t = realloc(s->t, (size_t)(s->nt + 1) * sizeof(*t));
-				if (!t)
-					return -ENOMEM;
-				s->t = t;
-				t = &s->t[s->nt];
-				memset(t, 0, sizeof(*t));
-				snprintf(t->name, sizeof(t->name), "%s", key);
-				e = jtensor(&j, t);
-				if (!e)
-					s->nt++;
-			}
-			if (e)
-				return e;
-		} while (jchar(&j, ','));
-		if (!jchar(&j, '}'))
-			return jfail(&j, "expected ',' or '}'");
-	}
-	jws(&j);
-	if (j.p != j.end)
-		return jfail(&j, "bytes after the JSON object");
+	int e = st_header_read(s, (const char *)buf + 8, (size_t)hlen, name, err, errlen);
+	if (e)
+		return e;
 	return st_tiling(s, name, err, errlen);
 }
 

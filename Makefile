@@ -224,6 +224,12 @@ $(BENCH_BIN): $(BUILD)/bench/cpu_mlp.o $(OBJ_CORE)
 	@mkdir -p $(dir $@)
 	$(call say,LINK,$@)$(LINK) $(LDFLAGS) $^ -o $@ $(CUDA_LIBS) $(LDLIBS)
 
+# The MLP step's GEMMs, OpenBLAS (pstrain's kernels) against BLIS from
+# Debian loaded with dlopen: bench/blas_gemm (make deps-bench installs it).
+$(BUILD)/bench/blas_gemm: $(BUILD)/bench/blas_gemm.o $(OBJ_CORE)
+	@mkdir -p $(dir $@)
+	$(call say,LINK,$@)$(LINK) $(LDFLAGS) $^ -o $@ $(CUDA_LIBS) $(LDLIBS)
+
 # Push/pull GB/s over loopback, sealed frames against plain: bench/pushpull.
 $(BUILD)/bench/pushpull: $(BUILD)/bench/pushpull.o $(OBJ_CORE)
 	@mkdir -p $(dir $@)
@@ -321,7 +327,7 @@ deps-test:
 # (build/tfvenv, kept between runs; 2.19.1 supports Python 3.11, Debian 12's).
 TF_VENV := build/tfvenv
 TF_PACKAGE := tensorflow-cpu==2.19.1
-BENCH_DEB_PACKAGES := python3-torch python3-venv iperf3 iptables libnetfilter-queue-dev
+BENCH_DEB_PACKAGES := python3-torch python3-venv iperf3 iptables libnetfilter-queue-dev libblis4-pthread
 # A current PyTorch from PyPI (build/torchvenv, kept between runs) for
 # bench/cpu_mlp's peer row: its MKL and oneDNN defaults are the peer's best
 # on the CPU; Debian's 1.13 runs its GEMMs in OpenBLAS. PyPI's wheel brings

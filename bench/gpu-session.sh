@@ -19,7 +19,7 @@
 # (counted from before unpacking), cut to that when it still leaves the
 # step its FLOOR, and not run at all when it does not. "all" stands for
 # the steps a GPU session owes, in the order of what it most needs:
-# env tests sanitize bench-cnn cluster-bench bench ncu cnn (mlp, cluster
+# env cpu-blas tests sanitize bench-cnn cluster-bench bench ncu cnn (mlp, cluster
 # and pushpull have run: docs/BENCHMARKS.md; name them to run them again).
 # A session's first call: run .gpu $OUT --budget 560 all (timeout_s 590);
 # its second, if minutes are left: the steps the first did not run.
@@ -28,6 +28,10 @@
 #   env       (120/60; ~15 s) nvidia-smi, driver, glibc, where libcublas is found, torch's version
 #             and TF32 flags, and a timed one-step `pstrain local` on Fashion-MNIST at
 #             memory_fraction 0.9 and 0.05
+#   cpu-blas  (90/45; ~30 s) the host CPU's training throughput with the BLAS kernels pstrain
+#             chooses against each OPENBLAS_CORETYPE by hand (build/bench/cpu_mlp, MLP, batch 128,
+#             1 thread, 3 interleaved rounds): issue 35's check on a CPU we did not tune on (the
+#             first H200 host's CPU made OpenBLAS fall back to its Prescott kernels)
 #   tests     (300/120; ~1 min) the GPU suites one by one: gpu_kernels, gpu, devices, train, cli, cnn
 #   sanitize  (300/120; unknown: the whole list likely needs more than one call) compute-sanitizer:
 #             memcheck, initcheck, racecheck and synccheck over the devices, gpu_kernels, gpu and
@@ -62,7 +66,7 @@ mode=${1:-}
 MAX_BYTES=$((60 * 1024 * 1024))
 # build/pstrain-test: the binary the suites start (pstrain with the test
 # hooks, base/hooks.h); the release pstrain has none.
-BINS="pstrain build/pstrain-test build/tests/run build/bench/gpu_mlp build/bench/pushpull"
+BINS="pstrain build/pstrain-test build/tests/run build/bench/gpu_mlp build/bench/pushpull build/bench/cpu_mlp"
 
 # pack [DIR]: the binaries (GPU_PACK_BINS, default all five) and the
 # Criterion libraries as one archive, DIR/bin.tar.xz, or DIR/bin.tar.gz
@@ -72,6 +76,39 @@ BINS="pstrain build/pstrain-test build/tests/run build/bench/gpu_mlp build/bench
 # cudart, the kernels, OpenBLAS) about tenfold, gzip only fourfold: the
 # four in gzip do not fit, so a gzip bundle names fewer in GPU_PACK_BINS.
 # Where the GPU machine has no xz, run unpacks with python3's lzma instead.
+# cpu-blas: pstrain's kernel choice against each OPENBLAS_CORETYPE on the
+# host CPU, one thread, rounds interleaved; medians. The names OpenBLAS
+# maps to kernels already timed are left out, as bench/cpu_mlp does.
+cpublas_step() {
+	b=build/bench/cpu_mlp
+	[ -x $b ] || { echo "$b was not packed"; return 1; }
+	unset OPENBLAS_CORETYPE
+	$b --describe
+	grep -m1 -o -w -E 'avx512_bf16|amx_tile|avx512f' /proc/cpuinfo | sort -u | tr '\n' ' '; echo
+	sets="" seen=" $($b --csv --seconds 0 --warmup 1 --batch 8 | cut -d, -f7) "
+	for c in Prescott Haswell SkylakeX Cooperlake SapphireRapids; do
+		k=$(OPENBLAS_CORETYPE=$c $b --csv --seconds 0 --warmup 1 --batch 8 2>/dev/null | cut -d, -f7)
+		case "$seen" in *" $k "*) echo "OPENBLAS_CORETYPE=$c: $k kernels, timed already" ;;
+		*) sets="$sets $c"; seen="$seen$k "; echo "OPENBLAS_CORETYPE=$c: $k kernels" ;; esac
+	done
+	tmp=$(mktemp)
+	for r in 1 2 3; do
+		for c in choice $sets; do
+			if [ $c = choice ]; then line=$($b --warmup 10 --threads 1 --batch 128 --seconds 1 --csv)
+			else line=$(OPENBLAS_CORETYPE=$c $b --warmup 10 --threads 1 --batch 128 --seconds 1 --csv); fi
+			echo "$c $(echo "$line" | cut -d, -f7) $(echo "$line" | cut -d, -f6)" >>"$tmp"
+		done
+	done
+	echo "samples/s, MLP batch 128, 1 thread, median of 3 (rounds):"
+	best=$(sort -k3 -g "$tmp" | awk '{print $3}' | tail -1)
+	for c in choice $sets; do
+		awk -v c=$c '$1 == c { print $3, $2 }' "$tmp" | sort -g | awk -v c=$c '
+			{ v[NR] = $1; k = $2; all = all " " $1 }
+			END { printf "  %-16s %-14s %10.0f  (%s)\n", c == "choice" ? "pstrain choice" : c, k, v[2], substr(all, 2) }'
+	done
+	rm -f "$tmp"
+}
+
 pack() {
 	dir=${1:-.gpu}
 	fmt=${GPU_PACK_FORMAT:-xz}
@@ -412,7 +449,7 @@ run() {
 	steps=""
 	for step in "$@"; do
 		case $step in
-		all) steps="$steps env tests sanitize bench-cnn cluster-bench bench ncu cnn" ;;
+		all) steps="$steps env cpu-blas tests sanitize bench-cnn cluster-bench bench ncu cnn" ;;
 		*) steps="$steps $step" ;;
 		esac
 	done
@@ -442,6 +479,7 @@ run() {
 		ck=$(mktemp -d)
 		case $step in
 		env) fit env 120 60 && run_step env "$lim" sh "$self" _env ;;
+		cpu-blas) fit cpu-blas 90 45 && run_step cpu-blas "$lim" sh "$self" _cpublas ;;
 		tests) fit tests 300 120 && run_step tests "$lim" sh "$self" _tests ;;
 		bench)
 			# gpu_mlp starts no run after its BUDGET; a run takes up to a
@@ -494,6 +532,7 @@ run) [ $# -ge 3 ] || { echo "usage: bench/gpu-session.sh run DIR OUTDIR [--budge
 # The steps that are shell functions, run as programs under run_step's timeout.
 _env) env_step ;;
 _tests) tests_step ;;
+_cpublas) cpublas_step ;;
 _bench) bench_step "$1" ;;
 _sanitize) sanitize_step ;;
 _cluster) cluster_step ;;

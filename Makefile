@@ -69,7 +69,9 @@ NET_SRC := $(wildcard net/*.c)
 BASE_SRC := $(wildcard base/*.c)
 # The ps and worker roles: in the binary and the test binary (their pure
 # parts have unit tests), not in the benchmarks.
-ROLE_SRC := $(wildcard cluster/*.c)
+# cluster/ps_harness.c drives a ps without sockets for fuzz_ps only: it is
+# never linked into pstrain or the test runner.
+ROLE_SRC := $(filter-out cluster/ps_harness.c,$(wildcard cluster/*.c))
 # The plain-C parts of gpu/ (the rules that decide, not the CUDA calls) are
 # in every build, so their tests run without a GPU.
 GPU_PLAIN := gpu/arch.c gpu/arena.c
@@ -395,7 +397,7 @@ $(BUILD)/fuzz/libaegis.a: $(AEG_DIR)/.unpacked
 $(BUILD)/fuzz/fuzz_aegis: net/aegis.c $(BUILD)/fuzz/libaegis.a
 FUZZ_LIBS_aegis := $(BUILD)/fuzz/libaegis.a -lsodium
 # The ps's whole message handling (stateful): every role and core source.
-$(BUILD)/fuzz/fuzz_ps: $(ROLE_SRC) $(CORE_SRC) $(NET_SRC) $(BASE_SRC) gpu/arch.c gpu/arena.c gpu/stub.c
+$(BUILD)/fuzz/fuzz_ps: $(ROLE_SRC) cluster/ps_harness.c $(CORE_SRC) $(NET_SRC) $(BASE_SRC) gpu/arch.c gpu/arena.c gpu/stub.c
 FUZZ_LIBS_ps := '-Dtarget_clones(...)=__unused__' $(ARCH_FLAGS) -DPSTRAIN_VERSION='"$(VERSION)"' -linih -lsodium -lopenblas -lz -lpthread
 
 $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(wildcard core/*.h core/*/*.h net/*.h base/*.h cluster/*.h)

@@ -3,7 +3,8 @@
  *   0 done, 1 runtime failure, 2 usage/config/data error, 3 peer/auth failure,
  *   130 stopped by Ctrl-C (SIGINT) or SIGTERM.
  * This is the only file with mutable global state: the stop flag that the
- * signal handler sets. */
+ * signal handler sets, and the BLAS kernels chosen once at start
+ * (blas_in_use, for the roles' start-up line). */
 #include "core/progress.h"
 #include "cluster/cluster.h"
 #include "base/hooks.h"

@@ -1,6 +1,7 @@
 /* Parameter-server shard state and its sync/async update rules; see
- * psshard.h for the semantics. Locking, framing and chunk assembly are
- * net/'s; this file only decides what a whole-range gradient does. */
+ * psshard.h for the semantics. Locking and chunk assembly are the ps
+ * role's (ps.c, ps_push.c), framing net/'s; this file only decides what a
+ * whole-range gradient does. */
 #include "psshard.h"
 
 #include <errno.h>

@@ -11,8 +11,9 @@
  * model_init_params(m, out, begin, end, seed), which depends only on (seed,
  * global index), so every sharding starts from the weights `local` uses.
  *
- * What a ps does with its range (optimizer state, versions) and how workers
- * reach it live in net/; this module only computes and describes ranges. */
+ * What a ps does with its range (optimizer state, versions: cluster/psshard.h)
+ * and how workers reach it (cluster/, over net/) live elsewhere; this module
+ * only computes and describes ranges. */
 #ifndef PSTRAIN_SHARD_H
 #define PSTRAIN_SHARD_H
 

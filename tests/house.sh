@@ -7,7 +7,7 @@
 #   - nothing in core/ (any of its rooms), net/ or gpu/ includes cluster/;
 #     core/ reaches gpu/ only through gpu/gpu.h;
 #   - the release binary (argument 1) holds no PSTRAIN_ test hook
-#     (base/hooks.h: a test build's only).
+#     (base/hooks.h: a test build's only) and no fuzz harness.
 # A file or function already over a limit when the limit came is listed
 # below with its size then: it may shrink, never grow, and the list only
 # gets shorter.
@@ -51,5 +51,9 @@ bad=$(git grep -n -E '#include "(\.\./)+gpu/' -- core | grep -v -E '(\.\./)+gpu/
 # binary on a GPU (gpu/arena.h, docs/GPU.md), not a test hook.
 hooks=$(strings "$bin" | grep -o 'PSTRAIN_[A-Z_]*' | grep -v -x -E 'PSTRAIN_GPU_EXACT_ALLOC' | sort -u || true)
 [ -n "$hooks" ] && { echo "house: $bin holds test hooks: $hooks" >&2; fail=1; }
+# The fuzzer's harness (cluster/ps_harness.c) drives a ps without sockets;
+# it is linked into fuzz_ps only.
+harness=$(nm "$bin" 2>/dev/null | grep -o 'ps_harness_[a-z_]*' | sort -u || true)
+[ -n "$harness" ] && { echo "house: $bin holds the fuzz harness: $harness" >&2; fail=1; }
 [ $fail = 0 ] && echo "house: file and function lengths, includes and test hooks within the limits ($bin)"
 exit $fail

@@ -12,7 +12,7 @@
 #include "core/nn/blas.h"
 #include "core/ckpt/checkpoint.h"
 #include "core/ckpt/inspect.h"
-#include "cluster/launch.h"
+#include "cluster/launch_config.h"
 #include "core/infer.h"
 #include "core/config/config.h"
 #include "core/fileio.h"
@@ -346,40 +346,29 @@ static void install_stop_handler(void)
 	sigaction(SIGTERM, &sa, NULL);
 }
 
-/* The config and which task this is: --index, or the environment a
- * scheduler set (cluster/launch.h), whose host lists replace [cluster]'s
- * as if given with --set; then 0 <= index < that role's count. want:
- * LAUNCH_PS, LAUNCH_WORKER, or LAUNCH_ANY for run. */
-static int task_of(const struct opts *o, int want, struct config *c, int *role, int *index)
+/* The config, its [cluster] lists from where the roles and status both
+ * take them (cluster/launch_config.h): a scheduler's environment over the
+ * file's. want: LAUNCH_PS, LAUNCH_WORKER, LAUNCH_ANY (run) or
+ * LAUNCH_STATUS. */
+static int config_of(const struct opts *o, int want, struct config *c, struct launch *l)
 {
 	char err[CONFIG_ERR_MAX], host[256];
 	struct launch_env env;
+	launch_env_read(&env, host, sizeof(host));
+	if (launch_config_load(c, l, want, o->index, &env, o->config, o->sets, o->nsets, err, sizeof(err)) == 0)
+		return 0;
+	fprintf(stderr, "pstrain: %s\n", err);
+	return EXIT_USAGE;
+}
+
+/* The config and which task this is (config_of: --index or the
+ * environment); then 0 <= index < that role's count. */
+static int task_of(const struct opts *o, int want, struct config *c, int *role, int *index)
+{
 	struct launch l;
-	int r = load(o, c);
+	int r = config_of(o, want, c, &l);
 	if (r)
 		return r;
-	launch_env_read(&env, host, sizeof(host));
-	if (launch_resolve(&l, want, o->index, &env, c, err, sizeof(err))) {
-		fprintf(stderr, "pstrain: %s\n", err);
-		return EXIT_USAGE;
-	}
-	if (l.ps || l.workers) {
-		struct opts o2 = *o;
-		char *ps = NULL, *workers = NULL;
-		int bad = o2.nsets + 2 > MAX_SETS;
-		if (!bad && l.ps && asprintf(&ps, "cluster.ps=%s", l.ps) >= 0)
-			o2.sets[o2.nsets++] = ps;
-		if (!bad && l.workers && asprintf(&workers, "cluster.workers=%s", l.workers) >= 0)
-			o2.sets[o2.nsets++] = workers;
-		r = bad ? bad_usage("%s", "too many --set options for the lists from the environment") : load(&o2, c);
-		free(ps);
-		free(workers);
-		if (r) {
-			fprintf(stderr, "pstrain: (the [cluster] lists came from %s)\n", l.from);
-			launch_free(&l);
-			return r;
-		}
-	}
 	int count = l.role == LAUNCH_PS ? c->cluster.nps : c->cluster.nworkers;
 	const char *name = launch_role_name(l.role);
 	if (l.index >= count) {
@@ -533,13 +522,19 @@ static int cmd_predict(const struct opts *o)
 	return infer_exit(r, err);
 }
 
+/* The ps to ask are where the roles would find them (config_of), said on
+ * one line: on stderr with --json, whose stdout is JSON only. */
 static int cmd_status(const struct opts *o)
 {
 	struct config c;
-	char err[CONFIG_ERR_MAX];
-	int r = load(o, &c);
+	struct launch l;
+	char err[CONFIG_ERR_MAX], from[600];
+	int r = config_of(o, LAUNCH_STATUS, &c, &l);
 	if (r)
 		return r;
+	launch_config_from(&l, &c, from, sizeof(from));
+	launch_free(&l);
+	fprintf(o->json ? stderr : stdout, "pstrain: ps and workers from %s\n", from);
 	install_stop_handler();
 	r = cluster_status(&c, o->json, o->watch, stdout, stderr, &stop_requested, err, sizeof(err));
 	return role_exit(r, err);

@@ -375,7 +375,10 @@ static int from_pod_name(struct launch *l, int want, const char *name, char *err
 {
 	char sh[SHOWN_MAX];
 	const char *dash = strrchr(name, '-');
-	if (!dash || parse_count(dash + 1, &l->index) || dash[1] == '+' || dash[1] == '-')
+	int bad = !dash || parse_count(dash + 1, &l->index) || dash[1] == '+' || dash[1] == '-';
+	if (bad && want == LAUNCH_STATUS)
+		return 0;   /* as no source: launch.h */
+	if (bad)
 		return err_set(err, errlen, -EINVAL, "pod name \"%s\" is not a StatefulSet's NAME-K",
 			       err_shown(sh, sizeof(sh), name, SIZE_MAX));
 	l->role = want;
@@ -399,7 +402,7 @@ int launch_resolve(struct launch *l, int want, const char *index, const struct l
 		   const struct config *c, char *err, size_t errlen)
 {
 	*l = (struct launch){ .role = -1, .index = -1 };
-	const char *cmd = want == LAUNCH_ANY ? "run" : launch_role_name(want);
+	const char *cmd = want == LAUNCH_ANY ? "run" : want == LAUNCH_STATUS ? "status" : launch_role_name(want);
 	int flag = -1, r;
 	char sh[SHOWN_MAX];
 	if (index && parse_count(index, &flag))
@@ -413,6 +416,8 @@ int launch_resolve(struct launch *l, int want, const char *index, const struct l
 		r = from_slurm(l, env, c, err, errlen);
 	else if (env->k8s && env->hostname)
 		r = from_pod_name(l, want, env->hostname, err, errlen);
+	else if (want == LAUNCH_STATUS)
+		r = 0;   /* the config's lists */
 	else
 		return err_set(err, errlen, -EINVAL, "pstrain %s: which task is this? Give --index N, or start it with TF_CONFIG set, under srun, or as a StatefulSet pod",
 			       cmd);
@@ -425,7 +430,7 @@ int launch_resolve(struct launch *l, int want, const char *index, const struct l
 		l->index = flag;
 		return 0;
 	}
-	if (want != LAUNCH_ANY && l->role != want)
+	if (want >= 0 && l->role != want)
 		r = err_set(err, errlen, -EINVAL, "pstrain %s, but %s makes this task %s %d", cmd, l->from,
 			    launch_role_name(l->role), l->index);
 	else if (flag >= 0 && flag != l->index)

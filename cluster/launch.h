@@ -36,7 +36,11 @@ struct launch_env {
 /* From getenv; the host name into host (hostlen bytes). */
 void launch_env_read(struct launch_env *e, char *host, size_t hostlen);
 
-enum launch_role { LAUNCH_ANY = -1, LAUNCH_PS = 0, LAUNCH_WORKER = 1 };
+/* LAUNCH_STATUS: `pstrain status`, no task of its own: only the lists
+ * are wanted, so no source at all is no error (the config's lists), and a
+ * pod name that is not a StatefulSet's NAME-K (a debug pod's) counts as
+ * none, since it would name no lists anyway. */
+enum launch_role { LAUNCH_STATUS = -2, LAUNCH_ANY = -1, LAUNCH_PS = 0, LAUNCH_WORKER = 1 };
 
 struct launch {
 	int role;             /* LAUNCH_PS or LAUNCH_WORKER */
@@ -45,7 +49,9 @@ struct launch {
 	char *ps, *workers;   /* "host:port, ..." to replace [cluster]'s; NULL: keep */
 };
 
-/* want: the command's role (LAUNCH_ANY for run); index: --index's text or
+/* want: the command's role (LAUNCH_ANY for run, LAUNCH_STATUS for status:
+ * l->role is then the task's where a source says, else LAUNCH_STATUS);
+ * index: --index's text or
  * NULL; c: the config as read, for the ps count and ports. Returns 0, or
  * -EINVAL with one line in err: no source at all, a malformed variable, a
  * role or index that disagrees with the command or flag. The index is not

@@ -25,6 +25,7 @@
 #include "../core/config/config.h"
 #include "../core/json.h"
 #include "../cluster/launch.h"
+#include "../cluster/launch_config.h"
 
 /* key_generate (util.c's write_cluster) needs libsodium initialized. */
 static void setup(void)
@@ -369,6 +370,135 @@ Test(launch, statefulset_pod_names)
 	env = (struct launch_env){ .hostname = "node-3" };
 	cr_assert_eq(launch_resolve(&l, LAUNCH_WORKER, NULL, &env, &c, err, sizeof(err)), -EINVAL);
 	cr_assert_not_null(strstr(err, "which task is this?"), "%s", err);
+}
+
+/* launch_config_load into c (want: LAUNCH_STATUS unless given) with the
+ * one override set (may be NULL); where the lists came from in from. */
+static int load_env(struct config *c, const char *cfg, const struct launch_env *env, int want,
+		    const char *set, char *from, size_t fromlen)
+{
+	struct launch l;
+	const char *sets[] = { set };
+	int r = launch_config_load(c, &l, want, NULL, env, cfg, sets, set ? 1 : 0, err, sizeof(err));
+	if (r == 0) {
+		launch_config_from(&l, c, from, fromlen);
+		launch_free(&l);
+	}
+	return r;
+}
+
+/* Issue 40 part 2: `pstrain status` takes [cluster]'s lists where the
+ * roles do (launch_config_load), in the same order, and says from where:
+ * TF_CONFIG over Slurm over a pod name over the file; a --set of the list
+ * loses to the environment's, as for the roles; a pod name that is no
+ * StatefulSet's NAME-K is no error for status (it names no lists), only
+ * for the roles. */
+Test(launch, status_lists_from_every_source)
+{
+	char dir[300], cfg[400], from[600], want[700], text[400], ps[600], workers[600];
+	struct config *c = malloc(sizeof(*c));
+	cr_assert_not_null(c);
+	test_dir_make(dir, sizeof(dir), "launchcfg");
+	snprintf(cfg, sizeof(cfg), "%s/c.ini", dir);
+	write_cluster(dir, cfg, 10, 0, "", "");
+	cr_assert_eq(config_load(c, cfg, NULL, 0, err, sizeof(err)), 0, "%s", err);
+	unsigned p = c->cluster.ps[0].port, p1 = c->cluster.ps[1].port;
+	snprintf(text, sizeof(text), TF, "chief", 0);
+	struct launch_env env = { .tf_config = text, .slurm_procid = "3", .slurm_ntasks = "5",
+				  .slurm_nodelist = "n[1-2]", .slurm_tasks_per_node = "3,2",
+				  .k8s = "10.0.0.1", .hostname = "train-worker-1" };
+
+	cr_assert_eq(load_env(c, cfg, &env, LAUNCH_STATUS, "cluster.ps=127.0.0.1:9", from, sizeof(from)), 0, "%s", err);
+	cr_assert_str_eq(from, "TF_CONFIG (task chief 0)");
+	cr_assert(c->cluster.nps == 2 && c->cluster.nworkers == 3, "%d ps, %d workers", c->cluster.nps,
+		  c->cluster.nworkers);
+	cr_assert(strcmp(c->cluster.ps[1].name, "p1") == 0 && c->cluster.ps[1].port == 2, "TF_CONFIG's ps 1, not %s:%u",
+		  c->cluster.ps[1].name, c->cluster.ps[1].port);
+	cr_assert_str_eq(c->cluster.workers[0].name, "c", "the chief is worker 0");
+	/* the roles get the same lists, the same way */
+	snprintf(text, sizeof(text), TF, "worker", 1);
+	cr_assert_eq(load_env(c, cfg, &env, LAUNCH_WORKER, NULL, from, sizeof(from)), 0, "%s", err);
+	cr_assert(c->cluster.nps == 2 && strcmp(c->cluster.ps[0].name, "p0") == 0);
+
+	env.tf_config = NULL;
+	cr_assert_eq(load_env(c, cfg, &env, LAUNCH_STATUS, NULL, from, sizeof(from)), 0, "%s", err);
+	cr_assert_str_eq(from, "Slurm (task 3 of 5; the first 2 are ps)");
+	snprintf(ps, sizeof(ps), "n1:%u n1:%u", c->cluster.ps[0].port, c->cluster.ps[1].port);
+	snprintf(workers, sizeof(workers), "%s:%u %s:%u", c->cluster.workers[0].name, c->cluster.workers[0].port,
+		 c->cluster.workers[2].name, c->cluster.workers[2].port);
+	snprintf(want, sizeof(want), "n1:%u n1:%u", p, p + 1);
+	cr_assert(strcmp(c->cluster.ps[0].name, "n1") == 0 && strcmp(ps, want) == 0, "ps %s, not %s", ps, want);
+	snprintf(want, sizeof(want), "n1:%u n2:%u", p + 2, p + 4);
+	cr_assert(c->cluster.nworkers == 3 && strcmp(workers, want) == 0, "workers %s, not %s", workers, want);
+
+	env.slurm_procid = NULL;
+	cr_assert_eq(load_env(c, cfg, &env, LAUNCH_STATUS, NULL, from, sizeof(from)), 0, "%s", err);
+	snprintf(want, sizeof(want), "[cluster] of %s (the StatefulSet pod name train-worker-1: the StatefulSets' pods are named there)",
+		 c->path);
+	cr_assert_str_eq(from, want);
+	cr_assert(c->cluster.nps == 2 && c->cluster.ps[1].port == p1, "the file's lists");
+
+	env.hostname = "debug";   /* a pod of no StatefulSet: no source for status */
+	cr_assert_eq(load_env(c, cfg, &env, LAUNCH_STATUS, NULL, from, sizeof(from)), 0, "%s", err);
+	snprintf(want, sizeof(want), "[cluster] of %s", c->path);
+	cr_assert_str_eq(from, want);
+	cr_assert_eq(load_env(c, cfg, &env, LAUNCH_WORKER, NULL, from, sizeof(from)), -EINVAL, "a role needs NAME-K");
+	cr_assert_not_null(strstr(err, "pod name \"debug\" is not a StatefulSet's NAME-K"), "%s", err);
+
+	env = (struct launch_env){ 0 };
+	cr_assert_eq(load_env(c, cfg, &env, LAUNCH_STATUS, NULL, from, sizeof(from)), 0, "%s", err);
+	cr_assert_str_eq(from, want);
+	cr_assert(c->cluster.nps == 2 && c->cluster.ps[0].port == p && c->cluster.ps[1].port == p1);
+	free(c);
+	test_dir_remove(dir);
+}
+
+/* What is wrong in a source is the same one line for status as for run:
+ * a row per variable, each refused with launch_resolve's message; a
+ * config error over lists from the environment names where they came
+ * from, on the same line. */
+Test(launch, status_refuses_what_the_roles_refuse)
+{
+	char dir[300], cfg[400], from[600], role_err[512];
+	struct config *c = malloc(sizeof(*c));
+	cr_assert_not_null(c);
+	test_dir_make(dir, sizeof(dir), "launchbad");
+	snprintf(cfg, sizeof(cfg), "%s/c.ini", dir);
+	write_cluster(dir, cfg, 10, 0, "", "");
+	const struct launch_env envs[] = {
+		{ .tf_config = "not json" },
+		{ .tf_config = "{\"cluster\": {\"ps\": [\"a:1\"]}, \"task\": {\"type\": \"ps\", \"index\": 0}}" },
+		{ .tf_config = "{\"cluster\": {\"ps\": [\"a:1\"], \"worker\": [\"b:1\"]}, \"task\": {\"type\": \"chief\", \"index\": 1}}" },
+		{ .tf_config = "{\"cluster\": {\"ps\": [\"\\u001b[2J:1\"], \"worker\": [\"b:1\"]}, \"task\": {\"type\": \"ps\", \"index\": 0}}" },
+		{ .slurm_procid = "x", .slurm_ntasks = "4" },
+		{ .slurm_procid = "0", .slurm_ntasks = "2", .slurm_nodelist = "n1", .slurm_tasks_per_node = "2" },
+		{ .slurm_procid = "0", .slurm_ntasks = "4" },
+		{ .slurm_procid = "0", .slurm_ntasks = "4", .slurm_nodelist = "n[1-", .slurm_tasks_per_node = "4" },
+		{ .slurm_procid = "0", .slurm_ntasks = "4", .slurm_nodelist = "n1", .slurm_tasks_per_node = "3" },
+	};
+	for (size_t i = 0; i < sizeof(envs) / sizeof(envs[0]); i++) {
+		role_err[0] = err[0] = 0;
+		cr_expect_eq(load_env(c, cfg, &envs[i], LAUNCH_ANY, NULL, from, sizeof(from)), -EINVAL, "row %zu: run", i);
+		snprintf(role_err, sizeof(role_err), "%s", err);
+		cr_expect_eq(load_env(c, cfg, &envs[i], LAUNCH_STATUS, NULL, from, sizeof(from)), -EINVAL,
+			     "row %zu accepted by status", i);
+		cr_expect(role_err[0] && strcmp(err, role_err) == 0, "row %zu: status says \"%s\", run \"%s\"", i, err,
+			  role_err);
+		cr_expect(!strchr(err, '\n'), "row %zu: %s", i, err);
+	}
+	const struct launch_env port0 = {
+		.tf_config = "{\"cluster\": {\"ps\": [\"a:0\"], \"worker\": [\"b:1\"]}, \"task\": {\"type\": \"worker\", \"index\": 0}}"
+	};
+	const int wants[] = { LAUNCH_STATUS, LAUNCH_ANY, LAUNCH_WORKER };
+	for (int i = 0; i < 3; i++) {
+		int want = wants[i];
+		cr_assert_eq(load_env(c, cfg, &port0, want, NULL, from, sizeof(from)), -EINVAL, "want %d", want);
+		cr_assert(strstr(err, "\"a:0\"") && strstr(err, " (the [cluster] lists came from TF_CONFIG (task worker 0))") &&
+				  !strchr(err, '\n'),
+			  "want %d: %s", want, err);
+	}
+	free(c);
+	test_dir_remove(dir);
 }
 
 /* The TF_CONFIG a TFJob with 1 ps, a chief and 1 worker sets, on three

@@ -6,8 +6,11 @@
  * greetings recorded from `pstrain status` runs on their way to ps 0 and
  * replayed to ps 1, or observers that greet and never send a frame, can
  * no longer keep the operator's status out. What an observer may send is
- * tests/test_robust.c's (robust/observer_may_only_ask_status). Every run
- * is bounded in time: on timeout the processes are killed. */
+ * tests/test_robust.c's (robust/observer_may_only_ask_status). And issue
+ * 40 part 2: status started by a scheduler (TF_CONFIG, Slurm's variables,
+ * a StatefulSet pod's name) asks the ps that source names, as the roles
+ * there do, and says which source it used. Every run is bounded in time:
+ * on timeout the processes are killed. */
 #include <criterion/criterion.h>
 
 #include "leak.h"
@@ -19,9 +22,13 @@
 #include "../net/key.h"
 #include "../net/sock.h"
 
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sodium.h>
+#include <sys/socket.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -118,6 +125,9 @@ Test(status, mid_training_table_and_json)
 	char *text = slurp(st_out);
 	cr_assert_eq(rc, 0, "status exit %d:\n%s", rc, text);
 	cr_assert_not_null(strstr(text, "run: in progress"), "%s", text);
+	char from[400];
+	snprintf(from, sizeof(from), "pstrain: ps and workers from [cluster] of %s\n", cfg);
+	cr_assert_not_null(strstr(text, from), "no scheduler's variables: the file's lists, said so:\n%s", text);
 	for (int k = 0; k < 2; k++) {
 		char row[32];
 		snprintf(row, sizeof(row), "\n%d   127.0.0.1:", k);
@@ -518,4 +528,215 @@ Test(status, unconfirmed_observers_give_way)
 	kill(ps, SIGTERM);
 	int st;
 	wait_children(&ps, 1, &st, RUN_TIMEOUT_S);
+}
+
+/* `pstrain status --config cfg [--json]` with envs ("NAME=value",
+ * NULL-terminated) set; its output in out; its exit status. */
+static int status_env(const char *cfg, const char *const *envs, const char *json, const char *tag, char *out)
+{
+	snprintf(out, 300, "%s/status-%s.log", dir, tag);
+	const char *args[] = { "status", "--config", cfg, json, NULL };
+	pid_t p = spawn_pstrain_env(args, out, envs);
+	int st;
+	wait_children(&p, 1, &st, 30);
+	return st;
+}
+
+/* `pstrain run --config cfg` with envs: a task whose role a scheduler's
+ * variables give; its output in out (tag names it). */
+static pid_t run_task(const char *cfg, const char *const *envs, const char *tag, char *out)
+{
+	snprintf(out, 300, "%s/%s.log", dir, tag);
+	const char *args[] = { "run", "--config", cfg, NULL };
+	return spawn_pstrain_env(args, out, envs);
+}
+
+/* A bad value of a source: exit 2, and the output is the one line
+ * (the roles' own, tests/test_launch.c: launch/status_refuses_...). */
+static void assert_refused(const char *cfg, const char *const *envs, const char *tag, const char *line)
+{
+	char out[300];
+	int rc = status_env(cfg, envs, NULL, tag, out);
+	char *text = slurp(out);
+	cr_assert_eq(rc, 2, "status with %s: exit %d:\n%s", envs[0], rc, text);
+	cr_assert(strstr(text, line) && strchr(text, '\n') == text + strlen(text) - 1, "not the one line \"%s\":\n%s",
+		  line, text);
+}
+
+static void stop_all(pid_t *pids, int n)
+{
+	int st[4];
+	for (int i = 0; i < n; i++)
+		kill(pids[i], SIGTERM);
+	wait_children(pids, n, st, RUN_TIMEOUT_S);
+	for (int i = 0; i < n; i++)
+		cr_assert_eq(st[i], 130, "ps %d exit %d", i, st[i]);
+}
+
+/* In a TFJob's pod: 2 ps started by `pstrain run` with the TF_CONFIG a
+ * TFJob sets, on other ports than the file lists (where nothing
+ * listens). Status with the chief's TF_CONFIG asks TF_CONFIG's ps (exit 0,
+ * a row each, the line naming TF_CONFIG; --json still parses), where it
+ * used to ask the file's and fail (as it still does without TF_CONFIG:
+ * exit 3); a TF_CONFIG that is not JSON is the roles' one line, exit 2. */
+Test(status, lists_from_tf_config)
+{
+	char cfg[300], out[2][300], st_out[300], tf[3][600], want[120];
+	snprintf(cfg, sizeof(cfg), "%s/cluster.ini", dir);
+	write_cluster(dir, cfg, 10, 10, "mode = sync\n", "");
+	int ps[2] = { free_port(), free_port() }, chief = free_port(), w = free_port();
+	const char *type[3] = { "ps", "ps", "chief" };
+	for (int i = 0; i < 3; i++)
+		snprintf(tf[i], sizeof(tf[i]),
+			 "TF_CONFIG={\"cluster\": {\"ps\": [\"127.0.0.1:%d\", \"127.0.0.1:%d\"], \"chief\": [\"127.0.0.1:%d\"], "
+			 "\"worker\": [\"127.0.0.1:%d\"]}, \"task\": {\"type\": \"%s\", \"index\": %d}}",
+			 ps[0], ps[1], chief, w, type[i], i < 2 ? i : 0);
+	pid_t pids[2];
+	for (int k = 0; k < 2; k++) {
+		const char *envs[] = { tf[k], NULL };
+		char tag[16];
+		snprintf(tag, sizeof(tag), "tf-ps%d", k);
+		pids[k] = run_task(cfg, envs, tag, out[k]);
+	}
+	for (int k = 0; k < 2; k++)
+		cr_assert(wait_for_text(out[k], "listening on"), "%s", slurp(out[k]));
+	const char *chief_env[] = { tf[2], NULL };
+	int rc = status_env(cfg, chief_env, NULL, "tf", st_out);
+	char *text = slurp(st_out);
+	cr_assert_eq(rc, 0, "status in the chief's pod: exit %d:\n%s", rc, text);
+	cr_assert_not_null(strstr(text, "pstrain: ps and workers from TF_CONFIG (task chief 0)\n"), "%s", text);
+	for (int k = 0; k < 2; k++) {
+		snprintf(want, sizeof(want), "\n%d   127.0.0.1:%d ", k, ps[k]);
+		cr_assert_not_null(strstr(text, want), "no row for TF_CONFIG's ps %d:\n%s", k, text);
+	}
+	cr_assert_not_null(strstr(text, "0-1 absent"), "the chief and the worker:\n%s", text);
+
+	rc = status_env(cfg, chief_env, "--json", "tf-json", st_out);
+	text = slurp(st_out);
+	cr_assert_eq(rc, 0, "status --json: exit %d:\n%s", rc, text);
+	cr_assert_not_null(strstr(text, "pstrain: ps and workers from TF_CONFIG (task chief 0)\n"), "%s", text);
+	struct json *j = last_json(text);
+	const struct json *shards = json_get(j, "shards");
+	cr_assert(shards && shards->n == 2, "%s", text);
+	snprintf(want, sizeof(want), "127.0.0.1:%d", ps[1]);
+	cr_assert_str_eq(json_get(&shards->kids[1], "address")->text, want, "%s", text);
+	json_free(j);
+
+	rc = status_run(cfg, NULL, NULL, NULL, "tf-file", st_out);
+	cr_assert_eq(rc, 3, "without TF_CONFIG, the file's ps (none runs): exit %d:\n%s", rc, slurp(st_out));
+	const char *bad[] = { "TF_CONFIG=not json", NULL };
+	assert_refused(cfg, bad, "tf-bad", "pstrain: TF_CONFIG is not valid JSON: ");
+	stop_all(pids, 2);
+}
+
+/* A loopback port that nothing listens on now (bind succeeds). */
+static int port_free(int port)
+{
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	int ok = port < 65535 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+	close(fd);
+	return ok;
+}
+
+/* In a Slurm job: ps tasks 0 and 1 of a 4-task srun step on one node
+ * ("127.0.0.1"), so at the file's ps 0 port and the next, where the file
+ * lists ps 1 elsewhere. Status with the batch script's variables (the
+ * job's SLURM_NTASKS and node list; no step of its own) asks those (exit
+ * 0, ps 1 at ps 0's port + 1, the line naming Slurm); without them the
+ * file's ps 1, which nothing serves (exit 3); 2 tasks for 2 ps is the
+ * roles' one line, exit 2. */
+Test(status, lists_from_slurm)
+{
+	char cfg[300], out[2][300], st_out[300], procid[2][32], want[120];
+	snprintf(cfg, sizeof(cfg), "%s/cluster.ini", dir);
+	int p0 = 0;
+	for (int tries = 0; tries < 20 && !p0; tries++) {
+		write_cluster(dir, cfg, 10, 10, "mode = sync\n", "");
+		if (port_free(ps_port(cfg, 0) + 1) && ps_port(cfg, 0) + 1 != ps_port(cfg, 1))
+			p0 = ps_port(cfg, 0);
+	}
+	cr_assert_neq(p0, 0, "no free port after ps 0's in 20 configs");
+	pid_t pids[2];
+	for (int k = 0; k < 2; k++) {
+		snprintf(procid[k], sizeof(procid[k]), "SLURM_PROCID=%d", k);
+		const char *envs[] = { procid[k], "SLURM_STEP_NUM_TASKS=4", "SLURM_STEP_NODELIST=127.0.0.1",
+				       "SLURM_STEP_TASKS_PER_NODE=4", NULL };
+		char tag[16];
+		snprintf(tag, sizeof(tag), "slurm-ps%d", k);
+		pids[k] = run_task(cfg, envs, tag, out[k]);
+	}
+	for (int k = 0; k < 2; k++)
+		cr_assert(wait_for_text(out[k], "listening on"), "%s", slurp(out[k]));
+	const char *batch[] = { "SLURM_PROCID=0", "SLURM_NTASKS=4", "SLURM_JOB_NODELIST=127.0.0.1",
+				"SLURM_TASKS_PER_NODE=4", NULL };
+	int rc = status_env(cfg, batch, NULL, "slurm", st_out);
+	char *text = slurp(st_out);
+	cr_assert_eq(rc, 0, "status in the batch script: exit %d:\n%s", rc, text);
+	cr_assert_not_null(strstr(text, "pstrain: ps and workers from Slurm (task 0 of 4; the first 2 are ps)\n"), "%s",
+			   text);
+	snprintf(want, sizeof(want), "\n1   127.0.0.1:%d ", p0 + 1);
+	cr_assert_not_null(strstr(text, want), "no row for Slurm's ps 1:\n%s", text);
+
+	rc = status_run(cfg, NULL, NULL, NULL, "slurm-file", st_out);
+	text = slurp(st_out);
+	cr_assert_eq(rc, 3, "without Slurm's variables, the file's ps 1: exit %d:\n%s", rc, text);
+	snprintf(want, sizeof(want), "pstrain: ps 1 (127.0.0.1:%d", ps_port(cfg, 1));
+	cr_assert_not_null(strstr(text, want), "%s", text);
+	const char *bad[] = { "SLURM_PROCID=0", "SLURM_NTASKS=2", "SLURM_JOB_NODELIST=127.0.0.1", "SLURM_TASKS_PER_NODE=2",
+			      NULL };
+	assert_refused(cfg, bad, "slurm-bad", "pstrain: Slurm: 2 tasks, but [cluster] ps has 2: ");
+	stop_all(pids, 2);
+}
+
+/* status_env in a pod named pod (spawn_pstrain_pod); skips the test
+ * where this system gives a process no host name of its own. */
+static int status_in_pod(const char *cfg, const char *const *envs, const char *pod, const char *tag, char *out)
+{
+	snprintf(out, 300, "%s/status-%s.log", dir, tag);
+	const char *args[] = { "status", "--config", cfg, NULL };
+	pid_t p = spawn_pstrain_pod(args, out, envs, pod);
+	int st;
+	wait_children(&p, 1, &st, 30);
+	if (st == SPAWN_NO_POD)
+		cr_skip_test("%s", slurp(out));
+	return st;
+}
+
+/* In a StatefulSet's pod: the pod name names no lists ([cluster] lists
+ * the pods' stable names), so status asks the file's ps and says it read
+ * them there, and in which pod; in a pod of no StatefulSet (a debug pod)
+ * it is the file's lists with no pod named, exit 0, where `pstrain
+ * worker` without --index there is the roles' error, exit 2. */
+Test(status, lists_from_a_pod_name)
+{
+	char cfg[300], out[2][300], st_out[300], want[400];
+	snprintf(cfg, sizeof(cfg), "%s/cluster.ini", dir);
+	write_cluster(dir, cfg, 10, 10, "mode = sync\n", "");
+	pid_t pids[2] = { start_role("ps", "0", cfg, out[0], NULL), start_role("ps", "1", cfg, out[1], NULL) };
+	for (int k = 0; k < 2; k++)
+		cr_assert(wait_for_text(out[k], "listening on"), "%s", slurp(out[k]));
+	const char *k8s[] = { "KUBERNETES_SERVICE_HOST=10.0.0.1", NULL };
+	int rc = status_in_pod(cfg, k8s, "pstrain-worker-1", "pod", st_out);
+	char *text = slurp(st_out);
+	cr_assert_eq(rc, 0, "status in a StatefulSet's pod: exit %d:\n%s", rc, text);
+	snprintf(want, sizeof(want), "pstrain: ps and workers from [cluster] of %s (the StatefulSet pod name pstrain-worker-1: ",
+		 cfg);
+	cr_assert_not_null(strstr(text, want), "%s", text);
+	cr_assert_not_null(strstr(text, "\n1   127.0.0.1:"), "%s", text);
+
+	rc = status_in_pod(cfg, k8s, "debug", "pod-debug", st_out);
+	text = slurp(st_out);
+	cr_assert_eq(rc, 0, "status in a debug pod: exit %d:\n%s", rc, text);
+	snprintf(want, sizeof(want), "pstrain: ps and workers from [cluster] of %s\n", cfg);
+	cr_assert_not_null(strstr(text, want), "%s", text);
+	const char *args[] = { "worker", "--config", cfg, NULL };
+	snprintf(st_out, sizeof(st_out), "%s/worker-debug.log", dir);
+	pid_t p = spawn_pstrain_pod(args, st_out, k8s, "debug");
+	wait_children(&p, 1, &rc, 30);
+	text = slurp(st_out);
+	cr_assert(rc == 2 && strstr(text, "pstrain: pod name \"debug\" is not a StatefulSet's NAME-K"),
+		  "a worker in a debug pod: exit %d:\n%s", rc, text);
+	stop_all(pids, 2);
 }

@@ -17,6 +17,7 @@
 #include <time.h>
 #include <netinet/in.h>
 #include <stdio.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -141,6 +142,53 @@ int free_port(void)
 
 pid_t spawn_pstrain(const char *const *args, const char *outpath, const char *env)
 {
+	const char *envs[] = { env, NULL };
+	return spawn_pstrain_env(args, outpath, envs);
+}
+
+pid_t spawn_pstrain_env(const char *const *args, const char *outpath, const char *const *envs)
+{
+	return spawn_pstrain_pod(args, outpath, envs, NULL);
+}
+
+/* "text" into the /proc file at path: 0 or an errno. */
+static int proc_write(const char *path, const char *text)
+{
+	int fd = open(path, O_WRONLY), e = 0;
+	if (fd < 0)
+		return errno;
+	if (write(fd, text, strlen(text)) != (ssize_t)strlen(text))
+		e = errno ? errno : EIO;
+	close(fd);
+	return e;
+}
+
+/* In a fork's child (one thread, as a user namespace needs): a UTS
+ * namespace of its own, host named name; as root, or else in a user
+ * namespace that maps only our own ids. 0 or an errno. */
+static int child_hostname(const char *name)
+{
+	if (unshare(CLONE_NEWUTS) != 0) {
+		char map[64];
+		unsigned uid = (unsigned)getuid(), gid = (unsigned)getgid();
+		int e = 0;
+		if (unshare(CLONE_NEWUSER | CLONE_NEWUTS) != 0)
+			return errno;
+		snprintf(map, sizeof(map), "%u %u 1", uid, uid);
+		e = proc_write("/proc/self/setgroups", "deny");
+		if (!e)
+			e = proc_write("/proc/self/uid_map", map);
+		snprintf(map, sizeof(map), "%u %u 1", gid, gid);
+		if (!e)
+			e = proc_write("/proc/self/gid_map", map);
+		if (e)
+			return e;
+	}
+	return sethostname(name, strlen(name)) ? errno : 0;
+}
+
+pid_t spawn_pstrain_pod(const char *const *args, const char *outpath, const char *const *envs, const char *pod)
+{
 	const char *bin = getenv("PSTRAIN_BIN");
 	cr_assert_not_null(bin, "PSTRAIN_BIN is not set (run through make unit)");
 	pid_t parent = getpid(), pid = fork();
@@ -156,8 +204,23 @@ pid_t spawn_pstrain(const char *const *args, const char *outpath, const char *en
 		int fd = open(outpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
 		dup2(fd, 1);
 		dup2(fd, 2);
-		if (env)
-			putenv((char *)env);
+		/* What a scheduler sets says where the ps are (cluster/launch.h):
+		 * a suite run inside a pod or a Slurm job must not have its
+		 * processes read the runner's. */
+		static const char *const scheduler[] = {
+			"TF_CONFIG", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS", "SLURM_JOB_NODELIST",
+			"SLURM_STEP_NODELIST", "SLURM_TASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE",
+			"KUBERNETES_SERVICE_HOST",
+		};
+		for (size_t i = 0; i < sizeof(scheduler) / sizeof(scheduler[0]); i++)
+			unsetenv(scheduler[i]);
+		for (int i = 0; envs && envs[i]; i++)
+			putenv((char *)envs[i]);
+		int e = pod ? child_hostname(pod) : 0;
+		if (e) {
+			dprintf(1, "spawn_pstrain_pod: no host name of its own: %s\n", strerror(e));
+			_exit(SPAWN_NO_POD);
+		}
 		char *argv[16];
 		int n = 0;
 		argv[n++] = (char *)bin;

@@ -56,8 +56,20 @@ int free_port(void);
 
 /* Starts $PSTRAIN_BIN with args (NULL-terminated, at most 14), stdout and
  * stderr to outpath, with env ("NAME=value" or NULL) added. It is killed
- * when the process that started it ends (a failed assertion). */
+ * when the process that started it ends (a failed assertion). What a
+ * scheduler sets in the test's own environment (TF_CONFIG, SLURM_*,
+ * KUBERNETES_SERVICE_HOST: cluster/launch.c reads them) is removed, so a
+ * suite run in a pod or a Slurm job is not steered by it; env may set it. */
 pid_t spawn_pstrain(const char *const *args, const char *outpath, const char *env);
+/* The same with every "NAME=value" of envs (NULL-terminated) added. */
+pid_t spawn_pstrain_env(const char *const *args, const char *outpath, const char *const *envs);
+/* The same on a host named pod (a pod's name: gethostname's), in a UTS
+ * namespace of its own (as root, or in a user namespace mapping only our
+ * ids); where the system allows neither it exits SPAWN_NO_POD, having
+ * said why in outpath. */
+#define SPAWN_NO_POD 125
+pid_t spawn_pstrain_pod(const char *const *args, const char *outpath, const char *const *envs,
+			const char *pod);
 
 /* Waits for all n processes up to timeout_s; kills every one left then.
  * st[i]: exit status, 128+signal, or -1 if it had to be killed. */

@@ -2,7 +2,8 @@
 # A one-node Slurm from Debian's packages (munge, slurmctld, slurmd), all of
 # it in a temporary directory, runs examples/slurm/pstrain.sbatch with 1 ps
 # + 2 workers as three tasks of one srun, and checks the chief's accuracy
-# line. Needs root (slurmd runs jobs as their users). Bounded in time;
+# line; then such a step again with `pstrain status` asked from the batch
+# script. Needs root (slurmd runs jobs as their users). Bounded in time;
 # every daemon is stopped and the directory removed, also on failure.
 #
 #   tests/slurm/run.sh [PSTRAIN]        (make test-slurm)
@@ -123,19 +124,47 @@ layer = dense 3
 INI
 cd "$T/job" || fail "no job dir"
 # --overcommit: 3 tasks on a node of 2 CPUs (one would do for each).
-job=$(sbatch --parsable --ntasks=3 --overcommit --time=5 --output="$T/log/job.out" --chdir="$T/job" \
-	--export=ALL,PSTRAIN=./pstrain,PSTRAIN_CONFIG=cluster.ini pstrain.sbatch 2>"$T/log/sbatch.err") ||
-	fail "sbatch refused the job: $(cat "$T/log/sbatch.err")"
-for i in $(seq 1 300); do
-	state=$(squeue -h -j "$job" -o %T 2>/dev/null)
-	[ -z "$state" ] && break
-	sleep 0.3
-done
-[ -z "$state" ] || { reason=$(squeue -h -j "$job" -o %R); scancel "$job"; fail "job $job still $state ($reason) after 90 s"; }
+# run_job SCRIPT OUT: sbatch it as 3 tasks, wait up to 90 s for it to end.
+run_job() {
+	local job state reason
+	job=$(sbatch --parsable --ntasks=3 --overcommit --time=5 --output="$2" --chdir="$T/job" \
+		--export=ALL,PSTRAIN=./pstrain,PSTRAIN_CONFIG=cluster.ini "$1" 2>"$T/log/sbatch.err") ||
+		fail "sbatch refused the job: $(cat "$T/log/sbatch.err")"
+	for i in $(seq 1 300); do
+		state=$(squeue -h -j "$job" -o %T 2>/dev/null)
+		[ -z "$state" ] && break
+		sleep 0.3
+	done
+	[ -z "$state" ] || { reason=$(squeue -h -j "$job" -o %R); scancel "$job"; fail "job $job still $state ($reason) after 90 s"; }
+}
+run_job pstrain.sbatch "$T/log/job.out"
 out=$(cat "$T/log/job.out")
 echo "$out" | grep -q "pstrain: ps 0, from Slurm (task 0 of 3; the first 1 are ps)" || fail "no role line for ps 0"
 echo "$out" | grep -q "pstrain: worker 1, from Slurm (task 2 of 3" || fail "no role line for worker 1"
 acc=$(echo "$out" | sed -n 's/^done: .* accuracy \([0-9.]*\)%.*/\1/p' | head -n 1)
 [ -n "$acc" ] || fail "no final line from the chief"
 awk -v a="$acc" 'BEGIN { exit !(a >= 90) }' || fail "accuracy $acc% (expected >= 90%)"
-echo "test-slurm: ok: 1 ps + 2 workers as one srun of 3 tasks under Slurm $(sinfo -V | awk '{print $2}'), test accuracy $acc%"
+
+# `pstrain status` from the batch script while the step trains (issue 40
+# part 2): the script's variables are the job's, which the step's match,
+# so status asks the ps Slurm placed and says so.
+cat >"$T/job/status.sbatch" <<'SB'
+#!/bin/bash
+long="--config cluster.ini --set train.steps=1000000"   # the same for status: the config's hash
+srun --kill-on-bad-exit=1 ./pstrain run $long >run.out 2>&1 &
+rc=1
+for i in $(seq 1 100); do
+	./pstrain status $long >status.out 2>&1 && { rc=0; break; }
+	sleep 0.3
+done
+echo "status exit $rc"
+kill -TERM %1
+wait
+SB
+run_job status.sbatch "$T/log/status-job.out"
+st=$(cat "$T/job/status.out" 2>/dev/null)
+grep -q "status exit 0" "$T/log/status-job.out" || fail "status never answered: $st"
+echo "$st" | grep -q "^pstrain: ps and workers from Slurm (task 0 of 3; the first 1 are ps)$" ||
+	fail "status did not take Slurm's lists: $st"
+echo "$st" | grep -q "^0   localhost:24600 " || fail "no row for ps 0: $st"
+echo "test-slurm: ok: 1 ps + 2 workers as one srun of 3 tasks under Slurm $(sinfo -V | awk '{print $2}'), test accuracy $acc%; status from the batch script took Slurm's lists"

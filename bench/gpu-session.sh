@@ -38,7 +38,8 @@
 #   cluster-bench (180/90; ~1.5 min) bench/gpu_cluster: `local`, 1 ps + 1 worker and 1 ps + 2
 #             workers beside it on this GPU (the ps over its Unix socket), for the CNN at batch 256
 #             and the MLP at 128: steps/s, samples/s against local's, each worker's compute and
-#             communication per step
+#             communication per step and its overlap (steps whose gradient went up as backward made
+#             it, forward passes on parameters as they arrived, their wait for them)
 #   bench     (420/200; ~5 min) bench/gpu_mlp: MLP-256, MLP-4096, wide at 4096 (TF32 off, on)
 #             against PyTorch's CUDA graph (3 rounds) and eager (1 round)
 #   ncu       (240/120; ~2 min) Nsight Compute per-kernel times of MLP-256 and MLP-4096 steps

@@ -18,7 +18,9 @@
 /* A stub pstrain: every call's arguments appended to ../args.log (the
  * tree's parent), and for each command the lines bench/gpu_cluster reads:
  * local at 2560 samples/s, a worker's per-step split (compute 2 + its
- * index ms, communication 3 ms) and the chief at 1280 samples/s. */
+ * index ms, communication 3 ms), its overlap (8 + its index of 10 steps
+ * pushed as backward made them, 7 forward passes on arriving parameters
+ * waiting 0.25 ms) and the chief at 1280 samples/s. */
 #define STUB_PSTRAIN                                                                              \
 	"#!/bin/sh\n"                                                                             \
 	"echo \"$*\" >>\"$(dirname \"$0\")/../args.log\"\n"                                        \
@@ -27,6 +29,7 @@
 	"local) echo \"done: 10 steps, test loss 1.0 accuracy 50.00%, wall 1.0 s, 2560 samples/s\" ;;\n" \
 	"ps) echo \"ps 0: stub\" ;;\n"                                                              \
 	"worker) echo \"worker $3: per step: compute $((2 + $3)).00 ms, communication 3.00 ms (10 steps)\"\n" \
+	"  echo \"worker $3: overlap: gpu:0: $((8 + $3)) steps pushed their gradient as backward made it, 4.0 ranges a step, each layer's copied down while the layers before it computed; 7 forward passes took their parameters as they arrived, 2.0 copies up a pass, waiting 0.25 ms a pass for them\"\n" \
 	"  if [ \"$3\" = 0 ]; then echo \"done: 10 steps, test loss 1.0 accuracy 50.00%, wall 1.0 s, 1280 samples/s\"; fi ;;\n" \
 	"*) echo pstrain stub ;;\n"                                                                 \
 	"esac\n"
@@ -244,10 +247,12 @@ Test(gpu_session, cluster_bench_runs_workers_beside_one_ps_against_local, .timeo
 	 * steps/s, 1280 samples/s with one worker and 2560 with two. */
 	const char *rows[] = {
 		"fashion-cnn    256 local     |      10.0       2560    1.00x | \n",
-		"fashion-cnn    256 1ps+1w    |       5.0       1280    0.50x | w0 2.00 / 3.00 (1.50x)\n",
-		"fashion-cnn    256 1ps+2w    |       5.0       2560    1.00x | w0 2.00 / 3.00 (1.50x); w1 3.00 / 3.00 (1.00x)\n",
+		"fashion-cnn    256 1ps+1w    |       5.0       1280    0.50x | w0 2.00 / 3.00 (1.50x) flow 8/10 pre 7 wait 0.25\n",
+		"fashion-cnn    256 1ps+2w    |       5.0       2560    1.00x | w0 2.00 / 3.00 (1.50x) flow 8/10 pre 7 wait 0.25; "
+		"w1 3.00 / 3.00 (1.00x) flow 9/10 pre 7 wait 0.25\n",
 		"mlp            128 local     |      20.0       2560    1.00x | \n",
-		"mlp            128 1ps+2w    |      10.0       2560    1.00x | w0 2.00 / 3.00 (1.50x); w1 3.00 / 3.00 (1.00x)\n",
+		"mlp            128 1ps+2w    |      10.0       2560    1.00x | w0 2.00 / 3.00 (1.50x) flow 8/10 pre 7 wait 0.25; "
+		"w1 3.00 / 3.00 (1.00x) flow 9/10 pre 7 wait 0.25\n",
 		"target: fashion-cnn 256, 1 ps + 1 worker at >= 0.85 of local samples/s: NOT met\n",
 		"target: mlp 128, 1 ps + 1 worker(s): communication <= compute on every worker: NOT met\n",
 	};

@@ -301,9 +301,6 @@ int devices_forward_flow(struct devices *d, size_t at, int B, uint64_t key, cons
 	int e = flow_fits(d, at, B, err, errlen);
 	if (e)
 		return e;
-	if (d->flow == DEVICES_FLOW_HOST && !devices_flow_forwards(d))
-		return err_set(err, errlen, -EOPNOTSUPP, "%s cannot start a forward pass on part of a weight",
-			       rep->be.where);
 	const int32_t *y;
 	e = devices_batch(d, 0, at, B, &d->fwd_x, &y);
 	if (!e && d->flow == DEVICES_FLOW_QUEUED)

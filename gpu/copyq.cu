@@ -22,10 +22,12 @@ extern "C" {
 
 #include <stdlib.h>
 
-static int slot_check(struct gpu_ctx *g, int slot)
+/* The device set for g, and slot one that copy_reserve took. */
+static int slot_use(struct gpu_ctx *g, int slot)
 {
-	if (slot >= 0 && slot < g->q_slots)
-		return 0;
+	int r = use(g);
+	if (r || (slot >= 0 && slot < g->q_slots))
+		return r;
 	snprintf(g->err, sizeof(g->err), "gpu:%d: copy slot %d of %d reserved", g->device, slot, g->q_slots);
 	return -EINVAL;
 }
@@ -80,9 +82,7 @@ int gq_after(void *ctx)
 int gq_down(void *ctx, int slot, void *host, const void *src, size_t bytes)
 {
 	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
-	int r = use(g);
-	if (!r)
-		r = slot_check(g, slot);
+	int r = slot_use(g, slot);
 	if (r)
 		return r;
 	CK(g, cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, g->copy));
@@ -93,9 +93,7 @@ int gq_down(void *ctx, int slot, void *host, const void *src, size_t bytes)
 int gq_wait(void *ctx, int slot)
 {
 	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
-	int r = use(g);
-	if (!r)
-		r = slot_check(g, slot);
+	int r = slot_use(g, slot);
 	if (r)
 		return r;
 	CK(g, cudaEventSynchronize(g->q_slot[slot]));

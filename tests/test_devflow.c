@@ -312,81 +312,29 @@ static void bits_equal(const float *a, const float *b, size_t n, const char *wha
 			     i, (double)a[i], (double)b[i]);
 }
 
-/* The gradient through the fake queue: devices_step's, bit for bit; one
- * copy down a layer with parameters, the last layer first, each queued
- * after copy_after and covering its layer's range; together [0, P) once;
- * every one landed, marked only after (a range marked before it landed
- * holds NaN, which the step refuses). */
-static void gradient_matches(const struct model *m, int B)
+/* Skips the test, saying what was not checked, where no GPU is usable. */
+static void gpu_or_skip(const char *what)
 {
-	struct devices a, d;
-	struct backend_ops ops;
-	struct rows r;
-	char err[256];
-	size_t P = m->nparams, bad;
-	float *p = malloc(P * sizeof(float)), *g = malloc(P * sizeof(float)), *h;
-	cr_assert(p && g);
-	model_init_params(m, p, 0, P, 21);
-	rows_make(&r, m, B, 22);
-	uint64_t key = rng_hash(23, RNG_DROPOUT, 1);
-	cr_assert_eq(devices_open_cpu(&a, m, NULL, 1, 1, B, err, sizeof(err)), 0, "%s", err);
-	rows_on(&a, &r);
-	double want = whole_step(&a, p, B, key, g);
-	open_fake(&d, m, B, &ops);
-	rows_on(&d, &r);
-	cr_assert_eq(devices_flow_init(&d), 0);
-	cr_assert_eq(d.flow, DEVICES_FLOW_QUEUED);
-	cr_assert_eq(fk.slots, with_params(m), "a slot for each layer with parameters");
-	cr_assert(devices_flow_forwards(&d));
-	cr_assert_eq(devices_host_alloc(&d, &h, P, err, sizeof(err)), 0, "%s", err);
-	cr_assert_eq(fk.host_allocs, 1, "the host buffer is the backend's (pinned on a GPU)");
-	fk.host_base = h;
-	struct gradflow f;
-	flow_of(&f, P, 2);
-	cr_assert_eq(devices_set_params(&d, p, err, sizeof(err)), 0, "%s", err);
-	cr_assert_eq(devices_zero_grads(&d, err, sizeof(err)), 0, "%s", err);
-	fake_reset_step();
-	cr_assert_eq(devices_step_flow(&d, 0, B, key, h, &f, 0, &bad, err, sizeof(err)), 0, "%s", err);
-	cr_assert(gradflow_complete(&f));
-	bits_equal(h, g, P, "the gradient through the queue");
-	cr_assert_eq(meter(&d), want, "the loss");
-	cr_assert_eq(fk.ndown, with_params(m));
-	cr_assert_eq(fk.reused + fk.bad_slot, 0);
-	size_t at = P;
-	for (int k = 0, i = m->nlayers - 1; k < fk.ndown; k++, i--) {
-		while (!m->layers[i].nparams)
-			i--;
-		cr_assert_eq(fk.afters_at[k], k + 1, "copy %d was not queued after the kernels before it", k);
-		cr_assert_eq(fk.lo[k], m->layers[i].woff, "copy %d is not layer %s's", k, m->layers[i].name);
-		cr_assert_eq(fk.hi[k], at, "copy %d does not meet the one before it", k);
-		cr_assert_eq(fk.down[fk.order[k]].pending, 0, "copy %d never landed", k);
-		at = fk.lo[k];
+	int n = 0;
+	char why[256];
+	if (gpu_count(&n, why, sizeof(why)) < 0) {
+		fprintf(stderr, "devflow: SKIPPED %s (needs a GPU: %s)\n", what, why);
+		cr_skip_test("needs a GPU: %s", why);
 	}
-	cr_assert_eq(at, 0, "the copies do not reach the vector's start");
-	cr_assert_eq(d.fs.steps, 1);
-	cr_assert_eq(d.fs.ranges, fk.ndown);
-	char say[400];
-	devices_flow_say(&d, say, sizeof(say));
-	cr_assert_not_null(strstr(say, "1 steps pushed their gradient as backward made it"), "%s", say);
-	gradflow_free(&f);
-	devices_host_free(&d, h);
-	cr_assert_eq(fk.host_frees, 1);
-	devices_close(&d);
-	devices_close(&a);
-	fake_free();
-	rows_free(&r);
-	free(p);
-	free(g);
 }
 
-Test(devflow, queued_gradient_is_devices_steps_bit_for_bit)
+static void open_gpu(struct devices *d, const struct model *m, int B)
 {
-	struct model m;
-	mlp(&m);
-	gradient_matches(&m, 7);
-	memset(&fk, 0, sizeof(fk));
-	cnn(&m);
-	gradient_matches(&m, 5);
+	struct config c;
+	char err[512];
+	cr_assert_eq(config_parse_string(&c, "gpu.ini", "[gpu]\ndevices = 0\nsoft_placement = false\nmemory_fraction = 0.05\n",
+					 err, sizeof(err)), 0, "%s", err);
+	FILE *out = fopen("/dev/null", "w");
+	cr_assert_not_null(out);
+	int e = devices_open(d, &c, m, &c.train.optim, B, "/job:test/task:0", out, err, sizeof(err));
+	fclose(out);
+	cr_assert_eq(e, 0, "%s", err);
+	cr_assert_eq(d->gpu, 1);
 }
 
 /* Parameters arriving on nps streams as a worker's links bring them,
@@ -454,81 +402,183 @@ static void arrive_start(struct arrive *a, pthread_t *th, struct gradflow *f, co
 	cr_assert_eq(pthread_create(th, NULL, arrive_main, a), 0);
 }
 
-/* The forward pass on arriving parameters through the fake queue, then
- * its backward: devices_step's gradient and loss bit for bit, although
- * the replica's parameters were NaN and the host's came piece by piece;
- * every value copied up once, the first layer in several copies. */
-static void forward_matches(const struct model *m, int B, size_t piece, int big)
-{
+/* A test's two devices over the same rows: a, devices_step's (the
+ * reference), and d, the flow's (through the fake queue, or both on a
+ * GPU); parameters p, the reference gradient g, and d's host buffers from
+ * devices_host_alloc, h for the gradient and q for the parameters. */
+struct rig {
+	size_t P;
 	struct devices a, d;
-	struct backend_ops ops;
+	struct backend_ops ops;   /* d's, with the fake queue */
 	struct rows r;
-	char err[256];
-	size_t P = m->nparams, bad;
-	float *p = malloc(P * sizeof(float)), *g = malloc(P * sizeof(float)), *nan = malloc(P * sizeof(float));
-	float *h, *q;
-	cr_assert(p && g && nan);
-	model_init_params(m, p, 0, P, 31);
-	for (size_t i = 0; i < P; i++)
-		nan[i] = NAN;
-	rows_make(&r, m, B, 32);
-	uint64_t key = rng_hash(33, RNG_DROPOUT, 2);
-	cr_assert_eq(devices_open_cpu(&a, m, NULL, 1, 1, B, err, sizeof(err)), 0, "%s", err);
-	rows_on(&a, &r);
-	double want = whole_step(&a, p, B, key, g);
-	open_fake(&d, m, B, &ops);
-	rows_on(&d, &r);
-	cr_assert_eq(devices_flow_init(&d), 0);
-	cr_assert_eq(devices_host_alloc(&d, &h, P, err, sizeof(err)), 0, "%s", err);
-	cr_assert_eq(devices_host_alloc(&d, &q, P, err, sizeof(err)), 0, "%s", err);
-	memcpy(q, nan, P * sizeof(float));
-	fk.host_base = h;
-	cr_assert_eq(devices_set_params(&d, nan, err, sizeof(err)), 0, "%s", err);
-	struct gradflow pf, gf;
-	flow_of(&pf, P, 2);
-	flow_of(&gf, P, 2);
+	float *p, *g, *h, *q;
+};
+
+static void rig_open(struct rig *t, const struct model *m, int B, uint64_t seed, int gpu)
+{
+	char err[512];
+	memset(t, 0, sizeof(*t));
+	t->P = m->nparams;
+	t->p = malloc(t->P * sizeof(float));
+	t->g = malloc(t->P * sizeof(float));
+	cr_assert(t->p && t->g);
+	model_init_params(m, t->p, 0, t->P, seed);
+	rows_make(&t->r, m, B, seed + 1);
+	if (gpu) {
+		open_gpu(&t->a, m, B);
+		open_gpu(&t->d, m, B);
+	} else {
+		cr_assert_eq(devices_open_cpu(&t->a, m, NULL, 1, 1, B, err, sizeof(err)), 0, "%s", err);
+		open_fake(&t->d, m, B, &t->ops);
+	}
+	rows_on(&t->a, &t->r);
+	rows_on(&t->d, &t->r);
+	cr_assert_eq(devices_flow_init(&t->d), 0);
+	cr_assert_eq(t->d.flow, DEVICES_FLOW_QUEUED, "the backend has no copy queue");
+	cr_assert(devices_flow_forwards(&t->d));
+	cr_assert_eq(devices_host_alloc(&t->d, &t->h, t->P, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(devices_host_alloc(&t->d, &t->q, t->P, err, sizeof(err)), 0, "%s", err);
+	fk.host_base = t->h;
+}
+
+static void rig_close(struct rig *t)
+{
+	devices_host_free(&t->d, t->h);
+	devices_host_free(&t->d, t->q);
+	devices_close(&t->d);
+	devices_close(&t->a);
+	fake_free();
+	rows_free(&t->r);
+	free(t->p);
+	free(t->g);
+}
+
+/* The forward pass of the batch at 0 on d with parameters src arriving
+ * into t->q (NaN first) a piece at a time over two streams; fail_after as
+ * arrive's. Returns devices_forward_flow's answer. */
+static int arriving_forward(struct rig *t, const float *src, uint64_t key, int B, size_t piece,
+			    size_t fail_after, char *err, size_t errlen)
+{
+	struct gradflow pf;
 	struct arrive ar;
 	pthread_t th;
 	double waited;
-	arrive_start(&ar, &th, &pf, p, q, piece, 0);
-	int e = devices_forward_flow(&d, 0, B, key, q, &pf, &waited, err, sizeof(err));
+	for (size_t i = 0; i < t->P; i++)
+		t->q[i] = NAN;
+	flow_of(&pf, t->P, 2);
+	arrive_start(&ar, &th, &pf, src, t->q, piece, fail_after);
+	int e = devices_forward_flow(&t->d, 0, B, key, t->q, &pf, &waited, err, errlen);
 	pthread_join(th, NULL);
-	cr_assert_eq(e, 0, "%s", err);
-	if (big)   /* a layer of more than a few wire frames goes up in several copies */
+	gradflow_free(&pf);
+	return e;
+}
+
+/* d's gradient of the batch at 0 into t->h through the flow (after
+ * arriving_forward with forwarded); the flow must end complete. */
+static void flowed_step(struct rig *t, uint64_t key, int B, int forwarded)
+{
+	struct gradflow f;
+	char err[512];
+	size_t bad;
+	flow_of(&f, t->P, 2);
+	cr_assert_eq(devices_zero_grads(&t->d, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(devices_step_flow(&t->d, 0, B, key, t->h, &f, forwarded, &bad, err, sizeof(err)), 0, "%s",
+		     err);
+	cr_assert(gradflow_complete(&f));
+	gradflow_free(&f);
+}
+
+/* The gradient through the fake queue: devices_step's, bit for bit; one
+ * copy down a layer with parameters, the last layer first, each queued
+ * after copy_after and covering its layer's range; together [0, P) once;
+ * every one landed, marked only after (a range marked before it landed
+ * holds NaN, which the step refuses). */
+static void gradient_matches(const struct model *m, int B)
+{
+	struct rig t;
+	char err[256], say[400];
+	rig_open(&t, m, B, 21, 0);
+	uint64_t key = rng_hash(23, RNG_DROPOUT, 1);
+	double want = whole_step(&t.a, t.p, B, key, t.g);
+	cr_assert_eq(fk.slots, with_params(m), "a slot for each layer with parameters");
+	cr_assert_eq(fk.host_allocs, 2, "the host buffers are the backend's (pinned on a GPU)");
+	cr_assert_eq(devices_set_params(&t.d, t.p, err, sizeof(err)), 0, "%s", err);
+	fake_reset_step();
+	flowed_step(&t, key, B, 0);
+	bits_equal(t.h, t.g, t.P, "the gradient through the queue");
+	cr_assert_eq(meter(&t.d), want, "the loss");
+	cr_assert_eq(fk.ndown, with_params(m));
+	cr_assert_eq(fk.reused + fk.bad_slot, 0);
+	size_t at = t.P;
+	for (int k = 0, i = m->nlayers - 1; k < fk.ndown; k++, i--) {
+		while (!m->layers[i].nparams)
+			i--;
+		cr_assert_eq(fk.afters_at[k], k + 1, "copy %d was not queued after the kernels before it", k);
+		cr_assert_eq(fk.lo[k], m->layers[i].woff, "copy %d is not layer %s's", k, m->layers[i].name);
+		cr_assert_eq(fk.hi[k], at, "copy %d does not meet the one before it", k);
+		cr_assert_eq(fk.down[fk.order[k]].pending, 0, "copy %d never landed", k);
+		at = fk.lo[k];
+	}
+	cr_assert_eq(at, 0, "the copies do not reach the vector's start");
+	cr_assert_eq(t.d.fs.steps, 1);
+	cr_assert_eq(t.d.fs.ranges, fk.ndown);
+	devices_flow_say(&t.d, say, sizeof(say));
+	cr_assert_not_null(strstr(say, "1 steps pushed their gradient as backward made it"), "%s", say);
+	rig_close(&t);
+	cr_assert_eq(fk.host_frees, 2);
+}
+
+Test(devflow, queued_gradient_is_devices_steps_bit_for_bit)
+{
+	struct model m;
+	mlp(&m);
+	gradient_matches(&m, 7);
+	memset(&fk, 0, sizeof(fk));
+	cnn(&m);
+	gradient_matches(&m, 5);
+}
+
+/* The forward pass on arriving parameters through the fake queue, then
+ * its backward: devices_step's gradient and loss bit for bit, although
+ * the replica's parameters were NaN and the host's came piece by piece;
+ * every value copied up once (big: a layer large enough to go up in
+ * several copies). */
+static void forward_matches(const struct model *m, int B, size_t piece, int big)
+{
+	struct rig t;
+	char err[256], say[400];
+	rig_open(&t, m, B, 31, 0);
+	uint64_t key = rng_hash(33, RNG_DROPOUT, 2);
+	double want = whole_step(&t.a, t.p, B, key, t.g);
+	float *nan = malloc(t.P * sizeof(float));
+	for (size_t i = 0; i < t.P; i++)
+		nan[i] = NAN;
+	cr_assert_eq(devices_set_params(&t.d, nan, err, sizeof(err)), 0, "%s", err);
+	free(nan);
+	cr_assert_eq(arriving_forward(&t, t.p, key, B, piece, 0, err, sizeof(err)), 0, "%s", err);
+	if (big)
 		cr_assert_gt(fk.ups, with_params(m), "%ld copies up: the first layer does not go up as it arrives",
 			     fk.ups);
 	cr_assert_eq(fk.nup_done, fk.nup, "a copy up never joined: a layer did not wait for it");
 	cr_assert_geq(fk.joins, with_params(m));
-	unsigned char *seen = calloc(P, 1);
+	unsigned char *seen = calloc(t.P, 1);
 	for (int k = 0; k < fk.nup; k++)
 		for (size_t i = 0; i < fk.up[k].n; i++) {
-			size_t at = (size_t)(fk.up[k].dst - d.params[0]) + i;
+			size_t at = (size_t)(fk.up[k].dst - t.d.params[0]) + i;
 			cr_assert_eq(seen[at], 0, "parameter %zu copied up twice", at);
 			seen[at] = 1;
 		}
-	for (size_t i = 0; i < P; i++)
+	for (size_t i = 0; i < t.P; i++)
 		cr_assert(seen[i], "parameter %zu never copied up", i);
 	free(seen);
-	cr_assert_eq(devices_zero_grads(&d, err, sizeof(err)), 0, "%s", err);
-	cr_assert_eq(devices_step_flow(&d, 0, B, key, h, &gf, 1, &bad, err, sizeof(err)), 0, "%s", err);
-	bits_equal(h, g, P, "the gradient after the forward pass on arriving parameters");
-	cr_assert_eq(meter(&d), want, "the loss");
-	cr_assert_eq(d.fs.forwards, 1);
-	cr_assert_eq(d.fs.uploads, fk.ups);
-	char say[400];
-	devices_flow_say(&d, say, sizeof(say));
+	flowed_step(&t, key, B, 1);
+	bits_equal(t.h, t.g, t.P, "the gradient after the forward pass on arriving parameters");
+	cr_assert_eq(meter(&t.d), want, "the loss");
+	cr_assert_eq(t.d.fs.forwards, 1);
+	cr_assert_eq(t.d.fs.uploads, fk.ups);
+	devices_flow_say(&t.d, say, sizeof(say));
 	cr_assert_not_null(strstr(say, "1 forward passes took their parameters as they arrived"), "%s", say);
-	gradflow_free(&pf);
-	gradflow_free(&gf);
-	devices_host_free(&d, h);
-	devices_host_free(&d, q);
-	devices_close(&d);
-	devices_close(&a);
-	fake_free();
-	rows_free(&r);
-	free(p);
-	free(g);
-	free(nan);
+	rig_close(&t);
 }
 
 Test(devflow, queued_forward_takes_each_layer_as_its_pieces_arrive)
@@ -552,69 +602,40 @@ Test(devflow, queued_flow_refuses_what_it_cannot_push)
 	struct model m;
 	mlp(&m);
 	const int B = 4;
-	struct devices a, d;
-	struct backend_ops ops;
-	struct rows r;
+	struct rig t;
 	char err[256];
-	size_t P = m.nparams, bad, have;
-	float *p = malloc(P * sizeof(float)), *g = malloc(P * sizeof(float)), *g2 = malloc(P * sizeof(float));
-	float *h, *q;
-	model_init_params(&m, p, 0, P, 41);
-	rows_make(&r, &m, B, 42);
-	cr_assert_eq(devices_open_cpu(&a, &m, NULL, 1, 1, B, err, sizeof(err)), 0, "%s", err);
-	rows_on(&a, &r);
-	double want = whole_step(&a, p, B, 7, g);
-	open_fake(&d, &m, B, &ops);
-	rows_on(&d, &r);
-	cr_assert_eq(devices_flow_init(&d), 0);
-	cr_assert_eq(devices_host_alloc(&d, &h, P, err, sizeof(err)), 0, "%s", err);
-	cr_assert_eq(devices_host_alloc(&d, &q, P, err, sizeof(err)), 0, "%s", err);
-	fk.host_base = h;
+	size_t bad, have;
+	rig_open(&t, &m, B, 41, 0);
+	float *g2 = malloc(t.P * sizeof(float));
+	double want = whole_step(&t.a, t.p, B, 7, t.g);
 	struct gradflow f;
-	flow_of(&f, P, 2);
-	cr_assert_eq(devices_set_params(&d, p, err, sizeof(err)), 0, "%s", err);
+	flow_of(&f, t.P, 2);
+	cr_assert_eq(devices_set_params(&t.d, t.p, err, sizeof(err)), 0, "%s", err);
 	fk.poison = m.layers[2].woff + 3;   /* in the second dense layer */
-	int e = devices_step_flow(&d, 0, B, 7, h, &f, 0, &bad, err, sizeof(err));
+	int e = devices_step_flow(&t.d, 0, B, 7, t.h, &f, 0, &bad, err, sizeof(err));
 	cr_assert_eq(e, -EDOM);
 	cr_assert_eq(bad, fk.poison);
-	cr_assert_eq(gradflow_wait(&f, 0, P, &have), -ECANCELED, "the flow was not failed");
+	cr_assert_eq(gradflow_wait(&f, 0, t.P, &have), -ECANCELED, "the flow was not failed");
 	for (int k = 0; k < fk.ndown; k++)
 		cr_assert_eq(fk.down[fk.order[k]].pending, 0, "copy %d may still land in host", k);
 	fk.poison = SIZE_MAX;
-	(void)meter(&d);
+	(void)meter(&t.d);
 
 	/* the parameters stop arriving half-way */
-	struct gradflow pf;
-	flow_of(&pf, P, 2);
-	struct arrive ar;
-	pthread_t th;
-	double waited;
-	for (size_t i = 0; i < P; i++)
-		q[i] = NAN;
-	arrive_start(&ar, &th, &pf, p, q, 3000, P * 3 / 4);
-	e = devices_forward_flow(&d, 0, B, 7, q, &pf, &waited, err, sizeof(err));
-	pthread_join(th, NULL);
+	e = arriving_forward(&t, t.p, 7, B, 3000, t.P * 3 / 4, err, sizeof(err));
 	cr_assert_eq(e, -ECANCELED);
 	cr_assert_not_null(strstr(err, "did not all arrive"), "%s", err);
 	cr_assert_gt(fk.nup, 0, "nothing went up before the failure");
 	cr_assert_eq(fk.nup_done, fk.nup, "a copy up of the pass given up may land later");
-	cr_assert_eq(d.fs.forwards, 0);
-	cr_assert_eq(devices_step_flow(&d, 0, B, 7, h, &f, 1, &bad, err, sizeof(err)), -EINVAL,
+	cr_assert_eq(t.d.fs.forwards, 0);
+	cr_assert_eq(devices_step_flow(&t.d, 0, B, 7, t.h, &f, 1, &bad, err, sizeof(err)), -EINVAL,
 		     "a backward without its forward pass");
 	cr_assert_not_null(strstr(err, "no forward pass"), "%s", err);
-	cr_assert_eq(whole_step(&d, p, B, 7, g2), want);
-	bits_equal(g2, g, P, "a whole step after the failures");
+	cr_assert_eq(whole_step(&t.d, t.p, B, 7, g2), want);
+	bits_equal(g2, t.g, t.P, "a whole step after the failures");
 	gradflow_free(&f);
-	gradflow_free(&pf);
-	devices_host_free(&d, h);
-	devices_host_free(&d, q);
-	devices_close(&d);
-	devices_close(&a);
-	fake_free();
-	rows_free(&r);
-	free(p);
-	free(g);
 	free(g2);
+	rig_close(&t);
 }
 
 /* The CPU backend has no copy queue: its flow is the split backward in
@@ -642,31 +663,6 @@ Test(devflow, the_cpu_keeps_its_host_flow)
 
 /* ---- on a GPU ------------------------------------------------------------ */
 
-/* Skips the test, saying what was not checked, where no GPU is usable. */
-static void gpu_or_skip(const char *what)
-{
-	int n = 0;
-	char why[256];
-	if (gpu_count(&n, why, sizeof(why)) < 0) {
-		fprintf(stderr, "devflow: SKIPPED %s (needs a GPU: %s)\n", what, why);
-		cr_skip_test("needs a GPU: %s", why);
-	}
-}
-
-static void open_gpu(struct devices *d, const struct model *m, int B)
-{
-	struct config c;
-	char err[512];
-	cr_assert_eq(config_parse_string(&c, "gpu.ini", "[gpu]\ndevices = 0\nsoft_placement = false\nmemory_fraction = 0.05\n",
-					 err, sizeof(err)), 0, "%s", err);
-	FILE *out = fopen("/dev/null", "w");
-	cr_assert_not_null(out);
-	int e = devices_open(d, &c, m, &c.train.optim, B, "/job:test/task:0", out, err, sizeof(err));
-	fclose(out);
-	cr_assert_eq(e, 0, "%s", err);
-	cr_assert_eq(d->gpu, 1);
-}
-
 /* The real copy queue against devices_step, bit for bit (the same kernels
  * on the same GPU; only where the parameters and the gradient cross
  * differs): a step whose gradient goes down layer by layer, then steps
@@ -674,59 +670,25 @@ static void open_gpu(struct devices *d, const struct model *m, int B)
  * memory, each with new parameters and a new dropout key. */
 static void gpu_matches(const struct model *m, int B)
 {
-	struct devices a, d;
-	struct rows r;
+	struct rig t;
 	char err[512];
-	size_t P = m->nparams, bad;
-	float *p = malloc(P * sizeof(float)), *g = malloc(P * sizeof(float)), *h, *q;
-	cr_assert(p && g);
-	rows_make(&r, m, B, 52);
-	open_gpu(&a, m, B);
-	open_gpu(&d, m, B);
-	rows_on(&a, &r);
-	rows_on(&d, &r);
-	cr_assert_eq(devices_flow_init(&d), 0);
-	cr_assert_eq(d.flow, DEVICES_FLOW_QUEUED, "the GPU backend has no copy queue");
-	cr_assert_eq(devices_host_alloc(&d, &h, P, err, sizeof(err)), 0, "%s", err);
-	cr_assert_eq(devices_host_alloc(&d, &q, P, err, sizeof(err)), 0, "%s", err);
+	rig_open(&t, m, B, 52, 1);
 	for (int s = 0; s < 4; s++) {
 		uint64_t key = rng_hash(53, RNG_DROPOUT, (uint64_t)s);
-		model_init_params(m, p, 0, P, 60 + (uint64_t)s);
-		double want = whole_step(&a, p, B, key, g);
-		struct gradflow pf, gf;
-		flow_of(&pf, P, 2);
-		flow_of(&gf, P, 2);
-		int forwarded = s > 0;
-		if (forwarded) {
-			struct arrive ar;
-			pthread_t th;
-			double waited;
-			arrive_start(&ar, &th, &pf, p, q, 2000, 0);
-			int e = devices_forward_flow(&d, 0, B, key, q, &pf, &waited, err, sizeof(err));
-			pthread_join(th, NULL);
-			cr_assert_eq(e, 0, "%s", err);
-		} else {
-			cr_assert_eq(devices_set_params(&d, p, err, sizeof(err)), 0, "%s", err);
-		}
-		cr_assert_eq(devices_zero_grads(&d, err, sizeof(err)), 0, "%s", err);
-		cr_assert_eq(devices_step_flow(&d, 0, B, key, h, &gf, forwarded, &bad, err, sizeof(err)), 0, "%s",
-			     err);
-		cr_assert(gradflow_complete(&gf));
-		bits_equal(h, g, P, forwarded ? "the GPU's gradient after a forward pass on arriving parameters"
-					      : "the GPU's gradient copied down layer by layer");
-		cr_assert_eq(meter(&d), want, "step %d: the loss", s);
-		gradflow_free(&pf);
-		gradflow_free(&gf);
+		model_init_params(m, t.p, 0, t.P, 60 + (uint64_t)s);
+		double want = whole_step(&t.a, t.p, B, key, t.g);
+		if (s > 0)
+			cr_assert_eq(arriving_forward(&t, t.p, key, B, 2000, 0, err, sizeof(err)), 0, "%s", err);
+		else
+			cr_assert_eq(devices_set_params(&t.d, t.p, err, sizeof(err)), 0, "%s", err);
+		flowed_step(&t, key, B, s > 0);
+		bits_equal(t.h, t.g, t.P, s > 0 ? "the GPU's gradient after a forward pass on arriving parameters"
+						: "the GPU's gradient copied down layer by layer");
+		cr_assert_eq(meter(&t.d), want, "step %d: the loss", s);
 	}
-	cr_assert_eq(d.fs.steps, 4);
-	cr_assert_eq(d.fs.forwards, 3);
-	devices_host_free(&d, h);
-	devices_host_free(&d, q);
-	devices_close(&d);
-	devices_close(&a);
-	rows_free(&r);
-	free(p);
-	free(g);
+	cr_assert_eq(t.d.fs.steps, 4);
+	cr_assert_eq(t.d.fs.forwards, 3);
+	rig_close(&t);
 }
 
 Test(devflow, gpu_queued_mlp_matches_the_synchronous_step)

@@ -28,10 +28,11 @@
 #   env       (120/60; ~15 s) nvidia-smi, driver, glibc, where libcublas is found, torch's version
 #             and TF32 flags, and a timed one-step `pstrain local` on Fashion-MNIST at
 #             memory_fraction 0.9 and 0.05
-#   tests     (300/120; ~1 min) the GPU suites one by one: gpu_kernels, gpu, devices, train, cli, cnn
+#   tests     (300/120; ~1 min) the GPU suites one by one: gpu_kernels, gpu, devices, devflow, train,
+#             cli, cnn
 #   sanitize  (300/120; unknown: the whole list likely needs more than one call) compute-sanitizer:
-#             memcheck, initcheck, racecheck and synccheck over the devices, gpu_kernels, gpu and
-#             cnn suites, and memcheck over 3 steps of every examples/*.ini, memcheck first; the
+#             memcheck, initcheck, racecheck and synccheck over the devices, devflow, gpu_kernels,
+#             gpu and cnn suites, and memcheck over 3 steps of every examples/*.ini, memcheck first; the
 #             units the limit leaves out are listed with the SANITIZE=... that runs them
 #   bench-cnn (240/150; ~2 min) bench/gpu_mlp for the example CNN at batch 256, TF32 off and on,
 #             against PyTorch's CUDA graph (3 rounds) and eager (1 round)
@@ -255,7 +256,7 @@ tests_step() {
 	echo "## nvidia-smi lists a GPU: $([ $has_gpu = 1 ] && echo yes || echo no)"
 	st=0
 	log=$(mktemp) || return 1
-	for s in gpu_kernels gpu devices train cli cnn; do
+	for s in gpu_kernels gpu devices devflow train cli cnn; do
 		echo "## suite $s"
 		# Launches wait for their kernels: a fault is reported by the
 		# call that caused it, not by a later one (a step never waits).
@@ -292,7 +293,7 @@ tests_step() {
 # use the GPU is covered. Each tool stops with status 99 on a finding; the
 # log has its report. One cudaMalloc per buffer (PSTRAIN_GPU_EXACT_ALLOC),
 # so that memcheck sees each buffer's bounds, not the arena's.
-SAN_SUITES="devices gpu_kernels gpu cnn"
+SAN_SUITES="devices devflow gpu_kernels gpu cnn"
 san_units() {
 	for tool in memcheck initcheck racecheck synccheck; do
 		for s in $SAN_SUITES; do echo "$tool:$s"; done

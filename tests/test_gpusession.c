@@ -304,10 +304,10 @@ Test(gpu_session, sanitize_covers_every_gpu_suite_and_example, .timeout = 90)
 	snprintf(path, sizeof(path), "%s/san.log", dir);
 	const char *calls = slurp(path);
 	const char *tools[] = { "memcheck", "initcheck", "racecheck", "synccheck" };
-	const char *suites[] = { "devices", "gpu_kernels", "gpu", "cnn" };
+	const char *suites[] = { "devices", "devflow", "gpu_kernels", "gpu", "cnn" };
 	int last = -1;
 	for (size_t t = 0; t < 4; t++)
-		for (size_t u = 0; u < 4; u++) {
+		for (size_t u = 0; u < 5; u++) {
 			char tool[64], filter[64];
 			snprintf(tool, sizeof(tool), "--tool %s --target-processes all --error-exitcode 99 env ", tools[t]);
 			snprintf(filter, sizeof(filter), "--filter %s/*", suites[u]);
@@ -343,7 +343,7 @@ Test(gpu_session, sanitize_leaves_out_what_does_not_fit_and_says_how_to_run_it, 
 	int rc = session_run_env(dir, "nogpu", "SAN_FLOOR=100000", "sanitize", &out);
 	cr_expect_eq(rc, 1, "exit %d\n%s", rc, out);
 	const char *text = session_log(dir, "sanitize");
-	const char *line = strstr(text, "## the rest in a later call: SANITIZE='memcheck:devices memcheck:gpu_kernels ");
+	const char *line = strstr(text, "## the rest in a later call: SANITIZE='memcheck:devices memcheck:devflow memcheck:gpu_kernels ");
 	cr_assert(line, "%s", text);
 	cr_expect(strstr(line, " synccheck:cnn' bench/gpu-session.sh run DIR OUT --budget S sanitize"), "%s", line);
 	snprintf(path, sizeof(path), "%s/san.log", dir);

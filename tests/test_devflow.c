@@ -212,12 +212,12 @@ static void model_of(struct model *m, const char *input, const char *const *laye
 	cr_assert_eq(model_build(m, &s, err, sizeof(err)), 0, "%s", err);
 }
 
-/* An MLP whose first layer (50k values) takes several copies up, and a
+/* An MLP whose first layer (100k values) takes several copies up, and a
  * CNN in the example's order (conv, batchnorm, relu, pool, dense, relu,
  * dropout, dense). */
 static void mlp(struct model *m)
 {
-	static const char *const l[] = { "dense 64", "relu", "dense 32", "tanh", "dropout 0.3", "dense 10" };
+	static const char *const l[] = { "dense 128", "relu", "dense 32", "tanh", "dropout 0.3", "dense 10" };
 	model_of(m, "28x28x1", l, 6);
 }
 

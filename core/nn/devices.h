@@ -164,29 +164,29 @@ int devices_flow_forwards(const struct devices *d);
  * copied into host (P) range by range as each becomes final, and each
  * range then marked in flow, so that a worker can push the first pieces
  * while backward still runs. HOST: replica_train_flow's ranges, the dense
- * weights block by block in the order gradflow_behind asks for. QUEUED:
- * one range a layer, the last layer first, each copied down on the
- * backend's queue as soon as its kernels are queued and marked once it
- * has landed, while the layers before it still compute; host should come
- * from devices_host_alloc. Either way the gradient is bit for bit
- * devices_step's for QUEUED, to float rounding for HOST (block GEMMs). A
- * range holding a NaN or
- * an infinity is not marked: the step ends with -EDOM and *bad, its index
- * (P otherwise), and no message. On any failure the flow is failed, so no
- * reader waits for ever. forwarded: devices_forward_flow has run the
- * forward pass of this very batch (-EINVAL if it has not), and only the
- * backward pass is left. Returns once the whole gradient is in host. */
+ * weights block by block in the order gradflow_behind asks for; the
+ * gradient is devices_step's to float rounding (block GEMMs). QUEUED: one
+ * range a layer, the last layer first, each copied down on the backend's
+ * queue as soon as its kernels are queued and marked once it has landed,
+ * while the layers before it still compute; the gradient is devices_step's
+ * bit for bit; host should come from devices_host_alloc. A range holding
+ * a NaN or an infinity is not marked: the step ends with -EDOM and *bad,
+ * its index (P otherwise), and no message. On any failure the flow is
+ * failed, so no reader waits for ever. forwarded: devices_forward_flow
+ * has run the forward pass of this very batch (-EINVAL if it has not),
+ * and only the backward pass is left. Returns once the whole gradient is
+ * in host (QUEUED: the step's only host waits are for its copies down). */
 int devices_step_flow(struct devices *d, size_t at, int B, uint64_t key, float *host,
 		      struct gradflow *flow, int forwarded, size_t *bad, char *err, size_t errlen);
 /* The forward pass of devices_step_flow alone, for the batch of a step
  * whose parameters are still arriving: host (P) fills as the links take
- * them and mark them final in flow, and each layer waits for its own
- * (HOST: replica_forward_flow, a dense layer's rows as they come; QUEUED:
- * replica_forward_layers, each piece copied up on the queue as it
- * arrives, and the layer's kernels queued to wait for its pieces), copying
- * them to the replica as they come. host must keep its values until
- * devices_step_flow has returned. The
- * loss goes to the training meter as devices_step's does. Then
+ * them and mark them final in flow, and each layer waits for its own,
+ * copying them to the replica as they come (HOST: replica_forward_flow, a
+ * dense layer's rows as they come; QUEUED: replica_forward_layers, each
+ * run that has arrived copied up on the queue, the layer's kernels queued
+ * to wait for them). host must keep its values until devices_step_flow
+ * has returned. The loss goes to the training meter as devices_step's
+ * does. Then
  * devices_step_flow with forwarded 1 and the same batch computes the
  * backward pass; anything else between the two (devices_step,
  * devices_set_params, an evaluation) forgets the pass. *waited: seconds

@@ -186,8 +186,12 @@ static int worker_flow_open(struct worker *wr, const struct shard *plan, char *e
 		e = gradflow_init(&wr->pflow, m->nparams, wr->lk.nps, begin, end, 4 * wr->lk.nps + 8);
 	if (e)
 		return err_set(err, errlen, e, "worker %d: out of memory for pushing while computing", wr->index);
-	autoflow_init(&wr->af, wr->c->cluster.overlap);
-	if (wr->c->cluster.overlap == CONFIG_OVERLAP_AUTO)
+	/* auto weighs what the CPU's split backward costs the compute; a
+	 * GPU's flow runs the step's own kernels, so it costs nothing. */
+	int mode = wr->c->cluster.overlap;
+	mode = mode == CONFIG_OVERLAP_AUTO && wr->dev.flow == DEVICES_FLOW_QUEUED ? CONFIG_OVERLAP_ON : mode;
+	autoflow_init(&wr->af, mode);
+	if (mode == CONFIG_OVERLAP_AUTO)
 		role_log(wr->out, "worker %d: [cluster] overlap = auto: pushes each gradient after computing it until its steps show that the link, not the CPU, limits them",
 			 wr->index);
 	else

@@ -32,17 +32,19 @@
 #             chooses against each OPENBLAS_CORETYPE by hand (build/bench/cpu_mlp, MLP, batch 128,
 #             1 thread, 3 interleaved rounds): issue 35's check on a CPU we did not tune on (the
 #             first H200 host's CPU made OpenBLAS fall back to its Prescott kernels)
-#   tests     (300/120; ~1 min) the GPU suites one by one: gpu_kernels, gpu, devices, train, cli, cnn
+#   tests     (300/120; ~1 min) the GPU suites one by one: gpu_kernels, gpu, devices, devflow, train,
+#             cli, cnn
 #   sanitize  (300/120; unknown: the whole list likely needs more than one call) compute-sanitizer:
-#             memcheck, initcheck, racecheck and synccheck over the devices, gpu_kernels, gpu and
-#             cnn suites, and memcheck over 3 steps of every examples/*.ini, memcheck first; the
+#             memcheck, initcheck, racecheck and synccheck over the devices, devflow, gpu_kernels,
+#             gpu and cnn suites, and memcheck over 3 steps of every examples/*.ini, memcheck first; the
 #             units the limit leaves out are listed with the SANITIZE=... that runs them
 #   bench-cnn (240/150; ~2 min) bench/gpu_mlp for the example CNN at batch 256, TF32 off and on,
 #             against PyTorch's CUDA graph (3 rounds) and eager (1 round)
 #   cluster-bench (180/90; ~1.5 min) bench/gpu_cluster: `local`, 1 ps + 1 worker and 1 ps + 2
 #             workers beside it on this GPU (the ps over its Unix socket), for the CNN at batch 256
 #             and the MLP at 128: steps/s, samples/s against local's, each worker's compute and
-#             communication per step
+#             communication per step and its overlap (steps whose gradient went up as backward made
+#             it, forward passes on parameters as they arrived, their wait for them)
 #   bench     (420/200; ~5 min) bench/gpu_mlp: MLP-256, MLP-4096, wide at 4096 (TF32 off, on)
 #             against PyTorch's CUDA graph (3 rounds) and eager (1 round)
 #   ncu       (240/120; ~2 min) Nsight Compute per-kernel times of MLP-256 and MLP-4096 steps
@@ -291,7 +293,7 @@ tests_step() {
 	echo "## nvidia-smi lists a GPU: $([ $has_gpu = 1 ] && echo yes || echo no)"
 	st=0
 	log=$(mktemp) || return 1
-	for s in gpu_kernels gpu devices train cli cnn; do
+	for s in gpu_kernels gpu devices devflow train cli cnn; do
 		echo "## suite $s"
 		# Launches wait for their kernels: a fault is reported by the
 		# call that caused it, not by a later one (a step never waits).
@@ -328,7 +330,7 @@ tests_step() {
 # use the GPU is covered. Each tool stops with status 99 on a finding; the
 # log has its report. One cudaMalloc per buffer (PSTRAIN_GPU_EXACT_ALLOC),
 # so that memcheck sees each buffer's bounds, not the arena's.
-SAN_SUITES="devices gpu_kernels gpu cnn"
+SAN_SUITES="devices devflow gpu_kernels gpu cnn"
 san_units() {
 	for tool in memcheck initcheck racecheck synccheck; do
 		for s in $SAN_SUITES; do echo "$tool:$s"; done

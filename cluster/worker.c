@@ -161,11 +161,11 @@ static void worker_pack_record(struct worker *wr, long step, double compute, dou
 			    "sending float32 as it is");
 }
 
-/* Pushing while backward runs: sync piece mode on one CPU replica (the
- * only backward that can be split), unless [cluster] overlap = false;
- * with auto, on the steps autoflow.h says.
- * One stream per shard; the final ranges are at most one per dense
- * weight row plus the gaps between the dense weights. */
+/* Pushing while backward runs: sync piece mode on one replica (a CPU's
+ * split backward, or a GPU's layers copied down as they finish:
+ * devices_flow_init), unless [cluster] overlap = false; with auto, on the
+ * steps autoflow.h says. One stream per shard; the final ranges are at
+ * most one per dense weight row plus the gaps between the dense weights. */
 static int worker_flow_open(struct worker *wr, const struct shard *plan, char *err, size_t errlen)
 {
 	const struct model *m = &wr->s.job.m;
@@ -181,13 +181,17 @@ static int worker_flow_open(struct worker *wr, const struct shard *plan, char *e
 		cap += m->layers[i].kind == LAYER_DENSE ? m->layers[i].out : 0;
 	int e = gradflow_init(&wr->flow, m->nparams, wr->lk.nps, begin, end, cap);
 	/* Each shard streams its pieces in order: one final range a shard. */
-	wr->preforward = !e && wr->dev.rep[0].be.ops->dense_forward_rows;
+	wr->preforward = !e && devices_flow_forwards(&wr->dev);
 	if (wr->preforward)
 		e = gradflow_init(&wr->pflow, m->nparams, wr->lk.nps, begin, end, 4 * wr->lk.nps + 8);
 	if (e)
 		return err_set(err, errlen, e, "worker %d: out of memory for pushing while computing", wr->index);
-	autoflow_init(&wr->af, wr->c->cluster.overlap);
-	if (wr->c->cluster.overlap == CONFIG_OVERLAP_AUTO)
+	/* auto weighs what the CPU's split backward costs the compute; a
+	 * GPU's flow runs the step's own kernels, so it costs nothing. */
+	int mode = wr->c->cluster.overlap;
+	mode = mode == CONFIG_OVERLAP_AUTO && wr->dev.flow == DEVICES_FLOW_QUEUED ? CONFIG_OVERLAP_ON : mode;
+	autoflow_init(&wr->af, mode);
+	if (mode == CONFIG_OVERLAP_AUTO)
 		role_log(wr->out, "worker %d: [cluster] overlap = auto: pushes each gradient after computing it until its steps show that the link, not the CPU, limits them",
 			 wr->index);
 	else
@@ -225,14 +229,19 @@ static int worker_open(struct worker *wr, char *err, size_t errlen)
 	if (e)
 		return e;
 	/* On one CPU replica, pull into and push from the replica's own
-	 * vectors: the copies in and out of the devices are then no-ops. */
+	 * vectors: the copies in and out of the devices are then no-ops. On
+	 * a GPU, pinned memory: the copies run without a stage, beside the
+	 * layers (devices_flow.c). */
 	size_t P = wr->s.job.m.nparams;
 	wr->own_host = wr->dev.gpu || wr->dev.n > 1;
-	wr->params = wr->own_host ? malloc(P * sizeof(float)) : wr->dev.params[0];
-	wr->grads = wr->own_host ? malloc(P * sizeof(float)) : wr->dev.grads[0];
+	wr->params = wr->own_host ? NULL : wr->dev.params[0];
+	wr->grads = wr->own_host ? NULL : wr->dev.grads[0];
+	if (wr->own_host && ((e = devices_host_alloc(&wr->dev, &wr->params, P, err, errlen)) ||
+			     (e = devices_host_alloc(&wr->dev, &wr->grads, P, err, errlen))))
+		return e;
 	wr->perm = malloc(wr->s.job.train.n * sizeof(uint32_t));
-	if (!wr->params || !wr->grads || !wr->perm)
-		return err_set(err, errlen, -ENOMEM, "out of memory for %zu parameters", P);
+	if (!wr->perm)
+		return err_set(err, errlen, -ENOMEM, "out of memory for %zu samples", wr->s.job.train.n);
 	e = links_open(&wr->lk, c, &wr->s, plan, wr->index, wr->stop, wr->out, err, errlen);
 	if (!e)
 		e = worker_flow_open(wr, plan, err, errlen);
@@ -269,8 +278,8 @@ static void worker_close(struct worker *wr)
 	gradflow_free(&wr->flow);
 	gradflow_free(&wr->pflow);
 	if (wr->own_host) {
-		free(wr->params);
-		free(wr->grads);
+		devices_host_free(&wr->dev, wr->params);
+		devices_host_free(&wr->dev, wr->grads);
 	}
 	devices_close(&wr->dev);
 	free(wr->perm);
@@ -504,8 +513,10 @@ static int worker_exchange(struct worker *wr, enum step_way way, double *t1, cha
 		gradflow_reset(&wr->flow);
 		if (pre)
 			gradflow_reset(&wr->pflow);
+		/* A GPU's host only queues the step and waits: the CPU that
+		 * sends to a ps over its Unix socket early is not the step's. */
 		for (int k = 0; k < wr->lk.nps; k++)
-			gradflow_later(&wr->flow, k, wr->lk.ln[k].unx);
+			gradflow_later(&wr->flow, k, wr->lk.ln[k].unx && wr->dev.flow != DEVICES_FLOW_QUEUED);
 	}
 	links_exchange_begin(&wr->lk, wr->grads, flow ? &wr->flow : NULL, way == WAY_PUSH ? NULL : wr->params,
 			     pre ? &wr->pflow : NULL);
@@ -849,6 +860,10 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 	else if (!e && wr->timed)
 		role_log(out, "worker %d: per step: compute %.2f ms, communication %.2f ms (%ld steps)", index,
 			 1e3 * wr->t_compute / (double)wr->timed, 1e3 * wr->t_comm / (double)wr->timed, wr->timed);
+	char said[512];
+	devices_flow_say(&wr->dev, said, sizeof(said));
+	if (!e && said[0])
+		role_log(out, "worker %d: overlap: %s", index, said);
 	if (!e)
 		worker_say_sndbuf(wr, out);
 	/* What the links carried: 4 bytes a value as float32, 2 as bf16,

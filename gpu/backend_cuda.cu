@@ -578,6 +578,14 @@ static const struct backend_ops cuda_ops = {
 	.conv_col_floats = g_conv_col_floats,
 	.conv_keep_floats = g_conv_keep_floats,
 	.reserve = g_reserve,
+	.copy_reserve = gq_reserve,
+	.copy_after = gq_after,
+	.copy_down = gq_down,
+	.copy_wait = gq_wait,
+	.copy_up = gq_up,
+	.copy_join = gq_join,
+	.host_alloc = gq_host_alloc,
+	.host_free = gq_host_free,
 };
 
 static void ctx_free(struct gpu_ctx *g)
@@ -595,6 +603,7 @@ static void ctx_free(struct gpu_ctx *g)
 		cudaGraphExecDestroy(g->graph);
 	if (g->copy)
 		cudaStreamSynchronize(g->copy);
+	gq_free(g);
 	arena_free(&g->arena);
 	for (int i = 0; i < 2; i++) {
 		cudaFreeHost(g->stage_hx[i]);

@@ -46,6 +46,13 @@ struct gpu_ctx {
 	int capturing;
 	struct gk_step *step;
 	cudaGraphExec_t graph;
+	/* The copy queue of a worker's exchange (copyq.cu, backend.h's
+	 * copy_*), on the copy stream: after (recorded on the stream, the
+	 * copy stream waits), join (recorded on the copy stream, the stream
+	 * waits) and a slot per copy down, all made once (copy_reserve). */
+	cudaEvent_t q_after, q_join;
+	cudaEvent_t *q_slot;
+	int q_slots;
 	cudaEvent_t mark[2];   // gpu_mark's start and end
 	cudaEvent_t ready;     // gpu_copy from this backend: its queued work is done
 	cudaEvent_t copied;    // after a gpu_copy into this backend: the source's stream waits on it
@@ -84,6 +91,18 @@ static inline int cuda_fail(struct gpu_ctx *g, cudaError_t e, const char *call)
 			return -EIO;                                                           \
 		}                                                                              \
 	} while (0)
+
+/* copyq.cu: backend.h's copy queue and pinned host memory, for the
+ * table in backend_cuda.cu; gq_free at the backend's close. */
+int gq_reserve(void *ctx, int slots);
+int gq_after(void *ctx);
+int gq_down(void *ctx, int slot, void *host, const void *src, size_t bytes);
+int gq_wait(void *ctx, int slot);
+int gq_up(void *ctx, void *dst, const void *host, size_t bytes);
+int gq_join(void *ctx);
+int gq_host_alloc(void *ctx, void **p, size_t bytes);
+void gq_host_free(void *ctx, void *p);
+void gq_free(struct gpu_ctx *g);
 
 static inline int use(struct gpu_ctx *g)
 {

@@ -179,6 +179,9 @@ Test(cluster, overlap_pushes_while_computing_and_changes_no_number)
 		char *text = slurp(out[i]);
 		cr_assert_not_null(strstr(text, "as backward makes them"), "%s", text);
 		cr_assert_geq(preforwarded(text), 10, "%s", text);
+		/* and at the end what the flow did (devices_flow_say) */
+		cr_assert_not_null(strstr(text, "overlap: cpu:0: "), "%s", text);
+		cr_assert_not_null(strstr(text, "forward passes took their parameters as they arrived"), "%s", text);
 	}
 	snprintf(extra, sizeof(extra), "overlap = true\nlocal_socket = true\nsocket_dir = %s/sockets-ov\n", dir);
 	float *later = params_run("overlap-unix", extra, P, out);

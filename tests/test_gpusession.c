@@ -18,7 +18,9 @@
 /* A stub pstrain: every call's arguments appended to ../args.log (the
  * tree's parent), and for each command the lines bench/gpu_cluster reads:
  * local at 2560 samples/s, a worker's per-step split (compute 2 + its
- * index ms, communication 3 ms) and the chief at 1280 samples/s. */
+ * index ms, communication 3 ms), its overlap (8 + its index of 10 steps
+ * pushed as backward made them, 7 forward passes on arriving parameters
+ * waiting 0.25 ms) and the chief at 1280 samples/s. */
 #define STUB_PSTRAIN                                                                              \
 	"#!/bin/sh\n"                                                                             \
 	"echo \"$*\" >>\"$(dirname \"$0\")/../args.log\"\n"                                        \
@@ -27,6 +29,7 @@
 	"local) echo \"done: 10 steps, test loss 1.0 accuracy 50.00%, wall 1.0 s, 2560 samples/s\" ;;\n" \
 	"ps) echo \"ps 0: stub\" ;;\n"                                                              \
 	"worker) echo \"worker $3: per step: compute $((2 + $3)).00 ms, communication 3.00 ms (10 steps)\"\n" \
+	"  echo \"worker $3: overlap: gpu:0: $((8 + $3)) steps pushed their gradient as backward made it, 4.0 ranges a step, each layer's copied down while the layers before it computed; 7 forward passes took their parameters as they arrived, 2.0 copies up a pass, waiting 0.25 ms a pass for them\"\n" \
 	"  if [ \"$3\" = 0 ]; then echo \"done: 10 steps, test loss 1.0 accuracy 50.00%, wall 1.0 s, 1280 samples/s\"; fi ;;\n" \
 	"*) echo pstrain stub ;;\n"                                                                 \
 	"esac\n"
@@ -244,10 +247,12 @@ Test(gpu_session, cluster_bench_runs_workers_beside_one_ps_against_local, .timeo
 	 * steps/s, 1280 samples/s with one worker and 2560 with two. */
 	const char *rows[] = {
 		"fashion-cnn    256 local     |      10.0       2560    1.00x | \n",
-		"fashion-cnn    256 1ps+1w    |       5.0       1280    0.50x | w0 2.00 / 3.00 (1.50x)\n",
-		"fashion-cnn    256 1ps+2w    |       5.0       2560    1.00x | w0 2.00 / 3.00 (1.50x); w1 3.00 / 3.00 (1.00x)\n",
+		"fashion-cnn    256 1ps+1w    |       5.0       1280    0.50x | w0 2.00 / 3.00 (1.50x) flow 8/10 pre 7 wait 0.25\n",
+		"fashion-cnn    256 1ps+2w    |       5.0       2560    1.00x | w0 2.00 / 3.00 (1.50x) flow 8/10 pre 7 wait 0.25; "
+		"w1 3.00 / 3.00 (1.00x) flow 9/10 pre 7 wait 0.25\n",
 		"mlp            128 local     |      20.0       2560    1.00x | \n",
-		"mlp            128 1ps+2w    |      10.0       2560    1.00x | w0 2.00 / 3.00 (1.50x); w1 3.00 / 3.00 (1.00x)\n",
+		"mlp            128 1ps+2w    |      10.0       2560    1.00x | w0 2.00 / 3.00 (1.50x) flow 8/10 pre 7 wait 0.25; "
+		"w1 3.00 / 3.00 (1.00x) flow 9/10 pre 7 wait 0.25\n",
 		"target: fashion-cnn 256, 1 ps + 1 worker at >= 0.85 of local samples/s: NOT met\n",
 		"target: mlp 128, 1 ps + 1 worker(s): communication <= compute on every worker: NOT met\n",
 	};
@@ -299,10 +304,10 @@ Test(gpu_session, sanitize_covers_every_gpu_suite_and_example, .timeout = 90)
 	snprintf(path, sizeof(path), "%s/san.log", dir);
 	const char *calls = slurp(path);
 	const char *tools[] = { "memcheck", "initcheck", "racecheck", "synccheck" };
-	const char *suites[] = { "devices", "gpu_kernels", "gpu", "cnn" };
+	const char *suites[] = { "devices", "devflow", "gpu_kernels", "gpu", "cnn" };
 	int last = -1;
 	for (size_t t = 0; t < 4; t++)
-		for (size_t u = 0; u < 4; u++) {
+		for (size_t u = 0; u < 5; u++) {
 			char tool[64], filter[64];
 			snprintf(tool, sizeof(tool), "--tool %s --target-processes all --error-exitcode 99 env ", tools[t]);
 			snprintf(filter, sizeof(filter), "--filter %s/*", suites[u]);
@@ -338,7 +343,7 @@ Test(gpu_session, sanitize_leaves_out_what_does_not_fit_and_says_how_to_run_it, 
 	int rc = session_run_env(dir, "nogpu", "SAN_FLOOR=100000", "sanitize", &out);
 	cr_expect_eq(rc, 1, "exit %d\n%s", rc, out);
 	const char *text = session_log(dir, "sanitize");
-	const char *line = strstr(text, "## the rest in a later call: SANITIZE='memcheck:devices memcheck:gpu_kernels ");
+	const char *line = strstr(text, "## the rest in a later call: SANITIZE='memcheck:devices memcheck:devflow memcheck:gpu_kernels ");
 	cr_assert(line, "%s", text);
 	cr_expect(strstr(line, " synccheck:cnn' bench/gpu-session.sh run DIR OUT --budget S sanitize"), "%s", line);
 	snprintf(path, sizeof(path), "%s/san.log", dir);

@@ -138,6 +138,35 @@ struct backend_ops {
 	/* Scratch for batches up to max_batch rows of up to width floats,
 	 * taken once before the first step so that none is taken in it. */
 	int (*reserve)(void *ctx, int max_batch, int width);
+
+	/* Optional, all or none: copies between the backend's memory and
+	 * the host's on a queue of their own, beside the backend's work
+	 * (its kernels), so that a worker's gradient goes down and its
+	 * parameters come up while the layers compute (devices_flow.c).
+	 * NULL: the backend's memory is the host's, or every copy waits
+	 * (upload, download). No call waits but copy_wait.
+	 *   copy_reserve: slots 0 .. slots-1 for copy_down, taken once.
+	 *   copy_after: the copies queued from now on run after the
+	 *     backend's work queued so far (which wrote what they read, or
+	 *     still reads what they overwrite).
+	 *   copy_down: src (backend memory) into host, on the queue; slot
+	 *     then marks that it has landed.
+	 *   copy_wait: the host waits until slot's copy has landed.
+	 *   copy_up: host into dst (backend memory), on the queue. host
+	 *     must keep its values until the copy has run (a copy_wait of
+	 *     a later slot, or the work after copy_join).
+	 *   copy_join: the backend's work queued from now on waits for
+	 *     every copy queued so far.
+	 * host_alloc, host_free: host memory the queue copies fastest
+	 * (pinned), taken once; host_free waits for the queue first. */
+	int (*copy_reserve)(void *ctx, int slots);
+	int (*copy_after)(void *ctx);
+	int (*copy_down)(void *ctx, int slot, void *host, const void *src, size_t bytes);
+	int (*copy_wait)(void *ctx, int slot);
+	int (*copy_up)(void *ctx, void *dst, const void *host, size_t bytes);
+	int (*copy_join)(void *ctx);
+	int (*host_alloc)(void *ctx, void **p, size_t bytes);
+	void (*host_free)(void *ctx, void *p);
 };
 
 struct backend {

@@ -1,6 +1,7 @@
 /* Placement, the batch split over replicas and the gradient sum; see
  * devices.h. */
 #include "devices.h"
+#include "devices_priv.h"
 #include "../progress.h"
 #include "optim.h"
 #include "rng.h"
@@ -250,7 +251,8 @@ void devices_close(struct devices *d)
 	memset(d, 0, sizeof(*d));
 }
 
-static int fail(const struct devices *d, int r, int e, const char *what, char *err, size_t errlen)
+/* devices_priv.h */
+int devices_fail(const struct devices *d, int r, int e, const char *what, char *err, size_t errlen)
 {
 	const char *layer = d->rep[r].failed;
 	snprintf(err, errlen, "%s%s%s on %s: %s", what, layer ? " in " : "", layer ? layer : "",
@@ -261,11 +263,15 @@ static int fail(const struct devices *d, int r, int e, const char *what, char *e
 int devices_set_params(struct devices *d, const float *host, char *err, size_t errlen)
 {
 	d->fwd_B = 0;
+	/* After any copy up of a forward pass given up half-way. */
+	int s = devices_flow_settle(d);
+	if (s)
+		return devices_fail(d, 0, s, "copying the parameters", err, errlen);
 	for (int r = 0; r < d->n; r++) {
 		struct backend *b = &d->be[d->be_of[r]];
 		int e = b->ops->upload(b->ctx, d->params[r], host, d->m->nparams * sizeof(float));
 		if (e)
-			return fail(d, r, e, "copying the parameters", err, errlen);
+			return devices_fail(d, r, e, "copying the parameters", err, errlen);
 	}
 	return 0;
 }
@@ -276,7 +282,7 @@ int devices_zero_grads(struct devices *d, char *err, size_t errlen)
 		struct backend *b = &d->be[d->be_of[r]];
 		int e = b->ops->zero(b->ctx, d->grads[r], d->m->nparams * sizeof(float));
 		if (e)
-			return fail(d, r, e, "zeroing the gradient", err, errlen);
+			return devices_fail(d, r, e, "zeroing the gradient", err, errlen);
 	}
 	return 0;
 }
@@ -341,10 +347,10 @@ int devices_set_data(struct devices *d, const struct dataset *ds, int *resident,
 		} else if (e == -ENOMEM) {
 			e = gpu_stage_reserve(b, d->max_batch, ds->d);
 			if (e)
-				return fail(d, k, e, "buffers for staged batches", err, errlen);
+				return devices_fail(d, k, e, "buffers for staged batches", err, errlen);
 			all = 0;
 		} else {
-			return fail(d, k, e, "copying the training set", err, errlen);
+			return devices_fail(d, k, e, "copying the training set", err, errlen);
 		}
 	}
 	if (resident)
@@ -376,15 +382,13 @@ int devices_set_order(struct devices *d, const uint32_t *order, size_t n, char *
 		/* On the stream, after the steps queued with the last order. */
 		int e = b->ops->upload(b->ctx, d->order[k], order, n * sizeof(uint32_t));
 		if (e)
-			return fail(d, k, e, "copying the sample order", err, errlen);
+			return devices_fail(d, k, e, "copying the sample order", err, errlen);
 	}
 	return 0;
 }
 
-/* Replica r's batch: order[at .. at+B) gathered where its backend keeps the
- * set, or staged from the host; *x, *y are in the backend's memory. */
-static int batch_of(struct devices *d, int r, size_t at, int B, const float **x,
-		    const int32_t **y)
+/* devices_priv.h */
+int devices_batch(struct devices *d, int r, size_t at, int B, const float **x, const int32_t **y)
 {
 	int k = d->be_of[r];
 	struct replica *rep = &d->rep[r];
@@ -418,148 +422,20 @@ int devices_step(struct devices *d, size_t at, int B, uint64_t key, char *err, s
 		int Br = B / d->n + (r < B % d->n);
 		const float *x;
 		const int32_t *y;
-		int e = batch_of(d, r, at + off, Br, &x, &y);
+		int e = devices_batch(d, r, at + off, Br, &x, &y);
 		if (!e)
 			e = replica_train(&d->rep[r], d->params[r], d->grads[r], x, y, Br,
 					  r ? rng_hash(key, RNG_DROPOUT, (uint64_t)r) : key, 1.0f / (float)B);
 		if (!e && !d->data_x[d->be_of[r]])
 			e = gpu_stage_release(&d->be[d->be_of[r]]);
 		if (e)
-			return fail(d, r, e, "forward and backward", err, errlen);
+			return devices_fail(d, r, e, "forward and backward", err, errlen);
 		off += (size_t)Br;
 	}
 	for (int r = 1; r < d->n; r++) {
 		int e = grads_gather(d, r);
 		if (e)
-			return fail(d, r, e, "summing the gradients", err, errlen);
-	}
-	d->samples += B;
-	return 0;
-}
-
-int devices_flow_init(struct devices *d)
-{
-	if (d->n != 1 || d->gpu)
-		return -EOPNOTSUPP;
-	return replica_flow_init(&d->rep[0]);
-}
-
-/* devices_step_flow's final: the range copied out and checked, then
- * marked final for the readers. */
-struct flow_out {
-	const float *grads;
-	float *host;
-	struct gradflow *flow;
-	size_t bad;    /* the first non-finite value's index; P: none */
-};
-
-static int flow_final(void *ctx, size_t lo, size_t hi)
-{
-	struct flow_out *fo = ctx;
-	if (fo->host != fo->grads)
-		memcpy(fo->host + lo, fo->grads + lo, (hi - lo) * sizeof(float));
-	size_t i = lo + optim_nonfinite(fo->host + lo, hi - lo);
-	if (i < hi) {
-		fo->bad = i;
-		return -EDOM;
-	}
-	return gradflow_mark(fo->flow, lo, hi);
-}
-
-/* devices_forward_flow's ready: waits for [lo, want) of the host's
- * parameters, then copies the whole units that have arrived, up to most,
- * into replica 0's. */
-struct flow_in {
-	struct devices *d;
-	const float *host;
-	struct gradflow *flow;
-	double waited;     /* seconds in gradflow_wait_at */
-};
-
-static int flow_ready(void *ctx, size_t lo, size_t want, size_t most, size_t unit, size_t *have)
-{
-	struct flow_in *fi = ctx;
-	struct devices *d = fi->d;
-	double t0 = progress_now();
-	int e = gradflow_wait_at(fi->flow, lo, want, have);
-	fi->waited += progress_now() - t0;
-	if (e)
-		return e;
-	*have = *have >= most ? most : lo + (*have - lo) / unit * unit;
-	struct backend *b = &d->be[d->be_of[0]];
-	return b->ops->upload(b->ctx, d->params[0] + lo, fi->host + lo, (*have - lo) * sizeof(float));
-}
-
-/* The checks both flow paths make: one CPU replica, set up for the flow,
- * and a batch the order holds. */
-static int flow_fits(struct devices *d, size_t at, int B, char *err, size_t errlen)
-{
-	if (d->n == 1 && d->rep[0].rowdone && B >= 1 && B <= d->max_batch && d->norder && at <= d->norder &&
-	    (size_t)B <= d->norder - at)
-		return 0;
-	snprintf(err, errlen, "a batch of %d at %zu cannot take the flow path", B, at);
-	return -EINVAL;
-}
-
-int devices_forward_flow(struct devices *d, size_t at, int B, uint64_t key, const float *host,
-			 struct gradflow *flow, double *waited, char *err, size_t errlen)
-{
-	struct replica *rep = &d->rep[0];
-	struct flow_in fi = { .d = d, .host = host, .flow = flow };
-	d->fwd_B = 0;
-	*waited = 0;
-	rep->failed = NULL;
-	int e = flow_fits(d, at, B, err, errlen);
-	if (e)
-		return e;
-	const int32_t *y;
-	e = batch_of(d, 0, at, B, &d->fwd_x, &y);
-	if (!e)
-		e = replica_forward_flow(rep, d->params[0], d->fwd_x, y, B, key, 1.0f / (float)B, flow_ready,
-					 &fi);
-	/* Every parameter belongs to a layer, and every layer waited for all
-	 * of its own: the replica has the whole vector now. */
-	*waited = fi.waited;
-	if (e == -ECANCELED)
-		return err_set(err, errlen, e, "the parameters of the next step did not all arrive");
-	if (e)
-		return fail(d, 0, e, "the forward pass", err, errlen);
-	d->fwd_at = at;
-	d->fwd_B = B;
-	return 0;
-}
-
-int devices_step_flow(struct devices *d, size_t at, int B, uint64_t key, float *host,
-		      struct gradflow *flow, int forwarded, size_t *bad, char *err, size_t errlen)
-{
-	struct replica *rep = &d->rep[0];
-	size_t P = d->m->nparams;
-	*bad = P;
-	rep->failed = NULL;
-	int e = flow_fits(d, at, B, err, errlen);
-	if (!e && forwarded && (d->fwd_B != B || d->fwd_at != at))
-		e = err_set(err, errlen, -EINVAL, "no forward pass of the batch of %d at %zu to go on from", B, at);
-	d->fwd_B = 0;
-	if (e) {
-		gradflow_fail(flow);
-		return e;
-	}
-	struct flow_out fo = { .grads = d->grads[0], .host = host, .flow = flow, .bad = P };
-	if (forwarded) {
-		e = replica_backward_flow(rep, d->params[0], d->grads[0], d->fwd_x, B, 1.0f / (float)B, flow,
-					  flow_final, &fo);
-	} else {
-		const float *x;
-		const int32_t *y;
-		e = batch_of(d, 0, at, B, &x, &y);
-		if (!e)
-			e = replica_train_flow(rep, d->params[0], d->grads[0], x, y, B, key, 1.0f / (float)B,
-					       flow, flow_final, &fo);
-	}
-	if (e) {
-		gradflow_fail(flow);
-		*bad = fo.bad;
-		return e == -EDOM && fo.bad < P ? e : fail(d, 0, e, "forward and backward", err, errlen);
+			return devices_fail(d, r, e, "summing the gradients", err, errlen);
 	}
 	d->samples += B;
 	return 0;
@@ -573,7 +449,7 @@ int devices_meter(struct devices *d, double *loss, long *right, long *samples, c
 		double lr, cr;
 		int e = replica_meter(&d->rep[r], &lr, &cr);
 		if (e)
-			return fail(d, r, e, "reading the loss", err, errlen);
+			return devices_fail(d, r, e, "reading the loss", err, errlen);
 		l += lr;
 		c += cr;
 	}
@@ -598,14 +474,14 @@ int devices_get_grads(struct devices *d, float *host, char *err, size_t errlen)
 {
 	struct backend *b = &d->be[d->be_of[0]];
 	int e = b->ops->download(b->ctx, host, d->grads[0], d->m->nparams * sizeof(float));
-	return e ? fail(d, 0, e, "copying the gradient out", err, errlen) : 0;
+	return e ? devices_fail(d, 0, e, "copying the gradient out", err, errlen) : 0;
 }
 
 int devices_get_params(struct devices *d, float *host, char *err, size_t errlen)
 {
 	struct backend *b = &d->be[d->be_of[0]];
 	int e = b->ops->download(b->ctx, host, d->params[0], d->m->nparams * sizeof(float));
-	return e ? fail(d, 0, e, "copying the parameters out", err, errlen) : 0;
+	return e ? devices_fail(d, 0, e, "copying the parameters out", err, errlen) : 0;
 }
 
 /* The GPU optimizer's rule for this step: o->t counts it, and Adam's bias
@@ -661,7 +537,7 @@ static int params_broadcast(struct devices *d, char *err, size_t errlen)
 		else
 			memcpy(d->params[r], d->params[0], bytes);
 		if (e)
-			return fail(d, r, e, "copying the new parameters", err, errlen);
+			return devices_fail(d, r, e, "copying the new parameters", err, errlen);
 	}
 	return 0;
 }
@@ -700,7 +576,7 @@ int devices_apply(struct devices *d, struct optim *o, float lr, char *err, size_
 		struct gk_optim k = gpu_rule(o, lr);
 		int e = gpu_apply(d, o, &k);
 		if (e)
-			return fail(d, 0, e, "the optimizer", err, errlen);
+			return devices_fail(d, 0, e, "the optimizer", err, errlen);
 	}
 	return params_broadcast(d, err, errlen);
 }
@@ -725,7 +601,7 @@ static void graph_capture(struct devices *d, size_t at, int B, uint64_t key, con
 	if (!e) {
 		const float *x;
 		const int32_t *y;
-		int f = batch_of(d, 0, at, B, &x, &y);
+		int f = devices_batch(d, 0, at, B, &x, &y);
 		if (!f)
 			f = replica_train(&d->rep[0], d->params[0], d->grads[0], x, y, B, key,
 					  1.0f / (float)B);
@@ -767,14 +643,14 @@ int devices_train_step(struct devices *d, size_t at, int B, uint64_t key, struct
 				      .inv_sqrt_bc2 = k.inv_sqrt_bc2, .key = key };
 		e = gpu_graph_launch(&d->be[0], &st);
 		if (e)
-			return fail(d, 0, e, "the training step's graph", err, errlen);
+			return devices_fail(d, 0, e, "the training step's graph", err, errlen);
 		d->samples += B;
 		return 0;
 	}
 	d->graph_warm = 1;
 	e = devices_step(d, at, B, key, err, errlen);
 	if (!e && (e = gpu_apply(d, o, &k)))
-		return fail(d, 0, e, "the optimizer", err, errlen);
+		return devices_fail(d, 0, e, "the optimizer", err, errlen);
 	return e;
 }
 
@@ -800,7 +676,7 @@ static int optim_copy(struct devices *d, struct optim *o, int to_device, char *e
 		e = to_device ? b->ops->upload(b->ctx, dev[i], host[i], bytes)
 			      : b->ops->download(b->ctx, host[i], dev[i], bytes);
 		if (e)
-			return fail(d, 0, e, "copying the optimizer state", err, errlen);
+			return devices_fail(d, 0, e, "copying the optimizer state", err, errlen);
 	}
 	return 0;
 }
@@ -820,5 +696,5 @@ int devices_evaluate(struct devices *d, const struct dataset *ds, double *loss, 
 {
 	d->fwd_B = 0;   /* its activations are gone */
 	int e = replica_evaluate(&d->rep[0], d->params[0], ds, loss, acc);
-	return e ? fail(d, 0, e, "evaluation", err, errlen) : 0;
+	return e ? devices_fail(d, 0, e, "evaluation", err, errlen) : 0;
 }

@@ -34,6 +34,28 @@
 
 #define DEVICES_MAX CONFIG_MAX_DEVICES
 
+/* How devices_step_flow and devices_forward_flow run (devices_flow_init). */
+enum devices_flow {
+	DEVICES_FLOW_NONE,   /* not set up: both refuse */
+	DEVICES_FLOW_HOST,   /* one CPU replica: its buffers are host memory, so
+			      * backward is split there, the dense weights
+			      * block by block (replica_train_flow) */
+	DEVICES_FLOW_QUEUED, /* one replica on a backend with a copy queue (a
+			      * GPU): whole layers, each layer's gradient
+			      * copied down once its kernels are queued and
+			      * each layer's parameters copied up as they
+			      * arrive (replica_train_queued) */
+};
+
+/* What the flow did, counted since devices_open (devices_flow_say). */
+struct devices_flow_stats {
+	long steps;      /* devices_step_flow calls that made the whole gradient final */
+	long ranges;     /* the ranges they marked final */
+	long forwards;   /* devices_forward_flow passes that ran to the end */
+	long uploads;    /* QUEUED: the copies up those passes made */
+	double waited;   /* seconds those passes waited for parameters */
+};
+
 struct devices {
 	const struct model *m;
 	int n;                              /* replicas */
@@ -76,6 +98,8 @@ struct devices {
 	size_t fwd_at;
 	int fwd_B;
 	const float *fwd_x;
+	enum devices_flow flow;
+	struct devices_flow_stats fs;
 };
 
 /* Opens the devices the config asks for (see the top of this file), with
@@ -127,26 +151,42 @@ int devices_set_order(struct devices *d, const uint32_t *order, size_t n, char *
  * the devices (devices_meter): no step waits for a GPU. */
 int devices_step(struct devices *d, size_t at, int B, uint64_t key, char *err, size_t errlen);
 
-/* Whether devices_step_flow can run here: one replica on the CPU (its
- * buffers are host memory), with its buffers for it taken now.
- * -EOPNOTSUPP otherwise, -ENOMEM. */
+/* Whether devices_step_flow can run here, and how (d->flow, enum
+ * devices_flow): one CPU replica (HOST), or one replica whose backend has
+ * a copy queue (QUEUED: a GPU), with what it needs taken now (the split
+ * backward's buffers; the queue's slots). -EOPNOTSUPP otherwise (several
+ * replicas), -ENOMEM, or the backend's failure. Files: devices_flow.c. */
 int devices_flow_init(struct devices *d);
+/* Whether devices_forward_flow can run after devices_flow_init: QUEUED,
+ * or HOST on a backend with dense_forward_rows. */
+int devices_flow_forwards(const struct devices *d);
 /* devices_step (one replica, after devices_flow_init), with the gradient
  * copied into host (P) range by range as each becomes final, and each
  * range then marked in flow, so that a worker can push the first pieces
- * while backward still runs (replica_train_flow). A range holding a NaN or
- * an infinity is not marked: the step ends with -EDOM and *bad, its index
- * (P otherwise), and no message. On any failure the flow is failed, so no
- * reader waits for ever. forwarded: devices_forward_flow has run the
- * forward pass of this very batch (-EINVAL if it has not), and only the
- * backward pass is left. */
+ * while backward still runs. HOST: replica_train_flow's ranges, the dense
+ * weights block by block in the order gradflow_behind asks for; the
+ * gradient is devices_step's to float rounding (block GEMMs). QUEUED: one
+ * range a layer, the last layer first, each copied down on the backend's
+ * queue as soon as its kernels are queued and marked once it has landed,
+ * while the layers before it still compute; the gradient is devices_step's
+ * bit for bit; host should come from devices_host_alloc. A range holding
+ * a NaN or an infinity is not marked: the step ends with -EDOM and *bad,
+ * its index (P otherwise), and no message. On any failure the flow is
+ * failed, so no reader waits for ever. forwarded: devices_forward_flow
+ * has run the forward pass of this very batch (-EINVAL if it has not),
+ * and only the backward pass is left. Returns once the whole gradient is
+ * in host (QUEUED: the step's only host waits are for its copies down). */
 int devices_step_flow(struct devices *d, size_t at, int B, uint64_t key, float *host,
 		      struct gradflow *flow, int forwarded, size_t *bad, char *err, size_t errlen);
 /* The forward pass of devices_step_flow alone, for the batch of a step
  * whose parameters are still arriving: host (P) fills as the links take
- * them and mark them final in flow, and each layer waits for its own
- * (replica_forward_flow), copying them to the replica as they come. The
- * loss goes to the training meter as devices_step's does. Then
+ * them and mark them final in flow, and each layer waits for its own,
+ * copying them to the replica as they come (HOST: replica_forward_flow, a
+ * dense layer's rows as they come; QUEUED: replica_forward_layers, each
+ * run that has arrived copied up on the queue, the layer's kernels queued
+ * to wait for them). host must keep its values until devices_step_flow
+ * has returned. The loss goes to the training meter as devices_step's
+ * does. Then
  * devices_step_flow with forwarded 1 and the same batch computes the
  * backward pass; anything else between the two (devices_step,
  * devices_set_params, an evaluation) forgets the pass. *waited: seconds
@@ -154,6 +194,15 @@ int devices_step_flow(struct devices *d, size_t at, int B, uint64_t key, float *
  * exchange that brings the parameters did), with one line in err. */
 int devices_forward_flow(struct devices *d, size_t at, int B, uint64_t key, const float *host,
 			 struct gradflow *flow, double *waited, char *err, size_t errlen);
+
+/* Host memory for n floats that the devices copy to and from fastest:
+ * pinned for a GPU (replica 0's backend's host_alloc), else plain. *p is
+ * the caller's, freed with devices_host_free before devices_close. */
+int devices_host_alloc(struct devices *d, float **p, size_t n, char *err, size_t errlen);
+void devices_host_free(struct devices *d, float *p); /* accepts NULL */
+
+/* One line of what the flow did (d->fs) in buf, "" when it did nothing. */
+void devices_flow_say(const struct devices *d, char *buf, size_t len);
 
 /* devices_step then devices_apply: one whole step of `local`. Where the
  * step can be a CUDA graph ([gpu] cuda_graphs on one GPU replica, the

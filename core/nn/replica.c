@@ -219,11 +219,14 @@ static int bn_group_forward(struct replica *r, int i, int grp, const float *para
 					  p ? p->kind : LAYER_RELU, p ? &p->win : NULL);
 }
 
-/* Where forward_layers waits for parameters (replica_forward_flow), or
- * NULL: they are all there. */
+/* Where forward_layers waits for parameters (replica_forward_flow,
+ * replica_forward_layers), or NULL: they are all there. whole: every
+ * layer waits for all of its own at once and then runs as without a
+ * wait (no dense layer row block by row block). */
 struct param_wait {
 	int (*ready)(void *ctx, size_t lo, size_t want, size_t most, size_t unit, size_t *have);
 	void *ctx;
+	int whole;
 };
 
 /* Dense layer i over the weight rows as they arrive: the bias first
@@ -264,7 +267,7 @@ static int forward_layers(struct replica *r, const float *params, const float *x
 		const struct layer *l = &m->layers[i];
 		int e = 0, grp;
 		size_t have;
-		if (pw && l->kind == LAYER_DENSE) {
+		if (pw && !pw->whole && l->kind == LAYER_DENSE) {
 			e = dense_forward_arriving(r, i, params, in, B, pw);
 		} else if (pw && l->nparams &&
 			   (e = pw->ready(pw->ctx, l->woff, l->woff + l->nparams, l->woff + l->nparams, 1, &have))) {
@@ -318,11 +321,25 @@ static int bn_group_backward(struct replica *r, int j, int end, const float *par
 	return 0;
 }
 
+/* Told once a layer's gradient kernels are queued (replica_train_queued):
+ * fn(ctx, lo, hi) with [lo, hi) the layer's parameters. */
+struct layer_done {
+	int (*fn)(void *ctx, size_t lo, size_t hi);
+	void *ctx;
+};
+
+/* ld (may be NULL) told that layer i's gradient is queued, if it has one. */
+static int layer_queued(const struct layer_done *ld, const struct layer *l)
+{
+	return ld && l->nparams ? ld->fn(ld->ctx, l->woff, l->woff + l->nparams) : 0;
+}
+
 /* Every layer's backward from dout = r->grad[cur], the loss gradient.
  * defer (replica_train_flow): dense layers' weight gradients are left
- * out, each layer's dout kept in r->dz for them. */
+ * out, each layer's dout kept in r->dz for them. ld (without defer, or
+ * NULL): told after each layer's kernels, the last layer first. */
 static int backward_layers(struct replica *r, const float *params, float *grads, const float *x,
-			   int B, float scale, int cur, int defer)
+			   int B, float scale, int cur, int defer, const struct layer_done *ld)
 {
 	const struct model *m = r->m;
 	const struct backend_ops *o = r->be.ops;
@@ -340,6 +357,8 @@ static int backward_layers(struct replica *r, const float *params, float *grads,
 		if (j >= 0) {
 			e = bn_group_backward(r, j, i, params, grads, x, B, scale, &cur, &dout);
 			i = j;
+			if (!e)
+				e = layer_queued(ld, &m->layers[j]);
 			if (!dout)
 				break;   /* the batchnorm was the first layer */
 			continue;
@@ -398,6 +417,8 @@ static int backward_layers(struct replica *r, const float *params, float *grads,
 			r->failed = l->name;
 			break;
 		}
+		if ((e = layer_queued(ld, l)))
+			break;
 		if (swap) {
 			cur ^= 1;
 			dout = dinp;
@@ -429,7 +450,7 @@ int replica_train(struct replica *r, const float *params, float *grads, const fl
 		  const int32_t *y, int B, uint64_t key, float scale)
 {
 	int e = train_forward(r, params, x, y, B, key, scale, NULL);
-	return e ? e : backward_layers(r, params, grads, x, B, scale, 0, 0);
+	return e ? e : backward_layers(r, params, grads, x, B, scale, 0, 0, NULL);
 }
 
 int replica_flow_init(struct replica *r)
@@ -517,7 +538,7 @@ int replica_backward_flow(struct replica *r, const float *params, float *grads, 
 	const struct model *m = r->m;
 	if (!r->rowdone || !r->training)
 		return -EINVAL;
-	int e = backward_layers(r, params, grads, x, B, scale, 0, 1);
+	int e = backward_layers(r, params, grads, x, B, scale, 0, 1, NULL);
 	/* Everything but the dense weights is final now: the gaps between them. */
 	size_t at = 0, rows = 0;
 	for (int i = 0; !e && i <= m->nlayers; i++) {
@@ -556,6 +577,33 @@ int replica_backward_flow(struct replica *r, const float *params, float *grads, 
 				e = flow_block(r, i, a, SIZE_MAX, grads, x, B, final, ctx);
 	}
 	return e;
+}
+
+int replica_forward_layers(struct replica *r, const float *params, const float *x, const int32_t *y,
+			   int B, uint64_t key, float scale,
+			   int (*ready)(void *ctx, size_t lo, size_t want, size_t most, size_t unit,
+					size_t *have),
+			   void *ctx)
+{
+	struct param_wait pw = { .ready = ready, .ctx = ctx, .whole = 1 };
+	return train_forward(r, params, x, y, B, key, scale, &pw);
+}
+
+int replica_train_queued(struct replica *r, const float *params, float *grads, const float *x,
+			 const int32_t *y, int B, uint64_t key, float scale,
+			 int (*queued)(void *ctx, size_t lo, size_t hi), void *ctx)
+{
+	int e = train_forward(r, params, x, y, B, key, scale, NULL);
+	return e ? e : replica_backward_queued(r, params, grads, x, B, scale, queued, ctx);
+}
+
+int replica_backward_queued(struct replica *r, const float *params, float *grads, const float *x,
+			    int B, float scale, int (*queued)(void *ctx, size_t lo, size_t hi), void *ctx)
+{
+	if (!r->training)
+		return -EINVAL;
+	struct layer_done ld = { .fn = queued, .ctx = ctx };
+	return backward_layers(r, params, grads, x, B, scale, 0, 0, &ld);
 }
 
 /* Slots [at, at + 2) of the meter into host values, then cleared. */
@@ -617,7 +665,7 @@ int replica_backward(struct replica *r, const float *params, float *grads, int B
 		r->failed = "the loss";
 		return e;
 	}
-	return backward_layers(r, params, grads, r->x, B, scale, 0, 0);
+	return backward_layers(r, params, grads, r->x, B, scale, 0, 0, NULL);
 }
 
 /* The chunks' losses add up in the meter, read once at the end (each

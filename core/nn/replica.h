@@ -123,6 +123,31 @@ int replica_backward_flow(struct replica *r, const float *params, float *grads, 
 			  float scale, struct gradflow *flow, int (*final)(void *ctx, size_t lo, size_t hi),
 			  void *ctx);
 
+/* The same passes for a backend whose copies run beside its kernels (a
+ * GPU's copy queue, devices_flow.c), where the values and the order of
+ * every sum must stay those of replica_train, bit for bit: whole layers,
+ * no split products. replica_forward_layers: replica_forward_flow with
+ * each layer asking ready for all of its parameters at once (unit 1,
+ * want = most = its end) and then running exactly as in replica_train
+ * (fused kernels included); no backend entry needed. replica_train_queued:
+ * replica_train, calling queued(ctx, lo, hi) each time a layer's gradient
+ * kernels are queued, with [lo, hi) that layer's parameters: grads[lo,
+ * hi) holds its final value once the backend's work queued so far has
+ * run. The last layer comes first; together the calls cover every
+ * parameter of a layer that has some, once. A nonzero return ends the
+ * pass with it. replica_backward_queued: its backward alone, after
+ * replica_forward_layers (or any training forward). */
+int replica_forward_layers(struct replica *r, const float *params, const float *x, const int32_t *y,
+			   int B, uint64_t key, float scale,
+			   int (*ready)(void *ctx, size_t lo, size_t want, size_t most, size_t unit,
+					size_t *have),
+			   void *ctx);
+int replica_train_queued(struct replica *r, const float *params, float *grads, const float *x,
+			 const int32_t *y, int B, uint64_t key, float scale,
+			 int (*queued)(void *ctx, size_t lo, size_t hi), void *ctx);
+int replica_backward_queued(struct replica *r, const float *params, float *grads, const float *x,
+			    int B, float scale, int (*queued)(void *ctx, size_t lo, size_t hi), void *ctx);
+
 /* The training meter: summed loss and right answers of the steps since the
  * last call, which are then cleared. Waits for the device. */
 int replica_meter(struct replica *r, double *loss_sum, double *right);

@@ -16,6 +16,7 @@
 enum data_format {
 	DATA_IDX,
 	DATA_CSV,
+	DATA_CRITEO,   /* criteo.h: train_csv and test_csv in Criteo's TSV layout */
 };
 
 struct data_config {
@@ -29,6 +30,8 @@ struct data_config {
 	int label_column;               /* 0-based column index; -1 = last column */
 	enum csv_header header;
 	double test_fraction;           /* (0,1), used only when test_csv is "" */
+	int max_resident_mb;            /* criteo: a training set larger is streamed
+					 * (stream.h); a test set larger is refused */
 };
 
 /* Loads train and test sets as the config says. IDX pixels are scaled to
@@ -37,6 +40,9 @@ struct data_config {
  * statistics. seed picks the test rows when a single CSV is split
  * (round(test_fraction * N) rows, at least 1 in each part, file order kept).
  * Both sets get the same classes: 1 + the largest label in either.
+ * Criteo files (criteo.h) are neither scaled nor standardized (their
+ * integers are log(1 + v) already) and must each fit max_resident_mb;
+ * a training file that does not is for data_open_stream.
  * train and test are overwritten, not freed; on failure both are zeroed.
  * Returns 0, or a negative errno with a one-line message in err. */
 int data_load(struct dataset *train, struct dataset *test,

@@ -14,6 +14,7 @@
 #include "cluster/launch.h"
 #include "core/infer.h"
 #include "core/config/config.h"
+#include "core/data/synth.h"
 #include "core/fileio.h"
 #include "core/nn/model.h"
 #include "core/shard.h"
@@ -68,12 +69,13 @@ struct opts {
 	int fresh;             /* --fresh of local */
 	int json;              /* --json of status */
 	double watch;          /* --watch SECONDS of status; 0: once */
+	struct synth_opts synth;   /* synth's options (core/data/synth.h parses them) */
 };
 
 /* What a command accepts besides --help: --config and --set, and/or one
  * optional positional FILE. Anything else is a usage error. */
 enum { TAKES_CONFIG = 1, TAKES_FILE = 2, TAKES_INDEX = 4, TAKES_CKPT = 8, TAKES_INPUT = 16, TAKES_FRESH = 32,
-       TAKES_WATCH = 64 };
+       TAKES_WATCH = 64, TAKES_SYNTH = 128 };
 
 struct command {
 	const char *name;
@@ -92,6 +94,7 @@ static int cmd_run(const struct opts *o);
 static int cmd_eval(const struct opts *o);
 static int cmd_predict(const struct opts *o);
 static int cmd_status(const struct opts *o);
+static int cmd_synth(const struct opts *o);
 
 static const struct command commands[] = {
 	{ "local", cmd_local, TAKES_CONFIG | TAKES_FRESH, "[--config FILE] [--set S.K=V]... [--fresh]",
@@ -111,6 +114,8 @@ static const struct command commands[] = {
 	  "ps or worker, as TF_CONFIG, Slurm (srun) or a StatefulSet pod name says" },
 	{ "status", cmd_status, TAKES_CONFIG | TAKES_WATCH, "[--config FILE] [--set S.K=V]... [--json] [--watch S]",
 	  "each ps's version, gradients, steps/s, checkpoint and workers (read-only; exit 3: some did not answer)" },
+	{ "synth", cmd_synth, TAKES_SYNTH, "[--out DIR] [--train-rows N] [--test-rows N] [--seed S] [--vocab N] [--gzip]",
+	  "write a synthetic click-through data set (Criteo layout) from a planted model; print its AUC" },
 	{ "keygen", cmd_keygen, TAKES_FILE, "[FILE]",
 	  "new random 32-byte cluster key in FILE (default ./cluster.key), mode 0600" },
 };
@@ -134,6 +139,8 @@ static void usage(FILE *f)
 		"  --probs            predict: also print the class probabilities\n"
 		"  --json             status: one JSON object (per round) instead of the table\n"
 		"  --watch S          status: ask again every S seconds until the run is complete\n"
+		"  --out DIR          synth: where train.txt and test.txt go (default ./ctr-synth); with\n"
+		"                     --train-rows, --test-rows, --seed, --vocab, --gzip (docs/CTR.md)\n"
 		"  --help, -h         this help\n"
 		"  --version          print the version, the build's GPU support and the BLAS kernels\n"
 		"\nexit status: 0 done, 1 runtime failure, 2 usage/config/data error, 3 peer or authentication\n"
@@ -532,6 +539,16 @@ static int cmd_predict(const struct opts *o)
 	return infer_exit(r, err);
 }
 
+static int cmd_synth(const struct opts *o)
+{
+	struct synth_result res;
+	char err[CONFIG_ERR_MAX];
+	int r = synth_write(&o->synth, &res, err, sizeof(err));
+	if (r == 0)
+		synth_report(&o->synth, &res, stdout);
+	return infer_exit(r == -EINVAL || r == 0 ? r : -EIO, err);
+}
+
 static int cmd_status(const struct opts *o)
 {
 	struct config c;
@@ -600,6 +617,8 @@ int main(int argc, char **argv)
 		return bad_usage("unknown command \"%s\"", cmd);
 
 	struct opts o = { .config = "cluster.ini" };
+	char err[200];
+	synth_defaults(&o.synth);
 	for (int i = first; i < argc; i++) {
 		const char *a = argv[i];
 		const char *val = NULL;
@@ -624,6 +643,13 @@ int main(int argc, char **argv)
 		if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
 			usage(stdout);
 			return EXIT_DONE;
+		}
+		int used = command->takes & TAKES_SYNTH ? synth_arg(&o.synth, argv + i, argc - i, err, sizeof(err)) : 0;
+		if (used < 0)
+			return bad_usage("%s", err);
+		if (used > 0) {
+			i += used - 1;
+			continue;
 		}
 		if (strcmp(a, "--json") == 0) {
 			if (!(command->takes & TAKES_WATCH))

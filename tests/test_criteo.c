@@ -9,6 +9,7 @@
 #define _POSIX_C_SOURCE 200809L   /* truncate under -std=c11 */
 #endif
 #include "../core/config/config.h"
+#include "../core/job.h"
 #include "../core/data/criteo.h"
 #include "../core/data/data.h"
 #include "../core/data/stream.h"
@@ -412,6 +413,95 @@ Test(stream, epoch_is_a_permutation_of_the_file)
 	stream_close(&s);
 	dataset_free(&win);
 	free(seen);
+}
+
+/* A job over a streamed file, 2 workers: every step's two batches lie in
+ * the window job_order put in place, and an epoch's batches are every
+ * row of the file's first spe * W * B... rows once, in another order each
+ * epoch. */
+Test(stream, job_epochs_cover_each_row_once)
+{
+	const size_t N = 20000;
+	char text[2048], err[400] = "";
+	struct config c;
+	struct job j;
+	const char *train = write_rows("train.txt", 0, N, 0), *test = write_rows("test.txt", N, 100, 0);
+	snprintf(text, sizeof(text),
+		 "[train]\nbatch_size = 50\nepochs = 2\n[data]\nformat = criteo\ntrain_csv = %s\ntest_csv = %s\n"
+		 "max_resident_mb = 1\n[model]\ninput = 13\nlayer = dense 2\n",
+		 train, test);
+	cr_assert_eq(config_parse_string(&c, "t.ini", text, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(job_load(&j, &c, 2, 1, err, sizeof(err)), 0, "%s", err);
+	cr_assert(j.streamed);
+	cr_assert_eq(j.n, N);
+	cr_assert_eq(j.stream.window, 6500, "1 MiB of 160-byte samples, a multiple of 2 x 50");
+	cr_assert_eq(j.spe, 200);
+	cr_assert_eq(j.spw, 65);
+	cr_assert_eq(j.total, 400);
+	cr_assert_eq(j.test.n, 100);
+
+	uint32_t *perm = malloc(j.train.n * sizeof(*perm)), first[2] = { 0 };
+	unsigned char *seen = calloc(N, 1);
+	long slice = -1;
+	for (long step = 0; step < j.total; step++) {
+		if (step % j.spe == 0)
+			memset(seen, 0, N);
+		if (job_slice(&j, step) != slice) {
+			slice = job_slice(&j, step);
+			cr_assert_eq(job_order(&j, step, 5, perm, err, sizeof(err)), 0, "%s", err);
+		}
+		for (int w = 0; w < 2; w++) {
+			size_t at = job_batch_at(&j, step, w);
+			cr_assert_leq(at + 50, j.train.n, "step %ld: a batch past its window", step);
+			for (size_t b = 0; b < 50; b++) {
+				uint32_t row = j.train.ids[(size_t)perm[at + b] * CRITEO_CATS];
+				cr_assert(!seen[row], "step %ld: row %u twice in an epoch", step, row);
+				seen[row] = 1;
+			}
+		}
+		if (step % j.spe == 0)
+			first[step / j.spe] = j.train.ids[(size_t)perm[0] * CRITEO_CATS];
+		if (step % j.spe == j.spe - 1)
+			for (size_t r = 0; r < N; r++)
+				cr_assert(seen[r], "epoch %ld: row %zu never", step / j.spe, r);
+	}
+	cr_expect_neq(first[0], first[1], "both epochs start with row %u", first[0]);
+	free(perm);
+	free(seen);
+	job_free(&j);
+}
+
+/* `pstrain local` on a streamed synth set: it trains, over every window. */
+Test(stream, local_trains_in_windows)
+{
+	struct synth_opts o;
+	struct synth_result r;
+	char err[400] = "", cfg[600], log[600], text[2048];
+	synth_defaults(&o);
+	snprintf(o.out, sizeof(o.out), "%s", at("ctr"));
+	o.train_rows = 20000;
+	o.test_rows = 2000;
+	o.vocab = 1000;
+	cr_assert_eq(synth_write(&o, &r, err, sizeof(err)), 0, "%s", err);
+	snprintf(cfg, sizeof(cfg), "%s", at("ctr.ini"));
+	snprintf(log, sizeof(log), "%s", at("ctr.log"));
+	snprintf(text, sizeof(text),
+		 "[train]\nbatch_size = 100\nepochs = 2\nthreads = 1\ncheckpoint_every = 0\n[data]\nformat = criteo\n"
+		 "train_csv = %s\ntest_csv = %s\nmax_resident_mb = 1\n[model]\ninput = 13\nlayer = dense 2\n",
+		 r.train_path, r.test_path);
+	FILE *f = fopen(cfg, "w");
+	cr_assert(f);
+	fputs(text, f);
+	fclose(f);
+	const char *args[] = { "local", "--config", cfg, NULL };
+	pid_t pid = spawn_pstrain(args, log, NULL);
+	int st[1];
+	wait_children(&pid, 1, st, 120);
+	const char *out = slurp(log);
+	cr_assert_eq(st[0], 0, "exit %d: %s", st[0], out);
+	cr_expect(strstr(out, "training: 20000 train / 2000 test samples"), "%s", out);
+	cr_expect(strstr(out, "400 steps (200 per epoch)"), "%s", out);
+	cr_expect(strstr(out, "done: 400 steps"), "%s", out);
 }
 
 /* ---- pstrain synth ------------------------------------------------------------ */

@@ -7,6 +7,7 @@
 #include "criteo.h"
 #include "csv.h"
 #include "idx.h"
+#include "stream.h"
 #include "../nn/rng.h"
 
 #include <errno.h>
@@ -251,17 +252,23 @@ static int data_criteo_whole(struct dataset *ds, const char *path, const struct 
 	return ret;
 }
 
+static int data_criteo_test(struct dataset *test, const struct data_config *dc, char *err, size_t errlen)
+{
+	return data_criteo_whole(test, dc->test_csv, dc, "a test set is held whole: raise it or use a shorter test file",
+				 err, errlen);
+}
+
 static int data_load_criteo(struct dataset *train, struct dataset *test, const struct data_config *dc,
 			    uint64_t seed, char *err, size_t errlen)
 {
-	static const char stream[] = "the trainer does not stream a training set yet (docs/CTR.md): raise it or shorten the file";
+	static const char stream[] = "a training file that large is streamed only with a test_csv (docs/CTR.md)";
 	struct dataset all = { 0 };
 	int ret = data_need(dc->train_csv, "train_csv", err, errlen);
 
 	if (ret == 0 && dc->test_csv[0]) {
 		ret = data_criteo_whole(train, dc->train_csv, dc, stream, err, errlen);
 		if (ret == 0)
-			ret = data_criteo_whole(test, dc->test_csv, dc, "a test set is held whole: raise it or use a shorter test file", err, errlen);
+			ret = data_criteo_test(test, dc, err, errlen);
 	} else if (ret == 0) {
 		ret = data_criteo_whole(&all, dc->train_csv, dc, stream, err, errlen);
 		if (ret == 0)
@@ -316,6 +323,44 @@ int data_load(struct dataset *train, struct dataset *test,
 		train->classes = test->classes;
 	test->classes = train->classes;
 	return 0;
+}
+
+int data_load_train(struct dataset *train, struct dataset *test, struct stream *s, int *streamed,
+		    const struct data_config *dc, size_t per_step, uint64_t seed, char *err, size_t errlen)
+{
+	memset(s, 0, sizeof(*s));
+	*streamed = 0;
+	if (dc->format != DATA_CRITEO || !dc->train_csv[0] || !dc->test_csv[0])
+		return data_load(train, test, dc, seed, err, errlen);
+	/* One read of the file: it is checked and counted while window 0 is
+	 * kept, and a file that fits in that window is simply held. */
+	size_t window = stream_window_rows((uint64_t)dc->max_resident_mb << 20, per_step);
+	int ret = stream_open(s, dc->train_csv, window, train, err, errlen);
+	if (ret == 0)
+		ret = data_criteo_test(test, dc, err, errlen);
+	if (ret < 0) {
+		stream_close(s);
+		dataset_free(train);
+		return ret;
+	}
+	*streamed = s->n > window;
+	if (!*streamed)
+		stream_close(s);
+	return 0;
+}
+
+int data_load_test(struct dataset *test, const struct data_config *dc, uint64_t seed, char *err, size_t errlen)
+{
+	struct dataset train = { 0 };
+	int ret;
+
+	if (dc->format == DATA_CRITEO && dc->test_csv[0]) {
+		memset(test, 0, sizeof(*test));
+		return data_criteo_test(test, dc, err, errlen);
+	}
+	ret = data_load(&train, test, dc, seed, err, errlen);
+	dataset_free(&train);
+	return ret;
 }
 
 int data_load_input(struct dataset *in, const struct data_config *dc, uint64_t seed, const char *path,

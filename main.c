@@ -69,13 +69,14 @@ struct opts {
 	int fresh;             /* --fresh of local */
 	int json;              /* --json of status */
 	double watch;          /* --watch SECONDS of status; 0: once */
-	struct synth_opts synth;   /* synth's options (core/data/synth.h parses them) */
+	int argc;              /* the command's own arguments, for TAKES_OWN */
+	char **argv;
 };
 
 /* What a command accepts besides --help: --config and --set, and/or one
  * optional positional FILE. Anything else is a usage error. */
 enum { TAKES_CONFIG = 1, TAKES_FILE = 2, TAKES_INDEX = 4, TAKES_CKPT = 8, TAKES_INPUT = 16, TAKES_FRESH = 32,
-       TAKES_WATCH = 64, TAKES_SYNTH = 128 };
+       TAKES_WATCH = 64, TAKES_OWN = 128 /* parses its own options */ };
 
 struct command {
 	const char *name;
@@ -114,7 +115,7 @@ static const struct command commands[] = {
 	  "ps or worker, as TF_CONFIG, Slurm (srun) or a StatefulSet pod name says" },
 	{ "status", cmd_status, TAKES_CONFIG | TAKES_WATCH, "[--config FILE] [--set S.K=V]... [--json] [--watch S]",
 	  "each ps's version, gradients, steps/s, checkpoint and workers (read-only; exit 3: some did not answer)" },
-	{ "synth", cmd_synth, TAKES_SYNTH, "[--out DIR] [--train-rows N] [--test-rows N] [--seed S] [--vocab N] [--gzip]",
+	{ "synth", cmd_synth, TAKES_OWN, "[--out DIR] [--train-rows N] [--test-rows N] [--seed S] [--vocab N] [--gzip]",
 	  "write a synthetic click-through data set (Criteo layout) from a planted model; print its AUC" },
 	{ "keygen", cmd_keygen, TAKES_FILE, "[FILE]",
 	  "new random 32-byte cluster key in FILE (default ./cluster.key), mode 0600" },
@@ -135,7 +136,7 @@ static void usage(FILE *f)
 		"                     TF_CONFIG, Slurm's SLURM_PROCID or a StatefulSet pod's name\n"
 		"  --fresh            local, ps: ignore checkpoints in checkpoint_dir and start over\n"
 		"  --checkpoint DIR   a step-NNNNNNNN checkpoint, or a checkpoint_dir (its newest complete one)\n"
-		"  --input FILE       predict: IDX images, or CSV in the training CSV's layout\n"
+		"  --input FILE       predict: IDX images, or text in the training file's layout (CSV, Criteo)\n"
 		"  --probs            predict: also print the class probabilities\n"
 		"  --json             status: one JSON object (per round) instead of the table\n"
 		"  --watch S          status: ask again every S seconds until the run is complete\n"
@@ -539,13 +540,25 @@ static int cmd_predict(const struct opts *o)
 	return infer_exit(r, err);
 }
 
+/* synth's options are its own (core/data/synth.h parses them), and it
+ * reads no config. */
 static int cmd_synth(const struct opts *o)
 {
+	struct synth_opts so;
 	struct synth_result res;
 	char err[CONFIG_ERR_MAX];
-	int r = synth_write(&o->synth, &res, err, sizeof(err));
+	synth_defaults(&so);
+	for (int i = 0; i < o->argc; i++) {
+		int used = synth_arg(&so, o->argv + i, o->argc - i, err, sizeof(err));
+		if (used <= 0 && (strcmp(o->argv[i], "--help") == 0 || strcmp(o->argv[i], "-h") == 0))
+			return usage(stdout), EXIT_DONE;
+		if (used <= 0)
+			return used < 0 ? bad_usage("%s", err) : bad_usage("unknown option \"%s\"", o->argv[i]);
+		i += used - 1;
+	}
+	int r = synth_write(&so, &res, err, sizeof(err));
 	if (r == 0)
-		synth_report(&o->synth, &res, stdout);
+		synth_report(&so, &res, stdout);
 	return infer_exit(r == -EINVAL || r == 0 ? r : -EIO, err);
 }
 
@@ -616,10 +629,8 @@ int main(int argc, char **argv)
 	if (!command)
 		return bad_usage("unknown command \"%s\"", cmd);
 
-	struct opts o = { .config = "cluster.ini" };
-	char err[200];
-	synth_defaults(&o.synth);
-	for (int i = first; i < argc; i++) {
+	struct opts o = { .config = "cluster.ini", .argc = argc - first, .argv = argv + first };
+	for (int i = first; i < argc && !(command->takes & TAKES_OWN); i++) {
 		const char *a = argv[i];
 		const char *val = NULL;
 		size_t n = strcspn(a, "=");
@@ -643,13 +654,6 @@ int main(int argc, char **argv)
 		if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
 			usage(stdout);
 			return EXIT_DONE;
-		}
-		int used = command->takes & TAKES_SYNTH ? synth_arg(&o.synth, argv + i, argc - i, err, sizeof(err)) : 0;
-		if (used < 0)
-			return bad_usage("%s", err);
-		if (used > 0) {
-			i += used - 1;
-			continue;
 		}
 		if (strcmp(a, "--json") == 0) {
 			if (!(command->takes & TAKES_WATCH))

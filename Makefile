@@ -358,7 +358,7 @@ FUZZ_SECONDS ?= 60
 FUZZ_CC ?= clang
 FUZZ_CFLAGS := -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	-std=c11 -D_GNU_SOURCE
-FUZZ_NAMES := config layer idx csv handshake msg safetensors ps launch aegis
+FUZZ_NAMES := config layer idx csv criteo handshake msg safetensors ps launch aegis
 FUZZ_BINS := $(FUZZ_NAMES:%=$(BUILD)/fuzz/fuzz_%)
 $(BUILD)/fuzz/fuzz_config: core/config/config.c core/config/config_value.c core/config/config_keys.c core/config/config_print.c core/nn/model.c core/nn/rng.c
 $(BUILD)/fuzz/fuzz_layer: core/nn/model.c core/nn/rng.c
@@ -367,6 +367,9 @@ $(BUILD)/fuzz/fuzz_csv: core/data/csv.c core/data/dataset.c
 FUZZ_LIBS_config := -linih -lsodium
 FUZZ_LIBS_idx := -lz
 FUZZ_LIBS_csv := -lz
+$(BUILD)/fuzz/fuzz_criteo: core/data/criteo.c core/data/lines.c core/data/stream.c core/data/data.c core/data/csv.c \
+	core/data/idx.c core/data/dataset.c core/nn/rng.c base/err.c
+FUZZ_LIBS_criteo := -lz
 $(BUILD)/fuzz/fuzz_handshake: net/handshake.c net/frame.c net/aegis.c base/err.c
 FUZZ_LIBS_handshake := -lsodium
 $(BUILD)/fuzz/fuzz_msg: net/msg.c net/bf16.c net/fpack.c base/err.c

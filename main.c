@@ -15,6 +15,7 @@
 #include "cluster/launch_config.h"
 #include "core/infer.h"
 #include "core/config/config.h"
+#include "core/data/synth.h"
 #include "core/fileio.h"
 #include "core/nn/model.h"
 #include "core/shard.h"
@@ -69,12 +70,14 @@ struct opts {
 	int fresh;             /* --fresh of local */
 	int json;              /* --json of status */
 	double watch;          /* --watch SECONDS of status; 0: once */
+	int argc;              /* the command's own arguments, for TAKES_OWN */
+	char **argv;
 };
 
 /* What a command accepts besides --help: --config and --set, and/or one
  * optional positional FILE. Anything else is a usage error. */
 enum { TAKES_CONFIG = 1, TAKES_FILE = 2, TAKES_INDEX = 4, TAKES_CKPT = 8, TAKES_INPUT = 16, TAKES_FRESH = 32,
-       TAKES_WATCH = 64 };
+       TAKES_WATCH = 64, TAKES_OWN = 128 /* parses its own options */ };
 
 struct command {
 	const char *name;
@@ -93,6 +96,7 @@ static int cmd_run(const struct opts *o);
 static int cmd_eval(const struct opts *o);
 static int cmd_predict(const struct opts *o);
 static int cmd_status(const struct opts *o);
+static int cmd_synth(const struct opts *o);
 
 static const struct command commands[] = {
 	{ "local", cmd_local, TAKES_CONFIG | TAKES_FRESH, "[--config FILE] [--set S.K=V]... [--fresh]",
@@ -112,6 +116,8 @@ static const struct command commands[] = {
 	  "ps or worker, as TF_CONFIG, Slurm (srun) or a StatefulSet pod name says" },
 	{ "status", cmd_status, TAKES_CONFIG | TAKES_WATCH, "[--config FILE] [--set S.K=V]... [--json] [--watch S]",
 	  "each ps's version, gradients, steps/s, checkpoint and workers (read-only; exit 3: some did not answer)" },
+	{ "synth", cmd_synth, TAKES_OWN, "[--out DIR] [--train-rows N] [--test-rows N] [--seed S] [--vocab N] [--gzip]",
+	  "write a synthetic click-through data set (Criteo layout) from a planted model; print its AUC" },
 	{ "keygen", cmd_keygen, TAKES_FILE, "[FILE]",
 	  "new random 32-byte cluster key in FILE (default ./cluster.key), mode 0600" },
 };
@@ -131,10 +137,12 @@ static void usage(FILE *f)
 		"                     TF_CONFIG, Slurm's SLURM_PROCID or a StatefulSet pod's name\n"
 		"  --fresh            local, ps: ignore checkpoints in checkpoint_dir and start over\n"
 		"  --checkpoint DIR   a step-NNNNNNNN checkpoint, or a checkpoint_dir (its newest complete one)\n"
-		"  --input FILE       predict: IDX images, or CSV in the training CSV's layout\n"
+		"  --input FILE       predict: IDX images, or text in the training file's layout (CSV, Criteo)\n"
 		"  --probs            predict: also print the class probabilities\n"
 		"  --json             status: one JSON object (per round) instead of the table\n"
 		"  --watch S          status: ask again every S seconds until the run is complete\n"
+		"  --out DIR          synth: where train.txt and test.txt go (default ./ctr-synth); with\n"
+		"                     --train-rows, --test-rows, --seed, --vocab, --gzip (docs/CTR.md)\n"
 		"  --help, -h         this help\n"
 		"  --version          print the version, the build's GPU support and the BLAS kernels\n"
 		"\nexit status: 0 done, 1 runtime failure, 2 usage/config/data error, 3 peer or authentication\n"
@@ -522,6 +530,28 @@ static int cmd_predict(const struct opts *o)
 	return infer_exit(r, err);
 }
 
+/* synth's options are its own (core/data/synth.h parses them), and it
+ * reads no config. */
+static int cmd_synth(const struct opts *o)
+{
+	struct synth_opts so;
+	struct synth_result res;
+	char err[CONFIG_ERR_MAX];
+	synth_defaults(&so);
+	for (int i = 0; i < o->argc; i++) {
+		int used = synth_arg(&so, o->argv + i, o->argc - i, err, sizeof(err));
+		if (used <= 0 && (strcmp(o->argv[i], "--help") == 0 || strcmp(o->argv[i], "-h") == 0))
+			return usage(stdout), EXIT_DONE;
+		if (used <= 0)
+			return used < 0 ? bad_usage("%s", err) : bad_usage("unknown option \"%s\"", o->argv[i]);
+		i += used - 1;
+	}
+	int r = synth_write(&so, &res, err, sizeof(err));
+	if (r == 0)
+		synth_report(&so, &res, stdout);
+	return infer_exit(r == -EINVAL || r == 0 ? r : -EIO, err);
+}
+
 /* The ps to ask are where the roles would find them (config_of), said on
  * one line: on stderr with --json, whose stdout is JSON only. */
 static int cmd_status(const struct opts *o)
@@ -595,8 +625,8 @@ int main(int argc, char **argv)
 	if (!command)
 		return bad_usage("unknown command \"%s\"", cmd);
 
-	struct opts o = { .config = "cluster.ini" };
-	for (int i = first; i < argc; i++) {
+	struct opts o = { .config = "cluster.ini", .argc = argc - first, .argv = argv + first };
+	for (int i = first; i < argc && !(command->takes & TAKES_OWN); i++) {
 		const char *a = argv[i];
 		const char *val = NULL;
 		size_t n = strcspn(a, "=");

@@ -224,6 +224,7 @@ static int worker_open(struct worker *wr, char *err, size_t errlen)
 	e = devices_open(&wr->dev, dc, &wr->s.job.m, &c->train.optim,
 			 wr->chief && wr->B < EVAL_BATCH ? EVAL_BATCH : wr->B, job, wr->out, err, errlen);
 	free(dc);
+	wr->dev.stage_only |= wr->s.job.streamed;   /* as in core/train.c */
 	if (!e)
 		e = devices_set_data(&wr->dev, &wr->s.job.train, NULL, err, errlen);
 	if (e)
@@ -261,7 +262,7 @@ static int worker_open(struct worker *wr, char *err, size_t errlen)
 		snprintf(local, sizeof(local), " (%s%s%s)", unx, nlocal && cipher ? "; " : "",
 			 cipher ? cipher : "");
 	role_log(wr->out, "worker %d%s: connected to %d ps%s; %zu train / %zu test samples, %zu parameters, batch %d x %d workers, %ld steps (%ld per epoch), %s mode",
-		 wr->index, wr->chief ? " (chief)" : "", wr->lk.nps, local, wr->s.job.train.n, wr->s.job.test.n, P, wr->B,
+		 wr->index, wr->chief ? " (chief)" : "", wr->lk.nps, local, wr->s.job.n, wr->s.job.test.n, P, wr->B,
 		 wr->W, wr->total, wr->spe, c->train.mode == MODE_SYNC ? "sync" : "async");
 	progress_init(&wr->pg, wr->out, wr->chief && wr->tty, wr->total, wr->spe);
 	char tbe[CONFIG_ERR_MAX];
@@ -387,18 +388,18 @@ static int worker_evaluate(struct worker *wr, double *ts, char *err, size_t errl
 }
 
 /* Where this worker's batch of step starts in the epoch's order, which
- * goes to the devices when the epoch changes. */
+ * goes to the devices when the epoch (a streamed set: the window) changes. */
 static int worker_batch(struct worker *wr, long step, size_t *first, char *err, size_t errlen)
 {
-	long epoch = step / wr->spe;
-	size_t n = wr->s.job.train.n;
+	long slice = job_slice(&wr->s.job, step);
 	char why[CONFIG_ERR_MAX];
-	if (epoch != wr->epoch_loaded) {
-		data_permute(wr->perm, n, wr->c->train.seed, (uint64_t)epoch);
-		wr->epoch_loaded = epoch;
-		int e = devices_set_order(&wr->dev, wr->perm, n, why, sizeof(why));
+	if (slice != wr->epoch_loaded) {
+		int e = job_order(&wr->s.job, step, wr->c->train.seed, wr->perm, why, sizeof(why));
+		if (!e)
+			e = devices_set_order(&wr->dev, wr->perm, wr->s.job.train.n, why, sizeof(why));
 		if (e)
 			return err_set(err, errlen, e, "step %ld: %s", step, why);
+		wr->epoch_loaded = slice;
 	}
 	*first = job_batch_at(&wr->s.job, step, wr->index);
 	return 0;

@@ -68,10 +68,10 @@ int infer_eval(const struct config *c, const char *ckpt, struct infer_result *re
 	       size_t errlen)
 {
 	struct infer in;
-	struct dataset train = { 0 }, test = { 0 };
+	struct dataset test = { 0 };
 	int e = infer_init(&in, c, ckpt, res, err, errlen);
 	if (!e)
-		e = data_load(&train, &test, &c->data, c->train.seed, err, errlen);
+		e = data_load_test(&test, &c->data, c->train.seed, err, errlen);
 	if (!e && test.d != (size_t)in.m.inputs)
 		e = err_set(err, errlen, -EINVAL, "test samples have %zu features but the model takes %d", test.d,
 			    in.m.inputs);
@@ -84,7 +84,6 @@ int infer_eval(const struct config *c, const char *ckpt, struct infer_result *re
 			err_set(err, errlen, e, "evaluation on %s: %s", in.be.where, strerror(-e));
 		res->samples = test.n;
 	}
-	dataset_free(&train);
 	dataset_free(&test);
 	infer_free(&in);
 	return e;

@@ -52,7 +52,9 @@ int job_load(struct job *j, const struct config *c, int W, int want_data, char *
 		j->total = c->train.steps;
 		return 0;
 	}
-	e = data_load(&j->train, &j->test, &c->data, c->train.seed, err, errlen);
+	size_t per_step = (size_t)W * (size_t)j->B;
+	e = data_load_train(&j->train, &j->test, &j->stream, &j->streamed, &c->data, per_step, c->train.seed, err,
+			    errlen);
 	if (e) {
 		/* A file that is missing, unreadable, a directory, malformed or
 		 * absurdly large is the user's input to fix (exit 2); only
@@ -62,18 +64,41 @@ int job_load(struct job *j, const struct config *c, int W, int want_data, char *
 	e = check_fit(c, j, err, errlen);
 	if (e)
 		return e;
-	j->spe = (long)(j->train.n / ((size_t)W * (size_t)j->B));
+	j->n = j->streamed ? j->stream.n : j->train.n;
+	j->spe = (long)(j->n / per_step);
+	j->spw = j->streamed ? (long)(j->stream.window / per_step) : j->spe;
 	j->total = c->train.steps > 0 ? c->train.steps : c->train.epochs * j->spe;
 	return 0;
 }
 
 void job_free(struct job *j)
 {
+	stream_close(&j->stream);
 	dataset_free(&j->train);
 	dataset_free(&j->test);
 }
 
 size_t job_batch_at(const struct job *j, long step, int w)
 {
-	return (size_t)(step % j->spe) * (size_t)j->W * (size_t)j->B + (size_t)w * (size_t)j->B;
+	return (size_t)(step % j->spe % j->spw) * (size_t)j->W * (size_t)j->B + (size_t)w * (size_t)j->B;
+}
+
+long job_slice(const struct job *j, long step)
+{
+	long epoch = step / j->spe;
+	return j->streamed ? epoch * (long)stream_windows(&j->stream) + step % j->spe / j->spw : epoch;
+}
+
+int job_order(struct job *j, long step, uint64_t seed, uint32_t *perm, char *err, size_t errlen)
+{
+	uint64_t epoch = (uint64_t)(step / j->spe);
+	size_t k = (size_t)(step % j->spe / j->spw);
+	if (!j->streamed) {
+		data_permute(perm, j->train.n, seed, epoch);
+		return 0;
+	}
+	int e = stream_fill(&j->stream, k, &j->train, err, errlen);
+	if (!e)
+		stream_order(perm, j->train.n, seed, epoch, k);
+	return e;
 }

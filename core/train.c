@@ -88,12 +88,13 @@ static void say_finished(const struct train_ckpt *ck, long step, long total, dou
 		sd, step, step == total ? " of" : ", past", total, a);
 }
 
-/* Epoch's permutation of the n training samples onto the devices. */
-static int epoch_order(struct devices *dev, uint32_t *perm, size_t n, uint64_t seed, long epoch,
+/* step's order of the training samples (an epoch's, or a streamed set's
+ * window's) onto the devices. */
+static int epoch_order(struct devices *dev, struct job *j, uint32_t *perm, uint64_t seed, long step,
 		       char *err, size_t errlen)
 {
-	data_permute(perm, n, seed, (uint64_t)epoch);
-	return devices_set_order(dev, perm, n, err, errlen);
+	int e = job_order(j, step, seed, perm, err, errlen);
+	return e ? e : devices_set_order(dev, perm, j->train.n, err, errlen);
 }
 
 /* A local run from its job's load to its close: what the steps between
@@ -182,6 +183,9 @@ static int run_ready(struct run *r, int tty, char *err, size_t errlen)
 		e = devices_set_params(&r->dev, r->params, err, errlen);
 	if (!e)
 		e = devices_set_optim(&r->dev, &r->opt, err, errlen);
+	/* A streamed window changes under the devices: its batches are
+	 * gathered on the host, never from a copy on the GPU. */
+	r->dev.stage_only |= r->j.streamed;
 	if (!e)
 		e = devices_set_data(&r->dev, &r->j.train, &resident, err, errlen);
 	if (e)
@@ -189,7 +193,7 @@ static int run_ready(struct run *r, int tty, char *err, size_t errlen)
 	if (r->ck && r->ck->intro)
 		fprintf(r->out, "%s\n", r->ck->intro);
 	fprintf(r->out, "training: %zu train / %zu test samples, %zu parameters, batch %d, %ld steps (%ld per epoch), %s%s%s\n",
-		r->j.train.n, r->j.test.n, r->j.m.nparams, r->j.B, r->j.total, r->j.spe, r->dev.be[0].where,
+		r->j.n, r->j.test.n, r->j.m.nparams, r->j.B, r->j.total, r->j.spe, r->dev.be[0].where,
 		r->dev.n > 1 ? " and more replicas" : "",
 		r->dev.gpu ? resident ? ", data on the GPU" : ", data staged from the host" : "");
 	progress_init(&r->pg, r->out, tty, r->j.total, r->j.spe);
@@ -288,16 +292,16 @@ int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, in
 	if (!e && r.ck && r.start >= r.j.total) {
 		e = run_say_finished(&r, res, err, errlen);
 	} else if (!e && !(e = run_ready(&r, tty, err, errlen))) {
-		long step, epoch_loaded = -1, spe = r.j.spe;
+		long step, epoch_loaded = -1;
 		res->start_step = r.start;
 		for (step = r.start; step < r.j.total && !*stop && !e; step++) {
 			/* From before the epoch's order is copied: that copy waits
 			 * for the steps queued before it, which is training time. */
 			double ts = progress_now();
 			char why[CONFIG_ERR_MAX];
-			if (step / spe != epoch_loaded) {
-				epoch_loaded = step / spe;
-				e = epoch_order(&r.dev, r.perm, r.j.train.n, c->train.seed, epoch_loaded, err, errlen);
+			if (job_slice(&r.j, step) != epoch_loaded) {
+				epoch_loaded = job_slice(&r.j, step);
+				e = epoch_order(&r.dev, &r.j, r.perm, c->train.seed, step, err, errlen);
 				if (e)
 					break;
 			}

@@ -309,9 +309,9 @@ static int config_finish(struct config *c, const struct parse *p, char *err, siz
 	}
 	if (c->train.steps == 0 && c->train.epochs == 0)
 		c->train.epochs = 1;
-	if (c->data.format == DATA_CSV && !c->data.train_csv[0]) {
+	if (c->data.format != DATA_IDX && !c->data.train_csv[0]) {
 		where(at, sizeof(at), p, "data", "format");
-		snprintf(err, errlen, "%s: [data] format = csv needs train_csv", at);
+		snprintf(err, errlen, "%s: [data] format = %s needs train_csv", at, c->data.format == DATA_CSV ? "csv" : "criteo");
 		return -EINVAL;
 	}
 	char merr[CONFIG_ERR_MAX];

@@ -7,7 +7,7 @@
 static const char *const mode_names[] = { "sync", "async", NULL };
 static const char *const optim_names[] = { "sgd", "momentum", "adam", NULL };
 static const char *const sched_names[] = { "constant", "step", "cosine", NULL };
-static const char *const format_names[] = { "idx", "csv", NULL };
+static const char *const format_names[] = { "idx", "csv", "criteo", NULL };
 static const char *const header_names[] = { "auto", "yes", "no", NULL };
 static const char *const loss_names[] = { "softmax_cross_entropy", NULL };
 static const char *const wire_dtype_names[] = { "fp32", "bf16", "bf16_grads", "bf16_params", NULL };
@@ -87,6 +87,7 @@ const struct key_def config_keys[] = {
 	{ "data", "label_column", K_LABEL_COLUMN, OFF(data.label_column), 0, 0, 1e6, 0, NULL, "first" },
 	{ "data", "header", K_ENUM, OFF(data.header), 0, 0, 0, 0, header_names, "auto" },
 	{ "data", "test_fraction", K_DOUBLE, OFF(data.test_fraction), 0, 0, 1, LO_OPEN | HI_OPEN, NULL, "0.2" },
+	{ "data", "max_resident_mb", K_INT, OFF(data.max_resident_mb), 0, 1, 1 << 24, 0, NULL, "4096" },
 
 	{ "model", "input", K_INPUT, OFF(model.in_h), 0, 1, 65536, 0, NULL, "28x28x1" },
 	{ "model", "layer", K_LAYER, OFF(model.layers), OFF(model.nlayers), 0, 0, REPEAT, NULL, NULL },

@@ -4,8 +4,10 @@
  * the two sets agree. Also the per-epoch sample order. Parsing itself lives
  * in the loaders. */
 #include "data.h"
+#include "criteo.h"
 #include "csv.h"
 #include "idx.h"
+#include "stream.h"
 #include "../nn/rng.h"
 
 #include <errno.h>
@@ -49,7 +51,9 @@ static int data_split(struct dataset *train, struct dataset *test,
 	tr.y = malloc(ntrain * sizeof(*tr.y));
 	te.x = malloc(ntest * all->d * sizeof(*te.x));
 	te.y = malloc(ntest * sizeof(*te.y));
-	if (!is_test || !perm || !tr.x || !tr.y || !te.x || !te.y) {
+	tr.ids = all->f ? malloc(ntrain * all->f * sizeof(*tr.ids)) : NULL;
+	te.ids = all->f ? malloc(ntest * all->f * sizeof(*te.ids)) : NULL;
+	if (!is_test || !perm || !tr.x || !tr.y || !te.x || !te.y || (all->f && (!tr.ids || !te.ids))) {
 		free(is_test);
 		free(perm);
 		dataset_free(&tr);
@@ -73,6 +77,7 @@ static int data_split(struct dataset *train, struct dataset *test,
 	tr.n = ntrain;
 	te.n = ntest;
 	tr.d = te.d = all->d;
+	tr.f = te.f = all->f;
 	tr.classes = te.classes = all->classes;
 	for (i = j = k = 0; i < all->n; i++) {
 		struct dataset *to = is_test[i] ? &te : &tr;
@@ -81,6 +86,8 @@ static int data_split(struct dataset *train, struct dataset *test,
 		memcpy(to->x + at * all->d, all->x + i * all->d,
 		       all->d * sizeof(*all->x));
 		to->y[at] = all->y[i];
+		if (all->f)
+			memcpy(to->ids + at * all->f, all->ids + i * all->f, all->f * sizeof(*all->ids));
 	}
 	free(is_test);
 	free(perm);
@@ -136,6 +143,25 @@ static int data_standardize(struct dataset *train, struct dataset *test)
 	return 0;
 }
 
+/* Splits round(test_fraction * N) rows of all off as the test set, or
+ * says which part that would leave empty; frees all either way. */
+static int data_split_fraction(struct dataset *train, struct dataset *test, struct dataset *all,
+			       const struct data_config *dc, uint64_t seed, char *err, size_t errlen)
+{
+	double ntest = floor(dc->test_fraction * (double)all->n + 0.5);
+	int ret = -EINVAL;
+
+	if (ntest < 1 || ntest > (double)all->n - 1)
+		snprintf(err, errlen, "%s: test_fraction %g of %zu rows leaves %s empty",
+			 dc->train_csv, dc->test_fraction, all->n,
+			 ntest < 1 ? "the test set" : "the training set");
+	else if ((ret = data_split(train, test, all, (size_t)ntest, seed)) < 0)
+		snprintf(err, errlen, "%s: out of memory splitting %zu rows",
+			 dc->train_csv, all->n);
+	dataset_free(all);
+	return ret;
+}
+
 static int data_need(const char *path, const char *key, char *err,
 		     size_t errlen)
 {
@@ -175,7 +201,6 @@ static int data_load_csv_raw(struct dataset *train, struct dataset *test,
 			     char *err, size_t errlen)
 {
 	struct dataset all = { 0 };
-	double ntest;
 	int ret;
 
 	ret = data_need(dc->train_csv, "train_csv", err, errlen);
@@ -205,23 +230,51 @@ static int data_load_csv_raw(struct dataset *train, struct dataset *test,
 			       dc->header, err, errlen);
 		if (ret < 0)
 			return ret;
-		ntest = floor(dc->test_fraction * (double)all.n + 0.5);
-		if (ntest < 1 || ntest > (double)all.n - 1) {
-			snprintf(err, errlen, "%s: test_fraction %g of %zu rows leaves %s empty",
-				 dc->train_csv, dc->test_fraction, all.n,
-				 ntest < 1 ? "the test set" : "the training set");
-			dataset_free(&all);
-			return -EINVAL;
-		}
-		ret = data_split(train, test, &all, (size_t)ntest, seed);
-		if (ret < 0) {
-			snprintf(err, errlen, "%s: out of memory splitting %zu rows",
-				 dc->train_csv, all.n);
-			dataset_free(&all);
-			return ret;
-		}
+		return data_split_fraction(train, test, &all, dc, seed, err, errlen);
 	}
 	return 0;
+}
+
+/* A Criteo file held whole, or refused when it holds more than
+ * max_resident_mb: the caller says what to do then (what). */
+static int data_criteo_whole(struct dataset *ds, const char *path, const struct data_config *dc,
+			     const char *what, char *err, size_t errlen)
+{
+	size_t n, max = ((size_t)dc->max_resident_mb << 20) / CRITEO_ROW_BYTES;
+	int ret = criteo_load(ds, path, max, &n, err, errlen);
+
+	if (ret == 0 && n > max) {
+		dataset_free(ds);
+		snprintf(err, errlen, "%s: %zu samples take %zu MiB, more than [data] max_resident_mb = %d; %s",
+			 path, n, (n * CRITEO_ROW_BYTES + (1u << 20) - 1) >> 20, dc->max_resident_mb, what);
+		return -EFBIG;
+	}
+	return ret;
+}
+
+static int data_criteo_test(struct dataset *test, const struct data_config *dc, char *err, size_t errlen)
+{
+	return data_criteo_whole(test, dc->test_csv, dc, "a test set is held whole: raise it or use a shorter test file",
+				 err, errlen);
+}
+
+static int data_load_criteo(struct dataset *train, struct dataset *test, const struct data_config *dc,
+			    uint64_t seed, char *err, size_t errlen)
+{
+	static const char stream[] = "a training file that large is streamed only with a test_csv (docs/CTR.md)";
+	struct dataset all = { 0 };
+	int ret = data_need(dc->train_csv, "train_csv", err, errlen);
+
+	if (ret == 0 && dc->test_csv[0]) {
+		ret = data_criteo_whole(train, dc->train_csv, dc, stream, err, errlen);
+		if (ret == 0)
+			ret = data_criteo_test(test, dc, err, errlen);
+	} else if (ret == 0) {
+		ret = data_criteo_whole(&all, dc->train_csv, dc, stream, err, errlen);
+		if (ret == 0)
+			ret = data_split_fraction(train, test, &all, dc, seed, err, errlen);
+	}
+	return ret;
 }
 
 static int data_load_csv(struct dataset *train, struct dataset *test,
@@ -252,6 +305,9 @@ int data_load(struct dataset *train, struct dataset *test,
 	case DATA_CSV:
 		ret = data_load_csv(train, test, dc, seed, err, errlen);
 		break;
+	case DATA_CRITEO:
+		ret = data_load_criteo(train, test, dc, seed, err, errlen);
+		break;
 	default:
 		snprintf(err, errlen, "[data] unknown format %d", (int)dc->format);
 		ret = -EINVAL;
@@ -269,6 +325,44 @@ int data_load(struct dataset *train, struct dataset *test,
 	return 0;
 }
 
+int data_load_train(struct dataset *train, struct dataset *test, struct stream *s, int *streamed,
+		    const struct data_config *dc, size_t per_step, uint64_t seed, char *err, size_t errlen)
+{
+	memset(s, 0, sizeof(*s));
+	*streamed = 0;
+	if (dc->format != DATA_CRITEO || !dc->train_csv[0] || !dc->test_csv[0])
+		return data_load(train, test, dc, seed, err, errlen);
+	/* One read of the file: it is checked and counted while window 0 is
+	 * kept, and a file that fits in that window is simply held. */
+	size_t window = stream_window_rows((uint64_t)dc->max_resident_mb << 20, per_step);
+	int ret = stream_open(s, dc->train_csv, window, train, err, errlen);
+	if (ret == 0)
+		ret = data_criteo_test(test, dc, err, errlen);
+	if (ret < 0) {
+		stream_close(s);
+		dataset_free(train);
+		return ret;
+	}
+	*streamed = s->n > window;
+	if (!*streamed)
+		stream_close(s);
+	return 0;
+}
+
+int data_load_test(struct dataset *test, const struct data_config *dc, uint64_t seed, char *err, size_t errlen)
+{
+	struct dataset train = { 0 };
+	int ret;
+
+	if (dc->format == DATA_CRITEO && dc->test_csv[0]) {
+		memset(test, 0, sizeof(*test));
+		return data_criteo_test(test, dc, err, errlen);
+	}
+	ret = data_load(&train, test, dc, seed, err, errlen);
+	dataset_free(&train);
+	return ret;
+}
+
 int data_load_input(struct dataset *in, const struct data_config *dc, uint64_t seed, const char *path,
 		    char *err, size_t errlen)
 {
@@ -278,6 +372,8 @@ int data_load_input(struct dataset *in, const struct data_config *dc, uint64_t s
 	memset(in, 0, sizeof(*in));
 	if (dc->format == DATA_IDX)
 		return idx_load_images(in, path, err, errlen);
+	if (dc->format == DATA_CRITEO)
+		return data_criteo_whole(in, path, dc, "predict on a shorter file", err, errlen);
 	ret = data_load_csv_raw(&train, &test, dc, seed, err, errlen);
 	if (ret == 0)
 		ret = csv_load(in, path, dc->label_column, dc->header, err, errlen);

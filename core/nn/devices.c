@@ -365,9 +365,15 @@ int devices_set_order(struct devices *d, const uint32_t *order, size_t n, char *
 			 d->data ? d->data->n : 0);
 		return -EINVAL;
 	}
-	if (!d->host_order && !(d->host_order = malloc(n * sizeof(uint32_t)))) {
-		snprintf(err, errlen, "out of memory for the order of %zu samples", n);
-		return -ENOMEM;
+	/* A streamed set's windows differ in size, and a resume may start
+	 * in a short one. */
+	if (!d->host_order || n > d->norder) {
+		uint32_t *o = realloc(d->host_order, n * sizeof(uint32_t));
+		if (!o) {
+			snprintf(err, errlen, "out of memory for the order of %zu samples", n);
+			return -ENOMEM;
+		}
+		d->host_order = o;
 	}
 	memcpy(d->host_order, order, n * sizeof(uint32_t));
 	d->norder = n;

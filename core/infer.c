@@ -39,6 +39,10 @@ static int infer_init(struct infer *in, const struct config *c, const char *ckpt
 	int e = model_build(&in->m, &c->model, err, errlen);
 	if (e)
 		return e;
+	if (in->m.embed.fields)
+		return err_set(err, errlen, -EINVAL,
+			       "layer %s: embedding tables are not checkpointed yet (issue 39 part 5), so there is no such model to load",
+			       in->m.layers[0].name);
 	e = checkpoint_resolve(ckpt, res->stepdir, sizeof(res->stepdir), err, errlen);
 	if (e)
 		return e;

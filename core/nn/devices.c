@@ -1,6 +1,7 @@
 /* Placement, the batch split over replicas and the gradient sum; see
  * devices.h. */
 #include "devices.h"
+#include "devices_embed.h"
 #include "../progress.h"
 #include "optim.h"
 #include "rng.h"
@@ -126,8 +127,11 @@ static int layers_supported(const struct model *m, const struct backend *b, char
 		case LAYER_AVGPOOL: ok = o->pool_forward && o->pool_backward; break;
 		case LAYER_DROPOUT: ok = o->dropout_forward && o->dropout_backward; break;
 		case LAYER_BATCHNORM: ok = o->batchnorm_forward && o->batchnorm_backward; break;
+		case LAYER_EMBEDDING: ok = o->embed_gather && o->embed_forward && o->embed_backward; break;
 		default: break;
 		}
+		if (ok && i == m->nlayers - 1 && m->loss == LOSS_SIGMOID_XENT)
+			ok = o->sigmoid_xent_train && o->sigmoid_xent_forward && o->sigmoid_xent_backward;
 		if (!ok) {
 			snprintf(why, whylen, "%s has no %s kernel yet (layer %s)", b->where, o->name, l->name);
 			return -ENOTSUP;
@@ -246,6 +250,7 @@ void devices_close(struct devices *d)
 	}
 	for (int k = 0; k < d->nbe; k++)
 		gpu_backend_close(&d->be[k]);   // no-op for the CPU backend
+	devices_embed_close(d);
 	free(d->host_order);
 	memset(d, 0, sizeof(*d));
 }
@@ -419,6 +424,8 @@ int devices_step(struct devices *d, size_t at, int B, uint64_t key, char *err, s
 		const float *x;
 		const int32_t *y;
 		int e = batch_of(d, r, at + off, Br, &x, &y);
+		if (!e && d->emb)
+			e = devices_embed_batch(d, r, at + off, Br);
 		if (!e)
 			e = replica_train(&d->rep[r], d->params[r], d->grads[r], x, y, Br,
 					  r ? rng_hash(key, RNG_DROPOUT, (uint64_t)r) : key, 1.0f / (float)B);
@@ -439,7 +446,7 @@ int devices_step(struct devices *d, size_t at, int B, uint64_t key, char *err, s
 
 int devices_flow_init(struct devices *d)
 {
-	if (d->n != 1 || d->gpu)
+	if (d->n != 1 || d->gpu || d->emb)
 		return -EOPNOTSUPP;
 	return replica_flow_init(&d->rep[0]);
 }
@@ -696,6 +703,7 @@ int devices_apply(struct devices *d, struct optim *o, float lr, char *err, size_
 		if (f)
 			return f;
 		optim_step_zero(o, d->params[0], d->grads[0], lr);
+		devices_embed_apply(d);
 	} else {
 		struct gk_optim k = gpu_rule(o, lr);
 		int e = gpu_apply(d, o, &k);
@@ -818,7 +826,9 @@ int devices_set_optim(struct devices *d, const struct optim *o, char *err, size_
 int devices_evaluate(struct devices *d, const struct dataset *ds, double *loss, double *acc,
 		     char *err, size_t errlen)
 {
-	d->fwd_B = 0;   /* its activations are gone */
-	int e = replica_evaluate(&d->rep[0], d->params[0], ds, loss, acc);
-	return e ? fail(d, 0, e, "evaluation", err, errlen) : 0;
+	struct eval_result ev;
+	int e = devices_eval(d, ds, &ev, err, errlen);
+	*loss = ev.loss;
+	*acc = ev.acc;
+	return e;
 }

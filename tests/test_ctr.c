@@ -18,6 +18,8 @@
 #include "../core/nn/model.h"
 #include "../core/nn/replica.h"
 #include "../core/nn/rng.h"
+#include "../core/progress.h"
+#include "../core/tblog.h"
 #include "../core/train.h"
 
 #include <errno.h>
@@ -357,6 +359,49 @@ Test(ctr, data_must_fit_the_model)
 	fclose(out);
 	dataset_free(&train);
 	dataset_free(&test);
+}
+
+/* A binary model's lines and TensorBoard scalars: log loss and AUC, no
+ * accuracy (which a rare label makes look good for a constant guess). */
+Test(ctr, progress_and_tensorboard_say_logloss_and_auc)
+{
+	for (int tty = 0; tty < 2; tty++) {
+		char *buf = NULL;
+		size_t len = 0;
+		FILE *f = open_memstream(&buf, &len);
+		struct progress p;
+		progress_init(&p, f, tty, 100, 10);
+		progress_set_binary(&p);
+		progress_tick(&p, 9, 0.01);
+		progress_step(&p, 9, 64, 64 * 0.45, 64 * 0.9);
+		progress_eval_auc(&p, 10, 0.4321, 0.7654);
+		cr_assert_eq(fclose(f), 0);
+		cr_assert_not_null(strstr(buf, tty ? " test AUC 0.765 " : "  test logloss 0.4321 AUC 0.7654  "), "%s", buf);
+		cr_assert_null(strstr(buf, "acc"), "%s", buf);
+		free(buf);
+	}
+	char dir[200], err[512];
+	test_dir_make(dir, sizeof(dir), "ctrtb");
+	struct tblog t;
+	cr_assert_eq(tblog_open(&t, dir, err, sizeof(err)), 0, "%s", err);
+	struct progress p;
+	FILE *null = fopen("/dev/null", "w");
+	progress_init(&p, null, 0, 100, 10);
+	progress_set_binary(&p);
+	progress_eval_auc(&p, 10, 0.4321, 0.7654);
+	cr_assert_eq(tblog_eval(&t, 10, &p, 0.01), 0);
+	char path[sizeof(t.path)];
+	snprintf(path, sizeof(path), "%s", t.path);
+	tblog_close(&t);
+	fclose(null);
+	unsigned char *ev;
+	size_t n;
+	read_all(path, &ev, &n);
+	cr_assert_not_null(memmem(ev, n, "test/auc", 8));
+	cr_assert_not_null(memmem(ev, n, "test/loss", 9));
+	cr_assert_null(memmem(ev, n, "accuracy", 8));
+	free(ev);
+	test_dir_remove(dir);
 }
 
 /* The roles a cluster runs refuse the model in one line, exit 2, before

@@ -268,7 +268,7 @@ static int cmd_check(const struct opts *o)
 	if (m.embed.fields) {
 		uint64_t R = embed_total_rows(&m.embed);
 		progress_bytes(size, sizeof(size), (double)R * m.embed.dim * sizeof(float));
-		printf("; embedding tables: %llu rows x %d (%s as float32), outside the parameters above\n",
+		printf("; embedding tables: %llu rows x %d (%s as float32), outside the parameters above; local mode only until sparse ps tables land (issue 39 part 3)\n",
 		       (unsigned long long)R, m.embed.dim, size);
 	}
 	printf("; loss: %s\n", m.loss == LOSS_SIGMOID_XENT ? "sigmoid_cross_entropy" : "softmax_cross_entropy");
@@ -530,7 +530,10 @@ static int cmd_eval(const struct opts *o)
 	if (r)
 		return r;
 	r = infer_eval(&c, o->checkpoint, &res, err, sizeof(err));
-	if (r == 0)
+	if (r == 0 && res.binary)
+		printf("%s (step %ld): test logloss %.4f AUC %.4f on %zu samples\n", res.stepdir, res.step, res.loss,
+		       res.auc, res.samples);
+	else if (r == 0)
 		printf("%s (step %ld): test loss %.4f accuracy %.2f%% on %zu samples\n", res.stepdir, res.step,
 		       res.loss, 100 * res.acc, res.samples);
 	return infer_exit(r, err);

@@ -404,6 +404,69 @@ Test(ctr, progress_and_tensorboard_say_logloss_and_auc)
 	test_dir_remove(dir);
 }
 
+/* A binary model without embeddings goes the whole way through the
+ * binary: local says log loss and AUC, eval finds the same from the
+ * checkpoint, predict gives 0/1 and the probability of 1. */
+Test(ctr, binary_model_local_eval_predict, .timeout = 60)
+{
+	char dir[200], cfg[300], csv[300], out[300], in[300], text[1024];
+	test_dir_make(dir, sizeof(dir), "ctrcli");
+	snprintf(csv, sizeof(csv), "%s/bin.csv", dir);
+	FILE *f = fopen(csv, "w");
+	cr_assert_not_null(f);
+	for (int i = 0; i < 1200; i++) {
+		double x0 = rng_normal(3, RNG_DATA, 2 * (uint64_t)i), x1 = rng_normal(3, RNG_DATA, 2 * (uint64_t)i + 1);
+		int y = rng_uniform(4, RNG_DATA, (uint64_t)i) < 1.0 / (1.0 + exp(-(2 * x0 - x1)));
+		fprintf(f, "%d,%.5f,%.5f\n", y, x0, x1);
+	}
+	fclose(f);
+	snprintf(cfg, sizeof(cfg), "%s/b.ini", dir);
+	snprintf(text, sizeof(text), "[train]\nepochs = 3\nbatch_size = 32\noptimizer = adam\nlearning_rate = 0.01\n"
+		 "threads = 1\n[data]\nformat = csv\ntrain_csv = bin.csv\n[model]\ninput = 2\nlayer = dense 4\n"
+		 "layer = relu\nlayer = dense 1\nloss = sigmoid_cross_entropy\n");
+	f = fopen(cfg, "w");
+	fputs(text, f);
+	fclose(f);
+	int st;
+	double ll, auc, ll2, auc2;
+	snprintf(out, sizeof(out), "%s/local.log", dir);
+	const char *local[] = { "local", "--config", cfg, NULL };
+	pid_t p = spawn_pstrain(local, out, NULL);
+	wait_children(&p, 1, &st, 40);
+	cr_assert_eq(st, 0, "%s", slurp(out));
+	const char *done = strstr(slurp(out), "done: 90 steps, test logloss ");
+	cr_assert_not_null(done, "%s", slurp(out));
+	cr_assert_eq(sscanf(done, "done: 90 steps, test logloss %lf AUC %lf", &ll, &auc), 2, "%s", done);
+	cr_assert(auc > 0.75 && ll < 0.6, "logloss %g AUC %g", ll, auc);
+	snprintf(out, sizeof(out), "%s/eval.log", dir);
+	snprintf(in, sizeof(in), "%s/b.ckpt", dir);
+	const char *eval[] = { "eval", "--config", cfg, "--checkpoint", in, NULL };
+	p = spawn_pstrain(eval, out, NULL);
+	wait_children(&p, 1, &st, 40);
+	cr_assert_eq(st, 0, "%s", slurp(out));
+	const char *e = strstr(slurp(out), "test logloss ");
+	cr_assert(e && sscanf(e, "test logloss %lf AUC %lf", &ll2, &auc2) == 2, "%s", slurp(out));
+	cr_assert(fabs(ll - ll2) < 1e-4 && fabs(auc - auc2) < 1e-4, "eval %g/%g, local %g/%g", ll2, auc2, ll, auc);
+	snprintf(out, sizeof(out), "%s/predict.log", dir);
+	const char *predict[] = { "predict", "--config", cfg, "--checkpoint", in, "--input", csv, "--probs", NULL };
+	p = spawn_pstrain(predict, out, NULL);
+	wait_children(&p, 1, &st, 40);
+	cr_assert_eq(st, 0, "%s", slurp(out));
+	const char *line = slurp(out);
+	int lines = 0;
+	for (; *line; lines++) {
+		int label;
+		double prob;
+		cr_assert_eq(sscanf(line, "%d,%lf", &label, &prob), 2, "%s", line);
+		cr_assert(label == (prob > 0.5) && prob > 0 && prob < 1, "%s", line);
+		line = strchr(line, '\n');
+		cr_assert_not_null(line);
+		line++;
+	}
+	cr_assert_eq(lines, 1200);
+	test_dir_remove(dir);
+}
+
 /* The roles a cluster runs refuse the model in one line, exit 2, before
  * the key (there is none here) or any socket. */
 Test(ctr, cluster_roles_refuse_embedding_models, .timeout = 60)

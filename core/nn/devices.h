@@ -223,6 +223,12 @@ struct eval_result {
  * sample for a binary model (an evaluation is not a step). */
 int devices_eval(struct devices *d, const struct dataset *ds, struct eval_result *ev, char *err,
 		 size_t errlen);
+/* devices_eval's work on one replica r with params (P) and table (R, DIM),
+ * the embedding's (NULL: none), both in r's backend memory: for callers
+ * without devices (`pstrain eval`). 0 or a negative errno, no message
+ * (-EINVAL: the set's fields do not fit, or no table for an embedding). */
+int devices_eval_replica(struct replica *r, const float *params, const float *table,
+			 const struct dataset *ds, struct eval_result *ev);
 
 /* The embedding tables of a model whose first layer is an embedding:
  * table (R, DIM) and its sparse optimizer, both the caller's and in host

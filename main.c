@@ -447,7 +447,7 @@ static int run_ps(const struct opts *o, const struct config *c, int index)
 static int run_worker(const struct opts *o, const struct config *c, int index)
 {
 	struct train_result res;
-	char err[CONFIG_ERR_MAX];
+	char err[CONFIG_ERR_MAX], figures[96];
 	install_stop_handler();
 	print_blas();
 	int r = cluster_worker(c, index, stdout, isatty(STDOUT_FILENO), &stop_requested, o->dump, &res,
@@ -455,8 +455,8 @@ static int run_worker(const struct opts *o, const struct config *c, int index)
 	if (r == 0 && res.finished)
 		;   /* cluster_worker said so, in one line */
 	else if (r == 0 && index == 0)
-		printf("done: %ld steps, test loss %.4f accuracy %.2f%%, wall %.1f s, %.0f samples/s\n",
-		       res.steps, res.test_loss, 100 * res.test_acc, res.wall, res.samples_per_s);
+		printf("done: %ld steps, %s, wall %.1f s, %.0f samples/s\n", res.steps,
+		       (test_figures(figures, sizeof(figures), &res), figures), res.wall, res.samples_per_s);
 	else if (r == 0)
 		printf("worker %d done: %ld steps\n", index, res.steps);
 	return role_exit(r, err);

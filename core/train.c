@@ -256,10 +256,7 @@ static int run_ready(struct run *r, int tty, char *err, size_t errlen)
 /* An evaluation's figures into the progress line and TensorBoard. */
 static void run_show_eval(struct run *r, long step, const struct eval_result *ev, double lr)
 {
-	if (ev->binary)
-		progress_eval_auc(&r->pg, step, ev->loss, ev->auc);
-	else
-		progress_eval(&r->pg, step, ev->loss, ev->acc);
+	devices_show_eval(&r->pg, step, ev);
 	tblog_eval(&r->tb, step, &r->pg, lr);
 }
 

@@ -24,6 +24,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +32,7 @@
 static void seed_rng(void)
 {
 	gradcheck_seed(0xc7c7ULL);
+	cr_assert_geq(sodium_init(), 0);   /* the cluster key of binary_model_in_a_cluster */
 }
 
 TestSuite(ctr, .init = seed_rng, .fini = leak_check);
@@ -404,6 +406,19 @@ Test(ctr, progress_and_tensorboard_say_logloss_and_auc)
 	test_dir_remove(dir);
 }
 
+/* n rows "y,x0,x1" of a logistic label on two normal features. */
+static void write_binary_csv(const char *path, int n)
+{
+	FILE *f = fopen(path, "w");
+	cr_assert_not_null(f);
+	for (int i = 0; i < n; i++) {
+		double x0 = rng_normal(3, RNG_DATA, 2 * (uint64_t)i), x1 = rng_normal(3, RNG_DATA, 2 * (uint64_t)i + 1);
+		int y = rng_uniform(4, RNG_DATA, (uint64_t)i) < 1.0 / (1.0 + exp(-(2 * x0 - x1)));
+		fprintf(f, "%d,%.5f,%.5f\n", y, x0, x1);
+	}
+	cr_assert_eq(fclose(f), 0);
+}
+
 /* A binary model without embeddings goes the whole way through the
  * binary: local says log loss and AUC, eval finds the same from the
  * checkpoint, predict gives 0/1 and the probability of 1. */
@@ -412,19 +427,12 @@ Test(ctr, binary_model_local_eval_predict, .timeout = 60)
 	char dir[200], cfg[300], csv[300], out[300], in[300], text[1024];
 	test_dir_make(dir, sizeof(dir), "ctrcli");
 	snprintf(csv, sizeof(csv), "%s/bin.csv", dir);
-	FILE *f = fopen(csv, "w");
-	cr_assert_not_null(f);
-	for (int i = 0; i < 1200; i++) {
-		double x0 = rng_normal(3, RNG_DATA, 2 * (uint64_t)i), x1 = rng_normal(3, RNG_DATA, 2 * (uint64_t)i + 1);
-		int y = rng_uniform(4, RNG_DATA, (uint64_t)i) < 1.0 / (1.0 + exp(-(2 * x0 - x1)));
-		fprintf(f, "%d,%.5f,%.5f\n", y, x0, x1);
-	}
-	fclose(f);
+	write_binary_csv(csv, 1200);
 	snprintf(cfg, sizeof(cfg), "%s/b.ini", dir);
 	snprintf(text, sizeof(text), "[train]\nepochs = 3\nbatch_size = 32\noptimizer = adam\nlearning_rate = 0.01\n"
 		 "threads = 1\n[data]\nformat = csv\ntrain_csv = bin.csv\n[model]\ninput = 2\nlayer = dense 4\n"
 		 "layer = relu\nlayer = dense 1\nloss = sigmoid_cross_entropy\n");
-	f = fopen(cfg, "w");
+	FILE *f = fopen(cfg, "w");
 	fputs(text, f);
 	fclose(f);
 	int st;
@@ -464,6 +472,42 @@ Test(ctr, binary_model_local_eval_predict, .timeout = 60)
 		line++;
 	}
 	cr_assert_eq(lines, 1200);
+	test_dir_remove(dir);
+}
+
+/* A binary dense model trains in a cluster as well (only embeddings wait
+ * for part 3); the chief's lines say log loss and AUC. */
+Test(ctr, binary_model_in_a_cluster, .timeout = 90)
+{
+	char dir[200], cfg[300], text[1024], out[2][300];
+	test_dir_make(dir, sizeof(dir), "ctrps");
+	write_cluster_files(dir);
+	snprintf(cfg, sizeof(cfg), "%s/bin.csv", dir);
+	write_binary_csv(cfg, 1200);
+	snprintf(cfg, sizeof(cfg), "%s/c.ini", dir);
+	snprintf(text, sizeof(text), "[cluster]\nps = 127.0.0.1:%d\nworkers = 127.0.0.1:%d\nkey_file = cluster.key\n"
+		 "socket_dir = sockets\n[data]\nformat = csv\ntrain_csv = bin.csv\n[train]\nsteps = 60\neval_every = 30\n"
+		 "batch_size = 32\noptimizer = adam\nlearning_rate = 0.01\nthreads = 1\n[model]\ninput = 2\n"
+		 "layer = dense 4\nlayer = relu\nlayer = dense 1\nloss = sigmoid_cross_entropy\n", free_port(), free_port());
+	FILE *f = fopen(cfg, "w");
+	fputs(text, f);
+	fclose(f);
+	const char *ps[] = { "ps", "--index", "0", "--config", cfg, NULL };
+	const char *w[] = { "worker", "--index", "0", "--config", cfg, NULL };
+	pid_t pids[2];
+	int st[2];
+	snprintf(out[0], sizeof(out[0]), "%s/ps.log", dir);
+	snprintf(out[1], sizeof(out[1]), "%s/w.log", dir);
+	pids[0] = spawn_pstrain(ps, out[0], NULL);
+	pids[1] = spawn_pstrain(w, out[1], NULL);
+	wait_children(pids, 2, st, 80);
+	assert_exits_zero(st, out, 2, "binary cluster");
+	const char *w0 = slurp(out[1]), *done = strstr(w0, "done: 60 steps, test logloss ");
+	double ll, auc;
+	cr_assert(done && sscanf(done, "done: 60 steps, test logloss %lf AUC %lf", &ll, &auc) == 2, "%s", w0);
+	cr_assert(auc > 0.75, "AUC %g", auc);
+	cr_assert_not_null(strstr(w0, "step 30/60"), "%s", w0);
+	cr_assert_null(strstr(w0, "acc"), "%s", w0);
 	test_dir_remove(dir);
 }
 

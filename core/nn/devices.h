@@ -223,6 +223,10 @@ struct eval_result {
  * sample for a binary model (an evaluation is not a step). */
 int devices_eval(struct devices *d, const struct dataset *ds, struct eval_result *ev, char *err,
 		 size_t errlen);
+/* An evaluation into the progress line (progress_eval, or a binary model's
+ * progress_eval_auc, which progress_set_binary must have prepared). */
+void devices_show_eval(struct progress *pg, long step, const struct eval_result *ev);
+
 /* devices_eval's work on one replica r with params (P) and table (R, DIM),
  * the embedding's (NULL: none), both in r's backend memory: for callers
  * without devices (`pstrain eval`). 0 or a negative errno, no message

@@ -8,6 +8,7 @@
 #include "../../base/err.h"
 #include "../../gpu/gpu.h"
 #include "../metrics.h"
+#include "../progress.h"
 
 #include <errno.h>
 #include <math.h>
@@ -82,6 +83,14 @@ int devices_eval_replica(struct replica *r, const float *params, const float *ta
 	free(scores);
 	free(pairs);
 	return e;
+}
+
+void devices_show_eval(struct progress *pg, long step, const struct eval_result *ev)
+{
+	if (ev->binary)
+		progress_eval_auc(pg, step, ev->loss, ev->auc);
+	else
+		progress_eval(pg, step, ev->loss, ev->acc);
 }
 
 int devices_eval(struct devices *d, const struct dataset *ds, struct eval_result *ev, char *err,

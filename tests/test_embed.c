@@ -222,15 +222,25 @@ static void random_lists(uint32_t *seg, uint32_t *ids, int nseg)
 	}
 }
 
+/* p: the plan of B samples of s's fields over random_lists. */
+static void random_plan(struct embed_plan *p, const struct embed_spec *s, int B)
+{
+	int nseg = B * s->fields;
+	uint32_t *seg = malloc((size_t)(nseg + 1) * sizeof(uint32_t)), *ids = malloc((size_t)nseg * 3 * sizeof(uint32_t));
+	cr_assert(seg && ids);
+	random_lists(seg, ids, nseg);
+	cr_assert_eq(embed_plan_init(p, (size_t)nseg, (size_t)nseg * 3), 0);
+	cr_assert_eq(embed_plan_build(p, s, seg, ids, B), 0);
+	free(seg);
+	free(ids);
+}
+
 Test(embed, backward_matches_finite_differences)
 {
-	enum { B = 5, F = 3, D = 2, DIM = 4, NSEG = B * F };
+	enum { B = 5, F = 3, D = 2, DIM = 4 };
 	struct embed_spec s = { .fields = F, .rows = 6, .dim = DIM };
-	uint32_t seg[NSEG + 1], ids[NSEG * 3];
-	random_lists(seg, ids, NSEG);
 	struct embed_plan p;
-	cr_assert_eq(embed_plan_init(&p, NSEG, NSEG * 3), 0);
-	cr_assert_eq(embed_plan_build(&p, &s, seg, ids, B), 0);
+	random_plan(&p, &s, B);
 	size_t ld = F * DIM + D;
 	for (int pool = 0; pool < 2; pool++) {
 		float *U = rand_array(p.u * DIM, 1.0), *x = rand_array(B * D, 1.0), *w = rand_array(B * ld, 1.0);
@@ -256,11 +266,8 @@ Test(embed, backward_adds_in_ascending_entry_order)
 	 * entry order, which must be the kernel's result bit for bit. */
 	enum { B = 64, F = 4, D = 1, DIM = 3, NSEG = B * F };
 	struct embed_spec s = { .fields = F, .rows = 3, .dim = DIM, .shared = 1 };
-	uint32_t seg[NSEG + 1], ids[NSEG * 3];
-	random_lists(seg, ids, NSEG);
 	struct embed_plan p;
-	cr_assert_eq(embed_plan_init(&p, NSEG, NSEG * 3), 0);
-	cr_assert_eq(embed_plan_build(&p, &s, seg, ids, B), 0);
+	random_plan(&p, &s, B);
 	size_t ld = F * DIM + D;
 	float *dout = rand_array(B * ld, 1.0);
 	for (size_t i = 0; i < B * ld; i++)
@@ -342,6 +349,17 @@ Test(embed, sigmoid_cross_entropy)
 static const uint64_t step_rows[3][4] = { { 0, 3, 6, 0 }, { 3, 4, 0, 0 }, { 1, 3, 6, 0 } };
 static const size_t step_u[3] = { 3, 2, 3 };
 
+/* Random gradients g of the three steps and a random table w (7, 5),
+ * copied into w0 and ref. */
+static void sparse_start(float g[3][4 * 5], float *w, float *w0, float *ref)
+{
+	for (int s = 0; s < 3; s++)
+		for (int i = 0; i < 20; i++)
+			g[s][i] = (float)rand_uniform();
+	for (int i = 0; i < 35; i++)
+		w[i] = w0[i] = ref[i] = (float)rand_uniform();
+}
+
 static void sparse_run(enum sparse_kind kind, float *w, struct sparse_optim *o, float g[3][4 * 5])
 {
 	struct sparse_config c = { .kind = kind, .lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f };
@@ -354,13 +372,9 @@ static void sparse_run(enum sparse_kind kind, float *w, struct sparse_optim *o, 
 Test(embed, adagrad_updates_only_the_touched_rows)
 {
 	float g[3][4 * 5], w[7 * 5], w0[7 * 5], ref[7 * 5], acc[7 * 5];
-	for (int s = 0; s < 3; s++)
-		for (int i = 0; i < 20; i++)
-			g[s][i] = (float)rand_uniform();
-	for (int i = 0; i < 35; i++) {
-		w[i] = w0[i] = ref[i] = (float)rand_uniform();
+	sparse_start(g, w, w0, ref);
+	for (int i = 0; i < 35; i++)
 		acc[i] = SPARSE_ADAGRAD_INIT;
-	}
 	struct sparse_optim o;
 	sparse_run(SPARSE_ADAGRAD, w, &o, g);
 	/* The reference: dense Adagrad over each step's rows as a matrix. */
@@ -385,11 +399,7 @@ Test(embed, adagrad_updates_only_the_touched_rows)
 Test(embed, lazy_adam_is_adam_on_the_touched_rows)
 {
 	float g[3][4 * 5], w[7 * 5], w0[7 * 5], ref[7 * 5], m[7 * 5] = { 0 }, v[7 * 5] = { 0 };
-	for (int s = 0; s < 3; s++)
-		for (int i = 0; i < 20; i++)
-			g[s][i] = (float)rand_uniform();
-	for (int i = 0; i < 35; i++)
-		w[i] = w0[i] = ref[i] = (float)rand_uniform();
+	sparse_start(g, w, w0, ref);
 	struct sparse_optim o;
 	sparse_run(SPARSE_LAZY_ADAM, w, &o, g);
 	/* The reference: optim.h's adam over each step's rows gathered into a

@@ -46,12 +46,13 @@ static inline uint64_t embed_total_rows(const struct embed_spec *s)
 	return s->shared ? (uint64_t)s->rows : (uint64_t)s->fields * (uint64_t)s->rows;
 }
 
-/* The arguments after "embedding" (args[0 .. n)): FIELDS ROWS DIM, then
- * "shared" and "pool=sum" or "pool=mean" in any order, each at most once.
- * Returns 0 or -EINVAL with one line in err (core/nn/embed_spec.c, which
- * model.c's layer parser and the config fuzzer link without the kernels). */
-int embed_spec_parse(struct embed_spec *s, const char *const *args, int n, char *err,
-		     size_t errlen);
+/* One option after "embedding FIELDS ROWS DIM": "shared", "pool=sum" or
+ * "pool=mean", in any order, each at most once (*seen_pool: a pool= came
+ * before; start at 0). Returns 0 or -EINVAL with one line in err
+ * (core/nn/embed_spec.c, which model.c's layer parser and the config
+ * fuzzer link without the kernels). */
+int embed_spec_option(struct embed_spec *s, const char *opt, int *seen_pool, char *err,
+		      size_t errlen);
 /* The spec back as layer text: "embedding 26 100000 16 shared pool=mean". */
 void embed_spec_format(const struct embed_spec *s, char *buf, size_t len);
 

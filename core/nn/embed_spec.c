@@ -1,30 +1,15 @@
 /* `layer = embedding FIELDS ROWS DIM [shared] [pool=sum|mean]`: the
- * arguments' parser and printer (embed.h). Kept apart from the kernels so
- * that the layer and config fuzzers link it alone. */
+ * options' parser and the printer (embed.h); model.c parses the three
+ * counts as it parses every layer's. Kept apart from the kernels so that
+ * the layer and config fuzzers link it alone. */
 #include "embed.h"
 
 #include <errno.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
-#define EMBED_USAGE "embedding FIELDS ROWS DIM [shared] [pool=sum|mean]"
-
-/* A whole decimal integer in [lo, hi]. */
-static int parse_count(const char *s, long lo, long hi, int *out)
-{
-	char *end;
-	errno = 0;
-	long v = strtol(s, &end, 10);
-	if (end == s || *end || errno || v < lo || v > hi || !(*s >= '0' && *s <= '9'))
-		return -EINVAL;
-	*out = (int)v;
-	return 0;
-}
-
 /* "shared", "pool=sum" or "pool=mean", each once. */
-static int parse_option(struct embed_spec *s, const char *opt, int *seen_pool, char *err,
-			size_t errlen)
+int embed_spec_option(struct embed_spec *s, const char *opt, int *seen_pool, char *err, size_t errlen)
 {
 	if (strcmp(opt, "shared") == 0) {
 		if (s->shared) {
@@ -49,36 +34,6 @@ static int parse_option(struct embed_spec *s, const char *opt, int *seen_pool, c
 	}
 	snprintf(err, errlen, "layer embedding: unknown option \"%s\" (expected shared or pool=sum|mean)", opt);
 	return -EINVAL;
-}
-
-int embed_spec_parse(struct embed_spec *s, const char *const *args, int n, char *err,
-		     size_t errlen)
-{
-	memset(s, 0, sizeof(*s));
-	if (n < 3) {
-		snprintf(err, errlen, "layer embedding needs FIELDS ROWS DIM (%s)", EMBED_USAGE);
-		return -EINVAL;
-	}
-	if (parse_count(args[0], 1, EMBED_MAX_FIELDS, &s->fields)) {
-		snprintf(err, errlen, "layer embedding: \"%s\" is not a field count (FIELDS, 1..%d)", args[0],
-			 EMBED_MAX_FIELDS);
-		return -EINVAL;
-	}
-	if (parse_count(args[1], 1, EMBED_MAX_ROWS, &s->rows)) {
-		snprintf(err, errlen, "layer embedding: \"%s\" is not a row count (ROWS, 1..%d)", args[1],
-			 EMBED_MAX_ROWS);
-		return -EINVAL;
-	}
-	if (parse_count(args[2], 1, EMBED_MAX_DIM, &s->dim)) {
-		snprintf(err, errlen, "layer embedding: \"%s\" is not a width (DIM, 1..%d)", args[2],
-			 EMBED_MAX_DIM);
-		return -EINVAL;
-	}
-	int seen_pool = 0;
-	for (int i = 3; i < n; i++)
-		if (parse_option(s, args[i], &seen_pool, err, errlen))
-			return -EINVAL;
-	return 0;
 }
 
 void embed_spec_format(const struct embed_spec *s, char *buf, size_t len)

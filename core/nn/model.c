@@ -128,6 +128,29 @@ static int parse_kernel(const char *tok, int *k)
 	return 0;
 }
 
+/* "embedding FIELDS ROWS DIM [options]" in tok[0 .. n). */
+static int parse_embed(struct embed_spec *e, char tok[][TOKEN_MAX], int n, const char *usage, char *err,
+		       size_t errlen)
+{
+	static const char *const what[3] = { "field count (FIELDS", "row count (ROWS", "width (DIM" };
+	const int hi[3] = { EMBED_MAX_FIELDS, EMBED_MAX_ROWS, EMBED_MAX_DIM };
+	int *field[3] = { &e->fields, &e->rows, &e->dim };
+	if (n < 4) {
+		snprintf(err, errlen, "layer embedding needs FIELDS ROWS DIM (%s)", usage);
+		return -EINVAL;
+	}
+	for (int i = 0; i < 3; i++)
+		if (parse_int(tok[i + 1], 1, hi[i], field[i])) {
+			snprintf(err, errlen, "layer embedding: \"%s\" is not a %s, 1..%d)", tok[i + 1], what[i], hi[i]);
+			return -EINVAL;
+		}
+	int seen_pool = 0;
+	for (int i = 4; i < n; i++)
+		if (embed_spec_option(e, tok[i], &seen_pool, err, errlen))
+			return -EINVAL;
+	return 0;
+}
+
 int layer_spec_parse(struct layer_spec *s, const char *text, char *err, size_t errlen)
 {
 	char tok[MAX_TOKENS][TOKEN_MAX];
@@ -199,12 +222,8 @@ int layer_spec_parse(struct layer_spec *s, const char *text, char *err, size_t e
 			if (parse_option(s, tok[i], 1, word, err, errlen))
 				return -EINVAL;
 		return 0;
-	case ARGS_EMBED: {
-		const char *args[MAX_TOKENS];
-		for (int i = 1; i < n; i++)
-			args[i - 1] = tok[i];
-		return embed_spec_parse(&s->embed, args, n - 1, err, errlen);
-	}
+	case ARGS_EMBED:
+		return parse_embed(&s->embed, tok, n, t->usage, err, errlen);
 	case ARGS_POOL:
 		if (n < 2 || parse_int(tok[1], 1, MAX_WINDOW, &s->k)) {
 			snprintf(err, errlen, "layer %s: \"%s\" is not a window size (1..%d)", word,

@@ -111,9 +111,10 @@ static void log_placement(const struct devices *d, const char *job, FILE *out)
 	fprintf(out, "placement: optimizer -> %s/%s\n", job, d->be[d->be_of[0]].where);
 }
 
-/* Whether backend b has the kernels of every layer of m; the CUDA backend
- * has none for the spatial layers, dropout and batchnorm yet, and a model
- * that needs them falls back like any other missing GPU capability. */
+/* Whether backend b has the kernels of every layer and the loss of m; the
+ * CUDA backend's table has none for the embedding layer and
+ * sigmoid_cross_entropy yet, and a model that needs them falls back like
+ * any other missing GPU capability. */
 static int layers_supported(const struct model *m, const struct backend *b, char *why,
 			    size_t whylen)
 {
@@ -130,13 +131,13 @@ static int layers_supported(const struct model *m, const struct backend *b, char
 		case LAYER_EMBEDDING: ok = o->embed_gather && o->embed_forward && o->embed_backward; break;
 		default: break;
 		}
-		if (ok && i == m->nlayers - 1 && m->loss == LOSS_SIGMOID_XENT)
-			ok = o->sigmoid_xent_train && o->sigmoid_xent_forward && o->sigmoid_xent_backward;
 		if (!ok) {
 			snprintf(why, whylen, "%s has no %s kernel yet (layer %s)", b->where, o->name, l->name);
 			return -ENOTSUP;
 		}
 	}
+	if (m->loss == LOSS_SIGMOID_XENT && !(o->sigmoid_xent_train && o->sigmoid_xent_forward && o->sigmoid_xent_backward))
+		return err_set(why, whylen, -ENOTSUP, "%s has no %s kernel yet (loss sigmoid_cross_entropy)", b->where, o->name);
 	return 0;
 }
 

@@ -1098,7 +1098,9 @@ static void embed_case(struct backend *b, int B, int F, int D, int DIM, int rows
 	float *dU = malloc((p.u + 1) * DIM * sizeof(float));
 	float *table_d = dev_from(b, table, R * DIM * sizeof(float)), *x_d = dev_from(b, x, ((size_t)B * D + 1) * 4);
 	float *dout_d = dev_from(b, dout, (size_t)B * ld * sizeof(float));
-	uint64_t *rows_d = dev_from(b, p.rows, (p.u + 1) * sizeof(uint64_t));
+	uint64_t *rows_d = dev_from(b, NULL, (p.u + 1) * sizeof(uint64_t));   /* p.rows holds u */
+	if (p.u)
+		cr_assert_eq(b->ops->upload(b->ctx, rows_d, p.rows, p.u * sizeof(uint64_t)), 0, "%s", gpu_backend_error(b));
 	uint32_t *off_d = dev_from(b, p.off, (nseg + 1) * sizeof(uint32_t));
 	uint32_t *idx_d = dev_from(b, p.idx, nnz * sizeof(uint32_t));
 	uint32_t *roff_d = dev_from(b, p.roff, (p.u + 1) * sizeof(uint32_t));

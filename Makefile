@@ -360,8 +360,8 @@ FUZZ_CFLAGS := -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=
 	-std=c11 -D_GNU_SOURCE
 FUZZ_NAMES := config layer idx csv criteo handshake msg safetensors ps launch aegis
 FUZZ_BINS := $(FUZZ_NAMES:%=$(BUILD)/fuzz/fuzz_%)
-$(BUILD)/fuzz/fuzz_config: core/config/config.c core/config/config_value.c core/config/config_keys.c core/config/config_print.c core/nn/model.c core/nn/rng.c
-$(BUILD)/fuzz/fuzz_layer: core/nn/model.c core/nn/rng.c
+$(BUILD)/fuzz/fuzz_config: core/config/config.c core/config/config_value.c core/config/config_keys.c core/config/config_print.c core/nn/model.c core/nn/embed_spec.c core/nn/rng.c
+$(BUILD)/fuzz/fuzz_layer: core/nn/model.c core/nn/embed_spec.c core/nn/rng.c
 $(BUILD)/fuzz/fuzz_idx: core/data/idx.c core/data/dataset.c
 $(BUILD)/fuzz/fuzz_csv: core/data/csv.c core/data/dataset.c
 FUZZ_LIBS_config := -linih -lsodium

@@ -274,7 +274,13 @@ static int cmd_check(const struct opts *o)
 	printf("\n; model: %d inputs -> %d outputs, %zu parameters (%s as float32)\n",
 	       m.inputs, m.outputs, m.nparams, size);
 	model_print(stdout, &m);
-	printf("; loss: softmax_cross_entropy\n");
+	if (m.embed.fields) {
+		uint64_t R = embed_total_rows(&m.embed);
+		progress_bytes(size, sizeof(size), (double)R * m.embed.dim * sizeof(float));
+		printf("; embedding tables: %llu rows x %d (%s as float32), outside the parameters above; local mode only until sparse ps tables land (issue 39 part 3)\n",
+		       (unsigned long long)R, m.embed.dim, size);
+	}
+	printf("; loss: %s\n", m.loss == LOSS_SIGMOID_XENT ? "sigmoid_cross_entropy" : "softmax_cross_entropy");
 	if (shard_check(c.cluster.nps, m.nparams, err, sizeof(err)) < 0) {
 		fprintf(stderr, "pstrain: %s: %s\n", o->config, err);
 		return EXIT_USAGE;
@@ -296,6 +302,16 @@ static int cmd_check(const struct opts *o)
 		printf("; gpus: %s\n", err);
 	}
 	return EXIT_DONE;
+}
+
+/* "test loss 0.3210 accuracy 88.10%", or a binary model's "test logloss
+ * 0.4512 AUC 0.7712". */
+static void test_figures(char *buf, size_t len, const struct train_result *res)
+{
+	if (res->binary)
+		snprintf(buf, len, "test logloss %.4f AUC %.4f", res->test_loss, res->test_auc);
+	else
+		snprintf(buf, len, "test loss %.4f accuracy %.2f%%", res->test_loss, 100 * res->test_acc);
 }
 
 static int cmd_local(const struct opts *o)
@@ -326,9 +342,11 @@ static int cmd_local(const struct opts *o)
 	int tty = isatty(STDOUT_FILENO);
 	struct train_ckpt ck = { c.train.checkpoint_dir, o->fresh, intro };
 	r = train_run(&c, &ck, stdout, tty, &stop_requested, &res, err, sizeof(err));
+	char figures[96];
+	test_figures(figures, sizeof(figures), &res);
 	if (r == 0 && res.stopped) {
-		printf("stopped at step %ld/%ld: test loss %.4f accuracy %.2f%%, wall %.1f s, %.0f samples/s\n",
-		       res.steps, res.total_steps, res.test_loss, 100 * res.test_acc, res.wall, res.samples_per_s);
+		printf("stopped at step %ld/%ld: %s, wall %.1f s, %.0f samples/s\n",
+		       res.steps, res.total_steps, figures, res.wall, res.samples_per_s);
 		return EXIT_STOPPED;
 	}
 	if (r < 0) {
@@ -338,8 +356,8 @@ static int cmd_local(const struct opts *o)
 	}
 	if (res.finished)   /* train_run said so, in one line */
 		return EXIT_DONE;
-	printf("done: %ld steps, test loss %.4f accuracy %.2f%%, wall %.1f s, %.0f samples/s\n",
-	       res.steps, res.test_loss, 100 * res.test_acc, res.wall, res.samples_per_s);
+	printf("done: %ld steps, %s, wall %.1f s, %.0f samples/s\n", res.steps, figures, res.wall,
+	       res.samples_per_s);
 	return EXIT_DONE;
 }
 
@@ -427,7 +445,7 @@ static int run_ps(const struct opts *o, const struct config *c, int index)
 static int run_worker(const struct opts *o, const struct config *c, int index)
 {
 	struct train_result res;
-	char err[CONFIG_ERR_MAX];
+	char err[CONFIG_ERR_MAX], figures[96];
 	install_stop_handler();
 	print_blas();
 	int r = cluster_worker(c, index, stdout, isatty(STDOUT_FILENO), &stop_requested, o->dump, &res,
@@ -435,8 +453,8 @@ static int run_worker(const struct opts *o, const struct config *c, int index)
 	if (r == 0 && res.finished)
 		;   /* cluster_worker said so, in one line */
 	else if (r == 0 && index == 0)
-		printf("done: %ld steps, test loss %.4f accuracy %.2f%%, wall %.1f s, %.0f samples/s\n",
-		       res.steps, res.test_loss, 100 * res.test_acc, res.wall, res.samples_per_s);
+		printf("done: %ld steps, %s, wall %.1f s, %.0f samples/s\n", res.steps,
+		       (test_figures(figures, sizeof(figures), &res), figures), res.wall, res.samples_per_s);
 	else if (r == 0)
 		printf("worker %d done: %ld steps\n", index, res.steps);
 	return role_exit(r, err);
@@ -510,7 +528,10 @@ static int cmd_eval(const struct opts *o)
 	if (r)
 		return r;
 	r = infer_eval(&c, o->checkpoint, &res, err, sizeof(err));
-	if (r == 0)
+	if (r == 0 && res.binary)
+		printf("%s (step %ld): test logloss %.4f AUC %.4f on %zu samples\n", res.stepdir, res.step, res.loss,
+		       res.auc, res.samples);
+	else if (r == 0)
 		printf("%s (step %ld): test loss %.4f accuracy %.2f%% on %zu samples\n", res.stepdir, res.step,
 		       res.loss, 100 * res.acc, res.samples);
 	return infer_exit(r, err);

@@ -29,10 +29,14 @@ struct role_setup {
  * config hash, the ciphers to offer and the job. s must be zeroed first. want_data 0 (a ps): the
  * data is loaded only when [train] steps is unset, for the step count the
  * lr schedule runs over (job_load). -EINVAL for anything the user must fix
- * (key, model, data, a data set smaller than one step), -EPERM if the
+ * (an embedding layer, key, model, data, a data set smaller than one step), -EPERM if the
  * process cannot be made non-dumpable. role_setup_free it on failure too. */
 int role_setup_load(struct role_setup *s, const struct config *c, int want_data, char *err,
 		    size_t errlen);
+/* What role_setup_load says, first, of a model whose first layer is an
+ * embedding: its tables need a ps that holds them sparsely. */
+#define ROLE_NO_EMBEDDING \
+	"embedding layers train in local mode only until sparse ps tables land (issue 39 part 3)"
 /* The FRAME_OFFER_* bits this node offers in its handshakes, from
  * [cluster] cipher: -EINVAL and a line in err when it names a cipher this
  * CPU cannot run. */

@@ -265,6 +265,8 @@ static int worker_open(struct worker *wr, char *err, size_t errlen)
 		 wr->index, wr->chief ? " (chief)" : "", wr->lk.nps, local, wr->s.job.n, wr->s.job.test.n, P, wr->B,
 		 wr->W, wr->total, wr->spe, c->train.mode == MODE_SYNC ? "sync" : "async");
 	progress_init(&wr->pg, wr->out, wr->chief && wr->tty, wr->total, wr->spe);
+	if (wr->s.job.m.loss == LOSS_SIGMOID_XENT)
+		progress_set_binary(&wr->pg);
 	char tbe[CONFIG_ERR_MAX];
 	if (wr->chief && tblog_open(&wr->tb, c->train.log_dir, tbe, sizeof(tbe)))
 		role_log(wr->out, "worker %d: no TensorBoard logs: %s", wr->index, tbe);
@@ -373,15 +375,15 @@ static int worker_evaluate(struct worker *wr, double *ts, char *err, size_t errl
 		return 0;
 	if (!wr->chief)
 		return worker_meter_line(wr, err, errlen);
-	double tl, ta;
+	struct eval_result ev;
 	if (wr->hooks.eval_delay_ms)
 		role_nap_ms(wr->hooks.eval_delay_ms);
 	int e = devices_report(&wr->dev, &wr->pg, step - 1, err, errlen);
 	if (!e)
-		e = devices_evaluate(&wr->dev, &wr->s.job.test, &tl, &ta, err, errlen);
+		e = devices_eval(&wr->dev, &wr->s.job.test, &ev, err, errlen);
 	if (e)
 		return e;
-	progress_eval(&wr->pg, step, tl, ta);
+	devices_show_eval(&wr->pg, step, &ev);
 	worker_log_eval(wr, step);
 	*ts = progress_now();
 	return 0;
@@ -711,14 +713,19 @@ static int worker_final(struct worker *wr, const char *dump, struct train_result
 		if (e)
 			return e;
 	}
+	struct eval_result ev;
 	e = devices_report(&wr->dev, &wr->pg, step - 1, err, errlen);
-	if (!e)
-		e = devices_evaluate(&wr->dev, &wr->s.job.test, &res->test_loss, &res->test_acc, err, errlen);
+	if (!e && !(e = devices_eval(&wr->dev, &wr->s.job.test, &ev, err, errlen))) {
+		res->test_loss = ev.loss;
+		res->test_acc = ev.acc;
+		res->binary = ev.binary;
+		res->test_auc = ev.auc;
+	}
 	if (!e && wr->ckpts && step > wr->start)
 		e = links_checkpoint(&wr->lk, ckpt_label(wr, step), res->test_acc, err, errlen);
 	if (e)
 		return e;
-	progress_eval(&wr->pg, step, res->test_loss, res->test_acc);
+	devices_show_eval(&wr->pg, step, &ev);
 	worker_log_eval(wr, step);
 	return dump ? dump_params(dump, wr->params, wr->s.job.m.nparams, err, errlen) : 0;
 }

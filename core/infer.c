@@ -3,6 +3,7 @@
 
 #include "../base/err.h"
 #include "nn/backend.h"
+#include "nn/devices.h"
 #include "ckpt/checkpoint.h"
 #include "data/data.h"
 #include "nn/model.h"
@@ -39,6 +40,10 @@ static int infer_init(struct infer *in, const struct config *c, const char *ckpt
 	int e = model_build(&in->m, &c->model, err, errlen);
 	if (e)
 		return e;
+	if (in->m.embed.fields)
+		return err_set(err, errlen, -EINVAL,
+			       "layer %s: embedding tables are not checkpointed yet (issue 39 part 5), so there is no such model to load",
+			       in->m.layers[0].name);
 	e = checkpoint_resolve(ckpt, res->stepdir, sizeof(res->stepdir), err, errlen);
 	if (e)
 		return e;
@@ -75,11 +80,17 @@ int infer_eval(const struct config *c, const char *ckpt, struct infer_result *re
 	if (!e && test.d != (size_t)in.m.inputs)
 		e = err_set(err, errlen, -EINVAL, "test samples have %zu features but the model takes %d", test.d,
 			    in.m.inputs);
-	if (!e && test.classes > in.m.outputs)
-		e = err_set(err, errlen, -EINVAL, "test labels go up to %d but the model has %d outputs",
-			    test.classes - 1, in.m.outputs);
+	int most = in.m.loss == LOSS_SIGMOID_XENT ? 2 : in.m.outputs;   /* a binary model: 0/1 */
+	if (!e && test.classes > most)
+		e = err_set(err, errlen, -EINVAL, "test labels go up to %d but the model has %d outputs%s",
+			    test.classes - 1, in.m.outputs, most == 2 ? " for 0/1 labels" : "");
 	if (!e) {
-		e = replica_evaluate(&in.rep, in.params, &test, &res->loss, &res->acc);
+		struct eval_result ev;
+		e = devices_eval_replica(&in.rep, in.params, NULL, &test, &ev);
+		res->loss = ev.loss;
+		res->acc = ev.acc;
+		res->binary = ev.binary;
+		res->auc = ev.auc;
 		if (e)
 			err_set(err, errlen, e, "evaluation on %s: %s", in.be.where, strerror(-e));
 		res->samples = test.n;
@@ -123,6 +134,10 @@ int infer_predict(const struct config *c, const char *ckpt, const char *input, i
 		}
 		for (int b = 0; b < B; b++) {
 			const float *q = p + (size_t)b * (size_t)K;
+			if (in.m.loss == LOSS_SIGMOID_XENT) {
+				fprintf(out, probs ? "%d,%.6g\n" : "%d\n", q[0] > 0.5f, q[0]);
+				continue;
+			}
 			int best = 0;
 			for (int k = 1; k < K; k++)
 				if (q[k] > q[best])

@@ -15,6 +15,8 @@ struct infer_result {
 	long step;
 	size_t samples;
 	double loss, acc;                    /* eval only */
+	int binary;                          /* loss = sigmoid_cross_entropy: loss is */
+	double auc;                          /* the log loss, auc the ROC AUC */
 };
 
 /* ckpt: a step directory or a checkpoint_dir (its newest complete one).
@@ -25,7 +27,9 @@ int infer_eval(const struct config *c, const char *ckpt, struct infer_result *re
 	       size_t errlen);
 
 /* One line per sample of input to out: the predicted label, then with
- * probs the class probabilities, comma-separated ("3,0.01,0.02,..."). */
+ * probs the class probabilities, comma-separated ("3,0.01,0.02,..."); for
+ * a binary model (loss = sigmoid_cross_entropy) the label is 1 where the
+ * probability of 1 is above 0.5, and that probability follows ("1,0.73"). */
 int infer_predict(const struct config *c, const char *ckpt, const char *input, int probs, FILE *out,
 		  struct infer_result *res, char *err, size_t errlen);
 

@@ -5,19 +5,50 @@
 #include <stdio.h>
 #include <string.h>
 
+/* The categorical fields and the labels of a click-through model: as
+ * many fields as its embedding layer has (none without one), and 0/1
+ * labels for sigmoid_cross_entropy. */
+static int check_ctr_fit(const struct job *j, const char *src, char *err, size_t errlen)
+{
+	const struct model *m = &j->m;
+	const struct dataset *train = &j->train, *test = &j->test;
+	size_t F = (size_t)m->embed.fields, f = train->f != F ? train->f : test->f;
+	if (f != F && !F) {
+		snprintf(err, errlen, "%s: samples have %zu categorical fields, but the model has no embedding layer to read them (add layer = embedding %zu ROWS DIM first)",
+			 src, f, f);
+		return -EINVAL;
+	}
+	if (f != F) {
+		snprintf(err, errlen, "%s: samples have %zu categorical fields, but layer %s takes %zu", src, f,
+			 m->layers[0].name, F);
+		return -EINVAL;
+	}
+	int classes = train->classes > test->classes ? train->classes : test->classes;
+	if (m->loss == LOSS_SIGMOID_XENT && classes > 2) {
+		snprintf(err, errlen, "%s: labels go up to %d, but loss = sigmoid_cross_entropy takes 0/1 labels",
+			 src, classes - 1);
+		return -EINVAL;
+	}
+	return 0;
+}
+
 static int check_fit(const struct config *c, const struct job *j, char *err, size_t errlen)
 {
 	const struct model *m = &j->m;
 	const struct dataset *train = &j->train, *test = &j->test;
-	const char *src = c->data.format == DATA_IDX ? c->data.train_images : c->data.train_csv;
+	const char *src = j->borrowed ? "the training set given"
+			  : c->data.format == DATA_IDX ? c->data.train_images : c->data.train_csv;
 	if (train->d != (size_t)m->inputs || test->d != (size_t)m->inputs) {
 		snprintf(err, errlen, "%s: samples have %zu features but [model] input = %dx%dx%d has %d",
 			 src, train->d != (size_t)m->inputs ? train->d : test->d,
 			 c->model.in_h, c->model.in_w, c->model.in_c, m->inputs);
 		return -EINVAL;
 	}
+	int e = check_ctr_fit(j, src, err, errlen);
+	if (e)
+		return e;
 	int classes = train->classes > test->classes ? train->classes : test->classes;
-	if (classes > m->outputs) {
+	if (classes > m->outputs && m->loss != LOSS_SIGMOID_XENT) {
 		snprintf(err, errlen, "%s: labels go up to %d but the last layer has %d outputs; make it dense %d",
 			 src, classes - 1, m->outputs, classes);
 		return -EINVAL;
@@ -71,9 +102,35 @@ int job_load(struct job *j, const struct config *c, int W, int want_data, char *
 	return 0;
 }
 
+int job_load_sets(struct job *j, const struct config *c, const struct dataset *train,
+		  const struct dataset *test, char *err, size_t errlen)
+{
+	memset(j, 0, sizeof(*j));
+	j->W = 1;
+	j->B = c->train.batch_size;
+	j->borrowed = 1;
+	int e = model_build(&j->m, &c->model, err, errlen);
+	if (e)
+		return e;
+	j->train = *train;
+	j->test = *test;
+	e = check_fit(c, j, err, errlen);
+	if (e)
+		return e;
+	j->n = j->train.n;
+	j->spe = (long)(j->train.n / (size_t)j->B);
+	j->spw = j->spe;
+	j->total = c->train.steps > 0 ? c->train.steps : c->train.epochs * j->spe;
+	return 0;
+}
+
 void job_free(struct job *j)
 {
 	stream_close(&j->stream);
+	if (j->borrowed) {
+		memset(j, 0, sizeof(*j));
+		return;
+	}
 	dataset_free(&j->train);
 	dataset_free(&j->test);
 }

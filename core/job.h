@@ -38,6 +38,7 @@ struct job {
 	long spe;                   /* steps per epoch; 0 without data */
 	long spw;                   /* steps per window: spe unless streamed */
 	long total;                 /* steps the run trains */
+	int borrowed;               /* the sets are the caller's (job_load_sets) */
 };
 
 /* Builds the model and, unless want_data is 0 and [train] steps is set
@@ -48,6 +49,11 @@ struct job {
  * one line in err. On failure j is left for job_free. */
 int job_load(struct job *j, const struct config *c, int W, int want_data, char *err,
 	     size_t errlen);
+/* job_load (W = 1) with sets already in memory in place of the config's
+ * [data] files: train and test are copied by value and borrowed, so
+ * job_free leaves their buffers alone; the same checks of fit. */
+int job_load_sets(struct job *j, const struct config *c, const struct dataset *train,
+		  const struct dataset *test, char *err, size_t errlen);
 void job_free(struct job *j); /* accepts a zeroed struct */
 
 /* The position in the epoch's order (a streamed set: in its window's) of

@@ -48,10 +48,16 @@ static void draw(struct progress *p, long done, int final_eval)
 	/* Per step this process has trained: a resumed run did not train the
 	 * steps before it started. */
 	double eta = p->steps_seen > 0 ? elapsed / (double)p->steps_seen * (double)(p->total_steps - done) : 0;
-	char el[32], et[32], test[48] = "";
+	char el[32], et[32], test[48] = "", acc[24] = "";
 	hms(el, sizeof(el), elapsed);
 	hms(et, sizeof(et), eta);
-	if (p->have_test)
+	if (!p->binary)
+		snprintf(acc, sizeof(acc), p->tty ? " acc %.1f%%" : "  acc %.2f%%", 100 * p->acc);
+	if (p->have_test && p->binary && p->tty)
+		snprintf(test, sizeof(test), " test AUC %.3f", p->test_auc);
+	else if (p->have_test && p->binary)
+		snprintf(test, sizeof(test), "  test logloss %.4f AUC %.4f", p->test_loss, p->test_auc);
+	else if (p->have_test)
 		snprintf(test, sizeof(test), "  test %.4f/%.2f%%", p->test_loss, 100 * p->test_acc);
 	char stale[48] = "";
 	if (p->stale)
@@ -61,15 +67,15 @@ static void draw(struct progress *p, long done, int final_eval)
 	char line[512];
 	if (p->tty) {
 		/* Compact, so the whole line fits an 80-column terminal. */
-		if (p->have_test)
+		if (p->have_test && !p->binary)
 			snprintf(test, sizeof(test), " test %.1f%%", 100 * p->test_acc);
 		if (p->stale)
 			snprintf(stale, sizeof(stale), " %llu stale", p->stale);
-		snprintf(line, sizeof(line), "step %ld/%ld ep %ld/%ld loss %.3f acc %.1f%%%s%s %.0f/s %s ETA %s",
-			 done, p->total_steps, epoch, epochs, p->loss, 100 * p->acc, test, stale, rate, el, et);
+		snprintf(line, sizeof(line), "step %ld/%ld ep %ld/%ld loss %.3f%s%s%s %.0f/s %s ETA %s",
+			 done, p->total_steps, epoch, epochs, p->loss, acc, test, stale, rate, el, et);
 	} else {
-		snprintf(line, sizeof(line), "step %ld/%ld  epoch %ld/%ld  loss %.4f  acc %.2f%%%s%s  %.0f samples/s  %s  ETA %s",
-			 done, p->total_steps, epoch, epochs, p->loss, 100 * p->acc, test, stale, rate, el, et);
+		snprintf(line, sizeof(line), "step %ld/%ld  epoch %ld/%ld  loss %.4f%s%s%s  %.0f samples/s  %s  ETA %s",
+			 done, p->total_steps, epoch, epochs, p->loss, acc, test, stale, rate, el, et);
 	}
 	if (p->tty && p->width > 0 && strlen(line) > (size_t)p->width)
 		line[p->width] = '\0';
@@ -121,6 +127,17 @@ void progress_eval(struct progress *p, long step, double test_loss, double test_
 	p->have_test = 1;
 	/* On a tty the line just updates; elsewhere each evaluation is a line. */
 	draw(p, step, !p->tty);
+}
+
+void progress_set_binary(struct progress *p)
+{
+	p->binary = 1;
+}
+
+void progress_eval_auc(struct progress *p, long step, double test_logloss, double test_auc)
+{
+	p->test_auc = test_auc;
+	progress_eval(p, step, test_logloss, 0);
 }
 
 void progress_clear(struct progress *p)

@@ -24,6 +24,8 @@ struct progress {
 	double acc;
 	double test_loss, test_acc;
 	int have_test;
+	int binary;           /* a click-through model's: test log loss and AUC, no accuracy */
+	double test_auc;
 	unsigned long long stale;   /* cluster: this worker's pushes a shard dropped
 				     * as stale; shown when nonzero */
 	int drawn;            /* a tty line is on screen */
@@ -45,6 +47,12 @@ int progress_due(const struct progress *p, long step);
  * their mean), and a tty line is redrawn. */
 void progress_step(struct progress *p, long step, long samples, double loss_sum, double right_sum);
 void progress_eval(struct progress *p, long step, double test_loss, double test_acc);
+/* A binary model (loss = sigmoid_cross_entropy), after progress_init:
+ * its lines show the test log loss and AUC (progress_eval_auc) and no
+ * accuracy, which says little where one label is rare; TensorBoard's
+ * scalars follow (tblog_eval). */
+void progress_set_binary(struct progress *p);
+void progress_eval_auc(struct progress *p, long step, double test_logloss, double test_auc);
 /* Clears the tty line so the next message starts on a fresh line. */
 void progress_clear(struct progress *p);
 

@@ -222,9 +222,14 @@ int tblog_eval(struct tblog *t, long step, const struct progress *p, double lr)
 	if (!t->f)
 		return 0;
 	int r = tblog_scalar(t, step, "train/loss", p->loss);
-	r |= tblog_scalar(t, step, "train/accuracy", p->acc);
-	r |= tblog_scalar(t, step, "test/loss", p->test_loss);
-	r |= tblog_scalar(t, step, "test/accuracy", p->test_acc);
+	if (p->binary) {
+		r |= tblog_scalar(t, step, "test/loss", p->test_loss);   /* the log loss */
+		r |= tblog_scalar(t, step, "test/auc", p->test_auc);
+	} else {
+		r |= tblog_scalar(t, step, "train/accuracy", p->acc);
+		r |= tblog_scalar(t, step, "test/loss", p->test_loss);
+		r |= tblog_scalar(t, step, "test/accuracy", p->test_acc);
+	}
 	r |= tblog_scalar(t, step, "samples_per_second", p->train_time > 0 ? (double)p->samples / p->train_time : 0);
 	r |= tblog_scalar(t, step, "learning_rate", lr);
 	if (p->stale)

@@ -34,7 +34,9 @@ int tblog_scalar(struct tblog *t, long step, const char *tag, double value);
 /* An evaluation's figures as the progress line prints them (p after
  * progress_eval): train/loss and train/accuracy (the recent batches),
  * test/loss, test/accuracy (fractions, not percent), samples_per_second,
- * learning_rate (lr), and in a cluster dropped_stale; then flushed. */
+ * learning_rate (lr), and in a cluster dropped_stale; then flushed. A
+ * binary model's (progress_set_binary) has no accuracies, and test/loss
+ * (its log loss) and test/auc instead. */
 struct progress;
 int tblog_eval(struct tblog *t, long step, const struct progress *p, double lr);
 /* Writes what is buffered to the file (fflush, then fsync is left to the

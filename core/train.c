@@ -13,8 +13,10 @@
 #include "nn/optim.h"
 #include "progress.h"
 #include "nn/replica.h"
+#include "nn/sparse_optim.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -114,13 +116,51 @@ struct run {
 	long start;                    /* the step it resumes at */
 	double acc;                    /* the resumed checkpoint's recorded test
 					* accuracy, -1: none */
+	const struct dataset *given_train, *given_test;   /* train_sets's; NULL: [data]'s */
+	float *table;                  /* (R, DIM) the embedding tables; NULL: none */
+	struct sparse_optim sopt;      /* their optimizer */
 };
+
+/* The embedding tables at their initial values and their sparse optimizer,
+ * in host memory (a local run holds the whole tables). They are not in a
+ * checkpoint yet (issue 39 part 5), so such a run neither resumes nor
+ * saves, and says so, rather than resume the dense layers beside fresh
+ * tables. */
+static int run_tables(struct run *r, char *err, size_t errlen)
+{
+	const struct config *c = r->c;
+	const struct embed_spec *s = &r->j.m.embed;
+	if (!s->fields)
+		return 0;
+	uint64_t R = embed_total_rows(s);
+	size_t n = (size_t)R * (size_t)s->dim;
+	struct sparse_config sc = { .kind = (enum sparse_kind)c->train.embed_optimizer, .lr = c->train.embed_lr,
+				    .beta1 = c->train.optim.beta1, .beta2 = c->train.optim.beta2,
+				    .eps = c->train.optim.eps };
+	r->table = n / (size_t)s->dim == R ? malloc(n * sizeof(float)) : NULL;
+	if (!r->table || sparse_optim_init(&r->sopt, &sc, R, s->dim)) {
+		char size[32];
+		progress_bytes(size, sizeof(size), (double)R * s->dim * sizeof(float));
+		snprintf(err, errlen, "out of memory for the embedding tables: %llu rows x %d (%s, and %s the optimizer's state)",
+			 (unsigned long long)R, s->dim, size, sc.kind == SPARSE_ADAGRAD ? "as much again for" : "twice that for");
+		return -ENOMEM;
+	}
+	embed_init_rows(s, r->table, 0, R, c->train.seed);
+	if (r->ck)
+		fprintf(r->out, "note: embedding tables are not checkpointed yet (issue 39 part 5): this run neither resumes from nor saves to %s\n",
+			r->ck->dir);
+	r->ck = NULL;
+	return 0;
+}
 
 /* The job, the host copies, and the checkpoint to resume from. */
 static int run_open(struct run *r, char *err, size_t errlen)
 {
 	const struct config *c = r->c;
-	int e = job_load(&r->j, c, 1, 1, err, errlen);
+	int e = r->given_train ? job_load_sets(&r->j, c, r->given_train, r->given_test, err, errlen)
+			       : job_load(&r->j, c, 1, 1, err, errlen);
+	if (!e)
+		e = run_tables(r, err, errlen);
 	if (e)
 		return e;
 	size_t P = r->j.m.nparams;
@@ -141,8 +181,11 @@ static int run_open(struct run *r, char *err, size_t errlen)
 static int run_devices(struct run *r, char *err, size_t errlen)
 {
 	int max_batch = r->j.B > EVAL_BATCH ? r->j.B : EVAL_BATCH;
-	return devices_open(&r->dev, r->c, &r->j.m, &r->c->train.optim, max_batch, "/job:localhost/replica:0/task:0",
-			    r->out, err, errlen);
+	int e = devices_open(&r->dev, r->c, &r->j.m, &r->c->train.optim, max_batch, "/job:localhost/replica:0/task:0",
+			     r->out, err, errlen);
+	if (!e && r->table)
+		e = devices_embed_open(&r->dev, r->table, &r->sopt, err, errlen);
+	return e;
 }
 
 /* A checkpoint at or past the last step: said in one line, nothing
@@ -196,11 +239,29 @@ static int run_ready(struct run *r, int tty, char *err, size_t errlen)
 		r->j.n, r->j.test.n, r->j.m.nparams, r->j.B, r->j.total, r->j.spe, r->dev.be[0].where,
 		r->dev.n > 1 ? " and more replicas" : "",
 		r->dev.gpu ? resident ? ", data on the GPU" : ", data staged from the host" : "");
+	if (r->table) {
+		char size[32];
+		const struct embed_spec *s = &r->j.m.embed;
+		progress_bytes(size, sizeof(size), (double)embed_total_rows(s) * s->dim * sizeof(float));
+		fprintf(r->out, "embedding: %llu rows x %d (%s) in %d table%s, %s at learning rate %g\n",
+			(unsigned long long)embed_total_rows(s), s->dim, size, s->shared ? 1 : s->fields,
+			s->shared || s->fields == 1 ? "" : "s", sparse_kind_name(r->sopt.cfg.kind),
+			(double)r->sopt.cfg.lr);
+	}
 	progress_init(&r->pg, r->out, tty, r->j.total, r->j.spe);
+	if (r->j.m.loss == LOSS_SIGMOID_XENT)
+		progress_set_binary(&r->pg);
 	char tbe[CONFIG_ERR_MAX];
 	if (tblog_open(&r->tb, r->c->train.log_dir, tbe, sizeof(tbe)))
 		fprintf(r->out, "warning: no TensorBoard logs: %s\n", tbe);
 	return 0;
+}
+
+/* An evaluation's figures into the progress line and TensorBoard. */
+static void run_show_eval(struct run *r, long step, const struct eval_result *ev, double lr)
+{
+	devices_show_eval(&r->pg, step, ev);
+	tblog_eval(&r->tb, step, &r->pg, lr);
 }
 
 /* After step's training: the loss when it is shown, a checkpoint and an
@@ -232,12 +293,11 @@ static int run_after_step(struct run *r, long step, int stopping, char *err, siz
 			fprintf(r->out, "warning: checkpoint at step %ld failed, training goes on: %s\n", step + 1, why);
 	}
 	if (eval_now && !last) {
-		double tl, ta;
-		e = devices_evaluate(&r->dev, &r->j.test, &tl, &ta, err, errlen);
+		struct eval_result ev;
+		e = devices_eval(&r->dev, &r->j.test, &ev, err, errlen);
 		if (e)
 			return e;
-		progress_eval(&r->pg, step + 1, tl, ta);
-		tblog_eval(&r->tb, step + 1, &r->pg, optim_lr(&c->train.optim, step, total));
+		run_show_eval(r, step + 1, &ev, optim_lr(&c->train.optim, step, total));
 	}
 	return 0;
 }
@@ -248,19 +308,22 @@ static int run_end(struct run *r, long step, const volatile sig_atomic_t *stop, 
 		   struct train_result *res, char *err, size_t errlen)
 {
 	long total = r->j.total;
-	int e = devices_evaluate(&r->dev, &r->j.test, &res->test_loss, &res->test_acc, err, errlen);
+	struct eval_result ev;
+	int e = devices_eval(&r->dev, &r->j.test, &ev, err, errlen);
 	if (e)
 		return e;
+	res->test_loss = ev.loss;
+	res->test_acc = ev.acc;
+	res->binary = ev.binary;
+	res->test_auc = ev.auc;
 	if (r->ck && step > r->start) {
 		progress_clear(&r->pg);
 		e = save(r->c, r->ck, r->lay, &r->dev, r->params, &r->opt, step, &res->test_acc, r->out, err, errlen);
 		if (e)
 			return e;
 	}
-	if (!*stop || step == total) {
-		progress_eval(&r->pg, step, res->test_loss, res->test_acc);
-		tblog_eval(&r->tb, step, &r->pg, optim_lr(&r->c->train.optim, step > 0 ? step - 1 : 0, total));
-	}
+	if (!*stop || step == total)
+		run_show_eval(r, step, &ev, optim_lr(&r->c->train.optim, step > 0 ? step - 1 : 0, total));
 	progress_clear(&r->pg);
 	res->steps = step;
 	res->total_steps = total;
@@ -277,47 +340,66 @@ static void run_close(struct run *r)
 	free(r->lay);
 	optim_free(&r->opt);
 	devices_close(&r->dev);
+	sparse_optim_free(&r->sopt);
+	free(r->table);
 	free(r->params);
 	free(r->perm);
 	job_free(&r->j);
+}
+
+/* The whole run of r, whose config, checkpoints, output and sets are set. */
+static int run_all(struct run *r, int tty, const volatile sig_atomic_t *stop, struct train_result *res,
+		   char *err, size_t errlen)
+{
+	const struct config *c = r->c;
+	double t0 = progress_now();
+	memset(res, 0, sizeof(*res));
+	res->test_auc = NAN;
+	int e = run_open(r, err, errlen);
+	if (!e && r->ck && r->start >= r->j.total) {
+		e = run_say_finished(r, res, err, errlen);
+	} else if (!e && !(e = run_ready(r, tty, err, errlen))) {
+		long step, epoch_loaded = -1;
+		res->start_step = r->start;
+		for (step = r->start; step < r->j.total && !*stop && !e; step++) {
+			/* From before the epoch's order is copied: that copy waits
+			 * for the steps queued before it, which is training time. */
+			double ts = progress_now();
+			char why[CONFIG_ERR_MAX];
+			if (job_slice(&r->j, step) != epoch_loaded) {
+				epoch_loaded = job_slice(&r->j, step);
+				e = epoch_order(&r->dev, &r->j, r->perm, c->train.seed, step, err, errlen);
+				if (e)
+					break;
+			}
+			e = devices_train_step(&r->dev, job_batch_at(&r->j, step, 0), r->j.B,
+					       replica_key(c->train.seed, step, 0), &r->opt,
+					       optim_lr(&c->train.optim, step, r->j.total), why, sizeof(why));
+			if (e) {
+				progress_clear(&r->pg);
+				snprintf(err, errlen, "step %ld: %s", step, why);
+				break;
+			}
+			e = run_after_step(r, step, *stop, err, errlen, ts);
+		}
+		if (!e)
+			e = run_end(r, step, stop, t0, res, err, errlen);
+	}
+	run_close(r);
+	return e;
 }
 
 int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, int tty,
 	      const volatile sig_atomic_t *stop, struct train_result *res, char *err, size_t errlen)
 {
 	struct run r = { .c = c, .ck = ck && ck->dir[0] ? ck : NULL, .out = out };
-	double t0 = progress_now();
-	memset(res, 0, sizeof(*res));
-	int e = run_open(&r, err, errlen);
-	if (!e && r.ck && r.start >= r.j.total) {
-		e = run_say_finished(&r, res, err, errlen);
-	} else if (!e && !(e = run_ready(&r, tty, err, errlen))) {
-		long step, epoch_loaded = -1;
-		res->start_step = r.start;
-		for (step = r.start; step < r.j.total && !*stop && !e; step++) {
-			/* From before the epoch's order is copied: that copy waits
-			 * for the steps queued before it, which is training time. */
-			double ts = progress_now();
-			char why[CONFIG_ERR_MAX];
-			if (job_slice(&r.j, step) != epoch_loaded) {
-				epoch_loaded = job_slice(&r.j, step);
-				e = epoch_order(&r.dev, &r.j, r.perm, c->train.seed, step, err, errlen);
-				if (e)
-					break;
-			}
-			e = devices_train_step(&r.dev, job_batch_at(&r.j, step, 0), r.j.B,
-					       replica_key(c->train.seed, step, 0), &r.opt,
-					       optim_lr(&c->train.optim, step, r.j.total), why, sizeof(why));
-			if (e) {
-				progress_clear(&r.pg);
-				snprintf(err, errlen, "step %ld: %s", step, why);
-				break;
-			}
-			e = run_after_step(&r, step, *stop, err, errlen, ts);
-		}
-		if (!e)
-			e = run_end(&r, step, stop, t0, res, err, errlen);
-	}
-	run_close(&r);
-	return e;
+	return run_all(&r, tty, stop, res, err, errlen);
+}
+
+int train_sets(const struct config *c, const struct dataset *train, const struct dataset *test,
+	       FILE *out, const volatile sig_atomic_t *stop, struct train_result *res, char *err,
+	       size_t errlen)
+{
+	struct run r = { .c = c, .out = out, .given_train = train, .given_test = test };
+	return run_all(&r, 0, stop, res, err, errlen);
 }

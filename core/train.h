@@ -11,8 +11,10 @@
 struct train_result {
 	long steps;             /* steps completed */
 	long total_steps;
-	double test_loss;
+	double test_loss;       /* a binary model's: the log loss (metrics.h) */
 	double test_acc;        /* in [0,1] */
+	int binary;             /* loss = sigmoid_cross_entropy: test_auc is its ROC AUC */
+	double test_auc;        /* NaN for other models */
 	double wall;            /* seconds, start to end including evaluation */
 	double samples_per_s;   /* training steps only */
 	int stopped;            /* ended early because *stop was set */
@@ -48,5 +50,14 @@ struct train_ckpt {
  * refused is -EINVAL: starting over silently would lose the run. */
 int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, int tty,
 	      const volatile sig_atomic_t *stop, struct train_result *res, char *err, size_t errlen);
+
+/* train_local on sets already in memory instead of the config's [data]
+ * files (a program that makes its own data; the tests' synthetic
+ * click-through sets): the config's model and [train] keys as for
+ * train_local, no checkpoints. train and test are borrowed, not freed;
+ * they must fit the model as a loaded set must (job.h). */
+int train_sets(const struct config *c, const struct dataset *train, const struct dataset *test,
+	       FILE *out, const volatile sig_atomic_t *stop, struct train_result *res, char *err,
+	       size_t errlen);
 
 #endif

@@ -165,6 +165,18 @@ int gk_bn_relu_backward(void *stream, float *dinp, float *g, float *dgamma, floa
 /* y += x over n elements: summing gradients of several replicas. */
 int gk_add(void *stream, float *y, const float *x, size_t n);
 
+/* ---- the embedding layer (gpu/kernels_embed.cu) --------------------------
+ * core/nn/embed.h's kernels, same arguments (pool: enum embed_pool, 0 sum,
+ * 1 mean), one thread per output value, adding in the CPU twins' order
+ * with no fused multiply-add: the results are theirs bit for bit. */
+int gk_embed_gather(void *stream, float *U, const float *table, const uint64_t *rows, size_t u,
+		    int DIM);
+int gk_embed_forward(void *stream, float *out, const float *x, const float *U, const uint32_t *off,
+		     const uint32_t *idx, int B, int F, int D, int DIM, int pool);
+int gk_embed_backward(void *stream, float *dU, const float *dout, const uint32_t *roff,
+		      const uint32_t *rseg, const uint32_t *off, size_t u, int F, int D, int DIM,
+		      int pool);
+
 #ifdef __cplusplus
 }
 #endif

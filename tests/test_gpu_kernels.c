@@ -11,7 +11,9 @@
 
 #include "leak.h"
 
+#include "../core/data/dataset.h"
 #include "../core/nn/backend.h"
+#include "../core/nn/embed_plan.h"
 #include "../core/nn/layers.h"
 #include "../core/nn/optim.h"
 #include "../core/nn/rng.h"
@@ -1043,5 +1045,103 @@ Test(gpu_kernels, batchnorm_relu_refuses_a_window_that_does_not_tile)
 				       LAYER_MAXPOOL, &w);
 	cr_expect_neq(r, 0, "a 3x3 stride 2 pooling was fused");
 	cr_assert_eq(gpu_sync(&b), 0, "%s", gpu_backend_error(&b));
+	gpu_backend_close(&b);
+}
+
+/* ---- the embedding layer (gpu/kernels_embed.cu) --------------------------
+ * The GPU adds in the CPU's order without fused multiply-adds, so the
+ * results are compared bit for bit, not to a tolerance. */
+
+/* Every one of n floats of dev equals cpu's, bit for bit. */
+static void expect_same(struct backend *b, const float *dev, const float *cpu, size_t n, const char *what)
+{
+	float *got = malloc(n * sizeof(float) + 1);
+	cr_assert_not_null(got);
+	cr_assert_eq(b->ops->download(b->ctx, got, dev, n * sizeof(float)), 0, "%s", gpu_backend_error(b));
+	for (size_t i = 0; i < n; i++)
+		if (memcmp(&got[i], &cpu[i], sizeof(float)) != 0) {
+			cr_expect_fail("%s: element %zu of %zu: gpu %.9g vs cpu %.9g (seed %llu)", what, i, n, got[i],
+				       cpu[i], (unsigned long long)run_seed());
+			break;
+		}
+	free(got);
+}
+
+/* A batch of B samples of F fields whose lists hold 0 to maxn IDs drawn
+ * from `vocab` values (so rows repeat, within a list too; one in ten is
+ * missing), over a table of `rows` rows a field; the plan, the three
+ * kernels on both sides, each pool. */
+static void embed_case(struct backend *b, int B, int F, int D, int DIM, int rows, int maxn, int vocab,
+		       uint64_t st)
+{
+	struct embed_spec s = { .fields = F, .rows = rows, .dim = DIM };
+	size_t nseg = (size_t)B * F, cap = nseg * (size_t)maxn;
+	uint32_t *seg = malloc((nseg + 1) * sizeof(uint32_t)), *ids = malloc((cap + 1) * sizeof(uint32_t));
+	cr_assert(seg && ids);
+	size_t n = 0;
+	seg[0] = 0;
+	for (size_t t = 0; t < nseg; t++) {
+		int c = (int)(rng_hash(run_seed(), st, t) % (uint64_t)(maxn + 1));
+		for (int i = 0; i < c; i++, n++) {
+			uint64_t h = rng_hash(run_seed(), st + 1, n);
+			ids[n] = h % 10 == 0 ? DATA_ID_NONE : (uint32_t)(h >> 32) % (uint32_t)vocab;
+		}
+		seg[t + 1] = (uint32_t)n;
+	}
+	struct embed_plan p;
+	cr_assert_eq(embed_plan_init(&p, nseg, cap ? cap : 1), 0);
+	cr_assert_eq(embed_plan_build(&p, &s, seg, ids, B), 0);
+	size_t R = embed_total_rows(&s), ld = (size_t)F * DIM + D, nnz = p.nnz ? p.nnz : 1;
+	float *table = host_random(R * DIM, st + 2, -1, 1), *x = host_random((size_t)B * D + 1, st + 3, -1, 1);
+	float *dout = host_random((size_t)B * ld, st + 4, -1, 1);
+	float *U = malloc((p.u + 1) * DIM * sizeof(float)), *out = malloc((size_t)B * ld * sizeof(float));
+	float *dU = malloc((p.u + 1) * DIM * sizeof(float));
+	float *table_d = dev_from(b, table, R * DIM * sizeof(float)), *x_d = dev_from(b, x, ((size_t)B * D + 1) * 4);
+	float *dout_d = dev_from(b, dout, (size_t)B * ld * sizeof(float));
+	uint64_t *rows_d = dev_from(b, NULL, (p.u + 1) * sizeof(uint64_t));   /* p.rows holds u */
+	if (p.u)
+		cr_assert_eq(b->ops->upload(b->ctx, rows_d, p.rows, p.u * sizeof(uint64_t)), 0, "%s", gpu_backend_error(b));
+	uint32_t *off_d = dev_from(b, p.off, (nseg + 1) * sizeof(uint32_t));
+	uint32_t *idx_d = dev_from(b, p.idx, nnz * sizeof(uint32_t));
+	uint32_t *roff_d = dev_from(b, p.roff, (p.u + 1) * sizeof(uint32_t));
+	uint32_t *rseg_d = dev_from(b, p.rseg, nnz * sizeof(uint32_t));
+	float *U_d = dev_poisoned(b, (p.u + 1) * DIM), *out_d = dev_poisoned(b, (size_t)B * ld);
+	float *dU_d = dev_poisoned(b, (p.u + 1) * DIM);
+	char what[96];
+
+	embed_gather_rows(U, table, p.rows, p.u, DIM);
+	cr_assert_eq(gpu_embed_gather(b, U_d, table_d, rows_d, p.u, DIM), 0, "%s", gpu_backend_error(b));
+	snprintf(what, sizeof(what), "gather (B %d F %d DIM %d, %zu rows)", B, F, DIM, p.u);
+	expect_same(b, U_d, U, p.u * DIM, what);
+	for (int pool = 0; pool < 2; pool++) {
+		embed_forward(out, x, U, p.off, p.idx, B, F, D, DIM, (enum embed_pool)pool);
+		cr_assert_eq(gpu_embed_forward(b, out_d, x_d, U_d, off_d, idx_d, B, F, D, DIM, pool), 0, "%s",
+			     gpu_backend_error(b));
+		snprintf(what, sizeof(what), "forward pool %d (B %d F %d D %d DIM %d)", pool, B, F, D, DIM);
+		expect_same(b, out_d, out, (size_t)B * ld, what);
+		embed_backward(dU, dout, p.roff, p.rseg, p.off, p.u, F, D, DIM, (enum embed_pool)pool);
+		cr_assert_eq(gpu_embed_backward(b, dU_d, dout_d, roff_d, rseg_d, off_d, p.u, F, D, DIM, pool), 0,
+			     "%s", gpu_backend_error(b));
+		snprintf(what, sizeof(what), "backward pool %d (%zu rows, %zu entries)", pool, p.u, p.nnz);
+		expect_same(b, dU_d, dU, p.u * DIM, what);
+	}
+	cr_assert_eq(gpu_sync(b), 0, "%s", gpu_backend_error(b));
+	embed_plan_free(&p);
+	free(seg), free(ids), free(table), free(x), free(dout), free(U), free(out), free(dU);
+}
+
+/* Criteo's shape (26 fields of at most one ID, 13 numeric features) at a
+ * batch of 4096 over a few IDs a field, so that each row has hundreds of
+ * entries; a wider vocabulary; a multi-valued batch of lists up to 5 long;
+ * a table of one row; a batch with no ID at all. */
+Test(gpu_kernels, embedding_gather_forward_backward)
+{
+	struct backend b;
+	open_gpu(&b, NULL);
+	embed_case(&b, 4096, 26, 13, 16, 100000, 1, 4, 1600);
+	embed_case(&b, 1000, 26, 13, 16, 100000, 1, 5000, 1605);
+	embed_case(&b, 37, 5, 3, 7, 50, 5, 20, 1610);
+	embed_case(&b, 9, 2, 1, 33, 1, 3, 4, 1620);
+	embed_case(&b, 5, 3, 2, 4, 10, 0, 4, 1630);
 	gpu_backend_close(&b);
 }

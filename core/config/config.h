@@ -84,6 +84,8 @@ struct config {
 		long epochs;
 		int batch_size;
 		struct optim_config optim;
+		int embed_optimizer;        /* enum sparse_kind: the embedding tables' optimizer */
+		float embed_lr;             /* its learning rate (no schedule: see docs/CONFIG.md) */
 		uint64_t seed;
 		char checkpoint_dir[DATA_PATH_MAX];
 		char log_dir[DATA_PATH_MAX];    /* TensorBoard event files; "" = none */

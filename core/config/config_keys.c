@@ -9,7 +9,9 @@ static const char *const optim_names[] = { "sgd", "momentum", "adam", NULL };
 static const char *const sched_names[] = { "constant", "step", "cosine", NULL };
 static const char *const format_names[] = { "idx", "csv", "criteo", NULL };
 static const char *const header_names[] = { "auto", "yes", "no", NULL };
-static const char *const loss_names[] = { "softmax_cross_entropy", NULL };
+static const char *const loss_names[] = { "softmax_cross_entropy", "sigmoid_cross_entropy", NULL };
+/* enum sparse_kind's order */
+static const char *const embed_optim_names[] = { "adagrad", "lazy_adam", NULL };
 static const char *const wire_dtype_names[] = { "fp32", "bf16", "bf16_grads", "bf16_params", NULL };
 static const char *const cipher_names[] = { "auto", "aegis-256", "aes-256-gcm", "chacha20-poly1305",
 					    NULL };
@@ -56,6 +58,9 @@ const struct key_def config_keys[] = {
 	{ "train", "lr_decay_steps", K_LONG, OFF(train.optim.decay_steps), 0, 1, 1e12, 0, NULL, "1000" },
 	{ "train", "lr_decay_rate", K_FLOAT, OFF(train.optim.decay_rate), 0, 0, 1, LO_OPEN, NULL, "0.1" },
 	{ "train", "warmup_steps", K_LONG, OFF(train.optim.warmup_steps), 0, 0, 1e12, 0, NULL, "0" },
+	{ "train", "embedding_optimizer", K_ENUM, OFF(train.embed_optimizer), 0, 0, 0, 0, embed_optim_names,
+	  "adagrad" },
+	{ "train", "embedding_learning_rate", K_FLOAT, OFF(train.embed_lr), 0, 0, 1e3, LO_OPEN, NULL, "0.05" },
 	{ "train", "seed", K_U64, OFF(train.seed), 0, 0, 0, 0, NULL, "1" },
 	{ "train", "checkpoint_dir", K_PATH, OFF(train.checkpoint_dir), 0, 0, 0, NAMED, NULL, ".ckpt" },
 	{ "train", "log_dir", K_PATH, OFF(train.log_dir), 0, 0, 0, NAMED, NULL, ".logs" },

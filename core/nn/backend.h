@@ -77,6 +77,28 @@ struct backend_ops {
 	int (*xent_train)(void *ctx, float *dlogits, double *meter, const float *logits,
 			  const int32_t *labels, int B, int C, float scale);
 
+	/* loss = sigmoid_cross_entropy (one logit per sample): as the three
+	 * above with C = 1, over layers.h's sigmoid_xent_* (meter[1]: rows
+	 * whose logit's sign is the label). NULL: the backend has none. */
+	int (*sigmoid_xent_forward)(void *ctx, float *probs, double *meter, const float *logits,
+				    const int32_t *labels, int B);
+	int (*sigmoid_xent_backward)(void *ctx, float *dlogits, const float *probs,
+				     const int32_t *labels, int B, float scale);
+	int (*sigmoid_xent_train)(void *ctx, float *dlogits, double *meter, const float *logits,
+				  const int32_t *labels, int B, float scale);
+
+	/* The embedding layer: embed.h's kernels with the same arguments,
+	 * over buffers in backend memory (table too). NULL: the backend has
+	 * none. */
+	int (*embed_gather)(void *ctx, float *U, const float *table, const uint64_t *rows, size_t u,
+			    int DIM);
+	int (*embed_forward)(void *ctx, float *out, const float *x, const float *U,
+			     const uint32_t *off, const uint32_t *idx, int B, int F, int D, int DIM,
+			     enum embed_pool pool);
+	int (*embed_backward)(void *ctx, float *dU, const float *dout, const uint32_t *roff,
+			      const uint32_t *rseg, const uint32_t *off, size_t u, int F, int D,
+			      int DIM, enum embed_pool pool);
+
 	/* x (B, D) and y (B) = the rows order[at .. at + B) of a training set
 	 * data_x (n, D), data_y (n) held in backend memory. */
 	int (*gather)(void *ctx, float *x, int32_t *y, const float *data_x, const int32_t *data_y,

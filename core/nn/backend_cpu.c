@@ -6,6 +6,7 @@
  * activations of a batch spread over the same number of threads of their
  * own (core/nn/parallel.h), split so that results do not depend on the count. */
 #include "backend.h"
+#include "embed.h"
 #include "layers.h"
 #include "parallel.h"
 
@@ -199,6 +200,59 @@ static int cpu_xent_train(void *ctx, float *dlogits, double *meter, const float 
 	return e;
 }
 
+static int cpu_sigmoid_xent_forward(void *ctx, float *probs, double *meter, const float *logits,
+				    const int32_t *labels, int B)
+{
+	(void)ctx;
+	int right = 0;
+	meter[0] += sigmoid_xent_forward(probs, &right, logits, labels, B);
+	meter[1] += right;
+	return 0;
+}
+
+static int cpu_sigmoid_xent_backward(void *ctx, float *dlogits, const float *probs,
+				     const int32_t *labels, int B, float scale)
+{
+	(void)ctx;
+	sigmoid_xent_backward(dlogits, probs, labels, B, scale);
+	return 0;
+}
+
+static int cpu_sigmoid_xent_train(void *ctx, float *dlogits, double *meter, const float *logits,
+				  const int32_t *labels, int B, float scale)
+{
+	int e = cpu_sigmoid_xent_forward(ctx, dlogits, meter, logits, labels, B);
+	if (!e)
+		e = cpu_sigmoid_xent_backward(ctx, dlogits, dlogits, labels, B, scale);
+	return e;
+}
+
+static int cpu_embed_gather(void *ctx, float *U, const float *table, const uint64_t *rows, size_t u,
+			    int DIM)
+{
+	(void)ctx;
+	embed_gather_rows(U, table, rows, u, DIM);
+	return 0;
+}
+
+static int cpu_embed_forward(void *ctx, float *out, const float *x, const float *U,
+			     const uint32_t *off, const uint32_t *idx, int B, int F, int D, int DIM,
+			     enum embed_pool pool)
+{
+	(void)ctx;
+	embed_forward(out, x, U, off, idx, B, F, D, DIM, pool);
+	return 0;
+}
+
+static int cpu_embed_backward(void *ctx, float *dU, const float *dout, const uint32_t *roff,
+			      const uint32_t *rseg, const uint32_t *off, size_t u, int F, int D,
+			      int DIM, enum embed_pool pool)
+{
+	(void)ctx;
+	embed_backward(dU, dout, roff, rseg, off, u, F, D, DIM, pool);
+	return 0;
+}
+
 static int cpu_gather(void *ctx, float *x, int32_t *y, const float *data_x, const int32_t *data_y,
 		      const uint32_t *order, size_t at, int B, size_t D)
 {
@@ -358,6 +412,12 @@ static const struct backend_ops cpu_ops = {
 	.xent_backward = cpu_xent_backward,
 	.xent_train = cpu_xent_train,
 	.gather = cpu_gather,
+	.sigmoid_xent_forward = cpu_sigmoid_xent_forward,
+	.sigmoid_xent_backward = cpu_sigmoid_xent_backward,
+	.sigmoid_xent_train = cpu_sigmoid_xent_train,
+	.embed_gather = cpu_embed_gather,
+	.embed_forward = cpu_embed_forward,
+	.embed_backward = cpu_embed_backward,
 };
 
 void backend_cpu(struct backend *b, int threads)

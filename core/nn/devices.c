@@ -2,6 +2,7 @@
  * devices.h. */
 #include "devices.h"
 #include "devices_priv.h"
+#include "devices_embed.h"
 #include "../progress.h"
 #include "optim.h"
 #include "rng.h"
@@ -111,9 +112,10 @@ static void log_placement(const struct devices *d, const char *job, FILE *out)
 	fprintf(out, "placement: optimizer -> %s/%s\n", job, d->be[d->be_of[0]].where);
 }
 
-/* Whether backend b has the kernels of every layer of m; the CUDA backend
- * has none for the spatial layers, dropout and batchnorm yet, and a model
- * that needs them falls back like any other missing GPU capability. */
+/* Whether backend b has the kernels of every layer and the loss of m; the
+ * CUDA backend's table has none for the embedding layer and
+ * sigmoid_cross_entropy yet, and a model that needs them falls back like
+ * any other missing GPU capability. */
 static int layers_supported(const struct model *m, const struct backend *b, char *why,
 			    size_t whylen)
 {
@@ -127,6 +129,7 @@ static int layers_supported(const struct model *m, const struct backend *b, char
 		case LAYER_AVGPOOL: ok = o->pool_forward && o->pool_backward; break;
 		case LAYER_DROPOUT: ok = o->dropout_forward && o->dropout_backward; break;
 		case LAYER_BATCHNORM: ok = o->batchnorm_forward && o->batchnorm_backward; break;
+		case LAYER_EMBEDDING: ok = o->embed_gather && o->embed_forward && o->embed_backward; break;
 		default: break;
 		}
 		if (!ok) {
@@ -134,6 +137,8 @@ static int layers_supported(const struct model *m, const struct backend *b, char
 			return -ENOTSUP;
 		}
 	}
+	if (m->loss == LOSS_SIGMOID_XENT && !(o->sigmoid_xent_train && o->sigmoid_xent_forward && o->sigmoid_xent_backward))
+		return err_set(why, whylen, -ENOTSUP, "%s has no %s kernel yet (loss sigmoid_cross_entropy)", b->where, o->name);
 	return 0;
 }
 
@@ -247,6 +252,7 @@ void devices_close(struct devices *d)
 	}
 	for (int k = 0; k < d->nbe; k++)
 		gpu_backend_close(&d->be[k]);   // no-op for the CPU backend
+	devices_embed_close(d);
 	free(d->host_order);
 	memset(d, 0, sizeof(*d));
 }
@@ -429,6 +435,8 @@ int devices_step(struct devices *d, size_t at, int B, uint64_t key, char *err, s
 		const float *x;
 		const int32_t *y;
 		int e = devices_batch(d, r, at + off, Br, &x, &y);
+		if (!e && d->emb)
+			e = devices_embed_batch(d, r, at + off, Br);
 		if (!e)
 			e = replica_train(&d->rep[r], d->params[r], d->grads[r], x, y, Br,
 					  r ? rng_hash(key, RNG_DROPOUT, (uint64_t)r) : key, 1.0f / (float)B);
@@ -578,6 +586,7 @@ int devices_apply(struct devices *d, struct optim *o, float lr, char *err, size_
 		if (f)
 			return f;
 		optim_step_zero(o, d->params[0], d->grads[0], lr);
+		devices_embed_apply(d);
 	} else {
 		struct gk_optim k = gpu_rule(o, lr);
 		int e = gpu_apply(d, o, &k);
@@ -700,7 +709,9 @@ int devices_set_optim(struct devices *d, const struct optim *o, char *err, size_
 int devices_evaluate(struct devices *d, const struct dataset *ds, double *loss, double *acc,
 		     char *err, size_t errlen)
 {
-	d->fwd_B = 0;   /* its activations are gone */
-	int e = replica_evaluate(&d->rep[0], d->params[0], ds, loss, acc);
-	return e ? devices_fail(d, 0, e, "evaluation", err, errlen) : 0;
+	struct eval_result ev;
+	int e = devices_eval(d, ds, &ev, err, errlen);
+	*loss = ev.loss;
+	*acc = ev.acc;
+	return e;
 }

@@ -31,6 +31,7 @@
 #include "optim.h"
 #include "gradflow.h"
 #include "replica.h"
+#include "sparse_optim.h"
 
 #define DEVICES_MAX CONFIG_MAX_DEVICES
 
@@ -55,6 +56,7 @@ struct devices_flow_stats {
 	long uploads;    /* QUEUED: the copies up those passes made */
 	double waited;   /* seconds those passes waited for parameters */
 };
+struct devices_embed;   /* core/nn/devices_embed.h */
 
 struct devices {
 	const struct model *m;
@@ -100,6 +102,9 @@ struct devices {
 	const float *fwd_x;
 	enum devices_flow flow;
 	struct devices_flow_stats fs;
+	/* The embedding layer's tables and each batch's plan
+	 * (devices_embed_open); NULL for a model without one. */
+	struct devices_embed *emb;
 };
 
 /* Opens the devices the config asks for (see the top of this file), with
@@ -243,8 +248,50 @@ int devices_set_optim(struct devices *d, const struct optim *o, char *err, size_
 /* Replica 0's parameters (P) into host. */
 int devices_get_params(struct devices *d, float *host, char *err, size_t errlen);
 
-/* Test loss and accuracy of replica 0's parameters over a dataset. */
+/* Test loss and accuracy of replica 0's parameters over a dataset
+ * (devices_eval's loss and acc). */
 int devices_evaluate(struct devices *d, const struct dataset *ds, double *loss, double *acc,
 		     char *err, size_t errlen);
+
+/* ---- click-through models (core/nn/devices_embed.c, devices_eval.c) ------ */
+
+/* What an evaluation finds: the mean loss and the accuracy (for a binary
+ * model, the share of samples whose logit's sign is the label); for a
+ * binary model (loss = sigmoid_cross_entropy) the loss is metrics.h's log
+ * loss of the probabilities, the figure `pstrain synth` reports for its
+ * planted model, and auc their ROC AUC. binary is 0 and auc NaN for any
+ * other model; auc is NaN too where the set holds one class only. */
+struct eval_result {
+	double loss, acc, auc;
+	int binary;
+};
+
+/* Replica 0's parameters (and the embedding tables, devices_embed_open)
+ * over a dataset, in chunks of the replicas' batch. Allocates a score per
+ * sample for a binary model (an evaluation is not a step). */
+int devices_eval(struct devices *d, const struct dataset *ds, struct eval_result *ev, char *err,
+		 size_t errlen);
+/* An evaluation into the progress line (progress_eval, or a binary model's
+ * progress_eval_auc, which progress_set_binary must have prepared). */
+void devices_show_eval(struct progress *pg, long step, const struct eval_result *ev);
+
+/* devices_eval's work on one replica r with params (P) and table (R, DIM),
+ * the embedding's (NULL: none), both in r's backend memory: for callers
+ * without devices (`pstrain eval`). 0 or a negative errno, no message
+ * (-EINVAL: the set's fields do not fit, or no table for an embedding). */
+int devices_eval_replica(struct replica *r, const float *params, const float *table,
+			 const struct dataset *ds, struct eval_result *ev);
+
+/* The embedding tables of a model whose first layer is an embedding:
+ * table (R, DIM) and its sparse optimizer, both the caller's and in host
+ * memory, which must outlive the devices. From then on devices_step plans
+ * each batch (embed_plan.h: its unique rows, gathered from table into the
+ * replica) and devices_apply steps the sparse optimizer over the rows of
+ * the last step with its own learning rate (o->cfg.lr), after the dense
+ * one. One CPU replica only for now: -EOPNOTSUPP with one line otherwise
+ * (the CUDA backend has the kernels, not the tables). -ENOMEM. Closed with
+ * the devices. */
+int devices_embed_open(struct devices *d, float *table, struct sparse_optim *o, char *err,
+		       size_t errlen);
 
 #endif

@@ -48,7 +48,9 @@ static int has_queue(const struct backend_ops *o)
 
 int devices_flow_init(struct devices *d)
 {
-	if (d->n != 1)
+	/* An embedding model's tables live outside the flat vector the flow
+	 * moves (core/nn/devices_embed.h). */
+	if (d->n != 1 || d->emb)
 		return -EOPNOTSUPP;
 	if (d->flow != DEVICES_FLOW_NONE)
 		return 0;

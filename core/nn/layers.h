@@ -68,6 +68,19 @@ double softmax_xent_forward(float *probs, int *correct, const float *logits,
 void softmax_xent_backward(float *dlogits, const float *probs,
 			   const int32_t *labels, int B, int C, float scale);
 
+/* ---- sigmoid + binary cross-entropy (core/nn/sigmoid_xent.c) -----------------
+ * One logit per sample (B, 1) and a 0/1 label: click-through models.
+ * probs (B) = sigmoid(logits); returns the SUM over the batch of
+ * -[y log p + (1 - y) log(1 - p)], computed from the logit z as
+ * max(z, 0) - z y + log1p(exp(-|z|)) in double, so it stays finite and
+ * accurate where p rounds to 0 or 1 in float; *correct (if not NULL) = how
+ * many rows have (z > 0) == y. probs may alias logits. */
+double sigmoid_xent_forward(float *probs, int *correct, const float *logits,
+			    const int32_t *labels, int B);
+/* dlogits (B) = (probs - y) * scale, set; may alias probs. */
+void sigmoid_xent_backward(float *dlogits, const float *probs, const int32_t *labels, int B,
+			   float scale);
+
 /* ---- spatial layers (core/nn/conv.c, core/nn/pool.c) ----------------------------
  * Activations are NCHW: (B, C, H, W) with W fastest, like PyTorch, so a
  * flatten is free and dense weights after it line up with torch.flatten.

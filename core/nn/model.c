@@ -15,6 +15,7 @@ enum layer_args {
 	ARGS_CONV,      /* conv KxK F [stride=S] [pad=P|same] */
 	ARGS_POOL,      /* maxpool K [stride=S] */
 	ARGS_PROB,      /* dropout P */
+	ARGS_EMBED,     /* embedding FIELDS ROWS DIM [shared] [pool=sum|mean] */
 };
 
 struct layer_type {
@@ -35,6 +36,7 @@ static const struct layer_type layer_types[] = {
 	{ "dropout", LAYER_DROPOUT, ARGS_PROB, "dropout P" },
 	{ "flatten", LAYER_FLATTEN, ARGS_NONE, "flatten" },
 	{ "batchnorm", LAYER_BATCHNORM, ARGS_NONE, "batchnorm" },
+	{ "embedding", LAYER_EMBEDDING, ARGS_EMBED, "embedding FIELDS ROWS DIM [shared] [pool=sum|mean]" },
 };
 
 #define NTYPES (sizeof(layer_types) / sizeof(layer_types[0]))
@@ -42,7 +44,7 @@ static const struct layer_type layer_types[] = {
 #define MAX_WINDOW 255   /* kernel, stride and padding */
 #define MAX_TOKENS 6
 #define TOKEN_MAX 32
-#define LAYER_USAGE "dense N, relu, tanh, sigmoid, conv KxK F, maxpool K, avgpool K, dropout P, flatten or batchnorm"
+#define LAYER_USAGE "dense N, relu, tanh, sigmoid, conv KxK F, maxpool K, avgpool K, dropout P, flatten, batchnorm or embedding FIELDS ROWS DIM"
 
 const char *layer_kind_name(enum layer_kind k)
 {
@@ -126,6 +128,29 @@ static int parse_kernel(const char *tok, int *k)
 	return 0;
 }
 
+/* "embedding FIELDS ROWS DIM [options]" in tok[0 .. n). */
+static int parse_embed(struct embed_spec *e, char tok[][TOKEN_MAX], int n, const char *usage, char *err,
+		       size_t errlen)
+{
+	static const char *const what[3] = { "field count (FIELDS", "row count (ROWS", "width (DIM" };
+	const int hi[3] = { EMBED_MAX_FIELDS, EMBED_MAX_ROWS, EMBED_MAX_DIM };
+	int *field[3] = { &e->fields, &e->rows, &e->dim };
+	if (n < 4) {
+		snprintf(err, errlen, "layer embedding needs FIELDS ROWS DIM (%s)", usage);
+		return -EINVAL;
+	}
+	for (int i = 0; i < 3; i++)
+		if (parse_int(tok[i + 1], 1, hi[i], field[i])) {
+			snprintf(err, errlen, "layer embedding: \"%s\" is not a %s, 1..%d)", tok[i + 1], what[i], hi[i]);
+			return -EINVAL;
+		}
+	int seen_pool = 0;
+	for (int i = 4; i < n; i++)
+		if (embed_spec_option(e, tok[i], &seen_pool, err, errlen))
+			return -EINVAL;
+	return 0;
+}
+
 int layer_spec_parse(struct layer_spec *s, const char *text, char *err, size_t errlen)
 {
 	char tok[MAX_TOKENS][TOKEN_MAX];
@@ -197,6 +222,8 @@ int layer_spec_parse(struct layer_spec *s, const char *text, char *err, size_t e
 			if (parse_option(s, tok[i], 1, word, err, errlen))
 				return -EINVAL;
 		return 0;
+	case ARGS_EMBED:
+		return parse_embed(&s->embed, tok, n, t->usage, err, errlen);
 	case ARGS_POOL:
 		if (n < 2 || parse_int(tok[1], 1, MAX_WINDOW, &s->k)) {
 			snprintf(err, errlen, "layer %s: \"%s\" is not a window size (1..%d)", word,
@@ -220,6 +247,9 @@ void layer_spec_format(const struct layer_spec *s, char *buf, size_t len)
 		return;
 	case LAYER_DROPOUT:
 		snprintf(buf, len, "dropout %.9g", (double)s->p);
+		return;
+	case LAYER_EMBEDDING:
+		embed_spec_format(&s->embed, buf, len);
 		return;
 	case LAYER_CONV: {
 		char pad[24] = "";
@@ -293,6 +323,15 @@ static int layer_shape(struct layer *l, const struct layer_spec *ls, int spatial
 		return 0;
 	case LAYER_DROPOUT:
 		l->p = ls->p;
+		return 0;
+	case LAYER_EMBEDDING:
+		/* Its tables are not parameters of P: nparams stays 0. */
+		if (spatial) {
+			snprintf(err, errlen, "[model] layer %s (%s) needs a flat input (the numeric features, [model] input = D), but its input is %s",
+				 l->name, spec, in);
+			return -EINVAL;
+		}
+		l->OC = ls->embed.fields * ls->embed.dim + l->in;
 		return 0;
 	case LAYER_CONV:
 	case LAYER_MAXPOOL:
@@ -369,9 +408,16 @@ int model_build(struct model *m, const struct model_spec *s, char *err, size_t e
 		l->in = C * H * W;
 		counts[ls->kind]++;
 		snprintf(l->name, sizeof(l->name), "%s%d", layer_kind_name(ls->kind), counts[ls->kind]);
+		if (ls->kind == LAYER_EMBEDDING && i > 0) {
+			snprintf(err, errlen, "[model] layer %s: an embedding layer must be the first layer (it reads the samples' categorical IDs)",
+				 l->name);
+			return -EINVAL;
+		}
 		int e = layer_shape(l, ls, spatial, err, errlen);
 		if (e)
 			return e;
+		if (ls->kind == LAYER_EMBEDDING)
+			m->embed = ls->embed;
 		long out = (long)l->OC * l->OH * l->OW;
 		if (out > MAX_ACTIVATION) {
 			char spec[64];
@@ -404,12 +450,19 @@ int model_build(struct model *m, const struct model_spec *s, char *err, size_t e
 	}
 	m->nlayers = s->nlayers;
 	const struct layer *last = &m->layers[m->nlayers - 1];
+	int sigmoid = s->loss == LOSS_SIGMOID_XENT;
+	const char *loss = sigmoid ? "sigmoid_cross_entropy" : "softmax_cross_entropy";
 	if (last->kind != LAYER_DENSE) {
-		snprintf(err, errlen, "[model] the last layer is %s, but softmax_cross_entropy needs a dense layer producing the logits",
-			 last->name);
+		snprintf(err, errlen, "[model] the last layer is %s, but %s needs a dense layer producing the logits",
+			 last->name, loss);
 		return -EINVAL;
 	}
-	if (last->out < 2) {
+	if (sigmoid && last->out != 1) {
+		snprintf(err, errlen, "[model] the last layer %s has %d outputs; loss = sigmoid_cross_entropy needs 1 (the logit of a 0/1 label): make it dense 1",
+			 last->name, last->out);
+		return -EINVAL;
+	}
+	if (!sigmoid && last->out < 2) {
 		snprintf(err, errlen, "[model] the last layer %s has %d output; classification needs at least 2",
 			 last->name, last->out);
 		return -EINVAL;

@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "embed.h"
 #include "layers.h"
 
 #define MODEL_MAX_LAYERS 64
@@ -31,12 +32,14 @@ enum layer_kind {
 	LAYER_DROPOUT,
 	LAYER_FLATTEN,
 	LAYER_BATCHNORM,
+	LAYER_EMBEDDING,   /* first layer only; its tables are not in P (embed.h) */
 };
 
 #define PAD_SAME (-1)   /* layer_spec.pad: (K - 1) / 2, the size kept at stride 1 */
 
 enum loss_kind {
 	LOSS_SOFTMAX_XENT,
+	LOSS_SIGMOID_XENT,   /* one output: a binary label's logit (click-through) */
 };
 
 struct layer_spec {
@@ -46,6 +49,7 @@ struct layer_spec {
 	int stride;    /* conv (default 1), pools (default K) */
 	int pad;       /* conv: zero padding on each side, or PAD_SAME */
 	float p;       /* dropout: probability of dropping a unit, [0, 1) */
+	struct embed_spec embed;   /* embedding */
 	int line;      /* config line it came from, 0 if none (for messages) */
 };
 
@@ -80,6 +84,9 @@ struct model {
 	int max_width;      /* widest activation, for buffer sizing */
 	size_t nparams;     /* P */
 	enum loss_kind loss;
+	/* The first layer's embedding (fields 0: none). Its output is the F
+	 * pooled DIM-vectors, then the D = inputs numeric features. */
+	struct embed_spec embed;
 };
 
 /* One named tensor of the flat parameter vector: what a checkpoint stores
@@ -106,16 +113,20 @@ int model_tensors(const struct model *m, struct tensor_info *out, int max);
 
 /* Parses "dense 512", "relu", "tanh", "sigmoid", "conv 5x5 32 [stride=S]
  * [pad=P|same]" (or "conv 5 32"), "maxpool K [stride=S]", "avgpool K
- * [stride=S]", "dropout P", "flatten", "batchnorm". */
+ * [stride=S]", "dropout P", "flatten", "batchnorm", "embedding FIELDS ROWS
+ * DIM [shared] [pool=sum|mean]". */
 int layer_spec_parse(struct layer_spec *s, const char *text, char *err, size_t errlen);
 /* The spec back as config text. */
 void layer_spec_format(const struct layer_spec *s, char *buf, size_t len);
 const char *layer_kind_name(enum layer_kind k);
 
 /* Checks shapes and lays out parameters. The last layer must be dense (its
- * outputs are the logits). A dense layer after a spatial one flattens its
- * input implicitly (as an explicit flatten would). A layer that does not fit
- * its input is an error naming the layer and both shapes. */
+ * outputs are the logits): at least 2 of them for softmax_cross_entropy,
+ * exactly 1 for sigmoid_cross_entropy. A dense layer after a spatial one
+ * flattens its input implicitly (as an explicit flatten would). An
+ * embedding layer must be the first, over a flat input (the D numeric
+ * features; its output is (F*DIM + D)). A layer that does not fit its input
+ * is an error naming the layer and both shapes. */
 int model_build(struct model *m, const struct model_spec *s, char *err, size_t errlen);
 
 /* Writes initial values of global parameters [begin, end) to out[0..end-begin).

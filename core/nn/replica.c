@@ -73,6 +73,8 @@ int replica_init(struct replica *r, const struct model *m, const struct backend 
 	for (int i = 0; !e && i < 2; i++)
 		e = o->alloc(be->ctx, (void **)&r->grad[i], B * (size_t)m->max_width * sizeof(float));
 	if (!e)
+		e = replica_embed_init(r);
+	if (!e)
 		e = o->alloc(be->ctx, (void **)&r->meter, 4 * sizeof(double));
 	if (!e)
 		e = o->zero(be->ctx, r->meter, 4 * sizeof(double));
@@ -105,6 +107,7 @@ void replica_free(struct replica *r)
 	o->release(r->be.ctx, r->grad[0]);
 	o->release(r->be.ctx, r->grad[1]);
 	o->release(r->be.ctx, r->meter);
+	replica_embed_free(r);
 	for (int i = 0; i < MODEL_MAX_LAYERS; i++)
 		free(r->dz[i]);
 	free(r->rowdone);
@@ -152,6 +155,13 @@ static int layer_forward(struct replica *r, int i, const float *params, const fl
 		return o->dropout_forward(ctx, out, in, r->training ? l->p : 0.0f, r->key, i, N);
 	case LAYER_FLATTEN:
 		return 0;   /* out is in */
+	case LAYER_EMBEDDING: {
+		const struct embed_spec *s = &r->m->embed;
+		if (r->e_B != B)
+			return -EINVAL;   /* no plan of this batch (replica_embed_load) */
+		return o->embed_forward(ctx, out, in, r->U, r->e_off, r->e_idx, B, s->fields, l->in, s->dim,
+					s->pool);
+	}
 	case LAYER_BATCHNORM: {
 		float *mean = r->training ? r->stats[i] : NULL;
 		float *var = r->training ? r->stats[i] + l->C : NULL;
@@ -399,6 +409,12 @@ static int backward_layers(struct replica *r, const float *params, float *grads,
 		case LAYER_FLATTEN:
 			swap = 0;
 			break;
+		case LAYER_EMBEDDING: {
+			const struct embed_spec *s = &m->embed;
+			e = o->embed_backward(ctx, r->dU, dout, r->e_roff, r->e_rseg, r->e_off, r->e_u,
+					      s->fields, l->in, s->dim, s->pool);
+			break;
+		}
 		case LAYER_RELU:
 		case LAYER_TANH:
 		case LAYER_SIGMOID:
@@ -429,6 +445,28 @@ static int backward_layers(struct replica *r, const float *params, float *grads,
 	return e;
 }
 
+/* The model's loss over logits (B, outputs): train = 1 adds it to the
+ * training meter and SETS its gradient in r->grad[0]; train = 0 adds it to
+ * the evaluation slots and leaves the probabilities in r->probs. */
+static int loss_forward(struct replica *r, const float *logits, const int32_t *y, int B, float scale,
+			int train)
+{
+	const struct backend_ops *o = r->be.ops;
+	void *ctx = r->be.ctx;
+	int e;
+	if (r->m->loss == LOSS_SIGMOID_XENT && !o->sigmoid_xent_train)
+		e = -EOPNOTSUPP;
+	else if (r->m->loss == LOSS_SIGMOID_XENT)
+		e = train ? o->sigmoid_xent_train(ctx, r->grad[0], r->meter, logits, y, B, scale)
+			  : o->sigmoid_xent_forward(ctx, r->probs, r->meter + 2, logits, y, B);
+	else
+		e = train ? o->xent_train(ctx, r->grad[0], r->meter, logits, y, B, r->m->outputs, scale)
+			  : o->xent_forward(ctx, r->probs, r->meter + 2, logits, y, B, r->m->outputs);
+	if (e)
+		r->failed = "the loss";
+	return e;
+}
+
 /* A training forward pass and the loss, its gradient in r->grad[0]:
  * what replica_train and replica_train_flow do before backward. */
 static int train_forward(struct replica *r, const float *params, const float *x, const int32_t *y,
@@ -440,10 +478,7 @@ static int train_forward(struct replica *r, const float *params, const float *x,
 	int e = forward_layers(r, params, x, B, 1, key, pw, &logits);
 	if (e)
 		return e;
-	e = r->be.ops->xent_train(r->be.ctx, r->grad[0], r->meter, logits, y, B, r->m->outputs, scale);
-	if (e)
-		r->failed = "the loss";
-	return e;
+	return loss_forward(r, logits, y, B, scale, 1);
 }
 
 int replica_train(struct replica *r, const float *params, float *grads, const float *x,
@@ -632,10 +667,7 @@ static int forward_loss(struct replica *r, const float *params, int B, int train
 {
 	const float *logits;
 	int e = forward_layers(r, params, r->x, B, training, key, NULL, &logits);
-	if (!e && (e = r->be.ops->xent_forward(r->be.ctx, r->probs, r->meter + 2, logits, r->y, B,
-					       r->m->outputs)))
-		r->failed = "the loss";
-	return e;
+	return e ? e : loss_forward(r, logits, r->y, B, 0.0f, 0);
 }
 
 int replica_forward(struct replica *r, const float *params, int B, int training, uint64_t key,
@@ -660,7 +692,12 @@ int replica_backward(struct replica *r, const float *params, float *grads, int B
 {
 	if (!r->training)
 		return -EINVAL;
-	int e = r->be.ops->xent_backward(r->be.ctx, r->grad[0], r->probs, r->y, B, r->m->outputs, scale);
+	const struct backend_ops *o = r->be.ops;
+	int e = r->m->loss != LOSS_SIGMOID_XENT
+			? o->xent_backward(r->be.ctx, r->grad[0], r->probs, r->y, B, r->m->outputs, scale)
+		: o->sigmoid_xent_backward
+			? o->sigmoid_xent_backward(r->be.ctx, r->grad[0], r->probs, r->y, B, scale)
+			: -EOPNOTSUPP;
 	if (e) {
 		r->failed = "the loss";
 		return e;

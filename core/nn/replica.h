@@ -9,6 +9,7 @@
 
 #include "backend.h"
 #include "../data/data.h"
+#include "embed_plan.h"
 #include "model.h"
 
 struct replica {
@@ -38,6 +39,16 @@ struct replica {
 	size_t flow_made;                  /* values of dense weights made final this step */
 	const char *failed;                /* the layer (or "the loss") whose kernel
 					    * failed in the last forward or backward */
+	/* The embedding layer's batch (replica_embed_load), in backend
+	 * memory, for up to max_batch samples of one ID per field: the
+	 * batch-local table U (u, DIM) of the rows it touches, its gradient
+	 * dU (u, DIM), which backward SETS, and the plan's indexes */
+	float *U, *dU;
+	uint64_t *e_rows;                  /* (u) */
+	uint32_t *e_off, *e_idx;           /* (B*F + 1), (nnz) */
+	uint32_t *e_roff, *e_rseg;         /* (u + 1), (nnz) */
+	size_t e_u, e_max_u, e_max_nnz;    /* the loaded plan's rows; capacities */
+	int e_B;                           /* the loaded plan's samples; 0: none */
 };
 
 /* The dropout key of one training step of one replica: masks are a
@@ -48,6 +59,17 @@ uint64_t replica_key(uint64_t seed, long step, int stream);
 int replica_init(struct replica *r, const struct model *m, const struct backend *be,
 		 int max_batch, char *err, size_t errlen);
 void replica_free(struct replica *r);   /* accepts NULL and zeroed structs */
+
+/* The embedding layer's plan for the next forward (a model with one runs
+ * no forward without it: -EINVAL): its indexes copied in, and U gathered
+ * from table (R, DIM) in backend memory. A batch of p->B samples must
+ * follow. -EINVAL when the plan is over the replica's capacity (more than
+ * one ID per field, or more than max_batch samples). */
+int replica_embed_load(struct replica *r, const struct embed_plan *p, const float *table);
+/* replica_init's and replica_free's part for the embedding layer's buffers
+ * (core/nn/replica_embed.c); nothing to do for a model without one. */
+int replica_embed_init(struct replica *r);
+void replica_embed_free(struct replica *r);
 
 /* Copies a batch from host memory: x (B, inputs), y (B). */
 int replica_load(struct replica *r, const float *x, const int32_t *y, int B);

@@ -17,6 +17,7 @@ enum rng_stream {
 	RNG_SPLIT = 3,     /* train/test split of a single CSV file */
 	RNG_DATA = 4,      /* synthetic data in tests and benchmarks */
 	RNG_DROPOUT = 5,   /* dropout masks, index = (step, stream, layer, element) keys */
+	RNG_EMBED = 6,     /* embedding tables' initial values, index = row * DIM + d */
 };
 
 uint64_t rng_hash(uint64_t seed, uint64_t stream, uint64_t index);

@@ -26,12 +26,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			fuzz_check_err(ret, err);
 		return 0;
 	}
-	FUZZ_CHECK(s.kind >= LAYER_DENSE && s.kind <= LAYER_BATCHNORM);
+	FUZZ_CHECK(s.kind >= LAYER_DENSE && s.kind <= LAYER_EMBEDDING);
+	FUZZ_CHECK(s.kind == LAYER_EMBEDDING ? s.embed.fields >= 1 && s.embed.fields <= EMBED_MAX_FIELDS &&
+						       s.embed.rows >= 1 && s.embed.dim >= 1 &&
+						       s.embed.dim <= EMBED_MAX_DIM
+					     : s.embed.fields == 0);
 	FUZZ_CHECK((s.kind == LAYER_DENSE || s.kind == LAYER_CONV) ? s.units >= 1 : s.units == 0);
 	FUZZ_CHECK(s.kind == LAYER_DROPOUT ? s.p >= 0.0f && s.p < 1.0f : s.p == 0.0f);
 	layer_spec_format(&s, buf, sizeof(buf));
 	FUZZ_CHECK(layer_spec_parse(&back, buf, err, sizeof(err)) == 0);
 	FUZZ_CHECK(back.kind == s.kind && back.units == s.units && back.k == s.k &&
-		   back.stride == s.stride && back.pad == s.pad && back.p == s.p);
+		   back.stride == s.stride && back.pad == s.pad && back.p == s.p &&
+		   memcmp(&back.embed, &s.embed, sizeof(s.embed)) == 0);
 	return 0;
 }

@@ -1,0 +1,75 @@
+/* A replica's embedding batch: the buffers of the batch-local table and the
+ * plan's indexes, taken once with the replica's other buffers, and each
+ * batch's plan copied in (replica.h). */
+#include "replica.h"
+
+#include <errno.h>
+#include <string.h>
+
+int replica_embed_init(struct replica *r)
+{
+	const struct embed_spec *s = &r->m->embed;
+	if (!s->fields)
+		return 0;
+	const struct backend_ops *o = r->be.ops;
+	void *ctx = r->be.ctx;
+	size_t segs = (size_t)r->max_batch * (size_t)s->fields, R = embed_total_rows(s);
+	r->e_max_nnz = segs;
+	r->e_max_u = segs < R ? segs : R;
+	size_t ub = r->e_max_u * (size_t)s->dim * sizeof(float);
+	int e = o->alloc(ctx, (void **)&r->U, ub);
+	if (!e)
+		e = o->alloc(ctx, (void **)&r->dU, ub);
+	if (!e)
+		e = o->alloc(ctx, (void **)&r->e_rows, r->e_max_u * sizeof(uint64_t));
+	if (!e)
+		e = o->alloc(ctx, (void **)&r->e_off, (segs + 1) * sizeof(uint32_t));
+	if (!e)
+		e = o->alloc(ctx, (void **)&r->e_idx, segs * sizeof(uint32_t));
+	if (!e)
+		e = o->alloc(ctx, (void **)&r->e_roff, (r->e_max_u + 1) * sizeof(uint32_t));
+	if (!e)
+		e = o->alloc(ctx, (void **)&r->e_rseg, segs * sizeof(uint32_t));
+	return e;
+}
+
+void replica_embed_free(struct replica *r)
+{
+	const struct backend_ops *o = r->be.ops;
+	void *ctx = r->be.ctx;
+	o->release(ctx, r->U);
+	o->release(ctx, r->dU);
+	o->release(ctx, r->e_rows);
+	o->release(ctx, r->e_off);
+	o->release(ctx, r->e_idx);
+	o->release(ctx, r->e_roff);
+	o->release(ctx, r->e_rseg);
+}
+
+int replica_embed_load(struct replica *r, const struct embed_plan *p, const float *table)
+{
+	const struct embed_spec *s = &r->m->embed;
+	r->e_B = 0;
+	if (!s->fields || p->F != s->fields || p->B < 1 || p->B > r->max_batch || p->nnz > r->e_max_nnz ||
+	    p->u > r->e_max_u)
+		return -EINVAL;
+	const struct backend_ops *o = r->be.ops;
+	void *ctx = r->be.ctx;
+	size_t segs = (size_t)p->B * (size_t)p->F;
+	int e = o->upload(ctx, r->e_off, p->off, (segs + 1) * sizeof(uint32_t));
+	if (!e && p->nnz)
+		e = o->upload(ctx, r->e_idx, p->idx, p->nnz * sizeof(uint32_t));
+	if (!e)
+		e = o->upload(ctx, r->e_roff, p->roff, (p->u + 1) * sizeof(uint32_t));
+	if (!e && p->nnz)
+		e = o->upload(ctx, r->e_rseg, p->rseg, p->nnz * sizeof(uint32_t));
+	if (!e && p->u)
+		e = o->upload(ctx, r->e_rows, p->rows, p->u * sizeof(uint64_t));
+	if (!e && p->u)
+		e = o->embed_gather(ctx, r->U, table, r->e_rows, p->u, s->dim);
+	if (e)
+		return e;
+	r->e_u = p->u;
+	r->e_B = p->B;
+	return 0;
+}

@@ -274,6 +274,12 @@ int links_done(struct links *lk, int leaving, char *err, size_t errlen)
 	return links_run(lk, &ex, err, errlen);
 }
 
+int links_leave(struct links *lk, char *err, size_t errlen)
+{
+	struct link_ex ex = { .ctl = { .type = WIRE_LEAVE, .u.leave = { .worker = (uint32_t)lk->sh.index } } };
+	return links_run(lk, &ex, err, errlen);
+}
+
 int links_status(struct links *lk, int *complete, char *err, size_t errlen)
 {
 	*complete = 1;

@@ -104,6 +104,9 @@ int links_rollback(struct links *lk, uint64_t step, char *err, size_t errlen);
 /* DONE to every ps: trained the last step (leaving 0), or, once every ps
  * has said the run is complete, closing (leaving 1). */
 int links_done(struct links *lk, int leaving, char *err, size_t errlen);
+/* LEAVE to every ps (an elastic worker's SIGTERM): it leaves once the
+ * pushes that follow are in. */
+int links_leave(struct links *lk, char *err, size_t errlen);
 /* STATUS to every ps: *complete is 1 when every ps says the run is
  * complete (the chief has said DONE). */
 int links_status(struct links *lk, int *complete, char *err, size_t errlen);

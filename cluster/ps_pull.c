@@ -44,8 +44,20 @@ static int pull_hopeless(const struct ps_conn *cn, long piece)
 	return members_others_done(&ps->mb) && (piece < 0 || members_has_pushed(&ps->mb, &ps->sh, cn->w));
 }
 
+/* Whether a PULL still waits (under ps->mu): see pull_wait. */
+static int pull_waits(const struct ps_conn *cn, long piece, uint64_t want, uint64_t gen)
+{
+	const struct ps *ps = cn->ps;
+	if (ps->aborted || ps->gen != gen || cn->st_stop)
+		return 0;
+	if (ps_view_wait(ps))
+		return 1;
+	return want != MSG_VERSION_LATEST && pull_has(ps, piece) < want && !pull_hopeless(cn, piece);
+}
+
 /* A sync PULL waits (under ps->mu) for version `want` of the shard, or of
- * one piece, to exist; meanwhile a HEARTBEAT every heartbeat_ms tells the
+ * one piece, to exist (and on ps 0 of an elastic cluster, any PULL for
+ * min_workers to be ready: ps_view.c); meanwhile a HEARTBEAT every heartbeat_ms tells the
  * worker that the shard is alive and which workers it waits for. It stops
  * waiting when the ps stops, a rollback since gen happens, no other
  * worker will push (pull_hopeless), or the streamer is told to end.
@@ -54,13 +66,10 @@ static int pull_wait(struct ps_conn *cn, long piece, uint64_t want, uint64_t gen
 		     char *err, size_t errlen)
 {
 	struct ps *ps = cn->ps;
-	while (want != MSG_VERSION_LATEST && pull_has(ps, piece) < want && !ps->aborted &&
-	       !pull_hopeless(cn, piece) && ps->gen == gen && !cn->st_stop) {
+	while (pull_waits(cn, piece, want, gen)) {
 		struct timespec dl;
 		role_deadline(&dl, role_heartbeat_ms(ps->c));
-		if (pthread_cond_timedwait(&ps->cv, &ps->mu, &dl) != ETIMEDOUT)
-			continue;
-		if (pull_has(ps, piece) >= want || ps->aborted || ps->gen != gen || cn->st_stop)
+		if (pthread_cond_timedwait(&ps->cv, &ps->mu, &dl) != ETIMEDOUT || !pull_waits(cn, piece, want, gen))
 			continue;
 		struct msg_heartbeat hb;
 		size_t len;
@@ -102,12 +111,21 @@ static int pull_send_whole(struct ps_conn *cn, uint8_t *buf, char *err, size_t e
 	char why[WIRE_ERROR_TEXT_MAX + 1];
 	snprintf(why, sizeof(why), "ps %d stops: %.200s", ps->index, ps->why);
 	cn->st_job = 0; /* the answer waits on nothing more: the next PULL may come */
+	struct msg_view vm;
+	ps_view_fix(ps);
+	int view = !ab && ps_view_message(cn, &vm);
 	pthread_mutex_unlock(&ps->mu);
 	if (ab) {
 		conn_send_error_from(&cn->conn, buf, CONN_WBUF_BYTES, ECONNABORTED, why);
 		snprintf(err, errlen, "training aborted");
 		return PS_END;
 	}
+	size_t len;
+	int r = view ? msg_encode_view(conn_msg(buf), PS_REPLY_CAP, &vm, &len, err, errlen) : 0;
+	if (!r && view)
+		r = conn_send_from(&cn->conn, buf, CONN_WBUF_BYTES, len, err, errlen);
+	if (r)
+		return r;
 	struct conn_chunk_tx t = { .type = WIRE_PARAMS, .shard = (uint32_t)ps->index, .version = v,
 				   .src = cn->snap, .n = n, .dtype = (uint8_t)pull_dtype(cn) };
 	return conn_send_tensor(&cn->conn, &t, err, errlen);

@@ -65,6 +65,31 @@ static uint64_t lowest(const struct links *lk)
 	return lo;
 }
 
+/* Sync, elastic: shards a step apart (this worker pulled while the others
+ * trained): every one asked for the highest version, which those behind
+ * reach once the step under way completes. None gets past it while this
+ * worker, ready since its first pull, holds slices of it: ps 0 puts it in
+ * every view it fixes from then on. A shard that answers higher (past a
+ * view fixed before this worker was ready) starts another round. */
+static int catch_up(struct links *lk, float *params, char *err, size_t errlen)
+{
+	for (int round = 0; round < 8; round++) {
+		uint64_t got[CONFIG_MAX_HOSTS] = { 0 }, lo, hi;
+		int back;
+		gots(lk, got);
+		recovery_spread(got, NULL, lk->nps, &lo, &hi, &back);
+		if (lo == hi)
+			return 0;
+		for (int k = 0; k < lk->nps; k++)
+			lk->ln[k].got = hi - 1;
+		int e = links_pull(lk, params, 0, err, errlen);
+		if (e)
+			return e;
+	}
+	return err_set(err, errlen, -ECONNABORTED, "worker %d: the shards stay apart while the others train",
+		       lk->sh.index);
+}
+
 int recovery_start(struct links *lk, float *params, long total, long *start, char *err,
 		   size_t errlen)
 {
@@ -73,6 +98,8 @@ int recovery_start(struct links *lk, float *params, long total, long *start, cha
 	/* The first pull says where the shards are: 0, or in sync mode the
 	 * step of the checkpoint they resumed from, the same on every shard. */
 	int e = links_pull(lk, params, 1, err, errlen);
+	if (!e && c->train.mode == MODE_SYNC && config_elastic(c))
+		e = catch_up(lk, params, err, errlen);
 	if (e)
 		return e;
 	if (c->train.mode == MODE_ASYNC) {
@@ -189,6 +216,13 @@ static int resync_sync(struct links *lk, float *params, const float *keep, uint6
 	int back, W = lk->sh.c->cluster.nworkers;
 	gots(lk, got);
 	recovery_spread(got, prev, lk->nps, &lo, &hi, &back);
+	if (!back && lo != hi && config_elastic(lk->sh.c)) {
+		int r = catch_up(lk, params, last, lastlen);
+		if (r)
+			return r;
+		gots(lk, got);
+		recovery_spread(got, NULL, lk->nps, &lo, &hi, &back);
+	}
 	/* Any worker that sees it sends ROLLBACK, not only the chief: the
 	 * chief may be waiting on another shard for this worker's gradient,
 	 * and would not notice the restart. A second ROLLBACK to the same

@@ -11,6 +11,7 @@
 #include "role.h"
 #include "view.h"
 #include "worker_host.h"
+#include "worker_share.h"
 
 #include "../core/nn/devices.h"
 #include "../core/nn/optim.h"
@@ -67,6 +68,8 @@ struct worker {
 	int index, chief, W, B, ckpts, tty;
 	int S;                   /* slices of a step (config_slices) */
 	int nmine, mine[VIEW_MAX]; /* this worker's slices, in slice order (cluster/view.h) */
+	int elastic, live;       /* config_elastic; the workers in the step's view */
+	int left;                /* elastic: it left after a SIGTERM (LEAVE said, last slices pushed) */
 	long total, spe;
 	long step, start;        /* the step to train next; where training (re)started */
 	long ckpt_at, ckpt_start; /* sync: the step of the last CHECKPOINT asked for since
@@ -172,6 +175,8 @@ static int worker_open(struct worker *wr, char *err, size_t errlen)
 	wr->S = wr->s.job.S;
 	view_all(&v, wr->S, wr->W);
 	wr->nmine = view_slices(&v, NULL, wr->index, wr->mine);
+	wr->elastic = config_elastic(c);
+	wr->live = wr->W;
 	int threads = worker_host_threads(c, wr->index, wr->out);
 	shard_plan(plan, c->cluster.nps, wr->s.job.m.nparams);
 	char job[64];
@@ -317,6 +322,7 @@ static void worker_log_eval(struct worker *wr, long step)
 		tblog_scalar(&wr->tb, step, "step_time/compute_ms", 1e3 * (wr->t_compute - wr->tb_compute) / (double)n);
 		tblog_scalar(&wr->tb, step, "step_time/communication_ms", 1e3 * (wr->t_comm - wr->tb_comm) / (double)n);
 	}
+	tblog_scalar(&wr->tb, step, "cluster/live_workers", wr->live);
 	wr->tb_compute = wr->t_compute;
 	wr->tb_comm = wr->t_comm;
 	wr->tb_timed = wr->timed;
@@ -492,8 +498,10 @@ static int worker_earlier_slices(struct worker *wr, char *err, size_t errlen)
 static int worker_exchange(struct worker *wr, enum step_way way, double *t1, char *err, size_t errlen)
 {
 	int flow = way == WAY_FLOW || way == WAY_FLOW_FORWARD, pre = way == WAY_FLOW_FORWARD, ce = 0;
-	int last = wr->mine[wr->nmine - 1];
 	*t1 = progress_now();
+	if (!wr->nmine)
+		return way == WAY_PUSH ? 0 : worker_share_idle(&wr->lk, wr->params, err, errlen);
+	int last = wr->mine[wr->nmine - 1];
 	if (!flow) {
 		ce = worker_earlier_slices(wr, err, errlen);
 		if (ce)
@@ -596,8 +604,16 @@ static int worker_step(struct worker *wr, char *err, size_t errlen)
 	/* Decided now: worker_way must know it before the meter is read. */
 	int report = wr->chief && (progress_due(&wr->pg, step) || step + 1 == wr->total);
 	int e = worker_prepare(wr, &ts, err, errlen);
+	int leaving = wr->elastic && !wr->chief && *wr->stop;
+	if (!e && wr->elastic)
+		e = worker_share(&wr->lk, wr->c->train.mode == MODE_SYNC, step, wr->index, wr->S, wr->mine,
+				 &wr->nmine, &wr->live, err, errlen);
+	/* LEAVE before this step's pushes: ps 0 then holds it in no later
+	 * view, whenever the step completes. */
+	if (!e && leaving)
+		e = links_leave(&wr->lk, err, errlen);
 	double t0 = progress_now();
-	enum step_way way = worker_way(wr, report);
+	enum step_way way = leaving ? WAY_PUSH : worker_way(wr, report);
 	if (!e) {
 		e = worker_exchange(wr, way, &t1, err, errlen);
 		/* The next step's forward pass, if it ran, is compute, not
@@ -614,6 +630,7 @@ static int worker_step(struct worker *wr, char *err, size_t errlen)
 	}
 	if (wr->phase != STEP_FORWARDED)
 		wr->phase = way == WAY_PUSH ? STEP_UNPULLED : STEP_PULLED;
+	wr->left = leaving;
 	worker_account(wr, t0, t1, progress_now());
 	if (!wr->chief)
 		return 0;
@@ -632,10 +649,20 @@ static int worker_step(struct worker *wr, char *err, size_t errlen)
  * step count unless the shards went back. */
 static int worker_train(struct worker *wr, char *err, size_t errlen)
 {
-	while (wr->step < wr->total && !*wr->stop) {
+	/* Elastic, a SIGTERM is a leave (not the chief's: it stops the run):
+	 * one more step, whose slices it pushes after saying LEAVE. */
+	while (wr->step < wr->total && !wr->left && (!*wr->stop || (wr->elastic && !wr->chief))) {
 		int e = worker_step(wr, err, errlen);
+		if (!e && wr->left) {
+			wr->step++;
+			break;
+		}
 		if (!e) {
 			wr->step++;
+			/* Async, elastic: the cluster's step counts every
+			 * worker's slices, whoever trained them. */
+			if (wr->elastic && wr->c->train.mode == MODE_ASYNC && ckpt_label(wr, wr->step) > wr->step)
+				wr->step = ckpt_label(wr, wr->step) < wr->total ? ckpt_label(wr, wr->step) : wr->total;
 			/* Sync with backup workers: the shards may have moved
 			 * on without this worker's gradient; it goes on from
 			 * where they all are. */
@@ -830,6 +857,10 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 		res->total_steps = wr->total;
 		if (wr->step < wr->total)
 			wr->finished = res->finished = 0;   /* rolled back, and trained again */
+		if (!e && wr->left) {
+			e = worker_share_leave(&wr->lk, wr->step, wr->total, err, errlen);
+			break;
+		}
 		if (!e && *stop)
 			e = err_set(err, errlen, -EINTR, "worker %d: interrupted at step %ld/%ld", index,
 				    wr->step, wr->total);

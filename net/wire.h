@@ -29,7 +29,8 @@
  * (bytes 108..112, taken from the nonce), so that a greeting recorded on
  * its way to one ps is refused by the others. Version 9: a PUSH's worker
  * field is the worker (bytes 28..30) and the slice of the step's batch
- * the gradient is of (30..32; docs/ELASTIC.md). */
+ * the gradient is of (30..32; docs/ELASTIC.md); VIEW and LEAVE, the
+ * elastic worker set's messages; a REPORT may end with recent events. */
 #define WIRE_MAGIC 0x52545350u
 #define WIRE_VERSION 9u
 
@@ -48,9 +49,11 @@ enum wire_msg {
 	WIRE_HEARTBEAT = 10, /* both: "still here" on an idle connection */
 	WIRE_ROLLBACK = 11,  /* chief -> ps: restore checkpoint (step) */
 	WIRE_REPORT = 12,    /* ps -> observer: the answer to its STATUS */
+	WIRE_VIEW = 13,      /* ps 0 -> worker: who trains which slices of a step */
+	WIRE_LEAVE = 14,     /* worker -> ps: it leaves after the pushes that follow */
 };
 #define WIRE_MSG_FIRST WIRE_HELLO
-#define WIRE_MSG_LAST WIRE_REPORT
+#define WIRE_MSG_LAST WIRE_LEAVE
 
 /* Size limits. A tensor travels as a sequence of messages each carrying
  * at most WIRE_CHUNK_VALUES values of it (WIRE_CHUNK_MAX bytes in
@@ -121,6 +124,7 @@ static inline const char *wire_msg_name(uint32_t type)
 		[WIRE_STATUS] = "STATUS",   [WIRE_DONE] = "DONE",
 		[WIRE_ERROR] = "ERROR",	    [WIRE_HEARTBEAT] = "HEARTBEAT",
 		[WIRE_ROLLBACK] = "ROLLBACK", [WIRE_REPORT] = "REPORT",
+		[WIRE_VIEW] = "VIEW",	    [WIRE_LEAVE] = "LEAVE",
 	};
 	if (type < WIRE_MSG_FIRST || type > WIRE_MSG_LAST)
 		return "?";

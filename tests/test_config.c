@@ -342,6 +342,9 @@ static const struct bad_row bad_rows[] = {
 	  { "[train] slices", "0 is out of range (expected 1..256 or auto)" } },
 	{ "slices 257", "steps = 10", "steps = 10\nslices = 257", "slices", NULL, 0,
 	  { "[train] slices", "257" } },
+	{ "min_workers > workers", "ps = 127.0.0.1:2222, 127.0.0.1:2223", "ps = 127.0.0.1:2222, 127.0.0.1:2223\nmin_workers = 3",
+	  "min_workers", NULL, 0,
+	  { "[cluster] min_workers", "3 is more than the 2 workers" } },
 	{ "steps and epochs", "steps = 10", "steps = 10\nepochs = 2", "epochs", NULL, 0,
 	  { "[train]", "steps", "epochs", "only one" } },
 
@@ -629,6 +632,8 @@ Test(config, defaults)
 	cr_expect_eq(c->train.slices, CONFIG_INT_AUTO);
 	cr_expect_eq(config_slices(c, 1), 2);              /* a cluster: one per worker */
 	cr_expect_eq(config_slices(c, 0), 1);              /* local: one */
+	cr_expect_eq(c->cluster.min_workers, 2);           /* = workers: not elastic */
+	cr_expect_eq(config_elastic(c), 0);
 	cr_expect_eq(c->train.staleness_lr, 1);
 	cr_expect_eq(c->train.steps, 0);
 	cr_expect_eq(c->train.epochs, 1);                   /* neither set: one epoch */
@@ -828,6 +833,7 @@ static void expect_same(const struct config *a, const struct config *b)
 	SAME(train.mode);
 	SAME(train.replicas_to_aggregate);
 	SAME(train.slices);
+	SAME(cluster.min_workers);
 	SAME(train.max_staleness);
 	SAME(train.staleness_lr);
 	SAME(train.steps);

@@ -270,6 +270,11 @@ int config_slices(const struct config *c, int cluster)
 	return cluster ? c->cluster.nworkers : 1;
 }
 
+int config_elastic(const struct config *c)
+{
+	return c->cluster.min_workers < c->cluster.nworkers;
+}
+
 /* replicas_to_aggregate against the slices a cluster's step sums: all of
  * them by default; fewer (backup workers) only where each worker has one
  * slice, since the first R of slices that one worker computes in turn
@@ -330,6 +335,14 @@ static int config_finish(struct config *c, const struct parse *p, char *err, siz
 	int e = finish_replicas(c, p, err, errlen);
 	if (e)
 		return e;
+	if (c->cluster.min_workers == 0)
+		c->cluster.min_workers = c->cluster.nworkers;
+	if (c->cluster.min_workers > c->cluster.nworkers) {
+		where(at, sizeof(at), p, "cluster", "min_workers");
+		snprintf(err, errlen, "%s: [cluster] min_workers: %d is more than the %d workers in [cluster] workers",
+			 at, c->cluster.min_workers, c->cluster.nworkers);
+		return -EINVAL;
+	}
 	if (c->train.steps > 0 && c->train.epochs > 0) {
 		where(at, sizeof(at), p, "train", "epochs");
 		snprintf(err, errlen, "%s: [train] steps and epochs are both set; set only one", at);

@@ -58,6 +58,8 @@ struct config {
 		int nps;
 		struct host workers[CONFIG_MAX_HOSTS];
 		int nworkers;
+		int min_workers;            /* resolved: 1..nworkers; below nworkers the
+					     * worker set is elastic (config_elastic) */
 		struct host listen[CONFIG_MAX_HOSTS]; /* what each ps binds; none: its ps entry */
 		int nlisten;                /* 0, 1 (every ps) or nps (ps K: entry K) */
 		char key_file[DATA_PATH_MAX];
@@ -134,6 +136,10 @@ void config_print(const struct config *c, FILE *f);
  * has one per worker and `local` one, the numbers every config had before
  * the key existed. */
 int config_slices(const struct config *c, int cluster);
+
+/* Whether the worker set of a cluster may change while it runs: [cluster]
+ * min_workers below the workers listed (docs/ELASTIC.md). */
+int config_elastic(const struct config *c);
 
 #define CONFIG_HASH_BYTES 32
 

@@ -142,25 +142,27 @@ int members_complete(const struct members *m)
 	return m->done[0];
 }
 
-/* Workers waited for that have not said DONE. */
-static int undone(const struct members *m)
+/* Workers waited for that have not said DONE; with left, also those that
+ * left the job mid-run (said LEAVE): gone, but a step they left behind
+ * waits for a worker to join, not for nothing. */
+static int undone(const struct members *m, int left)
 {
 	if (!m->elastic)
 		return m->W - m->ndone;
 	int n = 0;
 	for (int w = 0; w < m->W; w++)
-		n += counted(m, w) && !m->done[w];
+		n += counted(m, w) && (!m->done[w] || (left && m->going[w]));
 	return n;
 }
 
 int members_others_done(const struct members *m)
 {
-	return undone(m) <= 1;
+	return undone(m, 1) <= 1;
 }
 
 int members_all_done(const struct members *m)
 {
-	return undone(m) == 0;
+	return undone(m, 0) == 0;
 }
 
 static int past(const struct members *m, int w, int64_t now)

@@ -21,7 +21,7 @@
 
 static int ps_view_on(const struct ps *ps)
 {
-	return ps->index == 0 && ps->mb.elastic;
+	return ps->index == 0 && ps->mb.elastic && role_views(ps->c);
 }
 
 int ps_view_wait(const struct ps *ps)

@@ -173,6 +173,12 @@ int role_pieces(const struct config *c)
 	       !config_elastic(c);
 }
 
+int role_views(const struct config *c)
+{
+	int backup = c->train.mode == MODE_SYNC && c->train.replicas_to_aggregate < config_slices(c, 1);
+	return config_elastic(c) && !backup;
+}
+
 int role_local_path(const struct config *c, int k, char *out, size_t outlen, char *err,
 		    size_t errlen)
 {

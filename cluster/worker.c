@@ -605,7 +605,7 @@ static int worker_step(struct worker *wr, char *err, size_t errlen)
 	int report = wr->chief && (progress_due(&wr->pg, step) || step + 1 == wr->total);
 	int e = worker_prepare(wr, &ts, err, errlen);
 	int leaving = wr->elastic && !wr->chief && *wr->stop;
-	if (!e && wr->elastic)
+	if (!e && wr->elastic && role_views(wr->c))
 		e = worker_share(&wr->lk, wr->c->train.mode == MODE_SYNC, step, wr->index, wr->S, wr->mine,
 				 &wr->nmine, &wr->live, err, errlen);
 	/* LEAVE before this step's pushes: ps 0 then holds it in no later

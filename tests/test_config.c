@@ -345,6 +345,10 @@ static const struct bad_row bad_rows[] = {
 	{ "min_workers > workers", "ps = 127.0.0.1:2222, 127.0.0.1:2223", "ps = 127.0.0.1:2222, 127.0.0.1:2223\nmin_workers = 3",
 	  "min_workers", NULL, 0,
 	  { "[cluster] min_workers", "3 is more than the 2 workers" } },
+	{ "min_workers below backup replicas", "workers = 127.0.0.1:2224, 127.0.0.1:2225",
+	  "workers = 127.0.0.1:2224, 127.0.0.1:2225, 127.0.0.1:2226\nmin_workers = 1",
+	  "min_workers", "train.replicas_to_aggregate=2", 0,
+	  { "[cluster] min_workers", "1 is below replicas_to_aggregate = 2", "backup workers" } },
 	{ "steps and epochs", "steps = 10", "steps = 10\nepochs = 2", "epochs", NULL, 0,
 	  { "[train]", "steps", "epochs", "only one" } },
 

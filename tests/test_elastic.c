@@ -363,3 +363,35 @@ Test(elastic, async_within_a_point)
 	double acc = chief_accuracy(out[2]);
 	cr_assert(fabs(acc - fixed) <= 1.0, "elastic async: accuracy %.2f%%, fixed 4 workers %.2f%%", acc, fixed);
 }
+
+/* Backup workers follow the same membership, each keeping its one slice
+ * (3 slices, replicas_to_aggregate 2, min_workers 2): workers 0 and 1
+ * train from the start, 2 joins once 1 has logged step 40 and leaves on
+ * SIGTERM once it has logged step 120; every step takes the first 2
+ * gradients, and the run ends with every process at 0 and the accuracy
+ * of a run that trained. */
+Test(elastic, backup_workers_join_and_leave)
+{
+	char cfg[300], out[MAX_PROCS][300];
+	pid_t pids[MAX_PROCS];
+	int st[MAX_PROCS];
+	snprintf(cfg, sizeof(cfg), "%s/backup.ini", dir);
+	write_cfg(cfg, (struct run_cfg){ .nps = 2, .nw = 3, .steps = 300, .min_workers = 2, .eval_every = 10 });
+	FILE *f = fopen(cfg, "a");
+	cr_assert_not_null(f);
+	fprintf(f, "[train]\nreplicas_to_aggregate = 2\n");
+	cr_assert_eq(fclose(f), 0);
+	start_ps(cfg, 2, "backup", pids, out);
+	pids[3] = start_worker(cfg, 1, "backup", out[3], NULL);
+	pids[2] = start_worker(cfg, 0, "backup", out[2], "PSTRAIN_EVAL_DELAY_MS=80");
+	await_text(out[3], "step 40/", out[0]);
+	pids[4] = start_worker(cfg, 2, "backup", out[4], NULL);
+	await_text(out[4], "step 120/", out[0]);
+	cr_assert_eq(kill(pids[4], SIGTERM), 0);
+	wait_children(pids, 5, st, RUN_TIMEOUT_S);
+	assert_exits_zero(st, out, 5, "backup");
+	cr_assert_not_null(strstr(slurp(out[0]), "worker 2 leaves"), "%s", slurp(out[0]));
+	cr_assert_not_null(strstr(slurp(out[4]), "left at step"), "%s", slurp(out[4]));
+	double acc = chief_accuracy(out[2]);
+	cr_assert_geq(acc, 95.0, "backup workers: accuracy %.2f%%", acc);
+}

@@ -343,6 +343,13 @@ static int config_finish(struct config *c, const struct parse *p, char *err, siz
 			 at, c->cluster.min_workers, c->cluster.nworkers);
 		return -EINVAL;
 	}
+	if (c->train.mode == MODE_SYNC && c->cluster.min_workers < c->train.replicas_to_aggregate &&
+	    c->train.replicas_to_aggregate < config_slices(c, 1)) {
+		where(at, sizeof(at), p, "cluster", "min_workers");
+		snprintf(err, errlen, "%s: [cluster] min_workers: %d is below replicas_to_aggregate = %d: with backup workers each step needs that many workers' gradients",
+			 at, c->cluster.min_workers, c->train.replicas_to_aggregate);
+		return -EINVAL;
+	}
 	if (c->train.steps > 0 && c->train.epochs > 0) {
 		where(at, sizeof(at), p, "train", "epochs");
 		snprintf(err, errlen, "%s: [train] steps and epochs are both set; set only one", at);

@@ -59,11 +59,12 @@ void members_candidates(const struct members *m, struct view *v, int S)
 			view_set(v, w, 1);
 }
 
-int members_live_count(const struct members *m)
+int members_live_count(const struct members *m, int64_t now)
 {
 	int n = 0;
 	for (int w = 0; w < m->W; w++)
-		n += m->live[w] > 0 && !m->done[w] && !m->going[w] && !m->dropped[w];
+		n += (m->live[w] > 0 || (m->due[w] && now < m->deadline[w])) && !m->done[w] && !m->going[w] &&
+		     !m->dropped[w];
 	return n;
 }
 

@@ -97,8 +97,9 @@ void members_drop(struct members *m, int w);
  * slices): seen, ready, connected, and neither done, going nor dropped. */
 void members_candidates(const struct members *m, struct view *v, int S);
 
-/* Workers with a connection that are neither done, going nor dropped. */
-int members_live_count(const struct members *m);
+/* Workers with a connection, or lost but within their deadline at now (a
+ * worker reconnecting), that are neither done, going nor dropped. */
+int members_live_count(const struct members *m, int64_t now);
 
 /* An event at step; members_events: the newest up to max, oldest first,
  * into out; returns how many. */

@@ -515,7 +515,7 @@ static int ps_over(struct ps *ps)
 	pthread_mutex_lock(&ps->mu);
 	int w = ps->aborted ? -1 : members_expired(&ps->mb, now);
 	if (w >= 0)
-		w = ps_view_expired(ps, w);
+		w = ps_view_expired(ps, w, now);
 	if (w >= 0) {
 		ps->aborted = 1;
 		snprintf(ps->why, sizeof(ps->why), "%s", members_why(&ps->mb, w));

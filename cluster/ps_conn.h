@@ -223,6 +223,6 @@ void ps_view_drop(struct ps *ps, int w);
 /* Any ps: worker w lost past its deadline (members_expired). Elastic, with
  * min_workers others or the run complete, it is dropped (and ps 0 gives
  * its slices out again): -1; else w, for which the ps stops. */
-int ps_view_expired(struct ps *ps, int w);
+int ps_view_expired(struct ps *ps, int w, int64_t now);
 
 #endif

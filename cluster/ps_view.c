@@ -121,10 +121,10 @@ void ps_view_drop(struct ps *ps, int w)
 	pthread_cond_broadcast(&ps->cv);
 }
 
-int ps_view_expired(struct ps *ps, int w)
+int ps_view_expired(struct ps *ps, int w, int64_t now)
 {
 	struct members *m = &ps->mb;
-	if (!m->elastic || (members_live_count(m) < m->min && !members_complete(m)))
+	if (!m->elastic || (members_live_count(m, now) < m->min && !members_complete(m)))
 		return w;
 	/* Enough others: its slices go to them (ps 0 revises the step's
 	 * view), and it may come back as a new worker. */

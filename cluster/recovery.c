@@ -90,6 +90,29 @@ static int catch_up(struct links *lk, float *params, char *err, size_t errlen)
 		       lk->sh.index);
 }
 
+/* Sync, elastic, reconnected with the shards a step apart (lo, lo + 1).
+ * Where ps 0 is at lo and this worker was training step lo (its kept
+ * parameters are of lo), it trains lo again: ps 0 was left a slice short
+ * (a worker lost after pushing it to some ps, which went on: pushes reach
+ * ps 0 last), and has given it out again, or its pushes are still on the
+ * way. The shards that went on take the kept parameters of lo back, and
+ * its pushes of lo to them are dropped as stale. Otherwise (a worker
+ * that joined, or ps 0 ahead) catch_up. */
+static int again_or_catch_up(struct links *lk, float *params, const uint64_t *got, uint64_t lo, char *err,
+			     size_t errlen)
+{
+	if (got[0] != lo || !lk->has_kept || lk->kept_v != lo)
+		return catch_up(lk, params, err, errlen);
+	for (int k = 0; k < lk->nps; k++) {
+		struct link *l = &lk->ln[k];
+		if (got[k] > lo)
+			memcpy(params + l->range.begin, lk->kept + l->range.begin,
+			       (l->range.end - l->range.begin) * sizeof(float));
+		l->got = lo;
+	}
+	return 0;
+}
+
 int recovery_start(struct links *lk, float *params, long total, long *start, char *err,
 		   size_t errlen)
 {
@@ -217,7 +240,7 @@ static int resync_sync(struct links *lk, float *params, const float *keep, uint6
 	gots(lk, got);
 	recovery_spread(got, prev, lk->nps, &lo, &hi, &back);
 	if (!back && lo != hi && config_elastic(lk->sh.c)) {
-		int r = catch_up(lk, params, last, lastlen);
+		int r = again_or_catch_up(lk, params, got, lo, last, lastlen);
 		if (r)
 			return r;
 		gots(lk, got);

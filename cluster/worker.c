@@ -101,24 +101,13 @@ static void worker_pack_open(struct worker *wr)
 		role_log(wr->out, "worker %d: packs float32 on its links to other hosts ([cluster] wire_pack)", wr->index);
 }
 
-/* What an autoflow decided at step (nothing if said is quiet), for
- * [cluster] key: its ratio, and the way it now goes, on or off. */
-static void worker_say_autoflow(const struct worker *wr, const char *key, const struct autoflow *a,
-				enum autoflow_said said, long step, const char *on, const char *off)
-{
-	if (said != AUTOFLOW_QUIET)
-		role_log(wr->out, "worker %d: [cluster] %s = auto: at step %ld the exchange took %.1fx the compute (medians of %d steps): %s%s%s",
-			 wr->index, key, step, a->ratio, AUTOFLOW_WINDOW, said == AUTOFLOW_KEPT ? "keeps " : "",
-			 a->on ? on : off, said == AUTOFLOW_LAST ? " from here on" : "");
-}
-
 /* A step took compute seconds, then exchange seconds: pack from the next
  * one on, or not. */
 static void worker_pack_record(struct worker *wr, long step, double compute, double exchange)
 {
 	enum autoflow_said said = autoflow_record(&wr->packf, compute, exchange);
 	wr->lk.sh.pack = autoflow_wants(&wr->packf);
-	worker_say_autoflow(wr, "wire_pack", &wr->packf, said, step, "packing float32 on its links to other hosts",
+	autoflow_say(&wr->packf, wr->out, wr->index, "wire_pack", said, step, "packing float32 on its links to other hosts",
 			    "sending float32 as it is");
 }
 
@@ -584,7 +573,7 @@ static void worker_account(struct worker *wr, double t0, double t1, double t2)
 	wr->t_comm += t2 - t1;
 	wr->timed++;
 	enum autoflow_said said = wr->flow.nstreams ? autoflow_record(&wr->af, t1 - t0, t2 - t1) : AUTOFLOW_QUIET;
-	worker_say_autoflow(wr, "overlap", &wr->af, said, step,
+	autoflow_say(&wr->af, wr->out, wr->index, "overlap", said, step,
 			    "pushing the pieces of each gradient as backward makes them",
 			    "pushing each gradient after computing it");
 	worker_pack_record(wr, step, t1 - t0, t2 - t1);
@@ -601,13 +590,15 @@ static int worker_step(struct worker *wr, char *err, size_t errlen)
 	/* Only a link call of this step may mark a ps lost: a failure of the
 	 * devices must end the run, not be taken for a lost ps. */
 	wr->lk.lost = -1;
+	if (wr->hooks.step_delay_ms)
+		role_nap_ms(wr->hooks.step_delay_ms);
 	/* Decided now: worker_way must know it before the meter is read. */
 	int report = wr->chief && (progress_due(&wr->pg, step) || step + 1 == wr->total);
 	int e = worker_prepare(wr, &ts, err, errlen);
 	int leaving = wr->elastic && !wr->chief && *wr->stop;
 	if (!e && wr->elastic && role_views(wr->c))
-		e = worker_share(&wr->lk, wr->c->train.mode == MODE_SYNC, step, wr->index, wr->S, wr->mine,
-				 &wr->nmine, &wr->live, err, errlen);
+		e = worker_share(&wr->lk, wr->params, wr->c->train.mode == MODE_SYNC, step, wr->index, wr->S,
+				 wr->mine, &wr->nmine, &wr->live, err, errlen);
 	/* LEAVE before this step's pushes: ps 0 then holds it in no later
 	 * view, whenever the step completes. */
 	if (!e && leaving)

@@ -14,8 +14,8 @@ static void view_from_bits(struct view *v, int S, const uint8_t *bits)
 		view_set(v, w, bits[w / 8] >> (w % 8) & 1);
 }
 
-int worker_share(struct links *lk, int sync, long step, int index, int S, int *mine, int *n, int *live,
-		 char *err, size_t errlen)
+int worker_share(struct links *lk, const float *params, int sync, long step, int index, int S, int *mine,
+		 int *n, int *live, char *err, size_t errlen)
 {
 	struct msg_view m;
 	pthread_mutex_lock(&lk->sh.say_mu);
@@ -36,6 +36,8 @@ int worker_share(struct links *lk, int sync, long step, int index, int S, int *m
 	view_from_bits(&base, S, m.base);
 	*n = view_slices(&now, &base, index, mine);
 	*live = view_count(&now);
+	if (sync)
+		links_keep(lk, params, (uint64_t)step);
 	return 0;
 }
 

@@ -10,11 +10,12 @@
 
 /* Worker `index`'s slices of `step` (of S) under the newest VIEW, in
  * slice order, into mine (room for S), how many in *n, and the workers
- * the view holds in *live. sync: the VIEW must be of that step (ps 0
+ * the view holds in *live; sync, params (P: the step's parameters) kept
+ * for a recovery (links_keep). sync: the VIEW must be of that step (ps 0
  * sends each step's before its parameters), else -EPROTO; async: the
  * newest is the one. -EPROTO too for none at all, or one of another S. */
-int worker_share(struct links *lk, int sync, long step, int index, int S, int *mine, int *n, int *live,
-		 char *err, size_t errlen);
+int worker_share(struct links *lk, const float *params, int sync, long step, int index, int S, int *mine,
+		 int *n, int *live, char *err, size_t errlen);
 
 /* A step with no slice here (a view of more workers than slices, or one
  * fixed before this worker was ready): only the next parameters into

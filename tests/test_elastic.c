@@ -22,9 +22,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #define RUN_TIMEOUT_S 60
+/* Every worker of an elastic run sleeps this long before each step
+ * (base/hooks.h), so that the run lasts while workers join and leave. */
+#define SLOW "PSTRAIN_STEP_DELAY_MS=4"
 #define MAX_PROCS 8
 
 static char dir[256];
@@ -199,6 +203,24 @@ static void await_text(const char *path, const char *text, const char *also)
 		  also ? slurp(also) : "");
 }
 
+/* Waits up to 60 s for the log at path to show a step at or past n
+ * ("step K/" with K >= n: a chief's progress line or another worker's
+ * evaluation line; a worker that joined late has none before it). */
+static void await_step(const char *path, long n)
+{
+	struct timespec nap = { 0, 2 * 1000 * 1000 };
+	for (int i = 0; i < 30000; i++) {
+		for (const char *p = slurp(path); (p = strstr(p, "step ")) != NULL; p += 5) {
+			long k;
+			char slash;
+			if (sscanf(p, "step %ld%c", &k, &slash) == 2 && slash == '/' && k >= n)
+				return;
+		}
+		nanosleep(&nap, NULL);
+	}
+	cr_assert_fail("%s shows no step at or past %ld:\n%s", path, n, slurp(path));
+}
+
 /* `pstrain status` on cfg: its output. */
 static char *status_of(const char *cfg, const char *tag)
 {
@@ -213,21 +235,22 @@ static char *status_of(const char *cfg, const char *tag)
 }
 
 /* The chain 2 -> 4 -> 1 on cfg (4 workers listed, 2 ps), logs tagged
- * tag: ps 0 and 1, workers 1 and 0 (the chief's evaluations slowed down,
- * PSTRAIN_EVAL_DELAY_MS, so that the changes land mid-run); workers 2 and
- * 3 once worker 1 has logged step 40; SIGTERM to workers 1 to 3 once the
- * four have trained together and worker 1 has logged `leave` ("step
- * 90/"). pids and out as start_cluster's. */
-static void run_chain(const char *cfg, const char *tag, const char *leave, pid_t *pids, char out[][300])
+ * tag: ps 0 and 1, workers 1 and 0 (each step slowed down, SLOW, so that
+ * the changes land mid-run); workers 2 and
+ * 3 once the two train together and the chief has logged step 40; SIGTERM
+ * to workers 1 to 3 once the four train together and the chief has
+ * logged step `leave`. pids and out as start_cluster's. */
+static void run_chain(const char *cfg, const char *tag, long leave, pid_t *pids, char out[][300])
 {
 	start_ps(cfg, 2, tag, pids, out);
-	pids[3] = start_worker(cfg, 1, tag, out[3], NULL);
-	pids[2] = start_worker(cfg, 0, tag, out[2], "PSTRAIN_EVAL_DELAY_MS=80");
-	await_text(out[3], "step 40/", out[0]);
-	pids[4] = start_worker(cfg, 2, tag, out[4], NULL);
-	pids[5] = start_worker(cfg, 3, tag, out[5], NULL);
+	pids[3] = start_worker(cfg, 1, tag, out[3], SLOW);
+	pids[2] = start_worker(cfg, 0, tag, out[2], SLOW);
+	await_text(out[0], "workers 0, 1 train the 4 slices", out[2]);
+	await_step(out[2], 40);
+	pids[4] = start_worker(cfg, 2, tag, out[4], SLOW);
+	pids[5] = start_worker(cfg, 3, tag, out[5], SLOW);
 	await_text(out[0], "workers 0, 1, 2, 3 train the 4 slices", out[4]);
-	await_text(out[3], leave, out[0]);
+	await_step(out[2], leave);
 	for (int i = 3; i < 6; i++)
 		cr_assert_eq(kill(pids[i], SIGTERM), 0);
 }
@@ -241,8 +264,7 @@ static void run_chain(const char *cfg, const char *tag, const char *leave, pid_t
  * end. `pstrain status` meanwhile shows the joins and leaves, and the
  * chief's TensorBoard the live worker count. The parameters and adam's
  * moments at the end are local's with 4 slices, bit for bit: timing-free
- * by construction. The chief's evaluations (every 10 steps) are slowed
- * down (PSTRAIN_EVAL_DELAY_MS) so that the joins and leaves land mid-run. */
+ * by construction. */
 Test(elastic, chain_2_4_1_sync_is_bit_for_bit)
 {
 	enum { T = 400 };
@@ -256,8 +278,11 @@ Test(elastic, chain_2_4_1_sync_is_bit_for_bit)
 	snprintf(cfg, sizeof(cfg), "%s/chain.ini", dir);
 	rc.ck = "ck";
 	write_cfg(cfg, rc);
-	run_chain(cfg, "chain", "step 90/", pids, out);
-	await_text(out[0], "worker 0 trains the 4 slices", out[3]);
+	run_chain(cfg, "chain", 90, pids, out);
+	for (int w = 1; w < 4; w++) {
+		snprintf(want, sizeof(want), "worker %d leaves", w);
+		await_text(out[0], want, out[2 + w]);
+	}
 	char *text = status_of(cfg, "chain");
 	for (int w = 0; w < 4; w++) {
 		snprintf(want, sizeof(want), "worker %d joined", w);
@@ -290,7 +315,8 @@ Test(elastic, chain_2_4_1_sync_is_bit_for_bit)
 	cr_assert(lo == 1 && hi == 4, "cluster/live_workers from %g to %g, want 1 to 4:\n%s", lo, hi, events);
 }
 
-/* A worker killed mid-run (SIGKILL: no LEAVE) is lost; past peer_timeout
+/* A worker killed mid-run (SIGKILL: no LEAVE, as soon as the three train
+ * together) is lost; past peer_timeout
  * ps 0 drops it and gives its slices of the step under way to the others
  * (a revision), which train that step again; the run still ends on
  * local's parameters, bit for bit. */
@@ -309,11 +335,10 @@ Test(elastic, killed_worker_slices_go_to_the_others)
 	rc.ck = "ck";
 	write_cfg(cfg, rc);
 	start_ps(cfg, 2, "kill", pids, out);
-	pids[4] = start_worker(cfg, 2, "kill", out[4], NULL);
-	pids[3] = start_worker(cfg, 1, "kill", out[3], NULL);
-	pids[2] = start_worker(cfg, 0, "kill", out[2], "PSTRAIN_EVAL_DELAY_MS=80");
+	pids[4] = start_worker(cfg, 2, "kill", out[4], SLOW);
+	pids[3] = start_worker(cfg, 1, "kill", out[3], SLOW);
+	pids[2] = start_worker(cfg, 0, "kill", out[2], SLOW);
 	await_text(out[0], "workers 0, 1, 2 train the 4 slices", out[2]);
-	await_text(out[3], "step 40/", out[0]);
 	cr_assert_eq(kill(pids[4], SIGKILL), 0);
 	wait_children(pids, 4, st, RUN_TIMEOUT_S);
 	assert_exits_zero(st, out, 4, "kill");
@@ -356,7 +381,7 @@ Test(elastic, async_within_a_point)
 	rc.ck = "ck";
 	rc.min_workers = 1;
 	write_cfg(cfg, rc);
-	run_chain(cfg, "async", "step 120/", pids, out);
+	run_chain(cfg, "async", 120, pids, out);
 	wait_children(pids, 6, st, RUN_TIMEOUT_S);
 	assert_exits_zero(st, out, 6, "async");
 	cr_assert_not_null(strstr(slurp(out[0]), "worker 0 trains the 4 slices"), "%s", slurp(out[0]));
@@ -366,8 +391,8 @@ Test(elastic, async_within_a_point)
 
 /* Backup workers follow the same membership, each keeping its one slice
  * (3 slices, replicas_to_aggregate 2, min_workers 2): workers 0 and 1
- * train from the start, 2 joins once 1 has logged step 40 and leaves on
- * SIGTERM once it has logged step 120; every step takes the first 2
+ * train from the start, 2 joins once the chief has logged step 40 and
+ * leaves on SIGTERM once the chief has logged step 120; every step takes the first 2
  * gradients, and the run ends with every process at 0 and the accuracy
  * of a run that trained. */
 Test(elastic, backup_workers_join_and_leave)
@@ -382,11 +407,12 @@ Test(elastic, backup_workers_join_and_leave)
 	fprintf(f, "[train]\nreplicas_to_aggregate = 2\n");
 	cr_assert_eq(fclose(f), 0);
 	start_ps(cfg, 2, "backup", pids, out);
-	pids[3] = start_worker(cfg, 1, "backup", out[3], NULL);
-	pids[2] = start_worker(cfg, 0, "backup", out[2], "PSTRAIN_EVAL_DELAY_MS=80");
-	await_text(out[3], "step 40/", out[0]);
-	pids[4] = start_worker(cfg, 2, "backup", out[4], NULL);
-	await_text(out[4], "step 120/", out[0]);
+	pids[3] = start_worker(cfg, 1, "backup", out[3], SLOW);
+	pids[2] = start_worker(cfg, 0, "backup", out[2], SLOW);
+	await_step(out[2], 40);
+	pids[4] = start_worker(cfg, 2, "backup", out[4], SLOW);
+	await_text(out[4], "continuing at step", out[0]);
+	await_step(out[2], 120);
 	cr_assert_eq(kill(pids[4], SIGTERM), 0);
 	wait_children(pids, 5, st, RUN_TIMEOUT_S);
 	assert_exits_zero(st, out, 5, "backup");

@@ -590,7 +590,7 @@ int ps_open(struct ps *ps, const struct config *c, const struct role_setup *s,
 	ps->c = c;
 	ps->out = out;
 	ps->index = index;
-	ps->W = c->cluster.nworkers;
+	ps->W = c->cluster.max_workers;
 	hooks_read(&ps->hooks);
 	members_init(&ps->mb, ps->W, c->cluster.peer_timeout);
 	members_elastic(&ps->mb, c->cluster.min_workers, index != 0);

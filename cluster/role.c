@@ -55,9 +55,9 @@ int role_setup_load(struct role_setup *s, const struct config *c, int want_data,
 	if (e)
 		return e;
 	int S = config_slices(c, 1);
-	if (c->cluster.nworkers > S && !config_elastic(c))
-		return err_set(err, errlen, -EINVAL, "%s: [cluster] workers lists %d workers but [train] slices is %d: each needs a slice of the step (or set [cluster] min_workers, and the extra ones wait for one)",
-			       c->path, c->cluster.nworkers, S);
+	if (c->cluster.max_workers > S && !config_elastic(c))
+		return err_set(err, errlen, -EINVAL, "%s: [cluster] has %d workers but [train] slices is %d: each needs a slice of the step (or set [cluster] min_workers, and the extra ones wait for one)",
+			       c->path, c->cluster.max_workers, S);
 	return job_load(&s->job, c, S, want_data, err, errlen);
 }
 

@@ -828,7 +828,7 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 	if (!wr)
 		return err_set(err, errlen, -ENOMEM, "out of memory");
 	*wr = (struct worker){ .c = c, .stop = stop, .out = out, .index = index, .chief = index == 0,
-			       .W = c->cluster.nworkers, .B = c->train.batch_size, .tty = tty,
+			       .W = c->cluster.max_workers, .B = c->train.batch_size, .tty = tty,
 			       .epoch_loaded = -1, .ckpt_start = -1, .phase = STEP_PULLED };
 	memset(res, 0, sizeof(*res));
 	double t0 = progress_now();

@@ -421,3 +421,119 @@ Test(elastic, backup_workers_join_and_leave)
 	double acc = chief_accuracy(out[2]);
 	cr_assert_geq(acc, 95.0, "backup workers: accuracy %.2f%%", acc);
 }
+
+/* ---- schedulers ---------------------------------------------------------- */
+
+/* The end of a scheduler's chain on cfg (1 ps, the chief, workers 1 and
+ * 2, logs out[0..3]): every process exited 0, ps 0 gave worker 2 slices
+ * while 1 still trained, 1 left on SIGTERM, and the parameters and
+ * moments are local's with 4 slices, bit for bit. */
+static void assert_scheduler_chain(const char *cfg, int *st, char out[][300], const char *tag)
+{
+	static char ref[16384], got[16384];
+	assert_exits_zero(st, out, 4, tag);
+	cr_assert_not_null(strstr(slurp(out[0]), "workers 0, 1, 2 train the 4 slices"), "%s", slurp(out[0]));
+	cr_assert_not_null(strstr(slurp(out[2]), "(SIGTERM): its slices go to the others"), "%s", slurp(out[2]));
+	ck_lines("ck", 300, got, sizeof(got));
+	char rcfg[300];
+	snprintf(rcfg, sizeof(rcfg), "%s/ref.ini", dir);
+	FILE *in = fopen(cfg, "r"), *o = fopen(rcfg, "w");
+	cr_assert(in && o);
+	char line[512];
+	while (fgets(line, sizeof(line), in))
+		fputs(strncmp(line, "checkpoint_dir", 14) ? line : "checkpoint_dir = ref\n", o);
+	fclose(in);
+	cr_assert_eq(fclose(o), 0);
+	run_local(rcfg, NULL, "local");
+	ck_lines("ref", 300, ref, sizeof(ref));
+	cr_assert_str_eq(got, ref, "%s ends elsewhere:\n%s\nlocal with 4 slices:\n%s", tag, got, ref);
+}
+
+/* A TFJob scaled up and then down (issue 40): every process is `pstrain
+ * run` with the TF_CONFIG Kubeflow sets. The ps, the chief and worker 0
+ * (pstrain's worker 1) start with a TF_CONFIG of one worker; a second
+ * worker's pod gets one that lists two (its task worker 1: pstrain's
+ * worker 2), as a TFJob's new pods do while the old ones keep theirs, and
+ * joins, since the workers' entries are not in the config hash
+ * (max_workers is); then worker 1 gets SIGTERM, as a scale-down sends,
+ * and leaves. */
+Test(elastic, tf_config_add_and_remove)
+{
+	char cfg[300], out[4][300], env[4][700];
+	pid_t pids[4];
+	int st[4];
+	snprintf(cfg, sizeof(cfg), "%s/tf.ini", dir);
+	write_cfg(cfg, (struct run_cfg){ .nw = 2, .steps = 300, .slices = 4, .min_workers = 1, .eval_every = 10 });
+	FILE *f = fopen(cfg, "a");
+	cr_assert_not_null(f);
+	fprintf(f, "[cluster]\nmax_workers = 4\n");
+	cr_assert_eq(fclose(f), 0);
+	int ps = free_port(), chief = free_port(), w0 = free_port(), w1 = free_port();
+	static const char *const type[4] = { "ps", "chief", "worker", "worker" };
+	for (int i = 0; i < 4; i++) {
+		char workers[64];
+		if (i == 3)
+			snprintf(workers, sizeof(workers), "\"127.0.0.1:%d\", \"127.0.0.1:%d\"", w0, w1);
+		else
+			snprintf(workers, sizeof(workers), "\"127.0.0.1:%d\"", w0);
+		snprintf(env[i], sizeof(env[i]),
+			 "TF_CONFIG={\"cluster\": {\"ps\": [\"127.0.0.1:%d\"], \"chief\": [\"127.0.0.1:%d\"], \"worker\": [%s]}, "
+			 "\"task\": {\"type\": \"%s\", \"index\": %d}}",
+			 ps, chief, workers, type[i], i == 3);
+		snprintf(out[i], sizeof(out[i]), "%s/tf-%d.log", dir, i);
+	}
+	const char *args[] = { "run", "--config", cfg, NULL };
+	for (int i = 0; i < 3; i++) {
+		const char *envs[] = { env[i], SLOW, NULL };
+		pids[i] = spawn_pstrain_env(args, out[i], envs);
+	}
+	await_text(out[0], "workers 0, 1 train the 4 slices", out[1]);
+	await_step(out[1], 40);
+	const char *envs[] = { env[3], SLOW, NULL };
+	pids[3] = spawn_pstrain_env(args, out[3], envs);
+	await_text(out[0], "workers 0, 1, 2 train the 4 slices", out[3]);
+	cr_assert_not_null(strstr(slurp(out[3]), "pstrain: worker 2, from TF_CONFIG (task worker 1, after the chief)"),
+			   "%s", slurp(out[3]));
+	await_step(out[1], 120);
+	cr_assert_eq(kill(pids[2], SIGTERM), 0);
+	wait_children(pids, 4, st, RUN_TIMEOUT_S);
+	assert_scheduler_chain(cfg, st, out, "TF_CONFIG");
+}
+
+/* The same through StatefulSet pod names (pstrain run in pods named
+ * job-ps-0, job-worker-0 and -1, then job-worker-2 as `kubectl scale
+ * --replicas=3` adds it, and SIGTERM to job-worker-1): [cluster] lists
+ * every pod's address up front, min_workers lets them come and go.
+ * Skipped where this system gives a process no host name of its own. */
+Test(elastic, pod_name_add_and_remove)
+{
+	char cfg[300], out[4][300];
+	pid_t pids[4];
+	int st[4];
+	snprintf(cfg, sizeof(cfg), "%s/pod.ini", dir);
+	write_cfg(cfg, (struct run_cfg){ .nw = 4, .steps = 300, .slices = 4, .min_workers = 1, .eval_every = 10 });
+	static const char *const pod[4] = { "job-ps-0", "job-worker-0", "job-worker-1", "job-worker-2" };
+	const char *envs[] = { "KUBERNETES_SERVICE_HOST=10.0.0.1", SLOW, NULL };
+	const char *args[] = { "run", "--config", cfg, NULL };
+	for (int i = 0; i < 4; i++)
+		snprintf(out[i], sizeof(out[i]), "%s/pod-%d.log", dir, i);
+	for (int i = 0; i < 3; i++)
+		pids[i] = spawn_pstrain_pod(args, out[i], envs, pod[i]);
+	for (int t = 0; t < 100 && !slurp(out[0])[0]; t++)
+		usleep(20000);
+	int s0;
+	if (waitpid(pids[0], &s0, WNOHANG) == pids[0] && WIFEXITED(s0) && WEXITSTATUS(s0) == SPAWN_NO_POD) {
+		for (int i = 1; i < 3; i++)
+			kill(pids[i], SIGKILL);
+		cr_skip_test("%s", slurp(out[0]));
+	}
+	await_text(out[0], "workers 0, 1 train the 4 slices", out[1]);
+	await_step(out[1], 40);
+	pids[3] = spawn_pstrain_pod(args, out[3], envs, pod[3]);
+	await_text(out[0], "workers 0, 1, 2 train the 4 slices", out[3]);
+	cr_assert_not_null(strstr(slurp(out[3]), "job-worker-2"), "%s", slurp(out[3]));
+	await_step(out[1], 120);
+	cr_assert_eq(kill(pids[2], SIGTERM), 0);
+	wait_children(pids, 4, st, RUN_TIMEOUT_S);
+	assert_scheduler_chain(cfg, st, out, "pod names");
+}

@@ -1,4 +1,5 @@
-/* libFuzzer harness for the message decoders of net/msg.c. The input is one
+/* libFuzzer harness for the message decoders of net/msg.c (and
+ * msg_elastic.c's VIEW, LEAVE and a REPORT's events). The input is one
  * message body, given to msg_type and to every decoder. Checks the error
  * contract (negative errno, one line), that whatever a decoder accepts
  * re-encodes to exactly the input bytes (REPORT too) (the encoding is canonical: there is
@@ -162,6 +163,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	} else {
 		fuzz_check_err(rc, err);
 	}
+
+	struct msg_view vw;
+	err[0] = '\0';
+	if ((rc = msg_decode_view(data, size, &vw, err, sizeof err)) == 0) {
+		FUZZ_CHECK(vw.slices >= 1 && vw.slices <= MSG_VIEW_SLICES);
+		same(msg_encode_view(re, sizeof re, &vw, &relen, err, sizeof err), relen, data, size);
+	} else {
+		fuzz_check_err(rc, err);
+	}
+
+	struct msg_leave lv;
+	err[0] = '\0';
+	if ((rc = msg_decode_leave(data, size, &lv, err, sizeof err)) == 0)
+		same(msg_encode_leave(re, sizeof re, &lv, &relen, err, sizeof err), relen, data, size);
+	else
+		fuzz_check_err(rc, err);
 
 	static struct msg_error e;
 	err[0] = '\0';

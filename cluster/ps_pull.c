@@ -30,10 +30,10 @@ static uint64_t pull_has(const struct ps *ps, long piece)
 }
 
 /* The answer to a PULL is sent by the connection's own thread, or, in
- * piece mode, by its streamer: buf is that thread's frame buffer for a
- * HEARTBEAT or an ERROR (CONN_WBUF_BYTES), and the PARAMS go on the
- * connection's sending pipe. Its failures are all the transport's (or a
- * shard gone back under a streamed answer): none gets an ERROR. */
+ * piece mode, by its streamer: `from` is that thread's sender (CONN_MAIN
+ * or CONN_SIDE), whose frame buffer and pipe carry the HEARTBEATs, an
+ * ERROR and the PARAMS. Its failures are all the transport's (or a shard
+ * gone back under a streamed answer): none gets an ERROR. */
 
 /* Whether nothing but this worker can move the shard, and this worker
  * has: every other worker is done, and this one's gradient for the
@@ -50,8 +50,8 @@ static int pull_hopeless(const struct ps_conn *cn, long piece)
  * waiting when the ps stops, a rollback since gen happens, no other
  * worker will push (pull_hopeless), or the streamer is told to end.
  * Returns with mu held on success, without it on failure. */
-static int pull_wait(struct ps_conn *cn, long piece, uint64_t want, uint64_t gen, uint8_t *buf,
-		     char *err, size_t errlen)
+static int pull_wait(struct ps_conn *cn, long piece, uint64_t want, uint64_t gen,
+		     enum conn_sender from, char *err, size_t errlen)
 {
 	struct ps *ps = cn->ps;
 	while (want != MSG_VERSION_LATEST && pull_has(ps, piece) < want && !ps->aborted &&
@@ -66,9 +66,10 @@ static int pull_wait(struct ps_conn *cn, long piece, uint64_t want, uint64_t gen
 		size_t len;
 		ps_heartbeat(ps, &hb);
 		pthread_mutex_unlock(&ps->mu);
-		int r = msg_encode_heartbeat(conn_msg(buf), PS_REPLY_CAP, &hb, &len, err, errlen);
+		int r = msg_encode_heartbeat(conn_payload(&cn->conn, from), conn_payload_cap(&cn->conn),
+					     &hb, &len, err, errlen);
 		if (!r)
-			r = conn_send_from(&cn->conn, buf, CONN_WBUF_BYTES, len, err, errlen);
+			r = conn_send_payload(&cn->conn, from, len, err, errlen);
 		if (r)
 			return r;
 		pthread_mutex_lock(&ps->mu);
@@ -91,7 +92,7 @@ static unsigned pull_dtype(const struct ps_conn *cn)
 
 /* A PULL's answer (under ps->mu, which it releases): the whole shard as
  * it is, or, if the ps stops, an ERROR saying why (and PS_END). */
-static int pull_send_whole(struct ps_conn *cn, uint8_t *buf, char *err, size_t errlen)
+static int pull_send_whole(struct ps_conn *cn, enum conn_sender from, char *err, size_t errlen)
 {
 	struct ps *ps = cn->ps;
 	size_t n = ps->sh.n;
@@ -104,13 +105,13 @@ static int pull_send_whole(struct ps_conn *cn, uint8_t *buf, char *err, size_t e
 	cn->st_job = 0; /* the answer waits on nothing more: the next PULL may come */
 	pthread_mutex_unlock(&ps->mu);
 	if (ab) {
-		conn_send_error_from(&cn->conn, buf, CONN_WBUF_BYTES, ECONNABORTED, why);
+		conn_send_error(&cn->conn, from, ECONNABORTED, why);
 		snprintf(err, errlen, "training aborted");
 		return PS_END;
 	}
 	struct conn_chunk_tx t = { .type = WIRE_PARAMS, .shard = (uint32_t)ps->index, .version = v,
 				   .src = cn->snap, .n = n, .dtype = (uint8_t)pull_dtype(cn) };
-	return conn_send_tensor(&cn->conn, &t, err, errlen);
+	return conn_send_tensor(&cn->conn, from, &t, err, errlen);
 }
 
 /* Piece mode, a PULL of the next version (under ps->mu, which it
@@ -124,19 +125,20 @@ static int pull_send_whole(struct ps_conn *cn, uint8_t *buf, char *err, size_t e
  * pieces sent are of a version the shard no longer has, and the
  * connection ends as if lost: the worker connects again and pulls what
  * there is. */
-static int pull_stream(struct ps_conn *cn, uint64_t want, uint8_t *buf, char *err, size_t errlen)
+static int pull_stream(struct ps_conn *cn, uint64_t want, enum conn_sender from, char *err,
+		       size_t errlen)
 {
 	struct ps *ps = cn->ps;
 	struct psshard *sh = &ps->sh;
 	size_t np = sh->npieces;
 	uint64_t gen = ps->gen;
 	for (size_t j = 0; j < np;) {
-		int r = pull_wait(cn, (long)j, want, gen, buf, err, errlen);
+		int r = pull_wait(cn, (long)j, want, gen, from, err, errlen);
 		if (r)
 			return r;
 		if (psshard_piece_version(sh, j) != want) {
 			if (j == 0 || ps->aborted)
-				return pull_send_whole(cn, buf, err, errlen);
+				return pull_send_whole(cn, from, err, errlen);
 			pthread_mutex_unlock(&ps->mu);
 			return err_set(err, errlen, -ECONNABORTED,
 				       "version %llu was going out when the shard went back or stopped",
@@ -154,7 +156,7 @@ static int pull_stream(struct ps_conn *cn, uint64_t want, uint8_t *buf, char *er
 		struct conn_chunk_tx t = { .type = WIRE_PARAMS, .shard = (uint32_t)ps->index, .version = want,
 					   .src = cn->snap + lo, .n = hi - lo, .offset = lo,
 					   .dtype = (uint8_t)pull_dtype(cn) };
-		r = conn_send_tensor(&cn->conn, &t, err, errlen);
+		r = conn_send_tensor(&cn->conn, from, &t, err, errlen);
 		if (r)
 			return r;
 		j = k;
@@ -166,13 +168,14 @@ static int pull_stream(struct ps_conn *cn, uint64_t want, uint8_t *buf, char *er
 
 /* A PULL of version want (under ps->mu, which it releases), streamed
  * when it is the next version of a shard in piece mode. */
-static int pull_answer(struct ps_conn *cn, uint64_t want, uint8_t *buf, char *err, size_t errlen)
+static int pull_answer(struct ps_conn *cn, uint64_t want, enum conn_sender from, char *err,
+		       size_t errlen)
 {
 	struct ps *ps = cn->ps;
 	if (psshard_pieces(&ps->sh) && want != MSG_VERSION_LATEST && want > psshard_version(&ps->sh))
-		return pull_stream(cn, want, buf, err, errlen);
-	int r = pull_wait(cn, -1, want, ps->gen, buf, err, errlen);
-	return r ? r : pull_send_whole(cn, buf, err, errlen);
+		return pull_stream(cn, want, from, err, errlen);
+	int r = pull_wait(cn, -1, want, ps->gen, from, err, errlen);
+	return r ? r : pull_send_whole(cn, from, err, errlen);
 }
 
 /* The streamer: answers each PULL the connection's thread hands it, until
@@ -189,7 +192,7 @@ void *ps_streamer(void *arg)
 			pthread_cond_wait(&ps->cv, &ps->mu);
 		if (cn->st_stop)
 			break;
-		int r = pull_answer(cn, cn->st_want, cn->swbuf, cn->st_err, sizeof(cn->st_err));
+		int r = pull_answer(cn, cn->st_want, CONN_SIDE, cn->st_err, sizeof(cn->st_err));
 		pthread_mutex_lock(&ps->mu);
 		if (r) {
 			/* A failure once told to end is only the end. */
@@ -226,7 +229,7 @@ int ps_on_pull(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 	members_pulled(&ps->mb, cn->w);
 	if (!cn->st_on) {
 		cn->pull_packed = (p.flags & MSG_PULL_PACKED) != 0;
-		r = pull_answer(cn, p.version, ps_reply_buf(cn) - FRAME_HDR_BYTES, err, errlen);
+		r = pull_answer(cn, p.version, CONN_MAIN, err, errlen);
 		if (r < 0)
 			cn->failing = PS_CONN_LOST;
 		return r;

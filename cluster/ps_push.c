@@ -45,8 +45,9 @@ static int push_ack(struct ps_conn *cn, int r, enum psshard_outcome oc, uint64_t
 		     : oc == PSSHARD_APPLIED ? MSG_ACK_APPLIED
 		     : oc == PSSHARD_WAITING ? MSG_ACK_ACCEPTED
 					     : MSG_ACK_STALE;
-	r = msg_encode_ack(ps_reply_buf(cn), PS_REPLY_CAP, &ack, &len, err, errlen);
-	return r ? r : ps_io(cn, conn_send(&cn->conn, len, err, errlen));
+	r = msg_encode_ack(conn_payload(&cn->conn, CONN_MAIN), conn_payload_cap(&cn->conn), &ack, &len,
+			   err, errlen);
+	return r ? r : ps_io(cn, conn_send_payload(&cn->conn, CONN_MAIN, len, err, errlen));
 }
 
 /* Piece mode: the values of chunk c, piece [lo, hi). float32 ones are

@@ -80,7 +80,7 @@ static int on_rollback(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 	r = ps_store_rollback(&ps->store, &step, e, sizeof(e));
 	if (r == 0) {
 		ps->gen++;
-		pthread_cond_broadcast(&ps->cv);
+		pthread_cond_broadcast(&ps->pull_cv);
 	}
 	pthread_mutex_unlock(&ps->mu);
 	if (r < 0)
@@ -138,7 +138,7 @@ static int on_done(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 	pthread_mutex_lock(&ps->mu);
 	members_done(&ps->mb, cn->w, d.leaving);
 	cn->state = PS_CONN_DONE;
-	pthread_cond_broadcast(&ps->cv);
+	pthread_cond_broadcast(&ps->pull_cv); /* pull_hopeless may hold now */
 	pthread_mutex_unlock(&ps->mu);
 	return 0;
 }
@@ -401,8 +401,12 @@ static int ps_streamer_start(struct ps_conn *cn)
 	struct ps *ps = cn->ps;
 	if (!psshard_pieces(&ps->sh))
 		return 0;
-	if (pthread_create(&cn->st, NULL, ps_streamer, cn) != 0)
+	if (pthread_cond_init(&cn->st_cv, NULL))
 		return -ENOMEM;
+	if (pthread_create(&cn->st, NULL, ps_streamer, cn) != 0) {
+		pthread_cond_destroy(&cn->st_cv);
+		return -ENOMEM;
+	}
 	cn->st_on = 1;
 	return 0;
 }
@@ -417,12 +421,14 @@ static void ps_streamer_stop(struct ps_conn *cn, int *r, char *err, size_t errle
 		return;
 	pthread_mutex_lock(&ps->mu);
 	cn->st_stop = 1;
-	pthread_cond_broadcast(&ps->cv);
+	pthread_cond_signal(&cn->st_cv);      /* idle */
+	pthread_cond_broadcast(&ps->pull_cv); /* or waiting in pull_wait */
 	pthread_mutex_unlock(&ps->mu);
 	/* a send blocked on a peer that stopped reading; the reading half
 	 * stays for conn_linger */
 	conn_shutdown_write(&cn->conn);
 	pthread_join(cn->st, NULL);
+	pthread_cond_destroy(&cn->st_cv);
 	cn->st_on = 0;
 	if (cn->st_r == PS_END) {
 		*r = 0;
@@ -478,7 +484,7 @@ static int ps_over(struct ps *ps)
 		snprintf(ps->why, sizeof(ps->why), "%s", members_why(&ps->mb, w));
 		role_log(ps->out, "ps %d: worker %d did not come back within peer_timeout (%g s)",
 			 ps->index, w, ps->c->cluster.peer_timeout);
-		pthread_cond_broadcast(&ps->cv);
+		pthread_cond_broadcast(&ps->pull_cv);
 	}
 	int over = ps->aborted || members_finished(&ps->mb, now);
 	/* here, not after each push: the accept loop comes by every 200 ms
@@ -517,7 +523,7 @@ static void ps_drain(struct ps *ps, const volatile sig_atomic_t *stop)
 	ps->aborted |= *stop ? 1 : 0;
 	if (*stop && !ps->why[0])
 		snprintf(ps->why, sizeof(ps->why), "interrupted");
-	pthread_cond_broadcast(&ps->cv);
+	pthread_cond_broadcast(&ps->pull_cv);
 	struct timespec dl;
 	role_deadline(&dl, members_all_done(&ps->mb) && !*stop
 				   ? ((long)ps->c->cluster.peer_timeout + 1) * 1000 : 2000);
@@ -543,6 +549,10 @@ int ps_open(struct ps *ps, const struct config *c, const struct role_setup *s,
 	pthread_mutex_init(&ps->mu, NULL);
 	if (role_cond_init(&ps->cv))
 		return err_set(err, errlen, -ENOMEM, "out of memory");
+	if (role_cond_init(&ps->pull_cv)) {
+		pthread_cond_destroy(&ps->cv);
+		return err_set(err, errlen, -ENOMEM, "out of memory");
+	}
 	ps->s = s;
 	ps->c = c;
 	ps->out = out;
@@ -627,6 +637,7 @@ void ps_close(struct ps *ps)
 	if (ps->s) {
 		pthread_mutex_destroy(&ps->mu);
 		pthread_cond_destroy(&ps->cv);
+		pthread_cond_destroy(&ps->pull_cv);
 	}
 	psshard_free(&ps->sh);
 }

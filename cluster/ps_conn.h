@@ -35,8 +35,12 @@
 
 struct ps {
 	pthread_mutex_t mu;
-	pthread_cond_t cv;       /* (CLOCK_MONOTONIC) the shard moved, a worker said DONE,
-				  * a rollback, the ps stops, a connection ended */
+	pthread_cond_t cv;       /* (CLOCK_MONOTONIC) a connection or an observer ended */
+	pthread_cond_t pull_cv;  /* (CLOCK_MONOTONIC) what a waiting PULL waits for
+				  * (ps_pull.c): a piece or version applied, this
+				  * worker's gradient in while the others are done, a
+				  * worker said DONE, a rollback, the ps stops, a
+				  * streamer told to end */
 	struct cryptopool *pool; /* NULL: crypto_threads 1 */
 	struct psshard sh;
 	struct ps_store store;
@@ -113,6 +117,7 @@ struct ps_conn {
 	 * sends as CONN_SIDE, the connection's own thread as CONN_MAIN. */
 	pthread_t st;
 	int st_on;
+	pthread_cond_t st_cv;    /* the idle streamer's: st_job or st_stop set */
 	int st_job, st_stop;     /* under ps->mu: a PULL of st_want to answer; end */
 	uint64_t st_want;
 	int st_r;                /* how the streamer ended: 0, PS_END, or a failure */

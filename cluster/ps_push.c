@@ -85,12 +85,17 @@ static int push_took(void *ctx, const struct msg_chunk *c, char *err, size_t err
 	int r = psshard_push_piece(&ps->sh, cn->w, c->version, j, g, hi == ps->sh.n, &cn->last_oc);
 	cn->pushed |= r == 0 || r == -EALREADY;
 	uint64_t v = psshard_version(&ps->sh);
-	/* Only a finished piece is news to a waiting PULL: a broadcast per
-	 * chunk woke every streamer twice as often for nothing. */
-	if (r == 0 && cn->last_oc == PSSHARD_APPLIED) {
+	/* Only a finished piece is news to a waiting PULL (a broadcast per
+	 * chunk woke every streamer twice as often for nothing), or, once
+	 * every other worker is done, this worker's whole gradient: its own
+	 * streamer then stops waiting (pull_hopeless) at once, not at its
+	 * next HEARTBEAT. */
+	int applied = r == 0 && cn->last_oc == PSSHARD_APPLIED;
+	if (applied)
 		ps_store_pushed(&ps->store);
-		pthread_cond_broadcast(&ps->cv);
-	}
+	if (applied || ((r == 0 || r == -EALREADY) && members_others_done(&ps->mb) &&
+			psshard_has_pushed(&ps->sh, cn->w)))
+		pthread_cond_broadcast(&ps->pull_cv);
 	pthread_mutex_unlock(&ps->mu);
 	cn->last_r = r;
 	return r && r != -EALREADY ? push_refused(cn, r, g, lo, hi, v, err, errlen) : 0;
@@ -112,7 +117,7 @@ static int push_apply(struct ps_conn *cn, char *err, size_t errlen)
 		r = psshard_push(&ps->sh, cn->w, cn->a.version, cn->grad, &oc);
 		cn->pushed |= r == 0 || r == -EALREADY;
 		ps_store_pushed(&ps->store);
-		pthread_cond_broadcast(&ps->cv);
+		pthread_cond_broadcast(&ps->pull_cv);
 	}
 	uint64_t v = psshard_version(&ps->sh);
 	pthread_mutex_unlock(&ps->mu);

@@ -335,10 +335,10 @@ static void ps_left(struct ps_conn *cn, int r, const char *e)
  * in ps->conns as the worker's unconfirmed connection (an older
  * unconfirmed one of w's goes: this greeting is newer); its first frame is
  * due within a handshake's step (the worker sends a HEARTBEAT right after
- * its handshake). Its thread receives tensors and sends replies (and,
- * but in piece mode, PARAMS) on one pipe; in piece mode the streamer
- * sends PARAMS on its own (CONN_SIDE). NULL, fd closed, if there is no
- * slot or no memory. */
+ * its handshake). Its own thread receives the PUSH and sends the
+ * replies and PARAMS on one pipe; in piece mode the streamer sends the
+ * PARAMS instead, as CONN_SIDE on a pipe of its own. NULL, fd closed, if
+ * there is no slot or no memory. */
 struct ps_conn *ps_conn_add(struct ps *ps, int fd, const char *peer, int w,
 			    const struct hs_result *hr)
 {

@@ -193,8 +193,9 @@ void conn_shutdown_write(struct conn *cn);
 void conn_shutdown_read(struct conn *cn);
 
 /* Where sender s encodes its next message, and how long it may be
- * (the shape's msg_max): the payload of s's frame buffer, which is
- * sealed where it is. Valid until s's next send. */
+ * (the shape's msg_max): the payload of s's frame buffer, sealed where it
+ * is (ciphertext after the send: encode each message anew). NULL for a
+ * sender the connection has not. */
 uint8_t *conn_payload(struct conn *cn, enum conn_sender s);
 size_t conn_payload_cap(const struct conn *cn);
 

@@ -129,9 +129,10 @@ static int link_send_ctl(struct link *l, const struct link_ctl *m)
 {
 	char e[512];
 	size_t len;
-	if (link_ctl_encode(m, conn_msg(l->wbuf), conn_msg_cap(CONN_WBUF_BYTES), &len, e, sizeof(e)))
+	if (link_ctl_encode(m, conn_payload(&l->conn, CONN_MAIN), conn_payload_cap(&l->conn), &len, e,
+			    sizeof(e)))
 		return link_fail(l, LINK_REFUSED, -EPROTO, e);
-	int r = conn_send(&l->conn, len, e, sizeof(e));
+	int r = conn_send_payload(&l->conn, CONN_MAIN, len, e, sizeof(e));
 	return r ? link_lost(l, r, e) : 0;
 }
 
@@ -150,9 +151,10 @@ static int link_ask(struct link *l)
 	uint64_t next = l->got + 1, end = (uint64_t)l->sh->s->job.total;
 	m.version = c->train.mode == MODE_ASYNC ? MSG_VERSION_LATEST : l->ex.first ? 0 : next < end ? next : end;
 	l->want = m.version;
-	if (msg_encode_pull(conn_msg(l->wbuf), conn_msg_cap(CONN_WBUF_BYTES), &m, &len, e, sizeof(e)))
+	if (msg_encode_pull(conn_payload(&l->conn, CONN_MAIN), conn_payload_cap(&l->conn), &m, &len, e,
+			    sizeof(e)))
 		return link_fail(l, LINK_REFUSED, -EPROTO, e);
-	int r = conn_send(&l->conn, len, e, sizeof(e));
+	int r = conn_send_payload(&l->conn, CONN_MAIN, len, e, sizeof(e));
 	return r ? link_lost(l, r, e) : 0;
 }
 
@@ -182,7 +184,7 @@ static int link_push(struct link *l)
 		struct conn_chunk_tx t = { .type = WIRE_PUSH, .shard = (uint32_t)l->k, .version = l->tag,
 					   .worker = (uint32_t)l->sh->index, .src = x->grads + lo, .n = hi - lo,
 					   .offset = lo - l->range.begin, .dtype = (uint8_t)link_grad_dtype(l) };
-		int r = conn_send_tensor(&l->conn, &t, e, sizeof(e));
+		int r = conn_send_tensor(&l->conn, CONN_MAIN, &t, e, sizeof(e));
 		if (r)
 			return link_lost(l, r, e);
 		lo = hi;
@@ -427,9 +429,9 @@ static int link_recv_one(struct link_rx *rx)
 	r = conn_recv(&l->conn, &len, e, sizeof(e));
 	if (r)
 		return link_lost(l, r, e);
-	r = msg_type(l->rbuf, len, e, sizeof(e));
+	r = msg_type(l->conn.rbuf, len, e, sizeof(e));
 	if (r >= 0)
-		r = link_dispatch(rx, r, l->rbuf, len, e, sizeof(e));
+		r = link_dispatch(rx, r, l->conn.rbuf, len, e, sizeof(e));
 	return r ? link_refused(l, e) : 0;
 }
 
@@ -576,21 +578,6 @@ int link_init(struct link *l, int k, struct link_shared *sh, struct shard range,
 {
 	const struct config *c = sh->c;
 	*l = (struct link){ .k = k, .sh = sh, .range = range, .state = LINK_DOWN };
-	l->rbuf = malloc(CONN_RBUF_BYTES);
-	l->wbuf = malloc(CONN_WBUF_BYTES);
-	l->rwbuf = malloc(CONN_WBUF_BYTES);
-	if (!l->rbuf || !l->wbuf || !l->rwbuf)
-		return err_set(err, errlen, -ENOMEM, "out of memory for the buffers of ps link %d", k);
-	int e = pipe_init(&l->pp, pool, l->wbuf, CONN_WBUF_BYTES, err, errlen);
-	if (e)
-		return e;
-	l->pp_ready = 1;
-	/* The receiver's own pipe: it takes the parameters while the sender
-	 * pushes. */
-	e = pipe_init(&l->rpp, pool, l->rwbuf, CONN_WBUF_BYTES, err, errlen);
-	if (e)
-		return e;
-	l->rpp_ready = 1;
 	if (pthread_mutex_init(&l->mu, NULL))
 		return err_set(err, errlen, -ENOMEM, "cannot make the lock of ps link %d", k);
 	if (pthread_cond_init(&l->cv, NULL)) {
@@ -605,10 +592,12 @@ int link_init(struct link *l, int k, struct link_shared *sh, struct shard range,
 	/* From here link_free destroys the connection, as conn_init asks
 	 * even when it fails. */
 	l->sync_on = 1;
-	e = conn_init(&l->conn, -1, l->rbuf, l->wbuf, &l->pp, role_peer_timeout_ms(c), role_write_timeout_ms(c));
-	l->conn.rpp = &l->rpp;
-	if (e)
-		return err_set(err, errlen, -ENOMEM, "out of memory for the session keys");
+	/* The receiver's own pipe: it takes the parameters while the sender
+	 * pushes. */
+	struct conn_shape shape = { .pipes = CONN_PIPE_RECV, .pool = pool };
+	if (conn_init(&l->conn, -1, &shape, role_peer_timeout_ms(c), role_write_timeout_ms(c)))
+		return err_set(err, errlen, -ENOMEM,
+			       "out of memory for the buffers and session keys of ps link %d", k);
 	l->tx_on = pthread_create(&l->tx, NULL, link_tx_main, l) == 0;
 	l->rx_on = l->tx_on && pthread_create(&l->rx, NULL, link_rx_main, l) == 0;
 	if (!l->rx_on)
@@ -636,13 +625,4 @@ void link_free(struct link *l)
 		pthread_cond_destroy(&l->done_cv);
 		l->sync_on = 0;
 	}
-	if (l->pp_ready)
-		pipe_free(&l->pp);
-	if (l->rpp_ready)
-		pipe_free(&l->rpp);
-	l->pp_ready = l->rpp_ready = 0;
-	free(l->rbuf);
-	free(l->wbuf);
-	free(l->rwbuf);
-	l->rbuf = l->wbuf = l->rwbuf = NULL;
 }

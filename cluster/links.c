@@ -17,10 +17,12 @@
 static void *links_heartbeats(void *arg)
 {
 	struct links *lk = arg;
-	uint8_t buf[CONN_FRAME_BYTES(MSG_HEARTBEAT_BYTES)];
+	uint8_t msg[CONN_IDLE_MAX];
+	size_t len;
 	int ms = role_heartbeat_ms(lk->sh.c);
 	struct msg_heartbeat hb;
 	memset(&hb, 0, sizeof(hb));
+	int ok = msg_encode_heartbeat(msg, sizeof(msg), &hb, &len, NULL, 0) == 0;
 	pthread_mutex_lock(&lk->hb_mu);
 	while (!lk->hb_stop) {
 		struct timespec dl;
@@ -29,12 +31,8 @@ static void *links_heartbeats(void *arg)
 		if (lk->hb_stop)
 			break;
 		pthread_mutex_unlock(&lk->hb_mu);
-		for (int k = 0; k < lk->nps; k++) {
-			size_t len;
-			/* Sealing encrypts in place: encoded for each send. */
-			if (msg_encode_heartbeat(conn_msg(buf), conn_msg_cap(sizeof(buf)), &hb, &len, NULL, 0) == 0)
-				(void)conn_send_idle(&lk->ln[k].conn, buf, sizeof(buf), len, ms / 1000.0, NULL, 0);
-		}
+		for (int k = 0; k < lk->nps && ok; k++)
+			(void)conn_send_idle(&lk->ln[k].conn, msg, len, ms / 1000.0, NULL, 0);
 		pthread_mutex_lock(&lk->hb_mu);
 	}
 	pthread_mutex_unlock(&lk->hb_mu);

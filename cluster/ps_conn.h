@@ -35,8 +35,12 @@
 
 struct ps {
 	pthread_mutex_t mu;
-	pthread_cond_t cv;       /* (CLOCK_MONOTONIC) the shard moved, a worker said DONE,
-				  * a rollback, the ps stops, a connection ended */
+	pthread_cond_t cv;       /* (CLOCK_MONOTONIC) a connection or an observer ended */
+	pthread_cond_t pull_cv;  /* (CLOCK_MONOTONIC) what a waiting PULL waits for
+				  * (ps_pull.c): a piece or version applied, this
+				  * worker's gradient in while the others are done, a
+				  * worker said DONE, a rollback, the ps stops, a
+				  * streamer told to end */
 	struct cryptopool *pool; /* NULL: crypto_threads 1 */
 	struct psshard sh;
 	struct ps_store store;
@@ -103,18 +107,17 @@ struct ps_conn {
 	int pull_packed; /* the PULL being answered asked for packed float32 (MSG_PULL_PACKED) */
 	char peer[SOCK_ADDR_STRLEN];
 	float *grad, *snap;      /* (n) a PUSH being assembled; the shard copied for PARAMS */
-	struct pipe pp;          /* the chunks of a tensor, sealed/opened on ps->pool */
 	struct msg_assembly a;
 	int assembling;
 	int last_r;              /* piece mode: the push's last piece: psshard_push_piece's */
 	enum psshard_outcome last_oc; /* ... and its outcome */
 	/* Piece mode: PULLs are answered by a thread of their own, the
 	 * streamer, so that this connection's PUSH still comes in while the
-	 * parameters it completes go out (a worker sends its PULL first). */
-	uint8_t *swbuf;          /* (CONN_WBUF_BYTES) the streamer's: spp's first frame */
-	struct pipe spp;         /* the streamer's PARAMS */
+	 * parameters it completes go out (a worker sends its PULL first). It
+	 * sends as CONN_SIDE, the connection's own thread as CONN_MAIN. */
 	pthread_t st;
 	int st_on;
+	pthread_cond_t st_cv;    /* the idle streamer's: st_job or st_stop set */
 	int st_job, st_stop;     /* under ps->mu: a PULL of st_want to answer; end */
 	uint64_t st_want;
 	int st_r;                /* how the streamer ended: 0, PS_END, or a failure */
@@ -131,14 +134,6 @@ _Static_assert(PSSHARD_PIECE == WIRE_CHUNK_VALUES, "a shard's piece is one chunk
 #define PS_END 1
 
 typedef int (*ps_handler)(struct ps_conn *cn, size_t len, char *err, size_t errlen);
-
-/* Where a reply is encoded, and how long it may be. */
-static inline uint8_t *ps_reply_buf(struct ps_conn *cn)
-{
-	return conn_msg(cn->conn.wbuf);
-}
-
-#define PS_REPLY_CAP conn_msg_cap(CONN_WBUF_BYTES)
 
 /* cn ends for reason e unless it has ended already (under ps->mu). */
 static inline void ps_conn_end_set(struct ps_conn *cn, enum ps_conn_end e)

@@ -543,14 +543,6 @@ Test(ctr, cluster_roles_refuse_embedding_models, .timeout = 60)
 			 cfg);
 		cr_assert_not_null(strstr(slurp(out), want), "%s: %s", roles[i][0], slurp(out));
 	}
-	/* eval and predict have no checkpoint of such a model to load */
-	snprintf(out, sizeof(out), "%s/eval.log", dir);
-	const char *eval[] = { "eval", "--checkpoint", dir, "--config", cfg, NULL };
-	pid_t p = spawn_pstrain(eval, out, NULL);
-	int st;
-	wait_children(&p, 1, &st, 30);
-	cr_assert_eq(st, 2, "eval: exit %d: %s", st, slurp(out));
-	cr_assert_not_null(strstr(slurp(out), "embedding tables are not checkpointed yet (issue 39 part 5)"), "%s", slurp(out));
 	test_dir_remove(dir);
 }
 

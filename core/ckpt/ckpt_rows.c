@@ -339,7 +339,7 @@ int ckpt_rows_load(const char *stepdir, const struct ckpt_manifest *mf, const st
 	long t = -2;   /* none read yet */
 	for (int k = 0; k < mf->nshards && !e; k++) {
 		long tk;
-		if (mf->rows[k].end <= rl->a || mf->rows[k].begin >= rl->b)
+		if (mf->rows[k].end <= rl->a || mf->rows[k].begin >= rl->b || rl->a == rl->b)
 			continue;
 		e = rows_file_read(stepdir, mf, k, l, rl, &tk, err, errlen);
 		t = t == -2 || t == tk ? tk : -1;

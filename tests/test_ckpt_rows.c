@@ -256,6 +256,28 @@ Test(ckpt_rows, a_writers_file_holds_tables_and_described_parts)
 	fx_free(&f);
 }
 
+/* A step that 2 writers started and did not finish, written again by 3:
+ * the 2-writer rows file goes with the other unfinished files, or the
+ * step would hold two layouts. */
+Test(ckpt_rows, another_layouts_unfinished_rows_file_removed)
+{
+	struct fx f;
+	char p[600];
+	fx_init(&f, "adagrad", "embedding 3 10 4");
+	uint64_t cut2[3] = { 0, 13, 30 }, cut3[4] = { 0, 10, 20, 30 };
+	save_as_ps(&f, 1, cut2, 2);   /* as writer 0 of 1: a complete step... */
+	snprintf(p, sizeof(p), "%s/step-00000002/manifest-0-of-1", dir);
+	cr_assert_eq(unlink(p), 0);   /* ...made unfinished */
+	save_as_ps(&f, 3, cut3, 2);
+	snprintf(p, sizeof(p), "%s/step-00000002/rows-0-of-1.safetensors", dir);
+	struct stat sb;
+	cr_assert_neq(stat(p, &sb), 0, "the other layout's rows file is left");
+	struct ckpt_layout *l = local_layout(&f);
+	expect_local(&f, l, 2);
+	free(l);
+	fx_free(&f);
+}
+
 /* Loads step 1 into a layout of another model, or with another optimizer:
  * -EINVAL and one line containing want. */
 static void refused(const char *optim, const char *layer, int resume, const char *want)

@@ -3,7 +3,8 @@
  * layer against finite differences, fitting the data to the model, local
  * training on an in-memory synthetic set from a planted logistic model
  * (AUC well above a constant predictor's 0.5, toward the planted model's
- * own), bit-for-bit reruns, and the cluster roles' and eval's refusals. */
+ * own), bit-for-bit reruns, and the cluster roles' refusals (checkpoints of
+ * the tables: test_ckpt_rows.c). */
 #include <criterion/criterion.h>
 
 #include "gradcheck.h"

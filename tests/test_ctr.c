@@ -3,7 +3,8 @@
  * layer against finite differences, fitting the data to the model, local
  * training on an in-memory synthetic set from a planted logistic model
  * (AUC well above a constant predictor's 0.5, toward the planted model's
- * own), bit-for-bit reruns, and the cluster roles' and eval's refusals. */
+ * own), bit-for-bit reruns, and the cluster roles' refusals (checkpoints of
+ * the tables: test_ckpt_rows.c). */
 #include <criterion/criterion.h>
 
 #include "gradcheck.h"
@@ -543,14 +544,6 @@ Test(ctr, cluster_roles_refuse_embedding_models, .timeout = 60)
 			 cfg);
 		cr_assert_not_null(strstr(slurp(out), want), "%s: %s", roles[i][0], slurp(out));
 	}
-	/* eval and predict have no checkpoint of such a model to load */
-	snprintf(out, sizeof(out), "%s/eval.log", dir);
-	const char *eval[] = { "eval", "--checkpoint", dir, "--config", cfg, NULL };
-	pid_t p = spawn_pstrain(eval, out, NULL);
-	int st;
-	wait_children(&p, 1, &st, 30);
-	cr_assert_eq(st, 2, "eval: exit %d: %s", st, slurp(out));
-	cr_assert_not_null(strstr(slurp(out), "embedding tables are not checkpointed yet (issue 39 part 5)"), "%s", slurp(out));
 	test_dir_remove(dir);
 }
 

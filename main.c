@@ -77,7 +77,8 @@ struct opts {
 /* What a command accepts besides --help: --config and --set, and/or one
  * optional positional FILE. Anything else is a usage error. */
 enum { TAKES_CONFIG = 1, TAKES_FILE = 2, TAKES_INDEX = 4, TAKES_CKPT = 8, TAKES_INPUT = 16, TAKES_FRESH = 32,
-       TAKES_WATCH = 64, TAKES_OWN = 128 /* parses its own options */ };
+       TAKES_WATCH = 64, TAKES_OWN = 128 /* parses its own options */,
+       TAKES_DUMP = 256 /* --dump-params, test builds only */ };
 
 struct command {
 	const char *name;
@@ -99,7 +100,7 @@ static int cmd_status(const struct opts *o);
 static int cmd_synth(const struct opts *o);
 
 static const struct command commands[] = {
-	{ "local", cmd_local, TAKES_CONFIG | TAKES_FRESH, "[--config FILE] [--set S.K=V]... [--fresh]",
+	{ "local", cmd_local, TAKES_CONFIG | TAKES_FRESH | TAKES_DUMP, "[--config FILE] [--set S.K=V]... [--fresh]",
 	  "train in this process, no network (resumes from checkpoint_dir)" },
 	{ "check", cmd_check, TAKES_CONFIG | TAKES_CKPT, "[--config FILE] [--set S.K=V]... [--checkpoint DIR]",
 	  "validate the config (print it resolved, and the model), or show a checkpoint (and with --config, whether it restores into it)" },
@@ -108,9 +109,9 @@ static const struct command commands[] = {
 	{ "predict", cmd_predict, TAKES_CONFIG | TAKES_CKPT | TAKES_INPUT,
 	  "--checkpoint DIR --input FILE [--probs] [--config FILE]...",
 	  "a label (and probabilities) per sample of FILE" },
-	{ "ps", cmd_ps, TAKES_CONFIG | TAKES_INDEX | TAKES_FRESH, "[--index N] [--config FILE] [--set S.K=V]... [--fresh]",
+	{ "ps", cmd_ps, TAKES_CONFIG | TAKES_INDEX | TAKES_FRESH | TAKES_DUMP, "[--index N] [--config FILE] [--set S.K=V]... [--fresh]",
 	  "serve shard N of the parameters to the workers of [cluster]" },
-	{ "worker", cmd_worker, TAKES_CONFIG | TAKES_INDEX, "[--index N] [--config FILE] [--set S.K=V]...",
+	{ "worker", cmd_worker, TAKES_CONFIG | TAKES_INDEX | TAKES_DUMP, "[--index N] [--config FILE] [--set S.K=V]...",
 	  "train as worker N of [cluster] (worker 0 is the chief)" },
 	{ "run", cmd_run, TAKES_CONFIG | TAKES_FRESH, "[--config FILE] [--set S.K=V]... [--fresh]",
 	  "ps or worker, as TF_CONFIG, Slurm (srun) or a StatefulSet pod name says" },
@@ -340,7 +341,7 @@ static int cmd_local(const struct opts *o)
 	char intro[300];
 	blas_line(intro, sizeof(intro));
 	int tty = isatty(STDOUT_FILENO);
-	struct train_ckpt ck = { c.train.checkpoint_dir, o->fresh, intro };
+	struct train_ckpt ck = { c.train.checkpoint_dir, o->fresh, intro, o->dump };
 	r = train_run(&c, &ck, stdout, tty, &stop_requested, &res, err, sizeof(err));
 	char figures[96];
 	test_figures(figures, sizeof(figures), &res);
@@ -698,7 +699,7 @@ int main(int argc, char **argv)
 		}
 		if (!(command->takes & TAKES_CONFIG) && (is_config || is_set))
 			return bad_usage("%s does not apply to this command", a);
-		if (!(command->takes & TAKES_INDEX) && (is_index || is_dump))
+		if ((!(command->takes & TAKES_INDEX) && is_index) || (!(command->takes & TAKES_DUMP) && is_dump))
 			return bad_usage("%s does not apply to this command", a);
 		if ((is_ckpt && !(command->takes & TAKES_CKPT)) || (is_input && !(command->takes & TAKES_INPUT)))
 			return bad_usage("%s does not apply to this command", a);

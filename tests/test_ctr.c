@@ -475,8 +475,8 @@ Test(ctr, binary_model_local_eval_predict, .timeout = 60)
 	test_dir_remove(dir);
 }
 
-/* A binary dense model trains in a cluster as well (only embeddings wait
- * for part 3); the chief's lines say log loss and AUC. */
+/* A binary dense model trains in a cluster as well (embeddings:
+ * tests/test_sparse.c); the chief's lines say log loss and AUC. */
 Test(ctr, binary_model_in_a_cluster, .timeout = 90)
 {
 	char dir[200], cfg[300], text[1024], out[2][300];
@@ -511,11 +511,11 @@ Test(ctr, binary_model_in_a_cluster, .timeout = 90)
 	test_dir_remove(dir);
 }
 
-/* The roles a cluster runs refuse the model in one line, exit 2, before
- * the key (there is none here) or any socket. */
-Test(ctr, cluster_roles_refuse_embedding_models, .timeout = 60)
+/* eval and predict have no checkpoint of such a model to load (issue 39
+ * part 5); the cluster roles train it (tests/test_sparse.c). */
+Test(ctr, eval_refuses_embedding_models, .timeout = 60)
 {
-	char dir[200], cfg[300], text[1024], out[300], want[512];
+	char dir[200], cfg[300], text[1024], out[300];
 	test_dir_make(dir, sizeof(dir), "ctr");
 	snprintf(cfg, sizeof(cfg), "%s/ctr.ini", dir);
 	snprintf(out, sizeof(out), "%s/blobs.csv", dir);
@@ -527,23 +527,6 @@ Test(ctr, cluster_roles_refuse_embedding_models, .timeout = 60)
 	cr_assert_not_null(f);
 	fputs(text, f);
 	fclose(f);
-	const char *roles[3][6] = { { "ps", "--index", "0", "--config", cfg, NULL },
-				    { "worker", "--index", "0", "--config", cfg, NULL },
-				    { "run", "--config", cfg, NULL } };
-	const char *env[3] = { NULL, NULL,
-			       "TF_CONFIG={\"cluster\": {\"ps\": [\"127.0.0.1:1\"], \"chief\": [\"127.0.0.1:2\"]}, "
-			       "\"task\": {\"type\": \"chief\", \"index\": 0}}" };
-	for (int i = 0; i < 3; i++) {
-		snprintf(out, sizeof(out), "%s/%s.log", dir, roles[i][0]);
-		pid_t p = spawn_pstrain(roles[i], out, env[i]);
-		int st;
-		wait_children(&p, 1, &st, 30);
-		cr_assert_eq(st, 2, "%s: exit %d: %s", roles[i][0], st, slurp(out));
-		snprintf(want, sizeof(want), "pstrain: %s:9: embedding layers train in local mode only until sparse ps tables land (issue 39 part 3)\n",
-			 cfg);
-		cr_assert_not_null(strstr(slurp(out), want), "%s: %s", roles[i][0], slurp(out));
-	}
-	/* eval and predict have no checkpoint of such a model to load */
 	snprintf(out, sizeof(out), "%s/eval.log", dir);
 	const char *eval[] = { "eval", "--checkpoint", dir, "--config", cfg, NULL };
 	pid_t p = spawn_pstrain(eval, out, NULL);
@@ -553,4 +536,3 @@ Test(ctr, cluster_roles_refuse_embedding_models, .timeout = 60)
 	cr_assert_not_null(strstr(slurp(out), "embedding tables are not checkpointed yet (issue 39 part 5)"), "%s", slurp(out));
 	test_dir_remove(dir);
 }
-

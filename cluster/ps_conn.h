@@ -225,6 +225,9 @@ int ps_sparse_open(struct ps *ps, char *err, size_t errlen);
 void ps_sparse_close(struct ps *ps);
 void ps_sparse_rewind(struct ps *ps);
 void ps_sparse_conn_free(struct ps_conn *cn);
+/* Under ps->mu: 0 if every value of the rows is finite, else -EDOM and
+ * the first that is not in err (the harness's invariant). */
+int ps_sparse_check(struct ps *ps, char *err, size_t errlen);
 int ps_on_spull(struct ps_conn *cn, size_t len, char *err, size_t errlen);
 int ps_on_spush(struct ps_conn *cn, size_t len, char *err, size_t errlen);
 

@@ -131,6 +131,18 @@ void ps_sparse_conn_free(struct ps_conn *cn)
 	cn->spc = NULL;
 }
 
+int ps_sparse_check(struct ps *ps, char *err, size_t errlen)
+{
+	if (!ps->sp)
+		return 0;
+	const struct psrows *r = &ps->sp->rows;
+	size_t n = r->n * (size_t)r->dim, bad = optim_nonfinite(r->table, n);
+	if (bad == n)
+		return 0;
+	return err_set(err, errlen, -EDOM, "embedding row %llu, element %zu, is %g",
+		       (unsigned long long)(r->r0 + bad / (size_t)r->dim), bad % (size_t)r->dim, (double)r->table[bad]);
+}
+
 /* The connection's buffers, at its first request or push. */
 static int sparse_conn(struct ps_conn *cn, char *err, size_t errlen)
 {

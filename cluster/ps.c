@@ -663,6 +663,7 @@ static int ps_result(struct ps *ps, const volatile sig_atomic_t *stop, char *err
 		 ps->index, ps->W, (unsigned long long)psshard_version(&ps->sh),
 		 (unsigned long long)ps->sh.received - ps->sh.dropped_stale,
 		 (unsigned long long)ps->sh.dropped_stale);
+	ps_sparse_say(ps);
 	uint64_t na = ps->sh.received - ps->sh.dropped_stale;
 	if (ps->sh.mode == MODE_ASYNC && na)
 		role_log(ps->out, "ps %d: gradients applied %.2f versions old on average (at most %llu); "

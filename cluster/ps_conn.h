@@ -224,6 +224,8 @@ int ps_sparse_fits(const struct config *c, const struct model *m, const struct s
 int ps_sparse_open(struct ps *ps, char *err, size_t errlen);
 void ps_sparse_close(struct ps *ps);
 void ps_sparse_rewind(struct ps *ps);
+/* The rows' line at the end: their version, pushes applied and stale. */
+void ps_sparse_say(struct ps *ps);
 void ps_sparse_conn_free(struct ps_conn *cn);
 /* Under ps->mu: 0 if every value of the rows is finite, else -EDOM and
  * the first that is not in err (the harness's invariant). */

@@ -115,6 +115,16 @@ void ps_sparse_close(struct ps *ps)
 	ps->sp = NULL;
 }
 
+void ps_sparse_say(struct ps *ps)
+{
+	if (!ps->sp)
+		return;
+	const struct psrows *r = &ps->sp->rows;
+	role_log(ps->out, "ps %d: embedding rows [%llu, %llu): version %llu, %llu pushes applied, %llu dropped as stale",
+		 ps->index, (unsigned long long)r->r0, (unsigned long long)r->r1, (unsigned long long)r->version,
+		 (unsigned long long)(r->received - r->dropped_stale), (unsigned long long)r->dropped_stale);
+}
+
 void ps_sparse_rewind(struct ps *ps)
 {
 	if (ps->sp)

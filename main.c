@@ -17,7 +17,9 @@
 #include "core/config/config.h"
 #include "core/data/synth.h"
 #include "core/fileio.h"
+#include "core/memlimit.h"
 #include "core/nn/model.h"
+#include "core/nn/sparse_optim.h"
 #include "core/shard.h"
 #include "core/train.h"
 #include "gpu/gpu.h"
@@ -255,6 +257,23 @@ static int check_checkpoint(const struct opts *o)
 	return EXIT_DONE;
 }
 
+/* `check` of a click-through model: which rows of the tables each ps
+ * holds (cluster/psrows.h: shard_plan over the rows), and what it takes
+ * with the sparse optimizer's state. */
+static void print_rows(const struct config *c, const struct model *m)
+{
+	struct shard rows[CONFIG_MAX_HOSTS];
+	char size[32];
+	shard_plan(rows, c->cluster.nps, (size_t)embed_total_rows(&m->embed));
+	printf("; embedding rows by ps (with %s's state):\n", sparse_kind_name((enum sparse_kind)c->train.embed_optimizer));
+	for (int k = 0; k < c->cluster.nps; k++) {
+		progress_bytes(size, sizeof(size),
+			       (double)memlimit_rows(rows[k].end - rows[k].begin, m->embed.dim, c->train.embed_optimizer));
+		printf(";   ps %d %s:%u rows [%zu, %zu) %s\n", k, c->cluster.ps[k].name, c->cluster.ps[k].port,
+		       rows[k].begin, rows[k].end, size);
+	}
+}
+
 static int cmd_check(const struct opts *o)
 {
 	struct config c;
@@ -278,7 +297,7 @@ static int cmd_check(const struct opts *o)
 	if (m.embed.fields) {
 		uint64_t R = embed_total_rows(&m.embed);
 		progress_bytes(size, sizeof(size), (double)R * m.embed.dim * sizeof(float));
-		printf("; embedding tables: %llu rows x %d (%s as float32), outside the parameters above; local mode only until sparse ps tables land (issue 39 part 3)\n",
+		printf("; embedding tables: %llu rows x %d (%s as float32), outside the parameters above\n",
 		       (unsigned long long)R, m.embed.dim, size);
 	}
 	printf("; loss: %s\n", m.loss == LOSS_SIGMOID_XENT ? "sigmoid_cross_entropy" : "softmax_cross_entropy");
@@ -289,6 +308,8 @@ static int cmd_check(const struct opts *o)
 	struct shard shards[CONFIG_MAX_HOSTS];
 	shard_plan(shards, c.cluster.nps, m.nparams);
 	shard_print(stdout, &m, shards, c.cluster.nps, c.cluster.ps);
+	if (m.embed.fields)
+		print_rows(&c, &m);
 	print_build("; build: ");
 	int n;
 	if (gpu_count(&n, err, sizeof(err)) == 0) {

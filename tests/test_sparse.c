@@ -28,6 +28,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,10 +88,10 @@ static void ctr_config(struct ctr *x, const char *name, int nps, int W, int step
 	fprintf(f, "\nkey_file = cluster.key\nsocket_dir = sockets-%s\n%s"
 		   "[data]\nformat = criteo\ntrain_csv = ctr/train.txt\ntest_csv = ctr/test.txt\n"
 		   "[train]\nsteps = %d\nbatch_size = 32\noptimizer = adam\nlearning_rate = 0.003\n"
-		   "embedding_learning_rate = 0.05\nseed = 3\nthreads = 1\nlog_dir =\ncheckpoint_dir =\n%s"
+		   "embedding_learning_rate = 0.05\nseed = 3\nthreads = 1\nlog_dir =\n%s%s"
 		   "[model]\ninput = 13\nlayer = %s\nlayer = dense 8\nlayer = relu\nlayer = dense 1\n"
 		   "loss = sigmoid_cross_entropy\n",
-		   name, cluster, steps, train, embed);
+		   name, cluster, steps, strstr(train, "checkpoint_dir") ? "" : "checkpoint_dir =\n", train, embed);
 	cr_assert_eq(fclose(f), 0);
 }
 
@@ -607,4 +608,56 @@ ParameterizedTest(struct kh_refusal *rf, sparse, row_request_that_cannot_be_hono
 	wait_children(pids, 1 + rf->W, st, RUN_S);
 	assert_exits_zero(st, out, 1 + rf->W, rf->name);
 	cr_assert_not_null(strstr(slurp(out[1]), "done: 20 steps"), "%s", slurp(out[1]));
+}
+
+/* A ps killed mid-run and started again: it resumes its dense shard from
+ * the newest checkpoint and its rows from their initial values at that
+ * version (they are not checkpointed yet, and it says so), the other ps
+ * rolls back to it, and the worker recovers and trains to the end. */
+Test(sparse, a_restarted_ps_is_recovered_from)
+{
+	struct ctr x;
+	char out[4][300];
+	ctr_config(&x, "restart", 2, 1, 3000, EMBED, "checkpoint_dir = ck\ncheckpoint_every = 200\n", "peer_timeout = 10\n");
+	pid_t pids[4];
+	int st[4];
+	for (int i = 0; i < 3; i++) {
+		const char *role = i < 2 ? "ps" : "worker", *idx = i == 1 ? "1" : "0";
+		snprintf(out[i], sizeof(out[i]), "%s/restart-%s%s.log", target_dir, role, idx);
+		const char *args[] = { role, "--index", idx, "--config", x.cfg, NULL };
+		pids[i] = target_spawn(args, out[i]);
+	}
+	/* Past a checkpoint, so that ps 0 has gone on from it and rolls back. */
+	cr_assert(wait_for_text(out[1], "step-00000400"), "%s", slurp(out[1]));
+	target_nap_ms(150);
+	kill(pids[1], SIGKILL);
+	int killed;
+	wait_children(&pids[1], 1, &killed, 10);
+	snprintf(out[3], sizeof(out[3]), "%s/restart-ps1-again.log", target_dir);
+	const char *again[] = { "ps", "--index", "1", "--config", x.cfg, NULL };
+	pids[3] = target_spawn(again, out[3]);
+	pid_t rest[3] = { pids[0], pids[2], pids[3] };
+	char logs[3][300];
+	snprintf(logs[0], 300, "%s", out[0]);
+	snprintf(logs[1], 300, "%s", out[2]);
+	snprintf(logs[2], 300, "%s", out[3]);
+	wait_children(rest, 3, st, RUN_S);
+	assert_exits_zero(st, logs, 3, "after the restart");
+	const char *w = slurp(out[2]), *ps1 = slurp(out[3]);
+	cr_assert_not_null(strstr(w, "done: 3000 steps"), "%s", w);
+	cr_assert_not_null(strstr(w, "lost ps 1"), "%s", w);
+	cr_assert_not_null(strstr(ps1, "ps 1: resuming from "), "%s", ps1);
+	cr_assert_not_null(strstr(ps1, "its embedding rows are not checkpointed yet"), "%s", ps1);
+	cr_assert_not_null(strstr(ps1, "embedding rows [1300, 2600): version 3000, "), "%s", ps1);
+	const char *ps0 = slurp(out[0]);
+	cr_assert_not_null(strstr(ps0, "ps 0: rolled back from version "), "%s", ps0);
+	/* The rows' version went back with the shard's: the redone steps
+	 * were applied again, none was stale (pushes at or past the run's
+	 * end would be, had the rows stayed ahead). */
+	const char *rows = strstr(ps0, "embedding rows [0, 1300): version 3000, ");
+	cr_assert_not_null(rows, "%s", ps0);
+	unsigned long applied, stale;
+	cr_assert_eq(sscanf(rows, "embedding rows [0, 1300): version 3000, %lu pushes applied, %lu dropped as stale",
+			    &applied, &stale), 2, "%s", ps0);
+	cr_assert(applied > 3000 && stale == 0, "%s", ps0);
 }

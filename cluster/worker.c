@@ -414,7 +414,8 @@ static int worker_batch(struct worker *wr, long step, size_t *first, char *err, 
 
 /* This worker's batch of the step on the devices: the gradient into
  * wr->grads (with flow, from the forward pass worker_preforward ran if it
- * did). */
+ * did). An embedding's rows are pulled before and pushed after (never with
+ * flow: the devices refuse it); their links' failure is a lost ps. */
 static int worker_compute(struct worker *wr, int flow, char *err, size_t errlen)
 {
 	const struct config *c = wr->c;

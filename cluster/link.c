@@ -2,6 +2,7 @@
 #include "link.h"
 
 #include "../base/err.h"
+#include "link_sparse.h"
 #include "psshard.h"
 #include "../net/sock.h"
 
@@ -232,6 +233,14 @@ static void link_send_side(struct link *l)
 		if (!r && x->ctl.type == WIRE_STATUS)
 			link_asked(l);
 	}
+	if (!r && x->rows) {
+		char e[512];
+		int lost;
+		r = link_rows_send(l, x->rows, &lost, e, sizeof(e));
+		r = !r ? 0 : lost ? link_lost(l, r, e) : link_fail(l, LINK_REFUSED, -EPROTO, e);
+		if (!r)
+			link_asked(l);
+	}
 	if (!r && pull_first) {
 		r = link_ask(l);
 		if (!r)
@@ -268,7 +277,7 @@ struct link_rx {
 static int link_rx_pending(const struct link_rx *rx)
 {
 	return (rx->want_params && !msg_assembly_done(&rx->a)) || (rx->want_ack && !rx->acked) ||
-	       (rx->want_status && !rx->statused);
+	       (rx->want_status && !rx->statused) || link_rows_waiting(rx->l->ex.rows);
 }
 
 /* A HEARTBEAT from ps k while a sync PULL waits: the chief prints which
@@ -360,6 +369,17 @@ static int rx_status(struct link_rx *rx, const uint8_t *msg, size_t len, char *e
 	return 0;
 }
 
+/* A message of the rows pulled; a sync answer below the version asked
+ * for went back, as PARAMS would (link_sparse.h). */
+static int rx_rows(struct link_rx *rx, const uint8_t *msg, size_t len, char *err, size_t errlen)
+{
+	struct link_rows *x = rx->l->ex.rows;
+	int r = link_rows_take(x, msg, len, err, errlen);
+	if (r == 1 && x->version != MSG_VERSION_LATEST && x->got < x->version)
+		return link_went_back(rx->l, x->got);
+	return r < 0 ? r : 0;
+}
+
 static int rx_error(struct link_rx *rx, const uint8_t *msg, size_t len, char *err, size_t errlen)
 {
 	(void)rx;
@@ -382,6 +402,7 @@ static const struct {
 	{ WIRE_PARAMS, rx_params },
 	{ WIRE_STATUS, rx_status },
 	{ WIRE_ERROR, rx_error },
+	{ WIRE_ROWS, rx_rows },
 };
 
 static int link_dispatch(struct link_rx *rx, int type, const uint8_t *msg, size_t len, char *err,
@@ -457,10 +478,11 @@ static int link_took_params(struct link_rx *rx)
 static void link_recv_side(struct link *l)
 {
 	const struct link_ex *x = &l->ex;
-	struct link_rx rx = { .l = l, .want_params = x->params != NULL, .want_ack = x->grads != NULL,
+	struct link_rx rx = { .l = l, .want_params = x->params != NULL,
+			      .want_ack = x->grads != NULL || (x->rows && x->rows->kind == LINK_ROWS_PUSH),
 			      .want_status = x->ctl.type == WIRE_STATUS };
 	char e[512];
-	if (!rx.want_params && !rx.want_ack && !rx.want_status)
+	if (!rx.want_params && !rx.want_ack && !rx.want_status && !link_rows_waiting(x->rows))
 		return;
 	pthread_mutex_lock(&l->mu);
 	while (!l->asked && l->end == LINK_OK)

@@ -105,6 +105,8 @@ struct link_ctl {
 	} u;
 };
 
+struct link_rows; /* link_sparse.h */
+
 /* One exchange: what goes up and what comes down. */
 struct link_ex {
 	struct link_ctl ctl;     /* sent first, if its type is set */
@@ -116,6 +118,7 @@ struct link_ex {
 	float *params;           /* (P) NULL: no PULL */
 	int first;               /* PULL version 0 (whatever the shard has), no check */
 	struct gradflow *pflow;  /* NULL, or each chunk of params marked final as it lands */
+	struct link_rows *rows;  /* NULL, or embedding rows pulled or pushed (link_sparse.h) */
 };
 
 struct link {

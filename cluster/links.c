@@ -228,6 +228,13 @@ static int links_run(struct links *lk, const struct link_ex *ex, char *err, size
 	return links_end(lk, err, errlen);
 }
 
+int links_each(struct links *lk, const struct link_ex *ex, char *err, size_t errlen)
+{
+	for (int k = 0; k < lk->nps; k++)
+		link_begin(&lk->ln[k], &ex[k]);
+	return links_end(lk, err, errlen);
+}
+
 int links_pull(struct links *lk, float *params, int first, char *err, size_t errlen)
 {
 	struct link_ex ex = { .params = params, .first = first };
@@ -283,4 +290,21 @@ int links_status(struct links *lk, int *complete, char *err, size_t errlen)
 	for (int k = 0; !r && k < lk->nps; k++)
 		*complete &= lk->ln[k].complete;
 	return r;
+}
+
+void links_say_sndbuf(struct links *lk, int index, FILE *out)
+{
+	char line[1024] = "", one[200];
+	size_t n = 0;
+	for (int k = 0; k < lk->nps && n < sizeof(line); k++) {
+		struct conn *cn = &lk->ln[k].conn;
+		if (lk->ln[k].unx)
+			continue;
+		pthread_mutex_lock(&cn->mu);
+		sndbuf_describe(&cn->sb, one, sizeof(one));
+		pthread_mutex_unlock(&cn->mu);
+		n += (size_t)snprintf(line + n, sizeof(line) - n, "%sps %d %s", n ? "; " : "", k, one);
+	}
+	if (n)
+		role_log(out, "worker %d: send buffers: %s", index, line);
 }

@@ -79,6 +79,7 @@ static int on_rollback(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 	uint64_t v = psshard_version(&ps->sh);
 	r = ps_store_rollback(&ps->store, &step, e, sizeof(e));
 	if (r == 0) {
+		ps_sparse_rewind(ps);
 		ps->gen++;
 		pthread_cond_broadcast(&ps->pull_cv);
 	}
@@ -166,6 +167,9 @@ static const struct {
 	{ WIRE_STATUS, on_status },
 	{ WIRE_DONE, on_done },
 	{ WIRE_ERROR, on_error },
+	{ WIRE_SPULL, ps_on_spull },
+	{ WIRE_SPUSH, ps_on_spush },
+	{ WIRE_ROWS, ps_on_spush }, /* refused */
 };
 
 /* How long a connection may have been silent and still be taken for a
@@ -468,6 +472,7 @@ int ps_conn_run(struct ps_conn *cn)
 	}
 	free(cn->grad);
 	free(cn->snap);
+	ps_sparse_conn_free(cn);
 	ps_conn_drop(cn);
 	return r;
 }
@@ -565,6 +570,8 @@ int ps_open(struct ps *ps, const struct config *c, const struct role_setup *s,
 	ps->started_ms = role_now_ms();
 	ps_observers_init(&ps->po, &ps->mu, &ps->cv, c, out, index, ps_report, ps);
 	e = ps_store_open(&ps->store, &ps->mu, &ps->sh, &s->job.m, c, index, fresh, out, err, errlen);
+	if (!e)
+		e = ps_sparse_open(ps, err, errlen);
 	if (e)
 		return e;
 	ps->me = (struct hs_identity){ .role = HS_PS, .index = (uint32_t)index,
@@ -633,6 +640,7 @@ static void ps_close_local(int index, FILE *out, int fd, const char *path, const
 void ps_close(struct ps *ps)
 {
 	ps_store_close(&ps->store);
+	ps_sparse_close(ps);
 	cryptopool_destroy(ps->pool); /* every connection thread has ended */
 	if (ps->s) {
 		pthread_mutex_destroy(&ps->mu);
@@ -655,6 +663,7 @@ static int ps_result(struct ps *ps, const volatile sig_atomic_t *stop, char *err
 		 ps->index, ps->W, (unsigned long long)psshard_version(&ps->sh),
 		 (unsigned long long)ps->sh.received - ps->sh.dropped_stale,
 		 (unsigned long long)ps->sh.dropped_stale);
+	ps_sparse_say(ps);
 	uint64_t na = ps->sh.received - ps->sh.dropped_stale;
 	if (ps->sh.mode == MODE_ASYNC && na)
 		role_log(ps->out, "ps %d: gradients applied %.2f versions old on average (at most %llu); "
@@ -683,7 +692,9 @@ int cluster_ps(const struct config *c, int index, int fresh, FILE *out,
 	if (e)
 		goto out;
 	shard_plan(plan, c->cluster.nps, s.job.m.nparams);
-	e = ps_open(ps, c, &s, &plan[index], index, fresh, out, err, errlen);
+	e = ps_sparse_fits(c, &s.job.m, &plan[index], index, err, errlen);
+	if (!e)
+		e = ps_open(ps, c, &s, &plan[index], index, fresh, out, err, errlen);
 	if (e)
 		goto out;
 	/* [cluster] listen: what this host can bind (a pod's 0.0.0.0, a

@@ -64,6 +64,7 @@ struct ps {
 	struct rate rate;        /* versions/s, sampled by the accept loop */
 	int64_t started_ms;
 	struct ps_observers po;  /* the observers' connections (ps_observers.h) */
+	struct ps_sparse *sp;    /* its embedding rows (ps_sparse.c); NULL: none */
 };
 
 /* Where a worker's connection is in its life. Only its own thread moves
@@ -122,6 +123,7 @@ struct ps_conn {
 	uint64_t st_want;
 	int st_r;                /* how the streamer ended: 0, PS_END, or a failure */
 	char st_err[320];
+	struct ps_sparse_conn *spc; /* buffers for SPULL and SPUSH (ps_sparse.c), from the first */
 };
 
 _Static_assert(PSSHARD_PIECE == WIRE_CHUNK_VALUES, "a shard's piece is one chunk on the wire");
@@ -199,8 +201,36 @@ void ps_tally_log(struct ps *ps, int force);
  * PULLs the handler hands it until told to stop. */
 int ps_on_pull(struct ps_conn *cn, size_t len, char *err, size_t errlen);
 void *ps_streamer(void *arg);
+/* ps_pull.c: hb out as sender `from`, called and returning under ps->mu,
+ * which it lets go around the send (a waiting PULL's or SPULL's). */
+int ps_heartbeat_send(struct ps_conn *cn, enum conn_sender from, const struct msg_heartbeat *hb, char *err,
+		      size_t errlen);
 
-/* ps_push.c: a PUSH chunk (the handler; also a PARAMS chunk, refused). */
+/* ps_push.c: a PUSH chunk (the handler; also a PARAMS chunk, refused),
+ * and the ACK of a whole push (PUSH or SPUSH): r and oc from the update
+ * (-EALREADY a duplicate), v the version now. */
 int ps_on_push(struct ps_conn *cn, size_t len, char *err, size_t errlen);
+int ps_ack(struct ps_conn *cn, int r, enum psshard_outcome oc, uint64_t v, char *err, size_t errlen);
+
+/* ps_sparse.c: the embedding rows this ps holds (cluster/psrows.h), for a
+ * model with an embedding layer (else ps->sp stays NULL): whether the
+ * shard fits [ps] memory_limit (checked before anything is allocated);
+ * opened after ps_store_open, at the dense shard's version; closed; the
+ * rows' version moved with the dense shard's after a rollback (under
+ * ps->mu); a connection's buffers freed; and the handlers of SPULL and
+ * SPUSH (also of ROWS, refused). */
+int ps_sparse_fits(const struct config *c, const struct model *m, const struct shard *dense, int index, char *err,
+		   size_t errlen);
+int ps_sparse_open(struct ps *ps, char *err, size_t errlen);
+void ps_sparse_close(struct ps *ps);
+void ps_sparse_rewind(struct ps *ps);
+/* The rows' line at the end: their version, pushes applied and stale. */
+void ps_sparse_say(struct ps *ps);
+void ps_sparse_conn_free(struct ps_conn *cn);
+/* Under ps->mu: 0 if every value of the rows is finite, else -EDOM and
+ * the first that is not in err (the harness's invariant). */
+int ps_sparse_check(struct ps *ps, char *err, size_t errlen);
+int ps_on_spull(struct ps_conn *cn, size_t len, char *err, size_t errlen);
+int ps_on_spush(struct ps_conn *cn, size_t len, char *err, size_t errlen);
 
 #endif

@@ -34,6 +34,19 @@ static void ps_heartbeat(struct ps *ps, struct msg_heartbeat *hb)
 	members_missing(&ps->mb, &ps->sh, hb->missing, (int)MSG_HEARTBEAT_WORKERS);
 }
 
+int ps_heartbeat_send(struct ps_conn *cn, enum conn_sender from, const struct msg_heartbeat *hb, char *err,
+		      size_t errlen)
+{
+	size_t len;
+	pthread_mutex_unlock(&cn->ps->mu);
+	int r = msg_encode_heartbeat(conn_payload(&cn->conn, from), conn_payload_cap(&cn->conn), hb, &len, err,
+				     errlen);
+	if (!r)
+		r = conn_send_payload(&cn->conn, from, len, err, errlen);
+	pthread_mutex_lock(&cn->ps->mu);
+	return r;
+}
+
 /* The version a sync PULL waits for: of the whole shard (piece < 0) or
  * of one piece. */
 static uint64_t pull_has(const struct ps *ps, long piece)
@@ -76,14 +89,8 @@ static int pull_wait(struct ps_conn *cn, long piece, uint64_t want, uint64_t gen
 		if (pull_has(ps, piece) >= want || ps->aborted || ps->gen != gen || cn->st_stop)
 			continue;
 		struct msg_heartbeat hb;
-		size_t len;
 		ps_heartbeat(ps, &hb);
-		pthread_mutex_unlock(&ps->mu);
-		int r = msg_encode_heartbeat(conn_payload(&cn->conn, from), conn_payload_cap(&cn->conn),
-					     &hb, &len, err, errlen);
-		if (!r)
-			r = conn_send_payload(&cn->conn, from, len, err, errlen);
-		pthread_mutex_lock(&ps->mu);
+		int r = ps_heartbeat_send(cn, from, &hb, err, errlen);
 		if (r)
 			return r;
 	}

@@ -34,9 +34,7 @@ static int push_refused(struct ps_conn *cn, int r, const float *g, size_t lo, si
 	return err_set(err, errlen, -EPROTO, "PUSH for version %llu refused: %s", tag, strerror(-r));
 }
 
-/* The ACK of a whole gradient: r and oc from psshard_push, or from the
- * last piece's psshard_push_piece. */
-static int push_ack(struct ps_conn *cn, int r, enum psshard_outcome oc, uint64_t v, char *err,
+int ps_ack(struct ps_conn *cn, int r, enum psshard_outcome oc, uint64_t v, char *err,
 		    size_t errlen)
 {
 	size_t len;
@@ -123,7 +121,7 @@ static int push_apply(struct ps_conn *cn, char *err, size_t errlen)
 	pthread_mutex_unlock(&ps->mu);
 	if (r && r != -EALREADY)
 		return push_refused(cn, r, cn->grad, 0, ps->sh.n, v, err, errlen);
-	return push_ack(cn, r, oc, v, err, errlen);
+	return ps_ack(cn, r, oc, v, err, errlen);
 }
 
 /* PUSH (or PARAMS, refused by the assembly): the first chunk here, the

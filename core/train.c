@@ -2,6 +2,7 @@
  * parameter vector, then for each step gather a shuffled batch, run forward
  * and backward on the devices (core/nn/devices.c), and apply the optimizer. */
 #include "train.h"
+#include "../base/err.h"
 #include "tblog.h"
 
 #include "nn/backend.h"
@@ -9,6 +10,7 @@
 #include "data/data.h"
 #include "nn/devices.h"
 #include "job.h"
+#include "memlimit.h"
 #include "nn/model.h"
 #include "nn/optim.h"
 #include "progress.h"
@@ -50,6 +52,7 @@ struct run {
 	const struct dataset *given_train, *given_test;   /* train_sets's; NULL: [data]'s */
 	float *table;                  /* (R, DIM) the embedding tables; NULL: none */
 	struct sparse_optim sopt;      /* their optimizer */
+	const char *dump;              /* train_ckpt's dump; NULL: none */
 };
 
 /* Saves the whole run as checkpoint `step`, one shard over all of P and
@@ -149,12 +152,26 @@ static int run_tables(struct run *r, char *err, size_t errlen)
 	return 0;
 }
 
+/* [ps] memory_limit: a local run holds the whole model, so the limit a ps
+ * puts on its shard is this run's too, with the same line (memlimit.h). */
+static int run_fits(struct run *r, char *err, size_t errlen)
+{
+	const struct config *c = r->c;
+	const struct embed_spec *s = &r->j.m.embed;
+	uint64_t bytes = memlimit_dense(r->j.m.nparams, (int)c->train.optim.kind);
+	if (s->fields)
+		bytes += memlimit_rows(embed_total_rows(s), s->dim, c->train.embed_optimizer);
+	return memlimit_check("the model", bytes, c->ps.memory_limit, err, errlen);
+}
+
 /* The job, the host copies, and the checkpoint to resume from. */
 static int run_open(struct run *r, char *err, size_t errlen)
 {
 	const struct config *c = r->c;
 	int e = r->given_train ? job_load_sets(&r->j, c, r->given_train, r->given_test, err, errlen)
 			       : job_load(&r->j, c, 1, 1, err, errlen);
+	if (!e)
+		e = run_fits(r, err, errlen);
 	if (!e)
 		e = run_tables(r, err, errlen);
 	if (e)
@@ -296,6 +313,21 @@ static int run_after_step(struct run *r, long step, int stopping, char *err, siz
 	return 0;
 }
 
+/* --dump-params: the parameters, then the tables (a worker's dump has the
+ * same layout: cluster/worker_embed.h). */
+static int run_dump(struct run *r, char *err, size_t errlen)
+{
+	size_t P = r->j.m.nparams, T = r->table ? (size_t)embed_total_rows(&r->j.m.embed) * (size_t)r->j.m.embed.dim : 0;
+	int e = devices_get_params(&r->dev, r->params, err, errlen);
+	if (e)
+		return e;
+	FILE *f = fopen(r->dump, "wb");
+	int ok = f && fwrite(r->params, sizeof(float), P, f) == P && (!T || fwrite(r->table, sizeof(float), T, f) == T);
+	if (f && fclose(f))
+		ok = 0;
+	return ok ? 0 : err_set(err, errlen, -EIO, "%s: cannot write parameters: %s", r->dump, strerror(errno));
+}
+
 /* Stopped or finished: always end with a real evaluation, which the last
  * checkpoint records (a finished run started again says it). */
 static int run_end(struct run *r, long step, const volatile sig_atomic_t *stop, double t0,
@@ -304,6 +336,8 @@ static int run_end(struct run *r, long step, const volatile sig_atomic_t *stop, 
 	long total = r->j.total;
 	struct eval_result ev;
 	int e = devices_eval(&r->dev, &r->j.test, &ev, err, errlen);
+	if (!e && r->dump)
+		e = run_dump(r, err, errlen);
 	if (e)
 		return e;
 	res->test_loss = ev.loss;
@@ -386,7 +420,7 @@ static int run_all(struct run *r, int tty, const volatile sig_atomic_t *stop, st
 int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, int tty,
 	      const volatile sig_atomic_t *stop, struct train_result *res, char *err, size_t errlen)
 {
-	struct run r = { .c = c, .ck = ck && ck->dir[0] ? ck : NULL, .out = out };
+	struct run r = { .c = c, .ck = ck && ck->dir[0] ? ck : NULL, .out = out, .dump = ck ? ck->dump : NULL };
 	return run_all(&r, tty, stop, res, err, errlen);
 }
 

@@ -27,9 +27,10 @@
  * packed without loss (net/fpack.h), and PULL's byte 1, whether the
  * worker wants its PARAMS packed. Version 8: HELLO1 names the ps it is for
  * (bytes 108..112, taken from the nonce), so that a greeting recorded on
- * its way to one ps is refused by the others. */
+ * its way to one ps is refused by the others. Version 9: SPULL, ROWS and
+ * SPUSH, the rows of the embedding tables a ps holds (net/msg_rows.h). */
 #define WIRE_MAGIC 0x52545350u
-#define WIRE_VERSION 8u
+#define WIRE_VERSION 9u
 
 /* Message types (DESIGN §7): the first field of every decrypted frame.
  * Zero is not a type, so a zeroed buffer never parses as a message. */
@@ -46,9 +47,12 @@ enum wire_msg {
 	WIRE_HEARTBEAT = 10, /* both: "still here" on an idle connection */
 	WIRE_ROLLBACK = 11,  /* chief -> ps: restore checkpoint (step) */
 	WIRE_REPORT = 12,    /* ps -> observer: the answer to its STATUS */
+	WIRE_SPULL = 13,     /* worker -> ps: (shard, version, embedding row ids) */
+	WIRE_ROWS = 14,      /* ps -> worker: those rows' values */
+	WIRE_SPUSH = 15,     /* worker -> ps: (shard, version, row ids and their gradients) */
 };
 #define WIRE_MSG_FIRST WIRE_HELLO
-#define WIRE_MSG_LAST WIRE_REPORT
+#define WIRE_MSG_LAST WIRE_SPUSH
 
 /* Size limits. A tensor travels as a sequence of messages each carrying
  * at most WIRE_CHUNK_VALUES values of it (WIRE_CHUNK_MAX bytes in
@@ -112,6 +116,8 @@ static inline const char *wire_msg_name(uint32_t type)
 		[WIRE_STATUS] = "STATUS",   [WIRE_DONE] = "DONE",
 		[WIRE_ERROR] = "ERROR",	    [WIRE_HEARTBEAT] = "HEARTBEAT",
 		[WIRE_ROLLBACK] = "ROLLBACK", [WIRE_REPORT] = "REPORT",
+		[WIRE_SPULL] = "SPULL",	    [WIRE_ROWS] = "ROWS",
+		[WIRE_SPUSH] = "SPUSH",
 	};
 	if (type < WIRE_MSG_FIRST || type > WIRE_MSG_LAST)
 		return "?";

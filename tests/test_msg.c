@@ -676,7 +676,7 @@ Test(msg, msg_type_classifies)
 		b[0] = (uint8_t)v;
 		err[0] = '\0';
 		rc = msg_type(b, 1, err, sizeof err);
-		if (v >= WIRE_PULL && v <= WIRE_REPORT)
+		if (v >= WIRE_PULL && v <= WIRE_MSG_LAST)
 			cr_assert_eq(rc, (int)v);
 		else
 			assert_refused(rc, -EPROTO, err, v == WIRE_HELLO ? "HELLO" : NULL, "type");

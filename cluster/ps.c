@@ -569,9 +569,14 @@ int ps_open(struct ps *ps, const struct config *c, const struct role_setup *s,
 	rate_init(&ps->rate);
 	ps->started_ms = role_now_ms();
 	ps_observers_init(&ps->po, &ps->mu, &ps->cv, c, out, index, ps_report, ps);
-	e = ps_store_open(&ps->store, &ps->mu, &ps->sh, &s->job.m, c, index, fresh, out, err, errlen);
+	/* The rows first, so that a resume loads them with the dense shard
+	 * from the same checkpoint. */
+	e = ps_sparse_open(ps, err, errlen);
 	if (!e)
-		e = ps_sparse_open(ps, err, errlen);
+		e = ps_store_open(&ps->store, &ps->mu, &ps->sh, ps_sparse_rows(ps), &s->job.m, c, index,
+				  fresh, out, err, errlen);
+	if (!e)
+		ps_sparse_rewind(ps);
 	if (e)
 		return e;
 	ps->me = (struct hs_identity){ .role = HS_PS, .index = (uint32_t)index,

@@ -215,15 +215,18 @@ int ps_ack(struct ps_conn *cn, int r, enum psshard_outcome oc, uint64_t v, char 
 /* ps_sparse.c: the embedding rows this ps holds (cluster/psrows.h), for a
  * model with an embedding layer (else ps->sp stays NULL): whether the
  * shard fits [ps] memory_limit (checked before anything is allocated);
- * opened after ps_store_open, at the dense shard's version; closed; the
- * rows' version moved with the dense shard's after a rollback (under
- * ps->mu); a connection's buffers freed; and the handlers of SPULL and
+ * opened before ps_store_open, which loads them with the dense shard from
+ * the same checkpoint and writes them into its checkpoints; closed; the
+ * rows' version moved with the dense shard's after a resume or a rollback
+ * (a rollback keeps the rows' values: under ps->mu); a connection's buffers freed; and the handlers of SPULL and
  * SPUSH (also of ROWS, refused). */
 int ps_sparse_fits(const struct config *c, const struct model *m, const struct shard *dense, int index, char *err,
 		   size_t errlen);
 int ps_sparse_open(struct ps *ps, char *err, size_t errlen);
 void ps_sparse_close(struct ps *ps);
 void ps_sparse_rewind(struct ps *ps);
+/* The rows this ps holds, for its checkpoints; NULL: none. */
+struct psrows *ps_sparse_rows(struct ps *ps);
 /* The rows' line at the end: their version, pushes applied and stale. */
 void ps_sparse_say(struct ps *ps);
 void ps_sparse_conn_free(struct ps_conn *cn);

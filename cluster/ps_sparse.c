@@ -91,18 +91,11 @@ int ps_sparse_open(struct ps *ps, char *err, size_t errlen)
 	int r = psrows_init(&sp->rows, e, r0, r1, c, total, B * F, err, errlen);
 	if (r)
 		return r;
-	/* The rows start where the dense shard resumed, at their initial
-	 * values: they are not in its checkpoint yet. */
-	psrows_rewind(&sp->rows, psshard_version(&ps->sh));
 	char size[32];
 	progress_bytes(size, sizeof(size), (double)memlimit_rows(r1 - r0, e->dim, c->train.embed_optimizer));
-	role_log(ps->out, "ps %d: embedding rows [%llu, %llu) of %llu, %s with %s's state, at version %llu",
+	role_log(ps->out, "ps %d: embedding rows [%llu, %llu) of %llu, %s with %s's state",
 		 ps->index, (unsigned long long)r0, (unsigned long long)r1, (unsigned long long)sp->R, size,
-		 sparse_kind_name((enum sparse_kind)c->train.embed_optimizer),
-		 (unsigned long long)sp->rows.version);
-	if (c->train.checkpoint_dir[0])
-		role_log(ps->out, "ps %d: note: its embedding rows are not checkpointed yet (issue 39 part 5): its checkpoints hold the dense parameters only, a restarted ps starts its rows over, and a rollback keeps them as they are",
-			 ps->index);
+		 sparse_kind_name((enum sparse_kind)c->train.embed_optimizer));
 	return 0;
 }
 
@@ -123,6 +116,11 @@ void ps_sparse_say(struct ps *ps)
 	role_log(ps->out, "ps %d: embedding rows [%llu, %llu): version %llu, %llu pushes applied, %llu dropped as stale",
 		 ps->index, (unsigned long long)r->r0, (unsigned long long)r->r1, (unsigned long long)r->version,
 		 (unsigned long long)(r->received - r->dropped_stale), (unsigned long long)r->dropped_stale);
+}
+
+struct psrows *ps_sparse_rows(struct ps *ps)
+{
+	return ps->sp ? &ps->sp->rows : NULL;
 }
 
 void ps_sparse_rewind(struct ps *ps)

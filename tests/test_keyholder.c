@@ -806,7 +806,7 @@ Test(keyholder, failed_rollback_leaves_the_shard_untouched)
 	FILE *out = fopen("/dev/null", "w");
 	cr_assert_not_null(out);
 	struct ps_store st;
-	cr_assert_eq(ps_store_open(&st, &mu, &sh, &m, &c, 0, 1, out, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(ps_store_open(&st, &mu, &sh, NULL, &m, &c, 0, 1, out, err, sizeof(err)), 0, "%s", err);
 	cr_assert_not_null(st.lay);
 
 	/* Checkpoints 2 (good) and 3 (damaged) of a state of 1s, 2s and 3s. */

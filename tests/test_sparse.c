@@ -610,10 +610,9 @@ ParameterizedTest(struct kh_refusal *rf, sparse, row_request_that_cannot_be_hono
 	cr_assert_not_null(strstr(slurp(out[1]), "done: 20 steps"), "%s", slurp(out[1]));
 }
 
-/* A ps killed mid-run and started again: it resumes its dense shard from
- * the newest checkpoint and its rows from their initial values at that
- * version (they are not checkpointed yet, and it says so), the other ps
- * rolls back to it, and the worker recovers and trains to the end. */
+/* A ps killed mid-run and started again: it resumes its dense shard and
+ * its embedding rows from the newest checkpoint, the other ps rolls back
+ * to it, and the worker recovers and trains to the end. */
 Test(sparse, a_restarted_ps_is_recovered_from)
 {
 	struct ctr x;
@@ -647,7 +646,9 @@ Test(sparse, a_restarted_ps_is_recovered_from)
 	cr_assert_not_null(strstr(w, "done: 3000 steps"), "%s", w);
 	cr_assert_not_null(strstr(w, "lost ps 1"), "%s", w);
 	cr_assert_not_null(strstr(ps1, "ps 1: resuming from "), "%s", ps1);
-	cr_assert_not_null(strstr(ps1, "its embedding rows are not checkpointed yet"), "%s", ps1);
+	/* its rows came back from the checkpoint it resumed from, with the
+	 * dense shard (ps_store.c's resume) */
+	cr_assert_not_null(strstr(ps1, "ps 1: embedding rows [1300, 2600) loaded from step "), "%s", ps1);
 	cr_assert_not_null(strstr(ps1, "embedding rows [1300, 2600): version 3000, "), "%s", ps1);
 	const char *ps0 = slurp(out[0]);
 	cr_assert_not_null(strstr(ps0, "ps 0: rolled back from version "), "%s", ps0);

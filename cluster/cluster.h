@@ -7,12 +7,12 @@
  * `pstrain status` (observe.c) is here too: it speaks to the ps as an
  * observer.
  *
- * Batches: at step s of epoch e every worker takes the epoch's permutation
- * (data_permute(seed, e), as `local` does) and worker w uses samples
- * [(s mod spe)·W·B + w·B, +B) of it, spe = floor(n / (W·B)). The W batches of
- * one step are disjoint and together are exactly `local`'s batch of W·B at
- * that step, so sync mode with replicas_to_aggregate = W computes what
- * `local` computes with batch W·B (up to float summation order).
+ * Batches: a step trains S slices of B samples ([train] slices: one per
+ * worker unless set; core/job.h says which samples), each worker its
+ * share of them (cluster/view.h), each slice's gradient pushed on its own
+ * and summed by every ps in slice order. So a sync run computes what
+ * `local --set train.slices=S` computes, bit for bit on the same kernels,
+ * however many workers there are (docs/ELASTIC.md).
  *
  * Errors: 0 done; else a negative errno with one line in err:
  *   -EINVAL, -ENOENT  config, key or data the user must fix (exit 2)
@@ -35,7 +35,7 @@
  * saves its shard when the chief sends CHECKPOINT, from a writer thread.
  * Workers need no checkpoint: they continue from the version the shards
  * report (sync: the same on every shard; async: the lowest, divided by
- * the number of workers). */
+ * the slices of a step). */
 int cluster_ps(const struct config *c, int index, int fresh, FILE *out,
 	       const volatile sig_atomic_t *stop, char *err, size_t errlen);
 

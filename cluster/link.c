@@ -183,7 +183,7 @@ static int link_push(struct link *l)
 			return link_fail(l, LINK_CANCELLED, -ECANCELED, "the step ended before its gradient was made");
 		hi = have == end ? end : lo + (have - lo) / PSSHARD_PIECE * PSSHARD_PIECE;
 		struct conn_chunk_tx t = { .type = WIRE_PUSH, .shard = (uint32_t)l->k, .version = l->tag,
-					   .worker = (uint32_t)l->sh->index, .src = x->grads + lo, .n = hi - lo,
+					   .worker = WIRE_PUSH_TAG(l->sh->index, l->sh->slice), .src = x->grads + lo, .n = hi - lo,
 					   .offset = lo - l->range.begin, .dtype = (uint8_t)link_grad_dtype(l) };
 		int r = conn_send_tensor(&l->conn, CONN_MAIN, &t, e, sizeof(e));
 		if (r)

@@ -81,6 +81,8 @@ struct link_shared {
 	int pieces;              /* the shards stream each piece (role_pieces) */
 	int pack;                /* float32 packed on TCP links (the worker sets it
 				  * between exchanges) */
+	int slice;               /* the slice a PUSH is of (the worker sets it
+				  * between exchanges) */
 	struct progress *pg;     /* the chief's: "waiting for worker N" lines */
 	pthread_mutex_t say_mu;  /* those lines, from any link's receiver */
 	uint64_t heard_v;        /* the last one printed: version, workers */

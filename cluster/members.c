@@ -1,5 +1,6 @@
 /* See members.h. */
 #include "members.h"
+#include "view.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -113,13 +114,37 @@ int members_finished(const struct members *m, int64_t now)
 	return 1;
 }
 
+/* The slice owners of the step: every worker, each its share of sh's
+ * slices (cluster/view.h). */
+static void owners(const struct members *m, const struct psshard *sh, int *owner)
+{
+	struct view v;
+	view_all(&v, sh->workers, m->W);
+	for (int s = 0; s < sh->workers; s++)
+		owner[s] = view_owner(&v, NULL, s);
+}
+
+int members_has_pushed(const struct members *m, const struct psshard *sh, int w)
+{
+	int owner[VIEW_MAX];
+	owners(m, sh, owner);
+	for (int s = 0; s < sh->workers; s++)
+		if (owner[s] == w && !psshard_has_pushed(sh, s))
+			return 0;
+	return 1;
+}
+
 void members_missing(const struct members *m, const struct psshard *sh, uint8_t *missing,
 		     int nbits)
 {
+	int owner[VIEW_MAX];
+	owners(m, sh, owner);
 	memset(missing, 0, (size_t)(nbits + 7) / 8);
-	for (int w = 0; w < m->W && w < nbits; w++)
-		if (!psshard_has_pushed(sh, w) && !m->done[w])
+	for (int s = 0; s < sh->workers; s++) {
+		int w = owner[s];
+		if (w >= 0 && w < nbits && !psshard_has_pushed(sh, s) && !m->done[w])
 			missing[w / 8] |= (uint8_t)(1u << (w % 8));
+	}
 }
 
 const char *members_why(const struct members *m, int w)

@@ -88,10 +88,15 @@ int members_expired(const struct members *m, int64_t now);
 int members_finished(const struct members *m, int64_t now);
 
 /* For a HEARTBEAT: bit w of missing (nbits bits, zeroed here) is set for
- * each worker whose gradient for sh's version has not arrived and that has
- * not said DONE. */
+ * each worker with a slice (of sh's, spread over the workers as
+ * cluster/view.h says) whose gradient for sh's version has not arrived,
+ * and that has not said DONE. */
 void members_missing(const struct members *m, const struct psshard *sh, uint8_t *missing,
 		     int nbits);
+
+/* Whether every slice of worker w's share has its gradient for sh's
+ * version (in piece mode: every piece of it still at that version). */
+int members_has_pushed(const struct members *m, const struct psshard *sh, int w);
 
 const char *members_why(const struct members *m, int w);
 

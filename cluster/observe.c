@@ -355,7 +355,7 @@ static int status_round(struct status_link *ls, int nps)
 static int link_final_checkpoint(const struct status_link *l)
 {
 	const struct msg_report *rp = &l->rep;
-	uint64_t per_step = l->c->train.mode == MODE_ASYNC ? (uint64_t)l->c->cluster.nworkers : 1;
+	uint64_t per_step = l->c->train.mode == MODE_ASYNC ? (uint64_t)config_slices(l->c, 1) : 1;
 	return rp->has_checkpoint && rp->total > 0 && rp->checkpoint >= rp->total / per_step;
 }
 

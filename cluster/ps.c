@@ -547,7 +547,7 @@ static void ps_drain(struct ps *ps, const volatile sig_atomic_t *stop)
 int ps_open(struct ps *ps, const struct config *c, const struct role_setup *s,
 	    const struct shard *sh, int index, int fresh, FILE *out, char *err, size_t errlen)
 {
-	long total = c->train.mode == MODE_ASYNC ? s->job.total * c->cluster.nworkers : s->job.total;
+	long total = c->train.mode == MODE_ASYNC ? s->job.total * s->job.S : s->job.total;
 	int e = psshard_init(&ps->sh, &s->job.m, sh, c, total, err, errlen);
 	if (e)
 		return e;

@@ -104,6 +104,7 @@ struct ps_conn {
 	 * ERROR to send, ps_io) or REFUSED (one was sent); OPEN otherwise. */
 	enum ps_conn_end failing;
 	int pushed;      /* a whole gradient arrived on this connection */
+	int slice;       /* the slice of the PUSH being assembled (WIRE_PUSH_SLICE) */
 	int first_pull;
 	int pull_packed; /* the PULL being answered asked for packed float32 (MSG_PULL_PACKED) */
 	char peer[SOCK_ADDR_STRLEN];

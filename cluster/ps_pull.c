@@ -66,7 +66,7 @@ static uint64_t pull_has(const struct ps *ps, long piece)
 static int pull_hopeless(const struct ps_conn *cn, long piece)
 {
 	const struct ps *ps = cn->ps;
-	return members_others_done(&ps->mb) && (piece < 0 || psshard_has_pushed(&ps->sh, cn->w));
+	return members_others_done(&ps->mb) && (piece < 0 || members_has_pushed(&ps->mb, &ps->sh, cn->w));
 }
 
 /* A sync PULL waits (under ps->mu) for version `want` of the shard, or of

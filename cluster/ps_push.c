@@ -80,7 +80,7 @@ static int push_took(void *ctx, const struct msg_chunk *c, char *err, size_t err
 			       PSSHARD_PIECE);
 	const float *g = push_values(cn, c, lo);
 	pthread_mutex_lock(&ps->mu);
-	int r = psshard_push_piece(&ps->sh, cn->w, c->version, j, g, hi == ps->sh.n, &cn->last_oc);
+	int r = psshard_push_piece(&ps->sh, cn->slice, c->version, j, g, hi == ps->sh.n, &cn->last_oc);
 	cn->pushed |= r == 0 || r == -EALREADY;
 	uint64_t v = psshard_version(&ps->sh);
 	/* Only a finished piece is news to a waiting PULL (a broadcast per
@@ -112,7 +112,7 @@ static int push_apply(struct ps_conn *cn, char *err, size_t errlen)
 	pthread_mutex_lock(&ps->mu);
 	int r = cn->last_r;
 	if (!psshard_pieces(&ps->sh)) {
-		r = psshard_push(&ps->sh, cn->w, cn->a.version, cn->grad, &oc);
+		r = psshard_push(&ps->sh, cn->slice, cn->a.version, cn->grad, &oc);
 		cn->pushed |= r == 0 || r == -EALREADY;
 		ps_store_pushed(&ps->store);
 		pthread_cond_broadcast(&ps->pull_cv);
@@ -137,15 +137,21 @@ int ps_on_push(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 	int r = msg_decode_chunk(cn->conn.rbuf, len, &ch, err, errlen);
 	if (r)
 		return r;
-	if (ch.worker != (uint32_t)cn->w)
+	if (WIRE_PUSH_WORKER(ch.worker) != (uint32_t)cn->w)
 		return err_set(err, errlen, -EPROTO, "PUSH names worker %u on worker %d's connection",
-			       ch.worker, cn->w);
+			       WIRE_PUSH_WORKER(ch.worker), cn->w);
+	/* Any worker may push any slice: a view moves slices between
+	 * workers, and one pushed twice is a duplicate (cluster/view.h). */
+	if (WIRE_PUSH_SLICE(ch.worker) >= (uint32_t)ps->sh.workers)
+		return err_set(err, errlen, -EPROTO, "PUSH of slice %u; a step has %d",
+			       WIRE_PUSH_SLICE(ch.worker), ps->sh.workers);
 	if (!cn->assembling) {
 		r = msg_assembly_init(&cn->a, WIRE_PUSH, (uint32_t)ps->index, n,
 				      role_grad_dtype(ps->c), err, errlen);
 		if (r)
 			return r;
 		cn->assembling = 1;
+		cn->slice = (int)WIRE_PUSH_SLICE(ch.worker);
 	}
 	/* Piece mode: push_took takes each chunk's values (push_values). */
 	float *dst = pieces ? NULL : cn->grad;
@@ -156,7 +162,7 @@ int ps_on_push(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 	if (pieces && (r = push_took(cn, &ch, err, errlen)) < 0)
 		return r;
 	if (!done) {
-		struct conn_chunk_rx x = { .type = WIRE_PUSH, .worker = (uint32_t)cn->w, .a = &cn->a,
+		struct conn_chunk_rx x = { .type = WIRE_PUSH, .worker = ch.worker, .a = &cn->a,
 					   .dst = dst, .took = pieces ? push_took : NULL, .ctx = cn };
 		r = conn_recv_rest(&cn->conn, &x, err, errlen);
 		if (r)

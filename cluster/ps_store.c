@@ -169,10 +169,11 @@ static void *store_writer(void *arg)
 	return NULL;
 }
 
-/* Versions per step of the run: async versions count pushes, W a step. */
+/* Versions per step of the run: async versions count pushes, one a slice
+ * of the step (config_slices), however many workers pushed them. */
 static uint64_t store_per_step(const struct ps_store *st)
 {
-	return st->sh->mode == MODE_ASYNC ? (uint64_t)st->c->cluster.nworkers : 1;
+	return st->sh->mode == MODE_ASYNC ? (uint64_t)config_slices(st->c, 1) : 1;
 }
 
 /* Puts a loaded checkpoint (ld, into scratch or the shard's own arrays)

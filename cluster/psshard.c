@@ -4,6 +4,8 @@
  * whole-range gradient does. */
 #include "psshard.h"
 
+#include "../core/nn/gradfold.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,7 +27,7 @@ int psshard_init(struct psshard *s, const struct model *m, const struct shard *s
 	memset(s, 0, sizeof(*s));
 	s->range = *sh;
 	s->mode = c->train.mode;
-	s->workers = c->cluster.nworkers;
+	s->workers = config_slices(c, 1);
 	s->replicas = c->train.replicas_to_aggregate;
 	s->max_staleness = c->train.max_staleness;
 	s->staleness_lr = c->train.staleness_lr;
@@ -108,13 +110,6 @@ void psshard_free(struct psshard *s)
 	s->pslot = NULL;
 }
 
-/* dst (n) += src (n) */
-static void add(float *restrict dst, const float *restrict src, size_t n)
-{
-	for (size_t i = 0; i < n; i++)
-		dst[i] += src[i];
-}
-
 /* The R gradients for v are all in: sum them in worker-index order into the
  * slot of the lowest-index worker, divide by R, step, and move to v+1. */
 static void sync_apply(struct psshard *s)
@@ -128,13 +123,9 @@ static void sync_apply(struct psshard *s)
 		if (!acc)
 			acc = g;
 		else
-			add(acc, g, n);
+			grad_fold_add(acc, g, n);
 	}
-	/* Division, not multiplication by 1/R: for R a power of two both are
-	 * exact, and otherwise this is the correctly rounded mean. */
-	float R = (float)s->replicas;
-	for (size_t i = 0; i < n; i++)
-		acc[i] /= R;
+	grad_fold_finish(acc, s->replicas, n);
 	optim_step(&s->opt, s->params, acc, optim_lr(&s->opt.cfg, (long)s->version, s->total));
 	s->version++;
 	s->applied++;
@@ -203,7 +194,6 @@ static void piece_apply(struct psshard *s, size_t j, int last_w, const float *g)
 	psshard_piece_range(s, j, &lo, &hi);
 	const int16_t *slot_of = s->pslot + j * (size_t)s->workers;
 	float lr = optim_lr(&s->opt.cfg, (long)s->version, s->total);
-	float R = (float)s->replicas;
 	float acc[APPLY_BLOCK];
 	for (size_t b = lo; b < hi; b += APPLY_BLOCK) {
 		size_t m = hi - b < APPLY_BLOCK ? hi - b : APPLY_BLOCK;
@@ -215,12 +205,10 @@ static void piece_apply(struct psshard *s, size_t j, int last_w, const float *g)
 			if (first)
 				memcpy(acc, src, m * sizeof(float));
 			else
-				add(acc, src, m);
+				grad_fold_add(acc, src, m);
 			first = 0;
 		}
-		/* Division, not multiplication by 1/R: see sync_apply. */
-		for (size_t i = 0; i < m; i++)
-			acc[i] /= R;
+		grad_fold_finish(acc, s->replicas, m);
 		optim_step_part(&s->opt, s->params, acc, b, b + m, lr);
 	}
 	s->pver[j]++;

@@ -10,6 +10,12 @@
  * allocates. (The ps process around it allocates the copies a checkpoint
  * takes; cluster/ps_store.c bounds their number.)
  *
+ * What the shard calls a "worker" is a slice of the step's global batch
+ * (core/job.h, docs/ELASTIC.md): W here is [train] slices (config_slices),
+ * one per worker unless set, and a worker that trains several slices
+ * pushes each as its own gradient, tagged with its slice. So the sums
+ * below run in slice order whoever computed which slice.
+ *
  * sync (SyncReplicasOptimizer): the shard is at version v. A gradient tagged
  * v from a worker that has not pushed for v is copied into one of R slots
  * (R = replicas_to_aggregate). When R distinct workers have pushed, the
@@ -89,7 +95,7 @@ struct psshard {
 	uint64_t version;           /* v: updates applied so far */
 	long total;                 /* steps the lr schedule runs over */
 	enum train_mode mode;
-	int workers;                /* W */
+	int workers;                /* W: the slices of a step (see the top) */
 	int replicas;               /* R = replicas_to_aggregate, 1..W */
 	int max_staleness;          /* async: 0 = no bound */
 	int staleness_lr;           /* async: step scaled by 1 / staleness */
@@ -119,7 +125,7 @@ struct psshard {
 /* Sets up the shard for range sh of model m with config c: parameters from
  * model_init_params(m, params, sh->begin, sh->end, c->train.seed), exactly
  * what `local` starts from over that range; optimizer c->train.optim at
- * zero; mode, W (c->cluster.nworkers), R (c->train.replicas_to_aggregate,
+ * zero; mode, W (config_slices(c, 1)), R (c->train.replicas_to_aggregate,
  * resolved by config) and max_staleness from c. total is the number of
  * versions the lr schedule runs over (local's step count; the ps role
  * computes it, since it depends on the data set size). Returns 0, -EINVAL (empty range or

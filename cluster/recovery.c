@@ -37,12 +37,12 @@ int recovery_went_back(const uint64_t *got, const uint64_t *prev, int nps, uint6
 	return nback;
 }
 
-long recovery_async_step(const uint64_t *got, int nps, int W)
+long recovery_async_step(const uint64_t *got, int nps, int S)
 {
 	uint64_t lo = got[0];
 	for (int k = 1; k < nps; k++)
 		lo = got[k] < lo ? got[k] : lo;
-	return (long)(lo / (uint64_t)W);
+	return (long)(lo / (uint64_t)S);
 }
 
 int recovery_blame(int k, int k0, double left_s)
@@ -82,7 +82,7 @@ int recovery_start(struct links *lk, float *params, long total, long *start, cha
 		 * does not train the whole run again. */
 		uint64_t got[CONFIG_MAX_HOSTS] = { 0 };
 		gots(lk, got);
-		*start = recovery_async_step(got, lk->nps, W);
+		*start = recovery_async_step(got, lk->nps, lk->sh.s->job.S);
 		if (*start > 0 && *start < total)
 			role_log(lk->sh.out, "worker %d: continuing at step %ld of %ld, where the shards are (version %llu)",
 				 lk->sh.index, *start, total, (unsigned long long)lowest(lk));
@@ -150,7 +150,7 @@ static void keep_step(struct links *lk, float *params, const float *keep, const 
  * resolves to the newest complete checkpoint at or below it (the one the
  * restarted ps resumed from, although others may have pushed to it since).
  * If all went back, someone did that already. Then the worker continues
- * at the global step, lowest version / W, so the steps since that
+ * at the global step, lowest version / S, so the steps since that
  * checkpoint are trained again; if none went back (a ps that was only
  * unreachable), at its own step. */
 static int resync_async(struct links *lk, float *params, const uint64_t *prev, long *start,
@@ -173,7 +173,7 @@ static int resync_async(struct links *lk, float *params, const uint64_t *prev, l
 		return 0;
 	}
 	gots(lk, got);
-	*start = recovery_async_step(got, lk->nps, lk->sh.c->cluster.nworkers);
+	*start = recovery_async_step(got, lk->nps, lk->sh.s->job.S);
 	role_log(lk->sh.out, "worker %d: reconnected to every ps; the shards are at version %llu: continuing at step %ld",
 		 lk->sh.index, (unsigned long long)lowest(lk), *start);
 	return 0;

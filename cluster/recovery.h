@@ -17,9 +17,9 @@
  * the shards agree (sync: within 2 W steps of each other, for up to
  * peer_timeout; async: any versions) and sets *start to the step to train
  * from: sync, the lowest shard version; async, the global step (lowest
- * version / W). A step at or past total is a finished run (the caller
- * says so; total only bounds the log line here); shards that stay apart
- * -ECONNABORTED. */
+ * version / S, the slices of a step). A step at or past total is a
+ * finished run (the caller says so; total only bounds the log line here);
+ * shards that stay apart -ECONNABORTED. */
 int recovery_start(struct links *lk, float *params, long total, long *start, char *err,
 		   size_t errlen);
 
@@ -50,9 +50,9 @@ int recovery_agree(uint64_t lo, uint64_t hi, int back, int W);
  * lowest version among them in *target. */
 int recovery_went_back(const uint64_t *got, const uint64_t *prev, int nps, uint64_t *target);
 
-/* Async: the global step of shards at got[nps], lowest version / W
- * (async versions count pushes, W per step). */
-long recovery_async_step(const uint64_t *got, int nps, int W);
+/* Async: the global step of shards at got[nps], lowest version / S
+ * (async versions count pushes, one per slice: S a step). */
+long recovery_async_step(const uint64_t *got, int nps, int S);
 
 /* While reconnecting, ps k failed with left_s seconds of peer_timeout
  * left; k0 is the ps named so far. Whether k is the one to name: a healthy

@@ -47,7 +47,11 @@ int role_setup_load(struct role_setup *s, const struct config *c, int want_data,
 	e = role_ciphers(c, &s->ciphers, err, errlen);
 	if (e)
 		return e;
-	return job_load(&s->job, c, c->cluster.nworkers, want_data, err, errlen);
+	int S = config_slices(c, 1);
+	if (c->cluster.nworkers > S)
+		return err_set(err, errlen, -EINVAL, "%s: [cluster] workers lists %d workers but [train] slices is %d: each needs a slice of the step",
+			       c->path, c->cluster.nworkers, S);
+	return job_load(&s->job, c, S, want_data, err, errlen);
 }
 
 int role_ciphers(const struct config *c, unsigned *offers, char *err, size_t errlen)

@@ -22,7 +22,7 @@ struct role_setup {
 			     * read-only pages; NULL until loaded */
 	uint8_t hash[CONFIG_HASH_BYTES];
 	unsigned ciphers;   /* what this node offers (role_ciphers) */
-	struct job job;     /* W = [cluster] workers */
+	struct job job;     /* S = config_slices(c, 1) */
 };
 
 /* Makes the process non-dumpable (role_harden), then loads the key, the

@@ -10,21 +10,20 @@
 #include "recovery.h"
 #include "role.h"
 #include "worker_embed.h"
+#include "view.h"
+#include "worker_host.h"
 
 #include "../core/nn/devices.h"
-#include "../core/nn/layers.h"
 #include "../core/nn/optim.h"
 #include "../core/nn/replica.h"
 #include "../core/shard.h"
 #include "../core/tblog.h"
 #include "../base/err.h"
-#include "../net/sock.h"
 
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #define EVAL_BATCH ROLE_EVAL_BATCH
 
@@ -68,6 +67,8 @@ struct worker {
 	int own_host;            /* params and grads are separate host copies */
 	uint32_t *perm;          /* (n) the epoch's order */
 	int index, chief, W, B, ckpts, tty;
+	int S;                   /* slices of a step (config_slices) */
+	int nmine, mine[VIEW_MAX]; /* this worker's slices, in slice order (cluster/view.h) */
 	long total, spe;
 	long step, start;        /* the step to train next; where training (re)started */
 	long ckpt_at, ckpt_start; /* sync: the step of the last CHECKPOINT asked for since
@@ -80,49 +81,6 @@ struct worker {
 	double tb_compute, tb_comm; /* t_compute, t_comm at the last event */
 	long tb_timed;
 };
-
-/* A worker listens on nothing, so a wrong entry of its own in [cluster]
- * workers would go unnoticed (it only names the worker in the handshake):
- * one line if it is not an address of this host. Only a warning: behind
- * NAT, or in a pod named by a service, it legitimately is not. */
-static int worker_check_address(struct worker *wr)
-{
-	const struct host *h = &wr->c->cluster.workers[wr->index];
-	char e[300];
-	int r = sock_is_own_address(h->name, e, sizeof(e));
-	if (r == 0)
-		role_log(wr->out, "worker %d: note: [cluster] workers lists this worker as %s:%u, which is not an address of this host (a typo, or NAT)",
-			 wr->index, h->name, h->port);
-	else if (r < 0)
-		role_log(wr->out, "worker %d: note: [cluster] workers lists this worker as %s:%u: %s",
-			 wr->index, h->name, h->port, e);
-	return r;
-}
-
-/* [train] threads = 0 is every CPU this process may use; on a host that
- * [cluster] lists for several workers under this worker's own name (the
- * one-host smoke test, `make demo`), each takes its share instead, so
- * that their OpenBLAS threads do not spin on each other's CPUs between
- * GEMMs (docs/NETWORK.md: the demo's steps 8 to 12% slower with every
- * worker on every CPU). Workers listed under other names are not
- * resolved: a name that does not resolve yet (a pod not up) could stall
- * the start. own: worker_check_address's answer for this worker's name. */
-static int worker_threads(const struct worker *wr, int own)
-{
-	const struct config *c = wr->c;
-	const char *me = c->cluster.workers[wr->index].name;
-	int here = 0;
-	if (c->train.threads > 0 || own != 1)
-		return c->train.threads;
-	for (int i = 0; i < c->cluster.nworkers; i++)
-		here += strcasecmp(c->cluster.workers[i].name, me) == 0;
-	if (here <= 1)
-		return 0;
-	int cpus = layers_cpus(), n = cpus / here > 0 ? cpus / here : 1;
-	role_log(wr->out, "worker %d: [train] threads = 0: %d thread%s (this host's %d CPU%s shared by the %d workers [cluster] lists at %s)",
-		 wr->index, n, n == 1 ? "" : "s", cpus, cpus == 1 ? "" : "s", here, me);
-	return n;
-}
 
 /* [cluster] wire_pack: float32 packed (net/fpack.h) on the links to other
  * hosts, where the link rather than the CPU limits the steps: the same
@@ -212,7 +170,11 @@ static int worker_open(struct worker *wr, char *err, size_t errlen)
 		e = shard_check(c->cluster.nps, wr->s.job.m.nparams, err, errlen);
 	if (e)
 		return e;
-	int threads = worker_threads(wr, worker_check_address(wr));
+	struct view v;
+	wr->S = wr->s.job.S;
+	view_all(&v, wr->S, wr->W);
+	wr->nmine = view_slices(&v, NULL, wr->index, wr->mine);
+	int threads = worker_host_threads(c, wr->index, wr->out);
 	shard_plan(plan, c->cluster.nps, wr->s.job.m.nparams);
 	char job[64];
 	snprintf(job, sizeof(job), "/job:worker/task:%d", wr->index);
@@ -265,9 +227,12 @@ static int worker_open(struct worker *wr, char *err, size_t errlen)
 	if (nlocal || cipher)
 		snprintf(local, sizeof(local), " (%s%s%s)", unx, nlocal && cipher ? "; " : "",
 			 cipher ? cipher : "");
-	role_log(wr->out, "worker %d%s: connected to %d ps%s; %zu train / %zu test samples, %zu parameters, batch %d x %d workers, %ld steps (%ld per epoch), %s mode",
+	char share[96] = "";
+	if (wr->S != wr->W)
+		snprintf(share, sizeof(share), " (%d slices, %d of them here)", wr->S, wr->nmine);
+	role_log(wr->out, "worker %d%s: connected to %d ps%s; %zu train / %zu test samples, %zu parameters, batch %d x %d workers%s, %ld steps (%ld per epoch), %s mode",
 		 wr->index, wr->chief ? " (chief)" : "", wr->lk.nps, local, wr->s.job.n, wr->s.job.test.n, P, wr->B,
-		 wr->W, wr->total, wr->spe, c->train.mode == MODE_SYNC ? "sync" : "async");
+		 wr->W, share, wr->total, wr->spe, c->train.mode == MODE_SYNC ? "sync" : "async");
 	progress_init(&wr->pg, wr->out, wr->chief && wr->tty, wr->total, wr->spe);
 	if (wr->s.job.m.loss == LOSS_SIGMOID_XENT)
 		progress_set_binary(&wr->pg);
@@ -320,14 +285,14 @@ static int worker_recover(struct worker *wr, long *at, char *err, size_t errlen)
 
 /* The step a checkpoint is saved as, just after pulling for `step`: sync,
  * that step (every shard is at it); async, the global step of ps 0's
- * version as pulled (W versions a step), a label all ps save under while
+ * version as pulled (S versions a step, one a slice), a label all ps save under while
  * each records its shard as it is. Both count steps of the run, as
  * `local` does, so any checkpoint continues in any mode and layout. */
 static long ckpt_label(const struct worker *wr, long step)
 {
 	long every = wr->c->train.checkpoint_every;
 	if (wr->c->train.mode != MODE_SYNC)
-		return (long)(wr->lk.ln[0].got / (uint64_t)wr->W);
+		return (long)(wr->lk.ln[0].got / (uint64_t)wr->S);
 	return every > 0 && step < wr->total ? step - step % every : step;
 }
 
@@ -394,29 +359,30 @@ static int worker_evaluate(struct worker *wr, double *ts, char *err, size_t errl
 	return 0;
 }
 
-/* Where this worker's batch of step starts in the epoch's order, which
- * goes to the devices when the epoch (a streamed set: the window) changes. */
-static int worker_batch(struct worker *wr, long step, size_t *first, char *err, size_t errlen)
+/* Where slice `slice` of step starts in the epoch's order, which goes to
+ * the devices when the epoch (a streamed set: the window) changes. */
+static int worker_batch(struct worker *wr, long step, int slice, size_t *first, char *err, size_t errlen)
 {
-	long slice = job_slice(&wr->s.job, step);
+	long part = job_part(&wr->s.job, step);
 	char why[CONFIG_ERR_MAX];
-	if (slice != wr->epoch_loaded) {
+	if (part != wr->epoch_loaded) {
 		int e = job_order(&wr->s.job, step, wr->c->train.seed, wr->perm, why, sizeof(why));
 		if (!e)
 			e = devices_set_order(&wr->dev, wr->perm, wr->s.job.train.n, why, sizeof(why));
 		if (e)
 			return err_set(err, errlen, e, "step %ld: %s", step, why);
-		wr->epoch_loaded = slice;
+		wr->epoch_loaded = part;
 	}
-	*first = job_batch_at(&wr->s.job, step, wr->index);
+	*first = job_slice_at(&wr->s.job, step, slice);
 	return 0;
 }
 
-/* This worker's batch of the step on the devices: the gradient into
- * wr->grads (with flow, from the forward pass worker_preforward ran if it
- * did). An embedding's rows are pulled before and pushed after (never with
- * flow: the devices refuse it); their links' failure is a lost ps. */
-static int worker_compute(struct worker *wr, int flow, char *err, size_t errlen)
+/* Slice `slice` of the step on the devices: its gradient into wr->grads
+ * (with flow, from the forward pass worker_preforward ran if it did). An
+ * embedding's rows are pulled before and pushed after (never with flow:
+ * the devices refuse it; one slice a worker: config.c refuses other
+ * slices for such a model); their links' failure is a lost ps. */
+static int worker_compute(struct worker *wr, int flow, int slice, char *err, size_t errlen)
 {
 	const struct config *c = wr->c;
 	long step = wr->step;
@@ -424,12 +390,12 @@ static int worker_compute(struct worker *wr, int flow, char *err, size_t errlen)
 	size_t first = 0, P = wr->s.job.m.nparams, bad = P;
 	int forwarded = wr->phase == STEP_FORWARDED;
 	wr->phase = STEP_COMPUTING;
-	int e = worker_batch(wr, step, &first, err, errlen);
+	int e = worker_batch(wr, step, slice, &first, err, errlen);
 	if (!e && wr->emb)
 		e = worker_embed_pull(wr->emb, first, wr->B, err, errlen);
 	if (e)
 		return e;
-	uint64_t key = replica_key(c->train.seed, step, wr->index);
+	uint64_t key = replica_key(c->train.seed, step, slice);
 	e = devices_zero_grads(&wr->dev, why, sizeof(why));
 	if (!e && flow)
 		e = devices_step_flow(&wr->dev, first, wr->B, key, wr->grads, &wr->flow, forwarded, &bad, why,
@@ -469,7 +435,7 @@ static enum step_way worker_way(const struct worker *wr, int report)
 	long step = wr->step, next = step + 1;
 	if (step + 1 == wr->total && !wr->chief)
 		return WAY_PUSH;
-	if (!wr->flow.nstreams || !(autoflow_wants(&wr->af) || wr->phase == STEP_FORWARDED))
+	if (!wr->flow.nstreams || wr->nmine != 1 || !(autoflow_wants(&wr->af) || wr->phase == STEP_FORWARDED))
 		return WAY_AFTER;
 	if (wr->preforward && next + 1 < wr->total && !worker_eval_due(wr, next) && !report)
 		return WAY_FLOW_FORWARD;
@@ -489,10 +455,10 @@ static int worker_preforward(struct worker *wr, char *err, size_t errlen)
 	char why[CONFIG_ERR_MAX];
 	double t0 = progress_now(), waited;
 	size_t first = 0;
-	int e = worker_batch(wr, next, &first, err, errlen);
+	int e = worker_batch(wr, next, wr->mine[0], &first, err, errlen);
 	if (e)
 		return e;
-	e = devices_forward_flow(&wr->dev, first, wr->B, replica_key(wr->c->train.seed, next, wr->index),
+	e = devices_forward_flow(&wr->dev, first, wr->B, replica_key(wr->c->train.seed, next, wr->mine[0]),
 				 wr->params, &wr->pflow, &waited, why, sizeof(why));
 	if (e == -ECANCELED)
 		return 0;
@@ -501,6 +467,27 @@ static int worker_preforward(struct worker *wr, char *err, size_t errlen)
 	wr->phase = STEP_FORWARDED;
 	wr->t_pre = progress_now() - t0 - waited;
 	wr->preforwarded++;
+	return 0;
+}
+
+/* A worker with several slices of the step: each but the last computed
+ * and pushed on its own (the ps sums them in slice order with the others'),
+ * the parameters staying on the devices for the next; the last goes
+ * with the step's exchange. A failed compute is the step's failure
+ * (lk.lost -1), a failed push a lost link's. */
+static int worker_earlier_slices(struct worker *wr, char *err, size_t errlen)
+{
+	for (int i = 0; i + 1 < wr->nmine; i++) {
+		int e = worker_compute(wr, 0, wr->mine[i], err, errlen);
+		if (e) {
+			wr->lk.lost = -1;
+			return e;
+		}
+		wr->lk.sh.slice = wr->mine[i];
+		e = links_exchange(&wr->lk, wr->grads, NULL, err, errlen);
+		if (e)
+			return e;
+	}
 	return 0;
 }
 
@@ -515,8 +502,13 @@ static int worker_preforward(struct worker *wr, char *err, size_t errlen)
 static int worker_exchange(struct worker *wr, enum step_way way, double *t1, char *err, size_t errlen)
 {
 	int flow = way == WAY_FLOW || way == WAY_FLOW_FORWARD, pre = way == WAY_FLOW_FORWARD, ce = 0;
+	int last = wr->mine[wr->nmine - 1];
+	*t1 = progress_now();
 	if (!flow) {
-		ce = worker_compute(wr, 0, err, errlen);
+		ce = worker_earlier_slices(wr, err, errlen);
+		if (ce)
+			return ce;
+		ce = worker_compute(wr, 0, last, err, errlen);
 		*t1 = progress_now();
 		if (ce)
 			return ce;
@@ -529,10 +521,11 @@ static int worker_exchange(struct worker *wr, enum step_way way, double *t1, cha
 		for (int k = 0; k < wr->lk.nps; k++)
 			gradflow_later(&wr->flow, k, wr->lk.ln[k].unx && wr->dev.flow != DEVICES_FLOW_QUEUED);
 	}
+	wr->lk.sh.slice = last;
 	links_exchange_begin(&wr->lk, wr->grads, flow ? &wr->flow : NULL, way == WAY_PUSH ? NULL : wr->params,
 			     pre ? &wr->pflow : NULL);
 	if (flow) {
-		ce = worker_compute(wr, 1, err, errlen);
+		ce = worker_compute(wr, 1, last, err, errlen);
 		*t1 = progress_now();
 		if (ce)
 			gradflow_fail(&wr->flow);

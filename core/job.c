@@ -56,25 +56,25 @@ static int check_fit(const struct config *c, const struct job *j, char *err, siz
 	/* The remainder of each shuffled epoch is dropped, so every step has
 	 * a full batch and a step means the same thing locally and in a
 	 * cluster. */
-	size_t per_step = (size_t)j->W * (size_t)j->B;
-	if (train->n < per_step && j->W == 1) {
+	size_t per_step = (size_t)j->S * (size_t)j->B;
+	if (train->n < per_step && j->S == 1) {
 		snprintf(err, errlen, "%s: [train] batch_size %d is larger than the %zu training samples",
 			 c->path, j->B, train->n);
 		return -EINVAL;
 	}
 	if (train->n < per_step) {
-		snprintf(err, errlen, "%s: %zu training samples are fewer than %d workers x batch_size %d",
-			 c->path, train->n, j->W, j->B);
+		snprintf(err, errlen, "%s: %zu training samples are fewer than %d slices x batch_size %d (a slice per worker unless [train] slices says otherwise)",
+			 c->path, train->n, j->S, j->B);
 		return -EINVAL;
 	}
 	return 0;
 }
 
-int job_load(struct job *j, const struct config *c, int W, int want_data, char *err,
+int job_load(struct job *j, const struct config *c, int S, int want_data, char *err,
 	     size_t errlen)
 {
 	memset(j, 0, sizeof(*j));
-	j->W = W;
+	j->S = S;
 	j->B = c->train.batch_size;
 	int e = model_build(&j->m, &c->model, err, errlen);
 	if (e)
@@ -83,7 +83,7 @@ int job_load(struct job *j, const struct config *c, int W, int want_data, char *
 		j->total = c->train.steps;
 		return 0;
 	}
-	size_t per_step = (size_t)W * (size_t)j->B;
+	size_t per_step = (size_t)S * (size_t)j->B;
 	e = data_load_train(&j->train, &j->test, &j->stream, &j->streamed, &c->data, per_step, c->train.seed, err,
 			    errlen);
 	if (e) {
@@ -106,7 +106,7 @@ int job_load_sets(struct job *j, const struct config *c, const struct dataset *t
 		  const struct dataset *test, char *err, size_t errlen)
 {
 	memset(j, 0, sizeof(*j));
-	j->W = 1;
+	j->S = config_slices(c, 0);
 	j->B = c->train.batch_size;
 	j->borrowed = 1;
 	int e = model_build(&j->m, &c->model, err, errlen);
@@ -118,7 +118,7 @@ int job_load_sets(struct job *j, const struct config *c, const struct dataset *t
 	if (e)
 		return e;
 	j->n = j->train.n;
-	j->spe = (long)(j->train.n / (size_t)j->B);
+	j->spe = (long)(j->train.n / ((size_t)j->S * (size_t)j->B));
 	j->spw = j->spe;
 	j->total = c->train.steps > 0 ? c->train.steps : c->train.epochs * j->spe;
 	return 0;
@@ -135,12 +135,12 @@ void job_free(struct job *j)
 	dataset_free(&j->test);
 }
 
-size_t job_batch_at(const struct job *j, long step, int w)
+size_t job_slice_at(const struct job *j, long step, int s)
 {
-	return (size_t)(step % j->spe % j->spw) * (size_t)j->W * (size_t)j->B + (size_t)w * (size_t)j->B;
+	return (size_t)(step % j->spe % j->spw) * (size_t)j->S * (size_t)j->B + (size_t)s * (size_t)j->B;
 }
 
-long job_slice(const struct job *j, long step)
+long job_part(const struct job *j, long step)
 {
 	long epoch = step / j->spe;
 	return j->streamed ? epoch * (long)stream_windows(&j->stream) + step % j->spe / j->spw : epoch;

@@ -43,6 +43,7 @@ struct run {
 	struct optim opt;
 	struct ckpt_layout *lay;
 	float *params;                 /* the host copy: init, checkpoints, resume */
+	float *fold, *fold_g;          /* (P) [train] slices > 1: the step's fold and a slice */
 	uint32_t *perm;                /* (train.n) the epoch's order */
 	struct tblog tb;
 	struct progress pg;
@@ -135,6 +136,11 @@ static int run_tables(struct run *r, char *err, size_t errlen)
 	const struct embed_spec *s = &r->j.m.embed;
 	if (!s->fields)
 		return 0;
+	if (r->j.S > 1) {
+		snprintf(err, errlen, "%s: [train] slices = %d: a model with an embedding layer trains one slice a step",
+			 c->path, r->j.S);
+		return -EINVAL;
+	}
 	uint64_t R = embed_total_rows(s);
 	size_t n = (size_t)R * (size_t)s->dim;
 	struct sparse_config sc = { .kind = (enum sparse_kind)c->train.embed_optimizer, .lr = c->train.embed_lr,
@@ -169,7 +175,7 @@ static int run_open(struct run *r, char *err, size_t errlen)
 {
 	const struct config *c = r->c;
 	int e = r->given_train ? job_load_sets(&r->j, c, r->given_train, r->given_test, err, errlen)
-			       : job_load(&r->j, c, 1, 1, err, errlen);
+			       : job_load(&r->j, c, config_slices(c, 0), 1, err, errlen);
 	if (!e)
 		e = run_fits(r, err, errlen);
 	if (!e)
@@ -179,7 +185,11 @@ static int run_open(struct run *r, char *err, size_t errlen)
 	size_t P = r->j.m.nparams;
 	r->params = malloc(P * sizeof(float));
 	r->perm = malloc(r->j.train.n * sizeof(uint32_t));
-	if (!r->params || !r->perm || optim_init(&r->opt, &c->train.optim, P) ||
+	if (r->j.S > 1) {
+		r->fold = malloc(P * sizeof(float));
+		r->fold_g = malloc(P * sizeof(float));
+	}
+	if (!r->params || !r->perm || (r->j.S > 1 && (!r->fold || !r->fold_g)) || optim_init(&r->opt, &c->train.optim, P) ||
 	    optim_plain_tensors(&r->opt, &r->j.m, 0)) {
 		snprintf(err, errlen, "out of memory for %zu parameters", P);
 		return -ENOMEM;
@@ -246,8 +256,13 @@ static int run_ready(struct run *r, int tty, char *err, size_t errlen)
 		return e;
 	if (r->ck && r->ck->intro)
 		fprintf(r->out, "%s\n", r->ck->intro);
-	fprintf(r->out, "training: %zu train / %zu test samples, %zu parameters, batch %d, %ld steps (%ld per epoch), %s%s%s\n",
-		r->j.n, r->j.test.n, r->j.m.nparams, r->j.B, r->j.total, r->j.spe, r->dev.be[0].where,
+	char batch[64];
+	if (r->j.S > 1)
+		snprintf(batch, sizeof(batch), "%d slices x %d", r->j.S, r->j.B);
+	else
+		snprintf(batch, sizeof(batch), "%d", r->j.B);
+	fprintf(r->out, "training: %zu train / %zu test samples, %zu parameters, batch %s, %ld steps (%ld per epoch), %s%s%s\n",
+		r->j.n, r->j.test.n, r->j.m.nparams, batch, r->j.total, r->j.spe, r->dev.be[0].where,
 		r->dev.n > 1 ? " and more replicas" : "",
 		r->dev.gpu ? resident ? ", data on the GPU" : ", data staged from the host" : "");
 	if (r->table) {
@@ -371,8 +386,30 @@ static void run_close(struct run *r)
 	sparse_optim_free(&r->sopt);
 	free(r->table);
 	free(r->params);
+	free(r->fold);
+	free(r->fold_g);
 	free(r->perm);
 	job_free(&r->j);
+}
+
+/* step's training: its one batch (as a CUDA graph where it can be), or
+ * its S slices, each made apart and folded in slice order (the numbers of
+ * a cluster's step, however many workers computed them). */
+static int run_step(struct run *r, long step, char *err, size_t errlen)
+{
+	const struct config *c = r->c;
+	float lr = optim_lr(&c->train.optim, step, r->j.total);
+	int S = r->j.S;
+	if (S == 1)
+		return devices_train_step(&r->dev, job_slice_at(&r->j, step, 0), r->j.B,
+					  replica_key(c->train.seed, step, 0), &r->opt, lr, err, errlen);
+	size_t at[CONFIG_MAX_HOSTS];
+	uint64_t key[CONFIG_MAX_HOSTS];
+	for (int k = 0; k < S; k++) {
+		at[k] = job_slice_at(&r->j, step, k);
+		key[k] = replica_key(c->train.seed, step, k);
+	}
+	return devices_slices_step(&r->dev, S, at, r->j.B, key, r->fold, r->fold_g, &r->opt, lr, err, errlen);
 }
 
 /* The whole run of r, whose config, checkpoints, output and sets are set. */
@@ -394,15 +431,13 @@ static int run_all(struct run *r, int tty, const volatile sig_atomic_t *stop, st
 			 * for the steps queued before it, which is training time. */
 			double ts = progress_now();
 			char why[CONFIG_ERR_MAX];
-			if (job_slice(&r->j, step) != epoch_loaded) {
-				epoch_loaded = job_slice(&r->j, step);
+			if (job_part(&r->j, step) != epoch_loaded) {
+				epoch_loaded = job_part(&r->j, step);
 				e = epoch_order(&r->dev, &r->j, r->perm, c->train.seed, step, err, errlen);
 				if (e)
 					break;
 			}
-			e = devices_train_step(&r->dev, job_batch_at(&r->j, step, 0), r->j.B,
-					       replica_key(c->train.seed, step, 0), &r->opt,
-					       optim_lr(&c->train.optim, step, r->j.total), why, sizeof(why));
+			e = run_step(r, step, why, sizeof(why));
 			if (e) {
 				progress_clear(&r->pg);
 				snprintf(err, errlen, "step %ld: %s", step, why);

@@ -28,7 +28,9 @@
  * worker wants its PARAMS packed. Version 8: HELLO1 names the ps it is for
  * (bytes 108..112, taken from the nonce), so that a greeting recorded on
  * its way to one ps is refused by the others. Version 9: SPULL, ROWS and
- * SPUSH, the rows of the embedding tables a ps holds (net/msg_rows.h). */
+ * SPUSH, the rows of the embedding tables a ps holds (net/msg_rows.h); and
+ * a PUSH's worker field is the worker (bytes 28..30) and the slice of the
+ * step's batch the gradient is of (30..32; docs/ELASTIC.md). */
 #define WIRE_MAGIC 0x52545350u
 #define WIRE_VERSION 9u
 
@@ -102,6 +104,13 @@ static inline const char *wire_dtype_name(unsigned dt)
 {
 	return dt == WIRE_F32 ? "fp32" : dt == WIRE_BF16 ? "bf16" : dt == WIRE_F32P ? "fp32 packed" : "?";
 }
+
+/* A PUSH chunk's u32 worker field (struct msg_chunk's worker): the
+ * sender's worker index in its low 16 bits, the slice its gradient is of
+ * in the high 16, i.e. worker u16 then slice u16 on the wire. */
+#define WIRE_PUSH_TAG(worker, slice) ((uint32_t)(worker) | (uint32_t)(slice) << 16)
+#define WIRE_PUSH_WORKER(tag) ((tag) & 0xffffu)
+#define WIRE_PUSH_SLICE(tag) ((tag) >> 16)
 
 /* Longest ERROR text, so an ERROR message is bounded like the rest. */
 #define WIRE_ERROR_TEXT_MAX 256u

@@ -332,6 +332,16 @@ static const struct bad_row bad_rows[] = {
 	{ "replicas_to_aggregate > workers", "steps = 10", "steps = 10\nreplicas_to_aggregate = 3",
 	  "replicas_to_aggregate", NULL, 0,
 	  { "[train] replicas_to_aggregate", "3", "2 workers" } },
+	{ "replicas_to_aggregate > slices", "steps = 10", "steps = 10\nslices = 4\nreplicas_to_aggregate = 5",
+	  "replicas_to_aggregate", NULL, 0,
+	  { "[train] replicas_to_aggregate", "5", "4 [train] slices" } },
+	{ "backup workers with slices", "steps = 10", "steps = 10\nslices = 4\nreplicas_to_aggregate = 3",
+	  "replicas_to_aggregate", NULL, 0,
+	  { "[train] replicas_to_aggregate = 3", "one slice per worker", "the 2 workers" } },
+	{ "slices 0", "steps = 10", "steps = 10\nslices = 0", "slices", NULL, 0,
+	  { "[train] slices", "0 is out of range (expected 1..256 or auto)" } },
+	{ "slices 257", "steps = 10", "steps = 10\nslices = 257", "slices", NULL, 0,
+	  { "[train] slices", "257" } },
 	{ "steps and epochs", "steps = 10", "steps = 10\nepochs = 2", "epochs", NULL, 0,
 	  { "[train]", "steps", "epochs", "only one" } },
 
@@ -616,6 +626,9 @@ Test(config, defaults)
 	cr_expect_str_eq(c->cluster.key_file, "cluster.key");
 	cr_expect_eq(c->train.mode, MODE_SYNC);
 	cr_expect_eq(c->train.replicas_to_aggregate, 2);   /* = workers */
+	cr_expect_eq(c->train.slices, CONFIG_INT_AUTO);
+	cr_expect_eq(config_slices(c, 1), 2);              /* a cluster: one per worker */
+	cr_expect_eq(config_slices(c, 0), 1);              /* local: one */
 	cr_expect_eq(c->train.staleness_lr, 1);
 	cr_expect_eq(c->train.steps, 0);
 	cr_expect_eq(c->train.epochs, 1);                   /* neither set: one epoch */
@@ -814,6 +827,7 @@ static void expect_same(const struct config *a, const struct config *b)
 	SAME(cluster.connect_timeout);
 	SAME(train.mode);
 	SAME(train.replicas_to_aggregate);
+	SAME(train.slices);
 	SAME(train.max_staleness);
 	SAME(train.staleness_lr);
 	SAME(train.steps);
@@ -911,6 +925,7 @@ Test(config, print_round_trip_custom)
 		"[train]\n"
 		"mode = async\n"
 		"replicas_to_aggregate = 2\n"
+		"slices = 3\n"
 		"max_staleness = 7\n"
 		"staleness_lr = false\n"
 		"steps = 12345\n"

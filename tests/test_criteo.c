@@ -446,12 +446,12 @@ Test(stream, job_epochs_cover_each_row_once)
 	for (long step = 0; step < j.total; step++) {
 		if (step % j.spe == 0)
 			memset(seen, 0, N);
-		if (job_slice(&j, step) != slice) {
-			slice = job_slice(&j, step);
+		if (job_part(&j, step) != slice) {
+			slice = job_part(&j, step);
 			cr_assert_eq(job_order(&j, step, 5, perm, err, sizeof(err)), 0, "%s", err);
 		}
 		for (int w = 0; w < 2; w++) {
-			size_t at = job_batch_at(&j, step, w);
+			size_t at = job_slice_at(&j, step, w);
 			cr_assert_leq(at + 50, j.train.n, "step %ld: a batch past its window", step);
 			for (size_t b = 0; b < 50; b++) {
 				uint32_t row = j.train.ids[(size_t)perm[at + b] * CRITEO_CATS];

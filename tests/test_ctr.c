@@ -129,6 +129,12 @@ Test(ctr, config_refusals)
 	cr_assert_eq(config_parse_string(&c, "o.ini", "[train]\nembedding_learning_rate = 0\n", set_err, sizeof(set_err)),
 		     -EINVAL);
 	cr_assert_not_null(strstr(set_err, "out of range"), "%s", set_err);
+	/* A worker pulls one batch's rows a step: no slices of its own yet. */
+	cr_assert_eq(config_parse_string(&c, "o.ini",
+					 "[train]\nslices = 2\n[model]\ninput = 2\nlayer = embedding 3 10 4\nlayer = dense 1\n"
+					 "loss = sigmoid_cross_entropy\n", set_err, sizeof(set_err)), -EINVAL);
+	cr_assert_not_null(strstr(set_err, "takes one slice per worker"), "%s", set_err);
+	cr_assert_eq(config_parse_string(&c, "o.ini", "[train]\nslices = 2\n", set_err, sizeof(set_err)), 0, "%s", set_err);
 }
 
 /* ---- a replica's gradient through the embedding layer -------------------- */

@@ -169,35 +169,6 @@ static void run_cluster(const char *cfg, int nps, int nw, const char *set, const
 	}
 }
 
-/* The "tensor" lines of `pstrain check --checkpoint stepdir`: every
- * parameter tensor and optimizer moment with its blake2b hash. */
-static void tensor_lines(const char *stepdir, char *out, size_t len)
-{
-	char log[300];
-	snprintf(log, sizeof(log), "%s/check.log", dir);
-	const char *args[] = { "check", "--checkpoint", stepdir, NULL };
-	pid_t pid = spawn_pstrain(args, log, NULL);
-	int st;
-	wait_children(&pid, 1, &st, RUN_TIMEOUT_S);
-	char *text = slurp(log);
-	cr_assert_eq(st, 0, "check %s: exit %d:\n%s", stepdir, st, text);
-	size_t at = 0;
-	int n = 0;
-	for (char *p = text; *p; ) {
-		char *eol = strchr(p, '\n');
-		size_t l = eol ? (size_t)(eol - p) + 1 : strlen(p);
-		if (strncmp(p, "tensor ", 7) == 0) {
-			cr_assert_lt(at + l, len, "check output too long:\n%s", text);
-			memcpy(out + at, p, l);
-			at += l;
-			n++;
-		}
-		p += l;
-	}
-	out[at] = '\0';
-	cr_assert_gt(n, 0, "no tensor lines for %s:\n%s", stepdir, text);
-}
-
 /* The optimizer step count t ("pstrain.optim_t") of a local checkpoint's
  * only shard file. */
 static long optim_t(const char *stepdir)
@@ -263,7 +234,7 @@ Test(relayout, chain_local_2ps_3ps_local_is_bit_for_bit)
 	int e = run_local(cfg, NULL, "ref", log, sizeof(log));
 	cr_assert_eq(e, 0, "uninterrupted: exit %d:\n%s", e, slurp(log));
 	step_dir(sd, sizeof(sd), "ref", T);
-	tensor_lines(sd, ref, sizeof(ref));
+	checkpoint_tensor_lines(dir, sd, ref, sizeof(ref));
 	long ref_t = optim_t(sd);
 	cr_assert_eq(ref_t, T);
 
@@ -308,7 +279,7 @@ Test(relayout, chain_local_2ps_3ps_local_is_bit_for_bit)
 	cr_assert_not_null(strstr(text, want), "%s", text);
 
 	step_dir(sd, sizeof(sd), "ck", T);
-	tensor_lines(sd, got, sizeof(got));
+	checkpoint_tensor_lines(dir, sd, got, sizeof(got));
 	cr_assert_str_eq(got, ref, "the chain ends elsewhere:\n%s\nvs uninterrupted:\n%s", got, ref);
 	cr_assert_eq(optim_t(sd), ref_t, "adam's t after the chain");
 }
@@ -491,7 +462,7 @@ Test(relayout, finished_local_run_started_again)
 	cr_assert_eq(e, 0, "exit %d:\n%s", e, slurp(log));
 	double acc = done_accuracy(slurp(log));
 	step_dir(sd, sizeof(sd), "ck", 60);
-	tensor_lines(sd, before, sizeof(before));
+	checkpoint_tensor_lines(dir, sd, before, sizeof(before));
 
 	e = run_local(cfg, NULL, "again", log, sizeof(log));
 	cr_assert_eq(e, 0, "a finished run started again: exit %d:\n%s", e, slurp(log));
@@ -513,7 +484,7 @@ Test(relayout, finished_local_run_started_again)
 			cr_assert_null(strstr(slurp(out[2 + w]), "done: "), "worker %d trained:\n%s", w,
 				       slurp(out[2 + w]));
 	}
-	tensor_lines(sd, after, sizeof(after));
+	checkpoint_tensor_lines(dir, sd, after, sizeof(after));
 	cr_assert_str_eq(after, before, "step 60 changed:\n%s\nwas:\n%s", after, before);
 }
 

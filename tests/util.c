@@ -411,3 +411,30 @@ double final_accuracy(const char *text)
 	cr_assert_eq(sscanf(a, "accuracy %lf%%", &acc), 1);
 	return acc;
 }
+
+void checkpoint_tensor_lines(const char *dir, const char *stepdir, char *out, size_t len)
+{
+	char log[300];
+	snprintf(log, sizeof(log), "%s/check.log", dir);
+	const char *args[] = { "check", "--checkpoint", stepdir, NULL };
+	pid_t pid = spawn_pstrain(args, log, NULL);
+	int st;
+	wait_children(&pid, 1, &st, 30);
+	char *text = slurp(log);
+	cr_assert_eq(st, 0, "check %s: exit %d:\n%s", stepdir, st, text);
+	size_t at = 0;
+	int n = 0;
+	for (char *p = text; *p; ) {
+		char *eol = strchr(p, '\n');
+		size_t l = eol ? (size_t)(eol - p) + 1 : strlen(p);
+		if (strncmp(p, "tensor ", 7) == 0) {
+			cr_assert_lt(at + l, len, "check output too long:\n%s", text);
+			memcpy(out + at, p, l);
+			at += l;
+			n++;
+		}
+		p += l;
+	}
+	out[at] = '\0';
+	cr_assert_gt(n, 0, "no tensor lines for %s:\n%s", stepdir, text);
+}

@@ -92,4 +92,9 @@ void assert_exits_zero(const int *st, char (*out)[300], int n, const char *what)
  * fails the test when there is neither. */
 double final_accuracy(const char *text);
 
+/* The "tensor" lines of `pstrain check --checkpoint stepdir` (its log in
+ * dir/check.log): every parameter tensor and optimizer moment with its
+ * blake2b hash, whatever shards hold it, into out (len bytes). */
+void checkpoint_tensor_lines(const char *dir, const char *stepdir, char *out, size_t len);
+
 #endif

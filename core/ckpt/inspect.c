@@ -195,11 +195,11 @@ int inspect_fit(FILE *f, const char *stepdir, const struct config *c, char *err,
 	/* The run's steps: local's (one worker) and the cluster's, which
 	 * differ where [train] epochs sets them. */
 	if (!e)
-		e = job_load(&j, c, 1, 0, err, errlen);
+		e = job_load(&j, c, config_slices(c, 0), 0, err, errlen);
 	if (!e) {
 		local_total = j.total;
 		job_free(&j);
-		e = job_load(&j, c, c->cluster.nworkers, 0, err, errlen);
+		e = job_load(&j, c, config_slices(c, 1), 0, err, errlen);
 	}
 	if (!e)
 		e = ckpt_layout_init(lay, &j.m, 1, c, err, errlen);

@@ -263,6 +263,48 @@ static void where(char *buf, size_t len, const struct parse *p, const char *sect
 		snprintf(buf, len, "%s", p->name);
 }
 
+int config_slices(const struct config *c, int cluster)
+{
+	if (c->train.slices > 0)
+		return c->train.slices;
+	return cluster ? c->cluster.nworkers : 1;
+}
+
+/* replicas_to_aggregate against the slices a cluster's step sums: all of
+ * them by default; fewer (backup workers) only where each worker has one
+ * slice, since the first R of slices that one worker computes in turn
+ * would be that worker's, not the fastest workers'. */
+static int finish_replicas(struct config *c, const struct parse *p, char *err, size_t errlen)
+{
+	char at[DATA_PATH_MAX + 16];
+	int S = config_slices(c, 1), R = c->train.replicas_to_aggregate;
+	/* A worker pulls and pushes one batch's embedding rows a step; a
+	 * step of several slices a worker would need them per slice. */
+	if (c->model.nlayers > 0 && c->model.layers[0].kind == LAYER_EMBEDDING &&
+	    c->train.slices != CONFIG_INT_AUTO) {
+		where(at, sizeof(at), p, "train", "slices");
+		snprintf(err, errlen, "%s: [train] slices: a model with an embedding layer takes one slice per worker for now: leave it unset",
+			 at);
+		return -EINVAL;
+	}
+	where(at, sizeof(at), p, "train", "replicas_to_aggregate");
+	if (R == 0) {
+		c->train.replicas_to_aggregate = S;
+		return 0;
+	}
+	if (R > S && c->train.slices == CONFIG_INT_AUTO)
+		snprintf(err, errlen, "%s: [train] replicas_to_aggregate: %d is more than the %d workers in [cluster] workers",
+			 at, R, S);
+	else if (R > S)
+		snprintf(err, errlen, "%s: [train] replicas_to_aggregate: %d is more than the %d [train] slices", at, R, S);
+	else if (R < S && S != c->cluster.nworkers)
+		snprintf(err, errlen, "%s: [train] replicas_to_aggregate = %d (backup workers) needs one slice per worker: leave [train] slices unset or set it to the %d workers",
+			 at, R, c->cluster.nworkers);
+	else
+		return 0;
+	return -EINVAL;
+}
+
 /* Rules that involve more than one key. */
 static int config_finish(struct config *c, const struct parse *p, char *err, size_t errlen)
 {
@@ -294,14 +336,9 @@ static int config_finish(struct config *c, const struct parse *p, char *err, siz
 			 at, c->cluster.nlisten, c->cluster.nps);
 		return -EINVAL;
 	}
-	if (c->train.replicas_to_aggregate == 0)
-		c->train.replicas_to_aggregate = c->cluster.nworkers;
-	if (c->train.replicas_to_aggregate > c->cluster.nworkers) {
-		where(at, sizeof(at), p, "train", "replicas_to_aggregate");
-		snprintf(err, errlen, "%s: [train] replicas_to_aggregate: %d is more than the %d workers in [cluster] workers",
-			 at, c->train.replicas_to_aggregate, c->cluster.nworkers);
-		return -EINVAL;
-	}
+	int e = finish_replicas(c, p, err, errlen);
+	if (e)
+		return e;
 	if (c->train.steps > 0 && c->train.epochs > 0) {
 		where(at, sizeof(at), p, "train", "epochs");
 		snprintf(err, errlen, "%s: [train] steps and epochs are both set; set only one", at);

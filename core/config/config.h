@@ -77,7 +77,9 @@ struct config {
 
 	struct {
 		enum train_mode mode;
-		int replicas_to_aggregate;  /* resolved: 1..nworkers */
+		int replicas_to_aggregate;  /* resolved: 1..config_slices(c, 1) */
+		int slices;                 /* the global batch's slices; CONFIG_INT_AUTO:
+					     * config_slices's default */
 		int max_staleness;
 		int staleness_lr;           /* async: a gradient's step divided by its staleness */
 		long steps;                 /* 0 = run `epochs` epochs instead */
@@ -132,6 +134,12 @@ int config_parse_string(struct config *c, const char *name, const char *text,
 
 /* The resolved config as INI text that config_load accepts. */
 void config_print(const struct config *c, FILE *f);
+
+/* [train] slices resolved: how many slices of batch_size samples one
+ * step trains and averages (core/job.h). Unset, a cluster (cluster 1)
+ * has one per worker and `local` one, the numbers every config had before
+ * the key existed. */
+int config_slices(const struct config *c, int cluster);
 
 #define CONFIG_HASH_BYTES 32
 

@@ -41,6 +41,7 @@ const struct key_def config_keys[] = {
 	{ "train", "mode", K_ENUM, OFF(train.mode), 0, 0, 0, 0, mode_names, "sync" },
 	{ "train", "replicas_to_aggregate", K_INT, OFF(train.replicas_to_aggregate), 0,
 	  0, CONFIG_MAX_HOSTS, 0, NULL, "0" },
+	{ "train", "slices", K_INT, OFF(train.slices), 0, 1, CONFIG_MAX_HOSTS, AUTO, NULL, "auto" },
 	{ "train", "max_staleness", K_INT, OFF(train.max_staleness), 0, 0, 1e9, 0, NULL, "0" },
 	{ "train", "staleness_lr", K_BOOL, OFF(train.staleness_lr), 0, 0, 0, 0, NULL, "true" },
 	{ "train", "steps", K_LONG, OFF(train.steps), 0, 0, 1e12, 0, NULL, "0" },

@@ -217,6 +217,18 @@ void devices_flow_say(const struct devices *d, char *buf, size_t len);
 int devices_train_step(struct devices *d, size_t at, int B, uint64_t key, struct optim *o,
 		       float lr, char *err, size_t errlen);
 
+/* One step of `local` with [train] slices S > 1 (docs/ELASTIC.md): each
+ * slice s, the B samples order[at[s] .. at[s]+B) with dropout key key[s],
+ * made by devices_step into a zeroed gradient, the slices folded in slice
+ * order on the host (gradfold.h, what a ps does with the slices workers
+ * push), the mean back on replica 0, then devices_apply. The same bits as
+ * a cluster whose workers computed the slices, however many there were
+ * (on the same kernels). acc and g (P): the caller's host scratch. A
+ * model with an embedding layer is refused (-EINVAL): its batch-local
+ * table holds one batch. Files: devices_slices.c. */
+int devices_slices_step(struct devices *d, int S, const size_t *at, int B, const uint64_t *key,
+			float *acc, float *g, struct optim *o, float lr, char *err, size_t errlen);
+
 /* The summed loss, the right answers and the samples of every step since
  * the last call, which are then cleared. Waits for the devices: call it
  * when the figures are shown, not every step. */

@@ -1,0 +1,18 @@
+/* What a worker takes from the host it runs on (cluster/worker.c): whether
+ * [cluster] lists its own address, how many CPU threads it trains with,
+ * and (test builds) where its final parameters go. */
+#ifndef PSTRAIN_CLUSTER_WORKER_HOST_H
+#define PSTRAIN_CLUSTER_WORKER_HOST_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#include "../core/config/config.h"
+
+/* The CPU threads worker `index` trains with ([train] threads), after one
+ * line to out if [cluster] workers lists it at an address that is not
+ * this host's (only a note: behind NAT, or in a pod named by a service,
+ * it legitimately is not). */
+int worker_host_threads(const struct config *c, int index, FILE *out);
+
+#endif

@@ -1,6 +1,7 @@
 /* What a worker takes from the host it runs on (cluster/worker.c): whether
- * [cluster] lists its own address, how many CPU threads it trains with,
- * and (test builds) where its final parameters go. */
+ * [cluster] lists its own address and how many CPU threads it trains
+ * with. (--dump-params is worker_embed.c's worker_dump: the parameters,
+ * then the tables.) */
 #ifndef PSTRAIN_CLUSTER_WORKER_HOST_H
 #define PSTRAIN_CLUSTER_WORKER_HOST_H
 

@@ -202,7 +202,8 @@ int psrows_push(struct psrows *s, int worker, uint64_t version, const uint64_t *
 	uint64_t *sid = s->ids + (size_t)slot * s->cap;
 	for (size_t i = 0; i < n; i++)
 		sid[i] = ids[i] - s->r0;
-	memcpy(s->vals + (size_t)slot * s->cap * (size_t)s->dim, vals, nv * sizeof(float));
+	if (nv)   /* a push of none of this ps's rows has no values (vals may be NULL) */
+		memcpy(s->vals + (size_t)slot * s->cap * (size_t)s->dim, vals, nv * sizeof(float));
 	s->cnt[slot] = n;
 	s->slot_of[worker] = (int16_t)slot;
 	pushed_set(s, worker);

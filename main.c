@@ -17,7 +17,9 @@
 #include "core/config/config.h"
 #include "core/data/synth.h"
 #include "core/fileio.h"
+#include "core/memlimit.h"
 #include "core/nn/model.h"
+#include "core/nn/sparse_optim.h"
 #include "core/shard.h"
 #include "core/train.h"
 #include "gpu/gpu.h"
@@ -77,7 +79,8 @@ struct opts {
 /* What a command accepts besides --help: --config and --set, and/or one
  * optional positional FILE. Anything else is a usage error. */
 enum { TAKES_CONFIG = 1, TAKES_FILE = 2, TAKES_INDEX = 4, TAKES_CKPT = 8, TAKES_INPUT = 16, TAKES_FRESH = 32,
-       TAKES_WATCH = 64, TAKES_OWN = 128 /* parses its own options */ };
+       TAKES_WATCH = 64, TAKES_OWN = 128 /* parses its own options */,
+       TAKES_DUMP = 256 /* --dump-params, test builds only */ };
 
 struct command {
 	const char *name;
@@ -99,7 +102,7 @@ static int cmd_status(const struct opts *o);
 static int cmd_synth(const struct opts *o);
 
 static const struct command commands[] = {
-	{ "local", cmd_local, TAKES_CONFIG | TAKES_FRESH, "[--config FILE] [--set S.K=V]... [--fresh]",
+	{ "local", cmd_local, TAKES_CONFIG | TAKES_FRESH | TAKES_DUMP, "[--config FILE] [--set S.K=V]... [--fresh]",
 	  "train in this process, no network (resumes from checkpoint_dir)" },
 	{ "check", cmd_check, TAKES_CONFIG | TAKES_CKPT, "[--config FILE] [--set S.K=V]... [--checkpoint DIR]",
 	  "validate the config (print it resolved, and the model), or show a checkpoint (and with --config, whether it restores into it)" },
@@ -108,9 +111,9 @@ static const struct command commands[] = {
 	{ "predict", cmd_predict, TAKES_CONFIG | TAKES_CKPT | TAKES_INPUT,
 	  "--checkpoint DIR --input FILE [--probs] [--config FILE]...",
 	  "a label (and probabilities) per sample of FILE" },
-	{ "ps", cmd_ps, TAKES_CONFIG | TAKES_INDEX | TAKES_FRESH, "[--index N] [--config FILE] [--set S.K=V]... [--fresh]",
+	{ "ps", cmd_ps, TAKES_CONFIG | TAKES_INDEX | TAKES_FRESH | TAKES_DUMP, "[--index N] [--config FILE] [--set S.K=V]... [--fresh]",
 	  "serve shard N of the parameters to the workers of [cluster]" },
-	{ "worker", cmd_worker, TAKES_CONFIG | TAKES_INDEX, "[--index N] [--config FILE] [--set S.K=V]...",
+	{ "worker", cmd_worker, TAKES_CONFIG | TAKES_INDEX | TAKES_DUMP, "[--index N] [--config FILE] [--set S.K=V]...",
 	  "train as worker N of [cluster] (worker 0 is the chief)" },
 	{ "run", cmd_run, TAKES_CONFIG | TAKES_FRESH, "[--config FILE] [--set S.K=V]... [--fresh]",
 	  "ps or worker, as TF_CONFIG, Slurm (srun) or a StatefulSet pod name says" },
@@ -254,6 +257,23 @@ static int check_checkpoint(const struct opts *o)
 	return EXIT_DONE;
 }
 
+/* `check` of a click-through model: which rows of the tables each ps
+ * holds (cluster/psrows.h: shard_plan over the rows), and what it takes
+ * with the sparse optimizer's state. */
+static void print_rows(const struct config *c, const struct model *m)
+{
+	struct shard rows[CONFIG_MAX_HOSTS];
+	char size[32];
+	shard_plan(rows, c->cluster.nps, (size_t)embed_total_rows(&m->embed));
+	printf("; embedding rows by ps (with %s's state):\n", sparse_kind_name((enum sparse_kind)c->train.embed_optimizer));
+	for (int k = 0; k < c->cluster.nps; k++) {
+		progress_bytes(size, sizeof(size),
+			       (double)memlimit_rows(rows[k].end - rows[k].begin, m->embed.dim, c->train.embed_optimizer));
+		printf(";   ps %d %s:%u rows [%zu, %zu) %s\n", k, c->cluster.ps[k].name, c->cluster.ps[k].port,
+		       rows[k].begin, rows[k].end, size);
+	}
+}
+
 static int cmd_check(const struct opts *o)
 {
 	struct config c;
@@ -277,7 +297,7 @@ static int cmd_check(const struct opts *o)
 	if (m.embed.fields) {
 		uint64_t R = embed_total_rows(&m.embed);
 		progress_bytes(size, sizeof(size), (double)R * m.embed.dim * sizeof(float));
-		printf("; embedding tables: %llu rows x %d (%s as float32), outside the parameters above; local mode only until sparse ps tables land (issue 39 part 3)\n",
+		printf("; embedding tables: %llu rows x %d (%s as float32), outside the parameters above\n",
 		       (unsigned long long)R, m.embed.dim, size);
 	}
 	printf("; loss: %s\n", m.loss == LOSS_SIGMOID_XENT ? "sigmoid_cross_entropy" : "softmax_cross_entropy");
@@ -288,6 +308,8 @@ static int cmd_check(const struct opts *o)
 	struct shard shards[CONFIG_MAX_HOSTS];
 	shard_plan(shards, c.cluster.nps, m.nparams);
 	shard_print(stdout, &m, shards, c.cluster.nps, c.cluster.ps);
+	if (m.embed.fields)
+		print_rows(&c, &m);
 	print_build("; build: ");
 	int n;
 	if (gpu_count(&n, err, sizeof(err)) == 0) {
@@ -340,7 +362,7 @@ static int cmd_local(const struct opts *o)
 	char intro[300];
 	blas_line(intro, sizeof(intro));
 	int tty = isatty(STDOUT_FILENO);
-	struct train_ckpt ck = { c.train.checkpoint_dir, o->fresh, intro };
+	struct train_ckpt ck = { c.train.checkpoint_dir, o->fresh, intro, o->dump };
 	r = train_run(&c, &ck, stdout, tty, &stop_requested, &res, err, sizeof(err));
 	char figures[96];
 	test_figures(figures, sizeof(figures), &res);
@@ -698,7 +720,7 @@ int main(int argc, char **argv)
 		}
 		if (!(command->takes & TAKES_CONFIG) && (is_config || is_set))
 			return bad_usage("%s does not apply to this command", a);
-		if (!(command->takes & TAKES_INDEX) && (is_index || is_dump))
+		if ((!(command->takes & TAKES_INDEX) && is_index) || (!(command->takes & TAKES_DUMP) && is_dump))
 			return bad_usage("%s does not apply to this command", a);
 		if ((is_ckpt && !(command->takes & TAKES_CKPT)) || (is_input && !(command->takes & TAKES_INPUT)))
 			return bad_usage("%s does not apply to this command", a);

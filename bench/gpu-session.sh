@@ -335,7 +335,12 @@ san_units() {
 	for tool in memcheck initcheck racecheck synccheck; do
 		for s in $SAN_SUITES; do echo "$tool:$s"; done
 		if [ $tool = memcheck ]; then
-			for ex in examples/*.ini; do echo "memcheck:example/$(basename "$ex" .ini)"; done
+			# A click-through example trains on the CPU (its embedding
+			# kernels are not in the CUDA backend yet) and reads synth's
+			# files, which the bundle does not carry.
+			for ex in examples/*.ini; do
+				grep -q '^format *= *criteo' "$ex" || echo "memcheck:example/$(basename "$ex" .ini)"
+			done
 		fi
 	done
 }

@@ -2,6 +2,7 @@
 #include "link.h"
 
 #include "../base/err.h"
+#include "link_sparse.h"
 #include "psshard.h"
 #include "../net/sock.h"
 
@@ -130,9 +131,10 @@ static int link_send_ctl(struct link *l, const struct link_ctl *m)
 {
 	char e[512];
 	size_t len;
-	if (link_ctl_encode(m, conn_msg(l->wbuf), conn_msg_cap(CONN_WBUF_BYTES), &len, e, sizeof(e)))
+	if (link_ctl_encode(m, conn_payload(&l->conn, CONN_MAIN), conn_payload_cap(&l->conn), &len, e,
+			    sizeof(e)))
 		return link_fail(l, LINK_REFUSED, -EPROTO, e);
-	int r = conn_send(&l->conn, len, e, sizeof(e));
+	int r = conn_send_payload(&l->conn, CONN_MAIN, len, e, sizeof(e));
 	return r ? link_lost(l, r, e) : 0;
 }
 
@@ -151,9 +153,10 @@ static int link_ask(struct link *l)
 	uint64_t next = l->got + 1, end = (uint64_t)l->sh->s->job.total;
 	m.version = c->train.mode == MODE_ASYNC ? MSG_VERSION_LATEST : l->ex.first ? 0 : next < end ? next : end;
 	l->want = m.version;
-	if (msg_encode_pull(conn_msg(l->wbuf), conn_msg_cap(CONN_WBUF_BYTES), &m, &len, e, sizeof(e)))
+	if (msg_encode_pull(conn_payload(&l->conn, CONN_MAIN), conn_payload_cap(&l->conn), &m, &len, e,
+			    sizeof(e)))
 		return link_fail(l, LINK_REFUSED, -EPROTO, e);
-	int r = conn_send(&l->conn, len, e, sizeof(e));
+	int r = conn_send_payload(&l->conn, CONN_MAIN, len, e, sizeof(e));
 	return r ? link_lost(l, r, e) : 0;
 }
 
@@ -183,7 +186,7 @@ static int link_push(struct link *l)
 		struct conn_chunk_tx t = { .type = WIRE_PUSH, .shard = (uint32_t)l->k, .version = l->tag,
 					   .worker = WIRE_PUSH_TAG(l->sh->index, l->sh->slice), .src = x->grads + lo, .n = hi - lo,
 					   .offset = lo - l->range.begin, .dtype = (uint8_t)link_grad_dtype(l) };
-		int r = conn_send_tensor(&l->conn, &t, e, sizeof(e));
+		int r = conn_send_tensor(&l->conn, CONN_MAIN, &t, e, sizeof(e));
 		if (r)
 			return link_lost(l, r, e);
 		lo = hi;
@@ -231,6 +234,14 @@ static void link_send_side(struct link *l)
 		if (!r && x->ctl.type == WIRE_STATUS)
 			link_asked(l);
 	}
+	if (!r && x->rows) {
+		char e[512];
+		int lost;
+		r = link_rows_send(l, x->rows, &lost, e, sizeof(e));
+		r = !r ? 0 : lost ? link_lost(l, r, e) : link_fail(l, LINK_REFUSED, -EPROTO, e);
+		if (!r)
+			link_asked(l);
+	}
 	if (!r && pull_first) {
 		r = link_ask(l);
 		if (!r)
@@ -267,7 +278,7 @@ struct link_rx {
 static int link_rx_pending(const struct link_rx *rx)
 {
 	return (rx->want_params && !msg_assembly_done(&rx->a)) || (rx->want_ack && !rx->acked) ||
-	       (rx->want_status && !rx->statused);
+	       (rx->want_status && !rx->statused) || link_rows_waiting(rx->l->ex.rows);
 }
 
 /* A HEARTBEAT from ps k while a sync PULL waits: the chief prints which
@@ -377,6 +388,17 @@ static int rx_view(struct link_rx *rx, const uint8_t *msg, size_t len, char *err
 	return 0;
 }
 
+/* A message of the rows pulled; a sync answer below the version asked
+ * for went back, as PARAMS would (link_sparse.h). */
+static int rx_rows(struct link_rx *rx, const uint8_t *msg, size_t len, char *err, size_t errlen)
+{
+	struct link_rows *x = rx->l->ex.rows;
+	int r = link_rows_take(x, msg, len, err, errlen);
+	if (r == 1 && x->version != MSG_VERSION_LATEST && x->got < x->version)
+		return link_went_back(rx->l, x->got);
+	return r < 0 ? r : 0;
+}
+
 static int rx_error(struct link_rx *rx, const uint8_t *msg, size_t len, char *err, size_t errlen)
 {
 	(void)rx;
@@ -399,6 +421,7 @@ static const struct {
 	{ WIRE_PARAMS, rx_params },
 	{ WIRE_STATUS, rx_status },
 	{ WIRE_ERROR, rx_error },
+	{ WIRE_ROWS, rx_rows },
 	{ WIRE_VIEW, rx_view },
 };
 
@@ -447,9 +470,9 @@ static int link_recv_one(struct link_rx *rx)
 	r = conn_recv(&l->conn, &len, e, sizeof(e));
 	if (r)
 		return link_lost(l, r, e);
-	r = msg_type(l->rbuf, len, e, sizeof(e));
+	r = msg_type(l->conn.rbuf, len, e, sizeof(e));
 	if (r >= 0)
-		r = link_dispatch(rx, r, l->rbuf, len, e, sizeof(e));
+		r = link_dispatch(rx, r, l->conn.rbuf, len, e, sizeof(e));
 	return r ? link_refused(l, e) : 0;
 }
 
@@ -475,10 +498,11 @@ static int link_took_params(struct link_rx *rx)
 static void link_recv_side(struct link *l)
 {
 	const struct link_ex *x = &l->ex;
-	struct link_rx rx = { .l = l, .want_params = x->params != NULL, .want_ack = x->grads != NULL,
+	struct link_rx rx = { .l = l, .want_params = x->params != NULL,
+			      .want_ack = x->grads != NULL || (x->rows && x->rows->kind == LINK_ROWS_PUSH),
 			      .want_status = x->ctl.type == WIRE_STATUS };
 	char e[512];
-	if (!rx.want_params && !rx.want_ack && !rx.want_status)
+	if (!rx.want_params && !rx.want_ack && !rx.want_status && !link_rows_waiting(x->rows))
 		return;
 	pthread_mutex_lock(&l->mu);
 	while (!l->asked && l->end == LINK_OK)
@@ -596,21 +620,6 @@ int link_init(struct link *l, int k, struct link_shared *sh, struct shard range,
 {
 	const struct config *c = sh->c;
 	*l = (struct link){ .k = k, .sh = sh, .range = range, .state = LINK_DOWN };
-	l->rbuf = malloc(CONN_RBUF_BYTES);
-	l->wbuf = malloc(CONN_WBUF_BYTES);
-	l->rwbuf = malloc(CONN_WBUF_BYTES);
-	if (!l->rbuf || !l->wbuf || !l->rwbuf)
-		return err_set(err, errlen, -ENOMEM, "out of memory for the buffers of ps link %d", k);
-	int e = pipe_init(&l->pp, pool, l->wbuf, CONN_WBUF_BYTES, err, errlen);
-	if (e)
-		return e;
-	l->pp_ready = 1;
-	/* The receiver's own pipe: it takes the parameters while the sender
-	 * pushes. */
-	e = pipe_init(&l->rpp, pool, l->rwbuf, CONN_WBUF_BYTES, err, errlen);
-	if (e)
-		return e;
-	l->rpp_ready = 1;
 	if (pthread_mutex_init(&l->mu, NULL))
 		return err_set(err, errlen, -ENOMEM, "cannot make the lock of ps link %d", k);
 	if (pthread_cond_init(&l->cv, NULL)) {
@@ -625,10 +634,12 @@ int link_init(struct link *l, int k, struct link_shared *sh, struct shard range,
 	/* From here link_free destroys the connection, as conn_init asks
 	 * even when it fails. */
 	l->sync_on = 1;
-	e = conn_init(&l->conn, -1, l->rbuf, l->wbuf, &l->pp, role_peer_timeout_ms(c), role_write_timeout_ms(c));
-	l->conn.rpp = &l->rpp;
-	if (e)
-		return err_set(err, errlen, -ENOMEM, "out of memory for the session keys");
+	/* The receiver's own pipe: it takes the parameters while the sender
+	 * pushes. */
+	struct conn_shape shape = { .pipes = CONN_PIPE_RECV, .pool = pool };
+	if (conn_init(&l->conn, -1, &shape, role_peer_timeout_ms(c), role_write_timeout_ms(c)))
+		return err_set(err, errlen, -ENOMEM,
+			       "out of memory for the buffers and session keys of ps link %d", k);
 	l->tx_on = pthread_create(&l->tx, NULL, link_tx_main, l) == 0;
 	l->rx_on = l->tx_on && pthread_create(&l->rx, NULL, link_rx_main, l) == 0;
 	if (!l->rx_on)
@@ -656,13 +667,4 @@ void link_free(struct link *l)
 		pthread_cond_destroy(&l->done_cv);
 		l->sync_on = 0;
 	}
-	if (l->pp_ready)
-		pipe_free(&l->pp);
-	if (l->rpp_ready)
-		pipe_free(&l->rpp);
-	l->pp_ready = l->rpp_ready = 0;
-	free(l->rbuf);
-	free(l->wbuf);
-	free(l->rwbuf);
-	l->rbuf = l->wbuf = l->rwbuf = NULL;
 }

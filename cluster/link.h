@@ -110,6 +110,8 @@ struct link_ctl {
 	} u;
 };
 
+struct link_rows; /* link_sparse.h */
+
 /* One exchange: what goes up and what comes down. */
 struct link_ex {
 	struct link_ctl ctl;     /* sent first, if its type is set */
@@ -121,6 +123,7 @@ struct link_ex {
 	float *params;           /* (P) NULL: no PULL */
 	int first;               /* PULL version 0 (whatever the shard has), no check */
 	struct gradflow *pflow;  /* NULL, or each chunk of params marked final as it lands */
+	struct link_rows *rows;  /* NULL, or embedding rows pulled or pushed (link_sparse.h) */
 };
 
 struct link {
@@ -129,10 +132,6 @@ struct link {
 	struct conn conn;
 	struct shard range;
 	uint64_t got;            /* version of the parameters last pulled */
-	uint8_t *rbuf, *wbuf;    /* conn's */
-	uint8_t *rwbuf;          /* (CONN_WBUF_BYTES) frame 0 of rpp */
-	struct pipe pp, rpp;     /* tensors sent (frame 0: wbuf); received */
-	int pp_ready, rpp_ready;
 	int unx;                 /* the connection is over the ps's Unix socket */
 	int shun;                /* the ps's Unix socket file failed a greeting: */
 	struct sock_unix_file shunned; /* this one; TCP while it is there */
@@ -157,8 +156,8 @@ struct link {
 	int tx_on, rx_on, sync_on;
 };
 
-/* Link to ps k over range, with the buffers, pipes, session key pages
- * and both threads; DOWN. On failure l is left for link_free. */
+/* Link to ps k over range, with its connection (buffers, pipes: the
+ * sender's and the receiver's, session key pages) and both threads; DOWN. On failure l is left for link_free. */
 int link_init(struct link *l, int k, struct link_shared *sh, struct shard range,
 	      struct cryptopool *pool, char *err, size_t errlen);
 void link_free(struct link *l); /* accepts a zeroed struct; not while exchanging */

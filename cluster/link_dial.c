@@ -84,9 +84,10 @@ static int link_greet(struct link *l, int fd, int timeout_ms, char *err, size_t 
 	struct msg_heartbeat hb;
 	size_t len;
 	memset(&hb, 0, sizeof(hb));
-	r = msg_encode_heartbeat(conn_msg(cn->wbuf), conn_msg_cap(CONN_WBUF_BYTES), &hb, &len, e, sizeof(e));
+	r = msg_encode_heartbeat(conn_payload(cn, CONN_MAIN), conn_payload_cap(cn), &hb, &len, e,
+				 sizeof(e));
 	if (!r)
-		r = conn_send(cn, len, e, sizeof(e));
+		r = conn_send_payload(cn, CONN_MAIN, len, e, sizeof(e));
 	if (r) {
 		conn_close(cn);
 		return err_set(err, errlen, -ECONNABORTED, "%s: %s", nm, e);

@@ -17,10 +17,12 @@
 static void *links_heartbeats(void *arg)
 {
 	struct links *lk = arg;
-	uint8_t buf[CONN_FRAME_BYTES(MSG_HEARTBEAT_BYTES)];
+	uint8_t msg[CONN_IDLE_MAX];
+	size_t len;
 	int ms = role_heartbeat_ms(lk->sh.c);
 	struct msg_heartbeat hb;
 	memset(&hb, 0, sizeof(hb));
+	int ok = msg_encode_heartbeat(msg, sizeof(msg), &hb, &len, NULL, 0) == 0;
 	pthread_mutex_lock(&lk->hb_mu);
 	while (!lk->hb_stop) {
 		struct timespec dl;
@@ -29,12 +31,8 @@ static void *links_heartbeats(void *arg)
 		if (lk->hb_stop)
 			break;
 		pthread_mutex_unlock(&lk->hb_mu);
-		for (int k = 0; k < lk->nps; k++) {
-			size_t len;
-			/* Sealing encrypts in place: encoded for each send. */
-			if (msg_encode_heartbeat(conn_msg(buf), conn_msg_cap(sizeof(buf)), &hb, &len, NULL, 0) == 0)
-				(void)conn_send_idle(&lk->ln[k].conn, buf, sizeof(buf), len, ms / 1000.0, NULL, 0);
-		}
+		for (int k = 0; k < lk->nps && ok; k++)
+			(void)conn_send_idle(&lk->ln[k].conn, msg, len, ms / 1000.0, NULL, 0);
 		pthread_mutex_lock(&lk->hb_mu);
 	}
 	pthread_mutex_unlock(&lk->hb_mu);
@@ -246,6 +244,13 @@ static int links_run(struct links *lk, const struct link_ex *ex, char *err, size
 	return links_end(lk, err, errlen);
 }
 
+int links_each(struct links *lk, const struct link_ex *ex, char *err, size_t errlen)
+{
+	for (int k = 0; k < lk->nps; k++)
+		link_begin(&lk->ln[k], &ex[k]);
+	return links_end(lk, err, errlen);
+}
+
 int links_pull(struct links *lk, float *params, int first, char *err, size_t errlen)
 {
 	struct link_ex ex = { .params = params, .first = first };
@@ -316,4 +321,21 @@ int links_status(struct links *lk, int *complete, char *err, size_t errlen)
 	for (int k = 0; !r && k < lk->nps; k++)
 		*complete &= lk->ln[k].complete;
 	return r;
+}
+
+void links_say_sndbuf(struct links *lk, int index, FILE *out)
+{
+	char line[1024] = "", one[200];
+	size_t n = 0;
+	for (int k = 0; k < lk->nps && n < sizeof(line); k++) {
+		struct conn *cn = &lk->ln[k].conn;
+		if (lk->ln[k].unx)
+			continue;
+		pthread_mutex_lock(&cn->mu);
+		sndbuf_describe(&cn->sb, one, sizeof(one));
+		pthread_mutex_unlock(&cn->mu);
+		n += (size_t)snprintf(line + n, sizeof(line) - n, "%sps %d %s", n ? "; " : "", k, one);
+	}
+	if (n)
+		role_log(out, "worker %d: send buffers: %s", index, line);
 }

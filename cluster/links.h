@@ -105,6 +105,9 @@ void links_exchange_begin(struct links *lk, const float *grads, struct gradflow 
 int links_exchange_end(struct links *lk, char *err, size_t errlen);
 /* links_exchange_begin with grads final, then links_exchange_end. */
 int links_exchange(struct links *lk, const float *grads, float *params, char *err, size_t errlen);
+/* ex[k] on link k, every link at once, then waited for as every call
+ * here is (link_sparse.c's pulls and pushes of rows). */
+int links_each(struct links *lk, const struct link_ex *ex /* (nps) */, char *err, size_t errlen);
 /* CHECKPOINT(step) to every ps; acc: the final test accuracy the final
  * checkpoint records, < 0 for the others. */
 int links_checkpoint(struct links *lk, long step, double acc, char *err, size_t errlen);
@@ -121,5 +124,11 @@ int links_leave(struct links *lk, char *err, size_t errlen);
 /* STATUS to every ps: *complete is 1 when every ps says the run is
  * complete (the chief has said DONE). */
 int links_status(struct links *lk, int *complete, char *err, size_t errlen);
+
+/* One line of what each TCP link's send buffer came to ([cluster]
+ * send_buffer_kib; under auto, what it measured its way to:
+ * docs/NETWORK.md), as worker `index`; none if every link is a Unix
+ * socket. */
+void links_say_sndbuf(struct links *lk, int index, FILE *out);
 
 #endif

@@ -41,7 +41,9 @@
  * it cannot tell from a flood's (links.c tries three times; a status
  * should fail fast when the key is wrong). */
 #define STATUS_GREETINGS 2
-#define STATUS_BUF_BYTES CONN_FRAME_BYTES(MSG_REPORT_BYTES_ALL)
+/* The longest message either way: a REPORT (in), with every worker and
+ * event, is longer than a STATUS or HEARTBEAT (out) or any ERROR. */
+#define STATUS_MSG_MAX MSG_REPORT_BYTES_ALL
 _Static_assert(MSG_ERROR_BYTES_MAX <= MSG_REPORT_BYTES_MAX, "an ERROR fits");
 
 /* One ps, across rounds. */
@@ -60,7 +62,6 @@ struct status_link {
 	int have;
 	struct msg_report rep;
 	int ended;                /* that answer was its last (final): the ps ended */
-	uint8_t rbuf[STATUS_BUF_BYTES], wbuf[STATUS_BUF_BYTES];
 };
 
 static void link_addr(char *buf, size_t len, const struct host *h)
@@ -121,12 +122,12 @@ static int link_read(struct status_link *l, const char *sent)
 			snprintf(l->why, sizeof(l->why), "%s", sent && sent[0] ? sent : e);
 			return r;
 		}
-		int type = msg_type(l->rbuf, len, e, sizeof(e));
+		int type = msg_type(l->conn.rbuf, len, e, sizeof(e));
 		if (type == WIRE_HEARTBEAT)
 			continue;
 		if (type == WIRE_ERROR) {
 			struct msg_error me;
-			if (msg_decode_error(l->rbuf, len, &me, e, sizeof(e)) == 0)
+			if (msg_decode_error(l->conn.rbuf, len, &me, e, sizeof(e)) == 0)
 				snprintf(l->why, sizeof(l->why), "it said: %s", me.text);
 			else
 				snprintf(l->why, sizeof(l->why), "%s", e);
@@ -138,7 +139,7 @@ static int link_read(struct status_link *l, const char *sent)
 			return -EPROTO;
 		}
 		struct msg_report rp;
-		r = msg_decode_report(l->rbuf, len, &rp, e, sizeof(e));
+		r = msg_decode_report(l->conn.rbuf, len, &rp, e, sizeof(e));
 		if (!r && rp.shard != (uint32_t)l->k)
 			r = err_set(e, sizeof(e), -EPROTO, "REPORT for shard %u", rp.shard);
 		if (r) {
@@ -163,12 +164,13 @@ static int link_ask(struct status_link *l)
 	char e[400], se[400] = "";
 	size_t len;
 	struct msg_status q = { .shard = (uint32_t)l->k };
-	int r = msg_encode_status(conn_msg(l->wbuf), conn_msg_cap(l->conn.wcap), &q, &len, e, sizeof(e));
+	int r = msg_encode_status(conn_payload(&l->conn, CONN_MAIN), conn_payload_cap(&l->conn), &q,
+				  &len, e, sizeof(e));
 	if (r) {
 		snprintf(l->why, sizeof(l->why), "%s", e);
 		return r;
 	}
-	if (conn_send(&l->conn, len, se, sizeof(se)) == 0)
+	if (conn_send_payload(&l->conn, CONN_MAIN, len, se, sizeof(se)) == 0)
 		se[0] = 0;
 	return link_read(l, se);
 }
@@ -417,12 +419,12 @@ static void status_pause(struct status_link *ls, int nps, double watch_s,
 			 const volatile sig_atomic_t *stop)
 {
 	double idle_s = role_heartbeat_ms(ls[0].c) / 1000.0;
-	uint8_t hb[CONN_FRAME_BYTES(MSG_HEARTBEAT_BYTES)];
+	uint8_t hb[CONN_IDLE_MAX];
 	struct msg_heartbeat m;
 	size_t len = 0;
 	char e[200];
 	memset(&m, 0, sizeof(m));
-	int ok = msg_encode_heartbeat(conn_msg(hb), conn_msg_cap(sizeof(hb)), &m, &len, e, sizeof(e)) == 0;
+	int ok = msg_encode_heartbeat(hb, sizeof(hb), &m, &len, e, sizeof(e)) == 0;
 	for (int64_t end = role_now_ms() + (int64_t)(watch_s * 1000); role_now_ms() < end && !*stop;) {
 		role_nap_ms(100);
 		int news = 0;
@@ -435,7 +437,7 @@ static void status_pause(struct status_link *ls, int nps, double watch_s,
 					link_drop(l);
 			}
 			if (ok && l->connected &&
-			    conn_send_idle(&l->conn, hb, sizeof(hb), len, idle_s, e, sizeof(e)) < 0)
+			    conn_send_idle(&l->conn, hb, len, idle_s, e, sizeof(e)) < 0)
 				link_drop(l);
 		}
 		if (news && status_complete(ls, nps))
@@ -470,9 +472,9 @@ int cluster_status(const struct config *c, int json, double watch_s, FILE *out, 
 		l->me.to = (uint32_t)k;
 		l->k = k;
 		link_addr(l->addr, sizeof(l->addr), &c->cluster.ps[k]);
-		if (conn_init(&l->conn, -1, l->rbuf, l->wbuf, NULL, STATUS_ANSWER_MS, STATUS_ANSWER_MS))
+		struct conn_shape shape = { .msg_max = STATUS_MSG_MAX };
+		if (conn_init(&l->conn, -1, &shape, STATUS_ANSWER_MS, STATUS_ANSWER_MS))
 			e = err_set(err, errlen, -ENOMEM, "out of memory for the session keys");
-		l->conn.rcap = l->conn.wcap = STATUS_BUF_BYTES;
 	}
 	int64_t heard_ms = role_now_ms(); /* when some ps last answered */
 	for (int round = 0; !e; round++) {

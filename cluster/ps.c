@@ -79,8 +79,9 @@ static int on_rollback(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 	uint64_t v = psshard_version(&ps->sh);
 	r = ps_store_rollback(&ps->store, &step, e, sizeof(e));
 	if (r == 0) {
+		ps_sparse_rewind(ps);
 		ps->gen++;
-		pthread_cond_broadcast(&ps->cv);
+		pthread_cond_broadcast(&ps->pull_cv);
 	}
 	pthread_mutex_unlock(&ps->mu);
 	if (r < 0)
@@ -120,8 +121,9 @@ static int on_status(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 				  .stale = ps->sh.dropped_stale,
 				  .complete = (uint8_t)members_complete(&ps->mb) };
 	pthread_mutex_unlock(&ps->mu);
-	r = msg_encode_status(ps_reply_buf(cn), PS_REPLY_CAP, &ans, &len, err, errlen);
-	return r ? r : ps_io(cn, conn_send(&cn->conn, len, err, errlen));
+	r = msg_encode_status(conn_payload(&cn->conn, CONN_MAIN), conn_payload_cap(&cn->conn), &ans,
+			      &len, err, errlen);
+	return r ? r : ps_io(cn, conn_send_payload(&cn->conn, CONN_MAIN, len, err, errlen));
 }
 
 static int on_done(struct ps_conn *cn, size_t len, char *err, size_t errlen)
@@ -137,7 +139,7 @@ static int on_done(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 	pthread_mutex_lock(&ps->mu);
 	members_done(&ps->mb, cn->w, d.leaving);
 	cn->state = PS_CONN_DONE;
-	pthread_cond_broadcast(&ps->cv);
+	pthread_cond_broadcast(&ps->pull_cv); /* pull_hopeless may hold now */
 	pthread_mutex_unlock(&ps->mu);
 	return 0;
 }
@@ -190,6 +192,9 @@ static const struct {
 	{ WIRE_STATUS, on_status },
 	{ WIRE_DONE, on_done },
 	{ WIRE_ERROR, on_error },
+	{ WIRE_SPULL, ps_on_spull },
+	{ WIRE_SPUSH, ps_on_spush },
+	{ WIRE_ROWS, ps_on_spush }, /* refused */
 	{ WIRE_LEAVE, on_leave },
 };
 
@@ -229,7 +234,7 @@ static int ps_confirm(struct ps_conn *cn, char *err, size_t errlen)
 				 ps->index, other);
 			role_log(ps->out, "ps %d: %s: refused a second connection as worker %d: it is connected from %s and alive (its last bytes %d ms ago)",
 				 ps->index, cn->peer, w, other, quiet);
-			conn_send_error(&cn->conn, EALREADY, why);
+			conn_send_error(&cn->conn, CONN_MAIN, EALREADY, why);
 			snprintf(err, errlen, "%s", why);
 			return PS_END;
 		}
@@ -263,7 +268,7 @@ static int ps_refuse(struct ps_conn *cn, int r, const char *why)
 		return r;
 	char text[WIRE_ERROR_TEXT_MAX + 1];
 	snprintf(text, sizeof(text), "%.*s", (int)WIRE_ERROR_TEXT_MAX, why);
-	conn_send_error(&cn->conn, (uint32_t)-r, text);
+	conn_send_error(&cn->conn, CONN_MAIN, (uint32_t)-r, text);
 	cn->failing = PS_CONN_REFUSED;
 	return r;
 }
@@ -360,13 +365,18 @@ static void ps_left(struct ps_conn *cn, int r, const char *e)
  * in ps->conns as the worker's unconfirmed connection (an older
  * unconfirmed one of w's goes: this greeting is newer); its first frame is
  * due within a handshake's step (the worker sends a HEARTBEAT right after
- * its handshake). NULL, fd closed, if there is no slot or no memory. */
+ * its handshake). Its own thread receives the PUSH and sends the
+ * replies and PARAMS on one pipe; in piece mode the streamer sends the
+ * PARAMS instead, as CONN_SIDE on a pipe of its own. NULL, fd closed, if
+ * there is no slot or no memory. */
 struct ps_conn *ps_conn_add(struct ps *ps, int fd, const char *peer, int w,
 			    const struct hs_result *hr)
 {
 	struct ps_conn *cn = calloc(1, sizeof(*cn));
-	if (!cn || conn_init(&cn->conn, -1, NULL, NULL, &cn->pp, ROLE_HANDSHAKE_MS,
-			     role_write_timeout_ms(ps->c)) != 0) {
+	struct conn_shape shape = { .pipes = psshard_pieces(&ps->sh) ? CONN_PIPE_SIDE : CONN_PIPE_ONE,
+				    .pool = ps->pool };
+	if (!cn ||
+	    conn_init(&cn->conn, -1, &shape, ROLE_HANDSHAKE_MS, role_write_timeout_ms(ps->c)) != 0) {
 		if (cn)
 			conn_destroy(&cn->conn);
 		free(cn);
@@ -414,26 +424,19 @@ void ps_conn_drop(struct ps_conn *cn)
 	pthread_mutex_unlock(&ps->mu);
 }
 
-/* Piece mode: the streamer's buffer, pipe and thread; the connection
- * then sends its tensors on the streamer's pipe and receives on its own.
- * -ENOMEM if any of them cannot be had. */
+/* Piece mode: the streamer's thread (its buffer and pipe are the
+ * connection's CONN_SIDE). -ENOMEM if it cannot be had. */
 static int ps_streamer_start(struct ps_conn *cn)
 {
 	struct ps *ps = cn->ps;
 	if (!psshard_pieces(&ps->sh))
 		return 0;
-	cn->swbuf = malloc(CONN_WBUF_BYTES);
-	if (!cn->swbuf)
+	if (pthread_cond_init(&cn->st_cv, NULL))
 		return -ENOMEM;
-	if (pipe_init(&cn->spp, ps->pool, cn->swbuf, CONN_WBUF_BYTES, NULL, 0)) {
-		free(cn->swbuf);
-		cn->swbuf = NULL;
+	if (pthread_create(&cn->st, NULL, ps_streamer, cn) != 0) {
+		pthread_cond_destroy(&cn->st_cv);
 		return -ENOMEM;
 	}
-	cn->conn.pp = &cn->spp;
-	cn->conn.rpp = &cn->pp;
-	if (pthread_create(&cn->st, NULL, ps_streamer, cn) != 0)
-		return -ENOMEM;
 	cn->st_on = 1;
 	return 0;
 }
@@ -448,12 +451,14 @@ static void ps_streamer_stop(struct ps_conn *cn, int *r, char *err, size_t errle
 		return;
 	pthread_mutex_lock(&ps->mu);
 	cn->st_stop = 1;
-	pthread_cond_broadcast(&ps->cv);
+	pthread_cond_signal(&cn->st_cv);      /* idle */
+	pthread_cond_broadcast(&ps->pull_cv); /* or waiting in pull_wait */
 	pthread_mutex_unlock(&ps->mu);
 	/* a send blocked on a peer that stopped reading; the reading half
 	 * stays for conn_linger */
 	conn_shutdown_write(&cn->conn);
 	pthread_join(cn->st, NULL);
+	pthread_cond_destroy(&cn->st_cv);
 	cn->st_on = 0;
 	if (cn->st_r == PS_END) {
 		*r = 0;
@@ -470,12 +475,8 @@ int ps_conn_run(struct ps_conn *cn)
 	struct ps *ps = cn->ps;
 	char e[320];
 	int r = -ENOMEM;
-	uint8_t *rbuf = malloc(CONN_RBUF_BYTES), *wbuf = malloc(CONN_WBUF_BYTES);
 	cn->first_pull = 1;
-	cn->conn.rbuf = rbuf;
-	cn->conn.wbuf = wbuf;
-	if (!rbuf || !wbuf || pipe_init(&cn->pp, ps->pool, wbuf, CONN_WBUF_BYTES, NULL, 0) ||
-	    ps_streamer_start(cn)) {
+	if (ps_streamer_start(cn)) {
 		role_log(ps->out, "ps %d: %s: out of memory for a connection", ps->index, cn->peer);
 	} else {
 		r = ps_serve(cn, e, sizeof(e));
@@ -495,14 +496,9 @@ int ps_conn_run(struct ps_conn *cn)
 				 ps->index, cn->peer, cn->w, e, cn->w);
 		conn_linger(&cn->conn, CONN_LINGER_MS); /* if it ended with an ERROR */
 	}
-	pipe_free(&cn->pp);
-	if (cn->swbuf)
-		pipe_free(&cn->spp);
-	free(cn->swbuf);
-	free(rbuf);
-	free(wbuf);
 	free(cn->grad);
 	free(cn->snap);
+	ps_sparse_conn_free(cn);
 	ps_conn_drop(cn);
 	return r;
 }
@@ -521,7 +517,7 @@ static int ps_over(struct ps *ps)
 		snprintf(ps->why, sizeof(ps->why), "%s", members_why(&ps->mb, w));
 		role_log(ps->out, "ps %d: worker %d did not come back within peer_timeout (%g s)",
 			 ps->index, w, ps->c->cluster.peer_timeout);
-		pthread_cond_broadcast(&ps->cv);
+		pthread_cond_broadcast(&ps->pull_cv);
 	}
 	int over = ps->aborted || members_finished(&ps->mb, now);
 	/* here, not after each push: the accept loop comes by every 200 ms
@@ -560,7 +556,7 @@ static void ps_drain(struct ps *ps, const volatile sig_atomic_t *stop)
 	ps->aborted |= *stop ? 1 : 0;
 	if (*stop && !ps->why[0])
 		snprintf(ps->why, sizeof(ps->why), "interrupted");
-	pthread_cond_broadcast(&ps->cv);
+	pthread_cond_broadcast(&ps->pull_cv);
 	struct timespec dl;
 	role_deadline(&dl, members_all_done(&ps->mb) && !*stop
 				   ? ((long)ps->c->cluster.peer_timeout + 1) * 1000 : 2000);
@@ -586,6 +582,10 @@ int ps_open(struct ps *ps, const struct config *c, const struct role_setup *s,
 	pthread_mutex_init(&ps->mu, NULL);
 	if (role_cond_init(&ps->cv))
 		return err_set(err, errlen, -ENOMEM, "out of memory");
+	if (role_cond_init(&ps->pull_cv)) {
+		pthread_cond_destroy(&ps->cv);
+		return err_set(err, errlen, -ENOMEM, "out of memory");
+	}
 	ps->s = s;
 	ps->c = c;
 	ps->out = out;
@@ -598,7 +598,14 @@ int ps_open(struct ps *ps, const struct config *c, const struct role_setup *s,
 	rate_init(&ps->rate);
 	ps->started_ms = role_now_ms();
 	ps_observers_init(&ps->po, &ps->mu, &ps->cv, c, out, index, ps_report, ps);
-	e = ps_store_open(&ps->store, &ps->mu, &ps->sh, &s->job.m, c, index, fresh, out, err, errlen);
+	/* The rows first, so that a resume loads them with the dense shard
+	 * from the same checkpoint. */
+	e = ps_sparse_open(ps, err, errlen);
+	if (!e)
+		e = ps_store_open(&ps->store, &ps->mu, &ps->sh, ps_sparse_rows(ps), &s->job.m, c, index,
+				  fresh, out, err, errlen);
+	if (!e)
+		ps_sparse_rewind(ps);
 	if (e)
 		return e;
 	ps->me = (struct hs_identity){ .role = HS_PS, .index = (uint32_t)index,
@@ -667,10 +674,12 @@ static void ps_close_local(int index, FILE *out, int fd, const char *path, const
 void ps_close(struct ps *ps)
 {
 	ps_store_close(&ps->store);
+	ps_sparse_close(ps);
 	cryptopool_destroy(ps->pool); /* every connection thread has ended */
 	if (ps->s) {
 		pthread_mutex_destroy(&ps->mu);
 		pthread_cond_destroy(&ps->cv);
+		pthread_cond_destroy(&ps->pull_cv);
 	}
 	psshard_free(&ps->sh);
 }
@@ -688,6 +697,7 @@ static int ps_result(struct ps *ps, const volatile sig_atomic_t *stop, char *err
 		 ps->index, ps->W, (unsigned long long)psshard_version(&ps->sh),
 		 (unsigned long long)ps->sh.received - ps->sh.dropped_stale,
 		 (unsigned long long)ps->sh.dropped_stale);
+	ps_sparse_say(ps);
 	uint64_t na = ps->sh.received - ps->sh.dropped_stale;
 	if (ps->sh.mode == MODE_ASYNC && na)
 		role_log(ps->out, "ps %d: gradients applied %.2f versions old on average (at most %llu); "
@@ -716,7 +726,9 @@ int cluster_ps(const struct config *c, int index, int fresh, FILE *out,
 	if (e)
 		goto out;
 	shard_plan(plan, c->cluster.nps, s.job.m.nparams);
-	e = ps_open(ps, c, &s, &plan[index], index, fresh, out, err, errlen);
+	e = ps_sparse_fits(c, &s.job.m, &plan[index], index, err, errlen);
+	if (!e)
+		e = ps_open(ps, c, &s, &plan[index], index, fresh, out, err, errlen);
 	if (e)
 		goto out;
 	/* [cluster] listen: what this host can bind (a pod's 0.0.0.0, a

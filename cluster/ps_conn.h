@@ -35,8 +35,12 @@
 
 struct ps {
 	pthread_mutex_t mu;
-	pthread_cond_t cv;       /* (CLOCK_MONOTONIC) the shard moved, a worker said DONE,
-				  * a rollback, the ps stops, a connection ended */
+	pthread_cond_t cv;       /* (CLOCK_MONOTONIC) a connection or an observer ended */
+	pthread_cond_t pull_cv;  /* (CLOCK_MONOTONIC) what a waiting PULL waits for
+				  * (ps_pull.c): a piece or version applied, this
+				  * worker's gradient in while the others are done, a
+				  * worker said DONE, a rollback, the ps stops, a
+				  * streamer told to end */
 	struct cryptopool *pool; /* NULL: crypto_threads 1 */
 	struct psshard sh;
 	struct ps_store store;
@@ -60,6 +64,7 @@ struct ps {
 	struct rate rate;        /* versions/s, sampled by the accept loop */
 	int64_t started_ms;
 	struct ps_observers po;  /* the observers' connections (ps_observers.h) */
+	struct ps_sparse *sp;    /* its embedding rows (ps_sparse.c); NULL: none */
 };
 
 /* Where a worker's connection is in its life. Only its own thread moves
@@ -105,22 +110,22 @@ struct ps_conn {
 	int pull_packed; /* the PULL being answered asked for packed float32 (MSG_PULL_PACKED) */
 	char peer[SOCK_ADDR_STRLEN];
 	float *grad, *snap;      /* (n) a PUSH being assembled; the shard copied for PARAMS */
-	struct pipe pp;          /* the chunks of a tensor, sealed/opened on ps->pool */
 	struct msg_assembly a;
 	int assembling;
 	int last_r;              /* piece mode: the push's last piece: psshard_push_piece's */
 	enum psshard_outcome last_oc; /* ... and its outcome */
 	/* Piece mode: PULLs are answered by a thread of their own, the
 	 * streamer, so that this connection's PUSH still comes in while the
-	 * parameters it completes go out (a worker sends its PULL first). */
-	uint8_t *swbuf;          /* (CONN_WBUF_BYTES) the streamer's: spp's first frame */
-	struct pipe spp;         /* the streamer's PARAMS */
+	 * parameters it completes go out (a worker sends its PULL first). It
+	 * sends as CONN_SIDE, the connection's own thread as CONN_MAIN. */
 	pthread_t st;
 	int st_on;
+	pthread_cond_t st_cv;    /* the idle streamer's: st_job or st_stop set */
 	int st_job, st_stop;     /* under ps->mu: a PULL of st_want to answer; end */
 	uint64_t st_want;
 	int st_r;                /* how the streamer ended: 0, PS_END, or a failure */
 	char st_err[320];
+	struct ps_sparse_conn *spc; /* buffers for SPULL and SPUSH (ps_sparse.c), from the first */
 };
 
 _Static_assert(PSSHARD_PIECE == WIRE_CHUNK_VALUES, "a shard's piece is one chunk on the wire");
@@ -133,14 +138,6 @@ _Static_assert(PSSHARD_PIECE == WIRE_CHUNK_VALUES, "a shard's piece is one chunk
 #define PS_END 1
 
 typedef int (*ps_handler)(struct ps_conn *cn, size_t len, char *err, size_t errlen);
-
-/* Where a reply is encoded, and how long it may be. */
-static inline uint8_t *ps_reply_buf(struct ps_conn *cn)
-{
-	return conn_msg(cn->conn.wbuf);
-}
-
-#define PS_REPLY_CAP conn_msg_cap(CONN_WBUF_BYTES)
 
 /* cn ends for reason e unless it has ended already (under ps->mu). */
 static inline void ps_conn_end_set(struct ps_conn *cn, enum ps_conn_end e)
@@ -206,9 +203,40 @@ void ps_tally_log(struct ps *ps, int force);
  * PULLs the handler hands it until told to stop. */
 int ps_on_pull(struct ps_conn *cn, size_t len, char *err, size_t errlen);
 void *ps_streamer(void *arg);
+/* ps_pull.c: hb out as sender `from`, called and returning under ps->mu,
+ * which it lets go around the send (a waiting PULL's or SPULL's). */
+int ps_heartbeat_send(struct ps_conn *cn, enum conn_sender from, const struct msg_heartbeat *hb, char *err,
+		      size_t errlen);
 
-/* ps_push.c: a PUSH chunk (the handler; also a PARAMS chunk, refused). */
+/* ps_push.c: a PUSH chunk (the handler; also a PARAMS chunk, refused),
+ * and the ACK of a whole push (PUSH or SPUSH): r and oc from the update
+ * (-EALREADY a duplicate), v the version now. */
 int ps_on_push(struct ps_conn *cn, size_t len, char *err, size_t errlen);
+int ps_ack(struct ps_conn *cn, int r, enum psshard_outcome oc, uint64_t v, char *err, size_t errlen);
+
+/* ps_sparse.c: the embedding rows this ps holds (cluster/psrows.h), for a
+ * model with an embedding layer (else ps->sp stays NULL): whether the
+ * shard fits [ps] memory_limit (checked before anything is allocated);
+ * opened before ps_store_open, which loads them with the dense shard from
+ * the same checkpoint and writes them into its checkpoints; closed; the
+ * rows' version moved with the dense shard's after a resume or a rollback
+ * (a rollback keeps the rows' values: under ps->mu); a connection's buffers freed; and the handlers of SPULL and
+ * SPUSH (also of ROWS, refused). */
+int ps_sparse_fits(const struct config *c, const struct model *m, const struct shard *dense, int index, char *err,
+		   size_t errlen);
+int ps_sparse_open(struct ps *ps, char *err, size_t errlen);
+void ps_sparse_close(struct ps *ps);
+void ps_sparse_rewind(struct ps *ps);
+/* The rows this ps holds, for its checkpoints; NULL: none. */
+struct psrows *ps_sparse_rows(struct ps *ps);
+/* The rows' line at the end: their version, pushes applied and stale. */
+void ps_sparse_say(struct ps *ps);
+void ps_sparse_conn_free(struct ps_conn *cn);
+/* Under ps->mu: 0 if every value of the rows is finite, else -EDOM and
+ * the first that is not in err (the harness's invariant). */
+int ps_sparse_check(struct ps *ps, char *err, size_t errlen);
+int ps_on_spull(struct ps_conn *cn, size_t len, char *err, size_t errlen);
+int ps_on_spush(struct ps_conn *cn, size_t len, char *err, size_t errlen);
 
 /* ps_view.c, ps 0 of an elastic cluster (nothing elsewhere): whether a
  * PULL's answer must wait for min_workers to be ready; the view of the

@@ -82,6 +82,8 @@ int ps_harness_check(struct ps_harness *h, char *err, size_t errlen)
 	for (size_t i = 0; i < ps->sh.n && bad == ps->sh.n; i++)
 		if (!isfinite(p[i]))
 			bad = i;
+	char rows[160] = "";
+	int rows_bad = ps_sparse_check(ps, rows, sizeof(rows));
 	int aborted = ps->aborted, live = 0;
 	for (int w = 0; w < ps->W; w++)
 		live += ps->worker[w] != NULL || ps->fresh[w] != NULL;
@@ -90,6 +92,8 @@ int ps_harness_check(struct ps_harness *h, char *err, size_t errlen)
 	pthread_mutex_unlock(&ps->mu);
 	if (bad < ps->sh.n)
 		return err_set(err, errlen, -EDOM, "parameter %zu is %g", bad, (double)p[bad]);
+	if (rows_bad)
+		return err_set(err, errlen, rows_bad, "%s", rows);
 	if (aborted)
 		return err_set(err, errlen, -ECONNABORTED, "a peer stopped the ps: %s", why);
 	if (live || ps->nconn || ps->po.n)

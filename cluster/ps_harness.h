@@ -41,7 +41,8 @@ void ps_harness_greet(struct ps_harness *h, int fd, const uint8_t hello[HS_HELLO
  * ends when its peer closes or shuts its writing half, or at a deadline. */
 void ps_harness_settle(struct ps_harness *h);
 
-/* The invariants a key holder cannot break: every parameter finite, the ps
+/* The invariants a key holder cannot break: every parameter and embedding
+ * row finite, the ps
  * not stopped by a peer, no connection left behind. 0, or a negative
  * errno with the broken one in err. */
 int ps_harness_check(struct ps_harness *h, char *err, size_t errlen);

@@ -11,9 +11,9 @@
 #include <string.h>
 #include <unistd.h>
 
-/* An observer's frame buffers: the largest REPORT out, and in, anything
+/* An observer's longest message: the largest REPORT out, and in, anything
  * an observer may send (STATUS, HEARTBEAT, an ERROR). */
-#define PS_OBS_BUF_BYTES CONN_FRAME_BYTES(MSG_REPORT_BYTES_ALL)
+#define PS_OBS_MSG_MAX MSG_REPORT_BYTES_ALL
 _Static_assert(MSG_ERROR_BYTES_MAX <= MSG_REPORT_BYTES_MAX, "an observer's ERROR fits");
 /* How long an observer may take to read a REPORT before it is dropped:
  * the ps's exit waits for its observers' last ones. */
@@ -34,7 +34,6 @@ struct ps_obs {
 	uint64_t seq;             /* when it was admitted: the oldest goes first */
 	int slot;                 /* -1 once evicted */
 	char peer[SOCK_ADDR_STRLEN];
-	uint8_t rbuf[PS_OBS_BUF_BYTES], wbuf[PS_OBS_BUF_BYTES];
 };
 
 void ps_observers_init(struct ps_observers *po, pthread_mutex_t *mu, pthread_cond_t *cv,
@@ -77,9 +76,9 @@ static int ps_obs_send_report(struct ps_obs *ob, int final, char *err, size_t er
 	struct msg_report rp;
 	size_t len;
 	ob->po->report(ob->po->ctx, &rp, final);
-	int r = msg_encode_report(conn_msg(ob->wbuf), conn_msg_cap(ob->conn.wcap), &rp, &len, err,
-				  errlen);
-	return r ? r : conn_send(&ob->conn, len, err, errlen);
+	int r = msg_encode_report(conn_payload(&ob->conn, CONN_MAIN), conn_payload_cap(&ob->conn), &rp,
+				  &len, err, errlen);
+	return r ? r : conn_send_payload(&ob->conn, CONN_MAIN, len, err, errlen);
 }
 
 /* A request an observer may not make: an ERROR saying so, and the reason
@@ -89,7 +88,7 @@ static int ps_obs_refuse(struct ps_obs *ob, int code, char *err, size_t errlen, 
 {
 	char text[WIRE_ERROR_TEXT_MAX + 1];
 	snprintf(text, sizeof(text), fmt, what);
-	conn_send_error(&ob->conn, (uint32_t)code, text);
+	conn_send_error(&ob->conn, CONN_MAIN, (uint32_t)code, text);
 	return err_set(err, errlen, -code, "%s", text);
 }
 
@@ -126,12 +125,12 @@ static int ps_obs_serve(struct ps_obs *ob, char *err, size_t errlen)
 			return r;
 		/* the key is confirmed: as patient as with a worker now */
 		ob->conn.read_ms = role_peer_timeout_ms(po->c);
-		int type = msg_type(ob->rbuf, len, err, errlen);
+		int type = msg_type(ob->conn.rbuf, len, err, errlen);
 		if (type < 0)
 			return ps_obs_refuse(ob, EPROTO, err, errlen, "%.240s", err);
 		if (type == WIRE_STATUS) {
 			struct msg_status q;
-			r = msg_decode_status(ob->rbuf, len, &q, err, errlen);
+			r = msg_decode_status(ob->conn.rbuf, len, &q, err, errlen);
 			if (r)
 				return ps_obs_refuse(ob, -r, err, errlen, "%.240s", err);
 			if (q.reply || q.shard != (uint32_t)po->index) {
@@ -145,7 +144,7 @@ static int ps_obs_serve(struct ps_obs *ob, char *err, size_t errlen)
 				return r;
 		} else if (type == WIRE_HEARTBEAT) {
 			struct msg_heartbeat hb;
-			r = msg_decode_heartbeat(ob->rbuf, len, &hb, err, errlen);
+			r = msg_decode_heartbeat(ob->conn.rbuf, len, &hb, err, errlen);
 			if (r)
 				return ps_obs_refuse(ob, -r, err, errlen, "%.240s", err);
 		} else if (type == WIRE_ERROR) {
@@ -193,8 +192,8 @@ static void *ps_obs_main(void *arg)
 int ps_observers_spawn(struct ps_observers *po, int fd, const char *peer, const struct hs_result *hr)
 {
 	struct ps_obs *ob = calloc(1, sizeof(*ob));
-	if (!ob || conn_init(&ob->conn, -1, ob->rbuf, ob->wbuf, NULL, ROLE_HANDSHAKE_MS,
-			     PS_OBS_WRITE_MS) != 0) {
+	struct conn_shape shape = { .msg_max = PS_OBS_MSG_MAX };
+	if (!ob || conn_init(&ob->conn, -1, &shape, ROLE_HANDSHAKE_MS, PS_OBS_WRITE_MS) != 0) {
 		if (ob)
 			conn_destroy(&ob->conn);
 		free(ob);
@@ -202,7 +201,6 @@ int ps_observers_spawn(struct ps_observers *po, int fd, const char *peer, const 
 		return -1;
 	}
 	ob->po = po;
-	ob->conn.rcap = ob->conn.wcap = PS_OBS_BUF_BYTES;
 	conn_attach(&ob->conn, fd, hr);
 	snprintf(ob->peer, sizeof(ob->peer), "%s", peer);
 	pthread_mutex_lock(po->mu);

@@ -2,7 +2,19 @@
  * sync piece mode, the next version streamed piece by piece as each piece
  * completes, from a streamer thread per connection so that the PUSH on
  * the same connection keeps coming in. While a sync PULL waits, HEARTBEATs
- * tell the worker which workers the shard waits for. */
+ * tell the worker which workers the shard waits for.
+ *
+ * The lock: every pull_* function is called holding ps->mu and returns
+ * holding it, whatever it returns (it used to be held on some returns and
+ * not on others). Those that send release it around each send only (a
+ * send may wait write_timeout on a slow worker, and no other thread of
+ * the ps may wait on that): what goes out was copied under it, and after
+ * a send they look at the shard again, never at what they saw before.
+ *
+ * Waiting: a PULL waits on ps->pull_cv, which is broadcast when what it
+ * waits for may have come (pull_wait lists it); an idle streamer waits on
+ * its connection's st_cv, signalled when it is handed a PULL or told to
+ * end; ps->cv is left to those waiting for connections to end. */
 #include "ps_conn.h"
 
 #include "../base/err.h"
@@ -22,6 +34,19 @@ static void ps_heartbeat(struct ps *ps, struct msg_heartbeat *hb)
 	members_missing(&ps->mb, &ps->sh, hb->missing, (int)MSG_HEARTBEAT_WORKERS);
 }
 
+int ps_heartbeat_send(struct ps_conn *cn, enum conn_sender from, const struct msg_heartbeat *hb, char *err,
+		      size_t errlen)
+{
+	size_t len;
+	pthread_mutex_unlock(&cn->ps->mu);
+	int r = msg_encode_heartbeat(conn_payload(&cn->conn, from), conn_payload_cap(&cn->conn), hb, &len, err,
+				     errlen);
+	if (!r)
+		r = conn_send_payload(&cn->conn, from, len, err, errlen);
+	pthread_mutex_lock(&cn->ps->mu);
+	return r;
+}
+
 /* The version a sync PULL waits for: of the whole shard (piece < 0) or
  * of one piece. */
 static uint64_t pull_has(const struct ps *ps, long piece)
@@ -30,10 +55,10 @@ static uint64_t pull_has(const struct ps *ps, long piece)
 }
 
 /* The answer to a PULL is sent by the connection's own thread, or, in
- * piece mode, by its streamer: buf is that thread's frame buffer for a
- * HEARTBEAT or an ERROR (CONN_WBUF_BYTES), and the PARAMS go on the
- * connection's sending pipe. Its failures are all the transport's (or a
- * shard gone back under a streamed answer): none gets an ERROR. */
+ * piece mode, by its streamer: `from` is that thread's sender (CONN_MAIN
+ * or CONN_SIDE), whose frame buffer and pipe carry the HEARTBEATs, an
+ * ERROR and the PARAMS. Its failures are all the transport's (or a shard
+ * gone back under a streamed answer): none gets an ERROR. */
 
 /* Whether nothing but this worker can move the shard, and this worker
  * has: every other worker is done, and this one's gradient for the
@@ -57,35 +82,31 @@ static int pull_waits(const struct ps_conn *cn, long piece, uint64_t want, uint6
 
 /* A sync PULL waits (under ps->mu) for version `want` of the shard, or of
  * one piece, to exist (and on ps 0 of an elastic cluster, any PULL for
- * min_workers to be ready: ps_view.c); meanwhile a HEARTBEAT every heartbeat_ms tells the
- * worker that the shard is alive and which workers it waits for. It stops
- * waiting when the ps stops, a rollback since gen happens, no other
- * worker will push (pull_hopeless), or the streamer is told to end.
- * Returns with mu held on success, without it on failure. */
-static int pull_wait(struct ps_conn *cn, long piece, uint64_t want, uint64_t gen, uint8_t *buf,
-		     char *err, size_t errlen)
+ * min_workers to be ready: ps_view.c); meanwhile a HEARTBEAT every
+ * heartbeat_ms tells the worker that the shard is alive and which workers
+ * it waits for. It stops waiting when the ps stops, a rollback or a
+ * revision of the step's view since gen happens, no other worker will
+ * push (pull_hopeless), or the streamer is told to end; each of those, a
+ * piece or version applied, and (elastic) a PULL that makes a worker
+ * ready, broadcasts ps->pull_cv (a timed wait besides, for the
+ * HEARTBEATs). */
+static int pull_wait(struct ps_conn *cn, long piece, uint64_t want, uint64_t gen,
+		     enum conn_sender from, char *err, size_t errlen)
 {
 	struct ps *ps = cn->ps;
 	while (pull_waits(cn, piece, want, gen)) {
 		struct timespec dl;
 		role_deadline(&dl, role_heartbeat_ms(ps->c));
-		if (pthread_cond_timedwait(&ps->cv, &ps->mu, &dl) != ETIMEDOUT || !pull_waits(cn, piece, want, gen))
+		if (pthread_cond_timedwait(&ps->pull_cv, &ps->mu, &dl) != ETIMEDOUT || !pull_waits(cn, piece, want, gen))
 			continue;
 		struct msg_heartbeat hb;
-		size_t len;
 		ps_heartbeat(ps, &hb);
-		pthread_mutex_unlock(&ps->mu);
-		int r = msg_encode_heartbeat(conn_msg(buf), PS_REPLY_CAP, &hb, &len, err, errlen);
-		if (!r)
-			r = conn_send_from(&cn->conn, buf, CONN_WBUF_BYTES, len, err, errlen);
+		int r = ps_heartbeat_send(cn, from, &hb, err, errlen);
 		if (r)
 			return r;
-		pthread_mutex_lock(&ps->mu);
 	}
-	if (cn->st_stop) {
-		pthread_mutex_unlock(&ps->mu);
+	if (cn->st_stop)
 		return err_set(err, errlen, -ECANCELED, "the connection ends");
-	}
 	return 0;
 }
 
@@ -98,9 +119,9 @@ static unsigned pull_dtype(const struct ps_conn *cn)
 	return dt == WIRE_F32 && cn->pull_packed ? WIRE_F32P : dt;
 }
 
-/* A PULL's answer (under ps->mu, which it releases): the whole shard as
- * it is, or, if the ps stops, an ERROR saying why (and PS_END). */
-static int pull_send_whole(struct ps_conn *cn, uint8_t *buf, char *err, size_t errlen)
+/* A PULL's answer: the whole shard as it is (copied under the lock, sent
+ * without it), or, if the ps stops, an ERROR saying why (and PS_END). */
+static int pull_send_whole(struct ps_conn *cn, enum conn_sender from, char *err, size_t errlen)
 {
 	struct ps *ps = cn->ps;
 	size_t n = ps->sh.n;
@@ -114,48 +135,51 @@ static int pull_send_whole(struct ps_conn *cn, uint8_t *buf, char *err, size_t e
 	struct msg_view vm;
 	ps_view_fix(ps);
 	int view = !ab && ps_view_message(cn, &vm);
-	pthread_mutex_unlock(&ps->mu);
-	if (ab) {
-		conn_send_error_from(&cn->conn, buf, CONN_WBUF_BYTES, ECONNABORTED, why);
-		snprintf(err, errlen, "training aborted");
-		return PS_END;
-	}
-	size_t len;
-	int r = view ? msg_encode_view(conn_msg(buf), PS_REPLY_CAP, &vm, &len, err, errlen) : 0;
-	if (!r && view)
-		r = conn_send_from(&cn->conn, buf, CONN_WBUF_BYTES, len, err, errlen);
-	if (r)
-		return r;
 	struct conn_chunk_tx t = { .type = WIRE_PARAMS, .shard = (uint32_t)ps->index, .version = v,
 				   .src = cn->snap, .n = n, .dtype = (uint8_t)pull_dtype(cn) };
-	return conn_send_tensor(&cn->conn, &t, err, errlen);
+	pthread_mutex_unlock(&ps->mu);
+	int r = PS_END;
+	if (ab) {
+		conn_send_error(&cn->conn, from, ECONNABORTED, why);
+		snprintf(err, errlen, "training aborted");
+	} else {
+		size_t len;
+		/* ps 0, elastic: the view of this version first (ps_view.c) */
+		r = view ? msg_encode_view(conn_payload(&cn->conn, from), conn_payload_cap(&cn->conn), &vm, &len, err,
+					   errlen) : 0;
+		if (!r && view)
+			r = conn_send_payload(&cn->conn, from, len, err, errlen);
+		if (!r)
+			r = conn_send_tensor(&cn->conn, from, &t, err, errlen);
+	}
+	pthread_mutex_lock(&ps->mu);
+	return r;
 }
 
-/* Piece mode, a PULL of the next version (under ps->mu, which it
- * releases): each piece goes out as soon as its R gradients are in, in
- * order, every run of pieces that is ready at once in one call (sealed on
- * the pool), while the last gradients of the step still arrive. Every
- * piece it sends is at `want`: no piece gets past the next version before
- * every worker, this one included, has all of it. A wait that ends
- * otherwise (the ps stops, a rollback, every other worker done) before
- * the first piece falls back to the whole shard as it is; after it, the
- * pieces sent are of a version the shard no longer has, and the
- * connection ends as if lost: the worker connects again and pulls what
- * there is. */
-static int pull_stream(struct ps_conn *cn, uint64_t want, uint8_t *buf, char *err, size_t errlen)
+/* Piece mode, a PULL of the next version: each piece goes out as soon as
+ * its R gradients are in, in order, every run of pieces that is ready at
+ * once in one call (sealed on the pool), while the last gradients of the
+ * step still arrive. Every piece it sends is at `want`: no piece gets
+ * past the next version before every worker, this one included, has all
+ * of it. A wait that ends otherwise (the ps stops, a rollback, every
+ * other worker done) before the first piece falls back to the whole
+ * shard as it is; after it, the pieces sent are of a version the shard no
+ * longer has, and the connection ends as if lost: the worker connects
+ * again and pulls what there is. */
+static int pull_stream(struct ps_conn *cn, uint64_t want, enum conn_sender from, char *err,
+		       size_t errlen)
 {
 	struct ps *ps = cn->ps;
 	struct psshard *sh = &ps->sh;
 	size_t np = sh->npieces;
 	uint64_t gen = ps->gen;
 	for (size_t j = 0; j < np;) {
-		int r = pull_wait(cn, (long)j, want, gen, buf, err, errlen);
+		int r = pull_wait(cn, (long)j, want, gen, from, err, errlen);
 		if (r)
 			return r;
 		if (psshard_piece_version(sh, j) != want) {
 			if (j == 0 || ps->aborted)
-				return pull_send_whole(cn, buf, err, errlen);
-			pthread_mutex_unlock(&ps->mu);
+				return pull_send_whole(cn, from, err, errlen);
 			return err_set(err, errlen, -ECONNABORTED,
 				       "version %llu was going out when the shard went back or stopped",
 				       (unsigned long long)want);
@@ -172,25 +196,25 @@ static int pull_stream(struct ps_conn *cn, uint64_t want, uint8_t *buf, char *er
 		struct conn_chunk_tx t = { .type = WIRE_PARAMS, .shard = (uint32_t)ps->index, .version = want,
 					   .src = cn->snap + lo, .n = hi - lo, .offset = lo,
 					   .dtype = (uint8_t)pull_dtype(cn) };
-		r = conn_send_tensor(&cn->conn, &t, err, errlen);
+		r = conn_send_tensor(&cn->conn, from, &t, err, errlen);
+		pthread_mutex_lock(&ps->mu);
 		if (r)
 			return r;
 		j = k;
-		if (j < np)
-			pthread_mutex_lock(&ps->mu);
 	}
 	return 0;
 }
 
-/* A PULL of version want (under ps->mu, which it releases), streamed
- * when it is the next version of a shard in piece mode. */
-static int pull_answer(struct ps_conn *cn, uint64_t want, uint8_t *buf, char *err, size_t errlen)
+/* A PULL of version want, streamed when it is the next version of a
+ * shard in piece mode. */
+static int pull_answer(struct ps_conn *cn, uint64_t want, enum conn_sender from, char *err,
+		       size_t errlen)
 {
 	struct ps *ps = cn->ps;
 	if (psshard_pieces(&ps->sh) && want != MSG_VERSION_LATEST && want > psshard_version(&ps->sh))
-		return pull_stream(cn, want, buf, err, errlen);
-	int r = pull_wait(cn, -1, want, ps->gen, buf, err, errlen);
-	return r ? r : pull_send_whole(cn, buf, err, errlen);
+		return pull_stream(cn, want, from, err, errlen);
+	int r = pull_wait(cn, -1, want, ps->gen, from, err, errlen);
+	return r ? r : pull_send_whole(cn, from, err, errlen);
 }
 
 /* The streamer: answers each PULL the connection's thread hands it, until
@@ -204,11 +228,10 @@ void *ps_streamer(void *arg)
 	pthread_mutex_lock(&ps->mu);
 	for (;;) {
 		while (!cn->st_job && !cn->st_stop)
-			pthread_cond_wait(&ps->cv, &ps->mu);
+			pthread_cond_wait(&cn->st_cv, &ps->mu);
 		if (cn->st_stop)
 			break;
-		int r = pull_answer(cn, cn->st_want, cn->swbuf, cn->st_err, sizeof(cn->st_err));
-		pthread_mutex_lock(&ps->mu);
+		int r = pull_answer(cn, cn->st_want, CONN_SIDE, cn->st_err, sizeof(cn->st_err));
 		if (r) {
 			/* A failure once told to end is only the end. */
 			cn->st_job = 0;
@@ -242,11 +265,15 @@ int ps_on_pull(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 	pthread_mutex_lock(&ps->mu);
 	cn->state = PS_CONN_MEMBER;
 	members_pulled(&ps->mb, cn->w);
+	/* elastic: one more ready worker may let a step's view be fixed */
+	if (ps->mb.elastic)
+		pthread_cond_broadcast(&ps->pull_cv);
 	if (!cn->st_on) {
 		cn->pull_packed = (p.flags & MSG_PULL_PACKED) != 0;
-		r = pull_answer(cn, p.version, ps_reply_buf(cn) - FRAME_HDR_BYTES, err, errlen);
+		r = pull_answer(cn, p.version, CONN_MAIN, err, errlen);
 		if (r < 0)
 			cn->failing = PS_CONN_LOST;
+		pthread_mutex_unlock(&ps->mu);
 		return r;
 	}
 	int busy = cn->st_job;
@@ -254,7 +281,7 @@ int ps_on_pull(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 		cn->st_want = p.version;
 		cn->pull_packed = (p.flags & MSG_PULL_PACKED) != 0;
 		cn->st_job = 1;
-		pthread_cond_broadcast(&ps->cv);
+		pthread_cond_signal(&cn->st_cv);
 	}
 	pthread_mutex_unlock(&ps->mu);
 	if (busy)

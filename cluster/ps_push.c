@@ -34,9 +34,7 @@ static int push_refused(struct ps_conn *cn, int r, const float *g, size_t lo, si
 	return err_set(err, errlen, -EPROTO, "PUSH for version %llu refused: %s", tag, strerror(-r));
 }
 
-/* The ACK of a whole gradient: r and oc from psshard_push, or from the
- * last piece's psshard_push_piece. */
-static int push_ack(struct ps_conn *cn, int r, enum psshard_outcome oc, uint64_t v, char *err,
+int ps_ack(struct ps_conn *cn, int r, enum psshard_outcome oc, uint64_t v, char *err,
 		    size_t errlen)
 {
 	size_t len;
@@ -45,8 +43,9 @@ static int push_ack(struct ps_conn *cn, int r, enum psshard_outcome oc, uint64_t
 		     : oc == PSSHARD_APPLIED ? MSG_ACK_APPLIED
 		     : oc == PSSHARD_WAITING ? MSG_ACK_ACCEPTED
 					     : MSG_ACK_STALE;
-	r = msg_encode_ack(ps_reply_buf(cn), PS_REPLY_CAP, &ack, &len, err, errlen);
-	return r ? r : ps_io(cn, conn_send(&cn->conn, len, err, errlen));
+	r = msg_encode_ack(conn_payload(&cn->conn, CONN_MAIN), conn_payload_cap(&cn->conn), &ack, &len,
+			   err, errlen);
+	return r ? r : ps_io(cn, conn_send_payload(&cn->conn, CONN_MAIN, len, err, errlen));
 }
 
 /* Piece mode: the values of chunk c, piece [lo, hi). float32 ones are
@@ -84,12 +83,17 @@ static int push_took(void *ctx, const struct msg_chunk *c, char *err, size_t err
 	int r = psshard_push_piece(&ps->sh, cn->slice, c->version, j, g, hi == ps->sh.n, &cn->last_oc);
 	cn->pushed |= r == 0 || r == -EALREADY;
 	uint64_t v = psshard_version(&ps->sh);
-	/* Only a finished piece is news to a waiting PULL: a broadcast per
-	 * chunk woke every streamer twice as often for nothing. */
-	if (r == 0 && cn->last_oc == PSSHARD_APPLIED) {
+	/* Only a finished piece is news to a waiting PULL (a broadcast per
+	 * chunk woke every streamer twice as often for nothing), or, once
+	 * every other worker is done, this worker's whole gradient: its own
+	 * streamer then stops waiting (pull_hopeless) at once, not at its
+	 * next HEARTBEAT. */
+	int applied = r == 0 && cn->last_oc == PSSHARD_APPLIED;
+	if (applied)
 		ps_store_pushed(&ps->store);
-		pthread_cond_broadcast(&ps->cv);
-	}
+	if (applied || ((r == 0 || r == -EALREADY) && members_others_done(&ps->mb) &&
+			psshard_has_pushed(&ps->sh, cn->w)))
+		pthread_cond_broadcast(&ps->pull_cv);
 	pthread_mutex_unlock(&ps->mu);
 	cn->last_r = r;
 	return r && r != -EALREADY ? push_refused(cn, r, g, lo, hi, v, err, errlen) : 0;
@@ -111,13 +115,13 @@ static int push_apply(struct ps_conn *cn, char *err, size_t errlen)
 		r = psshard_push(&ps->sh, cn->slice, cn->a.version, cn->grad, &oc);
 		cn->pushed |= r == 0 || r == -EALREADY;
 		ps_store_pushed(&ps->store);
-		pthread_cond_broadcast(&ps->cv);
+		pthread_cond_broadcast(&ps->pull_cv);
 	}
 	uint64_t v = psshard_version(&ps->sh);
 	pthread_mutex_unlock(&ps->mu);
 	if (r && r != -EALREADY)
 		return push_refused(cn, r, cn->grad, 0, ps->sh.n, v, err, errlen);
-	return push_ack(cn, r, oc, v, err, errlen);
+	return ps_ack(cn, r, oc, v, err, errlen);
 }
 
 /* PUSH (or PARAMS, refused by the assembly): the first chunk here, the

@@ -1,5 +1,6 @@
 /* See ps_store.h. */
 #include "ps_store.h"
+#include "psrows.h"
 #include "role.h"
 
 #include "../base/err.h"
@@ -14,6 +15,9 @@ static void snap_free(struct ps_snap *sn)
 	free(sn->p);
 	free(sn->m);
 	free(sn->v);
+	free(sn->rt);
+	free(sn->rm);
+	free(sn->rv);
 	memset(sn, 0, sizeof(*sn));
 }
 
@@ -31,6 +35,34 @@ static int snap_alloc(struct ps_snap *sn, const struct psshard *sh)
 		return -ENOMEM;
 	}
 	return 0;
+}
+
+/* Room for a copy of the embedding rows and their optimizer's state,
+ * when the ps holds rows. A checkpoint copies them as it copies the dense
+ * shard, so that the writer writes one version of both while training
+ * goes on; it costs the rows' memory again while the copy waits. */
+static int snap_rows_alloc(struct ps_snap *sn, const struct psrows *r)
+{
+	if (!r)
+		return 0;
+	size_t bytes = r->n * (size_t)r->dim * sizeof(float);
+	sn->rt = malloc(bytes ? bytes : 1);
+	sn->rm = r->opt.m ? malloc(bytes ? bytes : 1) : NULL;
+	sn->rv = r->opt.v ? malloc(bytes ? bytes : 1) : NULL;
+	return !sn->rt || (r->opt.m && !sn->rm) || (r->opt.v && !sn->rv) ? -ENOMEM : 0;
+}
+
+static void snap_rows_copy(struct ps_snap *sn, const struct psrows *r)
+{
+	if (!r)
+		return;
+	size_t bytes = r->n * (size_t)r->dim * sizeof(float);
+	memcpy(sn->rt, r->table, bytes);
+	if (sn->rm)
+		memcpy(sn->rm, r->opt.m, bytes);
+	if (sn->rv)
+		memcpy(sn->rv, r->opt.v, bytes);
+	sn->rt_t = r->opt.t;
 }
 
 /* Saves the shard as checkpoint `step`; called with mu held, so the
@@ -56,7 +88,8 @@ static void store_save(struct ps_store *st, uint64_t step, double acc)
 		memmove(st->q, st->q + 1, (size_t)(st->qlen - 1) * sizeof(st->q[0]));
 		st->qlen--;
 	} else {
-		if (snap_alloc(&sn, sh)) {
+		if (snap_alloc(&sn, sh) || snap_rows_alloc(&sn, st->rows)) {
+			snap_free(&sn);
 			role_log(st->out, "ps %d: checkpoint at step %llu failed, training goes on: out of memory for a copy of the shard",
 				 st->index, (unsigned long long)step);
 			return;
@@ -70,6 +103,7 @@ static void store_save(struct ps_store *st, uint64_t step, double acc)
 		memcpy(sn.m, sh->opt.m, bytes);
 	if (sn.v)
 		memcpy(sn.v, sh->opt.v, bytes);
+	snap_rows_copy(&sn, st->rows);
 	st->q[st->qlen++] = sn;
 	pthread_cond_signal(&st->wcv);
 }
@@ -99,8 +133,13 @@ static void *store_writer(void *arg)
 		st->qlen--;
 		pthread_mutex_unlock(st->mu);
 
+		struct ckpt_rows rows = { 0 };
+		if (st->rows)
+			rows = (struct ckpt_rows){ .r0 = st->rows->r0, .r1 = st->rows->r1, .table = sn.rt,
+						   .m = sn.rm, .v = sn.rv, .t = sn.rt_t };
 		struct ckpt_state cs = { .params = sn.p, .m = sn.m, .v = sn.v, .t = sn.t,
-					 .test_acc = sn.acc >= 0 ? &sn.acc : NULL };
+					 .test_acc = sn.acc >= 0 ? &sn.acc : NULL,
+					 .rows = st->rows ? &rows : NULL };
 		char e[CONFIG_ERR_MAX], *text = NULL;
 		size_t tlen = 0;
 		FILE *log = open_memstream(&text, &tlen);
@@ -155,8 +194,14 @@ static int store_resume(struct ps_store *st, char *err, size_t errlen)
 {
 	const struct config *c = st->c;
 	struct psshard *sh = st->sh;
+	struct ckpt_rows_load rl = { 0 };
 	struct ckpt_load ld = { .l = st->lay, .resume = 1, .begin = sh->range.begin, .end = sh->range.end,
 				.params = sh->params, .m = sh->opt.m, .v = sh->opt.v };
+	if (st->rows) {
+		rl = (struct ckpt_rows_load){ .a = st->rows->r0, .b = st->rows->r1, .table = st->rows->table,
+					      .m = st->rows->opt.m, .v = st->rows->opt.v };
+		ld.rows = &rl;
+	}
 	flockfile(st->out);
 	int e = checkpoint_restore(c->train.checkpoint_dir, &ld, st->out, err, errlen);
 	funlockfile(st->out);
@@ -165,6 +210,11 @@ static int store_resume(struct ps_store *st, char *err, size_t errlen)
 	if (e)
 		return e;
 	psshard_rewind(sh, store_version_of(st, &ld, &sh->opt.t));
+	if (st->rows) {
+		st->rows->opt.t = rl.t >= 0 ? rl.t : (long)psshard_version(sh);
+		role_log(st->out, "ps %d: embedding rows [%llu, %llu) loaded from step %ld's checkpoint with the parameters",
+			 st->index, (unsigned long long)rl.a, (unsigned long long)rl.b, ld.step);
+	}
 	st->last = (uint64_t)ld.step;
 	st->has_last = 1;
 	char sd[CKPT_PATH_MAX], acc[48] = "not recorded";
@@ -181,11 +231,11 @@ static int store_resume(struct ps_store *st, char *err, size_t errlen)
 	return 0;
 }
 
-int ps_store_open(struct ps_store *st, pthread_mutex_t *mu, struct psshard *sh,
+int ps_store_open(struct ps_store *st, pthread_mutex_t *mu, struct psshard *sh, struct psrows *rows,
 		  const struct model *m, const struct config *c, int index, int fresh, FILE *out,
 		  char *err, size_t errlen)
 {
-	*st = (struct ps_store){ .mu = mu, .sh = sh, .m = m, .c = c, .out = out, .index = index };
+	*st = (struct ps_store){ .mu = mu, .sh = sh, .rows = rows, .m = m, .c = c, .out = out, .index = index };
 	if (!c->train.checkpoint_dir[0])
 		return 0;
 	st->lay = malloc(sizeof(*st->lay));

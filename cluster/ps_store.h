@@ -23,12 +23,16 @@ struct ps_snap {
 	uint64_t step;
 	float *p, *m, *v; /* (n) each; m, v NULL as in the optimizer */
 	long t;
+	float *rt, *rm, *rv; /* the embedding rows' copy ((r1 - r0) x DIM each; NULL: none) */
+	long rt_t;           /* their sparse optimizer's steps */
 	double acc;       /* the run's final test accuracy, < 0: none (not the final checkpoint) */
 };
 
+struct psrows;
 struct ps_store {
 	pthread_mutex_t *mu;      /* the ps's */
 	struct psshard *sh;
+	struct psrows *rows;      /* the embedding rows it holds (cluster/psrows.h); NULL: none */
 	const struct model *m;
 	const struct config *c;
 	FILE *out;
@@ -54,7 +58,7 @@ struct ps_store {
  * writer. A checkpoint at or past the run's end is logged as a finished
  * run. With checkpoint_dir empty there is nothing to do. On failure st is
  * left for ps_store_close. */
-int ps_store_open(struct ps_store *st, pthread_mutex_t *mu, struct psshard *sh,
+int ps_store_open(struct ps_store *st, pthread_mutex_t *mu, struct psshard *sh, struct psrows *rows,
 		  const struct model *m, const struct config *c, int index, int fresh, FILE *out,
 		  char *err, size_t errlen);
 

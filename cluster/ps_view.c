@@ -118,7 +118,7 @@ void ps_view_drop(struct ps *ps, int w)
 	if (!view_count(&m->view))
 		m->has_view = 0;
 	ps->gen++;
-	pthread_cond_broadcast(&ps->cv);
+	pthread_cond_broadcast(&ps->pull_cv);
 }
 
 int ps_view_expired(struct ps *ps, int w, int64_t now)

@@ -36,13 +36,6 @@ int role_harden(char *err, size_t errlen)
 int role_setup_load(struct role_setup *s, const struct config *c, int want_data, char *err,
 		    size_t errlen)
 {
-	/* First: the model is wrong for a cluster whatever the key says. */
-	if (c->model.nlayers && c->model.layers[0].kind == LAYER_EMBEDDING) {
-		if (c->model.layers[0].line)
-			return err_set(err, errlen, -EINVAL, "%s:%d: %s", c->path, c->model.layers[0].line,
-				       ROLE_NO_EMBEDDING);
-		return err_set(err, errlen, -EINVAL, "%s: %s", c->path, ROLE_NO_EMBEDDING);
-	}
 	int e = role_harden(err, errlen);
 	if (e)
 		return e;

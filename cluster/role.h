@@ -29,14 +29,10 @@ struct role_setup {
  * config hash, the ciphers to offer and the job. s must be zeroed first. want_data 0 (a ps): the
  * data is loaded only when [train] steps is unset, for the step count the
  * lr schedule runs over (job_load). -EINVAL for anything the user must fix
- * (an embedding layer, key, model, data, a data set smaller than one step), -EPERM if the
+ * (key, model, data, a data set smaller than one step), -EPERM if the
  * process cannot be made non-dumpable. role_setup_free it on failure too. */
 int role_setup_load(struct role_setup *s, const struct config *c, int want_data, char *err,
 		    size_t errlen);
-/* What role_setup_load says, first, of a model whose first layer is an
- * embedding: its tables need a ps that holds them sparsely. */
-#define ROLE_NO_EMBEDDING \
-	"embedding layers train in local mode only until sparse ps tables land (issue 39 part 3)"
 /* The FRAME_OFFER_* bits this node offers in its handshakes, from
  * [cluster] cipher: -EINVAL and a line in err when it names a cipher this
  * CPU cannot run. */
@@ -69,6 +65,10 @@ int64_t role_now_ms(void);
  * absolute time ms from now on that clock for pthread_cond_timedwait. */
 int role_cond_init(pthread_cond_t *cv);
 void role_deadline(struct timespec *dl, long ms);
+
+/* The samples a worker evaluates at once, at least (worker.c, beside its
+ * batch_size): a ps sizes what one SPULL may ask for by it. */
+#define ROLE_EVAL_BATCH 1024
 
 /* How long either side waits for the other's half of the handshake. */
 #define ROLE_HANDSHAKE_MS 5000

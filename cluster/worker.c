@@ -9,6 +9,7 @@
 #include "links.h"
 #include "recovery.h"
 #include "role.h"
+#include "worker_embed.h"
 #include "view.h"
 #include "worker_host.h"
 #include "worker_share.h"
@@ -25,7 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define EVAL_BATCH 1024
+#define EVAL_BATCH ROLE_EVAL_BATCH
 
 /* Where a worker is with the step it trains next (wr->step). */
 enum step_phase {
@@ -53,6 +54,7 @@ struct worker {
 	struct test_hooks hooks;     /* base/hooks.h */
 	struct devices dev;
 	struct links lk;
+	struct worker_embed *emb; /* the embedding layer's rows (NULL: none) */
 	struct gradflow flow;    /* the gradient as backward makes it final */
 	struct gradflow pflow;   /* the next step's parameters as they arrive */
 	int preforward;          /* the next step's forward pass may wait on pflow */
@@ -201,6 +203,8 @@ static int worker_open(struct worker *wr, char *err, size_t errlen)
 		return err_set(err, errlen, -ENOMEM, "out of memory for %zu samples", wr->s.job.train.n);
 	e = links_open(&wr->lk, c, &wr->s, plan, wr->index, wr->stop, wr->out, err, errlen);
 	if (!e)
+		e = worker_embed_open(&wr->emb, wr->index, &wr->dev, &wr->lk, c, &wr->s.job.m, err, errlen);
+	if (!e)
 		e = worker_flow_open(wr, plan, err, errlen);
 	if (!e)
 		e = links_connect(&wr->lk, err, errlen);
@@ -237,6 +241,7 @@ static void worker_close(struct worker *wr)
 {
 	tblog_close(&wr->tb);
 	links_close(&wr->lk);
+	worker_embed_close(wr->emb);
 	gradflow_free(&wr->flow);
 	gradflow_free(&wr->pflow);
 	if (wr->own_host) {
@@ -368,7 +373,10 @@ static int worker_batch(struct worker *wr, long step, int slice, size_t *first, 
 }
 
 /* Slice `slice` of the step on the devices: its gradient into wr->grads
- * (with flow, from the forward pass worker_preforward ran if it did). */
+ * (with flow, from the forward pass worker_preforward ran if it did). An
+ * embedding's rows are pulled before and pushed after (never with flow:
+ * the devices refuse it; one slice a worker: config.c refuses other
+ * slices for such a model); their links' failure is a lost ps. */
 static int worker_compute(struct worker *wr, int flow, int slice, char *err, size_t errlen)
 {
 	const struct config *c = wr->c;
@@ -378,6 +386,8 @@ static int worker_compute(struct worker *wr, int flow, int slice, char *err, siz
 	int forwarded = wr->phase == STEP_FORWARDED;
 	wr->phase = STEP_COMPUTING;
 	int e = worker_batch(wr, step, slice, &first, err, errlen);
+	if (!e && wr->emb)
+		e = worker_embed_pull(wr->emb, first, wr->B, err, errlen);
 	if (e)
 		return e;
 	uint64_t key = replica_key(c->train.seed, step, slice);
@@ -402,7 +412,7 @@ static int worker_compute(struct worker *wr, int flow, int slice, char *err, siz
 		return err_set(err, errlen, -EDOM, "worker %d: step %ld: the gradient is not finite (parameter %zu is %s), so it was not pushed%s: training diverged (lower learning_rate, or look for huge or broken values in the data)",
 			       wr->index, step, bad, isnan(wr->grads[bad]) ? "NaN" : wr->grads[bad] > 0 ? "+inf" : "-inf",
 			       flow ? " from there on" : "");
-	return 0;
+	return wr->emb ? worker_embed_push(wr->emb, step, err, errlen) : 0;
 }
 
 /* How wr->step's gradient goes up. After its last step a worker other
@@ -690,7 +700,7 @@ static int worker_final(struct worker *wr, const char *dump, struct train_result
 	int e = 0;
 	*again = 0;
 	if (wr->finished)
-		return dump ? worker_host_dump(dump, wr->params, wr->s.job.m.nparams, err, errlen) : 0;
+		return dump ? worker_dump(dump, wr->params, wr->s.job.m.nparams, wr->emb, err, errlen) : 0;
 	if (!wr->chief)
 		return worker_meter_line(wr, err, errlen);
 	if (step > wr->start && wr->phase == STEP_UNPULLED) {
@@ -725,7 +735,7 @@ static int worker_final(struct worker *wr, const char *dump, struct train_result
 		return e;
 	devices_show_eval(&wr->pg, step, &ev);
 	worker_log_eval(wr, step);
-	return dump ? worker_host_dump(dump, wr->params, wr->s.job.m.nparams, err, errlen) : 0;
+	return dump ? worker_dump(dump, wr->params, wr->s.job.m.nparams, wr->emb, err, errlen) : 0;
 }
 
 /* A finished run started again, or one that the other workers finished
@@ -801,25 +811,6 @@ static int worker_finish(struct worker *wr, int *again, char *err, size_t errlen
 	}
 }
 
-/* What each TCP link's send buffer came to ([cluster] send_buffer_kib;
- * under auto, what it measured its way to: docs/NETWORK.md). */
-static void worker_say_sndbuf(struct worker *wr, FILE *out)
-{
-	char line[1024] = "", one[200];
-	size_t n = 0;
-	for (int k = 0; k < wr->lk.nps && n < sizeof(line); k++) {
-		struct conn *cn = &wr->lk.ln[k].conn;
-		if (wr->lk.ln[k].unx)
-			continue;
-		pthread_mutex_lock(&cn->mu);
-		sndbuf_describe(&cn->sb, one, sizeof(one));
-		pthread_mutex_unlock(&cn->mu);
-		n += (size_t)snprintf(line + n, sizeof(line) - n, "%sps %d %s", n ? "; " : "", k, one);
-	}
-	if (n)
-		role_log(out, "worker %d: send buffers: %s", wr->index, line);
-}
-
 int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 		   const volatile sig_atomic_t *stop, const char *dump, struct train_result *res,
 		   char *err, size_t errlen)
@@ -875,7 +866,7 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 	if (!e && said[0])
 		role_log(out, "worker %d: overlap: %s", index, said);
 	if (!e)
-		worker_say_sndbuf(wr, out);
+		links_say_sndbuf(&wr->lk, index, out);
 	/* What the links carried: 4 bytes a value as float32, 2 as bf16,
 	 * about 3.5 packed (tests/test_cluster.c reads it). */
 	if (!e && wr->lk.sh.pvalues)

@@ -52,14 +52,3 @@ int worker_host_threads(const struct config *c, int index, FILE *out)
 		 index, n, n == 1 ? "" : "s", cpus, cpus == 1 ? "" : "s", here, me);
 	return n;
 }
-
-int worker_host_dump(const char *path, const float *p, size_t n, char *err, size_t errlen)
-{
-	FILE *f = fopen(path, "wb");
-	int ok = f && fwrite(p, sizeof(float), n, f) == n;
-	if (f && fclose(f))
-		ok = 0;
-	if (!ok)
-		return err_set(err, errlen, -EIO, "%s: cannot write parameters: %s", path, strerror(errno));
-	return 0;
-}

@@ -1,6 +1,7 @@
 /* What a worker takes from the host it runs on (cluster/worker.c): whether
- * [cluster] lists its own address, how many CPU threads it trains with,
- * and (test builds) where its final parameters go. */
+ * [cluster] lists its own address and how many CPU threads it trains
+ * with. (--dump-params is worker_embed.c's worker_dump: the parameters,
+ * then the tables.) */
 #ifndef PSTRAIN_CLUSTER_WORKER_HOST_H
 #define PSTRAIN_CLUSTER_WORKER_HOST_H
 
@@ -14,8 +15,5 @@
  * this host's (only a note: behind NAT, or in a pod named by a service,
  * it legitimately is not). */
 int worker_host_threads(const struct config *c, int index, FILE *out);
-
-/* p (n floats) at path as raw host-order float32 (--dump-params). */
-int worker_host_dump(const char *path, const float *p, size_t n, char *err, size_t errlen);
 
 #endif

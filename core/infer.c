@@ -6,6 +6,7 @@
 #include "nn/devices.h"
 #include "ckpt/checkpoint.h"
 #include "data/data.h"
+#include "nn/embed_plan.h"
 #include "nn/model.h"
 #include "nn/replica.h"
 
@@ -21,6 +22,9 @@ struct infer {
 	struct backend be;
 	struct replica rep;
 	float *params;        /* (P) backend memory */
+	float *table;         /* (R, DIM) the embedding tables, host memory (the CPU
+			       * backend's); NULL: none */
+	struct embed_plan plan;   /* predict's batches' (an embedding model's) */
 };
 
 static void infer_free(struct infer *in)
@@ -28,6 +32,25 @@ static void infer_free(struct infer *in)
 	replica_free(&in->rep);
 	if (in->be.ops)
 		in->be.ops->release(in->be.ctx, in->params);
+	free(in->table);
+	embed_plan_free(&in->plan);
+}
+
+/* The tables of an embedding model from the checkpoint whose dense part
+ * ld loads: all R rows, without the optimizer's state. */
+static int infer_tables(struct infer *in, struct ckpt_load *ld, struct ckpt_rows_load *rows, char *err,
+			size_t errlen)
+{
+	const struct embed_spec *s = &in->m.embed;
+	uint64_t R = embed_total_rows(s);
+	size_t n = (size_t)R * (size_t)s->dim, segs = (size_t)INFER_BATCH * (size_t)s->fields;
+	if (n / (size_t)s->dim != R || !(in->table = malloc(n * sizeof(float))) ||
+	    embed_plan_init(&in->plan, segs, segs))
+		return err_set(err, errlen, -ENOMEM, "out of memory for the embedding tables: %llu rows x %d",
+			       (unsigned long long)R, s->dim);
+	*rows = (struct ckpt_rows_load){ .a = 0, .b = R, .table = in->table };
+	ld->rows = rows;
+	return 0;
 }
 
 static int infer_init(struct infer *in, const struct config *c, const char *ckpt, struct infer_result *res,
@@ -40,10 +63,6 @@ static int infer_init(struct infer *in, const struct config *c, const char *ckpt
 	int e = model_build(&in->m, &c->model, err, errlen);
 	if (e)
 		return e;
-	if (in->m.embed.fields)
-		return err_set(err, errlen, -EINVAL,
-			       "layer %s: embedding tables are not checkpointed yet (issue 39 part 5), so there is no such model to load",
-			       in->m.layers[0].name);
 	e = checkpoint_resolve(ckpt, res->stepdir, sizeof(res->stepdir), err, errlen);
 	if (e)
 		return e;
@@ -56,6 +75,9 @@ static int infer_init(struct infer *in, const struct config *c, const char *ckpt
 	}
 	e = ckpt_layout_init(lay, &in->m, 1, c, err, errlen);
 	struct ckpt_load ld = { .l = lay, .begin = 0, .end = in->m.nparams, .params = host };
+	struct ckpt_rows_load rows;
+	if (!e && in->m.embed.fields)
+		e = infer_tables(in, &ld, &rows, err, errlen);
 	if (!e)
 		e = checkpoint_load(res->stepdir, &ld, err, errlen);
 	res->step = ld.step;
@@ -67,6 +89,34 @@ out:
 	free(lay);
 	free(host);
 	return e;
+}
+
+/* The set's categorical fields are the embedding layer's (none without one). */
+static int infer_fields(const struct infer *in, const struct dataset *ds, const char *what, char *err,
+			size_t errlen)
+{
+	size_t F = (size_t)in->m.embed.fields;
+	if (ds->f == F && (!F || ds->ids))
+		return 0;
+	if (!F)
+		return err_set(err, errlen, -EINVAL, "%s have %zu categorical fields, but the model has no embedding layer to read them",
+			       what, ds->f);
+	return err_set(err, errlen, -EINVAL, "%s have %zu categorical fields but the model's %s takes %zu", what, ds->f,
+		       in->m.layers[0].name, F);
+}
+
+/* Forward of samples [i, i + B) of ds: an embedding model's plan and rows
+ * first. */
+static int infer_forward(struct infer *in, const struct dataset *ds, const int32_t *zero, size_t i, int B)
+{
+	double loss;
+	int right;
+	int e = replica_load(&in->rep, ds->x + i * ds->d, zero, B);
+	if (!e && in->table)
+		e = embed_plan_build(&in->plan, &in->m.embed, NULL, ds->ids + i * ds->f, B);
+	if (!e && in->table)
+		e = replica_embed_load(&in->rep, &in->plan, in->table);
+	return e ? e : replica_forward(&in->rep, in->params, B, 0, 0, &loss, &right);
 }
 
 int infer_eval(const struct config *c, const char *ckpt, struct infer_result *res, char *err,
@@ -84,9 +134,11 @@ int infer_eval(const struct config *c, const char *ckpt, struct infer_result *re
 	if (!e && test.classes > most)
 		e = err_set(err, errlen, -EINVAL, "test labels go up to %d but the model has %d outputs%s",
 			    test.classes - 1, in.m.outputs, most == 2 ? " for 0/1 labels" : "");
+	if (!e)
+		e = infer_fields(&in, &test, "test samples", err, errlen);
 	if (!e) {
 		struct eval_result ev;
-		e = devices_eval_replica(&in.rep, in.params, NULL, &test, &ev);
+		e = devices_eval_replica(&in.rep, in.params, in.table, &test, &ev);
 		res->loss = ev.loss;
 		res->acc = ev.acc;
 		res->binary = ev.binary;
@@ -112,6 +164,10 @@ int infer_predict(const struct config *c, const char *ckpt, const char *input, i
 	if (!e && ds.d != (size_t)in.m.inputs)
 		e = err_set(err, errlen, -EINVAL, "%s: samples have %zu features but the model takes %d", input, ds.d,
 			    in.m.inputs);
+	char what[DATA_PATH_MAX + 16];
+	snprintf(what, sizeof(what), "%s: samples", input);
+	if (!e)
+		e = infer_fields(&in, &ds, what, err, errlen);
 	int K = in.m.outputs;
 	if (!e && !(p = malloc((size_t)INFER_BATCH * (size_t)K * sizeof(float))))
 		e = err_set(err, errlen, -ENOMEM, "out of memory");
@@ -121,11 +177,7 @@ int infer_predict(const struct config *c, const char *ckpt, const char *input, i
 		e = err_set(err, errlen, -ENOMEM, "out of memory");
 	for (size_t i = 0; !e && i < ds.n; i += INFER_BATCH) {
 		int B = ds.n - i < INFER_BATCH ? (int)(ds.n - i) : INFER_BATCH;
-		double loss;
-		int right;
-		e = replica_load(&in.rep, ds.x + i * ds.d, zero, B);
-		if (!e)
-			e = replica_forward(&in.rep, in.params, B, 0, 0, &loss, &right);
+		e = infer_forward(&in, &ds, zero, i, B);
 		if (!e)
 			e = in.be.ops->download(in.be.ctx, p, in.rep.probs, (size_t)B * (size_t)K * sizeof(float));
 		if (e) {

@@ -2,6 +2,7 @@
  * parameter vector, then for each step gather a shuffled batch, run forward
  * and backward on the devices (core/nn/devices.c), and apply the optimizer. */
 #include "train.h"
+#include "../base/err.h"
 #include "tblog.h"
 
 #include "nn/backend.h"
@@ -9,6 +10,7 @@
 #include "data/data.h"
 #include "nn/devices.h"
 #include "job.h"
+#include "memlimit.h"
 #include "nn/model.h"
 #include "nn/optim.h"
 #include "progress.h"
@@ -30,51 +32,77 @@ int train_local(const struct config *c, FILE *out, int tty, const volatile sig_a
 	return train_run(c, NULL, out, tty, stop, res, err, errlen);
 }
 
-/* Saves the whole run as checkpoint `step`, one shard over all of P, from
- * the devices' state through the host copies params and opt; acc (may be
+/* A local run from its job's load to its close: what the steps between
+ * share. */
+struct run {
+	const struct config *c;
+	const struct train_ckpt *ck;   /* NULL: neither resume nor save */
+	FILE *out;
+	struct job j;
+	struct devices dev;
+	struct optim opt;
+	struct ckpt_layout *lay;
+	float *params;                 /* the host copy: init, checkpoints, resume */
+	float *fold, *fold_g;          /* (P) [train] slices > 1: the step's fold and a slice */
+	uint32_t *perm;                /* (train.n) the epoch's order */
+	struct tblog tb;
+	struct progress pg;
+	long start;                    /* the step it resumes at */
+	double acc;                    /* the resumed checkpoint's recorded test
+					* accuracy, -1: none */
+	const struct dataset *given_train, *given_test;   /* train_sets's; NULL: [data]'s */
+	float *table;                  /* (R, DIM) the embedding tables; NULL: none */
+	struct sparse_optim sopt;      /* their optimizer */
+	const char *dump;              /* train_ckpt's dump; NULL: none */
+};
+
+/* Saves the whole run as checkpoint `step`, one shard over all of P and
+ * all rows of the tables, from the devices' state through the host copies
+ * r->params and r->opt (the tables are the host's already); acc (may be
  * NULL): the final test accuracy, which the last checkpoint records. */
-static int save(const struct config *c, const struct train_ckpt *ck, const struct ckpt_layout *lay,
-		struct devices *dev, float *params, struct optim *opt, long step, const double *acc,
-		FILE *out, char *err, size_t errlen)
+static int save(struct run *r, long step, const double *acc, char *err, size_t errlen)
 {
-	int e = devices_get_params(dev, params, err, errlen);
+	int e = devices_get_params(&r->dev, r->params, err, errlen);
 	if (!e)
-		e = devices_get_optim(dev, opt, err, errlen);
+		e = devices_get_optim(&r->dev, &r->opt, err, errlen);
 	if (e)
 		return e;
-	struct ckpt_state st = { .params = params, .m = opt->m, .v = opt->v, .t = opt->t, .test_acc = acc };
-	return checkpoint_save(ck->dir, lay, step, &st, c->train.keep_checkpoints, out, err, errlen);
+	struct ckpt_rows rows = { .r0 = 0, .r1 = r->sopt.rows, .table = r->table, .m = r->sopt.m, .v = r->sopt.v,
+				  .t = r->sopt.t };
+	struct ckpt_state st = { .params = r->params, .m = r->opt.m, .v = r->opt.v, .t = r->opt.t, .test_acc = acc,
+				 .rows = r->table ? &rows : NULL };
+	return checkpoint_save(r->ck->dir, r->lay, step, &st, r->c->train.keep_checkpoints, r->out, err, errlen);
 }
 
-/* The checkpoint layout of this run in *lay (allocated; the caller
- * frees), and unless ck->fresh the newest usable checkpoint in ck->dir,
- * of any layout or mode, loaded into params and opt: its step in *start
- * (0 when there is none), and in *acc the final test accuracy it
- * recorded (-1: none). */
-static int resume(const struct config *c, const struct train_ckpt *ck, const struct model *m,
-		  struct ckpt_layout **lay, float *params, struct optim *opt, long *start, double *acc,
-		  FILE *out, char *err, size_t errlen)
+/* The checkpoint layout of this run in r->lay (allocated; run_close
+ * frees it), and unless ck->fresh the newest usable checkpoint in ck->dir,
+ * of any layout or mode, loaded into r->params and r->opt, and the tables
+ * and their optimizer: its step in r->start (0 when there is none), and in
+ * r->acc the final test accuracy it recorded (-1: none). */
+static int resume(struct run *r, char *err, size_t errlen)
 {
-	*lay = malloc(sizeof(**lay));
-	if (!*lay) {
+	r->lay = malloc(sizeof(*r->lay));
+	if (!r->lay) {
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
-	int e = ckpt_layout_init(*lay, m, 1, c, err, errlen);
-	if (e || ck->fresh)
+	int e = ckpt_layout_init(r->lay, &r->j.m, 1, r->c, err, errlen);
+	if (e || r->ck->fresh)
 		return e;
-	struct ckpt_load ld = { .l = *lay, .resume = 1, .begin = 0, .end = m->nparams, .params = params,
-				.m = opt->m, .v = opt->v };
-	e = checkpoint_restore(ck->dir, &ld, out, err, errlen);
+	struct ckpt_rows_load rows = { .a = 0, .b = r->sopt.rows, .table = r->table, .m = r->sopt.m, .v = r->sopt.v };
+	struct ckpt_load ld = { .l = r->lay, .resume = 1, .begin = 0, .end = r->j.m.nparams, .params = r->params,
+				.m = r->opt.m, .v = r->opt.v, .rows = r->table ? &rows : NULL };
+	e = checkpoint_restore(r->ck->dir, &ld, r->out, err, errlen);
 	if (e == -ENOENT)
 		return 0;
 	if (e)
 		return e;
-	*start = ld.step;
-	*acc = ld.test_acc;
+	r->start = ld.step;
+	r->acc = ld.test_acc;
 	/* An async cluster's shards count updates apart (ld.t = -1 where
 	 * they disagree); here there is one update per step. */
-	opt->t = ld.t >= 0 && ld.async != 1 ? ld.t : ld.step;
+	r->opt.t = ld.t >= 0 && ld.async != 1 ? ld.t : ld.step;
+	r->sopt.t = rows.t >= 0 && ld.async != 1 ? rows.t : ld.step;
 	return 0;
 }
 
@@ -99,34 +127,9 @@ static int epoch_order(struct devices *dev, struct job *j, uint32_t *perm, uint6
 	return e ? e : devices_set_order(dev, perm, j->train.n, err, errlen);
 }
 
-/* A local run from its job's load to its close: what the steps between
- * share. */
-struct run {
-	const struct config *c;
-	const struct train_ckpt *ck;   /* NULL: neither resume nor save */
-	FILE *out;
-	struct job j;
-	struct devices dev;
-	struct optim opt;
-	struct ckpt_layout *lay;
-	float *params;                 /* the host copy: init, checkpoints, resume */
-	float *fold, *fold_g;          /* (P) [train] slices > 1: the step's fold and a slice */
-	uint32_t *perm;                /* (train.n) the epoch's order */
-	struct tblog tb;
-	struct progress pg;
-	long start;                    /* the step it resumes at */
-	double acc;                    /* the resumed checkpoint's recorded test
-					* accuracy, -1: none */
-	const struct dataset *given_train, *given_test;   /* train_sets's; NULL: [data]'s */
-	float *table;                  /* (R, DIM) the embedding tables; NULL: none */
-	struct sparse_optim sopt;      /* their optimizer */
-};
-
 /* The embedding tables at their initial values and their sparse optimizer,
- * in host memory (a local run holds the whole tables). They are not in a
- * checkpoint yet (issue 39 part 5), so such a run neither resumes nor
- * saves, and says so, rather than resume the dense layers beside fresh
- * tables. */
+ * in host memory (a local run holds the whole tables); a resume replaces
+ * both with a checkpoint's. */
 static int run_tables(struct run *r, char *err, size_t errlen)
 {
 	const struct config *c = r->c;
@@ -152,11 +155,19 @@ static int run_tables(struct run *r, char *err, size_t errlen)
 		return -ENOMEM;
 	}
 	embed_init_rows(s, r->table, 0, R, c->train.seed);
-	if (r->ck)
-		fprintf(r->out, "note: embedding tables are not checkpointed yet (issue 39 part 5): this run neither resumes from nor saves to %s\n",
-			r->ck->dir);
-	r->ck = NULL;
 	return 0;
+}
+
+/* [ps] memory_limit: a local run holds the whole model, so the limit a ps
+ * puts on its shard is this run's too, with the same line (memlimit.h). */
+static int run_fits(struct run *r, char *err, size_t errlen)
+{
+	const struct config *c = r->c;
+	const struct embed_spec *s = &r->j.m.embed;
+	uint64_t bytes = memlimit_dense(r->j.m.nparams, (int)c->train.optim.kind);
+	if (s->fields)
+		bytes += memlimit_rows(embed_total_rows(s), s->dim, c->train.embed_optimizer);
+	return memlimit_check("the model", bytes, c->ps.memory_limit, err, errlen);
 }
 
 /* The job, the host copies, and the checkpoint to resume from. */
@@ -165,6 +176,8 @@ static int run_open(struct run *r, char *err, size_t errlen)
 	const struct config *c = r->c;
 	int e = r->given_train ? job_load_sets(&r->j, c, r->given_train, r->given_test, err, errlen)
 			       : job_load(&r->j, c, config_slices(c, 0), 1, err, errlen);
+	if (!e)
+		e = run_fits(r, err, errlen);
 	if (!e)
 		e = run_tables(r, err, errlen);
 	if (e)
@@ -183,9 +196,7 @@ static int run_open(struct run *r, char *err, size_t errlen)
 	}
 	model_init_params(&r->j.m, r->params, 0, P, c->train.seed);
 	r->acc = -1;
-	return r->ck ? resume(c, r->ck, &r->j.m, &r->lay, r->params, &r->opt, &r->start, &r->acc, r->out, err,
-			      errlen)
-		     : 0;
+	return r->ck ? resume(r, err, errlen) : 0;
 }
 
 static int run_devices(struct run *r, char *err, size_t errlen)
@@ -304,7 +315,7 @@ static int run_after_step(struct run *r, long step, int stopping, char *err, siz
 	if (ckpt_now) {
 		char why[CONFIG_ERR_MAX];
 		progress_clear(&r->pg);
-		if (save(c, r->ck, r->lay, &r->dev, r->params, &r->opt, step + 1, NULL, r->out, why, sizeof(why)))
+		if (save(r, step + 1, NULL, why, sizeof(why)))
 			fprintf(r->out, "warning: checkpoint at step %ld failed, training goes on: %s\n", step + 1, why);
 	}
 	if (eval_now && !last) {
@@ -317,6 +328,21 @@ static int run_after_step(struct run *r, long step, int stopping, char *err, siz
 	return 0;
 }
 
+/* --dump-params: the parameters, then the tables (a worker's dump has the
+ * same layout: cluster/worker_embed.h). */
+static int run_dump(struct run *r, char *err, size_t errlen)
+{
+	size_t P = r->j.m.nparams, T = r->table ? (size_t)embed_total_rows(&r->j.m.embed) * (size_t)r->j.m.embed.dim : 0;
+	int e = devices_get_params(&r->dev, r->params, err, errlen);
+	if (e)
+		return e;
+	FILE *f = fopen(r->dump, "wb");
+	int ok = f && fwrite(r->params, sizeof(float), P, f) == P && (!T || fwrite(r->table, sizeof(float), T, f) == T);
+	if (f && fclose(f))
+		ok = 0;
+	return ok ? 0 : err_set(err, errlen, -EIO, "%s: cannot write parameters: %s", r->dump, strerror(errno));
+}
+
 /* Stopped or finished: always end with a real evaluation, which the last
  * checkpoint records (a finished run started again says it). */
 static int run_end(struct run *r, long step, const volatile sig_atomic_t *stop, double t0,
@@ -325,6 +351,8 @@ static int run_end(struct run *r, long step, const volatile sig_atomic_t *stop, 
 	long total = r->j.total;
 	struct eval_result ev;
 	int e = devices_eval(&r->dev, &r->j.test, &ev, err, errlen);
+	if (!e && r->dump)
+		e = run_dump(r, err, errlen);
 	if (e)
 		return e;
 	res->test_loss = ev.loss;
@@ -333,7 +361,7 @@ static int run_end(struct run *r, long step, const volatile sig_atomic_t *stop, 
 	res->test_auc = ev.auc;
 	if (r->ck && step > r->start) {
 		progress_clear(&r->pg);
-		e = save(r->c, r->ck, r->lay, &r->dev, r->params, &r->opt, step, &res->test_acc, r->out, err, errlen);
+		e = save(r, step, &res->test_acc, err, errlen);
 		if (e)
 			return e;
 	}
@@ -427,7 +455,7 @@ static int run_all(struct run *r, int tty, const volatile sig_atomic_t *stop, st
 int train_run(const struct config *c, const struct train_ckpt *ck, FILE *out, int tty,
 	      const volatile sig_atomic_t *stop, struct train_result *res, char *err, size_t errlen)
 {
-	struct run r = { .c = c, .ck = ck && ck->dir[0] ? ck : NULL, .out = out };
+	struct run r = { .c = c, .ck = ck && ck->dir[0] ? ck : NULL, .out = out, .dump = ck ? ck->dump : NULL };
 	return run_all(&r, tty, stop, res, err, errlen);
 }
 

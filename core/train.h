@@ -37,6 +37,9 @@ struct train_ckpt {
 	int fresh;         /* --fresh: start from scratch even if dir holds checkpoints */
 	const char *intro; /* a line said just before training starts (main's BLAS
 			    * kernels), not for a finished run; NULL: none */
+	const char *dump;  /* --dump-params (test builds): after the last step the
+			    * parameters, then an embedding's tables, as raw
+			    * host-order float32 go there; NULL: none */
 };
 
 /* train_local with checkpoints (ck may be NULL: none; that is train_local,

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <sodium.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -18,37 +19,99 @@ static double now_s(void)
 	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-int conn_init(struct conn *cn, int fd, uint8_t *rbuf, uint8_t *wbuf, struct pipe *pp,
-	      int read_ms, int write_ms)
+/* The frame of a message of at most msg_max bytes. */
+static size_t conn_frame_bytes(const struct conn *cn)
+{
+	return FRAME_SEALED_BYTES(cn->shape.msg_max);
+}
+
+/* Sender s's buffer and pipe (a pipe's frame 0 is its buffer). */
+static int conn_tx_init(struct conn *cn, struct conn_tx *tx)
+{
+	tx->buf = malloc(conn_frame_bytes(cn));
+	if (!tx->buf)
+		return -ENOMEM;
+	if (cn->shape.pipes != CONN_NO_PIPES &&
+	    pipe_init(&tx->pp, cn->shape.pool, tx->buf, FRAME_BYTES_MAX, NULL, 0))
+		return -ENOMEM;
+	return 0;
+}
+
+/* The buffers and pipes of cn->shape: -ENOMEM if any cannot be had (what
+ * was had stays for conn_free_buffers). */
+static int conn_alloc_buffers(struct conn *cn)
+{
+	enum conn_pipes pp = cn->shape.pipes;
+	cn->rbuf = malloc(conn_frame_bytes(cn));
+	if (!cn->rbuf || conn_tx_init(cn, &cn->tx[CONN_MAIN]))
+		return -ENOMEM;
+	if (pp == CONN_PIPE_SIDE && conn_tx_init(cn, &cn->tx[CONN_SIDE]))
+		return -ENOMEM;
+	if (pp == CONN_PIPE_RECV) {
+		/* rbuf is done with once a tensor's first chunk is taken:
+		 * the rest of it comes on the pipe. */
+		if (pipe_init(&cn->rpp, cn->shape.pool, cn->rbuf, FRAME_BYTES_MAX, NULL, 0))
+			return -ENOMEM;
+		cn->rp = &cn->rpp;
+	} else if (pp != CONN_NO_PIPES) {
+		cn->rp = &cn->tx[CONN_MAIN].pp;
+	}
+	return 0;
+}
+
+static void conn_free_buffers(struct conn *cn)
+{
+	for (int s = 0; s < CONN_SENDERS; s++) {
+		pipe_free(&cn->tx[s].pp);
+		free(cn->tx[s].buf);
+		cn->tx[s].buf = NULL;
+	}
+	pipe_free(&cn->rpp);
+	free(cn->rbuf);
+	cn->rbuf = NULL;
+	cn->rp = NULL;
+}
+
+int conn_init(struct conn *cn, int fd, const struct conn_shape *shape, int read_ms,
+	      int write_ms)
 {
 	memset(cn, 0, sizeof(*cn));
+	if (shape)
+		cn->shape = *shape;
+	if (!cn->shape.msg_max || cn->shape.msg_max > CONN_MSG_MAX ||
+	    cn->shape.pipes != CONN_NO_PIPES)
+		cn->shape.msg_max = CONN_MSG_MAX; /* a pipe's frames are all full-size */
+	cn->fd = fd;
+	cn->state = CONN_PENDING;
+	cn->read_ms = read_ms;
+	cn->write_ms = write_ms;
+	pthread_mutex_init(&cn->mu, NULL);
 	/* Once per connection, not per handshake: a worker's links reconnect
 	 * in the same pages. An mlock beyond RLIMIT_MEMLOCK does not fail
 	 * this (see net/key.c). */
 	cn->keys = sodium_malloc(sizeof(*cn->keys));
 	if (cn->keys)
 		sodium_memzero(cn->keys, sizeof(*cn->keys)); /* sodium_malloc fills 0xdb */
-	cn->fd = fd;
-	cn->state = CONN_PENDING;
-	cn->rbuf = rbuf;
-	cn->wbuf = wbuf;
-	cn->rcap = CONN_RBUF_BYTES;
-	cn->wcap = CONN_WBUF_BYTES;
-	cn->pp = pp;
-	cn->read_ms = read_ms;
-	cn->write_ms = write_ms;
-	pthread_mutex_init(&cn->mu, NULL);
-	return cn->keys ? 0 : -ENOMEM;
+	if (!cn->keys || conn_alloc_buffers(cn)) {
+		/* No keys: every handshake fails, so no buffer is ever used. */
+		sodium_free(cn->keys);
+		cn->keys = NULL;
+		conn_free_buffers(cn);
+		return -ENOMEM;
+	}
+	return 0;
 }
 
 void conn_destroy(struct conn *cn)
 {
-	if (!cn->pp && cn->fd == 0)
+	if (!cn->shape.msg_max)
 		return; /* zeroed, never initialized */
 	conn_close(cn);
 	sodium_free(cn->keys);
 	cn->keys = NULL;
+	conn_free_buffers(cn);
 	pthread_mutex_destroy(&cn->mu);
+	cn->shape.msg_max = 0;
 }
 
 void conn_attach(struct conn *cn, int fd, const struct hs_result *hr)
@@ -202,61 +265,85 @@ static int conn_ready(const struct conn *cn, int send, char *err, size_t errlen)
 		       cn->state == CONN_CLOSING ? "connection shut down" : "not connected");
 }
 
-int conn_send(struct conn *cn, size_t len, char *err, size_t errlen)
+/* Sender s's buffer, or an error for a sender the shape has not. */
+static struct conn_tx *conn_tx_of(struct conn *cn, enum conn_sender s, char *err, size_t errlen)
 {
-	return conn_send_from(cn, cn->wbuf, cn->wcap, len, err, errlen);
+	if ((unsigned)s < CONN_SENDERS && cn->tx[s].buf)
+		return &cn->tx[s];
+	(void)err_set(err, errlen, -EINVAL, "no sender %d on this connection", (int)s);
+	return NULL;
 }
 
-int conn_send_idle(struct conn *cn, uint8_t *buf, size_t cap, size_t len, double idle_s,
-		   char *err, size_t errlen)
+uint8_t *conn_payload(struct conn *cn, enum conn_sender s)
 {
+	return cn->tx[s].buf ? cn->tx[s].buf + FRAME_HDR_BYTES : NULL;
+}
+
+size_t conn_payload_cap(const struct conn *cn)
+{
+	return cn->shape.msg_max;
+}
+
+/* Seals the len-byte message at msg into buf (cap bytes) and writes it,
+ * under mu, if the connection may send: a failure closes it. */
+static int conn_write_locked(struct conn *cn, uint8_t *buf, size_t cap, const uint8_t *msg,
+			     size_t len, int ms, char *err, size_t errlen)
+{
+	int r = conn_ready(cn, 1, err, errlen);
+	if (!r)
+		r = conn_send_failed(cn, sock_write_frame(cn->fd, &cn->keys->send, buf, cap, msg, len,
+							  ms, err, errlen));
+	cn->last_send = now_s();
+	return r;
+}
+
+int conn_send_payload(struct conn *cn, enum conn_sender s, size_t len, char *err, size_t errlen)
+{
+	struct conn_tx *tx = conn_tx_of(cn, s, err, errlen);
+	if (!tx)
+		return -EINVAL;
+	pthread_mutex_lock(&cn->mu);
+	int r = conn_write_locked(cn, tx->buf, conn_frame_bytes(cn), tx->buf + FRAME_HDR_BYTES, len,
+				  cn->write_ms, err, errlen);
+	pthread_mutex_unlock(&cn->mu);
+	return r;
+}
+
+int conn_send_idle(struct conn *cn, const uint8_t *msg, size_t len, double idle_s, char *err,
+		   size_t errlen)
+{
+	/* The caller's thread may be any (a heartbeat thread beside the
+	 * senders): the frame is its own, a few dozen bytes. */
+	uint8_t frame[FRAME_SEALED_BYTES(CONN_IDLE_MAX)];
+	if (len > CONN_IDLE_MAX)
+		return err_set(err, errlen, -EMSGSIZE, "keep-alive of %zu bytes, at most %zu", len,
+			       CONN_IDLE_MAX);
 	int r = 0;
 	pthread_mutex_lock(&cn->mu);
-	double now = now_s();
-	if (cn->state == CONN_AUTHENTICATED && now - cn->last_send >= idle_s) {
-		r = conn_send_failed(cn, sock_write_frame(cn->fd, &cn->keys->send, buf, cap,
-							  conn_msg(buf), len, (int)(idle_s * 1000),
-							  err, errlen));
-		cn->last_send = now;
+	if (cn->state == CONN_AUTHENTICATED && now_s() - cn->last_send >= idle_s) {
+		r = conn_write_locked(cn, frame, sizeof(frame), msg, len, (int)(idle_s * 1000), err,
+				      errlen);
 		r = r ? r : 1;
 	}
 	pthread_mutex_unlock(&cn->mu);
 	return r;
 }
 
-int conn_send_from(struct conn *cn, uint8_t *buf, size_t cap, size_t len, char *err,
-		   size_t errlen)
-{
-	pthread_mutex_lock(&cn->mu);
-	int r = conn_ready(cn, 1, err, errlen);
-	if (!r)
-		r = conn_send_failed(cn, sock_write_frame(cn->fd, &cn->keys->send, buf, cap,
-							  conn_msg(buf), len, cn->write_ms, err,
-							  errlen));
-	cn->last_send = now_s();
-	pthread_mutex_unlock(&cn->mu);
-	return r;
-}
-
-void conn_send_error_from(struct conn *cn, uint8_t *buf, size_t cap, uint32_t code,
-			  const char *text)
+void conn_send_error(struct conn *cn, enum conn_sender s, uint32_t code, const char *text)
 {
 	char e[128];
 	size_t len;
-	if (msg_encode_error(conn_msg(buf), conn_msg_cap(cap), code, text, &len, e,
-			     sizeof(e)) != 0)
+	struct conn_tx *tx = conn_tx_of(cn, s, e, sizeof(e));
+	if (!tx || msg_encode_error(tx->buf + FRAME_HDR_BYTES, cn->shape.msg_max, code, text, &len, e,
+				    sizeof(e)) != 0)
 		return;
 	pthread_mutex_lock(&cn->mu);
-	int r = conn_ready(cn, 1, e, sizeof(e));
-	if (!r)
-		r = sock_write_frame(cn->fd, &cn->keys->send, buf, cap, conn_msg(buf), len,
-				     cn->write_ms, e, sizeof(e));
-	if (!r)
+	if (conn_write_locked(cn, tx->buf, conn_frame_bytes(cn), tx->buf + FRAME_HDR_BYTES, len,
+			      cn->write_ms, e, sizeof(e)) == 0)
 		cn->said_error = 1;
 	/* the last message: nothing is sealed after it, sent or not */
 	if (cn->state == CONN_AUTHENTICATED)
 		cn->state = CONN_CLOSING;
-	cn->last_send = now_s();
 	pthread_mutex_unlock(&cn->mu);
 }
 
@@ -282,16 +369,13 @@ void conn_linger(struct conn *cn, int ms)
 	}
 }
 
-void conn_send_error(struct conn *cn, uint32_t code, const char *text)
-{
-	conn_send_error_from(cn, cn->wbuf, cn->wcap, code, text);
-}
-
 int conn_recv(struct conn *cn, size_t *len, char *err, size_t errlen)
 {
 	int r = conn_ready(cn, 0, err, errlen);
-	return r ? r : sock_read_frame(cn->fd, &cn->keys->recv, cn->rbuf, cn->rcap, len,
-				       cn->read_ms, err, errlen);
+	/* The ciphertext of a message of at most msg_max bytes. */
+	return r ? r : sock_read_frame(cn->fd, &cn->keys->recv, cn->rbuf,
+				       cn->shape.msg_max + FRAME_TAG_BYTES, len, cn->read_ms, err,
+				       errlen);
 }
 
 /* The values go from t->src into the frame as it is sealed (AEGIS-256)
@@ -310,12 +394,18 @@ static int chunk_encode(void *ctx, uint64_t i, uint8_t *msg, size_t cap, struct 
 	return msg_encode_chunk_parts(msg, cap, &ch, src, &m->len, &m->body, &m->blen, err, errlen);
 }
 
-int conn_send_tensor(struct conn *cn, const struct conn_chunk_tx *t, char *err, size_t errlen)
+int conn_send_tensor(struct conn *cn, enum conn_sender s, const struct conn_chunk_tx *t, char *err,
+		     size_t errlen)
 {
+	struct conn_tx *tx = conn_tx_of(cn, s, err, errlen);
+	if (!tx)
+		return -EINVAL;
+	if (cn->shape.pipes == CONN_NO_PIPES)
+		return err_set(err, errlen, -EINVAL, "no pipe on this connection");
 	pthread_mutex_lock(&cn->mu);
 	int r = conn_ready(cn, 1, err, errlen);
 	if (!r)
-		r = conn_send_failed(cn, pipe_send(cn->pp, cn->fd, &cn->keys->send,
+		r = conn_send_failed(cn, pipe_send(&tx->pp, cn->fd, &cn->keys->send,
 						   msg_chunks(t->n, t->dtype), chunk_encode,
 						   (void *)t, cn->write_ms, err, errlen));
 	cn->last_send = now_s();
@@ -373,7 +463,10 @@ int conn_recv_rest(struct conn *cn, struct conn_chunk_rx *x, char *err, size_t e
 {
 	if (msg_assembly_done(x->a))
 		return 0;
+	if (!cn->rp)
+		return err_set(err, errlen, -EINVAL, "no pipe on this connection");
 	int r = conn_ready(cn, 0, err, errlen);
-	return r ? r : pipe_recv(cn->rpp ? cn->rpp : cn->pp, cn->fd, &cn->keys->recv, msg_chunks(x->a->n - x->a->received, x->a->dtype),
-				 chunk_deliver, x, cn->read_ms, err, errlen);
+	return r ? r : pipe_recv(cn->rp, cn->fd, &cn->keys->recv,
+				 msg_chunks(x->a->n - x->a->received, x->a->dtype), chunk_deliver, x,
+				 cn->read_ms, err, errlen);
 }

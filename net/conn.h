@@ -1,15 +1,22 @@
-/* One authenticated connection: its socket, session keys, the buffers and
- * pipe its frames go through, a send lock, and a state (pending before the
- * handshake, authenticated after it, closing once shut down). The client
- * and server handshakes, sending and receiving one message, and sending
- * and receiving a chunked tensor are here, so the ps and worker roles never
- * compute a frame offset or capacity.
+/* One authenticated connection: its socket, session keys, the frame
+ * buffers and pipes its frames go through (its own, sized once by
+ * conn_init), a send lock, and a state (pending before the handshake,
+ * authenticated after it, closing once shut down). The client and server
+ * handshakes, sending and receiving one message, and sending and
+ * receiving a chunked tensor are here, so the ps and worker roles never
+ * compute a frame offset or capacity: a role encodes a message at
+ * conn_payload (conn_payload_cap bytes) and sends it with
+ * conn_send_payload, and reads what arrived at cn->rbuf.
  *
- * Buffers and pipe are the caller's, so that connections one thread uses
- * in turn (a worker's links to every ps) can share them: rbuf holds the
- * last message received, wbuf (the pipe's first frame buffer) the frame
- * being sent. Sends take the connection's lock, so another thread (a
- * heartbeat sender) may send on it too; receives are one thread's.
+ * Each thread that sends on a connection has a frame buffer of its own,
+ * the message encoded in place where its frame will be sealed (no copy):
+ * CONN_MAIN, the owner's, and on a connection shaped for it CONN_SIDE, a
+ * second thread's (the ps's streamer, which sends PARAMS and HEARTBEATs
+ * while the connection's own thread reads the PUSH and ACKs it). A
+ * keep-alive from any other thread (conn_send_idle) brings its message,
+ * copied into a frame on that thread's stack. Sends take the connection's
+ * lock; receives are one thread's, which may be CONN_MAIN's or not (the
+ * shape says which, for the pipes).
  *
  * Errors: 0 or a negative errno with one line in err (errlen bytes), those
  * of net/sock.c, net/handshake.c, net/pipe.c and the msg_* codecs. Any
@@ -26,30 +33,50 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cryptopool.h"
 #include "frame.h"
 #include "handshake.h"
 #include "msg.h"
 #include "pipe.h"
 #include "sndbuf.h"
 
-/* A buffer for any one frame to send (CONN_WBUF_BYTES) and for any one
- * frame received (CONN_RBUF_BYTES: the ciphertext, opened in place). */
-#define CONN_WBUF_BYTES FRAME_BYTES_MAX
-#define CONN_RBUF_BYTES FRAME_CT_MAX
-/* A frame buffer for a message of at most len bytes. */
-#define CONN_FRAME_BYTES(len) FRAME_SEALED_BYTES(len)
+/* The longest message a connection carries: a tensor's chunk. */
+#define CONN_MSG_MAX ((size_t)FRAME_MAX)
+/* The longest keep-alive conn_send_idle sends: a HEARTBEAT. */
+#define CONN_IDLE_MAX ((size_t)MSG_HEARTBEAT_BYTES)
 
-/* Where the message goes in a frame buffer, and how long it may be in one
- * of cap bytes: the frame's header comes first and the tag after it. */
-static inline uint8_t *conn_msg(uint8_t *buf)
-{
-	return buf + FRAME_HDR_BYTES;
-}
+/* The threads that send on a connection, each with its own frame buffer
+ * (and pipe, if the connection moves tensors). */
+enum conn_sender {
+	CONN_MAIN, /* the connection's owner: every connection has it */
+	CONN_SIDE, /* a second thread, on a CONN_PIPE_SIDE connection only */
+	CONN_SENDERS
+};
 
-static inline size_t conn_msg_cap(size_t cap)
-{
-	return cap - FRAME_HDR_BYTES - FRAME_TAG_BYTES;
-}
+/* Whether a connection moves tensors, and which threads do: a pipe is
+ * used by one thread at a time, and each has up to one frame buffer per
+ * crypto thread once it runs in parallel, so threads that take turns
+ * share one. */
+enum conn_pipes {
+	CONN_NO_PIPES,  /* messages only (an observer's STATUS and REPORT) */
+	CONN_PIPE_ONE,  /* one thread sends and receives tensors: one pipe both
+			 * ways, frame 0 CONN_MAIN's buffer (a ps's connection) */
+	CONN_PIPE_RECV, /* CONN_MAIN sends tensors while another thread receives
+			 * them: a pipe each, the receiver's frame 0 rbuf (a
+			 * worker's link) */
+	CONN_PIPE_SIDE, /* as CONN_PIPE_ONE, and CONN_SIDE sends tensors on a
+			 * pipe of its own (a ps's connection in piece mode) */
+};
+
+/* What conn_init sizes a connection for. */
+struct conn_shape {
+	size_t msg_max;          /* the longest message it sends or receives (a
+				  * longer frame is refused unread, -ENOBUFS; a
+				  * longer message does not encode); 0, or any
+				  * connection with pipes: CONN_MSG_MAX */
+	enum conn_pipes pipes;
+	struct cryptopool *pool; /* the pipes' crypto threads; NULL: one frame at a time */
+};
 
 /* A connection's session keys, in pages of their own: sodium_malloc'd by
  * conn_init (guard pages on both sides, excluded from core dumps, mlocked
@@ -69,6 +96,12 @@ enum conn_state {
 			     * the peer sent before stays readable */
 };
 
+/* One sending thread's frame buffer and pipe. */
+struct conn_tx {
+	uint8_t *buf;            /* a frame; its message is the payload */
+	struct pipe pp;          /* tensors (frame 0: buf); a zeroed pipe without */
+};
+
 struct conn {
 	int fd;                  /* -1: none; changes only under mu, by the owner */
 	_Atomic(enum conn_state) state; /* conn_shutdown sets it from any thread */
@@ -78,14 +111,14 @@ struct conn {
 		struct hs_identity peer;
 	} hr;                    /* the handshake's result but its keys: the peer,
 				  * once authenticated */
-	uint8_t *rbuf;           /* (rcap) the caller's */
-	uint8_t *wbuf;           /* (wcap) the caller's; pp's first frame */
-	size_t rcap, wcap;       /* CONN_RBUF_BYTES, CONN_WBUF_BYTES unless the caller
-				  * sets smaller ones (no pipe, small messages only:
-				  * a longer frame is refused unread, -ENOBUFS) */
-	struct pipe *pp;         /* the caller's: tensors sent, and received unless rpp */
-	struct pipe *rpp;        /* NULL, or the caller's pipe for tensors received, so
-				  * that one thread can receive while another sends */
+	uint8_t *rbuf;           /* the last message received, from its first byte
+				  * (the receiving thread's; with CONN_PIPE_RECV
+				  * also frame 0 of rpp) */
+	struct conn_shape shape; /* as conn_init set it: msg_max 0 only before */
+	struct conn_tx tx[CONN_SENDERS]; /* tx[CONN_SIDE] only on CONN_PIPE_SIDE */
+	struct pipe rpp;         /* CONN_PIPE_RECV's: tensors received */
+	struct pipe *rp;         /* where tensors are received: &rpp, or CONN_MAIN's
+				  * pipe; NULL without pipes */
 	pthread_mutex_t mu;      /* sends: fd, keys->send, last_send, state */
 	double last_send;        /* CLOCK_MONOTONIC seconds of the last frame sent */
 	int said_error;          /* the last message sent was an ERROR (under mu) */
@@ -95,15 +128,16 @@ struct conn {
 };
 
 /* A pending connection over fd (-1: none yet; a server passes the accepted
- * socket, which the connection owns from now on) and the caller's buffers
- * and pipe (rbuf and wbuf may be set later, before the first frame).
- * Allocates the key pages: -ENOMEM if they cannot be had (the connection
- * is still valid, owns fd, and must be conn_destroyed; its handshakes then
- * fail with -ENOMEM), else 0. */
-int conn_init(struct conn *cn, int fd, uint8_t *rbuf, uint8_t *wbuf, struct pipe *pp,
-	      int read_ms, int write_ms);
-/* Closes, wipes and frees the keys; the mutex goes. Accepts a connection
- * conn_init never saw only if it is zeroed. */
+ * socket, which the connection owns from now on), with the buffers and
+ * pipes of shape (NULL: messages of any length, no pipes), kept across
+ * conn_close and reconnections. Allocates them and the key pages: -ENOMEM
+ * if any cannot be had (the connection is still valid, owns fd, and must
+ * be conn_destroyed; its handshakes then fail with -ENOMEM, its sends
+ * with -ENOTCONN), else 0. */
+int conn_init(struct conn *cn, int fd, const struct conn_shape *shape, int read_ms,
+	      int write_ms);
+/* Closes, wipes and frees the keys; the buffers, pipes and mutex go.
+ * Accepts a connection conn_init never saw only if it is zeroed. */
 void conn_destroy(struct conn *cn);
 
 /* Applies [cluster] send_buffer_kib (SNDBUF_AUTO, 0 or KiB: net/sndbuf.h)
@@ -158,27 +192,26 @@ void conn_shutdown_write(struct conn *cn);
  * for a last message before the owner closes. */
 void conn_shutdown_read(struct conn *cn);
 
-/* Sends the len-byte message at conn_msg(cn->wbuf). */
-int conn_send(struct conn *cn, size_t len, char *err, size_t errlen);
+/* Where sender s encodes its next message, and how long it may be
+ * (the shape's msg_max): the payload of s's frame buffer, sealed where it
+ * is (ciphertext after the send: encode each message anew). NULL for a
+ * sender the connection has not. */
+uint8_t *conn_payload(struct conn *cn, enum conn_sender s);
+size_t conn_payload_cap(const struct conn *cn);
 
-/* Sends the len-byte message at conn_msg(buf) (buf: cap bytes, the
- * caller's) if nothing was sent for idle_s seconds: a keep-alive from
- * another thread. 1 if sent, 0 if not due (or not authenticated). */
-int conn_send_idle(struct conn *cn, uint8_t *buf, size_t cap, size_t len, double idle_s,
-		   char *err, size_t errlen);
+/* Sends the len-byte message sender s encoded at conn_payload(cn, s). */
+int conn_send_payload(struct conn *cn, enum conn_sender s, size_t len, char *err, size_t errlen);
 
-/* Sends the len-byte message at conn_msg(buf) (buf: cap bytes, the
- * caller's): for a thread that sends beside the one that owns wbuf. */
-int conn_send_from(struct conn *cn, uint8_t *buf, size_t cap, size_t len, char *err,
+/* Sends msg (len bytes, at most CONN_IDLE_MAX) if nothing was sent for
+ * idle_s seconds: a keep-alive from any thread, sealed on its own stack.
+ * 1 if sent, 0 if not due (or not authenticated). */
+int conn_send_idle(struct conn *cn, const uint8_t *msg, size_t len, double idle_s, char *err,
 		   size_t errlen);
 
-/* ERROR(code, text) as the last message on a connection, best effort;
- * conn_send_error_from encodes it in buf (cap bytes) instead of wbuf.
- * Nothing is sealed on the connection after it (CONN_CLOSING); its owner
- * conn_lingers before it closes. */
-void conn_send_error(struct conn *cn, uint32_t code, const char *text);
-void conn_send_error_from(struct conn *cn, uint8_t *buf, size_t cap, uint32_t code,
-			  const char *text);
+/* ERROR(code, text) from sender s as the last message on a connection,
+ * best effort. Nothing is sealed on the connection after it
+ * (CONN_CLOSING); its owner conn_lingers before it closes. */
+void conn_send_error(struct conn *cn, enum conn_sender s, uint32_t code, const char *text);
 
 /* How long an owner lingers (conn_linger) at most: a worker that was
  * refused half way through a push finishes writing it before it reads the
@@ -194,7 +227,8 @@ void conn_send_error_from(struct conn *cn, uint8_t *buf, size_t cap, uint32_t co
  * reader, and holds no lock others wait on: this may take ms. */
 void conn_linger(struct conn *cn, int ms);
 
-/* Reads one message into cn->rbuf within read_ms: its length in *len. */
+/* Reads one message into cn->rbuf within read_ms: its length in *len. A
+ * frame longer than the shape's msg_max is refused unread (-ENOBUFS). */
 int conn_recv(struct conn *cn, size_t *len, char *err, size_t errlen);
 
 /* A tensor's chunk messages (PARAMS from a ps, PUSH from a worker):
@@ -238,14 +272,16 @@ struct conn_chunk_rx {
 	uint64_t value_bytes; /* the chunks' payloads taken so far, headers not counted */
 };
 
-/* Sends the whole tensor t on the pipe (its frames sealed on the pool). */
-int conn_send_tensor(struct conn *cn, const struct conn_chunk_tx *t, char *err, size_t errlen);
+/* Sends the whole tensor t on sender s's pipe (its frames sealed on the
+ * pool). -EINVAL on a connection without pipes. */
+int conn_send_tensor(struct conn *cn, enum conn_sender s, const struct conn_chunk_tx *t, char *err,
+		     size_t errlen);
 
 /* Takes the message in cn->rbuf (len bytes) as the next chunk of x. */
 int conn_take_chunk(struct conn *cn, struct conn_chunk_rx *x, size_t len, char *err,
 		    size_t errlen);
 
-/* Receives the rest of x's tensor on the pipe (rpp if set; opened on the
+/* Receives the rest of x's tensor on the receiving pipe (opened on the
  * pool): as many frames as full chunks can complete it. */
 int conn_recv_rest(struct conn *cn, struct conn_chunk_rx *x, char *err, size_t errlen);
 

@@ -9,7 +9,9 @@ directory with a manifest is used). The script verifies the manifest's own
 checksum and every shard file's size and BLAKE2b-256, parses each
 safetensors header, reassembles every tensor from its parts across the
 shard files (a part is a flat 1-D tensor with __metadata__
-"pstrain.part.NAME" = "LO:HI/D0xD1..."), checks that every element is
+"pstrain.part.NAME" = "LO:HI/D0xD1..."; a part of an embedding table, in
+the rows files, is its rows (HI-LO)/D1 x D1 with the same metadata),
+checks that every element is
 covered exactly once, and compares names, shapes, element counts and the
 BLAKE2b-256 of each tensor's float32 little-endian bytes with what pstrain
 prints. One line per tensor, "ok NAME SHAPE first=VALUE", on success;
@@ -64,10 +66,11 @@ def read_manifest(stepdir):
         if merged is None:
             merged = m
         else:
-            for key in ("step", "params", "model", "layout", "shards"):
+            for key in ("step", "params", "model", "layout", "shards", "tables"):
                 if m[key] != merged[key]:
                     fail("manifest-%d-of-%d disagrees on %s" % (k, n[0], key))
             merged["files"] += m["files"]
+            merged["rows"] += m["rows"]
     return merged
 
 
@@ -84,12 +87,16 @@ def read_manifest_file(path):
     lines = body.decode().splitlines()
     if lines[0] != "pstrain checkpoint 1":
         fail("manifest: not a pstrain checkpoint")
-    m = {"files": []}
+    m = {"files": [], "rows": [], "tables": None}
     for line in lines[1:]:
         w = line.split()
-        if w[0] == "shard":
-            m["files"].append({"begin": int(w[2]), "end": int(w[3]), "bytes": int(w[4]),
-                                "file": w[5], "sum": w[6]})
+        if w[0] in ("shard", "rows"):
+            # shard K BEGIN END BYTES FILE HASH: parameters [BEGIN, END);
+            # rows K ...: rows [BEGIN, END) of the embedding tables
+            m["files" if w[0] == "shard" else "rows"].append(
+                {"begin": int(w[2]), "end": int(w[3]), "bytes": int(w[4]), "file": w[5], "sum": w[6]})
+        elif w[0] == "tables":
+            m["tables"] = w[1:]
         else:
             m[w[0]] = w[1]
     return m
@@ -120,11 +127,12 @@ def main():
     binary, stepdir = sys.argv[1], resolve(sys.argv[2])
     man = read_manifest(stepdir)
     full = {}   # name -> [shape, bytearray, covered elements]
-    for s in man["files"]:
+    files = [("pstrain.range", s) for s in man["files"]] + [("pstrain.rows", s) for s in man["rows"]]
+    for key, s in files:
         path = os.path.join(stepdir, s["file"])
         meta, tensors = read_safetensors(path, s["bytes"], s["sum"])
-        if meta.get("pstrain.range") != "%d:%d" % (s["begin"], s["end"]):
-            fail("%s: pstrain.range %r does not match the manifest" % (path, meta.get("pstrain.range")))
+        if meta.get(key) != "%d:%d" % (s["begin"], s["end"]):
+            fail("%s: %s %r does not match the manifest" % (path, key, meta.get(key)))
         for name, (shape, raw) in tensors.items():
             part = meta.get("pstrain.part." + name)
             n = len(raw) // 4

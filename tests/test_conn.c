@@ -3,8 +3,10 @@
  * taken by hand, the rest on the pipe, as the roles do), the same in bf16
  * (serial and on a pool; a float32 receiver refusing it), the idle
  * keep-alive, a wrong cluster key, conn_shutdown from another thread
- * ending a blocked read at once, and a failed send closing the connection
- * so that nothing more is sealed on it. */
+ * ending a blocked read at once, a failed send closing the connection so
+ * that nothing more is sealed on it, two senders on one connection each
+ * encoding in a buffer of its own, and a connection shaped for short
+ * messages refusing longer frames. */
 #include <criterion/criterion.h>
 
 #include "leak.h"
@@ -30,25 +32,21 @@ static void setup(void)
 
 TestSuite(conn, .init = setup, .fini = leak_check);
 
-/* One side: its connection, buffers and pipe. */
+/* One side: its connection (which owns its buffers and pipes). */
 struct side {
 	struct conn cn;
-	uint8_t *rbuf, *wbuf;
-	struct pipe pp;
 	uint8_t psk[HS_PSK_BYTES];
 	struct hs_identity me;
 	int r;
 	char err[512];
 };
 
-static void side_init(struct side *s, int fd, enum hs_role role, uint32_t index, uint8_t key)
+static void side_init(struct side *s, int fd, enum hs_role role, uint32_t index, uint8_t key,
+		      struct cryptopool *pool)
 {
 	memset(s, 0, sizeof(*s));
-	s->rbuf = malloc(CONN_RBUF_BYTES);
-	s->wbuf = malloc(CONN_WBUF_BYTES);
-	cr_assert(s->rbuf && s->wbuf);
-	cr_assert_eq(pipe_init(&s->pp, NULL, s->wbuf, CONN_WBUF_BYTES, NULL, 0), 0);
-	cr_assert_eq(conn_init(&s->cn, fd, s->rbuf, s->wbuf, &s->pp, 5000, 5000), 0);
+	struct conn_shape shape = { .pipes = CONN_PIPE_ONE, .pool = pool };
+	cr_assert_eq(conn_init(&s->cn, fd, &shape, 5000, 5000), 0);
 	memset(s->psk, key, sizeof(s->psk));
 	s->me.role = role;
 	s->me.index = index;
@@ -59,9 +57,6 @@ static void side_init(struct side *s, int fd, enum hs_role role, uint32_t index,
 static void side_free(struct side *s)
 {
 	conn_destroy(&s->cn);
-	pipe_free(&s->pp);
-	free(s->rbuf);
-	free(s->wbuf);
 }
 
 static void *serve(void *arg)
@@ -73,19 +68,25 @@ static void *serve(void *arg)
 	return NULL;
 }
 
-/* Connects a client (worker 3, key byte ck) to a server (ps 1, key sk). */
-static void pair(struct side *cl, struct side *sv, uint8_t ck, uint8_t sk)
+/* Connects a client (worker 3, key byte ck) to a server (ps 1, key sk),
+ * their pipes on pool (NULL: one frame at a time). */
+static void pair_on(struct side *cl, struct side *sv, uint8_t ck, uint8_t sk, struct cryptopool *pool)
 {
 	int sp[2];
 	cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
-	side_init(sv, sp[1], HS_PS, 1, sk);
-	side_init(cl, -1, HS_WORKER, 3, ck);
+	side_init(sv, sp[1], HS_PS, 1, sk, pool);
+	side_init(cl, -1, HS_WORKER, 3, ck, pool);
 	cl->me.to = 1;
 	pthread_t t;
 	cr_assert_eq(pthread_create(&t, NULL, serve, sv), 0);
 	cl->r = conn_client(&cl->cn, sp[0], cl->psk, &cl->me, 5000, "ps 1 (test)", cl->err,
 			    sizeof(cl->err));
 	pthread_join(t, NULL);
+}
+
+static void pair(struct side *cl, struct side *sv, uint8_t ck, uint8_t sk)
+{
+	pair_on(cl, sv, ck, sk, NULL);
 }
 
 struct sendarg {
@@ -98,7 +99,7 @@ static void *send_tensor_main(void *arg)
 {
 	struct sendarg *a = arg;
 	char e[256];
-	a->r = conn_send_tensor(&a->s->cn, a->t, e, sizeof(e));
+	a->r = conn_send_tensor(&a->s->cn, CONN_MAIN, a->t, e, sizeof(e));
 	return NULL;
 }
 
@@ -109,9 +110,9 @@ Test(conn, handshake_and_one_message_each_way)
 	char e[256];
 	/* Nothing flows before the handshake. */
 	struct conn idle;
-	cr_assert_eq(conn_init(&idle, -1, NULL, NULL, NULL, 100, 100), 0);
+	cr_assert_eq(conn_init(&idle, -1, NULL, 100, 100), 0);
 	cr_assert_eq(idle.state, CONN_PENDING);
-	cr_assert_eq(conn_send(&idle, 1, e, sizeof(e)), -ENOTCONN);
+	cr_assert_eq(conn_send_payload(&idle, CONN_MAIN, 1, e, sizeof(e)), -ENOTCONN);
 	conn_destroy(&idle);
 
 	pair(&cl, &sv, 5, 5);
@@ -125,17 +126,19 @@ Test(conn, handshake_and_one_message_each_way)
 	cr_assert_eq(cl.cn.hr.peer.index, 1);
 
 	struct msg_pull p = { .shard = 1, .version = 42 }, got;
-	cr_assert_eq(msg_encode_pull(conn_msg(cl.wbuf), conn_msg_cap(CONN_WBUF_BYTES), &p, &len, e, sizeof(e)), 0);
-	cr_assert_eq(conn_send(&cl.cn, len, e, sizeof(e)), 0, "%s", e);
+	cr_assert_eq(msg_encode_pull(conn_payload(&cl.cn, CONN_MAIN), conn_payload_cap(&cl.cn), &p, &len,
+				     e, sizeof(e)),
+		     0);
+	cr_assert_eq(conn_send_payload(&cl.cn, CONN_MAIN, len, e, sizeof(e)), 0, "%s", e);
 	cr_assert_eq(conn_recv(&sv.cn, &len, e, sizeof(e)), 0, "%s", e);
-	cr_assert_eq(msg_type(sv.rbuf, len, e, sizeof(e)), WIRE_PULL);
-	cr_assert_eq(msg_decode_pull(sv.rbuf, len, &got, e, sizeof(e)), 0);
+	cr_assert_eq(msg_type(sv.cn.rbuf, len, e, sizeof(e)), WIRE_PULL);
+	cr_assert_eq(msg_decode_pull(sv.cn.rbuf, len, &got, e, sizeof(e)), 0);
 	cr_assert_eq(got.version, 42);
 
-	conn_send_error(&sv.cn, 7, "it went wrong");
+	conn_send_error(&sv.cn, CONN_MAIN, 7, "it went wrong");
 	cr_assert_eq(conn_recv(&cl.cn, &len, e, sizeof(e)), 0, "%s", e);
 	struct msg_error me;
-	cr_assert_eq(msg_decode_error(cl.rbuf, len, &me, e, sizeof(e)), 0);
+	cr_assert_eq(msg_decode_error(cl.cn.rbuf, len, &me, e, sizeof(e)), 0);
 	cr_assert_str_eq(me.text, "it went wrong");
 
 	conn_close(&cl.cn);
@@ -224,17 +227,17 @@ static void *send_parts_main(void *arg)
 	struct conn_chunk_tx t = { .type = WIRE_PARAMS, .shard = 2, .version = 5, .src = a->src,
 				   .n = MSG_CHUNK_FLOATS };
 	struct msg_heartbeat hb = { .version = 4 };
-	a->r = conn_send_tensor(&a->s->cn, &t, e, sizeof(e));
+	a->r = conn_send_tensor(&a->s->cn, CONN_MAIN, &t, e, sizeof(e));
 	if (!a->r && a->heartbeat)
-		a->r = msg_encode_heartbeat(conn_msg(a->s->cn.wbuf), conn_msg_cap(CONN_WBUF_BYTES), &hb, &len,
-					    e, sizeof(e));
+		a->r = msg_encode_heartbeat(conn_payload(&a->s->cn, CONN_MAIN), conn_payload_cap(&a->s->cn),
+					    &hb, &len, e, sizeof(e));
 	if (!a->r && a->heartbeat)
-		a->r = conn_send(&a->s->cn, len, e, sizeof(e));
+		a->r = conn_send_payload(&a->s->cn, CONN_MAIN, len, e, sizeof(e));
 	t.src = a->src + MSG_CHUNK_FLOATS;
 	t.n = a->n - MSG_CHUNK_FLOATS;
 	t.offset = MSG_CHUNK_FLOATS;
 	if (!a->r)
-		a->r = conn_send_tensor(&a->s->cn, &t, e, sizeof(e));
+		a->r = conn_send_tensor(&a->s->cn, CONN_MAIN, &t, e, sizeof(e));
 	return NULL;
 }
 
@@ -365,15 +368,10 @@ Test(conn, tensor_in_chunks_bf16)
 		char e[256];
 		size_t len;
 		struct cryptopool *pool = NULL;
-		pair(&cl, &sv, 9, 9);
-		cr_assert_eq(cl.r, 0, "%s", cl.err);
-		if (pooled) {
+		if (pooled)
 			cr_assert_eq(cryptopool_new(&pool, 3, e, sizeof e), 0, "%s", e);
-			pipe_free(&cl.pp);
-			pipe_free(&sv.pp);
-			cr_assert_eq(pipe_init(&cl.pp, pool, cl.wbuf, CONN_WBUF_BYTES, e, sizeof e), 0);
-			cr_assert_eq(pipe_init(&sv.pp, pool, sv.wbuf, CONN_WBUF_BYTES, e, sizeof e), 0);
-		}
+		pair_on(&cl, &sv, 9, 9, pool);
+		cr_assert_eq(cl.r, 0, "%s", cl.err);
 		/* 41 chunks in either dtype, more than a socket's buffer holds */
 		uint64_t n = 40 * (uint64_t)MSG_CHUNK_FLOATS + 7;
 		float *src = malloc(n * sizeof(float)), *dst = calloc(n, sizeof(float));
@@ -448,14 +446,15 @@ Test(conn, send_idle)
 	size_t len;
 	pair(&cl, &sv, 5, 5);
 	cr_assert_eq(cl.r, 0, "%s", cl.err);
-	uint8_t buf[CONN_FRAME_BYTES(MSG_HEARTBEAT_BYTES)];
+	uint8_t msg[CONN_IDLE_MAX + 1];
 	struct msg_heartbeat hb;
 	memset(&hb, 0, sizeof(hb));
-	cr_assert_eq(msg_encode_heartbeat(conn_msg(buf), conn_msg_cap(sizeof(buf)), &hb, &len, e, sizeof(e)), 0);
-	cr_assert_eq(conn_send_idle(&cl.cn, buf, sizeof(buf), len, 60, e, sizeof(e)), 0); /* just connected */
-	cr_assert_eq(conn_send_idle(&cl.cn, buf, sizeof(buf), len, 0, e, sizeof(e)), 1);
+	cr_assert_eq(msg_encode_heartbeat(msg, sizeof(msg), &hb, &len, e, sizeof(e)), 0);
+	cr_assert_eq(conn_send_idle(&cl.cn, msg, len, 60, e, sizeof(e)), 0); /* just connected */
+	cr_assert_eq(conn_send_idle(&cl.cn, msg, sizeof(msg), 0, e, sizeof(e)), -EMSGSIZE);
+	cr_assert_eq(conn_send_idle(&cl.cn, msg, len, 0, e, sizeof(e)), 1);
 	cr_assert_eq(conn_recv(&sv.cn, &len, e, sizeof(e)), 0, "%s", e);
-	cr_assert_eq(msg_type(sv.rbuf, len, e, sizeof(e)), WIRE_HEARTBEAT);
+	cr_assert_eq(msg_type(sv.cn.rbuf, len, e, sizeof(e)), WIRE_HEARTBEAT);
 	side_free(&cl);
 	side_free(&sv);
 }
@@ -485,7 +484,7 @@ Test(conn, shutdown_ends_a_blocked_read)
 	pthread_join(th, NULL);
 	cr_assert_lt((double)(t1.tv_sec - t0.tv_sec), 4.0);
 	cr_assert_eq(sv.cn.state, CONN_CLOSING);
-	cr_assert_eq(conn_send(&sv.cn, 1, e, sizeof(e)), -ESHUTDOWN);
+	cr_assert_eq(conn_send_payload(&sv.cn, CONN_MAIN, 1, e, sizeof(e)), -ESHUTDOWN);
 	side_free(&cl);
 	side_free(&sv);
 }
@@ -508,28 +507,150 @@ Test(conn, failed_send_closes_the_connection)
 	cr_assert_not_null(src);
 	struct conn_chunk_tx t = { .type = WIRE_PUSH, .shard = 1, .worker = 3, .version = 1,
 				   .src = src, .n = n };
-	cr_assert_eq(conn_send_tensor(&cl.cn, &t, e, sizeof(e)), -ETIMEDOUT, "%s", e);
+	cr_assert_eq(conn_send_tensor(&cl.cn, CONN_MAIN, &t, e, sizeof(e)), -ETIMEDOUT, "%s", e);
 	cr_assert_eq(cl.cn.state, CONN_CLOSING);
 	/* Empty the peer's side so that a frame would fit again. */
-	uint8_t *sink = malloc(CONN_RBUF_BYTES);
+	uint8_t *sink = malloc(FRAME_BYTES_MAX);
 	cr_assert_not_null(sink);
-	while (recv(sv.cn.fd, sink, CONN_RBUF_BYTES, MSG_DONTWAIT) > 0)
+	while (recv(sv.cn.fd, sink, FRAME_BYTES_MAX, MSG_DONTWAIT) > 0)
 		;
 	uint64_t counter = cl.cn.keys->send.counter;
-	conn_send_error(&cl.cn, EIO, "after a failed send");
-	cr_assert_eq(conn_send(&cl.cn, 1, e, sizeof(e)), -ESHUTDOWN);
+	conn_send_error(&cl.cn, CONN_MAIN, EIO, "after a failed send");
+	cr_assert_eq(conn_send_payload(&cl.cn, CONN_MAIN, 1, e, sizeof(e)), -ESHUTDOWN);
 	cr_assert_eq(cl.cn.keys->send.counter, counter, "a frame was sealed after the failure");
 	struct timespec w = { 0, 50 * 1000000L };
 	nanosleep(&w, NULL);
-	cr_assert_lt(recv(sv.cn.fd, sink, CONN_RBUF_BYTES, MSG_DONTWAIT), 0,
+	cr_assert_lt(recv(sv.cn.fd, sink, FRAME_BYTES_MAX, MSG_DONTWAIT), 0,
 		     "bytes reached the peer after the failed send");
 	/* What the peer says still arrives: why it went, say. */
 	size_t len;
-	conn_send_error(&sv.cn, EPERM, "refused");
+	conn_send_error(&sv.cn, CONN_MAIN, EPERM, "refused");
 	cr_assert_eq(conn_recv(&cl.cn, &len, e, sizeof(e)), 0, "%s", e);
-	cr_assert_eq(msg_type(cl.rbuf, len, e, sizeof(e)), WIRE_ERROR);
+	cr_assert_eq(msg_type(cl.cn.rbuf, len, e, sizeof(e)), WIRE_ERROR);
 	free(sink);
 	free(src);
 	side_free(&cl);
 	side_free(&sv);
+}
+
+struct side_arg {
+	struct side *s;
+	const float *src;
+	uint64_t n;
+	int r;
+};
+
+/* The streamer's part on a CONN_PIPE_SIDE connection: a HEARTBEAT and a
+ * tensor, both as CONN_SIDE, encoded in its own buffer. */
+static void *side_send_main(void *arg)
+{
+	struct side_arg *a = arg;
+	char e[256];
+	size_t len;
+	struct msg_heartbeat hb = { .version = 4 };
+	a->r = msg_encode_heartbeat(conn_payload(&a->s->cn, CONN_SIDE), conn_payload_cap(&a->s->cn),
+				    &hb, &len, e, sizeof(e));
+	if (!a->r)
+		a->r = conn_send_payload(&a->s->cn, CONN_SIDE, len, e, sizeof(e));
+	struct conn_chunk_tx t = { .type = WIRE_PARAMS, .shard = 1, .version = 5, .src = a->src,
+				   .n = a->n };
+	if (!a->r)
+		a->r = conn_send_tensor(&a->s->cn, CONN_SIDE, &t, e, sizeof(e));
+	return NULL;
+}
+
+/* Two threads send on one connection, each from a buffer of its own: a
+ * message CONN_MAIN encoded before CONN_SIDE encoded and sent its own
+ * (and a tensor) is still whole when CONN_MAIN sends it. */
+Test(conn, two_senders_each_with_a_buffer_of_its_own)
+{
+	struct side cl, sv;
+	char e[256];
+	size_t len;
+	int sp[2];
+	cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
+	/* The ps's shape: CONN_SIDE beside the owner; a worker's at the other
+	 * end. Both with the same all-zero keys: the handshake is not what is
+	 * under test. */
+	struct conn_shape ps_shape = { .pipes = CONN_PIPE_SIDE },
+			  w_shape = { .pipes = CONN_PIPE_RECV };
+	cr_assert_eq(conn_init(&sv.cn, -1, &ps_shape, 5000, 5000), 0);
+	cr_assert_eq(conn_init(&cl.cn, -1, &w_shape, 5000, 5000), 0);
+	struct hs_result hr;
+	memset(&hr, 0, sizeof(hr));
+	hr.send.cipher = hr.recv.cipher = FRAME_CHACHA20POLY1305;
+	conn_attach(&sv.cn, sp[1], &hr);
+	conn_attach(&cl.cn, sp[0], &hr);
+	cr_assert_neq(conn_payload(&sv.cn, CONN_SIDE), conn_payload(&sv.cn, CONN_MAIN));
+	cr_assert_null(conn_payload(&cl.cn, CONN_SIDE), "a connection without CONN_SIDE");
+
+	struct msg_status q = { .reply = 1, .shard = 1, .version = 77 };
+	cr_assert_eq(msg_encode_status(conn_payload(&sv.cn, CONN_MAIN), conn_payload_cap(&sv.cn), &q,
+				       &len, e, sizeof(e)),
+		     0, "%s", e);
+	uint64_t n = 2 * (uint64_t)MSG_CHUNK_FLOATS + 3;
+	float *src = malloc(n * sizeof(float)), *dst = calloc(n, sizeof(float));
+	cr_assert(src && dst);
+	for (uint64_t i = 0; i < n; i++)
+		src[i] = (float)i - 7.0f;
+	struct side_arg sa = { &sv, src, n, -1 };
+	pthread_t th;
+	cr_assert_eq(pthread_create(&th, NULL, side_send_main, &sa), 0);
+	size_t hlen;
+	cr_assert_eq(conn_recv(&cl.cn, &hlen, e, sizeof(e)), 0, "%s", e);
+	cr_assert_eq(msg_type(cl.cn.rbuf, hlen, e, sizeof(e)), WIRE_HEARTBEAT);
+	struct msg_assembly a;
+	cr_assert_eq(msg_assembly_init(&a, WIRE_PARAMS, 1, n, WIRE_F32, e, sizeof(e)), 0);
+	struct conn_chunk_rx x = { .type = WIRE_PARAMS, .a = &a, .dst = dst };
+	cr_assert_eq(conn_recv(&cl.cn, &hlen, e, sizeof(e)), 0, "%s", e);
+	cr_assert_eq(conn_take_chunk(&cl.cn, &x, hlen, e, sizeof(e)), 0, "%s", e);
+	cr_assert_eq(conn_recv_rest(&cl.cn, &x, e, sizeof(e)), 0, "%s", e);
+	pthread_join(th, NULL);
+	cr_assert_eq(sa.r, 0);
+	cr_assert_eq(memcmp(src, dst, n * sizeof(float)), 0);
+
+	cr_assert_eq(conn_send_payload(&sv.cn, CONN_MAIN, len, e, sizeof(e)), 0, "%s", e);
+	struct msg_status got;
+	cr_assert_eq(conn_recv(&cl.cn, &len, e, sizeof(e)), 0, "%s", e);
+	cr_assert_eq(msg_decode_status(cl.cn.rbuf, len, &got, e, sizeof(e)), 0, "%s", e);
+	cr_assert_eq(got.version, 77, "CONN_MAIN's message was overwritten");
+	/* A sender the connection has not. */
+	cr_assert_eq(conn_send_payload(&cl.cn, CONN_SIDE, 1, e, sizeof(e)), -EINVAL);
+	free(src);
+	free(dst);
+	side_free(&cl);
+	side_free(&sv);
+}
+
+/* A connection shaped for short messages (an observer's) refuses a
+ * longer frame unread, offers only that much to encode into, and has no
+ * pipe for a tensor. */
+Test(conn, a_small_shape_refuses_longer_frames)
+{
+	char e[256];
+	size_t len;
+	int sp[2];
+	cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
+	struct conn small, big;
+	struct conn_shape shape = { .msg_max = 64 };
+	cr_assert_eq(conn_init(&small, -1, &shape, 5000, 5000), 0);
+	cr_assert_eq(conn_init(&big, -1, NULL, 5000, 5000), 0);
+	cr_assert_eq(conn_payload_cap(&small), 64);
+	cr_assert_eq(conn_payload_cap(&big), CONN_MSG_MAX);
+	struct hs_result hr;
+	memset(&hr, 0, sizeof(hr));
+	hr.send.cipher = hr.recv.cipher = FRAME_CHACHA20POLY1305;
+	conn_attach(&small, sp[0], &hr);
+	conn_attach(&big, sp[1], &hr);
+	memset(conn_payload(&big, CONN_MAIN), 0, 65);
+	cr_assert_eq(conn_send_payload(&big, CONN_MAIN, 64, e, sizeof(e)), 0, "%s", e);
+	cr_assert_eq(conn_recv(&small, &len, e, sizeof(e)), 0, "%s", e);
+	cr_assert_eq(len, 64);
+	cr_assert_eq(conn_send_payload(&big, CONN_MAIN, 65, e, sizeof(e)), 0, "%s", e);
+	cr_assert_eq(conn_recv(&small, &len, e, sizeof(e)), -ENOBUFS, "%s", e);
+	float v = 1;
+	struct conn_chunk_tx t = { .type = WIRE_PUSH, .shard = 1, .src = &v, .n = 1 };
+	cr_assert_eq(conn_send_tensor(&small, CONN_MAIN, &t, e, sizeof(e)), -EINVAL);
+	conn_destroy(&small);
+	conn_destroy(&big);
 }

@@ -3,7 +3,8 @@
  * layer against finite differences, fitting the data to the model, local
  * training on an in-memory synthetic set from a planted logistic model
  * (AUC well above a constant predictor's 0.5, toward the planted model's
- * own), bit-for-bit reruns, and the cluster roles' and eval's refusals. */
+ * own), bit-for-bit reruns, and the cluster roles' refusals (checkpoints of
+ * the tables: test_ckpt_rows.c). */
 #include <criterion/criterion.h>
 
 #include "gradcheck.h"
@@ -128,6 +129,12 @@ Test(ctr, config_refusals)
 	cr_assert_eq(config_parse_string(&c, "o.ini", "[train]\nembedding_learning_rate = 0\n", set_err, sizeof(set_err)),
 		     -EINVAL);
 	cr_assert_not_null(strstr(set_err, "out of range"), "%s", set_err);
+	/* A worker pulls one batch's rows a step: no slices of its own yet. */
+	cr_assert_eq(config_parse_string(&c, "o.ini",
+					 "[train]\nslices = 2\n[model]\ninput = 2\nlayer = embedding 3 10 4\nlayer = dense 1\n"
+					 "loss = sigmoid_cross_entropy\n", set_err, sizeof(set_err)), -EINVAL);
+	cr_assert_not_null(strstr(set_err, "takes one slice per worker"), "%s", set_err);
+	cr_assert_eq(config_parse_string(&c, "o.ini", "[train]\nslices = 2\n", set_err, sizeof(set_err)), 0, "%s", set_err);
 }
 
 /* ---- a replica's gradient through the embedding layer -------------------- */
@@ -475,8 +482,8 @@ Test(ctr, binary_model_local_eval_predict, .timeout = 60)
 	test_dir_remove(dir);
 }
 
-/* A binary dense model trains in a cluster as well (only embeddings wait
- * for part 3); the chief's lines say log loss and AUC. */
+/* A binary dense model trains in a cluster as well (embeddings:
+ * tests/test_sparse.c); the chief's lines say log loss and AUC. */
 Test(ctr, binary_model_in_a_cluster, .timeout = 90)
 {
 	char dir[200], cfg[300], text[1024], out[2][300];
@@ -508,49 +515,6 @@ Test(ctr, binary_model_in_a_cluster, .timeout = 90)
 	cr_assert(auc > 0.75, "AUC %g", auc);
 	cr_assert_not_null(strstr(w0, "step 30/60"), "%s", w0);
 	cr_assert_null(strstr(w0, "acc"), "%s", w0);
-	test_dir_remove(dir);
-}
-
-/* The roles a cluster runs refuse the model in one line, exit 2, before
- * the key (there is none here) or any socket. */
-Test(ctr, cluster_roles_refuse_embedding_models, .timeout = 60)
-{
-	char dir[200], cfg[300], text[1024], out[300], want[512];
-	test_dir_make(dir, sizeof(dir), "ctr");
-	snprintf(cfg, sizeof(cfg), "%s/ctr.ini", dir);
-	snprintf(out, sizeof(out), "%s/blobs.csv", dir);
-	write_blobs(out, 100, 2, 3, 1);
-	snprintf(text, sizeof(text), "[cluster]\nps = 127.0.0.1:%d\nworkers = 127.0.0.1:%d\n[data]\nformat = csv\n"
-		 "train_csv = blobs.csv\n[model]\ninput = 3\nlayer = embedding 4 100 8\nlayer = dense 1\n"
-		 "loss = sigmoid_cross_entropy\n", free_port(), free_port());
-	FILE *f = fopen(cfg, "w");
-	cr_assert_not_null(f);
-	fputs(text, f);
-	fclose(f);
-	const char *roles[3][6] = { { "ps", "--index", "0", "--config", cfg, NULL },
-				    { "worker", "--index", "0", "--config", cfg, NULL },
-				    { "run", "--config", cfg, NULL } };
-	const char *env[3] = { NULL, NULL,
-			       "TF_CONFIG={\"cluster\": {\"ps\": [\"127.0.0.1:1\"], \"chief\": [\"127.0.0.1:2\"]}, "
-			       "\"task\": {\"type\": \"chief\", \"index\": 0}}" };
-	for (int i = 0; i < 3; i++) {
-		snprintf(out, sizeof(out), "%s/%s.log", dir, roles[i][0]);
-		pid_t p = spawn_pstrain(roles[i], out, env[i]);
-		int st;
-		wait_children(&p, 1, &st, 30);
-		cr_assert_eq(st, 2, "%s: exit %d: %s", roles[i][0], st, slurp(out));
-		snprintf(want, sizeof(want), "pstrain: %s:9: embedding layers train in local mode only until sparse ps tables land (issue 39 part 3)\n",
-			 cfg);
-		cr_assert_not_null(strstr(slurp(out), want), "%s: %s", roles[i][0], slurp(out));
-	}
-	/* eval and predict have no checkpoint of such a model to load */
-	snprintf(out, sizeof(out), "%s/eval.log", dir);
-	const char *eval[] = { "eval", "--checkpoint", dir, "--config", cfg, NULL };
-	pid_t p = spawn_pstrain(eval, out, NULL);
-	int st;
-	wait_children(&p, 1, &st, 30);
-	cr_assert_eq(st, 2, "eval: exit %d: %s", st, slurp(out));
-	cr_assert_not_null(strstr(slurp(out), "embedding tables are not checkpointed yet (issue 39 part 5)"), "%s", slurp(out));
 	test_dir_remove(dir);
 }
 

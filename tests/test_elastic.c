@@ -133,15 +133,15 @@ Test(elastic, one_two_four_workers_end_on_local_slices)
 {
 	enum { T = 40 };
 	static char ref[16384], got[16384];
-	char cfg[300], out[MAX_PROCS][300], tag[32], ck[32];
+	char cfg[300], out[MAX_PROCS][300], tag[32], ck[32], logp[400];
 	pid_t pids[MAX_PROCS];
 	int st[MAX_PROCS];
 
 	snprintf(cfg, sizeof(cfg), "%s/local.ini", dir);
 	write_cfg(cfg, (struct run_cfg){ .steps = T, .ck = "ref" });
 	run_local(cfg, "train.slices=4", "local");
-	cr_assert_not_null(strstr(slurp(strcat(strcpy(tag, dir), "/local.log")), "batch 4 slices x 16"), "%s",
-			   slurp(tag));
+	snprintf(logp, sizeof(logp), "%s/local.log", dir);
+	cr_assert_not_null(strstr(slurp(logp), "batch 4 slices x 16"), "%s", slurp(logp));
 	ck_lines("ref", T, ref, sizeof(ref));
 
 	static const int sizes[] = { 1, 2, 4 };

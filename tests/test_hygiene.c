@@ -302,7 +302,7 @@ Test(hygiene, ps_keeps_its_keys_in_locked_memory)
 	cr_assert_eq(config_hash(&c, me.config_hash), 0);
 	struct conn cn;
 	int fd = -1;
-	cr_assert_eq(conn_init(&cn, -1, NULL, NULL, NULL, 5000, 5000), 0);
+	cr_assert_eq(conn_init(&cn, -1, NULL, 5000, 5000), 0);
 	cr_assert_eq(sock_connect_retry(c.cluster.ps[0].name, c.cluster.ps[0].port, 5000, &fd, e,
 					sizeof e),
 		     0, "%s", e);
@@ -346,7 +346,7 @@ static void handshake(struct conn *cl, struct server *sv, uint8_t ck, uint8_t sk
 	char e[512];
 	cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
 	memset(sv, 0, sizeof *sv);
-	cr_assert_eq(conn_init(&sv->cn, sp[1], NULL, NULL, NULL, 5000, 5000), 0);
+	cr_assert_eq(conn_init(&sv->cn, sp[1], NULL, 5000, 5000), 0);
 	memset(sv->psk, sk, sizeof sv->psk);
 	sv->me = (struct hs_identity){ .role = HS_PS, .index = 1, .ciphers = frame_offers() };
 	struct hs_identity me = { .role = HS_WORKER, .index = 3, .to = 1, .ciphers = frame_offers() };
@@ -366,7 +366,7 @@ Test(hygiene, conn_keys_wiped_on_close)
 	struct conn cl;
 	struct server sv;
 	int rc;
-	cr_assert_eq(conn_init(&cl, -1, NULL, NULL, NULL, 5000, 5000), 0);
+	cr_assert_eq(conn_init(&cl, -1, NULL, 5000, 5000), 0);
 	cr_assert(all_zero(cl.keys, sizeof *cl.keys), "conn_init left bytes in the key pages");
 	handshake(&cl, &sv, 9, 9, &rc);
 	cr_assert_eq(rc, 0);
@@ -503,7 +503,7 @@ static int nolock_child(void *arg)
 	struct conn cl;
 	struct server sv;
 	int rc;
-	if (conn_init(&cl, -1, NULL, NULL, NULL, 5000, 5000) != 0)
+	if (conn_init(&cl, -1, NULL, 5000, 5000) != 0)
 		return 1;
 	handshake(&cl, &sv, 4, 4, &rc);
 	if (rc != 0 || sv.r != 0)

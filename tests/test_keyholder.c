@@ -571,11 +571,9 @@ Test(keyholder, worker_prints_a_ps_error_and_exits)
 	int fd;
 	cr_assert_eq(sock_accept(lfd, 10000, &fd, peer, sizeof(peer), err, sizeof(err)), 0, "%s", err);
 
-	static uint8_t rbuf[CONN_RBUF_BYTES], wbuf[CONN_WBUF_BYTES];
-	struct pipe pp;
 	struct conn c;
-	cr_assert_eq(pipe_init(&pp, NULL, wbuf, sizeof(wbuf), err, sizeof(err)), 0, "%s", err);
-	conn_init(&c, fd, rbuf, wbuf, &pp, IO_MS, IO_MS);
+	struct conn_shape shape = { .pipes = CONN_PIPE_ONE };
+	cr_assert_eq(conn_init(&c, fd, &shape, IO_MS, IO_MS), 0);
 	struct hs_identity me = { .role = HS_PS, .index = 0, .ciphers = frame_offers() };
 	memcpy(me.config_hash, t.hash, HS_HASH_BYTES);
 	cr_assert_eq(conn_server(&c, t.key, &me, IO_MS, err, sizeof(err)), 0, "%s", err);
@@ -583,15 +581,14 @@ Test(keyholder, worker_prints_a_ps_error_and_exits)
 	do {
 		size_t len;
 		cr_assert_eq(conn_recv(&c, &len, err, sizeof(err)), 0, "%s", err);
-		type = msg_type(rbuf, len, err, sizeof(err));
+		type = msg_type(c.rbuf, len, err, sizeof(err));
 	} while (type == WIRE_HEARTBEAT);
 	cr_assert_eq(type, WIRE_PULL, "the worker sent %s first", wire_msg_name((uint8_t)type));
-	conn_send_error(&c, EPROTO, "refused: the test says no");
+	conn_send_error(&c, CONN_MAIN, EPROTO, "refused: the test says no");
 
 	int st[1];
 	wait_children(&w, 1, st, RUN_TIMEOUT_S);
 	conn_destroy(&c);
-	pipe_free(&pp);
 	close(lfd);
 	char *log = slurp(wlog);
 	cr_assert_eq(st[0], 3, "worker exit %d:\n%s", st[0], log);
@@ -809,7 +806,7 @@ Test(keyholder, failed_rollback_leaves_the_shard_untouched)
 	FILE *out = fopen("/dev/null", "w");
 	cr_assert_not_null(out);
 	struct ps_store st;
-	cr_assert_eq(ps_store_open(&st, &mu, &sh, &m, &c, 0, 1, out, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(ps_store_open(&st, &mu, &sh, NULL, &m, &c, 0, 1, out, err, sizeof(err)), 0, "%s", err);
 	cr_assert_not_null(st.lay);
 
 	/* Checkpoints 2 (good) and 3 (damaged) of a state of 1s, 2s and 3s. */

@@ -1471,7 +1471,7 @@ Test(msg, view_and_leave_round_trip)
 	in.base[31] = 0x80;
 	cr_assert_eq(msg_encode_view(buf, sizeof buf, &in, &len, err, sizeof err), 0, "%s", err);
 	cr_assert_eq(len, 80);
-	cr_assert_eq(buf[0], 13);
+	cr_assert_eq(buf[0], 16);
 	cr_assert_eq(wire_get_u16(buf + 2), 4);
 	cr_assert_eq(wire_get_u32(buf + 4), 1);
 	cr_assert_eq(wire_get_u64(buf + 8), 41);
@@ -1523,7 +1523,7 @@ Test(msg, view_and_leave_round_trip)
 	struct msg_leave lv = { .worker = 0x01020304u }, lvout;
 	cr_assert_eq(msg_encode_leave(buf, sizeof buf, &lv, &len, err, sizeof err), 0, "%s", err);
 	cr_assert_eq(len, 8);
-	cr_assert_eq(buf[0], 14);
+	cr_assert_eq(buf[0], 17);
 	cr_assert_eq(wire_get_u32(buf + 4), 0x01020304u);
 	cr_assert_eq(msg_decode_leave(buf, len, &lvout, err, sizeof err), 0, "%s", err);
 	cr_assert_eq(lvout.worker, 0x01020304u);

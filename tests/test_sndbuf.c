@@ -239,18 +239,13 @@ Test(sndbuf, unix_sockets_left_alone)
 
 struct end {
 	struct conn cn;
-	uint8_t *rbuf, *wbuf;
-	struct pipe pp;
 };
 
 static void end_init(struct end *e, int fd)
 {
 	memset(e, 0, sizeof(*e));
-	e->rbuf = malloc(CONN_RBUF_BYTES);
-	e->wbuf = malloc(CONN_WBUF_BYTES);
-	cr_assert(e->rbuf && e->wbuf);
-	cr_assert_eq(pipe_init(&e->pp, NULL, e->wbuf, CONN_WBUF_BYTES, NULL, 0), 0);
-	cr_assert_eq(conn_init(&e->cn, -1, e->rbuf, e->wbuf, &e->pp, 5000, 5000), 0);
+	struct conn_shape shape = { .pipes = CONN_PIPE_ONE };
+	cr_assert_eq(conn_init(&e->cn, -1, &shape, 5000, 5000), 0);
 	/* Both ends with the same all-zero ChaCha20 keys: what is under test
 	 * is the socket, not the handshake. */
 	struct hs_result hr;
@@ -262,9 +257,6 @@ static void end_init(struct end *e, int fd)
 static void end_free(struct end *e)
 {
 	conn_destroy(&e->cn);
-	pipe_free(&e->pp);
-	free(e->rbuf);
-	free(e->wbuf);
 }
 
 #define TENSOR_N (256u * 1024) /* floats: 1 MiB a tensor */
@@ -329,7 +321,7 @@ Test(sndbuf, connection_measures_its_way_to_a_size)
 	struct timespec t0, now;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	do {
-		r = conn_send_tensor(&tx.cn, &t, err, sizeof err);
+		r = conn_send_tensor(&tx.cn, CONN_MAIN, &t, err, sizeof err);
 		sent++;
 		clock_gettime(CLOCK_MONOTONIC, &now);
 	} while (!r && tx.cn.sb.state == SNDBUF_PROBING && now.tv_sec - t0.tv_sec < 10);

@@ -180,6 +180,11 @@ static int layout_init(struct ckpt_layout *l, const struct model *m, int nshards
 	l->nshards = nshards;
 	shard_plan(l->shards, nshards, m->nparams);
 	l->optim = c->train.optim.kind;
+	if (m->embed.fields) {
+		const struct embed_spec *es = &m->embed;
+		l->tables = (struct ckpt_tables){ es->fields, es->rows, es->dim, es->shared, c->train.embed_optimizer };
+		snprintf(l->table_layer, sizeof(l->table_layer), "%s", m->layers[0].name);
+	}
 	if (config_hash(c, l->config_hash))
 		return err_set(err, errlen, -ENOMEM, "out of memory hashing the config");
 	crypto_generichash_state h;
@@ -205,9 +210,7 @@ int ckpt_layout_init_cluster(struct ckpt_layout *l, const struct model *m, int n
 
 /* ---- writing ---- */
 
-static void meta_set(struct st_meta *m, int *n, const char *key, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-static void meta_set(struct st_meta *m, int *n, const char *key, const char *fmt, ...)
+void ckpt_meta_set(struct st_meta *m, int *n, const char *key, const char *fmt, ...)
 {
 	va_list ap;
 	snprintf(m[*n].key, sizeof(m[*n].key), "%s", key);
@@ -289,26 +292,39 @@ static void add_part(struct st_tensor *out, int *nt, struct st_meta *meta, int *
 		s->shape[0] = s->n;
 		ckpt_part_text(part, sizeof(part), lo, hi, t->ndim, t->shape);
 		snprintf(key, sizeof(key), "pstrain.part.%s", s->name);
-		meta_set(meta, nmeta, key, "%s", part);
+		ckpt_meta_set(meta, nmeta, key, "%s", part);
 	}
 }
 
-static int hash_file(const char *path, uint8_t sum[CKPT_HASH_BYTES], uint64_t *bytes, char *err, size_t errlen)
+int ckpt_hash_file(const char *path, uint8_t sum[CKPT_HASH_BYTES], uint64_t *bytes, char *err, size_t errlen)
 {
-	unsigned char *buf;
-	size_t len;
-	int e = file_read(path, &buf, &len, err, errlen);
-	if (e)
-		return e;
-	crypto_generichash(sum, CKPT_HASH_BYTES, buf, len, NULL, 0);
-	*bytes = len;
+	/* In pieces: a table's rows file may be larger than memory. */
+	enum { CHUNK = 1 << 20 };
+	crypto_generichash_state h;
+	unsigned char *buf = malloc(CHUNK);
+	FILE *f = buf ? fopen(path, "rb") : NULL;
+	if (!f) {
+		int e = buf ? -errno : -ENOMEM;
+		free(buf);
+		return err_set(err, errlen, e, "%s: %s", path, strerror(-e));
+	}
+	crypto_generichash_init(&h, NULL, 0, CKPT_HASH_BYTES);
+	size_t got;
+	*bytes = 0;
+	while ((got = fread(buf, 1, CHUNK, f)) > 0) {
+		crypto_generichash_update(&h, buf, got);
+		*bytes += got;
+	}
+	int e = ferror(f) ? err_set(err, errlen, -EIO, "%s: read failed", path) : 0;
+	fclose(f);
 	free(buf);
-	return 0;
+	crypto_generichash_final(&h, sum, CKPT_HASH_BYTES);
+	return e;
 }
 
 /* Writes path.part, syncs it and renames it to path. */
-static int write_durable(const char *path, int (*fill)(FILE *, const void *, char *, size_t), const void *arg,
-			 char *err, size_t errlen)
+int ckpt_write_durable(const char *path, int (*fill)(FILE *, const void *, char *, size_t), const void *arg,
+		       char *err, size_t errlen)
 {
 	char tmp[CKPT_PATH_MAX + CKPT_FILE_MAX + 8];
 	snprintf(tmp, sizeof(tmp), "%s.part", path);
@@ -330,22 +346,18 @@ static int write_durable(const char *path, int (*fill)(FILE *, const void *, cha
 	return e;
 }
 
-struct shard_file {
-	const struct st_tensor *t;
-	int nt;
-	const struct st_meta *meta;
-	int nmeta;
-};
-
-static int fill_shard(FILE *f, const void *arg, char *err, size_t errlen)
+int ckpt_fill_st(FILE *f, const void *arg, char *err, size_t errlen)
 {
-	const struct shard_file *s = arg;
+	const struct ckpt_st_file *s = arg;
 	return safetensors_write(f, s->t, s->nt, s->meta, s->nmeta, err, errlen);
 }
 
+/* Shard k's file, and with tables its rows file, into dir; their
+ * manifest lines into mf. */
 static int write_shard(const char *tmpdir, const struct ckpt_layout *l, int k, long step,
-		       const struct ckpt_state *st, struct ckpt_shard *out, char *err, size_t errlen)
+		       const struct ckpt_state *st, struct ckpt_manifest *mf, char *err, size_t errlen)
 {
+	struct ckpt_shard *out = &mf->shards[k];
 	size_t b = l->shards[k].begin, e = l->shards[k].end;
 	struct st_tensor *t = malloc(3 * (size_t)l->nt * sizeof(*t));
 	struct st_meta *meta = malloc((10 + 6 * (size_t)l->nt) * sizeof(*meta));
@@ -356,16 +368,16 @@ static int write_shard(const char *tmpdir, const struct ckpt_layout *l, int k, l
 		return err_set(err, errlen, -ENOMEM, "out of memory for a checkpoint header");
 	}
 	/* "format": "pt" is what safetensors' PyTorch helpers write. */
-	meta_set(meta, &nmeta, "format", "pt");
-	meta_set(meta, &nmeta, "pstrain.format", "1");
-	meta_set(meta, &nmeta, "pstrain.step", "%ld", step);
-	meta_set(meta, &nmeta, "pstrain.shard", "%d/%d", k, l->nshards);
-	meta_set(meta, &nmeta, "pstrain.range", "%zu:%zu", b, e);
-	meta_set(meta, &nmeta, "pstrain.optimizer", "%s", optim_kind_name(l->optim));
-	meta_set(meta, &nmeta, "pstrain.mode", "%s", !l->cluster ? "local" : l->async ? "async" : "sync");
-	meta_set(meta, &nmeta, "pstrain.optim_t", "%ld", st->t);
+	ckpt_meta_set(meta, &nmeta, "format", "pt");
+	ckpt_meta_set(meta, &nmeta, "pstrain.format", "1");
+	ckpt_meta_set(meta, &nmeta, "pstrain.step", "%ld", step);
+	ckpt_meta_set(meta, &nmeta, "pstrain.shard", "%d/%d", k, l->nshards);
+	ckpt_meta_set(meta, &nmeta, "pstrain.range", "%zu:%zu", b, e);
+	ckpt_meta_set(meta, &nmeta, "pstrain.optimizer", "%s", optim_kind_name(l->optim));
+	ckpt_meta_set(meta, &nmeta, "pstrain.mode", "%s", !l->cluster ? "local" : l->async ? "async" : "sync");
+	ckpt_meta_set(meta, &nmeta, "pstrain.optim_t", "%ld", st->t);
 	if (st->test_acc)
-		meta_set(meta, &nmeta, "pstrain.test_accuracy", "%.6f", *st->test_acc);
+		ckpt_meta_set(meta, &nmeta, "pstrain.test_accuracy", "%.6f", *st->test_acc);
 	for (int i = 0; i < l->nt; i++)
 		add_part(t, &nt, meta, &nmeta, "", &l->t[i], b, e, st->params);
 	for (int i = 0; i < l->nt; i++)
@@ -378,14 +390,16 @@ static int write_shard(const char *tmpdir, const struct ckpt_layout *l, int k, l
 	snprintf(path, sizeof(path), "%s/%s", tmpdir, out->file);
 	out->begin = b;
 	out->end = e;
-	struct shard_file sf = { t, nt, meta, nmeta };
-	int r = write_durable(path, fill_shard, &sf, err, errlen);
+	struct ckpt_st_file sf = { t, nt, meta, nmeta };
+	int r = ckpt_write_durable(path, ckpt_fill_st, &sf, err, errlen);
 	free(t);
 	free(meta);
 	/* Hashing what is on disk, not what was meant to be written, so the
 	 * checksum also vouches for the write. */
 	if (!r)
-		r = hash_file(path, out->sum, &out->bytes, err, errlen);
+		r = ckpt_hash_file(path, out->sum, &out->bytes, err, errlen);
+	if (!r && l->tables.fields)
+		r = ckpt_rows_write(tmpdir, l, k, step, st->rows, &mf->rows[k], err, errlen);
 	return r;
 }
 
@@ -429,10 +443,13 @@ int ckpt_step_complete(const char *stepdir)
 	struct ckpt_manifest *mf = malloc(sizeof(*mf));
 	char err[256], p[CKPT_PATH_MAX];
 	int ok = mf && manifest_read(mf, stepdir, err, sizeof(err)) == 0;
-	for (int k = 0; ok && k < mf->nshards; k++) {
+	for (int k = 0; ok && k < 2 * mf->nshards; k++) {
+		const struct ckpt_shard *f = k < mf->nshards ? &mf->shards[k] : &mf->rows[k - mf->nshards];
 		struct stat sb;
-		snprintf(p, sizeof(p), "%s/%s", stepdir, mf->shards[k].file);
-		ok = stat(p, &sb) == 0 && (uint64_t)sb.st_size == mf->shards[k].bytes;
+		if (k >= mf->nshards && !mf->tables.fields)
+			break;
+		snprintf(p, sizeof(p), "%s/%s", stepdir, f->file);
+		ok = stat(p, &sb) == 0 && (uint64_t)sb.st_size == f->bytes;
 	}
 	free(mf);
 	return ok;
@@ -487,6 +504,7 @@ static void manifest_init(struct ckpt_manifest *mf, const struct ckpt_layout *l,
 	memcpy(mf->layout_hash, l->layout_hash, CKPT_HASH_BYTES);
 	memcpy(mf->config_hash, l->config_hash, CKPT_HASH_BYTES);
 	mf->nshards = l->nshards;
+	mf->tables = l->tables;
 }
 
 int checkpoint_save(const char *dir, const struct ckpt_layout *l, long step, const struct ckpt_state *st,
@@ -517,7 +535,7 @@ int checkpoint_save(const char *dir, const struct ckpt_layout *l, long step, con
 	}
 	manifest_init(mf, l, step);
 	for (int k = 0; k < l->nshards; k++) {
-		e = write_shard(tmp, l, k, step, &st[k], &mf->shards[k], err, errlen);
+		e = write_shard(tmp, l, k, step, &st[k], mf, err, errlen);
 		if (e)
 			goto fail;
 		hooks_crash_point(&l->hooks, "shard", step);
@@ -525,7 +543,7 @@ int checkpoint_save(const char *dir, const struct ckpt_layout *l, long step, con
 	hooks_crash_point(&l->hooks, "manifest", step);
 	snprintf(p, sizeof(p), "%s/%s", tmp, CKPT_MANIFEST);
 	struct manifest_arg ma = { mf, -1 };
-	e = write_durable(p, manifest_fill, &ma, err, errlen);
+	e = ckpt_write_durable(p, manifest_fill, &ma, err, errlen);
 	if (e)
 		goto fail;
 	if ((e = fsync_dir(tmp))) {
@@ -575,7 +593,7 @@ static int step_foreign(const char *stepdir, int n, int remove)
 	while ((de = readdir(d))) {
 		int k, m, other = strcmp(de->d_name, CKPT_MANIFEST) == 0;
 		if (sscanf(de->d_name, "manifest-%d-of-%d", &k, &m) == 2 ||
-		    sscanf(de->d_name, "shard-%d-of-%d", &k, &m) == 2)
+		    sscanf(de->d_name, "shard-%d-of-%d", &k, &m) == 2 || sscanf(de->d_name, "rows-%d-of-%d", &k, &m) == 2)
 			other = other || m != n;
 		if (!other)
 			continue;
@@ -622,12 +640,12 @@ int checkpoint_save_shard(const char *dir, const struct ckpt_layout *l, long ste
 		return err_set(err, errlen, -ENOMEM, "out of memory for a manifest");
 	manifest_init(mf, l, step);
 	slow_disk(l);
-	e = write_shard(sd, l, k, step, st, &mf->shards[k], err, errlen);
+	e = write_shard(sd, l, k, step, st, mf, err, errlen);
 	if (!e)
 		hooks_crash_point(&l->hooks, "manifest", step);
 	struct manifest_arg ma = { mf, k };
 	if (!e)
-		e = write_durable(p, manifest_fill, &ma, err, errlen);
+		e = ckpt_write_durable(p, manifest_fill, &ma, err, errlen);
 	if (!e && (e = fsync_dir(sd)))
 		err_set(err, errlen, e, "%s: fsync: %s", sd, strerror(-e));
 	if (!e && (e = fsync_dir(dir)))

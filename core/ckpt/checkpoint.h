@@ -15,6 +15,17 @@
  * moments are the tensors "optim.m.NAME" and "optim.v.NAME" stored the same
  * way; the optimizer's step count t and the training step are metadata.
  *
+ * A model's embedding tables (embed.h: R rows of DIM, outside P) are stored
+ * beside the shards, by row: writer K's global rows [r0, r1) and the sparse
+ * optimizer's state over them in rows-K-of-N.safetensors, each table it
+ * holds whole as "embedding1.J.weight" (ROWS, DIM) ("embedding1.weight"
+ * when shared), and a table it holds part of as the rows it holds, with
+ * the same "pstrain.part.NAME" metadata (element offsets in the whole
+ * table); the manifest lists the files and their row ranges, which tile
+ * [0, R). Any range of rows loads from any number of writers
+ * (checkpoint_load_rows), reading only the files that hold some of it and
+ * holding only the rows asked for (ckpt_rows.c).
+ *
  * A checkpoint is written into checkpoint_dir/.tmp-step-NNNNNNNN-PID/, each
  * file to a ".part" name, fsync'd and renamed; the manifest last; then the
  * directory is fsync'd and renamed to step-NNNNNNNN and checkpoint_dir is
@@ -31,6 +42,7 @@
 #include "manifest.h"
 #include "../nn/model.h"
 #include "../nn/optim.h"
+#include "../nn/sparse_optim.h"
 #include "safetensors.h"
 #include "../shard.h"
 #include "../../base/hooks.h"
@@ -52,6 +64,11 @@ struct ckpt_layout {
 	int async;                              /* an async cluster's: "mode async" in layout_hash */
 	int cluster;                            /* a cluster's (ckpt_layout_init_cluster), not local's */
 	struct test_hooks hooks;                /* the writer's (base/hooks.h) */
+	/* The model's embedding tables (fields 0: none), their layer's name
+	 * ("embedding1", the tensors' prefix) and their optimizer (the
+	 * config's [train] embedding_optimizer). */
+	struct ckpt_tables tables;
+	char table_layer[TENSOR_NAME_MAX];
 };
 
 /* nshards = 1 for `local`, [cluster] ps count for a cluster. */
@@ -66,6 +83,17 @@ int ckpt_layout_init_cluster(struct ckpt_layout *l, const struct model *m, int n
 			     const struct config *c, char *err, size_t errlen);
 
 
+/* A writer's rows of the embedding tables: global rows [r0, r1) of the R
+ * rows of all tables end to end (embed.h's order: table J's row i is
+ * global row J * ROWS + i), and the sparse optimizer's state over the
+ * same rows. Written straight from these arrays, never copied whole. */
+struct ckpt_rows {
+	uint64_t r0, r1;
+	const float *table;   /* (r1 - r0, DIM) */
+	const float *m, *v;   /* (r1 - r0, DIM) each: adagrad's accumulator in m (v NULL), lazy_adam's moments */
+	long t;               /* the sparse optimizer's steps (struct sparse_optim's t) */
+};
+
 /* One shard's state as saved: arrays over the shard's range; m and v may
  * be NULL when the optimizer has no such state (sgd has neither). */
 struct ckpt_state {
@@ -73,6 +101,9 @@ struct ckpt_state {
 	const float *m, *v;
 	long t;
 	const double *test_acc;   /* the run's final test accuracy in [0,1]; NULL: none (not final) */
+	const struct ckpt_rows *rows;   /* the model has tables: this writer's rows of them (every
+					 * writer has an entry, their ranges tile [0, R) in order of
+					 * K; a range may be empty); NULL without tables */
 };
 
 /* Saves st[0..l->nshards) as checkpoint `step` under dir (created if
@@ -89,8 +120,10 @@ struct ckpt_state {
 int checkpoint_save(const char *dir, const struct ckpt_layout *l, long step, const struct ckpt_state *st,
 		    int keep, FILE *log, char *err, size_t errlen);
 
-/* A ps's part of cluster checkpoint `step`: shard k's file and its own
- * manifest "manifest-K-of-N" (written last, after the file is synced) in
+/* A ps's part of cluster checkpoint `step`: shard k's file, with tables
+ * its rows file (st->rows: rows [r0, r1), the writer entry point for a
+ * ps's shard of the tables), and its own
+ * manifest "manifest-K-of-N" (written last, after the files are synced) in
  * dir/step-NNNNNNNN/, which all ps tasks share. The checkpoint is complete
  * when all N manifests are present and agree; until then readers ignore
  * it. Nothing is written if this shard's manifest already exists, unless
@@ -119,6 +152,7 @@ int checkpoint_save_shard(const char *dir, const struct ckpt_layout *l, long ste
  * async checkpoint read into another layout do), async (the checkpoint
  * was an async cluster's; -1 unknown) and test_acc (the run's final test
  * accuracy when this is a final checkpoint that recorded it, else -1). */
+struct ckpt_rows_load;
 struct ckpt_load {
 	const struct ckpt_layout *l;
 	int resume;
@@ -127,6 +161,18 @@ struct ckpt_load {
 	long t, step;   /* out */
 	int async;      /* out */
 	double test_acc;/* out */
+	struct ckpt_rows_load *rows;   /* rows of the tables to load as well (checkpoint_load_rows);
+					* NULL: none (the tables' shape is checked all the same) */
+};
+
+/* Global rows [a, b) of a checkpoint's tables (a <= b <= R) into table,
+ * and where m and v are not NULL the sparse optimizer's state over them;
+ * t: out, its steps (-1 where the files read disagree). */
+struct ckpt_rows_load {
+	uint64_t a, b;
+	float *table;   /* (b - a, DIM) */
+	float *m, *v;   /* (b - a, DIM) each, or NULL: not read */
+	long t;
 };
 
 /* What a checkpoint was written by, from its manifest and the model it is
@@ -159,6 +205,18 @@ int checkpoint_fits(const char *stepdir, const struct ckpt_info *in, const struc
  * shard files; each file read is checked against its manifest checksum.
  * Returns 0 or -EINVAL with the file and reason in err. */
 int checkpoint_load(const char *stepdir, struct ckpt_load *ld, char *err, size_t errlen);
+
+/* Rows rl->a..rl->b of the tables of the checkpoint in stepdir, from a
+ * checkpoint written by any number of writers, each holding any rows:
+ * only the rows files that hold some of [a, b) are read, each streamed
+ * once (its checksum checked as it goes, the rows asked for read straight
+ * into rl's arrays), so memory holds the rows asked for and a buffer, never
+ * a file. The tables' shape (fields, rows, dim, shared) must be l's;
+ * resume: their optimizer too. On failure rl's arrays may hold part of the
+ * rows: load into scratch where the old values must survive a refusal.
+ * Returns 0 or -EINVAL (-ENOMEM, -EIO) with the file and reason in err. */
+int checkpoint_load_rows(const char *stepdir, const struct ckpt_layout *l, int resume, struct ckpt_rows_load *rl,
+			 char *err, size_t errlen);
 
 /* The newest checkpoint under dir that loads (as checkpoint_load), trying
  * older ones after a refusal; each refusal is one line on log (may be
@@ -207,6 +265,10 @@ struct ckpt_part {
  * with the path and key in err. */
 int checkpoint_part_of(const struct safetensors *st, const struct st_tensor *s, const char *path,
 		       struct ckpt_part *out, char *err, size_t errlen);
+
+/* The name of table j of layout l ("embedding1.3.weight", or
+ * "embedding1.weight" for a shared table) after prefix ("", "optim.m."). */
+void checkpoint_table_name(char *out, size_t len, const struct ckpt_layout *l, const char *prefix, int j);
 
 /* "512x784", "scalar": a shape as messages and `check --checkpoint` show
  * it. */

@@ -253,6 +253,11 @@ static int optim_refusal(const char *stepdir, const char *had, const struct ckpt
 static int fits(const char *stepdir, const struct ckpt_manifest *mf, const struct ckpt_info *in,
 		const struct ckpt_layout *l, int resume, char *err, size_t errlen)
 {
+	/* The tables first: their shape changes the dense layer above them
+	 * too, and the line about the tables says what the user changed. */
+	int e = ckpt_tables_fit(stepdir, mf, l, resume, err, errlen);
+	if (e)
+		return e;
 	if (!in->model_same)
 		return model_diff(stepdir, mf, l, err, errlen);
 	if (resume && in->known && in->optim != l->optim)
@@ -338,6 +343,8 @@ int checkpoint_load(const char *stepdir, struct ckpt_load *ld, char *err, size_t
 		}
 		safetensors_free(&st);
 	}
+	if (!e && ld->rows)
+		e = ckpt_rows_load(stepdir, mf, l, ld->resume, ld->rows, err, errlen);
 	if (!e) {
 		ld->t = opt_t < 0 ? -1 : opt_t;
 		ld->step = mf->step;

@@ -5,6 +5,7 @@
  * checking the files is checkpoint.c's. */
 #include "inspect.h"
 #include "checkpoint.h"
+#include "ckpt_dir.h"
 #include "../job.h"
 #include "manifest.h"
 #include "safetensors.h"
@@ -28,7 +29,50 @@ struct whole {
 
 static int by_name(const void *a, const void *b)
 {
-	return strcmp(((const struct whole *)a)->name, ((const struct whole *)b)->name);
+	return strcmp(((const struct ckpt_summary *)a)->name, ((const struct ckpt_summary *)b)->name);
+}
+
+/* The dense tensors w[0..nw), each reassembled whole, as summaries into
+ * *out (malloc'd). */
+static int summarize(const char *stepdir, struct whole *w, int nw, struct ckpt_summary **out, char *err,
+		     size_t errlen)
+{
+	*out = malloc((size_t)(nw ? nw : 1) * sizeof(**out));
+	if (!*out)
+		return err_set(err, errlen, -ENOMEM, "out of memory");
+	for (int j = 0; j < nw; j++) {
+		if (w[j].filled != w[j].n)
+			return err_set(err, errlen, -EINVAL, "%s: tensor %s: shard files hold %" PRIu64 " of its %" PRIu64 " elements",
+				       stepdir, w[j].name, w[j].filled, w[j].n);
+		struct ckpt_summary *s = &(*out)[j];
+		snprintf(s->name, sizeof(s->name), "%s", w[j].name);
+		s->ndim = w[j].ndim;
+		s->n = w[j].n;
+		memcpy(s->shape, w[j].shape, sizeof(s->shape));
+		crypto_generichash(s->sum, sizeof(s->sum), (const unsigned char *)w[j].data, w[j].n * sizeof(float), NULL, 0);
+	}
+	return 0;
+}
+
+/* The tables' lines ("tables: ...", then a line per rows file) into
+ * *text (malloc'd), their tensors' summaries appended to *sum. */
+static int tables_lines(const char *stepdir, const struct ckpt_manifest *mf, char **text, struct ckpt_summary **sum,
+			int *n, char *err, size_t errlen)
+{
+	size_t len = 0;
+	FILE *f = open_memstream(text, &len);
+	if (!f)
+		return err_set(err, errlen, -ENOMEM, "out of memory");
+	const struct ckpt_tables *t = &mf->tables;
+	char what[96];
+	ckpt_tables_text(what, sizeof(what), t);
+	fprintf(f, "tables: %s: %" PRIu64 " rows of %d in %d table%s, embedding optimizer %s\n", what,
+		ckpt_tables_rows(t), t->dim, ckpt_table_count(t), ckpt_table_count(t) == 1 ? "" : "s",
+		sparse_kind_name((enum sparse_kind)t->optim));
+	int e = ckpt_rows_inspect(f, stepdir, mf, sum, n, err, errlen);
+	if (fclose(f) && !e)
+		e = err_set(err, errlen, -ENOMEM, "out of memory");
+	return e;
 }
 
 int inspect_checkpoint(FILE *f, const char *stepdir, char *err, size_t errlen)
@@ -88,9 +132,14 @@ int inspect_checkpoint(FILE *f, const char *stepdir, char *err, size_t errlen)
 		}
 		safetensors_free(&st);
 	}
+	struct ckpt_summary *sum = NULL;
+	int ns = nw;
+	char *tables = NULL;
+	if (!e)
+		e = summarize(stepdir, w, nw, &sum, err, errlen);
+	if (!e && mf->tables.fields)
+		e = tables_lines(stepdir, mf, &tables, &sum, &ns, err, errlen);
 	if (!e) {
-		if (nw > 1)
-			qsort(w, (size_t)nw, sizeof(*w), by_name);
 		fprintf(f, "checkpoint %s: step %ld, %zu parameters, %d shard file%s\n", stepdir, mf->step,
 			mf->nparams, mf->nshards, mf->nshards == 1 ? "" : "s");
 		/* pstrain.mode is there since checkpoints restore into any
@@ -107,20 +156,19 @@ int inspect_checkpoint(FILE *f, const char *stepdir, char *err, size_t errlen)
 		for (int k = 0; k < mf->nshards; k++)
 			fprintf(f, "shard %d of %d: parameters [%zu, %zu) in %s\n", k, mf->nshards,
 				mf->shards[k].begin, mf->shards[k].end, mf->shards[k].file);
+		if (tables)
+			fputs(tables, f);
+		if (ns > 1)
+			qsort(sum, (size_t)ns, sizeof(*sum), by_name);
 	}
-	for (int j = 0; j < nw && !e; j++) {
-		if (w[j].filled != w[j].n) {
-			e = err_set(err, errlen, -EINVAL, "%s: tensor %s: shard files hold %" PRIu64 " of its %" PRIu64 " elements",
-				    stepdir, w[j].name, w[j].filled, w[j].n);
-			break;
-		}
+	for (int j = 0; j < ns && !e; j++) {
 		char shape[96], h[2 * CKPT_HASH_BYTES + 1];
-		uint8_t sum[CKPT_HASH_BYTES];
-		checkpoint_shape_text(shape, sizeof(shape), w[j].ndim, w[j].shape);
-		crypto_generichash(sum, sizeof(sum), (const unsigned char *)w[j].data, w[j].n * sizeof(float), NULL, 0);
-		sodium_bin2hex(h, sizeof(h), sum, sizeof(sum));
-		fprintf(f, "tensor %-32s %-14s %10" PRIu64 " blake2b-256:%s\n", w[j].name, shape, w[j].n, h);
+		checkpoint_shape_text(shape, sizeof(shape), sum[j].ndim, sum[j].shape);
+		sodium_bin2hex(h, sizeof(h), sum[j].sum, sizeof(sum[j].sum));
+		fprintf(f, "tensor %-32s %-14s %10" PRIu64 " blake2b-256:%s\n", sum[j].name, shape, sum[j].n, h);
 	}
+	free(sum);
+	free(tables);
 	for (int j = 0; j < nw; j++)
 		free(w[j].data);
 	free(w);

@@ -4,6 +4,7 @@
  * decides when. The format is in docs/CHECKPOINTS.md. */
 #include "manifest.h"
 #include "../fileio.h"
+#include "../nn/sparse_optim.h"
 
 #include "../../base/err.h"
 
@@ -27,7 +28,21 @@ static int unhex(uint8_t *b, size_t n, const char *s)
 	return strlen(s) == 2 * n && sodium_hex2bin(b, n, s, 2 * n, NULL, &got, NULL) == 0 && got == n ? 0 : -1;
 }
 
-/* want_k < 0: every shard; else shard want_k only (a ps's own manifest). */
+uint64_t ckpt_tables_rows(const struct ckpt_tables *t)
+{
+	return t->shared ? (uint64_t)t->rows : (uint64_t)t->fields * (uint64_t)t->rows;
+}
+
+static void file_line(FILE *f, const char *what, int k, const struct ckpt_shard *s)
+{
+	char h[2 * CKPT_HASH_BYTES + 1];
+	hex(h, s->sum, CKPT_HASH_BYTES);
+	fprintf(f, "%s %d %zu %zu %" PRIu64 " %s %s\n", what, k, s->begin, s->end, s->bytes, s->file, h);
+}
+
+/* want_k < 0: every shard; else shard want_k only (a ps's own manifest).
+ * The tables' lines come only with tables, so a checkpoint without them
+ * reads as it always did. */
 static void manifest_text(FILE *f, const struct ckpt_manifest *mf, int want_k)
 {
 	char h[2 * CKPT_HASH_BYTES + 1];
@@ -38,13 +53,17 @@ static void manifest_text(FILE *f, const struct ckpt_manifest *mf, int want_k)
 	fprintf(f, "layout %s\n", h);
 	hex(h, mf->config_hash, CKPT_HASH_BYTES);
 	fprintf(f, "config %s\nshards %d\n", h, mf->nshards);
-	for (int k = 0; k < mf->nshards; k++) {
-		const struct ckpt_shard *s = &mf->shards[k];
-		if (want_k >= 0 && k != want_k)
-			continue;
-		hex(h, s->sum, CKPT_HASH_BYTES);
-		fprintf(f, "shard %d %zu %zu %" PRIu64 " %s %s\n", k, s->begin, s->end, s->bytes, s->file, h);
-	}
+	for (int k = 0; k < mf->nshards; k++)
+		if (want_k < 0 || k == want_k)
+			file_line(f, "shard", k, &mf->shards[k]);
+	const struct ckpt_tables *t = &mf->tables;
+	if (!t->fields)
+		return;
+	fprintf(f, "tables %d %d %d %s %s\n", t->fields, t->rows, t->dim, t->shared ? "shared" : "per-field",
+		sparse_kind_name((enum sparse_kind)t->optim));
+	for (int k = 0; k < mf->nshards; k++)
+		if (want_k < 0 || k == want_k)
+			file_line(f, "rows", k, &mf->rows[k]);
 }
 
 /* The manifest ends with "end HASH", HASH = BLAKE2b-256 of everything
@@ -73,6 +92,38 @@ int manifest_fill(FILE *f, const void *arg_, char *err, size_t errlen)
 static int manifest_bad(const char *path, int line, const char *what, char *err, size_t errlen)
 {
 	return err_set(err, errlen, -EINVAL, "%s:%d: %s", path, line, what);
+}
+
+/* A "shard" or "rows" line of manifest mf, K BEGIN END BYTES FILE HASH,
+ * into out[K]: K must be the next one (want_k < 0) or want_k, once. */
+static int file_line_read(const char *l, const char *w, const struct ckpt_manifest *mf, int want_k, int *count,
+			  struct ckpt_shard *out)
+{
+	char fmt[64], h1[80];
+	int k;
+	struct ckpt_shard s;
+	snprintf(fmt, sizeof(fmt), "%s %%d %%zu %%zu %%" SCNu64 " %%63s %%79s", w);
+	if (sscanf(l, fmt, &k, &s.begin, &s.end, &s.bytes, s.file, h1) != 6 ||
+	    k != (want_k < 0 ? *count : want_k) || *count > (want_k < 0 ? k : 0) || k >= mf->nshards ||
+	    unhex(s.sum, CKPT_HASH_BYTES, h1) || strchr(s.file, '/') || s.file[0] == '.')
+		return -1;
+	out[k] = s;
+	(*count)++;
+	return 0;
+}
+
+/* "tables FIELDS ROWS DIM per-field|shared OPTIMIZER". */
+static int tables_read(const char *l, struct ckpt_tables *t)
+{
+	char kind[16], opt[16], tail;
+	if (sscanf(l, "tables %d %d %d %15s %15s %c", &t->fields, &t->rows, &t->dim, kind, opt, &tail) != 5 ||
+	    t->fields < 1 || t->rows < 1 || t->dim < 1 || (strcmp(kind, "shared") && strcmp(kind, "per-field")))
+		return -1;
+	t->shared = kind[0] == 's';
+	for (t->optim = 0; t->optim < 2; t->optim++)
+		if (!strcmp(opt, sparse_kind_name((enum sparse_kind)t->optim)))
+			return 0;
+	return -1;
 }
 
 /* One manifest file. want_k < 0: the whole-checkpoint "manifest", listing
@@ -113,7 +164,7 @@ static int manifest_file_read(struct ckpt_manifest *mf, const char *path, int wa
 	}
 	last[0] = '\0';
 
-	int ln = 0, nshard = 0;
+	int ln = 0, nshard = 0, nrows = 0;
 	e = 0;
 	char *save = NULL;
 	for (char *l = strtok_r(text, "\n", &save); l && !e; l = strtok_r(NULL, "\n", &save)) {
@@ -140,17 +191,13 @@ static int manifest_file_read(struct ckpt_manifest *mf, const char *path, int wa
 			if (sscanf(l, "shards %d", &mf->nshards) != 1 || mf->nshards < 1 ||
 			    mf->nshards > CONFIG_MAX_HOSTS)
 				e = manifest_bad(path, ln, "bad shard count", err, errlen);
-		} else if (!strcmp(w, "shard")) {
-			int k;
-			struct ckpt_shard s;
-			if (sscanf(l, "shard %d %zu %zu %" SCNu64 " %63s %79s", &k, &s.begin, &s.end, &s.bytes, s.file,
-				   h1) != 6 ||
-			    k != (want_k < 0 ? nshard : want_k) || nshard > (want_k < 0 ? k : 0) || k >= mf->nshards ||
-			    unhex(s.sum, CKPT_HASH_BYTES, h1) ||
-			    strchr(s.file, '/') || s.file[0] == '.')
-				e = manifest_bad(path, ln, "bad shard line", err, errlen);
-			else
-				mf->shards[k] = s, nshard++;
+		} else if (!strcmp(w, "shard") || !strcmp(w, "rows")) {
+			int rows = w[0] == 'r';
+			if (file_line_read(l, w, mf, want_k, rows ? &nrows : &nshard, rows ? mf->rows : mf->shards))
+				e = manifest_bad(path, ln, rows ? "bad rows line" : "bad shard line", err, errlen);
+		} else if (!strcmp(w, "tables")) {
+			if (tables_read(l, &mf->tables))
+				e = manifest_bad(path, ln, "bad tables line", err, errlen);
 		} else {
 			e = manifest_bad(path, ln, "unknown line", err, errlen);
 		}
@@ -160,6 +207,9 @@ static int manifest_file_read(struct ckpt_manifest *mf, const char *path, int wa
 		return e;
 	if (ln < 1 || nshard != (want_k < 0 ? mf->nshards : 1) || nshard == 0)
 		return err_set(err, errlen, -EINVAL, "%s: lists %d of %d shards", path, nshard, mf->nshards);
+	if (nrows != (mf->tables.fields ? nshard : 0))
+		return err_set(err, errlen, -EINVAL, "%s: lists %d rows files for %d shards%s", path, nrows, nshard,
+			       mf->tables.fields ? "" : " and no tables");
 	return 0;
 }
 
@@ -176,6 +226,19 @@ static int manifest_check_tiling(const struct ckpt_manifest *mf, const char *pat
 	}
 	if (at != mf->nparams)
 		return err_set(err, errlen, -EINVAL, "%s: shards cover %zu of %zu parameters", path, at, mf->nparams);
+	if (!mf->tables.fields)
+		return 0;
+	/* Rows tile the tables' rows too; a writer may hold none. */
+	uint64_t r = 0, R = ckpt_tables_rows(&mf->tables);
+	for (int k = 0; k < nshard; k++) {
+		if (mf->rows[k].begin != r || mf->rows[k].end < r)
+			return err_set(err, errlen, -EINVAL, "%s: rows %d range [%zu, %zu) does not follow %" PRIu64, path, k,
+				       mf->rows[k].begin, mf->rows[k].end, r);
+		r = mf->rows[k].end;
+	}
+	if (r != R)
+		return err_set(err, errlen, -EINVAL, "%s: rows files cover %" PRIu64 " of the tables' %" PRIu64 " rows",
+			       path, r, R);
 	return 0;
 }
 
@@ -224,11 +287,12 @@ int manifest_read(struct ckpt_manifest *mf, const char *stepdir, char *err, size
 			break;
 		if (k && (one->step != mf->step || one->nparams != mf->nparams || one->nshards != n ||
 			  memcmp(one->model_hash, mf->model_hash, CKPT_HASH_BYTES) ||
-			  memcmp(one->layout_hash, mf->layout_hash, CKPT_HASH_BYTES)))
-			e = err_set(err, errlen, -EINVAL, "%s: disagrees with manifest-0-of-%d (step, model or layout)",
+			  memcmp(one->layout_hash, mf->layout_hash, CKPT_HASH_BYTES) ||
+			  memcmp(&one->tables, &mf->tables, sizeof(mf->tables))))
+			e = err_set(err, errlen, -EINVAL, "%s: disagrees with manifest-0-of-%d (step, model, tables or layout)",
 				    path, n);
 		else if (k)
-			mf->shards[k] = one->shards[k];
+			mf->shards[k] = one->shards[k], mf->rows[k] = one->rows[k];
 		else if (mf->nshards != n)
 			e = err_set(err, errlen, -EINVAL, "%s: says %d shards", path, mf->nshards);
 	}

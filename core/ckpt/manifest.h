@@ -21,6 +21,17 @@ struct ckpt_shard {
 	uint8_t sum[CKPT_HASH_BYTES];    /* BLAKE2b-256 of the whole file */
 };
 
+/* The embedding tables a checkpoint holds (fields 0: none): per-field
+ * tables of rows x dim laid end to end, or one shared table, and the
+ * sparse optimizer whose state is stored with them (enum sparse_kind). */
+struct ckpt_tables {
+	int fields, rows, dim, shared;
+	int optim;
+};
+
+/* The tables' global rows (all tables end to end, embed.h's R). */
+uint64_t ckpt_tables_rows(const struct ckpt_tables *t);
+
 struct ckpt_manifest {
 	long step;
 	size_t nparams;
@@ -29,6 +40,11 @@ struct ckpt_manifest {
 	uint8_t config_hash[CKPT_HASH_BYTES];
 	int nshards;
 	struct ckpt_shard shards[CONFIG_MAX_HOSTS];
+	/* A model with embedding tables: their shape, and per writer K (one
+	 * per shard) the file of its global rows [begin, end), which tile
+	 * [0, ckpt_tables_rows) (an empty range has a file too). */
+	struct ckpt_tables tables;
+	struct ckpt_shard rows[CONFIG_MAX_HOSTS];
 };
 
 
@@ -48,8 +64,8 @@ int manifest_fill(FILE *f, const void *arg, char *err, size_t errlen);
 
 /* Reads and checks stepdir/manifest, or for a cluster checkpoint every
  * stepdir/manifest-K-of-N (all must be present and agree): syntax, each
- * file's own checksum, that the shards tile [0, P). Does not read the
- * shard files. */
+ * file's own checksum, that the shards tile [0, P) and the rows files the
+ * tables' rows. Does not read the shard files. */
 int manifest_read(struct ckpt_manifest *mf, const char *stepdir, char *err, size_t errlen);
 
 /* N from the "manifest-0-of-N" in stepdir (a cluster checkpoint), or 0. */

@@ -264,28 +264,63 @@ static int st_header_read(struct safetensors *s, const char *text, size_t len, c
 	return e;
 }
 
-int safetensors_parse(struct safetensors *s, unsigned char *buf, size_t len, const char *name,
-		      char *err, size_t errlen)
+/* The header's length from buf[0..8) and the header from buf[8..held),
+ * checked against a file of size bytes (held <= size). */
+static int st_parse(struct safetensors *s, unsigned char *buf, size_t held, uint64_t size, const char *name,
+		    char *err, size_t errlen)
 {
 	memset(s, 0, sizeof(*s));
 	s->buf = buf;
-	s->len = len;
-	if (len < 8)
-		return err_set(err, errlen, -EINVAL, "%s: truncated: %zu bytes, shorter than the 8-byte header length", name, len);
+	s->held = held;
+	s->len = (size_t)size;
+	if (size < 8 || held < 8)
+		return err_set(err, errlen, -EINVAL, "%s: truncated: %llu bytes, shorter than the 8-byte header length",
+			       name, (unsigned long long)size);
 	uint64_t hlen = 0;
 	for (int i = 0; i < 8; i++)
 		hlen |= (uint64_t)buf[i] << (8 * i);
 	if (hlen < 2 || hlen > ST_HEADER_MAX)
 		return err_set(err, errlen, -EINVAL, "%s: header length %llu is not plausible (not a safetensors file?)",
 			       name, (unsigned long long)hlen);
-	if (hlen > len - 8)
-		return err_set(err, errlen, -EINVAL, "%s: truncated: header of %llu bytes but only %zu follow",
-			       name, (unsigned long long)hlen, len - 8);
+	if (hlen > size - 8 || hlen > held - 8)
+		return err_set(err, errlen, -EINVAL, "%s: truncated: header of %llu bytes but only %llu follow",
+			       name, (unsigned long long)hlen, (unsigned long long)(size - 8));
 	s->data0 = 8 + (size_t)hlen;
 	int e = st_header_read(s, (const char *)buf + 8, (size_t)hlen, name, err, errlen);
 	if (e)
 		return e;
 	return st_tiling(s, name, err, errlen);
+}
+
+int safetensors_parse(struct safetensors *s, unsigned char *buf, size_t len, const char *name,
+		      char *err, size_t errlen)
+{
+	return st_parse(s, buf, len, len, name, err, errlen);
+}
+
+int safetensors_read_head(struct safetensors *s, FILE *f, uint64_t size, const char *name, char *err,
+			  size_t errlen)
+{
+	unsigned char lenb[8];
+	memset(s, 0, sizeof(*s));
+	if (size < 8 || fread(lenb, 1, 8, f) != 8)
+		return err_set(err, errlen, size < 8 ? -EINVAL : -EIO, "%s: truncated: %llu bytes, shorter than the 8-byte header length",
+			       name, (unsigned long long)size);
+	uint64_t hlen = 0;
+	for (int i = 0; i < 8; i++)
+		hlen |= (uint64_t)lenb[i] << (8 * i);
+	/* Checked before the allocation: a damaged length must not size it
+	 * (st_parse then says what is wrong with it). */
+	size_t want = hlen >= 2 && hlen <= ST_HEADER_MAX && hlen <= size - 8 ? (size_t)hlen : 0;
+	unsigned char *buf = malloc(8 + want);
+	if (!buf)
+		return err_set(err, errlen, -ENOMEM, "%s: out of memory for its header", name);
+	memcpy(buf, lenb, 8);
+	if (fread(buf + 8, 1, want, f) != want) {
+		free(buf);
+		return err_set(err, errlen, -EIO, "%s: read failed (truncated while reading?)", name);
+	}
+	return st_parse(s, buf, 8 + want, size, name, err, errlen);
 }
 
 void safetensors_free(struct safetensors *s)

@@ -46,10 +46,11 @@ struct st_meta {
 int safetensors_write(FILE *f, const struct st_tensor *t, int nt, const struct st_meta *meta,
 		      int nmeta, char *err, size_t errlen);
 
-/* A parsed file held in memory. */
+/* A parsed file held in memory, or only its header (safetensors_read_head). */
 struct safetensors {
-	unsigned char *buf;      /* the whole file */
-	size_t len;
+	unsigned char *buf;      /* the whole file, or its first held bytes */
+	size_t len;              /* the file's size */
+	size_t held;             /* bytes of it in buf: len, or data0 after safetensors_read_head */
 	size_t data0;            /* where the data area starts in buf */
 	struct st_tensor *t;     /* in header order */
 	int nt;
@@ -65,11 +66,24 @@ int safetensors_parse(struct safetensors *s, unsigned char *buf, size_t len, con
 		      char *err, size_t errlen);
 void safetensors_free(struct safetensors *s);   /* accepts NULL and zeroed structs */
 
+/* The header alone of a file of size bytes open as f, read from its
+ * current position (its start): the length and the JSON, parsed and
+ * checked against size as safetensors_parse checks them against the whole
+ * file (offsets, tiling, shapes), without reading the tensors. f is left
+ * at the data area (s->data0); buf then holds the s->data0 bytes read, for
+ * a caller that hashes the file, and the caller reads the tensors it wants
+ * itself (tensor t's bytes start at file offset data0 + t->begin): a file
+ * larger than memory is never held. safetensors_copy does not apply.
+ * Returns as safetensors_parse (-EIO: f could not be read). */
+int safetensors_read_head(struct safetensors *s, FILE *f, uint64_t size, const char *name, char *err,
+			  size_t errlen);
+
 const struct st_tensor *safetensors_find(const struct safetensors *s, const char *name);
 const char *safetensors_meta(const struct safetensors *s, const char *key);   /* NULL if absent */
 
 /* Copies elements [from, from + count) of tensor t (row-major) to out. The
- * caller checks the range against t->n. */
+ * caller checks the range against t->n; s holds the whole file
+ * (safetensors_parse). */
 void safetensors_copy(const struct safetensors *s, const struct st_tensor *t, uint64_t from,
 		      uint64_t count, float *out);
 

@@ -103,6 +103,12 @@ struct config {
 	} train;
 
 	struct {
+		int memory_limit;           /* MiB a ps's shard (or a local run's model) may
+					     * take: parameters, embedding rows and their
+					     * optimizer state; 0 = no limit (core/memlimit.h) */
+	} ps;
+
+	struct {
 		int all;                    /* devices = all */
 		int devices[CONFIG_MAX_DEVICES];
 		int ndevices;

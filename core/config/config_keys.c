@@ -72,6 +72,8 @@ const struct key_def config_keys[] = {
 	{ "train", "eval_every", K_LONG, OFF(train.eval_every), 0, 0, 1e12, 0, NULL, "0" },
 	{ "train", "threads", K_INT, OFF(train.threads), 0, 0, 1024, 0, NULL, "0" },
 
+	{ "ps", "memory_limit", K_INT, OFF(ps.memory_limit), 0, 0, 1 << 30, 0, NULL, "0" },
+
 	{ "gpu", "devices", K_DEVICES, OFF(gpu.devices), OFF(gpu.ndevices), 0, CONFIG_MAX_DEVICES - 1,
 	  LIST, NULL, "all" },
 	{ "gpu", "memory_fraction", K_DOUBLE, OFF(gpu.memory_fraction), 0, 0, 1, LO_OPEN, NULL, "0.9" },
@@ -104,8 +106,8 @@ const struct key_def config_keys[] = {
 
 const size_t config_nkeys = sizeof(config_keys) / sizeof(config_keys[0]);
 
-const char *const config_sections[] = { "cluster", "train", "gpu", "data", "model" };
-const size_t config_nsections = 5;
+const char *const config_sections[] = { "cluster", "train", "ps", "gpu", "data", "model" };
+const size_t config_nsections = 6;
 
 const char *const config_default_layers[] = { "dense 512", "relu", "dense 512", "relu", "dense 10" };
 const size_t config_ndefault_layers =

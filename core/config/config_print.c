@@ -128,7 +128,7 @@ void config_print(const struct config *c, FILE *f)
  * ciphers it offers (each connection agrees on one in its handshake). */
 static int key_is_node_local(const struct key_def *k)
 {
-	return k->type == K_PATH || strcmp(k->section, "gpu") == 0 ||
+	return k->type == K_PATH || strcmp(k->section, "gpu") == 0 || strcmp(k->section, "ps") == 0 ||
 	       strcmp(k->key, "eval_every") == 0 || strcmp(k->key, "threads") == 0 ||
 	       strcmp(k->key, "connect_timeout") == 0 || strcmp(k->key, "peer_timeout") == 0 ||
 	       strcmp(k->key, "handshake_timeout") == 0 ||

@@ -306,4 +306,34 @@ int devices_eval_replica(struct replica *r, const float *params, const float *ta
 int devices_embed_open(struct devices *d, float *table, struct sparse_optim *o, char *err,
 		       size_t errlen);
 
+/* Where the embedding rows come from when the devices hold no table (a
+ * cluster's worker: its ps hold the tables by row): U (u, DIM), host
+ * memory, gets the values of rows[0 .. u) (ascending, distinct). 0 or a
+ * negative errno with one line in err. */
+struct embed_fetch {
+	int (*fetch)(void *ctx, const uint64_t *rows /* (u) */, size_t u, float *U /* (u, DIM) */,
+		     char *err, size_t errlen);
+	void *ctx;
+};
+
+/* The embedding layer without tables, so that the devices hold a batch's
+ * rows and never the tables: before each devices_step the caller takes
+ * the batch's plan (devices_embed_plan) and puts its rows' values in the
+ * buffer that gives; after it, the batch's gradient rows
+ * (devices_embed_grads) are the caller's to apply (devices_apply steps no
+ * sparse optimizer). An evaluation fetches each chunk's rows through f,
+ * which must outlive the devices. One CPU replica, as devices_embed_open.
+ * Files: core/nn/devices_embed.c. */
+int devices_embed_open_remote(struct devices *d, const struct embed_fetch *f, char *err, size_t errlen);
+/* Remote: the plan of the batch order[at .. at + B) that the next
+ * devices_step(at, B) trains, its unique rows in (*plan)->rows, and *U
+ * ((*plan)->u, DIM) where their values go before that step. -EINVAL for a
+ * batch over the capacity, with one line in err. */
+int devices_embed_plan(struct devices *d, size_t at, int B, const struct embed_plan **plan, float **U,
+		       char *err, size_t errlen);
+/* Remote, after devices_step: the batch's rows (*u of them, ascending) and
+ * their gradient dU (*u, DIM), host memory valid until the next step. */
+int devices_embed_grads(struct devices *d, const uint64_t **rows, size_t *u, const float **dU, char *err,
+			size_t errlen);
+
 #endif

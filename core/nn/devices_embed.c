@@ -1,6 +1,8 @@
-/* The embedding tables of a local run's devices: each batch's plan and its
- * rows into the replica before the forward pass, and the sparse optimizer
- * after the dense one. See devices.h (devices_embed_open) and
+/* The embedding tables of a run's devices: each batch's plan and its rows
+ * into the replica before the forward pass, and after the dense optimizer
+ * the sparse one (a local run, which holds the tables), or the batch's
+ * gradient rows handed to the caller (a worker, whose ps hold them). See
+ * devices.h (devices_embed_open, devices_embed_open_remote) and
  * devices_embed.h. */
 #include "devices_embed.h"
 
@@ -10,8 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-int devices_embed_open(struct devices *d, float *table, struct sparse_optim *o, char *err,
-		       size_t errlen)
+/* The state both kinds share: the plan and the batch's IDs; remote, the
+ * host buffers of its rows and their gradient. */
+static int embed_new(struct devices *d, int remote, char *err, size_t errlen)
 {
 	const struct embed_spec *s = &d->m->embed;
 	if (!s->fields)
@@ -20,23 +23,47 @@ int devices_embed_open(struct devices *d, float *table, struct sparse_optim *o, 
 		return err_set(err, errlen, -EOPNOTSUPP,
 			       "an embedding layer trains on one CPU replica for now, not on %d %s replicas",
 			       d->n, d->gpu ? "GPU" : "CPU");
-	if (o->rows != embed_total_rows(s) || o->dim != s->dim)
-		return err_set(err, errlen, -EINVAL, "a sparse optimizer over %llu rows of %d for tables of %llu of %d",
-			       (unsigned long long)o->rows, o->dim, (unsigned long long)embed_total_rows(s),
-			       s->dim);
 	struct devices_embed *em = calloc(1, sizeof(*em));
-	size_t segs = (size_t)d->max_batch * (size_t)s->fields;
-	if (!em || embed_plan_init(&em->plan, segs, segs) ||
-	    !(em->ids = malloc(segs * sizeof(uint32_t)))) {
-		if (em)
+	size_t segs = (size_t)d->max_batch * (size_t)s->fields, R = embed_total_rows(s);
+	size_t u = (segs < R ? segs : R) * (size_t)s->dim;
+	int ok = em && !embed_plan_init(&em->plan, segs, segs) && (em->ids = malloc(segs * sizeof(uint32_t)));
+	if (ok && remote)
+		ok = (em->U = malloc((u ? u : 1) * sizeof(float))) && (em->dU = malloc((u ? u : 1) * sizeof(float)));
+	if (!ok) {
+		if (em) {
 			embed_plan_free(&em->plan);
+			free(em->ids);
+			free(em->U);
+		}
 		free(em);
 		return err_set(err, errlen, -ENOMEM, "out of memory for the embedding plan of %zu IDs", segs);
 	}
-	em->table = table;
-	em->opt = o;
 	d->emb = em;
 	return 0;
+}
+
+int devices_embed_open(struct devices *d, float *table, struct sparse_optim *o, char *err,
+		       size_t errlen)
+{
+	const struct embed_spec *s = &d->m->embed;
+	if (s->fields && (o->rows != embed_total_rows(s) || o->dim != s->dim))
+		return err_set(err, errlen, -EINVAL, "a sparse optimizer over %llu rows of %d for tables of %llu of %d",
+			       (unsigned long long)o->rows, o->dim, (unsigned long long)embed_total_rows(s),
+			       s->dim);
+	int e = embed_new(d, 0, err, errlen);
+	if (e)
+		return e;
+	d->emb->table = table;
+	d->emb->opt = o;
+	return 0;
+}
+
+int devices_embed_open_remote(struct devices *d, const struct embed_fetch *f, char *err, size_t errlen)
+{
+	int e = embed_new(d, 1, err, errlen);
+	if (!e)
+		d->emb->fetch = *f;
+	return e;
 }
 
 void devices_embed_close(struct devices *d)
@@ -45,21 +72,78 @@ void devices_embed_close(struct devices *d)
 		return;
 	embed_plan_free(&d->emb->plan);
 	free(d->emb->ids);
+	free(d->emb->U);
+	free(d->emb->dU);
 	free(d->emb);
 	d->emb = NULL;
+}
+
+/* The plan of the batch order[at .. at + B). */
+static int embed_plan_of(struct devices *d, size_t at, int B)
+{
+	struct devices_embed *em = d->emb;
+	const struct embed_spec *s = &d->m->embed;
+	if (d->data->f != (size_t)s->fields || !d->data->ids)
+		return -EINVAL;   /* job_load said so with the file's name first */
+	dataset_gather_ids(d->data, d->host_order + at, (size_t)B, em->ids);
+	return embed_plan_build(&em->plan, s, NULL, em->ids, B);
+}
+
+int devices_embed_plan(struct devices *d, size_t at, int B, const struct embed_plan **plan, float **U,
+		       char *err, size_t errlen)
+{
+	struct devices_embed *em = d->emb;
+	if (!em || em->table)
+		return err_set(err, errlen, -EINVAL, "the devices' embedding rows are not the caller's");
+	em->planned = 0;
+	if (!d->norder || at > d->norder || B < 1 || B > d->max_batch || (size_t)B > d->norder - at)
+		return err_set(err, errlen, -EINVAL, "samples %zu to %zu of an order of %zu", at, at + (size_t)B,
+			       d->norder);
+	int e = embed_plan_of(d, at, B);
+	if (e)
+		return err_set(err, errlen, e, "the embedding plan of a batch of %d", B);
+	em->at = at;
+	em->B = B;
+	em->planned = 1;
+	*plan = &em->plan;
+	*U = em->U;
+	return 0;
+}
+
+int devices_embed_grads(struct devices *d, const uint64_t **rows, size_t *u, const float **dU, char *err,
+			size_t errlen)
+{
+	struct devices_embed *em = d->emb;
+	if (!em || em->table || !em->pending)
+		return err_set(err, errlen, -EINVAL, "no embedding batch has a gradient");
+	struct replica *r = &d->rep[0];
+	size_t n = em->plan.u * (size_t)d->m->embed.dim;
+	int e = n ? r->be.ops->download(r->be.ctx, em->dU, r->dU, n * sizeof(float)) : 0;
+	if (e)
+		return err_set(err, errlen, e, "the embedding rows' gradient: %s", strerror(-e));
+	*rows = em->plan.rows;
+	*u = em->plan.u;
+	*dU = em->dU;
+	return 0;
 }
 
 int devices_embed_batch(struct devices *d, int r, size_t at, int B)
 {
 	struct devices_embed *em = d->emb;
-	const struct embed_spec *s = &d->m->embed;
+	int e;
 	em->pending = 0;
-	if (d->data->f != (size_t)s->fields || !d->data->ids)
-		return -EINVAL;   /* job_load said so with the file's name first */
-	dataset_gather_ids(d->data, d->host_order + at, (size_t)B, em->ids);
-	int e = embed_plan_build(&em->plan, s, NULL, em->ids, B);
-	if (!e)
-		e = replica_embed_load(&d->rep[r], &em->plan, em->table);
+	if (em->table) {
+		e = embed_plan_of(d, at, B);
+		if (!e)
+			e = replica_embed_load(&d->rep[r], &em->plan, em->table);
+	} else {
+		/* The rows devices_embed_plan asked the caller for, of this
+		 * very batch: once. */
+		e = em->planned && em->at == at && em->B == B ? 0 : -EINVAL;
+		em->planned = 0;
+		if (!e)
+			e = replica_embed_load_rows(&d->rep[r], &em->plan, em->U);
+	}
 	em->pending = !e;
 	return e;
 }
@@ -67,7 +151,7 @@ int devices_embed_batch(struct devices *d, int r, size_t at, int B)
 void devices_embed_apply(struct devices *d)
 {
 	struct devices_embed *em = d->emb;
-	if (!em || !em->pending)
+	if (!em || !em->pending || !em->table)
 		return;
 	sparse_optim_step(em->opt, em->table, em->plan.rows, d->rep[0].dU, em->plan.u, em->opt->cfg.lr);
 	em->pending = 0;

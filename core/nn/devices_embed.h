@@ -9,10 +9,15 @@
 #include "embed_plan.h"
 
 struct devices_embed {
-	float *table;                 /* (R, DIM) the caller's, host memory */
-	struct sparse_optim *opt;     /* the caller's */
+	float *table;                 /* (R, DIM) the caller's, host memory; NULL: remote
+				       * (devices_embed_open_remote) */
+	struct sparse_optim *opt;     /* the caller's; NULL when remote */
+	struct embed_fetch fetch;     /* remote: where an evaluation's rows come from */
 	struct embed_plan plan;       /* the last training batch's */
 	uint32_t *ids;                /* (max_batch, F) that batch's IDs */
+	float *U, *dU;                /* remote: (max u, DIM) its rows, and their gradient */
+	size_t at;                    /* remote: the batch the plan is of (planned) */
+	int B, planned;
 	int pending;                  /* 1: replica 0's dU holds that batch's gradient,
 				       * which the next devices_apply applies */
 };

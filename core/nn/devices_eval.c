@@ -23,9 +23,20 @@ static int eval_fail(struct devices *d, int e, char *err, size_t errlen)
 		       d->be[d->be_of[0]].where, *g ? g : strerror(-e));
 }
 
+/* Where an evaluation's embedding rows come from: a table in the
+ * replica's memory, or a fetch into U, host memory of the replica's
+ * rows capacity (the fetch's message in err). */
+struct eval_rows {
+	const float *table;
+	const struct embed_fetch *fetch;
+	float *U;
+	char *err;
+	size_t errlen;
+};
+
 /* The chunks' forward passes: summed loss and right answers, and with
  * scores (n) each sample's probability. plan: the embedding's (NULL: none). */
-static int eval_chunks(struct replica *r, const float *params, const float *table, const struct dataset *ds,
+static int eval_chunks(struct replica *r, const float *params, const struct eval_rows *er, const struct dataset *ds,
 		       struct embed_plan *plan, float *scores, double *loss, double *right)
 {
 	const struct embed_spec *s = &r->m->embed;
@@ -37,8 +48,14 @@ static int eval_chunks(struct replica *r, const float *params, const float *tabl
 		int e = replica_load(r, ds->x + off * ds->d, ds->y + off, B);
 		if (!e && plan)
 			e = embed_plan_build(plan, s, NULL, ds->ids + off * ds->f, B);
-		if (!e && plan)
-			e = replica_embed_load(r, plan, table);
+		if (!e && plan && er->fetch) {
+			e = er->fetch->fetch(er->fetch->ctx, plan->rows, plan->u, er->U, er->err, er->errlen);
+			if (e)
+				return e;
+			e = replica_embed_load_rows(r, plan, er->U);
+		} else if (!e && plan) {
+			e = replica_embed_load(r, plan, er->table);
+		}
 		if (!e)
 			e = replica_forward(r, params, B, 0, 0, &l, &c);
 		if (!e && scores)
@@ -51,8 +68,8 @@ static int eval_chunks(struct replica *r, const float *params, const float *tabl
 	return 0;
 }
 
-int devices_eval_replica(struct replica *r, const float *params, const float *table,
-			 const struct dataset *ds, struct eval_result *ev)
+static int eval_replica(struct replica *r, const float *params, const struct eval_rows *er,
+			const struct dataset *ds, struct eval_result *ev)
 {
 	const struct embed_spec *s = &r->m->embed;
 	memset(ev, 0, sizeof(*ev));
@@ -60,17 +77,20 @@ int devices_eval_replica(struct replica *r, const float *params, const float *ta
 	ev->binary = r->m->loss == LOSS_SIGMOID_XENT;
 	if (!ev->binary && !s->fields)
 		return replica_evaluate(r, params, ds, &ev->loss, &ev->acc);
-	if (s->fields && (!table || ds->f != (size_t)s->fields || !ds->ids))
+	if (s->fields && ((!er->table && !er->fetch) || ds->f != (size_t)s->fields || !ds->ids))
 		return -EINVAL;
 	/* A plan of its own: a step's, which devices_apply still needs, stays. */
 	struct embed_plan plan = { 0 };
 	size_t segs = (size_t)r->max_batch * (size_t)s->fields;
 	float *scores = ev->binary ? malloc((ds->n ? ds->n : 1) * sizeof(float)) : NULL;
 	struct metrics_pair *pairs = ev->binary ? malloc((ds->n ? ds->n : 1) * sizeof(*pairs)) : NULL;
+	struct eval_rows rows = *er;
+	rows.U = er->fetch ? malloc((r->e_max_u ? r->e_max_u : 1) * (size_t)s->dim * sizeof(float)) : NULL;
 	double loss, right;
-	int e = (ev->binary && (!scores || !pairs)) || (s->fields && embed_plan_init(&plan, segs, segs)) ? -ENOMEM : 0;
+	int e = (ev->binary && (!scores || !pairs)) || (er->fetch && !rows.U) ||
+				(s->fields && embed_plan_init(&plan, segs, segs)) ? -ENOMEM : 0;
 	if (!e)
-		e = eval_chunks(r, params, table, ds, s->fields ? &plan : NULL, scores, &loss, &right);
+		e = eval_chunks(r, params, &rows, ds, s->fields ? &plan : NULL, scores, &loss, &right);
 	if (!e) {
 		ev->acc = ds->n ? right / (double)ds->n : 0;
 		ev->loss = ds->n ? loss / (double)ds->n : 0;
@@ -82,7 +102,15 @@ int devices_eval_replica(struct replica *r, const float *params, const float *ta
 	embed_plan_free(&plan);
 	free(scores);
 	free(pairs);
+	free(rows.U);
 	return e;
+}
+
+int devices_eval_replica(struct replica *r, const float *params, const float *table,
+			 const struct dataset *ds, struct eval_result *ev)
+{
+	struct eval_rows er = { .table = table };
+	return eval_replica(r, params, &er, ds, ev);
 }
 
 void devices_show_eval(struct progress *pg, long step, const struct eval_result *ev)
@@ -104,7 +132,13 @@ int devices_eval(struct devices *d, const struct dataset *ds, struct eval_result
 		return err_set(err, errlen, -EINVAL, "evaluation: %s", !d->emb ? "the devices have no embedding tables (devices_embed_open)"
 			       : "the set's categorical fields are not the embedding layer's");
 	}
-	int e = devices_eval_replica(&d->rep[0], d->params[0], d->emb ? d->emb->table : NULL, ds, ev);
+	char ferr[CONFIG_ERR_MAX] = "";
+	struct eval_rows er = { .table = d->emb ? d->emb->table : NULL, .err = ferr, .errlen = sizeof(ferr) };
+	if (d->emb && !d->emb->table)
+		er.fetch = &d->emb->fetch;
+	int e = eval_replica(&d->rep[0], d->params[0], &er, ds, ev);
+	if (e && ferr[0])
+		return err_set(err, errlen, e, "%s", ferr);
 	if (e == -ENOMEM)
 		return err_set(err, errlen, e, "evaluation: out of memory for %zu samples", ds->n);
 	return e ? eval_fail(d, e, err, errlen) : 0;

@@ -66,6 +66,9 @@ void replica_free(struct replica *r);   /* accepts NULL and zeroed structs */
  * follow. -EINVAL when the plan is over the replica's capacity (more than
  * one ID per field, or more than max_batch samples). */
 int replica_embed_load(struct replica *r, const struct embed_plan *p, const float *table);
+/* The same with U given: the plan's rows' values U (p->u, DIM) in host
+ * memory, uploaded as they are (a worker pulled them from the ps). */
+int replica_embed_load_rows(struct replica *r, const struct embed_plan *p, const float *U);
 /* replica_init's and replica_free's part for the embedding layer's buffers
  * (core/nn/replica_embed.c); nothing to do for a model without one. */
 int replica_embed_init(struct replica *r);

@@ -46,7 +46,9 @@ void replica_embed_free(struct replica *r)
 	o->release(ctx, r->e_rseg);
 }
 
-int replica_embed_load(struct replica *r, const struct embed_plan *p, const float *table)
+/* The plan's indexes into the replica; its rows come next (gathered from
+ * a table, or uploaded as they are). */
+static int embed_load_plan(struct replica *r, const struct embed_plan *p)
 {
 	const struct embed_spec *s = &r->m->embed;
 	r->e_B = 0;
@@ -65,8 +67,28 @@ int replica_embed_load(struct replica *r, const struct embed_plan *p, const floa
 		e = o->upload(ctx, r->e_rseg, p->rseg, p->nnz * sizeof(uint32_t));
 	if (!e && p->u)
 		e = o->upload(ctx, r->e_rows, p->rows, p->u * sizeof(uint64_t));
+	return e;
+}
+
+int replica_embed_load(struct replica *r, const struct embed_plan *p, const float *table)
+{
+	const struct backend_ops *o = r->be.ops;
+	int e = embed_load_plan(r, p);
 	if (!e && p->u)
-		e = o->embed_gather(ctx, r->U, table, r->e_rows, p->u, s->dim);
+		e = o->embed_gather(r->be.ctx, r->U, table, r->e_rows, p->u, r->m->embed.dim);
+	if (e)
+		return e;
+	r->e_u = p->u;
+	r->e_B = p->B;
+	return 0;
+}
+
+int replica_embed_load_rows(struct replica *r, const struct embed_plan *p, const float *U)
+{
+	const struct backend_ops *o = r->be.ops;
+	int e = embed_load_plan(r, p);
+	if (!e && p->u)
+		e = o->upload(r->be.ctx, r->U, U, p->u * (size_t)r->m->embed.dim * sizeof(float));
 	if (e)
 		return e;
 	r->e_u = p->u;

@@ -1,14 +1,19 @@
-/* libFuzzer harness for the message decoders of net/msg.c (and
- * msg_elastic.c's VIEW, LEAVE and a REPORT's events). The input is one
- * message body, given to msg_type and to every decoder. Checks the error
+/* libFuzzer harness for the message decoders of net/msg.c, net/msg_rows.c
+ * and net/msg_elastic.c. The input is one message body, given to msg_type
+ * and to every decoder (SPULL, ROWS and SPUSH at several embedding widths;
+ * VIEW, LEAVE and a REPORT with events). Checks the error
  * contract (negative errno, one line), that whatever a decoder accepts
  * re-encodes to exactly the input bytes (REPORT too) (the encoding is canonical: there is
  * one byte string per message; but a bf16 signalling NaN, which comes back
  * as the same NaN made quiet), that an accepted PARAMS/PUSH chunk passes a
  * fresh assembly of its dtype for [0, offset + count) exactly when its
  * offset is 0, completing it, and that an assembly of the other dtype
- * refuses it. */
+ * refuses it. An accepted SPULL, ROWS or SPUSH re-encodes to the same
+ * bytes, its ids ascend, and a fresh assembly of its set takes it exactly
+ * when it is the set's first message and full (count = min(per message,
+ * total)), completing the set when that is all of it. */
 #include "../../net/msg.h"
+#include "../../net/msg_rows.h"
 #include "fuzz.h"
 
 #include <errno.h>
@@ -46,6 +51,41 @@ static void same_bf16(int rc, size_t relen, const uint8_t *data, size_t size)
 	}
 }
 
+/* The rows decoder at width dim. */
+static void rows_at(const uint8_t *data, size_t size, int dim)
+{
+	static uint64_t ids[WIRE_CHUNK_MAX / 8];
+	char err[256] = "";
+	size_t relen = 0;
+	struct msg_rows m;
+	int rc = msg_decode_rows(data, size, dim, &m, err, sizeof err);
+	if (rc) {
+		fuzz_check_err(rc, err);
+		return;
+	}
+	FUZZ_CHECK(m.type == data[0] && m.count <= msg_rows_max(m.type, dim));
+	FUZZ_CHECK(size == msg_rows_bytes(m.type, m.count, dim));
+	FUZZ_CHECK((uint64_t)m.first + m.count <= m.total && (m.count > 0 || m.total == 0));
+	for (uint32_t i = 0; m.ids && i < m.count; i++) {
+		ids[i] = msg_rows_id(&m, i);
+		FUZZ_CHECK(i == 0 || ids[i] > ids[i - 1]);
+	}
+	if (m.vals)
+		msg_rows_vals(floats, &m, dim);
+	same(msg_encode_rows(re, sizeof re, &m, ids, floats, dim, &relen, err, sizeof err), relen, data, size);
+	struct msg_rows_asm a;
+	msg_rows_asm_init(&a, m.type, m.shard, dim, m.total, MSG_ROWS_ANY);
+	uint32_t per = msg_rows_max(m.type, dim), full = m.total < per ? m.total : per;
+	err[0] = '\0';
+	rc = msg_rows_asm_add(&a, &m, NULL, NULL, err, sizeof err);
+	if (m.first == 0 && m.count == full) {
+		FUZZ_CHECK(rc == (m.count == m.total));
+	} else {
+		FUZZ_CHECK(rc == -EPROTO);
+		fuzz_check_err(rc, err);
+	}
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	char err[256];
@@ -58,6 +98,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		fuzz_check_err(rc, err);
 	else
 		FUZZ_CHECK(rc >= WIRE_PULL && rc <= WIRE_MSG_LAST && rc == data[0]);
+
+	static const int dims[] = { 1, 3, 16, 1024 };
+	for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+		rows_at(data, size, dims[i]);
 
 	struct msg_pull pull;
 	err[0] = '\0';

@@ -17,6 +17,16 @@
  *               4   CHECKPOINT(step)   5 ROLLBACK(step)
  *               6   STATUS request     7 DONE(leaving)
  *               8   HEARTBEAT          9 ERROR(text)
+ * and with a kind byte of 100..199, kind % 10 == 2 and 3 are the
+ * embedding rows' messages, their bytes laid out by hand so that the
+ * ids may come in any order (duplicates, unsorted, out of range):
+ *               2   SPULL: version (0xff: the newest), total, first,
+ *                   count, then count ids of 2 bytes
+ *               3   SPUSH: version, total, first, count, worker, then
+ *                   count ids of 2 bytes and count x 2 floats
+ * An input whose first byte is 100..199 runs against a ps of a
+ * click-through model (`embedding 26 20 2`: 520 rows of 2, a push of at
+ * most 2 x 26 rows), the others against the MLP of blobs.
  * The ps's [cluster] wire_dtype is bf16 if the input's first byte has an
  * odd tens digit (18: a HEARTBEAT first), else fp32, so both its
  * assemblies and a dtype it does not expect are reached.
@@ -45,7 +55,7 @@
  * observer's greeting, for this ps, with the key and a time near ours, is
  * answered unless 4 observers that sent a frame may hold the slots.
  *
- * After each input the ps must be sound: every parameter finite, not
+ * After each input the ps must be sound: every parameter and row finite, not
  * stopped by a peer, no connection left (ps_harness_check); sanitizers
  * catch the rest. One worker, sync: a PULL never waits for another
  * worker. */
@@ -55,6 +65,7 @@
 #include "../../net/frame.h"
 #include "../../net/key.h"
 #include "../../net/msg.h"
+#include "../../net/msg_rows.h"
 #include "fuzz.h"
 
 #include <errno.h>
@@ -73,7 +84,7 @@
 static char dir[64];
 static uint8_t cluster_key[KEY_BYTES];
 static char ckpt[96];
-static struct config cfg;
+static struct config cfg, cfg_ctr;
 static FILE *devnull;
 static uint8_t wire[1 << 20];
 
@@ -111,6 +122,22 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	write_text("cluster.ini", ini);
 	snprintf(path, sizeof(path), "%s/cluster.ini", dir);
 	FUZZ_CHECK(config_load(&cfg, path, NULL, 0, err, sizeof(err)) == 0);
+	/* A click-through model's ps, for the embedding rows' messages. */
+	write_text("ctr.txt", "1\t1\t2\t3\t4\t5\t6\t7\t8\t9\t10\t11\t12\t13"
+			      "\t0a\t0b\t0c\t0d\t0e\t0f\t10\t11\t12\t13\t14\t15\t16"
+			      "\t17\t18\t19\t1a\t1b\t1c\t1d\t1e\t1f\t20\t21\t22\t23\n");
+	snprintf(ini, sizeof(ini),
+		 "[cluster]\nps = 127.0.0.1:1\nworkers = 127.0.0.1:2\nkey_file = %s/cluster.key\n"
+		 "peer_timeout = 1\n"
+		 "[data]\nformat = criteo\ntrain_csv = %s/ctr.txt\n"
+		 "[train]\nsteps = 1000\nbatch_size = 2\nlearning_rate = 0.05\noptimizer = adam\n"
+		 "embedding_optimizer = lazy_adam\ncheckpoint_dir = %s\nthreads = 1\n"
+		 "[model]\ninput = 13\nlayer = embedding 26 20 2\nlayer = dense 2\nlayer = relu\nlayer = dense 1\n"
+		 "loss = sigmoid_cross_entropy\n",
+		 dir, dir, ckpt);
+	write_text("ctr.ini", ini);
+	snprintf(path, sizeof(path), "%s/ctr.ini", dir);
+	FUZZ_CHECK(config_load(&cfg_ctr, path, NULL, 0, err, sizeof(err)) == 0);
 	devnull = getenv("FUZZ_PS_LOG") ? stderr : fopen("/dev/null", "w");
 	FUZZ_CHECK(devnull);
 	return 0;
@@ -130,6 +157,31 @@ static uint64_t take(const uint8_t *b, size_t n, size_t at, int bytes)
 		if (at + (size_t)i < n)
 			v |= (uint64_t)b[at + (size_t)i] << (8 * i);
 	return v;
+}
+
+/* An SPULL (push 0) or SPUSH record as its message, by hand: the header
+ * from the record's first bytes, count ids of 2 bytes each as they come,
+ * and for SPUSH count x 2 float32 values. */
+static size_t record_rows(int push, const uint8_t *b, size_t n, uint8_t *msg, size_t cap)
+{
+	uint32_t count = (uint32_t)take(b, n, 3, 1) % 200;
+	size_t at = push ? 5 : 4, len = MSG_ROWS_HDR_BYTES + 8 * (size_t)count + (push ? 8 * (size_t)count : 0);
+	if (len > cap)
+		return 0;
+	memset(msg, 0, MSG_ROWS_HDR_BYTES);
+	msg[0] = push ? WIRE_SPUSH : WIRE_SPULL;
+	uint64_t v = take(b, n, 0, 1);
+	wire_put_u64(msg + 8, v == 0xff && !push ? MSG_VERSION_LATEST : v);
+	wire_put_u32(msg + 16, (uint32_t)take(b, n, 1, 1));
+	wire_put_u32(msg + 20, (uint32_t)take(b, n, 2, 1));
+	wire_put_u32(msg + 24, count);
+	wire_put_u32(msg + 28, push ? (uint32_t)take(b, n, 4, 1) % 2 : 0);
+	for (uint32_t i = 0; i < count; i++)
+		wire_put_u64(msg + MSG_ROWS_HDR_BYTES + 8 * (size_t)i, take(b, n, at + 2 * i, 2));
+	for (uint32_t i = 0; push && i < 2 * count; i++)
+		wire_put_u32(msg + MSG_ROWS_HDR_BYTES + 8 * (size_t)count + 4 * (size_t)i,
+			     (uint32_t)take(b, n, at + 2 * (size_t)count + 4 * i, 4));
+	return len;
 }
 
 /* The message of one record into msg (cap bytes); its length, or 0 for
@@ -213,7 +265,9 @@ static void record_wire(int k, const uint8_t *b, size_t n, struct frame_key *tx,
 		*out += n;
 		return;
 	}
-	size_t len = record_msg(k % 10, k / 10, b, n, msg, sizeof(msg));
+	size_t len = k >= 100 && k < 200 && (k % 10 == 2 || k % 10 == 3)
+			     ? record_rows(k % 10 == 3, b, n, msg, sizeof(msg))
+			     : record_msg(k % 10, k / 10, b, n, msg, sizeof(msg));
 	size_t flen;
 	char err[256];
 	if (len && frame_seal(tx, wire + *out, sizeof(wire) - *out, msg, len, &flen, err,
@@ -384,8 +438,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	char err[512];
 	struct ps_harness *h = NULL;
 	nftw(ckpt, rm_one, 8, FTW_DEPTH | FTW_PHYS);
-	cfg.cluster.wire_dtype = size && data[0] / 10 % 2 ? PRECISION_BF16 : PRECISION_FP32;
-	FUZZ_CHECK(ps_harness_open(&h, &cfg, 0, devnull, err, sizeof(err)) == 0);
+	struct config *c = size && data[0] >= 100 && data[0] < 200 ? &cfg_ctr : &cfg;
+	c->cluster.wire_dtype = size && data[0] / 10 % 2 ? PRECISION_BF16 : PRECISION_FP32;
+	FUZZ_CHECK(ps_harness_open(&h, c, 0, devnull, err, sizeof(err)) == 0);
 
 	/* One key per direction, as a handshake would have made. */
 	uint8_t k1[FRAME_KEY_BYTES], k2[FRAME_KEY_BYTES];
@@ -403,7 +458,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	int sp[2] = { -1, -1 };
 	if (size && data[0] >= 200) {
 		uint8_t hash[CONFIG_HASH_BYTES];
-		FUZZ_CHECK(config_hash(&cfg, hash) == 0);
+		FUZZ_CHECK(config_hash(c, hash) == 0);
 		greetings(h, data, size, hash);
 	} else {
 		socket_pair(sp);

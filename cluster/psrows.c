@@ -1,0 +1,236 @@
+/* A ps's rows of the embedding tables and their update rules; see
+ * psrows.h. Locking and message assembly are the ps role's
+ * (ps_sparse.c); this file only decides what a push of rows does. */
+#include "psrows.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int pushed_get(const struct psrows *s, int w)
+{
+	return (int)((s->pushed[w / 64] >> (w % 64)) & 1u);
+}
+
+static void pushed_set(struct psrows *s, int w)
+{
+	s->pushed[w / 64] |= (uint64_t)1 << (w % 64);
+}
+
+/* The sync slots and the union's buffers, or async's scratch. */
+static int rows_alloc(struct psrows *s)
+{
+	size_t R = s->mode == MODE_SYNC ? (size_t)s->replicas : 0, cap = s->cap, D = (size_t)s->dim;
+	size_t un = R ? R * cap : cap;
+	if (cap && (un / cap != (R ? R : 1) || un > SIZE_MAX / sizeof(float) / D))
+		return -ENOMEM;
+	s->uids = malloc((un ? un : 1) * sizeof(uint64_t));
+	if (!s->uids)
+		return -ENOMEM;
+	if (!R)
+		return 0;
+	s->ids = malloc((un ? un : 1) * sizeof(uint64_t));
+	s->vals = malloc((un ? un : 1) * D * sizeof(float));
+	s->usum = malloc((un ? un : 1) * D * sizeof(float));
+	s->cnt = calloc(R, sizeof(size_t));
+	s->cur = calloc(R, sizeof(size_t));
+	return s->ids && s->vals && s->usum && s->cnt && s->cur ? 0 : -ENOMEM;
+}
+
+int psrows_init(struct psrows *s, const struct embed_spec *e, uint64_t r0, uint64_t r1,
+		const struct config *c, long total, size_t cap, char *err, size_t errlen)
+{
+	memset(s, 0, sizeof(*s));
+	s->r0 = r0;
+	s->r1 = r1;
+	s->dim = e->dim;
+	s->mode = c->train.mode;
+	s->workers = c->cluster.nworkers;
+	s->replicas = c->train.replicas_to_aggregate;
+	s->max_staleness = c->train.max_staleness;
+	s->staleness_lr = c->train.staleness_lr;
+	s->total = total;
+	if (r0 > r1 || r1 > embed_total_rows(e) || e->dim < 1) {
+		snprintf(err, errlen, "ps rows [%llu, %llu) are not a range of the tables' %llu rows",
+			 (unsigned long long)r0, (unsigned long long)r1, (unsigned long long)embed_total_rows(e));
+		return -EINVAL;
+	}
+	if (s->workers < 1 || s->workers > PSSHARD_MAX_WORKERS || s->replicas < 1 || s->replicas > s->workers) {
+		snprintf(err, errlen, "ps rows: %d workers, replicas_to_aggregate %d", s->workers, s->replicas);
+		return -EINVAL;
+	}
+	s->n = (size_t)(r1 - r0);
+	s->cap = cap && cap < s->n ? cap : s->n;
+	struct sparse_config sc = { .kind = (enum sparse_kind)c->train.embed_optimizer, .lr = c->train.embed_lr,
+				    .beta1 = c->train.optim.beta1, .beta2 = c->train.optim.beta2,
+				    .eps = c->train.optim.eps };
+	size_t vals = s->n * (size_t)s->dim;
+	if (vals / (size_t)s->dim != s->n)
+		goto nomem;
+	s->table = malloc((vals ? vals : 1) * sizeof(float));
+	int r = s->table ? sparse_optim_init(&s->opt, &sc, s->n, s->dim) : -ENOMEM;
+	if (r == -EINVAL) {
+		snprintf(err, errlen, "ps rows: unknown embedding optimizer %d", c->train.embed_optimizer);
+		psrows_free(s);
+		return r;
+	}
+	if (r || rows_alloc(s))
+		goto nomem;
+	embed_init_rows(e, s->table, r0, r1, c->train.seed);
+	return 0;
+nomem:
+	snprintf(err, errlen, "ps rows [%llu, %llu): out of memory for %zu rows of %d and their optimizer state",
+		 (unsigned long long)r0, (unsigned long long)r1, s->n, s->dim);
+	psrows_free(s);
+	return -ENOMEM;
+}
+
+void psrows_free(struct psrows *s)
+{
+	if (!s)
+		return;
+	sparse_optim_free(&s->opt);
+	free(s->table);
+	free(s->ids);
+	free(s->vals);
+	free(s->cnt);
+	free(s->uids);
+	free(s->usum);
+	free(s->cur);
+	s->table = s->vals = s->usum = NULL;
+	s->ids = s->uids = NULL;
+	s->cnt = s->cur = NULL;
+}
+
+size_t psrows_bad_id(const struct psrows *s, const uint64_t *ids, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (ids[i] < s->r0 || ids[i] >= s->r1 || (i && ids[i] <= ids[i - 1]))
+			return i;
+	return n;
+}
+
+/* The R pushes for v are all in: their rows merged in ascending order,
+ * each row's gradients added in worker-index order, divided by R (a
+ * division, as psshard's: the correctly rounded mean), one optimizer step
+ * over the union; v moves on. */
+static void sync_apply(struct psrows *s)
+{
+	size_t D = (size_t)s->dim, cap = s->cap, u = 0;
+	int ord[PSSHARD_MAX_WORKERS], k = 0;
+	for (int w = 0; w < s->workers; w++)
+		if (pushed_get(s, w))
+			ord[k++] = s->slot_of[w];
+	for (int i = 0; i < k; i++)
+		s->cur[ord[i]] = 0;
+	for (;;) {
+		uint64_t low = UINT64_MAX;
+		for (int i = 0; i < k; i++) {
+			int sl = ord[i];
+			if (s->cur[sl] < s->cnt[sl] && s->ids[(size_t)sl * cap + s->cur[sl]] < low)
+				low = s->ids[(size_t)sl * cap + s->cur[sl]];
+		}
+		if (low == UINT64_MAX)
+			break;
+		float *acc = s->usum + u * D;   // (D)
+		int first = 1;
+		for (int i = 0; i < k; i++) {
+			int sl = ord[i];
+			size_t at = (size_t)sl * cap + s->cur[sl];
+			if (s->cur[sl] >= s->cnt[sl] || s->ids[at] != low)
+				continue;
+			const float *g = s->vals + at * D;   // (D)
+			for (size_t d = 0; d < D; d++)
+				acc[d] = first ? g[d] : acc[d] + g[d];
+			first = 0;
+			s->cur[sl]++;
+		}
+		float R = (float)s->replicas;
+		for (size_t d = 0; d < D; d++)
+			acc[d] /= R;
+		s->uids[u++] = low;
+	}
+	sparse_optim_step(&s->opt, s->table, s->uids, s->usum, u, s->opt.cfg.lr);
+	s->version++;
+	s->applied++;
+	s->nwaiting = 0;
+	memset(s->pushed, 0, sizeof(s->pushed));
+}
+
+static void async_apply(struct psrows *s, const uint64_t *ids, const float *vals, size_t n, uint64_t age)
+{
+	for (size_t i = 0; i < n; i++)
+		s->uids[i] = ids[i] - s->r0;
+	float scale = s->staleness_lr ? 1.0f / (float)(age + 1) : 1.0f;
+	sparse_optim_step(&s->opt, s->table, s->uids, vals, n, s->opt.cfg.lr * scale);
+	s->age_sum += age;
+	if (age > s->age_max)
+		s->age_max = age;
+	s->version++;
+	s->applied++;
+}
+
+int psrows_push(struct psrows *s, int worker, uint64_t version, const uint64_t *ids, const float *vals,
+		size_t n, enum psshard_outcome *outcome)
+{
+	if (worker < 0 || worker >= s->workers || n > s->cap || psrows_bad_id(s, ids, n) < n)
+		return -EINVAL;
+	if (version > s->version)
+		return -ERANGE;
+	uint64_t age = s->version - version;
+	int stale = s->mode == MODE_ASYNC ? s->max_staleness > 0 && age > (uint64_t)s->max_staleness
+					  : version < s->version || (s->total > 0 && version >= (uint64_t)s->total);
+	if (stale) {
+		s->received++;
+		s->dropped_stale++;
+		*outcome = PSSHARD_STALE;
+		return 0;
+	}
+	size_t nv = n * (size_t)s->dim;
+	if (s->mode == MODE_SYNC && pushed_get(s, worker))
+		return -EALREADY;
+	if (optim_nonfinite(vals, nv) < nv)
+		return -EDOM;
+	s->received++;
+	if (s->mode == MODE_ASYNC) {
+		async_apply(s, ids, vals, n, age);
+		*outcome = PSSHARD_APPLIED;
+		return 0;
+	}
+	int slot = s->nwaiting;
+	uint64_t *sid = s->ids + (size_t)slot * s->cap;
+	for (size_t i = 0; i < n; i++)
+		sid[i] = ids[i] - s->r0;
+	if (nv)   /* a push of none of this ps's rows has no values (vals may be NULL) */
+		memcpy(s->vals + (size_t)slot * s->cap * (size_t)s->dim, vals, nv * sizeof(float));
+	s->cnt[slot] = n;
+	s->slot_of[worker] = (int16_t)slot;
+	pushed_set(s, worker);
+	if (++s->nwaiting < s->replicas) {
+		*outcome = PSSHARD_WAITING;
+		return 0;
+	}
+	sync_apply(s);
+	*outcome = PSSHARD_APPLIED;
+	return 0;
+}
+
+void psrows_read(const struct psrows *s, const uint64_t *ids, size_t n, float *out)
+{
+	size_t D = (size_t)s->dim;
+	for (size_t i = 0; i < n; i++)
+		memcpy(out + i * D, s->table + (size_t)(ids[i] - s->r0) * D, D * sizeof(float));
+}
+
+int psrows_has_pushed(const struct psrows *s, int w)
+{
+	return w >= 0 && w < s->workers && s->mode == MODE_SYNC && pushed_get(s, w);
+}
+
+void psrows_rewind(struct psrows *s, uint64_t version)
+{
+	s->version = version;
+	s->nwaiting = 0;
+	memset(s->pushed, 0, sizeof(s->pushed));
+}

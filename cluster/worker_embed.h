@@ -1,0 +1,44 @@
+/* A worker's embedding layer (issue 39): its devices hold a batch's rows,
+ * never the tables, which the ps hold by row (link_sparse.h). Before a
+ * step's compute the batch's unique rows are pulled from the ps that hold
+ * them onto the devices; after it their gradient rows are pushed, before
+ * the dense gradient goes up; an evaluation pulls each chunk's rows. The
+ * worker's loop (worker.c) calls these three at those points and nothing
+ * else changes: the dense exchange is the one a model without an
+ * embedding has. */
+#ifndef PSTRAIN_CLUSTER_WORKER_EMBED_H
+#define PSTRAIN_CLUSTER_WORKER_EMBED_H
+
+#include <stddef.h>
+
+#include "link_sparse.h"
+#include "links.h"
+#include "../core/nn/devices.h"
+
+struct worker_embed;
+
+/* For a model with an embedding layer (else *we stays NULL, 0): the
+ * devices' layer without tables (devices_embed_open_remote), its
+ * evaluations' rows pulled over lk, and which ps holds which rows. Before
+ * the overlap is decided (the flow refuses an embedding). */
+int worker_embed_open(struct worker_embed **we, int index, struct devices *dev, struct links *lk,
+		      const struct config *c, const struct model *m, char *err, size_t errlen);
+void worker_embed_close(struct worker_embed *we); /* accepts NULL */
+
+/* The rows of the batch order[first .. first + B) onto the devices, for
+ * the devices_step of that very batch. A link's failure is the links'
+ * (lk->lost set for a lost one). */
+int worker_embed_pull(struct worker_embed *we, size_t first, int B, char *err, size_t errlen);
+/* After that step: its gradient rows, checked finite (-EDOM with the
+ * worker's line otherwise, as for the dense gradient: step names it), to
+ * the ps. */
+int worker_embed_push(struct worker_embed *we, long step, char *err, size_t errlen);
+
+/* --dump-params (test builds): the n parameters at params, then, with
+ * an embedding (we not NULL), every row of the tables as the ps hold
+ * them now, (R, DIM) float32 in host order, pulled a batch's worth at a
+ * time. */
+int worker_dump(const char *path, const float *params, size_t n, struct worker_embed *we, char *err,
+		size_t errlen);
+
+#endif

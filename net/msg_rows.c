@@ -1,0 +1,212 @@
+/* SPULL, ROWS and SPUSH (see msg_rows.h and docs/PROTOCOL.md, "Rows"):
+ * the length first, then the type, the reserved bytes, each field's range
+ * and the order of the ids, as net/msg.c's decoders do. */
+#include "msg_rows.h"
+#include "../base/err.h"
+
+#include <errno.h>
+#include <string.h>
+
+static int rows_type_ok(uint8_t t)
+{
+	return t == WIRE_SPULL || t == WIRE_ROWS || t == WIRE_SPUSH;
+}
+
+static size_t row_bytes(uint8_t type, int dim)
+{
+	size_t ids = type == WIRE_ROWS ? 0 : 8, vals = type == WIRE_SPULL ? 0 : 4 * (size_t)dim;
+	return ids + vals;
+}
+
+uint32_t msg_rows_max(uint8_t type, int dim)
+{
+	if (!rows_type_ok(type) || dim < 1 || dim > MSG_ROWS_DIM_MAX)
+		return 0;
+	return (uint32_t)(MSG_ROWS_BODY_MAX / row_bytes(type, dim));
+}
+
+size_t msg_rows_bytes(uint8_t type, uint32_t count, int dim)
+{
+	return MSG_ROWS_HDR_BYTES + (size_t)count * row_bytes(type, dim);
+}
+
+/* The fields every message must have right, whoever made it. */
+static int rows_fields_ok(const struct msg_rows *m, int dim, int code, char *err, size_t errlen)
+{
+	const char *name = wire_msg_name(m->type);
+	uint32_t max = msg_rows_max(m->type, dim);
+	if (m->count > max)
+		return err_set(err, errlen, code, "%s: %u rows in one message, at most %u at width %d", name,
+			       m->count, max, dim);
+	if (m->count == 0 && m->total > 0)
+		return err_set(err, errlen, code, "%s: no row in a message of a set of %u", name, m->total);
+	if (m->first > m->total || m->count > m->total - m->first)
+		return err_set(err, errlen, code, "%s: rows [%u, %llu) of a set of %u", name, m->first,
+			       (unsigned long long)m->first + m->count, m->total);
+	if (m->type != WIRE_SPUSH && m->worker != 0)
+		return err_set(err, errlen, code, "%s: worker field is %u, expected 0", name, m->worker);
+	return 0;
+}
+
+int msg_encode_rows(uint8_t *buf, size_t cap, const struct msg_rows *m, const uint64_t *ids,
+		    const float *vals, int dim, size_t *len, char *err, size_t errlen)
+{
+	if (!rows_type_ok(m->type) || dim < 1 || dim > MSG_ROWS_DIM_MAX)
+		return err_set(err, errlen, -EINVAL, "rows: type %u (%s) at width %d", m->type,
+			       wire_msg_name(m->type), dim);
+	int rc = rows_fields_ok(m, dim, -EINVAL, err, errlen);
+	if (rc)
+		return rc;
+	const char *name = wire_msg_name(m->type);
+	size_t need = msg_rows_bytes(m->type, m->count, dim);
+	if (cap < need)
+		return err_set(err, errlen, -ENOBUFS, "%s: needs %zu bytes, buffer has %zu", name, need, cap);
+	memset(buf, 0, MSG_ROWS_HDR_BYTES);
+	buf[0] = m->type;
+	wire_put_u32(buf + 4, m->shard);
+	wire_put_u64(buf + 8, m->version);
+	wire_put_u32(buf + 16, m->total);
+	wire_put_u32(buf + 20, m->first);
+	wire_put_u32(buf + 24, m->count);
+	wire_put_u32(buf + 28, m->worker);
+	uint8_t *p = buf + MSG_ROWS_HDR_BYTES;
+	if (m->type != WIRE_ROWS) {
+		for (uint32_t i = 0; i < m->count; i++) {
+			if (i && ids[i] <= ids[i - 1])
+				return err_set(err, errlen, -EINVAL, "%s: row %llu after row %llu", name,
+					       (unsigned long long)ids[i], (unsigned long long)ids[i - 1]);
+			wire_put_u64(p + 8 * (size_t)i, ids[i]);
+		}
+		p += 8 * (size_t)m->count;
+	}
+	if (m->type != WIRE_SPULL)
+		wire_put_f32s(p, vals, (size_t)m->count * (size_t)dim);
+	*len = need;
+	return 0;
+}
+
+int msg_decode_rows(const uint8_t *buf, size_t len, int dim, struct msg_rows *out, char *err,
+		    size_t errlen)
+{
+	if (len < 1)
+		return err_set(err, errlen, -EMSGSIZE, "SPULL/ROWS/SPUSH: empty message");
+	uint8_t t = buf[0];
+	if (!rows_type_ok(t))
+		return err_set(err, errlen, -EPROTO, "SPULL/ROWS/SPUSH: type byte is %u (%s)", t,
+			       wire_msg_name(t));
+	const char *name = wire_msg_name(t);
+	if (dim < 1 || dim > MSG_ROWS_DIM_MAX)
+		return err_set(err, errlen, -EINVAL, "%s: width %d", name, dim);
+	if (len < MSG_ROWS_HDR_BYTES)
+		return err_set(err, errlen, -EMSGSIZE, "%s: %zu bytes, expected at least %u", name, len,
+			       MSG_ROWS_HDR_BYTES);
+	*out = (struct msg_rows){ .type = t, .shard = wire_get_u32(buf + 4), .version = wire_get_u64(buf + 8),
+				  .total = wire_get_u32(buf + 16), .first = wire_get_u32(buf + 20),
+				  .count = wire_get_u32(buf + 24), .worker = wire_get_u32(buf + 28) };
+	/* The count only bounds the length here: its range comes after. */
+	if (out->count > msg_rows_max(t, dim) || len != msg_rows_bytes(t, out->count, dim))
+		return err_set(err, errlen, -EMSGSIZE, "%s: %zu bytes, but %u rows of width %d are %zu", name, len,
+			       out->count, dim, msg_rows_bytes(t, out->count, dim));
+	if (buf[1])
+		return err_set(err, errlen, -EPROTO, "%s: dtype %u, expected 0 (fp32)", name, buf[1]);
+	if (buf[2] || buf[3])
+		return err_set(err, errlen, -EPROTO, "%s: reserved byte %d is 0x%02x, expected 0", name,
+			       buf[2] ? 2 : 3, buf[2] ? buf[2] : buf[3]);
+	int rc = rows_fields_ok(out, dim, -EPROTO, err, errlen);
+	if (rc)
+		return rc;
+	const uint8_t *p = buf + MSG_ROWS_HDR_BYTES;
+	if (t != WIRE_ROWS) {
+		out->ids = p;
+		for (uint32_t i = 1; i < out->count; i++) {
+			uint64_t a = wire_get_u64(p + 8 * (size_t)(i - 1)), b = wire_get_u64(p + 8 * (size_t)i);
+			if (b <= a)
+				return err_set(err, errlen, -EPROTO, "%s: row %llu %s row %llu (the ids must be strictly ascending)",
+					       name, (unsigned long long)b, b == a ? "again after" : "after",
+					       (unsigned long long)a);
+		}
+		p += 8 * (size_t)out->count;
+	}
+	if (t != WIRE_SPULL)
+		out->vals = p;
+	return 0;
+}
+
+uint64_t msg_rows_id(const struct msg_rows *m, uint32_t i)
+{
+	return wire_get_u64(m->ids + 8 * (size_t)i);
+}
+
+void msg_rows_vals(float *dst, const struct msg_rows *m, int dim)
+{
+	wire_get_f32s(dst, m->vals, (size_t)m->count * (size_t)dim);
+}
+
+void msg_rows_asm_init(struct msg_rows_asm *a, uint8_t type, uint32_t shard, int dim, uint64_t cap,
+		       uint64_t want)
+{
+	*a = (struct msg_rows_asm){ .type = type, .shard = shard, .dim = dim, .cap = cap, .want = want };
+}
+
+/* The message's fields against the set's: its first one fixes them. */
+static int asm_fits(const struct msg_rows_asm *a, const struct msg_rows *m, char *err, size_t errlen)
+{
+	const char *name = wire_msg_name(a->type);
+	if (m->type != a->type)
+		return err_set(err, errlen, -EPROTO, "%s: got %s among its messages", name, wire_msg_name(m->type));
+	if (m->shard != a->shard)
+		return err_set(err, errlen, -EPROTO, "%s for shard %u, this is shard %u", name, m->shard, a->shard);
+	if (!a->started) {
+		if (a->want != MSG_ROWS_ANY && m->total != a->want)
+			return err_set(err, errlen, -EPROTO, "%s: %u rows, %llu were asked for", name, m->total,
+				       (unsigned long long)a->want);
+		if (m->total > a->cap)
+			return err_set(err, errlen, -EPROTO, "%s: %u rows, more than the %llu one batch can touch here",
+				       name, m->total, (unsigned long long)a->cap);
+		return 0;
+	}
+	if (a->received == a->total)
+		return err_set(err, errlen, -EPROTO, "%s: a message after all %u rows arrived", name, a->total);
+	if (m->version != a->version || m->total != a->total || m->worker != a->worker)
+		return err_set(err, errlen, -EPROTO, "%s: a message of another set (version %llu, %u rows, worker %u) among one of version %llu, %u rows, worker %u",
+			       name, (unsigned long long)m->version, m->total, m->worker,
+			       (unsigned long long)a->version, a->total, a->worker);
+	return 0;
+}
+
+int msg_rows_asm_add(struct msg_rows_asm *a, const struct msg_rows *m, uint64_t *ids, float *vals, char *err,
+		     size_t errlen)
+{
+	const char *name = wire_msg_name(a->type);
+	int rc = asm_fits(a, m, err, errlen);
+	if (rc)
+		return rc;
+	uint32_t done = a->started ? a->received : 0, max = msg_rows_max(a->type, a->dim);
+	uint32_t left = m->total - done, want = left < max ? left : max;
+	if (m->first != done || m->count != want)
+		return err_set(err, errlen, -EPROTO, "%s: rows [%u, %llu) where rows [%u, %u) were due", name,
+			       m->first, (unsigned long long)m->first + m->count, done, done + want);
+	if (m->ids && m->count && a->started && done && msg_rows_id(m, 0) <= a->last)
+		return err_set(err, errlen, -EPROTO, "%s: row %llu after row %llu (the ids must be strictly ascending)",
+			       name, (unsigned long long)msg_rows_id(m, 0), (unsigned long long)a->last);
+	if (ids && m->ids)
+		for (uint32_t i = 0; i < m->count; i++)
+			ids[(size_t)m->first + i] = msg_rows_id(m, i);
+	if (vals && m->vals)
+		msg_rows_vals(vals + (size_t)m->first * (size_t)a->dim, m, a->dim);
+	if (!a->started) {
+		a->version = m->version;
+		a->total = m->total;
+		a->worker = m->worker;
+		a->started = 1;
+	}
+	if (m->ids && m->count)
+		a->last = msg_rows_id(m, m->count - 1);
+	a->received = done + m->count;
+	return a->received == a->total;
+}
+
+int msg_rows_asm_done(const struct msg_rows_asm *a)
+{
+	return a->started && a->received == a->total;
+}

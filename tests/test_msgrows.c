@@ -1,0 +1,252 @@
+/* SPULL, ROWS and SPUSH (net/msg_rows.h): the bytes docs/PROTOCOL.md
+ * gives them, round trips, every refusal of the decoder (a row of a table
+ * per malformed message) and of the assembly of a set of messages. Part
+ * of the msg suite. */
+#include <criterion/criterion.h>
+
+#include "../net/msg_rows.h"
+
+#include <errno.h>
+#include <string.h>
+
+#define DIM 4
+
+static const uint64_t IDS[5] = { 3, 9, 10, 700, 1ULL << 40 };
+static const float VALS[5 * DIM] = { 1, 2, 3, 4, -1, -2, -3, -4, 0.5f, 0, 0, 1e-30f, 8, 9, 10, 11,
+				     -0.0f, 1, 2, 3 };
+
+/* One message of type with the sample's rows [first, first + count) of a
+ * set of total. */
+static size_t sample(uint8_t type, uint32_t total, uint32_t first, uint32_t count, uint8_t *buf, size_t cap)
+{
+	struct msg_rows m = { .type = type, .shard = 2, .version = 41, .total = total, .first = first,
+			      .count = count, .worker = type == WIRE_SPUSH ? 3 : 0 };
+	size_t len = 0;
+	char err[256] = "";
+	cr_assert_eq(msg_encode_rows(buf, cap, &m, IDS + first, VALS + first * DIM, DIM, &len, err, sizeof(err)),
+		     0, "%s", err);
+	return len;
+}
+
+Test(msg, rows_sizes)
+{
+	cr_assert_eq(msg_rows_max(WIRE_SPULL, 16), 8192);
+	cr_assert_eq(msg_rows_max(WIRE_ROWS, 16), 1024);
+	cr_assert_eq(msg_rows_max(WIRE_SPUSH, 16), 65536 / 72);
+	cr_assert_eq(msg_rows_max(WIRE_ROWS, 1024), 16);
+	cr_assert_eq(msg_rows_max(WIRE_SPUSH, 1024), 15);
+	cr_assert_eq(msg_rows_max(WIRE_PUSH, 16), 0);
+	cr_assert_eq(msg_rows_max(WIRE_ROWS, 0), 0);
+	cr_assert_eq(msg_rows_max(WIRE_ROWS, 1025), 0);
+	/* the largest message of each fits a frame */
+	for (int d = 1; d <= MSG_ROWS_DIM_MAX; d++)
+		for (uint8_t t = WIRE_SPULL; t <= WIRE_SPUSH; t++)
+			cr_assert_leq(msg_rows_bytes(t, msg_rows_max(t, d), d), FRAME_MAX, "type %u dim %d", t, d);
+}
+
+/* The header where docs/PROTOCOL.md puts it, then ids and values. */
+Test(msg, rows_bytes_match_protocol)
+{
+	uint8_t buf[512];
+	size_t len = sample(WIRE_SPUSH, 5, 1, 3, buf, sizeof(buf));
+	cr_assert_eq(len, 32 + 3 * (8 + 4 * DIM));
+	cr_assert_eq(buf[0], 15);
+	cr_assert(buf[1] == 0 && buf[2] == 0 && buf[3] == 0);
+	cr_assert_eq(wire_get_u32(buf + 4), 2);
+	cr_assert_eq(wire_get_u64(buf + 8), 41);
+	cr_assert_eq(wire_get_u32(buf + 16), 5);
+	cr_assert_eq(wire_get_u32(buf + 20), 1);
+	cr_assert_eq(wire_get_u32(buf + 24), 3);
+	cr_assert_eq(wire_get_u32(buf + 28), 3);
+	cr_assert_eq(wire_get_u64(buf + 32), 9);
+	cr_assert_eq(wire_get_u64(buf + 48), 700);
+	cr_assert_eq(wire_get_f32(buf + 56), -1.0f);
+	cr_assert_eq(wire_get_f32(buf + 56 + 3 * 4 * DIM - 4), 11.0f);
+	len = sample(WIRE_SPULL, 5, 0, 5, buf, sizeof(buf));
+	cr_assert_eq(len, 32 + 5 * 8);
+	cr_assert_eq(buf[0], 13);
+	cr_assert_eq(wire_get_u64(buf + 32 + 4 * 8), 1ULL << 40);
+	len = sample(WIRE_ROWS, 5, 4, 1, buf, sizeof(buf));
+	cr_assert_eq(len, 32 + 4 * DIM);
+	cr_assert_eq(buf[0], 14);
+	cr_assert_eq(wire_get_f32(buf + 36), 1.0f);
+	/* an empty set is one message of its header */
+	len = sample(WIRE_SPULL, 0, 0, 0, buf, sizeof(buf));
+	cr_assert_eq(len, 32);
+}
+
+Test(msg, rows_round_trip)
+{
+	for (uint8_t t = WIRE_SPULL; t <= WIRE_SPUSH; t++) {
+		uint8_t buf[512];
+		char err[256] = "";
+		size_t len = sample(t, 5, 0, 5, buf, sizeof(buf));
+		cr_assert_eq(msg_type(buf, len, err, sizeof(err)), t, "%s", err);
+		struct msg_rows m;
+		cr_assert_eq(msg_decode_rows(buf, len, DIM, &m, err, sizeof(err)), 0, "%s", err);
+		cr_assert(m.type == t && m.shard == 2 && m.version == 41 && m.total == 5 && m.first == 0 && m.count == 5);
+		cr_assert_eq(m.worker, t == WIRE_SPUSH ? 3u : 0u);
+		cr_assert_eq(m.ids == NULL, t == WIRE_ROWS);
+		cr_assert_eq(m.vals == NULL, t == WIRE_SPULL);
+		for (uint32_t i = 0; m.ids && i < 5; i++)
+			cr_assert_eq(msg_rows_id(&m, i), IDS[i]);
+		float v[5 * DIM];
+		if (m.vals) {
+			msg_rows_vals(v, &m, DIM);
+			cr_assert_eq(memcmp(v, VALS, sizeof(v)), 0, "the values, bit for bit");
+		}
+	}
+}
+
+/* Bytes written over a good SPUSH of rows 0..2 of 5 (or its length cut). */
+struct bad_rows {
+	const char *name;
+	size_t at;        /* where value goes (u8, or u32 / u64 by size) */
+	int size;         /* 1, 4 or 8; 0: the length changes by at */
+	uint64_t value;
+	int want;
+	const char *says;
+};
+
+static const struct bad_rows bads[] = {
+	{ "one byte short", (size_t)-1, 0, 0, -EMSGSIZE, "bytes, but 3 rows" },
+	{ "one byte long", 1, 0, 0, -EMSGSIZE, "bytes, but 3 rows" },
+	{ "header cut", (size_t)-100, 0, 0, -EMSGSIZE, "expected at least 32" },
+	{ "dtype", 1, 1, 1, -EPROTO, "dtype 1" },
+	{ "reserved 2", 2, 1, 7, -EPROTO, "reserved byte 2" },
+	{ "reserved 3", 3, 1, 7, -EPROTO, "reserved byte 3" },
+	{ "count over the set", 16, 4, 2, -EPROTO, "rows [0, 3) of a set of 2" },
+	{ "first past the set", 20, 4, 4, -EPROTO, "rows [4, 7) of a set of 5" },
+	{ "unsorted", 32 + 8, 8, 2, -EPROTO, "row 2 after row 3" },
+	{ "duplicate", 32 + 8, 8, 3, -EPROTO, "row 3 again after row 3" },
+	{ "wrong type", 0, 1, WIRE_PUSH, -EPROTO, "type byte is 4" },
+};
+
+Test(msg, rows_refusals)
+{
+	for (size_t i = 0; i < sizeof(bads) / sizeof(bads[0]); i++) {
+		const struct bad_rows *b = &bads[i];
+		uint8_t buf[512];
+		char err[256] = "";
+		size_t len = sample(WIRE_SPUSH, 5, 0, 3, buf, sizeof(buf));
+		if (b->size == 0)
+			len += b->at;   /* wraps: a shorter length */
+		else if (b->size == 1)
+			buf[b->at] = (uint8_t)b->value;
+		else if (b->size == 4)
+			wire_put_u32(buf + b->at, (uint32_t)b->value);
+		else
+			wire_put_u64(buf + b->at, b->value);
+		struct msg_rows m;
+		int r = msg_decode_rows(buf, len, DIM, &m, err, sizeof(err));
+		cr_assert_eq(r, b->want, "%s: %d (%s)", b->name, r, err);
+		cr_assert_not_null(strstr(err, b->says), "%s: \"%s\" does not say \"%s\"", b->name, err, b->says);
+		cr_assert_null(strchr(err, '\n'));
+	}
+	/* a worker on other than SPUSH; no row in a set of some */
+	uint8_t buf[512];
+	char err[256];
+	struct msg_rows m;
+	size_t len = sample(WIRE_ROWS, 5, 0, 2, buf, sizeof(buf));
+	wire_put_u32(buf + 28, 1);
+	cr_assert_eq(msg_decode_rows(buf, len, DIM, &m, err, sizeof(err)), -EPROTO);
+	cr_assert_not_null(strstr(err, "worker field is 1"), "%s", err);
+	len = sample(WIRE_SPULL, 0, 0, 0, buf, sizeof(buf));
+	wire_put_u32(buf + 16, 4);
+	cr_assert_eq(msg_decode_rows(buf, len, DIM, &m, err, sizeof(err)), -EPROTO);
+	cr_assert_not_null(strstr(err, "no row in a message of a set of 4"), "%s", err);
+	/* the encoder refuses what the decoder would */
+	uint64_t down[2] = { 5, 5 };
+	struct msg_rows e = { .type = WIRE_SPULL, .total = 2, .count = 2 };
+	cr_assert_eq(msg_encode_rows(buf, sizeof(buf), &e, down, NULL, DIM, &len, err, sizeof(err)), -EINVAL);
+	e = (struct msg_rows){ .type = WIRE_ROWS, .total = 2, .count = 2, .worker = 1 };
+	cr_assert_eq(msg_encode_rows(buf, sizeof(buf), &e, NULL, VALS, DIM, &len, err, sizeof(err)), -EINVAL);
+	e = (struct msg_rows){ .type = WIRE_ROWS, .total = 2, .count = 2 };
+	cr_assert_eq(msg_encode_rows(buf, 40, &e, NULL, VALS, DIM, &len, err, sizeof(err)), -ENOBUFS);
+}
+
+/* A set of 5 SPULL ids in messages of at most 2 (by hand: the real
+ * per-message count is msg_rows_max), so the assembly's order checks
+ * see several messages: here with DIM so large that ROWS carries 16. */
+static int add(struct msg_rows_asm *a, uint8_t type, uint64_t version, uint32_t total, uint32_t first,
+	       uint32_t count, const uint64_t *ids, float *vals, char *err)
+{
+	uint8_t buf[FRAME_MAX];
+	size_t len;
+	struct msg_rows m = { .type = type, .shard = 1, .version = version, .total = total, .first = first,
+			      .count = count };
+	static float zero[17 * 1024];
+	cr_assert_eq(msg_encode_rows(buf, sizeof(buf), &m, ids, zero, a->dim, &len, err, 256), 0, "%s", err);
+	cr_assert_eq(msg_decode_rows(buf, len, a->dim, &m, err, 256), 0, "%s", err);
+	return msg_rows_asm_add(a, &m, NULL, vals, err, 256);
+}
+
+Test(msg, rows_assembly)
+{
+	char err[256];
+	struct msg_rows_asm a;
+	static float vals[40 * 1024];
+	/* ROWS at width 1024: 16 a message; 40 rows are 16 + 16 + 8 */
+	msg_rows_asm_init(&a, WIRE_ROWS, 1, 1024, 40, 40);
+	cr_assert_eq(add(&a, WIRE_ROWS, 7, 40, 0, 16, NULL, vals, err), 0, "%s", err);
+	cr_assert_eq(add(&a, WIRE_ROWS, 7, 40, 16, 16, NULL, vals, err), 0, "%s", err);
+	cr_assert(!msg_rows_asm_done(&a));
+	cr_assert_eq(add(&a, WIRE_ROWS, 7, 40, 32, 8, NULL, vals, err), 1, "%s", err);
+	cr_assert(msg_rows_asm_done(&a) && a.version == 7);
+	cr_assert_eq(add(&a, WIRE_ROWS, 7, 40, 32, 8, NULL, vals, err), -EPROTO);
+	cr_assert_not_null(strstr(err, "after all 40 rows arrived"), "%s", err);
+
+	static const struct {
+		const char *name;
+		uint32_t total, first, count;
+		uint64_t version;
+		const char *says;
+	} second[] = {
+		{ "gap", 40, 32, 8, 7, "rows [32, 40) where rows [16, 32) were due" },
+		{ "short", 40, 16, 8, 7, "rows [16, 24) where rows [16, 32) were due" },
+		{ "another version", 40, 16, 16, 8, "another set (version 8" },
+		{ "another total", 39, 16, 16, 7, "another set (version 7, 39 rows" },
+	};
+	for (size_t i = 0; i < sizeof(second) / sizeof(second[0]); i++) {
+		msg_rows_asm_init(&a, WIRE_ROWS, 1, 1024, 40, 40);
+		cr_assert_eq(add(&a, WIRE_ROWS, 7, 40, 0, 16, NULL, vals, err), 0, "%s", err);
+		int r = add(&a, WIRE_ROWS, second[i].version, second[i].total, second[i].first, second[i].count, NULL,
+			    vals, err);
+		cr_assert_eq(r, -EPROTO, "%s: %d", second[i].name, r);
+		cr_assert_not_null(strstr(err, second[i].says), "%s: %s", second[i].name, err);
+	}
+	/* the first message: the total asked for, within the capacity */
+	msg_rows_asm_init(&a, WIRE_ROWS, 1, 1024, 40, 40);
+	cr_assert_eq(add(&a, WIRE_ROWS, 7, 39, 0, 16, NULL, vals, err), -EPROTO);
+	cr_assert_not_null(strstr(err, "39 rows, 40 were asked for"), "%s", err);
+	msg_rows_asm_init(&a, WIRE_ROWS, 1, 1024, 30, MSG_ROWS_ANY);
+	cr_assert_eq(add(&a, WIRE_ROWS, 7, 40, 0, 16, NULL, vals, err), -EPROTO);
+	cr_assert_not_null(strstr(err, "40 rows, more than the 30 one batch can touch"), "%s", err);
+	/* another shard, another type */
+	msg_rows_asm_init(&a, WIRE_ROWS, 2, 1024, 40, 40);
+	cr_assert_eq(add(&a, WIRE_ROWS, 7, 40, 0, 16, NULL, vals, err), -EPROTO);
+	cr_assert_not_null(strstr(err, "ROWS for shard 1, this is shard 2"), "%s", err);
+	msg_rows_asm_init(&a, WIRE_SPULL, 1, 1024, 40, MSG_ROWS_ANY);
+	cr_assert_eq(add(&a, WIRE_ROWS, 7, 40, 0, 16, NULL, vals, err), -EPROTO);
+	cr_assert_not_null(strstr(err, "SPULL: got ROWS"), "%s", err);
+}
+
+/* SPUSH at width 1024 carries 15 rows a message: ids ascending across
+ * messages, a repeat of the last id refused. */
+Test(msg, rows_assembly_ids_ascend_across_messages)
+{
+	char err[256];
+	struct msg_rows_asm a;
+	static float vals[30 * 1024];
+	uint64_t ids[30];
+	for (int i = 0; i < 30; i++)
+		ids[i] = 100 + 2 * (uint64_t)i;
+	msg_rows_asm_init(&a, WIRE_SPUSH, 1, 1024, 64, MSG_ROWS_ANY);
+	cr_assert_eq(add(&a, WIRE_SPUSH, 0, 30, 0, 15, ids, vals, err), 0, "%s", err);
+	uint64_t again[15];
+	memcpy(again, ids + 15, sizeof(again));
+	again[0] = ids[14];
+	cr_assert_eq(add(&a, WIRE_SPUSH, 0, 30, 15, 15, again, vals, err), -EPROTO);
+	cr_assert_not_null(strstr(err, "row 128 after row 128"), "%s", err);
+	cr_assert_eq(add(&a, WIRE_SPUSH, 0, 30, 15, 15, ids + 15, vals, err), 1, "%s", err);
+}

@@ -1,0 +1,664 @@
+/* A click-through model in a cluster (issue 39 part 3): the ps hold the
+ * embedding tables by row, workers pull their batches' rows and push
+ * their gradients (SPULL, ROWS, SPUSH). Each test starts `pstrain`
+ * processes ($PSTRAIN_BIN) on 127.0.0.1 on a data set of `pstrain synth`:
+ *   - one worker in sync mode ends with `local`'s parameters and tables
+ *     bit for bit (--dump-params), over one ps and over two, with Adagrad
+ *     and lazy Adam, and in async mode (a lone worker's gradients are
+ *     never stale, so the same numbers again);
+ *   - two workers end alike over one ps and over two (the rows' sums run
+ *     in worker-index order whatever the sharding); async trains within a
+ *     tolerance of sync; backup workers drop their late rows as stale;
+ *   - [ps] memory_limit: tables too large for one process are refused by
+ *     `local` and by a lone ps with one line, and train over two ps, each
+ *     holding its half, while the worker holds a batch's rows;
+ *   - a key holder's malformed row messages are refused with an ERROR and
+ *     one log line, and the ps trains real workers on.
+ * Every wait is bounded; teardown kills what a failed assertion left. */
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+
+#include "target.h"
+#include "util.h"
+
+#include "../core/nn/embed.h"
+#include "../net/msg.h"
+#include "../net/msg_rows.h"
+#include "../net/sock.h"
+
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define RUN_S 120
+#define IO_MS 5000
+
+TestSuite(sparse, .init = target_setup, .fini = target_teardown, .timeout = 300);
+
+/* target_dir/ctr/{train,test}.txt from pstrain synth (once) and the key. */
+static void ctr_data(void)
+{
+	char out[300], path[300], err[KEY_ERR_MAX];
+	snprintf(path, sizeof(path), "%s/ctr", target_dir);
+	if (access(path, F_OK) == 0)
+		return;
+	snprintf(out, sizeof(out), "%s/synth.log", target_dir);
+	const char *args[] = { "synth", "--out", path, "--train-rows", "3000", "--test-rows", "600", "--vocab", "300",
+			       "--seed", "5", NULL };
+	pid_t p = spawn_pstrain(args, out, NULL);
+	int st;
+	wait_children(&p, 1, &st, 60);
+	cr_assert_eq(st, 0, "synth: %s", slurp(out));
+	snprintf(path, sizeof(path), "%s/cluster.key", target_dir);
+	cr_assert_eq(key_generate(path, err, sizeof(err)), 0, "%s", err);
+}
+
+/* A cluster of nps ps and W workers. */
+struct ctr {
+	char name[32], cfg[300];
+	int nps, W;
+	int port[4];   /* the ps's */
+};
+
+/* x's config, target_dir/NAME.ini: nps ps on free ports, W workers
+ * (placeholder ports: never listened on), `steps` steps of batch 32, the
+ * model `embed` (an embedding layer's line) under dense 8, relu, dense 1;
+ * train and cluster: more lines for [train] and [cluster]. */
+static void ctr_config(struct ctr *x, const char *name, int nps, int W, int steps, const char *embed,
+		       const char *train, const char *cluster)
+{
+	ctr_data();
+	snprintf(x->name, sizeof(x->name), "%s", name);
+	snprintf(x->cfg, sizeof(x->cfg), "%s/%s.ini", target_dir, name);
+	x->nps = nps;
+	x->W = W;
+	FILE *f = fopen(x->cfg, "w");
+	cr_assert_not_null(f);
+	fprintf(f, "[cluster]\nps = ");
+	cr_assert_leq(nps, 4);
+	for (int k = 0; k < nps; k++)
+		fprintf(f, "%s127.0.0.1:%d", k ? ", " : "", x->port[k] = free_port());
+	fprintf(f, "\nworkers = ");
+	for (int w = 0; w < W; w++)
+		fprintf(f, "%s127.0.0.1:%d", w ? ", " : "", 61000 + w);
+	fprintf(f, "\nkey_file = cluster.key\nsocket_dir = sockets-%s\n%s"
+		   "[data]\nformat = criteo\ntrain_csv = ctr/train.txt\ntest_csv = ctr/test.txt\n"
+		   "[train]\nsteps = %d\nbatch_size = 32\noptimizer = adam\nlearning_rate = 0.003\n"
+		   "embedding_learning_rate = 0.05\nseed = 3\nthreads = 1\nlog_dir =\n%s%s"
+		   "[model]\ninput = 13\nlayer = %s\nlayer = dense 8\nlayer = relu\nlayer = dense 1\n"
+		   "loss = sigmoid_cross_entropy\n",
+		   name, cluster, steps, strstr(train, "checkpoint_dir") ? "" : "checkpoint_dir =\n", train, embed);
+	cr_assert_eq(fclose(f), 0);
+}
+
+/* `pstrain local` on x's config, dumping to dump (NULL: none); its log.
+ * want: the exit status it must have. */
+static char *run_local(const struct ctr *x, const char *dump, int want)
+{
+	char out[300];
+	snprintf(out, sizeof(out), "%s/%s-local.log", target_dir, x->name);
+	const char *args[] = { "local", "--config", x->cfg, dump ? "--dump-params" : NULL, dump, NULL };
+	pid_t p = spawn_pstrain(args, out, NULL);
+	int st;
+	wait_children(&p, 1, &st, RUN_S);
+	cr_assert_eq(st, want, "local %s: exit %d:\n%s", x->name, st, slurp(out));
+	return slurp(out);
+}
+
+/* x's ps, then its workers, the chief dumping to dump (NULL: none); every
+ * process exits 0. out: the logs, ps first, the chief last. sample: as
+ * wait_children_sampling's (NULL: none), with pids the ps's then the
+ * workers'. */
+struct watch {
+	pid_t pids[8];
+	int n;
+	void (*fn)(struct watch *w);
+	long hwm_kib[8];   /* the largest VmHWM seen of each */
+};
+
+static void watch_sample(void *ctx)
+{
+	struct watch *w = ctx;
+	for (int i = 0; i < w->n; i++) {
+		char path[64], line[256];
+		snprintf(path, sizeof(path), "/proc/%d/status", (int)w->pids[i]);
+		FILE *f = fopen(path, "r");
+		while (f && fgets(line, sizeof(line), f)) {
+			long kib;
+			if (sscanf(line, "VmHWM: %ld kB", &kib) == 1 && kib > w->hwm_kib[i])
+				w->hwm_kib[i] = kib;
+		}
+		if (f)
+			fclose(f);
+	}
+}
+
+static void run_cluster(const struct ctr *x, const char *dump, char (*out)[300], struct watch *wt)
+{
+	static struct watch none;
+	struct watch *w = wt ? wt : &none;
+	int n = x->nps + x->W, st[8];
+	cr_assert_leq(n, 8);
+	memset(w->hwm_kib, 0, sizeof(w->hwm_kib));
+	w->n = n;
+	for (int i = 0; i < n; i++) {
+		int ps = i < x->nps, idx = ps ? i : n - 1 - i;   /* the chief last */
+		char index[16];
+		snprintf(index, sizeof(index), "%d", idx);
+		int k = snprintf(out[i], 300, "%s/%s-%s%d.log", target_dir, x->name, ps ? "ps" : "worker", idx);
+		cr_assert_lt(k, 300);
+		const char *args[] = { ps ? "ps" : "worker", "--index", index, "--config", x->cfg,
+				       !ps && idx == 0 && dump ? "--dump-params" : NULL, dump, NULL };
+		w->pids[i] = spawn_pstrain(args, out[i], NULL);
+		if (i == x->nps - 1)
+			target_nap_ms(200);   /* not needed (workers retry), only quicker */
+	}
+	wait_children_sampling(w->pids, n, st, RUN_S, 50, wt ? watch_sample : NULL, w);
+	assert_exits_zero(st, out, n, x->name);
+	const char *chief = slurp(out[n - 1]);
+	cr_assert_not_null(strstr(chief, "done: "), "%s", chief);
+	for (int i = 0; i < x->nps; i++)
+		cr_assert_null(strstr(slurp(out[i]), "closed worker"), "%s", slurp(out[i]));
+}
+
+/* Index of the first float that differs bit for bit, or -1; n: each file's floats. */
+static long dump_diff(const char *a, const char *b, size_t *n)
+{
+	unsigned char *pa, *pb;
+	size_t la, lb;
+	read_all(a, &pa, &la);
+	read_all(b, &pb, &lb);
+	cr_assert_eq(la, lb, "%s: %zu bytes, %s: %zu", a, la, b, lb);
+	long at = -1;
+	for (size_t i = 0; i + 4 <= la && at < 0; i += 4)
+		if (memcmp(pa + i, pb + i, 4))
+			at = (long)(i / 4);
+	*n = la / 4;
+	free(pa);
+	free(pb);
+	return at;
+}
+
+/* The chief's or local's "test logloss L AUC A" text. */
+static void figures(const char *log, char *out, size_t len, double *auc)
+{
+	const char *at = strstr(log, "done: ");
+	cr_assert_not_null(at, "%s", log);
+	at = strstr(at, "test logloss ");
+	cr_assert_not_null(at, "%s", log);
+	const char *end = strchr(at, ',');
+	snprintf(out, len, "%.*s", (int)(end - at), at);
+	const char *a = strstr(out, "AUC ");
+	cr_assert(a && sscanf(a, "AUC %lf", auc) == 1, "%s", out);
+}
+
+#define EMBED "embedding 26 100 4"
+#define EMBED_FLOATS (953 + 2600 * 4)
+
+/* The run of x, dumped, equals `local`'s bit for bit (parameters, tables)
+ * and prints the same figures. */
+static void assert_equals_local(const struct ctr *x, const char *local_dump, const char *local_log)
+{
+	char dump[300], out[8][300], a[96], b[96];
+	double auc;
+	snprintf(dump, sizeof(dump), "%s/%s.bin", target_dir, x->name);
+	run_cluster(x, dump, out, NULL);
+	size_t n;
+	long at = dump_diff(local_dump, dump, &n);
+	cr_assert_eq(n, (size_t)EMBED_FLOATS, "%s: the parameters and the tables", x->name);
+	cr_assert_eq(at, -1, "%s: float %ld of %zu differs from local's (%s)", x->name, at, n,
+		     at >= 953 ? "a table's" : "a parameter");
+	figures(local_log, a, sizeof(a), &auc);
+	figures(slurp(out[x->nps + x->W - 1]), b, sizeof(b), &auc);
+	cr_assert_str_eq(a, b, "%s", x->name);
+	/* Each ps says which rows it holds. */
+	cr_assert_not_null(strstr(slurp(out[0]), "ps 0: embedding rows [0, "), "%s", slurp(out[0]));
+}
+
+Test(sparse, one_worker_sync_equals_local_bit_for_bit)
+{
+	struct ctr l, one, two;
+	char dump[300];
+	ctr_config(&l, "local", 1, 1, 60, EMBED, "", "");
+	snprintf(dump, sizeof(dump), "%s/local.bin", target_dir);
+	char *log = strdup(run_local(&l, dump, 0));
+	ctr_config(&one, "one-ps", 1, 1, 60, EMBED, "", "");
+	assert_equals_local(&one, dump, log);
+	ctr_config(&two, "two-ps", 2, 1, 60, EMBED, "", "");
+	assert_equals_local(&two, dump, log);
+	free(log);
+}
+
+/* Lazy Adam's step counter is per version on every ps alike; a lone
+ * async worker's rows are never stale (scale 1). */
+Test(sparse, lazy_adam_and_async_equal_local)
+{
+	struct ctr l, x;
+	char dump[300];
+	ctr_config(&l, "lazy-local", 1, 1, 60, EMBED, "embedding_optimizer = lazy_adam\n", "");
+	snprintf(dump, sizeof(dump), "%s/lazy-local.bin", target_dir);
+	char *log = strdup(run_local(&l, dump, 0));
+	ctr_config(&x, "lazy-two-ps", 2, 1, 60, EMBED, "embedding_optimizer = lazy_adam\n", "");
+	assert_equals_local(&x, dump, log);
+	free(log);
+	ctr_config(&l, "async-local", 1, 1, 60, EMBED, "", "");
+	snprintf(dump, sizeof(dump), "%s/async-local.bin", target_dir);
+	log = strdup(run_local(&l, dump, 0));
+	ctr_config(&x, "async-two-ps", 2, 1, 60, EMBED, "mode = async\n", "");
+	assert_equals_local(&x, dump, log);
+	free(log);
+}
+
+/* Two workers: the same bits over one ps and over two; async trains as
+ * well as sync, within a tolerance; every push reached every ps. */
+Test(sparse, two_workers_sync_and_async)
+{
+	struct ctr one, two, as;
+	char d1[300], d2[300], out[8][300], a[96];
+	double auc_sync, auc_async, auc;
+	ctr_config(&one, "w2-one-ps", 1, 2, 200, EMBED, "", "");
+	snprintf(d1, sizeof(d1), "%s/w2-one.bin", target_dir);
+	run_cluster(&one, d1, out, NULL);
+	figures(slurp(out[2]), a, sizeof(a), &auc);
+	ctr_config(&two, "w2-two-ps", 2, 2, 200, EMBED, "", "");
+	snprintf(d2, sizeof(d2), "%s/w2-two.bin", target_dir);
+	run_cluster(&two, d2, out, NULL);
+	figures(slurp(out[3]), a, sizeof(a), &auc_sync);
+	cr_assert_eq(auc, auc_sync);
+	size_t n;
+	long at = dump_diff(d1, d2, &n);
+	cr_assert_eq(at, -1, "float %ld of %zu differs between one ps and two", at, n);
+	for (int k = 0; k < 2; k++)
+		cr_assert_not_null(strstr(slurp(out[k]), "all 2 workers done: version 200"), "%s", slurp(out[k]));
+	ctr_config(&as, "w2-async", 2, 2, 200, EMBED, "mode = async\n", "");
+	run_cluster(&as, NULL, out, NULL);
+	figures(slurp(out[3]), a, sizeof(a), &auc_async);
+	cr_log_info("two workers: sync AUC %.4f, async %.4f\n", auc_sync, auc_async);
+	cr_assert_gt(auc_sync, 0.65);
+	cr_assert_lt(fabs(auc_async - auc_sync), 0.03, "sync AUC %.4f, async %.4f", auc_sync, auc_async);
+}
+
+/* Three workers, two replicas to aggregate: each version takes the first
+ * two pushes of rows as of dense gradients; the third's are stale. */
+Test(sparse, backup_workers)
+{
+	struct ctr x;
+	char out[8][300], a[96];
+	double auc;
+	ctr_config(&x, "backup", 2, 3, 150, EMBED, "replicas_to_aggregate = 2\n", "");
+	run_cluster(&x, NULL, out, NULL);
+	figures(slurp(out[4]), a, sizeof(a), &auc);
+	cr_assert_gt(auc, 0.6, "%s", a);
+	for (int k = 0; k < 2; k++) {
+		const char *ps = slurp(out[k]), *at = strstr(ps, "all 3 workers done: version 150, ");
+		cr_assert_not_null(at, "%s", ps);
+		unsigned long applied, stale;
+		cr_assert_eq(sscanf(at, "all 3 workers done: version 150, %lu gradients applied, %lu dropped as stale",
+				    &applied, &stale), 2, "%s", ps);
+		cr_assert_gt(stale, 0, "%s", ps);
+		at = strstr(ps, "embedding rows [");
+		at = at ? strstr(at + 1, "embedding rows [") : NULL;
+		at = at ? strstr(at, "): version 150, ") : NULL;
+		cr_assert(at && sscanf(at, "): version 150, %lu pushes applied, %lu dropped as stale", &applied, &stale) == 2,
+			  "%s", ps);
+		cr_assert(applied >= 300 && stale > 0, "rows: %lu applied, %lu stale:\n%s", applied, stale, ps);
+	}
+}
+
+/* 26 tables of 100,000 rows of 32: 317 MiB, 635 with Adagrad's state;
+ * [ps] memory_limit = 400 MiB. local and one ps refuse with one line;
+ * two ps hold 317.4 MiB each and train one worker, whose memory is a
+ * batch's rows: it never comes near the tables'. */
+Test(sparse, tables_larger_than_one_process_train_over_two_ps, .timeout = 300)
+{
+	struct ctr x;
+	char out[8][300];
+	const char *big = "embedding 26 100000 32";
+	ctr_config(&x, "big-local", 1, 1, 20, big, "", "");
+	FILE *f = fopen(x.cfg, "a");
+	cr_assert_not_null(f);
+	fputs("[ps]\nmemory_limit = 400\n", f);
+	cr_assert_eq(fclose(f), 0);
+	const char *tail = "needs 634.8 MiB for its parameters, embedding rows and their optimizer state, more than [ps] memory_limit = 400 MiB: spread the tables over more ps ([cluster] ps)\n";
+	char *log = run_local(&x, NULL, 2);
+	cr_assert_not_null(strstr(log, "pstrain: the model "), "%s", log);
+	cr_assert_not_null(strstr(log, tail), "%s", log);
+
+	snprintf(out[0], sizeof(out[0]), "%s/big-one-ps.log", target_dir);
+	const char *ps[] = { "ps", "--index", "0", "--config", x.cfg, NULL };
+	pid_t p = spawn_pstrain(ps, out[0], NULL);
+	int st;
+	wait_children(&p, 1, &st, 60);
+	cr_assert_eq(st, 2, "one ps: exit %d: %s", st, slurp(out[0]));
+	cr_assert_not_null(strstr(slurp(out[0]), "pstrain: ps 0's shard (parameters [0, "), "%s", slurp(out[0]));
+	cr_assert_not_null(strstr(slurp(out[0]), "embedding rows [0, 2600000)) "), "%s", slurp(out[0]));
+	cr_assert_not_null(strstr(slurp(out[0]), tail), "%s", slurp(out[0]));
+
+	ctr_config(&x, "big-two-ps", 2, 1, 20, big, "", "");
+	f = fopen(x.cfg, "a");
+	cr_assert_not_null(f);
+	fputs("[ps]\nmemory_limit = 400\n", f);
+	cr_assert_eq(fclose(f), 0);
+	struct watch w;
+	run_cluster(&x, NULL, out, &w);
+	for (int k = 0; k < 2; k++)
+		cr_assert_not_null(strstr(slurp(out[k]), k ? "embedding rows [1300000, 2600000) of 2600000, 317.4 MiB"
+							 : "embedding rows [0, 1300000) of 2600000, 317.4 MiB"),
+				   "%s", slurp(out[k]));
+	cr_log_info("resident at most: ps %ld and %ld KiB, worker %ld KiB\n", w.hwm_kib[0], w.hwm_kib[1],
+		    w.hwm_kib[2]);
+	/* A ps: its rows (158.7 MiB, written at start; the accumulator's
+	 * zeros are pages the kernel gives as they are touched) and not much
+	 * more than its whole shard; the worker: a batch's rows, evaluation
+	 * chunks of 1024 samples, far below one ps's share. */
+	for (int k = 0; k < 2; k++)
+		cr_assert(w.hwm_kib[k] > 158 * 1024 && w.hwm_kib[k] < 317 * 1024 + 96 * 1024, "ps %d: %ld KiB", k,
+			  w.hwm_kib[k]);
+	cr_assert(w.hwm_kib[2] > 0 && w.hwm_kib[2] < 96 * 1024, "worker: %ld KiB", w.hwm_kib[2]);
+}
+
+/* ---- a key holder's row messages ----------------------------------------- */
+
+/* The refusals' ps: `embedding 26 400 4`, 10,400 rows, all on ps 0; a
+ * SPULL may ask for all of them (1024 samples x 26 fields would be more),
+ * a SPUSH carries at most 32 x 26 = 832 rows (a batch's). */
+#define KH_ROWS 10400u
+#define KH_PUSH_CAP 832u
+
+static void kh_target(struct target *t, struct ctr *x, int W)
+{
+	char path[300], err[CONFIG_ERR_MAX];
+	ctr_config(x, "kh", 1, W, 20, "embedding 26 400 4", "", "");
+	snprintf(t->cfg, sizeof(t->cfg), "%s", x->cfg);
+	snprintf(t->log, sizeof(t->log), "%s/ps0.log", target_dir);
+	t->port = x->port[0];
+	snprintf(path, sizeof(path), "%s/cluster.key", target_dir);
+	cr_assert_eq(key_load(t->key, path, err, sizeof(err)), 0, "%s", err);
+	struct config *c = malloc(sizeof(*c));
+	cr_assert_not_null(c);
+	cr_assert_eq(config_load(c, t->cfg, NULL, 0, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(config_hash(c, t->hash), 0);
+	free(c);
+	target_start(t, NULL);
+}
+
+/* A row message as its bytes, by hand (ids in any order): the header,
+ * count ids (SPULL, SPUSH), count x 4 values (ROWS, SPUSH). */
+static size_t kh_rows(uint8_t *buf, uint8_t type, uint64_t version, uint32_t total, uint32_t first,
+		      const uint64_t *ids, uint32_t count, float value, uint32_t worker)
+{
+	memset(buf, 0, MSG_ROWS_HDR_BYTES);
+	buf[0] = type;
+	wire_put_u64(buf + 8, version);
+	wire_put_u32(buf + 16, total);
+	wire_put_u32(buf + 20, first);
+	wire_put_u32(buf + 24, count);
+	wire_put_u32(buf + 28, worker);
+	size_t at = MSG_ROWS_HDR_BYTES;
+	for (uint32_t i = 0; type != WIRE_ROWS && i < count; i++, at += 8)
+		wire_put_u64(buf + at, ids[i]);
+	for (uint32_t i = 0; type != WIRE_SPULL && i < 4 * count; i++, at += 4)
+		wire_put_f32(buf + at, i == 1 ? value : 0.25f);
+	return at;
+}
+
+static void kh_send(int fd, struct hs_result *hr, const uint8_t *m, size_t len)
+{
+	static uint8_t f[FRAME_BYTES_MAX];
+	size_t flen;
+	char err[256];
+	cr_assert_eq(frame_seal(&hr->send, f, sizeof(f), m, len, &flen, err, sizeof(err)), 0, "%s", err);
+	target_send(fd, f, flen);
+}
+
+static void kh_send_rows(int fd, struct hs_result *hr, uint8_t type, uint64_t version, uint32_t total,
+			 uint32_t first, const uint64_t *ids, uint32_t count, float value, uint32_t worker)
+{
+	static uint8_t m[FRAME_MAX];
+	kh_send(fd, hr, m, kh_rows(m, type, version, total, first, ids, count, value, worker));
+}
+
+/* ids 0, 1, ..., n - 1 (at most KH_ROWS + 1). */
+static const uint64_t *kh_ids(void)
+{
+	static uint64_t ids[KH_ROWS + 1];
+	for (uint32_t i = 0; i <= KH_ROWS; i++)
+		ids[i] = i;
+	return ids;
+}
+
+static void spull_row_out_of_range(int fd, struct hs_result *hr, uint32_t w)
+{
+	(void)w;
+	uint64_t id = KH_ROWS;
+	kh_send_rows(fd, hr, WIRE_SPULL, 0, 1, 0, &id, 1, 0, 0);
+}
+
+static void spull_unsorted(int fd, struct hs_result *hr, uint32_t w)
+{
+	(void)w;
+	uint64_t ids[2] = { 9, 4 };
+	kh_send_rows(fd, hr, WIRE_SPULL, 0, 2, 0, ids, 2, 0, 0);
+}
+
+static void spull_duplicate(int fd, struct hs_result *hr, uint32_t w)
+{
+	(void)w;
+	uint64_t ids[2] = { 9, 9 };
+	kh_send_rows(fd, hr, WIRE_SPULL, 0, 2, 0, ids, 2, 0, 0);
+}
+
+/* 8193 rows: 8192 in the first message, the last one of those again in
+ * the second. */
+static void spull_duplicate_across_messages(int fd, struct hs_result *hr, uint32_t w)
+{
+	(void)w;
+	kh_send_rows(fd, hr, WIRE_SPULL, 0, 8193, 0, kh_ids(), 8192, 0, 0);
+	kh_send_rows(fd, hr, WIRE_SPULL, 0, 8193, 8192, kh_ids() + 8191, 1, 0, 0);
+}
+
+static void spull_over_capacity(int fd, struct hs_result *hr, uint32_t w)
+{
+	(void)w;
+	kh_send_rows(fd, hr, WIRE_SPULL, 0, KH_ROWS + 1, 0, kh_ids(), 8192, 0, 0);
+}
+
+static void spull_out_of_order(int fd, struct hs_result *hr, uint32_t w)
+{
+	(void)w;
+	kh_send_rows(fd, hr, WIRE_SPULL, 0, 2, 1, kh_ids() + 5, 1, 0, 0);
+}
+
+/* A HEARTBEAT between the two messages of one SPULL. */
+static void other_message_among_a_set(int fd, struct hs_result *hr, uint32_t w)
+{
+	(void)w;
+	uint8_t m[MSG_HEARTBEAT_BYTES];
+	size_t len;
+	char err[256];
+	struct msg_heartbeat hb;
+	memset(&hb, 0, sizeof(hb));
+	kh_send_rows(fd, hr, WIRE_SPULL, 0, 8193, 0, kh_ids(), 8192, 0, 0);
+	cr_assert_eq(msg_encode_heartbeat(m, sizeof(m), &hb, &len, err, sizeof(err)), 0, "%s", err);
+	kh_send(fd, hr, m, len);
+}
+
+static void spush_nan(int fd, struct hs_result *hr, uint32_t w)
+{
+	kh_send_rows(fd, hr, WIRE_SPUSH, 0, 3, 0, kh_ids() + 1, 3, NAN, w);
+}
+
+static void spush_inf(int fd, struct hs_result *hr, uint32_t w)
+{
+	kh_send_rows(fd, hr, WIRE_SPUSH, 0, 3, 0, kh_ids() + 1, 3, -INFINITY, w);
+}
+
+static void spush_naming_another_worker(int fd, struct hs_result *hr, uint32_t w)
+{
+	kh_send_rows(fd, hr, WIRE_SPUSH, 0, 1, 0, kh_ids(), 1, 0, w - 1);
+}
+
+static void spush_ahead_of_the_rows(int fd, struct hs_result *hr, uint32_t w)
+{
+	kh_send_rows(fd, hr, WIRE_SPUSH, 5, 1, 0, kh_ids(), 1, 0, w);
+}
+
+static void spush_over_capacity(int fd, struct hs_result *hr, uint32_t w)
+{
+	kh_send_rows(fd, hr, WIRE_SPUSH, 0, KH_PUSH_CAP + 1, 0, kh_ids(), KH_PUSH_CAP + 1, 0, w);
+}
+
+static void rows_from_a_worker(int fd, struct hs_result *hr, uint32_t w)
+{
+	(void)w;
+	kh_send_rows(fd, hr, WIRE_ROWS, 0, 1, 0, NULL, 1, 0, 0);
+}
+
+typedef void kh_fn(int fd, struct hs_result *hr, uint32_t w);
+static kh_fn *const kh_fns[] = { spull_row_out_of_range, spull_unsorted, spull_duplicate,
+				 spull_duplicate_across_messages, spull_over_capacity, spull_out_of_order,
+				 other_message_among_a_set, spush_nan, spush_inf, spush_naming_another_worker,
+				 spush_ahead_of_the_rows, spush_over_capacity, rows_from_a_worker };
+
+struct kh_refusal {
+	char name[40];
+	int W;        /* workers; the key holder is worker W - 1 */
+	int fn;       /* kh_fns[fn] sends it */
+	uint32_t code;
+	char says[96];
+};
+
+static struct kh_refusal kh_refusals[] = {
+	{ "spull_row_out_of_range", 1, 0, ERANGE, "SPULL: row 10400 is not one of this ps's rows [0, 10400)" },
+	{ "spull_unsorted", 1, 1, EPROTO, "SPULL: row 4 after row 9" },
+	{ "spull_duplicate", 1, 2, EPROTO, "SPULL: row 9 again after row 9" },
+	{ "spull_duplicate_across_messages", 1, 3, EPROTO, "SPULL: row 8191 after row 8191" },
+	{ "spull_over_capacity", 1, 4, EPROTO, "SPULL: 10401 rows, more than the 10400 one batch can touch" },
+	{ "spull_out_of_order", 1, 5, EPROTO, "SPULL: rows [1, 2) where rows [0, 2) were due" },
+	{ "other_message_among_a_set", 1, 6, EPROTO, "HEARTBEAT among the messages of a SPULL" },
+	{ "spush_nan", 1, 7, EDOM, "SPUSH for version 0 refused: the gradient of row 1, element 1, is NaN" },
+	{ "spush_inf", 1, 8, EDOM, "SPUSH for version 0 refused: the gradient of row 1, element 1, is -inf" },
+	{ "spush_naming_another_worker", 2, 9, EPROTO, "SPUSH names worker 0 on worker 1's connection" },
+	{ "spush_ahead_of_the_rows", 1, 10, EPROTO, "SPUSH for version 5 refused: the rows are at version 0" },
+	{ "spush_over_capacity", 1, 11, EPROTO, "SPUSH: 833 rows, more than the 832 one batch can touch" },
+	{ "rows_from_a_worker", 1, 12, EPROTO, "unexpected ROWS message" },
+};
+
+ParameterizedTestParameters(sparse, row_request_that_cannot_be_honoured)
+{
+	return cr_make_param_array(struct kh_refusal, kh_refusals, sizeof(kh_refusals) / sizeof(kh_refusals[0]));
+}
+
+/* The next message but HEARTBEATs is ERROR(code) saying says; then the
+ * ps closes the connection. */
+static void kh_expect_error(int fd, struct hs_result *hr, const struct kh_refusal *rf)
+{
+	static uint8_t buf[FRAME_CT_MAX];
+	size_t len;
+	char err[256];
+	int type;
+	do {
+		cr_assert_eq(sock_read_frame(fd, &hr->recv, buf, sizeof(buf), &len, IO_MS, err, sizeof(err)), 0,
+			     "%s: no answer: %s", rf->name, err);
+		type = msg_type(buf, len, err, sizeof(err));
+	} while (type == WIRE_HEARTBEAT);
+	cr_assert_eq(type, WIRE_ERROR, "%s: answered with %s", rf->name, wire_msg_name((uint8_t)type));
+	struct msg_error me;
+	cr_assert_eq(msg_decode_error(buf, len, &me, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(me.code, rf->code, "%s: code %u (%s)", rf->name, me.code, me.text);
+	cr_assert_not_null(strstr(me.text, rf->says), "%s: \"%s\"", rf->name, me.text);
+	target_expect_closed(fd, IO_MS);
+}
+
+/* Each gets an ERROR with the reason and one log line naming the worker,
+ * and the ps trains real workers to the end: a key holder neither stops
+ * it nor touches its rows. */
+ParameterizedTest(struct kh_refusal *rf, sparse, row_request_that_cannot_be_honoured)
+{
+	struct target t;
+	struct ctr x;
+	kh_target(&t, &x, rf->W);
+	uint32_t w = (uint32_t)rf->W - 1;
+	struct hs_result hr;
+	int fd = target_peer(&t, w, &hr, 1);
+	kh_fns[rf->fn](fd, &hr, w);
+	kh_expect_error(fd, &hr, rf);
+	char who[64];
+	snprintf(who, sizeof(who), "closed worker %u's connection", w);
+	target_assert_logged(&t, fd, who);
+	target_assert_logged(&t, fd, rf->says);
+	close(fd);
+	target_wipe(&hr);
+
+	char out[3][300];
+	pid_t pids[3] = { t.pid };
+	int st[3];
+	snprintf(out[0], sizeof(out[0]), "%s", t.log);
+	for (int i = 0; i < rf->W; i++) {
+		char idx[16];
+		snprintf(idx, sizeof(idx), "%d", i);
+		snprintf(out[1 + i], sizeof(out[1 + i]), "%s/worker%d.log", target_dir, i);
+		const char *args[] = { "worker", "--index", idx, "--config", t.cfg, NULL };
+		pids[1 + i] = target_spawn(args, out[1 + i]);
+	}
+	wait_children(pids, 1 + rf->W, st, RUN_S);
+	assert_exits_zero(st, out, 1 + rf->W, rf->name);
+	cr_assert_not_null(strstr(slurp(out[1]), "done: 20 steps"), "%s", slurp(out[1]));
+}
+
+/* A ps killed mid-run and started again: it resumes its dense shard and
+ * its embedding rows from the newest checkpoint, the other ps rolls back
+ * to it, and the worker recovers and trains to the end. */
+Test(sparse, a_restarted_ps_is_recovered_from)
+{
+	struct ctr x;
+	char out[4][300];
+	ctr_config(&x, "restart", 2, 1, 3000, EMBED, "checkpoint_dir = ck\ncheckpoint_every = 200\n", "peer_timeout = 10\n");
+	pid_t pids[4];
+	int st[4];
+	for (int i = 0; i < 3; i++) {
+		const char *role = i < 2 ? "ps" : "worker", *idx = i == 1 ? "1" : "0";
+		snprintf(out[i], sizeof(out[i]), "%s/restart-%s%s.log", target_dir, role, idx);
+		const char *args[] = { role, "--index", idx, "--config", x.cfg, NULL };
+		pids[i] = target_spawn(args, out[i]);
+	}
+	/* Past a checkpoint, so that ps 0 has gone on from it and rolls back. */
+	cr_assert(wait_for_text(out[1], "step-00000400"), "%s", slurp(out[1]));
+	target_nap_ms(150);
+	kill(pids[1], SIGKILL);
+	int killed;
+	wait_children(&pids[1], 1, &killed, 10);
+	snprintf(out[3], sizeof(out[3]), "%s/restart-ps1-again.log", target_dir);
+	const char *again[] = { "ps", "--index", "1", "--config", x.cfg, NULL };
+	pids[3] = target_spawn(again, out[3]);
+	pid_t rest[3] = { pids[0], pids[2], pids[3] };
+	char logs[3][300];
+	snprintf(logs[0], 300, "%s", out[0]);
+	snprintf(logs[1], 300, "%s", out[2]);
+	snprintf(logs[2], 300, "%s", out[3]);
+	wait_children(rest, 3, st, RUN_S);
+	assert_exits_zero(st, logs, 3, "after the restart");
+	const char *w = slurp(out[2]), *ps1 = slurp(out[3]);
+	cr_assert_not_null(strstr(w, "done: 3000 steps"), "%s", w);
+	cr_assert_not_null(strstr(w, "lost ps 1"), "%s", w);
+	cr_assert_not_null(strstr(ps1, "ps 1: resuming from "), "%s", ps1);
+	/* its rows came back from the checkpoint it resumed from, with the
+	 * dense shard (ps_store.c's resume) */
+	cr_assert_not_null(strstr(ps1, "ps 1: embedding rows [1300, 2600) loaded from step "), "%s", ps1);
+	cr_assert_not_null(strstr(ps1, "embedding rows [1300, 2600): version 3000, "), "%s", ps1);
+	const char *ps0 = slurp(out[0]);
+	cr_assert_not_null(strstr(ps0, "ps 0: rolled back from version "), "%s", ps0);
+	/* The rows' version went back with the shard's: the redone steps
+	 * were applied again, none was stale (pushes at or past the run's
+	 * end would be, had the rows stayed ahead). */
+	const char *rows = strstr(ps0, "embedding rows [0, 1300): version 3000, ");
+	cr_assert_not_null(rows, "%s", ps0);
+	unsigned long applied, stale;
+	cr_assert_eq(sscanf(rows, "embedding rows [0, 1300): version 3000, %lu pushes applied, %lu dropped as stale",
+			    &applied, &stale), 2, "%s", ps0);
+	cr_assert(applied > 3000 && stale == 0, "%s", ps0);
+}

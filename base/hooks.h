@@ -23,6 +23,9 @@ struct test_hooks {
 				   * starved thread would */
 	long eval_delay_ms;       /* PSTRAIN_EVAL_DELAY_MS: the chief sleeps this long
 				   * before each periodic evaluation */
+	long step_delay_ms;       /* PSTRAIN_STEP_DELAY_MS: a worker sleeps this long
+				   * before each step, so that a run lasts while the
+				   * tests change its worker set */
 };
 
 /* The hooks from the environment in a test build; all off otherwise. */

@@ -1,5 +1,6 @@
 /* [cluster] overlap = auto (see autoflow.h). */
 #include "autoflow.h"
+#include "role.h"
 
 #include "../core/config/config.h"
 
@@ -50,4 +51,13 @@ enum autoflow_said autoflow_record(struct autoflow *a, double compute, double ex
 	a->on = want;
 	a->skip = AUTOFLOW_SKIP;
 	return ++a->switches >= AUTOFLOW_SWITCHES ? AUTOFLOW_LAST : AUTOFLOW_SWITCHED;
+}
+
+void autoflow_say(const struct autoflow *a, FILE *out, int index, const char *key, enum autoflow_said said,
+		  long step, const char *on, const char *off)
+{
+	if (said != AUTOFLOW_QUIET)
+		role_log(out, "worker %d: [cluster] %s = auto: at step %ld the exchange took %.1fx the compute (medians of %d steps): %s%s%s",
+			 index, key, step, a->ratio, AUTOFLOW_WINDOW, said == AUTOFLOW_KEPT ? "keeps " : "",
+			 a->on ? on : off, said == AUTOFLOW_LAST ? " from here on" : "");
 }

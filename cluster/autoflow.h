@@ -24,6 +24,8 @@
 #ifndef PSTRAIN_CLUSTER_AUTOFLOW_H
 #define PSTRAIN_CLUSTER_AUTOFLOW_H
 
+#include <stdio.h>
+
 #define AUTOFLOW_SKIP 10      /* steps not timed at the start and after a switch */
 #define AUTOFLOW_WINDOW 20    /* steps a decision looks at */
 #define AUTOFLOW_ON 3.0       /* off: switch on when exchange > 3 x compute */
@@ -61,5 +63,11 @@ enum autoflow_said {
 /* A step took compute seconds, then exchange seconds (pushing, and
  * waiting for the new parameters). */
 enum autoflow_said autoflow_record(struct autoflow *a, double compute, double exchange);
+
+/* What a's record decided at step (nothing if said is quiet), one line to
+ * out for worker `index`'s [cluster] key: its ratio, and the way it now
+ * goes, on or off. */
+void autoflow_say(const struct autoflow *a, FILE *out, int index, const char *key, enum autoflow_said said,
+		  long step, const char *on, const char *off);
 
 #endif

@@ -121,6 +121,7 @@ static int link_ctl_encode(const struct link_ctl *m, uint8_t *buf, size_t cap, s
 	case WIRE_ROLLBACK: return msg_encode_rollback(buf, cap, &m->u.rb, len, err, errlen);
 	case WIRE_DONE: return msg_encode_done(buf, cap, &m->u.done, len, err, errlen);
 	case WIRE_STATUS: return msg_encode_status(buf, cap, &m->u.status, len, err, errlen);
+	case WIRE_LEAVE: return msg_encode_leave(buf, cap, &m->u.leave, len, err, errlen);
 	}
 	return err_set(err, errlen, -EINVAL, "no control message of type %u", m->type);
 }
@@ -369,6 +370,24 @@ static int rx_status(struct link_rx *rx, const uint8_t *msg, size_t len, char *e
 	return 0;
 }
 
+/* ps 0's VIEW (elastic) before the parameters it comes with: kept for the
+ * worker, which reads it when it starts the step. */
+static int rx_view(struct link_rx *rx, const uint8_t *msg, size_t len, char *err, size_t errlen)
+{
+	struct link_shared *sh = rx->l->sh;
+	struct msg_view v;
+	if (rx->l->k != 0 || !rx->want_params || rx->a.received)
+		return err_set(err, errlen, -EPROTO, "unexpected VIEW message");
+	int r = msg_decode_view(msg, len, &v, err, errlen);
+	if (r)
+		return r;
+	pthread_mutex_lock(&sh->say_mu);
+	sh->view = v;
+	sh->views++;
+	pthread_mutex_unlock(&sh->say_mu);
+	return 0;
+}
+
 /* A message of the rows pulled; a sync answer below the version asked
  * for went back, as PARAMS would (link_sparse.h). */
 static int rx_rows(struct link_rx *rx, const uint8_t *msg, size_t len, char *err, size_t errlen)
@@ -403,6 +422,7 @@ static const struct {
 	{ WIRE_STATUS, rx_status },
 	{ WIRE_ERROR, rx_error },
 	{ WIRE_ROWS, rx_rows },
+	{ WIRE_VIEW, rx_view },
 };
 
 static int link_dispatch(struct link_rx *rx, int type, const uint8_t *msg, size_t len, char *err,

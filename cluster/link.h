@@ -83,6 +83,8 @@ struct link_shared {
 				  * between exchanges) */
 	int slice;               /* the slice a PUSH is of (the worker sets it
 				  * between exchanges) */
+	struct msg_view view;    /* under say_mu: the newest VIEW from ps 0 */
+	uint64_t views;          /* under say_mu: VIEWs taken so far */
 	struct progress *pg;     /* the chief's: "waiting for worker N" lines */
 	pthread_mutex_t say_mu;  /* those lines, from any link's receiver */
 	uint64_t heard_v;        /* the last one printed: version, workers */
@@ -98,12 +100,13 @@ struct link_shared {
 
 /* A control message (sealing encrypts in place: encoded for each link). */
 struct link_ctl {
-	uint8_t type;            /* 0: none; WIRE_CHECKPOINT, _ROLLBACK, _DONE, _STATUS */
+	uint8_t type;            /* 0: none; WIRE_CHECKPOINT, _ROLLBACK, _DONE, _STATUS, _LEAVE */
 	union {
 		struct msg_checkpoint ck;
 		struct msg_rollback rb;
 		struct msg_done done;
 		struct msg_status status; /* its reply is taken */
+		struct msg_leave leave;
 	} u;
 };
 

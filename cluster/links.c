@@ -85,7 +85,8 @@ int links_open(struct links *lk, const struct config *c, const struct role_setup
 {
 	*lk = (struct links){ .sh = { .c = c, .s = s, .stop = stop, .out = out, .index = index,
 				      .pieces = role_pieces(c), .lost = links_on_lost },
-			      .nps = c->cluster.nps, .lost = -1 };
+			      .nps = c->cluster.nps, .lost = -1,
+			      .ps0_last = role_views(c) && c->train.mode == MODE_SYNC };
 	lk->sh.ctx = lk;
 	int e = links_sync_init(lk, err, errlen);
 	if (e)
@@ -100,6 +101,8 @@ int links_open(struct links *lk, const struct config *c, const struct role_setup
 	}
 	if (gradflow_init(&lk->whole, plan[lk->nps - 1].end, lk->nps, begin, end, 2))
 		return err_set(err, errlen, -ENOMEM, "out of memory for %d links", lk->nps);
+	if (lk->ps0_last && !(lk->kept = malloc(plan[lk->nps - 1].end * sizeof(float))))
+		return err_set(err, errlen, -ENOMEM, "out of memory for a copy of the parameters");
 	int ct = cryptopool_threads_for(c->cluster.crypto_threads);
 	if (ct > 1 && (e = cryptopool_new(&lk->pool, ct, err, errlen)))
 		return e;
@@ -135,6 +138,8 @@ void links_close(struct links *lk)
 	}
 	gradflow_free(&lk->whole);
 	cryptopool_destroy(lk->pool);
+	free(lk->kept);
+	lk->kept = NULL;
 	free(lk->ln);
 	lk->pool = NULL;
 	lk->ln = NULL;
@@ -184,8 +189,19 @@ void links_disconnect(struct links *lk)
 		link_disconnect(&lk->ln[k]);
 }
 
+/* Link k's turn to push, 0 first: starting at shard index mod nps, or
+ * elastic (ps0_last) among the others, ps 0 the last. */
+static int links_turn_of(const struct links *lk, int k)
+{
+	int n = lk->nps - lk->ps0_last, i = lk->sh.index % (n ? n : 1);
+	if (lk->ps0_last && k == 0)
+		return n;
+	k -= lk->ps0_last;
+	return (k - i + n) % n;
+}
+
 /* ex on every link. A staggered exchange (a push and a pull, not in
- * piece mode) takes turns to push, starting at shard index mod nps. */
+ * piece mode; elastic, a push alone too) takes turns to push. */
 static void links_begin(struct links *lk, const struct link_ex *ex)
 {
 	int nps = lk->nps;
@@ -195,12 +211,12 @@ static void links_begin(struct links *lk, const struct link_ex *ex)
 		(void)gradflow_mark(&lk->whole, 0, lk->whole.n);
 		x.gflow = &lk->whole;
 	}
-	x.turn = ex->grads && ex->params && !lk->sh.pieces ? &lk->sh.turn : NULL;
+	x.turn = ex->grads && (ex->params || lk->ps0_last) && !lk->sh.pieces ? &lk->sh.turn : NULL;
 	pthread_mutex_lock(&lk->sh.turn.mu);
 	lk->sh.turn.turn = 0;
 	pthread_mutex_unlock(&lk->sh.turn.mu);
 	for (int k = 0; k < nps; k++) {
-		x.pos = (k - lk->sh.index % nps + nps) % nps;
+		x.pos = links_turn_of(lk, k);
 		link_begin(&lk->ln[k], &x);
 	}
 }
@@ -276,6 +292,21 @@ int links_done(struct links *lk, int leaving, char *err, size_t errlen)
 {
 	struct link_ex ex = { .ctl = { .type = WIRE_DONE,
 				       .u.done = { .worker = (uint32_t)lk->sh.index, .leaving = (uint8_t)leaving } } };
+	return links_run(lk, &ex, err, errlen);
+}
+
+void links_keep(struct links *lk, const float *params, uint64_t v)
+{
+	if (!lk->kept)
+		return;
+	memcpy(lk->kept, params, lk->whole.n * sizeof(float));
+	lk->kept_v = v;
+	lk->has_kept = 1;
+}
+
+int links_leave(struct links *lk, char *err, size_t errlen)
+{
+	struct link_ex ex = { .ctl = { .type = WIRE_LEAVE, .u.leave = { .worker = (uint32_t)lk->sh.index } } };
 	return links_run(lk, &ex, err, errlen);
 }
 

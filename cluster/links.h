@@ -44,6 +44,15 @@ struct links {
 				  * The caller resets it. */
 	pthread_t hb;            /* sends HEARTBEATs on idle links */
 	int hb_on, hb_stop, ready;
+	/* Elastic sync (role_views): every push goes to ps 0 last, once every
+	 * other ps has ACKed it, so that a step ps 0 has completed every ps
+	 * has; and the parameters of the step under way, kept by the worker
+	 * (kept_v: their version; kept NULL: none) for recovery_resync, since
+	 * an exchange's answers overwrite them. */
+	int ps0_last;
+	float *kept;             /* (P) the links' own, when ps0_last */
+	uint64_t kept_v;
+	int has_kept;
 	pthread_mutex_t hb_mu;
 	pthread_cond_t hb_cv;
 };
@@ -107,6 +116,11 @@ int links_rollback(struct links *lk, uint64_t step, char *err, size_t errlen);
 /* DONE to every ps: trained the last step (leaving 0), or, once every ps
  * has said the run is complete, closing (leaving 1). */
 int links_done(struct links *lk, int leaving, char *err, size_t errlen);
+/* Elastic sync: params (P), the parameters of step v, kept (links.h). */
+void links_keep(struct links *lk, const float *params, uint64_t v);
+/* LEAVE to every ps (an elastic worker's SIGTERM): it leaves once the
+ * pushes that follow are in. */
+int links_leave(struct links *lk, char *err, size_t errlen);
 /* STATUS to every ps: *complete is 1 when every ps says the run is
  * complete (the chief has said DONE). */
 int links_status(struct links *lk, int *complete, char *err, size_t errlen);

@@ -1,6 +1,5 @@
 /* See members.h. */
 #include "members.h"
-#include "view.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -20,10 +19,69 @@ int members_greeted(struct members *m, int w, uint64_t time_ns)
 	return 1;
 }
 
+void members_elastic(struct members *m, int min, int blind)
+{
+	m->elastic = min < m->W;
+	m->min = min;
+	m->blind = m->elastic && blind;
+}
+
 void members_join(struct members *m, int w)
 {
 	m->live[w]++;
 	m->due[w] = 0;
+	m->seen[w] = 1;
+}
+
+void members_going(struct members *m, int w)
+{
+	m->going[w] = 1;
+}
+
+void members_drop(struct members *m, int w)
+{
+	m->dropped[w] = 1;
+	m->due[w] = 0;
+}
+
+/* Elastic: a worker the ps waits for at all: one seen and not dropped,
+ * and the chief, which ends the run, in any case. */
+static int counted(const struct members *m, int w)
+{
+	return !m->elastic || w == 0 || (m->seen[w] && !m->dropped[w]);
+}
+
+void members_candidates(const struct members *m, struct view *v, int S)
+{
+	view_init(v, S, m->W);
+	for (int w = 0; w < m->W; w++)
+		if (m->seen[w] && m->ready[w] && m->live[w] > 0 && !m->done[w] && !m->going[w] && !m->dropped[w])
+			view_set(v, w, 1);
+}
+
+int members_live_count(const struct members *m, int64_t now)
+{
+	int n = 0;
+	for (int w = 0; w < m->W; w++)
+		n += (m->live[w] > 0 || (m->due[w] && now < m->deadline[w])) && !m->done[w] && !m->going[w] &&
+		     !m->dropped[w];
+	return n;
+}
+
+void members_event(struct members *m, uint64_t step, int w, enum members_event_kind kind)
+{
+	m->ev[m->nev % MEMBERS_EVENTS] = (struct members_event){ .step = step, .w = w, .kind = kind };
+	m->nev++;
+}
+
+int members_events(const struct members *m, struct members_event *out, int max)
+{
+	uint64_t n = m->nev < MEMBERS_EVENTS ? m->nev : MEMBERS_EVENTS;
+	if (n > (uint64_t)max)
+		n = (uint64_t)max;
+	for (uint64_t i = 0; i < n; i++)
+		out[i] = m->ev[(m->nev - n + i) % MEMBERS_EVENTS];
+	return (int)n;
 }
 
 enum members_gone members_leave(struct members *m, int w, int failed, int stopping, int64_t now,
@@ -65,6 +123,10 @@ void members_pulled(struct members *m, int w)
 		m->ndone--;
 	}
 	m->leaving[w] = 0;
+	m->ready[w] = 1;
+	/* back after it left or was dropped: a new worker */
+	m->going[w] = 0;
+	m->dropped[w] = 0;
 }
 
 void members_done(struct members *m, int w, int leaving)
@@ -81,14 +143,27 @@ int members_complete(const struct members *m)
 	return m->done[0];
 }
 
+/* Workers waited for that have not said DONE; with left, also those that
+ * left the job mid-run (said LEAVE): gone, but a step they left behind
+ * waits for a worker to join, not for nothing. */
+static int undone(const struct members *m, int left)
+{
+	if (!m->elastic)
+		return m->W - m->ndone;
+	int n = 0;
+	for (int w = 0; w < m->W; w++)
+		n += counted(m, w) && (!m->done[w] || (left && m->going[w]));
+	return n;
+}
+
 int members_others_done(const struct members *m)
 {
-	return m->ndone >= m->W - 1;
+	return undone(m, 1) <= 1;
 }
 
 int members_all_done(const struct members *m)
 {
-	return m->ndone == m->W;
+	return undone(m, 0) == 0;
 }
 
 static int past(const struct members *m, int w, int64_t now)
@@ -99,7 +174,7 @@ static int past(const struct members *m, int w, int64_t now)
 int members_expired(const struct members *m, int64_t now)
 {
 	for (int w = 0; w < m->W; w++)
-		if (!m->done[w] && past(m, w, now))
+		if (!m->done[w] && !m->dropped[w] && past(m, w, now))
 			return w;
 	return -1;
 }
@@ -109,19 +184,25 @@ int members_finished(const struct members *m, int64_t now)
 	if (!members_all_done(m))
 		return 0;
 	for (int w = 0; w < m->W; w++)
-		if (!m->leaving[w] && !past(m, w, now))
+		if (counted(m, w) && !m->leaving[w] && !past(m, w, now))
 			return 0;
 	return 1;
 }
 
 /* The slice owners of the step: every worker, each its share of sh's
- * slices (cluster/view.h). */
+ * slices (cluster/view.h), or elastic the view held (none held, blind:
+ * nobody). */
 static void owners(const struct members *m, const struct psshard *sh, int *owner)
 {
 	struct view v;
+	if (m->has_view && m->view.S == sh->workers) {
+		view_owners(&m->view, &m->base, owner);
+		return;
+	}
 	view_all(&v, sh->workers, m->W);
-	for (int s = 0; s < sh->workers; s++)
-		owner[s] = view_owner(&v, NULL, s);
+	view_owners(&v, NULL, owner);
+	for (int s = 0; s < sh->workers && m->elastic; s++)
+		owner[s] = -1;
 }
 
 int members_has_pushed(const struct members *m, const struct psshard *sh, int w)
@@ -156,6 +237,10 @@ enum members_state members_state(const struct members *m, int w)
 {
 	if (m->leaving[w])
 		return MEMBERS_IS_LEFT;
+	if (m->dropped[w])
+		return MEMBERS_IS_DROPPED;
+	if (m->going[w])
+		return MEMBERS_IS_GOING;
 	if (m->live[w] > 0)
 		return m->done[w] ? MEMBERS_IS_DONE : MEMBERS_IS_LIVE;
 	if (m->due[w])

@@ -41,9 +41,9 @@
  * it cannot tell from a flood's (links.c tries three times; a status
  * should fail fast when the key is wrong). */
 #define STATUS_GREETINGS 2
-/* The longest message either way: a REPORT (in) is longer than a STATUS
- * or HEARTBEAT (out) or any ERROR. */
-#define STATUS_MSG_MAX MSG_REPORT_BYTES_MAX
+/* The longest message either way: a REPORT (in), with every worker and
+ * event, is longer than a STATUS or HEARTBEAT (out) or any ERROR. */
+#define STATUS_MSG_MAX MSG_REPORT_BYTES_ALL
 _Static_assert(MSG_ERROR_BYTES_MAX <= MSG_REPORT_BYTES_MAX, "an ERROR fits");
 
 /* One ps, across rounds. */
@@ -231,6 +231,21 @@ static void fmt_workers(char *buf, size_t len, const struct msg_report *rp)
 	}
 }
 
+/* The joins and leaves ps 0 saw last (elastic: docs/ELASTIC.md), a line
+ * each: "step 41: worker 2 joined". */
+static void print_events(FILE *out, const struct status_link *ls, int nps)
+{
+	for (int k = 0; k < nps; k++) {
+		const struct msg_report *rp = &ls[k].rep;
+		if (!ls[k].answered && !link_finished(&ls[k]))
+			continue;
+		for (uint32_t i = 0; i < rp->nevents; i++)
+			fprintf(out, "step %llu: worker %u %s%s\n", (unsigned long long)rp->events[i].step,
+				rp->events[i].worker, msg_event_name(rp->events[i].kind),
+				rp->events[i].kind == MSG_EVENT_LOST ? " (gone past peer_timeout; its slices went to the others)" : "");
+	}
+}
+
 static void print_table(FILE *out, struct status_link *ls, int nps, int complete)
 {
 	fprintf(out, "%-3s %-22s %-17s %9s %7s %8s %10s %7s  %s\n", "ps", "address", "version",
@@ -257,6 +272,7 @@ static void print_table(FILE *out, struct status_link *ls, int nps, int complete
 			(unsigned long long)rp->applied, (unsigned long long)rp->stale, rate, ck, up, wk,
 			l->ended ? " (ended)" : "");
 	}
+	print_events(out, ls, nps);
 	fprintf(out, "run: %s\n", complete ? "complete" : "in progress");
 }
 
@@ -307,6 +323,11 @@ static void print_json(FILE *out, struct status_link *ls, int nps, int complete)
 			l->ended ? "true" : "false");
 		for (uint32_t w = 0; w < rp->workers; w++)
 			fprintf(out, "%s\"%s\"", w ? ", " : "", msg_worker_state_name(rp->state[w]));
+		fprintf(out, "], \"events\": [");
+		for (uint32_t i = 0; i < rp->nevents; i++)
+			fprintf(out, "%s{\"step\": %llu, \"worker\": %u, \"kind\": \"%s\"}", i ? ", " : "",
+				(unsigned long long)rp->events[i].step, rp->events[i].worker,
+				msg_event_name(rp->events[i].kind));
 		fprintf(out, "]}");
 	}
 	fprintf(out, "], \"unanswered\": [");

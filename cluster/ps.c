@@ -144,6 +144,31 @@ static int on_done(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 	return 0;
 }
 
+/* LEAVE: the worker leaves once the pushes that follow are in (an elastic
+ * worker's SIGTERM): no later step's view holds it. */
+static int on_leave(struct ps_conn *cn, size_t len, char *err, size_t errlen)
+{
+	struct ps *ps = cn->ps;
+	struct msg_leave lv;
+	int r = msg_decode_leave(cn->conn.rbuf, len, &lv, err, errlen);
+	if (r)
+		return r;
+	if (lv.worker != (uint32_t)cn->w || !ps->mb.elastic || cn->w == 0)
+		return err_set(err, errlen, -EPROTO, "LEAVE from worker %u on worker %d's connection%s", lv.worker,
+			       cn->w, !ps->mb.elastic ? ": the worker set is not elastic ([cluster] min_workers)"
+				      : cn->w == 0 ? ": the chief does not leave" : "");
+	pthread_mutex_lock(&ps->mu);
+	uint64_t v = psshard_version(&ps->sh);
+	members_going(&ps->mb, cn->w);
+	if (ps->index == 0)
+		members_event(&ps->mb, v, cn->w, MEMBERS_EV_LEFT);
+	pthread_mutex_unlock(&ps->mu);
+	if (ps->index == 0)
+		role_log(ps->out, "ps 0: worker %d leaves after %s %llu: its slices go to the others from the next step",
+			 cn->w, ps->sh.mode == MODE_SYNC ? "step" : "version", (unsigned long long)v);
+	return 0;
+}
+
 static int on_error(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 {
 	struct msg_error me;
@@ -170,6 +195,7 @@ static const struct {
 	{ WIRE_SPULL, ps_on_spull },
 	{ WIRE_SPUSH, ps_on_spush },
 	{ WIRE_ROWS, ps_on_spush }, /* refused */
+	{ WIRE_LEAVE, on_leave },
 };
 
 /* How long a connection may have been silent and still be taken for a
@@ -484,6 +510,8 @@ static int ps_over(struct ps *ps)
 	int64_t now = role_now_ms();
 	pthread_mutex_lock(&ps->mu);
 	int w = ps->aborted ? -1 : members_expired(&ps->mb, now);
+	if (w >= 0)
+		w = ps_view_expired(ps, w, now);
 	if (w >= 0) {
 		ps->aborted = 1;
 		snprintf(ps->why, sizeof(ps->why), "%s", members_why(&ps->mb, w));
@@ -562,9 +590,10 @@ int ps_open(struct ps *ps, const struct config *c, const struct role_setup *s,
 	ps->c = c;
 	ps->out = out;
 	ps->index = index;
-	ps->W = c->cluster.nworkers;
+	ps->W = c->cluster.max_workers;
 	hooks_read(&ps->hooks);
 	members_init(&ps->mb, ps->W, c->cluster.peer_timeout);
+	members_elastic(&ps->mb, c->cluster.min_workers, index != 0);
 	observers_init(&ps->seen);
 	rate_init(&ps->rate);
 	ps->started_ms = role_now_ms();

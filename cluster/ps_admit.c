@@ -98,12 +98,18 @@ static uint64_t ps_wall_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+_Static_assert((int)MEMBERS_EV_JOINED == MSG_EVENT_JOINED && (int)MEMBERS_EV_LEFT == MSG_EVENT_LEFT &&
+		       (int)MEMBERS_EV_LOST == MSG_EVENT_LOST && MEMBERS_EVENTS == MSG_REPORT_EVENTS,
+	       "a member's event is a REPORT's");
+
 static uint8_t ps_worker_state(const struct members *mb, int w)
 {
 	static const uint8_t wire[] = {
 		[MEMBERS_IS_ABSENT] = MSG_WORKER_ABSENT, [MEMBERS_IS_LIVE] = MSG_WORKER_LIVE,
 		[MEMBERS_IS_DONE] = MSG_WORKER_DONE,	 [MEMBERS_IS_LEFT] = MSG_WORKER_LEFT,
 		[MEMBERS_IS_LOST] = MSG_WORKER_LOST,	 [MEMBERS_IS_AWAY] = MSG_WORKER_AWAY,
+		/* elastic: still training its last step; gone, nothing awaited */
+		[MEMBERS_IS_GOING] = MSG_WORKER_LIVE,	 [MEMBERS_IS_DROPPED] = MSG_WORKER_ABSENT,
 	};
 	return wire[members_state(mb, w)];
 }
@@ -130,6 +136,11 @@ void ps_report(void *ctx, struct msg_report *rp, int final)
 	rp->workers = (uint32_t)ps->W;
 	for (int w = 0; w < ps->W; w++)
 		rp->state[w] = ps_worker_state(&ps->mb, w);
+	struct members_event ev[MSG_REPORT_EVENTS];
+	rp->nevents = (uint32_t)members_events(&ps->mb, ev, MSG_REPORT_EVENTS);
+	for (uint32_t i = 0; i < rp->nevents; i++)
+		rp->events[i] = (struct msg_event){ .step = ev[i].step, .worker = (uint16_t)ev[i].w,
+						    .kind = (uint8_t)ev[i].kind };
 	pthread_mutex_unlock(&ps->mu);
 }
 

@@ -105,6 +105,7 @@ struct ps_conn {
 	enum ps_conn_end failing;
 	int pushed;      /* a whole gradient arrived on this connection */
 	int slice;       /* the slice of the PUSH being assembled (WIRE_PUSH_SLICE) */
+	uint64_t view_sent; /* ps 0, elastic: the members' view_serial last sent here */
 	int first_pull;
 	int pull_packed; /* the PULL being answered asked for packed float32 (MSG_PULL_PACKED) */
 	char peer[SOCK_ADDR_STRLEN];
@@ -236,5 +237,20 @@ void ps_sparse_conn_free(struct ps_conn *cn);
 int ps_sparse_check(struct ps *ps, char *err, size_t errlen);
 int ps_on_spull(struct ps_conn *cn, size_t len, char *err, size_t errlen);
 int ps_on_spush(struct ps_conn *cn, size_t len, char *err, size_t errlen);
+
+/* ps_view.c, ps 0 of an elastic cluster (nothing elsewhere): whether a
+ * PULL's answer must wait for min_workers to be ready; the view of the
+ * shard's version fixed (sync: once; async: again whenever the ready set
+ * changed); the VIEW this connection has not had yet into *out (1, or 0:
+ * none to send); and worker w gone (dropped) from the step under way, its
+ * unpushed slices given to the others (a revision, waking every PULL). */
+int ps_view_wait(const struct ps *ps);
+void ps_view_fix(struct ps *ps);
+int ps_view_message(struct ps_conn *cn, struct msg_view *out);
+void ps_view_drop(struct ps *ps, int w);
+/* Any ps: worker w lost past its deadline (members_expired). Elastic, with
+ * min_workers others or the run complete, it is dropped (and ps 0 gives
+ * its slices out again): -1; else w, for which the ps stops. */
+int ps_view_expired(struct ps *ps, int w, int64_t now);
 
 #endif

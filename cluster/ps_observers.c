@@ -13,7 +13,7 @@
 
 /* An observer's longest message: the largest REPORT out, and in, anything
  * an observer may send (STATUS, HEARTBEAT, an ERROR). */
-#define PS_OBS_MSG_MAX MSG_REPORT_BYTES_MAX
+#define PS_OBS_MSG_MAX MSG_REPORT_BYTES_ALL
 _Static_assert(MSG_ERROR_BYTES_MAX <= MSG_REPORT_BYTES_MAX, "an observer's ERROR fits");
 /* How long an observer may take to read a REPORT before it is dropped:
  * the ps's exit waits for its observers' last ones. */

@@ -69,24 +69,35 @@ static int pull_hopeless(const struct ps_conn *cn, long piece)
 	return members_others_done(&ps->mb) && (piece < 0 || members_has_pushed(&ps->mb, &ps->sh, cn->w));
 }
 
+/* Whether a PULL still waits (under ps->mu): see pull_wait. */
+static int pull_waits(const struct ps_conn *cn, long piece, uint64_t want, uint64_t gen)
+{
+	const struct ps *ps = cn->ps;
+	if (ps->aborted || ps->gen != gen || cn->st_stop)
+		return 0;
+	if (ps_view_wait(ps))
+		return 1;
+	return want != MSG_VERSION_LATEST && pull_has(ps, piece) < want && !pull_hopeless(cn, piece);
+}
+
 /* A sync PULL waits (under ps->mu) for version `want` of the shard, or of
- * one piece, to exist; meanwhile a HEARTBEAT every heartbeat_ms tells the
- * worker that the shard is alive and which workers it waits for. It stops
- * waiting when the ps stops, a rollback since gen happens, no other
- * worker will push (pull_hopeless), or the streamer is told to end; each
- * of those, and a piece or version applied, broadcasts ps->pull_cv (a
- * timed wait besides, for the HEARTBEATs). */
+ * one piece, to exist (and on ps 0 of an elastic cluster, any PULL for
+ * min_workers to be ready: ps_view.c); meanwhile a HEARTBEAT every
+ * heartbeat_ms tells the worker that the shard is alive and which workers
+ * it waits for. It stops waiting when the ps stops, a rollback or a
+ * revision of the step's view since gen happens, no other worker will
+ * push (pull_hopeless), or the streamer is told to end; each of those, a
+ * piece or version applied, and (elastic) a PULL that makes a worker
+ * ready, broadcasts ps->pull_cv (a timed wait besides, for the
+ * HEARTBEATs). */
 static int pull_wait(struct ps_conn *cn, long piece, uint64_t want, uint64_t gen,
 		     enum conn_sender from, char *err, size_t errlen)
 {
 	struct ps *ps = cn->ps;
-	while (want != MSG_VERSION_LATEST && pull_has(ps, piece) < want && !ps->aborted &&
-	       !pull_hopeless(cn, piece) && ps->gen == gen && !cn->st_stop) {
+	while (pull_waits(cn, piece, want, gen)) {
 		struct timespec dl;
 		role_deadline(&dl, role_heartbeat_ms(ps->c));
-		if (pthread_cond_timedwait(&ps->pull_cv, &ps->mu, &dl) != ETIMEDOUT)
-			continue;
-		if (pull_has(ps, piece) >= want || ps->aborted || ps->gen != gen || cn->st_stop)
+		if (pthread_cond_timedwait(&ps->pull_cv, &ps->mu, &dl) != ETIMEDOUT || !pull_waits(cn, piece, want, gen))
 			continue;
 		struct msg_heartbeat hb;
 		ps_heartbeat(ps, &hb);
@@ -121,6 +132,9 @@ static int pull_send_whole(struct ps_conn *cn, enum conn_sender from, char *err,
 	char why[WIRE_ERROR_TEXT_MAX + 1];
 	snprintf(why, sizeof(why), "ps %d stops: %.200s", ps->index, ps->why);
 	cn->st_job = 0; /* the answer waits on nothing more: the next PULL may come */
+	struct msg_view vm;
+	ps_view_fix(ps);
+	int view = !ab && ps_view_message(cn, &vm);
 	struct conn_chunk_tx t = { .type = WIRE_PARAMS, .shard = (uint32_t)ps->index, .version = v,
 				   .src = cn->snap, .n = n, .dtype = (uint8_t)pull_dtype(cn) };
 	pthread_mutex_unlock(&ps->mu);
@@ -129,7 +143,14 @@ static int pull_send_whole(struct ps_conn *cn, enum conn_sender from, char *err,
 		conn_send_error(&cn->conn, from, ECONNABORTED, why);
 		snprintf(err, errlen, "training aborted");
 	} else {
-		r = conn_send_tensor(&cn->conn, from, &t, err, errlen);
+		size_t len;
+		/* ps 0, elastic: the view of this version first (ps_view.c) */
+		r = view ? msg_encode_view(conn_payload(&cn->conn, from), conn_payload_cap(&cn->conn), &vm, &len, err,
+					   errlen) : 0;
+		if (!r && view)
+			r = conn_send_payload(&cn->conn, from, len, err, errlen);
+		if (!r)
+			r = conn_send_tensor(&cn->conn, from, &t, err, errlen);
 	}
 	pthread_mutex_lock(&ps->mu);
 	return r;
@@ -244,6 +265,9 @@ int ps_on_pull(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 	pthread_mutex_lock(&ps->mu);
 	cn->state = PS_CONN_MEMBER;
 	members_pulled(&ps->mb, cn->w);
+	/* elastic: one more ready worker may let a step's view be fixed */
+	if (ps->mb.elastic)
+		pthread_cond_broadcast(&ps->pull_cv);
 	if (!cn->st_on) {
 		cn->pull_packed = (p.flags & MSG_PULL_PACKED) != 0;
 		r = pull_answer(cn, p.version, CONN_MAIN, err, errlen);

@@ -61,7 +61,9 @@ int psshard_init(struct psshard *s, const struct model *m, const struct shard *s
 		if (!s->slots)
 			goto nomem;
 	}
-	if (s->mode == MODE_SYNC && s->replicas == s->workers) {
+	/* An elastic cluster aggregates whole gradients: ps 0 fixes a step's
+	 * view when its shard is there, before any of it goes out. */
+	if (s->mode == MODE_SYNC && s->replicas == s->workers && !config_elastic(c)) {
 		size_t np = (s->n + PSSHARD_PIECE - 1) / PSSHARD_PIECE;
 		s->npieces = np;
 		s->behind = np;

@@ -65,6 +65,54 @@ static uint64_t lowest(const struct links *lk)
 	return lo;
 }
 
+/* Sync, elastic: shards a step apart (this worker pulled while the others
+ * trained): every one asked for the highest version, which those behind
+ * reach once the step under way completes. None gets past it while this
+ * worker, ready since its first pull, holds slices of it: ps 0 puts it in
+ * every view it fixes from then on. A shard that answers higher (past a
+ * view fixed before this worker was ready) starts another round. */
+static int catch_up(struct links *lk, float *params, char *err, size_t errlen)
+{
+	for (int round = 0; round < 8; round++) {
+		uint64_t got[CONFIG_MAX_HOSTS] = { 0 }, lo, hi;
+		int back;
+		gots(lk, got);
+		recovery_spread(got, NULL, lk->nps, &lo, &hi, &back);
+		if (lo == hi)
+			return 0;
+		for (int k = 0; k < lk->nps; k++)
+			lk->ln[k].got = hi - 1;
+		int e = links_pull(lk, params, 0, err, errlen);
+		if (e)
+			return e;
+	}
+	return err_set(err, errlen, -ECONNABORTED, "worker %d: the shards stay apart while the others train",
+		       lk->sh.index);
+}
+
+/* Sync, elastic, reconnected with the shards a step apart (lo, lo + 1).
+ * Where ps 0 is at lo and this worker was training step lo (its kept
+ * parameters are of lo), it trains lo again: ps 0 was left a slice short
+ * (a worker lost after pushing it to some ps, which went on: pushes reach
+ * ps 0 last), and has given it out again, or its pushes are still on the
+ * way. The shards that went on take the kept parameters of lo back, and
+ * its pushes of lo to them are dropped as stale. Otherwise (a worker
+ * that joined, or ps 0 ahead) catch_up. */
+static int again_or_catch_up(struct links *lk, float *params, const uint64_t *got, uint64_t lo, char *err,
+			     size_t errlen)
+{
+	if (got[0] != lo || !lk->has_kept || lk->kept_v != lo)
+		return catch_up(lk, params, err, errlen);
+	for (int k = 0; k < lk->nps; k++) {
+		struct link *l = &lk->ln[k];
+		if (got[k] > lo)
+			memcpy(params + l->range.begin, lk->kept + l->range.begin,
+			       (l->range.end - l->range.begin) * sizeof(float));
+		l->got = lo;
+	}
+	return 0;
+}
+
 int recovery_start(struct links *lk, float *params, long total, long *start, char *err,
 		   size_t errlen)
 {
@@ -73,6 +121,8 @@ int recovery_start(struct links *lk, float *params, long total, long *start, cha
 	/* The first pull says where the shards are: 0, or in sync mode the
 	 * step of the checkpoint they resumed from, the same on every shard. */
 	int e = links_pull(lk, params, 1, err, errlen);
+	if (!e && c->train.mode == MODE_SYNC && config_elastic(c))
+		e = catch_up(lk, params, err, errlen);
 	if (e)
 		return e;
 	if (c->train.mode == MODE_ASYNC) {
@@ -189,6 +239,13 @@ static int resync_sync(struct links *lk, float *params, const float *keep, uint6
 	int back, W = lk->sh.c->cluster.nworkers;
 	gots(lk, got);
 	recovery_spread(got, prev, lk->nps, &lo, &hi, &back);
+	if (!back && lo != hi && config_elastic(lk->sh.c)) {
+		int r = again_or_catch_up(lk, params, got, lo, last, lastlen);
+		if (r)
+			return r;
+		gots(lk, got);
+		recovery_spread(got, NULL, lk->nps, &lo, &hi, &back);
+	}
 	/* Any worker that sees it sends ROLLBACK, not only the chief: the
 	 * chief may be waiting on another shard for this worker's gradient,
 	 * and would not notice the restart. A second ROLLBACK to the same

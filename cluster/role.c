@@ -48,9 +48,9 @@ int role_setup_load(struct role_setup *s, const struct config *c, int want_data,
 	if (e)
 		return e;
 	int S = config_slices(c, 1);
-	if (c->cluster.nworkers > S)
-		return err_set(err, errlen, -EINVAL, "%s: [cluster] workers lists %d workers but [train] slices is %d: each needs a slice of the step",
-			       c->path, c->cluster.nworkers, S);
+	if (c->cluster.max_workers > S && !config_elastic(c))
+		return err_set(err, errlen, -EINVAL, "%s: [cluster] has %d workers but [train] slices is %d: each needs a slice of the step (or set [cluster] min_workers, and the extra ones wait for one)",
+			       c->path, c->cluster.max_workers, S);
 	return job_load(&s->job, c, S, want_data, err, errlen);
 }
 
@@ -162,7 +162,14 @@ unsigned role_param_dtype(const struct config *c)
 
 int role_pieces(const struct config *c)
 {
-	return c->train.mode == MODE_SYNC && c->train.replicas_to_aggregate == c->cluster.nworkers;
+	return c->train.mode == MODE_SYNC && c->train.replicas_to_aggregate == config_slices(c, 1) &&
+	       !config_elastic(c);
+}
+
+int role_views(const struct config *c)
+{
+	int backup = c->train.mode == MODE_SYNC && c->train.replicas_to_aggregate < config_slices(c, 1);
+	return config_elastic(c) && !backup;
 }
 
 int role_local_path(const struct config *c, int k, char *out, size_t outlen, char *err,

@@ -96,6 +96,11 @@ unsigned role_param_dtype(const struct config *c);
  * next version before it pushes and take the ps's answer as it streams. */
 int role_pieces(const struct config *c);
 
+/* Whether ps 0 gives out each step's slices in views (docs/ELASTIC.md):
+ * an elastic cluster, but not with backup workers, which keep a slice each
+ * (S = W) and whose steps complete without the slowest ones anyway. */
+int role_views(const struct config *c);
+
 /* The Unix socket of ps k for workers on its host ([cluster] local_socket):
  * its path in socket_dir (default /tmp/pstrain-EUID), after checking that
  * the directory is this user's alone (made if missing). 0, or a negative

@@ -51,8 +51,7 @@ static int live_ids(const struct view *v, int *ids)
 	return L;
 }
 
-/* The owner of every slice (owner: room for S) by the rule of view.h. */
-static void owners(const struct view *now, const struct view *base, int *owner)
+void view_owners(const struct view *now, const struct view *base, int *owner)
 {
 	int ids[VIEW_MAX], L = live_ids(now, ids), S = now->S;
 	if (!base || base == now) {
@@ -77,14 +76,14 @@ int view_owner(const struct view *now, const struct view *base, int s)
 	int owner[VIEW_MAX];
 	if (s < 0 || s >= now->S)
 		return -1;
-	owners(now, base, owner);
+	view_owners(now, base, owner);
 	return owner[s];
 }
 
 int view_slices(const struct view *now, const struct view *base, int w, int *out)
 {
 	int owner[VIEW_MAX], n = 0;
-	owners(now, base, owner);
+	view_owners(now, base, owner);
 	for (int s = 0; s < now->S; s++)
 		if (owner[s] == w)
 			out[n++] = s;

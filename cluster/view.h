@@ -45,6 +45,9 @@ int view_count(const struct view *v);
  * view as first fixed (NULL: now is the base); -1 when no worker is live. */
 int view_owner(const struct view *now, const struct view *base, int s);
 
+/* view_owner of every slice s into owner[s] (room for S). */
+void view_owners(const struct view *now, const struct view *base, int *owner);
+
 /* Worker w's slices under now (base as for view_owner), in slice order,
  * into out (room for S); returns how many. */
 int view_slices(const struct view *now, const struct view *base, int w, int *out);

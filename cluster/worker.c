@@ -12,6 +12,7 @@
 #include "worker_embed.h"
 #include "view.h"
 #include "worker_host.h"
+#include "worker_share.h"
 
 #include "../core/nn/devices.h"
 #include "../core/nn/optim.h"
@@ -69,6 +70,8 @@ struct worker {
 	int index, chief, W, B, ckpts, tty;
 	int S;                   /* slices of a step (config_slices) */
 	int nmine, mine[VIEW_MAX]; /* this worker's slices, in slice order (cluster/view.h) */
+	int elastic, live;       /* config_elastic; the workers in the step's view */
+	int left;                /* elastic: it left after a SIGTERM (LEAVE said, last slices pushed) */
 	long total, spe;
 	long step, start;        /* the step to train next; where training (re)started */
 	long ckpt_at, ckpt_start; /* sync: the step of the last CHECKPOINT asked for since
@@ -100,24 +103,13 @@ static void worker_pack_open(struct worker *wr)
 		role_log(wr->out, "worker %d: packs float32 on its links to other hosts ([cluster] wire_pack)", wr->index);
 }
 
-/* What an autoflow decided at step (nothing if said is quiet), for
- * [cluster] key: its ratio, and the way it now goes, on or off. */
-static void worker_say_autoflow(const struct worker *wr, const char *key, const struct autoflow *a,
-				enum autoflow_said said, long step, const char *on, const char *off)
-{
-	if (said != AUTOFLOW_QUIET)
-		role_log(wr->out, "worker %d: [cluster] %s = auto: at step %ld the exchange took %.1fx the compute (medians of %d steps): %s%s%s",
-			 wr->index, key, step, a->ratio, AUTOFLOW_WINDOW, said == AUTOFLOW_KEPT ? "keeps " : "",
-			 a->on ? on : off, said == AUTOFLOW_LAST ? " from here on" : "");
-}
-
 /* A step took compute seconds, then exchange seconds: pack from the next
  * one on, or not. */
 static void worker_pack_record(struct worker *wr, long step, double compute, double exchange)
 {
 	enum autoflow_said said = autoflow_record(&wr->packf, compute, exchange);
 	wr->lk.sh.pack = autoflow_wants(&wr->packf);
-	worker_say_autoflow(wr, "wire_pack", &wr->packf, said, step, "packing float32 on its links to other hosts",
+	autoflow_say(&wr->packf, wr->out, wr->index, "wire_pack", said, step, "packing float32 on its links to other hosts",
 			    "sending float32 as it is");
 }
 
@@ -174,6 +166,8 @@ static int worker_open(struct worker *wr, char *err, size_t errlen)
 	wr->S = wr->s.job.S;
 	view_all(&v, wr->S, wr->W);
 	wr->nmine = view_slices(&v, NULL, wr->index, wr->mine);
+	wr->elastic = config_elastic(c);
+	wr->live = wr->W;
 	int threads = worker_host_threads(c, wr->index, wr->out);
 	shard_plan(plan, c->cluster.nps, wr->s.job.m.nparams);
 	char job[64];
@@ -322,6 +316,7 @@ static void worker_log_eval(struct worker *wr, long step)
 		tblog_scalar(&wr->tb, step, "step_time/compute_ms", 1e3 * (wr->t_compute - wr->tb_compute) / (double)n);
 		tblog_scalar(&wr->tb, step, "step_time/communication_ms", 1e3 * (wr->t_comm - wr->tb_comm) / (double)n);
 	}
+	tblog_scalar(&wr->tb, step, "cluster/live_workers", wr->live);
 	wr->tb_compute = wr->t_compute;
 	wr->tb_comm = wr->t_comm;
 	wr->tb_timed = wr->timed;
@@ -502,8 +497,10 @@ static int worker_earlier_slices(struct worker *wr, char *err, size_t errlen)
 static int worker_exchange(struct worker *wr, enum step_way way, double *t1, char *err, size_t errlen)
 {
 	int flow = way == WAY_FLOW || way == WAY_FLOW_FORWARD, pre = way == WAY_FLOW_FORWARD, ce = 0;
-	int last = wr->mine[wr->nmine - 1];
 	*t1 = progress_now();
+	if (!wr->nmine)
+		return way == WAY_PUSH ? 0 : worker_share_idle(&wr->lk, wr->params, err, errlen);
+	int last = wr->mine[wr->nmine - 1];
 	if (!flow) {
 		ce = worker_earlier_slices(wr, err, errlen);
 		if (ce)
@@ -586,7 +583,7 @@ static void worker_account(struct worker *wr, double t0, double t1, double t2)
 	wr->t_comm += t2 - t1;
 	wr->timed++;
 	enum autoflow_said said = wr->flow.nstreams ? autoflow_record(&wr->af, t1 - t0, t2 - t1) : AUTOFLOW_QUIET;
-	worker_say_autoflow(wr, "overlap", &wr->af, said, step,
+	autoflow_say(&wr->af, wr->out, wr->index, "overlap", said, step,
 			    "pushing the pieces of each gradient as backward makes them",
 			    "pushing each gradient after computing it");
 	worker_pack_record(wr, step, t1 - t0, t2 - t1);
@@ -603,11 +600,21 @@ static int worker_step(struct worker *wr, char *err, size_t errlen)
 	/* Only a link call of this step may mark a ps lost: a failure of the
 	 * devices must end the run, not be taken for a lost ps. */
 	wr->lk.lost = -1;
+	if (wr->hooks.step_delay_ms)
+		role_nap_ms(wr->hooks.step_delay_ms);
 	/* Decided now: worker_way must know it before the meter is read. */
 	int report = wr->chief && (progress_due(&wr->pg, step) || step + 1 == wr->total);
 	int e = worker_prepare(wr, &ts, err, errlen);
+	int leaving = wr->elastic && !wr->chief && *wr->stop;
+	if (!e && wr->elastic && role_views(wr->c))
+		e = worker_share(&wr->lk, wr->params, wr->c->train.mode == MODE_SYNC, step, wr->index, wr->S,
+				 wr->mine, &wr->nmine, &wr->live, err, errlen);
+	/* LEAVE before this step's pushes: ps 0 then holds it in no later
+	 * view, whenever the step completes. */
+	if (!e && leaving)
+		e = links_leave(&wr->lk, err, errlen);
 	double t0 = progress_now();
-	enum step_way way = worker_way(wr, report);
+	enum step_way way = leaving ? WAY_PUSH : worker_way(wr, report);
 	if (!e) {
 		e = worker_exchange(wr, way, &t1, err, errlen);
 		/* The next step's forward pass, if it ran, is compute, not
@@ -624,6 +631,7 @@ static int worker_step(struct worker *wr, char *err, size_t errlen)
 	}
 	if (wr->phase != STEP_FORWARDED)
 		wr->phase = way == WAY_PUSH ? STEP_UNPULLED : STEP_PULLED;
+	wr->left = leaving;
 	worker_account(wr, t0, t1, progress_now());
 	if (!wr->chief)
 		return 0;
@@ -642,10 +650,20 @@ static int worker_step(struct worker *wr, char *err, size_t errlen)
  * step count unless the shards went back. */
 static int worker_train(struct worker *wr, char *err, size_t errlen)
 {
-	while (wr->step < wr->total && !*wr->stop) {
+	/* Elastic, a SIGTERM is a leave (not the chief's: it stops the run):
+	 * one more step, whose slices it pushes after saying LEAVE. */
+	while (wr->step < wr->total && !wr->left && (!*wr->stop || (wr->elastic && !wr->chief))) {
 		int e = worker_step(wr, err, errlen);
+		if (!e && wr->left) {
+			wr->step++;
+			break;
+		}
 		if (!e) {
 			wr->step++;
+			/* Async, elastic: the cluster's step counts every
+			 * worker's slices, whoever trained them. */
+			if (wr->elastic && wr->c->train.mode == MODE_ASYNC && ckpt_label(wr, wr->step) > wr->step)
+				wr->step = ckpt_label(wr, wr->step) < wr->total ? ckpt_label(wr, wr->step) : wr->total;
 			/* Sync with backup workers: the shards may have moved
 			 * on without this worker's gradient; it goes on from
 			 * where they all are. */
@@ -801,7 +819,7 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 	if (!wr)
 		return err_set(err, errlen, -ENOMEM, "out of memory");
 	*wr = (struct worker){ .c = c, .stop = stop, .out = out, .index = index, .chief = index == 0,
-			       .W = c->cluster.nworkers, .B = c->train.batch_size, .tty = tty,
+			       .W = c->cluster.max_workers, .B = c->train.batch_size, .tty = tty,
 			       .epoch_loaded = -1, .ckpt_start = -1, .phase = STEP_PULLED };
 	memset(res, 0, sizeof(*res));
 	double t0 = progress_now();
@@ -821,6 +839,10 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 		res->total_steps = wr->total;
 		if (wr->step < wr->total)
 			wr->finished = res->finished = 0;   /* rolled back, and trained again */
+		if (!e && wr->left) {
+			e = worker_share_leave(&wr->lk, wr->step, wr->total, err, errlen);
+			break;
+		}
 		if (!e && *stop)
 			e = err_set(err, errlen, -EINTR, "worker %d: interrupted at step %ld/%ld", index,
 				    wr->step, wr->total);

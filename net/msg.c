@@ -5,6 +5,7 @@
  * then each field's range. Nothing after the type byte is read before the
  * length has been checked against the bytes that field needs. */
 #include "msg.h"
+#include "msg_priv.h"
 #include "../base/err.h"
 #include "bf16.h"
 #include "fpack.h"
@@ -17,8 +18,8 @@
 
 /* ---- shared checks ------------------------------------------------------- */
 
-static int check_fixed(const uint8_t *buf, size_t len, uint8_t type, size_t want, char *err,
-		       size_t errlen)
+int check_fixed(const uint8_t *buf, size_t len, uint8_t type, size_t want, char *err,
+		size_t errlen)
 {
 	const char *name = wire_msg_name(type);
 
@@ -30,9 +31,8 @@ static int check_fixed(const uint8_t *buf, size_t len, uint8_t type, size_t want
 	return 0;
 }
 
-/* Bytes [from, to) must be zero. */
-static int check_zero(const uint8_t *buf, size_t from, size_t to, const char *name, char *err,
-		      size_t errlen)
+int check_zero(const uint8_t *buf, size_t from, size_t to, const char *name, char *err,
+	       size_t errlen)
 {
 	for (size_t i = from; i < to; i++)
 		if (buf[i])
@@ -42,7 +42,7 @@ static int check_zero(const uint8_t *buf, size_t from, size_t to, const char *na
 	return 0;
 }
 
-static int check_cap(size_t cap, size_t need, uint8_t type, char *err, size_t errlen)
+int check_cap(size_t cap, size_t need, uint8_t type, char *err, size_t errlen)
 {
 	if (cap < need)
 		return err_set(err, errlen, -ENOBUFS, "%s: needs %zu bytes, buffer has %zu",
@@ -50,8 +50,7 @@ static int check_cap(size_t cap, size_t need, uint8_t type, char *err, size_t er
 	return 0;
 }
 
-/* Type byte and zeroed reserved bytes of a header of n bytes. */
-static void put_head(uint8_t *buf, uint8_t type, size_t n)
+void put_head(uint8_t *buf, uint8_t type, size_t n)
 {
 	memset(buf, 0, n);
 	buf[0] = type;
@@ -453,7 +452,12 @@ int msg_encode_report(uint8_t *buf, size_t cap, const struct msg_report *m, size
 		if (m->state[w] > MSG_WORKER_STATE_LAST)
 			return err_set(err, errlen, -EINVAL, "REPORT: worker %u has unknown state %u",
 				       w, m->state[w]);
-	int rc = check_cap(cap, MSG_REPORT_BYTES(m->workers), WIRE_REPORT, err, errlen);
+	if (m->nevents > MSG_REPORT_EVENTS)
+		return err_set(err, errlen, -EINVAL, "REPORT: %u events, at most %u", m->nevents, MSG_REPORT_EVENTS);
+	size_t n = MSG_REPORT_BYTES(m->workers) + (size_t)m->nevents * MSG_REPORT_EVENT_BYTES;
+	int rc = check_cap(cap, n, WIRE_REPORT, err, errlen);
+	if (rc == 0)
+		rc = report_events_put(buf + MSG_REPORT_BYTES(m->workers), m->events, m->nevents, err, errlen);
 	if (rc < 0)
 		return rc;
 	put_head(buf, WIRE_REPORT, MSG_REPORT_HDR_BYTES);
@@ -470,7 +474,7 @@ int msg_encode_report(uint8_t *buf, size_t cap, const struct msg_report *m, size
 	wire_put_u32(buf + 52, m->workers);
 	wire_put_u64(buf + 56, m->uptime_ms);
 	memcpy(buf + MSG_REPORT_HDR_BYTES, m->state, m->workers);
-	*len = MSG_REPORT_BYTES(m->workers);
+	*len = n;
 	return 0;
 }
 
@@ -482,9 +486,9 @@ int msg_decode_report(const uint8_t *buf, size_t len, struct msg_report *out, ch
 	if (buf[0] != WIRE_REPORT)
 		return err_set(err, errlen, -EPROTO, "REPORT: type byte is %u (%s), expected %u",
 			       buf[0], wire_msg_name(buf[0]), WIRE_REPORT);
-	if (len < MSG_REPORT_BYTES(1) || len > MSG_REPORT_BYTES_MAX)
+	if (len < MSG_REPORT_BYTES(1) || len > MSG_REPORT_BYTES_ALL)
 		return err_set(err, errlen, -EMSGSIZE, "REPORT: %zu bytes, expected %zu..%zu", len,
-			       MSG_REPORT_BYTES(1), MSG_REPORT_BYTES_MAX);
+			       MSG_REPORT_BYTES(1), MSG_REPORT_BYTES_ALL);
 	int rc = check_zero(buf, 2, 4, "REPORT", err, errlen);
 	if (rc < 0)
 		return rc;
@@ -495,11 +499,17 @@ int msg_decode_report(const uint8_t *buf, size_t len, struct msg_report *out, ch
 	if (W < 1 || W > MSG_REPORT_WORKERS)
 		return err_set(err, errlen, -EPROTO, "REPORT: %u workers, not 1..%u", W,
 			       MSG_REPORT_WORKERS);
-	if (len != MSG_REPORT_BYTES(W))
+	size_t tail = len - (len < MSG_REPORT_BYTES(W) ? len : MSG_REPORT_BYTES(W));
+	if (len < MSG_REPORT_BYTES(W) || tail % MSG_REPORT_EVENT_BYTES ||
+	    tail > MSG_REPORT_EVENTS * MSG_REPORT_EVENT_BYTES)
 		return err_set(err, errlen, -EMSGSIZE,
-			       "REPORT: %zu bytes, but %u workers need exactly %zu", len, W,
-			       MSG_REPORT_BYTES(W));
+			       "REPORT: %zu bytes, but %u workers need exactly %zu (and %u a recent event, up to %u)",
+			       len, W, MSG_REPORT_BYTES(W), MSG_REPORT_EVENT_BYTES, MSG_REPORT_EVENTS);
 	memset(out, 0, sizeof(*out));
+	out->nevents = (uint32_t)(tail / MSG_REPORT_EVENT_BYTES);
+	rc = report_events_get(buf + MSG_REPORT_BYTES(W), out->events, out->nevents, err, errlen);
+	if (rc < 0)
+		return rc;
 	out->complete = (flags & REPORT_COMPLETE) != 0;
 	out->final = (flags & REPORT_FINAL) != 0;
 	out->has_rate = (flags & REPORT_HAS_RATE) != 0;

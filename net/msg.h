@@ -94,6 +94,15 @@ static inline uint32_t msg_chunk_max(unsigned dt)
 #define MSG_REPORT_WORKERS 256u
 #define MSG_REPORT_BYTES(W) (MSG_REPORT_HDR_BYTES + (size_t)(W))
 #define MSG_REPORT_BYTES_MAX MSG_REPORT_BYTES(MSG_REPORT_WORKERS)
+/* A REPORT may end with up to MSG_REPORT_EVENTS events of
+ * MSG_REPORT_EVENT_BYTES each (the elastic worker set's joins and leaves);
+ * the longest REPORT, with every worker and event, is MSG_REPORT_BYTES_ALL. */
+#define MSG_REPORT_EVENTS 8u
+#define MSG_REPORT_EVENT_BYTES 12u
+#define MSG_REPORT_BYTES_ALL (MSG_REPORT_BYTES_MAX + MSG_REPORT_EVENTS * MSG_REPORT_EVENT_BYTES)
+#define MSG_VIEW_BYTES 80u
+#define MSG_LEAVE_BYTES 8u
+#define MSG_VIEW_SLICES 256u   /* slices a VIEW can give out (its bitmaps' bits) */
 
 /* PULL's version meaning "whatever is newest" (async mode). */
 #define MSG_VERSION_LATEST UINT64_MAX
@@ -196,6 +205,43 @@ struct msg_rollback {
 	uint64_t step;
 };
 
+/* VIEW: ps 0 -> worker, before the PARAMS that answer a PULL whenever the
+ * view they come with is new to the connection (docs/ELASTIC.md): the
+ * workers that train the slices of step `version` (sync; async: the
+ * shard's version) and, for a revision (rev > 0, workers lost from the
+ * step's first view), that first view too, so that every worker computes
+ * the same owners (cluster/view.h). live is a subset of base, not empty;
+ * rev 0: live equals base. */
+struct msg_view {
+	uint64_t version;
+	uint32_t rev;
+	uint32_t slices;                          /* S, 1..MSG_VIEW_SLICES */
+	uint8_t live[MSG_HEARTBEAT_WORKERS / 8];  /* bit w: byte w / 8, bit w % 8 */
+	uint8_t base[MSG_HEARTBEAT_WORKERS / 8];
+};
+
+/* LEAVE: worker -> ps, from worker index `worker`: it leaves the job once
+ * the pushes that follow on this connection are in (SIGTERM on an elastic
+ * worker), so ps 0 gives it no slice of a later step. */
+struct msg_leave {
+	uint32_t worker;
+};
+
+/* A REPORT's event: what happened to a worker at a step (elastic). */
+enum msg_event_kind {
+	MSG_EVENT_JOINED = 1, /* first in the view of `step` */
+	MSG_EVENT_LEFT = 2,   /* said LEAVE: out of the views after `step` */
+	MSG_EVENT_LOST = 3,   /* lost past peer_timeout: its slices went to others at `step` */
+};
+struct msg_event {
+	uint64_t step;
+	uint16_t worker;
+	uint8_t kind;         /* enum msg_event_kind */
+};
+
+/* "joined", "left", "lost", or "?". */
+const char *msg_event_name(unsigned kind);
+
 /* What a ps knows of one worker, in a REPORT (cluster/members.h). Zero is
  * the state of a worker the ps has nothing to say about. */
 enum msg_worker_state {
@@ -228,6 +274,8 @@ struct msg_report {
 	uint64_t uptime_ms;     /* since the ps started */
 	uint32_t workers;       /* W, 1..MSG_REPORT_WORKERS */
 	uint8_t state[MSG_REPORT_WORKERS]; /* (workers) enum msg_worker_state */
+	uint32_t nevents;       /* 0..MSG_REPORT_EVENTS, oldest first */
+	struct msg_event events[MSG_REPORT_EVENTS];
 };
 
 /* "absent", "live", "done", "left", "lost", "away", or "?". */
@@ -242,7 +290,7 @@ struct msg_error {
 	char text[WIRE_ERROR_TEXT_MAX + 1];
 };
 
-/* The type of a received message (WIRE_PULL..WIRE_REPORT): len >= 1 and a
+/* The type of a received message (WIRE_PULL..WIRE_MSG_LAST): len >= 1 and a
  * known type that travels in frames. HELLO never does (it is the unframed
  * handshake), so it is refused like an unknown type: -EPROTO; an empty
  * message is -EMSGSIZE. */
@@ -291,6 +339,12 @@ MSG_MUST_CHECK int msg_encode_rollback(uint8_t *buf, size_t cap, const struct ms
  * an unknown state, or a known rate that is not finite and >= 0. */
 MSG_MUST_CHECK int msg_encode_report(uint8_t *buf, size_t cap, const struct msg_report *m,
 				     size_t *len, char *err, size_t errlen);
+/* -EINVAL for slices outside 1..MSG_VIEW_SLICES, an empty live set, or
+ * live not within base. */
+MSG_MUST_CHECK int msg_encode_view(uint8_t *buf, size_t cap, const struct msg_view *m,
+				   size_t *len, char *err, size_t errlen);
+MSG_MUST_CHECK int msg_encode_leave(uint8_t *buf, size_t cap, const struct msg_leave *m,
+				    size_t *len, char *err, size_t errlen);
 /* text is a C string (NUL-terminated); m->text is not used. Every byte
  * outside 0x20..0x7e (a line break, an escape, UTF-8) is sent as '?', so
  * any error text gets through; msg_decode_error refuses such a byte. */
@@ -320,6 +374,10 @@ MSG_MUST_CHECK int msg_decode_rollback(const uint8_t *buf, size_t len, struct ms
 				       char *err, size_t errlen);
 MSG_MUST_CHECK int msg_decode_report(const uint8_t *buf, size_t len, struct msg_report *out,
 				     char *err, size_t errlen);
+MSG_MUST_CHECK int msg_decode_view(const uint8_t *buf, size_t len, struct msg_view *out,
+				   char *err, size_t errlen);
+MSG_MUST_CHECK int msg_decode_leave(const uint8_t *buf, size_t len, struct msg_leave *out,
+				    char *err, size_t errlen);
 MSG_MUST_CHECK int msg_decode_error(const uint8_t *buf, size_t len, struct msg_error *out,
 				    char *err, size_t errlen);
 

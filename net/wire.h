@@ -30,9 +30,11 @@
  * its way to one ps is refused by the others. Version 9: SPULL, ROWS and
  * SPUSH, the rows of the embedding tables a ps holds (net/msg_rows.h); and
  * a PUSH's worker field is the worker (bytes 28..30) and the slice of the
- * step's batch the gradient is of (30..32; docs/ELASTIC.md). */
+ * step's batch the gradient is of (30..32; docs/ELASTIC.md). Version 10:
+ * VIEW and LEAVE, the elastic worker set's messages, and a REPORT may end
+ * with recent events (docs/ELASTIC.md). */
 #define WIRE_MAGIC 0x52545350u
-#define WIRE_VERSION 9u
+#define WIRE_VERSION 10u
 
 /* Message types (DESIGN §7): the first field of every decrypted frame.
  * Zero is not a type, so a zeroed buffer never parses as a message. */
@@ -52,9 +54,11 @@ enum wire_msg {
 	WIRE_SPULL = 13,     /* worker -> ps: (shard, version, embedding row ids) */
 	WIRE_ROWS = 14,      /* ps -> worker: those rows' values */
 	WIRE_SPUSH = 15,     /* worker -> ps: (shard, version, row ids and their gradients) */
+	WIRE_VIEW = 16,      /* ps 0 -> worker: who trains which slices of a step */
+	WIRE_LEAVE = 17,     /* worker -> ps: it leaves after the pushes that follow */
 };
 #define WIRE_MSG_FIRST WIRE_HELLO
-#define WIRE_MSG_LAST WIRE_SPUSH
+#define WIRE_MSG_LAST WIRE_LEAVE
 
 /* Size limits. A tensor travels as a sequence of messages each carrying
  * at most WIRE_CHUNK_VALUES values of it (WIRE_CHUNK_MAX bytes in
@@ -126,7 +130,8 @@ static inline const char *wire_msg_name(uint32_t type)
 		[WIRE_ERROR] = "ERROR",	    [WIRE_HEARTBEAT] = "HEARTBEAT",
 		[WIRE_ROLLBACK] = "ROLLBACK", [WIRE_REPORT] = "REPORT",
 		[WIRE_SPULL] = "SPULL",	    [WIRE_ROWS] = "ROWS",
-		[WIRE_SPUSH] = "SPUSH",
+		[WIRE_SPUSH] = "SPUSH",	    [WIRE_VIEW] = "VIEW",
+		[WIRE_LEAVE] = "LEAVE",
 	};
 	if (type < WIRE_MSG_FIRST || type > WIRE_MSG_LAST)
 		return "?";

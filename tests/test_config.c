@@ -342,6 +342,19 @@ static const struct bad_row bad_rows[] = {
 	  { "[train] slices", "0 is out of range (expected 1..256 or auto)" } },
 	{ "slices 257", "steps = 10", "steps = 10\nslices = 257", "slices", NULL, 0,
 	  { "[train] slices", "257" } },
+	{ "min_workers > workers", "ps = 127.0.0.1:2222, 127.0.0.1:2223", "ps = 127.0.0.1:2222, 127.0.0.1:2223\nmin_workers = 3",
+	  "min_workers", NULL, 0,
+	  { "[cluster] min_workers", "3 is more than the 2 workers" } },
+	{ "max_workers < workers", "ps = 127.0.0.1:2222, 127.0.0.1:2223", "ps = 127.0.0.1:2222, 127.0.0.1:2223\nmax_workers = 1",
+	  "max_workers", NULL, 0,
+	  { "[cluster] max_workers", "1 is fewer than the 2 workers" } },
+	{ "min_workers > max_workers", "ps = 127.0.0.1:2222, 127.0.0.1:2223",
+	  "ps = 127.0.0.1:2222, 127.0.0.1:2223\nmax_workers = 3\nmin_workers = 4", "min_workers", NULL, 0,
+	  { "[cluster] min_workers", "4 is more than the 3 workers of max_workers" } },
+	{ "min_workers below backup replicas", "workers = 127.0.0.1:2224, 127.0.0.1:2225",
+	  "workers = 127.0.0.1:2224, 127.0.0.1:2225, 127.0.0.1:2226\nmin_workers = 1",
+	  "min_workers", "train.replicas_to_aggregate=2", 0,
+	  { "[cluster] min_workers", "1 is below replicas_to_aggregate = 2", "backup workers" } },
 	{ "steps and epochs", "steps = 10", "steps = 10\nepochs = 2", "epochs", NULL, 0,
 	  { "[train]", "steps", "epochs", "only one" } },
 
@@ -629,6 +642,9 @@ Test(config, defaults)
 	cr_expect_eq(c->train.slices, CONFIG_INT_AUTO);
 	cr_expect_eq(config_slices(c, 1), 2);              /* a cluster: one per worker */
 	cr_expect_eq(config_slices(c, 0), 1);              /* local: one */
+	cr_expect_eq(c->cluster.max_workers, 2);           /* = workers */
+	cr_expect_eq(c->cluster.min_workers, 2);           /* = max_workers: not elastic */
+	cr_expect_eq(config_elastic(c), 0);
 	cr_expect_eq(c->train.staleness_lr, 1);
 	cr_expect_eq(c->train.steps, 0);
 	cr_expect_eq(c->train.epochs, 1);                   /* neither set: one epoch */
@@ -828,6 +844,8 @@ static void expect_same(const struct config *a, const struct config *b)
 	SAME(train.mode);
 	SAME(train.replicas_to_aggregate);
 	SAME(train.slices);
+	SAME(cluster.min_workers);
+	SAME(cluster.max_workers);
 	SAME(train.max_staleness);
 	SAME(train.staleness_lr);
 	SAME(train.steps);
@@ -1006,6 +1024,23 @@ Test(config, hash_covers_training_keys_only)
 		hash_of(differ[i], h);
 		cr_expect(memcmp(base, h, sizeof(h)) != 0, "change did not alter the hash: %s", differ[i]);
 	}
+}
+
+/* Issue 40: the workers' entries are not hashed, their number is (as
+ * max_workers): the pods a scaled TFJob adds get a longer worker list
+ * than the others, and must agree with them; another max_workers, or
+ * another number of workers without it, differs. */
+Test(config, hash_counts_workers_not_their_entries)
+{
+	uint8_t a[CONFIG_HASH_BYTES], b[CONFIG_HASH_BYTES];
+	hash_of("[cluster]\nworkers = 127.0.0.1:2224, 127.0.0.1:2225\nmax_workers = 4\nmin_workers = 1\n", a);
+	hash_of("[cluster]\nworkers = h:1, h:2, h:3\nmax_workers = 4\nmin_workers = 1\n", b);
+	cr_expect(memcmp(a, b, sizeof(a)) == 0, "the workers' entries changed the hash");
+	hash_of("[cluster]\nworkers = h:1, h:2, h:3\nmax_workers = 5\nmin_workers = 1\n", b);
+	cr_expect(memcmp(a, b, sizeof(a)) != 0, "max_workers did not change the hash");
+	hash_of("[cluster]\nworkers = 127.0.0.1:2224, 127.0.0.1:2225\n", a);
+	hash_of("[cluster]\nworkers = 127.0.0.1:2224, 127.0.0.1:2225, h:3\n", b);
+	cr_expect(memcmp(a, b, sizeof(a)) != 0, "the number of workers did not change the hash");
 }
 
 /* [cluster] KEY = VAL: parsed into the int at field (its offset in struct

@@ -360,3 +360,92 @@ Test(members, state_for_reports)
 	members_leave(&m, 1, 0, 0, 300, NULL);
 	cr_assert_eq(members_state(&m, 1), MEMBERS_IS_ABSENT);
 }
+
+/* ---- elastic (issue 40) -------------------------------------------------- */
+
+/* The workers a view may hold: seen, ready (pulled), connected, neither
+ * done, going nor dropped; min_workers is the caller's to compare with. */
+Test(members, view_needs_ready_workers)
+{
+	static struct members m;
+	struct view v;
+	members_init(&m, 4, 10);
+	members_elastic(&m, 2, 0);
+	cr_assert(m.elastic);
+	members_candidates(&m, &v, 4);
+	cr_assert_eq(view_count(&v), 0);
+	members_join(&m, 0);
+	members_join(&m, 1);
+	members_candidates(&m, &v, 4);
+	cr_assert_eq(view_count(&v), 0, "connected, not ready until it pulls");
+	members_pulled(&m, 0);
+	members_pulled(&m, 1);
+	members_candidates(&m, &v, 4);
+	cr_assert_eq(view_count(&v), 2);
+	cr_assert(view_has(&v, 0) && view_has(&v, 1));
+	cr_assert_eq(v.S, 4);
+	members_going(&m, 1);
+	members_candidates(&m, &v, 4);
+	cr_assert(!view_has(&v, 1), "a worker that said LEAVE gets no later slice");
+	cr_assert_eq(members_live_count(&m, 0), 1);
+	cr_assert_eq(members_state(&m, 1), MEMBERS_IS_GOING);
+	members_pulled(&m, 1); /* back: a new worker */
+	members_candidates(&m, &v, 4);
+	cr_assert(view_has(&v, 1));
+	/* not elastic: min_workers = the workers listed */
+	static struct members f;
+	members_init(&f, 4, 10);
+	members_elastic(&f, 4, 0);
+	cr_assert(!f.elastic);
+}
+
+/* Elastic, the end: workers never seen are not waited for, the chief
+ * always is; a dropped worker (lost past its deadline) is not; one that
+ * left (DONE, leaving) is done. */
+Test(members, elastic_waits_for_seen_workers_only)
+{
+	static struct members m;
+	members_init(&m, 4, 1);
+	members_elastic(&m, 1, 0);
+	cr_assert_not(members_all_done(&m), "the chief is always awaited");
+	members_join(&m, 0);
+	members_join(&m, 1);
+	members_join(&m, 2);
+	members_done(&m, 1, 1);
+	cr_assert_not(members_others_done(&m), "0 and 2 are training");
+	members_leave(&m, 2, 1, 0, 1000, "killed");
+	cr_assert_eq(members_expired(&m, 1500), -1);
+	cr_assert_eq(members_expired(&m, 2000), 2);
+	members_drop(&m, 2);
+	cr_assert_eq(members_expired(&m, 3000), -1, "dropped: not expired again");
+	cr_assert_eq(members_state(&m, 2), MEMBERS_IS_DROPPED);
+	cr_assert(members_others_done(&m));
+	cr_assert_not(members_all_done(&m));
+	members_done(&m, 0, 0);
+	cr_assert(members_all_done(&m), "worker 3 never came: not waited for");
+	cr_assert(members_complete(&m));
+	members_done(&m, 0, 1);
+	members_leave(&m, 0, 0, 0, 4000, NULL);
+	members_leave(&m, 1, 0, 0, 4000, NULL);
+	cr_assert(members_finished(&m, 4000));
+}
+
+/* The events ring keeps the newest 8, oldest first. */
+Test(members, events_keep_the_newest)
+{
+	static struct members m;
+	struct members_event ev[MEMBERS_EVENTS];
+	members_init(&m, 4, 1);
+	cr_assert_eq(members_events(&m, ev, MEMBERS_EVENTS), 0);
+	for (int i = 0; i < 11; i++)
+		members_event(&m, (uint64_t)(10 * i), i % 4, (enum members_event_kind)(1 + i % 3));
+	int n = members_events(&m, ev, MEMBERS_EVENTS);
+	cr_assert_eq(n, 8);
+	for (int i = 0; i < n; i++) {
+		cr_assert_eq(ev[i].step, (uint64_t)(10 * (i + 3)));
+		cr_assert_eq(ev[i].w, (i + 3) % 4);
+		cr_assert_eq((int)ev[i].kind, 1 + (i + 3) % 3);
+	}
+	cr_assert_eq(members_events(&m, ev, 2), 2);
+	cr_assert_eq(ev[1].step, 100, "the newest two");
+}

@@ -47,6 +47,10 @@ static const struct msg_report SAMPLE_REPORT = {
 	.state = { MSG_WORKER_LIVE, MSG_WORKER_DONE, MSG_WORKER_LOST, MSG_WORKER_ABSENT },
 };
 
+static const struct msg_view SAMPLE_VIEW = {
+	.version = 41, .rev = 1, .slices = 4, .live = { 0x05 }, .base = { 0x07 },
+};
+
 /* A valid message of each framed type, written to buf; returns its length. */
 static size_t sample(uint8_t type, uint8_t *buf, size_t cap)
 {
@@ -102,6 +106,12 @@ static size_t sample(uint8_t type, uint8_t *buf, size_t cap)
 	case WIRE_REPORT:
 		rc = msg_encode_report(buf, cap, &SAMPLE_REPORT, &len, err, sizeof err);
 		break;
+	case WIRE_VIEW:
+		rc = msg_encode_view(buf, cap, &SAMPLE_VIEW, &len, err, sizeof err);
+		break;
+	case WIRE_LEAVE:
+		rc = msg_encode_leave(buf, cap, &(struct msg_leave){ .worker = 3 }, &len, err, sizeof err);
+		break;
 	default:
 		cr_assert_fail("no sample for type %u", type);
 	}
@@ -122,6 +132,8 @@ static int decode_as(uint8_t type, const uint8_t *buf, size_t len, char *err, si
 	struct msg_heartbeat hb;
 	struct msg_rollback rb;
 	struct msg_report rp;
+	struct msg_view view;
+	struct msg_leave leave;
 
 	switch (type) {
 	case WIRE_PULL:
@@ -145,6 +157,10 @@ static int decode_as(uint8_t type, const uint8_t *buf, size_t len, char *err, si
 		return msg_decode_rollback(buf, len, &rb, err, errlen);
 	case WIRE_REPORT:
 		return msg_decode_report(buf, len, &rp, err, errlen);
+	case WIRE_VIEW:
+		return msg_decode_view(buf, len, &view, err, errlen);
+	case WIRE_LEAVE:
+		return msg_decode_leave(buf, len, &leave, err, errlen);
 	}
 	cr_assert_fail("no decoder for type %u", type);
 	return 0;
@@ -152,7 +168,8 @@ static int decode_as(uint8_t type, const uint8_t *buf, size_t len, char *err, si
 
 static const uint8_t TYPES[] = { WIRE_PULL,	  WIRE_PARAMS, WIRE_PUSH,     WIRE_ACK,
 				 WIRE_CHECKPOINT, WIRE_STATUS, WIRE_DONE,     WIRE_ERROR,
-				 WIRE_HEARTBEAT,  WIRE_ROLLBACK, WIRE_REPORT };
+				 WIRE_HEARTBEAT,  WIRE_ROLLBACK, WIRE_REPORT, WIRE_VIEW,
+				 WIRE_LEAVE };
 #define NTYPES (sizeof TYPES / sizeof TYPES[0])
 
 /* A failure is negative, one non-empty line, and names the message. */
@@ -696,6 +713,7 @@ Test(msg, reserved_bytes_must_be_zero)
 		{ WIRE_ACK, 1, 4 },   { WIRE_ACK, 20, 24 },  { WIRE_CHECKPOINT, 2, 8 },
 		{ WIRE_STATUS, 3, 4 }, { WIRE_DONE, 2, 4 },  { WIRE_ERROR, 1, 4 },
 		{ WIRE_HEARTBEAT, 1, 8 }, { WIRE_ROLLBACK, 1, 8 }, { WIRE_REPORT, 2, 4 },
+		{ WIRE_VIEW, 1, 2 },      { WIRE_LEAVE, 1, 4 },
 	};
 	uint8_t buf[256];
 
@@ -1437,4 +1455,125 @@ Test(msg, random_bytes_never_crash)
 		free(p);
 	}
 	cr_assert_gt(accepted, 0, "no mutated PULL was ever accepted: the mix is wrong");
+}
+
+/* VIEW (issue 40): every field survives where docs/PROTOCOL.md puts it;
+ * 256 slices fit its u16; a view with nobody live, a live worker outside
+ * the base, or slices out of 1..256 are refused both ways. LEAVE: its
+ * worker. */
+Test(msg, view_and_leave_round_trip)
+{
+	uint8_t buf[MSG_VIEW_BYTES];
+	size_t len = 0;
+	char err[256] = "";
+	struct msg_view in = SAMPLE_VIEW, out;
+	in.live[31] = 0x80;
+	in.base[31] = 0x80;
+	cr_assert_eq(msg_encode_view(buf, sizeof buf, &in, &len, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(len, 80);
+	cr_assert_eq(buf[0], 16);
+	cr_assert_eq(wire_get_u16(buf + 2), 4);
+	cr_assert_eq(wire_get_u32(buf + 4), 1);
+	cr_assert_eq(wire_get_u64(buf + 8), 41);
+	cr_assert_eq(buf[16], 0x05);
+	cr_assert_eq(buf[47], 0x80, "worker 255 is bit 7 of the live bitmap's last byte");
+	cr_assert_eq(buf[48], 0x07);
+	cr_assert_eq(msg_type(buf, len, err, sizeof err), WIRE_VIEW, "%s", err);
+	cr_assert_eq(msg_decode_view(buf, len, &out, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(out.version, 41);
+	cr_assert_eq(out.rev, 1);
+	cr_assert_eq(out.slices, 4);
+	cr_assert_arr_eq(out.live, in.live, sizeof(in.live));
+	cr_assert_arr_eq(out.base, in.base, sizeof(in.base));
+	in.slices = 256;
+	cr_assert_eq(msg_encode_view(buf, sizeof buf, &in, &len, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(msg_decode_view(buf, len, &out, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(out.slices, 256);
+
+	static const struct {
+		const char *name;
+		size_t at;
+		int width;
+		unsigned value;
+		const char *text;
+	} rows[] = {
+		{ "0 slices", 2, 2, 0, "0 slices, not 1..256" },
+		{ "257 slices", 2, 2, 257, "257 slices" },
+		{ "nobody live", 16, 1, 0, "no live worker" },
+		{ "live outside base", 17, 1, 0x01, "a live worker outside the base" },
+	};
+	for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+		len = sample(WIRE_VIEW, buf, sizeof buf);
+		if (rows[r].width == 2)
+			wire_put_u16(buf + rows[r].at, (uint16_t)rows[r].value);
+		else
+			buf[rows[r].at] = (uint8_t)rows[r].value;
+		assert_refused(msg_decode_view(buf, len, &out, err, sizeof err), -EPROTO, err, "VIEW", rows[r].name);
+		cr_assert_not_null(strstr(err, rows[r].text), "%s: \"%s\"", rows[r].name, err);
+	}
+	in = SAMPLE_VIEW;
+	in.live[1] = 0x01;
+	assert_refused(msg_encode_view(buf, sizeof buf, &in, &len, err, sizeof err), -EINVAL, err, "VIEW",
+		       "encode a live worker outside the base");
+	in = SAMPLE_VIEW;
+	in.slices = 0;
+	assert_refused(msg_encode_view(buf, sizeof buf, &in, &len, err, sizeof err), -EINVAL, err, "VIEW",
+		       "encode 0 slices");
+
+	struct msg_leave lv = { .worker = 0x01020304u }, lvout;
+	cr_assert_eq(msg_encode_leave(buf, sizeof buf, &lv, &len, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(len, 8);
+	cr_assert_eq(buf[0], 17);
+	cr_assert_eq(wire_get_u32(buf + 4), 0x01020304u);
+	cr_assert_eq(msg_decode_leave(buf, len, &lvout, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(lvout.worker, 0x01020304u);
+}
+
+/* A REPORT's events (issue 40): after the workers' states, as many as
+ * the length says; each survives; an unknown kind, a reserved byte, or a
+ * length that is no whole number of events (or more than 8) is refused. */
+Test(msg, report_events)
+{
+	uint8_t buf[MSG_REPORT_BYTES_ALL];
+	size_t len = 0;
+	char err[256] = "";
+	struct msg_report in = SAMPLE_REPORT, out;
+	in.nevents = 3;
+	in.events[0] = (struct msg_event){ .step = 0, .worker = 0, .kind = MSG_EVENT_JOINED };
+	in.events[1] = (struct msg_event){ .step = 41, .worker = 3, .kind = MSG_EVENT_LEFT };
+	in.events[2] = (struct msg_event){ .step = 0xfedcba9876543210ULL, .worker = 255, .kind = MSG_EVENT_LOST };
+	cr_assert_eq(msg_encode_report(buf, sizeof buf, &in, &len, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(len, MSG_REPORT_HDR_BYTES + 4 + 3 * 12);
+	cr_assert_eq(wire_get_u64(buf + 68 + 12), 41);
+	cr_assert_eq(wire_get_u16(buf + 68 + 12 + 8), 3);
+	cr_assert_eq(buf[68 + 12 + 10], MSG_EVENT_LEFT);
+	cr_assert_eq(msg_decode_report(buf, len, &out, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(out.nevents, 3);
+	for (int i = 0; i < 3; i++) {
+		cr_assert_eq(out.events[i].step, in.events[i].step);
+		cr_assert_eq(out.events[i].worker, in.events[i].worker);
+		cr_assert_eq(out.events[i].kind, in.events[i].kind);
+	}
+	cr_assert_str_eq(msg_event_name(MSG_EVENT_LOST), "lost");
+	cr_assert_str_eq(msg_event_name(4), "?");
+
+	buf[68 + 10] = 4;
+	assert_refused(msg_decode_report(buf, len, &out, err, sizeof err), -EPROTO, err, "REPORT", "event kind 4");
+	buf[68 + 10] = MSG_EVENT_JOINED;
+	buf[68 + 11] = 1;
+	assert_refused(msg_decode_report(buf, len, &out, err, sizeof err), -EPROTO, err, "REPORT",
+		       "event reserved byte");
+	buf[68 + 11] = 0;
+	assert_refused(msg_decode_report(buf, len - 1, &out, err, sizeof err), -EMSGSIZE, err, "REPORT",
+		       "a part of an event");
+	in.nevents = 8;
+	for (int i = 3; i < 8; i++)
+		in.events[i] = in.events[0];
+	cr_assert_eq(msg_encode_report(buf, sizeof buf, &in, &len, err, sizeof err), 0, "%s", err);
+	memset(buf + len, 0, 12);
+	assert_refused(msg_decode_report(buf, len + 12, &out, err, sizeof err), -EMSGSIZE, err, "REPORT",
+		       "a ninth event");
+	in.nevents = 9;
+	assert_refused(msg_encode_report(buf, sizeof buf, &in, &len, err, sizeof err), -EINVAL, err, "REPORT",
+		       "encode 9 events");
 }

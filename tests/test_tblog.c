@@ -40,33 +40,7 @@ Test(tblog, crc32c_and_its_mask)
 	cr_assert_eq(tblog_masked_crc(c), ((c >> 15) | (c << 17)) + 0xa282ead8u);
 }
 
-/* tb_read.py's output for log_dir, or NULL (test skipped) without the
- * tensorboard package. */
-static char *tb_read(const char *log_dir, const char *outpath)
-{
-	char py[PATH_MAX], script[PATH_MAX], cmd[3 * PATH_MAX];
-	test_repo_path(py, sizeof(py), "build/pyvenv/bin/python");
-	test_repo_path(script, sizeof(script), "tests/tb_read.py");
-	if (access(py, X_OK) != 0)
-		return NULL;
-	snprintf(cmd, sizeof(cmd), "'%s' '%s' '%s' > '%s' 2>&1", py, script, log_dir, outpath);
-	int st = system(cmd);
-	cr_assert_eq(st, 0, "tb_read.py failed:\n%s", slurp(outpath));
-	return slurp(outpath);
-}
-
 #define SKIP_NO_TB "tensorboard is not installed in build/pyvenv (make deps-test installs it): event files not read back"
-
-/* The value of tag at step in tb_read.py's output; NAN if absent. */
-static double tb_value(const char *text, const char *tag, long step)
-{
-	char want[200];
-	snprintf(want, sizeof(want), "%s %ld ", tag, step);
-	for (const char *at = text; (at = strstr(at, want)) != NULL; at++)
-		if (at == text || at[-1] == '\n')
-			return strtod(at + strlen(want), NULL);
-	return NAN;
-}
 
 /* Every evaluation line pstrain printed ("step N/M ... loss L  acc A%
  * test TL/TA%") has its figures in the events at step N, to the digits
@@ -93,14 +67,14 @@ static int compare(const char *printed, const char *events)
 			{ "test/loss", tl, 1, 5e-5 }, { "test/accuracy", ta, 100, 5e-3 },
 		};
 		for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++) {
-			double v = tb_value(events, f[i].tag, step);
+			double v = test_tb_value(events, f[i].tag, step);
 			cr_assert(!isnan(v), "no %s at step %ld in the events:\n%s", f[i].tag, step, events);
 			cr_assert(fabs(v * f[i].scale - f[i].printed) <= f[i].digits * 1.01,
 				  "%s at step %ld: %g in the events, %g printed", f[i].tag, step, v * f[i].scale,
 				  f[i].printed);
 		}
-		cr_assert(!isnan(tb_value(events, "learning_rate", step)));
-		cr_assert(tb_value(events, "samples_per_second", step) > 0);
+		cr_assert(!isnan(test_tb_value(events, "learning_rate", step)));
+		cr_assert(test_tb_value(events, "samples_per_second", step) > 0);
 		n++;
 	}
 	return n;
@@ -128,12 +102,12 @@ Test(tblog, local_events_are_what_it_printed, .timeout = 60)
 	snprintf(logs, sizeof(logs), "%s/c.logs", dir);
 	struct stat sb;
 	cr_assert_eq(stat(logs, &sb), 0, "log_dir's default is NAME.logs beside the config");
-	char *events = tb_read(logs, tb);
+	char *events = test_tb_read(logs, tb);
 	if (!events)
 		cr_skip_test(SKIP_NO_TB);
 	int n = compare(slurp(out), events);
 	cr_assert_geq(n, 6, "only %d evaluation lines compared:\n%s", n, slurp(out));
-	cr_assert(!isnan(tb_value(events, "test/accuracy", 60)), "the final evaluation:\n%s", events);
+	cr_assert(!isnan(test_tb_value(events, "test/accuracy", 60)), "the final evaluation:\n%s", events);
 	test_dir_remove(dir);
 }
 
@@ -156,12 +130,12 @@ Test(tblog, chief_events_split_the_step_time, .timeout = 90)
 	wait_children(pids, 4, st, 80);
 	assert_exits_zero(st, out, 4, "");
 	snprintf(logs, sizeof(logs), "%s/chief-logs", dir);
-	char *events = tb_read(logs, tb);
+	char *events = test_tb_read(logs, tb);
 	if (!events)
 		cr_skip_test(SKIP_NO_TB);
 	cr_assert_geq(compare(slurp(out[2]), events), 5, "%s", slurp(out[2]));
-	cr_assert(tb_value(events, "step_time/compute_ms", 30) > 0, "%s", events);
-	cr_assert(tb_value(events, "step_time/communication_ms", 30) > 0, "%s", events);
+	cr_assert(test_tb_value(events, "step_time/compute_ms", 30) > 0, "%s", events);
+	cr_assert(test_tb_value(events, "step_time/communication_ms", 30) > 0, "%s", events);
 	test_dir_remove(dir);
 }
 
@@ -182,7 +156,7 @@ Test(tblog, a_killed_run_leaves_readable_files, .timeout = 60)
 	wait_children(&p, 1, &st, 10);
 	cr_assert(seen, "%s", slurp(out));
 	snprintf(logs, sizeof(logs), "%s/c.logs", dir);
-	char *events = tb_read(logs, tb);
+	char *events = test_tb_read(logs, tb);
 	if (!events)
 		cr_skip_test(SKIP_NO_TB);
 	/* The line at step 30 may be printed and its events not yet

@@ -9,6 +9,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <string.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -437,4 +438,27 @@ void checkpoint_tensor_lines(const char *dir, const char *stepdir, char *out, si
 	}
 	out[at] = '\0';
 	cr_assert_gt(n, 0, "no tensor lines for %s:\n%s", stepdir, text);
+}
+
+char *test_tb_read(const char *log_dir, const char *outpath)
+{
+	char py[PATH_MAX], script[PATH_MAX], cmd[3 * PATH_MAX];
+	test_repo_path(py, sizeof(py), "build/pyvenv/bin/python");
+	test_repo_path(script, sizeof(script), "tests/tb_read.py");
+	if (access(py, X_OK) != 0)
+		return NULL;
+	snprintf(cmd, sizeof(cmd), "'%s' '%s' '%s' > '%s' 2>&1", py, script, log_dir, outpath);
+	int st = system(cmd);
+	cr_assert_eq(st, 0, "tb_read.py failed:\n%s", slurp(outpath));
+	return slurp(outpath);
+}
+
+double test_tb_value(const char *text, const char *tag, long step)
+{
+	char want[200];
+	snprintf(want, sizeof(want), "%s %ld ", tag, step);
+	for (const char *at = text; (at = strstr(at, want)) != NULL; at++)
+		if (at == text || at[-1] == '\n')
+			return strtod(at + strlen(want), NULL);
+	return NAN;
 }

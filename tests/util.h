@@ -97,4 +97,11 @@ double final_accuracy(const char *text);
  * blake2b hash, whatever shards hold it, into out (len bytes). */
 void checkpoint_tensor_lines(const char *dir, const char *stepdir, char *out, size_t len);
 
+/* tests/tb_read.py's output for log_dir (saved at outpath: "TAG STEP
+ * VALUE" lines), or NULL without the tensorboard package in build/pyvenv
+ * (`make deps-test`): the caller skips what needs it. */
+char *test_tb_read(const char *log_dir, const char *outpath);
+/* The value of tag at step in that output; NAN if absent. */
+double test_tb_value(const char *text, const char *tag, long step);
+
 #endif

@@ -267,7 +267,38 @@ int config_slices(const struct config *c, int cluster)
 {
 	if (c->train.slices > 0)
 		return c->train.slices;
-	return cluster ? c->cluster.nworkers : 1;
+	return cluster ? c->cluster.max_workers : 1;
+}
+
+int config_elastic(const struct config *c)
+{
+	return c->cluster.min_workers < c->cluster.max_workers;
+}
+
+/* max_workers (the workers listed, or more: indexes a ps admits beyond
+ * them) and min_workers (all of them, or fewer: elastic). */
+static int finish_workers(struct config *c, const struct parse *p, char *err, size_t errlen)
+{
+	char at[DATA_PATH_MAX + 16];
+	int n = c->cluster.nworkers;
+	if (c->cluster.max_workers == 0)
+		c->cluster.max_workers = n;
+	if (c->cluster.max_workers < n) {
+		where(at, sizeof(at), p, "cluster", "max_workers");
+		snprintf(err, errlen, "%s: [cluster] max_workers: %d is fewer than the %d workers in [cluster] workers",
+			 at, c->cluster.max_workers, n);
+		return -EINVAL;
+	}
+	if (c->cluster.min_workers == 0)
+		c->cluster.min_workers = c->cluster.max_workers;
+	if (c->cluster.min_workers > c->cluster.max_workers) {
+		where(at, sizeof(at), p, "cluster", "min_workers");
+		snprintf(err, errlen, "%s: [cluster] min_workers: %d is more than the %d workers %s", at,
+			 c->cluster.min_workers, c->cluster.max_workers,
+			 c->cluster.max_workers > n ? "of max_workers" : "in [cluster] workers");
+		return -EINVAL;
+	}
+	return 0;
 }
 
 /* replicas_to_aggregate against the slices a cluster's step sums: all of
@@ -287,6 +318,13 @@ static int finish_replicas(struct config *c, const struct parse *p, char *err, s
 			 at);
 		return -EINVAL;
 	}
+	/* Its rows are summed over every worker a step: none may be away. */
+	if (c->model.nlayers > 0 && c->model.layers[0].kind == LAYER_EMBEDDING && config_elastic(c)) {
+		where(at, sizeof(at), p, "cluster", "min_workers");
+		snprintf(err, errlen, "%s: [cluster] min_workers: a model with an embedding layer needs every worker each step for now (its rows are summed over all of them): leave min_workers unset",
+			 at);
+		return -EINVAL;
+	}
 	where(at, sizeof(at), p, "train", "replicas_to_aggregate");
 	if (R == 0) {
 		c->train.replicas_to_aggregate = S;
@@ -297,10 +335,14 @@ static int finish_replicas(struct config *c, const struct parse *p, char *err, s
 			 at, R, S);
 	else if (R > S)
 		snprintf(err, errlen, "%s: [train] replicas_to_aggregate: %d is more than the %d [train] slices", at, R, S);
-	else if (R < S && S != c->cluster.nworkers)
+	else if (R < S && S != c->cluster.max_workers)
 		snprintf(err, errlen, "%s: [train] replicas_to_aggregate = %d (backup workers) needs one slice per worker: leave [train] slices unset or set it to the %d workers",
-			 at, R, c->cluster.nworkers);
-	else
+			 at, R, c->cluster.max_workers);
+	else if (R < S && c->train.mode == MODE_SYNC && c->cluster.min_workers < R) {
+		where(at, sizeof(at), p, "cluster", "min_workers");
+		snprintf(err, errlen, "%s: [cluster] min_workers: %d is below replicas_to_aggregate = %d: with backup workers each step needs that many workers' gradients",
+			 at, c->cluster.min_workers, R);
+	} else
 		return 0;
 	return -EINVAL;
 }
@@ -336,7 +378,9 @@ static int config_finish(struct config *c, const struct parse *p, char *err, siz
 			 at, c->cluster.nlisten, c->cluster.nps);
 		return -EINVAL;
 	}
-	int e = finish_replicas(c, p, err, errlen);
+	int e = finish_workers(c, p, err, errlen);
+	if (!e)
+		e = finish_replicas(c, p, err, errlen);
 	if (e)
 		return e;
 	if (c->train.steps > 0 && c->train.epochs > 0) {

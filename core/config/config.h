@@ -58,6 +58,11 @@ struct config {
 		int nps;
 		struct host workers[CONFIG_MAX_HOSTS];
 		int nworkers;
+		int max_workers;            /* resolved: nworkers..CONFIG_MAX_HOSTS: worker
+					     * indexes a ps admits (a scheduler may give a
+					     * worker a longer list than the others') */
+		int min_workers;            /* resolved: 1..max_workers; below it the
+					     * worker set is elastic (config_elastic) */
 		struct host listen[CONFIG_MAX_HOSTS]; /* what each ps binds; none: its ps entry */
 		int nlisten;                /* 0, 1 (every ps) or nps (ps K: entry K) */
 		char key_file[DATA_PATH_MAX];
@@ -137,9 +142,13 @@ void config_print(const struct config *c, FILE *f);
 
 /* [train] slices resolved: how many slices of batch_size samples one
  * step trains and averages (core/job.h). Unset, a cluster (cluster 1)
- * has one per worker and `local` one, the numbers every config had before
- * the key existed. */
+ * has one per worker (max_workers) and `local` one, the numbers every
+ * config had before the key existed. */
 int config_slices(const struct config *c, int cluster);
+
+/* Whether the worker set of a cluster may change while it runs: [cluster]
+ * min_workers below max_workers (docs/ELASTIC.md). */
+int config_elastic(const struct config *c);
 
 #define CONFIG_HASH_BYTES 32
 
@@ -153,8 +162,9 @@ enum { CONFIG_OVERLAP_OFF = 0, CONFIG_OVERLAP_ON = 1, CONFIG_OVERLAP_AUTO = 2 };
 /* BLAKE2b of every training-relevant key (model, optimizer, data format,
  * seed, topology...), defaults included; node-local keys (paths, [gpu],
  * eval_every, threads, connect_timeout, peer_timeout, handshake_timeout,
- * crypto_threads, send_buffer_kib, listen) are left
- * out. Nodes of one cluster must agree on it. Returns 0 or -ENOMEM. */
+ * crypto_threads, send_buffer_kib, listen) are left out, and so are the
+ * workers' entries (their number counts, as max_workers: a scaled TFJob
+ * gives its new pods longer lists). Nodes of one cluster must agree on it. Returns 0 or -ENOMEM. */
 int config_hash(const struct config *c, uint8_t out[CONFIG_HASH_BYTES]);
 
 #endif

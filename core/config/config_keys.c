@@ -24,6 +24,8 @@ const struct key_def config_keys[] = {
 	  "127.0.0.1:2222, 127.0.0.1:2223" },
 	{ "cluster", "workers", K_HOSTS, OFF(cluster.workers), OFF(cluster.nworkers), 0, 0, LIST, NULL,
 	  "127.0.0.1:2224, 127.0.0.1:2225" },
+	{ "cluster", "max_workers", K_INT, OFF(cluster.max_workers), 0, 0, CONFIG_MAX_HOSTS, 0, NULL, "0" },
+	{ "cluster", "min_workers", K_INT, OFF(cluster.min_workers), 0, 0, CONFIG_MAX_HOSTS, 0, NULL, "0" },
 	{ "cluster", "listen", K_HOSTS, OFF(cluster.listen), OFF(cluster.nlisten), 0, 0, LIST, NULL, "" },
 	{ "cluster", "key_file", K_PATH, OFF(cluster.key_file), 0, 0, 0, 0, NULL, "cluster.key" },
 	{ "cluster", "connect_timeout", K_DOUBLE, OFF(cluster.connect_timeout), 0, 1, 86400, 0, NULL, "60" },

@@ -149,7 +149,11 @@ int config_hash(const struct config *c, uint8_t out[CONFIG_HASH_BYTES])
 	 * included, so two files that say the same thing differently agree. */
 	fprintf(f, "pstrain config v1\n");
 	for (size_t i = 0; i < config_nkeys; i++) {
-		if (key_is_node_local(&config_keys[i]))
+		/* The workers' entries only say where each is: their number
+		 * counts through max_workers, so that the pods a scaled TFJob
+		 * adds, whose TF_CONFIG lists more workers, agree with the
+		 * others (docs/ELASTIC.md). */
+		if (key_is_node_local(&config_keys[i]) || strcmp(config_keys[i].key, "workers") == 0)
 			continue;
 		fprintf(f, "[%s] ", config_keys[i].section);
 		key_print(f, c, &config_keys[i]);

@@ -1,6 +1,7 @@
-/* libFuzzer harness for the message decoders of net/msg.c and
- * net/msg_rows.c. The input is one message body, given to msg_type and to
- * every decoder (SPULL, ROWS and SPUSH at several embedding widths). Checks the error
+/* libFuzzer harness for the message decoders of net/msg.c, net/msg_rows.c
+ * and net/msg_elastic.c. The input is one message body, given to msg_type
+ * and to every decoder (SPULL, ROWS and SPUSH at several embedding widths;
+ * VIEW, LEAVE and a REPORT with events). Checks the error
  * contract (negative errno, one line), that whatever a decoder accepts
  * re-encodes to exactly the input bytes (REPORT too) (the encoding is canonical: there is
  * one byte string per message; but a bf16 signalling NaN, which comes back
@@ -206,6 +207,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	} else {
 		fuzz_check_err(rc, err);
 	}
+
+	struct msg_view vw;
+	err[0] = '\0';
+	if ((rc = msg_decode_view(data, size, &vw, err, sizeof err)) == 0) {
+		FUZZ_CHECK(vw.slices >= 1 && vw.slices <= MSG_VIEW_SLICES);
+		same(msg_encode_view(re, sizeof re, &vw, &relen, err, sizeof err), relen, data, size);
+	} else {
+		fuzz_check_err(rc, err);
+	}
+
+	struct msg_leave lv;
+	err[0] = '\0';
+	if ((rc = msg_decode_leave(data, size, &lv, err, sizeof err)) == 0)
+		same(msg_encode_leave(re, sizeof re, &lv, &relen, err, sizeof err), relen, data, size);
+	else
+		fuzz_check_err(rc, err);
 
 	static struct msg_error e;
 	err[0] = '\0';

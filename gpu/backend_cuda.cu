@@ -296,6 +296,72 @@ static int g_xent_train(void *ctx, float *dlogits, double *meter, const float *l
 	return xent((struct gpu_ctx *)ctx, dlogits, meter, logits, labels, B, C, 1, scale);
 }
 
+/* loss = sigmoid_cross_entropy: as xent with one logit a row. */
+static int sigmoid_xent(struct gpu_ctx *g, float *out, double *meter, const float *logits,
+			const int32_t *labels, int B, int train, float scale)
+{
+	int r = use(g);
+	if (!r)
+		r = rows_check(g, B);
+	if (r)
+		return r;
+	CKL(g, "sigmoid cross-entropy kernel",
+	    gk_sigmoid_xent_rows(g->stream, out, g->row_loss, g->row_right, logits, labels, B, train, scale));
+	CKL(g, "loss sum kernel", gk_meter_add(g->stream, meter, g->row_loss, g->row_right, B));
+	return 0;
+}
+
+static int g_sigmoid_xent_forward(void *ctx, float *probs, double *meter, const float *logits,
+				  const int32_t *labels, int B)
+{
+	return sigmoid_xent((struct gpu_ctx *)ctx, probs, meter, logits, labels, B, 0, 0.0f);
+}
+
+static int g_sigmoid_xent_train(void *ctx, float *dlogits, double *meter, const float *logits,
+				const int32_t *labels, int B, float scale)
+{
+	return sigmoid_xent((struct gpu_ctx *)ctx, dlogits, meter, logits, labels, B, 1, scale);
+}
+
+static int g_sigmoid_xent_backward(void *ctx, float *dlogits, const float *probs,
+				   const int32_t *labels, int B, float scale)
+{
+	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
+	int r = use(g);
+	if (r)
+		return r;
+	CKL(g, "sigmoid cross-entropy backward kernel",
+	    gk_sigmoid_xent_backward(g->stream, dlogits, probs, labels, B, scale));
+	return 0;
+}
+
+/* The embedding layer on the batch's rows; no embed_gather: the tables
+ * live in host memory, and the replica uploads the rows it gathered there
+ * (core/nn/replica_embed.c). */
+static int g_embed_forward(void *ctx, float *out, const float *x, const float *U, const uint32_t *off,
+			   const uint32_t *idx, int B, int F, int D, int DIM, enum embed_pool pool)
+{
+	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
+	int r = use(g);
+	if (r)
+		return r;
+	CKL(g, "embedding forward kernel", gk_embed_forward(g->stream, out, x, U, off, idx, B, F, D, DIM, (int)pool));
+	return 0;
+}
+
+static int g_embed_backward(void *ctx, float *dU, const float *dout, const uint32_t *roff,
+			    const uint32_t *rseg, const uint32_t *off, size_t u, int F, int D, int DIM,
+			    enum embed_pool pool)
+{
+	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
+	int r = use(g);
+	if (r)
+		return r;
+	CKL(g, "embedding backward kernel",
+	    gk_embed_backward(g->stream, dU, dout, roff, rseg, off, u, F, D, DIM, (int)pool));
+	return 0;
+}
+
 static int g_xent_backward(void *ctx, float *dlogits, const float *probs, const int32_t *labels,
 			   int B, int C, float scale)
 {
@@ -570,6 +636,11 @@ static const struct backend_ops cuda_ops = {
 	.xent_forward = g_xent_forward,
 	.xent_backward = g_xent_backward,
 	.xent_train = g_xent_train,
+	.sigmoid_xent_forward = g_sigmoid_xent_forward,
+	.sigmoid_xent_backward = g_sigmoid_xent_backward,
+	.sigmoid_xent_train = g_sigmoid_xent_train,
+	.embed_forward = g_embed_forward,
+	.embed_backward = g_embed_backward,
 	.gather = g_gather,
 	.dense_act_forward = g_dense_act_forward,
 	.act_bias_backward = g_act_bias_backward,

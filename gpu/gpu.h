@@ -133,18 +133,15 @@ int gpu_marked_ms(const struct backend *b, double *ms);
 /* Waits for all work queued on b. */
 int gpu_sync(const struct backend *b);
 
-/* The embedding layer's kernels (core/nn/embed.h: the unique-row gather,
- * the pooled forward, the gradient's scatter-add; pool is enum embed_pool)
- * queued on b's stream over device buffers of b; they allocate nothing and
- * wait for nothing, and give the CPU twins' results bit for bit. Not in
- * the CUDA backend's kernel table yet: the tables and the sparse optimizer
- * live in host memory for now, so an embedding model trains on the CPU. */
+/* The embedding layer's unique-row gather (core/nn/embed.h's
+ * embed_gather_rows) queued on b's stream over device buffers of b; it
+ * allocates nothing, waits for nothing and gives the CPU twin's result
+ * bit for bit. Not in the CUDA backend's kernel table: the tables live in
+ * host memory, where the replica gathers a batch's rows and uploads them
+ * (core/nn/replica_embed.c); a table held on the GPU would use it. The
+ * pooled forward and the gradient's scatter-add are the table's
+ * embed_forward and embed_backward. */
 int gpu_embed_gather(const struct backend *b, float *U, const float *table, const uint64_t *rows,
 		     size_t u, int DIM);
-int gpu_embed_forward(const struct backend *b, float *out, const float *x, const float *U,
-		      const uint32_t *off, const uint32_t *idx, int B, int F, int D, int DIM, int pool);
-int gpu_embed_backward(const struct backend *b, float *dU, const float *dout, const uint32_t *roff,
-		       const uint32_t *rseg, const uint32_t *off, size_t u, int F, int D, int DIM,
-		       int pool);
 
 #endif

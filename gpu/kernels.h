@@ -177,6 +177,15 @@ int gk_embed_backward(void *stream, float *dU, const float *dout, const uint32_t
 		      const uint32_t *rseg, const uint32_t *off, size_t u, int F, int D, int DIM,
 		      int pool);
 
+/* loss = sigmoid_cross_entropy: layers.h's sigmoid_xent_forward per row
+ * into row_loss and row_right (as gk_xent_rows, for gk_meter_add), out the
+ * probabilities, or with train their gradient (p - y) * scale; and
+ * sigmoid_xent_backward. out may alias logits. */
+int gk_sigmoid_xent_rows(void *stream, float *out, double *row_loss, double *row_right,
+			 const float *logits, const int32_t *labels, int B, int train, float scale);
+int gk_sigmoid_xent_backward(void *stream, float *dlogits, const float *probs, const int32_t *labels,
+			     int B, float scale);
+
 #ifdef __cplusplus
 }
 #endif

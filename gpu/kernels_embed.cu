@@ -104,6 +104,59 @@ extern "C" int gk_embed_backward(void *stream, float *dU, const float *dout, con
 	return launched();
 }
 
+/* ---- sigmoid cross-entropy (layers.h's sigmoid_xent_*) ------------------
+ * One thread per row: the loss in double and the probability as the CPU
+ * twin computes them (exp only of -|z|), so they agree to expf's and
+ * log1p's last bits; the row sums go through gk_meter_add like softmax's. */
+__global__ void sigmoid_xent_rows_kernel(float *out, double *row_loss, double *row_right,
+					 const float *logits, const int32_t *labels, int B, int train,
+					 float scale)
+{
+	GRID_STRIDE(i, (size_t)B) {
+		float z = logits[i];   /* read before out is written: they may alias */
+		int y = labels[i] != 0;
+		double zd = (double)z;
+		row_loss[i] = (zd > 0.0 ? zd : 0.0) - zd * y + log1p(exp(-fabs(zd)));
+		row_right[i] = (z > 0.0f) == y ? 1.0 : 0.0;
+		float p;
+		if (z >= 0.0f) {
+			p = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-z)));
+		} else {
+			float e = expf(z);
+			p = __fdiv_rn(e, __fadd_rn(1.0f, e));
+		}
+		out[i] = train ? __fmul_rn(__fsub_rn(p, y ? 1.0f : 0.0f), scale) : p;
+	}
+}
+
+__global__ void sigmoid_xent_backward_kernel(float *dlogits, const float *probs, const int32_t *labels,
+					     int B, float scale)
+{
+	GRID_STRIDE(i, (size_t)B)
+		dlogits[i] = __fmul_rn(__fsub_rn(probs[i], labels[i] != 0 ? 1.0f : 0.0f), scale);
+}
+
+extern "C" int gk_sigmoid_xent_rows(void *stream, float *out, double *row_loss, double *row_right,
+				    const float *logits, const int32_t *labels, int B, int train,
+				    float scale)
+{
+	if (B <= 0)
+		return 0;
+	sigmoid_xent_rows_kernel<<<blocks_for((size_t)B), THREADS, 0, (cudaStream_t)stream>>>(
+		out, row_loss, row_right, logits, labels, B, train, scale);
+	return launched();
+}
+
+extern "C" int gk_sigmoid_xent_backward(void *stream, float *dlogits, const float *probs,
+					const int32_t *labels, int B, float scale)
+{
+	if (B <= 0)
+		return 0;
+	sigmoid_xent_backward_kernel<<<blocks_for((size_t)B), THREADS, 0, (cudaStream_t)stream>>>(
+		dlogits, probs, labels, B, scale);
+	return launched();
+}
+
 extern "C" int gpu_embed_gather(const struct backend *b, float *U, const float *table,
 				const uint64_t *rows, size_t u, int DIM)
 {
@@ -112,30 +165,5 @@ extern "C" int gpu_embed_gather(const struct backend *b, float *U, const float *
 	if (r)
 		return r;
 	CKL(g, "embedding gather kernel", gk_embed_gather(g->stream, U, table, rows, u, DIM));
-	return 0;
-}
-
-extern "C" int gpu_embed_forward(const struct backend *b, float *out, const float *x, const float *U,
-				 const uint32_t *off, const uint32_t *idx, int B, int F, int D, int DIM,
-				 int pool)
-{
-	struct gpu_ctx *g = (struct gpu_ctx *)b->ctx;
-	int r = use(g);
-	if (r)
-		return r;
-	CKL(g, "embedding forward kernel", gk_embed_forward(g->stream, out, x, U, off, idx, B, F, D, DIM, pool));
-	return 0;
-}
-
-extern "C" int gpu_embed_backward(const struct backend *b, float *dU, const float *dout,
-				  const uint32_t *roff, const uint32_t *rseg, const uint32_t *off,
-				  size_t u, int F, int D, int DIM, int pool)
-{
-	struct gpu_ctx *g = (struct gpu_ctx *)b->ctx;
-	int r = use(g);
-	if (r)
-		return r;
-	CKL(g, "embedding backward kernel",
-	    gk_embed_backward(g->stream, dU, dout, roff, rseg, off, u, F, D, DIM, pool));
 	return 0;
 }

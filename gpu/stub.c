@@ -162,20 +162,3 @@ int gpu_embed_gather(const struct backend *b, float *U, const float *table, cons
 	(void)b, (void)U, (void)table, (void)rows, (void)u, (void)DIM;
 	return -ENODEV;
 }
-
-int gpu_embed_forward(const struct backend *b, float *out, const float *x, const float *U,
-		      const uint32_t *off, const uint32_t *idx, int B, int F, int D, int DIM, int pool)
-{
-	(void)b, (void)out, (void)x, (void)U, (void)off, (void)idx, (void)B, (void)F, (void)D, (void)DIM,
-		(void)pool;
-	return -ENODEV;
-}
-
-int gpu_embed_backward(const struct backend *b, float *dU, const float *dout, const uint32_t *roff,
-		       const uint32_t *rseg, const uint32_t *off, size_t u, int F, int D, int DIM,
-		       int pool)
-{
-	(void)b, (void)dU, (void)dout, (void)roff, (void)rseg, (void)off, (void)u, (void)F, (void)D,
-		(void)DIM, (void)pool;
-	return -ENODEV;
-}

@@ -1115,13 +1115,15 @@ static void embed_case(struct backend *b, int B, int F, int D, int DIM, int rows
 	expect_same(b, U_d, U, p.u * DIM, what);
 	for (int pool = 0; pool < 2; pool++) {
 		embed_forward(out, x, U, p.off, p.idx, B, F, D, DIM, (enum embed_pool)pool);
-		cr_assert_eq(gpu_embed_forward(b, out_d, x_d, U_d, off_d, idx_d, B, F, D, DIM, pool), 0, "%s",
-			     gpu_backend_error(b));
+		cr_assert_eq(b->ops->embed_forward(b->ctx, out_d, x_d, U_d, off_d, idx_d, B, F, D, DIM,
+						   (enum embed_pool)pool),
+			     0, "%s", gpu_backend_error(b));
 		snprintf(what, sizeof(what), "forward pool %d (B %d F %d D %d DIM %d)", pool, B, F, D, DIM);
 		expect_same(b, out_d, out, (size_t)B * ld, what);
 		embed_backward(dU, dout, p.roff, p.rseg, p.off, p.u, F, D, DIM, (enum embed_pool)pool);
-		cr_assert_eq(gpu_embed_backward(b, dU_d, dout_d, roff_d, rseg_d, off_d, p.u, F, D, DIM, pool), 0,
-			     "%s", gpu_backend_error(b));
+		cr_assert_eq(b->ops->embed_backward(b->ctx, dU_d, dout_d, roff_d, rseg_d, off_d, p.u, F, D, DIM,
+						    (enum embed_pool)pool),
+			     0, "%s", gpu_backend_error(b));
 		snprintf(what, sizeof(what), "backward pool %d (%zu rows, %zu entries)", pool, p.u, p.nnz);
 		expect_same(b, dU_d, dU, p.u * DIM, what);
 	}
@@ -1143,5 +1145,68 @@ Test(gpu_kernels, embedding_gather_forward_backward)
 	embed_case(&b, 37, 5, 3, 7, 50, 5, 20, 1610);
 	embed_case(&b, 9, 2, 1, 33, 1, 3, 4, 1620);
 	embed_case(&b, 5, 3, 2, 4, 10, 0, 4, 1630);
+	gpu_backend_close(&b);
+}
+
+/* loss = sigmoid_cross_entropy (one logit a row) against layers.h's
+ * sigmoid_xent_*: probabilities, meter, backward, and training's fused
+ * pass, in place too. Logits span both signs and both branches of the
+ * stable sigmoid, with 0 and large magnitudes. */
+Test(gpu_kernels, sigmoid_cross_entropy)
+{
+	struct backend b;
+	open_gpu(&b, NULL);
+	static const int sizes[] = { 1, 37, 1000, 4096 };
+	for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
+		int B = sizes[s];
+		float *x = host_random((size_t)B, 700 + s, -12, 12);
+		int32_t *y = malloc((size_t)B * sizeof(int32_t));
+		for (int i = 0; i < B; i++)
+			y[i] = rng_uniform(run_seed(), 710 + s, (uint64_t)i) < 0.3;
+		x[0] = 0.0f;
+		if (B > 2) {
+			x[1] = 60.0f;
+			x[2] = -60.0f;
+		}
+		float *p = malloc((size_t)B * 4), *d = malloc((size_t)B * 4);
+		int right = -1;
+		double loss = sigmoid_xent_forward(p, &right, x, y, B);
+		sigmoid_xent_backward(d, p, y, B, 1.0f / 77);
+		float *x_d = dev_from(&b, x, (size_t)B * 4), *p_d = dev_poisoned(&b, (size_t)B),
+		      *d_d = dev_poisoned(&b, (size_t)B), *t_d = dev_poisoned(&b, (size_t)B);
+		int32_t *y_d = dev_from(&b, y, (size_t)B * sizeof(int32_t));
+		const double start[2] = { 0.5, 3.0 };
+		double *meter_d = dev_from(&b, start, sizeof(start)), got[2];
+		char what[64];
+		cr_assert_eq(b.ops->sigmoid_xent_forward(b.ctx, p_d, meter_d, x_d, y_d, B), 0, "%s",
+			     gpu_backend_error(&b));
+		snprintf(what, sizeof(what), "sigmoid probs %d", B);
+		expect_close(&b, p_d, p, (size_t)B, what);
+		cr_assert_eq(b.ops->download(b.ctx, got, meter_d, sizeof(got)), 0);
+		cr_expect_lt(fabs(got[0] - start[0] - loss) / (fabs(loss) + 1e-30), TOL,
+			     "sigmoid loss %d: gpu %.12g cpu %.12g (seed %llu)", B, got[0] - start[0], loss,
+			     (unsigned long long)run_seed());
+		cr_expect_eq(got[1] - start[1], (double)right, "sigmoid correct %d: gpu %g cpu %d", B,
+			     got[1] - start[1], right);
+		cr_assert_eq(b.ops->upload(b.ctx, p_d, p, (size_t)B * 4), 0);
+		cr_assert_eq(b.ops->sigmoid_xent_backward(b.ctx, d_d, p_d, y_d, B, 1.0f / 77), 0, "%s",
+			     gpu_backend_error(&b));
+		snprintf(what, sizeof(what), "sigmoid xent backward %d", B);
+		expect_same(&b, d_d, d, (size_t)B, what);
+		cr_assert_eq(b.ops->sigmoid_xent_train(b.ctx, t_d, meter_d, x_d, y_d, B, 1.0f / 77), 0, "%s",
+			     gpu_backend_error(&b));
+		snprintf(what, sizeof(what), "fused sigmoid xent gradient %d", B);
+		expect_close(&b, t_d, d, (size_t)B, what);
+		cr_assert_eq(b.ops->sigmoid_xent_train(b.ctx, x_d, meter_d, x_d, y_d, B, 1.0f / 77), 0, "%s",
+			     gpu_backend_error(&b));
+		snprintf(what, sizeof(what), "fused sigmoid xent in place %d", B);
+		expect_close(&b, x_d, d, (size_t)B, what);
+		cr_assert_eq(b.ops->download(b.ctx, got, meter_d, sizeof(got)), 0);
+		cr_expect_lt(fabs(got[0] - start[0] - 3 * loss) / (fabs(loss) + 1e-30), TOL,
+			     "sigmoid loss thrice %d: gpu %.12g cpu %.12g", B, got[0] - start[0], 3 * loss);
+		cr_expect_eq(got[1] - start[1], 3.0 * right, "sigmoid correct thrice %d: gpu %g cpu %d", B,
+			     got[1] - start[1], 3 * right);
+		free(x), free(y), free(p), free(d);
+	}
 	gpu_backend_close(&b);
 }

@@ -316,8 +316,8 @@ Test(gpu_session, sanitize_covers_every_gpu_suite_and_example, .timeout = 90)
 				     last, calls);
 			last = at;
 		}
-	const char *examples[] = { "async", "fashion-cnn-cluster", "fashion-cnn", "fashion-mlp" };
-	for (size_t i = 0; i < 4; i++) {
+	const char *examples[] = { "async", "ctr", "fashion-cnn-cluster", "fashion-cnn", "fashion-mlp" };
+	for (size_t i = 0; i < 5; i++) {
 		char want[200];
 		snprintf(want, sizeof(want), "--tool memcheck --error-exitcode 99 ./pstrain local --config examples/%s.ini --fresh",
 			 examples[i]);
@@ -326,6 +326,9 @@ Test(gpu_session, sanitize_covers_every_gpu_suite_and_example, .timeout = 90)
 		cr_expect_lt(at, line_with(calls, "--tool initcheck", ""), "examples/%s.ini after initcheck",
 			     examples[i]);
 	}
+	/* The click-through example on a small set synth made there. */
+	cr_expect_geq(line_with(calls, "--config examples/ctr.ini --fresh --set data.train_csv=", "/synth/train.txt"), 0,
+		      "examples/ctr.ini without synth's files in\n%s", calls);
 	const char *text = session_log(dir, "sanitize");
 	cr_expect(strstr(text, "   racecheck:devices: FINDINGS (exit 99)"), "%s", text);
 	cr_expect(strstr(text, "   memcheck:devices: clean"), "%s", text);

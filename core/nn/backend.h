@@ -88,8 +88,11 @@ struct backend_ops {
 				  const int32_t *labels, int B, float scale);
 
 	/* The embedding layer: embed.h's kernels with the same arguments,
-	 * over buffers in backend memory (table too). NULL: the backend has
-	 * none. */
+	 * over buffers in backend memory. The tables live in host memory:
+	 * embed_gather (table a host pointer) only where the backend's memory
+	 * is the host's; NULL, and the replica gathers the rows on the host
+	 * and uploads them (replica_embed.c). forward/backward NULL: the
+	 * backend has no embedding layer. */
 	int (*embed_gather)(void *ctx, float *U, const float *table, const uint64_t *rows, size_t u,
 			    int DIM);
 	int (*embed_forward)(void *ctx, float *out, const float *x, const float *U,

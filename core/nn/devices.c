@@ -112,10 +112,9 @@ static void log_placement(const struct devices *d, const char *job, FILE *out)
 	fprintf(out, "placement: optimizer -> %s/%s\n", job, d->be[d->be_of[0]].where);
 }
 
-/* Whether backend b has the kernels of every layer and the loss of m; the
- * CUDA backend's table has none for the embedding layer and
- * sigmoid_cross_entropy yet, and a model that needs them falls back like
- * any other missing GPU capability. */
+/* Whether backend b has the kernels of every layer and the loss of m; a
+ * model that needs one it lacks falls back like any other missing GPU
+ * capability. */
 static int layers_supported(const struct model *m, const struct backend *b, char *why,
 			    size_t whylen)
 {
@@ -129,7 +128,7 @@ static int layers_supported(const struct model *m, const struct backend *b, char
 		case LAYER_AVGPOOL: ok = o->pool_forward && o->pool_backward; break;
 		case LAYER_DROPOUT: ok = o->dropout_forward && o->dropout_backward; break;
 		case LAYER_BATCHNORM: ok = o->batchnorm_forward && o->batchnorm_backward; break;
-		case LAYER_EMBEDDING: ok = o->embed_gather && o->embed_forward && o->embed_backward; break;
+		case LAYER_EMBEDDING: ok = o->embed_forward && o->embed_backward; break;
 		default: break;
 		}
 		if (!ok) {
@@ -586,23 +585,27 @@ int devices_apply(struct devices *d, struct optim *o, float lr, char *err, size_
 		if (f)
 			return f;
 		optim_step_zero(o, d->params[0], d->grads[0], lr);
-		devices_embed_apply(d);
 	} else {
 		struct gk_optim k = gpu_rule(o, lr);
 		int e = gpu_apply(d, o, &k);
 		if (e)
 			return devices_fail(d, 0, e, "the optimizer", err, errlen);
 	}
+	f = devices_embed_apply(d);
+	if (f)
+		return devices_fail(d, 0, f, "the embedding rows' gradient", err, errlen);
 	return params_broadcast(d, err, errlen);
 }
 
 /* Whether a local step can be one CUDA graph: one GPU replica (several
- * would need their streams joined into the capture) and the batch gathered
- * on that GPU (staging waits on the host). Dropout is no obstacle: its
- * kernels read the step's key from device memory (struct gk_step). */
+ * would need their streams joined into the capture), the batch gathered
+ * on that GPU (staging waits on the host) and no embedding layer (each
+ * batch's rows, their count among the kernels' sizes, come from the host
+ * before its forward). Dropout is no obstacle: its kernels read the
+ * step's key from device memory (struct gk_step). */
 static int graph_possible(const struct devices *d)
 {
-	return d->graphs && d->gpu && d->n == 1 && d->data_x[0] && d->graph_state >= 0;
+	return d->graphs && d->gpu && d->n == 1 && d->data_x[0] && !d->emb && d->graph_state >= 0;
 }
 
 /* Records the step's work (gather, forward, loss, backward, optimizer) as

@@ -19,21 +19,26 @@ static int embed_new(struct devices *d, int remote, char *err, size_t errlen)
 	const struct embed_spec *s = &d->m->embed;
 	if (!s->fields)
 		return err_set(err, errlen, -EINVAL, "the model has no embedding layer");
-	if (d->gpu || d->n != 1)
+	if (d->n != 1)
 		return err_set(err, errlen, -EOPNOTSUPP,
-			       "an embedding layer trains on one CPU replica for now, not on %d %s replicas",
+			       "an embedding layer trains on one replica for now, not on %d %s replicas",
 			       d->n, d->gpu ? "GPU" : "CPU");
 	struct devices_embed *em = calloc(1, sizeof(*em));
 	size_t segs = (size_t)d->max_batch * (size_t)s->fields, R = embed_total_rows(s);
 	size_t u = (segs < R ? segs : R) * (size_t)s->dim;
 	int ok = em && !embed_plan_init(&em->plan, segs, segs) && (em->ids = malloc(segs * sizeof(uint32_t)));
+	/* Host copies: remote, of the rows and their gradient; local on a
+	 * GPU, of the gradient the sparse optimizer reads on the host. */
 	if (ok && remote)
-		ok = (em->U = malloc((u ? u : 1) * sizeof(float))) && (em->dU = malloc((u ? u : 1) * sizeof(float)));
+		ok = (em->U = malloc((u ? u : 1) * sizeof(float))) != NULL;
+	if (ok && (remote || d->gpu))
+		ok = (em->dU = malloc((u ? u : 1) * sizeof(float))) != NULL;
 	if (!ok) {
 		if (em) {
 			embed_plan_free(&em->plan);
 			free(em->ids);
 			free(em->U);
+			free(em->dU);
 		}
 		free(em);
 		return err_set(err, errlen, -ENOMEM, "out of memory for the embedding plan of %zu IDs", segs);
@@ -148,11 +153,21 @@ int devices_embed_batch(struct devices *d, int r, size_t at, int B)
 	return e;
 }
 
-void devices_embed_apply(struct devices *d)
+int devices_embed_apply(struct devices *d)
 {
 	struct devices_embed *em = d->emb;
 	if (!em || !em->pending || !em->table)
-		return;
-	sparse_optim_step(em->opt, em->table, em->plan.rows, d->rep[0].dU, em->plan.u, em->opt->cfg.lr);
+		return 0;
+	struct replica *r = &d->rep[0];
+	const float *dU = r->dU;
+	size_t n = em->plan.u * (size_t)d->m->embed.dim;
+	if (d->gpu && n) {
+		int e = r->be.ops->download(r->be.ctx, em->dU, r->dU, n * sizeof(float));
+		if (e)
+			return e;
+		dU = em->dU;
+	}
+	sparse_optim_step(em->opt, em->table, em->plan.rows, dU, em->plan.u, em->opt->cfg.lr);
 	em->pending = 0;
+	return 0;
 }

@@ -28,8 +28,9 @@ struct devices_embed {
 int devices_embed_batch(struct devices *d, int r, size_t at, int B);
 
 /* The sparse optimizer over the rows of the last batch with replica 0's
- * dU, if a batch is pending. After the dense optimizer. */
-void devices_embed_apply(struct devices *d);
+ * dU (through a host copy on a GPU), if a batch is pending. After the
+ * dense optimizer. 0, or the download's error (the table untouched). */
+int devices_embed_apply(struct devices *d);
 
 void devices_embed_close(struct devices *d);   /* accepts d->emb NULL */
 

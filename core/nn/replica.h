@@ -48,6 +48,9 @@ struct replica {
 	uint32_t *e_off, *e_idx;           /* (B*F + 1), (nnz) */
 	uint32_t *e_roff, *e_rseg;         /* (u + 1), (nnz) */
 	size_t e_u, e_max_u, e_max_nnz;    /* the loaded plan's rows; capacities */
+	float *e_stage;                    /* host (max u, DIM): a batch's rows gathered
+					    * from a host table for a backend without
+					    * embed_gather; NULL for one with it */
 	int e_B;                           /* the loaded plan's samples; 0: none */
 };
 

@@ -4,6 +4,7 @@
 #include "replica.h"
 
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 int replica_embed_init(struct replica *r)
@@ -30,6 +31,8 @@ int replica_embed_init(struct replica *r)
 		e = o->alloc(ctx, (void **)&r->e_roff, (r->e_max_u + 1) * sizeof(uint32_t));
 	if (!e)
 		e = o->alloc(ctx, (void **)&r->e_rseg, segs * sizeof(uint32_t));
+	if (!e && !o->embed_gather && !(r->e_stage = malloc(ub ? ub : 1)))
+		e = -ENOMEM;
 	return e;
 }
 
@@ -44,6 +47,8 @@ void replica_embed_free(struct replica *r)
 	o->release(ctx, r->e_idx);
 	o->release(ctx, r->e_roff);
 	o->release(ctx, r->e_rseg);
+	free(r->e_stage);
+	r->e_stage = NULL;
 }
 
 /* The plan's indexes into the replica; its rows come next (gathered from
@@ -73,9 +78,16 @@ static int embed_load_plan(struct replica *r, const struct embed_plan *p)
 int replica_embed_load(struct replica *r, const struct embed_plan *p, const float *table)
 {
 	const struct backend_ops *o = r->be.ops;
+	int DIM = r->m->embed.dim;
 	int e = embed_load_plan(r, p);
-	if (!e && p->u)
-		e = o->embed_gather(r->be.ctx, r->U, table, r->e_rows, p->u, r->m->embed.dim);
+	if (!e && p->u && o->embed_gather) {
+		e = o->embed_gather(r->be.ctx, r->U, table, r->e_rows, p->u, DIM);
+	} else if (!e && p->u) {
+		/* The table is host memory the backend cannot read: the same
+		 * copy on the host, then up. */
+		embed_gather_rows(r->e_stage, table, p->rows, p->u, DIM);
+		e = o->upload(r->be.ctx, r->U, r->e_stage, p->u * (size_t)DIM * sizeof(float));
+	}
 	if (e)
 		return e;
 	r->e_u = p->u;

@@ -78,6 +78,9 @@ struct link_shared {
 	const volatile sig_atomic_t *stop;
 	FILE *out;
 	int index;               /* this worker */
+	char compute[MSG_COMPUTE_TEXT + 1]; /* what its arithmetic runs on
+				  * (devices_compute), said to ps 0 on each
+				  * connection; "": nothing to say */
 	int pieces;              /* the shards stream each piece (role_pieces) */
 	int pack;                /* float32 packed on TCP links (the worker sets it
 				  * between exchanges) */

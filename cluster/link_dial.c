@@ -57,8 +57,8 @@ static int link_dial(struct link *l, const char *local, int timeout_ms, int *fd,
 
 /* The handshake with ps k on fd (which it takes); then, at once, a
  * HEARTBEAT: the first frame the ps opens confirms that we hold the key
- * (until then a ps does not count the connection as this worker).
- * -ENOLINK: the ps did not answer our greeting. */
+ * (until then a ps does not count the connection as this worker); to ps
+ * 0, then a COMPUTE. -ENOLINK: the ps did not answer our greeting. */
 static int link_greet(struct link *l, int fd, int timeout_ms, char *err, size_t errlen)
 {
 	const struct link_shared *sh = l->sh;
@@ -88,6 +88,16 @@ static int link_greet(struct link *l, int fd, int timeout_ms, char *err, size_t 
 				 sizeof(e));
 	if (!r)
 		r = conn_send_payload(cn, CONN_MAIN, len, e, sizeof(e));
+	if (!r && l->k == 0 && sh->compute[0]) {
+		struct msg_compute mc;
+		snprintf(mc.text, sizeof(mc.text), "%s", sh->compute);
+		for (char *p = mc.text; *p; p++)   /* a GPU's name is the driver's */
+			if (*p < 0x20 || *p > 0x7e)
+				*p = '?';
+		r = msg_encode_compute(conn_payload(cn, CONN_MAIN), conn_payload_cap(cn), &mc, &len, e, sizeof(e));
+		if (!r)
+			r = conn_send_payload(cn, CONN_MAIN, len, e, sizeof(e));
+	}
 	if (r) {
 		conn_close(cn);
 		return err_set(err, errlen, -ECONNABORTED, "%s: %s", nm, e);

@@ -169,6 +169,36 @@ static int on_leave(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 	return 0;
 }
 
+/* A worker's COMPUTE: ps 0 says, once per worker, that a sync run with
+ * workers on different arithmetic will not end on local's bits. */
+static int on_compute(struct ps_conn *cn, size_t len, char *err, size_t errlen)
+{
+	struct ps *ps = cn->ps;
+	struct msg_compute m;
+	int r = msg_decode_compute(cn->conn.rbuf, len, &m, err, errlen);
+	if (r)
+		return r;
+	if (ps->index != 0)
+		return err_set(err, errlen, -EPROTO, "COMPUTE to ps %d: only ps 0 takes it", ps->index);
+	struct ps_compute *pc = &ps->compute;
+	char first[sizeof(pc->first)];
+	int first_w = -1;
+	pthread_mutex_lock(&ps->mu);
+	if (!pc->first[0]) {
+		memcpy(pc->first, m.text, sizeof(m.text));
+		pc->first_w = cn->w;
+	} else if (strcmp(pc->first, m.text) != 0 && !(pc->said[cn->w / 8] & (1u << (cn->w % 8)))) {
+		pc->said[cn->w / 8] |= (uint8_t)(1u << (cn->w % 8));
+		memcpy(first, pc->first, sizeof(first));
+		first_w = pc->first_w;
+	}
+	pthread_mutex_unlock(&ps->mu);
+	if (first_w >= 0 && ps->sh.mode == MODE_SYNC)
+		role_log(ps->out, "ps 0: warning: worker %d computes on %s, worker %d on %s: a step's sum depends on which worker trained which slice, so this run will not end bit for bit on local's parameters (docs/ELASTIC.md)",
+			 cn->w, m.text, first_w, first);
+	return 0;
+}
+
 static int on_error(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 {
 	struct msg_error me;
@@ -196,6 +226,7 @@ static const struct {
 	{ WIRE_SPUSH, ps_on_spush },
 	{ WIRE_ROWS, ps_on_spush }, /* refused */
 	{ WIRE_LEAVE, on_leave },
+	{ WIRE_COMPUTE, on_compute },
 };
 
 /* How long a connection may have been silent and still be taken for a

@@ -33,6 +33,15 @@
  * but unconfirmed, and one being replaced or refused. */
 #define PS_MAX_CONN (3 * MEMBERS_MAX)
 
+/* ps 0: what the workers' arithmetic runs on (COMPUTE), kept to say once
+ * per worker when it is not what the first one heard runs on: a sync
+ * step's sum then depends on which worker trained which slice. */
+struct ps_compute {
+	char first[MSG_COMPUTE_TEXT + 1]; /* "": none heard yet */
+	int first_w;
+	uint8_t said[(MEMBERS_MAX + 7) / 8];
+};
+
 struct ps {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;       /* (CLOCK_MONOTONIC) a connection or an observer ended */
@@ -65,6 +74,7 @@ struct ps {
 	int64_t started_ms;
 	struct ps_observers po;  /* the observers' connections (ps_observers.h) */
 	struct ps_sparse *sp;    /* its embedding rows (ps_sparse.c); NULL: none */
+	struct ps_compute compute; /* under mu */
 };
 
 /* Where a worker's connection is in its life. Only its own thread moves

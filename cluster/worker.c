@@ -203,6 +203,8 @@ static int worker_open(struct worker *wr, char *err, size_t errlen)
 		return err_set(err, errlen, -ENOMEM, "out of memory for %zu samples", wr->s.job.train.n);
 	e = links_open(&wr->lk, c, &wr->s, plan, wr->index, wr->stop, wr->out, err, errlen);
 	if (!e)
+		devices_compute(&wr->dev, wr->lk.sh.compute, sizeof(wr->lk.sh.compute));
+	if (!e)
 		e = worker_embed_open(&wr->emb, wr->index, &wr->dev, &wr->lk, c, &wr->s.job.m, err, errlen);
 	if (!e)
 		e = worker_flow_open(wr, plan, err, errlen);

@@ -102,6 +102,8 @@ static inline uint32_t msg_chunk_max(unsigned dt)
 #define MSG_REPORT_BYTES_ALL (MSG_REPORT_BYTES_MAX + MSG_REPORT_EVENTS * MSG_REPORT_EVENT_BYTES)
 #define MSG_VIEW_BYTES 80u
 #define MSG_LEAVE_BYTES 8u
+#define MSG_COMPUTE_BYTES 72u
+#define MSG_COMPUTE_TEXT 64u   /* its text's bytes, NUL-padded */
 #define MSG_VIEW_SLICES 256u   /* slices a VIEW can give out (its bitmaps' bits) */
 
 /* PULL's version meaning "whatever is newest" (async mode). */
@@ -227,6 +229,15 @@ struct msg_leave {
 	uint32_t worker;
 };
 
+/* COMPUTE: worker -> ps 0, once a connection, before its first PULL: what
+ * its arithmetic runs on ("cpu: OpenBLAS SkylakeX kernels", "gpu: NVIDIA
+ * H200, sm_90"), so that ps 0 can say when two workers' slices would round
+ * differently (docs/ELASTIC.md). Printable ASCII, 1 to MSG_COMPUTE_TEXT
+ * bytes. */
+struct msg_compute {
+	char text[MSG_COMPUTE_TEXT + 1];
+};
+
 /* A REPORT's event: what happened to a worker at a step (elastic). */
 enum msg_event_kind {
 	MSG_EVENT_JOINED = 1, /* first in the view of `step` */
@@ -345,6 +356,9 @@ MSG_MUST_CHECK int msg_encode_view(uint8_t *buf, size_t cap, const struct msg_vi
 				   size_t *len, char *err, size_t errlen);
 MSG_MUST_CHECK int msg_encode_leave(uint8_t *buf, size_t cap, const struct msg_leave *m,
 				    size_t *len, char *err, size_t errlen);
+/* -EINVAL for an empty text, a longer one, or a byte outside 0x20..0x7e. */
+MSG_MUST_CHECK int msg_encode_compute(uint8_t *buf, size_t cap, const struct msg_compute *m,
+				      size_t *len, char *err, size_t errlen);
 /* text is a C string (NUL-terminated); m->text is not used. Every byte
  * outside 0x20..0x7e (a line break, an escape, UTF-8) is sent as '?', so
  * any error text gets through; msg_decode_error refuses such a byte. */
@@ -378,6 +392,8 @@ MSG_MUST_CHECK int msg_decode_view(const uint8_t *buf, size_t len, struct msg_vi
 				   char *err, size_t errlen);
 MSG_MUST_CHECK int msg_decode_leave(const uint8_t *buf, size_t len, struct msg_leave *out,
 				    char *err, size_t errlen);
+MSG_MUST_CHECK int msg_decode_compute(const uint8_t *buf, size_t len, struct msg_compute *out,
+				      char *err, size_t errlen);
 MSG_MUST_CHECK int msg_decode_error(const uint8_t *buf, size_t len, struct msg_error *out,
 				    char *err, size_t errlen);
 

@@ -100,6 +100,59 @@ int msg_decode_leave(const uint8_t *buf, size_t len, struct msg_leave *out, char
 	return 0;
 }
 
+/* ---- COMPUTE: 72 bytes -----------------------------------------------------
+ * 0 type, 1..8 reserved, 8 text (64 bytes: printable ASCII, then NULs) */
+
+/* Bytes of text before its NUL padding, or -1 when text is no COMPUTE's:
+ * empty, a byte outside 0x20..0x7e, or one after the padding began. */
+static int compute_len(const uint8_t *text)
+{
+	int n = 0;
+	while (n < (int)MSG_COMPUTE_TEXT && text[n])
+		if (text[n] < 0x20 || text[n] > 0x7e)
+			return -1;
+		else
+			n++;
+	for (int i = n; i < (int)MSG_COMPUTE_TEXT; i++)
+		if (text[i])
+			return -1;
+	return n ? n : -1;
+}
+
+int msg_encode_compute(uint8_t *buf, size_t cap, const struct msg_compute *m, size_t *len, char *err,
+		       size_t errlen)
+{
+	size_t n = strnlen(m->text, sizeof(m->text));
+	uint8_t text[MSG_COMPUTE_TEXT] = { 0 };
+	if (n > MSG_COMPUTE_TEXT)
+		return err_set(err, errlen, -EINVAL, "COMPUTE: a text over %u bytes", MSG_COMPUTE_TEXT);
+	memcpy(text, m->text, n);
+	if (compute_len(text) < 0)
+		return err_set(err, errlen, -EINVAL, "COMPUTE: an empty text, or one not printable ASCII");
+	int rc = check_cap(cap, MSG_COMPUTE_BYTES, WIRE_COMPUTE, err, errlen);
+	if (rc < 0)
+		return rc;
+	put_head(buf, WIRE_COMPUTE, MSG_COMPUTE_BYTES);
+	memcpy(buf + 8, text, sizeof(text));
+	*len = MSG_COMPUTE_BYTES;
+	return 0;
+}
+
+int msg_decode_compute(const uint8_t *buf, size_t len, struct msg_compute *out, char *err, size_t errlen)
+{
+	int rc = check_fixed(buf, len, WIRE_COMPUTE, MSG_COMPUTE_BYTES, err, errlen);
+	if (rc == 0)
+		rc = check_zero(buf, 1, 8, "COMPUTE", err, errlen);
+	if (rc < 0)
+		return rc;
+	int n = compute_len(buf + 8);
+	if (n < 0)
+		return err_set(err, errlen, -EPROTO, "COMPUTE: the text is empty, not printable ASCII, or not NUL-padded");
+	memcpy(out->text, buf + 8, (size_t)n);
+	out->text[n] = 0;
+	return 0;
+}
+
 /* ---- a REPORT's events: 12 bytes each ----------------------------------------
  * 0 step u64, 8 worker u16, 10 kind u8 (enum msg_event_kind), 11 reserved */
 

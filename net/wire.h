@@ -34,7 +34,7 @@
  * VIEW and LEAVE, the elastic worker set's messages, and a REPORT may end
  * with recent events (docs/ELASTIC.md). */
 #define WIRE_MAGIC 0x52545350u
-#define WIRE_VERSION 10u
+#define WIRE_VERSION 11u
 
 /* Message types (DESIGN §7): the first field of every decrypted frame.
  * Zero is not a type, so a zeroed buffer never parses as a message. */
@@ -56,9 +56,10 @@ enum wire_msg {
 	WIRE_SPUSH = 15,     /* worker -> ps: (shard, version, row ids and their gradients) */
 	WIRE_VIEW = 16,      /* ps 0 -> worker: who trains which slices of a step */
 	WIRE_LEAVE = 17,     /* worker -> ps: it leaves after the pushes that follow */
+	WIRE_COMPUTE = 18,   /* worker -> ps 0: what its arithmetic runs on */
 };
 #define WIRE_MSG_FIRST WIRE_HELLO
-#define WIRE_MSG_LAST WIRE_LEAVE
+#define WIRE_MSG_LAST WIRE_COMPUTE
 
 /* Size limits. A tensor travels as a sequence of messages each carrying
  * at most WIRE_CHUNK_VALUES values of it (WIRE_CHUNK_MAX bytes in
@@ -131,7 +132,7 @@ static inline const char *wire_msg_name(uint32_t type)
 		[WIRE_ROLLBACK] = "ROLLBACK", [WIRE_REPORT] = "REPORT",
 		[WIRE_SPULL] = "SPULL",	    [WIRE_ROWS] = "ROWS",
 		[WIRE_SPUSH] = "SPUSH",	    [WIRE_VIEW] = "VIEW",
-		[WIRE_LEAVE] = "LEAVE",
+		[WIRE_LEAVE] = "LEAVE",	    [WIRE_COMPUTE] = "COMPUTE",
 	};
 	if (type < WIRE_MSG_FIRST || type > WIRE_MSG_LAST)
 		return "?";

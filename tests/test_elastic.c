@@ -537,3 +537,45 @@ Test(elastic, pod_name_add_and_remove)
 	wait_children(pids, 4, st, RUN_TIMEOUT_S);
 	assert_scheduler_chain(cfg, st, out, "pod names");
 }
+
+/* Each worker tells ps 0 what its arithmetic runs on (COMPUTE); in a sync
+ * run ps 0 warns, once per worker, when one differs from the first
+ * worker's: the run then cannot end on local's bits. Two workers on this
+ * CPU's kernels: no warning; worker 1 on OpenBLAS's generic ones
+ * (OPENBLAS_CORETYPE=Prescott, which pstrain respects and every x86-64
+ * runs): one, naming both, and the run still trains to its end. */
+Test(elastic, mixed_kernels_are_warned_about)
+{
+	for (int mixed = 0; mixed < 2; mixed++) {
+		char out[3][300], tag[16], cfg[300];
+		pid_t pids[3];
+		int st[3];
+		snprintf(tag, sizeof(tag), "mixed%d", mixed);
+		snprintf(cfg, sizeof(cfg), "%s/%s.ini", dir, tag);
+		write_cfg(cfg, (struct run_cfg){ .nps = 1, .nw = 2, .steps = 12, .ck = tag });
+		for (int i = 0; i < 3; i++) {
+			char idx[16];
+			snprintf(idx, sizeof(idx), "%d", i ? 2 - i : 0);
+			snprintf(out[i], 300, "%.200s/%s-%s%s.log", dir, tag, i ? "worker" : "ps", idx);
+			const char *args[] = { i ? "worker" : "ps", "--index", idx, "--config", cfg, NULL };
+			pids[i] = spawn_pstrain(args, out[i], mixed && i == 1 ? "OPENBLAS_CORETYPE=Prescott" : NULL);
+		}
+		wait_children(pids, 3, st, RUN_TIMEOUT_S);
+		assert_exits_zero(st, out, 3, tag);
+		/* Which worker ps 0 heard first is a race: either order. */
+		const char *ps = slurp(out[0]), *warned = strstr(ps, "ps 0: warning: worker ");
+		cr_assert_not_null(strstr(slurp(out[2]), "done: 12 steps"), "%s", slurp(out[2]));
+		if (!mixed) {
+			cr_assert_null(strstr(ps, "computes on"), "the same kernels warned about:\n%s", ps);
+			continue;
+		}
+		cr_assert_not_null(warned, "%s", ps);
+		char line[400];
+		snprintf(line, sizeof(line), "%.*s", (int)strcspn(warned, "\n"), warned);
+		cr_assert(strstr(line, "worker 0 ") && strstr(line, "worker 1 ") && strstr(line, " computes on cpu: OpenBLAS ") &&
+				  strstr(line, " on cpu: OpenBLAS 0") && strstr(line, " Prescott"),
+			  "%s", line);
+		cr_assert_not_null(strstr(warned, "will not end bit for bit on local's parameters"), "%s", ps);
+		cr_assert_null(strstr(warned + strlen(line), "computes on"), "warned twice:\n%s", ps);
+	}
+}

@@ -112,6 +112,10 @@ static size_t sample(uint8_t type, uint8_t *buf, size_t cap)
 	case WIRE_LEAVE:
 		rc = msg_encode_leave(buf, cap, &(struct msg_leave){ .worker = 3 }, &len, err, sizeof err);
 		break;
+	case WIRE_COMPUTE:
+		rc = msg_encode_compute(buf, cap, &(struct msg_compute){ .text = "cpu: OpenBLAS 0.3.21 SkylakeX" }, &len,
+					err, sizeof err);
+		break;
 	default:
 		cr_assert_fail("no sample for type %u", type);
 	}
@@ -134,6 +138,7 @@ static int decode_as(uint8_t type, const uint8_t *buf, size_t len, char *err, si
 	struct msg_report rp;
 	struct msg_view view;
 	struct msg_leave leave;
+	struct msg_compute compute;
 
 	switch (type) {
 	case WIRE_PULL:
@@ -161,6 +166,8 @@ static int decode_as(uint8_t type, const uint8_t *buf, size_t len, char *err, si
 		return msg_decode_view(buf, len, &view, err, errlen);
 	case WIRE_LEAVE:
 		return msg_decode_leave(buf, len, &leave, err, errlen);
+	case WIRE_COMPUTE:
+		return msg_decode_compute(buf, len, &compute, err, errlen);
 	}
 	cr_assert_fail("no decoder for type %u", type);
 	return 0;
@@ -169,7 +176,7 @@ static int decode_as(uint8_t type, const uint8_t *buf, size_t len, char *err, si
 static const uint8_t TYPES[] = { WIRE_PULL,	  WIRE_PARAMS, WIRE_PUSH,     WIRE_ACK,
 				 WIRE_CHECKPOINT, WIRE_STATUS, WIRE_DONE,     WIRE_ERROR,
 				 WIRE_HEARTBEAT,  WIRE_ROLLBACK, WIRE_REPORT, WIRE_VIEW,
-				 WIRE_LEAVE };
+				 WIRE_LEAVE,	  WIRE_COMPUTE };
 #define NTYPES (sizeof TYPES / sizeof TYPES[0])
 
 /* A failure is negative, one non-empty line, and names the message. */
@@ -1527,6 +1534,54 @@ Test(msg, view_and_leave_round_trip)
 	cr_assert_eq(wire_get_u32(buf + 4), 0x01020304u);
 	cr_assert_eq(msg_decode_leave(buf, len, &lvout, err, sizeof err), 0, "%s", err);
 	cr_assert_eq(lvout.worker, 0x01020304u);
+}
+
+/* COMPUTE: the text at byte 8, NUL-padded to 64 bytes; 64 bytes of text
+ * fill it; an empty text, a control or non-ASCII byte, a byte after the
+ * padding began, or a reserved byte is refused, and so is encoding text
+ * that is empty, too long or not printable. */
+Test(msg, compute_round_trip_and_refusals)
+{
+	uint8_t buf[MSG_COMPUTE_BYTES];
+	size_t len = 0;
+	char err[256] = "";
+	struct msg_compute in = { .text = "gpu: NVIDIA H200 sm_90, tf32 off x2" }, out;
+	cr_assert_eq(msg_encode_compute(buf, sizeof buf, &in, &len, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(len, 72);
+	cr_assert_eq(buf[0], 18);
+	cr_assert_eq(memcmp(buf + 8, in.text, strlen(in.text)), 0);
+	for (size_t i = 8 + strlen(in.text); i < 72; i++)
+		cr_assert_eq(buf[i], 0, "padding byte %zu", i);
+	cr_assert_eq(msg_decode_compute(buf, len, &out, err, sizeof err), 0, "%s", err);
+	cr_assert_str_eq(out.text, in.text);
+	memset(in.text, 'x', MSG_COMPUTE_TEXT);
+	in.text[MSG_COMPUTE_TEXT] = 0;
+	cr_assert_eq(msg_encode_compute(buf, sizeof buf, &in, &len, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(msg_decode_compute(buf, len, &out, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(strlen(out.text), MSG_COMPUTE_TEXT);
+
+	static const struct {
+		const char *name;
+		size_t at;
+		uint8_t value;
+	} rows[] = {
+		{ "empty", 8, 0 },
+		{ "a line break", 10, '\n' },
+		{ "a UTF-8 byte", 9, 0xc3 },
+		{ "a byte after the padding", 70, 'x' },
+		{ "reserved byte 3", 3, 1 },
+	};
+	for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+		len = sample(WIRE_COMPUTE, buf, sizeof buf);
+		buf[rows[r].at] = rows[r].value;
+		assert_refused(msg_decode_compute(buf, len, &out, err, sizeof err), -EPROTO, err, "COMPUTE", rows[r].name);
+	}
+	struct msg_compute bad = { .text = "" };
+	assert_refused(msg_encode_compute(buf, sizeof buf, &bad, &len, err, sizeof err), -EINVAL, err, "COMPUTE",
+		       "encode an empty text");
+	snprintf(bad.text, sizeof(bad.text), "cpu:\tx");
+	assert_refused(msg_encode_compute(buf, sizeof buf, &bad, &len, err, sizeof err), -EINVAL, err, "COMPUTE",
+		       "encode a tab");
 }
 
 /* A REPORT's events (issue 40): after the workers' states, as many as

@@ -271,6 +271,13 @@ int blas_choose(struct blas_choice *ch)
 	return blas_check(openblas_sgemm) == 0 ? 0 : -EIO;
 }
 
+void blas_kernels(char *out, size_t outlen)
+{
+	char name[32] = "?", version[32] = "";
+	sscanf(openblas_get_config(), "%31s %31s", name, version);
+	snprintf(out, outlen, "%s %s %s", name, version, openblas_get_corename());
+}
+
 void blas_describe(const struct blas_choice *ch, char *out, size_t outlen)
 {
 	/* openblas_get_config() starts "OpenBLAS 0.3.21 NO_LAPACKE ...". */

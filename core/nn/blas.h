@@ -85,4 +85,8 @@ int blas_switch(const char *core);
  * BF16)" or ", Haswell kernels (OPENBLAS_CORETYPE=Haswell)". */
 void blas_describe(const struct blas_choice *ch, char *out, size_t outlen);
 
+/* The kernels the GEMMs run now, without why: "OpenBLAS 0.3.21 SkylakeX";
+ * two processes whose strings differ may round the same GEMM differently. */
+void blas_kernels(char *out, size_t outlen);
+
 #endif

@@ -4,6 +4,7 @@
 #include "devices_priv.h"
 #include "devices_embed.h"
 #include "../progress.h"
+#include "blas.h"
 #include "optim.h"
 #include "rng.h"
 
@@ -147,6 +148,7 @@ static int open_gpus(struct devices *d, const struct config *c, const int *list,
 		     const struct optim_config *oc, int max_batch, char *err, size_t errlen)
 {
 	d->gpu = 1;
+	d->tf32 = c->gpu.tf32;
 	d->n = n;
 	for (int r = 0; r < n; r++) {
 		int times = 0;
@@ -226,6 +228,21 @@ int devices_open_cpu(struct devices *d, const struct model *m, const struct opti
 	if (e)
 		devices_close(d);
 	return e;
+}
+
+void devices_compute(const struct devices *d, char *out, size_t outlen)
+{
+	char what[160] = "?", reps[16] = "";
+	if (d->n > 1)
+		snprintf(reps, sizeof(reps), " x%d", d->n);
+	struct gpu_info gi;
+	char e[160];
+	if (!d->gpu)
+		blas_kernels(what, sizeof(what));
+	else if (gpu_query(gpu_backend_device(&d->be[d->be_of[0]]), &gi, e, sizeof(e)) == 0)
+		snprintf(what, sizeof(what), "%.100s sm_%d%d, tf32 %s", gi.name, gi.cc_major, gi.cc_minor,
+			 d->tf32 ? "on" : "off");
+	snprintf(out, outlen, "%s: %s%s", d->gpu ? "gpu" : "cpu", what, reps);
 }
 
 void devices_close(struct devices *d)

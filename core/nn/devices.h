@@ -62,6 +62,7 @@ struct devices {
 	const struct model *m;
 	int n;                              /* replicas */
 	int gpu;                            /* 1: CUDA backends, 0: one CPU replica */
+	int tf32;                           /* the GPUs' GEMMs may use TF32 ([gpu] tf32) */
 	int nbe;                            /* backends: one per GPU replica, or the CPU's */
 	struct backend be[DEVICES_MAX];
 	int be_of[DEVICES_MAX];             /* replica -> backend */
@@ -124,6 +125,11 @@ int devices_open_cpu(struct devices *d, const struct model *m, const struct opti
 		     int threads, int max_batch, char *err, size_t errlen);
 
 void devices_close(struct devices *d);   /* accepts a zeroed struct */
+
+/* What d's arithmetic runs on, in a line: "cpu: OpenBLAS 0.3.21 SkylakeX"
+ * or "gpu: NVIDIA H200 sm_90, tf32 off", with " x2" for replicas. Two
+ * workers whose lines differ may compute the same slice to other bits. */
+void devices_compute(const struct devices *d, char *out, size_t outlen);
 
 /* Copies host parameters (P) to every replica. */
 int devices_set_params(struct devices *d, const float *host, char *err, size_t errlen);

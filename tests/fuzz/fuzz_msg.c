@@ -1,7 +1,7 @@
 /* libFuzzer harness for the message decoders of net/msg.c, net/msg_rows.c
  * and net/msg_elastic.c. The input is one message body, given to msg_type
  * and to every decoder (SPULL, ROWS and SPUSH at several embedding widths;
- * VIEW, LEAVE and a REPORT with events). Checks the error
+ * VIEW, LEAVE, COMPUTE and a REPORT with events). Checks the error
  * contract (negative errno, one line), that whatever a decoder accepts
  * re-encodes to exactly the input bytes (REPORT too) (the encoding is canonical: there is
  * one byte string per message; but a bf16 signalling NaN, which comes back
@@ -223,6 +223,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		same(msg_encode_leave(re, sizeof re, &lv, &relen, err, sizeof err), relen, data, size);
 	else
 		fuzz_check_err(rc, err);
+
+	struct msg_compute mc;
+	err[0] = '\0';
+	if ((rc = msg_decode_compute(data, size, &mc, err, sizeof err)) == 0) {
+		FUZZ_CHECK(mc.text[0] && strlen(mc.text) <= MSG_COMPUTE_TEXT);
+		same(msg_encode_compute(re, sizeof re, &mc, &relen, err, sizeof err), relen, data, size);
+	} else {
+		fuzz_check_err(rc, err);
+	}
 
 	static struct msg_error e;
 	err[0] = '\0';

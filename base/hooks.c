@@ -23,6 +23,7 @@ void hooks_read(struct test_hooks *h)
 	h->ckpt_delay_ms = env_ms("PSTRAIN_CKPT_DELAY_MS");
 	h->first_pull_delay_ms = env_ms("PSTRAIN_FIRST_PULL_DELAY_MS");
 	h->eval_delay_ms = env_ms("PSTRAIN_EVAL_DELAY_MS");
+	h->final_eval_delay_ms = env_ms("PSTRAIN_FINAL_EVAL_DELAY_MS");
 	h->step_delay_ms = env_ms("PSTRAIN_STEP_DELAY_MS");
 }
 

@@ -23,6 +23,8 @@ struct test_hooks {
 				   * starved thread would */
 	long eval_delay_ms;       /* PSTRAIN_EVAL_DELAY_MS: the chief sleeps this long
 				   * before each periodic evaluation */
+	long final_eval_delay_ms; /* PSTRAIN_FINAL_EVAL_DELAY_MS: and this long before
+				   * the final one, so a ps can be lost during it */
 	long step_delay_ms;       /* PSTRAIN_STEP_DELAY_MS: a worker sleeps this long
 				   * before each step, so that a run lasts while the
 				   * tests change its worker set */

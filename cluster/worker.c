@@ -13,6 +13,7 @@
 #include "view.h"
 #include "worker_host.h"
 #include "worker_share.h"
+#include "worker_priv.h"
 
 #include "../core/nn/devices.h"
 #include "../core/nn/optim.h"
@@ -27,63 +28,6 @@
 #include <string.h>
 
 #define EVAL_BATCH ROLE_EVAL_BATCH
-
-/* Where a worker is with the step it trains next (wr->step). */
-enum step_phase {
-	STEP_UNPULLED,  /* its parameters are still at the shards: pull first */
-	STEP_PULLED,    /* they are on the devices (the last exchange, or a recovery) */
-	STEP_FORWARDED, /* and its forward pass ran while they arrived (worker_preforward) */
-	STEP_COMPUTING, /* its gradient is being made: the devices hold no next step's yet */
-};
-
-/* How one step's gradient goes up (worker_way). */
-enum step_way {
-	WAY_PUSH,         /* after the compute, and no parameters come back: the
-			   * last step of a worker other than the chief */
-	WAY_AFTER,        /* after the compute, the next parameters coming back */
-	WAY_FLOW,         /* piece by piece while backward makes them final */
-	WAY_FLOW_FORWARD, /* and the next step's forward pass runs as its
-			   * parameters arrive */
-};
-
-struct worker {
-	const struct config *c;
-	const volatile sig_atomic_t *stop;
-	FILE *out;
-	struct role_setup s;
-	struct test_hooks hooks;     /* base/hooks.h */
-	struct devices dev;
-	struct links lk;
-	struct worker_embed *emb; /* the embedding layer's rows (NULL: none) */
-	struct gradflow flow;    /* the gradient as backward makes it final */
-	struct gradflow pflow;   /* the next step's parameters as they arrive */
-	int preforward;          /* the next step's forward pass may wait on pflow */
-	enum step_phase phase;   /* what the devices hold for wr->step */
-	double t_pre;            /* a forward pass run early: its compute, not its waits (seconds) */
-	long preforwarded;       /* steps whose forward pass ran so */
-	struct autoflow af;      /* whether a step does */
-	struct autoflow packf;   /* whether float32 goes packed to other hosts ([cluster] wire_pack) */
-	struct progress pg;
-	float *params, *grads;   /* (P) */
-	int own_host;            /* params and grads are separate host copies */
-	uint32_t *perm;          /* (n) the epoch's order */
-	int index, chief, W, B, ckpts, tty;
-	int S;                   /* slices of a step (config_slices) */
-	int nmine, mine[VIEW_MAX]; /* this worker's slices, in slice order (cluster/view.h) */
-	int elastic, live;       /* config_elastic; the workers in the step's view */
-	int left;                /* elastic: it left after a SIGTERM (LEAVE said, last slices pushed) */
-	long total, spe;
-	long step, start;        /* the step to train next; where training (re)started */
-	long ckpt_at, ckpt_start; /* sync: the step of the last CHECKPOINT asked for since
-				   * training (re)started at ckpt_start */
-	long epoch_loaded;
-	int finished;            /* the shards were at the run's end when it started */
-	double t_compute, t_comm; /* seconds in worker_compute; in pulls and pushes */
-	long timed;              /* steps counted in them */
-	struct tblog tb;         /* the chief's TensorBoard events ([train] log_dir) */
-	double tb_compute, tb_comm; /* t_compute, t_comm at the last event */
-	long tb_timed;
-};
 
 /* [cluster] wire_pack: float32 packed (net/fpack.h) on the links to other
  * hosts, where the link rather than the CPU limits the steps: the same
@@ -256,7 +200,7 @@ static void worker_close(struct worker *wr)
 }
 
 /* Every shard's parameters for `step`, on the devices. */
-static int worker_pull(struct worker *wr, char *err, size_t errlen)
+int worker_pull(struct worker *wr, char *err, size_t errlen)
 {
 	int e = links_pull(&wr->lk, wr->params, 0, err, errlen);
 	return e ? e : devices_set_params(&wr->dev, wr->params, err, errlen);
@@ -265,7 +209,7 @@ static int worker_pull(struct worker *wr, char *err, size_t errlen)
 /* A ps went away (or back), err says how: reconnect, roll back if needed,
  * and set *at to the step the shards agree on, with its parameters on the
  * devices. */
-static int worker_recover(struct worker *wr, long *at, char *err, size_t errlen)
+int worker_recover(struct worker *wr, long *at, char *err, size_t errlen)
 {
 	char why[CONFIG_ERR_MAX];
 	snprintf(why, sizeof(why), "%s", err);
@@ -284,7 +228,7 @@ static int worker_recover(struct worker *wr, long *at, char *err, size_t errlen)
  * version as pulled (S versions a step, one a slice), a label all ps save under while
  * each records its shard as it is. Both count steps of the run, as
  * `local` does, so any checkpoint continues in any mode and layout. */
-static long ckpt_label(const struct worker *wr, long step)
+long ckpt_label(const struct worker *wr, long step)
 {
 	long every = wr->c->train.checkpoint_every;
 	if (wr->c->train.mode != MODE_SYNC)
@@ -294,7 +238,7 @@ static long ckpt_label(const struct worker *wr, long step)
 
 /* The train loss and accuracy since the last reading, as one log line (a
  * worker other than the chief). */
-static int worker_meter_line(struct worker *wr, char *err, size_t errlen)
+int worker_meter_line(struct worker *wr, char *err, size_t errlen)
 {
 	double loss;
 	long right, n;
@@ -309,7 +253,7 @@ static int worker_meter_line(struct worker *wr, char *err, size_t errlen)
 
 /* The chief's evaluation in its TensorBoard events, with the step time
  * since the last one split into compute and communication. */
-static void worker_log_eval(struct worker *wr, long step)
+void worker_log_eval(struct worker *wr, long step)
 {
 	long n = wr->timed - wr->tb_timed;
 	if (!wr->tb.f)
@@ -688,129 +632,6 @@ static int worker_train(struct worker *wr, char *err, size_t errlen)
 			wr->step = wr->start = at;
 	}
 	return 0;
-}
-
-/* After the last step: the chief pulls the final parameters, evaluates
- * them (res) and asks for the final checkpoint, which records the test
- * accuracy; the others log their figures. *again: the final pull found a
- * lost ps whose recovery went back to a step to train again from
- * (wr->step). */
-static int worker_final(struct worker *wr, const char *dump, struct train_result *res, int *again,
-			char *err, size_t errlen)
-{
-	long step = wr->step;
-	int e = 0;
-	*again = 0;
-	if (wr->finished)
-		return dump ? worker_dump(dump, wr->params, wr->s.job.m.nparams, wr->emb, err, errlen) : 0;
-	if (!wr->chief)
-		return worker_meter_line(wr, err, errlen);
-	if (step > wr->start && wr->phase == STEP_UNPULLED) {
-		e = worker_pull(wr, err, errlen);
-		if (e && wr->lk.lost >= 0) {
-			/* The last step's shards were lost: the same recovery
-			 * as in the loop, which may roll back and train again. */
-			long at = step;
-			e = worker_recover(wr, &at, err, errlen);
-			if (e)
-				return e;
-			if ((wr->c->train.mode == MODE_SYNC || at != step) && at < wr->total) {
-				wr->step = wr->start = at;
-				*again = 1;
-				return 0;
-			}
-		}
-		if (e)
-			return e;
-	}
-	struct eval_result ev;
-	e = devices_report(&wr->dev, &wr->pg, step - 1, err, errlen);
-	if (!e && !(e = devices_eval(&wr->dev, &wr->s.job.test, &ev, err, errlen))) {
-		res->test_loss = ev.loss;
-		res->test_acc = ev.acc;
-		res->binary = ev.binary;
-		res->test_auc = ev.auc;
-	}
-	if (!e && wr->ckpts && step > wr->start)
-		e = links_checkpoint(&wr->lk, ckpt_label(wr, step), res->test_acc, err, errlen);
-	if (e)
-		return e;
-	devices_show_eval(&wr->pg, step, &ev);
-	worker_log_eval(wr, step);
-	return dump ? worker_dump(dump, wr->params, wr->s.job.m.nparams, wr->emb, err, errlen) : 0;
-}
-
-/* A finished run started again, or one that the other workers finished
- * before this one connected (backup workers): the shards are at or past
- * this run's last step. One line says so, with the test accuracy of the
- * parameters they hold (evaluated here: a worker does not read
- * checkpoints), and the worker goes on to say DONE as after training.
- * The chief asks for the final checkpoint of a run that ends here: a
- * finished run's exists already and is not written again, and one the
- * others finished has none yet. */
-static int worker_found_finished(struct worker *wr, struct train_result *res, char *err, size_t errlen)
-{
-	int e = devices_evaluate(&wr->dev, &wr->s.job.test, &res->test_loss, &res->test_acc, err, errlen);
-	if (!e && wr->ckpts && wr->start == wr->total)
-		e = links_checkpoint(&wr->lk, ckpt_label(wr, wr->start), res->test_acc, err, errlen);
-	if (e)
-		return e;
-	wr->finished = 1;
-	res->finished = 1;
-	role_log(wr->out, "worker %d: run finished: the shards are at step %ld%s this run's %ld steps (test accuracy %.2f%%); to train on, raise [train] steps or epochs on every process; to start over, restart every ps with --fresh or another checkpoint_dir",
-		 wr->index, wr->start, wr->start == wr->total ? " of" : ", past", wr->total, 100 * res->test_acc);
-	return 0;
-}
-
-/* A worker that has trained its last step says DONE and stays until every
- * ps reports the run complete (the chief has said DONE, after its final
- * checkpoint and evaluation), polling with STATUS every 100 ms, so that a
- * ps killed and restarted meanwhile can still roll it back. The chief
- * itself, or a worker finishing after it, leaves at once. A lost ps is
- * recovered from as during training; if the shards went back, *again is
- * set, with wr->step the step to train again from, else DONE is said
- * again on the new connections. */
-static int worker_finish(struct worker *wr, int *again, char *err, size_t errlen)
-{
-	struct links *lk = &wr->lk;
-	long step = wr->step;
-	*again = 0;
-	for (;;) {
-		int r = links_done(lk, 0, err, errlen), complete = 0;
-		while (!r) {
-			r = links_status(lk, &complete, err, errlen);
-			if (r || complete)
-				break;
-			if (*wr->stop)
-				return err_set(err, errlen, -EINTR, "worker %d: interrupted while waiting for the others to finish",
-					       wr->index);
-			role_nap_ms(100);
-		}
-		if (!r) {
-			/* Unsent, a ps waits peer_timeout for this worker
-			 * to come back, then finishes all the same. */
-			char e2[CONFIG_ERR_MAX];
-			(void)links_done(lk, 1, e2, sizeof(e2));
-			return 0;
-		}
-		if (lk->lost < 0)
-			return r;
-		char why[CONFIG_ERR_MAX];
-		long at = step;
-		snprintf(why, sizeof(why), "%s", err);
-		r = recovery_resync(lk, wr->params, &at, why, err, errlen);
-		if (r)
-			return r;
-		if (at != step) {
-			r = devices_set_params(&wr->dev, wr->params, err, errlen);
-			if (r)
-				return r;
-			wr->step = wr->start = at;
-			wr->phase = STEP_PULLED;
-			*again = 1;
-			return 0;
-		}
-	}
 }
 
 int cluster_worker(const struct config *c, int index, FILE *out, int tty,

@@ -52,7 +52,12 @@ void target_teardown(void)
  * process that teardown would not kill. */
 pid_t target_spawn(const char *const *args, const char *outpath)
 {
-	pid_t pid = spawn_pstrain(args, outpath, NULL);
+	return target_spawn_env(args, outpath, NULL);
+}
+
+pid_t target_spawn_env(const char *const *args, const char *outpath, const char *env)
+{
+	pid_t pid = spawn_pstrain(args, outpath, env);
 	cr_assert_lt(nspawned, (int)(sizeof(spawned) / sizeof(spawned[0])));
 	spawned[nspawned++] = pid;
 	return pid;

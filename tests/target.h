@@ -39,6 +39,8 @@ void target_teardown(void);
 /* spawn_pstrain, remembering the process for target_teardown; a test
  * that starts more than 8 fails. */
 pid_t target_spawn(const char *const *args, const char *outpath);
+/* The same with one more environment variable ("NAME=VALUE"; NULL: none). */
+pid_t target_spawn_env(const char *const *args, const char *outpath, const char *env);
 /* Seconds on the monotonic clock. */
 double target_now_s(void);
 void target_nap_ms(long ms);

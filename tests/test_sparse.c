@@ -669,3 +669,49 @@ Test(sparse, a_restarted_ps_is_recovered_from)
 			    &applied, &stale), 2, "%s", ps0);
 	cr_assert(applied > 3000 && stale == 0, "%s", ps0);
 }
+
+/* A click-through model's final evaluation pulls its rows from the ps: ps
+ * 1 killed while the chief is about to evaluate (test hook
+ * PSTRAIN_FINAL_EVAL_DELAY_MS) and started again resumes from a
+ * checkpoint before the end, so the chief recovers as from a ps lost in
+ * training, trains the rolled-back steps again and evaluates at the end;
+ * before, the lost rows ended the chief. */
+Test(sparse, a_ps_lost_during_the_final_evaluation)
+{
+	struct ctr x;
+	char out[4][300];
+	ctr_config(&x, "finaleval", 2, 1, 400, EMBED, "checkpoint_dir = ck\ncheckpoint_every = 100\n",
+		   "peer_timeout = 10\n");
+	pid_t pids[4];
+	int st[4];
+	for (int i = 0; i < 3; i++) {
+		const char *role = i < 2 ? "ps" : "worker", *idx = i == 1 ? "1" : "0";
+		snprintf(out[i], sizeof(out[i]), "%s/finaleval-%s%s.log", target_dir, role, idx);
+		const char *args[] = { role, "--index", idx, "--config", x.cfg, NULL };
+		pids[i] = target_spawn_env(args, out[i], i == 2 ? "PSTRAIN_FINAL_EVAL_DELAY_MS=4000" : NULL);
+	}
+	/* Step 300's checkpoint saved: the last 100 steps take well under
+	 * 1.5 s even on a loaded machine, and the chief then sleeps 4 s
+	 * before evaluating (the final checkpoint is asked for after it). The
+	 * chief's line below says the loss came in the evaluation. */
+	cr_assert(wait_for_text(out[0], "step-00000300"), "%s", slurp(out[0]));
+	target_nap_ms(1500);
+	kill(pids[1], SIGKILL);
+	int killed;
+	wait_children(&pids[1], 1, &killed, 10);
+	snprintf(out[3], sizeof(out[3]), "%s/finaleval-ps1-again.log", target_dir);
+	const char *again[] = { "ps", "--index", "1", "--config", x.cfg, NULL };
+	pids[3] = target_spawn(again, out[3]);
+	pid_t rest[3] = { pids[0], pids[2], pids[3] };
+	char logs[3][300];
+	snprintf(logs[0], 300, "%s", out[0]);
+	snprintf(logs[1], 300, "%s", out[2]);
+	snprintf(logs[2], 300, "%s", out[3]);
+	wait_children(rest, 3, st, RUN_S);
+	assert_exits_zero(st, logs, 3, "after the restart");
+	const char *w = slurp(out[2]), *ps1 = slurp(out[3]);
+	cr_assert_not_null(strstr(w, "worker 0: ps 1 was lost during the final evaluation"), "%s", w);
+	cr_assert_not_null(strstr(w, "done: 400 steps"), "%s", w);
+	cr_assert_not_null(strstr(w, " AUC 0."), "%s", w);
+	cr_assert_not_null(strstr(ps1, "ps 1: resuming from "), "%s", ps1);
+}

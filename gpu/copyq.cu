@@ -52,10 +52,12 @@ int gq_reserve(void *ctx, int slots)
 	int r = use(g);
 	if (r || slots <= g->q_slots)
 		return r;
-	if (!g->q_after) {
+	/* Each on its own: a failure between them leaves the other for the
+	 * next try, not a queue that gq_join calls unreserved. */
+	if (!g->q_after)
 		CK(g, cudaEventCreateWithFlags(&g->q_after, cudaEventDisableTiming));
+	if (!g->q_join)
 		CK(g, cudaEventCreateWithFlags(&g->q_join, cudaEventDisableTiming));
-	}
 	cudaEvent_t *ev = (cudaEvent_t *)realloc(g->q_slot, (size_t)slots * sizeof(*ev));
 	if (!ev) {
 		snprintf(g->err, sizeof(g->err), "gpu:%d: out of host memory for %d copy slots", g->device, slots);

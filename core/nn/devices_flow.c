@@ -19,7 +19,9 @@
  * the queue, and has the backend's work after it wait for them (one event
  * a layer): the GPU computes the first layers while the last ones' pieces
  * are still on the wire. Nothing is allocated, no thread made and no
- * stream synchronized in a step; the host waits only for a slot. */
+ * stream synchronized in the exchange; the host waits there only for a
+ * slot (a staged batch's buffer and an epoch's new order are waited for
+ * as in any step: gpu/stream.cu, devices_set_order). */
 #include "devices.h"
 #include "devices_priv.h"
 #include "optim.h"
@@ -259,7 +261,14 @@ static int queued_ready(void *ctx, size_t lo, size_t want, size_t most, size_t u
 
 /* devices_forward_flow, QUEUED: the pass queued layer by layer as the
  * parameters arrive. The copies up overwrite what the last step's
- * kernels may still read: they go after those (copy_after). After a
+ * kernels may still read: they go after those (copy_after). Nothing here
+ * waits for the copies up to have read the host vector before the next
+ * exchange lets the receivers overwrite it: that holds by causality only
+ * (the copy stream runs in order, so the next step's first gradient slot
+ * waits behind them, and the ps sends no next parameters before that
+ * gradient's first piece: pieces are strict sync, role_pieces). Were that
+ * relaxed, record an event after the last copy up and wait for it at the
+ * start of devices_step_flow. After a
  * failure the backend's later work (devices_set_params' upload) waits for
  * the copies queued, so that none lands after it. */
 static int queued_forward(struct devices *d, const int32_t *y, int B, uint64_t key, const float *host,

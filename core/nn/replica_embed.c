@@ -70,7 +70,9 @@ static int embed_load_plan(struct replica *r, const struct embed_plan *p)
 		e = o->upload(ctx, r->e_roff, p->roff, (p->u + 1) * sizeof(uint32_t));
 	if (!e && p->nnz)
 		e = o->upload(ctx, r->e_rseg, p->rseg, p->nnz * sizeof(uint32_t));
-	if (!e && p->u)
+	/* Only a backend gathering from the table reads the rows' ids; a
+	 * GPU's upload would be one more wait on its stream a step. */
+	if (!e && p->u && o->embed_gather)
 		e = o->upload(ctx, r->e_rows, p->rows, p->u * sizeof(uint64_t));
 	return e;
 }

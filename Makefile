@@ -198,9 +198,11 @@ test-net: deps-test $(BIN) $(BUILD)/bench/netdelay
 
 # A one-node Slurm from Debian's packages in a temporary directory runs
 # examples/slurm/pstrain.sbatch (1 ps + 2 workers as one srun) and checks
-# the accuracy line (tests/slurm/run.sh). Without root it says it skipped.
-test-slurm: deps $(BIN)
-	$(Q)timeout --foreground -k 10 300 tests/slurm/run.sh $(abspath $(BIN))
+# the accuracy line, then an elastic job whose workers srun steps add and
+# scancel removes, with the test build (its step-delay hook keeps the run
+# going meanwhile) (tests/slurm/run.sh). Without root it says it skipped.
+test-slurm: deps $(BIN) $(TEST_PSTRAIN)
+	$(Q)timeout --foreground -k 10 300 tests/slurm/run.sh $(abspath $(BIN)) $(abspath $(TEST_PSTRAIN))
 
 test-cpu:
 	$(Q)$(MAKE) --no-print-directory CUDA=0 BUILD=build/cpu BIN=build/cpu/pstrain unit

@@ -536,7 +536,7 @@ int ps_conn_run(struct ps_conn *cn)
 
 /* Whether the accept loop ends: a lost worker's deadline passed (the ps
  * stops), or every worker is done and gone (members_finished). */
-static int ps_over(struct ps *ps)
+int ps_over(struct ps *ps)
 {
 	int64_t now = role_now_ms();
 	pthread_mutex_lock(&ps->mu);

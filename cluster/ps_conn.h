@@ -199,6 +199,11 @@ struct ps_conn *ps_conn_add(struct ps *ps, int fd, const char *peer, int w,
 			    const struct hs_result *hr);
 int ps_conn_run(struct ps_conn *cn);
 void ps_admit(struct ps *ps, struct gate_greeting *gr);
+/* The accept loop's round (every 200 ms or sooner): a worker lost past
+ * peer_timeout is dropped (elastic, enough others: ps_view_expired) or
+ * stops the ps; returns whether the ps is over (stopped, or every worker
+ * done and gone). */
+int ps_over(struct ps *ps);
 
 /* ps.c, for ps_admit.c: cn taken off ps->conns and closed (not freed),
  * as for a connection whose thread could not start. ps_admit.c, for ps.c: the REPORT an observer's STATUS
@@ -258,6 +263,12 @@ int ps_view_wait(const struct ps *ps);
 void ps_view_fix(struct ps *ps);
 int ps_view_message(struct ps_conn *cn, struct msg_view *out);
 void ps_view_drop(struct ps *ps, int w);
+/* Whether the step under way waits on worker w (ps 0 of an elastic sync
+ * cluster; 0 elsewhere, where slices are only counted): it owns a slice
+ * of the step's view not pushed yet, or no view is fixed for the step
+ * and w would be in it (no PULL has been answered at the step, so no
+ * slice of it can come before one is). */
+int ps_view_owes(const struct ps *ps, int w);
 /* Any ps: worker w lost past its deadline (members_expired). Elastic, with
  * min_workers others or the run complete, it is dropped (and ps 0 gives
  * its slices out again): -1; else w, for which the ps stops. */

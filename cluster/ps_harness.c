@@ -19,6 +19,7 @@ struct ps_harness {
 	struct ps ps;
 	struct role_setup s;
 	struct shard plan[CONFIG_MAX_HOSTS];
+	int deadline_stop;   /* ps_harness_tick stopped the ps: a worker's deadline, no peer's doing */
 };
 
 int ps_harness_open(struct ps_harness **out, const struct config *c, int index, FILE *log,
@@ -54,6 +55,21 @@ int ps_harness_serve(struct ps_harness *h, int fd, const struct hs_result *hr, i
 	int r = ps_conn_run(cn);
 	free(cn);
 	return r;
+}
+
+int ps_harness_tick(struct ps_harness *h)
+{
+	/* While connections are served only this round sets ps->aborted
+	 * (ps.c; ps_drain is the real ps's end): a stop that appears across
+	 * it is its doing. */
+	pthread_mutex_lock(&h->ps.mu);
+	int before = h->ps.aborted;
+	pthread_mutex_unlock(&h->ps.mu);
+	int over = ps_over(&h->ps);
+	pthread_mutex_lock(&h->ps.mu);
+	h->deadline_stop |= !before && h->ps.aborted;
+	pthread_mutex_unlock(&h->ps.mu);
+	return over;
 }
 
 void ps_harness_greet(struct ps_harness *h, int fd, const uint8_t hello[HS_HELLO_BYTES])
@@ -94,7 +110,7 @@ int ps_harness_check(struct ps_harness *h, char *err, size_t errlen)
 		return err_set(err, errlen, -EDOM, "parameter %zu is %g", bad, (double)p[bad]);
 	if (rows_bad)
 		return err_set(err, errlen, rows_bad, "%s", rows);
-	if (aborted)
+	if (aborted && !h->deadline_stop)
 		return err_set(err, errlen, -ECONNABORTED, "a peer stopped the ps: %s", why);
 	if (live || ps->nconn || ps->po.n)
 		return err_set(err, errlen, -EBUSY, "a connection outlived its thread");

@@ -27,8 +27,18 @@ int ps_harness_open(struct ps_harness **h, const struct config *c, int index, FI
 /* Serves fd (a connected stream socket, now the ps's) as a connection that
  * greeted as worker w with hr's keys, until it ends (the peer closes, an
  * error, a timeout). Returns what serving it returned: 0 or a negative
- * errno; either is fine, the ps must only stay sound (ps_harness_check). */
+ * errno; either is fine, the ps must only stay sound (ps_harness_check).
+ * Several may run at once, each on a thread of the caller's (an elastic
+ * ps's workers). */
 int ps_harness_serve(struct ps_harness *h, int fd, const struct hs_result *hr, int w);
+
+/* The accept loop's round, which the harness has no loop for: a worker
+ * lost past peer_timeout dropped (elastic, with min_workers others) or,
+ * too few left, the ps stopped, as the real ps decides on its own clock
+ * (such a stop is no peer's doing: ps_harness_check allows it). Returns
+ * whether the ps is over. Call it while connections wait on a worker
+ * that is gone. */
+int ps_harness_tick(struct ps_harness *h);
 
 /* A whole greeting (hello) that arrived on fd, a connected stream socket
  * now the ps's, handed to the ps's admission as its gate hands one out:
@@ -42,9 +52,9 @@ void ps_harness_greet(struct ps_harness *h, int fd, const uint8_t hello[HS_HELLO
 void ps_harness_settle(struct ps_harness *h);
 
 /* The invariants a key holder cannot break: every parameter and embedding
- * row finite, the ps
- * not stopped by a peer, no connection left behind. 0, or a negative
- * errno with the broken one in err. */
+ * row finite, the ps not stopped by a peer (only by a worker's deadline,
+ * ps_harness_tick), no connection left behind. 0, or a negative errno
+ * with the broken one in err. */
 int ps_harness_check(struct ps_harness *h, char *err, size_t errlen);
 
 void ps_harness_close(struct ps_harness *h);

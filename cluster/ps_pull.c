@@ -60,12 +60,34 @@ static uint64_t pull_has(const struct ps *ps, long piece)
  * ERROR and the PARAMS. Its failures are all the transport's (or a shard
  * gone back under a streamed answer): none gets an ERROR. */
 
+/* Whether the shard's current version waits on this worker's own
+ * gradient while the PULL is answered on the thread that must read it
+ * (no streamer): a sync shard that needs every slice (no backup
+ * workers), a slice this worker owns in the step (on ps 0 of an elastic
+ * cluster, ps_view_owes) not pushed. Nobody else can push it while the
+ * worker is connected, and its thread reads nothing until the PULL is
+ * answered: waiting would hold the shard, and every other worker's PULL,
+ * for ever. A worker never asks so (it pushes, reads the ACK, then
+ * pulls); a peer that does (found by tests/fuzz/fuzz_ps.c's elastic
+ * mode), or one whose shard was rolled back meanwhile, gets the shard as
+ * it is, as after a revision. */
+static int pull_waits_on_itself(const struct ps_conn *cn, long piece)
+{
+	const struct ps *ps = cn->ps;
+	if (piece >= 0 || cn->st_on || ps->sh.mode != MODE_SYNC || ps->sh.replicas < ps->sh.workers)
+		return 0;
+	return ps->mb.elastic ? ps_view_owes(ps, cn->w) : !members_has_pushed(&ps->mb, &ps->sh, cn->w);
+}
+
 /* Whether nothing but this worker can move the shard, and this worker
  * has: every other worker is done, and this one's gradient for the
- * current version is in (a streamed PULL comes before the PUSH). */
+ * current version is in (a streamed PULL comes before the PUSH); or it
+ * alone can, and cannot while this PULL waits (pull_waits_on_itself). */
 static int pull_hopeless(const struct ps_conn *cn, long piece)
 {
 	const struct ps *ps = cn->ps;
+	if (pull_waits_on_itself(cn, piece))
+		return 1;
 	return members_others_done(&ps->mb) && (piece < 0 || members_has_pushed(&ps->mb, &ps->sh, cn->w));
 }
 

@@ -222,6 +222,10 @@ static int store_resume(struct ps_store *st, char *err, size_t errlen)
 	long total = sh->total / (long)store_per_step(st);
 	if (ld.step < total) {
 		role_log(st->out, "ps %d: resuming from %s", st->index, sd);
+		/* ps 0 alone says it: every ps read the same manifest. */
+		char note[CKPT_PATH_MAX + 256];
+		if (st->index == 0 && checkpoint_batch_note(st->lay, ld.slices, ld.batch, sd, note, sizeof(note)))
+			role_log(st->out, "ps 0: warning: %s", note);
 		return 0;
 	}
 	if (ld.test_acc >= 0)

@@ -37,6 +37,18 @@ int ps_view_wait(const struct ps *ps)
 	return view_count(&v) < m->min;
 }
 
+int ps_view_owes(const struct ps *ps, int w)
+{
+	const struct members *m = &ps->mb;
+	if (!ps_view_on(ps) || ps->sh.mode != MODE_SYNC)
+		return 0;
+	if (m->has_view && m->view.version == psshard_version(&ps->sh))
+		return !members_has_pushed(m, &ps->sh, w);
+	struct view v;
+	members_candidates(m, &v, ps->sh.workers);
+	return view_has(&v, w);
+}
+
 /* The events of a new view (who is in it and was not in the last), and
  * one line when its workers are not the last one's (revised: the same
  * step's, a worker lost from it). */
@@ -58,7 +70,10 @@ static void view_say(struct ps *ps, const struct view *v, int revised)
 		n++;
 	}
 	const char *unit = ps->sh.mode == MODE_SYNC ? "step" : "version";
-	if (changed)
+	if (changed && !n)
+		role_log(ps->out, "ps 0: %s %llu again (a worker was lost): no worker left in it; the next one ready takes its %d slices",
+			 unit, (unsigned long long)v->version, v->S);
+	else if (changed)
 		role_log(ps->out, "ps 0: %s%s %llu%s: worker%s %s train%s the %d slices", revised ? "" : "from ", unit,
 			 (unsigned long long)v->version, revised ? " again (a worker was lost)" : "", n == 1 ? "" : "s",
 			 list, n == 1 ? "s" : "", v->S);

@@ -50,6 +50,7 @@ struct run {
 	long start;                    /* the step it resumes at */
 	double acc;                    /* the resumed checkpoint's recorded test
 					* accuracy, -1: none */
+	int was_slices, was_batch;     /* its global batch (0: not recorded) */
 	const struct dataset *given_train, *given_test;   /* train_sets's; NULL: [data]'s */
 	float *table;                  /* (R, DIM) the embedding tables; NULL: none */
 	struct sparse_optim sopt;      /* their optimizer */
@@ -99,6 +100,8 @@ static int resume(struct run *r, char *err, size_t errlen)
 		return e;
 	r->start = ld.step;
 	r->acc = ld.test_acc;
+	r->was_slices = ld.slices;
+	r->was_batch = ld.batch;
 	/* An async cluster's shards count updates apart (ld.t = -1 where
 	 * they disagree); here there is one update per step. */
 	r->opt.t = ld.t >= 0 && ld.async != 1 ? ld.t : ld.step;
@@ -242,6 +245,9 @@ static int run_ready(struct run *r, int tty, char *err, size_t errlen)
 		char sd[CKPT_PATH_MAX];
 		checkpoint_step_dir(sd, sizeof(sd), r->ck->dir, r->start);
 		fprintf(r->out, "resuming from %s\n", sd);
+		char note[CKPT_PATH_MAX + 256];
+		if (checkpoint_batch_note(r->lay, r->was_slices, r->was_batch, sd, note, sizeof(note)))
+			fprintf(r->out, "warning: %s\n", note);
 	}
 	if (!e)
 		e = devices_set_params(&r->dev, r->params, err, errlen);

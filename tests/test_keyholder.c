@@ -12,7 +12,9 @@
  *     unexpected messages each get an ERROR with the reason (the
  *     connection used to close without a word);
  *   - a worker told ERROR by a ps prints it on one line and exits 3; a
- *     worker whose training diverges stops before it pushes a NaN.
+ *     worker whose training diverges stops before it pushes a NaN;
+ *   - on an elastic ps 0, a PULL past the step from a worker that owes
+ *     slices of it is answered at once (it would wait for itself).
  * And in-process: the non-finite check, psshard_push refusing such a
  * gradient, and a ROLLBACK whose checkpoint fails half way through loading
  * leaving the shard as it was. Every wait is bounded; teardown kills what
@@ -553,6 +555,52 @@ Test(keyholder, peer_silent_mid_push_is_no_traffic)
 	target_wipe(&hr);
 }
 
+/* The version of the PARAMS that answer a PULL on an elastic ps 0, after
+ * the VIEW that may come first. */
+static uint64_t recv_view_params(int fd, struct hs_result *hr, float *p, const char *what)
+{
+	static uint8_t buf[FRAME_CT_MAX];
+	size_t len;
+	char err[256];
+	int type;
+	while ((type = recv_msg(fd, hr, buf, &len, what)) == WIRE_VIEW)
+		;
+	cr_assert_eq(type, WIRE_PARAMS, "%s was answered with %s", what, wire_msg_name((uint8_t)type));
+	struct msg_chunk ch;
+	cr_assert_eq(msg_decode_chunk(buf, len, &ch, err, sizeof(err)), 0, "%s", err);
+	msg_chunk_floats(p, &ch);
+	return ch.version;
+}
+
+/* Elastic (2 workers listed, min_workers 1): worker 0 pulls step 0 alone
+ * (its view gives it both slices), worker 1 joins after, and worker 0
+ * asks for version 1 without pushing its slices of 0. Only it can push
+ * them, and an elastic ps reads them on the thread that the PULL holds
+ * (whole gradients, no streamer), so waiting would hold the shard and
+ * worker 1 for ever (tests/fuzz/fuzz_ps.c's elastic mode found it). The
+ * ps answers at once with the shard as it is, as after a revision, and
+ * serves on: real workers train to the end. */
+Test(keyholder, elastic_pull_ahead_of_its_own_slices_is_answered_at_once)
+{
+	struct target t;
+	start_ps(&t, 2, 20, "checkpoint_dir = ckpt\n[cluster]\nmin_workers = 1\n");
+	struct hs_result h0, h1;
+	static float p[NPARAMS];
+	int w0 = target_peer(&t, 0, &h0, 0);
+	send_pull(w0, &h0, 0, 0);
+	cr_assert_eq(recv_view_params(w0, &h0, p, "worker 0's PULL of 0"), 0);
+	int w1 = target_peer(&t, 1, &h1, 0);
+	send_pull(w1, &h1, 0, 0);
+	cr_assert_eq(recv_view_params(w1, &h1, p, "worker 1's PULL of 0"), 0);
+	send_pull(w0, &h0, 0, 1);   /* its slices of version 0 never pushed */
+	cr_assert_eq(recv_view_params(w0, &h0, p, "worker 0's PULL of 1"), 0);
+	close(w0);
+	close(w1);
+	target_wipe(&h0);
+	target_wipe(&h1);
+	real_workers_finish(&t, 2, NULL);
+}
+
 /* ---- the worker's side ----------------------------------------------------------- */
 
 /* A ps that answers the worker's first PULL with ERROR: the worker prints
@@ -582,7 +630,7 @@ Test(keyholder, worker_prints_a_ps_error_and_exits)
 		size_t len;
 		cr_assert_eq(conn_recv(&c, &len, err, sizeof(err)), 0, "%s", err);
 		type = msg_type(c.rbuf, len, err, sizeof(err));
-	} while (type == WIRE_HEARTBEAT);
+	} while (type == WIRE_HEARTBEAT || type == WIRE_COMPUTE);   /* what it opens with */
 	cr_assert_eq(type, WIRE_PULL, "the worker sent %s first", wire_msg_name((uint8_t)type));
 	conn_send_error(&c, CONN_MAIN, EPROTO, "refused: the test says no");
 

@@ -318,7 +318,7 @@ static long resumed_step(const char *text)
  * the parameters cannot pass. */
 Test(relayout, chain_two_workers_sync_ends_near_uninterrupted)
 {
-	char cfg[300], log[300], out[MAX_PROCS][300], want[100];
+	char cfg[300], log[300], out[MAX_PROCS][300], want[700];
 	int st[MAX_PROCS];
 
 	snprintf(cfg, sizeof(cfg), "%s/ref.ini", dir);
@@ -336,6 +336,12 @@ Test(relayout, chain_two_workers_sync_ends_near_uninterrupted)
 	run_cluster(cfg, 2, 2, NULL, "s2", st, out);
 	assert_ps_resumed(out, 2, "ck", 20);
 	cr_assert_not_null(strstr(slurp(out[2]), "continuing at step 20 of 40"), "stage 2 chief:\n%s", slurp(out[2]));
+	/* local's one slice of 32 became two of 16: the same samples a step,
+	 * said once, by ps 0 (the manifest's batch line). */
+	snprintf(want, sizeof(want), "ps 0: warning: %s/ck/step-00000020 was trained with a global batch of 1 slice of 32 (32 samples a step), this run's is 2 slices of 16 (32): the same samples a step",
+		 dir);
+	cr_assert_not_null(strstr(slurp(out[0]), want), "stage 2 ps 0:\n%s", slurp(out[0]));
+	cr_assert_null(strstr(slurp(out[1]), "warning"), "stage 2 ps 1:\n%s", slurp(out[1]));
 
 	snprintf(cfg, sizeof(cfg), "%s/s3.ini", dir);
 	write_cfg(cfg, (struct stage){ .nps = 3, .nw = 2, .steps = 60 });
@@ -343,6 +349,7 @@ Test(relayout, chain_two_workers_sync_ends_near_uninterrupted)
 	assert_ps_resumed(out, 3, "ck", 40);
 	char *chief = slurp(out[3]);
 	cr_assert_not_null(strstr(chief, "continuing at step 40 of 60"), "stage 3 chief:\n%s", chief);
+	cr_assert_null(strstr(slurp(out[0]), "warning"), "the same batch is not noted:\n%s", slurp(out[0]));
 	snprintf(want, sizeof(want), "done: %d steps", 60);
 	cr_assert_not_null(strstr(chief, want), "%s", chief);
 	double acc = done_accuracy(chief), loss = final_loss(chief);

@@ -166,10 +166,13 @@ void ckpt_hash_layout(const struct ckpt_layout *l, int nshards, enum optim_kind 
 }
 
 static int layout_init(struct ckpt_layout *l, const struct model *m, int nshards, const struct config *c,
-		       int async, char *err, size_t errlen)
+		       int cluster, int async, char *err, size_t errlen)
 {
 	memset(l, 0, sizeof(*l));
 	l->async = async;
+	l->cluster = cluster;
+	l->slices = config_slices(c, cluster);
+	l->batch = c->train.batch_size;
 	hooks_read(&l->hooks);
 	l->nt = model_tensors(m, l->t, MODEL_MAX_TENSORS);
 	if (l->nt < 0)
@@ -197,15 +200,13 @@ static int layout_init(struct ckpt_layout *l, const struct model *m, int nshards
 int ckpt_layout_init(struct ckpt_layout *l, const struct model *m, int nshards, const struct config *c,
 		     char *err, size_t errlen)
 {
-	return layout_init(l, m, nshards, c, 0, err, errlen);
+	return layout_init(l, m, nshards, c, 0, 0, err, errlen);
 }
 
 int ckpt_layout_init_cluster(struct ckpt_layout *l, const struct model *m, int nshards,
 			     const struct config *c, char *err, size_t errlen)
 {
-	int e = layout_init(l, m, nshards, c, c->train.mode == MODE_ASYNC, err, errlen);
-	l->cluster = 1;
-	return e;
+	return layout_init(l, m, nshards, c, 1, c->train.mode == MODE_ASYNC, err, errlen);
 }
 
 /* ---- writing ---- */
@@ -505,6 +506,8 @@ static void manifest_init(struct ckpt_manifest *mf, const struct ckpt_layout *l,
 	memcpy(mf->config_hash, l->config_hash, CKPT_HASH_BYTES);
 	mf->nshards = l->nshards;
 	mf->tables = l->tables;
+	mf->slices = l->slices;
+	mf->batch = l->batch;
 }
 
 int checkpoint_save(const char *dir, const struct ckpt_layout *l, long step, const struct ckpt_state *st,

@@ -69,6 +69,10 @@ struct ckpt_layout {
 	 * config's [train] embedding_optimizer). */
 	struct ckpt_tables tables;
 	char table_layer[TENSOR_NAME_MAX];
+	/* The run's global batch, recorded in the manifest: slices of a step
+	 * (config_slices: local's, or a cluster's) and batch_size. A resume
+	 * may change it (checkpoint_batch_note says so). */
+	int slices, batch;
 };
 
 /* nshards = 1 for `local`, [cluster] ps count for a cluster. */
@@ -161,6 +165,7 @@ struct ckpt_load {
 	long t, step;   /* out */
 	int async;      /* out */
 	double test_acc;/* out */
+	int slices, batch;   /* out: the checkpoint's global batch (manifest); 0: not recorded */
 	struct ckpt_rows_load *rows;   /* rows of the tables to load as well (checkpoint_load_rows);
 					* NULL: none (the tables' shape is checked all the same) */
 };
@@ -217,6 +222,16 @@ int checkpoint_load(const char *stepdir, struct ckpt_load *ld, char *err, size_t
  * Returns 0 or -EINVAL (-ENOMEM, -EIO) with the file and reason in err. */
 int checkpoint_load_rows(const char *stepdir, const struct ckpt_layout *l, int resume, struct ckpt_rows_load *rl,
 			 char *err, size_t errlen);
+
+/* Whether the checkpoint in stepdir, trained with `slices` slices of
+ * `batch` samples a step (a load's slices and batch), had another global
+ * batch than l's run: 1 with one line in line (no newline) that says both
+ * and what it means, else 0 (the same, or slices 0: a manifest that does
+ * not record it). Not a refusal: a resume may change the batch
+ * (docs/CHECKPOINTS.md), but its data order and result then differ from
+ * an uninterrupted run's. */
+int checkpoint_batch_note(const struct ckpt_layout *l, int slices, int batch, const char *stepdir, char *line,
+			  size_t len);
 
 /* The newest checkpoint under dir that loads (as checkpoint_load), trying
  * older ones after a refusal; each refusal is one line on log (may be

@@ -350,10 +350,28 @@ int checkpoint_load(const char *stepdir, struct ckpt_load *ld, char *err, size_t
 		ld->step = mf->step;
 		ld->async = in->known ? in->async : -1;
 		ld->test_acc = acc;
+		ld->slices = mf->slices;
+		ld->batch = mf->batch;
 	}
 	free(mf);
 	free(in);
 	return e;
+}
+
+int checkpoint_batch_note(const struct ckpt_layout *l, int slices, int batch, const char *stepdir, char *line,
+			  size_t len)
+{
+	if (slices < 1 || (slices == l->slices && batch == l->batch))
+		return 0;
+	long was = (long)slices * batch, now = (long)l->slices * l->batch;
+	/* The same samples a step in other slices: the data order holds, the
+	 * sums (and a slice's batchnorm, its dropout keys) do not. */
+	snprintf(line, len, "%s was trained with a global batch of %d slice%s of %d (%ld samples a step), this run's is %d slice%s of %d (%ld): %s",
+		 stepdir, slices, slices == 1 ? "" : "s", batch, was, l->slices, l->slices == 1 ? "" : "s", l->batch,
+		 now,
+		 was != now ? "from here the data order and the result differ from an uninterrupted run's"
+			    : "the same samples a step, summed in other slices: not bit for bit an uninterrupted run");
+	return 1;
 }
 
 int checkpoint_restore(const char *dir, struct ckpt_load *ld, FILE *log, char *err, size_t errlen)

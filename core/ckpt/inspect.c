@@ -152,7 +152,11 @@ int inspect_checkpoint(FILE *f, const char *stepdir, char *err, size_t errlen)
 			snprintf(who, sizeof(who), "%s", mode[0] || manifest_nshards(stepdir) == 0 ? "local" : "a cluster");
 		if (acc[0])
 			snprintf(end, sizeof(end), "saved at its end, final test accuracy %s", acc);
-		fprintf(f, "written by %s, optimizer %s, %s\n", who, optim[0] ? optim : "not recorded", end);
+		char batch[80] = "";
+		if (mf->slices > 0)
+			snprintf(batch, sizeof(batch), "a global batch of %d slice%s of %d, ", mf->slices,
+				 mf->slices == 1 ? "" : "s", mf->batch);
+		fprintf(f, "written by %s, optimizer %s, %s%s\n", who, optim[0] ? optim : "not recorded", batch, end);
 		for (int k = 0; k < mf->nshards; k++)
 			fprintf(f, "shard %d of %d: parameters [%zu, %zu) in %s\n", k, mf->nshards,
 				mf->shards[k].begin, mf->shards[k].end, mf->shards[k].file);

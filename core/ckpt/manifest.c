@@ -1,7 +1,7 @@
 /* A checkpoint's manifest, the text file that says what a step directory
- * holds (step, model, layout and config hashes, and each shard file's
- * range, size and BLAKE2b-256), written and read here; checkpoint.c
- * decides when. The format is in docs/CHECKPOINTS.md. */
+ * holds (step, model, layout and config hashes, the global batch, and
+ * each shard file's range, size and BLAKE2b-256), written and read here;
+ * checkpoint.c decides when. The format is in docs/CHECKPOINTS.md. */
 #include "manifest.h"
 #include "../fileio.h"
 #include "../nn/sparse_optim.h"
@@ -52,7 +52,10 @@ static void manifest_text(FILE *f, const struct ckpt_manifest *mf, int want_k)
 	hex(h, mf->layout_hash, CKPT_HASH_BYTES);
 	fprintf(f, "layout %s\n", h);
 	hex(h, mf->config_hash, CKPT_HASH_BYTES);
-	fprintf(f, "config %s\nshards %d\n", h, mf->nshards);
+	fprintf(f, "config %s\n", h);
+	if (mf->slices > 0)
+		fprintf(f, "batch %d %d\n", mf->slices, mf->batch);
+	fprintf(f, "shards %d\n", mf->nshards);
 	for (int k = 0; k < mf->nshards; k++)
 		if (want_k < 0 || k == want_k)
 			file_line(f, "shard", k, &mf->shards[k]);
@@ -195,6 +198,12 @@ static int manifest_file_read(struct ckpt_manifest *mf, const char *path, int wa
 			int rows = w[0] == 'r';
 			if (file_line_read(l, w, mf, want_k, rows ? &nrows : &nshard, rows ? mf->rows : mf->shards))
 				e = manifest_bad(path, ln, rows ? "bad rows line" : "bad shard line", err, errlen);
+		} else if (!strcmp(w, "batch")) {
+			/* Absent from older manifests: slices stays 0 (unknown). */
+			char tail;
+			if (sscanf(l, "batch %d %d %c", &mf->slices, &mf->batch, &tail) != 2 || mf->slices < 1 ||
+			    mf->slices > CONFIG_MAX_HOSTS || mf->batch < 1)
+				e = manifest_bad(path, ln, "bad batch line", err, errlen);
 		} else if (!strcmp(w, "tables")) {
 			if (tables_read(l, &mf->tables))
 				e = manifest_bad(path, ln, "bad tables line", err, errlen);
@@ -288,8 +297,9 @@ int manifest_read(struct ckpt_manifest *mf, const char *stepdir, char *err, size
 		if (k && (one->step != mf->step || one->nparams != mf->nparams || one->nshards != n ||
 			  memcmp(one->model_hash, mf->model_hash, CKPT_HASH_BYTES) ||
 			  memcmp(one->layout_hash, mf->layout_hash, CKPT_HASH_BYTES) ||
-			  memcmp(&one->tables, &mf->tables, sizeof(mf->tables))))
-			e = err_set(err, errlen, -EINVAL, "%s: disagrees with manifest-0-of-%d (step, model, tables or layout)",
+			  memcmp(&one->tables, &mf->tables, sizeof(mf->tables)) || one->slices != mf->slices ||
+			  one->batch != mf->batch))
+			e = err_set(err, errlen, -EINVAL, "%s: disagrees with manifest-0-of-%d (step, model, tables, batch or layout)",
 				    path, n);
 		else if (k)
 			mf->shards[k] = one->shards[k], mf->rows[k] = one->rows[k];

@@ -45,6 +45,10 @@ struct ckpt_manifest {
 	 * [0, ckpt_tables_rows) (an empty range has a file too). */
 	struct ckpt_tables tables;
 	struct ckpt_shard rows[CONFIG_MAX_HOSTS];
+	/* The global batch its run trained with: `slices` slices of
+	 * `batch_size` samples a step (config_slices); 0 and 0 in a manifest
+	 * written before the line existed (not recorded). */
+	int slices, batch;
 };
 
 

@@ -26,7 +26,8 @@
  *                   count ids of 2 bytes and count x 2 floats
  * An input whose first byte is 100..199 runs against a ps of a
  * click-through model (`embedding 26 20 2`: 520 rows of 2, a push of at
- * most 2 x 26 rows), the others against the MLP of blobs.
+ * most 2 x 26 rows); one whose first byte is 60..99 against an elastic
+ * ps (below); the others against the MLP of blobs.
  * The ps's [cluster] wire_dtype is bf16 if the input's first byte has an
  * odd tens digit (18: a HEARTBEAT first), else fp32, so both its
  * assemblies and a dtype it does not expect are reached.
@@ -55,10 +56,32 @@
  * observer's greeting, for this ps, with the key and a time near ours, is
  * answered unless 4 observers that sent a frame may hold the slots.
  *
+ * Elastic mode (first byte 60..99): ps 0 of the MLP with 3 workers listed,
+ * min_workers = 1 and 4 slices a step (docs/ELASTIC.md), so its PULLs
+ * wait for min_workers, fix a step's view and send VIEW before PARAMS,
+ * and its members join, leave and are lost. Several workers' connections
+ * are served at once, each on a thread of its own; the records go to the
+ * current one (worker 0's at first), and with these kind bytes:
+ *   200..209  LEAVE(worker: byte 0 % 4)
+ *   210..219  VIEW (version, rev, slices, live, base from bytes 0..4):
+ *             a worker's, which the ps must refuse
+ *   240..249  worker (k - 240) % 3's connection shuts its writing half
+ *             (the worker goes away: lost, unless it said DONE)
+ *   250..255  the records that follow go to worker (k - 250) % 3's
+ *             connection, opened now (a join, or a worker coming back)
+ *             if it has none open (at most EL_CONNS in all)
+ * and a PUSH (kind % 10 == 3) names worker byte 0 & 3 and slice
+ * (byte 0 >> 2) & 7 (4..7: no slice of the step). Then every connection
+ * shuts its writing half and the ps's accept-loop round runs every 10 ms
+ * (ps_harness_tick: a lost worker is dropped after peer_timeout, 50 ms
+ * here, and its slices given to the others, or with none left the ps
+ * stops, as the real one does) until every connection has ended: one that
+ * has not within EL_END_S is a finding (a PULL that waits for ever).
+ *
  * After each input the ps must be sound: every parameter and row finite, not
  * stopped by a peer, no connection left (ps_harness_check); sanitizers
- * catch the rest. One worker, sync: a PULL never waits for another
- * worker. */
+ * catch the rest. One worker, sync (all but elastic mode): a PULL never
+ * waits for another worker. */
 #include "../../base/err.h"
 #include "../../cluster/ps_harness.h"
 #include "../../core/config/config.h"
@@ -70,6 +93,7 @@
 
 #include <errno.h>
 #include <ftw.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sodium.h>
 #include <sys/socket.h>
@@ -80,11 +104,16 @@
 #define SESSIONS_MAX 8
 /* Observer slots (cluster/ps_observers.h), as the invariant counts them. */
 #define SLOTS 4
+/* Elastic mode: workers listed, connections an input opens at most, and
+ * how long its connections may take to end once every worker is gone. */
+#define EL_WORKERS 3
+#define EL_CONNS 8
+#define EL_END_S 5
 
 static char dir[64];
 static uint8_t cluster_key[KEY_BYTES];
 static char ckpt[96];
-static struct config cfg, cfg_ctr;
+static struct config cfg, cfg_ctr, cfg_el;
 static FILE *devnull;
 static uint8_t wire[1 << 20];
 
@@ -94,6 +123,15 @@ static void write_text(const char *name, const char *text)
 	snprintf(path, sizeof(path), "%s/%s", dir, name);
 	FILE *f = fopen(path, "w");
 	FUZZ_CHECK(f && fputs(text, f) >= 0 && fclose(f) == 0);
+}
+
+/* ini written to dir/NAME and loaded into c. */
+static void config_from(struct config *c, const char *name, const char *ini)
+{
+	char path[128], err[1024];
+	write_text(name, ini);
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	FUZZ_CHECK(config_load(c, path, NULL, 0, err, sizeof(err)) == 0);
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
@@ -119,9 +157,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 		 "checkpoint_dir = %s\nthreads = 1\n"
 		 "[model]\ninput = 2\nlayer = dense 4\nlayer = relu\nlayer = dense 3\n",
 		 dir, dir, ckpt);
-	write_text("cluster.ini", ini);
-	snprintf(path, sizeof(path), "%s/cluster.ini", dir);
-	FUZZ_CHECK(config_load(&cfg, path, NULL, 0, err, sizeof(err)) == 0);
+	config_from(&cfg, "cluster.ini", ini);
 	/* A click-through model's ps, for the embedding rows' messages. */
 	write_text("ctr.txt", "1\t1\t2\t3\t4\t5\t6\t7\t8\t9\t10\t11\t12\t13"
 			      "\t0a\t0b\t0c\t0d\t0e\t0f\t10\t11\t12\t13\t14\t15\t16"
@@ -135,9 +171,20 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 		 "[model]\ninput = 13\nlayer = embedding 26 20 2\nlayer = dense 2\nlayer = relu\nlayer = dense 1\n"
 		 "loss = sigmoid_cross_entropy\n",
 		 dir, dir, ckpt);
-	write_text("ctr.ini", ini);
-	snprintf(path, sizeof(path), "%s/ctr.ini", dir);
-	FUZZ_CHECK(config_load(&cfg_ctr, path, NULL, 0, err, sizeof(err)) == 0);
+	config_from(&cfg_ctr, "ctr.ini", ini);
+	/* The elastic ps: the MLP, 3 workers listed, min_workers 1, 4 slices. */
+	snprintf(ini, sizeof(ini),
+		 "[cluster]\nps = 127.0.0.1:1\nworkers = 127.0.0.1:2, 127.0.0.1:3, 127.0.0.1:4\nmin_workers = 1\n"
+		 "key_file = %s/cluster.key\npeer_timeout = 1\n"
+		 "[data]\nformat = csv\ntrain_csv = %s/blobs.csv\nlabel_column = first\n"
+		 "[train]\nsteps = 1000\nslices = 4\nbatch_size = 1\nlearning_rate = 0.05\noptimizer = adam\n"
+		 "checkpoint_dir = %s\nthreads = 1\n"
+		 "[model]\ninput = 2\nlayer = dense 4\nlayer = relu\nlayer = dense 3\n",
+		 dir, dir, ckpt);
+	config_from(&cfg_el, "elastic.ini", ini);
+	/* Below the parser's 1 s floor, for this harness only: an input whose
+	 * PULL waits on a worker gone costs 50 ms of ticks, not a second. */
+	cfg_el.cluster.peer_timeout = 0.05;
 	devnull = getenv("FUZZ_PS_LOG") ? stderr : fopen("/dev/null", "w");
 	FUZZ_CHECK(devnull);
 	return 0;
@@ -186,8 +233,9 @@ static size_t record_rows(int push, const uint8_t *b, size_t n, uint8_t *msg, si
 
 /* The message of one record into msg (cap bytes); its length, or 0 for
  * none (a record whose fields the encoder refuses). */
-static size_t record_msg(int kind, int tens, const uint8_t *b, size_t n, uint8_t *msg, size_t cap)
+static size_t record_msg(int kind, int tens, int elastic, const uint8_t *b, size_t n, uint8_t *msg, size_t cap)
 {
+	uint32_t b0 = (uint32_t)take(b, n, 0, 1);
 	char err[256];
 	size_t len = 0;
 	int r = -1;
@@ -204,7 +252,7 @@ static size_t record_msg(int kind, int tens, const uint8_t *b, size_t n, uint8_t
 	case 3: {
 		static float f[64];
 		struct msg_chunk ch = { .type = WIRE_PUSH, .dtype = tens % 2 ? WIRE_BF16 : WIRE_F32,
-					.shard = 0, .worker = (uint32_t)take(b, n, 0, 1) % 2,
+					.shard = 0, .worker = elastic ? (b0 & 3) | ((b0 >> 2) & 7) << 16 : b0 % 2,
 					.version = take(b, n, 1, 1), .offset = take(b, n, 2, 1),
 					.count = 1 + take(b, n, 3, 1) % 64 };
 		for (uint64_t i = 0; i < ch.count; i++) {
@@ -253,9 +301,29 @@ static size_t record_msg(int kind, int tens, const uint8_t *b, size_t n, uint8_t
 	return r == 0 ? len : 0;
 }
 
+/* Elastic mode's own messages (kind byte 200..219): LEAVE, or a VIEW as a
+ * worker would never send one; 0 for none. */
+static size_t record_elastic(int k, const uint8_t *b, size_t n, uint8_t *msg, size_t cap)
+{
+	char err[256];
+	size_t len = 0;
+	int r = -1;
+	if (k < 210) {
+		struct msg_leave l = { .worker = (uint32_t)take(b, n, 0, 1) % 4 };
+		r = msg_encode_leave(msg, cap, &l, &len, err, sizeof(err));
+	} else if (k < 220) {
+		struct msg_view v = { .version = take(b, n, 0, 1), .rev = (uint32_t)take(b, n, 1, 1),
+				      .slices = (uint32_t)take(b, n, 2, 1) };
+		v.live[0] = (uint8_t)take(b, n, 3, 1);
+		v.base[0] = (uint8_t)take(b, n, 4, 1);
+		r = msg_encode_view(msg, cap, &v, &len, err, sizeof(err));
+	}
+	return r == 0 ? len : 0;
+}
+
 /* The bytes of one record (kind byte k, n bytes at b) sealed with tx
- * into wire at *out. */
-static void record_wire(int k, const uint8_t *b, size_t n, struct frame_key *tx, size_t *out)
+ * into wire at *out; elastic: an input of elastic mode. */
+static void record_wire(int k, int elastic, const uint8_t *b, size_t n, struct frame_key *tx, size_t *out)
 {
 	static uint8_t msg[4096];
 	if (*out + FRAME_SEALED_BYTES(sizeof(msg)) >= sizeof(wire))
@@ -265,9 +333,10 @@ static void record_wire(int k, const uint8_t *b, size_t n, struct frame_key *tx,
 		*out += n;
 		return;
 	}
-	size_t len = k >= 100 && k < 200 && (k % 10 == 2 || k % 10 == 3)
+	size_t len = elastic && k >= 200 ? record_elastic(k, b, n, msg, sizeof(msg))
+		     : k >= 100 && k < 200 && (k % 10 == 2 || k % 10 == 3)
 			     ? record_rows(k % 10 == 3, b, n, msg, sizeof(msg))
-			     : record_msg(k % 10, k / 10, b, n, msg, sizeof(msg));
+			     : record_msg(k % 10, k / 10, elastic, b, n, msg, sizeof(msg));
 	size_t flen;
 	char err[256];
 	if (len && frame_seal(tx, wire + *out, sizeof(wire) - *out, msg, len, &flen, err,
@@ -296,7 +365,7 @@ static size_t conversation(const uint8_t *data, size_t size, struct frame_key *t
 	const uint8_t *b;
 	int k;
 	while ((k = record_next(data, size, &at, &b, &n)) >= 0)
-		record_wire(k, b, n, tx, &out);
+		record_wire(k, 0, b, n, tx, &out);
 	return out;
 }
 
@@ -419,7 +488,7 @@ static void greetings(struct ps_harness *h, const uint8_t *data, size_t size, co
 		if (!s->answered)
 			continue;
 		size_t out = 0;
-		record_wire(k, b, n, &s->hr.send, &out);
+		record_wire(k, 0, b, n, &s->hr.send, &out);
 		send_all(s->fd, wire, out, 0);
 		s->sent |= out > 0;
 	}
@@ -433,12 +502,131 @@ static void greetings(struct ps_harness *h, const uint8_t *data, size_t size, co
 	}
 }
 
+/* ---- elastic mode ---------------------------------------------------------- */
+
+/* One worker's connection: our side (fd, sealing with tx) and the ps's
+ * (served by ps_harness_serve on thread t until it ends). */
+struct el_conn {
+	struct ps_harness *h;
+	int fd, ps_fd, w, shut;
+	struct frame_key tx;
+	struct hs_result hr;
+	pthread_t t;
+	int ended;   /* atomic: ps_harness_serve returned */
+};
+
+static void *el_serve(void *arg)
+{
+	struct el_conn *c = arg;
+	ps_harness_serve(c->h, c->ps_fd, &c->hr, c->w);
+	__atomic_store_n(&c->ended, 1, __ATOMIC_RELEASE);
+	return NULL;
+}
+
+/* Worker w's new connection, as cs[*n], served on a thread of its own;
+ * one key per direction, as a handshake would have made. */
+static struct el_conn *el_open(struct ps_harness *h, struct el_conn *cs, int *n, int w)
+{
+	struct el_conn *c = &cs[(*n)++];
+	uint8_t k1[FRAME_KEY_BYTES], k2[FRAME_KEY_BYTES];
+	memset(k1, 0x11 + *n, sizeof(k1));
+	memset(k2, 0x22 + *n, sizeof(k2));
+	memset(c, 0, sizeof(*c));
+	c->h = h;
+	c->w = w;
+	c->hr.peer.role = HS_WORKER;
+	FUZZ_CHECK(frame_key_init(&c->tx, k1, FRAME_CHACHA20POLY1305) == 0);
+	FUZZ_CHECK(frame_key_init(&c->hr.recv, k1, FRAME_CHACHA20POLY1305) == 0);
+	FUZZ_CHECK(frame_key_init(&c->hr.send, k2, FRAME_CHACHA20POLY1305) == 0);
+	int sp[2];
+	socket_pair(sp);
+	c->fd = sp[0];
+	c->ps_fd = sp[1];
+	FUZZ_CHECK(pthread_create(&c->t, NULL, el_serve, c) == 0);
+	return c;
+}
+
+/* Worker w's open connection, or NULL. */
+static struct el_conn *el_find(struct el_conn *cs, int n, int w)
+{
+	for (int i = n - 1; i >= 0; i--)
+		if (cs[i].w == w && !cs[i].shut)
+			return &cs[i];
+	return NULL;
+}
+
+static int el_all_ended(struct el_conn *cs, int n)
+{
+	for (int i = 0; i < n; i++)
+		if (!__atomic_load_n(&cs[i].ended, __ATOMIC_ACQUIRE))
+			return 0;
+	return 1;
+}
+
+/* The whole input of elastic mode (see the top of this file). A send
+ * that would block is cut short: a connection whose thread waits in a
+ * PULL reads nothing until a tick frees it, and the ticks come after. */
+static void elastic(struct ps_harness *h, const uint8_t *data, size_t size)
+{
+	static struct el_conn cs[EL_CONNS];
+	int n = 0;
+	struct el_conn *cur = el_open(h, cs, &n, 0);
+	size_t at = 0, len;
+	const uint8_t *b;
+	int k;
+	while ((k = record_next(data, size, &at, &b, &len)) >= 0) {
+		if (k >= 240) {
+			int w = (k % 10) % EL_WORKERS;
+			struct el_conn *c = el_find(cs, n, w);
+			if (k >= 250)
+				cur = c ? c : n < EL_CONNS ? el_open(h, cs, &n, w) : cur;
+			else if (c) {
+				shutdown(c->fd, SHUT_WR);
+				c->shut = 1;
+			}
+			continue;
+		}
+		if (cur->shut)
+			continue;
+		size_t out = 0;
+		record_wire(k, 1, b, len, &cur->tx, &out);
+		for (size_t done = 0; done < out;) {
+			ssize_t s = send(cur->fd, wire + done, out - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+			if (s <= 0)
+				break;
+			done += (size_t)s;
+		}
+	}
+	for (int i = 0; i < n; i++)
+		shutdown(cs[i].fd, SHUT_WR);
+	struct timespec t0, now, nap = { 0, 10 * 1000 * 1000 };
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	while (!el_all_ended(cs, n)) {
+		ps_harness_tick(h);
+		nanosleep(&nap, NULL);
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		if (now.tv_sec - t0.tv_sec > EL_END_S) {
+			fprintf(stderr, "fuzz_ps: an elastic ps's connection did not end within %d s of every worker's going\n",
+				EL_END_S);
+			FUZZ_CHECK(0);
+		}
+	}
+	for (int i = 0; i < n; i++) {
+		FUZZ_CHECK(pthread_join(cs[i].t, NULL) == 0);
+		close(cs[i].fd);
+		frame_key_wipe(&cs[i].tx);
+		frame_key_wipe(&cs[i].hr.send);
+		frame_key_wipe(&cs[i].hr.recv);
+	}
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	char err[512];
 	struct ps_harness *h = NULL;
 	nftw(ckpt, rm_one, 8, FTW_DEPTH | FTW_PHYS);
-	struct config *c = size && data[0] >= 100 && data[0] < 200 ? &cfg_ctr : &cfg;
+	struct config *c = size && data[0] >= 100 && data[0] < 200 ? &cfg_ctr
+			   : size && data[0] >= 60 && data[0] < 100 ? &cfg_el : &cfg;
 	c->cluster.wire_dtype = size && data[0] / 10 % 2 ? PRECISION_BF16 : PRECISION_FP32;
 	FUZZ_CHECK(ps_harness_open(&h, c, 0, devnull, err, sizeof(err)) == 0);
 
@@ -456,7 +644,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	hr.peer.role = HS_WORKER;
 
 	int sp[2] = { -1, -1 };
-	if (size && data[0] >= 200) {
+	if (c == &cfg_el) {
+		elastic(h, data, size);
+	} else if (size && data[0] >= 200) {
 		uint8_t hash[CONFIG_HASH_BYTES];
 		FUZZ_CHECK(config_hash(c, hash) == 0);
 		greetings(h, data, size, hash);

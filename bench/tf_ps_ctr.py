@@ -231,11 +231,21 @@ def main():
         Td = np.fromfile(tp("dense.f32"), np.float32).reshape(nt, D)
         Ty = np.fromfile(tp("label.f32"), np.float32)
 
+        Tu, Ti = np.unique(Tr, return_inverse=True)   # the rows the test set touches, once each
+        Ti = Ti.reshape(Tr.shape)
+
         def evaluate():
-            """Test (AUC, logloss): the rows the test set touches and the dense values read from the ps."""
-            ws = [tf.convert_to_tensor(p) for p in params]
-            z = np.concatenate([forward(Tr[i:i + 4096], Tm[i:i + 4096], Td[i:i + 4096], table, ws).numpy()
-                                for i in range(0, nt, 4096)]).astype(np.float64)
+            """Test (AUC, logloss): the test set's rows (one lookup of each
+            unique row) and the dense values read from the ps, the forward
+            in numpy."""
+            rows = tf.nn.embedding_lookup(table, tf.constant(Tu)).numpy()
+            ws = [tf.convert_to_tensor(p).numpy() for p in params]
+            h = np.concatenate([(rows[Ti] * Tm[:, :, None]).reshape(nt, F * DIM), Td], 1)
+            for i in range(0, len(ws), 2):
+                h = h @ ws[i] + ws[i + 1]
+                if i + 2 < len(ws):
+                    h = np.maximum(h, 0.0)
+            z = h[:, 0].astype(np.float64)
             p = np.clip(1 / (1 + np.exp(-z)), 1e-15, 1 - 1e-15)
             return auc(Ty, z, np), float(-(Ty * np.log(p) + (1 - Ty) * np.log(1 - p)).mean())
 

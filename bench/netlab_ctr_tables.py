@@ -25,6 +25,12 @@ LABEL = {"beside": "pstrain, ps beside workers", "apart": "pstrain, ps apart",
 WORKERS = 2
 
 
+def final_line(out):
+    """AUC WALL PS_PEAK_MIB SHARD_MIB of the one-epoch run, or []."""
+    p = os.path.join(out, "final.txt")
+    return open(p).read().split() if os.path.exists(p) else []
+
+
 def cells(vals, nd):
     vs = [v for v in vals if v is not None]
     return "%s (%s)" % (fmt(med(vs), nd), ", ".join(fmt(v, nd) for v in vals)) if vs else "-"
@@ -95,6 +101,10 @@ def main():
                                                       fmt(cpu, 1)))
         print("\npstrain's ps run under [ps] memory_limit = %s MiB: the tables and Adagrad's state (%.0f MiB) "
               "exceed it, each ps's half fits." % (a.cap, meta["rows"] * meta["fields"] * a.dim * 8 / 2 ** 20))
+        f = final_line(a.out)
+        if len(f) >= 4 and num(f[2]) and num(f[3]):
+            print("In the one-epoch run each ps peaked at %s MiB resident (VmHWM) for a shard of %s MiB: %.2f of it." % (
+                f[2], f[3], num(f[2]) / num(f[3])))
 
     if tta:
         print("\n### Time to test AUC %s (seconds from launch; step; median of rounds)\n" % a.target)
@@ -129,9 +139,8 @@ def main():
         m = re.search(r"planted model on the test rows: logloss [0-9.]+, AUC ([0-9.]+)", open(synth).read())
         if m:
             print("| the planted model (synth's ceiling) | %s |" % m.group(1))
-    final = os.path.join(a.out, "final.txt")
-    if os.path.exists(final):
-        f = open(final).read().split()
+    f = final_line(a.out)
+    if f:
         print("| pstrain beside, one epoch (%s steps) | **%s** (wall %s s) |" % (
             meta["train"] // (WORKERS * meta["batch"]), f[0], f[1] if len(f) > 1 else "-"))
     if "lr_auc" in meta:

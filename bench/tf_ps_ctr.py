@@ -12,11 +12,11 @@ arrays:
             ps 0, the rest on ps 1, as pstrain's shard plan splits them;
             each half initialized on its ps, uniform in [-0.05, 0.05)
   lookup    tf.nn.embedding_lookup on the ShardedVariable: each ps gathers
-            the batch's rows it holds and sends them to the worker (the op
-            Keras 2's Embedding layer runs on a ShardedVariable; TF 2.19
-            ships Keras 3, whose Embedding does not take a ShardedVariable,
-            and tf-keras is not installed); an empty column's row is
-            multiplied by 0
+            the batch's rows it holds and sends them to the worker: the op
+            Keras 2's Embedding layer runs on a ShardedVariable. TF 2.19
+            ships Keras 3 (tf-keras is not installed), whose layers make
+            keras.Variables; its Embedding over TF's partitioner was not
+            tried. An empty column's row is multiplied by 0
   dense     26*16 values then the 13 numbers into 128, ReLU, 64, ReLU, 1
             (He-normal before a ReLU, Glorot-uniform last, zero biases),
             each weight and bias split over the 2 ps likewise

@@ -120,7 +120,7 @@ Q :=
 say :=
 endif
 
-.PHONY: all deps deps-test deps-bench install test unit test-cpu test-net test-slurm asan demo bench netlab fuzz clean summary FORCE
+.PHONY: all deps deps-test deps-bench install test unit test-cpu test-net test-slurm asan demo bench netlab netlab-ctr fuzz clean summary FORCE
 .DEFAULT_GOAL := all
 
 all: deps summary $(BIN)
@@ -286,6 +286,11 @@ bench: all $(BENCH_BIN)
 # root): bench/netlab. NETLAB_ARGS passes options, e.g. NETLAB_ARGS=--quick.
 netlab: deps-bench all $(BUILD)/bench/netdelay
 	./bench/netlab --pstrain ./$(BIN) --netdelay $(BUILD)/bench/netdelay $(NETLAB_ARGS)
+
+# The click-through model (issue 39) on the same lab against TF's
+# ParameterServerStrategy and DDP: bench/netlab_ctr (about 30 min).
+netlab-ctr: deps-bench all
+	./bench/netlab_ctr --pstrain ./$(BIN) $(NETLAB_ARGS)
 
 # Installs only what is missing. Needs root (or sudo) the first time.
 # The test tools (clang and its libFuzzer runtime, for `make fuzz`) only

@@ -54,28 +54,9 @@ def label(row):
     return {"ddp": "DDP (gloo)", "tfps": "TF PS"}.get(row, "pstrain " + row)
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--rates", required=True)
-    ap.add_argument("--rows", required=True)
-    ap.add_argument("--params", type=int, default=0)
-    ap.add_argument("--row-info", default="",
-                    help="ROW:MODE:PUSH:PULL ... for the pstrain rows (bytes per parameter each way)")
-    ap.add_argument("--target", default="88")
-    ap.add_argument("--eval-every", default="-")
-    a = ap.parse_args()
-    rates, rows = a.rates.split(","), a.rows.split(",")
-    info = {}
-    for t in a.row_info.split():
-        f = t.split(":")
-        info[f[0]] = (f[1], int(f[2]), int(f[3] if len(f) > 3 else f[2]))
-
-    links = read(os.path.join(a.out, "links.tsv"))
-    speed = read(os.path.join(a.out, "speed.tsv"))
-    tta = read(os.path.join(a.out, "tta.tsv"))
-
-    # ---- links
+def links_table(links, rates):
+    """Prints the links as iperf3 measured them; returns {rate: Mbit/s per
+    direction, both ways at once, the slowest host}."""
     floor_rate = {}   # rate -> Mbit/s per direction, both ways at once, slowest host
     if links:
         print("\n### Links as measured (iperf3 TCP, Mbit/s, from each host to the iperf3 peer)\n")
@@ -97,6 +78,31 @@ def main():
                       "(%.0f%%); at this rate the hosts' CPUs (the veth and TCP work of both ends "
                       "shares the machine's cores), not the shaper, set the link's speed." % (
                           rate, max(got), 100 * max(got) / nominal))
+    return floor_rate
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--rates", required=True)
+    ap.add_argument("--rows", required=True)
+    ap.add_argument("--params", type=int, default=0)
+    ap.add_argument("--row-info", default="",
+                    help="ROW:MODE:PUSH:PULL ... for the pstrain rows (bytes per parameter each way)")
+    ap.add_argument("--target", default="88")
+    ap.add_argument("--eval-every", default="-")
+    a = ap.parse_args()
+    rates, rows = a.rates.split(","), a.rows.split(",")
+    info = {}
+    for t in a.row_info.split():
+        f = t.split(":")
+        info[f[0]] = (f[1], int(f[2]), int(f[3] if len(f) > 3 else f[2]))
+
+    links = read(os.path.join(a.out, "links.tsv"))
+    speed = read(os.path.join(a.out, "speed.tsv"))
+    tta = read(os.path.join(a.out, "tta.tsv"))
+
+    floor_rate = links_table(links, rates)
 
     # ---- steps/s
     if speed:

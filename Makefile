@@ -249,6 +249,17 @@ $(BUILD)/bench/fpack: $(BUILD)/bench/fpack.o $(BUILD)/net/fpack.o
 	@mkdir -p $(dir $@)
 	$(call say,LINK,$@)$(CC) $(LDFLAGS) $^ -o $@
 
+# A ps's row work alone (sparse optimizer, gather) over tables larger than
+# the caches: bench/rows_step, and rows_step_plain, the same sources built
+# without the rows' prefetch (EMBED_AHEAD=0) for a before and after.
+ROWS_STEP_SRC := core/nn/sparse_optim.c core/nn/embed.c core/nn/rng.c
+$(BUILD)/bench/rows_step: bench/rows_step.c $(ROWS_STEP_SRC)
+	@mkdir -p $(dir $@)
+	$(call say,CC,$@)$(CC) $(CFLAGS) $(CPPFLAGS) $^ -o $@ -lm
+$(BUILD)/bench/rows_step_plain: bench/rows_step.c $(ROWS_STEP_SRC)
+	@mkdir -p $(dir $@)
+	$(call say,CC,$@)$(CC) $(CFLAGS) $(CPPFLAGS) -DEMBED_AHEAD=0 $^ -o $@ -lm
+
 # Training steps on the GPU against PyTorch's: bench/gpu_mlp.
 $(BUILD)/bench/gpu_mlp: $(BUILD)/bench/gpu_mlp.o $(OBJ_CORE)
 	@mkdir -p $(dir $@)

@@ -219,8 +219,10 @@ int psrows_push(struct psrows *s, int worker, uint64_t version, const uint64_t *
 void psrows_read(const struct psrows *s, const uint64_t *ids, size_t n, float *out)
 {
 	size_t D = (size_t)s->dim;
-	for (size_t i = 0; i < n; i++)
+	for (size_t i = 0; i < n; i++) {
+		embed_prefetch(s->table, ids, s->r0, i, n, s->dim, 0);
 		memcpy(out + i * D, s->table + (size_t)(ids[i] - s->r0) * D, D * sizeof(float));
+	}
 }
 
 int psrows_has_pushed(const struct psrows *s, int w)

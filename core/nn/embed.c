@@ -34,8 +34,10 @@ void embed_init_rows(const struct embed_spec *s, float *out, uint64_t r0, uint64
 void embed_gather_rows(float *U, const float *table, const uint64_t *rows, size_t u, int DIM)
 {
 	// U (u, DIM), table (R, DIM), rows (u)
-	for (size_t k = 0; k < u; k++)
+	for (size_t k = 0; k < u; k++) {
+		embed_prefetch(table, rows, 0, k, u, DIM, 0);
 		memcpy(U + k * (size_t)DIM, table + rows[k] * (uint64_t)DIM, (size_t)DIM * sizeof(float));
+	}
 }
 
 void embed_forward(float *out, const float *x, const float *U, const uint32_t *off,

@@ -1,5 +1,6 @@
 /* Sparse optimizers over the touched rows of a table; see sparse_optim.h. */
 #include "sparse_optim.h"
+#include "embed.h"
 
 #include <errno.h>
 #include <math.h>
@@ -86,8 +87,11 @@ void sparse_optim_step(struct sparse_optim *o, float *table, const uint64_t *row
 	size_t dim = (size_t)o->dim;
 	long t = ++o->t;
 	if (c->kind == SPARSE_ADAGRAD) {
-		for (size_t k = 0; k < u; k++)
+		for (size_t k = 0; k < u; k++) {
+			embed_prefetch(table, rows, 0, k, u, o->dim, 1);
+			embed_prefetch(o->m, rows, 0, k, u, o->dim, 1);
 			adagrad_row(table + rows[k] * dim, o->m + rows[k] * dim, g + k * dim, o->dim, lr);
+		}
 		return;
 	}
 	/* As optim.c: the bias corrections once per step in double. */
@@ -97,6 +101,9 @@ void sparse_optim_step(struct sparse_optim *o, float *table, const uint64_t *row
 	float inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2));
 	for (size_t k = 0; k < u; k++) {
 		size_t at = rows[k] * dim;
+		embed_prefetch(table, rows, 0, k, u, o->dim, 1);
+		embed_prefetch(o->m, rows, 0, k, u, o->dim, 1);
+		embed_prefetch(o->v, rows, 0, k, u, o->dim, 1);
 		adam_row(table + at, o->m + at, o->v + at, g + k * dim, o->dim, step_size, inv_sqrt_bc2,
 			 c->beta1, c->beta2, c->eps);
 	}

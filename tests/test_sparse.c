@@ -615,6 +615,37 @@ ParameterizedTest(struct kh_refusal *rf, sparse, row_request_that_cannot_be_hono
 	cr_assert_not_null(strstr(slurp(out[1]), "done: 20 steps"), "%s", slurp(out[1]));
 }
 
+/* ps 0 and 1 and worker 0 of x, logs in out[0..2] as TAG-ps0.log ...;
+ * the chief with env (NULL: none). */
+static void restart_start(const struct ctr *x, const char *tag, const char *env, pid_t *pids, char (*out)[300])
+{
+	for (int i = 0; i < 3; i++) {
+		const char *role = i < 2 ? "ps" : "worker", *idx = i == 1 ? "1" : "0";
+		snprintf(out[i], 300, "%s/%s-%s%s.log", target_dir, tag, role, idx);
+		const char *args[] = { role, "--index", idx, "--config", x->cfg, NULL };
+		pids[i] = target_spawn_env(args, out[i], i == 2 ? env : NULL);
+	}
+}
+
+/* ps 1 killed and started again (its log out[3]); ps 0, the worker and
+ * the new ps 1 must all end with status 0. */
+static void restart_ps1(const struct ctr *x, const char *tag, pid_t *pids, char (*out)[300])
+{
+	kill(pids[1], SIGKILL);
+	int killed, st[3];
+	wait_children(&pids[1], 1, &killed, 10);
+	snprintf(out[3], 300, "%s/%s-ps1-again.log", target_dir, tag);
+	const char *again[] = { "ps", "--index", "1", "--config", x->cfg, NULL };
+	pids[3] = target_spawn(again, out[3]);
+	pid_t rest[3] = { pids[0], pids[2], pids[3] };
+	char logs[3][300];
+	snprintf(logs[0], 300, "%s", out[0]);
+	snprintf(logs[1], 300, "%s", out[2]);
+	snprintf(logs[2], 300, "%s", out[3]);
+	wait_children(rest, 3, st, RUN_S);
+	assert_exits_zero(st, logs, 3, "after the restart");
+}
+
 /* A ps killed mid-run and started again: it resumes its dense shard and
  * its embedding rows from the newest checkpoint, the other ps rolls back
  * to it, and the worker recovers and trains to the end. */
@@ -624,31 +655,13 @@ Test(sparse, a_restarted_ps_is_recovered_from)
 	char out[4][300];
 	ctr_config(&x, "restart", 2, 1, 3000, EMBED, "checkpoint_dir = ck\ncheckpoint_every = 200\n", "peer_timeout = 10\n");
 	pid_t pids[4];
-	int st[4];
-	for (int i = 0; i < 3; i++) {
-		const char *role = i < 2 ? "ps" : "worker", *idx = i == 1 ? "1" : "0";
-		snprintf(out[i], sizeof(out[i]), "%s/restart-%s%s.log", target_dir, role, idx);
-		const char *args[] = { role, "--index", idx, "--config", x.cfg, NULL };
-		pids[i] = target_spawn(args, out[i]);
-	}
+	restart_start(&x, "restart", NULL, pids, out);
 	/* Past a checkpoint, so that ps 0 has gone on from it and rolls back
 	 * (the writer is behind the training; which step it saved first
 	 * depends on the disk: on a loaded machine 400 to 800 were skipped). */
 	cr_assert(wait_for_text(out[1], "checkpoint: saved shard 1 of 2 in "), "%s", slurp(out[1]));
 	target_nap_ms(150);
-	kill(pids[1], SIGKILL);
-	int killed;
-	wait_children(&pids[1], 1, &killed, 10);
-	snprintf(out[3], sizeof(out[3]), "%s/restart-ps1-again.log", target_dir);
-	const char *again[] = { "ps", "--index", "1", "--config", x.cfg, NULL };
-	pids[3] = target_spawn(again, out[3]);
-	pid_t rest[3] = { pids[0], pids[2], pids[3] };
-	char logs[3][300];
-	snprintf(logs[0], 300, "%s", out[0]);
-	snprintf(logs[1], 300, "%s", out[2]);
-	snprintf(logs[2], 300, "%s", out[3]);
-	wait_children(rest, 3, st, RUN_S);
-	assert_exits_zero(st, logs, 3, "after the restart");
+	restart_ps1(&x, "restart", pids, out);
 	const char *w = slurp(out[2]), *ps1 = slurp(out[3]);
 	cr_assert_not_null(strstr(w, "done: 3000 steps"), "%s", w);
 	cr_assert_not_null(strstr(w, "lost ps 1"), "%s", w);
@@ -683,32 +696,14 @@ Test(sparse, a_ps_lost_during_the_final_evaluation)
 	ctr_config(&x, "finaleval", 2, 1, 400, EMBED, "checkpoint_dir = ck\ncheckpoint_every = 100\n",
 		   "peer_timeout = 10\n");
 	pid_t pids[4];
-	int st[4];
-	for (int i = 0; i < 3; i++) {
-		const char *role = i < 2 ? "ps" : "worker", *idx = i == 1 ? "1" : "0";
-		snprintf(out[i], sizeof(out[i]), "%s/finaleval-%s%s.log", target_dir, role, idx);
-		const char *args[] = { role, "--index", idx, "--config", x.cfg, NULL };
-		pids[i] = target_spawn_env(args, out[i], i == 2 ? "PSTRAIN_FINAL_EVAL_DELAY_MS=4000" : NULL);
-	}
+	restart_start(&x, "finaleval", "PSTRAIN_FINAL_EVAL_DELAY_MS=4000", pids, out);
 	/* Step 300's checkpoint saved: the last 100 steps take well under
 	 * 1.5 s even on a loaded machine, and the chief then sleeps 4 s
 	 * before evaluating (the final checkpoint is asked for after it). The
 	 * chief's line below says the loss came in the evaluation. */
 	cr_assert(wait_for_text(out[0], "step-00000300"), "%s", slurp(out[0]));
 	target_nap_ms(1500);
-	kill(pids[1], SIGKILL);
-	int killed;
-	wait_children(&pids[1], 1, &killed, 10);
-	snprintf(out[3], sizeof(out[3]), "%s/finaleval-ps1-again.log", target_dir);
-	const char *again[] = { "ps", "--index", "1", "--config", x.cfg, NULL };
-	pids[3] = target_spawn(again, out[3]);
-	pid_t rest[3] = { pids[0], pids[2], pids[3] };
-	char logs[3][300];
-	snprintf(logs[0], 300, "%s", out[0]);
-	snprintf(logs[1], 300, "%s", out[2]);
-	snprintf(logs[2], 300, "%s", out[3]);
-	wait_children(rest, 3, st, RUN_S);
-	assert_exits_zero(st, logs, 3, "after the restart");
+	restart_ps1(&x, "finaleval", pids, out);
 	const char *w = slurp(out[2]), *ps1 = slurp(out[3]);
 	cr_assert_not_null(strstr(w, "worker 0: ps 1 was lost during the final evaluation"), "%s", w);
 	cr_assert_not_null(strstr(w, "done: 400 steps"), "%s", w);

@@ -454,6 +454,16 @@ static int connect_unix(const char *path, int64_t deadline, const volatile sig_a
 	return connect_one(&ai, deadline, stop, fd);
 }
 
+int sock_prefer_unix(const char *unix_path, int *fd)
+{
+	int u = -1;
+	if (!unix_path || connect_unix(unix_path, now_ms() + SOCK_BACKOFF_MIN_MS, NULL, &u))
+		return 0;
+	close(*fd);
+	*fd = u;
+	return 1;
+}
+
 int sock_connect_local_until(const char *unix_path, const char *host, uint16_t port,
 			     int timeout_ms, const volatile sig_atomic_t *stop, int *fd, char *err,
 			     size_t errlen)
@@ -501,8 +511,10 @@ int sock_connect_local_until(const char *unix_path, const char *host, uint16_t p
 					break;
 			}
 			freeaddrinfo(res);
-			if (r == 0)
+			if (r == 0) {
+				(void)sock_prefer_unix(unix_path, fd);
 				return 0;
+			}
 			if (!retryable(r)) {
 				snprintf(err, errlen, "cannot connect to %s: %s", where, last);
 				return r;

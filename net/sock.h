@@ -114,6 +114,14 @@ SOCK_MUST_CHECK int sock_connect_until(const char *host, uint16_t port, int time
  * none) at every attempt, and takes the first of the two that connects:
  * for a ps that may be on this host (sock_unix_path). Tell which one it
  * got with sock_is_unix. */
+/* *fd is a TCP connection just made to a ps whose Unix socket, at
+ * unix_path (NULL: none), did not answer a moment before. A ps listens
+ * there before it listens on TCP, so a worker whose Unix try came just
+ * before the ps's listen and whose TCP try just after has the wrong one:
+ * if the Unix socket answers now, *fd becomes it and the TCP connection
+ * is closed (1); else *fd is left as it is (0). */
+int sock_prefer_unix(const char *unix_path, int *fd);
+
 SOCK_MUST_CHECK int sock_connect_local_until(const char *unix_path, const char *host,
 					     uint16_t port, int timeout_ms,
 					     const volatile sig_atomic_t *stop, int *fd, char *err,

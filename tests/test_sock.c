@@ -907,6 +907,37 @@ Test(sock, connect_local_prefers_the_unix_socket)
 	close(lfd);
 }
 
+/* The race the ps's order (Unix socket, then TCP) leaves: a worker whose
+ * Unix try came just before the ps listened there and whose TCP try just
+ * after holds TCP; it swaps it for the Unix socket, which now answers, and
+ * keeps TCP where nothing listens there. */
+Test(sock, prefer_unix_swaps_a_tcp_connection_made_too_early)
+{
+	char dir[64], path[128], err[256] = "", peer[SOCK_ADDR_STRLEN];
+	int lfd = -1, ufd = -1, c = -1, s = -1;
+	unix_tmpdir(dir, sizeof dir);
+	snprintf(path, sizeof path, "%s/ps.sock", dir);
+	cr_assert_eq(sock_listen("127.0.0.1", 0, 8, &lfd, err, sizeof err), 0, "%s", err);
+	uint16_t port = (uint16_t)sock_local_port(lfd);
+	cr_assert_eq(sock_connect_retry("127.0.0.1", port, 2000, &c, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(sock_prefer_unix(path, &c), 0, "nothing listens at %s", path);
+	cr_assert_eq(sock_prefer_unix(NULL, &c), 0);
+	cr_assert_eq(sock_is_unix(c), 0);
+	cr_assert_eq(sock_listen_unix(path, &ufd, NULL, err, sizeof err), 0, "%s", err);
+	int tcp = c;
+	cr_assert_eq(sock_prefer_unix(path, &c), 1);
+	cr_assert_eq(sock_is_unix(c), 1, "the Unix socket once it listens");
+	cr_assert(fcntl(tcp, F_GETFD) < 0, "the TCP connection was left open");
+	cr_assert_eq(sock_accept(ufd, 2000, &s, peer, sizeof peer, err, sizeof err), 0, "%s", err);
+	cr_assert_str_eq(peer, "this host (Unix socket)");
+	close(s);
+	close(c);
+	close(ufd);
+	close(lfd);
+	unlink(path);
+	rmdir(dir);
+}
+
 /* A live listener whose backlog is full refuses a non-blocking connect
  * with EAGAIN, not ECONNREFUSED: it is not a stale socket, and a second ps
  * that took its path over (then removed it on its own exit, its TCP port

@@ -32,6 +32,24 @@ uint64_t sndbuf_peak(uint64_t peak, const struct sndbuf_counters *c)
 	return !c->app_limited && c->delivery_rate > peak ? c->delivery_rate : peak;
 }
 
+int sndbuf_held(const struct sndbuf_counters *a, const struct sndbuf_counters *b)
+{
+	if (b->busy_us < a->busy_us || b->held_us < a->held_us || b->retrans != a->retrans)
+		return 0;
+	return (b->held_us - a->held_us) * 100 >= (b->busy_us - a->busy_us) * SNDBUF_HELD_PCT &&
+	       b->held_us > a->held_us;
+}
+
+uint64_t sndbuf_held_want(uint32_t size, uint32_t pin)
+{
+	if (size == 0)
+		return 0;
+	uint64_t want = (uint64_t)size * 2;
+	if (pin && want > (uint64_t)pin - pin / 4)
+		want = (uint64_t)pin - pin / 4;
+	return want;
+}
+
 uint64_t sndbuf_want(uint64_t rate, uint32_t min_rtt_us, uint32_t floor)
 {
 	if (rate == 0 || min_rtt_us == 0)
@@ -87,7 +105,7 @@ static uint32_t wmem_max(void)
 }
 
 /* TCP_INFO's counters; -EOPNOTSUPP from a kernel whose tcp_info stops
- * before busy_time (before 4.10). */
+ * before sndbuf_limited (before 4.10, which added it with busy_time). */
 static int counters_read(int fd, struct sndbuf_counters *c)
 {
 	struct tcp_info ti;
@@ -95,11 +113,12 @@ static int counters_read(int fd, struct sndbuf_counters *c)
 	memset(&ti, 0, sizeof ti);
 	if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) < 0)
 		return -errno;
-	if (len < offsetof(struct tcp_info, tcpi_busy_time) + sizeof ti.tcpi_busy_time)
+	if (len < offsetof(struct tcp_info, tcpi_sndbuf_limited) + sizeof ti.tcpi_sndbuf_limited)
 		return -EOPNOTSUPP;
 	*c = (struct sndbuf_counters){ .acked = ti.tcpi_bytes_acked, .busy_us = ti.tcpi_busy_time,
 				       .min_rtt_us = ti.tcpi_min_rtt, .delivery_rate = ti.tcpi_delivery_rate,
-				       .app_limited = ti.tcpi_delivery_rate_app_limited };
+				       .app_limited = ti.tcpi_delivery_rate_app_limited,
+				       .held_us = ti.tcpi_sndbuf_limited, .retrans = ti.tcpi_total_retrans };
 	return 0;
 }
 
@@ -135,26 +154,46 @@ int sndbuf_init(struct sndbuf *t, int fd, int kib)
 	return 0;
 }
 
+enum sndbuf_state sndbuf_decide(struct sndbuf *t, const struct sndbuf_counters *c, uint32_t *size)
+{
+	int held = t->state == SNDBUF_SIZED && sndbuf_held(&t->base, c);
+	int undo = c->retrans != t->base.retrans && t->before; /* the last doubling was too much */
+	t->base = *c;
+	t->want = sndbuf_want(t->peak, c->min_rtt_us, SNDBUF_FLOOR);
+	t->rate = t->peak ? t->peak : t->rate; /* a held window has no rate of its own */
+	t->peak = 0;
+	t->min_rtt_us = c->min_rtt_us;
+	if (undo) {
+		*size = t->before;
+		t->pin = t->size;
+		t->before = 0;
+		return t->state;
+	}
+	uint64_t h = held ? sndbuf_held_want(t->size, t->pin) : 0;
+	t->want = h > t->want ? h : t->want;
+	enum sndbuf_state st = sndbuf_next(t->state, t->size, t->want, t->ceiling, size);
+	t->before = held && *size > t->size ? t->size : 0;
+	t->doubled += t->before != 0;
+	return st;
+}
+
 void sndbuf_tune(struct sndbuf *t, int fd, double now_s)
 {
 	if ((t->state != SNDBUF_PROBING && t->state != SNDBUF_SIZED) || now_s < t->sample_s)
 		return;
 	t->sample_s = now_s + SNDBUF_SAMPLE_EVERY_S;
-	struct sndbuf_counters c;
+	struct sndbuf_counters c = { 0 };
 	if (counters_read(fd, &c) < 0)
 		return;
 	t->peak = sndbuf_peak(t->peak, &c);
-	/* Not yet, or not enough traffic: the window goes on. */
-	if (now_s < t->next_s || t->peak == 0 || !sndbuf_enough(&t->base, &c))
+	/* Not yet, or not enough traffic: the window goes on. A buffer that
+	 * holds the connection back leaves no rate sample to go by. */
+	if (now_s < t->next_s || !sndbuf_enough(&t->base, &c) ||
+	    (t->peak == 0 && !(t->state == SNDBUF_SIZED && sndbuf_held(&t->base, &c))))
 		return;
 	t->next_s = now_s + SNDBUF_EVERY_S;
-	t->base = c;
-	t->rate = t->peak;
-	t->peak = 0;
-	t->min_rtt_us = c.min_rtt_us;
-	t->want = sndbuf_want(t->rate, c.min_rtt_us, SNDBUF_FLOOR);
 	uint32_t size;
-	enum sndbuf_state st = sndbuf_next(t->state, t->size, t->want, t->ceiling, &size);
+	enum sndbuf_state st = sndbuf_decide(t, &c, &size);
 	if (size != t->size && size_set(t, fd, size) < 0)
 		return; /* PROBING stays so, SIZED keeps its size */
 	t->state = st;
@@ -163,6 +202,7 @@ void sndbuf_tune(struct sndbuf *t, int fd, double now_s)
 void sndbuf_describe(const struct sndbuf *t, char *out, size_t outlen)
 {
 	double mbit = (double)t->rate * 8 / 1e6;
+	int n;
 	char rtt[32];
 	if (t->min_rtt_us < 100)
 		snprintf(rtt, sizeof rtt, "%u us", t->min_rtt_us);
@@ -180,10 +220,14 @@ void sndbuf_describe(const struct sndbuf *t, char *out, size_t outlen)
 		break;
 	case SNDBUF_SIZED:
 		if (t->want > t->size && t->size >= t->ceiling)
-			snprintf(out, outlen, "auto, %u KiB (net.core.wmem_max; it wanted %llu): %.0f Mbit/s x %s",
-				 t->size / 1024, (unsigned long long)(t->want / 1024), mbit, rtt);
+			n = snprintf(out, outlen, "auto, %u KiB (net.core.wmem_max; it wanted %llu): %.0f Mbit/s x %s",
+				     t->size / 1024, (unsigned long long)(t->want / 1024), mbit, rtt);
 		else
-			snprintf(out, outlen, "auto, %u KiB: %.0f Mbit/s x %s", t->size / 1024, mbit, rtt);
+			n = snprintf(out, outlen, "auto, %u KiB: %.0f Mbit/s x %s", t->size / 1024, mbit, rtt);
+		if (t->doubled && n > 0 && (size_t)n < outlen)
+			snprintf(out + n, outlen - (size_t)n, "; doubled %u time%s for holding the link back%s",
+				 t->doubled, t->doubled == 1 ? "" : "s",
+				 t->pin ? ", a retransmission took one back" : "");
 		break;
 	case SNDBUF_LONG:
 		snprintf(out, outlen,

@@ -20,7 +20,16 @@
  * and the kernel tells those apart. The round trip is the lowest seen
  * (min_rtt): the path without its queues, so queues that build up never
  * make the cap grow. No decision before the window saw enough traffic
- * (sndbuf_enough): a first size taken in slow start would be too small. A path that needs more than
+ * (sndbuf_enough): a first size taken in slow start would be too small.
+ *
+ * The rate cannot grow a buffer that is itself the limit: then everything
+ * is sent, the congestion window has room, and the application waits for
+ * the buffer, and the kernel marks those samples application-limited. So
+ * a window that spent SNDBUF_HELD_PCT% of its busy time so (TCP_INFO's
+ * sndbuf_limited) without a retransmission doubles the buffer
+ * (sndbuf_held_want); a retransmission in the window after such a doubling
+ * takes it back and keeps later doublings under that size (the pin): a
+ * port that drops a burst says that much in flight is too much. A path that needs more than
  * SO_SNDBUF may be given without privileges (net.core.wmem_max), more
  * than SNDBUF_LONG_X times, is left to the kernel's autotuning for good:
  * setting SO_SNDBUF ends the kernel's tuning of that socket, and it cannot
@@ -48,6 +57,7 @@
 #define SNDBUF_MIN_BUSY_RTTS 16u         /* ...and this many lowest round trips of it */
 #define SNDBUF_MIN_ACKED (256u * 1024)   /* ...and this many bytes acknowledged */
 #define SNDBUF_WMEM_MAX_DEFAULT 212992u  /* Linux's net.core.wmem_max, if unreadable */
+#define SNDBUF_HELD_PCT 5u              /* of a window's busy time held back by the buffer */
 #define SNDBUF_LONG_X 2u                 /* a path wanting up to this many times the most
 					  * SO_SNDBUF may be is still sized, at that most:
 					  * the kernel doubles it, which fills the path */
@@ -69,6 +79,8 @@ struct sndbuf_counters {
 	uint32_t min_rtt_us; /* lowest round trip seen; 0: unknown */
 	uint64_t delivery_rate; /* bytes/s of the latest rate sample */
 	int app_limited;     /* that sample was limited by the application */
+	uint64_t held_us;    /* time everything was sent and the send buffer was full, ever */
+	uint32_t retrans;    /* segments retransmitted, ever */
 };
 
 /* One connection's sizing (the connection's owner holds it; sndbuf_tune
@@ -78,10 +90,15 @@ struct sndbuf {
 	uint32_t size;       /* SO_SNDBUF as set (bytes; the kernel doubles it), 0: never set */
 	uint32_t ceiling;    /* the most SO_SNDBUF may be: net.core.wmem_max */
 	uint64_t want;       /* the last size wanted (bytes), 0: none yet */
-	uint64_t rate;       /* the last decision's rate (bytes/s) */
+	uint64_t rate;       /* the last rate a decision measured (bytes/s) */
 	uint32_t min_rtt_us; /* the last decision's lowest round trip */
 	struct sndbuf_counters base; /* where the window of the next decision starts */
 	uint64_t peak;       /* the window's highest rate not limited by the application */
+	uint32_t before;     /* the size before the last doubling for being held back, 0: the
+			      * last change was not one */
+	uint32_t doubled;    /* doublings for being held back, ever (for the log line) */
+	uint32_t pin;        /* a doubling from before to this size was followed by a
+			      * retransmission: later ones stay under it (0: none) */
 	double sample_s;     /* CLOCK_MONOTONIC seconds of the next TCP_INFO read */
 	double next_s;       /* and of the next decision */
 };
@@ -95,6 +112,17 @@ int sndbuf_enough(const struct sndbuf_counters *a, const struct sndbuf_counters 
 /* The window's peak rate after sample c: c's delivery rate if higher and
  * not limited by the application, else peak. */
 uint64_t sndbuf_peak(uint64_t peak, const struct sndbuf_counters *c);
+
+/* Whether the window from a to b was held back by its send buffer: at
+ * least SNDBUF_HELD_PCT% of its busy time everything sent and the buffer
+ * full, and no retransmission. */
+int sndbuf_held(const struct sndbuf_counters *a, const struct sndbuf_counters *b);
+
+/* The size wanted by a connection held back at SO_SNDBUF size: twice it,
+ * kept a quarter under pin (0: none); 0 for size 0 (the kernel's). At
+ * net.core.wmem_max it stays there (sndbuf_next): once SO_SNDBUF is set
+ * the kernel's autotuning cannot be handed back. */
+uint64_t sndbuf_held_want(uint32_t size, uint32_t pin);
 
 /* The SO_SNDBUF value wanted for a connection delivering rate bytes/s over
  * a path whose lowest round trip is min_rtt_us: SNDBUF_HEADROOM_PCT% of
@@ -114,6 +142,15 @@ uint64_t sndbuf_want(uint64_t rate, uint32_t min_rtt_us, uint32_t floor);
  *   Others, or want 0: unchanged. */
 enum sndbuf_state sndbuf_next(enum sndbuf_state st, uint32_t size, uint64_t want, uint32_t ceiling,
 			      uint32_t *next_size);
+
+/* One decision, at the end of a window (base to c) that saw enough: the
+ * rate's size (sndbuf_want) or, for a buffer that held the connection
+ * back, the doubled one (sndbuf_held_want), whichever is more, through
+ * sndbuf_next; or, where a retransmission followed a doubling, the size
+ * before it, with the doubled size kept as the pin. Updates t's window,
+ * rate, want, before and pin; returns the next state, *size the size to
+ * set (== t->size: leave it). */
+enum sndbuf_state sndbuf_decide(struct sndbuf *t, const struct sndbuf_counters *c, uint32_t *size);
 
 /* Applies send_buffer_kib (SNDBUF_AUTO, 0 or KiB) to fd, a new connection:
  * N sets SO_SNDBUF; auto sets TCP_NOTSENT_LOWAT and starts measuring; a

@@ -149,6 +149,103 @@ Test(sndbuf, next_state_and_size)
 	}
 }
 
+/* Held back by the buffer: everything sent, the buffer full, for at least
+ * SNDBUF_HELD_PCT% of the window's busy time, and nothing retransmitted. */
+Test(sndbuf, held_back_is_the_buffers_share_of_busy_time_without_a_loss)
+{
+	static const struct {
+		uint64_t busy0, held0, busy1, held1;
+		uint32_t re0, re1;
+		int held;
+		const char *what;
+	} rows[] = {
+		{ 0, 0, 100000, 5000, 0, 0, 1, "5% of the busy time" },
+		{ 0, 0, 100000, 4999, 0, 0, 0, "under 5%" },
+		{ 50000, 10000, 150000, 15000, 3, 3, 1, "5% of this window, not of all time" },
+		{ 50000, 90000, 150000, 94999, 0, 0, 0, "4.999% of this window though 63% of all time" },
+		{ 0, 0, 100000, 60000, 0, 1, 0, "a retransmission: not the buffer's doing" },
+		{ 0, 0, 100000, 0, 0, 0, 0, "never held" },
+		{ 0, 0, 0, 0, 0, 0, 0, "no busy time at all" },
+		{ 200000, 0, 100000, 50000, 0, 0, 0, "busy went back (another socket)" },
+		{ 0, 50000, 100000, 10000, 0, 0, 0, "held went back" },
+	};
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+		struct sndbuf_counters a = { .busy_us = rows[i].busy0, .held_us = rows[i].held0, .retrans = rows[i].re0 };
+		struct sndbuf_counters b = { .busy_us = rows[i].busy1, .held_us = rows[i].held1, .retrans = rows[i].re1 };
+		cr_expect_eq(sndbuf_held(&a, &b), rows[i].held, "row %zu (%s)", i, rows[i].what);
+	}
+	cr_expect_eq(sndbuf_held_want(65536, 0), 131072, "doubles");
+	cr_expect_eq(sndbuf_held_want(0, 0), 0, "the kernel's buffer is not ours to double");
+	cr_expect_eq(sndbuf_held_want(65536, 131072), 98304, "a quarter under the pin");
+	cr_expect_eq(sndbuf_held_want(65536, 65536), 49152, "a pin at the size: nothing more (sndbuf_next keeps it)");
+}
+
+/* A window's counters: busy us, held us, retransmissions; 1 MiB acked a
+ * window, a 2 ms lowest round trip, no rate sample the application did not
+ * limit (as when the buffer holds a connection back). */
+static struct sndbuf_counters window(int k, uint64_t held_per, uint32_t retrans)
+{
+	return (struct sndbuf_counters){ .acked = (uint64_t)k * MIB, .busy_us = (uint64_t)k * 100000,
+					 .held_us = (uint64_t)k * held_per, .min_rtt_us = 2000,
+					 .retrans = retrans };
+}
+
+/* The sequence a long link behind a shallow port takes: doubled while held
+ * back, the doubling that brought a retransmission taken back and kept as
+ * the pin, then only growth a quarter under it; a long link without loss
+ * doubles up to net.core.wmem_max and stays there. */
+Test(sndbuf, decisions_double_a_held_buffer_and_take_back_a_doubling_that_lost)
+{
+	struct sndbuf t = { .state = SNDBUF_SIZED, .size = 65536, .ceiling = 4 * MIB };
+	static const struct {
+		uint64_t held_per;  /* us of 100,000 busy */
+		uint32_t retrans;   /* ever, at the window's end */
+		uint32_t size, before, pin;
+		const char *what;
+	} steps[] = {
+		{ 50000, 0, 131072, 65536, 0, "held half the time: doubled" },
+		{ 50000, 0, 262144, 131072, 0, "still held: doubled again" },
+		{ 50000, 4, 131072, 0, 262144, "a loss after the doubling: taken back, pinned" },
+		{ 50000, 4, 196608, 131072, 262144, "held: a quarter under the pin" },
+		{ 50000, 9, 131072, 0, 196608, "a loss again: back, pinned lower" },
+		{ 50000, 9, 131072, 0, 196608, "held: 147456 is not a quarter more, kept" },
+		{ 1000, 9, 131072, 0, 196608, "not held: kept" },
+		{ 0, 12, 131072, 0, 196608, "a loss without a doubling before it: kept" },
+	};
+	t.base = window(0, 0, 0);
+	for (size_t i = 0; i < sizeof(steps) / sizeof(steps[0]); i++) {
+		struct sndbuf_counters c = window((int)i + 1, steps[i].held_per, steps[i].retrans);
+		c.held_us = t.base.held_us + steps[i].held_per;
+		uint32_t size = 0;
+		enum sndbuf_state st = sndbuf_decide(&t, &c, &size);
+		cr_assert_eq(st, SNDBUF_SIZED, "step %zu (%s)", i, steps[i].what);
+		cr_assert_eq(size, steps[i].size, "step %zu (%s): size %u", i, steps[i].what, size);
+		cr_assert_eq(t.before, steps[i].before, "step %zu (%s): before %u", i, steps[i].what, t.before);
+		cr_assert_eq(t.pin, steps[i].pin, "step %zu (%s): pin %u", i, steps[i].what, t.pin);
+		t.size = size; /* as size_set would */
+	}
+	struct sndbuf u = { .state = SNDBUF_SIZED, .size = 65536, .ceiling = 4 * MIB };
+	u.base = window(0, 0, 0);
+	for (int i = 1; i <= 10; i++) {
+		struct sndbuf_counters c = window(i, 50000, 0);
+		uint32_t size = 0;
+		cr_assert_eq(sndbuf_decide(&u, &c, &size), SNDBUF_SIZED);
+		u.size = size;
+	}
+	cr_expect_eq(u.size, 4 * MIB, "a long link without loss ends at the ceiling: %u", u.size);
+	char d[200];
+	sndbuf_describe(&t, d, sizeof d);
+	cr_expect_str_eq(d, "auto, 128 KiB: 0 Mbit/s x 2.00 ms; doubled 3 times for holding the link back, "
+			    "a retransmission took one back");
+	/* Probing (the kernel's buffer) is never doubled: it grows itself. */
+	struct sndbuf p = { .state = SNDBUF_PROBING, .ceiling = 4 * MIB };
+	p.base = window(0, 0, 0);
+	struct sndbuf_counters c = window(1, 50000, 0);
+	uint32_t size = 1;
+	cr_expect_eq(sndbuf_decide(&p, &c, &size), SNDBUF_PROBING);
+	cr_expect_eq(size, 0);
+}
+
 /* ---- sockets ------------------------------------------------------------- */
 
 /* A connected TCP pair on 127.0.0.1. */

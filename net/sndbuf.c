@@ -32,9 +32,10 @@ uint64_t sndbuf_peak(uint64_t peak, const struct sndbuf_counters *c)
 	return !c->app_limited && c->delivery_rate > peak ? c->delivery_rate : peak;
 }
 
-int sndbuf_held(const struct sndbuf_counters *a, const struct sndbuf_counters *b)
+int sndbuf_held(const struct sndbuf_counters *a, const struct sndbuf_counters *b, uint32_t srtt_us)
 {
-	if (b->busy_us < a->busy_us || b->held_us < a->held_us || b->retrans != a->retrans)
+	if (b->busy_us < a->busy_us || b->held_us < a->held_us || b->retrans != a->retrans ||
+	    srtt_us == 0 || (uint64_t)srtt_us * 100 > (uint64_t)b->min_rtt_us * SNDBUF_QUEUE_PCT)
 		return 0;
 	return (b->held_us - a->held_us) * 100 >= (b->busy_us - a->busy_us) * SNDBUF_HELD_PCT &&
 	       b->held_us > a->held_us;
@@ -118,7 +119,8 @@ static int counters_read(int fd, struct sndbuf_counters *c)
 	*c = (struct sndbuf_counters){ .acked = ti.tcpi_bytes_acked, .busy_us = ti.tcpi_busy_time,
 				       .min_rtt_us = ti.tcpi_min_rtt, .delivery_rate = ti.tcpi_delivery_rate,
 				       .app_limited = ti.tcpi_delivery_rate_app_limited,
-				       .held_us = ti.tcpi_sndbuf_limited, .retrans = ti.tcpi_total_retrans };
+				       .held_us = ti.tcpi_sndbuf_limited, .retrans = ti.tcpi_total_retrans,
+				       .srtt_us = ti.tcpi_rtt };
 	return 0;
 }
 
@@ -154,11 +156,19 @@ int sndbuf_init(struct sndbuf *t, int fd, int kib)
 	return 0;
 }
 
+/* The window's mean smoothed round trip, 0: no sample. */
+static uint32_t sndbuf_srtt(const struct sndbuf *t)
+{
+	return t->srtt_n ? (uint32_t)(t->srtt_sum / t->srtt_n) : 0;
+}
+
 enum sndbuf_state sndbuf_decide(struct sndbuf *t, const struct sndbuf_counters *c, uint32_t *size)
 {
-	int held = t->state == SNDBUF_SIZED && sndbuf_held(&t->base, c);
+	int held = t->state == SNDBUF_SIZED && sndbuf_held(&t->base, c, sndbuf_srtt(t));
 	int undo = c->retrans != t->base.retrans && t->before; /* the last doubling was too much */
 	t->base = *c;
+	t->srtt_sum = 0;
+	t->srtt_n = 0;
 	t->want = sndbuf_want(t->peak, c->min_rtt_us, SNDBUF_FLOOR);
 	t->rate = t->peak ? t->peak : t->rate; /* a held window has no rate of its own */
 	t->peak = 0;
@@ -186,10 +196,12 @@ void sndbuf_tune(struct sndbuf *t, int fd, double now_s)
 	if (counters_read(fd, &c) < 0)
 		return;
 	t->peak = sndbuf_peak(t->peak, &c);
+	t->srtt_sum += c.srtt_us;
+	t->srtt_n++;
 	/* Not yet, or not enough traffic: the window goes on. A buffer that
 	 * holds the connection back leaves no rate sample to go by. */
 	if (now_s < t->next_s || !sndbuf_enough(&t->base, &c) ||
-	    (t->peak == 0 && !(t->state == SNDBUF_SIZED && sndbuf_held(&t->base, &c))))
+	    (t->peak == 0 && !(t->state == SNDBUF_SIZED && sndbuf_held(&t->base, &c, sndbuf_srtt(t)))))
 		return;
 	t->next_s = now_s + SNDBUF_EVERY_S;
 	uint32_t size;

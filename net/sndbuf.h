@@ -26,7 +26,10 @@
  * is sent, the congestion window has room, and the application waits for
  * the buffer, and the kernel marks those samples application-limited. So
  * a window that spent SNDBUF_HELD_PCT% of its busy time so (TCP_INFO's
- * sndbuf_limited) without a retransmission doubles the buffer
+ * sndbuf_limited), without a retransmission and without a standing queue
+ * (its smoothed round trip within SNDBUF_QUEUE_PCT% of the lowest: where
+ * the link itself is the limit, the full buffer sits in its queue, and a
+ * larger one would only lengthen it) doubles the buffer
  * (sndbuf_held_want); a retransmission in the window after such a doubling
  * takes it back and keeps later doublings under that size (the pin): a
  * port that drops a burst says that much in flight is too much. A path that needs more than
@@ -58,6 +61,7 @@
 #define SNDBUF_MIN_ACKED (256u * 1024)   /* ...and this many bytes acknowledged */
 #define SNDBUF_WMEM_MAX_DEFAULT 212992u  /* Linux's net.core.wmem_max, if unreadable */
 #define SNDBUF_HELD_PCT 5u              /* of a window's busy time held back by the buffer */
+#define SNDBUF_QUEUE_PCT 150u            /* smoothed round trip over the lowest: a standing queue */
 #define SNDBUF_LONG_X 2u                 /* a path wanting up to this many times the most
 					  * SO_SNDBUF may be is still sized, at that most:
 					  * the kernel doubles it, which fills the path */
@@ -81,6 +85,7 @@ struct sndbuf_counters {
 	int app_limited;     /* that sample was limited by the application */
 	uint64_t held_us;    /* time everything was sent and the send buffer was full, ever */
 	uint32_t retrans;    /* segments retransmitted, ever */
+	uint32_t srtt_us;    /* the smoothed round trip now */
 };
 
 /* One connection's sizing (the connection's owner holds it; sndbuf_tune
@@ -94,6 +99,8 @@ struct sndbuf {
 	uint32_t min_rtt_us; /* the last decision's lowest round trip */
 	struct sndbuf_counters base; /* where the window of the next decision starts */
 	uint64_t peak;       /* the window's highest rate not limited by the application */
+	uint64_t srtt_sum;   /* the window's smoothed round trips (us), summed over its samples */
+	uint32_t srtt_n;     /* and their number */
 	uint32_t before;     /* the size before the last doubling for being held back, 0: the
 			      * last change was not one */
 	uint32_t doubled;    /* doublings for being held back, ever (for the log line) */
@@ -113,10 +120,11 @@ int sndbuf_enough(const struct sndbuf_counters *a, const struct sndbuf_counters 
  * not limited by the application, else peak. */
 uint64_t sndbuf_peak(uint64_t peak, const struct sndbuf_counters *c);
 
-/* Whether the window from a to b was held back by its send buffer: at
- * least SNDBUF_HELD_PCT% of its busy time everything sent and the buffer
- * full, and no retransmission. */
-int sndbuf_held(const struct sndbuf_counters *a, const struct sndbuf_counters *b);
+/* Whether the window from a to b, whose smoothed round trip averaged
+ * srtt_us, was held back by its send buffer: at least SNDBUF_HELD_PCT% of
+ * its busy time everything sent and the buffer full, no retransmission,
+ * and srtt_us within SNDBUF_QUEUE_PCT% of b's lowest round trip. */
+int sndbuf_held(const struct sndbuf_counters *a, const struct sndbuf_counters *b, uint32_t srtt_us);
 
 /* The size wanted by a connection held back at SO_SNDBUF size: twice it,
  * kept a quarter under pin (0: none); 0 for size 0 (the kernel's). At

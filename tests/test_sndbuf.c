@@ -172,8 +172,16 @@ Test(sndbuf, held_back_is_the_buffers_share_of_busy_time_without_a_loss)
 	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
 		struct sndbuf_counters a = { .busy_us = rows[i].busy0, .held_us = rows[i].held0, .retrans = rows[i].re0 };
 		struct sndbuf_counters b = { .busy_us = rows[i].busy1, .held_us = rows[i].held1, .retrans = rows[i].re1 };
-		cr_expect_eq(sndbuf_held(&a, &b), rows[i].held, "row %zu (%s)", i, rows[i].what);
+		b.min_rtt_us = 2000;
+		cr_expect_eq(sndbuf_held(&a, &b, 2100), rows[i].held, "row %zu (%s)", i, rows[i].what);
 	}
+	/* The link, not the buffer: a full buffer in a standing queue. */
+	struct sndbuf_counters a = { 0 }, b = { .busy_us = 100000, .held_us = 50000, .min_rtt_us = 2000 };
+	cr_expect_eq(sndbuf_held(&a, &b, 3000), 1, "1.5 x the lowest round trip: no standing queue yet");
+	cr_expect_eq(sndbuf_held(&a, &b, 3001), 0, "over 1.5 x: a queue");
+	cr_expect_eq(sndbuf_held(&a, &b, 0), 0, "no round trip sampled");
+	b.min_rtt_us = 10;
+	cr_expect_eq(sndbuf_held(&a, &b, 500), 0, "1 Gbit/s on a LAN: 64 KiB queued is 0.5 ms");
 	cr_expect_eq(sndbuf_held_want(65536, 0), 131072, "doubles");
 	cr_expect_eq(sndbuf_held_want(0, 0), 0, "the kernel's buffer is not ours to double");
 	cr_expect_eq(sndbuf_held_want(65536, 131072), 98304, "a quarter under the pin");
@@ -217,6 +225,7 @@ Test(sndbuf, decisions_double_a_held_buffer_and_take_back_a_doubling_that_lost)
 		struct sndbuf_counters c = window((int)i + 1, steps[i].held_per, steps[i].retrans);
 		c.held_us = t.base.held_us + steps[i].held_per;
 		uint32_t size = 0;
+		t.srtt_sum = 2100, t.srtt_n = 1;
 		enum sndbuf_state st = sndbuf_decide(&t, &c, &size);
 		cr_assert_eq(st, SNDBUF_SIZED, "step %zu (%s)", i, steps[i].what);
 		cr_assert_eq(size, steps[i].size, "step %zu (%s): size %u", i, steps[i].what, size);
@@ -229,6 +238,7 @@ Test(sndbuf, decisions_double_a_held_buffer_and_take_back_a_doubling_that_lost)
 	for (int i = 1; i <= 10; i++) {
 		struct sndbuf_counters c = window(i, 50000, 0);
 		uint32_t size = 0;
+		u.srtt_sum = 2 * 2900, u.srtt_n = 2;
 		cr_assert_eq(sndbuf_decide(&u, &c, &size), SNDBUF_SIZED);
 		u.size = size;
 	}
@@ -242,8 +252,20 @@ Test(sndbuf, decisions_double_a_held_buffer_and_take_back_a_doubling_that_lost)
 	p.base = window(0, 0, 0);
 	struct sndbuf_counters c = window(1, 50000, 0);
 	uint32_t size = 1;
+	p.srtt_sum = 2000, p.srtt_n = 1;
 	cr_expect_eq(sndbuf_decide(&p, &c, &size), SNDBUF_PROBING);
 	cr_expect_eq(size, 0);
+	/* The same held windows with a standing queue: the link is the limit. */
+	struct sndbuf q = { .state = SNDBUF_SIZED, .size = 65536, .ceiling = 4 * MIB };
+	q.base = window(0, 0, 0);
+	for (int i = 1; i <= 4; i++) {
+		c = window(i, 50000, 0);
+		q.srtt_sum = 2 * 3500, q.srtt_n = 2;
+		cr_assert_eq(sndbuf_decide(&q, &c, &size), SNDBUF_SIZED);
+		q.size = size;
+	}
+	cr_expect_eq(q.size, 65536, "a queue behind it: kept (%u)", q.size);
+	cr_expect_eq(q.srtt_n, 0, "each decision starts a new window");
 }
 
 /* ---- sockets ------------------------------------------------------------- */

@@ -499,6 +499,19 @@ static void ps_streamer_stop(struct ps_conn *cn, int *r, char *err, size_t errle
 	}
 }
 
+/* What send_buffer_kib = auto came to on a worker's TCP connection (the
+ * worker says the same of its own ends: links_say_sndbuf). */
+static void ps_say_sndbuf(struct ps_conn *cn)
+{
+	char one[200];
+	pthread_mutex_lock(&cn->conn.mu);
+	int tcp = cn->conn.sb.state != SNDBUF_KERNEL;
+	sndbuf_describe(&cn->conn.sb, one, sizeof(one));
+	pthread_mutex_unlock(&cn->conn.mu);
+	if (tcp)
+		role_log(cn->ps->out, "ps %d: send buffer to worker %d: %s", cn->ps->index, cn->w, one);
+}
+
 /* Serves connection cn until it ends, then frees what it holds but cn
  * itself; returns ps_serve's result. */
 int ps_conn_run(struct ps_conn *cn)
@@ -520,6 +533,8 @@ int ps_conn_run(struct ps_conn *cn)
 		 * step), either way: the line docs/NETWORK.md documents. */
 		if (r == -ETIMEDOUT && member)
 			snprintf(e, sizeof(e), "no traffic for %g s (peer_timeout)", ps->c->cluster.peer_timeout);
+		if (member)
+			ps_say_sndbuf(cn);
 		if (member)
 			ps_left(cn, r, e);
 		else if (r)

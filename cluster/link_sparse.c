@@ -11,13 +11,14 @@
 int link_rows_send(struct link *l, struct link_rows *x, int *lost, char *err, size_t errlen)
 {
 	uint8_t type = x->kind == LINK_ROWS_PULL ? WIRE_SPULL : WIRE_SPUSH;
-	uint32_t per = msg_rows_max(type, x->dim), n = (uint32_t)x->n, first = 0;
+	uint8_t dt = type == WIRE_SPUSH ? x->dtype : WIRE_F32;
+	uint32_t per = msg_rows_max(type, x->dim, dt), n = (uint32_t)x->n, first = 0;
 	*lost = 0;
 	if (x->n > UINT32_MAX)
 		return err_set(err, errlen, -EINVAL, "%s of %zu rows", wire_msg_name(type), x->n);
 	do {
 		uint32_t k = n - first < per ? n - first : per;
-		struct msg_rows m = { .type = type, .shard = (uint32_t)l->k, .version = x->version, .total = n,
+		struct msg_rows m = { .type = type, .dtype = dt, .shard = (uint32_t)l->k, .version = x->version, .total = n,
 				      .first = first, .count = k,
 				      .worker = type == WIRE_SPUSH ? (uint32_t)l->sh->index : 0 };
 		size_t len;
@@ -61,6 +62,8 @@ int links_rows_open(struct links_rows *lr, const struct config *c, const struct 
 	memset(lr, 0, sizeof(*lr));
 	lr->nps = nps;
 	lr->dim = m->embed.dim;
+	lr->param_dt = (uint8_t)role_param_dtype(c);
+	lr->grad_dt = (uint8_t)role_grad_dtype(c);
 	lr->rb = calloc((size_t)nps + 1, sizeof(uint64_t));
 	lr->x = calloc((size_t)nps, sizeof(struct link_rows));
 	lr->tag = calloc((size_t)nps, sizeof(uint64_t));
@@ -92,6 +95,7 @@ static void rows_split(struct links_rows *lr, enum link_rows_kind kind, const ui
 		while (end < u && rows[end] < lr->rb[k + 1])
 			end++;
 		lr->x[k] = (struct link_rows){ .kind = kind, .ids = rows + at, .n = end - at, .dim = lr->dim,
+					       .dtype = kind == LINK_ROWS_PULL ? lr->param_dt : lr->grad_dt,
 					       .vals = (float *)(vals + at * (size_t)lr->dim) };
 		at = end;
 	}
@@ -114,7 +118,7 @@ int links_rows_pull(struct links *lk, struct links_rows *lr, const uint64_t *row
 	for (int k = 0; k < lr->nps; k++) {
 		struct link_rows *x = &lr->x[k];
 		x->version = async ? MSG_VERSION_LATEST : lk->ln[k].got;
-		msg_rows_asm_init(&x->a, WIRE_ROWS, (uint32_t)k, lr->dim, x->n, x->n);
+		msg_rows_asm_init(&x->a, WIRE_ROWS, x->dtype, (uint32_t)k, lr->dim, x->n, x->n);
 	}
 	int r = rows_run(lk, lr, err, errlen);
 	for (int k = 0; !r && k < lr->nps; k++)

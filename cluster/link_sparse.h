@@ -38,6 +38,7 @@ struct link_rows {
 	size_t n;
 	float *vals;           /* (n, DIM): PULL fills it, PUSH reads it */
 	int dim;
+	uint8_t dtype;         /* the values' on the wire: PULL, ROWS's; PUSH, SPUSH's ([cluster] wire_dtype) */
 	uint64_t version;      /* PULL: asked for (MSG_VERSION_LATEST: the newest); PUSH: its tag */
 	uint64_t got;          /* PULL: the version the rows came at */
 	struct msg_rows_asm a; /* PULL: the answer as it arrives */
@@ -57,6 +58,7 @@ int link_rows_waiting(const struct link_rows *x);
  * of the rows last pulled from each ps. */
 struct links_rows {
 	int nps, dim;
+	uint8_t param_dt, grad_dt; /* ROWS's and SPUSH's values on the wire (role_param_dtype...) */
 	uint64_t *rb;          /* (nps + 1) ps k holds rows [rb[k], rb[k + 1]) */
 	struct link_rows *x;   /* (nps) */
 	uint64_t *tag;         /* (nps) the version each ps's rows came at */

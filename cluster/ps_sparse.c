@@ -279,10 +279,11 @@ static int sparse_answer(struct ps_conn *cn, uint32_t n, uint64_t want, char *er
 		return PS_END;
 	}
 	int D = ps->sp->rows.dim;
-	uint32_t per = msg_rows_max(WIRE_ROWS, D), first = 0;
+	uint8_t dt = (uint8_t)role_param_dtype(ps->c);
+	uint32_t per = msg_rows_max(WIRE_ROWS, D, dt), first = 0;
 	do {
 		uint32_t k = n - first < per ? n - first : per;
-		struct msg_rows m = { .type = WIRE_ROWS, .shard = (uint32_t)ps->index, .version = v, .total = n,
+		struct msg_rows m = { .type = WIRE_ROWS, .dtype = dt, .shard = (uint32_t)ps->index, .version = v, .total = n,
 				      .first = first, .count = k };
 		size_t len;
 		r = msg_encode_rows(conn_payload(&cn->conn, CONN_MAIN), conn_payload_cap(&cn->conn), &m, NULL,
@@ -313,7 +314,8 @@ int ps_on_spull(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 	if (r)
 		return r;
 	struct msg_rows_asm a;
-	msg_rows_asm_init(&a, WIRE_SPULL, (uint32_t)ps->index, ps->sp->rows.dim, ps->sp->pull_cap, MSG_ROWS_ANY);
+	msg_rows_asm_init(&a, WIRE_SPULL, WIRE_F32, (uint32_t)ps->index, ps->sp->rows.dim, ps->sp->pull_cap,
+			  MSG_ROWS_ANY);
 	r = sparse_recv(cn, &a, len, err, errlen);
 	return r ? r : sparse_answer(cn, a.total, a.version, err, errlen);
 }
@@ -326,7 +328,8 @@ int ps_on_spush(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 		return r;
 	struct psrows *rows = &ps->sp->rows;
 	struct msg_rows_asm a;
-	msg_rows_asm_init(&a, WIRE_SPUSH, (uint32_t)ps->index, rows->dim, rows->cap, MSG_ROWS_ANY);
+	msg_rows_asm_init(&a, WIRE_SPUSH, (uint8_t)role_grad_dtype(ps->c), (uint32_t)ps->index, rows->dim,
+			  rows->cap, MSG_ROWS_ANY);
 	r = sparse_recv(cn, &a, len, err, errlen);
 	if (r)
 		return r;

@@ -2,6 +2,7 @@
  * the length first, then the type, the reserved bytes, each field's range
  * and the order of the ids, as net/msg.c's decoders do. */
 #include "msg_rows.h"
+#include "bf16.h"
 #include "../base/err.h"
 
 #include <errno.h>
@@ -12,29 +13,35 @@ static int rows_type_ok(uint8_t t)
 	return t == WIRE_SPULL || t == WIRE_ROWS || t == WIRE_SPUSH;
 }
 
-static size_t row_bytes(uint8_t type, int dim)
+static int rows_dtype_ok(uint8_t type, unsigned dtype)
 {
-	size_t ids = type == WIRE_ROWS ? 0 : 8, vals = type == WIRE_SPULL ? 0 : 4 * (size_t)dim;
+	return dtype == WIRE_F32 || (dtype == WIRE_BF16 && type != WIRE_SPULL);
+}
+
+static size_t row_bytes(uint8_t type, int dim, unsigned dtype)
+{
+	size_t ids = type == WIRE_ROWS ? 0 : 8;
+	size_t vals = type == WIRE_SPULL ? 0 : WIRE_DTYPE_BYTES(dtype) * (size_t)dim;
 	return ids + vals;
 }
 
-uint32_t msg_rows_max(uint8_t type, int dim)
+uint32_t msg_rows_max(uint8_t type, int dim, unsigned dtype)
 {
-	if (!rows_type_ok(type) || dim < 1 || dim > MSG_ROWS_DIM_MAX)
+	if (!rows_type_ok(type) || dim < 1 || dim > MSG_ROWS_DIM_MAX || !rows_dtype_ok(type, dtype))
 		return 0;
-	return (uint32_t)(MSG_ROWS_BODY_MAX / row_bytes(type, dim));
+	return (uint32_t)(MSG_ROWS_BODY_MAX / row_bytes(type, dim, dtype));
 }
 
-size_t msg_rows_bytes(uint8_t type, uint32_t count, int dim)
+size_t msg_rows_bytes(uint8_t type, uint32_t count, int dim, unsigned dtype)
 {
-	return MSG_ROWS_HDR_BYTES + (size_t)count * row_bytes(type, dim);
+	return MSG_ROWS_HDR_BYTES + (size_t)count * row_bytes(type, dim, dtype);
 }
 
 /* The fields every message must have right, whoever made it. */
 static int rows_fields_ok(const struct msg_rows *m, int dim, int code, char *err, size_t errlen)
 {
 	const char *name = wire_msg_name(m->type);
-	uint32_t max = msg_rows_max(m->type, dim);
+	uint32_t max = msg_rows_max(m->type, dim, m->dtype);
 	if (m->count > max)
 		return err_set(err, errlen, code, "%s: %u rows in one message, at most %u at width %d", name,
 			       m->count, max, dim);
@@ -51,18 +58,19 @@ static int rows_fields_ok(const struct msg_rows *m, int dim, int code, char *err
 int msg_encode_rows(uint8_t *buf, size_t cap, const struct msg_rows *m, const uint64_t *ids,
 		    const float *vals, int dim, size_t *len, char *err, size_t errlen)
 {
-	if (!rows_type_ok(m->type) || dim < 1 || dim > MSG_ROWS_DIM_MAX)
-		return err_set(err, errlen, -EINVAL, "rows: type %u (%s) at width %d", m->type,
-			       wire_msg_name(m->type), dim);
+	if (!rows_type_ok(m->type) || dim < 1 || dim > MSG_ROWS_DIM_MAX || !rows_dtype_ok(m->type, m->dtype))
+		return err_set(err, errlen, -EINVAL, "rows: type %u (%s) at width %d, dtype %u", m->type,
+			       wire_msg_name(m->type), dim, m->dtype);
 	int rc = rows_fields_ok(m, dim, -EINVAL, err, errlen);
 	if (rc)
 		return rc;
 	const char *name = wire_msg_name(m->type);
-	size_t need = msg_rows_bytes(m->type, m->count, dim);
+	size_t need = msg_rows_bytes(m->type, m->count, dim, m->dtype);
 	if (cap < need)
 		return err_set(err, errlen, -ENOBUFS, "%s: needs %zu bytes, buffer has %zu", name, need, cap);
 	memset(buf, 0, MSG_ROWS_HDR_BYTES);
 	buf[0] = m->type;
+	buf[1] = m->dtype;
 	wire_put_u32(buf + 4, m->shard);
 	wire_put_u64(buf + 8, m->version);
 	wire_put_u32(buf + 16, m->total);
@@ -79,7 +87,9 @@ int msg_encode_rows(uint8_t *buf, size_t cap, const struct msg_rows *m, const ui
 		}
 		p += 8 * (size_t)m->count;
 	}
-	if (m->type != WIRE_SPULL)
+	if (m->type != WIRE_SPULL && m->dtype == WIRE_BF16)
+		bf16_from_f32(p, vals, (size_t)m->count * (size_t)dim);
+	else if (m->type != WIRE_SPULL)
 		wire_put_f32s(p, vals, (size_t)m->count * (size_t)dim);
 	*len = need;
 	return 0;
@@ -100,15 +110,18 @@ int msg_decode_rows(const uint8_t *buf, size_t len, int dim, struct msg_rows *ou
 	if (len < MSG_ROWS_HDR_BYTES)
 		return err_set(err, errlen, -EMSGSIZE, "%s: %zu bytes, expected at least %u", name, len,
 			       MSG_ROWS_HDR_BYTES);
-	*out = (struct msg_rows){ .type = t, .shard = wire_get_u32(buf + 4), .version = wire_get_u64(buf + 8),
-				  .total = wire_get_u32(buf + 16), .first = wire_get_u32(buf + 20),
-				  .count = wire_get_u32(buf + 24), .worker = wire_get_u32(buf + 28) };
+	*out = (struct msg_rows){ .type = t, .dtype = buf[1], .shard = wire_get_u32(buf + 4),
+				  .version = wire_get_u64(buf + 8), .total = wire_get_u32(buf + 16),
+				  .first = wire_get_u32(buf + 20), .count = wire_get_u32(buf + 24),
+				  .worker = wire_get_u32(buf + 28) };
+	if (!rows_dtype_ok(t, out->dtype))
+		return err_set(err, errlen, -EPROTO, "%s: dtype %u, expected %s", name, out->dtype,
+			       t == WIRE_SPULL ? "0 (a pull has no values)" : "0 (fp32) or 1 (bf16)");
 	/* The count only bounds the length here: its range comes after. */
-	if (out->count > msg_rows_max(t, dim) || len != msg_rows_bytes(t, out->count, dim))
-		return err_set(err, errlen, -EMSGSIZE, "%s: %zu bytes, but %u rows of width %d are %zu", name, len,
-			       out->count, dim, msg_rows_bytes(t, out->count, dim));
-	if (buf[1])
-		return err_set(err, errlen, -EPROTO, "%s: dtype %u, expected 0 (fp32)", name, buf[1]);
+	size_t want = msg_rows_bytes(t, out->count, dim, out->dtype);
+	if (out->count > msg_rows_max(t, dim, out->dtype) || len != want)
+		return err_set(err, errlen, -EMSGSIZE, "%s: %zu bytes, but %u rows of width %d in %s are %zu", name,
+			       len, out->count, dim, wire_dtype_name(out->dtype), want);
 	if (buf[2] || buf[3])
 		return err_set(err, errlen, -EPROTO, "%s: reserved byte %d is 0x%02x, expected 0", name,
 			       buf[2] ? 2 : 3, buf[2] ? buf[2] : buf[3]);
@@ -139,13 +152,17 @@ uint64_t msg_rows_id(const struct msg_rows *m, uint32_t i)
 
 void msg_rows_vals(float *dst, const struct msg_rows *m, int dim)
 {
-	wire_get_f32s(dst, m->vals, (size_t)m->count * (size_t)dim);
+	if (m->dtype == WIRE_BF16)
+		bf16_to_f32(dst, m->vals, (size_t)m->count * (size_t)dim);
+	else
+		wire_get_f32s(dst, m->vals, (size_t)m->count * (size_t)dim);
 }
 
-void msg_rows_asm_init(struct msg_rows_asm *a, uint8_t type, uint32_t shard, int dim, uint64_t cap,
-		       uint64_t want)
+void msg_rows_asm_init(struct msg_rows_asm *a, uint8_t type, uint8_t dtype, uint32_t shard, int dim,
+		       uint64_t cap, uint64_t want)
 {
-	*a = (struct msg_rows_asm){ .type = type, .shard = shard, .dim = dim, .cap = cap, .want = want };
+	*a = (struct msg_rows_asm){ .type = type, .dtype = dtype, .shard = shard, .dim = dim, .cap = cap,
+				    .want = want };
 }
 
 /* The message's fields against the set's: its first one fixes them. */
@@ -156,6 +173,9 @@ static int asm_fits(const struct msg_rows_asm *a, const struct msg_rows *m, char
 		return err_set(err, errlen, -EPROTO, "%s: got %s among its messages", name, wire_msg_name(m->type));
 	if (m->shard != a->shard)
 		return err_set(err, errlen, -EPROTO, "%s for shard %u, this is shard %u", name, m->shard, a->shard);
+	if (m->dtype != a->dtype)
+		return err_set(err, errlen, -EPROTO, "%s in %s where this end's wire_dtype says %s", name,
+			       wire_dtype_name(m->dtype), wire_dtype_name(a->dtype));
 	if (!a->started) {
 		if (a->want != MSG_ROWS_ANY && m->total != a->want)
 			return err_set(err, errlen, -EPROTO, "%s: %u rows, %llu were asked for", name, m->total,
@@ -181,7 +201,7 @@ int msg_rows_asm_add(struct msg_rows_asm *a, const struct msg_rows *m, uint64_t 
 	int rc = asm_fits(a, m, err, errlen);
 	if (rc)
 		return rc;
-	uint32_t done = a->started ? a->received : 0, max = msg_rows_max(a->type, a->dim);
+	uint32_t done = a->started ? a->received : 0, max = msg_rows_max(a->type, a->dim, a->dtype);
 	uint32_t left = m->total - done, want = left < max ? left : max;
 	if (m->first != done || m->count != want)
 		return err_set(err, errlen, -EPROTO, "%s: rows [%u, %llu) where rows [%u, %u) were due", name,

@@ -9,7 +9,9 @@
  * All three have one 32-byte header:
  *
  *   0   1  type (WIRE_SPULL, WIRE_ROWS, WIRE_SPUSH)
- *   1   1  dtype: 0 (float32); anything else is refused
+ *   1   1  dtype of the values: 0 float32, 1 bfloat16 (ROWS and SPUSH,
+ *          as [cluster] wire_dtype has parameters and gradients travel);
+ *          SPULL, which has none, 0
  *   2   2  reserved
  *   4   4  shard u32
  *   8   8  version u64
@@ -18,12 +20,14 @@
  *   24  4  count u32: rows in this message (0 only when total is 0)
  *   28  4  worker u32: SPUSH, the sender's index; otherwise 0
  *   32  .. SPULL: count row ids (u64 each, global rows, strictly
- *          ascending); ROWS: count x DIM float32 values; SPUSH: count row
- *          ids, then count x DIM float32 values
+ *          ascending); ROWS: count x DIM values; SPUSH: count row ids,
+ *          then count x DIM values (4 bytes each as float32, 2 as bf16)
  *
  * DIM, the embedding width, is the model's: both ends know it from the
  * config they share (its hash is in the handshake), so it is not on the
- * wire and a decoder is given it. A set of n rows travels as
+ * wire and a decoder is given it. The dtype is on the wire, as in CHUNK,
+ * so that a set of another dtype than the receiver's config says is
+ * refused by name (msg_rows_asm_add) rather than misread. A set of n rows travels as
  * ceil(n / msg_rows_max(type, DIM)) messages (one when n is 0), each
  * holding msg_rows_max rows but the last, so that no message exceeds
  * FRAME_MAX; struct msg_rows_asm checks them in order as they come. */
@@ -46,25 +50,28 @@
  * the encoder, are ignored (the rows come as arrays). */
 struct msg_rows {
 	uint8_t type;
+	uint8_t dtype;        /* WIRE_F32 or WIRE_BF16 (ROWS, SPUSH); SPULL: WIRE_F32 */
 	uint32_t shard;
 	uint64_t version;
 	uint32_t total, first, count;
 	uint32_t worker;
 	const uint8_t *ids;   /* (count) u64; NULL for ROWS */
-	const uint8_t *vals;  /* (count, DIM) float32; NULL for SPULL */
+	const uint8_t *vals;  /* (count, DIM) of dtype; NULL for SPULL */
 };
 
 /* Most rows one message of this type carries at width dim (1..
- * MSG_ROWS_DIM_MAX): 8192 ids, 16384 / dim rows of values, or
- * 65536 / (8 + 4 dim) rows of both. 0 for anything else. */
-uint32_t msg_rows_max(uint8_t type, int dim);
+ * MSG_ROWS_DIM_MAX) with values of dtype (B bytes each): 8192 ids,
+ * 65536 / (B dim) rows of values, or 65536 / (8 + B dim) rows of both. 0
+ * for anything else (SPULL: any dtype but WIRE_F32). */
+uint32_t msg_rows_max(uint8_t type, int dim, unsigned dtype);
 
-/* The message's length for count rows at width dim. */
-size_t msg_rows_bytes(uint8_t type, uint32_t count, int dim);
+/* The message's length for count rows at width dim of dtype. */
+size_t msg_rows_bytes(uint8_t type, uint32_t count, int dim, unsigned dtype);
 
 /* m's header, then ids[0 .. count) (SPULL, SPUSH) and vals[0 .. count *
- * dim) (ROWS, SPUSH) into buf (cap bytes). -EINVAL for a field that may
- * not be sent (a count above msg_rows_max, 0 with total > 0, first +
+ * dim) (ROWS, SPUSH; as m->dtype, bf16 rounded to nearest even) into buf
+ * (cap bytes). -EINVAL for a field that may not be sent (a dtype
+ * msg_rows_max refuses, a count above msg_rows_max, 0 with total > 0, first +
  * count > total, a worker on other than SPUSH, ids not ascending),
  * -ENOBUFS if cap is short. */
 MSG_MUST_CHECK int msg_encode_rows(uint8_t *buf, size_t cap, const struct msg_rows *m,
@@ -72,8 +79,8 @@ MSG_MUST_CHECK int msg_encode_rows(uint8_t *buf, size_t cap, const struct msg_ro
 				   int dim, size_t *len, char *err, size_t errlen);
 
 /* One message of exactly len bytes of any of the three types at width
- * dim. Refused: another type, a length other than the count implies, a
- * dtype or reserved byte not zero, a count above msg_rows_max or 0 with
+ * dim. Refused: another type, a length other than the count and dtype
+ * imply, a dtype msg_rows_max refuses, a reserved byte not zero, a count above msg_rows_max or 0 with
  * total > 0, first + count > total, a worker on other than SPUSH, ids
  * not strictly ascending (a duplicate or an unsorted row). Values are not
  * looked at: whether a gradient is finite is the ps's check. */
@@ -84,7 +91,7 @@ MSG_MUST_CHECK int msg_decode_rows(const uint8_t *buf, size_t len, int dim, stru
 uint64_t msg_rows_id(const struct msg_rows *m, uint32_t i);
 void msg_rows_vals(float *dst /* (count, dim) */, const struct msg_rows *m, int dim);
 
-/* Receiving one set of rows, message by message. The first message fixes
+/* Receiving one set of rows of dtype, message by message. The first message fixes
  * the version, the total (at most cap, or exactly want when want is not
  * MSG_ROWS_ANY) and the worker; every later one must carry the same, the
  * type and shard given, and be the next in order: first = rows so far and
@@ -93,6 +100,7 @@ void msg_rows_vals(float *dst /* (count, dim) */, const struct msg_rows *m, int 
 #define MSG_ROWS_ANY UINT64_MAX
 struct msg_rows_asm {
 	uint8_t type;
+	uint8_t dtype;
 	uint32_t shard;
 	int dim;
 	uint64_t cap, want;
@@ -103,8 +111,8 @@ struct msg_rows_asm {
 	int started;
 };
 
-void msg_rows_asm_init(struct msg_rows_asm *a, uint8_t type, uint32_t shard, int dim, uint64_t cap,
-		       uint64_t want);
+void msg_rows_asm_init(struct msg_rows_asm *a, uint8_t type, uint8_t dtype, uint32_t shard, int dim,
+		       uint64_t cap, uint64_t want);
 /* Checks m (decoded at a's width) against a and copies its ids to ids +
  * m->first and its values to vals + m->first * dim (either may be NULL).
  * 1 when the set is complete, 0 when more is due; -EPROTO (a unchanged,

@@ -4,6 +4,7 @@
  * of the msg suite. */
 #include <criterion/criterion.h>
 
+#include "../net/bf16.h"
 #include "../net/msg_rows.h"
 
 #include <errno.h>
@@ -11,15 +12,26 @@
 
 #define DIM 4
 
+/* x as bf16 (rounded to nearest even) and back. */
+static float bf16_widen_f32(float x)
+{
+	uint8_t b[2];
+	float y;
+	bf16_from_f32(b, &x, 1);
+	bf16_to_f32(&y, b, 1);
+	return y;
+}
+
 static const uint64_t IDS[5] = { 3, 9, 10, 700, 1ULL << 40 };
 static const float VALS[5 * DIM] = { 1, 2, 3, 4, -1, -2, -3, -4, 0.5f, 0, 0, 1e-30f, 8, 9, 10, 11,
 				     -0.0f, 1, 2, 3 };
 
 /* One message of type with the sample's rows [first, first + count) of a
  * set of total. */
-static size_t sample(uint8_t type, uint32_t total, uint32_t first, uint32_t count, uint8_t *buf, size_t cap)
+static size_t sample_as(uint8_t type, uint8_t dtype, uint32_t total, uint32_t first, uint32_t count,
+			uint8_t *buf, size_t cap)
 {
-	struct msg_rows m = { .type = type, .shard = 2, .version = 41, .total = total, .first = first,
+	struct msg_rows m = { .type = type, .dtype = dtype, .shard = 2, .version = 41, .total = total, .first = first,
 			      .count = count, .worker = type == WIRE_SPUSH ? 3 : 0 };
 	size_t len = 0;
 	char err[256] = "";
@@ -28,20 +40,33 @@ static size_t sample(uint8_t type, uint32_t total, uint32_t first, uint32_t coun
 	return len;
 }
 
+static size_t sample(uint8_t type, uint32_t total, uint32_t first, uint32_t count, uint8_t *buf, size_t cap)
+{
+	return sample_as(type, WIRE_F32, total, first, count, buf, cap);
+}
+
 Test(msg, rows_sizes)
 {
-	cr_assert_eq(msg_rows_max(WIRE_SPULL, 16), 8192);
-	cr_assert_eq(msg_rows_max(WIRE_ROWS, 16), 1024);
-	cr_assert_eq(msg_rows_max(WIRE_SPUSH, 16), 65536 / 72);
-	cr_assert_eq(msg_rows_max(WIRE_ROWS, 1024), 16);
-	cr_assert_eq(msg_rows_max(WIRE_SPUSH, 1024), 15);
-	cr_assert_eq(msg_rows_max(WIRE_PUSH, 16), 0);
-	cr_assert_eq(msg_rows_max(WIRE_ROWS, 0), 0);
-	cr_assert_eq(msg_rows_max(WIRE_ROWS, 1025), 0);
+	cr_assert_eq(msg_rows_max(WIRE_SPULL, 16, WIRE_F32), 8192);
+	cr_assert_eq(msg_rows_max(WIRE_ROWS, 16, WIRE_F32), 1024);
+	cr_assert_eq(msg_rows_max(WIRE_SPUSH, 16, WIRE_F32), 65536 / 72);
+	cr_assert_eq(msg_rows_max(WIRE_ROWS, 1024, WIRE_F32), 16);
+	cr_assert_eq(msg_rows_max(WIRE_SPUSH, 1024, WIRE_F32), 15);
+	cr_assert_eq(msg_rows_max(WIRE_PUSH, 16, WIRE_F32), 0);
+	cr_assert_eq(msg_rows_max(WIRE_ROWS, 0, WIRE_F32), 0);
+	cr_assert_eq(msg_rows_max(WIRE_ROWS, 1025, WIRE_F32), 0);
+	/* bf16 values: twice the rows; a pull has no values to carry as bf16 */
+	cr_assert_eq(msg_rows_max(WIRE_ROWS, 16, WIRE_BF16), 2048);
+	cr_assert_eq(msg_rows_max(WIRE_SPUSH, 16, WIRE_BF16), 65536 / 40);
+	cr_assert_eq(msg_rows_max(WIRE_SPULL, 16, WIRE_BF16), 0);
+	cr_assert_eq(msg_rows_max(WIRE_ROWS, 16, WIRE_F32P), 0);
 	/* the largest message of each fits a frame */
 	for (int d = 1; d <= MSG_ROWS_DIM_MAX; d++)
 		for (uint8_t t = WIRE_SPULL; t <= WIRE_SPUSH; t++)
-			cr_assert_leq(msg_rows_bytes(t, msg_rows_max(t, d), d), FRAME_MAX, "type %u dim %d", t, d);
+			for (unsigned dt = WIRE_F32; dt <= WIRE_BF16; dt++)
+				if (msg_rows_max(t, d, dt))
+					cr_assert_leq(msg_rows_bytes(t, msg_rows_max(t, d, dt), d, dt), FRAME_MAX,
+						      "type %u dim %d dtype %u", t, d, dt);
 }
 
 /* The header where docs/PROTOCOL.md puts it, then ids and values. */
@@ -73,27 +98,41 @@ Test(msg, rows_bytes_match_protocol)
 	/* an empty set is one message of its header */
 	len = sample(WIRE_SPULL, 0, 0, 0, buf, sizeof(buf));
 	cr_assert_eq(len, 32);
+	/* bf16 values: dtype 1, 2 bytes a value, rounded to nearest even */
+	len = sample_as(WIRE_SPUSH, WIRE_BF16, 5, 1, 3, buf, sizeof(buf));
+	cr_assert_eq(len, 32 + 3 * (8 + 2 * DIM));
+	cr_assert_eq(buf[1], 1);
+	cr_assert_eq(wire_get_u64(buf + 32 + 8), 10);
+	cr_assert_eq(buf[56] | buf[57] << 8, 0xbf80, "-1.0f as bf16: 0x%04x", buf[56] | buf[57] << 8);
+	len = sample_as(WIRE_ROWS, WIRE_BF16, 5, 4, 1, buf, sizeof(buf));
+	cr_assert_eq(len, 32 + 2 * DIM);
+	cr_assert_eq(buf[32] | buf[33] << 8, 0x8000, "-0.0f");
 }
 
 Test(msg, rows_round_trip)
 {
-	for (uint8_t t = WIRE_SPULL; t <= WIRE_SPUSH; t++) {
+	for (int k = 0; k < 5; k++) {
+		uint8_t t = (uint8_t)(WIRE_SPULL + k % 3), dt = k < 3 ? WIRE_F32 : WIRE_BF16;
+		t = k == 3 ? WIRE_ROWS : k == 4 ? WIRE_SPUSH : t;
 		uint8_t buf[512];
 		char err[256] = "";
-		size_t len = sample(t, 5, 0, 5, buf, sizeof(buf));
+		size_t len = sample_as(t, dt, 5, 0, 5, buf, sizeof(buf));
 		cr_assert_eq(msg_type(buf, len, err, sizeof(err)), t, "%s", err);
 		struct msg_rows m;
 		cr_assert_eq(msg_decode_rows(buf, len, DIM, &m, err, sizeof(err)), 0, "%s", err);
-		cr_assert(m.type == t && m.shard == 2 && m.version == 41 && m.total == 5 && m.first == 0 && m.count == 5);
+		cr_assert(m.type == t && m.dtype == dt && m.shard == 2 && m.version == 41 && m.total == 5 &&
+			  m.first == 0 && m.count == 5);
 		cr_assert_eq(m.worker, t == WIRE_SPUSH ? 3u : 0u);
 		cr_assert_eq(m.ids == NULL, t == WIRE_ROWS);
 		cr_assert_eq(m.vals == NULL, t == WIRE_SPULL);
 		for (uint32_t i = 0; m.ids && i < 5; i++)
 			cr_assert_eq(msg_rows_id(&m, i), IDS[i]);
-		float v[5 * DIM];
+		float v[5 * DIM], want[5 * DIM];
+		for (int i = 0; i < 5 * DIM; i++) /* bf16: each value rounded to nearest even */
+			want[i] = dt == WIRE_BF16 ? bf16_widen_f32(VALS[i]) : VALS[i];
 		if (m.vals) {
 			msg_rows_vals(v, &m, DIM);
-			cr_assert_eq(memcmp(v, VALS, sizeof(v)), 0, "the values, bit for bit");
+			cr_assert_eq(memcmp(v, want, sizeof(v)), 0, "the values, bit for bit (dtype %u)", dt);
 		}
 	}
 }
@@ -112,7 +151,8 @@ static const struct bad_rows bads[] = {
 	{ "one byte short", (size_t)-1, 0, 0, -EMSGSIZE, "bytes, but 3 rows" },
 	{ "one byte long", 1, 0, 0, -EMSGSIZE, "bytes, but 3 rows" },
 	{ "header cut", (size_t)-100, 0, 0, -EMSGSIZE, "expected at least 32" },
-	{ "dtype", 1, 1, 1, -EPROTO, "dtype 1" },
+	{ "dtype", 1, 1, 2, -EPROTO, "dtype 2, expected 0 (fp32) or 1 (bf16)" },
+	{ "bf16 at fp32's length", 1, 1, 1, -EMSGSIZE, "3 rows of width 4 in bf16 are" },
 	{ "reserved 2", 2, 1, 7, -EPROTO, "reserved byte 2" },
 	{ "reserved 3", 3, 1, 7, -EPROTO, "reserved byte 3" },
 	{ "count over the set", 16, 4, 2, -EPROTO, "rows [0, 3) of a set of 2" },
@@ -155,6 +195,10 @@ Test(msg, rows_refusals)
 	wire_put_u32(buf + 16, 4);
 	cr_assert_eq(msg_decode_rows(buf, len, DIM, &m, err, sizeof(err)), -EPROTO);
 	cr_assert_not_null(strstr(err, "no row in a message of a set of 4"), "%s", err);
+	len = sample(WIRE_SPULL, 5, 0, 2, buf, sizeof(buf));
+	buf[1] = WIRE_BF16;
+	cr_assert_eq(msg_decode_rows(buf, len, DIM, &m, err, sizeof(err)), -EPROTO);
+	cr_assert_not_null(strstr(err, "dtype 1, expected 0 (a pull has no values)"), "%s", err);
 	/* the encoder refuses what the decoder would */
 	uint64_t down[2] = { 5, 5 };
 	struct msg_rows e = { .type = WIRE_SPULL, .total = 2, .count = 2 };
@@ -163,6 +207,8 @@ Test(msg, rows_refusals)
 	cr_assert_eq(msg_encode_rows(buf, sizeof(buf), &e, NULL, VALS, DIM, &len, err, sizeof(err)), -EINVAL);
 	e = (struct msg_rows){ .type = WIRE_ROWS, .total = 2, .count = 2 };
 	cr_assert_eq(msg_encode_rows(buf, 40, &e, NULL, VALS, DIM, &len, err, sizeof(err)), -ENOBUFS);
+	e = (struct msg_rows){ .type = WIRE_SPULL, .dtype = WIRE_BF16, .total = 0 };
+	cr_assert_eq(msg_encode_rows(buf, sizeof(buf), &e, NULL, NULL, DIM, &len, err, sizeof(err)), -EINVAL);
 }
 
 /* A set of 5 SPULL ids in messages of at most 2 (by hand: the real
@@ -173,8 +219,8 @@ static int add(struct msg_rows_asm *a, uint8_t type, uint64_t version, uint32_t 
 {
 	uint8_t buf[FRAME_MAX];
 	size_t len;
-	struct msg_rows m = { .type = type, .shard = 1, .version = version, .total = total, .first = first,
-			      .count = count };
+	struct msg_rows m = { .type = type, .dtype = type == WIRE_SPULL ? WIRE_F32 : a->dtype, .shard = 1,
+			      .version = version, .total = total, .first = first, .count = count };
 	static float zero[17 * 1024];
 	cr_assert_eq(msg_encode_rows(buf, sizeof(buf), &m, ids, zero, a->dim, &len, err, 256), 0, "%s", err);
 	cr_assert_eq(msg_decode_rows(buf, len, a->dim, &m, err, 256), 0, "%s", err);
@@ -187,7 +233,7 @@ Test(msg, rows_assembly)
 	struct msg_rows_asm a;
 	static float vals[40 * 1024];
 	/* ROWS at width 1024: 16 a message; 40 rows are 16 + 16 + 8 */
-	msg_rows_asm_init(&a, WIRE_ROWS, 1, 1024, 40, 40);
+	msg_rows_asm_init(&a, WIRE_ROWS, WIRE_F32, 1, 1024, 40, 40);
 	cr_assert_eq(add(&a, WIRE_ROWS, 7, 40, 0, 16, NULL, vals, err), 0, "%s", err);
 	cr_assert_eq(add(&a, WIRE_ROWS, 7, 40, 16, 16, NULL, vals, err), 0, "%s", err);
 	cr_assert(!msg_rows_asm_done(&a));
@@ -208,7 +254,7 @@ Test(msg, rows_assembly)
 		{ "another total", 39, 16, 16, 7, "another set (version 7, 39 rows" },
 	};
 	for (size_t i = 0; i < sizeof(second) / sizeof(second[0]); i++) {
-		msg_rows_asm_init(&a, WIRE_ROWS, 1, 1024, 40, 40);
+		msg_rows_asm_init(&a, WIRE_ROWS, WIRE_F32, 1, 1024, 40, 40);
 		cr_assert_eq(add(&a, WIRE_ROWS, 7, 40, 0, 16, NULL, vals, err), 0, "%s", err);
 		int r = add(&a, WIRE_ROWS, second[i].version, second[i].total, second[i].first, second[i].count, NULL,
 			    vals, err);
@@ -216,19 +262,28 @@ Test(msg, rows_assembly)
 		cr_assert_not_null(strstr(err, second[i].says), "%s: %s", second[i].name, err);
 	}
 	/* the first message: the total asked for, within the capacity */
-	msg_rows_asm_init(&a, WIRE_ROWS, 1, 1024, 40, 40);
+	msg_rows_asm_init(&a, WIRE_ROWS, WIRE_F32, 1, 1024, 40, 40);
 	cr_assert_eq(add(&a, WIRE_ROWS, 7, 39, 0, 16, NULL, vals, err), -EPROTO);
 	cr_assert_not_null(strstr(err, "39 rows, 40 were asked for"), "%s", err);
-	msg_rows_asm_init(&a, WIRE_ROWS, 1, 1024, 30, MSG_ROWS_ANY);
+	msg_rows_asm_init(&a, WIRE_ROWS, WIRE_F32, 1, 1024, 30, MSG_ROWS_ANY);
 	cr_assert_eq(add(&a, WIRE_ROWS, 7, 40, 0, 16, NULL, vals, err), -EPROTO);
 	cr_assert_not_null(strstr(err, "40 rows, more than the 30 one batch can touch"), "%s", err);
 	/* another shard, another type */
-	msg_rows_asm_init(&a, WIRE_ROWS, 2, 1024, 40, 40);
+	msg_rows_asm_init(&a, WIRE_ROWS, WIRE_F32, 2, 1024, 40, 40);
 	cr_assert_eq(add(&a, WIRE_ROWS, 7, 40, 0, 16, NULL, vals, err), -EPROTO);
 	cr_assert_not_null(strstr(err, "ROWS for shard 1, this is shard 2"), "%s", err);
-	msg_rows_asm_init(&a, WIRE_SPULL, 1, 1024, 40, MSG_ROWS_ANY);
+	msg_rows_asm_init(&a, WIRE_SPULL, WIRE_F32, 1, 1024, 40, MSG_ROWS_ANY);
 	cr_assert_eq(add(&a, WIRE_ROWS, 7, 40, 0, 16, NULL, vals, err), -EPROTO);
 	cr_assert_not_null(strstr(err, "SPULL: got ROWS"), "%s", err);
+	/* another dtype than this end's wire_dtype says */
+	msg_rows_asm_init(&a, WIRE_ROWS, WIRE_BF16, 1, 1024, 40, 40);
+	uint8_t buf[512];
+	size_t len = sample(WIRE_ROWS, 5, 0, 5, buf, sizeof(buf));
+	struct msg_rows m;
+	cr_assert_eq(msg_decode_rows(buf, len, DIM, &m, err, sizeof(err)), 0, "%s", err);
+	m.shard = 1;
+	cr_assert_eq(msg_rows_asm_add(&a, &m, NULL, vals, err, sizeof(err)), -EPROTO);
+	cr_assert_not_null(strstr(err, "ROWS in fp32 where this end's wire_dtype says bf16"), "%s", err);
 }
 
 /* SPUSH at width 1024 carries 15 rows a message: ids ascending across
@@ -241,7 +296,7 @@ Test(msg, rows_assembly_ids_ascend_across_messages)
 	uint64_t ids[30];
 	for (int i = 0; i < 30; i++)
 		ids[i] = 100 + 2 * (uint64_t)i;
-	msg_rows_asm_init(&a, WIRE_SPUSH, 1, 1024, 64, MSG_ROWS_ANY);
+	msg_rows_asm_init(&a, WIRE_SPUSH, WIRE_F32, 1, 1024, 64, MSG_ROWS_ANY);
 	cr_assert_eq(add(&a, WIRE_SPUSH, 0, 30, 0, 15, ids, vals, err), 0, "%s", err);
 	uint64_t again[15];
 	memcpy(again, ids + 15, sizeof(again));

@@ -235,6 +235,51 @@ Test(sparse, one_worker_sync_equals_local_bit_for_bit)
 	free(log);
 }
 
+/* How many of a dump's table values (after the dense parameters) have
+ * any of their low 16 bits set, that is, are not bfloat16 values. */
+static size_t tables_not_bf16(const char *dump)
+{
+	unsigned char *p;
+	size_t len, wide = 0;
+	read_all(dump, &p, &len);
+	cr_assert_eq(len, (size_t)EMBED_FLOATS * 4, "%s: %zu bytes", dump, len);
+	for (size_t i = 953; i < (size_t)EMBED_FLOATS; i++) {
+		uint32_t u;
+		memcpy(&u, p + 4 * i, 4);
+		wide += (u & 0xffffu) != 0;
+	}
+	free(p);
+	return wide;
+}
+
+/* Rows travel as wire_dtype says: with bf16 (both ways) every table value
+ * the worker pulls, its dump included, is a bf16 value; with bf16_grads
+ * only the gradients are, so the rows come whole (the same check fails on
+ * them, as it must be able to). Each end refuses rows in another dtype
+ * than its config says, so the two runs finishing also says that ROWS
+ * and SPUSH were each in the dtype the other end expected. */
+Test(sparse, rows_travel_as_wire_dtype_says)
+{
+	struct ctr x;
+	char dump[300], out[8][300], a[96], b[96];
+	double auc, auc32;
+	ctr_config(&x, "rows-bf16", 2, 1, 60, EMBED, "", "wire_dtype = bf16\n");
+	snprintf(dump, sizeof(dump), "%s/rows-bf16.bin", target_dir);
+	run_cluster(&x, dump, out, NULL);
+	size_t wide = tables_not_bf16(dump);
+	cr_assert_eq(wide, 0, "bf16: %zu table values pulled with more than bf16's bits", wide);
+	figures(slurp(out[2]), a, sizeof(a), &auc);
+	ctr_config(&x, "rows-fp32", 2, 1, 60, EMBED, "", "");
+	run_cluster(&x, NULL, out, NULL);
+	figures(slurp(out[2]), b, sizeof(b), &auc32);
+	cr_assert_lt(fabs(auc - auc32), 0.02, "bf16 rows: %s; fp32: %s", a, b);
+	ctr_config(&x, "rows-bf16-grads", 2, 1, 60, EMBED, "", "wire_dtype = bf16_grads\n");
+	snprintf(dump, sizeof(dump), "%s/rows-bf16-grads.bin", target_dir);
+	run_cluster(&x, dump, out, NULL);
+	wide = tables_not_bf16(dump);
+	cr_assert_gt(wide, (size_t)EMBED_FLOATS / 2, "bf16_grads: only %zu table values have float32's bits", wide);
+}
+
 /* Lazy Adam's step counter is per version on every ps alike; a lone
  * async worker's rows are never stale (scale 1). */
 Test(sparse, lazy_adam_and_async_equal_local)

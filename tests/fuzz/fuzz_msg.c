@@ -36,19 +36,25 @@ static void same(int rc, size_t relen, const uint8_t *data, size_t size)
 	FUZZ_CHECK(memcmp(re, data, size) == 0);
 }
 
-/* A re-encoded bf16 chunk: the same bytes, but that each signalling NaN
- * (exponent all ones, mantissa nonzero, quiet bit 6 clear) comes back
- * with the quiet bit set (net/bf16.h). */
-static void same_bf16(int rc, size_t relen, const uint8_t *data, size_t size)
+/* A re-encoded message whose bf16 values start at byte from: the same
+ * bytes, but that each signalling NaN (exponent all ones, mantissa
+ * nonzero, quiet bit 6 clear) comes back with the quiet bit set
+ * (net/bf16.h). */
+static void same_bf16_from(int rc, size_t relen, const uint8_t *data, size_t size, size_t from)
 {
 	FUZZ_CHECK(rc == 0);
 	FUZZ_CHECK(relen == size);
-	FUZZ_CHECK(memcmp(re, data, MSG_CHUNK_HDR_BYTES) == 0);
-	for (size_t i = MSG_CHUNK_HDR_BYTES; i + 1 < size; i += 2) {
+	FUZZ_CHECK(memcmp(re, data, from) == 0);
+	for (size_t i = from; i + 1 < size; i += 2) {
 		uint16_t h = wire_get_u16(data + i), r = wire_get_u16(re + i);
 		int nan = (h & 0x7f80u) == 0x7f80u && (h & 0x7fu) != 0;
 		FUZZ_CHECK(r == (nan ? (h | 0x40u) : h));
 	}
+}
+
+static void same_bf16(int rc, size_t relen, const uint8_t *data, size_t size)
+{
+	same_bf16_from(rc, relen, data, size, MSG_CHUNK_HDR_BYTES);
 }
 
 /* The rows decoder at width dim. */
@@ -63,8 +69,8 @@ static void rows_at(const uint8_t *data, size_t size, int dim)
 		fuzz_check_err(rc, err);
 		return;
 	}
-	FUZZ_CHECK(m.type == data[0] && m.count <= msg_rows_max(m.type, dim));
-	FUZZ_CHECK(size == msg_rows_bytes(m.type, m.count, dim));
+	FUZZ_CHECK(m.type == data[0] && m.dtype == data[1] && m.count <= msg_rows_max(m.type, dim, m.dtype));
+	FUZZ_CHECK(size == msg_rows_bytes(m.type, m.count, dim, m.dtype));
 	FUZZ_CHECK((uint64_t)m.first + m.count <= m.total && (m.count > 0 || m.total == 0));
 	for (uint32_t i = 0; m.ids && i < m.count; i++) {
 		ids[i] = msg_rows_id(&m, i);
@@ -72,10 +78,14 @@ static void rows_at(const uint8_t *data, size_t size, int dim)
 	}
 	if (m.vals)
 		msg_rows_vals(floats, &m, dim);
-	same(msg_encode_rows(re, sizeof re, &m, ids, floats, dim, &relen, err, sizeof err), relen, data, size);
+	rc = msg_encode_rows(re, sizeof re, &m, ids, floats, dim, &relen, err, sizeof err);
+	if (m.dtype == WIRE_BF16)
+		same_bf16_from(rc, relen, data, size, MSG_ROWS_HDR_BYTES + (m.ids ? 8 * (size_t)m.count : 0));
+	else
+		same(rc, relen, data, size);
 	struct msg_rows_asm a;
-	msg_rows_asm_init(&a, m.type, m.shard, dim, m.total, MSG_ROWS_ANY);
-	uint32_t per = msg_rows_max(m.type, dim), full = m.total < per ? m.total : per;
+	msg_rows_asm_init(&a, m.type, m.dtype, m.shard, dim, m.total, MSG_ROWS_ANY);
+	uint32_t per = msg_rows_max(m.type, dim, m.dtype), full = m.total < per ? m.total : per;
 	err[0] = '\0';
 	rc = msg_rows_asm_add(&a, &m, NULL, NULL, err, sizeof err);
 	if (m.first == 0 && m.count == full) {

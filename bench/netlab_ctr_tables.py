@@ -20,6 +20,7 @@ import re
 from netlab_tables import fmt, links_table, med, num, read
 
 LABEL = {"beside": "pstrain, ps beside workers", "apart": "pstrain, ps apart",
+         "beside-bf16": "pstrain, ps beside, wire_dtype bf16", "apart-bf16": "pstrain, ps apart, wire_dtype bf16",
          "tfps": "TF PS, ps apart", "tfps-beside": "TF PS, ps beside workers",
          "ddp-sparse": "DDP, sparse gradients", "ddp": "DDP, dense gradients"}
 WORKERS = 2

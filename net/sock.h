@@ -119,7 +119,8 @@ SOCK_MUST_CHECK int sock_connect_until(const char *host, uint16_t port, int time
  * there before it listens on TCP, so a worker whose Unix try came just
  * before the ps's listen and whose TCP try just after has the wrong one:
  * if the Unix socket answers now, *fd becomes it and the TCP connection
- * is closed (1); else *fd is left as it is (0). */
+ * is closed (1), which that ps tallies as one "closed before a whole
+ * greeting"; else *fd is left as it is (0). */
 int sock_prefer_unix(const char *unix_path, int *fd);
 
 SOCK_MUST_CHECK int sock_connect_local_until(const char *unix_path, const char *host,

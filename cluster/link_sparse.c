@@ -18,8 +18,8 @@ int link_rows_send(struct link *l, struct link_rows *x, int *lost, char *err, si
 		return err_set(err, errlen, -EINVAL, "%s of %zu rows", wire_msg_name(type), x->n);
 	do {
 		uint32_t k = n - first < per ? n - first : per;
-		struct msg_rows m = { .type = type, .dtype = dt, .shard = (uint32_t)l->k, .version = x->version, .total = n,
-				      .first = first, .count = k,
+		struct msg_rows m = { .type = type, .dtype = dt, .shard = (uint32_t)l->k, .version = x->version,
+				      .total = n, .first = first, .count = k,
 				      .worker = type == WIRE_SPUSH ? (uint32_t)l->sh->index : 0 };
 		size_t len;
 		int r = msg_encode_rows(conn_payload(&l->conn, CONN_MAIN), conn_payload_cap(&l->conn), &m,

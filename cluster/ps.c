@@ -533,13 +533,13 @@ int ps_conn_run(struct ps_conn *cn)
 		 * step), either way: the line docs/NETWORK.md documents. */
 		if (r == -ETIMEDOUT && member)
 			snprintf(e, sizeof(e), "no traffic for %g s (peer_timeout)", ps->c->cluster.peer_timeout);
-		if (member)
+		if (member) {
 			ps_say_sndbuf(cn);
-		if (member)
 			ps_left(cn, r, e);
-		else if (r)
+		} else if (r) {
 			role_log(ps->out, "ps %d: %s: closed a connection that greeted as worker %d before any frame opened (%s); it was not counted as worker %d",
 				 ps->index, cn->peer, cn->w, e, cn->w);
+		}
 		conn_linger(&cn->conn, CONN_LINGER_MS); /* if it ended with an ERROR */
 	}
 	free(cn->grad);

@@ -283,8 +283,8 @@ static int sparse_answer(struct ps_conn *cn, uint32_t n, uint64_t want, char *er
 	uint32_t per = msg_rows_max(WIRE_ROWS, D, dt), first = 0;
 	do {
 		uint32_t k = n - first < per ? n - first : per;
-		struct msg_rows m = { .type = WIRE_ROWS, .dtype = dt, .shard = (uint32_t)ps->index, .version = v, .total = n,
-				      .first = first, .count = k };
+		struct msg_rows m = { .type = WIRE_ROWS, .dtype = dt, .shard = (uint32_t)ps->index, .version = v,
+				      .total = n, .first = first, .count = k };
 		size_t len;
 		r = msg_encode_rows(conn_payload(&cn->conn, CONN_MAIN), conn_payload_cap(&cn->conn), &m, NULL,
 				    cn->spc->vals + (size_t)first * (size_t)D, D, &len, err, errlen);

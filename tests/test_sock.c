@@ -851,6 +851,18 @@ Test(sock, unix_path_names_the_ps_and_fits)
 	cr_assert(strstr(err, "longer than 107 bytes"), "%s", err);
 }
 
+/* A ps's two ends as a worker finds them: a TCP listener on 127.0.0.1
+ * (*lfd; its port returned) and the path of a Unix socket in a fresh
+ * private directory (dir, 64 bytes; path, 128), nothing listening there. */
+static uint16_t ps_paths(char *dir, char *path, int *lfd)
+{
+	char err[256] = "";
+	unix_tmpdir(dir, 64);
+	snprintf(path, 128, "%s/ps.sock", dir);
+	cr_assert_eq(sock_listen("127.0.0.1", 0, 8, lfd, err, sizeof err), 0, "%s", err);
+	return (uint16_t)sock_local_port(*lfd);
+}
+
 /* A worker tries the ps's Unix socket first and takes TCP where nobody
  * listens there; a ps replaces a socket file left by a dead one but not a
  * live one's, nor a file that is not a socket. */
@@ -858,10 +870,7 @@ Test(sock, connect_local_prefers_the_unix_socket)
 {
 	char dir[64], path[128], err[256] = "", peer[SOCK_ADDR_STRLEN];
 	int lfd = -1, ufd = -1, c = -1, s = -1;
-	unix_tmpdir(dir, sizeof dir);
-	snprintf(path, sizeof path, "%s/ps.sock", dir);
-	cr_assert_eq(sock_listen("127.0.0.1", 0, 8, &lfd, err, sizeof err), 0, "%s", err);
-	uint16_t port = (uint16_t)sock_local_port(lfd);
+	uint16_t port = ps_paths(dir, path, &lfd);
 
 	cr_assert_eq(sock_connect_local_until(path, "127.0.0.1", port, 2000, NULL, &c, err, sizeof err),
 		     0, "%s", err);
@@ -915,10 +924,7 @@ Test(sock, prefer_unix_swaps_a_tcp_connection_made_too_early)
 {
 	char dir[64], path[128], err[256] = "", peer[SOCK_ADDR_STRLEN];
 	int lfd = -1, ufd = -1, c = -1, s = -1;
-	unix_tmpdir(dir, sizeof dir);
-	snprintf(path, sizeof path, "%s/ps.sock", dir);
-	cr_assert_eq(sock_listen("127.0.0.1", 0, 8, &lfd, err, sizeof err), 0, "%s", err);
-	uint16_t port = (uint16_t)sock_local_port(lfd);
+	uint16_t port = ps_paths(dir, path, &lfd);
 	cr_assert_eq(sock_connect_retry("127.0.0.1", port, 2000, &c, err, sizeof err), 0, "%s", err);
 	cr_assert_eq(sock_prefer_unix(path, &c), 0, "nothing listens at %s", path);
 	cr_assert_eq(sock_prefer_unix(NULL, &c), 0);

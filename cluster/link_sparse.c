@@ -20,7 +20,7 @@ int link_rows_send(struct link *l, struct link_rows *x, int *lost, char *err, si
 		uint32_t k = n - first < per ? n - first : per;
 		struct msg_rows m = { .type = type, .dtype = dt, .shard = (uint32_t)l->k, .version = x->version,
 				      .total = n, .first = first, .count = k,
-				      .worker = type == WIRE_SPUSH ? (uint32_t)l->sh->index : 0 };
+				      .worker = type == WIRE_SPUSH ? WIRE_PUSH_TAG(l->sh->index, x->slice) : 0 };
 		size_t len;
 		int r = msg_encode_rows(conn_payload(&l->conn, CONN_MAIN), conn_payload_cap(&l->conn), &m,
 					x->ids + first, x->vals ? x->vals + (size_t)first * (size_t)x->dim : NULL,
@@ -126,11 +126,13 @@ int links_rows_pull(struct links *lk, struct links_rows *lr, const uint64_t *row
 	return r;
 }
 
-int links_rows_push(struct links *lk, struct links_rows *lr, const uint64_t *rows, size_t u, const float *dU,
-		    char *err, size_t errlen)
+int links_rows_push(struct links *lk, struct links_rows *lr, int slice, const uint64_t *rows, size_t u,
+		    const float *dU, char *err, size_t errlen)
 {
 	rows_split(lr, LINK_ROWS_PUSH, rows, u, dU);
-	for (int k = 0; k < lr->nps; k++)
+	for (int k = 0; k < lr->nps; k++) {
 		lr->x[k].version = lr->tag[k];
+		lr->x[k].slice = slice;
+	}
 	return rows_run(lk, lr, err, errlen);
 }

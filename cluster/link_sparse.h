@@ -40,6 +40,7 @@ struct link_rows {
 	int dim;
 	uint8_t dtype;         /* the values' on the wire: PULL, ROWS's; PUSH, SPUSH's ([cluster] wire_dtype) */
 	uint64_t version;      /* PULL: asked for (MSG_VERSION_LATEST: the newest); PUSH: its tag */
+	int slice;             /* PUSH: the slice of the step its gradient is of */
 	uint64_t got;          /* PULL: the version the rows came at */
 	struct msg_rows_asm a; /* PULL: the answer as it arrives */
 };
@@ -75,11 +76,11 @@ void links_rows_close(struct links_rows *lr); /* accepts a zeroed struct */
  * shard that went back. */
 int links_rows_pull(struct links *lk, struct links_rows *lr, const uint64_t *rows, size_t u, float *U,
 		    char *err, size_t errlen);
-/* The gradient dU (u, DIM) of rows (u) to the ps that hold them, each
- * push tagged with the version that ps's rows were last pulled at, every
- * ACK read (stale ones counted). Every ps gets one, with none of its rows
- * too: a sync ps steps its rows once every worker's is in. */
-int links_rows_push(struct links *lk, struct links_rows *lr, const uint64_t *rows, size_t u, const float *dU,
-		    char *err, size_t errlen);
+/* Slice `slice`'s gradient dU (u, DIM) of rows (u) to the ps that hold
+ * them, each push tagged with the version that ps's rows were last pulled
+ * at, every ACK read (stale ones counted). Every ps gets one, with none of
+ * its rows too: a sync ps steps its rows once every slice's is in. */
+int links_rows_push(struct links *lk, struct links_rows *lr, int slice, const uint64_t *rows, size_t u,
+		    const float *dU, char *err, size_t errlen);
 
 #endif

@@ -189,43 +189,53 @@ int members_finished(const struct members *m, int64_t now)
 	return 1;
 }
 
-/* The slice owners of the step: every worker, each its share of sh's
- * slices (cluster/view.h), or elastic the view held (none held, blind:
- * nobody). */
-static void owners(const struct members *m, const struct psshard *sh, int *owner)
+/* The owners of the step's S slices: every worker, each its share
+ * (cluster/view.h), or elastic the view held (none held, blind: nobody). */
+static void owners(const struct members *m, int S, int *owner)
 {
 	struct view v;
-	if (m->has_view && m->view.S == sh->workers) {
+	if (m->has_view && m->view.S == S) {
 		view_owners(&m->view, &m->base, owner);
 		return;
 	}
-	view_all(&v, sh->workers, m->W);
+	view_all(&v, S, m->W);
 	view_owners(&v, NULL, owner);
-	for (int s = 0; s < sh->workers && m->elastic; s++)
+	for (int s = 0; s < S && m->elastic; s++)
 		owner[s] = -1;
 }
 
 int members_has_pushed(const struct members *m, const struct psshard *sh, int w)
 {
 	int owner[VIEW_MAX];
-	owners(m, sh, owner);
+	owners(m, sh->workers, owner);
 	for (int s = 0; s < sh->workers; s++)
 		if (owner[s] == w && !psshard_has_pushed(sh, s))
 			return 0;
 	return 1;
 }
 
+void members_missing_of(const struct members *m, int S, int (*pushed)(const void *ctx, int s), const void *ctx,
+			uint8_t *missing, int nbits)
+{
+	int owner[VIEW_MAX];
+	owners(m, S, owner);
+	memset(missing, 0, (size_t)(nbits + 7) / 8);
+	for (int s = 0; s < S; s++) {
+		int w = owner[s];
+		if (w >= 0 && w < nbits && !pushed(ctx, s) && !m->done[w])
+			missing[w / 8] |= (uint8_t)(1u << (w % 8));
+	}
+}
+
+static int shard_pushed(const void *ctx, int s)
+{
+	return psshard_has_pushed(ctx, s);
+}
+
 void members_missing(const struct members *m, const struct psshard *sh, uint8_t *missing,
 		     int nbits)
 {
-	int owner[VIEW_MAX];
-	owners(m, sh, owner);
-	memset(missing, 0, (size_t)(nbits + 7) / 8);
-	for (int s = 0; s < sh->workers; s++) {
-		int w = owner[s];
-		if (w >= 0 && w < nbits && !psshard_has_pushed(sh, s) && !m->done[w])
-			missing[w / 8] |= (uint8_t)(1u << (w % 8));
-	}
+	members_missing_of(m, sh->workers, shard_pushed, sh, missing, nbits);
 }
 
 const char *members_why(const struct members *m, int w)

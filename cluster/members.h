@@ -155,6 +155,10 @@ int members_finished(const struct members *m, int64_t now);
  * Blind, none. */
 void members_missing(const struct members *m, const struct psshard *sh, uint8_t *missing,
 		     int nbits);
+/* The same for S slices whose pushes pushed(ctx, s) says have arrived
+ * (an embedding's rows, cluster/psrows.h). */
+void members_missing_of(const struct members *m, int S, int (*pushed)(const void *ctx, int s), const void *ctx,
+			uint8_t *missing, int nbits);
 
 /* Whether every slice of worker w's share has its gradient for sh's
  * version (in piece mode: every piece of it still at that version). */

@@ -87,7 +87,7 @@ int ps_sparse_open(struct ps *ps, char *err, size_t errlen)
 	size_t F = (size_t)e->fields, B = (size_t)c->train.batch_size;
 	size_t eval = B > PS_SPARSE_EVAL_BATCH ? B : PS_SPARSE_EVAL_BATCH;
 	sp->pull_cap = eval * F < r1 - r0 ? eval * F : (size_t)(r1 - r0);
-	long total = c->train.mode == MODE_ASYNC ? ps->s->job.total * c->cluster.nworkers : ps->s->job.total;
+	long total = c->train.mode == MODE_ASYNC ? ps->s->job.total * ps->s->job.S : ps->s->job.total;
 	int r = psrows_init(&sp->rows, e, r0, r1, c, total, B * F, err, errlen);
 	if (r)
 		return r;
@@ -180,9 +180,13 @@ static int sparse_take(struct ps_conn *cn, struct msg_rows_asm *a, size_t len, c
 	int r = msg_decode_rows(cn->conn.rbuf, len, a->dim, &m, err, errlen);
 	if (r)
 		return r;
-	if (m.type == WIRE_SPUSH && m.worker != (uint32_t)cn->w)
-		return err_set(err, errlen, -EPROTO, "SPUSH names worker %u on worker %d's connection", m.worker,
-			       cn->w);
+	if (m.type == WIRE_SPUSH && WIRE_PUSH_WORKER(m.worker) != (uint32_t)cn->w)
+		return err_set(err, errlen, -EPROTO, "SPUSH names worker %u on worker %d's connection",
+			       WIRE_PUSH_WORKER(m.worker), cn->w);
+	/* Any worker may push any slice, as for PUSH. */
+	if (m.type == WIRE_SPUSH && WIRE_PUSH_SLICE(m.worker) >= (uint32_t)sp->rows.workers)
+		return err_set(err, errlen, -EPROTO, "SPUSH of slice %u; a step has %d", WIRE_PUSH_SLICE(m.worker),
+			       sp->rows.workers);
 	for (uint32_t i = 0; i < m.count; i++) {
 		uint64_t id = msg_rows_id(&m, i);
 		if (id < sp->rows.r0 || id >= sp->rows.r1)
@@ -224,14 +228,19 @@ static int sparse_recv(struct ps_conn *cn, struct msg_rows_asm *a, size_t len, c
 	return r < 0 ? r : 0;
 }
 
-/* Under ps->mu: a HEARTBEAT's missing set for the rows' version. */
+static int rows_pushed(const void *ctx, int s)
+{
+	return psrows_has_pushed(ctx, s);
+}
+
+/* Under ps->mu: a HEARTBEAT's missing set for the rows' version: the
+ * owners of the slices not pushed, as for the dense shard. */
 static void sparse_heartbeat(struct ps *ps, struct msg_heartbeat *hb)
 {
+	const struct psrows *r = &ps->sp->rows;
 	memset(hb, 0, sizeof(*hb));
-	hb->version = ps->sp->rows.version;
-	for (int w = 0; w < ps->W && w < (int)MSG_HEARTBEAT_WORKERS; w++)
-		if (!psrows_has_pushed(&ps->sp->rows, w) && !ps->mb.done[w])
-			hb->missing[w / 8] |= (uint8_t)(1u << (w % 8));
+	hb->version = r->version;
+	members_missing_of(&ps->mb, r->workers, rows_pushed, r, hb->missing, (int)MSG_HEARTBEAT_WORKERS);
 }
 
 /* Under ps->mu: a sync SPULL waits for the rows' version want, with a
@@ -335,7 +344,7 @@ int ps_on_spush(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 		return r;
 	enum psshard_outcome oc = PSSHARD_STALE;
 	pthread_mutex_lock(&ps->mu);
-	r = psrows_push(rows, cn->w, a.version, cn->spc->ids, cn->spc->vals, a.total, &oc);
+	r = psrows_push(rows, (int)WIRE_PUSH_SLICE(a.worker), a.version, cn->spc->ids, cn->spc->vals, a.total, &oc);
 	uint64_t v = rows->version;
 	/* A step applied, or (every other worker done) this worker's push in:
 	 * news for a waiting SPULL. */

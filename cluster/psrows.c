@@ -3,6 +3,8 @@
  * (ps_sparse.c); this file only decides what a push of rows does. */
 #include "psrows.h"
 
+#include "../core/nn/gradfold.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,7 +48,7 @@ int psrows_init(struct psrows *s, const struct embed_spec *e, uint64_t r0, uint6
 	s->r1 = r1;
 	s->dim = e->dim;
 	s->mode = c->train.mode;
-	s->workers = c->cluster.nworkers;
+	s->workers = config_slices(c, 1);
 	s->replicas = c->train.replicas_to_aggregate;
 	s->max_staleness = c->train.max_staleness;
 	s->staleness_lr = c->train.staleness_lr;
@@ -57,7 +59,7 @@ int psrows_init(struct psrows *s, const struct embed_spec *e, uint64_t r0, uint6
 		return -EINVAL;
 	}
 	if (s->workers < 1 || s->workers > PSSHARD_MAX_WORKERS || s->replicas < 1 || s->replicas > s->workers) {
-		snprintf(err, errlen, "ps rows: %d workers, replicas_to_aggregate %d", s->workers, s->replicas);
+		snprintf(err, errlen, "ps rows: %d slices, replicas_to_aggregate %d", s->workers, s->replicas);
 		return -EINVAL;
 	}
 	s->n = (size_t)(r1 - r0);
@@ -112,45 +114,24 @@ size_t psrows_bad_id(const struct psrows *s, const uint64_t *ids, size_t n)
 }
 
 /* The R pushes for v are all in: their rows merged in ascending order,
- * each row's gradients added in worker-index order, divided by R (a
- * division, as psshard's: the correctly rounded mean), one optimizer step
- * over the union; v moves on. */
+ * each row's gradients added in slice order, divided by R (the dense
+ * rule, core/nn/gradfold.h: `local` with slices folds the same way), one
+ * optimizer step over the union; v moves on. */
 static void sync_apply(struct psrows *s)
 {
-	size_t D = (size_t)s->dim, cap = s->cap, u = 0;
-	int ord[PSSHARD_MAX_WORKERS], k = 0;
-	for (int w = 0; w < s->workers; w++)
-		if (pushed_get(s, w))
-			ord[k++] = s->slot_of[w];
-	for (int i = 0; i < k; i++)
-		s->cur[ord[i]] = 0;
-	for (;;) {
-		uint64_t low = UINT64_MAX;
-		for (int i = 0; i < k; i++) {
-			int sl = ord[i];
-			if (s->cur[sl] < s->cnt[sl] && s->ids[(size_t)sl * cap + s->cur[sl]] < low)
-				low = s->ids[(size_t)sl * cap + s->cur[sl]];
-		}
-		if (low == UINT64_MAX)
-			break;
-		float *acc = s->usum + u * D;   // (D)
-		int first = 1;
-		for (int i = 0; i < k; i++) {
-			int sl = ord[i];
-			size_t at = (size_t)sl * cap + s->cur[sl];
-			if (s->cur[sl] >= s->cnt[sl] || s->ids[at] != low)
-				continue;
-			const float *g = s->vals + at * D;   // (D)
-			for (size_t d = 0; d < D; d++)
-				acc[d] = first ? g[d] : acc[d] + g[d];
-			first = 0;
-			s->cur[sl]++;
-		}
-		float R = (float)s->replicas;
-		for (size_t d = 0; d < D; d++)
-			acc[d] /= R;
-		s->uids[u++] = low;
+	size_t D = (size_t)s->dim, cap = s->cap, cnt[PSSHARD_MAX_WORKERS];
+	const uint64_t *ids[PSSHARD_MAX_WORKERS];
+	const float *vals[PSSHARD_MAX_WORKERS];
+	int k = 0;
+	for (int w = 0; w < s->workers; w++) {
+		if (!pushed_get(s, w))
+			continue;
+		int sl = s->slot_of[w];
+		ids[k] = s->ids + (size_t)sl * cap;
+		vals[k] = s->vals + (size_t)sl * cap * D;
+		cnt[k++] = s->cnt[sl];
 	}
+	size_t u = grad_fold_rows(k, ids, vals, cnt, s->dim, s->replicas, s->cur, s->uids, s->usum);
 	sparse_optim_step(&s->opt, s->table, s->uids, s->usum, u, s->opt.cfg.lr);
 	s->version++;
 	s->applied++;
@@ -171,10 +152,10 @@ static void async_apply(struct psrows *s, const uint64_t *ids, const float *vals
 	s->applied++;
 }
 
-int psrows_push(struct psrows *s, int worker, uint64_t version, const uint64_t *ids, const float *vals,
+int psrows_push(struct psrows *s, int slice, uint64_t version, const uint64_t *ids, const float *vals,
 		size_t n, enum psshard_outcome *outcome)
 {
-	if (worker < 0 || worker >= s->workers || n > s->cap || psrows_bad_id(s, ids, n) < n)
+	if (slice < 0 || slice >= s->workers || n > s->cap || psrows_bad_id(s, ids, n) < n)
 		return -EINVAL;
 	if (version > s->version)
 		return -ERANGE;
@@ -188,7 +169,7 @@ int psrows_push(struct psrows *s, int worker, uint64_t version, const uint64_t *
 		return 0;
 	}
 	size_t nv = n * (size_t)s->dim;
-	if (s->mode == MODE_SYNC && pushed_get(s, worker))
+	if (s->mode == MODE_SYNC && pushed_get(s, slice))
 		return -EALREADY;
 	if (optim_nonfinite(vals, nv) < nv)
 		return -EDOM;
@@ -205,8 +186,8 @@ int psrows_push(struct psrows *s, int worker, uint64_t version, const uint64_t *
 	if (nv)   /* a push of none of this ps's rows has no values (vals may be NULL) */
 		memcpy(s->vals + (size_t)slot * s->cap * (size_t)s->dim, vals, nv * sizeof(float));
 	s->cnt[slot] = n;
-	s->slot_of[worker] = (int16_t)slot;
-	pushed_set(s, worker);
+	s->slot_of[slice] = (int16_t)slot;
+	pushed_set(s, slice);
 	if (++s->nwaiting < s->replicas) {
 		*outcome = PSSHARD_WAITING;
 		return 0;
@@ -225,9 +206,9 @@ void psrows_read(const struct psrows *s, const uint64_t *ids, size_t n, float *o
 	}
 }
 
-int psrows_has_pushed(const struct psrows *s, int w)
+int psrows_has_pushed(const struct psrows *s, int slice)
 {
-	return w >= 0 && w < s->workers && s->mode == MODE_SYNC && pushed_get(s, w);
+	return slice >= 0 && slice < s->workers && s->mode == MODE_SYNC && pushed_get(s, slice);
 }
 
 void psrows_rewind(struct psrows *s, uint64_t version)

@@ -10,24 +10,28 @@
  * first. A row's place never depends on the data, and the plan is the
  * dense one, so both ends compute it from the config alone.
  *
- * sync: the rows are at version v. A push tagged v from a worker that has
- * not pushed for v (its row ids, ascending, and one gradient row each) is
- * kept in one of R slots; when R distinct workers have pushed, the union
- * of their rows is walked in ascending order, each row's gradients summed
- * in WORKER-INDEX order (the dense rule's order: a worker that did not
- * touch a row adds nothing, where the dense sum would add its zero), the
- * sum divided by R, and the sparse optimizer steps over the union once (a
- * lazy Adam's step counter moves once per version, touched or not, as in
- * `local`). A push tagged below v, or at or past the run's last step, is
- * dropped as stale; one tagged above v is an error, as is a second push
- * from one worker for v (-EALREADY: the ps ACKs it as a duplicate).
+ * Pushes are of slices (docs/ELASTIC.md): a step trains S slices
+ * ([train] slices; unset, one per worker, and worker w's is slice w), and
+ * any worker may push any slice, as for the dense shard.
+ *
+ * sync: the rows are at version v. A push tagged v of a slice not pushed
+ * for v (its row ids, ascending, and one gradient row each) is kept in one
+ * of R slots; when R distinct slices have been pushed, the union of their
+ * rows is walked in ascending order, each row's gradients summed in SLICE
+ * order and divided by R (grad_fold_rows, core/nn/gradfold.h, which
+ * `local` with slices calls too), and the sparse optimizer steps over the
+ * union once (a lazy Adam's step counter moves once per version, touched
+ * or not, as in `local`). A push tagged below v, or at or past the run's
+ * last step, is dropped as stale; one tagged above v is an error, as is a
+ * second push of one slice for v (-EALREADY: the ps ACKs it as a
+ * duplicate).
  *
  * async: each push is applied on arrival, its rows' step divided by its
  * staleness v - t + 1 with staleness_lr (the learning rate scaled, as the
  * dense rule scales Adam's step), dropped as stale past max_staleness,
  * and v moves by one.
  *
- * Every push is checked before it is used: its worker, its ids (strictly
+ * Every push is checked before it is used: its slice, its ids (strictly
  * ascending, inside [r0, r1), at most cap of them) and its values
  * (finite). A refused push leaves everything as it was. Nothing is
  * allocated after psrows_init: the slots hold R pushes of at most cap
@@ -53,7 +57,8 @@ struct psrows {
 	uint64_t version;           /* v */
 	long total;                 /* sync: a push at or past it is stale */
 	enum train_mode mode;
-	int workers, replicas, max_staleness, staleness_lr;
+	int workers;                /* S: the slices a step has (psshard's name) */
+	int replicas, max_staleness, staleness_lr;
 	size_t cap;                 /* rows one push may hold */
 
 	/* sync: the pushes waiting for v */
@@ -62,7 +67,7 @@ struct psrows {
 	size_t *cnt;                /* (R) rows in each slot */
 	int nwaiting;
 	uint64_t pushed[PSSHARD_PUSHED_WORDS];
-	int16_t slot_of[PSSHARD_MAX_WORKERS];
+	int16_t slot_of[PSSHARD_MAX_WORKERS];   /* by slice */
 	uint64_t *uids;             /* (R * cap) the union's local rows (async: cap) */
 	float *usum;                /* (R * cap, DIM) their sums; NULL in async */
 	size_t *cur;                /* (R) merge cursors */
@@ -85,22 +90,22 @@ void psrows_free(struct psrows *s);   /* accepts NULL and zeroed structs */
  * above the one before it; n if all are fine. */
 size_t psrows_bad_id(const struct psrows *s, const uint64_t *ids, size_t n);
 
-/* Worker's gradient for rows ids (n, global, ascending, in range), vals
- * (n, DIM), computed on version `version`. Sets *outcome (PSSHARD_APPLIED,
- * _WAITING or _STALE) and returns 0, or leaves everything as it was and
- * returns -EINVAL (a worker out of range, ids that psrows_bad_id refuses,
- * n over cap), -ERANGE (version above v), -EALREADY (sync: this worker
- * pushed for v already) or -EDOM (a value is NaN or infinite:
+/* Slice `slice`'s gradient for rows ids (n, global, ascending, in range),
+ * vals (n, DIM), computed on version `version`. Sets *outcome
+ * (PSSHARD_APPLIED, _WAITING or _STALE) and returns 0, or leaves
+ * everything as it was and returns -EINVAL (a slice out of range, ids that
+ * psrows_bad_id refuses, n over cap), -ERANGE (version above v), -EALREADY
+ * (sync: this slice was pushed for v already) or -EDOM (a value is NaN or infinite:
  * optim_nonfinite(vals, n * DIM) says which). A stale push is not read.
  * vals is only read during the call. */
-int psrows_push(struct psrows *s, int worker, uint64_t version, const uint64_t *ids, const float *vals,
+int psrows_push(struct psrows *s, int slice, uint64_t version, const uint64_t *ids, const float *vals,
 		size_t n, enum psshard_outcome *outcome);
 
 /* The values of rows ids (n, global, in range) into out (n, DIM). */
 void psrows_read(const struct psrows *s, const uint64_t *ids, size_t n, float *out);
 
-/* Sync: whether worker w's push for v has arrived. */
-int psrows_has_pushed(const struct psrows *s, int w);
+/* Sync: whether slice s's push for v has arrived. */
+int psrows_has_pushed(const struct psrows *s, int slice);
 
 /* The rows are at `version` from now on with no push waiting: a rollback
  * of the dense shard to a checkpoint (the rows themselves are not in it

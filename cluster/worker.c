@@ -320,9 +320,9 @@ static int worker_batch(struct worker *wr, long step, int slice, size_t *first, 
 
 /* Slice `slice` of the step on the devices: its gradient into wr->grads
  * (with flow, from the forward pass worker_preforward ran if it did). An
- * embedding's rows are pulled before and pushed after (never with flow:
- * the devices refuse it; one slice a worker: config.c refuses other
- * slices for such a model); their links' failure is a lost ps. */
+ * embedding's rows are pulled before and pushed after, as that slice's
+ * (never with flow: the devices refuse it); their links' failure is a
+ * lost ps. */
 static int worker_compute(struct worker *wr, int flow, int slice, char *err, size_t errlen)
 {
 	const struct config *c = wr->c;
@@ -358,7 +358,7 @@ static int worker_compute(struct worker *wr, int flow, int slice, char *err, siz
 		return err_set(err, errlen, -EDOM, "worker %d: step %ld: the gradient is not finite (parameter %zu is %s), so it was not pushed%s: training diverged (lower learning_rate, or look for huge or broken values in the data)",
 			       wr->index, step, bad, isnan(wr->grads[bad]) ? "NaN" : wr->grads[bad] > 0 ? "+inf" : "-inf",
 			       flow ? " from there on" : "");
-	return wr->emb ? worker_embed_push(wr->emb, step, err, errlen) : 0;
+	return wr->emb ? worker_embed_push(wr->emb, step, slice, err, errlen) : 0;
 }
 
 /* How wr->step's gradient goes up. After its last step a worker other

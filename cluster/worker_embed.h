@@ -31,8 +31,8 @@ void worker_embed_close(struct worker_embed *we); /* accepts NULL */
 int worker_embed_pull(struct worker_embed *we, size_t first, int B, char *err, size_t errlen);
 /* After that step: its gradient rows, checked finite (-EDOM with the
  * worker's line otherwise, as for the dense gradient: step names it), to
- * the ps. */
-int worker_embed_push(struct worker_embed *we, long step, char *err, size_t errlen);
+ * the ps as slice `slice`'s. */
+int worker_embed_push(struct worker_embed *we, long step, int slice, char *err, size_t errlen);
 
 /* --dump-params (test builds): the n parameters at params, then, with
  * an embedding (we not NULL), every row of the tables as the ps hold

@@ -139,11 +139,6 @@ static int run_tables(struct run *r, char *err, size_t errlen)
 	const struct embed_spec *s = &r->j.m.embed;
 	if (!s->fields)
 		return 0;
-	if (r->j.S > 1) {
-		snprintf(err, errlen, "%s: [train] slices = %d: a model with an embedding layer trains one slice a step",
-			 c->path, r->j.S);
-		return -EINVAL;
-	}
 	uint64_t R = embed_total_rows(s);
 	size_t n = (size_t)R * (size_t)s->dim;
 	struct sparse_config sc = { .kind = (enum sparse_kind)c->train.embed_optimizer, .lr = c->train.embed_lr,
@@ -209,6 +204,8 @@ static int run_devices(struct run *r, char *err, size_t errlen)
 			     r->out, err, errlen);
 	if (!e && r->table)
 		e = devices_embed_open(&r->dev, r->table, &r->sopt, err, errlen);
+	if (!e && r->table && r->j.S > 1)
+		e = devices_embed_slices(&r->dev, r->j.S, err, errlen);
 	return e;
 }
 

@@ -18,7 +18,8 @@
  *   16  4  total u32: rows in the whole request, answer or gradient
  *   20  4  first u32: this message's first row among them
  *   24  4  count u32: rows in this message (0 only when total is 0)
- *   28  4  worker u32: SPUSH, the sender's index; otherwise 0
+ *   28  4  worker u32: SPUSH, WIRE_PUSH_TAG (the sender's index, the slice);
+ *          otherwise 0
  *   32  .. SPULL: count row ids (u64 each, global rows, strictly
  *          ascending); ROWS: count x DIM values; SPUSH: count row ids,
  *          then count x DIM values (4 bytes each as float32, 2 as bf16)

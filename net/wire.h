@@ -33,9 +33,11 @@
  * step's batch the gradient is of (30..32; docs/ELASTIC.md). Version 10:
  * VIEW and LEAVE, the elastic worker set's messages, and a REPORT may end
  * with recent events (docs/ELASTIC.md). Version 11: COMPUTE. Version 12:
- * ROWS and SPUSH values in bf16 where [cluster] wire_dtype says so. */
+ * ROWS and SPUSH values in bf16 where [cluster] wire_dtype says so.
+ * Version 13: an SPUSH's worker field is a PUSH's (WIRE_PUSH_TAG): the
+ * worker and the slice its rows' gradient is of. */
 #define WIRE_MAGIC 0x52545350u
-#define WIRE_VERSION 12u
+#define WIRE_VERSION 13u
 
 /* Message types (DESIGN §7): the first field of every decrypted frame.
  * Zero is not a type, so a zeroed buffer never parses as a message. */

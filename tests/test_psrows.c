@@ -56,15 +56,17 @@ static int bitwise_equal(const float *a, const float *b, size_t n)
 	return memcmp(a, b, n * sizeof(float)) == 0;
 }
 
-/* Pushes arriving in order 2, 0, 1 make one step whose rows are the
- * dense computation's, with both optimizers. */
-static void sync_equals_dense(const char *optimizer)
+/* Pushes of 3 slices arriving in order 2, 0, 1 make one step whose rows
+ * are the dense computation's, with both optimizers: from 3 workers (a
+ * slice each), or from W workers with [train] slices = 3 (any worker may
+ * push any slice; the slice is what orders the sum). */
+static void sync_equals_dense(const char *optimizer, int W)
 {
 	struct config c;
 	struct model m;
-	char train[64], err[256];
-	snprintf(train, sizeof(train), "embedding_optimizer = %s", optimizer);
-	make_config(&c, &m, 3, 0, train);
+	char train[96], err[256];
+	snprintf(train, sizeof(train), "embedding_optimizer = %s\n%s", optimizer, W == 3 ? "" : "slices = 3");
+	make_config(&c, &m, W, 0, train);
 	struct psrows s;
 	uint64_t r0 = 30, r1 = 50;
 	size_t n = (size_t)(r1 - r0);
@@ -118,7 +120,7 @@ static void sync_equals_dense(const char *optimizer)
 		cr_assert_eq(oc, i < 2 ? PSSHARD_WAITING : PSSHARD_APPLIED);
 		cr_assert_eq(s.version, i < 2 ? 0u : 1u);
 	}
-	cr_assert(bitwise_equal(ref, s.table, n * D), "%s: the step is the dense computation's", optimizer);
+	cr_assert(bitwise_equal(ref, s.table, n * D), "%s, %d workers: the step is the dense computation's", optimizer, W);
 	cr_assert_eq(s.opt.t, 1);
 	/* a version nobody touched still steps lazy Adam's counter */
 	for (int w = 0; w < 3; w++) {
@@ -127,6 +129,9 @@ static void sync_equals_dense(const char *optimizer)
 	}
 	cr_assert(s.version == 2 && s.opt.t == 2);
 	cr_assert(bitwise_equal(ref, s.table, n * D), "an empty step moves no row");
+	/* a fourth slice is no slice of this step */
+	enum psshard_outcome oc;
+	cr_assert_eq(psrows_push(&s, 3, 2, NULL, NULL, 0, &oc), -EINVAL);
 	sparse_optim_free(&o);
 	psrows_free(&s);
 	free(ref);
@@ -135,8 +140,10 @@ static void sync_equals_dense(const char *optimizer)
 
 Test(psrows, sync_step_equals_the_dense_computation)
 {
-	sync_equals_dense("adagrad");
-	sync_equals_dense("lazy_adam");
+	sync_equals_dense("adagrad", 3);
+	sync_equals_dense("lazy_adam", 3);
+	sync_equals_dense("adagrad", 2);
+	sync_equals_dense("lazy_adam", 1);
 }
 
 /* Every refusal leaves the rows, the waiting pushes and the version. */

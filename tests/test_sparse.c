@@ -300,6 +300,28 @@ Test(sparse, lazy_adam_and_async_equal_local)
 	free(log);
 }
 
+/* [train] slices = 4 (docs/ELASTIC.md): a global batch of 4 slices that
+ * does not depend on the workers. One worker training all 4 over one ps,
+ * and two workers training 2 each over two ps, end on `local`'s
+ * parameters and tables with the same slices, bit for bit: each slice's
+ * rows are pulled and pushed apart, and every ps and `local` fold them in
+ * slice order (grad_fold_rows). With async, 4 slices are 4 versions: the
+ * same numbers for one worker again (a lone worker is never stale). */
+Test(sparse, slices_end_on_local_bit_for_bit)
+{
+	struct ctr l, x;
+	char dump[300];
+	ctr_config(&l, "sl-local", 1, 1, 40, EMBED, "slices = 4\n", "");
+	snprintf(dump, sizeof(dump), "%s/sl-local.bin", target_dir);
+	char *log = strdup(run_local(&l, dump, 0));
+	cr_assert_not_null(strstr(log, "batch 4 slices x 32"), "%s", log);
+	ctr_config(&x, "sl-w1", 1, 1, 40, EMBED, "slices = 4\n", "");
+	assert_equals_local(&x, dump, log);
+	ctr_config(&x, "sl-w2", 2, 2, 40, EMBED, "slices = 4\n", "");
+	assert_equals_local(&x, dump, log);
+	free(log);
+}
+
 /* Two workers: the same bits over one ps and over two; async trains as
  * well as sync, within a tolerance; every push reached every ps. */
 Test(sparse, two_workers_sync_and_async)

@@ -309,15 +309,6 @@ static int finish_replicas(struct config *c, const struct parse *p, char *err, s
 {
 	char at[DATA_PATH_MAX + 16];
 	int S = config_slices(c, 1), R = c->train.replicas_to_aggregate;
-	/* A worker pulls and pushes one batch's embedding rows a step; a
-	 * step of several slices a worker would need them per slice. */
-	if (c->model.nlayers > 0 && c->model.layers[0].kind == LAYER_EMBEDDING &&
-	    c->train.slices != CONFIG_INT_AUTO) {
-		where(at, sizeof(at), p, "train", "slices");
-		snprintf(err, errlen, "%s: [train] slices: a model with an embedding layer takes one slice per worker for now: leave it unset",
-			 at);
-		return -EINVAL;
-	}
 	/* Its rows are summed over every worker a step: none may be away. */
 	if (c->model.nlayers > 0 && c->model.layers[0].kind == LAYER_EMBEDDING && config_elastic(c)) {
 		where(at, sizeof(at), p, "cluster", "min_workers");

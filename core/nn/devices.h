@@ -229,9 +229,9 @@ int devices_train_step(struct devices *d, size_t at, int B, uint64_t key, struct
  * order on the host (gradfold.h, what a ps does with the slices workers
  * push), the mean back on replica 0, then devices_apply. The same bits as
  * a cluster whose workers computed the slices, however many there were
- * (on the same kernels). acc and g (P): the caller's host scratch. A
- * model with an embedding layer is refused (-EINVAL): its batch-local
- * table holds one batch. Files: devices_slices.c. */
+ * (on the same kernels). acc and g (P): the caller's host scratch. An
+ * embedding's rows fold the same way, row by row (devices_embed_slices
+ * must have made room for S). Files: devices_slices.c. */
 int devices_slices_step(struct devices *d, int S, const size_t *at, int B, const uint64_t *key,
 			float *acc, float *g, struct optim *o, float lr, char *err, size_t errlen);
 
@@ -311,6 +311,10 @@ int devices_eval_replica(struct replica *r, const float *params, const float *ta
  * the devices. */
 int devices_embed_open(struct devices *d, float *table, struct sparse_optim *o, char *err,
 		       size_t errlen);
+/* After devices_embed_open, for `local` with [train] slices S > 1: room
+ * to keep each slice's gradient rows until devices_slices_step folds
+ * them. -ENOMEM, -EINVAL with one line. */
+int devices_embed_slices(struct devices *d, int S, char *err, size_t errlen);
 
 /* Where the embedding rows come from when the devices hold no table (a
  * cluster's worker: its ps hold the tables by row): U (u, DIM), host

@@ -5,6 +5,7 @@
  * devices.h (devices_embed_open, devices_embed_open_remote) and
  * devices_embed.h. */
 #include "devices_embed.h"
+#include "gradfold.h"
 
 #include "../../base/err.h"
 
@@ -75,11 +76,18 @@ void devices_embed_close(struct devices *d)
 {
 	if (!d->emb)
 		return;
-	embed_plan_free(&d->emb->plan);
-	free(d->emb->ids);
-	free(d->emb->U);
-	free(d->emb->dU);
-	free(d->emb);
+	struct devices_embed *em = d->emb;
+	embed_plan_free(&em->plan);
+	free(em->ids);
+	free(em->U);
+	free(em->dU);
+	free(em->sl_rows);
+	free(em->sl_dU);
+	free(em->sl_n);
+	free(em->sl_cur);
+	free(em->fold_rows);
+	free(em->fold_dU);
+	free(em);
 	d->emb = NULL;
 }
 
@@ -170,4 +178,58 @@ int devices_embed_apply(struct devices *d)
 	sparse_optim_step(em->opt, em->table, em->plan.rows, dU, em->plan.u, em->opt->cfg.lr);
 	em->pending = 0;
 	return 0;
+}
+
+int devices_embed_slices(struct devices *d, int S, char *err, size_t errlen)
+{
+	struct devices_embed *em = d->emb;
+	const struct embed_spec *s = &d->m->embed;
+	if (!em || !em->table || S < 1)
+		return err_set(err, errlen, -EINVAL, "slices of an embedding need the tables on the devices");
+	size_t R = embed_total_rows(s), segs = (size_t)d->max_batch * (size_t)s->fields, D = (size_t)s->dim;
+	segs = segs < R ? segs : R;
+	size_t n = (size_t)S * (segs ? segs : 1);
+	em->sl_rows = malloc(n * sizeof(uint64_t));
+	em->sl_dU = malloc(n * D * sizeof(float));
+	em->sl_n = calloc((size_t)S, sizeof(size_t));
+	em->sl_cur = calloc((size_t)S, sizeof(size_t));
+	em->fold_rows = malloc(n * sizeof(uint64_t));
+	em->fold_dU = malloc(n * D * sizeof(float));
+	if (!em->sl_rows || !em->sl_dU || !em->sl_n || !em->sl_cur || !em->fold_rows || !em->fold_dU)
+		return err_set(err, errlen, -ENOMEM, "out of memory for %d slices of embedding rows", S);
+	em->S = S;
+	em->segs = segs;
+	return 0;
+}
+
+int devices_embed_keep(struct devices *d, int s)
+{
+	struct devices_embed *em = d->emb;
+	struct replica *r = &d->rep[0];
+	size_t D = (size_t)d->m->embed.dim, u = em->plan.u;
+	if (s < 0 || s >= em->S || u > em->segs)
+		return -EINVAL;
+	float *dst = em->sl_dU + (size_t)s * em->segs * D;
+	int e = u ? r->be.ops->download(r->be.ctx, dst, r->dU, u * D * sizeof(float)) : 0;
+	if (e)
+		return e;
+	memcpy(em->sl_rows + (size_t)s * em->segs, em->plan.rows, u * sizeof(uint64_t));
+	em->sl_n[s] = u;
+	em->pending = 0;
+	return 0;
+}
+
+void devices_embed_fold(struct devices *d, int S)
+{
+	struct devices_embed *em = d->emb;
+	size_t D = (size_t)d->m->embed.dim;
+	const uint64_t *rows[CONFIG_MAX_HOSTS];
+	const float *vals[CONFIG_MAX_HOSTS];
+	for (int s = 0; s < S; s++) {
+		rows[s] = em->sl_rows + (size_t)s * em->segs;
+		vals[s] = em->sl_dU + (size_t)s * em->segs * D;
+	}
+	size_t u = grad_fold_rows(S, rows, vals, em->sl_n, d->m->embed.dim, S, em->sl_cur, em->fold_rows,
+				  em->fold_dU);
+	sparse_optim_step(em->opt, em->table, em->fold_rows, em->fold_dU, u, em->opt->cfg.lr);
 }

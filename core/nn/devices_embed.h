@@ -20,6 +20,15 @@ struct devices_embed {
 	int B, planned;
 	int pending;                  /* 1: replica 0's dU holds that batch's gradient,
 				       * which the next devices_apply applies */
+	/* local with [train] slices (devices_embed_slices): each slice's
+	 * rows and their gradient, kept until the step folds them */
+	int S;
+	size_t segs;                  /* the most rows one batch has */
+	uint64_t *sl_rows;            /* (S, segs) */
+	float *sl_dU;                 /* (S, segs, DIM) */
+	size_t *sl_n, *sl_cur;        /* (S) */
+	uint64_t *fold_rows;          /* (S * segs) their union */
+	float *fold_dU;               /* (S * segs, DIM) its fold */
 };
 
 /* Replica r's batch order[at .. at + B): its IDs gathered from the
@@ -31,6 +40,14 @@ int devices_embed_batch(struct devices *d, int r, size_t at, int B);
  * dU (through a host copy on a GPU), if a batch is pending. After the
  * dense optimizer. 0, or the download's error (the table untouched). */
 int devices_embed_apply(struct devices *d);
+
+/* local with slices: slice s's rows and replica 0's gradient of them
+ * kept (the batch no longer pending); after the last slice, every kept
+ * slice folded row by row (grad_fold_rows, as a ps folds them) and the
+ * sparse optimizer stepped over the union once. 0, or the download's
+ * error. */
+int devices_embed_keep(struct devices *d, int s);
+void devices_embed_fold(struct devices *d, int S);
 
 void devices_embed_close(struct devices *d);   /* accepts d->emb NULL */
 

@@ -1,5 +1,6 @@
 /* devices_slices_step (devices.h): `local`'s step over several slices of
  * a global batch, folded as a ps folds the slices workers push. */
+#include "devices_embed.h"
 #include "devices_priv.h"
 #include "gradfold.h"
 
@@ -19,9 +20,8 @@ int devices_slices_step(struct devices *d, int S, const size_t *at, int B, const
 			float *acc, float *g, struct optim *o, float lr, char *err, size_t errlen)
 {
 	size_t P = d->m->nparams;
-	if (d->emb)
-		return err_set(err, errlen, -EINVAL, "[train] slices = %d: a model with an embedding layer trains one slice a step",
-			       S);
+	if (d->emb && d->emb->S != S)
+		return err_set(err, errlen, -EINVAL, "[train] slices = %d: the embedding has room for %d", S, d->emb->S);
 	/* Each slice into a zeroed gradient, copied out before the next: one
 	 * step of B rows adding onto another's sum rounds differently from
 	 * the two made apart and then added, which is what a ps does. */
@@ -31,6 +31,8 @@ int devices_slices_step(struct devices *d, int S, const size_t *at, int B, const
 			e = devices_step(d, at[s], B, key[s], err, errlen);
 		if (!e)
 			e = devices_get_grads(d, s ? g : acc, err, errlen);
+		if (!e && d->emb && (e = devices_embed_keep(d, s)) != 0)
+			e = devices_fail(d, 0, e, "the embedding rows' gradient", err, errlen);
 		if (e)
 			return e;
 		if (s)
@@ -38,5 +40,9 @@ int devices_slices_step(struct devices *d, int S, const size_t *at, int B, const
 	}
 	grad_fold_finish(acc, S, P);
 	int e = grads_put(d, acc, err, errlen);
-	return e ? e : devices_apply(d, o, lr, err, errlen);
+	if (!e)
+		e = devices_apply(d, o, lr, err, errlen);
+	if (!e && d->emb)
+		devices_embed_fold(d, S);
+	return e;
 }

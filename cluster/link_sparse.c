@@ -121,8 +121,11 @@ int links_rows_pull(struct links *lk, struct links_rows *lr, const uint64_t *row
 		msg_rows_asm_init(&x->a, WIRE_ROWS, x->dtype, (uint32_t)k, lr->dim, x->n, x->n);
 	}
 	int r = rows_run(lk, lr, err, errlen);
+	/* Sync: the push is of the step asked for, whatever came (rows past
+	 * it, for a backup worker the others left behind, make its push
+	 * stale, as its dense one is); async: of the rows that came. */
 	for (int k = 0; !r && k < lr->nps; k++)
-		lr->tag[k] = lr->x[k].got;
+		lr->tag[k] = async ? lr->x[k].got : lr->x[k].version;
 	return r;
 }
 

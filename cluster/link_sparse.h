@@ -13,8 +13,12 @@
  * version or past it once every worker's push of a step is in, since a
  * worker pushes its rows, and waits for their ACK, before it pushes its
  * dense gradient), and an answer below that went back (a rollback, a
- * restart): the link ends WENT_BACK as for PARAMS. Async asks for the
- * newest. A push is tagged with the version its rows came at. A
+ * restart): the link ends WENT_BACK as for PARAMS; one above it (rows a
+ * step on: the others went on without a backup worker, or a step trained
+ * again after a lost worker where the ps cannot give the rows as they
+ * were, psrows_read_at) makes the push stale. Async asks for the newest.
+ * A push is tagged with the version asked for (sync) or that its rows
+ * came at (async). A
  * worker's memory is its batch's rows, whatever the tables hold. */
 #ifndef PSTRAIN_CLUSTER_LINK_SPARSE_H
 #define PSTRAIN_CLUSTER_LINK_SPARSE_H

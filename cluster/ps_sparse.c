@@ -267,7 +267,8 @@ static int sparse_wait(struct ps_conn *cn, uint64_t want, char *err, size_t errl
 	return 0;
 }
 
-/* ROWS: the n rows of the request, copied under the lock and sent
+/* ROWS: the n rows of the request at the version asked for where the
+ * rows can give it (psrows_read_at), copied under the lock and sent
  * without it; an ERROR if the ps stops. */
 static int sparse_answer(struct ps_conn *cn, uint32_t n, uint64_t want, char *err, size_t errlen)
 {
@@ -276,7 +277,7 @@ static int sparse_answer(struct ps_conn *cn, uint32_t n, uint64_t want, char *er
 	int r = sparse_wait(cn, want, err, errlen), ab = ps->aborted;
 	uint64_t v = ps->sp->rows.version;
 	if (!r && !ab)
-		psrows_read(&ps->sp->rows, cn->spc->ids, n, cn->spc->vals);
+		v = psrows_read_at(&ps->sp->rows, want, cn->spc->ids, n, cn->spc->vals);
 	char why[WIRE_ERROR_TEXT_MAX + 1];
 	snprintf(why, sizeof(why), "ps %d stops: %.200s", ps->index, ps->why);
 	pthread_mutex_unlock(&ps->mu);

@@ -37,7 +37,13 @@ static int rows_alloc(struct psrows *s)
 	s->usum = malloc((un ? un : 1) * D * sizeof(float));
 	s->cnt = calloc(R, sizeof(size_t));
 	s->cur = calloc(R, sizeof(size_t));
-	return s->ids && s->vals && s->usum && s->cnt && s->cur ? 0 : -ENOMEM;
+	if (!s->ids || !s->vals || !s->usum || !s->cnt || !s->cur)
+		return -ENOMEM;
+	if (!s->elastic)
+		return 0;
+	s->undo_ids = malloc((un ? un : 1) * sizeof(uint64_t));
+	s->undo_vals = malloc((un ? un : 1) * D * sizeof(float));
+	return s->undo_ids && s->undo_vals ? 0 : -ENOMEM;
 }
 
 int psrows_init(struct psrows *s, const struct embed_spec *e, uint64_t r0, uint64_t r1,
@@ -49,6 +55,7 @@ int psrows_init(struct psrows *s, const struct embed_spec *e, uint64_t r0, uint6
 	s->dim = e->dim;
 	s->mode = c->train.mode;
 	s->workers = config_slices(c, 1);
+	s->elastic = config_elastic(c);
 	s->replicas = c->train.replicas_to_aggregate;
 	s->max_staleness = c->train.max_staleness;
 	s->staleness_lr = c->train.staleness_lr;
@@ -100,8 +107,10 @@ void psrows_free(struct psrows *s)
 	free(s->uids);
 	free(s->usum);
 	free(s->cur);
-	s->table = s->vals = s->usum = NULL;
-	s->ids = s->uids = NULL;
+	free(s->undo_ids);
+	free(s->undo_vals);
+	s->table = s->vals = s->usum = s->undo_vals = NULL;
+	s->ids = s->uids = s->undo_ids = NULL;
 	s->cnt = s->cur = NULL;
 }
 
@@ -132,6 +141,13 @@ static void sync_apply(struct psrows *s)
 		cnt[k++] = s->cnt[sl];
 	}
 	size_t u = grad_fold_rows(k, ids, vals, cnt, s->dim, s->replicas, s->cur, s->uids, s->usum);
+	if (s->elastic) {
+		for (size_t i = 0; i < u; i++)
+			memcpy(s->undo_vals + i * D, s->table + s->uids[i] * D, D * sizeof(float));
+		memcpy(s->undo_ids, s->uids, u * sizeof(uint64_t));
+		s->undo_n = u;
+		s->undo_ok = 1;
+	}
 	sparse_optim_step(&s->opt, s->table, s->uids, s->usum, u, s->opt.cfg.lr);
 	s->version++;
 	s->applied++;
@@ -206,6 +222,23 @@ void psrows_read(const struct psrows *s, const uint64_t *ids, size_t n, float *o
 	}
 }
 
+uint64_t psrows_read_at(const struct psrows *s, uint64_t want, const uint64_t *ids, size_t n, float *out)
+{
+	if (!s->undo_ok || s->version == 0 || want != s->version - 1) {
+		psrows_read(s, ids, n, out);
+		return s->version;
+	}
+	size_t D = (size_t)s->dim, j = 0;
+	for (size_t i = 0; i < n; i++) {
+		uint64_t r = ids[i] - s->r0;
+		while (j < s->undo_n && s->undo_ids[j] < r)
+			j++;
+		const float *src = j < s->undo_n && s->undo_ids[j] == r ? s->undo_vals + j * D : s->table + r * D;
+		memcpy(out + i * D, src, D * sizeof(float));
+	}
+	return want;
+}
+
 int psrows_has_pushed(const struct psrows *s, int slice)
 {
 	return slice >= 0 && slice < s->workers && s->mode == MODE_SYNC && pushed_get(s, slice);
@@ -213,6 +246,7 @@ int psrows_has_pushed(const struct psrows *s, int slice)
 
 void psrows_rewind(struct psrows *s, uint64_t version)
 {
+	s->undo_ok = 0;
 	s->version = version;
 	s->nwaiting = 0;
 	memset(s->pushed, 0, sizeof(s->pushed));

@@ -57,6 +57,7 @@ struct psrows {
 	uint64_t version;           /* v */
 	long total;                 /* sync: a push at or past it is stale */
 	enum train_mode mode;
+	int elastic;                /* [cluster] min_workers below max_workers */
 	int workers;                /* S: the slices a step has (psshard's name) */
 	int replicas, max_staleness, staleness_lr;
 	size_t cap;                 /* rows one push may hold */
@@ -71,6 +72,14 @@ struct psrows {
 	uint64_t *uids;             /* (R * cap) the union's local rows (async: cap) */
 	float *usum;                /* (R * cap, DIM) their sums; NULL in async */
 	size_t *cur;                /* (R) merge cursors */
+
+	/* sync, elastic: the last step's union as it was before it, so that
+	 * a step trained again after a lost worker reads the rows it was
+	 * trained on (psrows_read_at) */
+	uint64_t *undo_ids;         /* (R * cap) local rows, ascending */
+	float *undo_vals;           /* (R * cap, DIM) */
+	size_t undo_n;
+	int undo_ok;                /* the rows at v - 1 are undo's over the table */
 
 	/* counters since init */
 	uint64_t received, applied, dropped_stale, age_sum, age_max;
@@ -103,6 +112,16 @@ int psrows_push(struct psrows *s, int slice, uint64_t version, const uint64_t *i
 
 /* The values of rows ids (n, global, in range) into out (n, DIM). */
 void psrows_read(const struct psrows *s, const uint64_t *ids, size_t n, float *out);
+
+/* The same at version want where the rows can give it: the current
+ * rows, or (sync, elastic) at v - 1, the last step's union as it was
+ * before that step and the table for the rest (which that step did not
+ * touch). The version read is returned: want, or v where it is not
+ * (want above v, or further back). In an elastic cluster a step is
+ * trained again after a lost worker on the parameters it was first
+ * trained on (docs/ELASTIC.md), while a ps that had every slice's rows
+ * has moved on: without this its rows would be the next step's. */
+uint64_t psrows_read_at(const struct psrows *s, uint64_t want, const uint64_t *ids, size_t n, float *out);
 
 /* Sync: whether slice s's push for v has arrived. */
 int psrows_has_pushed(const struct psrows *s, int slice);

@@ -358,7 +358,12 @@ static int worker_compute(struct worker *wr, int flow, int slice, char *err, siz
 		return err_set(err, errlen, -EDOM, "worker %d: step %ld: the gradient is not finite (parameter %zu is %s), so it was not pushed%s: training diverged (lower learning_rate, or look for huge or broken values in the data)",
 			       wr->index, step, bad, isnan(wr->grads[bad]) ? "NaN" : wr->grads[bad] > 0 ? "+inf" : "-inf",
 			       flow ? " from there on" : "");
-	return wr->emb ? worker_embed_push(wr->emb, step, slice, err, errlen) : 0;
+	if (!wr->emb)
+		return 0;
+	e = worker_embed_push(wr->emb, step, slice, err, errlen);
+	if (!e)
+		hooks_crash_point(&wr->hooks, "rows", step);
+	return e;
 }
 
 /* How wr->step's gradient goes up. After its last step a worker other

@@ -272,3 +272,60 @@ Test(psrows, async_staleness)
 	cr_assert_not_null(strstr(err, "not a range of the tables' 100 rows"), "%s", err);
 	psrows_free(&e);
 }
+
+/* Elastic sync (min_workers): after a step, the rows it was trained on
+ * can still be read (a step trained again after a lost worker): its
+ * union as it was, the rest from the table; the version read is the one
+ * asked for. Two steps on, or without min_workers, only the current. */
+Test(psrows, elastic_reads_the_step_before)
+{
+	struct config c;
+	struct model m;
+	char err[256];
+	make_config(&c, &m, 2, 0, "slices = 2");
+	c.cluster.min_workers = 1;   /* as config.c resolves it: elastic */
+	cr_assert(config_elastic(&c));
+	struct psrows s;
+	uint64_t r0 = 10, r1 = 40;
+	cr_assert_eq(psrows_init(&s, &m.embed, r0, r1, &c, 100, 8, err, sizeof(err)), 0, "%s", err);
+	size_t n = (size_t)(r1 - r0);
+	float *v0 = malloc(n * D * sizeof(float)), *got = malloc(n * D * sizeof(float));
+	cr_assert(v0 && got);
+	memcpy(v0, s.table, n * D * sizeof(float));
+	uint64_t all[30];
+	for (size_t i = 0; i < n; i++)
+		all[i] = r0 + i;
+	enum psshard_outcome oc;
+	for (int sl = 0; sl < 2; sl++) {
+		uint64_t ids[8];
+		float vals[8 * D];
+		size_t k = pushed_rows(sl, r0, ids, vals);
+		cr_assert_eq(psrows_push(&s, sl, 0, ids, vals, k, &oc), 0);
+	}
+	cr_assert(oc == PSSHARD_APPLIED && s.version == 1);
+	cr_assert(!bitwise_equal(v0, s.table, n * D), "the step moved rows");
+	cr_assert_eq(psrows_read_at(&s, 0, all, n, got), 0u);
+	cr_assert(bitwise_equal(v0, got, n * D), "version 0 read back after the step");
+	cr_assert_eq(psrows_read_at(&s, 1, all, n, got), 1u);
+	cr_assert(bitwise_equal(s.table, got, n * D), "version 1: the table");
+	for (int sl = 0; sl < 2; sl++)
+		cr_assert_eq(psrows_push(&s, sl, 1, NULL, NULL, 0, &oc), 0);
+	cr_assert_eq(psrows_read_at(&s, 0, all, n, got), 2u, "two steps back: the current rows");
+	cr_assert(bitwise_equal(s.table, got, n * D));
+	psrows_rewind(&s, 5);
+	cr_assert_eq(psrows_read_at(&s, 4, all, n, got), 5u, "after a rollback: the current rows");
+	psrows_free(&s);
+
+	c.cluster.min_workers = c.cluster.max_workers;
+	cr_assert_eq(psrows_init(&s, &m.embed, r0, r1, &c, 100, 8, err, sizeof(err)), 0, "%s", err);
+	for (int sl = 0; sl < 2; sl++) {
+		uint64_t ids[8];
+		float vals[8 * D];
+		size_t k = pushed_rows(sl, r0, ids, vals);
+		cr_assert_eq(psrows_push(&s, sl, 0, ids, vals, k, &oc), 0);
+	}
+	cr_assert_eq(psrows_read_at(&s, 0, all, n, got), 1u, "not elastic: nothing kept");
+	psrows_free(&s);
+	free(v0);
+	free(got);
+}

@@ -322,6 +322,67 @@ Test(sparse, slices_end_on_local_bit_for_bit)
 	free(log);
 }
 
+/* Starts process `role` `index` of x's config (with env, if not NULL);
+ * the chief dumps to dump (NULL: none). Its log at out. */
+static pid_t start_one(const struct ctr *x, const char *role, int index, const char *dump, const char *env,
+		       char *out)
+{
+	char idx[16];
+	snprintf(idx, sizeof(idx), "%d", index);
+	snprintf(out, 300, "%.200s/%.30s-%s%d.log", target_dir, x->name, role, index);
+	int chief = !strcmp(role, "worker") && index == 0 && dump;
+	const char *args[] = { role, "--index", idx, "--config", x->cfg, chief ? "--dump-params" : NULL, dump, NULL };
+	return spawn_pstrain(args, out, env);
+}
+
+static void await_log(const char *path, const char *text)
+{
+	cr_assert(wait_for_text(path, text), "no \"%s\" in %s:\n%s", text, path, slurp(path));
+}
+
+/* An elastic worker set (docs/ELASTIC.md) on a click-through model: 3
+ * workers listed, min_workers 1, 4 slices, 2 ps. Workers 0 and 1 train;
+ * worker 2 joins and kills itself in its first step right after pushing
+ * its slice's rows (PSTRAIN_CKPT_CRASH=rows), so both ps step their rows
+ * while their dense shards wait for its slice. Past peer_timeout ps 0
+ * gives that slice to the others, which train the step again: the ps
+ * answer their pulls with the rows as that step had them
+ * (psrows_read_at; with the next step's rows the test fails). Then worker
+ * 1 leaves (SIGTERM) and the chief ends alone, on `local --set
+ * train.slices=4`'s parameters and tables, bit for bit. */
+Test(sparse, elastic_workers_end_on_local_slices, .timeout = 300)
+{
+	enum { T = 300 };
+	struct ctr l, x;
+	char ldump[300], dump[300], out[5][300];
+	ctr_config(&l, "el-local", 1, 1, T, EMBED, "slices = 4\n", "");
+	snprintf(ldump, sizeof(ldump), "%s/el-local.bin", target_dir);
+	char *log = strdup(run_local(&l, ldump, 0));
+	ctr_config(&x, "el", 2, 3, T, EMBED, "slices = 4\n", "min_workers = 1\npeer_timeout = 1\n");
+	snprintf(dump, sizeof(dump), "%s/el.bin", target_dir);
+	pid_t pids[5];
+	int st[5];
+	const char *slow = "PSTRAIN_STEP_DELAY_MS=4";
+	for (int k = 0; k < 2; k++)
+		pids[k] = start_one(&x, "ps", k, NULL, NULL, out[k]);
+	pids[3] = start_one(&x, "worker", 1, NULL, slow, out[3]);
+	pids[2] = start_one(&x, "worker", 0, dump, slow, out[2]);
+	await_log(out[0], "workers 0, 1 train the 4 slices");
+	pids[4] = start_one(&x, "worker", 2, NULL, "PSTRAIN_CKPT_CRASH=rows", out[4]);
+	await_log(out[0], "workers 0, 1, 2 train the 4 slices");
+	await_log(out[0], "again (a worker was lost)");
+	cr_assert_eq(kill(pids[3], SIGTERM), 0);
+	wait_children(pids, 4, st, RUN_S);
+	assert_exits_zero(st, out, 4, "el");
+	cr_assert_not_null(strstr(slurp(out[0]), "worker 1 leaves"), "%s", slurp(out[0]));
+	int st4;
+	wait_children(&pids[4], 1, &st4, 1);
+	size_t n;
+	long at = dump_diff(ldump, dump, &n);
+	cr_assert_eq(at, -1, "float %ld of %zu differs from local's (%s)", at, n, at >= 953 ? "a table's" : "a parameter");
+	free(log);
+}
+
 /* Two workers: the same bits over one ps and over two; async trains as
  * well as sync, within a tolerance; every push reached every ps. */
 Test(sparse, two_workers_sync_and_async)

@@ -309,13 +309,6 @@ static int finish_replicas(struct config *c, const struct parse *p, char *err, s
 {
 	char at[DATA_PATH_MAX + 16];
 	int S = config_slices(c, 1), R = c->train.replicas_to_aggregate;
-	/* Its rows are summed over every worker a step: none may be away. */
-	if (c->model.nlayers > 0 && c->model.layers[0].kind == LAYER_EMBEDDING && config_elastic(c)) {
-		where(at, sizeof(at), p, "cluster", "min_workers");
-		snprintf(err, errlen, "%s: [cluster] min_workers: a model with an embedding layer needs every worker each step for now (its rows are summed over all of them): leave min_workers unset",
-			 at);
-		return -EINVAL;
-	}
 	where(at, sizeof(at), p, "train", "replicas_to_aggregate");
 	if (R == 0) {
 		c->train.replicas_to_aggregate = S;

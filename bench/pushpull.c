@@ -5,7 +5,7 @@
  * same messages in the same length-prefixed framing but not encrypted.
  *
  *   build/bench/pushpull [--seconds S] [--rounds R] [--sizes 1,16,64]
- *                        [--modes sealed,plain[,gcm][,aesnm][,chacha]] [--csv]
+ *                        [--modes sealed,plain[,gcm][,aesnm][,chacha][,local]] [--csv]
  *                        [--crypto-threads N[,M...]]
  *
  * --crypto-threads N: as [cluster] crypto_threads (0 = auto, 1 = one frame
@@ -33,6 +33,9 @@
  *           offered besides ChaCha; the default before protocol version 6)
  *   chacha  the production path with ChaCha20-Poly1305 forced (no AES
  *           offered in the handshake)
+ *   local   the production path of a Unix socket between two processes of
+ *           one host: frames not sealed (FRAME_LOCAL), the counter as the
+ *           tag (the handshake is told both sockets are local)
  *
  * A server thread plays the ps: it decodes each PUSH chunk into a float
  * buffer (msg_assembly_add), answers a whole push with ACK, and answers PULL
@@ -64,8 +67,8 @@
 #define TIMEOUT_MS 60000
 #define BUF_BYTES FRAME_BYTES_MAX
 
-enum mode { M_SEALED, M_PLAIN, M_AESNM, M_CHACHA, M_GCM, M_COUNT };
-static const char *const mode_names[M_COUNT] = { "sealed", "plain", "aesnm", "chacha", "gcm" };
+enum mode { M_SEALED, M_PLAIN, M_AESNM, M_CHACHA, M_GCM, M_LOCAL, M_COUNT };
+static const char *const mode_names[M_COUNT] = { "sealed", "plain", "aesnm", "chacha", "gcm", "local" };
 
 /* One direction of a connection, for every mode. */
 struct chan {
@@ -77,7 +80,7 @@ struct chan {
 /* The production modes move tensors through net/pipe.c. */
 static int piped(enum mode m)
 {
-	return m == M_SEALED || m == M_CHACHA || m == M_GCM;
+	return m == M_SEALED || m == M_CHACHA || m == M_GCM || m == M_LOCAL;
 }
 
 /* What a mode offers in the handshake: everything this CPU runs for the
@@ -213,7 +216,10 @@ struct server {
 
 static struct hs_identity ident(enum hs_role role, enum mode m)
 {
-	struct hs_identity id = { .role = role, .index = 0, .ciphers = mode_offers(m) };
+	/* local: both ends say their socket is a Unix one, so the
+	 * handshake picks FRAME_LOCAL (the bench's socket is loopback TCP:
+	 * the frames are the same bytes). */
+	struct hs_identity id = { .role = role, .index = 0, .ciphers = mode_offers(m), .local = m == M_LOCAL };
 	memset(id.config_hash, 0x5a, sizeof id.config_hash);
 	return id;
 }
@@ -686,7 +692,7 @@ int main(int argc, char **argv)
 		while (k < M_COUNT && strcmp(t, mode_names[k]) != 0)
 			k++;
 		if (k == M_COUNT)
-			die("unknown mode (sealed, plain, aesnm, chacha)", t);
+			die("unknown mode (sealed, plain, aesnm, chacha, gcm, local)", t);
 		int nc = piped((enum mode)k) ? ncounts : 1;
 		for (int c = 0; c < nc && nv < MAX_VARIANTS; c++, nv++) {
 			v[nv] = (struct variant){ .mode = (enum mode)k,

@@ -83,9 +83,13 @@ void pipe_free(struct pipe *p)
 	memset(p, 0, sizeof *p);
 }
 
-static int parallel(const struct pipe *p, uint64_t nframes)
+static int parallel(const struct pipe *p, const struct frame_key *k, uint64_t nframes)
 {
-	return p->pool && cryptopool_size(p->pool) > 1 && nframes > 1;
+	/* A local frame (a Unix socket on one host) is not sealed: its body
+	 * goes out from where it is and is read in place, so a pool thread
+	 * would only check its counter, at the cost of two wake-ups a frame
+	 * (a GPU worker's 16-CPU host spent them on every local frame). */
+	return p->pool && cryptopool_size(p->pool) > 1 && nframes > 1 && k->cipher != FRAME_LOCAL;
 }
 
 /* The window: one slot per pool thread plus the frame on the wire, but no
@@ -184,7 +188,7 @@ static int send_serial(struct pipe *p, int fd, struct frame_key *tx, uint64_t nf
 int pipe_send(struct pipe *p, int fd, struct frame_key *tx, uint64_t nframes,
 	      pipe_encode_fn enc, void *ctx, int timeout_ms, char *err, size_t errlen)
 {
-	if (!parallel(p, nframes))
+	if (!parallel(p, tx, nframes))
 		return send_serial(p, fd, tx, nframes, enc, ctx, timeout_ms, err, errlen);
 	int r = slots_ready(p, nframes, err, errlen);
 	if (r < 0)
@@ -252,7 +256,7 @@ static int slot_deliver(struct pipe_slot *s, pipe_deliver_fn fn, void *ctx, char
 int pipe_recv(struct pipe *p, int fd, struct frame_key *rx, uint64_t nframes,
 	      pipe_deliver_fn fn, void *ctx, int timeout_ms, char *err, size_t errlen)
 {
-	if (!parallel(p, nframes))
+	if (!parallel(p, rx, nframes))
 		return recv_serial(p, fd, rx, nframes, fn, ctx, timeout_ms, err, errlen);
 	int r = slots_ready(p, nframes, err, errlen);
 	if (r < 0)

@@ -17,8 +17,9 @@
  * on the pool with their expected counters, and calls the caller's deliver
  * function in order on the calling thread.
  *
- * Without a pool, with a one-thread pool, or for a single frame, both run
- * today's path: one frame at a time on the calling thread, in the caller's
+ * Without a pool, with a one-thread pool, for a single frame, or for
+ * local frames (FRAME_LOCAL: nothing to seal or open), both run today's
+ * path: one frame at a time on the calling thread, in the caller's
  * buffer. With a pool of T threads a pipe allocates up to T more frame
  * buffers (FRAME_BYTES_MAX each, 64 KiB; no more than the longest tensor
  * it moved has frames, less one) when it first runs in parallel, and keeps

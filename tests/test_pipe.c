@@ -423,6 +423,12 @@ Test(pipe, parallel_sender_writes_the_serial_bytes)
 				     name, threads, d.got, want_len);
 			cr_assert_eq(memcmp(d.buf, want, want_len), 0, "%s, %d threads: the bytes changed", name,
 				     threads);
+			/* Local frames have nothing to seal: they never go
+			 * through the pool, which would only add wake-ups
+			 * (the pipe's slots are made at its first parallel
+			 * call); sealed ones do. */
+			cr_assert_eq(p.nslots > 0, threads > 1 && ciphers[c] != FRAME_LOCAL,
+				     "%s, %d threads: %d slots", name, threads, p.nslots);
 			pipe_free(&p);
 			cryptopool_destroy(pool);
 			free(buf);

@@ -15,7 +15,8 @@ struct test_hooks {
 	/* PSTRAIN_CKPT_CRASH = POINT or POINT:STEP: SIGKILL at that point of
 	 * a checkpoint save (POINT: shard, manifest or publish), as a power
 	 * cut would stop it; or of a worker's step (rows: its embedding rows
-	 * pushed, its dense gradient not). */
+	 * pushed, its dense gradient not); or of a ps's (spull: a request for
+	 * rows at that version taken, not answered). */
 	char ckpt_crash[32];
 	long ckpt_delay_ms;       /* PSTRAIN_CKPT_DELAY_MS: every save takes this
 				   * much longer, as on a slow or network disk */

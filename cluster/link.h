@@ -76,6 +76,8 @@ struct link_shared {
 	const struct config *c;
 	const struct role_setup *s;
 	const volatile sig_atomic_t *stop;
+	int dial_on;             /* a dial goes on through a stop (the caller's
+				  * thread sets it: recovery.c, an elastic leave) */
 	FILE *out;
 	int index;               /* this worker */
 	char compute[MSG_COMPUTE_TEXT + 1]; /* what its arithmetic runs on

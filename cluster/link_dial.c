@@ -48,7 +48,8 @@ static int link_dial(struct link *l, const char *local, int timeout_ms, int *fd,
 {
 	const struct host *ps = &l->sh->c->cluster.ps[l->k];
 	char e[512];
-	int r = sock_connect_local_until(local, ps->name, ps->port, timeout_ms, l->sh->stop, fd, e, sizeof(e));
+	const volatile sig_atomic_t *stop = l->sh->dial_on ? NULL : l->sh->stop;
+	int r = sock_connect_local_until(local, ps->name, ps->port, timeout_ms, stop, fd, e, sizeof(e));
 	if (r)
 		return err_set(err, errlen, r == -EINVAL || r == -ENOENT ? -EINVAL : r == -EINTR ? -EINTR : -ECONNABORTED,
 			       "ps %d: %s", l->k, e);

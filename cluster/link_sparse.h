@@ -66,7 +66,8 @@ struct links_rows {
 	uint8_t param_dt, grad_dt; /* ROWS's and SPUSH's values on the wire (role_param_dtype...) */
 	uint64_t *rb;          /* (nps + 1) ps k holds rows [rb[k], rb[k + 1]) */
 	struct link_rows *x;   /* (nps) */
-	uint64_t *tag;         /* (nps) the version each ps's rows came at */
+	uint64_t *tag;         /* (nps) each ps's push tag: sync, the version asked
+				* for; async, the one the rows came at */
 };
 
 int links_rows_open(struct links_rows *lr, const struct config *c, const struct model *m, char *err,

@@ -47,6 +47,12 @@ struct ps_sparse_conn {
 	float *vals;       /* (pull_cap, DIM) */
 };
 
+/* The most rows one SPUSH holds: a batch's, batch_size x FIELDS. */
+static size_t sparse_push_cap(const struct config *c, const struct model *m)
+{
+	return (size_t)c->train.batch_size * (size_t)m->embed.fields;
+}
+
 /* ps k's rows: shard_plan over the tables' R rows (psrows.h). */
 static void rows_range(const struct config *c, uint64_t R, int k, uint64_t *r0, uint64_t *r1)
 {
@@ -62,7 +68,9 @@ int ps_sparse_fits(const struct config *c, const struct model *m, const struct s
 	uint64_t bytes = memlimit_dense(dense->end - dense->begin, (int)c->train.optim.kind), r0 = 0, r1 = 0;
 	if (m->embed.fields) {
 		rows_range(c, embed_total_rows(&m->embed), index, &r0, &r1);
+		uint64_t buf = psrows_buffer_bytes(c, r1 - r0, sparse_push_cap(c, m), m->embed.dim);
 		bytes += memlimit_rows(r1 - r0, m->embed.dim, c->train.embed_optimizer);
+		bytes = buf > UINT64_MAX - bytes ? UINT64_MAX : bytes + buf;
 	}
 	char who[160];
 	snprintf(who, sizeof(who), "ps %d's shard (parameters [%zu, %zu), embedding rows [%llu, %llu))", index,
@@ -88,7 +96,7 @@ int ps_sparse_open(struct ps *ps, char *err, size_t errlen)
 	size_t eval = B > PS_SPARSE_EVAL_BATCH ? B : PS_SPARSE_EVAL_BATCH;
 	sp->pull_cap = eval * F < r1 - r0 ? eval * F : (size_t)(r1 - r0);
 	long total = c->train.mode == MODE_ASYNC ? ps->s->job.total * ps->s->job.S : ps->s->job.total;
-	int r = psrows_init(&sp->rows, e, r0, r1, c, total, B * F, err, errlen);
+	int r = psrows_init(&sp->rows, e, r0, r1, c, total, sparse_push_cap(c, m), err, errlen);
 	if (r)
 		return r;
 	char size[32];
@@ -327,6 +335,8 @@ int ps_on_spull(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 	msg_rows_asm_init(&a, WIRE_SPULL, WIRE_F32, (uint32_t)ps->index, ps->sp->rows.dim, ps->sp->pull_cap,
 			  MSG_ROWS_ANY);
 	r = sparse_recv(cn, &a, len, err, errlen);
+	if (!r)
+		hooks_crash_point(&ps->hooks, "spull", (long)a.version);
 	return r ? r : sparse_answer(cn, a.total, a.version, err, errlen);
 }
 

@@ -20,30 +20,52 @@ static void pushed_set(struct psrows *s, int w)
 	s->pushed[w / 64] |= (uint64_t)1 << (w % 64);
 }
 
-/* The sync slots and the union's buffers, or async's scratch. */
+/* Rows the buffers hold: sync, R slots of cap each and a union of at
+ * most R x cap and at most the range's n; async, one push's scratch. 0:
+ * too many to count in bytes. */
+static int rows_counts(size_t R, size_t cap, size_t n, size_t D, size_t *slots, size_t *uni)
+{
+	size_t all = R ? R * cap : cap;
+	if (cap && (all / cap != (R ? R : 1) || all > SIZE_MAX / sizeof(float) / D / 4))
+		return 0;
+	*slots = R ? all : 0;
+	*uni = R && all > n ? n : all;
+	return 1;
+}
+
+uint64_t psrows_buffer_bytes(const struct config *c, uint64_t n, size_t cap, int dim)
+{
+	size_t R = c->train.mode == MODE_SYNC ? (size_t)c->train.replicas_to_aggregate : 0, slots, uni;
+	size_t D = (size_t)dim, row = sizeof(uint64_t) + D * sizeof(float);
+	cap = cap && cap < n ? cap : (size_t)n;
+	if (!rows_counts(R, cap, (size_t)n, D, &slots, &uni))
+		return UINT64_MAX;
+	/* slots' ids and values; the union's ids (async: the scratch) and,
+	 * sync, its sums and the kept union's ids and values */
+	return (uint64_t)slots * row + (uint64_t)uni * sizeof(uint64_t) + (R ? (uint64_t)uni * (row + D * sizeof(float)) : 0) +
+	       (uint64_t)R * 2 * sizeof(size_t);
+}
+
+/* The sync slots, the union's buffers and the kept union, or async's
+ * scratch (psrows_buffer_bytes in all). */
 static int rows_alloc(struct psrows *s)
 {
-	size_t R = s->mode == MODE_SYNC ? (size_t)s->replicas : 0, cap = s->cap, D = (size_t)s->dim;
-	size_t un = R ? R * cap : cap;
-	if (cap && (un / cap != (R ? R : 1) || un > SIZE_MAX / sizeof(float) / D))
+	size_t R = s->mode == MODE_SYNC ? (size_t)s->replicas : 0, D = (size_t)s->dim, slots, un;
+	if (!rows_counts(R, s->cap, s->n, D, &slots, &un))
 		return -ENOMEM;
 	s->uids = malloc((un ? un : 1) * sizeof(uint64_t));
 	if (!s->uids)
 		return -ENOMEM;
 	if (!R)
 		return 0;
-	s->ids = malloc((un ? un : 1) * sizeof(uint64_t));
-	s->vals = malloc((un ? un : 1) * D * sizeof(float));
+	s->ids = malloc((slots ? slots : 1) * sizeof(uint64_t));
+	s->vals = malloc((slots ? slots : 1) * D * sizeof(float));
 	s->usum = malloc((un ? un : 1) * D * sizeof(float));
 	s->cnt = calloc(R, sizeof(size_t));
 	s->cur = calloc(R, sizeof(size_t));
-	if (!s->ids || !s->vals || !s->usum || !s->cnt || !s->cur)
-		return -ENOMEM;
-	if (!s->elastic)
-		return 0;
 	s->undo_ids = malloc((un ? un : 1) * sizeof(uint64_t));
 	s->undo_vals = malloc((un ? un : 1) * D * sizeof(float));
-	return s->undo_ids && s->undo_vals ? 0 : -ENOMEM;
+	return s->ids && s->vals && s->usum && s->cnt && s->cur && s->undo_ids && s->undo_vals ? 0 : -ENOMEM;
 }
 
 int psrows_init(struct psrows *s, const struct embed_spec *e, uint64_t r0, uint64_t r1,
@@ -55,7 +77,6 @@ int psrows_init(struct psrows *s, const struct embed_spec *e, uint64_t r0, uint6
 	s->dim = e->dim;
 	s->mode = c->train.mode;
 	s->workers = config_slices(c, 1);
-	s->elastic = config_elastic(c);
 	s->replicas = c->train.replicas_to_aggregate;
 	s->max_staleness = c->train.max_staleness;
 	s->staleness_lr = c->train.staleness_lr;
@@ -141,13 +162,11 @@ static void sync_apply(struct psrows *s)
 		cnt[k++] = s->cnt[sl];
 	}
 	size_t u = grad_fold_rows(k, ids, vals, cnt, s->dim, s->replicas, s->cur, s->uids, s->usum);
-	if (s->elastic) {
-		for (size_t i = 0; i < u; i++)
-			memcpy(s->undo_vals + i * D, s->table + s->uids[i] * D, D * sizeof(float));
-		memcpy(s->undo_ids, s->uids, u * sizeof(uint64_t));
-		s->undo_n = u;
-		s->undo_ok = 1;
-	}
+	for (size_t i = 0; i < u; i++)
+		memcpy(s->undo_vals + i * D, s->table + s->uids[i] * D, D * sizeof(float));
+	memcpy(s->undo_ids, s->uids, u * sizeof(uint64_t));
+	s->undo_n = u;
+	s->undo_ok = 1;
 	sparse_optim_step(&s->opt, s->table, s->uids, s->usum, u, s->opt.cfg.lr);
 	s->version++;
 	s->applied++;

@@ -57,7 +57,6 @@ struct psrows {
 	uint64_t version;           /* v */
 	long total;                 /* sync: a push at or past it is stale */
 	enum train_mode mode;
-	int elastic;                /* [cluster] min_workers below max_workers */
 	int workers;                /* S: the slices a step has (psshard's name) */
 	int replicas, max_staleness, staleness_lr;
 	size_t cap;                 /* rows one push may hold */
@@ -73,9 +72,9 @@ struct psrows {
 	float *usum;                /* (R * cap, DIM) their sums; NULL in async */
 	size_t *cur;                /* (R) merge cursors */
 
-	/* sync, elastic: the last step's union as it was before it, so that
-	 * a step trained again after a lost worker reads the rows it was
-	 * trained on (psrows_read_at) */
+	/* sync: the last step's union as it was before it, so that a step
+	 * trained again after a lost worker reads the rows it was trained on
+	 * (psrows_read_at) */
 	uint64_t *undo_ids;         /* (R * cap) local rows, ascending */
 	float *undo_vals;           /* (R * cap, DIM) */
 	size_t undo_n;
@@ -94,6 +93,12 @@ struct psrows {
 int psrows_init(struct psrows *s, const struct embed_spec *e, uint64_t r0, uint64_t r1,
 		const struct config *c, long total, size_t cap, char *err, size_t errlen);
 void psrows_free(struct psrows *s);   /* accepts NULL and zeroed structs */
+
+/* What psrows_init allocates besides the rows and their optimizer state
+ * for a range of n rows with c's mode, replicas_to_aggregate and cap:
+ * sync, R slots of a push each, the union and the kept union; async, one
+ * push's scratch (UINT64_MAX: past counting). For a ps's memory_limit. */
+uint64_t psrows_buffer_bytes(const struct config *c, uint64_t n, size_t cap, int dim);
 
 /* The index of the first of ids (n, global) that is not in range or not
  * above the one before it; n if all are fine. */
@@ -114,13 +119,15 @@ int psrows_push(struct psrows *s, int slice, uint64_t version, const uint64_t *i
 void psrows_read(const struct psrows *s, const uint64_t *ids, size_t n, float *out);
 
 /* The same at version want where the rows can give it: the current
- * rows, or (sync, elastic) at v - 1, the last step's union as it was
- * before that step and the table for the rest (which that step did not
- * touch). The version read is returned: want, or v where it is not
- * (want above v, or further back). In an elastic cluster a step is
- * trained again after a lost worker on the parameters it was first
- * trained on (docs/ELASTIC.md), while a ps that had every slice's rows
- * has moved on: without this its rows would be the next step's. */
+ * rows, or (sync) at v - 1, the last step's union as it was before that
+ * step and the table for the rest (which that step did not touch). The
+ * version read is returned: want, or v where it is not (want above v,
+ * further back, or after a rewind). A step is trained again after a
+ * worker was lost between its rows' push and its dense push (an elastic
+ * cluster's survivors, docs/ELASTIC.md, or the worker itself, restarted
+ * within peer_timeout) on the parameters it was first trained on, while
+ * a ps that had every slice's rows has moved on: without this its rows
+ * would be the next step's. */
 uint64_t psrows_read_at(const struct psrows *s, uint64_t want, const uint64_t *ids, size_t n, float *out);
 
 /* Sync: whether slice s's push for v has arrived. */

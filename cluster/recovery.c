@@ -56,6 +56,15 @@ static void gots(const struct links *lk, uint64_t *got)
 		got[k] = lk->ln[k].got;
 }
 
+/* Whether a stop (SIGTERM, SIGINT) ends the recovery under way: not an
+ * elastic worker's other than the chief's, whose stop is a leave
+ * (docs/ELASTIC.md): it recovers first, bounded by peer_timeout as ever,
+ * and leaves at its next step, rather than exit 130 as a lost one. */
+static int stopping(const struct links *lk)
+{
+	return *lk->sh.stop && !(config_elastic(lk->sh.c) && lk->sh.index != 0);
+}
+
 static uint64_t lowest(const struct links *lk)
 {
 	uint64_t got[CONFIG_MAX_HOSTS] = { 0 }, lo, hi;
@@ -282,6 +291,7 @@ static int reconnect(struct links *lk, double end, int *k0, char *last, size_t l
 	links_disconnect(lk);
 	lk->lost = -1;
 	int r = 0;
+	lk->sh.dial_on = *lk->sh.stop && !stopping(lk);
 	for (int k = 0; k < lk->nps && !r; k++) {
 		double ms = (end - progress_now()) * 1000;
 		char why_k[512];
@@ -293,6 +303,7 @@ static int reconnect(struct links *lk, double end, int *k0, char *last, size_t l
 			snprintf(last, lastlen, "%s", why_k);
 		}
 	}
+	lk->sh.dial_on = 0;
 	return r;
 }
 
@@ -312,7 +323,7 @@ static int resync_loop(struct links *lk, float *params, const float *keep, uint6
 	long pause = 100;
 	int said_wait = 0;
 	for (int tries = 0;; tries++) {
-		if (*lk->sh.stop)
+		if (stopping(lk))
 			return err_set(err, errlen, -EINTR, "worker %d: interrupted while reconnecting", lk->sh.index);
 		double left = end - progress_now();
 		if (left <= 0)
@@ -345,7 +356,7 @@ static int resync_loop(struct links *lk, float *params, const float *keep, uint6
 			int back;
 			gots(lk, got);
 			recovery_spread(got, NULL, lk->nps, &lo, &hi, &back);
-			if (progress_now() >= end || *lk->sh.stop)
+			if (progress_now() >= end || stopping(lk))
 				return err_set(err, errlen, -ECONNABORTED,
 					       "worker %d: the ps tasks stay at steps %llu to %llu: restart every ps so they load the same checkpoint",
 					       lk->sh.index, (unsigned long long)lo, (unsigned long long)hi);

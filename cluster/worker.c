@@ -419,16 +419,15 @@ static int worker_preforward(struct worker *wr, char *err, size_t errlen)
 /* A worker with several slices of the step: each but the last computed
  * and pushed on its own (the ps sums them in slice order with the others'),
  * the parameters staying on the devices for the next; the last goes
- * with the step's exchange. A failed compute is the step's failure
- * (lk.lost -1), a failed push a lost link's. */
+ * with the step's exchange. A failed compute is the step's failure (lk.lost
+ * stays -1, as the step began), but for an embedding's rows, whose pull or
+ * push is a link's and marks its ps lost; a failed push a lost link's. */
 static int worker_earlier_slices(struct worker *wr, char *err, size_t errlen)
 {
 	for (int i = 0; i + 1 < wr->nmine; i++) {
 		int e = worker_compute(wr, 0, wr->mine[i], err, errlen);
-		if (e) {
-			wr->lk.lost = -1;
+		if (e)
 			return e;
-		}
 		wr->lk.sh.slice = wr->mine[i];
 		e = links_exchange(&wr->lk, wr->grads, NULL, err, errlen);
 		if (e)

@@ -305,8 +305,7 @@ Test(sparse, lazy_adam_and_async_equal_local)
  * and two workers training 2 each over two ps, end on `local`'s
  * parameters and tables with the same slices, bit for bit: each slice's
  * rows are pulled and pushed apart, and every ps and `local` fold them in
- * slice order (grad_fold_rows). With async, 4 slices are 4 versions: the
- * same numbers for one worker again (a lone worker is never stale). */
+ * slice order (grad_fold_rows). */
 Test(sparse, slices_end_on_local_bit_for_bit)
 {
 	struct ctr l, x;

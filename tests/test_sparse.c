@@ -321,6 +321,32 @@ Test(sparse, slices_end_on_local_bit_for_bit)
 	free(log);
 }
 
+/* Async with slices: each worker's slices pushed and applied one by one
+ * (4 versions a step, each slice's rows tagged with its own): two workers
+ * train as well as two sync ones with the same slices, within a
+ * tolerance, and every ps counts the versions of 4 slices a step. */
+Test(sparse, async_slices_train_as_sync_does)
+{
+	struct ctr x;
+	char out[8][300], a[96];
+	double auc_sync, auc_async;
+	ctr_config(&x, "sl-sync", 2, 2, 150, EMBED, "slices = 4\n", "");
+	run_cluster(&x, NULL, out, NULL);
+	figures(slurp(out[3]), a, sizeof(a), &auc_sync);
+	ctr_config(&x, "sl-async", 2, 2, 150, EMBED, "slices = 4\nmode = async\n", "");
+	run_cluster(&x, NULL, out, NULL);
+	figures(slurp(out[3]), a, sizeof(a), &auc_async);
+	for (int k = 0; k < 2; k++) {
+		const char *ps = slurp(out[k]), *at = strstr(ps, "embedding rows [");
+		unsigned long long v = 0;
+		cr_assert(at && (at = strstr(at, "version ")) && sscanf(at, "version %llu", &v) == 1, "%s", ps);
+		cr_assert_eq(v, 600u, "ps %d: rows at version %llu after 150 steps of 4 slices:\n%s", k, v, ps);
+	}
+	cr_log_info("4 slices, two workers: sync AUC %.4f, async %.4f\n", auc_sync, auc_async);
+	cr_assert_gt(auc_sync, 0.65);
+	cr_assert_lt(fabs(auc_async - auc_sync), 0.03, "sync AUC %.4f, async %.4f", auc_sync, auc_async);
+}
+
 /* Starts process `role` `index` of x's config (with env, if not NULL);
  * the chief dumps to dump (NULL: none). Its log at out. */
 static pid_t start_one(const struct ctr *x, const char *role, int index, const char *dump, const char *env,

@@ -377,7 +377,9 @@ static void await_log(const char *path, const char *text)
  * train.slices=4`'s parameters and tables, bit for bit. */
 Test(sparse, elastic_workers_end_on_local_slices, .timeout = 300)
 {
-	enum { T = 300 };
+	/* Long enough (about 10 s) that the leave lands before the end
+	 * after the lost worker's peer_timeout (1 s) and its step again. */
+	enum { T = 1000 };
 	struct ctr l, x;
 	char ldump[300], dump[300], out[5][300];
 	ctr_config(&l, "el-local", 1, 1, T, EMBED, "slices = 4\n", "");

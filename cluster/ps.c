@@ -76,6 +76,10 @@ static int on_rollback(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 		return r;
 	uint64_t step = rb.step;
 	pthread_mutex_lock(&ps->mu);
+	/* Not under a stream from the shard itself (ps_pull.c): bounded by
+	 * write_timeout, as every send is. */
+	while (ps->streaming > 0)
+		pthread_cond_wait(&ps->cv, &ps->mu);
 	uint64_t v = psshard_version(&ps->sh);
 	r = ps_store_rollback(&ps->store, &step, e, sizeof(e));
 	if (r == 0) {

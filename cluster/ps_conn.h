@@ -44,7 +44,8 @@ struct ps_compute {
 
 struct ps {
 	pthread_mutex_t mu;
-	pthread_cond_t cv;       /* (CLOCK_MONOTONIC) a connection or an observer ended */
+	pthread_cond_t cv;       /* (CLOCK_MONOTONIC) a connection or an observer ended,
+				  * or the last stream from the shard itself did */
 	pthread_cond_t pull_cv;  /* (CLOCK_MONOTONIC) what a waiting PULL waits for
 				  * (ps_pull.c): a piece or version applied, this
 				  * worker's gradient in while the others are done, a
@@ -63,6 +64,8 @@ struct ps {
 	int aborted;
 	char why[512];
 	uint64_t gen;            /* rollbacks so far: wakes PULLs waiting across one */
+	int streaming;           /* pieces going out from the shard itself, unlocked
+				  * (ps_pull.c's pull_stream): a rollback waits */
 	struct gate gate;        /* connections not authenticated yet (main thread's) */
 	int64_t tally_ms;        /* when refusals were last logged; 0: never */
 	int nconn;

@@ -8,8 +8,10 @@
  * holding it, whatever it returns (it used to be held on some returns and
  * not on others). Those that send release it around each send only (a
  * send may wait write_timeout on a slow worker, and no other thread of
- * the ps may wait on that): what goes out was copied under it, and after
- * a send they look at the shard again, never at what they saw before.
+ * the ps may wait on that): what goes out was copied under it, or, for
+ * a streamed piece, cannot change while it goes out (pull_stream), and
+ * after a send they look at the shard again, never at what they saw
+ * before.
  *
  * Waiting: a PULL waits on ps->pull_cv, which is broadcast when what it
  * waits for may have come (pull_wait lists it); an idle streamer waits on
@@ -211,15 +213,24 @@ static int pull_stream(struct ps_conn *cn, uint64_t want, enum conn_sender from,
 			k++;
 		psshard_piece_range(sh, j, &lo, &e);
 		psshard_piece_range(sh, k - 1, &e, &hi);
-		memcpy(cn->snap + lo, psshard_params(sh) + lo, (hi - lo) * sizeof(float));
 		if (k == np)
 			cn->st_job = 0; /* as in pull_send_whole */
+		/* Sent from the shard itself, unlocked, not from a copy (a
+		 * ps spent a tenth of its CPU copying): these pieces cannot
+		 * move while they go out, since no piece gets past `want`
+		 * before this worker, which has not got them, pushed for it;
+		 * every sealing read of them is done before the last frame is
+		 * written. A rollback, the one other writer, waits for the
+		 * stream (on_rollback). */
+		ps->streaming++;
 		pthread_mutex_unlock(&ps->mu);
 		struct conn_chunk_tx t = { .type = WIRE_PARAMS, .shard = (uint32_t)ps->index, .version = want,
-					   .src = cn->snap + lo, .n = hi - lo, .offset = lo,
+					   .src = psshard_params(sh) + lo, .n = hi - lo, .offset = lo,
 					   .dtype = (uint8_t)pull_dtype(cn) };
 		r = conn_send_tensor(&cn->conn, from, &t, err, errlen);
 		pthread_mutex_lock(&ps->mu);
+		if (--ps->streaming == 0)
+			pthread_cond_broadcast(&ps->cv);
 		if (r)
 			return r;
 		j = k;

@@ -220,8 +220,13 @@ static int pull_stream(struct ps_conn *cn, uint64_t want, enum conn_sender from,
 		 * move while they go out, since no piece gets past `want`
 		 * before this worker, which has not got them, pushed for it;
 		 * every sealing read of them is done before the last frame is
-		 * written. A rollback, the one other writer, waits for the
-		 * stream (on_rollback). */
+		 * written. A connection the worker replaces is shut down
+		 * before the new one is taken (ps.c), so its stream fails
+		 * long before the worker could push on the new one. A
+		 * rollback, the one other writer, waits for the stream
+		 * (on_rollback). Piece mode only: with backup workers, async
+		 * or an elastic set the shard may move under a send, and
+		 * pull_send_whole copies. */
 		ps->streaming++;
 		pthread_mutex_unlock(&ps->mu);
 		struct conn_chunk_tx t = { .type = WIRE_PARAMS, .shard = (uint32_t)ps->index, .version = want,

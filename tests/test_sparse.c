@@ -322,9 +322,11 @@ Test(sparse, slices_end_on_local_bit_for_bit)
 }
 
 /* Async with slices: each worker's slices pushed and applied one by one
- * (4 versions a step, each slice's rows tagged with its own): two workers
+ * (4 versions a step, each slice's rows pushed on their own): two workers
  * train as well as two sync ones with the same slices, within a
- * tolerance, and every ps counts the versions of 4 slices a step. */
+ * tolerance, and every ps's rows went as many versions as its dense
+ * shard, one per slice pushed: more than one per worker's step (the
+ * shards' count ends the run, so not exactly 4 x 150). */
 Test(sparse, async_slices_train_as_sync_does)
 {
 	struct ctr x;
@@ -337,10 +339,13 @@ Test(sparse, async_slices_train_as_sync_does)
 	run_cluster(&x, NULL, out, NULL);
 	figures(slurp(out[3]), a, sizeof(a), &auc_async);
 	for (int k = 0; k < 2; k++) {
-		const char *ps = slurp(out[k]), *at = strstr(ps, "embedding rows [");
-		unsigned long long v = 0;
-		cr_assert(at && (at = strstr(at, "version ")) && sscanf(at, "version %llu", &v) == 1, "%s", ps);
-		cr_assert_eq(v, 600u, "ps %d: rows at version %llu after 150 steps of 4 slices:\n%s", k, v, ps);
+		const char *ps = slurp(out[k]), *done = strstr(ps, "workers done: version "), *rows;
+		unsigned long long v = 0, rv = 0;
+		cr_assert(done && sscanf(done, "workers done: version %llu", &v) == 1, "%s", ps);
+		rows = strstr(done, "embedding rows [");
+		cr_assert(rows && (rows = strstr(rows, "version ")) && sscanf(rows, "version %llu", &rv) == 1, "%s", ps);
+		cr_assert_eq(rv, v, "ps %d: rows at version %llu, the dense shard at %llu:\n%s", k, rv, v, ps);
+		cr_assert(v > 2 * 150 && v <= 4 * 150, "ps %d: version %llu after 150 steps of 4 slices:\n%s", k, v, ps);
 	}
 	cr_log_info("4 slices, two workers: sync AUC %.4f, async %.4f\n", auc_sync, auc_async);
 	cr_assert_gt(auc_sync, 0.65);

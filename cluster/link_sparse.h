@@ -82,8 +82,8 @@ void links_rows_close(struct links_rows *lr); /* accepts a zeroed struct */
 int links_rows_pull(struct links *lk, struct links_rows *lr, const uint64_t *rows, size_t u, float *U,
 		    char *err, size_t errlen);
 /* Slice `slice`'s gradient dU (u, DIM) of rows (u) to the ps that hold
- * them, each push tagged with the version that ps's rows were last pulled
- * at, every ACK read (stale ones counted). Every ps gets one, with none of
+ * them, each push tagged as lr->tag says (sync: the version the last pull
+ * asked that ps for; async: the one its rows came at), every ACK read (stale ones counted). Every ps gets one, with none of
  * its rows too: a sync ps steps its rows once every slice's is in. */
 int links_rows_push(struct links *lk, struct links_rows *lr, int slice, const uint64_t *rows, size_t u,
 		    const float *dU, char *err, size_t errlen);

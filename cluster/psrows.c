@@ -20,6 +20,12 @@ static void pushed_set(struct psrows *s, int w)
 	s->pushed[w / 64] |= (uint64_t)1 << (w % 64);
 }
 
+/* The most rows one push holds: cap, or the range's n if fewer (0: n). */
+static size_t push_cap(size_t cap, size_t n)
+{
+	return cap && cap < n ? cap : n;
+}
+
 /* Rows the buffers hold: sync, R slots of cap each and a union of at
  * most R x cap and at most the range's n; async, one push's scratch. 0:
  * too many to count in bytes. */
@@ -37,7 +43,7 @@ uint64_t psrows_buffer_bytes(const struct config *c, uint64_t n, size_t cap, int
 {
 	size_t R = c->train.mode == MODE_SYNC ? (size_t)c->train.replicas_to_aggregate : 0, slots, uni;
 	size_t D = (size_t)dim, row = sizeof(uint64_t) + D * sizeof(float);
-	cap = cap && cap < n ? cap : (size_t)n;
+	cap = push_cap(cap, (size_t)n);
 	if (!rows_counts(R, cap, (size_t)n, D, &slots, &uni))
 		return UINT64_MAX;
 	/* slots' ids and values; the union's ids (async: the scratch) and,
@@ -91,7 +97,7 @@ int psrows_init(struct psrows *s, const struct embed_spec *e, uint64_t r0, uint6
 		return -EINVAL;
 	}
 	s->n = (size_t)(r1 - r0);
-	s->cap = cap && cap < s->n ? cap : s->n;
+	s->cap = push_cap(cap, s->n);
 	struct sparse_config sc = { .kind = (enum sparse_kind)c->train.embed_optimizer, .lr = c->train.embed_lr,
 				    .beta1 = c->train.optim.beta1, .beta2 = c->train.optim.beta2,
 				    .eps = c->train.optim.eps };

@@ -51,7 +51,8 @@ def rate_mbit(rate):
 
 
 def label(row):
-    return {"ddp": "DDP (gloo)", "tfps": "TF PS"}.get(row, "pstrain " + row)
+    return {"ddp": "DDP (gloo)", "ddp-debian": "DDP (gloo, Debian's torch)",
+            "tfps": "TF PS"}.get(row, "pstrain " + row)
 
 
 def links_table(links, rates):
@@ -132,7 +133,7 @@ def main():
                 print("| %s / DDP | %s |" % (label(row), " | ".join(cells)))
         if "tfps" in rows:
             for row in rows:
-                if row in ("ddp", "tfps"):
+                if row in ("ddp", "ddp-debian", "tfps"):
                     continue
                 cells = []
                 for rate in rates:
@@ -202,7 +203,7 @@ def main():
             print("|---|---|---|---|---|---|---|---|---|---|")
             for row in rows:
                 m, up, down = info.get(row, ("sync", 4, 4))
-                if row != "ddp" and m != "sync":
+                if row not in ("ddp", "ddp-debian") and m != "sync":
                     continue
                 for rate in rates:
                     if rate not in floor_rate:

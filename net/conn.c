@@ -415,6 +415,29 @@ int conn_send_tensor(struct conn *cn, enum conn_sender s, const struct conn_chun
 	return r;
 }
 
+/* A decoded chunk of x's tensor, of len message bytes: checked against the
+ * assembly, its values copied to x->dst unless they are there already
+ * (placed), then handed to x->took. */
+static int chunk_take(struct conn_chunk_rx *x, struct msg_chunk *ch, size_t len, int placed,
+		      char *err, size_t errlen)
+{
+	if (x->type == WIRE_PUSH && ch->worker != x->worker)
+		return err_set(err, errlen, -EPROTO, "PUSH names worker %u on worker %u's connection",
+			       ch->worker, x->worker);
+	int r = msg_assembly_add(x->a, ch, placed ? NULL : x->dst, err, errlen);
+	if (r < 0)
+		return r;
+	if (placed) {
+		ch->data = (const uint8_t *)(x->dst + ch->offset);
+		x->placed += ch->count;
+	}
+	if (x->took && (r = x->took(x->ctx, ch, err, errlen)) < 0)
+		return r;
+	x->value_bytes += len - MSG_CHUNK_HDR_BYTES;
+	x->bad = 0;
+	return 0;
+}
+
 static int chunk_deliver(void *ctx, uint64_t i, const uint8_t *msg, size_t len, char *err,
 			 size_t errlen)
 {
@@ -438,19 +461,44 @@ static int chunk_deliver(void *ctx, uint64_t i, const uint8_t *msg, size_t len, 
 		return err_set(err, errlen, -EPROTO, "unexpected %s message in a %s tensor",
 			       wire_msg_name((uint8_t)r), wire_msg_name(x->type));
 	r = msg_decode_chunk(msg, len, &ch, err, errlen);
-	if (r < 0)
-		return r;
-	if (x->type == WIRE_PUSH && ch.worker != x->worker)
-		return err_set(err, errlen, -EPROTO, "PUSH names worker %u on worker %u's connection",
-			       ch.worker, x->worker);
-	r = msg_assembly_add(x->a, &ch, x->dst, err, errlen);
-	if (r < 0)
-		return r;
-	if (x->took && (r = x->took(x->ctx, &ch, err, errlen)) < 0)
-		return r;
-	x->value_bytes += len - MSG_CHUNK_HDR_BYTES;
-	x->bad = 0;
-	return 0;
+	return r < 0 ? r : chunk_take(x, &ch, len, 0, err, errlen);
+}
+
+/* Where the values of the tensor's next float32 chunk go, were the next
+ * message that chunk (its offset must be what was received): the bytes
+ * past the received ones, which nothing reads before they are taken. */
+static uint8_t *chunk_where(void *ctx, size_t mlen)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+	struct conn_chunk_rx *x = ctx;
+	const struct msg_assembly *a = x->a;
+	size_t bytes = mlen - MSG_CHUNK_HDR_BYTES;
+	if (!x->dst || a->dtype != WIRE_F32 || bytes % sizeof(float) ||
+	    bytes / sizeof(float) > a->n - a->received)
+		return NULL;
+	return (uint8_t *)(x->dst + a->received);
+#else
+	(void)ctx;
+	(void)mlen;
+	return NULL;
+#endif
+}
+
+/* A message whose values chunk_where placed: a float32 chunk of x's type
+ * is taken (the assembly refuses one at another offset than where it
+ * went); anything else goes to chunk_deliver whole. */
+static int chunk_took(void *ctx, uint64_t i, const uint8_t *msg, const uint8_t *body, size_t mlen,
+		      char *err, size_t errlen)
+{
+	struct conn_chunk_rx *x = ctx;
+	struct msg_chunk ch;
+	(void)i;
+	(void)body;
+	if (msg[0] != x->type || msg[1] != WIRE_F32)
+		return 1;
+	x->bad = 1;
+	int r = msg_decode_chunk_head(msg, mlen, &ch, err, errlen);
+	return r < 0 ? r : chunk_take(x, &ch, mlen, 1, err, errlen);
 }
 
 int conn_take_chunk(struct conn *cn, struct conn_chunk_rx *x, size_t len, char *err,
@@ -466,7 +514,8 @@ int conn_recv_rest(struct conn *cn, struct conn_chunk_rx *x, char *err, size_t e
 	if (!cn->rp)
 		return err_set(err, errlen, -EINVAL, "no pipe on this connection");
 	int r = conn_ready(cn, 0, err, errlen);
-	return r ? r : pipe_recv(cn->rp, cn->fd, &cn->keys->recv,
-				 msg_chunks(x->a->n - x->a->received, x->a->dtype), chunk_deliver, x,
-				 cn->read_ms, err, errlen);
+	const struct pipe_place pl = { { MSG_CHUNK_HDR_BYTES, chunk_where, x }, chunk_took };
+	return r ? r : pipe_recv_placed(cn->rp, cn->fd, &cn->keys->recv,
+					msg_chunks(x->a->n - x->a->received, x->a->dtype), &pl,
+					chunk_deliver, x, cn->read_ms, err, errlen);
 }

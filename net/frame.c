@@ -240,6 +240,26 @@ int frame_check_len(const uint8_t hdr[FRAME_HDR_BYTES], size_t *ctlen, char *err
 	return 0;
 }
 
+int frame_open_tag(struct frame_key *k, const uint8_t tag[FRAME_TAG_BYTES], char *err,
+		   size_t errlen)
+{
+	if (k->cipher != FRAME_LOCAL)
+		return err_set(err, errlen, -EINVAL, "%s frames are opened whole",
+			       frame_cipher_name(k->cipher));
+	if (k->counter == UINT64_MAX)
+		return err_set(err, errlen, -EOVERFLOW,
+			       "receive counter exhausted: the session must be rekeyed");
+	uint8_t want[FRAME_TAG_BYTES] = { 0 };
+	wire_put_u64(want, k->counter);
+	if (memcmp(tag, want, FRAME_TAG_BYTES) != 0)
+		return err_set(err, errlen, -EBADMSG,
+			       "frame %" PRIu64 " failed authentication (local): its tag is not its "
+			       "counter (dropped, replayed or reordered)",
+			       k->counter);
+	k->counter++;
+	return 0;
+}
+
 int frame_open(struct frame_key *k, const uint8_t hdr[FRAME_HDR_BYTES], const uint8_t *ct,
 	       size_t ctlen, uint8_t *out, size_t outcap, size_t *outlen, char *err,
 	       size_t errlen)

@@ -161,4 +161,14 @@ FRAME_MUST_CHECK int frame_open(struct frame_key *k, const uint8_t hdr[FRAME_HDR
 				const uint8_t *ct, size_t ctlen, uint8_t *out,
 				size_t outcap, size_t *outlen, char *err, size_t errlen);
 
+/* frame_open of a FRAME_LOCAL frame whose message was read elsewhere (its
+ * body straight into the tensor it belongs to, net/pipe.h): checks that
+ * tag, the frame's last FRAME_TAG_BYTES, holds the expected counter, and
+ * advances it. The caller must treat the message as frame_open's output:
+ * on failure (-EBADMSG, -EOVERFLOW; -EINVAL for another cipher, whose
+ * frames must be opened whole) it is not a message and the connection
+ * ends. */
+FRAME_MUST_CHECK int frame_open_tag(struct frame_key *k, const uint8_t tag[FRAME_TAG_BYTES],
+				    char *err, size_t errlen);
+
 #endif

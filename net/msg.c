@@ -188,8 +188,10 @@ int msg_encode_chunk_parts(uint8_t *buf, size_t cap, const struct msg_chunk *c, 
 	return 0;
 }
 
-int msg_decode_chunk(const uint8_t *buf, size_t len, struct msg_chunk *out, char *err,
-		     size_t errlen)
+/* A chunk from buf: all len bytes of it, or (values 0) only its header,
+ * for a float32 chunk whose values were read elsewhere. */
+static int chunk_decode(const uint8_t *buf, size_t len, int values, struct msg_chunk *out,
+			char *err, size_t errlen)
 {
 	const char *name;
 	uint32_t count;
@@ -215,6 +217,9 @@ int msg_decode_chunk(const uint8_t *buf, size_t len, struct msg_chunk *out, char
 	if (!dtype_ok(dt))
 		return err_set(err, errlen, -EPROTO, "%s: unknown dtype %u (0 fp32, 1 bf16, 2 fp32 packed)",
 			       name, dt);
+	if (!values && dt != WIRE_F32)
+		return err_set(err, errlen, -EPROTO, "%s: a %s chunk whose values were not read",
+			       name, wire_dtype_name(dt));
 	rc = check_zero(buf, 2, 4, name, err, errlen);
 	if (rc < 0)
 		return rc;
@@ -238,7 +243,7 @@ int msg_decode_chunk(const uint8_t *buf, size_t len, struct msg_chunk *out, char
 	out->offset = wire_get_u64(buf + 16);
 	out->count = count;
 	out->worker = wire_get_u32(buf + 28);
-	out->data = buf + MSG_CHUNK_HDR_BYTES;
+	out->data = values ? buf + MSG_CHUNK_HDR_BYTES : NULL;
 	if (out->type == WIRE_PARAMS && out->worker != 0)
 		return err_set(err, errlen, -EPROTO, "PARAMS: worker field is %u, expected 0",
 			    out->worker);
@@ -246,6 +251,18 @@ int msg_decode_chunk(const uint8_t *buf, size_t len, struct msg_chunk *out, char
 		return err_set(err, errlen, -ERANGE, "%s: offset %llu + count %u overflows", name,
 			    (unsigned long long)out->offset, count);
 	return 0;
+}
+
+int msg_decode_chunk(const uint8_t *buf, size_t len, struct msg_chunk *out, char *err,
+		     size_t errlen)
+{
+	return chunk_decode(buf, len, 1, out, err, errlen);
+}
+
+int msg_decode_chunk_head(const uint8_t *buf, size_t len, struct msg_chunk *out, char *err,
+			  size_t errlen)
+{
+	return chunk_decode(buf, len, 0, out, err, errlen);
 }
 
 void msg_chunk_floats(float *dst, const struct msg_chunk *c)

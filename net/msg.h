@@ -374,6 +374,12 @@ MSG_MUST_CHECK int msg_decode_pull(const uint8_t *buf, size_t len, struct msg_pu
 				   char *err, size_t errlen);
 MSG_MUST_CHECK int msg_decode_chunk(const uint8_t *buf, size_t len, struct msg_chunk *out,
 				    char *err, size_t errlen);
+/* msg_decode_chunk of a float32 chunk of len bytes from its first
+ * MSG_CHUNK_HDR_BYTES at buf, its values already read elsewhere (a local
+ * frame's body read into place: net/pipe.h); out->data is NULL. Another
+ * dtype is -EPROTO. */
+MSG_MUST_CHECK int msg_decode_chunk_head(const uint8_t *buf, size_t len, struct msg_chunk *out,
+					 char *err, size_t errlen);
 MSG_MUST_CHECK int msg_decode_ack(const uint8_t *buf, size_t len, struct msg_ack *out,
 				  char *err, size_t errlen);
 MSG_MUST_CHECK int msg_decode_checkpoint(const uint8_t *buf, size_t len,

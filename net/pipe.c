@@ -22,9 +22,16 @@
  * enough to keep every thread busy with one connection, and what the
  * memory figure in pipe.h promises.
  *
- * Rejected: opening frames straight into the destination tensor (the
- * plaintext starts with the chunk's message header, and the caller checks
- * each chunk's fields in order before its floats are placed); a window
+ * Local frames (FRAME_LOCAL) go one at a time, and their bodies may be
+ * read straight into the destination (pipe_place): the receiver knows
+ * where the next chunk's values go before reading them, and its header
+ * is checked after, before the values count as received.
+ *
+ * Rejected: opening sealed frames straight into the destination tensor
+ * (the plaintext starts with the chunk's message header, and the caller
+ * checks each chunk's fields in order before its floats are placed;
+ * decrypting a body before its tag is checked would put unauthenticated
+ * bytes there); a window
  * larger than threads + 1 (more memory per connection, no more cores). */
 #include "pipe.h"
 #include "../base/err.h"
@@ -228,16 +235,43 @@ int pipe_send(struct pipe *p, int fd, struct frame_key *tx, uint64_t nframes,
 
 /* ---- receiving ----------------------------------------------------------- */
 
-static int recv_serial(struct pipe *p, int fd, struct frame_key *rx, uint64_t nframes,
-		       pipe_deliver_fn fn, void *ctx, int timeout_ms, char *err, size_t errlen)
+/* Message i of a local frame, its body placed where pl says if it can be. */
+static int recv_local(struct pipe *p, int fd, struct frame_key *rx, uint64_t i,
+		      const struct pipe_place *pl, pipe_deliver_fn fn, void *ctx, int timeout_ms,
+		      char *err, size_t errlen)
 {
+	size_t len = 0;
+	uint8_t *body = NULL;
+	int r = sock_read_local(fd, rx, p->buf, FRAME_BYTES_MAX, &pl->at, &body, &len, timeout_ms,
+				err, errlen);
+	if (r < 0)
+		return r;
+	if (body) {
+		r = pl->took(ctx, i, p->buf, body, len, err, errlen);
+		if (r != 1)
+			return r;
+		memcpy(p->buf + pl->at.head, body, len - pl->at.head);
+	}
+	return fn(ctx, i, p->buf, len, err, errlen);
+}
+
+static int recv_serial(struct pipe *p, int fd, struct frame_key *rx, uint64_t nframes,
+		       const struct pipe_place *pl, pipe_deliver_fn fn, void *ctx, int timeout_ms,
+		       char *err, size_t errlen)
+{
+	if (rx->cipher != FRAME_LOCAL)
+		pl = NULL;
 	for (uint64_t i = 0; i < nframes; i++) {
 		size_t len = 0;
-		int r = sock_read_frame(fd, rx, p->buf, FRAME_BYTES_MAX, &len, timeout_ms, err,
-					errlen);
-		if (r < 0)
-			return r;
-		r = fn(ctx, i, p->buf, len, err, errlen);
+		int r;
+		if (pl) {
+			r = recv_local(p, fd, rx, i, pl, fn, ctx, timeout_ms, err, errlen);
+		} else {
+			r = sock_read_frame(fd, rx, p->buf, FRAME_BYTES_MAX, &len, timeout_ms, err,
+					    errlen);
+			if (r == 0)
+				r = fn(ctx, i, p->buf, len, err, errlen);
+		}
 		if (r < 0)
 			return r;
 	}
@@ -256,8 +290,15 @@ static int slot_deliver(struct pipe_slot *s, pipe_deliver_fn fn, void *ctx, char
 int pipe_recv(struct pipe *p, int fd, struct frame_key *rx, uint64_t nframes,
 	      pipe_deliver_fn fn, void *ctx, int timeout_ms, char *err, size_t errlen)
 {
+	return pipe_recv_placed(p, fd, rx, nframes, NULL, fn, ctx, timeout_ms, err, errlen);
+}
+
+int pipe_recv_placed(struct pipe *p, int fd, struct frame_key *rx, uint64_t nframes,
+		     const struct pipe_place *pl, pipe_deliver_fn fn, void *ctx, int timeout_ms,
+		     char *err, size_t errlen)
+{
 	if (!parallel(p, rx, nframes))
-		return recv_serial(p, fd, rx, nframes, fn, ctx, timeout_ms, err, errlen);
+		return recv_serial(p, fd, rx, nframes, pl, fn, ctx, timeout_ms, err, errlen);
 	int r = slots_ready(p, nframes, err, errlen);
 	if (r < 0)
 		return r;

@@ -41,6 +41,7 @@
 
 #include "cryptopool.h"
 #include "frame.h"
+#include "sock.h"
 
 #define PIPE_MUST_CHECK __attribute__((warn_unused_result))
 
@@ -107,5 +108,29 @@ PIPE_MUST_CHECK int pipe_send(struct pipe *p, int fd, struct frame_key *tx, uint
 PIPE_MUST_CHECK int pipe_recv(struct pipe *p, int fd, struct frame_key *rx, uint64_t nframes,
 			      pipe_deliver_fn fn, void *ctx, int timeout_ms, char *err,
 			      size_t errlen);
+
+/* A receiver that knows where the values of a tensor's next chunk go
+ * (right after the last one's): on local frames (FRAME_LOCAL, read one at
+ * a time) each message's bytes past at.head are read straight there
+ * (sock_read_local), not into the pipe's buffer and then copied: for a
+ * GPU worker beside its ps, the parameters land in the pinned buffer they
+ * are uploaded from. A message read so is handed to took (with pipe_recv's
+ * ctx): its head at msg, its other mlen - at.head bytes at body. took
+ * returns 0 (taken), a negative error (as fn's), or 1: not the message
+ * at.where expected (another message in the tensor's stream); the pipe
+ * then copies body back after the head and hands the whole message to fn.
+ * Such a message's bytes have been where at.where said until then:
+ * at.where must only name bytes nobody reads before they are taken. */
+struct pipe_place {
+	struct sock_place at;
+	int (*took)(void *ctx, uint64_t i, const uint8_t *msg, const uint8_t *body, size_t mlen,
+		    char *err, size_t errlen);
+};
+
+/* pipe_recv, with pl (NULL: none) placing the messages of local frames. */
+PIPE_MUST_CHECK int pipe_recv_placed(struct pipe *p, int fd, struct frame_key *rx,
+				     uint64_t nframes, const struct pipe_place *pl,
+				     pipe_deliver_fn fn, void *ctx, int timeout_ms, char *err,
+				     size_t errlen);
 
 #endif

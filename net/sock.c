@@ -40,12 +40,12 @@ static int64_t now_ms(void)
 
 /* The deadline for a timeout (INT64_MAX: none), and the poll() timeout left
  * until it (-1: wait forever, 0: expired). */
-static int64_t deadline_of(int timeout_ms)
+int64_t sock_deadline(int timeout_ms)
 {
 	return timeout_ms < 0 ? INT64_MAX : now_ms() + timeout_ms;
 }
 
-static int ms_left(int64_t deadline)
+int sock_ms_left(int64_t deadline)
 {
 	if (deadline == INT64_MAX)
 		return -1;
@@ -284,7 +284,7 @@ int sock_accept(int lfd, int timeout_ms, int *fd, char *peer, size_t peerlen, ch
 int sock_accept_from(int lfd, int timeout_ms, int *fd, char *peer, size_t peerlen,
 		     uint8_t source[SOCK_SOURCE_BYTES], char *err, size_t errlen)
 {
-	int64_t deadline = deadline_of(timeout_ms);
+	int64_t deadline = sock_deadline(timeout_ms);
 	for (;;) {
 		struct sockaddr_storage ss;
 		socklen_t sl = sizeof ss;
@@ -313,7 +313,7 @@ int sock_accept_from(int lfd, int timeout_ms, int *fd, char *peer, size_t peerle
 			snprintf(err, errlen, "accept: %s", strerror(e));
 			return -e;
 		}
-		int left = ms_left(deadline);
+		int left = sock_ms_left(deadline);
 		if (left == 0) {
 			if (timeout_ms == 0) {
 				snprintf(err, errlen, "accept: no connection pending");
@@ -370,7 +370,7 @@ static int connect_one(const struct addrinfo *ai, int64_t deadline, const volati
 		/* In progress: writable once established or failed; SO_ERROR
 		 * says which. */
 		for (;;) {
-			int left = ms_left(deadline);
+			int left = sock_ms_left(deadline);
 			if (left == 0) {
 				r = -ETIMEDOUT;
 				goto fail;
@@ -520,7 +520,7 @@ int sock_connect_local_until(const char *unix_path, const char *host, uint16_t p
 				return r;
 			}
 		}
-		int left = ms_left(deadline);
+		int left = sock_ms_left(deadline);
 		if (stop && *stop)
 			continue; /* the top of the loop says so */
 		if (left == 0)
@@ -533,7 +533,7 @@ int sock_connect_local_until(const char *unix_path, const char *host, uint16_t p
 		for (int w; (w = (int)(wake - now_ms())) > 0 && !(stop && *stop);)
 			poll(NULL, 0, w);
 		pause = pause * 2 > SOCK_BACKOFF_MAX_MS ? SOCK_BACKOFF_MAX_MS : pause * 2;
-		if (ms_left(deadline) == 0)
+		if (sock_ms_left(deadline) == 0)
 			break;
 	}
 	snprintf(err, errlen, "cannot reach %s after %s: %s", where, secs, last);
@@ -546,7 +546,7 @@ int sock_connect_local_until(const char *unix_path, const char *host, uint16_t p
  * interrupted: the caller just tries again), -ETIMEDOUT, or poll's errno. */
 static int wait_ready(int fd, short events, int64_t deadline)
 {
-	int left = ms_left(deadline);
+	int left = sock_ms_left(deadline);
 	if (left == 0)
 		return -ETIMEDOUT;
 	struct pollfd p = { .fd = fd, .events = events };
@@ -558,42 +558,54 @@ static int wait_ready(int fd, short events, int64_t deadline)
 	return 0; /* POLLERR/POLLHUP: the next recv/send reports it */
 }
 
-int sock_read_full(int fd, void *buf, size_t len, int timeout_ms, char *err, size_t errlen)
+int sock_read_iov(int fd, const struct iovec *iov, int n, int timeout_ms, char *err, size_t errlen)
 {
-	uint8_t *p = buf;
-	size_t done = 0;
-	int64_t deadline = deadline_of(timeout_ms);
+	struct iovec v[SOCK_IOV_MAX];
+	size_t len = 0, done = 0;
+	if (n < 1 || n > SOCK_IOV_MAX)
+		return err_set(err, errlen, -EINVAL, "read of %d parts (1..%d)", n, SOCK_IOV_MAX);
+	memcpy(v, iov, (size_t)n * sizeof(*v));
+	for (int i = 0; i < n; i++)
+		len += v[i].iov_len;
+	int64_t deadline = sock_deadline(timeout_ms);
+	int at = 0;
 	while (done < len) {
-		ssize_t n = recv(fd, p + done, len - done, MSG_DONTWAIT);
-		if (n > 0) {
-			done += (size_t)n;
+		struct msghdr mh = { .msg_iov = v + at, .msg_iovlen = (size_t)(n - at) };
+		ssize_t got = recvmsg(fd, &mh, MSG_DONTWAIT);
+		if (got > 0) {
+			done += (size_t)got;
+			size_t k = (size_t)got;
+			while (at < n && k >= v[at].iov_len)
+				k -= v[at++].iov_len;
+			if (at < n) {
+				v[at].iov_base = (uint8_t *)v[at].iov_base + k;
+				v[at].iov_len -= k;
+			}
 			continue;
 		}
-		if (n == 0) {
-			snprintf(err, errlen, "peer closed the connection after %zu of %zu bytes",
-				 done, len);
-			return -EPIPE;
-		}
+		if (got == 0)
+			return err_set(err, errlen, -EPIPE, "peer closed the connection after %zu of %zu bytes",
+				       done, len);
 		int e = errno;
 		if (e == EINTR)
 			continue;
-		if (e != EAGAIN && e != EWOULDBLOCK) {
-			snprintf(err, errlen, "read failed after %zu of %zu bytes: %s", done, len,
-				 strerror(e));
-			return -e;
-		}
+		if (e != EAGAIN && e != EWOULDBLOCK)
+			return err_set(err, errlen, -e, "read failed after %zu of %zu bytes: %s", done, len,
+				       strerror(e));
 		int r = wait_ready(fd, POLLIN, deadline);
-		if (r == -ETIMEDOUT) {
-			snprintf(err, errlen, "read timed out after %d ms with %zu of %zu bytes",
-				 timeout_ms, done, len);
-			return r;
-		}
-		if (r < 0) {
-			snprintf(err, errlen, "read: poll: %s", strerror(-r));
-			return r;
-		}
+		if (r == -ETIMEDOUT)
+			return err_set(err, errlen, r, "read timed out after %d ms with %zu of %zu bytes",
+				       timeout_ms, done, len);
+		if (r < 0)
+			return err_set(err, errlen, r, "read: poll: %s", strerror(-r));
 	}
 	return 0;
+}
+
+int sock_read_full(int fd, void *buf, size_t len, int timeout_ms, char *err, size_t errlen)
+{
+	struct iovec v = { .iov_base = buf, .iov_len = len };
+	return sock_read_iov(fd, &v, 1, timeout_ms, err, errlen);
 }
 
 int sock_write_full(int fd, const void *buf, size_t len, int timeout_ms, char *err,
@@ -603,13 +615,7 @@ int sock_write_full(int fd, const void *buf, size_t len, int timeout_ms, char *e
 	return sock_write_iov(fd, &v, 1, timeout_ms, err, errlen);
 }
 
-/* ---- frames ------------------------------------------------------------- */
-
-int sock_write_frame(int fd, struct frame_key *tx, uint8_t *buf, size_t cap,
-		     const uint8_t *msg, size_t len, int timeout_ms, char *err, size_t errlen)
-{
-	return sock_write_frame_parts(fd, tx, buf, cap, msg, len, NULL, 0, timeout_ms, err, errlen);
-}
+/* ---- writes of several parts -------------------------------------------- */
 
 int sock_write_iov(int fd, const struct iovec *iov, int n, int timeout_ms, char *err, size_t errlen)
 {
@@ -620,7 +626,7 @@ int sock_write_iov(int fd, const struct iovec *iov, int n, int timeout_ms, char 
 	memcpy(v, iov, (size_t)n * sizeof(*v));
 	for (int i = 0; i < n; i++)
 		len += v[i].iov_len;
-	int64_t deadline = deadline_of(timeout_ms);
+	int64_t deadline = sock_deadline(timeout_ms);
 	int at = 0;
 	while (done < len) {
 		struct msghdr mh = { .msg_iov = v + at, .msg_iovlen = (size_t)(n - at) };
@@ -657,49 +663,6 @@ int sock_write_iov(int fd, const struct iovec *iov, int n, int timeout_ms, char 
 			return err_set(err, errlen, r, "write: poll: %s", strerror(-r));
 	}
 	return 0;
-}
-
-int sock_write_frame_parts(int fd, struct frame_key *tx, uint8_t *buf, size_t cap,
-			   const uint8_t *head, size_t hlen, const uint8_t *body, size_t blen,
-			   int timeout_ms, char *err, size_t errlen)
-{
-	struct frame_iov fo;
-	int r = frame_seal_parts(tx, buf, cap, head, hlen, body, blen, &fo, err, errlen);
-	if (r < 0)
-		return r;
-	return sock_write_iov(fd, fo.v, fo.n, timeout_ms, err, errlen);
-}
-
-int sock_read_sealed(int fd, uint8_t hdr[FRAME_HDR_BYTES], uint8_t *buf, size_t cap,
-		     size_t *ctlen, int timeout_ms, char *err, size_t errlen)
-{
-	int64_t deadline = deadline_of(timeout_ms);
-	int r = sock_read_full(fd, hdr, FRAME_HDR_BYTES, timeout_ms, err, errlen);
-	if (r < 0)
-		return r;
-	r = frame_check_len(hdr, ctlen, err, errlen);
-	if (r < 0)
-		return r;
-	if (*ctlen > cap) {
-		snprintf(err, errlen, "frame of %zu bytes does not fit the %zu-byte buffer", *ctlen,
-			 cap);
-		return -ENOBUFS;
-	}
-	/* The rest of the same deadline, not a fresh one: a whole frame is
-	 * bounded by timeout_ms. */
-	int left = ms_left(deadline);
-	return sock_read_full(fd, buf, *ctlen, left, err, errlen);
-}
-
-int sock_read_frame(int fd, struct frame_key *rx, uint8_t *buf, size_t cap, size_t *msglen,
-		    int timeout_ms, char *err, size_t errlen)
-{
-	uint8_t hdr[FRAME_HDR_BYTES];
-	size_t ctlen = 0;
-	int r = sock_read_sealed(fd, hdr, buf, cap, &ctlen, timeout_ms, err, errlen);
-	if (r < 0)
-		return r;
-	return frame_open(rx, hdr, buf, ctlen, buf, cap, msglen, err, errlen);
 }
 
 /* Whether two socket addresses (IPv4 or IPv6) name the same host address,
@@ -797,7 +760,7 @@ int sock_listen_unix(const char *path, int *fd, struct sock_unix_file *file, cha
 		/* Left by a process that is gone, or in use by a live one. A
 		 * live one whose backlog is full answers EAGAIN, not a refusal:
 		 * taking its path would leave it unreachable for good. */
-		int pr = connect_unix(path, deadline_of(1000), NULL, &probe);
+		int pr = connect_unix(path, sock_deadline(1000), NULL, &probe);
 		if (pr == 0 || pr == -EAGAIN) {
 			if (pr == 0)
 				close(probe);

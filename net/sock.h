@@ -2,8 +2,8 @@
  * reads and writes that either transfer every byte or fail within one
  * overall deadline; and the Unix socket through which a worker reaches a
  * ps on its own host (the end of this file). No crypto (net/frame.c seals what goes through here; the
- * two optional sock_*_frame helpers only call frame.h's API), no printing,
- * no exit, no global state.
+ * sock_*_frame and sock_read_local helpers, in net/sockframe.c, only call
+ * frame.h's API), no printing, no exit, no global state.
  *
  * Conventions of every function here:
  *   - Returns 0 (or a non-negative value where said) or a negative errno,
@@ -37,6 +37,12 @@
 #include "frame.h"
 
 #define SOCK_MUST_CHECK __attribute__((warn_unused_result))
+
+/* The deadline timeout_ms from now on CLOCK_MONOTONIC (INT64_MAX: none,
+ * for timeout_ms < 0), and the timeout left until it (-1: none, 0: it
+ * has passed): one deadline over several calls. */
+int64_t sock_deadline(int timeout_ms);
+int sock_ms_left(int64_t deadline);
 
 /* Longest "host:port" / "[v6]:port" text sock_accept writes (with the NUL). */
 #define SOCK_ADDR_STRLEN 64
@@ -199,6 +205,11 @@ SOCK_MUST_CHECK int sock_read_full(int fd, void *buf, size_t len, int timeout_ms
  * closed; no SIGPIPE is raised), -ECONNRESET, -ETIMEDOUT (the peer stopped
  * reading), or send's other errno. On failure an unknown prefix of buf has
  * been sent: the caller must close the connection. */
+/* sock_read_full into the n parts of iov (1..SOCK_IOV_MAX) in order,
+ * within one deadline: its errors, and -EINVAL for n out of range. */
+SOCK_MUST_CHECK int sock_read_iov(int fd, const struct iovec *iov, int n, int timeout_ms,
+				  char *err, size_t errlen);
+
 SOCK_MUST_CHECK int sock_write_full(int fd, const void *buf, size_t len, int timeout_ms,
 				    char *err, size_t errlen);
 
@@ -240,6 +251,26 @@ SOCK_MUST_CHECK int sock_read_frame(int fd, struct frame_key *rx, uint8_t *buf, 
 SOCK_MUST_CHECK int sock_read_sealed(int fd, uint8_t hdr[FRAME_HDR_BYTES], uint8_t *buf,
 				     size_t cap, size_t *ctlen, int timeout_ms, char *err,
 				     size_t errlen);
+
+/* Where a FRAME_LOCAL frame's message goes, for a receiver that knows
+ * what comes next: its first `head` bytes into the buffer, and the rest,
+ * when where(ctx, mlen) names a place for the mlen - head bytes of a
+ * message of mlen (> head) bytes, there; NULL keeps it all in the buffer. */
+struct sock_place {
+	size_t head;
+	uint8_t *(*where)(void *ctx, size_t mlen);
+	void *ctx;
+};
+
+/* sock_read_frame of a FRAME_LOCAL frame, with its message's bytes past
+ * pl->head read straight to where pl says: *placed is then that place
+ * (and the message's head is in buf), else NULL and the whole message is
+ * in buf. *msglen: the message's length either way. On failure what was
+ * read is zeroed, buf's head and the place's bytes. Errors as
+ * sock_read_frame's, frame_open_tag's for a placed message. */
+SOCK_MUST_CHECK int sock_read_local(int fd, struct frame_key *rx, uint8_t *buf, size_t cap,
+				    const struct sock_place *pl, uint8_t **placed, size_t *msglen,
+				    int timeout_ms, char *err, size_t errlen);
 
 /* 1 if host (a name or an address) resolves to an address of one of this
  * host's interfaces, 0 if not, or -ENOENT (it does not resolve) or another

@@ -6,7 +6,9 @@
  * ending a blocked read at once, a failed send closing the connection so
  * that nothing more is sealed on it, two senders on one connection each
  * encoding in a buffer of its own, and a connection shaped for short
- * messages refusing longer frames. */
+ * messages refusing longer frames. Tensors in parts and a message between
+ * chunks run sealed and local (FRAME_LOCAL, where the values are read
+ * straight into the receiver's tensor). */
 #include <criterion/criterion.h>
 
 #include "leak.h"
@@ -69,19 +71,28 @@ static void *serve(void *arg)
 }
 
 /* Connects a client (worker 3, key byte ck) to a server (ps 1, key sk),
- * their pipes on pool (NULL: one frame at a time). */
-static void pair_on(struct side *cl, struct side *sv, uint8_t ck, uint8_t sk, struct cryptopool *pool)
+ * their pipes on pool (NULL: one frame at a time), their frames local
+ * (FRAME_LOCAL, as a worker and its ps on one host) or sealed. */
+static void pair_with(struct side *cl, struct side *sv, uint8_t ck, uint8_t sk,
+		      struct cryptopool *pool, int local)
 {
 	int sp[2];
 	cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
 	side_init(sv, sp[1], HS_PS, 1, sk, pool);
 	side_init(cl, -1, HS_WORKER, 3, ck, pool);
 	cl->me.to = 1;
+	cl->me.local = sv->me.local = local;
 	pthread_t t;
 	cr_assert_eq(pthread_create(&t, NULL, serve, sv), 0);
 	cl->r = conn_client(&cl->cn, sp[0], cl->psk, &cl->me, 5000, "ps 1 (test)", cl->err,
 			    sizeof(cl->err));
 	pthread_join(t, NULL);
+	cr_assert(cl->r || (cl->cn.keys->recv.cipher == FRAME_LOCAL) == local);
+}
+
+static void pair_on(struct side *cl, struct side *sv, uint8_t ck, uint8_t sk, struct cryptopool *pool)
+{
+	pair_with(cl, sv, ck, sk, pool, 0);
 }
 
 static void pair(struct side *cl, struct side *sv, uint8_t ck, uint8_t sk)
@@ -246,11 +257,12 @@ static void *send_parts_main(void *arg)
  * place; a hook that fails ends the receive as a bad message. */
 Test(conn, tensor_in_parts_with_a_hook)
 {
-	for (int fail = 0; fail < 2; fail++) {
+	for (int k = 0; k < 4; k++) {
+		int fail = k & 1, local = k >> 1;
 		struct side cl, sv;
 		char e[256] = "";
 		size_t len;
-		pair(&cl, &sv, 9, 9);
+		pair_with(&cl, &sv, 9, 9, NULL, local);
 		cr_assert_eq(cl.r, 0, "%s", cl.err);
 		uint64_t n = 3 * (uint64_t)MSG_CHUNK_FLOATS + 9;
 		float *src = malloc(n * sizeof(float)), *dst = calloc(n, sizeof(float));
@@ -281,6 +293,9 @@ Test(conn, tensor_in_parts_with_a_hook)
 			cr_assert_eq(lg.calls, 4);
 			for (int i = 0; i < 4; i++)
 				cr_assert_eq(lg.offsets[i], (uint64_t)i * MSG_CHUNK_FLOATS);
+			/* local: every chunk on the pipe read into place */
+			cr_assert_eq(x.placed, local ? n - MSG_CHUNK_FLOATS : 0, "placed %llu",
+				     (unsigned long long)x.placed);
 		}
 		cr_assert(lg.in_place);
 		pthread_join(th, NULL);
@@ -309,11 +324,12 @@ static int other_note(void *ctx, int type, const uint8_t *msg, size_t len, char 
  * one completes the tensor. Without that function it is refused. */
 Test(conn, message_between_chunks)
 {
-	for (int with = 0; with < 2; with++) {
+	for (int k = 0; k < 4; k++) {
+		int with = k & 1, local = k >> 1;
 		struct side cl, sv;
 		char e[256] = "";
 		size_t len;
-		pair(&cl, &sv, 9, 9);
+		pair_with(&cl, &sv, 9, 9, NULL, local);
 		cr_assert_eq(cl.r, 0, "%s", cl.err);
 		uint64_t n = 3 * (uint64_t)MSG_CHUNK_FLOATS + 2;
 		float *src = malloc(n * sizeof(float)), *dst = calloc(n, sizeof(float));
@@ -337,6 +353,9 @@ Test(conn, message_between_chunks)
 			cr_assert_eq(calls, 2, "receives: %d", calls);
 			cr_assert_eq(seen, 1);
 			cr_assert_eq(memcmp(src, dst, n * sizeof(float)), 0);
+			/* local: the HEARTBEAT, read where the next chunk's
+			 * values would go, was handed over whole */
+			cr_assert_eq(x.placed, local ? n - MSG_CHUNK_FLOATS : 0);
 		} else {
 			cr_assert_eq(r, -EPROTO);
 			cr_assert(x.bad);

@@ -262,6 +262,38 @@ Test(frame, local_carries_the_message_and_counts)
 	frame_key_wipe(&rx);
 }
 
+/* frame_open_tag, for a local frame whose message was read elsewhere:
+ * the tag must hold the counter (then it advances), another tag is
+ * refused with the counter left; a sealed cipher's frame must be opened
+ * whole. */
+Test(frame, open_tag_checks_a_local_frames_counter)
+{
+	struct frame_key tx, rx, sealed;
+	pair(&tx, &rx, KEY, FRAME_LOCAL);
+	uint8_t m[40], f[FRAME_SEALED_BYTES(40)];
+	char e[200] = "";
+	fill(m, sizeof m, 3);
+	for (int i = 0; i < 3; i++)
+		seal_ok(&tx, f, sizeof f, m, sizeof m);
+	const uint8_t *tag = f + FRAME_HDR_BYTES + sizeof m; /* frame 2's */
+	cr_assert_eq(frame_open_tag(&rx, tag, e, sizeof e), -EBADMSG);
+	cr_assert_not_null(strstr(e, "frame 0 failed authentication (local)"), "%s", e);
+	cr_assert_eq(rx.counter, 0);
+	rx.counter = 2;
+	cr_assert_eq(frame_open_tag(&rx, tag, e, sizeof e), 0, "%s", e);
+	cr_assert_eq(rx.counter, 3);
+	cr_assert_eq(frame_open_tag(&rx, tag, e, sizeof e), -EBADMSG, "a replay");
+	rx.counter = UINT64_MAX;
+	cr_assert_eq(frame_open_tag(&rx, tag, e, sizeof e), -EOVERFLOW);
+	uint8_t k[FRAME_KEY_BYTES] = { 1 };
+	cr_assert_eq(frame_key_init(&sealed, k, FRAME_CHACHA20POLY1305), 0);
+	cr_assert_eq(frame_open_tag(&sealed, tag, e, sizeof e), -EINVAL);
+	cr_assert_eq(sealed.counter, 0);
+	frame_key_wipe(&tx);
+	frame_key_wipe(&rx);
+	frame_key_wipe(&sealed);
+}
+
 /* Sealing with msg at out + 4 and opening with out == ct, as a connection
  * that reuses one buffer does. */
 Test(frame, in_place)

@@ -393,6 +393,32 @@ Test(msg, round_trip_chunks)
 		}
 }
 
+/* A float32 chunk decoded from its header alone (its values read
+ * elsewhere) has the fields of the whole one, no data, and the same
+ * length checks; a bf16 one is refused, its values need widening. */
+Test(msg, chunk_head_alone)
+{
+	static uint8_t buf[MSG_CHUNK_BYTES_MAX];
+	static float in[100];
+	char err[256] = "";
+	struct msg_chunk c = { .type = WIRE_PUSH, .shard = 2, .version = 9, .worker = 5,
+			       .offset = 300, .count = 100 }, whole, head;
+	size_t len = 0;
+	memset(&whole, 0, sizeof whole); /* the padding too: compared whole below */
+	memset(&head, 0, sizeof head);
+	cr_assert_eq(msg_encode_chunk(buf, sizeof buf, &c, in, &len, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(msg_decode_chunk(buf, len, &whole, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(msg_decode_chunk_head(buf, len, &head, err, sizeof err), 0, "%s", err);
+	cr_assert_null(head.data);
+	head.data = whole.data;
+	cr_assert_eq(memcmp(&head, &whole, sizeof head), 0);
+	cr_assert_eq(msg_decode_chunk_head(buf, len + 4, &head, err, sizeof err), -EMSGSIZE);
+	c.dtype = WIRE_BF16;
+	cr_assert_eq(msg_encode_chunk(buf, sizeof buf, &c, in, &len, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(msg_decode_chunk_head(buf, len, &head, err, sizeof err), -EPROTO);
+	cr_assert_not_null(strstr(err, "values were not read"), "%s", err);
+}
+
 /* The payload may start at any address: decoding from an odd offset in a
  * byte buffer still yields the same floats (read byte-wise, never cast). */
 Test(msg, chunk_unaligned_payload)

@@ -316,7 +316,12 @@ static int observer_dial(const struct target *t, struct hs_result *hr, uint8_t *
 	memcpy(me.config_hash, t->hash, HS_HASH_BYTES);
 	cr_assert_eq(hs_client_start(&h, h1, t->key, &me, err, sizeof(err)), 0, "%s", err);
 	target_send(fd, h1, sizeof(h1));
-	target_hello_finish(fd, &h, hr);
+	/* Not target_hello_finish: a refusal (once, in CI, the ps closed an
+	 * observer before its answer, cause unknown) is in the ps's log. */
+	uint8_t h2[HS_HELLO_BYTES];
+	cr_assert_eq(sock_read_full(fd, h2, sizeof(h2), IO_MS, err, sizeof(err)), 0,
+		     "observer's handshake: %s; the ps's log:\n%s", err, slurp(t->log));
+	cr_assert_eq(hs_client_finish(&h, hr, h2, sizeof(h2), err, sizeof(err)), 0, "%s", err);
 	if (hello1)
 		memcpy(hello1, h1, sizeof(h1));
 	return fd;

@@ -1,0 +1,98 @@
+/* Frames on a socket: sealing and writing one, reading and opening one
+ * within one deadline (net/sock.h has the API, net/frame.h the bytes).
+ * Apart from net/sock.c, which only moves bytes and bounds the time that
+ * takes. */
+#include "sock.h"
+#include "../base/err.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+int sock_write_frame(int fd, struct frame_key *tx, uint8_t *buf, size_t cap,
+		     const uint8_t *msg, size_t len, int timeout_ms, char *err, size_t errlen)
+{
+	return sock_write_frame_parts(fd, tx, buf, cap, msg, len, NULL, 0, timeout_ms, err, errlen);
+}
+
+int sock_write_frame_parts(int fd, struct frame_key *tx, uint8_t *buf, size_t cap,
+			   const uint8_t *head, size_t hlen, const uint8_t *body, size_t blen,
+			   int timeout_ms, char *err, size_t errlen)
+{
+	struct frame_iov fo;
+	int r = frame_seal_parts(tx, buf, cap, head, hlen, body, blen, &fo, err, errlen);
+	if (r < 0)
+		return r;
+	return sock_write_iov(fd, fo.v, fo.n, timeout_ms, err, errlen);
+}
+
+int sock_read_sealed(int fd, uint8_t hdr[FRAME_HDR_BYTES], uint8_t *buf, size_t cap,
+		     size_t *ctlen, int timeout_ms, char *err, size_t errlen)
+{
+	int64_t deadline = sock_deadline(timeout_ms);
+	int r = sock_read_full(fd, hdr, FRAME_HDR_BYTES, timeout_ms, err, errlen);
+	if (r < 0)
+		return r;
+	r = frame_check_len(hdr, ctlen, err, errlen);
+	if (r < 0)
+		return r;
+	if (*ctlen > cap) {
+		snprintf(err, errlen, "frame of %zu bytes does not fit the %zu-byte buffer", *ctlen,
+			 cap);
+		return -ENOBUFS;
+	}
+	/* The rest of the same deadline, not a fresh one: a whole frame is
+	 * bounded by timeout_ms. */
+	int left = sock_ms_left(deadline);
+	return sock_read_full(fd, buf, *ctlen, left, err, errlen);
+}
+
+int sock_read_local(int fd, struct frame_key *rx, uint8_t *buf, size_t cap,
+		    const struct sock_place *pl, uint8_t **placed, size_t *msglen, int timeout_ms,
+		    char *err, size_t errlen)
+{
+	uint8_t hdr[FRAME_HDR_BYTES], tag[FRAME_TAG_BYTES];
+	size_t ctlen = 0;
+	*placed = NULL;
+	int64_t deadline = sock_deadline(timeout_ms);
+	int r = sock_read_full(fd, hdr, FRAME_HDR_BYTES, timeout_ms, err, errlen);
+	if (r < 0)
+		return r;
+	r = frame_check_len(hdr, &ctlen, err, errlen);
+	if (r < 0)
+		return r;
+	if (ctlen > cap || pl->head > cap)
+		return err_set(err, errlen, -ENOBUFS, "frame of %zu bytes does not fit the %zu-byte buffer",
+			       ctlen, cap);
+	size_t mlen = ctlen - FRAME_TAG_BYTES;
+	uint8_t *body = mlen > pl->head ? pl->where(pl->ctx, mlen) : NULL;
+	if (!body) {
+		r = sock_read_full(fd, buf, ctlen, sock_ms_left(deadline), err, errlen);
+		return r < 0 ? r : frame_open(rx, hdr, buf, ctlen, buf, cap, msglen, err, errlen);
+	}
+	struct iovec v[3] = { { buf, pl->head }, { body, mlen - pl->head }, { tag, sizeof tag } };
+	r = sock_read_iov(fd, v, 3, sock_ms_left(deadline), err, errlen);
+	if (r == 0)
+		r = frame_open_tag(rx, tag, err, errlen);
+	if (r < 0) {
+		/* As frame_open: what did not open is not left to be taken
+		 * for a message. */
+		memset(buf, 0, pl->head);
+		memset(body, 0, mlen - pl->head);
+		return r;
+	}
+	*placed = body;
+	*msglen = mlen;
+	return 0;
+}
+
+int sock_read_frame(int fd, struct frame_key *rx, uint8_t *buf, size_t cap, size_t *msglen,
+		    int timeout_ms, char *err, size_t errlen)
+{
+	uint8_t hdr[FRAME_HDR_BYTES];
+	size_t ctlen = 0;
+	int r = sock_read_sealed(fd, hdr, buf, cap, &ctlen, timeout_ms, err, errlen);
+	if (r < 0)
+		return r;
+	return frame_open(rx, hdr, buf, ctlen, buf, cap, msglen, err, errlen);
+}

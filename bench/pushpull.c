@@ -35,7 +35,11 @@
  *           offered in the handshake)
  *   local   the production path of a Unix socket between two processes of
  *           one host: frames not sealed (FRAME_LOCAL), the counter as the
- *           tag (the handshake is told both sockets are local)
+ *           tag (the handshake is told both sockets are local), and each
+ *           chunk's values read straight into the tensor (pipe_place)
+ *   local-copy  bench only: local, but each frame read whole into the
+ *           pipe's buffer and its values copied out (the path before
+ *           pipe_place)
  *
  * A server thread plays the ps: it decodes each PUSH chunk into a float
  * buffer (msg_assembly_add), answers a whole push with ACK, and answers PULL
@@ -67,8 +71,9 @@
 #define TIMEOUT_MS 60000
 #define BUF_BYTES FRAME_BYTES_MAX
 
-enum mode { M_SEALED, M_PLAIN, M_AESNM, M_CHACHA, M_GCM, M_LOCAL, M_COUNT };
-static const char *const mode_names[M_COUNT] = { "sealed", "plain", "aesnm", "chacha", "gcm", "local" };
+enum mode { M_SEALED, M_PLAIN, M_AESNM, M_CHACHA, M_GCM, M_LOCAL, M_LOCALCOPY, M_COUNT };
+static const char *const mode_names[M_COUNT] = { "sealed", "plain", "aesnm", "chacha", "gcm", "local",
+						 "local-copy" };
 
 /* One direction of a connection, for every mode. */
 struct chan {
@@ -80,7 +85,7 @@ struct chan {
 /* The production modes move tensors through net/pipe.c. */
 static int piped(enum mode m)
 {
-	return m == M_SEALED || m == M_CHACHA || m == M_GCM || m == M_LOCAL;
+	return m == M_SEALED || m == M_CHACHA || m == M_GCM || m == M_LOCAL || m == M_LOCALCOPY;
 }
 
 /* What a mode offers in the handshake: everything this CPU runs for the
@@ -129,17 +134,56 @@ static int tensor_encode(void *ctx, uint64_t i, uint8_t *msg, size_t cap, struct
 				      errlen);
 }
 
+/* A tensor being received: its assembly and where its values go. */
+struct tensor_rx {
+	struct msg_assembly *a;
+	float *dst;
+};
+
 /* The chunks of a tensor, for pipe_recv: into an assembly. */
 static int tensor_deliver(void *ctx, uint64_t i, const uint8_t *msg, size_t len, char *err,
 			  size_t errlen)
 {
-	struct { struct msg_assembly *a; float *dst; } *x = ctx;
+	struct tensor_rx *x = ctx;
 	struct msg_chunk ch;
 	(void)i;
 	int r = msg_decode_chunk(msg, len, &ch, err, errlen);
 	if (r == 0)
 		r = msg_assembly_add(x->a, &ch, x->dst, err, errlen);
 	return r < 0 ? r : 0;
+}
+
+/* Local mode's pipe_place, as net/conn.c's: the next chunk's values go
+ * right after those received. */
+static uint8_t *tensor_where(void *ctx, size_t mlen)
+{
+	struct tensor_rx *x = ctx;
+	size_t b = mlen - MSG_CHUNK_HDR_BYTES;
+	if (b % sizeof(float) || b / sizeof(float) > x->a->n - x->a->received)
+		return NULL;
+	return (uint8_t *)(x->dst + x->a->received);
+}
+
+static int tensor_took(void *ctx, uint64_t i, const uint8_t *msg, const uint8_t *body, size_t mlen,
+		       char *err, size_t errlen)
+{
+	struct tensor_rx *x = ctx;
+	struct msg_chunk ch;
+	(void)i;
+	(void)body;
+	int r = msg_decode_chunk_head(msg, mlen, &ch, err, errlen);
+	if (r == 0)
+		r = msg_assembly_add(x->a, &ch, NULL, err, errlen);
+	return r < 0 ? r : 0;
+}
+
+/* pipe_recv of the rest of x's tensor, placed in local mode. */
+static int tensor_recv(struct pipe *pp, int fd, struct frame_key *rx, enum mode m,
+		       struct tensor_rx *x, char *e, size_t elen)
+{
+	const struct pipe_place pl = { { MSG_CHUNK_HDR_BYTES, tensor_where, x }, tensor_took };
+	return pipe_recv_placed(pp, fd, rx, msg_chunks(x->a->n - x->a->received, WIRE_F32),
+				m == M_LOCAL ? &pl : NULL, tensor_deliver, x, TIMEOUT_MS, e, elen);
 }
 
 
@@ -219,7 +263,7 @@ static struct hs_identity ident(enum hs_role role, enum mode m)
 	/* local: both ends say their socket is a Unix one, so the
 	 * handshake picks FRAME_LOCAL (the bench's socket is loopback TCP:
 	 * the frames are the same bytes). */
-	struct hs_identity id = { .role = role, .index = 0, .ciphers = mode_offers(m), .local = m == M_LOCAL };
+	struct hs_identity id = { .role = role, .index = 0, .ciphers = mode_offers(m), .local = m == M_LOCAL || m == M_LOCALCOPY };
 	memset(id.config_hash, 0x5a, sizeof id.config_hash);
 	return id;
 }
@@ -295,9 +339,8 @@ static void *serve(void *arg)
 			if (r < 0)
 				die("server PUSH", e);
 			if (r == 0 && piped(sv->mode)) { /* the rest, as cluster/ps.c does */
-				struct { struct msg_assembly *a; float *dst; } x = { &a, grad };
-				if (pipe_recv(&pp, fd, &rx.fk, msg_chunks(sv->n - a.received, WIRE_F32),
-					      tensor_deliver, &x, TIMEOUT_MS, e, elen))
+				struct tensor_rx x = { &a, grad };
+				if (tensor_recv(&pp, fd, &rx.fk, sv->mode, &x, e, elen))
 					die("server PUSH", e);
 				r = msg_assembly_done(&a);
 			}
@@ -378,9 +421,8 @@ static void do_pull(struct client *c)
 	if (msg_assembly_init(&a, WIRE_PARAMS, 0, c->n, WIRE_F32, e, sizeof e))
 		die("client", e);
 	if (piped(c->rx.mode)) {
-		struct { struct msg_assembly *a; float *dst; } x = { &a, c->params };
-		if (pipe_recv(&c->pp, c->fd, &c->rx.fk, msg_chunks(c->n, WIRE_F32), tensor_deliver, &x,
-			      TIMEOUT_MS, e, sizeof e))
+		struct tensor_rx x = { &a, c->params };
+		if (tensor_recv(&c->pp, c->fd, &c->rx.fk, c->rx.mode, &x, e, sizeof e))
 			die("client PARAMS", e);
 	}
 	while (!msg_assembly_done(&a)) {

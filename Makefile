@@ -341,7 +341,7 @@ deps-test:
 		/usr/bin/python3 -m venv $(PY_VENV) && $(PY_VENV)/bin/pip install -q $(PY_TEST_PACKAGES); } || \
 		{ echo "deps: could not install $(PY_TEST_PACKAGES) in $(PY_VENV)" >&2; exit 1; }
 # The benchmarks' peers and tools: PyTorch (Debian's build, with gloo) for
-# bench/torch_mlp.py and bench/netlab's DDP, iperf3 for netlab's link check,
+# bench/torch_mlp.py and bench/netlab's ddp-debian row, iperf3 for netlab's link check,
 # and TensorFlow for netlab's tfps row (bench/tf_ps_mlp.py): Debian has no
 # TensorFlow, so tensorflow-cpu from PyPI in a venv of Debian's python3
 # (build/tfvenv, kept between runs; 2.19.1 supports Python 3.11, Debian 12's).
@@ -349,7 +349,7 @@ TF_VENV := build/tfvenv
 TF_PACKAGE := tensorflow-cpu==2.19.1
 BENCH_DEB_PACKAGES := python3-torch python3-venv iperf3 iptables libnetfilter-queue-dev libblis4-pthread
 # A current PyTorch from PyPI (build/torchvenv, kept between runs) for
-# bench/cpu_mlp's peer row: its MKL and oneDNN defaults are the peer's best
+# bench/cpu_mlp's peer row and bench/netlab's and netlab_ctr's DDP rows: its MKL and oneDNN defaults are the peer's best
 # on the CPU; Debian's 1.13 runs its GEMMs in OpenBLAS. PyPI's wheel brings
 # CUDA's libraries too (about 5 GB), which its import needs.
 TORCH_VENV := build/torchvenv

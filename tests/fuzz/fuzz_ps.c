@@ -69,7 +69,9 @@
  *             (the worker goes away: lost, unless it said DONE)
  *   250..255  the records that follow go to worker (k - 250) % 3's
  *             connection, opened now (a join, or a worker coming back)
- *             if it has none open (at most EL_CONNS in all)
+ *             if it has none open (at most EL_CONNS in all); worker 1's
+ *             frames are local (a worker beside its ps), the others'
+ *             sealed
  * and a PUSH (kind % 10 == 3) names worker byte 0 & 3 and slice
  * (byte 0 >> 2) & 7 (4..7: no slice of the step). Then every connection
  * shuts its writing half and the ps's accept-loop round runs every 10 ms
@@ -524,7 +526,11 @@ static void *el_serve(void *arg)
 }
 
 /* Worker w's new connection, as cs[*n], served on a thread of its own;
- * one key per direction, as a handshake would have made. */
+ * one key per direction, as a handshake would have made. Worker 1 runs
+ * beside the ps: its frames are local (FRAME_LOCAL, not sealed), and the
+ * elastic ps, which aggregates whole gradients, reads their values
+ * straight into its buffer (net/pipe.h pipe_place), so a hostile frame
+ * meets that path too. */
 static struct el_conn *el_open(struct ps_harness *h, struct el_conn *cs, int *n, int w)
 {
 	struct el_conn *c = &cs[(*n)++];
@@ -535,9 +541,10 @@ static struct el_conn *el_open(struct ps_harness *h, struct el_conn *cs, int *n,
 	c->h = h;
 	c->w = w;
 	c->hr.peer.role = HS_WORKER;
-	FUZZ_CHECK(frame_key_init(&c->tx, k1, FRAME_CHACHA20POLY1305) == 0);
-	FUZZ_CHECK(frame_key_init(&c->hr.recv, k1, FRAME_CHACHA20POLY1305) == 0);
-	FUZZ_CHECK(frame_key_init(&c->hr.send, k2, FRAME_CHACHA20POLY1305) == 0);
+	enum frame_cipher fc = w == 1 ? FRAME_LOCAL : FRAME_CHACHA20POLY1305;
+	FUZZ_CHECK(frame_key_init(&c->tx, k1, fc) == 0);
+	FUZZ_CHECK(frame_key_init(&c->hr.recv, k1, fc) == 0);
+	FUZZ_CHECK(frame_key_init(&c->hr.send, k2, fc) == 0);
 	int sp[2];
 	socket_pair(sp);
 	c->fd = sp[0];

@@ -23,6 +23,14 @@
 #include <immintrin.h>
 
 #define AEGIS_TARGET __attribute__((target("aes,sse4.1")))
+/* The same code with AVX's (VEX) encodings: three-operand forms, no
+ * copies to keep a round's input, loads folded into the rounds. On a
+ * Cascade Lake it seals and opens 64 KiB frames 1.6x as fast
+ * (docs/BENCHMARKS.md, "AEGIS-256 in AVX's encodings"). The bytes are the
+ * same; CPUs with AES-NI but not AVX (early Atoms) keep the first. */
+#define AEGIS_TARGET_AVX __attribute__((target("aes,sse4.1,avx")))
+/* A message's loop, compiled into each of the two. */
+#define AEGIS_BODY AEGIS_TARGET static inline __attribute__((always_inline))
 
 int aegis256_available(void)
 {
@@ -147,10 +155,10 @@ AEGIS_TARGET static void encrypt_tail(struct aegis_state *st, uint8_t *c, const 
 	sodium_memzero(pad, sizeof(pad));
 }
 
-AEGIS_TARGET void aegis256_encrypt2(uint8_t *c, uint8_t tag[AEGIS256_TAG_BYTES], const uint8_t *m1,
-				    size_t l1, const uint8_t *m2, size_t l2, const uint8_t *ad,
-				    size_t adlen, const uint8_t nonce[AEGIS256_NONCE_BYTES],
-				    const uint8_t key[AEGIS256_KEY_BYTES])
+AEGIS_BODY void encrypt2_body(uint8_t *c, uint8_t tag[AEGIS256_TAG_BYTES], const uint8_t *m1,
+				size_t l1, const uint8_t *m2, size_t l2, const uint8_t *ad,
+				size_t adlen, const uint8_t nonce[AEGIS256_NONCE_BYTES],
+				const uint8_t key[AEGIS256_KEY_BYTES])
 {
 	struct aegis_state st;
 	uint8_t blk[16]; /* the block across the two parts */
@@ -182,18 +190,10 @@ done:
 	sodium_memzero(blk, sizeof(blk));
 }
 
-AEGIS_TARGET void aegis256_encrypt(uint8_t *c, uint8_t tag[AEGIS256_TAG_BYTES],
-				   const uint8_t *m, size_t mlen, const uint8_t *ad,
-				   size_t adlen, const uint8_t nonce[AEGIS256_NONCE_BYTES],
-				   const uint8_t key[AEGIS256_KEY_BYTES])
-{
-	aegis256_encrypt2(c, tag, m, mlen, NULL, 0, ad, adlen, nonce, key);
-}
-
-AEGIS_TARGET int aegis256_decrypt(uint8_t *m, const uint8_t *c, size_t clen,
-				  const uint8_t tag[AEGIS256_TAG_BYTES], const uint8_t *ad,
-				  size_t adlen, const uint8_t nonce[AEGIS256_NONCE_BYTES],
-				  const uint8_t key[AEGIS256_KEY_BYTES])
+AEGIS_BODY int decrypt_body(uint8_t *m, const uint8_t *c, size_t clen,
+			    const uint8_t tag[AEGIS256_TAG_BYTES], const uint8_t *ad,
+			    size_t adlen, const uint8_t nonce[AEGIS256_NONCE_BYTES],
+			    const uint8_t key[AEGIS256_KEY_BYTES])
 {
 	struct aegis_state st;
 	state_init(&st, key, nonce);
@@ -227,6 +227,70 @@ AEGIS_TARGET int aegis256_decrypt(uint8_t *m, const uint8_t *c, size_t clen,
 		return -1;
 	}
 	return 0;
+}
+
+AEGIS_TARGET void aegis256_encrypt2_sse(uint8_t *c, uint8_t tag[AEGIS256_TAG_BYTES],
+					const uint8_t *m1, size_t l1, const uint8_t *m2, size_t l2,
+					const uint8_t *ad, size_t adlen,
+					const uint8_t nonce[AEGIS256_NONCE_BYTES],
+					const uint8_t key[AEGIS256_KEY_BYTES])
+{
+	encrypt2_body(c, tag, m1, l1, m2, l2, ad, adlen, nonce, key);
+}
+
+AEGIS_TARGET_AVX void aegis256_encrypt2_avx(uint8_t *c, uint8_t tag[AEGIS256_TAG_BYTES],
+					    const uint8_t *m1, size_t l1, const uint8_t *m2,
+					    size_t l2, const uint8_t *ad, size_t adlen,
+					    const uint8_t nonce[AEGIS256_NONCE_BYTES],
+					    const uint8_t key[AEGIS256_KEY_BYTES])
+{
+	encrypt2_body(c, tag, m1, l1, m2, l2, ad, adlen, nonce, key);
+}
+
+AEGIS_TARGET int aegis256_decrypt_sse(uint8_t *m, const uint8_t *c, size_t clen,
+				      const uint8_t tag[AEGIS256_TAG_BYTES], const uint8_t *ad,
+				      size_t adlen, const uint8_t nonce[AEGIS256_NONCE_BYTES],
+				      const uint8_t key[AEGIS256_KEY_BYTES])
+{
+	return decrypt_body(m, c, clen, tag, ad, adlen, nonce, key);
+}
+
+AEGIS_TARGET_AVX int aegis256_decrypt_avx(uint8_t *m, const uint8_t *c, size_t clen,
+					  const uint8_t tag[AEGIS256_TAG_BYTES], const uint8_t *ad,
+					  size_t adlen, const uint8_t nonce[AEGIS256_NONCE_BYTES],
+					  const uint8_t key[AEGIS256_KEY_BYTES])
+{
+	return decrypt_body(m, c, clen, tag, ad, adlen, nonce, key);
+}
+
+/* libgcc has read the CPU's features (and whether the OS saves AVX's
+ * registers) before main: a load and a test. */
+static int aegis_avx(void)
+{
+	return __builtin_cpu_supports("avx");
+}
+
+void aegis256_encrypt2(uint8_t *c, uint8_t tag[AEGIS256_TAG_BYTES], const uint8_t *m1, size_t l1,
+		       const uint8_t *m2, size_t l2, const uint8_t *ad, size_t adlen,
+		       const uint8_t nonce[AEGIS256_NONCE_BYTES], const uint8_t key[AEGIS256_KEY_BYTES])
+{
+	(aegis_avx() ? aegis256_encrypt2_avx : aegis256_encrypt2_sse)(c, tag, m1, l1, m2, l2, ad,
+									adlen, nonce, key);
+}
+
+void aegis256_encrypt(uint8_t *c, uint8_t tag[AEGIS256_TAG_BYTES], const uint8_t *m, size_t mlen,
+		      const uint8_t *ad, size_t adlen, const uint8_t nonce[AEGIS256_NONCE_BYTES],
+		      const uint8_t key[AEGIS256_KEY_BYTES])
+{
+	aegis256_encrypt2(c, tag, m, mlen, NULL, 0, ad, adlen, nonce, key);
+}
+
+int aegis256_decrypt(uint8_t *m, const uint8_t *c, size_t clen,
+		     const uint8_t tag[AEGIS256_TAG_BYTES], const uint8_t *ad, size_t adlen,
+		     const uint8_t nonce[AEGIS256_NONCE_BYTES], const uint8_t key[AEGIS256_KEY_BYTES])
+{
+	return (aegis_avx() ? aegis256_decrypt_avx : aegis256_decrypt_sse)(m, c, clen, tag, ad, adlen,
+									     nonce, key);
 }
 
 #else /* not x86-64: never offered, so never called */

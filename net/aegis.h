@@ -52,4 +52,26 @@ int aegis256_decrypt(uint8_t *m, const uint8_t *c, size_t clen,
 		     const uint8_t nonce[AEGIS256_NONCE_BYTES],
 		     const uint8_t key[AEGIS256_KEY_BYTES]);
 
+#if defined(__x86_64__)
+/* The two encodings of encrypt2 and decrypt that the functions above pick
+ * from (AVX's where the CPU and the OS have it, else SSE's: net/aegis.c
+ * says why). The same bytes; named so that tests compare them. */
+void aegis256_encrypt2_sse(uint8_t *c, uint8_t tag[AEGIS256_TAG_BYTES], const uint8_t *m1,
+			   size_t l1, const uint8_t *m2, size_t l2, const uint8_t *ad, size_t adlen,
+			   const uint8_t nonce[AEGIS256_NONCE_BYTES],
+			   const uint8_t key[AEGIS256_KEY_BYTES]);
+void aegis256_encrypt2_avx(uint8_t *c, uint8_t tag[AEGIS256_TAG_BYTES], const uint8_t *m1,
+			   size_t l1, const uint8_t *m2, size_t l2, const uint8_t *ad, size_t adlen,
+			   const uint8_t nonce[AEGIS256_NONCE_BYTES],
+			   const uint8_t key[AEGIS256_KEY_BYTES]);
+int aegis256_decrypt_sse(uint8_t *m, const uint8_t *c, size_t clen,
+			 const uint8_t tag[AEGIS256_TAG_BYTES], const uint8_t *ad, size_t adlen,
+			 const uint8_t nonce[AEGIS256_NONCE_BYTES],
+			 const uint8_t key[AEGIS256_KEY_BYTES]);
+int aegis256_decrypt_avx(uint8_t *m, const uint8_t *c, size_t clen,
+			 const uint8_t tag[AEGIS256_TAG_BYTES], const uint8_t *ad, size_t adlen,
+			 const uint8_t nonce[AEGIS256_NONCE_BYTES],
+			 const uint8_t key[AEGIS256_KEY_BYTES]);
+#endif
+
 #endif

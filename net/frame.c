@@ -60,13 +60,19 @@ static int local_seal(uint8_t *ct, unsigned long long *ctlen, const uint8_t *msg
 	return 0;
 }
 
+/* Whether a local frame's tag holds counter. */
+static int local_tag_ok(const uint8_t *tag, uint64_t counter)
+{
+	uint8_t want[FRAME_TAG_BYTES] = { 0 };
+	wire_put_u64(want, counter);
+	return memcmp(tag, want, FRAME_TAG_BYTES) == 0;
+}
+
 static int local_open(uint8_t *out, unsigned long long *got, const uint8_t *ct, size_t ctlen,
 		      uint64_t counter)
 {
 	size_t len = ctlen - FRAME_TAG_BYTES;
-	uint8_t tag[FRAME_TAG_BYTES] = { 0 };
-	wire_put_u64(tag, counter);
-	if (memcmp(ct + len, tag, FRAME_TAG_BYTES) != 0)
+	if (!local_tag_ok(ct + len, counter))
 		return -1;
 	if (out != ct)
 		memmove(out, ct, len);
@@ -249,9 +255,7 @@ int frame_open_tag(struct frame_key *k, const uint8_t tag[FRAME_TAG_BYTES], char
 	if (k->counter == UINT64_MAX)
 		return err_set(err, errlen, -EOVERFLOW,
 			       "receive counter exhausted: the session must be rekeyed");
-	uint8_t want[FRAME_TAG_BYTES] = { 0 };
-	wire_put_u64(want, k->counter);
-	if (memcmp(tag, want, FRAME_TAG_BYTES) != 0)
+	if (!local_tag_ok(tag, k->counter))
 		return err_set(err, errlen, -EBADMSG,
 			       "frame %" PRIu64 " failed authentication (local): its tag is not its "
 			       "counter (dropped, replayed or reordered)",

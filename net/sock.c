@@ -558,15 +558,35 @@ static int wait_ready(int fd, short events, int64_t deadline)
 	return 0; /* POLLERR/POLLHUP: the next recv/send reports it */
 }
 
-int sock_read_iov(int fd, const struct iovec *iov, int n, int timeout_ms, char *err, size_t errlen)
+/* The n parts of iov copied into v (n checked by the caller), and their
+ * total length. */
+static size_t iov_copy(struct iovec *v, const struct iovec *iov, int n)
 {
-	struct iovec v[SOCK_IOV_MAX];
-	size_t len = 0, done = 0;
-	if (n < 1 || n > SOCK_IOV_MAX)
-		return err_set(err, errlen, -EINVAL, "read of %d parts (1..%d)", n, SOCK_IOV_MAX);
+	size_t len = 0;
 	memcpy(v, iov, (size_t)n * sizeof(*v));
 	for (int i = 0; i < n; i++)
 		len += v[i].iov_len;
+	return len;
+}
+
+/* Moves past k bytes that went (or came), part by part: *at becomes the
+ * first part with bytes left. */
+static void iov_skip(struct iovec *v, int n, int *at, size_t k)
+{
+	while (*at < n && k >= v[*at].iov_len)
+		k -= v[(*at)++].iov_len;
+	if (*at < n) {
+		v[*at].iov_base = (uint8_t *)v[*at].iov_base + k;
+		v[*at].iov_len -= k;
+	}
+}
+
+int sock_read_iov(int fd, const struct iovec *iov, int n, int timeout_ms, char *err, size_t errlen)
+{
+	struct iovec v[SOCK_IOV_MAX];
+	if (n < 1 || n > SOCK_IOV_MAX)
+		return err_set(err, errlen, -EINVAL, "read of %d parts (1..%d)", n, SOCK_IOV_MAX);
+	size_t len = iov_copy(v, iov, n), done = 0;
 	int64_t deadline = sock_deadline(timeout_ms);
 	int at = 0;
 	while (done < len) {
@@ -574,13 +594,7 @@ int sock_read_iov(int fd, const struct iovec *iov, int n, int timeout_ms, char *
 		ssize_t got = recvmsg(fd, &mh, MSG_DONTWAIT);
 		if (got > 0) {
 			done += (size_t)got;
-			size_t k = (size_t)got;
-			while (at < n && k >= v[at].iov_len)
-				k -= v[at++].iov_len;
-			if (at < n) {
-				v[at].iov_base = (uint8_t *)v[at].iov_base + k;
-				v[at].iov_len -= k;
-			}
+			iov_skip(v, n, &at, (size_t)got);
 			continue;
 		}
 		if (got == 0)
@@ -620,12 +634,9 @@ int sock_write_full(int fd, const void *buf, size_t len, int timeout_ms, char *e
 int sock_write_iov(int fd, const struct iovec *iov, int n, int timeout_ms, char *err, size_t errlen)
 {
 	struct iovec v[SOCK_IOV_MAX];
-	size_t len = 0, done = 0;
 	if (n < 1 || n > SOCK_IOV_MAX)
 		return err_set(err, errlen, -EINVAL, "write of %d parts (1..%d)", n, SOCK_IOV_MAX);
-	memcpy(v, iov, (size_t)n * sizeof(*v));
-	for (int i = 0; i < n; i++)
-		len += v[i].iov_len;
+	size_t len = iov_copy(v, iov, n), done = 0;
 	int64_t deadline = sock_deadline(timeout_ms);
 	int at = 0;
 	while (done < len) {
@@ -636,14 +647,7 @@ int sock_write_iov(int fd, const struct iovec *iov, int n, int timeout_ms, char 
 		ssize_t sent = sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
 		if (sent > 0) {
 			done += (size_t)sent;
-			/* Skip what went, part by part. */
-			size_t k = (size_t)sent;
-			while (at < n && k >= v[at].iov_len)
-				k -= v[at++].iov_len;
-			if (at < n) {
-				v[at].iov_base = (uint8_t *)v[at].iov_base + k;
-				v[at].iov_len -= k;
-			}
+			iov_skip(v, n, &at, (size_t)sent);
 			continue;
 		}
 		int e = sent == 0 ? EIO : errno;

@@ -155,8 +155,9 @@ static int tensor_deliver(void *ctx, uint64_t i, const uint8_t *msg, size_t len,
 
 /* Local mode's pipe_place, as net/conn.c's: the next chunk's values go
  * right after those received. */
-static uint8_t *tensor_where(void *ctx, size_t mlen)
+static uint8_t *tensor_where(void *ctx, const uint8_t *head, size_t mlen)
 {
+	(void)head;
 	struct tensor_rx *x = ctx;
 	size_t b = mlen - MSG_CHUNK_HDR_BYTES;
 	if (b % sizeof(float) || b / sizeof(float) > x->a->n - x->a->received)

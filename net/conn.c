@@ -464,21 +464,23 @@ static int chunk_deliver(void *ctx, uint64_t i, const uint8_t *msg, size_t len, 
 	return r < 0 ? r : chunk_take(x, &ch, len, 0, err, errlen);
 }
 
-/* Where the values of the tensor's next float32 chunk go, were the next
- * message that chunk (its offset must be what was received): the bytes
- * past the received ones, which nothing reads before they are taken. */
-static uint8_t *chunk_where(void *ctx, size_t mlen)
+/* Where the values of the tensor's next float32 chunk go, if the message
+ * whose head this is is that chunk (the assembly checks the rest once
+ * it is in): the bytes past the received ones. */
+static uint8_t *chunk_where(void *ctx, const uint8_t *head, size_t mlen)
 {
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
 	struct conn_chunk_rx *x = ctx;
 	const struct msg_assembly *a = x->a;
-	size_t bytes = mlen - MSG_CHUNK_HDR_BYTES;
-	if (!x->dst || a->dtype != WIRE_F32 || bytes % sizeof(float) ||
-	    bytes / sizeof(float) > a->n - a->received)
+	struct msg_chunk ch;
+	if (!x->dst || a->dtype != WIRE_F32 || head[0] != x->type ||
+	    msg_decode_chunk_head(head, mlen, &ch, NULL, 0) || ch.offset != a->received ||
+	    ch.count > a->n - a->received)
 		return NULL;
 	return (uint8_t *)(x->dst + a->received);
 #else
 	(void)ctx;
+	(void)head;
 	(void)mlen;
 	return NULL;
 #endif

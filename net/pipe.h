@@ -114,13 +114,14 @@ PIPE_MUST_CHECK int pipe_recv(struct pipe *p, int fd, struct frame_key *rx, uint
  * a time) each message's bytes past at.head are read straight there
  * (sock_read_local), not into the pipe's buffer and then copied: for a
  * GPU worker beside its ps, the parameters land in the pinned buffer they
- * are uploaded from. A message read so is handed to took (with pipe_recv's
- * ctx): its head at msg, its other mlen - at.head bytes at body. took
- * returns 0 (taken), a negative error (as fn's), or 1: not the message
- * at.where expected (another message in the tensor's stream); the pipe
- * then copies body back after the head and hands the whole message to fn.
- * Such a message's bytes have been where at.where said until then:
- * at.where must only name bytes nobody reads before they are taken. */
+ * are uploaded from. at.where sees the message's head before it names a
+ * place, so only the chunk it expects goes there (bytes of another
+ * message left in a tensor whose receive then ends would be taken for
+ * its values: an elastic run hung so). A message read so is handed to
+ * took (with pipe_recv's ctx): its head at msg, its other mlen - at.head
+ * bytes at body. took returns 0 (taken), a negative error (as fn's), or
+ * 1: not the message at.where expected; the pipe then copies body back
+ * after the head and hands the whole message to fn. */
 struct pipe_place {
 	struct sock_place at;
 	int (*took)(void *ctx, uint64_t i, const uint8_t *msg, const uint8_t *body, size_t mlen,

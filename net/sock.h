@@ -254,11 +254,12 @@ SOCK_MUST_CHECK int sock_read_sealed(int fd, uint8_t hdr[FRAME_HDR_BYTES], uint8
 
 /* Where a FRAME_LOCAL frame's message goes, for a receiver that knows
  * what comes next: its first `head` bytes into the buffer, and the rest,
- * when where(ctx, mlen) names a place for the mlen - head bytes of a
- * message of mlen (> head) bytes, there; NULL keeps it all in the buffer. */
+ * when where(ctx, head bytes, mlen) names a place for the mlen - head
+ * bytes of a message of mlen (> head) bytes, having seen its head, there;
+ * NULL keeps it all in the buffer. */
 struct sock_place {
 	size_t head;
-	uint8_t *(*where)(void *ctx, size_t mlen);
+	uint8_t *(*where)(void *ctx, const uint8_t *head, size_t mlen);
 	void *ctx;
 };
 

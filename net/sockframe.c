@@ -64,14 +64,23 @@ int sock_read_local(int fd, struct frame_key *rx, uint8_t *buf, size_t cap,
 	if (ctlen > cap || pl->head > cap)
 		return err_set(err, errlen, -ENOBUFS, "frame of %zu bytes does not fit the %zu-byte buffer",
 			       ctlen, cap);
-	size_t mlen = ctlen - FRAME_TAG_BYTES;
-	uint8_t *body = mlen > pl->head ? pl->where(pl->ctx, mlen) : NULL;
+	size_t mlen = ctlen - FRAME_TAG_BYTES, got = 0;
+	uint8_t *body = NULL;
+	/* The head first: nothing goes to the place before the receiver has
+	 * seen what the message is. */
+	if (mlen > pl->head) {
+		r = sock_read_full(fd, buf, pl->head, sock_ms_left(deadline), err, errlen);
+		if (r < 0)
+			return r;
+		got = pl->head;
+		body = pl->where(pl->ctx, buf, mlen);
+	}
 	if (!body) {
-		r = sock_read_full(fd, buf, ctlen, sock_ms_left(deadline), err, errlen);
+		r = sock_read_full(fd, buf + got, ctlen - got, sock_ms_left(deadline), err, errlen);
 		return r < 0 ? r : frame_open(rx, hdr, buf, ctlen, buf, cap, msglen, err, errlen);
 	}
-	struct iovec v[3] = { { buf, pl->head }, { body, mlen - pl->head }, { tag, sizeof tag } };
-	r = sock_read_iov(fd, v, 3, sock_ms_left(deadline), err, errlen);
+	struct iovec v[2] = { { body, mlen - pl->head }, { tag, sizeof tag } };
+	r = sock_read_iov(fd, v, 2, sock_ms_left(deadline), err, errlen);
 	if (r == 0)
 		r = frame_open_tag(rx, tag, err, errlen);
 	if (r < 0) {

@@ -128,8 +128,9 @@ static int deliver(void *ctx, uint64_t i, const uint8_t *msg, size_t len, char *
 
 /* The receiver's pipe_place: a local frame's values straight into dst,
  * after the floats received. */
-static uint8_t *rx_where(void *ctx, size_t mlen)
+static uint8_t *rx_where(void *ctx, const uint8_t *head, size_t mlen)
 {
+	(void)head;
 	struct tensor_rx *x = ctx;
 	size_t b = mlen - MSG_CHUNK_HDR_BYTES;
 	if (b % sizeof(float) || b / sizeof(float) > x->a.n - x->a.received)

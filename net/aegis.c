@@ -142,6 +142,38 @@ AEGIS_TARGET static inline void encrypt_block(struct aegis_state *st, uint8_t *c
 	store(c, _mm_xor_si128(x, z));
 }
 
+/* One whole block: m = c ^ keystream, and m into the state. */
+AEGIS_TARGET static inline void decrypt_block(struct aegis_state *st, uint8_t *m, const uint8_t *c)
+{
+	__m128i x = _mm_xor_si128(load(c), state_keystream(st));
+	state_update(st, x);
+	store(m, x);
+}
+
+/* Four blocks a loop turn. One block a turn left the out-of-order core a
+ * window too short to keep the AES unit busy across the loop's own
+ * instructions: on a Cascade Lake, 64 KiB frames sealed 1.13-1.17x and
+ * opened 1.3-1.45x as fast this way (medians of 300 alternations;
+ * docs/BENCHMARKS.md, "AEGIS-256, four blocks a turn"). GCC's unroll
+ * pragma gained less (1.10x, 1.2x). */
+#define AEGIS_RUN 64
+
+AEGIS_TARGET static inline void encrypt_run(struct aegis_state *st, uint8_t *c, const uint8_t *m)
+{
+	encrypt_block(st, c, m);
+	encrypt_block(st, c + 16, m + 16);
+	encrypt_block(st, c + 32, m + 32);
+	encrypt_block(st, c + 48, m + 48);
+}
+
+AEGIS_TARGET static inline void decrypt_run(struct aegis_state *st, uint8_t *m, const uint8_t *c)
+{
+	decrypt_block(st, m, c);
+	decrypt_block(st, m + 16, c + 16);
+	decrypt_block(st, m + 32, c + 32);
+	decrypt_block(st, m + 48, c + 48);
+}
+
 /* The message's last, partial block (1..15 bytes), zero-padded. */
 AEGIS_TARGET static void encrypt_tail(struct aegis_state *st, uint8_t *c, const uint8_t *m, size_t n)
 {
@@ -165,6 +197,8 @@ AEGIS_BODY void encrypt2_body(uint8_t *c, uint8_t tag[AEGIS256_TAG_BYTES], const
 	state_init(&st, key, nonce);
 	state_absorb(&st, ad, adlen);
 	size_t i = 0, j = 0; /* i: bytes of m1 done, and of c; j: of m2 */
+	for (; i + AEGIS_RUN <= l1; i += AEGIS_RUN)
+		encrypt_run(&st, c + i, m1 + i);
 	for (; i + 16 <= l1; i += 16)
 		encrypt_block(&st, c + i, m1 + i);
 	if (i < l1) {
@@ -180,6 +214,8 @@ AEGIS_BODY void encrypt2_body(uint8_t *c, uint8_t tag[AEGIS256_TAG_BYTES], const
 		i += 16;
 		j = take;
 	}
+	for (; j + AEGIS_RUN <= l2; j += AEGIS_RUN, i += AEGIS_RUN)
+		encrypt_run(&st, c + i, m2 + j);
 	for (; j + 16 <= l2; j += 16, i += 16)
 		encrypt_block(&st, c + i, m2 + j);
 	if (j < l2)
@@ -199,11 +235,10 @@ AEGIS_BODY int decrypt_body(uint8_t *m, const uint8_t *c, size_t clen,
 	state_init(&st, key, nonce);
 	state_absorb(&st, ad, adlen);
 	size_t i = 0;
-	for (; i + 16 <= clen; i += 16) {
-		__m128i x = _mm_xor_si128(load(c + i), state_keystream(&st));
-		state_update(&st, x);
-		store(m + i, x);
-	}
+	for (; i + AEGIS_RUN <= clen; i += AEGIS_RUN)
+		decrypt_run(&st, m + i, c + i);
+	for (; i + 16 <= clen; i += 16)
+		decrypt_block(&st, m + i, c + i);
 	if (i < clen) {
 		/* The partial block's plaintext goes into the state zero-padded,
 		 * so the keystream bytes past the end must not. */

@@ -376,7 +376,7 @@ FUZZ_SECONDS ?= 60
 FUZZ_CC ?= clang
 FUZZ_CFLAGS := -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	-std=c11 -D_GNU_SOURCE
-FUZZ_NAMES := config layer idx csv criteo handshake msg safetensors ps launch aegis
+FUZZ_NAMES := config layer idx csv criteo handshake msg safetensors ps launch aegis worker
 FUZZ_BINS := $(FUZZ_NAMES:%=$(BUILD)/fuzz/fuzz_%)
 $(BUILD)/fuzz/fuzz_config: core/config/config.c core/config/config_value.c core/config/config_keys.c core/config/config_print.c core/nn/model.c core/nn/embed_spec.c core/nn/rng.c
 $(BUILD)/fuzz/fuzz_layer: core/nn/model.c core/nn/embed_spec.c core/nn/rng.c
@@ -420,6 +420,9 @@ FUZZ_LIBS_aegis := $(BUILD)/fuzz/libaegis.a -lsodium
 # The ps's whole message handling (stateful): every role and core source.
 $(BUILD)/fuzz/fuzz_ps: $(ROLE_SRC) cluster/ps_harness.c $(CORE_SRC) $(NET_SRC) $(BASE_SRC) gpu/arch.c gpu/arena.c gpu/stub.c
 FUZZ_LIBS_ps := '-Dtarget_clones(...)=__unused__' $(ARCH_FLAGS) -DPSTRAIN_VERSION='"$(VERSION)"' -linih -lsodium -lopenblas -lz -lpthread
+# A worker's links against a ps that says anything (the same sources, no harness).
+$(BUILD)/fuzz/fuzz_worker: $(ROLE_SRC) $(CORE_SRC) $(NET_SRC) $(BASE_SRC) gpu/arch.c gpu/arena.c gpu/stub.c
+FUZZ_LIBS_worker := $(FUZZ_LIBS_ps)
 
 $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz.h $(wildcard core/*.h core/*/*.h net/*.h base/*.h cluster/*.h)
 	@mkdir -p $(dir $@)

@@ -23,6 +23,8 @@ _Static_assert(MSG_ERROR_BYTES_MAX <= MSG_REPORT_BYTES_MAX, "an observer's ERROR
 enum ps_obs_state {
 	PS_OBS_GREETED,   /* answered, no frame opened yet: may be evicted */
 	PS_OBS_CONFIRMED, /* a frame opened: it holds the key; keeps its slot */
+	PS_OBS_CLOSING,   /* served, lingering for its ERROR to get out: its
+			   * slot goes to the next observer that wants one */
 	PS_OBS_EVICTED,   /* shut down for a newer observer; in no slot */
 };
 
@@ -43,19 +45,24 @@ void ps_observers_init(struct ps_observers *po, pthread_mutex_t *mu, pthread_con
 				     .report = report, .ctx = ctx };
 }
 
-/* The slot a new observer takes (under mu): a free one, else that of the
- * oldest observer not confirmed yet; -1 if every slot's is confirmed. */
+/* The slot a new observer takes (under mu): a free one, else that of an
+ * observer done with (lingering up to CONN_LINGER_MS for its ERROR to get
+ * out: the test that showed it refused a newcomer in CI under load), else
+ * that of the oldest observer not confirmed yet; -1 if every slot's is
+ * confirmed and still served. */
 static int ps_obs_slot_for_new(const struct ps_observers *po)
 {
-	int old = -1;
+	int old = -1, closing = -1;
 	for (int i = 0; i < PS_OBSERVERS_MAX; i++) {
 		const struct ps_obs *ob = po->obs[i];
 		if (!ob)
 			return i;
+		if (ob->state == PS_OBS_CLOSING)
+			closing = i;
 		if (ob->state == PS_OBS_GREETED && (old < 0 || ob->seq < po->obs[old]->seq))
 			old = i;
 	}
-	return old;
+	return closing >= 0 ? closing : old;
 }
 
 int ps_observers_full(const struct ps_observers *po)
@@ -183,6 +190,10 @@ static void *ps_obs_main(void *arg)
 		(void)!ps_obs_send_report(ob, 1, e, sizeof(e)); /* best effort: it may be gone */
 	else if (r)
 		role_log(po->out, "ps %d: %s: closed an observer's connection: %s", po->index, ob->peer, e);
+	pthread_mutex_lock(po->mu);
+	if (ob->state != PS_OBS_EVICTED)
+		ob->state = PS_OBS_CLOSING;
+	pthread_mutex_unlock(po->mu);
 	conn_linger(&ob->conn, CONN_LINGER_MS); /* if it ended with an ERROR */
 	ps_obs_drop(ob);
 	free(ob);

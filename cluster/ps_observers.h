@@ -13,7 +13,9 @@
  * observer evicts the oldest that has not confirmed yet, so greetings that
  * were answered but never followed by a frame (a replay, or a key holder
  * greeting and saying nothing) cannot keep the operator's `pstrain status`
- * out. Confirmed observers are never evicted.
+ * out. Confirmed observers are never evicted while they are served; one
+ * that is done (refused, lingering up to CONN_LINGER_MS for its ERROR to
+ * get out) gives its slot to a newcomer first.
  *
  * Shares the ps's mutex and condition variable: the fields below are
  * under *mu, and every observer that ends broadcasts *cv. */
@@ -62,8 +64,9 @@ int ps_observers_full(const struct ps_observers *po);
 
 /* An observer's answered connection fd, authenticated with hr's keys (the
  * caller wipes them), served on a detached thread; its first frame is due
- * within a handshake's step. With every slot taken, the oldest observer
- * that has not confirmed is shut down and its slot is this one's. -1 (fd
+ * within a handshake's step. With every slot taken, one that is done and
+ * lingering, else the oldest observer that has not confirmed, is shut
+ * down and its slot is this one's. -1 (fd
  * closed) if there is no slot, memory or thread. Takes mu. */
 int ps_observers_spawn(struct ps_observers *po, int fd, const char *peer,
 		       const struct hs_result *hr);

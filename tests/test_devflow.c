@@ -640,6 +640,38 @@ Test(devflow, queued_flow_refuses_what_it_cannot_push)
 
 /* The CPU backend has no copy queue: its flow is the split backward in
  * host memory as before (HOST), and devices_host_alloc is plain memory. */
+/* A forward pass on arriving parameters that no backward follows (the
+ * exchange failed and the worker set its parameters again, or it went on
+ * another way): its loss is in the training meter, and its samples are
+ * counted with it, so the meter's mean is of the samples it says. */
+Test(devflow, a_forward_pass_given_up_is_counted)
+{
+	struct model m;
+	mlp(&m);
+	struct rig t;
+	char err[512];
+	const int B = 6;
+	rig_open(&t, &m, B, 71, 0);
+	uint64_t key = rng_hash(72, RNG_DROPOUT, 1);
+	for (int way = 0; way < 3; way++) {
+		cr_assert_eq(arriving_forward(&t, t.p, key, B, 5000, 0, err, sizeof(err)), 0, "%s", err);
+		if (way == 0)
+			cr_assert_eq(devices_set_params(&t.d, t.p, err, sizeof(err)), 0, "%s", err);
+		else if (way == 1)
+			cr_assert_eq(devices_step(&t.d, 0, B, key, err, sizeof(err)), 0, "%s", err);
+		else
+			flowed_step(&t, key, B, 0);
+		double loss;
+		long right, n;
+		cr_assert_eq(devices_meter(&t.d, &loss, &right, &n, err, sizeof(err)), 0, "%s", err);
+		cr_assert_eq(n, way == 0 ? B : 2 * B, "way %d: %ld samples counted for the loss of %d", way, n,
+			     way == 0 ? B : 2 * B);
+		cr_assert_leq(right, n, "way %d", way);
+		cr_assert(loss > 0);
+	}
+	rig_close(&t);
+}
+
 Test(devflow, the_cpu_keeps_its_host_flow)
 {
 	struct model m;

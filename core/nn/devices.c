@@ -282,9 +282,20 @@ int devices_fail(const struct devices *d, int r, int e, const char *what, char *
 	return e;
 }
 
+void devices_forget_pass(struct devices *d)
+{
+	if (!d->fwd_B)
+		return;
+	d->samples += d->fwd_B;
+	int k = d->be_of[0];
+	if (d->gpu && !d->data_x[k])
+		(void)gpu_stage_release(&d->be[k]);
+	d->fwd_B = 0;
+}
+
 int devices_set_params(struct devices *d, const float *host, char *err, size_t errlen)
 {
-	d->fwd_B = 0;
+	devices_forget_pass(d);
 	/* After any copy up of a forward pass given up half-way. */
 	int s = devices_flow_settle(d);
 	if (s)
@@ -432,7 +443,7 @@ int devices_batch(struct devices *d, int r, size_t at, int B, const float **x, c
 
 int devices_step(struct devices *d, size_t at, int B, uint64_t key, char *err, size_t errlen)
 {
-	d->fwd_B = 0;
+	devices_forget_pass(d);
 	for (int r = 0; r < d->n; r++)
 		d->rep[r].failed = NULL;   // only a failing layer kernel names one
 	if (B < d->n || B > d->max_batch * d->n) {

@@ -4,6 +4,7 @@
  * planning each chunk's embedding rows from the tables and, for a binary
  * model, keeping every sample's probability for the log loss and the AUC. */
 #include "devices_embed.h"
+#include "devices_priv.h"
 
 #include "../../base/err.h"
 #include "../../gpu/gpu.h"
@@ -125,7 +126,7 @@ int devices_eval(struct devices *d, const struct dataset *ds, struct eval_result
 		 size_t errlen)
 {
 	const struct embed_spec *s = &d->m->embed;
-	d->fwd_B = 0;   /* its activations are gone */
+	devices_forget_pass(d);   /* its activations are gone */
 	d->rep[0].failed = NULL;
 	if (s->fields && (!d->emb || ds->f != (size_t)s->fields || !ds->ids)) {
 		memset(ev, 0, sizeof(*ev));

@@ -308,7 +308,7 @@ int devices_forward_flow(struct devices *d, size_t at, int B, uint64_t key, cons
 	struct replica *rep = &d->rep[0];
 	struct flow_in fi = { .d = d, .host = host, .flow = flow };
 	struct queued_up qu = { 0 };
-	d->fwd_B = 0;
+	devices_forget_pass(d);
 	*waited = 0;
 	rep->failed = NULL;
 	int e = flow_fits(d, at, B, err, errlen);
@@ -346,6 +346,8 @@ int devices_step_flow(struct devices *d, size_t at, int B, uint64_t key, float *
 	int e = flow_fits(d, at, B, err, errlen);
 	if (!e && forwarded && (d->fwd_B != B || d->fwd_at != at))
 		e = err_set(err, errlen, -EINVAL, "no forward pass of the batch of %d at %zu to go on from", B, at);
+	if (e || !forwarded)
+		devices_forget_pass(d);
 	d->fwd_B = 0;
 	if (e) {
 		gradflow_fail(flow);

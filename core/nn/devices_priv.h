@@ -20,4 +20,12 @@ int devices_batch(struct devices *d, int r, size_t at, int B, const float **x, c
  * otherwise. */
 int devices_flow_settle(struct devices *d);
 
+/* devices_forward_flow's pass, if one is pending, given up: no backward
+ * follows it (the exchange failed, an evaluation or another step came
+ * first). Its loss is in the training meter already, so its samples are
+ * counted with it (else the next progress line's loss and accuracy are
+ * those of more samples than it says, the accuracy above 100% at worst),
+ * and a staged batch's buffer is freed for the next. */
+void devices_forget_pass(struct devices *d);
+
 #endif

@@ -167,13 +167,13 @@ int devices_embed_apply(struct devices *d)
 	if (!em || !em->pending || !em->table)
 		return 0;
 	struct replica *r = &d->rep[0];
-	const float *dU = r->dU;
+	/* On a GPU the host's copy, even of no rows: r->dU is device memory. */
+	const float *dU = d->gpu ? em->dU : r->dU;
 	size_t n = em->plan.u * (size_t)d->m->embed.dim;
 	if (d->gpu && n) {
 		int e = r->be.ops->download(r->be.ctx, em->dU, r->dU, n * sizeof(float));
 		if (e)
 			return e;
-		dU = em->dU;
 	}
 	sparse_optim_step(em->opt, em->table, em->plan.rows, dU, em->plan.u, em->opt->cfg.lr);
 	em->pending = 0;

@@ -67,6 +67,11 @@ __device__ static bool chan_last(double &a, double &b, double *partial, unsigned
 	__syncthreads();
 	if (!last)
 		return false;
+	/* The reading side's fence: the memory model asks for one between
+	 * seeing the last ticket and reading the others' sums (CUDA's sample
+	 * leaves it out, and current GPUs do without; it costs one fence in
+	 * the last block). */
+	__threadfence();
 	if (threadIdx.x == 0) {
 		const double *p = partial + 2 * (size_t)c * split;
 		a = b = 0.0;

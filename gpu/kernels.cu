@@ -169,6 +169,7 @@ __global__ void act_bias_backward_kernel(int k, float *dout, float *dbias, const
 	__syncthreads();
 	if (!last)
 		return;
+	__threadfence();   /* the reading side's (gpu/chansum.cuh) */
 	if (ty == 0 && o < OC) {
 		float t = 0.0f;
 		for (unsigned j = 0; j < gridDim.y; j++)

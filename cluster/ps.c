@@ -141,6 +141,17 @@ static int on_done(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 		return err_set(err, errlen, -EPROTO, "DONE names worker %u on worker %d's connection",
 			       d.worker, cn->w);
 	pthread_mutex_lock(&ps->mu);
+	/* A worker that owns a slice of the step under way has not finished:
+	 * accepted, its DONE would leave the step waiting on it for ever, as
+	 * nobody gives a finished worker's slices to another (found by
+	 * tests/fuzz/fuzz_ps.c's elastic mode: LEAVE, then DONE with nothing
+	 * pushed). Refused, the worker is lost, and its slices go. */
+	if (ps_view_unpushed(ps, cn->w)) {
+		uint64_t v = psshard_version(&ps->sh);
+		pthread_mutex_unlock(&ps->mu);
+		return err_set(err, errlen, -EPROTO, "DONE from worker %d with its slices of step %llu not pushed",
+			       cn->w, (unsigned long long)v);
+	}
 	members_done(&ps->mb, cn->w, d.leaving);
 	cn->state = PS_CONN_DONE;
 	pthread_cond_broadcast(&ps->pull_cv); /* pull_hopeless may hold now */

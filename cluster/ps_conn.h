@@ -272,6 +272,11 @@ void ps_view_drop(struct ps *ps, int w);
  * and w would be in it (no PULL has been answered at the step, so no
  * slice of it can come before one is). */
 int ps_view_owes(const struct ps *ps, int w);
+/* Whether worker w owns a slice of the step's fixed view that it has not
+ * pushed (ps 0 of an elastic sync cluster; 0 elsewhere): the step waits
+ * on it, so it may not say DONE (on_done refuses it, and the worker is
+ * then lost: its slices go to the others). */
+int ps_view_unpushed(const struct ps *ps, int w);
 /* Any ps: worker w lost past its deadline (members_expired). Elastic, with
  * min_workers others or the run complete, it is dropped (and ps 0 gives
  * its slices out again): -1; else w, for which the ps stops. */

@@ -37,6 +37,16 @@ int ps_view_wait(const struct ps *ps)
 	return view_count(&v) < m->min;
 }
 
+int ps_view_unpushed(const struct ps *ps, int w)
+{
+	const struct members *m = &ps->mb;
+	uint64_t v = psshard_version(&ps->sh);
+	/* A view of the run's end (the chief's last PULL fixes one) holds no
+	 * step to train. */
+	return ps_view_on(ps) && ps->sh.mode == MODE_SYNC && m->has_view && m->view.version == v &&
+	       (ps->sh.total <= 0 || v < (uint64_t)ps->sh.total) && !members_has_pushed(m, &ps->sh, w);
+}
+
 int ps_view_owes(const struct ps *ps, int w)
 {
 	const struct members *m = &ps->mb;

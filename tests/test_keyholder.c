@@ -601,6 +601,37 @@ Test(keyholder, elastic_pull_ahead_of_its_own_slices_is_answered_at_once)
 	real_workers_finish(&t, 2, NULL);
 }
 
+/* Elastic (2 workers listed, min_workers 1): worker 1 pulls step 0 alone
+ * (its view gives it both slices) and says DONE without pushing them.
+ * Accepted, nobody would ever push them: a finished worker's slices go to
+ * no one, and the step, worker 0 and the run would wait for ever
+ * (tests/fuzz/fuzz_ps.c's elastic mode found it, after a LEAVE). The ps
+ * refuses the DONE; worker 1 is then lost and, past peer_timeout, its
+ * slices go to the real worker 0, which trains to the end alone (a real
+ * worker 1 beside it could train the whole run before the chief starts). */
+Test(keyholder, elastic_done_before_its_slices_is_refused)
+{
+	struct target t;
+	start_ps(&t, 2, 20, "checkpoint_dir = ckpt\n[cluster]\nmin_workers = 1\npeer_timeout = 1\n");
+	struct hs_result h1;
+	static float p[NPARAMS];
+	int w1 = target_peer(&t, 1, &h1, 0);
+	send_pull(w1, &h1, 0, 0);
+	cr_assert_eq(recv_view_params(w1, &h1, p, "worker 1's PULL of 0"), 0);
+	uint8_t m[MSG_DONE_BYTES];
+	size_t len;
+	char err[256];
+	struct msg_done d = { .worker = 1, .leaving = 1 };
+	cr_assert_eq(msg_encode_done(m, sizeof(m), &d, &len, err, sizeof(err)), 0, "%s", err);
+	send_msg(w1, &h1, m, len);
+	expect_error(w1, &h1, "DONE with step 0's slices not pushed", EPROTO, "DONE from worker 1",
+		     "slices of step 0 not pushed");
+	close(w1);
+	target_wipe(&h1);
+	real_workers_finish(&t, 1, NULL);
+	cr_assert_not_null(strstr(slurp(t.log), "worker 1 did not come back"), "%s", slurp(t.log));
+}
+
 /* ---- the worker's side ----------------------------------------------------------- */
 
 /* A ps that answers the worker's first PULL with ERROR: the worker prints

@@ -78,4 +78,15 @@ static void fuzz_check_err(int ret, const char *err)
 	FUZZ_CHECK(strchr(err, '\n') == NULL);
 }
 
+/* Little-endian integers from a record of n bytes at b, from byte at on,
+ * zero past its end (the stateful harnesses' records). */
+static inline uint64_t fuzz_take(const uint8_t *b, size_t n, size_t at, int bytes)
+{
+	uint64_t v = 0;
+	for (int i = 0; i < bytes; i++)
+		if (at + (size_t)i < n)
+			v |= (uint64_t)b[at + (size_t)i] << (8 * i);
+	return v;
+}
+
 #endif

@@ -198,38 +198,28 @@ static int rm_one(const char *p, const struct stat *st, int flag, struct FTW *ft
 	return remove(p);
 }
 
-/* Little-endian integers from the record, zero past its end. */
-static uint64_t take(const uint8_t *b, size_t n, size_t at, int bytes)
-{
-	uint64_t v = 0;
-	for (int i = 0; i < bytes; i++)
-		if (at + (size_t)i < n)
-			v |= (uint64_t)b[at + (size_t)i] << (8 * i);
-	return v;
-}
-
 /* An SPULL (push 0) or SPUSH record as its message, by hand: the header
  * from the record's first bytes, count ids of 2 bytes each as they come,
  * and for SPUSH count x 2 float32 values. */
 static size_t record_rows(int push, const uint8_t *b, size_t n, uint8_t *msg, size_t cap)
 {
-	uint32_t count = (uint32_t)take(b, n, 3, 1) % 200;
+	uint32_t count = (uint32_t)fuzz_take(b, n, 3, 1) % 200;
 	size_t at = push ? 5 : 4, len = MSG_ROWS_HDR_BYTES + 8 * (size_t)count + (push ? 8 * (size_t)count : 0);
 	if (len > cap)
 		return 0;
 	memset(msg, 0, MSG_ROWS_HDR_BYTES);
 	msg[0] = push ? WIRE_SPUSH : WIRE_SPULL;
-	uint64_t v = take(b, n, 0, 1);
+	uint64_t v = fuzz_take(b, n, 0, 1);
 	wire_put_u64(msg + 8, v == 0xff && !push ? MSG_VERSION_LATEST : v);
-	wire_put_u32(msg + 16, (uint32_t)take(b, n, 1, 1));
-	wire_put_u32(msg + 20, (uint32_t)take(b, n, 2, 1));
+	wire_put_u32(msg + 16, (uint32_t)fuzz_take(b, n, 1, 1));
+	wire_put_u32(msg + 20, (uint32_t)fuzz_take(b, n, 2, 1));
 	wire_put_u32(msg + 24, count);
-	wire_put_u32(msg + 28, push ? (uint32_t)take(b, n, 4, 1) % 2 : 0);
+	wire_put_u32(msg + 28, push ? (uint32_t)fuzz_take(b, n, 4, 1) % 2 : 0);
 	for (uint32_t i = 0; i < count; i++)
-		wire_put_u64(msg + MSG_ROWS_HDR_BYTES + 8 * (size_t)i, take(b, n, at + 2 * i, 2));
+		wire_put_u64(msg + MSG_ROWS_HDR_BYTES + 8 * (size_t)i, fuzz_take(b, n, at + 2 * i, 2));
 	for (uint32_t i = 0; push && i < 2 * count; i++)
 		wire_put_u32(msg + MSG_ROWS_HDR_BYTES + 8 * (size_t)count + 4 * (size_t)i,
-			     (uint32_t)take(b, n, at + 2 * (size_t)count + 4 * i, 4));
+			     (uint32_t)fuzz_take(b, n, at + 2 * (size_t)count + 4 * i, 4));
 	return len;
 }
 
@@ -237,7 +227,7 @@ static size_t record_rows(int push, const uint8_t *b, size_t n, uint8_t *msg, si
  * none (a record whose fields the encoder refuses). */
 static size_t record_msg(int kind, int tens, int elastic, const uint8_t *b, size_t n, uint8_t *msg, size_t cap)
 {
-	uint32_t b0 = (uint32_t)take(b, n, 0, 1);
+	uint32_t b0 = (uint32_t)fuzz_take(b, n, 0, 1);
 	char err[256];
 	size_t len = 0;
 	int r = -1;
@@ -246,8 +236,8 @@ static size_t record_msg(int kind, int tens, int elastic, const uint8_t *b, size
 		memcpy(msg, b, n);
 		return n;
 	case 2: {
-		struct msg_pull p = { .shard = 0, .version = take(b, n, 0, 1) == 0xff
-							       ? MSG_VERSION_LATEST : take(b, n, 1, 2) };
+		struct msg_pull p = { .shard = 0, .version = fuzz_take(b, n, 0, 1) == 0xff
+							       ? MSG_VERSION_LATEST : fuzz_take(b, n, 1, 2) };
 		r = msg_encode_pull(msg, cap, &p, &len, err, sizeof(err));
 		break;
 	}
@@ -255,33 +245,33 @@ static size_t record_msg(int kind, int tens, int elastic, const uint8_t *b, size
 		static float f[64];
 		struct msg_chunk ch = { .type = WIRE_PUSH, .dtype = tens % 2 ? WIRE_BF16 : WIRE_F32,
 					.shard = 0, .worker = elastic ? (b0 & 3) | ((b0 >> 2) & 7) << 16 : b0 % 2,
-					.version = take(b, n, 1, 1), .offset = take(b, n, 2, 1),
-					.count = 1 + take(b, n, 3, 1) % 64 };
+					.version = fuzz_take(b, n, 1, 1), .offset = fuzz_take(b, n, 2, 1),
+					.count = 1 + fuzz_take(b, n, 3, 1) % 64 };
 		for (uint64_t i = 0; i < ch.count; i++) {
-			uint32_t u = (uint32_t)take(b, n, 4 + 4 * i, 4);
+			uint32_t u = (uint32_t)fuzz_take(b, n, 4 + 4 * i, 4);
 			memcpy(&f[i], &u, 4);
 		}
 		r = msg_encode_chunk(msg, cap, &ch, f, &len, err, sizeof(err));
 		break;
 	}
 	case 4: {
-		struct msg_checkpoint c = { .step = take(b, n, 0, 2) };
+		struct msg_checkpoint c = { .step = fuzz_take(b, n, 0, 2) };
 		r = msg_encode_checkpoint(msg, cap, &c, &len, err, sizeof(err));
 		break;
 	}
 	case 5: {
-		struct msg_rollback c = { .step = take(b, n, 0, 2) };
+		struct msg_rollback c = { .step = fuzz_take(b, n, 0, 2) };
 		r = msg_encode_rollback(msg, cap, &c, &len, err, sizeof(err));
 		break;
 	}
 	case 6: {
-		struct msg_status s = { .shard = (uint32_t)take(b, n, 0, 1) % 2 };
+		struct msg_status s = { .shard = (uint32_t)fuzz_take(b, n, 0, 1) % 2 };
 		r = msg_encode_status(msg, cap, &s, &len, err, sizeof(err));
 		break;
 	}
 	case 7: {
-		struct msg_done d = { .worker = (uint32_t)take(b, n, 0, 1) % 2,
-				      .leaving = (uint8_t)(take(b, n, 1, 1) & 1) };
+		struct msg_done d = { .worker = (uint32_t)fuzz_take(b, n, 0, 1) % 2,
+				      .leaving = (uint8_t)(fuzz_take(b, n, 1, 1) & 1) };
 		r = msg_encode_done(msg, cap, &d, &len, err, sizeof(err));
 		break;
 	}
@@ -296,7 +286,7 @@ static size_t record_msg(int kind, int tens, int elastic, const uint8_t *b, size
 		size_t k = n < sizeof(text) - 1 ? n : sizeof(text) - 1;
 		memcpy(text, b, k);
 		text[k] = 0;
-		r = msg_encode_error(msg, cap, 1 + (uint32_t)take(b, n, 0, 1), text, &len, err, sizeof(err));
+		r = msg_encode_error(msg, cap, 1 + (uint32_t)fuzz_take(b, n, 0, 1), text, &len, err, sizeof(err));
 		break;
 	}
 	}
@@ -311,13 +301,13 @@ static size_t record_elastic(int k, const uint8_t *b, size_t n, uint8_t *msg, si
 	size_t len = 0;
 	int r = -1;
 	if (k < 210) {
-		struct msg_leave l = { .worker = (uint32_t)take(b, n, 0, 1) % 4 };
+		struct msg_leave l = { .worker = (uint32_t)fuzz_take(b, n, 0, 1) % 4 };
 		r = msg_encode_leave(msg, cap, &l, &len, err, sizeof(err));
 	} else if (k < 220) {
-		struct msg_view v = { .version = take(b, n, 0, 1), .rev = (uint32_t)take(b, n, 1, 1),
-				      .slices = (uint32_t)take(b, n, 2, 1) };
-		v.live[0] = (uint8_t)take(b, n, 3, 1);
-		v.base[0] = (uint8_t)take(b, n, 4, 1);
+		struct msg_view v = { .version = fuzz_take(b, n, 0, 1), .rev = (uint32_t)fuzz_take(b, n, 1, 1),
+				      .slices = (uint32_t)fuzz_take(b, n, 2, 1) };
+		v.live[0] = (uint8_t)fuzz_take(b, n, 3, 1);
+		v.base[0] = (uint8_t)fuzz_take(b, n, 4, 1);
 		r = msg_encode_view(msg, cap, &v, &len, err, sizeof(err));
 	}
 	return r == 0 ? len : 0;
@@ -414,7 +404,7 @@ static int greeting(struct session *ss, int i, const uint8_t *b, size_t n, const
 	struct session *s = &ss[i];
 	char err[256];
 	unsigned f = n ? b[0] : 0;
-	int16_t off = (int16_t)take(b, n, 1, 2);
+	int16_t off = (int16_t)fuzz_take(b, n, 1, 2);
 	if ((f & 16) && i > 0) {
 		memcpy(s->hello, ss[i - 1].hello, HS_HELLO_BYTES);
 		for (int j = 0; j < i; j++)

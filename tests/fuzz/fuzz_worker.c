@@ -42,7 +42,8 @@
  *                8  the whole shard, right: every chunk in the config's
  *                   dtype, version from the bytes
  *                9  a frame sealed under another key (fails to open)
- * Then each ps shuts its writing half, and the worker's call must end.
+ * Each ps's bytes go out on a thread of its own while the worker's call
+ * runs, then its writing half is shut; the call must end.
  *
  * After each call the worker must be sound: the call returned (no hang:
  * libFuzzer's -timeout), its error a single line; no link left
@@ -135,16 +136,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	return 0;
 }
 
-/* Little-endian integers from the record, zero past its end. */
-static uint64_t take(const uint8_t *b, size_t n, size_t at, int bytes)
-{
-	uint64_t v = 0;
-	for (int i = 0; i < bytes; i++)
-		if (at + (size_t)i < n)
-			v |= (uint64_t)b[at + (size_t)i] << (8 * i);
-	return v;
-}
-
 /* count values from the record's bytes from at on, cycled (zeros for an
  * empty record): any float, NaN and inf included, but never the poison. */
 static void record_floats(const uint8_t *b, size_t n, size_t at, uint32_t count)
@@ -165,7 +156,26 @@ struct ps_side {
 	unsigned dt;            /* the parameters' dtype in the config */
 	struct frame_key tx;    /* its sending key (the worker's receiving one) */
 	size_t out;             /* bytes in wire[k] */
+	int fd;                 /* its end of the socketpair */
 };
+
+/* A ps's bytes, sent on a thread of their own, then its writing half shut:
+ * the worker reads only once it has asked, and a socket buffer smaller
+ * than the bytes (net.core.wmem_max is 208 KiB on a stock kernel) would
+ * otherwise hold the harness before the worker's call begins. Ends when
+ * all is sent or the worker's end is closed. */
+static void *ps_send(void *arg)
+{
+	struct ps_side *p = arg;
+	for (size_t done = 0; done < p->out;) {
+		ssize_t w = send(p->fd, wire[p->k] + done, p->out - done, MSG_NOSIGNAL);
+		if (w <= 0)
+			break;
+		done += (size_t)w;
+	}
+	shutdown(p->fd, SHUT_WR);
+	return NULL;
+}
 
 /* msg (len bytes) sealed into ps p's bytes; other: under another key. */
 static void ps_put(struct ps_side *p, size_t len, int other)
@@ -200,13 +210,13 @@ static void record_chunk(struct ps_side *p, int tens, const uint8_t *b, size_t n
 {
 	static const unsigned dts[] = { WIRE_F32, WIRE_BF16, WIRE_F32P };
 	unsigned dt = tens < 3 ? dts[tens] : WIRE_F32;
-	uint32_t mx = msg_chunk_max(dt), at = (uint32_t)take(b, n, 1, 1), c = (uint32_t)take(b, n, 2, 1);
+	uint32_t mx = msg_chunk_max(dt), at = (uint32_t)fuzz_take(b, n, 1, 1), c = (uint32_t)fuzz_take(b, n, 2, 1);
 	uint64_t off = at % 4 == 3 ? at / 4 : (uint64_t)(at % 4) * mx;
 	uint32_t count = c == 0 ? mx : c == 1 ? (off < p->n ? (uint32_t)(p->n - off) : 1) : c;
 	if (count > mx)
 		count = mx;
 	record_floats(b, n, 3, count);
-	ps_put(p, chunk(p, dt, take(b, n, 0, 1), off, count), 0);
+	ps_put(p, chunk(p, dt, fuzz_take(b, n, 0, 1), off, count), 0);
 }
 
 /* Record kind 8: the whole shard as a ps sends it. */
@@ -218,7 +228,7 @@ static void record_shard(struct ps_side *p, const uint8_t *b, size_t n)
 		record_floats(b, n, 2, count);
 		for (uint32_t i = 0; i < count; i++)
 			values[i] = isfinite(values[i]) ? values[i] : (float)i;
-		ps_put(p, chunk(p, p->dt, take(b, n, 0, 2), off, count), 0);
+		ps_put(p, chunk(p, p->dt, fuzz_take(b, n, 0, 2), off, count), 0);
 	}
 }
 
@@ -247,21 +257,21 @@ static void record_wire(struct ps_side *p, int k, const uint8_t *b, size_t n)
 		record_shard(p, b, n);
 		return;
 	case 3: {
-		struct msg_ack a = { .shard = (uint32_t)p->k, .version = take(b, n, 1, 1),
-				     .status = (uint32_t)take(b, n, 0, 1) % 5 };
+		struct msg_ack a = { .shard = (uint32_t)p->k, .version = fuzz_take(b, n, 1, 1),
+				     .status = (uint32_t)fuzz_take(b, n, 0, 1) % 5 };
 		r = msg_encode_ack(msg, sizeof(msg), &a, &len, err, sizeof(err));
 		break;
 	}
 	case 4: {
-		struct msg_heartbeat h = { .version = take(b, n, 0, 1) };
+		struct msg_heartbeat h = { .version = fuzz_take(b, n, 0, 1) };
 		for (size_t i = 0; i < sizeof(h.missing); i++)
-			h.missing[i] = (uint8_t)take(b, n, 1 + i, 1);
+			h.missing[i] = (uint8_t)fuzz_take(b, n, 1 + i, 1);
 		r = msg_encode_heartbeat(msg, sizeof(msg), &h, &len, err, sizeof(err));
 		break;
 	}
 	case 5: {
-		struct msg_status s = { .reply = 1, .complete = (uint8_t)(take(b, n, 1, 1) & 1),
-					.shard = (uint32_t)take(b, n, 2, 1) % 3, .version = take(b, n, 0, 1) };
+		struct msg_status s = { .reply = 1, .complete = (uint8_t)(fuzz_take(b, n, 1, 1) & 1),
+					.shard = (uint32_t)fuzz_take(b, n, 2, 1) % 3, .version = fuzz_take(b, n, 0, 1) };
 		r = msg_encode_status(msg, sizeof(msg), &s, &len, err, sizeof(err));
 		break;
 	}
@@ -274,10 +284,10 @@ static void record_wire(struct ps_side *p, int k, const uint8_t *b, size_t n)
 		break;
 	}
 	case 7: {
-		struct msg_view v = { .version = take(b, n, 0, 1), .rev = (uint32_t)take(b, n, 1, 1),
-				      .slices = (uint32_t)take(b, n, 2, 1) % 6 };
-		v.live[0] = (uint8_t)take(b, n, 3, 1);
-		v.base[0] = (uint8_t)take(b, n, 4, 1);
+		struct msg_view v = { .version = fuzz_take(b, n, 0, 1), .rev = (uint32_t)fuzz_take(b, n, 1, 1),
+				      .slices = (uint32_t)fuzz_take(b, n, 2, 1) % 6 };
+		v.live[0] = (uint8_t)fuzz_take(b, n, 3, 1);
+		v.base[0] = (uint8_t)fuzz_take(b, n, 4, 1);
 		r = msg_encode_view(msg, sizeof(msg), &v, &len, err, sizeof(err));
 		break;
 	}
@@ -415,14 +425,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		FUZZ_CHECK(frame_key_init(&ps[k].tx, k2, fc) == 0);
 	}
 	conversation(ps, data, size);
+	pthread_t senders[NPS];
 	for (int k = 0; k < NPS; k++) {
-		for (size_t done = 0; done < ps[k].out;) {
-			ssize_t w = send(sp[k][0], wire[k] + done, ps[k].out - done, MSG_NOSIGNAL);
-			FUZZ_CHECK(w > 0);
-			done += (size_t)w;
-		}
-		shutdown(sp[k][0], SHUT_WR);
 		frame_key_wipe(&ps[k].tx);
+		ps[k].fd = sp[k][0];
+		FUZZ_CHECK(pthread_create(&senders[k], NULL, ps_send, &ps[k]) == 0);
 	}
 
 	float *grads = malloc(P * sizeof(float)), *grads0 = malloc(P * sizeof(float));
@@ -442,10 +449,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		fprintf(stderr, "fuzz_worker: call %u returned %d: %s\n", mode & 7, r, r ? err : "");
 	worker_check(&lk, r, pulled, err, grads, grads0, params, P);
 
-	links_disconnect(&lk);
-	links_close(&lk);
-	for (int k = 0; k < NPS; k++)
+	links_disconnect(&lk);   /* closes the worker's ends: a sender still at it stops */
+	for (int k = 0; k < NPS; k++) {
+		FUZZ_CHECK(pthread_join(senders[k], NULL) == 0);
 		close(sp[k][0]);
+	}
+	links_close(&lk);
 	gradflow_free(&pf);
 	free(grads);
 	free(grads0);

@@ -40,6 +40,10 @@
  *   local-copy  bench only: local, but each frame read whole into the
  *           pipe's buffer and its values copied out (the path before
  *           pipe_place)
+ *   sealed-copy  bench only: sealed, but each frame opened whole in the
+ *           pipe's buffer and its values copied out (the path before
+ *           AEGIS-256 frames were opened into place; sealed opens into
+ *           place where it runs one frame at a time)
  *
  * A server thread plays the ps: it decodes each PUSH chunk into a float
  * buffer (msg_assembly_add), answers a whole push with ACK, and answers PULL
@@ -71,9 +75,10 @@
 #define TIMEOUT_MS 60000
 #define BUF_BYTES FRAME_BYTES_MAX
 
-enum mode { M_SEALED, M_PLAIN, M_AESNM, M_CHACHA, M_GCM, M_LOCAL, M_LOCALCOPY, M_COUNT };
+enum mode { M_SEALED, M_PLAIN, M_AESNM, M_CHACHA, M_GCM, M_LOCAL, M_LOCALCOPY, M_SEALEDCOPY,
+	    M_COUNT };
 static const char *const mode_names[M_COUNT] = { "sealed", "plain", "aesnm", "chacha", "gcm", "local",
-						 "local-copy" };
+						 "local-copy", "sealed-copy" };
 
 /* One direction of a connection, for every mode. */
 struct chan {
@@ -85,7 +90,8 @@ struct chan {
 /* The production modes move tensors through net/pipe.c. */
 static int piped(enum mode m)
 {
-	return m == M_SEALED || m == M_CHACHA || m == M_GCM || m == M_LOCAL || m == M_LOCALCOPY;
+	return m == M_SEALED || m == M_CHACHA || m == M_GCM || m == M_LOCAL || m == M_LOCALCOPY ||
+	       m == M_SEALEDCOPY;
 }
 
 /* What a mode offers in the handshake: everything this CPU runs for the
@@ -93,7 +99,7 @@ static int piped(enum mode m)
  * bench-only modes reuse its keys or its framing). */
 static unsigned mode_offers(enum mode m)
 {
-	if (m == M_SEALED)
+	if (m == M_SEALED || m == M_SEALEDCOPY)
 		return frame_offers();
 	if (m == M_CHACHA)
 		return 0;
@@ -178,13 +184,14 @@ static int tensor_took(void *ctx, uint64_t i, const uint8_t *msg, const uint8_t 
 	return r < 0 ? r : 0;
 }
 
-/* pipe_recv of the rest of x's tensor, placed in local mode. */
+/* pipe_recv of the rest of x's tensor, placed but in the -copy modes. */
 static int tensor_recv(struct pipe *pp, int fd, struct frame_key *rx, enum mode m,
 		       struct tensor_rx *x, char *e, size_t elen)
 {
 	const struct pipe_place pl = { { MSG_CHUNK_HDR_BYTES, tensor_where, x }, tensor_took };
 	return pipe_recv_placed(pp, fd, rx, msg_chunks(x->a->n - x->a->received, WIRE_F32),
-				m == M_LOCAL ? &pl : NULL, tensor_deliver, x, TIMEOUT_MS, e, elen);
+				m == M_LOCALCOPY || m == M_SEALEDCOPY ? NULL : &pl, tensor_deliver, x,
+				TIMEOUT_MS, e, elen);
 }
 
 

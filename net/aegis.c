@@ -228,30 +228,55 @@ done:
 	sodium_memzero(blk, sizeof(blk));
 }
 
-AEGIS_BODY int decrypt_body(uint8_t *m, const uint8_t *c, size_t clen,
-			    const uint8_t tag[AEGIS256_TAG_BYTES], const uint8_t *ad,
-			    size_t adlen, const uint8_t nonce[AEGIS256_NONCE_BYTES],
-			    const uint8_t key[AEGIS256_KEY_BYTES])
+/* The message's last, partial block (1..15 bytes) into out. Its
+ * plaintext goes into the state zero-padded, so the keystream bytes past
+ * the end must not. */
+AEGIS_TARGET static void decrypt_tail(struct aegis_state *st, uint8_t *out, const uint8_t *c,
+				      size_t n)
+{
+	uint8_t pad[16] = { 0 };
+	memcpy(pad, c, n);
+	store(pad, _mm_xor_si128(load(pad), state_keystream(st)));
+	memset(pad + n, 0, 16 - n);
+	state_update(st, load(pad));
+	memcpy(out, pad, n);
+	sodium_memzero(pad, sizeof(pad));
+}
+
+/* The message's first l1 bytes into m1, the rest into m2 (see
+ * aegis256_decrypt2); decrypt is the case l1 = clen. */
+AEGIS_BODY int decrypt2_body(uint8_t *m1, size_t l1, uint8_t *m2, const uint8_t *c, size_t clen,
+			     const uint8_t tag[AEGIS256_TAG_BYTES], const uint8_t *ad,
+			     size_t adlen, const uint8_t nonce[AEGIS256_NONCE_BYTES],
+			     const uint8_t key[AEGIS256_KEY_BYTES])
 {
 	struct aegis_state st;
+	uint8_t blk[16]; /* the block across the two parts */
 	state_init(&st, key, nonce);
 	state_absorb(&st, ad, adlen);
-	size_t i = 0;
-	for (; i + AEGIS_RUN <= clen; i += AEGIS_RUN)
-		decrypt_run(&st, m + i, c + i);
-	for (; i + 16 <= clen; i += 16)
-		decrypt_block(&st, m + i, c + i);
-	if (i < clen) {
-		/* The partial block's plaintext goes into the state zero-padded,
-		 * so the keystream bytes past the end must not. */
-		uint8_t pad[16] = { 0 };
-		memcpy(pad, c + i, clen - i);
-		store(pad, _mm_xor_si128(load(pad), state_keystream(&st)));
-		memset(pad + (clen - i), 0, 16 - (clen - i));
-		state_update(&st, load(pad));
-		memcpy(m + i, pad, clen - i);
-		sodium_memzero(pad, sizeof(pad));
+	size_t i = 0, j = 0; /* i: bytes of c done; j: of m2 */
+	for (; i + AEGIS_RUN <= l1; i += AEGIS_RUN)
+		decrypt_run(&st, m1 + i, c + i);
+	for (; i + 16 <= l1; i += 16)
+		decrypt_block(&st, m1 + i, c + i);
+	if (i < l1) {
+		size_t r = l1 - i, n = clen - i < 16 ? clen - i : 16;
+		if (n == 16)
+			decrypt_block(&st, blk, c + i);
+		else
+			decrypt_tail(&st, blk, c + i, n);
+		memcpy(m1 + i, blk, r);
+		if (n > r)
+			memcpy(m2, blk + r, n - r);
+		i += n;
+		j = n - r;
 	}
+	for (; i + AEGIS_RUN <= clen; i += AEGIS_RUN, j += AEGIS_RUN)
+		decrypt_run(&st, m2 + j, c + i);
+	for (; i + 16 <= clen; i += 16, j += 16)
+		decrypt_block(&st, m2 + j, c + i);
+	if (i < clen)
+		decrypt_tail(&st, m2 + j, c + i, clen - i);
 	uint8_t want[16];
 	state_finalize(&st, adlen, clen, want);
 	/* Constant time: every byte is compared whatever the first difference. */
@@ -259,11 +284,22 @@ AEGIS_BODY int decrypt_body(uint8_t *m, const uint8_t *c, size_t clen,
 	int bad = !_mm_testz_si128(diff, diff);
 	sodium_memzero(&st, sizeof(st));
 	sodium_memzero(want, sizeof(want));
+	sodium_memzero(blk, sizeof(blk));
 	if (bad) {
-		sodium_memzero(m, clen);
+		sodium_memzero(m1, l1);
+		if (clen > l1)
+			sodium_memzero(m2, clen - l1);
 		return -1;
 	}
 	return 0;
+}
+
+AEGIS_BODY int decrypt_body(uint8_t *m, const uint8_t *c, size_t clen,
+			    const uint8_t tag[AEGIS256_TAG_BYTES], const uint8_t *ad,
+			    size_t adlen, const uint8_t nonce[AEGIS256_NONCE_BYTES],
+			    const uint8_t key[AEGIS256_KEY_BYTES])
+{
+	return decrypt2_body(m, clen, NULL, c, clen, tag, ad, adlen, nonce, key);
 }
 
 AEGIS_TARGET void aegis256_encrypt2_sse(uint8_t *c, uint8_t tag[AEGIS256_TAG_BYTES],
@@ -300,6 +336,40 @@ AEGIS_TARGET_AVX int aegis256_decrypt_avx(uint8_t *m, const uint8_t *c, size_t c
 	return decrypt_body(m, c, clen, tag, ad, adlen, nonce, key);
 }
 
+AEGIS_TARGET int aegis256_decrypt2_sse(uint8_t *m1, size_t l1, uint8_t *m2, const uint8_t *c,
+				       size_t clen, const uint8_t tag[AEGIS256_TAG_BYTES],
+				       const uint8_t *ad, size_t adlen,
+				       const uint8_t nonce[AEGIS256_NONCE_BYTES],
+				       const uint8_t key[AEGIS256_KEY_BYTES])
+{
+	return decrypt2_body(m1, l1, m2, c, clen, tag, ad, adlen, nonce, key);
+}
+
+AEGIS_TARGET_AVX int aegis256_decrypt2_avx(uint8_t *m1, size_t l1, uint8_t *m2, const uint8_t *c,
+					   size_t clen, const uint8_t tag[AEGIS256_TAG_BYTES],
+					   const uint8_t *ad, size_t adlen,
+					   const uint8_t nonce[AEGIS256_NONCE_BYTES],
+					   const uint8_t key[AEGIS256_KEY_BYTES])
+{
+	return decrypt2_body(m1, l1, m2, c, clen, tag, ad, adlen, nonce, key);
+}
+
+/* Rarely run and a few blocks long: SSE's encodings do. */
+AEGIS_TARGET void aegis256_peek(uint8_t *m, size_t n, const uint8_t *c, const uint8_t *ad,
+				size_t adlen, const uint8_t nonce[AEGIS256_NONCE_BYTES],
+				const uint8_t key[AEGIS256_KEY_BYTES])
+{
+	struct aegis_state st;
+	state_init(&st, key, nonce);
+	state_absorb(&st, ad, adlen);
+	size_t i = 0;
+	for (; i + 16 <= n; i += 16)
+		decrypt_block(&st, m + i, c + i);
+	if (i < n)
+		decrypt_tail(&st, m + i, c + i, n - i);
+	sodium_memzero(&st, sizeof(st));
+}
+
 /* libgcc has read the CPU's features (and whether the OS saves AVX's
  * registers) before main: a load and a test. */
 static int aegis_avx(void)
@@ -328,6 +398,15 @@ int aegis256_decrypt(uint8_t *m, const uint8_t *c, size_t clen,
 {
 	return (aegis_avx() ? aegis256_decrypt_avx : aegis256_decrypt_sse)(m, c, clen, tag, ad, adlen,
 									     nonce, key);
+}
+
+int aegis256_decrypt2(uint8_t *m1, size_t l1, uint8_t *m2, const uint8_t *c, size_t clen,
+		      const uint8_t tag[AEGIS256_TAG_BYTES], const uint8_t *ad, size_t adlen,
+		      const uint8_t nonce[AEGIS256_NONCE_BYTES],
+		      const uint8_t key[AEGIS256_KEY_BYTES])
+{
+	return (aegis_avx() ? aegis256_decrypt2_avx : aegis256_decrypt2_sse)(m1, l1, m2, c, clen, tag,
+									      ad, adlen, nonce, key);
 }
 
 #else /* not x86-64: never offered, so never called */
@@ -372,6 +451,25 @@ int aegis256_decrypt(uint8_t *m, const uint8_t *c, size_t clen,
 	(void)m, (void)c, (void)clen, (void)tag, (void)ad, (void)adlen, (void)nonce, (void)key;
 	aegis_unavailable(__func__);
 	return -1;
+}
+
+
+int aegis256_decrypt2(uint8_t *m1, size_t l1, uint8_t *m2, const uint8_t *c, size_t clen,
+		      const uint8_t tag[AEGIS256_TAG_BYTES], const uint8_t *ad, size_t adlen,
+		      const uint8_t nonce[AEGIS256_NONCE_BYTES],
+		      const uint8_t key[AEGIS256_KEY_BYTES])
+{
+	(void)m1, (void)l1, (void)m2, (void)c, (void)clen, (void)tag, (void)ad, (void)adlen,
+		(void)nonce, (void)key;
+	aegis_unavailable(__func__);
+	return -1;
+}
+
+void aegis256_peek(uint8_t *m, size_t n, const uint8_t *c, const uint8_t *ad, size_t adlen,
+		   const uint8_t nonce[AEGIS256_NONCE_BYTES], const uint8_t key[AEGIS256_KEY_BYTES])
+{
+	(void)m, (void)n, (void)c, (void)ad, (void)adlen, (void)nonce, (void)key;
+	aegis_unavailable(__func__);
 }
 
 #endif

@@ -52,6 +52,25 @@ int aegis256_decrypt(uint8_t *m, const uint8_t *c, size_t clen,
 		     const uint8_t nonce[AEGIS256_NONCE_BYTES],
 		     const uint8_t key[AEGIS256_KEY_BYTES]);
 
+/* aegis256_decrypt of a message whose first l1 bytes go to m1 and whose
+ * other clen - l1 go to m2 (l1 <= clen; m2 may be NULL when l1 == clen):
+ * a frame's values opened straight into the tensor they belong to, its
+ * header into the frame's buffer. m1 may be c; m2 must not overlap c
+ * but at c + l1. When the tag does not match, -1, and both parts are
+ * zeroed. */
+int aegis256_decrypt2(uint8_t *m1, size_t l1, uint8_t *m2, const uint8_t *c, size_t clen,
+		      const uint8_t tag[AEGIS256_TAG_BYTES], const uint8_t *ad, size_t adlen,
+		      const uint8_t nonce[AEGIS256_NONCE_BYTES],
+		      const uint8_t key[AEGIS256_KEY_BYTES]);
+
+/* The first n bytes of c's plaintext, its tag NOT checked: what a
+ * receiver looks at to choose where aegis256_decrypt2 puts the rest.
+ * Nothing here is authenticated until that decrypt2 returns 0: the
+ * choice must be safe for any n bytes (an attacker who flips ciphertext
+ * bits flips the same plaintext bits here). */
+void aegis256_peek(uint8_t *m, size_t n, const uint8_t *c, const uint8_t *ad, size_t adlen,
+		   const uint8_t nonce[AEGIS256_NONCE_BYTES], const uint8_t key[AEGIS256_KEY_BYTES]);
+
 #if defined(__x86_64__)
 /* The two encodings of encrypt2 and decrypt that the functions above pick
  * from (AVX's where the CPU and the OS have it, else SSE's: net/aegis.c
@@ -72,6 +91,14 @@ int aegis256_decrypt_avx(uint8_t *m, const uint8_t *c, size_t clen,
 			 const uint8_t tag[AEGIS256_TAG_BYTES], const uint8_t *ad, size_t adlen,
 			 const uint8_t nonce[AEGIS256_NONCE_BYTES],
 			 const uint8_t key[AEGIS256_KEY_BYTES]);
+int aegis256_decrypt2_sse(uint8_t *m1, size_t l1, uint8_t *m2, const uint8_t *c, size_t clen,
+			  const uint8_t tag[AEGIS256_TAG_BYTES], const uint8_t *ad, size_t adlen,
+			  const uint8_t nonce[AEGIS256_NONCE_BYTES],
+			  const uint8_t key[AEGIS256_KEY_BYTES]);
+int aegis256_decrypt2_avx(uint8_t *m1, size_t l1, uint8_t *m2, const uint8_t *c, size_t clen,
+			  const uint8_t tag[AEGIS256_TAG_BYTES], const uint8_t *ad, size_t adlen,
+			  const uint8_t nonce[AEGIS256_NONCE_BYTES],
+			  const uint8_t key[AEGIS256_KEY_BYTES]);
 #endif
 
 #endif

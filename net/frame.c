@@ -264,35 +264,42 @@ int frame_open_tag(struct frame_key *k, const uint8_t tag[FRAME_TAG_BYTES], char
 	return 0;
 }
 
-int frame_open(struct frame_key *k, const uint8_t hdr[FRAME_HDR_BYTES], const uint8_t *ct,
-	       size_t ctlen, uint8_t *out, size_t outcap, size_t *outlen, char *err,
-	       size_t errlen)
+/* Why a frame's bytes cannot be opened under k, before any cipher runs
+ * (0 if they can): mlen, the message's length; need, what out must hold. */
+static int open_check(const struct frame_key *k, const uint8_t hdr[FRAME_HDR_BYTES], size_t ctlen,
+		      size_t outcap, size_t need, char *err, size_t errlen)
 {
 	size_t declared;
 	int rc = frame_check_len(hdr, &declared, err, errlen);
 	if (rc < 0)
-		goto fail;
-	if (ctlen != declared) {
-		(void)err_set(err, errlen, 0, "frame truncated or padded: header says %zu bytes, got %zu",
-			declared, ctlen);
-		rc = -EMSGSIZE;
-		goto fail;
-	}
-	size_t mlen = ctlen - FRAME_TAG_BYTES;
-	if (outcap < mlen) {
-		(void)err_set(err, errlen, 0, "output buffer of %zu bytes, message is %zu", outcap, mlen);
-		rc = -ENOBUFS;
-		goto fail;
-	}
-	if (k->counter == UINT64_MAX) {
-		(void)err_set(err, errlen, 0, "receive counter exhausted: the session must be rekeyed");
-		rc = -EOVERFLOW;
-		goto fail;
-	}
+		return rc;
+	if (ctlen != declared)
+		return err_set(err, errlen, -EMSGSIZE,
+			       "frame truncated or padded: header says %zu bytes, got %zu", declared,
+			       ctlen);
+	if (outcap < need)
+		return err_set(err, errlen, -ENOBUFS, "output buffer of %zu bytes, message is %zu",
+			       outcap, ctlen - FRAME_TAG_BYTES);
+	if (k->counter == UINT64_MAX)
+		return err_set(err, errlen, -EOVERFLOW,
+			       "receive counter exhausted: the session must be rekeyed");
+	return 0;
+}
 
+/* Opens with the cipher: 0, or nonzero when the tag does not match. The
+ * message's first head bytes go to out, the rest to body; with no body,
+ * all of it to out. */
+static int open_run(const struct frame_key *k, const uint8_t hdr[FRAME_HDR_BYTES],
+		    const uint8_t *ct, size_t ctlen, uint8_t *out, size_t head, uint8_t *body)
+{
+	size_t mlen = ctlen - FRAME_TAG_BYTES;
 	uint8_t nonce[AEGIS256_NONCE_BYTES];
 	make_nonce(nonce, k->counter);
 	unsigned long long got = 0;
+	if (body)
+		return aegis256_decrypt2(out, head, body, ct, mlen, ct + mlen, hdr,
+					 FRAME_HDR_BYTES, nonce, k->key);
+	int rc;
 	if (k->cipher == FRAME_LOCAL) {
 		rc = local_open(out, &got, ct, ctlen, k->counter);
 	} else if (k->cipher == FRAME_AEGIS256) {
@@ -305,24 +312,62 @@ int frame_open(struct frame_key *k, const uint8_t hdr[FRAME_HDR_BYTES], const ui
 		rc = crypto_aead_chacha20poly1305_ietf_decrypt(out, &got, NULL, ct, ctlen, hdr,
 							       FRAME_HDR_BYTES, nonce, k->key);
 	}
-	if (rc != 0 || got != mlen) {
-		(void)err_set(err, errlen, 0,
-			"frame %" PRIu64 " failed authentication (%s): wrong key, modified, "
-			"replayed or reordered",
-			k->counter, frame_cipher_name(k->cipher));
-		rc = -EBADMSG;
-		goto fail;
-	}
-	k->counter++;
-	*outlen = mlen;
-	return 0;
+	return rc != 0 || got != mlen;
+}
 
-fail:
+/* frame_open and frame_open_split: head < 0 opens the whole message
+ * into out. */
+static int open_frame(struct frame_key *k, const uint8_t hdr[FRAME_HDR_BYTES], const uint8_t *ct,
+		      size_t ctlen, uint8_t *out, size_t outcap, size_t head, uint8_t *body,
+		      size_t *outlen, char *err, size_t errlen)
+{
+	size_t mlen = ctlen > FRAME_TAG_BYTES ? ctlen - FRAME_TAG_BYTES : 0;
+	int rc = open_check(k, hdr, ctlen, outcap, body ? head : mlen, err, errlen);
+	if (rc == 0 && body && (k->cipher != FRAME_AEGIS256 || head > mlen))
+		rc = err_set(err, errlen, -EINVAL, "a %s frame of %zu bytes is not opened in two parts at %zu",
+			     frame_cipher_name(k->cipher), mlen, head);
+	if (rc == 0 && open_run(k, hdr, ct, ctlen, out, head, body) != 0)
+		rc = err_set(err, errlen, -EBADMSG,
+			     "frame %" PRIu64 " failed authentication (%s): wrong key, modified, "
+			     "replayed or reordered",
+			     k->counter, frame_cipher_name(k->cipher));
+	if (rc == 0) {
+		k->counter++;
+		*outlen = mlen;
+		return 0;
+	}
 	/* Never leave unauthenticated plaintext (or stale data the caller
-	 * might mistake for it) in out. */
-	if (out && outcap > 0 && ctlen > FRAME_TAG_BYTES)
-		sodium_memzero(out, outcap < ctlen - FRAME_TAG_BYTES
-					    ? outcap
-					    : ctlen - FRAME_TAG_BYTES);
+	 * might mistake for it) in out, or in body. */
+	size_t inout = body ? (head < mlen ? head : mlen) : mlen;
+	if (out && outcap > 0 && inout > 0)
+		sodium_memzero(out, outcap < inout ? outcap : inout);
+	if (body && mlen > head)
+		sodium_memzero(body, mlen - head);
 	return rc;
+}
+
+int frame_open(struct frame_key *k, const uint8_t hdr[FRAME_HDR_BYTES], const uint8_t *ct,
+	       size_t ctlen, uint8_t *out, size_t outcap, size_t *outlen, char *err,
+	       size_t errlen)
+{
+	return open_frame(k, hdr, ct, ctlen, out, outcap, 0, NULL, outlen, err, errlen);
+}
+
+int frame_open_split(struct frame_key *k, const uint8_t hdr[FRAME_HDR_BYTES], const uint8_t *ct,
+		     size_t ctlen, uint8_t *out, size_t head, uint8_t *body, size_t *outlen,
+		     char *err, size_t errlen)
+{
+	return open_frame(k, hdr, ct, ctlen, out, head, head, body, outlen, err, errlen);
+}
+
+int frame_peek(const struct frame_key *k, const uint8_t hdr[FRAME_HDR_BYTES], const uint8_t *ct,
+	       size_t ctlen, uint8_t *out, size_t n)
+{
+	if (k->cipher != FRAME_AEGIS256 || ctlen < FRAME_TAG_BYTES ||
+	    n > ctlen - FRAME_TAG_BYTES)
+		return -EINVAL;
+	uint8_t nonce[AEGIS256_NONCE_BYTES];
+	make_nonce(nonce, k->counter);
+	aegis256_peek(out, n, ct, hdr, FRAME_HDR_BYTES, nonce, k->key);
+	return 0;
 }

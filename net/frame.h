@@ -161,6 +161,26 @@ FRAME_MUST_CHECK int frame_open(struct frame_key *k, const uint8_t hdr[FRAME_HDR
 				const uint8_t *ct, size_t ctlen, uint8_t *out,
 				size_t outcap, size_t *outlen, char *err, size_t errlen);
 
+/* frame_open of an AEGIS-256 frame whose message's first head bytes go
+ * to out (which may be ct: opening in place) and whose other
+ * ctlen - FRAME_TAG_BYTES - head bytes go to body, which must not overlap
+ * ct: a chunk's values opened straight into the tensor they belong to
+ * (net/sock.h, sock_read_placed). On failure both are zeroed; -EINVAL for
+ * another cipher or a message shorter than head; else as frame_open. */
+FRAME_MUST_CHECK int frame_open_split(struct frame_key *k, const uint8_t hdr[FRAME_HDR_BYTES],
+				      const uint8_t *ct, size_t ctlen, uint8_t *out, size_t head,
+				      uint8_t *body, size_t *outlen, char *err, size_t errlen);
+
+/* The first n bytes of the message of an AEGIS-256 frame (hdr, then ct
+ * of ctlen bytes) as they would open under k, its tag NOT checked and
+ * the counter unchanged: for choosing where frame_open_split puts the
+ * rest. Whoever chooses must be safe with any n bytes here (an attacker
+ * flips plaintext bits by flipping ciphertext bits); frame_open_split
+ * then fails unless these are the bytes sent. 0, or -EINVAL for another
+ * cipher or a message shorter than n. */
+FRAME_MUST_CHECK int frame_peek(const struct frame_key *k, const uint8_t hdr[FRAME_HDR_BYTES],
+				const uint8_t *ct, size_t ctlen, uint8_t *out, size_t n);
+
 /* frame_open of a FRAME_LOCAL frame whose message was read elsewhere (its
  * body straight into the tensor it belongs to, net/pipe.h): checks that
  * tag, the frame's last FRAME_TAG_BYTES, holds the expected counter, and

@@ -22,17 +22,22 @@
  * enough to keep every thread busy with one connection, and what the
  * memory figure in pipe.h promises.
  *
- * Local frames (FRAME_LOCAL) go one at a time, and their bodies may be
- * read straight into the destination (pipe_place): the receiver knows
- * where the next chunk's values go before reading them, and its header
- * is checked after, before the values count as received.
+ * Frames received one at a time may have their bodies put straight into
+ * the destination (pipe_place): the receiver knows where the next chunk's
+ * values go once it has seen the chunk's header, and checks that header
+ * again before the values count as received. Local frames (FRAME_LOCAL,
+ * always one at a time) are read there; AEGIS-256 frames are read whole
+ * and opened there, their header opened ahead (sock_read_placed). The
+ * values sit unauthenticated in the tensor's unreceived part only until
+ * the tag is checked, and are zeroed when it fails, as a failed local
+ * read zeroes them: nothing counts them as received before.
  *
- * Rejected: opening sealed frames straight into the destination tensor
- * (the plaintext starts with the chunk's message header, and the caller
- * checks each chunk's fields in order before its floats are placed;
- * decrypting a body before its tag is checked would put unauthenticated
- * bytes there); a window
- * larger than threads + 1 (more memory per connection, no more cores). */
+ * Rejected: placing frames opened on the pool (the place depends on
+ * the chunks delivered before, in order, and a pool thread opens frame i
+ * before frame i-1 is delivered); placing for AES-256-GCM and
+ * ChaCha20-Poly1305, whose libsodium calls open into one buffer; a
+ * window larger than threads + 1 (more memory per connection, no more
+ * cores). */
 #include "pipe.h"
 #include "../base/err.h"
 #include "sock.h"
@@ -235,15 +240,15 @@ int pipe_send(struct pipe *p, int fd, struct frame_key *tx, uint64_t nframes,
 
 /* ---- receiving ----------------------------------------------------------- */
 
-/* Message i of a local frame, its body placed where pl says if it can be. */
-static int recv_local(struct pipe *p, int fd, struct frame_key *rx, uint64_t i,
-		      const struct pipe_place *pl, pipe_deliver_fn fn, void *ctx, int timeout_ms,
-		      char *err, size_t errlen)
+/* Message i, its body placed where pl says if it can be. */
+static int recv_placed(struct pipe *p, int fd, struct frame_key *rx, uint64_t i,
+		       const struct pipe_place *pl, pipe_deliver_fn fn, void *ctx, int timeout_ms,
+		       char *err, size_t errlen)
 {
 	size_t len = 0;
 	uint8_t *body = NULL;
-	int r = sock_read_local(fd, rx, p->buf, FRAME_BYTES_MAX, &pl->at, &body, &len, timeout_ms,
-				err, errlen);
+	int r = sock_read_placed(fd, rx, p->buf, FRAME_BYTES_MAX, &pl->at, &body, &len, timeout_ms,
+				 err, errlen);
 	if (r < 0)
 		return r;
 	if (body) {
@@ -259,13 +264,13 @@ static int recv_serial(struct pipe *p, int fd, struct frame_key *rx, uint64_t nf
 		       const struct pipe_place *pl, pipe_deliver_fn fn, void *ctx, int timeout_ms,
 		       char *err, size_t errlen)
 {
-	if (rx->cipher != FRAME_LOCAL)
+	if (rx->cipher != FRAME_LOCAL && rx->cipher != FRAME_AEGIS256)
 		pl = NULL;
 	for (uint64_t i = 0; i < nframes; i++) {
 		size_t len = 0;
 		int r;
 		if (pl) {
-			r = recv_local(p, fd, rx, i, pl, fn, ctx, timeout_ms, err, errlen);
+			r = recv_placed(p, fd, rx, i, pl, fn, ctx, timeout_ms, err, errlen);
 		} else {
 			r = sock_read_frame(fd, rx, p->buf, FRAME_BYTES_MAX, &len, timeout_ms, err,
 					    errlen);

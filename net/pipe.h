@@ -110,25 +110,29 @@ PIPE_MUST_CHECK int pipe_recv(struct pipe *p, int fd, struct frame_key *rx, uint
 			      size_t errlen);
 
 /* A receiver that knows where the values of a tensor's next chunk go
- * (right after the last one's): on local frames (FRAME_LOCAL, read one at
- * a time) each message's bytes past at.head are read straight there
- * (sock_read_local), not into the pipe's buffer and then copied: for a
- * GPU worker beside its ps, the parameters land in the pinned buffer they
- * are uploaded from. at.where sees the message's head before it names a
+ * (right after the last one's): on frames received one at a time each
+ * message's bytes past at.head go straight there (sock_read_placed), not
+ * into the pipe's buffer and then copied: local frames (FRAME_LOCAL) are
+ * read there, AEGIS-256 frames opened there (without a pool of more
+ * than one thread; frames opened on a pool are copied). For a GPU worker
+ * beside its ps, the parameters land in the pinned buffer they are
+ * uploaded from; for a CPU worker, in its parameters, and for a ps, in
+ * the push's slot. at.where sees the message's head before it names a
  * place, so only the chunk it expects goes there (bytes of another
  * message left in a tensor whose receive then ends would be taken for
- * its values: an elastic run hung so). A message read so is handed to
- * took (with pipe_recv's ctx): its head at msg, its other mlen - at.head
- * bytes at body. took returns 0 (taken), a negative error (as fn's), or
- * 1: not the message at.where expected; the pipe then copies body back
- * after the head and hands the whole message to fn. */
+ * its values: an elastic run hung so); that head is not authenticated
+ * yet. A message read so is handed to took (with pipe_recv's ctx), its
+ * authenticated head at msg, its other mlen - at.head bytes at body.
+ * took returns 0 (taken), a negative error (as fn's), or 1: not the
+ * message at.where expected; the pipe then copies body back after the
+ * head and hands the whole message to fn. */
 struct pipe_place {
 	struct sock_place at;
 	int (*took)(void *ctx, uint64_t i, const uint8_t *msg, const uint8_t *body, size_t mlen,
 		    char *err, size_t errlen);
 };
 
-/* pipe_recv, with pl (NULL: none) placing the messages of local frames. */
+/* pipe_recv, with pl (NULL: none) placing the messages it can. */
 PIPE_MUST_CHECK int pipe_recv_placed(struct pipe *p, int fd, struct frame_key *rx,
 				     uint64_t nframes, const struct pipe_place *pl,
 				     pipe_deliver_fn fn, void *ctx, int timeout_ms, char *err,

@@ -2,7 +2,7 @@
  * reads and writes that either transfer every byte or fail within one
  * overall deadline; and the Unix socket through which a worker reaches a
  * ps on its own host (the end of this file). No crypto (net/frame.c seals what goes through here; the
- * sock_*_frame and sock_read_local helpers, in net/sockframe.c, only call
+ * sock_*_frame and sock_read_placed helpers, in net/sockframe.c, only call
  * frame.h's API), no printing, no exit, no global state.
  *
  * Conventions of every function here:
@@ -252,26 +252,34 @@ SOCK_MUST_CHECK int sock_read_sealed(int fd, uint8_t hdr[FRAME_HDR_BYTES], uint8
 				     size_t cap, size_t *ctlen, int timeout_ms, char *err,
 				     size_t errlen);
 
-/* Where a FRAME_LOCAL frame's message goes, for a receiver that knows
- * what comes next: its first `head` bytes into the buffer, and the rest,
- * when where(ctx, head bytes, mlen) names a place for the mlen - head
- * bytes of a message of mlen (> head) bytes, having seen its head, there;
- * NULL keeps it all in the buffer. */
+/* Where a frame's message goes, for a receiver that knows what comes
+ * next: its first `head` bytes into the buffer, and the rest, when
+ * where(ctx, head bytes, mlen) names a place for the mlen - head bytes
+ * of a message of mlen (> head) bytes, having seen its head, there; NULL
+ * keeps it all in the buffer. The head where sees is not authenticated
+ * yet (a local frame's never is; a sealed one's is checked after its
+ * values are in place): where must be safe for any bytes, and the caller
+ * checks the head again once the read returns. */
 struct sock_place {
 	size_t head;
 	uint8_t *(*where)(void *ctx, const uint8_t *head, size_t mlen);
 	void *ctx;
 };
 
-/* sock_read_frame of a FRAME_LOCAL frame, with its message's bytes past
- * pl->head read straight to where pl says: *placed is then that place
- * (and the message's head is in buf), else NULL and the whole message is
- * in buf. *msglen: the message's length either way. On failure what was
- * read is zeroed, buf's head and the place's bytes. Errors as
- * sock_read_frame's, frame_open_tag's for a placed message. */
-SOCK_MUST_CHECK int sock_read_local(int fd, struct frame_key *rx, uint8_t *buf, size_t cap,
-				    const struct sock_place *pl, uint8_t **placed, size_t *msglen,
-				    int timeout_ms, char *err, size_t errlen);
+/* The most bytes a sealed frame's head may have for a place. */
+#define SOCK_PLACE_HEAD_MAX 64u
+
+/* sock_read_frame with the message's bytes past pl->head put straight
+ * where pl says: read there (FRAME_LOCAL) or opened there (AEGIS-256, the
+ * head opened ahead for where to see; pl->head <= SOCK_PLACE_HEAD_MAX).
+ * *placed is then that place (and the message's head is in buf), else
+ * NULL and the whole message is in buf (always, for the other ciphers).
+ * *msglen: the message's length either way. On failure what was read is
+ * zeroed, buf's head and the place's bytes. Errors as sock_read_frame's,
+ * frame_open_tag's or frame_open_split's for a placed message. */
+SOCK_MUST_CHECK int sock_read_placed(int fd, struct frame_key *rx, uint8_t *buf, size_t cap,
+				     const struct sock_place *pl, uint8_t **placed, size_t *msglen,
+				     int timeout_ms, char *err, size_t errlen);
 
 /* 1 if host (a name or an address) resolves to an address of one of this
  * host's interfaces, 0 if not, or -ENOENT (it does not resolve) or another

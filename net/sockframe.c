@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <sodium.h>
+
 int sock_write_frame(int fd, struct frame_key *tx, uint8_t *buf, size_t cap,
 		     const uint8_t *msg, size_t len, int timeout_ms, char *err, size_t errlen)
 {
@@ -47,9 +49,10 @@ int sock_read_sealed(int fd, uint8_t hdr[FRAME_HDR_BYTES], uint8_t *buf, size_t 
 	return sock_read_full(fd, buf, *ctlen, left, err, errlen);
 }
 
-int sock_read_local(int fd, struct frame_key *rx, uint8_t *buf, size_t cap,
-		    const struct sock_place *pl, uint8_t **placed, size_t *msglen, int timeout_ms,
-		    char *err, size_t errlen)
+/* A local frame: its head read first, then the rest where pl says. */
+static int read_local(int fd, struct frame_key *rx, uint8_t *buf, size_t cap,
+		      const struct sock_place *pl, uint8_t **placed, size_t *msglen, int timeout_ms,
+		      char *err, size_t errlen)
 {
 	uint8_t hdr[FRAME_HDR_BYTES], tag[FRAME_TAG_BYTES];
 	size_t ctlen = 0;
@@ -104,4 +107,45 @@ int sock_read_frame(int fd, struct frame_key *rx, uint8_t *buf, size_t cap, size
 	if (r < 0)
 		return r;
 	return frame_open(rx, hdr, buf, ctlen, buf, cap, msglen, err, errlen);
+}
+
+/* A sealed frame read whole into buf, its head opened ahead for pl->where
+ * and the rest opened straight into the place it names: the copy out of
+ * buf that a worker's parameters and a ps's pushes would take otherwise.
+ * The place holds unauthenticated bytes only until the tag is checked,
+ * and zeros after a failure. */
+static int read_sealed(int fd, struct frame_key *rx, uint8_t *buf, size_t cap,
+		       const struct sock_place *pl, uint8_t **placed, size_t *msglen, int timeout_ms,
+		       char *err, size_t errlen)
+{
+	uint8_t hdr[FRAME_HDR_BYTES], head[SOCK_PLACE_HEAD_MAX];
+	size_t ctlen = 0;
+	int r = sock_read_sealed(fd, hdr, buf, cap, &ctlen, timeout_ms, err, errlen);
+	if (r < 0)
+		return r;
+	size_t mlen = ctlen - FRAME_TAG_BYTES;
+	uint8_t *body = NULL;
+	if (pl->head <= sizeof head && mlen > pl->head &&
+	    frame_peek(rx, hdr, buf, ctlen, head, pl->head) == 0) {
+		body = pl->where(pl->ctx, head, mlen);
+		sodium_memzero(head, sizeof head);
+	}
+	if (!body)
+		return frame_open(rx, hdr, buf, ctlen, buf, cap, msglen, err, errlen);
+	r = frame_open_split(rx, hdr, buf, ctlen, buf, pl->head, body, msglen, err, errlen);
+	if (r == 0)
+		*placed = body;
+	return r;
+}
+
+int sock_read_placed(int fd, struct frame_key *rx, uint8_t *buf, size_t cap,
+		     const struct sock_place *pl, uint8_t **placed, size_t *msglen, int timeout_ms,
+		     char *err, size_t errlen)
+{
+	*placed = NULL;
+	if (rx->cipher == FRAME_LOCAL)
+		return read_local(fd, rx, buf, cap, pl, placed, msglen, timeout_ms, err, errlen);
+	if (rx->cipher == FRAME_AEGIS256)
+		return read_sealed(fd, rx, buf, cap, pl, placed, msglen, timeout_ms, err, errlen);
+	return sock_read_frame(fd, rx, buf, cap, msglen, timeout_ms, err, errlen);
 }

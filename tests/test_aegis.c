@@ -212,6 +212,62 @@ Test(aegis, two_parts_seal_as_one)
 	}
 }
 
+/* A message opened into two parts (a frame's header into its buffer, its
+ * values into the tensor, net/frame.c) is the one opened whole, for every
+ * cut, in both encodings; a wrong tag zeroes both parts and writes
+ * nothing past them. The head's peek is the plaintext's first bytes. */
+Test(aegis, two_parts_open_as_one)
+{
+	need_aegis();
+	typedef int (*open2_fn)(uint8_t *, size_t, uint8_t *, const uint8_t *, size_t,
+				const uint8_t *, const uint8_t *, size_t, const uint8_t *,
+				const uint8_t *);
+	const open2_fn in[2] = { aegis256_decrypt2_sse, aegis256_decrypt2_avx };
+	int encs = __builtin_cpu_supports("avx") ? 2 : 1;
+	uint8_t key[32], nonce[32], ad[4];
+	fill(key, 32, 7);
+	fill(nonce, 32, 8);
+	fill(ad, sizeof ad, 9);
+	const size_t lens[] = { 0, 5, 16, 20, 32, 47, 100, 4096 + 32, 4096 + 45 };
+	for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+		size_t n = lens[i];
+		uint8_t *msg = malloc(n + 1), *ct = malloc(n + 1), *a = malloc(n + 1),
+			*b = malloc(n + 1), *head = malloc(n + 1);
+		cr_assert(msg && ct && a && b && head);
+		fill(msg, n, (unsigned)n + 3);
+		uint8_t tag[16];
+		aegis256_encrypt(ct, tag, msg, n, ad, sizeof ad, nonce, key);
+		for (size_t cut = 0; cut <= n; cut += cut < 40 ? 1 : 509) {
+			aegis256_peek(head, cut, ct, ad, sizeof ad, nonce, key);
+			cr_assert_eq(memcmp(head, msg, cut), 0, "%zu bytes: peek of %zu", n, cut);
+			for (int e = 0; e < encs; e++) {
+				memset(a, 0xa5, n + 1);
+				memset(b, 0xa5, n + 1);
+				cr_assert_eq(in[e](a, cut, b, ct, n, tag, ad, sizeof ad, nonce, key), 0,
+					     "%zu bytes cut at %zu, encoding %d", n, cut, e);
+				cr_assert_eq(memcmp(a, msg, cut), 0, "%zu at %zu: first part", n, cut);
+				cr_assert_eq(memcmp(b, msg + cut, n - cut), 0, "%zu at %zu: second", n, cut);
+				cr_assert(a[cut] == 0xa5 && b[n - cut] == 0xa5, "%zu at %zu: past a part",
+					  n, cut);
+				tag[cut % 16] ^= 4;
+				cr_assert_eq(in[e](a, cut, b, ct, n, tag, ad, sizeof ad, nonce, key), -1);
+				tag[cut % 16] ^= 4;
+				for (size_t k = 0; k < n; k++)
+					cr_assert_eq(k < cut ? a[k] : b[k - cut], 0,
+						     "%zu at %zu: byte %zu left after a wrong tag", n, cut, k);
+				cr_assert(a[cut] == 0xa5 && b[n - cut] == 0xa5);
+			}
+		}
+		/* the first part may be the ciphertext itself (opened in place) */
+		if (n) {
+			memcpy(a, ct, n);
+			cr_assert_eq(aegis256_decrypt2(a, n / 2, b, a, n, tag, ad, sizeof ad, nonce, key), 0);
+			cr_assert(memcmp(a, msg, n / 2) == 0 && memcmp(b, msg + n / 2, n - n / 2) == 0);
+		}
+		free(msg), free(ct), free(a), free(b), free(head);
+	}
+}
+
 /* ---- Wycheproof (issue 38 item 5) ------------------------------------ */
 
 /* s's hex into a new buffer (*n bytes; at least 1 allocated). */

@@ -616,6 +616,52 @@ Test(frame, failed_open_zeroes_output)
 	cr_assert_eq(rx.counter, 0);
 }
 
+/* An AEGIS-256 frame opened in two parts, its message header into the
+ * buffer (in place) and its values elsewhere, as a receiver that places
+ * them does: the same bytes as opened whole, the counter advanced; the
+ * header peeked first is the one sent. A flipped bit leaves both parts
+ * zeroed and the counter where it was; another cipher, or a head longer
+ * than the message, is refused with nothing opened. */
+Test(frame, open_split_and_peek)
+{
+	if (!frame_aegis_available())
+		cr_skip_test("this CPU has no AES-NI: AEGIS-256 not available");
+	struct frame_key tx, rx;
+	pair(&tx, &rx, KEY, FRAME_AEGIS256);
+	uint8_t msg[300], f[FRAME_SEALED_BYTES(300)], g[sizeof f], head[32], body[300 - 32 + 1];
+	fill(msg, sizeof msg, 77);
+	size_t flen = seal_ok(&tx, f, sizeof f, msg, sizeof msg), outlen = 0;
+	memcpy(g, f, flen);
+	char err[160] = "";
+	cr_assert_eq(frame_peek(&rx, f, f + 4, flen - 4, head, 32), 0);
+	cr_assert_eq(memcmp(head, msg, 32), 0, "peeked head");
+	cr_assert_eq(rx.counter, 0, "a peek moved the counter");
+	body[sizeof body - 1] = 0xa5;
+	cr_assert_eq(frame_open_split(&rx, f, f + 4, flen - 4, f + 4, 32, body, &outlen, err,
+				      sizeof err), 0, "%s", err);
+	cr_assert(outlen == sizeof msg && rx.counter == 1);
+	cr_assert(memcmp(f + 4, msg, 32) == 0 && memcmp(body, msg + 32, sizeof msg - 32) == 0);
+	cr_assert_eq(body[sizeof body - 1], 0xa5, "wrote past the body");
+	/* the same frame again: a replay, both parts zeroed */
+	memset(body, 0xa5, sizeof body - 1);
+	cr_assert_eq(frame_open_split(&rx, g, g + 4, flen - 4, g + 4, 32, body, &outlen, err,
+				      sizeof err), -EBADMSG);
+	cr_assert(strstr(err, "frame 1 failed authentication (aegis-256)"), "%s", err);
+	cr_assert_eq(rx.counter, 1);
+	for (size_t i = 0; i < sizeof msg; i++)
+		cr_assert_eq(i < 32 ? g[4 + i] : body[i - 32], 0, "byte %zu left after a failure", i);
+	cr_assert_eq(body[sizeof body - 1], 0xa5);
+	cr_assert_eq(frame_peek(&rx, g, g + 4, flen - 4, head, flen), -EINVAL, "peek past the message");
+	struct frame_key ctx, crx;
+	pair(&ctx, &crx, KEY, FRAME_CHACHA20POLY1305);
+	flen = seal_ok(&ctx, f, sizeof f, msg, sizeof msg);
+	cr_assert_eq(frame_peek(&crx, f, f + 4, flen - 4, head, 32), -EINVAL);
+	cr_assert_eq(frame_open_split(&crx, f, f + 4, flen - 4, f + 4, 32, body, &outlen, err,
+				      sizeof err), -EINVAL);
+	cr_assert(strstr(err, "not opened in two parts"), "%s", err);
+	cr_assert_eq(crx.counter, 0);
+}
+
 Test(frame, replay)
 {
 	enum frame_cipher cs[3];

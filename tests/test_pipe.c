@@ -487,17 +487,22 @@ Test(pipe, parallel_sender_writes_the_serial_bytes)
 
 /* ---- refusals ----------------------------------------------------------- */
 
-enum tamper { FLIP, REPLAY, SWAP, TRUNCATE, OVERSIZE };
+enum tamper { FLIP, HEAD_FLIP, REPLAY, SWAP, TRUNCATE, OVERSIZE };
 
 /* Sends the 7 frames of a tensor with one tampering around frame k,
  * receives with 4 threads; returns pipe_recv's result, sets *delivered. */
-static int tampered_on(enum tamper how, uint64_t k, int local, uint64_t *delivered, char *e,
-		       size_t elen)
+/* How tampered_on receives: sealed frames opened on a pool of 4 and
+ * copied, local frames read into place, or sealed frames opened into
+ * place without a pool. */
+enum tamper_rx { RX_POOL, RX_LOCAL, RX_SEALED_PLACED };
+
+static int tampered_on(enum tamper how, uint64_t k, enum tamper_rx mode, uint64_t *delivered,
+		       char *e, size_t elen)
 {
 	uint64_t n = 6 * (uint64_t)MSG_CHUNK_FLOATS + 5000, C = msg_chunks(n, WIRE_F32);
 	float *src = tensor_new(n, 9);
 	struct frame_key tx, rx;
-	keys_of(&tx, &rx, 0, local);
+	keys_of(&tx, &rx, 0, mode == RX_LOCAL);
 	size_t len, off[16];
 	uint8_t *f = serial_frames(src, n, tx, &len, off);
 	uint8_t *raw = malloc(len + FRAME_BYTES_MAX);
@@ -511,6 +516,11 @@ static int tampered_on(enum tamper how, uint64_t k, int local, uint64_t *deliver
 	case FLIP: /* one bit in the middle of frame k's ciphertext */
 		memcpy(raw + rl, f + off[k], len - off[k]);
 		raw[rl + fk / 2] ^= 0x10;
+		rl += len - off[k];
+		break;
+	case HEAD_FLIP: /* one bit of the top byte of frame k's chunk offset */
+		memcpy(raw + rl, f + off[k], len - off[k]);
+		raw[rl + FRAME_HDR_BYTES + 23] ^= 0x40;
 		rl += len - off[k];
 		break;
 	case REPLAY: /* frame k-1 again where frame k belongs */
@@ -544,7 +554,8 @@ static int tampered_on(enum tamper how, uint64_t k, int local, uint64_t *deliver
 	cr_assert_eq(pthread_create(&th, NULL, sender_main, &s), 0);
 	struct tensor_rx x;
 	rx_init(&x, n);
-	int r = receive_placed(sv[1], 4, &rx, &x, local, e, elen);
+	int r = receive_placed(sv[1], mode == RX_SEALED_PLACED ? 0 : 4, &rx, &x, mode != RX_POOL,
+			       e, elen);
 	close(sv[1]); /* the sender gets EPIPE if it is still writing */
 	pthread_join(th, NULL);
 	cr_assert(x.order_ok);
@@ -565,7 +576,7 @@ static int tampered_on(enum tamper how, uint64_t k, int local, uint64_t *deliver
 
 static int tampered(enum tamper how, uint64_t k, uint64_t *delivered, char *e, size_t elen)
 {
-	return tampered_on(how, k, 0, delivered, e, elen);
+	return tampered_on(how, k, RX_POOL, delivered, e, elen);
 }
 
 /* Local frames, their values read into place: a frame replayed or out of
@@ -585,7 +596,7 @@ Test(pipe, local_frames_placed_refuse_a_wrong_counter)
 	for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
 		char e[320] = "";
 		uint64_t got;
-		int r = tampered_on(rows[i].how, rows[i].k, 1, &got, e, sizeof e);
+		int r = tampered_on(rows[i].how, rows[i].k, RX_LOCAL, &got, e, sizeof e);
 		cr_assert_eq(r, rows[i].r, "row %zu: %d: %s", i, r, e);
 		cr_assert_not_null(strstr(e, rows[i].say), "row %zu: %s", i, e);
 		cr_assert_eq(got, rows[i].k, "row %zu: %llu chunks delivered", i,
@@ -625,6 +636,74 @@ Test(pipe, local_frames_are_read_into_place)
 		free(x.dst);
 		close(sv[0]);
 		close(sv[1]);
+	}
+}
+
+/* Sealed frames received one at a time: with AEGIS-256 every chunk's
+ * values are opened straight into the tensor, the same bits arrive, and
+ * the counter moves as it does opening them whole. On a pool they are
+ * copied (the place depends on the chunks delivered before). */
+Test(pipe, sealed_frames_are_opened_into_place)
+{
+	if (!frame_aegis_available())
+		cr_skip_test("this CPU has no AES-NI: AEGIS-256 frames are not opened into place");
+	for (int threads = 0; threads <= 4; threads += 1 + 2 * (threads == 1)) {
+		uint64_t n = 4 * (uint64_t)MSG_CHUNK_FLOATS + 77, C = msg_chunks(n, WIRE_F32);
+		int sv[2];
+		pair(sv);
+		float *src = tensor_new(n, 6);
+		struct sender s = { .fd = sv[0], .threads = threads, .t = { .src = src, .n = n } };
+		struct frame_key rx;
+		keys_of(&s.tx, &rx, 3, 0);
+		cr_assert_eq(rx.cipher, FRAME_AEGIS256);
+		struct tensor_rx x;
+		rx_init(&x, n);
+		pthread_t th;
+		cr_assert_eq(pthread_create(&th, NULL, sender_main, &s), 0);
+		char e[320] = "";
+		int r = receive_placed(sv[1], threads, &rx, &x, 1, e, sizeof e);
+		pthread_join(th, NULL);
+		cr_assert_eq(s.rc, 0, "%s", s.err);
+		cr_assert_eq(r, 0, "%s", e);
+		cr_assert(x.order_ok);
+		uint64_t want = threads <= 1 ? C : 0;
+		cr_assert_eq(x.placed, want, "%d threads: %llu of %llu chunks placed", threads,
+			     (unsigned long long)x.placed, (unsigned long long)C);
+		cr_assert(msg_assembly_done(&x.a));
+		cr_assert_eq(memcmp(x.dst, src, n * sizeof(float)), 0);
+		cr_assert_eq(rx.counter, 3 + C);
+		free(src);
+		free(x.dst);
+		close(sv[0]);
+		close(sv[1]);
+	}
+}
+
+/* Sealed frames opened into place: a frame flipped, replayed or out of
+ * order fails on its tag after its values were opened where the next
+ * chunk's go, and those are zeroed (tampered_on checks every float past
+ * the last good chunk); a bit flipped in a chunk's header sends its
+ * values nowhere or to the only place a chunk may go, and fails the same. */
+Test(pipe, sealed_frames_placed_refuse_tampering)
+{
+	if (!frame_aegis_available())
+		cr_skip_test("this CPU has no AES-NI: AEGIS-256 frames are not opened into place");
+	static const struct { enum tamper how; uint64_t k; int r; const char *say; } rows[] = {
+		{ FLIP, 3, -EBADMSG, "frame 3 failed authentication (aegis-256)" },
+		{ HEAD_FLIP, 2, -EBADMSG, "frame 2 failed authentication (aegis-256)" },
+		{ REPLAY, 4, -EBADMSG, "frame 4 failed authentication (aegis-256)" },
+		{ SWAP, 2, -EBADMSG, "frame 2 failed authentication (aegis-256)" },
+		{ TRUNCATE, 5, -EPIPE, "peer closed the connection" },
+		{ OVERSIZE, 1, -EMSGSIZE, "exceeds the limit" },
+	};
+	for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+		char e[320] = "";
+		uint64_t got;
+		int r = tampered_on(rows[i].how, rows[i].k, RX_SEALED_PLACED, &got, e, sizeof e);
+		cr_assert_eq(r, rows[i].r, "row %zu: %d: %s", i, r, e);
+		cr_assert_not_null(strstr(e, rows[i].say), "row %zu: %s", i, e);
+		cr_assert_eq(got, rows[i].k, "row %zu: %llu chunks delivered", i,
+			     (unsigned long long)got);
 	}
 }
 

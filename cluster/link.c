@@ -485,6 +485,7 @@ static int link_took_params(struct link_rx *rx)
 	struct link *l = rx->l;
 	uint64_t had = l->got, v = rx->a.version;
 	l->got = v;
+	l->torn = 0;
 	l->sh->pvalues += rx->a.n;
 	l->sh->pbytes += rx->x.value_bytes;
 	if (!l->ex.first && (l->sh->c->train.mode == MODE_ASYNC ? v < had : v < l->want))
@@ -521,8 +522,10 @@ static void link_recv_side(struct link *l)
 					       .other = rx_other, .took = x->pflow ? rx_took : NULL, .ctx = &rx };
 	}
 	while (link_rx_pending(&rx))
-		if (link_recv_one(&rx))
+		if (link_recv_one(&rx)) {
+			l->torn |= rx.want_params && rx.a.received > 0;
 			return;
+		}
 	if (rx.want_params)
 		(void)link_took_params(&rx);
 }

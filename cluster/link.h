@@ -137,6 +137,9 @@ struct link {
 	struct conn conn;
 	struct shard range;
 	uint64_t got;            /* version of the parameters last pulled */
+	int torn;                /* since then a PULL's PARAMS failed part way:
+				  * the range holds some of a newer version, and
+				  * zeros where a frame failed to open */
 	int unx;                 /* the connection is over the ps's Unix socket */
 	int shun;                /* the ps's Unix socket file failed a greeting: */
 	struct sock_unix_file shunned; /* this one; TCP while it is there */

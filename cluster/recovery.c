@@ -25,6 +25,11 @@ int recovery_agree(uint64_t lo, uint64_t hi, int back, int W)
 	return (!back || lo == hi) && hi - lo <= 2 * (uint64_t)W;
 }
 
+int recovery_keeps(uint64_t got, uint64_t prev, int torn, uint64_t lo)
+{
+	return got > lo && prev == lo && !torn;
+}
+
 int recovery_went_back(const uint64_t *got, const uint64_t *prev, int nps, uint64_t *target)
 {
 	int nback = 0;
@@ -182,20 +187,30 @@ int recovery_start(struct links *lk, float *params, long total, long *start, cha
 	return 0;
 }
 
+/* What the parameters held when the exchange failed, and which links'
+ * ranges of them were torn by a PULL that failed part way (link.h). */
+struct kept {
+	float *v;
+	int torn[CONFIG_MAX_HOSTS];
+};
+
 /* Sync, the shards at versions lo..hi and none went back: some had the
  * gradients of step lo from every worker and moved on while the lost link
  * cost another its copy. Every worker does step lo again, with the
  * parameters of version lo: pulled where a shard is at lo, and where it
- * has moved on, the ones this worker held (keep) if they are of version lo.
- * Otherwise this worker had pushed for lo there already, and what it
- * pushes again is dropped as a duplicate whatever it computes. */
-static void keep_step(struct links *lk, float *params, const float *keep, const uint64_t *prev,
-		      uint64_t lo)
+ * has moved on, the ones this worker held (keep) if they are of version lo
+ * (recovery_keeps). Otherwise this worker had pushed for lo there already,
+ * and what it pushes again is dropped as a duplicate whatever it
+ * computes; or a failed PULL tore that range (some of a newer version,
+ * and zeros where a frame failed to open), and the newer version pulled
+ * there serves, a step apart, as it does without keep. */
+static void keep_step(struct links *lk, float *params, const struct kept *keep,
+		      const uint64_t *prev, uint64_t lo)
 {
 	for (int k = 0; k < lk->nps; k++) {
 		struct link *l = &lk->ln[k];
-		if (l->got > lo && prev[k] == lo)
-			memcpy(params + l->range.begin, keep + l->range.begin,
+		if (recovery_keeps(l->got, prev[k], keep->torn[k], lo))
+			memcpy(params + l->range.begin, keep->v + l->range.begin,
 			       (l->range.end - l->range.begin) * sizeof(float));
 		l->got = lo;
 	}
@@ -241,7 +256,7 @@ static int resync_async(struct links *lk, float *params, const uint64_t *prev, l
 /* Sync, connected to every ps: pulls until the shards agree (rolling them
  * back to the lowest step when one went back). 1: not yet (pull again);
  * 0: agreed, *start set; negative: failed (last says why). */
-static int resync_sync(struct links *lk, float *params, const float *keep, uint64_t *prev,
+static int resync_sync(struct links *lk, float *params, const struct kept *keep, uint64_t *prev,
 		       long *start, char *last, size_t lastlen)
 {
 	uint64_t got[CONFIG_MAX_HOSTS] = { 0 }, lo, hi;
@@ -274,7 +289,7 @@ static int resync_sync(struct links *lk, float *params, const float *keep, uint6
 	}
 	if (!recovery_agree(lo, hi, back, W))
 		return 1;
-	if (lo != hi && keep)
+	if (lo != hi && keep->v)
 		keep_step(lk, params, keep, prev, lo);
 	*start = (long)lo;
 	role_log(lk->sh.out, "worker %d: reconnected to every ps; continuing at step %llu", lk->sh.index,
@@ -307,7 +322,7 @@ static int reconnect(struct links *lk, double end, int *k0, char *last, size_t l
 	return r;
 }
 
-static int resync_loop(struct links *lk, float *params, const float *keep, uint64_t *prev,
+static int resync_loop(struct links *lk, float *params, const struct kept *keep, uint64_t *prev,
 		       long *start, const char *why, char *err, size_t errlen)
 {
 	const struct config *c = lk->sh.c;
@@ -384,10 +399,12 @@ int recovery_resync(struct links *lk, float *params, long *start, const char *wh
 	 * recovery still works, but may apply one step's gradient computed
 	 * from parameters a step apart. */
 	size_t P = lk->ln[lk->nps - 1].range.end;
-	float *keep = sync ? malloc(P * sizeof(float)) : NULL;
-	if (keep)
-		memcpy(keep, params, P * sizeof(float));
-	int r = resync_loop(lk, params, keep, prev, start, why, err, errlen);
-	free(keep);
+	struct kept keep = { .v = sync ? malloc(P * sizeof(float)) : NULL };
+	if (keep.v)
+		memcpy(keep.v, params, P * sizeof(float));
+	for (int k = 0; k < lk->nps; k++)
+		keep.torn[k] = lk->ln[k].torn;
+	int r = resync_loop(lk, params, &keep, prev, start, why, err, errlen);
+	free(keep.v);
 	return r;
 }

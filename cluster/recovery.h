@@ -46,6 +46,12 @@ void recovery_spread(const uint64_t *got, const uint64_t *prev, int nps, uint64_
  * more, or one went back (back) and the others must roll back first. */
 int recovery_agree(uint64_t lo, uint64_t hi, int back, int W);
 
+/* Sync, the shards at lo..hi (lo < hi): whether a link's range of the
+ * parameters keeps what this worker held when its exchange failed, for
+ * step lo again: its shard moved on (got > lo), the worker had pulled lo
+ * there (prev == lo), and no PULL tore that range since (torn: link.h). */
+int recovery_keeps(uint64_t got, uint64_t prev, int torn, uint64_t lo);
+
 /* Async: how many shards went back (got[k] < prev[k]) and, if any, the
  * lowest version among them in *target. */
 int recovery_went_back(const uint64_t *got, const uint64_t *prev, int nps, uint64_t *target);

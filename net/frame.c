@@ -315,7 +315,7 @@ static int open_run(const struct frame_key *k, const uint8_t hdr[FRAME_HDR_BYTES
 	return rc != 0 || got != mlen;
 }
 
-/* frame_open and frame_open_split: head < 0 opens the whole message
+/* frame_open and frame_open_split: with no body, the whole message
  * into out. */
 static int open_frame(struct frame_key *k, const uint8_t hdr[FRAME_HDR_BYTES], const uint8_t *ct,
 		      size_t ctlen, uint8_t *out, size_t outcap, size_t head, uint8_t *body,

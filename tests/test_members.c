@@ -283,6 +283,25 @@ Test(members, recovery_spread)
  * workers), and only when none went back or all are at one step; a05c0f0:
  * at start a spread beyond that is pulled again, not taken for shards of
  * different checkpoints at once (recovery_start loops on this). */
+/* Which links keep the parameters the worker held, for step lo again:
+ * only where the shard moved on past lo, lo was the version pulled there,
+ * and no PULL failed part way through that range since (it holds some of
+ * a newer version, and zeros where a frame failed to open). */
+Test(members, recovery_keeps)
+{
+	static const struct { uint64_t got, prev; int torn; uint64_t lo; int want; } rows[] = {
+		{ 8, 7, 0, 7, 1 }, /* moved on, held lo: kept */
+		{ 8, 7, 1, 7, 0 }, /* the same, torn by a failed PULL: the newer version serves */
+		{ 7, 7, 0, 7, 0 }, /* still at lo: pulled */
+		{ 8, 8, 0, 7, 0 }, /* had pulled lo + 1: pushed for lo already */
+		{ 9, 6, 0, 7, 0 }, /* held an older version */
+		{ 7, 6, 1, 7, 0 },
+	};
+	for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+		cr_expect_eq(recovery_keeps(rows[i].got, rows[i].prev, rows[i].torn, rows[i].lo),
+			     rows[i].want, "row %zu", i);
+}
+
 Test(members, recovery_agree)
 {
 	static const struct {

@@ -30,7 +30,10 @@
  * ps (below); the others against the MLP of blobs.
  * The ps's [cluster] wire_dtype is bf16 if the input's first byte has an
  * odd tens digit (18: a HEARTBEAT first), else fp32, so both its
- * assemblies and a dtype it does not expect are reached.
+ * assemblies and a dtype it does not expect are reached. Worker 0's
+ * frames are sealed with AEGIS-256 if that byte is odd and this CPU has
+ * it (the ps, with one crypto thread, opens a push's chunks after the
+ * first straight into place), else with ChaCha20-Poly1305.
  * If the input's first byte is under 200, the connection is worker 0's,
  * handed over authenticated; the peer's side shuts its writing half and
  * the ps serves it on this thread until the end.
@@ -70,8 +73,9 @@
  *   250..255  the records that follow go to worker (k - 250) % 3's
  *             connection, opened now (a join, or a worker coming back)
  *             if it has none open (at most EL_CONNS in all); worker 1's
- *             frames are local (a worker beside its ps), the others'
- *             sealed
+ *             frames are local (a worker beside its ps), worker 2's
+ *             sealed with AEGIS-256 (where this CPU has it), worker 0's
+ *             with ChaCha20-Poly1305
  * and a PUSH (kind % 10 == 3) names worker byte 0 & 3 and slice
  * (byte 0 >> 2) & 7 (4..7: no slice of the step). Then every connection
  * shuts its writing half and the ps's accept-loop round runs every 10 ms
@@ -153,7 +157,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	char ini[1024];
 	snprintf(ini, sizeof(ini),
 		 "[cluster]\nps = 127.0.0.1:1\nworkers = 127.0.0.1:2\nkey_file = %s/cluster.key\n"
-		 "peer_timeout = 1\n"
+		 "peer_timeout = 1\ncrypto_threads = 1\n"
 		 "[data]\nformat = csv\ntrain_csv = %s/blobs.csv\nlabel_column = first\n"
 		 "[train]\nsteps = 1000\nbatch_size = 2\nlearning_rate = 0.05\noptimizer = adam\n"
 		 "checkpoint_dir = %s\nthreads = 1\n"
@@ -166,7 +170,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 			      "\t17\t18\t19\t1a\t1b\t1c\t1d\t1e\t1f\t20\t21\t22\t23\n");
 	snprintf(ini, sizeof(ini),
 		 "[cluster]\nps = 127.0.0.1:1\nworkers = 127.0.0.1:2\nkey_file = %s/cluster.key\n"
-		 "peer_timeout = 1\n"
+		 "peer_timeout = 1\ncrypto_threads = 1\n"
 		 "[data]\nformat = criteo\ntrain_csv = %s/ctr.txt\n"
 		 "[train]\nsteps = 1000\nbatch_size = 2\nlearning_rate = 0.05\noptimizer = adam\n"
 		 "embedding_optimizer = lazy_adam\ncheckpoint_dir = %s\nthreads = 1\n"
@@ -177,7 +181,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	/* The elastic ps: the MLP, 3 workers listed, min_workers 1, 4 slices. */
 	snprintf(ini, sizeof(ini),
 		 "[cluster]\nps = 127.0.0.1:1\nworkers = 127.0.0.1:2, 127.0.0.1:3, 127.0.0.1:4\nmin_workers = 1\n"
-		 "key_file = %s/cluster.key\npeer_timeout = 1\n"
+		 "key_file = %s/cluster.key\npeer_timeout = 1\ncrypto_threads = 1\n"
 		 "[data]\nformat = csv\ntrain_csv = %s/blobs.csv\nlabel_column = first\n"
 		 "[train]\nsteps = 1000\nslices = 4\nbatch_size = 1\nlearning_rate = 0.05\noptimizer = adam\n"
 		 "checkpoint_dir = %s\nthreads = 1\n"
@@ -519,7 +523,9 @@ static void *el_serve(void *arg)
  * one key per direction, as a handshake would have made. Worker 1 runs
  * beside the ps: its frames are local (FRAME_LOCAL, not sealed), and the
  * elastic ps, which aggregates whole gradients, reads their values
- * straight into its buffer (net/pipe.h pipe_place), so a hostile frame
+ * straight into its buffer (net/pipe.h pipe_place); worker 2's are
+ * sealed with AEGIS-256 where this CPU has it, and opened there (the ps
+ * has one crypto thread), worker 0's with ChaCha20-Poly1305; so a hostile frame
  * meets that path too. */
 static struct el_conn *el_open(struct ps_harness *h, struct el_conn *cs, int *n, int w)
 {
@@ -531,7 +537,9 @@ static struct el_conn *el_open(struct ps_harness *h, struct el_conn *cs, int *n,
 	c->h = h;
 	c->w = w;
 	c->hr.peer.role = HS_WORKER;
-	enum frame_cipher fc = w == 1 ? FRAME_LOCAL : FRAME_CHACHA20POLY1305;
+	enum frame_cipher fc = w == 1				  ? FRAME_LOCAL
+			       : w == 2 && frame_aegis_available() ? FRAME_AEGIS256
+								   : FRAME_CHACHA20POLY1305;
 	FUZZ_CHECK(frame_key_init(&c->tx, k1, fc) == 0);
 	FUZZ_CHECK(frame_key_init(&c->hr.recv, k1, fc) == 0);
 	FUZZ_CHECK(frame_key_init(&c->hr.send, k2, fc) == 0);
@@ -634,10 +642,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct frame_key wtx, wrx;
 	struct hs_result hr;
 	memset(&hr, 0, sizeof(hr));
-	FUZZ_CHECK(frame_key_init(&wtx, k1, FRAME_CHACHA20POLY1305) == 0);
-	FUZZ_CHECK(frame_key_init(&wrx, k2, FRAME_CHACHA20POLY1305) == 0);
-	FUZZ_CHECK(frame_key_init(&hr.recv, k1, FRAME_CHACHA20POLY1305) == 0);
-	FUZZ_CHECK(frame_key_init(&hr.send, k2, FRAME_CHACHA20POLY1305) == 0);
+	enum frame_cipher fc = size && data[0] % 2 && frame_aegis_available() ? FRAME_AEGIS256
+									       : FRAME_CHACHA20POLY1305;
+	FUZZ_CHECK(frame_key_init(&wtx, k1, fc) == 0);
+	FUZZ_CHECK(frame_key_init(&wrx, k2, fc) == 0);
+	FUZZ_CHECK(frame_key_init(&hr.recv, k1, fc) == 0);
+	FUZZ_CHECK(frame_key_init(&hr.send, k2, fc) == 0);
 	hr.peer.role = HS_WORKER;
 
 	int sp[2] = { -1, -1 };

@@ -9,8 +9,8 @@
  * socketpair each; everything the ps side sends comes from the input.
  *
  * The model is a 64-512-3 MLP, 34,819 parameters over 2 ps: a shard is 2
- * float32 chunks, so that the second is read into place (local frames)
- * or opened on the pool (sealed ones).
+ * float32 chunks, so that the second is read into place (local frames),
+ * opened into place (AEGIS-256 without a pool) or opened on the pool.
  *
  * Byte 0 (mode):
  *   bits 0-2  what the worker does: 0 push and pull (links_exchange),
@@ -18,14 +18,17 @@
  *             4 push and pull with a flow for the parameters (overlap),
  *             5 STATUS, 6 CHECKPOINT, 7 DONE
  *   bit 3     local frames (not sealed, as over a ps's Unix socket);
- *             else sealed (ChaCha20-Poly1305, as over TCP)
+ *             else sealed, as over TCP (byte 1 bit 2 says with what)
  *   bit 4     [cluster] wire_dtype = bf16
  *   bit 5     piece mode (the PULL goes before the PUSH)
  *   bit 6     packed float32 (sealed links only, as over TCP)
  *   bit 7     the elastic config (3 workers, min_workers 1, 4 slices:
  *             VIEWs, and every push to ps 0 last)
  * Byte 1: bit 0 async; bit 1 wire_dtype = bf16_grads (without bit 4);
- *   bits 2-7 the version each link last pulled.
+ *   bit 2 sealed frames in AEGIS-256 where this CPU has it (opened into
+ *   place without a pool: the non-elastic config has one crypto thread,
+ *   the elastic one two), else ChaCha20-Poly1305; bits 3-7 the version
+ *   each link last pulled.
  * Then records [kind u8][len u8][len bytes], each turned into bytes from
  * the current ps (ps 0 at first):
  *   kind >= 250  the records that follow are ps (kind % 2)'s
@@ -122,12 +125,12 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	for (int el = 0; el < 2; el++) {
 		snprintf(ini, sizeof(ini),
 			 "[cluster]\nps = 127.0.0.1:1, 127.0.0.1:2\n%skey_file = %s/cluster.key\n"
-			 "peer_timeout = 1\n"
+			 "peer_timeout = 1\ncrypto_threads = %d\n"
 			 "[data]\nformat = csv\ntrain_csv = %s/data.csv\nlabel_column = first\n"
 			 "[train]\nsteps = 1000\n%sbatch_size = 1\nlearning_rate = 0.05\n"
 			 "checkpoint_dir = %s/ckpt\nthreads = 1\n"
 			 "[model]\ninput = 64\nlayer = dense 512\nlayer = relu\nlayer = dense 3\n",
-			 kinds[el], dir, dir, el ? "slices = 4\n" : "", dir);
+			 kinds[el], dir, 1 + el, dir, el ? "slices = 4\n" : "", dir);
 		config_from(el ? &cfg_el : &cfg, el ? &setup_el : &setup, el ? "elastic.ini" : "cluster.ini",
 			    ini);
 	}
@@ -390,8 +393,23 @@ static void worker_check(const struct links *lk, int r, int pulled, const char *
 			FUZZ_CHECK(u != POISON);
 		}
 	}
-	for (int k = 0; k < lk->nps; k++)
-		FUZZ_CHECK(lk->ln[k].state != LINK_EXCHANGING);
+	for (int k = 0; k < lk->nps; k++) {
+		const struct link *l = &lk->ln[k];
+		FUZZ_CHECK(l->state != LINK_EXCHANGING);
+		/* A range a PULL wrote part of is marked torn, so that
+		 * recovery does not keep it as the version before. */
+		size_t untouched = 0, n = l->range.end - l->range.begin;
+		for (size_t i = l->range.begin; i < l->range.end; i++) {
+			uint32_t u;
+			memcpy(&u, &params[i], 4);
+			untouched += u == POISON;
+		}
+		if (untouched > 0 && untouched < n && !l->torn)
+			fprintf(stderr, "fuzz_worker: ps %d's range is part written (%zu of %zu untouched) but not torn\n",
+				k, untouched, n);
+		FUZZ_CHECK(untouched == 0 || untouched == n || l->torn);
+		FUZZ_CHECK(!(r == 0 && pulled && l->torn));
+	}
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -405,7 +423,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	const struct role_setup *s = mode & 0x80 ? &setup_el : &setup;
 	c->cluster.wire_dtype = mode & 0x10 ? PRECISION_BF16 : opts & 2 ? PRECISION_BF16_GRADS : PRECISION_FP32;
 	c->train.mode = opts & 1 ? MODE_ASYNC : MODE_SYNC;
-	enum frame_cipher fc = mode & 0x08 ? FRAME_LOCAL : FRAME_CHACHA20POLY1305;
+	enum frame_cipher fc = mode & 0x08			     ? FRAME_LOCAL
+			       : opts & 4 && frame_aegis_available() ? FRAME_AEGIS256
+								     : FRAME_CHACHA20POLY1305;
 	size_t P = s->job.m.nparams;
 	struct shard plan[NPS];
 	shard_plan(plan, NPS, P);
@@ -418,7 +438,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	int sp[NPS][2];
 	for (int k = 0; k < NPS; k++) {
 		socket_pair(sp[k]);
-		link_attach(&lk.ln[k], sp[k][1], fc, opts >> 2);
+		link_attach(&lk.ln[k], sp[k][1], fc, opts >> 3);
 		ps[k] = (struct ps_side){ .k = k, .n = plan[k].end - plan[k].begin, .dt = role_param_dtype(c) };
 		uint8_t k2[FRAME_KEY_BYTES];
 		memset(k2, 0x22, sizeof(k2));

@@ -8,7 +8,8 @@
  * The input is: 32 bytes of key, 32 of nonce, a byte for the ad's share
  * and two for the cut, then the rest split into ad and message. Checks:
  * ours seals as libaegis does (whole, in place, and from two parts cut
- * anywhere), opens what libaegis sealed (out of place and in place), and
+ * anywhere), opens what libaegis sealed (out of place, in place, and
+ * into two parts cut there, whose first the peek gives), and
  * refuses it, with the output zeroed, after one bit changes in the
  * ciphertext, tag, ad, nonce or key; libaegis opens what ours sealed. */
 #include "../../net/aegis.h"
@@ -74,6 +75,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	memcpy(buf, ref, mlen);
 	FUZZ_CHECK(aegis256_decrypt(buf, buf, mlen, rtag, ad, adlen, nonce, key) == 0);
 	FUZZ_CHECK(memcmp(buf, m, mlen) == 0);
+	/* Opened in two parts at the cut (the first in place), as a frame's
+	 * values are opened into their tensor; the peek is the first part. */
+	memset(ours, 0xa5, mlen + 1);
+	aegis256_peek(ours, cut, ref, ad, adlen, nonce, key);
+	FUZZ_CHECK(memcmp(ours, m, cut) == 0 && ours[cut] == 0xa5);
+	memcpy(buf, ref, mlen);
+	memset(ours, 0xa5, mlen + 1);
+	FUZZ_CHECK(aegis256_decrypt2(buf, cut, ours, buf, mlen, rtag, ad, adlen, nonce, key) == 0);
+	FUZZ_CHECK(memcmp(buf, m, cut) == 0 && memcmp(ours, m + cut, mlen - cut) == 0);
+	FUZZ_CHECK(ours[mlen - cut] == 0xa5);
 
 	/* One bit changed in each field the input has, where its cut says. */
 	uint8_t *fields[] = { ref, rtag, ad, nonce, key };
@@ -90,6 +101,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		memcpy(buf, ref, mlen);
 		FUZZ_CHECK(aegis256_decrypt(buf, buf, mlen, rtag, ad, adlen, nonce, key) == -1);
 		all_zero(buf, mlen);
+		memcpy(buf, ref, mlen);
+		memset(ours, 0xa5, mlen + 1);
+		FUZZ_CHECK(aegis256_decrypt2(buf, cut, ours, buf, mlen, rtag, ad, adlen, nonce, key) == -1);
+		all_zero(buf, cut);
+		all_zero(ours, mlen - cut);
+		FUZZ_CHECK(ours[mlen - cut] == 0xa5);
 		fields[f][at] ^= bit;
 	}
 	free(ad), free(m), free(ref), free(ours), free(buf);

@@ -42,8 +42,8 @@
  *           pipe_place)
  *   sealed-copy  bench only: sealed, but each frame opened whole in the
  *           pipe's buffer and its values copied out (the path before
- *           AEGIS-256 frames were opened into place; sealed opens into
- *           place where it runs one frame at a time)
+ *           AEGIS-256 frames were opened into place, one at a time or
+ *           on the pool)
  *
  * A server thread plays the ps: it decodes each PUSH chunk into a float
  * buffer (msg_assembly_add), answers a whole push with ACK, and answers PULL
@@ -144,6 +144,7 @@ static int tensor_encode(void *ctx, uint64_t i, uint8_t *msg, size_t cap, struct
 struct tensor_rx {
 	struct msg_assembly *a;
 	float *dst;
+	uint64_t base; /* a->received when the pipe's receive began */
 };
 
 /* The chunks of a tensor, for pipe_recv: into an assembly. */
@@ -171,6 +172,19 @@ static uint8_t *tensor_where(void *ctx, const uint8_t *head, size_t mlen)
 	return (uint8_t *)(x->dst + x->a->received);
 }
 
+/* The same for frames opened on the pool (net/conn.c's chunk_ahead):
+ * message i goes at position i from where the receive began. */
+static uint8_t *tensor_ahead(void *ctx, uint64_t i, const uint8_t *head, size_t mlen)
+{
+	(void)head;
+	const struct tensor_rx *x = ctx;
+	uint64_t at = x->base + i * MSG_CHUNK_FLOATS, left = at < x->a->n ? x->a->n - at : 0;
+	uint64_t count = left < MSG_CHUNK_FLOATS ? left : MSG_CHUNK_FLOATS;
+	if (!count || mlen != MSG_CHUNK_HDR_BYTES + count * sizeof(float))
+		return NULL;
+	return (uint8_t *)(x->dst + at);
+}
+
 static int tensor_took(void *ctx, uint64_t i, const uint8_t *msg, const uint8_t *body, size_t mlen,
 		       char *err, size_t errlen)
 {
@@ -188,7 +202,9 @@ static int tensor_took(void *ctx, uint64_t i, const uint8_t *msg, const uint8_t 
 static int tensor_recv(struct pipe *pp, int fd, struct frame_key *rx, enum mode m,
 		       struct tensor_rx *x, char *e, size_t elen)
 {
-	const struct pipe_place pl = { { MSG_CHUNK_HDR_BYTES, tensor_where, x }, tensor_took };
+	const struct pipe_place pl = { { MSG_CHUNK_HDR_BYTES, tensor_where, x }, tensor_took,
+				       tensor_ahead };
+	x->base = x->a->received;
 	return pipe_recv_placed(pp, fd, rx, msg_chunks(x->a->n - x->a->received, WIRE_F32),
 				m == M_LOCALCOPY || m == M_SEALEDCOPY ? NULL : &pl, tensor_deliver, x,
 				TIMEOUT_MS, e, elen);

@@ -486,6 +486,33 @@ static uint8_t *chunk_where(void *ctx, const uint8_t *head, size_t mlen)
 #endif
 }
 
+/* chunk_where for a frame opened on the pool before the messages ahead of
+ * it are delivered: message i of the receive goes to its place if it is
+ * the whole float32 chunk at position i from where the receive began
+ * (x->base), as the sender's msg_chunk_range lays them out. Reads only
+ * what the receive does not change (not a->received); the messages
+ * before i fill at most i chunks from x->base, so none reaches it. */
+static uint8_t *chunk_ahead(void *ctx, uint64_t i, const uint8_t *head, size_t mlen)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+	const struct conn_chunk_rx *x = ctx;
+	const struct msg_assembly *a = x->a;
+	uint64_t m = msg_chunk_max(WIRE_F32), at = x->base + i * m;
+	struct msg_chunk ch;
+	if (!x->dst || a->dtype != WIRE_F32 || head[0] != x->type || at >= a->n ||
+	    msg_decode_chunk_head(head, mlen, &ch, NULL, 0) || ch.offset != at ||
+	    ch.count != (a->n - at < m ? a->n - at : m))
+		return NULL;
+	return (uint8_t *)(x->dst + at);
+#else
+	(void)ctx;
+	(void)i;
+	(void)head;
+	(void)mlen;
+	return NULL;
+#endif
+}
+
 /* A message whose values chunk_where placed: a float32 chunk of x's type
  * is taken (the assembly refuses one at another offset than where it
  * went); anything else goes to chunk_deliver whole. */
@@ -516,7 +543,9 @@ int conn_recv_rest(struct conn *cn, struct conn_chunk_rx *x, char *err, size_t e
 	if (!cn->rp)
 		return err_set(err, errlen, -EINVAL, "no pipe on this connection");
 	int r = conn_ready(cn, 0, err, errlen);
-	const struct pipe_place pl = { { MSG_CHUNK_HDR_BYTES, chunk_where, x }, chunk_took };
+	const struct pipe_place pl = { { MSG_CHUNK_HDR_BYTES, chunk_where, x }, chunk_took,
+				       chunk_ahead };
+	x->base = x->a->received;
 	return r ? r : pipe_recv_placed(cn->rp, cn->fd, &cn->keys->recv,
 					msg_chunks(x->a->n - x->a->received, x->a->dtype), &pl,
 					chunk_deliver, x, cn->read_ms, err, errlen);

@@ -270,8 +270,9 @@ struct conn_chunk_rx {
 	int (*other)(void *ctx, int type, const uint8_t *msg, size_t len, char *err, size_t errlen);
 	void *ctx;
 	uint64_t value_bytes; /* the chunks' payloads taken so far, headers not counted */
-	uint64_t placed;      /* values read straight into dst (a local frame's
-			       * body: net/pipe.h), not copied there */
+	uint64_t placed;      /* values read or opened straight into dst
+			       * (net/pipe.h pipe_place), not copied there */
+	uint64_t base;        /* conn_recv_rest: a->received when it began */
 };
 
 /* Sends the whole tensor t on sender s's pipe (its frames sealed on the

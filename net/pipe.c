@@ -32,9 +32,16 @@
  * the tag is checked, and are zeroed when it fails, as a failed local
  * read zeroes them: nothing counts them as received before.
  *
- * Rejected: placing frames opened on the pool (the place depends on
- * the chunks delivered before, in order, and a pool thread opens frame i
- * before frame i-1 is delivered); placing for AES-256-GCM and
+ * Frames opened on the pool are placed too where the receiver can say
+ * where message i goes before the messages ahead of it are delivered
+ * (pipe_place.ahead: the chunk expected at position i, every one before
+ * it having been the chunk expected at its own): a pool thread opens its
+ * header ahead, asks, and opens the values there; delivery, in order,
+ * checks the header against the assembly as for any placed frame.
+ *
+ * Rejected: placing frames opened on the pool from where (its place
+ * depends on the chunks delivered before, in order, and a pool thread
+ * opens frame i before frame i-1 is delivered); placing for AES-256-GCM and
  * ChaCha20-Poly1305, whose libsodium calls open into one buffer; a
  * window larger than threads + 1 (more memory per connection, no more
  * cores). */
@@ -56,6 +63,8 @@ struct pipe_slot {
 	pipe_encode_fn enc; /* sealing */
 	void *ctx;
 	uint8_t hdr[FRAME_HDR_BYTES]; /* opening: the frame's header */
+	const struct pipe_place *pl;  /* opening: NULL, or where values may go */
+	uint8_t *body;                /* opened: NULL, or where its values went */
 	struct frame_iov fo; /* sealed: the frame's parts */
 	size_t len; /* read: ciphertext bytes; opened: message bytes */
 	int rc;
@@ -150,11 +159,30 @@ static void seal_run(void *arg)
 	frame_key_wipe(s->k);
 }
 
+/* Where the values of the frame in s go, from its head opened ahead
+ * (not authenticated yet) and pl->ahead; NULL: into the slot. */
+static uint8_t *slot_place(struct pipe_slot *s)
+{
+	uint8_t head[SOCK_PLACE_HEAD_MAX];
+	size_t hl = s->pl->at.head, mlen = s->len - FRAME_TAG_BYTES;
+	if (hl > sizeof head || s->len < FRAME_TAG_BYTES || mlen <= hl ||
+	    frame_peek(s->k, s->hdr, s->buf, s->len, head, hl))
+		return NULL;
+	uint8_t *b = s->pl->ahead(s->ctx, s->i, head, mlen);
+	sodium_memzero(head, sizeof head);
+	return b;
+}
+
 static void open_run(void *arg)
 {
 	struct pipe_slot *s = arg;
-	s->rc = frame_open(s->k, s->hdr, s->buf, s->len, s->buf, FRAME_BYTES_MAX, &s->len,
-			   s->err, sizeof s->err);
+	s->body = s->pl ? slot_place(s) : NULL;
+	if (s->body)
+		s->rc = frame_open_split(s->k, s->hdr, s->buf, s->len, s->buf, s->pl->at.head,
+					 s->body, &s->len, s->err, sizeof s->err);
+	else
+		s->rc = frame_open(s->k, s->hdr, s->buf, s->len, s->buf, FRAME_BYTES_MAX, &s->len,
+				   s->err, sizeof s->err);
 	frame_key_wipe(s->k);
 }
 
@@ -289,6 +317,12 @@ static int slot_deliver(struct pipe_slot *s, pipe_deliver_fn fn, void *ctx, char
 {
 	if (s->rc < 0)
 		return err_set(err, errlen, s->rc, "%s", s->err);
+	if (s->body) {
+		int r = s->pl->took(ctx, s->i, s->buf, s->body, s->len, err, errlen);
+		if (r != 1)
+			return r;
+		memcpy(s->buf + s->pl->at.head, s->body, s->len - s->pl->at.head);
+	}
 	return fn(ctx, s->i, s->buf, s->len, err, errlen);
 }
 
@@ -313,11 +347,14 @@ int pipe_recv_placed(struct pipe *p, int fd, struct frame_key *rx, uint64_t nfra
 	uint64_t K = (uint64_t)p->nslots, nread = 0, given = 0;
 	int rerr = 0;
 	char rmsg[320] = "";
+	const struct pipe_place *ahead = pl && pl->ahead && rx->cipher == FRAME_AEGIS256 ? pl : NULL;
 	while (given < nframes) {
 		if (!rerr && nread < nframes && nread - given < K) {
 			struct pipe_slot *s = &p->slots[nread % K];
 			rerr = sock_read_sealed(fd, s->hdr, s->buf, FRAME_BYTES_MAX, &s->len,
 						timeout_ms, rmsg, sizeof rmsg);
+			s->pl = ahead;
+			s->ctx = ctx;
 			if (rerr == 0)
 				slot_submit(p, s, rx, nread++, open_run);
 			/* Hand over what is already open before reading on. */

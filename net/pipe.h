@@ -113,8 +113,8 @@ PIPE_MUST_CHECK int pipe_recv(struct pipe *p, int fd, struct frame_key *rx, uint
  * (right after the last one's): on frames received one at a time each
  * message's bytes past at.head go straight there (sock_read_placed), not
  * into the pipe's buffer and then copied: local frames (FRAME_LOCAL) are
- * read there, AEGIS-256 frames opened there (without a pool of more
- * than one thread; frames opened on a pool are copied). For a GPU worker
+ * read there, AEGIS-256 frames opened there (on a pool of more than one
+ * thread only where `ahead` says where, else copied). For a GPU worker
  * beside its ps, the parameters land in the pinned buffer they are
  * uploaded from; for a CPU worker, in its parameters, and for a ps, in
  * the push's slot. at.where sees the message's head before it names a
@@ -130,6 +130,18 @@ struct pipe_place {
 	struct sock_place at;
 	int (*took)(void *ctx, uint64_t i, const uint8_t *msg, const uint8_t *body, size_t mlen,
 		    char *err, size_t errlen);
+	/* Optional: for AEGIS-256 frames opened on a pool, where the values
+	 * of message i of this call go, from its head (at.head bytes, not
+	 * authenticated yet), if it is the message expected at position i
+	 * when every one before it was the one expected at its own; NULL
+	 * keeps them in the frame's buffer. Called on pool threads, several
+	 * at once and before the messages ahead of i are delivered: it may
+	 * read only what does not change during the call, and must name
+	 * places that no message delivered before i can write (past the
+	 * most the messages before i can fill). Without it, such frames are
+	 * copied. A frame after one that fails may have been opened into
+	 * its place already: authenticated values, not received. */
+	uint8_t *(*ahead)(void *ctx, uint64_t i, const uint8_t *head, size_t mlen);
 };
 
 /* pipe_recv, with pl (NULL: none) placing the messages it can. */

@@ -363,7 +363,7 @@ static void *serve(void *arg)
 			if (r < 0)
 				die("server PUSH", e);
 			if (r == 0 && piped(sv->mode)) { /* the rest, as cluster/ps.c does */
-				struct tensor_rx x = { &a, grad };
+				struct tensor_rx x = { .a = &a, .dst = grad };
 				if (tensor_recv(&pp, fd, &rx.fk, sv->mode, &x, e, elen))
 					die("server PUSH", e);
 				r = msg_assembly_done(&a);
@@ -445,7 +445,7 @@ static void do_pull(struct client *c)
 	if (msg_assembly_init(&a, WIRE_PARAMS, 0, c->n, WIRE_F32, e, sizeof e))
 		die("client", e);
 	if (piped(c->rx.mode)) {
-		struct tensor_rx x = { &a, c->params };
+		struct tensor_rx x = { .a = &a, .dst = c->params };
 		if (tensor_recv(&c->pp, c->fd, &c->rx.fk, c->rx.mode, &x, e, sizeof e))
 			die("client PARAMS", e);
 	}

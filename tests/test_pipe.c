@@ -619,78 +619,57 @@ Test(pipe, local_frames_placed_refuse_a_wrong_counter)
 	}
 }
 
-/* Local frames with a place for their values: every chunk read straight
- * into the tensor, none through the buffer, and the same bits arrive;
- * with or without a pool (local frames go one at a time either way). */
-Test(pipe, local_frames_are_read_into_place)
+/* A tensor sent with `threads` crypto threads a side to a receiver that
+ * places its chunks: every chunk's values go straight into the tensor,
+ * none through the buffer, the same bits arrive, and the counter moves
+ * as it does for frames taken whole. */
+static void round_trip_placed(int threads, int local, int seed)
 {
-	for (int threads = 0; threads <= 4; threads += 4) {
-		uint64_t n = 4 * (uint64_t)MSG_CHUNK_FLOATS + 77, C = msg_chunks(n, WIRE_F32);
-		int sv[2];
-		pair(sv);
-		float *src = tensor_new(n, 5);
-		struct sender s = { .fd = sv[0], .threads = threads, .t = { .src = src, .n = n } };
-		struct frame_key rx;
-		keys_of(&s.tx, &rx, 3, 1);
-		struct tensor_rx x;
-		rx_init(&x, n);
-		pthread_t th;
-		cr_assert_eq(pthread_create(&th, NULL, sender_main, &s), 0);
-		char e[320] = "";
-		int r = receive_placed(sv[1], threads, &rx, &x, 1, e, sizeof e);
-		pthread_join(th, NULL);
-		cr_assert_eq(s.rc, 0, "%s", s.err);
-		cr_assert_eq(r, 0, "%s", e);
-		cr_assert(x.order_ok);
-		cr_assert_eq(x.placed, C, "%llu of %llu chunks placed", (unsigned long long)x.placed,
-			     (unsigned long long)C);
-		cr_assert(msg_assembly_done(&x.a));
-		cr_assert_eq(memcmp(x.dst, src, n * sizeof(float)), 0);
-		cr_assert_eq(rx.counter, 3 + C);
-		free(src);
-		free(x.dst);
-		close(sv[0]);
-		close(sv[1]);
-	}
+	uint64_t n = 4 * (uint64_t)MSG_CHUNK_FLOATS + 77, C = msg_chunks(n, WIRE_F32);
+	int sv[2];
+	pair(sv);
+	float *src = tensor_new(n, seed);
+	struct sender s = { .fd = sv[0], .threads = threads, .t = { .src = src, .n = n } };
+	struct frame_key rx;
+	keys_of(&s.tx, &rx, 3, local);
+	cr_assert_eq(rx.cipher, local ? FRAME_LOCAL : FRAME_AEGIS256);
+	struct tensor_rx x;
+	rx_init(&x, n);
+	pthread_t th;
+	cr_assert_eq(pthread_create(&th, NULL, sender_main, &s), 0);
+	char e[320] = "";
+	int r = receive_placed(sv[1], threads, &rx, &x, 1, e, sizeof e);
+	pthread_join(th, NULL);
+	cr_assert_eq(s.rc, 0, "%s", s.err);
+	cr_assert_eq(r, 0, "%s", e);
+	cr_assert(x.order_ok);
+	cr_assert_eq(x.placed, C, "%d threads: %llu of %llu chunks placed", threads,
+		     (unsigned long long)x.placed, (unsigned long long)C);
+	cr_assert(msg_assembly_done(&x.a));
+	cr_assert_eq(memcmp(x.dst, src, n * sizeof(float)), 0);
+	cr_assert_eq(rx.counter, 3 + C);
+	free(src);
+	free(x.dst);
+	close(sv[0]);
+	close(sv[1]);
 }
 
-/* Sealed frames: with AEGIS-256 every chunk's values are opened straight
- * into the tensor, received one at a time (from where) or on a pool
- * (from ahead), the same bits arrive, and the counter moves as it does
- * opening them whole. */
+/* Local frames, with or without a pool (they go one at a time either
+ * way), are read into place. */
+Test(pipe, local_frames_are_read_into_place)
+{
+	for (int threads = 0; threads <= 4; threads += 4)
+		round_trip_placed(threads, 1, 5);
+}
+
+/* AEGIS-256 frames are opened into place, received one at a time (from
+ * where) or on a pool (from ahead). */
 Test(pipe, sealed_frames_are_opened_into_place)
 {
 	if (!frame_aegis_available())
 		cr_skip_test("this CPU has no AES-NI: AEGIS-256 frames are not opened into place");
-	for (int threads = 0; threads <= 4; threads += 1 + 2 * (threads == 1)) {
-		uint64_t n = 4 * (uint64_t)MSG_CHUNK_FLOATS + 77, C = msg_chunks(n, WIRE_F32);
-		int sv[2];
-		pair(sv);
-		float *src = tensor_new(n, 6);
-		struct sender s = { .fd = sv[0], .threads = threads, .t = { .src = src, .n = n } };
-		struct frame_key rx;
-		keys_of(&s.tx, &rx, 3, 0);
-		cr_assert_eq(rx.cipher, FRAME_AEGIS256);
-		struct tensor_rx x;
-		rx_init(&x, n);
-		pthread_t th;
-		cr_assert_eq(pthread_create(&th, NULL, sender_main, &s), 0);
-		char e[320] = "";
-		int r = receive_placed(sv[1], threads, &rx, &x, 1, e, sizeof e);
-		pthread_join(th, NULL);
-		cr_assert_eq(s.rc, 0, "%s", s.err);
-		cr_assert_eq(r, 0, "%s", e);
-		cr_assert(x.order_ok);
-		cr_assert_eq(x.placed, C, "%d threads: %llu of %llu chunks placed", threads,
-			     (unsigned long long)x.placed, (unsigned long long)C);
-		cr_assert(msg_assembly_done(&x.a));
-		cr_assert_eq(memcmp(x.dst, src, n * sizeof(float)), 0);
-		cr_assert_eq(rx.counter, 3 + C);
-		free(src);
-		free(x.dst);
-		close(sv[0]);
-		close(sv[1]);
-	}
+	for (int threads = 0; threads <= 4; threads += 1 + 2 * (threads == 1))
+		round_trip_placed(threads, 0, 6);
 }
 
 /* Sealed frames opened into place, one at a time and on a pool: a frame

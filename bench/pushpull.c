@@ -191,8 +191,9 @@ static int tensor_took(void *ctx, uint64_t i, const uint8_t *msg, const uint8_t 
 	struct tensor_rx *x = ctx;
 	struct msg_chunk ch;
 	(void)i;
-	(void)body;
 	int r = msg_decode_chunk_head(msg, mlen, &ch, err, errlen);
+	if (r == 0 && body != (const uint8_t *)(x->dst + ch.offset))
+		return 1; /* not the chunk its place was for: taken whole */
 	if (r == 0)
 		r = msg_assembly_add(x->a, &ch, NULL, err, errlen);
 	return r < 0 ? r : 0;

@@ -513,9 +513,9 @@ static uint8_t *chunk_ahead(void *ctx, uint64_t i, const uint8_t *head, size_t m
 #endif
 }
 
-/* A message whose values chunk_where placed: a float32 chunk of x's type
- * is taken (the assembly refuses one at another offset than where it
- * went); anything else goes to chunk_deliver whole. */
+/* A message whose values chunk_where or chunk_ahead placed: a float32
+ * chunk of x's type is taken (the assembly refuses one at another offset
+ * than where it went); anything else goes to chunk_deliver whole. */
 static int chunk_took(void *ctx, uint64_t i, const uint8_t *msg, const uint8_t *body, size_t mlen,
 		      char *err, size_t errlen)
 {

@@ -138,7 +138,8 @@ struct pipe_place {
 	 * at once and before the messages ahead of i are delivered: it may
 	 * read only what does not change during the call, and must name
 	 * places that no message delivered before i can write (past the
-	 * most the messages before i can fill). Without it, such frames are
+	 * most the messages before i can fill), each position a range of
+	 * its own. Without it, such frames are
 	 * copied. A frame after one that fails may have been opened into
 	 * its place already: authenticated values, not received. */
 	uint8_t *(*ahead)(void *ctx, uint64_t i, const uint8_t *head, size_t mlen);

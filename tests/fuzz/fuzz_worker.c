@@ -10,7 +10,10 @@
  *
  * The model is a 64-512-3 MLP, 34,819 parameters over 2 ps: a shard is 2
  * float32 chunks, so that the second is read into place (local frames),
- * opened into place (AEGIS-256 without a pool) or opened on the pool.
+ * opened into place (AEGIS-256 without a pool) or opened on the pool;
+ * the elastic config's is 64-1024-3, 69,635 parameters, 3 chunks a
+ * shard, so that with its pool of 2 crypto threads the last two are
+ * opened together, into place by position (AEGIS-256) or copied.
  *
  * Byte 0 (mode):
  *   bits 0-2  what the worker does: 0 push and pull (links_exchange),
@@ -26,9 +29,9 @@
  *             VIEWs, and every push to ps 0 last)
  * Byte 1: bit 0 async; bit 1 wire_dtype = bf16_grads (without bit 4);
  *   bit 2 sealed frames in AEGIS-256 where this CPU has it (opened into
- *   place without a pool: the non-elastic config has one crypto thread,
- *   the elastic one two), else ChaCha20-Poly1305; bits 3-7 the version
- *   each link last pulled.
+ *   place: the non-elastic config has one crypto thread, the elastic one
+ *   two), else ChaCha20-Poly1305; bits 3-7 the version each link last
+ *   pulled.
  * Then records [kind u8][len u8][len bytes], each turned into bytes from
  * the current ps (ps 0 at first):
  *   kind >= 250  the records that follow are ps (kind % 2)'s
@@ -129,8 +132,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 			 "[data]\nformat = csv\ntrain_csv = %s/data.csv\nlabel_column = first\n"
 			 "[train]\nsteps = 1000\n%sbatch_size = 1\nlearning_rate = 0.05\n"
 			 "checkpoint_dir = %s/ckpt\nthreads = 1\n"
-			 "[model]\ninput = 64\nlayer = dense 512\nlayer = relu\nlayer = dense 3\n",
-			 kinds[el], dir, 1 + el, dir, el ? "slices = 4\n" : "", dir);
+			 "[model]\ninput = 64\nlayer = dense %d\nlayer = relu\nlayer = dense 3\n",
+			 kinds[el], dir, 1 + el, dir, el ? "slices = 4\n" : "", dir, el ? 1024 : 512);
 		config_from(el ? &cfg_el : &cfg, el ? &setup_el : &setup, el ? "elastic.ini" : "cluster.ini",
 			    ini);
 	}

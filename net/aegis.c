@@ -453,7 +453,6 @@ int aegis256_decrypt(uint8_t *m, const uint8_t *c, size_t clen,
 	return -1;
 }
 
-
 int aegis256_decrypt2(uint8_t *m1, size_t l1, uint8_t *m2, const uint8_t *c, size_t clen,
 		      const uint8_t tag[AEGIS256_TAG_BYTES], const uint8_t *ad, size_t adlen,
 		      const uint8_t nonce[AEGIS256_NONCE_BYTES],

@@ -464,53 +464,46 @@ static int chunk_deliver(void *ctx, uint64_t i, const uint8_t *msg, size_t len, 
 	return r < 0 ? r : chunk_take(x, &ch, len, 0, err, errlen);
 }
 
-/* Where the values of the tensor's next float32 chunk go, if the message
- * whose head this is is that chunk (the assembly checks the rest once
- * it is in): the bytes past the received ones. */
-static uint8_t *chunk_where(void *ctx, const uint8_t *head, size_t mlen)
+/* Where in x's tensor the values of the message whose head this is go,
+ * if it is a float32 chunk of x's type at offset `at` (the assembly checks
+ * the rest once it is in): whole, the full chunk msg_chunk_range puts
+ * there; else any count that fits. Floats are placed as they came only
+ * on a little-endian host. */
+static uint8_t *chunk_place(const struct conn_chunk_rx *x, const uint8_t *head, size_t mlen,
+			    uint64_t at, int whole)
 {
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-	struct conn_chunk_rx *x = ctx;
 	const struct msg_assembly *a = x->a;
+	uint64_t m = msg_chunk_max(WIRE_F32), left = at < a->n ? a->n - at : 0;
 	struct msg_chunk ch;
-	if (!x->dst || a->dtype != WIRE_F32 || head[0] != x->type ||
-	    msg_decode_chunk_head(head, mlen, &ch, NULL, 0) || ch.offset != a->received ||
-	    ch.count > a->n - a->received)
+	if (!x->dst || a->dtype != WIRE_F32 || head[0] != x->type || !left ||
+	    msg_decode_chunk_head(head, mlen, &ch, NULL, 0) || ch.offset != at ||
+	    (whole ? ch.count != (left < m ? left : m) : ch.count > left))
 		return NULL;
-	return (uint8_t *)(x->dst + a->received);
+	return (uint8_t *)(x->dst + at);
 #else
-	(void)ctx;
-	(void)head;
-	(void)mlen;
+	(void)x, (void)head, (void)mlen, (void)at, (void)whole;
 	return NULL;
 #endif
 }
 
+/* Where the values of the tensor's next chunk go: past the received ones. */
+static uint8_t *chunk_where(void *ctx, const uint8_t *head, size_t mlen)
+{
+	const struct conn_chunk_rx *x = ctx;
+	return chunk_place(x, head, mlen, x->a->received, 0);
+}
+
 /* chunk_where for a frame opened on the pool before the messages ahead of
  * it are delivered: message i of the receive goes to its place if it is
- * the whole float32 chunk at position i from where the receive began
- * (x->base), as the sender's msg_chunk_range lays them out. Reads only
- * what the receive does not change (not a->received); the messages
- * before i fill at most i chunks from x->base, so none reaches it. */
+ * the whole chunk at position i from where the receive began (x->base),
+ * as the sender's msg_chunk_range lays them out. Reads only what the
+ * receive does not change (not a->received); the messages before i fill
+ * at most i chunks from x->base, so none reaches it. */
 static uint8_t *chunk_ahead(void *ctx, uint64_t i, const uint8_t *head, size_t mlen)
 {
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
 	const struct conn_chunk_rx *x = ctx;
-	const struct msg_assembly *a = x->a;
-	uint64_t m = msg_chunk_max(WIRE_F32), at = x->base + i * m;
-	struct msg_chunk ch;
-	if (!x->dst || a->dtype != WIRE_F32 || head[0] != x->type || at >= a->n ||
-	    msg_decode_chunk_head(head, mlen, &ch, NULL, 0) || ch.offset != at ||
-	    ch.count != (a->n - at < m ? a->n - at : m))
-		return NULL;
-	return (uint8_t *)(x->dst + at);
-#else
-	(void)ctx;
-	(void)i;
-	(void)head;
-	(void)mlen;
-	return NULL;
-#endif
+	return chunk_place(x, head, mlen, x->base + i * msg_chunk_max(WIRE_F32), 1);
 }
 
 /* A message whose values chunk_where or chunk_ahead placed: a float32

@@ -265,7 +265,7 @@ int frame_open_tag(struct frame_key *k, const uint8_t tag[FRAME_TAG_BYTES], char
 }
 
 /* Why a frame's bytes cannot be opened under k, before any cipher runs
- * (0 if they can): mlen, the message's length; need, what out must hold. */
+ * (0 if they can); need: the bytes out must hold. */
 static int open_check(const struct frame_key *k, const uint8_t hdr[FRAME_HDR_BYTES], size_t ctlen,
 		      size_t outcap, size_t need, char *err, size_t errlen)
 {

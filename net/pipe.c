@@ -165,7 +165,7 @@ static uint8_t *slot_place(struct pipe_slot *s)
 {
 	uint8_t head[SOCK_PLACE_HEAD_MAX];
 	size_t hl = s->pl->at.head, mlen = s->len - FRAME_TAG_BYTES;
-	if (hl > sizeof head || s->len < FRAME_TAG_BYTES || mlen <= hl ||
+	if (hl > sizeof head || mlen <= hl || /* len >= FRAME_CT_MIN: sock_read_sealed */
 	    frame_peek(s->k, s->hdr, s->buf, s->len, head, hl))
 		return NULL;
 	uint8_t *b = s->pl->ahead(s->ctx, s->i, head, mlen);

@@ -1,4 +1,6 @@
-/* bench/fpack: how small and how fast net/fpack.c packs float32, against
+/* bench/fpack: how small and how fast net/fpack.c packs float32, and
+ * net/xdelta.c writes it as XORs with a version before it (the values
+ * after a step of about a thousandth of each, as training's), against
  * a plain memcpy (what a float32 chunk costs to encode), on one thread,
  * chunk by chunk (16384 values: what a frame carries, in cache). The
  * values are a safetensors file's (a checkpoint shard: weights and
@@ -9,6 +11,7 @@
  *   make CUDA=0 BUILD=build/cpu build/cpu/bench/fpack
  *   build/cpu/bench/fpack [CKPT/shard-0-of-1.safetensors] */
 #include "../net/fpack.h"
+#include "../net/xdelta.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -69,6 +72,62 @@ static float *make_weights(size_t n)
 	return v;
 }
 
+/* The XORs of v after a step of about 1e-3 of each value (a seeded
+ * one) with v: size, encode, check and apply (onto the base, copied back
+ * each time: the copy is in the figure). */
+static void xor_rows(const float *v, size_t nchunks)
+{
+	size_t n = nchunks * CHUNK, total = 0;
+	float *next = malloc(n * sizeof(float)), *back = malloc(CHUNK * sizeof(float));
+	uint8_t *bodies = malloc(nchunks * 4 * CHUNK);
+	size_t *len = malloc(nchunks * sizeof(size_t));
+	if (!next || !back || !bodies || !len)
+		exit(1);
+	uint64_t x = 2463534242ull;
+	for (size_t i = 0; i < n; i++) {
+		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+		next[i] = v[i] * (1.0f + 1e-3f * ((float)(x >> 40) * 0x1p-23f - 1.0f));
+	}
+	for (size_t c = 0; c < nchunks; c++) {
+		len[c] = xdelta_encode(bodies + c * 4 * CHUNK, 4 * CHUNK - 1, next + c * CHUNK, v + c * CHUNK, CHUNK);
+		total += len[c] ? len[c] : 4 * CHUNK;
+	}
+	double best[3] = { 0 };
+	uint8_t *buf = malloc(4 * CHUNK);
+	int bad = !buf;
+	for (int round = 0; round < 5 && !bad; round++)
+		for (int op = 0; op < 3; op++) {
+			double t0 = now();
+			for (size_t c = 0; c < nchunks; c++) {
+				const uint8_t *body = bodies + c * 4 * CHUNK;
+				if (op == 0)
+					(void)xdelta_encode(buf, 4 * CHUNK - 1, next + c * CHUNK, v + c * CHUNK, CHUNK);
+				else if (op == 1 && len[c])
+					bad |= xdelta_check(body, len[c], CHUNK);
+				else if (op == 2 && len[c]) {
+					memcpy(back, v + c * CHUNK, CHUNK * sizeof(float));
+					bad |= xdelta_apply(back, body, CHUNK);
+				}
+				__asm__ volatile("" ::: "memory");
+			}
+			double gbs = (double)n * 4 / (now() - t0) / 1e9;
+			best[op] = gbs > best[op] ? gbs : best[op];
+		}
+	if (bad) {
+		fprintf(stderr, "bench/fpack: XORs refused their own encoding\n");
+		exit(1);
+	}
+	printf("\n%-10s %8s %12s %12s %12s %12s\n", "XORs", "values", "xor/fp32", "encode GB/s", "check GB/s",
+	       "apply GB/s");
+	printf("%-10zu %8zu %12.4f %12.2f %12.2f %12.2f\n", nchunks, n, (double)total / (4.0 * (double)n), best[0],
+	       best[1], best[2]);
+	free(next);
+	free(back);
+	free(bodies);
+	free(len);
+	free(buf);
+}
+
 int main(int argc, char **argv)
 {
 	size_t n = 64 * CHUNK;
@@ -124,6 +183,7 @@ int main(int argc, char **argv)
 	       (double)packed / (4.0 * (double)(nchunks * CHUNK)), best[0], best[1], best[2], best[3]);
 	if (plain)
 		printf("(%zu chunk%s would not shrink: sent as float32)\n", plain, plain == 1 ? "" : "s");
+	xor_rows(v, nchunks);
 	free(v);
 	free(buf);
 	free(len);

@@ -153,6 +153,11 @@ static int link_ask(struct link *l)
 	uint64_t next = l->got + 1, end = (uint64_t)l->sh->s->job.total;
 	m.version = c->train.mode == MODE_ASYNC ? MSG_VERSION_LATEST : l->ex.first ? 0 : next < end ? next : end;
 	l->want = m.version;
+	/* XORs with the version before: only where the range holds it as
+	 * the ps sent it (net/xdelta.h checks it besides). */
+	if (m.flags && c->train.mode == MODE_SYNC && !l->ex.first && l->holds && !l->torn && l->held == l->got &&
+	    m.version == next)
+		m.flags |= MSG_PULL_DELTA;
 	if (msg_encode_pull(conn_payload(&l->conn, CONN_MAIN), conn_payload_cap(&l->conn), &m, &len, e,
 			    sizeof(e)))
 		return link_fail(l, LINK_REFUSED, -EPROTO, e);
@@ -486,6 +491,8 @@ static int link_took_params(struct link_rx *rx)
 	uint64_t had = l->got, v = rx->a.version;
 	l->got = v;
 	l->torn = 0;
+	l->held = v;
+	l->holds = role_param_dtype(l->sh->c) == WIRE_F32;
 	l->sh->pvalues += rx->a.n;
 	l->sh->pbytes += rx->x.value_bytes;
 	if (!l->ex.first && (l->sh->c->train.mode == MODE_ASYNC ? v < had : v < l->want))
@@ -523,7 +530,9 @@ static void link_recv_side(struct link *l)
 	}
 	while (link_rx_pending(&rx))
 		if (link_recv_one(&rx)) {
+			/* XORs that failed their check changed the range too */
 			l->torn |= rx.want_params && rx.a.received > 0;
+			l->holds &= !rx.want_params;
 			return;
 		}
 	if (rx.want_params)

@@ -140,6 +140,10 @@ struct link {
 	int torn;                /* since then a PULL's PARAMS failed part way:
 				  * the range holds some of a newer version, and
 				  * zeros where a frame failed to open */
+	uint64_t held;           /* with holds: the version the range holds exactly
+				  * as the ps sent it, from the last whole PULL of
+				  * float32 (recovery may set got apart from it) */
+	int holds;
 	int unx;                 /* the connection is over the ps's Unix socket */
 	int shun;                /* the ps's Unix socket file failed a greeting: */
 	struct sock_unix_file shunned; /* this one; TCP while it is there */

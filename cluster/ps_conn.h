@@ -121,6 +121,7 @@ struct ps_conn {
 	uint64_t view_sent; /* ps 0, elastic: the members' view_serial last sent here */
 	int first_pull;
 	int pull_packed; /* the PULL being answered asked for packed float32 (MSG_PULL_PACKED) */
+	int pull_delta;  /* ... and XORs with the version before it (MSG_PULL_DELTA), which the shard keeps */
 	char peer[SOCK_ADDR_STRLEN];
 	float *grad, *snap;      /* (n) a PUSH being assembled; the shard copied for PARAMS */
 	struct msg_assembly a;

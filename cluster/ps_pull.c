@@ -227,11 +227,20 @@ static int pull_stream(struct ps_conn *cn, uint64_t want, enum conn_sender from,
 		 * (on_rollback). Piece mode only: with backup workers, async
 		 * or an elastic set the shard may move under a send, and
 		 * pull_send_whole copies. */
+		/* XORs with the version the worker holds, where the shard kept
+		 * it: read unlocked like the pieces, and for the same reason
+		 * (their next update, which overwrites them, waits on this
+		 * worker's push). */
+		const float *prev = cn->pull_delta ? psshard_prev(sh, j, k, want) : NULL;
 		ps->streaming++;
 		pthread_mutex_unlock(&ps->mu);
 		struct conn_chunk_tx t = { .type = WIRE_PARAMS, .shard = (uint32_t)ps->index, .version = want,
 					   .src = psshard_params(sh) + lo, .n = hi - lo, .offset = lo,
 					   .dtype = (uint8_t)pull_dtype(cn) };
+		if (prev && t.dtype == WIRE_F32P) {
+			t.dtype = WIRE_F32X;
+			t.base = prev + lo;
+		}
 		r = conn_send_tensor(&cn->conn, from, &t, err, errlen);
 		pthread_mutex_lock(&ps->mu);
 		if (--ps->streaming == 0)
@@ -283,6 +292,15 @@ void *ps_streamer(void *arg)
 	return NULL;
 }
 
+/* A PULL's flags (under ps->mu): XORs only with packing, and only where
+ * the shard can keep its pieces' previous versions (piece mode, memory
+ * for one more copy; else the pieces go packed). */
+static void pull_flags(struct ps_conn *cn, uint8_t flags)
+{
+	cn->pull_packed = (flags & MSG_PULL_PACKED) != 0;
+	cn->pull_delta = cn->pull_packed && (flags & MSG_PULL_DELTA) && psshard_keep_prev(&cn->ps->sh) == 0;
+}
+
 int ps_on_pull(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 {
 	struct ps *ps = cn->ps;
@@ -307,7 +325,7 @@ int ps_on_pull(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 	if (ps->mb.elastic)
 		pthread_cond_broadcast(&ps->pull_cv);
 	if (!cn->st_on) {
-		cn->pull_packed = (p.flags & MSG_PULL_PACKED) != 0;
+		pull_flags(cn, p.flags);
 		r = pull_answer(cn, p.version, CONN_MAIN, err, errlen);
 		if (r < 0)
 			cn->failing = PS_CONN_LOST;
@@ -317,7 +335,7 @@ int ps_on_pull(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 	int busy = cn->st_job;
 	if (!busy) {
 		cn->st_want = p.version;
-		cn->pull_packed = (p.flags & MSG_PULL_PACKED) != 0;
+		pull_flags(cn, p.flags);
 		cn->st_job = 1;
 		pthread_cond_signal(&cn->st_cv);
 	}

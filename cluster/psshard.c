@@ -104,6 +104,10 @@ void psshard_free(struct psshard *s)
 	free(s->pwaiting);
 	free(s->ppushed);
 	free(s->pslot);
+	free(s->prev);
+	free(s->pprev);
+	s->prev = NULL;
+	s->pprev = NULL;
 	s->params = NULL;
 	s->slots = NULL;
 	s->pver = NULL;
@@ -211,9 +215,13 @@ static void piece_apply(struct psshard *s, size_t j, int last_w, const float *g)
 			first = 0;
 		}
 		grad_fold_finish(acc, s->replicas, m);
+		if (s->prev) /* the block is in cache: the copy costs one pass of stores */
+			memcpy(s->prev + b, s->params + b, m * sizeof(float));
 		optim_step_part(&s->opt, s->params, acc, b, b + m, lr);
 	}
 	s->pver[j]++;
+	if (s->prev)
+		s->pprev[j] = s->pver[j];
 	s->pwaiting[j] = 0;
 	memset(piece_pushed(s, j), 0, PSSHARD_PUSHED_WORDS * sizeof(uint64_t));
 	if (--s->behind == 0) {
@@ -385,8 +393,38 @@ int psshard_waiting(const struct psshard *s)
 	return k;
 }
 
+int psshard_keep_prev(struct psshard *s)
+{
+	if (!s->npieces)
+		return -EINVAL;
+	if (s->prev)
+		return 0;
+	s->prev = malloc(s->n * sizeof(float));
+	s->pprev = calloc(s->npieces, sizeof(*s->pprev));
+	if (s->prev && s->pprev)
+		return 0;
+	free(s->prev);
+	free(s->pprev);
+	s->prev = NULL;
+	s->pprev = NULL;
+	return -ENOMEM;
+}
+
+const float *psshard_prev(const struct psshard *s, size_t j, size_t k, uint64_t v)
+{
+	if (!s->prev || v == 0 || k > s->npieces)
+		return NULL;
+	for (size_t i = j; i < k; i++)
+		if (s->pprev[i] != v || s->pver[i] != v)
+			return NULL;
+	return s->prev;
+}
+
 void psshard_rewind(struct psshard *s, uint64_t version)
 {
+	/* whatever the pieces held before, their versions now say nothing of it */
+	if (s->pprev)
+		memset(s->pprev, 0, s->npieces * sizeof(*s->pprev));
 	s->version = version;
 	s->applied = version;
 	s->nwaiting = 0;

@@ -113,6 +113,12 @@ struct psshard {
 	uint64_t *ppushed;          /* (npieces, PSSHARD_PUSHED_WORDS) bit w: w pushed for it */
 	int16_t *pslot;             /* (npieces, W) worker -> slot within the piece */
 	size_t behind;              /* pieces still at v */
+	/* pieces' previous versions, kept once a worker asks for XORs
+	 * (psshard_keep_prev; net/xdelta.h): prev holds each piece as it was
+	 * before its last update, pprev[j] the version that update made (0:
+	 * none since the last rewind) */
+	float *prev;                /* (n) or NULL */
+	uint64_t *pprev;            /* (npieces) */
 
 	/* counters since init */
 	uint64_t received;          /* pushes that were not errors */
@@ -161,6 +167,17 @@ void psshard_piece_range(const struct psshard *s, size_t j, size_t *lo, size_t *
  * stale piece is not read. */
 int psshard_push_piece(struct psshard *s, int worker, uint64_t version, size_t j, const float *g,
 		       int last, enum psshard_outcome *outcome);
+
+/* From the next update of each piece on, keep its values from before the
+ * update (one more copy of the shard, in piece mode only): 0, -EINVAL
+ * outside piece mode, -ENOMEM. */
+int psshard_keep_prev(struct psshard *s);
+
+/* Pieces [j, k)'s values as they were before the update that made them
+ * version v, where every one of them is at v by an update from v - 1
+ * kept since the last rewind; else NULL. The values of piece i start at
+ * the returned pointer plus its range's start. */
+const float *psshard_prev(const struct psshard *s, size_t j, size_t k, uint64_t v);
 
 /* The version of piece j's parameters (the shard's version outside piece
  * mode). */

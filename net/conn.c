@@ -390,6 +390,7 @@ static int chunk_encode(void *ctx, uint64_t i, uint8_t *msg, size_t cap, struct 
 				.version = t->version, .worker = t->worker };
 	msg_chunk_range(t->n, t->dtype, i, &ch.offset, &ch.count);
 	const float *src = t->src + ch.offset;
+	ch.base = t->base ? t->base + ch.offset : NULL;
 	ch.offset += t->offset;
 	return msg_encode_chunk_parts(msg, cap, &ch, src, &m->len, &m->body, &m->blen, err, errlen);
 }

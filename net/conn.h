@@ -243,6 +243,7 @@ struct conn_chunk_tx {
 	uint32_t shard, worker;
 	uint64_t version;
 	const float *src; /* (n) */
+	const float *base; /* (n) dtype WIRE_F32X: the version the XORs are with */
 	uint64_t n;
 	uint64_t offset;
 };

@@ -9,6 +9,7 @@
 #include "../base/err.h"
 #include "bf16.h"
 #include "fpack.h"
+#include "xdelta.h"
 
 #include <errno.h>
 #include <math.h>
@@ -160,9 +161,21 @@ int msg_encode_chunk_parts(uint8_t *buf, size_t cap, const struct msg_chunk *c, 
 		*body = NULL;
 		*blen = 0;
 	}
-	if (c->dtype == WIRE_F32P) {
+	if (c->dtype == WIRE_F32X && c->type != WIRE_PARAMS)
+		return err_set(err, errlen, -EINVAL, "%s: XORs are for PARAMS only", name);
+	if (c->dtype == WIRE_F32X && c->base) {
+		size_t n = xdelta_encode(buf + MSG_CHUNK_HDR_BYTES, 4 * (size_t)c->count - 1, src, c->base,
+					 c->count);
+		if (n) {
+			*len = MSG_CHUNK_HDR_BYTES + n;
+			return 0;
+		}
+	}
+	if (c->dtype == WIRE_F32P || c->dtype == WIRE_F32X) {
 		/* A chunk that would not shrink goes as float32 (the receiver
-		 * takes either where it expects float32). */
+		 * takes either where it expects float32); XORs that would not,
+		 * or with no base to take them against, packed. */
+		buf[1] = WIRE_F32P;
 		size_t n = fpack_encode(buf + MSG_CHUNK_HDR_BYTES, 4 * (size_t)c->count - 1, src,
 					c->count);
 		if (n) {
@@ -215,7 +228,7 @@ static int chunk_decode(const uint8_t *buf, size_t len, int values, struct msg_c
 			    len, MSG_CHUNK_BYTES_MAX);
 	dt = buf[1];
 	if (!dtype_ok(dt))
-		return err_set(err, errlen, -EPROTO, "%s: unknown dtype %u (0 fp32, 1 bf16, 2 fp32 packed)",
+		return err_set(err, errlen, -EPROTO, "%s: unknown dtype %u (0 fp32, 1 bf16, 2 fp32 packed, 3 fp32 as XORs)",
 			       name, dt);
 	if (!values && dt != WIRE_F32)
 		return err_set(err, errlen, -EPROTO, "%s: a %s chunk whose values were not read",
@@ -227,10 +240,17 @@ static int chunk_decode(const uint8_t *buf, size_t len, int values, struct msg_c
 	if (count == 0 || count > msg_chunk_max(dt))
 		return err_set(err, errlen, -EPROTO, "%s: count %u is not in 1..%u (%s)", name, count,
 			    msg_chunk_max(dt), wire_dtype_name(dt));
+	if (dt == WIRE_F32X && buf[0] != WIRE_PARAMS)
+		return err_set(err, errlen, -EPROTO, "%s: XORs (dtype 3) are for PARAMS only", name);
 	if (dt == WIRE_F32P) {
 		if (fpack_check(buf + MSG_CHUNK_HDR_BYTES, len - MSG_CHUNK_HDR_BYTES, count))
 			return err_set(err, errlen, -EPROTO,
 				       "%s: %zu bytes are not a packing of %u float32 values", name,
+				       len - MSG_CHUNK_HDR_BYTES, count);
+	} else if (dt == WIRE_F32X) {
+		if (xdelta_check(buf + MSG_CHUNK_HDR_BYTES, len - MSG_CHUNK_HDR_BYTES, count))
+			return err_set(err, errlen, -EPROTO,
+				       "%s: %zu bytes are not the XORs of %u float32 values", name,
 				       len - MSG_CHUNK_HDR_BYTES, count);
 	} else if (len != MSG_CHUNK_BYTES(count, dt))
 		return err_set(err, errlen, -EMSGSIZE,
@@ -814,7 +834,14 @@ int msg_assembly_add(struct msg_assembly *a, const struct msg_chunk *c, float *d
 		return err_set(err, errlen, -EPROTO,
 			    "%s: chunk at offset %llu overlaps the %llu floats received", name,
 			    (unsigned long long)c->offset, (unsigned long long)a->received);
-	if (dst)
+	if (dst && c->dtype == WIRE_F32X) {
+		if (xdelta_apply(dst + c->offset, c->data, c->count))
+			return err_set(err, errlen, -EPROTO,
+				       "%s: the XORs of [%llu, %llu) at version %llu do not check: this side's values are not the version they were made against",
+				       name, (unsigned long long)c->offset,
+				       (unsigned long long)c->offset + c->count,
+				       (unsigned long long)c->version);
+	} else if (dst)
 		msg_chunk_floats(dst + c->offset, c);
 	if (a->received == 0) {
 		a->version = c->version;

@@ -118,9 +118,13 @@ struct msg_pull {
 };
 
 /* PULL flags. PACKED: send float32 PARAMS packed (net/fpack.h); the ps
- * may, and may still send a chunk as plain float32. */
+ * may, and may still send a chunk as plain float32. DELTA (sync, with
+ * PACKED): the worker holds version `version - 1` of the whole shard as
+ * this ps sent it; the ps may send any chunk as XORs with that version
+ * (net/xdelta.h), where it kept that version of the chunk. */
 #define MSG_PULL_PACKED 0x01u
-#define MSG_PULL_FLAGS MSG_PULL_PACKED
+#define MSG_PULL_DELTA 0x02u
+#define MSG_PULL_FLAGS (MSG_PULL_PACKED | MSG_PULL_DELTA)
 
 /* PARAMS (ps -> worker) and PUSH (worker -> ps): one chunk of a shard's
  * parameters, or of a gradient for them, covering the shard-relative range
@@ -138,6 +142,7 @@ struct msg_chunk {
 	uint64_t offset;
 	uint32_t count;       /* 1..msg_chunk_max(dtype) */
 	const uint8_t *data;  /* (count) little-endian float32 or bf16, maybe unaligned */
+	const float *base;    /* encoding WIRE_F32X: the (count) values the XORs are with */
 };
 
 /* What a ps did with a whole pushed gradient. Zero is not a status. */
@@ -404,7 +409,8 @@ MSG_MUST_CHECK int msg_decode_error(const uint8_t *buf, size_t len, struct msg_e
 				    char *err, size_t errlen);
 
 /* Copies a decoded chunk's count values into dst as floats (host order;
- * bf16 widened, exactly). */
+ * bf16 widened, exactly). Not for XORs (WIRE_F32X), which only an
+ * assembly takes (msg_assembly_add: they need the values dst holds). */
 void msg_chunk_floats(float *dst /* (count) */, const struct msg_chunk *c);
 
 /* ---- chunking ------------------------------------------------------------ */

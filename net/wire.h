@@ -35,9 +35,11 @@
  * with recent events (docs/ELASTIC.md). Version 11: COMPUTE. Version 12:
  * ROWS and SPUSH values in bf16 where [cluster] wire_dtype says so.
  * Version 13: an SPUSH's worker field is a PUSH's (WIRE_PUSH_TAG): the
- * worker and the slice its rows' gradient is of. */
+ * worker and the slice its rows' gradient is of. Version 14: dtype 3,
+ * PARAMS as XORs with the version the worker holds (net/xdelta.h), and
+ * PULL's flag DELTA that asks for them. */
 #define WIRE_MAGIC 0x52545350u
-#define WIRE_VERSION 13u
+#define WIRE_VERSION 14u
 
 /* Message types (DESIGN §7): the first field of every decrypted frame.
  * Zero is not a type, so a zeroed buffer never parses as a message. */
@@ -81,15 +83,18 @@ enum wire_msg {
 #define FRAME_MAX (WIRE_CHUNK_MAX + WIRE_MSG_HDR_MAX)
 
 /* How the values of a PARAMS or PUSH chunk are encoded (its byte 1;
- * docs/PROTOCOL.md): float32, bfloat16 (net/bf16.h), half the bytes, or
- * float32 packed without loss (net/fpack.h), about 7/8 of them. Zero is
- * float32, what that byte (then reserved, 0) meant in version 3. */
+ * docs/PROTOCOL.md): float32, bfloat16 (net/bf16.h), half the bytes,
+ * float32 packed without loss (net/fpack.h), about 7/8 of them, or
+ * (PARAMS only) float32 as its XOR with the version the worker holds
+ * (net/xdelta.h), about 0.6 of them. Zero is float32, what that byte
+ * (then reserved, 0) meant in version 3. */
 enum wire_dtype {
 	WIRE_F32 = 0,
 	WIRE_BF16 = 1,
 	WIRE_F32P = 2,
+	WIRE_F32X = 3,
 };
-#define WIRE_DTYPE_LAST WIRE_F32P
+#define WIRE_DTYPE_LAST WIRE_F32X
 
 /* Most bytes per value of a known dtype (a macro too, for array sizes):
  * a packed chunk is always shorter than float32. */
@@ -99,18 +104,19 @@ static inline unsigned wire_dtype_bytes(unsigned dt)
 	return WIRE_DTYPE_BYTES(dt);
 }
 
-/* The values a dtype carries: float32 packed is float32 (a receiver
- * that expects float32 takes either, and a packing sender sends a chunk
- * that would not shrink as plain float32). */
+/* The values a dtype carries: float32 packed or as XORs is float32 (a
+ * receiver that expects float32 takes any of them, and a sender sends a
+ * chunk that would not shrink as plain float32). */
 static inline unsigned wire_dtype_values(unsigned dt)
 {
-	return dt == WIRE_F32P ? WIRE_F32 : dt;
+	return dt == WIRE_F32P || dt == WIRE_F32X ? WIRE_F32 : dt;
 }
 
 /* Name of a dtype for logs (as [cluster] wire_dtype spells it); "?" else. */
 static inline const char *wire_dtype_name(unsigned dt)
 {
-	return dt == WIRE_F32 ? "fp32" : dt == WIRE_BF16 ? "bf16" : dt == WIRE_F32P ? "fp32 packed" : "?";
+	return dt == WIRE_F32 ? "fp32" : dt == WIRE_BF16 ? "bf16" : dt == WIRE_F32P ? "fp32 packed" :
+		dt == WIRE_F32X ? "fp32 as XORs" : "?";
 }
 
 /* A PUSH chunk's u32 worker field (struct msg_chunk's worker): the

@@ -20,6 +20,7 @@
 
 #include "../net/bf16.h"
 #include "../net/fpack.h"
+#include "../net/xdelta.h"
 #include "../net/msg.h"
 #include "../net/wire.h"
 
@@ -1244,18 +1245,18 @@ Test(msg, dtype_refusals)
 	float dst[5] = { 0 };
 
 	size_t len = sample(WIRE_PUSH, buf, sizeof buf);
-	for (unsigned dt = 3; dt < 256; dt += 51) {
+	for (unsigned dt = 4; dt < 256; dt += 51) {
 		buf[1] = (uint8_t)dt;
 		err[0] = '\0';
 		assert_refused(msg_decode_chunk(buf, len, &c, err, sizeof err), -EPROTO, err,
 			       "unknown dtype", "dtype byte");
 	}
-	struct msg_chunk bad = { .type = WIRE_PUSH, .dtype = 3, .count = 1 };
+	struct msg_chunk bad = { .type = WIRE_PUSH, .dtype = 4, .count = 1 };
 	err[0] = '\0';
 	assert_refused(msg_encode_chunk(buf, sizeof buf, &bad, SAMPLE_FLOATS, &len, err, sizeof err),
-		       -EINVAL, err, "unknown dtype 3", "encode dtype");
+		       -EINVAL, err, "unknown dtype 4", "encode dtype");
 	err[0] = '\0';
-	assert_refused(msg_assembly_init(&a, WIRE_PUSH, 0, 5, 3, err, sizeof err), -EINVAL, err,
+	assert_refused(msg_assembly_init(&a, WIRE_PUSH, 0, 5, 4, err, sizeof err), -EINVAL, err,
 		       "dtype", "assembly dtype");
 
 	/* bf16 sent, float32 expected, and the reverse. */
@@ -1293,7 +1294,11 @@ Test(msg, pull_flags)
 	cr_assert_eq(msg_decode_pull(buf, len, &out, err, sizeof err), 0, "%s", err);
 	cr_assert_eq(out.flags, MSG_PULL_PACKED);
 	cr_assert_eq(out.version, 9);
-	for (unsigned b = 1; b < 8; b++) {
+	in.flags = MSG_PULL_PACKED | MSG_PULL_DELTA;
+	cr_assert_eq(msg_encode_pull(buf, sizeof buf, &in, &len, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(msg_decode_pull(buf, len, &out, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(out.flags, MSG_PULL_PACKED | MSG_PULL_DELTA);
+	for (unsigned b = 2; b < 8; b++) {
 		buf[1] = (uint8_t)(MSG_PULL_PACKED | 1u << b);
 		err[0] = '\0';
 		assert_refused(msg_decode_pull(buf, len, &out, err, sizeof err), -EPROTO, err, "PULL",
@@ -1370,6 +1375,65 @@ Test(msg, packed_chunks_fall_back_and_are_checked)
 	err[0] = '\0';
 	assert_refused(msg_decode_chunk(buf, len - 1, &in, err, sizeof err), -EPROTO, err,
 		       "not a packing", "a byte short");
+}
+
+/* PARAMS as XORs with a base: assembled into a buffer holding that base
+ * they are the values sent; into one holding anything else, refused by
+ * their check; without a base, or where they would not shrink, they go
+ * packed; a PUSH may neither send nor take them. */
+Test(msg, xor_chunks_need_their_base_and_are_params_only)
+{
+	static uint8_t buf[64 * 4 + MSG_CHUNK_HDR_BYTES];
+	char err[256] = "";
+	size_t len;
+	float base[64], v[64], back[64];
+	for (int i = 0; i < 64; i++) {
+		base[i] = 0.25f + (float)i / 128.0f;
+		v[i] = base[i] * (1.0f + 1e-3f * (float)(i % 7));
+	}
+	struct msg_chunk in, c = { .type = WIRE_PARAMS, .dtype = WIRE_F32X, .shard = 1, .version = 9, .count = 64,
+				   .base = base };
+	cr_assert_eq(msg_encode_chunk(buf, sizeof buf, &c, v, &len, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(buf[1], WIRE_F32X);
+	cr_assert_lt(len, MSG_CHUNK_HDR_BYTES + fpack_min_bytes(64), "XORs shorter than packing");
+	cr_assert_eq(msg_decode_chunk(buf, len, &in, err, sizeof err), 0, "%s", err);
+	struct msg_assembly a;
+	cr_assert_eq(msg_assembly_init(&a, WIRE_PARAMS, 1, 64, WIRE_F32, err, sizeof err), 0);
+	memcpy(back, base, sizeof back);
+	cr_assert_eq(msg_assembly_add(&a, &in, back, err, sizeof err), 1, "%s", err);
+	cr_assert_eq(memcmp(back, v, sizeof v), 0, "the values sent");
+
+	cr_assert_eq(msg_assembly_init(&a, WIRE_PARAMS, 1, 64, WIRE_F32, err, sizeof err), 0);
+	memcpy(back, base, sizeof back);
+	back[17] = nextafterf(back[17], 1.0f);
+	err[0] = '\0';
+	assert_refused(msg_assembly_add(&a, &in, back, err, sizeof err), -EPROTO, err,
+		       "do not check", "a base one value off");
+
+	c.base = NULL;
+	cr_assert_eq(msg_encode_chunk(buf, sizeof buf, &c, v, &len, err, sizeof err), 0, "%s", err);
+	cr_assert_eq(buf[1], WIRE_F32P, "no base: packed");
+	c.base = base;
+	float far[64];
+	for (int i = 0; i < 64; i++)
+		far[i] = -base[i] * 1e30f;
+	cr_assert_eq(msg_encode_chunk(buf, sizeof buf, &c, far, &len, err, sizeof err), 0, "%s", err);
+	cr_assert_neq(buf[1], WIRE_F32X, "XORs that do not shrink are not sent");
+
+	c.type = WIRE_PUSH;
+	err[0] = '\0';
+	assert_refused(msg_encode_chunk(buf, sizeof buf, &c, v, &len, err, sizeof err), -EINVAL, err,
+		       "PARAMS only", "a PUSH of XORs");
+	c.type = WIRE_PARAMS;
+	cr_assert_eq(msg_encode_chunk(buf, sizeof buf, &c, v, &len, err, sizeof err), 0, "%s", err);
+	buf[0] = WIRE_PUSH;
+	err[0] = '\0';
+	assert_refused(msg_decode_chunk(buf, len, &in, err, sizeof err), -EPROTO, err, "PARAMS only",
+		       "XORs received as a PUSH");
+	buf[0] = WIRE_PARAMS;
+	err[0] = '\0';
+	assert_refused(msg_decode_chunk(buf, len - 1, &in, err, sizeof err), -EPROTO, err,
+		       "are not the XORs", "a byte short");
 }
 
 /* The MLP-sized tensor again, as bf16 PUSH chunks (2 of them): every

@@ -14,12 +14,14 @@
  * total)), completing the set when that is all of it. */
 #include "../../net/msg.h"
 #include "../../net/msg_rows.h"
+#include "../../net/xdelta.h"
 #include "fuzz.h"
 
 #include <errno.h>
 #include <math.h>
 
 static float floats[2 * MSG_CHUNK_FLOATS]; /* the most values a chunk holds: bf16's */
+static const float zeros[MSG_CHUNK_FLOATS]; /* the base XORs are taken against here */
 static uint8_t re[MSG_CHUNK_BYTES_MAX];
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
@@ -125,20 +127,37 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	err[0] = '\0';
 	if ((rc = msg_decode_chunk(data, size, &c, err, sizeof err)) == 0) {
 		struct msg_assembly a;
-		FUZZ_CHECK(c.dtype == WIRE_F32 || c.dtype == WIRE_BF16 || c.dtype == WIRE_F32P);
+		FUZZ_CHECK(c.dtype == WIRE_F32 || c.dtype == WIRE_BF16 || c.dtype == WIRE_F32P ||
+			   (c.dtype == WIRE_F32X && c.type == WIRE_PARAMS));
 		FUZZ_CHECK(c.dtype == data[1]);
 		FUZZ_CHECK(c.count >= 1 && c.count <= msg_chunk_max(c.dtype));
 		if (c.dtype == WIRE_F32P) /* shorter than float32, and each value in 3 bytes at least */
 			FUZZ_CHECK(size < MSG_CHUNK_BYTES(c.count, WIRE_F32) &&
 				   size > MSG_CHUNK_HDR_BYTES + 3 * (size_t)c.count);
+		else if (c.dtype == WIRE_F32X) /* shorter than float32, each XOR in a byte at least */
+			FUZZ_CHECK(size < MSG_CHUNK_BYTES(c.count, WIRE_F32) &&
+				   size >= MSG_CHUNK_HDR_BYTES + xdelta_min_bytes(c.count));
 		else
 			FUZZ_CHECK(size == MSG_CHUNK_BYTES(c.count, c.dtype));
-		msg_chunk_floats(floats, &c);
+		/* XORs go onto a base of zeros: their values are the XORs,
+		 * and where those pass the check (the fuzzer rarely finds one)
+		 * the chunk re-encodes to its bytes, each XOR having one
+		 * writing. */
+		int xor_checked = 0;
+		if (c.dtype == WIRE_F32X) {
+			memset(floats, 0, (size_t)c.count * sizeof(float));
+			xor_checked = xdelta_apply(floats, c.data, c.count) == 0;
+			c.base = zeros;
+		} else {
+			msg_chunk_floats(floats, &c);
+		}
 		rc = msg_encode_chunk(re, sizeof re, &c, floats, &relen, err, sizeof err);
 		if (c.dtype == WIRE_BF16)
 			same_bf16(rc, relen, data, size);
-		else
+		else if (c.dtype != WIRE_F32X || xor_checked)
 			same(rc, relen, data, size);
+		else
+			FUZZ_CHECK(rc == 0);
 		/* A packed chunk re-encodes to the same bytes: its values
 		 * have one packing (net/fpack.h), and it was shorter. */
 		unsigned other = c.dtype == WIRE_BF16 ? WIRE_F32 : WIRE_BF16;

@@ -114,24 +114,22 @@ static double reference(const char *train_extra, const char *cluster_extra, cons
 	return reference_mode("sync", train_extra, cluster_extra, dump);
 }
 
-/* Item 5, a killed ps: SIGKILL ps K (alternating) at a seeded random step,
- * restart it with the same command; it resumes from the newest complete
- * checkpoint, the chief rolls the other shard back to that step, and the
- * run finishes: every process exits 0, the accuracy is within 1 point of an
- * undisturbed run, and (sync sums in worker order, the data order and lr
- * are functions of the step) the final parameters are exactly the same. */
-Test(recovery, killed_ps_rolls_back_everywhere, .timeout = 400)
+/* The trials of killed_ps_rolls_back_everywhere with cluster_extra in
+ * the config (after peer_timeout): the run's parameters against an
+ * undisturbed one's with the same extra; with max_bytes > 0, the
+ * parameters came in fewer bytes a value than that in each run. */
+static void killed_ps_trials(const char *cluster_extra, int trials, double max_bytes)
 {
-	char dump_ref[300], dump[300], cfg[300], out[4][300], again[300], ck[64];
+	char dump_ref[300], dump[300], cfg[300], out[4][300], again[300], ck[64], cl[256];
+	snprintf(cl, sizeof(cl), "peer_timeout = 10\n%s", cluster_extra);
 	snprintf(dump_ref, sizeof(dump_ref), "%s/ref.bin", dir);
-	double ref = reference("checkpoint_dir = ref-ck\ncheckpoint_every = 70\n", "peer_timeout = 10\n",
-			       dump_ref);
+	double ref = reference("checkpoint_dir = ref-ck\ncheckpoint_every = 70\n", cl, dump_ref);
 	unsigned char *a, *b;
 	size_t na, nb;
 	read_all(dump_ref, &a, &na);
 
 	uint32_t seed = 61;
-	for (int trial = 0, att = 0; trial < 3; trial++, att++) {
+	for (int trial = 0, att = 0; trial < trials; trial++, att++) {
 		seed = seed * 1103515245u + 12345u;
 		int kill_at = 100 * (2 + (int)((seed >> 16) % 11));   /* 200..1200, a progress line */
 		int k = trial % 2;
@@ -141,7 +139,7 @@ Test(recovery, killed_ps_rolls_back_everywhere, .timeout = 400)
 		snprintf(train, sizeof(train), "checkpoint_dir = %s\ncheckpoint_every = 70\n", ck);
 		snprintf(cfg, sizeof(cfg), "%s/t%d.ini", dir, att);
 		snprintf(dump, sizeof(dump), "%s/t%d.bin", dir, att);
-		write_config(cfg, STEPS, train, "peer_timeout = 10\n");
+		write_config(cfg, STEPS, train, cl);
 		pid_t pids[4];
 		int st[4];
 		start_cluster(cfg, tag, dump, NULL, pids, out);
@@ -197,6 +195,11 @@ Test(recovery, killed_ps_rolls_back_everywhere, .timeout = 400)
 		char done[32];
 		snprintf(done, sizeof(done), "done: %d steps", STEPS);
 		cr_assert_not_null(strstr(chief, done), "%s", chief);
+		const char *at = strstr(chief, "the parameters arrived in ");
+		double per = 0;
+		if (max_bytes > 0)
+			cr_assert(at && sscanf(at, "the parameters arrived in %lf", &per) == 1 && per < max_bytes,
+				  "trial %d: %.3f bytes a value, expected below %.2f:\n%s", trial, per, max_bytes, chief);
 		double acc = final_accuracy(chief);
 		cr_assert(fabs(acc - ref) <= 1.0, "trial %d: accuracy %.2f%% vs %.2f%% undisturbed", trial, acc,
 			  ref);
@@ -206,6 +209,27 @@ Test(recovery, killed_ps_rolls_back_everywhere, .timeout = 400)
 		free(b);
 	}
 	free(a);
+}
+
+/* Item 5, a killed ps: SIGKILL ps K (alternating) at a seeded random step,
+ * restart it with the same command; it resumes from the newest complete
+ * checkpoint, the chief rolls the other shard back to that step, and the
+ * run finishes: every process exits 0, the accuracy is within 1 point of an
+ * undisturbed run, and (sync sums in worker order, the data order and lr
+ * are functions of the step) the final parameters are exactly the same. */
+Test(recovery, killed_ps_rolls_back_everywhere, .timeout = 400)
+{
+	killed_ps_trials("", 3, 0);
+}
+
+/* The same over TCP with wire_pack = true: after the first pull each
+ * PULL asks for XORs with the version the worker holds (net/xdelta.h),
+ * and a killed ps, its restart from a checkpoint and the other shard's
+ * rollback must leave no worker asking for them against values it does
+ * not hold (it would stop on the check), ending on the same parameters. */
+Test(recovery, killed_ps_with_xor_pulls_rolls_back_everywhere, .timeout = 300)
+{
+	killed_ps_trials("local_socket = false\nwire_pack = true\n", 2, 3.3);
 }
 
 /* Item 5 in async mode: the chief asks both ps to save under ps 0's

@@ -9,7 +9,10 @@
  * turned into bytes on the worker's side of a socketpair:
  *   kind % 10 == 0  the bytes as a message, sealed in a frame
  *               1   the bytes raw on the wire (a broken frame layer)
- *               2   PULL(version from the bytes)
+ *               2   PULL(version from the bytes; its flags the kind
+ *                   byte's tens digit: 12 PACKED, 32 PACKED and DELTA,
+ *                   which a sync ps answers with XORs once it kept the
+ *                   version before)
  *               3   PUSH chunk (offset, count, version, worker from the
  *                   bytes; the floats from the bytes: NaN and inf too;
  *                   in bf16 if the kind byte's tens digit is odd, 13,
@@ -240,8 +243,9 @@ static size_t record_msg(int kind, int tens, int elastic, const uint8_t *b, size
 		memcpy(msg, b, n);
 		return n;
 	case 2: {
-		struct msg_pull p = { .shard = 0, .version = fuzz_take(b, n, 0, 1) == 0xff
-							       ? MSG_VERSION_LATEST : fuzz_take(b, n, 1, 2) };
+		struct msg_pull p = { .flags = (uint8_t)(tens & MSG_PULL_FLAGS), .shard = 0,
+				      .version = fuzz_take(b, n, 0, 1) == 0xff ? MSG_VERSION_LATEST
+									     : fuzz_take(b, n, 1, 2) };
 		r = msg_encode_pull(msg, cap, &p, &len, err, sizeof(err));
 		break;
 	}

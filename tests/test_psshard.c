@@ -430,6 +430,70 @@ Test(psshard, pieces_step_on_their_own_and_equal_the_whole_rule)
 	psshard_free(&s);
 }
 
+/* The version before (psshard_keep_prev), for XOR pulls: from the keep on,
+ * each piece's values from before its update, for that update's
+ * version only and only once every piece in the range has it; nothing
+ * after a rewind until the next update; refused outside piece mode. */
+Test(psshard, pieces_keep_the_version_before)
+{
+	static struct config c;
+	struct model m;
+	struct psshard s;
+	char err[256];
+	make_config(&c, &m, 2, 0, "", "[model]\ninput = 60\nlayer = dense 800\nlayer = relu\nlayer = dense 10\n");
+	size_t P = m.nparams, lo, hi;
+	struct shard r = { 0, P };
+	cr_assert_eq(psshard_init(&s, &m, &r, &c, 100, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(s.npieces, 4);
+	float *g = malloc(P * sizeof(float)), *v1 = malloc(P * sizeof(float));
+	cr_assert(g && v1);
+	for (size_t i = 0; i < P; i++)
+		g[i] = 0.001f * (float)(i % 17) - 0.008f;
+	enum psshard_outcome o;
+	/* version 0 -> 1 before the keep: nothing kept */
+	for (int w = 0; w < 2; w++)
+		cr_assert_eq(psshard_push(&s, w, 0, g, &o), 0);
+	cr_assert_eq(psshard_version(&s), 1);
+	cr_assert_null(psshard_prev(&s, 0, 4, 1));
+	cr_assert_eq(psshard_keep_prev(&s), 0);
+	cr_assert_eq(psshard_keep_prev(&s), 0, "a second keep changes nothing");
+	cr_assert_null(psshard_prev(&s, 0, 4, 1), "kept from the next update on, not before");
+	memcpy(v1, psshard_params(&s), P * sizeof(float));
+	/* 1 -> 2 piece by piece: piece 1 first */
+	psshard_piece_range(&s, 1, &lo, &hi);
+	for (int w = 0; w < 2; w++)
+		cr_assert_eq(psshard_push_piece(&s, w, 1, 1, g + lo, 0, &o), 0);
+	const float *prev = psshard_prev(&s, 1, 2, 2);
+	cr_assert_not_null(prev);
+	cr_assert_eq(memcmp(prev + lo, v1 + lo, (hi - lo) * sizeof(float)), 0, "piece 1 as it was at version 1");
+	cr_assert_null(psshard_prev(&s, 0, 2, 2), "piece 0 is not at 2 yet");
+	cr_assert_null(psshard_prev(&s, 1, 2, 1), "only the version its update made");
+	for (size_t j = 0; j < 4; j++) {
+		if (j == 1)
+			continue;
+		psshard_piece_range(&s, j, &lo, &hi);
+		for (int w = 0; w < 2; w++)
+			cr_assert_eq(psshard_push_piece(&s, w, 1, j, g + lo, j == 3, &o), 0);
+	}
+	cr_assert_eq(psshard_version(&s), 2);
+	prev = psshard_prev(&s, 0, 4, 2);
+	cr_assert_not_null(prev);
+	cr_assert_eq(memcmp(prev, v1, P * sizeof(float)), 0, "the whole shard as it was at version 1");
+	cr_assert_neq(memcmp(psshard_params(&s), v1, P * sizeof(float)), 0);
+	psshard_rewind(&s, 2);
+	cr_assert_null(psshard_prev(&s, 0, 4, 2), "a rewind says nothing of what the pieces held");
+	psshard_free(&s);
+
+	make_config(&c, &m, 2, 0, "mode = async\n", MLP);
+	r = (struct shard){ 0, m.nparams };
+	cr_assert_eq(psshard_init(&s, &m, &r, &c, 100, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(psshard_keep_prev(&s), -EINVAL);
+	cr_assert_null(psshard_prev(&s, 0, 1, 1));
+	psshard_free(&s);
+	free(g);
+	free(v1);
+}
+
 /* Backup workers (R < W) and async keep the whole-shard rule. */
 Test(psshard, pieces_only_when_every_worker_counts)
 {

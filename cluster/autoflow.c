@@ -44,10 +44,16 @@ enum autoflow_said autoflow_record(struct autoflow *a, double compute, double ex
 	if (c <= 0)
 		return AUTOFLOW_QUIET;
 	a->ratio = x / c;
+	a->step[a->on] = c + x;
 	int first = a->windows++ == 0;
 	int want = a->on ? a->ratio >= AUTOFLOW_OFF : a->ratio > AUTOFLOW_ON;
 	if (want == a->on)
 		return first ? AUTOFLOW_KEPT : AUTOFLOW_QUIET;
+	/* The last switch: to the way that stepped faster when last tried. */
+	if (a->switches + 1 >= AUTOFLOW_SWITCHES && a->step[!a->on] > 0 && a->step[a->on] <= a->step[!a->on]) {
+		a->switches = AUTOFLOW_SWITCHES;
+		return AUTOFLOW_SETTLED;
+	}
 	a->on = want;
 	a->skip = AUTOFLOW_SKIP;
 	return ++a->switches >= AUTOFLOW_SWITCHES ? AUTOFLOW_LAST : AUTOFLOW_SWITCHED;
@@ -56,7 +62,11 @@ enum autoflow_said autoflow_record(struct autoflow *a, double compute, double ex
 void autoflow_say(const struct autoflow *a, FILE *out, int index, const char *key, enum autoflow_said said,
 		  long step, const char *on, const char *off)
 {
-	if (said != AUTOFLOW_QUIET)
+	if (said == AUTOFLOW_SETTLED)
+		role_log(out, "worker %d: [cluster] %s = auto: at step %ld the exchange took %.1fx the compute (medians of %d steps), but its steps took %.2f ms this way against %.2f the other: keeps %s from here on",
+			 index, key, step, a->ratio, AUTOFLOW_WINDOW, 1e3 * a->step[a->on], 1e3 * a->step[!a->on],
+			 a->on ? on : off);
+	else if (said != AUTOFLOW_QUIET)
 		role_log(out, "worker %d: [cluster] %s = auto: at step %ld the exchange took %.1fx the compute (medians of %d steps): %s%s%s",
 			 index, key, step, a->ratio, AUTOFLOW_WINDOW, said == AUTOFLOW_KEPT ? "keeps " : "",
 			 a->on ? on : off, said == AUTOFLOW_LAST ? " from here on" : "");

@@ -27,7 +27,11 @@
  * of float32's bytes) and pushing while computing brought the exchange
  * from 4.6x the compute down to 1.4-2.6x in windows of netlab's, where
  * the off threshold was 1.5 and switched it off again at a cost of 13%;
- * on at 10 Gbit/s, where the CPUs limit the step, it is 0.7x. */
+ * on at 10 Gbit/s, where the CPUs limit the step, it is 0.7x. On a 2 ms
+ * round trip at 1 Gbit/s it still flipped (on at 5.0x, off at 0.9x, on
+ * at 3.2x, off at 1.0x for good: 35.7 steps/s where the runs that stayed
+ * on made 45): so the last switch goes to whichever way's last window
+ * stepped faster, both having been measured, not to the ratio's. */
 #ifndef PSTRAIN_CLUSTER_AUTOFLOW_H
 #define PSTRAIN_CLUSTER_AUTOFLOW_H
 
@@ -47,6 +51,7 @@ struct autoflow {
 	int switches;
 	int windows;   /* decisions made */
 	double ratio;  /* the last window's median exchange / median compute */
+	double step[2]; /* the last window's median compute + median exchange, off and on (0: none) */
 	double compute[AUTOFLOW_WINDOW], exchange[AUTOFLOW_WINDOW]; /* seconds */
 };
 
@@ -65,6 +70,7 @@ enum autoflow_said {
 	AUTOFLOW_KEPT,     /* the first decision, and the way stays */
 	AUTOFLOW_SWITCHED, /* a->on says the new way, a->ratio why */
 	AUTOFLOW_LAST,     /* switched, and that was the last switch */
+	AUTOFLOW_SETTLED,  /* the last switch was due, and the way stays */
 };
 
 /* A step took compute seconds, then exchange seconds (pushing, and

@@ -24,6 +24,7 @@ static int feed(struct autoflow *a, int n, double c, double x)
 		case AUTOFLOW_KEPT: said += 100; break;
 		case AUTOFLOW_SWITCHED: said += 1; break;
 		case AUTOFLOW_LAST: said += 2; break;
+		case AUTOFLOW_SETTLED: said += 1000; break;
 		}
 	return said;
 }
@@ -111,7 +112,8 @@ Test(autoflow, a_few_slow_steps_decide_nothing)
 }
 
 /* A run whose steps keep changing stops switching after the last switch,
- * and says that one is the last. */
+ * and says that one is the last; where both ways were measured, the last
+ * one due goes to the faster (here on: 7 ms against 44), and says so. */
 Test(autoflow, it_stops_switching)
 {
 	struct autoflow a;
@@ -120,8 +122,36 @@ Test(autoflow, it_stops_switching)
 	for (int k = 0; k < 10; k++)
 		said += feed(&a, AUTOFLOW_SKIP + AUTOFLOW_WINDOW, 4, k % 2 ? 3 : 40);
 	cr_assert_eq(a.switches, AUTOFLOW_SWITCHES);
-	cr_assert_eq(said, AUTOFLOW_SWITCHES + 1, "the last switch says it is the last");
-	int was = autoflow_wants(&a);
-	cr_assert_eq(feed(&a, 300, 4, was ? 3 : 40), 0);
-	cr_assert_eq(autoflow_wants(&a), was);
+	cr_assert_eq(said, AUTOFLOW_SWITCHES - 1 + 1000, "the last switch due says the way settled");
+	cr_assert(autoflow_wants(&a), "settled on the slower way");
+	cr_assert_eq(feed(&a, 300, 4, 3), 0);
+	cr_assert(autoflow_wants(&a));
+	/* the faster way is the one the ratio asks for: an ordinary last switch */
+	autoflow_init(&a, CONFIG_OVERLAP_AUTO);
+	said = feed(&a, AUTOFLOW_SKIP + AUTOFLOW_WINDOW, 4, 40);	/* on: 44 ms off */
+	said += feed(&a, AUTOFLOW_SKIP + AUTOFLOW_WINDOW, 40, 3);	/* off: 43 ms on */
+	said += feed(&a, AUTOFLOW_SKIP + AUTOFLOW_WINDOW, 4, 13);	/* on: 17 ms off */
+	said += feed(&a, AUTOFLOW_SKIP + AUTOFLOW_WINDOW, 30, 3);	/* 33 ms on: off, the last */
+	cr_assert_eq(said, 3 + 2);
+	cr_assert_not(autoflow_wants(&a));
+}
+
+/* netlab, a ps beside each worker, 1 Gbit/s, 2 ms round trips: on at 5.0x,
+ * off at 0.9x, on at 3.2x, and the last switch due at 0.94x, though on
+ * stepped in 17.5 ms against off's 21: it stays on. */
+Test(autoflow, the_last_switch_goes_to_the_faster_way)
+{
+	struct autoflow a;
+	autoflow_init(&a, CONFIG_OVERLAP_AUTO);
+	int said = feed(&a, AUTOFLOW_SKIP + AUTOFLOW_WINDOW, 6, 30);
+	said += feed(&a, AUTOFLOW_SKIP + AUTOFLOW_WINDOW, 9, 8);
+	said += feed(&a, AUTOFLOW_SKIP + AUTOFLOW_WINDOW, 5, 16);
+	cr_assert_eq(said, 3);
+	cr_assert(autoflow_wants(&a));
+	cr_assert_eq(feed(&a, AUTOFLOW_SKIP + AUTOFLOW_WINDOW, 9, 8.5), 1000);
+	cr_assert(autoflow_wants(&a));
+	cr_assert_float_eq(a.step[1], 17.5e-3, 1e-9);
+	cr_assert_float_eq(a.step[0], 21e-3, 1e-9);
+	cr_assert_eq(feed(&a, 300, 9, 1), 0, "settled is the last word");
+	cr_assert(autoflow_wants(&a));
 }

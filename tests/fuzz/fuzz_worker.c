@@ -40,8 +40,10 @@
  *                2  a PARAMS chunk: version, offset (0, one chunk,
  *                   two, or a byte), count (a whole chunk, the rest,
  *                   or a byte), dtype by the tens digit (0 float32,
- *                   1 bf16, 2 packed float32, else float32), the
- *                   values from the bytes (NaN and inf too)
+ *                   1 bf16, 2 packed float32, 3 XORs with the poison
+ *                   the buffer holds, of values a few bits from it,
+ *                   else float32), the values from the bytes (NaN and
+ *                   inf too)
  *                3  ACK(status, version)   4 HEARTBEAT(version, missing)
  *                5  STATUS reply(version, complete, shard)
  *                6  ERROR(text)            7 VIEW(version, rev, slices, live, base)
@@ -84,6 +86,7 @@ static struct role_setup setup, setup_el;
 static FILE *devnull;
 static uint8_t wire[NPS][1 << 20];
 static float values[1 << 15];
+static float poisoned[1 << 15]; /* what a pull's buffer holds before any of it arrived */
 static uint8_t msg[FRAME_MAX];
 
 static void write_text(const char *name, const char *text)
@@ -136,6 +139,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 			 kinds[el], dir, 1 + el, dir, el ? "slices = 4\n" : "", dir, el ? 1024 : 512);
 		config_from(el ? &cfg_el : &cfg, el ? &setup_el : &setup, el ? "elastic.ini" : "cluster.ini",
 			    ini);
+	}
+	for (size_t i = 0; i < sizeof(poisoned) / sizeof(poisoned[0]); i++) {
+		uint32_t u = POISON;
+		memcpy(&poisoned[i], &u, 4);
 	}
 	devnull = getenv("FUZZ_WORKER_LOG") ? stderr : fopen("/dev/null", "w");
 	FUZZ_CHECK(devnull);
@@ -207,21 +214,31 @@ static size_t chunk(const struct ps_side *p, unsigned dt, uint64_t version, uint
 	char err[256];
 	size_t len = 0;
 	struct msg_chunk ch = { .type = WIRE_PARAMS, .dtype = (uint8_t)dt, .shard = (uint32_t)p->k,
-				.version = version, .offset = offset, .count = count };
+				.version = version, .offset = offset, .count = count,
+				.base = dt == WIRE_F32X ? poisoned : NULL };
 	return msg_encode_chunk(msg, sizeof(msg), &ch, values, &len, err, sizeof(err)) == 0 ? len : 0;
 }
 
 /* Record kind 2: one chunk from the bytes. */
 static void record_chunk(struct ps_side *p, int tens, const uint8_t *b, size_t n)
 {
-	static const unsigned dts[] = { WIRE_F32, WIRE_BF16, WIRE_F32P };
-	unsigned dt = tens < 3 ? dts[tens] : WIRE_F32;
+	static const unsigned dts[] = { WIRE_F32, WIRE_BF16, WIRE_F32P, WIRE_F32X };
+	unsigned dt = tens < 4 ? dts[tens] : WIRE_F32;
 	uint32_t mx = msg_chunk_max(dt), at = (uint32_t)fuzz_take(b, n, 1, 1), c = (uint32_t)fuzz_take(b, n, 2, 1);
 	uint64_t off = at % 4 == 3 ? at / 4 : (uint64_t)(at % 4) * mx;
 	uint32_t count = c == 0 ? mx : c == 1 ? (off < p->n ? (uint32_t)(p->n - off) : 1) : c;
 	if (count > mx)
 		count = mx;
 	record_floats(b, n, 3, count);
+	/* XORs against the poison the buffer holds: values a few low bits
+	 * from it, so that they shrink and are sent as XORs, and pass
+	 * their check where nothing arrived before them */
+	for (uint32_t i = 0; dt == WIRE_F32X && i < count; i++) {
+		uint32_t u;
+		memcpy(&u, &values[i], 4);
+		u = POISON ^ ((u & 0xffffu) | 1u);
+		memcpy(&values[i], &u, 4);
+	}
 	ps_put(p, chunk(p, dt, fuzz_take(b, n, 0, 1), off, count), 0);
 }
 

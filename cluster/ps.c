@@ -85,6 +85,7 @@ static int on_rollback(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 	if (r == 0) {
 		ps_sparse_rewind(ps);
 		ps->gen++;
+		ps->went_back_from = v > ps->went_back_from ? v : ps->went_back_from;
 		pthread_cond_broadcast(&ps->pull_cv);
 	}
 	pthread_mutex_unlock(&ps->mu);

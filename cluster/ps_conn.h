@@ -64,6 +64,7 @@ struct ps {
 	int aborted;
 	char why[512];
 	uint64_t gen;            /* rollbacks so far: wakes PULLs waiting across one */
+	uint64_t went_back_from; /* the highest version the shard had before a rollback (0: none) */
 	int streaming;           /* pieces going out from the shard itself, unlocked
 				  * (ps_pull.c's pull_stream): a rollback waits */
 	struct gate gate;        /* connections not authenticated yet (main thread's) */

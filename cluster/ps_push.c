@@ -99,6 +99,23 @@ static int push_took(void *ctx, const struct msg_chunk *c, char *err, size_t err
 	return r && r != -EALREADY ? push_refused(cn, r, g, lo, hi, v, err, errlen) : 0;
 }
 
+/* Async: a push tagged with a version the shard had before a rollback
+ * (another worker's recovery rolled it back while this one trained on) is
+ * stale, not refused: its worker learns of the rollback from its next
+ * pull and rolls back with the others (cluster/recovery.c). Refused, it
+ * ended that worker (a CI run, 2026-11-29: a late ROLLBACK to a
+ * checkpoint completed after the chief had already gone on). Anything
+ * above every version the shard had is still refused. Under ps->mu. */
+static int push_from_before_a_rollback(struct ps *ps, int r, uint64_t tag, enum psshard_outcome *oc)
+{
+	if (r != -ERANGE || ps->sh.mode != MODE_ASYNC || tag > ps->went_back_from)
+		return r;
+	ps->sh.received++;
+	ps->sh.dropped_stale++;
+	*oc = PSSHARD_STALE;
+	return 0;
+}
+
 /* A whole gradient has arrived: applied under the lock (piece mode: it
  * was, piece by piece), then ACKed. One with a NaN or an infinity is
  * refused (psshard_push checks as it copies or before it applies), the
@@ -113,6 +130,7 @@ static int push_apply(struct ps_conn *cn, char *err, size_t errlen)
 	int r = cn->last_r;
 	if (!psshard_pieces(&ps->sh)) {
 		r = psshard_push(&ps->sh, cn->slice, cn->a.version, cn->grad, &oc);
+		r = push_from_before_a_rollback(ps, r, cn->a.version, &oc);
 		cn->pushed |= r == 0 || r == -EALREADY;
 		ps_store_pushed(&ps->store);
 		pthread_cond_broadcast(&ps->pull_cv);

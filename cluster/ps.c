@@ -560,6 +560,7 @@ int ps_conn_run(struct ps_conn *cn)
 	}
 	free(cn->grad);
 	free(cn->snap);
+	free(cn->sent);
 	ps_sparse_conn_free(cn);
 	ps_conn_drop(cn);
 	return r;

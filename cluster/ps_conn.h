@@ -123,6 +123,9 @@ struct ps_conn {
 	int first_pull;
 	int pull_packed; /* the PULL being answered asked for packed float32 (MSG_PULL_PACKED) */
 	int pull_delta;  /* ... and XORs with the version before it (MSG_PULL_DELTA), which the shard keeps */
+	uint64_t *sent;  /* (npieces) piece mode: the version of each piece this connection last sent,
+			  * UINT64_MAX for none; NULL until a PULL asks for XORs. A whole shard's copy may hold pieces
+			  * a version ahead of the one it is labelled with (ps_pull.c) */
 	char peer[SOCK_ADDR_STRLEN];
 	float *grad, *snap;      /* (n) a PUSH being assembled; the shard copied for PARAMS */
 	struct msg_assembly a;

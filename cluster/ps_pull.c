@@ -153,6 +153,8 @@ static int pull_send_whole(struct ps_conn *cn, enum conn_sender from, char *err,
 	uint64_t v = psshard_version(&ps->sh);
 	if (!ab)
 		memcpy(cn->snap, psshard_params(&ps->sh), n * sizeof(float));
+	for (size_t j = 0; !ab && cn->sent && j < ps->sh.npieces; j++)
+		cn->sent[j] = psshard_piece_version(&ps->sh, j);
 	char why[WIRE_ERROR_TEXT_MAX + 1];
 	snprintf(why, sizeof(why), "ps %d stops: %.200s", ps->index, ps->why);
 	cn->st_job = 0; /* the answer waits on nothing more: the next PULL may come */
@@ -178,6 +180,23 @@ static int pull_send_whole(struct ps_conn *cn, enum conn_sender from, char *err,
 	}
 	pthread_mutex_lock(&ps->mu);
 	return r;
+}
+
+/* Whether this connection asked for XORs and last sent pieces [j, k) at
+ * version want - 1: what the worker holds, if it holds what it was sent
+ * (it asks only then). Not the shard's version: a whole shard's copy
+ * (pull_send_whole, a reconnected worker's first pull) takes pieces that
+ * went a version ahead with it, labelled with the shard's version. */
+#define PULL_SENT_NONE UINT64_MAX
+
+static int pull_sent_before(const struct ps_conn *cn, size_t j, size_t k, uint64_t want)
+{
+	if (!cn->pull_delta || !cn->sent || want == 0)
+		return 0;
+	for (size_t i = j; i < k; i++)
+		if (cn->sent[i] != want - 1)
+			return 0;
+	return 1;
 }
 
 /* Piece mode, a PULL of the next version: each piece goes out as soon as
@@ -231,7 +250,9 @@ static int pull_stream(struct ps_conn *cn, uint64_t want, enum conn_sender from,
 		 * it: read unlocked like the pieces, and for the same reason
 		 * (their next update, which overwrites them, waits on this
 		 * worker's push). */
-		const float *prev = cn->pull_delta ? psshard_prev(sh, j, k, want) : NULL;
+		const float *prev = pull_sent_before(cn, j, k, want) ? psshard_prev(sh, j, k, want) : NULL;
+		for (size_t i = j; cn->sent && i < k; i++)
+			cn->sent[i] = want;
 		ps->streaming++;
 		pthread_mutex_unlock(&ps->mu);
 		struct conn_chunk_tx t = { .type = WIRE_PARAMS, .shard = (uint32_t)ps->index, .version = want,
@@ -297,8 +318,15 @@ void *ps_streamer(void *arg)
  * for one more copy; else the pieces go packed). */
 static void pull_flags(struct ps_conn *cn, uint8_t flags)
 {
+	struct psshard *sh = &cn->ps->sh;
 	cn->pull_packed = (flags & MSG_PULL_PACKED) != 0;
-	cn->pull_delta = cn->pull_packed && (flags & MSG_PULL_DELTA) && psshard_keep_prev(&cn->ps->sh) == 0;
+	cn->pull_delta = cn->pull_packed && (flags & MSG_PULL_DELTA) && psshard_keep_prev(sh) == 0;
+	/* what this connection sends is recorded from its first PULL asking
+	 * for XORs on: none before it (what was sent then is not known) */
+	if (cn->pull_delta && !cn->sent && (cn->sent = malloc(sh->npieces * sizeof(*cn->sent))))
+		for (size_t j = 0; j < sh->npieces; j++)
+			cn->sent[j] = PULL_SENT_NONE;
+	cn->pull_delta &= cn->sent != NULL;
 }
 
 int ps_on_pull(struct ps_conn *cn, size_t len, char *err, size_t errlen)

@@ -182,13 +182,13 @@ static int pull_send_whole(struct ps_conn *cn, enum conn_sender from, char *err,
 	return r;
 }
 
+#define PULL_SENT_NONE UINT64_MAX /* cn->sent: nothing recorded */
+
 /* Whether this connection asked for XORs and last sent pieces [j, k) at
  * version want - 1: what the worker holds, if it holds what it was sent
  * (it asks only then). Not the shard's version: a whole shard's copy
  * (pull_send_whole, a reconnected worker's first pull) takes pieces that
  * went a version ahead with it, labelled with the shard's version. */
-#define PULL_SENT_NONE UINT64_MAX
-
 static int pull_sent_before(const struct ps_conn *cn, size_t j, size_t k, uint64_t want)
 {
 	if (!cn->pull_delta || !cn->sent || want == 0)

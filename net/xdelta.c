@@ -2,6 +2,7 @@
  * value's own bytes stay inside the body (the last few values go byte by
  * byte), so nothing is read or written outside it. */
 #include "xdelta.h"
+#include "wire.h"
 
 #include <string.h>
 
@@ -23,14 +24,6 @@ uint32_t xdelta_sum(const float *v, size_t N)
 	for (size_t i = 0; i < N; i++)
 		s += bits_of(v + i) * (uint32_t)(2 * i + 1);
 	return s;
-}
-
-static void put_u32(uint8_t *p, uint32_t v)
-{
-	p[0] = (uint8_t)v;
-	p[1] = (uint8_t)(v >> 8);
-	p[2] = (uint8_t)(v >> 16);
-	p[3] = (uint8_t)(v >> 24);
 }
 
 /* Bytes an XOR takes, without a branch: 1 for 0. */
@@ -76,7 +69,7 @@ size_t xdelta_encode(uint8_t *dst, size_t cap, const float *src, const float *ba
 			return 0;
 		out = put_xor(out, (size_t)(end - out), x, (unsigned)(i % 4), &codes[i / 4]);
 	}
-	put_u32(dst, xdelta_sum(src, N));
+	wire_put_u32(dst, xdelta_sum(src, N));
 	return (size_t)(out - dst);
 }
 
@@ -144,9 +137,7 @@ int xdelta_apply(float *dst, const uint8_t *src, size_t N)
 {
 	size_t nc = (N + 3) / 4, i = 0;
 	const uint8_t *codes = src + 4, *p = codes + nc, *end = p + values_bytes(codes, N);
-	uint32_t want = (uint32_t)src[0] | (uint32_t)src[1] << 8 | (uint32_t)src[2] << 16 |
-			(uint32_t)src[3] << 24;
-	uint32_t s = 0;
+	uint32_t want = wire_get_u32(src), s = 0;
 	for (; i + 4 <= N && end - p >= 16; i += 4) {
 		uint32_t cb = codes[i / 4];
 		for (uint32_t k = 0; k < 4; k++) {

@@ -246,6 +246,19 @@ Test(keyholder, async_push_from_before_a_rollback_is_stale)
 	real_workers_finish(&t, 1, NULL);
 }
 
+/* A ps of the config for W workers (extra: write_config's) with a
+ * 20000-input model, 320067 values in 20 pieces of a chunk each, started. */
+static void start_big_ps(struct target *t, int W, const char *extra)
+{
+	write_config(t, W, 20, extra);
+	const char *set[] = { "model.input=20000" };
+	static struct config c;
+	char cerr[CONFIG_ERR_MAX];
+	cr_assert_eq(config_load(&c, t->cfg, set, 1, cerr, sizeof(cerr)), 0, "%s", cerr);
+	cr_assert_eq(config_hash(&c, t->hash), 0); /* what the ps now hashes */
+	target_start(t, set[0]);
+}
+
 /* Big-model helpers for the XOR pulls: N values, 20 pieces of a chunk. */
 #define XN 320067u
 
@@ -323,13 +336,7 @@ static int recv_all_params(int fd, struct hs_result *hr, float *p, unsigned *fir
 Test(keyholder, xors_follow_what_the_connection_was_sent)
 {
 	struct target t;
-	write_config(&t, 2, 20, "checkpoint_dir = ckpt\n");
-	const char *set[] = { "model.input=20000" };
-	static struct config c;
-	char cerr[CONFIG_ERR_MAX];
-	cr_assert_eq(config_load(&c, t.cfg, set, 1, cerr, sizeof(cerr)), 0, "%s", cerr);
-	cr_assert_eq(config_hash(&c, t.hash), 0);
-	target_start(&t, set[0]);
+	start_big_ps(&t, 2, "checkpoint_dir = ckpt\n");
 	struct hs_result ha, hb;
 	int fa = target_peer(&t, 0, &ha, 0), fb = target_peer(&t, 1, &hb, 0);
 	static float pb[XN], before[XN], g[XN];
@@ -698,13 +705,7 @@ Test(keyholder, error_reaches_a_peer_still_sending)
 Test(keyholder, peer_silent_mid_push_is_no_traffic)
 {
 	struct target t;
-	write_config(&t, 1, 20, "checkpoint_dir = ckpt\n[cluster]\npeer_timeout = 2\n");
-	const char *set[] = { "model.input=20000" };
-	static struct config c;
-	char cerr[CONFIG_ERR_MAX];
-	cr_assert_eq(config_load(&c, t.cfg, set, 1, cerr, sizeof(cerr)), 0, "%s", cerr);
-	cr_assert_eq(config_hash(&c, t.hash), 0); /* what the ps now hashes */
-	target_start(&t, set[0]);
+	start_big_ps(&t, 1, "checkpoint_dir = ckpt\n[cluster]\npeer_timeout = 2\n");
 	struct hs_result hr;
 	int fd = target_peer(&t, 0, &hr, 0);
 	static float g[MSG_CHUNK_FLOATS];

@@ -590,10 +590,13 @@ static double run_wire_pack(const char *pack, float *p, size_t n)
 /* Issue 15: wire_pack = true carries the parameters in fewer bytes than
  * float32, and loses nothing: the run ends on the same parameters, bit
  * for bit, as the one with float32 (sync with 2 workers is deterministic:
- * a sum of two does not depend on their order). Below 3.3 bytes a value,
- * packing alone's floor being 3.5: after the first pull the parameters
- * come as XORs with the version before (net/xdelta.h), each checked
- * against the values the worker made of them. */
+ * a sum of two does not depend on their order). Below 3.45 bytes a
+ * value, packing alone's floor being 3.5 (3.52 measured with the XORs
+ * off): after the first pulls the parameters come as XORs with the
+ * version before (net/xdelta.h), each checked against the values the
+ * worker made of them. How many pulls come so varies from run to run
+ * (2.72 to 3.34 bytes in 23 runs since the ps records what each
+ * connection was sent): 3.3 failed once in 15. */
 Test(cluster, packed_float32_is_the_same_float32_in_fewer_bytes)
 {
 	const size_t n = 6 * 16 + 16 + 16 * 3 + 3;
@@ -603,7 +606,7 @@ Test(cluster, packed_float32_is_the_same_float32_in_fewer_bytes)
 	double bp = run_wire_pack("true", packed, n);
 	cr_log_info("bytes a value: float32 %.3f, packed %.3f", b32, bp);
 	cr_assert(b32 == 4.0, "wire_pack = false: %.3f bytes a value", b32);
-	cr_assert(bp < 3.3, "wire_pack = true: %.3f bytes a value", bp);
+	cr_assert(bp < 3.45, "wire_pack = true: %.3f bytes a value", bp);
 	for (size_t i = 0; i < n; i++)
 		cr_assert_eq(memcmp(&plain[i], &packed[i], sizeof(float)), 0,
 			     "parameter %zu: %.9g packed, %.9g as float32", i, packed[i], plain[i]);

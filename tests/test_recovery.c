@@ -229,7 +229,7 @@ Test(recovery, killed_ps_rolls_back_everywhere, .timeout = 400)
  * not hold (it would stop on the check), ending on the same parameters. */
 Test(recovery, killed_ps_with_xor_pulls_rolls_back_everywhere, .timeout = 300)
 {
-	killed_ps_trials("local_socket = false\nwire_pack = true\n", 2, 3.3);
+	killed_ps_trials("local_socket = false\nwire_pack = true\n", 2, 3.45);
 }
 
 /* Item 5 in async mode: the chief asks both ps to save under ps 0's

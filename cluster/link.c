@@ -4,6 +4,7 @@
 #include "../base/err.h"
 #include "link_sparse.h"
 #include "psshard.h"
+#include "../core/nn/factors.h"
 #include "../net/sock.h"
 
 #include <errno.h>
@@ -171,29 +172,85 @@ static int link_ask(struct link *l)
  * of a millisecond. */
 #define LINK_FLOW_RUN 4
 
+/* A run of this shard's pieces as factors (core/nn/factors.h), final:
+ * each piece's chunk carries its share of the factor stream, in
+ * proportion to its values (a share is never more values than its
+ * piece's, as factors_plan takes only runs that save a good part). */
+static int link_push_factors(struct link *l, const struct factor_run *fr)
+{
+	const struct factors *fx = l->ex.gflow->fx;
+	const struct model *m = &l->sh->s->job.m;
+	size_t F = factors_count(m, fr, fx->B), run = fr->hi - fr->lo, from = 0;
+	char e[512];
+	for (size_t lo = fr->lo; lo < fr->hi;) {
+		size_t hi = fr->hi - lo > PSSHARD_PIECE ? lo + PSSHARD_PIECE : fr->hi;
+		size_t to = (size_t)((double)F * (double)(hi - fr->lo) / (double)run);
+		to = hi == fr->hi ? F : to;
+		struct msg_chunk c = { .type = WIRE_PUSH, .dtype = WIRE_F32F, .shard = (uint32_t)l->k,
+				       .version = l->tag, .worker = WIRE_PUSH_TAG(l->sh->index, l->sh->slice),
+				       .offset = lo - l->range.begin, .count = (uint32_t)(hi - lo) };
+		uint8_t *buf = conn_payload(&l->conn, CONN_MAIN);
+		size_t len;
+		if (msg_encode_chunk_factors(buf, conn_payload_cap(&l->conn), &c, (uint32_t)(fr->hi - lo),
+					     (uint32_t)fx->B, to - from, &len, e, sizeof(e)))
+			return link_fail(l, LINK_REFUSED, -EPROTO, e);
+		factors_write(fx, m, fr, from, to, buf + len - 4 * (to - from));
+		int r = conn_send_payload(&l->conn, CONN_MAIN, len, e, sizeof(e));
+		if (r)
+			return link_lost(l, r, e);
+		from = to;
+		lo = hi;
+	}
+	l->sh->fvalues += run;
+	l->sh->fbytes += 4 * F;
+	return 0;
+}
+
+/* Where the next run of factors after lo begins (end: none). */
+static size_t link_next_run(const struct factors *fx, size_t lo, size_t end)
+{
+	for (int k = 0; fx && k < fx->n; k++)
+		if (fx->run[k].lo > lo && fx->run[k].lo < end)
+			end = fx->run[k].lo;
+	return end;
+}
+
 /* The gradient's slice for this shard, tagged with the version pulled from
  * it, sent run by run of whole pieces as the flow makes them final (the
  * last piece may be shorter): a gradient final at once is one message. A
  * stream left to the end (gradflow_later) goes whole when it is final. A
- * step that fails before its gradient is final cancels the push
- * half-way. */
+ * run the step kept as factors goes as those. A step that fails before
+ * its gradient is final cancels the push half-way. */
 static int link_push(struct link *l)
 {
 	const struct link_ex *x = &l->ex;
+	const struct factors *fx = x->gflow->fx;
 	size_t lo = l->range.begin, end = l->range.end;
 	int later = gradflow_is_later(x->gflow, l->k);
 	char e[512];
 	while (lo < end) {
-		size_t have, hi;
-		if (gradflow_wait(x->gflow, l->k, later ? end : lo + LINK_FLOW_RUN * PSSHARD_PIECE, &have))
+		const struct factor_run *fr = fx ? factors_at(fx, lo) : NULL;
+		size_t have, hi, stop = link_next_run(fx, lo, end);
+		size_t want = later ? end : lo + LINK_FLOW_RUN * PSSHARD_PIECE;
+		want = fr ? fr->hi : want < stop ? want : stop;
+		if (gradflow_wait(x->gflow, l->k, want, &have))
 			return link_fail(l, LINK_CANCELLED, -ECANCELED, "the step ended before its gradient was made");
-		hi = have == end ? end : lo + (have - lo) / PSSHARD_PIECE * PSSHARD_PIECE;
+		if (fr && fr->on) {
+			int r = link_push_factors(l, fr);
+			if (r)
+				return r;
+			l->sh->gvalues += fr->hi - lo;
+			lo = fr->hi;
+			continue;
+		}
+		hi = have >= stop ? stop : lo + (have - lo) / PSSHARD_PIECE * PSSHARD_PIECE;
 		struct conn_chunk_tx t = { .type = WIRE_PUSH, .shard = (uint32_t)l->k, .version = l->tag,
 					   .worker = WIRE_PUSH_TAG(l->sh->index, l->sh->slice), .src = x->grads + lo, .n = hi - lo,
 					   .offset = lo - l->range.begin, .dtype = (uint8_t)link_grad_dtype(l) };
 		int r = conn_send_tensor(&l->conn, CONN_MAIN, &t, e, sizeof(e));
 		if (r)
 			return link_lost(l, r, e);
+		l->sh->gvalues += hi - lo;
 		lo = hi;
 	}
 	return 0;

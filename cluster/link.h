@@ -96,6 +96,8 @@ struct link_shared {
 	uint8_t heard[MSG_HEARTBEAT_WORKERS / 8];
 	_Atomic uint64_t stale;  /* pushes the shards dropped */
 	_Atomic uint64_t pvalues, pbytes; /* parameters received: values, their bytes on the wire */
+	_Atomic uint64_t gvalues;         /* gradient values pushed, and of them */
+	_Atomic uint64_t fvalues, fbytes; /* those sent as factors, and the factors' bytes */
 	struct link_turn turn;
 	/* Called once a link's exchange ends LOST or WENT_BACK, on that
 	 * link's thread, holding no link's lock (links.c shuts the others). */

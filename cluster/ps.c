@@ -561,6 +561,7 @@ int ps_conn_run(struct ps_conn *cn)
 	free(cn->grad);
 	free(cn->snap);
 	free(cn->sent);
+	ps_factors_free(&cn->fx);
 	ps_sparse_conn_free(cn);
 	ps_conn_drop(cn);
 	return r;

@@ -106,6 +106,19 @@ enum ps_conn_end {
 	PS_CONN_REPLACED, /* worker w connected again and this one was dead */
 };
 
+/* Piece mode: a run of a PUSH's pieces sent as the factors of a dense
+ * layer's weight gradient (core/nn/factors.h), while its chunks come in
+ * (ps_factors.c). */
+struct ps_factors {
+	float *fac;          /* (cap) the run's factor stream so far */
+	float *rows;         /* (n + 2 x the widest input) the weight rows made of it */
+	size_t cap, have, need; /* need: 0 while no run is open */
+	uint64_t hi, runlen; /* the run: [hi - runlen, hi) of the shard */
+	uint64_t next;       /* the offset of its next piece */
+	uint32_t B;
+	int layer, row0, nrows;
+};
+
 /* One worker's connection, served on its own thread. */
 struct ps_conn {
 	struct ps *ps;
@@ -130,6 +143,7 @@ struct ps_conn {
 	float *grad, *snap;      /* (n) a PUSH being assembled; the shard copied for PARAMS */
 	struct msg_assembly a;
 	int assembling;
+	struct ps_factors fx;
 	int last_r;              /* piece mode: the push's last piece: psshard_push_piece's */
 	enum psshard_outcome last_oc; /* ... and its outcome */
 	/* Piece mode: PULLs are answered by a thread of their own, the
@@ -236,6 +250,13 @@ int ps_heartbeat_send(struct ps_conn *cn, enum conn_sender from, const struct ms
  * (-EALREADY a duplicate), v the version now. */
 int ps_on_push(struct ps_conn *cn, size_t len, char *err, size_t errlen);
 int ps_ack(struct ps_conn *cn, int r, enum psshard_outcome oc, uint64_t v, char *err, size_t errlen);
+/* Piece mode: piece j of the push tagged tag, its values g, aggregated. */
+int ps_push_piece(struct ps_conn *cn, uint64_t tag, size_t j, const float *g, char *err, size_t errlen);
+/* Piece mode: a chunk of a run sent as factors (WIRE_F32F), or any chunk
+ * while such a run is open; at the run's last piece, its pieces made and
+ * aggregated. */
+int ps_factors_take(struct ps_conn *cn, const struct msg_chunk *c, char *err, size_t errlen);
+void ps_factors_free(struct ps_factors *fx);
 
 /* ps_sparse.c: the embedding rows this ps holds (cluster/psrows.h), for a
  * model with an embedding layer (else ps->sp stays NULL): whether the

@@ -63,24 +63,18 @@ static const float *push_values(struct ps_conn *cn, const struct msg_chunk *c, s
 	return cn->grad + lo;
 }
 
-/* Piece mode: one chunk of a PUSH is one piece of the shard, aggregated
- * at once (so that the pieces the other workers have
+/* Piece mode: piece j of this connection's push, values g (under no
+ * lock), aggregated at once (so that the pieces the other workers have
  * sent too can go back out while the rest still comes in). A piece this
  * worker already gave (it pushes again after reconnecting) is a
  * duplicate, not an error. */
-static int push_took(void *ctx, const struct msg_chunk *c, char *err, size_t errlen)
+int ps_push_piece(struct ps_conn *cn, uint64_t tag, size_t j, const float *g, char *err, size_t errlen)
 {
-	struct ps_conn *cn = ctx;
 	struct ps *ps = cn->ps;
-	size_t j = (size_t)(c->offset / PSSHARD_PIECE), lo, hi;
+	size_t lo, hi;
 	psshard_piece_range(&ps->sh, j, &lo, &hi);
-	if (j >= ps->sh.npieces || c->offset != lo || c->count != hi - lo)
-		return err_set(err, errlen, -EPROTO, "PUSH chunk [%llu, %llu) is not one of the shard's pieces of %u values",
-			       (unsigned long long)c->offset, (unsigned long long)(c->offset + c->count),
-			       PSSHARD_PIECE);
-	const float *g = push_values(cn, c, lo);
 	pthread_mutex_lock(&ps->mu);
-	int r = psshard_push_piece(&ps->sh, cn->slice, c->version, j, g, hi == ps->sh.n, &cn->last_oc);
+	int r = psshard_push_piece(&ps->sh, cn->slice, tag, j, g, hi == ps->sh.n, &cn->last_oc);
 	cn->pushed |= r == 0 || r == -EALREADY;
 	uint64_t v = psshard_version(&ps->sh);
 	/* Only a finished piece is news to a waiting PULL (a broadcast per
@@ -97,6 +91,23 @@ static int push_took(void *ctx, const struct msg_chunk *c, char *err, size_t err
 	pthread_mutex_unlock(&ps->mu);
 	cn->last_r = r;
 	return r && r != -EALREADY ? push_refused(cn, r, g, lo, hi, v, err, errlen) : 0;
+}
+
+/* Piece mode: one chunk of a PUSH is one piece of the shard, or one piece
+ * of a run sent as factors (ps_factors.c). */
+static int push_took(void *ctx, const struct msg_chunk *c, char *err, size_t errlen)
+{
+	struct ps_conn *cn = ctx;
+	struct ps *ps = cn->ps;
+	size_t j = (size_t)(c->offset / PSSHARD_PIECE), lo, hi;
+	psshard_piece_range(&ps->sh, j, &lo, &hi);
+	if (j >= ps->sh.npieces || c->offset != lo || c->count != hi - lo)
+		return err_set(err, errlen, -EPROTO, "PUSH chunk [%llu, %llu) is not one of the shard's pieces of %u values",
+			       (unsigned long long)c->offset, (unsigned long long)(c->offset + c->count),
+			       PSSHARD_PIECE);
+	if (c->dtype == WIRE_F32F || cn->fx.need)
+		return ps_factors_take(cn, c, err, errlen);
+	return ps_push_piece(cn, c->version, j, push_values(cn, c, lo), err, errlen);
 }
 
 /* Async: a push tagged with a version the shard had before a rollback
@@ -170,6 +181,7 @@ int ps_on_push(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 			return r;
 		cn->assembling = 1;
 		cn->slice = (int)WIRE_PUSH_SLICE(ch.worker);
+		cn->fx.need = 0;
 	}
 	/* Piece mode: push_took takes each chunk's values (push_values). */
 	float *dst = pieces ? NULL : cn->grad;

@@ -14,6 +14,7 @@
 #include "worker_host.h"
 #include "worker_share.h"
 #include "worker_priv.h"
+#include "psshard.h"
 
 #include "../core/nn/devices.h"
 #include "../core/nn/optim.h"
@@ -75,7 +76,11 @@ static int worker_flow_open(struct worker *wr, const struct shard *plan, char *e
 	}
 	for (int i = 0; i < m->nlayers; i++)
 		cap += m->layers[i].kind == LAYER_DENSE ? m->layers[i].out : 0;
-	int e = gradflow_init(&wr->flow, m->nparams, wr->lk.nps, begin, end, cap);
+	int e = gradflow_init(&wr->flow, m->nparams, wr->lk.nps, begin, end, cap + FACTORS_MAX_RUNS);
+	/* A CPU's split backward may send dense weights as their factors
+	 * where packing is on (worker_plan_factors). */
+	if (!e && wr->dev.flow == DEVICES_FLOW_HOST && role_grad_dtype(wr->c) == WIRE_F32)
+		e = factors_init(&wr->fx, m, wr->B);
 	/* Each shard streams its pieces in order: one final range a shard. */
 	wr->preforward = !e && devices_flow_forwards(&wr->dev);
 	if (wr->preforward)
@@ -94,6 +99,24 @@ static int worker_flow_open(struct worker *wr, const struct shard *plan, char *e
 		role_log(wr->out, "worker %d: pushes the pieces of each gradient as backward makes them ([cluster] overlap)",
 			 wr->index);
 	return 0;
+}
+
+/* A packed gradient's bytes a value (docs/BENCHMARKS.md, "fpack"). */
+#define WORKER_PACKED_BYTES 3.5
+
+/* The runs of this step's gradient that go as factors (core/nn/factors.h):
+ * on each link to another host that packs, where they save bytes. */
+static void worker_plan_factors(struct worker *wr)
+{
+	wr->flow.fx = NULL;
+	if (!wr->fx.max_batch || !wr->lk.sh.pack || wr->B > wr->fx.max_batch)
+		return;
+	factors_begin(&wr->fx, wr->B);
+	for (int k = 0; k < wr->lk.nps; k++)
+		if (!wr->lk.ln[k].unx)
+			factors_plan(&wr->fx, &wr->s.job.m, wr->lk.ln[k].range.begin, wr->lk.ln[k].range.end,
+				     PSSHARD_PIECE, WORKER_PACKED_BYTES);
+	wr->flow.fx = wr->fx.n ? &wr->fx : NULL;
 }
 
 /* Setup, devices, links (connected) and the progress line. */
@@ -190,6 +213,7 @@ static void worker_close(struct worker *wr)
 	worker_embed_close(wr->emb);
 	gradflow_free(&wr->flow);
 	gradflow_free(&wr->pflow);
+	factors_free(&wr->fx);
 	if (wr->own_host) {
 		devices_host_free(&wr->dev, wr->params);
 		devices_host_free(&wr->dev, wr->grads);
@@ -467,6 +491,7 @@ static int worker_exchange(struct worker *wr, enum step_way way, double *t1, cha
 		 * sends to a ps over its Unix socket early is not the step's. */
 		for (int k = 0; k < wr->lk.nps; k++)
 			gradflow_later(&wr->flow, k, wr->lk.ln[k].unx && wr->dev.flow != DEVICES_FLOW_QUEUED);
+		worker_plan_factors(wr);
 	}
 	wr->lk.sh.slice = last;
 	links_exchange_begin(&wr->lk, wr->grads, flow ? &wr->flow : NULL, way == WAY_PUSH ? NULL : wr->params,
@@ -699,6 +724,10 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 	if (!e && wr->lk.sh.pvalues)
 		role_log(out, "worker %d: the parameters arrived in %.2f bytes a value", index,
 			 (double)wr->lk.sh.pbytes / (double)wr->lk.sh.pvalues);
+	if (!e && wr->lk.sh.fvalues)
+		role_log(out, "worker %d: %.0f%% of the gradient went as the factors of dense weights, in %.2f bytes a value",
+			 index, 100.0 * (double)wr->lk.sh.fvalues / (double)wr->lk.sh.gvalues,
+			 (double)wr->lk.sh.fbytes / (double)wr->lk.sh.fvalues);
 	if (!e) {
 		res->wall = progress_now() - t0;
 		res->samples_per_s = wr->pg.train_time > 0 ? (double)wr->pg.samples / wr->pg.train_time : 0;

@@ -5,6 +5,7 @@
 #ifndef PSTRAIN_WORKER_PRIV_H
 #define PSTRAIN_WORKER_PRIV_H
 
+#include "../core/nn/factors.h"
 #include "../base/hooks.h"
 #include "autoflow.h"
 #include "links.h"
@@ -50,6 +51,7 @@ struct worker {
 	struct worker_embed *emb; /* the embedding layer's rows (NULL: none) */
 	struct gradflow flow;    /* the gradient as backward makes it final */
 	struct gradflow pflow;   /* the next step's parameters as they arrive */
+	struct factors fx;       /* the runs a step sends as factors (flow.fx; core/nn/factors.h) */
 	int preforward;          /* the next step's forward pass may wait on pflow */
 	enum step_phase phase;   /* what the devices hold for wr->step */
 	double t_pre;            /* a forward pass run early: its compute, not its waits (seconds) */

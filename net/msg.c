@@ -163,6 +163,8 @@ int msg_encode_chunk_parts(uint8_t *buf, size_t cap, const struct msg_chunk *c, 
 	}
 	if (c->dtype == WIRE_F32X && c->type != WIRE_PARAMS)
 		return err_set(err, errlen, -EINVAL, "%s: XORs are for PARAMS only", name);
+	if (c->dtype == WIRE_F32F)
+		return err_set(err, errlen, -EINVAL, "%s: factors go by msg_encode_chunk_factors", name);
 	if (c->dtype == WIRE_F32X && c->base) {
 		size_t n = xdelta_encode(buf + MSG_CHUNK_HDR_BYTES, 4 * (size_t)c->count - 1, src, c->base,
 					 c->count);
@@ -228,7 +230,7 @@ static int chunk_decode(const uint8_t *buf, size_t len, int values, struct msg_c
 			    len, MSG_CHUNK_BYTES_MAX);
 	dt = buf[1];
 	if (!dtype_ok(dt))
-		return err_set(err, errlen, -EPROTO, "%s: unknown dtype %u (0 fp32, 1 bf16, 2 fp32 packed, 3 fp32 as XORs)",
+		return err_set(err, errlen, -EPROTO, "%s: unknown dtype %u (0 fp32, 1 bf16, 2 fp32 packed, 3 fp32 as XORs, 4 fp32 as factors)",
 			       name, dt);
 	if (!values && dt != WIRE_F32)
 		return err_set(err, errlen, -EPROTO, "%s: a %s chunk whose values were not read",
@@ -247,6 +249,18 @@ static int chunk_decode(const uint8_t *buf, size_t len, int values, struct msg_c
 			return err_set(err, errlen, -EPROTO,
 				       "%s: %zu bytes are not a packing of %u float32 values", name,
 				       len - MSG_CHUNK_HDR_BYTES, count);
+	} else if (dt == WIRE_F32F) {
+		size_t body = len - MSG_CHUNK_HDR_BYTES;
+		if (buf[0] != WIRE_PUSH)
+			return err_set(err, errlen, -EPROTO, "%s: factors (dtype 4) are for PUSH only", name);
+		if (body < MSG_FACTORS_HEAD || (body - MSG_FACTORS_HEAD) % 4 ||
+		    body - MSG_FACTORS_HEAD > 4 * (size_t)count)
+			return err_set(err, errlen, -EPROTO,
+				       "%s: %zu bytes are not a share of factors for %u values", name, body, count);
+		uint32_t run = wire_get_u32(buf + MSG_CHUNK_HDR_BYTES), B = wire_get_u32(buf + MSG_CHUNK_HDR_BYTES + 4);
+		if (run < count || B == 0)
+			return err_set(err, errlen, -EPROTO, "%s: factors of a run of %u values for a batch of %u", name,
+				       run, B);
 	} else if (dt == WIRE_F32X) {
 		if (xdelta_check(buf + MSG_CHUNK_HDR_BYTES, len - MSG_CHUNK_HDR_BYTES, count))
 			return err_set(err, errlen, -EPROTO,
@@ -264,6 +278,7 @@ static int chunk_decode(const uint8_t *buf, size_t len, int values, struct msg_c
 	out->count = count;
 	out->worker = wire_get_u32(buf + 28);
 	out->data = values ? buf + MSG_CHUNK_HDR_BYTES : NULL;
+	out->bytes = values ? len - MSG_CHUNK_HDR_BYTES : 0;
 	if (out->type == WIRE_PARAMS && out->worker != 0)
 		return err_set(err, errlen, -EPROTO, "PARAMS: worker field is %u, expected 0",
 			    out->worker);
@@ -283,6 +298,39 @@ int msg_decode_chunk_head(const uint8_t *buf, size_t len, struct msg_chunk *out,
 			  size_t errlen)
 {
 	return chunk_decode(buf, len, 0, out, err, errlen);
+}
+
+int msg_encode_chunk_factors(uint8_t *buf, size_t cap, const struct msg_chunk *c, uint32_t run,
+			     uint32_t B, size_t k, size_t *len, char *err, size_t errlen)
+{
+	if (c->type != WIRE_PUSH || c->dtype != WIRE_F32F || c->count == 0 || c->count > msg_chunk_max(WIRE_F32)
+	    || run < c->count || B == 0 || k > c->count)
+		return err_set(err, errlen, -EINVAL, "PUSH: factors of %u values (a run of %u, batch %u, %zu values)",
+			       c->count, run, B, k);
+	size_t n = MSG_CHUNK_HDR_BYTES + MSG_FACTORS_HEAD + 4 * k;
+	int rc = check_cap(cap < MSG_CHUNK_BYTES_MAX ? cap : MSG_CHUNK_BYTES_MAX, n, c->type, err, errlen);
+	if (rc < 0)
+		return rc;
+	put_head(buf, c->type, MSG_CHUNK_HDR_BYTES);
+	buf[1] = c->dtype;
+	wire_put_u32(buf + 4, c->shard);
+	wire_put_u64(buf + 8, c->version);
+	wire_put_u64(buf + 16, c->offset);
+	wire_put_u32(buf + 24, c->count);
+	wire_put_u32(buf + 28, c->worker);
+	wire_put_u32(buf + MSG_CHUNK_HDR_BYTES, run);
+	wire_put_u32(buf + MSG_CHUNK_HDR_BYTES + 4, B);
+	*len = n;
+	return 0;
+}
+
+void msg_chunk_factors(const struct msg_chunk *c, uint32_t *run, uint32_t *B, const uint8_t **vals,
+		       size_t *k)
+{
+	*run = wire_get_u32(c->data);
+	*B = wire_get_u32(c->data + 4);
+	*vals = c->data + MSG_FACTORS_HEAD;
+	*k = (c->bytes - MSG_FACTORS_HEAD) / 4;
 }
 
 void msg_chunk_floats(float *dst, const struct msg_chunk *c)
@@ -834,6 +882,9 @@ int msg_assembly_add(struct msg_assembly *a, const struct msg_chunk *c, float *d
 		return err_set(err, errlen, -EPROTO,
 			    "%s: chunk at offset %llu overlaps the %llu floats received", name,
 			    (unsigned long long)c->offset, (unsigned long long)a->received);
+	if (dst && c->dtype == WIRE_F32F)
+		return err_set(err, errlen, -EPROTO, "%s: factors, but this ps takes whole gradients, not pieces",
+			       name);
 	if (dst && c->dtype == WIRE_F32X) {
 		if (xdelta_apply(dst + c->offset, c->data, c->count))
 			return err_set(err, errlen, -EPROTO,

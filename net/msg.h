@@ -69,6 +69,7 @@ static inline uint32_t msg_chunk_max(unsigned dt)
 /* Fixed lengths (bytes) of each message's header; see docs/PROTOCOL.md. */
 #define MSG_PULL_BYTES 16u
 #define MSG_CHUNK_HDR_BYTES 32u /* PARAMS and PUSH, before the floats */
+#define MSG_FACTORS_HEAD 8u     /* WIRE_F32F: run u32, B u32, before the factors */
 #define MSG_ACK_BYTES 24u
 #define MSG_CHECKPOINT_BYTES 16u
 #define MSG_STATUS_BYTES 32u
@@ -143,6 +144,7 @@ struct msg_chunk {
 	uint32_t count;       /* 1..msg_chunk_max(dtype) */
 	const uint8_t *data;  /* (count) little-endian float32 or bf16, maybe unaligned */
 	const float *base;    /* encoding WIRE_F32X: the (count) values the XORs are with */
+	size_t bytes;         /* decoded: the bytes at data */
 };
 
 /* What a ps did with a whole pushed gradient. Zero is not a status. */
@@ -408,9 +410,24 @@ MSG_MUST_CHECK int msg_decode_compute(const uint8_t *buf, size_t len, struct msg
 MSG_MUST_CHECK int msg_decode_error(const uint8_t *buf, size_t len, struct msg_error *out,
 				    char *err, size_t errlen);
 
+/* A PUSH chunk of factors (WIRE_F32F, core/nn/factors.h): its header
+ * from c, the run (values from c->offset in the run of pieces the
+ * factors make) and the batch B, then k float32 values of the run's
+ * factor stream, which the caller writes at buf + *len - 4k
+ * (factors_write). k <= count: a share is never more values than its
+ * piece's. */
+MSG_MUST_CHECK int msg_encode_chunk_factors(uint8_t *buf, size_t cap, const struct msg_chunk *c,
+					    uint32_t run, uint32_t B, size_t k, size_t *len, char *err,
+					    size_t errlen);
+/* A decoded factors chunk's run, batch and its share of the factor
+ * stream: k little-endian float32 values at *vals. */
+void msg_chunk_factors(const struct msg_chunk *c, uint32_t *run, uint32_t *B, const uint8_t **vals,
+		       size_t *k);
+
 /* Copies a decoded chunk's count values into dst as floats (host order;
  * bf16 widened, exactly). Not for XORs (WIRE_F32X), which only an
- * assembly takes (msg_assembly_add: they need the values dst holds). */
+ * assembly takes (msg_assembly_add: they need the values dst holds), nor
+ * for factors (WIRE_F32F), which only a ps in piece mode takes. */
 void msg_chunk_floats(float *dst /* (count) */, const struct msg_chunk *c);
 
 /* ---- chunking ------------------------------------------------------------ */

@@ -37,9 +37,11 @@
  * Version 13: an SPUSH's worker field is a PUSH's (WIRE_PUSH_TAG): the
  * worker and the slice its rows' gradient is of. Version 14: dtype 3,
  * PARAMS as XORs with the version the worker holds (net/xdelta.h), and
- * PULL's flag DELTA that asks for them. */
+ * PULL's flag DELTA that asks for them. Version 15: dtype 4, a run of
+ * PUSH pieces inside a dense weight as the two factors the ps makes them
+ * from (core/nn/factors.h). */
 #define WIRE_MAGIC 0x52545350u
-#define WIRE_VERSION 14u
+#define WIRE_VERSION 15u
 
 /* Message types (DESIGN §7): the first field of every decrypted frame.
  * Zero is not a type, so a zeroed buffer never parses as a message. */
@@ -86,15 +88,18 @@ enum wire_msg {
  * docs/PROTOCOL.md): float32, bfloat16 (net/bf16.h), half the bytes,
  * float32 packed without loss (net/fpack.h), about 7/8 of them, or
  * (PARAMS only) float32 as its XOR with the version the worker holds
- * (net/xdelta.h), about 0.6 of them. Zero is float32, what that byte
- * (then reserved, 0) meant in version 3. */
+ * (net/xdelta.h), about 0.6 of them, or (PUSH only, a run of pieces
+ * inside a dense layer's weight) as the two factors the ps makes them
+ * from (core/nn/factors.h). Zero is float32, what that byte (then
+ * reserved, 0) meant in version 3. */
 enum wire_dtype {
 	WIRE_F32 = 0,
 	WIRE_BF16 = 1,
 	WIRE_F32P = 2,
 	WIRE_F32X = 3,
+	WIRE_F32F = 4,
 };
-#define WIRE_DTYPE_LAST WIRE_F32X
+#define WIRE_DTYPE_LAST WIRE_F32F
 
 /* Most bytes per value of a known dtype (a macro too, for array sizes):
  * a packed chunk is always shorter than float32. */
@@ -109,14 +114,14 @@ static inline unsigned wire_dtype_bytes(unsigned dt)
  * chunk that would not shrink as plain float32). */
 static inline unsigned wire_dtype_values(unsigned dt)
 {
-	return dt == WIRE_F32P || dt == WIRE_F32X ? WIRE_F32 : dt;
+	return dt == WIRE_F32P || dt == WIRE_F32X || dt == WIRE_F32F ? WIRE_F32 : dt;
 }
 
 /* Name of a dtype for logs (as [cluster] wire_dtype spells it); "?" else. */
 static inline const char *wire_dtype_name(unsigned dt)
 {
 	return dt == WIRE_F32 ? "fp32" : dt == WIRE_BF16 ? "bf16" : dt == WIRE_F32P ? "fp32 packed" :
-		dt == WIRE_F32X ? "fp32 as XORs" : "?";
+		dt == WIRE_F32X ? "fp32 as XORs" : dt == WIRE_F32F ? "fp32 as factors" : "?";
 }
 
 /* A PUSH chunk's u32 worker field (struct msg_chunk's worker): the

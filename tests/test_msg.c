@@ -412,6 +412,7 @@ Test(msg, chunk_head_alone)
 	cr_assert_eq(msg_decode_chunk_head(buf, len, &head, err, sizeof err), 0, "%s", err);
 	cr_assert_null(head.data);
 	head.data = whole.data;
+	head.bytes = whole.bytes;
 	cr_assert_eq(memcmp(&head, &whole, sizeof head), 0);
 	cr_assert_eq(msg_decode_chunk_head(buf, len + 4, &head, err, sizeof err), -EMSGSIZE);
 	c.dtype = WIRE_BF16;
@@ -1245,18 +1246,18 @@ Test(msg, dtype_refusals)
 	float dst[5] = { 0 };
 
 	size_t len = sample(WIRE_PUSH, buf, sizeof buf);
-	for (unsigned dt = 4; dt < 256; dt += 51) {
+	for (unsigned dt = 5; dt < 256; dt += 50) {
 		buf[1] = (uint8_t)dt;
 		err[0] = '\0';
 		assert_refused(msg_decode_chunk(buf, len, &c, err, sizeof err), -EPROTO, err,
 			       "unknown dtype", "dtype byte");
 	}
-	struct msg_chunk bad = { .type = WIRE_PUSH, .dtype = 4, .count = 1 };
+	struct msg_chunk bad = { .type = WIRE_PUSH, .dtype = 5, .count = 1 };
 	err[0] = '\0';
 	assert_refused(msg_encode_chunk(buf, sizeof buf, &bad, SAMPLE_FLOATS, &len, err, sizeof err),
-		       -EINVAL, err, "unknown dtype 4", "encode dtype");
+		       -EINVAL, err, "unknown dtype 5", "encode dtype");
 	err[0] = '\0';
-	assert_refused(msg_assembly_init(&a, WIRE_PUSH, 0, 5, 4, err, sizeof err), -EINVAL, err,
+	assert_refused(msg_assembly_init(&a, WIRE_PUSH, 0, 5, 5, err, sizeof err), -EINVAL, err,
 		       "dtype", "assembly dtype");
 
 	/* bf16 sent, float32 expected, and the reverse. */
@@ -1721,4 +1722,71 @@ Test(msg, report_events)
 	in.nevents = 9;
 	assert_refused(msg_encode_report(buf, sizeof buf, &in, &len, err, sizeof err), -EINVAL, err, "REPORT",
 		       "encode 9 events");
+}
+
+/* Factors (dtype 4, core/nn/factors.h): a PUSH chunk carries its run, the
+ * batch and a share of the factor stream, which comes back as written; a
+ * share longer than the piece's values, a run shorter than the chunk, a
+ * batch of 0, a body that is not whole floats, factors in a PARAMS, and
+ * factors given to an assembly that takes values are refused. */
+Test(msg, factors_chunks_carry_a_share_and_nothing_else)
+{
+	static uint8_t buf[MSG_CHUNK_BYTES_MAX];
+	char err[256] = "";
+	struct msg_chunk c = { .type = WIRE_PUSH, .dtype = WIRE_F32F, .shard = 1, .version = 7,
+			       .worker = WIRE_PUSH_TAG(1, 1), .offset = 16384, .count = 100 }, d;
+	size_t len = 0;
+	cr_assert_eq(msg_encode_chunk_factors(buf, sizeof buf, &c, 250, 64, 60, &len, err, sizeof err), 0, "%s",
+		     err);
+	cr_assert_eq(len, MSG_CHUNK_HDR_BYTES + MSG_FACTORS_HEAD + 240);
+	for (int i = 0; i < 60; i++)
+		wire_put_f32s(buf + len - 240 + 4 * i, &(float){ (float)i - 0.25f }, 1);
+	cr_assert_eq(msg_decode_chunk(buf, len, &d, err, sizeof err), 0, "%s", err);
+	uint32_t run, B;
+	const uint8_t *vals;
+	size_t k;
+	msg_chunk_factors(&d, &run, &B, &vals, &k);
+	cr_assert(d.dtype == WIRE_F32F && d.offset == 16384 && d.count == 100 && run == 250 && B == 64 && k == 60);
+	for (size_t i = 0; i < k; i++) {
+		float v;
+		wire_get_f32s(&v, vals + 4 * i, 1);
+		cr_assert_eq(v, (float)i - 0.25f);
+	}
+	/* the encoder's refusals */
+	cr_assert_eq(msg_encode_chunk_factors(buf, sizeof buf, &c, 250, 64, 101, &len, err, sizeof err), -EINVAL);
+	cr_assert_eq(msg_encode_chunk_factors(buf, sizeof buf, &c, 99, 64, 10, &len, err, sizeof err), -EINVAL);
+	cr_assert_eq(msg_encode_chunk_factors(buf, sizeof buf, &c, 250, 0, 10, &len, err, sizeof err), -EINVAL);
+	c.type = WIRE_PARAMS;
+	cr_assert_eq(msg_encode_chunk_factors(buf, sizeof buf, &c, 250, 64, 10, &len, err, sizeof err), -EINVAL);
+	c.type = WIRE_PUSH;
+	float f[100] = { 0 };
+	cr_assert_eq(msg_encode_chunk(buf, sizeof buf, &c, f, &len, err, sizeof err), -EINVAL);
+	/* the decoder's: a share longer than the piece, a torn float, a
+	 * short run, a batch of 0, a PARAMS */
+	cr_assert_eq(msg_encode_chunk_factors(buf, sizeof buf, &c, 250, 64, 100, &len, err, sizeof err), 0);
+	cr_assert_eq(msg_decode_chunk(buf, len, &d, err, sizeof err), 0, "%s", err);
+	err[0] = '\0';
+	assert_refused(msg_decode_chunk(buf, len + 4, &d, err, sizeof err), -EPROTO, err, "PUSH", "share too long");
+	assert_refused(msg_decode_chunk(buf, len - 2, &d, err, sizeof err), -EPROTO, err, "PUSH", "torn float");
+	wire_put_u32(buf + MSG_CHUNK_HDR_BYTES, 99);
+	assert_refused(msg_decode_chunk(buf, len, &d, err, sizeof err), -EPROTO, err, "batch of 64", "short run");
+	wire_put_u32(buf + MSG_CHUNK_HDR_BYTES, 250);
+	wire_put_u32(buf + MSG_CHUNK_HDR_BYTES + 4, 0);
+	assert_refused(msg_decode_chunk(buf, len, &d, err, sizeof err), -EPROTO, err, "batch of 0", "batch 0");
+	wire_put_u32(buf + MSG_CHUNK_HDR_BYTES + 4, 64);
+	buf[0] = WIRE_PARAMS;
+	wire_put_u32(buf + 28, 0);
+	assert_refused(msg_decode_chunk(buf, len, &d, err, sizeof err), -EPROTO, err, "PUSH only", "PARAMS");
+	buf[0] = WIRE_PUSH;
+	wire_put_u32(buf + 28, WIRE_PUSH_TAG(1, 1));
+	cr_assert_eq(msg_decode_chunk(buf, len, &d, err, sizeof err), 0, "%s", err);
+	/* an assembly that takes values (a ps without pieces) */
+	struct msg_assembly a;
+	static float dst[20000];
+	cr_assert_eq(msg_assembly_init(&a, WIRE_PUSH, 1, 20000, WIRE_F32, err, sizeof err), 0);
+	a.received = 16384;
+	a.version = 7;
+	a.worker = d.worker;
+	assert_refused(msg_assembly_add(&a, &d, dst, err, sizeof err), -EPROTO, err, "factors", "values taken");
+	cr_assert_eq(msg_assembly_add(&a, &d, NULL, err, sizeof err), 0, "%s", err);
 }

@@ -27,6 +27,8 @@
 
 #define GRADFLOW_MAX_STREAMS 64
 
+struct factors;
+
 struct gradflow_span {
 	size_t lo, hi;
 };
@@ -43,6 +45,9 @@ struct gradflow {
 	unsigned char later[GRADFLOW_MAX_STREAMS]; /* gradflow_later's */
 	size_t at_lo, at_want;       /* gradflow_wait_at's reader: [at_lo, at_want); 0, 0: none */
 	int failed;                  /* the step ended without making it all final */
+	struct factors *fx;          /* NULL, or the step's runs sent as factors
+				      * (factors.h): planned before the step, kept
+				      * by it, read by the links once final */
 };
 
 /* Streams k = 0..nstreams-1 over [begin[k], end[k]) of a vector of n

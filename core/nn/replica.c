@@ -1,5 +1,7 @@
 /* Forward and backward passes of one replica through its backend. */
 #include "replica.h"
+#include "factors.h"
+#include "optim.h"
 #include "rng.h"
 #include "gradflow.h"
 
@@ -546,6 +548,44 @@ static int flow_block(struct replica *r, int i, int a, size_t upto, float *grads
 	return final(ctx, l->woff + (size_t)a * C, l->woff + (size_t)b * C);
 }
 
+/* The step's runs sent as factors (flow->fx): each whose factors are
+ * finite keeps them (its layer's input copied, since the next forward
+ * pass may overwrite it while the push still goes out; dZ stays the
+ * replica's until the next backward), has its whole rows left out of the
+ * blocks and is final at once. A run whose factors are not finite is
+ * made as values, where the flow's check finds what is wrong. */
+static int flow_factors(struct replica *r, const float *x, int B, struct gradflow *flow)
+{
+	struct factors *fx = flow->fx;
+	const struct model *m = r->m;
+	unsigned char copied[MODEL_MAX_LAYERS] = { 0 };
+	for (int k = 0; k < fx->n; k++) {
+		struct factor_run *run = &fx->run[k];
+		int i = run->layer;
+		const struct layer *l = &m->layers[i];
+		const float *inp = i > 0 ? r->act[i - 1] : x;
+		size_t C = (size_t)l->in, OC = (size_t)l->out, na = (size_t)B * C;
+		int bad = B != fx->B || B > fx->max_batch || optim_nonfinite(inp, na) < na;
+		for (int b = 0; b < B && !bad; b++)
+			bad = optim_nonfinite(r->dz[i] + (size_t)b * OC + (size_t)run->row0, (size_t)run->rows) <
+			      (size_t)run->rows;
+		run->on = !bad;
+		if (bad)
+			continue;
+		if (!copied[i])
+			memcpy(fx->a[i], inp, na * sizeof(float));
+		copied[i] = 1;
+		fx->dz[i] = r->dz[i];
+		uint8_t *done = r->rowdone + r->rowoff[i];
+		for (int a = run->row0; a < run->row0 + run->rows; a++)
+			done[a] |= l->woff + (size_t)a * C >= run->lo && l->woff + (size_t)(a + 1) * C <= run->hi;
+		int e = gradflow_mark(flow, run->lo, run->hi);
+		if (e)
+			return e;
+	}
+	return 0;
+}
+
 int replica_forward_flow(struct replica *r, const float *params, const float *x, const int32_t *y,
 			 int B, uint64_t key, float scale,
 			 int (*ready)(void *ctx, size_t lo, size_t want, size_t most, size_t unit,
@@ -592,6 +632,8 @@ int replica_backward_flow(struct replica *r, const float *params, float *grads, 
 		return e;
 	memset(r->rowdone, 0, rows);
 	r->flow_made = 0;
+	if (flow->fx && (e = flow_factors(r, x, B, flow)))
+		return e;
 	/* The dense weights, a block at a time, first for the stream (a
 	 * shard) that has the least of its gradient final, so that every
 	 * link has something to send early; then whatever no stream wants. */

@@ -569,6 +569,78 @@ Test(cluster, bf16_on_the_wire_matches_fp32)
 	free(grads);
 }
 
+/* One 150-step sync run over TCP with the gradient pushed as backward
+ * makes it (overlap = true) and wire_pack = pack, on a model with a
+ * 256x256 weight, whole pieces of both shards, which a batch of 16 makes
+ * in a fraction of their bytes as factors: the chief's final parameters
+ * in p (n floats), its output in out. */
+static void run_factored(const char *pack, float *p, size_t n, char out[4][300])
+{
+	char name[32], cfg[300], dump[300], extra[128];
+	int st[4];
+	snprintf(name, sizeof(name), "factors-%.8s", pack);
+	snprintf(cfg, sizeof(cfg), "%s/%s.ini", dir, name);
+	snprintf(dump, sizeof(dump), "%s/%s.bin", dir, name);
+	snprintf(extra, sizeof(extra), "wire_pack = %s\nlocal_socket = false\noverlap = true\n", pack);
+	write_cluster(dir, cfg, 150, 50,
+		      "mode = sync\n[model]\nlayer = dense 256\nlayer = relu\nlayer = dense 256\nlayer = relu\n",
+		      extra);
+	run_cluster(cfg, dump, st, out);
+	assert_exits_zero(st, out, 4, name);
+	FILE *f = fopen(dump, "rb");
+	cr_assert_not_null(f, "%s: no parameter dump; chief:\n%s", name, slurp(out[3]));
+	cr_assert_eq(fread(p, sizeof(float), n, f), n, "%s: short dump", name);
+	cr_assert_eq(fgetc(f), EOF, "%s: long dump", name);
+	fclose(f);
+}
+
+/* Protocol 15: with packing on, a worker sends the whole pieces of the
+ * 256x256 weight as its gradient's factors (core/nn/factors.h), and the
+ * ps's GEMM makes them from those. The run ends where the one that sends
+ * float32 values does, to float rounding: not bit for bit, since the
+ * worker's split backward makes its weight rows in blocks whose bounds
+ * depend on when each link asks for them (two runs without factors
+ * differ as much), while the ps makes a run's rows in one GEMM
+ * (tests/test_factors.c: the same bits from the same blocks). Every
+ * parameter within 1e-4 of the other run's after 150 steps, the same
+ * test accuracy; a wrong row, or a row of another step's factors, moves
+ * them far more. */
+Test(cluster, factored_gradients_are_float32_to_rounding)
+{
+	const size_t n = 6 * 256 + 256 + 256 * 256 + 256 + 256 * 16 + 16 + 16 * 3 + 3;
+	float *plain = malloc(n * sizeof(float)), *fac = malloc(n * sizeof(float));
+	cr_assert(plain && fac);
+	char out[4][300];
+	run_factored("false", plain, n, out);
+	const char *text = slurp(out[3]);
+	cr_assert_null(strstr(text, "as the factors"), "factors without packing:\n%s", text);
+	double a0 = final_accuracy(text);
+	run_factored("true", fac, n, out);
+	text = slurp(out[3]);
+	double share = 0;
+	const char *at = strstr(text, "% of the gradient went as the factors");
+	cr_assert_not_null(at, "no factors:\n%s", text);
+	while (at > text && at[-1] != ' ')
+		at--;
+	cr_assert_eq(sscanf(at, "%lf", &share), 1);
+	cr_assert_gt(share, 40.0, "%.0f%% of the gradient as factors", share);
+	cr_assert_eq(final_accuracy(text), a0, "accuracy %.2f%% with factors, %.2f%% without", final_accuracy(text),
+		     a0);
+	double most = 0;
+	size_t where = 0;
+	for (size_t i = 0; i < n; i++)
+		if (fabs((double)fac[i] - (double)plain[i]) > most) {
+			most = fabs((double)fac[i] - (double)plain[i]);
+			where = i;
+		}
+	cr_log_info("factors: %.0f%% of the gradient; parameters differ by at most %.3g (parameter %zu)", share,
+		    most, where);
+	cr_assert_lt(most, 1e-4, "parameter %zu: %.9g with factors, %.9g as float32", where, fac[where],
+		     plain[where]);
+	free(plain);
+	free(fac);
+}
+
 /* One 150-step sync run over TCP (local_socket = false: packing never
  * happens over a Unix socket) with [cluster] wire_pack = pack: the
  * chief's final parameters in p (n floats), and the bytes a parameter

@@ -128,7 +128,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if ((rc = msg_decode_chunk(data, size, &c, err, sizeof err)) == 0) {
 		struct msg_assembly a;
 		FUZZ_CHECK(c.dtype == WIRE_F32 || c.dtype == WIRE_BF16 || c.dtype == WIRE_F32P ||
-			   (c.dtype == WIRE_F32X && c.type == WIRE_PARAMS));
+			   (c.dtype == WIRE_F32X && c.type == WIRE_PARAMS) ||
+			   (c.dtype == WIRE_F32F && c.type == WIRE_PUSH));
 		FUZZ_CHECK(c.dtype == data[1]);
 		FUZZ_CHECK(c.count >= 1 && c.count <= msg_chunk_max(c.dtype));
 		if (c.dtype == WIRE_F32P) /* shorter than float32, and each value in 3 bytes at least */
@@ -137,6 +138,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		else if (c.dtype == WIRE_F32X) /* shorter than float32, each XOR in a byte at least */
 			FUZZ_CHECK(size < MSG_CHUNK_BYTES(c.count, WIRE_F32) &&
 				   size >= MSG_CHUNK_HDR_BYTES + xdelta_min_bytes(c.count));
+		else if (c.dtype == WIRE_F32F) /* the head, then whole floats, no more than count */
+			FUZZ_CHECK(size >= MSG_CHUNK_HDR_BYTES + MSG_FACTORS_HEAD &&
+				   (size - MSG_CHUNK_HDR_BYTES - MSG_FACTORS_HEAD) % 4 == 0 &&
+				   size <= MSG_CHUNK_HDR_BYTES + MSG_FACTORS_HEAD + 4 * (size_t)c.count);
 		else
 			FUZZ_CHECK(size == MSG_CHUNK_BYTES(c.count, c.dtype));
 		/* XORs go onto a base of zeros: their values are the XORs,
@@ -144,15 +149,29 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		 * the chunk re-encodes to its bytes, each XOR having one
 		 * writing. */
 		int xor_checked = 0;
-		if (c.dtype == WIRE_F32X) {
+		if (c.dtype == WIRE_F32F) {
+			/* factors re-encode to their bytes: the head, then the
+			 * share as it came */
+			uint32_t run, B;
+			const uint8_t *vals;
+			size_t k;
+			msg_chunk_factors(&c, &run, &B, &vals, &k);
+			FUZZ_CHECK(run >= c.count && B >= 1);
+			rc = msg_encode_chunk_factors(re, sizeof re, &c, run, B, k, &relen, err, sizeof err);
+			if (rc == 0)
+				memcpy(re + relen - 4 * k, vals, 4 * k);
+			same(rc, relen, data, size);
+		} else if (c.dtype == WIRE_F32X) {
 			memset(floats, 0, (size_t)c.count * sizeof(float));
 			xor_checked = xdelta_apply(floats, c.data, c.count) == 0;
 			c.base = zeros;
 		} else {
 			msg_chunk_floats(floats, &c);
 		}
-		rc = msg_encode_chunk(re, sizeof re, &c, floats, &relen, err, sizeof err);
-		if (c.dtype == WIRE_BF16)
+		rc = c.dtype == WIRE_F32F ? 0 : msg_encode_chunk(re, sizeof re, &c, floats, &relen, err, sizeof err);
+		if (c.dtype == WIRE_F32F)
+			;
+		else if (c.dtype == WIRE_BF16)
 			same_bf16(rc, relen, data, size);
 		else if (c.dtype != WIRE_F32X || xor_checked)
 			same(rc, relen, data, size);

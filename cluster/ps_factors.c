@@ -89,6 +89,9 @@ static int fx_open(struct ps_conn *cn, const struct msg_chunk *c, uint32_t run, 
 	fx->nrows = (int)((g1 - l->woff + C - 1) / C) - fx->row0;
 	fx->need = (size_t)B * (C + (size_t)fx->nrows);
 	fx->have = 0;
+	if (fx->need > fx->cap) /* B and the rows are bounded above: never */
+		return err_set(err, errlen, -EPROTO, "PUSH: factors of %zu values, above the %zu a batch can make",
+			       fx->need, fx->cap);
 	fx->hi = hi;
 	fx->next = lo;
 	fx->B = B;

@@ -373,6 +373,113 @@ Test(keyholder, xors_follow_what_the_connection_was_sent)
 	target_wipe(&hb);
 }
 
+/* ---- factors from a key holder (protocol 15) ---------------------------------- */
+
+/* Worker 0's PUSH chunk of piece j (of the big model) as factors: run
+ * values from the piece to the run's end, batch B, k factor values of v. */
+static void send_factors(int fd, struct hs_result *hr, uint64_t j, uint32_t run, uint32_t B, size_t k, float v)
+{
+	static uint8_t m[MSG_CHUNK_BYTES_MAX];
+	char err[256];
+	size_t len;
+	uint64_t off = j * MSG_CHUNK_FLOATS;
+	uint32_t count = (uint32_t)(XN - off < MSG_CHUNK_FLOATS ? XN - off : MSG_CHUNK_FLOATS);
+	struct msg_chunk ch = { .type = WIRE_PUSH, .dtype = WIRE_F32F, .shard = 0, .version = 0, .worker = 0,
+				.offset = off, .count = count };
+	cr_assert_eq(msg_encode_chunk_factors(m, sizeof(m), &ch, run, B, k, &len, err, sizeof(err)), 0, "%s", err);
+	for (size_t i = 0; i < k; i++)
+		wire_put_f32s(m + len - 4 * k + 4 * i, &v, 1);
+	send_msg(fd, hr, m, len);
+}
+
+struct factors_case {
+	char name[32];
+	int code;
+	char says[80];
+};
+
+/* The big model's first layer is 20000 x 16 over pieces 0 to 19 (its
+ * weight ends inside piece 19); batch_size 16. A run of pieces 0 and 1
+ * touches rows 0 and 1: B x 20002 factor values. */
+static void factors_sent(const char *name, int fd, struct hs_result *hr)
+{
+	static float g[XN];
+	const uint32_t two = 2 * MSG_CHUNK_FLOATS;
+	if (!strcmp(name, "run_off_a_piece")) {
+		send_factors(fd, hr, 0, MSG_CHUNK_FLOATS + 5, 1, 10, 1.0f);
+	} else if (!strcmp(name, "run_past_a_weight")) {
+		send_push_chunks(fd, hr, 0, 0, 0, 19, g);
+		send_factors(fd, hr, 19, (uint32_t)(XN - 19 * MSG_CHUNK_FLOATS), 1, 10, 1.0f);
+	} else if (!strcmp(name, "batch_too_large")) {
+		send_factors(fd, hr, 0, two, 17, 10, 1.0f);
+	} else if (!strcmp(name, "too_many")) {
+		send_factors(fd, hr, 0, two, 1, MSG_CHUNK_FLOATS - 2, 1.0f);
+		send_factors(fd, hr, 1, MSG_CHUNK_FLOATS, 1, MSG_CHUNK_FLOATS - 2, 1.0f);
+	} else if (!strcmp(name, "too_few")) {
+		send_factors(fd, hr, 0, two, 1, 100, 1.0f);
+		send_factors(fd, hr, 1, MSG_CHUNK_FLOATS, 1, 100, 1.0f);
+	} else if (!strcmp(name, "broken_off")) {
+		send_factors(fd, hr, 0, two, 1, 10001, 1.0f);
+		send_push_chunks(fd, hr, 0, 0, 1, 2, g);
+	} else if (!strcmp(name, "another_batch")) {
+		send_factors(fd, hr, 0, two, 1, 10001, 1.0f);
+		send_factors(fd, hr, 1, MSG_CHUNK_FLOATS, 2, 10001, 1.0f);
+	} else if (!strcmp(name, "nan_factors")) {
+		send_factors(fd, hr, 0, two, 1, 10001, NAN);
+		send_factors(fd, hr, 1, MSG_CHUNK_FLOATS, 1, 10001, NAN);
+	} else {
+		cr_assert_fail("no case %s", name);
+	}
+}
+
+static struct factors_case factors_cases[] = {
+	{ "run_off_a_piece", EPROTO, "does not end at one of the shard's pieces" },
+	{ "run_past_a_weight", EPROTO, "not inside one dense layer's weight" },
+	{ "batch_too_large", EPROTO, "a batch of 17, above [train] batch_size 16" },
+	{ "too_many", EPROTO, "more factors than the run [0, 32768) needs (20002)" },
+	{ "too_few", EPROTO, "ended with 200 of its 20002 factors" },
+	{ "broken_off", EPROTO, "a run of factors broke off at offset 16384" },
+	{ "another_batch", EPROTO, "not the next of the run" },
+	{ "nan_factors", EDOM, "PUSH for version 0 refused" },
+};
+
+ParameterizedTestParameters(keyholder, factors_that_do_not_fit_are_refused)
+{
+	return cr_make_param_array(struct factors_case, factors_cases,
+				   sizeof(factors_cases) / sizeof(factors_cases[0]));
+}
+
+/* Factors a ps cannot take as the gradient of one of its dense weights
+ * get an ERROR that says why, before any piece of their run is
+ * aggregated: the ps serves on, still at version 0 with every parameter
+ * as it was (a pull answered with the whole first version). */
+ParameterizedTest(struct factors_case *fc, keyholder, factors_that_do_not_fit_are_refused)
+{
+	struct target t;
+	start_big_ps(&t, 2, "checkpoint_dir = ckpt\n");
+	struct hs_result hr;
+	static float p0[XN], p1[XN];
+	unsigned dt = 0;
+	const struct then_push none = { .fd = -1 };
+	int fd = target_peer(&t, 1, &hr, 0);
+	send_pull_flags(fd, &hr, 0, 0);
+	recv_all_params(fd, &hr, p0, &dt, none);
+	close(fd);
+	target_wipe(&hr);
+	fd = target_peer(&t, 0, &hr, 0);
+	factors_sent(fc->name, fd, &hr);
+	expect_error(fd, &hr, fc->name, (uint32_t)fc->code, fc->says, NULL);
+	assert_logged(&t, fd, 0, fc->says, NULL);
+	close(fd);
+	target_wipe(&hr);
+	fd = target_peer(&t, 0, &hr, 0);
+	send_pull_flags(fd, &hr, 0, 0);
+	recv_all_params(fd, &hr, p1, &dt, none);
+	cr_assert_eq(memcmp(p0, p1, sizeof(p0)), 0, "%s moved the shard", fc->name);
+	close(fd);
+	target_wipe(&hr);
+}
+
 /* ---- (a) ROLLBACK that cannot be honoured ------------------------------------ */
 
 /* Rows: what the ps has for step 7 when a key holder asks for it. */

@@ -16,7 +16,11 @@
  *               3   PUSH chunk (offset, count, version, worker from the
  *                   bytes; the floats from the bytes: NaN and inf too;
  *                   in bf16 if the kind byte's tens digit is odd, 13,
- *                   33, ..., else in float32)
+ *                   33, ..., else in float32); 53: a piece's chunk of
+ *                   factors (record_factors), which with a first byte
+ *                   of 40..49 go to a ps whose first dense weight is
+ *                   one whole piece (2 x 8192) and the second most of
+ *                   two (8192 x 3)
  *               4   CHECKPOINT(step)   5 ROLLBACK(step)
  *               6   STATUS request     7 DONE(leaving)
  *               8   HEARTBEAT          9 ERROR(text)
@@ -122,7 +126,8 @@
 static char dir[64];
 static uint8_t cluster_key[KEY_BYTES];
 static char ckpt[96];
-static struct config cfg, cfg_ctr, cfg_el;
+static struct config cfg, cfg_ctr, cfg_el, cfg_wide;
+static size_t shard_n; /* the ps's values: its pieces for factors records */
 static FILE *devnull;
 static uint8_t wire[1 << 20];
 
@@ -167,6 +172,16 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 		 "[model]\ninput = 2\nlayer = dense 4\nlayer = relu\nlayer = dense 3\n",
 		 dir, dir, ckpt);
 	config_from(&cfg, "cluster.ini", ini);
+	/* A dense weight of whole pieces, for factors (first byte 40..49). */
+	snprintf(ini, sizeof(ini),
+		 "[cluster]\nps = 127.0.0.1:1\nworkers = 127.0.0.1:2\nkey_file = %s/cluster.key\n"
+		 "peer_timeout = 1\ncrypto_threads = 1\n"
+		 "[data]\nformat = csv\ntrain_csv = %s/blobs.csv\nlabel_column = first\n"
+		 "[train]\nsteps = 1000\nbatch_size = 2\nlearning_rate = 0.05\noptimizer = adam\n"
+		 "checkpoint_dir = %s\nthreads = 1\n"
+		 "[model]\ninput = 2\nlayer = dense 8192\nlayer = relu\nlayer = dense 3\n",
+		 dir, dir, ckpt);
+	config_from(&cfg_wide, "wide.ini", ini);
 	/* A click-through model's ps, for the embedding rows' messages. */
 	write_text("ctr.txt", "1\t1\t2\t3\t4\t5\t6\t7\t8\t9\t10\t11\t12\t13"
 			      "\t0a\t0b\t0c\t0d\t0e\t0f\t10\t11\t12\t13\t14\t15\t16"
@@ -232,6 +247,33 @@ static size_t record_rows(int push, const uint8_t *b, size_t n, uint8_t *msg, si
 
 /* The message of one record into msg (cap bytes); its length, or 0 for
  * none (a record whose fields the encoder refuses). */
+/* A PUSH chunk of factors (kind 53): piece b[0] of the shard, the run
+ * to the shard's end (b[1] odd) or over 1 to 3 pieces, batch b[3] % 4,
+ * k = u16 at b[4] values (at most the piece's), repeating the 8 floats
+ * from b[6]. */
+static size_t record_factors(const uint8_t *b, size_t n, uint8_t *msg, size_t cap)
+{
+	size_t np = (shard_n + MSG_CHUNK_FLOATS - 1) / MSG_CHUNK_FLOATS, j = fuzz_take(b, n, 0, 1) % np;
+	size_t off = j * MSG_CHUNK_FLOATS, left = shard_n - off;
+	uint32_t count = (uint32_t)(left < MSG_CHUNK_FLOATS ? left : MSG_CHUNK_FLOATS);
+	uint32_t b1 = (uint32_t)fuzz_take(b, n, 1, 1), run = (uint32_t)left;
+	if (!(b1 & 1) && (size_t)count * (1 + (b1 >> 1) % 3) < left)
+		run = count * (1 + (b1 >> 1) % 3);
+	size_t k = fuzz_take(b, n, 4, 2) % (count + 1u);
+	struct msg_chunk ch = { .type = WIRE_PUSH, .dtype = WIRE_F32F, .shard = 0, .worker = 0,
+				.version = fuzz_take(b, n, 2, 1), .offset = off, .count = count };
+	char err[256];
+	size_t len = 0;
+	if (msg_encode_chunk_factors(msg, cap, &ch, run, (uint32_t)fuzz_take(b, n, 3, 1) % 4, k, &len, err,
+				     sizeof(err)))
+		return 0;
+	for (size_t i = 0; i < k; i++) {
+		uint32_t u = (uint32_t)fuzz_take(b, n, 6 + 4 * (i % 8), 4);
+		memcpy(msg + len - 4 * k + 4 * i, &u, 4);
+	}
+	return len;
+}
+
 static size_t record_msg(int kind, int tens, int elastic, const uint8_t *b, size_t n, uint8_t *msg, size_t cap)
 {
 	uint32_t b0 = (uint32_t)fuzz_take(b, n, 0, 1);
@@ -249,7 +291,10 @@ static size_t record_msg(int kind, int tens, int elastic, const uint8_t *b, size
 		r = msg_encode_pull(msg, cap, &p, &len, err, sizeof(err));
 		break;
 	}
-	case 3: {
+	case 3:
+		if (tens == 5 && !elastic)
+			return record_factors(b, n, msg, cap);
+		{
 		static float f[64];
 		struct msg_chunk ch = { .type = WIRE_PUSH, .dtype = tens % 2 ? WIRE_BF16 : WIRE_F32,
 					.shard = 0, .worker = elastic ? (b0 & 3) | ((b0 >> 2) & 7) << 16 : b0 % 2,
@@ -261,7 +306,7 @@ static size_t record_msg(int kind, int tens, int elastic, const uint8_t *b, size
 		}
 		r = msg_encode_chunk(msg, cap, &ch, f, &len, err, sizeof(err));
 		break;
-	}
+		}
 	case 4: {
 		struct msg_checkpoint c = { .step = fuzz_take(b, n, 0, 2) };
 		r = msg_encode_checkpoint(msg, cap, &c, &len, err, sizeof(err));
@@ -325,7 +370,7 @@ static size_t record_elastic(int k, const uint8_t *b, size_t n, uint8_t *msg, si
  * into wire at *out; elastic: an input of elastic mode. */
 static void record_wire(int k, int elastic, const uint8_t *b, size_t n, struct frame_key *tx, size_t *out)
 {
-	static uint8_t msg[4096];
+	static uint8_t msg[MSG_CHUNK_BYTES_MAX]; /* a chunk of factors may be a frame's */
 	if (*out + FRAME_SEALED_BYTES(sizeof(msg)) >= sizeof(wire))
 		return;
 	if (k % 10 == 1) {
@@ -635,7 +680,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct ps_harness *h = NULL;
 	nftw(ckpt, rm_one, 8, FTW_DEPTH | FTW_PHYS);
 	struct config *c = size && data[0] >= 100 && data[0] < 200 ? &cfg_ctr
-			   : size && data[0] >= 60 && data[0] < 100 ? &cfg_el : &cfg;
+			   : size && data[0] >= 60 && data[0] < 100 ? &cfg_el
+			   : size && data[0] >= 40 && data[0] < 50 ? &cfg_wide : &cfg;
+	shard_n = c == &cfg_wide ? 2 * 8192 + 8192 + 8192 * 3 + 3 : 2 * 4 + 4 + 4 * 3 + 3;
 	c->cluster.wire_dtype = size && data[0] / 10 % 2 ? PRECISION_BF16 : PRECISION_FP32;
 	FUZZ_CHECK(ps_harness_open(&h, c, 0, devnull, err, sizeof(err)) == 0);
 

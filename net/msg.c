@@ -116,6 +116,17 @@ int msg_decode_pull(const uint8_t *buf, size_t len, struct msg_pull *out, char *
  * than a tensor of garbage, and a chunk is self-describing for the fuzzers
  * and for debugging. It costs a byte that was reserved. */
 
+void chunk_put_head(uint8_t *buf, const struct msg_chunk *c)
+{
+	put_head(buf, c->type, MSG_CHUNK_HDR_BYTES);
+	buf[1] = c->dtype;
+	wire_put_u32(buf + 4, c->shard);
+	wire_put_u64(buf + 8, c->version);
+	wire_put_u64(buf + 16, c->offset);
+	wire_put_u32(buf + 24, c->count);
+	wire_put_u32(buf + 28, c->worker);
+}
+
 static int dtype_ok(unsigned dt)
 {
 	return dt <= WIRE_DTYPE_LAST;
@@ -150,13 +161,7 @@ int msg_encode_chunk_parts(uint8_t *buf, size_t cap, const struct msg_chunk *c, 
 	rc = check_cap(cap, MSG_CHUNK_BYTES(c->count, c->dtype), c->type, err, errlen);
 	if (rc < 0)
 		return rc;
-	put_head(buf, c->type, MSG_CHUNK_HDR_BYTES);
-	buf[1] = c->dtype;
-	wire_put_u32(buf + 4, c->shard);
-	wire_put_u64(buf + 8, c->version);
-	wire_put_u64(buf + 16, c->offset);
-	wire_put_u32(buf + 24, c->count);
-	wire_put_u32(buf + 28, c->worker);
+	chunk_put_head(buf, c);
 	if (body) {
 		*body = NULL;
 		*blen = 0;

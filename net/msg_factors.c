@@ -22,13 +22,7 @@ int msg_encode_chunk_factors(uint8_t *buf, size_t cap, const struct msg_chunk *c
 	int rc = check_cap(cap < MSG_CHUNK_BYTES_MAX ? cap : MSG_CHUNK_BYTES_MAX, n, c->type, err, errlen);
 	if (rc < 0)
 		return rc;
-	put_head(buf, c->type, MSG_CHUNK_HDR_BYTES);
-	buf[1] = c->dtype;
-	wire_put_u32(buf + 4, c->shard);
-	wire_put_u64(buf + 8, c->version);
-	wire_put_u64(buf + 16, c->offset);
-	wire_put_u32(buf + 24, c->count);
-	wire_put_u32(buf + 28, c->worker);
+	chunk_put_head(buf, c);
 	wire_put_u32(buf + MSG_CHUNK_HDR_BYTES, run);
 	wire_put_u32(buf + MSG_CHUNK_HDR_BYTES + 4, B);
 	*len = n;

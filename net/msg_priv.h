@@ -11,6 +11,7 @@
 #define check_zero msg_check_zero
 #define check_cap msg_check_cap
 #define put_head msg_put_head
+#define chunk_put_head msg_chunk_put_head
 #define report_events_put msg_report_events_put
 #define report_events_get msg_report_events_get
 
@@ -22,6 +23,8 @@ int check_zero(const uint8_t *buf, size_t from, size_t to, const char *name, cha
 int check_cap(size_t cap, size_t need, uint8_t type, char *err, size_t errlen);
 /* Type byte and zeroed reserved bytes of a header of n bytes. */
 void put_head(uint8_t *buf, uint8_t type, size_t n);
+/* A PARAMS or PUSH chunk's header (MSG_CHUNK_HDR_BYTES) from c. */
+void chunk_put_head(uint8_t *buf, const struct msg_chunk *c);
 
 /* A REPORT's n events at buf (MSG_REPORT_EVENT_BYTES each): put (-EINVAL
  * for an unknown kind), or got (-EPROTO for an unknown kind or a nonzero

@@ -495,16 +495,18 @@ Test(cluster, wire_dtype_directions)
 	}
 }
 
-/* One 150-step sync run named name with cluster_extra in [cluster]: its
- * final parameters in p (n floats), the processes' logs in out. */
-static void run_sync_150(const char *name, const char *cluster_extra, float *p, size_t n,
-			 char out[4][300])
+/* One 150-step run named name with train_extra in [train] (and after it,
+ * sections that come before write_cluster's [model]: layers first) and
+ * cluster_extra in [cluster]: its final parameters in p (n floats), the
+ * processes' logs in out. */
+static void run_sync_150_of(const char *name, const char *train_extra, const char *cluster_extra, float *p,
+			    size_t n, char out[4][300])
 {
 	char cfg[300], dump[300];
 	int st[4];
 	snprintf(cfg, sizeof(cfg), "%s/%s.ini", dir, name);
 	snprintf(dump, sizeof(dump), "%s/%s.bin", dir, name);
-	write_cluster(dir, cfg, 150, 50, "mode = sync\n", cluster_extra);
+	write_cluster(dir, cfg, 150, 50, train_extra, cluster_extra);
 	run_cluster(cfg, dump, st, out);
 	assert_exits_zero(st, out, 4, name);
 	FILE *f = fopen(dump, "rb");
@@ -512,6 +514,13 @@ static void run_sync_150(const char *name, const char *cluster_extra, float *p, 
 	cr_assert_eq(fread(p, sizeof(float), n, f), n, "%s: short dump", name);
 	cr_assert_eq(fgetc(f), EOF, "%s: long dump", name);
 	fclose(f);
+}
+
+/* The same, sync, the model write_cluster's. */
+static void run_sync_150(const char *name, const char *cluster_extra, float *p, size_t n,
+			 char out[4][300])
+{
+	run_sync_150_of(name, "mode = sync\n", cluster_extra, p, n, out);
 }
 
 /* One 150-step sync run with [cluster] wire_dtype = dtype: the chief's
@@ -576,22 +585,12 @@ Test(cluster, bf16_on_the_wire_matches_fp32)
  * in p (n floats), its output in out. */
 static void run_factored(const char *pack, float *p, size_t n, char out[4][300])
 {
-	char name[32], cfg[300], dump[300], extra[128];
-	int st[4];
+	char name[32], extra[128];
 	snprintf(name, sizeof(name), "factors-%.8s", pack);
-	snprintf(cfg, sizeof(cfg), "%s/%s.ini", dir, name);
-	snprintf(dump, sizeof(dump), "%s/%s.bin", dir, name);
 	snprintf(extra, sizeof(extra), "wire_pack = %s\nlocal_socket = false\noverlap = true\n", pack);
-	write_cluster(dir, cfg, 150, 50,
-		      "mode = sync\n[model]\nlayer = dense 256\nlayer = relu\nlayer = dense 256\nlayer = relu\n",
-		      extra);
-	run_cluster(cfg, dump, st, out);
-	assert_exits_zero(st, out, 4, name);
-	FILE *f = fopen(dump, "rb");
-	cr_assert_not_null(f, "%s: no parameter dump; chief:\n%s", name, slurp(out[3]));
-	cr_assert_eq(fread(p, sizeof(float), n, f), n, "%s: short dump", name);
-	cr_assert_eq(fgetc(f), EOF, "%s: long dump", name);
-	fclose(f);
+	run_sync_150_of(name,
+			"mode = sync\n[model]\nlayer = dense 256\nlayer = relu\nlayer = dense 256\nlayer = relu\n",
+			extra, p, n, out);
 }
 
 /* Protocol 15: with packing on, a worker sends the whole pieces of the

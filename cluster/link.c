@@ -195,6 +195,8 @@ static int link_push_factors(struct link *l, const struct factor_run *fr)
 					     (uint32_t)fx->B, to - from, &len, e, sizeof(e)))
 			return link_fail(l, LINK_REFUSED, -EPROTO, e);
 		factors_write(fx, m, fr, from, to, buf + len - 4 * (to - from));
+		msg_chunk_factors_seal(buf, &len);
+		l->sh->fbytes += len - MSG_CHUNK_HDR_BYTES;
 		int r = conn_send_payload(&l->conn, CONN_MAIN, len, e, sizeof(e));
 		if (r)
 			return link_lost(l, r, e);
@@ -202,7 +204,6 @@ static int link_push_factors(struct link *l, const struct factor_run *fr)
 		lo = hi;
 	}
 	l->sh->fvalues += run;
-	l->sh->fbytes += 4 * F;
 	return 0;
 }
 

@@ -123,9 +123,8 @@ int ps_factors_take(struct ps_conn *cn, const struct msg_chunk *c, char *err, si
 		return err_set(err, errlen, -EPROTO, "PUSH: a run of factors broke off at offset %llu, before its end %llu",
 			       (unsigned long long)c->offset, (unsigned long long)fx->hi);
 	uint32_t run, B;
-	const uint8_t *vals;
 	size_t k;
-	msg_chunk_factors(c, &run, &B, &vals, &k);
+	msg_chunk_factors(c, &run, &B, &k);
 	if (!fx->need) {
 		int r = fx_open(cn, c, run, B, err, errlen);
 		if (r)
@@ -138,7 +137,7 @@ int ps_factors_take(struct ps_conn *cn, const struct msg_chunk *c, char *err, si
 	if (k > fx->need - fx->have)
 		return err_set(err, errlen, -EPROTO, "PUSH: more factors than the run [%llu, %llu) needs (%zu)",
 			       (unsigned long long)(fx->hi - fx->runlen), (unsigned long long)fx->hi, fx->need);
-	wire_get_f32s(fx->fac + fx->have, vals, k);
+	msg_chunk_factor_values(fx->fac + fx->have, c);
 	fx->have += k;
 	fx->next += c->count;
 	if (fx->next < fx->hi)

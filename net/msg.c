@@ -255,17 +255,12 @@ static int chunk_decode(const uint8_t *buf, size_t len, int values, struct msg_c
 				       "%s: %zu bytes are not a packing of %u float32 values", name,
 				       len - MSG_CHUNK_HDR_BYTES, count);
 	} else if (dt == WIRE_F32F) {
-		size_t body = len - MSG_CHUNK_HDR_BYTES;
 		if (buf[0] != WIRE_PUSH)
 			return err_set(err, errlen, -EPROTO, "%s: factors (dtype 4) are for PUSH only", name);
-		if (body < MSG_FACTORS_HEAD || (body - MSG_FACTORS_HEAD) % 4 ||
-		    body - MSG_FACTORS_HEAD > 4 * (size_t)count)
+		if (msg_factors_check(buf + MSG_CHUNK_HDR_BYTES, len - MSG_CHUNK_HDR_BYTES, count))
 			return err_set(err, errlen, -EPROTO,
-				       "%s: %zu bytes are not a share of factors for %u values", name, body, count);
-		uint32_t run = wire_get_u32(buf + MSG_CHUNK_HDR_BYTES), B = wire_get_u32(buf + MSG_CHUNK_HDR_BYTES + 4);
-		if (run < count || B == 0)
-			return err_set(err, errlen, -EPROTO, "%s: factors of a run of %u values for a batch of %u", name,
-				       run, B);
+				       "%s: %zu bytes are not a share of factors for %u values (a run, a batch of 1 or more, at most %u values, their zeros' bitmap, the rest)",
+				       name, len - MSG_CHUNK_HDR_BYTES, count, count);
 	} else if (dt == WIRE_F32X) {
 		if (xdelta_check(buf + MSG_CHUNK_HDR_BYTES, len - MSG_CHUNK_HDR_BYTES, count))
 			return err_set(err, errlen, -EPROTO,

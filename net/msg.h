@@ -69,7 +69,7 @@ static inline uint32_t msg_chunk_max(unsigned dt)
 /* Fixed lengths (bytes) of each message's header; see docs/PROTOCOL.md. */
 #define MSG_PULL_BYTES 16u
 #define MSG_CHUNK_HDR_BYTES 32u /* PARAMS and PUSH, before the floats */
-#define MSG_FACTORS_HEAD 8u     /* WIRE_F32F: run u32, B u32, before the factors */
+#define MSG_FACTORS_HEAD 12u    /* WIRE_F32F: run u32, B u32, k u32, before the factors */
 #define MSG_ACK_BYTES 24u
 #define MSG_CHECKPOINT_BYTES 16u
 #define MSG_STATUS_BYTES 32u
@@ -410,19 +410,24 @@ MSG_MUST_CHECK int msg_decode_compute(const uint8_t *buf, size_t len, struct msg
 MSG_MUST_CHECK int msg_decode_error(const uint8_t *buf, size_t len, struct msg_error *out,
 				    char *err, size_t errlen);
 
-/* A PUSH chunk of factors (WIRE_F32F, core/nn/factors.h): its header
- * from c, the run (values from c->offset in the run of pieces the
- * factors make) and the batch B, then k float32 values of the run's
- * factor stream, which the caller writes at buf + *len - 4k
- * (factors_write). k <= count: a share is never more values than its
- * piece's. */
+/* A PUSH chunk of factors (WIRE_F32F, core/nn/factors.h; the layout in
+ * net/msg_factors.c): its header from c, the run (values from c->offset
+ * in the run of pieces the factors make), the batch B and k, the values
+ * of the run's factor stream it carries (k <= count). The caller writes
+ * those k values, little-endian float32, at buf + *len - 4k (factors_write)
+ * and then calls msg_chunk_factors_seal, which leaves out the zeros and
+ * sets *len to the message's length. */
 MSG_MUST_CHECK int msg_encode_chunk_factors(uint8_t *buf, size_t cap, const struct msg_chunk *c,
 					    uint32_t run, uint32_t B, size_t k, size_t *len, char *err,
 					    size_t errlen);
-/* A decoded factors chunk's run, batch and its share of the factor
- * stream: k little-endian float32 values at *vals. */
-void msg_chunk_factors(const struct msg_chunk *c, uint32_t *run, uint32_t *B, const uint8_t **vals,
-		       size_t *k);
+void msg_chunk_factors_seal(uint8_t *buf, size_t *len);
+/* Whether n bytes at body are a chunk of count values' factors: 0 or
+ * -EPROTO (msg_decode_chunk says so). */
+int msg_factors_check(const uint8_t *body, size_t n, uint32_t count);
+/* A decoded factors chunk's run, batch and the number of its values,
+ * and those values into dst (k). */
+void msg_chunk_factors(const struct msg_chunk *c, uint32_t *run, uint32_t *B, size_t *k);
+void msg_chunk_factor_values(float *dst, const struct msg_chunk *c);
 
 /* Copies a decoded chunk's count values into dst as floats (host order;
  * bf16 widened, exactly). Not for XORs (WIRE_F32X), which only an

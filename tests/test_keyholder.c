@@ -389,6 +389,7 @@ static void send_factors(int fd, struct hs_result *hr, uint64_t j, uint32_t run,
 	cr_assert_eq(msg_encode_chunk_factors(m, sizeof(m), &ch, run, B, k, &len, err, sizeof(err)), 0, "%s", err);
 	for (size_t i = 0; i < k; i++)
 		wire_put_f32s(m + len - 4 * k + 4 * i, &v, 1);
+	msg_chunk_factors_seal(m, &len);
 	send_msg(fd, hr, m, len);
 }
 
@@ -413,8 +414,8 @@ static void factors_sent(const char *name, int fd, struct hs_result *hr)
 	} else if (!strcmp(name, "batch_too_large")) {
 		send_factors(fd, hr, 0, two, 17, 10, 1.0f);
 	} else if (!strcmp(name, "too_many")) {
-		send_factors(fd, hr, 0, two, 1, MSG_CHUNK_FLOATS - 2, 1.0f);
-		send_factors(fd, hr, 1, MSG_CHUNK_FLOATS, 1, MSG_CHUNK_FLOATS - 2, 1.0f);
+		send_factors(fd, hr, 0, two, 1, MSG_CHUNK_FLOATS - 600, 1.0f);
+		send_factors(fd, hr, 1, MSG_CHUNK_FLOATS, 1, MSG_CHUNK_FLOATS - 600, 1.0f);
 	} else if (!strcmp(name, "too_few")) {
 		send_factors(fd, hr, 0, two, 1, 100, 1.0f);
 		send_factors(fd, hr, 1, MSG_CHUNK_FLOATS, 1, 100, 1.0f);

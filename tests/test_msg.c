@@ -1725,10 +1725,12 @@ Test(msg, report_events)
 }
 
 /* Factors (dtype 4, core/nn/factors.h): a PUSH chunk carries its run, the
- * batch and a share of the factor stream, which comes back as written; a
- * share longer than the piece's values, a run shorter than the chunk, a
- * batch of 0, a body that is not whole floats, factors in a PARAMS, and
- * factors given to an assembly that takes values are refused. */
+ * batch and a share of the factor stream, whose zeros cost a bit each,
+ * and which comes back as written; a share longer than the piece's
+ * values, a length that does not match its bitmap, a bitmap with unused
+ * bits set, a run shorter than the chunk, a batch of 0, factors in a
+ * PARAMS, and factors given to an assembly that takes values are
+ * refused. */
 Test(msg, factors_chunks_carry_a_share_and_nothing_else)
 {
 	static uint8_t buf[MSG_CHUNK_BYTES_MAX];
@@ -1736,22 +1738,22 @@ Test(msg, factors_chunks_carry_a_share_and_nothing_else)
 	struct msg_chunk c = { .type = WIRE_PUSH, .dtype = WIRE_F32F, .shard = 1, .version = 7,
 			       .worker = WIRE_PUSH_TAG(1, 1), .offset = 16384, .count = 100 }, d;
 	size_t len = 0;
-	cr_assert_eq(msg_encode_chunk_factors(buf, sizeof buf, &c, 250, 64, 60, &len, err, sizeof err), 0, "%s",
+	float v[61], back[61];
+	for (int i = 0; i < 61; i++)
+		v[i] = i % 3 ? (float)i - 0.25f : i % 2 ? -0.0f : 0.0f;
+	cr_assert_eq(msg_encode_chunk_factors(buf, sizeof buf, &c, 250, 64, 61, &len, err, sizeof err), 0, "%s",
 		     err);
-	cr_assert_eq(len, MSG_CHUNK_HDR_BYTES + MSG_FACTORS_HEAD + 240);
-	for (int i = 0; i < 60; i++)
-		wire_put_f32s(buf + len - 240 + 4 * i, &(float){ (float)i - 0.25f }, 1);
+	wire_put_f32s(buf + len - 4 * 61, v, 61);
+	msg_chunk_factors_seal(buf, &len);
+	/* 11 of the 61 are +0.0 (i % 6 == 0), 10 are -0.0, which is kept */
+	cr_assert_eq(len, MSG_CHUNK_HDR_BYTES + MSG_FACTORS_HEAD + 8 + 4 * 50, "%zu bytes", len);
 	cr_assert_eq(msg_decode_chunk(buf, len, &d, err, sizeof err), 0, "%s", err);
 	uint32_t run, B;
-	const uint8_t *vals;
 	size_t k;
-	msg_chunk_factors(&d, &run, &B, &vals, &k);
-	cr_assert(d.dtype == WIRE_F32F && d.offset == 16384 && d.count == 100 && run == 250 && B == 64 && k == 60);
-	for (size_t i = 0; i < k; i++) {
-		float v;
-		wire_get_f32s(&v, vals + 4 * i, 1);
-		cr_assert_eq(v, (float)i - 0.25f);
-	}
+	msg_chunk_factors(&d, &run, &B, &k);
+	cr_assert(d.dtype == WIRE_F32F && d.offset == 16384 && d.count == 100 && run == 250 && B == 64 && k == 61);
+	msg_chunk_factor_values(back, &d);
+	cr_assert_eq(memcmp(back, v, sizeof(v)), 0, "the values came back otherwise");
 	/* the encoder's refusals */
 	cr_assert_eq(msg_encode_chunk_factors(buf, sizeof buf, &c, 250, 64, 101, &len, err, sizeof err), -EINVAL);
 	cr_assert_eq(msg_encode_chunk_factors(buf, sizeof buf, &c, 99, 64, 10, &len, err, sizeof err), -EINVAL);
@@ -1761,18 +1763,31 @@ Test(msg, factors_chunks_carry_a_share_and_nothing_else)
 	c.type = WIRE_PUSH;
 	float f[100] = { 0 };
 	cr_assert_eq(msg_encode_chunk(buf, sizeof buf, &c, f, &len, err, sizeof err), -EINVAL);
-	/* the decoder's: a share longer than the piece, a torn float, a
-	 * short run, a batch of 0, a PARAMS */
-	cr_assert_eq(msg_encode_chunk_factors(buf, sizeof buf, &c, 250, 64, 100, &len, err, sizeof err), 0);
+	/* the decoder's: a length off the bitmap, an unused bit, more
+	 * values than the piece, a short run, a batch of 0, a PARAMS */
+	cr_assert_eq(msg_encode_chunk_factors(buf, sizeof buf, &c, 250, 64, 61, &len, err, sizeof err), 0);
+	wire_put_f32s(buf + len - 4 * 61, v, 61);
+	msg_chunk_factors_seal(buf, &len);
 	cr_assert_eq(msg_decode_chunk(buf, len, &d, err, sizeof err), 0, "%s", err);
 	err[0] = '\0';
-	assert_refused(msg_decode_chunk(buf, len + 4, &d, err, sizeof err), -EPROTO, err, "PUSH", "share too long");
+	assert_refused(msg_decode_chunk(buf, len + 4, &d, err, sizeof err), -EPROTO, err, "PUSH", "a value more");
 	assert_refused(msg_decode_chunk(buf, len - 2, &d, err, sizeof err), -EPROTO, err, "PUSH", "torn float");
+	uint8_t *bits = buf + MSG_CHUNK_HDR_BYTES + MSG_FACTORS_HEAD;
+	bits[7] |= 0x80; /* value 63 of 61 */
+	assert_refused(msg_decode_chunk(buf, len + 4, &d, err, sizeof err), -EPROTO, err, "factors", "unused bit");
+	bits[7] &= 0x7f;
+	memset(buf + len - 4, 0, 4); /* the last value stored, but +0.0 */
+	assert_refused(msg_decode_chunk(buf, len, &d, err, sizeof err), -EPROTO, err, "factors", "a stored zero");
+	wire_put_f32s(buf + len - 4, &v[59], 1);
+	cr_assert_eq(msg_decode_chunk(buf, len, &d, err, sizeof err), 0, "%s", err);
+	wire_put_u32(buf + MSG_CHUNK_HDR_BYTES + 8, 101);
+	assert_refused(msg_decode_chunk(buf, len, &d, err, sizeof err), -EPROTO, err, "at most 100", "k above count");
+	wire_put_u32(buf + MSG_CHUNK_HDR_BYTES + 8, 61);
 	wire_put_u32(buf + MSG_CHUNK_HDR_BYTES, 99);
-	assert_refused(msg_decode_chunk(buf, len, &d, err, sizeof err), -EPROTO, err, "batch of 64", "short run");
+	assert_refused(msg_decode_chunk(buf, len, &d, err, sizeof err), -EPROTO, err, "factors", "short run");
 	wire_put_u32(buf + MSG_CHUNK_HDR_BYTES, 250);
 	wire_put_u32(buf + MSG_CHUNK_HDR_BYTES + 4, 0);
-	assert_refused(msg_decode_chunk(buf, len, &d, err, sizeof err), -EPROTO, err, "batch of 0", "batch 0");
+	assert_refused(msg_decode_chunk(buf, len, &d, err, sizeof err), -EPROTO, err, "factors", "batch 0");
 	wire_put_u32(buf + MSG_CHUNK_HDR_BYTES + 4, 64);
 	buf[0] = WIRE_PARAMS;
 	wire_put_u32(buf + 28, 0);

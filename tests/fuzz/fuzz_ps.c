@@ -271,6 +271,7 @@ static size_t record_factors(const uint8_t *b, size_t n, uint8_t *msg, size_t ca
 		uint32_t u = (uint32_t)fuzz_take(b, n, 6 + 4 * (i % 8), 4);
 		memcpy(msg + len - 4 * k + 4 * i, &u, 4);
 	}
+	msg_chunk_factors_seal(msg, &len);
 	return len;
 }
 

@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <netinet/in.h>
@@ -101,13 +102,46 @@ static int ephemeral_low(void)
 	return lo;
 }
 
+/* How long a port handed out stays reserved for the test that got it:
+ * longer than any test runs. */
+#define PORT_HELD_S (15 * 60)
+
+/* Whether port is this test's now: a file named after it, made only if
+ * none is there or the one there is older than PORT_HELD_S, in a
+ * directory every test process of this machine shares. Two tests running
+ * at once picked the same random port about once in four CI runs (the
+ * ps of one never listened); a port bound and closed again is no
+ * reservation. */
+static int port_reserve(int port)
+{
+	const char *dir = "/tmp/pstrain-test-ports";
+	char path[64];
+	if (mkdir(dir, 0700) != 0 && errno != EEXIST)
+		return 1; /* no directory: the bind test alone, as before */
+	snprintf(path, sizeof(path), "%s/%d", dir, port);
+	for (int tries = 0; tries < 2; tries++) {
+		int fd = open(path, O_CREAT | O_EXCL | O_WRONLY, 0600);
+		if (fd >= 0) {
+			close(fd);
+			return 1;
+		}
+		struct stat st;
+		if (errno != EEXIST || stat(path, &st) != 0 || time(NULL) - st.st_mtime < PORT_HELD_S)
+			return 0;
+		unlink(path); /* stale: its test is long gone */
+	}
+	return 0;
+}
+
 /* A free loopback port, below the kernel's ephemeral range where it can:
  * every outgoing connection (this test's or one running beside it) takes
  * its source port from that range, and one had taken the port of a ps
  * killed by a recovery test before it could bind it again ("bind: Address
- * already in use"). Tried by binding it, then closed; a test (one
- * process) remembers what it got and never uses a port twice. Where the
- * range leaves no room below it, port 0: the kernel's choice. */
+ * already in use"). Tried by binding it, then closed, and reserved for
+ * this test against the others running at the same time (port_reserve);
+ * a test (one process) remembers what it got and never uses a port
+ * twice. Where the range leaves no room below it, port 0: the kernel's
+ * choice. */
 int free_port(void)
 {
 	static int used[512];
@@ -133,7 +167,7 @@ int free_port(void)
 		int port = ntohs(a.sin_port), seen = 0;
 		for (int i = 0; i < nused; i++)
 			seen |= used[i] == port;
-		if (seen)
+		if (seen || (want && !port_reserve(port)))
 			continue;
 		cr_assert_lt(nused, 512);
 		used[nused++] = port;

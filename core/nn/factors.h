@@ -4,11 +4,15 @@
  * its output's gradient, A (B, in) its input. Where B is small against the
  * layer (the MLP's 784x512 weight at 128 a worker), A and the columns of
  * dZ for the rows a shard holds take fewer bytes than the rows themselves
- * (128 x (784 + 427) values against 427 x 784), and the ps can make the
- * rows from them with the very GEMM the worker would have run: the same
- * products summed over the batch in the same order, so the same bits
- * (tests/test_factors.c checks it against the worker's blocks). Nothing is
- * rounded or dropped: it is a way of sending the gradient, like packing.
+ * (128 x (784 + 427) values against 427 x 784; on the wire their zeros,
+ * half of a relu's output and gradient, cost a bit each), and the ps can
+ * make the rows from them with the very GEMM the worker would have run:
+ * the same products summed over the batch in the same order, so the bits
+ * of the worker's own blocks (tests/test_factors.c). Nothing is rounded
+ * or dropped: it is a way of sending the gradient, like packing. (A run
+ * is not bit for bit another run: the worker's split backward cuts its
+ * blocks where the links' timing says, and a GEMM's bits may follow the
+ * block's shape; two runs without factors differ as much.)
  *
  * A run is whole pieces of one shard (psshard.h's pieces, counted from the
  * shard's begin) inside one dense weight: the ps takes a PUSH piece by

@@ -1,20 +1,28 @@
 /* Tests of core/nn/factors.c: the rows a ps makes from a run's factors are
  * the worker's own, bit for bit (the worker's gradient made in its flow's
  * row blocks into a zeroed vector, at random shapes, batches and blocks);
- * a run's factor stream is A then the run's columns of dZ; and the plan
+ * a run's factor stream is A then the run's columns of dZ; the plan
  * takes whole pieces of a shard inside one dense weight, only where the
- * factors save enough bytes. */
+ * factors save enough bytes; and the split backward keeps a run's
+ * factors, leaves its rows out and makes it values where the factors are
+ * not finite. */
 #include <criterion/criterion.h>
 
 #include "leak.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../core/config/config.h"
+#include "../core/nn/backend.h"
 #include "../core/nn/factors.h"
+#include "../core/nn/gradflow.h"
 #include "../core/nn/layers.h"
+#include "../core/nn/optim.h"
+#include "../core/nn/replica.h"
+#include "../core/nn/rng.h"
 
 TestSuite(factors, .fini = leak_check);
 
@@ -156,4 +164,122 @@ Test(factors, the_stream_is_the_input_then_the_runs_columns)
 		cr_assert_eq(v, want, "value %zu: %g, expected %g", e, v, want);
 	}
 	factors_free(&f);
+}
+
+static int mark(void *ctx, size_t lo, size_t hi)
+{
+	return gradflow_mark(ctx, lo, hi);
+}
+
+/* The split backward with a plan (784-512-512-10, batch 16, two shards):
+ * every run is final with its factors kept and its whole rows never
+ * computed (still zero in the gradient), the rows the ps makes of the
+ * factors are the whole step's to float rounding, and the rest of the
+ * gradient is too. With a NaN in the data (which reaches every layer),
+ * every run is made as values instead, where the flow's check finds the
+ * NaN. */
+static void split_with_factors(int poison)
+{
+	char err[512];
+	struct config c;
+	struct model m;
+	cr_assert_eq(config_parse_string(&c, "t.ini", "[train]\nbatch_size = 16\n[model]\ninput = 784\n"
+				  "layer = dense 512\nlayer = relu\nlayer = dense 512\nlayer = relu\nlayer = dense 10\n",
+				  err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(model_build(&m, &c.model, err, sizeof(err)), 0, "%s", err);
+	int B = 16;
+	size_t P = m.nparams, b[2] = { 0, P / 2 }, e[2] = { P / 2, P };
+	float *x = malloc((size_t)B * 784 * sizeof(float)), *p = malloc(P * sizeof(float));
+	float *g1 = calloc(P, sizeof(float)), *g2 = calloc(P, sizeof(float));
+	int32_t y[16];
+	cr_assert(x && p && g1 && g2);
+	for (size_t i = 0; i < (size_t)B * 784; i++)
+		x[i] = i % 3 ? (float)rng_uniform(7, RNG_DATA, i) : 0.0f;
+	if (poison)
+		x[5] = NAN;
+	for (int i = 0; i < B; i++)
+		y[i] = i % 10;
+	model_init_params(&m, p, 0, P, 3);
+	struct backend be;
+	backend_cpu(&be, 1);
+	struct replica r1, r2;
+	cr_assert_eq(replica_init(&r1, &m, &be, B, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(replica_init(&r2, &m, &be, B, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(replica_flow_init(&r2), 0);
+	struct gradflow f;
+	cr_assert_eq(gradflow_init(&f, P, 2, b, e, 1 << 16), 0);
+	struct factors fx;
+	cr_assert_eq(factors_init(&fx, &m, B), 0);
+	factors_begin(&fx, B);
+	for (int k = 0; k < 2; k++)
+		factors_plan(&fx, &m, b[k], e[k], 16384, 3.5);
+	cr_assert_geq(fx.n, 2, "%d runs", fx.n); /* at batch 16, dense1's rest on shard 1 too */
+	f.fx = &fx;
+	uint64_t key = replica_key(1, 5, 0);
+	cr_assert_eq(replica_load(&r1, x, y, B), 0);
+	cr_assert_eq(replica_train(&r1, p, g1, r1.x, r1.y, B, key, 1.0f / B), 0);
+	cr_assert_eq(replica_load(&r2, x, y, B), 0);
+	cr_assert_eq(replica_train_flow(&r2, p, g2, r2.x, r2.y, B, key, 1.0f / B, &f, mark, &f), 0);
+	cr_assert(gradflow_complete(&f));
+	float gmax = 0;
+	for (size_t i = 0; i < P; i++)
+		gmax = isfinite(g1[i]) ? fmaxf(gmax, fabsf(g1[i])) : gmax;
+	for (int k = 0; k < fx.n; k++) {
+		const struct factor_run *r = &fx.run[k];
+		const struct layer *l = &m.layers[r->layer];
+		if (poison) { /* the NaN reaches every layer's input or output gradient */
+			cr_assert_eq(r->on, 0, "run %d kept factors with a NaN in them", k);
+			continue;
+		}
+		cr_assert_eq(r->on, 1, "run %d", k);
+		size_t n = factors_count(&m, r, B), C = (size_t)l->in;
+		uint8_t *bytes = malloc(4 * n);
+		float *fac = malloc(n * sizeof(float)), *rows = malloc((size_t)r->rows * C * sizeof(float));
+		cr_assert(bytes && fac && rows);
+		factors_write(&fx, &m, r, 0, n, bytes);
+		memcpy(fac, bytes, 4 * n); /* little-endian float32: this host's */
+		factors_expand(rows, fac, B, l->in, r->rows);
+		size_t first = l->woff + (size_t)r->row0 * C;
+		for (size_t i = r->lo; i < r->hi; i++) {
+			cr_assert_leq(fabsf(rows[i - first] - g1[i]), 1e-5f * fabsf(g1[i]) + 1e-6f * gmax,
+				      "run %d, parameter %zu: %g from the factors, %g whole", k, i,
+				      (double)rows[i - first], (double)g1[i]);
+			size_t row = (i - l->woff) / C;
+			if (l->woff + row * C >= r->lo && l->woff + (row + 1) * C <= r->hi)
+				cr_assert_eq(g2[i], 0.0f, "parameter %zu of a run's whole row was computed", i);
+		}
+		free(bytes);
+		free(fac);
+		free(rows);
+	}
+	/* the rest: made as values, the whole step's */
+	for (size_t i = 0; i < P; i++) {
+		int in_run = 0;
+		for (int k = 0; k < fx.n; k++)
+			in_run |= fx.run[k].on && i >= fx.run[k].lo && i < fx.run[k].hi;
+		if (in_run || !isfinite(g1[i]))
+			continue;
+		cr_assert_leq(fabsf(g1[i] - g2[i]), 1e-5f * fabsf(g1[i]) + 1e-6f * gmax,
+			      "parameter %zu: %g split, %g whole", i, (double)g2[i], (double)g1[i]);
+	}
+	if (poison)
+		cr_assert_lt(optim_nonfinite(g2, P), P, "the NaN did not reach the values the flow checks");
+	factors_free(&fx);
+	gradflow_free(&f);
+	replica_free(&r1);
+	replica_free(&r2);
+	free(x);
+	free(p);
+	free(g1);
+	free(g2);
+}
+
+Test(factors, the_split_backward_keeps_a_runs_factors_and_leaves_its_rows_out)
+{
+	split_with_factors(0);
+}
+
+Test(factors, factors_that_are_not_finite_go_as_values)
+{
+	split_with_factors(1);
 }

@@ -655,6 +655,7 @@ int ps_open(struct ps *ps, const struct config *c, const struct role_setup *s,
 	ps->out = out;
 	ps->index = index;
 	ps->W = c->cluster.max_workers;
+	ps->prev_fits = c->ps.memory_limit <= 0; /* with a limit, ps_sparse_fits says */
 	hooks_read(&ps->hooks);
 	members_init(&ps->mb, ps->W, c->cluster.peer_timeout);
 	members_elastic(&ps->mb, c->cluster.min_workers, index != 0);
@@ -790,11 +791,16 @@ int cluster_ps(const struct config *c, int index, int fresh, FILE *out,
 	if (e)
 		goto out;
 	shard_plan(plan, c->cluster.nps, s.job.m.nparams);
-	e = ps_sparse_fits(c, &s.job.m, &plan[index], index, err, errlen);
+	int prev_fits = 0;
+	e = ps_sparse_fits(c, &s.job.m, &plan[index], index, &prev_fits, err, errlen);
 	if (!e)
 		e = ps_open(ps, c, &s, &plan[index], index, fresh, out, err, errlen);
 	if (e)
 		goto out;
+	ps->prev_fits = prev_fits;
+	if (!prev_fits)
+		role_log(out, "ps %d: [ps] memory_limit = %d MiB leaves no room for a copy of the shard's version before: sync parameters go packed, not as XORs with it",
+			 index, c->ps.memory_limit);
 	/* [cluster] listen: what this host can bind (a pod's 0.0.0.0, a
 	 * private address behind NAT) while workers dial its ps entry. */
 	const struct host *h = c->cluster.nlisten == 0 ? &c->cluster.ps[index]

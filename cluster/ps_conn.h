@@ -79,6 +79,8 @@ struct ps {
 	struct ps_observers po;  /* the observers' connections (ps_observers.h) */
 	struct ps_sparse *sp;    /* its embedding rows (ps_sparse.c); NULL: none */
 	struct ps_compute compute; /* under mu */
+	int prev_fits;           /* [ps] memory_limit leaves room for the shard's version
+				  * before, which XOR pulls keep (ps_pull.c) */
 };
 
 /* Where a worker's connection is in its life. Only its own thread moves
@@ -260,14 +262,16 @@ void ps_factors_free(struct ps_factors *fx);
 
 /* ps_sparse.c: the embedding rows this ps holds (cluster/psrows.h), for a
  * model with an embedding layer (else ps->sp stays NULL): whether the
- * shard fits [ps] memory_limit (checked before anything is allocated);
+ * shard fits [ps] memory_limit (checked before anything is allocated),
+ * and *prev_fits whether one more copy of its dense part does (the XOR
+ * pulls' version before);
  * opened before ps_store_open, which loads them with the dense shard from
  * the same checkpoint and writes them into its checkpoints; closed; the
  * rows' version moved with the dense shard's after a resume or a rollback
  * (a rollback keeps the rows' values: under ps->mu); a connection's buffers freed; and the handlers of SPULL and
  * SPUSH (also of ROWS, refused). */
-int ps_sparse_fits(const struct config *c, const struct model *m, const struct shard *dense, int index, char *err,
-		   size_t errlen);
+int ps_sparse_fits(const struct config *c, const struct model *m, const struct shard *dense, int index,
+		   int *prev_fits, char *err, size_t errlen);
 int ps_sparse_open(struct ps *ps, char *err, size_t errlen);
 void ps_sparse_close(struct ps *ps);
 void ps_sparse_rewind(struct ps *ps);

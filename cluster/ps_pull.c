@@ -315,12 +315,14 @@ void *ps_streamer(void *arg)
 
 /* A PULL's flags (under ps->mu): XORs only with packing, and only where
  * the shard can keep its pieces' previous versions (piece mode, memory
- * for one more copy; else the pieces go packed). */
+ * for one more copy, within [ps] memory_limit; else the pieces go
+ * packed). */
 static void pull_flags(struct ps_conn *cn, uint8_t flags)
 {
 	struct psshard *sh = &cn->ps->sh;
 	cn->pull_packed = (flags & MSG_PULL_PACKED) != 0;
-	cn->pull_delta = cn->pull_packed && (flags & MSG_PULL_DELTA) && psshard_keep_prev(sh) == 0;
+	cn->pull_delta = cn->pull_packed && (flags & MSG_PULL_DELTA) && cn->ps->prev_fits &&
+			 psshard_keep_prev(sh) == 0;
 	/* what this connection sends is recorded from its first PULL asking
 	 * for XORs on: none before it (what was sent then is not known) */
 	if (cn->pull_delta && !cn->sent && (cn->sent = malloc(sh->npieces * sizeof(*cn->sent))))

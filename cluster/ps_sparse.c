@@ -62,8 +62,8 @@ static void rows_range(const struct config *c, uint64_t R, int k, uint64_t *r0, 
 	*r1 = plan[k].end;
 }
 
-int ps_sparse_fits(const struct config *c, const struct model *m, const struct shard *dense, int index, char *err,
-		   size_t errlen)
+int ps_sparse_fits(const struct config *c, const struct model *m, const struct shard *dense, int index,
+		   int *prev_fits, char *err, size_t errlen)
 {
 	uint64_t bytes = memlimit_dense(dense->end - dense->begin, (int)c->train.optim.kind), r0 = 0, r1 = 0;
 	if (m->embed.fields) {
@@ -75,6 +75,11 @@ int ps_sparse_fits(const struct config *c, const struct model *m, const struct s
 	char who[160];
 	snprintf(who, sizeof(who), "ps %d's shard (parameters [%zu, %zu), embedding rows [%llu, %llu))", index,
 		 dense->begin, dense->end, (unsigned long long)r0, (unsigned long long)r1);
+	/* Sync pulls as XORs keep one more copy of the dense shard
+	 * (psshard_keep_prev): only where that fits the limit too. */
+	uint64_t more = (uint64_t)(dense->end - dense->begin) * sizeof(float);
+	*prev_fits = c->ps.memory_limit <= 0 ||
+		     (bytes <= UINT64_MAX - more && bytes + more <= (uint64_t)c->ps.memory_limit << 20);
 	return memlimit_check(who, bytes, c->ps.memory_limit, err, errlen);
 }
 

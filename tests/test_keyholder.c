@@ -373,6 +373,43 @@ Test(keyholder, xors_follow_what_the_connection_was_sent)
 	target_wipe(&hb);
 }
 
+/* A ps whose [ps] memory_limit holds its shard and optimizer state but
+ * not one more copy of the shard (the big model with momentum: 2.44 MiB,
+ * 3.66 with the copy, under a limit of 3) keeps no version before and
+ * answers a PULL that asks for XORs with packed values; it says so once
+ * at start. The same step without the limit comes as XORs
+ * (xors_follow_what_the_connection_was_sent). */
+Test(keyholder, no_xors_where_the_memory_limit_has_no_room_for_them)
+{
+	struct target t;
+	start_big_ps(&t, 2, "checkpoint_dir = ckpt\n[ps]\nmemory_limit = 3\n");
+	struct hs_result ha, hb;
+	int fa = target_peer(&t, 0, &ha, 0), fb = target_peer(&t, 1, &hb, 0);
+	static float pa[XN], pb[XN], g[XN];
+	for (size_t i = 0; i < XN; i++)
+		g[i] = 0.01f * (float)(i % 7) - 0.03f;
+	const uint8_t dx = MSG_PULL_PACKED | MSG_PULL_DELTA;
+	unsigned dt = 0;
+	const struct then_push none = { .fd = -1 };
+	send_pull_flags(fa, &ha, 0, dx);
+	recv_all_params(fa, &ha, pa, &dt, none);
+	send_pull_flags(fb, &hb, 0, dx);
+	recv_all_params(fb, &hb, pb, &dt, none);
+	/* as a worker does: the PULL first, streamed as the pieces complete */
+	send_push_chunks(fb, &hb, WIRE_PUSH_TAG(1, 1), 0, 0, 20, g);
+	send_pull_flags(fb, &hb, 1, dx);
+	send_push_chunks(fa, &ha, 0, 0, 0, 20, g);
+	int xors = recv_all_params(fb, &hb, pb, &dt, none);
+	cr_assert_eq(xors, 0, "%d chunks came as XORs past [ps] memory_limit", xors);
+	cr_assert_eq(dt, WIRE_F32P, "chunk 0 in dtype %u, not packed", dt);
+	const char *say = "leaves no room for a copy of the shard's version before";
+	cr_assert_not_null(strstr(target_wait_log(&t, say), say), "the ps did not say why:\n%s", slurp(t.log));
+	close(fa);
+	close(fb);
+	target_wipe(&ha);
+	target_wipe(&hb);
+}
+
 /* ---- factors from a key holder (protocol 15) ---------------------------------- */
 
 /* Worker 0's PUSH chunk of piece j (of the big model) as factors: run

@@ -91,10 +91,8 @@ static int link_refused(struct link *l, const char *e)
 
 /* ---- the sender ---- */
 
-/* Float32 goes packed (net/fpack.h) on a link that is not a Unix socket
- * when the worker says so (worker.c: where the link limits its steps);
- * on a Unix socket only the CPU would pay. */
-static int link_packs(const struct link *l)
+/* link.h */
+int link_packs(const struct link *l)
 {
 	return l->sh->pack && !l->unx;
 }

@@ -181,6 +181,11 @@ void link_free(struct link *l); /* accepts a zeroed struct; not while exchanging
  * READY. -EINVAL for an address that cannot work, -EINTR, else
  * -ECONNABORTED. */
 int link_connect(struct link *l, int timeout_ms, char *err, size_t errlen);
+/* Whether float32 goes packed on this link (net/fpack.h), and with it the
+ * XOR pulls and factors: where the worker says so (worker.c: where the
+ * link limits its steps) and the link is not a Unix socket, over which
+ * only the CPU would pay. */
+int link_packs(const struct link *l);
 void link_disconnect(struct link *l); /* DOWN */
 
 /* Starts ex on the link's threads. A link that is not READY ends the

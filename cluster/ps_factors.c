@@ -83,15 +83,16 @@ static int fx_open(struct ps_conn *cn, const struct msg_chunk *c, uint32_t run, 
 	if (r)
 		return r;
 	const struct layer *l = &m->layers[i];
-	size_t C = (size_t)l->in;
-	fx->layer = i;
-	fx->row0 = (int)((g0 - l->woff) / C);
-	fx->nrows = (int)((g1 - l->woff + C - 1) / C) - fx->row0;
-	fx->need = (size_t)B * (C + (size_t)fx->nrows);
-	fx->have = 0;
-	if (fx->need > fx->cap) /* B and the rows are bounded above: never */
+	size_t C = (size_t)l->in, row0 = (g0 - l->woff) / C, nrows = (g1 - l->woff + C - 1) / C - row0;
+	size_t need = (size_t)B * (C + nrows);
+	if (need > fx->cap) /* B and the rows are bounded above: never */
 		return err_set(err, errlen, -EPROTO, "PUSH: factors of %zu values, above the %zu a batch can make",
-			       fx->need, fx->cap);
+			       need, fx->cap);
+	fx->layer = i;
+	fx->row0 = (int)row0;
+	fx->nrows = (int)nrows;
+	fx->need = need;
+	fx->have = 0;
 	fx->hi = hi;
 	fx->next = lo;
 	fx->B = B;

@@ -109,11 +109,11 @@ static int worker_flow_open(struct worker *wr, const struct shard *plan, char *e
 static void worker_plan_factors(struct worker *wr)
 {
 	wr->flow.fx = NULL;
-	if (!wr->fx.max_batch || !wr->lk.sh.pack || wr->B > wr->fx.max_batch)
+	if (!wr->fx.max_batch)
 		return;
 	factors_begin(&wr->fx, wr->B);
 	for (int k = 0; k < wr->lk.nps; k++)
-		if (!wr->lk.ln[k].unx)
+		if (link_packs(&wr->lk.ln[k]))
 			factors_plan(&wr->fx, &wr->s.job.m, wr->lk.ln[k].range.begin, wr->lk.ln[k].range.end,
 				     PSSHARD_PIECE, WORKER_PACKED_BYTES);
 	wr->flow.fx = wr->fx.n ? &wr->fx : NULL;

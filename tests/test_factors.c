@@ -121,7 +121,6 @@ Test(factors, a_plan_is_whole_pieces_inside_a_dense_weight_that_save_bytes)
 	cr_assert_gt(f.run[1].hi + piece, d2->woff + 512 * 512);
 	cr_assert_eq(factors_at(&f, f.run[1].lo), &f.run[1]);
 	cr_assert_null(factors_at(&f, f.run[1].lo + 1));
-	(void)d1;
 	/* a batch as large as the layer saves nothing */
 	factors_begin(&f, 600);
 	factors_plan(&f, &m, 0, P, piece, 4.0);

@@ -289,6 +289,13 @@ static void send_push_chunks(int fd, struct hs_result *hr, uint32_t w, uint64_t 
 	}
 }
 
+/* A gradient for the big model (XN values), the same every time. */
+static void big_gradient(float *g)
+{
+	for (size_t i = 0; i < XN; i++)
+		g[i] = 0.01f * (float)(i % 7) - 0.03f;
+}
+
 /* Once the first PARAMS chunk of a pull is in: worker 0's PUSH of the
  * rest of version 0 (fd -1: nothing). */
 struct then_push {
@@ -340,8 +347,7 @@ Test(keyholder, xors_follow_what_the_connection_was_sent)
 	struct hs_result ha, hb;
 	int fa = target_peer(&t, 0, &ha, 0), fb = target_peer(&t, 1, &hb, 0);
 	static float pb[XN], before[XN], g[XN];
-	for (size_t i = 0; i < XN; i++)
-		g[i] = 0.01f * (float)(i % 7) - 0.03f;
+	big_gradient(g);
 	const uint8_t dx = MSG_PULL_PACKED | MSG_PULL_DELTA;
 	unsigned dt = 0;
 	const struct then_push none = { .fd = -1 };
@@ -386,8 +392,7 @@ Test(keyholder, no_xors_where_the_memory_limit_has_no_room_for_them)
 	struct hs_result ha, hb;
 	int fa = target_peer(&t, 0, &ha, 0), fb = target_peer(&t, 1, &hb, 0);
 	static float pa[XN], pb[XN], g[XN];
-	for (size_t i = 0; i < XN; i++)
-		g[i] = 0.01f * (float)(i % 7) - 0.03f;
+	big_gradient(g);
 	const uint8_t dx = MSG_PULL_PACKED | MSG_PULL_DELTA;
 	unsigned dt = 0;
 	const struct then_push none = { .fd = -1 };

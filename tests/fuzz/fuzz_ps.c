@@ -163,25 +163,20 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	FUZZ_CHECK(key_load(cluster_key, path, err, sizeof(err)) == 0);
 	write_text("blobs.csv", "0,1,2\n1,2,3\n2,3,4\n0,1,1\n");
 	char ini[1024];
-	snprintf(ini, sizeof(ini),
-		 "[cluster]\nps = 127.0.0.1:1\nworkers = 127.0.0.1:2\nkey_file = %s/cluster.key\n"
-		 "peer_timeout = 1\ncrypto_threads = 1\n"
-		 "[data]\nformat = csv\ntrain_csv = %s/blobs.csv\nlabel_column = first\n"
-		 "[train]\nsteps = 1000\nbatch_size = 2\nlearning_rate = 0.05\noptimizer = adam\n"
-		 "checkpoint_dir = %s\nthreads = 1\n"
-		 "[model]\ninput = 2\nlayer = dense 4\nlayer = relu\nlayer = dense 3\n",
-		 dir, dir, ckpt);
-	config_from(&cfg, "cluster.ini", ini);
-	/* A dense weight of whole pieces, for factors (first byte 40..49). */
-	snprintf(ini, sizeof(ini),
-		 "[cluster]\nps = 127.0.0.1:1\nworkers = 127.0.0.1:2\nkey_file = %s/cluster.key\n"
-		 "peer_timeout = 1\ncrypto_threads = 1\n"
-		 "[data]\nformat = csv\ntrain_csv = %s/blobs.csv\nlabel_column = first\n"
-		 "[train]\nsteps = 1000\nbatch_size = 2\nlearning_rate = 0.05\noptimizer = adam\n"
-		 "checkpoint_dir = %s\nthreads = 1\n"
-		 "[model]\ninput = 2\nlayer = dense 8192\nlayer = relu\nlayer = dense 3\n",
-		 dir, dir, ckpt);
-	config_from(&cfg_wide, "wide.ini", ini);
+	/* The MLP of blobs, and one whose dense weights hold whole pieces,
+	 * for factors (first byte 40..49). */
+	const char *mlps[2] = { "dense 4", "dense 8192" };
+	for (int w = 0; w < 2; w++) {
+		snprintf(ini, sizeof(ini),
+			 "[cluster]\nps = 127.0.0.1:1\nworkers = 127.0.0.1:2\nkey_file = %s/cluster.key\n"
+			 "peer_timeout = 1\ncrypto_threads = 1\n"
+			 "[data]\nformat = csv\ntrain_csv = %s/blobs.csv\nlabel_column = first\n"
+			 "[train]\nsteps = 1000\nbatch_size = 2\nlearning_rate = 0.05\noptimizer = adam\n"
+			 "checkpoint_dir = %s\nthreads = 1\n"
+			 "[model]\ninput = 2\nlayer = %s\nlayer = relu\nlayer = dense 3\n",
+			 dir, dir, ckpt, mlps[w]);
+		config_from(w ? &cfg_wide : &cfg, w ? "wide.ini" : "cluster.ini", ini);
+	}
 	/* A click-through model's ps, for the embedding rows' messages. */
 	write_text("ctr.txt", "1\t1\t2\t3\t4\t5\t6\t7\t8\t9\t10\t11\t12\t13"
 			      "\t0a\t0b\t0c\t0d\t0e\t0f\t10\t11\t12\t13\t14\t15\t16"

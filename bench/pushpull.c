@@ -206,7 +206,7 @@ static int tensor_recv(struct pipe *pp, int fd, struct frame_key *rx, enum mode 
 	const struct pipe_place pl = { { MSG_CHUNK_HDR_BYTES, tensor_where, x }, tensor_took,
 				       tensor_ahead };
 	x->base = x->a->received;
-	return pipe_recv_placed(pp, fd, rx, msg_chunks(x->a->n - x->a->received, WIRE_F32),
+	return pipe_recv_placed(pp, SOCK_FD(fd), rx, msg_chunks(x->a->n - x->a->received, WIRE_F32),
 				m == M_LOCALCOPY || m == M_SEALEDCOPY ? NULL : &pl, tensor_deliver, x,
 				TIMEOUT_MS, e, elen);
 }
@@ -231,7 +231,7 @@ static void chan_init(struct chan *c, enum mode m, const struct frame_key *fk)
 static int chan_send(int fd, struct chan *c, uint8_t *buf, size_t len, char *e, size_t elen)
 {
 	if (piped(c->mode))
-		return sock_write_frame(fd, &c->fk, buf, BUF_BYTES, buf + FRAME_HDR_BYTES, len,
+		return sock_write_frame(SOCK_FD(fd), &c->fk, buf, BUF_BYTES, buf + FRAME_HDR_BYTES, len,
 					TIMEOUT_MS, e, elen);
 	wire_put_u32(buf, (uint32_t)(len + FRAME_TAG_BYTES));
 	if (c->mode == M_PLAIN) {
@@ -253,7 +253,7 @@ static int chan_send(int fd, struct chan *c, uint8_t *buf, size_t len, char *e, 
 static int chan_recv(int fd, struct chan *c, uint8_t *buf, size_t *len, char *e, size_t elen)
 {
 	if (piped(c->mode))
-		return sock_read_frame(fd, &c->fk, buf, BUF_BYTES, len, TIMEOUT_MS, e, elen);
+		return sock_read_frame(SOCK_FD(fd), &c->fk, buf, BUF_BYTES, len, TIMEOUT_MS, e, elen);
 	uint8_t hdr[FRAME_HDR_BYTES];
 	size_t ctlen;
 	int r = sock_read_full(fd, hdr, sizeof hdr, TIMEOUT_MS, e, elen);
@@ -339,7 +339,7 @@ static void *serve(void *arg)
 			struct tensor_tx tt = { .type = WIRE_PARAMS, .version = version,
 						.src = params, .n = sv->n };
 			if (piped(sv->mode)) {
-				if (pipe_send(&pp, fd, &tx.fk, msg_chunks(sv->n, WIRE_F32), tensor_encode, &tt,
+				if (pipe_send(&pp, SOCK_FD(fd), &tx.fk, msg_chunks(sv->n, WIRE_F32), tensor_encode, &tt,
 					      TIMEOUT_MS, e, elen))
 					die("server PARAMS", e);
 				continue;
@@ -416,7 +416,7 @@ static void do_push(struct client *c)
 	char e[512];
 	size_t len, cap = BUF_BYTES - FRAME_HDR_BYTES - FRAME_TAG_BYTES;
 	struct tensor_tx t = { .type = WIRE_PUSH, .version = c->got, .src = c->grads, .n = c->n };
-	if (piped(c->tx.mode) && pipe_send(&c->pp, c->fd, &c->tx.fk, msg_chunks(c->n, WIRE_F32),
+	if (piped(c->tx.mode) && pipe_send(&c->pp, SOCK_FD(c->fd), &c->tx.fk, msg_chunks(c->n, WIRE_F32),
 					   tensor_encode, &t, TIMEOUT_MS, e, sizeof e))
 		die("client PUSH", e);
 	for (uint64_t i = 0; !piped(c->tx.mode) && i < msg_chunks(c->n, WIRE_F32); i++) {

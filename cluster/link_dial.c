@@ -71,10 +71,15 @@ static int link_greet(struct link *l, int fd, int timeout_ms, char *err, size_t 
 	int hs_ms = timeout_ms < ROLE_HANDSHAKE_MS ? timeout_ms : ROLE_HANDSHAKE_MS;
 	link_ps_name(sh->c, l->k, nm, sizeof(nm));
 	me.local = sock_is_unix_same_user(fd);
+	if (me.local && sh->c->cluster.local_ring)
+		me.local = HS_LOCAL_RING;
 	l->unx = sock_is_unix(fd);
 	int r = conn_client(cn, fd, sh->s->key, &me, hs_ms, nm, err, errlen);
 	if (r)
 		return r;
+	if (cn->ring_why[0])
+		role_log(sh->out, "worker %d: %s: its bytes go through the Unix socket: %s", sh->index, nm,
+			 cn->ring_why);
 	conn_send_buffer(cn, sh->c->cluster.send_buffer_kib);
 	if (cn->hr.peer.role != HS_PS || cn->hr.peer.index != (uint32_t)l->k) {
 		r = err_set(err, errlen, -ECONNABORTED, "%s answered as %s %u", nm,

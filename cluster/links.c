@@ -145,11 +145,14 @@ void links_close(struct links *lk)
 	lk->ln = NULL;
 }
 
-int links_local(const struct links *lk)
+int links_local(const struct links *lk, int *rings)
 {
 	int n = 0;
-	for (int k = 0; lk->ln && k < lk->nps; k++)
+	*rings = 0;
+	for (int k = 0; lk->ln && k < lk->nps; k++) {
 		n += lk->ln[k].conn.fd >= 0 && lk->ln[k].unx;
+		*rings += lk->ln[k].conn.fd >= 0 && lk->ln[k].conn.ring.map;
+	}
 	return n;
 }
 

@@ -536,7 +536,14 @@ int ps_conn_run(struct ps_conn *cn)
 	char e[320];
 	int r = -ENOMEM;
 	cn->first_pull = 1;
-	if (ps_streamer_start(cn)) {
+	/* Before anything is sent on it: a ring offered carries every byte. */
+	int ring = conn_ring_accept(&cn->conn, ROLE_HANDSHAKE_MS, e, sizeof(e));
+	if (ring) {
+		role_log(ps->out, "ps %d: %s: closed a connection that greeted as worker %d: %s", ps->index,
+			 cn->peer, cn->w, e);
+	} else if (cn->conn.ring_why[0] && (role_log(ps->out, "ps %d: %s: worker %d's bytes go through the Unix socket: %s",
+						  ps->index, cn->peer, cn->w, cn->conn.ring_why), 0)) {
+	} else if (ps_streamer_start(cn)) {
 		role_log(ps->out, "ps %d: %s: out of memory for a connection", ps->index, cn->peer);
 	} else {
 		r = ps_serve(cn, e, sizeof(e));

@@ -37,8 +37,9 @@
 static void worker_pack_open(struct worker *wr)
 {
 	const struct config *c = wr->c;
-	int fp32 = role_grad_dtype(c) == WIRE_F32 || role_param_dtype(c) == WIRE_F32;
-	int mode = fp32 && links_local(&wr->lk) < wr->lk.nps ? c->cluster.wire_pack : CONFIG_OVERLAP_OFF;
+	int fp32 = role_grad_dtype(c) == WIRE_F32 || role_param_dtype(c) == WIRE_F32, rings;
+	int mode = fp32 && links_local(&wr->lk, &rings) < wr->lk.nps ? c->cluster.wire_pack :
+								      CONFIG_OVERLAP_OFF;
 	autoflow_init(&wr->packf, mode);
 	wr->lk.sh.pack = autoflow_wants(&wr->packf);
 	if (mode == CONFIG_OVERLAP_AUTO)
@@ -182,11 +183,13 @@ static int worker_open(struct worker *wr, char *err, size_t errlen)
 	worker_pack_open(wr);
 	wr->total = wr->s.job.total;
 	wr->spe = wr->s.job.spe;
-	char unx[48] = "", local[96] = "";
-	int nlocal = links_local(&wr->lk);
+	char unx[96] = "", local[160] = "";
+	int rings, nlocal = links_local(&wr->lk, &rings);
 	const char *cipher = links_cipher(&wr->lk);
 	if (nlocal)
-		snprintf(unx, sizeof(unx), "%d on this host, over a Unix socket", nlocal);
+		snprintf(unx, sizeof(unx), "%d on this host, over a Unix socket%s", nlocal,
+			 rings == nlocal ? ", its bytes through shared memory" :
+			 rings ? ", some through shared memory" : "");
 	if (nlocal || cipher)
 		snprintf(local, sizeof(local), " (%s%s%s)", unx, nlocal && cipher ? "; " : "",
 			 cipher ? cipher : "");

@@ -59,6 +59,10 @@ static int conn_alloc_buffers(struct conn *cn)
 	return 0;
 }
 
+/* Where the connection's frames go: its ring, once it has one. */
+#define conn_stream(cn) \
+	(&(const struct sock_stream){ .fd = (cn)->fd, .ring = (cn)->ring.map ? &(cn)->ring : NULL })
+
 static void conn_free_buffers(struct conn *cn)
 {
 	for (int s = 0; s < CONN_SENDERS; s++) {
@@ -180,6 +184,33 @@ int conn_client(struct conn *cn, int fd, const uint8_t psk[HS_PSK_BYTES],
 	conn_attach(cn, fd, &hr);
 	frame_key_wipe(&hr.send);
 	frame_key_wipe(&hr.recv);
+	if (me->local != HS_LOCAL_RING || cn->keys->recv.cipher != FRAME_LOCAL)
+		return 0;
+	r = ring_offer(&cn->ring, fd, 0, hs_ms, cn->ring_why, sizeof(cn->ring_why));
+	if (r < 0) {
+		conn_close(cn);
+		return err_set(err, errlen, -ECONNABORTED, "%s: %s", who, cn->ring_why);
+	}
+	if (r == 0)
+		cn->ring_why[0] = 0;
+	return 0;
+}
+
+int conn_ring_due(const struct conn *cn)
+{
+	return cn->state == CONN_AUTHENTICATED && cn->keys->recv.cipher == FRAME_LOCAL &&
+	       cn->hr.peer.local == HS_LOCAL_RING && !cn->ring.map;
+}
+
+int conn_ring_accept(struct conn *cn, int timeout_ms, char *err, size_t errlen)
+{
+	if (!conn_ring_due(cn))
+		return 0;
+	int r = ring_accept(&cn->ring, cn->fd, timeout_ms, cn->ring_why, sizeof(cn->ring_why));
+	if (r < 0)
+		return err_set(err, errlen, r, "%s", cn->ring_why);
+	if (r == 0)
+		cn->ring_why[0] = 0;
 	return 0;
 }
 
@@ -204,12 +235,13 @@ int conn_server(struct conn *cn, const uint8_t psk[HS_PSK_BYTES], const struct h
 	conn_attach(cn, fd, &hr);
 	frame_key_wipe(&hr.send);
 	frame_key_wipe(&hr.recv);
-	return 0;
+	return conn_ring_accept(cn, hs_ms, err, errlen);
 }
 
 void conn_close(struct conn *cn)
 {
 	pthread_mutex_lock(&cn->mu);
+	ring_free(&cn->ring);
 	if (cn->fd >= 0)
 		close(cn->fd);
 	cn->fd = -1;
@@ -223,6 +255,7 @@ void conn_close(struct conn *cn)
 void conn_shutdown(struct conn *cn)
 {
 	cn->state = CONN_CLOSING;
+	ring_shutdown(&cn->ring, SHUT_RDWR);
 	if (cn->fd >= 0)
 		shutdown(cn->fd, SHUT_RDWR);
 }
@@ -230,12 +263,14 @@ void conn_shutdown(struct conn *cn)
 void conn_shutdown_write(struct conn *cn)
 {
 	cn->state = CONN_CLOSING;
+	ring_shutdown(&cn->ring, SHUT_WR);
 	if (cn->fd >= 0)
 		shutdown(cn->fd, SHUT_WR);
 }
 
 void conn_shutdown_read(struct conn *cn)
 {
+	ring_shutdown(&cn->ring, SHUT_RD);
 	if (cn->fd >= 0)
 		shutdown(cn->fd, SHUT_RD);
 }
@@ -291,7 +326,7 @@ static int conn_write_locked(struct conn *cn, uint8_t *buf, size_t cap, const ui
 {
 	int r = conn_ready(cn, 1, err, errlen);
 	if (!r)
-		r = conn_send_failed(cn, sock_write_frame(cn->fd, &cn->keys->send, buf, cap, msg, len,
+		r = conn_send_failed(cn, sock_write_frame(conn_stream(cn), &cn->keys->send, buf, cap, msg, len,
 							  ms, err, errlen));
 	cn->last_send = now_s();
 	return r;
@@ -373,7 +408,7 @@ int conn_recv(struct conn *cn, size_t *len, char *err, size_t errlen)
 {
 	int r = conn_ready(cn, 0, err, errlen);
 	/* The ciphertext of a message of at most msg_max bytes. */
-	return r ? r : sock_read_frame(cn->fd, &cn->keys->recv, cn->rbuf,
+	return r ? r : sock_read_frame(conn_stream(cn), &cn->keys->recv, cn->rbuf,
 				       cn->shape.msg_max + FRAME_TAG_BYTES, len, cn->read_ms, err,
 				       errlen);
 }
@@ -406,7 +441,7 @@ int conn_send_tensor(struct conn *cn, enum conn_sender s, const struct conn_chun
 	pthread_mutex_lock(&cn->mu);
 	int r = conn_ready(cn, 1, err, errlen);
 	if (!r)
-		r = conn_send_failed(cn, pipe_send(&tx->pp, cn->fd, &cn->keys->send,
+		r = conn_send_failed(cn, pipe_send(&tx->pp, conn_stream(cn), &cn->keys->send,
 						   msg_chunks(t->n, t->dtype), chunk_encode,
 						   (void *)t, cn->write_ms, err, errlen));
 	cn->last_send = now_s();
@@ -540,7 +575,7 @@ int conn_recv_rest(struct conn *cn, struct conn_chunk_rx *x, char *err, size_t e
 	const struct pipe_place pl = { { MSG_CHUNK_HDR_BYTES, chunk_where, x }, chunk_took,
 				       chunk_ahead };
 	x->base = x->a->received;
-	return r ? r : pipe_recv_placed(cn->rp, cn->fd, &cn->keys->recv,
+	return r ? r : pipe_recv_placed(cn->rp, conn_stream(cn), &cn->keys->recv,
 					msg_chunks(x->a->n - x->a->received, x->a->dtype), &pl,
 					chunk_deliver, x, cn->read_ms, err, errlen);
 }

@@ -38,6 +38,7 @@
 #include "handshake.h"
 #include "msg.h"
 #include "pipe.h"
+#include "ring.h"
 #include "sndbuf.h"
 
 /* The longest message a connection carries: a tensor's chunk. */
@@ -125,6 +126,11 @@ struct conn {
 	struct sndbuf sb;        /* the socket's send buffer ([cluster] send_buffer_kib),
 				  * under mu; zeroed by conn_close */
 	int read_ms, write_ms;   /* deadline of one read; of one frame's write */
+	struct ring ring;        /* a local connection's bytes, once conn_client
+				  * offered and the peer took it (conn_ring_accept):
+				  * ring.map NULL while they go through the socket;
+				  * freed by conn_close */
+	char ring_why[160];      /* why a ring offered or wanted is not used ("" if none) */
 };
 
 /* A pending connection over fd (-1: none yet; a server passes the accepted
@@ -158,6 +164,17 @@ void conn_send_buffer(struct conn *cn, int kib);
 int conn_client(struct conn *cn, int fd, const uint8_t psk[HS_PSK_BYTES],
 		const struct hs_identity *me, int hs_ms, const char *who, char *err,
 		size_t errlen);
+
+/* Client: when me->local is HS_LOCAL_RING and the handshake settled on a
+ * local connection (both ends Unix sockets of one user), conn_client
+ * offers the peer a ring right after it (net/ring.h): the connection's
+ * bytes go through it if the peer takes it, else through the socket, why
+ * in cn->ring_why. Server: conn_ring_accept, on such a connection, reads
+ * the offer and answers it before the first frame (conn_ring_due says
+ * whether one is due). 0, or a negative errno (the connection is lost:
+ * close it); a ring that could not be used is not an error (ring_why). */
+int conn_ring_due(const struct conn *cn);
+int conn_ring_accept(struct conn *cn, int timeout_ms, char *err, size_t errlen);
 
 /* Server, when the handshake was done elsewhere (the ps's gate): the
  * connection owns fd and is authenticated with hr's keys, which the caller

@@ -125,8 +125,8 @@ static int identity_check(const struct hs_identity *me, char *err, size_t errlen
 			me->ciphers);
 		return -EINVAL;
 	}
-	if (me->local != 0 && me->local != 1) {
-		(void)err_set(err, errlen, 0, "handshake: local flag must be 0 or 1, not %d", me->local);
+	if (me->local < 0 || me->local > HS_LOCAL_RING) {
+		(void)err_set(err, errlen, 0, "handshake: local flag must be 0, 1 or 2, not %d", me->local);
 		return -EINVAL;
 	}
 	if (me->ciphers & ~frame_offers()) {
@@ -279,7 +279,7 @@ HS_MUST_CHECK static int hello_parse(struct hs_identity *peer, uint64_t *time_ns
 		(void)err_set(err, errlen, 0, "handshake: unknown peer role %u", in[OFF_ROLE]);
 		return -EPROTO;
 	}
-	if ((in[OFF_CIPHERS] & ~FRAME_OFFER_ALL) || in[OFF_LOCAL] > 1) {
+	if ((in[OFF_CIPHERS] & ~FRAME_OFFER_ALL) || in[OFF_LOCAL] > HS_LOCAL_RING) {
 		(void)err_set(err, errlen, 0, "handshake: bad flags from %s (ciphers 0x%x, local %u)",
 			pname, in[OFF_CIPHERS], in[OFF_LOCAL]);
 		return -EPROTO;

@@ -71,10 +71,13 @@ enum hs_role {
 
 /* Who one side is. ciphers: the FRAME_OFFER_* bits it offers; in
  * production frame_offers(). local: whether its end of this connection is a
- * Unix socket to a process of its own user (sock_is_unix_same_user). The
- * connection uses no cipher (FRAME_LOCAL) when both sides say local, else
- * the best cipher both offer (frame_cipher_choose: AEGIS-256, AES-256-GCM,
+ * Unix socket to a process of its own user (sock_is_unix_same_user), and
+ * for a client HS_LOCAL_RING: local, and it will offer a ring (net/ring.h)
+ * right after the handshake if the connection is local. The connection
+ * uses no cipher (FRAME_LOCAL) when both sides say local, else the best
+ * cipher both offer (frame_cipher_choose: AEGIS-256, AES-256-GCM,
  * ChaCha20-Poly1305). */
+#define HS_LOCAL_RING 2
 struct hs_identity {
 	enum hs_role role;
 	uint32_t index;

@@ -208,7 +208,7 @@ static void slots_drain(struct pipe *p, uint64_t from, uint64_t to)
 
 /* ---- sending ------------------------------------------------------------- */
 
-static int send_serial(struct pipe *p, int fd, struct frame_key *tx, uint64_t nframes,
+static int send_serial(struct pipe *p, const struct sock_stream *st, struct frame_key *tx, uint64_t nframes,
 		       pipe_encode_fn enc, void *ctx, int timeout_ms, char *err, size_t errlen)
 {
 	uint8_t *msg = p->buf + FRAME_HDR_BYTES;
@@ -217,7 +217,7 @@ static int send_serial(struct pipe *p, int fd, struct frame_key *tx, uint64_t nf
 		int r = enc(ctx, i, msg, FRAME_MAX, &m, err, errlen);
 		if (r < 0)
 			return r;
-		r = sock_write_frame_parts(fd, tx, p->buf, FRAME_BYTES_MAX, msg, m.len, m.body, m.blen,
+		r = sock_write_frame_parts(st, tx, p->buf, FRAME_BYTES_MAX, msg, m.len, m.body, m.blen,
 					   timeout_ms, err, errlen);
 		if (r < 0)
 			return r;
@@ -225,11 +225,11 @@ static int send_serial(struct pipe *p, int fd, struct frame_key *tx, uint64_t nf
 	return 0;
 }
 
-int pipe_send(struct pipe *p, int fd, struct frame_key *tx, uint64_t nframes,
+int pipe_send(struct pipe *p, const struct sock_stream *st, struct frame_key *tx, uint64_t nframes,
 	      pipe_encode_fn enc, void *ctx, int timeout_ms, char *err, size_t errlen)
 {
 	if (!parallel(p, tx, nframes))
-		return send_serial(p, fd, tx, nframes, enc, ctx, timeout_ms, err, errlen);
+		return send_serial(p, st, tx, nframes, enc, ctx, timeout_ms, err, errlen);
 	int r = slots_ready(p, nframes, err, errlen);
 	if (r < 0)
 		return r;
@@ -250,7 +250,7 @@ int pipe_send(struct pipe *p, int fd, struct frame_key *tx, uint64_t nframes,
 			r = err_set(err, errlen, s->rc, "%s", s->err);
 			break;
 		}
-		r = sock_write_iov(fd, s->fo.v, s->fo.n, timeout_ms, err, errlen);
+		r = sock_stream_write_iov(st, s->fo.v, s->fo.n, timeout_ms, err, errlen);
 		if (r < 0)
 			break;
 	}
@@ -269,13 +269,13 @@ int pipe_send(struct pipe *p, int fd, struct frame_key *tx, uint64_t nframes,
 /* ---- receiving ----------------------------------------------------------- */
 
 /* Message i, its body placed where pl says if it can be. */
-static int recv_placed(struct pipe *p, int fd, struct frame_key *rx, uint64_t i,
+static int recv_placed(struct pipe *p, const struct sock_stream *st, struct frame_key *rx, uint64_t i,
 		       const struct pipe_place *pl, pipe_deliver_fn fn, void *ctx, int timeout_ms,
 		       char *err, size_t errlen)
 {
 	size_t len = 0;
 	uint8_t *body = NULL;
-	int r = sock_read_placed(fd, rx, p->buf, FRAME_BYTES_MAX, &pl->at, &body, &len, timeout_ms,
+	int r = sock_read_placed(st, rx, p->buf, FRAME_BYTES_MAX, &pl->at, &body, &len, timeout_ms,
 				 err, errlen);
 	if (r < 0)
 		return r;
@@ -288,7 +288,7 @@ static int recv_placed(struct pipe *p, int fd, struct frame_key *rx, uint64_t i,
 	return fn(ctx, i, p->buf, len, err, errlen);
 }
 
-static int recv_serial(struct pipe *p, int fd, struct frame_key *rx, uint64_t nframes,
+static int recv_serial(struct pipe *p, const struct sock_stream *st, struct frame_key *rx, uint64_t nframes,
 		       const struct pipe_place *pl, pipe_deliver_fn fn, void *ctx, int timeout_ms,
 		       char *err, size_t errlen)
 {
@@ -298,9 +298,9 @@ static int recv_serial(struct pipe *p, int fd, struct frame_key *rx, uint64_t nf
 		size_t len = 0;
 		int r;
 		if (pl) {
-			r = recv_placed(p, fd, rx, i, pl, fn, ctx, timeout_ms, err, errlen);
+			r = recv_placed(p, st, rx, i, pl, fn, ctx, timeout_ms, err, errlen);
 		} else {
-			r = sock_read_frame(fd, rx, p->buf, FRAME_BYTES_MAX, &len, timeout_ms, err,
+			r = sock_read_frame(st, rx, p->buf, FRAME_BYTES_MAX, &len, timeout_ms, err,
 					    errlen);
 			if (r == 0)
 				r = fn(ctx, i, p->buf, len, err, errlen);
@@ -326,18 +326,18 @@ static int slot_deliver(struct pipe_slot *s, pipe_deliver_fn fn, void *ctx, char
 	return fn(ctx, s->i, s->buf, s->len, err, errlen);
 }
 
-int pipe_recv(struct pipe *p, int fd, struct frame_key *rx, uint64_t nframes,
+int pipe_recv(struct pipe *p, const struct sock_stream *st, struct frame_key *rx, uint64_t nframes,
 	      pipe_deliver_fn fn, void *ctx, int timeout_ms, char *err, size_t errlen)
 {
-	return pipe_recv_placed(p, fd, rx, nframes, NULL, fn, ctx, timeout_ms, err, errlen);
+	return pipe_recv_placed(p, st, rx, nframes, NULL, fn, ctx, timeout_ms, err, errlen);
 }
 
-int pipe_recv_placed(struct pipe *p, int fd, struct frame_key *rx, uint64_t nframes,
+int pipe_recv_placed(struct pipe *p, const struct sock_stream *st, struct frame_key *rx, uint64_t nframes,
 		     const struct pipe_place *pl, pipe_deliver_fn fn, void *ctx, int timeout_ms,
 		     char *err, size_t errlen)
 {
 	if (!parallel(p, rx, nframes))
-		return recv_serial(p, fd, rx, nframes, pl, fn, ctx, timeout_ms, err, errlen);
+		return recv_serial(p, st, rx, nframes, pl, fn, ctx, timeout_ms, err, errlen);
 	int r = slots_ready(p, nframes, err, errlen);
 	if (r < 0)
 		return r;
@@ -351,7 +351,7 @@ int pipe_recv_placed(struct pipe *p, int fd, struct frame_key *rx, uint64_t nfra
 	while (given < nframes) {
 		if (!rerr && nread < nframes && nread - given < K) {
 			struct pipe_slot *s = &p->slots[nread % K];
-			rerr = sock_read_sealed(fd, s->hdr, s->buf, FRAME_BYTES_MAX, &s->len,
+			rerr = sock_read_sealed(st, s->hdr, s->buf, FRAME_BYTES_MAX, &s->len,
 						timeout_ms, rmsg, sizeof rmsg);
 			s->pl = ahead;
 			s->ctx = ctx;

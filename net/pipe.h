@@ -98,14 +98,14 @@ void pipe_free(struct pipe *p);
  * the one whose write failed, some of which may be on the wire), so that
  * no nonce is ever used twice, even by a caller that seals again on tx.
  * -ENOMEM if the frame buffers cannot be allocated. */
-PIPE_MUST_CHECK int pipe_send(struct pipe *p, int fd, struct frame_key *tx, uint64_t nframes,
+PIPE_MUST_CHECK int pipe_send(struct pipe *p, const struct sock_stream *st, struct frame_key *tx, uint64_t nframes,
 			      pipe_encode_fn enc, void *ctx, int timeout_ms, char *err,
 			      size_t errlen);
 
 /* Receives exactly nframes frames opened with rx and hands their messages
  * to fn in order; each frame's read has timeout_ms. No frame beyond the
  * nframes-th is read. On success rx->counter has advanced by nframes. */
-PIPE_MUST_CHECK int pipe_recv(struct pipe *p, int fd, struct frame_key *rx, uint64_t nframes,
+PIPE_MUST_CHECK int pipe_recv(struct pipe *p, const struct sock_stream *st, struct frame_key *rx, uint64_t nframes,
 			      pipe_deliver_fn fn, void *ctx, int timeout_ms, char *err,
 			      size_t errlen);
 
@@ -146,7 +146,7 @@ struct pipe_place {
 };
 
 /* pipe_recv, with pl (NULL: none) placing the messages it can. */
-PIPE_MUST_CHECK int pipe_recv_placed(struct pipe *p, int fd, struct frame_key *rx,
+PIPE_MUST_CHECK int pipe_recv_placed(struct pipe *p, const struct sock_stream *st, struct frame_key *rx,
 				     uint64_t nframes, const struct pipe_place *pl,
 				     pipe_deliver_fn fn, void *ctx, int timeout_ms, char *err,
 				     size_t errlen);

@@ -213,11 +213,28 @@ SOCK_MUST_CHECK int sock_read_iov(int fd, const struct iovec *iov, int n, int ti
 SOCK_MUST_CHECK int sock_write_full(int fd, const void *buf, size_t len, int timeout_ms,
 				    char *err, size_t errlen);
 
+/* Where a connection's bytes go: its socket, or, once a local connection
+ * set one up, the ring in memory it shares with its peer (net/ring.h),
+ * the socket beside it. The frame functions below take one; SOCK_FD(fd)
+ * is a socket's. */
+struct ring;
+struct sock_stream {
+	int fd;
+	struct ring *ring; /* NULL: the socket */
+};
+#define SOCK_FD(f) (&(const struct sock_stream){ .fd = (f), .ring = NULL })
+
+/* sock_read_iov and sock_write_iov on a stream. */
+SOCK_MUST_CHECK int sock_stream_read_iov(const struct sock_stream *st, const struct iovec *iov,
+					 int n, int timeout_ms, char *err, size_t errlen);
+SOCK_MUST_CHECK int sock_stream_write_iov(const struct sock_stream *st, const struct iovec *iov,
+					  int n, int timeout_ms, char *err, size_t errlen);
+
 /* Seals msg (len <= FRAME_MAX bytes) with tx (frame_seal) into buf (cap
  * bytes, at least FRAME_SEALED_BYTES(len); FRAME_BYTES_MAX always fits) and
  * writes the frame. msg may be buf + FRAME_HDR_BYTES. frame_seal's or
  * sock_write_full's error. */
-SOCK_MUST_CHECK int sock_write_frame(int fd, struct frame_key *tx, uint8_t *buf, size_t cap,
+SOCK_MUST_CHECK int sock_write_frame(const struct sock_stream *st, struct frame_key *tx, uint8_t *buf, size_t cap,
 				     const uint8_t *msg, size_t len, int timeout_ms, char *err,
 				     size_t errlen);
 
@@ -230,7 +247,7 @@ SOCK_MUST_CHECK int sock_write_iov(int fd, const struct iovec *iov, int n, int t
 
 /* sock_write_frame of the message head || body (frame_seal_parts): head
  * may be buf + FRAME_HDR_BYTES, body is read where it is. */
-SOCK_MUST_CHECK int sock_write_frame_parts(int fd, struct frame_key *tx, uint8_t *buf, size_t cap,
+SOCK_MUST_CHECK int sock_write_frame_parts(const struct sock_stream *st, struct frame_key *tx, uint8_t *buf, size_t cap,
 					   const uint8_t *head, size_t hlen, const uint8_t *body,
 					   size_t blen, int timeout_ms, char *err, size_t errlen);
 
@@ -240,7 +257,7 @@ SOCK_MUST_CHECK int sock_write_frame_parts(int fd, struct frame_key *tx, uint8_t
  * -ENOBUFS), then opens it in place with rx. On success the message is the
  * first *msglen bytes of buf. Errors are sock_read_full's, frame_check_len's
  * or frame_open's: every one of them ends the connection. */
-SOCK_MUST_CHECK int sock_read_frame(int fd, struct frame_key *rx, uint8_t *buf, size_t cap,
+SOCK_MUST_CHECK int sock_read_frame(const struct sock_stream *st, struct frame_key *rx, uint8_t *buf, size_t cap,
 				    size_t *msglen, int timeout_ms, char *err, size_t errlen);
 
 /* The first half of sock_read_frame, for a caller that opens the frame
@@ -248,7 +265,7 @@ SOCK_MUST_CHECK int sock_read_frame(int fd, struct frame_key *rx, uint8_t *buf, 
  * bounds it, and reads the *ctlen ciphertext bytes into buf (cap bytes),
  * all within timeout_ms. Nothing is authenticated yet. Errors as for
  * sock_read_frame, less frame_open's. */
-SOCK_MUST_CHECK int sock_read_sealed(int fd, uint8_t hdr[FRAME_HDR_BYTES], uint8_t *buf,
+SOCK_MUST_CHECK int sock_read_sealed(const struct sock_stream *st, uint8_t hdr[FRAME_HDR_BYTES], uint8_t *buf,
 				     size_t cap, size_t *ctlen, int timeout_ms, char *err,
 				     size_t errlen);
 
@@ -277,7 +294,7 @@ struct sock_place {
  * *msglen: the message's length either way. On failure what was read is
  * zeroed, buf's head and the place's bytes. Errors as sock_read_frame's,
  * frame_open_tag's or frame_open_split's for a placed message. */
-SOCK_MUST_CHECK int sock_read_placed(int fd, struct frame_key *rx, uint8_t *buf, size_t cap,
+SOCK_MUST_CHECK int sock_read_placed(const struct sock_stream *st, struct frame_key *rx, uint8_t *buf, size_t cap,
 				     const struct sock_place *pl, uint8_t **placed, size_t *msglen,
 				     int timeout_ms, char *err, size_t errlen);
 

@@ -11,13 +11,38 @@
 
 #include <sodium.h>
 
-int sock_write_frame(int fd, struct frame_key *tx, uint8_t *buf, size_t cap,
-		     const uint8_t *msg, size_t len, int timeout_ms, char *err, size_t errlen)
+#include "ring.h"
+
+int sock_stream_read_iov(const struct sock_stream *st, const struct iovec *iov, int n,
+			 int timeout_ms, char *err, size_t errlen)
 {
-	return sock_write_frame_parts(fd, tx, buf, cap, msg, len, NULL, 0, timeout_ms, err, errlen);
+	if (st->ring)
+		return ring_read_iov(st->ring, iov, n, timeout_ms, err, errlen);
+	return sock_read_iov(st->fd, iov, n, timeout_ms, err, errlen);
 }
 
-int sock_write_frame_parts(int fd, struct frame_key *tx, uint8_t *buf, size_t cap,
+int sock_stream_write_iov(const struct sock_stream *st, const struct iovec *iov, int n,
+			  int timeout_ms, char *err, size_t errlen)
+{
+	if (st->ring)
+		return ring_write_iov(st->ring, iov, n, timeout_ms, err, errlen);
+	return sock_write_iov(st->fd, iov, n, timeout_ms, err, errlen);
+}
+
+static int stream_read_full(const struct sock_stream *st, void *buf, size_t len, int timeout_ms,
+			    char *err, size_t errlen)
+{
+	struct iovec v = { .iov_base = buf, .iov_len = len };
+	return sock_stream_read_iov(st, &v, 1, timeout_ms, err, errlen);
+}
+
+int sock_write_frame(const struct sock_stream *st, struct frame_key *tx, uint8_t *buf, size_t cap,
+		     const uint8_t *msg, size_t len, int timeout_ms, char *err, size_t errlen)
+{
+	return sock_write_frame_parts(st, tx, buf, cap, msg, len, NULL, 0, timeout_ms, err, errlen);
+}
+
+int sock_write_frame_parts(const struct sock_stream *st, struct frame_key *tx, uint8_t *buf, size_t cap,
 			   const uint8_t *head, size_t hlen, const uint8_t *body, size_t blen,
 			   int timeout_ms, char *err, size_t errlen)
 {
@@ -25,14 +50,14 @@ int sock_write_frame_parts(int fd, struct frame_key *tx, uint8_t *buf, size_t ca
 	int r = frame_seal_parts(tx, buf, cap, head, hlen, body, blen, &fo, err, errlen);
 	if (r < 0)
 		return r;
-	return sock_write_iov(fd, fo.v, fo.n, timeout_ms, err, errlen);
+	return sock_stream_write_iov(st, fo.v, fo.n, timeout_ms, err, errlen);
 }
 
-int sock_read_sealed(int fd, uint8_t hdr[FRAME_HDR_BYTES], uint8_t *buf, size_t cap,
+int sock_read_sealed(const struct sock_stream *st, uint8_t hdr[FRAME_HDR_BYTES], uint8_t *buf, size_t cap,
 		     size_t *ctlen, int timeout_ms, char *err, size_t errlen)
 {
 	int64_t deadline = sock_deadline(timeout_ms);
-	int r = sock_read_full(fd, hdr, FRAME_HDR_BYTES, timeout_ms, err, errlen);
+	int r = stream_read_full(st, hdr, FRAME_HDR_BYTES, timeout_ms, err, errlen);
 	if (r < 0)
 		return r;
 	r = frame_check_len(hdr, ctlen, err, errlen);
@@ -46,11 +71,11 @@ int sock_read_sealed(int fd, uint8_t hdr[FRAME_HDR_BYTES], uint8_t *buf, size_t 
 	/* The rest of the same deadline, not a fresh one: a whole frame is
 	 * bounded by timeout_ms. */
 	int left = sock_ms_left(deadline);
-	return sock_read_full(fd, buf, *ctlen, left, err, errlen);
+	return stream_read_full(st, buf, *ctlen, left, err, errlen);
 }
 
 /* A local frame: its head read first, then the rest where pl says. */
-static int read_local(int fd, struct frame_key *rx, uint8_t *buf, size_t cap,
+static int read_local(const struct sock_stream *st, struct frame_key *rx, uint8_t *buf, size_t cap,
 		      const struct sock_place *pl, uint8_t **placed, size_t *msglen, int timeout_ms,
 		      char *err, size_t errlen)
 {
@@ -58,7 +83,7 @@ static int read_local(int fd, struct frame_key *rx, uint8_t *buf, size_t cap,
 	size_t ctlen = 0;
 	*placed = NULL;
 	int64_t deadline = sock_deadline(timeout_ms);
-	int r = sock_read_full(fd, hdr, FRAME_HDR_BYTES, timeout_ms, err, errlen);
+	int r = stream_read_full(st, hdr, FRAME_HDR_BYTES, timeout_ms, err, errlen);
 	if (r < 0)
 		return r;
 	r = frame_check_len(hdr, &ctlen, err, errlen);
@@ -72,18 +97,18 @@ static int read_local(int fd, struct frame_key *rx, uint8_t *buf, size_t cap,
 	/* The head first: nothing goes to the place before the receiver has
 	 * seen what the message is. */
 	if (mlen > pl->head) {
-		r = sock_read_full(fd, buf, pl->head, sock_ms_left(deadline), err, errlen);
+		r = stream_read_full(st, buf, pl->head, sock_ms_left(deadline), err, errlen);
 		if (r < 0)
 			return r;
 		got = pl->head;
 		body = pl->where(pl->ctx, buf, mlen);
 	}
 	if (!body) {
-		r = sock_read_full(fd, buf + got, ctlen - got, sock_ms_left(deadline), err, errlen);
+		r = stream_read_full(st, buf + got, ctlen - got, sock_ms_left(deadline), err, errlen);
 		return r < 0 ? r : frame_open(rx, hdr, buf, ctlen, buf, cap, msglen, err, errlen);
 	}
 	struct iovec v[2] = { { body, mlen - pl->head }, { tag, sizeof tag } };
-	r = sock_read_iov(fd, v, 2, sock_ms_left(deadline), err, errlen);
+	r = sock_stream_read_iov(st, v, 2, sock_ms_left(deadline), err, errlen);
 	if (r == 0)
 		r = frame_open_tag(rx, tag, err, errlen);
 	if (r < 0) {
@@ -98,12 +123,12 @@ static int read_local(int fd, struct frame_key *rx, uint8_t *buf, size_t cap,
 	return 0;
 }
 
-int sock_read_frame(int fd, struct frame_key *rx, uint8_t *buf, size_t cap, size_t *msglen,
+int sock_read_frame(const struct sock_stream *st, struct frame_key *rx, uint8_t *buf, size_t cap, size_t *msglen,
 		    int timeout_ms, char *err, size_t errlen)
 {
 	uint8_t hdr[FRAME_HDR_BYTES];
 	size_t ctlen = 0;
-	int r = sock_read_sealed(fd, hdr, buf, cap, &ctlen, timeout_ms, err, errlen);
+	int r = sock_read_sealed(st, hdr, buf, cap, &ctlen, timeout_ms, err, errlen);
 	if (r < 0)
 		return r;
 	return frame_open(rx, hdr, buf, ctlen, buf, cap, msglen, err, errlen);
@@ -114,13 +139,13 @@ int sock_read_frame(int fd, struct frame_key *rx, uint8_t *buf, size_t cap, size
  * buf that a worker's parameters and a ps's pushes would take otherwise.
  * The place holds unauthenticated bytes only until the tag is checked,
  * and zeros after a failure. */
-static int read_sealed(int fd, struct frame_key *rx, uint8_t *buf, size_t cap,
+static int read_sealed(const struct sock_stream *st, struct frame_key *rx, uint8_t *buf, size_t cap,
 		       const struct sock_place *pl, uint8_t **placed, size_t *msglen, int timeout_ms,
 		       char *err, size_t errlen)
 {
 	uint8_t hdr[FRAME_HDR_BYTES], head[SOCK_PLACE_HEAD_MAX];
 	size_t ctlen = 0;
-	int r = sock_read_sealed(fd, hdr, buf, cap, &ctlen, timeout_ms, err, errlen);
+	int r = sock_read_sealed(st, hdr, buf, cap, &ctlen, timeout_ms, err, errlen);
 	if (r < 0)
 		return r;
 	size_t mlen = ctlen - FRAME_TAG_BYTES;
@@ -138,14 +163,14 @@ static int read_sealed(int fd, struct frame_key *rx, uint8_t *buf, size_t cap,
 	return r;
 }
 
-int sock_read_placed(int fd, struct frame_key *rx, uint8_t *buf, size_t cap,
+int sock_read_placed(const struct sock_stream *st, struct frame_key *rx, uint8_t *buf, size_t cap,
 		     const struct sock_place *pl, uint8_t **placed, size_t *msglen, int timeout_ms,
 		     char *err, size_t errlen)
 {
 	*placed = NULL;
 	if (rx->cipher == FRAME_LOCAL)
-		return read_local(fd, rx, buf, cap, pl, placed, msglen, timeout_ms, err, errlen);
+		return read_local(st, rx, buf, cap, pl, placed, msglen, timeout_ms, err, errlen);
 	if (rx->cipher == FRAME_AEGIS256)
-		return read_sealed(fd, rx, buf, cap, pl, placed, msglen, timeout_ms, err, errlen);
-	return sock_read_frame(fd, rx, buf, cap, msglen, timeout_ms, err, errlen);
+		return read_sealed(st, rx, buf, cap, pl, placed, msglen, timeout_ms, err, errlen);
+	return sock_read_frame(st, rx, buf, cap, msglen, timeout_ms, err, errlen);
 }

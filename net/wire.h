@@ -39,9 +39,12 @@
  * PARAMS as XORs with the version the worker holds (net/xdelta.h), and
  * PULL's flag DELTA that asks for them. Version 15: dtype 4, a run of
  * PUSH pieces inside a dense weight as the two factors the ps makes them
- * from (core/nn/factors.h). */
+ * from (core/nn/factors.h). Version 16: a handshake's local flag 2, a
+ * worker that will offer a ring on its local connection (net/ring.h): its
+ * 16-byte offer and the ps's one-byte answer follow the handshake, and
+ * the connection's bytes go through the ring if the answer is 1. */
 #define WIRE_MAGIC 0x52545350u
-#define WIRE_VERSION 15u
+#define WIRE_VERSION 16u
 
 /* Message types (DESIGN §7): the first field of every decrypted frame.
  * Zero is not a type, so a zeroed buffer never parses as a message. */

@@ -275,7 +275,7 @@ void target_read_params(int fd, struct hs_result *hr)
 	static uint8_t buf[FRAME_CT_MAX];
 	size_t len;
 	char err[256];
-	cr_assert_eq(sock_read_frame(fd, &hr->recv, buf, sizeof(buf), &len, IO_MS, err, sizeof(err)),
+	cr_assert_eq(sock_read_frame(SOCK_FD(fd), &hr->recv, buf, sizeof(buf), &len, IO_MS, err, sizeof(err)),
 		     0, "%s", err);
 	cr_assert_eq(msg_type(buf, len, err, sizeof(err)), WIRE_PARAMS, "%s", err);
 }

@@ -210,8 +210,10 @@ Test(cluster, overlap_pushes_while_computing_and_changes_no_number)
 
 /* [cluster] local_socket: every ps and worker of these tests is at
  * 127.0.0.1, so each worker reaches both ps over their Unix sockets, and
- * says so, as the ps do; the frames there are not encrypted, and the run
- * ends with the very parameters of one over TCP with every frame sealed.
+ * says so, as the ps do; the frames there are not encrypted and go
+ * through rings in shared memory (local_ring), or, with local_ring off,
+ * through the sockets, and either run ends with the very parameters of
+ * one over TCP with every frame sealed.
  * Over TCP each worker names the cipher: the best this CPU runs by
  * default, the one [cluster] cipher names otherwise, with the same
  * parameters at the end. */
@@ -247,12 +249,24 @@ Test(cluster, local_socket_on_one_host_changes_no_number)
 		cr_assert_not_null(strstr(slurp(out[i]), "workers on this host reach it over the Unix socket"),
 				   "%s", slurp(out[i]));
 	for (int i = 2; i < 4; i++)
-		cr_assert_not_null(strstr(slurp(out[i]), "connected to 2 ps (2 on this host, over a Unix socket);"),
+		cr_assert_not_null(strstr(slurp(out[i]), "connected to 2 ps (2 on this host, over a Unix socket, its bytes through shared memory);"),
 				   "%s", slurp(out[i]));
 	size_t differ = 0;
 	for (size_t i = 0; i < P; i++)
 		differ += memcmp(&tcp[i], &unx[i], sizeof(float)) != 0;
 	cr_assert_eq(differ, 0, "%zu of %zu parameters differ", differ, P);
+	/* The same sockets without rings: every byte through the sockets. */
+	snprintf(extra, sizeof(extra), "local_socket = true\nlocal_ring = false\nsocket_dir = %s/sockets\n",
+		 dir);
+	float *bare = params_run("local-noring", extra, P, out);
+	for (int i = 2; i < 4; i++)
+		cr_assert_not_null(strstr(slurp(out[i]), "connected to 2 ps (2 on this host, over a Unix socket);"),
+				   "%s", slurp(out[i]));
+	differ = 0;
+	for (size_t i = 0; i < P; i++)
+		differ += memcmp(&tcp[i], &bare[i], sizeof(float)) != 0;
+	cr_assert_eq(differ, 0, "without rings: %zu of %zu parameters differ", differ, P);
+	free(bare);
 	/* Each ps removed its socket when it ended. */
 	char sockets[400];
 	snprintf(sockets, sizeof(sockets), "%s/sockets", dir);

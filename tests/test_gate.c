@@ -360,7 +360,7 @@ Test(gate, replayed_greeting_is_never_the_worker)
 static int recv_msg(int fd, struct hs_result *hr, uint8_t *buf, size_t cap, size_t *len)
 {
 	char err[256];
-	return sock_read_frame(fd, &hr->recv, buf, cap, len, 5000, err, sizeof(err));
+	return sock_read_frame(SOCK_FD(fd), &hr->recv, buf, cap, len, 5000, err, sizeof(err));
 }
 
 /* Item 3: a second key holder claiming worker 0 while worker 0's

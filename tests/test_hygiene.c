@@ -428,7 +428,7 @@ struct receiver {
 static void *receive(void *arg)
 {
 	struct receiver *rv = arg;
-	rv->r = pipe_recv(rv->p, rv->fd, rv->rx, NFRAMES, deliver_count, &rv->n, 5000, rv->err,
+	rv->r = pipe_recv(rv->p, SOCK_FD(rv->fd), rv->rx, NFRAMES, deliver_count, &rv->n, 5000, rv->err,
 			  sizeof rv->err);
 	return NULL;
 }
@@ -461,7 +461,7 @@ Test(hygiene, pipe_jobs_wipe_their_key_copies)
 	struct receiver rv = { .p = &rx, .fd = sp[1], .rx = &krx };
 	pthread_t t;
 	cr_assert_eq(pthread_create(&t, NULL, receive, &rv), 0);
-	int r = pipe_send(&tx, sp[0], &ktx, NFRAMES, enc_small, NULL, 5000, e, sizeof e);
+	int r = pipe_send(&tx, SOCK_FD(sp[0]), &ktx, NFRAMES, enc_small, NULL, 5000, e, sizeof e);
 	pthread_join(t, NULL);
 	cr_assert_eq(r, 0, "%s", e);
 	cr_assert_eq(rv.r, 0, "%s", rv.err);

@@ -151,7 +151,7 @@ static int recv_msg(int fd, struct hs_result *hr, uint8_t *buf, size_t *len, con
 {
 	char err[256];
 	for (;;) {
-		int r = sock_read_frame(fd, &hr->recv, buf, FRAME_CT_MAX, len, IO_MS, err, sizeof(err));
+		int r = sock_read_frame(SOCK_FD(fd), &hr->recv, buf, FRAME_CT_MAX, len, IO_MS, err, sizeof(err));
 		cr_assert_eq(r, 0, "no answer to %s: %s", what, err);
 		r = msg_type(buf, *len, err, sizeof(err));
 		cr_assert_geq(r, 0, "%s", err);
@@ -832,7 +832,7 @@ Test(keyholder, error_reaches_a_peer_still_sending)
 	int wr = sock_write_full(fd, burst, at, IO_MS, werr, sizeof(werr));
 	free(burst);
 	static uint8_t buf[FRAME_CT_MAX];
-	int r = sock_read_frame(fd, &hr.recv, buf, FRAME_CT_MAX, &len, IO_MS, err, sizeof(err));
+	int r = sock_read_frame(SOCK_FD(fd), &hr.recv, buf, FRAME_CT_MAX, &len, IO_MS, err, sizeof(err));
 	cr_assert_eq(r, 0, "the ERROR was lost (%s; our writes: %s)", err, wr ? "failed" : "went");
 	cr_assert_eq(msg_type(buf, len, err, sizeof(err)), WIRE_ERROR);
 	struct msg_error me;

@@ -213,7 +213,7 @@ static void *sender_main(void *arg)
 	struct pipe p;
 	s->rc = -ENOMEM;
 	if (buf && pipe_init(&p, pool, buf, FRAME_BYTES_MAX, s->err, sizeof s->err) == 0) {
-		s->rc = pipe_send(&p, s->fd, &s->tx, msg_chunks(s->t.n, WIRE_F32), encode, &s->t, IO_MS,
+		s->rc = pipe_send(&p, SOCK_FD(s->fd), &s->tx, msg_chunks(s->t.n, WIRE_F32), encode, &s->t, IO_MS,
 				  s->err, sizeof s->err);
 		pipe_free(&p);
 	}
@@ -233,7 +233,7 @@ static int receive_placed(int fd, int threads, struct frame_key *rx, struct tens
 	cr_assert_not_null(buf);
 	struct pipe p;
 	cr_assert_eq(pipe_init(&p, pool, buf, FRAME_BYTES_MAX, e, elen), 0, "%s", e);
-	int r = pipe_recv_placed(&p, fd, rx, msg_chunks(x->a.n, WIRE_F32), placed ? &pl : NULL,
+	int r = pipe_recv_placed(&p, SOCK_FD(fd), rx, msg_chunks(x->a.n, WIRE_F32), placed ? &pl : NULL,
 				 deliver, x, IO_MS, e, elen);
 	pipe_free(&p);
 	free(buf);
@@ -337,7 +337,7 @@ static void *seq_sender_main(void *arg)
 	s->rc = pipe_init(&p, pool, buf, FRAME_BYTES_MAX, s->err, sizeof s->err);
 	for (size_t k = 0; k < NSEQ && s->rc == 0; k++) {
 		struct tensor_tx t = { .src = s->src[k], .n = seq_n(k) };
-		s->rc = pipe_send(&p, s->fd, &s->tx, msg_chunks(t.n, WIRE_F32), encode, &t, IO_MS, s->err,
+		s->rc = pipe_send(&p, SOCK_FD(s->fd), &s->tx, msg_chunks(t.n, WIRE_F32), encode, &t, IO_MS, s->err,
 				  sizeof s->err);
 	}
 	pipe_free(&p);
@@ -367,7 +367,7 @@ Test(pipe, one_pipe_many_tensors)
 		struct tensor_rx x;
 		rx_init(&x, seq_n(k));
 		cr_assert_eq(msg_chunks(seq_n(k), WIRE_F32), seq_chunks[k]);
-		int r = pipe_recv(&p, sv[1], &rx, seq_chunks[k], deliver, &x, IO_MS, e, sizeof e);
+		int r = pipe_recv(&p, SOCK_FD(sv[1]), &rx, seq_chunks[k], deliver, &x, IO_MS, e, sizeof e);
 		cr_assert_eq(r, 0, "tensor %zu: %s", k, e);
 		cr_assert(msg_assembly_done(&x.a));
 		cr_assert_eq(memcmp(x.dst, s.src[k], seq_n(k) * sizeof(float)), 0, "tensor %zu", k);
@@ -471,7 +471,7 @@ Test(pipe, parallel_sender_writes_the_serial_bytes)
 			char e[320];
 			cr_assert_eq(pipe_init(&p, pool, buf, FRAME_BYTES_MAX, e, sizeof e), 0, "%s", e);
 			struct tensor_tx t = { .src = src, .n = n };
-			cr_assert_eq(pipe_send(&p, sv[0], &tx, msg_chunks(n, WIRE_F32), encode, &t, IO_MS, e,
+			cr_assert_eq(pipe_send(&p, SOCK_FD(sv[0]), &tx, msg_chunks(n, WIRE_F32), encode, &t, IO_MS, e,
 					       sizeof e), 0, "%s", e);
 			shutdown(sv[0], SHUT_WR);
 			pthread_join(th, NULL);
@@ -784,7 +784,7 @@ Test(pipe, encode_failure_stops_the_send)
 	char e[320] = "";
 	cr_assert_eq(pipe_init(&p, pool, buf, FRAME_BYTES_MAX, e, sizeof e), 0);
 	struct tensor_tx t = { .src = src, .n = n };
-	int r = pipe_send(&p, sv[0], &tx, msg_chunks(n, WIRE_F32), encode_fails_at_3, &t, IO_MS, e, sizeof e);
+	int r = pipe_send(&p, SOCK_FD(sv[0]), &tx, msg_chunks(n, WIRE_F32), encode_fails_at_3, &t, IO_MS, e, sizeof e);
 	cr_assert_eq(r, -EINVAL, "%d: %s", r, e);
 	cr_assert_str_eq(e, "chunk 3 refused");
 	shutdown(sv[0], SHUT_WR);
@@ -825,7 +825,7 @@ Test(pipe, failed_write_moves_the_counter_past_its_frame)
 		char e[320] = "";
 		cr_assert_eq(pipe_init(&p, pool, buf, FRAME_BYTES_MAX, e, sizeof e), 0, "%s", e);
 		struct tensor_tx t = { .src = src, .n = n };
-		int r = pipe_send(&p, sv[0], &tx, msg_chunks(n, WIRE_F32), encode, &t, 200, e, sizeof e);
+		int r = pipe_send(&p, SOCK_FD(sv[0]), &tx, msg_chunks(n, WIRE_F32), encode, &t, 200, e, sizeof e);
 		cr_assert_eq(r, -ETIMEDOUT, "%d threads: %d: %s", threads, r, e);
 		/* What reached the peer: frames 0..whole-1, and the write of
 		 * frame `whole` began (it timed out, with none or some of its

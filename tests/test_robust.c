@@ -342,7 +342,7 @@ static void observer_send(int fd, struct hs_result *hr, const uint8_t *m, size_t
 static int observer_read(int fd, struct hs_result *hr, uint8_t *buf, size_t cap, size_t *len)
 {
 	char err[256];
-	cr_assert_eq(sock_read_frame(fd, &hr->recv, buf, cap, len, IO_MS, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(sock_read_frame(SOCK_FD(fd), &hr->recv, buf, cap, len, IO_MS, err, sizeof(err)), 0, "%s", err);
 	int type = msg_type(buf, *len, err, sizeof(err));
 	cr_assert_gt(type, 0, "%s", err);
 	return type;
@@ -528,7 +528,7 @@ Test(robust, nan_in_a_streamed_push_is_refused_over_the_wire)
 	char err[256];
 	size_t n = target_seal_pull(&hr.send, f, sizeof(f)), len;
 	target_send(fd, f, n);
-	cr_assert_eq(sock_read_frame(fd, &hr.recv, f, sizeof(f), &len, IO_MS, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(sock_read_frame(SOCK_FD(fd), &hr.recv, f, sizeof(f), &len, IO_MS, err, sizeof(err)), 0, "%s", err);
 	struct msg_chunk params;
 	cr_assert_eq(msg_decode_chunk(f, len, &params, err, sizeof(err)), 0, "%s", err);
 	cr_assert_eq(params.type, WIRE_PARAMS);
@@ -544,7 +544,7 @@ Test(robust, nan_in_a_streamed_push_is_refused_over_the_wire)
 	cr_assert_eq(msg_encode_chunk(m, sizeof(m), &ch, g, &len, err, sizeof(err)), 0, "%s", err);
 	cr_assert_eq(frame_seal(&hr.send, f, sizeof(f), m, len, &n, err, sizeof(err)), 0, "%s", err);
 	target_send(fd, f, n);
-	cr_assert_eq(sock_read_frame(fd, &hr.recv, f, sizeof(f), &len, IO_MS, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(sock_read_frame(SOCK_FD(fd), &hr.recv, f, sizeof(f), &len, IO_MS, err, sizeof(err)), 0, "%s", err);
 	struct msg_error me;
 	cr_assert_eq(msg_decode_error(f, len, &me, err, sizeof(err)), 0, "not an ERROR: %s", err);
 	char want[96];

@@ -600,9 +600,9 @@ Test(sock, frames_round_trip_and_rejections)
 
 	/* Round trip, twice (the counters advance together). */
 	for (int i = 0; i < 2; i++) {
-		cr_assert_eq(sock_write_frame(sv[0], &tx, wbuf, cap, msg, sizeof msg, 1000, err,
+		cr_assert_eq(sock_write_frame(SOCK_FD(sv[0]), &tx, wbuf, cap, msg, sizeof msg, 1000, err,
 					      sizeof err), 0, "%s", err);
-		cr_assert_eq(sock_read_frame(sv[1], &rx, rbuf, cap, &n, 1000, err, sizeof err), 0,
+		cr_assert_eq(sock_read_frame(SOCK_FD(sv[1]), &rx, rbuf, cap, &n, 1000, err, sizeof err), 0,
 			     "%s", err);
 		cr_assert_eq(n, sizeof msg);
 		cr_assert_eq(memcmp(rbuf, msg, n), 0);
@@ -614,13 +614,13 @@ Test(sock, frames_round_trip_and_rejections)
 	cr_assert_eq(frame_seal(&tx, wbuf, cap, msg, sizeof msg, &flen, err, sizeof err), 0);
 	wbuf[FRAME_HDR_BYTES + 10] ^= 1;
 	cr_assert_eq(sock_write_full(sv[0], wbuf, flen, 1000, err, sizeof err), 0, "%s", err);
-	cr_assert_eq(sock_read_frame(sv[1], &rx, rbuf, cap, &n, 1000, err, sizeof err), -EBADMSG);
+	cr_assert_eq(sock_read_frame(SOCK_FD(sv[1]), &rx, rbuf, cap, &n, 1000, err, sizeof err), -EBADMSG);
 	cr_assert_eq(rx.counter, 2);
 
 	/* A frame larger than the caller's buffer: -ENOBUFS after the header. */
 	cr_assert_eq(frame_seal(&tx, wbuf, cap, msg, sizeof msg, &flen, err, sizeof err), 0);
 	cr_assert_eq(sock_write_full(sv[0], wbuf, flen, 1000, err, sizeof err), 0, "%s", err);
-	cr_assert_eq(sock_read_frame(sv[1], &rx, rbuf, 100, &n, 1000, err, sizeof err), -ENOBUFS);
+	cr_assert_eq(sock_read_frame(SOCK_FD(sv[1]), &rx, rbuf, 100, &n, 1000, err, sizeof err), -ENOBUFS);
 	close(sv[0]);
 	close(sv[1]);
 
@@ -631,14 +631,14 @@ Test(sock, frames_round_trip_and_rejections)
 	wire_put_u32(hdr, 0xffffffffu);
 	cr_assert_eq(sock_write_full(sv[0], hdr, sizeof hdr, 1000, err, sizeof err), 0, "%s", err);
 	int64_t t0 = now_ms();
-	cr_assert_eq(sock_read_frame(sv[1], &rx, rbuf, cap, &n, 5000, err, sizeof err), -EMSGSIZE);
+	cr_assert_eq(sock_read_frame(SOCK_FD(sv[1]), &rx, rbuf, cap, &n, 5000, err, sizeof err), -EMSGSIZE);
 	cr_assert_lt(now_ms() - t0, 1000);
 
 	/* A truncated frame: the peer closes half way, -EPIPE. */
 	cr_assert_eq(frame_seal(&tx, wbuf, cap, msg, sizeof msg, &flen, err, sizeof err), 0);
 	cr_assert_eq(sock_write_full(sv[0], wbuf, flen / 2, 1000, err, sizeof err), 0, "%s", err);
 	close(sv[0]);
-	cr_assert_eq(sock_read_frame(sv[1], &rx, rbuf, cap, &n, 1000, err, sizeof err), -EPIPE);
+	cr_assert_eq(sock_read_frame(SOCK_FD(sv[1]), &rx, rbuf, cap, &n, 1000, err, sizeof err), -EPIPE);
 	close(sv[1]);
 	frame_key_wipe(&tx);
 	frame_key_wipe(&rx);

@@ -728,7 +728,7 @@ static void kh_expect_error(int fd, struct hs_result *hr, const struct kh_refusa
 	char err[256];
 	int type;
 	do {
-		cr_assert_eq(sock_read_frame(fd, &hr->recv, buf, sizeof(buf), &len, IO_MS, err, sizeof(err)), 0,
+		cr_assert_eq(sock_read_frame(SOCK_FD(fd), &hr->recv, buf, sizeof(buf), &len, IO_MS, err, sizeof(err)), 0,
 			     "%s: no answer: %s", rf->name, err);
 		type = msg_type(buf, len, err, sizeof(err));
 	} while (type == WIRE_HEARTBEAT);

@@ -75,6 +75,7 @@ struct config {
 		int overlap;                /* sync pieces: push while backward runs: CONFIG_OVERLAP_* */
 		int wire_pack;              /* float32 packed on TCP links: CONFIG_OVERLAP_* too */
 		int local_socket;           /* a ps on this host over a Unix socket, unencrypted */
+		int local_ring;             /* and that connection's bytes through shared memory */
 		char socket_dir[DATA_PATH_MAX]; /* where those sockets are; "" = /tmp/pstrain-UID */
 		double peer_timeout;        /* seconds a ps waits for a lost worker to come back */
 		double handshake_timeout;   /* seconds a new connection has to greet a ps */

@@ -36,6 +36,7 @@ const struct key_def config_keys[] = {
 	{ "cluster", "overlap", K_BOOL, OFF(cluster.overlap), 0, 0, 0, AUTO, NULL, "auto" },
 	{ "cluster", "wire_pack", K_BOOL, OFF(cluster.wire_pack), 0, 0, 0, AUTO, NULL, "auto" },
 	{ "cluster", "local_socket", K_BOOL, OFF(cluster.local_socket), 0, 0, 0, 0, NULL, "true" },
+	{ "cluster", "local_ring", K_BOOL, OFF(cluster.local_ring), 0, 0, 0, 0, NULL, "true" },
 	{ "cluster", "socket_dir", K_PATH, OFF(cluster.socket_dir), 0, 0, 0, 0, NULL, "" },
 	{ "cluster", "peer_timeout", K_DOUBLE, OFF(cluster.peer_timeout), 0, 1, 86400, 0, NULL, "60" },
 	{ "cluster", "handshake_timeout", K_DOUBLE, OFF(cluster.handshake_timeout), 0, 0.05, 60, 0, NULL, "1" },

@@ -135,7 +135,8 @@ static int key_is_node_local(const struct key_def *k)
 	       strcmp(k->key, "crypto_threads") == 0 || strcmp(k->key, "listen") == 0 ||
 	       strcmp(k->key, "send_buffer_kib") == 0 || strcmp(k->key, "overlap") == 0 ||
 	       strcmp(k->key, "wire_pack") == 0 ||
-	       strcmp(k->key, "local_socket") == 0 || strcmp(k->key, "cipher") == 0;
+	       strcmp(k->key, "local_socket") == 0 || strcmp(k->key, "local_ring") == 0 ||
+	       strcmp(k->key, "cipher") == 0;
 }
 
 int config_hash(const struct config *c, uint8_t out[CONFIG_HASH_BYTES])

@@ -1,0 +1,479 @@
+/* A connection's bytes through shared memory (net/ring.h has the why and
+ * the protocol). */
+#include "ring.h"
+#include "sock.h"
+#include "../base/err.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define RING_HEAD_PAGE 4096u
+#define RING_FDS 5
+static const char RING_MAGIC[8] = "PSRING1";
+
+/* One direction's counters: the writer's and the reader's on lines of
+ * their own, so that neither end's stores bounce the other's line. */
+struct ring_side {
+	_Alignas(64) _Atomic uint64_t head; /* bytes written */
+	atomic_uint reader_sleeps;
+	_Alignas(64) _Atomic uint64_t tail; /* bytes read */
+	atomic_uint writer_sleeps;
+};
+_Static_assert(ATOMIC_LLONG_LOCK_FREE == 2 && ATOMIC_INT_LOCK_FREE == 2,
+	       "counters shared between processes must be lock-free");
+_Static_assert(2 * sizeof(struct ring_side) <= RING_HEAD_PAGE, "both sides' counters fit a page");
+
+static int cap_ok(uint64_t cap)
+{
+	return cap >= RING_BYTES_MIN && cap <= RING_BYTES_MAX && (cap & (cap - 1)) == 0;
+}
+
+static void ring_clear(struct ring *r, int fd)
+{
+	memset(r, 0, sizeof(*r));
+	r->tx_data = r->tx_space = r->rx_data = r->rx_space = -1;
+	r->fd = fd;
+}
+
+void ring_free(struct ring *r)
+{
+	if (!r->map)
+		return; /* none, or a zeroed struct whose fds are not ours */
+	munmap(r->map, r->map_len);
+	int fds[] = { r->tx_data, r->tx_space, r->rx_data, r->rx_space };
+	for (int i = 0; i < 4; i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
+	ring_clear(r, -1);
+}
+
+/* Direction 0 goes from the client to the server; efd[] are each
+ * direction's data and space eventfds in that order (the offer's). */
+static void ring_wire(struct ring *r, uint8_t *map, size_t cap, int client, const int efd[4])
+{
+	struct ring_side *side = (struct ring_side *)map;
+	int t = client ? 0 : 1;
+	r->map = map;
+	r->map_len = RING_HEAD_PAGE + 2 * cap;
+	r->cap = cap;
+	r->tx = &side[t];
+	r->rx = &side[1 - t];
+	r->txd = map + RING_HEAD_PAGE + (size_t)t * cap;
+	r->rxd = map + RING_HEAD_PAGE + (size_t)(1 - t) * cap;
+	r->tx_data = efd[2 * t];
+	r->tx_space = efd[2 * t + 1];
+	r->rx_data = efd[2 * (1 - t)];
+	r->rx_space = efd[2 * (1 - t) + 1];
+}
+
+static void kick(int efd)
+{
+	uint64_t one = 1;
+	(void)!write(efd, &one, sizeof one); /* full counter: already awake */
+}
+
+/* ---- the offer ------------------------------------------------------------ */
+
+/* The memfd of a ring of cap bytes a direction, every page reserved now
+ * (a full tmpfs then fails here, not as SIGBUS in a step) and sealed
+ * against resizing; -errno. */
+static int ring_memfd(size_t len)
+{
+	int m = memfd_create("pstrain-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (m < 0)
+		return -errno;
+	int r = ftruncate(m, (off_t)len) == 0 ? fallocate(m, 0, 0, (off_t)len) : -1;
+	if (r == 0)
+		r = fcntl(m, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+	if (r != 0) {
+		int e = errno;
+		close(m);
+		return -e;
+	}
+	return m;
+}
+
+static int send_offer(int fd, size_t cap, const int fds[RING_FDS], int timeout_ms)
+{
+	uint8_t offer[RING_OFFER_BYTES] = { 0 };
+	memcpy(offer, RING_MAGIC, sizeof RING_MAGIC);
+	for (int i = 0; i < 4; i++)
+		offer[8 + i] = (uint8_t)((uint64_t)cap >> (8 * i));
+	union {
+		struct cmsghdr h;
+		char b[CMSG_SPACE(sizeof(int) * RING_FDS)];
+	} u;
+	memset(&u, 0, sizeof u);
+	struct iovec v = { offer, sizeof offer };
+	struct msghdr mh = { .msg_iov = &v, .msg_iovlen = 1, .msg_control = u.b,
+			     .msg_controllen = sizeof u.b };
+	struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+	c->cmsg_level = SOL_SOCKET;
+	c->cmsg_type = SCM_RIGHTS;
+	c->cmsg_len = CMSG_LEN(sizeof(int) * RING_FDS);
+	memcpy(CMSG_DATA(c), fds, sizeof(int) * RING_FDS);
+	struct pollfd p = { .fd = fd, .events = POLLOUT };
+	for (;;) {
+		ssize_t n = sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (n == (ssize_t)sizeof offer)
+			return 0;
+		if (n >= 0)
+			return -EIO; /* a fresh Unix socket takes 16 bytes whole */
+		if (errno == EINTR)
+			continue;
+		if (errno != EAGAIN || poll(&p, 1, timeout_ms) <= 0)
+			return -errno;
+	}
+}
+
+static void close_fds(int *fds, int n)
+{
+	for (int i = 0; i < n; i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
+}
+
+int ring_offer(struct ring *r, int fd, size_t cap, int timeout_ms, char *err, size_t errlen)
+{
+	ring_clear(r, fd);
+	cap = cap ? cap : RING_BYTES_DEFAULT;
+	if (!cap_ok(cap))
+		return err_set(err, errlen, -EINVAL, "ring of %zu bytes (a power of two, %u..%u)", cap,
+			       RING_BYTES_MIN, RING_BYTES_MAX);
+	size_t len = RING_HEAD_PAGE + 2 * cap;
+	int fds[RING_FDS] = { -1, -1, -1, -1, -1 }, e = 0;
+	fds[0] = ring_memfd(len);
+	if (fds[0] < 0)
+		e = fds[0];
+	for (int i = 1; i < RING_FDS && !e; i++)
+		if ((fds[i] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0)
+			e = -errno;
+	void *map = e ? MAP_FAILED : mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
+	if (!e && map == MAP_FAILED)
+		e = -errno;
+	if (e) {
+		close_fds(fds, RING_FDS);
+		return err_set(err, errlen, e, "cannot make a ring: %s", strerror(-e));
+	}
+	ring_wire(r, map, cap, 1, fds + 1);
+	e = send_offer(fd, cap, fds, timeout_ms);
+	close(fds[0]); /* the mapping keeps the memory */
+	uint8_t yes = 0;
+	if (e)
+		(void)err_set(err, errlen, e, "cannot offer a ring: %s", strerror(-e));
+	else
+		e = sock_read_full(fd, &yes, 1, timeout_ms, err, errlen);
+	if (e || yes != 1) {
+		ring_free(r);
+		r->fd = fd;
+		if (e)
+			return e;
+		return yes == 0 ? 1 : err_set(err, errlen, -EPROTO, "ring: answer %u (0 or 1)", yes);
+	}
+	return 0;
+}
+
+/* Reads the offer's 16 bytes and the fds that came with it (at most
+ * RING_FDS: more are closed; fewer leave -1s). */
+static int recv_offer(int fd, uint8_t offer[RING_OFFER_BYTES], int fds[RING_FDS], int timeout_ms,
+		      char *err, size_t errlen)
+{
+	union {
+		struct cmsghdr h;
+		char b[CMSG_SPACE(sizeof(int) * (RING_FDS + 3))];
+	} u;
+	struct iovec v = { offer, RING_OFFER_BYTES };
+	struct msghdr mh = { .msg_iov = &v, .msg_iovlen = 1, .msg_control = u.b,
+			     .msg_controllen = sizeof u.b };
+	int64_t deadline = sock_deadline(timeout_ms);
+	ssize_t n;
+	for (;;) {
+		n = recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+		if (n >= 0 || (errno != EAGAIN && errno != EINTR))
+			break;
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		int left = sock_ms_left(deadline);
+		if (left == 0 || (poll(&p, 1, left) < 0 && errno != EINTR))
+			return err_set(err, errlen, -ETIMEDOUT, "no ring offer within %d ms", timeout_ms);
+	}
+	if (n < 0)
+		return err_set(err, errlen, -errno, "reading the ring offer: %s", strerror(errno));
+	int k = 0;
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+			continue;
+		size_t m = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		for (size_t i = 0; i < m; i++) {
+			int f;
+			memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
+			if (k < RING_FDS)
+				fds[k++] = f;
+			else
+				close(f);
+		}
+	}
+	if (n == 0)
+		return err_set(err, errlen, -EPIPE, "peer closed the connection before its ring offer");
+	if ((size_t)n < RING_OFFER_BYTES)
+		return sock_read_full(fd, offer + n, RING_OFFER_BYTES - (size_t)n,
+				      sock_ms_left(deadline), err, errlen);
+	return 0;
+}
+
+/* 1 if f is an eventfd: the kernel names it so in /proc. */
+static int is_eventfd(int f)
+{
+	char path[64], what[64];
+	snprintf(path, sizeof path, "/proc/self/fd/%d", f);
+	ssize_t n = readlink(path, what, sizeof what - 1);
+	if (n < 0)
+		return 0;
+	what[n] = 0;
+	return strcmp(what, "anon_inode:[eventfd]") == 0;
+}
+
+/* What came with an offer of cap bytes, mapped: 0, else why not in err. */
+static int ring_take(struct ring *r, uint64_t cap, const int fds[RING_FDS], char *err,
+		     size_t errlen)
+{
+	struct stat st;
+	size_t len = RING_HEAD_PAGE + 2 * (size_t)cap;
+	int seals = fds[0] >= 0 ? fcntl(fds[0], F_GET_SEALS) : -1;
+	if (!cap_ok(cap))
+		return err_set(err, errlen, -EINVAL, "a ring of %" PRIu64 " bytes", cap);
+	if (fds[0] < 0 || fstat(fds[0], &st) != 0 || !S_ISREG(st.st_mode) ||
+	    (uint64_t)st.st_size != len || seals < 0 || !(seals & F_SEAL_SHRINK))
+		return err_set(err, errlen, -EINVAL, "its memory is not a sealed memfd of %zu bytes", len);
+	for (int i = 1; i < RING_FDS; i++)
+		if (fds[i] < 0 || !is_eventfd(fds[i]))
+			return err_set(err, errlen, -EINVAL, "its fd %d is not an eventfd", i);
+	void *map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
+	if (map == MAP_FAILED)
+		return err_set(err, errlen, -errno, "cannot map it: %s", strerror(errno));
+	ring_wire(r, map, (size_t)cap, 0, fds + 1);
+	return 0;
+}
+
+int ring_accept(struct ring *r, int fd, int timeout_ms, char *err, size_t errlen)
+{
+	ring_clear(r, fd);
+	uint8_t offer[RING_OFFER_BYTES];
+	int fds[RING_FDS] = { -1, -1, -1, -1, -1 };
+	int e = recv_offer(fd, offer, fds, timeout_ms, err, errlen);
+	uint32_t cap = 0, zero = 0;
+	for (int i = 0; i < 4; i++) {
+		cap |= (uint32_t)offer[8 + i] << (8 * i);
+		zero |= (uint32_t)offer[12 + i] << (8 * i);
+	}
+	if (!e && (memcmp(offer, RING_MAGIC, sizeof RING_MAGIC) != 0 || zero != 0))
+		e = err_set(err, errlen, -EPROTO, "not a ring offer");
+	if (e) {
+		close_fds(fds, RING_FDS);
+		return e;
+	}
+	char why[200];
+	int took = ring_take(r, cap, fds, why, sizeof why);
+	close(fds[0]);
+	if (took)
+		close_fds(fds + 1, RING_FDS - 1);
+	uint8_t yes = took ? 0 : 1;
+	e = sock_write_full(fd, &yes, 1, timeout_ms, err, errlen);
+	if (e || took) {
+		ring_free(r);
+		r->fd = fd;
+		if (!e)
+			(void)err_set(err, errlen, 1, "the ring offered is not usable: %s", why);
+		return e ? e : 1;
+	}
+	return 0;
+}
+
+/* ---- reads and writes ----------------------------------------------------- */
+
+/* Sleeps until the peer kicks efd, the socket reports one of events (or
+ * hangs up), or the deadline: the flag first, then one more look at the
+ * peer's counter (it may have moved since the caller's look; the peer
+ * stores it, then reads the flag: one of the two sees the other), then
+ * poll. 0: look again; 1: the socket has news; -ETIMEDOUT; or poll's
+ * errno. */
+static int ring_wait(struct ring *r, int efd, atomic_uint *sleeps, _Atomic uint64_t *ctr,
+		     uint64_t seen, short events, int64_t deadline)
+{
+	atomic_store(sleeps, 1);
+	if (atomic_load(ctr) != seen) {
+		atomic_store(sleeps, 0);
+		return 0;
+	}
+	int left = sock_ms_left(deadline);
+	struct pollfd p[2] = { { .fd = efd, .events = POLLIN }, { .fd = r->fd, .events = events } };
+	int k = left == 0 ? 0 : poll(p, 2, left);
+	atomic_store(sleeps, 0);
+	if (k < 0)
+		return errno == EINTR ? 0 : -errno;
+	if (k == 0)
+		return -ETIMEDOUT;
+	if (p[0].revents & POLLIN) {
+		uint64_t v;
+		(void)!read(efd, &v, sizeof v);
+	}
+	return p[1].revents ? 1 : 0;
+}
+
+/* Wakes the peer if it sleeps on the counter we just stored. */
+static void ring_wake(atomic_uint *sleeps, int efd)
+{
+	atomic_thread_fence(memory_order_seq_cst);
+	if (atomic_load_explicit(sleeps, memory_order_relaxed) && atomic_exchange(sleeps, 0))
+		kick(efd);
+}
+
+static size_t iov_len(const struct iovec *iov, int n)
+{
+	size_t len = 0;
+	for (int i = 0; i < n; i++)
+		len += iov[i].iov_len;
+	return len;
+}
+
+/* The socket was readable while the ring was empty: the peer closed (or
+ * we shut the reading half), or it wrote bytes there, which a ring's
+ * socket never carries. */
+static int ring_sock_news(int fd, size_t done, size_t len, char *err, size_t errlen)
+{
+	uint8_t b;
+	ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+	if (n == 0)
+		return err_set(err, errlen, -EPIPE, "peer closed the connection after %zu of %zu bytes",
+			       done, len);
+	if (n > 0)
+		return err_set(err, errlen, -EPROTO, "bytes on the socket of a ring");
+	if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+		return 0;
+	return err_set(err, errlen, -errno, "read failed after %zu of %zu bytes: %s", done, len,
+		       strerror(errno));
+}
+
+int ring_read_iov(struct ring *r, const struct iovec *iov, int n, int timeout_ms, char *err,
+		  size_t errlen)
+{
+	if (n < 1 || n > SOCK_IOV_MAX)
+		return err_set(err, errlen, -EINVAL, "read of %d parts (1..%d)", n, SOCK_IOV_MAX);
+	struct ring_side *s = r->rx;
+	size_t len = iov_len(iov, n), done = 0, off = 0;
+	int64_t deadline = sock_deadline(timeout_ms);
+	uint64_t tail = atomic_load_explicit(&s->tail, memory_order_relaxed);
+	for (int at = 0; at < n;) {
+		size_t want = iov[at].iov_len - off;
+		if (want == 0) {
+			at++;
+			off = 0;
+			continue;
+		}
+		if (atomic_load_explicit(&r->shut_rd, memory_order_relaxed))
+			return err_set(err, errlen, -EPIPE, "connection shut down after %zu of %zu bytes",
+				       done, len);
+		uint64_t avail = atomic_load_explicit(&s->head, memory_order_acquire) - tail;
+		if (avail > r->cap)
+			return err_set(err, errlen, -EPROTO, "ring out of order: %" PRIu64
+				       " bytes in flight, %zu fit", avail, r->cap);
+		if (avail == 0) {
+			int w = ring_wait(r, r->rx_data, &s->reader_sleeps, &s->head, tail, POLLIN,
+					  deadline);
+			if (w == -ETIMEDOUT)
+				return err_set(err, errlen, w, "read timed out after %d ms with %zu of %zu bytes",
+					       timeout_ms, done, len);
+			if (w < 0)
+				return err_set(err, errlen, w, "read: poll: %s", strerror(-w));
+			if (w == 1 && atomic_load(&s->head) == tail &&
+			    (w = ring_sock_news(r->fd, done, len, err, errlen)) < 0)
+				return w;
+			continue;
+		}
+		size_t k = want < avail ? want : (size_t)avail;
+		size_t at0 = (size_t)(tail & (r->cap - 1)), first = r->cap - at0 < k ? r->cap - at0 : k;
+		uint8_t *dst = (uint8_t *)iov[at].iov_base + off;
+		memcpy(dst, r->rxd + at0, first);
+		memcpy(dst + first, r->rxd, k - first);
+		tail += k;
+		off += k;
+		done += k;
+		atomic_store_explicit(&s->tail, tail, memory_order_release);
+		ring_wake(&s->writer_sleeps, r->rx_space);
+	}
+	return 0;
+}
+
+int ring_write_iov(struct ring *r, const struct iovec *iov, int n, int timeout_ms, char *err,
+		   size_t errlen)
+{
+	if (n < 1 || n > SOCK_IOV_MAX)
+		return err_set(err, errlen, -EINVAL, "write of %d parts (1..%d)", n, SOCK_IOV_MAX);
+	struct ring_side *s = r->tx;
+	size_t len = iov_len(iov, n), done = 0, off = 0;
+	int64_t deadline = sock_deadline(timeout_ms);
+	uint64_t head = atomic_load_explicit(&s->head, memory_order_relaxed);
+	for (int at = 0; at < n;) {
+		size_t want = iov[at].iov_len - off;
+		if (want == 0) {
+			at++;
+			off = 0;
+			continue;
+		}
+		if (atomic_load_explicit(&r->shut_wr, memory_order_relaxed))
+			return err_set(err, errlen, -EPIPE, "connection shut down after %zu of %zu bytes",
+				       done, len);
+		uint64_t tail = atomic_load_explicit(&s->tail, memory_order_acquire);
+		if (head - tail > r->cap)
+			return err_set(err, errlen, -EPROTO, "ring out of order: %" PRIu64
+				       " bytes in flight, %zu fit", head - tail, r->cap);
+		uint64_t space = r->cap - (head - tail);
+		if (space == 0) {
+			/* events 0: only a hang-up (both halves shut: the peer is
+			 * gone, or we shut it all) ends a wait for room. */
+			int w = ring_wait(r, r->tx_space, &s->writer_sleeps, &s->tail, tail, 0, deadline);
+			if (w == 1)
+				return err_set(err, errlen, -EPIPE,
+					       "peer closed the connection after %zu of %zu bytes", done, len);
+			if (w == -ETIMEDOUT)
+				return err_set(err, errlen, w, "write timed out after %d ms with %zu of %zu bytes",
+					       timeout_ms, done, len);
+			if (w < 0)
+				return err_set(err, errlen, w, "write: poll: %s", strerror(-w));
+			continue;
+		}
+		size_t k = want < space ? want : (size_t)space;
+		size_t at0 = (size_t)(head & (r->cap - 1)), first = r->cap - at0 < k ? r->cap - at0 : k;
+		const uint8_t *src = (const uint8_t *)iov[at].iov_base + off;
+		memcpy(r->txd + at0, src, first);
+		memcpy(r->txd, src + first, k - first);
+		head += k;
+		off += k;
+		done += k;
+		atomic_store_explicit(&s->head, head, memory_order_release);
+		ring_wake(&s->reader_sleeps, r->tx_data);
+	}
+	return 0;
+}
+
+void ring_shutdown(struct ring *r, int how)
+{
+	if (!r->map)
+		return;
+	if (how == SHUT_RD || how == SHUT_RDWR) {
+		atomic_store(&r->shut_rd, 1);
+		kick(r->rx_data);
+	}
+	if (how == SHUT_WR || how == SHUT_RDWR) {
+		atomic_store(&r->shut_wr, 1);
+		kick(r->tx_space);
+	}
+}

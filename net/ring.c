@@ -102,6 +102,8 @@ static int ring_memfd(size_t len)
 	return m;
 }
 
+/* The offer of a ring of cap bytes with its descriptors, or of none (cap
+ * 0, fds NULL). */
 static int send_offer(int fd, size_t cap, const int fds[RING_FDS], int timeout_ms)
 {
 	uint8_t offer[RING_OFFER_BYTES] = { 0 };
@@ -114,13 +116,16 @@ static int send_offer(int fd, size_t cap, const int fds[RING_FDS], int timeout_m
 	} u;
 	memset(&u, 0, sizeof u);
 	struct iovec v = { offer, sizeof offer };
-	struct msghdr mh = { .msg_iov = &v, .msg_iovlen = 1, .msg_control = u.b,
-			     .msg_controllen = sizeof u.b };
-	struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-	c->cmsg_level = SOL_SOCKET;
-	c->cmsg_type = SCM_RIGHTS;
-	c->cmsg_len = CMSG_LEN(sizeof(int) * RING_FDS);
-	memcpy(CMSG_DATA(c), fds, sizeof(int) * RING_FDS);
+	struct msghdr mh = { .msg_iov = &v, .msg_iovlen = 1 };
+	if (fds) {
+		mh.msg_control = u.b;
+		mh.msg_controllen = sizeof u.b;
+		struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(sizeof(int) * RING_FDS);
+		memcpy(CMSG_DATA(c), fds, sizeof(int) * RING_FDS);
+	}
 	struct pollfd p = { .fd = fd, .events = POLLOUT };
 	for (;;) {
 		ssize_t n = sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -142,6 +147,28 @@ static void close_fds(int *fds, int n)
 			close(fds[i]);
 }
 
+/* The ring's memory and eventfds in fds (fds[0] the memfd), mapped at
+ * *map: 0, or -errno with nothing left open. */
+static int ring_make(size_t len, int fds[RING_FDS], void **map)
+{
+	int e = 0;
+	fds[0] = ring_memfd(len);
+	if (fds[0] < 0)
+		e = fds[0];
+	for (int i = 1; i < RING_FDS && !e; i++)
+		if ((fds[i] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0)
+			e = -errno;
+	*map = e ? MAP_FAILED : mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
+	if (!e && *map == MAP_FAILED)
+		e = -errno;
+	if (e) {
+		close_fds(fds, RING_FDS);
+		for (int i = 0; i < RING_FDS; i++)
+			fds[i] = -1;
+	}
+	return e;
+}
+
 int ring_offer(struct ring *r, int fd, size_t cap, int timeout_ms, char *err, size_t errlen)
 {
 	ring_clear(r, fd);
@@ -149,37 +176,32 @@ int ring_offer(struct ring *r, int fd, size_t cap, int timeout_ms, char *err, si
 	if (!cap_ok(cap))
 		return err_set(err, errlen, -EINVAL, "ring of %zu bytes (a power of two, %u..%u)", cap,
 			       RING_BYTES_MIN, RING_BYTES_MAX);
-	size_t len = RING_HEAD_PAGE + 2 * cap;
-	int fds[RING_FDS] = { -1, -1, -1, -1, -1 }, e = 0;
-	fds[0] = ring_memfd(len);
-	if (fds[0] < 0)
-		e = fds[0];
-	for (int i = 1; i < RING_FDS && !e; i++)
-		if ((fds[i] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0)
-			e = -errno;
-	void *map = e ? MAP_FAILED : mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
-	if (!e && map == MAP_FAILED)
-		e = -errno;
-	if (e) {
-		close_fds(fds, RING_FDS);
-		return err_set(err, errlen, e, "cannot make a ring: %s", strerror(-e));
-	}
-	ring_wire(r, map, cap, 1, fds + 1);
-	e = send_offer(fd, cap, fds, timeout_ms);
-	close(fds[0]); /* the mapping keeps the memory */
+	int fds[RING_FDS] = { -1, -1, -1, -1, -1 };
+	void *map = NULL;
+	/* A ring we cannot make is still offered, as none (0 bytes, no
+	 * descriptors): the ps waits for an offer since our greeting. */
+	int made = ring_make(RING_HEAD_PAGE + 2 * cap, fds, &map);
+	if (!made)
+		ring_wire(r, map, cap, 1, fds + 1);
+	int e = send_offer(fd, made ? 0 : cap, made ? NULL : fds, timeout_ms);
+	if (!made)
+		close(fds[0]); /* the mapping keeps the memory */
 	uint8_t yes = 0;
 	if (e)
 		(void)err_set(err, errlen, e, "cannot offer a ring: %s", strerror(-e));
 	else
 		e = sock_read_full(fd, &yes, 1, timeout_ms, err, errlen);
-	if (e || yes != 1) {
-		ring_free(r);
-		r->fd = fd;
-		if (e)
-			return e;
-		return yes == 0 ? 1 : err_set(err, errlen, -EPROTO, "ring: answer %u (0 or 1)", yes);
-	}
-	return 0;
+	if (!e && !made && yes == 1)
+		return 0;
+	ring_free(r);
+	r->fd = fd;
+	if (e)
+		return e;
+	if (yes > 1)
+		return err_set(err, errlen, -EPROTO, "ring: answer %u (0 or 1)", yes);
+	if (made)
+		return err_set(err, errlen, 1, "cannot make a ring: %s", strerror(-made));
+	return err_set(err, errlen, 1, "the ps did not take the ring offered (its log says why)");
 }
 
 /* Reads the offer's 16 bytes and the fds that came with it (at most
@@ -248,6 +270,8 @@ static int ring_take(struct ring *r, uint64_t cap, const int fds[RING_FDS], char
 	struct stat st;
 	size_t len = RING_HEAD_PAGE + 2 * (size_t)cap;
 	int seals = fds[0] >= 0 ? fcntl(fds[0], F_GET_SEALS) : -1;
+	if (cap == 0)
+		return err_set(err, errlen, -EINVAL, "the worker could not make one (its log says why)");
 	if (!cap_ok(cap))
 		return err_set(err, errlen, -EINVAL, "a ring of %" PRIu64 " bytes", cap);
 	if (fds[0] < 0 || fstat(fds[0], &st) != 0 || !S_ISREG(st.st_mode) ||

@@ -70,11 +70,11 @@ struct ring {
 
 /* Client: makes a ring of cap bytes a direction (0: RING_BYTES_DEFAULT)
  * for the Unix socket fd, sends the offer and waits up to timeout_ms for
- * the answer. 0: the ring carries the connection from now on; 1: the ps
- * said no (r stays empty: stay on the socket); negative: the offer could
- * not be sent or answered (the connection is lost), or the ring could not
- * be made (-ENOMEM, -EMFILE...: r empty, the socket untouched, stay on
- * it). */
+ * the answer. 0: the ring carries the connection from now on; 1: it does
+ * not, why in err (the ps said no, or the ring could not be made, and
+ * was offered as none): r stays empty, stay on the socket; negative: the
+ * offer could not be sent or answered (the connection is lost), or cap
+ * is out of range (-EINVAL, nothing sent). */
 RING_MUST_CHECK int ring_offer(struct ring *r, int fd, size_t cap, int timeout_ms, char *err,
 			       size_t errlen);
 

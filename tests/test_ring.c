@@ -22,6 +22,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -387,4 +388,41 @@ Test(ring, what_is_not_an_offer_is_refused)
 			close(sv[0]);
 		close(sv[1]);
 	}
+}
+
+/* A worker that cannot make its ring (no file descriptors left here)
+ * still offers, as none, and both ends stay on the socket, each saying
+ * why; the connection is not lost. */
+Test(ring, a_ring_that_cannot_be_made_is_offered_as_none)
+{
+	int sv[2];
+	cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	struct acceptor a = { .fd = sv[1] };
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, accept_main, &a), 0);
+	struct rlimit was, now;
+	cr_assert_eq(getrlimit(RLIMIT_NOFILE, &was), 0);
+	int lowest = dup(0);
+	cr_assert_geq(lowest, 0);
+	close(lowest);
+	now = was;
+	now.rlim_cur = (rlim_t)lowest + 1; /* the memfd, then no eventfd */
+	cr_assert_eq(setrlimit(RLIMIT_NOFILE, &now), 0);
+	struct ring r;
+	char err[256] = "";
+	int rc = ring_offer(&r, sv[0], 0, IO_MS, err, sizeof err);
+	cr_assert_eq(setrlimit(RLIMIT_NOFILE, &was), 0);
+	pthread_join(t, NULL);
+	cr_assert_eq(rc, 1, "rc %d (%s)", rc, err);
+	cr_assert_null(r.map);
+	cr_assert_not_null(strstr(err, "cannot make a ring"), "%s", err);
+	cr_assert_eq(a.rc, 1, "accept: rc %d (%s)", a.rc, a.err);
+	cr_assert_not_null(strstr(a.err, "the worker could not make one"), "%s", a.err);
+	/* The socket still carries bytes both ways. */
+	uint8_t b = 7;
+	cr_assert_eq(write(sv[0], &b, 1), 1);
+	cr_assert_eq(read(sv[1], &b, 1), 1);
+	cr_assert_eq(b, 7);
+	close(sv[0]);
+	close(sv[1]);
 }

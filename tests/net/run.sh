@@ -466,7 +466,7 @@ test_beside() {
 	for n in 0 1; do
 		grep -q "ps $n: workers on this host reach it over the Unix socket $T/sockets/ps-$(lab_ip "$n"):2222.sock" "$d/ps$n.1.log" ||
 			{ fail beside "ps $n did not listen on its Unix socket" "beside/ps$n.1"; return; }
-		grep -q "worker $n.*: connected to 2 ps (1 on this host, over a Unix socket[;)]" "$d/w$n.1.log" ||
+		grep -q "worker $n.*: connected to 2 ps (1 on this host, over a Unix socket, its bytes through shared memory[;)]" "$d/w$n.1.log" ||
 			{ fail beside "worker $n did not reach exactly its own ps over the Unix socket" "beside/w$n.1"; return; }
 		grep -q "ps $n: all 2 workers done: version 468, 936 gradients applied, 0 dropped as stale" "$d/ps$n.1.log" ||
 			{ fail beside "ps $n did not apply 2 x 468 gradients" "beside/ps$n.1"; return; }

@@ -4,7 +4,9 @@
  * writer blocked on a full ring ends when the peer goes, or when its own
  * connection is shut down from another thread, and so does a reader; a
  * read with nothing to read times out; counters a peer corrupted end the
- * connection with -EPROTO, never a read out of bounds; and a ps answers
+ * connection with -EPROTO, never a read out of bounds, and a peer that
+ * writes at random all over the shared pages meanwhile cannot crash us
+ * (ASan's build) or hold a call past its deadline; and a ps answers
  * "no" to an offer whose memory is not a sealed memfd of the right size,
  * whose eventfds are not eventfds or whose size is not a power of two,
  * and refuses one that is not an offer at all. Sockets are AF_UNIX
@@ -425,4 +427,73 @@ Test(ring, a_ring_that_cannot_be_made_is_offered_as_none)
 	cr_assert_eq(b, 7);
 	close(sv[0]);
 	close(sv[1]);
+}
+
+struct scribbler {
+	uint8_t *map;
+	size_t len;
+	atomic_int stop;
+};
+
+static void *scribble_main(void *arg)
+{
+	struct scribbler *s = arg;
+	uint64_t x = 88172645463325252ull;
+	while (!atomic_load(&s->stop)) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		/* Data anywhere, and now and then a counter or a flag: a
+		 * value that may or may not be in range, so that calls copy
+		 * garbage as well as fail. */
+		size_t at = (size_t)(x % (s->len / 8)) * 8;
+		uint64_t v = x;
+		if ((x >> 54) == 0) {
+			at = (size_t)((x >> 32) % 4) * 64 + (size_t)((x >> 40) % 2) * 128;
+			v = (x >> 8) % (4 * RING_BYTES_MIN);
+		}
+		memcpy(s->map + at, &v, sizeof v);
+		if (v != x && (x & 1)) { /* or a state that holds together: a side's tail at its head */
+			size_t side = (size_t)((x >> 1) % 2) * 128;
+			memcpy(s->map + side + 64, s->map + side, sizeof v);
+		}
+		if (v != x)
+			usleep(1000); /* a state, good or bad, that calls meet */
+	}
+	return NULL;
+}
+
+/* A peer that writes at random all over the shared pages while we read
+ * and write: every call returns (data, -EPROTO, a timeout), none reads
+ * or writes out of bounds (ASan's build) or hangs past its deadline. */
+Test(ring, a_peer_scribbling_on_the_ring_cannot_crash_us)
+{
+	struct ring cl, sv;
+	int fds[2];
+	ring_pair(&cl, &sv, fds, RING_BYTES_MIN);
+	struct scribbler s = { .map = cl.map, .len = cl.map_len };
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, scribble_main, &s), 0);
+	uint8_t *buf = malloc(3 * RING_BYTES_MIN);
+	cr_assert_not_null(buf);
+	int got[3] = { 0 };
+	double end = now_s() + 0.5;
+	for (int k = 0; now_s() < end; k++) {
+		struct iovec v = { buf, 1 + ((size_t)k * 7919u) % 4096 };
+		char err[256] = "";
+		double t0 = now_s();
+		int rc = k % 2 ? ring_read_iov(&sv, &v, 1, 20, err, sizeof err) :
+				 ring_write_iov(&sv, &v, 1, 20, err, sizeof err);
+		cr_assert_lt(now_s() - t0, 2.0, "a call took %.2f s", now_s() - t0);
+		cr_assert(rc == 0 || rc == -EPROTO || rc == -ETIMEDOUT, "rc %d: %s", rc, err);
+		got[rc == 0 ? 0 : rc == -EPROTO ? 1 : 2]++;
+	}
+	atomic_store(&s.stop, 1);
+	pthread_join(t, NULL);
+	cr_log_info("ring: scribbled on: %d calls returned, %d out of order, %d timed out", got[0],
+		    got[1], got[2]);
+	cr_assert_gt(got[1], 0, "no call saw the counters out of order");
+	cr_assert_gt(got[0], 0, "no call copied anything");
+	free(buf);
+	pair_free(&cl, &sv, fds);
 }

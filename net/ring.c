@@ -386,15 +386,25 @@ static int ring_sock_news(int fd, size_t done, size_t len, char *err, size_t err
 		       strerror(errno));
 }
 
-int ring_read_iov(struct ring *r, const struct iovec *iov, int n, int timeout_ms, char *err,
-		  size_t errlen)
+/* ring_read_iov and ring_write_iov: one loop, the counters' roles
+ * swapped. Ours (the reader's tail, the writer's head) only we move; the
+ * peer's we read each turn, and whatever it says, a copy stays inside the
+ * ring: more in flight than the ring holds is -EPROTO. */
+static int ring_move(struct ring *r, const struct iovec *iov, int n, int timeout_ms, int writing,
+		     char *err, size_t errlen)
 {
+	const char *verb = writing ? "write" : "read";
 	if (n < 1 || n > SOCK_IOV_MAX)
-		return err_set(err, errlen, -EINVAL, "read of %d parts (1..%d)", n, SOCK_IOV_MAX);
-	struct ring_side *s = r->rx;
+		return err_set(err, errlen, -EINVAL, "%s of %d parts (1..%d)", verb, n, SOCK_IOV_MAX);
+	struct ring_side *s = writing ? r->tx : r->rx;
+	_Atomic uint64_t *mine = writing ? &s->head : &s->tail, *theirs = writing ? &s->tail : &s->head;
+	atomic_uint *sleeps = writing ? &s->writer_sleeps : &s->reader_sleeps;
+	atomic_uint *wakes = writing ? &s->reader_sleeps : &s->writer_sleeps;
+	atomic_int *shut = writing ? &r->shut_wr : &r->shut_rd;
+	uint8_t *data = writing ? r->txd : r->rxd;
 	size_t len = iov_len(iov, n), done = 0, off = 0;
 	int64_t deadline = sock_deadline(timeout_ms);
-	uint64_t tail = atomic_load_explicit(&s->tail, memory_order_relaxed);
+	uint64_t pos = atomic_load_explicit(mine, memory_order_relaxed);
 	for (int at = 0; at < n;) {
 		size_t want = iov[at].iov_len - off;
 		if (want == 0) {
@@ -402,90 +412,63 @@ int ring_read_iov(struct ring *r, const struct iovec *iov, int n, int timeout_ms
 			off = 0;
 			continue;
 		}
-		if (atomic_load_explicit(&r->shut_rd, memory_order_relaxed))
+		if (atomic_load_explicit(shut, memory_order_relaxed))
 			return err_set(err, errlen, -EPIPE, "connection shut down after %zu of %zu bytes",
 				       done, len);
-		uint64_t avail = atomic_load_explicit(&s->head, memory_order_acquire) - tail;
-		if (avail > r->cap)
+		uint64_t other = atomic_load_explicit(theirs, memory_order_acquire);
+		uint64_t held = writing ? pos - other : other - pos;
+		if (held > r->cap)
 			return err_set(err, errlen, -EPROTO, "ring out of order: %" PRIu64
-				       " bytes in flight, %zu fit", avail, r->cap);
-		if (avail == 0) {
-			int w = ring_wait(r, r->rx_data, &s->reader_sleeps, &s->head, tail, POLLIN,
-					  deadline);
+				       " bytes in flight, %zu fit", held, r->cap);
+		uint64_t ready = writing ? r->cap - held : held;
+		if (ready == 0) {
+			/* A reader wakes for the socket's end (after what is in
+			 * the ring); a writer (events 0) only for a hang-up: both
+			 * halves shut, the peer gone or we shut it all. */
+			int w = ring_wait(r, writing ? r->tx_space : r->rx_data, sleeps, theirs, other,
+					  writing ? 0 : POLLIN, deadline);
 			if (w == -ETIMEDOUT)
-				return err_set(err, errlen, w, "read timed out after %d ms with %zu of %zu bytes",
-					       timeout_ms, done, len);
+				return err_set(err, errlen, w, "%s timed out after %d ms with %zu of %zu bytes",
+					       verb, timeout_ms, done, len);
 			if (w < 0)
-				return err_set(err, errlen, w, "read: poll: %s", strerror(-w));
-			if (w == 1 && atomic_load(&s->head) == tail &&
+				return err_set(err, errlen, w, "%s: poll: %s", verb, strerror(-w));
+			if (w == 1 && writing)
+				return err_set(err, errlen, -EPIPE,
+					       "peer closed the connection after %zu of %zu bytes", done, len);
+			if (w == 1 && atomic_load(theirs) == other &&
 			    (w = ring_sock_news(r->fd, done, len, err, errlen)) < 0)
 				return w;
 			continue;
 		}
-		size_t k = want < avail ? want : (size_t)avail;
-		size_t at0 = (size_t)(tail & (r->cap - 1)), first = r->cap - at0 < k ? r->cap - at0 : k;
-		uint8_t *dst = (uint8_t *)iov[at].iov_base + off;
-		memcpy(dst, r->rxd + at0, first);
-		memcpy(dst + first, r->rxd, k - first);
-		tail += k;
+		size_t k = want < ready ? want : (size_t)ready;
+		size_t at0 = (size_t)(pos & (r->cap - 1)), first = r->cap - at0 < k ? r->cap - at0 : k;
+		uint8_t *p = (uint8_t *)iov[at].iov_base + off;
+		if (writing) {
+			memcpy(data + at0, p, first);
+			memcpy(data, p + first, k - first);
+		} else {
+			memcpy(p, data + at0, first);
+			memcpy(p + first, data, k - first);
+		}
+		pos += k;
 		off += k;
 		done += k;
-		atomic_store_explicit(&s->tail, tail, memory_order_release);
-		ring_wake(&s->writer_sleeps, r->rx_space);
+		atomic_store_explicit(mine, pos, memory_order_release);
+		ring_wake(wakes, writing ? r->tx_data : r->rx_space);
 	}
 	return 0;
+}
+
+int ring_read_iov(struct ring *r, const struct iovec *iov, int n, int timeout_ms, char *err,
+		  size_t errlen)
+{
+	return ring_move(r, iov, n, timeout_ms, 0, err, errlen);
 }
 
 int ring_write_iov(struct ring *r, const struct iovec *iov, int n, int timeout_ms, char *err,
 		   size_t errlen)
 {
-	if (n < 1 || n > SOCK_IOV_MAX)
-		return err_set(err, errlen, -EINVAL, "write of %d parts (1..%d)", n, SOCK_IOV_MAX);
-	struct ring_side *s = r->tx;
-	size_t len = iov_len(iov, n), done = 0, off = 0;
-	int64_t deadline = sock_deadline(timeout_ms);
-	uint64_t head = atomic_load_explicit(&s->head, memory_order_relaxed);
-	for (int at = 0; at < n;) {
-		size_t want = iov[at].iov_len - off;
-		if (want == 0) {
-			at++;
-			off = 0;
-			continue;
-		}
-		if (atomic_load_explicit(&r->shut_wr, memory_order_relaxed))
-			return err_set(err, errlen, -EPIPE, "connection shut down after %zu of %zu bytes",
-				       done, len);
-		uint64_t tail = atomic_load_explicit(&s->tail, memory_order_acquire);
-		if (head - tail > r->cap)
-			return err_set(err, errlen, -EPROTO, "ring out of order: %" PRIu64
-				       " bytes in flight, %zu fit", head - tail, r->cap);
-		uint64_t space = r->cap - (head - tail);
-		if (space == 0) {
-			/* events 0: only a hang-up (both halves shut: the peer is
-			 * gone, or we shut it all) ends a wait for room. */
-			int w = ring_wait(r, r->tx_space, &s->writer_sleeps, &s->tail, tail, 0, deadline);
-			if (w == 1)
-				return err_set(err, errlen, -EPIPE,
-					       "peer closed the connection after %zu of %zu bytes", done, len);
-			if (w == -ETIMEDOUT)
-				return err_set(err, errlen, w, "write timed out after %d ms with %zu of %zu bytes",
-					       timeout_ms, done, len);
-			if (w < 0)
-				return err_set(err, errlen, w, "write: poll: %s", strerror(-w));
-			continue;
-		}
-		size_t k = want < space ? want : (size_t)space;
-		size_t at0 = (size_t)(head & (r->cap - 1)), first = r->cap - at0 < k ? r->cap - at0 : k;
-		const uint8_t *src = (const uint8_t *)iov[at].iov_base + off;
-		memcpy(r->txd + at0, src, first);
-		memcpy(r->txd, src + first, k - first);
-		head += k;
-		off += k;
-		done += k;
-		atomic_store_explicit(&s->head, head, memory_order_release);
-		ring_wake(&s->reader_sleeps, r->tx_data);
-	}
-	return 0;
+	return ring_move(r, iov, n, timeout_ms, 1, err, errlen);
 }
 
 void ring_shutdown(struct ring *r, int how)

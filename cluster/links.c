@@ -147,12 +147,13 @@ void links_close(struct links *lk)
 
 int links_local(const struct links *lk, int *rings)
 {
-	int n = 0;
-	*rings = 0;
+	int n = 0, r = 0;
 	for (int k = 0; lk->ln && k < lk->nps; k++) {
 		n += lk->ln[k].conn.fd >= 0 && lk->ln[k].unx;
-		*rings += lk->ln[k].conn.fd >= 0 && lk->ln[k].conn.ring.map;
+		r += lk->ln[k].conn.fd >= 0 && lk->ln[k].conn.ring.map;
 	}
+	if (rings)
+		*rings = r;
 	return n;
 }
 

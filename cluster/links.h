@@ -72,7 +72,8 @@ int links_connect(struct links *lk, char *err, size_t errlen);
 int links_connect_one(struct links *lk, int k, int timeout_ms, char *err, size_t errlen);
 void links_disconnect(struct links *lk);
 /* How many of the ps links are Unix sockets ([cluster] local_socket), and
- * in *rings how many of those move their bytes through a ring (local_ring). */
+ * in *rings (unless NULL) how many of those move their bytes through a ring
+ * (local_ring). */
 int links_local(const struct links *lk, int *rings);
 /* The cipher the ps links that are sealed use ([cluster] cipher and what
  * both ends' CPUs run): its name, "several" when they differ, NULL when no

@@ -538,11 +538,12 @@ int ps_conn_run(struct ps_conn *cn)
 	cn->first_pull = 1;
 	/* Before anything is sent on it: a ring offered carries every byte. */
 	int ring = conn_ring_accept(&cn->conn, ROLE_HANDSHAKE_MS, e, sizeof(e));
+	if (!ring && cn->conn.ring_why[0])
+		role_log(ps->out, "ps %d: %s: worker %d's bytes go through the Unix socket: %s", ps->index,
+			 cn->peer, cn->w, cn->conn.ring_why);
 	if (ring) {
 		role_log(ps->out, "ps %d: %s: closed a connection that greeted as worker %d: %s", ps->index,
 			 cn->peer, cn->w, e);
-	} else if (cn->conn.ring_why[0] && (role_log(ps->out, "ps %d: %s: worker %d's bytes go through the Unix socket: %s",
-						  ps->index, cn->peer, cn->w, cn->conn.ring_why), 0)) {
 	} else if (ps_streamer_start(cn)) {
 		role_log(ps->out, "ps %d: %s: out of memory for a connection", ps->index, cn->peer);
 	} else {

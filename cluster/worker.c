@@ -37,9 +37,8 @@
 static void worker_pack_open(struct worker *wr)
 {
 	const struct config *c = wr->c;
-	int fp32 = role_grad_dtype(c) == WIRE_F32 || role_param_dtype(c) == WIRE_F32, rings;
-	int mode = fp32 && links_local(&wr->lk, &rings) < wr->lk.nps ? c->cluster.wire_pack :
-								      CONFIG_OVERLAP_OFF;
+	int fp32 = role_grad_dtype(c) == WIRE_F32 || role_param_dtype(c) == WIRE_F32;
+	int mode = fp32 && links_local(&wr->lk, NULL) < wr->lk.nps ? c->cluster.wire_pack : CONFIG_OVERLAP_OFF;
 	autoflow_init(&wr->packf, mode);
 	wr->lk.sh.pack = autoflow_wants(&wr->packf);
 	if (mode == CONFIG_OVERLAP_AUTO)

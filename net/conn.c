@@ -127,6 +127,7 @@ void conn_attach(struct conn *cn, int fd, const struct hs_result *hr)
 	cn->hr.peer = hr->peer;
 	cn->state = CONN_AUTHENTICATED;
 	cn->said_error = 0;
+	cn->ring_why[0] = 0; /* a reason of the connection before, if any, is not this one's */
 	cn->last_send = now_s();
 	pthread_mutex_unlock(&cn->mu);
 }
@@ -191,8 +192,6 @@ int conn_client(struct conn *cn, int fd, const uint8_t psk[HS_PSK_BYTES],
 		conn_close(cn);
 		return err_set(err, errlen, -ECONNABORTED, "%s: %s", who, cn->ring_why);
 	}
-	if (r == 0)
-		cn->ring_why[0] = 0;
 	return 0;
 }
 
@@ -209,8 +208,6 @@ int conn_ring_accept(struct conn *cn, int timeout_ms, char *err, size_t errlen)
 	int r = ring_accept(&cn->ring, cn->fd, timeout_ms, cn->ring_why, sizeof(cn->ring_why));
 	if (r < 0)
 		return err_set(err, errlen, r, "%s", cn->ring_why);
-	if (r == 0)
-		cn->ring_why[0] = 0;
 	return 0;
 }
 

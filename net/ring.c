@@ -194,7 +194,6 @@ int ring_offer(struct ring *r, int fd, size_t cap, int timeout_ms, char *err, si
 	if (!e && !made && yes == 1)
 		return 0;
 	ring_free(r);
-	r->fd = fd;
 	if (e)
 		return e;
 	if (yes > 1)
@@ -313,7 +312,6 @@ int ring_accept(struct ring *r, int fd, int timeout_ms, char *err, size_t errlen
 	e = sock_write_full(fd, &yes, 1, timeout_ms, err, errlen);
 	if (e || took) {
 		ring_free(r);
-		r->fd = fd;
 		if (!e)
 			(void)err_set(err, errlen, 1, "the ring offered is not usable: %s", why);
 		return e ? e : 1;

@@ -25,6 +25,7 @@ void hooks_read(struct test_hooks *h)
 	h->eval_delay_ms = env_ms("PSTRAIN_EVAL_DELAY_MS");
 	h->final_eval_delay_ms = env_ms("PSTRAIN_FINAL_EVAL_DELAY_MS");
 	h->step_delay_ms = env_ms("PSTRAIN_STEP_DELAY_MS");
+	h->rows_delay_ms = env_ms("PSTRAIN_ROWS_DELAY_MS");
 }
 
 void hooks_crash_point(const struct test_hooks *h, const char *point, long step)

@@ -30,6 +30,9 @@ struct test_hooks {
 	long step_delay_ms;       /* PSTRAIN_STEP_DELAY_MS: a worker sleeps this long
 				   * before each step, so that a run lasts while the
 				   * tests change its worker set */
+	long rows_delay_ms;       /* PSTRAIN_ROWS_DELAY_MS: a ps answers each request
+				   * for rows (SPULL) this much later, as over a slow
+				   * link */
 };
 
 /* The hooks from the environment in a test build; all off otherwise. */

@@ -26,6 +26,11 @@ LABEL = {"beside": "pstrain, ps beside workers", "apart": "pstrain, ps apart",
 WORKERS = 2
 
 
+def label(row):
+    """A row's name in the tables; a --variant's is its own."""
+    return LABEL.get(row, "pstrain, variant " + row)
+
+
 def final_line(out):
     """AUC WALL PS_PEAK_MIB SHARD_MIB of the one-epoch run, or []."""
     p = os.path.join(out, "final.txt")
@@ -71,7 +76,7 @@ def main():
             for rate in rates:
                 m, b = med(sps[rate, row]), med(sps.get((rate, "beside"), []))
                 cs += [cells(sps[rate, row], 2), "%.1fx" % (b / m) if m and b else "-"]
-            print("| %s | %s |" % (LABEL[row], " | ".join(cs)))
+            print("| %s | %s |" % (label(row), " | ".join(cs)))
         print("\nA step: 2 workers' batches of %d (TF: 2 functions; DDP: one batch a rank)." % meta["batch"])
 
         print("\n### Bytes on the wire per step (median), against the unique rows' bytes\n")
@@ -87,7 +92,7 @@ def main():
                 m = med(col((rate, row), 4))
                 cs += [fmt(m / 1e3 if m else None, 0), "%.2fx" % (m / rows_bytes) if m else "-",
                        "%.2fx" % (m / (rows_bytes + dense_bytes)) if m else "-"]
-            print("| %s | %s |" % (LABEL[row], " | ".join(cs)))
+            print("| %s | %s |" % (label(row), " | ".join(cs)))
         print("\nWhat every host sent on its link in the window (frames, headers included), over its steps. "
               "Beside, each worker's traffic with its own ps never reaches the wire.")
 
@@ -98,7 +103,7 @@ def main():
             rs = [x for x in speed if x[1] == row]
             ps, sh, wk, cpu = (med([num(x[k]) for x in rs]) for k in (5, 8, 6, 7))
             ratio = "%.2f" % (ps / sh) if ps and sh else "-"
-            print("| %s | %s | %s | %s | %s | %s |" % (LABEL[row], fmt(ps, 0), fmt(sh, 0), ratio, fmt(wk, 0),
+            print("| %s | %s | %s | %s | %s | %s |" % (label(row), fmt(ps, 0), fmt(sh, 0), ratio, fmt(wk, 0),
                                                       fmt(cpu, 1)))
         print("\npstrain's ps run under [ps] memory_limit = %s MiB: the tables and Adagrad's state (%.0f MiB) "
               "exceed it, each ps's half fits." % (a.cap, meta["rows"] * meta["fields"] * a.dim * 8 / 2 ** 20))
@@ -130,7 +135,7 @@ def main():
                         st / med(sps[rate, row]), st, fmt(med(sps[rate, row]), 3)))
                 else:
                     cs.append("-")
-            print("| %s | %s |" % (LABEL[row], " | ".join(cs)))
+            print("| %s | %s |" % (label(row), " | ".join(cs)))
 
     print("\n### Test AUC\n")
     print("| model | test AUC |")

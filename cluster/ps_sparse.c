@@ -342,6 +342,8 @@ int ps_on_spull(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 	r = sparse_recv(cn, &a, len, err, errlen);
 	if (!r)
 		hooks_crash_point(&ps->hooks, "spull", (long)a.version);
+	if (!r && ps->hooks.rows_delay_ms)
+		role_nap_ms(ps->hooks.rows_delay_ms);
 	return r ? r : sparse_answer(cn, a.total, a.version, err, errlen);
 }
 

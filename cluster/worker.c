@@ -358,8 +358,10 @@ static int worker_compute(struct worker *wr, int flow, int slice, char *err, siz
 	int forwarded = wr->phase == STEP_FORWARDED;
 	wr->phase = STEP_COMPUTING;
 	int e = worker_batch(wr, step, slice, &first, err, errlen);
+	double tr = progress_now();
 	if (!e && wr->emb)
 		e = worker_embed_pull(wr->emb, first, wr->B, err, errlen);
+	wr->t_rows += progress_now() - tr;
 	if (e)
 		return e;
 	uint64_t key = replica_key(c->train.seed, step, slice);
@@ -386,7 +388,9 @@ static int worker_compute(struct worker *wr, int flow, int slice, char *err, siz
 			       flow ? " from there on" : "");
 	if (!wr->emb)
 		return 0;
+	tr = progress_now();
 	e = worker_embed_push(wr->emb, step, slice, err, errlen);
+	wr->t_rows += progress_now() - tr;
 	if (!e)
 		hooks_crash_point(&wr->hooks, "rows", step);
 	return e;
@@ -591,6 +595,7 @@ static int worker_step(struct worker *wr, char *err, size_t errlen)
 	if (!e && leaving)
 		e = links_leave(&wr->lk, err, errlen);
 	double t0 = progress_now();
+	wr->t_rows = 0;
 	enum step_way way = leaving ? WAY_PUSH : worker_way(wr, report);
 	if (!e) {
 		e = worker_exchange(wr, way, &t1, err, errlen);
@@ -598,6 +603,9 @@ static int worker_step(struct worker *wr, char *err, size_t errlen)
 		 * waiting, and put its parameters on the devices as they
 		 * came; a push only brings none. */
 		t1 += wr->phase == STEP_FORWARDED ? wr->t_pre : 0;
+		/* The rows' exchange, though inside the compute, is waiting
+		 * on the links: the autoflows must see it as such. */
+		t1 -= wr->t_rows;
 		wr->t_compute += t1 - t0;
 	}
 	if (!e && way != WAY_PUSH && wr->phase != STEP_FORWARDED)

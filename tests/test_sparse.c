@@ -63,6 +63,7 @@ struct ctr {
 	int nps, W;
 	int port[4];        /* the ps's */
 	const char *slow;   /* the last worker's environment (NULL: none) */
+	const char *ps_env; /* every ps's (NULL: none) */
 };
 
 /* x's config, target_dir/NAME.ini: nps ps on free ports, W workers
@@ -78,6 +79,7 @@ static void ctr_config(struct ctr *x, const char *name, int nps, int W, int step
 	x->nps = nps;
 	x->W = W;
 	x->slow = NULL;
+	x->ps_env = NULL;
 	FILE *f = fopen(x->cfg, "w");
 	cr_assert_not_null(f);
 	fprintf(f, "[cluster]\nps = ");
@@ -155,7 +157,7 @@ static void run_cluster(const struct ctr *x, const char *dump, char (*out)[300],
 		cr_assert_lt(k, 300);
 		const char *args[] = { ps ? "ps" : "worker", "--index", index, "--config", x->cfg,
 				       !ps && idx == 0 && dump ? "--dump-params" : NULL, dump, NULL };
-		w->pids[i] = spawn_pstrain(args, out[i], !ps && idx == x->W - 1 ? x->slow : NULL);
+		w->pids[i] = spawn_pstrain(args, out[i], ps ? x->ps_env : idx == x->W - 1 ? x->slow : NULL);
 		if (i == x->nps - 1)
 			target_nap_ms(200);   /* not needed (workers retry), only quicker */
 	}
@@ -413,6 +415,27 @@ Test(sparse, elastic_workers_end_on_local_slices, .timeout = 300)
 	long at = dump_diff(ldump, dump, &n);
 	cr_assert_eq(at, -1, "float %ld of %zu differs from local's (%s)", at, n, at >= 953 ? "a table's" : "a parameter");
 	free(log);
+}
+
+/* A worker waits for its batch's rows inside its compute, yet that wait
+ * is the link's: the worker counts it as communication (its autoflows,
+ * [cluster] wire_pack's, decide from compute against communication). The
+ * ps answers each request for rows 40 ms late (a test hook). */
+Test(sparse, waiting_for_rows_counts_as_communication)
+{
+	struct ctr x;
+	char out[8][300];
+	double compute, comm;
+	long steps;
+	ctr_config(&x, "rows-wait", 1, 1, 12, EMBED, "", "");
+	x.ps_env = "PSTRAIN_ROWS_DELAY_MS=40";
+	run_cluster(&x, NULL, out, NULL);
+	const char *log = slurp(out[1]), *at = strstr(log, "per step: compute ");
+	cr_assert(at && sscanf(at, "per step: compute %lf ms, communication %lf ms (%ld steps", &compute, &comm,
+			       &steps) == 3, "%s", log);
+	cr_assert_gt(steps, 0, "%s", log);
+	cr_assert_geq(comm, 38.0, "the rows' wait is not communication: %s", at);
+	cr_assert_lt(compute, 20.0, "the rows' wait is compute: %s", at);
 }
 
 /* Two workers: the same bits over one ps and over two; async trains as

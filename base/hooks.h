@@ -41,6 +41,8 @@ void hooks_read(struct test_hooks *h);
 /* In a test build, SIGKILL when h->ckpt_crash names point ("POINT", or
  * "POINT:STEP" with this step); nothing otherwise. */
 void hooks_crash_point(const struct test_hooks *h, const char *point, long step);
+/* Whether hooks_crash_point(h, point, step) would; 0 outside a test build. */
+int hooks_crash_due(const struct test_hooks *h, const char *point, long step);
 
 /* Whether this binary has the hooks (for --dump-params and the tests). */
 int hooks_built_in(void);

@@ -330,7 +330,7 @@ static void link_send_side(struct link *l)
 /* What the receiving half waits for, and the parameters' assembly. */
 struct link_rx {
 	struct link *l;
-	int want_params, want_ack, want_status;
+	int want_params, want_acks, want_status; /* want_acks: a PUSH's, an SPUSH's, or both */
 	int acked, statused;
 	struct msg_assembly a;
 	struct conn_chunk_rx x;
@@ -338,7 +338,7 @@ struct link_rx {
 
 static int link_rx_pending(const struct link_rx *rx)
 {
-	return (rx->want_params && !msg_assembly_done(&rx->a)) || (rx->want_ack && !rx->acked) ||
+	return (rx->want_params && !msg_assembly_done(&rx->a)) || rx->acked < rx->want_acks ||
 	       (rx->want_status && !rx->statused) || link_rows_waiting(rx->l->ex.rows);
 }
 
@@ -385,18 +385,20 @@ static int rx_heartbeat(struct link_rx *rx, const uint8_t *msg, size_t len, char
 	return 0;
 }
 
-/* The ACK of the push; stale and duplicate ones are counted. */
+/* The ACK of a push (rows, dense, in the order sent); stale and duplicate
+ * ones are counted. The turn passes at the last. */
 static int rx_ack(struct link_rx *rx, const uint8_t *msg, size_t len, char *err, size_t errlen)
 {
 	struct msg_ack ack;
-	if (!rx->want_ack || rx->acked)
+	if (rx->acked >= rx->want_acks)
 		return err_set(err, errlen, -EPROTO, "an ACK for no push");
 	int r = msg_decode_ack(msg, len, &ack, err, errlen);
 	if (r)
 		return r;
 	if (ack.status == MSG_ACK_STALE || ack.status == MSG_ACK_DUPLICATE)
 		rx->l->sh->stale++;
-	rx->acked = 1;
+	if (++rx->acked < rx->want_acks)
+		return 0;
 	pthread_mutex_lock(&rx->l->mu);
 	rx->l->acked = 1;
 	pthread_cond_broadcast(&rx->l->cv);
@@ -563,10 +565,10 @@ static void link_recv_side(struct link *l)
 {
 	const struct link_ex *x = &l->ex;
 	struct link_rx rx = { .l = l, .want_params = x->params != NULL,
-			      .want_ack = x->grads != NULL || (x->rows && x->rows->kind == LINK_ROWS_PUSH),
+			      .want_acks = (x->grads != NULL) + (x->rows && x->rows->kind == LINK_ROWS_PUSH),
 			      .want_status = x->ctl.type == WIRE_STATUS };
 	char e[512];
-	if (!rx.want_params && !rx.want_ack && !rx.want_status && !link_rows_waiting(x->rows))
+	if (!rx.want_params && !rx.want_acks && !rx.want_status && !link_rows_waiting(x->rows))
 		return;
 	pthread_mutex_lock(&l->mu);
 	while (!l->asked && l->end == LINK_OK)

@@ -129,13 +129,25 @@ int links_rows_pull(struct links *lk, struct links_rows *lr, const uint64_t *row
 	return r;
 }
 
-int links_rows_push(struct links *lk, struct links_rows *lr, int slice, const uint64_t *rows, size_t u,
-		    const float *dU, char *err, size_t errlen)
+static void rows_push_split(struct links_rows *lr, int slice, const uint64_t *rows, size_t u, const float *dU)
 {
 	rows_split(lr, LINK_ROWS_PUSH, rows, u, dU);
 	for (int k = 0; k < lr->nps; k++) {
 		lr->x[k].version = lr->tag[k];
 		lr->x[k].slice = slice;
 	}
+}
+
+int links_rows_push(struct links *lk, struct links_rows *lr, int slice, const uint64_t *rows, size_t u,
+		    const float *dU, char *err, size_t errlen)
+{
+	rows_push_split(lr, slice, rows, u, dU);
 	return rows_run(lk, lr, err, errlen);
+}
+
+void links_rows_stage(struct links *lk, struct links_rows *lr, int slice, const uint64_t *rows, size_t u,
+		      const float *dU)
+{
+	rows_push_split(lr, slice, rows, u, dU);
+	lk->rows_up = lr;
 }

@@ -11,8 +11,9 @@
  * Versions: sync asks ps k for the rows at the version of the dense
  * shard last pulled from it (link.got; a ps's rows are at its shard's
  * version or past it once every worker's push of a step is in, since a
- * worker pushes its rows, and waits for their ACK, before it pushes its
- * dense gradient), and an answer below that went back (a rollback, a
+ * worker's SPUSH goes on its connection in front of its dense PUSH, and a
+ * ps takes a connection's messages in order), and an answer below that
+ * went back (a rollback, a
  * restart): the link ends WENT_BACK as for PARAMS; one above it (rows a
  * step on: the others went on without a backup worker, or a step trained
  * again after a lost worker where the ps cannot give the rows as they
@@ -87,5 +88,11 @@ int links_rows_pull(struct links *lk, struct links_rows *lr, const uint64_t *row
  * its rows too: a sync ps steps its rows once every slice's is in. */
 int links_rows_push(struct links *lk, struct links_rows *lr, int slice, const uint64_t *rows, size_t u,
 		    const float *dU, char *err, size_t errlen);
+/* The same push, staged to go with the next exchange that pushes a
+ * gradient (links_exchange_begin, links_exchange): each link sends its
+ * SPUSH first and reads both ACKs, a round trip a step fewer than
+ * links_rows_push then the exchange. rows and dU must last until then. */
+void links_rows_stage(struct links *lk, struct links_rows *lr, int slice, const uint64_t *rows, size_t u,
+		      const float *dU);
 
 #endif

@@ -1,6 +1,7 @@
 /* See links.h: the fan-out over every ps link; what one link does is
  * link.c's. */
 #include "links.h"
+#include "link_sparse.h"
 
 #include "../base/err.h"
 
@@ -219,8 +220,13 @@ static void links_begin(struct links *lk, const struct link_ex *ex)
 	pthread_mutex_lock(&lk->sh.turn.mu);
 	lk->sh.turn.turn = 0;
 	pthread_mutex_unlock(&lk->sh.turn.mu);
+	/* Rows staged go with a gradient, on every link, first: one
+	 * exchange where they took two (docs/PROTOCOL.md, "Sparse"). */
+	struct links_rows *up = ex->grads ? lk->rows_up : NULL;
+	lk->rows_up = ex->grads ? NULL : lk->rows_up;
 	for (int k = 0; k < nps; k++) {
 		x.pos = links_turn_of(lk, k);
+		x.rows = up ? &up->x[k] : ex->rows;
 		link_begin(&lk->ln[k], &x);
 	}
 }

@@ -33,12 +33,16 @@
 #include "link.h"
 #include "role.h"
 
+struct links_rows; /* link_sparse.h */
+
 struct links {
 	struct link_shared sh;   /* what every link reads; the worker sets sh.pack and sh.pg */
 	int nps;
 	struct link *ln;         /* (nps) */
 	struct cryptopool *pool; /* NULL: crypto_threads 1; shared by every link */
 	struct gradflow whole;   /* a gradient final at once (no overlap): every stream final */
+	struct links_rows *rows_up; /* rows staged to go up with the next exchange
+				  * that pushes a gradient (links_rows_stage) */
 	pthread_mutex_t mu;      /* lost */
 	int lost;                /* the first link found lost or gone back; -1: none.
 				  * The caller resets it. */

@@ -61,7 +61,7 @@ int worker_embed_pull(struct worker_embed *we, size_t first, int B, char *err, s
 	return e ? e : links_rows_pull(we->lk, &we->lr, p->rows, p->u, U, err, errlen);
 }
 
-int worker_embed_push(struct worker_embed *we, long step, int slice, char *err, size_t errlen)
+int worker_embed_push(struct worker_embed *we, long step, int slice, int now, char *err, size_t errlen)
 {
 	const uint64_t *rows;
 	const float *dU;
@@ -74,7 +74,10 @@ int worker_embed_push(struct worker_embed *we, long step, int slice, char *err, 
 		return err_set(err, errlen, -EDOM, "worker %d: step %ld: the embedding gradient is not finite (row %llu, element %zu, is %s), so it was not pushed: training diverged (lower embedding_learning_rate, or look for huge or broken values in the data)",
 			       we->index, step, (unsigned long long)rows[bad / D], bad % D,
 			       isnan(dU[bad]) ? "NaN" : dU[bad] > 0 ? "+inf" : "-inf");
-	return links_rows_push(we->lk, &we->lr, slice, rows, u, dU, err, errlen);
+	if (now)
+		return links_rows_push(we->lk, &we->lr, slice, rows, u, dU, err, errlen);
+	links_rows_stage(we->lk, &we->lr, slice, rows, u, dU);
+	return 0;
 }
 
 /* Every row of the tables into f, a window of rows at a time. */

@@ -1,11 +1,11 @@
 /* A worker's embedding layer (issue 39): its devices hold a batch's rows,
  * never the tables, which the ps hold by row (link_sparse.h). Before a
  * step's compute the batch's unique rows are pulled from the ps that hold
- * them onto the devices; after it their gradient rows are pushed, before
- * the dense gradient goes up; an evaluation pulls each chunk's rows. The
- * worker's loop (worker.c) calls these three at those points and nothing
- * else changes: the dense exchange is the one a model without an
- * embedding has. */
+ * them onto the devices; after it their gradient rows are staged to go up
+ * with the dense gradient, first, in the same exchange; an evaluation
+ * pulls each chunk's rows. The worker's loop (worker.c) calls these three
+ * at those points and nothing else changes: the dense exchange is the one
+ * a model without an embedding has, with the rows' SPUSH in front. */
 #ifndef PSTRAIN_CLUSTER_WORKER_EMBED_H
 #define PSTRAIN_CLUSTER_WORKER_EMBED_H
 
@@ -31,8 +31,10 @@ void worker_embed_close(struct worker_embed *we); /* accepts NULL */
 int worker_embed_pull(struct worker_embed *we, size_t first, int B, char *err, size_t errlen);
 /* After that step: its gradient rows, checked finite (-EDOM with the
  * worker's line otherwise, as for the dense gradient: step names it), to
- * the ps as slice `slice`'s. */
-int worker_embed_push(struct worker_embed *we, long step, int slice, char *err, size_t errlen);
+ * the ps as slice `slice`'s: staged for the next exchange that pushes a
+ * gradient (links_rows_stage), or with now pushed at once, every ACK
+ * read (a link's failure is the links', as for a pull). */
+int worker_embed_push(struct worker_embed *we, long step, int slice, int now, char *err, size_t errlen);
 
 /* --dump-params (test builds): the n parameters at params, then, with
  * an embedding (we not NULL), every row of the tables as the ps hold

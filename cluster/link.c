@@ -300,7 +300,10 @@ static void link_send_side(struct link *l)
 		int lost;
 		r = link_rows_send(l, x->rows, &lost, e, sizeof(e));
 		r = !r ? 0 : lost ? link_lost(l, r, e) : link_fail(l, LINK_REFUSED, -EPROTO, e);
-		if (!r)
+		/* With a gradient the receiver starts once its PUSH or PULL is
+		 * out: not while this link waits its turn, which peer_timeout
+		 * would take for a silent ps. */
+		if (!r && !x->grads)
 			link_asked(l);
 	}
 	if (!r && pull_first) {

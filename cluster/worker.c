@@ -358,10 +358,8 @@ static int worker_compute(struct worker *wr, int flow, int slice, char *err, siz
 	int forwarded = wr->phase == STEP_FORWARDED;
 	wr->phase = STEP_COMPUTING;
 	int e = worker_batch(wr, step, slice, &first, err, errlen);
-	double tr = progress_now();
 	if (!e && wr->emb)
-		e = worker_embed_pull(wr->emb, first, wr->B, err, errlen);
-	wr->t_rows += progress_now() - tr;
+		e = worker_embed_pull(wr->emb, first, wr->B, &wr->t_rows, err, errlen);
 	if (e)
 		return e;
 	uint64_t key = replica_key(c->train.seed, step, slice);
@@ -391,9 +389,7 @@ static int worker_compute(struct worker *wr, int flow, int slice, char *err, siz
 	/* The rows go up with the dense gradient, in front of it; a test's
 	 * crash between the two (base/hooks.h) pushes them on their own. */
 	int now = hooks_crash_due(&wr->hooks, "rows", step);
-	tr = progress_now();
-	e = worker_embed_push(wr->emb, step, slice, now, err, errlen);
-	wr->t_rows += progress_now() - tr;
+	e = worker_embed_push(wr->emb, step, slice, now, &wr->t_rows, err, errlen);
 	if (!e && now)
 		hooks_crash_point(&wr->hooks, "rows", step);
 	return e;

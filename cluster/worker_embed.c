@@ -2,6 +2,7 @@
 #include "worker_embed.h"
 
 #include "../base/err.h"
+#include "../core/progress.h"
 #include "../core/nn/optim.h"
 
 #include <errno.h>
@@ -53,15 +54,21 @@ void worker_embed_close(struct worker_embed *we)
 	free(we);
 }
 
-int worker_embed_pull(struct worker_embed *we, size_t first, int B, char *err, size_t errlen)
+int worker_embed_pull(struct worker_embed *we, size_t first, int B, double *waited, char *err, size_t errlen)
 {
 	const struct embed_plan *p;
 	float *U;
 	int e = devices_embed_plan(we->dev, first, B, &p, &U, err, errlen);
-	return e ? e : links_rows_pull(we->lk, &we->lr, p->rows, p->u, U, err, errlen);
+	if (e)
+		return e;
+	double t0 = progress_now();
+	e = links_rows_pull(we->lk, &we->lr, p->rows, p->u, U, err, errlen);
+	*waited += progress_now() - t0;
+	return e;
 }
 
-int worker_embed_push(struct worker_embed *we, long step, int slice, int now, char *err, size_t errlen)
+int worker_embed_push(struct worker_embed *we, long step, int slice, int now, double *waited, char *err,
+		      size_t errlen)
 {
 	const uint64_t *rows;
 	const float *dU;
@@ -74,10 +81,14 @@ int worker_embed_push(struct worker_embed *we, long step, int slice, int now, ch
 		return err_set(err, errlen, -EDOM, "worker %d: step %ld: the embedding gradient is not finite (row %llu, element %zu, is %s), so it was not pushed: training diverged (lower embedding_learning_rate, or look for huge or broken values in the data)",
 			       we->index, step, (unsigned long long)rows[bad / D], bad % D,
 			       isnan(dU[bad]) ? "NaN" : dU[bad] > 0 ? "+inf" : "-inf");
-	if (now)
-		return links_rows_push(we->lk, &we->lr, slice, rows, u, dU, err, errlen);
-	links_rows_stage(we->lk, &we->lr, slice, rows, u, dU);
-	return 0;
+	if (!now) {
+		links_rows_stage(we->lk, &we->lr, slice, rows, u, dU);
+		return 0;
+	}
+	double t0 = progress_now();
+	e = links_rows_push(we->lk, &we->lr, slice, rows, u, dU, err, errlen);
+	*waited += progress_now() - t0;
+	return e;
 }
 
 /* Every row of the tables into f, a window of rows at a time. */

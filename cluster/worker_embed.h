@@ -28,13 +28,16 @@ void worker_embed_close(struct worker_embed *we); /* accepts NULL */
 /* The rows of the batch order[first .. first + B) onto the devices, for
  * the devices_step of that very batch. A link's failure is the links'
  * (lk->lost set for a lost one). */
-int worker_embed_pull(struct worker_embed *we, size_t first, int B, char *err, size_t errlen);
+int worker_embed_pull(struct worker_embed *we, size_t first, int B, double *waited, char *err, size_t errlen);
 /* After that step: its gradient rows, checked finite (-EDOM with the
  * worker's line otherwise, as for the dense gradient: step names it), to
  * the ps as slice `slice`'s: staged for the next exchange that pushes a
  * gradient (links_rows_stage), or with now pushed at once, every ACK
- * read (a link's failure is the links', as for a pull). */
-int worker_embed_push(struct worker_embed *we, long step, int slice, int now, char *err, size_t errlen);
+ * read (a link's failure is the links', as for a pull). Both add to
+ * *waited the seconds spent in the links' calls: the step's waits on its
+ * links, not its compute. */
+int worker_embed_push(struct worker_embed *we, long step, int slice, int now, double *waited, char *err,
+		      size_t errlen);
 
 /* --dump-params (test builds): the n parameters at params, then, with
  * an embedding (we not NULL), every row of the tables as the ps hold

@@ -55,7 +55,7 @@ struct worker {
 	int preforward;          /* the next step's forward pass may wait on pflow */
 	enum step_phase phase;   /* what the devices hold for wr->step */
 	double t_pre;            /* a forward pass run early: its compute, not its waits (seconds) */
-	double t_rows;           /* the step's seconds in its rows' pulls and pushes: communication,
+	double t_rows;           /* the step's seconds in its rows' links' calls: communication,
 				  * though worker_compute waits for them */
 	long preforwarded;       /* steps whose forward pass ran so */
 	struct autoflow af;      /* whether a step does */

@@ -558,10 +558,10 @@ Test(sparse, tables_larger_than_one_process_train_over_two_ps, .timeout = 300)
 #define KH_ROWS 10400u
 #define KH_PUSH_CAP 832u
 
-static void kh_target(struct target *t, struct ctr *x, int W)
+static void kh_target_train(struct target *t, struct ctr *x, int W, const char *train)
 {
 	char path[300], err[CONFIG_ERR_MAX];
-	ctr_config(x, "kh", 1, W, 20, "embedding 26 400 4", "", "");
+	ctr_config(x, "kh", 1, W, 20, "embedding 26 400 4", train, "");
 	snprintf(t->cfg, sizeof(t->cfg), "%s", x->cfg);
 	snprintf(t->log, sizeof(t->log), "%s/ps0.log", target_dir);
 	t->port = x->port[0];
@@ -573,6 +573,11 @@ static void kh_target(struct target *t, struct ctr *x, int W)
 	cr_assert_eq(config_hash(c, t->hash), 0);
 	free(c);
 	target_start(t, NULL);
+}
+
+static void kh_target(struct target *t, struct ctr *x, int W)
+{
+	kh_target_train(t, x, W, "");
 }
 
 /* A row message as its bytes, by hand (ids in any order): the header,
@@ -797,6 +802,72 @@ ParameterizedTest(struct kh_refusal *rf, sparse, row_request_that_cannot_be_hono
 	wait_children(pids, 1 + rf->W, st, RUN_S);
 	assert_exits_zero(st, out, 1 + rf->W, rf->name);
 	cr_assert_not_null(strstr(slurp(out[1]), "done: 20 steps"), "%s", slurp(out[1]));
+}
+
+/* The next message but HEARTBEATs: its type, its bytes in buf. */
+static int kh_recv(int fd, struct hs_result *hr, uint8_t *buf, size_t cap, size_t *len, const char *what)
+{
+	char err[256];
+	int type;
+	do {
+		cr_assert_eq(sock_read_frame(SOCK_FD(fd), &hr->recv, buf, cap, len, IO_MS, err, sizeof(err)), 0,
+			     "%s: no answer: %s", what, err);
+		type = msg_type(buf, *len, err, sizeof(err));
+	} while (type == WIRE_HEARTBEAT);
+	return type;
+}
+
+static uint32_t kh_ack_status(int fd, struct hs_result *hr, const char *what)
+{
+	static uint8_t buf[FRAME_CT_MAX];
+	size_t len;
+	char err[256];
+	int type = kh_recv(fd, hr, buf, sizeof(buf), &len, what);
+	cr_assert_eq(type, WIRE_ACK, "%s was answered with %s", what, wire_msg_name((uint8_t)type));
+	struct msg_ack a;
+	cr_assert_eq(msg_decode_ack(buf, len, &a, err, sizeof(err)), 0, "%s", err);
+	return a.status;
+}
+
+/* Async, as a dense PUSH (keyholder/async_push_from_before_a_rollback_is_stale):
+ * after a ROLLBACK (another worker's recovery), rows pushed at a version
+ * the rows had before it are dropped as stale, so that their worker goes
+ * on to learn of the rollback from its next pull; rows tagged above every
+ * version the rows had are still refused. Refused, they ended the worker. */
+Test(sparse, async_rows_from_before_a_rollback_are_stale)
+{
+	struct target t;
+	struct ctr x;
+	kh_target_train(&t, &x, 1, "mode = async\n");
+	struct hs_result hr;
+	int fd = target_peer(&t, 0, &hr, 1);
+	static uint8_t m[MSG_CHUNK_BYTES(953, WIRE_F32)];
+	static float g[953];
+	size_t len;
+	char err[256];
+	/* Three steps of rows and dense gradient: the shard must have moved
+	 * for a ROLLBACK to rewind anything. */
+	for (uint64_t v = 0; v < 3; v++) {
+		kh_send_rows(fd, &hr, WIRE_SPUSH, v, 3, 0, kh_ids() + 1, 3, 0.5f, 0);
+		cr_assert_eq(kh_ack_status(fd, &hr, "rows"), MSG_ACK_APPLIED, "rows at %llu", (unsigned long long)v);
+		struct msg_chunk ch = { .type = WIRE_PUSH, .shard = 0, .version = v, .worker = 0, .offset = 0,
+					.count = 953 };
+		cr_assert_eq(msg_encode_chunk(m, sizeof(m), &ch, g, &len, err, sizeof(err)), 0, "%s", err);
+		kh_send(fd, &hr, m, len);
+		cr_assert_eq(kh_ack_status(fd, &hr, "a push"), MSG_ACK_APPLIED, "push at %llu", (unsigned long long)v);
+	}
+	struct msg_rollback rb = { .step = 0 };
+	cr_assert_eq(msg_encode_rollback(m, sizeof(m), &rb, &len, err, sizeof(err)), 0, "%s", err);
+	kh_send(fd, &hr, m, len);
+	const char *rolled = "ps 0: rolled back from version 3 to step 0";
+	cr_assert_not_null(strstr(target_wait_log(&t, rolled), rolled), "%s", slurp(t.log));
+	kh_send_rows(fd, &hr, WIRE_SPUSH, 2, 3, 0, kh_ids() + 1, 3, 0.5f, 0);
+	cr_assert_eq(kh_ack_status(fd, &hr, "rows from before the rollback"), MSG_ACK_STALE);
+	kh_send_rows(fd, &hr, WIRE_SPUSH, 4, 3, 0, kh_ids() + 1, 3, 0.5f, 0);
+	struct kh_refusal above = { "rows above every version", 1, 0, EPROTO, "the rows are at version 0" };
+	kh_expect_error(fd, &hr, &above);
+	close(fd);
+	target_wipe(&hr);
 }
 
 /* ps 0 and 1 and worker 0 of x, logs in out[0..2] as TAG-ps0.log ...;

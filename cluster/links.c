@@ -221,7 +221,7 @@ static void links_begin(struct links *lk, const struct link_ex *ex)
 	lk->sh.turn.turn = 0;
 	pthread_mutex_unlock(&lk->sh.turn.mu);
 	/* Rows staged go with a gradient, on every link, first: one
-	 * exchange where they took two (docs/PROTOCOL.md, "Sparse"). */
+	 * exchange where they took two (docs/PROTOCOL.md, "Rows"). */
 	struct links_rows *up = ex->grads ? lk->rows_up : NULL;
 	lk->rows_up = ex->grads ? NULL : lk->rows_up;
 	for (int k = 0; k < nps; k++) {

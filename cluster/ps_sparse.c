@@ -39,7 +39,6 @@ struct ps_sparse {
 	struct psrows rows;
 	size_t pull_cap;   /* the most rows one SPULL may ask for */
 	uint64_t R;        /* the tables' rows in all */
-	uint64_t went_back_from; /* the highest version the rows had before a rollback (0: none) */
 };
 
 /* A connection's buffers for one request or push. */
@@ -139,11 +138,8 @@ struct psrows *ps_sparse_rows(struct ps *ps)
 
 void ps_sparse_rewind(struct ps *ps)
 {
-	if (!ps->sp)
-		return;
-	struct ps_sparse *sp = ps->sp;
-	sp->went_back_from = sp->rows.version > sp->went_back_from ? sp->rows.version : sp->went_back_from;
-	psrows_rewind(&sp->rows, psshard_version(&ps->sh));
+	if (ps->sp)
+		psrows_rewind(&ps->sp->rows, psshard_version(&ps->sh));
 }
 
 void ps_sparse_conn_free(struct ps_conn *cn)
@@ -367,16 +363,6 @@ int ps_on_spush(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 	enum psshard_outcome oc = PSSHARD_STALE;
 	pthread_mutex_lock(&ps->mu);
 	r = psrows_push(rows, (int)WIRE_PUSH_SLICE(a.worker), a.version, cn->spc->ids, cn->spc->vals, a.total, &oc);
-	/* Async: rows pushed at a version the rows had before a rollback
-	 * (another worker's recovery) are stale, not refused, as a PUSH's
-	 * gradient is (ps_push.c): their worker learns of the rollback from
-	 * its next pull. */
-	if (r == -ERANGE && ps->c->train.mode == MODE_ASYNC && a.version <= ps->sp->went_back_from) {
-		rows->received++;
-		rows->dropped_stale++;
-		oc = PSSHARD_STALE;
-		r = 0;
-	}
 	uint64_t v = rows->version;
 	/* A step applied, or (every other worker done) this worker's push in:
 	 * news for a waiting SPULL. */

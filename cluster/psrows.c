@@ -198,10 +198,14 @@ int psrows_push(struct psrows *s, int slice, uint64_t version, const uint64_t *i
 {
 	if (slice < 0 || slice >= s->workers || n > s->cap || psrows_bad_id(s, ids, n) < n)
 		return -EINVAL;
-	if (version > s->version)
+	/* Async: a version the rows had before a rollback (another worker's
+	 * recovery) is stale, as a dense push's is (ps_push.c): its worker
+	 * learns of the rollback from its next pull. */
+	int before = s->mode == MODE_ASYNC && version > s->version && version <= s->went_back_from;
+	if (version > s->version && !before)
 		return -ERANGE;
-	uint64_t age = s->version - version;
-	int stale = s->mode == MODE_ASYNC ? s->max_staleness > 0 && age > (uint64_t)s->max_staleness
+	uint64_t age = before ? 0 : s->version - version;
+	int stale = s->mode == MODE_ASYNC ? before || (s->max_staleness > 0 && age > (uint64_t)s->max_staleness)
 					  : version < s->version || (s->total > 0 && version >= (uint64_t)s->total);
 	if (stale) {
 		s->received++;
@@ -271,6 +275,7 @@ int psrows_has_pushed(const struct psrows *s, int slice)
 
 void psrows_rewind(struct psrows *s, uint64_t version)
 {
+	s->went_back_from = s->version > s->went_back_from ? s->version : s->went_back_from;
 	s->undo_ok = 0;
 	s->version = version;
 	s->nwaiting = 0;

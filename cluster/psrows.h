@@ -28,8 +28,9 @@
  *
  * async: each push is applied on arrival, its rows' step divided by its
  * staleness v - t + 1 with staleness_lr (the learning rate scaled, as the
- * dense rule scales Adam's step), dropped as stale past max_staleness,
- * and v moves by one.
+ * dense rule scales Adam's step), dropped as stale past max_staleness or
+ * when tagged above v but at a version the rows had before a rewind, and
+ * v moves by one.
  *
  * Every push is checked before it is used: its slice, its ids (strictly
  * ascending, inside [r0, r1), at most cap of them) and its values
@@ -55,6 +56,7 @@ struct psrows {
 	float *table;               /* (n, DIM) the rows' values */
 	struct sparse_optim opt;    /* over the n rows */
 	uint64_t version;           /* v */
+	uint64_t went_back_from;    /* the highest v before a rewind (0: none) */
 	long total;                 /* sync: a push at or past it is stale */
 	enum train_mode mode;
 	int workers;                /* S: the slices a step has (psshard's name) */

@@ -280,6 +280,31 @@ void target_read_params(int fd, struct hs_result *hr)
 	cr_assert_eq(msg_type(buf, len, err, sizeof(err)), WIRE_PARAMS, "%s", err);
 }
 
+int target_recv_msg(int fd, struct hs_result *hr, uint8_t *buf, size_t *len, const char *what)
+{
+	char err[256];
+	for (;;) {
+		int r = sock_read_frame(SOCK_FD(fd), &hr->recv, buf, FRAME_CT_MAX, len, IO_MS, err, sizeof(err));
+		cr_assert_eq(r, 0, "no answer to %s: %s", what, err);
+		r = msg_type(buf, *len, err, sizeof(err));
+		cr_assert_geq(r, 0, "%s", err);
+		if (r != WIRE_HEARTBEAT)
+			return r;
+	}
+}
+
+uint32_t target_ack_status(int fd, struct hs_result *hr, const char *what)
+{
+	static uint8_t buf[FRAME_CT_MAX];
+	size_t len;
+	char err[256];
+	int type = target_recv_msg(fd, hr, buf, &len, what);
+	cr_assert_eq(type, WIRE_ACK, "%s was answered with %s", what, wire_msg_name((uint8_t)type));
+	struct msg_ack a;
+	cr_assert_eq(msg_decode_ack(buf, len, &a, err, sizeof(err)), 0, "%s", err);
+	return a.status;
+}
+
 void target_wipe(struct hs_result *hr)
 {
 	frame_key_wipe(&hr->send);

@@ -82,6 +82,11 @@ size_t target_seal_pull(struct frame_key *tx, uint8_t *out, size_t cap);
 void target_send(int fd, const void *b, size_t n);
 /* Reads one frame and asserts it is PARAMS. */
 void target_read_params(int fd, struct hs_result *hr);
+/* The next message from the ps but HEARTBEATs, opened into buf
+ * (FRAME_CT_MAX bytes); its type. what: the request, for the message. */
+int target_recv_msg(int fd, struct hs_result *hr, uint8_t *buf, size_t *len, const char *what);
+/* The next message is an ACK (after a PUSH or an SPUSH): its status. */
+uint32_t target_ack_status(int fd, struct hs_result *hr, const char *what);
 /* The ps closes fd without sending anything more, within limit_ms; how
  * long that took in seconds. */
 double target_expect_closed(int fd, int limit_ms);

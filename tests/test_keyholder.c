@@ -145,21 +145,6 @@ static void send_push(int fd, struct hs_result *hr, uint32_t w, uint64_t v, uint
 	send_msg(fd, hr, m, len);
 }
 
-/* The next message from the ps but HEARTBEATs, opened into buf (FRAME_CT_MAX
- * bytes); its type. what: the request, for the message. */
-static int recv_msg(int fd, struct hs_result *hr, uint8_t *buf, size_t *len, const char *what)
-{
-	char err[256];
-	for (;;) {
-		int r = sock_read_frame(SOCK_FD(fd), &hr->recv, buf, FRAME_CT_MAX, len, IO_MS, err, sizeof(err));
-		cr_assert_eq(r, 0, "no answer to %s: %s", what, err);
-		r = msg_type(buf, *len, err, sizeof(err));
-		cr_assert_geq(r, 0, "%s", err);
-		if (r != WIRE_HEARTBEAT)
-			return r;
-	}
-}
-
 /* The answer to `what` is ERROR(code) whose text holds n1 and n2 (NULL:
  * nothing more), and then the ps closes. */
 static void expect_error(int fd, struct hs_result *hr, const char *what, uint32_t code,
@@ -168,7 +153,7 @@ static void expect_error(int fd, struct hs_result *hr, const char *what, uint32_
 	static uint8_t buf[FRAME_CT_MAX];
 	size_t len;
 	char err[256];
-	int type = recv_msg(fd, hr, buf, &len, what);
+	int type = target_recv_msg(fd, hr, buf, &len, what);
 	cr_assert_eq(type, WIRE_ERROR, "%s was answered with %s, not ERROR", what,
 		     wire_msg_name((uint8_t)type));
 	struct msg_error me;
@@ -187,26 +172,13 @@ static uint64_t recv_params(int fd, struct hs_result *hr, float *p)
 	static uint8_t buf[FRAME_CT_MAX];
 	size_t len;
 	char err[256];
-	cr_assert_eq(recv_msg(fd, hr, buf, &len, "PULL"), WIRE_PARAMS);
+	cr_assert_eq(target_recv_msg(fd, hr, buf, &len, "PULL"), WIRE_PARAMS);
 	struct msg_chunk ch;
 	cr_assert_eq(msg_decode_chunk(buf, len, &ch, err, sizeof(err)), 0, "%s", err);
 	cr_assert(ch.offset == 0 && ch.count == NPARAMS, "PARAMS [%llu, +%u)",
 		  (unsigned long long)ch.offset, ch.count);
 	msg_chunk_floats(p, &ch);
 	return ch.version;
-}
-
-/* The ACK's status after a PUSH. */
-static uint32_t recv_ack_status(int fd, struct hs_result *hr, const char *what)
-{
-	static uint8_t buf[FRAME_CT_MAX];
-	size_t len;
-	char err[256];
-	int type = recv_msg(fd, hr, buf, &len, what);
-	cr_assert_eq(type, WIRE_ACK, "%s was answered with %s", what, wire_msg_name((uint8_t)type));
-	struct msg_ack a;
-	cr_assert_eq(msg_decode_ack(buf, len, &a, err, sizeof(err)), 0, "%s", err);
-	return a.status;
 }
 
 /* Async: after a ROLLBACK (another worker's recovery), a PUSH tagged with
@@ -226,7 +198,7 @@ Test(keyholder, async_push_from_before_a_rollback_is_stale)
 	cr_assert_eq(recv_params(fd, &hr, p), 0);
 	for (uint64_t v = 0; v < 3; v++) {
 		send_push(fd, &hr, 0, v, 0, NPARAMS, g);
-		cr_assert_eq(recv_ack_status(fd, &hr, "a push"), MSG_ACK_APPLIED, "push %llu", (unsigned long long)v);
+		cr_assert_eq(target_ack_status(fd, &hr, "a push"), MSG_ACK_APPLIED, "push %llu", (unsigned long long)v);
 	}
 	uint8_t m[64];
 	size_t len;
@@ -237,7 +209,7 @@ Test(keyholder, async_push_from_before_a_rollback_is_stale)
 	send_pull(fd, &hr, 0, MSG_VERSION_LATEST);
 	cr_assert_eq(recv_params(fd, &hr, p), 0, "rolled back to 0");
 	send_push(fd, &hr, 0, 2, 0, NPARAMS, g);
-	cr_assert_eq(recv_ack_status(fd, &hr, "a push from before the rollback"), MSG_ACK_STALE);
+	cr_assert_eq(target_ack_status(fd, &hr, "a push from before the rollback"), MSG_ACK_STALE);
 	send_push(fd, &hr, 0, 4, 0, NPARAMS, g);
 	expect_error(fd, &hr, "a push above every version the shard had", EPROTO, "the shard is at version 0",
 		     NULL);
@@ -317,7 +289,7 @@ static int recv_all_params(int fd, struct hs_result *hr, float *p, unsigned *fir
 	int xors = 0;
 	while (!msg_assembly_done(&a)) {
 		size_t len;
-		int type = recv_msg(fd, hr, buf, &len, "a PULL");
+		int type = target_recv_msg(fd, hr, buf, &len, "a PULL");
 		if (type == WIRE_ACK)
 			continue;
 		cr_assert_eq(type, WIRE_PARAMS, "%s", wire_msg_name((uint8_t)type));
@@ -884,7 +856,7 @@ static uint64_t recv_view_params(int fd, struct hs_result *hr, float *p, const c
 	size_t len;
 	char err[256];
 	int type;
-	while ((type = recv_msg(fd, hr, buf, &len, what)) == WIRE_VIEW)
+	while ((type = target_recv_msg(fd, hr, buf, &len, what)) == WIRE_VIEW)
 		;
 	cr_assert_eq(type, WIRE_PARAMS, "%s was answered with %s", what, wire_msg_name((uint8_t)type));
 	struct msg_chunk ch;

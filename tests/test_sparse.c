@@ -754,12 +754,7 @@ static void kh_expect_error(int fd, struct hs_result *hr, const struct kh_refusa
 	static uint8_t buf[FRAME_CT_MAX];
 	size_t len;
 	char err[256];
-	int type;
-	do {
-		cr_assert_eq(sock_read_frame(SOCK_FD(fd), &hr->recv, buf, sizeof(buf), &len, IO_MS, err, sizeof(err)), 0,
-			     "%s: no answer: %s", rf->name, err);
-		type = msg_type(buf, len, err, sizeof(err));
-	} while (type == WIRE_HEARTBEAT);
+	int type = target_recv_msg(fd, hr, buf, &len, rf->name);
 	cr_assert_eq(type, WIRE_ERROR, "%s: answered with %s", rf->name, wire_msg_name((uint8_t)type));
 	struct msg_error me;
 	cr_assert_eq(msg_decode_error(buf, len, &me, err, sizeof(err)), 0, "%s", err);
@@ -804,31 +799,6 @@ ParameterizedTest(struct kh_refusal *rf, sparse, row_request_that_cannot_be_hono
 	cr_assert_not_null(strstr(slurp(out[1]), "done: 20 steps"), "%s", slurp(out[1]));
 }
 
-/* The next message but HEARTBEATs: its type, its bytes in buf. */
-static int kh_recv(int fd, struct hs_result *hr, uint8_t *buf, size_t cap, size_t *len, const char *what)
-{
-	char err[256];
-	int type;
-	do {
-		cr_assert_eq(sock_read_frame(SOCK_FD(fd), &hr->recv, buf, cap, len, IO_MS, err, sizeof(err)), 0,
-			     "%s: no answer: %s", what, err);
-		type = msg_type(buf, *len, err, sizeof(err));
-	} while (type == WIRE_HEARTBEAT);
-	return type;
-}
-
-static uint32_t kh_ack_status(int fd, struct hs_result *hr, const char *what)
-{
-	static uint8_t buf[FRAME_CT_MAX];
-	size_t len;
-	char err[256];
-	int type = kh_recv(fd, hr, buf, sizeof(buf), &len, what);
-	cr_assert_eq(type, WIRE_ACK, "%s was answered with %s", what, wire_msg_name((uint8_t)type));
-	struct msg_ack a;
-	cr_assert_eq(msg_decode_ack(buf, len, &a, err, sizeof(err)), 0, "%s", err);
-	return a.status;
-}
-
 /* Async, as a dense PUSH (keyholder/async_push_from_before_a_rollback_is_stale):
  * after a ROLLBACK (another worker's recovery), rows pushed at a version
  * the rows had before it are dropped as stale, so that their worker goes
@@ -849,12 +819,12 @@ Test(sparse, async_rows_from_before_a_rollback_are_stale)
 	 * for a ROLLBACK to rewind anything. */
 	for (uint64_t v = 0; v < 3; v++) {
 		kh_send_rows(fd, &hr, WIRE_SPUSH, v, 3, 0, kh_ids() + 1, 3, 0.5f, 0);
-		cr_assert_eq(kh_ack_status(fd, &hr, "rows"), MSG_ACK_APPLIED, "rows at %llu", (unsigned long long)v);
+		cr_assert_eq(target_ack_status(fd, &hr, "rows"), MSG_ACK_APPLIED, "rows at %llu", (unsigned long long)v);
 		struct msg_chunk ch = { .type = WIRE_PUSH, .shard = 0, .version = v, .worker = 0, .offset = 0,
 					.count = 953 };
 		cr_assert_eq(msg_encode_chunk(m, sizeof(m), &ch, g, &len, err, sizeof(err)), 0, "%s", err);
 		kh_send(fd, &hr, m, len);
-		cr_assert_eq(kh_ack_status(fd, &hr, "a push"), MSG_ACK_APPLIED, "push at %llu", (unsigned long long)v);
+		cr_assert_eq(target_ack_status(fd, &hr, "a push"), MSG_ACK_APPLIED, "push at %llu", (unsigned long long)v);
 	}
 	struct msg_rollback rb = { .step = 0 };
 	cr_assert_eq(msg_encode_rollback(m, sizeof(m), &rb, &len, err, sizeof(err)), 0, "%s", err);
@@ -862,7 +832,7 @@ Test(sparse, async_rows_from_before_a_rollback_are_stale)
 	const char *rolled = "ps 0: rolled back from version 3 to step 0";
 	cr_assert_not_null(strstr(target_wait_log(&t, rolled), rolled), "%s", slurp(t.log));
 	kh_send_rows(fd, &hr, WIRE_SPUSH, 2, 3, 0, kh_ids() + 1, 3, 0.5f, 0);
-	cr_assert_eq(kh_ack_status(fd, &hr, "rows from before the rollback"), MSG_ACK_STALE);
+	cr_assert_eq(target_ack_status(fd, &hr, "rows from before the rollback"), MSG_ACK_STALE);
 	kh_send_rows(fd, &hr, WIRE_SPUSH, 4, 3, 0, kh_ids() + 1, 3, 0.5f, 0);
 	struct kh_refusal above = { "rows above every version", 1, 0, EPROTO, "the rows are at version 0" };
 	kh_expect_error(fd, &hr, &above);

@@ -64,7 +64,9 @@ struct gpu_arena {
 
 /* On `device`, with cudaMalloc; reads ARENA_EXACT_ENV (arena.cu). Returns
  * 0, or a negative errno with the reason (the cudaMalloc that failed and
- * its size, or the variable's bad value) in err. */
+ * its size, or the variable's bad value) in err. `device` is one
+ * gpu_query() accepted (gpu_backend_open checks it before opening the
+ * arena): cudaSetDevice is never handed an unchecked ordinal. */
 int arena_init(struct gpu_arena *a, int device, size_t cap, int growth, char *err, size_t errlen);
 
 /* arena_init with the memory and the mode given: what arena_init and the

@@ -53,8 +53,31 @@ extern "C" int gpu_count(int *n, char *err, size_t errlen)
 	return 0;
 }
 
+/* Whether index names a visible GPU, asked of cudaGetDeviceCount before
+ * any call takes the ordinal: the runtime refuses one past the last with
+ * cudaErrorInvalidDevice, which compute-sanitizer reports as an API error
+ * even where the caller expects the refusal (test gpu/query_every_device
+ * asks for one on purpose). 0, or -ENODEV with the reason in err. */
+static int device_check(int index, char *err, size_t errlen)
+{
+	char why[200];
+	int n = 0;
+	if (gpu_count(&n, why, sizeof(why)) < 0) {
+		snprintf(err, errlen, "gpu:%d: %s", index, why);
+		return -ENODEV;
+	}
+	if (index < 0 || index >= n) {
+		snprintf(err, errlen, "gpu:%d: no such GPU (%d visible, gpu:0 to gpu:%d)", index, n, n - 1);
+		return -ENODEV;
+	}
+	return 0;
+}
+
 extern "C" int gpu_query(int index, struct gpu_info *info, char *err, size_t errlen)
 {
+	int r = device_check(index, err, errlen);
+	if (r)
+		return r;
 	cudaDeviceProp p;
 	cudaError_t e = cudaGetDeviceProperties(&p, index);
 	if (e != cudaSuccess) {

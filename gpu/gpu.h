@@ -22,6 +22,11 @@ const char *gpu_build_info(void);
  * (built without CUDA, no driver, no device). */
 int gpu_count(int *n, char *err, size_t errlen);
 
+/* gpu:index's name, memory and compute capability in *info. Returns 0, or
+ * -ENODEV with the reason in err: gpu_count()'s, or "gpu:4: no such GPU
+ * (2 visible, gpu:0 to gpu:1)". The index is checked against
+ * gpu_count() before the runtime sees it, so asking past the last GPU is
+ * no CUDA error (compute-sanitizer reports those). */
 int gpu_query(int index, struct gpu_info *info, char *err, size_t errlen);
 
 /* Whether this binary carries code for GPU `device` (gpu/arch.h has the

@@ -54,8 +54,37 @@ Test(gpu, query_every_device)
 		int want = gpu_arch_supported(g.cc_major, g.cc_minor, why, sizeof(why));
 		cr_assert_eq(gpu_arch_check(i, aerr, sizeof(aerr)), want, "gpu:%d: %s", i, aerr);
 	}
-	cr_assert_neq(gpu_query(n, &(struct gpu_info){ 0 }, err, sizeof(err)), 0,
-		      "querying a GPU past the last one must fail");
+	/* Refused before the runtime sees the ordinal: under compute-sanitizer
+	 * a cudaGetDeviceProperties(n) was an API error (invalid device
+	 * ordinal), though the test expected the refusal. */
+	const int bad[] = { n, n + 7, -1 };
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		char want[64];
+		cr_assert_eq(gpu_query(bad[i], &(struct gpu_info){ 0 }, err, sizeof(err)), -ENODEV,
+			     "querying gpu:%d of %d must fail", bad[i], n);
+		snprintf(want, sizeof(want), "gpu:%d: no such GPU (%d visible", bad[i], n);
+		cr_assert_not_null(strstr(err, want), "message: %s", err);
+		cr_assert_eq(gpu_arch_check(bad[i], err, sizeof(err)), -ENODEV, "gpu:%d of %d", bad[i], n);
+		cr_assert_not_null(strstr(err, want), "message: %s", err);
+	}
+}
+
+/* Without a GPU every index is refused with discovery's reason; in every
+ * build, GPU or not. */
+Test(gpu, query_without_a_gpu_has_a_reason)
+{
+	char why[256] = "", err[320] = "";
+	int n = -1;
+	if (gpu_count(&n, why, sizeof(why)) == 0)
+		cr_skip_test("a GPU is present (%d visible): query_every_device checks the refusals", n);
+	const int idx[] = { 0, 1, -1 };
+	for (size_t i = 0; i < sizeof(idx) / sizeof(idx[0]); i++) {
+		char want[32];
+		cr_assert_eq(gpu_query(idx[i], &(struct gpu_info){ 0 }, err, sizeof(err)), -ENODEV);
+		snprintf(want, sizeof(want), "gpu:%d: ", idx[i]);
+		cr_assert(strstr(err, want) || strstr(err, "without CUDA"), "message: %s", err);
+		cr_assert(strstr(err, why), "message %s lacks discovery's reason %s", err, why);
+	}
 }
 
 static int placement(const char *ini, char *out, size_t outlen, char *err, size_t errlen)

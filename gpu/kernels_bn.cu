@@ -1,6 +1,8 @@
 /* CUDA twins of batch normalization (core/nn/batchnorm.c): the same
  * semantics (sums in double, the biased variance, PyTorch's running
- * statistics' momentum); only summation order differs.
+ * statistics' momentum); only summation order differs. The normalization
+ * and the input gradient round as the CPU's, one operation at a time
+ * (bn_coef says why).
  *
  * The per-channel sums (forward: of x - k and its square; backward: of dy
  * and dy * xhat) are split over many blocks a channel and met by the last
@@ -41,13 +43,32 @@ __global__ void bn_stats_kernel(float *mean, float *var, const float *inp, int C
 	var[c] = (float)(v > 0.0 ? v : 0.0);
 }
 
-/* y = a x + d with a = gamma / sqrt(var + eps), d = beta - a mean (the
- * batch's statistics in training, the running ones in evaluation), as
- * the CPU computes them; relu: then relu_forward's x < 0 ? 0 : x (a NaN
- * stays NaN). */
+/* a = gamma / sqrt(var + eps) and d = beta - a mean (the batch's
+ * statistics in training, the running ones in evaluation), each operation
+ * rounded as the CPU twin rounds it (bn_forward_channels): nvcc would
+ * contract d and bn_y's a x + d into FMAs. Where the variance is well
+ * under eps and the mean is not small, a x and a mean are large and
+ * cancel, so a fused rounding moved y by 1.1e-5 of the largest output
+ * (gpu_kernels case 31: 3 values a channel) and by 6e-4 around 10 (case
+ * 34); the statistics themselves agreed bit for bit. The __f*_rn
+ * intrinsics are never contracted, nor changed by fast-math flags. */
+__device__ static void bn_coef(float gamma, float var, float beta, float mean, float &a, float &d)
+{
+	a = __fdiv_rn(gamma, __fsqrt_rn(__fadd_rn(var, BATCHNORM_EPS)));
+	d = __fsub_rn(beta, __fmul_rn(a, mean));
+}
+
+/* 1 / sqrt(var + eps), rounded as the CPU's backward rounds it. */
+__device__ static float bn_invstd(float var)
+{
+	return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, BATCHNORM_EPS)));
+}
+
+/* y = a x + d, rounded as chan_affine's; relu: then relu_forward's
+ * x < 0 ? 0 : x (a NaN stays NaN). */
 __device__ static float bn_y(float x, float a, float d, int relu)
 {
-	float y = a * x + d;
+	float y = __fadd_rn(__fmul_rn(a, x), d);
 	return relu && y < 0.0f ? 0.0f : y;
 }
 
@@ -57,8 +78,9 @@ __global__ void bn_apply_kernel(float *out, const float *inp, const float *mean,
 {
 	GRID_STRIDE_T(I, i, total) {
 		int c = (int)(i / HW % (I)C);
-		float a = gamma[c] / sqrtf(var[c] + BATCHNORM_EPS);
-		out[i] = bn_y(inp[i], a, beta[c] - a * mean[c], relu);
+		float a, d;
+		bn_coef(gamma[c], var[c], beta[c], mean[c], a, d);
+		out[i] = bn_y(inp[i], a, d, relu);
 	}
 }
 
@@ -79,7 +101,8 @@ __global__ void bn_relu_pool_kernel(float *act, float *out, const float *inp, co
 		I row = idx / (I)TW, p = row / (I)TH;
 		int tw = (int)(idx - row * TW), th = (int)(row - p * TH);
 		int c = (int)(p % (I)C);
-		float a = gamma[c] / sqrtf(var[c] + BATCHNORM_EPS), d = beta[c] - a * mean[c];
+		float a, d;
+		bn_coef(gamma[c], var[c], beta[c], mean[c], a, d);
 		int h0 = th * w.K, x0 = tw * w.K;
 		int h1 = h0 + w.K < w.H ? h0 + w.K : w.H, x1 = x0 + w.K < w.W ? x0 + w.K : w.W;
 		float m = 0.0f, sum = 0.0f;
@@ -159,7 +182,7 @@ __global__ void bn_dsums_kernel(float *sums, float *dgamma, float *dbeta, float 
 	int c = blockIdx.x;
 	I stride = (I)C * HW, base = (I)c * HW;
 	float mu = mean[c];
-	float invstd = 1.0f / sqrtf(var[c] + BATCHNORM_EPS);
+	float invstd = bn_invstd(var[c]);
 	double a = 0.0, b = 0.0;
 	CHAN_LOOP(I, j, n) {
 		I p = j / HW, at = base + p * stride + (j - p * HW);
@@ -181,8 +204,9 @@ __global__ void bn_dsums_kernel(float *sums, float *dgamma, float *dbeta, float 
 	}
 }
 
-/* dx = gamma invstd / n (n dy - sum dy - xhat sum(dy xhat)); dinp may
- * alias dout (each element is read, then written, by one thread). */
+/* dx = gamma invstd / n (n dy - sum dy - xhat sum(dy xhat)), rounded as
+ * chan_dinp's (no FMAs: bn_coef says why); dinp may alias dout (each
+ * element is read, then written, by one thread). */
 template <typename I>
 __global__ void bn_dinp_kernel(float *dinp, const float *dout, const float *inp,
 			       const float *gamma, const float *mean, const float *var,
@@ -190,9 +214,11 @@ __global__ void bn_dinp_kernel(float *dinp, const float *dout, const float *inp,
 {
 	GRID_STRIDE_T(I, i, total) {
 		int c = (int)(i / HW % (I)C);
-		float invstd = 1.0f / sqrtf(var[c] + BATCHNORM_EPS);
-		float xhat = (inp[i] - mean[c]) * invstd;
-		dinp[i] = gamma[c] * invstd / fn * (fn * dout[i] - sums[2 * c] - xhat * sums[2 * c + 1]);
+		float invstd = bn_invstd(var[c]);
+		float xhat = __fmul_rn(__fsub_rn(inp[i], mean[c]), invstd);
+		float k = __fdiv_rn(__fmul_rn(gamma[c], invstd), fn);
+		float t = __fsub_rn(__fmul_rn(fn, dout[i]), sums[2 * c]);
+		dinp[i] = __fmul_rn(k, __fsub_rn(t, __fmul_rn(xhat, sums[2 * c + 1])));
 	}
 }
 

@@ -835,8 +835,13 @@ static int draw(uint64_t stream, uint64_t i, int lo, int hi)
  * one: random shapes (none a multiple of a block's values), a channel of
  * the example CNN's size (25 blocks a channel), one block a channel where
  * the scratch's slots run out (70001 channels), the input gradient in
- * place and not asked for, and a channel far from zero, whose variance a
- * one-pass sum of squares without the shift would lose. */
+ * place and not asked for, and channels far from zero, whose variance a
+ * one-pass sum of squares without the shift would lose: at 1e6, and
+ * 200,704 values around 10 (98 blocks a channel). Last, 3 values a
+ * channel around 10 within 1e-3: a variance far under eps makes the
+ * scale a large, so a x and a mean cancel in y = a x + (beta - a mean),
+ * and a kernel that fuses them into FMAs where the CPU rounds each step
+ * is 6e-4 off (case 31 was 1.1e-5 off at seed 1883221646121112). */
 Test(gpu_kernels, batchnorm_split_sums_random_shapes)
 {
 	struct backend b;
@@ -848,6 +853,8 @@ Test(gpu_kernels, batchnorm_split_sums_random_shapes)
 	bn_case(&b, 64, 32, 784, -1, 2, BN_APART, 30);
 	bn_case(&b, 3, 70001, 1, -1, 1, BN_NO_DINP, 31);
 	bn_case(&b, 7, 5, 3001, 1e6f - 0.5f, 1e6f + 0.5f, BN_STATS, 32);
+	bn_case(&b, 256, 2, 784, 9.5f, 10.5f, BN_APART, 33);
+	bn_case(&b, 3, 4096, 1, 10.0f, 10.001f, BN_APART, 34);
 	gpu_backend_close(&b);
 }
 

@@ -74,18 +74,20 @@ int ps_push_piece(struct ps_conn *cn, uint64_t tag, size_t j, const float *g, ch
 	size_t lo, hi;
 	psshard_piece_range(&ps->sh, j, &lo, &hi);
 	pthread_mutex_lock(&ps->mu);
+	uint64_t moves = psshard_lead_moves(&ps->sh);
 	int r = psshard_push_piece(&ps->sh, cn->slice, tag, j, g, hi == ps->sh.n, &cn->last_oc);
 	cn->pushed |= r == 0 || r == -EALREADY;
 	uint64_t v = psshard_version(&ps->sh);
-	/* Only a finished piece is news to a waiting PULL (a broadcast per
-	 * chunk woke every streamer twice as often for nothing), or, once
-	 * every other worker is done, this worker's whole gradient: its own
-	 * streamer then stops waiting (pull_hopeless) at once, not at its
-	 * next HEARTBEAT. */
+	/* Only the leading pieces growing is news to a waiting PULL (a
+	 * streamer waits on the first piece it has not sent, a whole PULL
+	 * on the version; psshard_lead_moves), or, once every other worker
+	 * is done, this worker's whole gradient: its own streamer then
+	 * stops waiting (pull_hopeless) at once, not at its next
+	 * HEARTBEAT. */
 	int applied = r == 0 && cn->last_oc == PSSHARD_APPLIED;
 	if (applied)
 		ps_store_pushed(&ps->store);
-	if (applied || ((r == 0 || r == -EALREADY) && members_others_done(&ps->mb) &&
+	if (psshard_lead_moves(&ps->sh) != moves || ((r == 0 || r == -EALREADY) && members_others_done(&ps->mb) &&
 			psshard_has_pushed(&ps->sh, cn->w)))
 		pthread_cond_broadcast(&ps->pull_cv);
 	pthread_mutex_unlock(&ps->mu);

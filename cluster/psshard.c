@@ -181,6 +181,11 @@ static int piece_pushed_get(const struct psshard *s, size_t j, int w)
 	return (int)((piece_pushed(s, j)[w / 64] >> (w % 64)) & 1u);
 }
 
+/* Leading pieces a streamer is woken for at a time (512 KiB), or the
+ * last ones: a gradient pushed in order made the lead grow by one piece
+ * at a time, and each woke the streamer to send one piece. */
+#define LEAD_BATCH 8
+
 /* Values summed at a time by piece_apply: 4 KiB, so a block's sum stays
  * in L1 from the add to the optimizer's read of it. */
 #define APPLY_BLOCK 1024
@@ -201,7 +206,15 @@ static void piece_apply(struct psshard *s, size_t j, int last_w, const float *g)
 	const int16_t *slot_of = s->pslot + j * (size_t)s->workers;
 	float lr = optim_lr(&s->opt.cfg, (long)s->version, s->total);
 	float acc[APPLY_BLOCK];
-	for (size_t b = lo; b < hi; b += APPLY_BLOCK) {
+	/* One worker's gradient is stepped from where it lies: nothing to
+	 * sum, and a division by one changes no bit. A ps beside one GPU
+	 * worker spent a fifth of its CPU copying and dividing it. */
+	if (s->replicas == 1) {
+		if (s->prev)
+			memcpy(s->prev + lo, s->params + lo, (hi - lo) * sizeof(float));
+		optim_step_part(&s->opt, s->params, g, lo, hi, lr);
+	}
+	for (size_t b = lo; s->replicas > 1 && b < hi; b += APPLY_BLOCK) {
 		size_t m = hi - b < APPLY_BLOCK ? hi - b : APPLY_BLOCK;
 		int first = 1;
 		for (int w = 0; w < s->workers; w++) {
@@ -220,6 +233,13 @@ static void piece_apply(struct psshard *s, size_t j, int last_w, const float *g)
 		optim_step_part(&s->opt, s->params, acc, b, b + m, lr);
 	}
 	s->pver[j]++;
+	if (j == s->lead) {
+		size_t was = s->lead;
+		while (s->lead < s->npieces && s->pver[s->lead] != s->version)
+			s->lead++;
+		if (s->lead / LEAD_BATCH != was / LEAD_BATCH || s->lead == s->npieces)
+			s->lead_moves++;
+	}
 	if (s->prev)
 		s->pprev[j] = s->pver[j];
 	s->pwaiting[j] = 0;
@@ -229,6 +249,7 @@ static void piece_apply(struct psshard *s, size_t j, int last_w, const float *g)
 		s->version++;
 		s->applied++;
 		s->behind = s->npieces;
+		s->lead = 0;
 	}
 }
 
@@ -436,6 +457,13 @@ void psshard_rewind(struct psshard *s, uint64_t version)
 	if (s->npieces)
 		memset(s->ppushed, 0, s->npieces * PSSHARD_PUSHED_WORDS * sizeof(uint64_t));
 	s->behind = s->npieces;
+	s->lead = 0;
+	s->lead_moves++;
+}
+
+uint64_t psshard_lead_moves(const struct psshard *s)
+{
+	return s->lead_moves;
 }
 
 const char *psshard_outcome_name(enum psshard_outcome o)

@@ -21,12 +21,19 @@
 static const char RING_MAGIC[8] = "PSRING1";
 
 /* One direction's counters: the writer's and the reader's on lines of
- * their own, so that neither end's stores bounce the other's line. */
+ * their own, so that neither end's stores bounce the other's line. A
+ * sleeper's flag and its wake_at, the peer's count at which to wake it,
+ * sit in the line of the counter it waits on. wake_at came after the
+ * first layout, in the lines' spare bytes: a peer without it never sets
+ * it (0: wake at any progress, as before) and never reads ours (it wakes
+ * us at any progress, and we look and sleep again). */
 struct ring_side {
 	_Alignas(64) _Atomic uint64_t head; /* bytes written */
 	atomic_uint reader_sleeps;
+	_Atomic uint64_t reader_wake_at;
 	_Alignas(64) _Atomic uint64_t tail; /* bytes read */
 	atomic_uint writer_sleeps;
+	_Atomic uint64_t writer_wake_at;
 };
 _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2 && ATOMIC_INT_LOCK_FREE == 2,
 	       "counters shared between processes must be lock-free");
@@ -322,16 +329,18 @@ int ring_accept(struct ring *r, int fd, int timeout_ms, char *err, size_t errlen
 /* ---- reads and writes ----------------------------------------------------- */
 
 /* Sleeps until the peer kicks efd, the socket reports one of events (or
- * hangs up), or the deadline: the flag first, then one more look at the
- * peer's counter (it may have moved since the caller's look; the peer
- * stores it, then reads the flag: one of the two sees the other), then
- * poll. 0: look again; 1: the socket has news; -ETIMEDOUT; or poll's
- * errno. */
-static int ring_wait(struct ring *r, int efd, atomic_uint *sleeps, _Atomic uint64_t *ctr,
-		     uint64_t seen, short events, int64_t deadline)
+ * hangs up), or the deadline: wake_at and the flag first, then one more
+ * look at the peer's counter (it may have moved since the caller's look;
+ * the peer stores it, then reads the flag: one of the two sees the
+ * other), then poll. The peer kicks only once its counter reaches
+ * wake_at (ring_wake). 0: look again; 1: the socket has news;
+ * -ETIMEDOUT; or poll's errno. */
+static int ring_wait(struct ring *r, int efd, atomic_uint *sleeps, _Atomic uint64_t *wake_at,
+		     _Atomic uint64_t *ctr, uint64_t until, short events, int64_t deadline)
 {
+	atomic_store(wake_at, until);
 	atomic_store(sleeps, 1);
-	if (atomic_load(ctr) != seen) {
+	if ((int64_t)(atomic_load(ctr) - until) >= 0) {
 		atomic_store(sleeps, 0);
 		return 0;
 	}
@@ -350,12 +359,30 @@ static int ring_wait(struct ring *r, int efd, atomic_uint *sleeps, _Atomic uint6
 	return p[1].revents ? 1 : 0;
 }
 
-/* Wakes the peer if it sleeps on the counter we just stored. */
-static void ring_wake(atomic_uint *sleeps, int efd)
+/* Wakes the peer if it sleeps on the counter we just stored, pos, and
+ * pos is as far as it asked (ring_wait's until): a peer short of a whole
+ * frame, or of a quarter of the ring's room, is woken once for it, not
+ * at every copy. A writer that outran its reader by a ring was woken for
+ * each 64 KiB piece the reader freed, and a ps spent about 2 ms of its 6
+ * a step of the CNN waking and being woken (perf, 276 switches a step).
+ * The peer set until before its flag, so with the flag seen it is seen. */
+static void ring_wake(atomic_uint *sleeps, _Atomic uint64_t *wake_at, uint64_t pos, int efd)
 {
 	atomic_thread_fence(memory_order_seq_cst);
-	if (atomic_load_explicit(sleeps, memory_order_relaxed) && atomic_exchange(sleeps, 0))
+	if (!atomic_load_explicit(sleeps, memory_order_acquire))
+		return;
+	if ((int64_t)(pos - atomic_load_explicit(wake_at, memory_order_relaxed)) < 0)
+		return;
+	if (atomic_exchange(sleeps, 0))
 		kick(efd);
+}
+
+/* Stores our counter, which the peer may act on at once, and wakes it. */
+static void ring_show(_Atomic uint64_t *mine, uint64_t pos, atomic_uint *sleeps, _Atomic uint64_t *wake_at,
+		      int efd)
+{
+	atomic_store_explicit(mine, pos, memory_order_release);
+	ring_wake(sleeps, wake_at, pos, efd);
 }
 
 static size_t iov_len(const struct iovec *iov, int n)
@@ -398,11 +425,13 @@ static int ring_move(struct ring *r, const struct iovec *iov, int n, int timeout
 	_Atomic uint64_t *mine = writing ? &s->head : &s->tail, *theirs = writing ? &s->tail : &s->head;
 	atomic_uint *sleeps = writing ? &s->writer_sleeps : &s->reader_sleeps;
 	atomic_uint *wakes = writing ? &s->reader_sleeps : &s->writer_sleeps;
+	_Atomic uint64_t *my_wake = writing ? &s->writer_wake_at : &s->reader_wake_at;
+	_Atomic uint64_t *their_wake = writing ? &s->reader_wake_at : &s->writer_wake_at;
 	atomic_int *shut = writing ? &r->shut_wr : &r->shut_rd;
 	uint8_t *data = writing ? r->txd : r->rxd;
 	size_t len = iov_len(iov, n), done = 0, off = 0;
 	int64_t deadline = sock_deadline(timeout_ms);
-	uint64_t pos = atomic_load_explicit(mine, memory_order_relaxed);
+	uint64_t pos = atomic_load_explicit(mine, memory_order_relaxed), shown = pos;
 	for (int at = 0; at < n;) {
 		size_t want = iov[at].iov_len - off;
 		if (want == 0) {
@@ -419,12 +448,22 @@ static int ring_move(struct ring *r, const struct iovec *iov, int n, int timeout
 			return err_set(err, errlen, -EPROTO, "ring out of order: %" PRIu64
 				       " bytes in flight, %zu fit", held, r->cap);
 		uint64_t ready = writing ? r->cap - held : held;
+		if (ready == 0 && shown != pos) {
+			ring_show(mine, pos, wakes, their_wake, writing ? r->tx_data : r->rx_space);
+			shown = pos;
+			continue;
+		}
 		if (ready == 0) {
 			/* A reader wakes for the socket's end (after what is in
 			 * the ring); a writer (events 0) only for a hang-up: both
 			 * halves shut, the peer gone or we shut it all. */
-			int w = ring_wait(r, writing ? r->tx_space : r->rx_data, sleeps, theirs, other,
-					  writing ? 0 : POLLIN, deadline);
+			/* Wake for what is left of this call, or a quarter of
+			 * the ring if more: either comes, since a reader that
+			 * blocks has emptied the ring and a writer finishes
+			 * what its reader waits for. */
+			size_t need = len - done < r->cap / 4 ? len - done : r->cap / 4;
+			int w = ring_wait(r, writing ? r->tx_space : r->rx_data, sleeps, my_wake, theirs,
+					  other + need, writing ? 0 : POLLIN, deadline);
 			if (w == -ETIMEDOUT)
 				return err_set(err, errlen, w, "%s timed out after %d ms with %zu of %zu bytes",
 					       verb, timeout_ms, done, len);
@@ -451,9 +490,17 @@ static int ring_move(struct ring *r, const struct iovec *iov, int n, int timeout
 		pos += k;
 		off += k;
 		done += k;
-		atomic_store_explicit(mine, pos, memory_order_release);
-		ring_wake(wakes, writing ? r->tx_data : r->rx_space);
+		/* Shown a quarter of the ring at a time and at the end, not
+		 * at each part (a frame's header, then its body): the peer
+		 * wakes once for a frame, and while a long write goes on its
+		 * reader still has three quarters of the ring to take. */
+		if (pos - shown >= r->cap / 4) {
+			ring_show(mine, pos, wakes, their_wake, writing ? r->tx_data : r->rx_space);
+			shown = pos;
+		}
 	}
+	if (shown != pos)
+		ring_show(mine, pos, wakes, their_wake, writing ? r->tx_data : r->rx_space);
 	return 0;
 }
 

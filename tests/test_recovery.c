@@ -267,6 +267,21 @@ Test(recovery, async_killed_ps_rolls_back_everywhere, .timeout = 300)
 		int seen = wait_for_text(out[3], mark) && wait_for_text(out[2], mark), ws = 0;
 		kill(pids[k], SIGKILL);
 		waitpid(pids[k], &ws, 0);
+		/* A worker that connected after the other had trained past
+		 * the mark starts where the shards are ("continuing at step
+		 * 845", seen once in a full run on 2 CPUs) and never prints
+		 * it: run the trial again, as one that finished early. */
+		int late = strstr(slurp(out[3]), "continuing at step") || strstr(slurp(out[2]), "continuing at step");
+		if (!seen && late && att < 4) {
+			pid_t rest[3];
+			for (int i = 0, j = 0; i < 4; i++)
+				if (i != k)
+					kill(rest[j++] = pids[i], SIGKILL);
+			wait_children(rest, 3, st, RUN_TIMEOUT_S);
+			fprintf(stderr, "recovery: async trial %d: a worker joined past step %d; again\n", trial, kill_at);
+			trial--;
+			continue;
+		}
 		if (!seen) {
 			for (int i = 0; i < 4; i++)
 				kill(pids[i], SIGKILL);

@@ -10,6 +10,8 @@ void grad_fold_add(float *restrict acc, const float *restrict g, size_t n)
 void grad_fold_finish(float *acc, int S, size_t n)
 {
 	float d = (float)S;
+	if (S == 1) /* x / 1 is x, bit for bit */
+		return;
 	for (size_t i = 0; i < n; i++)
 		acc[i] /= d;
 }

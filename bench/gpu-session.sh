@@ -40,8 +40,8 @@
 #             units the limit leaves out are listed with the SANITIZE=... that runs them
 #   bench-cnn (240/150; ~2 min) bench/gpu_mlp for the example CNN at batch 256, TF32 off and on,
 #             against PyTorch's CUDA graph (3 rounds) and eager (1 round)
-#   cluster-bench (180/90; ~1.5 min) bench/gpu_cluster: `local`, 1 ps + 1 worker and 1 ps + 2
-#             workers beside it on this GPU (the ps over its Unix socket), for the CNN at batch 256
+#   cluster-bench (180/90; ~30 s) bench/gpu_cluster: `local`, 1 ps + 1 worker, 1 ps + 2 workers
+#             and 4 ps + 1 worker beside it on this GPU (over Unix sockets), for the CNN at batch 256
 #             and the MLP at 128: steps/s, samples/s against local's, each worker's compute and
 #             communication per step and its overlap (steps whose gradient went up as backward made
 #             it, forward passes on parameters as they arrived, their wait for them)

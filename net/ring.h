@@ -21,9 +21,12 @@
  *
  * Each direction has one writer and one reader at a time (a connection's
  * send lock, its one receiving thread). head and tail count bytes put in
- * and taken out; a side that finds nothing to do sets its sleeps flag,
- * looks once more, and sleeps in poll() on its eventfd and the socket;
- * the other side wakes it through that eventfd only when the flag was set.
+ * and taken out; a side that finds nothing to do names the
+ * peer's count it waits for (the rest of its call, at most a quarter of
+ * the ring), sets its sleeps flag, looks once more, and sleeps in poll()
+ * on its eventfd and the socket; the other side shows its counter a
+ * quarter ring at a time and at the end of each call, and wakes it
+ * through that eventfd only when the flag was set and the count reached.
  * The peer is of our own user (sock_is_unix_same_user) and could ptrace
  * us anyway, but a buggy or hostile one still cannot make us read or
  * write out of bounds: counters that disagree (more in flight than the

@@ -111,7 +111,7 @@ static int pull_waits(const struct ps_conn *cn, long piece, uint64_t want, uint6
  * it waits for. It stops waiting when the ps stops, a rollback or a
  * revision of the step's view since gen happens, no other worker will
  * push (pull_hopeless), or the streamer is told to end; each of those, a
- * piece or version applied, and (elastic) a PULL that makes a worker
+ * the leading pieces growing (psshard_lead_moves), and (elastic) a PULL that makes a worker
  * ready, broadcasts ps->pull_cv (a timed wait besides, for the
  * HEARTBEATs). */
 static int pull_wait(struct ps_conn *cn, long piece, uint64_t want, uint64_t gen,

@@ -185,17 +185,17 @@ const float *psshard_prev(const struct psshard *s, size_t j, size_t k, uint64_t 
  * mode). */
 uint64_t psshard_piece_version(const struct psshard *s, size_t j);
 
-/* For PULL: the current parameters (n) and their version. Valid until the
- * next psshard_push. */
-/* A counter that moves when the leading pieces at the next version grow
- * by 8 pieces or to all (and so when the version moves): the pieces a
- * streamed PULL sends in order, waiting on the first one behind. A piece applied past a gap is
- * no news to it, and a ps that woke its streamers for each piece of the
- * CNN (200 a step, most of them out of order: backward makes the last
- * layers' first) spent a third of its CPU waking them and contending for
- * its lock. */
+/* A counter that moves when the leading pieces at the next version (the
+ * pieces a streamed PULL sends in order, waiting on the first one behind)
+ * cross a multiple of 8 or reach all (and so when the version moves), and
+ * at a rewind. A piece applied past a gap is no news to a streamer, and a
+ * ps that woke its streamers for each piece of the CNN (200 a step, most
+ * of them out of order: backward makes the last layers' first) spent a
+ * third of its CPU waking them and contending for its lock. */
 uint64_t psshard_lead_moves(const struct psshard *s);
 
+/* For PULL: the current parameters (n) and their version. Valid until the
+ * next psshard_push. */
 const float *psshard_params(const struct psshard *s);
 uint64_t psshard_version(const struct psshard *s);
 

@@ -33,6 +33,11 @@
  * ring holds) end the connection with -EPROTO, and every copy is masked
  * into the ring.
  *
+ * A call shows its counter a quarter ring at a time and at its end, so
+ * one that fails midway leaves what it moved since unshown: the
+ * connection must end (every caller's does on any failure), never call
+ * again in that direction.
+ *
  * Errors: 0 or a negative errno with one line in err (errlen bytes), in
  * the words of net/sock.c's reads and writes ("peer closed the connection
  * after 10 of 100 bytes", "read timed out after ..."). Every failure ends

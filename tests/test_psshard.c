@@ -494,6 +494,61 @@ Test(psshard, pieces_keep_the_version_before)
 	free(v1);
 }
 
+/* One worker (R = W = 1), 12 pieces: its gradient is stepped where it
+ * lies (with SGD at learning rate 1 the pieces are exactly p - g); and
+ * psshard_lead_moves, which wakes the streamers, moves only when the
+ * leading pieces at the next version cross a multiple of 8 or reach all,
+ * and at a rewind: pieces applied past a gap (backward pushes the last
+ * layers first) are no news to a streamer waiting on piece 0. */
+Test(psshard, one_worker_pieces_and_the_lead_that_wakes_streamers)
+{
+	static struct config c;
+	struct model m;
+	struct psshard s;
+	char err[256];
+	make_config(&c, &m, 1, 0, "optimizer = sgd\nlearning_rate = 1\n",
+		    "[model]\ninput = 200\nlayer = dense 900\nlayer = relu\nlayer = dense 10\n");
+	size_t P = m.nparams, lo, hi;
+	struct shard r = { 0, P };
+	cr_assert_eq(psshard_init(&s, &m, &r, &c, 100, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(s.npieces, 12);
+	float *g = malloc(P * sizeof(float)), *p0 = malloc(P * sizeof(float));
+	cr_assert(g && p0);
+	for (size_t i = 0; i < P; i++)
+		g[i] = 0.001f * (float)(i % 23) - 0.011f;
+	memcpy(p0, psshard_params(&s), P * sizeof(float));
+	enum psshard_outcome o;
+	uint64_t moves = psshard_lead_moves(&s);
+	for (size_t j = 12; j-- > 1;) {
+		psshard_piece_range(&s, j, &lo, &hi);
+		cr_assert_eq(psshard_push_piece(&s, 0, 0, j, g + lo, 0, &o), 0);
+		cr_assert_eq(o, PSSHARD_APPLIED);
+		cr_assert_eq(psshard_lead_moves(&s), moves, "piece %zu applied past the gap at 0", j);
+	}
+	psshard_piece_range(&s, 0, &lo, &hi);
+	cr_assert_eq(psshard_push_piece(&s, 0, 0, 0, g + lo, 0, &o), 0);
+	cr_assert_eq(psshard_lead_moves(&s), moves + 1, "piece 0 makes all 12 lead");
+	cr_assert_eq(psshard_version(&s), 1);
+	const float *p1 = psshard_params(&s);
+	for (size_t i = 0; i < P; i++)
+		cr_assert_eq(p1[i], p0[i] - g[i], "value %zu: %a, not %a - %a", i, p1[i], p0[i], g[i]);
+	/* in order: the lead crosses 8 at piece 7, then reaches 12 */
+	moves = psshard_lead_moves(&s);
+	for (size_t j = 0; j < 12; j++) {
+		psshard_piece_range(&s, j, &lo, &hi);
+		cr_assert_eq(psshard_push_piece(&s, 0, 1, j, g + lo, j == 11, &o), 0);
+		uint64_t want = moves + (j >= 7) + (j == 11);
+		cr_assert_eq(psshard_lead_moves(&s), want, "after piece %zu", j);
+	}
+	cr_assert_eq(psshard_version(&s), 2);
+	moves = psshard_lead_moves(&s);
+	psshard_rewind(&s, 1);
+	cr_assert_eq(psshard_lead_moves(&s), moves + 1, "a rewind is news");
+	psshard_free(&s);
+	free(g);
+	free(p0);
+}
+
 /* Backup workers (R < W) and async keep the whole-shard rule. */
 Test(psshard, pieces_only_when_every_worker_counts)
 {

@@ -271,7 +271,7 @@ Test(recovery, async_killed_ps_rolls_back_everywhere, .timeout = 300)
 		 * the mark starts where the shards are ("continuing at step
 		 * 845", seen once in a full run on 2 CPUs) and never prints
 		 * it: run the trial again, as one that finished early. */
-		int late = strstr(slurp(out[3]), "continuing at step") || strstr(slurp(out[2]), "continuing at step");
+		int late = strstr(slurp(out[3]), "where the shards are") || strstr(slurp(out[2]), "where the shards are");
 		if (!seen && late && att < 4) {
 			pid_t rest[3];
 			for (int i = 0, j = 0; i < 4; i++)

@@ -17,6 +17,7 @@
  * says what each limit here is for. The stateful fuzzer's harness around
  * the same ps is ps_harness.c. */
 #include "cluster.h"
+#include "ps_apply.h"
 #include "ps_conn.h"
 
 #include "psshard.h"
@@ -78,7 +79,7 @@ static int on_rollback(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 	pthread_mutex_lock(&ps->mu);
 	/* Not under a stream from the shard itself (ps_pull.c): bounded by
 	 * write_timeout, as every send is. */
-	while (ps->streaming > 0)
+	while (ps->streaming > 0 || ps->applying > 0) /* nor under a piece being stepped */
 		pthread_cond_wait(&ps->cv, &ps->mu);
 	uint64_t v = psshard_version(&ps->sh);
 	r = ps_store_rollback(&ps->store, &step, e, sizeof(e));
@@ -266,7 +267,7 @@ static int ps_confirm(struct ps_conn *cn, char *err, size_t errlen)
 	char other[SOCK_ADDR_STRLEN] = "", why[WIRE_ERROR_TEXT_MAX];
 	cn->grad = malloc(n * sizeof(float));
 	cn->snap = malloc(n * sizeof(float));
-	if (!cn->grad || !cn->snap)
+	if (!cn->grad || !cn->snap || ps_apply_conn_init(cn))
 		return err_set(err, errlen, -ENOMEM, "out of memory for worker %d's connection", w);
 	pthread_mutex_lock(&ps->mu);
 	if (ps->fresh[w] == cn)
@@ -566,6 +567,7 @@ int ps_conn_run(struct ps_conn *cn)
 		}
 		conn_linger(&cn->conn, CONN_LINGER_MS); /* if it ended with an ERROR */
 	}
+	ps_apply_conn_free(cn); /* its pieces' jobs run first */
 	free(cn->grad);
 	free(cn->snap);
 	free(cn->sent);
@@ -685,9 +687,9 @@ int ps_open(struct ps *ps, const struct config *c, const struct role_setup *s,
 				       .ciphers = s->ciphers };
 	memcpy(ps->me.config_hash, s->hash, HS_HASH_BYTES);
 	int ct = cryptopool_threads_for(c->cluster.crypto_threads);
-	if (ct > 1)
-		return cryptopool_new(&ps->pool, ct, err, errlen);
-	return 0;
+	if (ct > 1 && (e = cryptopool_new(&ps->pool, ct, err, errlen)))
+		return e;
+	return ps_apply_open(ps, err, errlen);
 }
 
 /* The Unix socket for workers on this host, in *fd, its path in path and
@@ -749,6 +751,7 @@ void ps_close(struct ps *ps)
 	ps_store_close(&ps->store);
 	ps_sparse_close(ps);
 	cryptopool_destroy(ps->pool); /* every connection thread has ended */
+	ps_apply_close(ps);
 	if (ps->s) {
 		pthread_mutex_destroy(&ps->mu);
 		pthread_cond_destroy(&ps->cv);

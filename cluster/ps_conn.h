@@ -36,6 +36,8 @@
 /* ps 0: what the workers' arithmetic runs on (COMPUTE), kept to say once
  * per worker when it is not what the first one heard runs on: a sync
  * step's sum then depends on which worker trained which slice. */
+struct ps_apply_job;
+
 struct ps_compute {
 	char first[MSG_COMPUTE_TEXT + 1]; /* "": none heard yet */
 	int first_w;
@@ -52,6 +54,9 @@ struct ps {
 				  * worker said DONE, a rollback, the ps stops, a
 				  * streamer told to end */
 	struct cryptopool *pool; /* NULL: crypto_threads 1 */
+	struct cryptopool *applier; /* the apply pool (ps_apply.h); NULL: pieces stepped inline */
+	int applying;            /* its jobs queued or running; a rollback and a whole
+				  * copy of the shard wait for 0 (ps->cv) */
 	struct psshard sh;
 	struct ps_store store;
 	struct members mb;
@@ -160,6 +165,11 @@ struct ps_conn {
 	int st_r;                /* how the streamer ended: 0, PS_END, or a failure */
 	char st_err[320];
 	struct ps_sparse_conn *spc; /* buffers for SPULL and SPUSH (ps_sparse.c), from the first */
+	/* The apply pool's jobs for this connection's pieces (ps_apply.h):
+	 * one slot a piece, the pieces queued since the last wait. */
+	struct ps_apply_job *ajobs;
+	size_t *aqueued, naqueued;
+	pthread_cond_t awake;
 };
 
 _Static_assert(PSSHARD_PIECE == WIRE_CHUNK_VALUES, "a shard's piece is one chunk on the wire");

@@ -17,6 +17,7 @@
  * waits for may have come (pull_wait lists it); an idle streamer waits on
  * its connection's st_cv, signalled when it is handed a PULL or told to
  * end; ps->cv is left to those waiting for connections to end. */
+#include "ps_apply.h"
 #include "ps_conn.h"
 
 #include "../base/err.h"
@@ -90,6 +91,10 @@ static int pull_hopeless(const struct ps_conn *cn, long piece)
 	const struct ps *ps = cn->ps;
 	if (pull_waits_on_itself(cn, piece))
 		return 1;
+	/* Pieces being stepped (ps_apply.h) still move the shard: a push
+	 * is in, its steps not yet; the last of them wakes this wait. */
+	if (ps->applying > 0)
+		return 0;
 	return members_others_done(&ps->mb) && (piece < 0 || members_has_pushed(&ps->mb, &ps->sh, cn->w));
 }
 
@@ -149,6 +154,7 @@ static int pull_send_whole(struct ps_conn *cn, enum conn_sender from, char *err,
 {
 	struct ps *ps = cn->ps;
 	size_t n = ps->sh.n;
+	ps_apply_settle(ps); /* no piece half stepped in the copy */
 	int ab = ps->aborted;
 	uint64_t v = psshard_version(&ps->sh);
 	if (!ab)

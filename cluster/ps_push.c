@@ -3,6 +3,7 @@
  * piece by piece as each chunk arrives (psshard_push_piece), so that the
  * pieces every worker has sent can go back out while the rest still comes
  * in; then one ACK. */
+#include "ps_apply.h"
 #include "ps_conn.h"
 
 #include "../base/err.h"
@@ -73,9 +74,20 @@ int ps_push_piece(struct ps_conn *cn, uint64_t tag, size_t j, const float *g, ch
 	struct ps *ps = cn->ps;
 	size_t lo, hi;
 	psshard_piece_range(&ps->sh, j, &lo, &hi);
+	/* The apply pool steps the piece after this returns, from a copy
+	 * that lasts until the PUSH is ACKed (the frame's is the next
+	 * frame's by then). */
+	struct psshard_owed owe = { 0 };
+	if (ps->applier && g != cn->grad + lo) {
+		memcpy(cn->grad + lo, g, (hi - lo) * sizeof(float));
+		g = cn->grad + lo;
+	}
 	pthread_mutex_lock(&ps->mu);
 	uint64_t moves = psshard_lead_moves(&ps->sh);
-	int r = psshard_push_piece(&ps->sh, cn->slice, tag, j, g, hi == ps->sh.n, &cn->last_oc);
+	int r = psshard_push_piece_owed(&ps->sh, cn->slice, tag, j, g, hi == ps->sh.n, &cn->last_oc,
+					ps->applier ? &owe : NULL);
+	if (r == 0 && owe.g)
+		ps_apply_submit(cn, &owe);
 	cn->pushed |= r == 0 || r == -EALREADY;
 	uint64_t v = psshard_version(&ps->sh);
 	/* Only the leading pieces growing is news to a waiting PULL (a
@@ -84,7 +96,7 @@ int ps_push_piece(struct ps_conn *cn, uint64_t tag, size_t j, const float *g, ch
 	 * is done, this worker's whole gradient: its own streamer then
 	 * stops waiting (pull_hopeless) at once, not at its next
 	 * HEARTBEAT. */
-	int applied = r == 0 && cn->last_oc == PSSHARD_APPLIED;
+	int applied = r == 0 && cn->last_oc == PSSHARD_APPLIED && !owe.g;
 	if (applied)
 		ps_store_pushed(&ps->store);
 	if (psshard_lead_moves(&ps->sh) != moves || ((r == 0 || r == -EALREADY) && members_others_done(&ps->mb) &&
@@ -139,6 +151,8 @@ static int push_apply(struct ps_conn *cn, char *err, size_t errlen)
 	struct ps *ps = cn->ps;
 	enum psshard_outcome oc = cn->last_oc;
 	cn->assembling = 0;
+	if (ps->applier) /* the ACK says the pieces are stepped, and cn->grad is free again */
+		ps_apply_wait_conn(cn);
 	pthread_mutex_lock(&ps->mu);
 	int r = cn->last_r;
 	if (!psshard_pieces(&ps->sh)) {

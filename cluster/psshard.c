@@ -199,7 +199,7 @@ static int piece_pushed_get(const struct psshard *s, size_t j, int w)
  * step: a ps spent about 0.8 ms of CPU a step in those at 10 Gbit/s.
  * Then the piece is at its next version; the last piece at v moves the
  * shard. */
-static void piece_apply(struct psshard *s, size_t j, int last_w, const float *g)
+static void piece_math(struct psshard *s, size_t j, int last_w, const float *g)
 {
 	size_t n = s->n, lo, hi;
 	psshard_piece_range(s, j, &lo, &hi);
@@ -232,6 +232,12 @@ static void piece_apply(struct psshard *s, size_t j, int last_w, const float *g)
 			memcpy(s->prev + b, s->params + b, m * sizeof(float));
 		optim_step_part(&s->opt, s->params, acc, b, b + m, lr);
 	}
+}
+
+/* After piece_math: piece j is at its next version, and the last piece at
+ * v moves the shard. */
+static void piece_done(struct psshard *s, size_t j)
+{
 	s->pver[j]++;
 	if (j == s->lead) {
 		size_t was = s->lead;
@@ -253,9 +259,33 @@ static void piece_apply(struct psshard *s, size_t j, int last_w, const float *g)
 	}
 }
 
+static void piece_apply(struct psshard *s, size_t j, int last_w, const float *g)
+{
+	piece_math(s, j, last_w, g);
+	piece_done(s, j);
+}
+
+void psshard_owed_math(struct psshard *s, const struct psshard_owed *o)
+{
+	piece_math(s, o->j, o->last_w, o->g);
+}
+
+void psshard_owed_done(struct psshard *s, const struct psshard_owed *o)
+{
+	piece_done(s, o->j);
+}
+
 int psshard_push_piece(struct psshard *s, int worker, uint64_t version, size_t j, const float *g,
 		       int last, enum psshard_outcome *outcome)
 {
+	return psshard_push_piece_owed(s, worker, version, j, g, last, outcome, NULL);
+}
+
+int psshard_push_piece_owed(struct psshard *s, int worker, uint64_t version, size_t j, const float *g,
+			    int last, enum psshard_outcome *outcome, struct psshard_owed *owe)
+{
+	if (owe)
+		owe->g = NULL;
 	if (!s->npieces || j >= s->npieces || worker < 0 || worker >= s->workers)
 		return -EINVAL;
 	if (version > s->pver[j])
@@ -288,8 +318,11 @@ int psshard_push_piece(struct psshard *s, int worker, uint64_t version, size_t j
 		*outcome = PSSHARD_WAITING;
 		return 0;
 	}
-	piece_apply(s, j, worker, g);
 	*outcome = PSSHARD_APPLIED;
+	if (owe)
+		*owe = (struct psshard_owed){ .j = j, .last_w = worker, .g = g };
+	else
+		piece_apply(s, j, worker, g);
 	return 0;
 }
 

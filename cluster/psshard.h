@@ -170,6 +170,29 @@ void psshard_piece_range(const struct psshard *s, size_t j, size_t *lo, size_t *
 int psshard_push_piece(struct psshard *s, int worker, uint64_t version, size_t j, const float *g,
 		       int last, enum psshard_outcome *outcome);
 
+/* A piece's step owed by psshard_push_piece_owed: its math, then its
+ * bookkeeping. */
+struct psshard_owed {
+	size_t j;          /* the piece */
+	int last_w;        /* the worker whose gradient completed it */
+	const float *g;    /* that gradient's values of the piece; NULL: nothing owed */
+};
+
+/* psshard_push_piece, but a push that completes its piece (outcome
+ * PSSHARD_APPLIED) leaves the step to the caller when owe is not NULL:
+ * owe->g is set, and the caller runs psshard_owed_math (without the lock
+ * that guards the shard: it touches only the piece's parameters,
+ * optimizer state and slots, which nothing else writes until the piece
+ * moves on) and then psshard_owed_done (under that lock), with g still
+ * valid until the math returns. Until done the piece is at its old
+ * version: no worker can push it again, a streamer does not send it, and
+ * the shard cannot move. A ps applies several pieces at once this way
+ * (cluster/ps_push.c). owe NULL is psshard_push_piece. */
+int psshard_push_piece_owed(struct psshard *s, int worker, uint64_t version, size_t j, const float *g,
+			    int last, enum psshard_outcome *outcome, struct psshard_owed *owe);
+void psshard_owed_math(struct psshard *s, const struct psshard_owed *o);
+void psshard_owed_done(struct psshard *s, const struct psshard_owed *o);
+
 /* From the next update of each piece on, keep its values from before the
  * update (one more copy of the shard, in piece mode only): 0, -EINVAL
  * outside piece mode, -ENOMEM. */

@@ -279,6 +279,29 @@ Test(cluster, local_socket_on_one_host_changes_no_number)
 	free(unx);
 }
 
+/* [ps] apply_threads: each ps steps the pieces a push completes on a
+ * pool of 3 threads, while the connection's thread reads on, and the run
+ * ends with the very parameters of one where each piece is stepped on the
+ * connection's thread (2 workers: each piece's sum of two gradients). */
+Test(cluster, apply_threads_change_no_number)
+{
+	char out[4][300];
+	size_t P = 6 * 32768 + 32768 + 32768 * 3 + 3;
+	float *one = params_run("apply-1", "[ps]\napply_threads = 1\n", P, out);
+	for (int i = 0; i < 2; i++)
+		cr_assert_null(strstr(slurp(out[i]), "steps its pieces on"), "%s", slurp(out[i]));
+	float *three = params_run("apply-3", "[ps]\napply_threads = 3\n", P, out);
+	for (int i = 0; i < 2; i++)
+		cr_assert_not_null(strstr(slurp(out[i]), "steps its pieces on 3 threads ([ps] apply_threads)"),
+				   "%s", slurp(out[i]));
+	size_t differ = 0;
+	for (size_t i = 0; i < P; i++)
+		differ += memcmp(&one[i], &three[i], sizeof(float)) != 0;
+	cr_assert_eq(differ, 0, "%zu of %zu parameters differ", differ, P);
+	free(one);
+	free(three);
+}
+
 /* A socket directory others may enter is not used: the ps says why and
  * every worker reaches it over TCP, sealed, as before. */
 Test(cluster, local_socket_refuses_a_directory_others_may_enter)

@@ -107,6 +107,8 @@ struct config {
 		int memory_limit;           /* MiB a ps's shard (or a local run's model) may
 					     * take: parameters, embedding rows and their
 					     * optimizer state; 0 = no limit (core/memlimit.h) */
+		int apply_threads;          /* threads stepping a sync shard's pieces; 0 = auto
+					     * (cluster/ps_apply.h) */
 	} ps;
 
 	struct {

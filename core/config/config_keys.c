@@ -74,6 +74,7 @@ const struct key_def config_keys[] = {
 	{ "train", "threads", K_INT, OFF(train.threads), 0, 0, 1024, 0, NULL, "0" },
 
 	{ "ps", "memory_limit", K_INT, OFF(ps.memory_limit), 0, 0, 1 << 30, 0, NULL, "0" },
+	{ "ps", "apply_threads", K_INT, OFF(ps.apply_threads), 0, 0, 8, 0, NULL, "0" },
 
 	{ "gpu", "devices", K_DEVICES, OFF(gpu.devices), OFF(gpu.ndevices), 0, CONFIG_MAX_DEVICES - 1,
 	  LIST, NULL, "all" },

@@ -260,10 +260,11 @@ static int pull_stream(struct ps_conn *cn, uint64_t want, enum conn_sender from,
 		for (size_t i = j; cn->sent && i < k; i++)
 			cn->sent[i] = want;
 		ps->streaming++;
+		/* read under the lock: the connection's next PULL sets it */
+		uint8_t dtype = (uint8_t)pull_dtype(cn);
 		pthread_mutex_unlock(&ps->mu);
 		struct conn_chunk_tx t = { .type = WIRE_PARAMS, .shard = (uint32_t)ps->index, .version = want,
-					   .src = psshard_params(sh) + lo, .n = hi - lo, .offset = lo,
-					   .dtype = (uint8_t)pull_dtype(cn) };
+					   .src = psshard_params(sh) + lo, .n = hi - lo, .offset = lo, .dtype = dtype };
 		if (prev && t.dtype == WIRE_F32P) {
 			t.dtype = WIRE_F32X;
 			t.base = prev + lo;

@@ -231,8 +231,9 @@ Test(gpu_session, a_test_skipped_on_a_gpu_machine_fails_the_tests_step, .timeout
 }
 
 /* cluster-bench: for the CNN at 256 and the MLP at 128, `local`, then
- * 1 ps + 1 worker, 1 ps + 2 workers and 4 ps + 1 worker on this host over
- * the ps' Unix sockets, and a table of steps/s, samples/s against local's and each
+ * 1 ps + 1 worker (its ps stepping pieces on its pool, then inline),
+ * 1 ps + 2 workers and 4 ps + 1 worker on this host over the ps' Unix
+ * sockets, and a table of steps/s, samples/s against local's and each
  * worker's compute and communication, from what the (stub) processes
  * print. */
 Test(gpu_session, cluster_bench_runs_workers_beside_their_ps_against_local, .timeout = 90)
@@ -253,7 +254,9 @@ Test(gpu_session, cluster_bench_runs_workers_beside_their_ps_against_local, .tim
 		"mlp            128 local     |      20.0       2560    1.00x | \n",
 		"mlp            128 1ps+2w    |      10.0       2560    1.00x | w0 2.00 / 3.00 (1.50x) flow 8/10 pre 7 wait 0.25; "
 		"w1 3.00 / 3.00 (1.00x) flow 9/10 pre 7 wait 0.25\n",
+		"fashion-cnn    256 1ps+1w-i  |       5.0       1280    0.50x | w0 2.00 / 3.00 (1.50x) flow 8/10 pre 7 wait 0.25\n",
 		"fashion-cnn    256 4ps+1w    |       5.0       1280    0.50x | w0 2.00 / 3.00 (1.50x) flow 8/10 pre 7 wait 0.25\n",
+		"target: fashion-cnn 256, 1 ps (stepping inline) + 1 worker at >= 0.85 of local samples/s: NOT met\n",
 		"target: fashion-cnn 256, 1 ps + 1 worker at >= 0.85 of local samples/s: NOT met\n",
 		"target: fashion-cnn 256, 4 ps + 1 worker at >= 0.85 of local samples/s: NOT met\n",
 		"target: mlp 128, 1 ps + 1 worker(s): communication <= compute on every worker: NOT met\n",
@@ -272,6 +275,7 @@ Test(gpu_session, cluster_bench_runs_workers_beside_their_ps_against_local, .tim
 		"--set cluster.local_socket=true --set train.mode=sync --set train.batch_size=128",
 		"--set gpu.soft_placement=false",
 		"--set data.train_images=", /* the session's data, passed through */
+		"--set cluster.overlap=auto --set ps.apply_threads=1 ", /* 1i */
 		/* 4p: four ps, one worker */
 		"ps --index 3 --fresh --config examples/fashion-cnn.ini --set cluster.ps=127.0.0.1:24400,"
 		"127.0.0.1:24411,127.0.0.1:24412,127.0.0.1:24413 --set cluster.workers=127.0.0.1:24401 ",

@@ -26,7 +26,7 @@ struct config;
 
 /* The thread count for [ps] apply_threads (0: automatic): half the CPUs
  * this process may use, shared by the ps [cluster] lists under this ps's
- * host name, from 1 to 8. */
+ * host name, at most 8, and 1 (inline) where that is under 4. */
 int ps_apply_threads_for(const struct config *c, int index);
 
 /* Starts the pool where the shard is in piece mode and the count is

@@ -113,7 +113,6 @@ void ps_apply_submit(struct ps_conn *cn, const struct psshard_owed *o)
 	aj->job.run = apply_run;
 	aj->job.arg = aj;
 	cn->aqueued[cn->naqueued++] = o->j;
-	ps->applying++;
 	cryptopool_submit(ps->applier, &aj->job, &cn->awake);
 }
 

@@ -12,7 +12,7 @@
  * and everything that reads or rewinds the whole shard waits for every
  * job (ps_apply_settle). The math runs without ps->mu (psshard.h,
  * psshard_push_piece_owed), the bookkeeping and the wake-ups under it.
- * Only for ps.c and ps_push.c. */
+ * Only for ps.c, ps_push.c and ps_pull.c. */
 #ifndef PSTRAIN_CLUSTER_PS_APPLY_H
 #define PSTRAIN_CLUSTER_PS_APPLY_H
 
@@ -41,7 +41,8 @@ int ps_apply_conn_init(struct ps_conn *cn);
 void ps_apply_conn_free(struct ps_conn *cn);
 
 /* Queues the step psshard_push_piece_owed left owed (o->g must stay valid
- * until the job has run). Called under ps->mu, which it leaves held. */
+ * until the job has run), on the connection's thread without ps->mu; the
+ * caller counted it in ps->applying under ps->mu when it was owed. */
 void ps_apply_submit(struct ps_conn *cn, const struct psshard_owed *o);
 
 /* Waits (without ps->mu) until every job this connection queued has run. */

@@ -16,7 +16,9 @@
  * Waiting: a PULL waits on ps->pull_cv, which is broadcast when what it
  * waits for may have come (pull_wait lists it); an idle streamer waits on
  * its connection's st_cv, signalled when it is handed a PULL or told to
- * end; ps->cv is left to those waiting for connections to end. */
+ * end; ps->cv is left to those waiting for connections to end, for the
+ * streams from the shard itself and for the apply pool's jobs
+ * (ps_apply_settle, before a whole copy of the shard). */
 #include "ps_apply.h"
 #include "ps_conn.h"
 

@@ -74,20 +74,13 @@ int ps_push_piece(struct ps_conn *cn, uint64_t tag, size_t j, const float *g, ch
 	struct ps *ps = cn->ps;
 	size_t lo, hi;
 	psshard_piece_range(&ps->sh, j, &lo, &hi);
-	/* The apply pool steps the piece after this returns, from a copy
-	 * that lasts until the PUSH is ACKed (the frame's is the next
-	 * frame's by then). */
 	struct psshard_owed owe = { 0 };
-	if (ps->applier && g != cn->grad + lo) {
-		memcpy(cn->grad + lo, g, (hi - lo) * sizeof(float));
-		g = cn->grad + lo;
-	}
 	pthread_mutex_lock(&ps->mu);
 	uint64_t moves = psshard_lead_moves(&ps->sh);
 	int r = psshard_push_piece_owed(&ps->sh, cn->slice, tag, j, g, hi == ps->sh.n, &cn->last_oc,
 					ps->applier ? &owe : NULL);
 	if (r == 0 && owe.g)
-		ps_apply_submit(cn, &owe);
+		ps->applying++; /* owed from now: a PULL's hope, a rollback's wait */
 	cn->pushed |= r == 0 || r == -EALREADY;
 	uint64_t v = psshard_version(&ps->sh);
 	/* Only the leading pieces growing is news to a waiting PULL (a
@@ -103,6 +96,15 @@ int ps_push_piece(struct ps_conn *cn, uint64_t tag, size_t j, const float *g, ch
 			psshard_has_pushed(&ps->sh, cn->w)))
 		pthread_cond_broadcast(&ps->pull_cv);
 	pthread_mutex_unlock(&ps->mu);
+	/* The pool steps the piece it completed after this returns, from a
+	 * copy that lasts until the PUSH is ACKed (the frame's is the next
+	 * frame's by then); no one else touches the owed piece meanwhile. */
+	if (owe.g) {
+		if (owe.g != cn->grad + lo)
+			memcpy(cn->grad + lo, owe.g, (hi - lo) * sizeof(float));
+		owe.g = cn->grad + lo;
+		ps_apply_submit(cn, &owe);
+	}
 	cn->last_r = r;
 	return r && r != -EALREADY ? push_refused(cn, r, g, lo, hi, v, err, errlen) : 0;
 }

@@ -199,7 +199,7 @@ static int piece_pushed_get(const struct psshard *s, size_t j, int w)
  * step: a ps spent about 0.8 ms of CPU a step in those at 10 Gbit/s.
  * Then the piece is at its next version; the last piece at v moves the
  * shard. */
-static void piece_math(struct psshard *s, size_t j, int last_w, const float *g)
+static void piece_math(struct psshard *s, size_t j, int last_w, const float *g, float *prev)
 {
 	size_t n = s->n, lo, hi;
 	psshard_piece_range(s, j, &lo, &hi);
@@ -210,8 +210,8 @@ static void piece_math(struct psshard *s, size_t j, int last_w, const float *g)
 	 * sum, and a division by one changes no bit. A ps beside one GPU
 	 * worker spent a fifth of its CPU copying and dividing it. */
 	if (s->replicas == 1) {
-		if (s->prev)
-			memcpy(s->prev + lo, s->params + lo, (hi - lo) * sizeof(float));
+		if (prev)
+			memcpy(prev + lo, s->params + lo, (hi - lo) * sizeof(float));
 		optim_step_part(&s->opt, s->params, g, lo, hi, lr);
 	}
 	for (size_t b = lo; s->replicas > 1 && b < hi; b += APPLY_BLOCK) {
@@ -228,15 +228,16 @@ static void piece_math(struct psshard *s, size_t j, int last_w, const float *g)
 			first = 0;
 		}
 		grad_fold_finish(acc, s->replicas, m);
-		if (s->prev) /* the block is in cache: the copy costs one pass of stores */
-			memcpy(s->prev + b, s->params + b, m * sizeof(float));
+		if (prev) /* the block is in cache: the copy costs one pass of stores */
+			memcpy(prev + b, s->params + b, m * sizeof(float));
 		optim_step_part(&s->opt, s->params, acc, b, b + m, lr);
 	}
 }
 
-/* After piece_math: piece j is at its next version, and the last piece at
+/* After piece_math (which kept the piece before its step in prev, if
+ * not NULL): piece j is at its next version, and the last piece at
  * v moves the shard. */
-static void piece_done(struct psshard *s, size_t j)
+static void piece_done(struct psshard *s, size_t j, const float *prev)
 {
 	s->pver[j]++;
 	if (j == s->lead) {
@@ -246,7 +247,7 @@ static void piece_done(struct psshard *s, size_t j)
 		if (s->lead / LEAD_BATCH != was / LEAD_BATCH || s->lead == s->npieces)
 			s->lead_moves++;
 	}
-	if (s->prev)
+	if (prev)
 		s->pprev[j] = s->pver[j];
 	s->pwaiting[j] = 0;
 	memset(piece_pushed(s, j), 0, PSSHARD_PUSHED_WORDS * sizeof(uint64_t));
@@ -261,18 +262,18 @@ static void piece_done(struct psshard *s, size_t j)
 
 static void piece_apply(struct psshard *s, size_t j, int last_w, const float *g)
 {
-	piece_math(s, j, last_w, g);
-	piece_done(s, j);
+	piece_math(s, j, last_w, g, s->prev);
+	piece_done(s, j, s->prev);
 }
 
 void psshard_owed_math(struct psshard *s, const struct psshard_owed *o)
 {
-	piece_math(s, o->j, o->last_w, o->g);
+	piece_math(s, o->j, o->last_w, o->g, o->prev);
 }
 
 void psshard_owed_done(struct psshard *s, const struct psshard_owed *o)
 {
-	piece_done(s, o->j);
+	piece_done(s, o->j, o->prev);
 }
 
 int psshard_push_piece(struct psshard *s, int worker, uint64_t version, size_t j, const float *g,
@@ -320,7 +321,7 @@ int psshard_push_piece_owed(struct psshard *s, int worker, uint64_t version, siz
 	}
 	*outcome = PSSHARD_APPLIED;
 	if (owe)
-		*owe = (struct psshard_owed){ .j = j, .last_w = worker, .g = g };
+		*owe = (struct psshard_owed){ .j = j, .last_w = worker, .g = g, .prev = s->prev };
 	else
 		piece_apply(s, j, worker, g);
 	return 0;

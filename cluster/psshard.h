@@ -176,14 +176,17 @@ struct psshard_owed {
 	size_t j;          /* the piece */
 	int last_w;        /* the worker whose gradient completed it */
 	const float *g;    /* that gradient's values of the piece; NULL: nothing owed */
+	float *prev;       /* where the piece before its step goes (psshard_keep_prev), as it
+			    * was when owed: a first keep_prev meanwhile starts at the next */
 };
 
 /* psshard_push_piece, but a push that completes its piece (outcome
  * PSSHARD_APPLIED) leaves the step to the caller when owe is not NULL:
  * owe->g is set, and the caller runs psshard_owed_math (without the lock
  * that guards the shard: it touches only the piece's parameters,
- * optimizer state and slots, which nothing else writes until the piece
- * moves on) and then psshard_owed_done (under that lock), with g still
+ * optimizer state, slots and kept values, which nothing else writes until
+ * the piece moves on, and reads the shard's version and step count,
+ * which cannot move before it does) and then psshard_owed_done (under that lock), with g still
  * valid until the math returns. Until done the piece is at its old
  * version: no worker can push it again, a streamer does not send it, and
  * the shard cannot move. A ps applies several pieces at once this way

@@ -90,14 +90,15 @@ static void apply_run(void *arg)
 	struct ps_apply_job *aj = arg;
 	struct ps *ps = aj->cn->ps;
 	psshard_owed_math(&ps->sh, &aj->o);
+	struct ps_lead seen;
 	pthread_mutex_lock(&ps->mu);
-	uint64_t moves = psshard_lead_moves(&ps->sh);
+	ps_lead_seen(ps, &seen);
 	psshard_owed_done(&ps->sh, &aj->o);
 	ps_store_pushed(&ps->store);
 	/* The last job also wakes a PULL that may now have nothing left to
 	 * wait for (ps_pull.c's pull_hopeless waits while jobs run). */
 	int last = --ps->applying == 0;
-	if (psshard_lead_moves(&ps->sh) != moves || last)
+	if (ps_lead_news(aj->cn, &seen) || last)
 		pthread_cond_broadcast(&ps->pull_cv);
 	if (last)
 		pthread_cond_broadcast(&ps->cv);

@@ -264,6 +264,15 @@ int ps_on_push(struct ps_conn *cn, size_t len, char *err, size_t errlen);
 int ps_ack(struct ps_conn *cn, int r, enum psshard_outcome oc, uint64_t v, char *err, size_t errlen);
 /* Piece mode: piece j of the push tagged tag, its values g, aggregated. */
 int ps_push_piece(struct ps_conn *cn, uint64_t tag, size_t j, const float *g, char *err, size_t errlen);
+
+/* The leading pieces as a piece's step found them (under ps->mu), and
+ * whether what it did since is news to a streamer (ps_push.c). */
+struct ps_lead {
+	uint64_t moves, v;
+	size_t lead;
+};
+void ps_lead_seen(const struct ps *ps, struct ps_lead *l);
+int ps_lead_news(const struct ps_conn *cn, const struct ps_lead *l);
 /* Piece mode: a chunk of a run sent as factors (WIRE_F32F), or any chunk
  * while such a run is open; at the run's last piece, its pieces made and
  * aggregated. */

@@ -75,8 +75,9 @@ int ps_push_piece(struct ps_conn *cn, uint64_t tag, size_t j, const float *g, ch
 	size_t lo, hi;
 	psshard_piece_range(&ps->sh, j, &lo, &hi);
 	struct psshard_owed owe = { 0 };
+	struct ps_lead seen;
 	pthread_mutex_lock(&ps->mu);
-	uint64_t moves = psshard_lead_moves(&ps->sh);
+	ps_lead_seen(ps, &seen);
 	int r = psshard_push_piece_owed(&ps->sh, cn->slice, tag, j, g, hi == ps->sh.n, &cn->last_oc,
 					ps->applier ? &owe : NULL);
 	if (r == 0 && owe.g)
@@ -85,14 +86,13 @@ int ps_push_piece(struct ps_conn *cn, uint64_t tag, size_t j, const float *g, ch
 	uint64_t v = psshard_version(&ps->sh);
 	/* Only the leading pieces growing is news to a waiting PULL (a
 	 * streamer waits on the first piece it has not sent, a whole PULL
-	 * on the version; psshard_lead_moves), or, once every other worker
-	 * is done, this worker's whole gradient: its own streamer then
-	 * stops waiting (pull_hopeless) at once, not at its next
-	 * HEARTBEAT. */
+	 * on the version; ps_lead_news), or, once every other worker is
+	 * done, this worker's whole gradient: its own streamer then stops
+	 * waiting (pull_hopeless) at once, not at its next HEARTBEAT. */
 	int applied = r == 0 && cn->last_oc == PSSHARD_APPLIED && !owe.g;
 	if (applied)
 		ps_store_pushed(&ps->store);
-	if (psshard_lead_moves(&ps->sh) != moves || ((r == 0 || r == -EALREADY) && members_others_done(&ps->mb) &&
+	if (ps_lead_news(cn, &seen) || ((r == 0 || r == -EALREADY) && members_others_done(&ps->mb) &&
 			psshard_has_pushed(&ps->sh, cn->w)))
 		pthread_cond_broadcast(&ps->pull_cv);
 	pthread_mutex_unlock(&ps->mu);
@@ -107,6 +107,31 @@ int ps_push_piece(struct ps_conn *cn, uint64_t tag, size_t j, const float *g, ch
 	}
 	cn->last_r = r;
 	return r && r != -EALREADY ? push_refused(cn, r, g, lo, hi, v, err, errlen) : 0;
+}
+
+void ps_lead_seen(const struct ps *ps, struct ps_lead *l)
+{
+	*l = (struct ps_lead){ .moves = psshard_lead_moves(&ps->sh), .v = psshard_version(&ps->sh),
+			       .lead = psshard_lead(&ps->sh) };
+}
+
+/* The lead grew (or went back): news to a streamer, which sends the
+ * leading pieces in order. A piece that came over a local connection
+ * (ring or Unix socket) wakes it only for 8 more (512 KiB) or for the
+ * version: the rest follow at memory speed, microseconds apart, and a ps
+ * woken for each of the CNN's 200 pieces spent a third of its CPU on
+ * wake-ups (2 vCPUs). One that came over TCP wakes it at once: at 1
+ * Gbit/s the next piece is half a millisecond away, and the parameters
+ * going down while the gradient still comes up is what the link's two
+ * directions are for (waking for 8 at a time cost 5% of the steps there). */
+int ps_lead_news(const struct ps_conn *cn, const struct ps_lead *l)
+{
+	const struct psshard *sh = &cn->ps->sh;
+	if (psshard_lead_moves(sh) == l->moves)
+		return 0;
+	if (cn->conn.keys->recv.cipher != FRAME_LOCAL || psshard_version(sh) != l->v)
+		return 1;
+	return psshard_lead(sh) / 8 != l->lead / 8 || psshard_lead(sh) < l->lead;
 }
 
 /* Piece mode: one chunk of a PUSH is one piece of the shard, or one piece

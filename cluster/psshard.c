@@ -181,11 +181,6 @@ static int piece_pushed_get(const struct psshard *s, size_t j, int w)
 	return (int)((piece_pushed(s, j)[w / 64] >> (w % 64)) & 1u);
 }
 
-/* Leading pieces a streamer is woken for at a time (512 KiB), or the
- * last ones: a gradient pushed in order made the lead grow by one piece
- * at a time, and each woke the streamer to send one piece. */
-#define LEAD_BATCH 8
-
 /* Values summed at a time by piece_apply: 4 KiB, so a block's sum stays
  * in L1 from the add to the optimizer's read of it. */
 #define APPLY_BLOCK 1024
@@ -241,11 +236,9 @@ static void piece_done(struct psshard *s, size_t j, const float *prev)
 {
 	s->pver[j]++;
 	if (j == s->lead) {
-		size_t was = s->lead;
 		while (s->lead < s->npieces && s->pver[s->lead] != s->version)
 			s->lead++;
-		if (s->lead / LEAD_BATCH != was / LEAD_BATCH || s->lead == s->npieces)
-			s->lead_moves++;
+		s->lead_moves++;
 	}
 	if (prev)
 		s->pprev[j] = s->pver[j];
@@ -498,6 +491,11 @@ void psshard_rewind(struct psshard *s, uint64_t version)
 uint64_t psshard_lead_moves(const struct psshard *s)
 {
 	return s->lead_moves;
+}
+
+size_t psshard_lead(const struct psshard *s)
+{
+	return s->lead;
 }
 
 const char *psshard_outcome_name(enum psshard_outcome o)

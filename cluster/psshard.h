@@ -114,7 +114,7 @@ struct psshard {
 	int16_t *pslot;             /* (npieces, W) worker -> slot within the piece */
 	size_t behind;              /* pieces still at v */
 	size_t lead;                /* pieces [0, lead) are at v + 1 */
-	uint64_t lead_moves;        /* times lead grew: news to a streamer (psshard_lead_moves) */
+	uint64_t lead_moves;        /* times lead grew, and rewinds (psshard_lead_moves) */
 	/* pieces' previous versions, kept once a worker asks for XORs
 	 * (psshard_keep_prev; net/xdelta.h): prev holds each piece as it was
 	 * before its last update, pprev[j] the version that update made (0:
@@ -213,12 +213,13 @@ uint64_t psshard_piece_version(const struct psshard *s, size_t j);
 
 /* A counter that moves when the leading pieces at the next version (the
  * pieces a streamed PULL sends in order, waiting on the first one behind)
- * cross a multiple of 8 or reach all (and so when the version moves), and
- * at a rewind. A piece applied past a gap is no news to a streamer, and a
- * ps that woke its streamers for each piece of the CNN (200 a step, most
- * of them out of order: backward makes the last layers' first) spent a
- * third of its CPU waking them and contending for its lock. */
+ * grow (and so when the version moves), and at a rewind; and how many
+ * lead. A piece applied past a gap is no news to a streamer: a ps that
+ * woke its streamers for each piece of the CNN (200 a step, most of them
+ * out of order: backward makes the last layers' first) spent a third of
+ * its CPU waking them and contending for its lock. */
 uint64_t psshard_lead_moves(const struct psshard *s);
+size_t psshard_lead(const struct psshard *s);
 
 /* For PULL: the current parameters (n) and their version. Valid until the
  * next psshard_push. */

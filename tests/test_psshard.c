@@ -497,9 +497,9 @@ Test(psshard, pieces_keep_the_version_before)
 /* One worker (R = W = 1), 12 pieces: its gradient is stepped where it
  * lies (with SGD at learning rate 1 the pieces are exactly p - g); and
  * psshard_lead_moves, which wakes the streamers, moves only when the
- * leading pieces at the next version cross a multiple of 8 or reach all,
- * and at a rewind: pieces applied past a gap (backward pushes the last
- * layers first) are no news to a streamer waiting on piece 0. */
+ * leading pieces at the next version grow, and at a rewind: pieces
+ * applied past a gap (backward pushes the last layers first) are no news
+ * to a streamer waiting on piece 0; psshard_lead says how many lead. */
 Test(psshard, one_worker_pieces_and_the_lead_that_wakes_streamers)
 {
 	static struct config c;
@@ -529,16 +529,18 @@ Test(psshard, one_worker_pieces_and_the_lead_that_wakes_streamers)
 	cr_assert_eq(psshard_push_piece(&s, 0, 0, 0, g + lo, 0, &o), 0);
 	cr_assert_eq(psshard_lead_moves(&s), moves + 1, "piece 0 makes all 12 lead");
 	cr_assert_eq(psshard_version(&s), 1);
+	cr_assert_eq(psshard_lead(&s), 0, "none lead at the new version yet");
 	const float *p1 = psshard_params(&s);
 	for (size_t i = 0; i < P; i++)
 		cr_assert_eq(p1[i], p0[i] - g[i], "value %zu: %a, not %a - %a", i, p1[i], p0[i], g[i]);
-	/* in order: the lead crosses 8 at piece 7, then reaches 12 */
+	/* in order: the lead grows with every piece */
 	moves = psshard_lead_moves(&s);
 	for (size_t j = 0; j < 12; j++) {
 		psshard_piece_range(&s, j, &lo, &hi);
 		cr_assert_eq(psshard_push_piece(&s, 0, 1, j, g + lo, j == 11, &o), 0);
-		uint64_t want = moves + (j >= 7) + (j == 11);
-		cr_assert_eq(psshard_lead_moves(&s), want, "after piece %zu", j);
+		cr_assert_eq(psshard_lead_moves(&s), moves + j + 1, "after piece %zu", j);
+		if (j < 11)
+			cr_assert_eq(psshard_lead(&s), j + 1, "after piece %zu", j);
 	}
 	cr_assert_eq(psshard_version(&s), 2);
 	moves = psshard_lead_moves(&s);

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <strings.h>
 
-#define PS_APPLY_MAX_THREADS 8
+#define PS_APPLY_MAX_THREADS CRYPTOPOOL_MAX_THREADS /* [ps] apply_threads' range too */
 
 /* One piece's owed step, queued on the pool. */
 struct ps_apply_job {
@@ -39,7 +39,6 @@ int ps_apply_open(struct ps *ps, char *err, size_t errlen)
 	int n = ps_apply_threads_for(ps->c, ps->index);
 	if (!psshard_pieces(&ps->sh) || n <= 1)
 		return 0;
-	n = n > CRYPTOPOOL_MAX_THREADS ? CRYPTOPOOL_MAX_THREADS : n;
 	int r = cryptopool_new(&ps->applier, n, err, errlen);
 	if (r == 0)
 		role_log(ps->out, "ps %d: steps its pieces on %d threads ([ps] apply_threads%s)", ps->index, n,

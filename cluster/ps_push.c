@@ -115,7 +115,7 @@ void ps_lead_seen(const struct ps *ps, struct ps_lead *l)
 			       .lead = psshard_lead(&ps->sh) };
 }
 
-/* The lead grew (or went back): news to a streamer, which sends the
+/* The lead grew (or the version moved): news to a streamer, which sends the
  * leading pieces in order. A piece that came over a local connection
  * (ring or Unix socket) wakes it only for 8 more (512 KiB) or for the
  * version: the rest follow at memory speed, microseconds apart, and a ps
@@ -124,6 +124,8 @@ void ps_lead_seen(const struct ps *ps, struct ps_lead *l)
  * Gbit/s the next piece is half a millisecond away, and the parameters
  * going down while the gradient still comes up is what the link's two
  * directions are for (waking for 8 at a time cost 5% of the steps there). */
+#define LEAD_BATCH_LOCAL 8
+
 int ps_lead_news(const struct ps_conn *cn, const struct ps_lead *l)
 {
 	const struct psshard *sh = &cn->ps->sh;
@@ -131,7 +133,7 @@ int ps_lead_news(const struct ps_conn *cn, const struct ps_lead *l)
 		return 0;
 	if (cn->conn.keys->recv.cipher != FRAME_LOCAL || psshard_version(sh) != l->v)
 		return 1;
-	return psshard_lead(sh) / 8 != l->lead / 8 || psshard_lead(sh) < l->lead;
+	return psshard_lead(sh) / LEAD_BATCH_LOCAL != l->lead / LEAD_BATCH_LOCAL;
 }
 
 /* Piece mode: one chunk of a PUSH is one piece of the shard, or one piece

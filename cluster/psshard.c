@@ -208,8 +208,9 @@ static void piece_math(struct psshard *s, size_t j, int last_w, const float *g, 
 		if (prev)
 			memcpy(prev + lo, s->params + lo, (hi - lo) * sizeof(float));
 		optim_step_part(&s->opt, s->params, g, lo, hi, lr);
+		return;
 	}
-	for (size_t b = lo; s->replicas > 1 && b < hi; b += APPLY_BLOCK) {
+	for (size_t b = lo; b < hi; b += APPLY_BLOCK) {
 		size_t m = hi - b < APPLY_BLOCK ? hi - b : APPLY_BLOCK;
 		int first = 1;
 		for (int w = 0; w < s->workers; w++) {

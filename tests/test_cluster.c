@@ -120,6 +120,15 @@ Test(cluster, sync_two_ps_two_workers)
 /* The parameters a sync run (with a 6-32768-3 MLP: 10 pieces a shard)
  * ends with, with the [cluster] lines extra; name tells its files apart;
  * out: the processes' output files. */
+/* How many of n floats differ from their twin in bits. */
+static size_t floats_differ(const float *a, const float *b, size_t n)
+{
+	size_t d = 0;
+	for (size_t i = 0; i < n; i++)
+		d += memcmp(&a[i], &b[i], sizeof(float)) != 0;
+	return d;
+}
+
 static float *params_run(const char *name, const char *extra, size_t P, char out[4][300])
 {
 	char cfg[300], dump[300];
@@ -193,12 +202,8 @@ Test(cluster, overlap_pushes_while_computing_and_changes_no_number)
 	for (int i = 2; i < 4; i++)
 		cr_assert_not_null(strstr(slurp(out[i]), "overlap = auto: pushes each gradient after computing it until"),
 				   "%s", slurp(out[i]));
-	size_t differ = 0, differ_later = 0, differ_auto = 0;
-	for (size_t i = 0; i < P; i++) {
-		differ += memcmp(&whole[i], &flow[i], sizeof(float)) != 0;
-		differ_later += memcmp(&whole[i], &later[i], sizeof(float)) != 0;
-		differ_auto += memcmp(&whole[i], &autof[i], sizeof(float)) != 0;
-	}
+	size_t differ = floats_differ(whole, flow, P), differ_later = floats_differ(whole, later, P),
+	       differ_auto = floats_differ(whole, autof, P);
 	cr_assert_eq(differ, 0, "%zu of %zu parameters differ", differ, P);
 	cr_assert_eq(differ_auto, 0, "overlap = auto: %zu of %zu parameters differ", differ_auto, P);
 	free(autof);
@@ -237,9 +242,7 @@ Test(cluster, local_socket_on_one_host_changes_no_number)
 	snprintf(want, sizeof(want), "connected to 2 ps (%s);", other);
 	for (int i = 2; i < 4; i++)
 		cr_assert_not_null(strstr(slurp(out[i]), want), "no \"%s\" in:\n%s", want, slurp(out[i]));
-	size_t differ_named = 0;
-	for (size_t i = 0; i < P; i++)
-		differ_named += memcmp(&tcp[i], &named[i], sizeof(float)) != 0;
+	size_t differ_named = floats_differ(tcp, named, P);
 	cr_assert_eq(differ_named, 0, "with %s: %zu of %zu parameters differ", other, differ_named, P);
 	free(named);
 	char extra[400];
@@ -251,9 +254,7 @@ Test(cluster, local_socket_on_one_host_changes_no_number)
 	for (int i = 2; i < 4; i++)
 		cr_assert_not_null(strstr(slurp(out[i]), "connected to 2 ps (2 on this host, over a Unix socket, its bytes through shared memory);"),
 				   "%s", slurp(out[i]));
-	size_t differ = 0;
-	for (size_t i = 0; i < P; i++)
-		differ += memcmp(&tcp[i], &unx[i], sizeof(float)) != 0;
+	size_t differ = floats_differ(tcp, unx, P);
 	cr_assert_eq(differ, 0, "%zu of %zu parameters differ", differ, P);
 	/* The same sockets without rings: every byte through the sockets. */
 	snprintf(extra, sizeof(extra), "local_socket = true\nlocal_ring = false\nsocket_dir = %s/sockets\n",
@@ -262,9 +263,7 @@ Test(cluster, local_socket_on_one_host_changes_no_number)
 	for (int i = 2; i < 4; i++)
 		cr_assert_not_null(strstr(slurp(out[i]), "connected to 2 ps (2 on this host, over a Unix socket);"),
 				   "%s", slurp(out[i]));
-	differ = 0;
-	for (size_t i = 0; i < P; i++)
-		differ += memcmp(&tcp[i], &bare[i], sizeof(float)) != 0;
+	differ = floats_differ(tcp, bare, P);
 	cr_assert_eq(differ, 0, "without rings: %zu of %zu parameters differ", differ, P);
 	free(bare);
 	/* Each ps removed its socket when it ended. */
@@ -294,9 +293,7 @@ Test(cluster, apply_threads_change_no_number)
 	for (int i = 0; i < 2; i++)
 		cr_assert_not_null(strstr(slurp(out[i]), "steps its pieces on 3 threads ([ps] apply_threads)"),
 				   "%s", slurp(out[i]));
-	size_t differ = 0;
-	for (size_t i = 0; i < P; i++)
-		differ += memcmp(&one[i], &three[i], sizeof(float)) != 0;
+	size_t differ = floats_differ(one, three, P);
 	cr_assert_eq(differ, 0, "%zu of %zu parameters differ", differ, P);
 	free(one);
 	free(three);

@@ -390,7 +390,7 @@ $(BUILD)/fuzz/fuzz_criteo: core/data/criteo.c core/data/lines.c core/data/stream
 FUZZ_LIBS_criteo := -lz
 $(BUILD)/fuzz/fuzz_handshake: net/handshake.c net/frame.c net/aegis.c base/err.c
 FUZZ_LIBS_handshake := -lsodium
-$(BUILD)/fuzz/fuzz_msg: net/msg.c net/msg_factors.c net/msg_rows.c net/msg_elastic.c net/bf16.c net/fpack.c net/xdelta.c base/err.c
+$(BUILD)/fuzz/fuzz_msg: net/msg.c net/msg_factors.c net/msg_rows.c net/msg_elastic.c net/bf16.c net/fpack.c net/idpack.c net/xdelta.c base/err.c
 # net/bf16.c's and net/fpack.c's target_clones (ifuncs) do not link under clang's fuzzer
 # build, as for fuzz_ps: the default clone only.
 FUZZ_LIBS_msg := '-Dtarget_clones(...)=__unused__'

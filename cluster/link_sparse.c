@@ -12,13 +12,18 @@ int link_rows_send(struct link *l, struct link_rows *x, int *lost, char *err, si
 {
 	uint8_t type = x->kind == LINK_ROWS_PULL ? WIRE_SPULL : WIRE_SPUSH;
 	uint8_t dt = type == WIRE_SPUSH ? x->dtype : WIRE_F32;
+	/* Where the link limits the step (link_packs), ids and float32
+	 * values go packed, both ways, wherever that is shorter. */
+	int pack = link_packs(l);
+	uint8_t flags = !pack ? 0 : type == WIRE_SPULL ? MSG_ROWS_IDS_PACKED | MSG_ROWS_WANT_PACKED : MSG_ROWS_IDS_PACKED;
+	dt = pack && dt == WIRE_F32 && type == WIRE_SPUSH ? WIRE_F32P : dt;
 	uint32_t per = msg_rows_max(type, x->dim, dt), n = (uint32_t)x->n, first = 0;
 	*lost = 0;
 	if (x->n > UINT32_MAX)
 		return err_set(err, errlen, -EINVAL, "%s of %zu rows", wire_msg_name(type), x->n);
 	do {
 		uint32_t k = n - first < per ? n - first : per;
-		struct msg_rows m = { .type = type, .dtype = dt, .shard = (uint32_t)l->k, .version = x->version,
+		struct msg_rows m = { .type = type, .dtype = dt, .flags = flags, .shard = (uint32_t)l->k, .version = x->version,
 				      .total = n, .first = first, .count = k,
 				      .worker = type == WIRE_SPUSH ? WIRE_PUSH_TAG(l->sh->index, x->slice) : 0 };
 		size_t len;

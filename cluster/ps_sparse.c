@@ -38,6 +38,7 @@
 struct ps_sparse {
 	struct psrows rows;
 	size_t pull_cap;   /* the most rows one SPULL may ask for */
+	uint64_t packed;   /* SPUSHes that came packed, some of them at least */
 	uint64_t R;        /* the tables' rows in all */
 };
 
@@ -126,9 +127,10 @@ void ps_sparse_say(struct ps *ps)
 	if (!ps->sp)
 		return;
 	const struct psrows *r = &ps->sp->rows;
-	role_log(ps->out, "ps %d: embedding rows [%llu, %llu): version %llu, %llu pushes applied, %llu dropped as stale",
+	role_log(ps->out, "ps %d: embedding rows [%llu, %llu): version %llu, %llu pushes applied, %llu dropped as stale, %llu came packed",
 		 ps->index, (unsigned long long)r->r0, (unsigned long long)r->r1, (unsigned long long)r->version,
-		 (unsigned long long)(r->received - r->dropped_stale), (unsigned long long)r->dropped_stale);
+		 (unsigned long long)(r->received - r->dropped_stale), (unsigned long long)r->dropped_stale,
+		 (unsigned long long)ps->sp->packed);
 }
 
 struct psrows *ps_sparse_rows(struct ps *ps)
@@ -200,13 +202,12 @@ static int sparse_take(struct ps_conn *cn, struct msg_rows_asm *a, size_t len, c
 	if (m.type == WIRE_SPUSH && WIRE_PUSH_SLICE(m.worker) >= (uint32_t)sp->rows.workers)
 		return err_set(err, errlen, -EPROTO, "SPUSH of slice %u; a step has %d", WIRE_PUSH_SLICE(m.worker),
 			       sp->rows.workers);
-	for (uint32_t i = 0; i < m.count; i++) {
-		uint64_t id = msg_rows_id(&m, i);
-		if (id < sp->rows.r0 || id >= sp->rows.r1)
-			return err_set(err, errlen, -ERANGE, "%s: row %llu is not one of this ps's rows [%llu, %llu) of %llu",
-				       name, (unsigned long long)id, (unsigned long long)sp->rows.r0,
-				       (unsigned long long)sp->rows.r1, (unsigned long long)sp->R);
-	}
+	/* The ids ascend: the first and the last bound them all. */
+	uint64_t id = m.count && m.id_first < sp->rows.r0 ? m.id_first : m.id_last;
+	if (m.count && (id < sp->rows.r0 || id >= sp->rows.r1))
+		return err_set(err, errlen, -ERANGE, "%s: row %llu is not one of this ps's rows [%llu, %llu) of %llu",
+			       name, (unsigned long long)id, (unsigned long long)sp->rows.r0,
+			       (unsigned long long)sp->rows.r1, (unsigned long long)sp->R);
 	r = msg_rows_asm_add(a, &m, cn->spc->ids, cn->spc->vals, err, errlen);
 	if (r < 0 || m.type != WIRE_SPUSH)
 		return r;
@@ -282,8 +283,9 @@ static int sparse_wait(struct ps_conn *cn, uint64_t want, char *err, size_t errl
 
 /* ROWS: the n rows of the request at the version asked for where the
  * rows can give it (psrows_read_at), copied under the lock and sent
- * without it; an ERROR if the ps stops. */
-static int sparse_answer(struct ps_conn *cn, uint32_t n, uint64_t want, char *err, size_t errlen)
+ * without it (float32 packed where the worker asked: packed); an ERROR if
+ * the ps stops. */
+static int sparse_answer(struct ps_conn *cn, uint32_t n, uint64_t want, int packed, char *err, size_t errlen)
 {
 	struct ps *ps = cn->ps;
 	pthread_mutex_lock(&ps->mu);
@@ -303,6 +305,7 @@ static int sparse_answer(struct ps_conn *cn, uint32_t n, uint64_t want, char *er
 	}
 	int D = ps->sp->rows.dim;
 	uint8_t dt = (uint8_t)role_param_dtype(ps->c);
+	dt = dt == WIRE_F32 && packed ? WIRE_F32P : dt;
 	uint32_t per = msg_rows_max(WIRE_ROWS, D, dt), first = 0;
 	do {
 		uint32_t k = n - first < per ? n - first : per;
@@ -344,7 +347,7 @@ int ps_on_spull(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 		hooks_crash_point(&ps->hooks, "spull", (long)a.version);
 	if (!r && ps->hooks.rows_delay_ms)
 		role_nap_ms(ps->hooks.rows_delay_ms);
-	return r ? r : sparse_answer(cn, a.total, a.version, err, errlen);
+	return r ? r : sparse_answer(cn, a.total, a.version, a.want_packed != 0, err, errlen);
 }
 
 int ps_on_spush(struct ps_conn *cn, size_t len, char *err, size_t errlen)
@@ -364,6 +367,7 @@ int ps_on_spush(struct ps_conn *cn, size_t len, char *err, size_t errlen)
 	pthread_mutex_lock(&ps->mu);
 	r = psrows_push(rows, (int)WIRE_PUSH_SLICE(a.worker), a.version, cn->spc->ids, cn->spc->vals, a.total, &oc);
 	uint64_t v = rows->version;
+	ps->sp->packed += a.packed > 0;
 	/* A step applied, or (every other worker done) this worker's push in:
 	 * news for a waiting SPULL. */
 	if ((r == 0 && oc == PSSHARD_APPLIED) || (!r && members_others_done(&ps->mb)))

@@ -42,9 +42,12 @@
  * from (core/nn/factors.h). Version 16: a handshake's local flag 2, a
  * worker that will offer a ring on its local connection (net/ring.h): its
  * 16-byte offer and the ps's one-byte answer follow the handshake, and
- * the connection's bytes go through the ring if the answer is 1. */
+ * the connection's bytes go through the ring if the answer is 1.
+ * Version 17: a rows message's byte 2 is its flags: SPULL's and SPUSH's
+ * ids packed (net/idpack.h), SPULL's wish for a packed answer; and ROWS
+ * and SPUSH values in dtype 2, float32 packed (net/msg_rows.h). */
 #define WIRE_MAGIC 0x52545350u
-#define WIRE_VERSION 16u
+#define WIRE_VERSION 17u
 
 /* Message types (DESIGN §7): the first field of every decrypted frame.
  * Zero is not a type, so a zeroed buffer never parses as a message. */

@@ -5,6 +5,7 @@
 #include <criterion/criterion.h>
 
 #include "../net/bf16.h"
+#include "../net/fpack.h"
 #include "../net/msg_rows.h"
 
 #include <errno.h>
@@ -59,7 +60,11 @@ Test(msg, rows_sizes)
 	cr_assert_eq(msg_rows_max(WIRE_ROWS, 16, WIRE_BF16), 2048);
 	cr_assert_eq(msg_rows_max(WIRE_SPUSH, 16, WIRE_BF16), 65536 / 40);
 	cr_assert_eq(msg_rows_max(WIRE_SPULL, 16, WIRE_BF16), 0);
-	cr_assert_eq(msg_rows_max(WIRE_ROWS, 16, WIRE_F32P), 0);
+	/* packed float32: as many rows as float32, in fewer bytes */
+	cr_assert_eq(msg_rows_max(WIRE_ROWS, 16, WIRE_F32P), 1024);
+	cr_assert_eq(msg_rows_max(WIRE_SPUSH, 16, WIRE_F32P), 65536 / 72);
+	cr_assert_eq(msg_rows_max(WIRE_SPULL, 16, WIRE_F32P), 0);
+	cr_assert_eq(msg_rows_max(WIRE_ROWS, 16, WIRE_F32X), 0);
 	/* the largest message of each fits a frame */
 	for (int d = 1; d <= MSG_ROWS_DIM_MAX; d++)
 		for (uint8_t t = WIRE_SPULL; t <= WIRE_SPUSH; t++)
@@ -125,8 +130,11 @@ Test(msg, rows_round_trip)
 		cr_assert_eq(m.worker, t == WIRE_SPUSH ? 3u : 0u);
 		cr_assert_eq(m.ids == NULL, t == WIRE_ROWS);
 		cr_assert_eq(m.vals == NULL, t == WIRE_SPULL);
+		uint64_t got[5];
+		if (m.ids)
+			msg_rows_ids(got, &m);
 		for (uint32_t i = 0; m.ids && i < 5; i++)
-			cr_assert_eq(msg_rows_id(&m, i), IDS[i]);
+			cr_assert_eq(got[i], IDS[i]);
 		float v[5 * DIM], want[5 * DIM];
 		for (int i = 0; i < 5 * DIM; i++) /* bf16: each value rounded to nearest even */
 			want[i] = dt == WIRE_BF16 ? bf16_widen_f32(VALS[i]) : VALS[i];
@@ -151,9 +159,9 @@ static const struct bad_rows bads[] = {
 	{ "one byte short", (size_t)-1, 0, 0, -EMSGSIZE, "bytes, but 3 rows" },
 	{ "one byte long", 1, 0, 0, -EMSGSIZE, "bytes, but 3 rows" },
 	{ "header cut", (size_t)-100, 0, 0, -EMSGSIZE, "expected at least 32" },
-	{ "dtype", 1, 1, 2, -EPROTO, "dtype 2, expected 0 (fp32) or 1 (bf16)" },
+	{ "dtype", 1, 1, 5, -EPROTO, "dtype 5, expected 0 (fp32), 1 (bf16) or 2 (fp32 packed)" },
 	{ "bf16 at fp32's length", 1, 1, 1, -EMSGSIZE, "3 rows of width 4 in bf16 are" },
-	{ "reserved 2", 2, 1, 7, -EPROTO, "reserved byte 2" },
+	{ "flags", 2, 1, 7, -EPROTO, "flags byte is 0x07, this type may set 0x01" },
 	{ "reserved 3", 3, 1, 7, -EPROTO, "reserved byte 3" },
 	{ "count over the set", 16, 4, 2, -EPROTO, "rows [0, 3) of a set of 2" },
 	{ "first past the set", 20, 4, 4, -EPROTO, "rows [4, 7) of a set of 5" },
@@ -304,4 +312,165 @@ Test(msg, rows_assembly_ids_ascend_across_messages)
 	cr_assert_eq(add(&a, WIRE_SPUSH, 0, 30, 15, 15, again, vals, err), -EPROTO);
 	cr_assert_not_null(strstr(err, "row 128 after row 128"), "%s", err);
 	cr_assert_eq(add(&a, WIRE_SPUSH, 0, 30, 15, 15, ids + 15, vals, err), 1, "%s", err);
+}
+
+/* Ids and values packed (MSG_ROWS_IDS_PACKED, dtype 2): the bytes
+ * docs/PROTOCOL.md gives, fewer than unpacked, the same rows bit for bit;
+ * a packing that would not be shorter is not used. */
+Test(msg, rows_packed)
+{
+	uint8_t buf[512];
+	char err[256] = "";
+	struct msg_rows m = { .type = WIRE_SPUSH, .dtype = WIRE_F32P, .flags = MSG_ROWS_IDS_PACKED, .shard = 2,
+			      .version = 41, .total = 5, .count = 5, .worker = 3 };
+	float vals[5 * DIM];
+	for (int i = 0; i < 5 * DIM; i++)
+		vals[i] = 0.01f * (float)(i + 1) * (i % 3 ? 1.0f : -1.0f);
+	size_t len = 0, plain = msg_rows_bytes(WIRE_SPUSH, 5, DIM, WIRE_F32);
+	cr_assert_eq(msg_encode_rows(buf, sizeof(buf), &m, IDS, vals, DIM, &len, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(buf[1], WIRE_F32P);
+	cr_assert_eq(buf[2], MSG_ROWS_IDS_PACKED);
+	/* 3; 9 - 3 - 1 = 5; 10 - 9 - 1 = 0; 700 - 10 - 1 = 689 = 0x2b1 */
+	static const uint8_t ids[] = { 0x03, 0x05, 0x00, 0xb1, 0x05 };
+	cr_assert_eq(memcmp(buf + 32, ids, sizeof(ids)), 0);
+	size_t idlen = sizeof(ids) + 6; /* 2^40 - 701 in 6 groups of 7 bits */
+	cr_assert_eq(len, 32 + idlen + fpack_min_bytes(5 * DIM), "%zu", len);
+	cr_assert_lt(len, plain);
+	struct msg_rows d;
+	cr_assert_eq(msg_decode_rows(buf, len, DIM, &d, err, sizeof(err)), 0, "%s", err);
+	cr_assert(d.dtype == WIRE_F32P && d.flags == MSG_ROWS_IDS_PACKED && d.idlen == idlen);
+	cr_assert(d.id_first == 3 && d.id_last == 1ULL << 40);
+	uint64_t got[5];
+	float v[5 * DIM];
+	msg_rows_ids(got, &d);
+	msg_rows_vals(v, &d, DIM);
+	cr_assert_eq(memcmp(got, IDS, sizeof(got)), 0);
+	cr_assert_eq(memcmp(v, vals, sizeof(v)), 0);
+
+	/* zeros beside a 1 escape: packing them is not shorter, so they go as
+	 * float32; one id past 2^56 takes more than 8 bytes packed, so it goes
+	 * as a u64 */
+	static const float zeros[DIM] = { 1 };
+	uint64_t far = 1ULL << 63;
+	m = (struct msg_rows){ .type = WIRE_SPUSH, .dtype = WIRE_F32P, .flags = MSG_ROWS_IDS_PACKED, .total = 1,
+			       .count = 1 };
+	cr_assert_eq(msg_encode_rows(buf, sizeof(buf), &m, &far, zeros, DIM, &len, err, sizeof(err)), 0, "%s", err);
+	cr_assert(buf[1] == WIRE_F32 && buf[2] == 0 && len == msg_rows_bytes(WIRE_SPUSH, 1, DIM, WIRE_F32));
+	cr_assert_eq(wire_get_u64(buf + 32), far);
+
+	/* a pull: its ids packed, and its answer asked for packed */
+	m = (struct msg_rows){ .type = WIRE_SPULL, .flags = MSG_ROWS_IDS_PACKED | MSG_ROWS_WANT_PACKED, .total = 5,
+			       .count = 5 };
+	cr_assert_eq(msg_encode_rows(buf, sizeof(buf), &m, IDS, NULL, DIM, &len, err, sizeof(err)), 0, "%s", err);
+	cr_assert(len == 32 + idlen && buf[2] == 3);
+	cr_assert_eq(msg_decode_rows(buf, len, DIM, &d, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(d.flags, 3);
+
+	/* what a type may not set */
+	m = (struct msg_rows){ .type = WIRE_ROWS, .flags = MSG_ROWS_IDS_PACKED, .total = 1, .count = 1 };
+	cr_assert_eq(msg_encode_rows(buf, sizeof(buf), &m, NULL, vals, DIM, &len, err, sizeof(err)), -EINVAL);
+	m = (struct msg_rows){ .type = WIRE_SPUSH, .flags = MSG_ROWS_WANT_PACKED, .total = 1, .count = 1 };
+	cr_assert_eq(msg_encode_rows(buf, sizeof(buf), &m, IDS, vals, DIM, &len, err, sizeof(err)), -EINVAL);
+}
+
+/* A packed SPULL of 2 ids (3, then a gap) with bytes written over it. */
+static int packed_pull(const uint8_t *body, size_t n, char *err)
+{
+	uint8_t buf[64] = { WIRE_SPULL, 0, MSG_ROWS_IDS_PACKED };
+	wire_put_u32(buf + 16, 2);
+	wire_put_u32(buf + 24, 2);
+	memcpy(buf + 32, body, n);
+	struct msg_rows m;
+	return msg_decode_rows(buf, 32 + n, DIM, &m, err, 256);
+}
+
+Test(msg, rows_packed_refusals)
+{
+	char err[256] = "";
+	static const struct {
+		const char *name;
+		uint8_t body[24];
+		size_t n;
+	} bad[] = {
+		{ "overlong zero", { 0x03, 0x80, 0x00 }, 3 },
+		{ "unfinished", { 0x03, 0x80 }, 2 },
+		{ "past 2^64", { 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01, 0x00 }, 11 },
+		{ "tenth byte over 1", { 0x00, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02 }, 11 },
+		{ "not shorter than u64s", { 0x83, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01,
+					     0x83, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01 }, 16 },
+		{ "a byte after the ids", { 0x03, 0x05, 0x00 }, 3 },
+	};
+	uint8_t good[] = { 0x03, 0x05 };
+	cr_assert_eq(packed_pull(good, sizeof(good), err), 0, "%s", err);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		int r = packed_pull(bad[i].body, bad[i].n, err);
+		cr_assert(r == -EPROTO || r == -EMSGSIZE, "%s: %d", bad[i].name, r);
+		cr_assert(strstr(err, "SPULL") && !strchr(err, '\n'), "%s: %s", bad[i].name, err);
+	}
+	/* packed values that are not a packing; an empty set's values packed */
+	uint8_t buf[512];
+	size_t len = sample_as(WIRE_ROWS, WIRE_F32, 5, 0, 2, buf, sizeof(buf));
+	buf[1] = WIRE_F32P;
+	struct msg_rows m;
+	cr_assert_eq(msg_decode_rows(buf, len - 1, DIM, &m, err, sizeof(err)), -EPROTO);
+	cr_assert_not_null(strstr(err, "not a packing of 8 float32 values"), "%s", err);
+	len = sample_as(WIRE_ROWS, WIRE_F32, 0, 0, 0, buf, sizeof(buf));
+	buf[1] = WIRE_F32P;
+	cr_assert_eq(msg_decode_rows(buf, len, DIM, &m, err, sizeof(err)), -EPROTO);
+	/* the flags a type may not set */
+	len = sample_as(WIRE_ROWS, WIRE_F32, 5, 0, 2, buf, sizeof(buf));
+	buf[2] = MSG_ROWS_IDS_PACKED;
+	cr_assert_eq(msg_decode_rows(buf, len, DIM, &m, err, sizeof(err)), -EPROTO);
+	cr_assert_not_null(strstr(err, "flags byte is 0x01, this type may set 0x00"), "%s", err);
+}
+
+/* A set may mix packed and plain messages, and float32 may come packed
+ * where float32 is due; a pull's wish for a packed answer is the set's. */
+Test(msg, rows_packed_assembly)
+{
+	char err[256] = "";
+	struct msg_rows_asm a;
+	uint8_t buf[FRAME_MAX];
+	size_t len;
+	static float vals[30 * 1024], got[30 * 1024];
+	uint64_t ids[30], back[30];
+	for (int i = 0; i < 30 * 1024; i++)
+		vals[i] = (float)(i % 97) * 0.125f + 0.5f;
+	for (int i = 0; i < 30; i++)
+		ids[i] = 100 + 3 * (uint64_t)i;
+	msg_rows_asm_init(&a, WIRE_SPUSH, WIRE_F32, 1, 1024, 64, MSG_ROWS_ANY);
+	for (uint32_t first = 0; first < 30; first += 15) {
+		struct msg_rows m = { .type = WIRE_SPUSH, .dtype = first ? WIRE_F32 : WIRE_F32P,
+				      .flags = first ? 0 : MSG_ROWS_IDS_PACKED, .shard = 1, .total = 30,
+				      .first = first, .count = 15 };
+		cr_assert_eq(msg_encode_rows(buf, sizeof(buf), &m, ids + first, vals + first * 1024, 1024, &len, err,
+					     sizeof(err)), 0, "%s", err);
+		cr_assert_eq(buf[1], first ? WIRE_F32 : WIRE_F32P);
+		cr_assert_eq(msg_decode_rows(buf, len, 1024, &m, err, sizeof(err)), 0, "%s", err);
+		cr_assert_eq(msg_rows_asm_add(&a, &m, back, got, err, sizeof(err)), first ? 1 : 0, "%s", err);
+	}
+	cr_assert_eq(memcmp(back, ids, sizeof(ids)), 0);
+	cr_assert_eq(memcmp(got, vals, sizeof(got)), 0);
+	/* packed float32 where bf16 is due */
+	msg_rows_asm_init(&a, WIRE_SPUSH, WIRE_BF16, 1, 1024, 64, MSG_ROWS_ANY);
+	struct msg_rows m = { .type = WIRE_SPUSH, .dtype = WIRE_F32P, .shard = 1, .total = 30, .count = 15 };
+	cr_assert_eq(msg_encode_rows(buf, sizeof(buf), &m, ids, vals, 1024, &len, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(msg_decode_rows(buf, len, 1024, &m, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(msg_rows_asm_add(&a, &m, NULL, NULL, err, sizeof(err)), -EPROTO);
+	cr_assert_not_null(strstr(err, "fp32 packed where this end's wire_dtype says bf16"), "%s", err);
+	/* a pull that changes its wish half-way */
+	msg_rows_asm_init(&a, WIRE_SPULL, WIRE_F32, 1, 1024, 9000, MSG_ROWS_ANY);
+	static uint64_t many[8193];
+	for (int i = 0; i < 8193; i++)
+		many[i] = (uint64_t)i;
+	for (uint32_t first = 0; first < 8193; first += 8192) {
+		uint32_t n = first ? 1 : 8192;
+		m = (struct msg_rows){ .type = WIRE_SPULL, .flags = first ? 0 : MSG_ROWS_WANT_PACKED, .shard = 1,
+				       .total = 8193, .first = first, .count = n };
+		cr_assert_eq(msg_encode_rows(buf, sizeof(buf), &m, many + first, NULL, 1024, &len, err, sizeof(err)), 0,
+			     "%s", err);
+		cr_assert_eq(msg_decode_rows(buf, len, 1024, &m, err, sizeof(err)), 0, "%s", err);
+		cr_assert_eq(msg_rows_asm_add(&a, &m, NULL, NULL, err, sizeof(err)), first ? -EPROTO : 0, "%s", err);
+	}
+	cr_assert_not_null(strstr(err, "another set"), "%s", err);
 }

@@ -234,6 +234,19 @@ Test(sparse, one_worker_sync_equals_local_bit_for_bit)
 	assert_equals_local(&one, dump, log);
 	ctr_config(&two, "two-ps", 2, 1, 60, EMBED, "", "");
 	assert_equals_local(&two, dump, log);
+	/* Over TCP, packed (ids and float32 both ways: net/msg_rows.h): the
+	 * same bits, and each ps says its pushes came packed. */
+	struct ctr packed;
+	ctr_config(&packed, "two-ps-packed", 2, 1, 60, EMBED, "", "local_socket = false\nwire_pack = true\n");
+	assert_equals_local(&packed, dump, log);
+	for (int k = 0; k < 2; k++) {
+		char path[300];
+		snprintf(path, sizeof(path), "%s/two-ps-packed-ps%d.log", target_dir, k);
+		const char *ps = slurp(path), *at = strstr(ps, "dropped as stale, ");
+		unsigned long n = 0;
+		cr_assert(at && sscanf(at, "dropped as stale, %lu came packed", &n) == 1, "%s", ps);
+		cr_assert_eq(n, 60, "ps %d: %lu of 60 pushes came packed:\n%s", k, n, ps);
+	}
 	free(log);
 }
 

@@ -71,22 +71,27 @@ static void rows_at(const uint8_t *data, size_t size, int dim)
 		fuzz_check_err(rc, err);
 		return;
 	}
-	FUZZ_CHECK(m.type == data[0] && m.dtype == data[1] && m.count <= msg_rows_max(m.type, dim, m.dtype));
-	FUZZ_CHECK(size == msg_rows_bytes(m.type, m.count, dim, m.dtype));
+	FUZZ_CHECK(m.type == data[0] && m.dtype == data[1] && m.flags == data[2] &&
+		   m.count <= msg_rows_max(m.type, dim, m.dtype));
+	FUZZ_CHECK(size <= msg_rows_bytes(m.type, m.count, dim, m.dtype));
+	FUZZ_CHECK(size == MSG_ROWS_HDR_BYTES + m.idlen + m.vlen);
 	FUZZ_CHECK((uint64_t)m.first + m.count <= m.total && (m.count > 0 || m.total == 0));
-	for (uint32_t i = 0; m.ids && i < m.count; i++) {
-		ids[i] = msg_rows_id(&m, i);
-		FUZZ_CHECK(i == 0 || ids[i] > ids[i - 1]);
+	if (m.ids) {
+		msg_rows_ids(ids, &m);
+		for (uint32_t i = 0; i < m.count; i++)
+			FUZZ_CHECK(i == 0 || ids[i] > ids[i - 1]);
+		FUZZ_CHECK(!m.count || (ids[0] == m.id_first && ids[m.count - 1] == m.id_last));
 	}
 	if (m.vals)
 		msg_rows_vals(floats, &m, dim);
+	/* A packed message packs back to the same bytes: each has one packing. */
 	rc = msg_encode_rows(re, sizeof re, &m, ids, floats, dim, &relen, err, sizeof err);
 	if (m.dtype == WIRE_BF16)
-		same_bf16_from(rc, relen, data, size, MSG_ROWS_HDR_BYTES + (m.ids ? 8 * (size_t)m.count : 0));
+		same_bf16_from(rc, relen, data, size, MSG_ROWS_HDR_BYTES + m.idlen);
 	else
 		same(rc, relen, data, size);
 	struct msg_rows_asm a;
-	msg_rows_asm_init(&a, m.type, m.dtype, m.shard, dim, m.total, MSG_ROWS_ANY);
+	msg_rows_asm_init(&a, m.type, (uint8_t)wire_dtype_values(m.dtype), m.shard, dim, m.total, MSG_ROWS_ANY);
 	uint32_t per = msg_rows_max(m.type, dim, m.dtype), full = m.total < per ? m.total : per;
 	err[0] = '\0';
 	rc = msg_rows_asm_add(&a, &m, NULL, NULL, err, sizeof err);

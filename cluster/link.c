@@ -324,6 +324,14 @@ static void link_send_side(struct link *l)
 		if (!r)
 			link_asked(l);
 	}
+	/* Last: the ps answers it once every worker's rows of this step
+	 * are in, which this link's SPUSH went up in front of. */
+	if (!r && x->ahead) {
+		char e[512];
+		int lost;
+		r = link_rows_send(l, x->ahead, &lost, e, sizeof(e));
+		r = !r ? 0 : lost ? link_lost(l, r, e) : link_fail(l, LINK_REFUSED, -EPROTO, e);
+	}
 	if (x->turn)
 		link_turn_pass(l, x->turn, x->pos);
 }
@@ -342,7 +350,8 @@ struct link_rx {
 static int link_rx_pending(const struct link_rx *rx)
 {
 	return (rx->want_params && !msg_assembly_done(&rx->a)) || rx->acked < rx->want_acks ||
-	       (rx->want_status && !rx->statused) || link_rows_waiting(rx->l->ex.rows);
+	       (rx->want_status && !rx->statused) || link_rows_waiting(rx->l->ex.rows) ||
+	       link_rows_waiting(rx->l->ex.ahead);
 }
 
 /* A HEARTBEAT from ps k while a sync PULL waits: the chief prints which
@@ -454,11 +463,12 @@ static int rx_view(struct link_rx *rx, const uint8_t *msg, size_t len, char *err
 	return 0;
 }
 
-/* A message of the rows pulled; a sync answer below the version asked
- * for went back, as PARAMS would (link_sparse.h). */
+/* A message of the rows pulled (this step's, else the next one's); a
+ * sync answer below the version asked for went back, as PARAMS would
+ * (link_sparse.h). */
 static int rx_rows(struct link_rx *rx, const uint8_t *msg, size_t len, char *err, size_t errlen)
 {
-	struct link_rows *x = rx->l->ex.rows;
+	struct link_rows *x = link_rows_waiting(rx->l->ex.rows) ? rx->l->ex.rows : rx->l->ex.ahead;
 	int r = link_rows_take(x, msg, len, err, errlen);
 	if (r == 1 && x->version != MSG_VERSION_LATEST && x->got < x->version)
 		return link_went_back(rx->l, x->got);
@@ -571,7 +581,8 @@ static void link_recv_side(struct link *l)
 			      .want_acks = (x->grads != NULL) + (x->rows && x->rows->kind == LINK_ROWS_PUSH),
 			      .want_status = x->ctl.type == WIRE_STATUS };
 	char e[512];
-	if (!rx.want_params && !rx.want_acks && !rx.want_status && !link_rows_waiting(x->rows))
+	if (!rx.want_params && !rx.want_acks && !rx.want_status && !link_rows_waiting(x->rows) &&
+	    !link_rows_waiting(x->ahead))
 		return;
 	pthread_mutex_lock(&l->mu);
 	while (!l->asked && l->end == LINK_OK)

@@ -131,6 +131,7 @@ struct link_ex {
 	int first;               /* PULL version 0 (whatever the shard has), no check */
 	struct gradflow *pflow;  /* NULL, or each chunk of params marked final as it lands */
 	struct link_rows *rows;  /* NULL, or embedding rows pulled or pushed (link_sparse.h) */
+	struct link_rows *ahead; /* NULL, or the next step's rows, pulled after the PUSH */
 };
 
 struct link {

@@ -156,3 +156,28 @@ void links_rows_stage(struct links *lk, struct links_rows *lr, int slice, const 
 	rows_push_split(lr, slice, rows, u, dU);
 	lk->rows_up = lr;
 }
+
+void links_rows_ahead(struct links *lk, struct links_rows *ahead, const uint64_t *rows, size_t u, float *U)
+{
+	uint64_t end = (uint64_t)lk->sh.s->job.total;
+	rows_split(ahead, LINK_ROWS_PULL, rows, u, U);
+	for (int k = 0; k < ahead->nps; k++) {
+		struct link_rows *x = &ahead->x[k];
+		uint64_t next = lk->ln[k].got + 1;
+		x->version = next < end ? next : end;
+		msg_rows_asm_init(&x->a, WIRE_ROWS, x->dtype, (uint32_t)k, ahead->dim, x->n, x->n);
+	}
+	lk->rows_ahead = ahead;
+}
+
+int links_rows_ahead_took(const struct links *lk, const struct links_rows *ahead, struct links_rows *lr)
+{
+	for (int k = 0; k < ahead->nps; k++) {
+		const struct link_rows *x = &ahead->x[k];
+		if (!msg_rows_asm_done(&x->a) || x->version != lk->ln[k].got || x->got < x->version)
+			return 0;
+	}
+	for (int k = 0; k < ahead->nps; k++)
+		lr->tag[k] = ahead->x[k].version;
+	return 1;
+}

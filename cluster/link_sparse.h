@@ -95,4 +95,19 @@ int links_rows_push(struct links *lk, struct links_rows *lr, int slice, const ui
 void links_rows_stage(struct links *lk, struct links_rows *lr, int slice, const uint64_t *rows, size_t u,
 		      const float *dU);
 
+/* Sync: the next step's rows (u, ascending, distinct), pulled into U
+ * (u, DIM) in the next exchange that pushes a gradient, after its PUSH,
+ * from each ps at the version that exchange pulls (each link's got + 1,
+ * as link_ask asks): the ps answers once the step's rows are in, while
+ * the dense shard still streams, so the next step starts with its rows
+ * and a round trip fewer. ahead is links_rows_open's, not lr's: an
+ * evaluation's pulls use lr in between. rows and U must last until the
+ * next step takes them (links_rows_ahead_took). */
+void links_rows_ahead(struct links *lk, struct links_rows *ahead, const uint64_t *rows, size_t u, float *U);
+/* Whether ahead's rows came whole, each ps's at the version of the
+ * parameters now pulled from it (an exchange that failed, a recovery,
+ * shards that went on without this worker: not): then lr's push tags are
+ * theirs, as links_rows_pull would have set them, and 1. */
+int links_rows_ahead_took(const struct links *lk, const struct links_rows *ahead, struct links_rows *lr);
+
 #endif

@@ -222,11 +222,13 @@ static void links_begin(struct links *lk, const struct link_ex *ex)
 	pthread_mutex_unlock(&lk->sh.turn.mu);
 	/* Rows staged go with a gradient, on every link, first: one
 	 * exchange where they took two (docs/PROTOCOL.md, "Rows"). */
-	struct links_rows *up = ex->grads ? lk->rows_up : NULL;
+	struct links_rows *up = ex->grads ? lk->rows_up : NULL, *ahead = ex->grads ? lk->rows_ahead : NULL;
 	lk->rows_up = ex->grads ? NULL : lk->rows_up;
+	lk->rows_ahead = ex->grads ? NULL : lk->rows_ahead;
 	for (int k = 0; k < nps; k++) {
 		x.pos = links_turn_of(lk, k);
 		x.rows = up ? &up->x[k] : ex->rows;
+		x.ahead = ahead ? &ahead->x[k] : NULL;
 		link_begin(&lk->ln[k], &x);
 	}
 }

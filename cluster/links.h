@@ -43,6 +43,8 @@ struct links {
 	struct gradflow whole;   /* a gradient final at once (no overlap): every stream final */
 	struct links_rows *rows_up; /* rows staged to go up with the next exchange
 				  * that pushes a gradient (links_rows_stage) */
+	struct links_rows *rows_ahead; /* the next step's rows, pulled in that
+				  * exchange after its PUSH (links_rows_ahead) */
 	pthread_mutex_t mu;      /* lost */
 	int lost;                /* the first link found lost or gone back; -1: none.
 				  * The caller resets it. */

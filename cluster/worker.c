@@ -359,7 +359,7 @@ static int worker_compute(struct worker *wr, int flow, int slice, char *err, siz
 	wr->phase = STEP_COMPUTING;
 	int e = worker_batch(wr, step, slice, &first, err, errlen);
 	if (!e && wr->emb)
-		e = worker_embed_pull(wr->emb, first, wr->B, &wr->t_rows, err, errlen);
+		e = worker_embed_pull(wr->emb, step, first, wr->B, &wr->t_rows, err, errlen);
 	if (e)
 		return e;
 	uint64_t key = replica_key(c->train.seed, step, slice);
@@ -465,6 +465,20 @@ static int worker_earlier_slices(struct worker *wr, char *err, size_t errlen)
 	return 0;
 }
 
+/* Sync, one slice a step, the parameters pulled: the next step's rows
+ * come in this step's exchange (worker_embed_ahead), where that step
+ * trains as this one does (not the last, no evaluation between, in the
+ * epoch's order already on the devices). */
+static int worker_rows_ahead(struct worker *wr, enum step_way way, char *err, size_t errlen)
+{
+	long next = wr->step + 1;
+	if (!wr->emb || way == WAY_PUSH || wr->c->train.mode != MODE_SYNC || !wr->lk.sh.pieces || wr->elastic ||
+	    wr->nmine != 1 || next >= wr->total || worker_eval_due(wr, next) ||
+	    job_part(&wr->s.job, next) != wr->epoch_loaded)
+		return 0;
+	return worker_embed_ahead(wr->emb, next, job_slice_at(&wr->s.job, next, wr->mine[0]), wr->B, err, errlen);
+}
+
 /* The step's compute and its exchange (links_exchange_begin ... end),
  * the way worker_way said: the gradient made, then sent final; or sent
  * piece by piece as backward makes it final (the flow), the next
@@ -486,6 +500,8 @@ static int worker_exchange(struct worker *wr, enum step_way way, double *t1, cha
 			return ce;
 		ce = worker_compute(wr, 0, last, err, errlen);
 		*t1 = progress_now();
+		if (!ce)
+			ce = worker_rows_ahead(wr, way, err, errlen);
 		if (ce)
 			return ce;
 	} else {
@@ -612,6 +628,7 @@ static int worker_step(struct worker *wr, char *err, size_t errlen)
 		e = devices_set_params(&wr->dev, wr->params, err, errlen);
 	if (e) {
 		wr->phase = STEP_UNPULLED;
+		worker_embed_forget(wr->emb);
 		return e;
 	}
 	if (wr->phase != STEP_FORWARDED)
@@ -729,6 +746,8 @@ int cluster_worker(const struct config *c, int index, FILE *out, int tty,
 		role_log(out, "worker %d: overlap: %s", index, said);
 	if (!e)
 		links_say_sndbuf(&wr->lk, index, out);
+	if (!e)
+		worker_embed_say(wr->emb, out);
 	/* What the links carried: 4 bytes a value as float32, 2 as bf16,
 	 * about 3.5 packed (tests/test_cluster.c reads it). */
 	if (!e && wr->lk.sh.pvalues)

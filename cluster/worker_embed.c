@@ -13,6 +13,10 @@
 
 struct worker_embed {
 	struct links_rows lr;
+	struct links_rows ahead;   /* the next step's rows (links_rows_ahead) */
+	long ahead_step;           /* the step they are of; -1: none */
+	size_t ahead_first;
+	long pulls, took;          /* steps' rows pulled, and of them taken ahead */
 	struct links *lk;
 	struct devices *dev;
 	struct embed_fetch fetch;
@@ -37,12 +41,14 @@ int worker_embed_open(struct worker_embed **out, int index, struct devices *dev,
 	struct worker_embed *we = calloc(1, sizeof(*we));
 	if (!we)
 		return err_set(err, errlen, -ENOMEM, "out of memory");
-	*we = (struct worker_embed){ .lk = lk, .dev = dev, .m = m, .index = index,
+	*we = (struct worker_embed){ .lk = lk, .dev = dev, .m = m, .index = index, .ahead_step = -1,
 				     .fetch = { .fetch = embed_fetch_rows, .ctx = we } };
 	int B = c->train.batch_size > ROLE_EVAL_BATCH ? c->train.batch_size : ROLE_EVAL_BATCH;
 	we->window = (size_t)B * (size_t)m->embed.fields;
 	*out = we;
 	int e = links_rows_open(&we->lr, c, m, err, errlen);
+	if (!e)
+		e = links_rows_open(&we->ahead, c, m, err, errlen);
 	return e ? e : devices_embed_open_remote(dev, &we->fetch, err, errlen);
 }
 
@@ -51,13 +57,24 @@ void worker_embed_close(struct worker_embed *we)
 	if (!we)
 		return;
 	links_rows_close(&we->lr);
+	links_rows_close(&we->ahead);
 	free(we);
 }
 
-int worker_embed_pull(struct worker_embed *we, size_t first, int B, double *waited, char *err, size_t errlen)
+int worker_embed_pull(struct worker_embed *we, long step, size_t first, int B, double *waited, char *err,
+		      size_t errlen)
 {
 	const struct embed_plan *p;
 	float *U;
+	/* Pulled in the last exchange, at the version it pulled: the
+	 * devices hold the batch's plan and rows already. */
+	int ahead = we->ahead_step == step && we->ahead_first == first;
+	we->ahead_step = -1;
+	we->pulls++;
+	if (ahead && links_rows_ahead_took(we->lk, &we->ahead, &we->lr)) {
+		we->took++;
+		return 0;
+	}
 	int e = devices_embed_plan(we->dev, first, B, &p, &U, err, errlen);
 	if (e)
 		return e;
@@ -89,6 +106,33 @@ int worker_embed_push(struct worker_embed *we, long step, int slice, int now, do
 	e = links_rows_push(we->lk, &we->lr, slice, rows, u, dU, err, errlen);
 	*waited += progress_now() - t0;
 	return e;
+}
+
+int worker_embed_ahead(struct worker_embed *we, long step, size_t first, int B, char *err, size_t errlen)
+{
+	const struct embed_plan *p;
+	float *U;
+	we->ahead_step = -1;
+	int e = devices_embed_plan(we->dev, first, B, &p, &U, err, errlen);
+	if (e)
+		return e;
+	links_rows_ahead(we->lk, &we->ahead, p->rows, p->u, U);
+	we->ahead_step = step;
+	we->ahead_first = first;
+	return 0;
+}
+
+void worker_embed_say(const struct worker_embed *we, FILE *out)
+{
+	if (we && we->pulls)
+		role_log(out, "worker %d: the rows of %ld of %ld steps came with the exchange before theirs", we->index,
+			 we->took, we->pulls);
+}
+
+void worker_embed_forget(struct worker_embed *we)
+{
+	if (we)
+		we->ahead_step = -1;
 }
 
 /* Every row of the tables into f, a window of rows at a time. */

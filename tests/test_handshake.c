@@ -379,7 +379,7 @@ Test(handshake, bytes_match_protocol)
 	struct hs h;
 	uint8_t hello1[HELLO], hello2[HELLO], mac[32];
 	start_ok(&h, hello1, PSK_A, &w);
-	const uint8_t head[16] = {'P', 'S', 'T', 'R', 16, 0, 0, 0, 1, 2, 0, 0, 4, 3, 2, 1};
+	const uint8_t head[16] = {'P', 'S', 'T', 'R', 17, 0, 0, 0, 1, 2, 0, 0, 4, 3, 2, 1};
 	cr_assert(memcmp(hello1, head, 16) == 0, "HELLO1 header bytes differ");
 	uint8_t tag[32];
 	doc_tag(tag, PSK_A, w.config_hash);
@@ -418,7 +418,7 @@ Test(handshake, bytes_match_protocol)
 	forge(hello1, &g, PSK_A, NULL);
 	struct hs_result sr;
 	respond_ok(&sr, hello2, PSK_A, &p, hello1);
-	const uint8_t head2[16] = {'P', 'S', 'T', 'R', 16, 0, 0, 0, 2, 1, 0, 0, 2, 0, 0, 0};
+	const uint8_t head2[16] = {'P', 'S', 'T', 'R', 17, 0, 0, 0, 2, 1, 0, 0, 2, 0, 0, 0};
 	cr_assert(memcmp(hello2, head2, 16) == 0, "HELLO2 header bytes differ");
 	cr_assert(all_zero(hello2 + 80, 8) && all_zero(hello2 + 108, 4), "HELLO2's time and to are 0");
 	doc_mac(mac, PSK_A, hello1, HELLO, hello2);

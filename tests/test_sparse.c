@@ -223,6 +223,19 @@ static void assert_equals_local(const struct ctr *x, const char *local_dump, con
 	cr_assert_not_null(strstr(slurp(out[0]), "ps 0: embedding rows [0, "), "%s", slurp(out[0]));
 }
 
+/* The chief's count of steps whose rows came in the exchange before
+ * theirs (worker_embed_ahead), of 60. */
+static long rows_came_ahead(const struct ctr *x)
+{
+	char path[300];
+	snprintf(path, sizeof(path), "%s/%s-worker0.log", target_dir, x->name);
+	const char *chief = slurp(path), *at = strstr(chief, "the rows of ");
+	long took = -1, pulls = -1;
+	cr_assert(at && sscanf(at, "the rows of %ld of %ld steps", &took, &pulls) == 2, "%s", chief);
+	cr_assert_eq(pulls, 60, "%s", chief);
+	return took;
+}
+
 Test(sparse, one_worker_sync_equals_local_bit_for_bit)
 {
 	struct ctr l, one, two;
@@ -234,6 +247,10 @@ Test(sparse, one_worker_sync_equals_local_bit_for_bit)
 	assert_equals_local(&one, dump, log);
 	ctr_config(&two, "two-ps", 2, 1, 60, EMBED, "", "");
 	assert_equals_local(&two, dump, log);
+	/* Sync, one slice a step, no evaluation before the end: every
+	 * step's rows but the first's came in the exchange before theirs. */
+	cr_assert_eq(rows_came_ahead(&one), 59);
+	cr_assert_eq(rows_came_ahead(&two), 59);
 	/* Over TCP, packed (ids and float32 both ways: net/msg_rows.h): the
 	 * same bits, and each ps says its pushes came packed. */
 	struct ctr packed;

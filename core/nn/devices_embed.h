@@ -8,16 +8,24 @@
 #include "devices.h"
 #include "embed_plan.h"
 
+/* One batch's plan. Remote, two: the next batch's is planned (and its
+ * rows pulled) while the last one's rows still go up with its gradient. */
+struct devices_embed_slot {
+	struct embed_plan plan;
+	uint32_t *ids;                /* (max_batch, F) the batch's IDs */
+	float *U;                     /* remote: (max u, DIM) its rows */
+	size_t at;                    /* remote: the batch the plan is of (planned) */
+	int B, planned;
+};
+
 struct devices_embed {
 	float *table;                 /* (R, DIM) the caller's, host memory; NULL: remote
 				       * (devices_embed_open_remote) */
 	struct sparse_optim *opt;     /* the caller's; NULL when remote */
 	struct embed_fetch fetch;     /* remote: where an evaluation's rows come from */
-	struct embed_plan plan;       /* the last training batch's */
-	uint32_t *ids;                /* (max_batch, F) that batch's IDs */
-	float *U, *dU;                /* remote: (max u, DIM) its rows, and their gradient */
-	size_t at;                    /* remote: the batch the plan is of (planned) */
-	int B, planned;
+	struct devices_embed_slot slot[2]; /* local: slot 0 only */
+	int last;                     /* the slot of the last training batch */
+	float *dU;                    /* remote: (max u, DIM) its rows' gradient */
 	int pending;                  /* 1: replica 0's dU holds that batch's gradient,
 				       * which the next devices_apply applies */
 	/* local with [train] slices (devices_embed_slices): each slice's

@@ -499,9 +499,10 @@ static int worker_exchange(struct worker *wr, enum step_way way, double *t1, cha
 		if (ce)
 			return ce;
 		ce = worker_compute(wr, 0, last, err, errlen);
-		*t1 = progress_now();
+		/* the next batch's plan is compute, not waiting */
 		if (!ce)
 			ce = worker_rows_ahead(wr, way, err, errlen);
+		*t1 = progress_now();
 		if (ce)
 			return ce;
 	} else {

@@ -137,6 +137,14 @@ static int link_send_ctl(struct link *l, const struct link_ctl *m)
 	return r ? link_lost(l, r, e) : 0;
 }
 
+uint64_t link_next_version(const struct link *l)
+{
+	/* Never past the run's end: with backup workers the shards advance
+	 * apart, and one may be there while this worker trains on. */
+	uint64_t next = l->got + 1, end = (uint64_t)l->sh->s->job.total;
+	return next < end ? next : end;
+}
+
 /* PULL: sync asks for the version after the one it last had (first: 0,
  * whatever it has), async for the newest; l->want: what was asked. */
 static int link_ask(struct link *l)
@@ -147,15 +155,12 @@ static int link_ask(struct link *l)
 	size_t len;
 	if (link_packs(l) && role_param_dtype(c) == WIRE_F32)
 		m.flags = MSG_PULL_PACKED;
-	/* Never past the run's end: with backup workers the shards advance
-	 * apart, and one may be there while this worker trains on. */
-	uint64_t next = l->got + 1, end = (uint64_t)l->sh->s->job.total;
-	m.version = c->train.mode == MODE_ASYNC ? MSG_VERSION_LATEST : l->ex.first ? 0 : next < end ? next : end;
+	m.version = c->train.mode == MODE_ASYNC ? MSG_VERSION_LATEST : l->ex.first ? 0 : link_next_version(l);
 	l->want = m.version;
 	/* XORs with the version before: only where the range holds it as
 	 * the ps sent it (net/xdelta.h checks it besides). */
 	if (m.flags && c->train.mode == MODE_SYNC && !l->ex.first && l->holds && !l->torn && l->held == l->got &&
-	    m.version == next)
+	    m.version == l->got + 1)
 		m.flags |= MSG_PULL_DELTA;
 	if (msg_encode_pull(conn_payload(&l->conn, CONN_MAIN), conn_payload_cap(&l->conn), &m, &len, e,
 			    sizeof(e)))

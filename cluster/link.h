@@ -187,6 +187,10 @@ int link_connect(struct link *l, int timeout_ms, char *err, size_t errlen);
  * link limits its steps) and the link is not a Unix socket, over which
  * only the CPU would pay. */
 int link_packs(const struct link *l);
+/* Sync: the version the next PULL asks for, the one after the version
+ * last pulled, never past the run's end (a SPULL of the next step's rows
+ * asks for the same: link_sparse.h). */
+uint64_t link_next_version(const struct link *l);
 void link_disconnect(struct link *l); /* DOWN */
 
 /* Starts ex on the link's threads. A link that is not READY ends the

@@ -15,7 +15,8 @@ int link_rows_send(struct link *l, struct link_rows *x, int *lost, char *err, si
 	/* Where the link limits the step (link_packs), ids and float32
 	 * values go packed, both ways, wherever that is shorter. */
 	int pack = link_packs(l);
-	uint8_t flags = !pack ? 0 : type == WIRE_SPULL ? MSG_ROWS_IDS_PACKED | MSG_ROWS_WANT_PACKED : MSG_ROWS_IDS_PACKED;
+	uint8_t flags = !pack ? 0 : type == WIRE_SPULL ? MSG_ROWS_IDS_PACKED | MSG_ROWS_WANT_PACKED
+						      : MSG_ROWS_IDS_PACKED;
 	dt = pack && dt == WIRE_F32 && type == WIRE_SPUSH ? WIRE_F32P : dt;
 	uint32_t per = msg_rows_max(type, x->dim, dt), n = (uint32_t)x->n, first = 0;
 	*lost = 0;
@@ -23,8 +24,8 @@ int link_rows_send(struct link *l, struct link_rows *x, int *lost, char *err, si
 		return err_set(err, errlen, -EINVAL, "%s of %zu rows", wire_msg_name(type), x->n);
 	do {
 		uint32_t k = n - first < per ? n - first : per;
-		struct msg_rows m = { .type = type, .dtype = dt, .flags = flags, .shard = (uint32_t)l->k, .version = x->version,
-				      .total = n, .first = first, .count = k,
+		struct msg_rows m = { .type = type, .dtype = dt, .flags = flags, .shard = (uint32_t)l->k,
+				      .version = x->version, .total = n, .first = first, .count = k,
 				      .worker = type == WIRE_SPUSH ? WIRE_PUSH_TAG(l->sh->index, x->slice) : 0 };
 		size_t len;
 		int r = msg_encode_rows(conn_payload(&l->conn, CONN_MAIN), conn_payload_cap(&l->conn), &m,
@@ -115,16 +116,22 @@ static int rows_run(struct links *lk, struct links_rows *lr, char *err, size_t e
 	return links_each(lk, ex, err, errlen);
 }
 
+/* Ps k's share of a pull (rows_split's) asks for version: its answer
+ * awaited. */
+static void rows_ask(struct links_rows *lr, int k, uint64_t version)
+{
+	struct link_rows *x = &lr->x[k];
+	x->version = version;
+	msg_rows_asm_init(&x->a, WIRE_ROWS, x->dtype, (uint32_t)k, lr->dim, x->n, x->n);
+}
+
 int links_rows_pull(struct links *lk, struct links_rows *lr, const uint64_t *rows, size_t u, float *U,
 		    char *err, size_t errlen)
 {
 	int async = lk->sh.c->train.mode == MODE_ASYNC;
 	rows_split(lr, LINK_ROWS_PULL, rows, u, U);
-	for (int k = 0; k < lr->nps; k++) {
-		struct link_rows *x = &lr->x[k];
-		x->version = async ? MSG_VERSION_LATEST : lk->ln[k].got;
-		msg_rows_asm_init(&x->a, WIRE_ROWS, x->dtype, (uint32_t)k, lr->dim, x->n, x->n);
-	}
+	for (int k = 0; k < lr->nps; k++)
+		rows_ask(lr, k, async ? MSG_VERSION_LATEST : lk->ln[k].got);
 	int r = rows_run(lk, lr, err, errlen);
 	/* Sync: the push is of the step asked for, whatever came (rows past
 	 * it, for a backup worker the others left behind, make its push
@@ -159,14 +166,9 @@ void links_rows_stage(struct links *lk, struct links_rows *lr, int slice, const 
 
 void links_rows_ahead(struct links *lk, struct links_rows *ahead, const uint64_t *rows, size_t u, float *U)
 {
-	uint64_t end = (uint64_t)lk->sh.s->job.total;
 	rows_split(ahead, LINK_ROWS_PULL, rows, u, U);
-	for (int k = 0; k < ahead->nps; k++) {
-		struct link_rows *x = &ahead->x[k];
-		uint64_t next = lk->ln[k].got + 1;
-		x->version = next < end ? next : end;
-		msg_rows_asm_init(&x->a, WIRE_ROWS, x->dtype, (uint32_t)k, ahead->dim, x->n, x->n);
-	}
+	for (int k = 0; k < ahead->nps; k++)
+		rows_ask(ahead, k, link_next_version(&lk->ln[k]));
 	lk->rows_ahead = ahead;
 }
 

@@ -65,20 +65,21 @@ static int rows_fields_ok(const struct msg_rows *m, int dim, int code, char *err
 	return 0;
 }
 
-/* The ids at p: packed where m asks and it is shorter (the flag cleared
- * in buf otherwise), else as u64s. The bytes written, or 0 with err set
- * for ids that do not ascend. */
-static size_t encode_ids(uint8_t *buf, uint8_t *p, size_t cap, const struct msg_rows *m, const uint64_t *ids,
-			 char *err, size_t errlen)
+/* The ids of a message to send ascend strictly. */
+static int ids_ascend(const struct msg_rows *m, const uint64_t *ids, char *err, size_t errlen)
 {
-	const char *name = wire_msg_name(m->type);
 	for (uint32_t i = 1; i < m->count; i++)
-		if (ids[i] <= ids[i - 1]) {
-			err_set(err, errlen, -EINVAL, "%s: row %llu after row %llu", name,
-				(unsigned long long)ids[i], (unsigned long long)ids[i - 1]);
-			return 0;
-		}
-	size_t n = m->flags & MSG_ROWS_IDS_PACKED && m->count ? idpack_encode(p, cap, ids, m->count) : 0;
+		if (ids[i] <= ids[i - 1])
+			return err_set(err, errlen, -EINVAL, "%s: row %llu after row %llu", wire_msg_name(m->type),
+				       (unsigned long long)ids[i], (unsigned long long)ids[i - 1]);
+	return 0;
+}
+
+/* The ids at p: packed where m asks and it is shorter (the flag cleared
+ * in buf otherwise), else as u64s. The bytes written. */
+static size_t encode_ids(uint8_t *buf, uint8_t *p, const struct msg_rows *m, const uint64_t *ids)
+{
+	size_t n = m->flags & MSG_ROWS_IDS_PACKED && m->count ? idpack_encode(p, 8 * (size_t)m->count, ids, m->count) : 0;
 	if (n)
 		return n;
 	buf[2] &= (uint8_t)~MSG_ROWS_IDS_PACKED;
@@ -113,6 +114,8 @@ int msg_encode_rows(uint8_t *buf, size_t cap, const struct msg_rows *m, const ui
 		return err_set(err, errlen, -EINVAL, "rows: type %u (%s) at width %d, dtype %u, flags 0x%x", m->type,
 			       wire_msg_name(m->type), dim, m->dtype, m->flags);
 	int rc = rows_fields_ok(m, dim, -EINVAL, err, errlen);
+	if (!rc && m->type != WIRE_ROWS)
+		rc = ids_ascend(m, ids, err, errlen);
 	if (rc)
 		return rc;
 	const char *name = wire_msg_name(m->type);
@@ -130,12 +133,8 @@ int msg_encode_rows(uint8_t *buf, size_t cap, const struct msg_rows *m, const ui
 	wire_put_u32(buf + 24, m->count);
 	wire_put_u32(buf + 28, m->worker);
 	uint8_t *p = buf + MSG_ROWS_HDR_BYTES;
-	if (m->type != WIRE_ROWS) {
-		size_t n = encode_ids(buf, p, 8 * (size_t)m->count, m, ids, err, errlen);
-		if (!n && m->count)
-			return -EINVAL;
-		p += n;
-	}
+	if (m->type != WIRE_ROWS)
+		p += encode_ids(buf, p, m, ids);
 	if (m->type != WIRE_SPULL)
 		p += encode_vals(buf, p, need - (size_t)(p - buf), m, vals, dim);
 	*len = (size_t)(p - buf);

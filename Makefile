@@ -251,14 +251,18 @@ $(BUILD)/bench/fpack: $(BUILD)/bench/fpack.o $(BUILD)/net/fpack.o $(BUILD)/net/x
 
 # A ps's row work alone (sparse optimizer, gather) over tables larger than
 # the caches: bench/rows_step, and rows_step_plain, the same sources built
-# without the rows' prefetch (EMBED_AHEAD=0) for a before and after.
-ROWS_STEP_SRC := core/nn/sparse_optim.c core/nn/embed.c core/nn/rng.c
+# without the rows' prefetch (EMBED_AHEAD=0) and rows_step_4k without huge
+# pages (BIGMEM_HUGE=0, base/bigmem.h) for a before and after.
+ROWS_STEP_SRC := core/nn/sparse_optim.c core/nn/embed.c core/nn/rng.c base/bigmem.c
 $(BUILD)/bench/rows_step: bench/rows_step.c $(ROWS_STEP_SRC)
 	@mkdir -p $(dir $@)
 	$(call say,CC,$@)$(CC) $(CFLAGS) $(CPPFLAGS) $^ -o $@ -lm
 $(BUILD)/bench/rows_step_plain: bench/rows_step.c $(ROWS_STEP_SRC)
 	@mkdir -p $(dir $@)
 	$(call say,CC,$@)$(CC) $(CFLAGS) $(CPPFLAGS) -DEMBED_AHEAD=0 $^ -o $@ -lm
+$(BUILD)/bench/rows_step_4k: bench/rows_step.c $(ROWS_STEP_SRC)
+	@mkdir -p $(dir $@)
+	$(call say,CC,$@)$(CC) $(CFLAGS) $(CPPFLAGS) -DBIGMEM_HUGE=0 $^ -o $@ -lm
 
 # Training steps on the GPU against PyTorch's: bench/gpu_mlp.
 $(BUILD)/bench/gpu_mlp: $(BUILD)/bench/gpu_mlp.o $(OBJ_CORE)

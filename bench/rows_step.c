@@ -3,7 +3,8 @@
  * and the gather of a pull's rows, over tables far larger than the caches,
  * in microseconds a step. build/bench/rows_step is built as pstrain is;
  * build/bench/rows_step_plain the same sources without the prefetch
- * (EMBED_AHEAD=0, core/nn/embed.h). Run them in turns for a before and
+ * (EMBED_AHEAD=0, core/nn/embed.h), build/bench/rows_step_4k without
+ * huge pages (BIGMEM_HUGE=0, base/bigmem.h). Run them in turns for a before and
  * after on one machine (docs/BENCHMARKS.md, "rows_step"):
  *
  *   for i in 1 2 3; do build/bench/rows_step; build/bench/rows_step_plain; done
@@ -12,6 +13,7 @@
  * --dim D (16), --touch U (3,300: about a step's rows on one ps there, 2
  * workers' batches of 256 x 26 IDs, roughly half of them distinct, over 2
  * ps; an estimate, not a count), --steps N (300). */
+#include "../base/bigmem.h"
 #include "../core/nn/embed.h"
 #include "../core/nn/sparse_optim.h"
 
@@ -26,6 +28,20 @@ static double now_s(void)
 	struct timespec t;
 	clock_gettime(CLOCK_MONOTONIC, &t);
 	return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* What the kernel gave: the process's AnonHugePages. */
+static double huge_mib(void)
+{
+	FILE *f = fopen("/proc/self/smaps_rollup", "r");
+	char line[256];
+	double kb = 0;
+	while (f && fgets(line, sizeof(line), f))
+		if (sscanf(line, "AnonHugePages: %lf kB", &kb) == 1)
+			break;
+	if (f)
+		fclose(f);
+	return kb / 1024;
 }
 
 static int cmp_u64(const void *a, const void *b)
@@ -72,7 +88,7 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	size_t n = (size_t)R * (size_t)dim;
-	float *table = malloc(n * sizeof(float)), *g = malloc(touch * (size_t)dim * sizeof(float));
+	float *table = bigmem_alloc(n * sizeof(float)), *g = malloc(touch * (size_t)dim * sizeof(float));
 	float *U = malloc(touch * (size_t)dim * sizeof(float));
 	uint64_t *rows = malloc(touch * sizeof(uint64_t));
 	struct sparse_optim opt[2];
@@ -104,13 +120,14 @@ int main(int argc, char **argv)
 				embed_gather_rows(U, table, rows, u, dim);
 			t[k] += now_s() - t0;
 		}
-	printf("rows_step (prefetch %d ahead): %llu rows of %d, %zu touched a step, %d steps:", EMBED_AHEAD,
-	       (unsigned long long)R, dim, touch, steps);
+	printf("rows_step (prefetch %d ahead, %s pages): %llu rows of %d, %zu touched a step, %d steps:", EMBED_AHEAD,
+	       BIGMEM_HUGE ? "2 MiB" : "4 KiB", (unsigned long long)R, dim, touch, steps);
 	for (int k = 0; k < 3; k++)
 		printf("%s %s %.0f us", k ? "," : "", what[k], 1e6 * t[k] / steps);
-	printf("\n");
+	printf(" (%.0f MiB in huge pages)\n", huge_mib());
 	sparse_optim_free(&opt[0]);
 	sparse_optim_free(&opt[1]);
-	free(table), free(g), free(U), free(rows);
+	bigmem_free(table, n * sizeof(float));
+	free(g), free(U), free(rows);
 	return 0;
 }

@@ -3,6 +3,7 @@
  * (ps_sparse.c); this file only decides what a push of rows does. */
 #include "psrows.h"
 
+#include "../base/bigmem.h"
 #include "../core/nn/gradfold.h"
 
 #include <errno.h>
@@ -104,7 +105,7 @@ int psrows_init(struct psrows *s, const struct embed_spec *e, uint64_t r0, uint6
 	size_t vals = s->n * (size_t)s->dim;
 	if (vals / (size_t)s->dim != s->n)
 		goto nomem;
-	s->table = malloc((vals ? vals : 1) * sizeof(float));
+	s->table = bigmem_alloc(vals * sizeof(float));
 	int r = s->table ? sparse_optim_init(&s->opt, &sc, s->n, s->dim) : -ENOMEM;
 	if (r == -EINVAL) {
 		snprintf(err, errlen, "ps rows: unknown embedding optimizer %d", c->train.embed_optimizer);
@@ -127,7 +128,7 @@ void psrows_free(struct psrows *s)
 	if (!s)
 		return;
 	sparse_optim_free(&s->opt);
-	free(s->table);
+	bigmem_free(s->table, s->n * (size_t)s->dim * sizeof(float));
 	free(s->ids);
 	free(s->vals);
 	free(s->cnt);

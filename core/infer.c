@@ -1,6 +1,7 @@
 /* eval and predict from a checkpoint; see infer.h. */
 #include "infer.h"
 
+#include "../base/bigmem.h"
 #include "../base/err.h"
 #include "nn/backend.h"
 #include "nn/devices.h"
@@ -32,7 +33,7 @@ static void infer_free(struct infer *in)
 	replica_free(&in->rep);
 	if (in->be.ops)
 		in->be.ops->release(in->be.ctx, in->params);
-	free(in->table);
+	bigmem_free(in->table, (size_t)embed_total_rows(&in->m.embed) * (size_t)in->m.embed.dim * sizeof(float));
 	embed_plan_free(&in->plan);
 }
 
@@ -44,7 +45,7 @@ static int infer_tables(struct infer *in, struct ckpt_load *ld, struct ckpt_rows
 	const struct embed_spec *s = &in->m.embed;
 	uint64_t R = embed_total_rows(s);
 	size_t n = (size_t)R * (size_t)s->dim, segs = (size_t)INFER_BATCH * (size_t)s->fields;
-	if (n / (size_t)s->dim != R || !(in->table = malloc(n * sizeof(float))) ||
+	if (n / (size_t)s->dim != R || !(in->table = bigmem_alloc(n * sizeof(float))) ||
 	    embed_plan_init(&in->plan, segs, segs))
 		return err_set(err, errlen, -ENOMEM, "out of memory for the embedding tables: %llu rows x %d",
 			       (unsigned long long)R, s->dim);

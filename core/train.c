@@ -2,6 +2,7 @@
  * parameter vector, then for each step gather a shuffled batch, run forward
  * and backward on the devices (core/nn/devices.c), and apply the optimizer. */
 #include "train.h"
+#include "../base/bigmem.h"
 #include "../base/err.h"
 #include "tblog.h"
 
@@ -53,6 +54,7 @@ struct run {
 	int was_slices, was_batch;     /* its global batch (0: not recorded) */
 	const struct dataset *given_train, *given_test;   /* train_sets's; NULL: [data]'s */
 	float *table;                  /* (R, DIM) the embedding tables; NULL: none */
+	size_t table_bytes;            /* its size, for bigmem_free */
 	struct sparse_optim sopt;      /* their optimizer */
 	const char *dump;              /* train_ckpt's dump; NULL: none */
 };
@@ -144,7 +146,8 @@ static int run_tables(struct run *r, char *err, size_t errlen)
 	struct sparse_config sc = { .kind = (enum sparse_kind)c->train.embed_optimizer, .lr = c->train.embed_lr,
 				    .beta1 = c->train.optim.beta1, .beta2 = c->train.optim.beta2,
 				    .eps = c->train.optim.eps };
-	r->table = n / (size_t)s->dim == R ? malloc(n * sizeof(float)) : NULL;
+	r->table = n / (size_t)s->dim == R ? bigmem_alloc(n * sizeof(float)) : NULL;
+	r->table_bytes = r->table ? n * sizeof(float) : 0;
 	if (!r->table || sparse_optim_init(&r->sopt, &sc, R, s->dim)) {
 		char size[32];
 		progress_bytes(size, sizeof(size), (double)R * s->dim * sizeof(float));
@@ -387,7 +390,7 @@ static void run_close(struct run *r)
 	optim_free(&r->opt);
 	devices_close(&r->dev);
 	sparse_optim_free(&r->sopt);
-	free(r->table);
+	bigmem_free(r->table, r->table_bytes);
 	free(r->params);
 	free(r->fold);
 	free(r->fold_g);

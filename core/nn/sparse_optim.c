@@ -1,6 +1,7 @@
 /* Sparse optimizers over the touched rows of a table; see sparse_optim.h. */
 #include "sparse_optim.h"
 #include "embed.h"
+#include "../../base/bigmem.h"
 
 #include <errno.h>
 #include <math.h>
@@ -24,7 +25,7 @@ int sparse_optim_init(struct sparse_optim *o, const struct sparse_config *c, uin
 	size_t n = (size_t)R * (size_t)dim;
 	if (dim < 1 || n / (size_t)dim != R)
 		return -EINVAL;
-	o->m = n ? malloc(n * sizeof(float)) : NULL;
+	o->m = n ? bigmem_alloc(n * sizeof(float)) : NULL;
 	if (n && !o->m)
 		goto err;
 	if (c->kind == SPARSE_ADAGRAD) {
@@ -32,8 +33,7 @@ int sparse_optim_init(struct sparse_optim *o, const struct sparse_config *c, uin
 			o->m[i] = SPARSE_ADAGRAD_INIT;
 		return 0;
 	}
-	memset(o->m, 0, n * sizeof(float));
-	o->v = n ? calloc(n, sizeof(float)) : NULL;
+	o->v = n ? bigmem_alloc(n * sizeof(float)) : NULL;
 	if (n && !o->v)
 		goto err;
 	return 0;
@@ -46,8 +46,9 @@ void sparse_optim_free(struct sparse_optim *o)
 {
 	if (!o)
 		return;
-	free(o->m);
-	free(o->v);
+	size_t n = (size_t)o->rows * (size_t)o->dim * sizeof(float);
+	bigmem_free(o->m, n);
+	bigmem_free(o->v, n);
 	o->m = o->v = NULL;
 }
 

@@ -98,9 +98,12 @@ void embed_gather_rows(float *U, const float *table, const uint64_t *rows, size_
  * EMBED_AHEAD places ahead overlaps them (an Adagrad step over 3,300 of
  * 5.2M rows of 16 ran 1.5x faster, bench/rows_step.c). Both ends of the
  * row, for one that spans two cache lines; 0 turns it off (the bench's
- * plain build). */
+ * plain build). 16: in 2 MiB pages and vectorized, Adagrad took 109, 85,
+ * 80 and 82 us at 4, 8, 16 and 32 ahead, the gather 54, 45, 38, 36 (Zen
+ * 4): a plateau from 12 on, so the distance is not fitted to one CPU's
+ * latency. */
 #ifndef EMBED_AHEAD
-#define EMBED_AHEAD 4
+#define EMBED_AHEAD 16
 #endif
 static inline void embed_prefetch(const float *table, const uint64_t *rows, uint64_t r0, size_t k, size_t u,
 				  int DIM, int write)

@@ -97,6 +97,12 @@ int link_packs(const struct link *l)
 	return l->sh->pack && !l->unx;
 }
 
+/* link.h */
+int link_packs_ids(const struct link *l)
+{
+	return l->sh->c->cluster.wire_pack != CONFIG_OVERLAP_OFF && !l->unx;
+}
+
 static unsigned link_grad_dtype(const struct link *l)
 {
 	unsigned dt = role_grad_dtype(l->sh->c);

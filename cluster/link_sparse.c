@@ -12,11 +12,12 @@ int link_rows_send(struct link *l, struct link_rows *x, int *lost, char *err, si
 {
 	uint8_t type = x->kind == LINK_ROWS_PULL ? WIRE_SPULL : WIRE_SPUSH;
 	uint8_t dt = type == WIRE_SPUSH ? x->dtype : WIRE_F32;
-	/* Where the link limits the step (link_packs), ids and float32
-	 * values go packed, both ways, wherever that is shorter. */
+	/* Ids go packed on every TCP link (link_packs_ids); float32
+	 * values, both ways, where the link limits the step (link_packs).
+	 * Each only wherever that is shorter. */
 	int pack = link_packs(l);
-	uint8_t flags = !pack ? 0 : type == WIRE_SPULL ? MSG_ROWS_IDS_PACKED | MSG_ROWS_WANT_PACKED
-						      : MSG_ROWS_IDS_PACKED;
+	uint8_t flags = (link_packs_ids(l) ? MSG_ROWS_IDS_PACKED : 0) |
+			(pack && type == WIRE_SPULL ? MSG_ROWS_WANT_PACKED : 0);
 	dt = pack && dt == WIRE_F32 && type == WIRE_SPUSH ? WIRE_F32P : dt;
 	uint32_t per = msg_rows_max(type, x->dim, dt), n = (uint32_t)x->n, first = 0;
 	*lost = 0;

@@ -236,6 +236,17 @@ static long rows_came_ahead(const struct ctr *x)
 	return took;
 }
 
+/* What ps k of run name says of its SPUSHes: how many came packed. */
+static unsigned long pushes_packed(const char *name, int k)
+{
+	char path[300];
+	snprintf(path, sizeof(path), "%s/%s-ps%d.log", target_dir, name, k);
+	const char *ps = slurp(path), *at = strstr(ps, "dropped as stale, ");
+	unsigned long n = 0;
+	cr_assert(at && sscanf(at, "dropped as stale, %lu came packed", &n) == 1, "%s", ps);
+	return n;
+}
+
 Test(sparse, one_worker_sync_equals_local_bit_for_bit)
 {
 	struct ctr l, one, two;
@@ -256,13 +267,27 @@ Test(sparse, one_worker_sync_equals_local_bit_for_bit)
 	struct ctr packed;
 	ctr_config(&packed, "two-ps-packed", 2, 1, 60, EMBED, "", "local_socket = false\nwire_pack = true\n");
 	assert_equals_local(&packed, dump, log);
+	for (int k = 0; k < 2; k++)
+		cr_assert_eq(pushes_packed("two-ps-packed", k), 60, "ps %d", k);
+	free(log);
+}
+
+/* The ids go packed on every TCP link whatever auto decides of float32
+ * (link_packs_ids), and nothing goes packed with wire_pack = false. */
+Test(sparse, row_ids_packed_on_tcp_unless_wire_pack_is_false)
+{
+	struct ctr l, a, off;
+	char dump[300];
+	ctr_config(&l, "ids-local", 1, 1, 60, EMBED, "", "");
+	snprintf(dump, sizeof(dump), "%s/ids-local.bin", target_dir);
+	char *log = strdup(run_local(&l, dump, 0));
+	ctr_config(&a, "ids-auto", 2, 1, 60, EMBED, "", "local_socket = false\nwire_pack = auto\n");
+	assert_equals_local(&a, dump, log);
+	ctr_config(&off, "ids-off", 2, 1, 60, EMBED, "", "local_socket = false\nwire_pack = false\n");
+	assert_equals_local(&off, dump, log);
 	for (int k = 0; k < 2; k++) {
-		char path[300];
-		snprintf(path, sizeof(path), "%s/two-ps-packed-ps%d.log", target_dir, k);
-		const char *ps = slurp(path), *at = strstr(ps, "dropped as stale, ");
-		unsigned long n = 0;
-		cr_assert(at && sscanf(at, "dropped as stale, %lu came packed", &n) == 1, "%s", ps);
-		cr_assert_eq(n, 60, "ps %d: %lu of 60 pushes came packed:\n%s", k, n, ps);
+		cr_expect_eq(pushes_packed("ids-auto", k), 60, "ps %d, wire_pack = auto", k);
+		cr_expect_eq(pushes_packed("ids-off", k), 0, "ps %d, wire_pack = false", k);
 	}
 	free(log);
 }

@@ -31,7 +31,18 @@
  * round trip at 1 Gbit/s it still flipped (on at 5.0x, off at 0.9x, on
  * at 3.2x, off at 1.0x for good: 35.7 steps/s where the runs that stayed
  * on made 45): so the last switch goes to whichever way's last window
- * stepped faster, both having been measured, not to the ratio's. */
+ * stepped faster, both having been measured, not to the ratio's.
+ *
+ * Between the thresholds the ratio cannot tell which limits the step: a
+ * short compute makes a link-bound exchange look only 2-3x as long (the
+ * click-through model at 1 Gbit/s: compute 1.4 ms, exchange 2.0-2.9x it,
+ * and packing made 238 steps/s against 189 unpacked, 5 rounds). Where
+ * `probe` is set (wire_pack's), the first window in the band tries the
+ * other way for a window and keeps whichever of the two stepped faster;
+ * later windows in the band keep the way (comparing a new window with
+ * the other way's old one compared noise: in the lab it flipped back
+ * and forth on 4.0 against 4.5 ms). overlap's keeps the ratio's rule:
+ * its two ways differ there by less than a window's noise (above). */
 #ifndef PSTRAIN_CLUSTER_AUTOFLOW_H
 #define PSTRAIN_CLUSTER_AUTOFLOW_H
 
@@ -50,12 +61,17 @@ struct autoflow {
 	int n;         /* steps in the window */
 	int switches;
 	int windows;   /* decisions made */
+	int probe;     /* in the band, try both ways and keep the faster (above) */
+	int probed;    /* the band's trial has been made */
+	int trying;    /* the way now was switched to to be measured */
+	int by_time;   /* the last decision compared the ways' steps */
 	double ratio;  /* the last window's median exchange / median compute */
 	double step[2]; /* the last window's median compute + median exchange, off and on (0: none) */
 	double compute[AUTOFLOW_WINDOW], exchange[AUTOFLOW_WINDOW]; /* seconds */
 };
 
-/* mode from [cluster] overlap: on and off are fixed; auto starts off. */
+/* mode from [cluster] overlap or wire_pack: on and off are fixed; auto
+ * starts off, probe 0 (the caller sets it). */
 void autoflow_init(struct autoflow *a, int mode);
 
 /* Whether the next step pushes while computing. */
@@ -71,6 +87,8 @@ enum autoflow_said {
 	AUTOFLOW_SWITCHED, /* a->on says the new way, a->ratio why */
 	AUTOFLOW_LAST,     /* switched, and that was the last switch */
 	AUTOFLOW_SETTLED,  /* the last switch was due, and the way stays */
+	AUTOFLOW_TRYING,   /* switched to the way not yet measured (probe) */
+	AUTOFLOW_COMPARED, /* a trial's window is in, and the way stays */
 };
 
 /* A step took compute seconds, then exchange seconds (pushing, and

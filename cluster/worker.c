@@ -40,6 +40,7 @@ static void worker_pack_open(struct worker *wr)
 	int fp32 = role_grad_dtype(c) == WIRE_F32 || role_param_dtype(c) == WIRE_F32;
 	int mode = fp32 && links_local(&wr->lk, NULL) < wr->lk.nps ? c->cluster.wire_pack : CONFIG_OVERLAP_OFF;
 	autoflow_init(&wr->packf, mode);
+	wr->packf.probe = 1;   /* packing's two ways differ by far more than the noise: autoflow.h */
 	wr->lk.sh.pack = autoflow_wants(&wr->packf);
 	if (mode == CONFIG_OVERLAP_AUTO)
 		role_log(wr->out, "worker %d: [cluster] wire_pack = auto: sends float32 as it is until its steps show that the link, not the CPU, limits them",

@@ -99,6 +99,14 @@ int job_load(struct job *j, const struct config *c, int S, int want_data, char *
 	j->spe = (long)(j->n / per_step);
 	j->spw = j->streamed ? (long)(j->stream.window / per_step) : j->spe;
 	j->total = c->train.steps > 0 ? c->train.steps : c->train.epochs * j->spe;
+	/* Loaded only to be counted (a ps, `inspect`): held for the run,
+	 * the samples took a ps as much memory as a quarter of its shard
+	 * (1M click-through rows: 156 MiB beside 635). */
+	if (!want_data) {
+		stream_close(&j->stream);
+		dataset_free(&j->train);
+		dataset_free(&j->test);
+	}
 	return 0;
 }
 

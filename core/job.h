@@ -47,7 +47,8 @@ struct job {
 /* Builds the model and, unless want_data is 0 and [train] steps is set
  * (a ps needs the data only for the step count its lr schedule runs
  * over), loads the data and checks that it fits the model and one step of
- * S slices. Returns 0, -EINVAL for anything the user must fix (a data
+ * S slices. With want_data 0 the sets are freed again once counted: n,
+ * spe, spw and total stay, train and test are empty. Returns 0, -EINVAL for anything the user must fix (a data
  * file that cannot be used, whatever the errno), -ENOMEM or -EIO, with
  * one line in err. On failure j is left for job_free. */
 int job_load(struct job *j, const struct config *c, int S, int want_data, char *err,

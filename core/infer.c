@@ -33,7 +33,7 @@ static void infer_free(struct infer *in)
 	replica_free(&in->rep);
 	if (in->be.ops)
 		in->be.ops->release(in->be.ctx, in->params);
-	bigmem_free(in->table, (size_t)embed_total_rows(&in->m.embed) * (size_t)in->m.embed.dim * sizeof(float));
+	bigmem_free(in->table, embed_table_bytes(&in->m.embed));
 	embed_plan_free(&in->plan);
 }
 

@@ -48,9 +48,9 @@ struct job {
  * (a ps needs the data only for the step count its lr schedule runs
  * over), loads the data and checks that it fits the model and one step of
  * S slices. With want_data 0 the sets are freed again once counted: n,
- * spe, spw and total stay, train and test are empty. Returns 0, -EINVAL for anything the user must fix (a data
- * file that cannot be used, whatever the errno), -ENOMEM or -EIO, with
- * one line in err. On failure j is left for job_free. */
+ * spe, spw and total stay, train and test are empty. Returns 0, -EINVAL
+ * for anything the user must fix (a data file that cannot be used,
+ * whatever the errno), -ENOMEM or -EIO, with one line in err. On failure j is left for job_free. */
 int job_load(struct job *j, const struct config *c, int S, int want_data, char *err,
 	     size_t errlen);
 /* job_load (S: `local`'s config_slices) with sets already in memory in place of the config's

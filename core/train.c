@@ -54,7 +54,6 @@ struct run {
 	int was_slices, was_batch;     /* its global batch (0: not recorded) */
 	const struct dataset *given_train, *given_test;   /* train_sets's; NULL: [data]'s */
 	float *table;                  /* (R, DIM) the embedding tables; NULL: none */
-	size_t table_bytes;            /* its size, for bigmem_free */
 	struct sparse_optim sopt;      /* their optimizer */
 	const char *dump;              /* train_ckpt's dump; NULL: none */
 };
@@ -147,7 +146,6 @@ static int run_tables(struct run *r, char *err, size_t errlen)
 				    .beta1 = c->train.optim.beta1, .beta2 = c->train.optim.beta2,
 				    .eps = c->train.optim.eps };
 	r->table = n / (size_t)s->dim == R ? bigmem_alloc(n * sizeof(float)) : NULL;
-	r->table_bytes = r->table ? n * sizeof(float) : 0;
 	if (!r->table || sparse_optim_init(&r->sopt, &sc, R, s->dim)) {
 		char size[32];
 		progress_bytes(size, sizeof(size), (double)R * s->dim * sizeof(float));
@@ -390,7 +388,7 @@ static void run_close(struct run *r)
 	optim_free(&r->opt);
 	devices_close(&r->dev);
 	sparse_optim_free(&r->sopt);
-	bigmem_free(r->table, r->table_bytes);
+	bigmem_free(r->table, embed_table_bytes(&r->j.m.embed));
 	free(r->params);
 	free(r->fold);
 	free(r->fold_g);

@@ -203,6 +203,17 @@ static void figures(const char *log, char *out, size_t len, double *auc)
 #define EMBED "embedding 26 100 4"
 #define EMBED_FLOATS (953 + 2600 * 4)
 
+/* The reference a cluster run here is held to: `pstrain local` on the
+ * config named name (EMBED, steps long, train's lines), dumping to dump
+ * (len bytes: target_dir/name.bin); its log, the caller's to free. */
+static char *local_reference(const char *name, int steps, const char *train, char *dump, size_t len)
+{
+	struct ctr l;
+	ctr_config(&l, name, 1, 1, steps, EMBED, train, "");
+	snprintf(dump, len, "%s/%s.bin", target_dir, name);
+	return strdup(run_local(&l, dump, 0));
+}
+
 /* The run of x, dumped, equals `local`'s bit for bit (parameters, tables)
  * and prints the same figures. */
 static void assert_equals_local(const struct ctr *x, const char *local_dump, const char *local_log)
@@ -249,11 +260,9 @@ static unsigned long pushes_packed(const char *name, int k)
 
 Test(sparse, one_worker_sync_equals_local_bit_for_bit)
 {
-	struct ctr l, one, two;
+	struct ctr one, two;
 	char dump[300];
-	ctr_config(&l, "local", 1, 1, 60, EMBED, "", "");
-	snprintf(dump, sizeof(dump), "%s/local.bin", target_dir);
-	char *log = strdup(run_local(&l, dump, 0));
+	char *log = local_reference("local", 60, "", dump, sizeof(dump));
 	ctr_config(&one, "one-ps", 1, 1, 60, EMBED, "", "");
 	assert_equals_local(&one, dump, log);
 	ctr_config(&two, "two-ps", 2, 1, 60, EMBED, "", "");
@@ -276,11 +285,9 @@ Test(sparse, one_worker_sync_equals_local_bit_for_bit)
  * (link_packs_ids), and nothing goes packed with wire_pack = false. */
 Test(sparse, row_ids_packed_on_tcp_unless_wire_pack_is_false)
 {
-	struct ctr l, a, off;
+	struct ctr a, off;
 	char dump[300];
-	ctr_config(&l, "ids-local", 1, 1, 60, EMBED, "", "");
-	snprintf(dump, sizeof(dump), "%s/ids-local.bin", target_dir);
-	char *log = strdup(run_local(&l, dump, 0));
+	char *log = local_reference("ids-local", 60, "", dump, sizeof(dump));
 	ctr_config(&a, "ids-auto", 2, 1, 60, EMBED, "", "local_socket = false\nwire_pack = auto\n");
 	assert_equals_local(&a, dump, log);
 	ctr_config(&off, "ids-off", 2, 1, 60, EMBED, "", "local_socket = false\nwire_pack = false\n");
@@ -341,17 +348,13 @@ Test(sparse, rows_travel_as_wire_dtype_says)
  * async worker's rows are never stale (scale 1). */
 Test(sparse, lazy_adam_and_async_equal_local)
 {
-	struct ctr l, x;
+	struct ctr x;
 	char dump[300];
-	ctr_config(&l, "lazy-local", 1, 1, 60, EMBED, "embedding_optimizer = lazy_adam\n", "");
-	snprintf(dump, sizeof(dump), "%s/lazy-local.bin", target_dir);
-	char *log = strdup(run_local(&l, dump, 0));
+	char *log = local_reference("lazy-local", 60, "embedding_optimizer = lazy_adam\n", dump, sizeof(dump));
 	ctr_config(&x, "lazy-two-ps", 2, 1, 60, EMBED, "embedding_optimizer = lazy_adam\n", "");
 	assert_equals_local(&x, dump, log);
 	free(log);
-	ctr_config(&l, "async-local", 1, 1, 60, EMBED, "", "");
-	snprintf(dump, sizeof(dump), "%s/async-local.bin", target_dir);
-	log = strdup(run_local(&l, dump, 0));
+	log = local_reference("async-local", 60, "", dump, sizeof(dump));
 	ctr_config(&x, "async-two-ps", 2, 1, 60, EMBED, "mode = async\n", "");
 	assert_equals_local(&x, dump, log);
 	free(log);
@@ -365,11 +368,9 @@ Test(sparse, lazy_adam_and_async_equal_local)
  * slice order (grad_fold_rows). */
 Test(sparse, slices_end_on_local_bit_for_bit)
 {
-	struct ctr l, x;
+	struct ctr x;
 	char dump[300];
-	ctr_config(&l, "sl-local", 1, 1, 40, EMBED, "slices = 4\n", "");
-	snprintf(dump, sizeof(dump), "%s/sl-local.bin", target_dir);
-	char *log = strdup(run_local(&l, dump, 0));
+	char *log = local_reference("sl-local", 40, "slices = 4\n", dump, sizeof(dump));
 	cr_assert_not_null(strstr(log, "batch 4 slices x 32"), "%s", log);
 	ctr_config(&x, "sl-w1", 1, 1, 40, EMBED, "slices = 4\n", "");
 	assert_equals_local(&x, dump, log);
@@ -442,11 +443,9 @@ Test(sparse, elastic_workers_end_on_local_slices, .timeout = 300)
 	/* Long enough (about 10 s) that the leave lands before the end
 	 * after the lost worker's peer_timeout (1 s) and its step again. */
 	enum { T = 1000 };
-	struct ctr l, x;
+	struct ctr x;
 	char ldump[300], dump[300], out[5][300];
-	ctr_config(&l, "el-local", 1, 1, T, EMBED, "slices = 4\n", "");
-	snprintf(ldump, sizeof(ldump), "%s/el-local.bin", target_dir);
-	char *log = strdup(run_local(&l, ldump, 0));
+	char *log = local_reference("el-local", T, "slices = 4\n", ldump, sizeof(ldump));
 	ctr_config(&x, "el", 2, 3, T, EMBED, "slices = 4\n", "min_workers = 1\npeer_timeout = 1\n");
 	snprintf(dump, sizeof(dump), "%s/el.bin", target_dir);
 	pid_t pids[5];

@@ -46,6 +46,13 @@ static inline uint64_t embed_total_rows(const struct embed_spec *s)
 	return s->shared ? (uint64_t)s->rows : (uint64_t)s->fields * (uint64_t)s->rows;
 }
 
+/* The bytes of all tables in float32: what a holder of the whole tables
+ * (local, predict) allocated, once it checked that they fit a size_t. */
+static inline size_t embed_table_bytes(const struct embed_spec *s)
+{
+	return (size_t)embed_total_rows(s) * (size_t)s->dim * sizeof(float);
+}
+
 /* One option after "embedding FIELDS ROWS DIM": "shared", "pool=sum" or
  * "pool=mean", in any order, each at most once (*seen_pool: a pool= came
  * before; start at 0). Returns 0 or -EINVAL with one line in err

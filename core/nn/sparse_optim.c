@@ -29,8 +29,8 @@ int sparse_optim_init(struct sparse_optim *o, const struct sparse_config *c, uin
 	if (n && !o->m)
 		goto err;
 	if (c->kind == SPARSE_ADAGRAD) {
-		for (size_t i = 0; i < n; i++)
-			o->m[i] = SPARSE_ADAGRAD_INIT;
+		for (size_t i = 0; SPARSE_ADAGRAD_INIT != 0.0f && i < n; i++)
+			o->m[i] = SPARSE_ADAGRAD_INIT;   /* bigmem's are zeros already */
 		return 0;
 	}
 	o->v = n ? bigmem_alloc(n * sizeof(float)) : NULL;

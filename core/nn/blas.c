@@ -28,6 +28,12 @@ extern void gotoblas_dynamic_init(void);
 extern void gotoblas_dynamic_quit(void);
 extern char *openblas_get_corename(void);
 extern char *openblas_get_config(void);
+/* And the pthreads build's thread server (blas_spin): its helpers read
+ * their spin at start from what openblas_read_env read. Weak, so that a
+ * serial or OpenMP OpenBLAS still links (and blas_spin says so). */
+extern void openblas_read_env(void) __attribute__((weak));
+extern int blas_thread_init(void) __attribute__((weak));
+extern int blas_thread_shutdown_(void) __attribute__((weak));
 
 #ifdef HAVE_CPUID
 static uint64_t xcr0_read(void)
@@ -147,6 +153,42 @@ int blas_switch(const char *core)
 	return strcasecmp(openblas_get_corename(), core) == 0 ? 0 : -ENOENT;
 }
 
+int blas_spin(int log2)
+{
+	if (!openblas_read_env || !blas_thread_init || !blas_thread_shutdown_)
+		return -ENOTSUP;
+	if (log2 < 4 || log2 > 30)
+		return -EINVAL;
+	const char *prev = getenv("OPENBLAS_THREAD_TIMEOUT");
+	char keep[64], want[16];
+	if (prev)
+		snprintf(keep, sizeof(keep), "%s", prev);
+	snprintf(want, sizeof(want), "%d", log2);
+	if (setenv("OPENBLAS_THREAD_TIMEOUT", want, 1) < 0)
+		return -errno;
+	/* Read once here and kept by OpenBLAS for every later start of its
+	 * helpers (after a fork too), whatever the environment says then. */
+	openblas_read_env();
+	blas_thread_shutdown_();
+	blas_thread_init();
+	if (prev)
+		setenv("OPENBLAS_THREAD_TIMEOUT", keep, 1);
+	else
+		unsetenv("OPENBLAS_THREAD_TIMEOUT");
+	return 0;
+}
+
+/* OPENBLAS_THREAD_TIMEOUT as OpenBLAS reads it (atoi, clamped to 4..30),
+ * or 0 when unset or empty. */
+static int spin_given(void)
+{
+	const char *s = getenv("OPENBLAS_THREAD_TIMEOUT");
+	if (!s || !*s)
+		return 0;
+	int v = atoi(s);
+	return v < 4 ? 4 : v > 30 ? 30 : v;
+}
+
 /* The self-check's shapes: odd sizes, so that every kernel's edge cases
  * run beside its full tiles, and small enough (M*N*K under OpenBLAS's
  * threading threshold) to run on this thread alone, where a SIGILL can be
@@ -258,6 +300,10 @@ int blas_choose(struct blas_choice *ch)
 			blas_switch(ch->core);
 		}
 	}
+	ch->spin = spin_given();
+	ch->spin_given = ch->spin > 0;
+	if (!ch->spin_given)
+		ch->spin = blas_spin(BLAS_SPIN) == 0 ? BLAS_SPIN : 28;
 	int r = blas_check(openblas_sgemm);
 	if (r == 0)
 		return 0;

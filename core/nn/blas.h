@@ -55,7 +55,23 @@ struct blas_choice {
 	char was[32];       /* UPGRADED, FELL_BACK: the kernels before */
 	char forced[32];    /* OPENBLAS_CORETYPE as given, "" when unset */
 	const char *why;    /* a phrase: which features decided, or what failed */
+	int spin;           /* how long an idle helper thread spins before it
+			     * sleeps, as 2^spin cycles: BLAS_SPIN, or the
+			     * OPENBLAS_THREAD_TIMEOUT given (spin_given) */
+	int spin_given;
 };
+
+/* OpenBLAS's helper threads spin (sched_yield) for 2^28 cycles, about a
+ * tenth of a second, after each threaded GEMM before they sleep, so in a
+ * step they never sleep: while the layers' own threads (conv, pooling,
+ * batchnorm) or a ps beside the worker run, each helper takes a CPU's
+ * share from them. The CNN at batch 256 on 2 threads ran 1,447 samples/s
+ * so and 1,830 with the helpers asleep (bench/cpu_mlp, AMD EPYC Zen 4).
+ * 2^20 cycles (0.3-0.5 ms at 2-3.5 GHz) still spans the microseconds
+ * between one layer's GEMMs, so back-to-back GEMMs never pay a wake-up,
+ * and it bounds what a helper wastes in any longer gap to half a
+ * millisecond. OPENBLAS_THREAD_TIMEOUT, when given, is respected. */
+#define BLAS_SPIN 20
 
 /* sgemm in the CBLAS row-major form the layers use; the self-check's
  * subject (cblas_sgemm in use, another function in its test). */
@@ -69,7 +85,8 @@ typedef void (*blas_sgemm_fn)(int transa, int transb, int M, int N, int K, float
 int blas_check(blas_sgemm_fn gemm);
 
 /* Once, at the start of main, before anything else calls BLAS and while
- * the only other threads are OpenBLAS's idle ones: choose, switch, check.
+ * the only other threads are OpenBLAS's idle ones: choose, switch, check,
+ * and restart the helper threads with BLAS_SPIN (blas_spin).
  * 0, or -EIO when even the generic kernels compute wrong (then nothing
  * must train: the caller exits with the message blas_describe gives). */
 int blas_choose(struct blas_choice *ch);
@@ -79,6 +96,13 @@ int blas_choose(struct blas_choice *ch);
  * ended on other kernels than the ones asked for. For blas_choose and the
  * tests, which start from a generic core to see the switch happen. */
 int blas_switch(const char *core);
+
+/* Restarts OpenBLAS's helper threads so that an idle one spins 2^log2
+ * cycles before it sleeps (4 to 30, as OPENBLAS_THREAD_TIMEOUT; the
+ * environment is left as it was, and a child forked later starts its
+ * helpers with the same). Only while no BLAS call runs. 0, or -ENOTSUP
+ * where this OpenBLAS has no thread server (a serial or OpenMP build). */
+int blas_spin(int log2);
 
 /* The kernels in use and why, e.g. "OpenBLAS 0.3.21, Cooperlake kernels
  * (chosen by pstrain: OpenBLAS picked Prescott; this CPU has AVX-512 with

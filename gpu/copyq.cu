@@ -70,6 +70,25 @@ int gq_reserve(void *ctx, int slots)
 	return r;
 }
 
+/* copy_check's answers for slots 0 .. slots-1 (found_reserve is called by
+ * gq_check: a queue reserved but never checked takes none). */
+static int found_reserve(struct gpu_ctx *g, int slots)
+{
+	if (slots <= g->q_found_cap)
+		return 0;
+	int *dev = NULL, *host = NULL;
+	int r = arena_alloc(&g->arena, (void **)&dev, (size_t)slots * sizeof(int), g->err, sizeof(g->err));
+	if (r)
+		return r;
+	CK(g, cudaHostAlloc((void **)&host, (size_t)slots * sizeof(int), cudaHostAllocPortable));
+	if (g->q_found_host)
+		cudaFreeHost(g->q_found_host);
+	g->q_found_dev = dev;
+	g->q_found_host = host;
+	g->q_found_cap = slots;
+	return 0;
+}
+
 int gq_after(void *ctx)
 {
 	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
@@ -100,6 +119,40 @@ int gq_wait(void *ctx, int slot)
 		return r;
 	CK(g, cudaEventSynchronize(g->q_slot[slot]));
 	return 0;
+}
+
+/* On the copy stream, which gq_after made wait for the kernels that
+ * wrote src: the answer zeroed, the check, and the answer copied down,
+ * all before gq_down records the slot's event, so that gq_wait covers
+ * it. The check runs beside the next layers' kernels on the compute
+ * stream, where the host would have read the range again. */
+int gq_check(void *ctx, int slot, const float *src, size_t n)
+{
+	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
+	int r = slot_use(g, slot);
+	if (!r)
+		r = found_reserve(g, g->q_slots);
+	if (r)
+		return r;
+	int *f = g->q_found_dev + slot;
+	CK(g, cudaMemsetAsync(f, 0, sizeof(int), g->copy));
+	CKL(g, "finiteness check kernel", gk_nonfinite(g->copy, src, n, f));
+	CK(g, cudaMemcpyAsync(g->q_found_host + slot, f, sizeof(int), cudaMemcpyDeviceToHost, g->copy));
+	return 0;
+}
+
+/* After gq_wait(slot): what gq_check found. */
+int gq_found(void *ctx, int slot)
+{
+	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
+	int r = slot_use(g, slot);
+	if (r)
+		return r;
+	if (slot >= g->q_found_cap) {
+		snprintf(g->err, sizeof(g->err), "gpu:%d: copy slot %d was never checked", g->device, slot);
+		return -EINVAL;
+	}
+	return g->q_found_host[slot] != 0;
 }
 
 int gq_up(void *ctx, void *dst, const void *host, size_t bytes)
@@ -156,6 +209,11 @@ void gq_free(struct gpu_ctx *g)
 	for (int i = 0; i < g->q_slots; i++)
 		cudaEventDestroy(g->q_slot[i]);
 	free(g->q_slot);
+	if (g->q_found_host)
+		cudaFreeHost(g->q_found_host);
+	g->q_found_host = NULL;
+	g->q_found_dev = NULL;   /* the arena's */
+	g->q_found_cap = 0;
 	if (g->q_after)
 		cudaEventDestroy(g->q_after);
 	if (g->q_join)

@@ -53,6 +53,12 @@ struct gpu_ctx {
 	cudaEvent_t q_after, q_join;
 	cudaEvent_t *q_slot;
 	int q_slots;
+	/* copy_check's answers, one int a slot for q_found_cap slots: set on
+	 * the device (from the arena, which frees only at close, so a larger
+	 * reserve takes a new array and leaves the old one's few bytes), and
+	 * copied down beside the slot's range into pinned host memory. */
+	int *q_found_dev, *q_found_host;
+	int q_found_cap;
 	cudaEvent_t mark[2];   // gpu_mark's start and end
 	cudaEvent_t ready;     // gpu_copy from this backend: its queued work is done
 	cudaEvent_t copied;    // after a gpu_copy into this backend: the source's stream waits on it
@@ -98,6 +104,8 @@ int gq_reserve(void *ctx, int slots);
 int gq_after(void *ctx);
 int gq_down(void *ctx, int slot, void *host, const void *src, size_t bytes);
 int gq_wait(void *ctx, int slot);
+int gq_check(void *ctx, int slot, const float *src, size_t n);
+int gq_found(void *ctx, int slot);
 int gq_up(void *ctx, void *dst, const void *host, size_t bytes);
 int gq_join(void *ctx);
 int gq_host_alloc(void *ctx, void **p, size_t bytes);

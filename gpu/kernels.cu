@@ -77,6 +77,27 @@ extern "C" int gk_act_backward(void *stream, enum gk_act k, float *dinp, const f
 	return launched();
 }
 
+/* ---- finiteness ------------------------------------------------------------ */
+
+/* One store a block at most: a block's threads vote, and only a block
+ * that saw one writes (every writer writes the same 1). */
+__global__ void nonfinite_kernel(const float *x, size_t n, int *found)
+{
+	int bad = 0;
+	GRID_STRIDE(i, n)
+		bad |= (__float_as_uint(x[i]) & 0x7f800000u) == 0x7f800000u;
+	if (__syncthreads_or(bad) && threadIdx.x == 0)
+		*found = 1;
+}
+
+extern "C" int gk_nonfinite(void *stream, const float *x, size_t n, int *found)
+{
+	if (n == 0)
+		return 0;
+	nonfinite_kernel<<<blocks_for(n), THREADS, 0, (cudaStream_t)stream>>>(x, n, found);
+	return launched();
+}
+
 /* ---- bias and the fused epilogues ---------------------------------------- */
 
 /* Rows of a (B, OC) array: blockIdx.y (and its stride) picks the row, the

@@ -44,6 +44,11 @@ size_t gk_bias_tickets(int OC);
 int gk_act_bias_backward(void *stream, enum gk_act k, float *dout, float *dbias, const float *out,
 			 int B, int OC, float *partial, unsigned *tickets);
 
+/* *found = 1 when any of x's n floats is a NaN or an infinity (its
+ * exponent bits all set, as optim_nonfinite tests them); left as it was
+ * otherwise: the caller zeroes it first. */
+int gk_nonfinite(void *stream, const float *x, size_t n, int *found);
+
 /* Softmax + cross-entropy, one warp per row: train = 0 writes the
  * probabilities to out, train = 1 the loss gradient (probs - onehot) *
  * scale; row_loss[b] = log(sum exp(x - max)) - (x[label] - max) in

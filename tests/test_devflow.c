@@ -21,6 +21,7 @@
 #include "../core/config/config.h"
 #include "../core/nn/devices.h"
 #include "../core/nn/model.h"
+#include "../core/nn/optim.h"
 #include "../core/nn/rng.h"
 #include "../gpu/gpu.h"
 
@@ -59,6 +60,14 @@ struct fake {
 	int nup, nup_done;
 	long ups;
 	int host_allocs, host_frees;
+	/* copy_check: off (no_check: the host checks, as a backend without
+	 * it), asked for a slot (check_asked, answered by that slot's next
+	 * copy down from what it takes), its answers (found), and how often
+	 * each was called. landed_only: the poison lands in host but was
+	 * not in what the backend checked. */
+	int no_check, landed_only;
+	int check_asked[FAKE_SLOTS], found[FAKE_SLOTS];
+	int checks, founds;
 };
 static struct fake fk;
 
@@ -91,7 +100,13 @@ static int fake_down(void *ctx, int slot, void *host, const void *src, size_t by
 	fk.down[slot].vals = malloc(bytes);
 	cr_assert_not_null(fk.down[slot].vals);
 	memcpy(fk.down[slot].vals, src, bytes);
-	if (fk.poison >= lo && fk.poison < lo + n)
+	int poisoned = fk.poison >= lo && fk.poison < lo + n;
+	if (poisoned && !fk.landed_only)
+		fk.down[slot].vals[fk.poison - lo] = NAN;
+	if (fk.check_asked[slot])
+		fk.found[slot] = optim_nonfinite(fk.down[slot].vals, n) < n;
+	fk.check_asked[slot] = 0;
+	if (poisoned && fk.landed_only)
 		fk.down[slot].vals[fk.poison - lo] = NAN;
 	for (size_t i = 0; i < n; i++)
 		((float *)host)[i] = NAN;   /* not there until it lands */
@@ -124,6 +139,33 @@ static int fake_wait(void *ctx, int slot)
 			break;
 	}
 	return 0;
+}
+
+/* Between copy_after and copy_down, as the GPU's: the answer is made by
+ * the slot's copy down (the values it takes) and read after it landed. */
+static int fake_check(void *ctx, int slot, const float *src, size_t n)
+{
+	(void)ctx;
+	(void)src;
+	(void)n;
+	if (slot < 0 || slot >= fk.slots) {
+		fk.bad_slot++;
+		return -EINVAL;
+	}
+	fk.check_asked[slot] = 1;
+	fk.checks++;
+	return 0;
+}
+
+static int fake_found(void *ctx, int slot)
+{
+	(void)ctx;
+	if (slot < 0 || slot >= fk.slots || fk.down[slot].pending) {
+		fk.bad_slot++;   /* asked before its copy landed */
+		return -EINVAL;
+	}
+	fk.founds++;
+	return fk.found[slot];
 }
 
 static int fake_up(void *ctx, void *dst, const void *host, size_t bytes)
@@ -193,6 +235,8 @@ static void open_fake(struct devices *d, const struct model *m, int B, struct ba
 	ops->copy_after = fake_after;
 	ops->copy_down = fake_down;
 	ops->copy_wait = fake_wait;
+	ops->copy_check = fk.no_check ? NULL : fake_check;
+	ops->copy_found = fk.no_check ? NULL : fake_found;
 	ops->copy_up = fake_up;
 	ops->copy_join = fake_join;
 	ops->host_alloc = fake_host_alloc;
@@ -509,6 +553,10 @@ static void gradient_matches(const struct model *m, int B)
 	cr_assert_eq(meter(&t.d), want, "the loss");
 	cr_assert_eq(fk.ndown, with_params(m));
 	cr_assert_eq(fk.reused + fk.bad_slot, 0);
+	cr_assert_eq(fk.checks, fk.no_check ? 0 : fk.ndown, "%d of %d ranges checked by the backend", fk.checks,
+		     fk.ndown);
+	cr_assert_eq(fk.founds, fk.checks, "the backend's answers read %d times for %d checks", fk.founds,
+		     fk.checks);
 	size_t at = t.P;
 	for (int k = 0, i = m->nlayers - 1; k < fk.ndown; k++, i--) {
 		while (!m->layers[i].nparams)
@@ -536,6 +584,54 @@ Test(devflow, queued_gradient_is_devices_steps_bit_for_bit)
 	memset(&fk, 0, sizeof(fk));
 	cnn(&m);
 	gradient_matches(&m, 5);
+	memset(&fk, 0, sizeof(fk));
+	fk.no_check = 1;   /* a backend that leaves the check to the host */
+	mlp(&m);
+	gradient_matches(&m, 7);
+}
+
+/* The gradient's NaN and infinity check: where the backend checks each
+ * range (copy_check), the host reads a range again only when the backend
+ * found one, to name it; a backend without it leaves every range to the
+ * host. Seen through a NaN that lands in host memory but was not in what
+ * the backend checked: accepted with the check (the host did not read
+ * it), refused without. And a NaN in the gradient itself is refused
+ * either way, named by its index. */
+static int step_with_poison(const struct model *m, int no_check, int landed_only, size_t *bad)
+{
+	struct rig t;
+	char err[256];
+	memset(&fk, 0, sizeof(fk));
+	fk.no_check = no_check;
+	rig_open(&t, m, 4, 51, 0);
+	struct gradflow f;
+	flow_of(&f, t.P, 2);
+	cr_assert_eq(devices_set_params(&t.d, t.p, err, sizeof(err)), 0, "%s", err);
+	fk.poison = m->layers[0].woff + 11;
+	fk.landed_only = landed_only;
+	*bad = SIZE_MAX;
+	int e = devices_step_flow(&t.d, 0, 4, 7, t.h, &f, 0, bad, err, sizeof(err));
+	cr_assert_eq(fk.bad_slot, 0);
+	cr_assert_eq(fk.checks, no_check ? 0 : fk.ndown);
+	(void)meter(&t.d);
+	gradflow_free(&f);
+	rig_close(&t);
+	return e;
+}
+
+Test(devflow, the_backend_checks_the_gradient_where_it_can)
+{
+	struct model m;
+	mlp(&m);
+	size_t bad;
+	cr_assert_eq(step_with_poison(&m, 0, 1, &bad), 0, "a range the backend found clean was read again");
+	cr_assert_eq(fk.founds, fk.ndown);
+	cr_assert_eq(step_with_poison(&m, 1, 1, &bad), -EDOM, "the host did not check without the backend");
+	cr_assert_eq(bad, m.layers[0].woff + 11);
+	cr_assert_eq(step_with_poison(&m, 0, 0, &bad), -EDOM, "a NaN the backend found was let through");
+	cr_assert_eq(bad, m.layers[0].woff + 11);
+	cr_assert_eq(step_with_poison(&m, 1, 0, &bad), -EDOM);
+	cr_assert_eq(bad, m.layers[0].woff + 11);
 }
 
 /* The forward pass on arriving parameters through the fake queue, then

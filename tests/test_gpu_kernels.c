@@ -21,6 +21,7 @@
 #include "../gpu/kernels.h"
 
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -214,6 +215,60 @@ Test(gpu_kernels, activations)
 			expect_close(&b, dx_d, dx, n, what);
 			free(x), free(dout), free(y), free(dx);
 		}
+	gpu_backend_close(&b);
+}
+
+/* copy_check on the copy queue (gpu/copyq.cu, gk_nonfinite) against the
+ * host's optim_nonfinite, over ranges at an odd offset (4-byte aligned
+ * only, as a layer's range in the gradient may be) of sizes around the
+ * block and grid, each case in the same slot after the one before, so
+ * that an answer left from the last case would show: clean values with
+ * the largest finite and subnormal ones, a NaN at a random place, +inf
+ * last, -inf first. */
+Test(gpu_kernels, gradient_check_finds_what_the_cpu_finds)
+{
+	struct backend b;
+	open_gpu(&b, NULL);
+	const size_t sizes[] = { 1, 255, 257, 100003, (1u << 21) + 3, 3211264 };
+	const struct backend_ops *o = b.ops;
+	cr_assert_not_null(o->copy_check, "the GPU backend has no copy_check");
+	cr_assert_eq(o->copy_reserve(b.ctx, 2), 0, "%s", gpu_backend_error(&b));
+	for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
+		size_t n = sizes[s];
+		float *x = host_random(n + 1, 300 + s, -1e3f, 1e3f), *h = NULL;
+		cr_assert_eq(o->host_alloc(b.ctx, (void **)&h, n * sizeof(float)), 0, "%s", gpu_backend_error(&b));
+		float *d = dev_from(&b, NULL, (n + 1) * sizeof(float));
+		for (int c = 0; c < 5; c++) {
+			size_t at = (size_t)(rng_uniform(run_seed(), 400 + s, (uint64_t)c) * (double)n) % n;
+			float *v = x + 1;
+			float keep0 = v[0], keepl = v[n - 1], keepa = v[at];
+			if (c == 1) {
+				v[0] = FLT_MAX;
+				v[n - 1] = 1e-42f;
+			}
+			if (c == 2)
+				v[at] = NAN;
+			if (c == 3)
+				v[n - 1] = INFINITY;
+			if (c == 4)
+				v[0] = -INFINITY;
+			int slot = c % 2, want = optim_nonfinite(v, n) < n;
+			cr_assert_eq(o->upload(b.ctx, d, x, (n + 1) * sizeof(float)), 0);
+			cr_assert_eq(o->copy_after(b.ctx), 0, "%s", gpu_backend_error(&b));
+			cr_assert_eq(o->copy_check(b.ctx, slot, d + 1, n), 0, "%s", gpu_backend_error(&b));
+			cr_assert_eq(o->copy_down(b.ctx, slot, h, d + 1, n * sizeof(float)), 0, "%s",
+				     gpu_backend_error(&b));
+			cr_assert_eq(o->copy_wait(b.ctx, slot), 0, "%s", gpu_backend_error(&b));
+			int found = o->copy_found(b.ctx, slot);
+			cr_expect_eq(found, want, "n=%zu case %d (at %zu): the GPU says %d, the CPU %d (seed %llu)", n,
+				     c, at, found, want, (unsigned long long)run_seed());
+			cr_expect_eq(memcmp(h, v, n * sizeof(float)), 0, "n=%zu case %d: the range did not land whole",
+				     n, c);
+			v[0] = keep0, v[n - 1] = keepl, v[at] = keepa;
+		}
+		o->host_free(b.ctx, h);
+		free(x);
+	}
 	gpu_backend_close(&b);
 }
 

@@ -183,11 +183,21 @@ struct backend_ops {
 	 *   copy_join: the backend's work queued from now on waits for
 	 *     every copy queued so far.
 	 * host_alloc, host_free: host memory the queue copies fastest
-	 * (pinned), taken once; host_free waits for the queue first. */
+	 * (pinned), taken once; host_free waits for the queue first.
+	 * Optional with them: copy_check queues, behind the work copy_after
+	 *   ordered it after, a check of src's n floats (backend memory)
+	 *   for a NaN or an infinity, whose answer lands with the next
+	 *   copy_down of the same slot; after that slot's copy_wait,
+	 *   copy_found says 1 (one was found) or 0. The backend reads the
+	 *   values where they are made (on a GPU a pass over device memory
+	 *   beside the next layers' kernels) instead of the host reading
+	 *   them again from the pinned buffer. NULL: the host checks. */
 	int (*copy_reserve)(void *ctx, int slots);
 	int (*copy_after)(void *ctx);
 	int (*copy_down)(void *ctx, int slot, void *host, const void *src, size_t bytes);
 	int (*copy_wait)(void *ctx, int slot);
+	int (*copy_check)(void *ctx, int slot, const float *src, size_t n);
+	int (*copy_found)(void *ctx, int slot);
 	int (*copy_up)(void *ctx, void *dst, const void *host, size_t bytes);
 	int (*copy_join)(void *ctx);
 	int (*host_alloc)(void *ctx, void **p, size_t bytes);

@@ -139,13 +139,15 @@ static int flow_ready(void *ctx, size_t lo, size_t want, size_t most, size_t uni
 
 /* ---- QUEUED ------------------------------------------------------------- */
 
-/* The copies down of one step: slot k holds [lo[k], hi[k]). */
+/* The copies down of one step: slot k holds [lo[k], hi[k]), checked for
+ * NaN and infinity by the backend where it has copy_check (checked),
+ * else on the host once landed. */
 struct queued_down {
 	struct backend *b;
 	const float *grads;   /* (P) replica 0's, in backend memory */
 	float *host;          /* (P) */
 	size_t lo[MODEL_MAX_LAYERS], hi[MODEL_MAX_LAYERS];
-	int n;
+	int n, checked;
 };
 
 /* replica_train_queued's queued: a layer's gradient kernels are queued,
@@ -157,6 +159,8 @@ static int queued_down(void *ctx, size_t lo, size_t hi)
 	if (q->n == MODEL_MAX_LAYERS)
 		return -E2BIG;   /* more layers with parameters than a model has */
 	int e = o->copy_after(q->b->ctx);
+	if (!e && q->checked)
+		e = o->copy_check(q->b->ctx, q->n, q->grads + lo, hi - lo);
 	if (!e)
 		e = o->copy_down(q->b->ctx, q->n, q->host + lo, q->grads + lo, (hi - lo) * sizeof(float));
 	if (e)
@@ -165,6 +169,22 @@ static int queued_down(void *ctx, size_t lo, size_t hi)
 	q->hi[q->n] = hi;
 	q->n++;
 	return 0;
+}
+
+/* Slot k's first NaN or infinity in host, or hi[k] for none. A range the
+ * backend checked is read on the host only when it found one: the host's
+ * scan names it, and decides (what goes on the wire is what landed). */
+static size_t queued_bad(struct queued_down *q, int k, int *e)
+{
+	size_t lo = q->lo[k], hi = q->hi[k];
+	if (q->checked) {
+		int found = q->b->ops->copy_found(q->b->ctx, k);
+		if (found <= 0) {
+			*e = found;
+			return hi;
+		}
+	}
+	return lo + optim_nonfinite(q->host + lo, hi - lo);
 }
 
 /* Every copy as it lands, in the order queued: checked, then marked
@@ -176,8 +196,8 @@ static int queued_land(struct queued_down *q, struct gradflow *flow, size_t *bad
 	int e = 0, k;
 	for (k = 0; !e && k < q->n; k++) {
 		e = o->copy_wait(q->b->ctx, k);
-		size_t i = e ? q->hi[k] : q->lo[k] + optim_nonfinite(q->host + q->lo[k], q->hi[k] - q->lo[k]);
-		if (i < q->hi[k]) {
+		size_t i = e ? q->hi[k] : queued_bad(q, k, &e);
+		if (!e && i < q->hi[k]) {
 			*bad = i;
 			e = -EDOM;
 		}
@@ -198,7 +218,8 @@ static int queued_step(struct devices *d, size_t at, int B, uint64_t key, struct
 {
 	struct replica *rep = &d->rep[0];
 	int k = d->be_of[0], had = forwarded, e;
-	struct queued_down q = { .b = &d->be[k], .grads = d->grads[0], .host = fo->host };
+	struct queued_down q = { .b = &d->be[k], .grads = d->grads[0], .host = fo->host,
+				 .checked = d->be[k].ops->copy_check && d->be[k].ops->copy_found };
 	const float *x = d->fwd_x;
 	const int32_t *y;
 	float scale = 1.0f / (float)B;

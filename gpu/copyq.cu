@@ -46,12 +46,37 @@ static int slots_make(struct gpu_ctx *g, cudaEvent_t *ev, int from, int to)
 	return 0;
 }
 
+/* copy_check's answers for slots 0 .. slots-1, taken with the slots, so
+ * that no step allocates. */
+static int found_reserve(struct gpu_ctx *g, int slots)
+{
+	if (slots <= g->q_found_cap)
+		return 0;
+	int *dev = NULL, *host = NULL;
+	CK(g, cudaMalloc((void **)&dev, (size_t)slots * sizeof(int)));
+	cudaError_t e = cudaHostAlloc((void **)&host, (size_t)slots * sizeof(int), cudaHostAllocPortable);
+	if (e != cudaSuccess) {
+		cudaFree(dev);
+		return cuda_fail(g, e, "cudaHostAlloc (copy checks)");
+	}
+	if (g->q_found_dev)
+		cudaFree(g->q_found_dev);
+	if (g->q_found_host)
+		cudaFreeHost(g->q_found_host);
+	g->q_found_dev = dev;
+	g->q_found_host = host;
+	g->q_found_cap = slots;
+	return 0;
+}
+
 int gq_reserve(void *ctx, int slots)
 {
 	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
 	int r = use(g);
-	if (r || slots <= g->q_slots)
+	if (r || (slots <= g->q_slots && slots <= g->q_found_cap))
 		return r;
+	if (slots <= g->q_slots)
+		return found_reserve(g, slots);
 	/* Each on its own: a failure between them leaves the other for the
 	 * next try, not a queue that gq_join calls unreserved. */
 	if (!g->q_after)
@@ -67,26 +92,7 @@ int gq_reserve(void *ctx, int slots)
 	r = slots_make(g, ev, g->q_slots, slots);
 	if (!r)
 		g->q_slots = slots;
-	return r;
-}
-
-/* copy_check's answers for slots 0 .. slots-1 (found_reserve is called by
- * gq_check: a queue reserved but never checked takes none). */
-static int found_reserve(struct gpu_ctx *g, int slots)
-{
-	if (slots <= g->q_found_cap)
-		return 0;
-	int *dev = NULL, *host = NULL;
-	int r = arena_alloc(&g->arena, (void **)&dev, (size_t)slots * sizeof(int), g->err, sizeof(g->err));
-	if (r)
-		return r;
-	CK(g, cudaHostAlloc((void **)&host, (size_t)slots * sizeof(int), cudaHostAllocPortable));
-	if (g->q_found_host)
-		cudaFreeHost(g->q_found_host);
-	g->q_found_dev = dev;
-	g->q_found_host = host;
-	g->q_found_cap = slots;
-	return 0;
+	return r ? r : found_reserve(g, slots);
 }
 
 int gq_after(void *ctx)
@@ -130,10 +136,12 @@ int gq_check(void *ctx, int slot, const float *src, size_t n)
 {
 	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
 	int r = slot_use(g, slot);
-	if (!r)
-		r = found_reserve(g, g->q_slots);
 	if (r)
 		return r;
+	if (slot >= g->q_found_cap) {
+		snprintf(g->err, sizeof(g->err), "gpu:%d: copy slot %d has no check reserved", g->device, slot);
+		return -EINVAL;
+	}
 	int *f = g->q_found_dev + slot;
 	CK(g, cudaMemsetAsync(f, 0, sizeof(int), g->copy));
 	CKL(g, "finiteness check kernel", gk_nonfinite(g->copy, src, n, f));
@@ -209,10 +217,12 @@ void gq_free(struct gpu_ctx *g)
 	for (int i = 0; i < g->q_slots; i++)
 		cudaEventDestroy(g->q_slot[i]);
 	free(g->q_slot);
+	if (g->q_found_dev)
+		cudaFree(g->q_found_dev);
 	if (g->q_found_host)
 		cudaFreeHost(g->q_found_host);
 	g->q_found_host = NULL;
-	g->q_found_dev = NULL;   /* the arena's */
+	g->q_found_dev = NULL;
 	g->q_found_cap = 0;
 	if (g->q_after)
 		cudaEventDestroy(g->q_after);

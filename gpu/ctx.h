@@ -53,10 +53,10 @@ struct gpu_ctx {
 	cudaEvent_t q_after, q_join;
 	cudaEvent_t *q_slot;
 	int q_slots;
-	/* copy_check's answers, one int a slot for q_found_cap slots: set on
-	 * the device (from the arena, which frees only at close, so a larger
-	 * reserve takes a new array and leaves the old one's few bytes), and
-	 * copied down beside the slot's range into pinned host memory. */
+	/* copy_check's answers, one int a slot for q_found_cap slots, taken
+	 * with the slots: set on the device (cudaMalloc, a few bytes outside
+	 * the arena's cap, as cuBLAS's workspace) and copied down beside the
+	 * slot's range into pinned host memory. */
 	int *q_found_dev, *q_found_host;
 	int q_found_cap;
 	cudaEvent_t mark[2];   // gpu_mark's start and end

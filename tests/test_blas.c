@@ -6,11 +6,15 @@
 #include <criterion/criterion.h>
 
 #include <cblas.h>
+#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "../core/nn/blas.h"
 
@@ -179,10 +183,13 @@ Test(blas, cpu_model_is_named)
 #endif
 }
 
-/* CPU time (ms) this process's other threads use over window_ms after a
- * threaded GEMM and a pause of after_ms, this thread asleep meanwhile:
- * OpenBLAS's helpers, spinning or not. */
-static double helpers_cpu_ms(int after_ms, int window_ms)
+/* Samples, every 2 ms over window_ms after a threaded GEMM and a pause
+ * of after_ms, in which another thread of this process was running or
+ * runnable (state R in /proc/self/task/N/stat). A spinning OpenBLAS
+ * helper yields but never sleeps, so it stays R whatever else loads the
+ * CPUs (CPU time would not do: a yielding thread gets next to none of a
+ * busy CPU); a sleeping one is S. */
+static int others_running(int after_ms, int window_ms)
 {
 	enum { N = 384 };
 	static float a[N * N], b[N * N], c[N * N];
@@ -190,24 +197,39 @@ static double helpers_cpu_ms(int after_ms, int window_ms)
 		a[i] = b[i] = (float)(i % 7) - 3;
 	openblas_set_num_threads(2);
 	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, N, N, 1, a, N, b, N, 0, c, N);
-	struct timespec pause = { 0, after_ms * 1000000L }, win = { 0, window_ms * 1000000L };
+	struct timespec pause = { 0, after_ms * 1000000L }, tick = { 0, 2000000L };
 	nanosleep(&pause, NULL);
-	struct timespec p0, t0, p1, t1;
-	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &p0);
-	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
-	nanosleep(&win, NULL);
-	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &p1);
-	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
-	double proc = (double)(p1.tv_sec - p0.tv_sec) * 1e3 + (double)(p1.tv_nsec - p0.tv_nsec) / 1e6;
-	double self = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
-	return proc - self;
+	long self = (long)syscall(SYS_gettid);
+	int seen = 0;
+	for (int t = 0; t < window_ms; t += 2) {
+		DIR *dir = opendir("/proc/self/task");
+		cr_assert_not_null(dir);
+		for (struct dirent *e; (e = readdir(dir));) {
+			char path[300], buf[512];
+			if (e->d_name[0] == '.' || atol(e->d_name) == self)
+				continue;
+			snprintf(path, sizeof(path), "/proc/self/task/%s/stat", e->d_name);
+			FILE *f = fopen(path, "r");
+			if (!f)
+				continue;   /* ended meanwhile */
+			size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+			fclose(f);
+			buf[n] = 0;
+			const char *p = strrchr(buf, ')');   /* the name may hold spaces */
+			seen += p && p[1] == ' ' && p[2] == 'R';
+		}
+		closedir(dir);
+		nanosleep(&tick, NULL);
+	}
+	return seen;
 }
 
 /* blas_choose restarts OpenBLAS's helpers with a short spin: after a
  * GEMM they sleep within half a millisecond instead of spinning a tenth
- * of a second (2^28 cycles) and taking a CPU from the layers' own threads
- * or a ps beside the worker. The second half shows the measure can tell:
- * with OpenBLAS's own spin the helper burns CPU in the same window. */
+ * of a second (2^28 cycles) and taking CPU time from the layers' own
+ * threads or a ps beside the worker. The second half shows the measure
+ * can tell: with OpenBLAS's own spin a helper is running in the same
+ * window. */
 Test(blas, idle_helpers_sleep_between_calls)
 {
 	unsetenv("OPENBLAS_THREAD_TIMEOUT");
@@ -215,26 +237,40 @@ Test(blas, idle_helpers_sleep_between_calls)
 	cr_assert_eq(blas_choose(&ch), 0);
 	cr_assert_eq(ch.spin, BLAS_SPIN);
 	cr_assert(!ch.spin_given);
-	double asleep = helpers_cpu_ms(10, 60);
-	cr_expect_lt(asleep, 6.0, "the helpers used %.1f ms of CPU in 60 ms after a GEMM", asleep);
+	/* On a loaded machine a helper whose spin ran out is still R until it
+	 * gets a CPU to notice (milliseconds): a few samples may see it. */
+	int asleep = others_running(20, 40);
+	cr_expect_leq(asleep, 5, "a helper was running in %d of 20 samples after a GEMM", asleep);
 
 	cr_assert_eq(blas_spin(28), 0);
-	double spinning = helpers_cpu_ms(0, 60);
-	cr_expect_gt(spinning, 12.0, "spinning helpers used only %.1f ms of CPU in 60 ms", spinning);
+	int spinning = others_running(0, 40);
+	cr_expect_geq(spinning, 15, "a helper was running in only %d of 20 samples right after a GEMM with OpenBLAS's own spin",
+		      spinning);
 }
 
-/* An OPENBLAS_THREAD_TIMEOUT given is OpenBLAS's to apply, clamped as it
- * clamps it; the environment is left as it was. */
+/* An OPENBLAS_THREAD_TIMEOUT that OpenBLAS applies is left to it (here
+ * 28, its own: a helper still spins after a GEMM), clamped as it clamps
+ * it; one it ignores (0, negative, not a number) is not a choice, and
+ * pstrain's spin applies. blas_spin leaves the environment as it was. */
 Test(blas, a_given_thread_timeout_is_respected)
 {
 	struct blas_choice ch;
-	cr_assert_eq(setenv("OPENBLAS_THREAD_TIMEOUT", "9", 1), 0);
+	cr_assert_eq(setenv("OPENBLAS_THREAD_TIMEOUT", "28", 1), 0);
 	cr_assert_eq(blas_choose(&ch), 0);
-	cr_expect_eq(ch.spin, 9);
+	cr_expect_eq(ch.spin, 28);
 	cr_expect(ch.spin_given);
+	cr_expect_geq(others_running(0, 40), 15, "the given spin was overridden");
 	cr_assert_eq(setenv("OPENBLAS_THREAD_TIMEOUT", "99", 1), 0);
 	cr_assert_eq(blas_choose(&ch), 0);
 	cr_expect_eq(ch.spin, 30);
+	const char *ignored[] = { "0", "-3", "abc", "" };
+	for (size_t i = 0; i < sizeof(ignored) / sizeof(ignored[0]); i++) {
+		cr_assert_eq(setenv("OPENBLAS_THREAD_TIMEOUT", ignored[i], 1), 0);
+		cr_assert_eq(blas_choose(&ch), 0);
+		cr_expect_eq(ch.spin, BLAS_SPIN, "OPENBLAS_THREAD_TIMEOUT=%s", ignored[i]);
+		cr_expect(!ch.spin_given, "OPENBLAS_THREAD_TIMEOUT=%s", ignored[i]);
+		cr_expect_str_eq(getenv("OPENBLAS_THREAD_TIMEOUT"), ignored[i], "blas_spin changed the environment");
+	}
 	unsetenv("OPENBLAS_THREAD_TIMEOUT");
 	cr_assert_eq(blas_spin(12), 0);
 	cr_expect_null(getenv("OPENBLAS_THREAD_TIMEOUT"), "blas_spin left the environment changed");

@@ -160,33 +160,35 @@ int blas_spin(int log2)
 	if (log2 < 4 || log2 > 30)
 		return -EINVAL;
 	const char *prev = getenv("OPENBLAS_THREAD_TIMEOUT");
-	char keep[64], want[16];
-	if (prev)
-		snprintf(keep, sizeof(keep), "%s", prev);
+	char *keep = prev ? strdup(prev) : NULL, want[16];
+	if (prev && !keep)
+		return -ENOMEM;
 	snprintf(want, sizeof(want), "%d", log2);
-	if (setenv("OPENBLAS_THREAD_TIMEOUT", want, 1) < 0)
+	if (setenv("OPENBLAS_THREAD_TIMEOUT", want, 1) < 0) {
+		free(keep);
 		return -errno;
+	}
 	/* Read once here and kept by OpenBLAS for every later start of its
 	 * helpers (after a fork too), whatever the environment says then. */
 	openblas_read_env();
 	blas_thread_shutdown_();
 	blas_thread_init();
-	if (prev)
+	if (keep)
 		setenv("OPENBLAS_THREAD_TIMEOUT", keep, 1);
 	else
 		unsetenv("OPENBLAS_THREAD_TIMEOUT");
+	free(keep);
 	return 0;
 }
 
-/* OPENBLAS_THREAD_TIMEOUT as OpenBLAS reads it (atoi, clamped to 4..30),
- * or 0 when unset or empty. */
+/* OPENBLAS_THREAD_TIMEOUT as OpenBLAS applies it (atoi, clamped to
+ * 4..30), or 0 where OpenBLAS ignores it (unset, empty, 0, negative, not a
+ * number: it keeps its own 2^28 then). */
 static int spin_given(void)
 {
 	const char *s = getenv("OPENBLAS_THREAD_TIMEOUT");
-	if (!s || !*s)
-		return 0;
-	int v = atoi(s);
-	return v < 4 ? 4 : v > 30 ? 30 : v;
+	int v = s ? atoi(s) : 0;
+	return v <= 0 ? 0 : v < 4 ? 4 : v > 30 ? 30 : v;
 }
 
 /* The self-check's shapes: odd sizes, so that every kernel's edge cases
@@ -302,8 +304,8 @@ int blas_choose(struct blas_choice *ch)
 	}
 	ch->spin = spin_given();
 	ch->spin_given = ch->spin > 0;
-	if (!ch->spin_given)
-		ch->spin = blas_spin(BLAS_SPIN) == 0 ? BLAS_SPIN : 28;
+	if (!ch->spin_given)   /* 0: no thread server, no helpers to spin */
+		ch->spin = blas_spin(BLAS_SPIN) == 0 ? BLAS_SPIN : 0;
 	int r = blas_check(openblas_sgemm);
 	if (r == 0)
 		return 0;

@@ -57,7 +57,8 @@ struct blas_choice {
 	const char *why;    /* a phrase: which features decided, or what failed */
 	int spin;           /* how long an idle helper thread spins before it
 			     * sleeps, as 2^spin cycles: BLAS_SPIN, or the
-			     * OPENBLAS_THREAD_TIMEOUT given (spin_given) */
+			     * OPENBLAS_THREAD_TIMEOUT given (spin_given); 0
+			     * where OpenBLAS has no helper threads */
 	int spin_given;
 };
 

@@ -712,7 +712,12 @@ static int ctx_open(struct gpu_ctx *g, int device, const struct gpu_options *o)
 	int r = cublas_load(&g->api, g->err, sizeof(g->err));
 	if (r)
 		return r;
-	CK(g, cudaStreamCreateWithFlags(&g->copy, cudaStreamNonBlocking));
+	/* The copy stream's only kernel is the gradient's check (copy_check),
+	 * which a range's copy down waits for: the highest priority lets its
+	 * blocks start before the next layers' queued ones, not after them. */
+	int least = 0, greatest = 0;
+	CK(g, cudaDeviceGetStreamPriorityRange(&least, &greatest));
+	CK(g, cudaStreamCreateWithPriority(&g->copy, cudaStreamNonBlocking, greatest));
 	CK(g, cudaEventCreate(&g->mark[0]));
 	CK(g, cudaEventCreate(&g->mark[1]));
 	CK(g, cudaEventCreateWithFlags(&g->ready, cudaEventDisableTiming));

@@ -64,10 +64,13 @@ struct fake {
 	 * it), asked for a slot (check_asked, answered by that slot's next
 	 * copy down from what it takes), its answers (found), and how often
 	 * each was called. landed_only: the poison lands in host but was
-	 * not in what the backend checked. */
-	int no_check, landed_only;
-	int check_asked[FAKE_SLOTS], found[FAKE_SLOTS];
-	int checks, founds;
+	 * not in what the backend checked; checked_only: the other way. */
+	int no_check, landed_only, checked_only;
+	int check_asked[FAKE_SLOTS], found[FAKE_SLOTS], check_afters[FAKE_SLOTS];
+	const float *check_src[FAKE_SLOTS];
+	size_t check_n[FAKE_SLOTS];
+	const float *grads_base;   /* the replica's gradient, poison's origin */
+	int checks, founds, check_wrong;
 };
 static struct fake fk;
 
@@ -100,14 +103,14 @@ static int fake_down(void *ctx, int slot, void *host, const void *src, size_t by
 	fk.down[slot].vals = malloc(bytes);
 	cr_assert_not_null(fk.down[slot].vals);
 	memcpy(fk.down[slot].vals, src, bytes);
-	int poisoned = fk.poison >= lo && fk.poison < lo + n;
-	if (poisoned && !fk.landed_only)
+	if (fk.poison >= lo && fk.poison < lo + n && !fk.checked_only)
 		fk.down[slot].vals[fk.poison - lo] = NAN;
-	if (fk.check_asked[slot])
-		fk.found[slot] = optim_nonfinite(fk.down[slot].vals, n) < n;
+	/* The check of this slot was of exactly this range, after the same
+	 * copy_after. */
+	if (fk.check_asked[slot] && (fk.check_src[slot] != src || fk.check_n[slot] * sizeof(float) != bytes ||
+				     fk.check_afters[slot] != fk.afters))
+		fk.check_wrong++;
 	fk.check_asked[slot] = 0;
-	if (poisoned && fk.landed_only)
-		fk.down[slot].vals[fk.poison - lo] = NAN;
 	for (size_t i = 0; i < n; i++)
 		((float *)host)[i] = NAN;   /* not there until it lands */
 	fk.down[slot].host = host;
@@ -146,13 +149,19 @@ static int fake_wait(void *ctx, int slot)
 static int fake_check(void *ctx, int slot, const float *src, size_t n)
 {
 	(void)ctx;
-	(void)src;
-	(void)n;
 	if (slot < 0 || slot >= fk.slots) {
 		fk.bad_slot++;
 		return -EINVAL;
 	}
+	/* What the backend holds: the poison is in its gradient unless it
+	 * only lands in host (landed_only). */
+	size_t lo = (size_t)(src - fk.grads_base);
+	fk.found[slot] = optim_nonfinite(src, n) < n ||
+			 (!fk.landed_only && fk.poison >= lo && fk.poison < lo + n);
 	fk.check_asked[slot] = 1;
+	fk.check_src[slot] = src;
+	fk.check_n[slot] = n;
+	fk.check_afters[slot] = fk.afters;
 	fk.checks++;
 	return 0;
 }
@@ -483,6 +492,7 @@ static void rig_open(struct rig *t, const struct model *m, int B, uint64_t seed,
 	cr_assert_eq(devices_host_alloc(&t->d, &t->h, t->P, err, sizeof(err)), 0, "%s", err);
 	cr_assert_eq(devices_host_alloc(&t->d, &t->q, t->P, err, sizeof(err)), 0, "%s", err);
 	fk.host_base = t->h;
+	fk.grads_base = t->d.grads[0];
 }
 
 static void rig_close(struct rig *t)
@@ -557,6 +567,7 @@ static void gradient_matches(const struct model *m, int B)
 		     fk.ndown);
 	cr_assert_eq(fk.founds, fk.checks, "the backend's answers read %d times for %d checks", fk.founds,
 		     fk.checks);
+	cr_assert_eq(fk.check_wrong, 0, "%d checks were not of their copy's range", fk.check_wrong);
 	size_t at = t.P;
 	for (int k = 0, i = m->nlayers - 1; k < fk.ndown; k++, i--) {
 		while (!m->layers[i].nparams)
@@ -595,9 +606,13 @@ Test(devflow, queued_gradient_is_devices_steps_bit_for_bit)
  * found one, to name it; a backend without it leaves every range to the
  * host. Seen through a NaN that lands in host memory but was not in what
  * the backend checked: accepted with the check (the host did not read
- * it), refused without. And a NaN in the gradient itself is refused
- * either way, named by its index. */
-static int step_with_poison(const struct model *m, int no_check, int landed_only, size_t *bad)
+ * it), refused without. A NaN in the gradient itself is refused either
+ * way, named by its index. One the backend's check saw but that did not
+ * land (a check of the wrong values) goes as it landed, counted and said. */
+enum poison_in { IN_BOTH, IN_LANDED, IN_CHECKED };
+
+static int step_with_poison(const struct model *m, int no_check, enum poison_in in, size_t *bad, char *say,
+			    size_t saylen)
 {
 	struct rig t;
 	char err[256];
@@ -608,11 +623,13 @@ static int step_with_poison(const struct model *m, int no_check, int landed_only
 	flow_of(&f, t.P, 2);
 	cr_assert_eq(devices_set_params(&t.d, t.p, err, sizeof(err)), 0, "%s", err);
 	fk.poison = m->layers[0].woff + 11;
-	fk.landed_only = landed_only;
+	fk.landed_only = in == IN_LANDED;
+	fk.checked_only = in == IN_CHECKED;
 	*bad = SIZE_MAX;
 	int e = devices_step_flow(&t.d, 0, 4, 7, t.h, &f, 0, bad, err, sizeof(err));
-	cr_assert_eq(fk.bad_slot, 0);
+	cr_assert_eq(fk.bad_slot + fk.check_wrong, 0);
 	cr_assert_eq(fk.checks, no_check ? 0 : fk.ndown);
+	devices_flow_say(&t.d, say, saylen);
 	(void)meter(&t.d);
 	gradflow_free(&f);
 	rig_close(&t);
@@ -623,15 +640,24 @@ Test(devflow, the_backend_checks_the_gradient_where_it_can)
 {
 	struct model m;
 	mlp(&m);
-	size_t bad;
-	cr_assert_eq(step_with_poison(&m, 0, 1, &bad), 0, "a range the backend found clean was read again");
+	size_t bad, want = m.layers[0].woff + 11;
+	char say[512];
+	cr_assert_eq(step_with_poison(&m, 0, IN_LANDED, &bad, say, sizeof(say)), 0,
+		     "a range the backend found clean was read again");
 	cr_assert_eq(fk.founds, fk.ndown);
-	cr_assert_eq(step_with_poison(&m, 1, 1, &bad), -EDOM, "the host did not check without the backend");
-	cr_assert_eq(bad, m.layers[0].woff + 11);
-	cr_assert_eq(step_with_poison(&m, 0, 0, &bad), -EDOM, "a NaN the backend found was let through");
-	cr_assert_eq(bad, m.layers[0].woff + 11);
-	cr_assert_eq(step_with_poison(&m, 1, 0, &bad), -EDOM);
-	cr_assert_eq(bad, m.layers[0].woff + 11);
+	cr_assert_null(strstr(say, "did not"), "%s", say);
+	cr_assert_eq(step_with_poison(&m, 1, IN_LANDED, &bad, say, sizeof(say)), -EDOM,
+		     "the host did not check without the backend");
+	cr_assert_eq(bad, want);
+	cr_assert_eq(step_with_poison(&m, 0, IN_BOTH, &bad, say, sizeof(say)), -EDOM,
+		     "a NaN the backend found was let through");
+	cr_assert_eq(bad, want);
+	cr_assert_eq(step_with_poison(&m, 1, IN_BOTH, &bad, say, sizeof(say)), -EDOM);
+	cr_assert_eq(bad, want);
+	cr_assert_eq(step_with_poison(&m, 0, IN_CHECKED, &bad, say, sizeof(say)), 0,
+		     "what landed was clean");
+	cr_assert_not_null(strstr(say, "; 1 ranges the backend's check found a NaN or an infinity in that the host did not"),
+			   "%s", say);
 }
 
 /* The forward pass on arriving parameters through the fake queue, then

@@ -55,6 +55,9 @@ struct devices_flow_stats {
 	long forwards;   /* devices_forward_flow passes that ran to the end */
 	long uploads;    /* QUEUED: the copies up those passes made */
 	double waited;   /* seconds those passes waited for parameters */
+	long disputed;   /* QUEUED: ranges the backend's check found a NaN or an
+			  * infinity in and the host's scan did not (none, unless
+			  * the check reads the wrong values: pushed as landed) */
 };
 struct devices_embed;   /* core/nn/devices_embed.h */
 

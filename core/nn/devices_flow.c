@@ -148,6 +148,7 @@ struct queued_down {
 	float *host;          /* (P) */
 	size_t lo[MODEL_MAX_LAYERS], hi[MODEL_MAX_LAYERS];
 	int n, checked;
+	long *disputed;       /* devices_flow_stats' */
 };
 
 /* replica_train_queued's queued: a layer's gradient kernels are queued,
@@ -184,7 +185,9 @@ static size_t queued_bad(struct queued_down *q, int k, int *e)
 			return hi;
 		}
 	}
-	return lo + optim_nonfinite(q->host + lo, hi - lo);
+	size_t i = lo + optim_nonfinite(q->host + lo, hi - lo);
+	*q->disputed += q->checked && i == hi;
+	return i;
 }
 
 /* Every copy as it lands, in the order queued: checked, then marked
@@ -219,7 +222,8 @@ static int queued_step(struct devices *d, size_t at, int B, uint64_t key, struct
 	struct replica *rep = &d->rep[0];
 	int k = d->be_of[0], had = forwarded, e;
 	struct queued_down q = { .b = &d->be[k], .grads = d->grads[0], .host = fo->host,
-				 .checked = d->be[k].ops->copy_check && d->be[k].ops->copy_found };
+				 .checked = d->be[k].ops->copy_check && d->be[k].ops->copy_found,
+				 .disputed = &d->fs.disputed };
 	const float *x = d->fwd_x;
 	const int32_t *y;
 	float scale = 1.0f / (float)B;
@@ -436,10 +440,13 @@ void devices_flow_say(const struct devices *d, char *buf, size_t len)
 		n = snprintf(buf, len, "%s: %ld steps pushed their gradient as backward made it, %.1f ranges a step%s",
 			     where, s->steps, (double)s->ranges / (double)s->steps,
 			     queued ? ", each layer's copied down while the layers before it computed" : "");
-	if (!s->forwards || n < 0 || (size_t)n >= len)
-		return;
-	if (queued)
-		snprintf(up, sizeof(up), "%.1f copies up a pass, ", (double)s->uploads / (double)s->forwards);
-	snprintf(buf + n, len - (size_t)n, "%s%s%ld forward passes took their parameters as they arrived, %swaiting %.2f ms a pass for them",
-		 n ? "; " : where, n ? "" : ": ", s->forwards, up, 1e3 * s->waited / (double)s->forwards);
+	if (s->forwards && n >= 0 && (size_t)n < len) {
+		if (queued)
+			snprintf(up, sizeof(up), "%.1f copies up a pass, ", (double)s->uploads / (double)s->forwards);
+		n += snprintf(buf + n, len - (size_t)n, "%s%s%ld forward passes took their parameters as they arrived, %swaiting %.2f ms a pass for them",
+			      n ? "; " : where, n ? "" : ": ", s->forwards, up, 1e3 * s->waited / (double)s->forwards);
+	}
+	if (s->disputed && n > 0 && (size_t)n < len)
+		snprintf(buf + n, len - (size_t)n, "; %ld ranges the backend's check found a NaN or an infinity in that the host did not (pushed as landed)",
+			 s->disputed);
 }

@@ -267,7 +267,7 @@ Test(status, watch_a_whole_run)
 	for (int k = 0; k < 2; k++) {
 		char *ps = slurp(out[k]);
 		cr_assert_not_null(strstr(ps, "all 2 workers done: version 150"), "%s", ps);
-		cr_assert_null(strstr(ps, "observer"), "ps %d logged its observer:\n%s", k, ps);
+		cr_assert_null(strstr(ps, "observer"), "ps %d logged its observer:\n%s\nWATCH:\n%s\nSLOW:\n%s", k, ps, slurp(out[4]), slurp(out[5]));
 	}
 	cr_assert_gt(final_accuracy(slurp(out[3])), 90.0, "%s", slurp(out[3]));
 }

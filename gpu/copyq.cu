@@ -69,14 +69,9 @@ static int found_reserve(struct gpu_ctx *g, int slots)
 	return 0;
 }
 
-int gq_reserve(void *ctx, int slots)
+/* The events of slots 0 .. slots-1 (more than q_slots). */
+static int events_reserve(struct gpu_ctx *g, int slots)
 {
-	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
-	int r = use(g);
-	if (r || (slots <= g->q_slots && slots <= g->q_found_cap))
-		return r;
-	if (slots <= g->q_slots)
-		return found_reserve(g, slots);
 	/* Each on its own: a failure between them leaves the other for the
 	 * next try, not a queue that gq_join calls unreserved. */
 	if (!g->q_after)
@@ -89,9 +84,18 @@ int gq_reserve(void *ctx, int slots)
 		return -ENOMEM;
 	}
 	g->q_slot = ev;
-	r = slots_make(g, ev, g->q_slots, slots);
+	int r = slots_make(g, ev, g->q_slots, slots);
 	if (!r)
 		g->q_slots = slots;
+	return r;
+}
+
+int gq_reserve(void *ctx, int slots)
+{
+	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
+	int r = use(g);
+	if (!r && slots > g->q_slots)
+		r = events_reserve(g, slots);
 	return r ? r : found_reserve(g, slots);
 }
 
@@ -127,6 +131,16 @@ int gq_wait(void *ctx, int slot)
 	return 0;
 }
 
+/* The device set for g, and slot one whose check's answer was reserved. */
+static int found_use(struct gpu_ctx *g, int slot)
+{
+	int r = slot_use(g, slot);
+	if (r || slot < g->q_found_cap)
+		return r;
+	snprintf(g->err, sizeof(g->err), "gpu:%d: copy slot %d has no check reserved", g->device, slot);
+	return -EINVAL;
+}
+
 /* On the copy stream, which gq_after made wait for the kernels that
  * wrote src: the answer zeroed, the check, and the answer copied down,
  * all before gq_down records the slot's event, so that gq_wait covers
@@ -135,13 +149,9 @@ int gq_wait(void *ctx, int slot)
 int gq_check(void *ctx, int slot, const float *src, size_t n)
 {
 	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
-	int r = slot_use(g, slot);
+	int r = found_use(g, slot);
 	if (r)
 		return r;
-	if (slot >= g->q_found_cap) {
-		snprintf(g->err, sizeof(g->err), "gpu:%d: copy slot %d has no check reserved", g->device, slot);
-		return -EINVAL;
-	}
 	int *f = g->q_found_dev + slot;
 	CK(g, cudaMemsetAsync(f, 0, sizeof(int), g->copy));
 	CKL(g, "finiteness check kernel", gk_nonfinite(g->copy, src, n, f));
@@ -153,14 +163,8 @@ int gq_check(void *ctx, int slot, const float *src, size_t n)
 int gq_found(void *ctx, int slot)
 {
 	struct gpu_ctx *g = (struct gpu_ctx *)ctx;
-	int r = slot_use(g, slot);
-	if (r)
-		return r;
-	if (slot >= g->q_found_cap) {
-		snprintf(g->err, sizeof(g->err), "gpu:%d: copy slot %d was never checked", g->device, slot);
-		return -EINVAL;
-	}
-	return g->q_found_host[slot] != 0;
+	int r = found_use(g, slot);
+	return r ? r : g->q_found_host[slot] != 0;
 }
 
 int gq_up(void *ctx, void *dst, const void *host, size_t bytes)

@@ -136,21 +136,50 @@ const char *blas_pick(const struct cpu_caps *c, const char *current, const char 
 	return best && core_rank(best) > core_rank(current) ? best : NULL;
 }
 
-int blas_switch(const char *core)
+/* Runs fn with the environment variable name set to value, then puts
+ * back what was there (or nothing): OpenBLAS reads its settings only from
+ * the environment, and the user's must not be left changed. */
+static int env_during(const char *name, const char *value, void (*fn)(void))
 {
-	const char *prev = getenv("OPENBLAS_CORETYPE");
-	char keep[64];
-	if (prev)
-		snprintf(keep, sizeof(keep), "%s", prev);
-	if (setenv("OPENBLAS_CORETYPE", core, 1) < 0)
-		return -errno;
+	const char *prev = getenv(name);
+	char *keep = prev ? strdup(prev) : NULL;
+	if (prev && !keep)
+		return -ENOMEM;
+	if (setenv(name, value, 1) < 0) {
+		int e = -errno;
+		free(keep);
+		return e;
+	}
+	fn();
+	if (keep)
+		setenv(name, keep, 1);
+	else
+		unsetenv(name);
+	free(keep);
+	return 0;
+}
+
+static void dynamic_reinit(void)
+{
 	gotoblas_dynamic_quit();
 	gotoblas_dynamic_init();
-	if (prev)
-		setenv("OPENBLAS_CORETYPE", keep, 1);
-	else
-		unsetenv("OPENBLAS_CORETYPE");
+}
+
+int blas_switch(const char *core)
+{
+	int r = env_during("OPENBLAS_CORETYPE", core, dynamic_reinit);
+	if (r)
+		return r;
 	return strcasecmp(openblas_get_corename(), core) == 0 ? 0 : -ENOENT;
+}
+
+/* Read once here and kept by OpenBLAS for every later start of its
+ * helpers (after a fork too), whatever the environment says then. */
+static void threads_restart(void)
+{
+	openblas_read_env();
+	blas_thread_shutdown_();
+	blas_thread_init();
 }
 
 int blas_spin(int log2)
@@ -159,26 +188,9 @@ int blas_spin(int log2)
 		return -ENOTSUP;
 	if (log2 < 4 || log2 > 30)
 		return -EINVAL;
-	const char *prev = getenv("OPENBLAS_THREAD_TIMEOUT");
-	char *keep = prev ? strdup(prev) : NULL, want[16];
-	if (prev && !keep)
-		return -ENOMEM;
+	char want[16];
 	snprintf(want, sizeof(want), "%d", log2);
-	if (setenv("OPENBLAS_THREAD_TIMEOUT", want, 1) < 0) {
-		free(keep);
-		return -errno;
-	}
-	/* Read once here and kept by OpenBLAS for every later start of its
-	 * helpers (after a fork too), whatever the environment says then. */
-	openblas_read_env();
-	blas_thread_shutdown_();
-	blas_thread_init();
-	if (keep)
-		setenv("OPENBLAS_THREAD_TIMEOUT", keep, 1);
-	else
-		unsetenv("OPENBLAS_THREAD_TIMEOUT");
-	free(keep);
-	return 0;
+	return env_during("OPENBLAS_THREAD_TIMEOUT", want, threads_restart);
 }
 
 /* OPENBLAS_THREAD_TIMEOUT as OpenBLAS applies it (atoi, clamped to
